@@ -1,0 +1,34 @@
+# nanowire: two commands do everything on a fresh Debian 12 machine, as root.
+#   make lab    build, bring up the virtual testbed, run the quick seed suite
+#   make test   build and run every test (what CI runs)
+
+CARGO ?= cargo
+NANOWIRE := target/release/nanowire
+REPORT ?= lab-report
+
+.PHONY: lab test deps build lint lab-full clean
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	$(CARGO) build --release --workspace --locked
+
+lint: deps
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --release --workspace --all-targets --locked -- -D warnings
+
+test: deps lint
+	$(CARGO) test --release --workspace --locked -- --test-threads=2
+
+lab: build
+	$(NANOWIRE) lab up
+	scripts/lab-quick.sh $(NANOWIRE) $(REPORT)
+
+lab-full: build
+	$(NANOWIRE) lab up
+	$(NANOWIRE) lab report --out $(REPORT)
+
+clean:
+	-$(NANOWIRE) lab down
+	$(CARGO) clean

@@ -1,0 +1,2 @@
+//! `nanowire bench`: a sockperf-compatible latency and throughput benchmark.
+pub mod cli;

@@ -1,0 +1,9 @@
+//! The nanowire lab: a virtual two-host testbed built from network
+//! namespaces and a veth pair (`testbed`), and the seed-suite report that runs
+//! on it (`report`, issue 5).
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod testbed;
+
+pub use testbed::{Host, Lab, LabOptions, LabStatus};

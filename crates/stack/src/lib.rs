@@ -1,0 +1,3 @@
+//! nanowire engines: `kernel` (blocking kernel sockets), `spin` (polled
+//! non-blocking kernel sockets) and `xdp` (AF_XDP kernel bypass).
+pub mod cli;

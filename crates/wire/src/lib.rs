@@ -1,0 +1,72 @@
+//! Zero-copy, panic-free packet views for the nanowire data path.
+//!
+//! Every view follows one pattern (learned from smoltcp's `wire` module):
+//! `Packet<T: AsRef<[u8]>>` wraps a buffer; `new_checked` validates every field
+//! an attacker controls, and **if `new_checked` returned `Ok`, no accessor
+//! panics**. `new_unchecked` exists for buffers we built ourselves. Writers
+//! (`set_*`) need `T: AsMut<[u8]>`.
+//!
+//! No `unsafe` lives in this crate.
+#![forbid(unsafe_code)]
+
+pub mod checksum;
+pub mod ethernet;
+pub mod ipv4;
+pub mod sockperf;
+pub mod udp;
+
+pub use ethernet::{EtherType, EthernetFrame, MacAddr};
+pub use ipv4::{Ipv4Packet, Ipv4Repr};
+pub use sockperf::{SOCKPERF_HEADER_LEN, SockperfHeader};
+pub use udp::{UdpDatagram, UdpRepr};
+
+/// Why a frame was refused. Each variant is a drop reason with its own counter
+/// in the engine, so the names are stable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Malformed {
+    /// Buffer shorter than the fixed header.
+    Truncated,
+    /// IPv4 version field is not 4.
+    BadVersion,
+    /// IHL below 5 or beyond the buffer.
+    BadIhl,
+    /// IPv4 header has options (IHL > 5); the fast path refuses them.
+    IpOptions,
+    /// IPv4 total length smaller than the header or larger than the buffer.
+    BadTotalLength,
+    /// Fragment (MF set or non-zero offset).
+    Fragment,
+    /// IPv4 header checksum mismatch.
+    BadIpChecksum,
+    /// UDP length below 8 or beyond the IP payload.
+    BadUdpLength,
+    /// UDP checksum mismatch (a genuinely bad one, not an offload artefact).
+    BadUdpChecksum,
+}
+
+impl Malformed {
+    /// Stable snake_case name used as the counter key.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Malformed::Truncated => "truncated",
+            Malformed::BadVersion => "bad_version",
+            Malformed::BadIhl => "bad_ihl",
+            Malformed::IpOptions => "ip_options",
+            Malformed::BadTotalLength => "bad_total_length",
+            Malformed::Fragment => "fragment",
+            Malformed::BadIpChecksum => "bad_ip_checksum",
+            Malformed::BadUdpLength => "bad_udp_length",
+            Malformed::BadUdpChecksum => "bad_udp_checksum",
+        }
+    }
+}
+
+impl std::fmt::Display for Malformed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::error::Error for Malformed {}
+
+pub type Result<T> = core::result::Result<T, Malformed>;

@@ -1,0 +1,219 @@
+//! UDP datagrams.
+//!
+//! `UdpDatagram::new_checked` validates the length field against the buffer
+//! (the IP payload); after it succeeds no accessor panics and `payload()` is
+//! exactly the datagram's data.
+
+use crate::checksum;
+use crate::ipv4::PROTO_UDP;
+use crate::{Malformed, Result};
+use std::net::Ipv4Addr;
+
+pub const HEADER_LEN: usize = 8;
+/// Largest UDP payload over IPv4 (65535 - 20 - 8).
+pub const MAX_PAYLOAD: usize = 65507;
+
+#[derive(Debug, Clone)]
+pub struct UdpDatagram<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+/// What the receive path concluded about the checksum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChecksumState {
+    /// Sender sent zero (no checksum, legal over IPv4).
+    Absent,
+    /// Verified correct.
+    Valid,
+    /// Only the pseudo-header sum is present (partial checksum from a peer
+    /// with TX offload, e.g. a kernel socket over veth): cannot be verified.
+    Partial,
+    /// Genuinely wrong.
+    Bad,
+}
+
+impl<T: AsRef<[u8]>> UdpDatagram<T> {
+    pub fn new_unchecked(buffer: T) -> Self {
+        UdpDatagram { buffer }
+    }
+
+    /// `buffer` is the IP payload. The UDP length must be at least 8 and at
+    /// most the IP payload length.
+    pub fn new_checked(buffer: T) -> Result<Self> {
+        let b = buffer.as_ref();
+        if b.len() < HEADER_LEN {
+            return Err(Malformed::Truncated);
+        }
+        let len = usize::from(u16::from_be_bytes([b[4], b[5]]));
+        if len < HEADER_LEN || len > b.len() {
+            return Err(Malformed::BadUdpLength);
+        }
+        Ok(UdpDatagram { buffer })
+    }
+
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+    pub fn src_port(&self) -> u16 {
+        let b = self.buffer.as_ref();
+        u16::from_be_bytes([b[0], b[1]])
+    }
+    pub fn dst_port(&self) -> u16 {
+        let b = self.buffer.as_ref();
+        u16::from_be_bytes([b[2], b[3]])
+    }
+    pub fn len(&self) -> u16 {
+        let b = self.buffer.as_ref();
+        u16::from_be_bytes([b[4], b[5]])
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() as usize == HEADER_LEN
+    }
+    pub fn checksum(&self) -> u16 {
+        let b = self.buffer.as_ref();
+        u16::from_be_bytes([b[6], b[7]])
+    }
+    pub fn payload(&self) -> &[u8] {
+        &self.buffer.as_ref()[HEADER_LEN..usize::from(self.len())]
+    }
+
+    /// Classify the checksum. A partial checksum (the folded pseudo-header
+    /// sum, as written by a sender with TX checksum offload) is reported as
+    /// `Partial` rather than `Bad`.
+    pub fn checksum_state(&self, src: Ipv4Addr, dst: Ipv4Addr) -> ChecksumState {
+        let stored = self.checksum();
+        if stored == 0 {
+            return ChecksumState::Absent;
+        }
+        let data = &self.buffer.as_ref()[..usize::from(self.len())];
+        let pseudo = checksum::pseudo_header(src, dst, PROTO_UDP, self.len());
+        if checksum::fold(checksum::accumulate(pseudo, data)) == 0xffff {
+            return ChecksumState::Valid;
+        }
+        // Offload leaves the (non-inverted) pseudo-header sum in the field.
+        let partial = checksum::fold(pseudo);
+        if stored == partial || stored == !partial {
+            return ChecksumState::Partial;
+        }
+        ChecksumState::Bad
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> UdpDatagram<T> {
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        let l = usize::from(self.len());
+        &mut self.buffer.as_mut()[HEADER_LEN..l]
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdpRepr {
+    pub src_port: u16,
+    pub dst_port: u16,
+}
+
+impl UdpRepr {
+    /// Write the 8-byte header for a payload already in `buf[8..8+payload_len]`
+    /// and fill in the full checksum. Panics if `buf` is too short (caller bug).
+    pub fn emit(&self, buf: &mut [u8], payload_len: usize, src: Ipv4Addr, dst: Ipv4Addr) {
+        let len = (HEADER_LEN + payload_len) as u16;
+        let d = &mut buf[..usize::from(len)];
+        d[0..2].copy_from_slice(&self.src_port.to_be_bytes());
+        d[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
+        d[4..6].copy_from_slice(&len.to_be_bytes());
+        d[6] = 0;
+        d[7] = 0;
+        let pseudo = checksum::pseudo_header(src, dst, PROTO_UDP, len);
+        let mut c = !checksum::fold(checksum::accumulate(pseudo, d));
+        if c == 0 {
+            c = 0xffff;
+        }
+        d[6..8].copy_from_slice(&c.to_be_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+    const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+
+    fn datagram(payload: &[u8]) -> Vec<u8> {
+        let mut b = vec![0u8; HEADER_LEN + payload.len()];
+        b[HEADER_LEN..].copy_from_slice(payload);
+        UdpRepr {
+            src_port: 1000,
+            dst_port: 11111,
+        }
+        .emit(&mut b, payload.len(), A, B);
+        b
+    }
+
+    #[test]
+    fn emit_then_verify() {
+        let b = datagram(b"hello world");
+        let d = UdpDatagram::new_checked(&b[..]).unwrap();
+        assert_eq!(d.payload(), b"hello world");
+        assert_eq!(d.dst_port(), 11111);
+        assert_eq!(d.checksum_state(A, B), ChecksumState::Valid);
+        assert_eq!(
+            d.checksum_state(B, Ipv4Addr::new(1, 2, 3, 4)),
+            ChecksumState::Bad
+        );
+    }
+
+    #[test]
+    fn partial_checksum_is_recognised() {
+        let mut b = datagram(b"abcdef");
+        let pseudo = checksum::fold(checksum::pseudo_header(A, B, PROTO_UDP, b.len() as u16));
+        b[6..8].copy_from_slice(&pseudo.to_be_bytes());
+        let d = UdpDatagram::new_checked(&b[..]).unwrap();
+        assert_eq!(d.checksum_state(A, B), ChecksumState::Partial);
+    }
+
+    #[test]
+    fn bad_checksum_is_bad() {
+        let mut b = datagram(b"abcdef");
+        b[9] ^= 0x55;
+        let d = UdpDatagram::new_checked(&b[..]).unwrap();
+        assert_eq!(d.checksum_state(A, B), ChecksumState::Bad);
+    }
+
+    #[test]
+    fn zero_checksum_is_absent() {
+        let mut b = datagram(b"x");
+        b[6] = 0;
+        b[7] = 0;
+        assert_eq!(
+            UdpDatagram::new_checked(&b[..])
+                .unwrap()
+                .checksum_state(A, B),
+            ChecksumState::Absent
+        );
+    }
+
+    #[test]
+    fn length_checks() {
+        let b = datagram(b"abcd");
+        assert_eq!(
+            UdpDatagram::new_checked(&b[..7]).unwrap_err(),
+            Malformed::Truncated
+        );
+        let mut c = b.clone();
+        c[4..6].copy_from_slice(&100u16.to_be_bytes());
+        assert_eq!(
+            UdpDatagram::new_checked(&c[..]).unwrap_err(),
+            Malformed::BadUdpLength
+        );
+        c[4..6].copy_from_slice(&7u16.to_be_bytes());
+        assert_eq!(
+            UdpDatagram::new_checked(&c[..]).unwrap_err(),
+            Malformed::BadUdpLength
+        );
+        // Shorter UDP length than buffer: payload is bounded by the field.
+        let mut c = b.clone();
+        c[4..6].copy_from_slice(&10u16.to_be_bytes());
+        assert_eq!(UdpDatagram::new_checked(&c[..]).unwrap().payload(), b"ab");
+    }
+}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Install what nanowire needs on a Debian 12 machine (as root). Idempotent and
+# fast when everything is already there: it only calls apt-get for what is missing.
+set -euo pipefail
+
+need=()
+want() { command -v "$1" >/dev/null 2>&1 || need+=("$2"); }
+want clang clang
+want llc llvm
+want ip iproute2
+want ethtool ethtool
+want sockperf sockperf
+want iperf3 iperf3
+want socat socat
+want tcpdump tcpdump
+want bpftool bpftool
+want ping iputils-ping
+want python3 python3
+want make make
+[ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+[ -d /usr/include/x86_64-linux-gnu/asm ] || need+=(linux-libc-dev)
+if [ "${NANOWIRE_WITH_BROWSER:-0}" = 1 ]; then
+  want chromium chromium
+fi
+
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "install-deps: missing ${need[*]}; run as root (or install them) first" >&2
+    exit 1
+  fi
+  echo "install-deps: installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "install-deps: cargo (Rust 1.95) is required; install the Rust toolchain with rustup" >&2
+  exit 1
+fi
+if command -v rustup >/dev/null 2>&1; then
+  for c in clippy rustfmt; do
+    rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
+  done
+fi
