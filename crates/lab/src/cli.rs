@@ -36,7 +36,12 @@ pub enum LabCmd {
 }
 
 pub fn run(args: LabArgs) -> Result<i32, String> {
-    let mk = |queues| Lab::new(LabOptions { name: args.name.clone(), queues });
+    let mk = |queues| {
+        Lab::new(LabOptions {
+            name: args.name.clone(),
+            queues,
+        })
+    };
     match args.cmd {
         LabCmd::Up { queues } => {
             let lab = mk(queues)?;
@@ -64,9 +69,20 @@ pub fn run(args: LabArgs) -> Result<i32, String> {
             let lab = mk(1)?;
             let st = lab.status();
             if json {
-                println!("{}", serde_json::to_string_pretty(&st).map_err(|e| e.to_string())?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&st).map_err(|e| e.to_string())?
+                );
             } else {
-                println!("lab {}: {}", st.name, if st.complete { "up" } else { "down or incomplete" });
+                println!(
+                    "lab {}: {}",
+                    st.name,
+                    if st.complete {
+                        "up"
+                    } else {
+                        "down or incomplete"
+                    }
+                );
                 for h in [st.a.as_ref(), st.b.as_ref()].into_iter().flatten() {
                     println!(
                         "  {} {} {} up={} xdp={}",
@@ -86,7 +102,11 @@ pub fn run(args: LabArgs) -> Result<i32, String> {
         LabCmd::Exec { host, argv } => {
             let lab = mk(1)?;
             if !lab.status().complete {
-                return Err(format!("lab {} is not up: run `nanowire lab up --name {}`", lab.name(), lab.name()));
+                return Err(format!(
+                    "lab {} is not up: run `nanowire lab up --name {}`",
+                    lab.name(),
+                    lab.name()
+                ));
             }
             let st = lab
                 .command(host, &argv)

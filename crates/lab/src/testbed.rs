@@ -52,7 +52,10 @@ pub struct LabOptions {
 
 impl Default for LabOptions {
     fn default() -> Self {
-        LabOptions { name: DEFAULT_NAME.to_string(), queues: 1 }
+        LabOptions {
+            name: DEFAULT_NAME.to_string(),
+            queues: 1,
+        }
     }
 }
 
@@ -91,7 +94,10 @@ fn run(cmd: &mut Command) -> Result<String, Error> {
         .output()
         .map_err(|e| format!("cannot run {:?}: {e}", cmd.get_program()))?;
     if !out.status.success() {
-        let args: Vec<_> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        let args: Vec<_> = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
         return Err(format!(
             "`{} {}` failed: {}",
             cmd.get_program().to_string_lossy(),
@@ -114,7 +120,8 @@ pub fn have_root() -> bool {
 impl Lab {
     pub fn new(opts: LabOptions) -> Result<Lab, Error> {
         let n = &opts.name;
-        if n.is_empty() || n.len() > 12 || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        if n.is_empty() || n.len() > 12 || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
             return Err(format!(
                 "lab name {n:?} must be 1-12 characters of [A-Za-z0-9_] (interface names are limited to 15)"
             ));
@@ -126,7 +133,10 @@ impl Lab {
     }
 
     pub fn named(name: &str) -> Result<Lab, Error> {
-        Lab::new(LabOptions { name: name.to_string(), ..LabOptions::default() })
+        Lab::new(LabOptions {
+            name: name.to_string(),
+            ..LabOptions::default()
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -149,7 +159,9 @@ impl Lab {
     }
 
     fn netns_exists(&self, h: Host) -> bool {
-        std::path::Path::new("/run/netns").join(self.netns(h)).exists()
+        std::path::Path::new("/run/netns")
+            .join(self.netns(h))
+            .exists()
     }
 
     fn link_in_ns(&self, h: Host) -> bool {
@@ -159,7 +171,10 @@ impl Lab {
     /// Build the lab, or repair whatever part of it is missing. Idempotent.
     pub fn up(&self) -> Result<LabStatus, Error> {
         if !have_root() {
-            return Err("the lab needs root: network namespaces and veth cannot be created otherwise".into());
+            return Err(
+                "the lab needs root: network namespaces and veth cannot be created otherwise"
+                    .into(),
+            );
         }
         for h in [Host::A, Host::B] {
             if !self.netns_exists(h) {
@@ -175,15 +190,39 @@ impl Lab {
             }
             let q = self.opts.queues.to_string();
             ip(&[
-                "link", "add", &self.iface(Host::A), "numtxqueues", &q, "numrxqueues", &q, "netns",
-                &self.netns(Host::A), "type", "veth", "peer", "name", &self.iface(Host::B), "numtxqueues", &q,
-                "numrxqueues", &q, "netns", &self.netns(Host::B),
+                "link",
+                "add",
+                &self.iface(Host::A),
+                "numtxqueues",
+                &q,
+                "numrxqueues",
+                &q,
+                "netns",
+                &self.netns(Host::A),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &self.iface(Host::B),
+                "numtxqueues",
+                &q,
+                "numrxqueues",
+                &q,
+                "netns",
+                &self.netns(Host::B),
             ])?;
         }
         for h in [Host::A, Host::B] {
             let ns = self.netns(h);
             // IPv6 off: no DAD, router solicitations or MLD noise during measurements.
-            let _ = run(Command::new("ip").args(["netns", "exec", &ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"]));
+            let _ = run(Command::new("ip").args([
+                "netns",
+                "exec",
+                &ns,
+                "sysctl",
+                "-qw",
+                "net.ipv6.conf.all.disable_ipv6=1",
+            ]));
             ip(&["-n", &ns, "link", "set", "dev", "lo", "up"])?;
             let cidr = format!("{}/{}", self.addr(h), PREFIX_LEN);
             ip(&["-n", &ns, "addr", "replace", &cidr, "dev", &self.iface(h)])?;
@@ -191,7 +230,10 @@ impl Lab {
         }
         let st = self.status();
         if !st.complete {
-            return Err(format!("lab {} did not come up completely: {st:?}", self.name()));
+            return Err(format!(
+                "lab {} did not come up completely: {st:?}",
+                self.name()
+            ));
         }
         Ok(st)
     }
@@ -211,7 +253,11 @@ impl Lab {
                 }
             }
         }
-        if errs.is_empty() { Ok(()) } else { Err(errs.join("; ")) }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(errs.join("; "))
+        }
     }
 
     fn host_status(&self, h: Host) -> Option<HostStatus> {
@@ -237,7 +283,8 @@ impl Lab {
             run(&mut c).ok()
         };
         let driver = in_ns(&["ethtool", "-i", &dev]).and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("driver:").map(|d| d.trim().to_string()))
+            s.lines()
+                .find_map(|l| l.strip_prefix("driver:").map(|d| d.trim().to_string()))
         });
         let offloads = in_ns(&["ethtool", "-k", &dev])
             .map(|s| {
@@ -263,14 +310,28 @@ impl Lab {
                     .collect()
             })
             .unwrap_or_default();
-        Some(HostStatus { netns: ns, iface: dev, addr: self.addr(h), mac, up, driver, xdp, offloads })
+        Some(HostStatus {
+            netns: ns,
+            iface: dev,
+            addr: self.addr(h),
+            mac,
+            up,
+            driver,
+            xdp,
+            offloads,
+        })
     }
 
     pub fn status(&self) -> LabStatus {
         let a = self.host_status(Host::A);
         let b = self.host_status(Host::B);
         let complete = a.as_ref().is_some_and(|s| s.up) && b.as_ref().is_some_and(|s| s.up);
-        LabStatus { name: self.name().to_string(), complete, a, b }
+        LabStatus {
+            name: self.name().to_string(),
+            complete,
+            a,
+            b,
+        }
     }
 
     /// A command that runs `argv` inside host `h`'s namespace.

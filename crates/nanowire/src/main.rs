@@ -5,7 +5,11 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "nanowire", version, about = "Kernel-bypass low-latency UDP/TCP for Linux, and the lab that proves it")]
+#[command(
+    name = "nanowire",
+    version,
+    about = "Kernel-bypass low-latency UDP/TCP for Linux, and the lab that proves it"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

@@ -1,3 +1,151 @@
-//! nanowire engines: `kernel` (blocking kernel sockets), `spin` (polled
-//! non-blocking kernel sockets) and `xdp` (AF_XDP kernel bypass).
+//! nanowire engines behind one datagram-socket contract:
+//!
+//! * `kernel`: kernel UDP sockets, blocking in `recv` (what sockperf does);
+//! * `spin`: kernel UDP sockets, non-blocking, polled without sleeping;
+//! * `xdp`: AF_XDP kernel bypass, a user-space UDP/IPv4 path.
+//!
+//! Callers (the bench, the preload shim) open sockets with [`open_udp`] and
+//! use [`UdpEndpoint`] without caring which engine serves them.
+
 pub mod cli;
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+/// Which engine serves a socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    Kernel,
+    Spin,
+    Xdp,
+}
+
+impl EngineKind {
+    pub const ALL: [EngineKind; 3] = [EngineKind::Kernel, EngineKind::Spin, EngineKind::Xdp];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Kernel => "kernel",
+            EngineKind::Spin => "spin",
+            EngineKind::Xdp => "xdp",
+        }
+    }
+}
+
+impl std::fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for EngineKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "kernel" => Ok(EngineKind::Kernel),
+            "spin" => Ok(EngineKind::Spin),
+            "xdp" => Ok(EngineKind::Xdp),
+            o => Err(format!(
+                "unknown engine {o:?}: expected kernel, spin or xdp"
+            )),
+        }
+    }
+}
+
+/// How a receive waits when nothing is there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitPolicy {
+    /// Sleep in the kernel until data arrives.
+    Block,
+    /// Poll forever without sleeping.
+    Spin,
+    /// Poll for the given time, then sleep.
+    SpinThenBlock(Duration),
+}
+
+/// Options for opening a socket on an engine.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub kind: EngineKind,
+    pub wait: WaitPolicy,
+    /// Interface for the xdp engine; derived from the bind address when `None`.
+    pub iface: Option<String>,
+    /// Ring depth (frames) for the xdp engine's RX/fill rings.
+    pub ring_depth: u32,
+    /// When the xdp engine cannot be used, fall back to `spin` (after saying why
+    /// on stderr) instead of failing.
+    pub fallback: bool,
+    /// Kernel socket receive buffer (SO_RCVBUF) in bytes; `None` keeps the default.
+    pub rcvbuf: Option<usize>,
+    /// Kernel socket send buffer (SO_SNDBUF) in bytes; `None` keeps the default.
+    pub sndbuf: Option<usize>,
+}
+
+impl EngineOptions {
+    pub fn new(kind: EngineKind) -> EngineOptions {
+        EngineOptions {
+            kind,
+            wait: match kind {
+                EngineKind::Kernel => WaitPolicy::Block,
+                EngineKind::Spin | EngineKind::Xdp => WaitPolicy::Spin,
+            },
+            iface: None,
+            ring_depth: 16384,
+            fallback: true,
+            rcvbuf: None,
+            sndbuf: None,
+        }
+    }
+}
+
+/// Per-socket counters, all monotonically increasing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SocketStats {
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    /// Datagrams dropped because this socket's queue was full.
+    pub rx_drop_queue_full: u64,
+}
+
+/// One UDP socket on some engine. Implementations: kernel/spin in
+/// [`kernel`], AF_XDP in `xdp`.
+pub trait UdpEndpoint: Send {
+    /// The engine actually serving this socket (after any fallback).
+    fn engine(&self) -> EngineKind;
+    /// Why the requested engine was not used, if it fell back.
+    fn fallback_reason(&self) -> Option<&str> {
+        None
+    }
+    fn local_addr(&self) -> io::Result<SocketAddrV4>;
+    /// Default destination for `send`.
+    fn connect(&mut self, peer: SocketAddrV4) -> io::Result<()>;
+    fn send_to(&mut self, buf: &[u8], dst: SocketAddrV4) -> io::Result<usize>;
+    /// Send several datagrams to one destination with as few kernel
+    /// crossings as the engine allows; returns how many were queued.
+    fn send_batch_to(&mut self, bufs: &[&[u8]], dst: SocketAddrV4) -> io::Result<usize> {
+        let mut n = 0;
+        for b in bufs {
+            match self.send_to(b, dst) {
+                Ok(_) => n += 1,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && n > 0 => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(n)
+    }
+    /// Wait (per the socket's policy) for one datagram until `deadline`;
+    /// `Ok(None)` when the deadline passed first. `None` waits forever.
+    fn recv_from(
+        &mut self,
+        buf: &mut [u8],
+        deadline: Option<Instant>,
+    ) -> io::Result<Option<(usize, SocketAddrV4)>>;
+    /// Never waits.
+    fn try_recv_from(&mut self, buf: &mut [u8]) -> io::Result<Option<(usize, SocketAddrV4)>>;
+    /// Join an IPv4 multicast group on the interface with address `iface_addr`.
+    fn join_multicast(&mut self, group: Ipv4Addr, iface_addr: Ipv4Addr) -> io::Result<()>;
+    fn stats(&self) -> SocketStats;
+}
