@@ -23,6 +23,9 @@ enum Cmd {
     Lab(nanowire_lab::cli::LabArgs),
     /// Counters of running nanowire engines.
     Stats(nanowire_stack::cli::StatsArgs),
+    /// xdp engine test/demo mode (echo, multicast, counters).
+    #[command(hide = true)]
+    XdpTest(nanowire_stack::cli::XdpTestArgs),
 }
 
 fn main() {
@@ -31,6 +34,7 @@ fn main() {
         Cmd::Bench(a) => nanowire_bench::cli::run(a),
         Cmd::Lab(a) => nanowire_lab::cli::run(a),
         Cmd::Stats(a) => nanowire_stack::cli::run(a),
+        Cmd::XdpTest(a) => nanowire_stack::cli::xdp_test(a),
     };
     match res {
         Ok(code) => std::process::exit(code),
