@@ -142,7 +142,7 @@ pub fn read_packets(buf: &[u8]) -> Result<Vec<CapturedPacket>, String> {
     while off < buf.len() {
         let kind = u32_at(off)?;
         let len = u32_at(off + 4)? as usize;
-        if len < 12 || len % 4 != 0 || off + len > buf.len() {
+        if len < 12 || !len.is_multiple_of(4) || off + len > buf.len() {
             return Err(format!("pcapng: bad block length {len} at byte {off}"));
         }
         if first && (kind != SHB || u32_at(off + 8)? != BYTE_ORDER_MAGIC) {
