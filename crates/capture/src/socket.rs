@@ -156,7 +156,7 @@ impl PacketSocket {
             len: orig_len.min(buf.len()),
             orig_len,
             ts_ns,
-            outgoing: from.sll_pkttype == libc::PACKET_OUTGOING as u8,
+            outgoing: from.sll_pkttype == libc::PACKET_OUTGOING,
         }))
     }
 }
