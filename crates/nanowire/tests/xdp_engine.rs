@@ -180,10 +180,11 @@ fn xdp_to_xdp_echo() {
             let m = i.to_le_bytes();
             s.send(&m).unwrap();
             let dl = Instant::now() + Duration::from_millis(500);
-            if let Ok(Some((n, src))) = s.recv_from(&mut buf, Some(dl)) {
-                if buf[..n] == m && src == SocketAddrV4::new(B, 5001) {
-                    ok += 1;
-                }
+            if let Ok(Some((n, src))) = s.recv_from(&mut buf, Some(dl))
+                && buf[..n] == m
+                && src == SocketAddrV4::new(B, 5001)
+            {
+                ok += 1;
             }
         }
         // zero-copy receive path.
