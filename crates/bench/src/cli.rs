@@ -66,7 +66,11 @@ impl Common {
             .map(|us| WaitPolicy::SpinThenBlock(Duration::from_micros(us)))
     }
     fn protocol(&self) -> Protocol {
-        if self.tcp { Protocol::Tcp } else { Protocol::Udp }
+        if self.tcp {
+            Protocol::Tcp
+        } else {
+            Protocol::Udp
+        }
     }
 }
 

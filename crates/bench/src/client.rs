@@ -167,7 +167,9 @@ impl ClientConfig {
             return Err("port 0 is not a server port".into());
         }
         if self.protocol == Protocol::Tcp && self.engine == EngineKind::Xdp {
-            return Err("TCP over the xdp engine is not built yet: use --engine kernel or spin".into());
+            return Err(
+                "TCP over the xdp engine is not built yet: use --engine kernel or spin".into(),
+            );
         }
         Ok(())
     }
@@ -281,7 +283,7 @@ impl<'a> Run<'a> {
 
     fn find(&mut self, seq: u64) -> Option<usize> {
         let f = self.q.front()?.seq;
-        if seq < f || (seq - f) % self.step != 0 {
+        if seq < f || !(seq - f).is_multiple_of(self.step) {
             return None;
         }
         let i = ((seq - f) / self.step) as usize;
@@ -448,9 +450,10 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
     }
     // Fail on an unwritable log before measuring anything.
     let mut log_file = match &cfg.full_log {
-        Some(p) => Some(io::BufWriter::new(std::fs::File::create(p).map_err(
-            |e| format!("cannot create full log {}: {e}", p.display()),
-        )?)),
+        Some(p) => Some(io::BufWriter::new(
+            std::fs::File::create(p)
+                .map_err(|e| format!("cannot create full log {}: {e}", p.display()))?,
+        )),
         None => None,
     };
     let (mut tr, local) = open_transport(cfg)?;
@@ -534,7 +537,9 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
         w(f).map_err(|e| format!("cannot write full log: {e}"))?;
     }
 
-    let valid = t_end.saturating_duration_since(run.valid_from).as_secs_f64();
+    let valid = t_end
+        .saturating_duration_since(run.valid_from)
+        .as_secs_f64();
     let c = run.c;
     let rate_base = match cfg.mode {
         Mode::PingPong => c.received,
@@ -610,18 +615,13 @@ fn run_pp(
             run.c.sent += 1;
         }
         let dl = tx + cfg.reply_timeout;
-        loop {
-            match tr
-                .recv_msg(rbuf, Some(dl))
-                .map_err(|e| io_error(cfg, "receive from", e))?
-            {
-                Some(n) => {
-                    let rx = Instant::now();
-                    if run.on_reply(&rbuf[..n], rx) == Some(seq) {
-                        break;
-                    }
-                }
-                None => break,
+        while let Some(n) = tr
+            .recv_msg(rbuf, Some(dl))
+            .map_err(|e| io_error(cfg, "receive from", e))?
+        {
+            let rx = Instant::now();
+            if run.on_reply(&rbuf[..n], rx) == Some(seq) {
+                break;
             }
         }
         let n = run.ns(Instant::now());
@@ -653,7 +653,7 @@ fn run_ul(
             break;
         }
         if now >= next_send {
-            let pong = (seq - first) % cfg.reply_every == 0;
+            let pong = (seq - first).is_multiple_of(cfg.reply_every);
             let flags = if pong { FLAG_PONG_REQUEST } else { 0 };
             SockperfHeader::new_unchecked(&mut msg[..]).fill_request(seq, flags);
             let tx = Instant::now();

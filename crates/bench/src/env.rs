@@ -19,7 +19,9 @@ pub struct Env {
 }
 
 fn read_trim(p: &str) -> Option<String> {
-    std::fs::read_to_string(p).ok().map(|s| s.trim().to_string())
+    std::fs::read_to_string(p)
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 fn output(cmd: &str, args: &[&str]) -> Option<String> {
@@ -57,13 +59,12 @@ pub fn iface_of(addr: Ipv4Addr) -> Option<String> {
 
 /// The driver behind an interface.
 pub fn driver_of(iface: &str) -> Option<String> {
-    if let Some(d) = output("ethtool", &["-i", iface]).and_then(|s| {
+    let from_ethtool = output("ethtool", &["-i", iface]).and_then(|s| {
         s.lines()
             .find_map(|l| l.strip_prefix("driver:").map(|d| d.trim().to_string()))
-    }) {
-        if !d.is_empty() {
-            return Some(d);
-        }
+    });
+    if let Some(d) = from_ethtool.filter(|d| !d.is_empty()) {
+        return Some(d);
     }
     let link = std::fs::read_link(format!("/sys/class/net/{iface}/device/driver")).ok()?;
     link.file_name().map(|f| f.to_string_lossy().into_owned())

@@ -81,7 +81,11 @@ impl SeqTracker {
             let gap = seq - next;
             // Forget what falls out of the window: clear the bits of the
             // skipped numbers (at most WINDOW of them).
-            let clear_from = if gap >= WINDOW { seq - WINDOW + 1 } else { next };
+            let clear_from = if gap >= WINDOW {
+                seq - WINDOW + 1
+            } else {
+                next
+            };
             for s in clear_from..seq {
                 self.set(s, false);
             }

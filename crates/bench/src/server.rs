@@ -129,7 +129,13 @@ impl ServerStats {
             let _ = writeln!(
                 s,
                 "{p} [{i:2}] {} received={} dropped={} duplicated={} out-of-order={} replied={} rate={:.0} msg/sec",
-                c.peer, c.received, c.dropped, c.duplicated, c.out_of_order, c.replied, c.rate_msg_s
+                c.peer,
+                c.received,
+                c.dropped,
+                c.duplicated,
+                c.out_of_order,
+                c.replied,
+                c.rate_msg_s
             );
         }
         s
@@ -261,7 +267,10 @@ pub fn bind_server(cfg: &ServerConfig) -> Result<BoundServer, String> {
                 if e.kind() == io::ErrorKind::AddrInUse {
                     format!("cannot bind UDP {}: address already in use", cfg.bind)
                 } else {
-                    format!("cannot open a {} UDP server on {}: {e}", cfg.engine, cfg.bind)
+                    format!(
+                        "cannot open a {} UDP server on {}: {e}",
+                        cfg.engine, cfg.bind
+                    )
                 }
             })?;
             let local = ep.local_addr().map_err(|e| format!("local address: {e}"))?;
@@ -406,10 +415,8 @@ fn serve_udp(
         publish(st, shared, || ep.stats().rx_drop_queue_full);
     }
     let s = st.snapshot(ep.stats().rx_drop_queue_full);
-    if let Some(m) = shared {
-        if let Ok(mut g) = m.lock() {
-            *g = s.clone();
-        }
+    if let Some(mut g) = shared.and_then(|m| m.lock().ok()) {
+        *g = s.clone();
     }
     Ok(s)
 }
@@ -574,10 +581,8 @@ fn serve_tcp(
         publish(st, shared, || 0);
     }
     let s = st.snapshot(0);
-    if let Some(m) = shared {
-        if let Ok(mut g) = m.lock() {
-            *g = s.clone();
-        }
+    if let Some(mut g) = shared.and_then(|m| m.lock().ok()) {
+        *g = s.clone();
     }
     Ok(s)
 }

@@ -187,11 +187,7 @@ impl StreamBuf {
 
 /// Wait until `fd` is readable (or writable) or `timeout` passes.
 pub(crate) fn wait_fd(s: &TcpStream, write: bool, timeout: Duration) -> io::Result<()> {
-    let flags = if write {
-        PollFlags::OUT
-    } else {
-        PollFlags::IN
-    };
+    let flags = if write { PollFlags::OUT } else { PollFlags::IN };
     let mut fds = [PollFd::new(s, flags)];
     let ts = Timespec {
         tv_sec: timeout.as_secs() as _,

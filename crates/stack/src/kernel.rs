@@ -282,12 +282,8 @@ impl KernelUdp {
                 return Ok(Some(r));
             }
             i = i.wrapping_add(1);
-            if i % 16 == 0 {
-                if let Some(u) = until {
-                    if Instant::now() >= u {
-                        return Ok(None);
-                    }
-                }
+            if i.is_multiple_of(16) && until.is_some_and(|u| Instant::now() >= u) {
+                return Ok(None);
             }
             std::hint::spin_loop();
         }
@@ -625,7 +621,11 @@ mod tests {
         let o = opts(EngineKind::Kernel);
         let lo = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0);
         // find a free port, then close it
-        let port = KernelUdp::bind(lo, &o).unwrap().local_addr().unwrap().port();
+        let port = KernelUdp::bind(lo, &o)
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let mut a = KernelUdp::bind(lo, &o).unwrap();
         let dst = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
         a.connect(dst).unwrap();

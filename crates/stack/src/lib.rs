@@ -9,6 +9,7 @@
 
 pub mod cli;
 pub mod kernel;
+pub mod xdp;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
