@@ -84,7 +84,9 @@ impl LatencyRecorder {
             return None;
         }
         let us = |ns: u64| ns as f64 / 1000.0;
-        let q = |p: f64| us(self.hist.value_at_quantile(p));
+        // HDR buckets report their highest equivalent value: clamp to the
+        // exact extremes so p99.999 never exceeds MAX.
+        let q = |p: f64| us(self.hist.value_at_quantile(p).clamp(self.min, self.max));
         let avg = self.sum / self.n as f64;
         let var = (self.sum_sq / self.n as f64 - avg * avg).max(0.0);
         Some(Latency {
