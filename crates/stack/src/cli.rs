@@ -138,6 +138,8 @@ pub fn xdp_test(a: XdpTestArgs) -> Result<i32, String> {
         serde_json::json!({
             "ready": true,
             "iface": eng.iface().name,
+            "queues": eng.iface().rx_queues,
+            "ring_depth": eng.ring_depth(),
             "xdp_mode": eng.attach_mode().as_str(),
             "bind_mode": eng.bind_mode().as_str(),
             "sockets": socks.iter().map(|s| s.local_addr().map(|a| a.to_string()).unwrap_or_default()).collect::<Vec<_>>(),

@@ -17,6 +17,7 @@
 //! reserves the port against kernel users, picks ephemeral ports, and makes
 //! the kernel send IGMP reports for multicast joins.
 
+pub mod fallback;
 pub mod shm;
 
 use crate::{EngineKind, EngineOptions, SocketStats, UdpEndpoint, WaitPolicy};
@@ -232,6 +233,10 @@ impl Engine {
     /// Zero-copy or copy AF_XDP.
     pub fn bind_mode(&self) -> BindMode {
         self.bind
+    }
+    /// RX ring depth (frames per queue).
+    pub fn ring_depth(&self) -> u32 {
+        self.lock().queues[0].xsk.config().rx_frames
     }
     /// Path of the shared stats page, if in /dev/shm.
     pub fn stats_page(&self) -> Option<std::path::PathBuf> {
