@@ -8,6 +8,7 @@
 //! use [`UdpEndpoint`] without caring which engine serves them.
 
 pub mod cli;
+pub mod xdp;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
