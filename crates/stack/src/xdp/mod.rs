@@ -777,10 +777,10 @@ impl XdpSocket {
                 }
             }
             spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(KERNEL_CHECK_EVERY) || !matches!(self.wait, WaitPolicy::Spin) {
-                if let Some(r) = self.try_kernel(&mut f)? {
-                    return Ok(Some(r));
-                }
+            if (spins.is_multiple_of(KERNEL_CHECK_EVERY) || !matches!(self.wait, WaitPolicy::Spin))
+                && let Some(r) = self.try_kernel(&mut f)?
+            {
+                return Ok(Some(r));
             }
             if spins.is_multiple_of(64) || !matches!(self.wait, WaitPolicy::Spin) {
                 let now = Instant::now();
