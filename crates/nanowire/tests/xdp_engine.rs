@@ -659,3 +659,28 @@ fn stats_lists_live_engines_and_ignores_dead_ones() {
     );
     assert!(!std::path::Path::new(&page).exists());
 }
+
+#[test]
+fn loopback_datagrams_use_the_kernel_path_not_lost() {
+    let Some(lab) = lab('l') else { return };
+    let (p, _) = xdp_test(&lab, &["--port", "5500", "--echo"]);
+    // From inside host b the engine's address is reached over loopback,
+    // where XDP never sees it: the reservation socket carries it.
+    let ok = in_ns(&lab.netns(Host::B), || {
+        let s = client();
+        (0..20)
+            .filter(|i| {
+                let m = format!("lo {i}");
+                udp_echo(&s, SocketAddrV4::new(B, 5500), m.as_bytes()).as_deref()
+                    == Some(m.as_bytes())
+            })
+            .count()
+    });
+    assert_eq!(ok, 20);
+    let end = p.finish();
+    assert_eq!(end["counters"]["rx_frames"], 0, "{end}");
+    assert!(
+        end["sockets"][0]["stats"]["rx_packets"].as_u64().unwrap() >= 20,
+        "{end}"
+    );
+}
