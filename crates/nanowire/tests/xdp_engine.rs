@@ -15,18 +15,16 @@ const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
 const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 
 fn lab(tag: char) -> Option<ScopedLab> {
+    lab_q(tag, 1)
+}
+
+fn lab_q(tag: char, queues: u32) -> Option<ScopedLab> {
     if !rustix_is_root() {
         eprintln!("skipping: needs root");
         return None;
     }
     let name = format!("tx{}{tag}", std::process::id() % 10000);
-    Some(
-        ScopedLab::new(LabOptions {
-            name,
-            ..LabOptions::default()
-        })
-        .expect("lab up"),
-    )
+    Some(ScopedLab::new(LabOptions { name, queues }).expect("lab up"))
 }
 
 fn rustix_is_root() -> bool {
@@ -549,6 +547,140 @@ fn malformed_frames_are_counted_and_valid_traffic_delivered() {
     assert_eq!(
         c["rx_frames"].as_u64().unwrap(),
         c["rx_packets"].as_u64().unwrap() + drops,
+        "{end}"
+    );
+}
+
+fn echo_many(lab: &ScopedLab, port: u16, n: usize) -> usize {
+    in_ns(&lab.netns(Host::A), move || {
+        // Several client sockets: several flows (and, with several queues,
+        // several RX queues on the engine's side).
+        let socks: Vec<_> = (0..8).map(|_| client()).collect();
+        (0..n)
+            .filter(|i| {
+                let m = format!("m{i}");
+                udp_echo(&socks[i % 8], SocketAddrV4::new(B, port), m.as_bytes()).as_deref()
+                    == Some(m.as_bytes())
+            })
+            .count()
+    })
+}
+
+#[test]
+fn wait_policies_block_and_spin_then_block_echo() {
+    let Some(lab) = lab('w') else { return };
+    for (i, w) in ["block", "spin-then-block:200"].iter().enumerate() {
+        let port = 5100 + i as u16;
+        let (p, _) = xdp_test(&lab, &["--port", &port.to_string(), "--echo", "--wait", w]);
+        assert_eq!(echo_many(&lab, port, 50), 50, "wait {w}");
+        drop(p);
+    }
+}
+
+#[test]
+fn deep_rings_of_64k_frames_and_several_queues() {
+    let Some(lab) = lab_q('q', 2) else { return };
+    let (p, ready) = xdp_test(&lab, &["--port", "5200", "--echo", "--ring-depth", "65536"]);
+    assert_eq!(ready["ring_depth"], 65536, "{ready}");
+    assert_eq!(
+        ready["queues"], 2,
+        "one AF_XDP socket per RX queue: {ready}"
+    );
+    assert_eq!(echo_many(&lab, 5200, 64), 64);
+    let end = p.finish();
+    assert_eq!(end["counters"]["xdp_no_socket_on_queue"], 0, "{end}");
+}
+
+#[test]
+fn second_process_on_the_interface_gets_one_line_error() {
+    let Some(lab) = lab('d') else { return };
+    let (p, _) = xdp_test(&lab, &["--port", "5300", "--echo"]);
+    let ifb = lab.iface(Host::B);
+    let out = lab
+        .command(
+            Host::B,
+            &[
+                BIN, "xdp-test", "--iface", &ifb, "--port", "5301", "--secs", "1",
+            ],
+        )
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("another XDP program"), "{err}");
+    // The first engine is unharmed.
+    assert_eq!(echo_many(&lab, 5300, 20), 20);
+    drop(p);
+}
+
+#[test]
+fn stats_lists_live_engines_and_ignores_dead_ones() {
+    let Some(lab) = lab('t') else { return };
+    let (mut p, ready) = xdp_test(&lab, &["--port", "5400", "--echo"]);
+    assert_eq!(echo_many(&lab, 5400, 10), 10);
+    let page = ready["stats_page"]
+        .as_str()
+        .expect("stats page in /dev/shm")
+        .to_string();
+    let stats = || {
+        let o = Command::new(BIN)
+            .args(["stats", "--json"])
+            .output()
+            .unwrap();
+        assert!(o.status.success());
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let v = stats();
+    let me = v["engines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["page"] == page.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("engine {page} not listed: {v}"));
+    assert_eq!(me["iface"], lab.iface(Host::B).as_str());
+    assert!(me["counters"]["rx_packets"].as_u64().unwrap() >= 10, "{me}");
+    assert_eq!(me["sockets"][0]["local"], "0.0.0.0:5400");
+    assert!(me["sockets"][0]["counters"]["tx_packets"].as_u64().unwrap() >= 10);
+    // SIGKILL: no clean-up ran, the page is ignored (and removed) by stats.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(p.child.id() as i32, libc::SIGKILL) };
+    let _ = p.child.wait();
+    let v = stats();
+    assert!(
+        !v["engines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["page"] == page.as_str()),
+        "{v}"
+    );
+    assert!(!std::path::Path::new(&page).exists());
+}
+
+#[test]
+fn loopback_datagrams_use_the_kernel_path_not_lost() {
+    let Some(lab) = lab('l') else { return };
+    let (p, _) = xdp_test(&lab, &["--port", "5500", "--echo"]);
+    // From inside host b the engine's address is reached over loopback,
+    // where XDP never sees it: the reservation socket carries it.
+    let ok = in_ns(&lab.netns(Host::B), || {
+        let s = client();
+        (0..20)
+            .filter(|i| {
+                let m = format!("lo {i}");
+                udp_echo(&s, SocketAddrV4::new(B, 5500), m.as_bytes()).as_deref()
+                    == Some(m.as_bytes())
+            })
+            .count()
+    });
+    assert_eq!(ok, 20);
+    let end = p.finish();
+    assert_eq!(end["counters"]["rx_frames"], 0, "{end}");
+    assert!(
+        end["sockets"][0]["stats"]["rx_packets"].as_u64().unwrap() >= 20,
         "{end}"
     );
 }

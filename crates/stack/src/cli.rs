@@ -93,6 +93,19 @@ pub struct XdpTestArgs {
     /// Stop after this many seconds (default: when stdin closes).
     #[arg(long)]
     pub secs: Option<f64>,
+    /// Ping-pong client mode: measure round trips to this echo server.
+    #[arg(long)]
+    pub client: Option<SocketAddrV4>,
+    /// Client: round trips to measure.
+    #[arg(long, default_value_t = 10000)]
+    pub count: u32,
+    /// Client: datagram size.
+    #[arg(long, default_value_t = 64)]
+    pub size: usize,
+    /// Use a spinning kernel UDP socket instead of the xdp engine (for
+    /// comparisons in the same run).
+    #[arg(long)]
+    pub kernel: bool,
 }
 
 pub fn parse_wait(s: &str) -> Result<WaitPolicy, String> {
@@ -110,6 +123,9 @@ pub fn parse_wait(s: &str) -> Result<WaitPolicy, String> {
 }
 
 pub fn xdp_test(a: XdpTestArgs) -> Result<i32, String> {
+    if a.kernel {
+        return kernel_spin_test(&a);
+    }
     let mut opts = EngineOptions::new(EngineKind::Xdp);
     opts.iface = a.iface.clone();
     opts.ring_depth = a.ring_depth;
@@ -133,11 +149,31 @@ pub fn xdp_test(a: XdpTestArgs) -> Result<i32, String> {
         socks.push(s);
     }
     let eng = socks[0].engine_handle().clone();
+    if let Some(peer) = a.client {
+        socks[0]
+            .connect(peer)
+            .map_err(|e| format!("connect {peer}: {e}"))?;
+        let s = std::cell::RefCell::new(&mut socks[0]);
+        let r = ping_pong(
+            a.count,
+            a.size,
+            |m| s.borrow_mut().send(m).map(|_| ()),
+            |b| {
+                s.borrow_mut()
+                    .recv_from(b, Some(Instant::now() + Duration::from_secs(1)))
+                    .map(|o| o.map(|(n, _)| n))
+            },
+        )?;
+        println!("{r}");
+        return Ok(0);
+    }
     println!(
         "{}",
         serde_json::json!({
             "ready": true,
             "iface": eng.iface().name,
+            "queues": eng.iface().rx_queues,
+            "ring_depth": eng.ring_depth(),
             "xdp_mode": eng.attach_mode().as_str(),
             "bind_mode": eng.bind_mode().as_str(),
             "sockets": socks.iter().map(|s| s.local_addr().map(|a| a.to_string()).unwrap_or_default()).collect::<Vec<_>>(),
@@ -213,5 +249,101 @@ pub fn xdp_test(a: XdpTestArgs) -> Result<i32, String> {
         "{}",
         serde_json::json!({ "counters": counters, "sockets": sockets })
     );
+    Ok(0)
+}
+
+/// One-way latency summary (RTT/2) in microseconds, as JSON.
+fn ping_pong(
+    count: u32,
+    size: usize,
+    mut send: impl FnMut(&[u8]) -> std::io::Result<()>,
+    mut recv: impl FnMut(&mut [u8]) -> std::io::Result<Option<usize>>,
+) -> Result<serde_json::Value, String> {
+    let size = size.max(8);
+    let mut msg = vec![0u8; size];
+    let mut buf = vec![0u8; 65536];
+    let warm = count / 10;
+    let mut rtts = Vec::with_capacity(count as usize);
+    let mut lost = 0u32;
+    for i in 0..count + warm {
+        msg[..4].copy_from_slice(&i.to_le_bytes());
+        let t0 = Instant::now();
+        send(&msg).map_err(|e| format!("send: {e}"))?;
+        loop {
+            match recv(&mut buf).map_err(|e| format!("recv: {e}"))? {
+                Some(n) if n >= 4 && buf[..4] == msg[..4] => {
+                    if i >= warm {
+                        rtts.push(t0.elapsed().as_nanos() as u64);
+                    }
+                    break;
+                }
+                Some(_) => continue,
+                None => {
+                    lost += 1;
+                    break;
+                }
+            }
+        }
+    }
+    rtts.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if rtts.is_empty() {
+            return 0.0;
+        }
+        let i = ((rtts.len() as f64 * p) as usize).min(rtts.len() - 1);
+        rtts[i] as f64 / 2000.0
+    };
+    Ok(serde_json::json!({
+        "samples": rtts.len(), "lost": lost, "size": size,
+        "one_way_us": {"min": pct(0.0), "p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99), "p99.9": pct(0.999), "max": pct(1.0)}
+    }))
+}
+
+/// The comparison path: a non-blocking kernel UDP socket polled without
+/// sleeping (echo server, or ping-pong client with --client).
+fn kernel_spin_test(a: &XdpTestArgs) -> Result<i32, String> {
+    let s = std::net::UdpSocket::bind(SocketAddrV4::new(
+        Ipv4Addr::UNSPECIFIED,
+        if a.client.is_some() { 0 } else { a.port },
+    ))
+    .map_err(|e| e.to_string())?;
+    s.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let spin_recv =
+        |b: &mut [u8], dl: Instant| -> std::io::Result<Option<(usize, std::net::SocketAddr)>> {
+            loop {
+                match s.recv_from(b) {
+                    Ok(r) => return Ok(Some(r)),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if Instant::now() >= dl {
+                            return Ok(None);
+                        }
+                        std::hint::spin_loop();
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+    if let Some(peer) = a.client {
+        s.connect(peer).map_err(|e| e.to_string())?;
+        let r = ping_pong(
+            a.count,
+            a.size,
+            |m| s.send(m).map(|_| ()),
+            |b| spin_recv(b, Instant::now() + Duration::from_secs(1)).map(|o| o.map(|(n, _)| n)),
+        )?;
+        println!("{r}");
+        return Ok(0);
+    }
+    println!("{}", serde_json::json!({"ready": true, "kernel": true}));
+    let _ = std::io::stdout().flush();
+    let end = Instant::now() + Duration::from_secs_f64(a.secs.unwrap_or(3600.0));
+    let mut buf = vec![0u8; 65536];
+    while Instant::now() < end {
+        if let Some((n, src)) = spin_recv(&mut buf, Instant::now() + Duration::from_millis(50))
+            .map_err(|e| e.to_string())?
+        {
+            let _ = s.send_to(&buf[..n], src);
+        }
+    }
     Ok(0)
 }

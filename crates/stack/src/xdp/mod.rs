@@ -17,6 +17,7 @@
 //! reserves the port against kernel users, picks ephemeral ports, and makes
 //! the kernel send IGMP reports for multicast joins.
 
+pub mod fallback;
 pub mod shm;
 
 use crate::{EngineKind, EngineOptions, SocketStats, UdpEndpoint, WaitPolicy};
@@ -107,7 +108,8 @@ struct Inner {
     table: FastMap<u64, Vec<usize>>,
     socks: Vec<Option<Sock>>,
     /// dst -> (source address, destination MAC)
-    neigh: FastMap<u32, (Ipv4Addr, [u8; 6])>,
+    /// `None`: not routed through this interface, sent by the kernel.
+    neigh: FastMap<u32, Option<(Ipv4Addr, [u8; 6])>>,
     ip_id: u16,
     polls: u32,
     page: Arc<StatsPage>,
@@ -123,22 +125,32 @@ pub struct Engine {
     page: Arc<StatsPage>,
 }
 
-static ENGINES: Mutex<Vec<(String, Weak<Engine>)>> = Mutex::new(Vec::new());
+/// Open engines of this process by (network namespace inode, interface).
+static ENGINES: Mutex<Vec<(u64, String, Weak<Engine>)>> = Mutex::new(Vec::new());
+
+/// The calling thread's network namespace (threads may setns).
+fn netns_id() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/thread-self/ns/net")
+        .map(|m| m.ino())
+        .unwrap_or(0)
+}
 
 impl Engine {
     /// The process's engine on `ifname`, opened on first use.
     pub fn get(ifname: &str, opts: &EngineOptions) -> Result<Arc<Engine>, String> {
+        let ns = netns_id();
         let mut reg = ENGINES.lock().unwrap_or_else(|e| e.into_inner());
-        reg.retain(|(_, w)| w.strong_count() > 0);
+        reg.retain(|(_, _, w)| w.strong_count() > 0);
         if let Some(e) = reg
             .iter()
-            .find(|(n, _)| n == ifname)
-            .and_then(|(_, w)| w.upgrade())
+            .find(|(i, n, _)| *i == ns && n == ifname)
+            .and_then(|(_, _, w)| w.upgrade())
         {
             return Ok(e);
         }
         let e = Arc::new(Engine::open(ifname, opts)?);
-        reg.push((ifname.to_string(), Arc::downgrade(&e)));
+        reg.push((ns, ifname.to_string(), Arc::downgrade(&e)));
         Ok(e)
     }
 
@@ -233,6 +245,10 @@ impl Engine {
     pub fn bind_mode(&self) -> BindMode {
         self.bind
     }
+    /// RX ring depth (frames per queue).
+    pub fn ring_depth(&self) -> u32 {
+        self.lock().queues[0].xsk.config().rx_frames
+    }
     /// Path of the shared stats page, if in /dev/shm.
     pub fn stats_page(&self) -> Option<std::path::PathBuf> {
         self.page.path().map(|p| p.to_path_buf())
@@ -296,10 +312,11 @@ impl Engine {
         self.lock().poll_rx()
     }
 
-    fn wait_fds(&self, timeout_ms: i32) {
+    fn wait_fds(&self, extra: RawFd, timeout_ms: i32) {
         let mut pfds: Vec<libc::pollfd> = self
             .fds
             .iter()
+            .chain(std::iter::once(&extra))
             .map(|&fd| libc::pollfd {
                 fd,
                 events: libc::POLLIN,
@@ -488,7 +505,6 @@ impl Inner {
         set(E::XskRxInvalidDescs, t.rx_invalid_descs);
         set(E::XskTxInvalidDescs, t.tx_invalid_descs);
         set(E::XskTxRingEmpty, t.tx_ring_empty_descs);
-        set(E::XdpNoSocketOnQueue, self.prog.no_socket_on_queue());
     }
 
     /// Source address and MAC for `dst`, from the cache or the kernel.
@@ -497,7 +513,7 @@ impl Inner {
         dst: Ipv4Addr,
         ifindex: u32,
         ifaddr: Option<Ipv4Addr>,
-    ) -> io::Result<(Ipv4Addr, [u8; 6])> {
+    ) -> io::Result<Option<(Ipv4Addr, [u8; 6])>> {
         if let Some(r) = self.neigh.get(&dst.to_bits()) {
             return Ok(*r);
         }
@@ -511,10 +527,10 @@ impl Inner {
             netlink::route_get(dst)?
         };
         if route.oif != ifindex {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!("{dst} is not routed through this engine's interface"),
-            ));
+            // Not through our interface (loopback, another NIC): the
+            // kernel socket carries it.
+            self.neigh.insert(dst.to_bits(), None);
+            return Ok(None);
         }
         let src = route.prefsrc.or(ifaddr).ok_or_else(|| {
             io::Error::new(
@@ -524,8 +540,8 @@ impl Inner {
         })?;
         let mac = netlink::resolve_mac(dst, &route, Duration::from_secs(1))
             .map_err(|e| io::Error::new(io::ErrorKind::HostUnreachable, e))?;
-        self.neigh.insert(dst.to_bits(), (src, mac));
-        Ok((src, mac))
+        self.neigh.insert(dst.to_bits(), Some((src, mac)));
+        Ok(Some((src, mac)))
     }
 }
 
@@ -565,7 +581,15 @@ pub struct XdpSocket {
     local: SocketAddrV4,
     peer: Option<SocketAddrV4>,
     wait: WaitPolicy,
+    /// Duplicate of the reservation socket: datagrams that reach it (sent
+    /// over loopback or another interface) are received too, never lost.
+    kernel: UdpSocket,
+    scratch: Vec<u8>,
+    kcheck: u32,
 }
+
+/// Empty polls between two looks at the kernel reservation socket.
+const KERNEL_CHECK_EVERY: u32 = 256;
 
 fn io_err(kind: io::ErrorKind, msg: impl Into<String>) -> io::Error {
     io::Error::new(kind, msg.into())
@@ -660,6 +684,9 @@ impl XdpSocket {
             )));
         }
         let kernel = kernel_socket(bind, bind.ip().is_multicast()).map_err(OpenError::Socket)?;
+        let kernel_dup = kernel
+            .try_clone()
+            .and_then(|k| k.set_nonblocking(true).map(|_| k));
         let local = match kernel.local_addr().map_err(OpenError::Socket)? {
             std::net::SocketAddr::V4(a) => a,
             _ => unreachable!("IPv4 socket"),
@@ -702,12 +729,22 @@ impl XdpSocket {
         bump(engine.page.e(E::Sockets), 1);
         let r = g.claim(slot, claim_ip, local.port());
         drop(g);
+        let kernel = match kernel_dup {
+            Ok(k) => k,
+            Err(e) => {
+                engine.lock().close(slot);
+                return Err(OpenError::Socket(e));
+            }
+        };
         let s = XdpSocket {
             engine,
             sid: slot,
             local,
             peer: None,
             wait,
+            kernel,
+            scratch: vec![0u8; 65536],
+            kcheck: 0,
         };
         r.map_err(OpenError::Engine)?;
         Ok(s)
@@ -740,6 +777,11 @@ impl XdpSocket {
                 }
             }
             spins = spins.wrapping_add(1);
+            if (spins.is_multiple_of(KERNEL_CHECK_EVERY) || !matches!(self.wait, WaitPolicy::Spin))
+                && let Some(r) = self.try_kernel(&mut f)?
+            {
+                return Ok(Some(r));
+            }
             if spins.is_multiple_of(64) || !matches!(self.wait, WaitPolicy::Spin) {
                 let now = Instant::now();
                 if deadline.is_some_and(|d| now >= d) {
@@ -759,7 +801,7 @@ impl XdpSocket {
                         })
                         .unwrap_or(MAX_SLEEP_MS)
                         .max(1);
-                    self.engine.wait_fds(ms);
+                    self.engine.wait_fds(self.kernel.as_raw_fd(), ms);
                     continue;
                 }
             }
@@ -769,23 +811,57 @@ impl XdpSocket {
 
     /// Receive up to `max` queued datagrams without waiting, zero-copy.
     pub fn recv_batch(&mut self, max: usize, mut f: impl FnMut(&[u8], SocketAddrV4)) -> usize {
-        let mut g = self.engine.lock();
-        g.poll_rx();
         let mut n = 0;
-        while n < max {
-            let Some(it) = g.pop(self.sid) else { break };
-            f(g.payload(&it), it.src);
-            g.release(&it);
-            n += 1;
+        {
+            let mut g = self.engine.lock();
+            g.poll_rx();
+            while n < max {
+                let Some(it) = g.pop(self.sid) else { break };
+                f(g.payload(&it), it.src);
+                g.release(&it);
+                n += 1;
+            }
+        }
+        if n == 0 {
+            self.kcheck = self.kcheck.wrapping_add(1);
+            if self.kcheck.is_multiple_of(KERNEL_CHECK_EVERY)
+                && let Ok(Some(())) = self.try_kernel(&mut f)
+            {
+                n = 1;
+            }
         }
         n
+    }
+
+    /// One datagram from the kernel reservation socket, if any (a syscall:
+    /// called only every KERNEL_CHECK_EVERY empty polls, or after a sleep).
+    fn try_kernel<R>(
+        &mut self,
+        f: &mut impl FnMut(&[u8], SocketAddrV4) -> R,
+    ) -> io::Result<Option<R>> {
+        match self.kernel.recv_from(&mut self.scratch) {
+            Ok((n, std::net::SocketAddr::V4(src))) => {
+                let p = &self.engine.page;
+                bump(p.s(self.sid, S::RxPackets), 1);
+                bump(p.s(self.sid, S::RxBytes), n as u64);
+                bump(p.s(self.sid, S::RxKernelPath), 1);
+                Ok(Some(f(&self.scratch[..n], src)))
+            }
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            // ICMP errors reported on the socket (e.g. port unreachable).
+            Err(_) => Ok(None),
+        }
     }
 
     /// Send several datagrams with one kick. Returns how many were queued.
     pub fn send_many(&mut self, bufs: &[&[u8]], dst: SocketAddrV4) -> io::Result<usize> {
         let mut g = self.engine.lock();
         let eng = &self.engine;
-        let (src_ip, mac) = g.route(*dst.ip(), eng.iface.index, eng.iface.addr)?;
+        let Some((src_ip, mac)) = g.route(*dst.ip(), eng.iface.index, eng.iface.addr)? else {
+            drop(g);
+            return self.send_kernel(bufs, dst);
+        };
         let src_ip = if self.local.ip().is_unspecified() || self.local.ip().is_multicast() {
             src_ip
         } else {
@@ -858,6 +934,26 @@ impl XdpSocket {
         // Completions of earlier sends.
         g.queues[0].xsk.reap_completions();
         Ok(sent)
+    }
+
+    /// Destinations not behind the engine's interface go through the
+    /// kernel reservation socket.
+    fn send_kernel(&mut self, bufs: &[&[u8]], dst: SocketAddrV4) -> io::Result<usize> {
+        let mut n = 0;
+        for b in bufs {
+            match self.kernel.send_to(b, dst) {
+                Ok(_) => {
+                    let p = &self.engine.page;
+                    bump(p.s(self.sid, S::TxPackets), 1);
+                    bump(p.s(self.sid, S::TxBytes), b.len() as u64);
+                    bump(p.s(self.sid, S::TxKernelPath), 1);
+                    n += 1;
+                }
+                Err(e) if n == 0 => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(n)
     }
 
     #[inline]

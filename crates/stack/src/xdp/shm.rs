@@ -63,6 +63,8 @@ pub const SOCK_COUNTERS: &[&str] = &[
     "drop_tx_ring_full",
     "queue_depth",
     "peak_queue_depth",
+    "rx_kernel_path",
+    "tx_kernel_path",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,6 +113,8 @@ pub enum S {
     DropTxRingFull,
     QueueDepth,
     PeakQueueDepth,
+    RxKernelPath,
+    TxKernelPath,
 }
 
 impl E {
@@ -412,7 +416,7 @@ mod tests {
     #[test]
     fn counter_names_match_enums() {
         assert_eq!(ENGINE_COUNTERS.len(), E::Sockets as usize + 1);
-        assert_eq!(SOCK_COUNTERS.len(), S::PeakQueueDepth as usize + 1);
+        assert_eq!(SOCK_COUNTERS.len(), S::TxKernelPath as usize + 1);
         assert!(ENGINE_COUNTERS.len() <= ENGINE_SLOTS);
         assert!(SOCK_COUNTERS.len() < SOCK_SLOTS);
     }
