@@ -510,6 +510,14 @@ fn malformed_frames_are_counted_and_valid_traffic_delivered() {
             send(&frame(mac_b, mac_a, &[], 0, 200, pl, None));
             // IP options (4 x NOP).
             send(&frame(mac_b, mac_a, &[1, 1, 1, 1], 0, 16, pl, None));
+            // Bad IP header checksum.
+            let mut h = frame(mac_b, mac_a, &[], 0, 16, pl, None);
+            h[24] ^= 0x5a;
+            send(&h);
+            // Genuinely bad UDP checksum (neither valid nor partial).
+            let mut u = frame(mac_b, mac_a, &[], 0, 16, pl, None);
+            u[40..42].copy_from_slice(&[0x12, 0x34]);
+            send(&u);
             // A valid datagram in between: must be echoed.
             let m = format!("valid {i}");
             if udp_echo(&s, SocketAddrV4::new(B, 7777), m.as_bytes()).as_deref()
@@ -527,6 +535,8 @@ fn malformed_frames_are_counted_and_valid_traffic_delivered() {
     let c = &end["counters"];
     let n = ROUNDS as u64;
     for k in [
+        "drop_bad_ip_checksum",
+        "drop_bad_udp_checksum",
         "drop_truncated",
         "drop_bad_ihl",
         "drop_fragment",
@@ -683,4 +693,28 @@ fn loopback_datagrams_use_the_kernel_path_not_lost() {
         end["sockets"][0]["stats"]["rx_packets"].as_u64().unwrap() >= 20,
         "{end}"
     );
+}
+
+#[test]
+fn unprivileged_engine_says_why_in_one_line() {
+    if !rustix_is_root() || Command::new("setpriv").arg("--version").output().is_err() {
+        return;
+    }
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .args([
+            BIN, "xdp-test", "--iface", "lo", "--port", "5999", "--secs", "0.1",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("no privilege"), "{err}");
 }

@@ -8,6 +8,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// println! that never panics on a closed stdout (e.g. piped into head).
+macro_rules! out {
+    ($($t:tt)*) => {{
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
 #[derive(Debug, Args)]
 pub struct StatsArgs {
     /// Print JSON.
@@ -20,7 +27,7 @@ pub struct StatsArgs {
 pub fn run(args: StatsArgs) -> Result<i32, String> {
     let all = shm::read_all();
     if args.json {
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({ "engines": all }))
                 .map_err(|e| e.to_string())?
@@ -28,11 +35,11 @@ pub fn run(args: StatsArgs) -> Result<i32, String> {
         return Ok(0);
     }
     if all.is_empty() {
-        println!("no running nanowire engines");
+        out!("no running nanowire engines");
         return Ok(0);
     }
     for e in &all {
-        println!(
+        out!(
             "engine pid {} on {} ({} XDP, {} AF_XDP, {} queue(s), ring depth {})",
             e.info.pid,
             e.info.iface,
@@ -43,12 +50,12 @@ pub fn run(args: StatsArgs) -> Result<i32, String> {
         );
         for (k, v) in &e.counters {
             if *v != 0 || !k.starts_with("drop_") {
-                println!("  {k:<26} {v}");
+                out!("  {k:<26} {v}");
             }
         }
         for s in &e.sockets {
             let c = &s.counters;
-            println!(
+            out!(
                 "  socket {:<21} rx {} pkts {} B, tx {} pkts {} B, drops: queue full {}, tx ring full {}, queue {} (peak {})",
                 s.local,
                 c["rx_packets"],
@@ -164,16 +171,17 @@ pub fn xdp_test(a: XdpTestArgs) -> Result<i32, String> {
                     .map(|o| o.map(|(n, _)| n))
             },
         )?;
-        println!("{r}");
+        out!("{r}");
         return Ok(0);
     }
-    println!(
+    out!(
         "{}",
         serde_json::json!({
             "ready": true,
             "iface": eng.iface().name,
             "queues": eng.iface().rx_queues,
             "ring_depth": eng.ring_depth(),
+            "tx_budget": eng.tx_budget(),
             "xdp_mode": eng.attach_mode().as_str(),
             "bind_mode": eng.bind_mode().as_str(),
             "sockets": socks.iter().map(|s| s.local_addr().map(|a| a.to_string()).unwrap_or_default()).collect::<Vec<_>>(),
@@ -245,7 +253,7 @@ pub fn xdp_test(a: XdpTestArgs) -> Result<i32, String> {
             })
         })
         .collect();
-    println!(
+    out!(
         "{}",
         serde_json::json!({ "counters": counters, "sockets": sockets })
     );
@@ -331,10 +339,10 @@ fn kernel_spin_test(a: &XdpTestArgs) -> Result<i32, String> {
             |m| s.send(m).map(|_| ()),
             |b| spin_recv(b, Instant::now() + Duration::from_secs(1)).map(|o| o.map(|(n, _)| n)),
         )?;
-        println!("{r}");
+        out!("{r}");
         return Ok(0);
     }
-    println!("{}", serde_json::json!({"ready": true, "kernel": true}));
+    out!("{}", serde_json::json!({"ready": true, "kernel": true}));
     let _ = std::io::stdout().flush();
     let end = Instant::now() + Duration::from_secs_f64(a.secs.unwrap_or(3600.0));
     let mut buf = vec![0u8; 65536];

@@ -245,6 +245,11 @@ impl Engine {
     pub fn bind_mode(&self) -> BindMode {
         self.bind
     }
+    /// XDP_MAX_TX_SKB_BUDGET in effect (copy-mode frames per TX kick), if
+    /// the kernel supports it.
+    pub fn tx_budget(&self) -> Option<u32> {
+        self.lock().queues[0].xsk.tx_budget()
+    }
     /// RX ring depth (frames per queue).
     pub fn ring_depth(&self) -> u32 {
         self.lock().queues[0].xsk.config().rx_frames
