@@ -642,18 +642,31 @@ fn stats_lists_live_engines_and_ignores_dead_ones() {
         assert!(o.status.success());
         serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
     };
-    let v = stats();
-    let me = v["engines"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["page"] == page.as_str())
-        .cloned()
-        .unwrap_or_else(|| panic!("engine {page} not listed: {v}"));
+    // The last reply can reach us a moment before the server bumps its
+    // counter: re-read (bounded) until the tenth transmit shows.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let me = loop {
+        let v = stats();
+        let me = v["engines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["page"] == page.as_str())
+            .cloned()
+            .unwrap_or_else(|| panic!("engine {page} not listed: {v}"));
+        let tx = me["sockets"][0]["counters"]["tx_packets"].as_u64().unwrap();
+        if tx >= 10 || Instant::now() > deadline {
+            break me;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert_eq!(me["iface"], lab.iface(Host::B).as_str());
     assert!(me["counters"]["rx_packets"].as_u64().unwrap() >= 10, "{me}");
     assert_eq!(me["sockets"][0]["local"], "0.0.0.0:5400");
-    assert!(me["sockets"][0]["counters"]["tx_packets"].as_u64().unwrap() >= 10);
+    assert!(
+        me["sockets"][0]["counters"]["tx_packets"].as_u64().unwrap() >= 10,
+        "{me}"
+    );
     // SIGKILL: no clean-up ran, the page is ignored (and removed) by stats.
     // SAFETY: signalling our own child.
     unsafe { libc::kill(p.child.id() as i32, libc::SIGKILL) };
