@@ -42,6 +42,8 @@
 //! trampolines that tail-jump to a fixed-arity Rust function taking the
 //! optional argument as an integer register (see `hooks`).
 
+mod accel;
+mod ahooks;
 mod hooks;
 mod log;
 mod real;
@@ -50,6 +52,7 @@ mod table;
 
 /// Runs when the library is loaded (before `main`): read the configuration.
 extern "C" fn nanowire_preload_init() {
+    accel::init();
     spin::init();
 }
 

@@ -1137,6 +1137,12 @@ impl UdpEndpoint for XdpSocket {
 }
 
 impl XdpSocket {
+    /// The kernel reservation socket (bound to the same address). The
+    /// preload shim puts it under the application's fd number, so fd-based
+    /// calls (getsockname, fcntl, epoll_ctl) keep working.
+    pub fn kernel_fd(&self) -> RawFd {
+        self.kernel.as_raw_fd()
+    }
     /// The connected peer, if any.
     pub fn peer(&self) -> Option<SocketAddrV4> {
         self.peer
