@@ -132,7 +132,10 @@ fn sockaddr_in(sa: &SocketAddrV4) -> libc::sockaddr_in {
 }
 
 /// Read an AF_INET sockaddr; `Err(errno)` as the kernel would answer.
-pub fn read_sockaddr(addr: *const libc::sockaddr, len: libc::socklen_t) -> Result<Option<SocketAddrV4>, c_int> {
+pub fn read_sockaddr(
+    addr: *const libc::sockaddr,
+    len: libc::socklen_t,
+) -> Result<Option<SocketAddrV4>, c_int> {
     if addr.is_null() {
         return Ok(None);
     }
@@ -142,7 +145,7 @@ pub fn read_sockaddr(addr: *const libc::sockaddr, len: libc::socklen_t) -> Resul
     // SAFETY: at least the family is readable (len checked).
     let fam = unsafe { (*addr).sa_family } as c_int;
     if fam != libc::AF_INET {
-        return Err(if fam == libc::AF_UNSPEC { libc::EAFNOSUPPORT } else { libc::EAFNOSUPPORT });
+        return Err(libc::EAFNOSUPPORT);
     }
     if (len as usize) < std::mem::size_of::<libc::sockaddr_in>() {
         return Err(libc::EINVAL);
@@ -173,6 +176,7 @@ pub fn write_sockaddr(src: SocketAddrV4, addr: *mut libc::sockaddr, len: *mut li
 /// Int socket options copied from the application's original socket to
 /// the engine's kernel socket before it takes the fd number.
 const COPY_OPTS: &[(c_int, c_int)] = &[
+    (libc::SOL_SOCKET, libc::SO_REUSEADDR),
     (libc::SOL_SOCKET, libc::SO_BROADCAST),
     (libc::SOL_SOCKET, libc::SO_PRIORITY),
     (libc::SOL_SOCKET, libc::SO_RCVBUF),
@@ -194,11 +198,17 @@ pub enum NotAccel {
 /// Put `fd` on the xdp engine bound to `bind` (`iface`: where an unbound
 /// socket's traffic leaves). On success the fd number now names the
 /// engine's kernel socket.
-pub fn accelerate(fd: c_int, bind: SocketAddrV4, iface: Option<String>) -> Result<&'static Accel, NotAccel> {
+pub fn accelerate(
+    fd: c_int,
+    bind: SocketAddrV4,
+    iface: Option<String>,
+) -> Result<&'static Accel, NotAccel> {
     let st = spin::STATE.get();
     let cfg = st.and_then(|s| s.cfg.as_ref());
     if bind.ip().is_loopback() {
-        return Err(NotAccel::Engine("loopback address (no XDP-capable interface)".into()));
+        return Err(NotAccel::Engine(
+            "loopback address (no XDP-capable interface)".into(),
+        ));
     }
     let mut opts = EngineOptions::new(EngineKind::Xdp);
     opts.wait = WaitPolicy::Spin;
@@ -207,8 +217,10 @@ pub fn accelerate(fd: c_int, bind: SocketAddrV4, iface: Option<String>) -> Resul
     opts.iface = cfg.and_then(|c| c.iface.clone()).or(iface);
     // SAFETY: borrowed for two fcntl calls.
     let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
-    let nonblock = rustix::fs::fcntl_getfl(b).is_ok_and(|f| f.contains(rustix::fs::OFlags::NONBLOCK));
-    let cloexec = rustix::io::fcntl_getfd(b).is_ok_and(|f| f.contains(rustix::io::FdFlags::CLOEXEC));
+    let nonblock =
+        rustix::fs::fcntl_getfl(b).is_ok_and(|f| f.contains(rustix::fs::OFlags::NONBLOCK));
+    let cloexec =
+        rustix::io::fcntl_getfd(b).is_ok_and(|f| f.contains(rustix::io::FdFlags::CLOEXEC));
     let xs = match engine_call(|| XdpSocket::open(bind, &opts)) {
         Ok(x) => x,
         Err(OpenError::Engine(why)) => return Err(NotAccel::Engine(why)),
@@ -234,7 +246,10 @@ pub fn accelerate(fd: c_int, bind: SocketAddrV4, iface: Option<String>) -> Resul
     let r = unsafe { real::dup3(kfd, fd, if cloexec { libc::O_CLOEXEC } else { 0 }) };
     set_errno(e);
     if r < 0 {
-        return Err(NotAccel::Engine(format!("dup3 failed: {}", std::io::Error::last_os_error())));
+        return Err(NotAccel::Engine(format!(
+            "dup3 failed: {}",
+            std::io::Error::last_os_error()
+        )));
     }
     let a: &'static Accel = Box::leak(Box::new(Accel {
         st: Mutex::new(St {
@@ -250,6 +265,7 @@ pub fn accelerate(fd: c_int, bind: SocketAddrV4, iface: Option<String>) -> Resul
     }));
     table::accel_set(fd, a);
     table::add_flags(fd, table::F_ACCEL);
+    crate::ready::reregister(fd);
     table::clear_flags(fd, table::F_CAND);
     if crate::log::enabled(Level::Info) {
         let g = a.lock();
@@ -271,35 +287,61 @@ pub fn accelerate(fd: c_int, bind: SocketAddrV4, iface: Option<String>) -> Resul
 
 /// Decide for a candidate that is about to talk to `dst` without a bind.
 pub fn accelerate_for_peer(fd: c_int, dst: SocketAddrV4) -> Option<&'static Accel> {
-    let w = table::get(fd);
-    if w & table::F_CAND == 0 {
+    let _g = DECIDE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(a) = lookup(fd) {
+        return Some(a); // another thread won the race
+    }
+    if table::get(fd) & table::F_CAND == 0 {
         return None;
     }
-    table::clear_flags(fd, table::F_CAND);
     let route = engine_call(|| {
-        let r = nanowire_xdp::netlink::route_get(*dst.ip()).map_err(|e| format!("no route to {}: {e}", dst.ip()))?;
-        let src = r.prefsrc.ok_or_else(|| format!("route to {} has no source address", dst.ip()))?;
+        let r = nanowire_xdp::netlink::route_get(*dst.ip())
+            .map_err(|e| format!("no route to {}: {e}", dst.ip()))?;
+        let src = r
+            .prefsrc
+            .ok_or_else(|| format!("route to {} has no source address", dst.ip()))?;
         if src.is_loopback() || dst.ip().is_loopback() {
-            return Err(format!("no route through an XDP-capable interface (to {} via loopback)", dst.ip()));
+            return Err(format!(
+                "no route through an XDP-capable interface (to {} via loopback)",
+                dst.ip()
+            ));
         }
         nanowire_xdp::iface::iface_for_addr(src)
     });
     let res = match route {
-        Ok(ifname) => accelerate(fd, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), Some(ifname)),
+        Ok(ifname) => accelerate(
+            fd,
+            SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            Some(ifname),
+        ),
         Err(why) => Err(NotAccel::Engine(why)),
     };
     match res {
         Ok(a) => Some(a),
         Err(NotAccel::Engine(why)) => {
+            table::clear_flags(fd, table::F_CAND);
             log_not(fd, &why);
             None
         }
-        Err(NotAccel::Socket) => None,
+        Err(NotAccel::Socket) => {
+            table::clear_flags(fd, table::F_CAND);
+            log_not(fd, "the engine could not take this address (in use?)");
+            None
+        }
     }
 }
 
+/// Serialises acceleration decisions (two threads may send first at once).
+/// The candidate flag is cleared only after the engine socket is in the
+/// table, so a thread waiting on a candidate never falls into a kernel
+/// wait on the socket being replaced.
+pub static DECIDE: Mutex<()> = Mutex::new(());
+
 pub fn log_not(fd: c_int, why: &str) {
-    log!(Level::Info, "fd {fd} udp: spin (kernel socket); xdp not used: {why}");
+    log!(
+        Level::Info,
+        "fd {fd} udp: spin (kernel socket); xdp not used: {why}"
+    );
 }
 
 /// What a receive produced.
@@ -360,7 +402,14 @@ pub fn recv_one(
             return Ok(Got::Eof);
         }
         if dontwait {
-            return Err(libc::EAGAIN);
+            // Before saying EAGAIN, look at the kernel socket under the fd
+            // (traffic that took the kernel path: loopback, other
+            // interfaces, fragments).
+            return match kernel_recv(fd, flags, &mut deliver) {
+                Some(Ok(g)) => Ok(g),
+                Some(Err(e)) => Err(e),
+                None => Err(libc::EAGAIN),
+            };
         }
         let now_w = table::get(fd);
         if table::generation(now_w) != gen0 && now_w & table::F_WOKEN == 0 {
@@ -390,6 +439,54 @@ pub fn recv_one(
             core::hint::spin_loop();
         }
     }
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One datagram straight from the kernel socket under `fd`, without
+/// waiting. `None`: nothing there.
+fn kernel_recv(
+    fd: c_int,
+    flags: c_int,
+    deliver: &mut impl FnMut(&[u8], SocketAddrV4),
+) -> Option<Result<Got, c_int>> {
+    SCRATCH.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < 65536 {
+            b.resize(65536, 0);
+        }
+        let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut sl = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let e = errno();
+        // SAFETY: our scratch buffer and sockaddr.
+        let r = unsafe {
+            real::recvfrom(
+                fd,
+                b.as_mut_ptr().cast(),
+                b.len(),
+                libc::MSG_DONTWAIT | (flags & libc::MSG_PEEK),
+                (&raw mut sa).cast(),
+                &mut sl,
+            )
+        };
+        if r < 0 {
+            let err = errno();
+            set_errno(e);
+            return if err == libc::EAGAIN {
+                None
+            } else {
+                Some(Err(err))
+            };
+        }
+        let src = SocketAddrV4::new(
+            Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+            u16::from_be(sa.sin_port),
+        );
+        deliver(&b[..r as usize], src);
+        Some(Ok(Got::Data(r as usize, src)))
+    })
 }
 
 /// Is a datagram waiting? (Takes one into the stash if needed.)
@@ -423,7 +520,13 @@ pub fn next_len(a: &Accel) -> usize {
 }
 
 /// Send one datagram (to `dst`, or the connected peer).
-pub fn send_one(a: &Accel, fd: c_int, data: &[u8], dst: Option<SocketAddrV4>, flags: c_int) -> Result<usize, c_int> {
+pub fn send_one(
+    a: &Accel,
+    fd: c_int,
+    data: &[u8],
+    dst: Option<SocketAddrV4>,
+    flags: c_int,
+) -> Result<usize, c_int> {
     let mut g = a.lock();
     let Some(dst) = dst.or(g.peer) else {
         return Err(libc::EDESTADDRREQ);
@@ -487,7 +590,8 @@ pub fn join_multicast(a: &Accel, group: Ipv4Addr, ifaddr: Ipv4Addr) -> Result<()
     let Some(x) = g.xdp.as_mut() else {
         return Err(libc::EBADF);
     };
-    engine_call(|| x.join_multicast(group, ifaddr)).map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))
+    engine_call(|| x.join_multicast(group, ifaddr))
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))
 }
 
 pub fn shutdown_rd(a: &Accel) {
@@ -520,7 +624,10 @@ pub fn detach(fd: c_int, why: &str) {
             f.set(rustix::fs::OFlags::NONBLOCK, nb);
             let _ = rustix::fs::fcntl_setfl(b, f);
         }
-        log!(Level::Info, "fd {fd} udp: spin (kernel socket); taken off xdp: {why}");
+        log!(
+            Level::Info,
+            "fd {fd} udp: spin (kernel socket); taken off xdp: {why}"
+        );
     }
     table::clear_flags(fd, table::F_CAND);
 }

@@ -27,7 +27,9 @@ fn scatter(iov: *const iovec, cnt: usize, p: &[u8]) -> usize {
         let n = v.iov_len.min(p.len() - off);
         if n > 0 {
             // SAFETY: the caller's buffer of iov_len bytes.
-            unsafe { std::ptr::copy_nonoverlapping(p.as_ptr().add(off), v.iov_base.cast::<u8>(), n) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(p.as_ptr().add(off), v.iov_base.cast::<u8>(), n)
+            };
         }
         off += n;
     }
@@ -44,7 +46,12 @@ fn iov_total(iov: *const iovec, cnt: usize) -> usize {
 /// A forked child's inherited accelerated fd: the kernel socket under it,
 /// with the application's blocking mode emulated (the kernel socket is
 /// non-blocking underneath).
-fn inherited_recv(a: &Accel, fd: c_int, flags: c_int, mut attempt: impl FnMut(c_int) -> isize) -> isize {
+fn inherited_recv(
+    a: &Accel,
+    fd: c_int,
+    flags: c_int,
+    mut attempt: impl FnMut(c_int) -> isize,
+) -> isize {
     loop {
         let r = attempt(flags | libc::MSG_DONTWAIT);
         if r >= 0 || errno() != libc::EAGAIN {
@@ -59,7 +66,11 @@ fn inherited_recv(a: &Accel, fd: c_int, flags: c_int, mut attempt: impl FnMut(c_
             revents: 0,
         };
         let tmo = a.rcvtimeo_ns.load(Ordering::Relaxed);
-        let ms = if tmo == 0 { -1 } else { tmo.div_ceil(1_000_000) as c_int };
+        let ms = if tmo == 0 {
+            -1
+        } else {
+            tmo.div_ceil(1_000_000) as c_int
+        };
         // SAFETY: one pollfd on our stack.
         if unsafe { real::poll(&mut p, 1, ms) } == 0 {
             set_errno(libc::EAGAIN);
@@ -89,7 +100,11 @@ pub fn recvfrom(
         return Some(match r {
             Ok(Got::Data(full, src)) => {
                 accel::write_sockaddr(src, addr, alen);
-                if flags & libc::MSG_TRUNC != 0 { full as ssize_t } else { copied as ssize_t }
+                if flags & libc::MSG_TRUNC != 0 {
+                    full as ssize_t
+                } else {
+                    copied as ssize_t
+                }
             }
             Ok(Got::Eof) => 0,
             Err(e) => fail(e),
@@ -120,7 +135,11 @@ pub fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Option<ssize_t> {
                 }
                 m.msg_controllen = 0;
                 m.msg_flags = if full > cap { libc::MSG_TRUNC } else { 0 };
-                if flags & libc::MSG_TRUNC != 0 { full as ssize_t } else { copied as ssize_t }
+                if flags & libc::MSG_TRUNC != 0 {
+                    full as ssize_t
+                } else {
+                    copied as ssize_t
+                }
             }
             Ok(Got::Eof) => {
                 m.msg_controllen = 0;
@@ -209,8 +228,7 @@ pub fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<ssize_t> {
         // sends it as is.
         return None;
     }
-    if accel::lookup(fd).is_none()
-        && (table::get(fd) & table::F_CAND == 0 || m.msg_name.is_null())
+    if accel::lookup(fd).is_none() && (table::get(fd) & table::F_CAND == 0 || m.msg_name.is_null())
     {
         return None;
     }
@@ -226,10 +244,19 @@ pub fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<ssize_t> {
             let v = unsafe { &*m.msg_iov.add(i) };
             if v.iov_len > 0 {
                 // SAFETY: iov_len readable bytes at iov_base.
-                g.extend_from_slice(unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len) });
+                g.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len)
+                });
             }
         }
-        sendto(fd, g.as_ptr().cast(), g.len(), flags, m.msg_name.cast(), m.msg_namelen)
+        sendto(
+            fd,
+            g.as_ptr().cast(),
+            g.len(),
+            flags,
+            m.msg_name.cast(),
+            m.msg_namelen,
+        )
     })
 }
 
@@ -263,14 +290,25 @@ pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
     let Ok(Some(sa)) = accel::read_sockaddr(addr, len) else {
         return None;
     };
+    let _g = accel::DECIDE.lock().unwrap_or_else(|e| e.into_inner());
+    if table::get(fd) & table::F_CAND == 0 {
+        return None;
+    }
+    let r = accel::accelerate(fd, sa, None);
     table::clear_flags(fd, table::F_CAND);
-    match accel::accelerate(fd, sa, None) {
+    match r {
         Ok(_) => Some(0),
         Err(accel::NotAccel::Engine(why)) => {
             accel::log_not(fd, &why);
             None
         }
-        Err(accel::NotAccel::Socket) => None,
+        Err(accel::NotAccel::Socket) => {
+            accel::log_not(
+                fd,
+                &format!("{sa} is in use or not local (the kernel answers the bind)"),
+            );
+            None
+        }
     }
 }
 
@@ -290,9 +328,56 @@ pub fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int
     if r != 0 {
         return Some(r);
     }
-    let peer = accel::read_sockaddr(addr, len).ok().flatten().filter(|p| !p.ip().is_unspecified() || p.port() != 0);
+    let peer = accel::read_sockaddr(addr, len)
+        .ok()
+        .flatten()
+        .filter(|p| !p.ip().is_unspecified() || p.port() != 0);
     Some(match accel::connect(a, peer) {
         Ok(()) => 0,
         Err(e) => fail(e),
     })
+}
+
+/// A blocking receive on a candidate (a UDP socket that may move onto the
+/// engine at any moment, e.g. when another thread sends first): never
+/// sleep in the kernel, poll in 1 ms slices after the spin budget and
+/// re-dispatch when the socket is accelerated. `None`: not a candidate.
+/// `Some(Some(r))`: the answer; `Some(None)`: call the hook again.
+pub fn candidate(fd: c_int, mut attempt: impl FnMut() -> isize) -> Option<Option<isize>> {
+    if table::get(fd) & table::F_CAND == 0 {
+        return None;
+    }
+    let start = crate::spin::now_ns();
+    let spin = crate::spin::SPIN_NS.load(Ordering::Relaxed);
+    loop {
+        if table::accel(fd).is_some() {
+            return Some(None);
+        }
+        let r = attempt();
+        if r >= 0 || errno() != libc::EAGAIN {
+            return Some(Some(r));
+        }
+        if table::accel(fd).is_some() {
+            return Some(None);
+        }
+        if !crate::spin::is_blocking(fd) {
+            return Some(Some(r));
+        }
+        if table::get(fd) & table::F_CAND == 0 {
+            // Decided against acceleration meanwhile: the normal path.
+            return Some(None);
+        }
+        let spent = crate::spin::now_ns().wrapping_sub(start);
+        if spin == u64::MAX || spent < spin {
+            core::hint::spin_loop();
+        } else {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd on our stack.
+            unsafe { real::poll(&mut p, 1, 1) };
+        }
+    }
 }

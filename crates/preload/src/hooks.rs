@@ -14,9 +14,10 @@
 //! third argument, the register holds garbage that we pass on to the real
 //! function, which ignores it for such commands (as the kernel does).
 
-use crate::real;
 use crate::accel;
 use crate::ahooks;
+use crate::ready;
+use crate::real;
 use crate::spin::{self, log_socket, recv_spin_word};
 use crate::table::{self, C_EPOLL, C_OTHER, C_TCP, C_UDP, F_EPOLL_INET, F_RCVTIMEO};
 use libc::{
@@ -141,7 +142,8 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     }
     // SAFETY: forwarding.
     let r = unsafe { real::shutdown(fd, how) };
-    if r == 0
+    // Unconnected UDP answers ENOTCONN yet shuts down all the same.
+    if (r == 0 || spin::errno() == libc::ENOTCONN)
         && (how == libc::SHUT_RD || how == libc::SHUT_RDWR)
         && let Some(a) = table::accel(fd)
     {
@@ -166,6 +168,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     }
     // Bump the generation first, so a thread spinning on `fd` stops before
     // the number can be reused.
+    ready::epoll_closed(fd);
     table::retire(fd);
     if let Some(a) = table::accel_take(fd) {
         accel::release(a);
@@ -328,8 +331,24 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c
         // SAFETY: engine-internal call: straight to libc.
         return unsafe { real::recv(fd, buf, len, flags) };
     }
-    if let Some(r) = ahooks::recvfrom(fd, buf, len, flags, std::ptr::null_mut(), std::ptr::null_mut()) {
+    if let Some(r) = ahooks::recvfrom(
+        fd,
+        buf,
+        len,
+        flags,
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    ) {
         return r;
+    }
+    if flags & libc::MSG_DONTWAIT == 0
+        && let Some(r) = ahooks::candidate(fd, || {
+            // SAFETY: the caller's buffer, a non-blocking attempt.
+            unsafe { real::recv(fd, buf, len, flags | libc::MSG_DONTWAIT) }
+        })
+    {
+        // SAFETY: re-dispatch (the socket moved onto the engine).
+        return r.unwrap_or_else(|| unsafe { recv(fd, buf, len, flags) });
     }
     if flags & libc::MSG_DONTWAIT == 0
         && let Some(w) = recv_spin_word(fd)
@@ -366,6 +385,15 @@ pub unsafe extern "C" fn recvfrom(
         return r;
     }
     if flags & libc::MSG_DONTWAIT == 0
+        && let Some(r) = ahooks::candidate(fd, || {
+            // SAFETY: the caller's buffers, a non-blocking attempt.
+            unsafe { real::recvfrom(fd, buf, len, flags | libc::MSG_DONTWAIT, addr, alen) }
+        })
+    {
+        // SAFETY: re-dispatch (the socket moved onto the engine).
+        return r.unwrap_or_else(|| unsafe { recvfrom(fd, buf, len, flags, addr, alen) });
+    }
+    if flags & libc::MSG_DONTWAIT == 0
         && let Some(w) = recv_spin_word(fd)
     {
         if flags & libc::MSG_WAITALL != 0 {
@@ -391,6 +419,15 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
     }
     if let Some(r) = ahooks::recvmsg(fd, msg, flags) {
         return r;
+    }
+    if flags & libc::MSG_DONTWAIT == 0
+        && let Some(r) = ahooks::candidate(fd, || {
+            // SAFETY: the caller's message, a non-blocking attempt.
+            unsafe { real::recvmsg(fd, msg, flags | libc::MSG_DONTWAIT) }
+        })
+    {
+        // SAFETY: re-dispatch (the socket moved onto the engine).
+        return r.unwrap_or_else(|| unsafe { recvmsg(fd, msg, flags) });
     }
     if flags & libc::MSG_DONTWAIT == 0
         && let Some(w) = recv_spin_word(fd)
@@ -426,6 +463,28 @@ pub unsafe extern "C" fn recvmmsg(
         return r;
     }
     if flags & libc::MSG_DONTWAIT == 0
+        && table::get(fd) & table::F_CAND != 0
+        && let Some(r) = ahooks::candidate(fd, || {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd; readiness only, the real call follows.
+            match unsafe { real::poll(&mut p, 1, 0) } {
+                0 => {
+                    spin::set_errno(libc::EAGAIN);
+                    -1
+                }
+                _ => 0,
+            }
+        })
+        && r.is_none()
+    {
+        // SAFETY: re-dispatch (the socket moved onto the engine).
+        return unsafe { recvmmsg(fd, msgs, vlen, flags, tmo) };
+    }
+    if flags & libc::MSG_DONTWAIT == 0
         && let Some(w) = recv_spin_word(fd)
     {
         if vlen > 1 && flags & libc::MSG_WAITFORONE == 0 {
@@ -452,6 +511,13 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize
     }
     if let Some(r) = ahooks::recvfrom(fd, buf, len, 0, std::ptr::null_mut(), std::ptr::null_mut()) {
         return r;
+    }
+    if let Some(r) = ahooks::candidate(fd, || {
+        // SAFETY: the caller's buffer, a non-blocking attempt.
+        unsafe { real::recv(fd, buf, len, libc::MSG_DONTWAIT) }
+    }) {
+        // SAFETY: re-dispatch (the socket moved onto the engine).
+        return r.unwrap_or_else(|| unsafe { read(fd, buf, len) });
     }
     if let Some(w) = recv_spin_word(fd)
         && let Some(r) = spin::spin_recv(fd, w, || {
@@ -589,6 +655,14 @@ pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, tmo: c_int) -> c_int 
         // SAFETY: engine-internal call: straight to libc.
         return unsafe { real::poll(fds, n, tmo) };
     }
+    if ready::pollfds_accel(fds, n) {
+        let total = if tmo < 0 {
+            None
+        } else {
+            Some(tmo as u64 * 1_000_000)
+        };
+        return ready::poll_mixed(fds, n, total, std::ptr::null());
+    }
     if let Some(budget) = spin::poll_budget(tmo as i64)
         && n <= 4096
         && pollfds_spin(fds, n)
@@ -675,6 +749,19 @@ pub unsafe extern "C" fn ppoll(
     if crate::accel::in_engine() {
         // SAFETY: engine-internal call: straight to libc.
         return unsafe { real::ppoll(fds, n, tmo, mask) };
+    }
+    if ready::pollfds_accel(fds, n) {
+        let total = if tmo.is_null() {
+            None
+        } else {
+            // SAFETY: the caller's timespec.
+            match ts_ns(unsafe { &*tmo }) {
+                Some(t) => Some(t),
+                // SAFETY: the kernel answers EINVAL.
+                None => return unsafe { real::ppoll(fds, n, tmo, mask) },
+            }
+        };
+        return ready::poll_mixed(fds, n, total, mask);
     }
     if let Some((budget, total)) = ts_budget(tmo)
         && n <= 4096
@@ -785,6 +872,9 @@ pub unsafe extern "C" fn select(
         }
         Some(t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000)
     };
+    if ready::fdsets_accel(n, [r, w, e]) {
+        return ready::select_mixed(n, [r, w, e], total, std::ptr::null());
+    }
     let spin = spin::SPIN_NS.load(Ordering::Relaxed);
     if spin != 0
         && spin::SPIN_POLL.load(Ordering::Relaxed)
@@ -837,6 +927,19 @@ pub unsafe extern "C" fn pselect(
     if crate::accel::in_engine() {
         // SAFETY: engine-internal call: straight to libc.
         return unsafe { real::pselect(n, r, w, e, tmo, mask) };
+    }
+    if ready::fdsets_accel(n, [r, w, e]) {
+        let total = if tmo.is_null() {
+            None
+        } else {
+            // SAFETY: the caller's timespec.
+            match ts_ns(unsafe { &*tmo }) {
+                Some(t) => Some(t),
+                // SAFETY: the kernel answers EINVAL.
+                None => return unsafe { real::pselect(n, r, w, e, tmo, mask) },
+            }
+        };
+        return ready::select_mixed(n, [r, w, e], total, mask);
     }
     if let Some((budget, total)) = ts_budget(tmo)
         && fdsets_spin(n, [r, w, e])
@@ -911,6 +1014,10 @@ pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epo
     }
     // SAFETY: forwarding.
     let r = unsafe { real::epoll_ctl(ep, op, fd, ev) };
+    if r == 0 && (table::get(fd) & (table::F_ACCEL | table::F_CAND) != 0) {
+        ready::epoll_ctl_accel(ep, op, fd, ev, accel::lookup(fd));
+        return 0;
+    }
     if r == 0
         && (op == libc::EPOLL_CTL_ADD || op == libc::EPOLL_CTL_MOD)
         && spin::spins_on(table::lookup(fd))
@@ -937,6 +1044,14 @@ pub unsafe extern "C" fn epoll_wait(
     if crate::accel::in_engine() {
         // SAFETY: engine-internal call: straight to libc.
         return unsafe { real::epoll_wait(ep, evs, max, tmo) };
+    }
+    if ready::epoll_has_accel(ep) {
+        let total = if tmo < 0 {
+            None
+        } else {
+            Some(tmo as u64 * 1_000_000)
+        };
+        return ready::epoll_mixed(ep, evs, max, total, std::ptr::null());
     }
     if let Some(budget) = spin::poll_budget(tmo as i64)
         && epoll_spins(ep)
@@ -970,6 +1085,14 @@ pub unsafe extern "C" fn epoll_pwait(
     if crate::accel::in_engine() {
         // SAFETY: engine-internal call: straight to libc.
         return unsafe { real::epoll_pwait(ep, evs, max, tmo, mask) };
+    }
+    if ready::epoll_has_accel(ep) {
+        let total = if tmo < 0 {
+            None
+        } else {
+            Some(tmo as u64 * 1_000_000)
+        };
+        return ready::epoll_mixed(ep, evs, max, total, mask);
     }
     if let Some(budget) = spin::poll_budget(tmo as i64)
         && epoll_spins(ep)
@@ -1005,6 +1128,19 @@ pub unsafe extern "C" fn epoll_pwait2(
     if crate::accel::in_engine() {
         // SAFETY: engine-internal call: straight to libc.
         return unsafe { real::epoll_pwait2(ep, evs, max, tmo, mask) };
+    }
+    if ready::epoll_has_accel(ep) {
+        let total = if tmo.is_null() {
+            None
+        } else {
+            // SAFETY: the caller's timespec.
+            match ts_ns(unsafe { &*tmo }) {
+                Some(t) => Some(t),
+                // SAFETY: the kernel answers EINVAL.
+                None => return unsafe { real::epoll_pwait2(ep, evs, max, tmo, mask) },
+            }
+        };
+        return ready::epoll_mixed(ep, evs, max, total, mask);
     }
     if let Some((budget, total)) = ts_budget(tmo)
         && epoll_spins(ep)
@@ -1082,7 +1218,13 @@ fn opt_enabled(val: *const c_void, len: socklen_t) -> bool {
 }
 
 /// setsockopt on an accelerated socket or a candidate. `Some(r)`: answered.
-fn sockopt_accel(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> Option<c_int> {
+fn sockopt_accel(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> Option<c_int> {
     let w = table::get(fd);
     if w & (table::F_ACCEL | table::F_CAND) == 0 {
         return None;
@@ -1092,9 +1234,15 @@ fn sockopt_accel(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: 
     {
         if w & table::F_CAND != 0 {
             table::clear_flags(fd, table::F_CAND);
-            accel::log_not(fd, &format!("option {what} is not supported by the xdp engine"));
+            accel::log_not(
+                fd,
+                &format!("option {what} is not supported by the xdp engine"),
+            );
         } else {
-            accel::detach(fd, &format!("option {what} is not supported by the xdp engine"));
+            accel::detach(
+                fd,
+                &format!("option {what} is not supported by the xdp engine"),
+            );
         }
         return None;
     }
@@ -1134,13 +1282,18 @@ fn fcntl_accel(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int>
             if r < 0 {
                 return Some(r);
             }
-            let nb = if a.nonblock.load(Ordering::Relaxed) { libc::O_NONBLOCK } else { 0 };
+            let nb = if a.nonblock.load(Ordering::Relaxed) {
+                libc::O_NONBLOCK
+            } else {
+                0
+            };
             Some((r & !libc::O_NONBLOCK) | nb)
         }
         libc::F_SETFL => {
             let r = call(libc::F_SETFL, arg | libc::O_NONBLOCK as c_ulong);
             if r == 0 {
-                a.nonblock.store(arg & libc::O_NONBLOCK as c_ulong != 0, Ordering::Relaxed);
+                a.nonblock
+                    .store(arg & libc::O_NONBLOCK as c_ulong != 0, Ordering::Relaxed);
             }
             Some(r)
         }
@@ -1225,7 +1378,12 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 /// # Safety
 /// libc's `sendmmsg`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> c_int {
+pub unsafe extern "C" fn sendmmsg(
+    fd: c_int,
+    msgs: *mut mmsghdr,
+    vlen: c_uint,
+    flags: c_int,
+) -> c_int {
     if !accel::in_engine()
         && let Some(r) = ahooks::sendmmsg(fd, msgs, vlen, flags)
     {

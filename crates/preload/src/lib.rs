@@ -46,6 +46,7 @@ mod accel;
 mod ahooks;
 mod hooks;
 mod log;
+mod ready;
 mod real;
 mod spin;
 mod table;

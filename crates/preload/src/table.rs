@@ -182,6 +182,8 @@ pub const F_ACCEL: u64 = 1 << 11;
 /// A UDP socket that may still be put on the xdp engine (at bind, connect
 /// or first send).
 pub const F_CAND: u64 = 1 << 12;
+/// An epoll instance with an accelerated socket registered.
+pub const F_EPOLL_ACCEL: u64 = 1 << 13;
 
 static ACCEL: [AtomicPtr<[AtomicPtr<crate::accel::Accel>; CHUNK]>; CHUNKS] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS];
@@ -229,7 +231,10 @@ pub fn accel(fd: i32) -> Option<&'static crate::accel::Accel> {
 
 pub fn accel_set(fd: i32, a: &'static crate::accel::Accel) {
     if let Some(s) = accel_slot(fd, true) {
-        s.store((a as *const crate::accel::Accel).cast_mut(), Ordering::Release);
+        s.store(
+            (a as *const crate::accel::Accel).cast_mut(),
+            Ordering::Release,
+        );
     }
 }
 
