@@ -8,6 +8,7 @@
 //! use [`UdpEndpoint`] without caring which engine serves them.
 
 pub mod cli;
+pub mod kernel;
 pub mod xdp;
 
 use std::io;
@@ -155,4 +156,20 @@ pub trait UdpEndpoint: Send {
     fn engine_counters(&self) -> Vec<(String, u64)> {
         Vec::new()
     }
+}
+
+/// Open a UDP socket bound to `bind` on the engine `opts.kind` asks for.
+pub fn open_udp(bind: SocketAddrV4, opts: &EngineOptions) -> io::Result<Box<dyn UdpEndpoint>> {
+    match opts.kind {
+        EngineKind::Kernel | EngineKind::Spin => Ok(Box::new(kernel::KernelUdp::bind(bind, opts)?)),
+        EngineKind::Xdp => open_xdp(bind, opts),
+    }
+}
+
+/// The xdp arm of [`open_udp`] (replaced when the AF_XDP engine lands).
+fn open_xdp(_bind: SocketAddrV4, _opts: &EngineOptions) -> io::Result<Box<dyn UdpEndpoint>> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "xdp engine not built yet",
+    ))
 }
