@@ -150,6 +150,12 @@ pub trait UdpEndpoint: Send {
     /// Join an IPv4 multicast group on the interface with address `iface_addr`.
     fn join_multicast(&mut self, group: Ipv4Addr, iface_addr: Ipv4Addr) -> io::Result<()>;
     fn stats(&self) -> SocketStats;
+    /// Engine-level counters by name (drops by reason, kernel ring
+    /// statistics, high-water marks such as `peak_rx_ring`), followed by
+    /// this socket's own as `socket.<name>`. Empty for engines without any.
+    fn engine_counters(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
 }
 
 /// Open a UDP socket bound to `bind` on the engine `opts.kind` asks for.
