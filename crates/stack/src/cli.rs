@@ -245,7 +245,10 @@ pub fn xdp_test(a: XdpTestArgs) -> Result<i32, String> {
     }
     // Whatever is still queued is consumed (not echoed) before counting.
     loop {
-        let n: usize = socks.iter_mut().map(|s| s.recv_batch(1024, |_, _| {})).sum();
+        let n: usize = socks
+            .iter_mut()
+            .map(|s| s.recv_batch(1024, |_, _| {}))
+            .sum();
         if n == 0 {
             break;
         }
