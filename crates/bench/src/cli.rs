@@ -131,6 +131,9 @@ fn client(mode: Mode, a: ClientArgs) -> Result<i32, String> {
     cfg.wait = c.wait();
     cfg.duration = Duration::from_secs_f64(a.time);
     if let Some(r) = a.mps {
+        if mode == Mode::PingPong {
+            return Err("--mps applies to ul and tp; pp keeps one message in flight".into());
+        }
         cfg.mps = r;
     }
     cfg.reply_every = a.reply_every;

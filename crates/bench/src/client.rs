@@ -8,7 +8,7 @@
 //! but left out of every reported number.
 
 use crate::env::Env;
-use crate::result::{BenchResult, LatencyRecorder};
+use crate::result::{BenchResult, LatencyRecorder, thread_cpu_s};
 use crate::transport::{MAX_TCP_MSG, TcpTransport, Transport, UdpTransport};
 use nanowire_stack::{EngineKind, EngineOptions, WaitPolicy};
 use nanowire_wire::sockperf::{
@@ -264,9 +264,18 @@ struct Run<'a> {
     max_rseq: Option<u64>,
     /// Entries still waiting for their reply.
     n_waiting: usize,
+    /// Thread CPU time when the valid period began.
+    cpu_at_valid: Option<f64>,
 }
 
 impl<'a> Run<'a> {
+    /// Note the thread's CPU time once, when the valid period starts.
+    fn mark_cpu(&mut self, valid: bool) {
+        if valid && self.cpu_at_valid.is_none() {
+            self.cpu_at_valid = Some(thread_cpu_s());
+        }
+    }
+
     fn ns(&self, t: Instant) -> u64 {
         t.duration_since(self.t0).as_nanos() as u64
     }
@@ -518,6 +527,7 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
         checked: 0,
         max_rseq: None,
         n_waiting: 0,
+        cpu_at_valid: None,
     };
     let end = t0 + cfg.duration;
     let t_end = match cfg.mode {
@@ -525,6 +535,7 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
         Mode::UnderLoad => run_ul(&mut run, tr.as_mut(), &mut msg, &mut rbuf, seq, end)?,
         Mode::Throughput => run_tp(&mut run, tr.as_mut(), size, seq, end)?,
     };
+    let cpu_thread_s = run.cpu_at_valid.map_or(0.0, |c| thread_cpu_s() - c);
 
     if let (Some(f), Some(log)) = (log_file.as_mut(), run.log.as_ref()) {
         let w = |f: &mut io::BufWriter<std::fs::File>| -> io::Result<()> {
@@ -582,6 +593,12 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
         },
         reply_every: (cfg.mode == Mode::UnderLoad).then_some(cfg.reply_every),
         cpu: cfg.cpu,
+        cpu_thread_s,
+        cpu_util: if valid > 0.0 {
+            cpu_thread_s / valid
+        } else {
+            0.0
+        },
         env: Env::detect(Some(*local.ip())),
         note: (cfg.mode == Mode::Throughput).then(|| {
             "tp asks for no replies: received/dropped are counted by the server (sequence gaps)"
@@ -608,6 +625,7 @@ fn run_pp(
         let tx = Instant::now();
         tr.send_msg(msg).map_err(|e| io_error(cfg, "send to", e))?;
         let valid = tx >= run.valid_from;
+        run.mark_cpu(valid);
         let tx_ns = run.ns(tx);
         run.push(seq, tx_ns, valid);
         run.c.total_sent += 1;
@@ -659,6 +677,7 @@ fn run_ul(
             let tx = Instant::now();
             tr.send_msg(msg).map_err(|e| io_error(cfg, "send to", e))?;
             let valid = tx >= run.valid_from;
+            run.mark_cpu(valid);
             if pong {
                 let tx_ns = run.ns(tx);
                 run.push(seq, tx_ns, valid);
@@ -762,6 +781,7 @@ fn run_tp(
         seq += n;
         run.c.total_sent += n;
         if tx >= run.valid_from {
+            run.mark_cpu(true);
             run.c.sent += n;
         }
         if let Some(iv) = interval {

@@ -5,6 +5,12 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 use std::fmt::Write as _;
 
+/// CPU time (user + system) the calling thread has used so far, in seconds.
+pub fn thread_cpu_s() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+}
+
 /// One-way latency (round trip / 2) statistics in microseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Latency {
@@ -142,6 +148,10 @@ pub struct BenchResult {
     pub mps_target: Option<u64>,
     pub reply_every: Option<u64>,
     pub cpu: Option<usize>,
+    /// CPU time of the measuring thread during the valid period (seconds) and
+    /// as a fraction of that period (1.0 = one core busy).
+    pub cpu_thread_s: f64,
+    pub cpu_util: f64,
     pub env: Env,
     pub note: Option<String>,
 }

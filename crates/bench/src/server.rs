@@ -7,6 +7,7 @@
 
 use crate::client::{Protocol, engine_options, pin_to_cpu};
 use crate::env::Env;
+use crate::result::thread_cpu_s;
 use crate::seq::SeqTracker;
 use crate::transport::{Frame, MAX_TCP_MSG, StreamBuf};
 use nanowire_stack::{EngineKind, UdpEndpoint, WaitPolicy};
@@ -96,6 +97,8 @@ pub struct ServerStats {
     pub disconnects: u64,
     /// Datagrams the kernel dropped on the server socket (receive buffer full).
     pub socket_drops: u64,
+    /// CPU time of the serving thread since it started serving, in seconds.
+    pub cpu_thread_s: f64,
     pub clients: Vec<ClientStats>,
     pub env: Env,
 }
@@ -157,6 +160,7 @@ struct State {
     clients: Vec<Client>,
     by_addr: HashMap<SocketAddrV4, usize>,
     last_pub: Instant,
+    cpu0: f64,
 }
 
 impl State {
@@ -176,6 +180,7 @@ impl State {
             clients: Vec::new(),
             by_addr: HashMap::new(),
             last_pub: now,
+            cpu0: thread_cpu_s(),
         }
     }
 
@@ -216,6 +221,7 @@ impl State {
         let mut s = self.base.clone();
         s.duration_s = self.t0.elapsed().as_secs_f64();
         s.socket_drops = socket_drops;
+        s.cpu_thread_s = thread_cpu_s() - self.cpu0;
         for c in &self.clients {
             let k = c.seq.counts;
             s.received += k.received;
