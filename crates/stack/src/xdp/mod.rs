@@ -485,11 +485,12 @@ impl Inner {
                 oif: ifindex,
                 gateway: None,
                 prefsrc: ifaddr,
+                kind: netlink::RTN_MULTICAST,
             }
         } else {
             netlink::route_get(dst)?
         };
-        if route.oif != ifindex {
+        if route.oif != ifindex || route.kind == netlink::RTN_LOCAL {
             // Not through our interface (loopback, another NIC): the
             // kernel socket carries it.
             self.neigh.insert(dst.to_bits(), None);
