@@ -166,10 +166,11 @@ pub fn open_udp(bind: SocketAddrV4, opts: &EngineOptions) -> io::Result<Box<dyn 
     }
 }
 
-/// The xdp arm of [`open_udp`] (replaced when the AF_XDP engine lands).
-fn open_xdp(_bind: SocketAddrV4, _opts: &EngineOptions) -> io::Result<Box<dyn UdpEndpoint>> {
-    Err(io::Error::new(
-        io::ErrorKind::Unsupported,
-        "xdp engine not built yet",
-    ))
+/// The xdp arm of [`open_udp`]: an AF_XDP socket, or (when the engine
+/// cannot be used and `opts.fallback` allows) a `spin` kernel socket after
+/// one line on stderr saying why; `fallback_reason()` returns that line.
+fn open_xdp(bind: SocketAddrV4, opts: &EngineOptions) -> io::Result<Box<dyn UdpEndpoint>> {
+    xdp::fallback::open_endpoint(bind, opts, |b, o| {
+        Ok(Box::new(kernel::KernelUdp::bind(b, o)?) as Box<dyn UdpEndpoint>)
+    })
 }
