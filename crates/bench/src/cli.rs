@@ -58,6 +58,15 @@ struct Common {
     /// Socket send buffer (SO_SNDBUF) in bytes.
     #[arg(long)]
     sndbuf: Option<usize>,
+    /// xdp engine: interface to attach to (default: the one owning the address).
+    #[arg(long)]
+    iface: Option<String>,
+    /// xdp engine: RX/fill ring depth in frames.
+    #[arg(long)]
+    ring_depth: Option<u32>,
+    /// xdp engine: fail instead of falling back to the spin engine.
+    #[arg(long)]
+    no_fallback: bool,
 }
 
 impl Common {
@@ -143,6 +152,9 @@ fn client(mode: Mode, a: ClientArgs) -> Result<i32, String> {
     cfg.reply_timeout = Duration::from_millis(a.reply_timeout_ms.max(1));
     cfg.rcvbuf = c.rcvbuf;
     cfg.sndbuf = c.sndbuf;
+    cfg.iface = c.iface.clone();
+    cfg.ring_depth = c.ring_depth;
+    cfg.fallback = !c.no_fallback;
     cfg.validate()?;
     if !c.json {
         println!(
@@ -186,6 +198,9 @@ fn server(a: ServerArgs) -> Result<i32, String> {
     cfg.cpu = c.cpu;
     cfg.rcvbuf = c.rcvbuf;
     cfg.sndbuf = c.sndbuf;
+    cfg.iface = c.iface.clone();
+    cfg.ring_depth = c.ring_depth;
+    cfg.fallback = !c.no_fallback;
     let stop = nanowire_stack::kernel::stop_on_signals()
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let bound = bind_server(&cfg)?;
@@ -197,6 +212,13 @@ fn server(a: ServerArgs) -> Result<i32, String> {
         cfg.protocol.as_str().to_uppercase(),
         bound.engine()
     );
+    if let Some(r) = bound.fallback_reason() {
+        eprintln!(
+            "nanowire: engine {} fell back to {}: {r}",
+            cfg.engine,
+            bound.engine()
+        );
+    }
     let stats = bound.serve(stop, None)?;
     if c.json {
         println!(

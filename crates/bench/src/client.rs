@@ -112,9 +112,27 @@ pub struct ClientConfig {
     pub full_log: Option<PathBuf>,
     pub rcvbuf: Option<usize>,
     pub sndbuf: Option<usize>,
+    /// xdp engine: interface (derived from the address when `None`).
+    pub iface: Option<String>,
+    /// xdp engine: RX/fill ring depth.
+    pub ring_depth: Option<u32>,
+    /// xdp engine: fall back to `spin` (saying why) when AF_XDP cannot be used.
+    pub fallback: bool,
 }
 
 impl ClientConfig {
+    pub(crate) fn engine_options(&self) -> EngineOptions {
+        engine_options(
+            self.engine,
+            self.wait,
+            self.rcvbuf,
+            self.sndbuf,
+            self.iface.as_deref(),
+            self.ring_depth,
+            self.fallback,
+        )
+    }
+
     /// sockperf's defaults: 14-byte messages, 1 s, ul at 10000 msg/s with a
     /// reply every 100, tp at max.
     pub fn new(mode: Mode, server: SocketAddrV4) -> ClientConfig {
@@ -138,6 +156,9 @@ impl ClientConfig {
             full_log: None,
             rcvbuf: None,
             sndbuf: None,
+            iface: None,
+            ring_depth: None,
+            fallback: true,
         }
     }
 
@@ -207,11 +228,16 @@ pub fn pin_to_cpu(cpu: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Engine options shared by client and server configurations.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn engine_options(
     engine: EngineKind,
     wait: Option<WaitPolicy>,
     rcvbuf: Option<usize>,
     sndbuf: Option<usize>,
+    iface: Option<&str>,
+    ring_depth: Option<u32>,
+    fallback: bool,
 ) -> EngineOptions {
     let mut o = EngineOptions::new(engine);
     if let Some(w) = wait {
@@ -219,6 +245,11 @@ pub(crate) fn engine_options(
     }
     o.rcvbuf = rcvbuf;
     o.sndbuf = sndbuf;
+    o.iface = iface.map(str::to_string);
+    if let Some(d) = ring_depth {
+        o.ring_depth = d;
+    }
+    o.fallback = fallback;
     o
 }
 
@@ -396,7 +427,7 @@ fn io_error(cfg: &ClientConfig, what: &str, e: io::Error) -> String {
 }
 
 fn open_transport(cfg: &ClientConfig) -> Result<(Box<dyn Transport>, SocketAddrV4), String> {
-    let opts = engine_options(cfg.engine, cfg.wait, cfg.rcvbuf, cfg.sndbuf);
+    let opts = cfg.engine_options();
     match cfg.protocol {
         Protocol::Udp => {
             // Ask the kernel which source address reaches the server, so an
@@ -566,6 +597,8 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
         version: env!("CARGO_PKG_VERSION"),
         mode: cfg.mode.as_str().into(),
         engine: tr.engine().as_str().into(),
+        engine_requested: cfg.engine.as_str().into(),
+        fallback_reason: tr.fallback_reason(),
         protocol: cfg.protocol.as_str().into(),
         msg_size: size,
         peer: cfg.server.to_string(),

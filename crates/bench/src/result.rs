@@ -120,7 +120,11 @@ pub struct BenchResult {
     pub tool: &'static str,
     pub version: &'static str,
     pub mode: String,
+    /// The engine that actually ran (after any fallback).
     pub engine: String,
+    /// The engine asked for, and why it was not used when it differs.
+    pub engine_requested: String,
+    pub fallback_reason: Option<String>,
     pub protocol: String,
     pub msg_size: usize,
     pub peer: String,
@@ -161,6 +165,13 @@ impl BenchResult {
     pub fn human(&self) -> String {
         let mut s = String::new();
         let p = "nanowire:";
+        if let Some(r) = &self.fallback_reason {
+            let _ = writeln!(
+                s,
+                "{p} engine {} fell back to {}: {r}",
+                self.engine_requested, self.engine
+            );
+        }
         let _ = writeln!(
             s,
             "{p} [Total Run] RunTime={:.3} sec; Warm up time={} msec; SentMessages={}; ReceivedMessages={}",
