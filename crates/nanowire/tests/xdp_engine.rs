@@ -848,3 +848,58 @@ fn batched_transmit_delivers_every_datagram_to_a_kernel_receiver() {
     });
     assert_eq!(server.join().unwrap(), N, "every batched datagram arrived");
 }
+
+#[test]
+fn blocked_socket_gets_datagrams_another_thread_drained_for_it() {
+    let Some(lab) = lab('c') else { return };
+    let ifa = lab.iface(Host::A);
+    let nsb = lab.netns(Host::B);
+    let got = in_ns(&lab.netns(Host::A), move || {
+        use nanowire_stack::xdp::XdpSocket;
+        use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint, WaitPolicy};
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let mut o = EngineOptions::new(EngineKind::Xdp);
+        o.iface = Some(ifa);
+        o.ring_depth = 1024;
+        o.wait = WaitPolicy::Block;
+        let mut x = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 5801), &o)
+            .unwrap_or_else(|e| panic!("{e}"));
+        o.wait = WaitPolicy::Spin;
+        let mut y = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 5802), &o)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        // y's thread spins and drains the shared ring, x's datagrams included.
+        let spinner = std::thread::spawn(move || {
+            let mut n = 0;
+            while !st.load(Ordering::Relaxed) {
+                n += y.recv_batch(64, |_, _| {});
+            }
+            n
+        });
+        let sender = std::thread::spawn(move || {
+            in_ns(&nsb, || {
+                let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+                for i in 0..20u8 {
+                    s.send_to(&[i], "198.18.0.1:5802").unwrap();
+                    s.send_to(&[i], "198.18.0.1:5801").unwrap();
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        });
+        let mut got = Vec::new();
+        let mut b = [0u8; 16];
+        while got.len() < 20 {
+            match x.recv_from(&mut b, Some(Instant::now() + Duration::from_secs(5))) {
+                Ok(Some((1, _))) => got.push(b[0]),
+                other => panic!("blocked socket: {other:?} after {got:?}"),
+            }
+        }
+        sender.join().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        assert_eq!(spinner.join().unwrap(), 20);
+        got
+    });
+    assert_eq!(got, (0..20).collect::<Vec<u8>>());
+}

@@ -41,9 +41,9 @@ use std::time::{Duration, Instant};
 const RX_BATCH: u32 = 64;
 /// Datagrams a socket may hold before new ones are dropped (counted).
 pub const DEFAULT_SOCKET_QUEUE: usize = 65536;
-/// Longest single sleep in poll(): bounds the wake-up delay when another
-/// thread drained the ring on our behalf.
-const MAX_SLEEP_MS: i32 = 5;
+/// Longest single sleep in poll() (a safety net: a thread that queues a
+/// datagram for a sleeping socket wakes it through its eventfd).
+const MAX_SLEEP_MS: i32 = 50;
 const ETH_HDR: usize = 14;
 const IP_HDR: usize = 20;
 const UDP_HDR: usize = 8;
@@ -91,6 +91,33 @@ struct Sock {
     cap: usize,
     slot: usize,
     kernel: UdpSocket,
+    /// The owner sleeps in poll(): whoever queues a datagram for it
+    /// signals `wake` (an eventfd in the sleeper's poll set).
+    sleeping: bool,
+    wake: std::os::fd::OwnedFd,
+}
+
+fn eventfd() -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain eventfd(2); checked below.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+fn eventfd_write(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64 to an eventfd.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+fn eventfd_drain(fd: RawFd) {
+    let mut v: u64 = 0;
+    // SAFETY: reads 8 bytes into a live u64 from a non-blocking eventfd.
+    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
 }
 
 struct Queue {
@@ -275,11 +302,11 @@ impl Engine {
         self.lock().poll_rx()
     }
 
-    fn wait_fds(&self, extra: RawFd, timeout_ms: i32) {
+    fn wait_fds(&self, extra: &[RawFd], timeout_ms: i32) {
         let mut pfds: Vec<libc::pollfd> = self
             .fds
             .iter()
-            .chain(std::iter::once(&extra))
+            .chain(extra.iter())
             .map(|&fd| libc::pollfd {
                 fd,
                 events: libc::POLLIN,
@@ -380,6 +407,10 @@ impl Inner {
                     continue;
                 }
                 s.queue.push_back(item);
+                if s.sleeping {
+                    s.sleeping = false;
+                    eventfd_write(s.wake.as_raw_fd());
+                }
                 let depth = s.queue.len() as u64;
                 self.page
                     .s(s.slot, S::QueueDepth)
@@ -550,6 +581,8 @@ pub struct XdpSocket {
     kernel: UdpSocket,
     scratch: Vec<u8>,
     kcheck: u32,
+    /// The eventfd of this socket's `Sock` (owned there, valid while we live).
+    wake_fd: RawFd,
 }
 
 /// Empty polls between two looks at the kernel reservation socket.
@@ -677,7 +710,11 @@ impl XdpSocket {
                 ),
             )));
         }
+        let wake = eventfd().map_err(OpenError::Socket)?;
+        let wake_fd = wake.as_raw_fd();
         let sock = Sock {
+            sleeping: false,
+            wake,
             claims: Vec::new(),
             queue: VecDeque::with_capacity(1024),
             cap: DEFAULT_SOCKET_QUEUE,
@@ -709,6 +746,7 @@ impl XdpSocket {
             kernel,
             scratch: vec![0u8; 65536],
             kcheck: 0,
+            wake_fd,
         };
         r.map_err(OpenError::Engine)?;
         Ok(s)
@@ -765,7 +803,26 @@ impl XdpSocket {
                         })
                         .unwrap_or(MAX_SLEEP_MS)
                         .max(1);
-                    self.engine.wait_fds(self.kernel.as_raw_fd(), ms);
+                    // Announce the sleep under the lock, unless a datagram
+                    // arrived for us meanwhile (another thread drained it).
+                    let may_sleep = {
+                        let mut g = self.engine.lock();
+                        match g.socks.get_mut(self.sid) {
+                            Some(Some(s)) if s.queue.is_empty() => {
+                                s.sleeping = true;
+                                true
+                            }
+                            _ => false,
+                        }
+                    };
+                    if may_sleep {
+                        self.engine
+                            .wait_fds(&[self.kernel.as_raw_fd(), self.wake_fd], ms);
+                        if let Some(Some(s)) = self.engine.lock().socks.get_mut(self.sid) {
+                            s.sleeping = false;
+                        }
+                        eventfd_drain(self.wake_fd);
+                    }
                     continue;
                 }
             }
