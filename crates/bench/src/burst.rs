@@ -189,11 +189,13 @@ impl UdpEndpoint for KernelUdp {
 }
 
 /// Open a UDP socket bound to `bind` on `engine`.
-pub fn open_endpoint(engine: EngineKind, bind: SocketAddrV4) -> Result<Box<dyn UdpEndpoint>, String> {
+pub fn open_endpoint(
+    engine: EngineKind,
+    bind: SocketAddrV4,
+) -> Result<Box<dyn UdpEndpoint>, String> {
     match engine {
         EngineKind::Kernel | EngineKind::Spin => {
-            let sock =
-                UdpSocket::bind(bind).map_err(|e| format!("cannot bind UDP {bind}: {e}"))?;
+            let sock = UdpSocket::bind(bind).map_err(|e| format!("cannot bind UDP {bind}: {e}"))?;
             // Non-blocking for both: `kernel` sleeps in poll(), `spin` never sleeps.
             sock.set_nonblocking(true)
                 .map_err(|e| format!("cannot make the socket non-blocking: {e}"))?;
@@ -204,7 +206,9 @@ pub fn open_endpoint(engine: EngineKind, bind: SocketAddrV4) -> Result<Box<dyn U
                 stats: SocketStats::default(),
             }))
         }
-        EngineKind::Xdp => Err("engine xdp is not available in this build (AF_XDP engine not landed)".into()),
+        EngineKind::Xdp => {
+            Err("engine xdp is not available in this build (AF_XDP engine not landed)".into())
+        }
     }
 }
 
@@ -308,15 +312,15 @@ pub fn run_burst(a: BurstArgs) -> Result<i32, String> {
     if a.count == 0 && a.duration.is_none() {
         return Err("--count must be at least 1".into());
     }
-    if let Some(r) = a.rate {
-        if !(r.is_finite() && r > 0.0) {
-            return Err(format!("--rate must be positive, got {r}"));
-        }
+    if let Some(r) = a.rate
+        && !(r.is_finite() && r > 0.0)
+    {
+        return Err(format!("--rate must be positive, got {r}"));
     }
-    if let Some(d) = a.duration {
-        if !(d.is_finite() && d > 0.0 && d <= 3600.0) {
-            return Err(format!("--duration must be in (0, 3600] s, got {d}"));
-        }
+    if let Some(d) = a.duration
+        && !(d.is_finite() && d > 0.0 && d <= 3600.0)
+    {
+        return Err(format!("--duration must be in (0, 3600] s, got {d}"));
     }
     let batch = a.batch.clamp(1, 1024);
     pin(a.cpu)?;
@@ -433,7 +437,10 @@ pub fn run_burst(a: BurstArgs) -> Result<i32, String> {
         echoes_received: echoes,
     };
     if a.json {
-        println!("{}", serde_json::to_string(&rep).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string(&rep).map_err(|e| e.to_string())?
+        );
     } else {
         println!(
             "burst: sent {} x {} B to {dst} in {:.3} ms ({:.0} msg/s, {} errors; {:.2} us at 10GbE)",
@@ -480,6 +487,10 @@ pub struct SinkArgs {
     /// Give up when no datagram arrives within this many seconds.
     #[arg(long = "timeout", default_value_t = 30.0)]
     pub timeout_s: f64,
+    /// Finish when stdin reaches end of file (the generator is done) and the
+    /// queue is drained, instead of after --idle-ms without a datagram.
+    #[arg(long = "stop-on-eof")]
+    pub stop_on_eof: bool,
     /// Only count datagrams of this run id.
     #[arg(long, default_value_t = 1)]
     pub run: u32,
@@ -546,7 +557,9 @@ impl DropCounters {
     }
     pub fn since(&self, before: &DropCounters) -> DropCounters {
         DropCounters {
-            udp_rcvbuf_errors: self.udp_rcvbuf_errors.saturating_sub(before.udp_rcvbuf_errors),
+            udp_rcvbuf_errors: self
+                .udp_rcvbuf_errors
+                .saturating_sub(before.udp_rcvbuf_errors),
             udp_in_errors: self.udp_in_errors.saturating_sub(before.udp_in_errors),
             udp_no_ports: self.udp_no_ports.saturating_sub(before.udp_no_ports),
             if_rx_dropped: self.if_rx_dropped.saturating_sub(before.if_rx_dropped),
@@ -600,6 +613,8 @@ pub struct SinkReport {
     pub active_s: f64,
     pub rate_msg_s: f64,
     pub cpu_s: f64,
+    /// Wall time the sink ran (for %CPU = cpu_s / wall_s).
+    pub wall_s: f64,
     pub latency_us: Option<OneWay>,
     pub echoed: u64,
     pub timed_out: bool,
@@ -641,30 +656,41 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
     let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
         .map_err(|e| e.to_string())?;
     let cpu0 = self_cpu_seconds();
+    let wall0 = Instant::now();
     let give_up = Instant::now() + Duration::from_secs_f64(a.timeout_s);
     let idle = Duration::from_millis(a.idle_ms.max(1));
     let mut timed_out = false;
     let mut stalled = a.behaviour != Behaviour::Stall;
+    let eof = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if a.stop_on_eof {
+        let flag = eof.clone();
+        std::thread::spawn(move || {
+            let _ = io::copy(&mut io::stdin().lock(), &mut io::sink());
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+    }
+    let generator_done = || a.stop_on_eof && eof.load(std::sync::atomic::Ordering::SeqCst);
 
     loop {
         let deadline = match first {
             None => give_up,
+            // With --stop-on-eof the generator says when it is done; idle is only a safety net.
+            Some(_) if a.stop_on_eof => last + idle.max(Duration::from_secs(10)),
             Some(_) => last + idle,
         };
         // After the first datagram a stalled receiver stops reading, then drains.
-        if !stalled {
-            if let Some(f) = first {
-                let resume = f + Duration::from_millis(a.stall_ms);
-                let now = Instant::now();
-                if now < resume {
-                    std::thread::sleep(resume - now);
-                }
-                stalled = true;
-                run_len = 0;
-                last = Instant::now();
-                continue;
+        if !stalled && let Some(f) = first {
+            let resume = f + Duration::from_millis(a.stall_ms);
+            let now = Instant::now();
+            if now < resume {
+                std::thread::sleep(resume - now);
             }
+            stalled = true;
+            run_len = 0;
+            last = Instant::now();
+            continue;
         }
+        let mut got_late = None;
         let got = match ep.try_recv_from(&mut buf).map_err(|e| e.to_string())? {
             Some(x) => Some(x),
             None => {
@@ -672,20 +698,37 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
                 if first.is_some() && expected > 0 && received >= expected {
                     break;
                 }
-                let wait_until = deadline.min(Instant::now() + Duration::from_millis(50));
-                match ep
-                    .recv_from(&mut buf, Some(wait_until))
-                    .map_err(|e| e.to_string())?
-                {
-                    Some(x) => Some(x),
-                    None => {
-                        if Instant::now() >= deadline {
-                            if first.is_none() {
-                                timed_out = true;
-                            }
-                            break;
+                // The generator is done and the queue is empty (checked after it finished).
+                if stalled && generator_done() {
+                    // One more look: anything that raced in before EOF.
+                    match ep.try_recv_from(&mut buf).map_err(|e| e.to_string())? {
+                        Some(x) => {
+                            got_late = Some(x);
                         }
-                        None
+                        None => break,
+                    }
+                }
+                let wait_until = deadline.min(Instant::now() + Duration::from_millis(20));
+                if got_late.is_some() {
+                    got_late
+                } else {
+                    match ep
+                        .recv_from(&mut buf, Some(wait_until))
+                        .map_err(|e| e.to_string())?
+                    {
+                        Some(x) => Some(x),
+                        None => {
+                            if Instant::now() >= deadline {
+                                if first.is_none() {
+                                    timed_out = true;
+                                }
+                                break;
+                            }
+                            if first.is_none() && generator_done() {
+                                break; // the generator finished and nothing ever came
+                            }
+                            None
+                        }
                     }
                 }
             }
@@ -752,7 +795,7 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
         Some(f) => (last - f).as_secs_f64(),
         None => 0.0,
     };
-    let latency = (hist.len() > 0).then(|| OneWay {
+    let latency = (!hist.is_empty()).then(|| OneWay {
         samples: hist.len(),
         min: hist.min() as f64 / 1e3,
         p50: hist.value_at_quantile(0.5) as f64 / 1e3,
@@ -789,12 +832,16 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
             0.0
         },
         cpu_s: self_cpu_seconds() - cpu0,
+        wall_s: wall0.elapsed().as_secs_f64(),
         latency_us: latency,
         echoed,
         timed_out,
     };
     if a.json {
-        println!("{}", serde_json::to_string(&rep).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string(&rep).map_err(|e| e.to_string())?
+        );
     } else {
         println!(
             "sink ({:?}, {}): received {}/{} ({} missing in {} gaps, {} dup, {} out of order), peak queue {}, drops {:?}",
