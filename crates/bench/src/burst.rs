@@ -15,10 +15,10 @@
 //!   softnet backlog drops) so every lost datagram is accounted for.
 
 use clap::{Args, ValueEnum};
-use nanowire_stack::{EngineKind, SocketStats, UdpEndpoint};
+use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint};
 use serde::Serialize;
 use std::io::{self, Write};
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
 /// Magic at the start of every burst datagram.
@@ -70,147 +70,44 @@ impl BurstHeader {
 // ---------------------------------------------------------------------------
 // Opening sockets on an engine.
 
-/// Kernel UDP socket behind the engine contract (blocking for `kernel`,
-/// non-blocking polled for `spin`).
-struct KernelUdp {
-    sock: UdpSocket,
-    kind: EngineKind,
-    peer: Option<SocketAddrV4>,
-    stats: SocketStats,
+/// A socket on an engine, plus the xdp engine's handle for its counters.
+pub struct Opened {
+    pub ep: Box<dyn UdpEndpoint>,
+    pub xdp: Option<std::sync::Arc<nanowire_stack::xdp::Engine>>,
 }
 
-fn v4(a: std::net::SocketAddr) -> io::Result<SocketAddrV4> {
-    match a {
-        std::net::SocketAddr::V4(a) => Ok(a),
-        std::net::SocketAddr::V6(_) => Err(io::Error::other("IPv6 is not supported")),
-    }
-}
-
-impl KernelUdp {
-    /// Sleep in poll() until the socket is ready for `ev` or `deadline` passes.
-    fn wait(&self, ev: rustix::event::PollFlags, deadline: Option<Instant>) -> io::Result<bool> {
-        let left = match deadline {
-            Some(d) => {
-                let now = Instant::now();
-                if now >= d {
-                    return Ok(false);
-                }
-                Some(d - now)
-            }
-            None => None,
-        };
-        let ts = left.map(|l| rustix::time::Timespec {
-            tv_sec: l.as_secs() as _,
-            tv_nsec: l.subsec_nanos() as _,
-        });
-        let mut fds = [rustix::event::PollFd::new(&self.sock, ev)];
-        match rustix::event::poll(&mut fds, ts.as_ref()) {
-            Ok(n) => Ok(n > 0),
-            Err(rustix::io::Errno::INTR) => Ok(false),
-            Err(e) => Err(e.into()),
-        }
-    }
-}
-
-impl UdpEndpoint for KernelUdp {
-    fn engine(&self) -> EngineKind {
-        self.kind
-    }
-    fn local_addr(&self) -> io::Result<SocketAddrV4> {
-        v4(self.sock.local_addr()?)
-    }
-    fn connect(&mut self, peer: SocketAddrV4) -> io::Result<()> {
-        self.peer = Some(peer);
-        Ok(())
-    }
-    fn send_to(&mut self, buf: &[u8], dst: SocketAddrV4) -> io::Result<usize> {
-        loop {
-            match self.sock.send_to(buf, dst) {
-                Ok(n) => {
-                    self.stats.tx_packets += 1;
-                    self.stats.tx_bytes += n as u64;
-                    return Ok(n);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if self.kind == EngineKind::Spin {
-                        std::hint::spin_loop();
-                    } else {
-                        self.wait(rustix::event::PollFlags::OUT, None)?;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    fn recv_from(
-        &mut self,
-        buf: &mut [u8],
-        deadline: Option<Instant>,
-    ) -> io::Result<Option<(usize, SocketAddrV4)>> {
-        loop {
-            if let Some(r) = self.try_recv_from(buf)? {
-                return Ok(Some(r));
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(None);
-            }
-            if self.kind == EngineKind::Spin {
-                std::hint::spin_loop();
-            } else {
-                self.wait(rustix::event::PollFlags::IN, deadline)?;
-            }
-        }
-    }
-    fn try_recv_from(&mut self, buf: &mut [u8]) -> io::Result<Option<(usize, SocketAddrV4)>> {
-        match self.sock.recv_from(buf) {
-            Ok((n, a)) => {
-                self.stats.rx_packets += 1;
-                self.stats.rx_bytes += n as u64;
-                Ok(Some((n, v4(a)?)))
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                ) =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(e),
-        }
-    }
-    fn join_multicast(&mut self, group: Ipv4Addr, iface_addr: Ipv4Addr) -> io::Result<()> {
-        self.sock.join_multicast_v4(&group, &iface_addr)
-    }
-    fn stats(&self) -> SocketStats {
-        self.stats
-    }
-}
-
-/// Open a UDP socket bound to `bind` on `engine`.
-pub fn open_endpoint(
-    engine: EngineKind,
-    bind: SocketAddrV4,
-) -> Result<Box<dyn UdpEndpoint>, String> {
+/// Open a UDP socket bound to `bind` on `engine`, without falling back: a
+/// measurement must run on the engine it names.
+pub fn open_endpoint(engine: EngineKind, bind: SocketAddrV4) -> Result<Opened, String> {
+    let mut opts = EngineOptions::new(engine);
+    opts.fallback = false;
     match engine {
         EngineKind::Kernel | EngineKind::Spin => {
-            let sock = UdpSocket::bind(bind).map_err(|e| format!("cannot bind UDP {bind}: {e}"))?;
-            // Non-blocking for both: `kernel` sleeps in poll(), `spin` never sleeps.
-            sock.set_nonblocking(true)
-                .map_err(|e| format!("cannot make the socket non-blocking: {e}"))?;
-            Ok(Box::new(KernelUdp {
-                sock,
-                kind: engine,
-                peer: None,
-                stats: SocketStats::default(),
-            }))
+            let ep = nanowire_stack::open_udp(bind, &opts)
+                .map_err(|e| format!("cannot open a UDP socket on {bind} ({engine}): {e}"))?;
+            Ok(Opened { ep, xdp: None })
         }
         EngineKind::Xdp => {
-            Err("engine xdp is not available in this build (AF_XDP engine not landed)".into())
+            let s = nanowire_stack::xdp::XdpSocket::open(bind, &opts)
+                .map_err(|e| format!("engine xdp is not available: {e}"))?;
+            let h = s.engine_handle().clone();
+            Ok(Opened {
+                ep: Box::new(s),
+                xdp: Some(h),
+            })
         }
     }
 }
+
+/// The xdp engine's counters that say a datagram was dropped on the way to a socket.
+const XDP_DROP_COUNTERS: [&str; 6] = [
+    "drop_socket_queue_full",
+    "drop_no_socket",
+    "xsk_rx_dropped",
+    "xsk_rx_ring_full",
+    "xsk_rx_fill_ring_empty",
+    "xdp_no_socket_on_queue",
+];
 
 fn pin(cpu: Option<usize>) -> Result<(), String> {
     if let Some(c) = cpu {
@@ -324,7 +221,7 @@ pub fn run_burst(a: BurstArgs) -> Result<i32, String> {
     }
     let batch = a.batch.clamp(1, 1024);
     pin(a.cpu)?;
-    let mut ep = open_endpoint(a.engine, SocketAddrV4::new(a.bind, 0))?;
+    let Opened { mut ep, .. } = open_endpoint(a.engine, SocketAddrV4::new(a.bind, 0))?;
     let dst = SocketAddrV4::new(a.ip, a.port);
     let total = if a.duration.is_some() { 0 } else { a.count };
     let mut bufs = vec![vec![0u8; a.size]; batch];
@@ -609,6 +506,9 @@ pub struct SinkReport {
     pub peak_occupancy: u64,
     pub rcvbuf: Option<usize>,
     pub drops: DropCounters,
+    /// The xdp engine's counters over the run (drops by reason, ring peaks).
+    #[serde(default)]
+    pub engine_counters: std::collections::BTreeMap<String, u64>,
     /// First to last datagram, seconds.
     pub active_s: f64,
     pub rate_msg_s: f64,
@@ -634,7 +534,14 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
         return Err("--timeout must be positive".into());
     }
     pin(a.cpu)?;
-    let mut ep = open_endpoint(a.engine, SocketAddrV4::new(a.ip, a.port))?;
+    let Opened { mut ep, xdp } = open_endpoint(a.engine, SocketAddrV4::new(a.ip, a.port))?;
+    let xdp_counters = |h: &std::sync::Arc<nanowire_stack::xdp::Engine>| {
+        h.counters()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect::<std::collections::BTreeMap<String, u64>>()
+    };
+    let xdp_before = xdp.as_ref().map(xdp_counters);
     let before = DropCounters::read();
     // Tell the runner we are listening.
     eprintln!("READY {}", ep.local_addr().map_err(|e| e.to_string())?);
@@ -776,7 +683,29 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
             echoed += 1;
         }
     }
-    let after = DropCounters::read();
+    let mut after = DropCounters::read();
+    // The xdp engine's own counters (the kernel's XDP_STATISTICS included).
+    let mut engine_counters = std::collections::BTreeMap::new();
+    if let (Some(h), Some(b0)) = (xdp.as_ref(), xdp_before.as_ref()) {
+        h.poll();
+        for (k, v) in xdp_counters(h) {
+            let d = if k.starts_with("peak_") || k == "sockets" {
+                v
+            } else {
+                v.saturating_sub(b0.get(&k).copied().unwrap_or(0))
+            };
+            if XDP_DROP_COUNTERS.contains(&k.as_str()) {
+                after.engine_dropped += d;
+            }
+            engine_counters.insert(k, d);
+        }
+        if let Some(p) = engine_counters.get("peak_rx_ring").copied() {
+            peak = peak.max(p);
+        }
+        if let Some(p) = engine_counters.get("peak_socket_queue").copied() {
+            peak = peak.max(p);
+        }
+    }
     let span = match max_seq {
         None => 0,
         Some(m) => (m + 1).max(expected),
@@ -825,6 +754,7 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
             rmem_default()
         },
         drops: after.since(&before),
+        engine_counters,
         active_s: active,
         rate_msg_s: if active > 0.0 {
             received as f64 / active

@@ -1,23 +1,214 @@
-//! `nanowire bench ...` (the sockperf-compatible modes are filled in by the bench work).
+//! `nanowire bench server|pp|ul|tp`, with sockperf's options and vocabulary.
+use crate::client::{ClientConfig, Mode, Protocol, Rate, resolve, run_client};
+use crate::server::{ServerConfig, bind_server};
 use clap::{Args, Subcommand};
+use nanowire_stack::{EngineKind, WaitPolicy};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     #[command(subcommand)]
-    pub cmd: BenchCmd,
+    cmd: BenchCmd,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum BenchCmd {
+enum BenchCmd {
+    /// Answer sockperf-compatible clients (like `sockperf sr`); Ctrl-C prints the summary.
+    #[command(alias = "sr")]
+    Server(ServerArgs),
+    /// Ping-pong: one message in flight, latency of every round trip.
+    #[command(alias = "ping-pong")]
+    Pp(ClientArgs),
+    /// Latency under load: paced messages, every N-th answered.
+    #[command(alias = "under-load")]
+    Ul(ClientArgs),
+    /// Throughput: paced or maximal messages, none answered (the server counts loss).
+    #[command(alias = "throughput")]
+    Tp(ClientArgs),
     /// Microburst generator: N datagrams back to back (or paced / for a duration).
     Burst(crate::burst::BurstArgs),
     /// Microburst receiver: spins, stalls or echoes, and accounts for every loss.
     Sink(crate::burst::SinkArgs),
 }
 
+#[derive(Debug, Args)]
+struct Common {
+    /// Server address (IPv4 or host name).
+    #[arg(short = 'i', long = "ip")]
+    ip: String,
+    /// Server port.
+    #[arg(short = 'p', long, default_value_t = 11111)]
+    port: u16,
+    /// Use TCP instead of UDP.
+    #[arg(long)]
+    tcp: bool,
+    /// Engine: kernel (blocking recv), spin (polled non-blocking recv), xdp.
+    #[arg(long, default_value = "kernel")]
+    engine: EngineKind,
+    /// Spin this many microseconds before blocking (overrides the engine's wait policy).
+    #[arg(long, value_name = "US")]
+    spin_then_block_us: Option<u64>,
+    /// Pin the benchmark thread to this CPU.
+    #[arg(long)]
+    cpu: Option<usize>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Socket receive buffer (SO_RCVBUF) in bytes.
+    #[arg(long)]
+    rcvbuf: Option<usize>,
+    /// Socket send buffer (SO_SNDBUF) in bytes.
+    #[arg(long)]
+    sndbuf: Option<usize>,
+}
+
+impl Common {
+    fn wait(&self) -> Option<WaitPolicy> {
+        self.spin_then_block_us
+            .map(|us| WaitPolicy::SpinThenBlock(Duration::from_micros(us)))
+    }
+    fn protocol(&self) -> Protocol {
+        if self.tcp {
+            Protocol::Tcp
+        } else {
+            Protocol::Udp
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct ServerArgs {
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, Args)]
+struct ClientArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Message size in bytes, the 14-byte header included (UDP 14..=65507).
+    #[arg(short = 'm', long = "msg-size", default_value_t = 14)]
+    msg_size: usize,
+    /// Test time in seconds.
+    #[arg(short = 't', long = "time", default_value_t = 1.0)]
+    time: f64,
+    /// Messages per second (ul default 10000, tp default max), or "max".
+    #[arg(long)]
+    mps: Option<Rate>,
+    /// ul: ask for a reply on every N-th message.
+    #[arg(long, default_value_t = 100)]
+    reply_every: u64,
+    /// Write every latency sample (seq,tx_ns,rx_ns,rtt_ns) to this CSV file.
+    #[arg(long, value_name = "FILE")]
+    full_log: Option<PathBuf>,
+    /// Leave the first MS milliseconds of samples out (at most half the run).
+    #[arg(long, default_value_t = 400)]
+    warmup_ms: u64,
+    /// A reply later than this counts as dropped.
+    #[arg(long, default_value_t = 100)]
+    reply_timeout_ms: u64,
+}
+
 pub fn run(args: BenchArgs) -> Result<i32, String> {
     match args.cmd {
+        BenchCmd::Server(a) => server(a),
+        BenchCmd::Pp(a) => client(Mode::PingPong, a),
+        BenchCmd::Ul(a) => client(Mode::UnderLoad, a),
+        BenchCmd::Tp(a) => client(Mode::Throughput, a),
         BenchCmd::Burst(a) => crate::burst::run_burst(a),
         BenchCmd::Sink(a) => crate::burst::run_sink(a),
     }
+}
+
+fn client(mode: Mode, a: ClientArgs) -> Result<i32, String> {
+    let c = &a.common;
+    if !(a.time.is_finite() && a.time > 0.0 && a.time < 1e7) {
+        return Err(format!("bad test time {}: expected seconds > 0", a.time));
+    }
+    let mut cfg = ClientConfig::new(mode, std::net::SocketAddrV4::new([0, 0, 0, 0].into(), 1));
+    cfg.protocol = c.protocol();
+    cfg.msg_size = a.msg_size;
+    // Check the size before resolving names or touching the network.
+    cfg.validate()?;
+    cfg.server = resolve(&c.ip, c.port)?;
+    cfg.engine = c.engine;
+    cfg.wait = c.wait();
+    cfg.duration = Duration::from_secs_f64(a.time);
+    if let Some(r) = a.mps {
+        cfg.mps = r;
+    }
+    cfg.reply_every = a.reply_every;
+    cfg.cpu = c.cpu;
+    cfg.full_log = a.full_log.clone();
+    cfg.warmup = Duration::from_millis(a.warmup_ms);
+    cfg.reply_timeout = Duration::from_millis(a.reply_timeout_ms.max(1));
+    cfg.rcvbuf = c.rcvbuf;
+    cfg.sndbuf = c.sndbuf;
+    cfg.validate()?;
+    if !c.json {
+        println!(
+            "nanowire: == version #{} == engine {}",
+            env!("CARGO_PKG_VERSION"),
+            cfg.engine
+        );
+        println!(
+            "nanowire[CLIENT] send on:\n[ 0] IP = {:<15} PORT = {:5} # {}",
+            cfg.server.ip(),
+            cfg.server.port(),
+            cfg.protocol.as_str().to_uppercase()
+        );
+        println!("nanowire: Warmup stage (sending a few dummy messages)...");
+        let _ = std::io::stdout().flush();
+    }
+    let r = run_client(&cfg)?;
+    if c.json {
+        println!(
+            "{}",
+            serde_json::to_string(&r).map_err(|e| format!("json: {e}"))?
+        );
+    } else {
+        println!("nanowire: Starting test...");
+        println!("nanowire: Test end (interrupted by timer)");
+        print!("{}", r.human());
+        if let Some(p) = &cfg.full_log {
+            println!("nanowire: full log written to {}", p.display());
+        }
+    }
+    Ok(0)
+}
+
+fn server(a: ServerArgs) -> Result<i32, String> {
+    let c = &a.common;
+    let bind = resolve(&c.ip, c.port)?;
+    let mut cfg = ServerConfig::new(bind);
+    cfg.protocol = c.protocol();
+    cfg.engine = c.engine;
+    cfg.wait = c.wait();
+    cfg.cpu = c.cpu;
+    cfg.rcvbuf = c.rcvbuf;
+    cfg.sndbuf = c.sndbuf;
+    let stop = nanowire_stack::kernel::stop_on_signals()
+        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let bound = bind_server(&cfg)?;
+    let local = bound.local_addr();
+    eprintln!(
+        "nanowire: [SERVER] listen on:\n[ 0] IP = {:<15} PORT = {:5} # {} (engine {})",
+        local.ip(),
+        local.port(),
+        cfg.protocol.as_str().to_uppercase(),
+        bound.engine()
+    );
+    let stats = bound.serve(stop, None)?;
+    if c.json {
+        println!(
+            "{}",
+            serde_json::to_string(&stats).map_err(|e| format!("json: {e}"))?
+        );
+    } else {
+        print!("{}", stats.human());
+    }
+    let _ = std::io::stdout().flush();
+    Ok(0)
 }

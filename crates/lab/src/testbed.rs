@@ -247,10 +247,10 @@ impl Lab {
         for h in [Host::A, Host::B] {
             // An end that escaped to the root namespace (crash mid-build).
             let _ = ip(&["link", "del", "dev", &self.iface(h)]);
-            if self.netns_exists(h) {
-                if let Err(e) = ip(&["netns", "del", &self.netns(h)]) {
-                    errs.push(e);
-                }
+            if self.netns_exists(h)
+                && let Err(e) = ip(&["netns", "del", &self.netns(h)])
+            {
+                errs.push(e);
             }
         }
         if errs.is_empty() {

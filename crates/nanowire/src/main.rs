@@ -23,6 +23,13 @@ enum Cmd {
     Lab(nanowire_lab::cli::LabArgs),
     /// Counters of running nanowire engines.
     Stats(nanowire_stack::cli::StatsArgs),
+    /// Run an unmodified program with drop-in acceleration (LD_PRELOAD shim).
+    Run(nanowire_run::cli::RunArgs),
+    /// Timestamped packet capture to pcapng (nanosecond resolution).
+    Capture(nanowire_capture::cli::CaptureArgs),
+    /// xdp engine test/demo mode (echo, multicast, counters).
+    #[command(hide = true)]
+    XdpTest(nanowire_stack::cli::XdpTestArgs),
 }
 
 fn main() {
@@ -31,6 +38,9 @@ fn main() {
         Cmd::Bench(a) => nanowire_bench::cli::run(a),
         Cmd::Lab(a) => nanowire_lab::cli::run(a),
         Cmd::Stats(a) => nanowire_stack::cli::run(a),
+        Cmd::Run(a) => nanowire_run::cli::run(a),
+        Cmd::Capture(a) => nanowire_capture::cli::run(a),
+        Cmd::XdpTest(a) => nanowire_stack::cli::xdp_test(a),
     };
     match res {
         Ok(code) => std::process::exit(code),

@@ -143,7 +143,10 @@ fn check_runs(ex: &Value) {
             {
                 assert!(acc >= lost, "{lost} lost but only {acc} counted: {r}");
             }
-        } else if let Some(l) = res.get("latency_us") {
+        } else if let Some(l) = res
+            .get("latency_us")
+            .filter(|_| res["mode"] != "tp" && res["mode"] != "throughput")
+        {
             let (mn, p50, mx) = (
                 finite(&l["min"], "min"),
                 finite(&l["p50"], "p50"),
@@ -343,19 +346,46 @@ fn smoke_report_schema_and_rendering() {
     );
     let dom = render_dom(&out.join("index.html"));
     assert!(!dom.contains("class=\"err\""), "a plot failed to render");
-    for id in &EXPERIMENTS[..6] {
+    for ex in &exps[..6] {
+        let id = ex["id"].as_str().unwrap();
         let start = dom
             .find(&format!("data-experiment=\"{id}\""))
             .unwrap_or_else(|| panic!("section {id} missing from the rendered page"));
         let end = dom[start..].find("</section>").map(|e| start + e).unwrap();
         let sec = &dom[start..end];
         assert!(sec.contains("<svg"), "section {id} has no plot");
-        // Non-empty: drawn shapes, not just a frame.
-        let shapes = sec.matches("<circle").count()
-            + sec.matches("<polyline").count()
-            + sec.matches("<rect").count()
-            + sec.matches("<text").count();
-        assert!(shapes > 3, "section {id}: empty SVG");
+        // Every plot is in the page; a plot with data draws its data.
+        for p in ex["plots"].as_array().unwrap() {
+            let pid = p["id"].as_str().unwrap();
+            let fs = sec
+                .find(&format!("data-plot=\"{pid}\""))
+                .unwrap_or_else(|| panic!("plot {pid} missing"));
+            let fe = sec[fs..].find("</figure>").map(|e| fs + e).unwrap();
+            let fig = &sec[fs..fe];
+            assert!(fig.contains("<svg"), "plot {pid}: no SVG");
+            let points: usize = p["series"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["points"].as_array().unwrap().len())
+                .sum();
+            if points > 0 {
+                let marks = fig.matches("<circle").count()
+                    + fig.matches("<polyline").count()
+                    + fig.matches("<polygon").count()
+                    + fig.matches("<rect").count()
+                    + fig.matches("<line").count();
+                assert!(
+                    marks >= points,
+                    "plot {pid}: {points} points but {marks} marks"
+                );
+            } else {
+                assert!(
+                    fig.contains("no engine produced data"),
+                    "plot {pid}: empty without saying so"
+                );
+            }
+        }
     }
     drop(lab);
     let _ = std::fs::remove_dir_all(&out);

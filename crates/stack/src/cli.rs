@@ -1,5 +1,19 @@
-//! `nanowire stats` (stub; filled in by the engine work).
+//! `nanowire stats` and the hidden `nanowire xdp-test` demo/test mode.
+use crate::xdp::{XdpSocket, shm};
+use crate::{EngineKind, EngineOptions, UdpEndpoint, WaitPolicy};
 use clap::Args;
+use std::io::{BufRead, Write};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// println! that never panics on a closed stdout (e.g. piped into head).
+macro_rules! out {
+    ($($t:tt)*) => {{
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
 
 #[derive(Debug, Args)]
 pub struct StatsArgs {
@@ -8,6 +22,336 @@ pub struct StatsArgs {
     pub json: bool,
 }
 
-pub fn run(_args: StatsArgs) -> Result<i32, String> {
-    Err("nanowire stats is not built yet".into())
+/// Print the counters of every running xdp engine (from their shared-memory
+/// stats pages under /dev/shm/nanowire).
+pub fn run(args: StatsArgs) -> Result<i32, String> {
+    let all = shm::read_all();
+    if args.json {
+        out!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "engines": all }))
+                .map_err(|e| e.to_string())?
+        );
+        return Ok(0);
+    }
+    if all.is_empty() {
+        out!("no running nanowire engines");
+        return Ok(0);
+    }
+    for e in &all {
+        out!(
+            "engine pid {} on {} ({} XDP, {} AF_XDP, {} queue(s), ring depth {})",
+            e.info.pid,
+            e.info.iface,
+            e.info.xdp_mode,
+            e.info.bind_mode,
+            e.info.queues,
+            e.info.ring_depth
+        );
+        for (k, v) in &e.counters {
+            if *v != 0 || !k.starts_with("drop_") {
+                out!("  {k:<26} {v}");
+            }
+        }
+        for s in &e.sockets {
+            let c = &s.counters;
+            out!(
+                "  socket {:<21} rx {} pkts {} B, tx {} pkts {} B, drops: queue full {}, tx ring full {}, queue {} (peak {})",
+                s.local,
+                c["rx_packets"],
+                c["rx_bytes"],
+                c["tx_packets"],
+                c["tx_bytes"],
+                c["drop_queue_full"],
+                c["drop_tx_ring_full"],
+                c["queue_depth"],
+                c["peak_queue_depth"]
+            );
+        }
+    }
+    Ok(0)
+}
+
+/// Hidden test/demo mode: open xdp sockets and echo (or count) datagrams
+/// until stdin closes or the time is up, then print counters as JSON.
+#[derive(Debug, Args)]
+pub struct XdpTestArgs {
+    /// Interface (default: the one owning the bind address).
+    #[arg(long)]
+    pub iface: Option<String>,
+    /// First UDP port.
+    #[arg(long, default_value_t = 11111)]
+    pub port: u16,
+    /// Number of sockets (consecutive ports, or all on the group's port).
+    #[arg(long, default_value_t = 1)]
+    pub sockets: u16,
+    /// Multicast group: every socket binds GROUP:PORT and joins it.
+    #[arg(long)]
+    pub group: Option<Ipv4Addr>,
+    /// Echo every datagram to its source (multicast: prefixed "sN:").
+    #[arg(long)]
+    pub echo: bool,
+    /// spin | block | spin-then-block:MICROS
+    #[arg(long, default_value = "spin")]
+    pub wait: String,
+    /// RX ring depth (frames).
+    #[arg(long, default_value_t = 16384)]
+    pub ring_depth: u32,
+    /// Stop after this many seconds (default: when stdin closes).
+    #[arg(long)]
+    pub secs: Option<f64>,
+    /// Ping-pong client mode: measure round trips to this echo server.
+    #[arg(long)]
+    pub client: Option<SocketAddrV4>,
+    /// Client: round trips to measure.
+    #[arg(long, default_value_t = 10000)]
+    pub count: u32,
+    /// Client: datagram size.
+    #[arg(long, default_value_t = 64)]
+    pub size: usize,
+    /// Use a spinning kernel UDP socket instead of the xdp engine (for
+    /// comparisons in the same run).
+    #[arg(long)]
+    pub kernel: bool,
+}
+
+pub fn parse_wait(s: &str) -> Result<WaitPolicy, String> {
+    match s {
+        "spin" => Ok(WaitPolicy::Spin),
+        "block" => Ok(WaitPolicy::Block),
+        o => o
+            .strip_prefix("spin-then-block:")
+            .and_then(|us| us.parse::<u64>().ok())
+            .map(|us| WaitPolicy::SpinThenBlock(Duration::from_micros(us)))
+            .ok_or_else(|| {
+                format!("bad wait policy {o:?}: expected spin, block or spin-then-block:MICROS")
+            }),
+    }
+}
+
+pub fn xdp_test(a: XdpTestArgs) -> Result<i32, String> {
+    if a.kernel {
+        return kernel_spin_test(&a);
+    }
+    let mut opts = EngineOptions::new(EngineKind::Xdp);
+    opts.iface = a.iface.clone();
+    opts.ring_depth = a.ring_depth;
+    opts.wait = parse_wait(&a.wait)?;
+    opts.fallback = false;
+    if a.sockets == 0 {
+        return Err("--sockets must be at least 1".into());
+    }
+    let mut socks = Vec::new();
+    for i in 0..a.sockets {
+        let bind = match a.group {
+            Some(g) => SocketAddrV4::new(g, a.port),
+            None => SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, a.port.wrapping_add(i)),
+        };
+        let mut s =
+            XdpSocket::open(bind, &opts).map_err(|e| format!("xdp socket on {bind}: {e}"))?;
+        if let Some(g) = a.group {
+            s.join_multicast(g, Ipv4Addr::UNSPECIFIED)
+                .map_err(|e| format!("join {g}: {e}"))?;
+        }
+        socks.push(s);
+    }
+    let eng = socks[0].engine_handle().clone();
+    if let Some(peer) = a.client {
+        socks[0]
+            .connect(peer)
+            .map_err(|e| format!("connect {peer}: {e}"))?;
+        let s = std::cell::RefCell::new(&mut socks[0]);
+        let r = ping_pong(
+            a.count,
+            a.size,
+            |m| s.borrow_mut().send(m).map(|_| ()),
+            |b| {
+                s.borrow_mut()
+                    .recv_from(b, Some(Instant::now() + Duration::from_secs(1)))
+                    .map(|o| o.map(|(n, _)| n))
+            },
+        )?;
+        out!("{r}");
+        return Ok(0);
+    }
+    out!(
+        "{}",
+        serde_json::json!({
+            "ready": true,
+            "iface": eng.iface().name,
+            "queues": eng.iface().rx_queues,
+            "ring_depth": eng.ring_depth(),
+            "tx_budget": eng.tx_budget(),
+            "xdp_mode": eng.attach_mode().as_str(),
+            "bind_mode": eng.bind_mode().as_str(),
+            "sockets": socks.iter().map(|s| s.local_addr().map(|a| a.to_string()).unwrap_or_default()).collect::<Vec<_>>(),
+            "stats_page": eng.stats_page(),
+        })
+    );
+    let _ = std::io::stdout().flush();
+    let stop = Arc::new(AtomicBool::new(false));
+    if a.secs.is_none() {
+        let st = stop.clone();
+        std::thread::spawn(move || {
+            let stdin = std::io::stdin();
+            for l in stdin.lock().lines() {
+                if l.is_err() {
+                    break;
+                }
+            }
+            st.store(true, Ordering::Relaxed);
+        });
+    }
+    let end = a.secs.map(|s| Instant::now() + Duration::from_secs_f64(s));
+    let mut buf = vec![0u8; 65536];
+    let mut pending: Vec<(Vec<u8>, SocketAddrV4)> = Vec::new();
+    let mut iter = 0u64;
+    while !stop.load(Ordering::Relaxed) && end.is_none_or(|e| Instant::now() < e) {
+        if socks.len() == 1 {
+            let dl = Instant::now() + Duration::from_millis(50);
+            let got = socks[0]
+                .recv_from(&mut buf, Some(dl))
+                .map_err(|e| e.to_string())?;
+            if let (Some((n, src)), true) = (got, a.echo) {
+                let _ = socks[0].send_to(&buf[..n], src);
+            }
+            continue;
+        }
+        iter += 1;
+        let mut got = 0;
+        for (i, s) in socks.iter_mut().enumerate() {
+            got += s.recv_batch(64, |p, src| {
+                if a.echo {
+                    let mut v = Vec::with_capacity(p.len() + 4);
+                    if a.group.is_some() {
+                        v.extend_from_slice(format!("s{i}:").as_bytes());
+                    }
+                    v.extend_from_slice(p);
+                    pending.push((v, src));
+                }
+            });
+            for (v, src) in pending.drain(..) {
+                let _ = s.send_to(&v, src);
+            }
+        }
+        if got == 0 && iter.is_multiple_of(1024) {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    let counters: serde_json::Map<String, serde_json::Value> = eng
+        .counters()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.into()))
+        .collect();
+    let sockets: Vec<_> = socks
+        .iter()
+        .map(|s| {
+            let st = s.stats();
+            serde_json::json!({
+                "local": s.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+                "stats": st,
+            })
+        })
+        .collect();
+    out!(
+        "{}",
+        serde_json::json!({ "counters": counters, "sockets": sockets })
+    );
+    Ok(0)
+}
+
+/// One-way latency summary (RTT/2) in microseconds, as JSON.
+fn ping_pong(
+    count: u32,
+    size: usize,
+    mut send: impl FnMut(&[u8]) -> std::io::Result<()>,
+    mut recv: impl FnMut(&mut [u8]) -> std::io::Result<Option<usize>>,
+) -> Result<serde_json::Value, String> {
+    let size = size.max(8);
+    let mut msg = vec![0u8; size];
+    let mut buf = vec![0u8; 65536];
+    let warm = count / 10;
+    let mut rtts = Vec::with_capacity(count as usize);
+    let mut lost = 0u32;
+    for i in 0..count + warm {
+        msg[..4].copy_from_slice(&i.to_le_bytes());
+        let t0 = Instant::now();
+        send(&msg).map_err(|e| format!("send: {e}"))?;
+        loop {
+            match recv(&mut buf).map_err(|e| format!("recv: {e}"))? {
+                Some(n) if n >= 4 && buf[..4] == msg[..4] => {
+                    if i >= warm {
+                        rtts.push(t0.elapsed().as_nanos() as u64);
+                    }
+                    break;
+                }
+                Some(_) => continue,
+                None => {
+                    lost += 1;
+                    break;
+                }
+            }
+        }
+    }
+    rtts.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if rtts.is_empty() {
+            return 0.0;
+        }
+        let i = ((rtts.len() as f64 * p) as usize).min(rtts.len() - 1);
+        rtts[i] as f64 / 2000.0
+    };
+    Ok(serde_json::json!({
+        "samples": rtts.len(), "lost": lost, "size": size,
+        "one_way_us": {"min": pct(0.0), "p50": pct(0.5), "p90": pct(0.9), "p99": pct(0.99), "p99.9": pct(0.999), "max": pct(1.0)}
+    }))
+}
+
+/// The comparison path: a non-blocking kernel UDP socket polled without
+/// sleeping (echo server, or ping-pong client with --client).
+fn kernel_spin_test(a: &XdpTestArgs) -> Result<i32, String> {
+    let s = std::net::UdpSocket::bind(SocketAddrV4::new(
+        Ipv4Addr::UNSPECIFIED,
+        if a.client.is_some() { 0 } else { a.port },
+    ))
+    .map_err(|e| e.to_string())?;
+    s.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let spin_recv =
+        |b: &mut [u8], dl: Instant| -> std::io::Result<Option<(usize, std::net::SocketAddr)>> {
+            loop {
+                match s.recv_from(b) {
+                    Ok(r) => return Ok(Some(r)),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if Instant::now() >= dl {
+                            return Ok(None);
+                        }
+                        std::hint::spin_loop();
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+    if let Some(peer) = a.client {
+        s.connect(peer).map_err(|e| e.to_string())?;
+        let r = ping_pong(
+            a.count,
+            a.size,
+            |m| s.send(m).map(|_| ()),
+            |b| spin_recv(b, Instant::now() + Duration::from_secs(1)).map(|o| o.map(|(n, _)| n)),
+        )?;
+        out!("{r}");
+        return Ok(0);
+    }
+    out!("{}", serde_json::json!({"ready": true, "kernel": true}));
+    let _ = std::io::stdout().flush();
+    let end = Instant::now() + Duration::from_secs_f64(a.secs.unwrap_or(3600.0));
+    let mut buf = vec![0u8; 65536];
+    while Instant::now() < end {
+        if let Some((n, src)) = spin_recv(&mut buf, Instant::now() + Duration::from_millis(50))
+            .map_err(|e| e.to_string())?
+        {
+            let _ = s.send_to(&buf[..n], src);
+        }
+    }
+    Ok(0)
 }

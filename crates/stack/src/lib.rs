@@ -8,6 +8,8 @@
 //! use [`UdpEndpoint`] without caring which engine serves them.
 
 pub mod cli;
+pub mod kernel;
+pub mod xdp;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -148,4 +150,20 @@ pub trait UdpEndpoint: Send {
     /// Join an IPv4 multicast group on the interface with address `iface_addr`.
     fn join_multicast(&mut self, group: Ipv4Addr, iface_addr: Ipv4Addr) -> io::Result<()>;
     fn stats(&self) -> SocketStats;
+}
+
+/// Open a UDP socket bound to `bind` on the engine `opts.kind` asks for.
+pub fn open_udp(bind: SocketAddrV4, opts: &EngineOptions) -> io::Result<Box<dyn UdpEndpoint>> {
+    match opts.kind {
+        EngineKind::Kernel | EngineKind::Spin => Ok(Box::new(kernel::KernelUdp::bind(bind, opts)?)),
+        EngineKind::Xdp => open_xdp(bind, opts),
+    }
+}
+
+/// The xdp arm of [`open_udp`] (replaced when the AF_XDP engine lands).
+fn open_xdp(_bind: SocketAddrV4, _opts: &EngineOptions) -> io::Result<Box<dyn UdpEndpoint>> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "xdp engine not built yet",
+    ))
 }

@@ -12,6 +12,7 @@
 pub mod checksum;
 pub mod ethernet;
 pub mod ipv4;
+pub mod pcapng;
 pub mod sockperf;
 pub mod udp;
 

@@ -107,7 +107,7 @@ impl Params {
             ul_size: 256,
             rate_trial_s: 0.5,
             rate_confirm_s: 0.0,
-            rate_steps: 2,
+            rate_steps: 3,
             burst_sizes: vec![256],
             burst_max: 4096,
             burst_trials: 3,
@@ -318,6 +318,11 @@ impl<'a> Ctx<'a> {
             count.max(1).to_string(),
             gap_ns.to_string(),
         );
+        // The xdp engine finds its interface from the bound address.
+        let bind = match self.target {
+            Target::Lab(l) => l.addr(Host::A).to_string(),
+            Target::Peer { .. } => "0.0.0.0".to_string(),
+        };
         let mut g = vec![
             "bench",
             "burst",
@@ -333,6 +338,8 @@ impl<'a> Ctx<'a> {
             &gs,
             "--run",
             &rs,
+            "--bind",
+            &bind,
             "--engine",
             gen_engine.as_str(),
             "--cpu",

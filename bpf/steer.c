@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+// nanowire steering program: redirect claimed IPv4 UDP flows to AF_XDP.
+//
+// A flow is claimed by inserting (destination address, destination port),
+// both in network byte order, into `claims`. Claimed packets go to the
+// AF_XDP socket of the RX queue they arrived on (`xsks`, indexed by queue).
+// Everything else -- ARP, ICMP, TCP, IPv6, VLAN-tagged frames, unclaimed
+// UDP ports, non-first fragments (their port is unknowable) -- is XDP_PASS.
+//
+// Malformed packets: whenever the destination address and a destination
+// port can be located, a claimed packet is redirected even if it is
+// malformed (bad IHL, IP options, first fragments, bad lengths), and the
+// engine classifies it with crates/wire and counts it under its reason.
+// A frame too short to carry the destination port cannot be attributed to
+// anyone and is passed to the kernel, which counts it (IP InHdrErrors).
+// When a claimed packet arrives on a queue without a socket it is passed
+// and counted in `nw_stats[0]` (per CPU).
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+struct claim_key {
+	__u32 addr;
+	__u16 port;
+	__u16 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct claim_key);
+	__type(value, __u32);
+} nw_claims SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_XSKMAP);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, __u32);
+} nw_xsks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 4);
+	__type(key, __u32);
+	__type(value, __u64);
+} nw_stats SEC(".maps");
+
+SEC("xdp")
+int nw_steer(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = data + sizeof(*eth);
+
+	if ((void *)(ip + 1) > end)
+		return XDP_PASS;
+	if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->protocol != IPPROTO_UDP)
+		return XDP_PASS;
+	// Non-first fragment: no UDP header, the owner is unknowable.
+	if (ip->frag_off & bpf_htons(0x1fff))
+		return XDP_PASS;
+	__u32 hl = ip->ihl * 4;
+	if (hl < sizeof(*ip))
+		hl = sizeof(*ip); // bad IHL: attribute by the port after 20 bytes
+	__u16 *ports = (void *)ip + hl;
+	if ((void *)(ports + 2) > end) {
+		ports = (void *)(ip + 1);
+		if ((void *)(ports + 2) > end)
+			return XDP_PASS;
+	}
+	struct claim_key key = { .addr = ip->daddr, .port = ports[1], .pad = 0 };
+	if (!bpf_map_lookup_elem(&nw_claims, &key))
+		return XDP_PASS;
+	__u32 q = ctx->rx_queue_index;
+	if (bpf_map_lookup_elem(&nw_xsks, &q))
+		return bpf_redirect_map(&nw_xsks, q, XDP_PASS);
+	__u32 k = 0;
+	__u64 *c = bpf_map_lookup_elem(&nw_stats, &k);
+	if (c)
+		*c += 1;
+	return XDP_PASS;
+}
+
+char _license[] SEC("license") = "GPL";

@@ -1,0 +1,326 @@
+//! Message transports for the client: UDP over any engine's [`UdpEndpoint`],
+//! and TCP framed by the sockperf header's length field.
+
+use nanowire_stack::{EngineKind, UdpEndpoint, WaitPolicy};
+use nanowire_wire::sockperf::{SOCKPERF_HEADER_LEN, SockperfHeader};
+use rustix::event::{PollFd, PollFlags, Timespec};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddrV4, TcpStream};
+use std::time::{Duration, Instant};
+
+/// Largest TCP message (header included) the client sends and the server accepts.
+pub const MAX_TCP_MSG: usize = 1 << 20;
+
+pub(crate) trait Transport {
+    /// Send one whole message (waits/spins while the socket is full).
+    fn send_msg(&mut self, msg: &[u8]) -> io::Result<()>;
+    /// Send several messages; returns how many went.
+    fn send_batch(&mut self, msgs: &[&[u8]]) -> io::Result<usize>;
+    /// Receive one whole message into `buf`; `Ok(None)` at the deadline.
+    fn recv_msg(&mut self, buf: &mut [u8], deadline: Option<Instant>) -> io::Result<Option<usize>>;
+    /// Receive one whole message if one is already there.
+    fn try_recv_msg(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>>;
+    fn engine(&self) -> EngineKind;
+    /// Whether waiting should sleep in the kernel (`kernel` engine).
+    fn blocks(&self) -> bool;
+}
+
+pub(crate) struct UdpTransport {
+    pub ep: Box<dyn UdpEndpoint>,
+    pub peer: SocketAddrV4,
+    pub block: bool,
+}
+
+impl Transport for UdpTransport {
+    fn send_msg(&mut self, msg: &[u8]) -> io::Result<()> {
+        loop {
+            match self.ep.send_to(msg, self.peer) {
+                Ok(_) => return Ok(()),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    std::hint::spin_loop()
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn send_batch(&mut self, msgs: &[&[u8]]) -> io::Result<usize> {
+        loop {
+            match self.ep.send_batch_to(msgs, self.peer) {
+                Ok(n) => return Ok(n),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    std::hint::spin_loop()
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn recv_msg(&mut self, buf: &mut [u8], deadline: Option<Instant>) -> io::Result<Option<usize>> {
+        loop {
+            match self.ep.recv_from(buf, deadline) {
+                Ok(Some((n, from))) if from == self.peer => return Ok(Some(n)),
+                Ok(Some(_)) => continue, // not from our server: ignore
+                Ok(None) => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn try_recv_msg(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        loop {
+            match self.ep.try_recv_from(buf) {
+                Ok(Some((n, from))) if from == self.peer => return Ok(Some(n)),
+                Ok(Some(_)) => continue,
+                Ok(None) => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn engine(&self) -> EngineKind {
+        self.ep.engine()
+    }
+    fn blocks(&self) -> bool {
+        self.block
+    }
+}
+
+/// A growable byte queue for reassembling a TCP stream.
+#[derive(Debug, Default)]
+pub(crate) struct StreamBuf {
+    pub buf: Vec<u8>,
+    pub start: usize,
+    pub end: usize,
+}
+
+/// What the next frame in a stream buffer is.
+pub(crate) enum Frame {
+    /// Not enough bytes yet.
+    Incomplete,
+    /// A whole frame at `start..start+len`.
+    Ready(usize),
+    /// The length field is impossible (< header or > limit).
+    Bad(u32),
+}
+
+impl StreamBuf {
+    pub fn with_capacity(n: usize) -> StreamBuf {
+        StreamBuf {
+            buf: vec![0; n],
+            start: 0,
+            end: 0,
+        }
+    }
+    pub fn len(&self) -> usize {
+        self.end - self.start
+    }
+    pub fn data(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+    pub fn data_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[self.start..self.end]
+    }
+    pub fn consume(&mut self, n: usize) {
+        self.start += n;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+    /// Make room for at least `min` more bytes at the end.
+    pub fn reserve(&mut self, min: usize) {
+        if self.buf.len() - self.end >= min {
+            return;
+        }
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.buf.len() - self.end < min {
+            let n = (self.end + min).next_power_of_two();
+            self.buf.resize(n, 0);
+        }
+    }
+    /// Read what the stream has (non-blocking stream): `Ok(Some(0))` = EOF,
+    /// `Ok(None)` = nothing now.
+    pub fn fill_from(&mut self, s: &mut TcpStream) -> io::Result<Option<usize>> {
+        self.reserve(64 * 1024);
+        match s.read(&mut self.buf[self.end..]) {
+            Ok(n) => {
+                self.end += n;
+                Ok(Some(n))
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+    pub fn frame(&self, max: usize) -> Frame {
+        if self.len() < SOCKPERF_HEADER_LEN {
+            return Frame::Incomplete;
+        }
+        let len = SockperfHeader::new_unchecked(self.data()).length();
+        if (len as usize) < SOCKPERF_HEADER_LEN || len as usize > max {
+            return Frame::Bad(len);
+        }
+        if self.len() >= len as usize {
+            Frame::Ready(len as usize)
+        } else {
+            Frame::Incomplete
+        }
+    }
+}
+
+/// Wait until `fd` is readable (or writable) or `timeout` passes.
+pub(crate) fn wait_fd(s: &TcpStream, write: bool, timeout: Duration) -> io::Result<()> {
+    let flags = if write { PollFlags::OUT } else { PollFlags::IN };
+    let mut fds = [PollFd::new(s, flags)];
+    let ts = Timespec {
+        tv_sec: timeout.as_secs() as _,
+        tv_nsec: timeout.subsec_nanos() as _,
+    };
+    match rustix::event::poll(&mut fds, Some(&ts)) {
+        Ok(_) => Ok(()),
+        Err(rustix::io::Errno::INTR) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub(crate) struct TcpTransport {
+    pub stream: TcpStream,
+    pub rbuf: StreamBuf,
+    pub wait: WaitPolicy,
+    pub engine: EngineKind,
+}
+
+impl TcpTransport {
+    pub fn new(stream: TcpStream, wait: WaitPolicy, engine: EngineKind) -> io::Result<Self> {
+        stream.set_nonblocking(true)?;
+        Ok(TcpTransport {
+            stream,
+            rbuf: StreamBuf::with_capacity(256 * 1024),
+            wait,
+            engine,
+        })
+    }
+
+    fn take(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        match self.rbuf.frame(MAX_TCP_MSG) {
+            Frame::Incomplete => Ok(None),
+            Frame::Bad(l) => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("server sent a frame with impossible length {l}"),
+            )),
+            Frame::Ready(n) => {
+                if n > buf.len() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("server sent a {n}-byte message, larger than ours"),
+                    ));
+                }
+                buf[..n].copy_from_slice(&self.rbuf.data()[..n]);
+                self.rbuf.consume(n);
+                Ok(Some(n))
+            }
+        }
+    }
+
+    fn fill(&mut self) -> io::Result<bool> {
+        match self.rbuf.fill_from(&mut self.stream)? {
+            Some(0) => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the server closed the connection",
+            )),
+            Some(_) => Ok(true),
+            None => Ok(false),
+        }
+    }
+}
+
+impl Transport for TcpTransport {
+    fn send_msg(&mut self, msg: &[u8]) -> io::Result<()> {
+        let mut off = 0;
+        while off < msg.len() {
+            match self.stream.write(&msg[off..]) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "the server closed the connection",
+                    ));
+                }
+                Ok(n) => off += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Keep reading replies so neither side stalls on a full buffer.
+                    let got = self.fill()?;
+                    if !got && self.blocks() {
+                        wait_fd(&self.stream, true, Duration::from_millis(10))?;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn send_batch(&mut self, msgs: &[&[u8]]) -> io::Result<usize> {
+        for m in msgs {
+            self.send_msg(m)?;
+        }
+        Ok(msgs.len())
+    }
+
+    fn recv_msg(&mut self, buf: &mut [u8], deadline: Option<Instant>) -> io::Result<Option<usize>> {
+        loop {
+            if let Some(n) = self.take(buf)? {
+                return Ok(Some(n));
+            }
+            if self.fill()? {
+                continue;
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            if self.blocks() {
+                let rem = deadline.map_or(Duration::from_millis(200), |d| {
+                    (d - now).min(Duration::from_millis(200))
+                });
+                wait_fd(&self.stream, false, rem)?;
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    fn try_recv_msg(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        if let Some(n) = self.take(buf)? {
+            return Ok(Some(n));
+        }
+        if self.fill()? {
+            return self.take(buf);
+        }
+        Ok(None)
+    }
+
+    fn engine(&self) -> EngineKind {
+        self.engine
+    }
+    fn blocks(&self) -> bool {
+        matches!(self.wait, WaitPolicy::Block)
+    }
+}

@@ -1,0 +1,197 @@
+//! Helpers shared by the bench_* integration tests: a lab per test, child
+//! processes killed on drop, bounded waits.
+#![allow(dead_code)]
+
+use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub const NW: &str = env!("CARGO_BIN_EXE_nanowire");
+pub const B_ADDR: &str = "198.18.0.2";
+
+/// A lab with a unique name: `tb<tag><pid>`.
+pub fn lab(tag: &str) -> ScopedLab {
+    let name = format!("tb{tag}{}", std::process::id() % 10000);
+    ScopedLab::new(LabOptions {
+        name,
+        ..LabOptions::default()
+    })
+    .expect("lab up")
+}
+
+/// A child process killed (and reaped) when dropped.
+pub struct Guard {
+    pub child: Option<Child>,
+    pub what: String,
+}
+
+impl Guard {
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Send a signal (by name, e.g. "INT") and collect the output within `t`.
+    pub fn signal_and_wait(mut self, sig: &str, t: Duration) -> Output {
+        let _ = Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid().to_string()])
+            .status();
+        let child = self.child.take().expect("child");
+        wait_output(child, t, &self.what)
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Wait for a child with a deadline; kill it and fail the test when it overruns.
+pub fn wait_output(mut child: Child, t: Duration, what: &str) -> Output {
+    let mut out = child.stdout.take();
+    let mut err = child.stderr.take();
+    let (tx1, rx1) = mpsc::channel();
+    let (tx2, rx2) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(o) = out.as_mut() {
+            let _ = o.read_to_end(&mut v);
+        }
+        let _ = tx1.send(v);
+    });
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(e) = err.as_mut() {
+            let _ = e.read_to_end(&mut v);
+        }
+        let _ = tx2.send(v);
+    });
+    let end = Instant::now() + t;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{what} did not finish within {t:?}");
+            }
+        }
+    };
+    let stdout = rx1.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+    let stderr = rx2.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+    Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+/// Start `argv` in host `h` with piped output.
+pub fn spawn(lab: &ScopedLab, h: Host, argv: &[&str]) -> Guard {
+    let child = lab
+        .command(h, argv)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    Guard {
+        child: Some(child),
+        what: argv.join(" "),
+    }
+}
+
+/// Run `argv` in host `h` to completion within `t`.
+pub fn run(lab: &ScopedLab, h: Host, argv: &[&str], t: Duration) -> Output {
+    let g = spawn(lab, h, argv);
+    let mut g = g;
+    let child = g.child.take().unwrap();
+    wait_output(child, t, &argv.join(" "))
+}
+
+/// Wait until something listens on `port` (udp or tcp) in host `h`.
+pub fn wait_listening(lab: &ScopedLab, h: Host, tcp: bool, port: u16) {
+    let end = Instant::now() + Duration::from_secs(10);
+    let proto = if tcp { "-tlnH" } else { "-ulnH" };
+    loop {
+        let o = lab
+            .command(h, &["ss", proto, "sport", "=", &format!(":{port}")])
+            .output()
+            .expect("ss");
+        if !String::from_utf8_lossy(&o.stdout).trim().is_empty() {
+            return;
+        }
+        assert!(Instant::now() < end, "nothing listens on {port} after 10 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+pub fn success(o: &Output) -> String {
+    let (out, err) = text(o);
+    assert!(o.status.success(), "failed ({}):\n{out}\n{err}", o.status);
+    assert!(!err.contains("panicked"), "{err}");
+    out
+}
+
+pub fn json(o: &Output) -> serde_json::Value {
+    let out = success(o);
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not one JSON object ({e}): {out}"))
+}
+
+/// The `percentile 50.000 = X` value of sockperf-style output.
+pub fn sockperf_p50(out: &str) -> Option<f64> {
+    out.lines()
+        .find(|l| l.contains("percentile 50.000"))
+        .and_then(|l| l.rsplit('=').next())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// `# dropped messages = N` of sockperf-style output.
+pub fn sockperf_dropped(out: &str) -> Option<u64> {
+    out.lines()
+        .find(|l| l.contains("# dropped messages ="))
+        .and_then(|l| l.split("# dropped messages =").nth(1))
+        .and_then(|v| v.split(';').next())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Lines of a child's stderr, for readiness checks.
+pub fn stderr_lines(g: &mut Guard) -> mpsc::Receiver<String> {
+    let err = g.child.as_mut().unwrap().stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// A one-line "nanowire: error: ..." and a non-zero exit, never a panic.
+pub fn assert_clean_error(o: &Output, needle: &str) {
+    let (out, err) = text(o);
+    assert!(!o.status.success(), "expected failure, got success:\n{out}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one line on stderr, got: {err:?}");
+    assert!(
+        lines[0].starts_with("nanowire: error: ") && lines[0].contains(needle),
+        "expected an error mentioning {needle:?}, got {:?}",
+        lines[0]
+    );
+}

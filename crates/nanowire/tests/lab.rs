@@ -1,0 +1,145 @@
+//! The virtual testbed: `nanowire lab up|down|status|exec` as a user runs them.
+
+use std::process::{Command, Output};
+
+fn nanowire(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nanowire"))
+        .args(args)
+        .output()
+        .expect("run nanowire")
+}
+
+fn name(tag: &str) -> String {
+    format!("tl{tag}{}", std::process::id() % 10000)
+}
+
+/// Takes the lab down when the test ends, pass or fail.
+struct Down(String);
+impl Drop for Down {
+    fn drop(&mut self) {
+        let _ = nanowire(&["lab", "down", "--name", &self.0]);
+    }
+}
+
+fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn netns_list() -> String {
+    String::from_utf8_lossy(
+        &Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .into_owned()
+}
+
+#[test]
+fn up_is_idempotent_exec_reaches_peer_and_down_removes_everything() {
+    let n = name("u");
+    let _g = Down(n.clone());
+    ok(&nanowire(&["lab", "up", "--name", &n]));
+    ok(&nanowire(&["lab", "up", "--name", &n]));
+    let st: serde_json::Value =
+        serde_json::from_str(&ok(&nanowire(&["lab", "status", "--name", &n, "--json"]))).unwrap();
+    assert_eq!(st["complete"], true);
+    assert_eq!(st["a"]["addr"], "198.18.0.1");
+    assert_eq!(st["b"]["addr"], "198.18.0.2");
+    assert_eq!(st["a"]["driver"], "veth");
+    assert!(
+        st["a"]["offloads"]
+            .as_array()
+            .is_some_and(|o| !o.is_empty()),
+        "offloads recorded"
+    );
+
+    // Host a reaches host b through the veth pair (ARP + ICMP through the kernel).
+    ok(&nanowire(&[
+        "lab",
+        "exec",
+        "--name",
+        &n,
+        "a",
+        "--",
+        "ping",
+        "-c",
+        "1",
+        "-W",
+        "2",
+        "198.18.0.2",
+    ]));
+    // exec propagates the command's exit code.
+    let o = nanowire(&["lab", "exec", "--name", &n, "b", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(o.status.code(), Some(7));
+
+    ok(&nanowire(&["lab", "down", "--name", &n]));
+    let l = netns_list();
+    assert!(
+        !l.contains(&format!("{n}-a")) && !l.contains(&format!("{n}-b")),
+        "namespaces left: {l}"
+    );
+    let st = nanowire(&["lab", "status", "--name", &n]);
+    assert!(
+        !st.status.success(),
+        "status of a lab that is down exits non-zero"
+    );
+    // down twice is fine.
+    ok(&nanowire(&["lab", "down", "--name", &n]));
+}
+
+#[test]
+fn up_repairs_a_half_built_lab() {
+    let n = name("r");
+    let _g = Down(n.clone());
+    ok(&nanowire(&["lab", "up", "--name", &n]));
+    // Simulate a crash: one namespace and the veth pair gone.
+    assert!(
+        Command::new("ip")
+            .args(["netns", "del", &format!("{n}-b")])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(!nanowire(&["lab", "status", "--name", &n]).status.success());
+    ok(&nanowire(&["lab", "up", "--name", &n]));
+    ok(&nanowire(&[
+        "lab",
+        "exec",
+        "--name",
+        &n,
+        "b",
+        "--",
+        "ping",
+        "-c",
+        "1",
+        "-W",
+        "2",
+        "198.18.0.1",
+    ]));
+}
+
+#[test]
+fn bad_lab_arguments_give_one_line_errors() {
+    for args in [
+        vec!["lab", "up", "--name", "this-name-is-far-too-long"],
+        vec!["lab", "exec", "--name", "tlnotthere", "a", "--", "true"],
+        vec!["lab", "up", "--name", "tlq", "--queues", "0"],
+    ] {
+        let o = nanowire(&args);
+        assert!(!o.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.starts_with("nanowire: error: "), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(!err.contains("panicked"));
+    }
+    let o = nanowire(&["lab", "exec", "--name", "tlnotthere", "c", "--", "true"]);
+    assert!(!o.status.success());
+}

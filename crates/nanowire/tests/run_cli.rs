@@ -1,0 +1,212 @@
+//! `nanowire run` as a command: the options table, argument errors, and the
+//! C semantics program run plainly and under the shim with identical output
+//! (errno parity, MSG_PEEK/TRUNC/DONTWAIT, poll/select/epoll with mixed
+//! fds, dup, fork, fork+exec, shutdown and close while a thread waits).
+//! Loopback only: no lab needed.
+
+mod run_support;
+use run_support::*;
+use std::process::Command;
+use std::time::Duration;
+
+#[test]
+fn list_options_prints_the_table_and_json() {
+    let out = Command::new(nanowire())
+        .args(["run", "--list-options"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let s = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "NANOWIRE_ENGINE",
+        "NANOWIRE_SPIN_US",
+        "latency",
+        "balanced",
+        "throughput",
+        "forever",
+    ] {
+        assert!(s.contains(needle), "missing {needle}:\n{s}");
+    }
+    let out = Command::new(nanowire())
+        .args(["run", "--list-options", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v.as_array().unwrap();
+    assert!(
+        rows.iter()
+            .any(|r| r["env"] == "NANOWIRE_SPIN_US" && r["profiles"]["latency"] == "forever")
+    );
+}
+
+#[test]
+fn bad_arguments_give_one_line_errors() {
+    ensure_preload();
+    let cases: &[(&[&str], &str)] = &[
+        (&["run"], "nothing to run"),
+        (
+            &["run", "--profile", "fast", "--", "true"],
+            "unknown profile",
+        ),
+        (&["run", "--engine", "dpdk", "--", "true"], "unknown engine"),
+        (
+            &["run", "-o", "spin_us=abc", "--", "true"],
+            "NANOWIRE_SPIN_US",
+        ),
+        (&["run", "-o", "nosuch=1", "--", "true"], "unknown option"),
+        (&["run", "--", "/nonexistent/program"], "cannot run"),
+    ];
+    for (args, needle) in cases {
+        let out = Command::new(nanowire()).args(*args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert_eq!(
+            err.trim().lines().count(),
+            1,
+            "{args:?}: one line please: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // A bad variable in the environment is refused the same way.
+    let out = Command::new(nanowire())
+        .args(["run", "--", "true"])
+        .env("NANOWIRE_RING_DEPTH", "1000")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("power of two"));
+}
+
+#[test]
+fn exit_status_and_environment_pass_through() {
+    ensure_preload();
+    let out = Command::new(nanowire())
+        .args([
+            "run",
+            "--engine",
+            "spin",
+            "--",
+            "sh",
+            "-c",
+            "echo $LD_PRELOAD $NANOWIRE_ENGINE; exit 7",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7));
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        s.contains("libnanowire_preload.so") && s.contains("spin"),
+        "{s}"
+    );
+}
+
+fn build_c(name: &str, src: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("nanowire-ts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join(name);
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(src);
+    let st = Command::new("cc")
+        .args(["-O1", "-Wall", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("cc (gcc) is needed for this test");
+    assert!(st.success(), "compiling {} failed", src.display());
+    bin
+}
+
+#[test]
+fn c_semantics_identical_plain_and_under_every_profile() {
+    ensure_preload();
+    let bin = build_c("shim_semantics", "../preload/tests/shim_semantics.c");
+    let bin = bin.to_str().unwrap();
+    let mut plain = spawn("sem-plain", {
+        let mut c = Command::new(bin);
+        c.arg("all");
+        c
+    });
+    plain.success(Duration::from_secs(40));
+    let want = plain.stdout();
+    assert!(want.contains("recv_fd_-1: -1 EBADF"), "{want}");
+    assert!(want.lines().count() > 40, "{want}");
+    for profile in ["latency", "balanced", "throughput"] {
+        for engine in ["spin", "xdp"] {
+            let mut c = Command::new(nanowire());
+            c.args([
+                "run",
+                "--profile",
+                profile,
+                "--engine",
+                engine,
+                "--",
+                bin,
+                "all",
+            ]);
+            let mut k = spawn(&format!("sem-{profile}-{engine}"), c);
+            k.success(Duration::from_secs(40));
+            let got = k.stdout();
+            if got != want {
+                let diff: Vec<String> = want
+                    .lines()
+                    .zip(got.lines())
+                    .filter(|(a, b)| a != b)
+                    .map(|(a, b)| format!("plain: {a}\n shim: {b}"))
+                    .collect();
+                panic!(
+                    "{profile}/{engine}: output differs from the plain run:\n{}\n(full shim output:\n{got})",
+                    diff.join("\n")
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn close_while_another_thread_spins_gives_ebadf_not_the_reused_fd() {
+    ensure_preload();
+    let bin = build_c("shim_semantics_cw", "../preload/tests/shim_semantics.c");
+    for _ in 0..3 {
+        let mut c = Command::new(nanowire());
+        c.args(["run", "--profile", "latency", "--engine", "spin", "--"])
+            .arg(&bin)
+            .arg("close-waiter");
+        let mut k = spawn("close-waiter", c);
+        let out = k.success(Duration::from_secs(40));
+        assert!(out.contains("close_waiter: -1 EBADF reused=1"), "{out}");
+    }
+}
+
+#[test]
+fn log_info_says_why_each_socket_is_not_accelerated() {
+    ensure_preload();
+    let py = "import socket\n\
+              u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+              t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n\
+              x = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n";
+    let out = Command::new(nanowire())
+        .args(["run", "--engine", "spin", "--", "python3", "-c", py])
+        .env("NANOWIRE_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("udp: spin") && err.contains("xdp not used: engine spin requested"),
+        "{err}"
+    );
+    assert!(
+        err.contains("tcp: spin") && err.contains("not UDP"),
+        "{err}"
+    );
+    let out = Command::new(nanowire())
+        .args(["run", "--engine", "kernel", "--", "python3", "-c", py])
+        .env("NANOWIRE_LOG", "info")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("udp: kernel (not accelerated: engine kernel requested)"),
+        "{err}"
+    );
+}

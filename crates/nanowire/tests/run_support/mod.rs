@@ -1,0 +1,178 @@
+//! Shared helpers of the `run_*` integration tests: build the shim, start
+//! children that are killed on drop, bounded waits, one lab per test.
+#![allow(dead_code)]
+
+use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub fn nanowire() -> &'static str {
+    env!("CARGO_BIN_EXE_nanowire")
+}
+
+/// Build `libnanowire_preload.so` next to the `nanowire` binary (cargo
+/// does not build a cdylib for another package's tests). Once per test
+/// binary; fast when up to date.
+pub fn ensure_preload() -> PathBuf {
+    static DONE: OnceLock<PathBuf> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let exe = Path::new(nanowire());
+        let dir = exe.parent().unwrap().to_path_buf();
+        let release = dir.file_name().is_some_and(|n| n == "release");
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+        let mut c = Command::new(env!("CARGO"));
+        c.args(["build", "-q", "-p", "nanowire-preload", "--manifest-path"])
+            .arg(&manifest);
+        if release {
+            c.arg("--release");
+        }
+        let st = c.status().expect("run cargo build for the preload library");
+        assert!(st.success(), "building nanowire-preload failed");
+        let so = dir.join("libnanowire_preload.so");
+        assert!(so.is_file(), "{} missing after the build", so.display());
+        so
+    })
+    .clone()
+}
+
+/// A child process killed (and reaped) when dropped; its output goes to
+/// files so nothing blocks on a full pipe.
+pub struct Kid {
+    pub child: Child,
+    pub name: String,
+    pub out: PathBuf,
+    pub err: PathBuf,
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("nanowire-ts-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+pub fn spawn(name: &str, mut cmd: Command) -> Kid {
+    let out = scratch(&format!("{name}.out"));
+    let err = scratch(&format!("{name}.err"));
+    cmd.stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap());
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+    Kid {
+        child,
+        name: name.to_string(),
+        out,
+        err,
+    }
+}
+
+impl Kid {
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+    pub fn both(&self) -> String {
+        format!("{}{}", self.stdout(), self.stderr())
+    }
+    /// Wait for exit, at most `limit`; panics with the output on timeout.
+    pub fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let end = Instant::now() + limit;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            if Instant::now() > end {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "{} did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                    self.name,
+                    self.stdout(),
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    /// Wait until the output contains `needle`, at most `limit`.
+    pub fn wait_for(&mut self, needle: &str, limit: Duration) {
+        let end = Instant::now() + limit;
+        while Instant::now() < end {
+            if self.both().contains(needle) {
+                return;
+            }
+            if let Some(st) = self.child.try_wait().unwrap() {
+                panic!(
+                    "{} exited ({st}) before printing {needle:?}\n{}",
+                    self.name,
+                    self.both()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "{} did not print {needle:?} within {limit:?}\n{}",
+            self.name,
+            self.both()
+        );
+    }
+    /// Finish successfully within `limit`, or panic with the output.
+    pub fn success(&mut self, limit: Duration) -> String {
+        let st = self.wait(limit);
+        let all = self.both();
+        assert!(st.success(), "{} failed ({st}):\n{all}", self.name);
+        all
+    }
+}
+
+impl Drop for Kid {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A lab named `ts<tag><pid>` (unique per test and process), removed on drop.
+pub fn lab(tag: &str) -> ScopedLab {
+    let name = format!("ts{tag}{}", std::process::id() % 10000);
+    ScopedLab::new(LabOptions {
+        name,
+        ..LabOptions::default()
+    })
+    .expect("bring the lab up")
+}
+
+/// `nanowire run ARGS -- CMD...` inside lab host `h`.
+pub fn run_in(lab: &ScopedLab, h: Host, run_args: &[&str], cmd: &[&str]) -> Command {
+    ensure_preload();
+    let mut argv: Vec<&str> = vec![nanowire(), "run"];
+    argv.extend_from_slice(run_args);
+    argv.push("--");
+    argv.extend_from_slice(cmd);
+    lab.command(h, &argv)
+}
+
+/// A plain command inside lab host `h`.
+pub fn plain_in(lab: &ScopedLab, h: Host, cmd: &[&str]) -> Command {
+    lab.command(h, cmd)
+}
+
+/// Value after `key=` in sockperf's output (e.g. `ReceivedMessages`).
+pub fn sockperf_field(out: &str, key: &str) -> Option<u64> {
+    let i = out.find(&format!("{key}="))?;
+    let rest = &out[i + key.len() + 1..];
+    let num: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    num.parse().ok()
+}
+
+pub fn have(cmd: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd} >/dev/null")])
+        .status()
+        .is_ok_and(|s| s.success())
+}

@@ -1,0 +1,825 @@
+//! The exported (interposed) functions.
+//!
+//! Each is a plain `extern "C"` function with glibc's prototype. Anything
+//! the shim does not handle goes to the real function unchanged, so the
+//! result and `errno` are the kernel's.
+//!
+//! Variadic `fcntl`, `fcntl64` and `ioctl`: stable Rust cannot define a C
+//! variadic function, so each is a `#[naked]` function whose whole body is
+//! a tail jump to a fixed-arity Rust function `(int, int|ulong, ulong)`.
+//! On x86-64 SysV (and AArch64 Linux) the first variadic integer/pointer
+//! argument travels in the same register as a named third argument (rdx /
+//! x2), and the callee may ignore `al`; the jump leaves every register and
+//! the stack exactly as the caller set them. When the caller passed no
+//! third argument, the register holds garbage that we pass on to the real
+//! function, which ignores it for such commands (as the kernel does).
+
+use crate::real;
+use crate::spin::{self, log_socket, recv_spin_word};
+use crate::table::{self, C_EPOLL, C_OTHER, C_TCP, C_UDP, F_EPOLL_INET, F_RCVTIMEO};
+use libc::{
+    c_int, c_uint, c_ulong, c_void, epoll_event, fd_set, iovec, mmsghdr, msghdr, nfds_t, pollfd,
+    sigset_t, size_t, sockaddr, socklen_t, ssize_t, timespec, timeval,
+};
+use std::sync::atomic::Ordering;
+
+// ---------------------------------------------------------------- sockets
+
+/// # Safety
+/// libc's `socket`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    // SAFETY: forwarding the caller's arguments.
+    let fd = unsafe { real::socket(domain, ty, proto) };
+    if fd >= 0 {
+        let base = ty & 0xf;
+        let class = match (domain, base) {
+            (libc::AF_INET | libc::AF_INET6, libc::SOCK_DGRAM) => C_UDP,
+            (libc::AF_INET | libc::AF_INET6, libc::SOCK_STREAM) => C_TCP,
+            _ => C_OTHER,
+        };
+        table::retire(fd);
+        table::set(fd, class, 0);
+        if class == C_UDP {
+            spin::apply_rcvbuf(fd);
+        }
+        log_socket(fd, class);
+    }
+    fd
+}
+
+/// # Safety
+/// libc's `accept`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: forwarding.
+    let r = unsafe { real::accept(fd, addr, len) };
+    if r >= 0 {
+        table::retire(r);
+    }
+    r
+}
+
+/// # Safety
+/// libc's `accept4`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: forwarding.
+    let r = unsafe { real::accept4(fd, addr, len, flags) };
+    if r >= 0 {
+        table::retire(r);
+    }
+    r
+}
+
+/// # Safety
+/// libc's `setsockopt`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    // SAFETY: forwarding.
+    let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+    if r == 0 && level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == 66) {
+        // SO_RCVTIMEO(_NEW): a receive timeout of its own; such sockets
+        // are not spun (the kernel keeps the timeout exact).
+        let n = (len as usize).min(16);
+        // SAFETY: the kernel just read `len` bytes from `val` successfully.
+        let bytes = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), n) };
+        if bytes.iter().any(|b| *b != 0) {
+            table::add_flags(fd, F_RCVTIMEO);
+        } else {
+            table::clear_flags(fd, F_RCVTIMEO);
+        }
+    }
+    r
+}
+
+/// # Safety
+/// libc's `shutdown`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    // SAFETY: forwarding.
+    let r = unsafe { real::shutdown(fd, how) };
+    // A thread spinning on `fd` would only ever see EAGAIN from its
+    // non-blocking attempts (the kernel reports the shutdown to blocking
+    // receives): make it fall into the real call.
+    table::wake(fd);
+    r
+}
+
+// ------------------------------------------------------------- fd changes
+
+/// # Safety
+/// libc's `close`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    // Bump the generation first, so a thread spinning on `fd` stops before
+    // the number can be reused.
+    table::retire(fd);
+    // SAFETY: forwarding.
+    unsafe { real::close(fd) }
+}
+
+/// # Safety
+/// libc's `dup`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: forwarding.
+    let r = unsafe { real::dup(fd) };
+    if r >= 0 {
+        table::retire(r);
+    }
+    r
+}
+
+/// # Safety
+/// libc's `dup2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    if old != new {
+        table::retire(new);
+    }
+    // SAFETY: forwarding.
+    unsafe { real::dup2(old, new) }
+}
+
+/// # Safety
+/// libc's `dup3`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    if old != new {
+        table::retire(new);
+    }
+    // SAFETY: forwarding.
+    unsafe { real::dup3(old, new, flags) }
+}
+
+fn fcntl_common(fd: c_int, cmd: c_int, r: c_int) -> c_int {
+    if r >= 0 && fd != r && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
+        table::retire(r);
+    }
+    r
+}
+
+extern "C" fn fcntl_impl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: forwarding the caller's (possibly absent) argument register.
+    let r = unsafe { real::fcntl(fd, cmd, arg) };
+    fcntl_common(fd, cmd, r)
+}
+
+extern "C" fn fcntl64_impl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: as above.
+    let r = unsafe { real::fcntl64(fd, cmd, arg) };
+    fcntl_common(fd, cmd, r)
+}
+
+extern "C" fn ioctl_impl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    // SAFETY: as above. FIONBIO needs no bookkeeping: the spin path asks
+    // the kernel for the blocking mode before it spins.
+    unsafe { real::ioctl(fd, req, arg) }
+}
+
+#[cfg(target_arch = "x86_64")]
+macro_rules! tail_jump {
+    ($name:ident => $target:ident) => {
+        /// Variadic C entry point: a tail jump to the fixed-arity Rust
+        /// function (see the module doc).
+        #[unsafe(naked)]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name() {
+            core::arch::naked_asm!("jmp {}", sym $target)
+        }
+    };
+}
+
+#[cfg(target_arch = "aarch64")]
+macro_rules! tail_jump {
+    ($name:ident => $target:ident) => {
+        /// Variadic C entry point: a tail jump to the fixed-arity Rust
+        /// function (see the module doc).
+        #[unsafe(naked)]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name() {
+            core::arch::naked_asm!("b {}", sym $target)
+        }
+    };
+}
+
+tail_jump!(fcntl => fcntl_impl);
+tail_jump!(fcntl64 => fcntl64_impl);
+tail_jump!(ioctl => ioctl_impl);
+
+// --------------------------------------------------------------- receive
+
+/// # Safety
+/// libc's `recv`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
+    if flags & libc::MSG_DONTWAIT == 0
+        && let Some(w) = recv_spin_word(fd)
+    {
+        if flags & libc::MSG_WAITALL != 0 {
+            spin::spin_until_readable(fd, w);
+        } else if let Some(r) = spin::spin_recv(fd, w, || {
+            // SAFETY: the caller's buffer, a non-blocking attempt.
+            unsafe { real::recv(fd, buf, len, flags | libc::MSG_DONTWAIT) }
+        }) {
+            return r;
+        }
+    }
+    // SAFETY: forwarding.
+    unsafe { real::recv(fd, buf, len, flags) }
+}
+
+/// # Safety
+/// libc's `recvfrom`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    if flags & libc::MSG_DONTWAIT == 0
+        && let Some(w) = recv_spin_word(fd)
+    {
+        if flags & libc::MSG_WAITALL != 0 {
+            spin::spin_until_readable(fd, w);
+        } else if let Some(r) = spin::spin_recv(fd, w, || {
+            // SAFETY: the caller's buffers, a non-blocking attempt.
+            unsafe { real::recvfrom(fd, buf, len, flags | libc::MSG_DONTWAIT, addr, alen) }
+        }) {
+            return r;
+        }
+    }
+    // SAFETY: forwarding.
+    unsafe { real::recvfrom(fd, buf, len, flags, addr, alen) }
+}
+
+/// # Safety
+/// libc's `recvmsg`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    if flags & libc::MSG_DONTWAIT == 0
+        && let Some(w) = recv_spin_word(fd)
+    {
+        if flags & libc::MSG_WAITALL != 0 {
+            spin::spin_until_readable(fd, w);
+        } else if let Some(r) = spin::spin_recv(fd, w, || {
+            // SAFETY: the caller's message, a non-blocking attempt.
+            unsafe { real::recvmsg(fd, msg, flags | libc::MSG_DONTWAIT) }
+        }) {
+            return r;
+        }
+    }
+    // SAFETY: forwarding.
+    unsafe { real::recvmsg(fd, msg, flags) }
+}
+
+/// # Safety
+/// libc's `recvmmsg`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn recvmmsg(
+    fd: c_int,
+    msgs: *mut mmsghdr,
+    vlen: c_uint,
+    flags: c_int,
+    tmo: *mut timespec,
+) -> c_int {
+    if flags & libc::MSG_DONTWAIT == 0
+        && let Some(w) = recv_spin_word(fd)
+    {
+        if vlen > 1 && flags & libc::MSG_WAITFORONE == 0 {
+            // Blocking recvmmsg waits for all `vlen`: only the first wait spins.
+            spin::spin_until_readable(fd, w);
+        } else if let Some(r) = spin::spin_recv(fd, w, || {
+            // SAFETY: the caller's vector, a non-blocking attempt.
+            unsafe { real::recvmmsg(fd, msgs, vlen, flags | libc::MSG_DONTWAIT, tmo) as isize }
+        }) {
+            return r as c_int;
+        }
+    }
+    // SAFETY: forwarding.
+    unsafe { real::recvmmsg(fd, msgs, vlen, flags, tmo) }
+}
+
+/// # Safety
+/// libc's `read`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
+    if let Some(w) = recv_spin_word(fd)
+        && let Some(r) = spin::spin_recv(fd, w, || {
+            // SAFETY: the caller's buffer; read on a socket is recv(.., 0).
+            unsafe { real::recv(fd, buf, len, libc::MSG_DONTWAIT) }
+        })
+    {
+        return r;
+    }
+    // SAFETY: forwarding.
+    unsafe { real::read(fd, buf, len) }
+}
+
+/// # Safety
+/// libc's `readv`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if cnt >= 0
+        && let Some(w) = recv_spin_word(fd)
+        && let Some(r) = spin::spin_recv(fd, w, || {
+            // SAFETY: a msghdr over the caller's iovec; readv on a socket
+            // is recvmsg(.., 0).
+            let mut m: msghdr = unsafe { std::mem::zeroed() };
+            m.msg_iov = iov as *mut iovec;
+            m.msg_iovlen = cnt as _;
+            // SAFETY: as above.
+            unsafe { real::recvmsg(fd, &mut m, libc::MSG_DONTWAIT) }
+        })
+    {
+        return r;
+    }
+    // SAFETY: forwarding.
+    unsafe { real::readv(fd, iov, cnt) }
+}
+
+/// # Safety
+/// glibc's fortified `recv`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
+    if len > buflen {
+        // SAFETY: glibc reports the overflow and aborts.
+        return unsafe { real::__recv_chk(fd, buf, len, buflen, flags) };
+    }
+    // SAFETY: forwarding; the buffer is large enough.
+    unsafe { recv(fd, buf, len, flags) }
+}
+
+/// # Safety
+/// glibc's fortified `recvfrom`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    buflen: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    if len > buflen {
+        // SAFETY: glibc reports the overflow and aborts.
+        return unsafe { real::__recvfrom_chk(fd, buf, len, buflen, flags, addr, alen) };
+    }
+    // SAFETY: forwarding.
+    unsafe { recvfrom(fd, buf, len, flags, addr, alen) }
+}
+
+/// # Safety
+/// glibc's fortified `read`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    buflen: size_t,
+) -> ssize_t {
+    if len > buflen {
+        // SAFETY: glibc reports the overflow and aborts.
+        return unsafe { real::__read_chk(fd, buf, len, buflen) };
+    }
+    // SAFETY: forwarding.
+    unsafe { read(fd, buf, len) }
+}
+
+// ------------------------------------------------------------ readiness
+
+/// Does a pollfd array hold a socket whose waits spin?
+fn pollfds_spin(fds: *const pollfd, n: nfds_t) -> bool {
+    if fds.is_null() {
+        return false;
+    }
+    // SAFETY: the caller passed `n` pollfds (the kernel would EFAULT
+    // otherwise; we only read them).
+    let fds = unsafe { std::slice::from_raw_parts(fds, n as usize) };
+    fds.iter()
+        .any(|p| p.fd >= 0 && spin::spins_on(table::lookup(p.fd)))
+}
+
+/// # Safety
+/// libc's `poll`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, tmo: c_int) -> c_int {
+    if let Some(budget) = spin::poll_budget(tmo as i64)
+        && n <= 4096
+        && pollfds_spin(fds, n)
+    {
+        // SAFETY: the caller's array, zero timeout.
+        match spin::spin_wait(budget, 0, -1, || unsafe { real::poll(fds, n, 0) }) {
+            Ok(r) => return r,
+            Err(spent) => {
+                // SAFETY: forwarding with the rest of the timeout.
+                return unsafe { real::poll(fds, n, spin::remaining_ms(tmo, spent)) };
+            }
+        }
+    }
+    // SAFETY: forwarding.
+    unsafe { real::poll(fds, n, tmo) }
+}
+
+/// # Safety
+/// glibc's fortified `poll`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    tmo: c_int,
+    fdslen: size_t,
+) -> c_int {
+    if (fdslen / std::mem::size_of::<pollfd>()) < n as usize {
+        // SAFETY: glibc reports the overflow and aborts.
+        return unsafe { real::__poll_chk(fds, n, tmo, fdslen) };
+    }
+    // SAFETY: forwarding.
+    unsafe { poll(fds, n, tmo) }
+}
+
+fn ts_ns(ts: &timespec) -> Option<u64> {
+    if ts.tv_sec < 0 || ts.tv_nsec < 0 || ts.tv_nsec >= 1_000_000_000 {
+        return None;
+    }
+    Some(
+        (ts.tv_sec as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(ts.tv_nsec as u64),
+    )
+}
+
+fn ns_ts(ns: u64) -> timespec {
+    timespec {
+        tv_sec: (ns / 1_000_000_000) as _,
+        tv_nsec: (ns % 1_000_000_000) as _,
+    }
+}
+
+/// Spin budget for a call with an optional timespec timeout; `None` = do
+/// not spin (zero or invalid timeout, spinning off).
+fn ts_budget(tmo: *const timespec) -> Option<(u64, Option<u64>)> {
+    let spin = spin::SPIN_NS.load(Ordering::Relaxed);
+    if spin == 0 || !spin::SPIN_POLL.load(Ordering::Relaxed) {
+        return None;
+    }
+    if tmo.is_null() {
+        return Some((spin, None));
+    }
+    // SAFETY: non-null pointer from the caller, read once.
+    let total = ts_ns(unsafe { &*tmo })?;
+    if total == 0 {
+        return None;
+    }
+    Some((spin.min(total), Some(total)))
+}
+
+/// # Safety
+/// libc's `ppoll`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut pollfd,
+    n: nfds_t,
+    tmo: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    if let Some((budget, total)) = ts_budget(tmo)
+        && n <= 4096
+        && pollfds_spin(fds, n)
+    {
+        let zero = ns_ts(0);
+        // SAFETY: the caller's arguments with a zero timeout.
+        match spin::spin_wait(budget, 0, -1, || unsafe {
+            real::ppoll(fds, n, &zero, mask)
+        }) {
+            Ok(r) => return r,
+            Err(spent) => {
+                let rest = total.map(|t| ns_ts(t.saturating_sub(spent)));
+                let p = rest
+                    .as_ref()
+                    .map_or(std::ptr::null(), |t| t as *const timespec);
+                // SAFETY: forwarding with the rest of the timeout.
+                return unsafe { real::ppoll(fds, n, p, mask) };
+            }
+        }
+    }
+    // SAFETY: forwarding.
+    unsafe { real::ppoll(fds, n, tmo, mask) }
+}
+
+/// # Safety
+/// glibc's fortified `ppoll`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    tmo: *const timespec,
+    mask: *const sigset_t,
+    fdslen: size_t,
+) -> c_int {
+    if (fdslen / std::mem::size_of::<pollfd>()) < n as usize {
+        // SAFETY: glibc reports the overflow and aborts.
+        return unsafe { real::__ppoll_chk(fds, n, tmo, mask, fdslen) };
+    }
+    // SAFETY: forwarding.
+    unsafe { ppoll(fds, n, tmo, mask) }
+}
+
+/// Does any fd set of a select hold a socket whose waits spin?
+fn fdsets_spin(n: c_int, sets: [*mut fd_set; 3]) -> bool {
+    let n = n.clamp(0, libc::FD_SETSIZE as c_int);
+    (0..n).any(|fd| {
+        sets.iter().any(|s| {
+            // SAFETY: non-null fd_set from the caller; fd < FD_SETSIZE.
+            !s.is_null() && unsafe { libc::FD_ISSET(fd, *s) }
+        }) && spin::spins_on(table::lookup(fd))
+    })
+}
+
+struct SavedSets {
+    sets: [*mut fd_set; 3],
+    copy: [fd_set; 3],
+}
+
+impl SavedSets {
+    fn new(sets: [*mut fd_set; 3]) -> SavedSets {
+        // SAFETY: fd_set is plain bits; zeroed is a valid empty set.
+        let mut copy: [fd_set; 3] = unsafe { std::mem::zeroed() };
+        for (c, s) in copy.iter_mut().zip(sets) {
+            if !s.is_null() {
+                // SAFETY: the caller's fd_set.
+                *c = unsafe { *s };
+            }
+        }
+        SavedSets { sets, copy }
+    }
+    fn restore(&self) {
+        for (c, s) in self.copy.iter().zip(self.sets) {
+            if !s.is_null() {
+                // SAFETY: the caller's fd_set.
+                unsafe { *s = *c };
+            }
+        }
+    }
+}
+
+/// # Safety
+/// libc's `select`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn select(
+    n: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    tv: *mut timeval,
+) -> c_int {
+    let total = if tv.is_null() {
+        None
+    } else {
+        // SAFETY: the caller's timeval.
+        let t = unsafe { *tv };
+        if t.tv_sec < 0 || t.tv_usec < 0 || t.tv_usec >= 1_000_000 {
+            // SAFETY: the kernel answers EINVAL.
+            return unsafe { real::select(n, r, w, e, tv) };
+        }
+        Some(t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000)
+    };
+    let spin = spin::SPIN_NS.load(Ordering::Relaxed);
+    if spin != 0
+        && spin::SPIN_POLL.load(Ordering::Relaxed)
+        && total != Some(0)
+        && fdsets_spin(n, [r, w, e])
+    {
+        let saved = SavedSets::new([r, w, e]);
+        let budget = total.map_or(spin, |t| spin.min(t));
+        let res = spin::spin_wait(budget, 0, -1, || {
+            saved.restore();
+            let mut zero = timeval {
+                tv_sec: 0,
+                tv_usec: 0,
+            };
+            // SAFETY: the caller's sets, zero timeout.
+            unsafe { real::select(n, r, w, e, &mut zero) }
+        });
+        match res {
+            Ok(x) => return x,
+            Err(spent) => {
+                saved.restore();
+                if let Some(t) = total {
+                    let left = t.saturating_sub(spent);
+                    // SAFETY: the caller's timeval: Linux reports the time left in it.
+                    unsafe {
+                        (*tv).tv_sec = (left / 1_000_000_000) as _;
+                        (*tv).tv_usec = ((left % 1_000_000_000) / 1000) as _;
+                    }
+                }
+                // SAFETY: forwarding with the rest of the timeout.
+                return unsafe { real::select(n, r, w, e, tv) };
+            }
+        }
+    }
+    // SAFETY: forwarding.
+    unsafe { real::select(n, r, w, e, tv) }
+}
+
+/// # Safety
+/// libc's `pselect`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pselect(
+    n: c_int,
+    r: *mut fd_set,
+    w: *mut fd_set,
+    e: *mut fd_set,
+    tmo: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    if let Some((budget, total)) = ts_budget(tmo)
+        && fdsets_spin(n, [r, w, e])
+    {
+        let saved = SavedSets::new([r, w, e]);
+        let zero = ns_ts(0);
+        let res = spin::spin_wait(budget, 0, -1, || {
+            saved.restore();
+            // SAFETY: the caller's sets, zero timeout.
+            unsafe { real::pselect(n, r, w, e, &zero, mask) }
+        });
+        match res {
+            Ok(x) => return x,
+            Err(spent) => {
+                saved.restore();
+                let rest = total.map(|t| ns_ts(t.saturating_sub(spent)));
+                let p = rest
+                    .as_ref()
+                    .map_or(std::ptr::null(), |t| t as *const timespec);
+                // SAFETY: forwarding with the rest of the timeout.
+                return unsafe { real::pselect(n, r, w, e, p, mask) };
+            }
+        }
+    }
+    // SAFETY: forwarding.
+    unsafe { real::pselect(n, r, w, e, tmo, mask) }
+}
+
+// ----------------------------------------------------------------- epoll
+
+/// # Safety
+/// libc's `epoll_create`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
+    // SAFETY: forwarding.
+    let r = unsafe { real::epoll_create(size) };
+    if r >= 0 {
+        table::retire(r);
+        table::set(r, C_EPOLL, 0);
+    }
+    r
+}
+
+/// # Safety
+/// libc's `epoll_create1`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
+    // SAFETY: forwarding.
+    let r = unsafe { real::epoll_create1(flags) };
+    if r >= 0 {
+        table::retire(r);
+        table::set(r, C_EPOLL, 0);
+    }
+    r
+}
+
+/// # Safety
+/// libc's `epoll_ctl`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+    // SAFETY: forwarding.
+    let r = unsafe { real::epoll_ctl(ep, op, fd, ev) };
+    if r == 0
+        && (op == libc::EPOLL_CTL_ADD || op == libc::EPOLL_CTL_MOD)
+        && spin::spins_on(table::lookup(fd))
+    {
+        table::add_flags(ep, F_EPOLL_INET);
+    }
+    r
+}
+
+#[inline]
+fn epoll_spins(ep: c_int) -> bool {
+    table::get(ep) & F_EPOLL_INET != 0
+}
+
+/// # Safety
+/// libc's `epoll_wait`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_wait(
+    ep: c_int,
+    evs: *mut epoll_event,
+    max: c_int,
+    tmo: c_int,
+) -> c_int {
+    if let Some(budget) = spin::poll_budget(tmo as i64)
+        && epoll_spins(ep)
+    {
+        let gen0 = table::generation(table::get(ep));
+        // SAFETY: the caller's buffer, zero timeout.
+        match spin::spin_wait(budget, gen0, ep, || unsafe {
+            real::epoll_wait(ep, evs, max, 0)
+        }) {
+            Ok(r) => return r,
+            Err(spent) => {
+                // SAFETY: forwarding with the rest of the timeout.
+                return unsafe { real::epoll_wait(ep, evs, max, spin::remaining_ms(tmo, spent)) };
+            }
+        }
+    }
+    // SAFETY: forwarding.
+    unsafe { real::epoll_wait(ep, evs, max, tmo) }
+}
+
+/// # Safety
+/// libc's `epoll_pwait`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_pwait(
+    ep: c_int,
+    evs: *mut epoll_event,
+    max: c_int,
+    tmo: c_int,
+    mask: *const sigset_t,
+) -> c_int {
+    if let Some(budget) = spin::poll_budget(tmo as i64)
+        && epoll_spins(ep)
+    {
+        let gen0 = table::generation(table::get(ep));
+        let res = spin::spin_wait(budget, gen0, ep, || {
+            // SAFETY: the caller's buffer and mask, zero timeout.
+            unsafe { real::epoll_pwait(ep, evs, max, 0, mask) }
+        });
+        match res {
+            Ok(r) => return r,
+            Err(spent) => {
+                let rest = spin::remaining_ms(tmo, spent);
+                // SAFETY: forwarding with the rest of the timeout.
+                return unsafe { real::epoll_pwait(ep, evs, max, rest, mask) };
+            }
+        }
+    }
+    // SAFETY: forwarding.
+    unsafe { real::epoll_pwait(ep, evs, max, tmo, mask) }
+}
+
+/// # Safety
+/// libc's `epoll_pwait2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn epoll_pwait2(
+    ep: c_int,
+    evs: *mut epoll_event,
+    max: c_int,
+    tmo: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    if let Some((budget, total)) = ts_budget(tmo)
+        && epoll_spins(ep)
+    {
+        let gen0 = table::generation(table::get(ep));
+        let zero = ns_ts(0);
+        let res = spin::spin_wait(budget, gen0, ep, || {
+            // SAFETY: the caller's buffer and mask, zero timeout.
+            unsafe { real::epoll_pwait2(ep, evs, max, &zero, mask) }
+        });
+        match res {
+            Ok(r) => return r,
+            Err(spent) => {
+                let rest = total.map(|t| ns_ts(t.saturating_sub(spent)));
+                let p = rest
+                    .as_ref()
+                    .map_or(std::ptr::null(), |t| t as *const timespec);
+                // SAFETY: forwarding with the rest of the timeout.
+                return unsafe { real::epoll_pwait2(ep, evs, max, p, mask) };
+            }
+        }
+    }
+    // SAFETY: forwarding.
+    unsafe { real::epoll_pwait2(ep, evs, max, tmo, mask) }
+}

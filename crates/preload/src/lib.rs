@@ -1,0 +1,58 @@
+//! `libnanowire_preload.so`: the LD_PRELOAD shim behind `nanowire run`.
+//!
+//! It interposes the socket, I/O and readiness calls of an unmodified
+//! program. What it does today:
+//!
+//! * **spin engine** (works without privilege): sockets stay kernel
+//!   sockets, but a *blocking* `recv`/`recvfrom`/`recvmsg`/`recvmmsg`/
+//!   `read`/`readv` on an IPv4/IPv6 UDP or TCP socket, and a `poll`/
+//!   `ppoll`/`select`/`pselect`/`epoll_wait`/`epoll_pwait`/`epoll_pwait2`
+//!   whose set holds one, first busy-polls with non-blocking attempts
+//!   (`MSG_DONTWAIT`, zero timeouts) for the profile's `spin_us`, then falls
+//!   into the real blocking call with what is left of the caller's timeout.
+//!   Sleeping costs ~20 us of wake-up on these VMs; spinning removes it.
+//! * diagnostics: `NANOWIRE_LOG=info` prints one line per socket saying
+//!   which engine serves it and why it is not accelerated.
+//!
+//! Semantics are the kernel's: every result and errno comes from a real
+//! call with the caller's own flags, except that a waiting call returns as
+//! soon as a non-blocking attempt succeeds. Non-blocking fds, `MSG_DONTWAIT`,
+//! zero timeouts and sockets with `SO_RCVTIMEO` go straight to the kernel.
+//! `MSG_WAITALL` and `recvmmsg` without `MSG_WAITFORONE` spin only until the
+//! socket is readable and then make the real blocking call.
+//!
+//! Rules of this library (see also `hooks`):
+//! * no recursion: the shim calls the real functions through
+//!   `dlsym(RTLD_NEXT)` ([`real`]) or raw syscalls (rustix, which also leave
+//!   `errno` alone), never the plain libc names;
+//! * no unwinding: profiles are workspace-wide so `panic = "abort"` cannot
+//!   be set for this crate alone; instead every exported function is a
+//!   plain `extern "C"` function, and since Rust 1.81 a panic that reaches
+//!   an `extern "C"` boundary aborts the process (after the panic message).
+//!   We do not install a panic hook: it would replace the host program's.
+//! * fork: the table is plain memory and is inherited as is; a forked
+//!   child that keeps using a socket keeps using the same kernel socket, so
+//!   spinning stays correct. exec starts clean (the child loads the shim
+//!   afresh from `LD_PRELOAD`, with an empty table).
+//! * close while another thread waits: `close` bumps the fd's generation
+//!   before closing; a thread spinning on it sees that and fails with EBADF
+//!   (the kernel would leave a blocked `recv` asleep on the dead socket).
+//!
+//! The variadic `fcntl`/`fcntl64`/`ioctl` are exported as naked-function
+//! trampolines that tail-jump to a fixed-arity Rust function taking the
+//! optional argument as an integer register (see `hooks`).
+
+mod hooks;
+mod log;
+mod real;
+mod spin;
+mod table;
+
+/// Runs when the library is loaded (before `main`): read the configuration.
+extern "C" fn nanowire_preload_init() {
+    spin::init();
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static INIT: extern "C" fn() = nanowire_preload_init;

@@ -1,0 +1,176 @@
+//! The fd table: one atomic word per file descriptor, in lazily allocated
+//! chunks indexed directly by the fd number (O(1), no lock on any path).
+//!
+//! A word holds what the shim knows about the fd (its class, a few flags)
+//! and a generation that `close`/`dup2` bump, so that a thread spinning on
+//! an fd notices that another thread closed it.
+//!
+//! The table may be stale for fds closed or created behind the shim's back
+//! (libc-internal calls): every use is written so that staleness costs
+//! speed, never semantics (a spin attempt on a stale "socket" fails with
+//! ENOTSOCK and the entry is corrected; the blocking mode is re-read from
+//! the kernel before each spin).
+
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+const CHUNK: usize = 4096;
+const CHUNKS: usize = 256;
+/// fds at or above this are not tracked (served by the kernel, unaccelerated).
+pub const MAX_FD: usize = CHUNK * CHUNKS;
+
+pub const C_UNKNOWN: u64 = 0;
+/// Not a socket, or a socket of a family the shim leaves alone.
+pub const C_OTHER: u64 = 1;
+/// IPv4/IPv6 datagram socket.
+pub const C_UDP: u64 = 2;
+/// IPv4/IPv6 stream socket.
+pub const C_TCP: u64 = 3;
+/// An epoll instance.
+pub const C_EPOLL: u64 = 4;
+const CLASS_MASK: u64 = 0xff;
+/// SO_RCVTIMEO is set: blocking receives keep their own timeout, no spin.
+pub const F_RCVTIMEO: u64 = 1 << 8;
+/// An epoll instance with at least one UDP/TCP socket registered.
+pub const F_EPOLL_INET: u64 = 1 << 9;
+/// `shutdown` was called on this fd (set with a generation bump; `retire`
+/// clears it): a generation change with this bit is a wake-up, without it
+/// the fd was closed (and maybe reused).
+pub const F_WOKEN: u64 = 1 << 10;
+const GEN_SHIFT: u32 = 32;
+
+static TABLE: [AtomicPtr<[AtomicU64; CHUNK]>; CHUNKS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS];
+
+#[inline(always)]
+fn slot(fd: i32) -> Option<&'static AtomicU64> {
+    let fd = usize::try_from(fd).ok()?;
+    if fd >= MAX_FD {
+        return None;
+    }
+    let p = TABLE[fd / CHUNK].load(Ordering::Acquire);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: chunks are leaked boxes, never freed, published with Release.
+    Some(unsafe { &(*p)[fd % CHUNK] })
+}
+
+#[cold]
+fn slot_alloc(fd: i32) -> Option<&'static AtomicU64> {
+    let i = usize::try_from(fd).ok()?;
+    if i >= MAX_FD {
+        return None;
+    }
+    let fresh: Box<[AtomicU64; CHUNK]> = Box::new([const { AtomicU64::new(0) }; CHUNK]);
+    let fresh = Box::into_raw(fresh);
+    if TABLE[i / CHUNK]
+        .compare_exchange(
+            std::ptr::null_mut(),
+            fresh,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_err()
+    {
+        // SAFETY: we made `fresh` just above and lost the race to publish it.
+        drop(unsafe { Box::from_raw(fresh) });
+    }
+    slot(fd)
+}
+
+/// The word of `fd` (0 = unknown, generation 0).
+#[inline(always)]
+pub fn get(fd: i32) -> u64 {
+    slot(fd).map_or(0, |s| s.load(Ordering::Acquire))
+}
+
+#[inline(always)]
+pub fn class(w: u64) -> u64 {
+    w & CLASS_MASK
+}
+
+#[inline(always)]
+pub fn generation(w: u64) -> u64 {
+    w >> GEN_SHIFT
+}
+
+/// Set class and flags, keeping the generation.
+pub fn set(fd: i32, class: u64, flags: u64) {
+    let Some(s) = slot(fd).or_else(|| slot_alloc(fd)) else {
+        return;
+    };
+    let _ = s.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+        Some((w & !((1 << GEN_SHIFT) - 1)) | class | flags)
+    });
+}
+
+/// Add flags, keeping class and generation.
+pub fn add_flags(fd: i32, flags: u64) {
+    if let Some(s) = slot(fd).or_else(|| slot_alloc(fd)) {
+        s.fetch_or(flags, Ordering::AcqRel);
+    }
+}
+
+/// Remove flags.
+pub fn clear_flags(fd: i32, flags: u64) {
+    if let Some(s) = slot(fd) {
+        s.fetch_and(!flags, Ordering::AcqRel);
+    }
+}
+
+/// The fd was closed or replaced: forget it and bump its generation.
+pub fn retire(fd: i32) {
+    if let Some(s) = slot(fd) {
+        let _ = s.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+            Some(((generation(w) + 1) << GEN_SHIFT) | C_UNKNOWN)
+        });
+    }
+}
+
+/// Something happened that a spinning waiter must notice although the fd
+/// stays what it is (shutdown): bump the generation, keep the rest.
+pub fn wake(fd: i32) {
+    if let Some(s) = slot(fd) {
+        let _ = s.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+            Some(w.wrapping_add(1 << GEN_SHIFT) | F_WOKEN)
+        });
+    }
+}
+
+/// Ask the kernel what `fd` is (raw syscalls: no errno change, no
+/// recursion into the shim) and remember it. EBADF leaves it unknown.
+#[cold]
+pub fn classify(fd: i32) -> u64 {
+    use rustix::net::{AddressFamily, SocketType};
+    if fd < 0 {
+        return C_UNKNOWN;
+    }
+    // SAFETY: the fd is only borrowed for two getsockopt calls; an invalid
+    // fd makes them fail with EBADF, nothing else.
+    let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+    let c = match rustix::net::sockopt::socket_type(b) {
+        Err(rustix::io::Errno::BADF) => return C_UNKNOWN,
+        Err(_) => C_OTHER,
+        Ok(t) => match rustix::net::sockopt::socket_domain(b) {
+            Ok(AddressFamily::INET) | Ok(AddressFamily::INET6) => match t {
+                SocketType::DGRAM => C_UDP,
+                SocketType::STREAM => C_TCP,
+                _ => C_OTHER,
+            },
+            _ => C_OTHER,
+        },
+    };
+    set(fd, c, 0);
+    c
+}
+
+/// The word of `fd`, classifying it first if unknown.
+#[inline(always)]
+pub fn lookup(fd: i32) -> u64 {
+    let w = get(fd);
+    if class(w) != C_UNKNOWN {
+        return w;
+    }
+    classify(fd);
+    get(fd)
+}

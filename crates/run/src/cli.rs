@@ -1,0 +1,162 @@
+//! `nanowire run`: set up the preload library and its configuration, then
+//! exec the command (it replaces this process: signals, exit status and
+//! the terminal belong to the application).
+
+use crate::options::{self, Config, Engine, Level};
+use clap::Args;
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// File name of the shim.
+pub const PRELOAD_LIB: &str = "libnanowire_preload.so";
+/// Variable that names the shim explicitly (wins over the search).
+pub const PRELOAD_ENV: &str = "NANOWIRE_PRELOAD";
+
+#[derive(Debug, Args)]
+#[command(
+    about = "Run an unmodified program with nanowire acceleration (LD_PRELOAD shim)",
+    after_help = "Example: nanowire run --profile latency -- sockperf sr -i 198.18.0.2 -p 11111\n\
+                  Options: nanowire run --list-options"
+)]
+pub struct RunArgs {
+    /// Named profile: latency, balanced (default) or throughput.
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// Engine for UDP sockets: xdp (fall back to spin, saying why), spin or kernel.
+    #[arg(long)]
+    pub engine: Option<String>,
+    /// Set an option of the table: -o spin_us=100 (repeatable).
+    #[arg(short = 'o', long = "opt", value_name = "NAME=VALUE")]
+    pub opts: Vec<String>,
+    /// Print the options table (with --json: as JSON) and exit.
+    #[arg(long)]
+    pub list_options: bool,
+    /// With --list-options: JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// The command and its arguments.
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub cmd: Vec<OsString>,
+}
+
+/// Where the shim is: `$NANOWIRE_PRELOAD`, else next to the running
+/// executable (`target/release/` in a build tree), else `../lib/nanowire/`.
+pub fn find_preload() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os(PRELOAD_ENV).filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(absolute(&p))
+        } else {
+            Err(format!(
+                "{PRELOAD_ENV}={} is not a file",
+                p.to_string_lossy()
+            ))
+        };
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate nanowire itself: {e}"))?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    let candidates = [
+        dir.join(PRELOAD_LIB),
+        dir.join("../lib/nanowire").join(PRELOAD_LIB),
+        dir.join("..").join(PRELOAD_LIB),
+    ];
+    for c in &candidates {
+        if c.is_file() {
+            return Ok(absolute(c));
+        }
+    }
+    Err(format!(
+        "{PRELOAD_LIB} not found next to {} (build it with `cargo build --release --workspace`, \
+         or set {PRELOAD_ENV})",
+        exe.display()
+    ))
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// Parse `-o name=value` and the dedicated flags into (option, value) pairs.
+fn overrides(args: &RunArgs) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    if let Some(p) = &args.profile {
+        out.push(("profile".to_string(), p.clone()));
+    }
+    for o in &args.opts {
+        let (k, v) = o
+            .split_once('=')
+            .ok_or_else(|| format!("bad -o {o:?}: expected NAME=VALUE"))?;
+        let spec = options::find(k)
+            .ok_or_else(|| format!("unknown option {k:?} (see nanowire run --list-options)"))?;
+        out.push((spec.name.to_string(), v.to_string()));
+    }
+    if let Some(e) = &args.engine {
+        out.push(("engine".to_string(), e.clone()));
+    }
+    Ok(out)
+}
+
+pub fn run(args: RunArgs) -> Result<i32, String> {
+    if args.list_options {
+        if args.json {
+            println!("{}", options::table_json());
+        } else {
+            print!("{}", options::render_table());
+        }
+        return Ok(0);
+    }
+    let Some((prog, rest)) = args.cmd.split_first() else {
+        return Err("nothing to run: usage: nanowire run [--profile NAME] [--engine xdp|spin|kernel] -- CMD ARGS...".into());
+    };
+    let ovr = overrides(&args)?;
+    // Validate everything here, so that a typo is one clear line and not a
+    // shim that silently ignores the variable.
+    let cfg = Config::resolve(|k| std::env::var(k).ok(), &ovr)?;
+    let lib = find_preload()?;
+
+    let mut cmd = Command::new(prog);
+    cmd.args(rest);
+    let preload = match std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        Some(old) => {
+            let mut s = lib.clone().into_os_string();
+            s.push(" ");
+            s.push(old);
+            s
+        }
+        None => lib.clone().into_os_string(),
+    };
+    cmd.env("LD_PRELOAD", preload);
+    cmd.env(options::PROFILE_ENV, cfg.profile);
+    for (k, v) in &ovr {
+        if let Some(spec) = options::find(k) {
+            cmd.env(spec.env, v);
+        }
+    }
+
+    if cfg.engine == Engine::Xdp
+        && cfg.log >= Level::Warn
+        && let Err(why) = crate::privilege::check()
+    {
+        eprintln!("nanowire run: xdp engine not usable: {why}; UDP sockets use the spin engine");
+    }
+    if cfg.log >= Level::Info {
+        eprintln!(
+            "nanowire run: profile {} engine {} spin {} preload {}",
+            cfg.profile,
+            cfg.engine.as_str(),
+            match cfg.spin {
+                None => "forever".to_string(),
+                Some(d) => format!("{}us", d.as_micros()),
+            },
+            lib.display()
+        );
+    }
+    let err = cmd.exec();
+    Err(format!("cannot run {}: {err}", prog.to_string_lossy()))
+}

@@ -1,0 +1,178 @@
+//! Loading and attaching the steering program; claiming flows.
+
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, XskMap};
+use aya::programs::links::FdLink;
+use aya::programs::{Xdp, XdpMode};
+use aya::{Ebpf, Pod};
+use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
+
+/// Key of the `nw_claims` map: destination address and port, network order.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimKey {
+    pub addr: u32,
+    pub port: u16,
+    pub pad: u16,
+}
+
+// SAFETY: ClaimKey is repr(C), Copy, has no padding bytes beyond the explicit
+// `pad` field (4 + 2 + 2 bytes) and every bit pattern is valid.
+unsafe impl Pod for ClaimKey {}
+
+impl ClaimKey {
+    pub fn new(addr: Ipv4Addr, port: u16) -> ClaimKey {
+        ClaimKey {
+            addr: u32::from_ne_bytes(addr.octets()),
+            port: port.to_be(),
+            pad: 0,
+        }
+    }
+}
+
+/// How the program ended up attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachMode {
+    /// Native (driver) XDP.
+    Driver,
+    /// Generic (SKB) XDP.
+    Skb,
+}
+
+impl AttachMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttachMode::Driver => "native",
+            AttachMode::Skb => "generic",
+        }
+    }
+}
+
+/// The steering program attached to one interface through a BPF link.
+/// Dropping it (or the process dying) closes the link and detaches it.
+pub struct SteerProgram {
+    // Field order: the link goes first so it is closed before the program.
+    _link: FdLink,
+    claims: BpfHashMap<MapData, ClaimKey, u32>,
+    xsks: XskMap<MapData>,
+    stats: PerCpuArray<MapData, u64>,
+    mode: AttachMode,
+    _ebpf: Ebpf,
+}
+
+fn map_err(what: &str, e: impl std::fmt::Display) -> String {
+    format!("{what}: {e}")
+}
+
+impl SteerProgram {
+    /// Load the program and attach it to `ifindex`: native mode first,
+    /// generic mode when the driver refuses.
+    pub fn attach(ifname: &str, ifindex: u32) -> Result<SteerProgram, String> {
+        let mut ebpf = Ebpf::load(crate::steer_object()).map_err(|e| {
+            let s = e.to_string();
+            if s.contains("Operation not permitted") || s.contains("EPERM") {
+                format!(
+                    "no privilege to load XDP programs (need root or CAP_BPF+CAP_NET_ADMIN): {e}"
+                )
+            } else {
+                format!("cannot load the XDP steering program: {e}")
+            }
+        })?;
+        let claims: BpfHashMap<MapData, ClaimKey, u32> = BpfHashMap::try_from(
+            ebpf.take_map("nw_claims")
+                .ok_or("steering object has no nw_claims map")?,
+        )
+        .map_err(|e| map_err("nw_claims", e))?;
+        let xsks = XskMap::try_from(ebpf.take_map("nw_xsks").ok_or("no nw_xsks map")?)
+            .map_err(|e| map_err("nw_xsks", e))?;
+        let stats = PerCpuArray::try_from(ebpf.take_map("nw_stats").ok_or("no nw_stats map")?)
+            .map_err(|e| map_err("nw_stats", e))?;
+        let prog: &mut Xdp = ebpf
+            .program_mut("nw_steer")
+            .ok_or("steering object has no nw_steer program")?
+            .try_into()
+            .map_err(|e| map_err("nw_steer", e))?;
+        prog.load()
+            .map_err(|e| format!("the kernel refused the XDP program: {e}"))?;
+        let mut errs = Vec::new();
+        let mut attached = None;
+        for (mode, am) in [
+            (XdpMode::Driver, AttachMode::Driver),
+            (XdpMode::Skb, AttachMode::Skb),
+        ] {
+            match prog.attach_to_if_index(ifindex, mode) {
+                Ok(id) => {
+                    attached = Some((id, am));
+                    break;
+                }
+                Err(e) => errs.push(format!("{} mode: {}", am.as_str(), error_chain(&e))),
+            }
+        }
+        let (id, mode) = attached.ok_or_else(|| {
+            let busy = errs
+                .iter()
+                .any(|e| e.contains("busy") || e.contains("EBUSY"));
+            format!(
+                "XDP attach to {ifname} refused{}: {}",
+                if busy {
+                    " (another XDP program, e.g. another nanowire engine, owns the interface)"
+                } else {
+                    ""
+                },
+                errs.join("; ")
+            )
+        })?;
+        let link = prog.take_link(id).map_err(|e| map_err("take_link", e))?;
+        // Only a bpf_link is owner-bound; aya falls back to the netlink
+        // attachment on old kernels, which would outlive a killed process.
+        let link = FdLink::try_from(link).map_err(|_| {
+            format!("the kernel attached XDP to {ifname} without a bpf_link (kernel < 5.9?); refusing, it would outlive this process")
+        })?;
+        Ok(SteerProgram {
+            _link: link,
+            claims,
+            xsks,
+            stats,
+            mode,
+            _ebpf: ebpf,
+        })
+    }
+
+    pub fn mode(&self) -> AttachMode {
+        self.mode
+    }
+
+    /// Steer (addr, port) to the AF_XDP sockets.
+    pub fn claim(&mut self, addr: Ipv4Addr, port: u16, owner: u32) -> Result<(), String> {
+        self.claims
+            .insert(ClaimKey::new(addr, port), owner, 0)
+            .map_err(|e| format!("cannot claim {addr}:{port}: {e}"))
+    }
+
+    pub fn unclaim(&mut self, addr: Ipv4Addr, port: u16) {
+        let _ = self.claims.remove(&ClaimKey::new(addr, port));
+    }
+
+    /// Register the AF_XDP socket serving RX queue `queue`.
+    pub fn set_xsk(&mut self, queue: u32, fd: &impl AsRawFd) -> Result<(), String> {
+        self.xsks
+            .set(queue, fd.as_raw_fd(), 0)
+            .map_err(|e| format!("cannot register the AF_XDP socket of queue {queue}: {e}"))
+    }
+
+    /// Claimed packets passed to the kernel because their queue had no socket.
+    pub fn no_socket_on_queue(&self) -> u64 {
+        self.stats.get(&0, 0).map(|v| v.iter().sum()).unwrap_or(0)
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

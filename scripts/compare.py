@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""Run latency comparisons in the nanowire lab and print one JSON object.
+
+Each scenario names configurations (a server command in host b, a client command in host a).
+Configurations are run back to back, interleaved, `--repeats` times; each reports p50/p99/...
+(one-way µs). The JSON has every run, the medians per configuration, the ratios of each
+configuration's median to the scenario's baseline, and the environment.
+
+    scripts/compare.py --scenario issue2-interop --repeats 3 --seconds 5
+"""
+import argparse, json, os, platform, re, shlex, statistics, subprocess, sys, time
+
+NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
+A, B = "198.18.0.1", "198.18.0.2"
+PORT = 11111
+
+
+def ns(lab, host):
+    return f"{lab}-{host}"
+
+
+def sockperf_parse(text):
+    vals = {}
+    for line in text.splitlines():
+        m = re.search(r"---> percentile\s+([\d.]+)\s*=\s*([\d.]+)", line)
+        if m:
+            vals["p" + m.group(1).rstrip("0").rstrip(".")] = float(m.group(2))
+        m = re.search(r"---> <(MAX|MIN)> observation\s*=\s*([\d.]+)", line)
+        if m:
+            vals[m.group(1).lower()] = float(m.group(2))
+        m = re.search(r"Summary: Latency is ([\d.]+) usec", line)
+        if m:
+            vals["avg"] = float(m.group(1))
+        m = re.search(r"\[Valid Duration\] RunTime=[\d.]+ sec; SentMessages=(\d+); ReceivedMessages=(\d+)", line)
+        if m:
+            vals["sent"], vals["received"] = int(m.group(1)), int(m.group(2))
+    if "p50" not in vals:
+        raise RuntimeError("could not parse sockperf output:\n" + text[-2000:])
+    return vals
+
+
+def nanowire_parse(text):
+    d = json.loads(text[text.index("{"):])
+    lat = d["latency_us"]
+    out = {k: lat[k] for k in lat}
+    out.update(sent=d.get("sent"), received=d.get("received"), dropped=d.get("dropped"))
+    return out
+
+
+def run_client(lab, argv, parser, timeout):
+    cmd = ["ip", "netns", "exec", ns(lab, "a")] + argv
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"client failed ({p.returncode}): {' '.join(argv)}\n{p.stderr[-2000:]}")
+    return parser(p.stdout)
+
+
+class Server:
+    def __init__(self, lab, argv):
+        self.argv = argv
+        self.p = subprocess.Popen(["ip", "netns", "exec", ns(lab, "b")] + argv,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        if self.p.poll() is not None:
+            raise RuntimeError(f"server exited: {' '.join(argv)}\n{self.p.stderr.read()[-2000:]}")
+
+    def stop(self):
+        self.p.terminate()
+        try:
+            self.p.wait(5)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+
+
+def sp_sr(extra=()):
+    return ["taskset", "-c", "1", "sockperf", "sr", "-i", B, "-p", str(PORT), *extra]
+
+
+def sp_pp(secs, size, extra=()):
+    return ["taskset", "-c", "0", "sockperf", "pp", "-i", B, "-p", str(PORT), "-m", str(size), "-t", str(secs), *extra]
+
+
+def nw_server(engine, extra=()):
+    return [NW, "bench", "server", "-i", B, "-p", str(PORT), "--engine", engine, "--cpu", "1", *extra]
+
+
+def nw_pp(engine, secs, size, extra=()):
+    return [NW, "bench", "pp", "-i", B, "-p", str(PORT), "-m", str(size), "-t", str(secs),
+            "--engine", engine, "--cpu", "0", "--json", *extra]
+
+
+def nw_run(engine, argv, profile="latency"):
+    return [NW, "run", "--profile", profile, "--engine", engine, "--"] + argv
+
+
+def scenarios(secs, size):
+    """name -> (baseline label, [(label, server argv, client argv, parser)])"""
+    sp, nw = sockperf_parse, nanowire_parse
+    return {
+        # Issue 2: our kernel client vs sockperf's against the same sockperf sr.
+        "issue2-interop": ("sockperf pp", [
+            ("sockperf pp", sp_sr(), sp_pp(secs, size), sp),
+            ("nanowire pp kernel", sp_sr(), nw_pp("kernel", secs, size), nw),
+        ]),
+        # Issue 2: spin vs kernel, both ends the same engine.
+        "issue2-spin": ("kernel", [
+            ("kernel", nw_server("kernel"), nw_pp("kernel", secs, size), nw),
+            ("spin", nw_server("spin"), nw_pp("spin", secs, size), nw),
+        ]),
+        # Issue 3: xdp vs spin, both ends the same engine.
+        "issue3-xdp": ("spin", [
+            ("spin", nw_server("spin"), nw_pp("spin", secs, size), nw),
+            ("xdp", nw_server("xdp"), nw_pp("xdp", secs, size, ["--no-fallback"]), nw),
+        ]),
+        # Issue 4: unmodified sockperf, plain vs under nanowire run.
+        "issue4-udp": ("plain", [
+            ("plain", sp_sr(), sp_pp(secs, size), sp),
+            ("run spin", nw_run("spin", sp_sr()), nw_run("spin", sp_pp(secs, size)), sp),
+            ("run xdp", nw_run("xdp", sp_sr()), nw_run("xdp", sp_pp(secs, size)), sp),
+        ]),
+        "issue4-tcp": ("plain", [
+            ("plain", sp_sr(["--tcp"]), sp_pp(secs, size, ["--tcp"]), sp),
+            ("run", nw_run("xdp", sp_sr(["--tcp"])), nw_run("xdp", sp_pp(secs, size, ["--tcp"])), sp),
+        ]),
+    }
+
+
+def env(lab):
+    def sh(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
+        except Exception as e:  # noqa: BLE001 - environment probing is best effort
+            return f"unavailable: {e}"
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    return {
+        "kernel": platform.release(), "cpu_model": cpu, "nproc": os.cpu_count(),
+        "sockperf": sh(["sockperf", "--version"]).splitlines()[0] if sh(["sockperf", "--version"]) else "?",
+        "nanowire": sh([NW, "--version"]), "lab": json.loads(sh([NW, "lab", "status", "--name", lab, "--json"]) or "{}"),
+        "loadavg": open("/proc/loadavg").read().split()[:3],
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", required=True, choices=sorted(scenarios(1, 64)))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=5)
+    ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--lab", default="nw")
+    a = ap.parse_args()
+    subprocess.run([NW, "lab", "up", "--name", a.lab], check=True, stdout=subprocess.DEVNULL)
+    base, configs = scenarios(a.seconds, a.size)[a.scenario]
+    runs = {label: [] for label, *_ in configs}
+    for r in range(a.repeats):
+        for label, srv, cli, parser in configs:
+            s = Server(a.lab, srv)
+            try:
+                res = run_client(a.lab, cli, parser, timeout=a.seconds + 60)
+            finally:
+                s.stop()
+            runs[label].append(res)
+            print(f"# repeat {r + 1} {label}: p50={res.get('p50')} p99={res.get('p99')}", file=sys.stderr)
+    keys = ["min", "p50", "p90", "p99", "p99.9", "max", "avg"]
+    med = {label: {k: statistics.median(x[k] for x in rs if x.get(k) is not None)
+                   for k in keys if any(x.get(k) is not None for x in rs)} for label, rs in runs.items()}
+    ratios = {label: {k: round(m[k] / med[base][k], 3) for k in m if med[base].get(k)} for label, m in med.items()}
+    out = {"scenario": a.scenario, "baseline": base, "repeats": a.repeats, "seconds": a.seconds, "msg_size": a.size,
+           "commands": {label: {"server": " ".join(map(shlex.quote, s)), "client": " ".join(map(shlex.quote, c))}
+                        for label, s, c, _ in configs},
+           "runs": runs, "median": med, "ratio_to_baseline": ratios, "env": env(a.lab)}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
