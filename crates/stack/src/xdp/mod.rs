@@ -265,50 +265,8 @@ impl Engine {
         shm::ENGINE_COUNTERS
             .iter()
             .enumerate()
-            .map(|(i, n)| {
-                // SAFETY-free: E is repr(usize) with the same order as the names.
-                let c = self.page_counter(i);
-                (*n, c)
-            })
+            .map(|(i, n)| (*n, self.page.engine_word(i)))
             .collect()
-    }
-
-    fn page_counter(&self, i: usize) -> u64 {
-        const ALL: [E; 30] = [
-            E::RxFrames,
-            E::RxPackets,
-            E::RxBytes,
-            E::TxPackets,
-            E::TxBytes,
-            E::DropNoSocket,
-            E::DropTruncated,
-            E::DropBadVersion,
-            E::DropBadIhl,
-            E::DropIpOptions,
-            E::DropBadTotalLength,
-            E::DropFragment,
-            E::DropBadIpChecksum,
-            E::DropBadUdpLength,
-            E::DropBadUdpChecksum,
-            E::DropNotUdp,
-            E::DropSocketQueueFull,
-            E::DropTxRingFull,
-            E::DropBadDesc,
-            E::RxCsumPartial,
-            E::XskRxDropped,
-            E::XskRxRingFull,
-            E::XskRxFillRingEmpty,
-            E::XskRxInvalidDescs,
-            E::XskTxInvalidDescs,
-            E::XskTxRingEmpty,
-            E::XdpNoSocketOnQueue,
-            E::PeakRxRing,
-            E::PeakSocketQueue,
-            E::Sockets,
-        ];
-        ALL.get(i)
-            .map(|c| self.page.e(*c).load(std::sync::atomic::Ordering::Relaxed))
-            .unwrap_or(0)
     }
 
     /// Drain the RX rings once (for callers that only send, e.g. to keep
@@ -873,11 +831,14 @@ impl XdpSocket {
             *self.local.ip()
         };
         let mtu = eng.iface.mtu as usize;
-        let mut frames: [(u64, u32); 64] = [(0, 0); 64];
+        // One kick sends at most the copy-mode budget (32 without
+        // XDP_MAX_TX_SKB_BUDGET): never queue more per kick, or frames would
+        // wait in the ring for the next send.
+        let per_kick = g.queues[0].xsk.tx_budget().unwrap_or(32).clamp(1, 256) as usize;
+        let mut frames: [(u64, u32); 256] = [(0, 0); 256];
         let mut sent = 0;
-        for chunk in bufs.chunks(64) {
+        for chunk in bufs.chunks(per_kick) {
             let mut n = 0;
-            let mut bytes = 0u64;
             for b in chunk {
                 if b.len() + IP_HDR + UDP_HDR > mtu {
                     if sent + n == 0 {
@@ -909,7 +870,6 @@ impl XdpSocket {
                 );
                 frames[n] = (addr, len as u32);
                 n += 1;
-                bytes += b.len() as u64;
             }
             let q = &mut g.queues[0].xsk;
             let k = q.transmit(&frames[..n]);
@@ -922,7 +882,6 @@ impl XdpSocket {
             let kb: u64 = chunk[..k].iter().map(|b| b.len() as u64).sum();
             bump(page.e(E::TxBytes), kb);
             bump(page.s(self.sid_slot(), S::TxBytes), kb);
-            let _ = bytes;
             sent += k;
             if k < chunk.len() {
                 break;
@@ -936,8 +895,15 @@ impl XdpSocket {
             bump(eng.page.s(self.sid_slot(), S::DropTxRingFull), 1);
             return Err(io_err(io::ErrorKind::WouldBlock, "xdp tx ring full"));
         }
+        let q = &mut g.queues[0].xsk;
+        // A kick the kernel could not finish (EAGAIN/ENOBUFS) leaves frames
+        // in the ring: kick once more rather than strand them until the
+        // next send.
+        if q.tx.occupancy() > 0 {
+            q.kick_tx();
+        }
         // Completions of earlier sends.
-        g.queues[0].xsk.reap_completions();
+        q.reap_completions();
         Ok(sent)
     }
 
@@ -1122,6 +1088,19 @@ impl UdpEndpoint for XdpSocket {
         }
         g.claim(self.sid, group, self.local.port())
             .map_err(|e| io_err(io::ErrorKind::Other, e))
+    }
+    fn engine_counters(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = self
+            .engine
+            .counters()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let p = &self.engine.page;
+        for (i, n) in shm::SOCK_COUNTERS.iter().enumerate() {
+            v.push((format!("socket.{n}"), p.sock_word(self.sid, i)));
+        }
+        v
     }
     fn stats(&self) -> SocketStats {
         let p = &self.engine.page;
