@@ -27,6 +27,10 @@ enum BenchCmd {
     /// Throughput: paced or maximal messages, none answered (the server counts loss).
     #[command(alias = "throughput")]
     Tp(ClientArgs),
+    /// Microburst generator: N datagrams back to back (or paced / for a duration).
+    Burst(crate::burst::BurstArgs),
+    /// Microburst receiver: spins, stalls or echoes, and accounts for every loss.
+    Sink(crate::burst::SinkArgs),
 }
 
 #[derive(Debug, Args)]
@@ -122,6 +126,8 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
         BenchCmd::Pp(a) => client(Mode::PingPong, a),
         BenchCmd::Ul(a) => client(Mode::UnderLoad, a),
         BenchCmd::Tp(a) => client(Mode::Throughput, a),
+        BenchCmd::Burst(a) => crate::burst::run_burst(a),
+        BenchCmd::Sink(a) => crate::burst::run_sink(a),
     }
 }
 
