@@ -18,6 +18,8 @@ lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --release --workspace --all-targets --locked -- -D warnings
 
+# The report test renders index.html in headless Chromium: install it for tests.
+test: export NANOWIRE_WITH_BROWSER := 1
 test: deps lint
 	$(CARGO) test --release --workspace --locked -- --test-threads=2
 

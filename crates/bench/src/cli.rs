@@ -27,6 +27,10 @@ enum BenchCmd {
     /// Throughput: paced or maximal messages, none answered (the server counts loss).
     #[command(alias = "throughput")]
     Tp(ClientArgs),
+    /// Microburst generator: N datagrams back to back (or paced / for a duration).
+    Burst(crate::burst::BurstArgs),
+    /// Microburst receiver: spins, stalls or echoes, and accounts for every loss.
+    Sink(crate::burst::SinkArgs),
 }
 
 #[derive(Debug, Args)]
@@ -58,6 +62,15 @@ struct Common {
     /// Socket send buffer (SO_SNDBUF) in bytes.
     #[arg(long)]
     sndbuf: Option<usize>,
+    /// xdp engine: interface to attach to (default: the one owning the address).
+    #[arg(long)]
+    iface: Option<String>,
+    /// xdp engine: RX/fill ring depth in frames.
+    #[arg(long)]
+    ring_depth: Option<u32>,
+    /// xdp engine: fail instead of falling back to the spin engine.
+    #[arg(long)]
+    no_fallback: bool,
 }
 
 impl Common {
@@ -113,6 +126,8 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
         BenchCmd::Pp(a) => client(Mode::PingPong, a),
         BenchCmd::Ul(a) => client(Mode::UnderLoad, a),
         BenchCmd::Tp(a) => client(Mode::Throughput, a),
+        BenchCmd::Burst(a) => crate::burst::run_burst(a),
+        BenchCmd::Sink(a) => crate::burst::run_sink(a),
     }
 }
 
@@ -131,6 +146,9 @@ fn client(mode: Mode, a: ClientArgs) -> Result<i32, String> {
     cfg.wait = c.wait();
     cfg.duration = Duration::from_secs_f64(a.time);
     if let Some(r) = a.mps {
+        if mode == Mode::PingPong {
+            return Err("--mps applies to ul and tp; pp keeps one message in flight".into());
+        }
         cfg.mps = r;
     }
     cfg.reply_every = a.reply_every;
@@ -140,6 +158,9 @@ fn client(mode: Mode, a: ClientArgs) -> Result<i32, String> {
     cfg.reply_timeout = Duration::from_millis(a.reply_timeout_ms.max(1));
     cfg.rcvbuf = c.rcvbuf;
     cfg.sndbuf = c.sndbuf;
+    cfg.iface = c.iface.clone();
+    cfg.ring_depth = c.ring_depth;
+    cfg.fallback = !c.no_fallback;
     cfg.validate()?;
     if !c.json {
         println!(
@@ -183,6 +204,9 @@ fn server(a: ServerArgs) -> Result<i32, String> {
     cfg.cpu = c.cpu;
     cfg.rcvbuf = c.rcvbuf;
     cfg.sndbuf = c.sndbuf;
+    cfg.iface = c.iface.clone();
+    cfg.ring_depth = c.ring_depth;
+    cfg.fallback = !c.no_fallback;
     let stop = nanowire_stack::kernel::stop_on_signals()
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let bound = bind_server(&cfg)?;
@@ -194,6 +218,13 @@ fn server(a: ServerArgs) -> Result<i32, String> {
         cfg.protocol.as_str().to_uppercase(),
         bound.engine()
     );
+    if let Some(r) = bound.fallback_reason() {
+        eprintln!(
+            "nanowire: engine {} fell back to {}: {r}",
+            cfg.engine,
+            bound.engine()
+        );
+    }
     let stats = bound.serve(stop, None)?;
     if c.json {
         println!(

@@ -8,7 +8,7 @@
 //! but left out of every reported number.
 
 use crate::env::Env;
-use crate::result::{BenchResult, LatencyRecorder};
+use crate::result::{BenchResult, LatencyRecorder, thread_cpu_s};
 use crate::transport::{MAX_TCP_MSG, TcpTransport, Transport, UdpTransport};
 use nanowire_stack::{EngineKind, EngineOptions, WaitPolicy};
 use nanowire_wire::sockperf::{
@@ -112,9 +112,27 @@ pub struct ClientConfig {
     pub full_log: Option<PathBuf>,
     pub rcvbuf: Option<usize>,
     pub sndbuf: Option<usize>,
+    /// xdp engine: interface (derived from the address when `None`).
+    pub iface: Option<String>,
+    /// xdp engine: RX/fill ring depth.
+    pub ring_depth: Option<u32>,
+    /// xdp engine: fall back to `spin` (saying why) when AF_XDP cannot be used.
+    pub fallback: bool,
 }
 
 impl ClientConfig {
+    pub(crate) fn engine_options(&self) -> EngineOptions {
+        engine_options(
+            self.engine,
+            self.wait,
+            self.rcvbuf,
+            self.sndbuf,
+            self.iface.as_deref(),
+            self.ring_depth,
+            self.fallback,
+        )
+    }
+
     /// sockperf's defaults: 14-byte messages, 1 s, ul at 10000 msg/s with a
     /// reply every 100, tp at max.
     pub fn new(mode: Mode, server: SocketAddrV4) -> ClientConfig {
@@ -138,6 +156,9 @@ impl ClientConfig {
             full_log: None,
             rcvbuf: None,
             sndbuf: None,
+            iface: None,
+            ring_depth: None,
+            fallback: true,
         }
     }
 
@@ -207,11 +228,16 @@ pub fn pin_to_cpu(cpu: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Engine options shared by client and server configurations.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn engine_options(
     engine: EngineKind,
     wait: Option<WaitPolicy>,
     rcvbuf: Option<usize>,
     sndbuf: Option<usize>,
+    iface: Option<&str>,
+    ring_depth: Option<u32>,
+    fallback: bool,
 ) -> EngineOptions {
     let mut o = EngineOptions::new(engine);
     if let Some(w) = wait {
@@ -219,6 +245,11 @@ pub(crate) fn engine_options(
     }
     o.rcvbuf = rcvbuf;
     o.sndbuf = sndbuf;
+    o.iface = iface.map(str::to_string);
+    if let Some(d) = ring_depth {
+        o.ring_depth = d;
+    }
+    o.fallback = fallback;
     o
 }
 
@@ -264,9 +295,18 @@ struct Run<'a> {
     max_rseq: Option<u64>,
     /// Entries still waiting for their reply.
     n_waiting: usize,
+    /// Thread CPU time when the valid period began.
+    cpu_at_valid: Option<f64>,
 }
 
 impl<'a> Run<'a> {
+    /// Note the thread's CPU time once, when the valid period starts.
+    fn mark_cpu(&mut self, valid: bool) {
+        if valid && self.cpu_at_valid.is_none() {
+            self.cpu_at_valid = Some(thread_cpu_s());
+        }
+    }
+
     fn ns(&self, t: Instant) -> u64 {
         t.duration_since(self.t0).as_nanos() as u64
     }
@@ -387,7 +427,7 @@ fn io_error(cfg: &ClientConfig, what: &str, e: io::Error) -> String {
 }
 
 fn open_transport(cfg: &ClientConfig) -> Result<(Box<dyn Transport>, SocketAddrV4), String> {
-    let opts = engine_options(cfg.engine, cfg.wait, cfg.rcvbuf, cfg.sndbuf);
+    let opts = cfg.engine_options();
     match cfg.protocol {
         Protocol::Udp => {
             // Ask the kernel which source address reaches the server, so an
@@ -518,6 +558,7 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
         checked: 0,
         max_rseq: None,
         n_waiting: 0,
+        cpu_at_valid: None,
     };
     let end = t0 + cfg.duration;
     let t_end = match cfg.mode {
@@ -525,6 +566,7 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
         Mode::UnderLoad => run_ul(&mut run, tr.as_mut(), &mut msg, &mut rbuf, seq, end)?,
         Mode::Throughput => run_tp(&mut run, tr.as_mut(), size, seq, end)?,
     };
+    let cpu_thread_s = run.cpu_at_valid.map_or(0.0, |c| thread_cpu_s() - c);
 
     if let (Some(f), Some(log)) = (log_file.as_mut(), run.log.as_ref()) {
         let w = |f: &mut io::BufWriter<std::fs::File>| -> io::Result<()> {
@@ -555,6 +597,8 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
         version: env!("CARGO_PKG_VERSION"),
         mode: cfg.mode.as_str().into(),
         engine: tr.engine().as_str().into(),
+        engine_requested: cfg.engine.as_str().into(),
+        fallback_reason: tr.fallback_reason(),
         protocol: cfg.protocol.as_str().into(),
         msg_size: size,
         peer: cfg.server.to_string(),
@@ -582,6 +626,12 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
         },
         reply_every: (cfg.mode == Mode::UnderLoad).then_some(cfg.reply_every),
         cpu: cfg.cpu,
+        cpu_thread_s,
+        cpu_util: if valid > 0.0 {
+            cpu_thread_s / valid
+        } else {
+            0.0
+        },
         env: Env::detect(Some(*local.ip())),
         note: (cfg.mode == Mode::Throughput).then(|| {
             "tp asks for no replies: received/dropped are counted by the server (sequence gaps)"
@@ -608,6 +658,7 @@ fn run_pp(
         let tx = Instant::now();
         tr.send_msg(msg).map_err(|e| io_error(cfg, "send to", e))?;
         let valid = tx >= run.valid_from;
+        run.mark_cpu(valid);
         let tx_ns = run.ns(tx);
         run.push(seq, tx_ns, valid);
         run.c.total_sent += 1;
@@ -659,6 +710,7 @@ fn run_ul(
             let tx = Instant::now();
             tr.send_msg(msg).map_err(|e| io_error(cfg, "send to", e))?;
             let valid = tx >= run.valid_from;
+            run.mark_cpu(valid);
             if pong {
                 let tx_ns = run.ns(tx);
                 run.push(seq, tx_ns, valid);
@@ -762,6 +814,7 @@ fn run_tp(
         seq += n;
         run.c.total_sent += n;
         if tx >= run.valid_from {
+            run.mark_cpu(true);
             run.c.sent += n;
         }
         if let Some(iv) = interval {

@@ -7,6 +7,7 @@
 //! is stopped or dropped, and reports per-client counters.
 #![forbid(unsafe_code)]
 
+pub mod burst;
 pub mod cli;
 pub mod client;
 pub mod env;

@@ -5,6 +5,12 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 use std::fmt::Write as _;
 
+/// CPU time (user + system) the calling thread has used so far, in seconds.
+pub fn thread_cpu_s() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+}
+
 /// One-way latency (round trip / 2) statistics in microseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Latency {
@@ -114,7 +120,11 @@ pub struct BenchResult {
     pub tool: &'static str,
     pub version: &'static str,
     pub mode: String,
+    /// The engine that actually ran (after any fallback).
     pub engine: String,
+    /// The engine asked for, and why it was not used when it differs.
+    pub engine_requested: String,
+    pub fallback_reason: Option<String>,
     pub protocol: String,
     pub msg_size: usize,
     pub peer: String,
@@ -142,6 +152,10 @@ pub struct BenchResult {
     pub mps_target: Option<u64>,
     pub reply_every: Option<u64>,
     pub cpu: Option<usize>,
+    /// CPU time of the measuring thread during the valid period (seconds) and
+    /// as a fraction of that period (1.0 = one core busy).
+    pub cpu_thread_s: f64,
+    pub cpu_util: f64,
     pub env: Env,
     pub note: Option<String>,
 }
@@ -151,6 +165,13 @@ impl BenchResult {
     pub fn human(&self) -> String {
         let mut s = String::new();
         let p = "nanowire:";
+        if let Some(r) = &self.fallback_reason {
+            let _ = writeln!(
+                s,
+                "{p} engine {} fell back to {}: {r}",
+                self.engine_requested, self.engine
+            );
+        }
         let _ = writeln!(
             s,
             "{p} [Total Run] RunTime={:.3} sec; Warm up time={} msec; SentMessages={}; ReceivedMessages={}",

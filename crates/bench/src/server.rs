@@ -7,6 +7,7 @@
 
 use crate::client::{Protocol, engine_options, pin_to_cpu};
 use crate::env::Env;
+use crate::result::thread_cpu_s;
 use crate::seq::SeqTracker;
 use crate::transport::{Frame, MAX_TCP_MSG, StreamBuf};
 use nanowire_stack::{EngineKind, UdpEndpoint, WaitPolicy};
@@ -36,6 +37,12 @@ pub struct ServerConfig {
     pub cpu: Option<usize>,
     pub rcvbuf: Option<usize>,
     pub sndbuf: Option<usize>,
+    /// xdp engine: interface (derived from the address when `None`).
+    pub iface: Option<String>,
+    /// xdp engine: RX/fill ring depth.
+    pub ring_depth: Option<u32>,
+    /// xdp engine: fall back to `spin` (saying why) when AF_XDP cannot be used.
+    pub fallback: bool,
 }
 
 impl ServerConfig {
@@ -48,6 +55,9 @@ impl ServerConfig {
             cpu: None,
             rcvbuf: None,
             sndbuf: None,
+            iface: None,
+            ring_depth: None,
+            fallback: true,
         }
     }
 }
@@ -73,7 +83,10 @@ pub struct ClientStats {
 pub struct ServerStats {
     pub tool: &'static str,
     pub mode: &'static str,
+    /// The engine that actually serves (after any fallback).
     pub engine: String,
+    pub engine_requested: String,
+    pub fallback_reason: Option<String>,
     pub protocol: String,
     pub listen: String,
     pub duration_s: f64,
@@ -96,6 +109,8 @@ pub struct ServerStats {
     pub disconnects: u64,
     /// Datagrams the kernel dropped on the server socket (receive buffer full).
     pub socket_drops: u64,
+    /// CPU time of the serving thread since it started serving, in seconds.
+    pub cpu_thread_s: f64,
     pub clients: Vec<ClientStats>,
     pub env: Env,
 }
@@ -157,10 +172,16 @@ struct State {
     clients: Vec<Client>,
     by_addr: HashMap<SocketAddrV4, usize>,
     last_pub: Instant,
+    cpu0: f64,
 }
 
 impl State {
-    fn new(cfg: &ServerConfig, engine: EngineKind, listen: SocketAddrV4) -> State {
+    fn new(
+        cfg: &ServerConfig,
+        engine: EngineKind,
+        fallback_reason: Option<String>,
+        listen: SocketAddrV4,
+    ) -> State {
         let now = Instant::now();
         State {
             t0: now,
@@ -168,6 +189,8 @@ impl State {
                 tool: "nanowire bench",
                 mode: "server",
                 engine: engine.as_str().into(),
+                engine_requested: cfg.engine.as_str().into(),
+                fallback_reason,
                 protocol: cfg.protocol.as_str().into(),
                 listen: listen.to_string(),
                 env: Env::detect(Some(*listen.ip())),
@@ -176,6 +199,7 @@ impl State {
             clients: Vec::new(),
             by_addr: HashMap::new(),
             last_pub: now,
+            cpu0: thread_cpu_s(),
         }
     }
 
@@ -216,6 +240,7 @@ impl State {
         let mut s = self.base.clone();
         s.duration_s = self.t0.elapsed().as_secs_f64();
         s.socket_drops = socket_drops;
+        s.cpu_thread_s = thread_cpu_s() - self.cpu0;
         for c in &self.clients {
             let k = c.seq.counts;
             s.received += k.received;
@@ -260,7 +285,15 @@ pub struct BoundServer {
 
 /// Bind the server's socket (errors such as "address in use" come out here).
 pub fn bind_server(cfg: &ServerConfig) -> Result<BoundServer, String> {
-    let opts = engine_options(cfg.engine, cfg.wait, cfg.rcvbuf, cfg.sndbuf);
+    let opts = engine_options(
+        cfg.engine,
+        cfg.wait,
+        cfg.rcvbuf,
+        cfg.sndbuf,
+        cfg.iface.as_deref(),
+        cfg.ring_depth,
+        cfg.fallback,
+    );
     let (sock, local) = match cfg.protocol {
         Protocol::Udp => {
             let ep = nanowire_stack::open_udp(cfg.bind, &opts).map_err(|e| {
@@ -315,6 +348,14 @@ impl BoundServer {
         }
     }
 
+    /// Why the requested engine is not the one serving, if it fell back.
+    pub fn fallback_reason(&self) -> Option<String> {
+        match &self.sock {
+            Sock::Udp(ep) => ep.fallback_reason().map(str::to_string),
+            Sock::Tcp(..) => None,
+        }
+    }
+
     /// Serve until `stop` is set; `shared` receives a snapshot every 100 ms.
     pub fn serve(
         self,
@@ -325,7 +366,7 @@ impl BoundServer {
             pin_to_cpu(c)?;
         }
         let engine = self.engine();
-        let mut st = State::new(&self.cfg, engine, self.local);
+        let mut st = State::new(&self.cfg, engine, self.fallback_reason(), self.local);
         match self.sock {
             Sock::Udp(mut ep) => serve_udp(ep.as_mut(), &mut st, stop, shared),
             Sock::Tcp(l, opts) => serve_tcp(&l, &opts, &mut st, stop, shared),

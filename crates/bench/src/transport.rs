@@ -21,6 +21,10 @@ pub(crate) trait Transport {
     /// Receive one whole message if one is already there.
     fn try_recv_msg(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>>;
     fn engine(&self) -> EngineKind;
+    /// Why the requested engine was not used, if the engine fell back.
+    fn fallback_reason(&self) -> Option<String> {
+        None
+    }
     /// Whether waiting should sleep in the kernel (`kernel` engine).
     fn blocks(&self) -> bool;
 }
@@ -92,6 +96,9 @@ impl Transport for UdpTransport {
 
     fn engine(&self) -> EngineKind {
         self.ep.engine()
+    }
+    fn fallback_reason(&self) -> Option<String> {
+        self.ep.fallback_reason().map(str::to_string)
     }
     fn blocks(&self) -> bool {
         self.block

@@ -94,3 +94,104 @@ fn xdp_is_reported_not_panicked() {
         Err(e) => assert!(e.contains("xdp"), "{e}"),
     }
 }
+
+fn msg(seq: u64, flags: u16, len: usize) -> Vec<u8> {
+    let mut m = vec![0u8; len];
+    m[..8].copy_from_slice(&seq.to_be_bytes());
+    m[8..10].copy_from_slice(&flags.to_be_bytes());
+    m[10..14].copy_from_slice(&(len as u32).to_be_bytes());
+    m
+}
+
+#[test]
+fn server_counts_gaps_duplicates_reordering_and_junk() {
+    let srv = start_server(&ServerConfig::new(lo())).unwrap();
+    let s = std::net::UdpSocket::bind(lo()).unwrap();
+    let to = srv.local_addr();
+    // client flag 1; no pong requested
+    for seq in [0u64, 1, 2, 5, 3, 3, 6] {
+        s.send_to(&msg(seq, 1, 32), to).unwrap();
+    }
+    s.send_to(&[1, 2, 3, 4, 5], to).unwrap(); // shorter than the header
+    s.send_to(&msg(9, 0, 32), to).unwrap(); // no client flag: a reply, ignored
+    s.send_to(&msg(10, 1 | 4, 32), to).unwrap(); // warm-up
+    let mut bad_len = msg(11, 1, 32);
+    bad_len[10..14].copy_from_slice(&1000u32.to_be_bytes()); // longer than the datagram
+    s.send_to(&bad_len, to).unwrap();
+    // A pong request is answered with the client flag cleared, same bytes otherwise.
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let req = msg(7, 1 | 2, 40);
+    s.send_to(&req, to).unwrap();
+    let mut b = [0u8; 64];
+    let (n, _) = s.recv_from(&mut b).unwrap();
+    assert_eq!(n, 40);
+    assert_eq!(&b[..8], &req[..8]);
+    assert_eq!(u16::from_be_bytes([b[8], b[9]]), 2);
+    assert_eq!(&b[10..n], &req[10..]);
+    let st = srv.stop().unwrap();
+    assert_eq!(st.clients.len(), 1, "{st:?}");
+    let c = &st.clients[0];
+    // seen 0 1 2 5 3 3 6 7: 4 missing, 3 late, 3 twice
+    assert_eq!(
+        (c.received, c.dropped, c.duplicated, c.out_of_order),
+        (7, 1, 1, 1),
+        "{c:?}"
+    );
+    assert_eq!(c.replied, 1);
+    assert_eq!((st.malformed, st.ignored, st.warmup), (2, 1, 1), "{st:?}");
+}
+
+/// A sockperf-compatible echo that loses some replies and doubles others.
+fn lossy_echo(
+    sock: std::net::UdpSocket,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        sock.set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        let mut b = vec![0u8; 2048];
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok((n, from)) = sock.recv_from(&mut b) else {
+                continue;
+            };
+            let flags = u16::from_be_bytes([b[8], b[9]]);
+            if n < 14 || flags & 1 == 0 || flags & 4 != 0 || flags & 2 == 0 {
+                continue;
+            }
+            let seq = u64::from_be_bytes(b[..8].try_into().unwrap());
+            b[8..10].copy_from_slice(&(flags & !1).to_be_bytes());
+            if seq % 7 == 3 {
+                continue; // lost
+            }
+            let _ = sock.send_to(&b[..n], from);
+            if seq % 11 == 5 {
+                let _ = sock.send_to(&b[..n], from); // duplicated
+            }
+        }
+    })
+}
+
+#[test]
+fn client_counts_lost_and_duplicated_replies() {
+    let sock = std::net::UdpSocket::bind(lo()).unwrap();
+    let addr = match sock.local_addr().unwrap() {
+        std::net::SocketAddr::V4(a) => a,
+        _ => unreachable!(),
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let t = lossy_echo(sock, stop.clone());
+    for engine in [EngineKind::Kernel, EngineKind::Spin] {
+        let mut c = client(Mode::PingPong, addr, Protocol::Udp, engine);
+        c.reply_timeout = Duration::from_millis(30);
+        c.duration = Duration::from_millis(600);
+        let r = run_client(&c).unwrap();
+        assert!(r.dropped > 0 && r.duplicated > 0, "{r:?}");
+        assert_eq!(r.received + r.dropped, r.sent, "{r:?}");
+        // about 1 in 7 lost
+        // 1 in 7 asked for is never answered (plus any reply held up past 4x the timeout)
+        assert!(r.dropped * 2 < r.sent && r.dropped * 10 > r.sent, "{r:?}");
+        assert_eq!(r.latency_us.unwrap().samples, r.received);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    t.join().unwrap();
+}

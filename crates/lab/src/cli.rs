@@ -27,6 +27,8 @@ pub enum LabCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Run the seed suite on every engine and write DIR/index.html + DIR/results.json.
+    Report(crate::report::ReportArgs),
     /// Run a command inside host a or b: `nanowire lab exec a -- ping 198.18.0.2`.
     Exec {
         host: Host,
@@ -99,6 +101,7 @@ pub fn run(args: LabArgs) -> Result<i32, String> {
             }
             Ok(if st.complete { 0 } else { 1 })
         }
+        LabCmd::Report(a) => crate::report::run(a, &args.name),
         LabCmd::Exec { host, argv } => {
             let lab = mk(1)?;
             if !lab.status().complete {

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod report;
 pub mod testbed;
 
 pub use testbed::{Host, Lab, LabOptions, LabStatus};

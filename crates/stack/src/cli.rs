@@ -109,6 +109,10 @@ pub struct XdpTestArgs {
     /// Client: datagram size.
     #[arg(long, default_value_t = 64)]
     pub size: usize,
+    /// Stall: wait this long after "ready" before reading anything (burst
+    /// absorption: what the rings hold is what survives).
+    #[arg(long, default_value_t = 0)]
+    pub stall_ms: u64,
     /// Use a spinning kernel UDP socket instead of the xdp engine (for
     /// comparisons in the same run).
     #[arg(long)]
@@ -202,6 +206,7 @@ pub fn xdp_test(a: XdpTestArgs) -> Result<i32, String> {
             st.store(true, Ordering::Relaxed);
         });
     }
+    std::thread::sleep(Duration::from_millis(a.stall_ms));
     let end = a.secs.map(|s| Instant::now() + Duration::from_secs_f64(s));
     let mut buf = vec![0u8; 65536];
     let mut pending: Vec<(Vec<u8>, SocketAddrV4)> = Vec::new();
@@ -236,6 +241,16 @@ pub fn xdp_test(a: XdpTestArgs) -> Result<i32, String> {
         }
         if got == 0 && iter.is_multiple_of(1024) {
             std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    // Whatever is still queued is consumed (not echoed) before counting.
+    loop {
+        let n: usize = socks
+            .iter_mut()
+            .map(|s| s.recv_batch(1024, |_, _| {}))
+            .sum();
+        if n == 0 {
+            break;
         }
     }
     let counters: serde_json::Map<String, serde_json::Value> = eng

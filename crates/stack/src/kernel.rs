@@ -201,6 +201,28 @@ impl KernelUdp {
         &self.sock
     }
 
+    /// Send multicast through the interface with address `iface_addr`
+    /// (IP_MULTICAST_IF), looping it back to local members too.
+    pub fn set_multicast_if(&self, iface_addr: Ipv4Addr) -> io::Result<()> {
+        let a = libc::in_addr {
+            s_addr: u32::from(iface_addr).to_be(),
+        };
+        // SAFETY: `a` is a valid in_addr of the size passed; the fd is live.
+        let r = unsafe {
+            libc::setsockopt(
+                self.fd(),
+                libc::IPPROTO_IP,
+                libc::IP_MULTICAST_IF,
+                (&a as *const libc::in_addr).cast(),
+                size_of::<libc::in_addr>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.sock.set_multicast_loop_v4(true)
+    }
+
     pub fn wait_policy(&self) -> WaitPolicy {
         self.wait
     }
@@ -633,6 +655,30 @@ mod tests {
         let mut buf = [0u8; 16];
         let r = a.recv_from(&mut buf, Some(Instant::now() + Duration::from_secs(2)));
         assert_eq!(r.unwrap_err().kind(), io::ErrorKind::ConnectionRefused);
+    }
+
+    #[test]
+    fn multicast_two_receivers_on_loopback() {
+        let group = Ipv4Addr::new(239, 255, 77, 1);
+        let o = opts(EngineKind::Spin);
+        // Two sockets share the group's port (SO_REUSEADDR on multicast binds).
+        let mut r1 = KernelUdp::bind(SocketAddrV4::new(group, 0), &o).unwrap();
+        let port = r1.local_addr().unwrap().port();
+        let mut r2 = KernelUdp::bind(SocketAddrV4::new(group, port), &o).unwrap();
+        r1.join_multicast(group, Ipv4Addr::LOCALHOST).unwrap();
+        r2.join_multicast(group, Ipv4Addr::LOCALHOST).unwrap();
+        let mut tx = KernelUdp::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0), &o).unwrap();
+        tx.set_multicast_if(Ipv4Addr::LOCALHOST).unwrap();
+        tx.send_to(b"feed", SocketAddrV4::new(group, port)).unwrap();
+        for r in [&mut r1, &mut r2] {
+            let mut buf = [0u8; 16];
+            let dl = Instant::now() + Duration::from_secs(5);
+            let (n, _) = r
+                .recv_from(&mut buf, Some(dl))
+                .unwrap()
+                .expect("group datagram");
+            assert_eq!(&buf[..n], b"feed");
+        }
     }
 
     #[test]

@@ -150,6 +150,12 @@ pub trait UdpEndpoint: Send {
     /// Join an IPv4 multicast group on the interface with address `iface_addr`.
     fn join_multicast(&mut self, group: Ipv4Addr, iface_addr: Ipv4Addr) -> io::Result<()>;
     fn stats(&self) -> SocketStats;
+    /// Engine-level counters by name (drops by reason, kernel ring
+    /// statistics, high-water marks such as `peak_rx_ring`), followed by
+    /// this socket's own as `socket.<name>`. Empty for engines without any.
+    fn engine_counters(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
 }
 
 /// Open a UDP socket bound to `bind` on the engine `opts.kind` asks for.
@@ -160,10 +166,11 @@ pub fn open_udp(bind: SocketAddrV4, opts: &EngineOptions) -> io::Result<Box<dyn 
     }
 }
 
-/// The xdp arm of [`open_udp`] (replaced when the AF_XDP engine lands).
-fn open_xdp(_bind: SocketAddrV4, _opts: &EngineOptions) -> io::Result<Box<dyn UdpEndpoint>> {
-    Err(io::Error::new(
-        io::ErrorKind::Unsupported,
-        "xdp engine not built yet",
-    ))
+/// The xdp arm of [`open_udp`]: an AF_XDP socket, or (when the engine
+/// cannot be used and `opts.fallback` allows) a `spin` kernel socket after
+/// one line on stderr saying why; `fallback_reason()` returns that line.
+fn open_xdp(bind: SocketAddrV4, opts: &EngineOptions) -> io::Result<Box<dyn UdpEndpoint>> {
+    xdp::fallback::open_endpoint(bind, opts, |b, o| {
+        Ok(Box::new(kernel::KernelUdp::bind(b, o)?) as Box<dyn UdpEndpoint>)
+    })
 }

@@ -81,4 +81,7 @@ impl UdpEndpoint for Fallback {
     fn stats(&self) -> SocketStats {
         self.inner.stats()
     }
+    fn engine_counters(&self) -> Vec<(String, u64)> {
+        self.inner.engine_counters()
+    }
 }

@@ -41,9 +41,9 @@ use std::time::{Duration, Instant};
 const RX_BATCH: u32 = 64;
 /// Datagrams a socket may hold before new ones are dropped (counted).
 pub const DEFAULT_SOCKET_QUEUE: usize = 65536;
-/// Longest single sleep in poll(): bounds the wake-up delay when another
-/// thread drained the ring on our behalf.
-const MAX_SLEEP_MS: i32 = 5;
+/// Longest single sleep in poll() (a safety net: a thread that queues a
+/// datagram for a sleeping socket wakes it through its eventfd).
+const MAX_SLEEP_MS: i32 = 50;
 const ETH_HDR: usize = 14;
 const IP_HDR: usize = 20;
 const UDP_HDR: usize = 8;
@@ -91,6 +91,33 @@ struct Sock {
     cap: usize,
     slot: usize,
     kernel: UdpSocket,
+    /// The owner sleeps in poll(): whoever queues a datagram for it
+    /// signals `wake` (an eventfd in the sleeper's poll set).
+    sleeping: bool,
+    wake: std::os::fd::OwnedFd,
+}
+
+fn eventfd() -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain eventfd(2); checked below.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+fn eventfd_write(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64 to an eventfd.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+fn eventfd_drain(fd: RawFd) {
+    let mut v: u64 = 0;
+    // SAFETY: reads 8 bytes into a live u64 from a non-blocking eventfd.
+    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
 }
 
 struct Queue {
@@ -265,50 +292,8 @@ impl Engine {
         shm::ENGINE_COUNTERS
             .iter()
             .enumerate()
-            .map(|(i, n)| {
-                // SAFETY-free: E is repr(usize) with the same order as the names.
-                let c = self.page_counter(i);
-                (*n, c)
-            })
+            .map(|(i, n)| (*n, self.page.engine_word(i)))
             .collect()
-    }
-
-    fn page_counter(&self, i: usize) -> u64 {
-        const ALL: [E; 30] = [
-            E::RxFrames,
-            E::RxPackets,
-            E::RxBytes,
-            E::TxPackets,
-            E::TxBytes,
-            E::DropNoSocket,
-            E::DropTruncated,
-            E::DropBadVersion,
-            E::DropBadIhl,
-            E::DropIpOptions,
-            E::DropBadTotalLength,
-            E::DropFragment,
-            E::DropBadIpChecksum,
-            E::DropBadUdpLength,
-            E::DropBadUdpChecksum,
-            E::DropNotUdp,
-            E::DropSocketQueueFull,
-            E::DropTxRingFull,
-            E::DropBadDesc,
-            E::RxCsumPartial,
-            E::XskRxDropped,
-            E::XskRxRingFull,
-            E::XskRxFillRingEmpty,
-            E::XskRxInvalidDescs,
-            E::XskTxInvalidDescs,
-            E::XskTxRingEmpty,
-            E::XdpNoSocketOnQueue,
-            E::PeakRxRing,
-            E::PeakSocketQueue,
-            E::Sockets,
-        ];
-        ALL.get(i)
-            .map(|c| self.page.e(*c).load(std::sync::atomic::Ordering::Relaxed))
-            .unwrap_or(0)
     }
 
     /// Drain the RX rings once (for callers that only send, e.g. to keep
@@ -317,11 +302,11 @@ impl Engine {
         self.lock().poll_rx()
     }
 
-    fn wait_fds(&self, extra: RawFd, timeout_ms: i32) {
+    fn wait_fds(&self, extra: &[RawFd], timeout_ms: i32) {
         let mut pfds: Vec<libc::pollfd> = self
             .fds
             .iter()
-            .chain(std::iter::once(&extra))
+            .chain(extra.iter())
             .map(|&fd| libc::pollfd {
                 fd,
                 events: libc::POLLIN,
@@ -422,6 +407,10 @@ impl Inner {
                     continue;
                 }
                 s.queue.push_back(item);
+                if s.sleeping {
+                    s.sleeping = false;
+                    eventfd_write(s.wake.as_raw_fd());
+                }
                 let depth = s.queue.len() as u64;
                 self.page
                     .s(s.slot, S::QueueDepth)
@@ -527,11 +516,12 @@ impl Inner {
                 oif: ifindex,
                 gateway: None,
                 prefsrc: ifaddr,
+                kind: netlink::RTN_MULTICAST,
             }
         } else {
             netlink::route_get(dst)?
         };
-        if route.oif != ifindex {
+        if route.oif != ifindex || route.kind == netlink::RTN_LOCAL {
             // Not through our interface (loopback, another NIC): the
             // kernel socket carries it.
             self.neigh.insert(dst.to_bits(), None);
@@ -591,6 +581,8 @@ pub struct XdpSocket {
     kernel: UdpSocket,
     scratch: Vec<u8>,
     kcheck: u32,
+    /// The eventfd of this socket's `Sock` (owned there, valid while we live).
+    wake_fd: RawFd,
 }
 
 /// Empty polls between two looks at the kernel reservation socket.
@@ -718,7 +710,11 @@ impl XdpSocket {
                 ),
             )));
         }
+        let wake = eventfd().map_err(OpenError::Socket)?;
+        let wake_fd = wake.as_raw_fd();
         let sock = Sock {
+            sleeping: false,
+            wake,
             claims: Vec::new(),
             queue: VecDeque::with_capacity(1024),
             cap: DEFAULT_SOCKET_QUEUE,
@@ -750,6 +746,7 @@ impl XdpSocket {
             kernel,
             scratch: vec![0u8; 65536],
             kcheck: 0,
+            wake_fd,
         };
         r.map_err(OpenError::Engine)?;
         Ok(s)
@@ -806,7 +803,26 @@ impl XdpSocket {
                         })
                         .unwrap_or(MAX_SLEEP_MS)
                         .max(1);
-                    self.engine.wait_fds(self.kernel.as_raw_fd(), ms);
+                    // Announce the sleep under the lock, unless a datagram
+                    // arrived for us meanwhile (another thread drained it).
+                    let may_sleep = {
+                        let mut g = self.engine.lock();
+                        match g.socks.get_mut(self.sid) {
+                            Some(Some(s)) if s.queue.is_empty() => {
+                                s.sleeping = true;
+                                true
+                            }
+                            _ => false,
+                        }
+                    };
+                    if may_sleep {
+                        self.engine
+                            .wait_fds(&[self.kernel.as_raw_fd(), self.wake_fd], ms);
+                        if let Some(Some(s)) = self.engine.lock().socks.get_mut(self.sid) {
+                            s.sleeping = false;
+                        }
+                        eventfd_drain(self.wake_fd);
+                    }
                     continue;
                 }
             }
@@ -873,11 +889,14 @@ impl XdpSocket {
             *self.local.ip()
         };
         let mtu = eng.iface.mtu as usize;
-        let mut frames: [(u64, u32); 64] = [(0, 0); 64];
+        // One kick sends at most the copy-mode budget (32 without
+        // XDP_MAX_TX_SKB_BUDGET): never queue more per kick, or frames would
+        // wait in the ring for the next send.
+        let per_kick = g.queues[0].xsk.tx_budget().unwrap_or(32).clamp(1, 256) as usize;
+        let mut frames: [(u64, u32); 256] = [(0, 0); 256];
         let mut sent = 0;
-        for chunk in bufs.chunks(64) {
+        for chunk in bufs.chunks(per_kick) {
             let mut n = 0;
-            let mut bytes = 0u64;
             for b in chunk {
                 if b.len() + IP_HDR + UDP_HDR > mtu {
                     if sent + n == 0 {
@@ -909,7 +928,6 @@ impl XdpSocket {
                 );
                 frames[n] = (addr, len as u32);
                 n += 1;
-                bytes += b.len() as u64;
             }
             let q = &mut g.queues[0].xsk;
             let k = q.transmit(&frames[..n]);
@@ -922,7 +940,6 @@ impl XdpSocket {
             let kb: u64 = chunk[..k].iter().map(|b| b.len() as u64).sum();
             bump(page.e(E::TxBytes), kb);
             bump(page.s(self.sid_slot(), S::TxBytes), kb);
-            let _ = bytes;
             sent += k;
             if k < chunk.len() {
                 break;
@@ -936,8 +953,15 @@ impl XdpSocket {
             bump(eng.page.s(self.sid_slot(), S::DropTxRingFull), 1);
             return Err(io_err(io::ErrorKind::WouldBlock, "xdp tx ring full"));
         }
+        let q = &mut g.queues[0].xsk;
+        // A kick the kernel could not finish (EAGAIN/ENOBUFS) leaves frames
+        // in the ring: kick once more rather than strand them until the
+        // next send.
+        if q.tx.occupancy() > 0 {
+            q.kick_tx();
+        }
         // Completions of earlier sends.
-        g.queues[0].xsk.reap_completions();
+        q.reap_completions();
         Ok(sent)
     }
 
@@ -1122,6 +1146,19 @@ impl UdpEndpoint for XdpSocket {
         }
         g.claim(self.sid, group, self.local.port())
             .map_err(|e| io_err(io::ErrorKind::Other, e))
+    }
+    fn engine_counters(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = self
+            .engine
+            .counters()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let p = &self.engine.page;
+        for (i, n) in shm::SOCK_COUNTERS.iter().enumerate() {
+            v.push((format!("socket.{n}"), p.sock_word(self.sid, i)));
+        }
+        v
     }
     fn stats(&self) -> SocketStats {
         let p = &self.engine.page;

@@ -239,6 +239,23 @@ impl StatsPage {
         self.word(Self::sock_base(slot) + 1 + c as usize)
     }
 
+    /// Engine counter `i` (in ENGINE_COUNTERS order).
+    pub fn engine_word(&self, i: usize) -> u64 {
+        if i >= ENGINE_SLOTS {
+            return 0;
+        }
+        self.word(HEADER_BYTES / 8 + i).load(Ordering::Relaxed)
+    }
+
+    /// Socket counter `i` (in SOCK_COUNTERS order) of `slot`.
+    pub fn sock_word(&self, slot: usize, i: usize) -> u64 {
+        if i + 1 >= SOCK_SLOTS {
+            return 0;
+        }
+        self.word(Self::sock_base(slot) + 1 + i)
+            .load(Ordering::Relaxed)
+    }
+
     /// Mark a socket slot in use with its local address (0 = free).
     pub fn set_sock_addr(&self, slot: usize, addr: Option<std::net::SocketAddrV4>) {
         let v = addr.map_or(0, |a| {

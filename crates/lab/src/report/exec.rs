@@ -1,0 +1,276 @@
+//! Running the measurement processes: on the lab's two hosts (namespaces),
+//! or locally against a real peer (`--peer`). Every child is killed when its
+//! guard is dropped; every wait has a timeout.
+
+use crate::testbed::{Host, Lab};
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read};
+use std::net::Ipv4Addr;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Where the experiments run.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// The virtual testbed: client in host a, server in host b.
+    Lab(Lab),
+    /// Two real hosts: the client side here, `nanowire bench server` on the peer.
+    Peer { addr: Ipv4Addr, iface: String },
+}
+
+impl Target {
+    pub fn server_addr(&self) -> Ipv4Addr {
+        match self {
+            Target::Lab(l) => l.addr(Host::B),
+            Target::Peer { addr, .. } => *addr,
+        }
+    }
+    pub fn describe(&self) -> String {
+        match self {
+            Target::Lab(l) => format!("lab:{}", l.name()),
+            Target::Peer { addr, iface } => format!("peer:{addr}%{iface}"),
+        }
+    }
+    /// A command running `argv` on host `h`. In peer mode host b is remote
+    /// and cannot be started from here.
+    pub fn command(&self, h: Host, argv: &[String]) -> Result<Command, String> {
+        match self {
+            Target::Lab(l) => Ok(l.command(h, argv)),
+            Target::Peer { .. } => match h {
+                Host::A => {
+                    let mut c = Command::new(&argv[0]);
+                    c.args(&argv[1..]);
+                    Ok(c)
+                }
+                Host::B => Err(format!(
+                    "needs `{}` on the peer; in --peer mode only the client side runs here",
+                    argv.iter()
+                        .skip(1)
+                        .take(2)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                )),
+            },
+        }
+    }
+}
+
+/// A running child process, killed on drop.
+pub struct Proc {
+    child: Child,
+    pub name: String,
+    stdout: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+    lines: Receiver<String>,
+    stdin: Option<std::process::ChildStdin>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Proc {
+    pub fn spawn(cmd: Command, name: &str) -> Result<Proc, String> {
+        Proc::spawn_io(cmd, name, false)
+    }
+
+    /// With `keep_stdin`, the child's stdin is a pipe closed by [`Proc::close_stdin`].
+    pub fn spawn_io(mut cmd: Command, name: &str, keep_stdin: bool) -> Result<Proc, String> {
+        cmd.stdin(if keep_stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {name}: {e}"))?;
+        let stdin = child.stdin.take();
+        let stdout = Arc::new(Mutex::new(String::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = channel();
+        let mut readers = vec![];
+        if let Some(mut out) = child.stdout.take() {
+            let so = stdout.clone();
+            readers.push(std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = out.read_to_string(&mut s);
+                if let Ok(mut g) = so.lock() {
+                    g.push_str(&s);
+                }
+            }));
+        }
+        if let Some(err) = child.stderr.take() {
+            let se = stderr.clone();
+            readers.push(std::thread::spawn(move || {
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    if let Ok(mut g) = se.lock() {
+                        g.push_str(&line);
+                        g.push('\n');
+                    }
+                    let _ = tx.send(line);
+                }
+            }));
+        }
+        Ok(Proc {
+            child,
+            name: name.to_string(),
+            stdout,
+            stderr,
+            lines: rx,
+            stdin,
+            readers,
+        })
+    }
+
+    /// Signal end of input (the sink's `--stop-on-eof`).
+    pub fn close_stdin(&mut self) {
+        self.stdin.take();
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Wait for a stderr line starting with `token` (e.g. the sink's READY).
+    pub fn wait_ready(&mut self, token: &str, timeout: Duration) -> Result<(), String> {
+        let end = Instant::now() + timeout;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left.min(Duration::from_millis(50))) {
+                Ok(l) if l.starts_with(token) => return Ok(()),
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    let _ = self.child.wait();
+                    return Err(format!("{} exited: {}", self.name, self.err_line()));
+                }
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                // Give the reader a moment to collect the reason.
+                std::thread::sleep(Duration::from_millis(20));
+                return Err(format!("{} exited ({st}): {}", self.name, self.err_line()));
+            }
+            if Instant::now() >= end {
+                return Err(format!("{} not ready after {timeout:?}", self.name));
+            }
+        }
+    }
+
+    /// Still running after `settle`? (for servers without a readiness line)
+    pub fn settle(&mut self, settle: Duration) -> Result<(), String> {
+        let end = Instant::now() + settle;
+        while Instant::now() < end {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                std::thread::sleep(Duration::from_millis(20));
+                return Err(format!("{} exited ({st}): {}", self.name, self.err_line()));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
+    /// The last meaningful stderr line (why it failed).
+    pub fn err_line(&self) -> String {
+        let s = self.stderr.lock().map(|g| g.clone()).unwrap_or_default();
+        pick_err(&s)
+    }
+
+    /// CPU seconds (utime + stime) the process has used so far.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        proc_cpu_seconds(self.child.id())
+    }
+
+    /// Wait for exit; on timeout kill it and fail.
+    pub fn finish(mut self, timeout: Duration) -> Result<(i32, String), String> {
+        let end = Instant::now() + timeout;
+        let st = loop {
+            match self.child.try_wait() {
+                Ok(Some(st)) => break st,
+                Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(5)),
+                Ok(None) => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    return Err(format!("{} did not finish within {timeout:?}", self.name));
+                }
+                Err(e) => return Err(format!("waiting for {}: {e}", self.name)),
+            }
+        };
+        for r in std::mem::take(&mut self.readers) {
+            let _ = r.join();
+        }
+        let out = self.stdout.lock().map(|g| g.clone()).unwrap_or_default();
+        Ok((st.code().unwrap_or(-1), out))
+    }
+
+    /// Run to completion and parse the last JSON object it printed.
+    pub fn finish_json(self, timeout: Duration) -> Result<Value, String> {
+        let name = self.name.clone();
+        let stderr = self.stderr.clone();
+        let (code, out) = self.finish(timeout)?;
+        let last_err = || pick_err(&stderr.lock().map(|g| g.clone()).unwrap_or_default());
+        // One JSON document (possibly pretty-printed), or the last JSON line.
+        let json = serde_json::from_str::<Value>(out.trim())
+            .ok()
+            .filter(Value::is_object)
+            .or_else(|| {
+                out.lines()
+                    .rev()
+                    .find(|l| l.trim_start().starts_with('{'))
+                    .and_then(|l| serde_json::from_str::<Value>(l).ok())
+            });
+        match json {
+            Some(v) => Ok(v),
+            None if code != 0 => Err(format!("{name} failed: {}", last_err())),
+            None => Err(format!("{name} printed no JSON ({})", last_err())),
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// The line that says why a process failed: the first `error` line (clap,
+/// nanowire), else the last non-empty one.
+fn pick_err(s: &str) -> String {
+    let clean = |l: &str| {
+        l.trim()
+            .trim_start_matches("nanowire: error: ")
+            .trim_start_matches("error: ")
+            .to_string()
+    };
+    let lines: Vec<&str> = s
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("READY"))
+        .collect();
+    lines
+        .iter()
+        .find(|l| l.contains("error"))
+        .or(lines.last())
+        .map(|l| clean(l))
+        .unwrap_or_else(|| "no error output".into())
+}
+
+pub fn proc_cpu_seconds(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = s.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ut: f64 = f.get(11)?.parse().ok()?;
+    let st: f64 = f.get(12)?.parse().ok()?;
+    Some((ut + st) / 100.0)
+}
+
+/// Run a command to completion with a timeout; stdout and stderr captured.
+pub fn run_capture(mut cmd: Command, timeout: Duration) -> Option<String> {
+    cmd.stdin(Stdio::null());
+    let p = Proc::spawn(cmd, "probe").ok()?;
+    let (code, out) = p.finish(timeout).ok()?;
+    (code == 0).then_some(out)
+}

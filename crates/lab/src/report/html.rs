@@ -1,0 +1,629 @@
+//! `index.html`: one self-contained page (inline CSS and SVG, no scripts, no
+//! network) rendered from the [`Report`].
+
+use super::model::{Experiment, Plot, Report, Table, fmt_num};
+use plotters::coord::Shift;
+use plotters::coord::ranged1d::{AsRangedCoord, Ranged, ValueFormatter};
+use plotters::prelude::*;
+use serde_json::Value;
+
+const W: u32 = 820;
+const H: u32 = 430;
+
+/// Engine colours, shared by every plot and the tables.
+fn engine_color(e: &str, i: usize) -> RGBColor {
+    match e.split(' ').next().unwrap_or("") {
+        "kernel" if e.contains("iperf3") => RGBColor(230, 145, 56),
+        "kernel" => RGBColor(204, 63, 63),
+        "spin" => RGBColor(52, 120, 198),
+        "xdp" => RGBColor(46, 160, 90),
+        _ => PALETTE[i % PALETTE.len()],
+    }
+}
+
+const PALETTE: [RGBColor; 8] = [
+    RGBColor(52, 120, 198),
+    RGBColor(204, 63, 63),
+    RGBColor(46, 160, 90),
+    RGBColor(230, 145, 56),
+    RGBColor(130, 90, 180),
+    RGBColor(120, 120, 120),
+    RGBColor(0, 160, 170),
+    RGBColor(190, 90, 140),
+];
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Render one plot to an SVG string; a plot without data becomes a short
+/// message instead of an empty frame.
+pub fn plot_svg(p: &Plot) -> Result<String, String> {
+    let mut svg = String::new();
+    let empty = p.series.iter().all(|s| s.points.is_empty());
+    {
+        let root =
+            SVGBackend::with_string(&mut svg, (W, if empty { 70 } else { H })).into_drawing_area();
+        if empty {
+            root.fill(&RGBColor(250, 250, 250))
+                .map_err(|e| e.to_string())?;
+            root.draw(&Text::new(
+                format!(
+                    "{}: no engine produced data for this plot (see above and the table)",
+                    p.title
+                ),
+                (16, 28),
+                ("sans-serif", 15)
+                    .into_font()
+                    .color(&RGBColor(120, 120, 120)),
+            ))
+            .map_err(|e| e.to_string())?;
+            root.present().map_err(|e| e.to_string())?;
+            drop(root);
+            return Ok(svg);
+        }
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let r = if p.categories.is_some() {
+            bars(&root, p)
+        } else {
+            lines(&root, p)
+        };
+        r?;
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+fn bounds(vals: impl Iterator<Item = f64>, log: bool) -> Option<(f64, f64)> {
+    let v: Vec<f64> = vals
+        .filter(|v| v.is_finite() && (!log || *v > 0.0))
+        .collect();
+    if v.is_empty() {
+        return None;
+    }
+    let (mut lo, mut hi) = (
+        v.iter().copied().fold(f64::INFINITY, f64::min),
+        v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    );
+    if log {
+        lo /= 1.6;
+        hi *= 1.6;
+        // At least a decade, so the axis gets labelled ticks.
+        if hi / lo < 10.0 {
+            let c = (hi * lo).sqrt();
+            lo = c / 3.2;
+            hi = c * 3.2;
+        }
+    } else {
+        let pad = ((hi - lo) * 0.08).max(hi.abs() * 0.05).max(1e-9);
+        lo = if lo >= 0.0 { 0.0 } else { lo - pad };
+        hi += pad;
+    }
+    if hi <= lo {
+        hi = lo + 1.0;
+    }
+    Some((lo, hi))
+}
+
+fn marker_for(metric: &str) -> u8 {
+    match metric {
+        "min" => 1,
+        "p99" | "p99.9" => 2,
+        _ => 0,
+    }
+}
+
+fn lines(root: &DrawingArea<SVGBackend, Shift>, p: &Plot) -> Result<(), String> {
+    let xs = p.series.iter().flat_map(|s| {
+        s.points
+            .iter()
+            .map(|pt| pt.x)
+            .chain(s.missing.iter().copied())
+    });
+    let ys = p
+        .series
+        .iter()
+        .flat_map(|s| s.points.iter().flat_map(|pt| [pt.min, pt.max, pt.median]));
+    let (Some(xb), Some(yb)) = (bounds(xs, p.x_log), bounds(ys, p.y_log)) else {
+        return no_data(root, p);
+    };
+    match (p.x_log, p.y_log) {
+        (true, true) => draw_lines(
+            root,
+            p,
+            (xb.0..xb.1).log_scale(),
+            (yb.0..yb.1).log_scale(),
+            yb.0,
+        ),
+        (true, false) => draw_lines(root, p, (xb.0..xb.1).log_scale(), yb.0..yb.1, yb.0),
+        (false, true) => draw_lines(root, p, xb.0..xb.1, (yb.0..yb.1).log_scale(), yb.0),
+        (false, false) => draw_lines(root, p, xb.0..xb.1, yb.0..yb.1, yb.0),
+    }
+}
+
+fn no_data(root: &DrawingArea<SVGBackend, Shift>, p: &Plot) -> Result<(), String> {
+    root.draw(&Text::new(
+        format!(
+            "{}: no engine produced data for this plot (see the table)",
+            p.title
+        ),
+        (20, (H / 2) as i32),
+        ("sans-serif", 16)
+            .into_font()
+            .color(&RGBColor(120, 120, 120)),
+    ))
+    .map_err(|e| e.to_string())
+}
+
+fn draw_lines<X, Y>(
+    root: &DrawingArea<SVGBackend, Shift>,
+    p: &Plot,
+    xr: X,
+    yr: Y,
+    y_floor: f64,
+) -> Result<(), String>
+where
+    X: AsRangedCoord<Value = f64>,
+    Y: AsRangedCoord<Value = f64>,
+    X::CoordDescType: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    Y::CoordDescType: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let e = |e: DrawingAreaErrorKind<_>| e.to_string();
+    let mut chart = ChartBuilder::on(root)
+        .caption(&p.title, ("sans-serif", 17))
+        .margin(12)
+        .x_label_area_size(44)
+        .y_label_area_size(64)
+        .build_cartesian_2d(xr, yr)
+        .map_err(e)?;
+    let fx = |v: &f64| fmt_num(*v);
+    chart
+        .configure_mesh()
+        .x_desc(p.x_label.as_str())
+        .y_desc(p.y_label.as_str())
+        .x_label_formatter(&fx)
+        .y_label_formatter(&fx)
+        .light_line_style(RGBColor(238, 238, 238))
+        .bold_line_style(RGBColor(215, 215, 215))
+        .label_style(("sans-serif", 12))
+        .axis_desc_style(("sans-serif", 13))
+        .draw()
+        .map_err(e)?;
+    // Series of one engine share a colour; metrics get their own markers.
+    let mut engines: Vec<&str> = vec![];
+    for s in &p.series {
+        if !engines.contains(&s.engine.as_str()) {
+            engines.push(&s.engine);
+        }
+    }
+    for (i, s) in p.series.iter().enumerate() {
+        let ci = if engines.len() > 1
+            || p.series
+                .iter()
+                .all(|x| x.engine == s.engine && x.metric == s.metric)
+        {
+            engines.iter().position(|x| *x == s.engine).unwrap_or(0)
+        } else {
+            i
+        };
+        let c = if engines.len() > 1 {
+            engine_color(&s.label, ci)
+        } else {
+            PALETTE[i % PALETTE.len()]
+        };
+        let pts: Vec<(f64, f64)> = s.points.iter().map(|pt| (pt.x, pt.median)).collect();
+        let m = marker_for(&s.metric);
+        let style = if m == 1 {
+            c.mix(0.55).stroke_width(1)
+        } else {
+            c.stroke_width(2)
+        };
+        chart
+            .draw_series(LineSeries::new(pts.clone(), style))
+            .map_err(e)?
+            .label(s.label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+        chart
+            .draw_series(s.points.iter().filter(|pt| pt.max > pt.min).map(|pt| {
+                ErrorBar::new_vertical(
+                    pt.x,
+                    pt.min,
+                    pt.median,
+                    pt.max,
+                    c.mix(0.7).stroke_width(1),
+                    8,
+                )
+            }))
+            .map_err(e)?;
+        match m {
+            1 => {
+                chart
+                    .draw_series(
+                        pts.iter()
+                            .map(|&(x, y)| TriangleMarker::new((x, y), 4, c.filled())),
+                    )
+                    .map_err(e)?;
+            }
+            2 => {
+                chart
+                    .draw_series(
+                        pts.iter()
+                            .map(|&(x, y)| Cross::new((x, y), 4, c.stroke_width(2))),
+                    )
+                    .map_err(e)?;
+            }
+            _ => {
+                chart
+                    .draw_series(pts.iter().map(|&(x, y)| Circle::new((x, y), 3, c.filled())))
+                    .map_err(e)?;
+            }
+        }
+        // Unsustained points: a hollow marker on the floor of the plot.
+        chart
+            .draw_series(
+                s.missing
+                    .iter()
+                    .map(|&x| Circle::new((x, y_floor), 5, c.stroke_width(1))),
+            )
+            .map_err(e)?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(200, 200, 200))
+        .label_font(("sans-serif", 12))
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(e)?;
+    Ok(())
+}
+
+fn bars(root: &DrawingArea<SVGBackend, Shift>, p: &Plot) -> Result<(), String> {
+    let cats = p.categories.clone().unwrap_or_default();
+    let ys = p
+        .series
+        .iter()
+        .flat_map(|s| s.points.iter().flat_map(|pt| [pt.min, pt.max, pt.median]));
+    let Some(yb) = bounds(ys, p.y_log) else {
+        return no_data(root, p);
+    };
+    let n = cats.len().max(1) as f64;
+    if p.y_log {
+        let yb = (yb.0, yb.1 * 2.0);
+        draw_bars(
+            root,
+            p,
+            &cats,
+            -0.5..n - 0.5,
+            (yb.0..yb.1).log_scale(),
+            yb.0,
+        )
+    } else {
+        draw_bars(root, p, &cats, -0.5..n - 0.5, yb.0..yb.1 * 1.08, yb.0)
+    }
+}
+
+fn draw_bars<Y>(
+    root: &DrawingArea<SVGBackend, Shift>,
+    p: &Plot,
+    cats: &[String],
+    xr: std::ops::Range<f64>,
+    yr: Y,
+    y_floor: f64,
+) -> Result<(), String>
+where
+    Y: AsRangedCoord<Value = f64>,
+    Y::CoordDescType: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let e = |e: DrawingAreaErrorKind<_>| e.to_string();
+    let mut chart = ChartBuilder::on(root)
+        .caption(&p.title, ("sans-serif", 17))
+        .margin(12)
+        .x_label_area_size(44)
+        .y_label_area_size(64)
+        .build_cartesian_2d(xr, yr)
+        .map_err(e)?;
+    let fx = |v: &f64| {
+        let i = v.round();
+        if (v - i).abs() < 1e-6 && i >= 0.0 {
+            cats.get(i as usize).cloned().unwrap_or_default()
+        } else {
+            String::new()
+        }
+    };
+    let fy = |v: &f64| fmt_num(*v);
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(cats.len() * 2 + 1)
+        .x_desc(p.x_label.as_str())
+        .y_desc(p.y_label.as_str())
+        .x_label_formatter(&fx)
+        .y_label_formatter(&fy)
+        .light_line_style(RGBColor(238, 238, 238))
+        .bold_line_style(RGBColor(215, 215, 215))
+        .label_style(("sans-serif", 12))
+        .axis_desc_style(("sans-serif", 13))
+        .draw()
+        .map_err(e)?;
+    let m = p.series.len().max(1) as f64;
+    let w = 0.8 / m;
+    for (k, s) in p.series.iter().enumerate() {
+        // Single-series bar charts (one bar per engine) colour each bar by its category.
+        let single = p.series.len() == 1;
+        let c = engine_color(&s.engine, k);
+        let off = (k as f64 - (m - 1.0) / 2.0) * w;
+        for pt in &s.points {
+            let cc = if single {
+                engine_color(
+                    cats.get(pt.x as usize).map(String::as_str).unwrap_or(""),
+                    pt.x as usize,
+                )
+            } else {
+                c
+            };
+            let x0 = pt.x + off - w * 0.45;
+            let x1 = pt.x + off + w * 0.45;
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(x0, y_floor), (x1, pt.median)],
+                    cc.mix(0.85).filled(),
+                )))
+                .map_err(e)?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    fmt_num(pt.median),
+                    (pt.x + off - w * 0.3, pt.median),
+                    ("sans-serif", 12).into_font().color(&RGBColor(40, 40, 40)),
+                )))
+                .map_err(e)?;
+            if pt.max > pt.min {
+                chart
+                    .draw_series(std::iter::once(ErrorBar::new_vertical(
+                        pt.x + off,
+                        pt.min,
+                        pt.median,
+                        pt.max,
+                        RGBColor(40, 40, 40).stroke_width(1),
+                        8,
+                    )))
+                    .map_err(e)?;
+            }
+        }
+        if !single {
+            chart
+                .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
+                .map_err(e)?
+                .label(s.label.clone())
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
+        }
+    }
+    if p.series.len() > 1 {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(200, 200, 200))
+            .label_font(("sans-serif", 12))
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()
+            .map_err(e)?;
+    }
+    Ok(())
+}
+
+fn cell(v: &Value) -> String {
+    match v {
+        Value::String(s) => esc(s),
+        Value::Number(n) => n.as_f64().map(fmt_num).unwrap_or_else(|| n.to_string()),
+        Value::Null => "—".into(),
+        o => esc(&o.to_string()),
+    }
+}
+
+fn table_html(t: &Table) -> String {
+    let mut h = format!("<table><caption>{}</caption><thead><tr>", esc(&t.caption));
+    for c in &t.columns {
+        h += &format!("<th>{}</th>", esc(c));
+    }
+    h += "</tr></thead><tbody>";
+    for r in &t.rows {
+        h += "<tr>";
+        for (i, v) in r.iter().enumerate() {
+            let cls = if v.is_number() { " class=\"n\"" } else { "" };
+            let txt = cell(v);
+            let e = v.as_str().unwrap_or("");
+            if i == 0 && ["kernel", "spin", "xdp"].contains(&e.split(' ').next().unwrap_or("")) {
+                let c = engine_color(e, 0);
+                h += &format!(
+                    "<td><span class=\"dot\" style=\"background:rgb({},{},{})\"></span>{txt}</td>",
+                    c.0, c.1, c.2
+                );
+            } else {
+                h += &format!("<td{cls}>{txt}</td>");
+            }
+        }
+        h += "</tr>";
+    }
+    if t.rows.is_empty() {
+        h += &format!(
+            "<tr><td colspan=\"{}\" class=\"na\">no data</td></tr>",
+            t.columns.len()
+        );
+    }
+    h + "</tbody></table>"
+}
+
+fn section(ex: &Experiment) -> String {
+    let mut h = format!(
+        "<section id=\"{id}\" data-experiment=\"{id}\"><h2>{}</h2><p class=\"seed\">Methodology of {}</p><p class=\"method\">{}</p>",
+        esc(&ex.title),
+        esc(&ex.seed),
+        esc(&ex.method),
+        id = esc(&ex.id)
+    );
+    let na: Vec<_> = ex.coverage.iter().filter(|c| !c.available).collect();
+    if !na.is_empty() {
+        h += "<ul class=\"na\">";
+        for c in na {
+            h += &format!(
+                "<li><b>{} {}</b>: not available: {}</li>",
+                esc(&c.engine),
+                esc(&c.protocol.to_uppercase()),
+                esc(c.reason.as_deref().unwrap_or("?"))
+            );
+        }
+        h += "</ul>";
+    }
+    h += "<div class=\"plots\">";
+    for p in &ex.plots {
+        match plot_svg(p) {
+            Ok(svg) => {
+                h += &format!(
+                    "<figure class=\"plot\" data-plot=\"{}\">{svg}</figure>",
+                    esc(&p.id)
+                )
+            }
+            Err(e) => {
+                h += &format!(
+                    "<p class=\"err\">plot {} failed: {}</p>",
+                    esc(&p.id),
+                    esc(&e)
+                )
+            }
+        }
+    }
+    h += "</div>";
+    for t in &ex.tables {
+        h += &table_html(t);
+    }
+    if !ex.notes.is_empty() {
+        h += "<div class=\"notes\"><b>Notes</b><ul>";
+        for n in &ex.notes {
+            h += &format!("<li>{}</li>", esc(n));
+        }
+        h += "</ul></div>";
+    }
+    h += &format!(
+        "<p class=\"foot\">{} measurement runs, {:.0} s. Raw data: <code>results.json</code> → experiments[id={}].</p></section>",
+        ex.runs.len(),
+        ex.elapsed_s,
+        esc(&ex.id)
+    );
+    h
+}
+
+fn env_html(env: &Value) -> String {
+    let mut rows = String::new();
+    let mut add =
+        |k: &str, v: String| rows += &format!("<tr><th>{}</th><td>{}</td></tr>", esc(k), esc(&v));
+    let s = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "—".into(),
+        o => o.to_string(),
+    };
+    for k in [
+        "kernel",
+        "cpu_model",
+        "cpus",
+        "memory",
+        "virtualization",
+        "loadavg_start",
+        "loadavg_end",
+    ] {
+        add(k, s(&env[k]));
+    }
+    if let Some(m) = env["lab"].as_object() {
+        for (k, v) in m {
+            add(&format!("lab {k}"), s(v));
+        }
+    }
+    if let Some(m) = env["sysctls"].as_object() {
+        for (k, v) in m {
+            add(k, s(v));
+        }
+    }
+    if let Some(m) = env["tools"].as_object() {
+        for (k, v) in m {
+            add(&format!("{k} version"), s(v));
+        }
+    }
+    format!("<table class=\"env\">{rows}</table>")
+}
+
+const CSS: &str = r#"
+:root{--fg:#1d2430;--mut:#5b6472;--line:#e3e6ea;--bg:#f6f7f9;--acc:#2e6fb5}
+*{box-sizing:border-box}
+body{font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;color:var(--fg);background:var(--bg);margin:0}
+header{background:#1d2430;color:#fff;padding:28px 40px 22px}
+header h1{margin:0 0 6px;font-size:26px;font-weight:650}
+header p{margin:2px 0;color:#c9d1dc}
+main{max-width:1180px;margin:0 auto;padding:18px 28px 60px}
+nav{margin:14px 0 8px;display:flex;flex-wrap:wrap;gap:6px}
+nav a{font-size:13px;padding:3px 10px;border:1px solid var(--line);border-radius:14px;background:#fff;color:var(--acc);text-decoration:none}
+section{background:#fff;border:1px solid var(--line);border-radius:10px;padding:18px 24px;margin:22px 0;box-shadow:0 1px 2px rgba(0,0,0,.03)}
+h2{margin:0 0 4px;font-size:20px}
+.seed{margin:0;color:var(--mut);font-size:13px;text-transform:uppercase;letter-spacing:.04em}
+.method{color:#333;font-size:14px;max-width:980px}
+.plots{display:flex;flex-wrap:wrap;gap:10px}
+figure.plot{margin:0;flex:1 1 520px;max-width:calc(50% - 5px)}
+@media (max-width:1100px){figure.plot{max-width:100%}}
+figure.plot svg{width:100%;height:auto;border:1px solid var(--line);border-radius:6px}
+table{border-collapse:collapse;margin:14px 0;font-size:13px;width:100%}
+caption{text-align:left;font-weight:600;padding:4px 0;color:var(--mut)}
+th,td{border-bottom:1px solid var(--line);padding:4px 8px;text-align:left;white-space:nowrap}
+thead th{background:#f0f2f5;font-weight:600}
+td.n{text-align:right;font-variant-numeric:tabular-nums}
+.dot{display:inline-block;width:9px;height:9px;border-radius:50%;margin-right:6px;vertical-align:baseline}
+ul.na{background:#fff7e6;border:1px solid #f3d9a4;border-radius:6px;padding:8px 26px;font-size:13px}
+.notes{background:#f3f6fb;border-radius:6px;padding:8px 14px;font-size:13px;margin-top:8px}
+.notes ul{margin:4px 0;padding-left:20px}
+.foot{color:var(--mut);font-size:12px}
+.err{color:#b00}
+.headline table td.n{font-weight:600}
+table.env th{width:260px;background:none;font-weight:500;color:var(--mut)}
+table.env td{white-space:normal}
+"#;
+
+pub fn render(r: &Report) -> String {
+    let env = &r.env;
+    let title = format!("nanowire lab report — {}", r.engines.join(" vs "));
+    let mut h = format!(
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><title>{}</title><style>{CSS}</style></head><body>",
+        esc(&title)
+    );
+    h += &format!(
+        "<header><h1>{}</h1><p>{} suite, {} repeat(s) per point, {} — {:.0} s</p><p>{} · {} · {} CPUs · {}</p></header><main>",
+        esc(&title),
+        esc(&r.mode),
+        r.repeats,
+        esc(&r.target),
+        r.elapsed_s,
+        esc(env["kernel"].as_str().unwrap_or("?")),
+        esc(env["cpu_model"].as_str().unwrap_or("?")),
+        env["cpus"].as_u64().unwrap_or(0),
+        esc(env["lab"]["driver"].as_str().unwrap_or("?")),
+    );
+    h += "<nav><a href=\"#headline\">Headline</a>";
+    for ex in &r.experiments {
+        h += &format!("<a href=\"#{}\">{}</a>", esc(&ex.id), esc(&ex.title));
+    }
+    h += "<a href=\"#environment\">Environment</a></nav>";
+    h += &format!(
+        "<section id=\"headline\" class=\"headline\"><h2>Headline</h2><p class=\"method\">Each engine against the kernel engine (blocking kernel sockets, what sockperf does), measured in this run. Latency ratios below 1 and rate/burst ratios above 1 are better. Absolute numbers hold for this environment only: {} under {}; the machine may be shared and small, so read medians and ratios, not single tails.</p>{}</section>",
+        esc(env["cpu_model"].as_str().unwrap_or("?")),
+        esc(env["virtualization"].as_str().unwrap_or("?")),
+        table_html(&r.headline)
+    );
+    for ex in &r.experiments {
+        h += &section(ex);
+    }
+    h += &format!(
+        "<section id=\"environment\"><h2>Environment</h2>{}</section>",
+        env_html(env)
+    );
+    h += "</main></body></html>\n";
+    h
+}

@@ -1,0 +1,571 @@
+//! `nanowire lab report`: the seed suite on every engine, written to
+//! `DIR/index.html` (self-contained, inline SVG) and `DIR/results.json`
+//! (every number behind every plot, plus the environment).
+
+pub mod exec;
+pub mod experiments;
+pub mod html;
+pub mod model;
+pub mod progress;
+
+use crate::testbed::{Host, Lab, LabOptions};
+use clap::Args;
+use exec::Target;
+use experiments::{Ctx, Params, jnum};
+use model::{Experiment, Report, SCHEMA, Table, fmt_num, median};
+use nanowire_stack::EngineKind;
+use progress::Progress;
+use serde_json::{Map, Value, json};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    /// The quick suite (about 3 minutes): fewer sizes and rates, 1 repeat.
+    #[arg(long)]
+    pub quick: bool,
+    /// A tiny suite for tests: one or two points per experiment.
+    #[arg(long, hide = true)]
+    pub smoke: bool,
+    /// Output directory (index.html, results.json).
+    #[arg(long, default_value = "lab-report")]
+    pub out: PathBuf,
+    /// Engines to compare, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "kernel,spin,xdp")]
+    pub engines: Vec<EngineKind>,
+    /// Repeats per point (default 3, 1 with --quick).
+    #[arg(long)]
+    pub repeats: Option<u32>,
+    /// How long a stalled receiver stops reading in the microburst test.
+    #[arg(long = "stall-ms", default_value_t = 800)]
+    pub stall_ms: u64,
+    /// Only these experiments (ids, comma separated): latency_vs_size,
+    /// latency_under_load, max_rate, microburst, throughput, latency_vs_load.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Two real hosts: the peer running `nanowire bench server` (no lab).
+    #[arg(long)]
+    pub peer: Option<Ipv4Addr>,
+    /// The local interface facing --peer.
+    #[arg(long)]
+    pub iface: Option<String>,
+    /// No progress output.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+pub const EXPERIMENTS: [&str; 6] = [
+    "latency_vs_size",
+    "latency_under_load",
+    "max_rate",
+    "microburst",
+    "throughput",
+    "latency_vs_load",
+];
+
+fn validate(a: &ReportArgs) -> Result<(), String> {
+    if a.engines.is_empty() {
+        return Err("--engines needs at least one of kernel, spin, xdp".into());
+    }
+    if a.repeats == Some(0) || a.repeats.is_some_and(|r| r > 20) {
+        return Err("--repeats must be 1..=20".into());
+    }
+    if a.stall_ms == 0 || a.stall_ms > 60_000 {
+        return Err("--stall-ms must be 1..=60000".into());
+    }
+    for o in &a.only {
+        if !EXPERIMENTS.contains(&o.as_str()) {
+            return Err(format!(
+                "unknown experiment {o:?} in --only: expected one of {}",
+                EXPERIMENTS.join(", ")
+            ));
+        }
+    }
+    match (&a.peer, &a.iface) {
+        (Some(_), None) => {
+            return Err("--peer needs --iface (the local interface facing the peer)".into());
+        }
+        (None, Some(_)) => return Err("--iface is only used with --peer".into()),
+        (Some(_), Some(i))
+            if (!std::path::Path::new("/sys/class/net").join(i).exists()
+                || i.contains('/')
+                || i.is_empty()) =>
+        {
+            return Err(format!("unknown interface {i:?}"));
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn read_trim(p: &str) -> Option<String> {
+    std::fs::read_to_string(p)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+fn first_line(cmd: &mut Command) -> Value {
+    match cmd.stdin(std::process::Stdio::null()).output() {
+        Ok(o) => {
+            let s = format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            s.lines()
+                .map(str::trim)
+                .find(|l| !l.is_empty())
+                .map_or(Value::Null, |l| json!(l.trim_start_matches("sockperf: ")))
+        }
+        Err(_) => json!("not installed"),
+    }
+}
+
+const SYSCTLS: [&str; 12] = [
+    "net.core.rmem_default",
+    "net.core.rmem_max",
+    "net.core.wmem_default",
+    "net.core.wmem_max",
+    "net.core.busy_poll",
+    "net.core.busy_read",
+    "net.core.netdev_max_backlog",
+    "net.core.netdev_budget",
+    "net.ipv4.udp_mem",
+    "net.ipv4.udp_rmem_min",
+    "kernel.timer_migration",
+    "kernel.sched_rt_runtime_us",
+];
+
+/// The environment the numbers hold for.
+pub fn environment(target: &Target) -> Value {
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    });
+    let mem = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
+        s.lines()
+            .next()
+            .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
+    });
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mut sysctls = Map::new();
+    for k in SYSCTLS {
+        let path = format!("/proc/sys/{}", k.replace('.', "/"));
+        // Network sysctls are per namespace: read them where the receiver runs.
+        let v = match (target, k.starts_with("net.")) {
+            (Target::Lab(l), true) => exec::run_capture(
+                l.command(Host::B, &["cat", path.as_str()]),
+                Duration::from_secs(5),
+            )
+            .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" ")),
+            _ => read_trim(&path).map(|s| s.split_whitespace().collect::<Vec<_>>().join(" ")),
+        };
+        sysctls.insert(k.into(), v.map_or(Value::Null, Value::from));
+    }
+    let lab = match target {
+        Target::Lab(l) => {
+            let st = l.status();
+            let b = st.b.as_ref();
+            json!({
+                "name": st.name,
+                "driver": b.and_then(|h| h.driver.clone()),
+                "server_iface": b.map(|h| h.iface.clone()),
+                "client_iface": st.a.as_ref().map(|h| h.iface.clone()),
+                "xdp": b.and_then(|h| h.xdp.clone()).unwrap_or_else(|| "none attached between runs (engines attach their own)".into()),
+                "offloads_server": b.map(|h| h.offloads.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")),
+                "offloads_client": st.a.as_ref().map(|h| h.offloads.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")),
+                "topology": "two network namespaces joined by a veth pair; client on CPU 0, server on CPU 1",
+            })
+        }
+        Target::Peer { addr, iface } => json!({
+            "peer": addr.to_string(),
+            "iface": iface,
+            "driver": read_trim(&format!("/sys/class/net/{iface}/device/driver/module")).or_else(|| {
+                std::fs::read_link(format!("/sys/class/net/{iface}/device/driver")).ok().and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+            }),
+            "topology": "two real hosts",
+        }),
+    };
+    let mut tools = Map::new();
+    tools.insert("nanowire".into(), json!(env!("CARGO_PKG_VERSION")));
+    tools.insert(
+        "sockperf".into(),
+        first_line(Command::new("sockperf").arg("--version")),
+    );
+    tools.insert(
+        "iperf3".into(),
+        first_line(Command::new("iperf3").arg("--version")),
+    );
+    tools.insert("iproute2".into(), first_line(Command::new("ip").arg("-V")));
+    tools.insert(
+        "ethtool".into(),
+        first_line(Command::new("ethtool").arg("--version")),
+    );
+    json!({
+        "kernel": read_trim("/proc/sys/kernel/osrelease").map(|r| format!("Linux {r}")),
+        "kernel_version": read_trim("/proc/sys/kernel/version"),
+        "cpu_model": cpu_model,
+        "cpus": cpus,
+        "memory": mem,
+        "virtualization": first_line(&mut Command::new("systemd-detect-virt")),
+        "loadavg_start": read_trim("/proc/loadavg"),
+        "clock": "CLOCK_MONOTONIC (shared by every namespace of the machine)",
+        "lab": lab,
+        "sysctls": sysctls,
+        "tools": tools,
+    })
+}
+
+type MetricFn<'a> = Box<dyn Fn(&str) -> Option<f64> + 'a>;
+
+/// Seed-003-style summary tables and the headline ratios.
+fn summary(exps: &[Experiment], engines: &[EngineKind]) -> (Experiment, Table) {
+    let mut ex = Experiment::new(
+        "summary",
+        "7. Summary",
+        "seed 003 exhibits",
+        "One-way latency in µs in the style of seed 003's exhibits: ping-pong at each size (mps = round trips per second reached) and latency under load at each offered rate, medians of the repeats.",
+    );
+    let find = |id: &str| exps.iter().find(|e| e.id == id);
+    for proto in ["udp", "tcp"] {
+        let mut rows = vec![];
+        for src in ["latency_vs_size", "latency_under_load"] {
+            let Some(e) = find(src) else { continue };
+            // Group runs by (engine, size/offered).
+            let mut groups: Vec<(String, String, Vec<&Value>)> = vec![];
+            for r in e.runs.iter().filter(|r| r["protocol"] == proto) {
+                let eng = r["engine"].as_str().unwrap_or("?").to_string();
+                let key = if src == "latency_vs_size" {
+                    r["size"].to_string()
+                } else {
+                    format!(
+                        "{}@{}",
+                        r["result"]["msg_size"],
+                        r["offered"].as_str().unwrap_or("?")
+                    )
+                };
+                match groups.iter_mut().find(|g| g.0 == eng && g.1 == key) {
+                    Some(g) => g.2.push(&r["result"]),
+                    None => groups.push((eng, key, vec![&r["result"]])),
+                }
+            }
+            for (eng, key, runs) in groups {
+                let m = |f: &dyn Fn(&Value) -> Option<f64>| {
+                    median(&runs.iter().filter_map(|v| f(v)).collect::<Vec<_>>())
+                };
+                let l = |k: &'static str| move |v: &Value| v["latency_us"][k].as_f64();
+                let size = key.split('@').next().unwrap_or("").to_string();
+                let size_v: Value = size.parse::<u64>().map(Value::from).unwrap_or(json!(size));
+                rows.push(vec![
+                    json!(eng),
+                    size_v,
+                    jnum(m(&|v: &Value| v["rate_msg_s"].as_f64())),
+                    jnum(m(&l("stddev"))),
+                    jnum(m(&l("min"))),
+                    jnum(m(&l("avg"))),
+                    jnum(m(&l("p99"))),
+                    jnum(m(&l("max"))),
+                    json!(if src == "latency_vs_size" {
+                        "ping-pong".to_string()
+                    } else {
+                        format!(
+                            "under load, offered {}",
+                            key.split('@').nth(1).unwrap_or("?")
+                        )
+                    }),
+                ]);
+            }
+        }
+        ex.tables.push(Table {
+            caption: format!("{} one-way latency (µs)", proto.to_uppercase()),
+            columns: [
+                "engine", "size", "mps", "stddev", "min", "avg", "99%ile", "max", "test",
+            ]
+            .map(String::from)
+            .to_vec(),
+            rows,
+        });
+    }
+
+    // Headline: each engine vs the kernel engine.
+    let pp = find("latency_vs_size");
+    let pp_size = pp
+        .and_then(|e| {
+            let sizes: Vec<u64> = e.runs.iter().filter_map(|r| r["size"].as_u64()).collect();
+            if sizes.contains(&64) {
+                Some(64)
+            } else {
+                sizes.into_iter().min()
+            }
+        })
+        .unwrap_or(64);
+    let pp_metric = |eng: &str, k: &str| -> Option<f64> {
+        let v: Vec<f64> = pp?
+            .runs
+            .iter()
+            .filter(|r| {
+                r["engine"] == eng && r["protocol"] == "udp" && r["size"].as_u64() == Some(pp_size)
+            })
+            .filter_map(|r| r["result"]["latency_us"][k].as_f64())
+            .collect();
+        let m = median(&v);
+        m.is_finite().then_some(m)
+    };
+    let bar_value = |id: &str, plot: &str, eng: &str, cat_idx: Option<usize>| -> Option<f64> {
+        let p = find(id)?.plots.iter().find(|p| p.id == plot)?;
+        let cats = p.categories.as_ref()?;
+        match cat_idx {
+            None => {
+                let i = cats.iter().position(|c| c == eng)?;
+                p.series
+                    .first()?
+                    .points
+                    .iter()
+                    .find(|pt| pt.x as usize == i)
+                    .map(|pt| pt.median)
+            }
+            Some(ci) => p
+                .series
+                .iter()
+                .find(|s| s.engine == eng)?
+                .points
+                .iter()
+                .find(|pt| pt.x as usize == ci)
+                .map(|pt| pt.median),
+        }
+    };
+    let burst_cat = find("microburst")
+        .and_then(|e| e.plots.first())
+        .and_then(|p| p.categories.as_ref())
+        .and_then(|c| c.iter().position(|x| x == "256 B").or(Some(0)));
+    let burst_name = find("microburst")
+        .and_then(|e| e.plots.first())
+        .and_then(|p| p.categories.as_ref())
+        .and_then(|c| burst_cat.and_then(|i| c.get(i).cloned()))
+        .unwrap_or_else(|| "256 B".into());
+    let metrics: Vec<(String, MetricFn)> = vec![
+        (
+            format!("UDP ping-pong p50 µs ({pp_size} B)"),
+            Box::new(move |e: &str| pp_metric(e, "p50")),
+        ),
+        (
+            format!("UDP ping-pong p99 µs ({pp_size} B)"),
+            Box::new(move |e: &str| pp_metric(e, "p99")),
+        ),
+        (
+            "max zero-loss rate msg/s (64 B)".into(),
+            Box::new(move |e: &str| bar_value("max_rate", "max_rate", e, None)),
+        ),
+        (
+            format!("lossless burst, stalled receiver ({burst_name})"),
+            Box::new(move |e: &str| bar_value("microburst", "microburst_stall", e, burst_cat)),
+        ),
+        (
+            format!("lossless burst, spinning receiver ({burst_name})"),
+            Box::new(move |e: &str| bar_value("microburst", "microburst_spin", e, burst_cat)),
+        ),
+    ];
+    let mut columns = vec!["metric".to_string()];
+    for e in engines {
+        columns.push(e.to_string());
+        if *e != EngineKind::Kernel {
+            columns.push(format!("{e} / kernel"));
+        }
+    }
+    let mut rows = vec![];
+    for (name, f) in &metrics {
+        let mut row = vec![json!(name)];
+        let k = f("kernel");
+        for e in engines {
+            let v = f(e.as_str());
+            row.push(v.map_or(json!("n/a"), jnum));
+            if *e != EngineKind::Kernel {
+                row.push(match (v, k) {
+                    (Some(v), Some(k)) if k > 0.0 => json!(format!("{}x", fmt_num(v / k))),
+                    _ => json!("n/a"),
+                });
+            }
+        }
+        rows.push(row);
+    }
+    let headline = Table {
+        caption: "Headline: medians from this run; ratios engine / kernel".into(),
+        columns,
+        rows,
+    };
+    for e in engines {
+        if exps.iter().any(|x| {
+            x.coverage
+                .iter()
+                .any(|c| c.engine == e.as_str() && c.available)
+        }) {
+            ex.measured(e.as_str(), "udp");
+        } else {
+            ex.unavailable(
+                e.as_str(),
+                "udp",
+                "no experiment could measure this engine (see the sections above)",
+            );
+        }
+    }
+    (ex, headline)
+}
+
+pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
+    validate(&args)?;
+    let t0 = Instant::now();
+    let mut engines = vec![];
+    for e in &args.engines {
+        if !engines.contains(e) {
+            engines.push(*e);
+        }
+    }
+    let mode = if args.smoke {
+        "smoke"
+    } else if args.quick {
+        "quick"
+    } else {
+        "full"
+    };
+    let repeats = args
+        .repeats
+        .unwrap_or(if args.quick || args.smoke { 1 } else { 3 });
+    let params = match mode {
+        "smoke" => Params::smoke(),
+        "quick" => Params::quick(),
+        _ => Params::full(),
+    };
+    let target = match (&args.peer, &args.iface) {
+        (Some(addr), Some(iface)) => Target::Peer {
+            addr: *addr,
+            iface: iface.clone(),
+        },
+        _ => {
+            let lab = Lab::new(LabOptions {
+                name: lab_name.to_string(),
+                queues: 1,
+            })?;
+            lab.up()?;
+            Target::Lab(lab)
+        }
+    };
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find the nanowire binary: {e}"))?
+        .to_string_lossy()
+        .into_owned();
+    let env = environment(&target);
+    let progress = Progress::new(1.0, args.quiet);
+    let mut ctx = Ctx::new(
+        &target,
+        exe,
+        engines.clone(),
+        repeats,
+        args.stall_ms,
+        params,
+        &progress,
+    );
+    ctx.choose_generator();
+    let wanted = |id: &str| args.only.is_empty() || args.only.iter().any(|o| o == id);
+    let plan: Vec<(&str, f64)> = vec![
+        ("latency_vs_size", ctx.est_latency_vs_size()),
+        ("latency_under_load", ctx.est_latency_under_load()),
+        ("max_rate", ctx.est_max_rate()),
+        ("microburst", ctx.est_bursts()),
+        ("throughput", ctx.est_throughput()),
+        ("latency_vs_load", ctx.est_load()),
+    ];
+    let total: f64 = plan
+        .iter()
+        .filter(|(id, _)| wanted(id))
+        .map(|(_, t)| t)
+        .sum();
+    let progress = Progress::new(total, args.quiet);
+    ctx.progress = &progress;
+    progress.note(&format!(
+        "nanowire lab report: {mode} suite on {}, engines {}, {repeats} repeat(s), about {:.0} s; generator engine {}",
+        target.describe(),
+        engines.iter().map(|e| e.as_str()).collect::<Vec<_>>().join(","),
+        total,
+        ctx.gen_engine
+    ));
+    let mut exps = vec![];
+    for (id, _) in &plan {
+        if !wanted(id) {
+            continue;
+        }
+        let t = Instant::now();
+        let mut ex = match *id {
+            "latency_vs_size" => ctx.latency_vs_size(),
+            "latency_under_load" => ctx.latency_under_load(),
+            "max_rate" => ctx.max_rate(),
+            "microburst" => ctx.bursts(),
+            "throughput" => ctx.throughput(),
+            _ => ctx.latency_vs_load(),
+        };
+        ex.elapsed_s = t.elapsed().as_secs_f64();
+        // Every requested engine shows up, measured or with a reason.
+        for e in &engines {
+            if !ex.coverage.iter().any(|c| c.engine == e.as_str()) {
+                ex.unavailable(e.as_str(), "udp", "no measurement completed");
+            }
+        }
+        exps.push(ex);
+    }
+    progress.finish();
+    let (sum, headline) = summary(&exps, &engines);
+    exps.push(sum);
+    let mut env = env;
+    env["loadavg_end"] = json!(read_trim("/proc/loadavg"));
+    let report = Report {
+        schema: SCHEMA.into(),
+        generated_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        mode: mode.into(),
+        engines: engines.iter().map(|e| e.to_string()).collect(),
+        repeats,
+        target: target.describe(),
+        elapsed_s: t0.elapsed().as_secs_f64(),
+        env,
+        headline,
+        experiments: exps,
+    };
+    let json_path = args.out.join("results.json");
+    let html_path = args.out.join("index.html");
+    let js = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+    std::fs::write(&json_path, js)
+        .map_err(|e| format!("cannot write {}: {e}", json_path.display()))?;
+    std::fs::write(&html_path, html::render(&report))
+        .map_err(|e| format!("cannot write {}: {e}", html_path.display()))?;
+    // The headline on the terminal.
+    println!("{}", report.headline.columns.join(" | "));
+    for r in &report.headline.rows {
+        println!(
+            "{}",
+            r.iter()
+                .map(|v| match v {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.as_f64().map(fmt_num).unwrap_or_default(),
+                    o => o.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+    }
+    println!(
+        "report: {} ({:.0} s)\ndata:   {}",
+        html_path.display(),
+        report.elapsed_s,
+        json_path.display()
+    );
+    Ok(0)
+}

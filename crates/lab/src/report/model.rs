@@ -1,0 +1,250 @@
+//! What a report holds: every number behind every plot and table, written to
+//! `results.json` and rendered to `index.html`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub const SCHEMA: &str = "nanowire-lab-report/1";
+
+/// One x position of a series: the median of the repeats and their spread.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Point {
+    pub x: f64,
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    /// Every repeat's value (the median/min/max are derived from these).
+    pub samples: Vec<f64>,
+}
+
+impl Point {
+    /// `None` when there is nothing finite to summarize.
+    pub fn from_samples(x: f64, samples: Vec<f64>) -> Option<Point> {
+        let mut v: Vec<f64> = samples.into_iter().filter(|s| s.is_finite()).collect();
+        if v.is_empty() || !x.is_finite() {
+            return None;
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        Some(Point {
+            x,
+            median: median_sorted(&v),
+            min: v[0],
+            max: v[v.len() - 1],
+            samples: v,
+        })
+    }
+    /// Relative spread (max - min) / median.
+    pub fn spread(&self) -> f64 {
+        if self.median.abs() < f64::EPSILON {
+            0.0
+        } else {
+            (self.max - self.min) / self.median.abs()
+        }
+    }
+}
+
+pub fn median_sorted(v: &[f64]) -> f64 {
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+pub fn median(v: &[f64]) -> f64 {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    s.sort_by(|a, b| a.total_cmp(b));
+    median_sorted(&s)
+}
+
+/// A line (or a set of bars) of one engine.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Series {
+    pub label: String,
+    pub engine: String,
+    pub protocol: String,
+    pub metric: String,
+    pub points: Vec<Point>,
+    /// x positions that were measured but could not be sustained (shown as gaps).
+    #[serde(default)]
+    pub missing: Vec<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Plot {
+    pub id: String,
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub x_log: bool,
+    pub y_log: bool,
+    /// Bar chart over these categories (x = index) instead of lines.
+    #[serde(default)]
+    pub categories: Option<Vec<String>>,
+    pub series: Vec<Series>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Table {
+    pub caption: String,
+    pub columns: Vec<String>,
+    /// Cells are numbers or strings ("n/a: why", labels).
+    pub rows: Vec<Vec<Value>>,
+}
+
+/// Whether an engine/protocol was measured in an experiment, and if not, why.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Coverage {
+    pub engine: String,
+    pub protocol: String,
+    pub available: bool,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Experiment {
+    pub id: String,
+    pub title: String,
+    pub seed: String,
+    pub method: String,
+    pub plots: Vec<Plot>,
+    pub tables: Vec<Table>,
+    pub notes: Vec<String>,
+    pub coverage: Vec<Coverage>,
+    /// The raw JSON of every measurement run behind the plots and tables.
+    pub runs: Vec<Value>,
+    pub elapsed_s: f64,
+}
+
+impl Experiment {
+    pub fn new(id: &str, title: &str, seed: &str, method: &str) -> Experiment {
+        Experiment {
+            id: id.into(),
+            title: title.into(),
+            seed: seed.into(),
+            method: method.into(),
+            plots: vec![],
+            tables: vec![],
+            notes: vec![],
+            coverage: vec![],
+            runs: vec![],
+            elapsed_s: 0.0,
+        }
+    }
+    pub fn measured(&mut self, engine: &str, protocol: &str) {
+        if !self
+            .coverage
+            .iter()
+            .any(|c| c.engine == engine && c.protocol == protocol)
+        {
+            self.coverage.push(Coverage {
+                engine: engine.into(),
+                protocol: protocol.into(),
+                available: true,
+                reason: None,
+            });
+        }
+    }
+    pub fn unavailable(&mut self, engine: &str, protocol: &str, reason: impl Into<String>) {
+        let reason = reason.into();
+        self.coverage
+            .retain(|c| !(c.engine == engine && c.protocol == protocol));
+        self.coverage.push(Coverage {
+            engine: engine.into(),
+            protocol: protocol.into(),
+            available: false,
+            reason: Some(reason),
+        });
+    }
+    pub fn is_available(&self, engine: &str, protocol: &str) -> bool {
+        self.coverage
+            .iter()
+            .any(|c| c.engine == engine && c.protocol == protocol && c.available)
+    }
+    /// Add a note for every point whose repeats spread widely.
+    pub fn flag_spread(&mut self, threshold: f64) {
+        let mut notes = vec![];
+        for p in &self.plots {
+            for s in &p.series {
+                for pt in &s.points {
+                    if pt.samples.len() > 1 && pt.spread() > threshold {
+                        notes.push(format!(
+                            "Large spread: {} {} at x={}: repeats range {:.3}..{:.3} around a median of {:.3} ({:.0}%).",
+                            p.title,
+                            s.label,
+                            fmt_num(pt.x),
+                            pt.min,
+                            pt.max,
+                            pt.median,
+                            pt.spread() * 100.0
+                        ));
+                    }
+                }
+            }
+        }
+        notes.sort();
+        notes.dedup();
+        self.notes.extend(notes);
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    pub schema: String,
+    pub generated_unix: u64,
+    pub mode: String,
+    pub engines: Vec<String>,
+    pub repeats: u32,
+    /// `lab:<name>` or `peer:<addr>%<iface>`.
+    pub target: String,
+    pub elapsed_s: f64,
+    pub env: Value,
+    pub headline: Table,
+    pub experiments: Vec<Experiment>,
+}
+
+/// Compact number formatting for tables and notes.
+pub fn fmt_num(v: f64) -> String {
+    if !v.is_finite() {
+        return "n/a".into();
+    }
+    let a = v.abs();
+    if a == 0.0 {
+        "0".into()
+    } else if a >= 1e6 {
+        format!("{:.3}M", v / 1e6)
+    } else if a >= 1e4 {
+        format!("{:.1}k", v / 1e3)
+    } else if a >= 100.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 0.01 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.2e}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn point_summary() {
+        let p = Point::from_samples(1.0, vec![3.0, 1.0, 2.0, f64::NAN]).unwrap();
+        assert_eq!((p.min, p.median, p.max), (1.0, 2.0, 3.0));
+        assert_eq!(p.samples.len(), 3);
+        assert!(Point::from_samples(1.0, vec![f64::NAN]).is_none());
+        assert!((p.spread() - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn median_even() {
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}

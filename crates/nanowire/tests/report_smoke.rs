@@ -1,0 +1,519 @@
+//! `nanowire lab report`: a tiny suite in its own lab, its results.json
+//! checked against the schema (every experiment for every requested engine,
+//! every number derived from samples), and index.html rendered in headless
+//! Chromium (every section's SVG present and non-empty).
+
+use nanowire_lab::testbed::{LabOptions, ScopedLab, have_root};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const NW: &str = env!("CARGO_BIN_EXE_nanowire");
+
+/// Kills the child on drop.
+struct Guard(Child);
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> (i32, String, String) {
+    use std::io::Read;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut g = Guard(child);
+    // Read both pipes while the child runs (a full pipe would block it).
+    let mut o = g.0.stdout.take().unwrap();
+    let mut e = g.0.stderr.take().unwrap();
+    let to = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = o.read_to_string(&mut s);
+        s
+    });
+    let te = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = e.read_to_string(&mut s);
+        s
+    });
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(st) = g.0.try_wait().expect("wait") {
+            let out = to.join().unwrap_or_default();
+            let err = te.join().unwrap_or_default();
+            return (st.code().unwrap_or(-1), out, err);
+        }
+        assert!(
+            Instant::now() < end,
+            "command did not finish within {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("nw-report-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+const EXPERIMENTS: [&str; 7] = [
+    "latency_vs_size",
+    "latency_under_load",
+    "max_rate",
+    "microburst",
+    "throughput",
+    "latency_vs_load",
+    "summary",
+];
+
+fn finite(v: &Value, what: &str) -> f64 {
+    let x = v
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what}: not a number: {v}"));
+    assert!(x.is_finite(), "{what}: not finite");
+    x
+}
+
+/// Every plotted point is derived from its samples.
+fn check_points(ex: &Value) -> usize {
+    let mut n = 0;
+    for p in ex["plots"].as_array().unwrap() {
+        for s in p["series"].as_array().unwrap() {
+            for pt in s["points"].as_array().unwrap() {
+                let id = format!("{} {} {}", ex["id"], p["id"], s["label"]);
+                let samples: Vec<f64> = pt["samples"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| finite(v, &id))
+                    .collect();
+                assert!(!samples.is_empty(), "{id}: a point without samples");
+                let (min, med, max) = (
+                    finite(&pt["min"], &id),
+                    finite(&pt["median"], &id),
+                    finite(&pt["max"], &id),
+                );
+                assert!(
+                    min <= med && med <= max,
+                    "{id}: min {min} median {med} max {max}"
+                );
+                let smin = samples.iter().copied().fold(f64::INFINITY, f64::min);
+                let smax = samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                assert!(min <= smin && smax <= max, "{id}: samples outside min..max");
+                finite(&pt["x"], &id);
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// Raw runs: counts > 0 and ordered latency statistics.
+fn check_runs(ex: &Value) {
+    for r in ex["runs"].as_array().unwrap() {
+        let res = &r["result"];
+        if let Some(sink) = res.get("sink") {
+            let g = &res["generator"];
+            assert!(finite(&g["sent"], "generator sent") > 0.0);
+            let rec = finite(&sink["received"], "sink received");
+            assert!(
+                rec <= finite(&g["sent"], "sent"),
+                "received more than sent: {r}"
+            );
+            if let Some(l) = sink.get("latency_us").filter(|l| !l.is_null()) {
+                let (mn, p50, mx) = (
+                    finite(&l["min"], "min"),
+                    finite(&l["p50"], "p50"),
+                    finite(&l["max"], "max"),
+                );
+                assert!(mn <= p50 && p50 <= mx, "sink latency out of order: {l}");
+                assert!(finite(&l["samples"], "samples") > 0.0);
+            }
+            // Every loss is accounted for by a counter.
+            if let Some(lost) = r.get("lost").and_then(Value::as_f64)
+                && let Some(acc) = r.get("accounted").and_then(Value::as_f64)
+            {
+                assert!(acc >= lost, "{lost} lost but only {acc} counted: {r}");
+            }
+        } else if let Some(l) = res
+            .get("latency_us")
+            .filter(|_| res["mode"] != "tp" && res["mode"] != "throughput")
+        {
+            let (mn, p50, mx) = (
+                finite(&l["min"], "min"),
+                finite(&l["p50"], "p50"),
+                finite(&l["max"], "max"),
+            );
+            assert!(mn <= p50 && p50 <= mx, "bench latency out of order: {l}");
+            assert!(finite(&res["received"], "received") > 0.0);
+        }
+    }
+}
+
+fn check_tables(ex: &Value) {
+    for t in ex["tables"].as_array().unwrap() {
+        let cols = t["columns"].as_array().unwrap().len();
+        for row in t["rows"].as_array().unwrap() {
+            let row = row.as_array().unwrap();
+            assert_eq!(row.len(), cols, "{}: ragged table row", ex["id"]);
+            for c in row {
+                match c {
+                    Value::Number(n) => assert!(n.as_f64().is_some_and(f64::is_finite)),
+                    Value::String(s) => {
+                        let l = s.to_lowercase();
+                        assert!(
+                            !l.contains("todo") && !l.contains("placeholder") && !l.contains("nan"),
+                            "{s}"
+                        );
+                    }
+                    Value::Null => panic!("{}: null cell", ex["id"]),
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+fn chromium() -> Option<PathBuf> {
+    [
+        "/usr/bin/chromium",
+        "/usr/bin/chromium-browser",
+        "/usr/bin/google-chrome",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists())
+}
+
+fn render_dom(html: &Path) -> String {
+    let Some(bin) = chromium() else {
+        panic!(
+            "chromium is not installed: run `NANOWIRE_WITH_BROWSER=1 scripts/install-deps.sh` (make test does)"
+        );
+    };
+    let profile = tmpdir("chromium-profile");
+    let (code, out, err) = run_with_timeout(
+        Command::new(bin).args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            &format!("--user-data-dir={}", profile.display()),
+            "--dump-dom",
+            &format!("file://{}", html.display()),
+        ]),
+        Duration::from_secs(90),
+    );
+    let _ = std::fs::remove_dir_all(&profile);
+    assert_eq!(code, 0, "chromium failed: {err}");
+    out
+}
+
+#[test]
+fn smoke_report_schema_and_rendering() {
+    if !have_root() {
+        eprintln!("skipped: needs root for network namespaces");
+        return;
+    }
+    let name = format!("tr{}", std::process::id() % 10000);
+    let lab = ScopedLab::new(LabOptions {
+        name: name.clone(),
+        queues: 1,
+    })
+    .expect("lab up");
+    let out = tmpdir("smoke");
+    let (code, stdout, stderr) = run_with_timeout(
+        Command::new(NW).args([
+            "lab",
+            "--name",
+            &name,
+            "report",
+            "--smoke",
+            "--quiet",
+            "--engines",
+            "kernel,spin",
+            "--stall-ms",
+            "200",
+            "--out",
+            out.to_str().unwrap(),
+        ]),
+        Duration::from_secs(240),
+    );
+    assert_eq!(code, 0, "report failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("index.html"), "{stdout}");
+
+    let data: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(data["schema"], "nanowire-lab-report/1");
+    assert_eq!(data["mode"], "smoke");
+    assert_eq!(data["engines"], serde_json::json!(["kernel", "spin"]));
+    // The environment the numbers hold for.
+    let env = &data["env"];
+    assert!(env["kernel"].as_str().unwrap().starts_with("Linux"));
+    assert!(env["cpus"].as_u64().unwrap() >= 1);
+    assert_eq!(env["lab"]["driver"], "veth");
+    assert!(
+        env["sysctls"]["net.core.rmem_default"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > 0
+    );
+    for t in ["sockperf", "iperf3", "nanowire"] {
+        assert!(env["tools"][t].is_string(), "tool version {t} missing");
+    }
+
+    let exps = data["experiments"].as_array().unwrap();
+    let ids: Vec<&str> = exps.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, EXPERIMENTS);
+    let mut measured_points = 0;
+    for ex in exps {
+        // Every requested engine is there: measured, or with a reason.
+        for eng in ["kernel", "spin"] {
+            let cov: Vec<&Value> = ex["coverage"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|c| c["engine"] == eng)
+                .collect();
+            assert!(!cov.is_empty(), "{}: engine {eng} missing", ex["id"]);
+            for c in cov {
+                if c["available"] == false {
+                    assert!(
+                        c["reason"].as_str().is_some_and(|r| !r.is_empty()),
+                        "{}: {eng} unavailable without a reason",
+                        ex["id"]
+                    );
+                }
+            }
+        }
+        assert!(!ex["plots"].as_array().unwrap().is_empty() || ex["id"] == "summary");
+        measured_points += check_points(ex);
+        check_runs(ex);
+        check_tables(ex);
+    }
+    // The experiments built on the burst tools work on kernel sockets today.
+    for id in ["max_rate", "microburst", "latency_vs_load", "throughput"] {
+        let ex = exps.iter().find(|e| e["id"] == id).unwrap();
+        for eng in ["kernel", "spin"] {
+            assert!(
+                ex["coverage"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|c| c["engine"] == eng
+                        && c["protocol"] == "udp"
+                        && c["available"] == true),
+                "{id}: {eng} udp not measured: {}",
+                ex["coverage"]
+            );
+        }
+        assert!(!ex["runs"].as_array().unwrap().is_empty(), "{id}: no runs");
+    }
+    assert!(measured_points > 0);
+    // The stalled-receiver burst is bounded by the socket buffer and says so.
+    let mb = exps.iter().find(|e| e["id"] == "microburst").unwrap();
+    let rows = mb["tables"][0]["rows"].as_array().unwrap();
+    assert!(rows.iter().any(|r| r[1] == "stall"));
+
+    // Render it.
+    let html = std::fs::read_to_string(out.join("index.html")).unwrap();
+    assert!(
+        [
+            "src=\"http",
+            "href=\"http",
+            "<link",
+            "<script",
+            "@import",
+            "url("
+        ]
+        .iter()
+        .all(|bad| !html.contains(bad)),
+        "the page must be self-contained"
+    );
+    let dom = render_dom(&out.join("index.html"));
+    assert!(!dom.contains("class=\"err\""), "a plot failed to render");
+    for ex in &exps[..6] {
+        let id = ex["id"].as_str().unwrap();
+        let start = dom
+            .find(&format!("data-experiment=\"{id}\""))
+            .unwrap_or_else(|| panic!("section {id} missing from the rendered page"));
+        let end = dom[start..].find("</section>").map(|e| start + e).unwrap();
+        let sec = &dom[start..end];
+        assert!(sec.contains("<svg"), "section {id} has no plot");
+        // Every plot is in the page; a plot with data draws its data.
+        for p in ex["plots"].as_array().unwrap() {
+            let pid = p["id"].as_str().unwrap();
+            let fs = sec
+                .find(&format!("data-plot=\"{pid}\""))
+                .unwrap_or_else(|| panic!("plot {pid} missing"));
+            let fe = sec[fs..].find("</figure>").map(|e| fs + e).unwrap();
+            let fig = &sec[fs..fe];
+            assert!(fig.contains("<svg"), "plot {pid}: no SVG");
+            let points: usize = p["series"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["points"].as_array().unwrap().len())
+                .sum();
+            if points > 0 {
+                let marks = fig.matches("<circle").count()
+                    + fig.matches("<polyline").count()
+                    + fig.matches("<polygon").count()
+                    + fig.matches("<rect").count()
+                    + fig.matches("<line").count();
+                assert!(
+                    marks >= points,
+                    "plot {pid}: {points} points but {marks} marks"
+                );
+            } else {
+                assert!(
+                    fig.contains("no engine produced data"),
+                    "plot {pid}: empty without saying so"
+                );
+            }
+        }
+    }
+    drop(lab);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn bad_report_arguments_fail_with_one_line() {
+    let cases: [&[&str]; 6] = [
+        &["lab", "report", "--peer", "192.0.2.1"],
+        &[
+            "lab",
+            "report",
+            "--peer",
+            "192.0.2.1",
+            "--iface",
+            "nosuchif0",
+        ],
+        &["lab", "report", "--iface", "lo"],
+        &["lab", "report", "--engines", "bogus"],
+        &["lab", "report", "--repeats", "0"],
+        &["lab", "report", "--only", "nothing"],
+    ];
+    for args in cases {
+        let (code, out, err) =
+            run_with_timeout(Command::new(NW).args(args), Duration::from_secs(30));
+        assert_ne!(code, 0, "{args:?} succeeded: {out}");
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+        assert!(
+            err.lines().any(|l| l.contains("error")),
+            "{args:?}: no error line: {err}"
+        );
+    }
+}
+
+#[test]
+fn burst_tools_reject_bad_arguments() {
+    let cases: [&[&str]; 4] = [
+        &["bench", "burst", "-i", "127.0.0.1", "-m", "8"],
+        &["bench", "burst", "-i", "127.0.0.1", "-m", "70000"],
+        &["bench", "burst", "-i", "127.0.0.1", "-n", "0"],
+        &["bench", "sink", "--behaviour", "sleepy"],
+    ];
+    for args in cases {
+        let (code, _, err) = run_with_timeout(Command::new(NW).args(args), Duration::from_secs(30));
+        assert_ne!(code, 0, "{args:?} succeeded");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn burst_on_loopback_is_counted_exactly() {
+    // Generator and spinning sink on loopback: a small burst arrives whole,
+    // with every sequence number and a one-way latency per datagram.
+    let port = 20000 + (std::process::id() % 20000) as u16;
+    let ps = port.to_string();
+    let sink = Command::new(NW)
+        .args([
+            "bench",
+            "sink",
+            "-i",
+            "127.0.0.1",
+            "-p",
+            &ps,
+            "--behaviour",
+            "echo",
+            "--engine",
+            "spin",
+            "--idle-ms",
+            "200",
+            "--timeout",
+            "20",
+            "--json",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut sink = Guard(sink);
+    // Wait for READY on stderr.
+    let mut err = sink.0.stderr.take().unwrap();
+    let mut buf = [0u8; 64];
+    use std::io::Read;
+    let n = err.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("READY"));
+    let (code, out, e) = run_with_timeout(
+        Command::new(NW).args([
+            "bench",
+            "burst",
+            "-i",
+            "127.0.0.1",
+            "-p",
+            &ps,
+            "-m",
+            "64",
+            "-n",
+            "50",
+            "--gap-ns",
+            "20000",
+            "--engine",
+            "kernel",
+            "--json",
+        ]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, 0, "{e}");
+    let g: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(g["sent"], 50);
+    let end = Instant::now() + Duration::from_secs(30);
+    let st = loop {
+        if let Some(st) = sink.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < end, "sink did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(st.success());
+    let mut s = String::new();
+    sink.0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut s)
+        .unwrap();
+    let v: Value = serde_json::from_str(s.trim()).unwrap();
+    assert_eq!(v["expected"], 50);
+    assert_eq!(v["received"], 50);
+    assert_eq!(v["missing"], 0);
+    assert_eq!(v["echoed"], 50);
+    assert_eq!(v["latency_us"]["samples"], 50);
+}
