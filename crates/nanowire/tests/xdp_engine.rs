@@ -185,8 +185,14 @@ fn xdp_to_xdp_echo() {
                 ok += 1;
             }
         }
-        // zero-copy receive path.
+        // readiness without consuming, then the zero-copy receive path.
         s.send(b"zc").unwrap();
+        let dl = Instant::now() + Duration::from_secs(2);
+        while s.pending().0 == 0 && Instant::now() < dl {
+            std::hint::spin_loop();
+        }
+        assert_eq!(s.pending(), (1, 2));
+        assert!(s.kernel_fd() >= 0 && s.poll_fds().len() >= 3);
         let zc = s
             .recv_with(Some(Instant::now() + Duration::from_secs(1)), |p, _| {
                 p.to_vec()

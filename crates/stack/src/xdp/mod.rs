@@ -1174,12 +1174,38 @@ impl UdpEndpoint for XdpSocket {
 }
 
 impl XdpSocket {
-    /// The kernel reservation socket (bound to the same address). The
-    /// preload shim puts it under the application's fd number, so fd-based
-    /// calls (getsockname, fcntl, epoll_ctl) keep working.
+    /// The socket's kernel twin (bound to the same address; non-blocking):
+    /// a real fd number for fd-based code, and the path for loopback
+    /// traffic. Datagrams XDP steers never show up on it.
     pub fn kernel_fd(&self) -> RawFd {
         self.kernel.as_raw_fd()
     }
+
+    /// Descriptors that become readable when a datagram may be waiting for
+    /// this socket: the engine's AF_XDP sockets, this socket's wake-up
+    /// eventfd and its kernel twin (for poll/select/epoll integration; a
+    /// readable fd is a hint, [`XdpSocket::pending`] is the answer).
+    pub fn poll_fds(&self) -> Vec<RawFd> {
+        let mut v = self.engine.fds.clone();
+        v.push(self.wake_fd);
+        v.push(self.kernel.as_raw_fd());
+        v
+    }
+
+    /// Drain the rings and report (queued datagrams, length of the next
+    /// one) without consuming anything. Does not look at the kernel twin.
+    pub fn pending(&self) -> (usize, usize) {
+        let mut g = self.engine.lock();
+        g.poll_rx();
+        match g.socks.get(self.sid) {
+            Some(Some(s)) => (
+                s.queue.len(),
+                s.queue.front().map_or(0, |it| it.len as usize),
+            ),
+            _ => (0, 0),
+        }
+    }
+
     /// The connected peer, if any.
     pub fn peer(&self) -> Option<SocketAddrV4> {
         self.peer
