@@ -88,6 +88,9 @@ pub struct Accel {
     pid: u32,
     /// Set by shutdown(SHUT_RD): receives return 0 when empty.
     rd_shut: AtomicBool,
+    /// What a sleeping receive polls: the engine's AF_XDP sockets, the
+    /// socket's wake-up eventfd and the kernel socket under the fd.
+    wait_fds: Vec<c_int>,
 }
 
 impl Accel {
@@ -227,6 +230,10 @@ pub fn accelerate(
         Err(OpenError::Socket(_)) => return Err(NotAccel::Socket),
     };
     let kfd = xs.kernel_fd();
+    let mut wait_fds = xs.poll_fds();
+    // The kernel socket is reached through the application's fd number.
+    wait_fds.retain(|&f| f != kfd);
+    wait_fds.push(fd);
     for &(level, name) in COPY_OPTS {
         let mut v: c_int = 0;
         let mut l = std::mem::size_of::<c_int>() as libc::socklen_t;
@@ -262,6 +269,7 @@ pub fn accelerate(
         refs: AtomicU32::new(1),
         pid: PID.load(Ordering::Relaxed),
         rd_shut: AtomicBool::new(false),
+        wait_fds,
     }));
     table::accel_set(fd, a);
     table::add_flags(fd, table::F_ACCEL);
@@ -425,16 +433,29 @@ pub fn recv_one(
             return Err(libc::EAGAIN);
         }
         if budget != u64::MAX && spent >= budget {
-            // Past the spin budget: sleep in short slices on the kernel
-            // socket (kernel-path traffic wakes us; engine traffic is seen
-            // at the next slice).
-            let mut p = libc::pollfd {
-                fd,
+            // Past the spin budget: traffic that took the kernel path is
+            // taken at once; otherwise sleep until the engine's rings, the
+            // socket's wake-up eventfd or the kernel socket say something
+            // may be there (at most 5 ms: another thread may have drained
+            // the rings for us, and close/shutdown are looked at).
+            if let Some(r) = kernel_recv(fd, flags, &mut deliver) {
+                return r;
+            }
+            let mut pfds: [libc::pollfd; 8] = [libc::pollfd {
+                fd: -1,
                 events: libc::POLLIN,
                 revents: 0,
-            };
-            // SAFETY: one pollfd on our stack.
-            unsafe { real::poll(&mut p, 1, 1) };
+            }; 8];
+            let n = a.wait_fds.len().min(8);
+            for (p, &f) in pfds.iter_mut().zip(&a.wait_fds) {
+                p.fd = f;
+            }
+            let mut ms = 5;
+            if tmo != 0 {
+                ms = ms.min((tmo - spent).div_ceil(1_000_000) as c_int);
+            }
+            // SAFETY: `n` pollfds on our stack.
+            unsafe { real::poll(pfds.as_mut_ptr(), n as libc::nfds_t, ms) };
         } else {
             core::hint::spin_loop();
         }
