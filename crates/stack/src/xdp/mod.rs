@@ -585,8 +585,10 @@ pub struct XdpSocket {
     wake_fd: RawFd,
 }
 
-/// Empty polls between two looks at the kernel reservation socket.
-const KERNEL_CHECK_EVERY: u32 = 256;
+/// Empty `recv_batch` calls between two looks at the kernel twin.
+const KERNEL_CHECK_EVERY: u32 = 4096;
+/// Time between two looks at the kernel twin while `recv_with` spins.
+const KERNEL_CHECK_INTERVAL: Duration = Duration::from_micros(200);
 
 fn io_err(kind: io::ErrorKind, msg: impl Into<String>) -> io::Error {
     io::Error::new(kind, msg.into())
@@ -764,6 +766,7 @@ impl XdpSocket {
         mut f: impl FnMut(&[u8], SocketAddrV4) -> R,
     ) -> io::Result<Option<R>> {
         let start = Instant::now();
+        let mut next_kcheck = start + KERNEL_CHECK_INTERVAL;
         let mut spins: u32 = 0;
         loop {
             {
@@ -779,13 +782,16 @@ impl XdpSocket {
                 }
             }
             spins = spins.wrapping_add(1);
-            if (spins.is_multiple_of(KERNEL_CHECK_EVERY) || !matches!(self.wait, WaitPolicy::Spin))
-                && let Some(r) = self.try_kernel(&mut f)?
-            {
-                return Ok(Some(r));
-            }
-            if spins.is_multiple_of(64) || !matches!(self.wait, WaitPolicy::Spin) {
+            if spins.is_multiple_of(64) || matches!(self.wait, WaitPolicy::Block) {
                 let now = Instant::now();
+                // The kernel twin costs a syscall: look at most every
+                // KERNEL_CHECK_INTERVAL while spinning (and after each sleep).
+                if now >= next_kcheck {
+                    next_kcheck = now + KERNEL_CHECK_INTERVAL;
+                    if let Some(r) = self.try_kernel(&mut f)? {
+                        return Ok(Some(r));
+                    }
+                }
                 if deadline.is_some_and(|d| now >= d) {
                     return Ok(None);
                 }
@@ -822,6 +828,9 @@ impl XdpSocket {
                             s.sleeping = false;
                         }
                         eventfd_drain(self.wake_fd);
+                        if let Some(r) = self.try_kernel(&mut f)? {
+                            return Ok(Some(r));
+                        }
                     }
                     continue;
                 }
