@@ -909,3 +909,50 @@ fn blocked_socket_gets_datagrams_another_thread_drained_for_it() {
     });
     assert_eq!(got, (0..20).collect::<Vec<u8>>());
 }
+
+#[test]
+fn xdp_socket_sends_to_a_multicast_group() {
+    let Some(lab) = lab('o') else { return };
+    let (tx, rx) = mpsc::channel();
+    let nsb = lab.netns(Host::B);
+    let group = Ipv4Addr::new(239, 1, 2, 4);
+    let receiver = std::thread::spawn(move || {
+        in_ns(&nsb, move || {
+            let u = UdpSocket::bind("0.0.0.0:6600").unwrap();
+            u.join_multicast_v4(&group, &B).unwrap();
+            u.set_read_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+            tx.send(()).unwrap();
+            let mut b = [0u8; 64];
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok((n, src)) = u.recv_from(&mut b) {
+                    return Some((b[..n].to_vec(), src));
+                }
+            }
+            None
+        })
+    });
+    rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let ifa = lab.iface(Host::A);
+    let sent = in_ns(&lab.netns(Host::A), move || {
+        use nanowire_stack::xdp::XdpSocket;
+        use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint};
+        let mut o = EngineOptions::new(EngineKind::Xdp);
+        o.iface = Some(ifa);
+        o.ring_depth = 1024;
+        let mut s = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 6601), &o)
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Repeat until the receiver's thread is surely reading (bounded).
+        for _ in 0..30 {
+            s.send_to(b"to the group", SocketAddrV4::new(group, 6600))
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        s.stats().tx_packets
+    });
+    assert_eq!(sent, 30);
+    let (msg, src) = receiver.join().unwrap().expect("group datagram received");
+    assert_eq!(msg, b"to the group");
+    assert_eq!(src.to_string(), "198.18.0.1:6601");
+}
