@@ -171,6 +171,12 @@ fn xdp_to_xdp_echo() {
         o.ring_depth = 1024;
         let mut s = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), &o)
             .unwrap_or_else(|e| panic!("xdp client: {e}"));
+        // Nobody answers ARP for .99: a clear error after a bounded wait.
+        let e = s
+            .connect(SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 99), 9))
+            .unwrap_err();
+        assert!(e.to_string().contains("could not resolve"), "{e}");
+        // b is resolved through the kernel (a fresh namespace has no entry).
         s.connect(SocketAddrV4::new(B, 5001)).unwrap();
         let mut buf = [0u8; 256];
         let mut ok = 0;
