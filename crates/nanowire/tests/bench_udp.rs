@@ -58,11 +58,14 @@ fn udp_client_against_sockperf_sr() {
             Host::A,
             &[
                 NW, "bench", "pp", "-i", B_ADDR, "-p", "11111", "-m", "64", "-t", "1", "--engine",
-                engine, "--json",
+                engine, "--cpu", "0", "--json",
             ],
             T,
         );
-        check_pp(&json(&o), engine, &ia);
+        let v = json(&o);
+        check_pp(&v, engine, &ia);
+        assert_eq!(v["cpu"], 0);
+        assert!(v["cpu_util"].as_f64().unwrap() > 0.0);
     }
 
     // Under load: every 10th message answered.

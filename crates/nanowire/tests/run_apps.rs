@@ -2,7 +2,8 @@
 //! UDP echo servers, socat (fork + exec per datagram), iperf3 -u both
 //! ways, and an unprivileged user running sockperf with the spin engine.
 //! Every echo is checked byte for byte; iperf3 must lose nothing at a rate
-//! the receiver keeps up with.
+//! the receiver keeps up with. The servers and clients run with the default
+//! engine (xdp: their UDP sockets go onto AF_XDP, and the log says so).
 
 mod run_support;
 use nanowire_lab::testbed::{ADDR_B, Host};
@@ -27,11 +28,11 @@ fn echo_roundtrip(
     port: u16,
     count: u32,
     ready: Option<&str>,
+    engine: &[&str],
 ) {
-    let mut srv = spawn(
-        &format!("{tag}-srv"),
-        run_in(lab, Host::B, &["--engine", "spin"], server),
-    );
+    let mut cmd = run_in(lab, Host::B, engine, server);
+    cmd.env("NANOWIRE_LOG", "info");
+    let mut srv = spawn(&format!("{tag}-srv"), cmd);
     match ready {
         Some(r) => srv.wait_for(r, Duration::from_secs(20)),
         None => std::thread::sleep(Duration::from_millis(500)),
@@ -45,7 +46,7 @@ fn echo_roundtrip(
         run_in(
             lab,
             Host::A,
-            &["--engine", "spin"],
+            engine,
             &["python3", &check, &addr, &ports, &counts, "--quit"],
         ),
     );
@@ -55,6 +56,16 @@ fn echo_roundtrip(
         "{tag}: {out}\nserver:\n{}",
         srv.both()
     );
+    let want = if engine.is_empty() {
+        format!("{addr}:{port}: xdp (interface")
+    } else {
+        "udp: spin (kernel socket".to_string()
+    };
+    assert!(
+        srv.stderr().contains(&want),
+        "{tag}: {want:?} not in the server's log:\n{}",
+        srv.stderr()
+    );
 }
 
 #[test]
@@ -62,16 +73,21 @@ fn python_socket_and_asyncio_echo_servers() {
     let lab = lab("p");
     let echo = fixture("udp_echo.py");
     let addr = ADDR_B.to_string();
-    for (i, mode) in ["blocking", "timeout", "asyncio"].into_iter().enumerate() {
-        let port = (12000 + i).to_string();
-        echo_roundtrip(
-            &lab,
-            mode,
-            &["python3", &echo, mode, &addr, &port],
-            12000 + i as u16,
-            500,
-            Some("ready"),
-        );
+    let engines: [&[&str]; 2] = [&[], &["--engine", "spin"]];
+    for (e, engine) in engines.into_iter().enumerate() {
+        for (i, mode) in ["blocking", "timeout", "asyncio"].into_iter().enumerate() {
+            let port = 12000 + 10 * e as u16 + i as u16;
+            let ports = port.to_string();
+            echo_roundtrip(
+                &lab,
+                &format!("{mode}{e}"),
+                &["python3", &echo, mode, &addr, &ports],
+                port,
+                500,
+                Some("ready"),
+                engine,
+            );
+        }
     }
 }
 
@@ -86,6 +102,10 @@ fn socat_udp_echo_forks_and_execs_per_datagram() {
         12100,
         40,
         None,
+        // socat forks a child per datagram that reads the datagram its
+        // parent peeked at: a forked child only has the kernel socket (the
+        // engine's rings stay with the parent), so this needs the spin engine.
+        &["--engine", "spin"],
     );
 }
 
@@ -96,7 +116,7 @@ fn iperf(lab: &nanowire_lab::testbed::ScopedLab, tag: &str, reverse: bool) {
         run_in(
             lab,
             Host::B,
-            &["--engine", "spin"],
+            &[],
             &[
                 "iperf3",
                 "-s",
@@ -116,10 +136,7 @@ fn iperf(lab: &nanowire_lab::testbed::ScopedLab, tag: &str, reverse: bool) {
     if reverse {
         args.push("-R");
     }
-    let mut cli = spawn(
-        &format!("{tag}-cli"),
-        run_in(lab, Host::A, &["--engine", "spin"], &args),
-    );
+    let mut cli = spawn(&format!("{tag}-cli"), run_in(lab, Host::A, &[], &args));
     let st = cli.wait(T);
     let out = cli.stdout();
     assert!(st.success(), "{tag}: {out}\n{}", cli.stderr());

@@ -171,6 +171,12 @@ fn xdp_to_xdp_echo() {
         o.ring_depth = 1024;
         let mut s = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), &o)
             .unwrap_or_else(|e| panic!("xdp client: {e}"));
+        // Nobody answers ARP for .99: a clear error after a bounded wait.
+        let e = s
+            .connect(SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 99), 9))
+            .unwrap_err();
+        assert!(e.to_string().contains("could not resolve"), "{e}");
+        // b is resolved through the kernel (a fresh namespace has no entry).
         s.connect(SocketAddrV4::new(B, 5001)).unwrap();
         let mut buf = [0u8; 256];
         let mut ok = 0;
@@ -185,8 +191,14 @@ fn xdp_to_xdp_echo() {
                 ok += 1;
             }
         }
-        // zero-copy receive path.
+        // readiness without consuming, then the zero-copy receive path.
         s.send(b"zc").unwrap();
+        let dl = Instant::now() + Duration::from_secs(2);
+        while s.pending().0 == 0 && Instant::now() < dl {
+            std::hint::spin_loop();
+        }
+        assert_eq!(s.pending(), (1, 2));
+        assert!(s.kernel_fd() >= 0 && s.poll_fds().len() >= 3);
         let zc = s
             .recv_with(Some(Instant::now() + Duration::from_secs(1)), |p, _| {
                 p.to_vec()
@@ -847,4 +859,106 @@ fn batched_transmit_delivers_every_datagram_to_a_kernel_receiver() {
         assert_eq!(s.stats().tx_packets, N as u64);
     });
     assert_eq!(server.join().unwrap(), N, "every batched datagram arrived");
+}
+
+#[test]
+fn blocked_socket_gets_datagrams_another_thread_drained_for_it() {
+    let Some(lab) = lab('c') else { return };
+    let ifa = lab.iface(Host::A);
+    let nsb = lab.netns(Host::B);
+    let got = in_ns(&lab.netns(Host::A), move || {
+        use nanowire_stack::xdp::XdpSocket;
+        use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint, WaitPolicy};
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let mut o = EngineOptions::new(EngineKind::Xdp);
+        o.iface = Some(ifa);
+        o.ring_depth = 1024;
+        o.wait = WaitPolicy::Block;
+        let mut x = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 5801), &o)
+            .unwrap_or_else(|e| panic!("{e}"));
+        o.wait = WaitPolicy::Spin;
+        let mut y = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 5802), &o)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        // y's thread spins and drains the shared ring, x's datagrams included.
+        let spinner = std::thread::spawn(move || {
+            let mut n = 0;
+            while !st.load(Ordering::Relaxed) {
+                n += y.recv_batch(64, |_, _| {});
+            }
+            n
+        });
+        let sender = std::thread::spawn(move || {
+            in_ns(&nsb, || {
+                let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+                for i in 0..20u8 {
+                    s.send_to(&[i], "198.18.0.1:5802").unwrap();
+                    s.send_to(&[i], "198.18.0.1:5801").unwrap();
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        });
+        let mut got = Vec::new();
+        let mut b = [0u8; 16];
+        while got.len() < 20 {
+            match x.recv_from(&mut b, Some(Instant::now() + Duration::from_secs(5))) {
+                Ok(Some((1, _))) => got.push(b[0]),
+                other => panic!("blocked socket: {other:?} after {got:?}"),
+            }
+        }
+        sender.join().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        assert_eq!(spinner.join().unwrap(), 20);
+        got
+    });
+    assert_eq!(got, (0..20).collect::<Vec<u8>>());
+}
+
+#[test]
+fn xdp_socket_sends_to_a_multicast_group() {
+    let Some(lab) = lab('o') else { return };
+    let (tx, rx) = mpsc::channel();
+    let nsb = lab.netns(Host::B);
+    let group = Ipv4Addr::new(239, 1, 2, 4);
+    let receiver = std::thread::spawn(move || {
+        in_ns(&nsb, move || {
+            let u = UdpSocket::bind("0.0.0.0:6600").unwrap();
+            u.join_multicast_v4(&group, &B).unwrap();
+            u.set_read_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+            tx.send(()).unwrap();
+            let mut b = [0u8; 64];
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok((n, src)) = u.recv_from(&mut b) {
+                    return Some((b[..n].to_vec(), src));
+                }
+            }
+            None
+        })
+    });
+    rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let ifa = lab.iface(Host::A);
+    let sent = in_ns(&lab.netns(Host::A), move || {
+        use nanowire_stack::xdp::XdpSocket;
+        use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint};
+        let mut o = EngineOptions::new(EngineKind::Xdp);
+        o.iface = Some(ifa);
+        o.ring_depth = 1024;
+        let mut s = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 6601), &o)
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Repeat until the receiver's thread is surely reading (bounded).
+        for _ in 0..30 {
+            s.send_to(b"to the group", SocketAddrV4::new(group, 6600))
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        s.stats().tx_packets
+    });
+    assert_eq!(sent, 30);
+    let (msg, src) = receiver.join().unwrap().expect("group datagram received");
+    assert_eq!(msg, b"to the group");
+    assert_eq!(src.to_string(), "198.18.0.1:6601");
 }

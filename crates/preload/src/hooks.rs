@@ -14,6 +14,9 @@
 //! third argument, the register holds garbage that we pass on to the real
 //! function, which ignores it for such commands (as the kernel does).
 
+use crate::accel;
+use crate::ahooks;
+use crate::ready;
 use crate::real;
 use crate::spin::{self, log_socket, recv_spin_word};
 use crate::table::{self, C_EPOLL, C_OTHER, C_TCP, C_UDP, F_EPOLL_INET, F_RCVTIMEO};
@@ -29,6 +32,10 @@ use std::sync::atomic::Ordering;
 /// libc's `socket`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::socket(domain, ty, proto) };
+    }
     // SAFETY: forwarding the caller's arguments.
     let fd = unsafe { real::socket(domain, ty, proto) };
     if fd >= 0 {
@@ -39,11 +46,14 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
             _ => C_OTHER,
         };
         table::retire(fd);
-        table::set(fd, class, 0);
+        let cand = class == C_UDP && domain == libc::AF_INET && spin::xdp_candidates();
+        table::set(fd, class, if cand { table::F_CAND } else { 0 });
         if class == C_UDP {
             spin::apply_rcvbuf(fd);
         }
-        log_socket(fd, class);
+        if !cand {
+            log_socket(fd, class, domain);
+        }
     }
     fd
 }
@@ -52,6 +62,10 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
 /// libc's `accept`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::accept(fd, addr, len) };
+    }
     // SAFETY: forwarding.
     let r = unsafe { real::accept(fd, addr, len) };
     if r >= 0 {
@@ -69,6 +83,10 @@ pub unsafe extern "C" fn accept4(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::accept4(fd, addr, len, flags) };
+    }
     // SAFETY: forwarding.
     let r = unsafe { real::accept4(fd, addr, len, flags) };
     if r >= 0 {
@@ -87,9 +105,19 @@ pub unsafe extern "C" fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::setsockopt(fd, level, name, val, len) };
+    }
+    if let Some(r) = sockopt_accel(fd, level, name, val, len) {
+        return r;
+    }
     // SAFETY: forwarding.
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
     if r == 0 && level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == 66) {
+        if let Some(a) = accel::lookup(fd) {
+            a.rcvtimeo_ns.store(timeval_ns(val, len), Ordering::Relaxed);
+        }
         // SO_RCVTIMEO(_NEW): a receive timeout of its own; such sockets
         // are not spun (the kernel keeps the timeout exact).
         let n = (len as usize).min(16);
@@ -108,8 +136,19 @@ pub unsafe extern "C" fn setsockopt(
 /// libc's `shutdown`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::shutdown(fd, how) };
+    }
     // SAFETY: forwarding.
     let r = unsafe { real::shutdown(fd, how) };
+    // Unconnected UDP answers ENOTCONN yet shuts down all the same.
+    if (r == 0 || spin::errno() == libc::ENOTCONN)
+        && (how == libc::SHUT_RD || how == libc::SHUT_RDWR)
+        && let Some(a) = table::accel(fd)
+    {
+        accel::shutdown_rd(a);
+    }
     // A thread spinning on `fd` would only ever see EAGAIN from its
     // non-blocking attempts (the kernel reports the shutdown to blocking
     // receives): make it fall into the real call.
@@ -123,9 +162,17 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 /// libc's `close`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::close(fd) };
+    }
     // Bump the generation first, so a thread spinning on `fd` stops before
     // the number can be reused.
+    ready::epoll_closed(fd);
     table::retire(fd);
+    if let Some(a) = table::accel_take(fd) {
+        accel::release(a);
+    }
     // SAFETY: forwarding.
     unsafe { real::close(fd) }
 }
@@ -134,10 +181,15 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// libc's `dup`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::dup(fd) };
+    }
     // SAFETY: forwarding.
     let r = unsafe { real::dup(fd) };
     if r >= 0 {
         table::retire(r);
+        share_accel(fd, r);
     }
     r
 }
@@ -146,44 +198,94 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 /// libc's `dup2`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::dup2(old, new) };
+    }
     if old != new {
         table::retire(new);
+        if let Some(a) = table::accel_take(new) {
+            accel::release(a);
+        }
     }
     // SAFETY: forwarding.
-    unsafe { real::dup2(old, new) }
+    let r = unsafe { real::dup2(old, new) };
+    if r >= 0 && old != new {
+        share_accel(old, new);
+    }
+    r
 }
 
 /// # Safety
 /// libc's `dup3`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::dup3(old, new, flags) };
+    }
     if old != new {
         table::retire(new);
+        if let Some(a) = table::accel_take(new) {
+            accel::release(a);
+        }
     }
     // SAFETY: forwarding.
-    unsafe { real::dup3(old, new, flags) }
+    let r = unsafe { real::dup3(old, new, flags) };
+    if r >= 0 && old != new {
+        share_accel(old, new);
+    }
+    r
 }
 
 fn fcntl_common(fd: c_int, cmd: c_int, r: c_int) -> c_int {
     if r >= 0 && fd != r && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
         table::retire(r);
+        share_accel(fd, r);
     }
     r
 }
 
 extern "C" fn fcntl_impl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    if !accel::in_engine()
+        && let Some(r) = fcntl_accel(fd, cmd, arg, false)
+    {
+        return r;
+    }
     // SAFETY: forwarding the caller's (possibly absent) argument register.
     let r = unsafe { real::fcntl(fd, cmd, arg) };
     fcntl_common(fd, cmd, r)
 }
 
 extern "C" fn fcntl64_impl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    if !accel::in_engine()
+        && let Some(r) = fcntl_accel(fd, cmd, arg, true)
+    {
+        return r;
+    }
     // SAFETY: as above.
     let r = unsafe { real::fcntl64(fd, cmd, arg) };
     fcntl_common(fd, cmd, r)
 }
 
 extern "C" fn ioctl_impl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    if !accel::in_engine()
+        && let Some(a) = table::accel(fd)
+    {
+        if req == libc::FIONBIO as c_ulong && arg != 0 {
+            // The kernel socket stays non-blocking; remember the
+            // application's choice. Inherited copies (after fork) too.
+            // SAFETY: FIONBIO's argument is an int pointer.
+            let on = unsafe { *(arg as *const c_int) } != 0;
+            a.nonblock.store(on, Ordering::Relaxed);
+            return 0;
+        }
+        if req == libc::FIONREAD as c_ulong && arg != 0 && a.mine() {
+            // SAFETY: FIONREAD's argument is an int pointer.
+            unsafe { *(arg as *mut c_int) = accel::next_len(a) as c_int };
+            return 0;
+        }
+    }
     // SAFETY: as above. FIONBIO needs no bookkeeping: the spin path asks
     // the kernel for the blocking mode before it spins.
     unsafe { real::ioctl(fd, req, arg) }
@@ -225,6 +327,29 @@ tail_jump!(ioctl => ioctl_impl);
 /// libc's `recv`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::recv(fd, buf, len, flags) };
+    }
+    if let Some(r) = ahooks::recvfrom(
+        fd,
+        buf,
+        len,
+        flags,
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    ) {
+        return r;
+    }
+    if flags & libc::MSG_DONTWAIT == 0
+        && let Some(r) = ahooks::candidate(fd, || {
+            // SAFETY: the caller's buffer, a non-blocking attempt.
+            unsafe { real::recv(fd, buf, len, flags | libc::MSG_DONTWAIT) }
+        })
+    {
+        // SAFETY: re-dispatch (the socket moved onto the engine).
+        return r.unwrap_or_else(|| unsafe { recv(fd, buf, len, flags) });
+    }
     if flags & libc::MSG_DONTWAIT == 0
         && let Some(w) = recv_spin_word(fd)
     {
@@ -252,6 +377,22 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::recvfrom(fd, buf, len, flags, addr, alen) };
+    }
+    if let Some(r) = ahooks::recvfrom(fd, buf, len, flags, addr, alen) {
+        return r;
+    }
+    if flags & libc::MSG_DONTWAIT == 0
+        && let Some(r) = ahooks::candidate(fd, || {
+            // SAFETY: the caller's buffers, a non-blocking attempt.
+            unsafe { real::recvfrom(fd, buf, len, flags | libc::MSG_DONTWAIT, addr, alen) }
+        })
+    {
+        // SAFETY: re-dispatch (the socket moved onto the engine).
+        return r.unwrap_or_else(|| unsafe { recvfrom(fd, buf, len, flags, addr, alen) });
+    }
     if flags & libc::MSG_DONTWAIT == 0
         && let Some(w) = recv_spin_word(fd)
     {
@@ -272,6 +413,22 @@ pub unsafe extern "C" fn recvfrom(
 /// libc's `recvmsg`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::recvmsg(fd, msg, flags) };
+    }
+    if let Some(r) = ahooks::recvmsg(fd, msg, flags) {
+        return r;
+    }
+    if flags & libc::MSG_DONTWAIT == 0
+        && let Some(r) = ahooks::candidate(fd, || {
+            // SAFETY: the caller's message, a non-blocking attempt.
+            unsafe { real::recvmsg(fd, msg, flags | libc::MSG_DONTWAIT) }
+        })
+    {
+        // SAFETY: re-dispatch (the socket moved onto the engine).
+        return r.unwrap_or_else(|| unsafe { recvmsg(fd, msg, flags) });
+    }
     if flags & libc::MSG_DONTWAIT == 0
         && let Some(w) = recv_spin_word(fd)
     {
@@ -298,6 +455,35 @@ pub unsafe extern "C" fn recvmmsg(
     flags: c_int,
     tmo: *mut timespec,
 ) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::recvmmsg(fd, msgs, vlen, flags, tmo) };
+    }
+    if let Some(r) = ahooks::recvmmsg(fd, msgs, vlen, flags) {
+        return r;
+    }
+    if flags & libc::MSG_DONTWAIT == 0
+        && table::get(fd) & table::F_CAND != 0
+        && let Some(r) = ahooks::candidate(fd, || {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd; readiness only, the real call follows.
+            match unsafe { real::poll(&mut p, 1, 0) } {
+                0 => {
+                    spin::set_errno(libc::EAGAIN);
+                    -1
+                }
+                _ => 0,
+            }
+        })
+        && r.is_none()
+    {
+        // SAFETY: re-dispatch (the socket moved onto the engine).
+        return unsafe { recvmmsg(fd, msgs, vlen, flags, tmo) };
+    }
     if flags & libc::MSG_DONTWAIT == 0
         && let Some(w) = recv_spin_word(fd)
     {
@@ -319,6 +505,20 @@ pub unsafe extern "C" fn recvmmsg(
 /// libc's `read`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::read(fd, buf, len) };
+    }
+    if let Some(r) = ahooks::recvfrom(fd, buf, len, 0, std::ptr::null_mut(), std::ptr::null_mut()) {
+        return r;
+    }
+    if let Some(r) = ahooks::candidate(fd, || {
+        // SAFETY: the caller's buffer, a non-blocking attempt.
+        unsafe { real::recv(fd, buf, len, libc::MSG_DONTWAIT) }
+    }) {
+        // SAFETY: re-dispatch (the socket moved onto the engine).
+        return r.unwrap_or_else(|| unsafe { read(fd, buf, len) });
+    }
     if let Some(w) = recv_spin_word(fd)
         && let Some(r) = spin::spin_recv(fd, w, || {
             // SAFETY: the caller's buffer; read on a socket is recv(.., 0).
@@ -335,6 +535,19 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize
 /// libc's `readv`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::readv(fd, iov, cnt) };
+    }
+    if cnt >= 0 && table::accel(fd).is_some() {
+        // SAFETY: a msghdr over the caller's iovec.
+        let mut m: msghdr = unsafe { std::mem::zeroed() };
+        m.msg_iov = iov as *mut iovec;
+        m.msg_iovlen = cnt as _;
+        if let Some(r) = ahooks::recvmsg(fd, &mut m, 0) {
+            return r;
+        }
+    }
     if cnt >= 0
         && let Some(w) = recv_spin_word(fd)
         && let Some(r) = spin::spin_recv(fd, w, || {
@@ -363,6 +576,10 @@ pub unsafe extern "C" fn __recv_chk(
     buflen: size_t,
     flags: c_int,
 ) -> ssize_t {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::__recv_chk(fd, buf, len, buflen, flags) };
+    }
     if len > buflen {
         // SAFETY: glibc reports the overflow and aborts.
         return unsafe { real::__recv_chk(fd, buf, len, buflen, flags) };
@@ -383,6 +600,10 @@ pub unsafe extern "C" fn __recvfrom_chk(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::__recvfrom_chk(fd, buf, len, buflen, flags, addr, alen) };
+    }
     if len > buflen {
         // SAFETY: glibc reports the overflow and aborts.
         return unsafe { real::__recvfrom_chk(fd, buf, len, buflen, flags, addr, alen) };
@@ -400,6 +621,10 @@ pub unsafe extern "C" fn __read_chk(
     len: size_t,
     buflen: size_t,
 ) -> ssize_t {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::__read_chk(fd, buf, len, buflen) };
+    }
     if len > buflen {
         // SAFETY: glibc reports the overflow and aborts.
         return unsafe { real::__read_chk(fd, buf, len, buflen) };
@@ -426,6 +651,18 @@ fn pollfds_spin(fds: *const pollfd, n: nfds_t) -> bool {
 /// libc's `poll`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, tmo: c_int) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::poll(fds, n, tmo) };
+    }
+    if ready::pollfds_accel(fds, n) {
+        let total = if tmo < 0 {
+            None
+        } else {
+            Some(tmo as u64 * 1_000_000)
+        };
+        return ready::poll_mixed(fds, n, total, std::ptr::null());
+    }
     if let Some(budget) = spin::poll_budget(tmo as i64)
         && n <= 4096
         && pollfds_spin(fds, n)
@@ -452,6 +689,10 @@ pub unsafe extern "C" fn __poll_chk(
     tmo: c_int,
     fdslen: size_t,
 ) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::__poll_chk(fds, n, tmo, fdslen) };
+    }
     if (fdslen / std::mem::size_of::<pollfd>()) < n as usize {
         // SAFETY: glibc reports the overflow and aborts.
         return unsafe { real::__poll_chk(fds, n, tmo, fdslen) };
@@ -505,6 +746,23 @@ pub unsafe extern "C" fn ppoll(
     tmo: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::ppoll(fds, n, tmo, mask) };
+    }
+    if ready::pollfds_accel(fds, n) {
+        let total = if tmo.is_null() {
+            None
+        } else {
+            // SAFETY: the caller's timespec.
+            match ts_ns(unsafe { &*tmo }) {
+                Some(t) => Some(t),
+                // SAFETY: the kernel answers EINVAL.
+                None => return unsafe { real::ppoll(fds, n, tmo, mask) },
+            }
+        };
+        return ready::poll_mixed(fds, n, total, mask);
+    }
     if let Some((budget, total)) = ts_budget(tmo)
         && n <= 4096
         && pollfds_spin(fds, n)
@@ -539,6 +797,10 @@ pub unsafe extern "C" fn __ppoll_chk(
     mask: *const sigset_t,
     fdslen: size_t,
 ) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::__ppoll_chk(fds, n, tmo, mask, fdslen) };
+    }
     if (fdslen / std::mem::size_of::<pollfd>()) < n as usize {
         // SAFETY: glibc reports the overflow and aborts.
         return unsafe { real::__ppoll_chk(fds, n, tmo, mask, fdslen) };
@@ -595,6 +857,10 @@ pub unsafe extern "C" fn select(
     e: *mut fd_set,
     tv: *mut timeval,
 ) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::select(n, r, w, e, tv) };
+    }
     let total = if tv.is_null() {
         None
     } else {
@@ -606,6 +872,9 @@ pub unsafe extern "C" fn select(
         }
         Some(t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000)
     };
+    if ready::fdsets_accel(n, [r, w, e]) {
+        return ready::select_mixed(n, [r, w, e], total, std::ptr::null());
+    }
     let spin = spin::SPIN_NS.load(Ordering::Relaxed);
     if spin != 0
         && spin::SPIN_POLL.load(Ordering::Relaxed)
@@ -655,6 +924,23 @@ pub unsafe extern "C" fn pselect(
     tmo: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::pselect(n, r, w, e, tmo, mask) };
+    }
+    if ready::fdsets_accel(n, [r, w, e]) {
+        let total = if tmo.is_null() {
+            None
+        } else {
+            // SAFETY: the caller's timespec.
+            match ts_ns(unsafe { &*tmo }) {
+                Some(t) => Some(t),
+                // SAFETY: the kernel answers EINVAL.
+                None => return unsafe { real::pselect(n, r, w, e, tmo, mask) },
+            }
+        };
+        return ready::select_mixed(n, [r, w, e], total, mask);
+    }
     if let Some((budget, total)) = ts_budget(tmo)
         && fdsets_spin(n, [r, w, e])
     {
@@ -688,6 +974,10 @@ pub unsafe extern "C" fn pselect(
 /// libc's `epoll_create`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::epoll_create(size) };
+    }
     // SAFETY: forwarding.
     let r = unsafe { real::epoll_create(size) };
     if r >= 0 {
@@ -701,6 +991,10 @@ pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
 /// libc's `epoll_create1`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::epoll_create1(flags) };
+    }
     // SAFETY: forwarding.
     let r = unsafe { real::epoll_create1(flags) };
     if r >= 0 {
@@ -714,8 +1008,16 @@ pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
 /// libc's `epoll_ctl`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::epoll_ctl(ep, op, fd, ev) };
+    }
     // SAFETY: forwarding.
     let r = unsafe { real::epoll_ctl(ep, op, fd, ev) };
+    if r == 0 && (table::get(fd) & (table::F_ACCEL | table::F_CAND) != 0) {
+        ready::epoll_ctl_accel(ep, op, fd, ev, accel::lookup(fd));
+        return 0;
+    }
     if r == 0
         && (op == libc::EPOLL_CTL_ADD || op == libc::EPOLL_CTL_MOD)
         && spin::spins_on(table::lookup(fd))
@@ -739,6 +1041,18 @@ pub unsafe extern "C" fn epoll_wait(
     max: c_int,
     tmo: c_int,
 ) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::epoll_wait(ep, evs, max, tmo) };
+    }
+    if ready::epoll_has_accel(ep) {
+        let total = if tmo < 0 {
+            None
+        } else {
+            Some(tmo as u64 * 1_000_000)
+        };
+        return ready::epoll_mixed(ep, evs, max, total, std::ptr::null());
+    }
     if let Some(budget) = spin::poll_budget(tmo as i64)
         && epoll_spins(ep)
     {
@@ -768,6 +1082,18 @@ pub unsafe extern "C" fn epoll_pwait(
     tmo: c_int,
     mask: *const sigset_t,
 ) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::epoll_pwait(ep, evs, max, tmo, mask) };
+    }
+    if ready::epoll_has_accel(ep) {
+        let total = if tmo < 0 {
+            None
+        } else {
+            Some(tmo as u64 * 1_000_000)
+        };
+        return ready::epoll_mixed(ep, evs, max, total, mask);
+    }
     if let Some(budget) = spin::poll_budget(tmo as i64)
         && epoll_spins(ep)
     {
@@ -799,6 +1125,23 @@ pub unsafe extern "C" fn epoll_pwait2(
     tmo: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
+    if crate::accel::in_engine() {
+        // SAFETY: engine-internal call: straight to libc.
+        return unsafe { real::epoll_pwait2(ep, evs, max, tmo, mask) };
+    }
+    if ready::epoll_has_accel(ep) {
+        let total = if tmo.is_null() {
+            None
+        } else {
+            // SAFETY: the caller's timespec.
+            match ts_ns(unsafe { &*tmo }) {
+                Some(t) => Some(t),
+                // SAFETY: the kernel answers EINVAL.
+                None => return unsafe { real::epoll_pwait2(ep, evs, max, tmo, mask) },
+            }
+        };
+        return ready::epoll_mixed(ep, evs, max, total, mask);
+    }
     if let Some((budget, total)) = ts_budget(tmo)
         && epoll_spins(ep)
     {
@@ -822,4 +1165,261 @@ pub unsafe extern "C" fn epoll_pwait2(
     }
     // SAFETY: forwarding.
     unsafe { real::epoll_pwait2(ep, evs, max, tmo, mask) }
+}
+
+// ------------------------------------------------- accelerated sockets
+
+fn timeval_ns(val: *const c_void, len: socklen_t) -> u64 {
+    if val.is_null() || (len as usize) < std::mem::size_of::<timeval>() {
+        return 0;
+    }
+    // SAFETY: a timeval-sized value the kernel accepted.
+    let tv = unsafe { std::ptr::read_unaligned(val.cast::<timeval>()) };
+    (tv.tv_sec.max(0) as u64) * 1_000_000_000 + (tv.tv_usec.max(0) as u64) * 1000
+}
+
+/// `new` is a duplicate of `old`: it shares `old`'s engine socket.
+fn share_accel(old: c_int, new: c_int) {
+    if let Some(a) = table::accel(old) {
+        a.add_ref();
+        table::accel_set(new, a);
+        table::add_flags(new, table::F_ACCEL);
+    }
+}
+
+/// Receive-side options the xdp engine cannot honour (no ancillary data,
+/// no per-device binding): the socket stays, or goes back to, the kernel.
+fn unsupported_opt(level: c_int, name: c_int) -> Option<&'static str> {
+    Some(match (level, name) {
+        (libc::SOL_SOCKET, libc::SO_TIMESTAMP) => "SO_TIMESTAMP",
+        (libc::SOL_SOCKET, libc::SO_TIMESTAMPNS) => "SO_TIMESTAMPNS",
+        (libc::SOL_SOCKET, libc::SO_TIMESTAMPING) => "SO_TIMESTAMPING",
+        (libc::SOL_SOCKET, 63) => "SO_TIMESTAMP_NEW",
+        (libc::SOL_SOCKET, 64) => "SO_TIMESTAMPNS_NEW",
+        (libc::SOL_SOCKET, 65) => "SO_TIMESTAMPING_NEW",
+        (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) => "SO_BINDTODEVICE",
+        (libc::SOL_SOCKET, libc::SO_REUSEPORT) => "SO_REUSEPORT (sockets sharing a port)",
+        (libc::IPPROTO_IP, libc::IP_PKTINFO) => "IP_PKTINFO",
+        (libc::IPPROTO_IP, libc::IP_RECVTOS) => "IP_RECVTOS",
+        (libc::IPPROTO_IP, libc::IP_RECVTTL) => "IP_RECVTTL",
+        (libc::IPPROTO_IP, libc::IP_RECVERR) => "IP_RECVERR",
+        (libc::IPPROTO_IP, libc::IP_RECVORIGDSTADDR) => "IP_RECVORIGDSTADDR",
+        _ => return None,
+    })
+}
+
+fn opt_enabled(val: *const c_void, len: socklen_t) -> bool {
+    if val.is_null() || len == 0 {
+        return false;
+    }
+    // SAFETY: `len` readable bytes.
+    let b = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), (len as usize).min(64)) };
+    b.iter().any(|x| *x != 0)
+}
+
+/// setsockopt on an accelerated socket or a candidate. `Some(r)`: answered.
+fn sockopt_accel(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> Option<c_int> {
+    let w = table::get(fd);
+    if w & (table::F_ACCEL | table::F_CAND) == 0 {
+        return None;
+    }
+    if let Some(what) = unsupported_opt(level, name)
+        && opt_enabled(val, len)
+    {
+        if w & table::F_CAND != 0 {
+            table::clear_flags(fd, table::F_CAND);
+            accel::log_not(
+                fd,
+                &format!("option {what} is not supported by the xdp engine"),
+            );
+        } else {
+            accel::detach(
+                fd,
+                &format!("option {what} is not supported by the xdp engine"),
+            );
+        }
+        return None;
+    }
+    let a = accel::lookup(fd)?;
+    if level == libc::IPPROTO_IP && name == libc::IP_ADD_MEMBERSHIP && !val.is_null() && len >= 8 {
+        // ip_mreq / ip_mreqn: group, then interface address.
+        // SAFETY: at least 8 readable bytes.
+        let b = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), 8) };
+        let group = std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]);
+        let ifaddr = std::net::Ipv4Addr::new(b[4], b[5], b[6], b[7]);
+        return Some(match accel::join_multicast(a, group, ifaddr) {
+            Ok(()) => 0,
+            Err(e) => {
+                spin::set_errno(e);
+                -1
+            }
+        });
+    }
+    None
+}
+
+fn fcntl_accel(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int> {
+    let a = table::accel(fd)?;
+    let call = |c: c_int, v: c_ulong| {
+        // SAFETY: F_GETFL/F_SETFL with an int argument.
+        unsafe {
+            if is64 {
+                real::fcntl64(fd, c, v)
+            } else {
+                real::fcntl(fd, c, v)
+            }
+        }
+    };
+    match cmd {
+        libc::F_GETFL => {
+            let r = call(libc::F_GETFL, 0);
+            if r < 0 {
+                return Some(r);
+            }
+            let nb = if a.nonblock.load(Ordering::Relaxed) {
+                libc::O_NONBLOCK
+            } else {
+                0
+            };
+            Some((r & !libc::O_NONBLOCK) | nb)
+        }
+        libc::F_SETFL => {
+            let r = call(libc::F_SETFL, arg | libc::O_NONBLOCK as c_ulong);
+            if r == 0 {
+                a.nonblock
+                    .store(arg & libc::O_NONBLOCK as c_ulong != 0, Ordering::Relaxed);
+            }
+            Some(r)
+        }
+        _ => None,
+    }
+}
+
+/// # Safety
+/// libc's `bind`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    if !accel::in_engine()
+        && let Some(r) = ahooks::bind(fd, addr, len)
+    {
+        return r;
+    }
+    // SAFETY: forwarding.
+    unsafe { real::bind(fd, addr, len) }
+}
+
+/// # Safety
+/// libc's `connect`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    if !accel::in_engine()
+        && table::get(fd) & (table::F_ACCEL | table::F_CAND) != 0
+        && let Some(r) = ahooks::connect(fd, addr, len)
+    {
+        return r;
+    }
+    // SAFETY: forwarding.
+    unsafe { real::connect(fd, addr, len) }
+}
+
+/// # Safety
+/// libc's `sendto`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    alen: socklen_t,
+) -> ssize_t {
+    if !accel::in_engine()
+        && let Some(r) = ahooks::sendto(fd, buf, len, flags, addr, alen)
+    {
+        return r;
+    }
+    // SAFETY: forwarding.
+    unsafe { real::sendto(fd, buf, len, flags, addr, alen) }
+}
+
+/// # Safety
+/// libc's `send`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
+    if !accel::in_engine()
+        && accel::lookup(fd).is_some()
+        && let Some(r) = ahooks::sendto(fd, buf, len, flags, std::ptr::null(), 0)
+    {
+        return r;
+    }
+    // SAFETY: forwarding.
+    unsafe { real::send(fd, buf, len, flags) }
+}
+
+/// # Safety
+/// libc's `sendmsg`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    if !accel::in_engine()
+        && let Some(r) = ahooks::sendmsg(fd, msg, flags)
+    {
+        return r;
+    }
+    // SAFETY: forwarding.
+    unsafe { real::sendmsg(fd, msg, flags) }
+}
+
+/// # Safety
+/// libc's `sendmmsg`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendmmsg(
+    fd: c_int,
+    msgs: *mut mmsghdr,
+    vlen: c_uint,
+    flags: c_int,
+) -> c_int {
+    if !accel::in_engine()
+        && let Some(r) = ahooks::sendmmsg(fd, msgs, vlen, flags)
+    {
+        return r;
+    }
+    // SAFETY: forwarding.
+    unsafe { real::sendmmsg(fd, msgs, vlen, flags) }
+}
+
+/// # Safety
+/// libc's `write`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t {
+    if !accel::in_engine()
+        && accel::lookup(fd).is_some()
+        && let Some(r) = ahooks::sendto(fd, buf, len, 0, std::ptr::null(), 0)
+    {
+        return r;
+    }
+    // SAFETY: forwarding.
+    unsafe { real::write(fd, buf, len) }
+}
+
+/// # Safety
+/// libc's `writev`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if !accel::in_engine() && cnt >= 0 && accel::lookup(fd).is_some() {
+        // SAFETY: a msghdr over the caller's iovec.
+        let mut m: msghdr = unsafe { std::mem::zeroed() };
+        m.msg_iov = iov as *mut iovec;
+        m.msg_iovlen = cnt as _;
+        if let Some(r) = ahooks::sendmsg(fd, &m, 0) {
+            return r;
+        }
+    }
+    // SAFETY: forwarding.
+    unsafe { real::writev(fd, iov, cnt) }
 }

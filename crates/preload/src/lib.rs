@@ -42,14 +42,18 @@
 //! trampolines that tail-jump to a fixed-arity Rust function taking the
 //! optional argument as an integer register (see `hooks`).
 
+mod accel;
+mod ahooks;
 mod hooks;
 mod log;
+mod ready;
 mod real;
 mod spin;
 mod table;
 
 /// Runs when the library is loaded (before `main`): read the configuration.
 extern "C" fn nanowire_preload_init() {
+    accel::init();
     spin::init();
 }
 

@@ -77,6 +77,12 @@ real_fns! {
     dup2(old: c_int, new: c_int) -> c_int;
     dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
     recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t;
+    send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t;
+    sendto(fd: c_int, buf: *const c_void, len: size_t, flags: c_int, addr: *const sockaddr, alen: socklen_t) -> ssize_t;
+    sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t;
+    sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> c_int;
+    write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t;
+    writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
     recvfrom(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t;
     recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t;
     recvmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int, tmo: *mut timespec) -> c_int;

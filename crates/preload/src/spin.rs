@@ -20,6 +20,14 @@ pub struct State {
     pub cfg: Option<Config>,
     /// Why UDP sockets are not served by the xdp engine.
     pub xdp_reason: String,
+    /// UDP/IPv4 sockets are candidates for the xdp engine.
+    pub xdp_ok: bool,
+}
+
+/// Are new UDP/IPv4 sockets candidates for the xdp engine?
+#[inline]
+pub fn xdp_candidates() -> bool {
+    STATE.get().is_some_and(|s| s.xdp_ok) && !crate::accel::in_engine()
 }
 
 pub static STATE: OnceLock<State> = OnceLock::new();
@@ -34,6 +42,7 @@ pub fn init() {
                 return State {
                     cfg: None,
                     xdp_reason: "configuration error".into(),
+                    xdp_ok: false,
                 };
             }
         };
@@ -58,9 +67,10 @@ pub fn init() {
             },
             Engine::Xdp => match nanowire_run::privilege::check() {
                 Err(why) => why,
-                Ok(()) => "the xdp engine is not available in this build".to_string(),
+                Ok(()) => String::new(),
             },
         };
+        let xdp_ok = cfg.engine == Engine::Xdp && xdp_reason.is_empty();
         log!(
             Level::Debug,
             "shim loaded: profile {} engine {} spin {}",
@@ -75,6 +85,7 @@ pub fn init() {
         State {
             cfg: Some(cfg),
             xdp_reason,
+            xdp_ok,
         }
     });
 }
@@ -252,7 +263,7 @@ pub fn remaining_ms(timeout_ms: c_int, spent_ns: u64) -> c_int {
 }
 
 /// Log the engine decision for a new socket (one line, info level).
-pub fn log_socket(fd: c_int, class: u64) {
+pub fn log_socket(fd: c_int, class: u64, domain: c_int) {
     if !crate::log::enabled(Level::Info) {
         return;
     }
@@ -277,7 +288,11 @@ pub fn log_socket(fd: c_int, class: u64) {
             (Some(s), _) => log!(
                 Level::Info,
                 "fd {fd} udp: spin (kernel socket, {s}); xdp not used: {}",
-                st.xdp_reason
+                if st.xdp_ok && domain == libc::AF_INET6 {
+                    "IPv6 (the xdp engine is IPv4 only)"
+                } else {
+                    &st.xdp_reason
+                }
             ),
         },
         C_TCP => match &spin {

@@ -174,3 +174,72 @@ pub fn lookup(fd: i32) -> u64 {
     classify(fd);
     get(fd)
 }
+
+// ------------------------------------------------ accelerated sockets
+
+/// The fd is served by the xdp engine (its `Accel` is in the accel table).
+pub const F_ACCEL: u64 = 1 << 11;
+/// A UDP socket that may still be put on the xdp engine (at bind, connect
+/// or first send).
+pub const F_CAND: u64 = 1 << 12;
+/// An epoll instance with an accelerated socket registered.
+pub const F_EPOLL_ACCEL: u64 = 1 << 13;
+
+static ACCEL: [AtomicPtr<[AtomicPtr<crate::accel::Accel>; CHUNK]>; CHUNKS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS];
+
+#[inline(always)]
+fn accel_slot(fd: i32, alloc: bool) -> Option<&'static AtomicPtr<crate::accel::Accel>> {
+    let i = usize::try_from(fd).ok()?;
+    if i >= MAX_FD {
+        return None;
+    }
+    let mut p = ACCEL[i / CHUNK].load(Ordering::Acquire);
+    if p.is_null() {
+        if !alloc {
+            return None;
+        }
+        let fresh: Box<[AtomicPtr<crate::accel::Accel>; CHUNK]> =
+            Box::new([const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNK]);
+        let fresh = Box::into_raw(fresh);
+        match ACCEL[i / CHUNK].compare_exchange(
+            std::ptr::null_mut(),
+            fresh,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => p = fresh,
+            Err(other) => {
+                // SAFETY: `fresh` is ours and was never published.
+                drop(unsafe { Box::from_raw(fresh) });
+                p = other;
+            }
+        }
+    }
+    // SAFETY: chunks are leaked and never freed.
+    Some(unsafe { &(*p)[i % CHUNK] })
+}
+
+/// The accelerated socket behind `fd`, if any (two loads, no lock).
+#[inline(always)]
+pub fn accel(fd: i32) -> Option<&'static crate::accel::Accel> {
+    let p = accel_slot(fd, false)?.load(Ordering::Acquire);
+    // SAFETY: `Accel`s are leaked (never freed), so a pointer once
+    // published stays valid for the life of the process.
+    unsafe { p.as_ref() }
+}
+
+pub fn accel_set(fd: i32, a: &'static crate::accel::Accel) {
+    if let Some(s) = accel_slot(fd, true) {
+        s.store(
+            (a as *const crate::accel::Accel).cast_mut(),
+            Ordering::Release,
+        );
+    }
+}
+
+pub fn accel_take(fd: i32) -> Option<&'static crate::accel::Accel> {
+    let p = accel_slot(fd, false)?.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    // SAFETY: as in `accel`.
+    unsafe { p.as_ref() }
+}

@@ -60,9 +60,13 @@ static void msleep(int ms) {
     nanosleep(&ts, NULL);
 }
 
+/* UDP sockets bind to $SEM_ADDR (default 127.0.0.1): in a lab host that is
+ * the veth address, so the shim puts them on the xdp engine. */
 static int udp_bound(struct sockaddr_in *out) {
     int s = socket(AF_INET, SOCK_DGRAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    const char *env = getenv("SEM_ADDR");
+    if (env) a.sin_addr.s_addr = inet_addr(env);
     if (bind(s, (struct sockaddr *)&a, sizeof a) != 0) { perror("bind"); exit(2); }
     socklen_t l = sizeof *out;
     getsockname(s, (struct sockaddr *)out, &l);

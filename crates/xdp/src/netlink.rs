@@ -31,7 +31,14 @@ pub struct Route {
     pub gateway: Option<Ipv4Addr>,
     /// Preferred source address.
     pub prefsrc: Option<Ipv4Addr>,
+    /// RTN_* route type (1 unicast, 2 local, 3 broadcast, 5 multicast).
+    pub kind: u8,
 }
+
+pub const RTN_UNICAST: u8 = 1;
+pub const RTN_LOCAL: u8 = 2;
+pub const RTN_BROADCAST: u8 = 3;
+pub const RTN_MULTICAST: u8 = 5;
 
 impl Route {
     /// The neighbour whose MAC the frame is addressed to.
@@ -185,6 +192,7 @@ pub fn route_get(dst: Ipv4Addr) -> io::Result<Route> {
         oif: 0,
         gateway: None,
         prefsrc: None,
+        kind: m.get(7).copied().unwrap_or(RTN_UNICAST),
     };
     for (ty, d) in attrs(m.get(12..).unwrap_or(&[])) {
         match ty {
@@ -234,7 +242,7 @@ pub fn resolve_mac(dst: Ipv4Addr, route: &Route, timeout: Duration) -> Result<[u
         let o = dst.octets();
         return Ok([0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]]);
     }
-    if dst.is_broadcast() {
+    if dst.is_broadcast() || route.kind == RTN_BROADCAST {
         return Ok([0xff; 6]);
     }
     let hop = route.next_hop(dst);
@@ -268,6 +276,7 @@ mod tests {
         let r = route_get(Ipv4Addr::LOCALHOST).unwrap();
         assert!(r.oif > 0);
         assert_eq!(r.gateway, None);
+        assert_eq!(r.kind, RTN_LOCAL);
     }
 
     #[test]

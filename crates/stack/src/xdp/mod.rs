@@ -41,9 +41,9 @@ use std::time::{Duration, Instant};
 const RX_BATCH: u32 = 64;
 /// Datagrams a socket may hold before new ones are dropped (counted).
 pub const DEFAULT_SOCKET_QUEUE: usize = 65536;
-/// Longest single sleep in poll(): bounds the wake-up delay when another
-/// thread drained the ring on our behalf.
-const MAX_SLEEP_MS: i32 = 5;
+/// Longest single sleep in poll() (a safety net: a thread that queues a
+/// datagram for a sleeping socket wakes it through its eventfd).
+const MAX_SLEEP_MS: i32 = 50;
 const ETH_HDR: usize = 14;
 const IP_HDR: usize = 20;
 const UDP_HDR: usize = 8;
@@ -91,6 +91,33 @@ struct Sock {
     cap: usize,
     slot: usize,
     kernel: UdpSocket,
+    /// The owner sleeps in poll(): whoever queues a datagram for it
+    /// signals `wake` (an eventfd in the sleeper's poll set).
+    sleeping: bool,
+    wake: std::os::fd::OwnedFd,
+}
+
+fn eventfd() -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain eventfd(2); checked below.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+fn eventfd_write(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64 to an eventfd.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+fn eventfd_drain(fd: RawFd) {
+    let mut v: u64 = 0;
+    // SAFETY: reads 8 bytes into a live u64 from a non-blocking eventfd.
+    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
 }
 
 struct Queue {
@@ -275,11 +302,11 @@ impl Engine {
         self.lock().poll_rx()
     }
 
-    fn wait_fds(&self, extra: RawFd, timeout_ms: i32) {
+    fn wait_fds(&self, extra: &[RawFd], timeout_ms: i32) {
         let mut pfds: Vec<libc::pollfd> = self
             .fds
             .iter()
-            .chain(std::iter::once(&extra))
+            .chain(extra.iter())
             .map(|&fd| libc::pollfd {
                 fd,
                 events: libc::POLLIN,
@@ -380,6 +407,10 @@ impl Inner {
                     continue;
                 }
                 s.queue.push_back(item);
+                if s.sleeping {
+                    s.sleeping = false;
+                    eventfd_write(s.wake.as_raw_fd());
+                }
                 let depth = s.queue.len() as u64;
                 self.page
                     .s(s.slot, S::QueueDepth)
@@ -485,11 +516,12 @@ impl Inner {
                 oif: ifindex,
                 gateway: None,
                 prefsrc: ifaddr,
+                kind: netlink::RTN_MULTICAST,
             }
         } else {
             netlink::route_get(dst)?
         };
-        if route.oif != ifindex {
+        if route.oif != ifindex || route.kind == netlink::RTN_LOCAL {
             // Not through our interface (loopback, another NIC): the
             // kernel socket carries it.
             self.neigh.insert(dst.to_bits(), None);
@@ -549,10 +581,14 @@ pub struct XdpSocket {
     kernel: UdpSocket,
     scratch: Vec<u8>,
     kcheck: u32,
+    /// The eventfd of this socket's `Sock` (owned there, valid while we live).
+    wake_fd: RawFd,
 }
 
-/// Empty polls between two looks at the kernel reservation socket.
-const KERNEL_CHECK_EVERY: u32 = 256;
+/// Empty `recv_batch` calls between two looks at the kernel twin.
+const KERNEL_CHECK_EVERY: u32 = 4096;
+/// Time between two looks at the kernel twin while `recv_with` spins.
+const KERNEL_CHECK_INTERVAL: Duration = Duration::from_micros(200);
 
 fn io_err(kind: io::ErrorKind, msg: impl Into<String>) -> io::Error {
     io::Error::new(kind, msg.into())
@@ -676,7 +712,11 @@ impl XdpSocket {
                 ),
             )));
         }
+        let wake = eventfd().map_err(OpenError::Socket)?;
+        let wake_fd = wake.as_raw_fd();
         let sock = Sock {
+            sleeping: false,
+            wake,
             claims: Vec::new(),
             queue: VecDeque::with_capacity(1024),
             cap: DEFAULT_SOCKET_QUEUE,
@@ -708,6 +748,7 @@ impl XdpSocket {
             kernel,
             scratch: vec![0u8; 65536],
             kcheck: 0,
+            wake_fd,
         };
         r.map_err(OpenError::Engine)?;
         Ok(s)
@@ -725,6 +766,7 @@ impl XdpSocket {
         mut f: impl FnMut(&[u8], SocketAddrV4) -> R,
     ) -> io::Result<Option<R>> {
         let start = Instant::now();
+        let mut next_kcheck = start + KERNEL_CHECK_INTERVAL;
         let mut spins: u32 = 0;
         loop {
             {
@@ -740,13 +782,16 @@ impl XdpSocket {
                 }
             }
             spins = spins.wrapping_add(1);
-            if (spins.is_multiple_of(KERNEL_CHECK_EVERY) || !matches!(self.wait, WaitPolicy::Spin))
-                && let Some(r) = self.try_kernel(&mut f)?
-            {
-                return Ok(Some(r));
-            }
-            if spins.is_multiple_of(64) || !matches!(self.wait, WaitPolicy::Spin) {
+            if spins.is_multiple_of(64) || matches!(self.wait, WaitPolicy::Block) {
                 let now = Instant::now();
+                // The kernel twin costs a syscall: look at most every
+                // KERNEL_CHECK_INTERVAL while spinning (and after each sleep).
+                if now >= next_kcheck {
+                    next_kcheck = now + KERNEL_CHECK_INTERVAL;
+                    if let Some(r) = self.try_kernel(&mut f)? {
+                        return Ok(Some(r));
+                    }
+                }
                 if deadline.is_some_and(|d| now >= d) {
                     return Ok(None);
                 }
@@ -764,7 +809,29 @@ impl XdpSocket {
                         })
                         .unwrap_or(MAX_SLEEP_MS)
                         .max(1);
-                    self.engine.wait_fds(self.kernel.as_raw_fd(), ms);
+                    // Announce the sleep under the lock, unless a datagram
+                    // arrived for us meanwhile (another thread drained it).
+                    let may_sleep = {
+                        let mut g = self.engine.lock();
+                        match g.socks.get_mut(self.sid) {
+                            Some(Some(s)) if s.queue.is_empty() => {
+                                s.sleeping = true;
+                                true
+                            }
+                            _ => false,
+                        }
+                    };
+                    if may_sleep {
+                        self.engine
+                            .wait_fds(&[self.kernel.as_raw_fd(), self.wake_fd], ms);
+                        if let Some(Some(s)) = self.engine.lock().socks.get_mut(self.sid) {
+                            s.sleeping = false;
+                        }
+                        eventfd_drain(self.wake_fd);
+                        if let Some(r) = self.try_kernel(&mut f)? {
+                            return Ok(Some(r));
+                        }
+                    }
                     continue;
                 }
             }
@@ -1116,6 +1183,38 @@ impl UdpEndpoint for XdpSocket {
 }
 
 impl XdpSocket {
+    /// The socket's kernel twin (bound to the same address; non-blocking):
+    /// a real fd number for fd-based code, and the path for loopback
+    /// traffic. Datagrams XDP steers never show up on it.
+    pub fn kernel_fd(&self) -> RawFd {
+        self.kernel.as_raw_fd()
+    }
+
+    /// Descriptors that become readable when a datagram may be waiting for
+    /// this socket: the engine's AF_XDP sockets, this socket's wake-up
+    /// eventfd and its kernel twin (for poll/select/epoll integration; a
+    /// readable fd is a hint, [`XdpSocket::pending`] is the answer).
+    pub fn poll_fds(&self) -> Vec<RawFd> {
+        let mut v = self.engine.fds.clone();
+        v.push(self.wake_fd);
+        v.push(self.kernel.as_raw_fd());
+        v
+    }
+
+    /// Drain the rings and report (queued datagrams, length of the next
+    /// one) without consuming anything. Does not look at the kernel twin.
+    pub fn pending(&self) -> (usize, usize) {
+        let mut g = self.engine.lock();
+        g.poll_rx();
+        match g.socks.get(self.sid) {
+            Some(Some(s)) => (
+                s.queue.len(),
+                s.queue.front().map_or(0, |it| it.len as usize),
+            ),
+            _ => (0, 0),
+        }
+    }
+
     /// The connected peer, if any.
     pub fn peer(&self) -> Option<SocketAddrV4> {
         self.peer
@@ -1126,5 +1225,81 @@ impl XdpSocket {
             .peer
             .ok_or_else(|| io_err(io::ErrorKind::NotConnected, "socket is not connected"))?;
         self.send_to(buf, p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; HDRS + payload.len()];
+        let dst = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 7);
+        let n = build_frame(
+            &mut f,
+            [2; 6],
+            [4; 6],
+            Ipv4Addr::new(198, 18, 0, 1),
+            9,
+            dst,
+            payload,
+            1,
+        );
+        f.truncate(n);
+        f
+    }
+
+    #[test]
+    fn built_frames_parse_back() {
+        let f = frame(b"hello");
+        let (src, dst, off, len, partial) = parse_udp(&f).unwrap();
+        assert_eq!(src, "198.18.0.1:9".parse().unwrap());
+        assert_eq!(dst, "198.18.0.2:7".parse().unwrap());
+        assert_eq!(&f[off..off + len], b"hello");
+        assert!(!partial, "we send full checksums");
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        // xorshift: deterministic pseudo-random mutations of a valid frame.
+        let mut x: u64 = 0x9e3779b97f4a7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let base = frame(&[0x55; 40]);
+        for _ in 0..20000 {
+            let mut f = base.clone();
+            for _ in 0..(next() % 6) {
+                let i = (next() as usize) % f.len();
+                f[i] = next() as u8;
+            }
+            let cut = (next() as usize) % (f.len() + 1);
+            let _ = parse_udp(&f[..cut]);
+            let _ = parse_udp(&f);
+        }
+        for n in 0..HDRS + 4 {
+            assert!(parse_udp(&base[..n]).is_err());
+        }
+    }
+
+    #[test]
+    fn multicast_frames_use_ttl_1() {
+        let mut f = vec![0u8; HDRS + 4];
+        let g = SocketAddrV4::new(Ipv4Addr::new(239, 1, 2, 3), 5);
+        build_frame(
+            &mut f,
+            [2; 6],
+            [1, 0, 0x5e, 1, 2, 3],
+            Ipv4Addr::new(10, 0, 0, 1),
+            6,
+            g,
+            b"abcd",
+            3,
+        );
+        assert_eq!(f[ETH_HDR + 8], 1);
+        assert!(parse_udp(&f).is_ok());
     }
 }

@@ -1,0 +1,164 @@
+//! `nanowire run` with the default engine (xdp): UDP sockets of unmodified
+//! programs go onto AF_XDP in the lab. sockperf in every mode and feed
+//! mode, the C semantics program (identical output to a plain run),
+//! `nanowire stats` listing the live accelerated sockets.
+
+mod run_support;
+use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host};
+use run_support::*;
+use std::process::Command;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(60);
+
+fn feed_file(name: &str, port: u16) -> String {
+    let p = std::env::temp_dir().join(format!("nanowire-ts-{}-{name}.feed", std::process::id()));
+    std::fs::write(&p, format!("U:{ADDR_B}:{port}\n")).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+fn complete(out: &str) {
+    assert!(
+        out.contains(
+            "# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0"
+        ),
+        "losses:\n{out}"
+    );
+    let valid = out
+        .lines()
+        .find(|l| l.contains("[Valid Duration]"))
+        .unwrap_or_else(|| panic!("no [Valid Duration] line:\n{out}"));
+    let sent = sockperf_field(valid, "SentMessages").unwrap();
+    assert!(sent > 10, "{out}");
+    assert_eq!(
+        Some(sent),
+        sockperf_field(valid, "ReceivedMessages"),
+        "{out}"
+    );
+}
+
+#[test]
+fn sockperf_udp_on_xdp_pp_ul_tp_and_stats_lists_the_socket() {
+    let lab = lab("x");
+    let addr = ADDR_B.to_string();
+    let mut cmd = run_in(
+        &lab,
+        Host::B,
+        &[],
+        &["sockperf", "sr", "-i", &addr, "-p", "11500"],
+    );
+    cmd.env("NANOWIRE_LOG", "info");
+    let mut srv = spawn("x-sr", cmd);
+    srv.wait_for("to block on socket", Duration::from_secs(20));
+    assert!(
+        srv.stderr()
+            .contains(&format!("udp {addr}:11500: xdp (interface")),
+        "{}",
+        srv.stderr()
+    );
+    // nanowire stats (run in the same namespace) sees the live socket.
+    let st = lab
+        .command(Host::B, &[nanowire(), "stats"])
+        .output()
+        .unwrap();
+    let st = String::from_utf8_lossy(&st.stdout);
+    assert!(st.contains(&format!("socket {addr}:11500")), "{st}");
+
+    let client = |tag: &str, extra: &[&str]| {
+        let mut argv = vec![
+            "sockperf", extra[0], "-i", &addr, "-p", "11500", "-t", "1", "-m", "64",
+        ];
+        argv.extend_from_slice(&extra[1..]);
+        let mut c = run_in(&lab, Host::A, &[], &argv);
+        c.env("NANOWIRE_LOG", "info");
+        let mut k = spawn(tag, c);
+        k.success(T)
+    };
+    let out = client("x-pp", &["pp"]);
+    complete(&out);
+    assert!(
+        out.contains(": xdp (interface"),
+        "client not on xdp:\n{out}"
+    );
+    let out = client("x-ul", &["ul", "--mps", "1000", "--reply-every", "5"]);
+    assert!(out.contains("# dropped messages = 0;"), "{out}");
+    let out = client("x-tp", &["tp", "--mps", "10000"]);
+    assert!(out.contains("Summary: Message Rate is"), "{out}");
+}
+
+#[test]
+fn sockperf_feed_modes_on_xdp() {
+    let lab = lab("y");
+    for (i, mode) in ["s", "p", "e"].into_iter().enumerate() {
+        let port = 11600 + i as u16;
+        let f = feed_file(&format!("y{mode}"), port);
+        let mut srv = spawn(
+            &format!("y-sr-{mode}"),
+            run_in(
+                &lab,
+                Host::B,
+                &[],
+                &["sockperf", "sr", "-f", &f, "-F", mode],
+            ),
+        );
+        srv.wait_for("to block on socket", Duration::from_secs(20));
+        // The client uses the same iomux on its side.
+        let mut k = spawn(
+            &format!("y-pp-{mode}"),
+            run_in(
+                &lab,
+                Host::A,
+                &[],
+                &[
+                    "sockperf", "pp", "-f", &f, "-F", mode, "-t", "1", "-m", "64",
+                ],
+            ),
+        );
+        complete(&k.success(T));
+    }
+}
+
+#[test]
+fn c_semantics_on_xdp_sockets_match_a_plain_run() {
+    let lab = lab("z");
+    ensure_preload();
+    let dir = std::env::temp_dir().join(format!("nanowire-ts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join("shim_semantics_xdp");
+    let src =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../preload/tests/shim_semantics.c");
+    assert!(
+        Command::new("cc")
+            .args(["-O1", "-pthread", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let bin = bin.to_str().unwrap();
+    let a = ADDR_A.to_string();
+    let mut plain = spawn(
+        "z-plain",
+        lab.command(Host::A, &["env", &format!("SEM_ADDR={a}"), bin, "all"]),
+    );
+    plain.success(T);
+    let want = plain.stdout();
+    let mut c = run_in(&lab, Host::A, &[], &[bin, "all"]);
+    c.env("SEM_ADDR", &a).env("NANOWIRE_LOG", "info");
+    let mut k = spawn("z-xdp", c);
+    k.success(T);
+    assert!(k.stderr().contains(": xdp (interface"), "{}", k.stderr());
+    let got = k.stdout();
+    let diff: Vec<String> = want
+        .lines()
+        .zip(got.lines())
+        .filter(|(x, y)| x != y)
+        .map(|(x, y)| format!("plain: {x}\n  xdp: {y}"))
+        .collect();
+    assert!(
+        diff.is_empty() && want.lines().count() == got.lines().count(),
+        "{}\n{got}",
+        diff.join("\n")
+    );
+}

@@ -1,0 +1,654 @@
+//! UDP sockets served by the xdp engine.
+//!
+//! An application UDP socket (AF_INET) becomes a *candidate* at `socket()`
+//! when the engine is `xdp`. It is put on the engine when its address is
+//! known: at `bind`, or at `connect`/the first send of an unbound socket
+//! (then on the interface the route to the peer leaves by). The engine
+//! opens its own kernel socket bound to the same address (it reserves the
+//! port and catches what the engine cannot: loopback, other interfaces,
+//! fragments); the shim `dup3`s it onto the application's fd number, so
+//! every fd-based call the shim does not serve (getsockname, getpeername,
+//! getsockopt, epoll_ctl bookkeeping) is answered by a real kernel socket.
+//! That kernel socket is non-blocking underneath; the application's own
+//! view of O_NONBLOCK is kept here and reported by `fcntl(F_GETFL)`.
+//!
+//! Everything that touches the engine runs with a thread-local flag set,
+//! so the engine's own libc calls (its kernel sockets, netlink, poll) go
+//! straight to libc instead of into the shim.
+//!
+//! `Accel` values are leaked, never freed: a pointer read from the fd
+//! table stays valid even if another thread closes the fd meanwhile
+//! (closing takes the engine socket out, and later calls see EBADF).
+//!
+//! fork: a child that keeps using an accelerated socket does not touch the
+//! engine (its rings belong to the parent); it uses the kernel socket under
+//! the fd, so it can send and receives what is not steered to the parent.
+
+use crate::log::log;
+use crate::real;
+use crate::spin::{self, errno, now_ns, set_errno};
+use crate::table;
+use libc::c_int;
+use nanowire_run::options::Level;
+use nanowire_stack::xdp::{OpenError, XdpSocket};
+use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint, WaitPolicy};
+use std::cell::Cell;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+thread_local! {
+    static IN_ENGINE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True while this thread runs engine code: hooks then go straight to libc.
+#[inline(always)]
+pub fn in_engine() -> bool {
+    IN_ENGINE.with(|c| c.get())
+}
+
+/// Run engine code with the hooks bypassed.
+#[inline]
+pub fn engine_call<R>(f: impl FnOnce() -> R) -> R {
+    let prev = IN_ENGINE.with(|c| c.replace(true));
+    let r = f();
+    IN_ENGINE.with(|c| c.set(prev));
+    r
+}
+
+/// This process's pid, refreshed in the child after fork.
+static PID: AtomicU32 = AtomicU32::new(0);
+
+extern "C" fn after_fork_child() {
+    PID.store(std::process::id(), Ordering::Relaxed);
+}
+
+pub fn init() {
+    PID.store(std::process::id(), Ordering::Relaxed);
+    // SAFETY: registering a plain extern "C" handler.
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+}
+
+pub struct St {
+    pub xdp: Option<XdpSocket>,
+    /// A datagram taken off the engine but not consumed (MSG_PEEK,
+    /// FIONREAD, readiness checks).
+    stash: Option<(Vec<u8>, SocketAddrV4)>,
+    peer: Option<SocketAddrV4>,
+}
+
+pub struct Accel {
+    st: Mutex<St>,
+    /// The application's O_NONBLOCK (the kernel socket is always non-blocking).
+    pub nonblock: AtomicBool,
+    /// SO_RCVTIMEO in ns (0 = none).
+    pub rcvtimeo_ns: AtomicU64,
+    /// fds referring to this socket (dup).
+    refs: AtomicU32,
+    pid: u32,
+    /// Set by shutdown(SHUT_RD): receives return 0 when empty.
+    rd_shut: AtomicBool,
+    /// What a sleeping receive polls: the engine's AF_XDP sockets, the
+    /// socket's wake-up eventfd and the kernel socket under the fd.
+    wait_fds: Vec<c_int>,
+}
+
+impl Accel {
+    #[inline]
+    pub fn lock(&self) -> MutexGuard<'_, St> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// Usable by this process (not a forked child's inherited copy).
+    #[inline(always)]
+    pub fn mine(&self) -> bool {
+        self.pid == PID.load(Ordering::Relaxed)
+    }
+    pub fn add_ref(&self) {
+        self.refs.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// The engine socket behind `fd` if this process may use it.
+#[inline(always)]
+pub fn lookup(fd: c_int) -> Option<&'static Accel> {
+    let a = table::accel(fd)?;
+    if a.mine() { Some(a) } else { None }
+}
+
+/// An inherited accelerated fd in a forked child: served by its kernel
+/// socket, with the application's blocking mode emulated.
+#[inline(always)]
+pub fn inherited(fd: c_int) -> Option<&'static Accel> {
+    let a = table::accel(fd)?;
+    if a.mine() { None } else { Some(a) }
+}
+
+fn sockaddr_in(sa: &SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: sa.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*sa.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
+/// Read an AF_INET sockaddr; `Err(errno)` as the kernel would answer.
+pub fn read_sockaddr(
+    addr: *const libc::sockaddr,
+    len: libc::socklen_t,
+) -> Result<Option<SocketAddrV4>, c_int> {
+    if addr.is_null() {
+        return Ok(None);
+    }
+    if (len as usize) < std::mem::size_of::<libc::sa_family_t>() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: at least the family is readable (len checked).
+    let fam = unsafe { (*addr).sa_family } as c_int;
+    if fam != libc::AF_INET {
+        return Err(libc::EAFNOSUPPORT);
+    }
+    if (len as usize) < std::mem::size_of::<libc::sockaddr_in>() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: a full sockaddr_in is readable (len checked).
+    let sin = unsafe { &*(addr as *const libc::sockaddr_in) };
+    Ok(Some(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+        u16::from_be(sin.sin_port),
+    )))
+}
+
+/// Write `src` to a caller's (addr, len) pair the way the kernel does.
+pub fn write_sockaddr(src: SocketAddrV4, addr: *mut libc::sockaddr, len: *mut libc::socklen_t) {
+    if addr.is_null() || len.is_null() {
+        return;
+    }
+    let sin = sockaddr_in(&src);
+    let full = std::mem::size_of::<libc::sockaddr_in>();
+    // SAFETY: the caller gave a buffer of *len bytes; we copy at most that.
+    unsafe {
+        let n = (*len as usize).min(full);
+        std::ptr::copy_nonoverlapping((&raw const sin).cast::<u8>(), addr.cast::<u8>(), n);
+        *len = full as libc::socklen_t;
+    }
+}
+
+/// Int socket options copied from the application's original socket to
+/// the engine's kernel socket before it takes the fd number.
+const COPY_OPTS: &[(c_int, c_int)] = &[
+    (libc::SOL_SOCKET, libc::SO_REUSEADDR),
+    (libc::SOL_SOCKET, libc::SO_BROADCAST),
+    (libc::SOL_SOCKET, libc::SO_PRIORITY),
+    (libc::SOL_SOCKET, libc::SO_RCVBUF),
+    (libc::SOL_SOCKET, libc::SO_SNDBUF),
+    (libc::IPPROTO_IP, libc::IP_TOS),
+    (libc::IPPROTO_IP, libc::IP_TTL),
+    (libc::IPPROTO_IP, libc::IP_MULTICAST_TTL),
+    (libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP),
+];
+
+/// Why a socket was not put on the engine.
+pub enum NotAccel {
+    /// Leave the socket to the kernel (spin engine) and say why.
+    Engine(String),
+    /// The address itself is bad or busy: let the real call answer.
+    Socket,
+}
+
+/// Put `fd` on the xdp engine bound to `bind` (`iface`: where an unbound
+/// socket's traffic leaves). On success the fd number now names the
+/// engine's kernel socket.
+pub fn accelerate(
+    fd: c_int,
+    bind: SocketAddrV4,
+    iface: Option<String>,
+) -> Result<&'static Accel, NotAccel> {
+    let st = spin::STATE.get();
+    let cfg = st.and_then(|s| s.cfg.as_ref());
+    if bind.ip().is_loopback() {
+        return Err(NotAccel::Engine(
+            "loopback address (no XDP-capable interface)".into(),
+        ));
+    }
+    let mut opts = EngineOptions::new(EngineKind::Xdp);
+    opts.wait = WaitPolicy::Spin;
+    opts.fallback = false;
+    opts.ring_depth = cfg.map_or(16384, |c| c.ring_depth);
+    opts.iface = cfg.and_then(|c| c.iface.clone()).or(iface);
+    // SAFETY: borrowed for two fcntl calls.
+    let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+    let nonblock =
+        rustix::fs::fcntl_getfl(b).is_ok_and(|f| f.contains(rustix::fs::OFlags::NONBLOCK));
+    let cloexec =
+        rustix::io::fcntl_getfd(b).is_ok_and(|f| f.contains(rustix::io::FdFlags::CLOEXEC));
+    let xs = match engine_call(|| XdpSocket::open(bind, &opts)) {
+        Ok(x) => x,
+        Err(OpenError::Engine(why)) => return Err(NotAccel::Engine(why)),
+        Err(OpenError::Socket(_)) => return Err(NotAccel::Socket),
+    };
+    let kfd = xs.kernel_fd();
+    let mut wait_fds = xs.poll_fds();
+    // The kernel socket is reached through the application's fd number.
+    wait_fds.retain(|&f| f != kfd);
+    wait_fds.push(fd);
+    for &(level, name) in COPY_OPTS {
+        let mut v: c_int = 0;
+        let mut l = std::mem::size_of::<c_int>() as libc::socklen_t;
+        // SAFETY: int-valued options on two valid sockets, local buffers.
+        unsafe {
+            if real::getsockopt(fd, level, name, (&raw mut v).cast(), &mut l) == 0 {
+                if name == libc::SO_RCVBUF || name == libc::SO_SNDBUF {
+                    v /= 2; // the kernel reports double what was set
+                }
+                let _ = real::setsockopt(kfd, level, name, (&raw const v).cast(), l);
+            }
+        }
+    }
+    let e = errno();
+    // SAFETY: both fds are valid; dup3 atomically replaces the application's
+    // unbound socket with the engine's kernel socket under the same number.
+    let r = unsafe { real::dup3(kfd, fd, if cloexec { libc::O_CLOEXEC } else { 0 }) };
+    set_errno(e);
+    if r < 0 {
+        return Err(NotAccel::Engine(format!(
+            "dup3 failed: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    let a: &'static Accel = Box::leak(Box::new(Accel {
+        st: Mutex::new(St {
+            xdp: Some(xs),
+            stash: None,
+            peer: None,
+        }),
+        nonblock: AtomicBool::new(nonblock),
+        rcvtimeo_ns: AtomicU64::new(0),
+        refs: AtomicU32::new(1),
+        pid: PID.load(Ordering::Relaxed),
+        rd_shut: AtomicBool::new(false),
+        wait_fds,
+    }));
+    table::accel_set(fd, a);
+    table::add_flags(fd, table::F_ACCEL);
+    crate::ready::reregister(fd);
+    table::clear_flags(fd, table::F_CAND);
+    if crate::log::enabled(Level::Info) {
+        let g = a.lock();
+        if let Some(x) = &g.xdp {
+            let e = x.engine_handle();
+            log!(
+                Level::Info,
+                "fd {fd} udp {}: xdp (interface {}, {} XDP, {} AF_XDP, ring {})",
+                x.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+                e.iface().name,
+                e.attach_mode().as_str(),
+                e.bind_mode().as_str(),
+                e.ring_depth()
+            );
+        }
+    }
+    Ok(a)
+}
+
+/// Decide for a candidate that is about to talk to `dst` without a bind.
+pub fn accelerate_for_peer(fd: c_int, dst: SocketAddrV4) -> Option<&'static Accel> {
+    let _g = DECIDE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(a) = lookup(fd) {
+        return Some(a); // another thread won the race
+    }
+    if table::get(fd) & table::F_CAND == 0 {
+        return None;
+    }
+    let route = engine_call(|| {
+        let r = nanowire_xdp::netlink::route_get(*dst.ip())
+            .map_err(|e| format!("no route to {}: {e}", dst.ip()))?;
+        let src = r
+            .prefsrc
+            .ok_or_else(|| format!("route to {} has no source address", dst.ip()))?;
+        if src.is_loopback() || dst.ip().is_loopback() {
+            return Err(format!(
+                "no route through an XDP-capable interface (to {} via loopback)",
+                dst.ip()
+            ));
+        }
+        nanowire_xdp::iface::iface_for_addr(src)
+    });
+    let res = match route {
+        Ok(ifname) => accelerate(
+            fd,
+            SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            Some(ifname),
+        ),
+        Err(why) => Err(NotAccel::Engine(why)),
+    };
+    match res {
+        Ok(a) => Some(a),
+        Err(NotAccel::Engine(why)) => {
+            table::clear_flags(fd, table::F_CAND);
+            log_not(fd, &why);
+            None
+        }
+        Err(NotAccel::Socket) => {
+            table::clear_flags(fd, table::F_CAND);
+            log_not(fd, "the engine could not take this address (in use?)");
+            None
+        }
+    }
+}
+
+/// Serialises acceleration decisions (two threads may send first at once).
+/// The candidate flag is cleared only after the engine socket is in the
+/// table, so a thread waiting on a candidate never falls into a kernel
+/// wait on the socket being replaced.
+pub static DECIDE: Mutex<()> = Mutex::new(());
+
+pub fn log_not(fd: c_int, why: &str) {
+    log!(
+        Level::Info,
+        "fd {fd} udp: spin (kernel socket); xdp not used: {why}"
+    );
+}
+
+/// What a receive produced.
+pub enum Got {
+    /// (full datagram length, source)
+    Data(usize, SocketAddrV4),
+    /// Read side shut down: 0 like the kernel.
+    Eof,
+}
+
+/// Receive one datagram: `deliver` copies it out. Waits per the socket's
+/// mode, the call's flags and the profile's spin budget.
+pub fn recv_one(
+    a: &Accel,
+    fd: c_int,
+    flags: c_int,
+    mut deliver: impl FnMut(&[u8], SocketAddrV4),
+) -> Result<Got, c_int> {
+    let peek = flags & libc::MSG_PEEK != 0;
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed);
+    let gen0 = table::generation(table::get(fd));
+    let mut start = 0;
+    let budget = spin::SPIN_NS.load(Ordering::Relaxed);
+    loop {
+        {
+            let mut g = a.lock();
+            if let Some((buf, src)) = &g.stash {
+                let (n, src) = (buf.len(), *src);
+                deliver(buf, src);
+                if !peek {
+                    g.stash = None;
+                }
+                return Ok(Got::Data(n, src));
+            }
+            let St { xdp, stash, peer } = &mut *g;
+            let Some(x) = xdp.as_mut() else {
+                return Err(libc::EBADF);
+            };
+            let mut got = None;
+            let peer = *peer;
+            engine_call(|| {
+                x.recv_batch(1, |p, src| {
+                    if peer.is_some_and(|pe| pe != src) {
+                        return; // connected: the kernel filters other sources
+                    }
+                    if peek {
+                        *stash = Some((p.to_vec(), src));
+                    }
+                    deliver(p, src);
+                    got = Some((p.len(), src));
+                })
+            });
+            if let Some((n, src)) = got {
+                return Ok(Got::Data(n, src));
+            }
+        }
+        if a.rd_shut.load(Ordering::Relaxed) {
+            return Ok(Got::Eof);
+        }
+        if dontwait {
+            // Before saying EAGAIN, look at the kernel socket under the fd
+            // (traffic that took the kernel path: loopback, other
+            // interfaces, fragments).
+            return match kernel_recv(fd, flags, &mut deliver) {
+                Some(Ok(g)) => Ok(g),
+                Some(Err(e)) => Err(e),
+                None => Err(libc::EAGAIN),
+            };
+        }
+        let now_w = table::get(fd);
+        if table::generation(now_w) != gen0 && now_w & table::F_WOKEN == 0 {
+            return Err(libc::EBADF);
+        }
+        let now = now_ns();
+        if start == 0 {
+            start = now;
+        }
+        let spent = now.wrapping_sub(start);
+        let tmo = a.rcvtimeo_ns.load(Ordering::Relaxed);
+        if tmo != 0 && spent >= tmo {
+            return Err(libc::EAGAIN);
+        }
+        if budget != u64::MAX && spent >= budget {
+            // Past the spin budget: traffic that took the kernel path is
+            // taken at once; otherwise sleep until the engine's rings, the
+            // socket's wake-up eventfd or the kernel socket say something
+            // may be there (at most 5 ms: another thread may have drained
+            // the rings for us, and close/shutdown are looked at).
+            if let Some(r) = kernel_recv(fd, flags, &mut deliver) {
+                return r;
+            }
+            let mut pfds: [libc::pollfd; 8] = [libc::pollfd {
+                fd: -1,
+                events: libc::POLLIN,
+                revents: 0,
+            }; 8];
+            let n = a.wait_fds.len().min(8);
+            for (p, &f) in pfds.iter_mut().zip(&a.wait_fds) {
+                p.fd = f;
+            }
+            let mut ms = 5;
+            if tmo != 0 {
+                ms = ms.min((tmo - spent).div_ceil(1_000_000) as c_int);
+            }
+            // SAFETY: `n` pollfds on our stack.
+            unsafe { real::poll(pfds.as_mut_ptr(), n as libc::nfds_t, ms) };
+        } else {
+            core::hint::spin_loop();
+        }
+    }
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One datagram straight from the kernel socket under `fd`, without
+/// waiting. `None`: nothing there.
+fn kernel_recv(
+    fd: c_int,
+    flags: c_int,
+    deliver: &mut impl FnMut(&[u8], SocketAddrV4),
+) -> Option<Result<Got, c_int>> {
+    SCRATCH.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < 65536 {
+            b.resize(65536, 0);
+        }
+        let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut sl = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let e = errno();
+        // SAFETY: our scratch buffer and sockaddr.
+        let r = unsafe {
+            real::recvfrom(
+                fd,
+                b.as_mut_ptr().cast(),
+                b.len(),
+                libc::MSG_DONTWAIT | (flags & libc::MSG_PEEK),
+                (&raw mut sa).cast(),
+                &mut sl,
+            )
+        };
+        if r < 0 {
+            let err = errno();
+            set_errno(e);
+            return if err == libc::EAGAIN {
+                None
+            } else {
+                Some(Err(err))
+            };
+        }
+        let src = SocketAddrV4::new(
+            Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+            u16::from_be(sa.sin_port),
+        );
+        deliver(&b[..r as usize], src);
+        Some(Ok(Got::Data(r as usize, src)))
+    })
+}
+
+/// Is a datagram waiting? (Takes one into the stash if needed.)
+pub fn readable(a: &Accel) -> bool {
+    let mut g = a.lock();
+    if g.stash.is_some() {
+        return true;
+    }
+    let St { xdp, stash, peer } = &mut *g;
+    let Some(x) = xdp.as_mut() else {
+        return false;
+    };
+    let peer = *peer;
+    engine_call(|| {
+        x.recv_batch(1, |p, src| {
+            if peer.is_none_or(|pe| pe == src) {
+                *stash = Some((p.to_vec(), src));
+            }
+        })
+    });
+    stash.is_some() || a.rd_shut.load(Ordering::Relaxed)
+}
+
+/// Length of the next datagram (FIONREAD), 0 if none.
+pub fn next_len(a: &Accel) -> usize {
+    if readable(a) {
+        a.lock().stash.as_ref().map_or(0, |(b, _)| b.len())
+    } else {
+        0
+    }
+}
+
+/// Send one datagram (to `dst`, or the connected peer).
+pub fn send_one(
+    a: &Accel,
+    fd: c_int,
+    data: &[u8],
+    dst: Option<SocketAddrV4>,
+    flags: c_int,
+) -> Result<usize, c_int> {
+    let mut g = a.lock();
+    let Some(dst) = dst.or(g.peer) else {
+        return Err(libc::EDESTADDRREQ);
+    };
+    if data.len() > 65507 {
+        return Err(libc::EMSGSIZE);
+    }
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed);
+    loop {
+        let Some(x) = g.xdp.as_mut() else {
+            return Err(libc::EBADF);
+        };
+        match engine_call(|| x.send_to(data, dst)) {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if dontwait {
+                    return Err(libc::EAGAIN);
+                }
+                drop(g);
+                core::hint::spin_loop();
+                g = a.lock();
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                // Larger than the interface MTU: the kernel socket under the
+                // fd sends it (and fragments it), as a kernel socket would.
+                drop(g);
+                let sa = sockaddr_in(&dst);
+                // SAFETY: the caller's data, our sockaddr.
+                let r = unsafe {
+                    real::sendto(
+                        fd,
+                        data.as_ptr().cast(),
+                        data.len(),
+                        flags | libc::MSG_NOSIGNAL,
+                        (&raw const sa).cast(),
+                        std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                    )
+                };
+                return if r < 0 { Err(errno()) } else { Ok(r as usize) };
+            }
+            Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EIO)),
+        }
+    }
+}
+
+/// connect(): the kernel socket is connected too (getpeername, and the
+/// kernel path filters like a connected socket); AF_UNSPEC disconnects.
+pub fn connect(a: &Accel, peer: Option<SocketAddrV4>) -> Result<(), c_int> {
+    let mut g = a.lock();
+    if let (Some(p), Some(x)) = (peer, g.xdp.as_mut())
+        && let Err(e) = engine_call(|| x.connect(p))
+    {
+        return Err(e.raw_os_error().unwrap_or(libc::EHOSTUNREACH));
+    }
+    g.peer = peer;
+    Ok(())
+}
+
+pub fn join_multicast(a: &Accel, group: Ipv4Addr, ifaddr: Ipv4Addr) -> Result<(), c_int> {
+    let mut g = a.lock();
+    let Some(x) = g.xdp.as_mut() else {
+        return Err(libc::EBADF);
+    };
+    engine_call(|| x.join_multicast(group, ifaddr))
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))
+}
+
+pub fn shutdown_rd(a: &Accel) {
+    a.rd_shut.store(true, Ordering::Relaxed);
+}
+
+/// The fd `fd` stops referring to `a` (close, or dup2 over it). The
+/// engine socket goes when the last fd goes.
+pub fn release(a: &Accel) {
+    if a.refs.fetch_sub(1, Ordering::AcqRel) == 1 && a.mine() {
+        let x = a.lock().xdp.take();
+        engine_call(|| drop(x));
+    }
+}
+
+/// Take a socket off the engine (an option the engine cannot honour was
+/// set): the kernel socket under the fd carries on alone.
+pub fn detach(fd: c_int, why: &str) {
+    if let Some(a) = table::accel_take(fd) {
+        table::clear_flags(fd, table::F_ACCEL);
+        let nb = a.nonblock.load(Ordering::Relaxed);
+        if a.refs.fetch_sub(1, Ordering::AcqRel) == 1 && a.mine() {
+            let x = a.lock().xdp.take();
+            engine_call(|| drop(x));
+        }
+        // Restore the application's blocking mode on the kernel socket.
+        // SAFETY: borrowed for fcntl.
+        let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+        if let Ok(mut f) = rustix::fs::fcntl_getfl(b) {
+            f.set(rustix::fs::OFlags::NONBLOCK, nb);
+            let _ = rustix::fs::fcntl_setfl(b, f);
+        }
+        log!(
+            Level::Info,
+            "fd {fd} udp: spin (kernel socket); taken off xdp: {why}"
+        );
+    }
+    table::clear_flags(fd, table::F_CAND);
+}

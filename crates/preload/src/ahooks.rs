@@ -1,0 +1,383 @@
+//! The accelerated branch of the hooks: each function returns `Some(result)`
+//! when `fd` is an xdp-engine socket (or a candidate that just became one)
+//! and `None` to let the hook go on with the kernel path.
+
+use crate::accel::{self, Accel, Got};
+use crate::real;
+use crate::spin::{errno, set_errno};
+use crate::table;
+use libc::{c_int, c_uint, c_void, iovec, mmsghdr, msghdr, sockaddr, socklen_t, ssize_t};
+use std::sync::atomic::Ordering;
+
+#[inline]
+fn fail<T: From<i8>>(e: c_int) -> T {
+    set_errno(e);
+    T::from(-1)
+}
+
+/// Copy `p` into the iovecs; returns bytes copied.
+fn scatter(iov: *const iovec, cnt: usize, p: &[u8]) -> usize {
+    let mut off = 0;
+    for i in 0..cnt {
+        if off >= p.len() {
+            break;
+        }
+        // SAFETY: the caller's iovec array of `cnt` entries.
+        let v = unsafe { &*iov.add(i) };
+        let n = v.iov_len.min(p.len() - off);
+        if n > 0 {
+            // SAFETY: the caller's buffer of iov_len bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(p.as_ptr().add(off), v.iov_base.cast::<u8>(), n)
+            };
+        }
+        off += n;
+    }
+    off
+}
+
+fn iov_total(iov: *const iovec, cnt: usize) -> usize {
+    (0..cnt)
+        // SAFETY: the caller's iovec array.
+        .map(|i| unsafe { (*iov.add(i)).iov_len })
+        .fold(0usize, |a, b| a.saturating_add(b))
+}
+
+/// A forked child's inherited accelerated fd: the kernel socket under it,
+/// with the application's blocking mode emulated (the kernel socket is
+/// non-blocking underneath).
+fn inherited_recv(
+    a: &Accel,
+    fd: c_int,
+    flags: c_int,
+    mut attempt: impl FnMut(c_int) -> isize,
+) -> isize {
+    loop {
+        let r = attempt(flags | libc::MSG_DONTWAIT);
+        if r >= 0 || errno() != libc::EAGAIN {
+            return r;
+        }
+        if flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed) {
+            return r;
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let tmo = a.rcvtimeo_ns.load(Ordering::Relaxed);
+        let ms = if tmo == 0 {
+            -1
+        } else {
+            tmo.div_ceil(1_000_000) as c_int
+        };
+        // SAFETY: one pollfd on our stack.
+        if unsafe { real::poll(&mut p, 1, ms) } == 0 {
+            set_errno(libc::EAGAIN);
+            return -1;
+        }
+    }
+}
+
+pub fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> Option<ssize_t> {
+    if let Some(a) = accel::lookup(fd) {
+        let mut copied = 0;
+        let r = accel::recv_one(a, fd, flags, |p, _| {
+            let n = p.len().min(len);
+            if n > 0 {
+                // SAFETY: the caller's buffer of `len` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), buf.cast::<u8>(), n) };
+            }
+            copied = n;
+        });
+        return Some(match r {
+            Ok(Got::Data(full, src)) => {
+                accel::write_sockaddr(src, addr, alen);
+                if flags & libc::MSG_TRUNC != 0 {
+                    full as ssize_t
+                } else {
+                    copied as ssize_t
+                }
+            }
+            Ok(Got::Eof) => 0,
+            Err(e) => fail(e),
+        });
+    }
+    let a = accel::inherited(fd)?;
+    Some(inherited_recv(a, fd, flags, |f| {
+        // SAFETY: the caller's arguments.
+        unsafe { real::recvfrom(fd, buf, len, f, addr, alen) }
+    }))
+}
+
+pub fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Option<ssize_t> {
+    if let Some(a) = accel::lookup(fd) {
+        if msg.is_null() {
+            return Some(fail(libc::EFAULT));
+        }
+        // SAFETY: the caller's msghdr.
+        let m = unsafe { &mut *msg };
+        let cnt = m.msg_iovlen;
+        let cap = iov_total(m.msg_iov, cnt);
+        let mut copied = 0;
+        let r = accel::recv_one(a, fd, flags, |p, _| copied = scatter(m.msg_iov, cnt, p));
+        return Some(match r {
+            Ok(Got::Data(full, src)) => {
+                if !m.msg_name.is_null() {
+                    accel::write_sockaddr(src, m.msg_name.cast(), &mut m.msg_namelen);
+                }
+                m.msg_controllen = 0;
+                m.msg_flags = if full > cap { libc::MSG_TRUNC } else { 0 };
+                if flags & libc::MSG_TRUNC != 0 {
+                    full as ssize_t
+                } else {
+                    copied as ssize_t
+                }
+            }
+            Ok(Got::Eof) => {
+                m.msg_controllen = 0;
+                m.msg_flags = 0;
+                0
+            }
+            Err(e) => fail(e),
+        });
+    }
+    let a = accel::inherited(fd)?;
+    Some(inherited_recv(a, fd, flags, |f| {
+        // SAFETY: the caller's arguments.
+        unsafe { real::recvmsg(fd, msg, f) }
+    }))
+}
+
+pub fn recvmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> Option<c_int> {
+    let a = accel::lookup(fd)?;
+    let vlen = vlen.min(1024) as usize;
+    if vlen == 0 {
+        return Some(0);
+    }
+    let mut n = 0;
+    let mut f = flags & !libc::MSG_WAITFORONE;
+    while n < vlen {
+        // SAFETY: the caller's array of `vlen` mmsghdr.
+        let mm = unsafe { &mut *msgs.add(n) };
+        match recvmsg(fd, &mut mm.msg_hdr, f) {
+            Some(r) if r >= 0 => {
+                mm.msg_len = r as c_uint;
+                n += 1;
+                if flags & libc::MSG_WAITFORONE != 0 || a.nonblock.load(Ordering::Relaxed) {
+                    f |= libc::MSG_DONTWAIT;
+                }
+            }
+            _ => break,
+        }
+    }
+    Some(if n > 0 { n as c_int } else { -1 })
+}
+
+pub fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    len: usize,
+    flags: c_int,
+    addr: *const sockaddr,
+    alen: socklen_t,
+) -> Option<ssize_t> {
+    let a = match accel::lookup(fd) {
+        Some(a) => a,
+        None => {
+            if table::get(fd) & table::F_CAND == 0 || addr.is_null() {
+                return None;
+            }
+            let Ok(Some(dst)) = accel::read_sockaddr(addr, alen) else {
+                return None;
+            };
+            accel::accelerate_for_peer(fd, dst)?
+        }
+    };
+    let dst = match accel::read_sockaddr(addr, alen) {
+        Ok(d) => d,
+        Err(e) => return Some(fail(e)),
+    };
+    // SAFETY: the caller's buffer of `len` bytes.
+    let data = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
+    Some(match accel::send_one(a, fd, data, dst, flags) {
+        Ok(n) => n as ssize_t,
+        Err(e) => fail(e),
+    })
+}
+
+thread_local! {
+    static GATHER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+pub fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<ssize_t> {
+    if msg.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's msghdr.
+    let m = unsafe { &*msg };
+    if m.msg_controllen > 0 {
+        // Ancillary data (IP_PKTINFO, ...): the kernel socket under the fd
+        // sends it as is.
+        return None;
+    }
+    if accel::lookup(fd).is_none() && (table::get(fd) & table::F_CAND == 0 || m.msg_name.is_null())
+    {
+        return None;
+    }
+    let total = iov_total(m.msg_iov, m.msg_iovlen);
+    if total > 65507 {
+        return Some(fail(libc::EMSGSIZE));
+    }
+    GATHER.with(|g| {
+        let mut g = g.borrow_mut();
+        g.clear();
+        for i in 0..m.msg_iovlen {
+            // SAFETY: the caller's iovecs.
+            let v = unsafe { &*m.msg_iov.add(i) };
+            if v.iov_len > 0 {
+                // SAFETY: iov_len readable bytes at iov_base.
+                g.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len)
+                });
+            }
+        }
+        sendto(
+            fd,
+            g.as_ptr().cast(),
+            g.len(),
+            flags,
+            m.msg_name.cast(),
+            m.msg_namelen,
+        )
+    })
+}
+
+pub fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> Option<c_int> {
+    if accel::lookup(fd).is_none() && table::get(fd) & table::F_CAND == 0 {
+        return None;
+    }
+    let mut n = 0usize;
+    while n < vlen.min(1024) as usize {
+        // SAFETY: the caller's array.
+        let mm = unsafe { &mut *msgs.add(n) };
+        let r = match sendmsg(fd, &mm.msg_hdr, flags) {
+            Some(r) => r,
+            // SAFETY: this one needs the kernel (ancillary data).
+            None => unsafe { real::sendmsg(fd, &mm.msg_hdr, flags) },
+        };
+        if r < 0 {
+            break;
+        }
+        mm.msg_len = r as c_uint;
+        n += 1;
+    }
+    Some(if n > 0 { n as c_int } else { -1 })
+}
+
+/// bind(): a candidate goes onto the engine here.
+pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
+    if table::get(fd) & table::F_CAND == 0 {
+        return None;
+    }
+    let Ok(Some(sa)) = accel::read_sockaddr(addr, len) else {
+        return None;
+    };
+    let _g = accel::DECIDE.lock().unwrap_or_else(|e| e.into_inner());
+    if table::get(fd) & table::F_CAND == 0 {
+        return None;
+    }
+    let r = accel::accelerate(fd, sa, None);
+    table::clear_flags(fd, table::F_CAND);
+    match r {
+        Ok(_) => Some(0),
+        Err(accel::NotAccel::Engine(why)) => {
+            accel::log_not(fd, &why);
+            None
+        }
+        Err(accel::NotAccel::Socket) => {
+            accel::log_not(
+                fd,
+                &format!("{sa} is in use or not local (the kernel answers the bind)"),
+            );
+            None
+        }
+    }
+}
+
+pub fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
+    let a = match accel::lookup(fd) {
+        Some(a) => a,
+        None => {
+            let Ok(Some(dst)) = accel::read_sockaddr(addr, len) else {
+                return None;
+            };
+            accel::accelerate_for_peer(fd, dst)?
+        }
+    };
+    // The kernel socket under the fd is connected too.
+    // SAFETY: forwarding.
+    let r = unsafe { real::connect(fd, addr, len) };
+    if r != 0 {
+        return Some(r);
+    }
+    let peer = accel::read_sockaddr(addr, len)
+        .ok()
+        .flatten()
+        .filter(|p| !p.ip().is_unspecified() || p.port() != 0);
+    Some(match accel::connect(a, peer) {
+        Ok(()) => 0,
+        Err(e) => fail(e),
+    })
+}
+
+/// A blocking receive on a candidate (a UDP socket that may move onto the
+/// engine at any moment, e.g. when another thread sends first): never
+/// sleep in the kernel, poll in 1 ms slices after the spin budget and
+/// re-dispatch when the socket is accelerated. `None`: not a candidate.
+/// `Some(Some(r))`: the answer; `Some(None)`: call the hook again.
+pub fn candidate(fd: c_int, mut attempt: impl FnMut() -> isize) -> Option<Option<isize>> {
+    if table::get(fd) & table::F_CAND == 0 {
+        return None;
+    }
+    let start = crate::spin::now_ns();
+    let spin = crate::spin::SPIN_NS.load(Ordering::Relaxed);
+    loop {
+        if table::accel(fd).is_some() {
+            return Some(None);
+        }
+        let r = attempt();
+        if r >= 0 || errno() != libc::EAGAIN {
+            return Some(Some(r));
+        }
+        if table::accel(fd).is_some() {
+            return Some(None);
+        }
+        if !crate::spin::is_blocking(fd) {
+            return Some(Some(r));
+        }
+        if table::get(fd) & table::F_CAND == 0 {
+            // Decided against acceleration meanwhile: the normal path.
+            return Some(None);
+        }
+        let spent = crate::spin::now_ns().wrapping_sub(start);
+        if spin == u64::MAX || spent < spin {
+            core::hint::spin_loop();
+        } else {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd on our stack.
+            unsafe { real::poll(&mut p, 1, 1) };
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! poll/select/epoll over sets that hold xdp-engine sockets.
+//!
+//! The kernel answers for every fd (an accelerated fd is a real kernel
+//! socket: writable, and readable when traffic took the kernel path); the
+//! shim adds POLLIN/EPOLLIN for accelerated sockets whose engine queue
+//! holds a datagram. Waiting spins per the profile, then sleeps in the real
+//! call in slices of at most 1 ms so engine traffic is noticed.
+//!
+//! epoll: interests in accelerated fds are also kept here (the kernel
+//! registration stays, so epoll_ctl's errors are the kernel's). Readiness
+//! is level-triggered; with EPOLLET, EPOLLOUT is reported once per
+//! ADD/MOD; EPOLLONESHOT disarms the interest after one report.
+
+use crate::accel::{self, Accel};
+use crate::real;
+use crate::spin::{self, now_ns};
+use crate::table;
+use libc::{c_int, epoll_event, fd_set, nfds_t, pollfd, sigset_t, timespec};
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+
+/// Slice of a sleep once the spin budget is spent.
+const SLICE_NS: u64 = 1_000_000;
+
+fn ts(ns: u64) -> timespec {
+    timespec {
+        tv_sec: (ns / 1_000_000_000) as _,
+        tv_nsec: (ns % 1_000_000_000) as _,
+    }
+}
+
+/// Does this pollfd array hold an accelerated socket of this process?
+pub fn pollfds_accel(fds: *const pollfd, n: nfds_t) -> bool {
+    if fds.is_null() || n == 0 || n > 65536 {
+        return false;
+    }
+    // SAFETY: the caller's `n` pollfds.
+    let s = unsafe { std::slice::from_raw_parts(fds, n as usize) };
+    s.iter().any(|p| {
+        p.fd >= 0 && (accel::lookup(p.fd).is_some() || table::get(p.fd) & table::F_CAND != 0)
+    })
+}
+
+/// poll/ppoll with accelerated fds. `total_ns`: None = no timeout.
+pub fn poll_mixed(
+    fds: *mut pollfd,
+    n: nfds_t,
+    total_ns: Option<u64>,
+    mask: *const sigset_t,
+) -> c_int {
+    let start = now_ns();
+    let spin = spin::SPIN_NS.load(Ordering::Relaxed);
+    let zero = ts(0);
+    loop {
+        // SAFETY: the caller's array, zero timeout.
+        let r = unsafe { real::ppoll(fds, n, &zero, mask) };
+        if r < 0 {
+            return r;
+        }
+        // SAFETY: as above; the kernel filled revents.
+        let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
+        let mut count = 0;
+        for p in s.iter_mut() {
+            if p.fd >= 0
+                && p.events & libc::POLLIN != 0
+                && let Some(a) = accel::lookup(p.fd)
+                && accel::readable(a)
+            {
+                p.revents |= libc::POLLIN;
+            }
+            if p.revents != 0 {
+                count += 1;
+            }
+        }
+        if count > 0 {
+            return count;
+        }
+        let spent = now_ns().wrapping_sub(start);
+        if total_ns.is_some_and(|t| spent >= t) {
+            return 0;
+        }
+        if spin != u64::MAX && spent >= spin {
+            let slice = total_ns.map_or(SLICE_NS, |t| (t - spent).min(SLICE_NS));
+            let t = ts(slice);
+            // SAFETY: the caller's array, a short timeout.
+            let r = unsafe { real::ppoll(fds, n, &t, mask) };
+            if r != 0 {
+                return r;
+            }
+        } else {
+            core::hint::spin_loop();
+        }
+    }
+}
+
+/// Does a select set hold an accelerated socket?
+pub fn fdsets_accel(n: c_int, sets: [*mut fd_set; 3]) -> bool {
+    let n = n.clamp(0, libc::FD_SETSIZE as c_int);
+    (0..n).any(|fd| {
+        sets.iter().any(|s| {
+            // SAFETY: the caller's fd_set; fd < FD_SETSIZE.
+            !s.is_null() && unsafe { libc::FD_ISSET(fd, *s) }
+        }) && (accel::lookup(fd).is_some() || table::get(fd) & table::F_CAND != 0)
+    })
+}
+
+/// select/pselect with accelerated fds, through `poll_mixed`.
+pub fn select_mixed(
+    n: c_int,
+    sets: [*mut fd_set; 3],
+    total_ns: Option<u64>,
+    mask: *const sigset_t,
+) -> c_int {
+    let n = n.clamp(0, libc::FD_SETSIZE as c_int);
+    let mut pfds: Vec<pollfd> = Vec::new();
+    for fd in 0..n {
+        // SAFETY: the caller's fd_sets; fd < FD_SETSIZE.
+        let is = |i: usize| !sets[i].is_null() && unsafe { libc::FD_ISSET(fd, sets[i]) };
+        let mut ev = 0;
+        if is(0) {
+            ev |= libc::POLLIN;
+        }
+        if is(1) {
+            ev |= libc::POLLOUT;
+        }
+        if is(2) {
+            ev |= libc::POLLPRI;
+        }
+        if ev != 0 {
+            pfds.push(pollfd {
+                fd,
+                events: ev,
+                revents: 0,
+            });
+        }
+    }
+    let r = poll_mixed(pfds.as_mut_ptr(), pfds.len() as nfds_t, total_ns, mask);
+    if r < 0 {
+        return r;
+    }
+    if pfds.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
+        spin::set_errno(libc::EBADF);
+        return -1;
+    }
+    for s in sets.iter().filter(|s| !s.is_null()) {
+        // SAFETY: the caller's fd_set.
+        unsafe { libc::FD_ZERO(*s) };
+    }
+    let mut count = 0;
+    for p in &pfds {
+        let rd = p.events & libc::POLLIN != 0
+            && p.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0;
+        let wr = p.events & libc::POLLOUT != 0 && p.revents & (libc::POLLOUT | libc::POLLERR) != 0;
+        let ex = p.events & libc::POLLPRI != 0 && p.revents & libc::POLLPRI != 0;
+        for (i, on) in [rd, wr, ex].into_iter().enumerate() {
+            if on {
+                // SAFETY: the caller's fd_set; fd < FD_SETSIZE.
+                unsafe { libc::FD_SET(p.fd, sets[i]) };
+                count += 1;
+            }
+        }
+    }
+    count
+}
+
+struct Interest {
+    ep: c_int,
+    fd: c_int,
+    events: u32,
+    data: u64,
+    /// `None` while the fd is still a candidate.
+    acc: Option<&'static Accel>,
+    out_done: bool,
+}
+
+static REG: Mutex<Vec<Interest>> = Mutex::new(Vec::new());
+
+fn reg() -> std::sync::MutexGuard<'static, Vec<Interest>> {
+    REG.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// After a successful epoll_ctl on an accelerated fd.
+pub fn epoll_ctl_accel(
+    ep: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *const epoll_event,
+    acc: Option<&'static Accel>,
+) {
+    let mut r = reg();
+    r.retain(|i| !(i.ep == ep && i.fd == fd));
+    if op == libc::EPOLL_CTL_ADD || op == libc::EPOLL_CTL_MOD {
+        // SAFETY: the event the kernel just accepted.
+        let e = unsafe { std::ptr::read_unaligned(ev) };
+        r.push(Interest {
+            ep,
+            fd,
+            events: e.events,
+            data: e.u64,
+            acc,
+            out_done: false,
+        });
+        table::add_flags(ep, table::F_EPOLL_ACCEL);
+    }
+}
+
+/// The epoll instance `ep` was closed.
+pub fn epoll_closed(ep: c_int) {
+    if table::get(ep) & table::F_EPOLL_ACCEL != 0 {
+        reg().retain(|i| i.ep != ep);
+    }
+}
+
+#[inline]
+pub fn epoll_has_accel(ep: c_int) -> bool {
+    table::get(ep) & table::F_EPOLL_ACCEL != 0
+}
+
+fn synth(ep: c_int, out: &mut [epoll_event]) -> usize {
+    let mut n = 0;
+    let mut r = reg();
+    for i in r.iter_mut().filter(|i| i.acc.is_none()) {
+        i.acc = accel::lookup(i.fd);
+    }
+    r.retain(|i| match i.acc {
+        Some(acc) => table::accel(i.fd).is_some_and(|a| std::ptr::eq(a, acc)),
+        None => table::get(i.fd) & table::F_CAND != 0,
+    });
+    for i in r.iter_mut().filter(|i| i.ep == ep) {
+        let Some(acc) = i.acc else { continue };
+        if n >= out.len() {
+            break;
+        }
+        let mut ev = 0u32;
+        if i.events & libc::EPOLLIN as u32 != 0 && accel::readable(acc) {
+            ev |= libc::EPOLLIN as u32;
+        }
+        if i.events & libc::EPOLLOUT as u32 != 0
+            && !(i.events & libc::EPOLLET as u32 != 0 && i.out_done)
+        {
+            ev |= libc::EPOLLOUT as u32;
+        }
+        if ev != 0 {
+            if ev & libc::EPOLLOUT as u32 != 0 {
+                i.out_done = true;
+            }
+            out[n] = epoll_event {
+                events: ev,
+                u64: i.data,
+            };
+            n += 1;
+            if i.events & libc::EPOLLONESHOT as u32 != 0 {
+                i.events = 0;
+            }
+        }
+    }
+    n
+}
+
+/// epoll_wait/epoll_pwait/epoll_pwait2 on an instance with accelerated fds.
+pub fn epoll_mixed(
+    ep: c_int,
+    evs: *mut epoll_event,
+    max: c_int,
+    total_ns: Option<u64>,
+    mask: *const sigset_t,
+) -> c_int {
+    if max <= 0 || evs.is_null() {
+        // SAFETY: the kernel answers EINVAL/EFAULT.
+        return unsafe { real::epoll_pwait(ep, evs, max, 0, mask) };
+    }
+    // SAFETY: the caller's array of `max` events.
+    let out = unsafe { std::slice::from_raw_parts_mut(evs, max as usize) };
+    let start = now_ns();
+    let spin = spin::SPIN_NS.load(Ordering::Relaxed);
+    loop {
+        let n = synth(ep, out);
+        let mut m = 0;
+        if n < out.len() {
+            // SAFETY: the rest of the caller's array, zero timeout.
+            let k = unsafe {
+                real::epoll_pwait(ep, out[n..].as_mut_ptr(), (out.len() - n) as c_int, 0, mask)
+            };
+            if k < 0 {
+                if n == 0 {
+                    return k;
+                }
+            } else {
+                m = k as usize;
+            }
+        }
+        // Merge kernel events for fds we reported already.
+        let mut total = n;
+        for j in n..n + m {
+            let e = out[j];
+            let (ev, data) = (e.events, e.u64);
+            if let Some(k) = (0..n).find(|&k| {
+                let d = out[k].u64;
+                d == data
+            }) {
+                let cur = out[k].events;
+                out[k].events = cur | ev;
+            } else {
+                out[total] = e;
+                total += 1;
+            }
+        }
+        if total > 0 {
+            return total as c_int;
+        }
+        let spent = now_ns().wrapping_sub(start);
+        if total_ns.is_some_and(|t| spent >= t) {
+            return 0;
+        }
+        if spin != u64::MAX && spent >= spin {
+            let slice = total_ns.map_or(SLICE_NS, |t| (t - spent).min(SLICE_NS));
+            let ms = slice.div_ceil(1_000_000) as c_int;
+            // SAFETY: the caller's array, a short timeout.
+            let k = unsafe { real::epoll_pwait(ep, evs, max, ms, mask) };
+            if k != 0 {
+                return k;
+            }
+        } else {
+            core::hint::spin_loop();
+        }
+    }
+}
+
+/// `fd` just became accelerated: its new kernel socket replaced the one
+/// epoll knew (dup3 closed that), so register the new one where the
+/// candidate was registered.
+pub fn reregister(fd: c_int) {
+    let r = reg();
+    for i in r.iter().filter(|i| i.fd == fd) {
+        let mut ev = epoll_event {
+            events: i.events,
+            u64: i.data,
+        };
+        // SAFETY: a valid epoll_event on our stack.
+        unsafe { real::epoll_ctl(i.ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    }
+}
