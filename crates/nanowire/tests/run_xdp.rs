@@ -162,3 +162,38 @@ fn c_semantics_on_xdp_sockets_match_a_plain_run() {
         diff.join("\n")
     );
 }
+
+#[test]
+fn multicast_receiver_on_xdp_joins_and_receives() {
+    let lab = lab("m");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../preload/tests/mcast.py")
+        .to_string_lossy()
+        .into_owned();
+    let mut cmd = run_in(
+        &lab,
+        Host::B,
+        &[],
+        &["python3", &script, "recv", "239.1.2.3", "12300", "100"],
+    );
+    cmd.env("NANOWIRE_LOG", "info");
+    let mut rx = spawn("m-rx", cmd);
+    rx.wait_for("ready", Duration::from_secs(20));
+    assert!(
+        rx.stderr().contains("udp 0.0.0.0:12300: xdp (interface"),
+        "{}",
+        rx.stderr()
+    );
+    // A plain kernel sender on the other host, through its lab interface.
+    let a = ADDR_A.to_string();
+    let mut tx = spawn(
+        "m-tx",
+        lab.command(
+            Host::A,
+            &["python3", &script, "send", "239.1.2.3", "12300", "300", &a],
+        ),
+    );
+    tx.success(T);
+    rx.success(T);
+    assert!(rx.stdout().contains("got 100"), "{}", rx.both());
+}

@@ -373,6 +373,7 @@ pub fn recv_one(
     let gen0 = table::generation(table::get(fd));
     let mut start = 0;
     let budget = spin::SPIN_NS.load(Ordering::Relaxed);
+    let s0 = crate::signals::seq();
     loop {
         {
             let mut g = a.lock();
@@ -422,6 +423,9 @@ pub fn recv_one(
         let now_w = table::get(fd);
         if table::generation(now_w) != gen0 && now_w & table::F_WOKEN == 0 {
             return Err(libc::EBADF);
+        }
+        if crate::signals::interrupted(s0) {
+            return Err(libc::EINTR);
         }
         let now = now_ns();
         if start == 0 {

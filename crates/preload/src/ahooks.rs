@@ -349,9 +349,14 @@ pub fn candidate(fd: c_int, mut attempt: impl FnMut() -> isize) -> Option<Option
     }
     let start = crate::spin::now_ns();
     let spin = crate::spin::SPIN_NS.load(Ordering::Relaxed);
+    let s0 = crate::signals::seq();
     loop {
         if table::accel(fd).is_some() {
             return Some(None);
+        }
+        if crate::signals::interrupted(s0) {
+            set_errno(libc::EINTR);
+            return Some(Some(-1));
         }
         let r = attempt();
         if r >= 0 || errno() != libc::EAGAIN {

@@ -354,7 +354,9 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c
         && let Some(w) = recv_spin_word(fd)
     {
         if flags & libc::MSG_WAITALL != 0 {
-            spin::spin_until_readable(fd, w);
+            if let Some(r) = spin::spin_until_readable(fd, w) {
+                return r;
+            }
         } else if let Some(r) = spin::spin_recv(fd, w, || {
             // SAFETY: the caller's buffer, a non-blocking attempt.
             unsafe { real::recv(fd, buf, len, flags | libc::MSG_DONTWAIT) }
@@ -397,7 +399,9 @@ pub unsafe extern "C" fn recvfrom(
         && let Some(w) = recv_spin_word(fd)
     {
         if flags & libc::MSG_WAITALL != 0 {
-            spin::spin_until_readable(fd, w);
+            if let Some(r) = spin::spin_until_readable(fd, w) {
+                return r;
+            }
         } else if let Some(r) = spin::spin_recv(fd, w, || {
             // SAFETY: the caller's buffers, a non-blocking attempt.
             unsafe { real::recvfrom(fd, buf, len, flags | libc::MSG_DONTWAIT, addr, alen) }
@@ -433,7 +437,9 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
         && let Some(w) = recv_spin_word(fd)
     {
         if flags & libc::MSG_WAITALL != 0 {
-            spin::spin_until_readable(fd, w);
+            if let Some(r) = spin::spin_until_readable(fd, w) {
+                return r;
+            }
         } else if let Some(r) = spin::spin_recv(fd, w, || {
             // SAFETY: the caller's message, a non-blocking attempt.
             unsafe { real::recvmsg(fd, msg, flags | libc::MSG_DONTWAIT) }
@@ -489,7 +495,9 @@ pub unsafe extern "C" fn recvmmsg(
     {
         if vlen > 1 && flags & libc::MSG_WAITFORONE == 0 {
             // Blocking recvmmsg waits for all `vlen`: only the first wait spins.
-            spin::spin_until_readable(fd, w);
+            if spin::spin_until_readable(fd, w).is_some() {
+                return -1;
+            }
         } else if let Some(r) = spin::spin_recv(fd, w, || {
             // SAFETY: the caller's vector, a non-blocking attempt.
             unsafe { real::recvmmsg(fd, msgs, vlen, flags | libc::MSG_DONTWAIT, tmo) as isize }

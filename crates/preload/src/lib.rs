@@ -48,6 +48,7 @@ mod hooks;
 mod log;
 mod ready;
 mod real;
+mod signals;
 mod spin;
 mod table;
 

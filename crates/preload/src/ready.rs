@@ -50,6 +50,7 @@ pub fn poll_mixed(
 ) -> c_int {
     let start = now_ns();
     let spin = spin::SPIN_NS.load(Ordering::Relaxed);
+    let s0 = crate::signals::seq_all();
     let zero = ts(0);
     loop {
         // SAFETY: the caller's array, zero timeout.
@@ -74,6 +75,10 @@ pub fn poll_mixed(
         }
         if count > 0 {
             return count;
+        }
+        if crate::signals::seq_all() != s0 {
+            spin::set_errno(libc::EINTR);
+            return -1;
         }
         let spent = now_ns().wrapping_sub(start);
         if total_ns.is_some_and(|t| spent >= t) {
@@ -273,6 +278,7 @@ pub fn epoll_mixed(
     let out = unsafe { std::slice::from_raw_parts_mut(evs, max as usize) };
     let start = now_ns();
     let spin = spin::SPIN_NS.load(Ordering::Relaxed);
+    let s0 = crate::signals::seq_all();
     loop {
         let n = synth(ep, out);
         let mut m = 0;
@@ -307,6 +313,10 @@ pub fn epoll_mixed(
         }
         if total > 0 {
             return total as c_int;
+        }
+        if crate::signals::seq_all() != s0 {
+            spin::set_errno(libc::EINTR);
+            return -1;
         }
         let spent = now_ns().wrapping_sub(start);
         if total_ns.is_some_and(|t| spent >= t) {

@@ -164,8 +164,13 @@ pub fn spin_recv(fd: c_int, w: u64, mut attempt: impl FnMut() -> isize) -> Optio
     let budget = SPIN_NS.load(Ordering::Relaxed);
     let start = now_ns();
     let gen0 = table::generation(w);
+    let s0 = crate::signals::seq();
     loop {
         core::hint::spin_loop();
+        if crate::signals::interrupted(s0) {
+            set_errno(libc::EINTR);
+            return Some(-1);
+        }
         let now = table::get(fd);
         if table::generation(now) != gen0 {
             if now & table::F_WOKEN == 0 || table::class(now) != table::class(w) {
@@ -194,19 +199,22 @@ pub fn spin_recv(fd: c_int, w: u64, mut attempt: impl FnMut() -> isize) -> Optio
 /// Spin until `fd` is readable (for calls whose blocking form waits for
 /// more than "something is there": MSG_WAITALL, recvmmsg without
 /// MSG_WAITFORONE). The caller then makes its real blocking call.
-pub fn spin_until_readable(fd: c_int, w: u64) {
+pub fn spin_until_readable(fd: c_int, w: u64) -> Option<isize> {
     let mut p = libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
     };
-    let _ = spin_wait(
+    match spin_wait(
         SPIN_NS.load(Ordering::Relaxed),
         table::generation(w),
         fd,
         // SAFETY: one valid pollfd on our stack.
         || unsafe { real::poll(&mut p, 1, 0) },
-    );
+    ) {
+        Ok(-1) if errno() == libc::EINTR => Some(-1),
+        _ => None,
+    }
 }
 
 /// Repeat a zero-timeout readiness call until it returns non-zero (ready
@@ -221,10 +229,15 @@ pub fn spin_wait(
     mut attempt: impl FnMut() -> c_int,
 ) -> Result<c_int, u64> {
     let start = now_ns();
+    let s0 = crate::signals::seq_all();
     loop {
         let r = attempt();
         if r != 0 {
             return Ok(r);
+        }
+        if crate::signals::seq_all() != s0 {
+            set_errno(libc::EINTR);
+            return Ok(-1);
         }
         let spent = now_ns().wrapping_sub(start);
         if budget_ns != u64::MAX && spent >= budget_ns {

@@ -26,6 +26,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -99,6 +100,54 @@ static void *close_waiter(void *p) {
     struct cw *q = p;
     char buf[64];
     errno = 0; q->r = recv(q->fd, buf, sizeof buf, 0); q->e = errno; return NULL;
+}
+
+static volatile sig_atomic_t alarms;
+static void on_alarm(int s) { (void)s; alarms++; }
+
+static void arm_100ms(void) {
+    struct itimerval it = {{0, 0}, {0, 100000}};
+    setitimer(ITIMER_REAL, &it, NULL);
+}
+
+/* A handled signal interrupts a blocking recv (EINTR) unless SA_RESTART;
+ * poll and epoll_wait are interrupted either way. */
+static void signal_checks(void) {
+    char buf[64];
+    struct sockaddr_in aa, ab;
+    int a = udp_bound(&aa), b = udp_bound(&ab);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGALRM, &sa, NULL);
+    arm_100ms();
+    errno = 0; long r = recv(a, buf, sizeof buf, 0); rep("recv_eintr", r);
+    struct pollfd p = {.fd = a, .events = POLLIN};
+    arm_100ms();
+    errno = 0; r = poll(&p, 1, 5000); rep("poll_eintr", r);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGALRM, &sa, NULL);
+    struct sigaction old;
+    sigaction(SIGALRM, NULL, &old);
+    printf("sigaction_readback: %d\n", old.sa_handler == on_alarm && (old.sa_flags & SA_RESTART) != 0);
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN};
+    epoll_ctl(ep, EPOLL_CTL_ADD, a, &ev);
+    arm_100ms();
+    errno = 0; r = epoll_wait(ep, &ev, 1, 5000); rep("epoll_wait_eintr_even_with_sa_restart", r);
+    pthread_t th;
+    struct delayed d = {b, aa, 300, "rest"};
+    pthread_create(&th, NULL, send_later, &d);
+    arm_100ms();
+    memset(buf, 0, sizeof buf);
+    errno = 0; r = recv(a, buf, sizeof buf, 0);
+    printf("recv_sa_restart: %ld %s\n", r, r < 0 ? en(errno) : buf);
+    pthread_join(th, NULL);
+    printf("alarms: %d\n", (int)alarms);
+    signal(SIGALRM, SIG_DFL);
+    alarm(30);
+    close(ep); close(a); close(b);
 }
 
 static void checks(const char *self) {
@@ -294,6 +343,8 @@ static void checks(const char *self) {
     printf("shutdown_wakes_waiter: %ld %s\n", wa.r, wa.r < 0 ? en(wa.e) : "OK");
     close(a); close(b);
     errno = 0; r = recv(a, buf, 10, 0); rep("recv_after_close", r);
+
+    signal_checks();
 }
 
 static void exec_child(void) {
