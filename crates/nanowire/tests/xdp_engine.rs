@@ -962,3 +962,35 @@ fn xdp_socket_sends_to_a_multicast_group() {
     assert_eq!(msg, b"to the group");
     assert_eq!(src.to_string(), "198.18.0.1:6601");
 }
+
+#[test]
+fn sending_on_a_downed_interface_is_an_error_not_a_hang() {
+    let Some(lab) = lab('z') else { return };
+    let ifa = lab.iface(Host::A);
+    let nsa = lab.netns(Host::A);
+    let r = in_ns(&nsa.clone(), move || {
+        use nanowire_stack::xdp::XdpSocket;
+        use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint};
+        let mut o = EngineOptions::new(EngineKind::Xdp);
+        o.iface = Some(ifa.clone());
+        o.ring_depth = 1024;
+        let mut s = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), &o)
+            .unwrap_or_else(|e| panic!("{e}"));
+        s.connect(SocketAddrV4::new(B, 9)).unwrap();
+        s.send(b"up").unwrap();
+        let st = Command::new("ip")
+            .args(["-n", &nsa, "link", "set", "dev", &ifa, "down"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match s.send(b"down") {
+                Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => break e.to_string(),
+                _ if Instant::now() > deadline => panic!("no error while the interface is down"),
+                _ => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    });
+    assert!(r.contains("cannot transmit"), "{r}");
+}

@@ -971,6 +971,12 @@ impl XdpSocket {
         }
         // Completions of earlier sends.
         q.reap_completions();
+        if let Some(e) = q.kick_error() {
+            return Err(io::Error::new(
+                e.kind(),
+                format!("{} cannot transmit: {e}", eng.iface.name),
+            ));
+        }
         Ok(sent)
     }
 
