@@ -897,7 +897,8 @@ fn blocked_socket_gets_datagrams_another_thread_drained_for_it() {
             while !st.load(Ordering::Relaxed) {
                 n += y.recv_batch(64, |_, _| {});
             }
-            n
+            // What x's thread drained for y after our last look.
+            n + y.recv_batch(64, |_, _| {})
         });
         let sender = std::thread::spawn(move || {
             in_ns(&nsb, || {
