@@ -994,3 +994,41 @@ fn sending_on_a_downed_interface_is_an_error_not_a_hang() {
     });
     assert!(r.contains("cannot transmit"), "{r}");
 }
+
+#[test]
+fn connected_socket_takes_datagrams_from_its_peer_only() {
+    let Some(lab) = lab('y') else { return };
+    let ifa = lab.iface(Host::A);
+    let nsb = lab.netns(Host::B);
+    let (got, drops) = in_ns(&lab.netns(Host::A), move || {
+        use nanowire_stack::xdp::XdpSocket;
+        use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint};
+        let mut o = EngineOptions::new(EngineKind::Xdp);
+        o.iface = Some(ifa);
+        o.ring_depth = 1024;
+        let mut s = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 5900), &o)
+            .unwrap_or_else(|e| panic!("{e}"));
+        s.connect(SocketAddrV4::new(B, 5901)).unwrap();
+        std::thread::spawn(move || {
+            in_ns(&nsb, || {
+                let stranger = UdpSocket::bind("198.18.0.2:5902").unwrap();
+                let peer = UdpSocket::bind("198.18.0.2:5901").unwrap();
+                stranger.send_to(b"stranger", "198.18.0.1:5900").unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+                peer.send_to(b"peer", "198.18.0.1:5900").unwrap();
+            })
+        })
+        .join()
+        .unwrap();
+        let mut b = [0u8; 64];
+        let (n, src) = s
+            .recv_from(&mut b, Some(Instant::now() + Duration::from_secs(5)))
+            .unwrap()
+            .expect("the peer's datagram");
+        assert_eq!(src, SocketAddrV4::new(B, 5901));
+        let c: std::collections::HashMap<String, u64> = s.engine_counters().into_iter().collect();
+        (b[..n].to_vec(), c["drop_no_socket"])
+    });
+    assert_eq!(got, b"peer");
+    assert_eq!(drops, 1, "the stranger's datagram is a counted drop");
+}
