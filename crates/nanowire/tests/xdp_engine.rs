@@ -752,19 +752,22 @@ fn unprivileged_engine_says_why_in_one_line() {
 #[test]
 fn stalled_receiver_keeps_ring_depth_and_accounts_for_every_datagram() {
     let Some(lab) = lab('b') else { return };
-    // A receiver that does not read for 1.5 s, with 1024-frame rings.
-    let (p, _) = xdp_test(
-        &lab,
-        &[
-            "--port",
-            "5600",
-            "--ring-depth",
-            "1024",
-            "--stall-ms",
-            "1500",
-        ],
-    );
+    // A receiver that reads nothing until told (stdin), with 1024-frame rings.
+    let (p, _) = xdp_test(&lab, &["--port", "5600", "--ring-depth", "1024", "--hold"]);
     const SENT: u64 = 4000;
+    // Frames b's XDP program has seen (counted after the program ran).
+    let rx_packets = || {
+        let o = lab
+            .command(Host::B, &["ethtool", "-S", &lab.iface(Host::B)])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("rx_queue_0_xdp_packets:"))
+            .filter_map(|v| v.trim().parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    let before = rx_packets();
     in_ns(&lab.netns(Host::A), || {
         let s = client();
         for i in 0..SENT {
@@ -773,7 +776,13 @@ fn stalled_receiver_keeps_ring_depth_and_accounts_for_every_datagram() {
             s.send_to(&m, SocketAddrV4::new(B, 5600)).unwrap();
         }
     });
-    // Closing stdin ends the stall's loop at once; the engine then drains.
+    // Every datagram has been through b's XDP program (and so is in the
+    // ring or a drop counter) before the receiver starts reading.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rx_packets() - before < SENT && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Closing stdin ends the hold and the loop; the engine then drains.
     let end = p.finish();
     let c = &end["counters"];
     let g = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k}: {end}"));

@@ -113,6 +113,9 @@ pub struct XdpTestArgs {
     /// with batched transmit (send_batch_to) and report the rate.
     #[arg(long)]
     pub flood: Option<u64>,
+    /// Stall until a line (or EOF) arrives on stdin: read nothing before.
+    #[arg(long)]
+    pub hold: bool,
     /// Stall: wait this long after "ready" before reading anything (burst
     /// absorption: what the rings hold is what survives).
     #[arg(long, default_value_t = 0)]
@@ -224,19 +227,26 @@ pub fn xdp_test(a: XdpTestArgs) -> Result<i32, String> {
     );
     let _ = std::io::stdout().flush();
     let stop = Arc::new(AtomicBool::new(false));
+    let go = Arc::new(AtomicBool::new(false));
     if a.secs.is_none() {
-        let st = stop.clone();
+        let (st, g) = (stop.clone(), go.clone());
         std::thread::spawn(move || {
             let stdin = std::io::stdin();
             for l in stdin.lock().lines() {
                 if l.is_err() {
                     break;
                 }
+                g.store(true, Ordering::Relaxed);
             }
             st.store(true, Ordering::Relaxed);
         });
     }
     std::thread::sleep(Duration::from_millis(a.stall_ms));
+    if a.hold {
+        while !go.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
     let end = a.secs.map(|s| Instant::now() + Duration::from_secs_f64(s));
     let mut buf = vec![0u8; 65536];
     let mut pending: Vec<(Vec<u8>, SocketAddrV4)> = Vec::new();
