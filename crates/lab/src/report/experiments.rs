@@ -207,7 +207,12 @@ impl<'a> Ctx<'a> {
     }
 
     /// `nanowire bench server` for one engine and protocol, in host b.
-    fn start_server(&self, e: EngineKind, tcp: bool) -> Result<(Proc, u16), String> {
+    /// In --peer mode the server already runs on the peer (started by the
+    /// user) and nothing is started here.
+    fn start_server(&self, e: EngineKind, tcp: bool) -> Result<(Option<Proc>, u16), String> {
+        if let Target::Peer { port, .. } = self.target {
+            return Ok((None, *port));
+        }
         let port = self.next_port();
         let addr = self.target.server_addr().to_string();
         let ps = port.to_string();
@@ -226,17 +231,10 @@ impl<'a> Ctx<'a> {
         if tcp {
             a.push("--tcp");
         }
-        if let Target::Peer { .. } = self.target {
-            // The server is already running on the peer, started by the user.
-            return Err(
-                "--peer mode expects `nanowire bench server` running on the peer; not started from here"
-                    .into(),
-            );
-        }
         let cmd = self.target.command(Host::B, &self.argv(&a))?;
         let mut p = Proc::spawn(cmd, &format!("bench server --engine {e}"))?;
         p.settle(Duration::from_millis(400))?;
-        Ok((p, port))
+        Ok((Some(p), port))
     }
 
     /// Run a bench client mode (pp/ul/tp) in host a and parse its JSON.
@@ -1538,7 +1536,7 @@ impl<'a> Ctx<'a> {
                     &format!("throughput tcp {e} {size} B ({}/{})", rep + 1, self.repeats),
                     self.p.tp_secs + 0.9,
                 );
-                let cpu_srv0 = srv_cpu(&srv);
+                let cpu_srv0 = srv.as_ref().map_or(0.0, srv_cpu);
                 let extra = vec![
                     "tp".to_string(),
                     "-m".into(),
@@ -1556,7 +1554,7 @@ impl<'a> Ctx<'a> {
                     .get("cpu_s")
                     .and_then(Value::as_f64)
                     .map_or(100.0, |c| c / wall * 100.0);
-                let cpu = (srv_cpu(&srv) - cpu_srv0) / wall * 100.0 + cli_cpu;
+                let cpu = (srv.as_ref().map_or(0.0, srv_cpu) - cpu_srv0) / wall * 100.0 + cli_cpu;
                 if gbps > 0.0 {
                     ok = true;
                     let d = data.entry((e.to_string(), "tcp".into(), size)).or_default();

@@ -54,6 +54,9 @@ pub struct ReportArgs {
     /// The local interface facing --peer.
     #[arg(long)]
     pub iface: Option<String>,
+    /// Port of `nanowire bench server` on the peer (start one for UDP and one with --tcp).
+    #[arg(long = "peer-port", default_value_t = 11111)]
+    pub peer_port: u16,
     /// Re-render index.html in --out from an existing results.json (no measurements).
     #[arg(long = "render-only")]
     pub render_only: bool,
@@ -192,7 +195,7 @@ pub fn environment(target: &Target) -> Value {
                 "topology": "two network namespaces joined by a veth pair; client on CPU 0, server on CPU 1",
             })
         }
-        Target::Peer { addr, iface } => json!({
+        Target::Peer { addr, iface, .. } => json!({
             "peer": addr.to_string(),
             "iface": iface,
             "driver": read_trim(&format!("/sys/class/net/{iface}/device/driver/module")).or_else(|| {
@@ -516,6 +519,7 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
         (Some(addr), Some(iface)) => Target::Peer {
             addr: *addr,
             iface: iface.clone(),
+            port: args.peer_port,
         },
         _ => {
             let lab = Lab::new(LabOptions {
