@@ -114,12 +114,19 @@ fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) ->
     .expect("thread")
 }
 
+/// Send `msg` and wait for its echo (up to 3 sends); late replies to
+/// earlier messages are skipped, so a slow machine cannot shift the pairs.
 fn udp_echo(sock: &UdpSocket, dst: SocketAddrV4, msg: &[u8]) -> Option<Vec<u8>> {
     let mut buf = [0u8; 2048];
     for _ in 0..3 {
         sock.send_to(msg, dst).unwrap();
-        if let Ok((n, _)) = sock.recv_from(&mut buf) {
-            return Some(buf[..n].to_vec());
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        while Instant::now() < deadline {
+            if let Ok((n, _)) = sock.recv_from(&mut buf)
+                && &buf[..n] == msg
+            {
+                return Some(buf[..n].to_vec());
+            }
         }
     }
     None
