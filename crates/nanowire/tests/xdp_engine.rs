@@ -623,6 +623,20 @@ fn deep_rings_of_64k_frames_and_several_queues() {
     assert_eq!(echo_many(&lab, 5200, 64), 64);
     let end = p.finish();
     assert_eq!(end["counters"]["xdp_no_socket_on_queue"], 0, "{end}");
+    // A thread that entered the namespace with setns(2) (so /sys still shows
+    // the host's interfaces) learns the queue count from the driver.
+    let ifa = lab.iface(Host::A);
+    let queues = in_ns(&lab.netns(Host::A), move || {
+        use nanowire_stack::xdp::XdpSocket;
+        use nanowire_stack::{EngineKind, EngineOptions};
+        let mut o = EngineOptions::new(EngineKind::Xdp);
+        o.iface = Some(ifa);
+        o.ring_depth = 256;
+        let s = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), &o)
+            .unwrap_or_else(|e| panic!("{e}"));
+        s.engine_handle().iface().rx_queues
+    });
+    assert_eq!(queues, 2);
 }
 
 #[test]
