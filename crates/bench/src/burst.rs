@@ -78,9 +78,16 @@ pub struct Opened {
 
 /// Open a UDP socket bound to `bind` on `engine`, without falling back: a
 /// measurement must run on the engine it names.
-pub fn open_endpoint(engine: EngineKind, bind: SocketAddrV4) -> Result<Opened, String> {
+pub fn open_endpoint(
+    engine: EngineKind,
+    bind: SocketAddrV4,
+    ring_depth: Option<u32>,
+) -> Result<Opened, String> {
     let mut opts = EngineOptions::new(engine);
     opts.fallback = false;
+    if let Some(d) = ring_depth {
+        opts.ring_depth = d;
+    }
     match engine {
         EngineKind::Kernel | EngineKind::Spin => {
             let ep = nanowire_stack::open_udp(bind, &opts)
@@ -221,7 +228,7 @@ pub fn run_burst(a: BurstArgs) -> Result<i32, String> {
     }
     let batch = a.batch.clamp(1, 1024);
     pin(a.cpu)?;
-    let Opened { mut ep, .. } = open_endpoint(a.engine, SocketAddrV4::new(a.bind, 0))?;
+    let Opened { mut ep, .. } = open_endpoint(a.engine, SocketAddrV4::new(a.bind, 0), None)?;
     let dst = SocketAddrV4::new(a.ip, a.port);
     let total = if a.duration.is_some() { 0 } else { a.count };
     let mut bufs = vec![vec![0u8; a.size]; batch];
@@ -384,6 +391,9 @@ pub struct SinkArgs {
     /// Give up when no datagram arrives within this many seconds.
     #[arg(long = "timeout", default_value_t = 30.0)]
     pub timeout_s: f64,
+    /// RX/fill ring depth of the xdp engine (frames; default: the engine's).
+    #[arg(long = "ring-depth")]
+    pub ring_depth: Option<u32>,
     /// Finish when stdin reaches end of file (the generator is done) and the
     /// queue is drained, instead of after --idle-ms without a datagram.
     #[arg(long = "stop-on-eof")]
@@ -490,6 +500,9 @@ pub struct SinkReport {
     pub engine: EngineKind,
     pub behaviour: Behaviour,
     pub stall_ms: u64,
+    /// xdp engine ring depth (frames), when the sink ran on xdp.
+    #[serde(default)]
+    pub ring_depth: Option<u32>,
     /// Datagrams the generator said the burst had (0: unknown, streaming).
     pub expected: u64,
     /// Distinct datagrams received.
@@ -533,8 +546,14 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
     if !(a.timeout_s.is_finite() && a.timeout_s > 0.0) {
         return Err("--timeout must be positive".into());
     }
+    if let Some(d) = a.ring_depth
+        && !(64..=1 << 20).contains(&d)
+    {
+        return Err(format!("--ring-depth must be 64..=1048576, got {d}"));
+    }
     pin(a.cpu)?;
-    let Opened { mut ep, xdp } = open_endpoint(a.engine, SocketAddrV4::new(a.ip, a.port))?;
+    let Opened { mut ep, xdp } =
+        open_endpoint(a.engine, SocketAddrV4::new(a.ip, a.port), a.ring_depth)?;
     let xdp_counters = |h: &std::sync::Arc<nanowire_stack::xdp::Engine>| {
         h.counters()
             .into_iter()
@@ -740,6 +759,7 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
         } else {
             0
         },
+        ring_depth: xdp.as_ref().map(|h| h.ring_depth()),
         expected,
         received,
         bytes,

@@ -517,3 +517,98 @@ fn burst_on_loopback_is_counted_exactly() {
     assert_eq!(v["echoed"], 50);
     assert_eq!(v["latency_us"]["samples"], 50);
 }
+
+#[test]
+fn peer_mode_runs_the_client_side_against_a_remote_server() {
+    if !have_root() {
+        eprintln!("skipped: needs root for network namespaces");
+        return;
+    }
+    // Two "real" hosts: the lab's namespaces, with nothing shared but the link.
+    let name = format!("trp{}", std::process::id() % 10000);
+    let lab = ScopedLab::new(LabOptions {
+        name: name.clone(),
+        queues: 1,
+    })
+    .expect("lab up");
+    let port = "11111";
+    let server = |tcp: bool| {
+        let mut argv = vec![
+            NW,
+            "bench",
+            "server",
+            "-i",
+            "198.18.0.2",
+            "-p",
+            port,
+            "--engine",
+            "kernel",
+        ];
+        if tcp {
+            argv.push("--tcp");
+        }
+        Guard(
+            lab.command(nanowire_lab::Host::B, &argv)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let _udp = server(false);
+    let _tcp = server(true);
+    std::thread::sleep(Duration::from_millis(500));
+    let out = tmpdir("peer");
+    let iface = lab.iface(nanowire_lab::Host::A);
+    let o = out.to_str().unwrap();
+    let argv = [
+        NW,
+        "lab",
+        "report",
+        "--smoke",
+        "--quiet",
+        "--peer",
+        "198.18.0.2",
+        "--peer-port",
+        port,
+        "--iface",
+        &iface,
+        "--engines",
+        "kernel",
+        "--only",
+        "latency_vs_size,max_rate",
+        "--out",
+        o,
+    ];
+    let (code, stdout, stderr) = run_with_timeout(
+        &mut lab.command(nanowire_lab::Host::A, &argv),
+        Duration::from_secs(120),
+    );
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let data: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(data["target"], format!("peer:198.18.0.2:{port}%{iface}"));
+    let exps = data["experiments"].as_array().unwrap();
+    let pp = exps.iter().find(|e| e["id"] == "latency_vs_size").unwrap();
+    for proto in ["udp", "tcp"] {
+        assert!(
+            pp["coverage"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["protocol"] == proto && c["available"] == true),
+            "ping-pong {proto} against the peer: {}",
+            pp["coverage"]
+        );
+    }
+    check_points(pp);
+    check_runs(pp);
+    // What needs a process on the peer says so.
+    let mr = exps.iter().find(|e| e["id"] == "max_rate").unwrap();
+    let c = &mr["coverage"][0];
+    assert_eq!(c["available"], false);
+    assert!(c["reason"].as_str().unwrap().contains("peer"), "{c}");
+    drop(lab);
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -114,12 +114,19 @@ fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) ->
     .expect("thread")
 }
 
+/// Send `msg` and wait for its echo (up to 3 sends); late replies to
+/// earlier messages are skipped, so a slow machine cannot shift the pairs.
 fn udp_echo(sock: &UdpSocket, dst: SocketAddrV4, msg: &[u8]) -> Option<Vec<u8>> {
     let mut buf = [0u8; 2048];
     for _ in 0..3 {
         sock.send_to(msg, dst).unwrap();
-        if let Ok((n, _)) = sock.recv_from(&mut buf) {
-            return Some(buf[..n].to_vec());
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        while Instant::now() < deadline {
+            if let Ok((n, _)) = sock.recv_from(&mut buf)
+                && &buf[..n] == msg
+            {
+                return Some(buf[..n].to_vec());
+            }
         }
     }
     None
@@ -616,6 +623,20 @@ fn deep_rings_of_64k_frames_and_several_queues() {
     assert_eq!(echo_many(&lab, 5200, 64), 64);
     let end = p.finish();
     assert_eq!(end["counters"]["xdp_no_socket_on_queue"], 0, "{end}");
+    // A thread that entered the namespace with setns(2) (so /sys still shows
+    // the host's interfaces) learns the queue count from the driver.
+    let ifa = lab.iface(Host::A);
+    let queues = in_ns(&lab.netns(Host::A), move || {
+        use nanowire_stack::xdp::XdpSocket;
+        use nanowire_stack::{EngineKind, EngineOptions};
+        let mut o = EngineOptions::new(EngineKind::Xdp);
+        o.iface = Some(ifa);
+        o.ring_depth = 256;
+        let s = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), &o)
+            .unwrap_or_else(|e| panic!("{e}"));
+        s.engine_handle().iface().rx_queues
+    });
+    assert_eq!(queues, 2);
 }
 
 #[test]
@@ -752,19 +773,22 @@ fn unprivileged_engine_says_why_in_one_line() {
 #[test]
 fn stalled_receiver_keeps_ring_depth_and_accounts_for_every_datagram() {
     let Some(lab) = lab('b') else { return };
-    // A receiver that does not read for 1.5 s, with 1024-frame rings.
-    let (p, _) = xdp_test(
-        &lab,
-        &[
-            "--port",
-            "5600",
-            "--ring-depth",
-            "1024",
-            "--stall-ms",
-            "1500",
-        ],
-    );
+    // A receiver that reads nothing until told (stdin), with 1024-frame rings.
+    let (p, _) = xdp_test(&lab, &["--port", "5600", "--ring-depth", "1024", "--hold"]);
     const SENT: u64 = 4000;
+    // Frames b's XDP program has seen (counted after the program ran).
+    let rx_packets = || {
+        let o = lab
+            .command(Host::B, &["ethtool", "-S", &lab.iface(Host::B)])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("rx_queue_0_xdp_packets:"))
+            .filter_map(|v| v.trim().parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    let before = rx_packets();
     in_ns(&lab.netns(Host::A), || {
         let s = client();
         for i in 0..SENT {
@@ -773,14 +797,20 @@ fn stalled_receiver_keeps_ring_depth_and_accounts_for_every_datagram() {
             s.send_to(&m, SocketAddrV4::new(B, 5600)).unwrap();
         }
     });
-    // Closing stdin ends the stall's loop at once; the engine then drains.
+    // Every datagram has been through b's XDP program (and so is in the
+    // ring or a drop counter) before the receiver starts reading.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rx_packets() - before < SENT && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Closing stdin ends the hold and the loop; the engine then drains.
     let end = p.finish();
     let c = &end["counters"];
     let g = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k}: {end}"));
     // The ring held exactly its depth; the rest is counted by the kernel.
     assert_eq!(g("rx_packets"), 1024, "{end}");
     assert_eq!(g("peak_rx_ring"), 1024, "{end}");
-    let kernel_drops = g("xsk_rx_fill_ring_empty") + g("xsk_rx_ring_full");
+    let kernel_drops = g("xsk_rx_fill_ring_empty") + g("xsk_rx_ring_full") + g("xsk_rx_dropped");
     assert_eq!(
         g("rx_frames") + kernel_drops,
         SENT,
@@ -888,7 +918,8 @@ fn blocked_socket_gets_datagrams_another_thread_drained_for_it() {
             while !st.load(Ordering::Relaxed) {
                 n += y.recv_batch(64, |_, _| {});
             }
-            n
+            // What x's thread drained for y after our last look.
+            n + y.recv_batch(64, |_, _| {})
         });
         let sender = std::thread::spawn(move || {
             in_ns(&nsb, || {
@@ -961,4 +992,74 @@ fn xdp_socket_sends_to_a_multicast_group() {
     let (msg, src) = receiver.join().unwrap().expect("group datagram received");
     assert_eq!(msg, b"to the group");
     assert_eq!(src.to_string(), "198.18.0.1:6601");
+}
+
+#[test]
+fn sending_on_a_downed_interface_is_an_error_not_a_hang() {
+    let Some(lab) = lab('z') else { return };
+    let ifa = lab.iface(Host::A);
+    let nsa = lab.netns(Host::A);
+    let r = in_ns(&nsa.clone(), move || {
+        use nanowire_stack::xdp::XdpSocket;
+        use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint};
+        let mut o = EngineOptions::new(EngineKind::Xdp);
+        o.iface = Some(ifa.clone());
+        o.ring_depth = 1024;
+        let mut s = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), &o)
+            .unwrap_or_else(|e| panic!("{e}"));
+        s.connect(SocketAddrV4::new(B, 9)).unwrap();
+        s.send(b"up").unwrap();
+        let st = Command::new("ip")
+            .args(["-n", &nsa, "link", "set", "dev", &ifa, "down"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match s.send(b"down") {
+                Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => break e.to_string(),
+                _ if Instant::now() > deadline => panic!("no error while the interface is down"),
+                _ => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    });
+    assert!(r.contains("cannot transmit"), "{r}");
+}
+
+#[test]
+fn connected_socket_takes_datagrams_from_its_peer_only() {
+    let Some(lab) = lab('y') else { return };
+    let ifa = lab.iface(Host::A);
+    let nsb = lab.netns(Host::B);
+    let (got, drops) = in_ns(&lab.netns(Host::A), move || {
+        use nanowire_stack::xdp::XdpSocket;
+        use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint};
+        let mut o = EngineOptions::new(EngineKind::Xdp);
+        o.iface = Some(ifa);
+        o.ring_depth = 1024;
+        let mut s = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 5900), &o)
+            .unwrap_or_else(|e| panic!("{e}"));
+        s.connect(SocketAddrV4::new(B, 5901)).unwrap();
+        std::thread::spawn(move || {
+            in_ns(&nsb, || {
+                let stranger = UdpSocket::bind("198.18.0.2:5902").unwrap();
+                let peer = UdpSocket::bind("198.18.0.2:5901").unwrap();
+                stranger.send_to(b"stranger", "198.18.0.1:5900").unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+                peer.send_to(b"peer", "198.18.0.1:5900").unwrap();
+            })
+        })
+        .join()
+        .unwrap();
+        let mut b = [0u8; 64];
+        let (n, src) = s
+            .recv_from(&mut b, Some(Instant::now() + Duration::from_secs(5)))
+            .unwrap()
+            .expect("the peer's datagram");
+        assert_eq!(src, SocketAddrV4::new(B, 5901));
+        let c: std::collections::HashMap<String, u64> = s.engine_counters().into_iter().collect();
+        (b[..n].to_vec(), c["drop_no_socket"])
+    });
+    assert_eq!(got, b"peer");
+    assert_eq!(drops, 1, "the stranger's datagram is a counted drop");
 }

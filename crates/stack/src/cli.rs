@@ -109,6 +109,13 @@ pub struct XdpTestArgs {
     /// Client: datagram size.
     #[arg(long, default_value_t = 64)]
     pub size: usize,
+    /// Client: instead of ping-pong, send this many datagrams back to back
+    /// with batched transmit (send_batch_to) and report the rate.
+    #[arg(long)]
+    pub flood: Option<u64>,
+    /// Stall until a line (or EOF) arrives on stdin: read nothing before.
+    #[arg(long)]
+    pub hold: bool,
     /// Stall: wait this long after "ready" before reading anything (burst
     /// absorption: what the rings hold is what survives).
     #[arg(long, default_value_t = 0)]
@@ -164,6 +171,32 @@ pub fn xdp_test(a: XdpTestArgs) -> Result<i32, String> {
         socks[0]
             .connect(peer)
             .map_err(|e| format!("connect {peer}: {e}"))?;
+        if let Some(total) = a.flood {
+            let msgs: Vec<Vec<u8>> = (0..256u64)
+                .map(|i| {
+                    let mut m = vec![0u8; a.size.max(8)];
+                    m[..8].copy_from_slice(&i.to_le_bytes());
+                    m
+                })
+                .collect();
+            let refs: Vec<&[u8]> = msgs.iter().map(|m| &m[..]).collect();
+            let t0 = Instant::now();
+            let (mut sent, mut full) = (0u64, 0u64);
+            while sent < total {
+                let n = (total - sent).min(256) as usize;
+                match socks[0].send_batch_to(&refs[..n], peer) {
+                    Ok(k) => sent += k as u64,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => full += 1,
+                    Err(e) => return Err(format!("send: {e}")),
+                }
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            out!(
+                "{}",
+                serde_json::json!({"sent": sent, "secs": secs, "rate_pps": sent as f64 / secs, "tx_ring_full_retries": full, "size": a.size.max(8)})
+            );
+            return Ok(0);
+        }
         let s = std::cell::RefCell::new(&mut socks[0]);
         let r = ping_pong(
             a.count,
@@ -194,19 +227,26 @@ pub fn xdp_test(a: XdpTestArgs) -> Result<i32, String> {
     );
     let _ = std::io::stdout().flush();
     let stop = Arc::new(AtomicBool::new(false));
+    let go = Arc::new(AtomicBool::new(false));
     if a.secs.is_none() {
-        let st = stop.clone();
+        let (st, g) = (stop.clone(), go.clone());
         std::thread::spawn(move || {
             let stdin = std::io::stdin();
             for l in stdin.lock().lines() {
                 if l.is_err() {
                     break;
                 }
+                g.store(true, Ordering::Relaxed);
             }
             st.store(true, Ordering::Relaxed);
         });
     }
     std::thread::sleep(Duration::from_millis(a.stall_ms));
+    if a.hold {
+        while !go.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
     let end = a.secs.map(|s| Instant::now() + Duration::from_secs_f64(s));
     let mut buf = vec![0u8; 65536];
     let mut pending: Vec<(Vec<u8>, SocketAddrV4)> = Vec::new();

@@ -260,6 +260,7 @@ pub struct XskSocket {
     queue: u32,
     tx_free: Vec<u64>,
     tx_budget: Option<u32>,
+    fatal: std::sync::atomic::AtomicI32,
 }
 
 // SAFETY: the raw pointers point into mappings owned by this value; nothing
@@ -428,6 +429,7 @@ impl XskSocket {
             queue,
             tx_free,
             tx_budget: None,
+            fatal: std::sync::atomic::AtomicI32::new(0),
         };
         // Give every RX frame to the kernel.
         let n = s.fill.prod_free(cfg.rx_frames);
@@ -616,10 +618,12 @@ impl XskSocket {
         }
     }
 
+    /// Kick TX. Transient refusals (EAGAIN, EBUSY, ENOBUFS) are fine: the
+    /// frames stay queued for the next kick. Errors that will not go away
+    /// (interface down or gone) are returned by [`XskSocket::kick_error`].
     pub fn kick_tx(&self) {
-        // SAFETY: zero-length sendto on our socket; errors (EAGAIN, EBUSY,
-        // ENOBUFS) only mean "try again later" and are retried by the caller.
-        unsafe {
+        // SAFETY: zero-length sendto on our socket.
+        let r = unsafe {
             libc::sendto(
                 self.fd.as_raw_fd(),
                 std::ptr::null(),
@@ -629,6 +633,20 @@ impl XskSocket {
                 0,
             )
         };
+        if r < 0 {
+            let e = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            if matches!(e, libc::ENETDOWN | libc::ENXIO | libc::ENODEV) {
+                self.fatal.store(e, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The last kick error that will not go away by retrying, if any.
+    pub fn kick_error(&self) -> Option<io::Error> {
+        match self.fatal.swap(0, Ordering::Relaxed) {
+            0 => None,
+            e => Some(io::Error::from_raw_os_error(e)),
+        }
     }
 
     /// XDP_STATISTICS from the kernel.

@@ -17,7 +17,12 @@ pub enum Target {
     /// The virtual testbed: client in host a, server in host b.
     Lab(Lab),
     /// Two real hosts: the client side here, `nanowire bench server` on the peer.
-    Peer { addr: Ipv4Addr, iface: String },
+    Peer {
+        addr: Ipv4Addr,
+        iface: String,
+        /// Port of the `nanowire bench server` (UDP and TCP) on the peer.
+        port: u16,
+    },
 }
 
 impl Target {
@@ -30,7 +35,7 @@ impl Target {
     pub fn describe(&self) -> String {
         match self {
             Target::Lab(l) => format!("lab:{}", l.name()),
-            Target::Peer { addr, iface } => format!("peer:{addr}%{iface}"),
+            Target::Peer { addr, iface, port } => format!("peer:{addr}:{port}%{iface}"),
         }
     }
     /// A command running `argv` on host `h`. In peer mode host b is remote

@@ -28,6 +28,10 @@ pub struct Params {
     pub rate_steps: usize,
     pub burst_sizes: Vec<usize>,
     pub burst_max: u64,
+    /// Largest burst tried into a receiver that does not stall.
+    pub burst_max_nostall: u64,
+    /// Stop the search when the bracket is within 1/precision of the answer.
+    pub burst_precision: u64,
     pub burst_trials: u32,
     pub burst_steps: usize,
     pub tp_sizes_udp: Vec<usize>,
@@ -56,9 +60,11 @@ impl Params {
             rate_confirm_s: 0.0,
             rate_steps: 6,
             burst_sizes: vec![256],
-            burst_max: 32768,
+            burst_max: 131_072,
+            burst_max_nostall: 32768,
+            burst_precision: 8,
             burst_trials: 3,
-            burst_steps: 7,
+            burst_steps: 5,
             tp_sizes_udp: vec![64, 1472, 65507],
             tp_sizes_tcp: vec![64, 1472, 65536],
             tp_secs: 1.0,
@@ -85,6 +91,8 @@ impl Params {
             rate_steps: 7,
             burst_sizes: vec![64, 256, 1024],
             burst_max: 262_144,
+            burst_max_nostall: 262_144,
+            burst_precision: 32,
             burst_trials: 3,
             burst_steps: 9,
             tp_sizes_udp: vec![64, 256, 1024, 1472, 4096, 16384, 65507],
@@ -110,6 +118,8 @@ impl Params {
             rate_steps: 3,
             burst_sizes: vec![256],
             burst_max: 4096,
+            burst_max_nostall: 4096,
+            burst_precision: 8,
             burst_trials: 3,
             burst_steps: 3,
             tp_sizes_udp: vec![1024],
@@ -129,6 +139,8 @@ pub struct Ctx<'a> {
     pub engines: Vec<EngineKind>,
     pub repeats: u32,
     pub stall_ms: u64,
+    /// RX ring depth of xdp receivers.
+    pub xdp_ring: u32,
     pub p: Params,
     pub progress: &'a Progress,
     /// Engine of the burst/stream generator: the fastest that works.
@@ -174,6 +186,7 @@ impl<'a> Ctx<'a> {
             engines,
             repeats,
             stall_ms,
+            xdp_ring: 65536,
             p,
             progress,
             gen_engine: EngineKind::Spin,
@@ -194,7 +207,12 @@ impl<'a> Ctx<'a> {
     }
 
     /// `nanowire bench server` for one engine and protocol, in host b.
-    fn start_server(&self, e: EngineKind, tcp: bool) -> Result<(Proc, u16), String> {
+    /// In --peer mode the server already runs on the peer (started by the
+    /// user) and nothing is started here.
+    fn start_server(&self, e: EngineKind, tcp: bool) -> Result<(Option<Proc>, u16), String> {
+        if let Target::Peer { port, .. } = self.target {
+            return Ok((None, *port));
+        }
         let port = self.next_port();
         let addr = self.target.server_addr().to_string();
         let ps = port.to_string();
@@ -213,17 +231,10 @@ impl<'a> Ctx<'a> {
         if tcp {
             a.push("--tcp");
         }
-        if let Target::Peer { .. } = self.target {
-            // The server is already running on the peer, started by the user.
-            return Err(
-                "--peer mode expects `nanowire bench server` running on the peer; not started from here"
-                    .into(),
-            );
-        }
         let cmd = self.target.command(Host::B, &self.argv(&a))?;
         let mut p = Proc::spawn(cmd, &format!("bench server --engine {e}"))?;
         p.settle(Duration::from_millis(400))?;
-        Ok((p, port))
+        Ok((Some(p), port))
     }
 
     /// Run a bench client mode (pp/ul/tp) in host a and parse its JSON.
@@ -310,6 +321,10 @@ impl<'a> Ctx<'a> {
             SERVER_CPU,
             "--json",
         ]);
+        let mut sink_argv = sink_argv;
+        if rx == EngineKind::Xdp {
+            sink_argv.extend(["--ring-depth".to_string(), self.xdp_ring.to_string()]);
+        }
         let cmd = self.target.command(Host::B, &sink_argv)?;
         let mut sink = Proc::spawn_io(cmd, &format!("bench sink --engine {rx}"), true)?;
         sink.wait_ready("READY", Duration::from_secs(10))?;
@@ -953,11 +968,13 @@ impl<'a> Ctx<'a> {
             "4. Microburst tolerance",
             "seed 000 (RFC 2544 back-to-back)",
             &format!(
-                "The longest burst of back-to-back datagrams received with zero loss in {t}/{t} trials, found by search (up to {max} datagrams). Generator: `nanowire bench burst` on the {g} engine in host a (batches through send_batch_to). Receiver `nanowire bench sink` on the engine under test in host b: (a) spin: reads as fast as it can; (b) stall: stops reading for {s} ms after the first datagram, then drains, which measures the buffer capacity; (c) echo: sends every datagram back (work per message). Burst time is the seed's (46 + size) × packets × 8 × 0.1 ns (10 GbE). Every lost datagram must show up in a drop counter of the receiver's namespace (Udp RcvbufErrors/InErrors, interface rx_dropped, softnet backlog drops, engine drop counters).",
+                "The longest burst of back-to-back datagrams received with zero loss in {t}/{t} trials, found by search (up to {max} datagrams into a stalled receiver, {max2} otherwise). Generator: `nanowire bench burst` on the {g} engine in host a (batches through send_batch_to). Receiver `nanowire bench sink` on the engine under test in host b (kernel sockets with the default receive buffer; xdp with an RX ring of {ring} frames): (a) spin: reads as fast as it can; (b) stall: stops reading for {s} ms after the first datagram, then drains, which measures the buffer capacity; (c) echo: sends every datagram back (work per message). Burst time is the seed's (46 + size) × packets × 8 × 0.1 ns (10 GbE). Every lost datagram must show up in a drop counter of the receiver's namespace (Udp RcvbufErrors/InErrors, interface rx_dropped, softnet backlog drops, engine drop counters).",
                 t = self.p.burst_trials,
                 max = self.p.burst_max,
+                max2 = self.p.burst_max_nostall,
                 g = self.gen_engine,
-                s = self.stall_ms
+                s = self.stall_ms,
+                ring = self.xdp_ring
             ),
         );
         let mut rows = vec![];
@@ -1008,6 +1025,8 @@ impl<'a> Ctx<'a> {
                             if let Some(p) =
                                 Point::from_samples(si as f64, vec![res.lossless as f64; 1])
                             {
+                                let mut p = p;
+                                p.lower_bound = res.capped;
                                 series.points.push(p);
                             }
                             rows.push(vec![
@@ -1019,7 +1038,6 @@ impl<'a> Ctx<'a> {
                                 } else {
                                     res.lossless.to_string()
                                 }),
-                                jnum(res.lossless as f64),
                                 jnum(burst_time_10g_us(size, res.lossless)),
                                 jnum(res.gen_rate),
                                 json!(res.peak),
@@ -1052,13 +1070,12 @@ impl<'a> Ctx<'a> {
                 "receiver",
                 "size",
                 "lossless burst",
-                "packets",
                 "burst time at 10GbE (µs)",
                 "generator msg/s",
                 "peak queue",
                 "first lossy burst",
                 "lost in it",
-                "loss accounted by counters",
+                "loss counted by",
                 "trials",
             ]
             .map(String::from)
@@ -1092,7 +1109,11 @@ impl<'a> Ctx<'a> {
         let mut accounted_all = true;
         let mut counters_used: Vec<&str> = vec![];
         let mut hint: Option<u64> = None;
-        let mut n = self.p.burst_max;
+        let mut n = if behaviour == "stall" {
+            self.p.burst_max
+        } else {
+            self.p.burst_max_nostall
+        };
         for step in 0..self.p.burst_steps + 1 {
             // Up to t trials; stop at the first loss.
             let mut ok_all = true;
@@ -1159,7 +1180,7 @@ impl<'a> Ctx<'a> {
             let Some(h) = hi else {
                 break; // lossless at the largest burst tried
             };
-            if h <= lo + 1 || (lo > 0 && (h - lo) * 32 <= lo) {
+            if h <= lo + 1 || (lo > 0 && (h - lo) * self.p.burst_precision <= lo) {
                 break;
             }
             n = match hint.take() {
@@ -1515,7 +1536,7 @@ impl<'a> Ctx<'a> {
                     &format!("throughput tcp {e} {size} B ({}/{})", rep + 1, self.repeats),
                     self.p.tp_secs + 0.9,
                 );
-                let cpu_srv0 = srv_cpu(&srv);
+                let cpu_srv0 = srv.as_ref().map_or(0.0, srv_cpu);
                 let extra = vec![
                     "tp".to_string(),
                     "-m".into(),
@@ -1533,7 +1554,7 @@ impl<'a> Ctx<'a> {
                     .get("cpu_s")
                     .and_then(Value::as_f64)
                     .map_or(100.0, |c| c / wall * 100.0);
-                let cpu = (srv_cpu(&srv) - cpu_srv0) / wall * 100.0 + cli_cpu;
+                let cpu = (srv.as_ref().map_or(0.0, srv_cpu) - cpu_srv0) / wall * 100.0 + cli_cpu;
                 if gbps > 0.0 {
                     ok = true;
                     let d = data.entry((e.to_string(), "tcp".into(), size)).or_default();

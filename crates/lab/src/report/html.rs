@@ -7,8 +7,8 @@ use plotters::coord::ranged1d::{AsRangedCoord, Ranged, ValueFormatter};
 use plotters::prelude::*;
 use serde_json::Value;
 
-const W: u32 = 820;
-const H: u32 = 430;
+const W: u32 = 760;
+const H: u32 = 400;
 
 /// Engine colours, shared by every plot and the tables.
 fn engine_color(e: &str, i: usize) -> RGBColor {
@@ -41,6 +41,67 @@ fn esc(s: &str) -> String {
 
 /// Render one plot to an SVG string; a plot without data becomes a short
 /// message instead of an empty frame.
+/// One legend entry: label, colour, marker (0 circle, 1 triangle, 2 cross, 3 bar).
+pub type LegendEntry = (String, RGBColor, u8);
+
+/// The legend of a plot (drawn in HTML under the SVG, where it hides no data).
+pub fn legend(p: &Plot) -> Vec<LegendEntry> {
+    let mut engines: Vec<&str> = vec![];
+    for s in &p.series {
+        if !engines.contains(&s.engine.as_str()) {
+            engines.push(&s.engine);
+        }
+    }
+    if p.categories.is_some() {
+        if p.series.len() == 1 {
+            return p.categories.as_ref().map_or(vec![], |c| {
+                c.iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.clone(), engine_color(c, i), 3))
+                    .collect()
+            });
+        }
+        return p
+            .series
+            .iter()
+            .enumerate()
+            .map(|(k, s)| (s.label.clone(), engine_color(&s.engine, k), 3))
+            .collect();
+    }
+    let mut v: Vec<LegendEntry> = p
+        .series
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            (
+                s.label.clone(),
+                series_color(p, &engines, i),
+                marker_for(&s.metric),
+            )
+        })
+        .collect();
+    if p.series.iter().any(|s| !s.missing.is_empty()) {
+        v.push((
+            "on the x axis: offered but not sustained (see the table)".into(),
+            RGBColor(90, 90, 90),
+            5,
+        ));
+    }
+    v
+}
+
+fn series_color(p: &Plot, engines: &[&str], i: usize) -> RGBColor {
+    let s = &p.series[i];
+    if engines.len() > 1 {
+        engine_color(
+            &s.label,
+            engines.iter().position(|x| *x == s.engine).unwrap_or(0),
+        )
+    } else {
+        PALETTE[i % PALETTE.len()]
+    }
+}
+
 pub fn plot_svg(p: &Plot) -> Result<String, String> {
     let mut svg = String::new();
     let empty = p.series.iter().all(|s| s.points.is_empty());
@@ -111,7 +172,8 @@ fn bounds(vals: impl Iterator<Item = f64>, log: bool) -> Option<(f64, f64)> {
 fn marker_for(metric: &str) -> u8 {
     match metric {
         "min" => 1,
-        "p99" | "p99.9" => 2,
+        "p99" => 2,
+        "p99.9" => 4,
         _ => 0,
     }
 }
@@ -173,10 +235,9 @@ where
 {
     let e = |e: DrawingAreaErrorKind<_>| e.to_string();
     let mut chart = ChartBuilder::on(root)
-        .caption(&p.title, ("sans-serif", 17))
         .margin(12)
-        .x_label_area_size(44)
-        .y_label_area_size(64)
+        .x_label_area_size(50)
+        .y_label_area_size(76)
         .build_cartesian_2d(xr, yr)
         .map_err(e)?;
     let fx = |v: &f64| fmt_num(*v);
@@ -188,8 +249,8 @@ where
         .y_label_formatter(&fx)
         .light_line_style(RGBColor(238, 238, 238))
         .bold_line_style(RGBColor(215, 215, 215))
-        .label_style(("sans-serif", 12))
-        .axis_desc_style(("sans-serif", 13))
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 15))
         .draw()
         .map_err(e)?;
     // Series of one engine share a colour; metrics get their own markers.
@@ -200,20 +261,7 @@ where
         }
     }
     for (i, s) in p.series.iter().enumerate() {
-        let ci = if engines.len() > 1
-            || p.series
-                .iter()
-                .all(|x| x.engine == s.engine && x.metric == s.metric)
-        {
-            engines.iter().position(|x| *x == s.engine).unwrap_or(0)
-        } else {
-            i
-        };
-        let c = if engines.len() > 1 {
-            engine_color(&s.label, ci)
-        } else {
-            PALETTE[i % PALETTE.len()]
-        };
+        let c = series_color(p, &engines, i);
         let pts: Vec<(f64, f64)> = s.points.iter().map(|pt| (pt.x, pt.median)).collect();
         let m = marker_for(&s.metric);
         let style = if m == 1 {
@@ -255,6 +303,14 @@ where
                     )
                     .map_err(e)?;
             }
+            4 => {
+                chart
+                    .draw_series(
+                        pts.iter()
+                            .map(|&(x, y)| Circle::new((x, y), 4, c.stroke_width(2))),
+                    )
+                    .map_err(e)?;
+            }
             _ => {
                 chart
                     .draw_series(pts.iter().map(|&(x, y)| Circle::new((x, y), 3, c.filled())))
@@ -270,14 +326,6 @@ where
             )
             .map_err(e)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(RGBColor(200, 200, 200))
-        .label_font(("sans-serif", 12))
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(e)?;
     Ok(())
 }
 
@@ -320,10 +368,9 @@ where
 {
     let e = |e: DrawingAreaErrorKind<_>| e.to_string();
     let mut chart = ChartBuilder::on(root)
-        .caption(&p.title, ("sans-serif", 17))
         .margin(12)
-        .x_label_area_size(44)
-        .y_label_area_size(64)
+        .x_label_area_size(50)
+        .y_label_area_size(76)
         .build_cartesian_2d(xr, yr)
         .map_err(e)?;
     let fx = |v: &f64| {
@@ -345,8 +392,8 @@ where
         .y_label_formatter(&fy)
         .light_line_style(RGBColor(238, 238, 238))
         .bold_line_style(RGBColor(215, 215, 215))
-        .label_style(("sans-serif", 12))
-        .axis_desc_style(("sans-serif", 13))
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 15))
         .draw()
         .map_err(e)?;
     let m = p.series.len().max(1) as f64;
@@ -375,9 +422,19 @@ where
                 .map_err(e)?;
             chart
                 .draw_series(std::iter::once(Text::new(
-                    fmt_num(pt.median),
-                    (pt.x + off - w * 0.3, pt.median),
-                    ("sans-serif", 12).into_font().color(&RGBColor(40, 40, 40)),
+                    format!(
+                        "{}{}",
+                        if pt.lower_bound { "≥ " } else { "" },
+                        fmt_num(pt.median)
+                    ),
+                    (pt.x + off, pt.median),
+                    ("sans-serif", 15)
+                        .into_font()
+                        .color(&RGBColor(40, 40, 40))
+                        .pos(plotters::style::text_anchor::Pos::new(
+                            plotters::style::text_anchor::HPos::Center,
+                            plotters::style::text_anchor::VPos::Bottom,
+                        )),
                 )))
                 .map_err(e)?;
             if pt.max > pt.min {
@@ -401,16 +458,6 @@ where
                 .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
         }
     }
-    if p.series.len() > 1 {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(RGBColor(200, 200, 200))
-            .label_font(("sans-serif", 12))
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(e)?;
-    }
     Ok(())
 }
 
@@ -424,7 +471,10 @@ fn cell(v: &Value) -> String {
 }
 
 fn table_html(t: &Table) -> String {
-    let mut h = format!("<table><caption>{}</caption><thead><tr>", esc(&t.caption));
+    let mut h = format!(
+        "<div class=\"tw\"><table><caption>{}</caption><thead><tr>",
+        esc(&t.caption)
+    );
     for c in &t.columns {
         h += &format!("<th>{}</th>", esc(c));
     }
@@ -453,7 +503,7 @@ fn table_html(t: &Table) -> String {
             t.columns.len()
         );
     }
-    h + "</tbody></table>"
+    h + "</tbody></table></div>"
 }
 
 fn section(ex: &Experiment) -> String {
@@ -481,9 +531,28 @@ fn section(ex: &Experiment) -> String {
     for p in &ex.plots {
         match plot_svg(p) {
             Ok(svg) => {
+                let mut lg = String::new();
+                for (label, c, m) in legend(p) {
+                    let sym = match m {
+                        1 => "▲",
+                        2 => "✕",
+                        3 => "■",
+                        4 => "○",
+                        5 => "◌",
+                        _ => "●",
+                    };
+                    lg += &format!(
+                        "<span class=\"lg\"><i style=\"color:rgb({},{},{})\">{sym}</i>{}</span>",
+                        c.0,
+                        c.1,
+                        c.2,
+                        esc(&label)
+                    );
+                }
                 h += &format!(
-                    "<figure class=\"plot\" data-plot=\"{}\">{svg}</figure>",
-                    esc(&p.id)
+                    "<figure class=\"plot\" data-plot=\"{}\"><figcaption>{}</figcaption>{svg}<div class=\"legend\">{lg}</div></figure>",
+                    esc(&p.id),
+                    esc(&p.title)
                 )
             }
             Err(e) => {
@@ -570,8 +639,13 @@ h2{margin:0 0 4px;font-size:20px}
 .plots{display:flex;flex-wrap:wrap;gap:10px}
 figure.plot{margin:0;flex:1 1 520px;max-width:calc(50% - 5px)}
 @media (max-width:1100px){figure.plot{max-width:100%}}
-figure.plot svg{width:100%;height:auto;border:1px solid var(--line);border-radius:6px}
-table{border-collapse:collapse;margin:14px 0;font-size:13px;width:100%}
+figure.plot{border:1px solid var(--line);border-radius:8px;padding:8px 8px 6px;background:#fff}
+figure.plot svg{width:100%;height:auto;display:block}
+figcaption{font-weight:600;font-size:14px;text-align:center;margin:2px 0 4px}
+.legend{display:flex;flex-wrap:wrap;gap:4px 14px;justify-content:center;font-size:12.5px;color:#333;padding:4px 0 2px}
+.lg i{font-style:normal;margin-right:4px}
+.tw{overflow-x:auto;margin:14px 0}
+table{border-collapse:collapse;font-size:13px;width:100%}
 caption{text-align:left;font-weight:600;padding:4px 0;color:var(--mut)}
 th,td{border-bottom:1px solid var(--line);padding:4px 8px;text-align:left;white-space:nowrap}
 thead th{background:#f0f2f5;font-weight:600}

@@ -41,6 +41,9 @@ pub struct ReportArgs {
     /// How long a stalled receiver stops reading in the microburst test.
     #[arg(long = "stall-ms", default_value_t = 800)]
     pub stall_ms: u64,
+    /// RX ring depth (frames) of xdp receivers in the burst/rate experiments.
+    #[arg(long = "xdp-ring", default_value_t = 65536)]
+    pub xdp_ring: u32,
     /// Only these experiments (ids, comma separated): latency_vs_size,
     /// latency_under_load, max_rate, microburst, throughput, latency_vs_load.
     #[arg(long, value_delimiter = ',')]
@@ -51,6 +54,12 @@ pub struct ReportArgs {
     /// The local interface facing --peer.
     #[arg(long)]
     pub iface: Option<String>,
+    /// Port of `nanowire bench server` on the peer (start one for UDP and one with --tcp).
+    #[arg(long = "peer-port", default_value_t = 11111)]
+    pub peer_port: u16,
+    /// Re-render index.html in --out from an existing results.json (no measurements).
+    #[arg(long = "render-only")]
+    pub render_only: bool,
     /// No progress output.
     #[arg(long)]
     pub quiet: bool,
@@ -71,6 +80,9 @@ fn validate(a: &ReportArgs) -> Result<(), String> {
     }
     if a.repeats == Some(0) || a.repeats.is_some_and(|r| r > 20) {
         return Err("--repeats must be 1..=20".into());
+    }
+    if !(64..=1 << 20).contains(&a.xdp_ring) {
+        return Err("--xdp-ring must be 64..=1048576".into());
     }
     if a.stall_ms == 0 || a.stall_ms > 60_000 {
         return Err("--stall-ms must be 1..=60000".into());
@@ -183,7 +195,7 @@ pub fn environment(target: &Target) -> Value {
                 "topology": "two network namespaces joined by a veth pair; client on CPU 0, server on CPU 1",
             })
         }
-        Target::Peer { addr, iface } => json!({
+        Target::Peer { addr, iface, .. } => json!({
             "peer": addr.to_string(),
             "iface": iface,
             "driver": read_trim(&format!("/sys/class/net/{iface}/device/driver/module")).or_else(|| {
@@ -371,6 +383,55 @@ fn summary(exps: &[Experiment], engines: &[EngineKind]) -> (Experiment, Table) {
             Box::new(move |e: &str| bar_value("microburst", "microburst_spin", e, burst_cat)),
         ),
     ];
+    // The flat profile under load: p99 at the highest fixed offered rate / at the lowest.
+    let ul = find("latency_under_load");
+    let ul_rates: Vec<u64> = ul
+        .map(|e| {
+            let mut r: Vec<u64> = e
+                .runs
+                .iter()
+                .filter_map(|r| r["offered"].as_str()?.parse().ok())
+                .collect();
+            r.sort();
+            r.dedup();
+            r
+        })
+        .unwrap_or_default();
+    let ul_p99 = move |eng: &str, rate: u64| -> Option<f64> {
+        let v: Vec<f64> = ul?
+            .runs
+            .iter()
+            .filter(|r| {
+                r["engine"] == eng
+                    && r["protocol"] == "udp"
+                    && r["offered"].as_str() == Some(rate.to_string().as_str())
+            })
+            .filter_map(|r| r["result"]["latency_us"]["p99"].as_f64())
+            .collect();
+        let m = median(&v);
+        m.is_finite().then_some(m)
+    };
+    let mut flat_row = None;
+    if let (Some(&lo), Some(&hi)) = (ul_rates.first(), ul_rates.last())
+        && lo != hi
+    {
+        let mut row = vec![json!(format!(
+            "UDP p99 under load: {} msg/s ÷ {} msg/s (flat = 1)",
+            fmt_num(hi as f64),
+            fmt_num(lo as f64)
+        ))];
+        for e in engines {
+            let r = match (ul_p99(e.as_str(), hi), ul_p99(e.as_str(), lo)) {
+                (Some(h), Some(l)) if l > 0.0 => json!(format!("{}x", fmt_num(h / l))),
+                _ => json!("n/a"),
+            };
+            row.push(r);
+            if *e != EngineKind::Kernel {
+                row.push(json!("-"));
+            }
+        }
+        flat_row = Some(row);
+    }
     let mut columns = vec!["metric".to_string()];
     for e in engines {
         columns.push(e.to_string());
@@ -394,6 +455,7 @@ fn summary(exps: &[Experiment], engines: &[EngineKind]) -> (Experiment, Table) {
         }
         rows.push(row);
     }
+    rows.extend(flat_row);
     let headline = Table {
         caption: "Headline: medians from this run; ratios engine / kernel".into(),
         columns,
@@ -419,6 +481,18 @@ fn summary(exps: &[Experiment], engines: &[EngineKind]) -> (Experiment, Table) {
 
 pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
     validate(&args)?;
+    if args.render_only {
+        let jp = args.out.join("results.json");
+        let s = std::fs::read_to_string(&jp)
+            .map_err(|e| format!("cannot read {}: {e}", jp.display()))?;
+        let r: Report =
+            serde_json::from_str(&s).map_err(|e| format!("{}: not a report: {e}", jp.display()))?;
+        let hp = args.out.join("index.html");
+        std::fs::write(&hp, html::render(&r))
+            .map_err(|e| format!("cannot write {}: {e}", hp.display()))?;
+        println!("report: {}", hp.display());
+        return Ok(0);
+    }
     let t0 = Instant::now();
     let mut engines = vec![];
     for e in &args.engines {
@@ -445,6 +519,7 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
         (Some(addr), Some(iface)) => Target::Peer {
             addr: *addr,
             iface: iface.clone(),
+            port: args.peer_port,
         },
         _ => {
             let lab = Lab::new(LabOptions {
@@ -472,6 +547,7 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
         params,
         &progress,
     );
+    ctx.xdp_ring = args.xdp_ring;
     ctx.choose_generator();
     let wanted = |id: &str| args.only.is_empty() || args.only.iter().any(|o| o == id);
     let plan: Vec<(&str, f64)> = vec![

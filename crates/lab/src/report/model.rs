@@ -15,6 +15,9 @@ pub struct Point {
     pub max: f64,
     /// Every repeat's value (the median/min/max are derived from these).
     pub samples: Vec<f64>,
+    /// The value is a lower bound: the search stopped at its largest trial.
+    #[serde(default)]
+    pub lower_bound: bool,
 }
 
 impl Point {
@@ -31,6 +34,7 @@ impl Point {
             min: v[0],
             max: v[v.len() - 1],
             samples: v,
+            lower_bound: false,
         })
     }
     /// Relative spread (max - min) / median.
@@ -219,7 +223,7 @@ pub fn fmt_num(v: f64) -> String {
         format!("{:.3}M", v / 1e6)
     } else if a >= 1e4 {
         format!("{:.1}k", v / 1e3)
-    } else if a >= 100.0 {
+    } else if a >= 100.0 || (v.fract() == 0.0 && a < 1e4) {
         format!("{v:.0}")
     } else if a >= 10.0 {
         format!("{v:.1}")

@@ -95,6 +95,8 @@ struct Sock {
     /// signals `wake` (an eventfd in the sleeper's poll set).
     sleeping: bool,
     wake: std::os::fd::OwnedFd,
+    /// Connected peer: datagrams from anyone else are not for this socket.
+    peer: Option<SocketAddrV4>,
 }
 
 fn eventfd() -> io::Result<std::os::fd::OwnedFd> {
@@ -400,9 +402,16 @@ impl Inner {
             src,
         };
         let mut refs = 0u16;
+        let mut full = false;
         for &sid in sids {
             if let Some(Some(s)) = self.socks.get_mut(sid) {
+                // A connected socket takes datagrams from its peer only
+                // (as a kernel UDP socket does).
+                if s.peer.is_some_and(|p| p != src) {
+                    continue;
+                }
                 if s.queue.len() >= s.cap {
+                    full = true;
                     bump(self.page.s(s.slot, S::DropQueueFull), 1);
                     continue;
                 }
@@ -421,7 +430,12 @@ impl Inner {
             }
         }
         if refs == 0 {
-            return self.drop_frame(qi, addr, E::DropSocketQueueFull);
+            let why = if full {
+                E::DropSocketQueueFull
+            } else {
+                E::DropNoSocket
+            };
+            return self.drop_frame(qi, addr, why);
         }
         bump(self.page.e(E::RxPackets), 1);
         bump(self.page.e(E::RxBytes), plen as u64);
@@ -493,7 +507,12 @@ impl Inner {
                 .e(c)
                 .store(v, std::sync::atomic::Ordering::Relaxed)
         };
-        set(E::XskRxDropped, t.rx_dropped);
+        // The kernel counts a fill-ring-empty drop in rx_dropped too; keep
+        // the counters disjoint so that they add up.
+        set(
+            E::XskRxDropped,
+            t.rx_dropped.saturating_sub(t.rx_fill_ring_empty_descs),
+        );
         set(E::XskRxRingFull, t.rx_ring_full);
         set(E::XskRxFillRingEmpty, t.rx_fill_ring_empty_descs);
         set(E::XskRxInvalidDescs, t.rx_invalid_descs);
@@ -715,6 +734,7 @@ impl XdpSocket {
         let wake = eventfd().map_err(OpenError::Socket)?;
         let wake_fd = wake.as_raw_fd();
         let sock = Sock {
+            peer: None,
             sleeping: false,
             wake,
             claims: Vec::new(),
@@ -971,6 +991,12 @@ impl XdpSocket {
         }
         // Completions of earlier sends.
         q.reap_completions();
+        if let Some(e) = q.kick_error() {
+            return Err(io::Error::new(
+                e.kind(),
+                format!("{} cannot transmit: {e}", eng.iface.name),
+            ));
+        }
         Ok(sent)
     }
 
@@ -1105,8 +1131,13 @@ impl UdpEndpoint for XdpSocket {
     fn connect(&mut self, peer: SocketAddrV4) -> io::Result<()> {
         // Resolve now so the first send does not pay for it.
         let eng = self.engine.clone();
-        eng.lock()
-            .route(*peer.ip(), eng.iface.index, eng.iface.addr)?;
+        let mut g = eng.lock();
+        g.route(*peer.ip(), eng.iface.index, eng.iface.addr)?;
+        if let Some(Some(s)) = g.socks.get_mut(self.sid) {
+            s.peer = Some(peer);
+            // The kernel twin filters the same way (loopback path).
+            s.kernel.connect(peer)?;
+        }
         self.peer = Some(peer);
         Ok(())
     }
