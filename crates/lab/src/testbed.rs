@@ -335,9 +335,23 @@ impl Lab {
     }
 
     /// A command that runs `argv` inside host `h`'s namespace.
+    ///
+    /// The command is killed (SIGKILL) when the thread that spawned it exits:
+    /// `setpriv --pdeathsig` sets PR_SET_PDEATHSIG, which survives the execs
+    /// of `ip netns exec` and of `nanowire run`. A test or report that dies
+    /// hard (SIGKILL, timeout) therefore never leaves a spinning peer behind
+    /// in a namespace that no longer exists.
     pub fn command(&self, h: Host, argv: &[impl AsRef<std::ffi::OsStr>]) -> Command {
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.netns(h)]);
+        c.args([
+            "netns",
+            "exec",
+            &self.netns(h),
+            "setpriv",
+            "--pdeathsig",
+            "KILL",
+            "--",
+        ]);
         c.args(argv);
         c
     }

@@ -96,6 +96,41 @@ fn up_is_idempotent_exec_reaches_peer_and_down_removes_everything() {
 }
 
 #[test]
+fn lab_commands_die_with_their_spawner() {
+    use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
+    let lab = ScopedLab::new(LabOptions {
+        name: name("k"),
+        ..Default::default()
+    })
+    .unwrap();
+    // A thread spawns a long sleeper in host b and exits without killing it.
+    let l2 = lab.lab.clone();
+    // (It lingers a moment so that `setpriv` has set the signal before the
+    // thread goes: a spawner that exits within microseconds of spawning is
+    // not the case this guards against.)
+    let pid = std::thread::spawn(move || {
+        let id = l2.command(Host::B, &["sleep", "300"]).spawn().unwrap().id();
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        id
+    })
+    .join()
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    loop {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Gone, or a zombie waiting to be reaped: either way it is not running.
+        if state.is_empty() || state.split_whitespace().nth(2) == Some("Z") {
+            break;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "child {pid} outlived its spawner: {state}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
 fn up_repairs_a_half_built_lab() {
     let n = name("r");
     let _g = Down(n.clone());

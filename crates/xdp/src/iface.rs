@@ -87,8 +87,33 @@ pub fn lookup(name: &str) -> io::Result<IfaceInfo> {
     })
 }
 
-/// RX queues per /sys/class/net/IF/queues (1 when it cannot be read).
+/// RX queues: from the driver (ETHTOOL_GCHANNELS, right in any network
+/// namespace), else /sys/class/net/IF/queues, else 1.
 pub fn rx_queue_count(name: &str) -> u32 {
+    channels(name)
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| sys_rx_queue_count(name))
+}
+
+/// rx + combined channels in use, per ETHTOOL_GCHANNELS.
+fn channels(name: &str) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    const ETHTOOL_GCHANNELS: u32 = 0x3c;
+    // cmd, max_rx, max_tx, max_other, max_combined, rx, tx, other, combined
+    let mut ch = [0u32; 9];
+    ch[0] = ETHTOOL_GCHANNELS;
+    let sock = ioctl_sock().ok()?;
+    let mut req = ifreq_for(name).ok()?;
+    req.ifr_ifru.ifru_data = ch.as_mut_ptr().cast();
+    // SAFETY: SIOCETHTOOL reads the command from and writes the answer to
+    // `ch` (9 u32, the size of struct ethtool_channels), which outlives the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCETHTOOL, &mut req) } < 0 {
+        return None;
+    }
+    Some(ch[5] + ch[8])
+}
+
+fn sys_rx_queue_count(name: &str) -> u32 {
     std::fs::read_dir(format!("/sys/class/net/{name}/queues"))
         .map(|d| {
             d.filter_map(|e| e.ok())

@@ -507,7 +507,12 @@ impl Inner {
                 .e(c)
                 .store(v, std::sync::atomic::Ordering::Relaxed)
         };
-        set(E::XskRxDropped, t.rx_dropped);
+        // The kernel counts a fill-ring-empty drop in rx_dropped too; keep
+        // the counters disjoint so that they add up.
+        set(
+            E::XskRxDropped,
+            t.rx_dropped.saturating_sub(t.rx_fill_ring_empty_descs),
+        );
         set(E::XskRxRingFull, t.rx_ring_full);
         set(E::XskRxFillRingEmpty, t.rx_fill_ring_empty_descs);
         set(E::XskRxInvalidDescs, t.rx_invalid_descs);
