@@ -120,7 +120,17 @@ pub fn lookup(fd: c_int) -> Option<&'static Accel> {
 #[inline(always)]
 pub fn inherited(fd: c_int) -> Option<&'static Accel> {
     let a = table::accel(fd)?;
-    if a.mine() { None } else { Some(a) }
+    if a.mine() {
+        return None;
+    }
+    if table::get(fd) & table::F_INHERIT_LOGGED == 0 {
+        table::add_flags(fd, table::F_INHERIT_LOGGED);
+        log!(
+            Level::Info,
+            "fd {fd} udp: kernel socket only in this forked child (the xdp engine's rings stay with the parent)"
+        );
+    }
+    Some(a)
 }
 
 fn sockaddr_in(sa: &SocketAddrV4) -> libc::sockaddr_in {
@@ -374,6 +384,9 @@ pub fn recv_one(
     let mut start = 0;
     let budget = spin::SPIN_NS.load(Ordering::Relaxed);
     let s0 = crate::signals::seq();
+    // close() waits for us before the number can be reused; the generation
+    // is re-read before every syscall on `fd`.
+    let _spin = table::spin_enter(fd);
     loop {
         {
             let mut g = a.lock();
@@ -407,6 +420,9 @@ pub fn recv_one(
                 return Ok(Got::Data(n, src));
             }
         }
+        if table::generation_now(fd) != gen0 && table::get(fd) & table::F_WOKEN == 0 {
+            return Err(libc::EBADF);
+        }
         if a.rd_shut.load(Ordering::Relaxed) {
             return Ok(Got::Eof);
         }
@@ -419,10 +435,6 @@ pub fn recv_one(
                 Some(Err(e)) => Err(e),
                 None => Err(libc::EAGAIN),
             };
-        }
-        let now_w = table::get(fd);
-        if table::generation(now_w) != gen0 && now_w & table::F_WOKEN == 0 {
-            return Err(libc::EBADF);
         }
         if crate::signals::interrupted(s0) {
             return Err(libc::EINTR);

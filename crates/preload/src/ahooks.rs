@@ -344,14 +344,30 @@ pub fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int
 /// re-dispatch when the socket is accelerated. `None`: not a candidate.
 /// `Some(Some(r))`: the answer; `Some(None)`: call the hook again.
 pub fn candidate(fd: c_int, mut attempt: impl FnMut() -> isize) -> Option<Option<isize>> {
-    if table::get(fd) & table::F_CAND == 0 {
+    let w = table::get(fd);
+    if w & table::F_CAND == 0 {
         return None;
+    }
+    if w & table::F_WOKEN != 0 {
+        table::clear_flags(fd, table::F_CAND);
+        return Some(None);
     }
     let start = crate::spin::now_ns();
     let spin = crate::spin::SPIN_NS.load(Ordering::Relaxed);
     let s0 = crate::signals::seq();
+    let gen0 = table::generation(table::get(fd));
+    let _g = table::spin_enter(fd);
     loop {
         if table::accel(fd).is_some() {
+            return Some(None);
+        }
+        if table::generation_now(fd) != gen0 {
+            if table::get(fd) & table::F_WOKEN == 0 {
+                set_errno(libc::EBADF);
+                return Some(Some(-1));
+            }
+            // shutdown(): no longer a candidate; the kernel answers.
+            table::clear_flags(fd, table::F_CAND);
             return Some(None);
         }
         if crate::signals::interrupted(s0) {

@@ -170,6 +170,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     // the number can be reused.
     ready::epoll_closed(fd);
     table::retire(fd);
+    table::wait_spinners(fd);
     if let Some(a) = table::accel_take(fd) {
         accel::release(a);
     }

@@ -133,7 +133,9 @@ pub fn recv_spin_word(fd: c_int) -> Option<u64> {
         return None;
     }
     let w = table::lookup(fd);
-    if !spins_on(w) || w & F_RCVTIMEO != 0 {
+    // A socket that was shut down answers at once in the kernel (a
+    // non-blocking attempt would say EAGAIN forever).
+    if !spins_on(w) || w & (F_RCVTIMEO | table::F_WOKEN) != 0 {
         return None;
     }
     Some(w)
@@ -165,14 +167,15 @@ pub fn spin_recv(fd: c_int, w: u64, mut attempt: impl FnMut() -> isize) -> Optio
     let start = now_ns();
     let gen0 = table::generation(w);
     let s0 = crate::signals::seq();
+    let _g = table::spin_enter(fd);
     loop {
         core::hint::spin_loop();
         if crate::signals::interrupted(s0) {
             set_errno(libc::EINTR);
             return Some(-1);
         }
-        let now = table::get(fd);
-        if table::generation(now) != gen0 {
+        if table::generation_now(fd) != gen0 {
+            let now = table::get(fd);
             if now & table::F_WOKEN == 0 || table::class(now) != table::class(w) {
                 // Closed by another thread: never touch the number again
                 // (it may already name another file).

@@ -37,6 +37,10 @@ pub const F_EPOLL_INET: u64 = 1 << 9;
 /// the fd was closed (and maybe reused).
 pub const F_WOKEN: u64 = 1 << 10;
 const GEN_SHIFT: u32 = 32;
+/// Threads currently spinning on the fd (bits 16..32): `close` waits for
+/// them to leave before the number can be reused.
+const SPIN_SHIFT: u32 = 16;
+const SPIN_MASK: u64 = 0xffff << SPIN_SHIFT;
 
 static TABLE: [AtomicPtr<[AtomicU64; CHUNK]>; CHUNKS] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS];
@@ -100,7 +104,7 @@ pub fn set(fd: i32, class: u64, flags: u64) {
         return;
     };
     let _ = s.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-        Some((w & !((1 << GEN_SHIFT) - 1)) | class | flags)
+        Some((w & (!((1 << GEN_SHIFT) - 1) | SPIN_MASK)) | class | flags)
     });
 }
 
@@ -122,7 +126,7 @@ pub fn clear_flags(fd: i32, flags: u64) {
 pub fn retire(fd: i32) {
     if let Some(s) = slot(fd) {
         let _ = s.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-            Some(((generation(w) + 1) << GEN_SHIFT) | C_UNKNOWN)
+            Some(((generation(w) + 1) << GEN_SHIFT) | (w & SPIN_MASK) | C_UNKNOWN)
         });
     }
 }
@@ -184,6 +188,9 @@ pub const F_ACCEL: u64 = 1 << 11;
 pub const F_CAND: u64 = 1 << 12;
 /// An epoll instance with an accelerated socket registered.
 pub const F_EPOLL_ACCEL: u64 = 1 << 13;
+/// A forked child was told (once) that it uses an inherited accelerated
+/// socket through the kernel only.
+pub const F_INHERIT_LOGGED: u64 = 1 << 14;
 
 static ACCEL: [AtomicPtr<[AtomicPtr<crate::accel::Accel>; CHUNK]>; CHUNKS] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS];
@@ -242,4 +249,48 @@ pub fn accel_take(fd: i32) -> Option<&'static crate::accel::Accel> {
     let p = accel_slot(fd, false)?.swap(std::ptr::null_mut(), Ordering::AcqRel);
     // SAFETY: as in `accel`.
     unsafe { p.as_ref() }
+}
+
+/// A thread starts a spin that makes syscalls on `fd`; the returned guard
+/// ends it. While any is active, `close` holds the number (see
+/// [`wait_spinners`]), so a spinner never issues a call on a reused fd: it
+/// re-reads the generation (SeqCst) before every attempt.
+pub struct SpinGuard(Option<&'static AtomicU64>);
+
+pub fn spin_enter(fd: i32) -> SpinGuard {
+    let s = slot(fd);
+    if let Some(s) = s {
+        s.fetch_add(1 << SPIN_SHIFT, Ordering::SeqCst);
+    }
+    SpinGuard(s)
+}
+
+impl Drop for SpinGuard {
+    fn drop(&mut self) {
+        if let Some(s) = self.0 {
+            s.fetch_sub(1 << SPIN_SHIFT, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Generation of `fd` as a spinner must read it (after `spin_enter`).
+#[inline(always)]
+pub fn generation_now(fd: i32) -> u64 {
+    slot(fd).map_or(0, |s| generation(s.load(Ordering::SeqCst)))
+}
+
+/// After `retire(fd)` and before the real close: wait (at most ~100 ms,
+/// in case close runs in a signal handler on the spinning thread) until
+/// every spinner on `fd` has seen the new generation and left.
+pub fn wait_spinners(fd: i32) {
+    let Some(s) = slot(fd) else { return };
+    let mut n = 0u32;
+    while s.load(Ordering::SeqCst) & SPIN_MASK != 0 && n < 100_000 {
+        if n < 64 {
+            core::hint::spin_loop();
+        } else {
+            rustix::thread::sched_yield();
+        }
+        n += 1;
+    }
 }

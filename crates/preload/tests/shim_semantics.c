@@ -341,6 +341,7 @@ static void checks(const char *self) {
     shutdown(a, SHUT_RD);
     pthread_join(wt, NULL);
     printf("shutdown_wakes_waiter: %ld %s\n", wa.r, wa.r < 0 ? en(wa.e) : "OK");
+    errno = 0; r = recv(a, buf, sizeof buf, 0); rep("recv_after_shutdown", r);
     close(a); close(b);
     errno = 0; r = recv(a, buf, 10, 0); rep("recv_after_close", r);
 
