@@ -656,6 +656,7 @@ ul.na{background:#fff7e6;border:1px solid #f3d9a4;border-radius:6px;padding:8px 
 .notes ul{margin:4px 0;padding-left:20px}
 .foot{color:var(--mut);font-size:12px}
 .err{color:#b00}
+.busy{background:#fdecea;border:1px solid #f5c2bd;border-radius:8px;padding:10px 14px;color:#8a1f11;margin:16px 0 0}
 .headline table td.n{font-weight:600}
 table.env th{width:260px;background:none;font-weight:500;color:var(--mut)}
 table.env td{white-space:normal}
@@ -680,6 +681,24 @@ pub fn render(r: &Report) -> String {
         env["cpus"].as_u64().unwrap_or(0),
         esc(env["lab"]["driver"].as_str().unwrap_or("?")),
     );
+    // Say so when the machine was busy: numbers from a loaded machine are not results.
+    let load = |k: &str| {
+        env[k]
+            .as_str()
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let cpus = env["cpus"].as_f64().unwrap_or(1.0).max(1.0);
+    if let Some(l) = [load("loadavg_start"), load("loadavg_end")]
+        .into_iter()
+        .flatten()
+        .reduce(f64::max)
+        && l > cpus * 0.75
+    {
+        h += &format!(
+            "<p class=\"busy\">The machine was busy while this report ran (1-minute load average up to {l:.1} on {cpus:.0} CPUs): other work competed with the measurements. Treat the numbers as a smoke run, not as results.</p>"
+        );
+    }
     h += "<nav><a href=\"#headline\">Headline</a>";
     for ex in &r.experiments {
         h += &format!("<a href=\"#{}\">{}</a>", esc(&ex.id), esc(&ex.title));

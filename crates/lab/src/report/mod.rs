@@ -234,7 +234,18 @@ pub fn environment(target: &Target) -> Value {
     })
 }
 
-type MetricFn<'a> = Box<dyn Fn(&str) -> Option<f64> + 'a>;
+fn fmt_ratio(r: f64) -> String {
+    if r >= 10.0 {
+        format!("{r:.0}x")
+    } else if r >= 1.0 {
+        format!("{r:.2}x")
+    } else {
+        format!("{r:.3}x")
+    }
+}
+
+/// A headline value and whether it is a lower bound (a search that never lost).
+type MetricFn<'a> = Box<dyn Fn(&str) -> Option<(f64, bool)> + 'a>;
 
 /// Seed-003-style summary tables and the headline ratios.
 fn summary(exps: &[Experiment], engines: &[EngineKind]) -> (Experiment, Table) {
@@ -329,29 +340,30 @@ fn summary(exps: &[Experiment], engines: &[EngineKind]) -> (Experiment, Table) {
         let m = median(&v);
         m.is_finite().then_some(m)
     };
-    let bar_value = |id: &str, plot: &str, eng: &str, cat_idx: Option<usize>| -> Option<f64> {
-        let p = find(id)?.plots.iter().find(|p| p.id == plot)?;
-        let cats = p.categories.as_ref()?;
-        match cat_idx {
-            None => {
-                let i = cats.iter().position(|c| c == eng)?;
-                p.series
-                    .first()?
+    let bar_value =
+        |id: &str, plot: &str, eng: &str, cat_idx: Option<usize>| -> Option<(f64, bool)> {
+            let p = find(id)?.plots.iter().find(|p| p.id == plot)?;
+            let cats = p.categories.as_ref()?;
+            match cat_idx {
+                None => {
+                    let i = cats.iter().position(|c| c == eng)?;
+                    p.series
+                        .first()?
+                        .points
+                        .iter()
+                        .find(|pt| pt.x as usize == i)
+                        .map(|pt| (pt.median, pt.lower_bound))
+                }
+                Some(ci) => p
+                    .series
+                    .iter()
+                    .find(|s| s.engine == eng)?
                     .points
                     .iter()
-                    .find(|pt| pt.x as usize == i)
-                    .map(|pt| pt.median)
+                    .find(|pt| pt.x as usize == ci)
+                    .map(|pt| (pt.median, pt.lower_bound)),
             }
-            Some(ci) => p
-                .series
-                .iter()
-                .find(|s| s.engine == eng)?
-                .points
-                .iter()
-                .find(|pt| pt.x as usize == ci)
-                .map(|pt| pt.median),
-        }
-    };
+        };
     let burst_cat = find("microburst")
         .and_then(|e| e.plots.first())
         .and_then(|p| p.categories.as_ref())
@@ -364,11 +376,11 @@ fn summary(exps: &[Experiment], engines: &[EngineKind]) -> (Experiment, Table) {
     let metrics: Vec<(String, MetricFn)> = vec![
         (
             format!("UDP ping-pong p50 µs ({pp_size} B)"),
-            Box::new(move |e: &str| pp_metric(e, "p50")),
+            Box::new(move |e: &str| pp_metric(e, "p50").map(|v| (v, false))),
         ),
         (
             format!("UDP ping-pong p99 µs ({pp_size} B)"),
-            Box::new(move |e: &str| pp_metric(e, "p99")),
+            Box::new(move |e: &str| pp_metric(e, "p99").map(|v| (v, false))),
         ),
         (
             "max zero-loss rate msg/s (64 B)".into(),
@@ -422,7 +434,7 @@ fn summary(exps: &[Experiment], engines: &[EngineKind]) -> (Experiment, Table) {
         ))];
         for e in engines {
             let r = match (ul_p99(e.as_str(), hi), ul_p99(e.as_str(), lo)) {
-                (Some(h), Some(l)) if l > 0.0 => json!(format!("{}x", fmt_num(h / l))),
+                (Some(h), Some(l)) if l > 0.0 => json!(fmt_ratio(h / l)),
                 _ => json!("n/a"),
             };
             row.push(r);
@@ -445,10 +457,22 @@ fn summary(exps: &[Experiment], engines: &[EngineKind]) -> (Experiment, Table) {
         let k = f("kernel");
         for e in engines {
             let v = f(e.as_str());
-            row.push(v.map_or(json!("n/a"), jnum));
+            row.push(match v {
+                None => json!("n/a"),
+                Some((x, true)) => json!(format!("≥ {}", fmt_num(x))),
+                Some((x, false)) => jnum(x),
+            });
             if *e != EngineKind::Kernel {
                 row.push(match (v, k) {
-                    (Some(v), Some(k)) if k > 0.0 => json!(format!("{}x", fmt_num(v / k))),
+                    (Some((v, vb)), Some((k, kb))) if k > 0.0 => {
+                        // A bound on the engine's side makes the ratio a bound too;
+                        // on the kernel's side it makes it meaningless.
+                        match (vb, kb) {
+                            (_, true) => json!("n/a (kernel value is a bound)"),
+                            (true, false) => json!(format!("≥ {}", fmt_ratio(v / k))),
+                            _ => json!(fmt_ratio(v / k)),
+                        }
+                    }
                     _ => json!("n/a"),
                 });
             }
