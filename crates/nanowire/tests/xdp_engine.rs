@@ -1063,3 +1063,35 @@ fn connected_socket_takes_datagrams_from_its_peer_only() {
     assert_eq!(got, b"peer");
     assert_eq!(drops, 1, "the stranger's datagram is a counted drop");
 }
+
+#[test]
+fn wildcard_bind_serves_every_address_of_the_interface() {
+    let Some(lab) = lab('2') else { return };
+    let st = lab
+        .command(
+            Host::B,
+            &[
+                "ip",
+                "addr",
+                "add",
+                "198.18.0.3/24",
+                "dev",
+                &lab.iface(Host::B),
+            ],
+        )
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let (_p, _) = xdp_test(&lab, &["--port", "5950", "--echo"]);
+    let ok = in_ns(&lab.netns(Host::A), || {
+        let s = client();
+        ["198.18.0.2", "198.18.0.3"]
+            .iter()
+            .filter(|ip| {
+                let dst = SocketAddrV4::new(ip.parse().unwrap(), 5950);
+                udp_echo(&s, dst, ip.as_bytes()).as_deref() == Some(ip.as_bytes())
+            })
+            .count()
+    });
+    assert_eq!(ok, 2);
+}

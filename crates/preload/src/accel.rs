@@ -90,7 +90,7 @@ pub struct Accel {
     rd_shut: AtomicBool,
     /// What a sleeping receive polls: the engine's AF_XDP sockets, the
     /// socket's wake-up eventfd and the kernel socket under the fd.
-    wait_fds: Vec<c_int>,
+    pub wait_fds: Vec<c_int>,
 }
 
 impl Accel {

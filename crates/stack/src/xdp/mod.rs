@@ -695,7 +695,16 @@ impl XdpSocket {
         wait: WaitPolicy,
     ) -> Result<XdpSocket, OpenError> {
         let ifaddr = engine.iface.addr;
-        if !bind.ip().is_unspecified() && !bind.ip().is_multicast() && Some(*bind.ip()) != ifaddr {
+        let iface_addrs: Vec<Ipv4Addr> = iface::ipv4_addrs()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(n, _)| *n == engine.iface.name)
+            .map(|(_, a)| a)
+            .collect();
+        if !bind.ip().is_unspecified()
+            && !bind.ip().is_multicast()
+            && !iface_addrs.contains(bind.ip())
+        {
             return Err(OpenError::Socket(io_err(
                 io::ErrorKind::AddrNotAvailable,
                 format!("{} is not the address of {}", bind.ip(), engine.iface.name),
@@ -709,12 +718,19 @@ impl XdpSocket {
             std::net::SocketAddr::V4(a) => a,
             _ => unreachable!("IPv4 socket"),
         };
-        let claim_ip = if local.ip().is_unspecified() {
-            ifaddr.ok_or_else(|| {
-                OpenError::Engine(format!("{} has no IPv4 address", engine.iface.name))
-            })?
+        // A wildcard bind claims every IPv4 address of the interface.
+        let claim_ips: Vec<Ipv4Addr> = if local.ip().is_unspecified() {
+            let all = iface_addrs;
+            if all.is_empty() {
+                let a = ifaddr.ok_or_else(|| {
+                    OpenError::Engine(format!("{} has no IPv4 address", engine.iface.name))
+                })?;
+                vec![a]
+            } else {
+                all
+            }
         } else {
-            *local.ip()
+            vec![*local.ip()]
         };
         let mut g = engine.lock();
         let slot = g
@@ -750,7 +766,9 @@ impl XdpSocket {
         }
         engine.page.set_sock_addr(slot, Some(local));
         bump(engine.page.e(E::Sockets), 1);
-        let r = g.claim(slot, claim_ip, local.port());
+        let r = claim_ips
+            .iter()
+            .try_for_each(|ip| g.claim(slot, *ip, local.port()));
         drop(g);
         let kernel = match kernel_dup {
             Ok(k) => k,
