@@ -1746,7 +1746,7 @@ trait RmemOrRing {
 impl RmemOrRing for SinkReport {
     fn rmem_or_ring(&self) -> String {
         match self.rcvbuf {
-            Some(b) => format!("SO_RCVBUF default {b} B"),
+            Some(b) => format!("{b} B (rmem_default)"),
             None => "engine ring".into(),
         }
     }
