@@ -1548,11 +1548,12 @@ impl<'a> Ctx<'a> {
                 let wall = t0.elapsed().as_secs_f64();
                 let rate = num(&v, "rate_msg_s").ok_or("bench tp printed no rate_msg_s")?;
                 let gbps = rate * size as f64 * 8.0 / 1e9;
-                // The client's CPU: a spinning/streaming client uses its core for the whole run.
+                // The client measures its own thread's CPU (1.0 = one core); the server's
+                // comes from /proc over the whole run.
                 let cli_cpu = v
-                    .get("cpu_s")
+                    .get("cpu_util")
                     .and_then(Value::as_f64)
-                    .map_or(100.0, |c| c / wall * 100.0);
+                    .map_or(100.0, |c| c * 100.0);
                 let cpu = (srv.as_ref().map_or(0.0, srv_cpu) - cpu_srv0) / wall * 100.0 + cli_cpu;
                 if gbps > 0.0 {
                     ok = true;
@@ -1745,7 +1746,7 @@ trait RmemOrRing {
 impl RmemOrRing for SinkReport {
     fn rmem_or_ring(&self) -> String {
         match self.rcvbuf {
-            Some(b) => format!("SO_RCVBUF default {b} B"),
+            Some(b) => format!("{b} B (rmem_default)"),
             None => "engine ring".into(),
         }
     }
