@@ -9,6 +9,10 @@ use crate::table;
 use libc::{c_int, c_uint, c_void, iovec, mmsghdr, msghdr, sockaddr, socklen_t, ssize_t};
 use std::sync::atomic::Ordering;
 
+/// Flags the engine does not serve: the kernel socket under the fd answers
+/// (error queue, out-of-band).
+const KERNEL_ONLY: c_int = libc::MSG_ERRQUEUE | libc::MSG_OOB;
+
 #[inline]
 fn fail<T: From<i8>>(e: c_int) -> T {
     set_errno(e);
@@ -87,6 +91,9 @@ pub fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> Option<ssize_t> {
+    if flags & KERNEL_ONLY != 0 {
+        return None;
+    }
     if let Some(a) = accel::lookup(fd) {
         let mut copied = 0;
         let r = accel::recv_one(a, fd, flags, |p, _| {
@@ -118,6 +125,9 @@ pub fn recvfrom(
 }
 
 pub fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Option<ssize_t> {
+    if flags & KERNEL_ONLY != 0 {
+        return None;
+    }
     if let Some(a) = accel::lookup(fd) {
         if msg.is_null() {
             return Some(fail(libc::EFAULT));
@@ -157,6 +167,9 @@ pub fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Option<ssize_t> {
 }
 
 pub fn recvmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> Option<c_int> {
+    if flags & KERNEL_ONLY != 0 {
+        return None;
+    }
     let a = accel::lookup(fd)?;
     let vlen = vlen.min(1024) as usize;
     if vlen == 0 {
@@ -189,6 +202,9 @@ pub fn sendto(
     addr: *const sockaddr,
     alen: socklen_t,
 ) -> Option<ssize_t> {
+    if flags & libc::MSG_OOB != 0 {
+        return None; // the kernel socket answers (EOPNOTSUPP for UDP)
+    }
     let a = match accel::lookup(fd) {
         Some(a) => a,
         None => {

@@ -45,6 +45,7 @@ static const char *en(int e) {
     case EINTR: return "EINTR";
     case EADDRINUSE: return "EADDRINUSE";
     case EPIPE: return "EPIPE";
+    case EOPNOTSUPP: return "EOPNOTSUPP";
     default: return "E?";
     }
 }
@@ -236,6 +237,11 @@ static void checks(const char *self) {
     sendto(b, "m3", 2, 0, (struct sockaddr *)&aa, sizeof aa);
     sendto(b, "m4", 2, 0, (struct sockaddr *)&aa, sizeof aa);
     r = recvmmsg(a, mm, 2, 0, NULL); printf("recvmmsg_vlen2: %ld %.2s %.2s\n", r, mb[0], mb[1]);
+
+    /* flags the engine leaves to the kernel */
+    errno = 0; r = recv(a, buf, sizeof buf, MSG_OOB | MSG_DONTWAIT); rep("recv_oob", r);
+    errno = 0; r = recv(a, buf, sizeof buf, MSG_ERRQUEUE); rep("recv_errqueue_empty", r);
+    errno = 0; r = sendto(b, "x", 1, MSG_OOB, (struct sockaddr *)&aa, sizeof aa); rep("sendto_oob", r);
 
     /* sendmmsg: three datagrams in one call, all arrive in order */
     {
