@@ -609,6 +609,47 @@ pub fn send_one(
     }
 }
 
+/// Send several datagrams to one destination with one engine batch;
+/// returns how many were queued (at least one, or an error).
+pub fn send_batch(
+    a: &Accel,
+    fd: c_int,
+    bufs: &[&[u8]],
+    dst: Option<SocketAddrV4>,
+    flags: c_int,
+) -> Result<usize, c_int> {
+    if bufs.len() == 1 {
+        return send_one(a, fd, bufs[0], dst, flags).map(|_| 1);
+    }
+    let mut g = a.lock();
+    let Some(dst) = dst.or(g.peer) else {
+        return Err(libc::EDESTADDRREQ);
+    };
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed);
+    loop {
+        let Some(x) = g.xdp.as_mut() else {
+            return Err(libc::EBADF);
+        };
+        match engine_call(|| x.send_batch_to(bufs, dst)) {
+            Ok(n) if n > 0 => return Ok(n),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                // The first is larger than the MTU allows: the kernel sends it.
+                drop(g);
+                return send_one(a, fd, bufs[0], Some(dst), flags).map(|_| 1);
+            }
+            Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EIO)),
+        }
+        if dontwait {
+            return Err(libc::EAGAIN);
+        }
+        drop(g);
+        core::hint::spin_loop();
+        g = a.lock();
+    }
+}
+
 /// connect(): the kernel socket is connected too (getpeername, and the
 /// kernel path filters like a connected socket); AF_UNSPEC disconnects.
 pub fn connect(a: &Accel, peer: Option<SocketAddrV4>) -> Result<(), c_int> {
