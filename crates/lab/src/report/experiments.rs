@@ -1577,7 +1577,7 @@ impl<'a> Ctx<'a> {
 
     pub fn est_load(&self) -> f64 {
         (self.engines.len() * self.p.load_sizes.len() * self.p.load_gaps_ns.len()) as f64
-            * 0.45
+            * 0.85
             * self.repeats as f64
     }
 
@@ -1632,7 +1632,7 @@ impl<'a> Ctx<'a> {
                                 rep + 1,
                                 self.repeats
                             ),
-                            0.45,
+                            0.85,
                         );
                         match self.trial(e, self.gen_engine, "spin", size, n, None, None, gap, 100)
                         {
