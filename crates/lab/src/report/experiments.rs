@@ -76,7 +76,7 @@ impl Params {
     }
     pub fn full() -> Params {
         Params {
-            pp_sizes: vec![16, 64, 256, 512, 1024, 1472],
+            pp_sizes: vec![16, 64, 256, 1024, 1472],
             pp_secs: 2,
             ul_rates: vec![
                 Some(10_000),
@@ -99,8 +99,8 @@ impl Params {
             tp_sizes_tcp: vec![64, 1024, 16384, 65536],
             tp_secs: 2.0,
             tp_iperf_udp: true,
-            load_sizes: vec![64, 256, 1024, 1472],
-            load_gaps_ns: vec![0, 1_000, 2_000, 5_000, 20_000, 100_000, 1_000_000],
+            load_sizes: vec![64, 512, 1472],
+            load_gaps_ns: vec![0, 1_000, 2_000, 5_000, 50_000, 1_000_000],
             load_packets: 500,
         }
     }
@@ -1577,7 +1577,7 @@ impl<'a> Ctx<'a> {
 
     pub fn est_load(&self) -> f64 {
         (self.engines.len() * self.p.load_sizes.len() * self.p.load_gaps_ns.len()) as f64
-            * 0.45
+            * 0.85
             * self.repeats as f64
     }
 
@@ -1632,7 +1632,7 @@ impl<'a> Ctx<'a> {
                                 rep + 1,
                                 self.repeats
                             ),
-                            0.45,
+                            0.85,
                         );
                         match self.trial(e, self.gen_engine, "spin", size, n, None, None, gap, 100)
                         {
