@@ -467,10 +467,12 @@ fn burst_on_loopback_is_counted_exactly() {
     let mut sink = Guard(sink);
     // Wait for READY on stderr.
     let mut err = sink.0.stderr.take().unwrap();
-    let mut buf = [0u8; 64];
-    use std::io::Read;
-    let n = err.read(&mut buf).unwrap();
-    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("READY"));
+    use std::io::{BufRead, Read};
+    let mut line = String::new();
+    std::io::BufReader::new(&mut err)
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("READY"), "{line}");
     let (code, out, e) = run_with_timeout(
         Command::new(NW).args([
             "bench",

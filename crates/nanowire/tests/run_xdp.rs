@@ -144,23 +144,25 @@ fn c_semantics_on_xdp_sockets_match_a_plain_run() {
     );
     plain.success(T);
     let want = plain.stdout();
-    let mut c = run_in(&lab, Host::A, &[], &[bin, "all"]);
-    c.env("SEM_ADDR", &a).env("NANOWIRE_LOG", "info");
-    let mut k = spawn("z-xdp", c);
-    k.success(T);
-    assert!(k.stderr().contains(": xdp (interface"), "{}", k.stderr());
-    let got = k.stdout();
-    let diff: Vec<String> = want
-        .lines()
-        .zip(got.lines())
-        .filter(|(x, y)| x != y)
-        .map(|(x, y)| format!("plain: {x}\n  xdp: {y}"))
-        .collect();
-    assert!(
-        diff.is_empty() && want.lines().count() == got.lines().count(),
-        "{}\n{got}",
-        diff.join("\n")
-    );
+    for profile in ["balanced", "latency"] {
+        let mut c = run_in(&lab, Host::A, &["--profile", profile], &[bin, "all"]);
+        c.env("SEM_ADDR", &a).env("NANOWIRE_LOG", "info");
+        let mut k = spawn(&format!("z-xdp-{profile}"), c);
+        k.success(T);
+        assert!(k.stderr().contains(": xdp (interface"), "{}", k.stderr());
+        let got = k.stdout();
+        let diff: Vec<String> = want
+            .lines()
+            .zip(got.lines())
+            .filter(|(x, y)| x != y)
+            .map(|(x, y)| format!("plain: {x}\n  xdp: {y}"))
+            .collect();
+        assert!(
+            diff.is_empty() && want.lines().count() == got.lines().count(),
+            "{profile}: {}\n{got}",
+            diff.join("\n")
+        );
+    }
 }
 
 #[test]

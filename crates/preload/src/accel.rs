@@ -90,7 +90,7 @@ pub struct Accel {
     rd_shut: AtomicBool,
     /// What a sleeping receive polls: the engine's AF_XDP sockets, the
     /// socket's wake-up eventfd and the kernel socket under the fd.
-    wait_fds: Vec<c_int>,
+    pub wait_fds: Vec<c_int>,
 }
 
 impl Accel {
@@ -606,6 +606,47 @@ pub fn send_one(
             }
             Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EIO)),
         }
+    }
+}
+
+/// Send several datagrams to one destination with one engine batch;
+/// returns how many were queued (at least one, or an error).
+pub fn send_batch(
+    a: &Accel,
+    fd: c_int,
+    bufs: &[&[u8]],
+    dst: Option<SocketAddrV4>,
+    flags: c_int,
+) -> Result<usize, c_int> {
+    if bufs.len() == 1 {
+        return send_one(a, fd, bufs[0], dst, flags).map(|_| 1);
+    }
+    let mut g = a.lock();
+    let Some(dst) = dst.or(g.peer) else {
+        return Err(libc::EDESTADDRREQ);
+    };
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed);
+    loop {
+        let Some(x) = g.xdp.as_mut() else {
+            return Err(libc::EBADF);
+        };
+        match engine_call(|| x.send_batch_to(bufs, dst)) {
+            Ok(n) if n > 0 => return Ok(n),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                // The first is larger than the MTU allows: the kernel sends it.
+                drop(g);
+                return send_one(a, fd, bufs[0], Some(dst), flags).map(|_| 1);
+            }
+            Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EIO)),
+        }
+        if dontwait {
+            return Err(libc::EAGAIN);
+        }
+        drop(g);
+        core::hint::spin_loop();
+        g = a.lock();
     }
 }
 

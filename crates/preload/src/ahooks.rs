@@ -9,6 +9,10 @@ use crate::table;
 use libc::{c_int, c_uint, c_void, iovec, mmsghdr, msghdr, sockaddr, socklen_t, ssize_t};
 use std::sync::atomic::Ordering;
 
+/// Flags the engine does not serve: the kernel socket under the fd answers
+/// (error queue, out-of-band).
+const KERNEL_ONLY: c_int = libc::MSG_ERRQUEUE | libc::MSG_OOB;
+
 #[inline]
 fn fail<T: From<i8>>(e: c_int) -> T {
     set_errno(e);
@@ -87,6 +91,9 @@ pub fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> Option<ssize_t> {
+    if flags & KERNEL_ONLY != 0 {
+        return None;
+    }
     if let Some(a) = accel::lookup(fd) {
         let mut copied = 0;
         let r = accel::recv_one(a, fd, flags, |p, _| {
@@ -118,6 +125,9 @@ pub fn recvfrom(
 }
 
 pub fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Option<ssize_t> {
+    if flags & KERNEL_ONLY != 0 {
+        return None;
+    }
     if let Some(a) = accel::lookup(fd) {
         if msg.is_null() {
             return Some(fail(libc::EFAULT));
@@ -157,6 +167,9 @@ pub fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Option<ssize_t> {
 }
 
 pub fn recvmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> Option<c_int> {
+    if flags & KERNEL_ONLY != 0 {
+        return None;
+    }
     let a = accel::lookup(fd)?;
     let vlen = vlen.min(1024) as usize;
     if vlen == 0 {
@@ -189,6 +202,9 @@ pub fn sendto(
     addr: *const sockaddr,
     alen: socklen_t,
 ) -> Option<ssize_t> {
+    if flags & libc::MSG_OOB != 0 {
+        return None; // the kernel socket answers (EOPNOTSUPP for UDP)
+    }
     let a = match accel::lookup(fd) {
         Some(a) => a,
         None => {
@@ -264,8 +280,32 @@ pub fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> Op
     if accel::lookup(fd).is_none() && table::get(fd) & table::F_CAND == 0 {
         return None;
     }
+    let vlen = vlen.min(1024) as usize;
+    if vlen == 0 {
+        return Some(0);
+    }
     let mut n = 0usize;
-    while n < vlen.min(1024) as usize {
+    if let Some(a) = accel::lookup(fd) {
+        // Runs of messages to one destination go out as one batch (one TX
+        // kick for up to 64 frames).
+        while n < vlen {
+            match send_run(a, fd, msgs, n, vlen, flags) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) => {
+                    if n == 0 {
+                        set_errno(e);
+                        return Some(-1);
+                    }
+                    break;
+                }
+            }
+        }
+        if n == vlen || n > 0 {
+            return Some(n as c_int);
+        }
+    }
+    while n < vlen {
         // SAFETY: the caller's array.
         let mm = unsafe { &mut *msgs.add(n) };
         let r = match sendmsg(fd, &mm.msg_hdr, flags) {
@@ -280,6 +320,83 @@ pub fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> Op
         n += 1;
     }
     Some(if n > 0 { n as c_int } else { -1 })
+}
+
+/// One datagram of an mmsghdr as bytes, if it can go through the engine
+/// (no ancillary data, at most 65507 bytes); its destination.
+fn gather(m: &msghdr, out: &mut Vec<u8>) -> Option<Option<std::net::SocketAddrV4>> {
+    if m.msg_controllen > 0 {
+        return None;
+    }
+    let dst = accel::read_sockaddr(m.msg_name.cast(), m.msg_namelen).ok()?;
+    out.clear();
+    for i in 0..m.msg_iovlen {
+        // SAFETY: the caller's iovecs.
+        let v = unsafe { &*m.msg_iov.add(i) };
+        if v.iov_len > 0 {
+            // SAFETY: iov_len readable bytes at iov_base.
+            out.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len)
+            });
+        }
+    }
+    if out.len() > 65507 { None } else { Some(dst) }
+}
+
+thread_local! {
+    static BATCH: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Send messages `from..` of the vector that share one destination as one
+/// engine batch; returns how many went (their msg_len set).
+fn send_run(
+    a: &'static Accel,
+    fd: c_int,
+    msgs: *mut mmsghdr,
+    from: usize,
+    vlen: usize,
+    flags: c_int,
+) -> Result<usize, c_int> {
+    BATCH.with(|b| {
+        let mut b = b.borrow_mut();
+        let mut dst0 = None;
+        let mut k = 0;
+        while from + k < vlen && k < 64 {
+            if b.len() <= k {
+                b.push(Vec::new());
+            }
+            // SAFETY: the caller's array.
+            let mm = unsafe { &*msgs.add(from + k) };
+            let Some(dst) = gather(&mm.msg_hdr, &mut b[k]) else {
+                break;
+            };
+            if k > 0 && dst != dst0 {
+                break;
+            }
+            dst0 = dst;
+            k += 1;
+        }
+        if k == 0 {
+            // Not for the engine (ancillary data, too big): one by one.
+            // SAFETY: the caller's array.
+            let mm = unsafe { &mut *msgs.add(from) };
+            let r = sendmsg(fd, &mm.msg_hdr, flags)
+                // SAFETY: the kernel socket under the fd sends it.
+                .unwrap_or_else(|| unsafe { real::sendmsg(fd, &mm.msg_hdr, flags) });
+            if r < 0 {
+                return Err(errno());
+            }
+            mm.msg_len = r as c_uint;
+            return Ok(1);
+        }
+        let bufs: Vec<&[u8]> = b[..k].iter().map(|v| v.as_slice()).collect();
+        let sent = accel::send_batch(a, fd, &bufs, dst0, flags)?;
+        for (i, buf) in bufs.iter().enumerate().take(sent) {
+            // SAFETY: the caller's array.
+            unsafe { (*msgs.add(from + i)).msg_len = buf.len() as c_uint };
+        }
+        Ok(sent)
+    })
 }
 
 /// bind(): a candidate goes onto the engine here.

@@ -342,7 +342,7 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c
     ) {
         return r;
     }
-    if flags & libc::MSG_DONTWAIT == 0
+    if flags & (libc::MSG_DONTWAIT | libc::MSG_ERRQUEUE) == 0
         && let Some(r) = ahooks::candidate(fd, || {
             // SAFETY: the caller's buffer, a non-blocking attempt.
             unsafe { real::recv(fd, buf, len, flags | libc::MSG_DONTWAIT) }
@@ -351,7 +351,7 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c
         // SAFETY: re-dispatch (the socket moved onto the engine).
         return r.unwrap_or_else(|| unsafe { recv(fd, buf, len, flags) });
     }
-    if flags & libc::MSG_DONTWAIT == 0
+    if flags & (libc::MSG_DONTWAIT | libc::MSG_ERRQUEUE) == 0
         && let Some(w) = recv_spin_word(fd)
     {
         if flags & libc::MSG_WAITALL != 0 {
@@ -387,7 +387,7 @@ pub unsafe extern "C" fn recvfrom(
     if let Some(r) = ahooks::recvfrom(fd, buf, len, flags, addr, alen) {
         return r;
     }
-    if flags & libc::MSG_DONTWAIT == 0
+    if flags & (libc::MSG_DONTWAIT | libc::MSG_ERRQUEUE) == 0
         && let Some(r) = ahooks::candidate(fd, || {
             // SAFETY: the caller's buffers, a non-blocking attempt.
             unsafe { real::recvfrom(fd, buf, len, flags | libc::MSG_DONTWAIT, addr, alen) }
@@ -396,7 +396,7 @@ pub unsafe extern "C" fn recvfrom(
         // SAFETY: re-dispatch (the socket moved onto the engine).
         return r.unwrap_or_else(|| unsafe { recvfrom(fd, buf, len, flags, addr, alen) });
     }
-    if flags & libc::MSG_DONTWAIT == 0
+    if flags & (libc::MSG_DONTWAIT | libc::MSG_ERRQUEUE) == 0
         && let Some(w) = recv_spin_word(fd)
     {
         if flags & libc::MSG_WAITALL != 0 {
@@ -425,7 +425,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
     if let Some(r) = ahooks::recvmsg(fd, msg, flags) {
         return r;
     }
-    if flags & libc::MSG_DONTWAIT == 0
+    if flags & (libc::MSG_DONTWAIT | libc::MSG_ERRQUEUE) == 0
         && let Some(r) = ahooks::candidate(fd, || {
             // SAFETY: the caller's message, a non-blocking attempt.
             unsafe { real::recvmsg(fd, msg, flags | libc::MSG_DONTWAIT) }
@@ -434,7 +434,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
         // SAFETY: re-dispatch (the socket moved onto the engine).
         return r.unwrap_or_else(|| unsafe { recvmsg(fd, msg, flags) });
     }
-    if flags & libc::MSG_DONTWAIT == 0
+    if flags & (libc::MSG_DONTWAIT | libc::MSG_ERRQUEUE) == 0
         && let Some(w) = recv_spin_word(fd)
     {
         if flags & libc::MSG_WAITALL != 0 {
@@ -469,7 +469,7 @@ pub unsafe extern "C" fn recvmmsg(
     if let Some(r) = ahooks::recvmmsg(fd, msgs, vlen, flags) {
         return r;
     }
-    if flags & libc::MSG_DONTWAIT == 0
+    if flags & (libc::MSG_DONTWAIT | libc::MSG_ERRQUEUE) == 0
         && table::get(fd) & table::F_CAND != 0
         && let Some(r) = ahooks::candidate(fd, || {
             let mut p = libc::pollfd {
@@ -491,7 +491,7 @@ pub unsafe extern "C" fn recvmmsg(
         // SAFETY: re-dispatch (the socket moved onto the engine).
         return unsafe { recvmmsg(fd, msgs, vlen, flags, tmo) };
     }
-    if flags & libc::MSG_DONTWAIT == 0
+    if flags & (libc::MSG_DONTWAIT | libc::MSG_ERRQUEUE) == 0
         && let Some(w) = recv_spin_word(fd)
     {
         if vlen > 1 && flags & libc::MSG_WAITFORONE == 0 {

@@ -19,8 +19,33 @@ use libc::{c_int, epoll_event, fd_set, nfds_t, pollfd, sigset_t, timespec};
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
-/// Slice of a sleep once the spin budget is spent.
-const SLICE_NS: u64 = 1_000_000;
+/// Longest sleep once the spin budget is spent: the sleep also wakes on
+/// the engine's fds, this only bounds the cost of a wake-up that another
+/// thread consumed.
+const SLICE_NS: u64 = 5_000_000;
+
+/// Sleep until one of `fds` or the engine fds of accelerated sockets may
+/// be ready, at most `ns`. Returns -1 (errno set) if a signal interrupted.
+fn sleep_on(
+    mut pf: Vec<pollfd>,
+    extra: impl Iterator<Item = c_int>,
+    ns: u64,
+    mask: *const sigset_t,
+) -> c_int {
+    for f in extra {
+        if !pf.iter().any(|p| p.fd == f) {
+            pf.push(pollfd {
+                fd: f,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+    }
+    let t = ts(ns);
+    // SAFETY: our own array, a bounded timeout, the caller's mask.
+    let r = unsafe { real::ppoll(pf.as_mut_ptr(), pf.len() as nfds_t, &t, mask) };
+    if r < 0 { -1 } else { 0 }
+}
 
 fn ts(ns: u64) -> timespec {
     timespec {
@@ -86,11 +111,23 @@ pub fn poll_mixed(
         }
         if spin != u64::MAX && spent >= spin {
             let slice = total_ns.map_or(SLICE_NS, |t| (t - spent).min(SLICE_NS));
-            let t = ts(slice);
-            // SAFETY: the caller's array, a short timeout.
-            let r = unsafe { real::ppoll(fds, n, &t, mask) };
-            if r != 0 {
-                return r;
+            // SAFETY: the caller's array (read only here).
+            let s = unsafe { std::slice::from_raw_parts(fds, n as usize) };
+            let pf: Vec<pollfd> = s
+                .iter()
+                .map(|p| pollfd {
+                    fd: p.fd,
+                    events: p.events,
+                    revents: 0,
+                })
+                .collect();
+            let extra: Vec<c_int> = s
+                .iter()
+                .filter_map(|p| accel::lookup(p.fd))
+                .flat_map(|a| a.wait_fds.iter().copied())
+                .collect();
+            if sleep_on(pf, extra.into_iter(), slice, mask) < 0 {
+                return -1;
             }
         } else {
             core::hint::spin_loop();
@@ -324,11 +361,19 @@ pub fn epoll_mixed(
         }
         if spin != u64::MAX && spent >= spin {
             let slice = total_ns.map_or(SLICE_NS, |t| (t - spent).min(SLICE_NS));
-            let ms = slice.div_ceil(1_000_000) as c_int;
-            // SAFETY: the caller's array, a short timeout.
-            let k = unsafe { real::epoll_pwait(ep, evs, max, ms, mask) };
-            if k != 0 {
-                return k;
+            let extra: Vec<c_int> = reg()
+                .iter()
+                .filter(|i| i.ep == ep)
+                .filter_map(|i| i.acc)
+                .flat_map(|a| a.wait_fds.iter().copied())
+                .collect();
+            let pf = vec![pollfd {
+                fd: ep,
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            if sleep_on(pf, extra.into_iter(), slice, mask) < 0 {
+                return -1;
             }
         } else {
             core::hint::spin_loop();

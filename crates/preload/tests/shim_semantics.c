@@ -45,6 +45,7 @@ static const char *en(int e) {
     case EINTR: return "EINTR";
     case EADDRINUSE: return "EADDRINUSE";
     case EPIPE: return "EPIPE";
+    case EOPNOTSUPP: return "EOPNOTSUPP";
     default: return "E?";
     }
 }
@@ -236,6 +237,30 @@ static void checks(const char *self) {
     sendto(b, "m3", 2, 0, (struct sockaddr *)&aa, sizeof aa);
     sendto(b, "m4", 2, 0, (struct sockaddr *)&aa, sizeof aa);
     r = recvmmsg(a, mm, 2, 0, NULL); printf("recvmmsg_vlen2: %ld %.2s %.2s\n", r, mb[0], mb[1]);
+
+    /* flags the engine leaves to the kernel */
+    errno = 0; r = recv(a, buf, sizeof buf, MSG_OOB | MSG_DONTWAIT); rep("recv_oob", r);
+    errno = 0; r = recv(a, buf, sizeof buf, MSG_ERRQUEUE); rep("recv_errqueue_empty", r);
+    errno = 0; r = sendto(b, "x", 1, MSG_OOB, (struct sockaddr *)&aa, sizeof aa); rep("sendto_oob", r);
+
+    /* sendmmsg: three datagrams in one call, all arrive in order */
+    {
+        struct mmsghdr sm[3]; struct iovec sv[3]; char *words[3] = {"s1", "s22", "s333"};
+        memset(sm, 0, sizeof sm);
+        for (int i = 0; i < 3; i++) {
+            sv[i].iov_base = words[i]; sv[i].iov_len = strlen(words[i]);
+            sm[i].msg_hdr.msg_iov = &sv[i]; sm[i].msg_hdr.msg_iovlen = 1;
+            sm[i].msg_hdr.msg_name = &aa; sm[i].msg_hdr.msg_namelen = sizeof aa;
+        }
+        r = sendmmsg(b, sm, 3, 0);
+        printf("sendmmsg: %ld lens %u %u %u\n", r, sm[0].msg_len, sm[1].msg_len, sm[2].msg_len);
+        for (int i = 0; i < 3; i++) {
+            memset(buf, 0, sizeof buf);
+            long k = recv(a, buf, sizeof buf, 0);
+            printf("sendmmsg_rx%d: %ld %s\n", i, k, buf);
+        }
+        errno = 0; r = sendmmsg(b, sm, 0, 0); rep("sendmmsg_vlen0", r);
+    }
 
     /* SO_RCVTIMEO: a blocking recv times out with EAGAIN */
     struct timeval tv = {0, 100000};

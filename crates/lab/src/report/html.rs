@@ -461,6 +461,20 @@ where
     Ok(())
 }
 
+/// Escaped text with `code` spans.
+fn prose(s: &str) -> String {
+    let e = esc(s);
+    let mut out = String::new();
+    for (i, part) in e.split('`').enumerate() {
+        if i % 2 == 1 {
+            out += &format!("<code>{part}</code>");
+        } else {
+            out += part;
+        }
+    }
+    out
+}
+
 fn cell(v: &Value) -> String {
     match v {
         Value::String(s) => esc(s),
@@ -511,7 +525,7 @@ fn section(ex: &Experiment) -> String {
         "<section id=\"{id}\" data-experiment=\"{id}\"><h2>{}</h2><p class=\"seed\">Methodology of {}</p><p class=\"method\">{}</p>",
         esc(&ex.title),
         esc(&ex.seed),
-        esc(&ex.method),
+        prose(&ex.method),
         id = esc(&ex.id)
     );
     let na: Vec<_> = ex.coverage.iter().filter(|c| !c.available).collect();
@@ -571,7 +585,7 @@ fn section(ex: &Experiment) -> String {
     if !ex.notes.is_empty() {
         h += "<div class=\"notes\"><b>Notes</b><ul>";
         for n in &ex.notes {
-            h += &format!("<li>{}</li>", esc(n));
+            h += &format!("<li>{}</li>", prose(n));
         }
         h += "</ul></div>";
     }
@@ -655,6 +669,7 @@ ul.na{background:#fff7e6;border:1px solid #f3d9a4;border-radius:6px;padding:8px 
 .notes{background:#f3f6fb;border-radius:6px;padding:8px 14px;font-size:13px;margin-top:8px}
 .notes ul{margin:4px 0;padding-left:20px}
 .foot{color:var(--mut);font-size:12px}
+code{font:12.5px ui-monospace,SFMono-Regular,Menlo,"DejaVu Sans Mono",monospace;background:#eef1f5;border-radius:4px;padding:1px 4px}
 .err{color:#b00}
 .busy{background:#fdecea;border:1px solid #f5c2bd;border-radius:8px;padding:10px 14px;color:#8a1f11;margin:16px 0 0}
 .headline table td.n{font-weight:600}

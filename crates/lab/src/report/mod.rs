@@ -169,14 +169,17 @@ pub fn environment(target: &Target) -> Value {
     let mut sysctls = Map::new();
     for k in SYSCTLS {
         let path = format!("/proc/sys/{}", k.replace('.', "/"));
-        // Network sysctls are per namespace: read them where the receiver runs.
+        // Network sysctls are per namespace: read them where the receiver runs;
+        // the ones only the initial namespace has (busy_poll, backlog, ...) from here.
+        let root = || read_trim(&path).map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "));
         let v = match (target, k.starts_with("net.")) {
             (Target::Lab(l), true) => exec::run_capture(
                 l.command(Host::B, &["cat", path.as_str()]),
                 Duration::from_secs(5),
             )
-            .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" ")),
-            _ => read_trim(&path).map(|s| s.split_whitespace().collect::<Vec<_>>().join(" ")),
+            .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "))
+            .or_else(root),
+            _ => root(),
         };
         sysctls.insert(k.into(), v.map_or(Value::Null, Value::from));
     }
