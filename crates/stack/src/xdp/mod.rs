@@ -209,14 +209,15 @@ impl Engine {
             ));
         };
         let depth = opts.ring_depth.max(64).next_power_of_two();
+        let mut prog = SteerProgram::attach(ifname, info.index)?;
         let cfg = XskConfig {
             rx_frames: depth,
             tx_frames: 2048,
             frame_size,
-            try_zero_copy: true,
+            // Zero-copy needs native XDP; generic mode is copy-only.
+            try_zero_copy: prog.mode() == AttachMode::Driver,
         };
         cfg.validate()?;
-        let mut prog = SteerProgram::attach(ifname, info.index)?;
         let mut queues = Vec::new();
         for q in 0..info.rx_queues {
             let xsk = XskSocket::open(ifname, info.index, q, cfg)?;
