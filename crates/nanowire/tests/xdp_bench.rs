@@ -137,7 +137,7 @@ fn pp(lab: &ScopedLab, port: u16, engine: &str) -> serde_json::Value {
 
 #[test]
 fn bench_pp_with_xdp_on_both_ends() {
-    let Some(lab) = lab('p') else { return };
+    let Some(lab) = lab('P') else { return };
     let s = Server::start(&lab, 11200);
     assert!(s.listening().0.contains("(engine xdp)"));
     let r = pp(&lab, 11200, "xdp");
@@ -148,7 +148,7 @@ fn bench_pp_with_xdp_on_both_ends() {
 
 #[test]
 fn real_sockperf_client_against_the_xdp_server() {
-    let Some(lab) = lab('r') else { return };
+    let Some(lab) = lab('R') else { return };
     if Command::new("sockperf").arg("--version").output().is_err() {
         eprintln!("skipping: sockperf not installed");
         return;
@@ -187,7 +187,7 @@ fn real_sockperf_client_against_the_xdp_server() {
 
 #[test]
 fn second_xdp_process_on_the_interface_falls_back_to_spin() {
-    let Some(lab) = lab('s') else { return };
+    let Some(lab) = lab('S') else { return };
     let first = Server::start(&lab, 11202);
     assert!(first.listening().0.contains("(engine xdp)"));
     let second = Server::start(&lab, 11203);

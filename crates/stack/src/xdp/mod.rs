@@ -209,14 +209,15 @@ impl Engine {
             ));
         };
         let depth = opts.ring_depth.max(64).next_power_of_two();
+        let mut prog = SteerProgram::attach(ifname, info.index)?;
         let cfg = XskConfig {
             rx_frames: depth,
             tx_frames: 2048,
             frame_size,
-            try_zero_copy: true,
+            // Zero-copy needs native XDP; generic mode is copy-only.
+            try_zero_copy: prog.mode() == AttachMode::Driver,
         };
         cfg.validate()?;
-        let mut prog = SteerProgram::attach(ifname, info.index)?;
         let mut queues = Vec::new();
         for q in 0..info.rx_queues {
             let xsk = XskSocket::open(ifname, info.index, q, cfg)?;
@@ -803,8 +804,10 @@ impl XdpSocket {
         deadline: Option<Instant>,
         mut f: impl FnMut(&[u8], SocketAddrV4) -> R,
     ) -> io::Result<Option<R>> {
-        let start = Instant::now();
-        let mut next_kcheck = start + KERNEL_CHECK_INTERVAL;
+        // The clock is read only once the socket has to wait: a datagram
+        // already there costs no clock read.
+        let mut start: Option<Instant> = None;
+        let mut next_kcheck: Option<Instant> = None;
         let mut spins: u32 = 0;
         loop {
             {
@@ -822,10 +825,12 @@ impl XdpSocket {
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(64) || matches!(self.wait, WaitPolicy::Block) {
                 let now = Instant::now();
+                let start = *start.get_or_insert(now);
+                let next = next_kcheck.get_or_insert(now + KERNEL_CHECK_INTERVAL);
                 // The kernel twin costs a syscall: look at most every
                 // KERNEL_CHECK_INTERVAL while spinning (and after each sleep).
-                if now >= next_kcheck {
-                    next_kcheck = now + KERNEL_CHECK_INTERVAL;
+                if now >= *next {
+                    *next = now + KERNEL_CHECK_INTERVAL;
                     if let Some(r) = self.try_kernel(&mut f)? {
                         return Ok(Some(r));
                     }

@@ -177,6 +177,7 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 
 impl StatsPage {
     pub fn create(info: &PageInfo) -> StatsPage {
+        remove_dead_pages();
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let path = PathBuf::from(DIR).join(format!("{}-{n}", info.pid));
         let file = std::fs::create_dir_all(DIR).ok().and_then(|_| {
@@ -317,6 +318,21 @@ pub struct SocketSnapshot {
 
 fn pid_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Remove the pages of processes that died without cleaning up (SIGKILL).
+pub fn remove_dead_pages() {
+    let Ok(dir) = std::fs::read_dir(DIR) else {
+        return;
+    };
+    for e in dir.filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(pid) = name.split('-').next().and_then(|s| s.parse::<u32>().ok())
+            && !pid_alive(pid)
+        {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// Read every live engine's page; remove pages of dead processes.
