@@ -481,18 +481,10 @@ impl<'a> Ctx<'a> {
                     }
                 }
                 drop(srv);
-                match failed {
-                    Some(r) if !data.keys().any(|k| k.0 == e.as_str() && k.1 == proto) => {
-                        ex.unavailable(e.as_str(), proto, r)
-                    }
-                    Some(r) => {
-                        ex.measured(e.as_str(), proto);
-                        ex.notes.push(format!(
-                            "{e} {proto}: a run failed, later sizes skipped: {r}"
-                        ));
-                    }
-                    None => ex.measured(e.as_str(), proto),
-                }
+                let have = data.keys().any(|k| k.0 == e.as_str() && k.1 == proto);
+                ex.settle(e.as_str(), proto, failed, have, |r| {
+                    format!("{e} {proto}: a run failed, later sizes skipped: {r}")
+                });
             }
         }
         for tcp in [false, true] {
@@ -622,18 +614,10 @@ impl<'a> Ctx<'a> {
                     }
                 }
                 drop(srv);
-                match failed {
-                    Some(r) if !data.keys().any(|k| k.0 == e.as_str() && k.1 == proto) => {
-                        ex.unavailable(e.as_str(), proto, r)
-                    }
-                    Some(r) => {
-                        ex.measured(e.as_str(), proto);
-                        ex.notes.push(format!(
-                            "{e} {proto}: a run failed, later rates skipped: {r}"
-                        ));
-                    }
-                    None => ex.measured(e.as_str(), proto),
-                }
+                let have = data.keys().any(|k| k.0 == e.as_str() && k.1 == proto);
+                ex.settle(e.as_str(), proto, failed, have, |r| {
+                    format!("{e} {proto}: a run failed, later rates skipped: {r}")
+                });
             }
         }
         let mut rows = vec![];
@@ -1684,16 +1668,8 @@ impl<'a> Ctx<'a> {
                 s.points.sort_by(|a, b| a.x.total_cmp(&b.x));
                 plot.series.push(s);
             }
-            match failed {
-                Some(r) if plot.series.iter().all(|s| s.points.is_empty()) => {
-                    ex.unavailable(e.as_str(), "udp", r)
-                }
-                Some(r) => {
-                    ex.notes.push(format!("{e}: {r}"));
-                    ex.measured(e.as_str(), "udp");
-                }
-                None => ex.measured(e.as_str(), "udp"),
-            }
+            let have = plot.series.iter().any(|s| !s.points.is_empty());
+            ex.settle(e.as_str(), "udp", failed, have, |r| format!("{e}: {r}"));
             plot.series.retain(|s| !s.points.is_empty());
             if !plot.series.is_empty() {
                 ex.plots.push(plot);

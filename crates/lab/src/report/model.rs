@@ -153,6 +153,28 @@ impl Experiment {
             });
         }
     }
+    /// Record how one engine/protocol's measuring loop ended: a failure before
+    /// any data makes it "not available" with the reason; a failure after
+    /// some data keeps what was measured and says what went missing
+    /// (`note(reason)`); no failure means measured.
+    pub fn settle(
+        &mut self,
+        engine: &str,
+        protocol: &str,
+        failed: Option<String>,
+        have_data: bool,
+        note: impl FnOnce(String) -> String,
+    ) {
+        match failed {
+            Some(r) if !have_data => self.unavailable(engine, protocol, r),
+            Some(r) => {
+                self.measured(engine, protocol);
+                self.notes.push(note(r));
+            }
+            None => self.measured(engine, protocol),
+        }
+    }
+
     pub fn unavailable(&mut self, engine: &str, protocol: &str, reason: impl Into<String>) {
         let reason = reason.into();
         self.coverage
