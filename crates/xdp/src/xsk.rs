@@ -118,6 +118,68 @@ impl Mmap {
     }
 }
 
+const HUGE: usize = 2 << 20;
+
+impl Mmap {
+    /// Anonymous memory for a UMEM, backed by transparent huge pages when
+    /// the kernel gives them (`madvise` mode): the RX frames cycle through
+    /// the whole UMEM (the fill ring is FIFO), and with 4 KiB pages nearly
+    /// every frame costs a TLB miss. Falls back to plain pages.
+    fn map_umem(len: usize) -> io::Result<Mmap> {
+        if len < HUGE || std::env::var_os("NANOWIRE_UMEM_NO_THP").is_some() {
+            return Mmap::map(len, None);
+        }
+        let len = len.next_multiple_of(HUGE);
+        let total = len + HUGE;
+        // SAFETY: a fresh private anonymous mapping (not populated yet);
+        // checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Mmap::map(len, None);
+        }
+        let base = p as usize;
+        let start = base.next_multiple_of(HUGE);
+        let head = start - base;
+        let tail = total - head - len;
+        // SAFETY: head/tail are the unaligned ends of the mapping just made
+        // (page multiples, as both base and HUGE are page aligned); the
+        // aligned middle [start, start+len) stays mapped and owned by Mmap.
+        unsafe {
+            if head > 0 {
+                libc::munmap(p, head);
+            }
+            if tail > 0 {
+                libc::munmap((start + len) as *mut libc::c_void, tail);
+            }
+        }
+        let m = Mmap {
+            ptr: start as *mut u8,
+            len,
+        };
+        // SAFETY: advice and population on our own mapping; failures only
+        // mean 4 KiB pages or faults populated below.
+        unsafe {
+            libc::madvise(m.ptr.cast(), len, libc::MADV_HUGEPAGE);
+            if libc::madvise(m.ptr.cast(), len, libc::MADV_POPULATE_WRITE) != 0 {
+                // Older kernel: touch every page so the hot path never faults.
+                for off in (0..len).step_by(4096) {
+                    m.ptr.add(off).write_volatile(0);
+                }
+            }
+        }
+        Ok(m)
+    }
+}
+
 impl Drop for Mmap {
     fn drop(&mut self) {
         // SAFETY: ptr/len describe a mapping we created and unmap once.
@@ -336,7 +398,7 @@ impl XskSocket {
         // SAFETY: raw is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let frames = cfg.rx_frames as usize + cfg.tx_frames as usize;
-        let umem = Mmap::map(frames * cfg.frame_size as usize, None)?;
+        let umem = Mmap::map_umem(frames * cfg.frame_size as usize)?;
         // SAFETY: all-zero is a valid xdp_umem_reg; we fill the fields below.
         let mut reg: libc::xdp_umem_reg = unsafe { std::mem::zeroed() };
         reg.addr = umem.ptr as u64;
@@ -642,7 +704,12 @@ impl XskSocket {
     }
 
     /// The last kick error that will not go away by retrying, if any.
+    #[inline]
     pub fn kick_error(&self) -> Option<io::Error> {
+        // A plain load first: the locked swap only when there is an error.
+        if self.fatal.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         match self.fatal.swap(0, Ordering::Relaxed) {
             0 => None,
             e => Some(io::Error::from_raw_os_error(e)),
