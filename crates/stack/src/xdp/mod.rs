@@ -344,6 +344,7 @@ impl Inner {
                     let q = &mut self.queues[qi];
                     let n = q.xsk.rx.cons_avail(u32::MAX);
                     if n == 0 {
+                        q.xsk.prefetch_rx();
                         break;
                     }
                     peak(self.page.e(E::PeakRxRing), u64::from(n));
@@ -351,6 +352,7 @@ impl Inner {
                 };
                 for i in 0..n {
                     let d = self.queues[qi].xsk.rx.cons_read(i);
+                    self.queues[qi].xsk.rx_taken(d.addr);
                     self.classify(qi, d.addr, d.len);
                 }
                 let q = &mut self.queues[qi];
