@@ -126,7 +126,7 @@ impl Mmap {
     /// the whole UMEM (the fill ring is FIFO), and with 4 KiB pages nearly
     /// every frame costs a TLB miss. Falls back to plain pages.
     fn map_umem(len: usize) -> io::Result<Mmap> {
-        if len < HUGE || std::env::var_os("NANOWIRE_UMEM_NO_THP").is_some() {
+        if len < HUGE {
             return Mmap::map(len, None);
         }
         let len = len.next_multiple_of(HUGE);
@@ -344,7 +344,6 @@ pub struct XskSocket {
     fill_next: u32,
     /// Offset of the packet in its frame, as seen on the last RX frame.
     rx_off: u64,
-    pf: bool, // EXPERIMENT
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -529,7 +528,6 @@ impl XskSocket {
             fill_next: 0,
             // Copy mode puts the packet XDP_PACKET_HEADROOM into the frame.
             rx_off: 256,
-            pf: std::env::var_os("NANOWIRE_NO_PREFETCH").is_none(),
         };
         // Give every RX frame to the kernel.
         let n = s.fill.prod_free(cfg.rx_frames);
@@ -639,9 +637,6 @@ impl XskSocket {
     /// instead of costing two more cross-CPU misses in a row.
     #[inline]
     pub fn prefetch_rx(&self) {
-        if !self.pf {
-            return;
-        }
         prefetch(self.rx.slot_ptr(self.rx.cached_cons));
         let a = self.fill.peek_written(self.fill_next) + self.rx_off;
         if a.saturating_add(128) <= self.umem.len as u64 {
