@@ -704,14 +704,14 @@ pub fn render(r: &Report) -> String {
             .and_then(|v| v.parse::<f64>().ok())
     };
     let cpus = env["cpus"].as_f64().unwrap_or(1.0).max(1.0);
-    if let Some(l) = [load("loadavg_start"), load("loadavg_end")]
-        .into_iter()
-        .flatten()
-        .reduce(f64::max)
+    // Only the load before the suite started says anything about other work:
+    // by the end, the suite's own pinned spinning client and server keep the
+    // load near the number of CPUs by themselves.
+    if let Some(l) = load("loadavg_start")
         && l > cpus * 0.75
     {
         h += &format!(
-            "<p class=\"busy\">The machine was busy while this report ran (1-minute load average up to {l:.1} on {cpus:.0} CPUs): other work competed with the measurements. Treat the numbers as a smoke run, not as results.</p>"
+            "<p class=\"busy\">The machine was busy when this report started (1-minute load average {l:.1} on {cpus:.0} CPUs before any measurement): other work competed with the measurements. Treat the numbers as a smoke run, not as results.</p>"
         );
     }
     h += "<nav><a href=\"#headline\">Headline</a>";
