@@ -76,9 +76,11 @@ int nw_steer(struct xdp_md *ctx)
 	struct claim_key key = { .addr = ip->daddr, .port = ports[1], .pad = 0 };
 	if (!bpf_map_lookup_elem(&nw_claims, &key))
 		return XDP_PASS;
-	__u32 q = ctx->rx_queue_index;
-	if (bpf_map_lookup_elem(&nw_xsks, &q))
-		return bpf_redirect_map(&nw_xsks, q, XDP_PASS);
+	// One XSKMAP lookup: the redirect itself answers XDP_PASS (the action
+	// in the flags) when the queue has no socket.
+	long act = bpf_redirect_map(&nw_xsks, ctx->rx_queue_index, XDP_PASS);
+	if (act == XDP_REDIRECT)
+		return XDP_REDIRECT;
 	__u32 k = 0;
 	__u64 *c = bpf_map_lookup_elem(&nw_stats, &k);
 	if (c)

@@ -374,9 +374,13 @@ impl BoundServer {
     }
 }
 
-fn publish(st: &mut State, shared: Option<&Mutex<ServerStats>>, drops: impl Fn() -> u64) {
-    let now = Instant::now();
-    if now - st.last_pub < TICK {
+fn publish(
+    st: &mut State,
+    shared: Option<&Mutex<ServerStats>>,
+    now: Instant,
+    drops: impl Fn() -> u64,
+) {
+    if now.saturating_duration_since(st.last_pub) < TICK {
         return;
     }
     st.last_pub = now;
@@ -396,20 +400,32 @@ fn serve_udp(
 ) -> Result<ServerStats, String> {
     let mut buf = vec![0u8; 65536];
     let mut errors_in_row = 0u32;
+    // One clock read per message, taken after the reply went out (the
+    // reply path is what a ping-pong client measures).
+    let mut now = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        let dl = Instant::now() + TICK;
+        let dl = now + TICK;
         match ep.recv_from(&mut buf, Some(dl)) {
             Ok(Some((n, from))) => {
                 errors_in_row = 0;
-                let now = Instant::now();
                 let msg = &mut buf[..n];
                 match server_action(msg, n) {
-                    Err(_) => st.base.malformed += 1,
-                    Ok(ServerAction::Ignore) => st.base.ignored += 1,
-                    Ok(ServerAction::Warmup) => st.base.warmup += 1,
+                    Err(_) => {
+                        st.base.malformed += 1;
+                        now = Instant::now();
+                    }
+                    Ok(ServerAction::Ignore) => {
+                        st.base.ignored += 1;
+                        now = Instant::now();
+                    }
+                    Ok(ServerAction::Warmup) => {
+                        st.base.warmup += 1;
+                        now = Instant::now();
+                    }
                     Ok(ServerAction::Count) => {
                         let seq = SockperfHeader::new_unchecked(&*msg).seq();
                         let ci = st.udp_client(from);
+                        now = Instant::now();
                         st.count(ci, seq, n, false, now);
                     }
                     Ok(ServerAction::Reply) => {
@@ -437,14 +453,16 @@ fn serve_udp(
                         if !ok {
                             st.base.reply_errors += 1;
                         }
+                        now = Instant::now();
                         let ci = st.udp_client(from);
                         st.count(ci, seq, n, ok, now);
                     }
                 }
             }
-            Ok(None) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Ok(None) => now = Instant::now(),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => now = Instant::now(),
             Err(e) => {
+                now = Instant::now();
                 // Transient errors (e.g. a queued ICMP error) must not kill the
                 // server; a persistent one must not spin forever.
                 errors_in_row += 1;
@@ -453,7 +471,7 @@ fn serve_udp(
                 }
             }
         }
-        publish(st, shared, || ep.stats().rx_drop_queue_full);
+        publish(st, shared, now, || ep.stats().rx_drop_queue_full);
     }
     let s = st.snapshot(ep.stats().rx_drop_queue_full);
     if let Some(mut g) = shared.and_then(|m| m.lock().ok()) {
@@ -619,7 +637,7 @@ fn serve_tcp(
                 std::hint::spin_loop();
             }
         }
-        publish(st, shared, || 0);
+        publish(st, shared, Instant::now(), || 0);
     }
     let s = st.snapshot(0);
     if let Some(mut g) = shared.and_then(|m| m.lock().ok()) {

@@ -96,10 +96,16 @@ impl SteerProgram {
             .map_err(|e| format!("the kernel refused the XDP program: {e}"))?;
         let mut errs = Vec::new();
         let mut attached = None;
+        // NANOWIRE_XDP_MODE=generic skips native mode (experiments, drivers
+        // whose native XDP misbehaves).
+        let generic_only = std::env::var("NANOWIRE_XDP_MODE").is_ok_and(|m| m == "generic");
         for (mode, am) in [
             (XdpMode::Driver, AttachMode::Driver),
             (XdpMode::Skb, AttachMode::Skb),
         ] {
+            if generic_only && am == AttachMode::Driver {
+                continue;
+            }
             match prog.attach_to_if_index(ifindex, mode) {
                 Ok(id) => {
                     attached = Some((id, am));

@@ -39,6 +39,9 @@ use std::time::{Duration, Instant};
 
 /// RX descriptors taken per ring visit.
 const RX_BATCH: u32 = 64;
+/// Engine polls between two XDP_STATISTICS refreshes (4M, a syscall per
+/// queue; explicit reads refresh them anyway).
+const KERNEL_STATS_EVERY_MASK: u32 = (1 << 22) - 1;
 /// Datagrams a socket may hold before new ones are dropped (counted).
 pub const DEFAULT_SOCKET_QUEUE: usize = 65536;
 /// Longest single sleep in poll() (a safety net: a thread that queues a
@@ -141,6 +144,9 @@ struct Inner {
     neigh: FastMap<u32, Option<(Ipv4Addr, [u8; 6])>>,
     ip_id: u16,
     polls: u32,
+    /// (UMEM address, length) of the frames built for one TX kick (kept to
+    /// avoid initialising a batch array on every send).
+    tx_batch: Vec<(u64, u32)>,
     page: Arc<StatsPage>,
 }
 
@@ -249,6 +255,7 @@ impl Engine {
                 neigh: FastMap::default(),
                 ip_id: 1,
                 polls: 0,
+                tx_batch: Vec::with_capacity(256),
                 page: page.clone(),
             }),
             fds,
@@ -327,7 +334,8 @@ impl Inner {
     fn poll_rx(&mut self) -> u32 {
         let mut total = 0;
         self.polls = self.polls.wrapping_add(1);
-        if self.polls & 0xffff == 0 {
+        if self.polls & KERNEL_STATS_EVERY_MASK == 0 {
+            // A getsockopt per queue: rare, so it almost never delays a frame.
             self.refreshkernel_stats();
         }
         for qi in 0..self.queues.len() {
@@ -336,6 +344,7 @@ impl Inner {
                     let q = &mut self.queues[qi];
                     let n = q.xsk.rx.cons_avail(u32::MAX);
                     if n == 0 {
+                        q.xsk.prefetch_rx();
                         break;
                     }
                     peak(self.page.e(E::PeakRxRing), u64::from(n));
@@ -343,6 +352,7 @@ impl Inner {
                 };
                 for i in 0..n {
                     let d = self.queues[qi].xsk.rx.cons_read(i);
+                    self.queues[qi].xsk.rx_taken(d.addr);
                     self.classify(qi, d.addr, d.len);
                 }
                 let q = &mut self.queues[qi];
@@ -945,13 +955,14 @@ impl XdpSocket {
         // XDP_MAX_TX_SKB_BUDGET): never queue more per kick, or frames would
         // wait in the ring for the next send.
         let per_kick = g.queues[0].xsk.tx_budget().unwrap_or(32).clamp(1, 256) as usize;
-        let mut frames: [(u64, u32); 256] = [(0, 0); 256];
+        let g = &mut *g;
+        let frames = &mut g.tx_batch;
         let mut sent = 0;
         for chunk in bufs.chunks(per_kick) {
-            let mut n = 0;
+            frames.clear();
             for b in chunk {
                 if b.len() + IP_HDR + UDP_HDR > mtu {
-                    if sent + n == 0 {
+                    if sent + frames.len() == 0 {
                         return Err(io_err(
                             io::ErrorKind::InvalidInput,
                             format!(
@@ -978,12 +989,11 @@ impl XdpSocket {
                     b,
                     id,
                 );
-                frames[n] = (addr, len as u32);
-                n += 1;
+                frames.push((addr, len as u32));
             }
             let q = &mut g.queues[0].xsk;
-            let k = q.transmit(&frames[..n]);
-            for &(a, _) in &frames[k..n] {
+            let k = q.transmit(frames);
+            for &(a, _) in &frames[k..] {
                 q.tx_unalloc(a);
             }
             let page = &eng.page;
