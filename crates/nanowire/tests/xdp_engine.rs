@@ -1095,3 +1095,29 @@ fn wildcard_bind_serves_every_address_of_the_interface() {
     });
     assert_eq!(ok, 2);
 }
+
+/// On veth the engine attaches in generic mode by default (measured faster
+/// for copy-mode AF_XDP, see `mode_order`); NANOWIRE_XDP_MODE forces a mode.
+#[test]
+fn attach_mode_is_generic_on_veth_unless_forced() {
+    let Some(lab) = lab('a') else { return };
+    let ifb = lab.iface(Host::B);
+    let (p, ready) = xdp_test(&lab, &["--port", "5001", "--echo"]);
+    assert_eq!(ready["xdp_mode"], "generic", "{ready}");
+    drop(p);
+    let mut c = lab.command(
+        Host::B,
+        &[BIN, "xdp-test", "--iface", &ifb, "--port", "5001", "--echo"],
+    );
+    c.env("NANOWIRE_XDP_MODE", "native");
+    let p = Proc::spawn(c);
+    let ready = p.line(Duration::from_secs(20));
+    assert_eq!(ready["ready"], true, "{ready}");
+    assert_eq!(ready["xdp_mode"], "native", "{ready}");
+    // The forced native engine still echoes.
+    let got = in_ns(&lab.netns(Host::A), || {
+        let s = client();
+        udp_echo(&s, SocketAddrV4::new(B, 5001), b"native").is_some()
+    });
+    assert!(got);
+}

@@ -113,6 +113,27 @@ fn channels(name: &str) -> Option<u32> {
     Some(ch[5] + ch[8])
 }
 
+/// The interface's driver name (ETHTOOL_GDRVINFO), e.g. "veth", "ice", "mlx5_core".
+pub fn driver(name: &str) -> Option<String> {
+    use std::os::fd::AsRawFd;
+    const ETHTOOL_GDRVINFO: u32 = 0x3;
+    // struct ethtool_drvinfo: cmd u32, driver[32], version[32], fw_version[32],
+    // bus_info[32], erom_version[32], reserved2[12], 5 x u32 = 196 bytes.
+    let mut info = [0u8; 196];
+    info[..4].copy_from_slice(&ETHTOOL_GDRVINFO.to_ne_bytes());
+    let sock = ioctl_sock().ok()?;
+    let mut req = ifreq_for(name).ok()?;
+    req.ifr_ifru.ifru_data = info.as_mut_ptr().cast();
+    // SAFETY: SIOCETHTOOL reads the command from and writes struct
+    // ethtool_drvinfo (196 bytes) into `info`, which outlives the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCETHTOOL, &mut req) } < 0 {
+        return None;
+    }
+    let d = &info[4..36];
+    let end = d.iter().position(|&b| b == 0).unwrap_or(d.len());
+    Some(String::from_utf8_lossy(&d[..end]).into_owned())
+}
+
 fn sys_rx_queue_count(name: &str) -> u32 {
     std::fs::read_dir(format!("/sys/class/net/{name}/queues"))
         .map(|d| {
