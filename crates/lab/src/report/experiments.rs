@@ -149,6 +149,15 @@ pub struct Ctx<'a> {
 pub const CLIENT_CPU: &str = "0";
 pub const SERVER_CPU: &str = "1";
 
+/// One point of a latency sweep: its progress label, the client arguments
+/// after the mode, its tag in results.json and its key in the sweep's data.
+struct SweepPoint<K> {
+    label: String,
+    args: Vec<String>,
+    tag: (&'static str, Value),
+    key: K,
+}
+
 fn proto_name(tcp: bool) -> &'static str {
     if tcp { "tcp" } else { "udp" }
 }
@@ -421,6 +430,81 @@ impl<'a> Ctx<'a> {
         n as f64 * (self.p.pp_secs as f64 + 0.5) + self.engines.len() as f64 * 2.0 * 0.5
     }
 
+    /// Run `bench MODE` at every point, both protocols, every engine, the
+    /// repeats back to back against one server per engine and protocol. Each
+    /// run goes into `ex.runs` tagged with its point; runs with latency
+    /// samples go into `data` under (engine, protocol, point key). A failed run
+    /// skips the engine's later points and is recorded by `Experiment::settle`
+    /// (`what` names the points in that note).
+    fn latency_sweep<K: Ord + Copy>(
+        &self,
+        ex: &mut Experiment,
+        mode: &str,
+        what: &str,
+        points: &[SweepPoint<K>],
+        data: &mut BTreeMap<(String, &'static str, K), Vec<Value>>,
+    ) {
+        let run_s = self.p.pp_secs as f64 + 0.5;
+        for tcp in [false, true] {
+            let proto = proto_name(tcp);
+            for &e in &self.engines {
+                let est = run_s * points.len() as f64 * self.repeats as f64;
+                self.progress
+                    .step(&format!("{mode} {proto} {e}: starting server"), 0.5);
+                let (srv, port) = match self.start_server(e, tcp) {
+                    Ok(x) => x,
+                    Err(r) => {
+                        self.progress
+                            .step(&format!("{mode} {proto} {e}: not available"), est);
+                        ex.unavailable(e.as_str(), proto, r);
+                        continue;
+                    }
+                };
+                let mut failed = None;
+                'points: for pt in points {
+                    for rep in 0..self.repeats {
+                        self.progress.step(
+                            &format!(
+                                "{mode} {proto} {e} {} (repeat {}/{})",
+                                pt.label,
+                                rep + 1,
+                                self.repeats
+                            ),
+                            run_s,
+                        );
+                        let mut extra = vec![mode.to_string()];
+                        extra.extend(pt.args.iter().cloned());
+                        match self.client(e, tcp, port, &extra, self.p.pp_secs) {
+                            Ok(v) if valid_latency(&v) => {
+                                let mut run =
+                                    json!({"engine": e, "protocol": proto, "repeat": rep});
+                                run[pt.tag.0] = pt.tag.1.clone();
+                                data.entry((e.to_string(), proto, pt.key))
+                                    .or_default()
+                                    .push(v.clone());
+                                run["result"] = v;
+                                ex.runs.push(run);
+                            }
+                            Ok(v) => {
+                                failed = Some(format!("bench {mode} gave no latency samples: {v}"));
+                                break 'points;
+                            }
+                            Err(r) => {
+                                failed = Some(r);
+                                break 'points;
+                            }
+                        }
+                    }
+                }
+                drop(srv);
+                let have = data.keys().any(|k| k.0 == e.as_str() && k.1 == proto);
+                ex.settle(e.as_str(), proto, failed, have, |r| {
+                    format!("{e} {proto}: a run failed, later {what} skipped: {r}")
+                });
+            }
+        }
+    }
+
     pub fn latency_vs_size(&self) -> Experiment {
         let mut ex = Experiment::new(
             "latency_vs_size",
@@ -433,60 +517,18 @@ impl<'a> Ctx<'a> {
         );
         // (engine, proto, size) -> runs
         let mut data: BTreeMap<(String, &str, usize), Vec<Value>> = BTreeMap::new();
-        for tcp in [false, true] {
-            let proto = proto_name(tcp);
-            for &e in &self.engines {
-                let est = (self.p.pp_secs as f64 + 0.5)
-                    * (self.p.pp_sizes.len() as f64)
-                    * self.repeats as f64;
-                self.progress
-                    .step(&format!("pp {proto} {e}: starting server"), 0.5);
-                let (srv, port) = match self.start_server(e, tcp) {
-                    Ok(x) => x,
-                    Err(r) => {
-                        self.progress
-                            .step(&format!("pp {proto} {e}: not available"), est);
-                        ex.unavailable(e.as_str(), proto, r);
-                        continue;
-                    }
-                };
-                let mut failed: Option<String> = None;
-                'sizes: for &size in &self.p.pp_sizes {
-                    for rep in 0..self.repeats {
-                        self.progress.step(
-                            &format!(
-                                "pp {proto} {e} {size} B (repeat {}/{})",
-                                rep + 1,
-                                self.repeats
-                            ),
-                            self.p.pp_secs as f64 + 0.5,
-                        );
-                        let extra = vec!["pp".to_string(), "-m".into(), size.to_string()];
-                        match self.client(e, tcp, port, &extra, self.p.pp_secs) {
-                            Ok(v) if valid_latency(&v) => {
-                                ex.runs.push(json!({"engine": e, "protocol": proto, "size": size, "repeat": rep, "result": v}));
-                                data.entry((e.to_string(), proto, size))
-                                    .or_default()
-                                    .push(v);
-                            }
-                            Ok(v) => {
-                                failed = Some(format!("bench pp gave no latency samples: {v}"));
-                                break 'sizes;
-                            }
-                            Err(r) => {
-                                failed = Some(r);
-                                break 'sizes;
-                            }
-                        }
-                    }
-                }
-                drop(srv);
-                let have = data.keys().any(|k| k.0 == e.as_str() && k.1 == proto);
-                ex.settle(e.as_str(), proto, failed, have, |r| {
-                    format!("{e} {proto}: a run failed, later sizes skipped: {r}")
-                });
-            }
-        }
+        let points: Vec<SweepPoint<usize>> = self
+            .p
+            .pp_sizes
+            .iter()
+            .map(|&size| SweepPoint {
+                label: format!("{size} B"),
+                args: vec!["-m".into(), size.to_string()],
+                tag: ("size", json!(size)),
+                key: size,
+            })
+            .collect();
+        self.latency_sweep(&mut ex, "pp", "sizes", &points, &mut data);
         for tcp in [false, true] {
             let proto = proto_name(tcp);
             let mut series = vec![];
@@ -559,67 +601,21 @@ impl<'a> Ctx<'a> {
             ),
         );
         let mut data: BTreeMap<(String, &str, u64), Vec<Value>> = BTreeMap::new();
-        for tcp in [false, true] {
-            let proto = proto_name(tcp);
-            for &e in &self.engines {
-                let est = (self.p.pp_secs as f64 + 0.5)
-                    * self.p.ul_rates.len() as f64
-                    * self.repeats as f64;
-                self.progress
-                    .step(&format!("ul {proto} {e}: starting server"), 0.5);
-                let (srv, port) = match self.start_server(e, tcp) {
-                    Ok(x) => x,
-                    Err(r) => {
-                        self.progress
-                            .step(&format!("ul {proto} {e}: not available"), est);
-                        ex.unavailable(e.as_str(), proto, r);
-                        continue;
-                    }
-                };
-                let mut failed = None;
-                'rates: for &rate in &self.p.ul_rates {
-                    let rs = rate.map_or("max".to_string(), |r| r.to_string());
-                    for rep in 0..self.repeats {
-                        self.progress.step(
-                            &format!(
-                                "ul {proto} {e} {rs} msg/s (repeat {}/{})",
-                                rep + 1,
-                                self.repeats
-                            ),
-                            self.p.pp_secs as f64 + 0.5,
-                        );
-                        let extra = vec![
-                            "ul".into(),
-                            "-m".into(),
-                            size.to_string(),
-                            "--mps".into(),
-                            rs.clone(),
-                        ];
-                        match self.client(e, tcp, port, &extra, self.p.pp_secs) {
-                            Ok(v) if valid_latency(&v) => {
-                                ex.runs.push(json!({"engine": e, "protocol": proto, "offered": rs, "repeat": rep, "result": v}));
-                                data.entry((e.to_string(), proto, rate.unwrap_or(0)))
-                                    .or_default()
-                                    .push(v);
-                            }
-                            Ok(v) => {
-                                failed = Some(format!("bench ul gave no latency samples: {v}"));
-                                break 'rates;
-                            }
-                            Err(r) => {
-                                failed = Some(r);
-                                break 'rates;
-                            }
-                        }
-                    }
+        let points: Vec<SweepPoint<u64>> = self
+            .p
+            .ul_rates
+            .iter()
+            .map(|&rate| {
+                let rs = rate.map_or("max".to_string(), |r| r.to_string());
+                SweepPoint {
+                    label: format!("{rs} msg/s"),
+                    args: vec!["-m".into(), size.to_string(), "--mps".into(), rs.clone()],
+                    tag: ("offered", json!(rs)),
+                    key: rate.unwrap_or(0),
                 }
-                drop(srv);
-                let have = data.keys().any(|k| k.0 == e.as_str() && k.1 == proto);
-                ex.settle(e.as_str(), proto, failed, have, |r| {
-                    format!("{e} {proto}: a run failed, later rates skipped: {r}")
-                });
-            }
-        }
+            })
+            .collect();
+        self.latency_sweep(&mut ex, "ul", "rates", &points, &mut data);
         let mut rows = vec![];
         for tcp in [false, true] {
             let proto = proto_name(tcp);
