@@ -88,10 +88,9 @@ impl Ring {
             return;
         }
         self.head = (self.head + n) % self.buf.len();
+        // The head is not reset when empty: out-of-order bytes may already
+        // sit past the end.
         self.len -= n;
-        if self.len == 0 {
-            self.head = 0;
-        }
     }
 
     /// Read and consume.
@@ -169,15 +168,22 @@ impl Assembler {
     /// offset 0). Returns how many bytes in total are now contiguous from the
     /// old offset 0 (≥ n), and rebases the remaining ranges.
     pub fn advance(&mut self, n: u32) -> u32 {
-        let mut total = n;
-        if self.n > 0 && self.ranges[0].0 <= n {
-            total = total.max(self.ranges[0].1);
+        if n == 0 && (self.n == 0 || self.ranges[0].0 > 0) {
+            return 0;
+        }
+        let ok = self.add(0, n);
+        debug_assert!(ok, "a range starting at 0 always merges or fits");
+        let total = if self.n > 0 && self.ranges[0].0 == 0 {
+            let t = self.ranges[0].1;
             self.ranges.copy_within(1..self.n, 0);
             self.n -= 1;
-        }
+            t
+        } else {
+            n
+        };
         for r in &mut self.ranges[..self.n] {
-            r.0 = r.0.saturating_sub(total);
-            r.1 = r.1.saturating_sub(total);
+            r.0 -= total;
+            r.1 -= total;
         }
         self.recent = self.recent.min(self.n.saturating_sub(1));
         total
@@ -235,5 +241,12 @@ mod tests {
         assert!(!a.add(500, 501));
         assert!(a.add(0, 1000));
         assert_eq!(a.ranges(), &[(0, 1000)]);
+        // In-order data spanning several ranges swallows all of them.
+        let mut a = Assembler::default();
+        a.add(5, 10);
+        a.add(20, 30);
+        a.add(40, 50);
+        assert_eq!(a.advance(25), 30);
+        assert_eq!(a.ranges(), &[(10, 20)]);
     }
 }

@@ -136,6 +136,8 @@ pub(crate) struct Conn {
     pub cc: NewReno,
     pub dupacks: u32,
     pub in_recovery: bool,
+    /// Duplicate ACKs in recovery not yet spent on SACK hole retransmissions.
+    pub sack_credit: u32,
     pub recover: u32,
     // --- per-socket options
     pub nodelay: bool,
@@ -145,6 +147,8 @@ pub(crate) struct Conn {
     pub nodelay_once: bool,
     // --- pending output
     pub ack_now: bool,
+    /// Extra duplicate ACKs owed for out-of-order segments of one batch.
+    pub dup_acks_due: u8,
     pub rx_unacked: u32,
     pub rst_pending: bool,
     /// A RST answering one bad segment (seq, ack, ACK flag); the connection lives on.
@@ -234,12 +238,14 @@ impl Conn {
             cc: NewReno::new(cfg.initial_cwnd * 536),
             dupacks: 0,
             in_recovery: false,
+            sack_credit: 0,
             recover: iss,
             nodelay: false,
             quickack: INITIAL_QUICKACKS,
             linger0: false,
             nodelay_once: false,
             ack_now: false,
+            dup_acks_due: 0,
             rx_unacked: 0,
             rst_pending: false,
             rst_reply: None,
@@ -508,6 +514,8 @@ impl Conn {
             sack: self.sack_ok,
             bytes_acked: self.bytes_acked,
             bytes_received: self.bytes_received,
+            snd_nxt: self.snd_nxt,
+            rcv_nxt: self.rcv_nxt,
         }
     }
 

@@ -264,13 +264,22 @@ impl Conn {
             if self.in_recovery {
                 if seq::ge(ack, self.recover) {
                     self.in_recovery = false;
+                    self.sack_credit = 0;
                     self.dupacks = 0;
                     let flight = self.flight();
                     self.cc.exit_recovery(flight, mss);
                 } else {
                     // Partial ACK (RFC 6582 3.2 step 4): retransmit the next
                     // hole, deflate by the amount acked.
-                    self.rtx_once = Some(self.next_hole(ack).unwrap_or(ack));
+                    self.rtx_once = Some(match self.next_hole(ack) {
+                        Some(h) => {
+                            if h != ack {
+                                ctr.sack_retransmits += 1;
+                            }
+                            h
+                        }
+                        None => ack,
+                    });
                     self.cc.cwnd = self
                         .cc
                         .cwnd
@@ -308,35 +317,48 @@ impl Conn {
         } else if ack == self.snd_una
             && payload_len == 0
             && !r.flags.fin()
-            && wnd == self.snd_wnd
+            // RFC 5681's duplicate has an unchanged window; a segment with
+            // SACK blocks is a duplicate whatever its window (RFC 6675).
+            && (wnd == self.snd_wnd || (self.sack_ok && r.sack_len > 0))
             && self.snd_max != self.snd_una
         {
             self.dupacks += 1;
             ctr.dup_acks += 1;
-            if !self.in_recovery && self.dupacks == 3 && seq::ge(ack, self.recover) {
-                self.in_recovery = true;
-                self.recover = self.snd_max;
-                let flight = seq::dist(self.snd_max, self.snd_una);
-                self.cc.enter_recovery(flight, mss);
-                self.rtx_once = Some(ack);
-                self.rtx_next = ack.wrapping_add(mss);
-                ctr.fast_retransmits += 1;
-                if let Some((s, _)) = self.rtt_seq
-                    && seq::gt(s, ack)
-                {
-                    self.rtt_seq = None;
-                }
-            } else if self.in_recovery && self.dupacks > 3 {
+            if self.in_recovery && self.dupacks > 3 {
                 // Each further duplicate means a segment left the network:
                 // fill a SACK hole if one is known, else inflate (RFC 5681 3.2.4).
-                match self.next_hole(self.rtx_next) {
-                    Some(h) if self.rtx_once.is_none() => {
-                        self.rtx_once = Some(h);
-                        self.rtx_next = h.wrapping_add(mss);
-                        ctr.sack_retransmits += 1;
-                    }
-                    _ => self.cc.cwnd = self.cc.cwnd.saturating_add(mss),
+                if self.sack_ok && self.next_hole(self.rtx_next).is_some() {
+                    self.sack_credit += 1;
+                } else {
+                    self.cc.cwnd = self.cc.cwnd.saturating_add(mss);
                 }
+            }
+        }
+        // Enter fast recovery on the third duplicate ACK, or when SACK shows
+        // three segments' worth above a hole (RFC 6675 DupThresh) — the
+        // latter also works when ACKs were coalesced.
+        let sacked: u32 = self.sacked[..self.n_sacked]
+            .iter()
+            .map(|&(a, b)| b.wrapping_sub(a))
+            .sum();
+        if !self.in_recovery
+            && self.snd_max != self.snd_una
+            && (self.dupacks >= 3 || sacked >= 3 * mss)
+            && seq::ge(self.snd_una, self.recover)
+            && !(self.snd_una == self.recover && self.dupacks < 3 && sacked < 3 * mss)
+        {
+            let una = self.snd_una;
+            self.in_recovery = true;
+            self.recover = self.snd_max;
+            let flight = seq::dist(self.snd_max, una);
+            self.cc.enter_recovery(flight, mss);
+            self.rtx_once = Some(una);
+            self.rtx_next = una.wrapping_add(mss);
+            ctr.fast_retransmits += 1;
+            if let Some((s, _)) = self.rtt_seq
+                && seq::gt(s, una)
+            {
+                self.rtt_seq = None;
             }
         }
 
@@ -401,6 +423,11 @@ impl Conn {
                 }
             } else if self.asm.add(off as u32, (off + data.len()) as u32) {
                 self.rx.write_at(off, data);
+                // One duplicate ACK per out-of-order segment, even when
+                // several arrive in one batch (the sender counts them).
+                if self.ack_now {
+                    self.dup_acks_due = (self.dup_acks_due + 1).min(3);
+                }
                 self.ack_now = true;
             } else {
                 ctr.ooo_dropped += 1;

@@ -264,4 +264,7 @@ pub struct TcpInfo {
     pub sack: bool,
     pub bytes_acked: u64,
     pub bytes_received: u64,
+    /// Sequence numbers (not in Linux's TCP_INFO; for tests and debugging).
+    pub snd_nxt: u32,
+    pub rcv_nxt: u32,
 }

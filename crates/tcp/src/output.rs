@@ -169,6 +169,19 @@ impl Conn {
             {
                 return Some(n);
             }
+            while self.in_recovery && self.sack_credit > 0 {
+                self.sack_credit -= 1;
+                let Some(h) = self.next_hole(self.rtx_next) else {
+                    self.sack_credit = 0;
+                    break;
+                };
+                let end = seq::min(self.hole_end(h), h.wrapping_add(self.snd_mss));
+                self.rtx_next = end;
+                if let Some(n) = self.retransmit_at(now, cfg, h, buf, ctr) {
+                    ctr.sack_retransmits += 1;
+                    return Some(n);
+                }
+            }
             if let Some(n) = self.send_new(now, cfg, buf, ctr) {
                 return Some(n);
             }
@@ -183,8 +196,14 @@ impl Conn {
     }
 
     fn pure_ack(&mut self, now: u64, buf: &mut [u8], ctr: &mut Counters) -> Option<usize> {
-        if !self.ack_now || matches!(self.state, State::Closed | State::SynSent) {
+        if matches!(self.state, State::Closed | State::SynSent) {
             return None;
+        }
+        if !self.ack_now {
+            if self.dup_acks_due == 0 {
+                return None;
+            }
+            self.dup_acks_due -= 1;
         }
         let r = self.base_repr(self.snd_nxt, Flags::ACK);
         Some(self.emit(now, buf, r, 0, 0, ctr))

@@ -113,6 +113,7 @@ impl Conn {
                 let flight = crate::seq::dist(self.snd_max, self.snd_una);
                 self.cc.on_timeout(flight, self.snd_mss);
                 self.in_recovery = false;
+                self.sack_credit = 0;
                 self.dupacks = 0;
                 self.recover = self.snd_max;
                 // RFC 2018 8: forget SACK information after a timeout.

@@ -243,7 +243,7 @@ impl TcpRepr {
                     r.sack_permitted = true;
                 }
                 OPT_SACK => {
-                    if v.is_empty() || v.len() % 8 != 0 || v.len() / 8 > MAX_SACK_BLOCKS {
+                    if v.is_empty() || !v.len().is_multiple_of(8) || v.len() / 8 > MAX_SACK_BLOCKS {
                         return Err(TcpError::BadOptions);
                     }
                     for (i, c) in v.chunks_exact(8).enumerate() {
