@@ -15,6 +15,7 @@ want socat socat
 want tcpdump tcpdump
 want bpftool bpftool
 want ping iputils-ping
+want nft nftables
 want python3 python3
 want make make
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
