@@ -202,8 +202,10 @@ const COPY_OPTS: &[(c_int, c_int)] = &[
 
 /// Why a socket was not put on the engine.
 pub enum NotAccel {
-    /// Leave the socket to the kernel (spin engine) and say why.
+    /// Leave the socket to the kernel (spin engine) and say why (warn).
     Engine(String),
+    /// The socket cannot use the engine by its nature (loopback): info.
+    Inapplicable(String),
     /// The address itself is bad or busy: let the real call answer.
     Socket,
 }
@@ -219,7 +221,7 @@ pub fn accelerate(
     let st = spin::STATE.get();
     let cfg = st.and_then(|s| s.cfg.as_ref());
     if bind.ip().is_loopback() {
-        return Err(NotAccel::Engine(
+        return Err(NotAccel::Inapplicable(
             "loopback address (no XDP-capable interface)".into(),
         ));
     }
@@ -314,31 +316,35 @@ pub fn accelerate_for_peer(fd: c_int, dst: SocketAddrV4) -> Option<&'static Acce
     }
     let route = engine_call(|| {
         let r = nanowire_xdp::netlink::route_get(*dst.ip())
-            .map_err(|e| format!("no route to {}: {e}", dst.ip()))?;
-        let src = r
-            .prefsrc
-            .ok_or_else(|| format!("route to {} has no source address", dst.ip()))?;
+            .map_err(|e| NotAccel::Engine(format!("no route to {}: {e}", dst.ip())))?;
+        let src = r.prefsrc.ok_or_else(|| {
+            NotAccel::Engine(format!("route to {} has no source address", dst.ip()))
+        })?;
         if src.is_loopback() || dst.ip().is_loopback() {
-            return Err(format!(
+            return Err(NotAccel::Inapplicable(format!(
                 "no route through an XDP-capable interface (to {} via loopback)",
                 dst.ip()
-            ));
+            )));
         }
-        nanowire_xdp::iface::iface_for_addr(src)
+        nanowire_xdp::iface::iface_for_addr(src).map_err(NotAccel::Engine)
     });
-    let res = match route {
-        Ok(ifname) => accelerate(
+    let res = route.and_then(|ifname| {
+        accelerate(
             fd,
             SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
             Some(ifname),
-        ),
-        Err(why) => Err(NotAccel::Engine(why)),
-    };
+        )
+    });
     match res {
         Ok(a) => Some(a),
         Err(NotAccel::Engine(why)) => {
             table::clear_flags(fd, table::F_CAND);
             log_not(fd, &why);
+            None
+        }
+        Err(NotAccel::Inapplicable(why)) => {
+            table::clear_flags(fd, table::F_CAND);
+            log_not_applicable(fd, &why);
             None
         }
         Err(NotAccel::Socket) => {
@@ -355,7 +361,17 @@ pub fn accelerate_for_peer(fd: c_int, dst: SocketAddrV4) -> Option<&'static Acce
 /// wait on the socket being replaced.
 pub static DECIDE: Mutex<()> = Mutex::new(());
 
+/// A socket meant for the xdp engine does not get it: one line at the
+/// default level (warn; `NANOWIRE_LOG=quiet` silences it).
 pub fn log_not(fd: c_int, why: &str) {
+    log!(
+        Level::Warn,
+        "fd {fd} udp: spin (kernel socket); xdp not used: {why}"
+    );
+}
+
+/// A socket that cannot use the xdp engine by its nature (loopback): info.
+pub fn log_not_applicable(fd: c_int, why: &str) {
     log!(
         Level::Info,
         "fd {fd} udp: spin (kernel socket); xdp not used: {why}"
@@ -672,6 +688,12 @@ pub fn join_multicast(a: &Accel, group: Ipv4Addr, ifaddr: Ipv4Addr) -> Result<()
         .map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))
 }
 
+/// Stop steering `group` to this socket (the kernel socket has left it).
+/// `Err`: the engine cannot; the caller takes the socket off the engine.
+pub fn leave_multicast(_a: &Accel, _group: Ipv4Addr, _ifaddr: Ipv4Addr) -> Result<(), c_int> {
+    Err(libc::EOPNOTSUPP)
+}
+
 pub fn shutdown_rd(a: &Accel) {
     a.rd_shut.store(true, Ordering::Relaxed);
 }
@@ -703,8 +725,8 @@ pub fn detach(fd: c_int, why: &str) {
             let _ = rustix::fs::fcntl_setfl(b, f);
         }
         log!(
-            Level::Info,
-            "fd {fd} udp: spin (kernel socket); taken off xdp: {why}"
+            Level::Warn,
+            "fd {fd} udp: taken off the xdp engine (kernel socket, spin engine): {why}"
         );
     }
     table::clear_flags(fd, table::F_CAND);

@@ -419,12 +419,21 @@ pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
             accel::log_not(fd, &why);
             None
         }
-        Err(accel::NotAccel::Socket) => {
-            accel::log_not(
-                fd,
-                &format!("{sa} is in use or not local (the kernel answers the bind)"),
-            );
+        Err(accel::NotAccel::Inapplicable(why)) => {
+            accel::log_not_applicable(fd, &why);
             None
+        }
+        Err(accel::NotAccel::Socket) => {
+            // The kernel answers the bind; a socket it binds where the
+            // engine could not is a fallback worth a line.
+            // SAFETY: the caller's arguments, forwarded.
+            let r = unsafe { real::bind(fd, addr, len) };
+            if r == 0 {
+                let e = errno();
+                accel::log_not(fd, &format!("the engine could not take {sa}"));
+                set_errno(e);
+            }
+            Some(r)
         }
     }
 }

@@ -168,7 +168,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     }
     // Bump the generation first, so a thread spinning on `fd` stops before
     // the number can be reused.
-    ready::epoll_closed(fd);
+    ready::fd_closed(fd);
     table::retire(fd);
     table::wait_spinners(fd);
     if let Some(a) = table::accel_take(fd) {
@@ -204,7 +204,11 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
         return unsafe { real::dup2(old, new) };
     }
     if old != new {
+        // `new` is closed by the call: exactly what `close` does first
+        // (bump the generation, wait until its spinners have left).
+        ready::fd_closed(new);
         table::retire(new);
+        table::wait_spinners(new);
         if let Some(a) = table::accel_take(new) {
             accel::release(a);
         }
@@ -226,7 +230,11 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
         return unsafe { real::dup3(old, new, flags) };
     }
     if old != new {
+        // `new` is closed by the call: exactly what `close` does first
+        // (bump the generation, wait until its spinners have left).
+        ready::fd_closed(new);
         table::retire(new);
+        table::wait_spinners(new);
         if let Some(a) = table::accel_take(new) {
             accel::release(a);
         }
@@ -879,7 +887,13 @@ pub unsafe extern "C" fn select(
             // SAFETY: the kernel answers EINVAL.
             return unsafe { real::select(n, r, w, e, tv) };
         }
-        Some(t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000)
+        // Saturating: a huge tv_sec (a "forever" some programs use) must
+        // not wrap into a short timeout.
+        Some(
+            (t.tv_sec as u64)
+                .saturating_mul(1_000_000_000)
+                .saturating_add(t.tv_usec as u64 * 1000),
+        )
     };
     if ready::fdsets_accel(n, [r, w, e]) {
         return ready::select_mixed(n, [r, w, e], total, std::ptr::null());
@@ -1021,12 +1035,28 @@ pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epo
         // SAFETY: engine-internal call: straight to libc.
         return unsafe { real::epoll_ctl(ep, op, fd, ev) };
     }
+    let shim_fd = fd >= 0 && table::get(fd) & (table::F_ACCEL | table::F_CAND) != 0;
+    if shim_fd || ready::epoll_tagged(ep, fd) {
+        // The kernel registration carries a tag naming `fd` (see
+        // `ready::tagged`); the application's data is kept by the shim.
+        let app = if ev.is_null() || op == libc::EPOLL_CTL_DEL {
+            None
+        } else {
+            // SAFETY: the caller's event, read once (may be unaligned: packed on x86-64).
+            Some(unsafe { std::ptr::read_unaligned(ev) })
+        };
+        let mut k = app.map(|e| ready::tagged(fd, &e));
+        let kp = k.as_mut().map_or(ev, |e| e as *mut epoll_event);
+        // SAFETY: the caller's op and fds, with our tagged copy of its event
+        // (or its own pointer, for DEL and for the kernel's EFAULT).
+        let r = unsafe { real::epoll_ctl(ep, op, fd, kp) };
+        if r == 0 {
+            ready::epoll_ctl_accel(ep, op, fd, app, accel::lookup(fd));
+        }
+        return r;
+    }
     // SAFETY: forwarding.
     let r = unsafe { real::epoll_ctl(ep, op, fd, ev) };
-    if r == 0 && (table::get(fd) & (table::F_ACCEL | table::F_CAND) != 0) {
-        ready::epoll_ctl_accel(ep, op, fd, ev, accel::lookup(fd));
-        return 0;
-    }
     if r == 0
         && (op == libc::EPOLL_CTL_ADD || op == libc::EPOLL_CTL_MOD)
         && spin::spins_on(table::lookup(fd))
@@ -1256,6 +1286,27 @@ fn sockopt_accel(
         return None;
     }
     let a = accel::lookup(fd)?;
+    if level == libc::IPPROTO_IP && name == libc::IP_DROP_MEMBERSHIP {
+        // The kernel socket leaves the group; the engine must stop
+        // steering it too, or group traffic keeps arriving.
+        // SAFETY: the caller's option, passed on unchanged.
+        let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+        if r == 0 && len >= 8 && !val.is_null() {
+            // SAFETY: at least 8 readable bytes (the kernel accepted them).
+            let b = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), 8) };
+            let group = std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]);
+            let ifaddr = std::net::Ipv4Addr::new(b[4], b[5], b[6], b[7]);
+            let e = spin::errno();
+            if accel::leave_multicast(a, group, ifaddr).is_err() {
+                accel::detach(
+                    fd,
+                    &format!("IP_DROP_MEMBERSHIP {group}: the engine cannot leave a group"),
+                );
+            }
+            spin::set_errno(e);
+        }
+        return Some(r);
+    }
     if level == libc::IPPROTO_IP && name == libc::IP_ADD_MEMBERSHIP && !val.is_null() && len >= 8 {
         // ip_mreq / ip_mreqn: group, then interface address.
         // SAFETY: at least 8 readable bytes.

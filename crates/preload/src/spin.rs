@@ -280,11 +280,28 @@ pub fn remaining_ms(timeout_ms: c_int, spent_ns: u64) -> c_int {
 
 /// Log the engine decision for a new socket (one line, info level).
 pub fn log_socket(fd: c_int, class: u64, domain: c_int) {
-    if !crate::log::enabled(Level::Info) {
+    if !crate::log::enabled(Level::Warn) {
         return;
     }
     let Some(st) = STATE.get() else { return };
     let Some(cfg) = &st.cfg else { return };
+    // A UDP socket meant for the xdp engine (engine xdp requested) that
+    // does not get it: one line at the default level, with the reason.
+    if class == C_UDP && cfg.engine == Engine::Xdp {
+        let why = if st.xdp_ok && domain == libc::AF_INET6 {
+            "IPv6 socket (the xdp engine is IPv4 only; e.g. java -Djava.net.preferIPv4Stack=true)"
+        } else {
+            &st.xdp_reason
+        };
+        log!(
+            Level::Warn,
+            "fd {fd} udp: spin (kernel socket); xdp not used: {why}"
+        );
+        return;
+    }
+    if !crate::log::enabled(Level::Info) {
+        return;
+    }
     let spin = match SPIN_NS.load(Ordering::Relaxed) {
         0 => None,
         u64::MAX => Some("busy-polls forever".to_string()),
