@@ -32,29 +32,11 @@ use libc::c_int;
 use nanowire_run::options::Level;
 use nanowire_stack::xdp::{OpenError, XdpSocket};
 use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint, WaitPolicy};
-use std::cell::Cell;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-thread_local! {
-    static IN_ENGINE: Cell<bool> = const { Cell::new(false) };
-}
-
-/// True while this thread runs engine code: hooks then go straight to libc.
-#[inline(always)]
-pub fn in_engine() -> bool {
-    IN_ENGINE.with(|c| c.get())
-}
-
-/// Run engine code with the hooks bypassed.
-#[inline]
-pub fn engine_call<R>(f: impl FnOnce() -> R) -> R {
-    let prev = IN_ENGINE.with(|c| c.replace(true));
-    let r = f();
-    IN_ENGINE.with(|c| c.set(prev));
-    r
-}
+pub use crate::sys::engine_call;
 
 /// This process's pid, refreshed in the child after fork.
 static PID: AtomicU32 = AtomicU32::new(0);
@@ -108,10 +90,28 @@ impl Accel {
     }
 }
 
+/// The accelerated sockets, by fd.
+static SOCKS: table::PtrTable<Accel> = table::PtrTable::new();
+
+/// The record behind `fd`, whichever process made it (after fork, a
+/// child sees its parent's records: see [`inherited`]).
+#[inline(always)]
+pub fn by_fd(fd: c_int) -> Option<&'static Accel> {
+    SOCKS.get(fd)
+}
+
+pub fn set_fd(fd: c_int, a: &'static Accel) {
+    SOCKS.set(fd, a);
+}
+
+pub fn take_fd(fd: c_int) -> Option<&'static Accel> {
+    SOCKS.take(fd)
+}
+
 /// The engine socket behind `fd` if this process may use it.
 #[inline(always)]
 pub fn lookup(fd: c_int) -> Option<&'static Accel> {
-    let a = table::accel(fd)?;
+    let a = by_fd(fd)?;
     if a.mine() { Some(a) } else { None }
 }
 
@@ -119,7 +119,7 @@ pub fn lookup(fd: c_int) -> Option<&'static Accel> {
 /// socket, with the application's blocking mode emulated.
 #[inline(always)]
 pub fn inherited(fd: c_int) -> Option<&'static Accel> {
-    let a = table::accel(fd)?;
+    let a = by_fd(fd)?;
     if a.mine() {
         return None;
     }
@@ -283,9 +283,8 @@ pub fn accelerate(
         rd_shut: AtomicBool::new(false),
         wait_fds,
     }));
-    table::accel_set(fd, a);
+    set_fd(fd, a);
     table::add_flags(fd, table::F_ACCEL);
-    crate::ready::reregister(fd);
     table::clear_flags(fd, table::F_CAND);
     if crate::log::enabled(Level::Info) {
         let g = a.lock();
@@ -710,7 +709,7 @@ pub fn release(a: &Accel) {
 /// Take a socket off the engine (an option the engine cannot honour was
 /// set): the kernel socket under the fd carries on alone.
 pub fn detach(fd: c_int, why: &str) {
-    if let Some(a) = table::accel_take(fd) {
+    if let Some(a) = take_fd(fd) {
         table::clear_flags(fd, table::F_ACCEL);
         let nb = a.nonblock.load(Ordering::Relaxed);
         if a.refs.fetch_sub(1, Ordering::AcqRel) == 1 && a.mine() {

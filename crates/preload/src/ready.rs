@@ -300,7 +300,7 @@ fn synth(ep: c_int, out: &mut [epoll_event], fds: &mut Vec<c_int>) -> usize {
     }
     for i in r.iter_mut().filter(|i| i.ep == ep) {
         let Some(acc) = i.acc else { continue };
-        if table::accel(i.fd).is_none_or(|a| !std::ptr::eq(a, acc)) {
+        if accel::by_fd(i.fd).is_none_or(|a| !std::ptr::eq(a, acc)) {
             i.acc = None; // taken off the engine: the kernel answers alone
             continue;
         }

@@ -100,47 +100,28 @@ extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
     }
 }
 
-/// The real `sigaction`.
-unsafe fn real_sigaction(sig: c_int, act: *const SigAction, oact: *mut SigAction) -> c_int {
-    static SYM: real::Sym = real::Sym::new(b"sigaction\0");
-    // SAFETY: libc's sigaction.
-    let f: unsafe extern "C" fn(c_int, *const SigAction, *mut SigAction) -> c_int =
-        unsafe { std::mem::transmute(SYM.get()) };
-    // SAFETY: the caller's arguments.
-    unsafe { f(sig, act, oact) }
-}
-
 /// # Safety
 /// libc's `sigaction`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn sigaction(
-    sig: c_int,
-    act: *const SigAction,
-    oact: *mut SigAction,
-) -> c_int {
+pub unsafe fn sigaction(sig: c_int, act: *const SigAction, oact: *mut SigAction) -> c_int {
     let i = sig as usize;
-    if crate::accel::in_engine()
-        || sig <= 0
-        || i >= NSIG
-        || sig == libc::SIGKILL
-        || sig == libc::SIGSTOP
-    {
-        // SAFETY: forwarding.
-        return unsafe { real_sigaction(sig, act, oact) };
+    if sig <= 0 || i >= NSIG || sig == libc::SIGKILL || sig == libc::SIGSTOP {
+        // SAFETY: the caller's own arguments, unchanged, to libc's function of
+        // the same signature, whose contract our caller upholds (# Safety).
+        return unsafe { real::sigaction(sig, act, oact) };
     }
     let prev = APP[i].load(Ordering::Acquire);
     let prev_h = handler_of(prev);
     let prev_f = APP_FLAGS[i].load(Ordering::Acquire);
     let r = if act.is_null() {
         // SAFETY: a query: `oact` is the caller's (or null), `act` null.
-        unsafe { real_sigaction(sig, act, oact) }
+        unsafe { real::sigaction(sig, act, oact) }
     } else {
         // SAFETY: the caller's sigaction, read once.
         let mut a = unsafe { std::ptr::read(act) };
         let h = a.sa_sigaction;
         if h == libc::SIG_DFL || h == libc::SIG_IGN {
             // SAFETY: the caller's own disposition, passed on unchanged.
-            let r = unsafe { real_sigaction(sig, &a, oact) };
+            let r = unsafe { real::sigaction(sig, &a, oact) };
             if r == 0 {
                 APP[i].store(0, Ordering::Release);
             }
@@ -152,7 +133,7 @@ pub unsafe extern "C" fn sigaction(
             a.sa_flags |= libc::SA_SIGINFO;
             // SAFETY: our copy of the caller's struct, pointing at the
             // trampoline (which takes the SA_SIGINFO arguments).
-            let r = unsafe { real_sigaction(sig, &a, oact) };
+            let r = unsafe { real::sigaction(sig, &a, oact) };
             if r != 0 {
                 APP[i].store(prev, Ordering::Release);
                 APP_FLAGS[i].store(prev_f, Ordering::Release);
@@ -173,8 +154,7 @@ pub unsafe extern "C" fn sigaction(
 
 /// # Safety
 /// libc's `signal` (BSD semantics, as glibc: SA_RESTART).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+pub unsafe fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
     // SAFETY: zeroed sigaction is valid (empty mask).
     let mut a: SigAction = unsafe { std::mem::zeroed() };
     a.sa_sigaction = handler;

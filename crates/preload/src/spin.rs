@@ -27,7 +27,7 @@ pub struct State {
 /// Are new UDP/IPv4 sockets candidates for the xdp engine?
 #[inline]
 pub fn xdp_candidates() -> bool {
-    STATE.get().is_some_and(|s| s.xdp_ok) && !crate::accel::in_engine()
+    STATE.get().is_some_and(|s| s.xdp_ok) && !crate::sys::in_engine()
 }
 
 pub static STATE: OnceLock<State> = OnceLock::new();
@@ -90,23 +90,7 @@ pub fn init() {
     });
 }
 
-#[inline(always)]
-pub fn errno() -> c_int {
-    // SAFETY: errno is thread-local and always valid to read.
-    unsafe { *libc::__errno_location() }
-}
-
-#[inline(always)]
-pub fn set_errno(e: c_int) {
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = e }
-}
-
-#[inline(always)]
-pub fn now_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    (t.tv_sec as u64).wrapping_mul(1_000_000_000) + t.tv_nsec as u64
-}
+pub use crate::sys::{errno, now_ns, set_errno};
 
 /// Is `fd` blocking? Asked of the kernel with a raw syscall (errno kept).
 #[inline]
