@@ -16,6 +16,12 @@ want tcpdump tcpdump
 want bpftool bpftool
 want ping iputils-ping
 want python3 python3
+# the drop-in matrix (issue 9): a real UDP server answered by a real client
+want dnsmasq dnsmasq-base
+want dig bind9-dnsutils
+# real runtimes of the drop-in matrix
+want java openjdk-17-jdk-headless
+want node nodejs
 want make make
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 [ -d /usr/include/x86_64-linux-gnu/asm ] || need+=(linux-libc-dev)
