@@ -1146,13 +1146,14 @@ fn sockopt_accel(
         let b = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), 8) };
         let group = std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]);
         let ifaddr = std::net::Ipv4Addr::new(b[4], b[5], b[6], b[7]);
-        return Some(match accel::join_multicast(a, group, ifaddr) {
-            Ok(()) => 0,
-            Err(e) => {
+        return match accel::join_multicast(a, group, ifaddr) {
+            Ok(()) => Some(0),
+            Err(0) => None, // off the engine: the kernel socket joins
+            Err(e) => Some({
                 spin::set_errno(e);
                 -1
-            }
-        });
+            }),
+        };
     }
     None
 }

@@ -124,7 +124,7 @@ pub fn poll_mixed(
             let extra: Vec<c_int> = s
                 .iter()
                 .filter_map(|p| accel::lookup(p.fd))
-                .flat_map(|a| a.wait_fds.iter().copied())
+                .flat_map(|a| a.wait_fds().iter().copied())
                 .collect();
             if sleep_on(pf, extra.into_iter(), slice, mask) < 0 {
                 return -1;
@@ -426,7 +426,7 @@ pub fn epoll_mixed(
                 .iter()
                 .filter(|i| i.ep == ep)
                 .filter_map(|i| i.acc)
-                .flat_map(|a| a.wait_fds.iter().copied())
+                .flat_map(|a| a.wait_fds().iter().copied())
                 .collect();
             let pf = vec![pollfd {
                 fd: ep,

@@ -170,6 +170,23 @@ pub fn classify(fd: i32) -> u64 {
     c
 }
 
+/// Every fd whose word has all of `flags` (allocated chunks only; for rare
+/// events such as fork).
+pub fn each_with(flags: u64, mut f: impl FnMut(i32)) {
+    for (c, chunk) in TABLE.iter().enumerate() {
+        let p = chunk.load(Ordering::Acquire);
+        if p.is_null() {
+            continue;
+        }
+        for i in 0..CHUNK {
+            let fd = (c * CHUNK + i) as i32;
+            if get(fd) & flags == flags {
+                f(fd);
+            }
+        }
+    }
+}
+
 /// The word of `fd`, classifying it first if unknown.
 #[inline(always)]
 pub fn lookup(fd: i32) -> u64 {
@@ -256,6 +273,23 @@ impl<T: Sync + 'static> PtrTable<T> {
     pub fn set(&self, fd: i32, v: &'static T) {
         if let Some(s) = self.slot(fd, true) {
             s.store((v as *const T).cast_mut(), Ordering::Release);
+        }
+    }
+
+    /// Every (fd, payload) present (allocated chunks only; for rare events
+    /// such as fork).
+    pub fn each(&self, mut f: impl FnMut(i32, &'static T)) {
+        for (c, chunk) in self.chunks.iter().enumerate() {
+            let p = chunk.load(Ordering::Acquire);
+            if p.is_null() {
+                continue;
+            }
+            for i in 0..CHUNK {
+                let fd = (c * CHUNK + i) as i32;
+                if let Some(v) = self.get(fd) {
+                    f(fd, v);
+                }
+            }
         }
     }
 
