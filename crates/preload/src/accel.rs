@@ -355,6 +355,37 @@ pub fn accelerate(
     Ok(a)
 }
 
+/// The local IPv4 address of `fd` (getsockname; raw libc, no hooks).
+pub fn local_addr(fd: c_int) -> Option<SocketAddrV4> {
+    // SAFETY: an all-zero sockaddr_in is a valid out-buffer.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut l = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let e = errno();
+    // SAFETY: our sockaddr_in and its length.
+    let r = unsafe { real::getsockname(fd, (&raw mut sa).cast(), &mut l) };
+    set_errno(e);
+    (r == 0 && sa.sin_family == libc::AF_INET as libc::sa_family_t).then(|| {
+        SocketAddrV4::new(
+            Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+            u16::from_be(sa.sin_port),
+        )
+    })
+}
+
+/// This process's sockets on the engine, with their local addresses.
+pub fn live_sockets() -> Vec<(c_int, SocketAddrV4)> {
+    let mut v = Vec::new();
+    SOCKS.each(|fd, a| {
+        if a.mine()
+            && !a.detached.load(Ordering::Acquire)
+            && let Some(l) = local_addr(fd)
+        {
+            v.push((fd, l));
+        }
+    });
+    v
+}
+
 /// Decide for a candidate that is about to talk to `dst` without a bind.
 pub fn accelerate_for_peer(fd: c_int, dst: SocketAddrV4) -> Option<&'static Accel> {
     let _g = DECIDE.lock().unwrap_or_else(|e| e.into_inner());

@@ -404,6 +404,7 @@ fn send_run(
 fn promote_for_peer(fd: c_int, dst: std::net::SocketAddrV4) -> Option<&'static Accel> {
     let a = accel::accelerate_for_peer(fd, dst)?;
     crate::ready::reregister(fd);
+    crate::share::watch();
     Some(a)
 }
 
@@ -419,11 +420,18 @@ pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
     if table::get(fd) & table::F_CAND == 0 {
         return None;
     }
+    if let Some(other) = crate::share::competitor(sa, 0) {
+        table::clear_flags(fd, table::F_CAND);
+        crate::share::TAKEN_OFF.fetch_add(1, Ordering::Relaxed);
+        accel::log_not(fd, &crate::share::why(other));
+        return None;
+    }
     let r = accel::accelerate(fd, sa, None);
     table::clear_flags(fd, table::F_CAND);
     match r {
         Ok(_) => {
             crate::ready::reregister(fd);
+            crate::share::watch();
             Some(0)
         }
         Err(accel::NotAccel::Engine(why)) => {

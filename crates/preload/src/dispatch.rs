@@ -1147,7 +1147,12 @@ fn sockopt_accel(
         let group = std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]);
         let ifaddr = std::net::Ipv4Addr::new(b[4], b[5], b[6], b[7]);
         return match accel::join_multicast(a, group, ifaddr) {
-            Ok(()) => Some(0),
+            Ok(()) => {
+                // Every receiver of the group on the host must get it:
+                // another socket on this port means the kernel delivers.
+                crate::share::check_now(fd);
+                Some(0)
+            }
             Err(0) => None, // off the engine: the kernel socket joins
             Err(e) => Some({
                 spin::set_errno(e);

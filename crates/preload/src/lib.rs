@@ -45,6 +45,7 @@
 //!   plus the naked trampolines of the variadic `fcntl`/`fcntl64`/`ioctl`.
 //! * `dispatch` (+ `ahooks`, its accelerated branch): what each call does.
 //! * `ready`: poll/select/epoll over sets with accelerated sockets.
+//! * `share`: ports other sockets on the host share go to the kernel.
 //! * `accel`: sockets on the xdp engine (records in a `table::PtrTable`).
 //! * `spin`: configuration and busy-poll loops.
 //! * `signals`: the sigaction trampoline and per-thread delivery counts.
@@ -60,6 +61,7 @@ mod exports;
 mod log;
 mod ready;
 mod real;
+mod share;
 mod signals;
 mod spin;
 mod sys;
@@ -68,6 +70,7 @@ mod table;
 /// Runs when the library is loaded (before `main`): read the configuration.
 extern "C" fn nanowire_preload_init() {
     accel::init();
+    share::init();
     spin::init();
 }
 
