@@ -286,14 +286,14 @@ impl Rng {
     pub fn new(seed: u64) -> Rng {
         Rng(seed | 1)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        (self.next_u64() % n.max(1) as u64) as usize
     }
 }
 
@@ -313,7 +313,7 @@ pub fn mutate(input: &[u8], rng: &mut Rng) -> Vec<u8> {
             }
             2 => {
                 let i = rng.below(v.len() + 1);
-                v.insert(i, rng.next() as u8);
+                v.insert(i, rng.next_u64() as u8);
             }
             3 if !v.is_empty() => {
                 let i = rng.below(v.len());
@@ -330,7 +330,7 @@ pub fn mutate(input: &[u8], rng: &mut Rng) -> Vec<u8> {
             }
             _ => {
                 let i = rng.below(v.len() + 1);
-                v.splice(i..i, std::iter::repeat_n(rng.next() as u8, rng.below(16)));
+                v.splice(i..i, std::iter::repeat_n(rng.next_u64() as u8, rng.below(16)));
             }
         }
     }
