@@ -330,7 +330,10 @@ pub fn mutate(input: &[u8], rng: &mut Rng) -> Vec<u8> {
             }
             _ => {
                 let i = rng.below(v.len() + 1);
-                v.splice(i..i, std::iter::repeat_n(rng.next_u64() as u8, rng.below(16)));
+                v.splice(
+                    i..i,
+                    std::iter::repeat_n(rng.next_u64() as u8, rng.below(16)),
+                );
             }
         }
     }
