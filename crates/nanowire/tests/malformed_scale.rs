@@ -21,7 +21,7 @@ const PORT: u16 = 11270;
 /// Malformed frames to send, at least.
 const MALFORMED: u64 = 1_000_000;
 /// Frames in flight (sent, not yet taken off the ring by the engine) at most.
-const WINDOW: u64 = 16_384;
+const WINDOW: u64 = 32_768;
 const RING: &str = "65536";
 
 /// What the engine must do with a kind of frame.
@@ -295,7 +295,7 @@ fn engine_counters(pid: u32) -> Option<serde_json::Value> {
     v["engines"]
         .as_array()?
         .iter()
-        .find(|e| e["info"]["pid"].as_u64() == Some(u64::from(pid)))
+        .find(|e| engine_pid(e) == Some(u64::from(pid)))
         .map(|e| e["counters"].clone())
 }
 
@@ -378,11 +378,16 @@ fn a_million_malformed_frames_counted_kind_by_kind_valid_ones_in_order() {
         // SAFETY: setns on a valid netns fd changes only this thread.
         assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
         let tx = RawTx::open(&ifa, macs.b);
-        let engine_seen = |frames_in: u64| -> u64 {
-            engine_counters(pid).map_or(frames_in, |c| c["rx_frames"].as_u64().unwrap_or(0))
+        let engine_seen = || -> u64 {
+            engine_counters(pid)
+                .expect("the sink's stats page")
+                .get("rx_frames")
+                .and_then(|v| v.as_u64())
+                .expect("rx_frames counter")
         };
         let per_round_engine = KINDS.iter().filter(|(_, e)| *e != Expect::Pass).count() as u64 + 1;
         let mut engine_sent = 0u64;
+        let mut seen = 0u64;
         let mut batch: Vec<Vec<u8>> = Vec::new();
         for r in 0..rounds {
             for f in &malformed {
@@ -400,15 +405,22 @@ fn a_million_malformed_frames_counted_kind_by_kind_valid_ones_in_order() {
                 let refs: Vec<&[u8]> = batch.iter().map(|b| b.as_slice()).collect();
                 tx.send_all(&refs);
                 batch.clear();
-                // Keep at most WINDOW frames between us and the engine.
-                let t0 = Instant::now();
-                while engine_sent > WINDOW && engine_seen(engine_sent) + WINDOW < engine_sent {
-                    assert!(
-                        t0.elapsed() < Duration::from_secs(60),
-                        "engine stopped taking frames: {:?}",
-                        engine_counters(pid)
-                    );
-                    std::thread::sleep(Duration::from_millis(5));
+                // Keep at most WINDOW frames between us and the engine
+                // (its rx_frames, read only when the window may be full).
+                if engine_sent > seen + WINDOW {
+                    let t0 = Instant::now();
+                    loop {
+                        seen = engine_seen();
+                        if engine_sent <= seen + WINDOW / 4 {
+                            break;
+                        }
+                        assert!(
+                            t0.elapsed() < Duration::from_secs(60),
+                            "engine stopped taking frames: {:?}",
+                            engine_counters(pid)
+                        );
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
                 }
             }
         }
@@ -458,4 +470,9 @@ fn a_million_malformed_frames_counted_kind_by_kind_valid_ones_in_order() {
             + (delivered - valid_total)
             >= MALFORMED
     );
+}
+
+/// The pid of an engine in `nanowire stats --json` (flattened, or under `info`).
+fn engine_pid(e: &serde_json::Value) -> Option<u64> {
+    e["pid"].as_u64().or_else(|| e["info"]["pid"].as_u64())
 }
