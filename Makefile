@@ -37,6 +37,12 @@ FUZZ_SECONDS ?= 60
 fuzz: deps
 	FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh
 
+# One hour at a fixed rate through the impaired lab (docs/soak/), then 100
+# SIGKILL cycles under traffic. SOAK_SECONDS, SOAK_RATE, SOAK_LOSS tune it.
+soak: build
+	scripts/soak.sh
+	NANOWIRE_KILL_CYCLES=100 $(CARGO) test --release --locked -p nanowire --test faults sigkill -- --test-threads=1
+
 clean:
 	-$(NANOWIRE) lab down
 	$(CARGO) clean
