@@ -76,6 +76,13 @@ impl Conn {
                 r.sack_len = n as u8;
             }
         }
+        // SACK blocks must not push a full segment past the MSS (Linux
+        // shrinks the payload instead; we drop blocks from data segments —
+        // pure ACKs carry them all).
+        let base = 20 + if self.ts_ok { 12 } else { 0 } + self.snd_mss as usize;
+        while r.sack_len > 0 && r.header_len() + len > base && len > 0 {
+            r.sack_len -= 1;
+        }
         let hl = r.header_len();
         if buf.len() < hl + len {
             ctr.tx_buffer_too_small += 1;

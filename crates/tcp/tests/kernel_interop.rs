@@ -1,0 +1,571 @@
+//! Wire compatibility with the real Linux TCP, before any engine: our stack
+//! runs in namespace `a` over an AF_PACKET socket on one end of a veth pair;
+//! the peer in namespace `b` is a plain kernel socket (Python). The address
+//! our stack uses is not configured in `a`'s kernel, so the kernel there
+//! neither answers nor resets (not forwarding: it drops silently); `b` has a
+//! permanent neighbour entry for it. Needs root; skipped (with a message)
+//! otherwise.
+
+use nanowire_tcp::{Config, ConnId, Error, Secret, State, TcpStack};
+use nanowire_wire::ethernet::EthernetFrame;
+use nanowire_wire::ipv4::{Ipv4Packet, Ipv4Repr, PROTO_TCP};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const OURS: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 1);
+const PEER: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 2);
+
+fn root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn sh(args: &[&str]) {
+    let o = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .expect("spawn");
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Two namespaces and a veth pair, removed on drop.
+struct Lab {
+    a: String,
+    b: String,
+    ifa: String,
+    ifb: String,
+}
+
+impl Lab {
+    fn new(tag: &str) -> Lab {
+        let id = std::process::id() % 100_000;
+        let l = Lab {
+            a: format!("nwtcp{tag}{id}a"),
+            b: format!("nwtcp{tag}{id}b"),
+            ifa: format!("nwt{tag}{id}a"),
+            ifb: format!("nwt{tag}{id}b"),
+        };
+        let _ = Command::new("ip").args(["netns", "del", &l.a]).output();
+        let _ = Command::new("ip").args(["netns", "del", &l.b]).output();
+        sh(&["ip", "netns", "add", &l.a]);
+        sh(&["ip", "netns", "add", &l.b]);
+        sh(&[
+            "ip", "link", "add", &l.ifa, "netns", &l.a, "type", "veth", "peer", "name", &l.ifb,
+            "netns", &l.b,
+        ]);
+        sh(&["ip", "-n", &l.a, "link", "set", &l.ifa, "up"]);
+        sh(&["ip", "-n", &l.b, "link", "set", &l.ifb, "up"]);
+        sh(&["ip", "-n", &l.b, "link", "set", "lo", "up"]);
+        sh(&[
+            "ip",
+            "-n",
+            &l.b,
+            "addr",
+            "add",
+            &format!("{PEER}/24"),
+            "dev",
+            &l.ifb,
+        ]);
+        // Segment in the kernel of b, so frames are at most one MTU (the
+        // checksum offload stays on: our stack accepts partial checksums).
+        sh(&[
+            "ip", "netns", "exec", &l.b, "ethtool", "-K", &l.ifb, "tso", "off", "gso", "off",
+        ]);
+        let mac_a = l.mac(&l.a, &l.ifa);
+        sh(&[
+            "ip",
+            "-n",
+            &l.b,
+            "neigh",
+            "add",
+            &OURS.to_string(),
+            "lladdr",
+            &mac_a,
+            "dev",
+            &l.ifb,
+            "nud",
+            "permanent",
+        ]);
+        l
+    }
+
+    fn mac(&self, ns: &str, dev: &str) -> String {
+        let o = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                ns,
+                "cat",
+                &format!("/sys/class/net/{dev}/address"),
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+
+    fn python(&self, script: &str, args: &[&str]) -> Child {
+        Command::new("ip")
+            .args(["netns", "exec", &self.b, "python3", "-c", script])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("python3")
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.a]).output();
+        let _ = Command::new("ip").args(["netns", "del", &self.b]).output();
+    }
+}
+
+fn parse_mac(s: &str) -> [u8; 6] {
+    let mut m = [0u8; 6];
+    for (i, p) in s.split(':').enumerate().take(6) {
+        m[i] = u8::from_str_radix(p, 16).unwrap();
+    }
+    m
+}
+
+/// An AF_PACKET socket bound to one interface, opened inside a namespace.
+struct Raw {
+    fd: OwnedFd,
+    ifindex: i32,
+    mac: [u8; 6],
+    peer_mac: [u8; 6],
+}
+
+impl Raw {
+    fn open(ns: &str, dev: &str, mac: [u8; 6], peer_mac: [u8; 6]) -> Raw {
+        let nsf = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("netns file");
+        // SAFETY: setns on a valid namespace fd only changes this thread's
+        // network namespace; the test thread owns it and never returns to
+        // code that assumes the original namespace.
+        let rc = unsafe { libc::setns(nsf.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+        let proto = (libc::ETH_P_IP as u16).to_be();
+        // SAFETY: plain socket(2) call; the result is checked before use.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK,
+                i32::from(proto),
+            )
+        };
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        // SAFETY: fd is a fresh descriptor we own exclusively.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let cname = std::ffi::CString::new(dev).unwrap();
+        // SAFETY: cname is a valid NUL-terminated string.
+        let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) } as i32;
+        assert!(ifindex > 0, "no interface {dev}");
+        // SAFETY: an all-zero sockaddr_ll is a valid value of the type.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = proto;
+        sll.sll_ifindex = ifindex;
+        // SAFETY: sll is a properly initialised sockaddr_ll and the length matches.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                &sll as *const libc::sockaddr_ll as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        assert_eq!(rc, 0, "bind: {}", std::io::Error::last_os_error());
+        Raw {
+            fd,
+            ifindex,
+            mac,
+            peer_mac,
+        }
+    }
+
+    fn recv(&self, buf: &mut [u8]) -> Option<usize> {
+        // SAFETY: buf is valid for writes of buf.len() bytes.
+        let n = unsafe {
+            libc::recv(
+                self.fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        (n > 0).then_some(n as usize)
+    }
+
+    fn send(&self, frame: &[u8]) {
+        // SAFETY: an all-zero sockaddr_ll is a valid value of the type.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_ifindex = self.ifindex;
+        sll.sll_halen = 6;
+        sll.sll_addr[..6].copy_from_slice(&self.peer_mac);
+        // SAFETY: frame and sll are valid for the lengths given.
+        let n = unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                frame.as_ptr().cast(),
+                frame.len(),
+                0,
+                &sll as *const libc::sockaddr_ll as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        assert_eq!(
+            n as usize,
+            frame.len(),
+            "sendto: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    fn wait(&self, timeout: Duration) {
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().clamp(0, 10) as i32;
+        // SAFETY: p is one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, ms) };
+    }
+}
+
+/// The stack plus its raw socket: one loop turn moves every frame.
+struct Host {
+    raw: Raw,
+    stack: TcpStack,
+    start: Instant,
+    rx: Vec<u8>,
+    tx: Vec<u8>,
+}
+
+impl Host {
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    fn turn(&mut self) {
+        let now = self.now();
+        while let Some(n) = self.raw.recv(&mut self.rx) {
+            let Ok(eth) = EthernetFrame::new_checked(&self.rx[..n]) else {
+                continue;
+            };
+            let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else {
+                continue;
+            };
+            if ip.protocol() != PROTO_TCP || ip.dst() != OURS {
+                continue;
+            }
+            self.stack.input(now, ip.src(), ip.dst(), ip.payload());
+        }
+        self.stack.poll_timers(now);
+        let (eh, ih) = (14, 20);
+        while let Some(t) = self.stack.poll_transmit(now, &mut self.tx[eh + ih..]) {
+            self.tx[0..6].copy_from_slice(&self.raw.peer_mac);
+            self.tx[6..12].copy_from_slice(&self.raw.mac);
+            self.tx[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+            Ipv4Repr {
+                src: t.src,
+                dst: t.dst,
+                protocol: PROTO_TCP,
+                payload_len: t.len,
+                ttl: 64,
+                ident: 0,
+            }
+            .emit(&mut self.tx[eh..]);
+            self.raw.send(&self.tx[..eh + ih + t.len]);
+        }
+    }
+
+    fn idle(&self) {
+        let now = self.now();
+        let d = self
+            .stack
+            .next_deadline()
+            .map_or(Duration::from_millis(5), |t| {
+                Duration::from_nanos(t.saturating_sub(now))
+            });
+        self.raw.wait(d.min(Duration::from_millis(5)));
+    }
+}
+
+fn crc32(mut crc: u32, data: &[u8]) -> u32 {
+    crc = !crc;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = (crc >> 1) ^ (0xedb8_8320 & (crc & 1).wrapping_neg());
+        }
+    }
+    !crc
+}
+
+fn pattern(off: u64) -> u8 {
+    (off.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 29) as u8 ^ off as u8
+}
+
+fn host(lab: &Lab) -> Host {
+    let mac_a = parse_mac(&lab.mac(&lab.a, &lab.ifa));
+    let mac_b = parse_mac(&lab.mac(&lab.b, &lab.ifb));
+    let raw = Raw::open(&lab.a, &lab.ifa, mac_a, mac_b);
+    let cfg = Config {
+        mss: Config::mss_for_mtu(1500),
+        rto_min_ns: 20_000_000,
+        ..Config::default()
+    };
+    Host {
+        raw,
+        stack: TcpStack::new(cfg, Secret::from_os().unwrap()),
+        start: Instant::now(),
+        rx: vec![0u8; 70_000],
+        tx: vec![0u8; 70_000],
+    }
+}
+
+const SERVER_PY: &str = r#"
+import socket, sys, zlib
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1)
+print("listening", flush=True)
+c, _ = s.accept()
+crc, n = 0, 0
+while True:
+    d = c.recv(1 << 16)
+    if not d: break
+    crc = zlib.crc32(d, crc); n += len(d)
+c.sendall(f"{n} {crc}\n".encode())
+c.close()
+print("done", n, crc, flush=True)
+"#;
+
+const CLIENT_PY: &str = r#"
+import socket, sys, hashlib, os
+n = int(sys.argv[3])
+data = os.urandom(n)
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60)
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+sent = 0
+got = bytearray()
+c.setblocking(False)
+import select
+while sent < n or True:
+    r, w, _ = select.select([c], [c] if sent < n else [], [], 30)
+    if not r and not w: raise SystemExit("stalled")
+    if w:
+        sent += c.send(data[sent:sent + (1 << 16)])
+        if sent == n: c.shutdown(socket.SHUT_WR)
+    if r:
+        d = c.recv(1 << 16)
+        if not d: break
+        got += d
+ok = hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
+print("OK" if ok else "MISMATCH", len(got), flush=True)
+"#;
+
+fn wait_line(child: &mut Child) -> String {
+    use std::io::{BufRead, BufReader};
+    let out = child.stdout.as_mut().unwrap();
+    let mut l = String::new();
+    BufReader::new(out).read_line(&mut l).unwrap();
+    l
+}
+
+#[test]
+fn our_client_to_kernel_server_32_mib_hashed() {
+    if !root() {
+        eprintln!("SKIP: needs root (namespaces, AF_PACKET)");
+        return;
+    }
+    let lab = Lab::new("c");
+    let mut py = lab.python(SERVER_PY, &[&PEER.to_string(), "5001"]);
+    assert_eq!(wait_line(&mut py).trim(), "listening");
+    let lab_ref = &lab;
+    let (crc_local, reply, info) = std::thread::scope(|s| {
+        s.spawn(move || {
+            let mut h = host(lab_ref);
+            let now = h.now();
+            let c = h
+                .stack
+                .connect(
+                    now,
+                    SocketAddrV4::new(OURS, 0),
+                    SocketAddrV4::new(PEER, 5001),
+                )
+                .unwrap();
+            const TOTAL: u64 = 32 << 20;
+            let mut sent = 0u64;
+            let mut crc = 0u32;
+            let mut chunk = vec![0u8; 65536];
+            let mut reply = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let mut shut = false;
+            loop {
+                assert!(
+                    Instant::now() < deadline,
+                    "transfer stalled: {:?}",
+                    h.stack.info(c)
+                );
+                h.turn();
+                if h.stack.state(c) == Ok(State::SynSent) {
+                    h.idle();
+                    continue;
+                }
+                while sent < TOTAL {
+                    let n = ((TOTAL - sent) as usize).min(chunk.len());
+                    for (i, b) in chunk[..n].iter_mut().enumerate() {
+                        *b = pattern(sent + i as u64);
+                    }
+                    match h.stack.send(c, &chunk[..n]) {
+                        Ok(k) => {
+                            crc = crc32(crc, &chunk[..k]);
+                            sent += k as u64;
+                        }
+                        Err(Error::WouldBlock) => break,
+                        Err(e) => panic!("send: {e}"),
+                    }
+                }
+                if sent == TOTAL && !shut {
+                    h.stack.shutdown_write(c).unwrap();
+                    shut = true;
+                }
+                match h.stack.recv(c, &mut chunk) {
+                    Ok(0) => break,
+                    Ok(k) => reply.extend_from_slice(&chunk[..k]),
+                    Err(Error::WouldBlock) => h.idle(),
+                    Err(e) => panic!("recv: {e}"),
+                }
+            }
+            let info = h.stack.info(c).unwrap();
+            h.stack.close(h.now(), c).unwrap();
+            for _ in 0..20 {
+                h.turn();
+                h.idle();
+            }
+            (crc, String::from_utf8(reply).unwrap(), info)
+        })
+        .join()
+        .unwrap()
+    });
+    let out = py.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("client side: {info:?}");
+    assert_eq!(reply.trim(), format!("{} {}", 32u64 << 20, crc_local));
+    assert!(
+        info.sack && info.timestamps && info.snd_wscale > 0,
+        "{info:?}"
+    );
+}
+
+#[test]
+fn kernel_client_to_our_server_echo_16_mib_hashed() {
+    if !root() {
+        eprintln!("SKIP: needs root (namespaces, AF_PACKET)");
+        return;
+    }
+    let lab = Lab::new("s");
+    let lab_ref = &lab;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let server = std::thread::spawn({
+        let a = lab_ref.a.clone();
+        let ifa = lab_ref.ifa.clone();
+        let mac_a = parse_mac(&lab_ref.mac(&lab_ref.a, &lab_ref.ifa));
+        let mac_b = parse_mac(&lab_ref.mac(&lab_ref.b, &lab_ref.ifb));
+        move || {
+            let raw = Raw::open(&a, &ifa, mac_a, mac_b);
+            let mut h = Host {
+                raw,
+                stack: TcpStack::new(
+                    Config {
+                        rto_min_ns: 20_000_000,
+                        ..Config::default()
+                    },
+                    Secret::from_os().unwrap(),
+                ),
+                start: Instant::now(),
+                rx: vec![0u8; 70_000],
+                tx: vec![0u8; 70_000],
+            };
+            let l = h.stack.listen(SocketAddrV4::new(OURS, 5002), 16).unwrap();
+            tx.send(()).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let mut conn: Option<ConnId> = None;
+            let mut pending: Vec<u8> = Vec::new();
+            let mut buf = vec![0u8; 65536];
+            let mut echoed = 0u64;
+            loop {
+                assert!(Instant::now() < deadline, "echo stalled");
+                h.turn();
+                if conn.is_none() {
+                    conn = h.stack.accept(l);
+                }
+                let Some(c) = conn else {
+                    h.idle();
+                    continue;
+                };
+                // Echo: flush what is pending, then read more.
+                if !pending.is_empty() {
+                    match h.stack.send(c, &pending) {
+                        Ok(k) => {
+                            pending.drain(..k);
+                            echoed += k as u64;
+                        }
+                        Err(Error::WouldBlock) => {}
+                        Err(e) => panic!("send: {e}"),
+                    }
+                }
+                if pending.len() < (1 << 20) {
+                    match h.stack.recv(c, &mut buf) {
+                        Ok(0) if pending.is_empty() => {
+                            h.stack.close(h.now(), c).unwrap();
+                            break;
+                        }
+                        Ok(k) => pending.extend_from_slice(&buf[..k]),
+                        Err(Error::WouldBlock) => h.idle(),
+                        Err(e) => panic!("recv: {e}"),
+                    }
+                } else {
+                    h.idle();
+                }
+            }
+            for _ in 0..50 {
+                h.turn();
+                h.idle();
+            }
+            (echoed, h.stack.counters().clone())
+        }
+    });
+    rx.recv().unwrap();
+    let py = lab.python(
+        CLIENT_PY,
+        &[&OURS.to_string(), "5002", &(16u32 << 20).to_string()],
+    );
+    let out = py.wait_with_output().unwrap();
+    let (echoed, counters) = server.join().unwrap();
+    assert!(
+        out.status.success(),
+        "{} {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("OK {}", 16u32 << 20)
+    );
+    eprintln!("server counters: {counters:?}");
+    assert_eq!(echoed, 16 << 20);
+    assert_eq!(counters.bad_checksum, 0, "{counters:?}");
+}
