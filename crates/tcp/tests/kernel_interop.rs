@@ -569,3 +569,99 @@ fn kernel_client_to_our_server_echo_16_mib_hashed() {
     assert_eq!(echoed, 16 << 20);
     assert_eq!(counters.bad_checksum, 0, "{counters:?}");
 }
+
+const FLOOD_PY: &str = r#"
+import socket, struct, sys, random
+dst = sys.argv[1]; port = int(sys.argv[2]); n = int(sys.argv[3])
+def csum(b):
+    if len(b) % 2: b += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    while s >> 16: s = (s & 0xffff) + (s >> 16)
+    return ~s & 0xffff
+r = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
+r.setsockopt(socket.IPPROTO_IP, socket.IP_HDRINCL, 1)
+d = socket.inet_aton(dst)
+rnd = random.Random(7)
+for i in range(n):
+    src = socket.inet_aton("198.18.%d.%d" % (128 + (i >> 8) % 64, i & 0xff or 1))
+    sport = 1024 + rnd.randrange(60000)
+    tcp = struct.pack("!HHIIBBHHH", sport, port, rnd.getrandbits(32), 0, 5 << 4, 0x02, 64240, 0, 0)
+    tcp = tcp[:16] + struct.pack("!H", csum(src + d + struct.pack("!BBH", 0, 6, len(tcp)) + tcp)) + tcp[18:]
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 40, i & 0xffff, 0, 64, 6, 0, src, d)
+    r.sendto(ip + tcp, (dst, 0))
+print("flooded", n, flush=True)
+c = socket.create_connection((dst, port), timeout=20)
+c.sendall(b"legit")
+print("reply", c.recv(16).decode(), flush=True)
+"#;
+
+#[test]
+fn syn_flood_of_100k_from_a_raw_socket_then_a_kernel_client_connects() {
+    if !root() {
+        eprintln!("SKIP: needs root (namespaces, AF_PACKET)");
+        return;
+    }
+    let lab = Lab::new("f");
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let server = std::thread::spawn({
+        let a = lab.a.clone();
+        let ifa = lab.ifa.clone();
+        let mac_a = parse_mac(&lab.mac(&lab.a, &lab.ifa));
+        let mac_b = parse_mac(&lab.mac(&lab.b, &lab.ifb));
+        move || {
+            let raw = Raw::open(&a, &ifa, mac_a, mac_b);
+            let mut h = Host {
+                raw,
+                stack: TcpStack::new(Config::default(), Secret::from_os().unwrap()),
+                start: Instant::now(),
+                rx: vec![0u8; 70_000],
+                tx: vec![0u8; 70_000],
+            };
+            let l = h.stack.listen(SocketAddrV4::new(OURS, 5003), 128).unwrap();
+            tx.send(()).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(120);
+            let mut served = false;
+            let mut buf = [0u8; 64];
+            let mut conns = Vec::new();
+            while done_rx.try_recv().is_err() {
+                assert!(Instant::now() < deadline, "flood test stalled");
+                h.turn();
+                while let Some(c) = h.stack.accept(l) {
+                    conns.push(c);
+                }
+                for c in &conns {
+                    if let Ok(5) = h.stack.recv(*c, &mut buf) {
+                        assert_eq!(&buf[..5], b"legit");
+                        h.stack.send(*c, b"welcome").unwrap();
+                        served = true;
+                    }
+                }
+                h.idle();
+            }
+            for _ in 0..20 {
+                h.turn();
+                h.idle();
+            }
+            (served, conns.len(), h.stack.counters().clone())
+        }
+    });
+    rx.recv().unwrap();
+    let py = lab.python(FLOOD_PY, &[&OURS.to_string(), "5003", "100000"]);
+    let out = py.wait_with_output().unwrap();
+    done_tx.send(()).unwrap();
+    let (served, accepted, c) = server.join().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("flood: {stdout} accepted={accepted} counters={c:?}");
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("reply welcome"), "{stdout}");
+    assert!(served);
+    assert!(
+        c.syncookies_sent > 0,
+        "the SYN queue overflowed into cookies: {c:?}"
+    );
+}
