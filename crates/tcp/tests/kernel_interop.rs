@@ -665,3 +665,263 @@ fn syn_flood_of_100k_from_a_raw_socket_then_a_kernel_client_connects() {
         "the SYN queue overflowed into cookies: {c:?}"
     );
 }
+
+const DIFF_CLIENT_PY: &str = r#"
+import socket, sys, json, struct, time
+def run(addr):
+    out = {}
+    def conn(port):
+        return socket.create_connection((addr, port), timeout=10)
+    # 6001: half-close; the server answers with the byte count after our FIN.
+    c = conn(6001); c.sendall(b"abc"); c.shutdown(socket.SHUT_WR)
+    data = b""
+    while True:
+        d = c.recv(100)
+        if not d: break
+        data += d
+    out["half_close"] = data.decode() + "+eof"; c.close()
+    # 6002: the server closes with SO_LINGER 0 at once.
+    c = conn(6002)
+    try:
+        d = c.recv(100); out["linger0"] = "eof" if not d else "data"
+    except ConnectionResetError: out["linger0"] = "reset"
+    c.close()
+    # 6003: the server closes with our data unread.
+    c = conn(6003); c.sendall(b"unread")
+    time.sleep(0.3)
+    try:
+        d = c.recv(100); out["unread_close"] = "eof" if not d else "data"
+    except ConnectionResetError: out["unread_close"] = "reset"
+    c.close()
+    # 6004: nobody listens.
+    try:
+        conn(6004); out["no_listener"] = "connected"
+    except ConnectionRefusedError: out["no_listener"] = "refused"
+    # 6005: the server sends and closes; we read to EOF, then write into the closed socket.
+    c = conn(6005)
+    data = b""
+    while True:
+        d = c.recv(100)
+        if not d: break
+        data += d
+    out["server_fin"] = data.decode() + "+eof"
+    try:
+        c.sendall(b"late"); time.sleep(0.3); c.sendall(b"later"); out["write_after_peer_close"] = "ok"
+    except (BrokenPipeError, ConnectionResetError): out["write_after_peer_close"] = "reset"
+    c.close()
+    # 6006: we abort (SO_LINGER 0) after sending; the server reports what it saw.
+    c = conn(6006); c.sendall(b"x"); time.sleep(0.2)
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)); c.close()
+    c = conn(6007)
+    out["abort_seen_by_server"] = c.recv(100).decode()
+    c.close()
+    return out
+print(json.dumps(run(sys.argv[1]), sort_keys=True), flush=True)
+"#;
+
+const DIFF_SERVER_PY: &str = r#"
+import socket, sys, struct, time, select
+addr = sys.argv[1]
+ls = {}
+for p in (6001, 6002, 6003, 6005, 6006, 6007):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, p)); s.listen(8); ls[p] = s
+print("listening", flush=True)
+c, _ = ls[6001].accept(); n = 0
+while True:
+    d = c.recv(100)
+    if not d: break
+    n += len(d)
+c.sendall(str(n).encode()); c.close()
+c, _ = ls[6002].accept()
+c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)); c.close()
+c, _ = ls[6003].accept(); select.select([c], [], [], 5); c.close()
+c, _ = ls[6005].accept(); c.sendall(b"bye"); c.close()
+c, _ = ls[6006].accept(); seen = ""
+while True:
+    try:
+        d = c.recv(100)
+    except ConnectionResetError:
+        seen += "reset"; break
+    if not d:
+        seen += "eof"; break
+    seen += d.decode() + ","
+c.close()
+c, _ = ls[6007].accept(); c.sendall(seen.encode()); c.close()
+time.sleep(0.5)
+"#;
+
+/// The same scenarios through our server: returns when the client is done.
+fn diff_server(h: &mut Host, stop: &std::sync::mpsc::Receiver<()>) {
+    let mut ls = std::collections::HashMap::new();
+    for p in [6001u16, 6002, 6003, 6005, 6006, 6007] {
+        ls.insert(p, h.stack.listen(SocketAddrV4::new(OURS, p), 8).unwrap());
+    }
+    struct C {
+        id: ConnId,
+        port: u16,
+        n: usize,
+        done: bool,
+    }
+    let mut conns: Vec<C> = Vec::new();
+    let mut seen = String::new();
+    let mut seen_done = false;
+    let mut buf = [0u8; 256];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while stop.try_recv().is_err() {
+        assert!(Instant::now() < deadline, "differential server stalled");
+        h.turn();
+        for (&p, &l) in &ls {
+            while let Some(id) = h.stack.accept(l) {
+                conns.push(C {
+                    id,
+                    port: p,
+                    n: 0,
+                    done: false,
+                });
+            }
+        }
+        let now = h.now();
+        for c in conns.iter_mut().filter(|c| !c.done) {
+            match c.port {
+                6001 => match h.stack.recv(c.id, &mut buf) {
+                    Ok(0) => {
+                        h.stack.send(c.id, c.n.to_string().as_bytes()).unwrap();
+                        h.stack.close(now, c.id).unwrap();
+                        c.done = true;
+                    }
+                    Ok(k) => c.n += k,
+                    Err(_) => {}
+                },
+                6002 => {
+                    h.stack.set_linger0(c.id, true).unwrap();
+                    h.stack.close(now, c.id).unwrap();
+                    c.done = true;
+                }
+                6003 => {
+                    if h.stack.recv_queue(c.id).unwrap_or(0) > 0 {
+                        h.stack.close(now, c.id).unwrap();
+                        c.done = true;
+                    }
+                }
+                6005 => {
+                    h.stack.send(c.id, b"bye").unwrap();
+                    h.stack.close(now, c.id).unwrap();
+                    c.done = true;
+                }
+                6006 => match h.stack.recv(c.id, &mut buf) {
+                    Ok(0) => {
+                        seen.push_str("eof");
+                        seen_done = true;
+                        c.done = true;
+                    }
+                    Ok(k) => {
+                        seen.push_str(std::str::from_utf8(&buf[..k]).unwrap());
+                        seen.push(',');
+                    }
+                    Err(Error::WouldBlock) => {}
+                    Err(Error::ConnectionReset) => {
+                        seen.push_str("reset");
+                        seen_done = true;
+                        h.stack.close(now, c.id).unwrap();
+                        c.done = true;
+                    }
+                    Err(e) => panic!("6006: {e}"),
+                },
+                6007 => {
+                    if seen_done {
+                        h.stack.send(c.id, seen.as_bytes()).unwrap();
+                        h.stack.close(now, c.id).unwrap();
+                        c.done = true;
+                    }
+                }
+                _ => unreachable!(),
+            }
+        }
+        h.idle();
+    }
+}
+
+#[test]
+fn close_semantics_match_the_kernel_differentially() {
+    if !root() {
+        eprintln!("SKIP: needs root (namespaces, AF_PACKET)");
+        return;
+    }
+    let lab = Lab::new("d");
+    // The kernel twin of our server: same scenarios, kernel sockets, in host a.
+    const KADDR: &str = "198.18.7.3";
+    sh(&[
+        "ip",
+        "-n",
+        &lab.a,
+        "addr",
+        "add",
+        &format!("{KADDR}/24"),
+        "dev",
+        &lab.ifa,
+    ]);
+    let mut ksrv = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lab.a,
+            "python3",
+            "-c",
+            DIFF_SERVER_PY,
+            KADDR,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert_eq!(wait_line(&mut ksrv).trim(), "listening");
+    let kernel = lab
+        .python(DIFF_CLIENT_PY, &[KADDR])
+        .wait_with_output()
+        .unwrap();
+    assert!(
+        kernel.status.success(),
+        "{}",
+        String::from_utf8_lossy(&kernel.stderr)
+    );
+    let _ = ksrv.wait();
+
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let server = std::thread::spawn({
+        let a = lab.a.clone();
+        let ifa = lab.ifa.clone();
+        let mac_a = parse_mac(&lab.mac(&lab.a, &lab.ifa));
+        let mac_b = parse_mac(&lab.mac(&lab.b, &lab.ifb));
+        move || {
+            let raw = Raw::open(&a, &ifa, mac_a, mac_b);
+            let mut h = Host {
+                raw,
+                stack: TcpStack::new(Config::default(), Secret::from_os().unwrap()),
+                start: Instant::now(),
+                rx: vec![0u8; 70_000],
+                tx: vec![0u8; 70_000],
+            };
+            ready_tx.send(()).unwrap();
+            diff_server(&mut h, &rx);
+            h.stack.counters().clone()
+        }
+    });
+    ready_rx.recv().unwrap();
+    let ours = lab
+        .python(DIFF_CLIENT_PY, &[&OURS.to_string()])
+        .wait_with_output()
+        .unwrap();
+    tx.send(()).unwrap();
+    let counters = server.join().unwrap();
+    let k = String::from_utf8_lossy(&kernel.stdout).trim().to_string();
+    let o = String::from_utf8_lossy(&ours.stdout).trim().to_string();
+    eprintln!("kernel: {k}\nours:   {o}\ncounters: {counters:?}");
+    assert!(
+        ours.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ours.stderr)
+    );
+    assert_eq!(o, k, "our TCP and the kernel's disagree");
+}
