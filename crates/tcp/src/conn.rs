@@ -132,6 +132,8 @@ pub(crate) struct Conn {
     pub ka_probes: u32,
     pub ka_last: u64,
     pub last_rx: u64,
+    /// Last time new data was sent (idle restart of cwnd).
+    pub last_tx: u64,
     // --- congestion control
     pub cc: NewReno,
     pub dupacks: u32,
@@ -235,6 +237,7 @@ impl Conn {
             ka_probes: 0,
             ka_last: now,
             last_rx: now,
+            last_tx: now,
             cc: NewReno::new(cfg.initial_cwnd * 536),
             dupacks: 0,
             in_recovery: false,

@@ -238,6 +238,7 @@ impl Conn {
 
         if seq::gt(ack, self.snd_una) {
             let acked = ack.wrapping_sub(self.snd_una);
+            let flight_before = seq::dist(self.snd_max, self.snd_una);
             if let Some((s, t)) = self.rtt_seq
                 && seq::ge(ack, s)
             {
@@ -289,7 +290,12 @@ impl Conn {
                 }
             } else {
                 self.dupacks = 0;
-                self.cc.on_ack(acked, mss);
+                // Grow only when the window was the limit (RFC 7661 spirit,
+                // Linux's tcp_is_cwnd_limited): an application-limited
+                // sender must not build a huge, unvalidated cwnd.
+                if 2 * flight_before >= self.cc.cwnd {
+                    self.cc.on_ack(acked, mss);
+                }
             }
 
             self.rtx_deadline = if self.snd_una == self.snd_max {

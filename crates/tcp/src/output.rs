@@ -76,6 +76,13 @@ impl Conn {
                 r.sack_len = n as u8;
             }
         }
+        // SACK blocks must not push a full segment past the MSS (Linux
+        // shrinks the payload instead; we drop blocks from data segments —
+        // pure ACKs carry them all).
+        let base = 20 + if self.ts_ok { 12 } else { 0 } + self.snd_mss as usize;
+        while r.sack_len > 0 && r.header_len() + len > base && len > 0 {
+            r.sack_len -= 1;
+        }
         let hl = r.header_len();
         if buf.len() < hl + len {
             ctr.tx_buffer_too_small += 1;
@@ -260,6 +267,10 @@ impl Conn {
         let data_end = self.fin_seq();
         let unsent = seq::dist(data_end, self.snd_nxt);
         let inflight = self.flight();
+        // Restart window after an idle period longer than the RTO (RFC 5681 4.1).
+        if inflight == 0 && unsent > 0 && now.saturating_sub(self.last_tx) > self.rto {
+            self.cc.cwnd = self.cc.cwnd.min(cfg.initial_cwnd * self.snd_mss);
+        }
         let win = self.snd_wnd.min(self.cc.cwnd);
         let usable = win.saturating_sub(inflight);
         let len = unsent.min(usable).min(self.snd_mss);
@@ -312,6 +323,7 @@ impl Conn {
             return Some(0);
         }
         self.nodelay_once = false;
+        self.last_tx = now;
         let adv = len + u32::from(fin_due);
         self.snd_nxt = s.wrapping_add(adv);
         if is_rtx {
