@@ -207,6 +207,7 @@ pub fn environment(target: &Target) -> Value {
             "topology": "two real hosts",
         }),
     };
+    let virt = nanowire_bench::env::virtualization();
     let mut tools = Map::new();
     tools.insert("nanowire".into(), json!(env!("CARGO_PKG_VERSION")));
     tools.insert(
@@ -228,12 +229,50 @@ pub fn environment(target: &Target) -> Value {
         "cpu_model": cpu_model,
         "cpus": cpus,
         "memory": mem,
-        "virtualization": first_line(&mut Command::new("systemd-detect-virt")),
+        "virtualization": virt.0,
+        "virtualization_evidence": virt.1,
         "loadavg_start": read_trim("/proc/loadavg"),
         "clock": "CLOCK_MONOTONIC (shared by every namespace of the machine)",
         "lab": lab,
         "sysctls": sysctls,
         "tools": tools,
+    })
+}
+
+/// Aggregate CPU times from /proc/stat: (idle incl. iowait, total), in ticks.
+fn cpu_times() -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string("/proc/stat").ok()?;
+    let l = s.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = l
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest counted in user).
+    let total: u64 = v.iter().take(8).sum();
+    Some((v.get(3)? + v.get(4).copied().unwrap_or(0), total))
+}
+
+/// How idle the machine was over `window`: the fraction of CPU time idle,
+/// and the CPUs' worth of other work (busy fraction x CPUs).
+pub fn cpu_idle_window(window: Duration) -> Value {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1) as f64;
+    let Some((i0, t0)) = cpu_times() else {
+        return Value::Null;
+    };
+    std::thread::sleep(window);
+    let Some((i1, t1)) = cpu_times() else {
+        return Value::Null;
+    };
+    let dt = t1.saturating_sub(t0).max(1) as f64;
+    let idle = (i1.saturating_sub(i0) as f64 / dt).clamp(0.0, 1.0);
+    json!({
+        "window_s": window.as_secs_f64(),
+        "idle_fraction": (idle * 1000.0).round() / 1000.0,
+        "busy_cpus": (((1.0 - idle) * cpus) * 100.0).round() / 100.0,
+        "cpus": cpus,
     })
 }
 
@@ -655,6 +694,11 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
         total,
         ctx.gen_engine
     ));
+    // Is other work running? CPU idle over a short window just before the
+    // first measurement (the 1-minute load average still counts the build
+    // that `make lab` ran a moment ago).
+    let mut env = env;
+    env["cpu_idle_before"] = cpu_idle_window(Duration::from_secs(3));
     let mut exps = vec![];
     for (id, _) in &plan {
         if !wanted(id) {
@@ -681,7 +725,6 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
     progress.finish();
     let (sum, headline) = summary(&exps, &engines);
     exps.push(sum);
-    let mut env = env;
     env["loadavg_end"] = json!(read_trim("/proc/loadavg"));
     let report = Report {
         schema: SCHEMA.into(),
