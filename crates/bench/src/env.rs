@@ -1,10 +1,12 @@
 //! The environment a result was measured in.
 
 use serde::Serialize;
+
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Env {
     pub kernel: String,
     pub cpu_model: String,

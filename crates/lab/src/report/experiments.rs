@@ -41,6 +41,8 @@ pub struct Params {
     pub load_sizes: Vec<usize>,
     pub load_gaps_ns: Vec<u64>,
     pub load_packets: u64,
+    /// Loss (percent, each direction) of the impaired-wire experiment.
+    pub loss_points: Vec<f64>,
 }
 
 impl Params {
@@ -72,6 +74,7 @@ impl Params {
             load_sizes: vec![64, 1472],
             load_gaps_ns: vec![0, 2_000, 20_000, 200_000],
             load_packets: 500,
+            loss_points: vec![0.0, 0.1, 1.0],
         }
     }
     pub fn full() -> Params {
@@ -102,6 +105,7 @@ impl Params {
             load_sizes: vec![64, 512, 1472],
             load_gaps_ns: vec![0, 1_000, 2_000, 5_000, 50_000, 1_000_000],
             load_packets: 500,
+            loss_points: vec![0.0, 0.1, 1.0],
         }
     }
     /// A tiny suite for the tests: every experiment, a point or two each.
@@ -127,6 +131,7 @@ impl Params {
             load_sizes: vec![64],
             load_gaps_ns: vec![0, 20_000],
             load_packets: 500,
+            loss_points: vec![0.0, 1.0],
         }
     }
 }
@@ -216,7 +221,11 @@ impl<'a> Ctx<'a> {
     /// `nanowire bench server` for one engine and protocol, in host b.
     /// In --peer mode the server already runs on the peer (started by the
     /// user) and nothing is started here.
-    fn start_server(&self, e: EngineKind, tcp: bool) -> Result<(Option<Proc>, u16), String> {
+    pub(super) fn start_server(
+        &self,
+        e: EngineKind,
+        tcp: bool,
+    ) -> Result<(Option<Proc>, u16), String> {
         if let Target::Peer { port, .. } = self.target {
             return Ok((None, *port));
         }
@@ -245,7 +254,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// Run a bench client mode (pp/ul/tp) in host a and parse its JSON.
-    fn client(
+    pub(super) fn client(
         &self,
         e: EngineKind,
         tcp: bool,

@@ -5,8 +5,10 @@
 pub mod exec;
 pub mod experiments;
 pub mod html;
+pub mod loss;
 pub mod model;
 pub mod progress;
+pub mod suite;
 
 use crate::testbed::{Host, Lab, LabOptions};
 use clap::Args;
@@ -45,7 +47,8 @@ pub struct ReportArgs {
     #[arg(long = "xdp-ring", default_value_t = 65536)]
     pub xdp_ring: u32,
     /// Only these experiments (ids, comma separated): latency_vs_size,
-    /// latency_under_load, max_rate, microburst, throughput, latency_vs_load.
+    /// latency_under_load, max_rate, microburst, throughput, latency_vs_load,
+    /// loss.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Two real hosts: the peer running `nanowire bench server` (no lab).
@@ -65,13 +68,14 @@ pub struct ReportArgs {
     pub quiet: bool,
 }
 
-pub const EXPERIMENTS: [&str; 6] = [
+pub const EXPERIMENTS: [&str; 7] = [
     "latency_vs_size",
     "latency_under_load",
     "max_rate",
     "microburst",
     "throughput",
     "latency_vs_load",
+    "loss",
 ];
 
 fn validate(a: &ReportArgs) -> Result<(), String> {
@@ -672,17 +676,14 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
     ctx.xdp_ring = args.xdp_ring;
     ctx.choose_generator();
     let wanted = |id: &str| args.only.is_empty() || args.only.iter().any(|o| o == id);
-    let plan: Vec<(&str, f64)> = vec![
-        ("latency_vs_size", ctx.est_latency_vs_size()),
-        ("latency_under_load", ctx.est_latency_under_load()),
-        ("max_rate", ctx.est_max_rate()),
-        ("microburst", ctx.est_bursts()),
-        ("throughput", ctx.est_throughput()),
-        ("latency_vs_load", ctx.est_load()),
-    ];
+    let all = suite::all();
+    let plan: Vec<(&dyn suite::ExperimentKind, f64)> = all
+        .iter()
+        .map(|e| (e.as_ref(), e.estimate_s(&ctx)))
+        .collect();
     let total: f64 = plan
         .iter()
-        .filter(|(id, _)| wanted(id))
+        .filter(|(e, _)| wanted(e.id()))
         .map(|(_, t)| t)
         .sum();
     let progress = Progress::new(total, args.quiet);
@@ -700,19 +701,12 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
     let mut env = env;
     env["cpu_idle_before"] = cpu_idle_window(Duration::from_secs(3));
     let mut exps = vec![];
-    for (id, _) in &plan {
-        if !wanted(id) {
+    for (kind, _) in &plan {
+        if !wanted(kind.id()) {
             continue;
         }
         let t = Instant::now();
-        let mut ex = match *id {
-            "latency_vs_size" => ctx.latency_vs_size(),
-            "latency_under_load" => ctx.latency_under_load(),
-            "max_rate" => ctx.max_rate(),
-            "microburst" => ctx.bursts(),
-            "throughput" => ctx.throughput(),
-            _ => ctx.latency_vs_load(),
-        };
+        let mut ex = kind.run(&ctx);
         ex.elapsed_s = t.elapsed().as_secs_f64();
         // Every requested engine shows up, measured or with a reason.
         for e in &engines {
