@@ -65,12 +65,25 @@ struct Common {
     /// xdp engine: interface to attach to (default: the one owning the address).
     #[arg(long)]
     iface: Option<String>,
-    /// xdp engine: RX/fill ring depth in frames.
-    #[arg(long)]
+    /// xdp engine: RX/fill ring depth in frames (64..=65536, a power of two).
+    #[arg(long, value_parser = parse_ring_depth)]
     ring_depth: Option<u32>,
     /// xdp engine: fail instead of falling back to the spin engine.
     #[arg(long)]
     no_fallback: bool,
+}
+
+/// `--ring-depth`: the same range as `nanowire run`'s ring_depth option,
+/// so 4294967295 or 1048576 is one clear line instead of a wrapped ring.
+fn parse_ring_depth(v: &str) -> Result<u32, String> {
+    let n: u64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("{v:?} is not a number (64..=65536, a power of two)"))?;
+    if !(64..=65536).contains(&n) || !n.is_power_of_two() {
+        return Err(format!("{n} is out of range (64..=65536, a power of two)"));
+    }
+    Ok(n as u32)
 }
 
 impl Common {
