@@ -766,3 +766,47 @@ pub fn render(r: &Report) -> String {
     h += "</main></body></html>\n";
     h
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::model::{Report, Table};
+    use serde_json::json;
+
+    fn report(env: serde_json::Value) -> Report {
+        Report {
+            schema: "nanowire-lab-report/1".into(),
+            generated_unix: 0,
+            mode: "quick".into(),
+            engines: vec!["kernel".into()],
+            repeats: 1,
+            target: "lab:nw".into(),
+            elapsed_s: 1.0,
+            env,
+            headline: Table {
+                caption: String::new(),
+                columns: vec![],
+                rows: vec![],
+            },
+            experiments: vec![],
+        }
+    }
+
+    #[test]
+    fn busy_banner_follows_cpu_idle_before_measuring_not_the_load_average() {
+        // Right after `make lab`'s build: the load average is high, the CPUs idle.
+        let quiet = json!({"cpus": 2, "loadavg_start": "3.50 1.2 0.5 1/100 1",
+            "cpu_idle_before": {"window_s": 3.0, "idle_fraction": 0.97, "busy_cpus": 0.06, "cpus": 2.0}});
+        assert!(!render(&report(quiet)).contains("class=\"busy\""));
+        let busy = json!({"cpus": 2, "loadavg_start": "0.10 0.1 0.1 1/100 1",
+            "cpu_idle_before": {"window_s": 3.0, "idle_fraction": 0.40, "busy_cpus": 1.2, "cpus": 2.0}});
+        let h = render(&report(busy));
+        assert!(
+            h.contains("class=\"busy\"") && h.contains("1.20 of 2 CPUs"),
+            "banner"
+        );
+        // An old report without the idle window: the load average decides.
+        let old = json!({"cpus": 2, "loadavg_start": "3.50 1.2 0.5 1/100 1"});
+        assert!(render(&report(old)).contains("class=\"busy\""));
+    }
+}

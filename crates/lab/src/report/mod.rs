@@ -68,16 +68,6 @@ pub struct ReportArgs {
     pub quiet: bool,
 }
 
-pub const EXPERIMENTS: [&str; 7] = [
-    "latency_vs_size",
-    "latency_under_load",
-    "max_rate",
-    "microburst",
-    "throughput",
-    "latency_vs_load",
-    "loss",
-];
-
 fn validate(a: &ReportArgs) -> Result<(), String> {
     if a.engines.is_empty() {
         return Err("--engines needs at least one of kernel, spin, xdp".into());
@@ -91,11 +81,12 @@ fn validate(a: &ReportArgs) -> Result<(), String> {
     if a.stall_ms == 0 || a.stall_ms > 60_000 {
         return Err("--stall-ms must be 1..=60000".into());
     }
+    let ids = suite::ids();
     for o in &a.only {
-        if !EXPERIMENTS.contains(&o.as_str()) {
+        if !ids.contains(&o.as_str()) {
             return Err(format!(
                 "unknown experiment {o:?} in --only: expected one of {}",
-                EXPERIMENTS.join(", ")
+                ids.join(", ")
             ));
         }
     }
