@@ -29,7 +29,7 @@ mod timer;
 
 pub use conn::State;
 pub use isn::Secret;
-pub use stack::{ConnId, ListenerId, TcpStack, Transmit};
+pub use stack::{ConnId, ListenerId, Readiness, TcpStack, Transmit};
 
 use std::net::SocketAddrV4;
 
@@ -125,6 +125,45 @@ impl Config {
     pub fn mss_for_mtu(mtu: u32) -> u16 {
         mtu.saturating_sub(40).clamp(88, 65495) as u16
     }
+}
+
+/// Per-socket options fixed when a connection is created (a listener's are
+/// inherited by the connections it accepts, as in Linux).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SocketOptions {
+    /// SO_SNDBUF / SO_RCVBUF in bytes (the rings' sizes).
+    pub sndbuf: usize,
+    pub rcvbuf: usize,
+    /// TCP_NODELAY.
+    pub nodelay: bool,
+    /// SO_LINGER with a zero timeout.
+    pub linger0: bool,
+    /// SO_KEEPALIVE with (idle, interval, count).
+    pub keepalive: Option<(u64, u64, u32)>,
+}
+
+impl SocketOptions {
+    pub fn from_config(cfg: &Config) -> SocketOptions {
+        SocketOptions {
+            sndbuf: cfg.sndbuf,
+            rcvbuf: cfg.rcvbuf,
+            nodelay: false,
+            linger0: false,
+            keepalive: None,
+        }
+    }
+}
+
+/// Readiness bits, as epoll reports them.
+pub mod ready {
+    pub const IN: u8 = 1;
+    pub const OUT: u8 = 2;
+    /// The peer sent FIN (EPOLLRDHUP).
+    pub const RDHUP: u8 = 4;
+    /// Both directions are closed (EPOLLHUP).
+    pub const HUP: u8 = 8;
+    /// An error is pending (EPOLLERR).
+    pub const ERR: u8 = 16;
 }
 
 /// Why a connection ended or an operation failed.

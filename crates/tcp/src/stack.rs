@@ -10,7 +10,7 @@
 use crate::conn::{Conn, State};
 use crate::isn::{COOKIE_MSS, Secret, cookie_mss_index};
 use crate::seq;
-use crate::{Config, Counters, Error, FourTuple, TcpInfo};
+use crate::{Config, Counters, Error, FourTuple, SocketOptions, TcpInfo};
 use nanowire_wire::tcp::{Flags, TcpRepr, TcpSegment};
 use nanowire_wire::udp::ChecksumState;
 use std::cmp::Reverse;
@@ -42,8 +42,18 @@ struct Slot {
     conn: Option<Conn>,
 }
 
+/// Something whose readiness changed (see [`TcpStack::poll_ready`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// A connection and its current `crate::ready` bits.
+    Conn(ConnId, u8),
+    /// A listener's accept queue became non-empty.
+    Listener(ListenerId),
+}
+
 struct Listener {
     local: SocketAddrV4,
+    opts: SocketOptions,
     backlog: usize,
     accept_q: VecDeque<u32>,
     half_open: usize,
@@ -81,8 +91,10 @@ pub struct TcpStack {
     ready: VecDeque<u32>,
     timers: BinaryHeap<Reverse<(u64, u32)>>,
     ctrl: VecDeque<Ctrl>,
+    events: VecDeque<Readiness>,
     counters: Counters,
     next_port: u16,
+    default_opts: SocketOptions,
 }
 
 impl TcpStack {
@@ -97,8 +109,10 @@ impl TcpStack {
             ready: VecDeque::with_capacity(n),
             timers: BinaryHeap::with_capacity(4 * n),
             ctrl: VecDeque::with_capacity(CTRL_QUEUE),
+            events: VecDeque::with_capacity(n),
             counters: Counters::default(),
             next_port: *EPHEMERAL.start(),
+            default_opts: SocketOptions::from_config(&cfg),
             cfg,
             secret,
         }
@@ -190,6 +204,9 @@ impl TcpStack {
                 lst.half_open = lst.half_open.saturating_sub(1);
                 if c.state != State::Closed {
                     if lst.accept_q.len() < lst.backlog.max(1) {
+                        if lst.accept_q.is_empty() {
+                            self.events.push_back(Readiness::Listener(ListenerId(l)));
+                        }
                         lst.accept_q.push_back(idx);
                         c.in_accept_queue = true;
                         self.counters.passive_opens += 1;
@@ -221,6 +238,21 @@ impl TcpStack {
                 self.release(idx);
                 return;
             }
+        }
+        let c = self.slots[idx as usize]
+            .conn
+            .as_mut()
+            .expect("checked above");
+        if !c.orphan
+            && !c.in_accept_queue
+            && c.listener.is_none()
+            && !c.ev_queued
+            && c.readiness() != c.ev_mask
+        {
+            c.ev_queued = true;
+            let generation = self.slots[idx as usize].generation;
+            self.events
+                .push_back(Readiness::Conn(ConnId { idx, generation }, 0));
         }
         let c = self.slots[idx as usize]
             .conn
@@ -370,7 +402,8 @@ impl TcpStack {
                         return;
                     }
                     let mss = COOKIE_MSS[usize::from(mss_idx)];
-                    let mut c = Conn::from_cookie(tuple, r, mss, &self.cfg, &self.secret, now);
+                    let mut c =
+                        Conn::from_cookie(tuple, r, mss, &self.cfg, &lst.opts, &self.secret, now);
                     c.listener = Some(l);
                     let Ok(idx) = self.insert(c) else {
                         self.counters.listen_overflows += 1;
@@ -379,6 +412,9 @@ impl TcpStack {
                     self.counters.syncookies_ok += 1;
                     self.counters.passive_opens += 1;
                     if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
+                        if lst.accept_q.is_empty() {
+                            self.events.push_back(Readiness::Listener(ListenerId(l)));
+                        }
                         lst.accept_q.push_back(idx);
                     }
                     let c = self.slots[idx as usize]
@@ -406,7 +442,10 @@ impl TcpStack {
             return;
         }
         if half_open < self.cfg.syn_queue && self.connection_count() < self.cfg.max_connections {
-            let mut c = Conn::accept_syn(tuple, r, &self.cfg, &self.secret, now);
+            let Some(Some(lst)) = self.listeners.get(l as usize) else {
+                return;
+            };
+            let mut c = Conn::accept_syn(tuple, r, &self.cfg, &lst.opts, &self.secret, now);
             c.listener = Some(l);
             c.half_open_counted = true;
             let Ok(idx) = self.insert(c) else {
@@ -554,11 +593,23 @@ impl TcpStack {
     // ------------------------------------------------------------ API
 
     pub fn listen(&mut self, local: SocketAddrV4, backlog: usize) -> Result<ListenerId, Error> {
+        let o = self.default_opts.clone();
+        self.listen_with(local, backlog, o)
+    }
+
+    /// Listen with socket options the accepted connections inherit.
+    pub fn listen_with(
+        &mut self,
+        local: SocketAddrV4,
+        backlog: usize,
+        opts: SocketOptions,
+    ) -> Result<ListenerId, Error> {
         if self.listen_map.contains_key(&local) {
             return Err(Error::AddrInUse);
         }
         let l = Listener {
             local,
+            opts,
             backlog,
             accept_q: VecDeque::with_capacity(backlog),
             half_open: 0,
@@ -620,6 +671,8 @@ impl TcpStack {
         let c = self.slots[idx as usize].conn.as_mut()?;
         c.listener = None;
         c.in_accept_queue = false;
+        // Report what happened while it waited in the queue (data, FIN, RST).
+        self.settle(idx);
         Some(self.id(idx))
     }
 
@@ -636,6 +689,18 @@ impl TcpStack {
         now: u64,
         local: SocketAddrV4,
         remote: SocketAddrV4,
+    ) -> Result<ConnId, Error> {
+        let o = self.default_opts.clone();
+        self.connect_with(now, local, remote, &o)
+    }
+
+    /// Active open with socket options.
+    pub fn connect_with(
+        &mut self,
+        now: u64,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        opts: &SocketOptions,
     ) -> Result<ConnId, Error> {
         let mut tuple = FourTuple { local, remote };
         if local.port() == 0 {
@@ -660,7 +725,7 @@ impl TcpStack {
         } else if self.demux.contains_key(&tuple) {
             return Err(Error::AddrInUse);
         }
-        let c = Conn::connect(tuple, &self.cfg, &self.secret, now);
+        let c = Conn::connect(tuple, &self.cfg, opts, &self.secret, now);
         let idx = self.insert(c)?;
         self.counters.active_opens += 1;
         self.settle(idx);
@@ -755,6 +820,62 @@ impl TcpStack {
             k.ka_intvl = intvl_ns;
             k.ka_cnt = cnt;
         })
+    }
+
+    /// The next connection or listener whose readiness changed since it was
+    /// last reported (edge-style; the bits are current at the time of the call).
+    pub fn poll_ready(&mut self) -> Option<Readiness> {
+        while let Some(ev) = self.events.pop_front() {
+            match ev {
+                Readiness::Conn(id, _) => {
+                    let Some(Slot {
+                        generation,
+                        conn: Some(c),
+                    }) = self.slots.get_mut(id.idx as usize)
+                    else {
+                        continue;
+                    };
+                    if *generation != id.generation || c.orphan {
+                        continue;
+                    }
+                    c.ev_queued = false;
+                    let m = c.readiness();
+                    c.ev_mask = m;
+                    return Some(Readiness::Conn(id, m));
+                }
+                l @ Readiness::Listener(_) => return Some(l),
+            }
+        }
+        None
+    }
+
+    /// Current `crate::ready` bits of a connection (ERR|HUP for a stale handle).
+    pub fn readiness(&self, c: ConnId) -> u8 {
+        self.conn(c)
+            .map_or(crate::ready::ERR | crate::ready::HUP, Conn::readiness)
+    }
+
+    /// MSG_PEEK: copy without consuming.
+    pub fn peek(&self, c: ConnId, out: &mut [u8]) -> Result<usize, Error> {
+        let k = self.conn(c)?;
+        let n = k.rx.peek(0, out);
+        if n > 0 || k.rx_fin || out.is_empty() {
+            return Ok(n);
+        }
+        match k.error {
+            Some(e) => Err(e),
+            None => Err(Error::WouldBlock),
+        }
+    }
+
+    /// SO_ERROR: the pending error, cleared by reading it.
+    pub fn take_error(&mut self, c: ConnId) -> Result<Option<Error>, Error> {
+        let k = self.conn_mut(c)?;
+        let e = k.error.take();
+        if e.is_some() && k.state != State::Closed {
+            k.error = e;
+        }
+        Ok(e)
     }
 
     pub fn state(&self, c: ConnId) -> Result<State, Error> {

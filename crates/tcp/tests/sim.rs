@@ -595,3 +595,60 @@ fn random_segments_never_panic_and_connection_survives_or_resets() {
         Err(e) => panic!("{e}"),
     }
 }
+
+#[test]
+fn readiness_events_and_inherited_options() {
+    use nanowire_tcp::{Readiness, SocketOptions, ready};
+    let mut n = Net::plain();
+    let opts = SocketOptions {
+        rcvbuf: 8192,
+        nodelay: true,
+        ..SocketOptions::from_config(&Config::default())
+    };
+    let l = n.a.listen_with(sa(A, 80), 4, opts).unwrap();
+    let cb = n.b.connect(n.now, sa(B, 0), sa(A, 80)).unwrap();
+    let mut listener_ready = false;
+    n.run_until(S, |n| {
+        while let Some(ev) = n.a.poll_ready() {
+            if ev == Readiness::Listener(l) {
+                listener_ready = true;
+            }
+        }
+        listener_ready
+    });
+    let ca = n.a.accept(l).unwrap();
+    let i = n.a.info(ca).unwrap();
+    assert_eq!(i.rcv_wscale, 0, "8 KiB needs no scaling");
+    assert_eq!(i.rcv_wnd, 8192);
+    // The client saw its connect complete as writable.
+    let mut evs = vec![];
+    while let Some(ev) = n.b.poll_ready() {
+        evs.push(ev);
+    }
+    assert!(
+        evs.iter()
+            .any(|e| matches!(e, Readiness::Conn(c, m) if *c == cb && m & ready::OUT != 0)),
+        "{evs:?}"
+    );
+    n.b.send(cb, b"ping").unwrap();
+    n.b.shutdown_write(cb).unwrap();
+    let mut seen = 0u8;
+    n.run_until(S, |n| {
+        while let Some(ev) = n.a.poll_ready() {
+            if let Readiness::Conn(c, m) = ev {
+                assert_eq!(c, ca);
+                seen |= m;
+            }
+        }
+        seen & ready::RDHUP != 0
+    });
+    assert_ne!(seen & ready::IN, 0);
+    let mut buf = [0u8; 8];
+    assert_eq!(n.a.peek(ca, &mut buf), Ok(4));
+    assert_eq!(n.a.recv(ca, &mut buf), Ok(4));
+    assert_eq!(n.a.recv(ca, &mut buf), Ok(0));
+    assert_eq!(
+        n.a.readiness(ca) & (ready::IN | ready::RDHUP | ready::OUT),
+        ready::IN | ready::RDHUP | ready::OUT
+    );
+}
