@@ -134,6 +134,8 @@ pub(crate) struct Conn {
     pub last_rx: u64,
     /// Last time new data was sent (idle restart of cwnd).
     pub last_tx: u64,
+    /// Last rate-limited out-of-window or challenge ACK.
+    pub last_oow_ack: u64,
     // --- congestion control
     pub cc: NewReno,
     pub dupacks: u32,
@@ -259,6 +261,7 @@ impl Conn {
             ka_last: now,
             last_rx: now,
             last_tx: now,
+            last_oow_ack: 0,
             cc: NewReno::new(cfg.initial_cwnd * 536),
             dupacks: 0,
             in_recovery: false,

@@ -107,7 +107,7 @@ impl Conn {
             && seq::lt(val, self.ts_recent)
         {
             ctr.paws_rejected += 1;
-            self.ack_now = true;
+            self.oow_ack(now, cfg, payload.is_empty() && !f.syn() && !f.fin(), ctr);
             return;
         }
 
@@ -120,7 +120,7 @@ impl Conn {
         if !self.acceptable(r, seg_len) {
             if !f.rst() {
                 ctr.out_of_window += 1;
-                self.ack_now = true;
+                self.oow_ack(now, cfg, payload.is_empty() && !f.syn() && !f.fin(), ctr);
             }
             return;
         }
@@ -130,7 +130,7 @@ impl Conn {
             ctr.rst_received += 1;
             if r.seq != self.rcv_nxt {
                 ctr.challenge_acks += 1;
-                self.ack_now = true;
+                self.oow_ack(now, cfg, true, ctr);
                 return;
             }
             ctr.connections_reset += 1;
@@ -147,7 +147,7 @@ impl Conn {
         // SYN in a synchronized state (RFC 5961 4.2): challenge ACK.
         if f.syn() {
             ctr.challenge_acks += 1;
-            self.ack_now = true;
+            self.oow_ack(now, cfg, true, ctr);
             return;
         }
 
@@ -206,6 +206,24 @@ impl Conn {
                 self.ack_now = true;
             }
         }
+    }
+
+    /// Answer an unacceptable segment with an ACK, at most once per
+    /// `invalid_ratelimit_ns` when it is a bare ACK, RST or SYN (Linux's
+    /// tcp_oow_rate_limited; data segments are always answered: they are
+    /// not part of an ACK loop).
+    fn oow_ack(&mut self, now: u64, cfg: &Config, limited: bool, ctr: &mut Counters) {
+        if limited
+            && self.last_oow_ack != 0
+            && now.saturating_sub(self.last_oow_ack) < cfg.invalid_ratelimit_ns
+        {
+            ctr.oow_acks_ratelimited += 1;
+            return;
+        }
+        if limited {
+            self.last_oow_ack = now.max(1);
+        }
+        self.ack_now = true;
     }
 
     /// What "Last.ACK.sent" means for RFC 7323 4.3: the rcv_nxt we acked.

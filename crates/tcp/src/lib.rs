@@ -84,6 +84,9 @@ pub struct Config {
     pub rst_unknown: bool,
     /// Whether checksums of received segments are verified.
     pub verify_checksum: bool,
+    /// Least time between two ACKs answering unacceptable bare ACKs, RSTs
+    /// or SYNs on one connection (Linux tcp_invalid_ratelimit: 500 ms).
+    pub invalid_ratelimit_ns: u64,
     /// Most connections the stack holds (demux table and slab are sized for it).
     pub max_connections: usize,
     /// Initial congestion window in segments (RFC 6928: 10).
@@ -114,6 +117,7 @@ impl Default for Config {
             syn_queue: 256,
             rst_unknown: true,
             verify_checksum: true,
+            invalid_ratelimit_ns: 500 * NS_PER_MS,
             max_connections: 16384,
             initial_cwnd: 10,
         }
@@ -239,6 +243,8 @@ counters! {
     paws_rejected,
     /// RFC 5961 challenge ACKs (in-window RST or SYN).
     challenge_acks,
+    /// Answers to unacceptable segments suppressed by `invalid_ratelimit_ns`.
+    oow_acks_ratelimited,
     /// ACK for data never sent (RFC 5961 5.2).
     ack_too_new,
     /// ACK older than the window allows (RFC 5961 5.2).

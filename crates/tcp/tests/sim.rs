@@ -522,6 +522,33 @@ fn blind_rst_and_syn_get_challenge_acks() {
     assert!(c.challenge_acks + c.out_of_window >= 2, "{c:?}");
     n.b.send(cb, b"alive").unwrap();
     n.run_until(S, |n| n.a.recv_queue(ca).unwrap() == 5);
+    // A burst of blind in-window RSTs: counted, answered at most once per
+    // invalid_ratelimit (no ACK storm), connection intact.
+    n.advance(S);
+    let info = n.a.info(ca).unwrap();
+    let out_before = n.a.counters().segs_out;
+    let rl_before = n.a.counters().oow_acks_ratelimited;
+    let mut tmp = vec![0u8; 2000];
+    for k in 1..=1000u32 {
+        let r = nanowire_wire::tcp::TcpRepr {
+            src_port: local.port(),
+            dst_port: 80,
+            seq: info.rcv_nxt.wrapping_add(k),
+            flags: nanowire_wire::tcp::Flags(nanowire_wire::tcp::Flags::RST),
+            ..Default::default()
+        };
+        let len = r.emit(&mut seg, 0, B, A);
+        n.a.input(n.now, B, A, &seg[..len]);
+        while n.a.poll_transmit(n.now, &mut tmp).is_some() {}
+    }
+    assert_eq!(
+        n.a.counters().segs_out - out_before,
+        1,
+        "{:?}",
+        n.a.counters()
+    );
+    assert_eq!(n.a.counters().oow_acks_ratelimited - rl_before, 999);
+    assert_eq!(n.a.state(ca).unwrap(), State::Established);
 }
 
 #[test]
