@@ -450,7 +450,7 @@ impl Conn {
         self.state = State::TimeWait;
         self.rtx_deadline = None;
         self.persist_deadline = None;
-        self.state_deadline = Some(now + cfg.time_wait_ns);
+        self.state_deadline = Some(now.saturating_add(cfg.time_wait_ns));
     }
 
     // ---------------------------------------------------------------- API

@@ -200,7 +200,7 @@ impl Conn {
             } else if self.state == State::TimeWait && f.fin() {
                 // Retransmitted FIN: ACK it again and restart the 2MSL wait.
                 self.ack_now = true;
-                self.state_deadline = Some(now + cfg.time_wait_ns);
+                self.state_deadline = Some(now.saturating_add(cfg.time_wait_ns));
             } else if !payload.is_empty() {
                 ctr.data_after_fin += 1;
                 self.ack_now = true;
@@ -319,7 +319,7 @@ impl Conn {
             self.rtx_deadline = if self.snd_una == self.snd_max {
                 None
             } else {
-                Some(now + self.backed_off_rto(cfg))
+                Some(now.saturating_add(self.backed_off_rto(cfg)))
             };
 
             if fin_acked {
@@ -327,7 +327,7 @@ impl Conn {
                     State::FinWait1 => {
                         self.state = State::FinWait2;
                         if self.orphan {
-                            self.state_deadline = Some(now + cfg.fin_timeout_ns);
+                            self.state_deadline = Some(now.saturating_add(cfg.fin_timeout_ns));
                         }
                     }
                     State::Closing => self.enter_time_wait(now, cfg),
@@ -483,7 +483,7 @@ impl Conn {
             } else if self.rx_unacked >= 2 * self.rcv_mss {
                 self.ack_now = true;
             } else if self.delack_deadline.is_none() {
-                self.delack_deadline = Some(now + cfg.delayed_ack_ns);
+                self.delack_deadline = Some(now.saturating_add(cfg.delayed_ack_ns));
             }
         }
     }

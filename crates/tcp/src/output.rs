@@ -104,7 +104,7 @@ impl Conn {
 
     fn arm_rtx(&mut self, now: u64, cfg: &Config) {
         if self.rtx_deadline.is_none() {
-            self.rtx_deadline = Some(now + self.backed_off_rto(cfg));
+            self.rtx_deadline = Some(now.saturating_add(self.backed_off_rto(cfg)));
         }
     }
 
@@ -289,7 +289,7 @@ impl Conn {
                 && self.rtx_deadline.is_none()
                 && self.persist_deadline.is_none()
             {
-                self.persist_deadline = Some(now + self.backed_off_rto(cfg));
+                self.persist_deadline = Some(now.saturating_add(self.backed_off_rto(cfg)));
             }
             return None;
         }
@@ -303,7 +303,7 @@ impl Conn {
             // largest window the peer offered.
             if len < unsent && len < self.max_snd_wnd / 2 {
                 if self.rtx_deadline.is_none() && self.persist_deadline.is_none() {
-                    self.persist_deadline = Some(now + self.backed_off_rto(cfg));
+                    self.persist_deadline = Some(now.saturating_add(self.backed_off_rto(cfg)));
                 }
                 return None;
             }

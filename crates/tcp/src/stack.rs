@@ -770,7 +770,7 @@ impl TcpStack {
         k.orphan = true;
         if k.state == State::FinWait2 {
             // Already half-closed earlier: start the orphan FIN-WAIT-2 timeout.
-            k.state_deadline = Some(now + fin_timeout);
+            k.state_deadline = Some(now.saturating_add(fin_timeout));
         }
         self.settle(c.idx);
         Ok(())
