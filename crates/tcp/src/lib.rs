@@ -20,6 +20,7 @@ pub mod buffer;
 pub mod cc;
 mod conn;
 pub mod fault;
+pub mod host;
 mod input;
 pub mod isn;
 mod output;
