@@ -142,6 +142,8 @@ pub(crate) struct Conn {
     pub in_recovery: bool,
     /// Duplicate ACKs in recovery not yet spent on SACK hole retransmissions.
     pub sack_credit: u32,
+    /// Segments beyond cwnd allowed by limited transmit (RFC 3042).
+    pub lt_segments: u32,
     pub recover: u32,
     // --- per-socket options
     pub nodelay: bool,
@@ -266,6 +268,7 @@ impl Conn {
             dupacks: 0,
             in_recovery: false,
             sack_credit: 0,
+            lt_segments: 0,
             recover: iss,
             nodelay: opts.nodelay,
             quickack: INITIAL_QUICKACKS,

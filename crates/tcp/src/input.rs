@@ -277,6 +277,7 @@ impl Conn {
             }
             self.sack_trim();
             self.bytes_acked += u64::from(acked);
+            self.lt_segments = 0;
             self.backoff = 0;
             self.persist_backoff = 0;
 
@@ -348,6 +349,11 @@ impl Conn {
         {
             self.dupacks += 1;
             ctr.dup_acks += 1;
+            if !self.in_recovery && self.dupacks <= 2 {
+                // Limited transmit (RFC 3042): a new segment per duplicate
+                // keeps the ACK clock going when the window is small.
+                self.lt_segments = self.dupacks;
+            }
             if self.in_recovery && self.dupacks > 3 {
                 // Each further duplicate means a segment left the network:
                 // fill a SACK hole if one is known, else inflate (RFC 5681 3.2.4).
@@ -373,6 +379,7 @@ impl Conn {
         {
             let una = self.snd_una;
             self.in_recovery = true;
+            self.lt_segments = 0;
             self.recover = self.snd_max;
             let flight = seq::dist(self.snd_max, una);
             self.cc.enter_recovery(flight, mss);

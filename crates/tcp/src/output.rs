@@ -271,7 +271,8 @@ impl Conn {
         if inflight == 0 && unsent > 0 && now.saturating_sub(self.last_tx) > self.rto {
             self.cc.cwnd = self.cc.cwnd.min(cfg.initial_cwnd * self.snd_mss);
         }
-        let win = self.snd_wnd.min(self.cc.cwnd);
+        let cwnd = self.cc.cwnd.saturating_add(self.lt_segments * self.snd_mss);
+        let win = self.snd_wnd.min(cwnd);
         let usable = win.saturating_sub(inflight);
         let len = unsent.min(usable).min(self.snd_mss);
         let fin_due = self.fin_queued

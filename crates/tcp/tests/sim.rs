@@ -679,3 +679,38 @@ fn readiness_events_and_inherited_options() {
         ready::IN | ready::RDHUP | ready::OUT
     );
 }
+
+#[test]
+fn limited_transmit_turns_a_small_window_loss_into_a_fast_retransmit() {
+    let mut cfg = Config::default();
+    cfg.initial_cwnd = 3;
+    let mut n = Net::new(Config::default(), cfg, FaultConfig::default());
+    let (ca, cb) = n.connect_pair();
+    // Drop the first full-size data segment b sends.
+    let mut dropped = false;
+    n.drop_ba = Some(Box::new(move |seg: &[u8]| {
+        let hl = usize::from(seg[12] >> 4) * 4;
+        if !dropped && seg.len() - hl > 1000 {
+            dropped = true;
+            return true;
+        }
+        false
+    }));
+    // Eight segments queued; cwnd lets three go, the first is lost.
+    let data = vec![5u8; 8 * 1448];
+    n.b.send(cb, &data).unwrap();
+    let mut got = 0;
+    let mut buf = vec![0u8; 16384];
+    n.run_until(10 * S, |n| {
+        while let Ok(k) = n.a.recv(ca, &mut buf) {
+            if k == 0 {
+                break;
+            }
+            got += k;
+        }
+        got == data.len()
+    });
+    let c = n.b.counters();
+    assert_eq!(c.fast_retransmits, 1, "{c:?}");
+    assert_eq!(c.rto_expirations, 0, "{c:?}");
+}

@@ -27,6 +27,8 @@ pub struct Net {
     buf: Vec<u8>,
     /// Segments that crossed the link (after the injector).
     pub delivered: u64,
+    /// Drop a b→a segment (TCP bytes) when this says so.
+    pub drop_ba: Option<Box<dyn FnMut(&[u8]) -> bool>>,
 }
 
 fn wire(src: Ipv4Addr, dst: Ipv4Addr, seg: &[u8]) -> Vec<u8> {
@@ -58,6 +60,7 @@ impl Net {
             down: false,
             buf: vec![0u8; 70_000],
             delivered: 0,
+            drop_ba: None,
         }
     }
 
@@ -80,6 +83,11 @@ impl Net {
         }
         while let Some(t) = self.b.poll_transmit(self.now, &mut self.buf) {
             any = true;
+            if let Some(f) = self.drop_ba.as_mut()
+                && f(&self.buf[..t.len])
+            {
+                continue;
+            }
             if !self.down {
                 self.ba
                     .push(self.now, &wire(t.src, t.dst, &self.buf[..t.len]));
