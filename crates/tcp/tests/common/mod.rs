@@ -16,6 +16,9 @@ pub fn sa(ip: Ipv4Addr, port: u16) -> SocketAddrV4 {
     SocketAddrV4::new(ip, port)
 }
 
+/// Decides whether a segment (TCP bytes) is dropped.
+pub type DropFn = Box<dyn FnMut(&[u8]) -> bool>;
+
 pub struct Net {
     pub now: u64,
     pub a: TcpStack,
@@ -28,7 +31,7 @@ pub struct Net {
     /// Segments that crossed the link (after the injector).
     pub delivered: u64,
     /// Drop a b→a segment (TCP bytes) when this says so.
-    pub drop_ba: Option<Box<dyn FnMut(&[u8]) -> bool>>,
+    pub drop_ba: Option<DropFn>,
 }
 
 fn wire(src: Ipv4Addr, dst: Ipv4Addr, seg: &[u8]) -> Vec<u8> {
