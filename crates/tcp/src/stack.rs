@@ -8,6 +8,7 @@
 //! does not allocate (buffers are allocated once per connection).
 
 use crate::conn::{Conn, State};
+use crate::fault::{FaultConfig, FaultInjector, FaultStats};
 use crate::isn::{COOKIE_MSS, Secret, cookie_mss_index};
 use crate::seq;
 use crate::{Config, Counters, Error, FourTuple, SocketOptions, TcpInfo};
@@ -95,6 +96,10 @@ pub struct TcpStack {
     counters: Counters,
     next_port: u16,
     default_opts: SocketOptions,
+    /// Fault injection on received and transmitted segments (off by default).
+    fault_rx: Option<FaultInjector>,
+    fault_tx: Option<FaultInjector>,
+    fault_buf: Vec<u8>,
 }
 
 impl TcpStack {
@@ -113,6 +118,9 @@ impl TcpStack {
             counters: Counters::default(),
             next_port: *EPHEMERAL.start(),
             default_opts: SocketOptions::from_config(&cfg),
+            fault_rx: None,
+            fault_tx: None,
+            fault_buf: Vec::new(),
             cfg,
             secret,
         }
@@ -272,8 +280,55 @@ impl TcpStack {
 
     // ------------------------------------------------------------ input
 
+    /// Inject faults (loss, duplication, reordering, delay, corruption) into
+    /// what this stack receives and transmits; inactive configurations turn
+    /// it off. For tests and impaired-network experiments.
+    pub fn set_faults(&mut self, rx: FaultConfig, tx: FaultConfig) {
+        self.fault_rx = rx.is_active().then(|| FaultInjector::new(rx));
+        self.fault_tx = tx.is_active().then(|| FaultInjector::new(tx));
+        if self.fault_tx.is_some() && self.fault_buf.is_empty() {
+            self.fault_buf = vec![0u8; 65_536 + 8];
+        }
+    }
+
+    /// What the injectors did: (receive side, transmit side).
+    pub fn fault_stats(&self) -> (FaultStats, FaultStats) {
+        (
+            self.fault_rx
+                .as_ref()
+                .map(|f| f.stats.clone())
+                .unwrap_or_default(),
+            self.fault_tx
+                .as_ref()
+                .map(|f| f.stats.clone())
+                .unwrap_or_default(),
+        )
+    }
+
     /// One received TCP segment (`segment` is the IP payload).
     pub fn input(&mut self, now: u64, src: Ipv4Addr, dst: Ipv4Addr, segment: &[u8]) {
+        if let Some(f) = self.fault_rx.as_mut() {
+            let mut p = Vec::with_capacity(8 + segment.len());
+            p.extend_from_slice(&src.octets());
+            p.extend_from_slice(&dst.octets());
+            p.extend_from_slice(segment);
+            f.push(now, &p);
+            self.release_rx(now);
+            return;
+        }
+        self.input_now(now, src, dst, segment);
+    }
+
+    /// Segments the receive-side injector holds that are due.
+    fn release_rx(&mut self, now: u64) {
+        while let Some(p) = self.fault_rx.as_mut().and_then(|f| f.pop(now)) {
+            let src = Ipv4Addr::new(p[0], p[1], p[2], p[3]);
+            let dst = Ipv4Addr::new(p[4], p[5], p[6], p[7]);
+            self.input_now(now, src, dst, &p[8..]);
+        }
+    }
+
+    fn input_now(&mut self, now: u64, src: Ipv4Addr, dst: Ipv4Addr, segment: &[u8]) {
         self.counters.segs_in += 1;
         let Ok(s) = TcpSegment::new_checked(segment) else {
             self.counters.malformed += 1;
@@ -475,6 +530,34 @@ impl TcpStack {
     /// Write the next segment to send into `buf` (room for a TCP header with
     /// options and one MSS: `mss + 60` bytes is always enough).
     pub fn poll_transmit(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
+        if self.fault_tx.is_none() {
+            return self.transmit_now(now, buf);
+        }
+        let mut scratch = std::mem::take(&mut self.fault_buf);
+        // Everything the stack wants to send goes through the injector.
+        while let Some(t) = self.transmit_now(now, &mut scratch[8..]) {
+            scratch[0..4].copy_from_slice(&t.src.octets());
+            scratch[4..8].copy_from_slice(&t.dst.octets());
+            if let Some(f) = self.fault_tx.as_mut() {
+                f.push(now, &scratch[..8 + t.len]);
+            }
+        }
+        self.fault_buf = scratch;
+        let p = self.fault_tx.as_mut()?.pop(now)?;
+        let len = p.len() - 8;
+        if buf.len() < len {
+            self.counters.tx_buffer_too_small += 1;
+            return None;
+        }
+        buf[..len].copy_from_slice(&p[8..]);
+        Some(Transmit {
+            src: Ipv4Addr::new(p[0], p[1], p[2], p[3]),
+            dst: Ipv4Addr::new(p[4], p[5], p[6], p[7]),
+            len,
+        })
+    }
+
+    fn transmit_now(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
         while let Some(c) = self.ctrl.pop_front() {
             let (tuple, r) = match c {
                 Ctrl::Rst {
@@ -565,10 +648,20 @@ impl TcpStack {
 
     /// Earliest instant `poll_timers` should run (may be early, never late).
     pub fn next_deadline(&self) -> Option<u64> {
-        self.timers.peek().map(|Reverse((t, _))| *t)
+        [
+            self.timers.peek().map(|Reverse((t, _))| *t),
+            self.fault_rx.as_ref().and_then(FaultInjector::next_release),
+            self.fault_tx.as_ref().and_then(FaultInjector::next_release),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     pub fn poll_timers(&mut self, now: u64) {
+        if self.fault_rx.is_some() {
+            self.release_rx(now);
+        }
         while let Some(&Reverse((t, idx))) = self.timers.peek() {
             if t > now {
                 break;

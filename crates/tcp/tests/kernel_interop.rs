@@ -388,17 +388,50 @@ fn wait_line(child: &mut Child) -> String {
 
 #[test]
 fn our_client_to_kernel_server_32_mib_hashed() {
+    client_to_kernel("c", 32 << 20, None);
+}
+
+#[test]
+fn our_client_with_injected_faults_to_kernel_server_8_mib_hashed() {
+    // Our stack drops, duplicates, reorders and corrupts on both its paths:
+    // the kernel sees a lossy, reordering peer and both recover.
+    // No corruption on our receive side: the kernel's segments arrive over
+    // veth with partial (offload) checksums, which cannot catch a flipped
+    // bit, so a corrupted timestamp would poison PAWS (on a real NIC the
+    // checksum is complete). Our corrupted transmissions are caught by the
+    // kernel's checksum check.
+    let f = |corrupt, seed| {
+        nanowire_tcp::fault::FaultConfig::parse(&format!(
+            "loss=0.01,dup=0.01,reorder=0.02,reorder_delay_us=300,corrupt={corrupt},seed={seed}"
+        ))
+        .unwrap()
+    };
+    client_to_kernel("i", 8 << 20, Some((f(0.0, 11), f(0.002, 12))));
+}
+
+fn client_to_kernel(
+    tag: &str,
+    total: u64,
+    faults: Option<(
+        nanowire_tcp::fault::FaultConfig,
+        nanowire_tcp::fault::FaultConfig,
+    )>,
+) {
     if !root() {
         eprintln!("SKIP: needs root (namespaces, AF_PACKET)");
         return;
     }
-    let lab = Lab::new("c");
+    let lab = Lab::new(tag);
     let mut py = lab.python(SERVER_PY, &[&PEER.to_string(), "5001"]);
     assert_eq!(wait_line(&mut py).trim(), "listening");
     let lab_ref = &lab;
+    let faults_on = faults.is_some();
     let (crc_local, reply, info) = std::thread::scope(|s| {
         s.spawn(move || {
             let mut h = host(lab_ref);
+            if let Some((rx, tx)) = faults {
+                h.stack.set_faults(rx, tx);
+            }
             let now = h.now();
             let c = h
                 .stack
@@ -408,26 +441,28 @@ fn our_client_to_kernel_server_32_mib_hashed() {
                     SocketAddrV4::new(PEER, 5001),
                 )
                 .unwrap();
-            const TOTAL: u64 = 32 << 20;
+            let total_bytes = total;
             let mut sent = 0u64;
             let mut crc = 0u32;
             let mut chunk = vec![0u8; 65536];
             let mut reply = Vec::new();
-            let deadline = Instant::now() + Duration::from_secs(60);
+            let deadline = Instant::now() + Duration::from_secs(20);
             let mut shut = false;
             loop {
                 assert!(
                     Instant::now() < deadline,
-                    "transfer stalled: {:?}",
-                    h.stack.info(c)
+                    "transfer stalled: {:?} {:?} {:?}",
+                    h.stack.info(c),
+                    h.stack.counters(),
+                    h.stack.fault_stats()
                 );
                 h.turn();
                 if h.stack.state(c) == Ok(State::SynSent) {
                     h.idle(IDLE);
                     continue;
                 }
-                while sent < TOTAL {
-                    let n = ((TOTAL - sent) as usize).min(chunk.len());
+                while sent < total_bytes {
+                    let n = ((total_bytes - sent) as usize).min(chunk.len());
                     for (i, b) in chunk[..n].iter_mut().enumerate() {
                         *b = pattern(sent + i as u64);
                     }
@@ -440,7 +475,7 @@ fn our_client_to_kernel_server_32_mib_hashed() {
                         Err(e) => panic!("send: {e}"),
                     }
                 }
-                if sent == TOTAL && !shut {
+                if sent == total_bytes && !shut {
                     h.stack.shutdown_write(c).unwrap();
                     shut = true;
                 }
@@ -452,6 +487,7 @@ fn our_client_to_kernel_server_32_mib_hashed() {
                 }
             }
             let info = h.stack.info(c).unwrap();
+            eprintln!("faults: {:?}", h.stack.fault_stats());
             h.stack.close(h.now(), c).unwrap();
             for _ in 0..20 {
                 h.turn();
@@ -469,11 +505,14 @@ fn our_client_to_kernel_server_32_mib_hashed() {
         String::from_utf8_lossy(&out.stderr)
     );
     eprintln!("client side: {info:?}");
-    assert_eq!(reply.trim(), format!("{} {}", 32u64 << 20, crc_local));
+    assert_eq!(reply.trim(), format!("{total} {crc_local}"));
     assert!(
         info.sack && info.timestamps && info.snd_wscale > 0,
         "{info:?}"
     );
+    if faults_on {
+        assert!(info.total_retrans > 0, "{info:?}");
+    }
 }
 
 #[test]

@@ -714,3 +714,23 @@ fn limited_transmit_turns_a_small_window_loss_into_a_fast_retransmit() {
     assert_eq!(c.fast_retransmits, 1, "{c:?}");
     assert_eq!(c.rto_expirations, 0, "{c:?}");
 }
+
+#[test]
+fn stack_level_fault_injection_on_both_paths_keeps_data_intact() {
+    let mut n = Net::plain();
+    let f = |seed| {
+        FaultConfig::parse(&format!(
+            "loss=0.02,dup=0.02,reorder=0.05,reorder_delay_us=200,corrupt=0.005,seed={seed}"
+        ))
+        .unwrap()
+    };
+    n.a.set_faults(f(1), f(2));
+    n.b.set_faults(f(3), f(4));
+    let (ca, cb) = n.connect_pair();
+    let mut s = Stream::new(4 << 20);
+    n.run_until(3600 * S, |n| s.pump(&mut n.b, cb, &mut n.a, ca));
+    let (rx, tx) = n.b.fault_stats();
+    assert!(rx.dropped > 0 && tx.dropped > 0 && tx.duplicated > 0 && tx.reordered > 0);
+    assert!(n.b.counters().retransmits > 0);
+    assert!(n.a.counters().bad_checksum + n.b.counters().bad_checksum > 0);
+}
