@@ -115,6 +115,8 @@ pub struct Accel {
     wait_fds: Vec<c_int>,
     /// Taken off the engine (`detach`): the engine's fds are gone.
     detached: AtomicBool,
+    /// The local address once known (1 << 48 | ip << 16 | port; 0 = not yet).
+    local: AtomicU64,
 }
 
 impl Accel {
@@ -333,6 +335,7 @@ pub fn accelerate(
         rd_shut: AtomicBool::new(false),
         wait_fds,
         detached: AtomicBool::new(false),
+        local: AtomicU64::new(0),
     }));
     set_fd(fd, a);
     table::add_flags(fd, table::F_ACCEL);
@@ -376,10 +379,17 @@ pub fn local_addr(fd: c_int) -> Option<SocketAddrV4> {
 pub fn live_sockets() -> Vec<(c_int, SocketAddrV4)> {
     let mut v = Vec::new();
     SOCKS.each(|fd, a| {
-        if a.mine()
-            && !a.detached.load(Ordering::Acquire)
-            && let Some(l) = local_addr(fd)
-        {
+        if !a.mine() || a.detached.load(Ordering::Acquire) {
+            return;
+        }
+        let w = a.local.load(Ordering::Relaxed);
+        if w != 0 {
+            v.push((fd, SocketAddrV4::new(Ipv4Addr::from_bits((w >> 16) as u32), w as u16)));
+        } else if let Some(l) = local_addr(fd) {
+            // Cached: a bound UDP socket's address does not change (connect
+            // keeps the port, and the checks look at the port first).
+            let packed = (1u64 << 48) | (u64::from(l.ip().to_bits()) << 16) | u64::from(l.port());
+            a.local.store(packed, Ordering::Relaxed);
             v.push((fd, l));
         }
     });
