@@ -131,6 +131,9 @@ struct ClientArgs {
     /// A reply later than this counts as dropped.
     #[arg(long, default_value_t = 100)]
     reply_timeout_ms: u64,
+    /// Exit 3 when the accounting identity (asked = received + dropped) fails.
+    #[arg(long)]
+    strict: bool,
 }
 
 pub fn run(args: BenchArgs) -> Result<i32, String> {
@@ -203,6 +206,10 @@ fn client(mode: Mode, a: ClientArgs) -> Result<i32, String> {
         if let Some(p) = &cfg.full_log {
             println!("nanowire: full log written to {}", p.display());
         }
+    }
+    if a.strict && r.accounting.holds == Some(false) {
+        eprintln!("nanowire: {}", r.accounting.line());
+        return Ok(r.accounting.strict_exit_code());
     }
     Ok(0)
 }
