@@ -6,7 +6,7 @@ CARGO ?= cargo
 NANOWIRE := target/release/nanowire
 REPORT ?= lab-report
 
-.PHONY: lab test deps build lint lab-full clean
+.PHONY: lab test deps build lint lab-full clean fuzz soak
 
 deps:
 	@scripts/install-deps.sh
@@ -30,6 +30,18 @@ lab: build
 lab-full: build
 	$(NANOWIRE) lab up
 	$(NANOWIRE) lab report --out $(REPORT)
+
+# Fuzz every target for FUZZ_SECONDS each (libFuzzer on stable Rust); crashes
+# are kept in fuzz/regressions/<target>/ and replayed by `make test`.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh
+
+# One hour at a fixed rate through the impaired lab (docs/soak/), then 100
+# SIGKILL cycles under traffic. SOAK_SECONDS, SOAK_RATE, SOAK_LOSS tune it.
+soak: build
+	scripts/soak.sh
+	NANOWIRE_KILL_CYCLES=100 $(CARGO) test --release --locked -p nanowire --test faults sigkill -- --test-threads=1
 
 clean:
 	-$(NANOWIRE) lab down

@@ -7,8 +7,14 @@ Configurations are run back to back, interleaved, `--repeats` times; each report
 configuration's median to the scenario's baseline, and the environment.
 
     scripts/compare.py --scenario issue2-interop --repeats 3 --seconds 5
+
+Scenario `apps` (issue 10) is different: it runs the echo programs of scripts/apps (Node.js dgram,
+JVM NIO, Python asyncio, multi-threaded C) plainly and under `nanowire run`, both ends, 1 and 8
+datagrams in flight, interleaved, and reports the client's elapsed ms and the ratio run/plain:
+
+    scripts/compare.py --scenario apps --repeats 3 --count 5000
 """
-import argparse, json, os, platform, re, shlex, statistics, subprocess, sys, time
+import argparse, json, os, platform, re, shlex, shutil, statistics, subprocess, sys, tempfile, time
 
 NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
 A, B = "198.18.0.1", "198.18.0.2"
@@ -141,14 +147,139 @@ def env(lab):
     }
 
 
+APPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "apps")
+
+
+def apps_build(tmp):
+    """Compile the C and Java echo programs into `tmp`; return runtime -> argv prefix."""
+    subprocess.run(["cc", "-O2", "-pthread", "-o", os.path.join(tmp, "echo_mt"), os.path.join(APPS, "echo_mt.c")],
+                   check=True)
+    # A compiled class: `java Echo.java` would compile in every run (~0.5 s of start-up, outside the timing but
+    # competing for the CPU while the peer starts).
+    subprocess.run(["javac", "-d", tmp, os.path.join(APPS, "Echo.java")], check=True)
+    return {
+        "node": ["node", os.path.join(APPS, "echo.js")],
+        "jvm-nio": ["java", "-cp", tmp, "Echo"],
+        "python-asyncio": [sys.executable, os.path.join(APPS, "echo_asyncio.py")],
+        "c-mt": [os.path.join(tmp, "echo_mt")],
+    }
+
+
+class ReadyServer:
+    """A server in host b that prints 'ready' once bound."""
+
+    def __init__(self, lab, argv, out_path):
+        self.out = open(out_path, "w+")
+        self.p = subprocess.Popen(["ip", "netns", "exec", ns(lab, "b")] + argv, stdout=self.out,
+                                  stderr=subprocess.STDOUT, text=True)
+        end = time.time() + 30
+        while time.time() < end:
+            self.out.seek(0)
+            if "ready" in self.out.read():
+                return
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.02)
+        self.out.seek(0)
+        text = self.out.read()
+        self.stop()
+        raise RuntimeError(f"server not ready: {' '.join(argv)}\n{text[-2000:]}")
+
+    def stop(self):
+        Server.stop(self)
+        self.out.close()
+
+
+def apps_main(a):
+    subprocess.run([NW, "lab", "up", "--name", a.lab], check=True, stdout=subprocess.DEVNULL)
+    tmp = tempfile.mkdtemp(prefix="nanowire-apps-")  # private (0700), unique
+    try:
+        apps_measure(a, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def apps_measure(a, tmp):
+    progs = apps_build(tmp)
+    runtimes = [r for r in a.runtimes.split(",") if r] if a.runtimes else list(progs)
+    inflights = [int(k) for k in a.inflight.split(",")]
+    modes = ["plain"] + [f"run {p}" for p in a.profiles.split(",")]
+    pin_c, pin_s = (["taskset", "-c", "0"], ["taskset", "-c", "1"]) if a.pin else ([], [])
+
+    def wrap(mode, argv):
+        if mode == "plain":
+            return argv
+        return [NW, "run", "--profile", mode.split()[1], "--"] + argv
+
+    runs, commands, port = [], {}, 20000
+    for r in range(a.repeats):
+        for rt in runtimes:
+            for k in inflights:
+                order = modes if r % 2 == 0 else modes[::-1]  # alternate who goes first
+                for mode in order:
+                    port += 1
+                    srv = pin_s + wrap(mode, progs[rt] + ["server", B, str(port)])
+                    cli = pin_c + wrap(mode, progs[rt] + ["client", B, str(port), str(a.count), str(k),
+                                                           str(a.size), str(a.warmup)])
+                    commands[f"{rt} {mode}"] = {"server": shlex.join(srv), "client": shlex.join(cli)}
+                    s = ReadyServer(a.lab, srv, os.path.join(tmp, "server.out"))
+                    try:
+                        p = subprocess.run(["ip", "netns", "exec", ns(a.lab, "a")] + cli, capture_output=True,
+                                           text=True, timeout=120)
+                    finally:
+                        s.stop()
+                    line = next((l for l in reversed(p.stdout.splitlines()) if l.startswith("{")), None)
+                    if p.returncode != 0 or line is None:
+                        raise RuntimeError(f"{rt} {mode} k={k} failed ({p.returncode}):\n{p.stdout[-1000:]}"
+                                           f"\n{p.stderr[-2000:]}")
+                    res = json.loads(line)
+                    runs.append({"runtime": rt, "inflight": k, "mode": mode, "repeat": r,
+                                 "elapsed_ms": res["elapsed_ms"], "received": res["received"]})
+                    print(f"# repeat {r + 1} {rt} k={k} {mode}: {res['elapsed_ms']} ms", file=sys.stderr)
+    med, ratio = {}, {}
+    for rt in runtimes:
+        for k in inflights:
+            key = f"{rt} k={k}"
+            med[key] = {m: statistics.median(x["elapsed_ms"] for x in runs
+                                             if x["runtime"] == rt and x["inflight"] == k and x["mode"] == m)
+                        for m in modes}
+            ratio[key] = {m: round(med[key][m] / med[key]["plain"], 3) for m in modes if m != "plain"}
+    out = {"scenario": "apps", "baseline": "plain", "repeats": a.repeats, "count": a.count, "warmup": a.warmup,
+           "msg_size": a.size, "inflight": inflights, "pinned": a.pin,
+           "placement": "client CPU 0 in host a, server CPU 1 in host b" if a.pin else "unpinned",
+           "commands": commands, "runs": runs, "median_ms": med, "ratio_run_to_plain": ratio,
+           "versions": {"node": apps_version(["node", "--version"]),
+                        "java": apps_version(["java", "-version"]),
+                        "python": platform.python_version()},
+           "env": env(a.lab)}
+    print(json.dumps(out, indent=1))
+
+
+def apps_version(argv):
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+        return (p.stdout + p.stderr).strip().splitlines()[0]
+    except Exception as e:  # noqa: BLE001 - best effort
+        return f"unavailable: {e}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", required=True, choices=sorted(scenarios(1, 64)))
+    ap.add_argument("--scenario", required=True, choices=sorted(scenarios(1, 64)) + ["apps"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--lab", default="nw")
+    ap.add_argument("--count", type=int, default=5000, help="apps: datagrams timed per run")
+    ap.add_argument("--warmup", type=int, default=1000, help="apps: datagrams echoed before the timing starts")
+    ap.add_argument("--inflight", default="1,8", help="apps: datagrams in flight, comma-separated")
+    ap.add_argument("--runtimes", default="", help="apps: subset of node,jvm-nio,python-asyncio,c-mt")
+    ap.add_argument("--profiles", default="balanced", help="apps: nanowire run profiles to compare with plain")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="apps: do not pin the client to CPU 0 and the server to CPU 1")
     a = ap.parse_args()
+    if a.scenario == "apps":
+        return apps_main(a)
     subprocess.run([NW, "lab", "up", "--name", a.lab], check=True, stdout=subprocess.DEVNULL)
     base, configs = scenarios(a.seconds, a.size)[a.scenario]
     runs = {label: [] for label, *_ in configs}

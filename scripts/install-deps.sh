@@ -16,8 +16,20 @@ want tcpdump tcpdump
 want tshark tshark
 want bpftool bpftool
 want ping iputils-ping
+want nft nftables
 want python3 python3
+# the drop-in matrix (issue 9): a real UDP server answered by a real client
+want dnsmasq dnsmasq-base
+want dig bind9-dnsutils
+# real runtimes of the drop-in matrix
+want java openjdk-17-jdk-headless
+want node nodejs
 want make make
+want cc gcc
+# The runtimes of the event-loop echo programs (scripts/apps, issue 10). Debian 12's nodejs is 18;
+# the benchmarks in docs/benchmarks.md ran Node.js 20 (same dgram API).
+want node nodejs
+want javac openjdk-17-jdk-headless
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 [ -d /usr/include/x86_64-linux-gnu/asm ] || need+=(linux-libc-dev)
 if [ "${NANOWIRE_WITH_BROWSER:-0}" = 1 ]; then

@@ -407,6 +407,10 @@ pub struct SinkArgs {
     pub cpu: Option<usize>,
     #[arg(long)]
     pub json: bool,
+    /// Exit 3 when the accounting identity fails (a missing datagram that no
+    /// drop counter covers).
+    #[arg(long)]
+    pub strict: bool,
 }
 
 /// Drop counters of the receiver's namespace.
@@ -531,6 +535,34 @@ pub struct SinkReport {
     pub latency_us: Option<OneWay>,
     pub echoed: u64,
     pub timed_out: bool,
+    /// sent = received + counted drops (`null` on old reports).
+    #[serde(default)]
+    pub accounting: Option<crate::result::Accounting>,
+}
+
+/// The sink's identity: every datagram the generator sent was received or
+/// is covered by a counted drop (the namespace's counters, which may count
+/// other traffic too, so "covered" means missing <= counted).
+pub fn sink_accounting(
+    expected: u64,
+    received: u64,
+    missing: u64,
+    counted: u64,
+) -> crate::result::Accounting {
+    if expected == 0 {
+        return crate::result::Accounting::not_applicable(
+            "the generator did not say how many it sent (streaming)",
+        );
+    }
+    crate::result::Accounting {
+        identity:
+            "sent = received + missing, and every missing datagram is covered by a counted drop"
+                .into(),
+        expected,
+        received,
+        dropped: counted,
+        holds: Some(received + missing == expected && missing <= counted),
+    }
 }
 
 fn rmem_default() -> Option<usize> {
@@ -751,7 +783,16 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
         max: hist.max() as f64 / 1e3,
         avg: hist.mean() / 1e3,
     });
+    let missing = span.saturating_sub(received);
+    let drops = after.since(&before);
+    let accounting = Some(sink_accounting(
+        expected,
+        received,
+        missing,
+        drops.accounted(),
+    ));
     let rep = SinkReport {
+        accounting,
         engine: ep.engine(),
         behaviour: a.behaviour,
         stall_ms: if a.behaviour == Behaviour::Stall {
@@ -765,7 +806,7 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
         bytes,
         duplicates: dups,
         out_of_order: ooo,
-        missing: span.saturating_sub(received),
+        missing,
         gaps,
         peak_occupancy: peak,
         rcvbuf: if ep.engine() == EngineKind::Xdp {
@@ -773,7 +814,7 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
         } else {
             rmem_default()
         },
-        drops: after.since(&before),
+        drops,
         engine_counters,
         active_s: active,
         rate_msg_s: if active > 0.0 {
@@ -806,6 +847,16 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
             rep.peak_occupancy,
             rep.drops
         );
+        if let Some(acc) = &rep.accounting {
+            println!("sink: {}", acc.line());
+        }
+    }
+    if a.strict
+        && let Some(acc) = &rep.accounting
+        && acc.holds == Some(false)
+    {
+        eprintln!("nanowire: {}", acc.line());
+        return Ok(acc.strict_exit_code());
     }
     Ok(if timed_out { 2 } else { 0 })
 }

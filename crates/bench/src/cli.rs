@@ -65,12 +65,25 @@ struct Common {
     /// xdp engine: interface to attach to (default: the one owning the address).
     #[arg(long)]
     iface: Option<String>,
-    /// xdp engine: RX/fill ring depth in frames.
-    #[arg(long)]
+    /// xdp engine: RX/fill ring depth in frames (64..=65536, a power of two).
+    #[arg(long, value_parser = parse_ring_depth)]
     ring_depth: Option<u32>,
     /// xdp engine: fail instead of falling back to the spin engine.
     #[arg(long)]
     no_fallback: bool,
+}
+
+/// `--ring-depth`: the same range as `nanowire run`'s ring_depth option,
+/// so 4294967295 or 1048576 is one clear line instead of a wrapped ring.
+fn parse_ring_depth(v: &str) -> Result<u32, String> {
+    let n: u64 = v
+        .trim()
+        .parse()
+        .map_err(|_| format!("{v:?} is not a number (64..=65536, a power of two)"))?;
+    if !(64..=65536).contains(&n) || !n.is_power_of_two() {
+        return Err(format!("{n} is out of range (64..=65536, a power of two)"));
+    }
+    Ok(n as u32)
 }
 
 impl Common {
@@ -118,6 +131,9 @@ struct ClientArgs {
     /// A reply later than this counts as dropped.
     #[arg(long, default_value_t = 100)]
     reply_timeout_ms: u64,
+    /// Exit 3 when the accounting identity (asked = received + dropped) fails.
+    #[arg(long)]
+    strict: bool,
 }
 
 pub fn run(args: BenchArgs) -> Result<i32, String> {
@@ -190,6 +206,10 @@ fn client(mode: Mode, a: ClientArgs) -> Result<i32, String> {
         if let Some(p) = &cfg.full_log {
             println!("nanowire: full log written to {}", p.display());
         }
+    }
+    if a.strict && r.accounting.holds == Some(false) {
+        eprintln!("nanowire: {}", r.accounting.line());
+        return Ok(r.accounting.strict_exit_code());
     }
     Ok(0)
 }

@@ -8,6 +8,7 @@
 //! but left out of every reported number.
 
 use crate::env::Env;
+use crate::result::Accounting;
 use crate::result::{BenchResult, LatencyRecorder, thread_cpu_s};
 use crate::transport::{MAX_TCP_MSG, TcpTransport, Transport, UdpTransport};
 use nanowire_stack::{EngineKind, EngineOptions, WaitPolicy};
@@ -270,6 +271,8 @@ struct Pending {
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Counts {
+    /// Valid-period messages that asked for a reply.
+    asked: u64,
     total_sent: u64,
     total_received: u64,
     sent: u64,
@@ -632,6 +635,12 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
         } else {
             0.0
         },
+        accounting: match cfg.mode {
+            Mode::Throughput => Accounting::not_applicable(
+                "tp asks for no replies: the receiver accounts (server or sink --strict)",
+            ),
+            _ => Accounting::replies(c.asked, c.received, c.dropped),
+        },
         env: Env::detect(Some(*local.ip())),
         note: (cfg.mode == Mode::Throughput).then(|| {
             "tp asks for no replies: received/dropped are counted by the server (sequence gaps)"
@@ -661,6 +670,9 @@ fn run_pp(
         run.mark_cpu(valid);
         let tx_ns = run.ns(tx);
         run.push(seq, tx_ns, valid);
+        if valid {
+            run.c.asked += 1;
+        }
         run.c.total_sent += 1;
         if valid {
             run.c.sent += 1;
@@ -714,6 +726,9 @@ fn run_ul(
             if pong {
                 let tx_ns = run.ns(tx);
                 run.push(seq, tx_ns, valid);
+                if valid {
+                    run.c.asked += 1;
+                }
             }
             run.c.total_sent += 1;
             if valid {

@@ -18,7 +18,7 @@ mod transport;
 
 pub use client::{ClientConfig, Mode, Protocol, Rate, resolve, run_client};
 pub use env::Env;
-pub use result::{BenchResult, Latency};
+pub use result::{Accounting, BenchResult, Latency};
 pub use server::{
     BoundServer, ClientStats, ServerConfig, ServerHandle, ServerStats, bind_server, run_server,
     start_server,

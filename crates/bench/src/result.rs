@@ -156,8 +156,65 @@ pub struct BenchResult {
     /// as a fraction of that period (1.0 = one core busy).
     pub cpu_thread_s: f64,
     pub cpu_util: f64,
+    /// Did every message asked for come back or get counted as dropped?
+    pub accounting: Accounting,
     pub env: Env,
     pub note: Option<String>,
+}
+
+/// The accounting identity checked at the end of a run: every message that
+/// should have arrived was either received or counted as dropped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Accounting {
+    /// The identity, in words.
+    pub identity: String,
+    /// What should have arrived (replies asked for, datagrams sent).
+    pub expected: u64,
+    pub received: u64,
+    /// Counted drops.
+    pub dropped: u64,
+    /// `null` when this run cannot check it (say so in `identity`).
+    pub holds: Option<bool>,
+}
+
+impl Accounting {
+    /// pp/ul: replies asked for in the valid period = received + dropped
+    /// (timed out); every request is resolved before the run ends.
+    pub fn replies(asked: u64, received: u64, dropped: u64) -> Accounting {
+        Accounting {
+            identity: "replies asked for = received + dropped (timed out)".into(),
+            expected: asked,
+            received,
+            dropped,
+            holds: Some(asked == received + dropped),
+        }
+    }
+    pub fn not_applicable(why: &str) -> Accounting {
+        Accounting {
+            identity: why.into(),
+            expected: 0,
+            received: 0,
+            dropped: 0,
+            holds: None,
+        }
+    }
+    /// The exit code `--strict` asks for: 3 when the identity failed.
+    pub fn strict_exit_code(&self) -> i32 {
+        if self.holds == Some(false) { 3 } else { 0 }
+    }
+    pub fn line(&self) -> String {
+        match self.holds {
+            Some(true) => format!(
+                "accounting holds: {} = {} + {} ({})",
+                self.expected, self.received, self.dropped, self.identity
+            ),
+            Some(false) => format!(
+                "ACCOUNTING FAILED: expected {}, received {}, counted drops {} ({})",
+                self.expected, self.received, self.dropped, self.identity
+            ),
+            None => format!("accounting not checked: {}", self.identity),
+        }
+    }
 }
 
 impl BenchResult {
@@ -259,6 +316,7 @@ impl BenchResult {
                 self.rate_msg_s
             );
         }
+        let _ = writeln!(s, "{p} {}", self.accounting.line());
         s
     }
 }
@@ -266,6 +324,19 @@ impl BenchResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn accounting_identity() {
+        let a = Accounting::replies(10, 7, 3);
+        assert_eq!(a.holds, Some(true));
+        assert_eq!(a.strict_exit_code(), 0);
+        let a = Accounting::replies(10, 7, 2);
+        assert_eq!(a.holds, Some(false));
+        assert_eq!(a.strict_exit_code(), 3);
+        assert!(a.line().contains("FAILED"));
+        let a = Accounting::not_applicable("tp");
+        assert_eq!((a.holds, a.strict_exit_code()), (None, 0));
+    }
 
     #[test]
     fn summary_numbers() {

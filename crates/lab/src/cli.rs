@@ -1,6 +1,6 @@
 //! `nanowire lab ...`
 
-use crate::testbed::{Host, Lab, LabOptions};
+use crate::testbed::{Direction, Host, Impairment, Lab, LabOptions, WireStatus};
 use clap::{Args, Subcommand};
 
 #[derive(Debug, Args)]
@@ -19,6 +19,29 @@ pub enum LabCmd {
         /// RX/TX queues per veth end.
         #[arg(long, default_value_t = 1)]
         queues: u32,
+        /// Put an impaired wire (a third namespace forwarding frames with
+        /// nftables) between hosts a and b; `lab impair` then sets loss,
+        /// duplication and rate. Without it, `up` removes a wire.
+        #[arg(long)]
+        impair: bool,
+    },
+    /// Set what the wire of a lab made with `up --impair` does to frames.
+    Impair {
+        /// Percentage of frames dropped at random.
+        #[arg(long, default_value_t = 0.0)]
+        loss: f64,
+        /// Percentage of frames duplicated.
+        #[arg(long, default_value_t = 0.0)]
+        dup: f64,
+        /// Drop frames above this rate (megabit/s; a policer, not a queue).
+        #[arg(long)]
+        rate: Option<f64>,
+        /// Which way: both, ab (a to b) or ba.
+        #[arg(long, default_value = "both")]
+        dir: Direction,
+        /// Remove every impairment (the wire forwards everything).
+        #[arg(long, conflicts_with_all = ["loss", "dup", "rate"])]
+        clear: bool,
     },
     /// Remove everything `up` made.
     Down,
@@ -45,8 +68,8 @@ pub fn run(args: LabArgs) -> Result<i32, String> {
         })
     };
     match args.cmd {
-        LabCmd::Up { queues } => {
-            let lab = mk(queues)?;
+        LabCmd::Up { queues, impair } => {
+            let lab = mk(queues)?.impaired(impair);
             let st = lab.up()?;
             for h in [st.a.as_ref(), st.b.as_ref()].into_iter().flatten() {
                 println!(
@@ -58,7 +81,31 @@ pub fn run(args: LabArgs) -> Result<i32, String> {
                     h.driver.as_deref().unwrap_or("?")
                 );
             }
+            if let Some(w) = &st.wire {
+                print_wire(w);
+            }
             println!("lab {} is up", lab.name());
+            Ok(0)
+        }
+        LabCmd::Impair {
+            loss,
+            dup,
+            rate,
+            dir,
+            clear,
+        } => {
+            let lab = mk(1)?;
+            let imp = if clear {
+                Impairment::default()
+            } else {
+                Impairment {
+                    loss_pct: loss,
+                    dup_pct: dup,
+                    rate_mbit: rate,
+                }
+            };
+            let w = lab.impair(if clear { Direction::Both } else { dir }, imp)?;
+            print_wire(&w);
             Ok(0)
         }
         LabCmd::Down => {
@@ -98,6 +145,10 @@ pub fn run(args: LabArgs) -> Result<i32, String> {
                         println!("    {k}: {v}");
                     }
                 }
+                match &st.wire {
+                    Some(w) => print_wire(w),
+                    None => println!("  wire: direct veth pair (no impairment possible)"),
+                }
             }
             Ok(if st.complete { 0 } else { 1 })
         }
@@ -117,5 +168,18 @@ pub fn run(args: LabArgs) -> Result<i32, String> {
                 .map_err(|e| format!("cannot run {:?}: {e}", argv[0]))?;
             Ok(st.code().unwrap_or(1))
         }
+    }
+}
+
+fn print_wire(w: &WireStatus) {
+    println!(
+        "  wire {} ({} <-> {}) up={} forwarding={}",
+        w.netns, w.iface_a, w.iface_b, w.up, w.forwarding
+    );
+    for (d, x) in [("a->b", &w.ab), ("b->a", &w.ba)] {
+        println!(
+            "    {d}: {}  (frames in {}, dropped by loss {}, by rate {}, duplicated {})",
+            x.impairment, x.frames_in, x.dropped_loss, x.dropped_rate, x.duplicated
+        );
     }
 }

@@ -32,32 +32,51 @@ use libc::c_int;
 use nanowire_run::options::Level;
 use nanowire_stack::xdp::{OpenError, XdpSocket};
 use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint, WaitPolicy};
-use std::cell::Cell;
+use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-thread_local! {
-    static IN_ENGINE: Cell<bool> = const { Cell::new(false) };
-}
-
-/// True while this thread runs engine code: hooks then go straight to libc.
-#[inline(always)]
-pub fn in_engine() -> bool {
-    IN_ENGINE.with(|c| c.get())
-}
-
-/// Run engine code with the hooks bypassed.
-#[inline]
-pub fn engine_call<R>(f: impl FnOnce() -> R) -> R {
-    let prev = IN_ENGINE.with(|c| c.replace(true));
-    let r = f();
-    IN_ENGINE.with(|c| c.set(prev));
-    r
-}
+pub use crate::sys::engine_call;
 
 /// This process's pid, refreshed in the child after fork.
 static PID: AtomicU32 = AtomicU32::new(0);
+
+/// fork(), before the child exists: every accelerated socket of this
+/// process and every candidate is about to be shared with the child, and a
+/// socket two processes share can only be served where both read it: the
+/// kernel socket. So they are taken off the engine (queued datagrams kept
+/// for the parent), and candidates stay kernel sockets, in both processes
+/// (an unbound socket then autobinds once, to one port, as plainly).
+/// Doing it before the child runs means no reply of the child can be
+/// steered to the parent. (vfork/posix_spawn, which exec at once, do not
+/// run fork handlers and leave acceleration alone.)
+extern "C" fn before_fork() {
+    if crate::sys::in_engine() {
+        return;
+    }
+    let mut socks = Vec::new();
+    SOCKS.each(|fd, a| {
+        if a.mine() && !a.detached.load(Ordering::Acquire) {
+            socks.push(fd);
+        }
+    });
+    let e = errno();
+    for fd in socks {
+        detach(
+            fd,
+            "fork(): the child shares this socket, so both use the kernel socket",
+        );
+    }
+    table::each_with(table::F_CAND, |fd| {
+        table::clear_flags(fd, table::F_CAND);
+        log!(
+            Level::Info,
+            "fd {fd} udp: stays a kernel socket: fork() shares it with the child"
+        );
+    });
+    set_errno(e);
+}
 
 extern "C" fn after_fork_child() {
     PID.store(std::process::id(), Ordering::Relaxed);
@@ -65,15 +84,18 @@ extern "C" fn after_fork_child() {
 
 pub fn init() {
     PID.store(std::process::id(), Ordering::Relaxed);
-    // SAFETY: registering a plain extern "C" handler.
-    unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+    // SAFETY: registering plain extern "C" handlers that take no locks the
+    // forking thread could hold (before_fork takes socket locks the way any
+    // call on the socket does, before the fork).
+    unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_child)) };
 }
 
 pub struct St {
     pub xdp: Option<XdpSocket>,
-    /// A datagram taken off the engine but not consumed (MSG_PEEK,
-    /// FIONREAD, readiness checks).
-    stash: Option<(Vec<u8>, SocketAddrV4)>,
+    /// Datagrams taken off the engine but not consumed (MSG_PEEK, FIONREAD,
+    /// readiness checks: at most one), or still queued when the socket was
+    /// taken off the engine (`detach`): served before the kernel socket.
+    stash: VecDeque<(Vec<u8>, SocketAddrV4)>,
     peer: Option<SocketAddrV4>,
 }
 
@@ -89,8 +111,10 @@ pub struct Accel {
     /// Set by shutdown(SHUT_RD): receives return 0 when empty.
     rd_shut: AtomicBool,
     /// What a sleeping receive polls: the engine's AF_XDP sockets, the
-    /// socket's wake-up eventfd and the kernel socket under the fd.
-    pub wait_fds: Vec<c_int>,
+    /// socket's wake-up eventfd and (last) the kernel socket under the fd.
+    wait_fds: Vec<c_int>,
+    /// Taken off the engine (`detach`): the engine's fds are gone.
+    detached: AtomicBool,
 }
 
 impl Accel {
@@ -103,15 +127,41 @@ impl Accel {
     pub fn mine(&self) -> bool {
         self.pid == PID.load(Ordering::Relaxed)
     }
+    /// The fds a sleeping wait on this socket polls.
+    pub fn wait_fds(&self) -> &[c_int] {
+        if self.detached.load(Ordering::Acquire) {
+            &self.wait_fds[self.wait_fds.len() - 1..]
+        } else {
+            &self.wait_fds
+        }
+    }
     pub fn add_ref(&self) {
         self.refs.fetch_add(1, Ordering::AcqRel);
     }
 }
 
+/// The accelerated sockets, by fd.
+static SOCKS: table::PtrTable<Accel> = table::PtrTable::new();
+
+/// The record behind `fd`, whichever process made it (after fork, a
+/// child sees its parent's records: see [`inherited`]).
+#[inline(always)]
+pub fn by_fd(fd: c_int) -> Option<&'static Accel> {
+    SOCKS.get(fd)
+}
+
+pub fn set_fd(fd: c_int, a: &'static Accel) {
+    SOCKS.set(fd, a);
+}
+
+pub fn take_fd(fd: c_int) -> Option<&'static Accel> {
+    SOCKS.take(fd)
+}
+
 /// The engine socket behind `fd` if this process may use it.
 #[inline(always)]
 pub fn lookup(fd: c_int) -> Option<&'static Accel> {
-    let a = table::accel(fd)?;
+    let a = by_fd(fd)?;
     if a.mine() { Some(a) } else { None }
 }
 
@@ -119,7 +169,7 @@ pub fn lookup(fd: c_int) -> Option<&'static Accel> {
 /// socket, with the application's blocking mode emulated.
 #[inline(always)]
 pub fn inherited(fd: c_int) -> Option<&'static Accel> {
-    let a = table::accel(fd)?;
+    let a = by_fd(fd)?;
     if a.mine() {
         return None;
     }
@@ -202,8 +252,10 @@ const COPY_OPTS: &[(c_int, c_int)] = &[
 
 /// Why a socket was not put on the engine.
 pub enum NotAccel {
-    /// Leave the socket to the kernel (spin engine) and say why.
+    /// Leave the socket to the kernel (spin engine) and say why (warn).
     Engine(String),
+    /// The socket cannot use the engine by its nature (loopback): info.
+    Inapplicable(String),
     /// The address itself is bad or busy: let the real call answer.
     Socket,
 }
@@ -219,7 +271,7 @@ pub fn accelerate(
     let st = spin::STATE.get();
     let cfg = st.and_then(|s| s.cfg.as_ref());
     if bind.ip().is_loopback() {
-        return Err(NotAccel::Engine(
+        return Err(NotAccel::Inapplicable(
             "loopback address (no XDP-capable interface)".into(),
         ));
     }
@@ -271,7 +323,7 @@ pub fn accelerate(
     let a: &'static Accel = Box::leak(Box::new(Accel {
         st: Mutex::new(St {
             xdp: Some(xs),
-            stash: None,
+            stash: VecDeque::new(),
             peer: None,
         }),
         nonblock: AtomicBool::new(nonblock),
@@ -280,10 +332,10 @@ pub fn accelerate(
         pid: PID.load(Ordering::Relaxed),
         rd_shut: AtomicBool::new(false),
         wait_fds,
+        detached: AtomicBool::new(false),
     }));
-    table::accel_set(fd, a);
+    set_fd(fd, a);
     table::add_flags(fd, table::F_ACCEL);
-    crate::ready::reregister(fd);
     table::clear_flags(fd, table::F_CAND);
     if crate::log::enabled(Level::Info) {
         let g = a.lock();
@@ -303,6 +355,37 @@ pub fn accelerate(
     Ok(a)
 }
 
+/// The local IPv4 address of `fd` (getsockname; raw libc, no hooks).
+pub fn local_addr(fd: c_int) -> Option<SocketAddrV4> {
+    // SAFETY: an all-zero sockaddr_in is a valid out-buffer.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut l = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let e = errno();
+    // SAFETY: our sockaddr_in and its length.
+    let r = unsafe { real::getsockname(fd, (&raw mut sa).cast(), &mut l) };
+    set_errno(e);
+    (r == 0 && sa.sin_family == libc::AF_INET as libc::sa_family_t).then(|| {
+        SocketAddrV4::new(
+            Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+            u16::from_be(sa.sin_port),
+        )
+    })
+}
+
+/// This process's sockets on the engine, with their local addresses.
+pub fn live_sockets() -> Vec<(c_int, SocketAddrV4)> {
+    let mut v = Vec::new();
+    SOCKS.each(|fd, a| {
+        if a.mine()
+            && !a.detached.load(Ordering::Acquire)
+            && let Some(l) = local_addr(fd)
+        {
+            v.push((fd, l));
+        }
+    });
+    v
+}
+
 /// Decide for a candidate that is about to talk to `dst` without a bind.
 pub fn accelerate_for_peer(fd: c_int, dst: SocketAddrV4) -> Option<&'static Accel> {
     let _g = DECIDE.lock().unwrap_or_else(|e| e.into_inner());
@@ -314,31 +397,35 @@ pub fn accelerate_for_peer(fd: c_int, dst: SocketAddrV4) -> Option<&'static Acce
     }
     let route = engine_call(|| {
         let r = nanowire_xdp::netlink::route_get(*dst.ip())
-            .map_err(|e| format!("no route to {}: {e}", dst.ip()))?;
-        let src = r
-            .prefsrc
-            .ok_or_else(|| format!("route to {} has no source address", dst.ip()))?;
+            .map_err(|e| NotAccel::Engine(format!("no route to {}: {e}", dst.ip())))?;
+        let src = r.prefsrc.ok_or_else(|| {
+            NotAccel::Engine(format!("route to {} has no source address", dst.ip()))
+        })?;
         if src.is_loopback() || dst.ip().is_loopback() {
-            return Err(format!(
+            return Err(NotAccel::Inapplicable(format!(
                 "no route through an XDP-capable interface (to {} via loopback)",
                 dst.ip()
-            ));
+            )));
         }
-        nanowire_xdp::iface::iface_for_addr(src)
+        nanowire_xdp::iface::iface_for_addr(src).map_err(NotAccel::Engine)
     });
-    let res = match route {
-        Ok(ifname) => accelerate(
+    let res = route.and_then(|ifname| {
+        accelerate(
             fd,
             SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
             Some(ifname),
-        ),
-        Err(why) => Err(NotAccel::Engine(why)),
-    };
+        )
+    });
     match res {
         Ok(a) => Some(a),
         Err(NotAccel::Engine(why)) => {
             table::clear_flags(fd, table::F_CAND);
             log_not(fd, &why);
+            None
+        }
+        Err(NotAccel::Inapplicable(why)) => {
+            table::clear_flags(fd, table::F_CAND);
+            log_not_applicable(fd, &why);
             None
         }
         Err(NotAccel::Socket) => {
@@ -355,7 +442,17 @@ pub fn accelerate_for_peer(fd: c_int, dst: SocketAddrV4) -> Option<&'static Acce
 /// wait on the socket being replaced.
 pub static DECIDE: Mutex<()> = Mutex::new(());
 
+/// A socket meant for the xdp engine does not get it: one line at the
+/// default level (warn; `NANOWIRE_LOG=quiet` silences it).
 pub fn log_not(fd: c_int, why: &str) {
+    log!(
+        Level::Warn,
+        "fd {fd} udp: spin (kernel socket); xdp not used: {why}"
+    );
+}
+
+/// A socket that cannot use the xdp engine by its nature (loopback): info.
+pub fn log_not_applicable(fd: c_int, why: &str) {
     log!(
         Level::Info,
         "fd {fd} udp: spin (kernel socket); xdp not used: {why}"
@@ -390,17 +487,25 @@ pub fn recv_one(
     loop {
         {
             let mut g = a.lock();
-            if let Some((buf, src)) = &g.stash {
+            if let Some((buf, src)) = g.stash.front() {
                 let (n, src) = (buf.len(), *src);
                 deliver(buf, src);
                 if !peek {
-                    g.stash = None;
+                    g.stash.pop_front();
+                    if g.xdp.is_none() && g.stash.is_empty() {
+                        drop(g);
+                        retire_detached(fd, a);
+                    }
                 }
                 return Ok(Got::Data(n, src));
             }
             let St { xdp, stash, peer } = &mut *g;
             let Some(x) = xdp.as_mut() else {
-                return Err(libc::EBADF);
+                // Taken off the engine (another thread detached it while
+                // we waited): the kernel socket answers from now on.
+                drop(g);
+                retire_detached(fd, a);
+                return kernel_mode_recv(a, fd, flags, s0, deliver);
             };
             let mut got = None;
             let peer = *peer;
@@ -410,7 +515,7 @@ pub fn recv_one(
                         return; // connected: the kernel filters other sources
                     }
                     if peek {
-                        *stash = Some((p.to_vec(), src));
+                        stash.push_back((p.to_vec(), src));
                     }
                     deliver(p, src);
                     got = Some((p.len(), src));
@@ -462,8 +567,9 @@ pub fn recv_one(
                 events: libc::POLLIN,
                 revents: 0,
             }; 8];
-            let n = a.wait_fds.len().min(8);
-            for (p, &f) in pfds.iter_mut().zip(&a.wait_fds) {
+            let wf = a.wait_fds();
+            let n = wf.len().min(8);
+            for (p, &f) in pfds.iter_mut().zip(wf) {
                 p.fd = f;
             }
             let mut ms = 5;
@@ -475,6 +581,57 @@ pub fn recv_one(
         } else {
             core::hint::spin_loop();
         }
+    }
+}
+
+/// A detached socket whose stash is empty: forget the record, so every
+/// later call on `fd` takes the plain kernel path (with ancillary data).
+fn retire_detached(fd: c_int, a: &Accel) {
+    if by_fd(fd).is_some_and(|b| std::ptr::eq(a, b)) {
+        take_fd(fd);
+        table::clear_flags(fd, table::F_ACCEL);
+    }
+}
+
+/// Receive from the kernel socket under `fd` with the application's
+/// blocking mode and timeout (the socket was taken off the engine while a
+/// receive was in progress).
+fn kernel_mode_recv(
+    a: &Accel,
+    fd: c_int,
+    flags: c_int,
+    s0: u64,
+    mut deliver: impl FnMut(&[u8], SocketAddrV4),
+) -> Result<Got, c_int> {
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed);
+    let start = now_ns();
+    loop {
+        if let Some(r) = kernel_recv(fd, flags, &mut deliver) {
+            return r;
+        }
+        if dontwait {
+            return Err(libc::EAGAIN);
+        }
+        if crate::signals::interrupted(s0) {
+            return Err(libc::EINTR);
+        }
+        let tmo = a.rcvtimeo_ns.load(Ordering::Relaxed);
+        let spent = now_ns().wrapping_sub(start);
+        if tmo != 0 && spent >= tmo {
+            return Err(libc::EAGAIN);
+        }
+        let ms = if tmo == 0 {
+            5
+        } else {
+            (tmo - spent).div_ceil(1_000_000).min(5) as c_int
+        };
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on our stack, a bounded timeout.
+        unsafe { real::poll(&mut p, 1, ms) };
     }
 }
 
@@ -529,7 +686,7 @@ fn kernel_recv(
 /// Is a datagram waiting? (Takes one into the stash if needed.)
 pub fn readable(a: &Accel) -> bool {
     let mut g = a.lock();
-    if g.stash.is_some() {
+    if !g.stash.is_empty() {
         return true;
     }
     let St { xdp, stash, peer } = &mut *g;
@@ -540,17 +697,17 @@ pub fn readable(a: &Accel) -> bool {
     engine_call(|| {
         x.recv_batch(1, |p, src| {
             if peer.is_none_or(|pe| pe == src) {
-                *stash = Some((p.to_vec(), src));
+                stash.push_back((p.to_vec(), src));
             }
         })
     });
-    stash.is_some() || a.rd_shut.load(Ordering::Relaxed)
+    !stash.is_empty() || a.rd_shut.load(Ordering::Relaxed)
 }
 
 /// Length of the next datagram (FIONREAD), 0 if none.
 pub fn next_len(a: &Accel) -> usize {
     if readable(a) {
-        a.lock().stash.as_ref().map_or(0, |(b, _)| b.len())
+        a.lock().stash.front().map_or(0, |(b, _)| b.len())
     } else {
         0
     }
@@ -574,7 +731,8 @@ pub fn send_one(
     let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed);
     loop {
         let Some(x) = g.xdp.as_mut() else {
-            return Err(libc::EBADF);
+            drop(g);
+            return kernel_send(fd, data, dst, flags);
         };
         match engine_call(|| x.send_to(data, dst)) {
             Ok(n) => return Ok(n),
@@ -590,23 +748,29 @@ pub fn send_one(
                 // Larger than the interface MTU: the kernel socket under the
                 // fd sends it (and fragments it), as a kernel socket would.
                 drop(g);
-                let sa = sockaddr_in(&dst);
-                // SAFETY: the caller's data, our sockaddr.
-                let r = unsafe {
-                    real::sendto(
-                        fd,
-                        data.as_ptr().cast(),
-                        data.len(),
-                        flags | libc::MSG_NOSIGNAL,
-                        (&raw const sa).cast(),
-                        std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                    )
-                };
-                return if r < 0 { Err(errno()) } else { Ok(r as usize) };
+                return kernel_send(fd, data, dst, flags);
             }
             Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EIO)),
         }
     }
+}
+
+/// Send through the kernel socket under `fd` (datagrams above the MTU, or
+/// a socket taken off the engine).
+fn kernel_send(fd: c_int, data: &[u8], dst: SocketAddrV4, flags: c_int) -> Result<usize, c_int> {
+    let sa = sockaddr_in(&dst);
+    // SAFETY: the caller's data (a valid slice), our sockaddr_in.
+    let r = unsafe {
+        real::sendto(
+            fd,
+            data.as_ptr().cast(),
+            data.len(),
+            flags | libc::MSG_NOSIGNAL,
+            (&raw const sa).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if r < 0 { Err(errno()) } else { Ok(r as usize) }
 }
 
 /// Send several datagrams to one destination with one engine batch;
@@ -628,7 +792,8 @@ pub fn send_batch(
     let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed);
     loop {
         let Some(x) = g.xdp.as_mut() else {
-            return Err(libc::EBADF);
+            drop(g);
+            return send_one(a, fd, bufs[0], Some(dst), flags).map(|_| 1);
         };
         match engine_call(|| x.send_batch_to(bufs, dst)) {
             Ok(n) if n > 0 => return Ok(n),
@@ -663,13 +828,21 @@ pub fn connect(a: &Accel, peer: Option<SocketAddrV4>) -> Result<(), c_int> {
     Ok(())
 }
 
+/// Join `group` on the engine. `Err(0)`: the socket is off the engine, the
+/// caller lets the kernel socket join.
 pub fn join_multicast(a: &Accel, group: Ipv4Addr, ifaddr: Ipv4Addr) -> Result<(), c_int> {
     let mut g = a.lock();
     let Some(x) = g.xdp.as_mut() else {
-        return Err(libc::EBADF);
+        return Err(0);
     };
     engine_call(|| x.join_multicast(group, ifaddr))
         .map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))
+}
+
+/// Stop steering `group` to this socket (the kernel socket has left it).
+/// `Err`: the engine cannot; the caller takes the socket off the engine.
+pub fn leave_multicast(_a: &Accel, _group: Ipv4Addr, _ifaddr: Ipv4Addr) -> Result<(), c_int> {
+    Err(libc::EOPNOTSUPP)
 }
 
 pub fn shutdown_rd(a: &Accel) {
@@ -686,25 +859,50 @@ pub fn release(a: &Accel) {
 }
 
 /// Take a socket off the engine (an option the engine cannot honour was
-/// set): the kernel socket under the fd carries on alone.
+/// set, a fork shares it, another socket on the host shares its port):
+/// the kernel socket under the fd carries on alone. Datagrams the engine
+/// had queued are kept and served first (never lost); while any are left
+/// the record stays, in kernel mode; then it is forgotten. Safe while
+/// other threads use the socket.
 pub fn detach(fd: c_int, why: &str) {
-    if let Some(a) = table::accel_take(fd) {
-        table::clear_flags(fd, table::F_ACCEL);
+    if let Some(a) = by_fd(fd).filter(|a| a.mine()) {
+        let x = {
+            let mut g = a.lock();
+            let St { xdp, stash, peer } = &mut *g;
+            let peer = *peer;
+            if let Some(x) = xdp.as_mut() {
+                engine_call(|| {
+                    x.recv_batch(usize::MAX, |p, src| {
+                        if peer.is_none_or(|pe| pe == src) {
+                            stash.push_back((p.to_vec(), src));
+                        }
+                    })
+                });
+            }
+            a.detached.store(true, Ordering::Release);
+            xdp.take()
+        };
+        engine_call(|| drop(x));
         let nb = a.nonblock.load(Ordering::Relaxed);
-        if a.refs.fetch_sub(1, Ordering::AcqRel) == 1 && a.mine() {
-            let x = a.lock().xdp.take();
-            engine_call(|| drop(x));
-        }
         // Restore the application's blocking mode on the kernel socket.
-        // SAFETY: borrowed for fcntl.
+        // SAFETY: the fd is only borrowed for two fcntl calls.
         let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
         if let Ok(mut f) = rustix::fs::fcntl_getfl(b) {
             f.set(rustix::fs::OFlags::NONBLOCK, nb);
             let _ = rustix::fs::fcntl_setfl(b, f);
         }
+        let kept = a.lock().stash.len();
+        if kept == 0 {
+            retire_detached(fd, a);
+        }
         log!(
-            Level::Info,
-            "fd {fd} udp: spin (kernel socket); taken off xdp: {why}"
+            Level::Warn,
+            "fd {fd} udp: taken off the xdp engine (kernel socket, spin engine): {why}{}",
+            if kept > 0 {
+                format!(" ({kept} queued datagrams are delivered first)")
+            } else {
+                String::new()
+            }
         );
     }
     table::clear_flags(fd, table::F_CAND);

@@ -214,7 +214,7 @@ pub fn sendto(
             let Ok(Some(dst)) = accel::read_sockaddr(addr, alen) else {
                 return None;
             };
-            accel::accelerate_for_peer(fd, dst)?
+            promote_for_peer(fd, dst)?
         }
     };
     let dst = match accel::read_sockaddr(addr, alen) {
@@ -399,6 +399,15 @@ fn send_run(
     })
 }
 
+/// A candidate about to talk to `dst` without a bind goes onto the engine
+/// (or is told why not); epoll interests follow it.
+fn promote_for_peer(fd: c_int, dst: std::net::SocketAddrV4) -> Option<&'static Accel> {
+    let a = accel::accelerate_for_peer(fd, dst)?;
+    crate::ready::reregister(fd);
+    crate::share::watch();
+    Some(a)
+}
+
 /// bind(): a candidate goes onto the engine here.
 pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
     if table::get(fd) & table::F_CAND == 0 {
@@ -411,20 +420,39 @@ pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
     if table::get(fd) & table::F_CAND == 0 {
         return None;
     }
+    if let Some(other) = crate::share::competitor(sa, 0) {
+        table::clear_flags(fd, table::F_CAND);
+        crate::share::TAKEN_OFF.fetch_add(1, Ordering::Relaxed);
+        accel::log_not(fd, &crate::share::why(other));
+        return None;
+    }
     let r = accel::accelerate(fd, sa, None);
     table::clear_flags(fd, table::F_CAND);
     match r {
-        Ok(_) => Some(0),
+        Ok(_) => {
+            crate::ready::reregister(fd);
+            crate::share::watch();
+            Some(0)
+        }
         Err(accel::NotAccel::Engine(why)) => {
             accel::log_not(fd, &why);
             None
         }
-        Err(accel::NotAccel::Socket) => {
-            accel::log_not(
-                fd,
-                &format!("{sa} is in use or not local (the kernel answers the bind)"),
-            );
+        Err(accel::NotAccel::Inapplicable(why)) => {
+            accel::log_not_applicable(fd, &why);
             None
+        }
+        Err(accel::NotAccel::Socket) => {
+            // The kernel answers the bind; a socket it binds where the
+            // engine could not is a fallback worth a line.
+            // SAFETY: the caller's arguments, forwarded.
+            let r = unsafe { real::bind(fd, addr, len) };
+            if r == 0 {
+                let e = errno();
+                accel::log_not(fd, &format!("the engine could not take {sa}"));
+                set_errno(e);
+            }
+            Some(r)
         }
     }
 }
@@ -436,11 +464,12 @@ pub fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int
             let Ok(Some(dst)) = accel::read_sockaddr(addr, len) else {
                 return None;
             };
-            accel::accelerate_for_peer(fd, dst)?
+            promote_for_peer(fd, dst)?
         }
     };
     // The kernel socket under the fd is connected too.
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::connect(fd, addr, len) };
     if r != 0 {
         return Some(r);
@@ -475,7 +504,7 @@ pub fn candidate(fd: c_int, mut attempt: impl FnMut() -> isize) -> Option<Option
     let gen0 = table::generation(table::get(fd));
     let _g = table::spin_enter(fd);
     loop {
-        if table::accel(fd).is_some() {
+        if accel::by_fd(fd).is_some() {
             return Some(None);
         }
         if table::generation_now(fd) != gen0 {
@@ -495,7 +524,7 @@ pub fn candidate(fd: c_int, mut attempt: impl FnMut() -> isize) -> Option<Option
         if r >= 0 || errno() != libc::EAGAIN {
             return Some(Some(r));
         }
-        if table::accel(fd).is_some() {
+        if accel::by_fd(fd).is_some() {
             return Some(None);
         }
         if !crate::spin::is_blocking(fd) {

@@ -38,23 +38,39 @@
 //!   before closing; a thread spinning on it sees that and fails with EBADF
 //!   (the kernel would leave a blocked `recv` asleep on the dead socket).
 //!
-//! The variadic `fcntl`/`fcntl64`/`ioctl` are exported as naked-function
-//! trampolines that tail-jump to a fixed-arity Rust function taking the
-//! optional argument as an integer register (see `hooks`).
+//! Layers (a module uses only the ones below it; no cycles):
+//!
+//! * `exports`: the C entry points, generated from the one table in `abi`
+//!   (which also generates `real`): engine code → libc, else → dispatch;
+//!   plus the naked trampolines of the variadic `fcntl`/`fcntl64`/`ioctl`.
+//! * `dispatch` (+ `ahooks`, its accelerated branch): what each call does.
+//! * `ready`: poll/select/epoll over sets with accelerated sockets.
+//! * `share`: ports other sockets on the host share go to the kernel.
+//! * `accel`: sockets on the xdp engine (records in a `table::PtrTable`).
+//! * `spin`: configuration and busy-poll loops.
+//! * `signals`: the sigaction trampoline and per-thread delivery counts.
+//! * `table`: the fd word table and a per-fd pointer table generic over its payload.
+//! * `log`, `real` (libc through dlsym), `abi`, `sys` (errno, clock, the
+//!   engine-call flag).
 
+mod abi;
 mod accel;
 mod ahooks;
-mod hooks;
+mod dispatch;
+mod exports;
 mod log;
 mod ready;
 mod real;
+mod share;
 mod signals;
 mod spin;
+mod sys;
 mod table;
 
 /// Runs when the library is loaded (before `main`): read the configuration.
 extern "C" fn nanowire_preload_init() {
     accel::init();
+    share::init();
     spin::init();
 }
 

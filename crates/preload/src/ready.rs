@@ -124,7 +124,7 @@ pub fn poll_mixed(
             let extra: Vec<c_int> = s
                 .iter()
                 .filter_map(|p| accel::lookup(p.fd))
-                .flat_map(|a| a.wait_fds.iter().copied())
+                .flat_map(|a| a.wait_fds().iter().copied())
                 .collect();
             if sleep_on(pf, extra.into_iter(), slice, mask) < 0 {
                 return -1;
@@ -210,7 +210,7 @@ struct Interest {
     fd: c_int,
     events: u32,
     data: u64,
-    /// `None` while the fd is still a candidate.
+    /// `None` while the fd is a candidate, or since it fell back to the kernel.
     acc: Option<&'static Accel>,
     out_done: bool,
 }
@@ -221,19 +221,35 @@ fn reg() -> std::sync::MutexGuard<'static, Vec<Interest>> {
     REG.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// After a successful epoll_ctl on an accelerated fd.
+/// The kernel registration of an accelerated fd (or candidate) carries
+/// `TAG | fd` instead of the application's `epoll_data`, so that a kernel
+/// event is known to belong to that fd: the application may give the same
+/// data to several fds, and events of different fds must never be merged.
+/// (A non-canonical address with a 32-bit fd below it: no pointer, and no
+/// small integer an application uses as data.)
+const TAG: u64 = 0xfff7_4e57_0000_0000;
+const TAG_MASK: u64 = 0xffff_ffff_0000_0000;
+
+/// The event the kernel gets for `fd` in place of the application's.
+pub fn tagged(fd: c_int, ev: &epoll_event) -> epoll_event {
+    epoll_event {
+        events: ev.events,
+        u64: TAG | u64::from(fd as u32),
+    }
+}
+
+/// After a successful epoll_ctl on an accelerated fd (the kernel got the
+/// tagged event; `ev` is the application's).
 pub fn epoll_ctl_accel(
     ep: c_int,
     op: c_int,
     fd: c_int,
-    ev: *const epoll_event,
+    ev: Option<epoll_event>,
     acc: Option<&'static Accel>,
 ) {
     let mut r = reg();
     r.retain(|i| !(i.ep == ep && i.fd == fd));
-    if op == libc::EPOLL_CTL_ADD || op == libc::EPOLL_CTL_MOD {
-        // SAFETY: the event the kernel just accepted.
-        let e = unsafe { std::ptr::read_unaligned(ev) };
+    if let (true, Some(e)) = (op == libc::EPOLL_CTL_ADD || op == libc::EPOLL_CTL_MOD, ev) {
         r.push(Interest {
             ep,
             fd,
@@ -244,13 +260,25 @@ pub fn epoll_ctl_accel(
         });
         table::add_flags(ep, table::F_EPOLL_ACCEL);
     }
+    REG_ANY.store(!r.is_empty(), Ordering::Relaxed);
 }
 
-/// The epoll instance `ep` was closed.
-pub fn epoll_closed(ep: c_int) {
-    if table::get(ep) & table::F_EPOLL_ACCEL != 0 {
-        reg().retain(|i| i.ep != ep);
+/// Any interest registered (a cheap test for `fd_closed`).
+static REG_ANY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `fd` was closed (or replaced by dup2): the kernel dropped its
+/// registrations, and so does the shim.
+pub fn fd_closed(fd: c_int) {
+    if REG_ANY.load(Ordering::Relaxed) {
+        let mut r = reg();
+        r.retain(|i| i.fd != fd && i.ep != fd);
+        REG_ANY.store(!r.is_empty(), Ordering::Relaxed);
     }
+}
+
+/// Is `fd` registered in `ep` through the shim (tagged kernel registration)?
+pub fn epoll_tagged(ep: c_int, fd: c_int) -> bool {
+    table::get(ep) & table::F_EPOLL_ACCEL != 0 && reg().iter().any(|i| i.ep == ep && i.fd == fd)
 }
 
 #[inline]
@@ -258,18 +286,24 @@ pub fn epoll_has_accel(ep: c_int) -> bool {
     table::get(ep) & table::F_EPOLL_ACCEL != 0
 }
 
-fn synth(ep: c_int, out: &mut [epoll_event]) -> usize {
+thread_local! {
+    /// The fd of each event `synth` wrote (parallel to the output array).
+    static SYNTH_FDS: std::cell::RefCell<Vec<c_int>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn synth(ep: c_int, out: &mut [epoll_event], fds: &mut Vec<c_int>) -> usize {
     let mut n = 0;
+    fds.clear();
     let mut r = reg();
     for i in r.iter_mut().filter(|i| i.acc.is_none()) {
         i.acc = accel::lookup(i.fd);
     }
-    r.retain(|i| match i.acc {
-        Some(acc) => table::accel(i.fd).is_some_and(|a| std::ptr::eq(a, acc)),
-        None => table::get(i.fd) & table::F_CAND != 0,
-    });
     for i in r.iter_mut().filter(|i| i.ep == ep) {
         let Some(acc) = i.acc else { continue };
+        if accel::by_fd(i.fd).is_none_or(|a| !std::ptr::eq(a, acc)) {
+            i.acc = None; // taken off the engine: the kernel answers alone
+            continue;
+        }
         if n >= out.len() {
             break;
         }
@@ -290,6 +324,7 @@ fn synth(ep: c_int, out: &mut [epoll_event]) -> usize {
                 events: ev,
                 u64: i.data,
             };
+            fds.push(i.fd);
             n += 1;
             if i.events & libc::EPOLLONESHOT as u32 != 0 {
                 i.events = 0;
@@ -297,6 +332,46 @@ fn synth(ep: c_int, out: &mut [epoll_event]) -> usize {
         }
     }
     n
+}
+
+/// Kernel events `out[n..n + m]` after `n` synthesized ones (fds in
+/// `fds`): tagged events get the application's data back and are merged
+/// into the synthesized event of the same fd; nothing else is merged.
+/// Returns the new total.
+fn merge_kernel(ep: c_int, out: &mut [epoll_event], n: usize, m: usize, fds: &[c_int]) -> usize {
+    let mut total = n;
+    let mut r = None;
+    for j in n..n + m {
+        let e = out[j];
+        let (ev, data) = (e.events, e.u64);
+        if data & TAG_MASK != TAG {
+            out[total] = e;
+            total += 1;
+            continue;
+        }
+        let fd = data as u32 as c_int;
+        if let Some(k) = fds.iter().position(|&f| f == fd) {
+            let cur = out[k].events;
+            out[k].events = cur | ev;
+            continue;
+        }
+        let r = r.get_or_insert_with(reg);
+        let Some(i) = r.iter_mut().find(|i| i.ep == ep && i.fd == fd) else {
+            continue; // a registration we no longer know: stale
+        };
+        if i.events == 0 {
+            continue; // EPOLLONESHOT already reported by the shim
+        }
+        if i.events & libc::EPOLLONESHOT as u32 != 0 {
+            i.events = 0;
+        }
+        out[total] = epoll_event {
+            events: ev,
+            u64: i.data,
+        };
+        total += 1;
+    }
+    total
 }
 
 /// epoll_wait/epoll_pwait/epoll_pwait2 on an instance with accelerated fds.
@@ -316,8 +391,9 @@ pub fn epoll_mixed(
     let start = now_ns();
     let spin = spin::SPIN_NS.load(Ordering::Relaxed);
     let s0 = crate::signals::seq_all();
-    loop {
-        let n = synth(ep, out);
+    let mut fds = SYNTH_FDS.with(|v| std::mem::take(&mut *v.borrow_mut()));
+    let r = loop {
+        let n = synth(ep, out, &mut fds);
         let mut m = 0;
         if n < out.len() {
             // SAFETY: the rest of the caller's array, zero timeout.
@@ -326,38 +402,23 @@ pub fn epoll_mixed(
             };
             if k < 0 {
                 if n == 0 {
-                    return k;
+                    break k;
                 }
             } else {
                 m = k as usize;
             }
         }
-        // Merge kernel events for fds we reported already.
-        let mut total = n;
-        for j in n..n + m {
-            let e = out[j];
-            let (ev, data) = (e.events, e.u64);
-            if let Some(k) = (0..n).find(|&k| {
-                let d = out[k].u64;
-                d == data
-            }) {
-                let cur = out[k].events;
-                out[k].events = cur | ev;
-            } else {
-                out[total] = e;
-                total += 1;
-            }
-        }
+        let total = merge_kernel(ep, out, n, m, &fds);
         if total > 0 {
-            return total as c_int;
+            break total as c_int;
         }
         if crate::signals::seq_all() != s0 {
             spin::set_errno(libc::EINTR);
-            return -1;
+            break -1;
         }
         let spent = now_ns().wrapping_sub(start);
         if total_ns.is_some_and(|t| spent >= t) {
-            return 0;
+            break 0;
         }
         if spin != u64::MAX && spent >= spin {
             let slice = total_ns.map_or(SLICE_NS, |t| (t - spent).min(SLICE_NS));
@@ -365,7 +426,7 @@ pub fn epoll_mixed(
                 .iter()
                 .filter(|i| i.ep == ep)
                 .filter_map(|i| i.acc)
-                .flat_map(|a| a.wait_fds.iter().copied())
+                .flat_map(|a| a.wait_fds().iter().copied())
                 .collect();
             let pf = vec![pollfd {
                 fd: ep,
@@ -373,12 +434,14 @@ pub fn epoll_mixed(
                 revents: 0,
             }];
             if sleep_on(pf, extra.into_iter(), slice, mask) < 0 {
-                return -1;
+                break -1;
             }
         } else {
             core::hint::spin_loop();
         }
-    }
+    };
+    SYNTH_FDS.with(|v| *v.borrow_mut() = fds);
+    r
 }
 
 /// `fd` just became accelerated: its new kernel socket replaced the one
@@ -387,10 +450,13 @@ pub fn epoll_mixed(
 pub fn reregister(fd: c_int) {
     let r = reg();
     for i in r.iter().filter(|i| i.fd == fd) {
-        let mut ev = epoll_event {
-            events: i.events,
-            u64: i.data,
-        };
+        let mut ev = tagged(
+            fd,
+            &epoll_event {
+                events: i.events,
+                u64: i.data,
+            },
+        );
         // SAFETY: a valid epoll_event on our stack.
         unsafe { real::epoll_ctl(i.ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
     }

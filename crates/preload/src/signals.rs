@@ -14,11 +14,35 @@ use libc::{c_int, c_void, siginfo_t};
 
 type SigAction = libc::sigaction;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 const NSIG: usize = 65;
-static APP_HANDLER: [AtomicUsize; NSIG] = [const { AtomicUsize::new(0) }; NSIG];
+/// What the trampoline needs, as ONE atomic word per signal so that a
+/// concurrent `sigaction` can never pair one handler with another's flags
+/// (an SA_SIGINFO handler called with one argument): the handler address
+/// in the low 56 bits (user-space addresses are below 2^56 on x86-64 and
+/// AArch64 Linux), SA_SIGINFO and SA_RESTART as bits 62 and 63. 0 = none.
+static APP: [AtomicU64; NSIG] = [const { AtomicU64::new(0) }; NSIG];
+/// The application's full `sa_flags`, only for `sigaction(.., oldact)`.
 static APP_FLAGS: [AtomicUsize; NSIG] = [const { AtomicUsize::new(0) }; NSIG];
+const ADDR_MASK: u64 = (1 << 56) - 1;
+const P_SIGINFO: u64 = 1 << 62;
+const P_RESTART: u64 = 1 << 63;
+
+fn pack(handler: usize, flags: c_int) -> u64 {
+    let mut w = handler as u64 & ADDR_MASK;
+    if flags & libc::SA_SIGINFO != 0 {
+        w |= P_SIGINFO;
+    }
+    if flags & libc::SA_RESTART != 0 {
+        w |= P_RESTART;
+    }
+    w
+}
+
+fn handler_of(w: u64) -> usize {
+    (w & ADDR_MASK) as usize
+}
 thread_local! {
     /// Deliveries of non-SA_RESTART handled signals to this thread (a
     /// signal interrupts only the thread it is delivered to).
@@ -51,81 +75,67 @@ extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
     if i >= NSIG {
         return;
     }
-    let h = APP_HANDLER[i].load(Ordering::Acquire);
-    let fl = APP_FLAGS[i].load(Ordering::Acquire) as c_int;
+    // One load: handler and flags always belong to the same sigaction.
+    let w = APP[i].load(Ordering::Acquire);
+    let h = handler_of(w);
     SEQ_ALL.with(|c| c.set(c.get().wrapping_add(1)));
-    if fl & libc::SA_RESTART == 0 {
+    if w & P_RESTART == 0 {
         SEQ.with(|c| c.set(c.get().wrapping_add(1)));
     }
     if h == libc::SIG_DFL || h == libc::SIG_IGN {
         return;
     }
-    if fl & libc::SA_SIGINFO != 0 {
-        // SAFETY: the application installed this address as an
-        // SA_SIGINFO handler.
+    if w & P_SIGINFO != 0 {
+        // SAFETY: the application installed this address with SA_SIGINFO
+        // (read in the same atomic word as the address), so it takes
+        // (int, siginfo_t *, void *); `info`/`ctx` are the kernel's.
         let f: extern "C" fn(c_int, *mut siginfo_t, *mut c_void) =
             unsafe { std::mem::transmute(h) };
         f(sig, info, ctx);
     } else {
-        // SAFETY: the application installed this address as a plain handler.
+        // SAFETY: the application installed this address without
+        // SA_SIGINFO (same word as above), so it is a `void (*)(int)`.
         let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(h) };
         f(sig);
     }
 }
 
-/// The real `sigaction`.
-unsafe fn real_sigaction(sig: c_int, act: *const SigAction, oact: *mut SigAction) -> c_int {
-    static SYM: real::Sym = real::Sym::new(b"sigaction\0");
-    // SAFETY: libc's sigaction.
-    let f: unsafe extern "C" fn(c_int, *const SigAction, *mut SigAction) -> c_int =
-        unsafe { std::mem::transmute(SYM.get()) };
-    // SAFETY: the caller's arguments.
-    unsafe { f(sig, act, oact) }
-}
-
 /// # Safety
 /// libc's `sigaction`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn sigaction(
-    sig: c_int,
-    act: *const SigAction,
-    oact: *mut SigAction,
-) -> c_int {
+pub unsafe fn sigaction(sig: c_int, act: *const SigAction, oact: *mut SigAction) -> c_int {
     let i = sig as usize;
-    if crate::accel::in_engine()
-        || sig <= 0
-        || i >= NSIG
-        || sig == libc::SIGKILL
-        || sig == libc::SIGSTOP
-    {
-        // SAFETY: forwarding.
-        return unsafe { real_sigaction(sig, act, oact) };
+    if sig <= 0 || i >= NSIG || sig == libc::SIGKILL || sig == libc::SIGSTOP {
+        // SAFETY: the caller's own arguments, unchanged, to libc's function of
+        // the same signature, whose contract our caller upholds (# Safety).
+        return unsafe { real::sigaction(sig, act, oact) };
     }
-    let prev_h = APP_HANDLER[i].load(Ordering::Acquire);
+    let prev = APP[i].load(Ordering::Acquire);
+    let prev_h = handler_of(prev);
     let prev_f = APP_FLAGS[i].load(Ordering::Acquire);
     let r = if act.is_null() {
-        // SAFETY: forwarding a query.
-        unsafe { real_sigaction(sig, act, oact) }
+        // SAFETY: a query: `oact` is the caller's (or null), `act` null.
+        unsafe { real::sigaction(sig, act, oact) }
     } else {
         // SAFETY: the caller's sigaction, read once.
         let mut a = unsafe { std::ptr::read(act) };
         let h = a.sa_sigaction;
         if h == libc::SIG_DFL || h == libc::SIG_IGN {
-            // SAFETY: forwarding.
-            let r = unsafe { real_sigaction(sig, &a, oact) };
+            // SAFETY: the caller's own disposition, passed on unchanged.
+            let r = unsafe { real::sigaction(sig, &a, oact) };
             if r == 0 {
-                APP_HANDLER[i].store(0, Ordering::Release);
+                APP[i].store(0, Ordering::Release);
             }
             r
         } else {
             APP_FLAGS[i].store(a.sa_flags as usize, Ordering::Release);
-            APP_HANDLER[i].store(h, Ordering::Release);
+            APP[i].store(pack(h, a.sa_flags), Ordering::Release);
             a.sa_sigaction = trampoline as *const () as usize;
             a.sa_flags |= libc::SA_SIGINFO;
-            // SAFETY: our copy with the trampoline.
-            let r = unsafe { real_sigaction(sig, &a, oact) };
+            // SAFETY: our copy of the caller's struct, pointing at the
+            // trampoline (which takes the SA_SIGINFO arguments).
+            let r = unsafe { real::sigaction(sig, &a, oact) };
             if r != 0 {
-                APP_HANDLER[i].store(prev_h, Ordering::Release);
+                APP[i].store(prev, Ordering::Release);
                 APP_FLAGS[i].store(prev_f, Ordering::Release);
             }
             r
@@ -144,8 +154,7 @@ pub unsafe extern "C" fn sigaction(
 
 /// # Safety
 /// libc's `signal` (BSD semantics, as glibc: SA_RESTART).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+pub unsafe fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
     // SAFETY: zeroed sigaction is valid (empty mask).
     let mut a: SigAction = unsafe { std::mem::zeroed() };
     a.sa_sigaction = handler;

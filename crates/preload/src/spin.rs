@@ -27,7 +27,7 @@ pub struct State {
 /// Are new UDP/IPv4 sockets candidates for the xdp engine?
 #[inline]
 pub fn xdp_candidates() -> bool {
-    STATE.get().is_some_and(|s| s.xdp_ok) && !crate::accel::in_engine()
+    STATE.get().is_some_and(|s| s.xdp_ok) && !crate::sys::in_engine()
 }
 
 pub static STATE: OnceLock<State> = OnceLock::new();
@@ -90,23 +90,7 @@ pub fn init() {
     });
 }
 
-#[inline(always)]
-pub fn errno() -> c_int {
-    // SAFETY: errno is thread-local and always valid to read.
-    unsafe { *libc::__errno_location() }
-}
-
-#[inline(always)]
-pub fn set_errno(e: c_int) {
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = e }
-}
-
-#[inline(always)]
-pub fn now_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    (t.tv_sec as u64).wrapping_mul(1_000_000_000) + t.tv_nsec as u64
-}
+pub use crate::sys::{errno, now_ns, set_errno};
 
 /// Is `fd` blocking? Asked of the kernel with a raw syscall (errno kept).
 #[inline]
@@ -280,11 +264,28 @@ pub fn remaining_ms(timeout_ms: c_int, spent_ns: u64) -> c_int {
 
 /// Log the engine decision for a new socket (one line, info level).
 pub fn log_socket(fd: c_int, class: u64, domain: c_int) {
-    if !crate::log::enabled(Level::Info) {
+    if !crate::log::enabled(Level::Warn) {
         return;
     }
     let Some(st) = STATE.get() else { return };
     let Some(cfg) = &st.cfg else { return };
+    // A UDP socket meant for the xdp engine (engine xdp requested) that
+    // does not get it: one line at the default level, with the reason.
+    if class == C_UDP && cfg.engine == Engine::Xdp {
+        let why = if st.xdp_ok && domain == libc::AF_INET6 {
+            "IPv6 socket (the xdp engine is IPv4 only; e.g. java -Djava.net.preferIPv4Stack=true)"
+        } else {
+            &st.xdp_reason
+        };
+        log!(
+            Level::Warn,
+            "fd {fd} udp: spin (kernel socket); xdp not used: {why}"
+        );
+        return;
+    }
+    if !crate::log::enabled(Level::Info) {
+        return;
+    }
     let spin = match SPIN_NS.load(Ordering::Relaxed) {
         0 => None,
         u64::MAX => Some("busy-polls forever".to_string()),

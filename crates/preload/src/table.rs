@@ -55,7 +55,8 @@ fn slot(fd: i32) -> Option<&'static AtomicU64> {
     if p.is_null() {
         return None;
     }
-    // SAFETY: chunks are leaked boxes, never freed, published with Release.
+    // SAFETY: `p` is a chunk published with Release by `slot_alloc` and
+    // never freed (leaked box), and fd % CHUNK is in bounds.
     Some(unsafe { &(*p)[fd % CHUNK] })
 }
 
@@ -76,7 +77,8 @@ fn slot_alloc(fd: i32) -> Option<&'static AtomicU64> {
         )
         .is_err()
     {
-        // SAFETY: we made `fresh` just above and lost the race to publish it.
+        // SAFETY: `fresh` came from Box::into_raw just above and was never
+        // published (we lost the race), so we own it.
         drop(unsafe { Box::from_raw(fresh) });
     }
     slot(fd)
@@ -168,6 +170,23 @@ pub fn classify(fd: i32) -> u64 {
     c
 }
 
+/// Every fd whose word has all of `flags` (allocated chunks only; for rare
+/// events such as fork).
+pub fn each_with(flags: u64, mut f: impl FnMut(i32)) {
+    for (c, chunk) in TABLE.iter().enumerate() {
+        let p = chunk.load(Ordering::Acquire);
+        if p.is_null() {
+            continue;
+        }
+        for i in 0..CHUNK {
+            let fd = (c * CHUNK + i) as i32;
+            if get(fd) & flags == flags {
+                f(fd);
+            }
+        }
+    }
+}
+
 /// The word of `fd`, classifying it first if unknown.
 #[inline(always)]
 pub fn lookup(fd: i32) -> u64 {
@@ -192,63 +211,95 @@ pub const F_EPOLL_ACCEL: u64 = 1 << 13;
 /// socket through the kernel only.
 pub const F_INHERIT_LOGGED: u64 = 1 << 14;
 
-static ACCEL: [AtomicPtr<[AtomicPtr<crate::accel::Accel>; CHUNK]>; CHUNKS] =
-    [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS];
+/// Per-fd pointers to leaked payloads (the accelerated sockets' records),
+/// generic so that this layer knows nothing of what it stores: chunks of
+/// [`CHUNK`] slots allocated on first use, a lookup is two loads, no lock.
+/// Payloads are `'static` (leaked, never freed), so a reference read by one
+/// thread stays valid when another thread clears the slot.
+pub struct PtrTable<T: 'static> {
+    chunks: [AtomicPtr<[AtomicPtr<T>; CHUNK]>; CHUNKS],
+}
 
-#[inline(always)]
-fn accel_slot(fd: i32, alloc: bool) -> Option<&'static AtomicPtr<crate::accel::Accel>> {
-    let i = usize::try_from(fd).ok()?;
-    if i >= MAX_FD {
-        return None;
+impl<T: Sync + 'static> PtrTable<T> {
+    pub const fn new() -> PtrTable<T> {
+        PtrTable {
+            chunks: [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS],
+        }
     }
-    let mut p = ACCEL[i / CHUNK].load(Ordering::Acquire);
-    if p.is_null() {
-        if !alloc {
+
+    #[inline(always)]
+    fn slot(&self, fd: i32, alloc: bool) -> Option<&AtomicPtr<T>> {
+        let i = usize::try_from(fd).ok()?;
+        if i >= MAX_FD {
             return None;
         }
-        let fresh: Box<[AtomicPtr<crate::accel::Accel>; CHUNK]> =
-            Box::new([const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNK]);
-        let fresh = Box::into_raw(fresh);
-        match ACCEL[i / CHUNK].compare_exchange(
-            std::ptr::null_mut(),
-            fresh,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => p = fresh,
-            Err(other) => {
-                // SAFETY: `fresh` is ours and was never published.
-                drop(unsafe { Box::from_raw(fresh) });
-                p = other;
+        let mut p = self.chunks[i / CHUNK].load(Ordering::Acquire);
+        if p.is_null() {
+            if !alloc {
+                return None;
+            }
+            let fresh: Box<[AtomicPtr<T>; CHUNK]> =
+                Box::new([const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNK]);
+            let fresh = Box::into_raw(fresh);
+            match self.chunks[i / CHUNK].compare_exchange(
+                std::ptr::null_mut(),
+                fresh,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => p = fresh,
+                Err(other) => {
+                    // SAFETY: `fresh` came from Box::into_raw just above and
+                    // was never published (the CAS failed), so we own it.
+                    drop(unsafe { Box::from_raw(fresh) });
+                    p = other;
+                }
+            }
+        }
+        // SAFETY: `p` is a published chunk; chunks are never freed (the
+        // table lives in a static), and i % CHUNK is in bounds.
+        Some(unsafe { &(*p)[i % CHUNK] })
+    }
+
+    /// The payload of `fd`, if any (two loads, no lock).
+    #[inline(always)]
+    pub fn get(&self, fd: i32) -> Option<&'static T> {
+        let p = self.slot(fd, false)?.load(Ordering::Acquire);
+        // SAFETY: only `set` stores non-null pointers, always from a
+        // `&'static T`; payloads are never freed.
+        unsafe { p.as_ref() }
+    }
+
+    pub fn set(&self, fd: i32, v: &'static T) {
+        if let Some(s) = self.slot(fd, true) {
+            s.store((v as *const T).cast_mut(), Ordering::Release);
+        }
+    }
+
+    /// Every (fd, payload) present (allocated chunks only; for rare events
+    /// such as fork).
+    pub fn each(&self, mut f: impl FnMut(i32, &'static T)) {
+        for (c, chunk) in self.chunks.iter().enumerate() {
+            let p = chunk.load(Ordering::Acquire);
+            if p.is_null() {
+                continue;
+            }
+            for i in 0..CHUNK {
+                let fd = (c * CHUNK + i) as i32;
+                if let Some(v) = self.get(fd) {
+                    f(fd, v);
+                }
             }
         }
     }
-    // SAFETY: chunks are leaked and never freed.
-    Some(unsafe { &(*p)[i % CHUNK] })
-}
 
-/// The accelerated socket behind `fd`, if any (two loads, no lock).
-#[inline(always)]
-pub fn accel(fd: i32) -> Option<&'static crate::accel::Accel> {
-    let p = accel_slot(fd, false)?.load(Ordering::Acquire);
-    // SAFETY: `Accel`s are leaked (never freed), so a pointer once
-    // published stays valid for the life of the process.
-    unsafe { p.as_ref() }
-}
-
-pub fn accel_set(fd: i32, a: &'static crate::accel::Accel) {
-    if let Some(s) = accel_slot(fd, true) {
-        s.store(
-            (a as *const crate::accel::Accel).cast_mut(),
-            Ordering::Release,
-        );
+    pub fn take(&self, fd: i32) -> Option<&'static T> {
+        let p = self
+            .slot(fd, false)?
+            .swap(std::ptr::null_mut(), Ordering::AcqRel);
+        // SAFETY: as in `get`.
+        unsafe { p.as_ref() }
     }
-}
-
-pub fn accel_take(fd: i32) -> Option<&'static crate::accel::Accel> {
-    let p = accel_slot(fd, false)?.swap(std::ptr::null_mut(), Ordering::AcqRel);
-    // SAFETY: as in `accel`.
-    unsafe { p.as_ref() }
 }
 
 /// A thread starts a spin that makes syscalls on `fd`; the returned guard

@@ -7,7 +7,21 @@
  *                                      thread closes the fd (shim only: the
  *                                      kernel leaves such a recv asleep)
  *        shim_semantics exec-child     (internal: the exec'd child)
- * Traffic stays on 127.0.0.1. alarm() bounds every run. */
+ * Drop-in matrix cases (issue 9; crates/nanowire/tests/dropin_matrix.rs runs
+ * each plainly and under `nanowire run` in a lab and compares the output):
+ *        opts bind|connect|send        options set before the socket moves
+ *                                      onto the engine, read back after
+ *        epoll-dup                     two fds sharing one epoll_data value
+ *        select-huge                   select with a huge tv_sec
+ *        fds N                         N bound UDP sockets under RLIMIT_NOFILE 1024
+ *        fork-bound | fork-unbound     fork with a bound / an unbound socket
+ *                                      (needs an echo server at $SEM_PEER:$SEM_PORT)
+ *        mcast-drop GROUP PORT         join, receive, IP_DROP_MEMBERSHIP, receive
+ *                                      (the sender at $SEM_PEER:$SEM_PORT)
+ *        mcast-sender GROUP PORT CTL   the sender for mcast-drop
+ *        sigaction-race                handler and flags change under signals
+ *        dup2-spinner                  dup2 over an fd another thread waits on
+ * Traffic stays on 127.0.0.1 or inside the lab. alarm() bounds every run. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -26,6 +40,8 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+#include <sys/resource.h>
+#include <netinet/ip.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -385,11 +401,329 @@ static void exec_child(void) {
     exit(r == 4 ? 0 : 4);
 }
 
+/* ------------------------------------------------ drop-in matrix cases */
+
+static struct sockaddr_in env_addr(const char *var, const char *port_var, int port) {
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    const char *v = getenv(var);
+    if (v) a.sin_addr.s_addr = inet_addr(v);
+    const char *p = port_var ? getenv(port_var) : NULL;
+    a.sin_port = htons(p ? atoi(p) : port);
+    return a;
+}
+
+static void set_int(int s, int lvl, int name, int v) { setsockopt(s, lvl, name, &v, sizeof v); }
+static int get_int(int s, int lvl, int name) {
+    int v = -1; socklen_t l = sizeof v;
+    if (getsockopt(s, lvl, name, &v, &l) != 0) return -999;
+    return v;
+}
+
+/* Item 1: every option set before bind / connect / the first send survives. */
+static void case_opts(const char *phase) {
+    alarm(10);
+    int s = socket(AF_INET, SOCK_DGRAM, 0);
+    struct timeval rt = {0, 200000}, st = {1, 500000};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &rt, sizeof rt);
+    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &st, sizeof st);
+    set_int(s, SOL_SOCKET, SO_RCVLOWAT, 5);
+    set_int(s, SOL_SOCKET, SO_MARK, 42);
+    set_int(s, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO);
+    set_int(s, SOL_SOCKET, SO_KEEPALIVE, 1);
+    set_int(s, SOL_SOCKET, SO_DONTROUTE, 1);
+    set_int(s, SOL_SOCKET, SO_NO_CHECK, 1);
+    set_int(s, IPPROTO_IP, IP_FREEBIND, 1);
+    set_int(s, SOL_SOCKET, SO_PRIORITY, 3);
+    set_int(s, IPPROTO_IP, IP_TOS, 0x10);
+    set_int(s, IPPROTO_IP, IP_TTL, 33);
+    set_int(s, SOL_SOCKET, SO_BROADCAST, 1);
+    set_int(s, SOL_SOCKET, SO_REUSEADDR, 1);
+    set_int(s, IPPROTO_IP, IP_MULTICAST_TTL, 5);
+    set_int(s, IPPROTO_IP, IP_MULTICAST_LOOP, 0);
+    set_int(s, SOL_SOCKET, SO_RCVBUF, 100000);
+    set_int(s, SOL_SOCKET, SO_SNDBUF, 100000);
+    struct sockaddr_in me = env_addr("SEM_ADDR", NULL, 0);
+    struct sockaddr_in peer = env_addr("SEM_PEER", NULL, 9);
+    long r;
+    if (strcmp(phase, "bind") == 0) r = bind(s, (struct sockaddr *)&me, sizeof me);
+    else if (strcmp(phase, "connect") == 0) r = connect(s, (struct sockaddr *)&peer, sizeof peer);
+    else r = sendto(s, "x", 1, 0, (struct sockaddr *)&peer, sizeof peer);
+    rep(phase, r);
+    struct timeval g; socklen_t gl = sizeof g;
+    getsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &g, &gl);
+    printf("SO_RCVTIMEO: %ld.%06ld\n", (long)g.tv_sec, (long)g.tv_usec);
+    gl = sizeof g; getsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &g, &gl);
+    printf("SO_SNDTIMEO: %ld.%06ld\n", (long)g.tv_sec, (long)g.tv_usec);
+    printf("SO_RCVLOWAT: %d\n", get_int(s, SOL_SOCKET, SO_RCVLOWAT));
+    printf("SO_MARK: %d\n", get_int(s, SOL_SOCKET, SO_MARK));
+    printf("IP_MTU_DISCOVER: %d\n", get_int(s, IPPROTO_IP, IP_MTU_DISCOVER));
+    printf("SO_KEEPALIVE: %d\n", get_int(s, SOL_SOCKET, SO_KEEPALIVE));
+    printf("SO_DONTROUTE: %d\n", get_int(s, SOL_SOCKET, SO_DONTROUTE));
+    printf("SO_NO_CHECK: %d\n", get_int(s, SOL_SOCKET, SO_NO_CHECK));
+    printf("IP_FREEBIND: %d\n", get_int(s, IPPROTO_IP, IP_FREEBIND));
+    printf("SO_PRIORITY: %d\n", get_int(s, SOL_SOCKET, SO_PRIORITY));
+    printf("IP_TOS: %d\n", get_int(s, IPPROTO_IP, IP_TOS));
+    printf("IP_TTL: %d\n", get_int(s, IPPROTO_IP, IP_TTL));
+    printf("SO_BROADCAST: %d\n", get_int(s, SOL_SOCKET, SO_BROADCAST));
+    printf("SO_REUSEADDR: %d\n", get_int(s, SOL_SOCKET, SO_REUSEADDR));
+    printf("IP_MULTICAST_TTL: %d\n", get_int(s, IPPROTO_IP, IP_MULTICAST_TTL));
+    printf("IP_MULTICAST_LOOP: %d\n", get_int(s, IPPROTO_IP, IP_MULTICAST_LOOP));
+    printf("SO_RCVBUF: %d\n", get_int(s, SOL_SOCKET, SO_RCVBUF));
+    printf("SO_SNDBUF: %d\n", get_int(s, SOL_SOCKET, SO_SNDBUF));
+    /* a blocking receive with the timeout set before: EAGAIN, not a hang */
+    char buf[64];
+    errno = 0; r = recv(s, buf, sizeof buf, 0); rep("recv_with_rcvtimeo", r);
+    /* the same from a second thread while this one sleeps (multi-threaded hang) */
+    close(s);
+}
+
+/* Item 9: events of different fds sharing one epoll_data value. */
+static void case_epoll_dup(void) {
+    struct sockaddr_in aa;
+    int a = udp_bound(&aa);
+    int pp[2]; pipe(pp);
+    int ep = epoll_create1(0);
+    struct epoll_event e1 = {.events = EPOLLOUT, .data.u64 = 7};
+    struct epoll_event e2 = {.events = EPOLLIN, .data.u64 = 7};
+    rep("epoll_ctl_udp", epoll_ctl(ep, EPOLL_CTL_ADD, a, &e1));
+    rep("epoll_ctl_pipe", epoll_ctl(ep, EPOLL_CTL_ADD, pp[0], &e2));
+    write(pp[1], "p", 1);
+    struct epoll_event ev[8];
+    int n = epoll_wait(ep, ev, 8, 1000);
+    int in = 0, out = 0, both = 0;
+    for (int i = 0; i < n; i++) {
+        int ii = (ev[i].events & EPOLLIN) != 0, oo = (ev[i].events & EPOLLOUT) != 0;
+        if (ii && oo) both++; else if (ii) in++; else if (oo) out++;
+    }
+    printf("epoll_dup: n=%d in=%d out=%d merged=%d\n", n, in, out, both);
+    /* the same with the data changed by MOD, and after DEL of the socket */
+    e1.data.u64 = 9;
+    rep("epoll_mod_udp", epoll_ctl(ep, EPOLL_CTL_MOD, a, &e1));
+    n = epoll_wait(ep, ev, 8, 1000);
+    int d7 = 0, d9 = 0;
+    for (int i = 0; i < n; i++) { if (ev[i].data.u64 == 7) d7++; if (ev[i].data.u64 == 9) d9++; }
+    printf("epoll_mod: n=%d data7=%d data9=%d\n", n, d7, d9);
+    rep("epoll_del_udp", epoll_ctl(ep, EPOLL_CTL_DEL, a, NULL));
+    n = epoll_wait(ep, ev, 8, 1000);
+    printf("epoll_del: n=%d data=%llu\n", n, n > 0 ? (unsigned long long)ev[0].data.u64 : 0ULL);
+    close(ep); close(a); close(pp[0]); close(pp[1]);
+}
+
+/* Item 9: select with a huge tv_sec waits for the data, no overflow. */
+static void case_select_huge(void) {
+    struct sockaddr_in aa, ab;
+    int a = udp_bound(&aa), b = udp_bound(&ab);
+    pthread_t th;
+    struct delayed d = {b, aa, 1000, "late"};
+    pthread_create(&th, NULL, send_later, &d);
+    fd_set r; FD_ZERO(&r); FD_SET(a, &r);
+    /* 18446744074 s * 1e9 wraps a u64 to ~0.29 s */
+    struct timeval tv = {.tv_sec = 18446744074L, .tv_usec = 0};
+    int n = select(a + 1, &r, NULL, NULL, &tv);
+    printf("select_huge: %d readable=%d\n", n, n > 0 && FD_ISSET(a, &r));
+    pthread_join(th, NULL);
+    close(a); close(b);
+}
+
+/* Item 7: N accelerated sockets under RLIMIT_NOFILE 1024. */
+static void case_fds(int n) {
+    struct rlimit rl = {1024, 1024};
+    setrlimit(RLIMIT_NOFILE, &rl);
+    struct sockaddr_in me = env_addr("SEM_ADDR", NULL, 0);
+    int ok = 0, first_err = 0;
+    for (int i = 0; i < n; i++) {
+        int s = socket(AF_INET, SOCK_DGRAM, 0);
+        if (s < 0) { if (!first_err) first_err = errno; continue; }
+        if (bind(s, (struct sockaddr *)&me, sizeof me) != 0) { if (!first_err) first_err = errno; continue; }
+        ok++;
+    }
+    printf("sockets: %d of %d bound, first error %s\n", ok, n, first_err ? (first_err == EMFILE ? "EMFILE" : en(first_err)) : "none");
+}
+
+/* Item 5: fork with a bound socket: the child gets its replies, the parent
+ * never reads the child's. Echo server at $SEM_PEER:$SEM_PORT. */
+static int echo_rounds(int s, const char *who, int n) {
+    struct sockaddr_in peer = env_addr("SEM_PEER", "SEM_PORT", 7);
+    char buf[256], msg[64];
+    int got = 0;
+    for (int i = 0; i < n; i++) {
+        snprintf(msg, sizeof msg, "%s-%d", who, i);
+        sendto(s, msg, strlen(msg), 0, (struct sockaddr *)&peer, sizeof peer);
+        struct pollfd p = {.fd = s, .events = POLLIN};
+        if (poll(&p, 1, 3000) != 1) break;
+        long r = recv(s, buf, sizeof buf - 1, 0);
+        if (r < 0) break;
+        buf[r] = 0;
+        if (strcmp(buf, msg) == 0) got++;
+    }
+    return got;
+}
+
+static int local_port(int s) {
+    struct sockaddr_in a; socklen_t l = sizeof a;
+    getsockname(s, (struct sockaddr *)&a, &l);
+    return ntohs(a.sin_port);
+}
+
+static void case_fork(int bound) {
+    alarm(20);
+    int s;
+    if (bound) { struct sockaddr_in aa; s = udp_bound(&aa); }
+    else s = socket(AF_INET, SOCK_DGRAM, 0);
+    int pfd[2]; pipe(pfd);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int got = echo_rounds(s, "child", 5);
+        int port = local_port(s);
+        write(pfd[1], &port, sizeof port);
+        printf("child: %d of 5 replies\n", got);
+        fflush(stdout);
+        _exit(0);
+    }
+    int cport = 0;
+    read(pfd[0], &cport, sizeof cport);
+    int st; waitpid(pid, &st, 0);
+    msleep(200);
+    char buf[256];
+    errno = 0;
+    long r = recv(s, buf, sizeof buf, MSG_DONTWAIT);
+    rep("parent_stale_replies", r);
+    int got = echo_rounds(s, "parent", 3);
+    printf("parent: %d of 3 replies\n", got);
+    printf("same_port: %d\n", local_port(s) == cport);
+    close(s);
+}
+
+/* Item 9: IP_DROP_MEMBERSHIP stops the group's traffic. The sender
+ * (mcast-sender, plain, on the peer host) sends a burst per request. */
+static int mcast_burst(int s, int ctl, struct sockaddr_in *snd, const char *req, int wait_ms) {
+    sendto(ctl, req, strlen(req), 0, (struct sockaddr *)snd, sizeof *snd);
+    char ack[16];
+    struct pollfd pc = {.fd = ctl, .events = POLLIN};
+    if (poll(&pc, 1, 3000) == 1) recv(ctl, ack, sizeof ack, 0); /* burst sent */
+    int got = 0;
+    char buf[256];
+    for (;;) {
+        struct pollfd p = {.fd = s, .events = POLLIN};
+        if (poll(&p, 1, wait_ms) != 1) break;
+        if (recv(s, buf, sizeof buf, 0) > 0) got++;
+    }
+    return got;
+}
+
+static void case_mcast_drop(const char *group, int port) {
+    alarm(20);
+    int s = socket(AF_INET, SOCK_DGRAM, 0);
+    set_int(s, SOL_SOCKET, SO_REUSEADDR, 1);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    bind(s, (struct sockaddr *)&a, sizeof a);
+    struct ip_mreq m = {.imr_multiaddr.s_addr = inet_addr(group)};
+    m.imr_interface = env_addr("SEM_ADDR", NULL, 0).sin_addr;
+    rep("add_membership", setsockopt(s, IPPROTO_IP, IP_ADD_MEMBERSHIP, &m, sizeof m));
+    int ctl = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in snd = env_addr("SEM_PEER", "SEM_PORT", 7);
+    printf("joined: %d\n", mcast_burst(s, ctl, &snd, "burst", 500));
+    rep("drop_membership", setsockopt(s, IPPROTO_IP, IP_DROP_MEMBERSHIP, &m, sizeof m));
+    printf("after_drop: %d\n", mcast_burst(s, ctl, &snd, "burst", 300));
+    sendto(ctl, "quit", 4, 0, (struct sockaddr *)&snd, sizeof snd);
+}
+
+static void case_mcast_sender(const char *group, int port, int ctlport) {
+    alarm(30);
+    int ctl = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(ctlport)};
+    bind(ctl, (struct sockaddr *)&a, sizeof a);
+    int s = socket(AF_INET, SOCK_DGRAM, 0);
+    struct in_addr ifa = env_addr("SEM_ADDR", NULL, 0).sin_addr;
+    setsockopt(s, IPPROTO_IP, IP_MULTICAST_IF, &ifa, sizeof ifa);
+    struct sockaddr_in g = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = inet_addr(group)};
+    printf("ready\n"); fflush(stdout);
+    for (;;) {
+        char buf[64]; struct sockaddr_in from; socklen_t fl = sizeof from;
+        long r = recvfrom(ctl, buf, sizeof buf - 1, 0, (struct sockaddr *)&from, &fl);
+        if (r <= 0) continue;
+        buf[r] = 0;
+        if (strcmp(buf, "quit") == 0) break;
+        for (int i = 0; i < 20; i++) { sendto(s, "m", 1, 0, (struct sockaddr *)&g, sizeof g); msleep(2); }
+        sendto(ctl, "sent", 4, 0, (struct sockaddr *)&from, fl);
+    }
+}
+
+/* Item 9: the trampoline calls an SA_SIGINFO handler with its siginfo even
+ * while another thread keeps switching between the two kinds of handler. */
+static volatile sig_atomic_t bad_info, info_calls, plain_calls;
+static void h_info(int sig, siginfo_t *si, void *ctx) {
+    (void)ctx;
+    if (si == NULL || si->si_signo != sig) bad_info++;
+    info_calls++;
+}
+static void h_plain(int sig) { (void)sig; plain_calls++; }
+static volatile int race_stop;
+static void *switcher(void *p) {
+    (void)p;
+    while (!race_stop) {
+        struct sigaction a = {0};
+        a.sa_sigaction = h_info; a.sa_flags = SA_SIGINFO | SA_RESTART;
+        sigaction(SIGUSR1, &a, NULL);
+        struct sigaction b = {0};
+        b.sa_handler = h_plain; b.sa_flags = SA_RESTART;
+        sigaction(SIGUSR1, &b, NULL);
+    }
+    return NULL;
+}
+static void case_sigaction_race(void) {
+    struct sigaction a = {0};
+    a.sa_sigaction = h_info; a.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigaction(SIGUSR1, &a, NULL);
+    pthread_t th;
+    pthread_create(&th, NULL, switcher, NULL);
+    for (int i = 0; i < 20000; i++) raise(SIGUSR1);
+    race_stop = 1;
+    pthread_join(th, NULL);
+    printf("sigaction_race: delivered=%d bad_siginfo=%d\n", (int)(info_calls + plain_calls) == 20000, (int)bad_info);
+}
+
+/* Item 9: dup2 over an fd another thread waits on: that thread never
+ * receives from the socket that now has the number. */
+struct dw { int fd; long r; char buf[64]; };
+static void *dup_waiter(void *p) {
+    struct dw *w = p;
+    w->r = recv(w->fd, w->buf, sizeof w->buf - 1, 0);
+    if (w->r >= 0) w->buf[w->r] = 0;
+    return NULL;
+}
+static void case_dup2_spinner(void) {
+    alarm(10);
+    struct sockaddr_in aa, ab, ac;
+    int a = udp_bound(&aa), b = udp_bound(&ab), c = udp_bound(&ac);
+    struct dw w = {a, -2, {0}};
+    pthread_t th;
+    pthread_create(&th, NULL, dup_waiter, &w);
+    msleep(100);
+    sendto(c, "intruder", 8, 0, (struct sockaddr *)&ab, sizeof ab);
+    msleep(50);
+    dup2(b, a);
+    msleep(100);
+    /* wake a kernel-blocked waiter on the old socket (plain runs) */
+    sendto(c, "old", 3, 0, (struct sockaddr *)&aa, sizeof aa);
+    pthread_join(th, NULL);
+    printf("dup2_waiter_read_new_socket: %d\n", w.r > 0 && strcmp(w.buf, "intruder") == 0);
+}
 
 int main(int argc, char **argv) {
     alarm(30);
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc > 1 && strcmp(argv[1], "exec-child") == 0) { exec_child(); return 0; }
+    if (argc > 2 && strcmp(argv[1], "opts") == 0) { case_opts(argv[2]); return 0; }
+    if (argc > 1 && strcmp(argv[1], "epoll-dup") == 0) { case_epoll_dup(); return 0; }
+    if (argc > 1 && strcmp(argv[1], "select-huge") == 0) { case_select_huge(); return 0; }
+    if (argc > 2 && strcmp(argv[1], "fds") == 0) { case_fds(atoi(argv[2])); return 0; }
+    if (argc > 1 && strcmp(argv[1], "fork-bound") == 0) { case_fork(1); return 0; }
+    if (argc > 1 && strcmp(argv[1], "fork-unbound") == 0) { case_fork(0); return 0; }
+    if (argc > 3 && strcmp(argv[1], "mcast-drop") == 0) { case_mcast_drop(argv[2], atoi(argv[3])); return 0; }
+    if (argc > 4 && strcmp(argv[1], "mcast-sender") == 0) { case_mcast_sender(argv[2], atoi(argv[3]), atoi(argv[4])); return 0; }
+    if (argc > 1 && strcmp(argv[1], "sigaction-race") == 0) { case_sigaction_race(); return 0; }
+    if (argc > 1 && strcmp(argv[1], "dup2-spinner") == 0) { case_dup2_spinner(); return 0; }
     if (argc > 1 && strcmp(argv[1], "close-waiter") == 0) {
         struct sockaddr_in aa;
         int a = udp_bound(&aa);

@@ -118,6 +118,16 @@ pub fn run(args: RunArgs) -> Result<i32, String> {
     // Validate everything here, so that a typo is one clear line and not a
     // shim that silently ignores the variable.
     let cfg = Config::resolve(|k| std::env::var(k).ok(), &ovr)?;
+    if cfg.engine == Engine::Xdp
+        && let Some(name) = &cfg.iface
+        && (name.is_empty()
+            || name.contains('/')
+            || !std::path::Path::new("/sys/class/net").join(name).exists())
+    {
+        return Err(format!(
+            "iface: no network interface named {name:?} here (NANOWIRE_IFACE / -o iface=)"
+        ));
+    }
     let lib = find_preload()?;
 
     let mut cmd = Command::new(prog);
@@ -158,5 +168,16 @@ pub fn run(args: RunArgs) -> Result<i32, String> {
         );
     }
     let err = cmd.exec();
-    Err(format!("cannot run {}: {err}", prog.to_string_lossy()))
+    // Like a shell: 127 when the command is not found, 126 when it exists
+    // but cannot be executed.
+    eprintln!("nanowire run: cannot run {}: {err}", prog.to_string_lossy());
+    Ok(exec_failure_status(&err))
+}
+
+/// The exit status a POSIX shell gives a command it could not execute.
+pub fn exec_failure_status(err: &std::io::Error) -> i32 {
+    match err.kind() {
+        std::io::ErrorKind::NotFound => 127,
+        _ => 126,
+    }
 }

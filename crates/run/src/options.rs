@@ -156,12 +156,13 @@ pub const OPTIONS: &[OptSpec] = &[
         env: "NANOWIRE_LOG",
         ty: OptType::Level,
         default: "warn",
-        range: "off|error|warn|info|debug",
+        range: "off|quiet|error|warn|info|debug",
         min: 0,
         max: 0,
         profiles: ["warn", "warn", "warn"],
-        doc: "Diagnostics on stderr. info: one line per socket saying which engine serves it and \
-              why it is not accelerated.",
+        doc: "Diagnostics on stderr. warn: one line per socket meant for the xdp engine that \
+              does not get it, with the reason (quiet = error: silences it); info: one line per \
+              socket saying which engine serves it.",
     },
 ];
 
@@ -238,7 +239,8 @@ impl Level {
     pub fn parse(v: &str) -> Option<Level> {
         match v {
             "off" | "0" => Some(Level::Off),
-            "error" => Some(Level::Error),
+            // quiet: no fallback lines, errors only.
+            "error" | "quiet" => Some(Level::Error),
             "warn" => Some(Level::Warn),
             "info" => Some(Level::Info),
             "debug" => Some(Level::Debug),

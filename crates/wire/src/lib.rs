@@ -14,6 +14,7 @@ pub mod ethernet;
 pub mod ipv4;
 pub mod pcapng;
 pub mod sockperf;
+pub mod tcp;
 pub mod udp;
 
 pub use ethernet::{EtherType, EthernetFrame, MacAddr};

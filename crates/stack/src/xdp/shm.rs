@@ -1,8 +1,21 @@
 //! Shared-memory stats pages: each engine maps
-//! `/dev/shm/nanowire/<pid>-<n>` (header + atomic u64 counters) so that
-//! `nanowire stats` can read the counters of running engines without
+//! `/dev/shm/nanowire/<pid>-<start>-<n>` (header + atomic u64 counters) so
+//! that `nanowire stats` can read the counters of running engines without
 //! talking to them. The page is removed when the engine closes; pages of
-//! dead processes (SIGKILL) are ignored and cleaned up by `stats`.
+//! dead processes (SIGKILL) are ignored and cleaned up by the next engine
+//! and by `stats`.
+//!
+//! /dev/shm is world-writable, and engines run as root, so (issue 9, item
+//! 10): the directory must be a real directory (not a symlink) owned by
+//! the engine's effective uid with no group/other write permission, or the
+//! engine refuses it (one line on stderr, the page is then anonymous and
+//! not listed). It is opened once with O_DIRECTORY|O_NOFOLLOW and pages are
+//! created relative to that descriptor with O_CREAT|O_EXCL|O_NOFOLLOW, so
+//! nothing planted there can redirect a write. `<start>` is the process
+//! start time (clock ticks since boot, /proc/PID/stat field 22): a page is
+//! live only while a process with that pid *and* that start time exists,
+//! so a reused pid never keeps a dead engine's page alive.
+//! `NANOWIRE_STATS_DIR` names another directory (same checks).
 //!
 //! Writers are single (the engine, under its lock) and update counters with
 //! relaxed load+store (no locked RMW on the hot path); readers see each
@@ -175,29 +188,193 @@ fn map_fd(fd: Option<&std::fs::File>, len: usize, write: bool) -> Option<*mut u8
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
+/// The stats directory (`NANOWIRE_STATS_DIR`, else [`DIR`]).
+pub fn dir() -> PathBuf {
+    std::env::var_os("NANOWIRE_STATS_DIR")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(DIR), PathBuf::from)
+}
+
+/// An open, verified stats directory.
+struct SafeDir {
+    fd: std::os::fd::OwnedFd,
+}
+
+/// Why a directory is not used.
+fn dir_problem(st: &libc::stat, euid: u32) -> Option<String> {
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return Some("not a directory".into());
+    }
+    if st.st_uid != euid {
+        return Some(format!("owned by uid {} (not {euid})", st.st_uid));
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Some(format!(
+            "mode {:o} is group- or world-writable",
+            st.st_mode & 0o7777
+        ));
+    }
+    None
+}
+
+/// Open `path` as a stats directory: create it (mode 0755) if missing;
+/// refuse a symlink, another owner, or group/other write permission.
+fn open_dir(path: &Path, create: bool) -> Result<SafeDir, String> {
+    use std::ffi::CString;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| "bad path".to_string())?;
+    if create {
+        // SAFETY: a NUL-terminated path; mkdir never follows a symlink in
+        // the last component (EEXIST), and what exists is checked below.
+        unsafe { libc::mkdir(c.as_ptr(), 0o755) };
+    }
+    // SAFETY: a NUL-terminated path; O_NOFOLLOW makes a symlink fail
+    // (ELOOP/ENOTDIR) instead of opening its target.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    // SAFETY: `fd` was just returned by open and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: an all-zero stat is a valid out-buffer for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid fd and our stat buffer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    // Writers want their own directory; readers accept root's as well.
+    let want = if !create && st.st_uid == 0 { 0 } else { euid };
+    match dir_problem(&st, want) {
+        Some(why) => Err(why),
+        None => Ok(SafeDir { fd }),
+    }
+}
+
+/// Start time of process `pid` (field 22 of /proc/PID/stat), if it exists.
+fn start_time(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and ')': split after the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// (pid, start time) of a page name `<pid>-<start>-<n>` (or the old `<pid>-<n>`).
+fn page_owner(name: &str) -> Option<(u32, Option<u64>)> {
+    let parts: Vec<&str> = name.split('-').collect();
+    let pid = parts.first()?.parse().ok()?;
+    match parts.len() {
+        2 => Some((pid, None)),
+        3 => Some((pid, Some(parts[1].parse().ok()?))),
+        _ => None,
+    }
+}
+
+fn page_alive(name: &str) -> bool {
+    match page_owner(name) {
+        Some((pid, Some(start))) => start_time(pid) == Some(start),
+        Some((pid, None)) => pid_alive(pid),
+        None => true, // not ours: leave it alone
+    }
+}
+
+fn warn_once(msg: String) {
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !DONE.swap(true, Ordering::Relaxed) {
+        eprintln!("nanowire: {msg}");
+    }
+}
+
+/// Create this process's next page file in a verified directory.
+fn create_page_file() -> Option<(std::fs::File, PathBuf)> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let base = dir();
+    let d = match open_dir(&base, true) {
+        Ok(d) => d,
+        Err(why) => {
+            warn_once(format!(
+                "stats directory {} refused ({why}); this engine's counters are not listed by `nanowire stats`",
+                base.display()
+            ));
+            return None;
+        }
+    };
+    remove_dead_in(&d);
+    let pid = std::process::id();
+    let start = start_time(pid).unwrap_or(0);
+    for _ in 0..16 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{pid}-{start}-{n}");
+        let c = std::ffi::CString::new(name.clone()).ok()?;
+        // SAFETY: a NUL-terminated name relative to our verified directory
+        // fd; O_EXCL|O_NOFOLLOW never opens anything that already exists
+        // (a planted file or symlink makes it fail with EEXIST).
+        let fd = unsafe {
+            libc::openat(
+                d.fd.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o644 as libc::c_uint,
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: a fresh fd owned by nobody else.
+            let f = unsafe { std::fs::File::from_raw_fd(fd) };
+            if f.set_len(PAGE_BYTES as u64).is_err() {
+                unlink_in(&d, &name);
+                return None;
+            }
+            return Some((f, base.join(name)));
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+            return None;
+        }
+    }
+    None
+}
+
+fn unlink_in(d: &SafeDir, name: &str) {
+    use std::os::fd::AsRawFd;
+    if let Ok(c) = std::ffi::CString::new(name) {
+        // SAFETY: a NUL-terminated name relative to a verified directory
+        // fd; unlinkat removes the entry itself, never a symlink's target.
+        unsafe { libc::unlinkat(d.fd.as_raw_fd(), c.as_ptr(), 0) };
+    }
+}
+
+/// Remove pages of dead processes from a verified directory.
+fn remove_dead_in(d: &SafeDir) {
+    use std::os::fd::AsRawFd;
+    let Ok(rd) = std::fs::read_dir(format!("/proc/self/fd/{}", d.fd.as_raw_fd())) else {
+        return;
+    };
+    for e in rd.filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if page_owner(&name).is_some() && !page_alive(&name) {
+            unlink_in(d, &name);
+        }
+    }
+}
+
 impl StatsPage {
     pub fn create(info: &PageInfo) -> StatsPage {
-        remove_dead_pages();
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = PathBuf::from(DIR).join(format!("{}-{n}", info.pid));
-        let file = std::fs::create_dir_all(DIR).ok().and_then(|_| {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&path)
-                .ok()?;
-            f.set_len(PAGE_BYTES as u64).ok()?;
-            Some(f)
-        });
+        let file = create_page_file();
         let (ptr, path) = match file
             .as_ref()
-            .and_then(|f| map_fd(Some(f), PAGE_BYTES, true))
+            .and_then(|(f, p)| Some((map_fd(Some(f), PAGE_BYTES, true)?, p.clone())))
         {
-            Some(p) => (p, Some(path)),
+            Some((p, path)) => (p, Some(path)),
             None => {
-                let _ = std::fs::remove_file(&path);
+                if let Some((_, p)) = &file {
+                    let _ = std::fs::remove_file(p);
+                }
                 (
                     map_fd(None, PAGE_BYTES, true).expect("anonymous mmap of the stats page"),
                     None,
@@ -322,48 +499,59 @@ fn pid_alive(pid: u32) -> bool {
 
 /// Remove the pages of processes that died without cleaning up (SIGKILL).
 pub fn remove_dead_pages() {
-    let Ok(dir) = std::fs::read_dir(DIR) else {
-        return;
-    };
-    for e in dir.filter_map(|e| e.ok()) {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if let Some(pid) = name.split('-').next().and_then(|s| s.parse::<u32>().ok())
-            && !pid_alive(pid)
-        {
-            let _ = std::fs::remove_file(e.path());
-        }
+    if let Ok(d) = open_dir(&dir(), false) {
+        remove_dead_in(&d);
     }
 }
 
 /// Read every live engine's page; remove pages of dead processes.
 pub fn read_all() -> Vec<EngineSnapshot> {
     let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir(DIR) else {
+    let base = dir();
+    let Ok(d) = open_dir(&base, false) else {
         return out;
     };
-    let mut paths: Vec<_> = dir.filter_map(|e| e.ok()).map(|e| e.path()).collect();
-    paths.sort();
-    for p in paths {
-        let name = p
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let Some(pid) = name.split('-').next().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        if !pid_alive(pid) {
-            let _ = std::fs::remove_file(&p);
+    remove_dead_in(&d);
+    let Ok(rd) = std::fs::read_dir(&base) else {
+        return out;
+    };
+    let mut names: Vec<String> = rd
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| page_owner(n).is_some())
+        .collect();
+    names.sort();
+    for name in names {
+        if !page_alive(&name) {
             continue;
         }
-        if let Some(s) = read_page(&p) {
+        if let Some(s) = read_page(&d, &base.join(&name), &name) {
             out.push(s);
         }
     }
     out
 }
 
-fn read_page(p: &Path) -> Option<EngineSnapshot> {
-    let f = std::fs::File::open(p).ok()?;
+fn read_page(d: &SafeDir, p: &Path, name: &str) -> Option<EngineSnapshot> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: a NUL-terminated name relative to a verified directory fd,
+    // read-only, never following a symlink.
+    let fd = unsafe {
+        libc::openat(
+            d.fd.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a fresh fd owned by nobody else.
+    let f = unsafe { std::fs::File::from_raw_fd(fd) };
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
     if f.metadata().ok()?.len() < PAGE_BYTES as u64 {
         return None;
     }

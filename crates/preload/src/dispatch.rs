@@ -18,6 +18,7 @@ use crate::accel;
 use crate::ahooks;
 use crate::ready;
 use crate::real;
+pub use crate::signals::{sigaction, signal};
 use crate::spin::{self, log_socket, recv_spin_word};
 use crate::table::{self, C_EPOLL, C_OTHER, C_TCP, C_UDP, F_EPOLL_INET, F_RCVTIMEO};
 use libc::{
@@ -29,14 +30,10 @@ use std::sync::atomic::Ordering;
 // ---------------------------------------------------------------- sockets
 
 /// # Safety
-/// libc's `socket`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::socket(domain, ty, proto) };
-    }
-    // SAFETY: forwarding the caller's arguments.
+/// As libc's `socket`.
+pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     let fd = unsafe { real::socket(domain, ty, proto) };
     if fd >= 0 {
         let base = ty & 0xf;
@@ -59,14 +56,10 @@ pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int
 }
 
 /// # Safety
-/// libc's `accept`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::accept(fd, addr, len) };
-    }
-    // SAFETY: forwarding.
+/// As libc's `accept`.
+pub unsafe fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::accept(fd, addr, len) };
     if r >= 0 {
         table::retire(r);
@@ -75,19 +68,10 @@ pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut sockle
 }
 
 /// # Safety
-/// libc's `accept4`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn accept4(
-    fd: c_int,
-    addr: *mut sockaddr,
-    len: *mut socklen_t,
-    flags: c_int,
-) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::accept4(fd, addr, len, flags) };
-    }
-    // SAFETY: forwarding.
+/// As libc's `accept4`.
+pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::accept4(fd, addr, len, flags) };
     if r >= 0 {
         table::retire(r);
@@ -96,23 +80,19 @@ pub unsafe extern "C" fn accept4(
 }
 
 /// # Safety
-/// libc's `setsockopt`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn setsockopt(
+/// As libc's `setsockopt`.
+pub unsafe fn setsockopt(
     fd: c_int,
     level: c_int,
     name: c_int,
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::setsockopt(fd, level, name, val, len) };
-    }
     if let Some(r) = sockopt_accel(fd, level, name, val, len) {
         return r;
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
     if r == 0 && level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == 66) {
         if let Some(a) = accel::lookup(fd) {
@@ -133,19 +113,15 @@ pub unsafe extern "C" fn setsockopt(
 }
 
 /// # Safety
-/// libc's `shutdown`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::shutdown(fd, how) };
-    }
-    // SAFETY: forwarding.
+/// As libc's `shutdown`.
+pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::shutdown(fd, how) };
     // Unconnected UDP answers ENOTCONN yet shuts down all the same.
     if (r == 0 || spin::errno() == libc::ENOTCONN)
         && (how == libc::SHUT_RD || how == libc::SHUT_RDWR)
-        && let Some(a) = table::accel(fd)
+        && let Some(a) = accel::by_fd(fd)
     {
         accel::shutdown_rd(a);
     }
@@ -159,34 +135,26 @@ pub unsafe extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 // ------------------------------------------------------------- fd changes
 
 /// # Safety
-/// libc's `close`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::close(fd) };
-    }
+/// As libc's `close`.
+pub unsafe fn close(fd: c_int) -> c_int {
     // Bump the generation first, so a thread spinning on `fd` stops before
     // the number can be reused.
-    ready::epoll_closed(fd);
+    ready::fd_closed(fd);
     table::retire(fd);
     table::wait_spinners(fd);
-    if let Some(a) = table::accel_take(fd) {
+    if let Some(a) = accel::take_fd(fd) {
         accel::release(a);
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::close(fd) }
 }
 
 /// # Safety
-/// libc's `dup`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::dup(fd) };
-    }
-    // SAFETY: forwarding.
+/// As libc's `dup`.
+pub unsafe fn dup(fd: c_int) -> c_int {
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::dup(fd) };
     if r >= 0 {
         table::retire(r);
@@ -196,20 +164,20 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 }
 
 /// # Safety
-/// libc's `dup2`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::dup2(old, new) };
-    }
+/// As libc's `dup2`.
+pub unsafe fn dup2(old: c_int, new: c_int) -> c_int {
     if old != new {
+        // `new` is closed by the call: exactly what `close` does first
+        // (bump the generation, wait until its spinners have left).
+        ready::fd_closed(new);
         table::retire(new);
-        if let Some(a) = table::accel_take(new) {
+        table::wait_spinners(new);
+        if let Some(a) = accel::take_fd(new) {
             accel::release(a);
         }
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::dup2(old, new) };
     if r >= 0 && old != new {
         share_accel(old, new);
@@ -218,20 +186,20 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 }
 
 /// # Safety
-/// libc's `dup3`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::dup3(old, new, flags) };
-    }
+/// As libc's `dup3`.
+pub unsafe fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     if old != new {
+        // `new` is closed by the call: exactly what `close` does first
+        // (bump the generation, wait until its spinners have left).
+        ready::fd_closed(new);
         table::retire(new);
-        if let Some(a) = table::accel_take(new) {
+        table::wait_spinners(new);
+        if let Some(a) = accel::take_fd(new) {
             accel::release(a);
         }
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::dup3(old, new, flags) };
     if r >= 0 && old != new {
         share_accel(old, new);
@@ -247,32 +215,27 @@ fn fcntl_common(fd: c_int, cmd: c_int, r: c_int) -> c_int {
     r
 }
 
-extern "C" fn fcntl_impl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
-    if !accel::in_engine()
-        && let Some(r) = fcntl_accel(fd, cmd, arg, false)
-    {
+/// `fcntl` / `fcntl64` (`is64`), with the optional argument as an integer.
+pub fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
+    if let Some(r) = fcntl_accel(fd, cmd, arg, is64) {
         return r;
     }
-    // SAFETY: forwarding the caller's (possibly absent) argument register.
-    let r = unsafe { real::fcntl(fd, cmd, arg) };
+    // SAFETY: the caller's (possibly absent) argument register, passed on:
+    // the real fcntl reads it only for commands that take one, as the
+    // caller's own call would have.
+    let r = unsafe {
+        if is64 {
+            real::fcntl64(fd, cmd, arg)
+        } else {
+            real::fcntl(fd, cmd, arg)
+        }
+    };
     fcntl_common(fd, cmd, r)
 }
 
-extern "C" fn fcntl64_impl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
-    if !accel::in_engine()
-        && let Some(r) = fcntl_accel(fd, cmd, arg, true)
-    {
-        return r;
-    }
-    // SAFETY: as above.
-    let r = unsafe { real::fcntl64(fd, cmd, arg) };
-    fcntl_common(fd, cmd, r)
-}
-
-extern "C" fn ioctl_impl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
-    if !accel::in_engine()
-        && let Some(a) = table::accel(fd)
-    {
+/// `ioctl`, with the optional argument as an integer.
+pub fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    if let Some(a) = accel::by_fd(fd) {
         if req == libc::FIONBIO as c_ulong && arg != 0 {
             // The kernel socket stays non-blocking; remember the
             // application's choice. Inherited copies (after fork) too.
@@ -292,46 +255,11 @@ extern "C" fn ioctl_impl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
     unsafe { real::ioctl(fd, req, arg) }
 }
 
-#[cfg(target_arch = "x86_64")]
-macro_rules! tail_jump {
-    ($name:ident => $target:ident) => {
-        /// Variadic C entry point: a tail jump to the fixed-arity Rust
-        /// function (see the module doc).
-        #[unsafe(naked)]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name() {
-            core::arch::naked_asm!("jmp {}", sym $target)
-        }
-    };
-}
-
-#[cfg(target_arch = "aarch64")]
-macro_rules! tail_jump {
-    ($name:ident => $target:ident) => {
-        /// Variadic C entry point: a tail jump to the fixed-arity Rust
-        /// function (see the module doc).
-        #[unsafe(naked)]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name() {
-            core::arch::naked_asm!("b {}", sym $target)
-        }
-    };
-}
-
-tail_jump!(fcntl => fcntl_impl);
-tail_jump!(fcntl64 => fcntl64_impl);
-tail_jump!(ioctl => ioctl_impl);
-
 // --------------------------------------------------------------- receive
 
 /// # Safety
-/// libc's `recv`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::recv(fd, buf, len, flags) };
-    }
+/// As libc's `recv`.
+pub unsafe fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
     if let Some(r) = ahooks::recvfrom(
         fd,
         buf,
@@ -365,14 +293,14 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c
             return r;
         }
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::recv(fd, buf, len, flags) }
 }
 
 /// # Safety
-/// libc's `recvfrom`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn recvfrom(
+/// As libc's `recvfrom`.
+pub unsafe fn recvfrom(
     fd: c_int,
     buf: *mut c_void,
     len: size_t,
@@ -380,10 +308,6 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::recvfrom(fd, buf, len, flags, addr, alen) };
-    }
     if let Some(r) = ahooks::recvfrom(fd, buf, len, flags, addr, alen) {
         return r;
     }
@@ -410,18 +334,14 @@ pub unsafe extern "C" fn recvfrom(
             return r;
         }
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::recvfrom(fd, buf, len, flags, addr, alen) }
 }
 
 /// # Safety
-/// libc's `recvmsg`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::recvmsg(fd, msg, flags) };
-    }
+/// As libc's `recvmsg`.
+pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     if let Some(r) = ahooks::recvmsg(fd, msg, flags) {
         return r;
     }
@@ -448,24 +368,20 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
             return r;
         }
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::recvmsg(fd, msg, flags) }
 }
 
 /// # Safety
-/// libc's `recvmmsg`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn recvmmsg(
+/// As libc's `recvmmsg`.
+pub unsafe fn recvmmsg(
     fd: c_int,
     msgs: *mut mmsghdr,
     vlen: c_uint,
     flags: c_int,
     tmo: *mut timespec,
 ) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::recvmmsg(fd, msgs, vlen, flags, tmo) };
-    }
     if let Some(r) = ahooks::recvmmsg(fd, msgs, vlen, flags) {
         return r;
     }
@@ -506,18 +422,14 @@ pub unsafe extern "C" fn recvmmsg(
             return r as c_int;
         }
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::recvmmsg(fd, msgs, vlen, flags, tmo) }
 }
 
 /// # Safety
-/// libc's `read`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::read(fd, buf, len) };
-    }
+/// As libc's `read`.
+pub unsafe fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
     if let Some(r) = ahooks::recvfrom(fd, buf, len, 0, std::ptr::null_mut(), std::ptr::null_mut()) {
         return r;
     }
@@ -536,19 +448,15 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize
     {
         return r;
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::read(fd, buf, len) }
 }
 
 /// # Safety
-/// libc's `readv`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::readv(fd, iov, cnt) };
-    }
-    if cnt >= 0 && table::accel(fd).is_some() {
+/// As libc's `readv`.
+pub unsafe fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if cnt >= 0 && accel::by_fd(fd).is_some() {
         // SAFETY: a msghdr over the caller's iovec.
         let mut m: msghdr = unsafe { std::mem::zeroed() };
         m.msg_iov = iov as *mut iovec;
@@ -571,36 +479,32 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
     {
         return r;
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::readv(fd, iov, cnt) }
 }
 
 /// # Safety
 /// glibc's fortified `recv`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __recv_chk(
+pub unsafe fn __recv_chk(
     fd: c_int,
     buf: *mut c_void,
     len: size_t,
     buflen: size_t,
     flags: c_int,
 ) -> ssize_t {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::__recv_chk(fd, buf, len, buflen, flags) };
-    }
     if len > buflen {
         // SAFETY: glibc reports the overflow and aborts.
         return unsafe { real::__recv_chk(fd, buf, len, buflen, flags) };
     }
-    // SAFETY: forwarding; the buffer is large enough.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { recv(fd, buf, len, flags) }
 }
 
 /// # Safety
 /// glibc's fortified `recvfrom`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __recvfrom_chk(
+pub unsafe fn __recvfrom_chk(
     fd: c_int,
     buf: *mut c_void,
     len: size_t,
@@ -609,36 +513,24 @@ pub unsafe extern "C" fn __recvfrom_chk(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::__recvfrom_chk(fd, buf, len, buflen, flags, addr, alen) };
-    }
     if len > buflen {
         // SAFETY: glibc reports the overflow and aborts.
         return unsafe { real::__recvfrom_chk(fd, buf, len, buflen, flags, addr, alen) };
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { recvfrom(fd, buf, len, flags, addr, alen) }
 }
 
 /// # Safety
 /// glibc's fortified `read`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __read_chk(
-    fd: c_int,
-    buf: *mut c_void,
-    len: size_t,
-    buflen: size_t,
-) -> ssize_t {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::__read_chk(fd, buf, len, buflen) };
-    }
+pub unsafe fn __read_chk(fd: c_int, buf: *mut c_void, len: size_t, buflen: size_t) -> ssize_t {
     if len > buflen {
         // SAFETY: glibc reports the overflow and aborts.
         return unsafe { real::__read_chk(fd, buf, len, buflen) };
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { read(fd, buf, len) }
 }
 
@@ -657,13 +549,8 @@ fn pollfds_spin(fds: *const pollfd, n: nfds_t) -> bool {
 }
 
 /// # Safety
-/// libc's `poll`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, tmo: c_int) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::poll(fds, n, tmo) };
-    }
+/// As libc's `poll`.
+pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, tmo: c_int) -> c_int {
     if ready::pollfds_accel(fds, n) {
         let total = if tmo < 0 {
             None
@@ -680,33 +567,26 @@ pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, tmo: c_int) -> c_int 
         match spin::spin_wait(budget, 0, -1, || unsafe { real::poll(fds, n, 0) }) {
             Ok(r) => return r,
             Err(spent) => {
-                // SAFETY: forwarding with the rest of the timeout.
+                // SAFETY: the caller's own arguments, unchanged, to libc's function of
+                // the same signature, whose contract our caller upholds (# Safety).
                 return unsafe { real::poll(fds, n, spin::remaining_ms(tmo, spent)) };
             }
         }
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::poll(fds, n, tmo) }
 }
 
 /// # Safety
 /// glibc's fortified `poll`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __poll_chk(
-    fds: *mut pollfd,
-    n: nfds_t,
-    tmo: c_int,
-    fdslen: size_t,
-) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::__poll_chk(fds, n, tmo, fdslen) };
-    }
+pub unsafe fn __poll_chk(fds: *mut pollfd, n: nfds_t, tmo: c_int, fdslen: size_t) -> c_int {
     if (fdslen / std::mem::size_of::<pollfd>()) < n as usize {
         // SAFETY: glibc reports the overflow and aborts.
         return unsafe { real::__poll_chk(fds, n, tmo, fdslen) };
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { poll(fds, n, tmo) }
 }
 
@@ -747,18 +627,13 @@ fn ts_budget(tmo: *const timespec) -> Option<(u64, Option<u64>)> {
 }
 
 /// # Safety
-/// libc's `ppoll`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ppoll(
+/// As libc's `ppoll`.
+pub unsafe fn ppoll(
     fds: *mut pollfd,
     n: nfds_t,
     tmo: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::ppoll(fds, n, tmo, mask) };
-    }
     if ready::pollfds_accel(fds, n) {
         let total = if tmo.is_null() {
             None
@@ -787,34 +662,32 @@ pub unsafe extern "C" fn ppoll(
                 let p = rest
                     .as_ref()
                     .map_or(std::ptr::null(), |t| t as *const timespec);
-                // SAFETY: forwarding with the rest of the timeout.
+                // SAFETY: the caller's own arguments, unchanged, to libc's function of
+                // the same signature, whose contract our caller upholds (# Safety).
                 return unsafe { real::ppoll(fds, n, p, mask) };
             }
         }
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::ppoll(fds, n, tmo, mask) }
 }
 
 /// # Safety
 /// glibc's fortified `ppoll`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __ppoll_chk(
+pub unsafe fn __ppoll_chk(
     fds: *mut pollfd,
     n: nfds_t,
     tmo: *const timespec,
     mask: *const sigset_t,
     fdslen: size_t,
 ) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::__ppoll_chk(fds, n, tmo, mask, fdslen) };
-    }
     if (fdslen / std::mem::size_of::<pollfd>()) < n as usize {
         // SAFETY: glibc reports the overflow and aborts.
         return unsafe { real::__ppoll_chk(fds, n, tmo, mask, fdslen) };
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { ppoll(fds, n, tmo, mask) }
 }
 
@@ -857,19 +730,14 @@ impl SavedSets {
 }
 
 /// # Safety
-/// libc's `select`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn select(
+/// As libc's `select`.
+pub unsafe fn select(
     n: c_int,
     r: *mut fd_set,
     w: *mut fd_set,
     e: *mut fd_set,
     tv: *mut timeval,
 ) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::select(n, r, w, e, tv) };
-    }
     let total = if tv.is_null() {
         None
     } else {
@@ -879,7 +747,13 @@ pub unsafe extern "C" fn select(
             // SAFETY: the kernel answers EINVAL.
             return unsafe { real::select(n, r, w, e, tv) };
         }
-        Some(t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000)
+        // Saturating: a huge tv_sec (a "forever" some programs use) must
+        // not wrap into a short timeout.
+        Some(
+            (t.tv_sec as u64)
+                .saturating_mul(1_000_000_000)
+                .saturating_add(t.tv_usec as u64 * 1000),
+        )
     };
     if ready::fdsets_accel(n, [r, w, e]) {
         return ready::select_mixed(n, [r, w, e], total, std::ptr::null());
@@ -913,19 +787,20 @@ pub unsafe extern "C" fn select(
                         (*tv).tv_usec = ((left % 1_000_000_000) / 1000) as _;
                     }
                 }
-                // SAFETY: forwarding with the rest of the timeout.
+                // SAFETY: the caller's own arguments, unchanged, to libc's function of
+                // the same signature, whose contract our caller upholds (# Safety).
                 return unsafe { real::select(n, r, w, e, tv) };
             }
         }
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::select(n, r, w, e, tv) }
 }
 
 /// # Safety
-/// libc's `pselect`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pselect(
+/// As libc's `pselect`.
+pub unsafe fn pselect(
     n: c_int,
     r: *mut fd_set,
     w: *mut fd_set,
@@ -933,10 +808,6 @@ pub unsafe extern "C" fn pselect(
     tmo: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::pselect(n, r, w, e, tmo, mask) };
-    }
     if ready::fdsets_accel(n, [r, w, e]) {
         let total = if tmo.is_null() {
             None
@@ -968,26 +839,24 @@ pub unsafe extern "C" fn pselect(
                 let p = rest
                     .as_ref()
                     .map_or(std::ptr::null(), |t| t as *const timespec);
-                // SAFETY: forwarding with the rest of the timeout.
+                // SAFETY: the caller's own arguments, unchanged, to libc's function of
+                // the same signature, whose contract our caller upholds (# Safety).
                 return unsafe { real::pselect(n, r, w, e, p, mask) };
             }
         }
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::pselect(n, r, w, e, tmo, mask) }
 }
 
 // ----------------------------------------------------------------- epoll
 
 /// # Safety
-/// libc's `epoll_create`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::epoll_create(size) };
-    }
-    // SAFETY: forwarding.
+/// As libc's `epoll_create`.
+pub unsafe fn epoll_create(size: c_int) -> c_int {
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::epoll_create(size) };
     if r >= 0 {
         table::retire(r);
@@ -997,14 +866,10 @@ pub unsafe extern "C" fn epoll_create(size: c_int) -> c_int {
 }
 
 /// # Safety
-/// libc's `epoll_create1`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::epoll_create1(flags) };
-    }
-    // SAFETY: forwarding.
+/// As libc's `epoll_create1`.
+pub unsafe fn epoll_create1(flags: c_int) -> c_int {
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::epoll_create1(flags) };
     if r >= 0 {
         table::retire(r);
@@ -1014,19 +879,31 @@ pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
 }
 
 /// # Safety
-/// libc's `epoll_ctl`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::epoll_ctl(ep, op, fd, ev) };
+/// As libc's `epoll_ctl`.
+pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+    let shim_fd = fd >= 0 && table::get(fd) & (table::F_ACCEL | table::F_CAND) != 0;
+    if shim_fd || ready::epoll_tagged(ep, fd) {
+        // The kernel registration carries a tag naming `fd` (see
+        // `ready::tagged`); the application's data is kept by the shim.
+        let app = if ev.is_null() || op == libc::EPOLL_CTL_DEL {
+            None
+        } else {
+            // SAFETY: the caller's event, read once (may be unaligned: packed on x86-64).
+            Some(unsafe { std::ptr::read_unaligned(ev) })
+        };
+        let mut k = app.map(|e| ready::tagged(fd, &e));
+        let kp = k.as_mut().map_or(ev, |e| e as *mut epoll_event);
+        // SAFETY: the caller's op and fds, with our tagged copy of its event
+        // (or its own pointer, for DEL and for the kernel's EFAULT).
+        let r = unsafe { real::epoll_ctl(ep, op, fd, kp) };
+        if r == 0 {
+            ready::epoll_ctl_accel(ep, op, fd, app, accel::lookup(fd));
+        }
+        return r;
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::epoll_ctl(ep, op, fd, ev) };
-    if r == 0 && (table::get(fd) & (table::F_ACCEL | table::F_CAND) != 0) {
-        ready::epoll_ctl_accel(ep, op, fd, ev, accel::lookup(fd));
-        return 0;
-    }
     if r == 0
         && (op == libc::EPOLL_CTL_ADD || op == libc::EPOLL_CTL_MOD)
         && spin::spins_on(table::lookup(fd))
@@ -1042,18 +919,8 @@ fn epoll_spins(ep: c_int) -> bool {
 }
 
 /// # Safety
-/// libc's `epoll_wait`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn epoll_wait(
-    ep: c_int,
-    evs: *mut epoll_event,
-    max: c_int,
-    tmo: c_int,
-) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::epoll_wait(ep, evs, max, tmo) };
-    }
+/// As libc's `epoll_wait`.
+pub unsafe fn epoll_wait(ep: c_int, evs: *mut epoll_event, max: c_int, tmo: c_int) -> c_int {
     if ready::epoll_has_accel(ep) {
         let total = if tmo < 0 {
             None
@@ -1072,29 +939,26 @@ pub unsafe extern "C" fn epoll_wait(
         }) {
             Ok(r) => return r,
             Err(spent) => {
-                // SAFETY: forwarding with the rest of the timeout.
+                // SAFETY: the caller's own arguments, unchanged, to libc's function of
+                // the same signature, whose contract our caller upholds (# Safety).
                 return unsafe { real::epoll_wait(ep, evs, max, spin::remaining_ms(tmo, spent)) };
             }
         }
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::epoll_wait(ep, evs, max, tmo) }
 }
 
 /// # Safety
-/// libc's `epoll_pwait`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn epoll_pwait(
+/// As libc's `epoll_pwait`.
+pub unsafe fn epoll_pwait(
     ep: c_int,
     evs: *mut epoll_event,
     max: c_int,
     tmo: c_int,
     mask: *const sigset_t,
 ) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::epoll_pwait(ep, evs, max, tmo, mask) };
-    }
     if ready::epoll_has_accel(ep) {
         let total = if tmo < 0 {
             None
@@ -1115,29 +979,26 @@ pub unsafe extern "C" fn epoll_pwait(
             Ok(r) => return r,
             Err(spent) => {
                 let rest = spin::remaining_ms(tmo, spent);
-                // SAFETY: forwarding with the rest of the timeout.
+                // SAFETY: the caller's own arguments, unchanged, to libc's function of
+                // the same signature, whose contract our caller upholds (# Safety).
                 return unsafe { real::epoll_pwait(ep, evs, max, rest, mask) };
             }
         }
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::epoll_pwait(ep, evs, max, tmo, mask) }
 }
 
 /// # Safety
-/// libc's `epoll_pwait2`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn epoll_pwait2(
+/// As libc's `epoll_pwait2`.
+pub unsafe fn epoll_pwait2(
     ep: c_int,
     evs: *mut epoll_event,
     max: c_int,
     tmo: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    if crate::accel::in_engine() {
-        // SAFETY: engine-internal call: straight to libc.
-        return unsafe { real::epoll_pwait2(ep, evs, max, tmo, mask) };
-    }
     if ready::epoll_has_accel(ep) {
         let total = if tmo.is_null() {
             None
@@ -1167,12 +1028,14 @@ pub unsafe extern "C" fn epoll_pwait2(
                 let p = rest
                     .as_ref()
                     .map_or(std::ptr::null(), |t| t as *const timespec);
-                // SAFETY: forwarding with the rest of the timeout.
+                // SAFETY: the caller's own arguments, unchanged, to libc's function of
+                // the same signature, whose contract our caller upholds (# Safety).
                 return unsafe { real::epoll_pwait2(ep, evs, max, p, mask) };
             }
         }
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::epoll_pwait2(ep, evs, max, tmo, mask) }
 }
 
@@ -1189,9 +1052,9 @@ fn timeval_ns(val: *const c_void, len: socklen_t) -> u64 {
 
 /// `new` is a duplicate of `old`: it shares `old`'s engine socket.
 fn share_accel(old: c_int, new: c_int) {
-    if let Some(a) = table::accel(old) {
+    if let Some(a) = accel::by_fd(old) {
         a.add_ref();
-        table::accel_set(new, a);
+        accel::set_fd(new, a);
         table::add_flags(new, table::F_ACCEL);
     }
 }
@@ -1256,25 +1119,52 @@ fn sockopt_accel(
         return None;
     }
     let a = accel::lookup(fd)?;
+    if level == libc::IPPROTO_IP && name == libc::IP_DROP_MEMBERSHIP {
+        // The kernel socket leaves the group; the engine must stop
+        // steering it too, or group traffic keeps arriving.
+        // SAFETY: the caller's option, passed on unchanged.
+        let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+        if r == 0 && len >= 8 && !val.is_null() {
+            // SAFETY: at least 8 readable bytes (the kernel accepted them).
+            let b = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), 8) };
+            let group = std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]);
+            let ifaddr = std::net::Ipv4Addr::new(b[4], b[5], b[6], b[7]);
+            let e = spin::errno();
+            if accel::leave_multicast(a, group, ifaddr).is_err() {
+                accel::detach(
+                    fd,
+                    &format!("IP_DROP_MEMBERSHIP {group}: the engine cannot leave a group"),
+                );
+            }
+            spin::set_errno(e);
+        }
+        return Some(r);
+    }
     if level == libc::IPPROTO_IP && name == libc::IP_ADD_MEMBERSHIP && !val.is_null() && len >= 8 {
         // ip_mreq / ip_mreqn: group, then interface address.
         // SAFETY: at least 8 readable bytes.
         let b = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), 8) };
         let group = std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]);
         let ifaddr = std::net::Ipv4Addr::new(b[4], b[5], b[6], b[7]);
-        return Some(match accel::join_multicast(a, group, ifaddr) {
-            Ok(()) => 0,
-            Err(e) => {
+        return match accel::join_multicast(a, group, ifaddr) {
+            Ok(()) => {
+                // Every receiver of the group on the host must get it:
+                // another socket on this port means the kernel delivers.
+                crate::share::check_now(fd);
+                Some(0)
+            }
+            Err(0) => None, // off the engine: the kernel socket joins
+            Err(e) => Some({
                 spin::set_errno(e);
                 -1
-            }
-        });
+            }),
+        };
     }
     None
 }
 
 fn fcntl_accel(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int> {
-    let a = table::accel(fd)?;
+    let a = accel::by_fd(fd)?;
     let call = |c: c_int, v: c_ulong| {
         // SAFETY: F_GETFL/F_SETFL with an int argument.
         unsafe {
@@ -1311,36 +1201,32 @@ fn fcntl_accel(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int>
 }
 
 /// # Safety
-/// libc's `bind`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    if !accel::in_engine()
-        && let Some(r) = ahooks::bind(fd, addr, len)
-    {
+/// As libc's `bind`.
+pub unsafe fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    if let Some(r) = ahooks::bind(fd, addr, len) {
         return r;
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::bind(fd, addr, len) }
 }
 
 /// # Safety
-/// libc's `connect`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    if !accel::in_engine()
-        && table::get(fd) & (table::F_ACCEL | table::F_CAND) != 0
+/// As libc's `connect`.
+pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    if table::get(fd) & (table::F_ACCEL | table::F_CAND) != 0
         && let Some(r) = ahooks::connect(fd, addr, len)
     {
         return r;
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::connect(fd, addr, len) }
 }
 
 /// # Safety
-/// libc's `sendto`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn sendto(
+/// As libc's `sendto`.
+pub unsafe fn sendto(
     fd: c_int,
     buf: *const c_void,
     len: size_t,
@@ -1348,79 +1234,66 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     alen: socklen_t,
 ) -> ssize_t {
-    if !accel::in_engine()
-        && let Some(r) = ahooks::sendto(fd, buf, len, flags, addr, alen)
-    {
+    if let Some(r) = ahooks::sendto(fd, buf, len, flags, addr, alen) {
         return r;
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::sendto(fd, buf, len, flags, addr, alen) }
 }
 
 /// # Safety
-/// libc's `send`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
-    if !accel::in_engine()
-        && accel::lookup(fd).is_some()
+/// As libc's `send`.
+pub unsafe fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
+    if accel::lookup(fd).is_some()
         && let Some(r) = ahooks::sendto(fd, buf, len, flags, std::ptr::null(), 0)
     {
         return r;
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::send(fd, buf, len, flags) }
 }
 
 /// # Safety
-/// libc's `sendmsg`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    if !accel::in_engine()
-        && let Some(r) = ahooks::sendmsg(fd, msg, flags)
-    {
+/// As libc's `sendmsg`.
+pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    if let Some(r) = ahooks::sendmsg(fd, msg, flags) {
         return r;
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::sendmsg(fd, msg, flags) }
 }
 
 /// # Safety
-/// libc's `sendmmsg`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn sendmmsg(
-    fd: c_int,
-    msgs: *mut mmsghdr,
-    vlen: c_uint,
-    flags: c_int,
-) -> c_int {
-    if !accel::in_engine()
-        && let Some(r) = ahooks::sendmmsg(fd, msgs, vlen, flags)
-    {
+/// As libc's `sendmmsg`.
+pub unsafe fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> c_int {
+    if let Some(r) = ahooks::sendmmsg(fd, msgs, vlen, flags) {
         return r;
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::sendmmsg(fd, msgs, vlen, flags) }
 }
 
 /// # Safety
-/// libc's `write`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t {
-    if !accel::in_engine()
-        && accel::lookup(fd).is_some()
+/// As libc's `write`.
+pub unsafe fn write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t {
+    if accel::lookup(fd).is_some()
         && let Some(r) = ahooks::sendto(fd, buf, len, 0, std::ptr::null(), 0)
     {
         return r;
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::write(fd, buf, len) }
 }
 
 /// # Safety
-/// libc's `writev`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if !accel::in_engine() && cnt >= 0 && accel::lookup(fd).is_some() {
+/// As libc's `writev`.
+pub unsafe fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if cnt >= 0 && accel::lookup(fd).is_some() {
         // SAFETY: a msghdr over the caller's iovec.
         let mut m: msghdr = unsafe { std::mem::zeroed() };
         m.msg_iov = iov as *mut iovec;
@@ -1429,6 +1302,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
             return r;
         }
     }
-    // SAFETY: forwarding.
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::writev(fd, iov, cnt) }
 }

@@ -1,0 +1,710 @@
+//! The drop-in differential matrix (issue 9): every case runs the same
+//! program plainly and under `nanowire run` in a lab and compares what the
+//! program observes (its stdout, and the peers' stdout). Programs: the C
+//! semantics program (`crates/preload/tests/shim_semantics.c`, one mode per
+//! case), Python senders/receivers, raw hand-made frames, Java 17
+//! (`java UdpEcho.java`), Node.js 20 (`dgram`), dnsmasq answered by dig.
+//!
+//! Items of the issue and their cases:
+//! 1 options before bind/connect/first send: `c_cases_match_plain` (opts *)
+//! 2 fragmented datagrams both ways: `fragments_both_directions`
+//! 3 multicast, mixed receivers: `multicast_every_receiver_gets_every_datagram`
+//! 4 bind precedence: `specific_bind_in_another_process_wins`
+//! 5 fork: `fork_with_bound_and_unbound_sockets`
+//! 6 fallback announced: `fallback_is_announced_at_the_default_level`
+//! 7 fds: `c_cases_match_plain` (fds 300 under RLIMIT_NOFILE 1024)
+//! 8 IP options and martians: `ip_options_delivered_martians_dropped`
+//! 9 epoll duplicate data, select tv_sec, dup2 vs spinners, sigaction race:
+//!   `c_cases_match_plain`; IP_DROP_MEMBERSHIP: `drop_membership_stops_the_group`;
+//!   exit status 127/126 and `bench --ring-depth`: `exit_statuses_and_ring_depth`
+//! 10 stats pages: `stats_dir_symlink_attack_leaves_the_target_untouched`
+//! and real runtimes: `java_node_dnsmasq_match_plain`.
+
+mod run_support;
+use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host, LabOptions, ScopedLab};
+use run_support::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(40);
+
+fn lab_of(tag: &str) -> ScopedLab {
+    // nwdropin + tag + 3 digits: at most 12 characters ("<name>-a0" <= 15).
+    let name = format!("nwdropin{tag}{}", std::process::id() % 1000);
+    ScopedLab::new(LabOptions {
+        name,
+        ..LabOptions::default()
+    })
+    .expect("bring the lab up")
+}
+
+fn tests_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../preload/tests")
+}
+
+fn script(name: &str) -> String {
+    tests_dir().join(name).to_string_lossy().into_owned()
+}
+
+fn scratch_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("nanowire-dropin-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The C semantics program, compiled once per test binary.
+fn sem() -> String {
+    static BIN: OnceLock<String> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let bin = scratch_dir().join("shim_semantics");
+        let st = Command::new("cc")
+            .args(["-O1", "-pthread", "-o"])
+            .arg(&bin)
+            .arg(tests_dir().join("shim_semantics.c"))
+            .status()
+            .expect("run cc");
+        assert!(st.success(), "compiling shim_semantics.c failed");
+        bin.to_string_lossy().into_owned()
+    })
+    .clone()
+}
+
+fn envs(c: &mut Command, env: &[(&str, &str)]) {
+    for (k, v) in env {
+        c.env(k, v);
+    }
+}
+
+/// Run `argv` to completion in host `h`, plainly or under `nanowire run`.
+fn once(
+    lab: &ScopedLab,
+    h: Host,
+    run: bool,
+    env: &[(&str, &str)],
+    argv: &[&str],
+    name: &str,
+) -> Kid {
+    let mut c = if run {
+        run_in(lab, h, &[], argv)
+    } else {
+        plain_in(lab, h, argv)
+    };
+    envs(&mut c, env);
+    let mut k = spawn(name, c);
+    k.wait(T);
+    k
+}
+
+fn assert_same(case: &str, plain: &str, run: &str, run_err: &str) {
+    assert!(
+        plain == run,
+        "{case}: the program observes something else under nanowire run\n--- plain\n{plain}--- run\n{run}--- run stderr\n{run_err}"
+    );
+}
+
+fn started(k: &mut Kid) {
+    k.wait_for("ready", Duration::from_secs(30));
+}
+
+// ------------------------------------------------------------ C cases
+
+#[test]
+fn c_cases_match_plain() {
+    let lab = lab_of("c");
+    let bin = sem();
+    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
+    let env = [("SEM_ADDR", a.as_str()), ("SEM_PEER", b.as_str())];
+    let cases: &[&[&str]] = &[
+        &["opts", "bind"],
+        &["opts", "connect"],
+        &["opts", "send"],
+        &["epoll-dup"],
+        &["select-huge"],
+        &["fds", "300"],
+        &["sigaction-race"],
+        &["dup2-spinner"],
+    ];
+    let mut failures = Vec::new();
+    for case in cases {
+        let mut argv = vec![bin.as_str()];
+        argv.extend_from_slice(case);
+        let name = case.join("-");
+        let p = once(
+            &lab,
+            Host::A,
+            false,
+            &env,
+            &argv,
+            &format!("c-{name}-plain"),
+        );
+        let r = once(&lab, Host::A, true, &env, &argv, &format!("c-{name}-run"));
+        if p.stdout() != r.stdout() || p.stdout().is_empty() {
+            failures.push(format!(
+                "{name}:\n--- plain\n{}--- run\n{}--- run stderr\n{}",
+                p.stdout(),
+                r.stdout(),
+                r.stderr()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn fork_with_bound_and_unbound_sockets() {
+    let lab = lab_of("f");
+    let bin = sem();
+    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
+    let mut echo = spawn(
+        "f-echo",
+        plain_in(
+            &lab,
+            Host::B,
+            &["python3", &script("udp_echo.py"), "blocking", &b, "7007"],
+        ),
+    );
+    started(&mut echo);
+    let env = [
+        ("SEM_ADDR", a.as_str()),
+        ("SEM_PEER", b.as_str()),
+        ("SEM_PORT", "7007"),
+    ];
+    for mode in ["fork-bound", "fork-unbound"] {
+        let p = once(
+            &lab,
+            Host::A,
+            false,
+            &env,
+            &[&bin, mode],
+            &format!("{mode}-plain"),
+        );
+        let r = once(
+            &lab,
+            Host::A,
+            true,
+            &env,
+            &[&bin, mode],
+            &format!("{mode}-run"),
+        );
+        assert!(p.stdout().contains("child: 5 of 5"), "{}", p.both());
+        assert_same(mode, &p.stdout(), &r.stdout(), &r.stderr());
+    }
+}
+
+// ------------------------------------------------------------ datagrams
+
+/// A receiver in `rx_host` (plain or run) and a sender in the other host
+/// (plain or run); returns the receiver's stdout.
+#[allow(clippy::too_many_arguments)]
+fn rx_tx(
+    lab: &ScopedLab,
+    name: &str,
+    rx_run: bool,
+    rx_args: &[&str],
+    tx_run: bool,
+    tx_argv: &[&str],
+) -> (String, String) {
+    let mut rx_argv = vec!["python3".to_string(), script("rx.py")];
+    rx_argv.extend(rx_args.iter().map(|s| s.to_string()));
+    let rx_argv: Vec<&str> = rx_argv.iter().map(|s| s.as_str()).collect();
+    let c = if rx_run {
+        run_in(lab, Host::B, &[], &rx_argv)
+    } else {
+        plain_in(lab, Host::B, &rx_argv)
+    };
+    let mut rx = spawn(&format!("{name}-rx"), c);
+    started(&mut rx);
+    let c = if tx_run {
+        run_in(lab, Host::A, &[], tx_argv)
+    } else {
+        plain_in(lab, Host::A, tx_argv)
+    };
+    let mut tx = spawn(&format!("{name}-tx"), c);
+    tx.success(T);
+    rx.success(T);
+    (rx.stdout(), format!("{}{}", rx.stderr(), tx.stderr()))
+}
+
+#[test]
+fn fragments_both_directions() {
+    let lab = lab_of("g");
+    let b = ADDR_B.to_string();
+    let sizes = "1472,1473,4000,9000,65507";
+    let tx = |port: &str| -> Vec<String> {
+        ["python3", &script("tx.py"), &b, port, "10", sizes]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    };
+    // into an accelerated receiver (sender plain)
+    let t = tx("7101");
+    let t: Vec<&str> = t.iter().map(|s| s.as_str()).collect();
+    let (want, _) = rx_tx(
+        &lab,
+        "g-in-p",
+        false,
+        &[&b, "7101", "--expect", "50"],
+        false,
+        &t,
+    );
+    assert!(want.contains("got 50"), "{want}");
+    let (got, err) = rx_tx(
+        &lab,
+        "g-in-r",
+        true,
+        &[&b, "7101", "--expect", "50"],
+        false,
+        &t,
+    );
+    assert_same("fragments into an accelerated receiver", &want, &got, &err);
+    // from an accelerated sender (receiver plain)
+    let t = tx("7102");
+    let t: Vec<&str> = t.iter().map(|s| s.as_str()).collect();
+    let (got, err) = rx_tx(
+        &lab,
+        "g-out-r",
+        false,
+        &[&b, "7102", "--expect", "50"],
+        true,
+        &t,
+    );
+    assert_same(
+        "fragments from an accelerated sender",
+        &want.replace("7101", "7102"),
+        &got,
+        &err,
+    );
+}
+
+#[test]
+fn ip_options_delivered_martians_dropped() {
+    let lab = lab_of("o");
+    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
+    let t = ["python3", &script("rawtx.py"), &b, "7201", "10", &a];
+    let (want, _) = rx_tx(&lab, "o-p", false, &[&b, "7201"], false, &t);
+    assert!(
+        want.contains("opt 8 x10") && want.contains("plain 10 x10"),
+        "{want}"
+    );
+    let (got, err) = rx_tx(&lab, "o-r", true, &[&b, "7201"], false, &t);
+    assert_same("IP options and martian sources", &want, &got, &err);
+}
+
+#[test]
+fn multicast_every_receiver_gets_every_datagram() {
+    let lab = lab_of("m");
+    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
+    let group = "239.7.7.7";
+    let rx = [
+        "python3",
+        &script("rx.py"),
+        "0.0.0.0",
+        "7301",
+        "--reuse",
+        "--join",
+        group,
+        &b,
+    ];
+    let tx = [
+        "python3",
+        &script("tx.py"),
+        group,
+        "7301",
+        "100",
+        "64",
+        "--ifaddr",
+        &a,
+    ];
+    for modes in [
+        &[false, false][..],
+        &[true, false],
+        &[false, true],
+        &[true, true],
+        &[true, true, false],
+    ] {
+        let mut kids = Vec::new();
+        for (i, &run) in modes.iter().enumerate() {
+            let c = if run {
+                run_in(&lab, Host::B, &[], &rx)
+            } else {
+                plain_in(&lab, Host::B, &rx)
+            };
+            let mut k = spawn(&format!("m-{modes:?}-{i}"), c);
+            started(&mut k);
+            kids.push(k);
+        }
+        let mut t = spawn("m-tx", plain_in(&lab, Host::A, &tx));
+        t.success(T);
+        for (i, k) in kids.iter_mut().enumerate() {
+            k.success(T);
+            assert!(
+                k.stdout().contains("\ngot 100\n"),
+                "receivers {modes:?} (true = under run): receiver {i} saw\n{}{}",
+                k.stdout(),
+                k.stderr()
+            );
+        }
+    }
+}
+
+#[test]
+fn drop_membership_stops_the_group() {
+    let lab = lab_of("d");
+    let bin = sem();
+    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
+    let mut outs = Vec::new();
+    for run in [false, true] {
+        let mut c = plain_in(
+            &lab,
+            Host::B,
+            &[&bin, "mcast-sender", "239.7.7.8", "7401", "7402"],
+        );
+        c.env("SEM_ADDR", &b);
+        let mut snd = spawn("d-sender", c);
+        snd.wait_for("ready", Duration::from_secs(10));
+        let env = [
+            ("SEM_ADDR", a.as_str()),
+            ("SEM_PEER", b.as_str()),
+            ("SEM_PORT", "7402"),
+        ];
+        let k = once(
+            &lab,
+            Host::A,
+            run,
+            &env,
+            &[&bin, "mcast-drop", "239.7.7.8", "7401"],
+            &format!("d-{run}"),
+        );
+        snd.wait(T);
+        outs.push((k.stdout(), k.stderr()));
+    }
+    assert!(outs[0].0.contains("joined: 20"), "{}", outs[0].0);
+    assert_same("IP_DROP_MEMBERSHIP", &outs[0].0, &outs[1].0, &outs[1].1);
+}
+
+#[test]
+fn specific_bind_in_another_process_wins() {
+    let lab = lab_of("p");
+    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
+    let _ = a;
+    let tx = ["python3", &script("tx.py"), &b, "7501", "50", "64"];
+    let wild = ["python3", &script("rx.py"), "0.0.0.0", "7501", "--reuse"];
+    let spec = ["python3", &script("rx.py"), &b, "7501", "--reuse"];
+    // (wildcard under run?, wildcard binds first?)
+    for (wild_run, wild_first) in [(false, true), (true, true), (true, false)] {
+        let start = |argv: &[&str], run: bool, n: &str| {
+            let c = if run {
+                run_in(&lab, Host::B, &[], argv)
+            } else {
+                plain_in(&lab, Host::B, argv)
+            };
+            let mut k = spawn(n, c);
+            started(&mut k);
+            k
+        };
+        let (mut w, mut s) = if wild_first {
+            let w = start(&wild, wild_run, "p-wild");
+            (w, start(&spec, false, "p-spec"))
+        } else {
+            let s = start(&spec, false, "p-spec");
+            (start(&wild, wild_run, "p-wild"), s)
+        };
+        spawn("p-tx", plain_in(&lab, Host::A, &tx)).success(T);
+        w.wait(T);
+        s.wait(T);
+        let what = format!("wildcard under run: {wild_run}, bound first: {wild_first}");
+        assert!(
+            s.stdout().contains("\ngot 50\n"),
+            "{what}: the specific socket saw\n{}\nthe wildcard socket saw\n{}{}",
+            s.both(),
+            w.stdout(),
+            w.stderr()
+        );
+        assert!(w.stdout().contains("\ngot 0\n"), "{what}: {}", w.both());
+    }
+}
+
+// ------------------------------------------------------------ runtimes
+
+#[test]
+fn java_node_dnsmasq_match_plain() {
+    let lab = lab_of("r");
+    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
+    let _ = a;
+    let check = [
+        "python3",
+        &script("udp_check.py"),
+        &b,
+        "7601",
+        "20",
+        "--quit",
+    ];
+    let java = script("UdpEcho.java");
+    let node = script("udp_echo.js");
+    let servers: Vec<(&str, Vec<&str>)> = vec![
+        (
+            "java",
+            vec![
+                "java",
+                "-Djava.net.preferIPv4Stack=true",
+                &java,
+                &b,
+                "7601",
+                "1000",
+            ],
+        ),
+        ("node", vec!["node", &node, &b, "7601", "1000"]),
+    ];
+    for (name, argv) in &servers {
+        if !have(argv[0]) {
+            panic!("{} is not installed (scripts/install-deps.sh)", argv[0]);
+        }
+        let mut outs = Vec::new();
+        for run in [false, true] {
+            let c = if run {
+                run_in(&lab, Host::B, &[], argv)
+            } else {
+                plain_in(&lab, Host::B, argv)
+            };
+            let mut srv = spawn(&format!("r-{name}-{run}"), c);
+            srv.wait_for("ready", Duration::from_secs(60));
+            let mut cl = spawn(
+                &format!("r-{name}-client-{run}"),
+                plain_in(&lab, Host::A, &check),
+            );
+            cl.wait(T);
+            srv.wait(T);
+            outs.push((format!("{}{}", srv.stdout(), cl.stdout()), srv.stderr()));
+        }
+        assert!(outs[0].0.contains("ok 180"), "{name}: {}", outs[0].0);
+        assert_same(name, &outs[0].0, &outs[1].0, &outs[1].1);
+    }
+
+    // dnsmasq (a real UDP server) answered by dig; then dig under run.
+    if !have("dnsmasq") || !have("dig") {
+        panic!("dnsmasq and dig are needed (scripts/install-deps.sh)");
+    }
+    let dns_argv = [
+        "dnsmasq",
+        "--no-daemon",
+        "--conf-file=/dev/null",
+        "--no-resolv",
+        "--no-hosts",
+        "--bind-interfaces",
+        "--port=5354",
+        &format!("--listen-address={b}"),
+        "--address=/matrix.lab/10.9.8.7",
+        "--txt-record=txt.matrix.lab,nanowire",
+    ]
+    .map(|s| s.to_string());
+    let dns_argv: Vec<&str> = dns_argv.iter().map(|s| s.as_str()).collect();
+    let dig = |run: bool, n: &str| -> String {
+        let argv = [
+            "dig",
+            "+short",
+            "+tries=1",
+            "+time=3",
+            "-p",
+            "5354",
+            "@198.18.0.2",
+            "matrix.lab",
+            "A",
+            "txt.matrix.lab",
+            "TXT",
+            "nothere.matrix.lab",
+            "A",
+        ];
+        let c = if run {
+            run_in(&lab, Host::A, &[], &argv)
+        } else {
+            plain_in(&lab, Host::A, &argv)
+        };
+        let mut k = spawn(n, c);
+        k.success(T);
+        k.stdout()
+    };
+    let mut results = Vec::new();
+    for (srv_run, cl_run) in [(false, false), (true, false), (false, true)] {
+        let c = if srv_run {
+            run_in(&lab, Host::B, &[], &dns_argv)
+        } else {
+            plain_in(&lab, Host::B, &dns_argv)
+        };
+        let srv = spawn(&format!("r-dnsmasq-{srv_run}"), c);
+        // dnsmasq prints "started" on stderr once its sockets are bound.
+        let mut srv = srv;
+        srv.wait_for("started", Duration::from_secs(20));
+        let out = dig(cl_run, &format!("r-dig-{srv_run}-{cl_run}"));
+        results.push((out, srv.stderr()));
+        drop(srv);
+    }
+    assert!(
+        results[0].0.contains("10.9.8.7") && results[0].0.contains("\"nanowire\""),
+        "{}",
+        results[0].0
+    );
+    assert_same(
+        "dnsmasq under run",
+        &results[0].0,
+        &results[1].0,
+        &results[1].1,
+    );
+    assert_same("dig under run", &results[0].0, &results[2].0, "");
+}
+
+// ------------------------------------------------------------ the rest
+
+#[test]
+fn fallback_is_announced_at_the_default_level() {
+    let lab = lab_of("w");
+    // a bad interface name: one line, exit 1, before anything runs
+    let out = run_in(&lab, Host::B, &["-o", "iface=nw-nope0"], &["true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("nw-nope0") && err.lines().count() == 1,
+        "{err}"
+    );
+    // an IPv6 UDP socket (what Java and Node use on a dual-stack host)
+    let v6 = "import socket; s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); s.bind(('::', 0)); print('bound')";
+    let k = once(&lab, Host::B, true, &[], &["python3", "-c", v6], "w-v6");
+    assert!(k.stdout().contains("bound"), "{}", k.both());
+    assert!(
+        k.stderr().contains("xdp not used: IPv6 socket"),
+        "{}",
+        k.stderr()
+    );
+    let k = once(
+        &lab,
+        Host::B,
+        true,
+        &[("NANOWIRE_LOG", "quiet")],
+        &["python3", "-c", v6],
+        "w-v6q",
+    );
+    assert!(k.stderr().is_empty(), "quiet: {}", k.stderr());
+    // a second accelerated process on the same interface: accelerated
+    // (listed by `nanowire stats`) or told why not, never silent.
+    let b = ADDR_B.to_string();
+    let rx = |port: &str| -> Vec<String> {
+        ["python3", &script("rx.py"), &b, port]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let r1 = rx("7701");
+    let r1: Vec<&str> = r1.iter().map(|s| s.as_str()).collect();
+    let r2 = rx("7702");
+    let r2: Vec<&str> = r2.iter().map(|s| s.as_str()).collect();
+    let mut k1 = spawn("w-first", run_in(&lab, Host::B, &[], &r1));
+    started(&mut k1);
+    let mut k2 = spawn("w-second", run_in(&lab, Host::B, &[], &r2));
+    started(&mut k2);
+    let stats = lab
+        .command(Host::B, &[nanowire(), "stats"])
+        .output()
+        .unwrap();
+    let stats = String::from_utf8_lossy(&stats.stdout).into_owned();
+    for (k, port) in [(&k1, "7701"), (&k2, "7702")] {
+        assert!(
+            stats.contains(&format!(":{port}")) || k.stderr().contains("xdp not used"),
+            "port {port}: neither accelerated nor announced\nstats:\n{stats}\nstderr:\n{}",
+            k.stderr()
+        );
+    }
+}
+
+#[test]
+fn exit_statuses_and_ring_depth() {
+    ensure_preload();
+    let st = Command::new(nanowire())
+        .args(["run", "--", "/nonexistent/nanowire-no-such-program"])
+        .output()
+        .unwrap();
+    assert_eq!(st.status.code(), Some(127), "{st:?}");
+    let not_exec = scratch_dir().join("not-executable");
+    std::fs::write(&not_exec, "#!/bin/sh\n").unwrap();
+    let st = Command::new(nanowire())
+        .args(["run", "--"])
+        .arg(&not_exec)
+        .output()
+        .unwrap();
+    assert_eq!(st.status.code(), Some(126), "{st:?}");
+    for bad in ["4294967295", "1048576", "100", "0"] {
+        let out = Command::new(nanowire())
+            .args(["bench", "pp", "-i", "127.0.0.1", "--ring-depth", bad])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--ring-depth {bad} accepted");
+        assert!(err.contains("--ring-depth") && err.contains(bad), "{err}");
+    }
+}
+
+#[test]
+fn stats_dir_symlink_attack_leaves_the_target_untouched() {
+    let lab = lab_of("s");
+    ensure_preload();
+    let target = scratch_dir().join("precious");
+    std::fs::write(&target, "precious\n").unwrap();
+    let victim_dir = scratch_dir().join("victim-dir");
+    std::fs::create_dir_all(&victim_dir).unwrap();
+    let b = ADDR_B.to_string();
+    // In a private mount namespace with its own /dev/shm (world-writable,
+    // sticky, like the real one): the unprivileged user (uid 65534) gets
+    // there first, makes the directory its own and plants symlinks to the
+    // target under every page name the next pids would use; then an engine
+    // runs as root.
+    let bind = "import socket,sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], 7801)); print('bound')";
+    let sh = format!(
+        r#"set -e
+mount -t tmpfs -o mode=1777 nwdropin-shm /dev/shm
+last=$(cat /proc/sys/kernel/ns_last_pid)
+setpriv --reuid 65534 --regid 65534 --clear-groups sh -c '
+  mkdir -m 0777 /dev/shm/nanowire
+  for p in $(seq '"$last"' $(('"$last"' + 400))); do
+    for n in 0 1 2; do ln -s {target} /dev/shm/nanowire/$p-$n; done
+  done'
+{nw} run -- python3 -c "{bind}" {b}
+ls -la /dev/shm/nanowire | grep -v -- '->' | tail -n +2 || true
+echo attacked-dir-done
+# the directory as a symlink to a root directory: refused too
+rm -rf /dev/shm/nanowire
+setpriv --reuid 65534 --regid 65534 --clear-groups ln -s {victim} /dev/shm/nanowire
+{nw} run -- python3 -c "{bind}" {b}
+echo symlinked-dir-done
+"#,
+        target = target.display(),
+        victim = victim_dir.display(),
+        nw = nanowire(),
+    );
+    let mut k = spawn(
+        "s-attack",
+        lab.command(
+            Host::B,
+            &["unshare", "-m", "--propagation", "private", "sh", "-c", &sh],
+        ),
+    );
+    let st = k.wait(T);
+    let out = k.both();
+    assert!(st.success(), "{out}");
+    assert!(out.contains("symlinked-dir-done"), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap(),
+        "precious\n",
+        "the symlink target was written\n{out}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&victim_dir).unwrap().count(),
+        0,
+        "a page was created through the symlinked directory\n{out}"
+    );
+    assert!(
+        out.matches("stats directory").count() >= 2 && out.contains("refused"),
+        "the engine did not say it refused the directory\n{out}"
+    );
+}

@@ -1,0 +1,276 @@
+//! The impaired lab (`lab up --impair`, `lab impair`): a third namespace
+//! forwards every frame between the hosts with nftables, hosts keep their
+//! names, addresses and see each other's MACs, and kernel as well as xdp
+//! traffic crosses it. Lab prefix `ti`.
+
+use nanowire_lab::testbed::{Direction, Host, Impairment, LabOptions, ScopedLab};
+use std::process::{Command, Output, Stdio};
+
+const NW: &str = env!("CARGO_BIN_EXE_nanowire");
+
+fn nanowire(args: &[&str]) -> Output {
+    Command::new(NW).args(args).output().expect("run nanowire")
+}
+
+fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let r = unsafe { libc::geteuid() } == 0;
+    if !r {
+        eprintln!("skipping: needs root");
+    }
+    r
+}
+
+fn have_nft() -> bool {
+    let r = Command::new("nft").arg("--version").output().is_ok();
+    if !r {
+        eprintln!("skipping: nftables not installed (scripts/install-deps.sh)");
+    }
+    r
+}
+
+struct Down(String);
+impl Drop for Down {
+    fn drop(&mut self) {
+        let _ = nanowire(&["lab", "down", "--name", &self.0]);
+    }
+}
+
+fn ping(n: &str, count: &str, interval: &str) -> Output {
+    nanowire(&[
+        "lab",
+        "exec",
+        "--name",
+        n,
+        "a",
+        "--",
+        "ping",
+        "-c",
+        count,
+        "-i",
+        interval,
+        "-W",
+        "1",
+        "-q",
+        "198.18.0.2",
+    ])
+}
+
+fn status(n: &str) -> serde_json::Value {
+    serde_json::from_str(&ok(&nanowire(&["lab", "status", "--name", n, "--json"]))).unwrap()
+}
+
+#[test]
+fn impaired_wire_forwards_drops_duplicates_and_clears() {
+    if !root() || !have_nft() {
+        return;
+    }
+    let n = format!("ti{}w", std::process::id() % 10000);
+    let _g = Down(n.clone());
+    ok(&nanowire(&["lab", "up", "--impair", "--name", &n]));
+    // Idempotent.
+    ok(&nanowire(&["lab", "up", "--impair", "--name", &n]));
+    let st = status(&n);
+    assert_eq!(st["complete"], true, "{st}");
+    assert_eq!(st["a"]["iface"], format!("{n}-a0"));
+    assert_eq!(st["b"]["addr"], "198.18.0.2");
+    assert_eq!(st["wire"]["forwarding"], true, "{st}");
+
+    // Clear wire: every ping answered, and a sees b's own MAC.
+    let o = ping(&n, "20", "0.01");
+    assert!(ok(&o).contains(" 0% packet loss"), "{o:?}");
+    let neigh = ok(&nanowire(&[
+        "lab",
+        "exec",
+        "--name",
+        &n,
+        "a",
+        "--",
+        "ip",
+        "neigh",
+        "show",
+        "198.18.0.2",
+    ]));
+    let b_mac = st["b"]["mac"].as_str().unwrap();
+    assert!(neigh.contains(b_mac), "a sees b at {b_mac}: {neigh}");
+
+    // All frames a->b lost: nothing answered, every frame counted as dropped.
+    ok(&nanowire(&[
+        "lab", "impair", "--name", &n, "--loss", "100", "--dir", "ab",
+    ]));
+    let o = ping(&n, "5", "0.01");
+    assert!(!o.status.success(), "pings through a dead wire fail");
+    let st = status(&n);
+    let ab = &st["wire"]["ab"];
+    assert_eq!(ab["impairment"]["loss_pct"], 100.0, "{st}");
+    assert!(ab["frames_in"].as_u64().unwrap() >= 5, "{st}");
+    assert_eq!(ab["frames_in"], ab["dropped_loss"], "{st}");
+    assert_eq!(st["wire"]["ba"]["impairment"]["loss_pct"], 0.0, "{st}");
+
+    // Duplicate every frame a->b: ping reports duplicates.
+    ok(&nanowire(&[
+        "lab", "impair", "--name", &n, "--dup", "100", "--dir", "ab",
+    ]));
+    let o = ping(&n, "3", "0.05");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(text.contains("duplicates"), "{text}");
+
+    // The text status names the settings.
+    let t = ok(&nanowire(&["lab", "status", "--name", &n]));
+    assert!(t.contains("a->b: dup 100%"), "{t}");
+
+    // --clear: nothing lost again.
+    ok(&nanowire(&["lab", "impair", "--name", &n, "--clear"]));
+    let o = ping(&n, "20", "0.01");
+    assert!(ok(&o).contains(" 0% packet loss"), "{o:?}");
+
+    // `up` without --impair turns it back into a plain pair; down removes all three namespaces.
+    ok(&nanowire(&["lab", "up", "--name", &n]));
+    assert!(status(&n).get("wire").is_none());
+    ok(&ping(&n, "2", "0.01"));
+    let o = nanowire(&["lab", "impair", "--name", &n, "--loss", "1"]);
+    assert!(!o.status.success(), "impair on a plain lab is an error");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--impair"),
+        "{o:?}"
+    );
+    ok(&nanowire(&["lab", "up", "--impair", "--name", &n]));
+    ok(&nanowire(&["lab", "down", "--name", &n]));
+    let l = String::from_utf8_lossy(
+        &Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .into_owned();
+    assert!(!l.contains(&format!("{n}-")), "namespaces left: {l}");
+}
+
+#[test]
+fn bad_impairments_are_refused_with_one_line() {
+    let imp = Impairment {
+        loss_pct: 101.0,
+        ..Impairment::default()
+    };
+    assert!(imp.validate().unwrap_err().contains("--loss"));
+    let imp = Impairment {
+        rate_mbit: Some(0.0),
+        ..Impairment::default()
+    };
+    assert!(imp.validate().unwrap_err().contains("--rate"));
+    assert!("sideways".parse::<Direction>().is_err());
+}
+
+/// xdp on both ends through the wire (generic XDP on the hosts' veths).
+#[test]
+fn xdp_ping_pong_crosses_the_impaired_wire() {
+    if !root() || !have_nft() {
+        return;
+    }
+    let lab = ScopedLab::new_impaired(LabOptions {
+        name: format!("ti{}x", std::process::id() % 10000),
+        ..LabOptions::default()
+    })
+    .expect("impaired lab up");
+    let mut server = lab
+        .command(
+            Host::B,
+            &[
+                NW,
+                "bench",
+                "server",
+                "-i",
+                "198.18.0.2",
+                "-p",
+                "11260",
+                "--engine",
+                "xdp",
+                "--no-fallback",
+            ],
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for the listen line (bounded by the server's own start-up).
+    let err = server.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(err).lines() {
+            let Ok(l) = l else { break };
+            let _ = tx.send(l);
+        }
+    });
+    loop {
+        let l = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("server listens");
+        if l.contains("(engine ") {
+            assert!(l.contains("(engine xdp)"), "{l}");
+            break;
+        }
+    }
+    let out = lab
+        .command(
+            Host::A,
+            &[
+                NW,
+                "bench",
+                "pp",
+                "-i",
+                "198.18.0.2",
+                "-p",
+                "11260",
+                "--engine",
+                "xdp",
+                "--no-fallback",
+                "-m",
+                "64",
+                "-t",
+                "1",
+                "--json",
+            ],
+        )
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        out.status.success(),
+        "pp failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["engine"], "xdp", "{r}");
+    assert!(r["received"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["dropped"], 0, "{r}");
+    // The frames really crossed the wire.
+    let w = lab.wire_status().expect("wire");
+    assert!(w.ab.frames_in >= r["received"].as_u64().unwrap(), "{w:?}");
+    // And the wire's impair API works on a ScopedLab.
+    let w = lab
+        .impair(
+            Direction::Ba,
+            Impairment {
+                loss_pct: 0.5,
+                ..Impairment::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(w.ba.impairment.loss_pct, 0.5);
+    assert_eq!(w.ab.impairment.loss_pct, 0.0);
+}

@@ -1,0 +1,45 @@
+//! Bottom layer: per-thread state every other layer needs (errno, the
+//! clock, the "running engine code" flag). Depends on nothing in the crate.
+
+use libc::c_int;
+use std::cell::Cell;
+
+thread_local! {
+    static IN_ENGINE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True while this thread runs engine code: the exports then go straight
+/// to libc (the engine's own sockets, netlink and poll are not the
+/// application's).
+#[inline(always)]
+pub fn in_engine() -> bool {
+    IN_ENGINE.with(|c| c.get())
+}
+
+/// Run engine code with the exports bypassed.
+#[inline]
+pub fn engine_call<R>(f: impl FnOnce() -> R) -> R {
+    let prev = IN_ENGINE.with(|c| c.replace(true));
+    let r = f();
+    IN_ENGINE.with(|c| c.set(prev));
+    r
+}
+
+#[inline(always)]
+pub fn errno() -> c_int {
+    // SAFETY: __errno_location returns this thread's errno, valid for the
+    // life of the thread.
+    unsafe { *libc::__errno_location() }
+}
+
+#[inline(always)]
+pub fn set_errno(e: c_int) {
+    // SAFETY: as in `errno`.
+    unsafe { *libc::__errno_location() = e }
+}
+
+#[inline(always)]
+pub fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64).wrapping_mul(1_000_000_000) + t.tv_nsec as u64
+}

@@ -1,0 +1,252 @@
+//! Fixed-capacity byte rings (allocated once per connection, sized from
+//! SO_SNDBUF/SO_RCVBUF) and the out-of-order assembler of the receive side.
+
+/// A byte ring. Bytes `[0, len)` are the content; the free space after it can
+/// be written out of order (`write_at`) and later committed (`commit`).
+#[derive(Debug)]
+pub struct Ring {
+    buf: Box<[u8]>,
+    head: usize,
+    len: usize,
+}
+
+impl Ring {
+    pub fn new(capacity: usize) -> Ring {
+        Ring {
+            buf: vec![0u8; capacity].into_boxed_slice(),
+            head: 0,
+            len: 0,
+        }
+    }
+    pub fn capacity(&self) -> usize {
+        self.buf.len()
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn free(&self) -> usize {
+        self.buf.len() - self.len
+    }
+
+    /// The two slices holding `[off, off+n)` of the ring's index space
+    /// (may reach into the free area). `off + n` must be ≤ capacity.
+    fn span(&self, off: usize, n: usize) -> (usize, usize, usize) {
+        let cap = self.buf.len();
+        let start = (self.head + off) % cap.max(1);
+        let first = n.min(cap - start);
+        (start, first, n - first)
+    }
+
+    /// Append as much of `data` as fits; returns the count.
+    pub fn push(&mut self, data: &[u8]) -> usize {
+        let n = data.len().min(self.free());
+        self.write_at(0, &data[..n]);
+        self.len += n;
+        n
+    }
+
+    /// Copy `data` to `off` bytes past the end of the content (into the free
+    /// area), clipped to the capacity. Returns the count written.
+    pub fn write_at(&mut self, off: usize, data: &[u8]) -> usize {
+        if off >= self.free() {
+            return 0;
+        }
+        let n = data.len().min(self.free() - off);
+        if n == 0 {
+            return 0;
+        }
+        let (s, a, b) = self.span(self.len + off, n);
+        self.buf[s..s + a].copy_from_slice(&data[..a]);
+        self.buf[..b].copy_from_slice(&data[a..n]);
+        n
+    }
+
+    /// Make `n` bytes written past the end part of the content.
+    pub fn commit(&mut self, n: usize) {
+        self.len += n.min(self.free());
+    }
+
+    /// Copy up to `out.len()` bytes starting `off` into the content.
+    pub fn peek(&self, off: usize, out: &mut [u8]) -> usize {
+        if off >= self.len {
+            return 0;
+        }
+        let n = out.len().min(self.len - off);
+        let (s, a, b) = self.span(off, n);
+        out[..a].copy_from_slice(&self.buf[s..s + a]);
+        out[a..n].copy_from_slice(&self.buf[..b]);
+        n
+    }
+
+    /// Drop `n` bytes from the front.
+    pub fn consume(&mut self, n: usize) {
+        let n = n.min(self.len);
+        if self.buf.is_empty() {
+            return;
+        }
+        self.head = (self.head + n) % self.buf.len();
+        // The head is not reset when empty: out-of-order bytes may already
+        // sit past the end.
+        self.len -= n;
+    }
+
+    /// Read and consume.
+    pub fn read(&mut self, out: &mut [u8]) -> usize {
+        let n = self.peek(0, out);
+        self.consume(n);
+        n
+    }
+}
+
+/// Most out-of-order holes tracked; a segment that would need more is dropped
+/// (and counted) — the sender retransmits it.
+pub const MAX_RANGES: usize = 8;
+
+/// Byte ranges received beyond `rcv_nxt`, as offsets from it, sorted,
+/// disjoint and non-adjacent.
+#[derive(Debug, Default, Clone)]
+pub struct Assembler {
+    ranges: [(u32, u32); MAX_RANGES],
+    n: usize,
+    /// Index of the range that holds the most recent segment (first SACK block).
+    recent: usize,
+}
+
+impl Assembler {
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+    pub fn ranges(&self) -> &[(u32, u32)] {
+        &self.ranges[..self.n]
+    }
+    pub fn recent(&self) -> usize {
+        self.recent
+    }
+    pub fn clear(&mut self) {
+        self.n = 0;
+        self.recent = 0;
+    }
+
+    /// Record `[start, end)`. False (nothing changed) when it would need more
+    /// than `MAX_RANGES` ranges.
+    pub fn add(&mut self, start: u32, end: u32) -> bool {
+        if start >= end {
+            return true;
+        }
+        // First range whose end reaches start (touching merges).
+        let mut i = 0;
+        while i < self.n && self.ranges[i].1 < start {
+            i += 1;
+        }
+        // Ranges [i, j) overlap or touch [start, end].
+        let mut j = i;
+        while j < self.n && self.ranges[j].0 <= end {
+            j += 1;
+        }
+        if i == j {
+            if self.n == MAX_RANGES {
+                return false;
+            }
+            self.ranges.copy_within(i..self.n, i + 1);
+            self.ranges[i] = (start, end);
+            self.n += 1;
+        } else {
+            let s = start.min(self.ranges[i].0);
+            let e = end.max(self.ranges[j - 1].1);
+            self.ranges[i] = (s, e);
+            self.ranges.copy_within(j..self.n, i + 1);
+            self.n -= j - i - 1;
+        }
+        self.recent = i;
+        true
+    }
+
+    /// `rcv_nxt` moved forward by `n` (in-order data of length n arrived at
+    /// offset 0). Returns how many bytes in total are now contiguous from the
+    /// old offset 0 (≥ n), and rebases the remaining ranges.
+    pub fn advance(&mut self, n: u32) -> u32 {
+        if n == 0 && (self.n == 0 || self.ranges[0].0 > 0) {
+            return 0;
+        }
+        let ok = self.add(0, n);
+        debug_assert!(ok, "a range starting at 0 always merges or fits");
+        let total = if self.n > 0 && self.ranges[0].0 == 0 {
+            let t = self.ranges[0].1;
+            self.ranges.copy_within(1..self.n, 0);
+            self.n -= 1;
+            t
+        } else {
+            n
+        };
+        for r in &mut self.ranges[..self.n] {
+            r.0 -= total;
+            r.1 -= total;
+        }
+        self.recent = self.recent.min(self.n.saturating_sub(1));
+        total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_wraps() {
+        let mut r = Ring::new(8);
+        assert_eq!(r.push(b"abcdef"), 6);
+        let mut o = [0u8; 4];
+        assert_eq!(r.read(&mut o), 4);
+        assert_eq!(&o, b"abcd");
+        assert_eq!(r.push(b"ghijklmn"), 6);
+        assert_eq!(r.len(), 8);
+        let mut o = [0u8; 8];
+        assert_eq!(r.peek(1, &mut o), 7);
+        assert_eq!(&o[..7], b"fghijkl");
+        assert_eq!(r.read(&mut o), 8);
+        assert_eq!(&o, b"efghijkl");
+    }
+
+    #[test]
+    fn ring_out_of_order_then_commit() {
+        let mut r = Ring::new(10);
+        r.push(b"ab");
+        r.consume(2);
+        assert_eq!(r.write_at(3, b"DEFGHIJKLMN"), 7);
+        assert_eq!(r.write_at(0, b"abc"), 3);
+        r.commit(10);
+        let mut o = [0u8; 10];
+        assert_eq!(r.read(&mut o), 10);
+        assert_eq!(&o, b"abcDEFGHIJ");
+    }
+
+    #[test]
+    fn assembler_merges_and_advances() {
+        let mut a = Assembler::default();
+        assert!(a.add(10, 20));
+        assert!(a.add(30, 40));
+        assert!(a.add(20, 30));
+        assert_eq!(a.ranges(), &[(10, 40)]);
+        assert!(a.add(50, 60));
+        assert_eq!(a.advance(5), 5);
+        assert_eq!(a.ranges(), &[(5, 35), (45, 55)]);
+        assert_eq!(a.advance(5), 35);
+        assert_eq!(a.ranges(), &[(10, 20)]);
+        for i in 0..7 {
+            assert!(a.add(100 + i * 10, 105 + i * 10));
+        }
+        assert!(!a.add(500, 501));
+        assert!(a.add(0, 1000));
+        assert_eq!(a.ranges(), &[(0, 1000)]);
+        // In-order data spanning several ranges swallows all of them.
+        let mut a = Assembler::default();
+        a.add(5, 10);
+        a.add(20, 30);
+        a.add(40, 50);
+        assert_eq!(a.advance(25), 30);
+        assert_eq!(a.ranges(), &[(10, 20)]);
+    }
+}

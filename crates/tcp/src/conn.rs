@@ -1,0 +1,544 @@
+//! The transmission control block: state, constructors, and the operations
+//! an application performs on it (send, recv, shutdown, close, options).
+//! Receive processing is in `input.rs`, transmit in `output.rs`, timers in
+//! `timer.rs`.
+
+use crate::buffer::{Assembler, Ring};
+use crate::cc::NewReno;
+use crate::isn::Secret;
+use crate::seq;
+use crate::{Config, Error, FourTuple, TcpInfo};
+use nanowire_wire::tcp::TcpRepr;
+
+/// RFC 9293 connection states (LISTEN lives in the stack's listeners).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Closed,
+    SynSent,
+    SynReceived,
+    Established,
+    FinWait1,
+    FinWait2,
+    CloseWait,
+    Closing,
+    LastAck,
+    TimeWait,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Closed => "CLOSED",
+            State::SynSent => "SYN-SENT",
+            State::SynReceived => "SYN-RECEIVED",
+            State::Established => "ESTABLISHED",
+            State::FinWait1 => "FIN-WAIT-1",
+            State::FinWait2 => "FIN-WAIT-2",
+            State::CloseWait => "CLOSE-WAIT",
+            State::Closing => "CLOSING",
+            State::LastAck => "LAST-ACK",
+            State::TimeWait => "TIME-WAIT",
+        }
+    }
+    /// After the handshake and before our FIN is acknowledged: data may be sent.
+    pub(crate) fn can_send(self) -> bool {
+        matches!(
+            self,
+            State::Established
+                | State::CloseWait
+                | State::FinWait1
+                | State::Closing
+                | State::LastAck
+        )
+    }
+    /// States that accept data from the peer.
+    pub(crate) fn can_recv(self) -> bool {
+        matches!(self, State::Established | State::FinWait1 | State::FinWait2)
+    }
+}
+
+/// Most SACK scoreboard blocks remembered by the sender.
+pub const SCOREBOARD: usize = 8;
+
+#[derive(Debug)]
+pub(crate) struct Conn {
+    pub tuple: FourTuple,
+    pub state: State,
+    pub error: Option<Error>,
+    /// Parent listener while half-open or waiting in the accept queue.
+    pub listener: Option<u32>,
+    /// The application closed its handle; the stack frees it when it dies.
+    pub orphan: bool,
+    /// Counted in the listener's half-open (SYN queue) total.
+    pub half_open_counted: bool,
+    pub in_accept_queue: bool,
+    // --- send sequence space
+    pub iss: u32,
+    pub snd_una: u32,
+    pub snd_nxt: u32,
+    pub snd_max: u32,
+    pub snd_wnd: u32,
+    pub max_snd_wnd: u32,
+    pub snd_wl1: u32,
+    pub snd_wl2: u32,
+    pub snd_wscale: u8,
+    pub rcv_wscale: u8,
+    pub tx: Ring,
+    /// Sequence number of `tx[0]`.
+    pub tx_seq0: u32,
+    pub fin_queued: bool,
+    pub sndbuf: usize,
+    // --- receive sequence space
+    pub irs: u32,
+    pub rcv_nxt: u32,
+    pub rx: Ring,
+    pub rcvbuf: usize,
+    pub asm: Assembler,
+    /// A FIN seen beyond `rcv_nxt` (out of order).
+    pub ooo_fin: Option<u32>,
+    /// The peer's FIN was processed: reads return end of file once drained.
+    pub rx_fin: bool,
+    /// Right edge of the window last advertised.
+    pub rcv_adv: u32,
+    // --- options
+    pub snd_mss: u32,
+    pub rcv_mss: u32,
+    pub ts_ok: bool,
+    pub ws_ok: bool,
+    pub ts_recent: u32,
+    pub ts_offset: u32,
+    pub sack_ok: bool,
+    pub sacked: [(u32, u32); SCOREBOARD],
+    pub n_sacked: usize,
+    /// Next hole to retransmit during SACK recovery.
+    pub rtx_next: u32,
+    // --- RTT / RTO (RFC 6298), nanoseconds
+    pub srtt: u64,
+    pub rttvar: u64,
+    pub rto: u64,
+    pub rtt_seq: Option<(u32, u64)>,
+    pub backoff: u32,
+    // --- timers (absolute deadlines)
+    pub rtx_deadline: Option<u64>,
+    pub delack_deadline: Option<u64>,
+    pub persist_deadline: Option<u64>,
+    pub persist_backoff: u32,
+    /// TIME-WAIT expiry, or FIN-WAIT-2 timeout of an orphan.
+    pub state_deadline: Option<u64>,
+    pub keepalive: bool,
+    pub ka_idle: u64,
+    pub ka_intvl: u64,
+    pub ka_cnt: u32,
+    pub ka_probes: u32,
+    pub ka_last: u64,
+    pub last_rx: u64,
+    /// Last time new data was sent (idle restart of cwnd).
+    pub last_tx: u64,
+    // --- congestion control
+    pub cc: NewReno,
+    pub dupacks: u32,
+    pub in_recovery: bool,
+    /// Duplicate ACKs in recovery not yet spent on SACK hole retransmissions.
+    pub sack_credit: u32,
+    pub recover: u32,
+    // --- per-socket options
+    pub nodelay: bool,
+    pub quickack: u32,
+    pub linger0: bool,
+    /// Send one runt segment despite sender SWS avoidance (persist fired).
+    pub nodelay_once: bool,
+    // --- pending output
+    pub ack_now: bool,
+    /// Extra duplicate ACKs owed for out-of-order segments of one batch.
+    pub dup_acks_due: u8,
+    pub rx_unacked: u32,
+    pub rst_pending: bool,
+    /// A RST answering one bad segment (seq, ack, ACK flag); the connection lives on.
+    pub rst_reply: Option<(u32, u32, bool)>,
+    pub syn_pending: bool,
+    pub probe_pending: bool,
+    pub rtx_once: Option<u32>,
+    // --- statistics
+    pub total_retrans: u64,
+    pub bytes_acked: u64,
+    pub bytes_received: u64,
+    /// Heap bookkeeping of the stack: deadline of this connection's live entry.
+    pub armed: Option<u64>,
+    pub queued: bool,
+}
+
+/// Quick ACKs at the start of a connection (Linux's quickack mode).
+const INITIAL_QUICKACKS: u32 = 16;
+
+fn wscale_for(buf: usize) -> u8 {
+    let mut s = 0u8;
+    while s < 14 && (buf >> s) > 65535 {
+        s += 1;
+    }
+    s
+}
+
+impl Conn {
+    fn blank(tuple: FourTuple, cfg: &Config, iss: u32, ts_offset: u32, now: u64) -> Conn {
+        Conn {
+            tuple,
+            state: State::Closed,
+            error: None,
+            listener: None,
+            orphan: false,
+            half_open_counted: false,
+            in_accept_queue: false,
+            iss,
+            snd_una: iss,
+            snd_nxt: iss,
+            snd_max: iss,
+            snd_wnd: 0,
+            max_snd_wnd: 0,
+            snd_wl1: 0,
+            snd_wl2: 0,
+            snd_wscale: 0,
+            rcv_wscale: 0,
+            tx: Ring::new(0),
+            tx_seq0: iss.wrapping_add(1),
+            fin_queued: false,
+            sndbuf: cfg.sndbuf,
+            irs: 0,
+            rcv_nxt: 0,
+            rx: Ring::new(0),
+            rcvbuf: cfg.rcvbuf,
+            asm: Assembler::default(),
+            ooo_fin: None,
+            rx_fin: false,
+            rcv_adv: 0,
+            snd_mss: 536,
+            rcv_mss: u32::from(cfg.mss),
+            ts_ok: false,
+            ws_ok: false,
+            ts_recent: 0,
+            ts_offset,
+            sack_ok: false,
+            sacked: [(0, 0); SCOREBOARD],
+            n_sacked: 0,
+            rtx_next: iss,
+            srtt: 0,
+            rttvar: 0,
+            rto: cfg.rto_initial_ns,
+            rtt_seq: None,
+            backoff: 0,
+            rtx_deadline: None,
+            delack_deadline: None,
+            persist_deadline: None,
+            persist_backoff: 0,
+            state_deadline: None,
+            keepalive: false,
+            ka_idle: cfg.keepalive_idle_ns,
+            ka_intvl: cfg.keepalive_intvl_ns,
+            ka_cnt: cfg.keepalive_cnt,
+            ka_probes: 0,
+            ka_last: now,
+            last_rx: now,
+            last_tx: now,
+            cc: NewReno::new(cfg.initial_cwnd * 536),
+            dupacks: 0,
+            in_recovery: false,
+            sack_credit: 0,
+            recover: iss,
+            nodelay: false,
+            quickack: INITIAL_QUICKACKS,
+            linger0: false,
+            nodelay_once: false,
+            ack_now: false,
+            dup_acks_due: 0,
+            rx_unacked: 0,
+            rst_pending: false,
+            rst_reply: None,
+            syn_pending: false,
+            probe_pending: false,
+            rtx_once: None,
+            total_retrans: 0,
+            bytes_acked: 0,
+            bytes_received: 0,
+            armed: None,
+            queued: false,
+        }
+    }
+
+    /// Active open: SYN-SENT with the SYN pending.
+    pub fn connect(tuple: FourTuple, cfg: &Config, secret: &Secret, now: u64) -> Conn {
+        let mut c = Conn::blank(
+            tuple,
+            cfg,
+            secret.isn(&tuple, now),
+            secret.ts_offset(&tuple),
+            now,
+        );
+        c.state = State::SynSent;
+        c.syn_pending = true;
+        c.rcv_wscale = if cfg.window_scaling {
+            wscale_for(cfg.rcvbuf)
+        } else {
+            0
+        };
+        c.alloc_buffers();
+        c
+    }
+
+    /// Passive open from a SYN: SYN-RECEIVED with the SYN-ACK pending.
+    /// Buffers are allocated when the handshake completes.
+    pub fn accept_syn(
+        tuple: FourTuple,
+        syn: &TcpRepr,
+        cfg: &Config,
+        secret: &Secret,
+        now: u64,
+    ) -> Conn {
+        let mut c = Conn::blank(
+            tuple,
+            cfg,
+            secret.isn(&tuple, now),
+            secret.ts_offset(&tuple),
+            now,
+        );
+        c.state = State::SynReceived;
+        c.syn_pending = true;
+        c.irs = syn.seq;
+        c.rcv_nxt = syn.seq.wrapping_add(1);
+        c.negotiate(syn, cfg);
+        c.snd_wnd = u32::from(syn.window);
+        c.max_snd_wnd = c.snd_wnd;
+        c.snd_wl1 = syn.seq;
+        c.snd_wl2 = c.iss;
+        c
+    }
+
+    /// A connection rebuilt from a valid SYN cookie: ESTABLISHED, no window
+    /// scaling, SACK or timestamps (the cookie carries only the MSS).
+    pub fn from_cookie(
+        tuple: FourTuple,
+        ack: &TcpRepr,
+        mss: u16,
+        cfg: &Config,
+        secret: &Secret,
+        now: u64,
+    ) -> Conn {
+        let iss = ack.ack.wrapping_sub(1);
+        let mut c = Conn::blank(tuple, cfg, iss, secret.ts_offset(&tuple), now);
+        c.state = State::Established;
+        c.irs = ack.seq.wrapping_sub(1);
+        c.rcv_nxt = ack.seq;
+        c.snd_una = ack.ack;
+        c.snd_nxt = ack.ack;
+        c.snd_max = ack.ack;
+        c.tx_seq0 = ack.ack;
+        c.snd_mss = u32::from(mss.min(cfg.mss));
+        c.snd_wnd = u32::from(ack.window);
+        c.max_snd_wnd = c.snd_wnd;
+        c.snd_wl1 = ack.seq;
+        c.snd_wl2 = ack.ack;
+        c.cc = NewReno::new(cfg.initial_cwnd * c.snd_mss);
+        c.alloc_buffers();
+        c.rcv_adv = c.rcv_nxt.wrapping_add(c.rx_free().min(65535) as u32);
+        c
+    }
+
+    /// Take the peer's SYN options (ours are offered from `cfg`).
+    pub fn negotiate(&mut self, syn: &TcpRepr, cfg: &Config) {
+        let peer_mss = u32::from(syn.mss.unwrap_or(536)).max(88);
+        self.ts_ok = cfg.timestamps && syn.timestamp.is_some();
+        if let Some((val, _)) = syn.timestamp {
+            self.ts_recent = val;
+        }
+        self.sack_ok = cfg.sack && syn.sack_permitted;
+        match syn.window_scale {
+            Some(s) if cfg.window_scaling => {
+                self.ws_ok = true;
+                self.snd_wscale = s;
+                self.rcv_wscale = wscale_for(self.rcvbuf);
+            }
+            _ => {
+                self.snd_wscale = 0;
+                self.rcv_wscale = 0;
+            }
+        }
+        self.snd_mss = peer_mss.min(u32::from(cfg.mss)) - if self.ts_ok { 12 } else { 0 };
+        self.cc = NewReno::new(cfg.initial_cwnd * self.snd_mss);
+    }
+
+    pub fn alloc_buffers(&mut self) {
+        if self.tx.capacity() != self.sndbuf {
+            self.tx = Ring::new(self.sndbuf);
+        }
+        if self.rx.capacity() != self.rcvbuf {
+            self.rx = Ring::new(self.rcvbuf);
+        }
+    }
+
+    /// Receive space not holding unread data (out-of-order data lives here).
+    pub fn rx_free(&self) -> usize {
+        self.rcvbuf.saturating_sub(self.rx.len())
+    }
+
+    /// Sequence number of our FIN (valid when `fin_queued`).
+    pub fn fin_seq(&self) -> u32 {
+        self.tx_seq0.wrapping_add(self.tx.len() as u32)
+    }
+
+    pub fn flight(&self) -> u32 {
+        seq::dist(self.snd_nxt, self.snd_una)
+    }
+
+    /// Enter CLOSED with an error for the application (if it still holds us).
+    pub fn set_closed(&mut self, err: Option<Error>) {
+        self.state = State::Closed;
+        if self.error.is_none() {
+            self.error = err;
+        }
+        self.rtx_deadline = None;
+        self.delack_deadline = None;
+        self.persist_deadline = None;
+        self.state_deadline = None;
+        self.syn_pending = false;
+        self.ack_now = false;
+        self.probe_pending = false;
+        self.rtx_once = None;
+    }
+
+    /// Send RST on the next transmit and close.
+    pub fn abort(&mut self, err: Error) {
+        let synced = !matches!(self.state, State::Closed | State::SynSent | State::TimeWait);
+        self.set_closed(Some(err));
+        self.rst_pending = synced;
+    }
+
+    pub fn enter_time_wait(&mut self, now: u64, cfg: &Config) {
+        self.state = State::TimeWait;
+        self.rtx_deadline = None;
+        self.persist_deadline = None;
+        self.state_deadline = Some(now + cfg.time_wait_ns);
+    }
+
+    // ---------------------------------------------------------------- API
+
+    pub fn send(&mut self, data: &[u8]) -> Result<usize, Error> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        if self.fin_queued {
+            return Err(Error::Shutdown);
+        }
+        match self.state {
+            State::SynSent | State::SynReceived | State::Established | State::CloseWait => {}
+            _ => return Err(Error::NotConnected),
+        }
+        let n = self.tx.push(data);
+        if n == 0 && !data.is_empty() {
+            return Err(Error::WouldBlock);
+        }
+        Ok(n)
+    }
+
+    pub fn recv(&mut self, out: &mut [u8]) -> Result<usize, Error> {
+        let n = self.rx.read(out);
+        if n > 0 {
+            self.maybe_window_update();
+            return Ok(n);
+        }
+        if self.rx_fin || out.is_empty() {
+            return Ok(0);
+        }
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        if self.state == State::Closed {
+            return Ok(0);
+        }
+        Err(Error::WouldBlock)
+    }
+
+    /// After the application read: announce a window that grew by a lot
+    /// (receiver silly-window avoidance, RFC 9293 3.8.6.2.2).
+    fn maybe_window_update(&mut self) {
+        if !self.state.can_recv() {
+            return;
+        }
+        let edge = self.rcv_nxt.wrapping_add(self.max_window() as u32);
+        let grow = seq::dist(edge, self.rcv_adv);
+        let thresh = (2 * self.rcv_mss).min((self.rcvbuf / 2) as u32).max(1);
+        if grow >= thresh {
+            self.ack_now = true;
+        }
+    }
+
+    /// Largest window we may announce now, in bytes.
+    pub fn max_window(&self) -> usize {
+        self.rx_free().min(65535usize << self.rcv_wscale)
+    }
+
+    /// shutdown(SHUT_WR): queue a FIN after the data.
+    pub fn shutdown_write(&mut self) {
+        if self.fin_queued {
+            return;
+        }
+        match self.state {
+            State::Established => self.state = State::FinWait1,
+            State::CloseWait => self.state = State::LastAck,
+            State::SynSent | State::SynReceived => {}
+            _ => return,
+        }
+        self.fin_queued = true;
+    }
+
+    /// Move to FIN-WAIT-1/LAST-ACK after the handshake if a FIN was queued early.
+    pub fn on_established(&mut self) {
+        self.alloc_buffers();
+        if self.fin_queued {
+            self.state = State::FinWait1;
+        }
+    }
+
+    pub fn info(&self) -> TcpInfo {
+        TcpInfo {
+            state: self.state,
+            rtt_us: self.srtt / 1000,
+            rttvar_us: self.rttvar / 1000,
+            rto_us: self.rto / 1000,
+            cwnd: self.cc.cwnd,
+            ssthresh: self.cc.ssthresh,
+            retransmits: self.backoff,
+            total_retrans: self.total_retrans,
+            unacked: seq::dist(self.snd_max, self.snd_una),
+            snd_mss: self.snd_mss as u16,
+            rcv_mss: self.rcv_mss as u16,
+            snd_wnd: self.snd_wnd,
+            rcv_wnd: seq::dist(self.rcv_adv, self.rcv_nxt),
+            snd_wscale: self.snd_wscale,
+            rcv_wscale: self.rcv_wscale,
+            timestamps: self.ts_ok,
+            sack: self.sack_ok,
+            bytes_acked: self.bytes_acked,
+            bytes_received: self.bytes_received,
+            snd_nxt: self.snd_nxt,
+            rcv_nxt: self.rcv_nxt,
+        }
+    }
+
+    /// RFC 6298 2.2/2.3 with the configured bounds.
+    pub fn rtt_sample(&mut self, r: u64, cfg: &Config) {
+        if self.srtt == 0 {
+            self.srtt = r.max(1);
+            self.rttvar = r / 2;
+        } else {
+            let d = self.srtt.abs_diff(r);
+            self.rttvar = (3 * self.rttvar + d) / 4;
+            self.srtt = ((7 * self.srtt + r) / 8).max(1);
+        }
+        self.rto = (self.srtt + 4 * self.rttvar).clamp(cfg.rto_min_ns, cfg.rto_max_ns);
+    }
+
+    /// The RTO with the current exponential backoff.
+    pub fn backed_off_rto(&self, cfg: &Config) -> u64 {
+        self.rto
+            .saturating_mul(1u64 << self.backoff.min(20))
+            .min(cfg.rto_max_ns)
+    }
+}

@@ -1,0 +1,190 @@
+//! A seeded fault injector for packet paths: loss, duplication, reordering,
+//! delay (with jitter) and corruption, in the spirit of smoltcp's
+//! FaultInjector. Packets go in with `push(now, bytes)` and come out, in
+//! release order, with `pop(now)`. Deterministic for a given seed.
+//! Off by default (`FaultConfig::default()` changes nothing).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FaultConfig {
+    /// Probability a packet is dropped.
+    pub loss: f64,
+    /// Probability a packet is delivered twice.
+    pub duplicate: f64,
+    /// Probability a packet is held back by `reorder_delay_ns` (later ones overtake it).
+    pub reorder: f64,
+    pub reorder_delay_ns: u64,
+    /// Probability one random byte of a packet is flipped.
+    pub corrupt: f64,
+    /// Fixed one-way delay and uniform extra jitter.
+    pub delay_ns: u64,
+    pub jitter_ns: u64,
+    pub seed: u64,
+}
+
+impl FaultConfig {
+    pub fn is_active(&self) -> bool {
+        self.loss > 0.0
+            || self.duplicate > 0.0
+            || self.reorder > 0.0
+            || self.corrupt > 0.0
+            || self.delay_ns > 0
+            || self.jitter_ns > 0
+    }
+}
+
+/// What the injector did, for assertions and counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FaultStats {
+    pub passed: u64,
+    pub dropped: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+    pub corrupted: u64,
+}
+
+pub struct FaultInjector {
+    cfg: FaultConfig,
+    rng: u64,
+    /// (release time, sequence for FIFO among equals, packet)
+    queue: BinaryHeap<Reverse<(u64, u64, Vec<u8>)>>,
+    seq: u64,
+    pub stats: FaultStats,
+}
+
+impl FaultInjector {
+    pub fn new(cfg: FaultConfig) -> FaultInjector {
+        let rng = cfg.seed ^ 0x9e37_79b9_7f4a_7c15;
+        FaultInjector {
+            cfg,
+            rng: if rng == 0 { 1 } else { rng },
+            queue: BinaryHeap::new(),
+            seq: 0,
+            stats: FaultStats::default(),
+        }
+    }
+
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+
+    fn enqueue(&mut self, at: u64, pkt: Vec<u8>) {
+        self.seq += 1;
+        self.queue.push(Reverse((at, self.seq, pkt)));
+    }
+
+    pub fn push(&mut self, now: u64, pkt: &[u8]) {
+        if self.chance(self.cfg.loss) {
+            self.stats.dropped += 1;
+            return;
+        }
+        let mut p = pkt.to_vec();
+        if !p.is_empty() && self.chance(self.cfg.corrupt) {
+            let i = (self.next() % p.len() as u64) as usize;
+            p[i] ^= 1 << (self.next() % 8);
+            self.stats.corrupted += 1;
+        }
+        let mut at = now + self.cfg.delay_ns;
+        if self.cfg.jitter_ns > 0 {
+            at += self.next() % self.cfg.jitter_ns;
+        }
+        if self.chance(self.cfg.reorder) {
+            at += self.cfg.reorder_delay_ns;
+            self.stats.reordered += 1;
+        }
+        if self.chance(self.cfg.duplicate) {
+            self.stats.duplicated += 1;
+            self.enqueue(at, p.clone());
+        }
+        self.stats.passed += 1;
+        self.enqueue(at, p);
+    }
+
+    /// Next packet due at `now`.
+    pub fn pop(&mut self, now: u64) -> Option<Vec<u8>> {
+        if self
+            .queue
+            .peek()
+            .is_some_and(|Reverse((t, _, _))| *t <= now)
+        {
+            return self.queue.pop().map(|Reverse((_, _, p))| p);
+        }
+        None
+    }
+
+    pub fn next_release(&self) -> Option<u64> {
+        self.queue.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_a_wire() {
+        let mut f = FaultInjector::new(FaultConfig::default());
+        for i in 0..100u8 {
+            f.push(0, &[i]);
+        }
+        for i in 0..100u8 {
+            assert_eq!(f.pop(0), Some(vec![i]));
+        }
+        assert!(f.pop(0).is_none());
+    }
+
+    #[test]
+    fn seeded_and_roughly_calibrated() {
+        let cfg = FaultConfig {
+            loss: 0.1,
+            duplicate: 0.05,
+            seed: 7,
+            ..FaultConfig::default()
+        };
+        let run = || {
+            let mut f = FaultInjector::new(cfg.clone());
+            for i in 0..10000u32 {
+                f.push(0, &i.to_be_bytes());
+            }
+            let mut out = vec![];
+            while let Some(p) = f.pop(0) {
+                out.push(p);
+            }
+            (out, f.stats.clone())
+        };
+        let (a, sa) = run();
+        let (b, _) = run();
+        assert_eq!(a, b, "same seed, same outcome");
+        assert!((800..1200).contains(&sa.dropped), "{sa:?}");
+        assert!((300..700).contains(&sa.duplicated), "{sa:?}");
+    }
+
+    #[test]
+    fn reorder_lets_later_packets_overtake() {
+        let mut f = FaultInjector::new(FaultConfig {
+            reorder: 1.0,
+            reorder_delay_ns: 10,
+            ..FaultConfig::default()
+        });
+        f.push(0, b"a");
+        let mut g = FaultInjector::new(FaultConfig::default());
+        g.push(5, b"b");
+        assert!(f.pop(5).is_none());
+        assert_eq!(f.pop(10), Some(b"a".to_vec()));
+        assert_eq!(f.next_release(), None);
+    }
+}

@@ -1,0 +1,551 @@
+//! Receive processing of one segment on one connection (RFC 9293 3.10.7,
+//! with RFC 5961's blind-attack checks, RFC 7323 PAWS, RFC 2018 SACK, and
+//! NewReno's duplicate-ACK logic).
+
+use crate::conn::{Conn, SCOREBOARD, State};
+use crate::seq;
+use crate::{Config, Counters, Error};
+use nanowire_wire::tcp::TcpRepr;
+
+impl Conn {
+    pub(crate) fn input(
+        &mut self,
+        now: u64,
+        cfg: &Config,
+        r: &TcpRepr,
+        payload: &[u8],
+        ctr: &mut Counters,
+    ) {
+        match self.state {
+            State::Closed => {}
+            State::SynSent => self.input_syn_sent(now, cfg, r, ctr),
+            _ => self.input_synchronized(now, cfg, r, payload, ctr),
+        }
+    }
+
+    fn input_syn_sent(&mut self, now: u64, cfg: &Config, r: &TcpRepr, ctr: &mut Counters) {
+        let f = r.flags;
+        if f.ack() && (seq::le(r.ack, self.iss) || seq::gt(r.ack, self.snd_max)) {
+            // Not for our SYN: RST it (unless it is one), RFC 9293 3.10.7.3.
+            if !f.rst() {
+                ctr.out_of_window += 1;
+                self.rst_reply = Some((r.ack, 0, false));
+            }
+            return;
+        }
+        if f.rst() {
+            if f.ack() {
+                ctr.rst_received += 1;
+                self.set_closed(Some(Error::ConnectionRefused));
+            }
+            return;
+        }
+        if !f.syn() {
+            return;
+        }
+        self.irs = r.seq;
+        self.rcv_nxt = r.seq.wrapping_add(1);
+        self.negotiate(r, cfg);
+        self.snd_wnd = u32::from(r.window); // never scaled in a SYN
+        self.max_snd_wnd = self.snd_wnd;
+        self.snd_wl1 = r.seq;
+        self.snd_wl2 = r.ack;
+        self.last_rx = now;
+        if f.ack() {
+            self.snd_una = r.ack;
+            if let Some((s, t)) = self.rtt_seq.take()
+                && seq::ge(r.ack, s)
+                && self.backoff == 0
+            {
+                self.rtt_sample(now.saturating_sub(t), cfg);
+            }
+            self.backoff = 0;
+            self.rtx_deadline = None;
+            self.state = State::Established;
+            self.on_established();
+            self.rcv_adv = self.rcv_nxt;
+            self.ack_now = true;
+        } else {
+            // Simultaneous open.
+            self.state = State::SynReceived;
+            self.syn_pending = true;
+            self.snd_nxt = self.iss;
+        }
+    }
+
+    /// RFC 9293 3.10.7.4 acceptability, Linux style: the segment must end at
+    /// or after rcv_nxt and start no later than the right window edge.
+    fn acceptable(&self, r: &TcpRepr, seg_len: u32) -> bool {
+        let wnd = self.max_window() as u32;
+        let wnd = wnd.max(seq::dist(self.rcv_adv, self.rcv_nxt));
+        let end = r.seq.wrapping_add(seg_len);
+        if seg_len == 0 {
+            if wnd == 0 {
+                return r.seq == self.rcv_nxt;
+            }
+            return seq::ge(r.seq, self.rcv_nxt) && seq::lt(r.seq, self.rcv_nxt.wrapping_add(wnd))
+                || r.seq == self.rcv_nxt;
+        }
+        seq::gt(end, self.rcv_nxt) && seq::le(r.seq, self.rcv_nxt.wrapping_add(wnd))
+    }
+
+    fn input_synchronized(
+        &mut self,
+        now: u64,
+        cfg: &Config,
+        r: &TcpRepr,
+        payload: &[u8],
+        ctr: &mut Counters,
+    ) {
+        let f = r.flags;
+        let seg_len = payload.len() as u32 + u32::from(f.syn()) + u32::from(f.fin());
+
+        // PAWS (RFC 7323 5.3): an old timestamp means an old duplicate.
+        if self.ts_ok
+            && !f.rst()
+            && let Some((val, _)) = r.timestamp
+            && seq::lt(val, self.ts_recent)
+        {
+            ctr.paws_rejected += 1;
+            self.ack_now = true;
+            return;
+        }
+
+        // Passive open: a retransmitted SYN gets the SYN-ACK again.
+        if self.state == State::SynReceived && f.syn() && !f.ack() && r.seq == self.irs {
+            self.syn_pending = true;
+            return;
+        }
+
+        if !self.acceptable(r, seg_len) {
+            if !f.rst() {
+                ctr.out_of_window += 1;
+                self.ack_now = true;
+            }
+            return;
+        }
+
+        // RST (RFC 5961 3.2): exact match resets, in-window gets a challenge.
+        if f.rst() {
+            ctr.rst_received += 1;
+            if r.seq != self.rcv_nxt {
+                ctr.challenge_acks += 1;
+                self.ack_now = true;
+                return;
+            }
+            ctr.connections_reset += 1;
+            let err = match self.state {
+                State::SynReceived if self.listener.is_none() => Some(Error::ConnectionRefused),
+                State::SynReceived => None,
+                State::Closing | State::LastAck | State::TimeWait => None,
+                _ => Some(Error::ConnectionReset),
+            };
+            self.set_closed(err);
+            return;
+        }
+
+        // SYN in a synchronized state (RFC 5961 4.2): challenge ACK.
+        if f.syn() {
+            ctr.challenge_acks += 1;
+            self.ack_now = true;
+            return;
+        }
+
+        if !f.ack() {
+            return;
+        }
+        self.last_rx = now;
+        self.ka_probes = 0;
+
+        // Timestamp to echo (RFC 7323 4.3): only from segments at the left edge.
+        if self.ts_ok
+            && let Some((val, _)) = r.timestamp
+            && seq::le(r.seq, self.rcv_adv_ack())
+        {
+            self.ts_recent = val;
+        }
+
+        if self.state == State::SynReceived {
+            if seq::le(r.ack, self.snd_una) || seq::gt(r.ack, self.snd_max) {
+                self.rst_reply = Some((r.ack, 0, false));
+                return;
+            }
+            self.state = State::Established;
+            self.on_established();
+            self.rcv_adv = self
+                .rcv_nxt
+                .wrapping_add(self.max_window().min(65535) as u32);
+        }
+
+        // ACK checks (RFC 5961 5.2).
+        if seq::gt(r.ack, self.snd_max) {
+            ctr.ack_too_new += 1;
+            self.ack_now = true;
+            return;
+        }
+        if seq::lt(r.ack, self.snd_una.wrapping_sub(self.max_snd_wnd.max(1))) {
+            ctr.ack_too_old += 1;
+            self.ack_now = true;
+            return;
+        }
+        self.process_ack(now, cfg, r, payload.len(), ctr);
+        if self.state == State::Closed {
+            return;
+        }
+
+        // Data.
+        if !payload.is_empty() || f.fin() {
+            if self.state.can_recv() {
+                self.process_data(now, cfg, r, payload, ctr);
+            } else if self.state == State::TimeWait && f.fin() {
+                // Retransmitted FIN: ACK it again and restart the 2MSL wait.
+                self.ack_now = true;
+                self.state_deadline = Some(now + cfg.time_wait_ns);
+            } else if !payload.is_empty() {
+                ctr.data_after_fin += 1;
+                self.ack_now = true;
+            }
+        }
+    }
+
+    /// What "Last.ACK.sent" means for RFC 7323 4.3: the rcv_nxt we acked.
+    fn rcv_adv_ack(&self) -> u32 {
+        self.rcv_nxt
+    }
+
+    fn process_ack(
+        &mut self,
+        now: u64,
+        cfg: &Config,
+        r: &TcpRepr,
+        payload_len: usize,
+        ctr: &mut Counters,
+    ) {
+        let ack = r.ack;
+        let mss = self.snd_mss;
+        let wnd = u32::from(r.window) << self.snd_wscale;
+
+        if self.sack_ok && r.sack_len > 0 {
+            for &(left, right) in r.sack_blocks() {
+                if seq::gt(left, self.snd_una)
+                    && seq::le(right, self.snd_max)
+                    && seq::lt(left, right)
+                {
+                    self.sack_insert(left, right);
+                }
+            }
+        }
+
+        if seq::gt(ack, self.snd_una) {
+            let acked = ack.wrapping_sub(self.snd_una);
+            let flight_before = seq::dist(self.snd_max, self.snd_una);
+            if let Some((s, t)) = self.rtt_seq
+                && seq::ge(ack, s)
+            {
+                self.rtt_seq = None;
+                self.rtt_sample(now.saturating_sub(t), cfg);
+            }
+            let data_acked = (seq::dist(ack, self.tx_seq0) as usize).min(self.tx.len());
+            let fin_was_queued_at = self.fin_seq();
+            self.tx.consume(data_acked);
+            self.tx_seq0 = self.tx_seq0.wrapping_add(data_acked as u32);
+            let fin_acked = self.fin_queued && seq::gt(ack, fin_was_queued_at);
+            self.snd_una = ack;
+            if seq::lt(self.snd_nxt, ack) {
+                self.snd_nxt = ack;
+            }
+            if seq::lt(self.rtx_next, ack) {
+                self.rtx_next = ack;
+            }
+            self.sack_trim();
+            self.bytes_acked += u64::from(acked);
+            self.backoff = 0;
+            self.persist_backoff = 0;
+
+            if self.in_recovery {
+                if seq::ge(ack, self.recover) {
+                    self.in_recovery = false;
+                    self.sack_credit = 0;
+                    self.dupacks = 0;
+                    let flight = self.flight();
+                    self.cc.exit_recovery(flight, mss);
+                } else {
+                    // Partial ACK (RFC 6582 3.2 step 4): retransmit the next
+                    // hole, deflate by the amount acked.
+                    self.rtx_once = Some(match self.next_hole(ack) {
+                        Some(h) => {
+                            if h != ack {
+                                ctr.sack_retransmits += 1;
+                            }
+                            h
+                        }
+                        None => ack,
+                    });
+                    self.cc.cwnd = self
+                        .cc
+                        .cwnd
+                        .saturating_sub(acked)
+                        .saturating_add(mss)
+                        .max(mss);
+                }
+            } else {
+                self.dupacks = 0;
+                // Grow only when the window was the limit (RFC 7661 spirit,
+                // Linux's tcp_is_cwnd_limited): an application-limited
+                // sender must not build a huge, unvalidated cwnd.
+                if 2 * flight_before >= self.cc.cwnd {
+                    self.cc.on_ack(acked, mss);
+                }
+            }
+
+            self.rtx_deadline = if self.snd_una == self.snd_max {
+                None
+            } else {
+                Some(now + self.backed_off_rto(cfg))
+            };
+
+            if fin_acked {
+                match self.state {
+                    State::FinWait1 => {
+                        self.state = State::FinWait2;
+                        if self.orphan {
+                            self.state_deadline = Some(now + cfg.fin_timeout_ns);
+                        }
+                    }
+                    State::Closing => self.enter_time_wait(now, cfg),
+                    State::LastAck => {
+                        self.set_closed(None);
+                        return;
+                    }
+                    _ => {}
+                }
+            }
+        } else if ack == self.snd_una
+            && payload_len == 0
+            && !r.flags.fin()
+            // RFC 5681's duplicate has an unchanged window; a segment with
+            // SACK blocks is a duplicate whatever its window (RFC 6675).
+            && (wnd == self.snd_wnd || (self.sack_ok && r.sack_len > 0))
+            && self.snd_max != self.snd_una
+        {
+            self.dupacks += 1;
+            ctr.dup_acks += 1;
+            if self.in_recovery && self.dupacks > 3 {
+                // Each further duplicate means a segment left the network:
+                // fill a SACK hole if one is known, else inflate (RFC 5681 3.2.4).
+                if self.sack_ok && self.next_hole(self.rtx_next).is_some() {
+                    self.sack_credit += 1;
+                } else {
+                    self.cc.cwnd = self.cc.cwnd.saturating_add(mss);
+                }
+            }
+        }
+        // Enter fast recovery on the third duplicate ACK, or when SACK shows
+        // three segments' worth above a hole (RFC 6675 DupThresh) — the
+        // latter also works when ACKs were coalesced.
+        let sacked: u32 = self.sacked[..self.n_sacked]
+            .iter()
+            .map(|&(a, b)| b.wrapping_sub(a))
+            .sum();
+        if !self.in_recovery
+            && self.snd_max != self.snd_una
+            && (self.dupacks >= 3 || sacked >= 3 * mss)
+            && seq::ge(self.snd_una, self.recover)
+            && !(self.snd_una == self.recover && self.dupacks < 3 && sacked < 3 * mss)
+        {
+            let una = self.snd_una;
+            self.in_recovery = true;
+            self.recover = self.snd_max;
+            let flight = seq::dist(self.snd_max, una);
+            self.cc.enter_recovery(flight, mss);
+            self.rtx_once = Some(una);
+            self.rtx_next = una.wrapping_add(mss);
+            ctr.fast_retransmits += 1;
+            if let Some((s, _)) = self.rtt_seq
+                && seq::gt(s, una)
+            {
+                self.rtt_seq = None;
+            }
+        }
+
+        // Window update (RFC 9293 3.10.7.4, SND.WL1/WL2 rule).
+        if seq::lt(self.snd_wl1, r.seq) || (self.snd_wl1 == r.seq && seq::le(self.snd_wl2, ack)) {
+            self.snd_wnd = wnd;
+            self.max_snd_wnd = self.max_snd_wnd.max(wnd);
+            self.snd_wl1 = r.seq;
+            self.snd_wl2 = ack;
+            if wnd > 0 {
+                self.persist_deadline = None;
+            }
+        }
+    }
+
+    fn process_data(
+        &mut self,
+        now: u64,
+        cfg: &Config,
+        r: &TcpRepr,
+        payload: &[u8],
+        ctr: &mut Counters,
+    ) {
+        let mut s = r.seq;
+        let mut data = payload;
+        let fin_at = r.seq.wrapping_add(payload.len() as u32);
+        let mut fin = r.flags.fin();
+
+        if self.orphan && !data.is_empty() && seq::gt(fin_at, self.rcv_nxt) {
+            // Data for an application that closed: Linux resets (RFC 2525 2.17).
+            self.abort(Error::Aborted);
+            return;
+        }
+
+        // Cut what was received already.
+        if seq::lt(s, self.rcv_nxt) {
+            let d = self.rcv_nxt.wrapping_sub(s) as usize;
+            data = &data[d.min(data.len())..];
+            s = self.rcv_nxt;
+        }
+        // Cut what does not fit the window.
+        let off = s.wrapping_sub(self.rcv_nxt) as usize;
+        let room = self.rx_free().saturating_sub(off);
+        if data.len() > room {
+            ctr.beyond_window_bytes += (data.len() - room) as u64;
+            data = &data[..room];
+            fin = false;
+        }
+
+        let had_holes = !self.asm.is_empty();
+        if !data.is_empty() {
+            self.rcv_mss = self.rcv_mss.max(data.len() as u32).min(65535);
+            if off == 0 {
+                self.rx.write_at(0, data);
+                let total = self.asm.advance(data.len() as u32);
+                self.rx.commit(total as usize);
+                self.rcv_nxt = self.rcv_nxt.wrapping_add(total);
+                self.bytes_received += u64::from(total);
+                self.rx_unacked += total;
+                if had_holes {
+                    self.ack_now = true;
+                }
+            } else if self.asm.add(off as u32, (off + data.len()) as u32) {
+                self.rx.write_at(off, data);
+                // One duplicate ACK per out-of-order segment, even when
+                // several arrive in one batch (the sender counts them).
+                if self.ack_now {
+                    self.dup_acks_due = (self.dup_acks_due + 1).min(3);
+                }
+                self.ack_now = true;
+            } else {
+                ctr.ooo_dropped += 1;
+                self.ack_now = true;
+            }
+        }
+
+        if fin {
+            if fin_at == self.rcv_nxt {
+                self.receive_fin(now, cfg);
+            } else if seq::gt(fin_at, self.rcv_nxt) {
+                self.ooo_fin = Some(fin_at);
+                self.ack_now = true;
+            }
+        }
+        if let Some(f) = self.ooo_fin
+            && f == self.rcv_nxt
+            && self.asm.is_empty()
+        {
+            self.receive_fin(now, cfg);
+        }
+
+        // Delayed ACK (RFC 1122 4.2.3.2 / RFC 5681 4.2): every second full
+        // segment, at once in quick-ack mode, else within delayed_ack.
+        if !self.ack_now && self.rx_unacked > 0 {
+            if self.quickack > 0 {
+                self.quickack -= 1;
+                self.ack_now = true;
+            } else if self.rx_unacked >= 2 * self.rcv_mss {
+                self.ack_now = true;
+            } else if self.delack_deadline.is_none() {
+                self.delack_deadline = Some(now + cfg.delayed_ack_ns);
+            }
+        }
+    }
+
+    fn receive_fin(&mut self, now: u64, cfg: &Config) {
+        self.rcv_nxt = self.rcv_nxt.wrapping_add(1);
+        self.ooo_fin = None;
+        self.rx_fin = true;
+        self.ack_now = true;
+        match self.state {
+            State::SynReceived | State::Established => self.state = State::CloseWait,
+            State::FinWait1 => self.state = State::Closing,
+            State::FinWait2 => self.enter_time_wait(now, cfg),
+            _ => {}
+        }
+    }
+
+    fn sack_insert(&mut self, mut l: u32, mut r: u32) {
+        // Merge with every overlapping/touching block, then insert sorted.
+        let mut out = [(0u32, 0u32); SCOREBOARD];
+        let mut n = 0;
+        for &(a, b) in &self.sacked[..self.n_sacked] {
+            if seq::le(a, r) && seq::ge(b, l) {
+                l = seq::min(l, a);
+                r = seq::max(r, b);
+            } else {
+                out[n] = (a, b);
+                n += 1;
+            }
+        }
+        // Insert keeping order; drop the highest block if full.
+        let pos = out[..n]
+            .iter()
+            .position(|&(a, _)| seq::gt(a, l))
+            .unwrap_or(n);
+        if n == SCOREBOARD {
+            if pos == n {
+                return;
+            }
+            n -= 1;
+        }
+        out.copy_within(pos..n, pos + 1);
+        out[pos] = (l, r);
+        self.sacked = out;
+        self.n_sacked = n + 1;
+    }
+
+    fn sack_trim(&mut self) {
+        let una = self.snd_una;
+        let mut n = 0;
+        for i in 0..self.n_sacked {
+            let (a, b) = self.sacked[i];
+            if seq::gt(b, una) {
+                self.sacked[n] = (seq::max(a, una), b);
+                n += 1;
+            }
+        }
+        self.n_sacked = n;
+    }
+
+    /// First unSACKed sequence ≥ `from` that lies below a SACKed block.
+    pub(crate) fn next_hole(&self, from: u32) -> Option<u32> {
+        let mut p = seq::max(from, self.snd_una);
+        for &(a, b) in &self.sacked[..self.n_sacked] {
+            if seq::lt(p, a) {
+                return Some(p);
+            }
+            p = seq::max(p, b);
+        }
+        None
+    }
+
+    /// End of the SACKed block starting at or containing `s`, or the start of
+    /// the next one (the hole `[s, ret)` is what to retransmit).
+    pub(crate) fn hole_end(&self, s: u32) -> u32 {
+        for &(a, _) in &self.sacked[..self.n_sacked] {
+            if seq::gt(a, s) {
+                return a;
+            }
+        }
+        self.snd_max
+    }
+}

@@ -1,0 +1,342 @@
+//! Transmit: at most one segment per call, in priority order — RST, SYN or
+//! SYN-ACK, a single retransmission (fast/SACK/partial ACK), new data and FIN
+//! (within min(cwnd, snd_wnd), with Nagle and sender SWS avoidance), a
+//! zero-window or keepalive probe, and finally a pure ACK.
+
+use crate::conn::{Conn, State};
+use crate::seq;
+use crate::{Config, Counters};
+use nanowire_wire::tcp::{Flags, MAX_SACK_BLOCKS, TcpRepr};
+
+impl Conn {
+    fn base_repr(&self, seq: u32, flags: u8) -> TcpRepr {
+        TcpRepr {
+            src_port: self.tuple.local.port(),
+            dst_port: self.tuple.remote.port(),
+            seq,
+            ack: if flags & Flags::ACK != 0 {
+                self.rcv_nxt
+            } else {
+                0
+            },
+            flags: Flags(flags),
+            ..TcpRepr::default()
+        }
+    }
+
+    fn tsval(&self, now: u64) -> u32 {
+        ((now / 1_000_000) as u32).wrapping_add(self.ts_offset)
+    }
+
+    /// Window field for a non-SYN segment; updates the advertised edge.
+    fn window_field(&mut self) -> u16 {
+        let w = self.max_window() as u32;
+        // Never shrink the window (RFC 9293 3.8.6.2.2).
+        let w = w.max(seq::dist(self.rcv_adv, self.rcv_nxt));
+        let field = (w >> self.rcv_wscale).min(65535);
+        let edge = self.rcv_nxt.wrapping_add(field << self.rcv_wscale);
+        if seq::gt(edge, self.rcv_adv) {
+            self.rcv_adv = edge;
+        }
+        field as u16
+    }
+
+    /// Fill options and window, copy `len` bytes of `tx` from `tx_off`, write
+    /// the segment into `buf`. Returns the segment length (0 if `buf` is too small).
+    fn emit(
+        &mut self,
+        now: u64,
+        buf: &mut [u8],
+        mut r: TcpRepr,
+        tx_off: usize,
+        len: usize,
+        ctr: &mut Counters,
+    ) -> usize {
+        if !r.flags.syn() {
+            r.window = self.window_field();
+            if self.ts_ok {
+                r.timestamp = Some((self.tsval(now), self.ts_recent));
+            }
+            if self.sack_ok && r.flags.ack() && !self.asm.is_empty() {
+                let ranges = self.asm.ranges();
+                let recent = self.asm.recent();
+                let max = r.max_sack_blocks().min(MAX_SACK_BLOCKS);
+                let nxt = self.rcv_nxt;
+                let mut n = 0;
+                let order =
+                    std::iter::once(recent).chain((0..ranges.len()).filter(|&i| i != recent));
+                for i in order {
+                    if n >= max {
+                        break;
+                    }
+                    let (a, b) = ranges[i];
+                    r.sack[n] = (nxt.wrapping_add(a), nxt.wrapping_add(b));
+                    n += 1;
+                }
+                r.sack_len = n as u8;
+            }
+        }
+        // SACK blocks must not push a full segment past the MSS (Linux
+        // shrinks the payload instead; we drop blocks from data segments —
+        // pure ACKs carry them all).
+        let base = 20 + if self.ts_ok { 12 } else { 0 } + self.snd_mss as usize;
+        while r.sack_len > 0 && r.header_len() + len > base && len > 0 {
+            r.sack_len -= 1;
+        }
+        let hl = r.header_len();
+        if buf.len() < hl + len {
+            ctr.tx_buffer_too_small += 1;
+            return 0;
+        }
+        self.tx.peek(tx_off, &mut buf[hl..hl + len]);
+        let n = r.emit(buf, len, *self.tuple.local.ip(), *self.tuple.remote.ip());
+        if r.flags.ack() {
+            self.ack_now = false;
+            self.delack_deadline = None;
+            self.rx_unacked = 0;
+        }
+        if r.flags.rst() {
+            ctr.rst_sent += 1;
+        }
+        ctr.segs_out += 1;
+        n
+    }
+
+    fn arm_rtx(&mut self, now: u64, cfg: &Config) {
+        if self.rtx_deadline.is_none() {
+            self.rtx_deadline = Some(now + self.backed_off_rto(cfg));
+        }
+    }
+
+    pub(crate) fn poll_output(
+        &mut self,
+        now: u64,
+        cfg: &Config,
+        buf: &mut [u8],
+        ctr: &mut Counters,
+    ) -> Option<usize> {
+        if let Some((s, a, with_ack)) = self.rst_reply.take() {
+            let mut r = self.base_repr(s, Flags::RST | if with_ack { Flags::ACK } else { 0 });
+            r.ack = a;
+            return Some(self.emit(now, buf, r, 0, 0, ctr));
+        }
+        if self.rst_pending {
+            self.rst_pending = false;
+            let r = self.base_repr(self.snd_nxt, Flags::RST | Flags::ACK);
+            return Some(self.emit(now, buf, r, 0, 0, ctr));
+        }
+        match self.state {
+            State::Closed => return None,
+            State::SynSent | State::SynReceived => {
+                if !self.syn_pending {
+                    return self.pure_ack(now, buf, ctr);
+                }
+                self.syn_pending = false;
+                let passive = self.state == State::SynReceived;
+                let mut r =
+                    self.base_repr(self.iss, Flags::SYN | if passive { Flags::ACK } else { 0 });
+                r.mss = Some(cfg.mss);
+                r.window = self.rx_free().min(65535) as u16;
+                if passive {
+                    // Answer only what the peer offered (RFC 7323 1.3, 2018 2).
+                    if self.ws_ok {
+                        r.window_scale = Some(self.rcv_wscale);
+                    }
+                    r.sack_permitted = self.sack_ok;
+                    if self.ts_ok {
+                        r.timestamp = Some((self.tsval(now), self.ts_recent));
+                    }
+                    r.window = self.rcvbuf.min(65535) as u16;
+                } else {
+                    if cfg.window_scaling {
+                        r.window_scale = Some(self.rcv_wscale);
+                    }
+                    r.sack_permitted = cfg.sack;
+                    if cfg.timestamps {
+                        r.timestamp = Some((self.tsval(now), 0));
+                    }
+                }
+                if self.snd_max != self.iss {
+                    self.total_retrans += 1;
+                    ctr.retransmits += 1;
+                } else if self.rtt_seq.is_none() {
+                    self.rtt_seq = Some((self.iss.wrapping_add(1), now));
+                }
+                self.snd_nxt = self.iss.wrapping_add(1);
+                self.snd_max = self.snd_nxt;
+                self.arm_rtx(now, cfg);
+                return Some(self.emit(now, buf, r, 0, 0, ctr));
+            }
+            _ => {}
+        }
+
+        if self.state.can_send() {
+            if let Some(s) = self.rtx_once.take()
+                && let Some(n) = self.retransmit_at(now, cfg, s, buf, ctr)
+            {
+                return Some(n);
+            }
+            while self.in_recovery && self.sack_credit > 0 {
+                self.sack_credit -= 1;
+                let Some(h) = self.next_hole(self.rtx_next) else {
+                    self.sack_credit = 0;
+                    break;
+                };
+                let end = seq::min(self.hole_end(h), h.wrapping_add(self.snd_mss));
+                self.rtx_next = end;
+                if let Some(n) = self.retransmit_at(now, cfg, h, buf, ctr) {
+                    ctr.sack_retransmits += 1;
+                    return Some(n);
+                }
+            }
+            if let Some(n) = self.send_new(now, cfg, buf, ctr) {
+                return Some(n);
+            }
+        }
+
+        if self.probe_pending {
+            self.probe_pending = false;
+            let r = self.base_repr(self.snd_una.wrapping_sub(1), Flags::ACK);
+            return Some(self.emit(now, buf, r, 0, 0, ctr));
+        }
+        self.pure_ack(now, buf, ctr)
+    }
+
+    fn pure_ack(&mut self, now: u64, buf: &mut [u8], ctr: &mut Counters) -> Option<usize> {
+        if matches!(self.state, State::Closed | State::SynSent) {
+            return None;
+        }
+        if !self.ack_now {
+            if self.dup_acks_due == 0 {
+                return None;
+            }
+            self.dup_acks_due -= 1;
+        }
+        let r = self.base_repr(self.snd_nxt, Flags::ACK);
+        Some(self.emit(now, buf, r, 0, 0, ctr))
+    }
+
+    /// One segment at `s` (a retransmission), up to the next SACKed block.
+    fn retransmit_at(
+        &mut self,
+        now: u64,
+        cfg: &Config,
+        s: u32,
+        buf: &mut [u8],
+        ctr: &mut Counters,
+    ) -> Option<usize> {
+        if seq::lt(s, self.snd_una) || seq::ge(s, self.snd_max) {
+            return None;
+        }
+        let data_end = self.fin_seq();
+        let limit = seq::min(self.hole_end(s), seq::min(self.snd_max, data_end));
+        let len = seq::dist(limit, s).min(self.snd_mss) as usize;
+        let fin = self.fin_queued
+            && s.wrapping_add(len as u32) == data_end
+            && seq::gt(self.snd_max, data_end);
+        if len == 0 && !fin {
+            return None;
+        }
+        let mut flags = Flags::ACK;
+        if fin {
+            flags |= Flags::FIN;
+        }
+        if len > 0 {
+            flags |= Flags::PSH;
+        }
+        let r = self.base_repr(s, flags);
+        let off = seq::dist(s, self.tx_seq0) as usize;
+        if let Some((t, _)) = self.rtt_seq
+            && seq::gt(t, s)
+        {
+            self.rtt_seq = None;
+        }
+        self.total_retrans += 1;
+        ctr.retransmits += 1;
+        self.arm_rtx(now, cfg);
+        Some(self.emit(now, buf, r, off, len, ctr))
+    }
+
+    fn send_new(
+        &mut self,
+        now: u64,
+        cfg: &Config,
+        buf: &mut [u8],
+        ctr: &mut Counters,
+    ) -> Option<usize> {
+        let data_end = self.fin_seq();
+        let unsent = seq::dist(data_end, self.snd_nxt);
+        let inflight = self.flight();
+        // Restart window after an idle period longer than the RTO (RFC 5681 4.1).
+        if inflight == 0 && unsent > 0 && now.saturating_sub(self.last_tx) > self.rto {
+            self.cc.cwnd = self.cc.cwnd.min(cfg.initial_cwnd * self.snd_mss);
+        }
+        let win = self.snd_wnd.min(self.cc.cwnd);
+        let usable = win.saturating_sub(inflight);
+        let len = unsent.min(usable).min(self.snd_mss);
+        let fin_due = self.fin_queued
+            && seq::le(self.snd_nxt, data_end)
+            && self.snd_nxt.wrapping_add(len) == data_end
+            && matches!(
+                self.state,
+                State::FinWait1 | State::LastAck | State::Closing
+            );
+        let is_rtx = seq::lt(self.snd_nxt, self.snd_max);
+
+        if len == 0 && !fin_due {
+            if unsent > 0
+                && self.snd_wnd == 0
+                && self.rtx_deadline.is_none()
+                && self.persist_deadline.is_none()
+            {
+                self.persist_deadline = Some(now + self.backed_off_rto(cfg));
+            }
+            return None;
+        }
+        if len < self.snd_mss && !fin_due && !is_rtx && !self.nodelay_once {
+            // Nagle (RFC 896 / 9293 3.8.6.2.1): hold a small segment while
+            // data is unacknowledged, unless TCP_NODELAY.
+            if len == unsent && !self.nodelay && inflight > 0 {
+                return None;
+            }
+            // Sender SWS: a window-limited runt only if it is half the
+            // largest window the peer offered.
+            if len < unsent && len < self.max_snd_wnd / 2 {
+                if self.rtx_deadline.is_none() && self.persist_deadline.is_none() {
+                    self.persist_deadline = Some(now + self.backed_off_rto(cfg));
+                }
+                return None;
+            }
+        }
+        let mut flags = Flags::ACK;
+        if len > 0 && len == unsent {
+            flags |= Flags::PSH;
+        }
+        if fin_due {
+            flags |= Flags::FIN;
+        }
+        let s = self.snd_nxt;
+        let r = self.base_repr(s, flags);
+        let off = seq::dist(s, self.tx_seq0) as usize;
+        let n = self.emit(now, buf, r, off, len as usize, ctr);
+        if n == 0 {
+            return Some(0);
+        }
+        self.nodelay_once = false;
+        self.last_tx = now;
+        let adv = len + u32::from(fin_due);
+        self.snd_nxt = s.wrapping_add(adv);
+        if is_rtx {
+            self.total_retrans += 1;
+            ctr.retransmits += 1;
+        } else if self.rtt_seq.is_none() && len > 0 {
+            self.rtt_seq = Some((self.snd_nxt, now));
+        }
+        if seq::gt(self.snd_nxt, self.snd_max) {
+            self.snd_max = self.snd_nxt;
+        }
+        self.persist_deadline = None;
+        self.arm_rtx(now, cfg);
+        Some(n)
+    }
+}

@@ -1,0 +1,802 @@
+//! The container: O(1) demux by 4-tuple (connections) and by local address
+//! (listeners, exact before wildcard), the listeners' SYN queue (bounded,
+//! SYN cookies beyond it) and accept queue, RSTs for unknown segments, the
+//! transmit queue and the timer heap.
+//!
+//! Connections live in a slab sized at creation (`Config::max_connections`);
+//! the demux map, timer heap and queues are preallocated, so the data path
+//! does not allocate (buffers are allocated once per connection).
+
+use crate::conn::{Conn, State};
+use crate::isn::{COOKIE_MSS, Secret, cookie_mss_index};
+use crate::seq;
+use crate::{Config, Counters, Error, FourTuple, TcpInfo};
+use nanowire_wire::tcp::{Flags, TcpRepr, TcpSegment};
+use nanowire_wire::udp::ChecksumState;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+/// Handle of a connection (slot index + generation; stale handles are refused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnId {
+    idx: u32,
+    generation: u32,
+}
+
+/// Handle of a listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ListenerId(u32);
+
+/// One segment written by `poll_transmit`: `buf[..len]` is the TCP segment;
+/// the caller prepends the IP header with these addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub len: usize,
+}
+
+struct Slot {
+    generation: u32,
+    conn: Option<Conn>,
+}
+
+struct Listener {
+    local: SocketAddrV4,
+    backlog: usize,
+    accept_q: VecDeque<u32>,
+    half_open: usize,
+}
+
+/// Stateless replies.
+#[derive(Debug, Clone, Copy)]
+enum Ctrl {
+    Rst {
+        tuple: FourTuple,
+        seq: u32,
+        ack: u32,
+        with_ack: bool,
+    },
+    CookieSynAck {
+        tuple: FourTuple,
+        seq: u32,
+        ack: u32,
+        mss: u16,
+        window: u16,
+    },
+}
+
+const CTRL_QUEUE: usize = 1024;
+const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
+
+pub struct TcpStack {
+    cfg: Config,
+    secret: Secret,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    demux: HashMap<FourTuple, u32>,
+    listeners: Vec<Option<Listener>>,
+    listen_map: HashMap<SocketAddrV4, u32>,
+    ready: VecDeque<u32>,
+    timers: BinaryHeap<Reverse<(u64, u32)>>,
+    ctrl: VecDeque<Ctrl>,
+    counters: Counters,
+    next_port: u16,
+}
+
+impl TcpStack {
+    pub fn new(cfg: Config, secret: Secret) -> TcpStack {
+        let n = cfg.max_connections;
+        TcpStack {
+            slots: Vec::with_capacity(n),
+            free: Vec::with_capacity(n),
+            demux: HashMap::with_capacity(n),
+            listeners: Vec::new(),
+            listen_map: HashMap::new(),
+            ready: VecDeque::with_capacity(n),
+            timers: BinaryHeap::with_capacity(4 * n),
+            ctrl: VecDeque::with_capacity(CTRL_QUEUE),
+            counters: Counters::default(),
+            next_port: *EPHEMERAL.start(),
+            cfg,
+            secret,
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+    /// Connections held (any state, including TIME-WAIT and closed-but-not-released).
+    pub fn connection_count(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    // ------------------------------------------------------------ slab
+
+    fn conn(&self, c: ConnId) -> Result<&Conn, Error> {
+        match self.slots.get(c.idx as usize) {
+            Some(Slot {
+                generation,
+                conn: Some(k),
+            }) if *generation == c.generation && !k.orphan => Ok(k),
+            _ => Err(Error::InvalidHandle),
+        }
+    }
+    fn conn_mut(&mut self, c: ConnId) -> Result<&mut Conn, Error> {
+        match self.slots.get_mut(c.idx as usize) {
+            Some(Slot {
+                generation,
+                conn: Some(k),
+            }) if *generation == c.generation && !k.orphan => Ok(k),
+            _ => Err(Error::InvalidHandle),
+        }
+    }
+    fn id(&self, idx: u32) -> ConnId {
+        ConnId {
+            idx,
+            generation: self.slots[idx as usize].generation,
+        }
+    }
+
+    fn insert(&mut self, conn: Conn) -> Result<u32, Error> {
+        if self.connection_count() >= self.cfg.max_connections {
+            return Err(Error::TooManyConnections);
+        }
+        let tuple = conn.tuple;
+        let idx = match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize].conn = Some(conn);
+                i
+            }
+            None => {
+                self.slots.push(Slot {
+                    generation: 0,
+                    conn: Some(conn),
+                });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.demux.insert(tuple, idx);
+        Ok(idx)
+    }
+
+    fn release(&mut self, idx: u32) {
+        let slot = &mut self.slots[idx as usize];
+        if let Some(c) = slot.conn.take() {
+            if self.demux.get(&c.tuple) == Some(&idx) {
+                self.demux.remove(&c.tuple);
+            }
+            slot.generation = slot.generation.wrapping_add(1);
+            self.free.push(idx);
+        }
+    }
+
+    /// Bookkeeping after anything happened to a connection: demux removal
+    /// when closed, release when nobody holds it, transmit queue, timer.
+    fn settle(&mut self, idx: u32) {
+        let Some(c) = self.slots[idx as usize].conn.as_mut() else {
+            return;
+        };
+        if c.state != State::SynReceived
+            && let Some(l) = c.listener
+            && c.half_open_counted
+        {
+            c.half_open_counted = false;
+            if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
+                lst.half_open = lst.half_open.saturating_sub(1);
+                if c.state != State::Closed {
+                    if lst.accept_q.len() < lst.backlog.max(1) {
+                        lst.accept_q.push_back(idx);
+                        c.in_accept_queue = true;
+                        self.counters.passive_opens += 1;
+                    } else {
+                        self.counters.accept_queue_full += 1;
+                        c.abort(Error::Aborted);
+                        c.orphan = true;
+                    }
+                } else {
+                    c.orphan = true;
+                }
+            } else {
+                // Listener gone.
+                c.abort(Error::Aborted);
+                c.orphan = true;
+            }
+        }
+        let c = self.slots[idx as usize]
+            .conn
+            .as_mut()
+            .expect("checked above");
+        if c.state == State::Closed {
+            let tuple = c.tuple;
+            let done = c.orphan && !c.rst_pending && c.rst_reply.is_none();
+            if self.demux.get(&tuple) == Some(&idx) {
+                self.demux.remove(&tuple);
+            }
+            if done {
+                self.release(idx);
+                return;
+            }
+        }
+        let c = self.slots[idx as usize]
+            .conn
+            .as_mut()
+            .expect("checked above");
+        if !c.queued {
+            c.queued = true;
+            self.ready.push_back(idx);
+        }
+        if let Some(d) = c.next_deadline()
+            && c.armed.is_none_or(|a| d < a)
+        {
+            c.armed = Some(d);
+            self.timers.push(Reverse((d, idx)));
+        }
+    }
+
+    // ------------------------------------------------------------ input
+
+    /// One received TCP segment (`segment` is the IP payload).
+    pub fn input(&mut self, now: u64, src: Ipv4Addr, dst: Ipv4Addr, segment: &[u8]) {
+        self.counters.segs_in += 1;
+        let Ok(s) = TcpSegment::new_checked(segment) else {
+            self.counters.malformed += 1;
+            return;
+        };
+        if self.cfg.verify_checksum && s.checksum_state(src, dst) == ChecksumState::Bad {
+            self.counters.bad_checksum += 1;
+            return;
+        }
+        let Ok(r) = TcpRepr::parse(&s) else {
+            self.counters.malformed += 1;
+            return;
+        };
+        let payload = s.payload();
+        let tuple = FourTuple {
+            local: SocketAddrV4::new(dst, r.dst_port),
+            remote: SocketAddrV4::new(src, r.src_port),
+        };
+        if let Some(&idx) = self.demux.get(&tuple) {
+            let has_listener = self.find_listener(&tuple.local).is_some();
+            let c = self.slots[idx as usize]
+                .conn
+                .as_mut()
+                .expect("demux points at a live slot");
+            let reuse = c.state == State::TimeWait
+                && r.flags.syn()
+                && !r.flags.ack()
+                && !r.flags.rst()
+                && seq::gt(r.seq, c.rcv_nxt)
+                && has_listener;
+            if !reuse {
+                // Linux drops the handshake's final ACK when the accept queue is full.
+                if c.state == State::SynReceived
+                    && r.flags.ack()
+                    && !r.flags.rst()
+                    && !r.flags.syn()
+                    && let Some(l) = c.listener
+                    && let Some(Some(lst)) = self.listeners.get(l as usize)
+                    && lst.accept_q.len() >= lst.backlog.max(1)
+                {
+                    self.counters.accept_queue_full += 1;
+                    return;
+                }
+                c.input(now, &self.cfg, &r, payload, &mut self.counters);
+                self.settle(idx);
+                return;
+            }
+            self.counters.time_wait_reuse += 1;
+            c.orphan = true;
+            c.set_closed(None);
+            self.release(idx);
+        }
+        if let Some(l) = self.find_listener(&tuple.local) {
+            self.listener_input(now, l, tuple, &r, payload);
+            return;
+        }
+        self.counters.no_socket += 1;
+        if !r.flags.rst() && self.cfg.rst_unknown {
+            self.queue_rst_for(tuple, &r, payload.len());
+        }
+    }
+
+    fn find_listener(&self, local: &SocketAddrV4) -> Option<u32> {
+        self.listen_map
+            .get(local)
+            .or_else(|| {
+                self.listen_map
+                    .get(&SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, local.port()))
+            })
+            .copied()
+    }
+
+    /// RFC 9293 3.10.7.1: the reset for a segment nobody owns.
+    fn queue_rst_for(&mut self, tuple: FourTuple, r: &TcpRepr, payload_len: usize) {
+        let c = if r.flags.ack() {
+            Ctrl::Rst {
+                tuple,
+                seq: r.ack,
+                ack: 0,
+                with_ack: false,
+            }
+        } else {
+            let len = payload_len as u32 + u32::from(r.flags.syn()) + u32::from(r.flags.fin());
+            Ctrl::Rst {
+                tuple,
+                seq: 0,
+                ack: r.seq.wrapping_add(len),
+                with_ack: true,
+            }
+        };
+        self.push_ctrl(c);
+    }
+
+    fn push_ctrl(&mut self, c: Ctrl) {
+        if self.ctrl.len() >= CTRL_QUEUE {
+            self.counters.ctrl_queue_full += 1;
+        } else {
+            self.ctrl.push_back(c);
+        }
+    }
+
+    fn listener_input(&mut self, now: u64, l: u32, tuple: FourTuple, r: &TcpRepr, payload: &[u8]) {
+        let f = r.flags;
+        if f.rst() {
+            return;
+        }
+        let Some(Some(lst)) = self.listeners.get(l as usize) else {
+            return;
+        };
+        let queue_full = lst.accept_q.len() >= lst.backlog.max(1);
+        let half_open = lst.half_open;
+        if f.ack() {
+            if f.syn() {
+                self.queue_rst_for(tuple, r, payload.len());
+                return;
+            }
+            // The third segment of a handshake answered with a cookie?
+            let cookie = r.ack.wrapping_sub(1);
+            match self
+                .secret
+                .check_cookie(&tuple, now, r.seq.wrapping_sub(1), cookie)
+            {
+                Some(mss_idx) => {
+                    if queue_full {
+                        self.counters.accept_queue_full += 1;
+                        return;
+                    }
+                    let mss = COOKIE_MSS[usize::from(mss_idx)];
+                    let mut c = Conn::from_cookie(tuple, r, mss, &self.cfg, &self.secret, now);
+                    c.listener = Some(l);
+                    let Ok(idx) = self.insert(c) else {
+                        self.counters.listen_overflows += 1;
+                        return;
+                    };
+                    self.counters.syncookies_ok += 1;
+                    self.counters.passive_opens += 1;
+                    if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
+                        lst.accept_q.push_back(idx);
+                    }
+                    let c = self.slots[idx as usize]
+                        .conn
+                        .as_mut()
+                        .expect("just inserted");
+                    c.in_accept_queue = true;
+                    if !payload.is_empty() || f.fin() {
+                        c.input(now, &self.cfg, r, payload, &mut self.counters);
+                    }
+                    self.settle(idx);
+                }
+                None => {
+                    self.counters.syncookies_failed += 1;
+                    self.queue_rst_for(tuple, r, payload.len());
+                }
+            }
+            return;
+        }
+        if !f.syn() {
+            return;
+        }
+        if queue_full {
+            self.counters.listen_overflows += 1;
+            return;
+        }
+        if half_open < self.cfg.syn_queue && self.connection_count() < self.cfg.max_connections {
+            let mut c = Conn::accept_syn(tuple, r, &self.cfg, &self.secret, now);
+            c.listener = Some(l);
+            c.half_open_counted = true;
+            let Ok(idx) = self.insert(c) else {
+                return;
+            };
+            if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
+                lst.half_open += 1;
+            }
+            self.settle(idx);
+        } else {
+            let mss = r.mss.unwrap_or(536).min(self.cfg.mss);
+            let idx = cookie_mss_index(mss);
+            let cookie = self.secret.cookie(&tuple, now, r.seq, idx);
+            self.counters.syncookies_sent += 1;
+            self.push_ctrl(Ctrl::CookieSynAck {
+                tuple,
+                seq: cookie,
+                ack: r.seq.wrapping_add(1),
+                mss: COOKIE_MSS[usize::from(idx)],
+                window: self.cfg.rcvbuf.min(65535) as u16,
+            });
+        }
+    }
+
+    // ------------------------------------------------------------ output
+
+    /// Write the next segment to send into `buf` (room for a TCP header with
+    /// options and one MSS: `mss + 60` bytes is always enough).
+    pub fn poll_transmit(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
+        while let Some(c) = self.ctrl.pop_front() {
+            let (tuple, r) = match c {
+                Ctrl::Rst {
+                    tuple,
+                    seq,
+                    ack,
+                    with_ack,
+                } => (
+                    tuple,
+                    TcpRepr {
+                        src_port: tuple.local.port(),
+                        dst_port: tuple.remote.port(),
+                        seq,
+                        ack,
+                        flags: Flags(Flags::RST | if with_ack { Flags::ACK } else { 0 }),
+                        ..TcpRepr::default()
+                    },
+                ),
+                Ctrl::CookieSynAck {
+                    tuple,
+                    seq,
+                    ack,
+                    mss,
+                    window,
+                } => (
+                    tuple,
+                    TcpRepr {
+                        src_port: tuple.local.port(),
+                        dst_port: tuple.remote.port(),
+                        seq,
+                        ack,
+                        flags: Flags(Flags::SYN | Flags::ACK),
+                        window,
+                        mss: Some(mss),
+                        ..TcpRepr::default()
+                    },
+                ),
+            };
+            if buf.len() < r.header_len() {
+                self.counters.tx_buffer_too_small += 1;
+                continue;
+            }
+            let len = r.emit(buf, 0, *tuple.local.ip(), *tuple.remote.ip());
+            self.counters.segs_out += 1;
+            if r.flags.rst() {
+                self.counters.rst_sent += 1;
+            }
+            return Some(Transmit {
+                src: *tuple.local.ip(),
+                dst: *tuple.remote.ip(),
+                len,
+            });
+        }
+        while let Some(idx) = self.ready.pop_front() {
+            let Some(c) = self.slots[idx as usize].conn.as_mut() else {
+                continue;
+            };
+            c.queued = false;
+            let out = c.poll_output(now, &self.cfg, buf, &mut self.counters);
+            let (src, dst) = (*c.tuple.local.ip(), *c.tuple.remote.ip());
+            match out {
+                Some(len) if len > 0 => {
+                    self.settle(idx);
+                    return Some(Transmit { src, dst, len });
+                }
+                _ => {
+                    // Nothing (more) to send; re-arm timers, release if dead.
+                    let c = self.slots[idx as usize].conn.as_mut().expect("live");
+                    if c.state == State::Closed
+                        && c.orphan
+                        && !c.rst_pending
+                        && c.rst_reply.is_none()
+                    {
+                        self.release(idx);
+                    } else if let Some(d) = c.next_deadline()
+                        && c.armed.is_none_or(|a| d < a)
+                    {
+                        c.armed = Some(d);
+                        self.timers.push(Reverse((d, idx)));
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    // ------------------------------------------------------------ timers
+
+    /// Earliest instant `poll_timers` should run (may be early, never late).
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.timers.peek().map(|Reverse((t, _))| *t)
+    }
+
+    pub fn poll_timers(&mut self, now: u64) {
+        while let Some(&Reverse((t, idx))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(c) = self
+                .slots
+                .get_mut(idx as usize)
+                .and_then(|s| s.conn.as_mut())
+            else {
+                continue;
+            };
+            if c.armed != Some(t) {
+                continue;
+            }
+            c.armed = None;
+            c.on_timer(now, &self.cfg, &mut self.counters);
+            self.settle(idx);
+        }
+    }
+
+    // ------------------------------------------------------------ API
+
+    pub fn listen(&mut self, local: SocketAddrV4, backlog: usize) -> Result<ListenerId, Error> {
+        if self.listen_map.contains_key(&local) {
+            return Err(Error::AddrInUse);
+        }
+        let l = Listener {
+            local,
+            backlog,
+            accept_q: VecDeque::with_capacity(backlog),
+            half_open: 0,
+        };
+        let idx = match self.listeners.iter().position(Option::is_none) {
+            Some(i) => {
+                self.listeners[i] = Some(l);
+                i
+            }
+            None => {
+                self.listeners.push(Some(l));
+                self.listeners.len() - 1
+            }
+        };
+        self.listen_map.insert(local, idx as u32);
+        Ok(ListenerId(idx as u32))
+    }
+
+    /// Close a listener: connections not yet accepted are reset.
+    pub fn close_listener(&mut self, l: ListenerId) {
+        let Some(lst) = self.listeners.get_mut(l.0 as usize).and_then(Option::take) else {
+            return;
+        };
+        self.listen_map.remove(&lst.local);
+        for idx in lst.accept_q {
+            if let Some(c) = self.slots[idx as usize].conn.as_mut() {
+                c.abort(Error::Aborted);
+                c.orphan = true;
+                c.listener = None;
+                self.settle(idx);
+            }
+        }
+        let half: Vec<u32> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                s.conn
+                    .as_ref()
+                    .is_some_and(|c| c.listener == Some(l.0) && c.state == State::SynReceived)
+            })
+            .map(|(i, _)| i as u32)
+            .collect();
+        for idx in half {
+            if let Some(c) = self.slots[idx as usize].conn.as_mut() {
+                c.abort(Error::Aborted);
+                c.orphan = true;
+                c.listener = None;
+                c.half_open_counted = false;
+                self.settle(idx);
+            }
+        }
+    }
+
+    /// The next established connection of a listener.
+    pub fn accept(&mut self, l: ListenerId) -> Option<ConnId> {
+        let lst = self.listeners.get_mut(l.0 as usize)?.as_mut()?;
+        let idx = lst.accept_q.pop_front()?;
+        let c = self.slots[idx as usize].conn.as_mut()?;
+        c.listener = None;
+        c.in_accept_queue = false;
+        Some(self.id(idx))
+    }
+
+    pub fn accept_queue_len(&self, l: ListenerId) -> usize {
+        self.listeners
+            .get(l.0 as usize)
+            .and_then(Option::as_ref)
+            .map_or(0, |l| l.accept_q.len())
+    }
+
+    /// Active open. A local port of 0 picks an ephemeral port.
+    pub fn connect(
+        &mut self,
+        now: u64,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+    ) -> Result<ConnId, Error> {
+        let mut tuple = FourTuple { local, remote };
+        if local.port() == 0 {
+            let span = u32::from(EPHEMERAL.end() - EPHEMERAL.start()) + 1;
+            let mut found = false;
+            for _ in 0..span {
+                let p = self.next_port;
+                self.next_port = if p >= *EPHEMERAL.end() {
+                    *EPHEMERAL.start()
+                } else {
+                    p + 1
+                };
+                tuple.local.set_port(p);
+                if !self.demux.contains_key(&tuple) {
+                    found = true;
+                    break;
+                }
+            }
+            if !found {
+                return Err(Error::AddrInUse);
+            }
+        } else if self.demux.contains_key(&tuple) {
+            return Err(Error::AddrInUse);
+        }
+        let c = Conn::connect(tuple, &self.cfg, &self.secret, now);
+        let idx = self.insert(c)?;
+        self.counters.active_opens += 1;
+        self.settle(idx);
+        Ok(self.id(idx))
+    }
+
+    fn with<T>(&mut self, c: ConnId, f: impl FnOnce(&mut Conn) -> T) -> Result<T, Error> {
+        let k = self.conn_mut(c)?;
+        let v = f(k);
+        self.settle(c.idx);
+        Ok(v)
+    }
+
+    pub fn send(&mut self, c: ConnId, data: &[u8]) -> Result<usize, Error> {
+        self.with(c, |k| k.send(data))?
+    }
+
+    pub fn recv(&mut self, c: ConnId, out: &mut [u8]) -> Result<usize, Error> {
+        self.with(c, |k| k.recv(out))?
+    }
+
+    /// shutdown(SHUT_WR).
+    pub fn shutdown_write(&mut self, c: ConnId) -> Result<(), Error> {
+        self.with(c, |k| k.shutdown_write())
+    }
+
+    /// close(): graceful FIN, or RST with SO_LINGER 0 or unread data (as
+    /// Linux). The handle is invalid afterwards; the stack finishes the close.
+    pub fn close(&mut self, now: u64, c: ConnId) -> Result<(), Error> {
+        let fin_timeout = self.cfg.fin_timeout_ns;
+        let k = self.conn_mut(c)?;
+        match k.state {
+            State::Closed | State::SynSent => k.set_closed(None),
+            _ if k.linger0 || !k.rx.is_empty() => {
+                if !k.rx.is_empty() {
+                    k.rx.consume(k.rx.len());
+                }
+                k.abort(Error::Aborted);
+            }
+            _ => k.shutdown_write(),
+        }
+        k.orphan = true;
+        if k.state == State::FinWait2 {
+            // Already half-closed earlier: start the orphan FIN-WAIT-2 timeout.
+            k.state_deadline = Some(now + fin_timeout);
+        }
+        self.settle(c.idx);
+        Ok(())
+    }
+
+    /// Abort: RST now, whatever the state.
+    pub fn abort(&mut self, c: ConnId) -> Result<(), Error> {
+        let k = self.conn_mut(c)?;
+        k.abort(Error::Aborted);
+        k.orphan = true;
+        self.settle(c.idx);
+        Ok(())
+    }
+
+    pub fn set_nodelay(&mut self, c: ConnId, on: bool) -> Result<(), Error> {
+        self.with(c, |k| k.nodelay = on)
+    }
+    /// TCP_QUICKACK as in Linux: ACK the next segments at once (not sticky).
+    pub fn set_quickack(&mut self, c: ConnId, on: bool) -> Result<(), Error> {
+        self.with(c, |k| {
+            if on {
+                k.quickack = k.quickack.max(16);
+                if k.delack_deadline.is_some() {
+                    k.ack_now = true;
+                }
+            } else {
+                k.quickack = 0;
+            }
+        })
+    }
+    /// SO_LINGER with l_onoff=1, l_linger=0: close() sends RST.
+    pub fn set_linger0(&mut self, c: ConnId, on: bool) -> Result<(), Error> {
+        self.with(c, |k| k.linger0 = on)
+    }
+    /// SO_KEEPALIVE with TCP_KEEPIDLE/KEEPINTVL/KEEPCNT.
+    pub fn set_keepalive(
+        &mut self,
+        c: ConnId,
+        on: bool,
+        idle_ns: u64,
+        intvl_ns: u64,
+        cnt: u32,
+    ) -> Result<(), Error> {
+        self.with(c, |k| {
+            k.keepalive = on;
+            k.ka_idle = idle_ns;
+            k.ka_intvl = intvl_ns;
+            k.ka_cnt = cnt;
+        })
+    }
+
+    pub fn state(&self, c: ConnId) -> Result<State, Error> {
+        Ok(self.conn(c)?.state)
+    }
+    pub fn info(&self, c: ConnId) -> Result<TcpInfo, Error> {
+        Ok(self.conn(c)?.info())
+    }
+    pub fn local_addr(&self, c: ConnId) -> Result<SocketAddrV4, Error> {
+        Ok(self.conn(c)?.tuple.local)
+    }
+    pub fn peer_addr(&self, c: ConnId) -> Result<SocketAddrV4, Error> {
+        Ok(self.conn(c)?.tuple.remote)
+    }
+    /// Bytes ready to read.
+    pub fn recv_queue(&self, c: ConnId) -> Result<usize, Error> {
+        Ok(self.conn(c)?.rx.len())
+    }
+    /// Room in the send buffer.
+    pub fn send_space(&self, c: ConnId) -> Result<usize, Error> {
+        let k = self.conn(c)?;
+        Ok(if k.tx.capacity() == 0 {
+            k.sndbuf
+        } else {
+            k.tx.free()
+        })
+    }
+    /// Bytes written and not yet acknowledged by the peer (SIOCOUTQ).
+    pub fn send_queue(&self, c: ConnId) -> Result<usize, Error> {
+        Ok(self.conn(c)?.tx.len())
+    }
+    /// Readable: data, end of file, or an error (EPOLLIN semantics).
+    pub fn is_readable(&self, c: ConnId) -> bool {
+        self.conn(c).is_ok_and(|k| {
+            !k.rx.is_empty() || k.rx_fin || k.error.is_some() || k.state == State::Closed
+        })
+    }
+    /// The peer sent FIN (EPOLLRDHUP).
+    pub fn peer_closed(&self, c: ConnId) -> bool {
+        self.conn(c).is_ok_and(|k| k.rx_fin)
+    }
+    pub fn error(&self, c: ConnId) -> Option<Error> {
+        self.conn(c).ok().and_then(|k| k.error)
+    }
+}

@@ -1,0 +1,243 @@
+//! A deterministic two-host network on a simulated clock: stacks `a` and `b`
+//! joined by a link with a fault injector in each direction.
+
+#![allow(dead_code)]
+
+use nanowire_tcp::fault::{FaultConfig, FaultInjector};
+use nanowire_tcp::{Config, ConnId, Secret, TcpStack};
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+pub const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+pub const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+pub const MS: u64 = 1_000_000;
+pub const S: u64 = 1_000_000_000;
+
+pub fn sa(ip: Ipv4Addr, port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(ip, port)
+}
+
+pub struct Net {
+    pub now: u64,
+    pub a: TcpStack,
+    pub b: TcpStack,
+    pub ab: FaultInjector,
+    pub ba: FaultInjector,
+    /// Drop everything (a cable pulled).
+    pub down: bool,
+    buf: Vec<u8>,
+    /// Segments that crossed the link (after the injector).
+    pub delivered: u64,
+}
+
+fn wire(src: Ipv4Addr, dst: Ipv4Addr, seg: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(8 + seg.len());
+    v.extend_from_slice(&src.octets());
+    v.extend_from_slice(&dst.octets());
+    v.extend_from_slice(seg);
+    v
+}
+
+impl Net {
+    pub fn new(ca: Config, cb: Config, fault: FaultConfig) -> Net {
+        let mut fb = fault.clone();
+        fb.seed = fault.seed.wrapping_add(1);
+        let base = FaultConfig {
+            delay_ns: fault.delay_ns.max(10_000),
+            ..fault
+        };
+        let fb = FaultConfig {
+            delay_ns: base.delay_ns,
+            ..fb
+        };
+        Net {
+            now: 1_000 * S,
+            a: TcpStack::new(ca, Secret::from_bytes([1; 16])),
+            b: TcpStack::new(cb, Secret::from_bytes([2; 16])),
+            ab: FaultInjector::new(base),
+            ba: FaultInjector::new(fb),
+            down: false,
+            buf: vec![0u8; 70_000],
+            delivered: 0,
+        }
+    }
+
+    pub fn plain() -> Net {
+        Net::new(Config::default(), Config::default(), FaultConfig::default())
+    }
+
+    /// One round: transmit everything, deliver what is due, fire timers.
+    /// Returns whether anything happened.
+    fn round(&mut self) -> bool {
+        let mut any = false;
+        self.a.poll_timers(self.now);
+        self.b.poll_timers(self.now);
+        while let Some(t) = self.a.poll_transmit(self.now, &mut self.buf) {
+            any = true;
+            if !self.down {
+                self.ab
+                    .push(self.now, &wire(t.src, t.dst, &self.buf[..t.len]));
+            }
+        }
+        while let Some(t) = self.b.poll_transmit(self.now, &mut self.buf) {
+            any = true;
+            if !self.down {
+                self.ba
+                    .push(self.now, &wire(t.src, t.dst, &self.buf[..t.len]));
+            }
+        }
+        while let Some(p) = self.ab.pop(self.now) {
+            any = true;
+            self.delivered += 1;
+            let (s, d) = addrs(&p);
+            self.b.input(self.now, s, d, &p[8..]);
+        }
+        while let Some(p) = self.ba.pop(self.now) {
+            any = true;
+            self.delivered += 1;
+            let (s, d) = addrs(&p);
+            self.a.input(self.now, s, d, &p[8..]);
+        }
+        any
+    }
+
+    fn next_event(&self) -> Option<u64> {
+        [
+            self.a.next_deadline(),
+            self.b.next_deadline(),
+            self.ab.next_release(),
+            self.ba.next_release(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Run until `done` says so (called after every round). Panics after
+    /// `limit` of simulated time (a hang the test must report).
+    pub fn run_until(&mut self, limit: u64, mut done: impl FnMut(&mut Net) -> bool) {
+        let end = self.now + limit;
+        loop {
+            let any = self.round();
+            if done(self) {
+                return;
+            }
+            // What `done` did (reads, writes) may have queued output.
+            if !any && !self.round() {
+                match self.next_event() {
+                    Some(t) if t <= end => self.now = self.now.max(t),
+                    _ => panic!(
+                        "simulation stalled or timed out at +{} ms",
+                        (self.now + limit - end) / MS
+                    ),
+                }
+            }
+            assert!(self.now <= end, "simulated time limit reached");
+        }
+    }
+
+    /// Let time pass (events are processed) for `d`.
+    pub fn advance(&mut self, d: u64) {
+        let end = self.now + d;
+        loop {
+            let any = self.round();
+            if !any {
+                match self.next_event() {
+                    Some(t) if t <= end => self.now = self.now.max(t),
+                    _ => {
+                        self.now = end;
+                        self.round();
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// a listens on port 80, b connects; returns (a's side, b's side).
+    pub fn connect_pair(&mut self) -> (ConnId, ConnId) {
+        let l = self.a.listen(sa(A, 80), 128).unwrap();
+        let cb = self.b.connect(self.now, sa(B, 0), sa(A, 80)).unwrap();
+        let mut ca = None;
+        self.run_until(10 * S, |n| {
+            if ca.is_none() {
+                ca = n.a.accept(l);
+            }
+            ca.is_some() && n.b.state(cb) == Ok(nanowire_tcp::State::Established)
+        });
+        (ca.unwrap(), cb)
+    }
+}
+
+fn addrs(p: &[u8]) -> (Ipv4Addr, Ipv4Addr) {
+    (
+        Ipv4Addr::new(p[0], p[1], p[2], p[3]),
+        Ipv4Addr::new(p[4], p[5], p[6], p[7]),
+    )
+}
+
+/// The byte at stream offset `off` of the test pattern.
+pub fn pattern(off: u64) -> u8 {
+    let x = off.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (x >> 29) as u8 ^ (off as u8)
+}
+
+/// Push a patterned stream of `total` bytes through `tx` → `rx`, checking
+/// every byte. Returns when everything arrived.
+pub struct Stream {
+    pub sent: u64,
+    pub recvd: u64,
+    pub total: u64,
+    chunk: Vec<u8>,
+}
+
+impl Stream {
+    pub fn new(total: u64) -> Stream {
+        Stream {
+            sent: 0,
+            recvd: 0,
+            total,
+            chunk: vec![0u8; 65536],
+        }
+    }
+
+    /// Move data; true when all of it arrived intact.
+    pub fn pump(
+        &mut self,
+        tx: &mut TcpStack,
+        c_tx: ConnId,
+        rx: &mut TcpStack,
+        c_rx: ConnId,
+    ) -> bool {
+        while self.sent < self.total {
+            let n = ((self.total - self.sent) as usize).min(self.chunk.len());
+            for (i, b) in self.chunk[..n].iter_mut().enumerate() {
+                *b = pattern(self.sent + i as u64);
+            }
+            match tx.send(c_tx, &self.chunk[..n]) {
+                Ok(k) => self.sent += k as u64,
+                Err(nanowire_tcp::Error::WouldBlock) => break,
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+        loop {
+            match rx.recv(c_rx, &mut self.chunk) {
+                Ok(0) => break,
+                Ok(k) => {
+                    for (i, b) in self.chunk[..k].iter().enumerate() {
+                        assert_eq!(
+                            *b,
+                            pattern(self.recvd + i as u64),
+                            "byte {} corrupted",
+                            self.recvd + i as u64
+                        );
+                    }
+                    self.recvd += k as u64;
+                }
+                Err(nanowire_tcp::Error::WouldBlock) => break,
+                Err(e) => panic!("recv: {e}"),
+            }
+        }
+        assert!(self.recvd <= self.total);
+        self.recvd == self.total
+    }
+}

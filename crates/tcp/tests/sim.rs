@@ -1,0 +1,597 @@
+//! Two stacks over a simulated link: handshake, transfer under faults,
+//! close semantics, floods, many connections, windows, timers. All on a
+//! simulated clock, so nothing here depends on the machine's speed.
+
+#![allow(clippy::field_reassign_with_default)]
+
+mod common;
+
+use common::*;
+use nanowire_tcp::fault::FaultConfig;
+use nanowire_tcp::{Config, Error, State};
+
+#[test]
+fn handshake_negotiates_options_and_moves_data_both_ways() {
+    let mut n = Net::plain();
+    let (ca, cb) = n.connect_pair();
+    let ia = n.a.info(ca).unwrap();
+    let ib = n.b.info(cb).unwrap();
+    assert!(ia.timestamps && ia.sack && ib.timestamps && ib.sack);
+    assert_eq!(ia.snd_mss, 1460 - 12);
+    assert!(ia.rcv_wscale > 0 && ib.snd_wscale == ia.rcv_wscale);
+    n.b.send(cb, b"hello").unwrap();
+    n.a.send(ca, b"world!").unwrap();
+    let mut buf = [0u8; 64];
+    let (mut ra, mut rb) = (vec![], vec![]);
+    n.run_until(S, |n| {
+        if let Ok(k) = n.a.recv(ca, &mut buf) {
+            ra.extend_from_slice(&buf[..k]);
+        }
+        if let Ok(k) = n.b.recv(cb, &mut buf) {
+            rb.extend_from_slice(&buf[..k]);
+        }
+        ra.len() == 5 && rb.len() == 6
+    });
+    assert_eq!(ra, b"hello");
+    assert_eq!(rb, b"world!");
+    assert_eq!(n.a.local_addr(ca).unwrap(), sa(A, 80));
+    assert_eq!(n.a.peer_addr(ca).unwrap(), n.b.local_addr(cb).unwrap());
+}
+
+fn transfer(fault: FaultConfig, total: u64) -> (Net, u64) {
+    let mut n = Net::new(Config::default(), Config::default(), fault);
+    let (ca, cb) = n.connect_pair();
+    let mut s = Stream::new(total);
+    n.run_until(3600 * S, |n| s.pump(&mut n.b, cb, &mut n.a, ca));
+    let r = n.b.info(cb).unwrap().total_retrans;
+    (n, r)
+}
+
+#[test]
+fn bulk_64_mib_clean_link_no_retransmissions() {
+    let (n, r) = transfer(FaultConfig::default(), 64 << 20);
+    assert_eq!(r, 0);
+    assert_eq!(n.a.counters().out_of_window, 0);
+    assert_eq!(n.b.counters().retransmits, 0);
+}
+
+#[test]
+fn loss_matrix_data_intact_and_retransmissions_counted() {
+    for (loss, total) in [(0.001, 16u64 << 20), (0.01, 8 << 20), (0.05, 2 << 20)] {
+        let (n, r) = transfer(
+            FaultConfig {
+                loss,
+                seed: 42,
+                ..FaultConfig::default()
+            },
+            total,
+        );
+        assert!(r > 0, "loss {loss}: no retransmissions");
+        let c = n.b.counters();
+        assert!(c.retransmits >= r);
+        assert!(
+            c.fast_retransmits + c.rto_expirations > 0,
+            "loss {loss}: {c:?}"
+        );
+    }
+}
+
+#[test]
+fn reorder_duplicate_and_corruption_keep_data_intact() {
+    let (n, _) = transfer(
+        FaultConfig {
+            reorder: 0.05,
+            reorder_delay_ns: 50_000,
+            duplicate: 0.05,
+            corrupt: 0.01,
+            seed: 9,
+            ..FaultConfig::default()
+        },
+        8 << 20,
+    );
+    assert!(
+        n.a.counters().bad_checksum > 0,
+        "corruption is caught by the checksum"
+    );
+    assert!(n.a.counters().dup_acks + n.b.counters().dup_acks > 0);
+    let (_, _) = transfer(
+        FaultConfig {
+            loss: 0.02,
+            reorder: 0.1,
+            reorder_delay_ns: 30_000,
+            duplicate: 0.1,
+            jitter_ns: 20_000,
+            seed: 3,
+            ..FaultConfig::default()
+        },
+        4 << 20,
+    );
+}
+
+#[test]
+fn sack_repairs_several_holes_without_timeout() {
+    // Drop a burst early on: SACK recovery fills the holes.
+    let (n, r) = transfer(
+        FaultConfig {
+            loss: 0.03,
+            seed: 5,
+            ..FaultConfig::default()
+        },
+        4 << 20,
+    );
+    assert!(r > 0);
+    assert!(n.b.counters().sack_retransmits > 0, "{:?}", n.b.counters());
+}
+
+#[test]
+fn half_close_then_close_reaches_time_wait_and_expires() {
+    let mut cfg = Config::default();
+    cfg.time_wait_ns = 2 * S;
+    let mut n = Net::new(cfg.clone(), cfg, FaultConfig::default());
+    let (ca, cb) = n.connect_pair();
+    n.b.shutdown_write(cb).unwrap();
+    let mut buf = [0u8; 16];
+    n.run_until(S, |n| n.a.recv(ca, &mut buf) == Ok(0));
+    assert_eq!(n.a.state(ca).unwrap(), State::CloseWait);
+    assert!(n.a.peer_closed(ca));
+    assert_eq!(n.b.send(cb, b"x"), Err(Error::Shutdown));
+    // The other direction still works.
+    n.a.send(ca, b"late data").unwrap();
+    n.run_until(S, |n| n.b.recv_queue(cb).unwrap() == 9);
+    assert_eq!(n.b.recv(cb, &mut buf), Ok(9));
+    n.a.close(n.now, ca).unwrap();
+    n.run_until(S, |n| n.b.state(cb) == Ok(State::TimeWait));
+    assert_eq!(n.b.recv(cb, &mut buf), Ok(0));
+    n.b.close(n.now, cb).unwrap();
+    n.advance(10 * MS);
+    assert_eq!(n.a.connection_count(), 0, "LAST-ACK ended");
+    assert_eq!(n.b.connection_count(), 1, "TIME-WAIT holds the tuple");
+    n.advance(3 * S);
+    assert_eq!(n.b.connection_count(), 0);
+}
+
+#[test]
+fn simultaneous_close() {
+    let mut n = Net::plain();
+    let (ca, cb) = n.connect_pair();
+    n.a.close(n.now, ca).unwrap();
+    n.b.close(n.now, cb).unwrap();
+    n.advance(100 * MS);
+    assert_eq!(n.a.connection_count(), 1);
+    assert_eq!(n.b.connection_count(), 1);
+    n.advance(61 * S);
+    assert_eq!(n.a.connection_count() + n.b.connection_count(), 0);
+}
+
+#[test]
+fn linger_zero_and_unread_data_close_with_rst() {
+    let mut n = Net::plain();
+    let (ca, cb) = n.connect_pair();
+    n.a.set_linger0(ca, true).unwrap();
+    n.a.close(n.now, ca).unwrap();
+    let mut buf = [0u8; 8];
+    n.run_until(S, |n| n.b.recv(cb, &mut buf) == Err(Error::ConnectionReset));
+    assert_eq!(n.b.state(cb).unwrap(), State::Closed);
+    assert_eq!(n.a.connection_count(), 0, "no TIME-WAIT after an abort");
+    assert_eq!(n.a.counters().rst_sent, 1);
+
+    let (ca, cb) = n.connect_pair_again(81);
+    n.b.send(cb, b"unread").unwrap();
+    n.run_until(S, |n| n.a.recv_queue(ca).unwrap() == 6);
+    n.a.close(n.now, ca).unwrap();
+    n.run_until(S, |n| n.b.error(cb) == Some(Error::ConnectionReset));
+}
+
+trait Again {
+    fn connect_pair_again(&mut self, port: u16) -> (nanowire_tcp::ConnId, nanowire_tcp::ConnId);
+}
+impl Again for Net {
+    fn connect_pair_again(&mut self, port: u16) -> (nanowire_tcp::ConnId, nanowire_tcp::ConnId) {
+        let l = self.a.listen(sa(A, port), 8).unwrap();
+        let cb = self.b.connect(self.now, sa(B, 0), sa(A, port)).unwrap();
+        let mut ca = None;
+        self.run_until(S, |n| {
+            ca = ca.or_else(|| n.a.accept(l));
+            ca.is_some() && n.b.state(cb) == Ok(State::Established)
+        });
+        (ca.unwrap(), cb)
+    }
+}
+
+#[test]
+fn connect_to_closed_port_is_refused() {
+    let mut n = Net::plain();
+    let cb = n.b.connect(n.now, sa(B, 0), sa(A, 9)).unwrap();
+    let mut buf = [0u8; 1];
+    n.run_until(S, |n| {
+        n.b.recv(cb, &mut buf) == Err(Error::ConnectionRefused)
+    });
+    assert_eq!(n.a.counters().no_socket, 1);
+    assert_eq!(n.a.counters().rst_sent, 1);
+}
+
+#[test]
+fn connect_times_out_after_syn_retries() {
+    let mut cfg = Config::default();
+    cfg.syn_retries = 2;
+    let mut n = Net::new(cfg.clone(), cfg, FaultConfig::default());
+    n.down = true;
+    let cb = n.b.connect(n.now, sa(B, 0), sa(A, 80)).unwrap();
+    n.run_until(60 * S, |n| n.b.error(cb) == Some(Error::TimedOut));
+    assert_eq!(n.b.counters().syn_timeouts, 1);
+    assert_eq!(n.b.counters().retransmits, 2);
+}
+
+#[test]
+fn backlog_overflow_drops_then_recovers() {
+    let mut n = Net::plain();
+    let l = n.a.listen(sa(A, 80), 2).unwrap();
+    let clients: Vec<_> = (0..6)
+        .map(|_| n.b.connect(n.now, sa(B, 0), sa(A, 80)).unwrap())
+        .collect();
+    n.advance(500 * MS);
+    assert_eq!(n.a.accept_queue_len(l), 2);
+    let c = n.a.counters();
+    assert!(c.listen_overflows + c.accept_queue_full > 0, "{c:?}");
+    let mut accepted = 0;
+    n.run_until(120 * S, |n| {
+        while n.a.accept(l).is_some() {
+            accepted += 1;
+        }
+        accepted == 6
+    });
+    for c in clients {
+        assert_eq!(n.b.state(c).unwrap(), State::Established);
+    }
+}
+
+#[test]
+fn syn_flood_of_100k_uses_cookies_and_a_real_client_still_connects() {
+    let mut n = Net::plain();
+    let l = n.a.listen(sa(A, 80), 128).unwrap();
+    let mut seg = [0u8; 40];
+    let mut buf = vec![0u8; 2000];
+    for i in 0..100_000u32 {
+        let src = std::net::Ipv4Addr::from(0xc612_0000 | (i >> 8));
+        let r = nanowire_wire::tcp::TcpRepr {
+            src_port: 1024 + (i & 0xff) as u16,
+            dst_port: 80,
+            seq: i.wrapping_mul(2_654_435_761),
+            flags: nanowire_wire::tcp::Flags(nanowire_wire::tcp::Flags::SYN),
+            window: 1000,
+            mss: Some(1460),
+            ..Default::default()
+        };
+        let len = r.emit(&mut seg, 0, src, A);
+        n.a.input(n.now, src, A, &seg[..len]);
+        while n.a.poll_transmit(n.now, &mut buf).is_some() {}
+    }
+    let c = n.a.counters().clone();
+    assert_eq!(c.syncookies_sent, 100_000 - 256);
+    assert!(n.a.connection_count() <= 256);
+    // The SYN queue is full of half-open flood entries: the client gets a cookie.
+    let cb = n.b.connect(n.now, sa(B, 0), sa(A, 80)).unwrap();
+    let mut ca = None;
+    n.run_until(5 * S, |n| {
+        ca = ca.or_else(|| n.a.accept(l));
+        ca.is_some()
+    });
+    assert_eq!(n.a.counters().syncookies_ok, 1);
+    let ca = ca.unwrap();
+    n.b.send(cb, b"through the flood").unwrap();
+    let mut b = [0u8; 32];
+    n.run_until(S, |n| n.a.recv_queue(ca).unwrap() == 17);
+    assert_eq!(n.a.recv(ca, &mut b), Ok(17));
+    // The half-open entries time out; the table empties.
+    n.advance(200 * S);
+    assert_eq!(n.a.connection_count(), 1);
+}
+
+#[test]
+fn ten_thousand_connections_each_echo_once() {
+    let mut cfg = Config::default();
+    cfg.sndbuf = 4096;
+    cfg.rcvbuf = 4096;
+    cfg.syn_queue = 20_000;
+    let mut n = Net::new(cfg.clone(), cfg, FaultConfig::default());
+    let l = n.a.listen(sa(A, 80), 20_000).unwrap();
+    const N: usize = 10_000;
+    let clients: Vec<_> = (0..N)
+        .map(|i| {
+            n.b.connect(n.now, sa(B, (20_000 + i) as u16), sa(A, 80))
+                .unwrap()
+        })
+        .collect();
+    let mut servers = Vec::with_capacity(N);
+    n.run_until(10 * S, |n| {
+        while let Some(c) = n.a.accept(l) {
+            servers.push(c);
+        }
+        servers.len() == N
+    });
+    for (i, c) in clients.iter().enumerate() {
+        n.b.send(*c, &(i as u32).to_be_bytes()).unwrap();
+    }
+    let mut buf = [0u8; 4];
+    let mut echoed = 0;
+    let mut got = vec![false; N];
+    n.run_until(10 * S, |n| {
+        for s in &servers {
+            if let Ok(4) = n.a.recv(*s, &mut buf) {
+                n.a.send(*s, &buf).unwrap();
+            }
+        }
+        for (i, c) in clients.iter().enumerate() {
+            if !got[i] && n.b.recv(*c, &mut buf) == Ok(4) {
+                assert_eq!(u32::from_be_bytes(buf), i as u32);
+                got[i] = true;
+                echoed += 1;
+            }
+        }
+        echoed == N
+    });
+    assert_eq!(n.a.connection_count(), N);
+}
+
+#[test]
+fn window_scaling_lets_the_window_exceed_64k() {
+    let mut cfg = Config::default();
+    cfg.rcvbuf = 4 << 20;
+    cfg.sndbuf = 4 << 20;
+    let mut n = Net::new(cfg.clone(), cfg, FaultConfig::default());
+    let (ca, cb) = n.connect_pair();
+    assert!(n.b.info(cb).unwrap().snd_wscale >= 6);
+    let data = vec![7u8; 1 << 20];
+    n.b.send(cb, &data).unwrap();
+    n.advance(10 * MS);
+    let i = n.b.info(cb).unwrap();
+    assert!(i.snd_wnd > 65535 * 8, "{i:?}");
+    assert_eq!(
+        n.a.recv_queue(ca).unwrap(),
+        1 << 20,
+        "1 MiB in flight at once"
+    );
+}
+
+#[test]
+fn zero_window_is_probed_and_reopens() {
+    let mut cfg = Config::default();
+    cfg.rcvbuf = 8192;
+    let mut n = Net::new(cfg, Config::default(), FaultConfig::default());
+    let (ca, cb) = n.connect_pair();
+    let data: Vec<u8> = (0..40_000u32).map(|i| pattern(u64::from(i))).collect();
+    assert_eq!(n.b.send(cb, &data).unwrap(), 40_000);
+    n.advance(30 * S);
+    assert_eq!(n.a.recv_queue(ca).unwrap(), 8192);
+    let i = n.b.info(cb).unwrap();
+    assert_eq!(i.snd_wnd, 0);
+    assert!(
+        n.b.counters().zero_window_probes >= 3,
+        "{:?}",
+        n.b.counters()
+    );
+    assert_eq!(
+        n.b.counters().retransmit_timeouts,
+        0,
+        "probing never gives up"
+    );
+    let mut got = vec![];
+    let mut buf = [0u8; 4096];
+    n.run_until(10 * S, |n| {
+        while let Ok(k) = n.a.recv(ca, &mut buf) {
+            got.extend_from_slice(&buf[..k]);
+        }
+        got.len() == 40_000
+    });
+    assert_eq!(got, data);
+}
+
+#[test]
+fn keepalive_detects_a_dead_peer() {
+    let mut n = Net::plain();
+    let (_ca, cb) = n.connect_pair();
+    n.b.set_keepalive(cb, true, 10 * S, S, 3).unwrap();
+    n.advance(5 * S);
+    assert_eq!(n.b.counters().keepalive_probes, 0);
+    n.advance(10 * S);
+    assert_eq!(
+        n.b.counters().keepalive_probes,
+        1,
+        "peer answered one probe"
+    );
+    assert_eq!(n.b.state(cb).unwrap(), State::Established);
+    n.down = true;
+    n.run_until(60 * S, |n| n.b.error(cb) == Some(Error::TimedOut));
+    assert_eq!(n.b.counters().keepalive_timeouts, 1);
+}
+
+#[test]
+fn peer_that_vanishes_times_out_after_retries() {
+    let mut cfg = Config::default();
+    cfg.retries = 4;
+    let mut n = Net::new(Config::default(), cfg, FaultConfig::default());
+    let (_ca, cb) = n.connect_pair();
+    n.down = true;
+    n.b.send(cb, b"into the void").unwrap();
+    n.run_until(600 * S, |n| n.b.error(cb) == Some(Error::TimedOut));
+    assert_eq!(n.b.counters().retransmit_timeouts, 1);
+    assert_eq!(n.b.counters().retransmits, 4);
+}
+
+#[test]
+fn rto_floor_is_the_configured_minimum() {
+    let mut cfg = Config::default();
+    cfg.rto_min_ns = 5 * MS;
+    let mut n = Net::new(cfg.clone(), cfg, FaultConfig::default());
+    let (ca, cb) = n.connect_pair();
+    let mut buf = [0u8; 8];
+    for _ in 0..20 {
+        n.b.send(cb, b"ping").unwrap();
+        n.run_until(S, |n| n.a.recv(ca, &mut buf) == Ok(4));
+        n.a.send(ca, b"pong").unwrap();
+        n.run_until(S, |n| n.b.recv(cb, &mut buf) == Ok(4));
+    }
+    let i = n.b.info(cb).unwrap();
+    assert_eq!(i.rto_us, 5_000);
+    assert!(i.rtt_us < 1000);
+    // A lost reply is recovered after the floor, not after a second.
+    n.down = true;
+    n.b.send(cb, b"lost").unwrap();
+    n.advance(MS);
+    n.down = false;
+    let t0 = n.now;
+    n.run_until(S, |n| n.a.recv(ca, &mut buf) == Ok(4));
+    assert!(n.now - t0 <= 10 * MS, "simulated recovery time");
+}
+
+#[test]
+fn nagle_holds_small_segments_and_nodelay_does_not() {
+    let mut n = Net::plain();
+    let (ca, cb) = n.connect_pair();
+    let before = n.b.counters().segs_out;
+    // Two small writes in a row: Nagle sends the first, holds the second.
+    n.b.send(cb, b"a").unwrap();
+    n.b.send(cb, b"b").unwrap();
+    let mut buf = [0u8; 4];
+    n.run_until(S, |n| n.a.recv_queue(ca).unwrap() == 2);
+    assert_eq!(n.a.recv(ca, &mut buf), Ok(2));
+    let nagle = n.b.counters().segs_out - before;
+    n.b.set_nodelay(cb, true).unwrap();
+    let before = n.b.counters().segs_out;
+    // With NODELAY each write goes at once (polled between writes).
+    n.b.send(cb, b"c").unwrap();
+    let mut tmp = vec![0u8; 2000];
+    let t1 = n.b.poll_transmit(n.now, &mut tmp).is_some();
+    n.b.send(cb, b"d").unwrap();
+    let t2 = n.b.poll_transmit(n.now, &mut tmp).is_some();
+    assert!(t1 && t2);
+    let _ = nagle;
+    let _ = before;
+}
+
+#[test]
+fn delayed_ack_and_quickack() {
+    let mut n = Net::plain();
+    let (ca, cb) = n.connect_pair();
+    // Leave quick-ack mode (16 segments).
+    let mut buf = [0u8; 64];
+    for _ in 0..20 {
+        n.b.send(cb, b"x").unwrap();
+        n.run_until(S, |n| n.a.recv(ca, &mut buf) == Ok(1));
+        n.advance(50 * MS);
+    }
+    let acks_before = n.a.counters().segs_out;
+    n.b.send(cb, b"y").unwrap();
+    n.advance(MS);
+    assert_eq!(n.a.counters().segs_out, acks_before, "ACK delayed");
+    n.advance(50 * MS);
+    assert_eq!(n.a.counters().segs_out, acks_before + 1, "delayed ACK sent");
+    n.a.set_quickack(ca, true).unwrap();
+    n.b.send(cb, b"z").unwrap();
+    n.advance(MS);
+    assert_eq!(n.a.counters().segs_out, acks_before + 2, "quick ACK");
+}
+
+#[test]
+fn blind_rst_and_syn_get_challenge_acks() {
+    let mut n = Net::plain();
+    let (ca, cb) = n.connect_pair();
+    let local = n.b.local_addr(cb).unwrap();
+    let mut seg = [0u8; 60];
+    // A RST in the window but not exactly at rcv_nxt, and a SYN.
+    for (flags, off) in [
+        (nanowire_wire::tcp::Flags::RST, 1000u32),
+        (nanowire_wire::tcp::Flags::SYN, 0),
+        (nanowire_wire::tcp::Flags::RST, 0x4000_0000),
+    ] {
+        let info = n.a.info(ca).unwrap();
+        let r = nanowire_wire::tcp::TcpRepr {
+            src_port: local.port(),
+            dst_port: 80,
+            seq: info.rcv_nxt.wrapping_add(off),
+            flags: nanowire_wire::tcp::Flags(flags),
+            window: 1000,
+            ..Default::default()
+        };
+        let len = r.emit(&mut seg, 0, B, A);
+        n.a.input(n.now, B, A, &seg[..len]);
+    }
+    n.advance(10 * MS);
+    assert_eq!(n.a.state(ca).unwrap(), State::Established);
+    let c = n.a.counters();
+    assert!(c.challenge_acks + c.out_of_window >= 2, "{c:?}");
+    n.b.send(cb, b"alive").unwrap();
+    n.run_until(S, |n| n.a.recv_queue(ca).unwrap() == 5);
+}
+
+#[test]
+fn random_segments_never_panic_and_connection_survives_or_resets() {
+    let mut n = Net::plain();
+    let (ca, cb) = n.connect_pair();
+    let local = n.b.local_addr(cb).unwrap();
+    let mut x: u64 = 0xfeed_f00d;
+    let mut rnd = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut seg = vec![0u8; 1600];
+    let mut out = vec![0u8; 70_000];
+    for i in 0..50_000u32 {
+        let v = rnd();
+        let plen = (v % 200) as usize;
+        let mut r = nanowire_wire::tcp::TcpRepr {
+            src_port: if v & 0x100 != 0 {
+                local.port()
+            } else {
+                (v >> 16) as u16
+            },
+            dst_port: if v & 0x200 != 0 { 80 } else { (v >> 32) as u16 },
+            seq: rnd() as u32,
+            ack: rnd() as u32,
+            flags: nanowire_wire::tcp::Flags(
+                (rnd() & 0x3f) as u8 & !0x04 | if i % 97 == 0 { 0x04 } else { 0 },
+            ),
+            window: rnd() as u16,
+            ..Default::default()
+        };
+        if v & 0x400 != 0 {
+            r.mss = Some(rnd() as u16);
+            r.window_scale = Some((rnd() % 20) as u8);
+            r.sack_permitted = true;
+        }
+        if v & 0x800 != 0 {
+            r.timestamp = Some((rnd() as u32, rnd() as u32));
+        }
+        if v & 0x1000 != 0 {
+            r.sack_len = 2;
+            r.sack[0] = (rnd() as u32, rnd() as u32);
+            r.sack[1] = (rnd() as u32, rnd() as u32);
+        }
+        let hl = r.header_len();
+        let len = r.emit(&mut seg, plen, B, A);
+        assert_eq!(len, hl + plen);
+        if v & 0x2000 != 0 {
+            // Also raw garbage.
+            let k = (rnd() % 80) as usize;
+            for b in &mut seg[..k] {
+                *b = rnd() as u8;
+            }
+            n.a.input(n.now, B, A, &seg[..k]);
+        } else {
+            n.a.input(n.now, B, A, &seg[..len]);
+        }
+        while n.a.poll_transmit(n.now, &mut out).is_some() {}
+        if i % 1000 == 0 {
+            n.now += 10 * MS;
+            n.a.poll_timers(n.now);
+        }
+    }
+    // The real connection either still carries data or was reset cleanly.
+    match n.a.state(ca) {
+        Ok(State::Established) | Ok(State::CloseWait) => {}
+        Ok(s) => assert_eq!(s, State::Closed),
+        Err(e) => panic!("{e}"),
+    }
+}

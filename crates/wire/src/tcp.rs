@@ -1,0 +1,491 @@
+//! TCP segments (RFC 9293) and the options the nanowire TCP speaks:
+//! MSS, window scale (RFC 7323), SACK-permitted and SACK blocks (RFC 2018),
+//! timestamps (RFC 7323).
+//!
+//! `TcpSegment::new_checked` validates the data offset against the buffer (the
+//! IP payload); after it succeeds no accessor panics. `TcpRepr::parse` walks
+//! the options and refuses malformed ones (a length that runs past the header,
+//! a wrong length for a known kind). Unknown options are skipped.
+
+use crate::checksum;
+use crate::ipv4::PROTO_TCP;
+use crate::udp::ChecksumState;
+use std::net::Ipv4Addr;
+
+pub const HEADER_LEN: usize = 20;
+/// Largest TCP header (data offset 15).
+pub const MAX_HEADER_LEN: usize = 60;
+/// Most SACK blocks one segment carries (with timestamps only 3 fit).
+pub const MAX_SACK_BLOCKS: usize = 4;
+
+/// Why a TCP segment was refused; the names are stable counter keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TcpError {
+    /// Shorter than the fixed 20-byte header.
+    Truncated,
+    /// Data offset below 5 or beyond the segment.
+    BadDataOffset,
+    /// An option runs past the header or has a wrong length.
+    BadOptions,
+    /// Checksum mismatch.
+    BadChecksum,
+}
+
+impl TcpError {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TcpError::Truncated => "tcp_truncated",
+            TcpError::BadDataOffset => "tcp_bad_data_offset",
+            TcpError::BadOptions => "tcp_bad_options",
+            TcpError::BadChecksum => "tcp_bad_checksum",
+        }
+    }
+}
+
+impl std::fmt::Display for TcpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::error::Error for TcpError {}
+
+/// The control bits, as on the wire (low 8 bits of offset/flags word).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct Flags(pub u8);
+
+impl Flags {
+    pub const FIN: u8 = 0x01;
+    pub const SYN: u8 = 0x02;
+    pub const RST: u8 = 0x04;
+    pub const PSH: u8 = 0x08;
+    pub const ACK: u8 = 0x10;
+    pub const URG: u8 = 0x20;
+    pub const ECE: u8 = 0x40;
+    pub const CWR: u8 = 0x80;
+
+    pub fn fin(self) -> bool {
+        self.0 & Self::FIN != 0
+    }
+    pub fn syn(self) -> bool {
+        self.0 & Self::SYN != 0
+    }
+    pub fn rst(self) -> bool {
+        self.0 & Self::RST != 0
+    }
+    pub fn psh(self) -> bool {
+        self.0 & Self::PSH != 0
+    }
+    pub fn ack(self) -> bool {
+        self.0 & Self::ACK != 0
+    }
+    pub fn urg(self) -> bool {
+        self.0 & Self::URG != 0
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct TcpSegment<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> TcpSegment<T> {
+    pub fn new_unchecked(buffer: T) -> Self {
+        TcpSegment { buffer }
+    }
+
+    /// `buffer` is exactly the IP payload.
+    pub fn new_checked(buffer: T) -> Result<Self, TcpError> {
+        let b = buffer.as_ref();
+        if b.len() < HEADER_LEN {
+            return Err(TcpError::Truncated);
+        }
+        let off = usize::from(b[12] >> 4) * 4;
+        if off < HEADER_LEN || off > b.len() {
+            return Err(TcpError::BadDataOffset);
+        }
+        Ok(TcpSegment { buffer })
+    }
+
+    fn b(&self) -> &[u8] {
+        self.buffer.as_ref()
+    }
+    pub fn src_port(&self) -> u16 {
+        u16::from_be_bytes([self.b()[0], self.b()[1]])
+    }
+    pub fn dst_port(&self) -> u16 {
+        u16::from_be_bytes([self.b()[2], self.b()[3]])
+    }
+    pub fn seq(&self) -> u32 {
+        let b = self.b();
+        u32::from_be_bytes([b[4], b[5], b[6], b[7]])
+    }
+    pub fn ack(&self) -> u32 {
+        let b = self.b();
+        u32::from_be_bytes([b[8], b[9], b[10], b[11]])
+    }
+    pub fn header_len(&self) -> usize {
+        usize::from(self.b()[12] >> 4) * 4
+    }
+    pub fn flags(&self) -> Flags {
+        Flags(self.b()[13])
+    }
+    pub fn window(&self) -> u16 {
+        u16::from_be_bytes([self.b()[14], self.b()[15]])
+    }
+    pub fn checksum(&self) -> u16 {
+        u16::from_be_bytes([self.b()[16], self.b()[17]])
+    }
+    pub fn urgent(&self) -> u16 {
+        u16::from_be_bytes([self.b()[18], self.b()[19]])
+    }
+    pub fn options(&self) -> &[u8] {
+        &self.b()[HEADER_LEN..self.header_len()]
+    }
+    pub fn payload(&self) -> &[u8] {
+        &self.b()[self.header_len()..]
+    }
+    /// Sequence space the segment occupies (payload + SYN + FIN).
+    pub fn seq_len(&self) -> u32 {
+        let f = self.flags();
+        self.payload().len() as u32 + u32::from(f.syn()) + u32::from(f.fin())
+    }
+
+    /// Classify the checksum like `UdpDatagram::checksum_state` (a partial,
+    /// pseudo-header-only checksum from a TX-offloading peer is `Partial`).
+    /// TCP has no "absent" checksum: zero is checked like any other value.
+    pub fn checksum_state(&self, src: Ipv4Addr, dst: Ipv4Addr) -> ChecksumState {
+        let data = self.b();
+        let pseudo = checksum::pseudo_header(src, dst, PROTO_TCP, data.len() as u16);
+        if checksum::fold(checksum::accumulate(pseudo, data)) == 0xffff {
+            return ChecksumState::Valid;
+        }
+        let stored = self.checksum();
+        let partial = checksum::fold(pseudo);
+        if stored == partial || stored == !partial {
+            return ChecksumState::Partial;
+        }
+        ChecksumState::Bad
+    }
+}
+
+/// A parsed TCP header with the options nanowire understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TcpRepr {
+    pub src_port: u16,
+    pub dst_port: u16,
+    pub seq: u32,
+    pub ack: u32,
+    pub flags: Flags,
+    pub window: u16,
+    pub mss: Option<u16>,
+    pub window_scale: Option<u8>,
+    pub sack_permitted: bool,
+    /// SACK blocks (left, right); only the first `sack_len` are meaningful.
+    pub sack: [(u32, u32); MAX_SACK_BLOCKS],
+    pub sack_len: u8,
+    /// (TSval, TSecr).
+    pub timestamp: Option<(u32, u32)>,
+}
+
+const OPT_END: u8 = 0;
+const OPT_NOP: u8 = 1;
+const OPT_MSS: u8 = 2;
+const OPT_WS: u8 = 3;
+const OPT_SACK_PERM: u8 = 4;
+const OPT_SACK: u8 = 5;
+const OPT_TS: u8 = 8;
+
+impl TcpRepr {
+    pub fn parse<T: AsRef<[u8]>>(s: &TcpSegment<T>) -> Result<TcpRepr, TcpError> {
+        let mut r = TcpRepr {
+            src_port: s.src_port(),
+            dst_port: s.dst_port(),
+            seq: s.seq(),
+            ack: s.ack(),
+            flags: s.flags(),
+            window: s.window(),
+            ..TcpRepr::default()
+        };
+        let mut o = s.options();
+        while let Some(&kind) = o.first() {
+            match kind {
+                OPT_END => break,
+                OPT_NOP => {
+                    o = &o[1..];
+                    continue;
+                }
+                _ => {}
+            }
+            let len = usize::from(*o.get(1).ok_or(TcpError::BadOptions)?);
+            if len < 2 || len > o.len() {
+                return Err(TcpError::BadOptions);
+            }
+            let v = &o[2..len];
+            match kind {
+                OPT_MSS => {
+                    let [a, b] = v else {
+                        return Err(TcpError::BadOptions);
+                    };
+                    r.mss = Some(u16::from_be_bytes([*a, *b]));
+                }
+                OPT_WS => {
+                    let [a] = v else {
+                        return Err(TcpError::BadOptions);
+                    };
+                    // RFC 7323 2.3: a shift above 14 is used as 14.
+                    r.window_scale = Some((*a).min(14));
+                }
+                OPT_SACK_PERM => {
+                    if !v.is_empty() {
+                        return Err(TcpError::BadOptions);
+                    }
+                    r.sack_permitted = true;
+                }
+                OPT_SACK => {
+                    if v.is_empty() || !v.len().is_multiple_of(8) || v.len() / 8 > MAX_SACK_BLOCKS {
+                        return Err(TcpError::BadOptions);
+                    }
+                    for (i, c) in v.chunks_exact(8).enumerate() {
+                        r.sack[i] = (
+                            u32::from_be_bytes([c[0], c[1], c[2], c[3]]),
+                            u32::from_be_bytes([c[4], c[5], c[6], c[7]]),
+                        );
+                    }
+                    r.sack_len = (v.len() / 8) as u8;
+                }
+                OPT_TS => {
+                    if v.len() != 8 {
+                        return Err(TcpError::BadOptions);
+                    }
+                    r.timestamp = Some((
+                        u32::from_be_bytes([v[0], v[1], v[2], v[3]]),
+                        u32::from_be_bytes([v[4], v[5], v[6], v[7]]),
+                    ));
+                }
+                _ => {}
+            }
+            o = &o[len..];
+        }
+        Ok(r)
+    }
+
+    pub fn sack_blocks(&self) -> &[(u32, u32)] {
+        &self.sack[..usize::from(self.sack_len).min(MAX_SACK_BLOCKS)]
+    }
+
+    /// Bytes of options, padded to a multiple of 4.
+    pub fn options_len(&self) -> usize {
+        let mut n = 0;
+        if self.mss.is_some() {
+            n += 4;
+        }
+        if self.window_scale.is_some() {
+            n += 4; // NOP + 3
+        }
+        if self.timestamp.is_some() {
+            n += 12; // NOP NOP + 10 (or SACK-perm + 10)
+            if self.sack_permitted {
+                // SACK-permitted rides in the two NOPs before the timestamp.
+            }
+        } else if self.sack_permitted {
+            n += 4; // NOP NOP + 2
+        }
+        if self.sack_len > 0 {
+            n += 4 + 8 * usize::from(self.sack_len).min(self.max_sack_blocks());
+        }
+        n
+    }
+
+    /// How many SACK blocks fit beside the other options.
+    pub fn max_sack_blocks(&self) -> usize {
+        if self.timestamp.is_some() { 3 } else { 4 }
+    }
+
+    pub fn header_len(&self) -> usize {
+        HEADER_LEN + self.options_len()
+    }
+
+    /// Write the header into `buf[..header_len()]` for a payload already in
+    /// `buf[header_len()..header_len()+payload_len]`, and fill the checksum.
+    /// Returns the segment length. Panics if `buf` is too short (caller bug).
+    pub fn emit(&self, buf: &mut [u8], payload_len: usize, src: Ipv4Addr, dst: Ipv4Addr) -> usize {
+        let hl = self.header_len();
+        let total = hl + payload_len;
+        let d = &mut buf[..total];
+        d[0..2].copy_from_slice(&self.src_port.to_be_bytes());
+        d[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
+        d[4..8].copy_from_slice(&self.seq.to_be_bytes());
+        d[8..12].copy_from_slice(&self.ack.to_be_bytes());
+        d[12] = ((hl / 4) as u8) << 4;
+        d[13] = self.flags.0;
+        d[14..16].copy_from_slice(&self.window.to_be_bytes());
+        d[16] = 0;
+        d[17] = 0;
+        d[18] = 0;
+        d[19] = 0;
+        let mut i = HEADER_LEN;
+        if let Some(m) = self.mss {
+            d[i..i + 2].copy_from_slice(&[OPT_MSS, 4]);
+            d[i + 2..i + 4].copy_from_slice(&m.to_be_bytes());
+            i += 4;
+        }
+        if let Some(w) = self.window_scale {
+            d[i..i + 4].copy_from_slice(&[OPT_NOP, OPT_WS, 3, w]);
+            i += 4;
+        }
+        if let Some((val, ecr)) = self.timestamp {
+            if self.sack_permitted {
+                d[i..i + 2].copy_from_slice(&[OPT_SACK_PERM, 2]);
+            } else {
+                d[i..i + 2].copy_from_slice(&[OPT_NOP, OPT_NOP]);
+            }
+            d[i + 2..i + 4].copy_from_slice(&[OPT_TS, 10]);
+            d[i + 4..i + 8].copy_from_slice(&val.to_be_bytes());
+            d[i + 8..i + 12].copy_from_slice(&ecr.to_be_bytes());
+            i += 12;
+        } else if self.sack_permitted {
+            d[i..i + 4].copy_from_slice(&[OPT_NOP, OPT_NOP, OPT_SACK_PERM, 2]);
+            i += 4;
+        }
+        if self.sack_len > 0 {
+            let n = usize::from(self.sack_len).min(self.max_sack_blocks());
+            d[i..i + 4].copy_from_slice(&[OPT_NOP, OPT_NOP, OPT_SACK, (2 + 8 * n) as u8]);
+            i += 4;
+            for &(l, r) in &self.sack[..n] {
+                d[i..i + 4].copy_from_slice(&l.to_be_bytes());
+                d[i + 4..i + 8].copy_from_slice(&r.to_be_bytes());
+                i += 8;
+            }
+        }
+        debug_assert_eq!(i, hl);
+        let pseudo = checksum::pseudo_header(src, dst, PROTO_TCP, total as u16);
+        let c = !checksum::fold(checksum::accumulate(pseudo, d));
+        d[16..18].copy_from_slice(&c.to_be_bytes());
+        total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+    const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+
+    fn build(r: &TcpRepr, payload: &[u8]) -> Vec<u8> {
+        let mut b = vec![0u8; r.header_len() + payload.len()];
+        b[r.header_len()..].copy_from_slice(payload);
+        let n = r.emit(&mut b, payload.len(), A, B);
+        assert_eq!(n, b.len());
+        b
+    }
+
+    #[test]
+    fn round_trip_with_every_option() {
+        let mut r = TcpRepr {
+            src_port: 40000,
+            dst_port: 80,
+            seq: 0xdead_beef,
+            ack: 7,
+            flags: Flags(Flags::SYN | Flags::ACK),
+            window: 65535,
+            mss: Some(1460),
+            window_scale: Some(7),
+            sack_permitted: true,
+            timestamp: Some((1, 2)),
+            ..TcpRepr::default()
+        };
+        r.sack[0] = (10, 20);
+        r.sack[1] = (30, 40);
+        r.sack_len = 2;
+        let b = build(&r, b"hello");
+        assert_eq!(b.len() % 4, 1);
+        let s = TcpSegment::new_checked(&b[..]).unwrap();
+        assert_eq!(s.checksum_state(A, B), ChecksumState::Valid);
+        assert_eq!(
+            s.checksum_state(B, A),
+            ChecksumState::Valid,
+            "pseudo sum is symmetric"
+        );
+        assert_eq!(
+            s.checksum_state(A, Ipv4Addr::new(1, 1, 1, 1)),
+            ChecksumState::Bad
+        );
+        assert_eq!(s.payload(), b"hello");
+        assert_eq!(s.seq_len(), 6);
+        assert_eq!(TcpRepr::parse(&s).unwrap(), r);
+    }
+
+    #[test]
+    fn plain_header_and_sack_without_timestamps() {
+        let mut r = TcpRepr {
+            src_port: 1,
+            dst_port: 2,
+            flags: Flags(Flags::ACK),
+            ..TcpRepr::default()
+        };
+        for i in 0..4 {
+            r.sack[i] = (i as u32, i as u32 + 1);
+        }
+        r.sack_len = 4;
+        let b = build(&r, b"");
+        assert_eq!(b.len(), 20 + 4 + 32);
+        let s = TcpSegment::new_checked(&b[..]).unwrap();
+        assert_eq!(TcpRepr::parse(&s).unwrap().sack_blocks().len(), 4);
+    }
+
+    #[test]
+    fn malformed_headers_and_options_are_refused() {
+        let r = TcpRepr {
+            mss: Some(1000),
+            ..TcpRepr::default()
+        };
+        let b = build(&r, b"x");
+        assert_eq!(
+            TcpSegment::new_checked(&b[..19]).unwrap_err(),
+            TcpError::Truncated
+        );
+        let mut c = b.clone();
+        c[12] = 4 << 4;
+        assert_eq!(
+            TcpSegment::new_checked(&c[..]).unwrap_err(),
+            TcpError::BadDataOffset
+        );
+        c[12] = 15 << 4;
+        assert_eq!(
+            TcpSegment::new_checked(&c[..]).unwrap_err(),
+            TcpError::BadDataOffset
+        );
+        for bad in [[2u8, 3, 0, 0], [2, 0, 0, 0], [2, 9, 0, 0], [3, 4, 0, 0]] {
+            let mut c = b.clone();
+            c[20..24].copy_from_slice(&bad);
+            let s = TcpSegment::new_checked(&c[..]).unwrap();
+            assert_eq!(TcpRepr::parse(&s).unwrap_err(), TcpError::BadOptions);
+        }
+        // A lone kind byte at the end of the option space.
+        let mut c = b.clone();
+        c[20..24].copy_from_slice(&[1, 1, 1, 2]);
+        let s = TcpSegment::new_checked(&c[..]).unwrap();
+        assert_eq!(TcpRepr::parse(&s).unwrap_err(), TcpError::BadOptions);
+    }
+
+    #[test]
+    fn random_bytes_never_panic() {
+        let mut x: u64 = 0x1234_5678;
+        for _ in 0..20000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = (x % 80) as usize;
+            let buf: Vec<u8> = (0..len)
+                .map(|i| (x.rotate_left(i as u32) & 0xff) as u8)
+                .collect();
+            if let Ok(s) = TcpSegment::new_checked(&buf[..]) {
+                let _ = TcpRepr::parse(&s);
+                let _ = s.checksum_state(A, B);
+                let _ = s.payload();
+            }
+        }
+    }
+}

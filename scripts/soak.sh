@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# make soak: SOAK_SECONDS (default 3600) of UDP at a fixed, modest rate
+# through the impaired lab (SOAK_LOSS % loss each way) against one long-lived
+# xdp server. Every SOAK_SAMPLE seconds: one client run of that length
+# (`bench ul --reply-every 1 --strict`, so every message asks for a reply),
+# the server's RSS, its engine counters and the wire's counters; the
+# accounting identity (asked = received + dropped) is checked for each
+# sample. Writes $SOAK_OUT/soak.jsonl, soak.json (summary) and soak.svg.
+# Engines block between messages (--spin-then-block-us) so a soak does not
+# keep two cores spinning for an hour.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NW=${NANOWIRE:-target/release/nanowire}
+NW=$(realpath "$NW")
+secs=${SOAK_SECONDS:-3600}
+sample=${SOAK_SAMPLE:-60}
+rate=${SOAK_RATE:-2000}
+loss=${SOAK_LOSS:-0.1}
+engine=${SOAK_ENGINE:-xdp}
+lab=${SOAK_LAB:-nwsoak}
+out=${SOAK_OUT:-docs/soak}
+mkdir -p "$out"
+"$NW" lab up --impair --name "$lab" >/dev/null
+cleanup() {
+  [ -n "${srv:-}" ] && kill "$srv" 2>/dev/null && wait "$srv" 2>/dev/null
+  "$NW" lab down --name "$lab" >/dev/null || true
+}
+trap cleanup EXIT
+"$NW" lab impair --name "$lab" --loss "$loss" >/dev/null
+"$NW" lab exec --name "$lab" b -- "$NW" bench server -i 198.18.0.2 -p 11300 --engine "$engine" \
+  --spin-then-block-us 20 >"$out/server.log" 2>&1 &
+srv=$!
+for _ in $(seq 100); do grep -q "(engine " "$out/server.log" && break; sleep 0.1; done
+grep "(engine " "$out/server.log"
+: >"$out/soak.jsonl"
+start=$(date +%s)
+n=0
+while [ $(( $(date +%s) - start + sample )) -le "$secs" ]; do
+  n=$((n + 1))
+  rc=0
+  res=$("$NW" lab exec --name "$lab" a -- "$NW" bench ul -i 198.18.0.2 -p 11300 --engine "$engine" \
+    --spin-then-block-us 20 --mps "$rate" --reply-every 1 -t "$sample" --warmup-ms 0 --json --strict) || rc=$?
+  rss=$(awk '/^VmRSS/ {print $2}' /proc/$srv/status 2>/dev/null || echo 0)
+  stats=$("$NW" stats --json)
+  wire=$("$NW" lab status --name "$lab" --json || true)
+  python3 - "$n" "$(( $(date +%s) - start ))" "$rc" "$rss" "$srv" <<PY >>"$out/soak.jsonl"
+import json, sys
+n, t, rc, rss, pid = sys.argv[1:6]
+res = json.loads('''$res''' or 'null')
+stats = json.loads('''$stats''')
+wire = json.loads('''$wire''' or 'null')
+eng = [e for e in stats.get("engines", []) if e.get("info", {}).get("pid") == int(pid)]
+w = (wire or {}).get("wire") or {}
+print(json.dumps({
+  "sample": int(n), "t_s": int(t), "client_exit": int(rc), "server_rss_kb": int(rss or 0),
+  "sent": res and res["sent"], "received": res and res["received"], "dropped": res and res["dropped"],
+  "accounting": res and res["accounting"], "p99_us": res and res["latency_us"] and res["latency_us"]["p99"],
+  "max_us": res and res["latency_us"] and res["latency_us"]["max"],
+  "server_counters": eng[0]["counters"] if eng else None,
+  "wire_dropped": (w.get("ab", {}).get("dropped_loss", 0) + w.get("ba", {}).get("dropped_loss", 0)) if w else None,
+}))
+PY
+  tail -1 "$out/soak.jsonl" | cut -c1-200
+done
+python3 scripts/soak-summary.py "$out" "$rate" "$loss" "$engine" "$sample"
