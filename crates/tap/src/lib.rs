@@ -108,8 +108,10 @@ pub fn netns_id() -> u64 {
 /// A mapping of one tap file (or anonymous memory when no file could be made).
 struct Map {
     ptr: *mut u8,
-    /// The file, when this side created it (removed on drop).
-    owned_path: Option<PathBuf>,
+    /// The file and the process that created it: removed on drop, but only
+    /// by that process (a forked child dropping its inherited copy of an
+    /// engine must not remove the parent's tap).
+    owned_path: Option<(PathBuf, u32)>,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics (the
@@ -164,7 +166,9 @@ impl Map {
 
 impl Drop for Map {
     fn drop(&mut self) {
-        if let Some(p) = &self.owned_path {
+        if let Some((p, pid)) = &self.owned_path
+            && *pid == std::process::id()
+        {
             let _ = std::fs::remove_file(p);
         }
         // SAFETY: ptr maps FILE_BYTES, unmapped once here.
@@ -267,7 +271,7 @@ fn create_file(pid: u32) -> io::Result<(OwnedFd, PathBuf)> {
 pub fn create(pid: u32, iface: &str) -> (TapWriter, TapWriter, Result<PathBuf, String>) {
     let made = create_file(pid).and_then(|(fd, path)| match Map::mmap(Some(&fd)) {
         Ok(mut m) => {
-            m.owned_path = Some(path.clone());
+            m.owned_path = Some((path.clone(), std::process::id()));
             Ok((m, path))
         }
         Err(e) => {
