@@ -89,6 +89,7 @@ pub fn run(a: CaptureArgs) -> Result<i32, String> {
     let mut buf = vec![0u8; a.snaplen as usize];
     let (mut dropped_gone, mut from_engines, mut from_kernel) = (0u64, 0u64, 0u64);
     let mut idle = false;
+    let mut first_scan = true;
     loop {
         let stop = STOP.load(Ordering::Relaxed)
             || a.count.is_some_and(|c| m.written >= c)
@@ -117,6 +118,13 @@ pub fn run(a: CaptureArgs) -> Result<i32, String> {
                     }
                     Err(e) => eprintln!("nanowire capture: cannot tap pid {}: {e}", t.pid),
                 }
+            }
+            if std::mem::take(&mut first_scan) && taps.is_empty() {
+                eprintln!(
+                    "nanowire capture: no xdp engine{} on {} yet (engines that start later are tapped when they appear)",
+                    a.pid.map(|p| format!(" of pid {p}")).unwrap_or_default(),
+                    a.iface
+                );
             }
         }
         // Kernel packet taps: wait a little only when the last round found
