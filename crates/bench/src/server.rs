@@ -665,9 +665,15 @@ fn serve_tcp_xdp(
     shared: Option<&Mutex<ServerStats>>,
 ) -> Result<ServerStats, String> {
     let mut conns: Vec<Conn<nanowire_stack::xdp::XdpTcpStream>> = Vec::new();
+    let mut round = 0u32;
     while !stop.load(Ordering::Relaxed) {
         let mut progress = false;
-        while let Ok(Some(s)) = l.accept(Some(Instant::now())) {
+        round = round.wrapping_add(1);
+        // Connections are serviced every round; the listener (one more
+        // engine turn) every 16th, or every round while there are none.
+        while (conns.is_empty() || round.is_multiple_of(16))
+            && let Ok(Some(s)) = l.accept(Some(Instant::now()))
+        {
             progress = true;
             let _ = s.set_nodelay(true);
             st.base.connections += 1;

@@ -837,7 +837,14 @@ impl TcpStack {
     }
 
     pub fn recv(&mut self, c: ConnId, out: &mut [u8]) -> Result<usize, Error> {
-        self.with(c, |k| k.recv(out))?
+        let k = self.conn_mut(c)?;
+        let r = k.recv(out);
+        // Nothing read, nothing changed: no bookkeeping (a spinning reader
+        // calls this in a tight loop).
+        if r != Err(Error::WouldBlock) {
+            self.settle(c.idx);
+        }
+        r
     }
 
     /// shutdown(SHUT_WR).

@@ -398,7 +398,9 @@ impl TcpEngine {
                 }
             }
             spins = spins.wrapping_add(1);
-            if !spins.is_multiple_of(64) {
+            // A caller with a deadline (a poll: `accept(Some(now))`) gets its
+            // answer after one idle turn, not after a burst of spins.
+            if !spins.is_multiple_of(64) && deadline.is_none() {
                 std::hint::spin_loop();
                 continue;
             }
