@@ -668,8 +668,11 @@ impl XdpTcpStream {
         let mut core = self.eng.core();
         self.eng.turn(&mut core);
         let r = core.stack.recv(self.c, buf);
-        let now = core.epoch.elapsed().as_nanos() as u64;
-        self.eng.transmit(&mut core, now);
+        if r != Err(TcpError::WouldBlock) {
+            // Reading may open the window: announce it now.
+            let now = core.epoch.elapsed().as_nanos() as u64;
+            self.eng.transmit(&mut core, now);
+        }
         match r {
             Ok(n) => Ok(Some(n)),
             Err(TcpError::WouldBlock) => Ok(None),
