@@ -457,14 +457,35 @@ fn open_transport(cfg: &ClientConfig) -> Result<(Box<dyn Transport>, SocketAddrV
             ))
         }
         Protocol::Tcp if cfg.engine == EngineKind::Xdp => {
-            let s = nanowire_stack::xdp::XdpTcpStream::connect(cfg.server, &opts, cfg.probe_timeout)
-                .map_err(|e| match e.kind() {
-                    io::ErrorKind::ConnectionRefused => format!(
+            let s = match nanowire_stack::xdp::XdpTcpStream::connect(
+                cfg.server,
+                &opts,
+                cfg.probe_timeout,
+            ) {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    return Err(format!(
                         "connection refused by {}: is `nanowire bench server --tcp` or `sockperf sr --tcp` running there?",
                         cfg.server
-                    ),
-                    _ => format!("cannot connect to {} over the xdp engine: {e}", cfg.server),
-                })?;
+                    ));
+                }
+                Err(e) if cfg.fallback && e.kind() != io::ErrorKind::TimedOut => {
+                    // As for UDP: say why, then run on the spin engine.
+                    eprintln!(
+                        "nanowire: xdp TCP unavailable to {}: {e}; falling back to the spin engine",
+                        cfg.server
+                    );
+                    let mut c = cfg.clone();
+                    c.engine = EngineKind::Spin;
+                    return open_transport(&c);
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "cannot connect to {} over the xdp engine: {e}",
+                        cfg.server
+                    ));
+                }
+            };
             s.set_nodelay(true).map_err(|e| format!("tcp setup: {e}"))?;
             let local = s
                 .local_addr()

@@ -282,6 +282,8 @@ pub struct BoundServer {
     cfg: ServerConfig,
     sock: Sock,
     local: SocketAddrV4,
+    /// Why the xdp TCP server fell back to spin.
+    fallback: Option<String>,
 }
 
 /// Bind the server's socket (errors such as "address in use" come out here).
@@ -311,16 +313,34 @@ pub fn bind_server(cfg: &ServerConfig) -> Result<BoundServer, String> {
             (Sock::Udp(ep), local)
         }
         Protocol::Tcp if cfg.engine == EngineKind::Xdp => {
-            let l =
-                nanowire_stack::xdp::XdpTcpListener::bind(cfg.bind, 128, &opts).map_err(|e| {
-                    if e.kind() == io::ErrorKind::AddrInUse {
-                        format!("cannot listen on TCP {}: address already in use", cfg.bind)
-                    } else {
-                        format!("cannot open an xdp TCP server on {}: {e}", cfg.bind)
-                    }
-                })?;
-            let local = l.local_addr();
-            (Sock::XdpTcp(l), local)
+            match nanowire_stack::xdp::XdpTcpListener::bind(cfg.bind, 128, &opts) {
+                Ok(l) => {
+                    let local = l.local_addr();
+                    (Sock::XdpTcp(l), local)
+                }
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                    return Err(format!(
+                        "cannot listen on TCP {}: address already in use",
+                        cfg.bind
+                    ));
+                }
+                Err(e) if cfg.fallback => {
+                    // As for UDP: say why, then serve with the spin engine.
+                    let why = format!("xdp TCP unavailable on {}: {e}", cfg.bind);
+                    eprintln!("nanowire: {why}; falling back to the spin engine");
+                    let mut c = cfg.clone();
+                    c.engine = EngineKind::Spin;
+                    let mut b = bind_server(&c)?;
+                    b.fallback = Some(why);
+                    return Ok(b);
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "cannot open an xdp TCP server on {}: {e}",
+                        cfg.bind
+                    ));
+                }
+            }
         }
         Protocol::Tcp => {
             let l = nanowire_stack::kernel::tcp_listen(cfg.bind, &opts).map_err(|e| {
@@ -341,6 +361,7 @@ pub fn bind_server(cfg: &ServerConfig) -> Result<BoundServer, String> {
         cfg: cfg.clone(),
         sock,
         local,
+        fallback: None,
     })
 }
 
@@ -360,7 +381,7 @@ impl BoundServer {
     pub fn fallback_reason(&self) -> Option<String> {
         match &self.sock {
             Sock::Udp(ep) => ep.fallback_reason().map(str::to_string),
-            Sock::Tcp(..) | Sock::XdpTcp(..) => None,
+            Sock::Tcp(..) | Sock::XdpTcp(..) => self.fallback.clone(),
         }
     }
 

@@ -86,13 +86,20 @@ fn udp_and_tcp_counts_add_up() {
 
 #[test]
 fn xdp_is_reported_not_panicked() {
+    // TCP over xdp on loopback: refused with a reason, or (with fallback)
+    // served by the spin engine and the reason reported.
     let mut sc = ServerConfig::new(lo());
     sc.engine = EngineKind::Xdp;
     sc.protocol = Protocol::Tcp;
+    sc.fallback = false;
     match start_server(&sc) {
-        Ok(_) => panic!("TCP over xdp should be refused"),
+        Ok(_) => panic!("TCP over xdp on loopback should be refused"),
         Err(e) => assert!(e.contains("xdp"), "{e}"),
     }
+    sc.fallback = true;
+    let srv = start_server(&sc).expect("falls back");
+    assert_eq!(srv.engine(), EngineKind::Spin);
+    srv.stop().unwrap();
 }
 
 fn msg(seq: u64, flags: u16, len: usize) -> Vec<u8> {

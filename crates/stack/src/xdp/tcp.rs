@@ -532,6 +532,12 @@ impl XdpTcpListener {
         backlog: usize,
         opts: &EngineOptions,
     ) -> io::Result<XdpTcpListener> {
+        if local.ip().is_loopback() {
+            return Err(io_err(
+                io::ErrorKind::Unsupported,
+                format!("{local} is a loopback address: loopback TCP stays on the kernel"),
+            ));
+        }
         let engine = super::socket::engine_for(*local.ip(), opts).map_err(open_err)?;
         let cfg = TcpEngine::config(&engine, opts);
         let (fd, got) = reserve(local, true)?;
