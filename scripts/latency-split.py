@@ -20,7 +20,7 @@ cost measured by scripts/bench-capture.py), so the segments describe a run slowe
 
     flock /tmp/nanowire-bench.lock scripts/latency-split.py --seconds 3
 """
-import argparse, json, os, signal, statistics, struct, subprocess, sys, time
+import argparse, json, os, signal, statistics, struct, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
@@ -75,7 +75,8 @@ def main():
     a = ap.parse_args()
     lab = a.lab
     subprocess.run([NW, "lab", "up", "--name", lab], check=True, stdout=subprocess.DEVNULL)
-    files = {h: f"/tmp/{lab}-{h}.pcapng" for h in "ab"}
+    priv = tempfile.mkdtemp(prefix="nwcap-split-")  # mode 0700, fresh: never a fixed name in /tmp
+    files = {h: os.path.join(priv, f"{h}.pcapng") for h in "ab"}
     try:
         srv = compare.Server(lab, compare.nw_server("xdp"))
         caps = []
@@ -99,6 +100,7 @@ def main():
         for f in files.values():
             if os.path.exists(f):
                 os.unlink(f)
+        os.rmdir(priv)
         subprocess.run([NW, "lab", "down", "--name", lab], stdout=subprocess.DEVNULL)
     # A request and its reply carry the same sockperf sequence number (payload bytes 0..8).
     stamps = {}
