@@ -639,13 +639,17 @@ impl XdpSocket {
                 } else {
                     *self.local.ip()
                 };
-                for b in bufs {
-                    self.engine.neigh.enqueue(Queued {
+                for (i, b) in bufs.iter().enumerate() {
+                    let q = Queued {
                         src: SocketAddrV4::new(src_ip, self.local.port()),
                         dst,
                         slot: self.id,
                         payload: b.to_vec(),
-                    });
+                    };
+                    if self.engine.neigh.enqueue(q).is_err() {
+                        // Resolved meanwhile: the rest goes out directly.
+                        return self.send_many(&bufs[i..], dst).map(|n| i + n);
+                    }
                 }
                 Ok(bufs.len())
             }
