@@ -324,7 +324,9 @@ pub fn accelerate(fd: c_int, iface: Option<String>) -> Result<&'static Accel, No
     } else {
         0
     };
-    if rb_ok && rcvbuf > 0 {
+    if rb_ok && rcvbuf > 0 && rcvbuf as u64 != 2 * rmem_default() {
+        // A receive buffer the application (or the profile) chose sizes the
+        // engine queue too; the default leaves the engine's (its ring).
         // SO_RCVBUF reads back doubled; the engine takes the value set.
         engine_call(|| xs.set_rcvbuf(rcvbuf as usize / 2));
     }
@@ -365,6 +367,17 @@ pub fn accelerate(fd: c_int, iface: Option<String>) -> Result<&'static Accel, No
         }
     }
     Ok(a)
+}
+
+/// net.core.rmem_default (what SO_RCVBUF is when nobody set it, halved).
+fn rmem_default() -> u64 {
+    static V: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        engine_call(|| std::fs::read_to_string("/proc/sys/net/core/rmem_default"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(212_992)
+    })
 }
 
 /// The local IPv4 address of `fd` (getsockname; raw libc, no hooks).
