@@ -18,6 +18,25 @@ summary = {
     "server_rss_kb_first": rss[0], "server_rss_kb_last": rss[-1], "server_rss_kb_max": max(rss),
     "worst_p99_us": max((r["p99_us"] or 0) for r in rows), "worst_max_us": max((r["max_us"] or 0) for r in rows),
 }
+# Per sample: the client's drops against what was counted on the way (the
+# wire's drops, the kernel's drops in both hosts, the server engine's drops);
+# all counters are cumulative, so compare differences.
+def engine_drops(r):
+    c = r.get("server_counters") or {}
+    return sum(v for k, v in c.items() if k.startswith("drop_") or k in ("xsk_rx_dropped", "xsk_rx_ring_full"))
+prev = None
+explained = []
+for r in rows:
+    if prev is not None and r.get("kernel_dropped_a") is not None:
+        counted = ((r["wire_dropped"] or 0) - (prev["wire_dropped"] or 0)
+                   + r["kernel_dropped_a"] - prev["kernel_dropped_a"]
+                   + r["kernel_dropped_b"] - prev["kernel_dropped_b"]
+                   + engine_drops(r) - engine_drops(prev))
+        explained.append({"sample": r["sample"], "client_dropped": r["dropped"], "counted_on_the_way": counted})
+    prev = r
+if explained:
+    summary["drops_vs_counted"] = explained
+    summary["samples_where_every_drop_was_counted"] = sum(1 for e in explained if e["counted_on_the_way"] >= e["client_dropped"])
 json.dump(summary, open(f"{out}/soak.json", "w"), indent=1)
 print(json.dumps(summary, indent=1))
 
