@@ -30,7 +30,9 @@ cleanup() {
 }
 trap cleanup EXIT
 "$NW" lab impair --name "$lab" --loss "$loss" >/dev/null
-"$NW" lab exec --name "$lab" b -- "$NW" bench server -i 198.18.0.2 -p 11300 --engine "$engine" \
+# Started directly in the namespace (`ip netns exec` execs), so $srv is the
+# server itself: its RSS is what is sampled.
+ip netns exec "$lab-b" "$NW" bench server -i 198.18.0.2 -p 11300 --engine "$engine" \
   --spin-then-block-us 20 >"$out/server.log" 2>&1 &
 srv=$!
 for _ in $(seq 100); do grep -q "(engine " "$out/server.log" && break; sleep 0.1; done
@@ -44,6 +46,7 @@ while [ $(( $(date +%s) - start + sample )) -le "$secs" ]; do
   res=$("$NW" lab exec --name "$lab" a -- "$NW" bench ul -i 198.18.0.2 -p 11300 --engine "$client_engine" \
     --reply-timeout-ms 1000 --mps "$rate" --reply-every 1 -t "$sample" --warmup-ms 0 --json --strict) || rc=$?
   rss=$(awk '/^VmRSS/ {print $2}' /proc/$srv/status 2>/dev/null || echo 0)
+  [ "$(cat /proc/$srv/comm 2>/dev/null)" = nanowire ] || { echo "soak: the server ($srv) is gone" >&2; exit 1; }
   stats=$("$NW" stats --json)
   # Drops the kernel counts in each host: UDP InErrors (receive buffer full,
   # checksum) and the interfaces' rx_dropped.
