@@ -46,7 +46,7 @@ while [ $(( $(date +%s) - start + sample )) -le "$secs" ]; do
   res=$("$NW" lab exec --name "$lab" a -- "$NW" bench ul -i 198.18.0.2 -p 11300 --engine "$client_engine" \
     --reply-timeout-ms 1000 --mps "$rate" --reply-every 1 -t "$sample" --warmup-ms 0 --json --strict) || rc=$?
   rss=$(awk '/^VmRSS/ {print $2}' /proc/$srv/status 2>/dev/null || echo 0)
-  [ "$(cat /proc/$srv/comm 2>/dev/null)" = nanowire ] || { echo "soak: the server ($srv) is gone" >&2; exit 1; }
+  kill -0 "$srv" 2>/dev/null || { echo "soak: the server ($srv) is gone" >&2; exit 1; }
   stats=$("$NW" stats --json)
   # Drops the kernel counts in each host: UDP InErrors (receive buffer full,
   # checksum) and the interfaces' rx_dropped.
