@@ -127,6 +127,14 @@ def scenarios(secs, size):
             ("xdp", nw_server("xdp"), nw_pp("xdp", secs, size, ["--no-fallback"]), nw),
         ]),
         # Issue 4: unmodified sockperf, plain vs under nanowire run.
+        # Issue 11: TCP on the xdp engine vs spinning kernel TCP, both ends the same
+        # engine; the xdp UDP row is the issue's second yardstick (TCP <= 1.3x UDP).
+        "issue11-tcp": ("spin tcp", [
+            ("spin tcp", nw_server("spin", ["--tcp"]), nw_pp("spin", secs, size, ["--tcp"]), nw),
+            ("xdp tcp", nw_server("xdp", ["--tcp", "--no-fallback"]),
+             nw_pp("xdp", secs, size, ["--tcp", "--no-fallback"]), nw),
+            ("xdp udp", nw_server("xdp", ["--no-fallback"]), nw_pp("xdp", secs, size, ["--no-fallback"]), nw),
+        ]),
         "issue4-udp": ("plain", [
             ("plain", sp_sr(), sp_pp(secs, size), sp),
             ("run spin", nw_run("spin", sp_sr()), nw_run("spin", sp_pp(secs, size)), sp),

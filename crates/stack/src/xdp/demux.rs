@@ -61,6 +61,8 @@ pub type EndpointId = usize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EndpointKind {
     Udp,
+    /// All TCP segments of one `TcpEngine` (its listeners and connections).
+    Tcp,
 }
 
 /// A frame delivered to an endpoint.

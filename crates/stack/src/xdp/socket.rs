@@ -791,7 +791,7 @@ fn set_int(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: usize) -> io::Res
     Ok(())
 }
 
-fn engine_for(ip: Ipv4Addr, opts: &EngineOptions) -> Result<Arc<Engine>, OpenError> {
+pub(crate) fn engine_for(ip: Ipv4Addr, opts: &EngineOptions) -> Result<Arc<Engine>, OpenError> {
     let ifname = match &opts.iface {
         Some(i) => i.clone(),
         None => iface::iface_for_addr(ip).map_err(OpenError::Engine)?,
