@@ -483,6 +483,7 @@ pub fn recv_one(
     let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed);
     let gen0 = table::generation(table::get(fd));
     let mut wait: Option<crate::adapt::Wait> = None;
+    let mut start: Option<u64> = None;
     let s0 = crate::signals::seq();
     // close() waits for us before the number can be reused; the generation
     // is re-read before every syscall on `fd`.
@@ -553,11 +554,12 @@ pub fn recv_one(
         }
         // The clock starts once the socket has to wait.
         let tmo = a.rcvtimeo_ns.load(Ordering::Relaxed);
-        let w = wait.get_or_insert_with(|| crate::adapt::Wait::new(u64::MAX));
-        let spent = w.spent();
+        let now = now_ns();
+        let spent = now.wrapping_sub(*start.get_or_insert(now));
         if tmo != 0 && spent >= tmo {
             return Err(libc::EAGAIN);
         }
+        let w = wait.get_or_insert_with(|| crate::adapt::Wait::new(u64::MAX));
         if !w.spin() {
             // Past the spin budget: traffic that took the kernel path is
             // taken at once; otherwise sleep until the engine's rings, the

@@ -38,8 +38,15 @@ use std::sync::atomic::Ordering;
 /// How often a spinning thread offers its CPU.
 const YIELD_EVERY_NS: u64 = 20_000;
 /// A `sched_yield` (or a gap between two turns) longer than this means
-/// another thread ran on this CPU meanwhile.
-const BUSY_NS: u64 = 15_000;
+/// another thread held this CPU for a good while: a CPU-bound neighbour
+/// (or the hypervisor) that takes whole slices, against which a spinner
+/// loses, where a sleeper would be woken with the scheduler's preference.
+/// Shorter yields are a peer or a sibling thread doing a little work
+/// (sending, handing a socket over): spinning still pays then.
+const BUSY_NS: u64 = 100_000;
+/// A `sched_yield` longer than this gave the CPU to another thread (alone,
+/// it returns in well under a microsecond).
+const SHARED_NS: u64 = 4_000;
 /// Smallest learned budget: one look after a yield.
 const MIN_BUDGET_NS: u64 = 5_000;
 /// Quiet period after contention: starts at QUIET_MIN, doubles to QUIET_MAX.
@@ -131,11 +138,21 @@ impl Wait {
         } else if now >= self.next_yield {
             rustix::thread::sched_yield();
             let after = now_ns();
-            if after.wrapping_sub(now) > BUSY_NS {
+            let took = after.wrapping_sub(now);
+            if took > BUSY_NS {
                 self.contention(after);
             }
             now = after;
-            self.next_yield = now + YIELD_EVERY_NS;
+            // Someone else ran: share the CPU turn by turn (a spinner that
+            // looks once and yields is a cooperative scheduler for the
+            // threads waiting on this CPU: whoever runs takes the datagram,
+            // and the thread with work gets the CPU within a round);
+            // nobody did: look again in YIELD_EVERY_NS.
+            self.next_yield = if took > SHARED_NS {
+                now
+            } else {
+                now + YIELD_EVERY_NS
+            };
         }
         self.last = now;
         if self.contended && self.max != u64::MAX {
