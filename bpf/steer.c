@@ -5,12 +5,19 @@
 // both in network byte order, into `claims`. Claimed packets go to the
 // AF_XDP socket of the RX queue they arrived on (`xsks`, indexed by queue).
 // Everything else -- ARP, ICMP, TCP, IPv6, VLAN-tagged frames, unclaimed
-// UDP ports, non-first fragments (their port is unknowable) -- is XDP_PASS.
+// UDP ports, and every IP fragment, first or not -- is XDP_PASS: the kernel
+// reassembles fragmented datagrams and delivers them to the socket's kernel
+// twin, which the engine reads (counted as the kernel path).
 //
 // Malformed packets: whenever the destination address and a destination
 // port can be located, a claimed packet is redirected even if it is
-// malformed (bad IHL, IP options, first fragments, bad lengths), and the
-// engine classifies it with crates/wire and counts it under its reason.
+// malformed (bad IHL, bad lengths) or carries IP options, and the engine
+// classifies it and delivers it or counts it under its reason.
+//
+// Two entry points share the logic and the maps: `nw_steer` for ordinary
+// MTUs and `nw_steer_frags` (xdp.frags, multi-buffer aware: it only reads
+// the headers in the first buffer) for jumbo MTUs, where packets may span
+// several buffers.
 // A frame too short to carry the destination port cannot be attributed to
 // anyone and is passed to the kernel, which counts it (IP InHdrErrors).
 // When a claimed packet arrives on a queue without a socket it is passed
@@ -49,8 +56,7 @@ struct {
 	__type(value, __u64);
 } nw_stats SEC(".maps");
 
-SEC("xdp")
-int nw_steer(struct xdp_md *ctx)
+static __always_inline int steer(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
@@ -61,8 +67,8 @@ int nw_steer(struct xdp_md *ctx)
 		return XDP_PASS;
 	if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->protocol != IPPROTO_UDP)
 		return XDP_PASS;
-	// Non-first fragment: no UDP header, the owner is unknowable.
-	if (ip->frag_off & bpf_htons(0x1fff))
+	// Any fragment (MF set or a non-zero offset): the kernel reassembles.
+	if (ip->frag_off & bpf_htons(0x3fff))
 		return XDP_PASS;
 	__u32 hl = ip->ihl * 4;
 	if (hl < sizeof(*ip))
@@ -86,6 +92,18 @@ int nw_steer(struct xdp_md *ctx)
 	if (c)
 		*c += 1;
 	return XDP_PASS;
+}
+
+SEC("xdp")
+int nw_steer(struct xdp_md *ctx)
+{
+	return steer(ctx);
+}
+
+SEC("xdp.frags")
+int nw_steer_frags(struct xdp_md *ctx)
+{
+	return steer(ctx);
 }
 
 char _license[] SEC("license") = "GPL";

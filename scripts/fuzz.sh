@@ -22,7 +22,7 @@ failed=()
 for t in $targets; do
   corpus=target/fuzz/corpus/$t
   art=target/fuzz/artifacts/$t
-  mkdir -p "$corpus" "$art"
+  mkdir -p "$corpus" "$art" fuzz/regressions/"$t"
   rm -f "$art"/*
   seed=()
   [ -n "$(ls -A "$corpus")" ] || seed=(env NANOWIRE_FUZZ_SEED_DIR="$corpus")

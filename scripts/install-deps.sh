@@ -13,6 +13,7 @@ want sockperf sockperf
 want iperf3 iperf3
 want socat socat
 want tcpdump tcpdump
+want tshark tshark
 want bpftool bpftool
 want ping iputils-ping
 want nft nftables
@@ -42,6 +43,8 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
   echo "install-deps: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  # tshark's package asks whether non-root users may capture: answer no, without a prompt.
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections 2>/dev/null || true
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi

@@ -596,8 +596,8 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
         0.0
     };
     Ok(BenchResult {
-        tool: "nanowire bench",
-        version: env!("CARGO_PKG_VERSION"),
+        tool: "nanowire bench".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
         mode: cfg.mode.as_str().into(),
         engine: tr.engine().as_str().into(),
         engine_requested: cfg.engine.as_str().into(),

@@ -1,10 +1,12 @@
 //! The environment a result was measured in.
 
 use serde::Serialize;
+
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Env {
     pub kernel: String,
     pub cpu_model: String,
@@ -16,6 +18,87 @@ pub struct Env {
     pub hostname: String,
     /// Network namespace name when run through `ip netns exec`.
     pub netns: Option<String>,
+    /// What this machine runs on (see [`virtualization`]).
+    pub virtualization: String,
+}
+
+/// Name the virtualization from evidence, most specific first: the
+/// hypervisor (CPUID flag, kvm-clock, the kernel's "Hypervisor detected"),
+/// the VMM (Firecracker's init on the kernel command line; Firecracker
+/// guests have no DMI tables), then a container. `systemd-detect-virt`
+/// answers "docker" inside a Firecracker guest whose root file system came
+/// from a Docker image (it sees /.dockerenv first), so it is only a witness.
+/// Returns the name and the evidence behind it.
+pub fn virtualization() -> (String, Vec<String>) {
+    let mut ev = vec![];
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let hv_flag = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .is_some_and(|l| l.split_whitespace().any(|f| f == "hypervisor"));
+    if hv_flag {
+        ev.push("cpuinfo: hypervisor flag".to_string());
+    }
+    let clocks = read_trim("/sys/devices/system/clocksource/clocksource0/available_clocksource")
+        .unwrap_or_default();
+    let mut hv = None;
+    if clocks.contains("kvm-clock") {
+        ev.push("clocksource: kvm-clock available".into());
+        hv = Some("KVM");
+    }
+    if let Some(d) = output("dmesg", &[])
+        && let Some(l) = d.lines().find(|l| l.contains("Hypervisor detected"))
+    {
+        let name = l.rsplit(':').next().unwrap_or("").trim().to_string();
+        ev.push(format!("kernel log: Hypervisor detected: {name}"));
+        if hv.is_none() && !name.is_empty() {
+            hv = Some(if name == "KVM" { "KVM" } else { "other" });
+            if name != "KVM" {
+                ev.push(format!("hypervisor {name}"));
+            }
+        }
+    }
+    let dmi = read_trim("/sys/class/dmi/id/sys_vendor")
+        .or_else(|| read_trim("/sys/class/dmi/id/product_name"));
+    if let Some(d) = &dmi {
+        ev.push(format!("DMI vendor: {d}"));
+    } else {
+        ev.push("no DMI tables".into());
+    }
+    let cmdline = read_trim("/proc/cmdline").unwrap_or_default();
+    let vmm = if cmdline.contains("firecracker") {
+        ev.push("kernel command line: firecracker init".into());
+        Some("Firecracker microVM")
+    } else {
+        match dmi.as_deref() {
+            Some(d) if d.contains("QEMU") => Some("QEMU VM"),
+            Some(d) if d.contains("Amazon EC2") => Some("EC2 instance"),
+            Some(d) if d.contains("Google") => Some("GCE VM"),
+            Some(d) if d.contains("Microsoft") => Some("Hyper-V VM"),
+            Some(d) if d.contains("VMware") => Some("VMware VM"),
+            _ => None,
+        }
+    };
+    let sdv = output("systemd-detect-virt", &[]).map(|s| s.trim().to_string());
+    if let Some(v) = &sdv {
+        ev.push(format!("systemd-detect-virt: {v}"));
+    }
+    let docker = std::path::Path::new("/.dockerenv").exists();
+    if docker {
+        ev.push("/.dockerenv present (root file system from a Docker image)".into());
+    }
+    let name = match (vmm, hv, hv_flag) {
+        (Some(v), Some(h), _) => format!("{v} on {h}"),
+        (Some(v), None, _) => v.to_string(),
+        (None, Some(h), _) => format!("{h} virtual machine"),
+        (None, None, true) => "virtual machine (hypervisor not identified)".into(),
+        (None, None, false) => match sdv.as_deref() {
+            Some("none") | None if !docker => "bare metal".into(),
+            Some(v) if v != "none" => format!("container ({v})"),
+            _ => "container (docker)".into(),
+        },
+    };
+    (name, ev)
 }
 
 fn read_trim(p: &str) -> Option<String> {
@@ -96,6 +179,18 @@ impl Env {
             netns: output("ip", &["netns", "identify"])
                 .map(|s| s.trim().to_string())
                 .filter(|s| !s.is_empty()),
+            virtualization: virtualization().0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn virtualization_has_a_name_and_evidence() {
+        let (name, ev) = super::virtualization();
+        assert!(!name.is_empty());
+        assert!(!ev.is_empty(), "{name}");
+        eprintln!("{name}: {ev:?}");
     }
 }

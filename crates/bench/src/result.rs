@@ -12,7 +12,7 @@ pub fn thread_cpu_s() -> f64 {
 }
 
 /// One-way latency (round trip / 2) statistics in microseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct Latency {
     pub min: f64,
     pub p25: f64,
@@ -114,11 +114,13 @@ impl LatencyRecorder {
 }
 
 /// The result of one client run (`pp`, `ul` or `tp`); serialises to the JSON
-/// object `--json` prints.
-#[derive(Debug, Clone, Serialize)]
+/// object `--json` prints. This is the schema the lab reads back
+/// (`serde_json::from_value::<BenchResult>`): fields added later carry
+/// `#[serde(default)]` so older JSON still reads.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct BenchResult {
-    pub tool: &'static str,
-    pub version: &'static str,
+    pub tool: String,
+    pub version: String,
     pub mode: String,
     /// The engine that actually ran (after any fallback).
     pub engine: String,
@@ -157,6 +159,7 @@ pub struct BenchResult {
     pub cpu_thread_s: f64,
     pub cpu_util: f64,
     /// Did every message asked for come back or get counted as dropped?
+    #[serde(default = "Accounting::unknown")]
     pub accounting: Accounting,
     pub env: Env,
     pub note: Option<String>,
@@ -188,6 +191,10 @@ impl Accounting {
             dropped,
             holds: Some(asked == received + dropped),
         }
+    }
+    /// For JSON written before the identity existed.
+    pub fn unknown() -> Accounting {
+        Accounting::not_applicable("not recorded (older nanowire)")
     }
     pub fn not_applicable(why: &str) -> Accounting {
         Accounting {

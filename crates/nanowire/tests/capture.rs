@@ -135,3 +135,298 @@ fn unknown_interface_is_a_clear_error() {
         "{e}"
     );
 }
+
+// ------------------------------------------------ accelerated traffic
+
+const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Lab `nwcap<pid><tag>`, or None when not root.
+fn cap_lab(tag: char) -> Option<ScopedLab> {
+    if !is_root() {
+        eprintln!("skipping: needs root");
+        return None;
+    }
+    Some(
+        ScopedLab::new(LabOptions {
+            name: format!("nwcap{}{tag}", std::process::id() % 10000),
+            ..Default::default()
+        })
+        .expect("lab up"),
+    )
+}
+
+/// A child with its stderr lines on a channel, killed on drop.
+struct Spawned {
+    child: Child,
+    out: std::sync::mpsc::Receiver<String>,
+    err: std::sync::mpsc::Receiver<String>,
+}
+
+fn lines_of(r: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(r).lines() {
+            let Ok(l) = l else { break };
+            eprintln!("child: {l}");
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+impl Spawned {
+    fn new(mut cmd: Command, stdin: bool) -> Spawned {
+        let mut child = cmd
+            .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let out = lines_of(child.stdout.take().unwrap());
+        let err = lines_of(child.stderr.take().unwrap());
+        Spawned { child, out, err }
+    }
+
+    /// Wait for a stderr line containing `what`.
+    fn wait_line(&self, what: &str, timeout: Duration) -> String {
+        Self::wait_on(&self.err, what, timeout)
+    }
+
+    /// Wait for a stdout line containing `what`.
+    fn wait_out(&self, what: &str, timeout: Duration) -> String {
+        Self::wait_on(&self.out, what, timeout)
+    }
+
+    fn wait_on(ch: &std::sync::mpsc::Receiver<String>, what: &str, timeout: Duration) -> String {
+        let end = Instant::now() + timeout;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match ch.recv_timeout(left) {
+                Ok(l) if l.contains(what) => return l,
+                Ok(_) => {}
+                Err(_) => panic!("no stderr line with {what:?} in {timeout:?}"),
+            }
+        }
+    }
+
+    /// SIGINT, then wait (bounded) for a clean exit.
+    fn interrupt(&mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(Instant::now() < end, "child did not stop after SIGINT");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Run a Python snippet in host a; its stdout.
+fn py_a(lab: &ScopedLab, code: &str) -> String {
+    let o = lab
+        .command(Host::A, &["python3", "-c", code])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn udp_payload(frame: &[u8]) -> Option<(u16, u16, Vec<u8>)> {
+    let eth = nanowire_wire::EthernetFrame::new_checked(frame).ok()?;
+    let ip = nanowire_wire::Ipv4Packet::new_checked(eth.payload()).ok()?;
+    if ip.protocol() != 17 {
+        return None;
+    }
+    let p = ip.payload();
+    if p.len() < 8 {
+        return None;
+    }
+    Some((
+        u16::from_be_bytes([p[0], p[1]]),
+        u16::from_be_bytes([p[2], p[3]]),
+        p[8..].to_vec(),
+    ))
+}
+
+fn tshark_lines(file: &std::path::Path, filter: &str) -> usize {
+    let o = Command::new("tshark")
+        .args([
+            "-n",
+            "-r",
+            file.to_str().unwrap(),
+            "-Y",
+            filter,
+            "-T",
+            "fields",
+            "-e",
+            "frame.number",
+        ])
+        .output()
+        .expect("tshark is installed (scripts/install-deps.sh)");
+    assert!(
+        o.status.success(),
+        "tshark: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).lines().count()
+}
+
+/// Issue 13: a capture beside an accelerated echo server holds every frame
+/// both ways (the engine's taps; the kernel's packet taps see none of it),
+/// in timestamp order, and tshark reads the file.
+#[test]
+fn tap_capture_holds_every_accelerated_frame_both_ways() {
+    let Some(lab) = cap_lab('t') else { return };
+    let dir = std::env::temp_dir().join(format!("nwcapt{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tap.pcapng");
+    let ifb = lab.iface(Host::B);
+    let echo = Spawned::new(
+        lab.command(
+            Host::B,
+            &[BIN, "xdp-test", "--iface", &ifb, "--port", "5400", "--echo"],
+        ),
+        true,
+    );
+    // The echo server is up once it printed its ready line on stdout.
+    echo.wait_out("\"ready\":true", Duration::from_secs(20));
+    let mut cap = Spawned::new(
+        lab.command(
+            Host::B,
+            &[
+                BIN,
+                "capture",
+                "-i",
+                &ifb,
+                "-w",
+                file.to_str().unwrap(),
+                "--port",
+                "5400",
+                "-t",
+                "120",
+            ],
+        ),
+        false,
+    );
+    cap.wait_line("tapping the xdp engine", Duration::from_secs(20));
+    const N: usize = 300;
+    let out = py_a(
+        &lab,
+        &format!(
+            "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.settimeout(2)\nok=0\nfor i in range({N}):\n    m=b'tap%05d'%i\n    s.sendto(m,('198.18.0.2',5400))\n    d,_=s.recvfrom(100)\n    ok+=d==m\nprint(ok)\n"
+        ),
+    );
+    assert_eq!(out.trim(), N.to_string(), "every echo came back");
+    assert!(cap.interrupt().success());
+    let summary = cap.wait_line("frames written", Duration::from_secs(5));
+    assert!(summary.contains("0 engine copies dropped"), "{summary}");
+    drop(echo);
+
+    let pkts = nanowire_wire::pcapng::read_packets(&std::fs::read(&file).unwrap()).unwrap();
+    let mut req = vec![0u32; N];
+    let mut rep = vec![0u32; N];
+    for p in &pkts {
+        let (sp, dp, pl) = udp_payload(&p.data).expect("only UDP frames of port 5400");
+        let i: usize = std::str::from_utf8(&pl[3..]).unwrap().parse().unwrap();
+        match (sp, dp) {
+            (_, 5400) => req[i] += 1,
+            (5400, _) => rep[i] += 1,
+            _ => panic!("port filter"),
+        }
+        assert_eq!(p.iface, 1, "accelerated frames come from the engine's tap");
+    }
+    assert!(req.iter().all(|&c| c == 1), "every request once: {req:?}");
+    assert!(rep.iter().all(|&c| c == 1), "every reply once: {rep:?}");
+    assert!(
+        pkts.windows(2).all(|w| w[0].ts_ns <= w[1].ts_ns),
+        "timestamps never go backwards"
+    );
+    assert_eq!(tshark_lines(&file, "udp.dstport == 5400"), N);
+    assert_eq!(tshark_lines(&file, "udp.srcport == 5400"), N);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 13: the dedicated mode captures a burst as deep as its ring with
+/// zero loss, and says so.
+#[test]
+fn dedicated_capture_holds_a_ring_deep_burst() {
+    let Some(lab) = cap_lab('d') else { return };
+    let dir = std::env::temp_dir().join(format!("nwcapd{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("ded.pcapng");
+    let ifb = lab.iface(Host::B);
+    const RING: usize = 2048;
+    let mut cap = Spawned::new(
+        lab.command(
+            Host::B,
+            &[
+                BIN,
+                "capture",
+                "--xdp",
+                "--ring",
+                &RING.to_string(),
+                "-i",
+                &ifb,
+                "-w",
+                file.to_str().unwrap(),
+                "--port",
+                "7400",
+                "-c",
+                &RING.to_string(),
+                "-t",
+                "120",
+            ],
+        ),
+        false,
+    );
+    cap.wait_line("dedicated XDP capture", Duration::from_secs(20));
+    py_a(
+        &lab,
+        &format!(
+            "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\nfor i in range({RING}):\n    s.sendto(b'burst%06d'%i,('198.18.0.2',7400))\n"
+        ),
+    );
+    let summary = cap.wait_line("frames written", Duration::from_secs(60));
+    let end = Instant::now() + Duration::from_secs(10);
+    while cap.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < end, "capture did not exit after -c");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(cap.child.wait().unwrap().success());
+    assert!(
+        summary.contains(&format!("{RING} frames written")),
+        "{summary}"
+    );
+    assert!(summary.contains("lost 0"), "{summary}");
+    let pkts = nanowire_wire::pcapng::read_packets(&std::fs::read(&file).unwrap()).unwrap();
+    let mut seen = vec![false; RING];
+    for p in &pkts {
+        let (_, dp, pl) = udp_payload(&p.data).unwrap();
+        assert_eq!(dp, 7400);
+        let i: usize = std::str::from_utf8(&pl[5..]).unwrap().parse().unwrap();
+        assert!(!seen[i], "frame {i} twice");
+        seen[i] = true;
+    }
+    assert!(seen.iter().all(|&s| s), "every frame of the burst");
+    assert!(pkts.windows(2).all(|w| w[0].ts_ns <= w[1].ts_ns));
+    assert_eq!(tshark_lines(&file, "udp.dstport == 7400"), RING);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -64,13 +64,14 @@ fn tmpdir(tag: &str) -> PathBuf {
     d
 }
 
-const EXPERIMENTS: [&str; 7] = [
+const EXPERIMENTS: [&str; 8] = [
     "latency_vs_size",
     "latency_under_load",
     "max_rate",
     "microburst",
     "throughput",
     "latency_vs_load",
+    "loss",
     "summary",
 ];
 
@@ -276,9 +277,42 @@ fn smoke_report_schema_and_rendering() {
         assert!(env["tools"][t].is_string(), "tool version {t} missing");
     }
 
+    // Named from evidence, with the evidence; the idle window before measuring.
+    assert!(
+        env["virtualization"]
+            .as_str()
+            .is_some_and(|v| !v.is_empty())
+    );
+    assert!(env["virtualization_evidence"].as_array().is_some());
+    assert!(env["cpu_idle_before"]["idle_fraction"].as_f64().is_some());
+
     let exps = data["experiments"].as_array().unwrap();
     let ids: Vec<&str> = exps.iter().map(|e| e["id"].as_str().unwrap()).collect();
     assert_eq!(ids, EXPERIMENTS);
+    // The loss experiment ran on the impaired wire and every UDP run's
+    // accounting identity held.
+    let loss = exps.iter().find(|e| e["id"] == "loss").unwrap();
+    let udp = &loss["tables"][0];
+    let acc = udp["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|c| c == "accounting")
+        .unwrap();
+    let rows = udp["rows"].as_array().unwrap();
+    assert!(!rows.is_empty(), "{loss}");
+    for r in rows {
+        assert_eq!(r[acc], "holds", "{r}");
+    }
+    assert!(
+        loss["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["loss_pct"] == 1.0)
+    );
+    // ... and left the lab a plain pair again.
+    assert!(lab.status().wire.is_none());
     let mut measured_points = 0;
     for ex in exps {
         // Every requested engine is there: measured, or with a reason.

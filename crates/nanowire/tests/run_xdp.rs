@@ -176,7 +176,15 @@ fn multicast_receiver_on_xdp_joins_and_receives() {
         &lab,
         Host::B,
         &[],
-        &["python3", &script, "recv", "239.1.2.3", "12300", "100"],
+        &[
+            "python3",
+            &script,
+            "recv",
+            "239.1.2.3",
+            "12300",
+            "100",
+            &ADDR_B.to_string(),
+        ],
     );
     cmd.env("NANOWIRE_LOG", "info");
     let mut rx = spawn("m-rx", cmd);

@@ -178,12 +178,8 @@ fn xdp_to_xdp_echo() {
         o.ring_depth = 1024;
         let mut s = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), &o)
             .unwrap_or_else(|e| panic!("xdp client: {e}"));
-        // Nobody answers ARP for .99: a clear error after a bounded wait.
-        let e = s
-            .connect(SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 99), 9))
-            .unwrap_err();
-        assert!(e.to_string().contains("could not resolve"), "{e}");
-        // b is resolved through the kernel (a fresh namespace has no entry).
+        // b is resolved through the kernel (a fresh namespace has no entry),
+        // asynchronously: the first datagram waits in the neighbour entry.
         s.connect(SocketAddrV4::new(B, 5001)).unwrap();
         let mut buf = [0u8; 256];
         let mut ok = 0;
@@ -205,7 +201,11 @@ fn xdp_to_xdp_echo() {
             std::hint::spin_loop();
         }
         assert_eq!(s.pending(), (1, 2));
-        assert!(s.kernel_fd() >= 0 && s.poll_fds().len() >= 3);
+        assert!(s.kernel_fd() >= 0 && s.poll_fds().len() >= 2);
+        assert!(
+            !s.poll_fds().contains(&s.kernel_fd()),
+            "the caller adds the twin"
+        );
         let zc = s
             .recv_with(Some(Instant::now() + Duration::from_secs(1)), |p, _| {
                 p.to_vec()
@@ -528,11 +528,12 @@ fn malformed_frames_are_counted_and_valid_traffic_delivered() {
             let mut b = frame(mac_b, mac_a, &[], 0, 16, pl, None);
             b[14] = 0x43;
             send(&b);
-            // first fragment (MF set) for the claimed port.
+            // first fragment (MF set) for the claimed port: the program
+            // passes it to the kernel (which reassembles, here in vain).
             send(&frame(mac_b, mac_a, &[], 0x2000, 16, pl, None));
             // UDP length larger than the IP payload.
             send(&frame(mac_b, mac_a, &[], 0, 200, pl, None));
-            // IP options (4 x NOP).
+            // IP options (4 x NOP): delivered, as by the kernel.
             send(&frame(mac_b, mac_a, &[1, 1, 1, 1], 0, 16, pl, None));
             // Bad IP header checksum.
             let mut h = frame(mac_b, mac_a, &[], 0, 16, pl, None);
@@ -563,13 +564,14 @@ fn malformed_frames_are_counted_and_valid_traffic_delivered() {
         "drop_bad_udp_checksum",
         "drop_truncated",
         "drop_bad_ihl",
-        "drop_fragment",
         "drop_bad_udp_length",
-        "drop_ip_options",
     ] {
         assert_eq!(c[k].as_u64(), Some(n), "{k}: {end}");
     }
-    assert_eq!(c["rx_packets"].as_u64(), Some(n), "{end}");
+    // Fragments go to the kernel; valid options are delivered.
+    assert_eq!(c["drop_fragment"].as_u64(), Some(0), "{end}");
+    assert_eq!(c["drop_ip_options"].as_u64(), Some(0), "{end}");
+    assert_eq!(c["rx_packets"].as_u64(), Some(2 * n), "{end}");
     // Accounting identity: every frame off the ring is delivered or counted.
     let drops: u64 = c
         .as_object()
@@ -876,6 +878,20 @@ fn batched_transmit_delivers_every_datagram_to_a_kernel_receiver() {
             })
             .collect();
         let refs: Vec<&[u8]> = msgs.iter().map(|m| &m[..]).collect();
+        // Resolution is asynchronous and, as in the kernel, only a few
+        // datagrams wait for it: resolve b first with a warm-up datagram
+        // (the server ignores its size).
+        let dst = SocketAddrV4::new(B, 5700);
+        s.send_to(b"warm-up", dst).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while s.stats().tx_packets == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            s.stats().tx_packets,
+            1,
+            "the warm-up datagram left once resolved"
+        );
         let mut sent = 0;
         let deadline = Instant::now() + Duration::from_secs(10);
         while sent < N && Instant::now() < deadline {
@@ -886,7 +902,7 @@ fn batched_transmit_delivers_every_datagram_to_a_kernel_receiver() {
             }
         }
         assert_eq!(sent, N);
-        assert_eq!(s.stats().tx_packets, N as u64);
+        assert_eq!(s.stats().tx_packets, N as u64 + 1);
     });
     assert_eq!(server.join().unwrap(), N, "every batched datagram arrived");
 }
@@ -1023,7 +1039,12 @@ fn sending_on_a_downed_interface_is_an_error_not_a_hang() {
             }
         }
     });
-    assert!(r.contains("cannot transmit"), "{r}");
+    // Either the send fails on the downed device, or the route went with
+    // it (the engine follows route changes): one line, no hang.
+    assert!(
+        r.contains("cannot transmit") || r.contains("unreachable") || r.contains("no route"),
+        "{r}"
+    );
 }
 
 #[test]

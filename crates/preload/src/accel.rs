@@ -118,6 +118,8 @@ pub struct Accel {
     /// When a readiness call last saw the kernel twin empty (ns, 0 = not
     /// known): see [`twin_maybe`].
     twin_empty_at: AtomicU64,
+    /// The local address once known (1 << 48 | ip << 16 | port; 0 = not yet).
+    local: AtomicU64,
 }
 
 impl Accel {
@@ -251,6 +253,19 @@ const COPY_OPTS: &[(c_int, c_int)] = &[
     (libc::IPPROTO_IP, libc::IP_TTL),
     (libc::IPPROTO_IP, libc::IP_MULTICAST_TTL),
     (libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP),
+    (libc::SOL_SOCKET, libc::SO_RCVLOWAT),
+    (libc::SOL_SOCKET, libc::SO_MARK),
+    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+    (libc::SOL_SOCKET, libc::SO_DONTROUTE),
+    (libc::SOL_SOCKET, libc::SO_NO_CHECK),
+    (libc::IPPROTO_IP, libc::IP_MTU_DISCOVER),
+    (libc::IPPROTO_IP, libc::IP_FREEBIND),
+];
+
+/// timeval options copied the same way.
+const COPY_TIMEVALS: &[(c_int, c_int)] = &[
+    (libc::SOL_SOCKET, libc::SO_RCVTIMEO),
+    (libc::SOL_SOCKET, libc::SO_SNDTIMEO),
 ];
 
 /// Why a socket was not put on the engine.
@@ -312,6 +327,25 @@ pub fn accelerate(
             }
         }
     }
+    let mut rcvtimeo_ns = 0u64;
+    for &(level, name) in COPY_TIMEVALS {
+        let mut tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 0,
+        };
+        let mut l = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+        // SAFETY: timeval options on two valid sockets, a local buffer.
+        unsafe {
+            if real::getsockopt(fd, level, name, (&raw mut tv).cast(), &mut l) == 0 {
+                let _ = real::setsockopt(kfd, level, name, (&raw const tv).cast(), l);
+                if name == libc::SO_RCVTIMEO {
+                    rcvtimeo_ns = (tv.tv_sec.max(0) as u64)
+                        .saturating_mul(1_000_000_000)
+                        .saturating_add(tv.tv_usec.max(0) as u64 * 1000);
+                }
+            }
+        }
+    }
     let e = errno();
     // SAFETY: both fds are valid; dup3 atomically replaces the application's
     // unbound socket with the engine's kernel socket under the same number.
@@ -330,13 +364,14 @@ pub fn accelerate(
             peer: None,
         }),
         nonblock: AtomicBool::new(nonblock),
-        rcvtimeo_ns: AtomicU64::new(0),
+        rcvtimeo_ns: AtomicU64::new(rcvtimeo_ns),
         refs: AtomicU32::new(1),
         pid: PID.load(Ordering::Relaxed),
         rd_shut: AtomicBool::new(false),
         wait_fds,
         detached: AtomicBool::new(false),
         twin_empty_at: AtomicU64::new(0),
+        local: AtomicU64::new(0),
     }));
     set_fd(fd, a);
     table::add_flags(fd, table::F_ACCEL);
@@ -380,10 +415,20 @@ pub fn local_addr(fd: c_int) -> Option<SocketAddrV4> {
 pub fn live_sockets() -> Vec<(c_int, SocketAddrV4)> {
     let mut v = Vec::new();
     SOCKS.each(|fd, a| {
-        if a.mine()
-            && !a.detached.load(Ordering::Acquire)
-            && let Some(l) = local_addr(fd)
-        {
+        if !a.mine() || a.detached.load(Ordering::Acquire) {
+            return;
+        }
+        let w = a.local.load(Ordering::Relaxed);
+        if w != 0 {
+            v.push((
+                fd,
+                SocketAddrV4::new(Ipv4Addr::from_bits((w >> 16) as u32), w as u16),
+            ));
+        } else if let Some(l) = local_addr(fd) {
+            // Cached: a bound UDP socket's address does not change (connect
+            // keeps the port, and the checks look at the port first).
+            let packed = (1u64 << 48) | (u64::from(l.ip().to_bits()) << 16) | u64::from(l.port());
+            a.local.store(packed, Ordering::Relaxed);
             v.push((fd, l));
         }
     });

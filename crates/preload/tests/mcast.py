@@ -1,6 +1,7 @@
 """Multicast for the shim tests.
 
-usage: mcast.py recv GROUP PORT COUNT   join GROUP on the lab interface, print 'ready',
+usage: mcast.py recv GROUP PORT COUNT [IFADDR]   join GROUP on IFADDR (default 0.0.0.0: the
+                                        kernel's choice, which needs a route), print 'ready',
                                         receive COUNT datagrams, print 'got N'
        mcast.py send GROUP PORT COUNT IFADDR   send COUNT numbered datagrams via IFADDR
 """
@@ -14,7 +15,8 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 if mode == "recv":
     s.bind(("0.0.0.0", port))
     s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP,
-                 struct.pack("4s4s", socket.inet_aton(group), socket.inet_aton("0.0.0.0")))
+                 struct.pack("4s4s", socket.inet_aton(group),
+                             socket.inet_aton(sys.argv[5] if len(sys.argv) > 5 else "0.0.0.0")))
     s.settimeout(20)
     print("ready", flush=True)
     seen = set()

@@ -1,51 +1,12 @@
-//! Can this process use AF_XDP and attach XDP programs? Answered from the
-//! effective capability set in `/proc/self/status`, without trying.
+//! Can this process use AF_XDP and attach XDP programs? The one probe,
+//! by named capabilities, lives in `nanowire_xdp::privilege` (the engine
+//! uses the same); this module keeps the launcher's names for it.
 
-/// Capability bits (linux/capability.h).
-const CAP_NET_ADMIN: u32 = 12;
-const CAP_NET_RAW: u32 = 13;
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_BPF: u32 = 39;
-
-/// Parse the `CapEff:` line of a `/proc/<pid>/status` text.
-pub fn cap_eff(status: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-}
-
-/// `Ok(())` when the effective capabilities allow AF_XDP sockets and XDP
-/// attachment (CAP_NET_ADMIN + CAP_NET_RAW + CAP_BPF or CAP_SYS_ADMIN);
-/// otherwise the one-line reason.
-pub fn check_caps(eff: u64) -> Result<(), String> {
-    let has = |c: u32| eff & (1u64 << c) != 0;
-    let mut missing = Vec::new();
-    if !has(CAP_NET_ADMIN) {
-        missing.push("CAP_NET_ADMIN");
-    }
-    if !has(CAP_NET_RAW) {
-        missing.push("CAP_NET_RAW");
-    }
-    if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
-        missing.push("CAP_BPF");
-    }
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("no privilege (missing {})", missing.join(", ")))
-    }
-}
+pub use nanowire_xdp::privilege::{Cap, cap_eff, check_caps};
 
 /// Check this process.
 pub fn check() -> Result<(), String> {
-    match std::fs::read_to_string("/proc/self/status") {
-        Ok(s) => match cap_eff(&s) {
-            Some(eff) => check_caps(eff),
-            None => Err("no privilege (cannot read CapEff from /proc/self/status)".into()),
-        },
-        Err(e) => Err(format!("no privilege (cannot read /proc/self/status: {e})")),
-    }
+    nanowire_xdp::privilege::check()
 }
 
 #[cfg(test)]

@@ -48,6 +48,13 @@ pub fn run(args: StatsArgs) -> Result<i32, String> {
             e.info.queues,
             e.info.ring_depth
         );
+        let mib = |k: &str| e.counters.get(k).copied().unwrap_or(0) as f64 / 1048576.0;
+        out!(
+            "  memory: {:.1} MiB (UMEM {:.1} MiB, rings {:.2} MiB, queues and tables the rest)",
+            mib("mem_total_bytes"),
+            mib("mem_umem_bytes"),
+            mib("mem_ring_bytes")
+        );
         for (k, v) in &e.counters {
             if *v != 0 || !k.starts_with("drop_") {
                 out!("  {k:<26} {v}");
@@ -124,6 +131,12 @@ pub struct XdpTestArgs {
     /// comparisons in the same run).
     #[arg(long)]
     pub kernel: bool,
+    /// After "ready", fork: the child opens its own socket on this port
+    /// (xdp engine with fallback), prints one JSON line saying which engine
+    /// serves it and why, and echoes on it until stdin closes; the parent
+    /// goes on as usual.
+    #[arg(long)]
+    pub fork_port: Option<u16>,
 }
 
 pub fn parse_wait(s: &str) -> Result<WaitPolicy, String> {
@@ -226,6 +239,9 @@ pub fn xdp_test(a: XdpTestArgs) -> Result<i32, String> {
         })
     );
     let _ = std::io::stdout().flush();
+    if let Some(p2) = a.fork_port {
+        fork_child_echo(p2, &opts);
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let go = Arc::new(AtomicBool::new(false));
     if a.secs.is_none() {
@@ -313,6 +329,54 @@ pub fn xdp_test(a: XdpTestArgs) -> Result<i32, String> {
         serde_json::json!({ "counters": counters, "sockets": sockets })
     );
     Ok(0)
+}
+
+/// Fork; in the child, echo on `port` with a socket of its own until stdin
+/// closes, then exit without running any destructor (the parent's engine
+/// is not the child's to clean up). Returns in the parent.
+fn fork_child_echo(port: u16, opts: &EngineOptions) {
+    // SAFETY: fork(2); the child only runs code that allocates through
+    // glibc malloc (fork-safe) and exits with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid != 0 {
+        return;
+    }
+    let mut o = opts.clone();
+    o.fallback = true;
+    let code = match crate::open_udp(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port), &o) {
+        Ok(mut s) => {
+            out!(
+                "{}",
+                serde_json::json!({"child": true, "engine": s.engine().as_str(), "reason": s.fallback_reason()})
+            );
+            let _ = std::io::stdout().flush();
+            let stop = Arc::new(AtomicBool::new(false));
+            let st = stop.clone();
+            std::thread::spawn(move || {
+                let mut sink = Vec::new();
+                let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+                st.store(true, Ordering::Relaxed);
+            });
+            let mut buf = vec![0u8; 65536];
+            while !stop.load(Ordering::Relaxed) {
+                let dl = Instant::now() + Duration::from_millis(50);
+                if let Ok(Some((n, src))) = s.recv_from(&mut buf, Some(dl)) {
+                    let _ = s.send_to(&buf[..n], src);
+                }
+            }
+            0
+        }
+        Err(e) => {
+            out!(
+                "{}",
+                serde_json::json!({"child": true, "error": e.to_string()})
+            );
+            1
+        }
+    };
+    let _ = std::io::stdout().flush();
+    // SAFETY: _exit never returns; no destructors run in the child.
+    unsafe { libc::_exit(code) };
 }
 
 /// One-way latency summary (RTT/2) in microseconds, as JSON.

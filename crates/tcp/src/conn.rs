@@ -7,7 +7,7 @@ use crate::buffer::{Assembler, Ring};
 use crate::cc::NewReno;
 use crate::isn::Secret;
 use crate::seq;
-use crate::{Config, Error, FourTuple, TcpInfo};
+use crate::{Config, Error, FourTuple, SocketOptions, TcpInfo, ready};
 use nanowire_wire::tcp::TcpRepr;
 
 /// RFC 9293 connection states (LISTEN lives in the stack's listeners).
@@ -134,12 +134,16 @@ pub(crate) struct Conn {
     pub last_rx: u64,
     /// Last time new data was sent (idle restart of cwnd).
     pub last_tx: u64,
+    /// Last rate-limited out-of-window or challenge ACK.
+    pub last_oow_ack: u64,
     // --- congestion control
     pub cc: NewReno,
     pub dupacks: u32,
     pub in_recovery: bool,
     /// Duplicate ACKs in recovery not yet spent on SACK hole retransmissions.
     pub sack_credit: u32,
+    /// Segments beyond cwnd allowed by limited transmit (RFC 3042).
+    pub lt_segments: u32,
     pub recover: u32,
     // --- per-socket options
     pub nodelay: bool,
@@ -165,6 +169,9 @@ pub(crate) struct Conn {
     /// Heap bookkeeping of the stack: deadline of this connection's live entry.
     pub armed: Option<u64>,
     pub queued: bool,
+    /// Readiness last reported through the stack's event queue.
+    pub ev_mask: u8,
+    pub ev_queued: bool,
 }
 
 /// Quick ACKs at the start of a connection (Linux's quickack mode).
@@ -179,7 +186,25 @@ fn wscale_for(buf: usize) -> u8 {
 }
 
 impl Conn {
-    fn blank(tuple: FourTuple, cfg: &Config, iss: u32, ts_offset: u32, now: u64) -> Conn {
+    fn blank(
+        tuple: FourTuple,
+        cfg: &Config,
+        opts: &SocketOptions,
+        iss: u32,
+        ts_offset: u32,
+        now: u64,
+    ) -> Conn {
+        let (keepalive, (ka_idle, ka_intvl, ka_cnt)) = match opts.keepalive {
+            Some(k) => (true, k),
+            None => (
+                false,
+                (
+                    cfg.keepalive_idle_ns,
+                    cfg.keepalive_intvl_ns,
+                    cfg.keepalive_cnt,
+                ),
+            ),
+        };
         Conn {
             tuple,
             state: State::Closed,
@@ -201,11 +226,11 @@ impl Conn {
             tx: Ring::new(0),
             tx_seq0: iss.wrapping_add(1),
             fin_queued: false,
-            sndbuf: cfg.sndbuf,
+            sndbuf: opts.sndbuf.max(1),
             irs: 0,
             rcv_nxt: 0,
             rx: Ring::new(0),
-            rcvbuf: cfg.rcvbuf,
+            rcvbuf: opts.rcvbuf.max(1),
             asm: Assembler::default(),
             ooo_fin: None,
             rx_fin: false,
@@ -230,22 +255,24 @@ impl Conn {
             persist_deadline: None,
             persist_backoff: 0,
             state_deadline: None,
-            keepalive: false,
-            ka_idle: cfg.keepalive_idle_ns,
-            ka_intvl: cfg.keepalive_intvl_ns,
-            ka_cnt: cfg.keepalive_cnt,
+            keepalive,
+            ka_idle,
+            ka_intvl,
+            ka_cnt,
             ka_probes: 0,
             ka_last: now,
             last_rx: now,
             last_tx: now,
+            last_oow_ack: 0,
             cc: NewReno::new(cfg.initial_cwnd * 536),
             dupacks: 0,
             in_recovery: false,
             sack_credit: 0,
+            lt_segments: 0,
             recover: iss,
-            nodelay: false,
+            nodelay: opts.nodelay,
             quickack: INITIAL_QUICKACKS,
-            linger0: false,
+            linger0: opts.linger0,
             nodelay_once: false,
             ack_now: false,
             dup_acks_due: 0,
@@ -260,14 +287,23 @@ impl Conn {
             bytes_received: 0,
             armed: None,
             queued: false,
+            ev_mask: 0,
+            ev_queued: false,
         }
     }
 
     /// Active open: SYN-SENT with the SYN pending.
-    pub fn connect(tuple: FourTuple, cfg: &Config, secret: &Secret, now: u64) -> Conn {
+    pub fn connect(
+        tuple: FourTuple,
+        cfg: &Config,
+        opts: &SocketOptions,
+        secret: &Secret,
+        now: u64,
+    ) -> Conn {
         let mut c = Conn::blank(
             tuple,
             cfg,
+            opts,
             secret.isn(&tuple, now),
             secret.ts_offset(&tuple),
             now,
@@ -275,7 +311,7 @@ impl Conn {
         c.state = State::SynSent;
         c.syn_pending = true;
         c.rcv_wscale = if cfg.window_scaling {
-            wscale_for(cfg.rcvbuf)
+            wscale_for(c.rcvbuf)
         } else {
             0
         };
@@ -289,12 +325,14 @@ impl Conn {
         tuple: FourTuple,
         syn: &TcpRepr,
         cfg: &Config,
+        opts: &SocketOptions,
         secret: &Secret,
         now: u64,
     ) -> Conn {
         let mut c = Conn::blank(
             tuple,
             cfg,
+            opts,
             secret.isn(&tuple, now),
             secret.ts_offset(&tuple),
             now,
@@ -318,11 +356,12 @@ impl Conn {
         ack: &TcpRepr,
         mss: u16,
         cfg: &Config,
+        opts: &SocketOptions,
         secret: &Secret,
         now: u64,
     ) -> Conn {
         let iss = ack.ack.wrapping_sub(1);
-        let mut c = Conn::blank(tuple, cfg, iss, secret.ts_offset(&tuple), now);
+        let mut c = Conn::blank(tuple, cfg, opts, iss, secret.ts_offset(&tuple), now);
         c.state = State::Established;
         c.irs = ack.seq.wrapping_sub(1);
         c.rcv_nxt = ack.seq;
@@ -414,7 +453,7 @@ impl Conn {
         self.state = State::TimeWait;
         self.rtx_deadline = None;
         self.persist_deadline = None;
-        self.state_deadline = Some(now + cfg.time_wait_ns);
+        self.state_deadline = Some(now.saturating_add(cfg.time_wait_ns));
     }
 
     // ---------------------------------------------------------------- API
@@ -494,6 +533,30 @@ impl Conn {
         if self.fin_queued {
             self.state = State::FinWait1;
         }
+    }
+
+    /// epoll-style readiness (`crate::ready` bits).
+    pub fn readiness(&self) -> u8 {
+        let mut m = 0;
+        if !self.rx.is_empty() || self.rx_fin || self.error.is_some() || self.state == State::Closed
+        {
+            m |= ready::IN;
+        }
+        if self.rx_fin {
+            m |= ready::RDHUP;
+        }
+        let sendable =
+            matches!(self.state, State::Established | State::CloseWait) && !self.fin_queued;
+        if (sendable && self.tx.free() > 0) || self.error.is_some() || self.state == State::Closed {
+            m |= ready::OUT;
+        }
+        if self.error.is_some() {
+            m |= ready::ERR;
+        }
+        if self.state == State::Closed || (self.rx_fin && self.fin_queued) {
+            m |= ready::HUP;
+        }
+        m
     }
 
     pub fn info(&self) -> TcpInfo {

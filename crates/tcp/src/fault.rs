@@ -35,6 +35,62 @@ impl FaultConfig {
     }
 }
 
+impl FaultConfig {
+    /// Parse `loss=0.01,dup=0.001,reorder=0.01,reorder_delay_us=100,
+    /// corrupt=0.0001,delay_us=50,jitter_us=10,seed=7` (any subset; the
+    /// options-table form). Probabilities are in [0, 1].
+    pub fn parse(s: &str) -> Result<FaultConfig, String> {
+        let mut c = FaultConfig::default();
+        for kv in s.split(',').map(str::trim).filter(|k| !k.is_empty()) {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("fault option {kv:?}: expected key=value"))?;
+            let prob = |v: &str| -> Result<f64, String> {
+                let p: f64 = v
+                    .parse()
+                    .map_err(|_| format!("fault option {k}: {v:?} is not a number"))?;
+                if (0.0..=1.0).contains(&p) {
+                    Ok(p)
+                } else {
+                    Err(format!(
+                        "fault option {k}: {p} is not a probability in [0, 1]"
+                    ))
+                }
+            };
+            let us = |v: &str| -> Result<u64, String> {
+                v.parse::<u64>()
+                    .map(|u| u.saturating_mul(1000))
+                    .map_err(|_| {
+                        format!("fault option {k}: {v:?} is not a whole number of microseconds")
+                    })
+            };
+            match k {
+                "loss" => c.loss = prob(v)?,
+                "dup" | "duplicate" => c.duplicate = prob(v)?,
+                "reorder" => c.reorder = prob(v)?,
+                "corrupt" => c.corrupt = prob(v)?,
+                "reorder_delay_us" => c.reorder_delay_ns = us(v)?,
+                "delay_us" => c.delay_ns = us(v)?,
+                "jitter_us" => c.jitter_ns = us(v)?,
+                "seed" => {
+                    c.seed = v
+                        .parse()
+                        .map_err(|_| format!("fault option seed: {v:?} is not a number"))?
+                }
+                _ => {
+                    return Err(format!(
+                        "unknown fault option {k:?} (loss, dup, reorder, reorder_delay_us, corrupt, delay_us, jitter_us, seed)"
+                    ));
+                }
+            }
+        }
+        if c.reorder > 0.0 && c.reorder_delay_ns == 0 {
+            c.reorder_delay_ns = 100_000;
+        }
+        Ok(c)
+    }
+}
+
 /// What the injector did, for assertions and counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FaultStats {
@@ -134,6 +190,21 @@ impl FaultInjector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parse_the_options_form() {
+        let c = FaultConfig::parse("loss=0.01, dup=0.5,reorder=0.1,seed=9,delay_us=3").unwrap();
+        assert_eq!(c.loss, 0.01);
+        assert_eq!(c.duplicate, 0.5);
+        assert_eq!(c.reorder_delay_ns, 100_000);
+        assert_eq!(c.delay_ns, 3000);
+        assert_eq!(c.seed, 9);
+        assert!(c.is_active());
+        assert!(!FaultConfig::parse("").unwrap().is_active());
+        assert!(FaultConfig::parse("loss=2").is_err());
+        assert!(FaultConfig::parse("lose=0.1").is_err());
+        assert!(FaultConfig::parse("loss").is_err());
+    }
 
     #[test]
     fn default_is_a_wire() {

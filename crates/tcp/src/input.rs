@@ -107,7 +107,7 @@ impl Conn {
             && seq::lt(val, self.ts_recent)
         {
             ctr.paws_rejected += 1;
-            self.ack_now = true;
+            self.oow_ack(now, cfg, payload.is_empty() && !f.syn() && !f.fin(), ctr);
             return;
         }
 
@@ -120,7 +120,7 @@ impl Conn {
         if !self.acceptable(r, seg_len) {
             if !f.rst() {
                 ctr.out_of_window += 1;
-                self.ack_now = true;
+                self.oow_ack(now, cfg, payload.is_empty() && !f.syn() && !f.fin(), ctr);
             }
             return;
         }
@@ -130,7 +130,7 @@ impl Conn {
             ctr.rst_received += 1;
             if r.seq != self.rcv_nxt {
                 ctr.challenge_acks += 1;
-                self.ack_now = true;
+                self.oow_ack(now, cfg, true, ctr);
                 return;
             }
             ctr.connections_reset += 1;
@@ -147,7 +147,7 @@ impl Conn {
         // SYN in a synchronized state (RFC 5961 4.2): challenge ACK.
         if f.syn() {
             ctr.challenge_acks += 1;
-            self.ack_now = true;
+            self.oow_ack(now, cfg, true, ctr);
             return;
         }
 
@@ -200,12 +200,30 @@ impl Conn {
             } else if self.state == State::TimeWait && f.fin() {
                 // Retransmitted FIN: ACK it again and restart the 2MSL wait.
                 self.ack_now = true;
-                self.state_deadline = Some(now + cfg.time_wait_ns);
+                self.state_deadline = Some(now.saturating_add(cfg.time_wait_ns));
             } else if !payload.is_empty() {
                 ctr.data_after_fin += 1;
                 self.ack_now = true;
             }
         }
+    }
+
+    /// Answer an unacceptable segment with an ACK, at most once per
+    /// `invalid_ratelimit_ns` when it is a bare ACK, RST or SYN (Linux's
+    /// tcp_oow_rate_limited; data segments are always answered: they are
+    /// not part of an ACK loop).
+    fn oow_ack(&mut self, now: u64, cfg: &Config, limited: bool, ctr: &mut Counters) {
+        if limited
+            && self.last_oow_ack != 0
+            && now.saturating_sub(self.last_oow_ack) < cfg.invalid_ratelimit_ns
+        {
+            ctr.oow_acks_ratelimited += 1;
+            return;
+        }
+        if limited {
+            self.last_oow_ack = now.max(1);
+        }
+        self.ack_now = true;
     }
 
     /// What "Last.ACK.sent" means for RFC 7323 4.3: the rcv_nxt we acked.
@@ -259,6 +277,7 @@ impl Conn {
             }
             self.sack_trim();
             self.bytes_acked += u64::from(acked);
+            self.lt_segments = 0;
             self.backoff = 0;
             self.persist_backoff = 0;
 
@@ -301,7 +320,7 @@ impl Conn {
             self.rtx_deadline = if self.snd_una == self.snd_max {
                 None
             } else {
-                Some(now + self.backed_off_rto(cfg))
+                Some(now.saturating_add(self.backed_off_rto(cfg)))
             };
 
             if fin_acked {
@@ -309,7 +328,7 @@ impl Conn {
                     State::FinWait1 => {
                         self.state = State::FinWait2;
                         if self.orphan {
-                            self.state_deadline = Some(now + cfg.fin_timeout_ns);
+                            self.state_deadline = Some(now.saturating_add(cfg.fin_timeout_ns));
                         }
                     }
                     State::Closing => self.enter_time_wait(now, cfg),
@@ -330,6 +349,11 @@ impl Conn {
         {
             self.dupacks += 1;
             ctr.dup_acks += 1;
+            if !self.in_recovery && self.dupacks <= 2 {
+                // Limited transmit (RFC 3042): a new segment per duplicate
+                // keeps the ACK clock going when the window is small.
+                self.lt_segments = self.dupacks;
+            }
             if self.in_recovery && self.dupacks > 3 {
                 // Each further duplicate means a segment left the network:
                 // fill a SACK hole if one is known, else inflate (RFC 5681 3.2.4).
@@ -355,6 +379,7 @@ impl Conn {
         {
             let una = self.snd_una;
             self.in_recovery = true;
+            self.lt_segments = 0;
             self.recover = self.snd_max;
             let flight = seq::dist(self.snd_max, una);
             self.cc.enter_recovery(flight, mss);
@@ -465,7 +490,7 @@ impl Conn {
             } else if self.rx_unacked >= 2 * self.rcv_mss {
                 self.ack_now = true;
             } else if self.delack_deadline.is_none() {
-                self.delack_deadline = Some(now + cfg.delayed_ack_ns);
+                self.delack_deadline = Some(now.saturating_add(cfg.delayed_ack_ns));
             }
         }
     }

@@ -52,7 +52,10 @@ impl Secret {
     /// The ISN of a SYN-ACK sent without state: 5 bits of a 64 s counter,
     /// 3 bits of MSS index, 24 bits of MAC over (tuple, counter, peer ISN).
     pub fn cookie(&self, t: &FourTuple, now_ns: u64, peer_isn: u32, mss_idx: u8) -> u32 {
-        let count = now_ns / COOKIE_PERIOD_NS;
+        self.cookie_at(t, now_ns / COOKIE_PERIOD_NS, peer_isn, mss_idx)
+    }
+
+    fn cookie_at(&self, t: &FourTuple, count: u64, peer_isn: u32, mss_idx: u8) -> u32 {
         let mac = self.hash(3, t, count, u64::from(peer_isn)) as u32 & 0x00ff_ffff;
         ((count as u32 & 0x1f) << 27) | (u32::from(mss_idx & 7) << 24) | mac
     }
@@ -68,9 +71,14 @@ impl Secret {
     ) -> Option<u8> {
         let cur = now_ns / COOKIE_PERIOD_NS;
         let mss_idx = ((cookie >> 24) & 7) as u8;
-        for count in [cur, cur.wrapping_sub(1)] {
+        let periods = if cur == 0 {
+            &[0u64][..]
+        } else {
+            &[cur, cur - 1][..]
+        };
+        for &count in periods {
             if count as u32 & 0x1f == cookie >> 27
-                && self.cookie(t, count * COOKIE_PERIOD_NS, peer_isn, mss_idx) == cookie
+                && self.cookie_at(t, count, peer_isn, mss_idx) == cookie
             {
                 return Some(mss_idx);
             }
@@ -166,6 +174,10 @@ mod tests {
         assert_eq!(s.check_cookie(&t, now + 2 * COOKIE_PERIOD_NS, 42, c), None);
         assert_eq!(s.check_cookie(&t, now, 43, c), None);
         assert_eq!(s.check_cookie(&t, now, 42, c ^ 1), None);
+        // Early in the clock's life (no previous period) nothing overflows.
+        let c0 = s.cookie(&t, 5, 42, 1);
+        assert_eq!(s.check_cookie(&t, 5, 42, c0), Some(1));
+        assert_eq!(s.check_cookie(&t, 0, 42, c0 ^ (1 << 27)), None);
         assert_eq!(cookie_mss_index(1460), 6);
         assert_eq!(cookie_mss_index(100), 0);
         assert_eq!(cookie_mss_index(9000), 7);

@@ -20,6 +20,7 @@ pub mod buffer;
 pub mod cc;
 mod conn;
 pub mod fault;
+pub mod host;
 mod input;
 pub mod isn;
 mod output;
@@ -29,7 +30,7 @@ mod timer;
 
 pub use conn::State;
 pub use isn::Secret;
-pub use stack::{ConnId, ListenerId, TcpStack, Transmit};
+pub use stack::{ConnId, ListenerId, Readiness, TcpStack, Transmit};
 
 use std::net::SocketAddrV4;
 
@@ -84,6 +85,9 @@ pub struct Config {
     pub rst_unknown: bool,
     /// Whether checksums of received segments are verified.
     pub verify_checksum: bool,
+    /// Least time between two ACKs answering unacceptable bare ACKs, RSTs
+    /// or SYNs on one connection (Linux tcp_invalid_ratelimit: 500 ms).
+    pub invalid_ratelimit_ns: u64,
     /// Most connections the stack holds (demux table and slab are sized for it).
     pub max_connections: usize,
     /// Initial congestion window in segments (RFC 6928: 10).
@@ -114,6 +118,7 @@ impl Default for Config {
             syn_queue: 256,
             rst_unknown: true,
             verify_checksum: true,
+            invalid_ratelimit_ns: 500 * NS_PER_MS,
             max_connections: 16384,
             initial_cwnd: 10,
         }
@@ -125,6 +130,45 @@ impl Config {
     pub fn mss_for_mtu(mtu: u32) -> u16 {
         mtu.saturating_sub(40).clamp(88, 65495) as u16
     }
+}
+
+/// Per-socket options fixed when a connection is created (a listener's are
+/// inherited by the connections it accepts, as in Linux).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SocketOptions {
+    /// SO_SNDBUF / SO_RCVBUF in bytes (the rings' sizes).
+    pub sndbuf: usize,
+    pub rcvbuf: usize,
+    /// TCP_NODELAY.
+    pub nodelay: bool,
+    /// SO_LINGER with a zero timeout.
+    pub linger0: bool,
+    /// SO_KEEPALIVE with (idle, interval, count).
+    pub keepalive: Option<(u64, u64, u32)>,
+}
+
+impl SocketOptions {
+    pub fn from_config(cfg: &Config) -> SocketOptions {
+        SocketOptions {
+            sndbuf: cfg.sndbuf,
+            rcvbuf: cfg.rcvbuf,
+            nodelay: false,
+            linger0: false,
+            keepalive: None,
+        }
+    }
+}
+
+/// Readiness bits, as epoll reports them.
+pub mod ready {
+    pub const IN: u8 = 1;
+    pub const OUT: u8 = 2;
+    /// The peer sent FIN (EPOLLRDHUP).
+    pub const RDHUP: u8 = 4;
+    /// Both directions are closed (EPOLLHUP).
+    pub const HUP: u8 = 8;
+    /// An error is pending (EPOLLERR).
+    pub const ERR: u8 = 16;
 }
 
 /// Why a connection ended or an operation failed.
@@ -200,6 +244,8 @@ counters! {
     paws_rejected,
     /// RFC 5961 challenge ACKs (in-window RST or SYN).
     challenge_acks,
+    /// Answers to unacceptable segments suppressed by `invalid_ratelimit_ns`.
+    oow_acks_ratelimited,
     /// ACK for data never sent (RFC 5961 5.2).
     ack_too_new,
     /// ACK older than the window allows (RFC 5961 5.2).

@@ -104,7 +104,7 @@ impl Conn {
 
     fn arm_rtx(&mut self, now: u64, cfg: &Config) {
         if self.rtx_deadline.is_none() {
-            self.rtx_deadline = Some(now + self.backed_off_rto(cfg));
+            self.rtx_deadline = Some(now.saturating_add(self.backed_off_rto(cfg)));
         }
     }
 
@@ -271,7 +271,8 @@ impl Conn {
         if inflight == 0 && unsent > 0 && now.saturating_sub(self.last_tx) > self.rto {
             self.cc.cwnd = self.cc.cwnd.min(cfg.initial_cwnd * self.snd_mss);
         }
-        let win = self.snd_wnd.min(self.cc.cwnd);
+        let cwnd = self.cc.cwnd.saturating_add(self.lt_segments * self.snd_mss);
+        let win = self.snd_wnd.min(cwnd);
         let usable = win.saturating_sub(inflight);
         let len = unsent.min(usable).min(self.snd_mss);
         let fin_due = self.fin_queued
@@ -289,7 +290,7 @@ impl Conn {
                 && self.rtx_deadline.is_none()
                 && self.persist_deadline.is_none()
             {
-                self.persist_deadline = Some(now + self.backed_off_rto(cfg));
+                self.persist_deadline = Some(now.saturating_add(self.backed_off_rto(cfg)));
             }
             return None;
         }
@@ -303,7 +304,7 @@ impl Conn {
             // largest window the peer offered.
             if len < unsent && len < self.max_snd_wnd / 2 {
                 if self.rtx_deadline.is_none() && self.persist_deadline.is_none() {
-                    self.persist_deadline = Some(now + self.backed_off_rto(cfg));
+                    self.persist_deadline = Some(now.saturating_add(self.backed_off_rto(cfg)));
                 }
                 return None;
             }

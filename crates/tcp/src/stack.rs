@@ -8,9 +8,10 @@
 //! does not allocate (buffers are allocated once per connection).
 
 use crate::conn::{Conn, State};
+use crate::fault::{FaultConfig, FaultInjector, FaultStats};
 use crate::isn::{COOKIE_MSS, Secret, cookie_mss_index};
 use crate::seq;
-use crate::{Config, Counters, Error, FourTuple, TcpInfo};
+use crate::{Config, Counters, Error, FourTuple, SocketOptions, TcpInfo};
 use nanowire_wire::tcp::{Flags, TcpRepr, TcpSegment};
 use nanowire_wire::udp::ChecksumState;
 use std::cmp::Reverse;
@@ -42,8 +43,18 @@ struct Slot {
     conn: Option<Conn>,
 }
 
+/// Something whose readiness changed (see [`TcpStack::poll_ready`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// A connection and its current `crate::ready` bits.
+    Conn(ConnId, u8),
+    /// A listener's accept queue became non-empty.
+    Listener(ListenerId),
+}
+
 struct Listener {
     local: SocketAddrV4,
+    opts: SocketOptions,
     backlog: usize,
     accept_q: VecDeque<u32>,
     half_open: usize,
@@ -81,8 +92,14 @@ pub struct TcpStack {
     ready: VecDeque<u32>,
     timers: BinaryHeap<Reverse<(u64, u32)>>,
     ctrl: VecDeque<Ctrl>,
+    events: VecDeque<Readiness>,
     counters: Counters,
     next_port: u16,
+    default_opts: SocketOptions,
+    /// Fault injection on received and transmitted segments (off by default).
+    fault_rx: Option<FaultInjector>,
+    fault_tx: Option<FaultInjector>,
+    fault_buf: Vec<u8>,
 }
 
 impl TcpStack {
@@ -97,8 +114,13 @@ impl TcpStack {
             ready: VecDeque::with_capacity(n),
             timers: BinaryHeap::with_capacity(4 * n),
             ctrl: VecDeque::with_capacity(CTRL_QUEUE),
+            events: VecDeque::with_capacity(n),
             counters: Counters::default(),
             next_port: *EPHEMERAL.start(),
+            default_opts: SocketOptions::from_config(&cfg),
+            fault_rx: None,
+            fault_tx: None,
+            fault_buf: Vec::new(),
             cfg,
             secret,
         }
@@ -190,6 +212,9 @@ impl TcpStack {
                 lst.half_open = lst.half_open.saturating_sub(1);
                 if c.state != State::Closed {
                     if lst.accept_q.len() < lst.backlog.max(1) {
+                        if lst.accept_q.is_empty() {
+                            self.events.push_back(Readiness::Listener(ListenerId(l)));
+                        }
                         lst.accept_q.push_back(idx);
                         c.in_accept_queue = true;
                         self.counters.passive_opens += 1;
@@ -226,6 +251,21 @@ impl TcpStack {
             .conn
             .as_mut()
             .expect("checked above");
+        if !c.orphan
+            && !c.in_accept_queue
+            && c.listener.is_none()
+            && !c.ev_queued
+            && c.readiness() != c.ev_mask
+        {
+            c.ev_queued = true;
+            let generation = self.slots[idx as usize].generation;
+            self.events
+                .push_back(Readiness::Conn(ConnId { idx, generation }, 0));
+        }
+        let c = self.slots[idx as usize]
+            .conn
+            .as_mut()
+            .expect("checked above");
         if !c.queued {
             c.queued = true;
             self.ready.push_back(idx);
@@ -240,8 +280,55 @@ impl TcpStack {
 
     // ------------------------------------------------------------ input
 
+    /// Inject faults (loss, duplication, reordering, delay, corruption) into
+    /// what this stack receives and transmits; inactive configurations turn
+    /// it off. For tests and impaired-network experiments.
+    pub fn set_faults(&mut self, rx: FaultConfig, tx: FaultConfig) {
+        self.fault_rx = rx.is_active().then(|| FaultInjector::new(rx));
+        self.fault_tx = tx.is_active().then(|| FaultInjector::new(tx));
+        if self.fault_tx.is_some() && self.fault_buf.is_empty() {
+            self.fault_buf = vec![0u8; 65_536 + 8];
+        }
+    }
+
+    /// What the injectors did: (receive side, transmit side).
+    pub fn fault_stats(&self) -> (FaultStats, FaultStats) {
+        (
+            self.fault_rx
+                .as_ref()
+                .map(|f| f.stats.clone())
+                .unwrap_or_default(),
+            self.fault_tx
+                .as_ref()
+                .map(|f| f.stats.clone())
+                .unwrap_or_default(),
+        )
+    }
+
     /// One received TCP segment (`segment` is the IP payload).
     pub fn input(&mut self, now: u64, src: Ipv4Addr, dst: Ipv4Addr, segment: &[u8]) {
+        if let Some(f) = self.fault_rx.as_mut() {
+            let mut p = Vec::with_capacity(8 + segment.len());
+            p.extend_from_slice(&src.octets());
+            p.extend_from_slice(&dst.octets());
+            p.extend_from_slice(segment);
+            f.push(now, &p);
+            self.release_rx(now);
+            return;
+        }
+        self.input_now(now, src, dst, segment);
+    }
+
+    /// Segments the receive-side injector holds that are due.
+    fn release_rx(&mut self, now: u64) {
+        while let Some(p) = self.fault_rx.as_mut().and_then(|f| f.pop(now)) {
+            let src = Ipv4Addr::new(p[0], p[1], p[2], p[3]);
+            let dst = Ipv4Addr::new(p[4], p[5], p[6], p[7]);
+            self.input_now(now, src, dst, &p[8..]);
+        }
+    }
+
+    fn input_now(&mut self, now: u64, src: Ipv4Addr, dst: Ipv4Addr, segment: &[u8]) {
         self.counters.segs_in += 1;
         let Ok(s) = TcpSegment::new_checked(segment) else {
             self.counters.malformed += 1;
@@ -370,7 +457,8 @@ impl TcpStack {
                         return;
                     }
                     let mss = COOKIE_MSS[usize::from(mss_idx)];
-                    let mut c = Conn::from_cookie(tuple, r, mss, &self.cfg, &self.secret, now);
+                    let mut c =
+                        Conn::from_cookie(tuple, r, mss, &self.cfg, &lst.opts, &self.secret, now);
                     c.listener = Some(l);
                     let Ok(idx) = self.insert(c) else {
                         self.counters.listen_overflows += 1;
@@ -379,6 +467,9 @@ impl TcpStack {
                     self.counters.syncookies_ok += 1;
                     self.counters.passive_opens += 1;
                     if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
+                        if lst.accept_q.is_empty() {
+                            self.events.push_back(Readiness::Listener(ListenerId(l)));
+                        }
                         lst.accept_q.push_back(idx);
                     }
                     let c = self.slots[idx as usize]
@@ -406,7 +497,10 @@ impl TcpStack {
             return;
         }
         if half_open < self.cfg.syn_queue && self.connection_count() < self.cfg.max_connections {
-            let mut c = Conn::accept_syn(tuple, r, &self.cfg, &self.secret, now);
+            let Some(Some(lst)) = self.listeners.get(l as usize) else {
+                return;
+            };
+            let mut c = Conn::accept_syn(tuple, r, &self.cfg, &lst.opts, &self.secret, now);
             c.listener = Some(l);
             c.half_open_counted = true;
             let Ok(idx) = self.insert(c) else {
@@ -436,6 +530,34 @@ impl TcpStack {
     /// Write the next segment to send into `buf` (room for a TCP header with
     /// options and one MSS: `mss + 60` bytes is always enough).
     pub fn poll_transmit(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
+        if self.fault_tx.is_none() {
+            return self.transmit_now(now, buf);
+        }
+        let mut scratch = std::mem::take(&mut self.fault_buf);
+        // Everything the stack wants to send goes through the injector.
+        while let Some(t) = self.transmit_now(now, &mut scratch[8..]) {
+            scratch[0..4].copy_from_slice(&t.src.octets());
+            scratch[4..8].copy_from_slice(&t.dst.octets());
+            if let Some(f) = self.fault_tx.as_mut() {
+                f.push(now, &scratch[..8 + t.len]);
+            }
+        }
+        self.fault_buf = scratch;
+        let p = self.fault_tx.as_mut()?.pop(now)?;
+        let len = p.len() - 8;
+        if buf.len() < len {
+            self.counters.tx_buffer_too_small += 1;
+            return None;
+        }
+        buf[..len].copy_from_slice(&p[8..]);
+        Some(Transmit {
+            src: Ipv4Addr::new(p[0], p[1], p[2], p[3]),
+            dst: Ipv4Addr::new(p[4], p[5], p[6], p[7]),
+            len,
+        })
+    }
+
+    fn transmit_now(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
         while let Some(c) = self.ctrl.pop_front() {
             let (tuple, r) = match c {
                 Ctrl::Rst {
@@ -526,10 +648,20 @@ impl TcpStack {
 
     /// Earliest instant `poll_timers` should run (may be early, never late).
     pub fn next_deadline(&self) -> Option<u64> {
-        self.timers.peek().map(|Reverse((t, _))| *t)
+        [
+            self.timers.peek().map(|Reverse((t, _))| *t),
+            self.fault_rx.as_ref().and_then(FaultInjector::next_release),
+            self.fault_tx.as_ref().and_then(FaultInjector::next_release),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     pub fn poll_timers(&mut self, now: u64) {
+        if self.fault_rx.is_some() {
+            self.release_rx(now);
+        }
         while let Some(&Reverse((t, idx))) = self.timers.peek() {
             if t > now {
                 break;
@@ -554,11 +686,23 @@ impl TcpStack {
     // ------------------------------------------------------------ API
 
     pub fn listen(&mut self, local: SocketAddrV4, backlog: usize) -> Result<ListenerId, Error> {
+        let o = self.default_opts.clone();
+        self.listen_with(local, backlog, o)
+    }
+
+    /// Listen with socket options the accepted connections inherit.
+    pub fn listen_with(
+        &mut self,
+        local: SocketAddrV4,
+        backlog: usize,
+        opts: SocketOptions,
+    ) -> Result<ListenerId, Error> {
         if self.listen_map.contains_key(&local) {
             return Err(Error::AddrInUse);
         }
         let l = Listener {
             local,
+            opts,
             backlog,
             accept_q: VecDeque::with_capacity(backlog),
             half_open: 0,
@@ -620,6 +764,8 @@ impl TcpStack {
         let c = self.slots[idx as usize].conn.as_mut()?;
         c.listener = None;
         c.in_accept_queue = false;
+        // Report what happened while it waited in the queue (data, FIN, RST).
+        self.settle(idx);
         Some(self.id(idx))
     }
 
@@ -636,6 +782,18 @@ impl TcpStack {
         now: u64,
         local: SocketAddrV4,
         remote: SocketAddrV4,
+    ) -> Result<ConnId, Error> {
+        let o = self.default_opts.clone();
+        self.connect_with(now, local, remote, &o)
+    }
+
+    /// Active open with socket options.
+    pub fn connect_with(
+        &mut self,
+        now: u64,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        opts: &SocketOptions,
     ) -> Result<ConnId, Error> {
         let mut tuple = FourTuple { local, remote };
         if local.port() == 0 {
@@ -660,7 +818,7 @@ impl TcpStack {
         } else if self.demux.contains_key(&tuple) {
             return Err(Error::AddrInUse);
         }
-        let c = Conn::connect(tuple, &self.cfg, &self.secret, now);
+        let c = Conn::connect(tuple, &self.cfg, opts, &self.secret, now);
         let idx = self.insert(c)?;
         self.counters.active_opens += 1;
         self.settle(idx);
@@ -705,7 +863,7 @@ impl TcpStack {
         k.orphan = true;
         if k.state == State::FinWait2 {
             // Already half-closed earlier: start the orphan FIN-WAIT-2 timeout.
-            k.state_deadline = Some(now + fin_timeout);
+            k.state_deadline = Some(now.saturating_add(fin_timeout));
         }
         self.settle(c.idx);
         Ok(())
@@ -755,6 +913,62 @@ impl TcpStack {
             k.ka_intvl = intvl_ns;
             k.ka_cnt = cnt;
         })
+    }
+
+    /// The next connection or listener whose readiness changed since it was
+    /// last reported (edge-style; the bits are current at the time of the call).
+    pub fn poll_ready(&mut self) -> Option<Readiness> {
+        while let Some(ev) = self.events.pop_front() {
+            match ev {
+                Readiness::Conn(id, _) => {
+                    let Some(Slot {
+                        generation,
+                        conn: Some(c),
+                    }) = self.slots.get_mut(id.idx as usize)
+                    else {
+                        continue;
+                    };
+                    if *generation != id.generation || c.orphan {
+                        continue;
+                    }
+                    c.ev_queued = false;
+                    let m = c.readiness();
+                    c.ev_mask = m;
+                    return Some(Readiness::Conn(id, m));
+                }
+                l @ Readiness::Listener(_) => return Some(l),
+            }
+        }
+        None
+    }
+
+    /// Current `crate::ready` bits of a connection (ERR|HUP for a stale handle).
+    pub fn readiness(&self, c: ConnId) -> u8 {
+        self.conn(c)
+            .map_or(crate::ready::ERR | crate::ready::HUP, Conn::readiness)
+    }
+
+    /// MSG_PEEK: copy without consuming.
+    pub fn peek(&self, c: ConnId, out: &mut [u8]) -> Result<usize, Error> {
+        let k = self.conn(c)?;
+        let n = k.rx.peek(0, out);
+        if n > 0 || k.rx_fin || out.is_empty() {
+            return Ok(n);
+        }
+        match k.error {
+            Some(e) => Err(e),
+            None => Err(Error::WouldBlock),
+        }
+    }
+
+    /// SO_ERROR: the pending error, cleared by reading it.
+    pub fn take_error(&mut self, c: ConnId) -> Result<Option<Error>, Error> {
+        let k = self.conn_mut(c)?;
+        let e = k.error.take();
+        if e.is_some() && k.state != State::Closed {
+            k.error = e;
+        }
+        Ok(e)
     }
 
     pub fn state(&self, c: ConnId) -> Result<State, Error> {

@@ -15,9 +15,9 @@ impl Conn {
             return None;
         }
         Some(if self.ka_probes == 0 {
-            self.last_rx.max(self.ka_last) + self.ka_idle
+            self.last_rx.max(self.ka_last).saturating_add(self.ka_idle)
         } else {
-            self.ka_last + self.ka_intvl
+            self.ka_last.saturating_add(self.ka_intvl)
         })
     }
 
@@ -64,7 +64,7 @@ impl Conn {
                     .rto
                     .saturating_mul(1 << self.persist_backoff.min(20))
                     .min(cfg.rto_max_ns);
-                self.persist_deadline = Some(now + d);
+                self.persist_deadline = Some(now.saturating_add(d));
             } else {
                 // A window-limited runt (sender SWS) is sent now.
                 self.nodelay_once = true;
@@ -125,6 +125,6 @@ impl Conn {
                 self.backoff += 1;
             }
         }
-        self.rtx_deadline = Some(now + self.backed_off_rto(cfg));
+        self.rtx_deadline = Some(now.saturating_add(self.backed_off_rto(cfg)));
     }
 }

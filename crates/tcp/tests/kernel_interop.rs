@@ -6,6 +6,7 @@
 //! permanent neighbour entry for it. Needs root; skipped (with a message)
 //! otherwise.
 
+use nanowire_tcp::host::Link;
 use nanowire_tcp::{Config, ConnId, Error, Secret, State, TcpStack};
 use nanowire_wire::ethernet::EthernetFrame;
 use nanowire_wire::ipv4::{Ipv4Packet, Ipv4Repr, PROTO_TCP};
@@ -240,24 +241,18 @@ impl Raw {
     }
 }
 
-/// The stack plus its raw socket: one loop turn moves every frame.
-struct Host {
+/// The wire side for `nanowire_tcp::host::Host`: frames over the raw socket.
+struct RawLink {
     raw: Raw,
-    stack: TcpStack,
-    start: Instant,
     rx: Vec<u8>,
     tx: Vec<u8>,
 }
 
-impl Host {
-    fn now(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
-    }
-
-    fn turn(&mut self) {
-        let now = self.now();
-        while let Some(n) = self.raw.recv(&mut self.rx) {
-            let Ok(eth) = EthernetFrame::new_checked(&self.rx[..n]) else {
+impl Link for RawLink {
+    fn receive(&mut self, now: u64, stack: &mut TcpStack) -> usize {
+        let mut n = 0;
+        while let Some(len) = self.raw.recv(&mut self.rx) {
+            let Ok(eth) = EthernetFrame::new_checked(&self.rx[..len]) else {
                 continue;
             };
             let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else {
@@ -266,11 +261,16 @@ impl Host {
             if ip.protocol() != PROTO_TCP || ip.dst() != OURS {
                 continue;
             }
-            self.stack.input(now, ip.src(), ip.dst(), ip.payload());
+            stack.input(now, ip.src(), ip.dst(), ip.payload());
+            n += 1;
         }
-        self.stack.poll_timers(now);
+        n
+    }
+
+    fn transmit(&mut self, now: u64, stack: &mut TcpStack) -> usize {
         let (eh, ih) = (14, 20);
-        while let Some(t) = self.stack.poll_transmit(now, &mut self.tx[eh + ih..]) {
+        let mut n = 0;
+        while let Some(t) = stack.poll_transmit(now, &mut self.tx[eh + ih..]) {
             self.tx[0..6].copy_from_slice(&self.raw.peer_mac);
             self.tx[6..12].copy_from_slice(&self.raw.mac);
             self.tx[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
@@ -284,20 +284,30 @@ impl Host {
             }
             .emit(&mut self.tx[eh..]);
             self.raw.send(&self.tx[..eh + ih + t.len]);
+            n += 1;
         }
+        n
     }
 
-    fn idle(&self) {
-        let now = self.now();
-        let d = self
-            .stack
-            .next_deadline()
-            .map_or(Duration::from_millis(5), |t| {
-                Duration::from_nanos(t.saturating_sub(now))
-            });
-        self.raw.wait(d.min(Duration::from_millis(5)));
+    fn wait(&mut self, max: Duration) {
+        self.raw.wait(max);
     }
 }
+
+type Host = nanowire_tcp::host::Host<RawLink>;
+
+fn new_host(raw: Raw, cfg: Config) -> Host {
+    Host::new(
+        TcpStack::new(cfg, Secret::from_os().unwrap()),
+        RawLink {
+            raw,
+            rx: vec![0u8; 70_000],
+            tx: vec![0u8; 70_000],
+        },
+    )
+}
+
+const IDLE: Duration = Duration::from_millis(5);
 
 fn crc32(mut crc: u32, data: &[u8]) -> u32 {
     crc = !crc;
@@ -318,18 +328,14 @@ fn host(lab: &Lab) -> Host {
     let mac_a = parse_mac(&lab.mac(&lab.a, &lab.ifa));
     let mac_b = parse_mac(&lab.mac(&lab.b, &lab.ifb));
     let raw = Raw::open(&lab.a, &lab.ifa, mac_a, mac_b);
-    let cfg = Config {
-        mss: Config::mss_for_mtu(1500),
-        rto_min_ns: 20_000_000,
-        ..Config::default()
-    };
-    Host {
+    new_host(
         raw,
-        stack: TcpStack::new(cfg, Secret::from_os().unwrap()),
-        start: Instant::now(),
-        rx: vec![0u8; 70_000],
-        tx: vec![0u8; 70_000],
-    }
+        Config {
+            mss: Config::mss_for_mtu(1500),
+            rto_min_ns: 20_000_000,
+            ..Config::default()
+        },
+    )
 }
 
 const SERVER_PY: &str = r#"
@@ -359,7 +365,7 @@ got = bytearray()
 c.setblocking(False)
 import select
 while sent < n or True:
-    r, w, _ = select.select([c], [c] if sent < n else [], [], 30)
+    r, w, _ = select.select([c], [c] if sent < n else [], [], 90)
     if not r and not w: raise SystemExit("stalled")
     if w:
         sent += c.send(data[sent:sent + (1 << 16)])
@@ -382,17 +388,50 @@ fn wait_line(child: &mut Child) -> String {
 
 #[test]
 fn our_client_to_kernel_server_32_mib_hashed() {
+    client_to_kernel("c", 32 << 20, None);
+}
+
+#[test]
+fn our_client_with_injected_faults_to_kernel_server_8_mib_hashed() {
+    // Our stack drops, duplicates, reorders and corrupts on both its paths:
+    // the kernel sees a lossy, reordering peer and both recover.
+    // No corruption on our receive side: the kernel's segments arrive over
+    // veth with partial (offload) checksums, which cannot catch a flipped
+    // bit, so a corrupted timestamp would poison PAWS (on a real NIC the
+    // checksum is complete). Our corrupted transmissions are caught by the
+    // kernel's checksum check.
+    let f = |corrupt, seed| {
+        nanowire_tcp::fault::FaultConfig::parse(&format!(
+            "loss=0.01,dup=0.01,reorder=0.02,reorder_delay_us=300,corrupt={corrupt},seed={seed}"
+        ))
+        .unwrap()
+    };
+    client_to_kernel("i", 8 << 20, Some((f(0.0, 11), f(0.002, 12))));
+}
+
+fn client_to_kernel(
+    tag: &str,
+    total: u64,
+    faults: Option<(
+        nanowire_tcp::fault::FaultConfig,
+        nanowire_tcp::fault::FaultConfig,
+    )>,
+) {
     if !root() {
         eprintln!("SKIP: needs root (namespaces, AF_PACKET)");
         return;
     }
-    let lab = Lab::new("c");
+    let lab = Lab::new(tag);
     let mut py = lab.python(SERVER_PY, &[&PEER.to_string(), "5001"]);
     assert_eq!(wait_line(&mut py).trim(), "listening");
     let lab_ref = &lab;
+    let faults_on = faults.is_some();
     let (crc_local, reply, info) = std::thread::scope(|s| {
         s.spawn(move || {
             let mut h = host(lab_ref);
+            if let Some((rx, tx)) = faults {
+                h.stack.set_faults(rx, tx);
+            }
             let now = h.now();
             let c = h
                 .stack
@@ -402,26 +441,28 @@ fn our_client_to_kernel_server_32_mib_hashed() {
                     SocketAddrV4::new(PEER, 5001),
                 )
                 .unwrap();
-            const TOTAL: u64 = 32 << 20;
+            let total_bytes = total;
             let mut sent = 0u64;
             let mut crc = 0u32;
             let mut chunk = vec![0u8; 65536];
             let mut reply = Vec::new();
-            let deadline = Instant::now() + Duration::from_secs(60);
+            let deadline = Instant::now() + Duration::from_secs(20);
             let mut shut = false;
             loop {
                 assert!(
                     Instant::now() < deadline,
-                    "transfer stalled: {:?}",
-                    h.stack.info(c)
+                    "transfer stalled: {:?} {:?} {:?}",
+                    h.stack.info(c),
+                    h.stack.counters(),
+                    h.stack.fault_stats()
                 );
                 h.turn();
                 if h.stack.state(c) == Ok(State::SynSent) {
-                    h.idle();
+                    h.idle(IDLE);
                     continue;
                 }
-                while sent < TOTAL {
-                    let n = ((TOTAL - sent) as usize).min(chunk.len());
+                while sent < total_bytes {
+                    let n = ((total_bytes - sent) as usize).min(chunk.len());
                     for (i, b) in chunk[..n].iter_mut().enumerate() {
                         *b = pattern(sent + i as u64);
                     }
@@ -434,22 +475,23 @@ fn our_client_to_kernel_server_32_mib_hashed() {
                         Err(e) => panic!("send: {e}"),
                     }
                 }
-                if sent == TOTAL && !shut {
+                if sent == total_bytes && !shut {
                     h.stack.shutdown_write(c).unwrap();
                     shut = true;
                 }
                 match h.stack.recv(c, &mut chunk) {
                     Ok(0) => break,
                     Ok(k) => reply.extend_from_slice(&chunk[..k]),
-                    Err(Error::WouldBlock) => h.idle(),
+                    Err(Error::WouldBlock) => h.idle(IDLE),
                     Err(e) => panic!("recv: {e}"),
                 }
             }
             let info = h.stack.info(c).unwrap();
+            eprintln!("faults: {:?}", h.stack.fault_stats());
             h.stack.close(h.now(), c).unwrap();
             for _ in 0..20 {
                 h.turn();
-                h.idle();
+                h.idle(IDLE);
             }
             (crc, String::from_utf8(reply).unwrap(), info)
         })
@@ -463,11 +505,14 @@ fn our_client_to_kernel_server_32_mib_hashed() {
         String::from_utf8_lossy(&out.stderr)
     );
     eprintln!("client side: {info:?}");
-    assert_eq!(reply.trim(), format!("{} {}", 32u64 << 20, crc_local));
+    assert_eq!(reply.trim(), format!("{total} {crc_local}"));
     assert!(
         info.sack && info.timestamps && info.snd_wscale > 0,
         "{info:?}"
     );
+    if faults_on {
+        assert!(info.total_retrans > 0, "{info:?}");
+    }
 }
 
 #[test]
@@ -486,19 +531,13 @@ fn kernel_client_to_our_server_echo_16_mib_hashed() {
         let mac_b = parse_mac(&lab_ref.mac(&lab_ref.b, &lab_ref.ifb));
         move || {
             let raw = Raw::open(&a, &ifa, mac_a, mac_b);
-            let mut h = Host {
+            let mut h = new_host(
                 raw,
-                stack: TcpStack::new(
-                    Config {
-                        rto_min_ns: 20_000_000,
-                        ..Config::default()
-                    },
-                    Secret::from_os().unwrap(),
-                ),
-                start: Instant::now(),
-                rx: vec![0u8; 70_000],
-                tx: vec![0u8; 70_000],
-            };
+                Config {
+                    rto_min_ns: 20_000_000,
+                    ..Config::default()
+                },
+            );
             let l = h.stack.listen(SocketAddrV4::new(OURS, 5002), 16).unwrap();
             tx.send(()).unwrap();
             let deadline = Instant::now() + Duration::from_secs(60);
@@ -507,13 +546,19 @@ fn kernel_client_to_our_server_echo_16_mib_hashed() {
             let mut buf = vec![0u8; 65536];
             let mut echoed = 0u64;
             loop {
-                assert!(Instant::now() < deadline, "echo stalled");
+                assert!(
+                    Instant::now() < deadline,
+                    "echo stalled: pending {} echoed {echoed} {:?} {:?}",
+                    pending.len(),
+                    conn.map(|c| h.stack.info(c)),
+                    h.stack.counters()
+                );
                 h.turn();
                 if conn.is_none() {
                     conn = h.stack.accept(l);
                 }
                 let Some(c) = conn else {
-                    h.idle();
+                    h.idle(IDLE);
                     continue;
                 };
                 // Echo: flush what is pending, then read more.
@@ -534,16 +579,16 @@ fn kernel_client_to_our_server_echo_16_mib_hashed() {
                             break;
                         }
                         Ok(k) => pending.extend_from_slice(&buf[..k]),
-                        Err(Error::WouldBlock) => h.idle(),
+                        Err(Error::WouldBlock) => h.idle(IDLE),
                         Err(e) => panic!("recv: {e}"),
                     }
                 } else {
-                    h.idle();
+                    h.idle(IDLE);
                 }
             }
             for _ in 0..50 {
                 h.turn();
-                h.idle();
+                h.idle(IDLE);
             }
             (echoed, h.stack.counters().clone())
         }
@@ -611,13 +656,7 @@ fn syn_flood_of_100k_from_a_raw_socket_then_a_kernel_client_connects() {
         let mac_b = parse_mac(&lab.mac(&lab.b, &lab.ifb));
         move || {
             let raw = Raw::open(&a, &ifa, mac_a, mac_b);
-            let mut h = Host {
-                raw,
-                stack: TcpStack::new(Config::default(), Secret::from_os().unwrap()),
-                start: Instant::now(),
-                rx: vec![0u8; 70_000],
-                tx: vec![0u8; 70_000],
-            };
+            let mut h = new_host(raw, Config::default());
             let l = h.stack.listen(SocketAddrV4::new(OURS, 5003), 128).unwrap();
             tx.send(()).unwrap();
             let deadline = Instant::now() + Duration::from_secs(120);
@@ -637,11 +676,11 @@ fn syn_flood_of_100k_from_a_raw_socket_then_a_kernel_client_connects() {
                         served = true;
                     }
                 }
-                h.idle();
+                h.idle(IDLE);
             }
             for _ in 0..20 {
                 h.turn();
-                h.idle();
+                h.idle(IDLE);
             }
             (served, conns.len(), h.stack.counters().clone())
         }
@@ -681,11 +720,12 @@ def run(addr):
         data += d
     out["half_close"] = data.decode() + "+eof"; c.close()
     # 6002: the server closes with SO_LINGER 0 at once.
-    c = conn(6002)
+    # (The RST may land before a timed connect() reads SO_ERROR: same outcome.)
     try:
+        c = conn(6002)
         d = c.recv(100); out["linger0"] = "eof" if not d else "data"
+        c.close()
     except ConnectionResetError: out["linger0"] = "reset"
-    c.close()
     # 6003: the server closes with our data unread.
     c = conn(6003); c.sendall(b"unread")
     time.sleep(0.3)
@@ -752,11 +792,16 @@ time.sleep(0.5)
 "#;
 
 /// The same scenarios through our server: returns when the client is done.
-fn diff_server(h: &mut Host, stop: &std::sync::mpsc::Receiver<()>) {
+fn diff_server(
+    h: &mut Host,
+    stop: &std::sync::mpsc::Receiver<()>,
+    ready: std::sync::mpsc::Sender<()>,
+) {
     let mut ls = std::collections::HashMap::new();
     for p in [6001u16, 6002, 6003, 6005, 6006, 6007] {
         ls.insert(p, h.stack.listen(SocketAddrV4::new(OURS, p), 8).unwrap());
     }
+    ready.send(()).unwrap();
     struct C {
         id: ConnId,
         port: u16,
@@ -838,7 +883,7 @@ fn diff_server(h: &mut Host, stop: &std::sync::mpsc::Receiver<()>) {
                 _ => unreachable!(),
             }
         }
-        h.idle();
+        h.idle(IDLE);
     }
 }
 
@@ -896,15 +941,8 @@ fn close_semantics_match_the_kernel_differentially() {
         let mac_b = parse_mac(&lab.mac(&lab.b, &lab.ifb));
         move || {
             let raw = Raw::open(&a, &ifa, mac_a, mac_b);
-            let mut h = Host {
-                raw,
-                stack: TcpStack::new(Config::default(), Secret::from_os().unwrap()),
-                start: Instant::now(),
-                rx: vec![0u8; 70_000],
-                tx: vec![0u8; 70_000],
-            };
-            ready_tx.send(()).unwrap();
-            diff_server(&mut h, &rx);
+            let mut h = new_host(raw, Config::default());
+            diff_server(&mut h, &rx, ready_tx);
             h.stack.counters().clone()
         }
     });
@@ -924,4 +962,75 @@ fn close_semantics_match_the_kernel_differentially() {
         String::from_utf8_lossy(&ours.stderr)
     );
     assert_eq!(o, k, "our TCP and the kernel's disagree");
+}
+
+const ECHO_PY: &str = r#"
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1)
+print("listening", flush=True)
+c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while True:
+    d = c.recv(65536)
+    if not d: break
+    c.sendall(d)
+c.close()
+"#;
+
+#[test]
+fn host_api_ping_pong_against_a_kernel_echo_server() {
+    if !root() {
+        eprintln!("SKIP: needs root (namespaces, AF_PACKET)");
+        return;
+    }
+    let lab = Lab::new("h");
+    let mut py = lab.python(ECHO_PY, &[&PEER.to_string(), "5004"]);
+    assert_eq!(wait_line(&mut py).trim(), "listening");
+    let lab_ref = &lab;
+    let info = std::thread::scope(|s| {
+        s.spawn(move || {
+            let mut h = host(lab_ref);
+            let c = h
+                .connect(
+                    SocketAddrV4::new(OURS, 0),
+                    SocketAddrV4::new(PEER, 5004),
+                    Duration::from_secs(10),
+                )
+                .unwrap();
+            h.stack.set_nodelay(c, true).unwrap();
+            let mut buf = [0u8; 256];
+            for i in 0..2000u32 {
+                let msg = [(i % 251) as u8; 64];
+                h.write_all(c, &msg).unwrap();
+                let mut got = 0;
+                while got < 64 {
+                    let deadline = Some(Instant::now() + Duration::from_secs(10));
+                    let n = h
+                        .read(c, &mut buf[got..64], deadline)
+                        .expect("reply in time")
+                        .unwrap();
+                    assert!(n > 0, "echo closed early");
+                    got += n;
+                }
+                assert_eq!(buf[..64], msg);
+            }
+            h.stack.shutdown_write(c).unwrap();
+            let eof = h.read(c, &mut buf, Some(Instant::now() + Duration::from_secs(10)));
+            assert_eq!(eof, Some(Ok(0)), "the echo server closes after our FIN");
+            let info = h.stack.info(c).unwrap();
+            h.close(c, Duration::from_secs(1)).unwrap();
+            info
+        })
+        .join()
+        .unwrap()
+    });
+    let out = py.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("ping-pong: {info:?}");
+    assert_eq!(info.bytes_acked, 2000 * 64 + 1);
+    assert_eq!(info.total_retrans, 0);
 }

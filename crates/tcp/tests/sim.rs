@@ -522,6 +522,33 @@ fn blind_rst_and_syn_get_challenge_acks() {
     assert!(c.challenge_acks + c.out_of_window >= 2, "{c:?}");
     n.b.send(cb, b"alive").unwrap();
     n.run_until(S, |n| n.a.recv_queue(ca).unwrap() == 5);
+    // A burst of blind in-window RSTs: counted, answered at most once per
+    // invalid_ratelimit (no ACK storm), connection intact.
+    n.advance(S);
+    let info = n.a.info(ca).unwrap();
+    let out_before = n.a.counters().segs_out;
+    let rl_before = n.a.counters().oow_acks_ratelimited;
+    let mut tmp = vec![0u8; 2000];
+    for k in 1..=1000u32 {
+        let r = nanowire_wire::tcp::TcpRepr {
+            src_port: local.port(),
+            dst_port: 80,
+            seq: info.rcv_nxt.wrapping_add(k),
+            flags: nanowire_wire::tcp::Flags(nanowire_wire::tcp::Flags::RST),
+            ..Default::default()
+        };
+        let len = r.emit(&mut seg, 0, B, A);
+        n.a.input(n.now, B, A, &seg[..len]);
+        while n.a.poll_transmit(n.now, &mut tmp).is_some() {}
+    }
+    assert_eq!(
+        n.a.counters().segs_out - out_before,
+        1,
+        "{:?}",
+        n.a.counters()
+    );
+    assert_eq!(n.a.counters().oow_acks_ratelimited - rl_before, 999);
+    assert_eq!(n.a.state(ca).unwrap(), State::Established);
 }
 
 #[test]
@@ -594,4 +621,116 @@ fn random_segments_never_panic_and_connection_survives_or_resets() {
         Ok(s) => assert_eq!(s, State::Closed),
         Err(e) => panic!("{e}"),
     }
+}
+
+#[test]
+fn readiness_events_and_inherited_options() {
+    use nanowire_tcp::{Readiness, SocketOptions, ready};
+    let mut n = Net::plain();
+    let opts = SocketOptions {
+        rcvbuf: 8192,
+        nodelay: true,
+        ..SocketOptions::from_config(&Config::default())
+    };
+    let l = n.a.listen_with(sa(A, 80), 4, opts).unwrap();
+    let cb = n.b.connect(n.now, sa(B, 0), sa(A, 80)).unwrap();
+    let mut listener_ready = false;
+    n.run_until(S, |n| {
+        while let Some(ev) = n.a.poll_ready() {
+            if ev == Readiness::Listener(l) {
+                listener_ready = true;
+            }
+        }
+        listener_ready
+    });
+    let ca = n.a.accept(l).unwrap();
+    let i = n.a.info(ca).unwrap();
+    assert_eq!(i.rcv_wscale, 0, "8 KiB needs no scaling");
+    assert_eq!(i.rcv_wnd, 8192);
+    // The client saw its connect complete as writable.
+    let mut evs = vec![];
+    while let Some(ev) = n.b.poll_ready() {
+        evs.push(ev);
+    }
+    assert!(
+        evs.iter()
+            .any(|e| matches!(e, Readiness::Conn(c, m) if *c == cb && m & ready::OUT != 0)),
+        "{evs:?}"
+    );
+    n.b.send(cb, b"ping").unwrap();
+    n.b.shutdown_write(cb).unwrap();
+    let mut seen = 0u8;
+    n.run_until(S, |n| {
+        while let Some(ev) = n.a.poll_ready() {
+            if let Readiness::Conn(c, m) = ev {
+                assert_eq!(c, ca);
+                seen |= m;
+            }
+        }
+        seen & ready::RDHUP != 0
+    });
+    assert_ne!(seen & ready::IN, 0);
+    let mut buf = [0u8; 8];
+    assert_eq!(n.a.peek(ca, &mut buf), Ok(4));
+    assert_eq!(n.a.recv(ca, &mut buf), Ok(4));
+    assert_eq!(n.a.recv(ca, &mut buf), Ok(0));
+    assert_eq!(
+        n.a.readiness(ca) & (ready::IN | ready::RDHUP | ready::OUT),
+        ready::IN | ready::RDHUP | ready::OUT
+    );
+}
+
+#[test]
+fn limited_transmit_turns_a_small_window_loss_into_a_fast_retransmit() {
+    let mut cfg = Config::default();
+    cfg.initial_cwnd = 3;
+    let mut n = Net::new(Config::default(), cfg, FaultConfig::default());
+    let (ca, cb) = n.connect_pair();
+    // Drop the first full-size data segment b sends.
+    let mut dropped = false;
+    n.drop_ba = Some(Box::new(move |seg: &[u8]| {
+        let hl = usize::from(seg[12] >> 4) * 4;
+        if !dropped && seg.len() - hl > 1000 {
+            dropped = true;
+            return true;
+        }
+        false
+    }));
+    // Eight segments queued; cwnd lets three go, the first is lost.
+    let data = vec![5u8; 8 * 1448];
+    n.b.send(cb, &data).unwrap();
+    let mut got = 0;
+    let mut buf = vec![0u8; 16384];
+    n.run_until(10 * S, |n| {
+        while let Ok(k) = n.a.recv(ca, &mut buf) {
+            if k == 0 {
+                break;
+            }
+            got += k;
+        }
+        got == data.len()
+    });
+    let c = n.b.counters();
+    assert_eq!(c.fast_retransmits, 1, "{c:?}");
+    assert_eq!(c.rto_expirations, 0, "{c:?}");
+}
+
+#[test]
+fn stack_level_fault_injection_on_both_paths_keeps_data_intact() {
+    let mut n = Net::plain();
+    let f = |seed| {
+        FaultConfig::parse(&format!(
+            "loss=0.02,dup=0.02,reorder=0.05,reorder_delay_us=200,corrupt=0.005,seed={seed}"
+        ))
+        .unwrap()
+    };
+    n.a.set_faults(f(1), f(2));
+    n.b.set_faults(f(3), f(4));
+    let (ca, cb) = n.connect_pair();
+    let mut s = Stream::new(4 << 20);
+    n.run_until(3600 * S, |n| s.pump(&mut n.b, cb, &mut n.a, ca));
+    let (rx, tx) = n.b.fault_stats();
+    assert!(rx.dropped > 0 && tx.dropped > 0 && tx.duplicated > 0 && tx.reordered > 0);
+    assert!(n.b.counters().retransmits > 0);
+    assert!(n.a.counters().bad_checksum + n.b.counters().bad_checksum > 0);
 }

@@ -3,19 +3,29 @@
 //! * [`program`]: the steering XDP program (bpf/steer.c, built by build.rs),
 //!   loaded with aya and attached through a BPF link owned by this process,
 //!   so it disappears with the process, even after SIGKILL.
-//! * [`xsk`]: UMEM, fill/completion/RX/TX rings and AF_XDP sockets.
+//! * [`xsk`]: AF_XDP sockets, split into a receive half ([`XskRx`]: fill
+//!   and RX rings, owned [`RxFrame`]s) and a transmit half ([`XskTx`]: TX
+//!   and completion rings, TX frame pool). The rings are private.
+//! * [`umem`]: the packet memory and the owned, refcounted [`RxFrame`].
+//! * [`privilege`]: the one capability probe (engine and `nanowire run`).
 //! * [`netlink`]: routes and neighbours from the kernel (rtnetlink).
 //! * [`iface`]: interface index, MAC, MTU and queue count from the kernel.
 //!
 //! Every `unsafe` block carries a `// SAFETY:` comment.
 
 pub mod iface;
+mod mmap;
 pub mod netlink;
+pub mod privilege;
 pub mod program;
+mod ring;
+pub mod sys;
+pub mod umem;
 pub mod xsk;
 
 pub use program::{AttachMode, SteerProgram};
-pub use xsk::{XskConfig, XskSocket, XskStats};
+pub use umem::{RxFrame, UmemInfo};
+pub use xsk::{XskConfig, XskRx, XskSocket, XskStats, XskTx};
 
 /// The compiled steering program.
 pub fn steer_object() -> &'static [u8] {

@@ -1,12 +1,12 @@
 //! Routes and neighbours from the kernel over rtnetlink. nanowire never
-//! speaks ARP itself: a missing neighbour is resolved by the kernel (a
-//! zero-length datagram to the discard port from a kernel UDP socket makes
-//! it send an ARP request), and we wait a bounded time for the answer.
+//! speaks ARP itself: a missing neighbour is resolved by the kernel
+//! ([`solicit`] makes it send an ARP request), and the answer arrives as a
+//! neighbour event on a [`Monitor`]. Nothing here waits for the network.
 
+use crate::sys;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::time::{Duration, Instant};
 
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
@@ -86,14 +86,11 @@ fn ip4(d: &[u8]) -> Option<Ipv4Addr> {
 
 impl Nl {
     fn open() -> io::Result<Nl> {
-        // SAFETY: plain socket(2); checked below.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        };
+        let fd = sys::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        );
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -105,7 +102,7 @@ impl Nl {
         };
         // SAFETY: setsockopt with a correctly sized timeval.
         unsafe {
-            libc::setsockopt(
+            sys::setsockopt(
                 fd.as_raw_fd(),
                 libc::SOL_SOCKET,
                 libc::SO_RCVTIMEO,
@@ -128,7 +125,16 @@ impl Nl {
         msg.extend_from_slice(&0u32.to_ne_bytes());
         msg.extend_from_slice(body);
         // SAFETY: msg is a valid buffer of msg.len() bytes.
-        let n = unsafe { libc::send(self.fd.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) };
+        let n = unsafe {
+            sys::sendto(
+                self.fd.as_raw_fd(),
+                msg.as_ptr().cast(),
+                msg.len(),
+                0,
+                std::ptr::null(),
+                0,
+            )
+        };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -136,8 +142,16 @@ impl Nl {
         let mut buf = vec![0u8; 32768];
         loop {
             // SAFETY: buf is a valid writable buffer of buf.len() bytes.
-            let n =
-                unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            let n = unsafe {
+                sys::recvfrom(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    0,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            };
             if n < 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -234,37 +248,197 @@ pub fn neigh_get(ifindex: u32, ip: Ipv4Addr) -> io::Result<Option<[u8; 6]>> {
     Ok(None)
 }
 
-/// The MAC to address a frame for `dst` to, leaving `oif`: from the
-/// kernel's neighbour table, asking the kernel to resolve it when missing
-/// and waiting at most `timeout`.
-pub fn resolve_mac(dst: Ipv4Addr, route: &Route, timeout: Duration) -> Result<[u8; 6], String> {
+/// The MAC of a destination that needs no neighbour resolution
+/// (multicast, broadcast), if it is one.
+pub fn static_mac(dst: Ipv4Addr, route: &Route) -> Option<[u8; 6]> {
     if dst.is_multicast() {
         let o = dst.octets();
-        return Ok([0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]]);
+        return Some([0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]]);
     }
     if dst.is_broadcast() || route.kind == RTN_BROADCAST {
-        return Ok([0xff; 6]);
+        return Some([0xff; 6]);
     }
-    let hop = route.next_hop(dst);
-    let err = |e: io::Error| format!("neighbour lookup for {hop} failed: {e}");
-    if let Some(mac) = neigh_get(route.oif, hop).map_err(err)? {
-        return Ok(mac);
+    None
+}
+
+/// Ask the kernel to resolve `hop` (it sends an ARP request): a
+/// zero-length datagram to the discard port from a kernel UDP socket.
+/// Never waits; the answer shows up as an RTM_NEWNEIGH on a [`Monitor`].
+pub fn solicit(hop: Ipv4Addr) {
+    // Raw syscalls: under the LD_PRELOAD shim this socket must stay a
+    // plain kernel socket (see crate::sys).
+    let fd = sys::socket(
+        libc::AF_INET,
+        libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+        0,
+    );
+    if fd < 0 {
+        return;
     }
-    // Let the kernel resolve it: a zero-length datagram to the discard port.
-    if let Ok(s) = UdpSocket::bind("0.0.0.0:0") {
-        let _ = s.send_to(&[], SocketAddrV4::new(hop, 9));
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 9u16.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(hop).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: an empty datagram; sa is a valid sockaddr_in of the size given.
+    unsafe {
+        sys::sendto(
+            fd,
+            std::ptr::null(),
+            0,
+            libc::MSG_DONTWAIT,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    sys::close(fd);
+}
+
+const RTM_DELROUTE: u16 = 25;
+const RTM_DELNEIGH: u16 = 29;
+const RTMGRP_NEIGH: u32 = 0x4;
+const RTMGRP_IPV4_ROUTE: u32 = 0x40;
+/// NUD_FAILED / NUD_INCOMPLETE: no usable address.
+pub const NUD_FAILED: u16 = 0x20;
+pub const NUD_INCOMPLETE: u16 = 0x01;
+
+/// A change the kernel announced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// A neighbour entry was added, changed or deleted.
+    Neigh {
+        ifindex: u32,
+        ip: Ipv4Addr,
+        /// The link-layer address when the entry is usable.
+        mac: Option<[u8; 6]>,
+        state: u16,
+        deleted: bool,
+    },
+    /// An IPv4 route was added or deleted.
+    Route,
+    /// The kernel dropped notifications (socket buffer overrun): assume
+    /// anything may have changed.
+    Overrun,
+}
+
+/// A netlink socket subscribed to neighbour and IPv4 route changes
+/// (RTNLGRP_NEIGH, RTNLGRP_IPV4_ROUTE). Non-blocking.
+pub struct Monitor {
+    fd: OwnedFd,
+    buf: Vec<u8>,
+}
+
+impl Monitor {
+    pub fn open() -> io::Result<Monitor> {
+        let fd = sys::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            libc::NETLINK_ROUTE,
+        );
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: all-zero sockaddr_nl is valid; fields set below.
+        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        sa.nl_family = libc::AF_NETLINK as u16;
+        sa.nl_groups = RTMGRP_NEIGH | RTMGRP_IPV4_ROUTE;
+        // SAFETY: sa is a valid sockaddr_nl of the size passed.
+        if unsafe {
+            sys::bind(
+                fd.as_raw_fd(),
+                (&sa as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as u32,
+            )
+        } < 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Monitor {
+            fd,
+            buf: vec![0u8; 65536],
+        })
     }
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        std::thread::sleep(Duration::from_millis(2));
-        if let Some(mac) = neigh_get(route.oif, hop).map_err(err)? {
-            return Ok(mac);
+
+    /// Everything announced since the last call (never blocks).
+    pub fn read(&mut self, out: &mut Vec<Event>) {
+        loop {
+            // SAFETY: buf is a valid writable buffer of buf.len() bytes.
+            let n = unsafe {
+                sys::recvfrom(
+                    self.fd.as_raw_fd(),
+                    self.buf.as_mut_ptr().cast(),
+                    self.buf.len(),
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                )
+            };
+            if n < 0 {
+                if io::Error::last_os_error().raw_os_error() == Some(libc::ENOBUFS) {
+                    out.push(Event::Overrun);
+                    continue;
+                }
+                return;
+            }
+            if n == 0 {
+                return;
+            }
+            parse_events(&self.buf[..n as usize], out);
         }
     }
-    Err(format!(
-        "the kernel could not resolve the MAC of next hop {hop} within {} ms (no ARP answer)",
-        timeout.as_millis()
-    ))
+}
+
+impl AsRawFd for Monitor {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Parse a buffer of netlink messages into events (bounded: garbage
+/// yields nothing, never a panic).
+pub fn parse_events(mut b: &[u8], out: &mut Vec<Event>) {
+    while b.len() >= 16 {
+        let len = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        let ty = u16::from_ne_bytes([b[4], b[5]]);
+        if len < 16 || len > b.len() {
+            return;
+        }
+        let m = &b[16..len];
+        match ty {
+            RTM_NEWNEIGH | RTM_DELNEIGH if m.len() >= 12 && m[0] == libc::AF_INET as u8 => {
+                let ifindex = i32::from_ne_bytes([m[4], m[5], m[6], m[7]]) as u32;
+                let state = u16::from_ne_bytes([m[8], m[9]]);
+                let (mut ip, mut mac) = (None, None);
+                for (t, d) in attrs(&m[12..]) {
+                    match t {
+                        NDA_DST => ip = ip4(d),
+                        NDA_LLADDR => mac = <[u8; 6]>::try_from(d).ok(),
+                        _ => {}
+                    }
+                }
+                let deleted = ty == RTM_DELNEIGH;
+                if let Some(ip) = ip {
+                    out.push(Event::Neigh {
+                        ifindex,
+                        ip,
+                        mac: mac.filter(|_| !deleted && state & NUD_VALID != 0),
+                        state,
+                        deleted,
+                    });
+                }
+            }
+            RTM_NEWROUTE | RTM_DELROUTE if m.first() == Some(&(libc::AF_INET as u8)) => {
+                out.push(Event::Route)
+            }
+            _ => {}
+        }
+        b = &b[((len + 3) & !3).min(b.len())..];
+    }
 }
 
 #[cfg(test)]
@@ -290,5 +464,35 @@ mod tests {
         push_attr(&mut b, 7, &[1, 2, 3, 4]);
         let v: Vec<_> = attrs(&b).collect();
         assert_eq!(v, vec![(7, &[1u8, 2, 3, 4][..])]);
+    }
+
+    #[test]
+    fn neighbour_events_parse_and_garbage_does_not_panic() {
+        let mut body = vec![libc::AF_INET as u8, 0, 0, 0];
+        body.extend_from_slice(&7i32.to_ne_bytes());
+        body.extend_from_slice(&0x02u16.to_ne_bytes()); // REACHABLE
+        body.extend_from_slice(&[0, 0]);
+        push_attr(&mut body, NDA_DST, &[10, 0, 0, 2]);
+        push_attr(&mut body, NDA_LLADDR, &[2, 3, 4, 5, 6, 7]);
+        let mut msg = Vec::new();
+        msg.extend_from_slice(&((16 + body.len()) as u32).to_ne_bytes());
+        msg.extend_from_slice(&RTM_NEWNEIGH.to_ne_bytes());
+        msg.extend_from_slice(&[0u8; 10]);
+        msg.extend_from_slice(&body);
+        let mut ev = Vec::new();
+        parse_events(&msg, &mut ev);
+        assert_eq!(
+            ev,
+            vec![Event::Neigh {
+                ifindex: 7,
+                ip: Ipv4Addr::new(10, 0, 0, 2),
+                mac: Some([2, 3, 4, 5, 6, 7]),
+                state: 2,
+                deleted: false
+            }]
+        );
+        for n in 0..msg.len() {
+            parse_events(&msg[..n], &mut ev);
+        }
     }
 }

@@ -90,7 +90,10 @@ pub fn mode_order(ifname: &str) -> Vec<AttachMode> {
 impl SteerProgram {
     /// Load the program and attach it to `ifindex`: native mode first,
     /// generic mode when the driver refuses.
-    pub fn attach(ifname: &str, ifindex: u32) -> Result<SteerProgram, String> {
+    ///
+    /// `frags`: attach the multi-buffer aware variant (xdp.frags), needed
+    /// when packets may be larger than one buffer (jumbo MTU).
+    pub fn attach(ifname: &str, ifindex: u32, frags: bool) -> Result<SteerProgram, String> {
         let mut ebpf = Ebpf::load(crate::steer_object()).map_err(|e| {
             let s = e.to_string();
             if s.contains("Operation not permitted") || s.contains("EPERM") {
@@ -110,8 +113,9 @@ impl SteerProgram {
             .map_err(|e| map_err("nw_xsks", e))?;
         let stats = PerCpuArray::try_from(ebpf.take_map("nw_stats").ok_or("no nw_stats map")?)
             .map_err(|e| map_err("nw_stats", e))?;
+        let name = if frags { "nw_steer_frags" } else { "nw_steer" };
         let prog: &mut Xdp = ebpf
-            .program_mut("nw_steer")
+            .program_mut(name)
             .ok_or("steering object has no nw_steer program")?
             .try_into()
             .map_err(|e| map_err("nw_steer", e))?;

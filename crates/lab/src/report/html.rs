@@ -618,6 +618,24 @@ fn env_html(env: &Value) -> String {
     ] {
         add(k, s(&env[k]));
     }
+    if let Some(ev) = env["virtualization_evidence"].as_array() {
+        add(
+            "virtualization evidence",
+            ev.iter().map(s).collect::<Vec<_>>().join("; "),
+        );
+    }
+    let idle = &env["cpu_idle_before"];
+    if idle.is_object() {
+        add(
+            "CPU idle before measuring",
+            format!(
+                "{:.0} % over {} s (other work: {} CPUs)",
+                idle["idle_fraction"].as_f64().unwrap_or(0.0) * 100.0,
+                s(&idle["window_s"]),
+                s(&idle["busy_cpus"])
+            ),
+        );
+    }
     if let Some(m) = env["lab"].as_object() {
         for (k, v) in m {
             add(&format!("lab {k}"), s(v));
@@ -677,6 +695,9 @@ table.env th{width:260px;background:none;font-weight:500;color:var(--mut)}
 table.env td{white-space:normal}
 "#;
 
+/// Other work (in CPUs) above which a report says the machine was busy.
+pub const BUSY_CPUS: f64 = 0.25;
+
 pub fn render(r: &Report) -> String {
     let env = &r.env;
     let title = format!("nanowire lab report — {}", r.engines.join(" vs "));
@@ -704,10 +725,20 @@ pub fn render(r: &Report) -> String {
             .and_then(|v| v.parse::<f64>().ok())
     };
     let cpus = env["cpus"].as_f64().unwrap_or(1.0).max(1.0);
-    // Only the load before the suite started says anything about other work:
-    // by the end, the suite's own pinned spinning client and server keep the
-    // load near the number of CPUs by themselves.
-    if let Some(l) = load("loadavg_start")
+    // Other work is judged by CPU idle over a short window just before the
+    // first measurement (the 1-minute load average still counts a build that
+    // finished a moment ago, and by the end the suite's own spinning engines
+    // keep the load near the number of CPUs). Older reports: the load average.
+    let idle = &env["cpu_idle_before"];
+    if let Some(busy) = idle["busy_cpus"].as_f64() {
+        if busy > BUSY_CPUS {
+            h += &format!(
+                "<p class=\"busy\">The machine was busy when this report started: other work used {busy:.2} of {cpus:.0} CPUs (idle {:.0} % over {:.0} s just before the first measurement). It competed with the measurements: treat the numbers as a smoke run, not as results.</p>",
+                idle["idle_fraction"].as_f64().unwrap_or(0.0) * 100.0,
+                idle["window_s"].as_f64().unwrap_or(0.0)
+            );
+        }
+    } else if let Some(l) = load("loadavg_start")
         && l > cpus * 0.75
     {
         h += &format!(
@@ -734,4 +765,48 @@ pub fn render(r: &Report) -> String {
     );
     h += "</main></body></html>\n";
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::model::{Report, Table};
+    use serde_json::json;
+
+    fn report(env: serde_json::Value) -> Report {
+        Report {
+            schema: "nanowire-lab-report/1".into(),
+            generated_unix: 0,
+            mode: "quick".into(),
+            engines: vec!["kernel".into()],
+            repeats: 1,
+            target: "lab:nw".into(),
+            elapsed_s: 1.0,
+            env,
+            headline: Table {
+                caption: String::new(),
+                columns: vec![],
+                rows: vec![],
+            },
+            experiments: vec![],
+        }
+    }
+
+    #[test]
+    fn busy_banner_follows_cpu_idle_before_measuring_not_the_load_average() {
+        // Right after `make lab`'s build: the load average is high, the CPUs idle.
+        let quiet = json!({"cpus": 2, "loadavg_start": "3.50 1.2 0.5 1/100 1",
+            "cpu_idle_before": {"window_s": 3.0, "idle_fraction": 0.97, "busy_cpus": 0.06, "cpus": 2.0}});
+        assert!(!render(&report(quiet)).contains("class=\"busy\""));
+        let busy = json!({"cpus": 2, "loadavg_start": "0.10 0.1 0.1 1/100 1",
+            "cpu_idle_before": {"window_s": 3.0, "idle_fraction": 0.40, "busy_cpus": 1.2, "cpus": 2.0}});
+        let h = render(&report(busy));
+        assert!(
+            h.contains("class=\"busy\"") && h.contains("1.20 of 2 CPUs"),
+            "banner"
+        );
+        // An old report without the idle window: the load average decides.
+        let old = json!({"cpus": 2, "loadavg_start": "3.50 1.2 0.5 1/100 1"});
+        assert!(render(&report(old)).contains("class=\"busy\""));
+    }
 }

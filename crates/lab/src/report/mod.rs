@@ -5,8 +5,10 @@
 pub mod exec;
 pub mod experiments;
 pub mod html;
+pub mod loss;
 pub mod model;
 pub mod progress;
+pub mod suite;
 
 use crate::testbed::{Host, Lab, LabOptions};
 use clap::Args;
@@ -45,7 +47,8 @@ pub struct ReportArgs {
     #[arg(long = "xdp-ring", default_value_t = 65536)]
     pub xdp_ring: u32,
     /// Only these experiments (ids, comma separated): latency_vs_size,
-    /// latency_under_load, max_rate, microburst, throughput, latency_vs_load.
+    /// latency_under_load, max_rate, microburst, throughput, latency_vs_load,
+    /// loss.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Two real hosts: the peer running `nanowire bench server` (no lab).
@@ -65,15 +68,6 @@ pub struct ReportArgs {
     pub quiet: bool,
 }
 
-pub const EXPERIMENTS: [&str; 6] = [
-    "latency_vs_size",
-    "latency_under_load",
-    "max_rate",
-    "microburst",
-    "throughput",
-    "latency_vs_load",
-];
-
 fn validate(a: &ReportArgs) -> Result<(), String> {
     if a.engines.is_empty() {
         return Err("--engines needs at least one of kernel, spin, xdp".into());
@@ -87,11 +81,12 @@ fn validate(a: &ReportArgs) -> Result<(), String> {
     if a.stall_ms == 0 || a.stall_ms > 60_000 {
         return Err("--stall-ms must be 1..=60000".into());
     }
+    let ids = suite::ids();
     for o in &a.only {
-        if !EXPERIMENTS.contains(&o.as_str()) {
+        if !ids.contains(&o.as_str()) {
             return Err(format!(
                 "unknown experiment {o:?} in --only: expected one of {}",
-                EXPERIMENTS.join(", ")
+                ids.join(", ")
             ));
         }
     }
@@ -207,6 +202,7 @@ pub fn environment(target: &Target) -> Value {
             "topology": "two real hosts",
         }),
     };
+    let virt = nanowire_bench::env::virtualization();
     let mut tools = Map::new();
     tools.insert("nanowire".into(), json!(env!("CARGO_PKG_VERSION")));
     tools.insert(
@@ -228,12 +224,50 @@ pub fn environment(target: &Target) -> Value {
         "cpu_model": cpu_model,
         "cpus": cpus,
         "memory": mem,
-        "virtualization": first_line(&mut Command::new("systemd-detect-virt")),
+        "virtualization": virt.0,
+        "virtualization_evidence": virt.1,
         "loadavg_start": read_trim("/proc/loadavg"),
         "clock": "CLOCK_MONOTONIC (shared by every namespace of the machine)",
         "lab": lab,
         "sysctls": sysctls,
         "tools": tools,
+    })
+}
+
+/// Aggregate CPU times from /proc/stat: (idle incl. iowait, total), in ticks.
+fn cpu_times() -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string("/proc/stat").ok()?;
+    let l = s.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = l
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest counted in user).
+    let total: u64 = v.iter().take(8).sum();
+    Some((v.get(3)? + v.get(4).copied().unwrap_or(0), total))
+}
+
+/// How idle the machine was over `window`: the fraction of CPU time idle,
+/// and the CPUs' worth of other work (busy fraction x CPUs).
+pub fn cpu_idle_window(window: Duration) -> Value {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1) as f64;
+    let Some((i0, t0)) = cpu_times() else {
+        return Value::Null;
+    };
+    std::thread::sleep(window);
+    let Some((i1, t1)) = cpu_times() else {
+        return Value::Null;
+    };
+    let dt = t1.saturating_sub(t0).max(1) as f64;
+    let idle = (i1.saturating_sub(i0) as f64 / dt).clamp(0.0, 1.0);
+    json!({
+        "window_s": window.as_secs_f64(),
+        "idle_fraction": (idle * 1000.0).round() / 1000.0,
+        "busy_cpus": (((1.0 - idle) * cpus) * 100.0).round() / 100.0,
+        "cpus": cpus,
     })
 }
 
@@ -633,17 +667,14 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
     ctx.xdp_ring = args.xdp_ring;
     ctx.choose_generator();
     let wanted = |id: &str| args.only.is_empty() || args.only.iter().any(|o| o == id);
-    let plan: Vec<(&str, f64)> = vec![
-        ("latency_vs_size", ctx.est_latency_vs_size()),
-        ("latency_under_load", ctx.est_latency_under_load()),
-        ("max_rate", ctx.est_max_rate()),
-        ("microburst", ctx.est_bursts()),
-        ("throughput", ctx.est_throughput()),
-        ("latency_vs_load", ctx.est_load()),
-    ];
+    let all = suite::all();
+    let plan: Vec<(&dyn suite::ExperimentKind, f64)> = all
+        .iter()
+        .map(|e| (e.as_ref(), e.estimate_s(&ctx)))
+        .collect();
     let total: f64 = plan
         .iter()
-        .filter(|(id, _)| wanted(id))
+        .filter(|(e, _)| wanted(e.id()))
         .map(|(_, t)| t)
         .sum();
     let progress = Progress::new(total, args.quiet);
@@ -655,20 +686,18 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
         total,
         ctx.gen_engine
     ));
+    // Is other work running? CPU idle over a short window just before the
+    // first measurement (the 1-minute load average still counts the build
+    // that `make lab` ran a moment ago).
+    let mut env = env;
+    env["cpu_idle_before"] = cpu_idle_window(Duration::from_secs(3));
     let mut exps = vec![];
-    for (id, _) in &plan {
-        if !wanted(id) {
+    for (kind, _) in &plan {
+        if !wanted(kind.id()) {
             continue;
         }
         let t = Instant::now();
-        let mut ex = match *id {
-            "latency_vs_size" => ctx.latency_vs_size(),
-            "latency_under_load" => ctx.latency_under_load(),
-            "max_rate" => ctx.max_rate(),
-            "microburst" => ctx.bursts(),
-            "throughput" => ctx.throughput(),
-            _ => ctx.latency_vs_load(),
-        };
+        let mut ex = kind.run(&ctx);
         ex.elapsed_s = t.elapsed().as_secs_f64();
         // Every requested engine shows up, measured or with a reason.
         for e in &engines {
@@ -681,7 +710,6 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
     progress.finish();
     let (sum, headline) = summary(&exps, &engines);
     exps.push(sum);
-    let mut env = env;
     env["loadavg_end"] = json!(read_trim("/proc/loadavg"));
     let report = Report {
         schema: SCHEMA.into(),

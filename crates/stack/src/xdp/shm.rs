@@ -31,6 +31,8 @@ pub const ENGINE_SLOTS: usize = 64;
 pub const SOCK_SLOTS: usize = 32;
 pub const MAX_SOCKETS: usize = 1024;
 const PAGE_BYTES: usize = HEADER_BYTES + ENGINE_SLOTS * 8 + MAX_SOCKETS * SOCK_SLOTS * 8;
+/// Bytes of one stats page (counted in the engine's memory).
+pub const PAGE_SIZE_BYTES: usize = PAGE_BYTES;
 
 /// Engine counter names, in slot order (stable: the stats CLI prints them).
 pub const ENGINE_COUNTERS: &[&str] = &[
@@ -64,6 +66,13 @@ pub const ENGINE_COUNTERS: &[&str] = &[
     "peak_rx_ring",
     "peak_socket_queue",
     "sockets",
+    "drop_martian",
+    "drop_neigh_unresolved",
+    "neigh_resolutions",
+    "rx_multi_buffer",
+    "mem_umem_bytes",
+    "mem_ring_bytes",
+    "mem_total_bytes",
 ];
 
 /// Per-socket counter names (slot 0 is the packed local address).
@@ -78,6 +87,7 @@ pub const SOCK_COUNTERS: &[&str] = &[
     "peak_queue_depth",
     "rx_kernel_path",
     "tx_kernel_path",
+    "drop_neigh",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +123,13 @@ pub enum E {
     PeakRxRing,
     PeakSocketQueue,
     Sockets,
+    DropMartian,
+    DropNeighUnresolved,
+    NeighResolutions,
+    RxMultiBuffer,
+    MemUmemBytes,
+    MemRingBytes,
+    MemTotalBytes,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +145,7 @@ pub enum S {
     PeakQueueDepth,
     RxKernelPath,
     TxKernelPath,
+    DropNeigh,
 }
 
 impl E {
@@ -469,6 +487,19 @@ pub fn bump(c: &AtomicU64, n: u64) {
     c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
 }
 
+/// Add `n` to a counter that several threads may write (rare paths: the
+/// kernel path, the neighbour worker).
+#[inline]
+pub fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Set a gauge.
+#[inline]
+pub fn set(c: &AtomicU64, v: u64) {
+    c.store(v, Ordering::Relaxed);
+}
+
 /// Raise a high-water mark.
 #[inline]
 pub fn peak(c: &AtomicU64, v: u64) {
@@ -636,8 +667,8 @@ mod tests {
 
     #[test]
     fn counter_names_match_enums() {
-        assert_eq!(ENGINE_COUNTERS.len(), E::Sockets as usize + 1);
-        assert_eq!(SOCK_COUNTERS.len(), S::TxKernelPath as usize + 1);
+        assert_eq!(ENGINE_COUNTERS.len(), E::MemTotalBytes as usize + 1);
+        assert_eq!(SOCK_COUNTERS.len(), S::DropNeigh as usize + 1);
         assert!(ENGINE_COUNTERS.len() <= ENGINE_SLOTS);
         assert!(SOCK_COUNTERS.len() < SOCK_SLOTS);
     }

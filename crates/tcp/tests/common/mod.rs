@@ -16,6 +16,9 @@ pub fn sa(ip: Ipv4Addr, port: u16) -> SocketAddrV4 {
     SocketAddrV4::new(ip, port)
 }
 
+/// Decides whether a segment (TCP bytes) is dropped.
+pub type DropFn = Box<dyn FnMut(&[u8]) -> bool>;
+
 pub struct Net {
     pub now: u64,
     pub a: TcpStack,
@@ -27,6 +30,8 @@ pub struct Net {
     buf: Vec<u8>,
     /// Segments that crossed the link (after the injector).
     pub delivered: u64,
+    /// Drop a b→a segment (TCP bytes) when this says so.
+    pub drop_ba: Option<DropFn>,
 }
 
 fn wire(src: Ipv4Addr, dst: Ipv4Addr, seg: &[u8]) -> Vec<u8> {
@@ -58,6 +63,7 @@ impl Net {
             down: false,
             buf: vec![0u8; 70_000],
             delivered: 0,
+            drop_ba: None,
         }
     }
 
@@ -80,6 +86,11 @@ impl Net {
         }
         while let Some(t) = self.b.poll_transmit(self.now, &mut self.buf) {
             any = true;
+            if let Some(f) = self.drop_ba.as_mut()
+                && f(&self.buf[..t.len])
+            {
+                continue;
+            }
             if !self.down {
                 self.ba
                     .push(self.now, &wire(t.src, t.dst, &self.buf[..t.len]));

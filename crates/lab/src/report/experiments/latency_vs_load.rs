@@ -1,0 +1,146 @@
+//! 6. Latency vs network load.
+
+use super::*;
+
+impl<'a> Ctx<'a> {
+    pub(crate) fn est_load(&self) -> f64 {
+        (self.engines.len() * self.p.load_sizes.len() * self.p.load_gaps_ns.len()) as f64
+            * 0.85
+            * self.repeats as f64
+    }
+
+    pub(crate) fn latency_vs_load(&self) -> Experiment {
+        let n = self.p.load_packets;
+        let mut ex = Experiment::new(
+            "latency_vs_load",
+            "6. Latency vs network load",
+            "seed 004",
+            &format!(
+                "Bursts of {n} datagrams from the {} generator with an inter-packet gap swept from back-to-back to idle ({} ns); each datagram carries its CLOCK_MONOTONIC transmit time and the receiver (spinning, engine under test) takes the time when the datagram is in user memory: one-way latency per packet (both namespaces share one clock). {} repeat(s); the plot shows the average per burst against the rate the generator reached.",
+                self.gen_engine,
+                self.p
+                    .load_gaps_ns
+                    .iter()
+                    .map(|g| g.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                self.repeats
+            ),
+        );
+        let mut rows = vec![];
+        for &e in &self.engines {
+            let mut plot = Plot {
+                id: format!("latency_vs_load_{e}"),
+                title: format!("Receiver {e}: latency vs offered load ({n}-packet bursts)"),
+                x_label: "generator rate (msg/s)".into(),
+                y_label: "avg one-way latency (µs)".into(),
+                x_log: true,
+                y_log: true,
+                categories: None,
+                series: vec![],
+            };
+            let mut failed = None;
+            'sizes: for &size in &self.p.load_sizes {
+                let mut s = Series {
+                    label: format!("{size} B"),
+                    engine: e.to_string(),
+                    protocol: "udp".into(),
+                    metric: "avg".into(),
+                    points: vec![],
+                    missing: vec![],
+                };
+                for &gap in &self.p.load_gaps_ns {
+                    let mut avgs = vec![];
+                    let mut rates = vec![];
+                    let mut agg: Vec<(f64, f64, f64, f64, u64)> = vec![];
+                    for rep in 0..self.repeats {
+                        self.progress.step(
+                            &format!(
+                                "load {e} {size} B gap {gap} ns ({}/{})",
+                                rep + 1,
+                                self.repeats
+                            ),
+                            0.85,
+                        );
+                        match self.trial(e, self.gen_engine, "spin", size, n, None, None, gap, 100)
+                        {
+                            Ok((g, sk, raw)) => {
+                                if sk.engine != e {
+                                    failed = Some(format!("the sink fell back to {}", sk.engine));
+                                    break 'sizes;
+                                }
+                                ex.runs.push(json!({"engine": e, "size": size, "gap_ns": gap, "repeat": rep, "result": raw}));
+                                if let Some(l) = sk.latency_us {
+                                    avgs.push(l.avg);
+                                    rates.push(g.rate_msg_s);
+                                    agg.push((
+                                        l.min,
+                                        l.p50,
+                                        l.p99,
+                                        l.max,
+                                        n.saturating_sub(sk.received),
+                                    ));
+                                }
+                            }
+                            Err(r) => {
+                                failed = Some(r);
+                                break 'sizes;
+                            }
+                        }
+                    }
+                    let rate = median(&rates);
+                    if let Some(p) = Point::from_samples(rate, avgs.clone()) {
+                        s.points.push(p);
+                        let col = |f: fn(&(f64, f64, f64, f64, u64)) -> f64| {
+                            median(&agg.iter().map(f).collect::<Vec<_>>())
+                        };
+                        rows.push(vec![
+                            json!(e),
+                            json!(size),
+                            json!(gap),
+                            jnum(rate),
+                            jnum(rate * (46.0 + size as f64) * 8.0 / 1e10 * 100.0),
+                            json!(agg.iter().map(|a| a.4).sum::<u64>()),
+                            jnum(col(|a| a.0)),
+                            jnum(col(|a| a.1)),
+                            jnum(median(&avgs)),
+                            jnum(col(|a| a.2)),
+                            jnum(col(|a| a.3)),
+                        ]);
+                    }
+                }
+                s.points.sort_by(|a, b| a.x.total_cmp(&b.x));
+                plot.series.push(s);
+            }
+            let have = plot.series.iter().any(|s| !s.points.is_empty());
+            ex.settle(e.as_str(), "udp", failed, have, |r| format!("{e}: {r}"));
+            plot.series.retain(|s| !s.points.is_empty());
+            if !plot.series.is_empty() {
+                ex.plots.push(plot);
+            }
+        }
+        ex.tables.push(Table {
+            caption: format!(
+                "Per-packet one-way latency in {n}-datagram bursts (µs, medians of the repeats)"
+            ),
+            columns: [
+                "engine",
+                "size",
+                "gap (ns)",
+                "generator msg/s",
+                "load % of 10GbE",
+                "lost",
+                "min",
+                "p50",
+                "avg",
+                "p99",
+                "max",
+            ]
+            .map(String::from)
+            .to_vec(),
+            rows,
+        });
+        ex.flag_spread(1.0);
+        ex
+    }
+}

@@ -1,0 +1,314 @@
+//! Frame classification: a pure function from received bytes to either
+//! the transport 5-tuple with payload bounds, or the reason to drop.
+//!
+//! No state, no allocation, no panics on any input (fuzzed by the fuzzing
+//! targets; `garbage_never_panics` below is the in-tree smoke version). The
+//! receive path counts every `Err` under [`DropReason::counter`].
+//!
+//! Policy, following what the kernel does with the same frame:
+//! * IPv4 with options (IHL > 5) is accepted when the options are well
+//!   formed (and the header checksum, which covers them, is right); the
+//!   payload starts after the options.
+//! * Fragments are not reassembled here: the steering program passes them
+//!   to the kernel, which reassembles them for the socket's kernel twin. A
+//!   fragment that still arrives is dropped as `Fragment`.
+//! * Martian sources (0.0.0.0/8, 255.255.255.255, multicast, loopback) are
+//!   dropped as `Martian` (the receive path adds "one of our own
+//!   addresses", which needs state).
+//! * UDP and TCP are classified (ports, checksum; partial checksums left by
+//!   TX offload on the sender's side are accepted and flagged); anything
+//!   else is `NotUdp` ("not ours").
+
+use super::shm::E;
+use nanowire_wire::checksum;
+use nanowire_wire::udp::ChecksumState;
+use nanowire_wire::{EtherType, EthernetFrame, Ipv4Packet, Malformed, UdpDatagram};
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+pub const PROTO_UDP: u8 = 17;
+pub const PROTO_TCP: u8 = 6;
+const ETH_HDR: usize = 14;
+
+/// A frame worth delivering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Classified {
+    /// IP protocol (17 UDP, 6 TCP).
+    pub proto: u8,
+    pub src: SocketAddrV4,
+    pub dst: SocketAddrV4,
+    /// Offset of the transport header in the frame.
+    pub l4_off: usize,
+    /// Offset and length of the transport payload in the frame.
+    pub payload_off: usize,
+    pub payload_len: usize,
+    /// The transport checksum was a partial (offload) one.
+    pub csum_partial: bool,
+    /// The IPv4 header carried options.
+    pub ip_options: bool,
+}
+
+/// Why a frame is not delivered. Each reason has its own counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    Malformed(Malformed),
+    /// Not IPv4, or neither UDP nor TCP.
+    NotUdp,
+    /// The transport checksum is wrong.
+    BadChecksum,
+    /// A martian source address.
+    Martian,
+}
+
+impl DropReason {
+    /// The engine counter this reason is counted under.
+    pub fn counter(self) -> E {
+        match self {
+            DropReason::Malformed(m) => E::malformed(m),
+            DropReason::NotUdp => E::DropNotUdp,
+            DropReason::BadChecksum => E::DropBadUdpChecksum,
+            DropReason::Martian => E::DropMartian,
+        }
+    }
+}
+
+impl From<Malformed> for DropReason {
+    fn from(m: Malformed) -> Self {
+        DropReason::Malformed(m)
+    }
+}
+
+/// A source address the kernel would refuse on input (without the
+/// "is one of ours" check, which needs the interface's addresses).
+pub fn is_martian_source(a: Ipv4Addr) -> bool {
+    a.octets()[0] == 0 || a.is_broadcast() || a.is_multicast() || a.is_loopback()
+}
+
+/// Options well formed: EOL/NOP single bytes, every other option a length
+/// byte of at least 2 that fits.
+fn options_ok(mut o: &[u8]) -> bool {
+    while let Some(&t) = o.first() {
+        match t {
+            0 => return true,
+            1 => o = &o[1..],
+            _ => {
+                let Some(&l) = o.get(1) else { return false };
+                let l = usize::from(l);
+                if l < 2 || l > o.len() {
+                    return false;
+                }
+                o = &o[l..];
+            }
+        }
+    }
+    true
+}
+
+/// The transport checksum over `seg` (a UDP datagram or TCP segment) with
+/// the pseudo-header: valid, partial (offload) or bad.
+fn l4_checksum(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, seg: &[u8], stored: u16) -> ChecksumState {
+    let pseudo = checksum::pseudo_header(src, dst, proto, seg.len() as u16);
+    if checksum::fold(checksum::accumulate(pseudo, seg)) == 0xffff {
+        return ChecksumState::Valid;
+    }
+    let partial = checksum::fold(pseudo);
+    if stored == partial || stored == !partial {
+        return ChecksumState::Partial;
+    }
+    ChecksumState::Bad
+}
+
+/// Classify one received frame (Ethernet first).
+pub fn classify(frame: &[u8]) -> Result<Classified, DropReason> {
+    let eth = EthernetFrame::new_checked(frame)?;
+    if eth.ethertype() != EtherType::Ipv4 {
+        return Err(DropReason::NotUdp);
+    }
+    let ip = Ipv4Packet::new_checked(eth.payload())?;
+    let hl = ip.header_len();
+    let header = &eth.payload()[..hl];
+    if !ip.verify_checksum() {
+        return Err(Malformed::BadIpChecksum.into());
+    }
+    if hl > 20 && !options_ok(&header[20..]) {
+        return Err(Malformed::IpOptions.into());
+    }
+    if ip.is_fragment() {
+        return Err(Malformed::Fragment.into());
+    }
+    let (src, dst) = (ip.src(), ip.dst());
+    if is_martian_source(src) {
+        return Err(DropReason::Martian);
+    }
+    let l4_off = ETH_HDR + hl;
+    let seg = ip.payload();
+    match ip.protocol() {
+        PROTO_UDP => {
+            let udp = UdpDatagram::new_checked(seg)?;
+            let partial = match udp.checksum_state(src, dst) {
+                ChecksumState::Bad => return Err(DropReason::BadChecksum),
+                ChecksumState::Partial => true,
+                ChecksumState::Valid | ChecksumState::Absent => false,
+            };
+            Ok(Classified {
+                proto: PROTO_UDP,
+                src: SocketAddrV4::new(src, udp.src_port()),
+                dst: SocketAddrV4::new(dst, udp.dst_port()),
+                l4_off,
+                payload_off: l4_off + 8,
+                payload_len: udp.payload().len(),
+                csum_partial: partial,
+                ip_options: hl > 20,
+            })
+        }
+        PROTO_TCP => {
+            if seg.len() < 20 {
+                return Err(Malformed::Truncated.into());
+            }
+            let doff = usize::from(seg[12] >> 4) * 4;
+            if doff < 20 || doff > seg.len() {
+                return Err(Malformed::Truncated.into());
+            }
+            let stored = u16::from_be_bytes([seg[16], seg[17]]);
+            let partial = match l4_checksum(src, dst, PROTO_TCP, seg, stored) {
+                ChecksumState::Bad | ChecksumState::Absent => {
+                    return Err(DropReason::BadChecksum);
+                }
+                ChecksumState::Partial => true,
+                ChecksumState::Valid => false,
+            };
+            Ok(Classified {
+                proto: PROTO_TCP,
+                src: SocketAddrV4::new(src, u16::from_be_bytes([seg[0], seg[1]])),
+                dst: SocketAddrV4::new(dst, u16::from_be_bytes([seg[2], seg[3]])),
+                l4_off,
+                payload_off: l4_off + doff,
+                payload_len: seg.len() - doff,
+                csum_partial: partial,
+                ip_options: hl > 20,
+            })
+        }
+        _ => Err(DropReason::NotUdp),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xdp::tx::{HDRS, build_frame};
+
+    fn frame(payload: &[u8]) -> Vec<u8> {
+        frame_from(Ipv4Addr::new(198, 18, 0, 1), payload)
+    }
+
+    fn frame_from(src: Ipv4Addr, payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; HDRS + payload.len()];
+        let dst = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 7);
+        let n = build_frame(&mut f, [2; 6], [4; 6], src, 9, dst, payload, 1);
+        f.truncate(n);
+        f
+    }
+
+    /// Insert `opts` (a multiple of 4 bytes) as IPv4 options.
+    fn with_options(f: &[u8], opts: &[u8]) -> Vec<u8> {
+        let mut g = f[..34].to_vec();
+        g.extend_from_slice(opts);
+        g.extend_from_slice(&f[34..]);
+        let hl = 20 + opts.len();
+        g[14] = 0x40 | (hl / 4) as u8;
+        let total = u16::from_be_bytes([g[16], g[17]]) as usize + opts.len();
+        g[16..18].copy_from_slice(&(total as u16).to_be_bytes());
+        g[24] = 0;
+        g[25] = 0;
+        let c = checksum::checksum(&g[14..14 + hl]);
+        g[24..26].copy_from_slice(&c.to_be_bytes());
+        g
+    }
+
+    #[test]
+    fn built_frames_parse_back() {
+        let f = frame(b"hello");
+        let c = classify(&f).unwrap();
+        assert_eq!(c.src, "198.18.0.1:9".parse().unwrap());
+        assert_eq!(c.dst, "198.18.0.2:7".parse().unwrap());
+        assert_eq!(&f[c.payload_off..c.payload_off + c.payload_len], b"hello");
+        assert!(!c.csum_partial, "we send full checksums");
+        assert!(!c.ip_options);
+    }
+
+    #[test]
+    fn ip_options_are_delivered_like_the_kernel() {
+        let f = frame(b"opts");
+        // NOP NOP + a router alert (type 148, length 4).
+        let g = with_options(&f, &[1, 1, 148, 4, 0, 0, 0, 0]);
+        let c = classify(&g).unwrap();
+        assert!(c.ip_options);
+        assert_eq!(&g[c.payload_off..c.payload_off + c.payload_len], b"opts");
+        // A malformed option (length 1) is dropped under ip_options.
+        let bad = with_options(&f, &[7, 1, 0, 0]);
+        assert_eq!(
+            classify(&bad).unwrap_err(),
+            DropReason::Malformed(Malformed::IpOptions)
+        );
+    }
+
+    #[test]
+    fn martian_sources_are_dropped() {
+        for src in [
+            Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::new(0, 1, 2, 3),
+            Ipv4Addr::BROADCAST,
+            Ipv4Addr::new(224, 0, 0, 1),
+            Ipv4Addr::new(239, 1, 1, 1),
+            Ipv4Addr::LOCALHOST,
+        ] {
+            let f = frame_from(src, b"x");
+            assert_eq!(classify(&f).unwrap_err(), DropReason::Martian, "{src}");
+            assert_eq!(DropReason::Martian.counter(), E::DropMartian);
+        }
+    }
+
+    #[test]
+    fn fragments_are_not_ours() {
+        let mut f = frame(b"frag");
+        f[20] = 0x20; // MF
+        f[24] = 0;
+        f[25] = 0;
+        let c = checksum::checksum(&f[14..34]);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        assert_eq!(
+            classify(&f).unwrap_err(),
+            DropReason::Malformed(Malformed::Fragment)
+        );
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        // xorshift: deterministic pseudo-random mutations of a valid frame.
+        let mut x: u64 = 0x9e3779b97f4a7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let base = frame(&[0x55; 40]);
+        let opts = with_options(&base, &[1, 1, 148, 4, 0, 0, 0, 0]);
+        for _ in 0..20000 {
+            for b in [&base, &opts] {
+                let mut f = b.clone();
+                for _ in 0..(next() % 6) {
+                    let i = (next() as usize) % f.len();
+                    f[i] = next() as u8;
+                }
+                let cut = (next() as usize) % (f.len() + 1);
+                let _ = classify(&f[..cut]);
+                if let Ok(c) = classify(&f) {
+                    assert!(c.payload_off + c.payload_len <= f.len());
+                }
+            }
+        }
+        for n in 0..HDRS + 4 {
+            assert!(classify(&base[..n]).is_err());
+        }
+    }
+}

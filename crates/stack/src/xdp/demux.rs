@@ -1,0 +1,391 @@
+//! The protocol-neutral demultiplexer: classified frames to endpoints.
+//!
+//! Endpoints are registered by IP protocol and address, with the kernel's
+//! precedence on lookup:
+//! 1. connected: the full 5-tuple (proto, local ip, local port, remote ip,
+//!    remote port), the local ip possibly the wildcard;
+//! 2. a specific bind: (proto, local ip, local port);
+//! 3. the wildcard bind: (proto, 0.0.0.0, local port).
+//!
+//! A unicast frame goes to the one endpoint found first; a multicast or
+//! broadcast frame to every endpoint bound to (proto, group, port) (each
+//! gets a clone of the same owned frame, no copy). Each endpoint has its
+//! own bounded queue of owned frames ([`Delivery`]); a full queue drops
+//! the frame for that endpoint only, counted on it.
+//!
+//! The demux knows nothing of UDP beyond the protocol number: a TCP
+//! listener registers `bind(PROTO_TCP, ...)`, a TCP connection
+//! `connect(PROTO_TCP, ...)`, and reads its segments with [`Demux::pop`]
+//! (the frame and the transport header offset are in the `Delivery`). The
+//! receive loop never changes for a new endpoint kind.
+
+use super::classify::Classified;
+use super::shm::{E, S, StatsPage, bump, peak, set};
+use nanowire_xdp::RxFrame;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+/// Multiply-shift hasher for the address tables.
+#[derive(Default)]
+pub(crate) struct FastHash(u64);
+impl Hasher for FastHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100000001b3);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v ^ (v >> 29)).wrapping_mul(0x9e3779b97f4a7c15);
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(u64::from(v));
+    }
+}
+pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHash>>;
+
+/// (proto, address, port) packed.
+#[inline]
+fn key(proto: u8, a: SocketAddrV4) -> u64 {
+    (u64::from(proto) << 48) | (u64::from(a.ip().to_bits()) << 16) | u64::from(a.port())
+}
+
+/// An endpoint's handle (also its stats-page slot).
+pub type EndpointId = usize;
+
+/// What kind of endpoint (for stats and future protocol handlers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointKind {
+    Udp,
+}
+
+/// A frame delivered to an endpoint.
+#[derive(Debug)]
+pub struct Delivery {
+    pub frame: RxFrame,
+    pub proto: u8,
+    pub src: SocketAddrV4,
+    pub dst: SocketAddrV4,
+    pub l4_off: u32,
+    pub payload_off: u32,
+    pub payload_len: u32,
+}
+
+impl Delivery {
+    /// The transport payload (UDP data, TCP segment data).
+    #[inline]
+    pub fn payload(&self) -> &[u8] {
+        let (o, l) = (self.payload_off as usize, self.payload_len as usize);
+        self.frame.data().get(o..o + l).unwrap_or(&[])
+    }
+    /// The transport header and payload.
+    pub fn segment(&self) -> &[u8] {
+        self.frame.data().get(self.l4_off as usize..).unwrap_or(&[])
+    }
+}
+
+pub(crate) struct Endpoint {
+    /// Read by protocol handlers once there is more than one kind.
+    #[allow(dead_code)]
+    pub kind: EndpointKind,
+    pub queue: VecDeque<Delivery>,
+    /// Frames this endpoint may hold (from SO_RCVBUF; `usize::MAX`: the
+    /// engine's share only).
+    pub rcvbuf_frames: usize,
+    /// The owner sleeps in poll(): whoever queues a frame for it signals
+    /// `wake` (an eventfd in the sleeper's poll set).
+    pub sleeping: bool,
+    pub wake: OwnedFd,
+    /// Connected peer: multicast from anyone else is not for it either.
+    pub peer: Option<SocketAddrV4>,
+    /// Keys it is registered under.
+    binds: Vec<u64>,
+    conns: Vec<(u64, u64)>,
+}
+
+pub(crate) struct Demux {
+    eps: Vec<Option<Endpoint>>,
+    bound: FastMap<u64, Vec<EndpointId>>,
+    connected: FastMap<(u64, u64), EndpointId>,
+    /// RX frames of the UMEM: the budget all queues share.
+    umem_frames: usize,
+    /// Frames one endpoint may hold (its share of the UMEM).
+    share: usize,
+    live: usize,
+}
+
+/// Outcome of one delivery.
+pub(crate) enum Outcome {
+    Delivered,
+    NoEndpoint,
+    QueueFull,
+}
+
+impl Demux {
+    pub fn new(umem_frames: usize) -> Demux {
+        let mut d = Demux {
+            eps: Vec::new(),
+            bound: FastMap::default(),
+            connected: FastMap::default(),
+            umem_frames,
+            share: 0,
+            live: 0,
+        };
+        d.reshare();
+        d
+    }
+
+    /// The share: together, the endpoints' queues hold at most half the
+    /// UMEM (the other half keeps the fill ring going), with a floor of
+    /// 256 frames (or half the UMEM if smaller) so that a socket is never
+    /// starved by a small ring and many sockets.
+    fn reshare(&mut self) {
+        let half = (self.umem_frames / 2).max(1);
+        self.share = (half / self.live.max(1)).max(half.min(256));
+    }
+
+    /// Frames endpoint `id` may hold now.
+    pub fn cap(&self, id: EndpointId) -> usize {
+        self.eps
+            .get(id)
+            .and_then(|e| e.as_ref())
+            .map_or(0, |e| e.rcvbuf_frames.min(self.share))
+    }
+
+    /// A new endpoint (not yet reachable: bind or connect it).
+    pub fn add(&mut self, kind: EndpointKind, wake: OwnedFd, max: usize) -> Option<EndpointId> {
+        let id = self
+            .eps
+            .iter()
+            .position(|e| e.is_none())
+            .unwrap_or(self.eps.len());
+        if id >= max {
+            return None;
+        }
+        let ep = Endpoint {
+            kind,
+            queue: VecDeque::new(),
+            rcvbuf_frames: usize::MAX,
+            sleeping: false,
+            wake,
+            peer: None,
+            binds: Vec::new(),
+            conns: Vec::new(),
+        };
+        if id == self.eps.len() {
+            self.eps.push(Some(ep));
+        } else {
+            self.eps[id] = Some(ep);
+        }
+        self.live += 1;
+        self.reshare();
+        Some(id)
+    }
+
+    pub fn get_mut(&mut self, id: EndpointId) -> Option<&mut Endpoint> {
+        self.eps.get_mut(id)?.as_mut()
+    }
+
+    pub fn get(&self, id: EndpointId) -> Option<&Endpoint> {
+        self.eps.get(id)?.as_ref()
+    }
+
+    /// Receive what is addressed to (proto, local).
+    pub fn bind(&mut self, id: EndpointId, proto: u8, local: SocketAddrV4) {
+        let k = key(proto, local);
+        let v = self.bound.entry(k).or_default();
+        if !v.contains(&id) {
+            v.push(id);
+        }
+        if let Some(e) = self.get_mut(id)
+            && !e.binds.contains(&k)
+        {
+            e.binds.push(k);
+        }
+    }
+
+    /// Stop receiving what is addressed to (proto, local).
+    pub fn unbind(&mut self, id: EndpointId, proto: u8, local: SocketAddrV4) {
+        let k = key(proto, local);
+        if let Some(v) = self.bound.get_mut(&k) {
+            v.retain(|&x| x != id);
+            if v.is_empty() {
+                self.bound.remove(&k);
+            }
+        }
+        if let Some(e) = self.get_mut(id) {
+            e.binds.retain(|&x| x != k);
+        }
+    }
+
+    /// Receive only from `remote` on (proto, local): moves the endpoint's
+    /// unicast bind on `local` to the connected table.
+    pub fn connect(
+        &mut self,
+        id: EndpointId,
+        proto: u8,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+    ) {
+        self.unbind(id, proto, local);
+        let k = (key(proto, local), key(proto, remote));
+        self.connected.insert(k, id);
+        if let Some(e) = self.get_mut(id) {
+            e.conns.retain(|c| c.0 != k.0);
+            e.conns.push(k);
+            e.peer = Some(remote);
+        }
+    }
+
+    /// Forget endpoint `id`; returns its queued frames (to be dropped by
+    /// the caller, outside any lock if it likes).
+    pub fn remove(&mut self, id: EndpointId) -> Option<Endpoint> {
+        let e = self.eps.get_mut(id)?.take()?;
+        for k in &e.binds {
+            if let Some(v) = self.bound.get_mut(k) {
+                v.retain(|&x| x != id);
+                if v.is_empty() {
+                    self.bound.remove(k);
+                }
+            }
+        }
+        for k in &e.conns {
+            if self.connected.get(k) == Some(&id) {
+                self.connected.remove(k);
+            }
+        }
+        self.live -= 1;
+        self.reshare();
+        Some(e)
+    }
+
+    /// The unicast endpoint for `c`, by the kernel's precedence.
+    #[inline]
+    fn lookup(&self, c: &Classified) -> Option<EndpointId> {
+        let remote = key(c.proto, c.src);
+        if !self.connected.is_empty() {
+            let wild = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, c.dst.port());
+            for l in [c.dst, wild] {
+                if let Some(&id) = self.connected.get(&(key(c.proto, l), remote)) {
+                    return Some(id);
+                }
+            }
+        }
+        if let Some(v) = self.bound.get(&key(c.proto, c.dst)) {
+            return v.first().copied();
+        }
+        let wild = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, c.dst.port());
+        self.bound.get(&key(c.proto, wild))?.first().copied()
+    }
+
+    /// Queue `frame` on its endpoint(s), counting on `page`.
+    #[inline]
+    pub fn deliver(&mut self, c: &Classified, frame: RxFrame, page: &StatsPage) -> Outcome {
+        let d = Delivery {
+            frame,
+            proto: c.proto,
+            src: c.src,
+            dst: c.dst,
+            l4_off: c.l4_off as u32,
+            payload_off: c.payload_off as u32,
+            payload_len: c.payload_len as u32,
+        };
+        let ip = c.dst.ip();
+        if !(ip.is_multicast() || ip.is_broadcast()) {
+            return match self.lookup(c) {
+                Some(id) => self.push(id, d, page),
+                None => Outcome::NoEndpoint,
+            };
+        }
+        // Fan-out: a clone of the frame per member, the last one moved.
+        let Some(members) = self.bound.get(&key(c.proto, c.dst)) else {
+            return Outcome::NoEndpoint;
+        };
+        let members: Vec<EndpointId> = members
+            .iter()
+            .copied()
+            .filter(|&id| {
+                self.get(id)
+                    .is_some_and(|e| e.peer.is_none_or(|p| p == c.src))
+            })
+            .collect();
+        let (mut any, mut full) = (false, false);
+        let n = members.len();
+        let mut d = Some(d);
+        for (i, id) in members.into_iter().enumerate() {
+            let item = if i + 1 == n {
+                d.take().expect("last member")
+            } else {
+                d.as_ref().expect("not last").share()
+            };
+            match self.push(id, item, page) {
+                Outcome::Delivered => any = true,
+                Outcome::QueueFull => full = true,
+                Outcome::NoEndpoint => {}
+            }
+        }
+        if any {
+            Outcome::Delivered
+        } else if full {
+            Outcome::QueueFull
+        } else {
+            Outcome::NoEndpoint
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, id: EndpointId, d: Delivery, page: &StatsPage) -> Outcome {
+        let cap = self.cap(id);
+        let Some(Some(e)) = self.eps.get_mut(id) else {
+            return Outcome::NoEndpoint;
+        };
+        if e.queue.len() >= cap {
+            bump(page.s(id, S::DropQueueFull), 1);
+            return Outcome::QueueFull;
+        }
+        e.queue.push_back(d);
+        if e.sleeping {
+            e.sleeping = false;
+            eventfd_write(e.wake.as_raw_fd());
+        }
+        let depth = e.queue.len() as u64;
+        set(page.s(id, S::QueueDepth), depth);
+        peak(page.s(id, S::PeakQueueDepth), depth);
+        peak(page.e(E::PeakSocketQueue), depth);
+        Outcome::Delivered
+    }
+
+    /// The next frame queued for `id`, counted as received by it.
+    #[inline]
+    pub fn pop(&mut self, id: EndpointId, page: &StatsPage) -> Option<Delivery> {
+        let e = self.eps.get_mut(id)?.as_mut()?;
+        let d = e.queue.pop_front()?;
+        set(page.s(id, S::QueueDepth), e.queue.len() as u64);
+        bump(page.s(id, S::RxPackets), 1);
+        bump(page.s(id, S::RxBytes), u64::from(d.payload_len));
+        Some(d)
+    }
+}
+
+impl Delivery {
+    /// Another delivery of the same frame (shared, not copied).
+    fn share(&self) -> Delivery {
+        Delivery {
+            frame: self.frame.clone(),
+            proto: self.proto,
+            src: self.src,
+            dst: self.dst,
+            l4_off: self.l4_off,
+            payload_off: self.payload_off,
+            payload_len: self.payload_len,
+        }
+    }
+}
+
+pub(crate) fn eventfd_write(fd: std::os::fd::RawFd) {
+    nanowire_xdp::sys::eventfd_signal(fd);
+}

@@ -1,0 +1,108 @@
+//! One engine per (process, network namespace, interface).
+//!
+//! fork: a child process inherits the parent's memory, including its
+//! engines, whose RX ring is a mapping shared with the parent and whose
+//! locks may have been held by parent threads at the moment of the fork.
+//! A child must never touch them. A `pthread_atfork` child handler bumps a
+//! fork generation; every engine records the generation it was opened in
+//! and refuses work (and cleanup) in any other ([`Engine::is_own`]). The
+//! registry is keyed by pid as well, so a child's first socket opens a new
+//! engine of its own (which may fail to attach while the parent's program
+//! owns the interface: the caller falls back and says why). The registry's
+//! own lock is a spin lock the child handler resets, so a fork while
+//! another thread held it cannot deadlock the child.
+
+use super::Engine;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Once, Weak};
+
+static FORK_GEN: AtomicU32 = AtomicU32::new(0);
+static ATFORK: Once = Once::new();
+
+extern "C" fn in_child() {
+    FORK_GEN.fetch_add(1, Ordering::Relaxed);
+    REG.locked.store(false, Ordering::Release);
+}
+
+/// How many forks separate this process from the first one that used an
+/// engine (0 in that one).
+#[inline]
+pub(crate) fn fork_gen() -> u32 {
+    FORK_GEN.load(Ordering::Relaxed)
+}
+
+/// (pid, netns inode, interface, engine)
+type Entry = (u32, u64, String, Weak<Engine>);
+
+struct Reg {
+    locked: AtomicBool,
+    list: UnsafeCell<Vec<Entry>>,
+}
+
+// SAFETY: `list` is only reached through `with`, which holds `locked`.
+unsafe impl Sync for Reg {}
+
+static REG: Reg = Reg {
+    locked: AtomicBool::new(false),
+    list: UnsafeCell::new(Vec::new()),
+};
+
+struct Held;
+impl Drop for Held {
+    fn drop(&mut self) {
+        REG.locked.store(false, Ordering::Release);
+    }
+}
+
+fn with<R>(f: impl FnOnce(&mut Vec<Entry>) -> R) -> R {
+    while REG.locked.swap(true, Ordering::Acquire) {
+        std::thread::yield_now();
+    }
+    let _held = Held;
+    // SAFETY: we hold the lock; the reference does not escape `f`.
+    f(unsafe { &mut *REG.list.get() })
+}
+
+/// The calling thread's network namespace (threads may setns).
+fn netns_id() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/thread-self/ns/net")
+        .map(|m| m.ino())
+        .unwrap_or(0)
+}
+
+pub(crate) fn get(
+    ifname: &str,
+    open: impl FnOnce() -> Result<Engine, String>,
+) -> Result<Arc<Engine>, String> {
+    ATFORK.call_once(|| {
+        // SAFETY: registers a plain extern "C" handler that only touches
+        // atomics (async-signal-safe).
+        unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+    });
+    let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+    let ns = netns_id();
+    with(|reg| {
+        reg.retain(|(_, _, _, w)| w.strong_count() > 0);
+        if let Some(e) = reg
+            .iter()
+            .find(|(p, i, n, _)| *p == pid && *i == ns && n == ifname)
+            .and_then(|(_, _, _, w)| w.upgrade())
+        {
+            return Ok(e);
+        }
+        let parent = reg
+            .iter()
+            .any(|(p, i, n, _)| *p != pid && *i == ns && n == ifname);
+        let e = Arc::new(open().map_err(|e| {
+            if parent {
+                format!("forked child cannot open its own engine on {ifname} (the parent's engine owns it): {e}")
+            } else {
+                e
+            }
+        })?);
+        reg.push((pid, ns, ifname.to_string(), Arc::downgrade(&e)));
+        Ok(e)
+    })
+}

@@ -1,0 +1,155 @@
+//! Receive: a budgeted poll of the RX rings into the demux.
+//!
+//! `RxPath` lives under the engine's RX lock: the rings of every queue, the
+//! demux with every endpoint's queue. The lock is held for one budgeted
+//! poll and/or one pop, never across a user closure or a netlink call.
+//! Every frame taken off a ring ends up exactly once as delivered
+//! (`rx_packets`) or under one drop reason, so
+//! `rx_frames = rx_packets + sum(drop_*)`; the RX counters have this lock
+//! as their single writer.
+
+use super::classify::classify;
+use super::demux::{Delivery, Demux, EndpointId, Outcome};
+use super::shm::{E, StatsPage, bump, peak, set};
+use nanowire_xdp::{RxFrame, XskRx, XskStats};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+/// Descriptors per ring visit (between two refills of the fill ring).
+pub(crate) const RX_BATCH: u32 = 64;
+/// Descriptors one poll takes at most (bounds the time the RX lock is
+/// held, and so the wait of any other socket of the process).
+pub(crate) const RX_BUDGET: u32 = 256;
+/// Polls between two XDP_STATISTICS refreshes (a syscall per queue).
+const KERNEL_STATS_EVERY_MASK: u32 = (1 << 22) - 1;
+
+pub(crate) struct RxPath {
+    pub queues: Vec<XskRx>,
+    pub demux: Demux,
+    /// The interface's own addresses: a frame from one of them is martian.
+    pub own: Vec<Ipv4Addr>,
+    pub page: Arc<StatsPage>,
+    polls: u32,
+    bad_descs: u64,
+}
+
+impl RxPath {
+    pub fn new(queues: Vec<XskRx>, demux: Demux, own: Vec<Ipv4Addr>, page: Arc<StatsPage>) -> Self {
+        RxPath {
+            queues,
+            demux,
+            own,
+            page,
+            polls: 0,
+            bad_descs: 0,
+        }
+    }
+
+    /// Take at most `budget` descriptors from the rings into the endpoint
+    /// queues. Returns descriptors taken.
+    #[inline]
+    pub fn poll(&mut self, budget: u32) -> u32 {
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls & KERNEL_STATS_EVERY_MASK == 0 {
+            self.refresh_kernel_stats();
+        }
+        let mut total = 0;
+        let RxPath {
+            queues,
+            demux,
+            own,
+            page,
+            ..
+        } = self;
+        for q in queues.iter_mut() {
+            if total >= budget {
+                break;
+            }
+            let info = q.poll(budget - total, RX_BATCH, |f| handle(demux, own, page, f));
+            if info.descs > 0 {
+                peak(page.e(E::PeakRxRing), u64::from(info.ring_peak));
+            }
+            total += info.descs;
+        }
+        let bad: u64 = queues.iter().map(|q| q.bad_descs()).sum();
+        if bad != self.bad_descs {
+            bump(self.page.e(E::DropBadDesc), bad - self.bad_descs);
+            bump(self.page.e(E::RxFrames), bad - self.bad_descs);
+            self.bad_descs = bad;
+        }
+        total
+    }
+
+    /// Pop endpoint `id`'s next frame, polling the rings if it has none.
+    #[inline]
+    pub fn pop_or_poll(&mut self, id: EndpointId) -> Option<Delivery> {
+        if let Some(d) = self.demux.pop(id, &self.page) {
+            return Some(d);
+        }
+        if self.poll(RX_BUDGET) > 0 {
+            return self.demux.pop(id, &self.page);
+        }
+        None
+    }
+
+    /// Return frames to the fill ring (after endpoints dropped theirs).
+    pub fn refill(&mut self) {
+        for q in &mut self.queues {
+            q.refill();
+        }
+    }
+
+    pub fn refresh_kernel_stats(&mut self) {
+        let mut t = XskStats::default();
+        for q in &self.queues {
+            let s = q.stats();
+            t.rx_dropped += s.rx_dropped;
+            t.rx_ring_full += s.rx_ring_full;
+            t.rx_fill_ring_empty_descs += s.rx_fill_ring_empty_descs;
+            t.rx_invalid_descs += s.rx_invalid_descs;
+            t.tx_invalid_descs += s.tx_invalid_descs;
+            t.tx_ring_empty_descs += s.tx_ring_empty_descs;
+        }
+        let p = &self.page;
+        // The kernel counts a fill-ring-empty drop in rx_dropped too; keep
+        // the counters disjoint so that they add up.
+        set(
+            p.e(E::XskRxDropped),
+            t.rx_dropped.saturating_sub(t.rx_fill_ring_empty_descs),
+        );
+        set(p.e(E::XskRxRingFull), t.rx_ring_full);
+        set(p.e(E::XskRxFillRingEmpty), t.rx_fill_ring_empty_descs);
+        set(p.e(E::XskRxInvalidDescs), t.rx_invalid_descs);
+        set(p.e(E::XskTxInvalidDescs), t.tx_invalid_descs);
+        set(p.e(E::XskTxRingEmpty), t.tx_ring_empty_descs);
+    }
+}
+
+/// One frame: classify, check the source against our own addresses,
+/// deliver or count the drop.
+#[inline]
+fn handle(demux: &mut Demux, own: &[Ipv4Addr], page: &StatsPage, f: RxFrame) {
+    bump(page.e(E::RxFrames), 1);
+    if f.is_multi_buffer() {
+        bump(page.e(E::RxMultiBuffer), 1);
+    }
+    let c = match classify(f.data()) {
+        Ok(c) => c,
+        Err(why) => return bump(page.e(why.counter()), 1),
+    };
+    if own.contains(c.src.ip()) {
+        return bump(page.e(E::DropMartian), 1);
+    }
+    if c.csum_partial {
+        bump(page.e(E::RxCsumPartial), 1);
+    }
+    let len = c.payload_len as u64;
+    match demux.deliver(&c, f, page) {
+        Outcome::Delivered => {
+            bump(page.e(E::RxPackets), 1);
+            bump(page.e(E::RxBytes), len);
+        }
+        Outcome::NoEndpoint => bump(page.e(E::DropNoSocket), 1),
+        Outcome::QueueFull => bump(page.e(E::DropSocketQueueFull), 1),
+    }
+}

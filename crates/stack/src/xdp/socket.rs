@@ -1,0 +1,928 @@
+//! The socket API and its wait policy: [`XdpSocket`].
+//!
+//! Receiving pops an owned frame from the socket's queue (polling the rings
+//! when it is empty) under the RX lock, releases the lock, and only then
+//! runs the caller's closure on the frame: a closure may send, receive on
+//! another socket, or block without holding up anyone. The frame goes back
+//! to the fill ring when the closure is done with it.
+//!
+//! Every socket has a kernel twin: a kernel UDP socket bound to the same
+//! address. It reserves the port against kernel users, picks ephemeral
+//! ports, makes the kernel answer IGMP for multicast joins, and carries
+//! what the rings do not: loopback traffic, datagrams to destinations not
+//! behind the engine's interface, fragmented datagrams (the steering
+//! program passes fragments to the kernel, which reassembles them for the
+//! twin; datagrams larger than the MTU are sent through it, and the kernel
+//! fragments them). [`XdpSocket::open`] makes and owns the twin;
+//! [`XdpSocket::adopt`] uses the caller's own bound socket.
+
+use super::Engine;
+use super::classify::PROTO_UDP;
+use super::demux::{Delivery, EndpointId, EndpointKind};
+use super::neigh::{Hop, Lookup, Queued};
+use super::rx::RX_BUDGET;
+use super::shm::{self, E, S, add, bump};
+use super::tx::{HDRS, IP_HDR, UDP_HDR, Wire};
+use crate::{EngineKind, EngineOptions, SocketStats, UdpEndpoint, WaitPolicy};
+use nanowire_xdp::iface;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Empty `recv_batch` calls between two looks at the kernel twin.
+const KERNEL_CHECK_EVERY: u32 = 4096;
+/// Time between two looks at the kernel twin while `recv_with` spins.
+const KERNEL_CHECK_INTERVAL: Duration = Duration::from_micros(200);
+
+fn io_err(kind: io::ErrorKind, msg: impl Into<String>) -> io::Error {
+    io::Error::new(kind, msg.into())
+}
+
+/// Why the xdp engine could not be used (an engine-level failure, as
+/// opposed to a socket-level one such as "address in use").
+#[derive(Debug)]
+pub enum OpenError {
+    /// No privilege, no AF_XDP, attach refused, queue busy, forked child
+    /// while the parent's engine owns the interface, ...
+    Engine(String),
+    /// The socket itself failed (bad address, port in use, not bound).
+    Socket(io::Error),
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::Engine(s) => f.write_str(s),
+            OpenError::Socket(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// The socket's kernel twin.
+enum Twin {
+    /// Made by `open`, closed with the socket.
+    Owned(UdpSocket),
+    /// The caller's socket (`adopt`): never closed or duplicated by us.
+    Adopted(RawFd),
+}
+
+impl Twin {
+    fn fd(&self) -> RawFd {
+        match self {
+            Twin::Owned(s) => s.as_raw_fd(),
+            Twin::Adopted(fd) => *fd,
+        }
+    }
+}
+
+fn eventfd() -> io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain eventfd(2); checked below.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+use nanowire_xdp::sys::{self, eventfd_drain};
+
+fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*a.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
+fn from_sockaddr_in(sa: &libc::sockaddr_in) -> SocketAddrV4 {
+    SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+        u16::from_be(sa.sin_port),
+    )
+}
+
+fn kernel_socket(bind: SocketAddrV4, reuse: bool) -> io::Result<UdpSocket> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket(2); ownership passes to UdpSocket right away.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_INET,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh socket we own.
+    let s = unsafe { UdpSocket::from_raw_fd(fd) };
+    if reuse {
+        let one: libc::c_int = 1;
+        // SAFETY: setsockopt with an int option value.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_REUSEADDR,
+                (&one as *const libc::c_int).cast(),
+                4,
+            )
+        };
+    }
+    let sa = sockaddr_in(bind);
+    // SAFETY: sa is a valid sockaddr_in of the size given.
+    if unsafe {
+        libc::bind(
+            fd,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(s)
+}
+
+/// The bound IPv4 address of `fd`.
+fn local_of(fd: RawFd) -> io::Result<SocketAddrV4> {
+    // SAFETY: zeroed sockaddr_in is valid; getsockname fills it.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: sa/len describe a writable buffer of the right size.
+    if unsafe { libc::getsockname(fd, (&mut sa as *mut libc::sockaddr_in).cast(), &mut len) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if i32::from(sa.sin_family) != libc::AF_INET {
+        return Err(io_err(io::ErrorKind::InvalidInput, "not an IPv4 socket"));
+    }
+    Ok(from_sockaddr_in(&sa))
+}
+
+/// IP_ADD_MEMBERSHIP / IP_DROP_MEMBERSHIP on a kernel socket.
+fn membership(fd: RawFd, add: bool, group: Ipv4Addr, ifaddr: Ipv4Addr) -> io::Result<()> {
+    let m = libc::ip_mreq {
+        imr_multiaddr: libc::in_addr {
+            s_addr: u32::from(group).to_be(),
+        },
+        imr_interface: libc::in_addr {
+            s_addr: u32::from(ifaddr).to_be(),
+        },
+    };
+    let opt = if add {
+        libc::IP_ADD_MEMBERSHIP
+    } else {
+        libc::IP_DROP_MEMBERSHIP
+    };
+    // SAFETY: m is a valid ip_mreq of the size given.
+    if unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            opt,
+            (&m as *const libc::ip_mreq).cast(),
+            std::mem::size_of::<libc::ip_mreq>() as libc::socklen_t,
+        )
+    } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A UDP socket on the xdp engine.
+pub struct XdpSocket {
+    engine: Arc<Engine>,
+    id: EndpointId,
+    local: SocketAddrV4,
+    /// Unicast addresses claimed in the steering program for this socket.
+    claims: Vec<Ipv4Addr>,
+    /// Multicast groups joined.
+    groups: Vec<Ipv4Addr>,
+    peer: Option<SocketAddrV4>,
+    wait: WaitPolicy,
+    twin: Twin,
+    kcheck: u32,
+    /// The eventfd of this socket's endpoint (owned there, valid while we live).
+    wake_fd: RawFd,
+    /// Last destination: (address, neighbour generation, hop).
+    hop: Option<(Ipv4Addr, u64, Hop)>,
+    batch: Vec<Delivery>,
+}
+
+impl XdpSocket {
+    /// Open a socket bound to `bind` on the engine of `opts.iface` (or the
+    /// interface owning the bind address). The socket makes and owns its
+    /// kernel twin.
+    pub fn open(bind: SocketAddrV4, opts: &EngineOptions) -> Result<XdpSocket, OpenError> {
+        let engine = engine_for(*bind.ip(), opts)?;
+        XdpSocket::check_addr(&engine, *bind.ip())?;
+        let twin = kernel_socket(bind, bind.ip().is_multicast()).map_err(OpenError::Socket)?;
+        if let Some(b) = opts.rcvbuf {
+            let _ = set_int(twin.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, b);
+        }
+        if let Some(b) = opts.sndbuf {
+            let _ = set_int(twin.as_raw_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF, b);
+        }
+        let mut s = XdpSocket::attach(engine, Twin::Owned(twin), opts.wait)?;
+        if let Some(b) = opts.rcvbuf {
+            s.set_rcvbuf(b);
+        }
+        Ok(s)
+    }
+
+    /// Put the caller's own kernel UDP socket `fd`, already bound, on the
+    /// engine of `opts.iface` (or the interface owning its address), as
+    /// the socket's kernel twin (port reservation, loopback and fragment
+    /// path). The engine neither owns nor duplicates `fd`: the caller
+    /// guarantees it stays open, and is not closed, while the `XdpSocket`
+    /// lives. Receives from it use MSG_DONTWAIT; sends through it (large
+    /// datagrams, non-XDP destinations) use the socket's own blocking mode.
+    /// `connect` and multicast joins are not applied to `fd`: the caller
+    /// does that on its own socket (the shim passes the application's
+    /// calls through).
+    pub fn adopt(fd: RawFd, opts: &EngineOptions) -> Result<XdpSocket, OpenError> {
+        let local = local_of(fd).map_err(OpenError::Socket)?;
+        if local.port() == 0 {
+            return Err(OpenError::Socket(io_err(
+                io::ErrorKind::InvalidInput,
+                "adopt: the socket is not bound",
+            )));
+        }
+        let engine = engine_for(*local.ip(), opts)?;
+        XdpSocket::check_addr(&engine, *local.ip())?;
+        XdpSocket::attach(engine, Twin::Adopted(fd), opts.wait)
+    }
+
+    /// Open a socket on an existing engine.
+    pub fn open_on(
+        engine: Arc<Engine>,
+        bind: SocketAddrV4,
+        wait: WaitPolicy,
+    ) -> Result<XdpSocket, OpenError> {
+        XdpSocket::check_addr(&engine, *bind.ip())?;
+        let twin = kernel_socket(bind, bind.ip().is_multicast()).map_err(OpenError::Socket)?;
+        XdpSocket::attach(engine, Twin::Owned(twin), wait)
+    }
+
+    fn check_addr(engine: &Engine, ip: Ipv4Addr) -> Result<(), OpenError> {
+        if !engine.is_own() {
+            return Err(OpenError::Engine(
+                "the engine belongs to the parent process (fork)".into(),
+            ));
+        }
+        if ip.is_unspecified() || ip.is_multicast() || engine.rx().own.contains(&ip) {
+            return Ok(());
+        }
+        Err(OpenError::Socket(io_err(
+            io::ErrorKind::AddrNotAvailable,
+            format!("{ip} is not the address of {}", engine.iface.name),
+        )))
+    }
+
+    fn attach(engine: Arc<Engine>, twin: Twin, wait: WaitPolicy) -> Result<XdpSocket, OpenError> {
+        let local = local_of(twin.fd()).map_err(OpenError::Socket)?;
+        let wake = eventfd().map_err(OpenError::Socket)?;
+        let wake_fd = wake.as_raw_fd();
+        let (id, claims) = {
+            let mut g = engine.rx();
+            // A wildcard bind claims every IPv4 address of the interface.
+            let claims: Vec<Ipv4Addr> = if local.ip().is_unspecified() {
+                if g.own.is_empty() {
+                    match engine.iface.addr {
+                        Some(a) => vec![a],
+                        None => {
+                            return Err(OpenError::Engine(format!(
+                                "{} has no IPv4 address",
+                                engine.iface.name
+                            )));
+                        }
+                    }
+                } else {
+                    g.own.clone()
+                }
+            } else {
+                vec![*local.ip()]
+            };
+            let id = g
+                .demux
+                .add(EndpointKind::Udp, wake, shm::MAX_SOCKETS)
+                .ok_or_else(|| {
+                    OpenError::Socket(io_err(
+                        io::ErrorKind::OutOfMemory,
+                        format!(
+                            "the xdp engine supports at most {} sockets",
+                            shm::MAX_SOCKETS
+                        ),
+                    ))
+                })?;
+            engine.page.set_sock_addr(id, Some(local));
+            bump(engine.page.e(E::Sockets), 1);
+            (id, claims)
+        };
+        let mut s = XdpSocket {
+            engine,
+            id,
+            local,
+            claims: Vec::new(),
+            groups: Vec::new(),
+            peer: None,
+            wait,
+            twin,
+            kcheck: 0,
+            wake_fd,
+            hop: None,
+            batch: Vec::new(),
+        };
+        {
+            let mut p = s.engine.prog();
+            for ip in claims {
+                p.claim(ip, local.port()).map_err(OpenError::Engine)?;
+                s.claims.push(ip);
+            }
+        }
+        s.engine.rx().demux.bind(id, PROTO_UDP, local);
+        Ok(s)
+    }
+
+    pub fn engine_handle(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    #[inline]
+    fn own(&self) -> io::Result<()> {
+        if self.engine.is_own() {
+            Ok(())
+        } else {
+            Err(io_err(
+                io::ErrorKind::Other,
+                "xdp socket inherited through fork: its engine belongs to the parent process",
+            ))
+        }
+    }
+
+    /// Frames this socket may hold from now on: SO_RCVBUF semantics (the
+    /// kernel doubles the value; each datagram costs one UMEM frame), and
+    /// never more than the socket's share of the UMEM.
+    pub fn set_rcvbuf(&mut self, bytes: usize) {
+        if self.own().is_err() {
+            return;
+        }
+        let frames = (bytes.saturating_mul(2) / self.engine.frame_size).max(1);
+        if let Some(e) = self.engine.rx().demux.get_mut(self.id) {
+            e.rcvbuf_frames = frames;
+        }
+    }
+
+    /// Datagrams this socket may queue now (its SO_RCVBUF and UMEM share).
+    pub fn queue_capacity(&self) -> usize {
+        self.engine.rx().demux.cap(self.id)
+    }
+
+    /// Receive one datagram without copying: `f` sees the payload in its
+    /// frame, after the engine's locks are released (it may send, or use
+    /// other sockets). The frame is released when `f` returns.
+    pub fn recv_with<R>(
+        &mut self,
+        deadline: Option<Instant>,
+        mut f: impl FnMut(&[u8], SocketAddrV4) -> R,
+    ) -> io::Result<Option<R>> {
+        self.own()?;
+        // The clock is read only once the socket has to wait: a datagram
+        // already there costs no clock read.
+        let mut start: Option<Instant> = None;
+        let mut next_kcheck: Option<Instant> = None;
+        let mut spins: u32 = 0;
+        loop {
+            let d = self.engine.rx().pop_or_poll(self.id);
+            if let Some(d) = d {
+                return Ok(Some(f(d.payload(), d.src)));
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) || matches!(self.wait, WaitPolicy::Block) {
+                let now = Instant::now();
+                let start = *start.get_or_insert(now);
+                let next = next_kcheck.get_or_insert(now + KERNEL_CHECK_INTERVAL);
+                // The kernel twin costs a syscall: look at most every
+                // KERNEL_CHECK_INTERVAL while spinning (and after each sleep).
+                if now >= *next {
+                    *next = now + KERNEL_CHECK_INTERVAL;
+                    if let Some(r) = self.try_kernel(&mut f)? {
+                        return Ok(Some(r));
+                    }
+                }
+                if deadline.is_some_and(|d| now >= d) {
+                    return Ok(None);
+                }
+                let sleep = match self.wait {
+                    WaitPolicy::Spin => false,
+                    WaitPolicy::Block => true,
+                    WaitPolicy::SpinThenBlock(d) => now.duration_since(start) >= d,
+                };
+                if sleep {
+                    let ms = deadline
+                        .map(|d| {
+                            d.saturating_duration_since(now)
+                                .as_millis()
+                                .min(super::MAX_SLEEP_MS as u128) as i32
+                        })
+                        .unwrap_or(super::MAX_SLEEP_MS)
+                        .max(1);
+                    // Announce the sleep under the lock, unless a datagram
+                    // arrived for us meanwhile (another thread drained it).
+                    let may_sleep = {
+                        let mut g = self.engine.rx();
+                        match g.demux.get_mut(self.id) {
+                            Some(e) if e.queue.is_empty() => {
+                                e.sleeping = true;
+                                true
+                            }
+                            _ => false,
+                        }
+                    };
+                    if may_sleep {
+                        self.engine.wait_fds(&[self.twin.fd(), self.wake_fd], ms);
+                        if let Some(e) = self.engine.rx().demux.get_mut(self.id) {
+                            e.sleeping = false;
+                        }
+                        eventfd_drain(self.wake_fd);
+                        if let Some(r) = self.try_kernel(&mut f)? {
+                            return Ok(Some(r));
+                        }
+                    }
+                    continue;
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Receive up to `max` queued datagrams without waiting, zero-copy;
+    /// `f` runs after the engine's locks are released.
+    pub fn recv_batch(&mut self, max: usize, mut f: impl FnMut(&[u8], SocketAddrV4)) -> usize {
+        if self.own().is_err() {
+            return 0;
+        }
+        let mut batch = std::mem::take(&mut self.batch);
+        {
+            let mut g = self.engine.rx();
+            g.poll(RX_BUDGET);
+            let page = g.page.clone();
+            while batch.len() < max {
+                let Some(d) = g.demux.pop(self.id, &page) else {
+                    break;
+                };
+                batch.push(d);
+            }
+        }
+        let mut n = batch.len();
+        for d in batch.drain(..) {
+            f(d.payload(), d.src);
+        }
+        self.batch = batch;
+        if n == 0 {
+            self.kcheck = self.kcheck.wrapping_add(1);
+            if self.kcheck.is_multiple_of(KERNEL_CHECK_EVERY)
+                && let Ok(Some(())) = self.try_kernel(&mut f)
+            {
+                n = 1;
+            }
+        }
+        n
+    }
+
+    /// One datagram from the kernel twin, if any (syscalls: called only
+    /// every KERNEL_CHECK_EVERY empty polls, or after a sleep).
+    fn try_kernel<R>(
+        &mut self,
+        f: &mut impl FnMut(&[u8], SocketAddrV4) -> R,
+    ) -> io::Result<Option<R>> {
+        let fd = self.twin.fd();
+        // The length first (MSG_TRUNC reports the whole datagram).
+        // SAFETY: a zero-length peek on a socket fd; no buffer is written.
+        let n = unsafe {
+            sys::recvfrom(
+                fd,
+                std::ptr::null_mut(),
+                0,
+                libc::MSG_DONTWAIT | libc::MSG_PEEK | libc::MSG_TRUNC,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            // Nothing, or an ICMP error reported on the socket (consumed).
+            return Ok(None);
+        }
+        let mut buf = vec![0u8; n as usize];
+        // SAFETY: zeroed sockaddr_in is valid; recvfrom fills it.
+        let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: buf and sa/len are valid writable buffers of the sizes given.
+        let got = unsafe {
+            sys::recvfrom(
+                fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+                (&mut sa as *mut libc::sockaddr_in).cast(),
+                &mut len,
+            )
+        };
+        if got < 0 || i32::from(sa.sin_family) != libc::AF_INET {
+            return Ok(None);
+        }
+        let got = got as usize;
+        let p = &self.engine.page;
+        add(p.s(self.id, S::RxPackets), 1);
+        add(p.s(self.id, S::RxBytes), got as u64);
+        add(p.s(self.id, S::RxKernelPath), 1);
+        Ok(Some(f(&buf[..got.min(buf.len())], from_sockaddr_in(&sa))))
+    }
+
+    /// How `dst` is reached, from the socket's cache (one atomic load) or
+    /// the neighbour table (learning it without waiting when unknown).
+    fn lookup(&mut self, dst: Ipv4Addr) -> io::Result<Lookup> {
+        let n = &self.engine.neigh;
+        let g = n.generation();
+        if let Some((ip, seen, h)) = self.hop
+            && ip == dst
+            && seen == g
+        {
+            return Ok(Lookup::Ready(h));
+        }
+        let mut l = n.lookup(dst);
+        if l == Lookup::Unknown {
+            n.learn(dst)?;
+            l = n.lookup(dst);
+        }
+        if let Lookup::Ready(h) = l {
+            self.hop = Some((dst, g, h));
+        }
+        Ok(l)
+    }
+
+    /// Fits the rings (else the kernel twin sends it, fragmenting if needed).
+    #[inline]
+    fn fits(&self, len: usize) -> bool {
+        let e = &self.engine;
+        len + IP_HDR + UDP_HDR <= e.iface.mtu as usize
+            && (HDRS + len <= e.frame_size || e.multi_buffer)
+    }
+
+    /// Send several datagrams to `dst` with as few kicks as possible.
+    /// Returns how many were queued.
+    pub fn send_many(&mut self, bufs: &[&[u8]], dst: SocketAddrV4) -> io::Result<usize> {
+        self.own()?;
+        if !bufs.iter().all(|b| self.fits(b.len())) {
+            // Datagrams larger than the MTU payload go through the kernel
+            // twin (the kernel fragments them); the rest as usual.
+            let mut n = 0;
+            for b in bufs {
+                let r = if self.fits(b.len()) {
+                    self.send_many(&[b], dst)
+                } else {
+                    self.send_kernel(&[b], dst)
+                };
+                match r {
+                    Ok(_) => n += 1,
+                    Err(e) if n == 0 => return Err(e),
+                    Err(_) => break,
+                }
+            }
+            return Ok(n);
+        }
+        match self.lookup(*dst.ip())? {
+            Lookup::Ready(Hop::Xdp { src, mac }) => {
+                let src_ip = if self.local.ip().is_unspecified() || self.local.ip().is_multicast() {
+                    src
+                } else {
+                    *self.local.ip()
+                };
+                let w = Wire {
+                    src: SocketAddrV4::new(src_ip, self.local.port()),
+                    dst,
+                    mac,
+                };
+                let r = self.engine.tx().send(bufs, w, self.id);
+                r.map(|s| s.n).map_err(|e| {
+                    if e.kind() == io::ErrorKind::WouldBlock {
+                        e
+                    } else {
+                        io::Error::new(
+                            e.kind(),
+                            format!("{} cannot transmit: {e}", self.engine.iface.name),
+                        )
+                    }
+                })
+            }
+            Lookup::Ready(Hop::Kernel) => self.send_kernel(bufs, dst),
+            Lookup::Pending => {
+                // As the kernel: success now, the datagram waits for the
+                // neighbour (a few per neighbour, then counted drops).
+                let src_ip = if self.local.ip().is_unspecified() {
+                    self.engine.iface.addr.unwrap_or(Ipv4Addr::UNSPECIFIED)
+                } else {
+                    *self.local.ip()
+                };
+                for b in bufs {
+                    self.engine.neigh.enqueue(Queued {
+                        src: SocketAddrV4::new(src_ip, self.local.port()),
+                        dst,
+                        slot: self.id,
+                        payload: b.to_vec(),
+                    });
+                }
+                Ok(bufs.len())
+            }
+            Lookup::Failed | Lookup::Unknown => {
+                if self.peer == Some(dst) {
+                    return Err(io_err(
+                        io::ErrorKind::HostUnreachable,
+                        format!("no route to host {} (neighbour unresolved)", dst.ip()),
+                    ));
+                }
+                self.engine.neigh.count_drop(self.id, bufs.len() as u64);
+                Ok(bufs.len())
+            }
+        }
+    }
+
+    /// Send through the kernel twin.
+    fn send_kernel(&mut self, bufs: &[&[u8]], dst: SocketAddrV4) -> io::Result<usize> {
+        let fd = self.twin.fd();
+        let sa = sockaddr_in(dst);
+        let mut n = 0;
+        for b in bufs {
+            // SAFETY: b and sa are valid buffers of the sizes given.
+            let r = unsafe {
+                sys::sendto(
+                    fd,
+                    b.as_ptr().cast(),
+                    b.len(),
+                    0,
+                    (&sa as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if n == 0 {
+                    return Err(e);
+                }
+                break;
+            }
+            let p = &self.engine.page;
+            add(p.s(self.id, S::TxPackets), 1);
+            add(p.s(self.id, S::TxBytes), b.len() as u64);
+            add(p.s(self.id, S::TxKernelPath), 1);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// The socket's kernel twin: a real fd number for fd-based code, and
+    /// the path for loopback, fragmented and non-XDP traffic.
+    pub fn kernel_fd(&self) -> RawFd {
+        self.twin.fd()
+    }
+
+    /// Descriptors that become readable when a datagram may be waiting for
+    /// this socket on the rings: the engine's AF_XDP sockets and this
+    /// socket's wake-up eventfd. The kernel twin is not included (the
+    /// caller adds it, [`XdpSocket::kernel_fd`]). A readable fd is a hint,
+    /// [`XdpSocket::pending`] is the answer.
+    pub fn poll_fds(&self) -> Vec<RawFd> {
+        let mut v = self.engine.fds.clone();
+        v.push(self.wake_fd);
+        v
+    }
+
+    /// Drain the rings and report (queued datagrams, length of the next
+    /// one) without consuming anything. Does not look at the kernel twin.
+    pub fn pending(&self) -> (usize, usize) {
+        if self.own().is_err() {
+            return (0, 0);
+        }
+        let mut g = self.engine.rx();
+        g.poll(RX_BUDGET);
+        match g.demux.get(self.id) {
+            Some(e) => (
+                e.queue.len(),
+                e.queue.front().map_or(0, |d| d.payload_len as usize),
+            ),
+            None => (0, 0),
+        }
+    }
+
+    /// The connected peer, if any.
+    pub fn peer(&self) -> Option<SocketAddrV4> {
+        self.peer
+    }
+    /// Send to the connected peer.
+    pub fn send(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let p = self
+            .peer
+            .ok_or_else(|| io_err(io::ErrorKind::NotConnected, "socket is not connected"))?;
+        self.send_to(buf, p)
+    }
+
+    /// Leave a multicast group joined with `join_multicast`.
+    pub fn leave_multicast(&mut self, group: Ipv4Addr, iface_addr: Ipv4Addr) -> io::Result<()> {
+        self.own()?;
+        let Some(i) = self.groups.iter().position(|g| *g == group) else {
+            return Err(io_err(
+                io::ErrorKind::AddrNotAvailable,
+                format!("not a member of {group}"),
+            ));
+        };
+        self.groups.swap_remove(i);
+        let port = self.local.port();
+        self.engine
+            .rx()
+            .demux
+            .unbind(self.id, PROTO_UDP, SocketAddrV4::new(group, port));
+        self.engine.prog().unclaim(group, port);
+        if let Twin::Owned(_) = self.twin {
+            let ifaddr = self.ifaddr(iface_addr);
+            match membership(self.twin.fd(), false, group, ifaddr) {
+                Err(e) if e.raw_os_error() != Some(libc::EADDRNOTAVAIL) => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn ifaddr(&self, iface_addr: Ipv4Addr) -> Ipv4Addr {
+        if iface_addr.is_unspecified() {
+            self.engine.iface.addr.unwrap_or(iface_addr)
+        } else {
+            iface_addr
+        }
+    }
+}
+
+fn set_int(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: usize) -> io::Result<()> {
+    let v = v.min(i32::MAX as usize) as libc::c_int;
+    // SAFETY: an int-valued option from a live int.
+    if unsafe { libc::setsockopt(fd, level, opt, (&v as *const libc::c_int).cast(), 4) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn engine_for(ip: Ipv4Addr, opts: &EngineOptions) -> Result<Arc<Engine>, OpenError> {
+    let ifname = match &opts.iface {
+        Some(i) => i.clone(),
+        None => iface::iface_for_addr(ip).map_err(OpenError::Engine)?,
+    };
+    Engine::get(&ifname, opts).map_err(OpenError::Engine)
+}
+
+impl Drop for XdpSocket {
+    fn drop(&mut self) {
+        if !self.engine.is_own() {
+            // Inherited through fork: the parent's engine is not ours to
+            // touch. (An owned twin fd is closed, which is what close(2) of
+            // a fork-inherited fd does.)
+            return;
+        }
+        let ep = {
+            let mut g = self.engine.rx();
+            let ep = g.demux.remove(self.id);
+            self.engine.page.set_sock_addr(self.id, None);
+            let c = self.engine.page.e(E::Sockets);
+            c.store(
+                c.load(std::sync::atomic::Ordering::Relaxed)
+                    .saturating_sub(1),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            ep
+        };
+        // Queued frames go back to the fill ring (outside the lock).
+        drop(ep);
+        {
+            let mut p = self.engine.prog();
+            for ip in &self.claims {
+                p.unclaim(*ip, self.local.port());
+            }
+            for g in &self.groups {
+                p.unclaim(*g, self.local.port());
+            }
+        }
+        self.engine.rx().refill();
+    }
+}
+
+impl UdpEndpoint for XdpSocket {
+    fn engine(&self) -> EngineKind {
+        EngineKind::Xdp
+    }
+    fn local_addr(&self) -> io::Result<SocketAddrV4> {
+        Ok(self.local)
+    }
+    fn connect(&mut self, peer: SocketAddrV4) -> io::Result<()> {
+        self.own()?;
+        // Learn the route now (never waiting for the neighbour), so the
+        // first send does not pay for it and a missing route fails here.
+        self.lookup(*peer.ip())?;
+        if let Twin::Owned(s) = &self.twin {
+            // The kernel twin filters the same way (loopback path).
+            s.connect(peer)?;
+        }
+        self.engine
+            .rx()
+            .demux
+            .connect(self.id, PROTO_UDP, self.local, peer);
+        self.peer = Some(peer);
+        Ok(())
+    }
+    fn send_to(&mut self, buf: &[u8], dst: SocketAddrV4) -> io::Result<usize> {
+        self.send_many(&[buf], dst).map(|_| buf.len())
+    }
+    fn send_batch_to(&mut self, bufs: &[&[u8]], dst: SocketAddrV4) -> io::Result<usize> {
+        self.send_many(bufs, dst)
+    }
+    fn recv_from(
+        &mut self,
+        buf: &mut [u8],
+        deadline: Option<Instant>,
+    ) -> io::Result<Option<(usize, SocketAddrV4)>> {
+        self.recv_with(deadline, |p, src| {
+            let n = p.len().min(buf.len());
+            buf[..n].copy_from_slice(&p[..n]);
+            (n, src)
+        })
+    }
+    fn try_recv_from(&mut self, buf: &mut [u8]) -> io::Result<Option<(usize, SocketAddrV4)>> {
+        let mut out = None;
+        self.recv_batch(1, |p, src| {
+            let n = p.len().min(buf.len());
+            buf[..n].copy_from_slice(&p[..n]);
+            out = Some((n, src));
+        });
+        Ok(out)
+    }
+    fn join_multicast(&mut self, group: Ipv4Addr, iface_addr: Ipv4Addr) -> io::Result<()> {
+        self.own()?;
+        if !group.is_multicast() {
+            return Err(io_err(
+                io::ErrorKind::InvalidInput,
+                format!("{group} is not a multicast group"),
+            ));
+        }
+        if self.groups.contains(&group) {
+            return Err(io_err(
+                io::ErrorKind::AddrInUse,
+                format!("already a member of {group}"),
+            ));
+        }
+        let ifaddr = self.ifaddr(iface_addr);
+        if let Twin::Owned(_) = self.twin {
+            // The kernel socket's membership makes the kernel answer IGMP.
+            membership(self.twin.fd(), true, group, ifaddr)?;
+        }
+        let port = self.local.port();
+        self.engine
+            .prog()
+            .claim(group, port)
+            .map_err(|e| io_err(io::ErrorKind::Other, e))?;
+        self.engine
+            .rx()
+            .demux
+            .bind(self.id, PROTO_UDP, SocketAddrV4::new(group, port));
+        self.groups.push(group);
+        Ok(())
+    }
+    fn engine_counters(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = self
+            .engine
+            .counters()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let p = &self.engine.page;
+        for (i, n) in shm::SOCK_COUNTERS.iter().enumerate() {
+            v.push((format!("socket.{n}"), p.sock_word(self.id, i)));
+        }
+        v
+    }
+    fn stats(&self) -> SocketStats {
+        let p = &self.engine.page;
+        let r = |c: S| p.s(self.id, c).load(std::sync::atomic::Ordering::Relaxed);
+        SocketStats {
+            rx_packets: r(S::RxPackets),
+            rx_bytes: r(S::RxBytes),
+            tx_packets: r(S::TxPackets),
+            tx_bytes: r(S::TxBytes),
+            rx_drop_queue_full: r(S::DropQueueFull),
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! Transmit: frames from the TX pool, Ethernet/IPv4/UDP headers with a full
+//! UDP checksum, batches of at most one kick's budget.
+//!
+//! `TxPath` lives under the engine's TX lock, which is held only while
+//! frames are written and posted (never across a netlink call or a user
+//! closure). Counters written here (`tx_*`, per-socket `tx_*`) have this
+//! lock as their single writer.
+
+use super::shm::{E, S, StatsPage, bump};
+use nanowire_wire::{Ipv4Repr, UdpRepr};
+use nanowire_xdp::XskTx;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+
+pub(crate) const ETH_HDR: usize = 14;
+pub(crate) const IP_HDR: usize = 20;
+pub(crate) const UDP_HDR: usize = 8;
+pub(crate) const HDRS: usize = ETH_HDR + IP_HDR + UDP_HDR;
+
+/// Where a datagram goes on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Wire {
+    pub src: SocketAddrV4,
+    pub dst: SocketAddrV4,
+    pub mac: [u8; 6],
+}
+
+pub(crate) struct TxPath {
+    pub xsk: XskTx,
+    pub ip_id: u16,
+    pub mac: [u8; 6],
+    /// Frames per kick (the copy-mode budget).
+    pub per_kick: usize,
+    pub page: Arc<StatsPage>,
+    /// Scratch for multi-buffer (jumbo) frames.
+    pub big: Vec<u8>,
+}
+
+/// What one `send` did.
+pub(crate) struct Sent {
+    pub n: usize,
+}
+
+impl TxPath {
+    /// Send `bufs` (each `fits`) as datagrams; counted on socket `slot`.
+    /// `Ok(n)`: n queued (fewer when the ring stayed full after a kick).
+    pub fn send(&mut self, bufs: &[&[u8]], w: Wire, slot: usize) -> io::Result<Sent> {
+        let per_kick = self.per_kick;
+        let fs = self.xsk.frame_size();
+        let mut sent = 0;
+        let mut i = 0;
+        while i < bufs.len() {
+            // A run of datagrams that fit one frame, at most one kick's worth.
+            let mut j = i;
+            while j < bufs.len() && j - i < per_kick && HDRS + bufs[j].len() <= fs {
+                j += 1;
+            }
+            let k = if j > i {
+                let chunk = &bufs[i..j];
+                let (mac, mut id) = (self.mac, self.ip_id);
+                let k = self.xsk.send_with(chunk.len(), |n, fr| {
+                    id = id.wrapping_add(1);
+                    Some(build_frame(
+                        fr,
+                        mac,
+                        w.mac,
+                        *w.src.ip(),
+                        w.src.port(),
+                        w.dst,
+                        chunk[n],
+                        id,
+                    ))
+                });
+                self.ip_id = self.ip_id.wrapping_add(k as u16);
+                self.count(&chunk[..k], slot);
+                k
+            } else {
+                // One jumbo datagram in several buffers.
+                let b = bufs[i];
+                self.big.resize(HDRS + b.len(), 0);
+                self.ip_id = self.ip_id.wrapping_add(1);
+                let n = build_frame(
+                    &mut self.big,
+                    self.mac,
+                    w.mac,
+                    *w.src.ip(),
+                    w.src.port(),
+                    w.dst,
+                    b,
+                    self.ip_id,
+                );
+                if self.xsk.send_large(&self.big[..n]) {
+                    self.count(&bufs[i..i + 1], slot);
+                    1
+                } else {
+                    0
+                }
+            };
+            sent += k;
+            if i + k < j.max(i + 1) {
+                break; // ring or pool full
+            }
+            i += k;
+        }
+        if sent == 0 && !bufs.is_empty() {
+            // Ring full even after reaping: kick and report the drop.
+            self.xsk.kick();
+            self.xsk.reap();
+            bump(self.page.e(E::DropTxRingFull), 1);
+            bump(self.page.s(slot, S::DropTxRingFull), 1);
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "xdp tx ring full",
+            ));
+        }
+        // A kick the kernel could not finish (EAGAIN/ENOBUFS) leaves frames
+        // in the ring: kick once more rather than strand them until the
+        // next send.
+        if self.xsk.occupancy() > 0 {
+            self.xsk.kick();
+        }
+        self.xsk.reap();
+        if let Some(e) = self.xsk.kick_error() {
+            return Err(e);
+        }
+        Ok(Sent { n: sent })
+    }
+
+    fn count(&self, sent: &[&[u8]], slot: usize) {
+        let p = &self.page;
+        let b: u64 = sent.iter().map(|b| b.len() as u64).sum();
+        bump(p.e(E::TxPackets), sent.len() as u64);
+        bump(p.e(E::TxBytes), b);
+        bump(p.s(slot, S::TxPackets), sent.len() as u64);
+        bump(p.s(slot, S::TxBytes), b);
+    }
+}
+
+/// Write Ethernet + IPv4 + UDP (full checksum) + payload into `fr`;
+/// returns the frame length. `fr` must hold `HDRS + payload.len()` bytes.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) fn build_frame(
+    fr: &mut [u8],
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: Ipv4Addr,
+    sport: u16,
+    dst: SocketAddrV4,
+    payload: &[u8],
+    id: u16,
+) -> usize {
+    let total = HDRS + payload.len();
+    fr[0..6].copy_from_slice(&dst_mac);
+    fr[6..12].copy_from_slice(&src_mac);
+    fr[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    fr[HDRS..total].copy_from_slice(payload);
+    Ipv4Repr {
+        src,
+        dst: *dst.ip(),
+        protocol: super::classify::PROTO_UDP,
+        payload_len: UDP_HDR + payload.len(),
+        ttl: if dst.ip().is_multicast() { 1 } else { 64 },
+        ident: id,
+    }
+    .emit(&mut fr[ETH_HDR..]);
+    UdpRepr {
+        src_port: sport,
+        dst_port: dst.port(),
+    }
+    .emit(
+        &mut fr[ETH_HDR + IP_HDR..total],
+        payload.len(),
+        src,
+        *dst.ip(),
+    );
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multicast_frames_use_ttl_1() {
+        let mut f = vec![0u8; HDRS + 4];
+        let g = SocketAddrV4::new(Ipv4Addr::new(239, 1, 2, 3), 5);
+        build_frame(
+            &mut f,
+            [2; 6],
+            [1, 0, 0x5e, 1, 2, 3],
+            Ipv4Addr::new(10, 0, 0, 1),
+            6,
+            g,
+            b"abcd",
+            3,
+        );
+        assert_eq!(f[ETH_HDR + 8], 1);
+    }
+}
