@@ -282,12 +282,17 @@ def apps_measure(a, tmp):
     runtimes = [r for r in a.runtimes.split(",") if r] if a.runtimes else list(progs)
     inflights = [int(k) for k in a.inflight.split(",")]
     modes = ["plain"] + [f"run {p}" for p in a.profiles.split(",")]
+    # --also-preload LABEL=PATH: the same profiles with another build of the shim (before/after in one run).
+    extra = dict(x.split("=", 1) for x in a.also_preload)
+    modes += [f"{label} {p}" for label in extra for p in a.profiles.split(",")]
     pin_c, pin_s = (["taskset", "-c", "0"], ["taskset", "-c", "1"]) if a.pin else ([], [])
 
     def wrap(mode, argv):
         if mode == "plain":
             return argv
-        return [NW, "run", "--profile", mode.split()[1], "--"] + argv
+        label, profile = mode.split()
+        env = ["env", f"NANOWIRE_PRELOAD={extra[label]}"] if label in extra else []
+        return env + [NW, "run", "--profile", profile, "--"] + argv
 
     runs, commands, port = [], {}, 20000
     for r in range(a.repeats):
@@ -353,6 +358,8 @@ def main():
     ap.add_argument("--inflight", default="1,8", help="apps: datagrams in flight, comma-separated")
     ap.add_argument("--runtimes", default="", help="apps: subset of node,jvm-nio,python-asyncio,c-mt")
     ap.add_argument("--profiles", default="balanced", help="apps: nanowire run profiles to compare with plain")
+    ap.add_argument("--also-preload", action="append", default=[], metavar="LABEL=PATH",
+                    help="apps: also run each profile with this libnanowire_preload.so (e.g. old=/tmp/old.so)")
     ap.add_argument("--no-pin", dest="pin", action="store_false",
                     help="apps: do not pin the client to CPU 0 and the server to CPU 1")
     a = ap.parse_args()

@@ -115,6 +115,9 @@ pub struct Accel {
     wait_fds: Vec<c_int>,
     /// Taken off the engine (`detach`): the engine's fds are gone.
     detached: AtomicBool,
+    /// When a readiness call last saw the kernel twin empty (ns, 0 = not
+    /// known): see [`twin_maybe`].
+    twin_empty_at: AtomicU64,
     /// The local address once known (1 << 48 | ip << 16 | port; 0 = not yet).
     local: AtomicU64,
     /// The fd number the engine adopted as the kernel twin: it must stay
@@ -346,6 +349,7 @@ pub fn accelerate(fd: c_int, iface: Option<String>) -> Result<&'static Accel, No
         rd_shut: AtomicBool::new(false),
         wait_fds,
         detached: AtomicBool::new(false),
+        twin_empty_at: AtomicU64::new(0),
         local: AtomicU64::new(0),
         adopted: fd,
     }));
@@ -528,8 +532,8 @@ pub fn recv_one(
     let peek = flags & libc::MSG_PEEK != 0;
     let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed);
     let gen0 = table::generation(table::get(fd));
-    let mut start = 0;
-    let budget = spin::SPIN_NS.load(Ordering::Relaxed);
+    let mut wait: Option<crate::adapt::Wait> = None;
+    let mut start: Option<u64> = None;
     let s0 = crate::signals::seq();
     // close() waits for us before the number can be reused; the generation
     // is re-read before every syscall on `fd`.
@@ -584,7 +588,11 @@ pub fn recv_one(
         if dontwait {
             // Before saying EAGAIN, look at the kernel socket under the fd
             // (traffic that took the kernel path: loopback, other
-            // interfaces, fragments).
+            // interfaces, fragments), unless a readiness call just saw it
+            // empty (an event loop's last read before it waits again).
+            if !twin_maybe(a) {
+                return Err(libc::EAGAIN);
+            }
             return match kernel_recv(fd, flags, &mut deliver) {
                 Some(Ok(g)) => Ok(g),
                 Some(Err(e)) => Err(e),
@@ -594,16 +602,15 @@ pub fn recv_one(
         if crate::signals::interrupted(s0) {
             return Err(libc::EINTR);
         }
-        let now = now_ns();
-        if start == 0 {
-            start = now;
-        }
-        let spent = now.wrapping_sub(start);
+        // The clock starts once the socket has to wait.
         let tmo = a.rcvtimeo_ns.load(Ordering::Relaxed);
+        let now = now_ns();
+        let spent = now.wrapping_sub(*start.get_or_insert(now));
         if tmo != 0 && spent >= tmo {
             return Err(libc::EAGAIN);
         }
-        if budget != u64::MAX && spent >= budget {
+        let w = wait.get_or_insert_with(|| crate::adapt::Wait::new(u64::MAX));
+        if !w.spin() {
             // Past the spin budget: traffic that took the kernel path is
             // taken at once; otherwise sleep until the engine's rings, the
             // socket's wake-up eventfd or the kernel socket say something
@@ -628,8 +635,6 @@ pub fn recv_one(
             }
             // SAFETY: `n` pollfds on our stack.
             unsafe { real::poll(pfds.as_mut_ptr(), n as libc::nfds_t, ms) };
-        } else {
-            core::hint::spin_loop();
         }
     }
 }
@@ -733,8 +738,46 @@ fn kernel_recv(
     })
 }
 
-/// Is a datagram waiting? (Takes one into the stash if needed.)
+/// Is a datagram waiting? Answers from the rings and the socket's queue
+/// without taking anything (no copy, no allocation): what poll/epoll ask
+/// on every turn of a spin.
 pub fn readable(a: &Accel) -> bool {
+    let g = a.lock();
+    if !g.stash.is_empty() {
+        return true;
+    }
+    let Some(x) = g.xdp.as_ref() else {
+        return false;
+    };
+    engine_call(|| x.pending().0 > 0) || a.rd_shut.load(Ordering::Relaxed)
+}
+
+/// How long the kernel's "nothing on the kernel twin" answer stays good
+/// for skipping the twin's `recvfrom` before an EAGAIN.
+const TWIN_FRESH_NS: u64 = 1_000_000;
+
+/// A readiness call just asked the kernel about `fd`'s socket: `readable`
+/// is the kernel's POLLIN/EPOLLIN for it (a datagram on the kernel twin:
+/// loopback, other interfaces, fragments).
+#[inline]
+pub fn twin_seen(a: &Accel, readable: bool, now: u64) {
+    a.twin_empty_at
+        .store(if readable { 0 } else { now.max(1) }, Ordering::Relaxed);
+}
+
+/// May the kernel twin hold a datagram? No if a readiness call saw it
+/// empty within TWIN_FRESH_NS: a datagram that arrived since is reported
+/// by the next poll/epoll (the kernel's level-triggered answer for the
+/// fd), or found by the next receive once the answer is stale.
+#[inline]
+fn twin_maybe(a: &Accel) -> bool {
+    let t = a.twin_empty_at.load(Ordering::Relaxed);
+    t == 0 || now_ns().wrapping_sub(t) >= TWIN_FRESH_NS
+}
+
+/// Is a datagram waiting? (Takes one into the stash if needed: FIONREAD
+/// wants its length.)
+fn readable_stash(a: &Accel) -> bool {
     let mut g = a.lock();
     if !g.stash.is_empty() {
         return true;
@@ -756,7 +799,7 @@ pub fn readable(a: &Accel) -> bool {
 
 /// Length of the next datagram (FIONREAD), 0 if none.
 pub fn next_len(a: &Accel) -> usize {
-    if readable(a) {
+    if readable_stash(a) {
         a.lock().stash.front().map_or(0, |(b, _)| b.len())
     } else {
         0

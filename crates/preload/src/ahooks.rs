@@ -496,8 +496,7 @@ pub fn candidate(fd: c_int, mut attempt: impl FnMut() -> isize) -> Option<Option
         table::clear_flags(fd, table::F_CAND);
         return Some(None);
     }
-    let start = crate::spin::now_ns();
-    let spin = crate::spin::SPIN_NS.load(Ordering::Relaxed);
+    let mut wait = crate::adapt::Wait::new(u64::MAX);
     let s0 = crate::signals::seq();
     let gen0 = table::generation(table::get(fd));
     let _g = table::spin_enter(fd);
@@ -532,10 +531,7 @@ pub fn candidate(fd: c_int, mut attempt: impl FnMut() -> isize) -> Option<Option
             // Decided against acceleration meanwhile: the normal path.
             return Some(None);
         }
-        let spent = crate::spin::now_ns().wrapping_sub(start);
-        if spin == u64::MAX || spent < spin {
-            core::hint::spin_loop();
-        } else {
+        if !wait.spin() {
             let mut p = libc::pollfd {
                 fd,
                 events: libc::POLLIN,

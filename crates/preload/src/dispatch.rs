@@ -259,8 +259,16 @@ pub fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
             return 0;
         }
         if req == libc::FIONREAD as c_ulong && arg != 0 && a.mine() {
+            let n = accel::next_len(a);
+            if n == 0 {
+                // Nothing on the engine: the kernel twin under the fd
+                // answers (a datagram that took the kernel path, e.g. one
+                // a MSG_PEEK left there).
+                // SAFETY: as below, the caller's own arguments.
+                return unsafe { real::ioctl(fd, req, arg) };
+            }
             // SAFETY: FIONREAD's argument is an int pointer.
-            unsafe { *(arg as *mut c_int) = accel::next_len(a) as c_int };
+            unsafe { *(arg as *mut c_int) = n as c_int };
             return 0;
         }
     }
