@@ -28,11 +28,13 @@ mod registry;
 mod rx;
 pub mod shm;
 mod socket;
+pub mod tcp;
 mod tx;
 
 pub use demux::{Delivery, EndpointId, EndpointKind};
 pub use neigh::{NEGATIVE_TTL, QUEUE_BYTES_PER_NEIGH, QUEUE_PER_NEIGH, RESOLVE_TIMEOUT};
 pub use socket::{OpenError, XdpSocket};
+pub use tcp::{XdpTcpListener, XdpTcpStream};
 
 use crate::EngineOptions;
 use demux::{Demux, FastMap};

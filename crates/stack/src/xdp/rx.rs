@@ -84,7 +84,10 @@ impl RxPath {
             }
             total += info.descs;
         }
-        let bad: u64 = queues.iter().map(|q| q.bad_descs()).sum();
+        if total == 0 {
+            return 0;
+        }
+        let bad: u64 = self.queues.iter().map(|q| q.bad_descs()).sum();
         if bad != self.bad_descs {
             bump(self.page.e(E::DropBadDesc), bad - self.bad_descs);
             bump(self.page.e(E::RxFrames), bad - self.bad_descs);
