@@ -920,12 +920,16 @@ pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -
         let r = unsafe { real::epoll_ctl(ep, op, fd, kp) };
         if r == 0 {
             ready::epoll_ctl_accel(ep, op, fd, app, accel::lookup(fd));
+            ready::epoll_changed(ep);
         }
         return r;
     }
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::epoll_ctl(ep, op, fd, ev) };
+    if r == 0 && ready::epoll_has_accel(ep) {
+        ready::epoll_changed(ep);
+    }
     if r == 0
         && (op == libc::EPOLL_CTL_ADD || op == libc::EPOLL_CTL_MOD)
         && spin::spins_on(table::lookup(fd))

@@ -400,6 +400,17 @@ thread_local! {
     static LAST_KERNEL: std::cell::Cell<(c_int, u64)> = const { std::cell::Cell::new((-1, 0)) };
 }
 
+/// The interest set of `ep` changed (epoll_ctl): the next wait asks the
+/// kernel on its first turn (the "asked less than KERNEL_EVERY_NS ago"
+/// shortcut holds only while nothing changed).
+pub fn epoll_changed(ep: c_int) {
+    LAST_KERNEL.with(|c| {
+        if c.get().0 == ep {
+            c.set((-1, 0));
+        }
+    });
+}
+
 /// The kernel just answered for `ep` (`kev`: its events): remember, for each
 /// accelerated fd registered there, whether its kernel twin is readable.
 fn twins_seen(ep: c_int, kev: &[epoll_event], now: u64) {
