@@ -55,6 +55,7 @@
 
 mod abi;
 mod accel;
+mod adapt;
 mod ahooks;
 mod dispatch;
 mod exports;

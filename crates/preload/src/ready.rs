@@ -12,6 +12,7 @@
 //! ADD/MOD; EPOLLONESHOT disarms the interest after one report.
 
 use crate::accel::{self, Accel};
+use crate::adapt::Wait;
 use crate::real;
 use crate::spin::{self, now_ns};
 use crate::table;
@@ -66,6 +67,11 @@ pub fn pollfds_accel(fds: *const pollfd, n: nfds_t) -> bool {
     })
 }
 
+/// While a readiness call spins, the kernel is asked about the whole set
+/// at most this often; accelerated sockets are looked at on every turn
+/// (the rings and the socket queue are memory: no syscall).
+const KERNEL_EVERY_NS: u64 = 10_000;
+
 /// poll/ppoll with accelerated fds. `total_ns`: None = no timeout.
 pub fn poll_mixed(
     fds: *mut pollfd,
@@ -74,25 +80,37 @@ pub fn poll_mixed(
     mask: *const sigset_t,
 ) -> c_int {
     let start = now_ns();
-    let spin = spin::SPIN_NS.load(Ordering::Relaxed);
     let s0 = crate::signals::seq_all();
     let zero = ts(0);
+    let mut wait: Option<Wait> = None;
+    let mut now = start;
+    let mut next_kernel = 0u64;
     loop {
-        // SAFETY: the caller's array, zero timeout.
-        let r = unsafe { real::ppoll(fds, n, &zero, mask) };
-        if r < 0 {
-            return r;
+        let kernel = now >= next_kernel;
+        if kernel {
+            // SAFETY: the caller's array, zero timeout.
+            let r = unsafe { real::ppoll(fds, n, &zero, mask) };
+            if r < 0 {
+                return r;
+            }
+            next_kernel = now + KERNEL_EVERY_NS;
         }
+        // Between kernel turns every revents is still 0: the last kernel
+        // answer found nothing (or the call would have returned).
         // SAFETY: as above; the kernel filled revents.
         let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
         let mut count = 0;
         for p in s.iter_mut() {
             if p.fd >= 0
-                && p.events & libc::POLLIN != 0
                 && let Some(a) = accel::lookup(p.fd)
-                && accel::readable(a)
+                && p.events & libc::POLLIN != 0
             {
-                p.revents |= libc::POLLIN;
+                if kernel {
+                    accel::twin_seen(a, p.revents & libc::POLLIN != 0, now);
+                }
+                if p.revents & libc::POLLIN == 0 && accel::readable(a) {
+                    p.revents |= libc::POLLIN;
+                }
             }
             if p.revents != 0 {
                 count += 1;
@@ -105,11 +123,12 @@ pub fn poll_mixed(
             spin::set_errno(libc::EINTR);
             return -1;
         }
-        let spent = now_ns().wrapping_sub(start);
+        let w = wait.get_or_insert_with(|| Wait::new(total_ns.unwrap_or(u64::MAX)));
+        let spent = w.spent();
         if total_ns.is_some_and(|t| spent >= t) {
             return 0;
         }
-        if spin != u64::MAX && spent >= spin {
+        if !w.spin() {
             let slice = total_ns.map_or(SLICE_NS, |t| (t - spent).min(SLICE_NS));
             // SAFETY: the caller's array (read only here).
             let s = unsafe { std::slice::from_raw_parts(fds, n as usize) };
@@ -129,8 +148,10 @@ pub fn poll_mixed(
             if sleep_on(pf, extra.into_iter(), slice, mask) < 0 {
                 return -1;
             }
+            now = now_ns();
+            next_kernel = 0; // after a sleep, ask the kernel at once
         } else {
-            core::hint::spin_loop();
+            now = w.now();
         }
     }
 }
@@ -374,7 +395,47 @@ fn merge_kernel(ep: c_int, out: &mut [epoll_event], n: usize, m: usize, fds: &[c
     total
 }
 
+thread_local! {
+    /// (epoll fd, when this thread last asked the kernel about it).
+    static LAST_KERNEL: std::cell::Cell<(c_int, u64)> = const { std::cell::Cell::new((-1, 0)) };
+}
+
+/// The interest set of `ep` changed (epoll_ctl): the next wait asks the
+/// kernel on its first turn (the "asked less than KERNEL_EVERY_NS ago"
+/// shortcut holds only while nothing changed).
+pub fn epoll_changed(ep: c_int) {
+    LAST_KERNEL.with(|c| {
+        if c.get().0 == ep {
+            c.set((-1, 0));
+        }
+    });
+}
+
+/// The kernel just answered for `ep` (`kev`: its events): remember, for each
+/// accelerated fd registered there, whether its kernel twin is readable.
+fn twins_seen(ep: c_int, kev: &[epoll_event], now: u64) {
+    let r = reg();
+    for i in r
+        .iter()
+        .filter(|i| i.ep == ep && i.events & libc::EPOLLIN as u32 != 0)
+    {
+        let Some(acc) = i.acc else { continue };
+        let rd = kev.iter().any(|e| {
+            let d = e.u64;
+            d & TAG_MASK == TAG && d as u32 as c_int == i.fd && e.events & libc::EPOLLIN as u32 != 0
+        });
+        accel::twin_seen(acc, rd, now);
+    }
+}
+
 /// epoll_wait/epoll_pwait/epoll_pwait2 on an instance with accelerated fds.
+///
+/// Accelerated sockets are looked at on every turn (memory only); the
+/// kernel is asked on the first turn and then every KERNEL_EVERY_NS while
+/// spinning, and skipped on the first turn too when accelerated events are
+/// ready and this thread asked the kernel about `ep` less than
+/// KERNEL_EVERY_NS ago (an event loop that comes straight back). One call
+/// returns both kinds of events.
 pub fn epoll_mixed(
     ep: c_int,
     evs: *mut epoll_event,
@@ -388,14 +449,24 @@ pub fn epoll_mixed(
     }
     // SAFETY: the caller's array of `max` events.
     let out = unsafe { std::slice::from_raw_parts_mut(evs, max as usize) };
-    let start = now_ns();
-    let spin = spin::SPIN_NS.load(Ordering::Relaxed);
     let s0 = crate::signals::seq_all();
     let mut fds = SYNTH_FDS.with(|v| std::mem::take(&mut *v.borrow_mut()));
+    let mut wait: Option<Wait> = None;
+    let mut now = now_ns();
+    let (last_ep, last_t) = LAST_KERNEL.with(|c| c.get());
+    let recent = last_ep == ep && now.wrapping_sub(last_t) < KERNEL_EVERY_NS;
+    let mut next_kernel = 0u64;
+    let mut first = true;
     let r = loop {
         let n = synth(ep, out, &mut fds);
+        let kernel = if first {
+            !(recent && n > 0)
+        } else {
+            now >= next_kernel
+        };
+        first = false;
         let mut m = 0;
-        if n < out.len() {
+        if kernel && n < out.len() {
             // SAFETY: the rest of the caller's array, zero timeout.
             let k = unsafe {
                 real::epoll_pwait(ep, out[n..].as_mut_ptr(), (out.len() - n) as c_int, 0, mask)
@@ -407,6 +478,9 @@ pub fn epoll_mixed(
             } else {
                 m = k as usize;
             }
+            next_kernel = now + KERNEL_EVERY_NS;
+            LAST_KERNEL.with(|c| c.set((ep, now)));
+            twins_seen(ep, &out[n..n + m], now);
         }
         let total = merge_kernel(ep, out, n, m, &fds);
         if total > 0 {
@@ -416,11 +490,15 @@ pub fn epoll_mixed(
             spin::set_errno(libc::EINTR);
             break -1;
         }
-        let spent = now_ns().wrapping_sub(start);
+        let w = wait.get_or_insert_with(|| Wait::new(total_ns.unwrap_or(u64::MAX)));
+        let spent = w.spent();
         if total_ns.is_some_and(|t| spent >= t) {
+            if next_kernel == 0 {
+                continue; // never asked the kernel yet: once before 0
+            }
             break 0;
         }
-        if spin != u64::MAX && spent >= spin {
+        if !w.spin() {
             let slice = total_ns.map_or(SLICE_NS, |t| (t - spent).min(SLICE_NS));
             let extra: Vec<c_int> = reg()
                 .iter()
@@ -436,28 +514,12 @@ pub fn epoll_mixed(
             if sleep_on(pf, extra.into_iter(), slice, mask) < 0 {
                 break -1;
             }
+            now = now_ns();
+            next_kernel = 0; // after a sleep, ask the kernel at once
         } else {
-            core::hint::spin_loop();
+            now = w.now();
         }
     };
     SYNTH_FDS.with(|v| *v.borrow_mut() = fds);
     r
-}
-
-/// `fd` just became accelerated: its new kernel socket replaced the one
-/// epoll knew (dup3 closed that), so register the new one where the
-/// candidate was registered.
-pub fn reregister(fd: c_int) {
-    let r = reg();
-    for i in r.iter().filter(|i| i.fd == fd) {
-        let mut ev = tagged(
-            fd,
-            &epoll_event {
-                events: i.events,
-                u64: i.data,
-            },
-        );
-        // SAFETY: a valid epoll_event on our stack.
-        unsafe { real::epoll_ctl(i.ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
-    }
 }

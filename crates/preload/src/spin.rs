@@ -147,13 +147,15 @@ pub fn spin_recv(fd: c_int, w: u64, mut attempt: impl FnMut() -> isize) -> Optio
         // The caller's fd is non-blocking: EAGAIN is its answer (errno kept).
         return Some(r);
     }
-    let budget = SPIN_NS.load(Ordering::Relaxed);
-    let start = now_ns();
+    let mut wait = crate::adapt::Wait::new(u64::MAX);
     let gen0 = table::generation(w);
     let s0 = crate::signals::seq();
     let _g = table::spin_enter(fd);
     loop {
-        core::hint::spin_loop();
+        if !wait.spin() {
+            set_errno(libc::EAGAIN);
+            return None;
+        }
         if crate::signals::interrupted(s0) {
             set_errno(libc::EINTR);
             return Some(-1);
@@ -175,10 +177,6 @@ pub fn spin_recv(fd: c_int, w: u64, mut attempt: impl FnMut() -> isize) -> Optio
         }
         if errno() != libc::EAGAIN {
             return Some(r);
-        }
-        if budget != u64::MAX && now_ns().wrapping_sub(start) >= budget {
-            set_errno(libc::EAGAIN);
-            return None;
         }
     }
 }
@@ -215,7 +213,7 @@ pub fn spin_wait(
     gen_fd: c_int,
     mut attempt: impl FnMut() -> c_int,
 ) -> Result<c_int, u64> {
-    let start = now_ns();
+    let mut wait = crate::adapt::Wait::new(budget_ns);
     let s0 = crate::signals::seq_all();
     loop {
         let r = attempt();
@@ -226,14 +224,14 @@ pub fn spin_wait(
             set_errno(libc::EINTR);
             return Ok(-1);
         }
-        let spent = now_ns().wrapping_sub(start);
-        if budget_ns != u64::MAX && spent >= budget_ns {
-            return Err(spent);
+        // The adaptive policy may end the spin before `budget_ns` (the
+        // profile's, capped by the caller's timeout).
+        if !wait.spin() {
+            return Err(wait.spent());
         }
         if gen_fd >= 0 && table::generation(table::get(gen_fd)) != gen0 {
-            return Err(spent);
+            return Err(wait.spent());
         }
-        core::hint::spin_loop();
     }
 }
 

@@ -231,6 +231,7 @@ fn create_file(pid: u32) -> io::Result<(OwnedFd, PathBuf)> {
         Err(e) => return Err(e),
     }
     check_dir(dir, &[euid()])?;
+    remove_dead();
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let path = dir.join(format!("{pid}-{n}.tap"));
     let c = cstr(&path)?;
@@ -437,6 +438,26 @@ fn info_of(path: &Path, m: &Map) -> TapInfo {
     }
 }
 
+/// The pid a tap file name `<pid>-<n>.tap` belongs to.
+fn pid_of(name: &str) -> Option<u32> {
+    name.strip_suffix(".tap")?.split('-').next()?.parse().ok()
+}
+
+/// Remove the tap files of processes that died without cleaning up
+/// (SIGKILL). Only called by the directory's owner.
+fn remove_dead() {
+    let Ok(rd) = std::fs::read_dir(DIR) else {
+        return;
+    };
+    for e in rd.filter_map(|e| e.ok()) {
+        if let Some(pid) = pid_of(&e.file_name().to_string_lossy())
+            && !pid_alive(pid)
+        {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// The taps of live engines. Files of dead processes are removed.
 pub fn list() -> Vec<TapInfo> {
     let Ok(rd) = std::fs::read_dir(DIR) else {
@@ -446,11 +467,7 @@ pub fn list() -> Vec<TapInfo> {
     for e in rd.filter_map(|e| e.ok()) {
         let path = e.path();
         let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_suffix(".tap")
-            .and_then(|s| s.split('-').next())
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
+        let Some(pid) = pid_of(&name) else {
             continue;
         };
         if !pid_alive(pid) {

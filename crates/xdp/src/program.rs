@@ -122,7 +122,12 @@ impl SteerProgram {
     /// `frags`: attach the multi-buffer aware variant (xdp.frags), needed
     /// when packets may be larger than one buffer (jumbo MTU).
     pub fn attach(ifname: &str, ifindex: u32, frags: bool) -> Result<SteerProgram, String> {
-        let mut ebpf = Ebpf::load(crate::steer_object()).map_err(|e| {
+        // No kernel BTF: the program needs no CO-RE relocation, and parsing
+        // /sys/kernel/btf/vmlinux costs ~15 MB of heap that stays with the
+        // process (measured RSS, docs/benchmarks.md).
+        let mut ebpf = aya::EbpfLoader::new()
+            .btf(None)
+            .load(crate::steer_object()).map_err(|e| {
             let s = e.to_string();
             if s.contains("Operation not permitted") || s.contains("EPERM") {
                 format!(
