@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0 OR MIT
-// nanowire steering program: redirect claimed IPv4 UDP flows to AF_XDP.
+// nanowire steering program: redirect claimed IPv4 UDP flows, and the TCP
+// ports and connections of the engine's TCP, to AF_XDP.
 //
 // A flow is claimed by inserting (destination address, destination port),
 // both in network byte order, into `claims`. Claimed packets go to the
 // AF_XDP socket of the RX queue they arrived on (`xsks`, indexed by queue).
-// Everything else -- ARP, ICMP, TCP, IPv6, VLAN-tagged frames, unclaimed
+// Everything else -- ARP, ICMP, unclaimed TCP, IPv6, VLAN-tagged frames, unclaimed
 // UDP ports, and every IP fragment, first or not -- is XDP_PASS: the kernel
 // reassembles fragmented datagrams and delivers them to the socket's kernel
 // twin, which the engine reads (counted as the kernel path).
@@ -56,6 +57,66 @@ struct {
 	__type(value, __u64);
 } nw_stats SEC(".maps");
 
+// One XSKMAP lookup: the redirect itself answers XDP_PASS (the action in
+// the flags) when the queue has no socket (counted in nw_stats[0]).
+static __always_inline int redirect(struct xdp_md *ctx)
+{
+	long act = bpf_redirect_map(&nw_xsks, ctx->rx_queue_index, XDP_PASS);
+	if (act == XDP_REDIRECT)
+		return XDP_REDIRECT;
+	__u32 k = 0;
+	__u64 *c = bpf_map_lookup_elem(&nw_stats, &k);
+	if (c)
+		*c += 1;
+	return XDP_PASS;
+}
+
+// ---- TCP (issue 11) ----
+// TCP is steered only for what the engine's TCP owns: a listener's
+// (local address, port) in `nw_tcp_listen`, a client connection's 4-tuple
+// in `nw_tcp_flows`. The kernel holds the same ports with its own sockets
+// (so it never hands them out) and never sees these segments (so it never
+// answers them with RST).
+struct tcp_flow_key {
+	__u32 raddr; // remote (source of the packet)
+	__u32 laddr; // local (destination)
+	__u16 rport;
+	__u16 lport;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct claim_key);
+	__type(value, __u32);
+} nw_tcp_listen SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct tcp_flow_key);
+	__type(value, __u32);
+} nw_tcp_flows SEC(".maps");
+
+static __always_inline int tcp_claimed(struct iphdr *ip, void *end)
+{
+	if (ip->frag_off & bpf_htons(0x3fff))
+		return 0;
+	__u32 hl = ip->ihl * 4;
+	if (hl < sizeof(*ip))
+		hl = sizeof(*ip);
+	__u16 *ports = (void *)ip + hl;
+	if ((void *)(ports + 2) > end)
+		return 0;
+	struct tcp_flow_key f = {
+		.raddr = ip->saddr, .laddr = ip->daddr, .rport = ports[0], .lport = ports[1],
+	};
+	if (bpf_map_lookup_elem(&nw_tcp_flows, &f))
+		return 1;
+	struct claim_key k = { .addr = ip->daddr, .port = ports[1], .pad = 0 };
+	return bpf_map_lookup_elem(&nw_tcp_listen, &k) != 0;
+}
+
 static __always_inline int steer(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -65,7 +126,14 @@ static __always_inline int steer(struct xdp_md *ctx)
 
 	if ((void *)(ip + 1) > end)
 		return XDP_PASS;
-	if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->protocol != IPPROTO_UDP)
+	if (eth->h_proto != bpf_htons(ETH_P_IP))
+		return XDP_PASS;
+	if (ip->protocol == IPPROTO_TCP) {
+		if (!tcp_claimed(ip, end))
+			return XDP_PASS;
+		return redirect(ctx);
+	}
+	if (ip->protocol != IPPROTO_UDP)
 		return XDP_PASS;
 	// Any fragment (MF set or a non-zero offset): the kernel reassembles.
 	if (ip->frag_off & bpf_htons(0x3fff))
@@ -82,16 +150,7 @@ static __always_inline int steer(struct xdp_md *ctx)
 	struct claim_key key = { .addr = ip->daddr, .port = ports[1], .pad = 0 };
 	if (!bpf_map_lookup_elem(&nw_claims, &key))
 		return XDP_PASS;
-	// One XSKMAP lookup: the redirect itself answers XDP_PASS (the action
-	// in the flags) when the queue has no socket.
-	long act = bpf_redirect_map(&nw_xsks, ctx->rx_queue_index, XDP_PASS);
-	if (act == XDP_REDIRECT)
-		return XDP_REDIRECT;
-	__u32 k = 0;
-	__u64 *c = bpf_map_lookup_elem(&nw_stats, &k);
-	if (c)
-		*c += 1;
-	return XDP_PASS;
+	return redirect(ctx);
 }
 
 SEC("xdp")

@@ -14,7 +14,7 @@
 Run it alone on the machine:
     flock /tmp/nanowire-bench.lock scripts/bench-capture.py --repeats 3 --seconds 3
 """
-import argparse, json, os, re, signal, statistics, subprocess, sys, time
+import argparse, json, os, re, signal, statistics, subprocess, sys, tempfile, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402  (the lab conventions: NW, addresses, parsers, env)
@@ -58,18 +58,37 @@ def pingpong(lab, secs, with_tap):
     return res
 
 
+# Capture files go to a private directory (mkdtemp: mode 0700, a fresh name), never to a fixed
+# name in world-writable /tmp (we run as root).
+PRIV = tempfile.mkdtemp(prefix="nwcap-bench-")
+
+
 def capture_rate(lab, kind, rate, secs, count=None, stall=False):
     """Send at `rate` (or a burst of `count`) to B:CAP_PORT while `kind` captures; (sent, captured).
     `stall`: the capture process is stopped (SIGSTOP) while the burst arrives and resumed 0.5 s
     later, so what survives is what its buffer (ring or socket buffer) absorbed."""
     ifb = f"{lab}-b0"
     if kind == "dedicated":
-        cap = in_ns(lab, "b", [NW, "capture", "--xdp", "--ring", "16384", "-i", ifb, "-w", "/tmp/nwcap-bench.pcapng",
+        cap = in_ns(lab, "b", [NW, "capture", "--xdp", "--ring", "16384", "-i", ifb, "-w", os.path.join(PRIV, "c.pcapng"),
                                "--port", str(CAP_PORT)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     else:
-        cap = in_ns(lab, "b", ["tcpdump", "-i", ifb, "-n", "-w", "/tmp/nwcap-bench.pcap", "udp", "port", str(CAP_PORT)],
+        cap = in_ns(lab, "b", ["tcpdump", "-i", ifb, "-n", "-w", os.path.join(PRIV, "c.pcap"), "udp", "port", str(CAP_PORT)],
                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
+    # Wait until the capture is really capturing: its program attached and socket bound (nanowire),
+    # its socket open (tcpdump). Loading an XDP program on a loaded machine can take seconds.
+    token = "dedicated XDP capture" if kind == "dedicated" else "listening on"
+    timer = threading.Timer(30, cap.kill)
+    timer.start()
+    seen = []
+    while True:
+        line = cap.stderr.readline()
+        if not line or token in line:
+            break
+        seen.append(line)
+    timer.cancel()
+    if not line:
+        raise RuntimeError(f"{kind} capture did not start: {''.join(seen)[-1000:]}")
+    time.sleep(0.2)
     gen = [NW, "bench", "burst", "-i", B, "-p", str(CAP_PORT), "-m", "64", "--engine", "xdp", "--cpu", "0", "--json"]
     gen += ["-n", str(count)] if count else ["--rate", str(rate), "--duration", str(secs)]
     if stall:
@@ -87,7 +106,7 @@ def capture_rate(lab, kind, rate, secs, count=None, stall=False):
     else:
         m = re.search(r"(\d+) packets? captured", err)
         got = int(m.group(1)) if m else -1
-    for f in ("/tmp/nwcap-bench.pcapng", "/tmp/nwcap-bench.pcap"):
+    for f in (os.path.join(PRIV, "c.pcapng"), os.path.join(PRIV, "c.pcap")):
         try:
             os.unlink(f)
         except FileNotFoundError:
@@ -106,6 +125,10 @@ def main():
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
     subprocess.run([NW, "lab", "up", "--name", a.lab], check=True, stdout=subprocess.DEVNULL)
+    # Resolve b's MAC first: an xdp generator's first burst into an unresolved neighbour is cut to
+    # the engine's per-neighbour queue while it resolves (counted at the sender, not the capture's loss).
+    subprocess.run(["ip", "netns", "exec", f"{a.lab}-a", "ping", "-c", "1", "-W", "2", B],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out = {"repeats": a.repeats, "seconds": a.seconds}
     try:
         if "tap" not in skip:
@@ -150,6 +173,7 @@ def main():
             out["burst"] = {"runs": res, "largest_lossless": best}
     finally:
         out["env"] = compare.env(a.lab)
+        os.rmdir(PRIV)
         subprocess.run([NW, "lab", "down", "--name", a.lab], stdout=subprocess.DEVNULL)
     print(json.dumps(out, indent=1))
 

@@ -13,10 +13,17 @@ JVM NIO, Python asyncio, multi-threaded C) plainly and under `nanowire run`, bot
 datagrams in flight, interleaved, and reports the client's elapsed ms and the ratio run/plain:
 
     scripts/compare.py --scenario apps --repeats 3 --count 5000
+
+Issue 8 (engine core) compares two nanowire binaries, the baseline one ($NANOWIRE_BASE,
+e.g. /work/baseline/nanowire) and this tree's ($NANOWIRE), alternately in one run:
+
+    NANOWIRE_BASE=/work/baseline/nanowire scripts/compare.py --scenario issue8-core
+    NANOWIRE_BASE=/work/baseline/nanowire scripts/compare.py --scenario issue8-burst --repeats 3
 """
 import argparse, json, os, platform, re, shlex, shutil, statistics, subprocess, sys, tempfile, time
 
 NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
+BASE = os.path.abspath(os.environ.get("NANOWIRE_BASE", "/work/baseline/nanowire"))
 A, B = "198.18.0.1", "198.18.0.2"
 PORT = 11111
 
@@ -87,12 +94,12 @@ def sp_pp(secs, size, extra=()):
     return ["taskset", "-c", "0", "sockperf", "pp", "-i", B, "-p", str(PORT), "-m", str(size), "-t", str(secs), *extra]
 
 
-def nw_server(engine, extra=()):
-    return [NW, "bench", "server", "-i", B, "-p", str(PORT), "--engine", engine, "--cpu", "1", *extra]
+def nw_server(engine, extra=(), nw=None):
+    return [nw or NW, "bench", "server", "-i", B, "-p", str(PORT), "--engine", engine, "--cpu", "1", *extra]
 
 
-def nw_pp(engine, secs, size, extra=()):
-    return [NW, "bench", "pp", "-i", B, "-p", str(PORT), "-m", str(size), "-t", str(secs),
+def nw_pp(engine, secs, size, extra=(), nw=None):
+    return [nw or NW, "bench", "pp", "-i", B, "-p", str(PORT), "-m", str(size), "-t", str(secs),
             "--engine", engine, "--cpu", "0", "--json", *extra]
 
 
@@ -120,16 +127,87 @@ def scenarios(secs, size):
             ("xdp", nw_server("xdp"), nw_pp("xdp", secs, size, ["--no-fallback"]), nw),
         ]),
         # Issue 4: unmodified sockperf, plain vs under nanowire run.
+        # Issue 11: TCP on the xdp engine vs spinning kernel TCP, both ends the same
+        # engine; the xdp UDP row is the issue's second yardstick (TCP <= 1.3x UDP).
+        "issue11-tcp": ("spin tcp", [
+            ("spin tcp", nw_server("spin", ["--tcp"]), nw_pp("spin", secs, size, ["--tcp"]), nw),
+            ("xdp tcp", nw_server("xdp", ["--tcp", "--no-fallback"]),
+             nw_pp("xdp", secs, size, ["--tcp", "--no-fallback"]), nw),
+            ("xdp udp", nw_server("xdp", ["--no-fallback"]), nw_pp("xdp", secs, size, ["--no-fallback"]), nw),
+        ]),
         "issue4-udp": ("plain", [
             ("plain", sp_sr(), sp_pp(secs, size), sp),
             ("run spin", nw_run("spin", sp_sr()), nw_run("spin", sp_pp(secs, size)), sp),
             ("run xdp", nw_run("xdp", sp_sr()), nw_run("xdp", sp_pp(secs, size)), sp),
         ]),
+        # Issue 8: the engine core rewrite against the baseline binary, xdp on both ends.
+        "issue8-core": ("before", [
+            ("before", nw_server("xdp", nw=BASE), nw_pp("xdp", secs, size, ["--no-fallback"], nw=BASE), nw),
+            ("after", nw_server("xdp"), nw_pp("xdp", secs, size, ["--no-fallback"]), nw),
+        ]),
+        # Issue 8: stalled-receiver burst (see burst_trial), before and after.
+        "issue8-burst": ("before", [("before", BASE, None, None), ("after", NW, None, None)]),
         "issue4-tcp": ("plain", [
             ("plain", sp_sr(["--tcp"]), sp_pp(secs, size, ["--tcp"]), sp),
             ("run", nw_run("xdp", sp_sr(["--tcp"])), nw_run("xdp", sp_pp(secs, size, ["--tcp"])), sp),
         ]),
     }
+
+
+BURST_RING = int(os.environ.get("BURST_RING", "65536"))
+BURST_N = int(os.environ.get("BURST_N", "65536"))
+BURST_STALL_MS = 800
+
+
+def burst_trial(lab, nw, port):
+    """A sink on xdp (ring BURST_RING) in b stalls BURST_STALL_MS ms after the first datagram;
+    a burst of BURST_N 256 B datagrams from xdp in a. Returns received/missing and drop counters."""
+    sink = subprocess.Popen(["ip", "netns", "exec", ns(lab, "b"), nw, "bench", "sink", "-i", B, "-p", str(port),
+                             "--behaviour", "stall", "--stall-ms", str(BURST_STALL_MS), "--idle-ms", "300",
+                             "--timeout", "30", "--stop-on-eof", "--engine", "xdp", "--cpu", "1", "--json",
+                             "--ring-depth", str(BURST_RING)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            line = sink.stderr.readline()  # the sink says READY on stderr
+            if not line or "READY" in line:
+                break
+        gen = subprocess.run(["ip", "netns", "exec", ns(lab, "a"), nw, "bench", "burst", "-i", B, "-p", str(port),
+                              "-m", "256", "-n", str(BURST_N), "--bind", A, "--engine", "xdp", "--cpu", "0",
+                              "--json"], capture_output=True, text=True, timeout=60)
+        if gen.returncode != 0:
+            raise RuntimeError(f"burst failed: {gen.stderr[-2000:]}")
+        sink.stdin.close()
+        out = sink.stdout.read()
+        sink.wait(60)
+    finally:
+        if sink.poll() is None:
+            sink.kill()
+            sink.wait()
+    d = json.loads(out[out.index("{"):])
+    c = d.get("engine_counters", {})
+    return {"expected": d.get("expected"), "received": d.get("received"), "missing": d.get("missing"),
+            "peak_rx_ring": c.get("peak_rx_ring"), "xsk_rx_ring_full": c.get("xsk_rx_ring_full"),
+            "xsk_rx_fill_ring_empty": c.get("xsk_rx_fill_ring_empty"), "engine_dropped": d["drops"].get("engine_dropped")}
+
+
+def run_burst(a, configs):
+    runs = {label: [] for label, *_ in configs}
+    port = 12000
+    for r in range(a.repeats):
+        for label, nw, _, _ in configs:
+            port += 1
+            res = burst_trial(a.lab, nw, port)
+            runs[label].append(res)
+            print(f"# repeat {r + 1} {label}: received {res['received']} of {res['expected']}", file=sys.stderr)
+    med = {label: {k: statistics.median(x[k] for x in rs if x.get(k) is not None)
+                   for k in rs[0] if any(x.get(k) is not None for x in rs)} for label, rs in runs.items()}
+    return {"scenario": a.scenario, "baseline": "before", "repeats": a.repeats, "ring": BURST_RING,
+            "burst": BURST_N, "stall_ms": BURST_STALL_MS, "binaries": {label: nw for label, nw, _, _ in configs},
+            "runs": runs, "median": med,
+            "ratio_received": round(med["after"]["received"] / max(1, med["before"]["received"]), 4),
+            "env": env(a.lab)}
 
 
 def env(lab):
@@ -142,7 +220,7 @@ def env(lab):
     return {
         "kernel": platform.release(), "cpu_model": cpu, "nproc": os.cpu_count(),
         "sockperf": sh(["sockperf", "--version"]).splitlines()[0] if sh(["sockperf", "--version"]) else "?",
-        "nanowire": sh([NW, "--version"]), "lab": json.loads(sh([NW, "lab", "status", "--name", lab, "--json"]) or "{}"),
+        "nanowire": sh([NW, "--version"]), "nanowire_base": sh([BASE, "--version"]), "lab": json.loads(sh([NW, "lab", "status", "--name", lab, "--json"]) or "{}"),
         "loadavg": open("/proc/loadavg").read().split()[:3],
     }
 
@@ -289,6 +367,9 @@ def main():
         return apps_main(a)
     subprocess.run([NW, "lab", "up", "--name", a.lab], check=True, stdout=subprocess.DEVNULL)
     base, configs = scenarios(a.seconds, a.size)[a.scenario]
+    if a.scenario == "issue8-burst":
+        print(json.dumps(run_burst(a, configs), indent=1))
+        return
     runs = {label: [] for label, *_ in configs}
     for r in range(a.repeats):
         for label, srv, cli, parser in configs:

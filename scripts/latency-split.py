@@ -20,7 +20,7 @@ cost measured by scripts/bench-capture.py), so the segments describe a run slowe
 
     flock /tmp/nanowire-bench.lock scripts/latency-split.py --seconds 3
 """
-import argparse, json, os, signal, statistics, struct, subprocess, sys, time
+import argparse, json, os, signal, statistics, struct, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
@@ -75,7 +75,8 @@ def main():
     a = ap.parse_args()
     lab = a.lab
     subprocess.run([NW, "lab", "up", "--name", lab], check=True, stdout=subprocess.DEVNULL)
-    files = {h: f"/tmp/{lab}-{h}.pcapng" for h in "ab"}
+    priv = tempfile.mkdtemp(prefix="nwcap-split-")  # mode 0700, fresh: never a fixed name in /tmp
+    files = {h: os.path.join(priv, f"{h}.pcapng") for h in "ab"}
     try:
         srv = compare.Server(lab, compare.nw_server("xdp"))
         caps = []
@@ -99,35 +100,28 @@ def main():
         for f in files.values():
             if os.path.exists(f):
                 os.unlink(f)
+        os.rmdir(priv)
         subprocess.run([NW, "lab", "down", "--name", lab], stdout=subprocess.DEVNULL)
+    # A request and its reply carry the same sockperf sequence number (payload bytes 0..8).
     stamps = {}
     for h, pkts in sides.items():
         for _name, ts, comment, frame in pkts:
             if "xdp engine" not in comment:
                 continue
             pl = udp_payload(frame)
-            if pl is None:
+            if pl is None or len(pl) < 8:
                 continue
             d = "tx" if comment.startswith("out") else "rx"
-            stamps.setdefault(bytes(pl), {})[f"{h}_{d}"] = ts
-    req = [s for s in stamps.values() if "a_tx" in s and "b_rx" in s]
-    rep = [s for s in stamps.values() if "b_tx" in s and "a_rx" in s]
-    # Pair a request with its reply: the reply of request i is the next b_tx after b_rx.
-    b_rx = sorted(s["b_rx"] for s in req)
-    b_tx = sorted(s["b_tx"] for s in rep)
-    turn, j = [], 0
-    for t in b_rx:
-        while j < len(b_tx) and b_tx[j] < t:
-            j += 1
-        if j < len(b_tx):
-            turn.append(b_tx[j] - t)
-            j += 1
+            stamps.setdefault(bytes(pl[:8]), {})[f"{h}_{d}"] = ts
+    full = [s for s in stamps.values() if len(s) == 4 and s["a_tx"] <= s["b_rx"] <= s["b_tx"] <= s["a_rx"]]
+    req = rep = full
+    turn = [s["b_tx"] - s["b_rx"] for s in full]
     med = lambda xs: round(statistics.median(xs) / 1000, 3) if xs else None  # noqa: E731
     out = {
         "pp_one_way_us": {"p50": pp["p50"], "p99": pp["p99"]},
         "pp_samples": pp.get("samples"),
         "frames": {h: len(p) for h, p in sides.items()},
-        "matched": {"requests": len(req), "replies": len(rep)},
+        "exchanges_with_all_four_stamps": len(full),
         "segments_p50_us": {
             "a_tx->b_rx (wire->ring)": med([s["b_rx"] - s["a_tx"] for s in req]),
             "b_rx->b_tx (ring->app->ring, server)": med(turn),

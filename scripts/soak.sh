@@ -30,7 +30,9 @@ cleanup() {
 }
 trap cleanup EXIT
 "$NW" lab impair --name "$lab" --loss "$loss" >/dev/null
-"$NW" lab exec --name "$lab" b -- "$NW" bench server -i 198.18.0.2 -p 11300 --engine "$engine" \
+# Started directly in the namespace (`ip netns exec` execs), so $srv is the
+# server itself: its RSS is what is sampled.
+ip netns exec "$lab-b" "$NW" bench server -i 198.18.0.2 -p 11300 --engine "$engine" \
   --spin-then-block-us 20 >"$out/server.log" 2>&1 &
 srv=$!
 for _ in $(seq 100); do grep -q "(engine " "$out/server.log" && break; sleep 0.1; done
@@ -44,15 +46,20 @@ while [ $(( $(date +%s) - start + sample )) -le "$secs" ]; do
   res=$("$NW" lab exec --name "$lab" a -- "$NW" bench ul -i 198.18.0.2 -p 11300 --engine "$client_engine" \
     --reply-timeout-ms 1000 --mps "$rate" --reply-every 1 -t "$sample" --warmup-ms 0 --json --strict) || rc=$?
   rss=$(awk '/^VmRSS/ {print $2}' /proc/$srv/status 2>/dev/null || echo 0)
+  kill -0 "$srv" 2>/dev/null || { echo "soak: the server ($srv) is gone" >&2; exit 1; }
   stats=$("$NW" stats --json)
+  # Drops the kernel counts in each host: UDP InErrors (receive buffer full,
+  # checksum) and the interfaces' rx_dropped.
+  kdrops() { ip netns exec "$lab-$1" sh -c 'grep "^Udp:" /proc/net/snmp | tail -1 | cut -d" " -f4; cat /sys/class/net/*/statistics/rx_dropped' | awk '{s+=$1} END {print s+0}'; }
+  ka=$(kdrops a); kb=$(kdrops b)
   wire=$("$NW" lab status --name "$lab" --json || true)
-  python3 - "$n" "$(( $(date +%s) - start ))" "$rc" "$rss" "$srv" <<PY >>"$out/soak.jsonl"
+  python3 - "$n" "$(( $(date +%s) - start ))" "$rc" "$rss" "$srv" "$ka" "$kb" <<PY >>"$out/soak.jsonl"
 import json, sys
-n, t, rc, rss, pid = sys.argv[1:6]
+n, t, rc, rss, pid, ka, kb = sys.argv[1:8]
 res = json.loads('''$res''' or 'null')
 stats = json.loads('''$stats''')
 wire = json.loads('''$wire''' or 'null')
-eng = [e for e in stats.get("engines", []) if e.get("info", {}).get("pid") == int(pid)]
+eng = [e for e in stats.get("engines", []) if e.get("pid", e.get("info", {}).get("pid")) == int(pid)]
 w = (wire or {}).get("wire") or {}
 print(json.dumps({
   "sample": int(n), "t_s": int(t), "client_exit": int(rc), "server_rss_kb": int(rss or 0),
@@ -61,6 +68,7 @@ print(json.dumps({
   "max_us": res and res["latency_us"] and res["latency_us"]["max"],
   "server_counters": eng[0]["counters"] if eng else None,
   "wire_dropped": (w.get("ab", {}).get("dropped_loss", 0) + w.get("ba", {}).get("dropped_loss", 0)) if w else None,
+  "kernel_dropped_a": int(ka or 0), "kernel_dropped_b": int(kb or 0),
 }))
 PY
   tail -1 "$out/soak.jsonl" | cut -c1-200

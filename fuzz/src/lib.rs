@@ -246,7 +246,19 @@ pub fn tcp(data: &[u8]) {
     let t = TcpSegment::new_checked(&buf[..n]).expect("emitted segment is valid");
     assert_eq!(t.checksum_state(sa, da), ChecksumState::Valid);
     assert_eq!(t.payload(), payload);
-    assert_eq!(TcpRepr::parse(&t), Ok(r), "tcp emit/parse round trip");
+    // Only the first `sack_len` SACK blocks are meaningful (a segment with
+    // two SACK options leaves the first one's extra blocks behind).
+    let norm = |mut r: TcpRepr| {
+        for b in r.sack.iter_mut().skip(usize::from(r.sack_len)) {
+            *b = (0, 0);
+        }
+        r
+    };
+    assert_eq!(
+        TcpRepr::parse(&t).map(norm),
+        Ok(norm(r)),
+        "tcp emit/parse round trip"
+    );
 }
 
 /// The whole TCP: an established connection, then the input as a series of

@@ -188,11 +188,6 @@ impl ClientConfig {
         if self.server.port() == 0 {
             return Err("port 0 is not a server port".into());
         }
-        if self.protocol == Protocol::Tcp && self.engine == EngineKind::Xdp {
-            return Err(
-                "TCP over the xdp engine is not built yet: use --engine kernel or spin".into(),
-            );
-        }
         Ok(())
     }
 }
@@ -460,6 +455,22 @@ fn open_transport(cfg: &ClientConfig) -> Result<(Box<dyn Transport>, SocketAddrV
                 }),
                 local,
             ))
+        }
+        Protocol::Tcp if cfg.engine == EngineKind::Xdp => {
+            let s = nanowire_stack::xdp::XdpTcpStream::connect(cfg.server, &opts, cfg.probe_timeout)
+                .map_err(|e| match e.kind() {
+                    io::ErrorKind::ConnectionRefused => format!(
+                        "connection refused by {}: is `nanowire bench server --tcp` or `sockperf sr --tcp` running there?",
+                        cfg.server
+                    ),
+                    _ => format!("cannot connect to {} over the xdp engine: {e}", cfg.server),
+                })?;
+            s.set_nodelay(true).map_err(|e| format!("tcp setup: {e}"))?;
+            let local = s
+                .local_addr()
+                .map_err(|e| format!("tcp local address: {e}"))?;
+            let t = TcpTransport::with_stream(s, opts.wait, EngineKind::Xdp);
+            Ok((Box::new(t), local))
         }
         Protocol::Tcp => {
             let s = nanowire_stack::kernel::tcp_connect(cfg.server, &opts, cfg.probe_timeout)

@@ -9,14 +9,14 @@ use crate::client::{Protocol, engine_options, pin_to_cpu};
 use crate::env::Env;
 use crate::result::thread_cpu_s;
 use crate::seq::SeqTracker;
-use crate::transport::{Frame, MAX_TCP_MSG, StreamBuf};
+use crate::transport::{Frame, MAX_TCP_MSG, StreamBuf, TcpIo};
 use nanowire_stack::{EngineKind, UdpEndpoint, WaitPolicy};
 use nanowire_wire::sockperf::{ServerAction, SockperfHeader, server_action};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::io::{self, Write};
+use std::io;
 use std::net::{SocketAddrV4, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -274,6 +274,7 @@ impl State {
 enum Sock {
     Udp(Box<dyn UdpEndpoint>),
     Tcp(TcpListener, nanowire_stack::EngineOptions),
+    XdpTcp(nanowire_stack::xdp::XdpTcpListener),
 }
 
 /// A bound server, not yet serving.
@@ -309,12 +310,19 @@ pub fn bind_server(cfg: &ServerConfig) -> Result<BoundServer, String> {
             let local = ep.local_addr().map_err(|e| format!("local address: {e}"))?;
             (Sock::Udp(ep), local)
         }
+        Protocol::Tcp if cfg.engine == EngineKind::Xdp => {
+            let l =
+                nanowire_stack::xdp::XdpTcpListener::bind(cfg.bind, 128, &opts).map_err(|e| {
+                    if e.kind() == io::ErrorKind::AddrInUse {
+                        format!("cannot listen on TCP {}: address already in use", cfg.bind)
+                    } else {
+                        format!("cannot open an xdp TCP server on {}: {e}", cfg.bind)
+                    }
+                })?;
+            let local = l.local_addr();
+            (Sock::XdpTcp(l), local)
+        }
         Protocol::Tcp => {
-            if cfg.engine == EngineKind::Xdp {
-                return Err(
-                    "TCP over the xdp engine is not built yet: use --engine kernel or spin".into(),
-                );
-            }
             let l = nanowire_stack::kernel::tcp_listen(cfg.bind, &opts).map_err(|e| {
                 if e.kind() == io::ErrorKind::AddrInUse {
                     format!("cannot listen on TCP {}: address already in use", cfg.bind)
@@ -344,7 +352,7 @@ impl BoundServer {
     pub fn engine(&self) -> EngineKind {
         match &self.sock {
             Sock::Udp(ep) => ep.engine(),
-            Sock::Tcp(..) => self.cfg.engine,
+            Sock::Tcp(..) | Sock::XdpTcp(..) => self.cfg.engine,
         }
     }
 
@@ -352,7 +360,7 @@ impl BoundServer {
     pub fn fallback_reason(&self) -> Option<String> {
         match &self.sock {
             Sock::Udp(ep) => ep.fallback_reason().map(str::to_string),
-            Sock::Tcp(..) => None,
+            Sock::Tcp(..) | Sock::XdpTcp(..) => None,
         }
     }
 
@@ -370,6 +378,7 @@ impl BoundServer {
         match self.sock {
             Sock::Udp(mut ep) => serve_udp(ep.as_mut(), &mut st, stop, shared),
             Sock::Tcp(l, opts) => serve_tcp(&l, &opts, &mut st, stop, shared),
+            Sock::XdpTcp(l) => serve_tcp_xdp(&l, &mut st, stop, shared),
         }
     }
 }
@@ -480,15 +489,15 @@ fn serve_udp(
     Ok(s)
 }
 
-struct Conn {
-    s: TcpStream,
+struct Conn<S: TcpIo = TcpStream> {
+    s: S,
     client: usize,
     rbuf: StreamBuf,
     wbuf: StreamBuf,
     closed: bool,
 }
 
-fn service_conn(c: &mut Conn, st: &mut State) -> bool {
+fn service_conn<S: TcpIo>(c: &mut Conn<S>, st: &mut State) -> bool {
     let mut progress = false;
     // Flush pending replies first.
     while c.wbuf.len() > 0 {
@@ -636,6 +645,52 @@ fn serve_tcp(
             } else {
                 std::hint::spin_loop();
             }
+        }
+        publish(st, shared, Instant::now(), || 0);
+    }
+    let s = st.snapshot(0);
+    if let Some(mut g) = shared.and_then(|m| m.lock().ok()) {
+        *g = s.clone();
+    }
+    Ok(s)
+}
+
+/// The TCP server on the xdp engine: one stack for the listener and all its
+/// connections; the listener is polled without waiting, the connections
+/// are serviced like kernel ones.
+fn serve_tcp_xdp(
+    l: &nanowire_stack::xdp::XdpTcpListener,
+    st: &mut State,
+    stop: &AtomicBool,
+    shared: Option<&Mutex<ServerStats>>,
+) -> Result<ServerStats, String> {
+    let mut conns: Vec<Conn<nanowire_stack::xdp::XdpTcpStream>> = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let mut progress = false;
+        while let Ok(Some(s)) = l.accept(Some(Instant::now())) {
+            progress = true;
+            let _ = s.set_nodelay(true);
+            st.base.connections += 1;
+            let peer = s
+                .peer_addr()
+                .map_or_else(|_| "?".to_string(), |p| p.to_string());
+            let ci = st.new_client(format!("tcp {peer}"));
+            conns.push(Conn {
+                s,
+                client: ci,
+                rbuf: StreamBuf::with_capacity(128 * 1024),
+                wbuf: StreamBuf::with_capacity(128 * 1024),
+                closed: false,
+            });
+        }
+        for c in conns.iter_mut() {
+            progress |= service_conn(c, st);
+        }
+        let before = conns.len();
+        conns.retain(|c| !c.closed);
+        st.base.disconnects += (before - conns.len()) as u64;
+        if !progress {
+            std::hint::spin_loop();
         }
         publish(st, shared, Instant::now(), || 0);
     }

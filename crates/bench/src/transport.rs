@@ -164,7 +164,7 @@ impl StreamBuf {
     }
     /// Read what the stream has (non-blocking stream): `Ok(Some(0))` = EOF,
     /// `Ok(None)` = nothing now.
-    pub fn fill_from(&mut self, s: &mut TcpStream) -> io::Result<Option<usize>> {
+    pub fn fill_from<R: Read>(&mut self, s: &mut R) -> io::Result<Option<usize>> {
         self.reserve(64 * 1024);
         match s.read(&mut self.buf[self.end..]) {
             Ok(n) => {
@@ -207,22 +207,49 @@ pub(crate) fn wait_fd(s: &TcpStream, write: bool, timeout: Duration) -> io::Resu
     }
 }
 
-pub(crate) struct TcpTransport {
-    pub stream: TcpStream,
+/// A non-blocking byte stream the TCP transport and server run on: a kernel
+/// `TcpStream` or a connection of the xdp engine's TCP.
+pub(crate) trait TcpIo: Read + Write {
+    /// Wait until readable (or writable) or `timeout` passes (blocking mode).
+    fn wait_io(&self, write: bool, timeout: Duration) -> io::Result<()>;
+}
+
+impl TcpIo for TcpStream {
+    fn wait_io(&self, write: bool, timeout: Duration) -> io::Result<()> {
+        wait_fd(self, write, timeout)
+    }
+}
+
+impl TcpIo for nanowire_stack::xdp::XdpTcpStream {
+    fn wait_io(&self, _write: bool, timeout: Duration) -> io::Result<()> {
+        self.wait(timeout);
+        Ok(())
+    }
+}
+
+pub(crate) struct TcpTransport<S: TcpIo = TcpStream> {
+    pub stream: S,
     pub rbuf: StreamBuf,
     pub wait: WaitPolicy,
     pub engine: EngineKind,
 }
 
-impl TcpTransport {
+impl TcpTransport<TcpStream> {
     pub fn new(stream: TcpStream, wait: WaitPolicy, engine: EngineKind) -> io::Result<Self> {
         stream.set_nonblocking(true)?;
-        Ok(TcpTransport {
+        Ok(TcpTransport::with_stream(stream, wait, engine))
+    }
+}
+
+impl<S: TcpIo> TcpTransport<S> {
+    /// A transport on a stream that is already non-blocking.
+    pub fn with_stream(stream: S, wait: WaitPolicy, engine: EngineKind) -> Self {
+        TcpTransport {
             stream,
             rbuf: StreamBuf::with_capacity(256 * 1024),
             wait,
             engine,
-        })
+        }
     }
 
     fn take(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
@@ -258,7 +285,7 @@ impl TcpTransport {
     }
 }
 
-impl Transport for TcpTransport {
+impl<S: TcpIo> Transport for TcpTransport<S> {
     fn send_msg(&mut self, msg: &[u8]) -> io::Result<()> {
         let mut off = 0;
         while off < msg.len() {
@@ -275,7 +302,7 @@ impl Transport for TcpTransport {
                     // Keep reading replies so neither side stalls on a full buffer.
                     let got = self.fill()?;
                     if !got && self.blocks() {
-                        wait_fd(&self.stream, true, Duration::from_millis(10))?;
+                        self.stream.wait_io(true, Duration::from_millis(10))?;
                     }
                 }
                 Err(e) => return Err(e),
@@ -307,7 +334,7 @@ impl Transport for TcpTransport {
                 let rem = deadline.map_or(Duration::from_millis(200), |d| {
                     (d - now).min(Duration::from_millis(200))
                 });
-                wait_fd(&self.stream, false, rem)?;
+                self.stream.wait_io(false, rem)?;
             } else {
                 std::hint::spin_loop();
             }

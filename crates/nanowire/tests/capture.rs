@@ -266,6 +266,15 @@ fn udp_payload(frame: &[u8]) -> Option<(u16, u16, Vec<u8>)> {
     ))
 }
 
+/// A fresh directory only we can use (never a predictable file in /tmp).
+fn private_dir(tag: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::DirBuilderExt;
+    let d = std::env::temp_dir().join(format!("{tag}{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::DirBuilder::new().mode(0o700).create(&d).unwrap();
+    d
+}
+
 fn tshark_lines(file: &std::path::Path, filter: &str) -> usize {
     let o = Command::new("tshark")
         .args([
@@ -295,8 +304,7 @@ fn tshark_lines(file: &std::path::Path, filter: &str) -> usize {
 #[test]
 fn tap_capture_holds_every_accelerated_frame_both_ways() {
     let Some(lab) = cap_lab('t') else { return };
-    let dir = std::env::temp_dir().join(format!("nwcapt{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = private_dir("nwcapt");
     let file = dir.join("tap.pcapng");
     let ifb = lab.iface(Host::B);
     let echo = Spawned::new(
@@ -369,8 +377,7 @@ fn tap_capture_holds_every_accelerated_frame_both_ways() {
 #[test]
 fn dedicated_capture_holds_a_ring_deep_burst() {
     let Some(lab) = cap_lab('d') else { return };
-    let dir = std::env::temp_dir().join(format!("nwcapd{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = private_dir("nwcapd");
     let file = dir.join("ded.pcapng");
     let ifb = lab.iface(Host::B);
     const RING: usize = 2048;

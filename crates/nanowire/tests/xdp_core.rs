@@ -418,6 +418,7 @@ fn forked_child_opens_its_own_socket_while_the_parent_receives() {
         ],
     );
     let child = p.line(Duration::from_secs(20));
+    eprintln!("forked child: {child}");
     assert_eq!(child["child"], true, "{child}");
     // The child has a socket of its own: on its own engine, or on the
     // fallback with the one-line reason.
@@ -568,4 +569,51 @@ fn fragmented_datagrams_both_directions() {
         "kernel client <-> xdp echo, fragmented"
     );
     assert_eq!(xdp_ok, sizes.len(), "xdp <-> xdp, fragmented");
+}
+
+#[test]
+fn adopted_kernel_socket_is_the_twin() {
+    let Some(lab) = lab('a') else { return };
+    let p = xdp_test(&lab, &["--port", "6600", "--echo", "--ring-depth", "1024"]);
+    let ifa = lab.iface(Host::A);
+    let (ok, big, fds) = in_ns(&lab.netns(Host::A), move || {
+        use nanowire_stack::UdpEndpoint;
+        use nanowire_stack::xdp::XdpSocket;
+        let k = UdpSocket::bind("0.0.0.0:0").unwrap();
+        let port = k.local_addr().unwrap().port();
+        let mut x =
+            XdpSocket::adopt(k.as_raw_fd(), &opts(ifa, 1024)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(x.local_addr().unwrap().port(), port);
+        assert_eq!(
+            x.kernel_fd(),
+            k.as_raw_fd(),
+            "no duplicate of the caller's socket"
+        );
+        let fds = x.poll_fds();
+        let dst = SocketAddrV4::new(B, 6600);
+        let mut buf = vec![0u8; 65536];
+        let mut round = |m: &[u8]| {
+            for _ in 0..5 {
+                x.send_to(m, dst).unwrap();
+                let dl = Instant::now() + Duration::from_millis(500);
+                if let Ok(Some((n, _))) = x.recv_from(&mut buf, Some(dl))
+                    && buf[..n] == *m
+                {
+                    return true;
+                }
+            }
+            false
+        };
+        let ok = (0..20u32).filter(|i| round(&i.to_le_bytes())).count();
+        // Larger than the MTU: through the caller's socket, fragmented.
+        let big = round(&[5u8; 4000]);
+        drop(x);
+        // The caller's socket is still open and usable.
+        assert!(k.local_addr().is_ok());
+        (ok, big, fds.len())
+    });
+    drop(p);
+    assert_eq!(ok, 20);
+    assert!(big);
+    assert_eq!(fds, 2, "the engine's AF_XDP fd and the wake-up eventfd");
 }

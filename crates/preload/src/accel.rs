@@ -123,6 +123,9 @@ pub struct Accel {
     sleep_ep: std::sync::atomic::AtomicI32,
     /// The local address once known (1 << 48 | ip << 16 | port; 0 = not yet).
     local: AtomicU64,
+    /// The fd number the engine adopted as the kernel twin: it must stay
+    /// open while the engine socket lives (see `dispatch::close`).
+    pub adopted: c_int,
 }
 
 impl Accel {
@@ -244,33 +247,6 @@ pub fn write_sockaddr(src: SocketAddrV4, addr: *mut libc::sockaddr, len: *mut li
     }
 }
 
-/// Int socket options copied from the application's original socket to
-/// the engine's kernel socket before it takes the fd number.
-const COPY_OPTS: &[(c_int, c_int)] = &[
-    (libc::SOL_SOCKET, libc::SO_REUSEADDR),
-    (libc::SOL_SOCKET, libc::SO_BROADCAST),
-    (libc::SOL_SOCKET, libc::SO_PRIORITY),
-    (libc::SOL_SOCKET, libc::SO_RCVBUF),
-    (libc::SOL_SOCKET, libc::SO_SNDBUF),
-    (libc::IPPROTO_IP, libc::IP_TOS),
-    (libc::IPPROTO_IP, libc::IP_TTL),
-    (libc::IPPROTO_IP, libc::IP_MULTICAST_TTL),
-    (libc::IPPROTO_IP, libc::IP_MULTICAST_LOOP),
-    (libc::SOL_SOCKET, libc::SO_RCVLOWAT),
-    (libc::SOL_SOCKET, libc::SO_MARK),
-    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
-    (libc::SOL_SOCKET, libc::SO_DONTROUTE),
-    (libc::SOL_SOCKET, libc::SO_NO_CHECK),
-    (libc::IPPROTO_IP, libc::IP_MTU_DISCOVER),
-    (libc::IPPROTO_IP, libc::IP_FREEBIND),
-];
-
-/// timeval options copied the same way.
-const COPY_TIMEVALS: &[(c_int, c_int)] = &[
-    (libc::SOL_SOCKET, libc::SO_RCVTIMEO),
-    (libc::SOL_SOCKET, libc::SO_SNDTIMEO),
-];
-
 /// Why a socket was not put on the engine.
 pub enum NotAccel {
     /// Leave the socket to the kernel (spin engine) and say why (warn).
@@ -284,14 +260,13 @@ pub enum NotAccel {
 /// Put `fd` on the xdp engine bound to `bind` (`iface`: where an unbound
 /// socket's traffic leaves). On success the fd number now names the
 /// engine's kernel socket.
-pub fn accelerate(
-    fd: c_int,
-    bind: SocketAddrV4,
-    iface: Option<String>,
-) -> Result<&'static Accel, NotAccel> {
+pub fn accelerate(fd: c_int, iface: Option<String>) -> Result<&'static Accel, NotAccel> {
     let st = spin::STATE.get();
     let cfg = st.and_then(|s| s.cfg.as_ref());
-    if bind.ip().is_loopback() {
+    let Some(local) = local_addr(fd) else {
+        return Err(NotAccel::Socket);
+    };
+    if local.ip().is_loopback() {
         return Err(NotAccel::Inapplicable(
             "loopback address (no XDP-capable interface)".into(),
         ));
@@ -301,65 +276,69 @@ pub fn accelerate(
     opts.fallback = false;
     opts.ring_depth = cfg.map_or(16384, |c| c.ring_depth);
     opts.iface = cfg.and_then(|c| c.iface.clone()).or(iface);
-    // SAFETY: borrowed for two fcntl calls.
+    // SAFETY: the fd is only borrowed for fcntl calls.
     let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
-    let nonblock =
-        rustix::fs::fcntl_getfl(b).is_ok_and(|f| f.contains(rustix::fs::OFlags::NONBLOCK));
-    let cloexec =
-        rustix::io::fcntl_getfd(b).is_ok_and(|f| f.contains(rustix::io::FdFlags::CLOEXEC));
-    let xs = match engine_call(|| XdpSocket::open(bind, &opts)) {
+    let fl = rustix::fs::fcntl_getfl(b).unwrap_or(rustix::fs::OFlags::empty());
+    let nonblock = fl.contains(rustix::fs::OFlags::NONBLOCK);
+    // The application's own socket becomes the engine's kernel twin: every
+    // option it set before (bind, connect, first send) stays, and the
+    // socket costs one more fd (its wake-up eventfd). Underneath it is
+    // non-blocking; the application's mode is kept here.
+    let _ = rustix::fs::fcntl_setfl(b, fl | rustix::fs::OFlags::NONBLOCK);
+    let mut xs = match engine_call(|| XdpSocket::adopt(fd, &opts)) {
         Ok(x) => x,
-        Err(OpenError::Engine(why)) => return Err(NotAccel::Engine(why)),
-        Err(OpenError::Socket(_)) => return Err(NotAccel::Socket),
+        Err(e) => {
+            let _ = rustix::fs::fcntl_setfl(b, fl);
+            return Err(match e {
+                OpenError::Engine(why) => NotAccel::Engine(why),
+                OpenError::Socket(_) => NotAccel::Socket,
+            });
+        }
     };
-    let kfd = xs.kernel_fd();
-    let mut wait_fds = xs.poll_fds();
-    // The kernel socket is reached through the application's fd number.
-    wait_fds.retain(|&f| f != kfd);
-    wait_fds.push(fd);
-    for &(level, name) in COPY_OPTS {
-        let mut v: c_int = 0;
-        let mut l = std::mem::size_of::<c_int>() as libc::socklen_t;
-        // SAFETY: int-valued options on two valid sockets, local buffers.
-        unsafe {
-            if real::getsockopt(fd, level, name, (&raw mut v).cast(), &mut l) == 0 {
-                if name == libc::SO_RCVBUF || name == libc::SO_SNDBUF {
-                    v /= 2; // the kernel reports double what was set
-                }
-                let _ = real::setsockopt(kfd, level, name, (&raw const v).cast(), l);
-            }
-        }
-    }
-    let mut rcvtimeo_ns = 0u64;
-    for &(level, name) in COPY_TIMEVALS {
-        let mut tv = libc::timeval {
-            tv_sec: 0,
-            tv_usec: 0,
-        };
-        let mut l = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
-        // SAFETY: timeval options on two valid sockets, a local buffer.
-        unsafe {
-            if real::getsockopt(fd, level, name, (&raw mut tv).cast(), &mut l) == 0 {
-                let _ = real::setsockopt(kfd, level, name, (&raw const tv).cast(), l);
-                if name == libc::SO_RCVTIMEO {
-                    rcvtimeo_ns = (tv.tv_sec.max(0) as u64)
-                        .saturating_mul(1_000_000_000)
-                        .saturating_add(tv.tv_usec.max(0) as u64 * 1000);
-                }
-            }
-        }
-    }
+    let mut tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 0,
+    };
+    let mut l = std::mem::size_of::<libc::timeval>() as libc::socklen_t;
+    let mut rcvbuf: c_int = 0;
+    let mut rl = std::mem::size_of::<c_int>() as libc::socklen_t;
     let e = errno();
-    // SAFETY: both fds are valid; dup3 atomically replaces the application's
-    // unbound socket with the engine's kernel socket under the same number.
-    let r = unsafe { real::dup3(kfd, fd, if cloexec { libc::O_CLOEXEC } else { 0 }) };
+    // SAFETY: two getsockopt calls into local buffers of the right sizes.
+    let (tv_ok, rb_ok) = unsafe {
+        (
+            real::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&raw mut tv).cast(),
+                &mut l,
+            ) == 0,
+            real::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                (&raw mut rcvbuf).cast(),
+                &mut rl,
+            ) == 0,
+        )
+    };
     set_errno(e);
-    if r < 0 {
-        return Err(NotAccel::Engine(format!(
-            "dup3 failed: {}",
-            std::io::Error::last_os_error()
-        )));
+    let rcvtimeo_ns = if tv_ok {
+        (tv.tv_sec.max(0) as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(tv.tv_usec.max(0) as u64 * 1000)
+    } else {
+        0
+    };
+    if rb_ok && rcvbuf > 0 && rcvbuf as u64 != 2 * rmem_default() {
+        // A receive buffer the application (or the profile) chose sizes the
+        // engine queue too; the default leaves the engine's (its ring).
+        // SO_RCVBUF reads back doubled; the engine takes the value set.
+        engine_call(|| xs.set_rcvbuf(rcvbuf as usize / 2));
     }
+    let mut wait_fds = xs.poll_fds();
+    wait_fds.retain(|&f| f != fd);
+    wait_fds.push(fd);
     let a: &'static Accel = Box::leak(Box::new(Accel {
         st: Mutex::new(St {
             xdp: Some(xs),
@@ -376,6 +355,7 @@ pub fn accelerate(
         twin_empty_at: AtomicU64::new(0),
         sleep_ep: std::sync::atomic::AtomicI32::new(-1),
         local: AtomicU64::new(0),
+        adopted: fd,
     }));
     set_fd(fd, a);
     table::add_flags(fd, table::F_ACCEL);
@@ -386,8 +366,7 @@ pub fn accelerate(
             let e = x.engine_handle();
             log!(
                 Level::Info,
-                "fd {fd} udp {}: xdp (interface {}, {} XDP, {} AF_XDP, ring {})",
-                x.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+                "fd {fd} udp {local}: xdp (interface {}, {} XDP, {} AF_XDP, ring {})",
                 e.iface().name,
                 e.attach_mode().as_str(),
                 e.bind_mode().as_str(),
@@ -396,6 +375,17 @@ pub fn accelerate(
         }
     }
     Ok(a)
+}
+
+/// net.core.rmem_default (what SO_RCVBUF is when nobody set it, halved).
+fn rmem_default() -> u64 {
+    static V: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        engine_call(|| std::fs::read_to_string("/proc/sys/net/core/rmem_default"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(212_992)
+    })
 }
 
 /// The local IPv4 address of `fd` (getsockname; raw libc, no hooks).
@@ -463,11 +453,26 @@ pub fn accelerate_for_peer(fd: c_int, dst: SocketAddrV4) -> Option<&'static Acce
         nanowire_xdp::iface::iface_for_addr(src).map_err(NotAccel::Engine)
     });
     let res = route.and_then(|ifname| {
-        accelerate(
-            fd,
-            SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
-            Some(ifname),
-        )
+        // The kernel's autobind: 0.0.0.0 and an ephemeral port, on the
+        // application's own socket, which the engine then adopts.
+        let sa = sockaddr_in(&SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
+        let e = errno();
+        // SAFETY: our sockaddr_in and its length.
+        let r = unsafe {
+            real::bind(
+                fd,
+                (&raw const sa).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        };
+        set_errno(e);
+        if r != 0 {
+            return Err(NotAccel::Engine(format!(
+                "autobind failed: {}",
+                std::io::Error::from_raw_os_error(errno())
+            )));
+        }
+        accelerate(fd, Some(ifname))
     });
     match res {
         Ok(a) => Some(a),
@@ -993,8 +998,22 @@ pub fn join_multicast(a: &Accel, group: Ipv4Addr, ifaddr: Ipv4Addr) -> Result<()
 
 /// Stop steering `group` to this socket (the kernel socket has left it).
 /// `Err`: the engine cannot; the caller takes the socket off the engine.
-pub fn leave_multicast(_a: &Accel, _group: Ipv4Addr, _ifaddr: Ipv4Addr) -> Result<(), c_int> {
-    Err(libc::EOPNOTSUPP)
+pub fn leave_multicast(a: &Accel, group: Ipv4Addr, ifaddr: Ipv4Addr) -> Result<(), c_int> {
+    let mut g = a.lock();
+    let Some(x) = g.xdp.as_mut() else {
+        return Ok(()); // off the engine: the kernel socket alone
+    };
+    match engine_call(|| x.leave_multicast(group, ifaddr)) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => Ok(()),
+        Err(e) => Err(e.raw_os_error().unwrap_or(libc::EINVAL)),
+    }
+}
+
+pub fn set_rcvbuf(a: &Accel, bytes: usize) {
+    if let Some(x) = a.lock().xdp.as_mut() {
+        engine_call(|| x.set_rcvbuf(bytes));
+    }
 }
 
 pub fn shutdown_rd(a: &Accel) {
@@ -1013,6 +1032,24 @@ pub fn release(a: &Accel) {
             // it returns within 5 ms).
             drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(ep) });
         }
+    }
+}
+
+/// `fd` is about to be closed (close, or dup2/dup3 over it). If it is the
+/// number the engine adopted and other fds still refer to the socket, the
+/// engine must stop using that number first: the socket goes to the kernel
+/// (its duplicates carry on there).
+pub fn closing(fd: c_int) {
+    if let Some(a) = by_fd(fd)
+        && a.mine()
+        && a.adopted == fd
+        && a.refs.load(Ordering::Acquire) > 1
+        && !a.detached.load(Ordering::Acquire)
+    {
+        detach(
+            fd,
+            "the fd the engine uses was closed while duplicates of it remain",
+        );
     }
 }
 

@@ -403,7 +403,6 @@ fn send_run(
 /// (or is told why not); epoll interests follow it.
 fn promote_for_peer(fd: c_int, dst: std::net::SocketAddrV4) -> Option<&'static Accel> {
     let a = accel::accelerate_for_peer(fd, dst)?;
-    crate::ready::reregister(fd);
     crate::share::watch();
     Some(a)
 }
@@ -426,33 +425,32 @@ pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
         accel::log_not(fd, &crate::share::why(other));
         return None;
     }
-    let r = accel::accelerate(fd, sa, None);
+    // The application's own socket binds (the kernel answers, errors
+    // included), then the engine adopts it.
+    // SAFETY: the caller's arguments, unchanged, to libc's bind.
+    let r = unsafe { real::bind(fd, addr, len) };
+    if r != 0 {
+        table::clear_flags(fd, table::F_CAND);
+        return Some(r);
+    }
+    let r = accel::accelerate(fd, None);
     table::clear_flags(fd, table::F_CAND);
     match r {
         Ok(_) => {
-            crate::ready::reregister(fd);
             crate::share::watch();
             Some(0)
         }
         Err(accel::NotAccel::Engine(why)) => {
             accel::log_not(fd, &why);
-            None
+            Some(0)
         }
         Err(accel::NotAccel::Inapplicable(why)) => {
             accel::log_not_applicable(fd, &why);
-            None
+            Some(0)
         }
         Err(accel::NotAccel::Socket) => {
-            // The kernel answers the bind; a socket it binds where the
-            // engine could not is a fallback worth a line.
-            // SAFETY: the caller's arguments, forwarded.
-            let r = unsafe { real::bind(fd, addr, len) };
-            if r == 0 {
-                let e = errno();
-                accel::log_not(fd, &format!("the engine could not take {sa}"));
-                set_errno(e);
-            }
-            Some(r)
+            accel::log_not(fd, &format!("the engine could not take {sa}"));
+            Some(0)
         }
     }
 }

@@ -94,6 +94,17 @@ pub unsafe fn setsockopt(
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+    if r == 0
+        && level == libc::SOL_SOCKET
+        && (name == libc::SO_RCVBUF || name == libc::SO_RCVBUFFORCE)
+        && let Some(a) = accel::lookup(fd)
+        && !val.is_null()
+        && len as usize >= std::mem::size_of::<c_int>()
+    {
+        // SAFETY: an int the kernel just read.
+        let v = unsafe { std::ptr::read_unaligned(val.cast::<c_int>()) };
+        accel::set_rcvbuf(a, v.max(0) as usize);
+    }
     if r == 0 && level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == 66) {
         if let Some(a) = accel::lookup(fd) {
             a.rcvtimeo_ns.store(timeval_ns(val, len), Ordering::Relaxed);
@@ -142,6 +153,7 @@ pub unsafe fn close(fd: c_int) -> c_int {
     ready::fd_closed(fd);
     table::retire(fd);
     table::wait_spinners(fd);
+    accel::closing(fd);
     if let Some(a) = accel::take_fd(fd) {
         accel::release(a);
     }
@@ -172,6 +184,7 @@ pub unsafe fn dup2(old: c_int, new: c_int) -> c_int {
         ready::fd_closed(new);
         table::retire(new);
         table::wait_spinners(new);
+        accel::closing(new);
         if let Some(a) = accel::take_fd(new) {
             accel::release(a);
         }
@@ -194,6 +207,7 @@ pub unsafe fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
         ready::fd_closed(new);
         table::retire(new);
         table::wait_spinners(new);
+        accel::closing(new);
         if let Some(a) = accel::take_fd(new) {
             accel::release(a);
         }
@@ -1154,19 +1168,31 @@ fn sockopt_accel(
         let b = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), 8) };
         let group = std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]);
         let ifaddr = std::net::Ipv4Addr::new(b[4], b[5], b[6], b[7]);
-        return match accel::join_multicast(a, group, ifaddr) {
+        // The application's own socket joins (the kernel answers), then
+        // the engine steers the group to it.
+        // SAFETY: the caller's option, unchanged, to libc's setsockopt.
+        let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+        if r != 0 {
+            return Some(r);
+        }
+        let e = spin::errno();
+        match accel::join_multicast(a, group, ifaddr) {
             Ok(()) => {
                 // Every receiver of the group on the host must get it:
                 // another socket on this port means the kernel delivers.
                 crate::share::check_now(fd);
-                Some(0)
             }
-            Err(0) => None, // off the engine: the kernel socket joins
-            Err(e) => Some({
-                spin::set_errno(e);
-                -1
-            }),
-        };
+            Err(0) => {} // off the engine: the kernel socket alone
+            Err(err) => accel::detach(
+                fd,
+                &format!(
+                    "the engine cannot join {group}: {}",
+                    std::io::Error::from_raw_os_error(err)
+                ),
+            ),
+        }
+        spin::set_errno(e);
+        return Some(0);
     }
     None
 }

@@ -512,21 +512,3 @@ pub fn epoll_mixed(
     SYNTH_FDS.with(|v| *v.borrow_mut() = fds);
     r
 }
-
-/// `fd` just became accelerated: its new kernel socket replaced the one
-/// epoll knew (dup3 closed that), so register the new one where the
-/// candidate was registered.
-pub fn reregister(fd: c_int) {
-    let r = reg();
-    for i in r.iter().filter(|i| i.fd == fd) {
-        let mut ev = tagged(
-            fd,
-            &epoll_event {
-                events: i.events,
-                u64: i.data,
-            },
-        );
-        // SAFETY: a valid epoll_event on our stack.
-        unsafe { real::epoll_ctl(i.ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
-    }
-}

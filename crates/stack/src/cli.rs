@@ -49,12 +49,14 @@ pub fn run(args: StatsArgs) -> Result<i32, String> {
             e.info.ring_depth
         );
         let mib = |k: &str| e.counters.get(k).copied().unwrap_or(0) as f64 / 1048576.0;
-        out!(
-            "  memory: {:.1} MiB (UMEM {:.1} MiB, rings {:.2} MiB, queues and tables the rest)",
-            mib("mem_total_bytes"),
-            mib("mem_umem_bytes"),
-            mib("mem_ring_bytes")
-        );
+        if mib("mem_total_bytes") > 0.0 {
+            out!(
+                "  memory: {:.1} MiB (UMEM {:.1} MiB, rings {:.2} MiB, queues and tables the rest)",
+                mib("mem_total_bytes"),
+                mib("mem_umem_bytes"),
+                mib("mem_ring_bytes")
+            );
+        }
         for (k, v) in &e.counters {
             if *v != 0 || !k.starts_with("drop_") {
                 out!("  {k:<26} {v}");

@@ -4,7 +4,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, XskMap};
 use aya::programs::links::FdLink;
 use aya::programs::{Xdp, XdpMode};
 use aya::{Ebpf, Pod};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 
 /// Key of the `nw_claims` map: destination address and port, network order.
@@ -26,6 +26,32 @@ impl ClaimKey {
             addr: u32::from_ne_bytes(addr.octets()),
             port: port.to_be(),
             pad: 0,
+        }
+    }
+}
+
+/// Key of the `nw_tcp_flows` map: a TCP connection as the packets that
+/// reach us carry it (remote = source), all in network order.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpFlowKey {
+    pub raddr: u32,
+    pub laddr: u32,
+    pub rport: u16,
+    pub lport: u16,
+}
+
+// SAFETY: TcpFlowKey is repr(C), Copy, 4 + 4 + 2 + 2 bytes with no padding,
+// and every bit pattern is valid.
+unsafe impl Pod for TcpFlowKey {}
+
+impl TcpFlowKey {
+    pub fn new(local: SocketAddrV4, remote: SocketAddrV4) -> TcpFlowKey {
+        TcpFlowKey {
+            raddr: u32::from_ne_bytes(remote.ip().octets()),
+            laddr: u32::from_ne_bytes(local.ip().octets()),
+            rport: remote.port().to_be(),
+            lport: local.port().to_be(),
         }
     }
 }
@@ -54,6 +80,8 @@ pub struct SteerProgram {
     // Field order: the link goes first so it is closed before the program.
     _link: FdLink,
     claims: BpfHashMap<MapData, ClaimKey, u32>,
+    tcp_listen: BpfHashMap<MapData, ClaimKey, u32>,
+    tcp_flows: BpfHashMap<MapData, TcpFlowKey, u32>,
     xsks: XskMap<MapData>,
     stats: PerCpuArray<MapData, u64>,
     mode: AttachMode,
@@ -94,7 +122,12 @@ impl SteerProgram {
     /// `frags`: attach the multi-buffer aware variant (xdp.frags), needed
     /// when packets may be larger than one buffer (jumbo MTU).
     pub fn attach(ifname: &str, ifindex: u32, frags: bool) -> Result<SteerProgram, String> {
-        let mut ebpf = Ebpf::load(crate::steer_object()).map_err(|e| {
+        // No kernel BTF: the program needs no CO-RE relocation, and parsing
+        // /sys/kernel/btf/vmlinux costs ~15 MB of heap that stays with the
+        // process (measured RSS, docs/benchmarks.md).
+        let mut ebpf = aya::EbpfLoader::new()
+            .btf(None)
+            .load(crate::steer_object()).map_err(|e| {
             let s = e.to_string();
             if s.contains("Operation not permitted") || s.contains("EPERM") {
                 format!(
@@ -109,6 +142,16 @@ impl SteerProgram {
                 .ok_or("steering object has no nw_claims map")?,
         )
         .map_err(|e| map_err("nw_claims", e))?;
+        let tcp_listen: BpfHashMap<MapData, ClaimKey, u32> = BpfHashMap::try_from(
+            ebpf.take_map("nw_tcp_listen")
+                .ok_or("steering object has no nw_tcp_listen map")?,
+        )
+        .map_err(|e| map_err("nw_tcp_listen", e))?;
+        let tcp_flows: BpfHashMap<MapData, TcpFlowKey, u32> = BpfHashMap::try_from(
+            ebpf.take_map("nw_tcp_flows")
+                .ok_or("steering object has no nw_tcp_flows map")?,
+        )
+        .map_err(|e| map_err("nw_tcp_flows", e))?;
         let xsks = XskMap::try_from(ebpf.take_map("nw_xsks").ok_or("no nw_xsks map")?)
             .map_err(|e| map_err("nw_xsks", e))?;
         let stats = PerCpuArray::try_from(ebpf.take_map("nw_stats").ok_or("no nw_stats map")?)
@@ -160,6 +203,8 @@ impl SteerProgram {
         Ok(SteerProgram {
             _link: link,
             claims,
+            tcp_listen,
+            tcp_flows,
             xsks,
             stats,
             mode,
@@ -180,6 +225,39 @@ impl SteerProgram {
 
     pub fn unclaim(&mut self, addr: Ipv4Addr, port: u16) {
         let _ = self.claims.remove(&ClaimKey::new(addr, port));
+    }
+
+    /// Steer every TCP segment for (addr, port) — a listener's port and the
+    /// connections it accepts — to the AF_XDP sockets.
+    pub fn claim_tcp_listener(
+        &mut self,
+        addr: Ipv4Addr,
+        port: u16,
+        owner: u32,
+    ) -> Result<(), String> {
+        self.tcp_listen
+            .insert(ClaimKey::new(addr, port), owner, 0)
+            .map_err(|e| format!("cannot claim TCP {addr}:{port}: {e}"))
+    }
+
+    pub fn unclaim_tcp_listener(&mut self, addr: Ipv4Addr, port: u16) {
+        let _ = self.tcp_listen.remove(&ClaimKey::new(addr, port));
+    }
+
+    /// Steer one TCP connection (by 4-tuple) to the AF_XDP sockets.
+    pub fn claim_tcp_flow(
+        &mut self,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        owner: u32,
+    ) -> Result<(), String> {
+        self.tcp_flows
+            .insert(TcpFlowKey::new(local, remote), owner, 0)
+            .map_err(|e| format!("cannot claim TCP {local} <-> {remote}: {e}"))
+    }
+
+    pub fn unclaim_tcp_flow(&mut self, local: SocketAddrV4, remote: SocketAddrV4) {
+        let _ = self.tcp_flows.remove(&TcpFlowKey::new(local, remote));
     }
 
     /// Register the AF_XDP socket serving RX queue `queue`.

@@ -548,7 +548,11 @@ impl XskRx {
             self.rx.cons_release(n);
             info.descs += n;
         }
-        self.refill();
+        if info.descs > 0 {
+            // Frames dropped during this poll (bad or unwanted) go back now;
+            // an empty poll already refilled on its way in.
+            self.refill();
+        }
         info
     }
 

@@ -2,6 +2,7 @@
 //! `DIR/index.html` (self-contained, inline SVG) and `DIR/results.json`
 //! (every number behind every plot, plus the environment).
 
+pub mod capture;
 pub mod exec;
 pub mod experiments;
 pub mod html;
@@ -48,7 +49,7 @@ pub struct ReportArgs {
     pub xdp_ring: u32,
     /// Only these experiments (ids, comma separated): latency_vs_size,
     /// latency_under_load, max_rate, microburst, throughput, latency_vs_load,
-    /// loss.
+    /// capture, loss.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Two real hosts: the peer running `nanowire bench server` (no lab).

@@ -68,6 +68,7 @@ pub fn all() -> Vec<Box<dyn ExperimentKind>> {
             est: |c| c.est_load(),
             run: |c| c.latency_vs_load(),
         }),
+        Box::new(super::capture::Capture),
         Box::new(super::loss::Loss),
     ]
 }

@@ -61,6 +61,8 @@ pub type EndpointId = usize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EndpointKind {
     Udp,
+    /// All TCP segments of one `TcpEngine` (its listeners and connections).
+    Tcp,
 }
 
 /// A frame delivered to an endpoint.
@@ -388,4 +390,134 @@ impl Delivery {
 
 pub(crate) fn eventfd_write(fd: std::os::fd::RawFd) {
     nanowire_xdp::sys::eventfd_signal(fd);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xdp::classify::PROTO_UDP;
+    use crate::xdp::shm::{PageInfo, StatsPage};
+
+    fn efd() -> OwnedFd {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain eventfd(2), checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a fresh descriptor we own.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    }
+
+    fn c(src: &str, dst: &str) -> Classified {
+        Classified {
+            proto: PROTO_UDP,
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            l4_off: 34,
+            payload_off: 42,
+            payload_len: 0,
+            csum_partial: false,
+            ip_options: false,
+        }
+    }
+
+    fn who(
+        d: &mut Demux,
+        page: &StatsPage,
+        cl: &Classified,
+        ids: &[EndpointId],
+    ) -> Option<EndpointId> {
+        match d.deliver(cl, RxFrame::from_vec(vec![0; 42]), page) {
+            Outcome::Delivered => ids.iter().copied().find(|&id| d.pop(id, page).is_some()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn kernel_precedence_connected_specific_wildcard() {
+        let page = StatsPage::create(&PageInfo::default());
+        let mut d = Demux::new(1024);
+        let wild = d.add(EndpointKind::Udp, efd(), 64).unwrap();
+        let spec = d.add(EndpointKind::Udp, efd(), 64).unwrap();
+        let conn = d.add(EndpointKind::Udp, efd(), 64).unwrap();
+        let ids = [wild, spec, conn];
+        d.bind(wild, PROTO_UDP, "0.0.0.0:7".parse().unwrap());
+        d.bind(spec, PROTO_UDP, "10.0.0.2:7".parse().unwrap());
+        d.bind(conn, PROTO_UDP, "10.0.0.2:7".parse().unwrap());
+        d.connect(
+            conn,
+            PROTO_UDP,
+            "10.0.0.2:7".parse().unwrap(),
+            "10.0.0.9:99".parse().unwrap(),
+        );
+        assert_eq!(
+            who(&mut d, &page, &c("10.0.0.9:99", "10.0.0.2:7"), &ids),
+            Some(conn)
+        );
+        assert_eq!(
+            who(&mut d, &page, &c("10.0.0.9:98", "10.0.0.2:7"), &ids),
+            Some(spec)
+        );
+        assert_eq!(
+            who(&mut d, &page, &c("10.0.0.9:99", "10.0.0.3:7"), &ids),
+            Some(wild)
+        );
+        assert_eq!(
+            who(&mut d, &page, &c("10.0.0.9:99", "10.0.0.3:8"), &ids),
+            None
+        );
+        // Another protocol on the same port is another table entry.
+        let mut tcp = c("10.0.0.9:99", "10.0.0.2:7");
+        tcp.proto = 6;
+        assert_eq!(who(&mut d, &page, &tcp, &ids), None);
+        // Gone endpoints are gone from every table.
+        d.remove(conn);
+        assert_eq!(
+            who(&mut d, &page, &c("10.0.0.9:99", "10.0.0.2:7"), &ids),
+            Some(spec)
+        );
+    }
+
+    #[test]
+    fn multicast_fans_out_one_frame_and_queues_are_bounded() {
+        let page = StatsPage::create(&PageInfo::default());
+        let mut d = Demux::new(16);
+        let a = d.add(EndpointKind::Udp, efd(), 64).unwrap();
+        let b = d.add(EndpointKind::Udp, efd(), 64).unwrap();
+        d.bind(a, PROTO_UDP, "239.1.1.1:5".parse().unwrap());
+        d.bind(b, PROTO_UDP, "239.1.1.1:5".parse().unwrap());
+        let m = c("10.0.0.9:1", "239.1.1.1:5");
+        assert!(matches!(
+            d.deliver(&m, RxFrame::from_vec(vec![1; 42]), &page),
+            Outcome::Delivered
+        ));
+        assert!(d.pop(a, &page).is_some() && d.pop(b, &page).is_some());
+        // Share: half of 16 frames = 8 for all endpoints' queues, floor min(8, 256).
+        assert_eq!(d.cap(a), 8);
+        if let Some(e) = d.get_mut(a) {
+            e.rcvbuf_frames = 3;
+        }
+        assert_eq!(d.cap(a), 3, "SO_RCVBUF below the share wins");
+        for _ in 0..3 {
+            d.deliver(&m, RxFrame::from_vec(vec![1; 42]), &page);
+        }
+        assert_eq!(d.get(a).unwrap().queue.len(), 3);
+        assert_eq!(d.get(b).unwrap().queue.len(), 3);
+        // a is full: b still gets it, a's drop is counted on a.
+        assert!(matches!(
+            d.deliver(&m, RxFrame::from_vec(vec![1; 42]), &page),
+            Outcome::Delivered
+        ));
+        assert_eq!(d.get(a).unwrap().queue.len(), 3);
+        assert_eq!(d.get(b).unwrap().queue.len(), 4);
+        assert_eq!(
+            page.s(a, S::DropQueueFull)
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        assert_eq!(
+            page.s(b, S::DropQueueFull)
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+    }
 }

@@ -28,11 +28,13 @@ mod registry;
 mod rx;
 pub mod shm;
 mod socket;
+pub mod tcp;
 mod tx;
 
 pub use demux::{Delivery, EndpointId, EndpointKind};
 pub use neigh::{NEGATIVE_TTL, QUEUE_BYTES_PER_NEIGH, QUEUE_PER_NEIGH, RESOLVE_TIMEOUT};
 pub use socket::{OpenError, XdpSocket};
+pub use tcp::{XdpTcpListener, XdpTcpStream};
 
 use crate::EngineOptions;
 use demux::{Demux, FastMap};
@@ -158,6 +160,12 @@ impl Engine {
             bind_mode: bind.as_str().to_string(),
             ring_depth: depth,
         }));
+        // Capture tap (crates/tap): a sparse shared file that costs memory
+        // only while `nanowire capture` is attached.
+        let (tap_rx, tap_tx, tap) = nanowire_tap::create(std::process::id(), ifname);
+        if let Err(e) = tap {
+            eprintln!("nanowire: {e}");
+        }
         let mem = umem + rings + shm::PAGE_SIZE_BYTES;
         set(page.e(E::MemUmemBytes), umem as u64);
         set(page.e(E::MemRingBytes), rings as u64);
@@ -179,6 +187,7 @@ impl Engine {
             per_kick,
             page: page.clone(),
             big: Vec::new(),
+            tap: tap_tx,
         }));
         let neigh = Arc::new(
             neigh::Neigh::new(info.index, info.addr, page.clone())
@@ -193,6 +202,7 @@ impl Engine {
                 Demux::new(depth as usize),
                 own,
                 page.clone(),
+                tap_rx,
             )),
             tx,
             neigh,

@@ -239,30 +239,36 @@ impl Neigh {
     }
 
     /// Hold a datagram for a pending neighbour, dropping the oldest held
-    /// ones (counted) when over the bounds, as the kernel does; `false`
-    /// when the entry is no longer pending (counted drop).
-    pub fn enqueue(&self, q: Queued) -> bool {
+    /// ones (counted) when over the bounds, as the kernel does.
+    /// `Err(datagram, hop)`: the neighbour was resolved meanwhile, send it
+    /// now. A neighbour neither pending nor resolved any more (failed,
+    /// forgotten): a counted drop.
+    pub fn enqueue(&self, q: Queued) -> Result<(), (Queued, Hop)> {
         let mut m = self.lock();
-        if let Some(Entry {
-            state: State::Pending { queue, .. },
-            ..
-        }) = m.get_mut(&q.dst.ip().to_bits())
-        {
-            let size = |q: &Queued| q.payload.len() + TRUESIZE_OVERHEAD;
-            let mut bytes: usize = queue.iter().map(size).sum::<usize>() + size(&q);
-            while !queue.is_empty()
-                && (queue.len() >= QUEUE_PER_NEIGH || bytes > QUEUE_BYTES_PER_NEIGH)
-            {
-                let old = queue.remove(0);
-                bytes -= size(&old);
-                self.count_drop(old.slot, 1);
+        match m.get_mut(&q.dst.ip().to_bits()).map(|e| &mut e.state) {
+            Some(State::Pending { queue, .. }) => {
+                let size = |q: &Queued| q.payload.len() + TRUESIZE_OVERHEAD;
+                let mut bytes: usize = queue.iter().map(size).sum::<usize>() + size(&q);
+                while !queue.is_empty()
+                    && (queue.len() >= QUEUE_PER_NEIGH || bytes > QUEUE_BYTES_PER_NEIGH)
+                {
+                    let old = queue.remove(0);
+                    bytes -= size(&old);
+                    self.count_drop(old.slot, 1);
+                }
+                queue.push(q);
+                Ok(())
             }
-            queue.push(q);
-            return true;
+            Some(State::Ready(h)) => {
+                let h = *h;
+                Err((q, h))
+            }
+            _ => {
+                drop(m);
+                self.count_drop(q.slot, 1);
+                Ok(())
+            }
         }
-        drop(m);
-        self.count_drop(q.slot, 1);
-        false
     }
 
     pub fn count_drop(&self, slot: usize, n: u64) {

@@ -31,10 +31,18 @@ pub(crate) struct RxPath {
     pub page: Arc<StatsPage>,
     polls: u32,
     bad_descs: u64,
+    /// Copies of received frames for `nanowire capture` (crates/tap).
+    pub tap: nanowire_tap::TapWriter,
 }
 
 impl RxPath {
-    pub fn new(queues: Vec<XskRx>, demux: Demux, own: Vec<Ipv4Addr>, page: Arc<StatsPage>) -> Self {
+    pub fn new(
+        queues: Vec<XskRx>,
+        demux: Demux,
+        own: Vec<Ipv4Addr>,
+        page: Arc<StatsPage>,
+        tap: nanowire_tap::TapWriter,
+    ) -> Self {
         RxPath {
             queues,
             demux,
@@ -42,6 +50,7 @@ impl RxPath {
             page,
             polls: 0,
             bad_descs: 0,
+            tap,
         }
     }
 
@@ -59,19 +68,26 @@ impl RxPath {
             demux,
             own,
             page,
+            tap,
             ..
         } = self;
         for q in queues.iter_mut() {
             if total >= budget {
                 break;
             }
-            let info = q.poll(budget - total, RX_BATCH, |f| handle(demux, own, page, f));
+            let info = q.poll(budget - total, RX_BATCH, |f| {
+                tap.record(f.data());
+                handle(demux, own, page, f)
+            });
             if info.descs > 0 {
                 peak(page.e(E::PeakRxRing), u64::from(info.ring_peak));
             }
             total += info.descs;
         }
-        let bad: u64 = queues.iter().map(|q| q.bad_descs()).sum();
+        if total == 0 {
+            return 0;
+        }
+        let bad: u64 = self.queues.iter().map(|q| q.bad_descs()).sum();
         if bad != self.bad_descs {
             bump(self.page.e(E::DropBadDesc), bad - self.bad_descs);
             bump(self.page.e(E::RxFrames), bad - self.bad_descs);

@@ -472,14 +472,21 @@ impl XdpSocket {
         }
         let mut batch = std::mem::take(&mut self.batch);
         {
+            // What is queued first; the rings only when that is not enough
+            // (polling regardless would grow the queue by a budget per call
+            // for a reader taking one at a time, up to its cap: drops).
             let mut g = self.engine.rx();
-            g.poll(RX_BUDGET);
             let page = g.page.clone();
+            let mut polled = false;
             while batch.len() < max {
-                let Some(d) = g.demux.pop(self.id, &page) else {
-                    break;
-                };
-                batch.push(d);
+                match g.demux.pop(self.id, &page) {
+                    Some(d) => batch.push(d),
+                    None if !polled => {
+                        polled = true;
+                        g.poll(RX_BUDGET);
+                    }
+                    None => break,
+                }
             }
         }
         let mut n = batch.len();
@@ -632,13 +639,17 @@ impl XdpSocket {
                 } else {
                     *self.local.ip()
                 };
-                for b in bufs {
-                    self.engine.neigh.enqueue(Queued {
+                for (i, b) in bufs.iter().enumerate() {
+                    let q = Queued {
                         src: SocketAddrV4::new(src_ip, self.local.port()),
                         dst,
                         slot: self.id,
                         payload: b.to_vec(),
-                    });
+                    };
+                    if self.engine.neigh.enqueue(q).is_err() {
+                        // Resolved meanwhile: the rest goes out directly.
+                        return self.send_many(&bufs[i..], dst).map(|n| i + n);
+                    }
                 }
                 Ok(bufs.len())
             }
@@ -712,7 +723,9 @@ impl XdpSocket {
             return (0, 0);
         }
         let mut g = self.engine.rx();
-        g.poll(RX_BUDGET);
+        if g.demux.get(self.id).is_some_and(|e| e.queue.is_empty()) {
+            g.poll(RX_BUDGET);
+        }
         match g.demux.get(self.id) {
             Some(e) => (
                 e.queue.len(),
@@ -778,7 +791,7 @@ fn set_int(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: usize) -> io::Res
     Ok(())
 }
 
-fn engine_for(ip: Ipv4Addr, opts: &EngineOptions) -> Result<Arc<Engine>, OpenError> {
+pub(crate) fn engine_for(ip: Ipv4Addr, opts: &EngineOptions) -> Result<Arc<Engine>, OpenError> {
     let ifname = match &opts.iface {
         Some(i) => i.clone(),
         None => iface::iface_for_addr(ip).map_err(OpenError::Engine)?,

@@ -35,6 +35,8 @@ pub(crate) struct TxPath {
     pub page: Arc<StatsPage>,
     /// Scratch for multi-buffer (jumbo) frames.
     pub big: Vec<u8>,
+    /// Copies of sent frames for `nanowire capture` (crates/tap).
+    pub tap: nanowire_tap::TapWriter,
 }
 
 /// What one `send` did.
@@ -59,9 +61,10 @@ impl TxPath {
             let k = if j > i {
                 let chunk = &bufs[i..j];
                 let (mac, mut id) = (self.mac, self.ip_id);
+                let tap = &mut self.tap;
                 let k = self.xsk.send_with(chunk.len(), |n, fr| {
                     id = id.wrapping_add(1);
-                    Some(build_frame(
+                    let len = build_frame(
                         fr,
                         mac,
                         w.mac,
@@ -70,7 +73,9 @@ impl TxPath {
                         w.dst,
                         chunk[n],
                         id,
-                    ))
+                    );
+                    tap.record(&fr[..len]);
+                    Some(len)
                 });
                 self.ip_id = self.ip_id.wrapping_add(k as u16);
                 self.count(&chunk[..k], slot);
@@ -91,6 +96,7 @@ impl TxPath {
                     self.ip_id,
                 );
                 if self.xsk.send_large(&self.big[..n]) {
+                    self.tap.record(&self.big[..n]);
                     self.count(&bufs[i..i + 1], slot);
                     1
                 } else {

@@ -16,7 +16,7 @@ impl<'a> Ctx<'a> {
             "6. Latency vs network load",
             "seed 004",
             &format!(
-                "Bursts of {n} datagrams from the {} generator with an inter-packet gap swept from back-to-back to idle ({} ns); each datagram carries its CLOCK_MONOTONIC transmit time and the receiver (spinning, engine under test) takes the time when the datagram is in user memory: one-way latency per packet (both namespaces share one clock). {} repeat(s); the plot shows the average per burst against the rate the generator reached.",
+                "Bursts of {n} datagrams from the {} generator with an inter-packet gap swept from back-to-back to idle ({} ns); each datagram carries its CLOCK_MONOTONIC transmit time and the receiver (spinning, engine under test) takes the time when the datagram is in user memory: one-way latency per packet (both namespaces share one clock). What a sample includes: the generator reads the clock once per send batch, before its send call (back-to-back, the datagrams of one batch share that stamp, so later ones also carry the sending of earlier ones; with a gap every datagram is sent and stamped alone); the receiver reads it once its receive call has returned the datagram. So a sample is the send path (syscall or AF_XDP kick), veth, XDP or the kernel stack, the time queued in the ring or socket buffer, the receive call, and one clock read (tens of ns). The split of such a path into wire → ring and ring → application, from the xdp engines' own stamps, is in section 9 (capture). {} repeat(s); the plot shows the average per burst against the rate the generator reached.",
                 self.gen_engine,
                 self.p
                     .load_gaps_ns

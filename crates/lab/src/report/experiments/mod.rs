@@ -296,7 +296,13 @@ impl<'a> Ctx<'a> {
         }
         let cmd = self.target.command(Host::A, &a)?;
         let p = Proc::spawn(cmd, &format!("bench {} --engine {e}", extra[0]))?;
-        p.finish_json(Duration::from_secs(secs + 20))
+        let v = p.finish_json(Duration::from_secs(secs + 20))?;
+        // Every client result is read through the typed schema shared with
+        // bench (`BenchResult`): a field renamed or retyped there fails here,
+        // with its name, instead of turning into a silent "n/a" later.
+        let r: nanowire_bench::BenchResult = serde_json::from_value(v.clone())
+            .map_err(|e| format!("bench {} JSON does not match the schema: {e}", extra[0]))?;
+        serde_json::to_value(&r).map_err(|e| e.to_string())
     }
 
     /// One generator -> sink trial. `count`: burst length (0 with `secs`).
