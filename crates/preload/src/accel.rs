@@ -121,6 +121,8 @@ pub struct Accel {
     /// Private epoll fd for sleeping receivers (-1: not made yet, -2: could
     /// not be made); see `sleep`.
     sleep_ep: std::sync::atomic::AtomicI32,
+    /// Threads sleeping in a receive on this socket.
+    sleepers: AtomicU32,
     /// The local address once known (1 << 48 | ip << 16 | port; 0 = not yet).
     local: AtomicU64,
     /// The fd number the engine adopted as the kernel twin: it must stay
@@ -354,6 +356,7 @@ pub fn accelerate(fd: c_int, iface: Option<String>) -> Result<&'static Accel, No
         detached: AtomicBool::new(false),
         twin_empty_at: AtomicU64::new(0),
         sleep_ep: std::sync::atomic::AtomicI32::new(-1),
+        sleepers: AtomicU32::new(0),
         local: AtomicU64::new(0),
         adopted: fd,
     }));
@@ -642,7 +645,19 @@ pub fn recv_one(
 /// kernel socket wakes one of the threads blocked in `recv` — where a
 /// `poll` on the fds would wake them all to fight over one datagram.
 fn sleep(a: &Accel, ms: c_int) {
-    let ep = a.sleep_ep();
+    // Only when threads actually share the socket's sleep: a socket that
+    // one thread receives on never costs the application an extra fd.
+    let others = a.sleepers.fetch_add(1, Ordering::AcqRel);
+    let ep = if others > 0 || a.sleep_ep.load(Ordering::Acquire) >= 0 {
+        a.sleep_ep()
+    } else {
+        -1
+    };
+    sleep_on(a, ep, ms);
+    a.sleepers.fetch_sub(1, Ordering::AcqRel);
+}
+
+fn sleep_on(a: &Accel, ep: c_int, ms: c_int) {
     if ep < 0 {
         let mut pfds: [libc::pollfd; 8] = [libc::pollfd {
             fd: -1,
