@@ -118,6 +118,11 @@ pub struct Accel {
     /// When a readiness call last saw the kernel twin empty (ns, 0 = not
     /// known): see [`twin_maybe`].
     twin_empty_at: AtomicU64,
+    /// Private epoll fd for sleeping receivers (-1: not made yet, -2: could
+    /// not be made); see `sleep`.
+    sleep_ep: std::sync::atomic::AtomicI32,
+    /// Threads sleeping in a receive on this socket.
+    sleepers: AtomicU32,
     /// The local address once known (1 << 48 | ip << 16 | port; 0 = not yet).
     local: AtomicU64,
     /// The fd number the engine adopted as the kernel twin: it must stay
@@ -350,6 +355,8 @@ pub fn accelerate(fd: c_int, iface: Option<String>) -> Result<&'static Accel, No
         wait_fds,
         detached: AtomicBool::new(false),
         twin_empty_at: AtomicU64::new(0),
+        sleep_ep: std::sync::atomic::AtomicI32::new(-1),
+        sleepers: AtomicU32::new(0),
         local: AtomicU64::new(0),
         adopted: fd,
     }));
@@ -619,22 +626,94 @@ pub fn recv_one(
             if let Some(r) = kernel_recv(fd, flags, &mut deliver) {
                 return r;
             }
-            let mut pfds: [libc::pollfd; 8] = [libc::pollfd {
-                fd: -1,
-                events: libc::POLLIN,
-                revents: 0,
-            }; 8];
-            let wf = a.wait_fds();
-            let n = wf.len().min(8);
-            for (p, &f) in pfds.iter_mut().zip(wf) {
-                p.fd = f;
-            }
             let mut ms = 5;
             if tmo != 0 {
                 ms = ms.min((tmo - spent).div_ceil(1_000_000) as c_int);
             }
-            // SAFETY: `n` pollfds on our stack.
-            unsafe { real::poll(pfds.as_mut_ptr(), n as libc::nfds_t, ms) };
+            sleep(a, ms);
+        }
+    }
+}
+
+/// Sleep (at most `ms`) until the engine's rings, the socket's wake-up
+/// eventfd or the kernel socket say something may be there.
+///
+/// The threads of a process that sleep on one socket share one private
+/// epoll instance with the wait fds registered edge-triggered: threads
+/// blocked in `epoll_wait` on one instance are woken one at a time (the
+/// kernel queues them exclusively), so a datagram wakes one sleeper, as a
+/// kernel socket wakes one of the threads blocked in `recv` — where a
+/// `poll` on the fds would wake them all to fight over one datagram.
+fn sleep(a: &Accel, ms: c_int) {
+    // Only when threads actually share the socket's sleep: a socket that
+    // one thread receives on never costs the application an extra fd.
+    let others = a.sleepers.fetch_add(1, Ordering::AcqRel);
+    let ep = if others > 0 || a.sleep_ep.load(Ordering::Acquire) >= 0 {
+        a.sleep_ep()
+    } else {
+        -1
+    };
+    sleep_on(a, ep, ms);
+    a.sleepers.fetch_sub(1, Ordering::AcqRel);
+}
+
+fn sleep_on(a: &Accel, ep: c_int, ms: c_int) {
+    if ep < 0 {
+        let mut pfds: [libc::pollfd; 8] = [libc::pollfd {
+            fd: -1,
+            events: libc::POLLIN,
+            revents: 0,
+        }; 8];
+        let wf = a.wait_fds();
+        let n = wf.len().min(8);
+        for (p, &f) in pfds.iter_mut().zip(wf) {
+            p.fd = f;
+        }
+        // SAFETY: `n` pollfds on our stack.
+        unsafe { real::poll(pfds.as_mut_ptr(), n as libc::nfds_t, ms) };
+        return;
+    }
+    let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    let e = errno();
+    // SAFETY: our own epoll fd and a stack array of 4 events.
+    unsafe { real::epoll_wait(ep, ev.as_mut_ptr(), 4, ms) };
+    set_errno(e);
+}
+
+impl Accel {
+    /// The socket's private epoll instance for sleeping receivers (made on
+    /// first use; -1 if it could not be made: then they `poll`).
+    fn sleep_ep(&self) -> c_int {
+        let cur = self.sleep_ep.load(Ordering::Acquire);
+        if cur >= 0 || cur == -2 {
+            return cur.max(-1);
+        }
+        let Ok(ep) = rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC)
+        else {
+            self.sleep_ep.store(-2, Ordering::Release);
+            return -1;
+        };
+        use std::os::fd::IntoRawFd;
+        let ep = ep.into_raw_fd();
+        for &f in self.wait_fds() {
+            let mut ev = libc::epoll_event {
+                events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+                u64: f as u64,
+            };
+            // SAFETY: our epoll fd, a valid event on the stack.
+            unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_ADD, f, &mut ev) };
+        }
+        match self
+            .sleep_ep
+            .compare_exchange(-1, ep, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => ep,
+            Err(other) => {
+                // Another thread made one first.
+                // SAFETY: ours, never published.
+                drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(ep) });
+                other.max(-1)
+            }
         }
     }
 }
@@ -962,6 +1041,12 @@ pub fn release(a: &Accel) {
     if a.refs.fetch_sub(1, Ordering::AcqRel) == 1 && a.mine() {
         let x = a.lock().xdp.take();
         engine_call(|| drop(x));
+        let ep = a.sleep_ep.swap(-2, Ordering::AcqRel);
+        if ep >= 0 {
+            // SAFETY: our own epoll fd, unpublished now (a sleeper still in
+            // it returns within 5 ms).
+            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(ep) });
+        }
     }
 }
 
