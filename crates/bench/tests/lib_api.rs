@@ -89,8 +89,15 @@ fn xdp_is_reported_not_panicked() {
     let mut sc = ServerConfig::new(lo());
     sc.engine = EngineKind::Xdp;
     sc.protocol = Protocol::Tcp;
+    // TCP over xdp exists now: on loopback it either runs (on xdp, or on
+    // the engine it fell back to) or is refused with a line naming xdp;
+    // it never panics.
     match start_server(&sc) {
-        Ok(_) => panic!("TCP over xdp should be refused"),
+        Ok(h) => {
+            let e = h.engine();
+            let st = h.stop().expect("stops");
+            eprintln!("TCP server on {e}: {} clients", st.clients.len());
+        }
         Err(e) => assert!(e.contains("xdp"), "{e}"),
     }
 }
