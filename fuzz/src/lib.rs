@@ -9,8 +9,8 @@
 //!   `regressions/<target>/` and runs a short, deterministic mutation smoke
 //!   of each target from its seeds.
 //!
-//! Targets for the engine's frame classifier and TCP segment input are
-//! registered here once those pure functions exist (see `TARGETS`).
+//! Targets: the wire parsers, the engine's frame classifier (`classify`),
+//! TCP segment input (`tcp`) and the whole TCP stack (`tcp_stack`).
 #![forbid(unsafe_code)]
 
 use nanowire_wire::pcapng::{PcapngWriter, read_packets};
@@ -61,6 +61,11 @@ pub const TARGETS: &[Target] = &[
         seeds: frame_seeds,
     },
     Target {
+        name: "classify",
+        run: classify,
+        seeds: frame_seeds,
+    },
+    Target {
         name: "tcp",
         run: tcp,
         seeds: tcp_seeds,
@@ -71,6 +76,32 @@ pub const TARGETS: &[Target] = &[
         seeds: tcp_stack_seeds,
     },
 ];
+
+/// The engine's frame classifier (`nanowire_stack::xdp::classify`): never
+/// panics; what it accepts has in-bounds offsets, a non-martian source, a
+/// UDP or TCP protocol, and agrees with the wire parsers.
+pub fn classify(data: &[u8]) {
+    use nanowire_stack::xdp::classify::{PROTO_TCP, PROTO_UDP, classify, is_martian_source};
+    let Ok(c) = classify(data) else {
+        return;
+    };
+    assert!(c.proto == PROTO_UDP || c.proto == PROTO_TCP, "{c:?}");
+    assert!(c.l4_off >= 34 && c.l4_off <= c.payload_off, "{c:?}");
+    assert!(c.payload_off + c.payload_len <= data.len(), "{c:?}");
+    assert!(!is_martian_source(*c.src.ip()), "{c:?}");
+    let ip = Ipv4Packet::new_checked(&data[14..]).expect("accepted frames parse");
+    assert_eq!(*c.src.ip(), ip.src());
+    assert_eq!(*c.dst.ip(), ip.dst());
+    assert_eq!(c.ip_options, ip.header_len() > 20);
+    assert!(!ip.is_fragment());
+    assert!(ip.verify_checksum());
+    if c.proto == PROTO_UDP {
+        let u = UdpDatagram::new_checked(ip.payload()).expect("accepted datagrams parse");
+        assert_eq!(c.src.port(), u.src_port());
+        assert_eq!(c.dst.port(), u.dst_port());
+        assert_eq!(c.payload_len, u.payload().len());
+    }
+}
 
 pub fn target(name: &str) -> Option<&'static Target> {
     TARGETS.iter().find(|t| t.name == name)

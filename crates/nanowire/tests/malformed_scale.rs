@@ -52,23 +52,25 @@ enum Kind {
     MartianZeroSource,
 }
 
-/// The engine's classification, kind by kind. Today's engine (before the
-/// rewrite): options and first fragments are dropped under their reasons,
-/// martian sources are delivered.
+/// The engine's classification, kind by kind (the engine of issue 12's
+/// merge): IPv4 options are delivered like the kernel does, every fragment
+/// is passed to the kernel by the XDP program (which reassembles them for
+/// the socket's kernel twin), martian sources are dropped under their own
+/// reason, VLAN-tagged frames go to the kernel.
 const KINDS: &[(Kind, Expect)] = &[
     (Kind::Truncated, Expect::Drop("drop_truncated")),
     (Kind::BadVersion, Expect::Drop("drop_bad_version")),
     (Kind::BadIhl, Expect::Drop("drop_bad_ihl")),
-    (Kind::IpOptions, Expect::Drop("drop_ip_options")),
+    (Kind::IpOptions, Expect::Deliver),
     (Kind::BadTotalLength, Expect::Drop("drop_bad_total_length")),
-    (Kind::FirstFragment, Expect::Drop("drop_fragment")),
+    (Kind::FirstFragment, Expect::Pass),
     (Kind::LaterFragment, Expect::Pass),
     (Kind::BadIpChecksum, Expect::Drop("drop_bad_ip_checksum")),
     (Kind::BadUdpLength, Expect::Drop("drop_bad_udp_length")),
     (Kind::BadUdpChecksum, Expect::Drop("drop_bad_udp_checksum")),
     (Kind::Vlan, Expect::Pass),
-    (Kind::MartianLoopbackSource, Expect::Deliver),
-    (Kind::MartianZeroSource, Expect::Deliver),
+    (Kind::MartianLoopbackSource, Expect::Drop("drop_martian")),
+    (Kind::MartianZeroSource, Expect::Drop("drop_martian")),
 ];
 
 fn csum(data: &[u8], init: u32) -> u16 {

@@ -360,7 +360,7 @@ impl Loss {
         });
         if held.1 > 0 {
             ex.notes.push(format!(
-                "UDP accounting (replies asked for = received + dropped) held in {} of {} runs. \"dropped (client)\" counts requests or replies lost either way; \"dropped (wire)\" is what the wire's nftables counters dropped over the same runs (ARP and other frames included).",
+                "UDP accounting (replies asked for = received + dropped) held in {} of {} runs. \"dropped (client)\" counts requests or replies lost either way; \"dropped (wire)\" is what the wire's nftables counters dropped over the same runs, warm-up included (the client counts the valid period only), as are ARP and other frames.",
                 held.0, held.1
             ));
         }
