@@ -4,13 +4,15 @@
 //! 9000 echo, fragmented datagrams both ways. Behaviour only: every wait
 //! is a bound, never a measured threshold.
 
+mod xdp_support;
+
 use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
-use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use xdp_support::Proc;
 
 const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
 const A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
@@ -30,50 +32,6 @@ fn lab(tag: char) -> Option<ScopedLab> {
         })
         .expect("lab up"),
     )
-}
-
-/// A child killed (and reaped) on drop, with its stdout lines on a channel.
-struct Proc {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Proc {
-    fn spawn(mut cmd: Command) -> Proc {
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn");
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Proc { child, lines: rx }
-    }
-
-    fn line(&self, timeout: Duration) -> serde_json::Value {
-        let l = self
-            .lines
-            .recv_timeout(timeout)
-            .expect("child printed a line in time");
-        serde_json::from_str(&l).unwrap_or_else(|e| panic!("bad JSON {l:?}: {e}"))
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn xdp_test(lab: &ScopedLab, args: &[&str]) -> Proc {

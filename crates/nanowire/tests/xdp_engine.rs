@@ -3,13 +3,16 @@
 //! by a Drop guard), and drives traffic from threads that entered host a's
 //! network namespace with setns(2). Every wait is bounded.
 
+mod xdp_support;
+
 use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use xdp_support::Proc;
 
 const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
 const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
@@ -30,63 +33,6 @@ fn lab_q(tag: char, queues: u32) -> Option<ScopedLab> {
 fn rustix_is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
-}
-
-/// A child killed (and reaped) on drop, with its stdout lines on a channel.
-struct Proc {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Proc {
-    fn spawn(mut cmd: Command) -> Proc {
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn");
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Proc { child, lines: rx }
-    }
-
-    fn line(&self, timeout: Duration) -> serde_json::Value {
-        let l = self
-            .lines
-            .recv_timeout(timeout)
-            .expect("child printed a line in time");
-        serde_json::from_str(&l).unwrap_or_else(|e| panic!("bad JSON {l:?}: {e}"))
-    }
-
-    /// Close stdin and collect the final counters line.
-    fn finish(mut self) -> serde_json::Value {
-        drop(self.child.stdin.take());
-        let v = self.line(Duration::from_secs(10));
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        v
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn xdp_test(lab: &ScopedLab, args: &[&str]) -> (Proc, serde_json::Value) {

@@ -1,0 +1,66 @@
+//! A child process for the xdp test files: stdout lines on a channel, killed
+//! and reaped on drop.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A child killed (and reaped) on drop, with its stdout lines on a channel.
+pub struct Proc {
+    pub child: Child,
+    pub lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    pub fn spawn(mut cmd: Command) -> Proc {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Proc { child, lines: rx }
+    }
+
+    pub fn line(&self, timeout: Duration) -> serde_json::Value {
+        let l = self
+            .lines
+            .recv_timeout(timeout)
+            .expect("child printed a line in time");
+        serde_json::from_str(&l).unwrap_or_else(|e| panic!("bad JSON {l:?}: {e}"))
+    }
+
+    /// Close stdin and collect the final counters line.
+    pub fn finish(mut self) -> serde_json::Value {
+        drop(self.child.stdin.take());
+        let v = self.line(Duration::from_secs(10));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        v
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
