@@ -67,10 +67,12 @@ mod signals;
 mod spin;
 mod sys;
 mod table;
+mod tcpx;
 
 /// Runs when the library is loaded (before `main`): read the configuration.
 extern "C" fn nanowire_preload_init() {
     accel::init();
+    tcpx::init();
     share::init();
     spin::init();
 }
