@@ -50,6 +50,8 @@ pub struct Tcp {
     pub sndtimeo_ns: AtomicU64,
     /// connect() in progress (non-blocking): SO_ERROR and poll finish it.
     connecting: AtomicBool,
+    /// The failed connect's errno, until SO_ERROR (or connect) reports it.
+    connect_err: std::sync::atomic::AtomicI32,
     /// shutdown(SHUT_RD): receives return 0.
     rd_shut: AtomicBool,
     /// An EPIPE after a reset: the first send reports ECONNRESET, later
@@ -208,6 +210,7 @@ fn record(fd: c_int, inner: Inner, listener: bool, adopted: bool, nonblock: bool
         rcvtimeo_ns: AtomicU64::new(0),
         sndtimeo_ns: AtomicU64::new(0),
         connecting: AtomicBool::new(false),
+        connect_err: std::sync::atomic::AtomicI32::new(0),
         rd_shut: AtomicBool::new(false),
         reset_reported: AtomicBool::new(false),
         refs: AtomicU32::new(1),
@@ -386,6 +389,7 @@ pub fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int
     match wait_for(t, fd, 0, || connect_outcome(t)) {
         Ok(Ok(())) => Some(0),
         Ok(Err(en)) => {
+            t.connect_err.store(0, Ordering::Release);
             set_errno(en);
             Some(-1)
         }
@@ -403,14 +407,12 @@ fn connect_outcome(t: &Tcp) -> Option<Result<(), c_int>> {
     let i = t.stream()?;
     let Inner::Stream(s) = &*i else { return None };
     let r = engine_call(|| s.connect_done())?;
+    if let Err(e) = r {
+        let _ = engine_call(|| s.take_error());
+        t.connect_err.store(err_no(e), Ordering::Release);
+    }
     t.connecting.store(false, Ordering::Release);
-    Some(match r {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            let _ = engine_call(|| s.take_error());
-            Err(err_no(e))
-        }
-    })
+    Some(r.map_err(err_no))
 }
 
 /// connect() again on a socket already on the engine.
@@ -423,11 +425,15 @@ pub fn connect_again(t: &Tcp) -> c_int {
         match connect_outcome(t) {
             None => set_errno(libc::EALREADY),
             Some(Ok(())) => return 0,
-            Some(Err(e)) => set_errno(e),
+            Some(Err(e)) => {
+                t.connect_err.store(0, Ordering::Release);
+                set_errno(e)
+            }
         }
         return -1;
     }
-    set_errno(libc::EISCONN);
+    let pending = t.connect_err.swap(0, Ordering::AcqRel);
+    set_errno(if pending != 0 { pending } else { libc::EISCONN });
     -1
 }
 
@@ -708,9 +714,12 @@ pub fn send(t: &Tcp, fd: c_int, data: &[u8], flags: c_int) -> isize {
                 if sent > 0 {
                     break;
                 }
+                // A reset after the peer's FIN (CLOSE-WAIT) is EPIPE in
+                // Linux; otherwise the reset is reported once, then EPIPE.
+                let after_fin = engine_call(|| s.poll_ready(false)) & tcp_ready::RDHUP != 0;
                 let en = match e {
                     XdpTcpError::ConnectionReset | XdpTcpError::Aborted | XdpTcpError::TimedOut
-                        if !t.reset_reported.swap(true, Ordering::AcqRel) =>
+                        if !after_fin && !t.reset_reported.swap(true, Ordering::AcqRel) =>
                     {
                         err_no(e)
                     }
@@ -1051,16 +1060,12 @@ pub fn getsockopt(
         (libc::SOL_SOCKET, libc::SO_ERROR) => {
             if t.connecting.load(Ordering::Acquire) {
                 // Finishes the connect if its outcome is known.
-                match connect_outcome(t) {
-                    Some(Err(e)) => {
-                        put(&e.to_ne_bytes());
-                        return Some(0);
-                    }
-                    _ => {
-                        put(&0i32.to_ne_bytes());
-                        return Some(0);
-                    }
-                }
+                let _ = connect_outcome(t);
+            }
+            let pending = t.connect_err.swap(0, Ordering::AcqRel);
+            if pending != 0 {
+                put(&pending.to_ne_bytes());
+                return Some(0);
             }
             let e = engine_call(|| s.take_error()).map_or(0, err_no);
             put(&e.to_ne_bytes());
