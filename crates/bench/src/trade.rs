@@ -253,6 +253,10 @@ pub struct StrategyReport {
     pub orders: u64,
     pub ignored: u64,
     pub ended: bool,
+    /// Tick one-way latency in µs: the strategy's read (CLOCK_REALTIME after
+    /// the receive returned) - the tick's send time. Tick-to-trade minus this
+    /// is the order's way back (strategy send + TCP to the exchange's host).
+    pub tick_us: Option<Latency>,
 }
 
 fn io_s(what: &str) -> impl Fn(io::Error) -> String + '_ {
@@ -645,6 +649,7 @@ pub fn run_strategy(a: StrategyArgs) -> Result<i32, String> {
     let (mut ticks, mut feed, mut orders, mut ignored) = (0u64, 0u64, 0u64, 0u64);
     let mut ended = false;
     let mut idle = 0u32;
+    let mut tick_rec = LatencyRecorder::new();
     while Instant::now() < give_up {
         let got = if block {
             md.recv_from(&mut buf, Some(Instant::now() + Duration::from_millis(100)))
@@ -661,6 +666,7 @@ pub fn run_strategy(a: StrategyArgs) -> Result<i32, String> {
                         seq,
                         tx_ns,
                     }) => {
+                        let rx_ns = realtime_ns();
                         ticks += 1;
                         conn.send(
                             &Order {
@@ -672,6 +678,8 @@ pub fn run_strategy(a: StrategyArgs) -> Result<i32, String> {
                         )
                         .map_err(io_s("sending an order"))?;
                         orders += 1;
+                        // After the order left: the stamp costs the order nothing.
+                        tick_rec.record(rx_ns.saturating_sub(tx_ns));
                     }
                     Some(Md {
                         kind: Kind::Feed, ..
@@ -710,6 +718,7 @@ pub fn run_strategy(a: StrategyArgs) -> Result<i32, String> {
         orders,
         ignored,
         ended,
+        tick_us: tick_rec.summary(),
     };
     drop(conn);
     if a.json {
@@ -719,8 +728,9 @@ pub fn run_strategy(a: StrategyArgs) -> Result<i32, String> {
         );
     } else {
         println!(
-            "strategy on {}: ticks {} orders {} feed {} ignored {}{}",
+            "strategy on {}: tick one-way p50 {:.2} µs; ticks {} orders {} feed {} ignored {}{}",
             r.engine,
+            r.tick_us.unwrap_or_default().p50,
             r.ticks,
             r.orders,
             r.feed,
