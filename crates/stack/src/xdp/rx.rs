@@ -33,6 +33,56 @@ pub(crate) struct RxPath {
     bad_descs: u64,
     /// Copies of received frames for `nanowire capture` (crates/tap).
     pub tap: nanowire_tap::TapWriter,
+    /// The seeded fault injector of the `faults` option (off: `None`).
+    faults: Option<RxFaults>,
+}
+
+/// Receive-side fault injection: every frame off the ring is copied into
+/// the injector (its UMEM frame goes straight back to the fill ring); what
+/// comes out when due (dropped, duplicated, held back, corrupted) is
+/// classified and delivered like any frame, so `rx_frames = rx_packets +
+/// drops` still holds (an injected loss counts as `drop_fault_rx`, an
+/// injected duplicate as one more frame).
+pub(crate) struct RxFaults {
+    inj: nanowire_tcp::fault::FaultInjector,
+    epoch: std::time::Instant,
+    seen: nanowire_tcp::fault::FaultStats,
+}
+
+impl RxFaults {
+    pub fn new(cfg: nanowire_tcp::fault::FaultConfig) -> RxFaults {
+        RxFaults {
+            inj: nanowire_tcp::fault::FaultInjector::new(cfg),
+            epoch: std::time::Instant::now(),
+            seen: Default::default(),
+        }
+    }
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+    /// Count what the injector did since the last call.
+    fn account(&mut self, page: &StatsPage) {
+        let st = &self.inj.stats;
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        let lost = d(st.dropped, self.seen.dropped);
+        if lost > 0 {
+            bump(page.e(E::RxFrames), lost);
+            bump(page.e(E::DropFaultRx), lost);
+        }
+        bump(
+            page.e(E::FaultRxDuplicated),
+            d(st.duplicated, self.seen.duplicated),
+        );
+        bump(
+            page.e(E::FaultRxReordered),
+            d(st.reordered, self.seen.reordered),
+        );
+        bump(
+            page.e(E::FaultRxCorrupted),
+            d(st.corrupted, self.seen.corrupted),
+        );
+        self.seen = st.clone();
+    }
 }
 
 impl RxPath {
@@ -51,7 +101,13 @@ impl RxPath {
             polls: 0,
             bad_descs: 0,
             tap,
+            faults: None,
         }
+    }
+
+    /// Turn the receive-side fault injector on (the `faults` option).
+    pub fn set_faults(&mut self, f: Option<RxFaults>) {
+        self.faults = f;
     }
 
     /// Take at most `budget` descriptors from the rings into the endpoint
@@ -69,6 +125,7 @@ impl RxPath {
             own,
             page,
             tap,
+            faults,
             ..
         } = self;
         for q in queues.iter_mut() {
@@ -77,12 +134,33 @@ impl RxPath {
             }
             let info = q.poll(budget - total, RX_BATCH, |f| {
                 tap.record(f.data());
-                handle(demux, own, page, f)
+                if f.is_multi_buffer() {
+                    bump(page.e(E::RxMultiBuffer), 1);
+                }
+                match faults.as_mut() {
+                    None => handle(demux, own, page, f),
+                    Some(x) => {
+                        let now = x.now();
+                        x.inj.push(now, f.data());
+                    }
+                }
             });
             if info.descs > 0 {
                 peak(page.e(E::PeakRxRing), u64::from(info.ring_peak));
             }
             total += info.descs;
+        }
+        if let Some(x) = faults.as_mut() {
+            let now = x.now();
+            let mut released = 0;
+            while let Some(p) = x.inj.pop(now) {
+                handle(demux, own, page, RxFrame::from_vec(p));
+                released += 1;
+            }
+            x.account(page);
+            if total == 0 {
+                return released;
+            }
         }
         if total == 0 {
             return 0;
@@ -146,9 +224,6 @@ impl RxPath {
 #[inline]
 fn handle(demux: &mut Demux, own: &[Ipv4Addr], page: &StatsPage, f: RxFrame) {
     bump(page.e(E::RxFrames), 1);
-    if f.is_multi_buffer() {
-        bump(page.e(E::RxMultiBuffer), 1);
-    }
     let c = match classify(f.data()) {
         Ok(c) => c,
         Err(why) => return bump(page.e(why.counter()), 1),
