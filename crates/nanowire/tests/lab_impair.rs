@@ -397,4 +397,14 @@ fn xdp_tcp_crosses_the_impaired_wire() {
     }
     let stats = String::from_utf8_lossy(&stats.stdout).into_owned();
     assert!(engine_rx_packets(&stats) > 0, "{stats}");
+    // The engine's TCP counters are on the stats page.
+    let counter = |name: &str| {
+        stats.lines().find_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some(name)).then(|| w.next()?.parse::<u64>().ok())?
+        })
+    };
+    assert!(counter("tcp_segs_in").unwrap_or(0) > 0, "{stats}");
+    assert!(counter("tcp_passive_opens").unwrap_or(0) >= 2, "{stats}");
+    assert_eq!(counter("tcp_rst_sent"), Some(0), "{stats}");
 }
