@@ -210,6 +210,7 @@ impl Engine {
         let attach = prog.mode();
         let mut rxp = RxPath::new(rxs, Demux::new(depth as usize), own, page.clone(), tap_rx);
         rxp.set_faults(faults.as_ref().and_then(|f| f.rx()).map(rx::RxFaults::new));
+        rxp.set_oversize_hint(ifname, frame_size as usize);
         if let Some(f) = &faults {
             eprintln!(
                 "nanowire: fault injection on {ifname} ({:?}): {}",

@@ -22,6 +22,8 @@ pub(crate) const RX_BATCH: u32 = 64;
 pub(crate) const RX_BUDGET: u32 = 256;
 /// Polls between two XDP_STATISTICS refreshes (a syscall per queue).
 const KERNEL_STATS_EVERY_MASK: u32 = (1 << 22) - 1;
+/// Idle polls (nothing on the rings) between two refreshes.
+const IDLE_STATS_EVERY_MASK: u32 = (1 << 16) - 1;
 
 pub(crate) struct RxPath {
     pub queues: Vec<XskRx>,
@@ -35,6 +37,9 @@ pub(crate) struct RxPath {
     pub tap: nanowire_tap::TapWriter,
     /// The seeded fault injector of the `faults` option (off: `None`).
     faults: Option<RxFaults>,
+    /// (interface, frame size) for the one warning about frames the kernel
+    /// could not fit in a frame; `None` once warned.
+    oversize_warn: Option<(String, usize)>,
 }
 
 /// Receive-side fault injection: every frame off the ring is copied into
@@ -102,7 +107,16 @@ impl RxPath {
             bad_descs: 0,
             tap,
             faults: None,
+            oversize_warn: None,
         }
+    }
+
+    /// Warn (once) when the kernel drops frames for this engine's sockets
+    /// that it could not place (`xsk_rx_dropped`): frames larger than
+    /// `frame` bytes, such as a veth peer's TSO/GSO super-frames in
+    /// generic XDP mode.
+    pub fn set_oversize_hint(&mut self, iface: &str, frame: usize) {
+        self.oversize_warn = Some((iface.to_string(), frame));
     }
 
     /// Turn the receive-side fault injector on (the `faults` option).
@@ -163,6 +177,13 @@ impl RxPath {
             }
         }
         if total == 0 {
+            // Idle: refresh the kernel's counters now and then as well, so
+            // that drops the kernel made (a frame too big for ours, which
+            // never reaches the ring) are counted and warned about even
+            // when nothing else arrives.
+            if self.polls & IDLE_STATS_EVERY_MASK == 0 {
+                self.refresh_kernel_stats();
+            }
             return 0;
         }
         let bad: u64 = self.queues.iter().map(|q| q.bad_descs()).sum();
@@ -207,10 +228,17 @@ impl RxPath {
         let p = &self.page;
         // The kernel counts a fill-ring-empty drop in rx_dropped too; keep
         // the counters disjoint so that they add up.
-        set(
-            p.e(E::XskRxDropped),
-            t.rx_dropped.saturating_sub(t.rx_fill_ring_empty_descs),
-        );
+        let dropped = t.rx_dropped.saturating_sub(t.rx_fill_ring_empty_descs);
+        set(p.e(E::XskRxDropped), dropped);
+        if dropped > 0
+            && let Some((iface, frame)) = self.oversize_warn.take()
+        {
+            eprintln!(
+                "nanowire: {iface}: the kernel dropped {dropped} frame(s) for this engine that did not fit its \
+                 {frame}-byte AF_XDP frames (counted as xsk_rx_dropped): a peer's TSO/GSO/GRO super-frames? \
+                 turn them off on the peer (ethtool -K <peer> tso off gso off gro off)"
+            );
+        }
         set(p.e(E::XskRxRingFull), t.rx_ring_full);
         set(p.e(E::XskRxFillRingEmpty), t.rx_fill_ring_empty_descs);
         set(p.e(E::XskRxInvalidDescs), t.rx_invalid_descs);
