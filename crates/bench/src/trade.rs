@@ -567,7 +567,7 @@ impl OrderConn {
     fn poll_open(&mut self) -> io::Result<bool> {
         let mut b = [0u8; 256];
         let r = match self {
-            OrderConn::Xdp(s) => s.try_read(&mut b).map(|n| n.map_or(true, |n| n > 0)),
+            OrderConn::Xdp(s) => s.try_read(&mut b).map(|n| n.is_none_or(|n| n > 0)),
             OrderConn::Kernel(s) => match s.read(&mut b) {
                 Ok(n) => Ok(n > 0),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(true),

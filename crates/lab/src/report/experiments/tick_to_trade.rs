@@ -1,7 +1,7 @@
-//! 8. Tick-to-trade (Onload's trade_sim idea): an exchange in host b
-//! multicasts ticks, a strategy in host a on each engine answers each with a
-//! TCP order, the exchange stamps the order's arrival. With and without a
-//! background feed on the same group.
+//! Section 10, tick-to-trade (Onload's trade_sim idea): an exchange in
+//! host b multicasts ticks, a strategy in host a on each engine answers
+//! each with a TCP order, the exchange stamps the order's arrival. With and
+//! without a background feed on the same group.
 
 use super::*;
 
