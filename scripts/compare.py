@@ -218,13 +218,16 @@ def run_burst(a, configs):
 
 
 T2T_FEEDS = (0, 100000)
+# Engine of the exchange's market-data sender (the same for every strategy): xdp is the fastest
+# sender here, so the shared part of tick-to-trade is smallest; T2T_EXCHANGE=spin for kernel sockets.
+T2T_EXCHANGE = os.environ.get("T2T_EXCHANGE", "xdp")
 
 
 def t2t_trial(lab, engine, feed, secs, port):
     """One exchange (b, CPU 1) / strategy (a, CPU 0) run; the exchange's JSON + the strategy's."""
     ex = subprocess.Popen(["ip", "netns", "exec", ns(lab, "b"), NW, "bench", "exchange", "-i", B, "-p", str(port),
                            "--md-port", str(port + 1), "--feed-rate", str(feed), "-t", str(secs), "--cpu", "1",
-                           "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           "--engine", T2T_EXCHANGE, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 20
         while time.time() < deadline:
@@ -267,7 +270,7 @@ def run_t2t(a):
                             for k in ("min", "p50", "p99") if med[f"spin feed {f}"].get(k)} for f in T2T_FEEDS}
     return {"scenario": "tick-to-trade", "baseline": "spin", "repeats": a.repeats, "seconds": a.seconds,
             "commands": {"exchange": f"{NW} bench exchange -i {B} -p PORT --md-port PORT+1 --feed-rate F -t "
-                                     f"{a.seconds} --cpu 1 --json",
+                                     f"{a.seconds} --cpu 1 --engine {T2T_EXCHANGE} --json",
                          "strategy": f"{NW} bench strategy -i {B} -p PORT --md-port PORT+1 --engine E "
                                      f"--no-fallback --cpu 0 --json"},
             "runs": runs, "median": med, "ratio_xdp_to_spin": ratios,

@@ -23,7 +23,7 @@
 use crate::result::{Latency, LatencyRecorder};
 use clap::Args;
 use nanowire_stack::kernel::{enable_rx_timestamps, realtime_ns, recv_stamped};
-use nanowire_stack::{EngineKind, EngineOptions, WaitPolicy};
+use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint, WaitPolicy};
 use serde::{Deserialize, Serialize};
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
@@ -176,6 +176,11 @@ pub struct ExchangeArgs {
     /// Pin the exchange to this CPU.
     #[arg(long)]
     pub cpu: Option<usize>,
+    /// Engine of the market-data sender: spin (a kernel socket, the default) or xdp
+    /// (the engine's AF_XDP transmit). Orders always arrive on a kernel TCP socket
+    /// (for its SO_TIMESTAMPNS stamps).
+    #[arg(long, default_value = "spin")]
+    pub engine: EngineKind,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -218,6 +223,9 @@ pub struct ExchangeReport {
     pub tool: String,
     /// The strategy's engine, as its hello said.
     pub strategy_engine: Option<EngineKind>,
+    /// Engine of the exchange's market-data sender.
+    #[serde(default = "default_spin")]
+    pub exchange_engine: EngineKind,
     pub tick_rate: u64,
     pub feed_rate_target: u64,
     /// Feed messages per second actually sent over the measured period.
@@ -259,6 +267,10 @@ pub struct StrategyReport {
     pub tick_us: Option<Latency>,
 }
 
+fn default_spin() -> EngineKind {
+    EngineKind::Spin
+}
+
 fn io_s(what: &str) -> impl Fn(io::Error) -> String + '_ {
     move |e| format!("{what}: {e}")
 }
@@ -292,16 +304,25 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
     let opts = EngineOptions::new(EngineKind::Spin);
     let listener = nanowire_stack::kernel::tcp_listen(SocketAddrV4::new(a.ip, a.port), &opts)
         .map_err(|e| e.to_string())?;
-    let md = nanowire_stack::kernel::KernelUdp::bind(SocketAddrV4::new(a.ip, 0), &opts)
-        .map_err(io_s("market-data socket"))?;
-    md.set_multicast_if(a.ip).map_err(io_s("IP_MULTICAST_IF"))?;
-    md.socket()
-        .set_multicast_loop_v4(false)
-        .map_err(io_s("IP_MULTICAST_LOOP"))?;
-    md.socket()
-        .set_multicast_ttl_v4(1)
-        .map_err(io_s("IP_MULTICAST_TTL"))?;
-    let md = md.socket();
+    // Market data: a kernel socket (default), or the xdp engine's.
+    let mut md: Box<dyn UdpEndpoint> = if a.engine == EngineKind::Xdp {
+        let mut o = EngineOptions::new(EngineKind::Xdp);
+        o.fallback = false;
+        o.iface = crate::env::iface_of(a.ip);
+        nanowire_stack::open_udp(SocketAddrV4::new(a.ip, 0), &o)
+            .map_err(|e| format!("market-data socket on the xdp engine: {e}"))?
+    } else {
+        let k = nanowire_stack::kernel::KernelUdp::bind(SocketAddrV4::new(a.ip, 0), &opts)
+            .map_err(io_s("market-data socket"))?;
+        k.set_multicast_if(a.ip).map_err(io_s("IP_MULTICAST_IF"))?;
+        k.socket()
+            .set_multicast_loop_v4(false)
+            .map_err(io_s("IP_MULTICAST_LOOP"))?;
+        k.socket()
+            .set_multicast_ttl_v4(1)
+            .map_err(io_s("IP_MULTICAST_TTL"))?;
+        Box::new(k)
+    };
     let dst = SocketAddrV4::new(a.group, a.md_port);
     eprintln!(
         "READY exchange orders on {}:{} market data to {dst}",
@@ -367,7 +388,7 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
     let (mut ticks, mut orders, mut coalesced, mut feed_sent, mut feed_measured) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut last_measured_seq = 0u64;
-    let send = |m: &Md, msg: &mut [u8]| -> Result<(), String> {
+    let mut send = |m: &Md, msg: &mut [u8]| -> Result<(), String> {
         m.write(msg);
         loop {
             match md.send_to(msg, dst) {
@@ -493,6 +514,7 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
     let r = ExchangeReport {
         tool: format!("nanowire bench exchange {}", env!("CARGO_PKG_VERSION")),
         strategy_engine,
+        exchange_engine: md.engine(),
         tick_rate: a.tick_rate,
         feed_rate_target: a.feed_rate,
         feed_rate: feed_measured as f64 / a.time,

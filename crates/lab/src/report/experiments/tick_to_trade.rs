@@ -53,6 +53,8 @@ impl<'a> Ctx<'a> {
             &fs,
             "-t",
             &ts,
+            "--engine",
+            self.gen_engine.as_str(),
             "--cpu",
             SERVER_CPU,
             "--json",
@@ -96,8 +98,8 @@ impl<'a> Ctx<'a> {
             "10. Tick-to-trade",
             "Onload trade_sim",
             &format!(
-                "An exchange in host b (`nanowire bench exchange`, kernel sockets, spinning, CPU {SERVER_CPU}) multicasts market data to {GROUP}: 1000 ticks/s, plus (second setting) a background feed of 100k msg/s on the same group and port, flagged in each message as in trade_sim, so the strategy reads and inspects every message but answers only ticks. A strategy in host a (`nanowire bench strategy`, CPU {CLIENT_CPU}) on the engine under test — kernel: blocking kernel sockets; spin: polled kernel sockets; xdp: the engine's multicast socket and its TCP (native API) — answers each tick with a 24-byte order over TCP. Tick-to-trade = the order's arrival at the exchange (kernel receive stamp, SO_TIMESTAMPNS) − the tick's send time (CLOCK_REALTIME before sendto; both hosts share the machine's clock). {} s per run after 0.3 s of warm-up, {} repeat(s), medians.",
-                self.p.t2t_secs, self.repeats
+                "An exchange in host b (`nanowire bench exchange`, spinning, CPU {SERVER_CPU}; market data sent on the {} engine, the fastest that opens, like the burst generator's; orders read from a kernel TCP socket) multicasts market data to {GROUP}: 1000 ticks/s, plus (second setting) a background feed of 100k msg/s on the same group and port, flagged in each message as in trade_sim, so the strategy reads and inspects every message but answers only ticks. A strategy in host a (`nanowire bench strategy`, CPU {CLIENT_CPU}) on the engine under test — kernel: blocking kernel sockets; spin: polled kernel sockets; xdp: the engine's multicast socket and its TCP (native API) — answers each tick with a 24-byte order over TCP. Tick-to-trade = the order's arrival at the exchange (kernel receive stamp, SO_TIMESTAMPNS) − the tick's send time (CLOCK_REALTIME before sendto; both hosts share the machine's clock). {} s per run after 0.3 s of warm-up, {} repeat(s), medians.",
+                self.gen_engine, self.p.t2t_secs, self.repeats
             ),
         );
         // (engine, feed) -> exchange reports
