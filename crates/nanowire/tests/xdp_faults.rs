@@ -358,3 +358,98 @@ fn injector_matrix_keeps_a_hashed_tcp_stream_intact_and_counts_everything() {
         }
     }
 }
+
+/// The injector is below every protocol: UDP through an xdp server whose
+/// engine loses 10 % of what it receives. The client counts the lost round
+/// trips (its accounting identity holds) and the server's engine counts the
+/// same kind of loss on its stats page.
+#[test]
+fn injected_udp_loss_is_counted_on_both_sides() {
+    if !root() || std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    let l = ScopedLab::new(LabOptions {
+        name: format!("tf{}u", std::process::id() % 10000),
+        queues: 1,
+    })
+    .expect("lab up");
+    let nw = env!("CARGO_BIN_EXE_nanowire");
+    let mut srv = l
+        .command(
+            Host::B,
+            &[
+                nw,
+                "bench",
+                "server",
+                "-i",
+                "198.18.0.2",
+                "-p",
+                "11680",
+                "--engine",
+                "xdp",
+                "--no-fallback",
+            ],
+        )
+        .env("NANOWIRE_FAULTS", "seed=7,loss=10%,dir=rx")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(srv.stderr.take().unwrap());
+    let mut announced = false;
+    loop {
+        let mut line = String::new();
+        assert!(err.read_line(&mut line).unwrap() > 0, "server exited");
+        announced |= line.contains("fault injection on");
+        if line.contains("(engine ") {
+            assert!(line.contains("(engine xdp)"), "{line}");
+            break;
+        }
+    }
+    assert!(announced, "the engine announces the injector");
+    let out = l
+        .command(
+            Host::A,
+            &[
+                nw,
+                "bench",
+                "pp",
+                "-i",
+                "198.18.0.2",
+                "-p",
+                "11680",
+                "--engine",
+                "xdp",
+                "--no-fallback",
+                "-t",
+                "1",
+                "--reply-timeout-ms",
+                "5",
+                "--json",
+            ],
+        )
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stats = l
+        .command(Host::B, &[nw, "stats", "--json"])
+        .output()
+        .unwrap();
+    let _ = srv.kill();
+    let _ = srv.wait();
+    assert!(out.status.success(), "{out:?}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(r["dropped"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["accounting"]["holds"], true, "{r}");
+    let st: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let ours = st["engines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["iface"] == l.iface(Host::B))
+        .unwrap_or_else(|| panic!("our engine in {st}"));
+    let c = &ours["counters"];
+    assert!(c["drop_fault_rx"].as_u64().unwrap() > 0, "{c}");
+    assert_eq!(c["fault_tx_lost"].as_u64().unwrap(), 0, "dir=rx: {c}");
+}

@@ -221,13 +221,21 @@ impl TcpEngine {
             mss: Config::mss_for_mtu(mtu as u32),
             ..Config::default()
         };
-        // The latency profile may lower the RTO floor; the options table
-        // passes it through the environment (NANOWIRE_TCP_RTO_MIN_US).
-        if let Some(us) = std::env::var("NANOWIRE_TCP_RTO_MIN_US")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            cfg.rto_min_ns = us.max(1) * 1000;
+        // The RTO floor: the options table's `tcp_rto_min_us` row, passed
+        // through the environment (NANOWIRE_TCP_RTO_MIN_US; 200 ms when unset).
+        if let Ok(v) = std::env::var("NANOWIRE_TCP_RTO_MIN_US") {
+            match v.trim().parse::<u64>() {
+                Ok(us) if (1000..=60_000_000).contains(&us) => cfg.rto_min_ns = us * 1000,
+                _ => {
+                    static BAD: std::sync::Once = std::sync::Once::new();
+                    BAD.call_once(|| {
+                        eprintln!(
+                            "nanowire: ignoring NANOWIRE_TCP_RTO_MIN_US={v:?}: expected 1000..=60000000 (µs); using {} µs",
+                            cfg.rto_min_ns / 1000
+                        )
+                    });
+                }
+            }
         }
         if let Some(b) = opts.rcvbuf {
             cfg.rcvbuf = b.max(4096);

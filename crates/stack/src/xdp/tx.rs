@@ -90,7 +90,13 @@ impl TxPath {
     /// Send `bufs` (each `fits`) as datagrams; counted on socket `slot`.
     /// `Ok(n)`: n queued (fewer when the ring stayed full after a kick).
     pub fn send(&mut self, bufs: &[&[u8]], w: Wire, slot: usize) -> io::Result<Sent> {
-        if self.faults.is_some() {
+        // Faults act on datagrams of one frame; a jumbo (multi-buffer)
+        // datagram takes the plain path.
+        if self.faults.is_some()
+            && bufs
+                .first()
+                .is_some_and(|b| HDRS + b.len() <= self.xsk.frame_size())
+        {
             return self.send_faulty(bufs, w, slot);
         }
         let per_kick = self.per_kick;
@@ -183,10 +189,12 @@ impl TxPath {
     /// datagram the injector drops counts as sent (it was lost on the wire).
     fn send_faulty(&mut self, bufs: &[&[u8]], w: Wire, slot: usize) -> io::Result<Sent> {
         let fs = self.xsk.frame_size();
+        // The run of datagrams that fit one frame, at most one kick's worth
+        // (the caller sends the rest with its next call, as for a full ring).
         let bufs: Vec<&[u8]> = bufs
             .iter()
             .copied()
-            .filter(|b| HDRS + b.len() <= fs)
+            .take_while(|b| HDRS + b.len() <= fs)
             .take(self.per_kick)
             .collect();
         let mut built: Vec<Vec<u8>> = Vec::with_capacity(bufs.len());
