@@ -188,6 +188,7 @@ impl Engine {
             page: page.clone(),
             big: Vec::new(),
             tap: tap_tx,
+            stamp: None,
         }));
         let neigh = Arc::new(
             neigh::Neigh::new(info.index, info.addr, page.clone())

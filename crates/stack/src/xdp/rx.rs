@@ -33,6 +33,9 @@ pub(crate) struct RxPath {
     bad_descs: u64,
     /// Copies of received frames for `nanowire capture` (crates/tap).
     pub tap: nanowire_tap::TapWriter,
+    /// Sockets of the engine that want receive stamps: while non-zero each
+    /// frame is stamped (`CLOCK_REALTIME`) as it is taken off the ring.
+    pub stamp_users: u32,
 }
 
 impl RxPath {
@@ -51,6 +54,7 @@ impl RxPath {
             polls: 0,
             bad_descs: 0,
             tap,
+            stamp_users: 0,
         }
     }
 
@@ -69,15 +73,19 @@ impl RxPath {
             own,
             page,
             tap,
+            stamp_users,
             ..
         } = self;
+        let stamping = *stamp_users > 0;
         for q in queues.iter_mut() {
             if total >= budget {
                 break;
             }
             let info = q.poll(budget - total, RX_BATCH, |f| {
+                // One predictable branch when no socket wants stamps.
+                let at = if stamping { nanowire_tap::now_ns() } else { 0 };
                 tap.record(f.data());
-                handle(demux, own, page, f)
+                handle(demux, own, page, f, at)
             });
             if info.descs > 0 {
                 peak(page.e(E::PeakRxRing), u64::from(info.ring_peak));
@@ -144,7 +152,7 @@ impl RxPath {
 /// One frame: classify, check the source against our own addresses,
 /// deliver or count the drop.
 #[inline]
-fn handle(demux: &mut Demux, own: &[Ipv4Addr], page: &StatsPage, f: RxFrame) {
+fn handle(demux: &mut Demux, own: &[Ipv4Addr], page: &StatsPage, f: RxFrame, at: u64) {
     bump(page.e(E::RxFrames), 1);
     if f.is_multi_buffer() {
         bump(page.e(E::RxMultiBuffer), 1);
@@ -160,7 +168,7 @@ fn handle(demux: &mut Demux, own: &[Ipv4Addr], page: &StatsPage, f: RxFrame) {
         bump(page.e(E::RxCsumPartial), 1);
     }
     let len = c.payload_len as u64;
-    match demux.deliver(&c, f, page) {
+    match demux.deliver_at(&c, f, at, page) {
         Outcome::Delivered => {
             bump(page.e(E::RxPackets), 1);
             bump(page.e(E::RxBytes), len);

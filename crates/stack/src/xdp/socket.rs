@@ -22,7 +22,7 @@ use super::demux::{Delivery, EndpointId, EndpointKind};
 use super::neigh::{Hop, Lookup, Queued};
 use super::rx::RX_BUDGET;
 use super::shm::{self, E, S, add, bump};
-use super::tx::{HDRS, IP_HDR, UDP_HDR, Wire};
+use super::tx::{HDRS, IP_HDR, TxStamp, UDP_HDR, Wire};
 use crate::{EngineKind, EngineOptions, SocketStats, UdpEndpoint, WaitPolicy};
 use nanowire_xdp::iface;
 use std::io;
@@ -215,6 +215,10 @@ pub struct XdpSocket {
     /// Last destination: (address, neighbour generation, hop).
     hop: Option<(Ipv4Addr, u64, Hop)>,
     batch: Vec<Delivery>,
+    /// Counted in the engine's `stamp_users` (receive stamps wanted).
+    rx_stamping: bool,
+    /// Transmit stamps wanted: the request handed to the TX path per send.
+    tx_stamp: Option<TxStamp>,
 }
 
 impl XdpSocket {
@@ -340,6 +344,8 @@ impl XdpSocket {
             wake_fd,
             hop: None,
             batch: Vec::new(),
+            rx_stamping: false,
+            tx_stamp: None,
         };
         {
             let mut p = s.engine.prog();
@@ -467,6 +473,18 @@ impl XdpSocket {
     /// Receive up to `max` queued datagrams without waiting, zero-copy;
     /// `f` runs after the engine's locks are released.
     pub fn recv_batch(&mut self, max: usize, mut f: impl FnMut(&[u8], SocketAddrV4)) -> usize {
+        self.recv_batch_ts(max, |p, src, _| f(p, src))
+    }
+
+    /// [`XdpSocket::recv_batch`] with each datagram's receive stamp
+    /// (`CLOCK_REALTIME` ns when the engine took the frame off its RX ring;
+    /// 0 when stamping was off at the time, or for a datagram that took the
+    /// kernel path: see [`XdpSocket::set_rx_stamping`]).
+    pub fn recv_batch_ts(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(&[u8], SocketAddrV4, u64),
+    ) -> usize {
         if self.own().is_err() {
             return 0;
         }
@@ -491,18 +509,52 @@ impl XdpSocket {
         }
         let mut n = batch.len();
         for d in batch.drain(..) {
-            f(d.payload(), d.src);
+            f(d.payload(), d.src, d.stamp);
         }
         self.batch = batch;
         if n == 0 {
             self.kcheck = self.kcheck.wrapping_add(1);
             if self.kcheck.is_multiple_of(KERNEL_CHECK_EVERY)
-                && let Ok(Some(())) = self.try_kernel(&mut f)
+                && let Ok(Some(())) = self.try_kernel(&mut |p: &[u8], src| f(p, src, 0))
             {
                 n = 1;
             }
         }
         n
+    }
+
+    /// Receive stamps on or off for this socket. While any socket of the
+    /// engine has them on, the engine reads `CLOCK_REALTIME` once per frame
+    /// as it takes the frame off the RX ring (before classification).
+    pub fn set_rx_stamping(&mut self, on: bool) {
+        if on == self.rx_stamping || self.own().is_err() {
+            return;
+        }
+        let mut g = self.engine.rx();
+        if on {
+            g.stamp_users += 1;
+        } else {
+            g.stamp_users = g.stamp_users.saturating_sub(1);
+        }
+        self.rx_stamping = on;
+    }
+
+    /// Transmit stamps on or off for this socket (`frame`: keep a copy of
+    /// the frame sent, for `MSG_ERRQUEUE` without `OPT_TSONLY`).
+    pub fn set_tx_stamping(&mut self, on: bool, frame: bool) {
+        self.tx_stamp = on.then(|| TxStamp {
+            want_frame: frame,
+            ..TxStamp::default()
+        });
+    }
+
+    /// After a send with transmit stamping on: the stamp (`CLOCK_REALTIME`
+    /// ns when the kick that handed the frame to the driver returned) and
+    /// the frame, if the last send went through the ring; `None` if it did
+    /// not (kernel path, neighbour not resolved yet, stamping off).
+    pub fn last_tx_stamp(&self) -> Option<(u64, &[u8])> {
+        let s = self.tx_stamp.as_ref()?;
+        (s.at != 0).then_some((s.at, s.frame.as_slice()))
     }
 
     /// One datagram from the kernel twin, if any (syscalls: called only
@@ -618,7 +670,19 @@ impl XdpSocket {
                     dst,
                     mac,
                 };
-                let r = self.engine.tx().send(bufs, w, self.id);
+                let r = match self.tx_stamp.as_mut() {
+                    None => self.engine.tx().send(bufs, w, self.id),
+                    Some(req) => {
+                        let mut tx = self.engine.tx();
+                        let mut st = std::mem::take(req);
+                        st.at = 0;
+                        st.frame.clear();
+                        tx.stamp = Some(st);
+                        let r = tx.send(bufs, w, self.id);
+                        *req = tx.stamp.take().unwrap_or_default();
+                        r
+                    }
+                };
                 r.map(|s| s.n).map_err(|e| {
                     if e.kind() == io::ErrorKind::WouldBlock {
                         e
@@ -809,6 +873,9 @@ impl Drop for XdpSocket {
         }
         let ep = {
             let mut g = self.engine.rx();
+            if self.rx_stamping {
+                g.stamp_users = g.stamp_users.saturating_sub(1);
+            }
             let ep = g.demux.remove(self.id);
             self.engine.page.set_sock_addr(self.id, None);
             let c = self.engine.page.e(E::Sockets);

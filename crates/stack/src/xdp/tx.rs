@@ -37,6 +37,22 @@ pub(crate) struct TxPath {
     pub big: Vec<u8>,
     /// Copies of sent frames for `nanowire capture` (crates/tap).
     pub tap: nanowire_tap::TapWriter,
+    /// Set by a socket with transmit stamping around its `send` (None: no
+    /// cost but one branch per frame).
+    pub stamp: Option<TxStamp>,
+}
+
+/// A transmit stamp request (`SOF_TIMESTAMPING_TX_SOFTWARE` in the shim).
+#[derive(Debug, Default)]
+pub(crate) struct TxStamp {
+    /// Keep a copy of the last frame sent (the error queue returns it
+    /// unless `SOF_TIMESTAMPING_OPT_TSONLY`).
+    pub want_frame: bool,
+    /// The last frame sent through the ring (when `want_frame`).
+    pub frame: Vec<u8>,
+    /// `CLOCK_REALTIME` ns when the kick that handed the frames to the
+    /// driver returned; 0: nothing went through the ring.
+    pub at: u64,
 }
 
 /// What one `send` did.
@@ -62,6 +78,7 @@ impl TxPath {
                 let chunk = &bufs[i..j];
                 let (mac, mut id) = (self.mac, self.ip_id);
                 let tap = &mut self.tap;
+                let stamp = &mut self.stamp;
                 let k = self.xsk.send_with(chunk.len(), |n, fr| {
                     id = id.wrapping_add(1);
                     let len = build_frame(
@@ -75,6 +92,12 @@ impl TxPath {
                         id,
                     );
                     tap.record(&fr[..len]);
+                    if let Some(s) = stamp.as_mut()
+                        && s.want_frame
+                    {
+                        s.frame.clear();
+                        s.frame.extend_from_slice(&fr[..len]);
+                    }
                     Some(len)
                 });
                 self.ip_id = self.ip_id.wrapping_add(k as u16);
@@ -97,6 +120,12 @@ impl TxPath {
                 );
                 if self.xsk.send_large(&self.big[..n]) {
                     self.tap.record(&self.big[..n]);
+                    if let Some(s) = self.stamp.as_mut()
+                        && s.want_frame
+                    {
+                        s.frame.clear();
+                        s.frame.extend_from_slice(&self.big[..n]);
+                    }
                     self.count(&bufs[i..i + 1], slot);
                     1
                 } else {
@@ -127,6 +156,12 @@ impl TxPath {
             self.xsk.kick();
         }
         self.xsk.reap();
+        if let Some(s) = self.stamp.as_mut() {
+            // The kick has returned: in copy mode the kernel has passed the
+            // frames through the driver's transmit (where it stamps its own
+            // sockets' frames); in zero-copy mode they are posted.
+            s.at = nanowire_tap::now_ns();
+        }
         if let Some(e) = self.xsk.kick_error() {
             return Err(e);
         }
