@@ -271,7 +271,7 @@ struct Cmsgs<'a> {
 
 impl Cmsgs<'_> {
     fn put(&mut self, level: c_int, ty: c_int, data: &[u8]) {
-        let room = (self.m.msg_controllen as usize).saturating_sub(self.used);
+        let room = self.m.msg_controllen.saturating_sub(self.used);
         let hdr = std::mem::size_of::<libc::cmsghdr>();
         if self.m.msg_control.is_null() || room < hdr {
             self.m.msg_flags |= libc::MSG_CTRUNC;
