@@ -5,6 +5,9 @@
 //! control messages, error-queue fields, OPT_ID sequence, stamps inside
 //! [before send, after receive] and monotonic, POLLERR) must be identical,
 //! and under run the sockets must really be on the engine (`nanowire stats`).
+//! Covered: the first datagram to a peer whose neighbour entry is not
+//! resolved yet and a datagram above the MTU (both take the kernel path
+//! under run, stamped there under the engine's OPT_ID sequence).
 
 mod run_support;
 use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host, LabOptions, ScopedLab};
@@ -46,6 +49,18 @@ fn timestamping_on_xdp_sockets_matches_a_plain_run() {
     );
     echo.wait_for("ready", Duration::from_secs(20));
 
+    // No neighbour entry for the peer before each run: the first datagram
+    // waits for ARP (under run it goes through the kernel socket under the
+    // fd, which stamps it when it leaves, under the same OPT_ID).
+    let flush = || {
+        assert!(
+            lab.command(Host::A, &["ip", "neigh", "flush", "all"])
+                .status()
+                .unwrap()
+                .success()
+        )
+    };
+    flush();
     let mut plain = spawn("tt-plain", plain_in(&lab, Host::A, &[bin, &a, &b, "12600"]));
     plain.success(T);
     let want = plain.stdout();
@@ -55,6 +70,9 @@ fn timestamping_on_xdp_sockets_matches_a_plain_run() {
         "tx 3: pollerr=1",
         "errqueue 3: len=0 namelen=0 flags=ERRQUEUE cmsgs=[SCM_TIMESTAMPING,IP_RECVERR] ts1=0 ts2=0 ee_errno=ENOMSG origin=4 type=0 code=0 info=0 data=3",
         "rx 3: len=7 namelen=16 flags= cmsgs=[SCM_TIMESTAMPING] ts1=0 ts2=0 stamp_in_window=1 monotonic=1",
+        "errqueue 0: len=0 namelen=0 flags=ERRQUEUE cmsgs=[SCM_TIMESTAMPING,IP_RECVERR] ts1=0 ts2=0 ee_errno=ENOMSG origin=4 type=0 code=0 info=0 data=0",
+        "errqueue big: len=0 namelen=0 flags=ERRQUEUE cmsgs=[SCM_TIMESTAMPING,IP_RECVERR] ts1=0 ts2=0 ee_errno=ENOMSG origin=4 type=0 code=0 info=0 data=4",
+        "rx big: len=2048 namelen=16 flags=|TRUNC cmsgs=[SCM_TIMESTAMPING] ts1=0 ts2=0 stamp_in_window=1",
         "errqueue after: EAGAIN",
         "pollerr after: 0",
         "rx ns: len=8 namelen=16 flags= cmsgs=[SCM_TIMESTAMPNS] stamp_in_window=1 monotonic=1",
@@ -64,6 +82,7 @@ fn timestamping_on_xdp_sockets_matches_a_plain_run() {
         assert!(want.contains(needle), "plain run lacks {needle:?}:\n{want}");
     }
 
+    flush();
     let hold = dir.join("release");
     let _ = std::fs::remove_file(&hold);
     let mut c = run_in(&lab, Host::A, &[], &[bin, &a, &b, "12600"]);

@@ -917,15 +917,24 @@ pub fn send_one(
         return Err(libc::EMSGSIZE);
     }
     let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed);
+    let stamps = a.ts.tx_on();
+    let key = if stamps {
+        crate::tstamp::next_key(a)
+    } else {
+        None
+    };
     loop {
         let Some(x) = g.xdp.as_mut() else {
             drop(g);
-            return kernel_send(fd, data, dst, flags);
+            return kernel_send(fd, data, dst, flags, key);
         };
+        if stamps {
+            x.set_tx_key(key);
+        }
         match engine_call(|| x.send_to(data, dst)) {
             Ok(n) => {
-                if a.ts.tx_on() {
-                    crate::tstamp::sent(a, x);
+                if stamps {
+                    crate::tstamp::sent(a, x, key);
                 }
                 return Ok(n);
             }
@@ -941,7 +950,7 @@ pub fn send_one(
                 // Larger than the interface MTU: the kernel socket under the
                 // fd sends it (and fragments it), as a kernel socket would.
                 drop(g);
-                return kernel_send(fd, data, dst, flags);
+                return kernel_send(fd, data, dst, flags, key);
             }
             Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EIO)),
         }
@@ -950,8 +959,19 @@ pub fn send_one(
 
 /// Send through the kernel socket under `fd` (datagrams above the MTU, or
 /// a socket taken off the engine).
-fn kernel_send(fd: c_int, data: &[u8], dst: SocketAddrV4, flags: c_int) -> Result<usize, c_int> {
+fn kernel_send(
+    fd: c_int,
+    data: &[u8],
+    dst: SocketAddrV4,
+    flags: c_int,
+    key: Option<u32>,
+) -> Result<usize, c_int> {
     let sa = sockaddr_in(&dst);
+    if let Some(k) = key {
+        // Transmit stamps under the key the shim's counter gave (OPT_ID).
+        let r = nanowire_xdp::sys::sendto_tskey(fd, data, flags | libc::MSG_NOSIGNAL, &sa, k);
+        return if r < 0 { Err(errno()) } else { Ok(r as usize) };
+    }
     // SAFETY: the caller's data (a valid slice), our sockaddr_in.
     let r = unsafe {
         real::sendto(

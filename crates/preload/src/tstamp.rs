@@ -218,12 +218,23 @@ fn apply(a: &Accel) {
     }
 }
 
+/// The `OPT_ID` key of the datagram about to be sent (`None` without
+/// OPT_ID): the socket's counter, advanced (`sk_tskey`, taken once per
+/// datagram that asks for a transmit stamp).
+pub fn next_key(a: &Accel) -> Option<u32> {
+    let mut s = a.ts.st();
+    if s.flags & OPT_ID == 0 {
+        return None;
+    }
+    let k = s.key;
+    s.key = k.wrapping_add(1);
+    Some(k)
+}
+
 /// After a send through the engine by a socket with transmit stamps on:
 /// queue the stamp (if the datagram went through the ring).
-pub fn sent(a: &Accel, x: &nanowire_stack::xdp::XdpSocket) {
+pub fn sent(a: &Accel, x: &nanowire_stack::xdp::XdpSocket, key: Option<u32>) {
     let mut s = a.ts.st();
-    let key = s.key;
-    s.key = s.key.wrapping_add(1);
     let Some((at, frame)) = x.last_tx_stamp() else {
         return;
     };
@@ -241,8 +252,11 @@ pub fn sent(a: &Accel, x: &nanowire_stack::xdp::XdpSocket) {
     } else {
         frame.to_vec()
     };
-    let key = if s.flags & OPT_ID != 0 { key } else { 0 };
-    s.errq.push_back(ErrEntry { at, key, frame });
+    s.errq.push_back(ErrEntry {
+        at,
+        key: key.unwrap_or(0),
+        frame,
+    });
     a.ts.errq.store(s.errq.len() as u32, Ordering::Relaxed);
 }
 

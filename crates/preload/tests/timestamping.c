@@ -154,6 +154,20 @@ int main(int argc, char **argv) {
         snprintf(w, sizeof w, "rx %d", i);
         show(w, s1, 0, t0, &last_rx);
     }
+    /* Larger than the MTU: the kernel fragments it (under run the kernel
+     * socket under the fd sends it), still one stamp, the next OPT_ID. */
+    {
+        static char big[3000];
+        memset(big, 'b', sizeof big);
+        uint64_t t0 = now_ns();
+        if (sendto(s1, big, sizeof big, 0, (struct sockaddr *)&peer, sizeof peer) != sizeof big) {
+            printf("send big: errno %d\n", errno);
+            exit(1);
+        }
+        printf("tx big: pollerr=%d\n", pollerr(s1, 2000));
+        show("errqueue big", s1, MSG_ERRQUEUE, t0, NULL);
+        show("rx big", s1, 0, t0, NULL);
+    }
     show("errqueue after", s1, MSG_ERRQUEUE | MSG_DONTWAIT, 0, NULL);
     printf("pollerr after: %d\n", pollerr(s1, 0));
 

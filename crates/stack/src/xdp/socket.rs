@@ -557,6 +557,16 @@ impl XdpSocket {
         (s.at != 0).then_some((s.at, s.frame.as_slice()))
     }
 
+    /// With transmit stamps on: the `OPT_ID` key of the next datagram (a
+    /// datagram that takes the kernel path carries it in `SCM_TS_OPT_ID`),
+    /// and forget the last stamp.
+    pub fn set_tx_key(&mut self, key: Option<u32>) {
+        if let Some(s) = self.tx_stamp.as_mut() {
+            s.key = key;
+            s.at = 0;
+        }
+    }
+
     /// One datagram from the kernel twin, if any (syscalls: called only
     /// every KERNEL_CHECK_EVERY empty polls, or after a sleep).
     fn try_kernel<R>(
@@ -695,6 +705,11 @@ impl XdpSocket {
                 })
             }
             Lookup::Ready(Hop::Kernel) => self.send_kernel(bufs, dst),
+            // With transmit stamps on, a datagram that would wait for the
+            // neighbour goes through the kernel twin, which resolves it and
+            // stamps it when it leaves (on the twin's error queue, under the
+            // same OPT_ID key).
+            Lookup::Pending if self.tx_stamp.is_some() => self.send_kernel(bufs, dst),
             Lookup::Pending => {
                 // As the kernel: success now, the datagram waits for the
                 // neighbour (a few per neighbour, then counted drops).
@@ -736,16 +751,21 @@ impl XdpSocket {
         let sa = sockaddr_in(dst);
         let mut n = 0;
         for b in bufs {
-            // SAFETY: b and sa are valid buffers of the sizes given.
-            let r = unsafe {
-                sys::sendto(
-                    fd,
-                    b.as_ptr().cast(),
-                    b.len(),
-                    0,
-                    (&sa as *const libc::sockaddr_in).cast(),
-                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
+            let key = self.tx_stamp.as_ref().and_then(|t| t.key);
+            let r = match key {
+                // Transmit stamps under the key the shim's counter gave.
+                Some(k) => sys::sendto_tskey(fd, b, 0, &sa, k),
+                // SAFETY: b and sa are valid buffers of the sizes given.
+                None => unsafe {
+                    sys::sendto(
+                        fd,
+                        b.as_ptr().cast(),
+                        b.len(),
+                        0,
+                        (&sa as *const libc::sockaddr_in).cast(),
+                        std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                    )
+                },
             };
             if r < 0 {
                 let e = io::Error::last_os_error();

@@ -53,6 +53,9 @@ pub(crate) struct TxStamp {
     /// `CLOCK_REALTIME` ns when the kick that handed the frames to the
     /// driver returned; 0: nothing went through the ring.
     pub at: u64,
+    /// The `OPT_ID` key of the datagram being sent, for the kernel path
+    /// (`SCM_TS_OPT_ID`: the kernel stamps it under the same key).
+    pub key: Option<u32>,
 }
 
 /// What one `send` did.
