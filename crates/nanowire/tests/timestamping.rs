@@ -78,6 +78,9 @@ fn timestamping_on_xdp_sockets_matches_a_plain_run() {
         "rx ns: len=8 namelen=16 flags= cmsgs=[SCM_TIMESTAMPNS] stamp_in_window=1 monotonic=1",
         "rx us: len=8 namelen=16 flags= cmsgs=[SCM_TIMESTAMP] stamp_in_window=1 monotonic=1",
         "rx off: len=8 namelen=16 flags= cmsgs=[]",
+        "rx new: len=8 namelen=16 flags= cmsgs=[SCM_TIMESTAMPNS_NEW,SCM_TIMESTAMPING_NEW] ts1=0 ts2=0 stamp_in_window=1",
+        "epoll: n=1 err=1 data=7",
+        "epoll after: err=0",
     ] {
         assert!(want.contains(needle), "plain run lacks {needle:?}:\n{want}");
     }
@@ -98,7 +101,7 @@ fn timestamping_on_xdp_sockets_matches_a_plain_run() {
     let st = String::from_utf8_lossy(&st.stdout).into_owned();
     std::fs::write(&hold, b"").unwrap();
     k.success(T);
-    for port in [12601, 12602, 12603, 12604] {
+    for port in [12601, 12602, 12603, 12604, 12605] {
         assert!(
             st.contains(&format!("socket {a}:{port}")),
             "port {port} not on the engine:\n{st}\n{}",

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -52,6 +53,8 @@ static const char *cname(int level, int type) {
     if (level == SOL_SOCKET && type == SCM_TIMESTAMPNS) return "SCM_TIMESTAMPNS";
     if (level == SOL_SOCKET && type == SCM_TIMESTAMP) return "SCM_TIMESTAMP";
     if (level == SOL_IP && type == IP_RECVERR) return "IP_RECVERR";
+    if (level == SOL_SOCKET && type == 64) return "SCM_TIMESTAMPNS_NEW";
+    if (level == SOL_SOCKET && type == 65) return "SCM_TIMESTAMPING_NEW";
     return "other";
 }
 
@@ -76,12 +79,12 @@ static void show(const char *what, int s, int flags, uint64_t lo, uint64_t *last
     char extra[256] = "";
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
         printf("%s%s", c == CMSG_FIRSTHDR(&m) ? "" : ",", cname(c->cmsg_level, c->cmsg_type));
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPING) {
+        if (c->cmsg_level == SOL_SOCKET && (c->cmsg_type == SCM_TIMESTAMPING || c->cmsg_type == 65)) {
             struct scm_timestamping *t = (void *)CMSG_DATA(c);
             st = (uint64_t)t->ts[0].tv_sec * 1000000000ull + t->ts[0].tv_nsec;
             snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " ts1=%d ts2=%d",
                      t->ts[1].tv_sec || t->ts[1].tv_nsec, t->ts[2].tv_sec || t->ts[2].tv_nsec);
-        } else if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+        } else if (c->cmsg_level == SOL_SOCKET && (c->cmsg_type == SCM_TIMESTAMPNS || c->cmsg_type == 64)) {
             struct timespec *t = (void *)CMSG_DATA(c);
             st = (uint64_t)t->tv_sec * 1000000000ull + t->tv_nsec;
         } else if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMP) {
@@ -207,6 +210,34 @@ int main(int argc, char **argv) {
     setsockopt(s3, SOL_SOCKET, SO_TIMESTAMP, &v, sizeof v);
     send1(s3, 40);
     show("rx off", s3, 0, 0, NULL);
+
+    /* 4. The _NEW options (64-bit time on every ABI; what glibc uses on
+     * 32-bit targets with _TIME_BITS=64): _NEW control messages. */
+    int s5 = mk(12605, 64 /* SO_TIMESTAMPNS_NEW */, 1);
+    want = SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE;
+    if (setsockopt(s5, SOL_SOCKET, 65 /* SO_TIMESTAMPING_NEW */, &want, sizeof want) != 0)
+        printf("SO_TIMESTAMPING_NEW: errno %d\n", errno);
+    uint64_t t5 = now_ns(), l5 = 0;
+    send1(s5, 50);
+    show("rx new", s5, 0, t5, &l5);
+
+    /* 5. epoll reports EPOLLERR while transmit stamps are queued. */
+    {
+        int ep = epoll_create1(0);
+        struct epoll_event ev = {.events = EPOLLIN, .data.u32 = 7};
+        epoll_ctl(ep, EPOLL_CTL_ADD, s1, &ev);
+        send1(s1, 60);
+        struct epoll_event out[2];
+        int n = epoll_wait(ep, out, 2, 2000);
+        printf("epoll: n=%d err=%d data=%u\n", n, n > 0 && (out[0].events & EPOLLERR) != 0,
+               n > 0 ? out[0].data.u32 : 0);
+        show("errqueue epoll", s1, MSG_ERRQUEUE, 0, NULL);
+        char b[64];
+        recv(s1, b, sizeof b, 0);
+        n = epoll_wait(ep, out, 2, 0);
+        printf("epoll after: err=%d\n", n > 0 && (out[0].events & EPOLLERR) != 0);
+        close(ep);
+    }
 
     const char *hold = getenv("TS_HOLD");
     if (hold) {
