@@ -736,10 +736,22 @@ impl Accel {
 
 /// A detached socket whose stash is empty: forget the record, so every
 /// later call on `fd` takes the plain kernel path (with ancillary data).
+/// (Kept while transmit stamps of the engine's sends are unread: they are
+/// served from the record, see `tstamp::recv_err`.)
 fn retire_detached(fd: c_int, a: &Accel) {
-    if by_fd(fd).is_some_and(|b| std::ptr::eq(a, b)) {
+    if !a.ts.err_pending() && by_fd(fd).is_some_and(|b| std::ptr::eq(a, b)) {
         take_fd(fd);
         table::clear_flags(fd, table::F_ACCEL);
+    }
+}
+
+/// The last engine transmit stamp of `a` was read: forget a detached
+/// record that has nothing left to serve.
+pub fn errq_drained(fd: c_int, a: &Accel) {
+    let g = a.lock();
+    if g.xdp.is_none() && g.stash.is_empty() {
+        drop(g);
+        retire_detached(fd, a);
     }
 }
 

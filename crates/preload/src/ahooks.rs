@@ -133,7 +133,7 @@ pub fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Option<ssize_t> {
             // Transmit stamps of the engine's sends; the kernel socket's
             // own queue when there are none.
             // SAFETY: the caller's msghdr.
-            return crate::tstamp::recv_err(a, unsafe { &mut *msg }, flags);
+            return crate::tstamp::recv_err(a, fd, unsafe { &mut *msg }, flags);
         }
         return None;
     }

@@ -381,10 +381,18 @@ pub fn put_rx(a: &Accel, m: &mut msghdr) {
 /// `recvmsg(MSG_ERRQUEUE)` on `a`: `None` if the engine's queue is empty
 /// (the kernel socket's own queue answers: EAGAIN, or stamps of datagrams
 /// that took the kernel path).
-pub fn recv_err(a: &Accel, m: &mut msghdr, flags: c_int) -> Option<isize> {
+pub fn recv_err(a: &Accel, fd: c_int, m: &mut msghdr, flags: c_int) -> Option<isize> {
     if !a.ts.err_pending() {
         return None;
     }
+    let r = recv_err_locked(a, m, flags);
+    if !a.ts.err_pending() {
+        crate::accel::errq_drained(fd, a);
+    }
+    r
+}
+
+fn recv_err_locked(a: &Accel, m: &mut msghdr, flags: c_int) -> Option<isize> {
     let mut s = a.ts.st();
     let e = if flags & libc::MSG_PEEK != 0 {
         let f = s.errq.front()?;
