@@ -239,6 +239,31 @@ int main(int argc, char **argv) {
         close(ep);
     }
 
+    /* 6. Stamps not read yet when the socket is taken off the engine (under
+     * run IP_PKTINFO does that) are still delivered, in order. */
+    {
+        want = SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_OPT_ID |
+               SOF_TIMESTAMPING_OPT_TSONLY;
+        int s6 = mk(12606, SO_TIMESTAMPING, want);
+        uint64_t t6 = now_ns();
+        send1(s6, 70);
+        send1(s6, 71);
+        printf("tx6: pollerr=%d\n", pollerr(s6, 2000));
+        int on = 1;
+        setsockopt(s6, IPPROTO_IP, IP_PKTINFO, &on, sizeof on);
+        /* Both replies first (under run: the datagrams the engine had
+         * queued), then the stamps. */
+        char b[64];
+        ssize_t r1 = recv(s6, b, sizeof b, 0);
+        ssize_t r2 = recv(s6, b, sizeof b, 0);
+        printf("rx6: %zd %zd\n", r1, r2);
+        show("errqueue6", s6, MSG_ERRQUEUE, t6, NULL);
+        /* The second stamp may still be on its way in the kernel's case. */
+        printf("tx6 second: pollerr=%d\n", pollerr(s6, 2000));
+        show("errqueue6", s6, MSG_ERRQUEUE, t6, NULL);
+        show("errqueue6 after", s6, MSG_ERRQUEUE | MSG_DONTWAIT, 0, NULL);
+    }
+
     const char *hold = getenv("TS_HOLD");
     if (hold) {
         printf("holding\n");
