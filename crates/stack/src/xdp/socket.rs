@@ -217,6 +217,8 @@ pub struct XdpSocket {
     batch: Vec<Delivery>,
     /// Counted in the engine's `stamp_users` (receive stamps wanted).
     rx_stamping: bool,
+    /// Receive stamp of the datagram `recv_with` returned last.
+    last_rx: u64,
     /// Transmit stamps wanted: the request handed to the TX path per send.
     tx_stamp: Option<TxStamp>,
 }
@@ -345,6 +347,7 @@ impl XdpSocket {
             hop: None,
             batch: Vec::new(),
             rx_stamping: false,
+            last_rx: 0,
             tx_stamp: None,
         };
         {
@@ -409,6 +412,7 @@ impl XdpSocket {
         loop {
             let d = self.engine.rx().pop_or_poll(self.id);
             if let Some(d) = d {
+                self.last_rx = d.stamp;
                 return Ok(Some(f(d.payload(), d.src)));
             }
             spins = spins.wrapping_add(1);
@@ -420,6 +424,7 @@ impl XdpSocket {
                 // KERNEL_CHECK_INTERVAL while spinning (and after each sleep).
                 if now >= *next {
                     *next = now + KERNEL_CHECK_INTERVAL;
+                    self.last_rx = 0;
                     if let Some(r) = self.try_kernel(&mut f)? {
                         return Ok(Some(r));
                     }
@@ -459,6 +464,7 @@ impl XdpSocket {
                             e.sleeping = false;
                         }
                         eventfd_drain(self.wake_fd);
+                        self.last_rx = 0;
                         if let Some(r) = self.try_kernel(&mut f)? {
                             return Ok(Some(r));
                         }
@@ -949,6 +955,12 @@ impl UdpEndpoint for XdpSocket {
     }
     fn send_batch_to(&mut self, bufs: &[&[u8]], dst: SocketAddrV4) -> io::Result<usize> {
         self.send_many(bufs, dst)
+    }
+    fn set_rx_stamping(&mut self, on: bool) {
+        XdpSocket::set_rx_stamping(self, on);
+    }
+    fn last_rx_stamp(&self) -> u64 {
+        self.last_rx
     }
     fn recv_from(
         &mut self,
