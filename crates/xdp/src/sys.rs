@@ -114,7 +114,17 @@ pub fn sendto_tskey(
     m.msg_controllen = std::mem::size_of_val(&ctl) as _;
     // SAFETY: every pointer in `m` refers to a live local or the caller's
     // slice (read only by the kernel).
-    unsafe { libc::syscall(libc::SYS_sendmsg, fd, &raw const m, flags) as isize }
+    let r = unsafe { libc::syscall(libc::SYS_sendmsg, fd, &raw const m, flags) as isize };
+    if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+        // A kernel before 6.13 does not know SCM_TS_OPT_ID: send without it
+        // (the stamp then carries the kernel socket's own counter). A real
+        // EINVAL comes back from this plain send too.
+        m.msg_control = std::ptr::null_mut();
+        m.msg_controllen = 0;
+        // SAFETY: as above, without the control buffer.
+        return unsafe { libc::syscall(libc::SYS_sendmsg, fd, &raw const m, flags) as isize };
+    }
+    r
 }
 
 /// recvfrom(2).
