@@ -103,22 +103,20 @@ pub fn poll_mixed(
         for p in s.iter_mut() {
             if p.fd >= 0
                 && let Some(a) = accel::lookup(p.fd)
-                && p.events & libc::POLLIN != 0
             {
-                if kernel {
-                    accel::twin_seen(a, p.revents & libc::POLLIN != 0, now);
+                if p.events & libc::POLLIN != 0 {
+                    if kernel {
+                        accel::twin_seen(a, p.revents & libc::POLLIN != 0, now);
+                    }
+                    if p.revents & libc::POLLIN == 0 && accel::readable(a) {
+                        p.revents |= libc::POLLIN;
+                    }
                 }
-                if p.revents & libc::POLLIN == 0 && accel::readable(a) {
-                    p.revents |= libc::POLLIN;
+                if a.ts.err_pending() {
+                    // Transmit stamps queued: POLLERR whatever was asked, as
+                    // the kernel reports a non-empty error queue.
+                    p.revents |= libc::POLLERR;
                 }
-            }
-            if p.fd >= 0
-                && let Some(a) = accel::lookup(p.fd)
-                && a.ts.err_pending()
-            {
-                // Transmit stamps queued: POLLERR whatever was asked, as the
-                // kernel reports a non-empty error queue.
-                p.revents |= libc::POLLERR;
             }
             if p.revents != 0 {
                 count += 1;
