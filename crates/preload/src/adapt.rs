@@ -31,7 +31,8 @@
 //!   long as data usually comes keeps the CPU for the program's other
 //!   threads.
 //! * **Nobody waits for a CPU.** A thread that may run on more than one
-//!   CPU (not pinned) asks when a wait begins and at every yield whether
+//!   CPU (not pinned) and is the only thread of its process spinning right
+//!   now (an event loop) asks when a wait begins and at every yield whether
 //!   more tasks are runnable in the whole machine than there are CPUs
 //!   (`/proc/loadavg`'s running count, one `pread` of an fd kept open). If
 //!   so, some thread is waiting for a CPU — the peer that would feed this
@@ -40,7 +41,10 @@
 //!   sleeps at once (`balanced` and `throughput`; `latency` spins on). A
 //!   pinned thread cannot lend its CPU to a task allowed elsewhere, so it
 //!   relies on the yields above (which see exactly its own CPU): this keeps
-//!   the pinned placements spinning when another CPU is busy.
+//!   the pinned placements spinning when another CPU is busy. Threads of
+//!   one process that spin together (several waiting on shared sockets)
+//!   are counted as runnable themselves; they share their CPUs through the
+//!   yields, which measured better for them than sleeping.
 
 use crate::spin::{SPIN_NS, now_ns};
 use std::cell::Cell;
@@ -64,6 +68,9 @@ const MIN_BUDGET_NS: u64 = 5_000;
 const QUIET_MIN_NS: u64 = 1_000_000;
 const QUIET_MAX_NS: u64 = 64_000_000;
 
+/// Threads of this process spinning in a wait right now (balanced and
+/// throughput): the load test is for a lone spinner (see the module doc).
+static SPINNING: AtomicU32 = AtomicU32::new(0);
 /// `/proc/loadavg`, kept open (-1: not yet, -2: unavailable).
 static LOADAVG: AtomicI32 = AtomicI32::new(-1);
 /// Online CPUs (0: not yet known).
@@ -74,6 +81,13 @@ const AFFINITY_EVERY_NS: u64 = 1_000_000_000;
 thread_local! {
     /// (when the affinity was last read, may this thread run on >1 CPU).
     static MOVABLE: Cell<(u64, bool)> = const { Cell::new((0, false)) };
+}
+
+/// In a forked child only the forking thread exists: none of the parent's
+/// other threads is spinning (the forking thread is in `fork`, not in a
+/// wait).
+pub fn after_fork_child() {
+    SPINNING.store(0, Ordering::Relaxed);
 }
 
 /// May this thread run on more than one CPU? (Re-read once a second.)
@@ -188,6 +202,8 @@ pub struct Wait {
     contended: bool,
     /// Began in a quiet period (no spinning at all): nothing to learn.
     quiet: bool,
+    /// Counted in SPINNING (until it stops spinning).
+    counted: bool,
 }
 
 impl Wait {
@@ -197,15 +213,27 @@ impl Wait {
         let now = now_ns();
         let max = SPIN_NS.load(Ordering::Relaxed);
         let l = LEARNED.with(|c| c.get());
-        let budget = if max == u64::MAX {
+        let mut budget = if max == u64::MAX {
             u64::MAX
-        } else if now < l.quiet_until || (cap > 0 && movable(now) && oversubscribed()) {
+        } else if now < l.quiet_until {
             0
         } else if l.budget == 0 {
             max
         } else {
             l.budget.min(max)
         };
+        let mut counted = false;
+        if max != u64::MAX && budget > 0 && cap > 0 {
+            // A lone spinner of the process on a movable thread: spin only
+            // while nobody waits for a CPU. Threads of one process that
+            // spin together share CPUs through their yields instead.
+            if SPINNING.fetch_add(1, Ordering::Relaxed) == 0 && movable(now) && oversubscribed() {
+                SPINNING.fetch_sub(1, Ordering::Relaxed);
+                budget = 0;
+            } else {
+                counted = true;
+            }
+        }
         Wait {
             start: now,
             last: now,
@@ -215,6 +243,7 @@ impl Wait {
             slept: budget == 0 || cap == 0,
             contended: false,
             quiet: budget == 0 || cap == 0,
+            counted,
         }
     }
 
@@ -240,7 +269,11 @@ impl Wait {
         let mut now = now_ns();
         if now.wrapping_sub(self.last) > BUSY_NS {
             self.contention(now);
-        } else if now >= self.next_yield && self.max != u64::MAX && movable(now) && oversubscribed()
+        } else if now >= self.next_yield
+            && self.max != u64::MAX
+            && SPINNING.load(Ordering::Relaxed) <= 1
+            && movable(now)
+            && oversubscribed()
         {
             // Someone waits for a CPU: sleep (no quiet period: the next
             // wait asks again).
@@ -266,15 +299,25 @@ impl Wait {
         }
         self.last = now;
         if self.contended && self.max != u64::MAX {
-            self.slept = true;
+            self.stop();
             return false;
         }
         if self.budget != u64::MAX && now.wrapping_sub(self.start) >= self.budget {
-            self.slept = true;
+            self.stop();
             return false;
         }
         core::hint::spin_loop();
         true
+    }
+
+    /// Stop spinning: sleep from now on.
+    #[inline]
+    fn stop(&mut self) {
+        self.slept = true;
+        if self.counted {
+            self.counted = false;
+            SPINNING.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     #[cold]
@@ -300,6 +343,9 @@ impl Drop for Wait {
     /// The wait is over (data, timeout or error): learn from how long it
     /// took.
     fn drop(&mut self) {
+        if self.counted {
+            SPINNING.fetch_sub(1, Ordering::Relaxed);
+        }
         if self.max == u64::MAX || self.max == 0 || self.contended || self.quiet || !self.slept {
             return; // forever, no spinning, contention handled, or caught while spinning
         }
