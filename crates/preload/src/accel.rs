@@ -80,7 +80,6 @@ extern "C" fn before_fork() {
 
 extern "C" fn after_fork_child() {
     PID.store(std::process::id(), Ordering::Relaxed);
-    crate::adapt::after_fork_child();
 }
 
 pub fn init() {

@@ -30,25 +30,10 @@
 //!   nothing: the budget halves (down to `MIN_BUDGET_NS`). Spinning only as
 //!   long as data usually comes keeps the CPU for the program's other
 //!   threads.
-//! * **Nobody waits for a CPU.** A thread that may run on more than one
-//!   CPU (not pinned) and is the only thread of its process spinning right
-//!   now (an event loop) asks when a wait begins and at every yield whether
-//!   more tasks are runnable in the whole machine than there are CPUs
-//!   (`/proc/loadavg`'s running count, one `pread` of an fd kept open). If
-//!   so, some thread is waiting for a CPU — the peer that would feed this
-//!   one, a JIT or GC thread, another spinner — and a spinning thread keeps
-//!   it waiting: an idle CPU is where the scheduler would put it. The wait
-//!   sleeps at once (`balanced` and `throughput`; `latency` spins on). A
-//!   pinned thread cannot lend its CPU to a task allowed elsewhere, so it
-//!   relies on the yields above (which see exactly its own CPU): this keeps
-//!   the pinned placements spinning when another CPU is busy. Threads of
-//!   one process that spin together (several waiting on shared sockets)
-//!   are counted as runnable themselves; they share their CPUs through the
-//!   yields, which measured better for them than sleeping.
 
 use crate::spin::{SPIN_NS, now_ns};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 
 /// How often a spinning thread offers its CPU.
 const YIELD_EVERY_NS: u64 = 20_000;
@@ -67,110 +52,6 @@ const MIN_BUDGET_NS: u64 = 5_000;
 /// Quiet period after contention: starts at QUIET_MIN, doubles to QUIET_MAX.
 const QUIET_MIN_NS: u64 = 1_000_000;
 const QUIET_MAX_NS: u64 = 64_000_000;
-
-/// Threads of this process spinning in a wait right now (balanced and
-/// throughput): the load test is for a lone spinner (see the module doc).
-static SPINNING: AtomicU32 = AtomicU32::new(0);
-/// `/proc/loadavg`, kept open (-1: not yet, -2: unavailable).
-static LOADAVG: AtomicI32 = AtomicI32::new(-1);
-/// Online CPUs (0: not yet known).
-static NCPUS: AtomicU32 = AtomicU32::new(0);
-/// How long a thread's "may run on several CPUs" answer is reused.
-const AFFINITY_EVERY_NS: u64 = 1_000_000_000;
-
-thread_local! {
-    /// (when the affinity was last read, may this thread run on >1 CPU).
-    static MOVABLE: Cell<(u64, bool)> = const { Cell::new((0, false)) };
-}
-
-/// In a forked child only the forking thread exists: none of the parent's
-/// other threads is spinning (the forking thread is in `fork`, not in a
-/// wait).
-pub fn after_fork_child() {
-    SPINNING.store(0, Ordering::Relaxed);
-}
-
-/// May this thread run on more than one CPU? (Re-read once a second.)
-fn movable(now: u64) -> bool {
-    let (at, m) = MOVABLE.with(|c| c.get());
-    if at != 0 && now.wrapping_sub(at) < AFFINITY_EVERY_NS {
-        return m;
-    }
-    let m = rustix::thread::sched_getaffinity(None).is_ok_and(|s| s.count() > 1);
-    MOVABLE.with(|c| c.set((now.max(1), m)));
-    m
-}
-
-/// The shim's `/proc/loadavg` fd is being closed by the application (or
-/// replaced by dup2): forget it (it is reopened when needed).
-pub fn fd_closed(fd: libc::c_int) {
-    let _ = LOADAVG.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed);
-}
-
-fn loadavg_fd() -> Option<libc::c_int> {
-    let fd = LOADAVG.load(Ordering::Acquire);
-    if fd >= 0 {
-        return Some(fd);
-    }
-    if fd == -2 {
-        return None;
-    }
-    // A read-only procfs file (no world-writable directory involved).
-    let Ok(f) = rustix::fs::open(
-        "/proc/loadavg",
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    ) else {
-        LOADAVG.store(-2, Ordering::Release);
-        return None;
-    };
-    let n = rustix::fd::IntoRawFd::into_raw_fd(f);
-    if LOADAVG
-        .compare_exchange(-1, n, Ordering::AcqRel, Ordering::Acquire)
-        .is_err()
-    {
-        // Another thread opened it first.
-        // SAFETY: `n` is the fd we just opened and nobody else knows it.
-        unsafe { libc::syscall(libc::SYS_close, n) };
-    }
-    let fd = LOADAVG.load(Ordering::Acquire);
-    (fd >= 0).then_some(fd)
-}
-
-/// The running count of `/proc/loadavg` ("0.12 0.10 0.09 3/345 6789").
-fn parse_running(b: &[u8]) -> Option<u32> {
-    let slash = b.iter().position(|&c| c == b'/')?;
-    let start = b[..slash].iter().rposition(|&c| c == b' ')? + 1;
-    std::str::from_utf8(&b[start..slash]).ok()?.parse().ok()
-}
-
-/// More tasks runnable in the machine than CPUs online: someone is waiting
-/// for a CPU. `false` when it cannot be known.
-fn oversubscribed() -> bool {
-    let Some(fd) = loadavg_fd() else {
-        return false;
-    };
-    let mut ncpus = NCPUS.load(Ordering::Relaxed);
-    if ncpus == 0 {
-        // SAFETY: sysconf has no memory arguments.
-        ncpus = u32::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) })
-            .unwrap_or(1)
-            .max(1);
-        NCPUS.store(ncpus, Ordering::Relaxed);
-    }
-    let mut buf = [0u8; 96];
-    // SAFETY: a read of at most buf.len() bytes into our buffer; a stale
-    // fd number (closed behind the shim's back, e.g. close_range) fails or
-    // reads something that does not parse.
-    let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
-    match rustix::io::pread(b, &mut buf, 0) {
-        Ok(n) => parse_running(&buf[..n]).is_some_and(|r| r > ncpus),
-        Err(_) => {
-            let _ = LOADAVG.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed);
-            false
-        }
-    }
-}
 
 #[derive(Clone, Copy)]
 struct Learned {
@@ -202,8 +83,6 @@ pub struct Wait {
     contended: bool,
     /// Began in a quiet period (no spinning at all): nothing to learn.
     quiet: bool,
-    /// Counted in SPINNING (until it stops spinning).
-    counted: bool,
 }
 
 impl Wait {
@@ -213,7 +92,7 @@ impl Wait {
         let now = now_ns();
         let max = SPIN_NS.load(Ordering::Relaxed);
         let l = LEARNED.with(|c| c.get());
-        let mut budget = if max == u64::MAX {
+        let budget = if max == u64::MAX {
             u64::MAX
         } else if now < l.quiet_until {
             0
@@ -222,18 +101,6 @@ impl Wait {
         } else {
             l.budget.min(max)
         };
-        let mut counted = false;
-        if max != u64::MAX && budget > 0 && cap > 0 {
-            // A lone spinner of the process on a movable thread: spin only
-            // while nobody waits for a CPU. Threads of one process that
-            // spin together share CPUs through their yields instead.
-            if SPINNING.fetch_add(1, Ordering::Relaxed) == 0 && movable(now) && oversubscribed() {
-                SPINNING.fetch_sub(1, Ordering::Relaxed);
-                budget = 0;
-            } else {
-                counted = true;
-            }
-        }
         Wait {
             start: now,
             last: now,
@@ -243,7 +110,6 @@ impl Wait {
             slept: budget == 0 || cap == 0,
             contended: false,
             quiet: budget == 0 || cap == 0,
-            counted,
         }
     }
 
@@ -269,15 +135,6 @@ impl Wait {
         let mut now = now_ns();
         if now.wrapping_sub(self.last) > BUSY_NS {
             self.contention(now);
-        } else if now >= self.next_yield
-            && self.max != u64::MAX
-            && SPINNING.load(Ordering::Relaxed) <= 1
-            && movable(now)
-            && oversubscribed()
-        {
-            // Someone waits for a CPU: sleep (no quiet period: the next
-            // wait asks again).
-            self.contended = true;
         } else if now >= self.next_yield {
             rustix::thread::sched_yield();
             let after = now_ns();
@@ -299,25 +156,15 @@ impl Wait {
         }
         self.last = now;
         if self.contended && self.max != u64::MAX {
-            self.stop();
+            self.slept = true;
             return false;
         }
         if self.budget != u64::MAX && now.wrapping_sub(self.start) >= self.budget {
-            self.stop();
+            self.slept = true;
             return false;
         }
         core::hint::spin_loop();
         true
-    }
-
-    /// Stop spinning: sleep from now on.
-    #[inline]
-    fn stop(&mut self) {
-        self.slept = true;
-        if self.counted {
-            self.counted = false;
-            SPINNING.fetch_sub(1, Ordering::Relaxed);
-        }
     }
 
     #[cold]
@@ -343,9 +190,6 @@ impl Drop for Wait {
     /// The wait is over (data, timeout or error): learn from how long it
     /// took.
     fn drop(&mut self) {
-        if self.counted {
-            SPINNING.fetch_sub(1, Ordering::Relaxed);
-        }
         if self.max == u64::MAX || self.max == 0 || self.contended || self.quiet || !self.slept {
             return; // forever, no spinning, contention handled, or caught while spinning
         }

@@ -290,7 +290,6 @@ static REG_ANY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::n
 /// `fd` was closed (or replaced by dup2): the kernel dropped its
 /// registrations, and so does the shim.
 pub fn fd_closed(fd: c_int) {
-    crate::adapt::fd_closed(fd);
     if REG_ANY.load(Ordering::Relaxed) {
         let mut r = reg();
         r.retain(|i| i.fd != fd && i.ep != fd);
