@@ -68,6 +68,7 @@ mod spin;
 mod sys;
 mod table;
 mod tcpx;
+mod tstamp;
 
 /// Runs when the library is loaded (before `main`): read the configuration.
 extern "C" fn nanowire_preload_init() {

@@ -37,6 +37,67 @@ pub(crate) struct TxPath {
     pub big: Vec<u8>,
     /// Copies of sent frames for `nanowire capture` (crates/tap).
     pub tap: nanowire_tap::TapWriter,
+    /// Transmit-side faults of the `faults` option (loss, duplication,
+    /// corruption of whole frames; off: `None`).
+    pub faults: Option<TxFaults>,
+    /// Set by a socket with transmit stamping around its `send` (None: no
+    /// cost but one branch per frame).
+    pub stamp: Option<TxStamp>,
+}
+
+pub(crate) struct TxFaults {
+    inj: nanowire_tcp::fault::FaultInjector,
+    seen: nanowire_tcp::fault::FaultStats,
+    out: Vec<Vec<u8>>,
+}
+
+impl TxFaults {
+    pub fn new(cfg: nanowire_tcp::fault::FaultConfig) -> TxFaults {
+        TxFaults {
+            inj: nanowire_tcp::fault::FaultInjector::new(cfg),
+            seen: Default::default(),
+            out: Vec::new(),
+        }
+    }
+    /// Run built frames through the injector: `self.out` gets what goes on
+    /// the wire (none, one, two copies; maybe with a flipped bit).
+    fn run(&mut self, frames: &[&[u8]], page: &StatsPage) {
+        self.out.clear();
+        for f in frames {
+            self.inj.push(0, f);
+            while let Some(p) = self.inj.pop(0) {
+                self.out.push(p);
+            }
+        }
+        let st = &self.inj.stats;
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        bump(page.e(E::FaultTxLost), d(st.dropped, self.seen.dropped));
+        bump(
+            page.e(E::FaultTxDuplicated),
+            d(st.duplicated, self.seen.duplicated),
+        );
+        bump(
+            page.e(E::FaultTxCorrupted),
+            d(st.corrupted, self.seen.corrupted),
+        );
+        self.seen = st.clone();
+    }
+}
+
+/// A transmit stamp request (`SOF_TIMESTAMPING_TX_SOFTWARE` in the shim).
+#[derive(Debug, Default)]
+pub(crate) struct TxStamp {
+    /// Keep a copy of the last frame sent (the error queue returns it
+    /// unless `SOF_TIMESTAMPING_OPT_TSONLY`).
+    pub want_frame: bool,
+    /// The last frame sent through the ring (when `want_frame`).
+    pub frame: Vec<u8>,
+    /// `CLOCK_REALTIME` ns when the kick that handed the frames to the
+    /// driver returned; 0: nothing went through the ring.
+    pub at: u64,
+    /// The `OPT_ID` key of the datagram being sent, for the kernel path
+    /// (`SCM_TS_OPT_ID`: the kernel stamps it under the same key).
+    pub key: Option<u32>,
 }
 
 /// What one `send` did.
@@ -48,6 +109,15 @@ impl TxPath {
     /// Send `bufs` (each `fits`) as datagrams; counted on socket `slot`.
     /// `Ok(n)`: n queued (fewer when the ring stayed full after a kick).
     pub fn send(&mut self, bufs: &[&[u8]], w: Wire, slot: usize) -> io::Result<Sent> {
+        // Faults act on datagrams of one frame; a jumbo (multi-buffer)
+        // datagram takes the plain path.
+        if self.faults.is_some()
+            && bufs
+                .first()
+                .is_some_and(|b| HDRS + b.len() <= self.xsk.frame_size())
+        {
+            return self.send_faulty(bufs, w, slot);
+        }
         let per_kick = self.per_kick;
         let fs = self.xsk.frame_size();
         let mut sent = 0;
@@ -62,6 +132,7 @@ impl TxPath {
                 let chunk = &bufs[i..j];
                 let (mac, mut id) = (self.mac, self.ip_id);
                 let tap = &mut self.tap;
+                let stamp = &mut self.stamp;
                 let k = self.xsk.send_with(chunk.len(), |n, fr| {
                     id = id.wrapping_add(1);
                     let len = build_frame(
@@ -75,6 +146,12 @@ impl TxPath {
                         id,
                     );
                     tap.record(&fr[..len]);
+                    if let Some(s) = stamp.as_mut()
+                        && s.want_frame
+                    {
+                        s.frame.clear();
+                        s.frame.extend_from_slice(&fr[..len]);
+                    }
                     Some(len)
                 });
                 self.ip_id = self.ip_id.wrapping_add(k as u16);
@@ -97,6 +174,12 @@ impl TxPath {
                 );
                 if self.xsk.send_large(&self.big[..n]) {
                     self.tap.record(&self.big[..n]);
+                    if let Some(s) = self.stamp.as_mut()
+                        && s.want_frame
+                    {
+                        s.frame.clear();
+                        s.frame.extend_from_slice(&self.big[..n]);
+                    }
                     self.count(&bufs[i..i + 1], slot);
                     1
                 } else {
@@ -127,10 +210,90 @@ impl TxPath {
             self.xsk.kick();
         }
         self.xsk.reap();
+        if let Some(s) = self.stamp.as_mut() {
+            // The kick has returned: in copy mode the kernel has passed the
+            // frames through the driver's transmit (where it stamps its own
+            // sockets' frames); in zero-copy mode they are posted.
+            s.at = nanowire_tap::now_ns();
+        }
         if let Some(e) = self.xsk.kick_error() {
             return Err(e);
         }
         Ok(Sent { n: sent })
+    }
+
+    /// `send` with the transmit fault injector on: frames are built in
+    /// memory, run through the injector and what survives is posted. A
+    /// datagram the injector drops counts as sent (it was lost on the wire).
+    fn send_faulty(&mut self, bufs: &[&[u8]], w: Wire, slot: usize) -> io::Result<Sent> {
+        let fs = self.xsk.frame_size();
+        // The run of datagrams that fit one frame, at most one kick's worth
+        // (the caller sends the rest with its next call, as for a full ring).
+        let bufs: Vec<&[u8]> = bufs
+            .iter()
+            .copied()
+            .take_while(|b| HDRS + b.len() <= fs)
+            .take(self.per_kick)
+            .collect();
+        let mut built: Vec<Vec<u8>> = Vec::with_capacity(bufs.len());
+        for b in &bufs {
+            let mut f = vec![0u8; HDRS + b.len()];
+            self.ip_id = self.ip_id.wrapping_add(1);
+            build_frame(
+                &mut f,
+                self.mac,
+                w.mac,
+                *w.src.ip(),
+                w.src.port(),
+                w.dst,
+                b,
+                self.ip_id,
+            );
+            built.push(f);
+        }
+        let refs: Vec<&[u8]> = built.iter().map(|f| &f[..]).collect();
+        self.post(&refs);
+        self.count(&bufs, slot);
+        if let Some(e) = self.xsk.kick_error() {
+            return Err(e);
+        }
+        Ok(Sent { n: bufs.len() })
+    }
+
+    /// Post whole frames (the engine's TCP builds its own), through the
+    /// transmit fault injector when it is on. Returns how many of `frames`
+    /// were taken (lost-by-injection counts as taken); fewer when the ring
+    /// is full.
+    pub fn post(&mut self, frames: &[&[u8]]) -> usize {
+        let mut faults = self.faults.take();
+        let n = match faults.as_mut() {
+            None => self.post_plain(frames),
+            Some(f) => {
+                f.run(frames, &self.page);
+                let out: Vec<&[u8]> = f.out.iter().map(|v| &v[..]).collect();
+                self.post_plain(&out);
+                frames.len()
+            }
+        };
+        self.faults = faults;
+        if self.xsk.occupancy() > 0 {
+            self.xsk.kick();
+        }
+        self.xsk.reap();
+        n
+    }
+
+    fn post_plain(&mut self, frames: &[&[u8]]) -> usize {
+        let tap = &mut self.tap;
+        self.xsk.send_with(frames.len(), |i, fr| {
+            let f = frames[i];
+            if f.len() > fr.len() {
+                return None;
+            }
+            fr[..f.len()].copy_from_slice(f);
+            tap.record(f);
+            Some(f.len())
+        })
     }
 
     fn count(&self, sent: &[&[u8]], slot: usize) {
