@@ -76,6 +76,40 @@ pub fn init() {
     nanowire_stack::xdp::set_tcp_service_wrapper(|f| engine_call(f));
     // SAFETY: a plain extern "C" handler that takes no lock.
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+    // SAFETY: registering a plain extern "C" function.
+    unsafe { libc::atexit(at_exit) };
+}
+
+/// How long exit() waits for closing connections to finish their FIN
+/// exchange (NANOWIRE_TCP_EXIT_LINGER_MS; default 500).
+fn exit_linger() -> std::time::Duration {
+    let ms = std::env::var("NANOWIRE_TCP_EXIT_LINGER_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500u64);
+    std::time::Duration::from_millis(ms)
+}
+
+/// exit(): the kernel closes every fd of a process that exits and then
+/// finishes the connections on its own; the engine ends with the process.
+/// So close this process's engine sockets now (FIN, or RST where close
+/// would send one) and give their FIN exchanges a bounded time.
+extern "C" fn at_exit() {
+    let me = PID.load(Ordering::Relaxed);
+    let mut fds = Vec::new();
+    SOCKS.each(|fd, t| {
+        if t.pid == me {
+            fds.push(fd);
+        }
+    });
+    let e = errno();
+    for fd in fds {
+        if let Some(t) = SOCKS.take(fd) {
+            close_record(t, fd, true);
+        }
+    }
+    engine_call(|| nanowire_stack::xdp::tcp_drain(exit_linger()));
+    set_errno(e);
 }
 
 extern "C" fn after_fork_child() {
@@ -906,6 +940,11 @@ pub fn release(fd: c_int) {
     if t.refs.fetch_sub(1, Ordering::AcqRel) != 1 || t.pid != PID.load(Ordering::Relaxed) {
         return;
     }
+    close_record(t, fd, false);
+}
+
+/// Close the engine object of `t` (its last fd `fd` is going).
+fn close_record(t: &Tcp, fd: c_int, exiting: bool) {
     let inner = t.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
     let Some(inner) = inner else { return };
     // Another thread may still hold the Arc inside a call: it finishes
@@ -915,9 +954,9 @@ pub fn release(fd: c_int) {
         Ok(Inner::Stream(s)) => {
             // A duplicate of the application's fd keeps the port held in
             // the kernel until the engine has finished the connection.
-            let keep = if t.adopted {
+            let keep = if t.adopted && !exiting {
                 // SAFETY: dup of the application's fd, closed just after.
-                let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+                let d = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
                 (d >= 0).then(|| {
                     // SAFETY: a fresh descriptor we own.
                     unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(d) }

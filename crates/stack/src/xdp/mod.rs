@@ -36,7 +36,7 @@ pub use neigh::{NEGATIVE_TTL, QUEUE_BYTES_PER_NEIGH, QUEUE_PER_NEIGH, RESOLVE_TI
 pub use socket::{OpenError, XdpSocket};
 pub use tcp::{
     XdpTcpError, XdpTcpInfo, XdpTcpListener, XdpTcpState, XdpTcpStream, set_tcp_service_wrapper,
-    tcp_ready,
+    tcp_drain, tcp_ready,
 };
 
 use crate::EngineOptions;

@@ -1337,3 +1337,27 @@ impl XdpTcpListener {
         service_linger(eng);
     }
 }
+
+/// At process exit: the kernel would finish closing connections after the
+/// process is gone; the engine goes with the process, so it finishes them
+/// first (FIN exchange, at most `limit`; TIME-WAIT is not waited for).
+/// Without this the peer's last segments would reach the kernel, which
+/// answers RST.
+pub fn tcp_drain(limit: Duration) {
+    let end = Instant::now() + limit;
+    loop {
+        let engines: Vec<Arc<TcpEngine>> = service().closing.clone();
+        let mut busy = false;
+        for e in &engines {
+            let mut c = e.core();
+            e.turn(&mut c);
+            if c.stack.active_connection_count() > 0 {
+                busy = true;
+            }
+        }
+        if !busy || Instant::now() >= end {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
