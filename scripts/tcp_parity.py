@@ -120,6 +120,17 @@ def serve_one(c, case):
             got += len(b)
         c.sendall(h.digest())
         out(f"bulk: received {got} bytes")
+        # and the other way: N bytes, then their digest
+        h = hashlib.sha256()
+        chunk = os.urandom(1 << 16)
+        sent = 0
+        while sent < n:
+            b = chunk[: min(len(chunk), n - sent)]
+            c.sendall(b)
+            h.update(b)
+            sent += len(b)
+        c.sendall(h.digest())
+        out(f"bulk: sent {sent} bytes")
         c.close()
     else:
         out(f"unknown case {case!r}")
@@ -300,6 +311,16 @@ def client(addr, port):
         sent += len(b)
     r = recv_exact(s, 32)
     out(f"bulk: sent {sent} bytes; digest {'matches' if r == h.digest() else 'DIFFERS'}")
+    h = hashlib.sha256()
+    got = 0
+    while got < n:
+        b = s.recv(min(1 << 20, n - got))
+        if not b:
+            break
+        h.update(b)
+        got += len(b)
+    r = recv_exact(s, 32)
+    out(f"bulk: received {got} bytes; digest {'matches' if r == h.digest() else 'DIFFERS'}")
     s.close()
 
     s = conn(addr, port, "quit")
