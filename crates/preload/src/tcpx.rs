@@ -74,8 +74,9 @@ static PID: AtomicU32 = AtomicU32::new(0);
 pub fn init() {
     PID.store(std::process::id(), Ordering::Relaxed);
     nanowire_stack::xdp::set_tcp_service_wrapper(|f| engine_call(f));
-    // SAFETY: a plain extern "C" handler that takes no lock.
-    unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+    // SAFETY: plain extern "C" handlers; `before_fork` takes the locks any
+    // call on the sockets takes, before the fork.
+    unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_child)) };
     // SAFETY: registering a plain extern "C" function.
     unsafe { libc::atexit(at_exit) };
 }
@@ -109,6 +110,51 @@ extern "C" fn at_exit() {
         }
     }
     engine_call(|| nanowire_stack::xdp::tcp_drain(exit_linger()));
+    set_errno(e);
+}
+
+/// fork(), before the child exists: a listening socket both processes
+/// share can only be served where both can accept, the kernel: every
+/// engine listener of this process goes back to the kernel (connections
+/// it already accepted stay on the engine, in this process), and TCP
+/// candidates stay kernel sockets in both. Connections on the engine stay
+/// with this process; in the child their fds are unconnected kernel
+/// sockets (see `lookup`). (vfork/posix_spawn run no fork handlers.)
+extern "C" fn before_fork() {
+    if crate::sys::in_engine() {
+        return;
+    }
+    let me = PID.load(Ordering::Relaxed);
+    let mut ls: Vec<(c_int, &'static Tcp)> = Vec::new();
+    SOCKS.each(|fd, t| {
+        if t.pid == me && t.listener {
+            ls.push((fd, t));
+        }
+    });
+    let e = errno();
+    for (fd, t) in ls {
+        let _ = SOCKS.take(fd);
+        if t.inner.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+            close_record(t, fd, false);
+            log!(
+                Level::Warn,
+                "fd {fd} tcp listener: back on the kernel: fork() shares it with the child (connections already accepted stay on the engine in this process)"
+            );
+        }
+        // The application's blocking mode, on the kernel socket.
+        // SAFETY: the fd is only borrowed for fcntl calls.
+        let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+        if let Ok(mut f) = rustix::fs::fcntl_getfl(b) {
+            f.set(
+                rustix::fs::OFlags::NONBLOCK,
+                t.nonblock.load(Ordering::Relaxed),
+            );
+            let _ = rustix::fs::fcntl_setfl(b, f);
+        }
+    }
+    table::each_with(table::F_TCAND, |fd| {
+        table::clear_flags(fd, table::F_TCAND);
+    });
     set_errno(e);
 }
 
@@ -301,7 +347,11 @@ fn wait_for<R>(
             }
             return Err(libc::EBADF);
         }
-        let spent = now_ns().wrapping_sub(start);
+        let spent = if timeo_ns != 0 || !spinning {
+            now_ns().wrapping_sub(start)
+        } else {
+            0
+        };
         if timeo_ns != 0 && spent >= timeo_ns {
             return Err(libc::EAGAIN);
         }
