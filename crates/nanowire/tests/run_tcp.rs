@@ -290,3 +290,69 @@ fn iperf3_tcp_under_run_against_a_plain_iperf3() {
         );
     }
 }
+
+const FORK_PY: &str = r#"
+import os, socket, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((addr, port)); ls.listen(8)
+print("listening", flush=True)
+c, _ = ls.accept()          # accepted before fork: stays with the parent
+pid = os.fork()
+if pid == 0:
+    try:
+        c.send(b"x", socket.MSG_NOSIGNAL)
+        print("child: inherited connection sent?!", flush=True)
+    except OSError as e:
+        print(f"child: inherited connection errno {e.errno}", flush=True)
+    c2, _ = ls.accept()     # accepted by the child from the shared listener
+    c2.sendall(c2.recv(100).upper())
+    c2.close()
+    os._exit(0)
+os.waitpid(pid, 0)
+c.sendall(b"parent still serves the first")
+c.close()
+print("parent done", flush=True)
+"#;
+
+const FORK_CLIENT_PY: &str = r#"
+import socket, sys, time
+addr, port = sys.argv[1], int(sys.argv[2])
+a = socket.create_connection((addr, port)); time.sleep(0.3)
+b = socket.create_connection((addr, port)); b.sendall(b"hello"); print("b got", b.recv(100))
+print("a got", a.recv(100))
+"#;
+
+#[test]
+fn fork_after_listen_and_accept_neither_hangs_nor_loses_data() {
+    let Some(l) = tlab('f') else { return };
+    let addr = ADDR_B.to_string();
+    let mut s = spawn(
+        "fork-srv",
+        cmd_in(
+            &l,
+            Host::B,
+            true,
+            &["python3", "-c", FORK_PY, &addr, "13500"],
+        ),
+    );
+    s.wait_for("listening", Duration::from_secs(20));
+    let mut c = spawn(
+        "fork-cli",
+        plain_in(
+            &l,
+            Host::A,
+            &["python3", "-c", FORK_CLIENT_PY, &addr, "13500"],
+        ),
+    );
+    let out = c.success(T);
+    let srv = s.success(T);
+    assert!(out.contains("b got b'HELLO'"), "{out}\n{srv}");
+    assert!(
+        out.contains("a got b'parent still serves the first'"),
+        "{out}\n{srv}"
+    );
+    assert!(srv.contains("child: inherited connection errno"), "{srv}");
+    assert!(srv.contains("back on the kernel: fork()"), "{srv}");
+    assert!(srv.contains("parent done"), "{srv}");
+}

@@ -137,6 +137,11 @@ impl TcpStack {
         self.slots.len() - self.free.len()
     }
 
+    /// The 4-tuples of the connections held (any state).
+    pub fn tuples(&self) -> Vec<FourTuple> {
+        self.demux.keys().copied().collect()
+    }
+
     /// Connections still exchanging segments: neither TIME-WAIT nor closed.
     pub fn active_connection_count(&self) -> usize {
         self.slots

@@ -956,6 +956,34 @@ impl XdpTcpListener {
 }
 
 impl TcpEngine {
+    /// Stop steering the listener's port (new SYNs go to the kernel): the
+    /// connections it accepted keep their segments through per-4-tuple
+    /// claims.
+    fn release_listener(&self, core: &mut Core, port: u16) {
+        if !self.engine.is_own() {
+            return;
+        }
+        let tuples = core.stack.tuples();
+        let mut p = self.engine.prog();
+        for t in tuples.iter().filter(|t| t.local.port() == port) {
+            if p.prog
+                .claim_tcp_flow(t.local, t.remote, std::process::id())
+                .is_ok()
+            {
+                core.flow_claims.push((t.local, t.remote));
+            }
+        }
+        let mut kept = Vec::new();
+        for a in core.listen_claims.drain(..) {
+            if a.port() == port {
+                p.prog.unclaim_tcp_listener(*a.ip(), a.port());
+            } else {
+                kept.push(a);
+            }
+        }
+        core.listen_claims = kept;
+    }
+
     fn poll_fds(&self) -> Vec<RawFd> {
         let mut v = self.engine.fds.clone();
         v.push(self.core().wake_fd);
@@ -1345,6 +1373,7 @@ impl XdpTcpListener {
             c.stack.close_listener(self.l);
             let now = c.epoch.elapsed().as_nanos() as u64;
             eng.transmit(&mut c, now);
+            eng.release_listener(&mut c, self.local.port());
         }
         drop(self);
         service_linger(eng);
