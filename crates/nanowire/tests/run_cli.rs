@@ -196,7 +196,7 @@ fn log_info_says_why_each_socket_is_not_accelerated() {
         "{err}"
     );
     assert!(
-        err.contains("tcp: spin") && err.contains("not UDP"),
+        err.contains("tcp: spin") && err.contains("xdp not used: engine spin requested"),
         "{err}"
     );
     let out = Command::new(nanowire())

@@ -281,6 +281,26 @@ pub fn log_socket(fd: c_int, class: u64, domain: c_int) {
         );
         return;
     }
+    // The same for a TCP socket the xdp engine cannot take (IPv6, no
+    // privilege); AF_INET TCP sockets are candidates and say it at listen
+    // or connect (see `tcpx`).
+    if class == C_TCP && cfg.engine == Engine::Xdp {
+        let why = if st.xdp_ok && domain == libc::AF_INET6 {
+            "IPv6 socket (the xdp engine is IPv4 only; e.g. java -Djava.net.preferIPv4Stack=true)"
+        } else {
+            &st.xdp_reason
+        };
+        log!(
+            Level::Warn,
+            "fd {fd} tcp: kernel socket{}; xdp not used: {why}",
+            if SPIN_TCP.load(Ordering::Relaxed) && SPIN_NS.load(Ordering::Relaxed) != 0 {
+                " (spinning)"
+            } else {
+                ""
+            }
+        );
+        return;
+    }
     if !crate::log::enabled(Level::Info) {
         return;
     }
@@ -313,11 +333,13 @@ pub fn log_socket(fd: c_int, class: u64, domain: c_int) {
         C_TCP => match &spin {
             Some(s) if SPIN_TCP.load(Ordering::Relaxed) => log!(
                 Level::Info,
-                "fd {fd} tcp: spin (kernel socket, {s}); xdp not used: not UDP (TCP stays a kernel socket)"
+                "fd {fd} tcp: spin (kernel socket, {s}); xdp not used: engine {} requested",
+                cfg.engine.as_str()
             ),
             _ => log!(
                 Level::Info,
-                "fd {fd} tcp: kernel (not accelerated: not UDP, and TCP spinning is off)"
+                "fd {fd} tcp: kernel (not accelerated: engine {} requested, TCP spinning off)",
+                cfg.engine.as_str()
             ),
         },
         _ => log!(
