@@ -1244,6 +1244,9 @@ fn service() -> MutexGuard<'static, Service> {
 
 /// Longest sleep of the service with nothing due (it then looks again).
 const SERVICE_IDLE_MS: i32 = 1000;
+/// With connections open, the service turns an engine nobody turned for
+/// this long (segments that arrived while the program computes).
+const SERVICE_RX_NS: u64 = 20_000_000;
 
 fn service_register(eng: &Arc<TcpEngine>) {
     let mut s = service();
@@ -1321,6 +1324,14 @@ fn service_loop(wake: RawFd) {
                 continue;
             };
             let now = c.epoch.elapsed().as_nanos() as u64;
+            if c.stack.connection_count() > 0 {
+                // Segments may wait in the rings while the program computes:
+                // look at least every SERVICE_RX_NS when nobody did.
+                if now.saturating_sub(c.last_turn) >= SERVICE_RX_NS {
+                    e.turn(&mut c);
+                }
+                sleep_ns = sleep_ns.min(SERVICE_RX_NS);
+            }
             if let Some(d) = c.stack.next_deadline() {
                 if d <= now && c.last_turn < d {
                     e.turn(&mut c);
