@@ -610,8 +610,9 @@ impl Conn {
     /// delayed ACK alone), else the RTO. Returns (delay, is a probe).
     pub fn rtx_timer(&self, cfg: &Config) -> (u64, bool) {
         let rto = self.backed_off_rto(cfg);
-        if self.in_recovery
-            || self.tlp_done
+        // In recovery too: there the probe resends the first hole, whose
+        // retransmission may itself have been lost (no RACK here).
+        if self.tlp_done
             || self.backoff > 0
             || self.srtt == 0
             || !matches!(self.state, State::Established | State::CloseWait)

@@ -58,7 +58,9 @@ impl Conn {
             if self.snd_una != self.snd_max {
                 let flight = crate::seq::dist(self.snd_max, self.snd_una);
                 let last = self.snd_max.wrapping_sub(flight.min(self.snd_mss).max(1));
-                self.rtx_once = Some(last);
+                // In recovery the cumulative ACK stalled at the first hole:
+                // resend it (its retransmission was likely lost).
+                self.rtx_once = Some(if self.in_recovery { self.snd_una } else { last });
                 ctr.tail_loss_probes += 1;
                 // The RTO stays armed behind the probe.
                 self.rtx_deadline = Some(now.saturating_add(self.backed_off_rto(cfg)));
