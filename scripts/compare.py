@@ -19,6 +19,13 @@ e.g. /work/baseline/nanowire) and this tree's ($NANOWIRE), alternately in one ru
 
     NANOWIRE_BASE=/work/baseline/nanowire scripts/compare.py --scenario issue8-core
     NANOWIRE_BASE=/work/baseline/nanowire scripts/compare.py --scenario issue8-burst --repeats 3
+
+Issue 11: tick-to-trade (`bench exchange` in b, `bench strategy` in a on spin and on xdp,
+interleaved, without and with a 100k msg/s background feed; ratio xdp/spin of the medians), and
+the TCP message rate of `bench tp --tcp --mps max` per engine (ratio to spin):
+
+    scripts/compare.py --scenario tick-to-trade --repeats 3 --seconds 5
+    scripts/compare.py --scenario tcp-msg-rate --repeats 3 --seconds 3 --size 64
 """
 import argparse, json, os, platform, re, shlex, shutil, statistics, subprocess, sys, tempfile, time
 
@@ -210,6 +217,87 @@ def run_burst(a, configs):
             "env": env(a.lab)}
 
 
+T2T_FEEDS = (0, 100000)
+# Engine of the exchange's market-data sender (the same for every strategy): xdp is the fastest
+# sender here, so the shared part of tick-to-trade is smallest; T2T_EXCHANGE=spin for kernel sockets.
+T2T_EXCHANGE = os.environ.get("T2T_EXCHANGE", "xdp")
+
+
+def t2t_trial(lab, engine, feed, secs, port):
+    """One exchange (b, CPU 1) / strategy (a, CPU 0) run; the exchange's JSON + the strategy's."""
+    ex = subprocess.Popen(["ip", "netns", "exec", ns(lab, "b"), NW, "bench", "exchange", "-i", B, "-p", str(port),
+                           "--md-port", str(port + 1), "--feed-rate", str(feed), "-t", str(secs), "--cpu", "1",
+                           "--engine", T2T_EXCHANGE, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            line = ex.stderr.readline()  # the exchange says READY on stderr
+            if not line or "READY" in line:
+                break
+        st = subprocess.run(["ip", "netns", "exec", ns(lab, "a"), NW, "bench", "strategy", "-i", B, "-p", str(port),
+                             "--md-port", str(port + 1), "--engine", engine, "--no-fallback", "--cpu", "0",
+                             "--json"], capture_output=True, text=True, timeout=secs + 60)
+        out, err = ex.communicate(timeout=secs + 60)
+    finally:
+        if ex.poll() is None:
+            ex.kill()
+            ex.wait()
+    if st.returncode != 0 or ex.returncode != 0:
+        raise RuntimeError(f"tick-to-trade {engine} feed {feed} failed:\n{st.stderr[-1500:]}\n{err[-1500:]}")
+    d = json.loads(out[out.index("{"):])
+    sd = json.loads(st.stdout[st.stdout.index("{"):])
+    r = dict(d["t2t_us"])
+    r.update(ticks=d["ticks"], missing=d["missing"], feed_rate=d["feed_rate"], engine=sd["engine"],
+             tick_oneway_p50=(sd.get("tick_us") or {}).get("p50"))
+    return r
+
+
+def run_t2t(a):
+    engines = ("spin", "xdp")
+    runs = {f"{e} feed {f}": [] for f in T2T_FEEDS for e in engines}
+    port = 13000
+    for r in range(a.repeats):
+        for f in T2T_FEEDS:
+            for e in engines:
+                port += 2
+                res = t2t_trial(a.lab, e, f, a.seconds, port)
+                runs[f"{e} feed {f}"].append(res)
+                print(f"# repeat {r + 1} {e} feed {f}: p50={res['p50']} p99={res['p99']}", file=sys.stderr)
+    keys = ["min", "p50", "p99", "p99.9", "max", "tick_oneway_p50", "missing", "feed_rate"]
+    med = {label: {k: statistics.median(x[k] for x in rs if x.get(k) is not None)
+                   for k in keys if any(x.get(k) is not None for x in rs)} for label, rs in runs.items()}
+    ratios = {f"feed {f}": {k: round(med[f"xdp feed {f}"][k] / med[f"spin feed {f}"][k], 3)
+                            for k in ("min", "p50", "p99") if med[f"spin feed {f}"].get(k)} for f in T2T_FEEDS}
+    return {"scenario": "tick-to-trade", "baseline": "spin", "repeats": a.repeats, "seconds": a.seconds,
+            "commands": {"exchange": f"{NW} bench exchange -i {B} -p PORT --md-port PORT+1 --feed-rate F -t "
+                                     f"{a.seconds} --cpu 1 --engine {T2T_EXCHANGE} --json",
+                         "strategy": f"{NW} bench strategy -i {B} -p PORT --md-port PORT+1 --engine E "
+                                     f"--no-fallback --cpu 0 --json"},
+            "runs": runs, "median": med, "ratio_xdp_to_spin": ratios,
+            "acceptance": "tick-to-trade p50 on xdp <= 0.5x spin", "env": env(a.lab)}
+
+
+def run_msg_rate(a):
+    engines = ("kernel", "spin", "xdp")
+    runs = {e: [] for e in engines}
+    for r in range(a.repeats):
+        for e in engines:
+            srv = Server(a.lab, nw_server(e, ["--tcp", "--no-fallback"]))
+            try:
+                cli = [NW, "bench", "tp", "-i", B, "-p", str(PORT), "-m", str(a.size), "-t", str(a.seconds),
+                       "--mps", "max", "--tcp", "--engine", e, "--no-fallback", "--cpu", "0", "--json"]
+                d = run_client(a.lab, cli, lambda t: json.loads(t[t.index("{"):]), timeout=a.seconds + 60)
+            finally:
+                srv.stop()
+            runs[e].append({"rate_msg_s": d["rate_msg_s"], "engine": d["engine"], "cpu_util": d.get("cpu_util")})
+            print(f"# repeat {r + 1} {e}: {d['rate_msg_s']:.0f} msg/s", file=sys.stderr)
+    med = {e: statistics.median(x["rate_msg_s"] for x in rs) for e, rs in runs.items()}
+    return {"scenario": "tcp-msg-rate", "baseline": "spin", "repeats": a.repeats, "seconds": a.seconds,
+            "msg_size": a.size, "runs": runs, "median_msg_s": med,
+            "ratio_to_spin": {e: round(m / med["spin"], 3) for e, m in med.items() if med["spin"]},
+            "env": env(a.lab)}
+
+
 def env(lab):
     def sh(cmd):
         try:
@@ -348,7 +436,8 @@ def apps_version(argv):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", required=True, choices=sorted(scenarios(1, 64)) + ["apps"])
+    ap.add_argument("--scenario", required=True,
+                    choices=sorted(scenarios(1, 64)) + ["apps", "tick-to-trade", "tcp-msg-rate"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--size", type=int, default=64)
@@ -366,6 +455,12 @@ def main():
     if a.scenario == "apps":
         return apps_main(a)
     subprocess.run([NW, "lab", "up", "--name", a.lab], check=True, stdout=subprocess.DEVNULL)
+    if a.scenario == "tick-to-trade":
+        print(json.dumps(run_t2t(a), indent=1))
+        return
+    if a.scenario == "tcp-msg-rate":
+        print(json.dumps(run_msg_rate(a), indent=1))
+        return
     base, configs = scenarios(a.seconds, a.size)[a.scenario]
     if a.scenario == "issue8-burst":
         print(json.dumps(run_burst(a, configs), indent=1))

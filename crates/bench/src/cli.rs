@@ -31,6 +31,10 @@ enum BenchCmd {
     Burst(crate::burst::BurstArgs),
     /// Microburst receiver: spins, stalls or echoes, and accounts for every loss.
     Sink(crate::burst::SinkArgs),
+    /// Tick-to-trade exchange: multicast ticks (+ background feed), stamps the orders' arrival.
+    Exchange(crate::trade::ExchangeArgs),
+    /// Tick-to-trade strategy: reads the ticks on an engine, answers each with a TCP order.
+    Strategy(crate::trade::StrategyArgs),
 }
 
 #[derive(Debug, Args)]
@@ -150,6 +154,8 @@ pub fn run(args: BenchArgs) -> Result<i32, String> {
         BenchCmd::Tp(a) => client(Mode::Throughput, a),
         BenchCmd::Burst(a) => crate::burst::run_burst(a),
         BenchCmd::Sink(a) => crate::burst::run_sink(a),
+        BenchCmd::Exchange(a) => crate::trade::run_exchange(a),
+        BenchCmd::Strategy(a) => crate::trade::run_strategy(a),
     }
 }
 

@@ -14,6 +14,7 @@ pub mod env;
 pub mod result;
 pub mod seq;
 pub mod server;
+pub mod trade;
 mod transport;
 
 pub use client::{ClientConfig, Mode, Protocol, Rate, resolve, run_client};

@@ -9,7 +9,9 @@
 //! An *impaired* lab (`up --impair`) puts a third namespace, the wire
 //! `<name>-w`, between the hosts: `<name>-a0` is paired with `<name>-wa` and
 //! `<name>-b0` with `<name>-wb`, and an nftables netdev table in the wire
-//! forwards every frame unchanged from one end to the other (`fwd`). Hosts
+//! forwards every frame unchanged from one end to the other (`dup to` the
+//! other end, then `drop`: not `fwd`, whose redirect mark makes generic XDP
+//! on the hosts skip the frame). Hosts
 //! keep their names, interfaces, addresses, and see each other's MACs as
 //! before; kernel and bypass traffic cross the same wire. `impair` adds
 //! random loss (`numgen random`), duplication (`dup`) and a rate policer
@@ -572,7 +574,17 @@ impl Lab {
                 imp.dup_pct
             ));
         }
-        r.push_str(&format!("    fwd to \"{to}\"\n"));
+        // Forward with `dup to` + `drop`, not `fwd to`: nft's `fwd` marks the
+        // skb as redirected (skb_set_redirected, for ifb), the mark survives
+        // the veth hop, and generic XDP on the receiving host skips every
+        // redirected skb (netif_receive_generic_xdp: XDP_PASS). With `fwd`
+        // no frame crossing the wire ever reached an xdp engine in generic
+        // mode (veth's default): UDP silently took the kernel twin and xdp
+        // TCP connects timed out (the kernel's port reservation answered).
+        // A `dup` clone carries no such mark; the original is dropped.
+        r.push_str(&format!(
+            "    dup to \"{to}\" comment \"fwd\"\n    drop comment \"fwd original\"\n"
+        ));
         format!(
             "  chain {} {{\n    type filter hook ingress device \"{from}\" priority 0; policy accept;\n{r}  }}\n",
             if from.ends_with("wa") { "ab" } else { "ba" }
@@ -654,10 +666,12 @@ impl Lab {
                 .iter()
                 .find_map(|e| e.get("counter").and_then(|c| c["packets"].as_u64()))
                 .unwrap_or(0);
-            if expr.iter().any(|e| e.get("fwd").is_some()) {
+            let comment = rule["comment"].as_str().unwrap_or("");
+            if expr.iter().any(|e| e.get("fwd").is_some())
+                || (comment == "fwd" && expr.iter().any(|e| e.get("dup").is_some()))
+            {
                 st.forwarding = true;
             }
-            let comment = rule["comment"].as_str().unwrap_or("");
             let (kind, val) = comment.split_once(' ').unwrap_or((comment, ""));
             let val: f64 = val.parse().unwrap_or(0.0);
             match kind {

@@ -64,13 +64,14 @@ fn tmpdir(tag: &str) -> PathBuf {
     d
 }
 
-const EXPERIMENTS: [&str; 9] = [
+const EXPERIMENTS: [&str; 10] = [
     "latency_vs_size",
     "latency_under_load",
     "max_rate",
     "microburst",
     "throughput",
     "latency_vs_load",
+    "tick_to_trade",
     "capture",
     "loss",
     "summary",
@@ -364,6 +365,15 @@ fn smoke_report_schema_and_rendering() {
         assert!(!ex["runs"].as_array().unwrap().is_empty(), "{id}: no runs");
     }
     assert!(measured_points > 0);
+    // Tick-to-trade measured both engines, with and without the feed.
+    let t2t = exps.iter().find(|e| e["id"] == "tick_to_trade").unwrap();
+    let rows = t2t["tables"][0]["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "{t2t}");
+    for r in t2t["runs"].as_array().unwrap() {
+        let l = &r["result"]["t2t_us"];
+        assert!(finite(&l["min"], "t2t min") <= finite(&l["p50"], "t2t p50"));
+        assert!(r["result"]["orders"].as_u64().unwrap() > 0, "{r}");
+    }
     // The stalled-receiver burst is bounded by the socket buffer and says so.
     let mb = exps.iter().find(|e| e["id"] == "microburst").unwrap();
     let rows = mb["tables"][0]["rows"].as_array().unwrap();

@@ -31,6 +31,8 @@ pub enum OptType {
     Level,
     /// Free text.
     Text,
+    /// The fault injector's `key=value,...` form (nanowire_tcp::fault::EngineFaults).
+    Faults,
 }
 
 impl OptType {
@@ -42,6 +44,7 @@ impl OptType {
             OptType::Bool => "bool",
             OptType::Level => "level",
             OptType::Text => "string",
+            OptType::Faults => "faults",
         }
     }
 }
@@ -152,6 +155,35 @@ pub const OPTIONS: &[OptSpec] = &[
               kernel's routes.",
     },
     OptSpec {
+        name: "tcp_rto_min_us",
+        env: "NANOWIRE_TCP_RTO_MIN_US",
+        ty: OptType::Micros,
+        default: "200000",
+        range: "1000..=60000000",
+        min: 1000,
+        max: 60_000_000,
+        profiles: ["10000", "200000", "200000"],
+        doc: "Minimum retransmission timeout of TCP on the xdp engine (RFC 6298's floor). balanced \
+              and throughput: 200 ms as Linux; latency: 10 ms, so one lost segment of a ping-pong \
+              costs about 10 ms instead of 200 ms (still above the 4 ms scheduler tick of a busy \
+              virtual machine, so delayed ACKs do not cause spurious retransmissions).",
+    },
+    OptSpec {
+        name: "faults",
+        env: "NANOWIRE_FAULTS",
+        ty: OptType::Faults,
+        default: "",
+        range: "empty (off) | seed=N,loss=P,dup=P,reorder=P,reorder_delay_us=N,delay_us=N,jitter_us=N,corrupt=P,dir=rx|tx|both",
+        min: 0,
+        max: 0,
+        profiles: ["", "", ""],
+        doc: "Seeded fault injector in the xdp engine's receive and transmit paths, for every \
+              protocol (tests only; off by default). P is a probability (0.01) or a percentage \
+              (1%). Delay, jitter and reordering act on receive; loss, duplication and corruption \
+              on both paths (dir= narrows it). Every injected fault is counted on the stats page \
+              (drop_fault_rx, fault_rx_*, fault_tx_*); the engine says so on stderr when it starts.",
+    },
+    OptSpec {
         name: "log",
         env: "NANOWIRE_LOG",
         ty: OptType::Level,
@@ -202,8 +234,12 @@ pub fn validate(o: &OptSpec, v: &str) -> Result<(), String> {
             None => bad("unknown level"),
         },
         OptType::Text => Ok(()),
+        OptType::Faults => match nanowire_tcp::fault::EngineFaults::parse(v) {
+            Ok(_) => Ok(()),
+            Err(e) => bad(&e),
+        },
         OptType::Micros | OptType::Count => {
-            if o.ty == OptType::Micros && v == "forever" {
+            if o.ty == OptType::Micros && v == "forever" && o.name != "tcp_rto_min_us" {
                 return Ok(());
             }
             match v.parse::<u64>() {
@@ -279,6 +315,10 @@ pub struct Config {
     pub rcvbuf: u64,
     pub iface: Option<String>,
     pub log: Level,
+    /// TCP on the xdp engine: the RTO floor in microseconds.
+    pub tcp_rto_min_us: u64,
+    /// The fault injector's specification (empty: off).
+    pub faults: String,
 }
 
 impl Config {
@@ -328,6 +368,8 @@ impl Config {
             rcvbuf: get("rcvbuf")?.parse().unwrap_or(0),
             iface: if iface.is_empty() { None } else { Some(iface) },
             log: Level::parse(&get("log")?).unwrap_or(Level::Warn),
+            tcp_rto_min_us: get("tcp_rto_min_us")?.parse().unwrap_or(200_000),
+            faults: get("faults")?,
         })
     }
 
@@ -456,5 +498,31 @@ mod tests {
         let e = Config::resolve(env(&[("NANOWIRE_PROFILE", "fast")]), &[]).unwrap_err();
         assert!(e.contains("unknown profile"), "{e}");
         assert!(render_table().contains("NANOWIRE_SPIN_US"));
+    }
+
+    #[test]
+    fn tcp_rto_floor_and_faults_rows() {
+        let c = Config::resolve(env(&[]), &[]).unwrap();
+        assert_eq!(c.tcp_rto_min_us, 200_000);
+        assert_eq!(c.faults, "");
+        let c = Config::resolve(env(&[("NANOWIRE_PROFILE", "latency")]), &[]).unwrap();
+        assert_eq!(c.tcp_rto_min_us, 10_000);
+        let e = Config::resolve(env(&[("NANOWIRE_TCP_RTO_MIN_US", "forever")]), &[]).unwrap_err();
+        assert!(e.contains("NANOWIRE_TCP_RTO_MIN_US"), "{e}");
+        let e = Config::resolve(env(&[("NANOWIRE_TCP_RTO_MIN_US", "10")]), &[]).unwrap_err();
+        assert!(e.contains("out of range"), "{e}");
+        let c = Config::resolve(
+            env(&[(
+                "NANOWIRE_FAULTS",
+                "seed=1,loss=1%,dup=0.5%,reorder=1%,delay_us=50,corrupt=0.1%",
+            )]),
+            &[],
+        )
+        .unwrap();
+        assert!(c.faults.contains("loss=1%"));
+        let e = Config::resolve(env(&[("NANOWIRE_FAULTS", "loss=150%")]), &[]).unwrap_err();
+        assert!(e.contains("NANOWIRE_FAULTS") && !e.contains('\n'), "{e}");
+        assert!(render_table().contains("NANOWIRE_FAULTS"));
+        assert!(render_table().contains("tcp_rto_min_us"));
     }
 }

@@ -57,8 +57,17 @@ pub fn run(args: StatsArgs) -> Result<i32, String> {
                 mib("mem_ring_bytes")
             );
         }
+        // Drops and injected faults when they happened; TCP's counters
+        // (zeros included: no RST sent is news) when the engine carries TCP.
+        let has_tcp = e
+            .counters
+            .iter()
+            .any(|(k, v)| k.starts_with("tcp_") && *v != 0);
         for (k, v) in &e.counters {
-            if *v != 0 || !k.starts_with("drop_") {
+            let quiet = k.starts_with("drop_")
+                || k.starts_with("fault_")
+                || (k.starts_with("tcp_") && !has_tcp);
+            if *v != 0 || !quiet {
                 out!("  {k:<26} {v}");
             }
         }

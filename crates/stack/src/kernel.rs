@@ -550,6 +550,79 @@ pub fn tcp_listen(bind: SocketAddrV4, opts: &EngineOptions) -> io::Result<TcpLis
     Ok(l)
 }
 
+/// Ask the kernel to stamp received data with `CLOCK_REALTIME` at its
+/// arrival (SO_TIMESTAMPNS); [`recv_stamped`] returns the stamp. On TCP the
+/// stamp is that of the last segment whose data a read returns.
+pub fn enable_rx_timestamps(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let one: libc::c_int = 1;
+    // SAFETY: an int-valued option from a live int, on a descriptor the caller keeps open.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            (&one as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Non-blocking read with the kernel's receive stamp (`CLOCK_REALTIME`
+/// nanoseconds, when [`enable_rx_timestamps`] is on): `Ok(None)` when nothing
+/// is there, `Ok(Some((0, _)))` at end of stream.
+pub fn recv_stamped(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> io::Result<Option<(usize, Option<u64>)>> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // Room for one SCM_TIMESTAMPNS (a timespec) and then some.
+    let mut cbuf = [0u64; 16];
+    // SAFETY: an all-zero msghdr is valid; the fields are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    // SAFETY: msg points at a live iovec over `buf` and at `cbuf`, both valid
+    // for writes of the lengths given, for the duration of the call.
+    let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
+            _ => Err(e),
+        };
+    }
+    let mut stamp = None;
+    // SAFETY: the CMSG_* macros walk the control buffer the kernel filled in,
+    // bounded by msg_controllen; the timespec is read unaligned.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                stamp = Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok(Some((n as usize, stamp)))
+}
+
+/// `CLOCK_REALTIME` now, in nanoseconds (one clock for every namespace of a
+/// machine: tick-to-trade spans two hosts of the lab).
+pub fn realtime_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Realtime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
 // ---------------------------------------------------------------------------
 // Stop on SIGINT / SIGTERM.
 

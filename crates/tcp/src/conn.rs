@@ -175,7 +175,7 @@ pub(crate) struct Conn {
 }
 
 /// Quick ACKs at the start of a connection (Linux's quickack mode).
-const INITIAL_QUICKACKS: u32 = 16;
+pub(crate) const INITIAL_QUICKACKS: u32 = 16;
 
 fn wscale_for(buf: usize) -> u8 {
     let mut s = 0u8;

@@ -46,9 +46,15 @@ impl FaultConfig {
                 .split_once('=')
                 .ok_or_else(|| format!("fault option {kv:?}: expected key=value"))?;
             let prob = |v: &str| -> Result<f64, String> {
-                let p: f64 = v
-                    .parse()
-                    .map_err(|_| format!("fault option {k}: {v:?} is not a number"))?;
+                // `0.01` or `1%`.
+                let (num, scale) = match v.strip_suffix('%') {
+                    Some(n) => (n.trim(), 100.0),
+                    None => (v, 1.0),
+                };
+                let p: f64 = num
+                    .parse::<f64>()
+                    .map_err(|_| format!("fault option {k}: {v:?} is not a number"))?
+                    / scale;
                 if (0.0..=1.0).contains(&p) {
                     Ok(p)
                 } else {
@@ -88,6 +94,68 @@ impl FaultConfig {
             c.reorder_delay_ns = 100_000;
         }
         Ok(c)
+    }
+}
+
+/// Which of an engine's paths a fault specification applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultDir {
+    Rx,
+    Tx,
+    Both,
+}
+
+/// The engine's `faults` option: a [`FaultConfig`] plus `dir=rx|tx|both`
+/// (default both). Timing faults (delay, jitter, reordering) act on the
+/// receive path only: a receiver polls, so held packets are released on
+/// time, while a transmit path runs only when its owner sends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineFaults {
+    pub cfg: FaultConfig,
+    pub dir: FaultDir,
+}
+
+impl EngineFaults {
+    /// Parse `seed=1,loss=1%,dup=0.5%,reorder=1%,delay_us=50,corrupt=0.1%,dir=rx`.
+    /// `Ok(None)` for an empty string (faults off).
+    pub fn parse(s: &str) -> Result<Option<EngineFaults>, String> {
+        let mut dir = FaultDir::Both;
+        let mut rest = Vec::new();
+        for kv in s.split(',').map(str::trim).filter(|k| !k.is_empty()) {
+            match kv.split_once('=') {
+                Some(("dir", v)) => {
+                    dir = match v.trim() {
+                        "rx" => FaultDir::Rx,
+                        "tx" => FaultDir::Tx,
+                        "both" => FaultDir::Both,
+                        o => return Err(format!("fault option dir: {o:?} is not rx, tx or both")),
+                    }
+                }
+                _ => rest.push(kv),
+            }
+        }
+        if rest.is_empty() {
+            return Ok(None);
+        }
+        let cfg = FaultConfig::parse(&rest.join(","))?;
+        Ok(cfg.is_active().then_some(EngineFaults { cfg, dir }))
+    }
+
+    pub fn rx(&self) -> Option<FaultConfig> {
+        (self.dir != FaultDir::Tx).then(|| self.cfg.clone())
+    }
+
+    /// The transmit side: loss, duplication and corruption only, and its
+    /// own random sequence (seed + 1).
+    pub fn tx(&self) -> Option<FaultConfig> {
+        (self.dir != FaultDir::Rx).then(|| FaultConfig {
+            reorder: 0.0,
+            reorder_delay_ns: 0,
+            delay_ns: 0,
+            jitter_ns: 0,
+            seed: self.cfg.seed.wrapping_add(1),
+            ..self.cfg.clone()
+        })
     }
 }
 
@@ -204,6 +272,26 @@ mod tests {
         assert!(FaultConfig::parse("loss=2").is_err());
         assert!(FaultConfig::parse("lose=0.1").is_err());
         assert!(FaultConfig::parse("loss").is_err());
+    }
+
+    #[test]
+    fn engine_form_with_percent_and_dir() {
+        let f = EngineFaults::parse("seed=1,loss=1%,dup=0.5%,reorder=1%,delay_us=50,corrupt=0.1%")
+            .unwrap()
+            .unwrap();
+        assert_eq!(f.dir, FaultDir::Both);
+        assert!((f.cfg.loss - 0.01).abs() < 1e-12);
+        assert!((f.cfg.duplicate - 0.005).abs() < 1e-12);
+        assert!((f.cfg.corrupt - 0.001).abs() < 1e-12);
+        assert_eq!(f.cfg.delay_ns, 50_000);
+        let tx = f.tx().unwrap();
+        assert_eq!((tx.delay_ns, tx.reorder, tx.seed), (0, 0.0, 2));
+        let f = EngineFaults::parse("loss=0.1,dir=rx").unwrap().unwrap();
+        assert!(f.tx().is_none() && f.rx().is_some());
+        assert_eq!(EngineFaults::parse("").unwrap(), None);
+        assert_eq!(EngineFaults::parse("seed=3").unwrap(), None);
+        assert!(EngineFaults::parse("loss=200%").is_err());
+        assert!(EngineFaults::parse("dir=up,loss=1%").is_err());
     }
 
     #[test]

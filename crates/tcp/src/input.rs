@@ -451,6 +451,11 @@ impl Conn {
                 self.rx_unacked += total;
                 if had_holes {
                     self.ack_now = true;
+                    // Linux enters quick-ack mode around a repaired loss: the
+                    // sender's window is small after recovery, and an ACK
+                    // delayed for a second segment that is not coming would
+                    // stall it for the whole delayed-ACK time per loss.
+                    self.quickack = self.quickack.max(super::conn::INITIAL_QUICKACKS);
                 }
             } else if self.asm.add(off as u32, (off + data.len()) as u32) {
                 self.rx.write_at(off, data);
@@ -460,6 +465,7 @@ impl Conn {
                     self.dup_acks_due = (self.dup_acks_due + 1).min(3);
                 }
                 self.ack_now = true;
+                self.quickack = self.quickack.max(super::conn::INITIAL_QUICKACKS);
             } else {
                 ctr.ooo_dropped += 1;
                 self.ack_now = true;

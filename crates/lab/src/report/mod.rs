@@ -49,7 +49,7 @@ pub struct ReportArgs {
     pub xdp_ring: u32,
     /// Only these experiments (ids, comma separated): latency_vs_size,
     /// latency_under_load, max_rate, microburst, throughput, latency_vs_load,
-    /// capture, loss.
+    /// tick_to_trade, capture, loss.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Two real hosts: the peer running `nanowire bench server` (no lab).
@@ -366,12 +366,12 @@ fn summary(exps: &[Experiment], engines: &[EngineKind]) -> (Experiment, Table) {
             }
         })
         .unwrap_or(64);
-    let pp_metric = |eng: &str, k: &str| -> Option<f64> {
+    let pp_metric = |eng: &str, proto: &str, k: &str| -> Option<f64> {
         let v: Vec<f64> = pp?
             .runs
             .iter()
             .filter(|r| {
-                r["engine"] == eng && r["protocol"] == "udp" && r["size"].as_u64() == Some(pp_size)
+                r["engine"] == eng && r["protocol"] == proto && r["size"].as_u64() == Some(pp_size)
             })
             .filter_map(|r| r["result"]["latency_us"][k].as_f64())
             .collect();
@@ -414,11 +414,23 @@ fn summary(exps: &[Experiment], engines: &[EngineKind]) -> (Experiment, Table) {
     let metrics: Vec<(String, MetricFn)> = vec![
         (
             format!("UDP ping-pong p50 µs ({pp_size} B)"),
-            Box::new(move |e: &str| pp_metric(e, "p50").map(|v| (v, false))),
+            Box::new(move |e: &str| pp_metric(e, "udp", "p50").map(|v| (v, false))),
         ),
         (
             format!("UDP ping-pong p99 µs ({pp_size} B)"),
-            Box::new(move |e: &str| pp_metric(e, "p99").map(|v| (v, false))),
+            Box::new(move |e: &str| pp_metric(e, "udp", "p99").map(|v| (v, false))),
+        ),
+        (
+            format!("TCP ping-pong p50 µs ({pp_size} B)"),
+            Box::new(move |e: &str| pp_metric(e, "tcp", "p50").map(|v| (v, false))),
+        ),
+        (
+            "tick-to-trade p50 µs (no feed)".into(),
+            Box::new(move |e: &str| bar_value("tick_to_trade", "tick_to_trade_p50", e, Some(0))),
+        ),
+        (
+            "tick-to-trade p50 µs (feed 100k msg/s)".into(),
+            Box::new(move |e: &str| bar_value("tick_to_trade", "tick_to_trade_p50", e, Some(1))),
         ),
         (
             "max zero-loss rate msg/s (64 B)".into(),

@@ -68,6 +68,11 @@ pub fn all() -> Vec<Box<dyn ExperimentKind>> {
             est: |c| c.est_load(),
             run: |c| c.latency_vs_load(),
         }),
+        Box::new(Seed {
+            id: "tick_to_trade",
+            est: |c| c.est_tick_to_trade(),
+            run: |c| c.tick_to_trade(),
+        }),
         Box::new(super::capture::Capture),
         Box::new(super::loss::Loss),
     ]

@@ -103,6 +103,10 @@ pub struct Engine {
     fork_gen: u32,
 }
 
+/// The variable of the options table's `faults` row: the engine's seeded
+/// fault injector (docs/robustness.md).
+pub const FAULTS_ENV: &str = "NANOWIRE_FAULTS";
+
 impl Engine {
     /// The process's engine on `ifname` (in the calling thread's network
     /// namespace), opened on first use. A forked child gets its own.
@@ -111,6 +115,13 @@ impl Engine {
     }
 
     fn open(ifname: &str, opts: &EngineOptions) -> Result<Engine, String> {
+        // The `faults` option (off by default); a bad value refuses the engine
+        // with the parser's one line rather than running unimpaired.
+        let faults = match std::env::var(FAULTS_ENV) {
+            Ok(v) => nanowire_tcp::fault::EngineFaults::parse(&v)
+                .map_err(|e| format!("{FAULTS_ENV}={v:?}: {e}"))?,
+            Err(_) => None,
+        };
         nanowire_xdp::privilege::check()?;
         let info = iface::lookup(ifname).map_err(|e| format!("interface {ifname}: {e}"))?;
         let own: Vec<Ipv4Addr> = iface::ipv4_addrs()
@@ -189,6 +200,7 @@ impl Engine {
             big: Vec::new(),
             tap: tap_tx,
             stamp: None,
+            faults: faults.as_ref().and_then(|f| f.tx()).map(tx::TxFaults::new),
         }));
         let neigh = Arc::new(
             neigh::Neigh::new(info.index, info.addr, page.clone())
@@ -197,14 +209,18 @@ impl Engine {
         let worker = neigh::spawn(neigh.clone(), tx.clone())
             .map_err(|e| format!("cannot start the neighbour thread: {e}"))?;
         let attach = prog.mode();
+        let mut rxp = RxPath::new(rxs, Demux::new(depth as usize), own, page.clone(), tap_rx);
+        rxp.set_faults(faults.as_ref().and_then(|f| f.rx()).map(rx::RxFaults::new));
+        rxp.set_oversize_hint(ifname, frame_size as usize);
+        if let Some(f) = &faults {
+            eprintln!(
+                "nanowire: fault injection on {ifname} ({:?}): {}",
+                f.dir,
+                std::env::var(FAULTS_ENV).unwrap_or_default()
+            );
+        }
         Ok(Engine {
-            rx: Mutex::new(RxPath::new(
-                rxs,
-                Demux::new(depth as usize),
-                own,
-                page.clone(),
-                tap_rx,
-            )),
+            rx: Mutex::new(rxp),
             tx,
             neigh,
             prog: Mutex::new(Prog {

@@ -22,6 +22,8 @@ pub(crate) const RX_BATCH: u32 = 64;
 pub(crate) const RX_BUDGET: u32 = 256;
 /// Polls between two XDP_STATISTICS refreshes (a syscall per queue).
 const KERNEL_STATS_EVERY_MASK: u32 = (1 << 22) - 1;
+/// Idle polls (nothing on the rings) between two refreshes.
+const IDLE_STATS_EVERY_MASK: u32 = (1 << 16) - 1;
 
 pub(crate) struct RxPath {
     pub queues: Vec<XskRx>,
@@ -36,6 +38,59 @@ pub(crate) struct RxPath {
     /// Sockets of the engine that want receive stamps: while non-zero each
     /// frame is stamped (`CLOCK_REALTIME`) as it is taken off the ring.
     pub stamp_users: u32,
+    /// The seeded fault injector of the `faults` option (off: `None`).
+    faults: Option<RxFaults>,
+    /// (interface, frame size) for the one warning about frames the kernel
+    /// could not fit in a frame; `None` once warned.
+    oversize_warn: Option<(String, usize)>,
+}
+
+/// Receive-side fault injection: every frame off the ring is copied into
+/// the injector (its UMEM frame goes straight back to the fill ring); what
+/// comes out when due (dropped, duplicated, held back, corrupted) is
+/// classified and delivered like any frame, so `rx_frames = rx_packets +
+/// drops` still holds (an injected loss counts as `drop_fault_rx`, an
+/// injected duplicate as one more frame).
+pub(crate) struct RxFaults {
+    inj: nanowire_tcp::fault::FaultInjector,
+    epoch: std::time::Instant,
+    seen: nanowire_tcp::fault::FaultStats,
+}
+
+impl RxFaults {
+    pub fn new(cfg: nanowire_tcp::fault::FaultConfig) -> RxFaults {
+        RxFaults {
+            inj: nanowire_tcp::fault::FaultInjector::new(cfg),
+            epoch: std::time::Instant::now(),
+            seen: Default::default(),
+        }
+    }
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+    /// Count what the injector did since the last call.
+    fn account(&mut self, page: &StatsPage) {
+        let st = &self.inj.stats;
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        let lost = d(st.dropped, self.seen.dropped);
+        if lost > 0 {
+            bump(page.e(E::RxFrames), lost);
+            bump(page.e(E::DropFaultRx), lost);
+        }
+        bump(
+            page.e(E::FaultRxDuplicated),
+            d(st.duplicated, self.seen.duplicated),
+        );
+        bump(
+            page.e(E::FaultRxReordered),
+            d(st.reordered, self.seen.reordered),
+        );
+        bump(
+            page.e(E::FaultRxCorrupted),
+            d(st.corrupted, self.seen.corrupted),
+        );
+        self.seen = st.clone();
+    }
 }
 
 impl RxPath {
@@ -55,7 +110,22 @@ impl RxPath {
             bad_descs: 0,
             tap,
             stamp_users: 0,
+            faults: None,
+            oversize_warn: None,
         }
+    }
+
+    /// Warn (once) when the kernel drops frames for this engine's sockets
+    /// that it could not place (`xsk_rx_dropped`): frames larger than
+    /// `frame` bytes, such as a veth peer's TSO/GSO super-frames in
+    /// generic XDP mode.
+    pub fn set_oversize_hint(&mut self, iface: &str, frame: usize) {
+        self.oversize_warn = Some((iface.to_string(), frame));
+    }
+
+    /// Turn the receive-side fault injector on (the `faults` option).
+    pub fn set_faults(&mut self, f: Option<RxFaults>) {
+        self.faults = f;
     }
 
     /// Take at most `budget` descriptors from the rings into the endpoint
@@ -74,6 +144,7 @@ impl RxPath {
             page,
             tap,
             stamp_users,
+            faults,
             ..
         } = self;
         let stamping = *stamp_users > 0;
@@ -85,14 +156,44 @@ impl RxPath {
                 // One predictable branch when no socket wants stamps.
                 let at = if stamping { nanowire_tap::now_ns() } else { 0 };
                 tap.record(f.data());
-                handle(demux, own, page, f, at)
+                if f.is_multi_buffer() {
+                    bump(page.e(E::RxMultiBuffer), 1);
+                }
+                match faults.as_mut() {
+                    None => handle(demux, own, page, f, at),
+                    Some(x) => {
+                        let now = x.now();
+                        x.inj.push(now, f.data());
+                    }
+                }
             });
             if info.descs > 0 {
                 peak(page.e(E::PeakRxRing), u64::from(info.ring_peak));
             }
             total += info.descs;
         }
+        if let Some(x) = faults.as_mut() {
+            let now = x.now();
+            let mut released = 0;
+            while let Some(p) = x.inj.pop(now) {
+                // (Released by the fault injector: stamped when released.)
+                let at = if stamping { nanowire_tap::now_ns() } else { 0 };
+                handle(demux, own, page, RxFrame::from_vec(p), at);
+                released += 1;
+            }
+            x.account(page);
+            if total == 0 {
+                return released;
+            }
+        }
         if total == 0 {
+            // Idle: refresh the kernel's counters now and then as well, so
+            // that drops the kernel made (a frame too big for ours, which
+            // never reaches the ring) are counted and warned about even
+            // when nothing else arrives.
+            if self.polls & IDLE_STATS_EVERY_MASK == 0 {
+                self.refresh_kernel_stats();
+            }
             return 0;
         }
         let bad: u64 = self.queues.iter().map(|q| q.bad_descs()).sum();
@@ -137,10 +238,17 @@ impl RxPath {
         let p = &self.page;
         // The kernel counts a fill-ring-empty drop in rx_dropped too; keep
         // the counters disjoint so that they add up.
-        set(
-            p.e(E::XskRxDropped),
-            t.rx_dropped.saturating_sub(t.rx_fill_ring_empty_descs),
-        );
+        let dropped = t.rx_dropped.saturating_sub(t.rx_fill_ring_empty_descs);
+        set(p.e(E::XskRxDropped), dropped);
+        if dropped > 0
+            && let Some((iface, frame)) = self.oversize_warn.take()
+        {
+            eprintln!(
+                "nanowire: {iface}: the kernel dropped {dropped} frame(s) for this engine that did not fit its \
+                 {frame}-byte AF_XDP frames (counted as xsk_rx_dropped): a peer's TSO/GSO/GRO super-frames? \
+                 turn them off on the peer (ethtool -K <peer> tso off gso off gro off)"
+            );
+        }
         set(p.e(E::XskRxRingFull), t.rx_ring_full);
         set(p.e(E::XskRxFillRingEmpty), t.rx_fill_ring_empty_descs);
         set(p.e(E::XskRxInvalidDescs), t.rx_invalid_descs);
@@ -154,9 +262,6 @@ impl RxPath {
 #[inline]
 fn handle(demux: &mut Demux, own: &[Ipv4Addr], page: &StatsPage, f: RxFrame, at: u64) {
     bump(page.e(E::RxFrames), 1);
-    if f.is_multi_buffer() {
-        bump(page.e(E::RxMultiBuffer), 1);
-    }
     let c = match classify(f.data()) {
         Ok(c) => c,
         Err(why) => return bump(page.e(why.counter()), 1),

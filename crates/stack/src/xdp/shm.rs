@@ -73,6 +73,30 @@ pub const ENGINE_COUNTERS: &[&str] = &[
     "mem_umem_bytes",
     "mem_ring_bytes",
     "mem_total_bytes",
+    "drop_fault_rx",
+    "fault_rx_duplicated",
+    "fault_rx_reordered",
+    "fault_rx_corrupted",
+    "fault_tx_lost",
+    "fault_tx_duplicated",
+    "fault_tx_corrupted",
+    "tcp_segs_in",
+    "tcp_segs_out",
+    "tcp_retransmits",
+    "tcp_fast_retransmits",
+    "tcp_rto_expirations",
+    "tcp_rst_sent",
+    "tcp_rst_received",
+    "tcp_active_opens",
+    "tcp_passive_opens",
+    "tcp_connections_reset",
+    "tcp_drop_malformed",
+    "tcp_drop_bad_checksum",
+    "tcp_drop_out_of_window",
+    "tcp_drop_no_socket",
+    "tcp_listen_overflows",
+    "tcp_syncookies_sent",
+    "tcp_syncookies_ok",
 ];
 
 /// Per-socket counter names (slot 0 is the packed local address).
@@ -130,6 +154,30 @@ pub enum E {
     MemUmemBytes,
     MemRingBytes,
     MemTotalBytes,
+    DropFaultRx,
+    FaultRxDuplicated,
+    FaultRxReordered,
+    FaultRxCorrupted,
+    FaultTxLost,
+    FaultTxDuplicated,
+    FaultTxCorrupted,
+    TcpSegsIn,
+    TcpSegsOut,
+    TcpRetransmits,
+    TcpFastRetransmits,
+    TcpRtoExpirations,
+    TcpRstSent,
+    TcpRstReceived,
+    TcpActiveOpens,
+    TcpPassiveOpens,
+    TcpConnectionsReset,
+    TcpDropMalformed,
+    TcpDropBadChecksum,
+    TcpDropOutOfWindow,
+    TcpDropNoSocket,
+    TcpListenOverflows,
+    TcpSyncookiesSent,
+    TcpSyncookiesOk,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -667,7 +715,8 @@ mod tests {
 
     #[test]
     fn counter_names_match_enums() {
-        assert_eq!(ENGINE_COUNTERS.len(), E::MemTotalBytes as usize + 1);
+        assert_eq!(ENGINE_COUNTERS.len(), E::TcpSyncookiesOk as usize + 1);
+        assert!(ENGINE_COUNTERS.len() <= ENGINE_SLOTS);
         assert_eq!(SOCK_COUNTERS.len(), S::DropNeigh as usize + 1);
         assert!(ENGINE_COUNTERS.len() <= ENGINE_SLOTS);
         assert!(SOCK_COUNTERS.len() < SOCK_SLOTS);

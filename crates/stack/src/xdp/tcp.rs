@@ -151,6 +151,10 @@ struct Core {
     lens: Vec<usize>,
     ip_id: u16,
     unresolved: u64,
+    /// Stack counters already added to the engine's stats page, and turns
+    /// since the last publication.
+    published: nanowire_tcp::Counters,
+    turns: u32,
 }
 
 /// The TCP stack of one set of sockets on one xdp engine.
@@ -204,6 +208,8 @@ impl TcpEngine {
                 lens: vec![0; TX_BATCH],
                 ip_id: 1,
                 unresolved: 0,
+                published: Default::default(),
+                turns: 0,
             }),
         }))
     }
@@ -215,13 +221,21 @@ impl TcpEngine {
             mss: Config::mss_for_mtu(mtu as u32),
             ..Config::default()
         };
-        // The latency profile may lower the RTO floor; the options table
-        // passes it through the environment (NANOWIRE_TCP_RTO_MIN_US).
-        if let Some(us) = std::env::var("NANOWIRE_TCP_RTO_MIN_US")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            cfg.rto_min_ns = us.max(1) * 1000;
+        // The RTO floor: the options table's `tcp_rto_min_us` row, passed
+        // through the environment (NANOWIRE_TCP_RTO_MIN_US; 200 ms when unset).
+        if let Ok(v) = std::env::var("NANOWIRE_TCP_RTO_MIN_US") {
+            match v.trim().parse::<u64>() {
+                Ok(us) if (1000..=60_000_000).contains(&us) => cfg.rto_min_ns = us * 1000,
+                _ => {
+                    static BAD: std::sync::Once = std::sync::Once::new();
+                    BAD.call_once(|| {
+                        eprintln!(
+                            "nanowire: ignoring NANOWIRE_TCP_RTO_MIN_US={v:?}: expected 1000..=60000000 (µs); using {} µs",
+                            cfg.rto_min_ns / 1000
+                        )
+                    });
+                }
+            }
         }
         if let Some(b) = opts.rcvbuf {
             cfg.rcvbuf = b.max(4096);
@@ -301,6 +315,11 @@ impl TcpEngine {
                 core.stack.input(now, *d.src.ip(), *d.dst.ip(), d.segment());
                 moved += 1;
             }
+            core.turns = core.turns.wrapping_add(1);
+            if core.turns.is_multiple_of(64) {
+                // Under the RX lock: the single writer of these counters.
+                publish_counters(&page, core);
+            }
         }
         core.stack.poll_timers(now);
         moved += self.transmit(core, now);
@@ -348,17 +367,12 @@ impl TcpEngine {
             }
             let sent = {
                 let mut tx = self.engine.tx();
-                let scratch = &core.scratch;
-                let lens = &core.lens;
-                let k = tx.xsk.send_with(n, |i, fr| {
-                    let l = lens[i];
-                    fr[..l].copy_from_slice(&scratch[i * SLOT..i * SLOT + l]);
-                    Some(l)
-                });
-                if tx.xsk.occupancy() > 0 {
-                    tx.xsk.kick();
+                let mut frames: [&[u8]; TX_BATCH] = [&[]; TX_BATCH];
+                for (i, f) in frames.iter_mut().enumerate().take(n) {
+                    *f = &core.scratch[i * SLOT..i * SLOT + core.lens[i]];
                 }
-                tx.xsk.reap();
+                // Posts (and kicks), through the `faults` injector when on.
+                let k = tx.post(&frames[..n]);
                 bump(self.engine.page.e(E::TxPackets), k as u64);
                 k
             };
@@ -511,9 +525,54 @@ impl Drop for TcpEngine {
             }
         }
         let mut g = self.engine.rx();
+        publish_counters(&self.engine.page, c);
         g.demux.remove(c.id);
         bump(self.engine.page.e(E::Sockets), 0);
     }
+}
+
+/// Add what this stack counted since the last call to the engine's stats
+/// page (`nanowire stats`: the `tcp_*` counters, summed over every TCP stack
+/// of the engine). Call with the engine's RX lock held (single writer).
+fn publish_counters(page: &super::shm::StatsPage, core: &mut Core) {
+    let c = core.stack.counters();
+    let p = &core.published;
+    for (e, now, was) in [
+        (E::TcpSegsIn, c.segs_in, p.segs_in),
+        (E::TcpSegsOut, c.segs_out, p.segs_out),
+        (E::TcpRetransmits, c.retransmits, p.retransmits),
+        (
+            E::TcpFastRetransmits,
+            c.fast_retransmits,
+            p.fast_retransmits,
+        ),
+        (E::TcpRtoExpirations, c.rto_expirations, p.rto_expirations),
+        (E::TcpRstSent, c.rst_sent, p.rst_sent),
+        (E::TcpRstReceived, c.rst_received, p.rst_received),
+        (E::TcpActiveOpens, c.active_opens, p.active_opens),
+        (E::TcpPassiveOpens, c.passive_opens, p.passive_opens),
+        (
+            E::TcpConnectionsReset,
+            c.connections_reset,
+            p.connections_reset,
+        ),
+        (E::TcpDropMalformed, c.malformed, p.malformed),
+        (E::TcpDropBadChecksum, c.bad_checksum, p.bad_checksum),
+        (E::TcpDropOutOfWindow, c.out_of_window, p.out_of_window),
+        (E::TcpDropNoSocket, c.no_socket, p.no_socket),
+        (
+            E::TcpListenOverflows,
+            c.listen_overflows,
+            p.listen_overflows,
+        ),
+        (E::TcpSyncookiesSent, c.syncookies_sent, p.syncookies_sent),
+        (E::TcpSyncookiesOk, c.syncookies_ok, p.syncookies_ok),
+    ] {
+        if now > was {
+            bump(page.e(e), now - was);
+        }
+    }
+    core.published = c.clone();
 }
 
 /// A listening TCP socket on the xdp engine.
@@ -654,6 +713,17 @@ impl XdpTcpStream {
     }
     pub fn info(&self) -> io::Result<TcpInfo> {
         self.eng.core().stack.info(self.c).map_err(tcp_err)
+    }
+
+    /// This connection's stack counters (retransmissions, drops by reason).
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.eng.core().stack.counters().iter().collect()
+    }
+
+    /// The engine's counters (the stats page: drops by reason, injected
+    /// faults, the engine's summed `tcp_*`).
+    pub fn engine_counters(&self) -> Vec<(&'static str, u64)> {
+        self.eng.engine.counters()
     }
 
     /// Read at least one byte (0 = end of file); `Ok(None)` at the deadline.

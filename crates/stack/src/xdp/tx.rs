@@ -40,6 +40,9 @@ pub(crate) struct TxPath {
     /// Set by a socket with transmit stamping around its `send` (None: no
     /// cost but one branch per frame).
     pub stamp: Option<TxStamp>,
+    /// Transmit-side faults of the `faults` option (loss, duplication,
+    /// corruption of whole frames; off: `None`).
+    pub faults: Option<TxFaults>,
 }
 
 /// A transmit stamp request (`SOF_TIMESTAMPING_TX_SOFTWARE` in the shim).
@@ -58,6 +61,45 @@ pub(crate) struct TxStamp {
     pub key: Option<u32>,
 }
 
+pub(crate) struct TxFaults {
+    inj: nanowire_tcp::fault::FaultInjector,
+    seen: nanowire_tcp::fault::FaultStats,
+    out: Vec<Vec<u8>>,
+}
+
+impl TxFaults {
+    pub fn new(cfg: nanowire_tcp::fault::FaultConfig) -> TxFaults {
+        TxFaults {
+            inj: nanowire_tcp::fault::FaultInjector::new(cfg),
+            seen: Default::default(),
+            out: Vec::new(),
+        }
+    }
+    /// Run built frames through the injector: `self.out` gets what goes on
+    /// the wire (none, one, two copies; maybe with a flipped bit).
+    fn run(&mut self, frames: &[&[u8]], page: &StatsPage) {
+        self.out.clear();
+        for f in frames {
+            self.inj.push(0, f);
+            while let Some(p) = self.inj.pop(0) {
+                self.out.push(p);
+            }
+        }
+        let st = &self.inj.stats;
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        bump(page.e(E::FaultTxLost), d(st.dropped, self.seen.dropped));
+        bump(
+            page.e(E::FaultTxDuplicated),
+            d(st.duplicated, self.seen.duplicated),
+        );
+        bump(
+            page.e(E::FaultTxCorrupted),
+            d(st.corrupted, self.seen.corrupted),
+        );
+        self.seen = st.clone();
+    }
+}
+
 /// What one `send` did.
 pub(crate) struct Sent {
     pub n: usize,
@@ -67,6 +109,15 @@ impl TxPath {
     /// Send `bufs` (each `fits`) as datagrams; counted on socket `slot`.
     /// `Ok(n)`: n queued (fewer when the ring stayed full after a kick).
     pub fn send(&mut self, bufs: &[&[u8]], w: Wire, slot: usize) -> io::Result<Sent> {
+        // Faults act on datagrams of one frame; a jumbo (multi-buffer)
+        // datagram takes the plain path.
+        if self.faults.is_some()
+            && bufs
+                .first()
+                .is_some_and(|b| HDRS + b.len() <= self.xsk.frame_size())
+        {
+            return self.send_faulty(bufs, w, slot);
+        }
         let per_kick = self.per_kick;
         let fs = self.xsk.frame_size();
         let mut sent = 0;
@@ -169,6 +220,91 @@ impl TxPath {
             return Err(e);
         }
         Ok(Sent { n: sent })
+    }
+
+    /// `send` with the transmit fault injector on: frames are built in
+    /// memory, run through the injector and what survives is posted. A
+    /// datagram the injector drops counts as sent (it was lost on the wire).
+    fn send_faulty(&mut self, bufs: &[&[u8]], w: Wire, slot: usize) -> io::Result<Sent> {
+        let fs = self.xsk.frame_size();
+        // The run of datagrams that fit one frame, at most one kick's worth
+        // (the caller sends the rest with its next call, as for a full ring).
+        let bufs: Vec<&[u8]> = bufs
+            .iter()
+            .copied()
+            .take_while(|b| HDRS + b.len() <= fs)
+            .take(self.per_kick)
+            .collect();
+        let mut built: Vec<Vec<u8>> = Vec::with_capacity(bufs.len());
+        for b in &bufs {
+            let mut f = vec![0u8; HDRS + b.len()];
+            self.ip_id = self.ip_id.wrapping_add(1);
+            build_frame(
+                &mut f,
+                self.mac,
+                w.mac,
+                *w.src.ip(),
+                w.src.port(),
+                w.dst,
+                b,
+                self.ip_id,
+            );
+            built.push(f);
+        }
+        let refs: Vec<&[u8]> = built.iter().map(|f| &f[..]).collect();
+        self.post(&refs);
+        self.count(&bufs, slot);
+        if let Some(s) = self.stamp.as_mut() {
+            // As in `send` (a frame the injector lost is stamped too: the
+            // kernel stamps in the driver, before the wire loses it).
+            if s.want_frame
+                && let Some(f) = built.last()
+            {
+                s.frame.clear();
+                s.frame.extend_from_slice(f);
+            }
+            s.at = nanowire_tap::now_ns();
+        }
+        if let Some(e) = self.xsk.kick_error() {
+            return Err(e);
+        }
+        Ok(Sent { n: bufs.len() })
+    }
+
+    /// Post whole frames (the engine's TCP builds its own), through the
+    /// transmit fault injector when it is on. Returns how many of `frames`
+    /// were taken (lost-by-injection counts as taken); fewer when the ring
+    /// is full.
+    pub fn post(&mut self, frames: &[&[u8]]) -> usize {
+        let mut faults = self.faults.take();
+        let n = match faults.as_mut() {
+            None => self.post_plain(frames),
+            Some(f) => {
+                f.run(frames, &self.page);
+                let out: Vec<&[u8]> = f.out.iter().map(|v| &v[..]).collect();
+                self.post_plain(&out);
+                frames.len()
+            }
+        };
+        self.faults = faults;
+        if self.xsk.occupancy() > 0 {
+            self.xsk.kick();
+        }
+        self.xsk.reap();
+        n
+    }
+
+    fn post_plain(&mut self, frames: &[&[u8]]) -> usize {
+        let tap = &mut self.tap;
+        self.xsk.send_with(frames.len(), |i, fr| {
+            let f = frames[i];
+            if f.len() > fr.len() {
+                return None;
+            }
+            fr[..f.len()].copy_from_slice(f);
+            tap.record(f);
+            Some(f.len())
+        })
     }
 
     fn count(&self, sent: &[&[u8]], slot: usize) {

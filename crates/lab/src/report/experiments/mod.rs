@@ -21,6 +21,7 @@ mod latency_vs_size;
 mod max_rate;
 mod microburst;
 mod throughput;
+mod tick_to_trade;
 
 /// (engine label, protocol, size) -> (Gbps samples, %CPU samples).
 type TpData = BTreeMap<(String, String, usize), (Vec<f64>, Vec<f64>)>;
@@ -52,6 +53,8 @@ pub struct Params {
     pub load_packets: u64,
     /// Loss (percent, each direction) of the impaired-wire experiment.
     pub loss_points: Vec<f64>,
+    /// Seconds of ticks per tick-to-trade run.
+    pub t2t_secs: f64,
 }
 
 impl Params {
@@ -84,6 +87,7 @@ impl Params {
             load_gaps_ns: vec![0, 2_000, 20_000, 200_000],
             load_packets: 500,
             loss_points: vec![0.0, 0.1, 1.0],
+            t2t_secs: 1.5,
         }
     }
     pub fn full() -> Params {
@@ -115,6 +119,7 @@ impl Params {
             load_gaps_ns: vec![0, 1_000, 2_000, 5_000, 50_000, 1_000_000],
             load_packets: 500,
             loss_points: vec![0.0, 0.1, 1.0],
+            t2t_secs: 5.0,
         }
     }
     /// A tiny suite for the tests: every experiment, a point or two each.
@@ -141,6 +146,7 @@ impl Params {
             load_gaps_ns: vec![0, 20_000],
             load_packets: 500,
             loss_points: vec![0.0, 1.0],
+            t2t_secs: 0.5,
         }
     }
 }
