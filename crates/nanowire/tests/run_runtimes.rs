@@ -85,11 +85,16 @@ fn command(lab: &ScopedLab, h: Host, profile: Option<&str>, argv: &[String]) -> 
 
 /// Every mode × 1 and 8 in flight for one runtime, in its own lab.
 fn echo_everywhere(runtime: &str, tag: &str) {
+    echo_in_modes(runtime, tag, &MODES);
+}
+
+/// `modes` × 1 and 8 in flight for one runtime, in its own lab.
+fn echo_in_modes(runtime: &str, tag: &str, modes: &[Option<&str>]) {
     let lab = lab_for(tag);
     let prog = program(runtime);
     let addr = ADDR_B.to_string();
     let mut port = 13000u16;
-    for profile in MODES {
+    for &profile in modes {
         for inflight in [1u32, 8] {
             port += 1;
             let name = format!("{runtime}-{}-{inflight}", profile.unwrap_or("plain"));
@@ -161,4 +166,41 @@ fn python_asyncio_echo_every_profile() {
 #[test]
 fn c_six_threads_sharing_sockets_every_profile() {
     echo_everywhere("cmt", "c");
+}
+
+/// More runnable tasks than CPUs for the whole run (busy threads of this
+/// test process, unpinned like the programs): `balanced` and `throughput`
+/// find the machine oversubscribed at the start of their waits and sleep
+/// instead of spinning (a lone spinner: the asyncio loop), `latency` spins
+/// on with yields. Every datagram must
+/// still come back intact, plainly and under every profile.
+#[test]
+fn oversubscribed_machine_asyncio_and_c_six_threads_every_profile() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    let n = std::thread::available_parallelism().map_or(2, |n| n.get()) + 1;
+    let hogs: Vec<_> = (0..n)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let r = std::panic::catch_unwind(|| {
+        // An event loop (one spinning thread: the load test applies) and
+        // six threads spinning together (they share CPUs by yielding).
+        echo_in_modes("asyncio", "o", &MODES);
+        echo_in_modes("cmt", "o", &MODES);
+    });
+    stop.store(true, Ordering::Relaxed);
+    for h in hogs {
+        h.join().unwrap();
+    }
+    if let Err(e) = r {
+        std::panic::resume_unwind(e);
+    }
 }

@@ -199,8 +199,8 @@ impl Engine {
             page: page.clone(),
             big: Vec::new(),
             tap: tap_tx,
-            stamp: None,
             faults: faults.as_ref().and_then(|f| f.tx()).map(tx::TxFaults::new),
+            stamp: None,
         }));
         let neigh = Arc::new(
             neigh::Neigh::new(info.index, info.addr, page.clone())

@@ -35,14 +35,14 @@ pub(crate) struct RxPath {
     bad_descs: u64,
     /// Copies of received frames for `nanowire capture` (crates/tap).
     pub tap: nanowire_tap::TapWriter,
-    /// Sockets of the engine that want receive stamps: while non-zero each
-    /// frame is stamped (`CLOCK_REALTIME`) as it is taken off the ring.
-    pub stamp_users: u32,
     /// The seeded fault injector of the `faults` option (off: `None`).
     faults: Option<RxFaults>,
     /// (interface, frame size) for the one warning about frames the kernel
     /// could not fit in a frame; `None` once warned.
     oversize_warn: Option<(String, usize)>,
+    /// Sockets of the engine that want receive stamps: while non-zero each
+    /// frame is stamped (`CLOCK_REALTIME`) as it is taken off the ring.
+    pub stamp_users: u32,
 }
 
 /// Receive-side fault injection: every frame off the ring is copied into
@@ -109,9 +109,9 @@ impl RxPath {
             polls: 0,
             bad_descs: 0,
             tap,
-            stamp_users: 0,
             faults: None,
             oversize_warn: None,
+            stamp_users: 0,
         }
     }
 
@@ -143,8 +143,8 @@ impl RxPath {
             own,
             page,
             tap,
-            stamp_users,
             faults,
+            stamp_users,
             ..
         } = self;
         let stamping = *stamp_users > 0;
@@ -176,7 +176,8 @@ impl RxPath {
             let now = x.now();
             let mut released = 0;
             while let Some(p) = x.inj.pop(now) {
-                // (Released by the fault injector: stamped when released.)
+                // Stamped when the injector releases it: that is when it
+                // reaches the engine's receive path, as far as sockets see.
                 let at = if stamping { nanowire_tap::now_ns() } else { 0 };
                 handle(demux, own, page, RxFrame::from_vec(p), at);
                 released += 1;

@@ -37,28 +37,12 @@ pub(crate) struct TxPath {
     pub big: Vec<u8>,
     /// Copies of sent frames for `nanowire capture` (crates/tap).
     pub tap: nanowire_tap::TapWriter,
-    /// Set by a socket with transmit stamping around its `send` (None: no
-    /// cost but one branch per frame).
-    pub stamp: Option<TxStamp>,
     /// Transmit-side faults of the `faults` option (loss, duplication,
     /// corruption of whole frames; off: `None`).
     pub faults: Option<TxFaults>,
-}
-
-/// A transmit stamp request (`SOF_TIMESTAMPING_TX_SOFTWARE` in the shim).
-#[derive(Debug, Default)]
-pub(crate) struct TxStamp {
-    /// Keep a copy of the last frame sent (the error queue returns it
-    /// unless `SOF_TIMESTAMPING_OPT_TSONLY`).
-    pub want_frame: bool,
-    /// The last frame sent through the ring (when `want_frame`).
-    pub frame: Vec<u8>,
-    /// `CLOCK_REALTIME` ns when the kick that handed the frames to the
-    /// driver returned; 0: nothing went through the ring.
-    pub at: u64,
-    /// The `OPT_ID` key of the datagram being sent, for the kernel path
-    /// (`SCM_TS_OPT_ID`: the kernel stamps it under the same key).
-    pub key: Option<u32>,
+    /// Set by a socket with transmit stamping around its `send` (None: no
+    /// cost but one branch per frame).
+    pub stamp: Option<TxStamp>,
 }
 
 pub(crate) struct TxFaults {
@@ -98,6 +82,22 @@ impl TxFaults {
         );
         self.seen = st.clone();
     }
+}
+
+/// A transmit stamp request (`SOF_TIMESTAMPING_TX_SOFTWARE` in the shim).
+#[derive(Debug, Default)]
+pub(crate) struct TxStamp {
+    /// Keep a copy of the last frame sent (the error queue returns it
+    /// unless `SOF_TIMESTAMPING_OPT_TSONLY`).
+    pub want_frame: bool,
+    /// The last frame sent through the ring (when `want_frame`).
+    pub frame: Vec<u8>,
+    /// `CLOCK_REALTIME` ns when the kick that handed the frames to the
+    /// driver returned; 0: nothing went through the ring.
+    pub at: u64,
+    /// The `OPT_ID` key of the datagram being sent, for the kernel path
+    /// (`SCM_TS_OPT_ID`: the kernel stamps it under the same key).
+    pub key: Option<u32>,
 }
 
 /// What one `send` did.
@@ -254,17 +254,6 @@ impl TxPath {
         let refs: Vec<&[u8]> = built.iter().map(|f| &f[..]).collect();
         self.post(&refs);
         self.count(&bufs, slot);
-        if let Some(s) = self.stamp.as_mut() {
-            // As in `send` (a frame the injector lost is stamped too: the
-            // kernel stamps in the driver, before the wire loses it).
-            if s.want_frame
-                && let Some(f) = built.last()
-            {
-                s.frame.clear();
-                s.frame.extend_from_slice(f);
-            }
-            s.at = nanowire_tap::now_ns();
-        }
         if let Some(e) = self.xsk.kick_error() {
             return Err(e);
         }
