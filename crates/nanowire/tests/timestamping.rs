@@ -80,6 +80,7 @@ fn timestamping_on_xdp_sockets_matches_a_plain_run() {
         "rx us: len=8 namelen=16 flags= cmsgs=[SCM_TIMESTAMP] stamp_in_window=1 monotonic=1",
         "rx off: len=8 namelen=16 flags= cmsgs=[]",
         "rx new: len=8 namelen=16 flags= cmsgs=[SCM_TIMESTAMPNS_NEW,SCM_TIMESTAMPING_NEW] ts1=0 ts2=0 stamp_in_window=1",
+        "rx small control: n=8 ctrunc=1",
         "epoll: n=1 err=1 data=7",
         "epoll after: err=0",
         "errqueue6: len=0 namelen=0 flags=ERRQUEUE cmsgs=[SCM_TIMESTAMPING,IP_RECVERR] ts1=0 ts2=0 ee_errno=ENOMSG origin=4 type=0 code=0 info=0 data=1",
