@@ -11,8 +11,12 @@ frames by their UDP payload (sockperf header: sequence number) and splits each r
   b_rx -> b_tx   server engine takes the request off its ring ... posts the reply: demux, the
                  application's receive, its work, its send ("ring -> application -> ring")
   b_tx -> a_rx   the same as a_tx -> b_rx, the other way
-  a_rx (client)  ... the client's `recv` returns: not stamped (no SO_TIMESTAMPING yet); it is what
-                 remains of pp's RTT/2 after the stamped segments.
+  a_rx (client)  ... the client's `recv` returns ("ring -> application", client): from pp's own
+                 receive stamps (`--rx-stamps`: the engine's stamp when it takes the reply off its RX
+                 ring, the same point as the tap's a_rx, to a CLOCK_REALTIME read right after the
+                 receive call returned: demux, the receive call, one clock read).
+  The unstamped remainder of pp's RTT/2 is then the client's send path up to its TX post and
+  pp's own clock reads.
 
 All stamps are CLOCK_REALTIME reads of one machine (same clock, no offset between the hosts: they
 are network namespaces). The tap adds one clock read and one frame copy at each stamp point (the
@@ -68,6 +72,14 @@ def udp_payload(frame):
     return frame[14 + ihl + 8:]
 
 
+def parse_pp(text):
+    """compare.nanowire_parse, plus the client's ring -> application stamps (`--rx-stamps`)."""
+    out = compare.nanowire_parse(text)
+    d = json.loads(text[text.index("{"):])
+    out["ring_to_app_us"] = d.get("ring_to_app_us")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=int, default=3)
@@ -87,8 +99,9 @@ def main():
                                               "-w", files[h], "--port", str(compare.PORT)],
                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
             time.sleep(1.0)
-            pp = compare.run_client(lab, compare.nw_pp("xdp", a.seconds, 64, ["--no-fallback", "--warmup-ms", "1000"]),
-                                    compare.nanowire_parse, timeout=a.seconds + 60)
+            pp = compare.run_client(lab, compare.nw_pp("xdp", a.seconds, 64,
+                                                      ["--no-fallback", "--warmup-ms", "1000", "--rx-stamps"]),
+                                    parse_pp, timeout=a.seconds + 60)
         finally:
             errs = []
             for c in caps:
@@ -120,6 +133,7 @@ def main():
     out = {
         "pp_one_way_us": {"p50": pp["p50"], "p99": pp["p99"]},
         "pp_samples": pp.get("samples"),
+        "client_ring_to_app_us": pp.get("ring_to_app_us"),
         "frames": {h: len(p) for h, p in sides.items()},
         "exchanges_with_all_four_stamps": len(full),
         "segments_p50_us": {
@@ -136,6 +150,12 @@ def main():
                             + seg["b_tx->a_rx (wire->ring)"]) / 2
         out["stamped_half_round_trip_us"] = round(rtt_half_stamped, 3)
         out["unstamped_remainder_us"] = round(pp["p50"] - rtt_half_stamped, 3)
+        r2a = (pp.get("ring_to_app_us") or {}).get("p50")
+        if r2a is not None:
+            # RTT = a_tx->b_rx + b_rx->b_tx + b_tx->a_rx + ring->app (client) + the client's send
+            # path up to its TX post (unstamped) + pp's clock reads.
+            out["client_ring_to_app_p50_us"] = r2a
+            out["client_send_path_and_clock_reads_p50_us"] = round(2 * pp["p50"] - 2 * rtt_half_stamped - r2a, 3)
     print(json.dumps(out, indent=1))
 
 

@@ -1,14 +1,17 @@
-//! Compiles bpf/steer.c into a BPF object embedded in the crate.
-use std::path::PathBuf;
+//! Compiles the workspace's BPF programs (bpf/*.c) into BPF objects embedded
+//! in this crate: `steer.c` (the xdp engine's steering program,
+//! [`steer_object`]) and `capture.c` (the dedicated capture program of
+//! `nanowire capture --xdp`, [`capture_object`]). One place, one clang
+//! invocation for every program.
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn main() {
-    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
-    let src = manifest.join("../../bpf/steer.c");
-    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("steer.o");
+/// The programs, by file stem under bpf/.
+const PROGRAMS: &[&str] = &["steer", "capture"];
+
+fn compile(clang: &str, src: &Path, out: &Path) {
     println!("cargo:rerun-if-changed={}", src.display());
-    let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".into());
-    let status = Command::new(&clang)
+    let status = Command::new(clang)
         .args([
             "-O2",
             "-g",
@@ -18,15 +21,29 @@ fn main() {
             "-Wall",
             "-c",
         ])
-        .arg(&src)
+        .arg(src)
         .arg("-o")
-        .arg(&out)
+        .arg(out)
         .status();
     match status {
         Ok(s) if s.success() => {}
         Ok(s) => panic!("clang failed to compile {} ({s})", src.display()),
         Err(e) => panic!(
-            "cannot run {clang} to build the XDP program ({e}); install clang and libbpf-dev (make deps)"
+            "cannot run {clang} to build the XDP programs ({e}); install clang and libbpf-dev (make deps)"
         ),
+    }
+}
+
+fn main() {
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".into());
+    println!("cargo:rerun-if-env-changed=CLANG");
+    for p in PROGRAMS {
+        compile(
+            &clang,
+            &manifest.join(format!("../../bpf/{p}.c")),
+            &out_dir.join(format!("{p}.o")),
+        );
     }
 }

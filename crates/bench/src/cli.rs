@@ -129,6 +129,12 @@ struct ClientArgs {
     /// Write every latency sample (seq,tx_ns,rx_ns,rtt_ns) to this CSV file.
     #[arg(long, value_name = "FILE")]
     full_log: Option<PathBuf>,
+    /// pp, xdp engine: also report ring → application per reply (the engine's
+    /// receive stamp, taken when it takes the frame off its RX ring, to the
+    /// return of the receive call): `ring_to_app_us` in the JSON. Costs one
+    /// clock read per frame in the engine and one per reply.
+    #[arg(long)]
+    rx_stamps: bool,
     /// Leave the first MS milliseconds of samples out (at most half the run).
     #[arg(long, default_value_t = 400)]
     warmup_ms: u64,
@@ -176,6 +182,7 @@ fn client(mode: Mode, a: ClientArgs) -> Result<i32, String> {
     cfg.reply_every = a.reply_every;
     cfg.cpu = c.cpu;
     cfg.full_log = a.full_log.clone();
+    cfg.rx_stamps = a.rx_stamps;
     cfg.warmup = Duration::from_millis(a.warmup_ms);
     cfg.reply_timeout = Duration::from_millis(a.reply_timeout_ms.max(1));
     cfg.rcvbuf = c.rcvbuf;

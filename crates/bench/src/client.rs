@@ -119,6 +119,9 @@ pub struct ClientConfig {
     pub ring_depth: Option<u32>,
     /// xdp engine: fall back to `spin` (saying why) when AF_XDP cannot be used.
     pub fallback: bool,
+    /// pp, xdp engine: read the engine's receive stamp of every reply and
+    /// report ring → application (`ring_to_app_us`).
+    pub rx_stamps: bool,
 }
 
 impl ClientConfig {
@@ -160,6 +163,7 @@ impl ClientConfig {
             iface: None,
             ring_depth: None,
             fallback: true,
+            rx_stamps: false,
         }
     }
 
@@ -284,6 +288,8 @@ struct Run<'a> {
     valid_from: Instant,
     c: Counts,
     rec: LatencyRecorder,
+    /// ring → application per reply (`--rx-stamps`).
+    ring: LatencyRecorder,
     log: Option<Vec<(u64, u64, u64)>>,
     /// Replies we asked for, in send order, `step` sequence numbers apart.
     q: VecDeque<Pending>,
@@ -443,6 +449,9 @@ fn open_transport(cfg: &ClientConfig) -> Result<(Box<dyn Transport>, SocketAddrV
                 .map_err(|e| format!("cannot open a {} UDP socket: {e}", cfg.engine))?;
             ep.connect(cfg.server)
                 .map_err(|e| format!("cannot reach {}: {e}", cfg.server))?;
+            if cfg.rx_stamps {
+                ep.set_rx_stamping(true);
+            }
             let local = ep
                 .local_addr()
                 .map_err(|e| format!("udp local address: {e}"))?;
@@ -587,6 +596,7 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
         valid_from: t0 + warmup,
         c: Counts::default(),
         rec: LatencyRecorder::new(),
+        ring: LatencyRecorder::new(),
         log: cfg.full_log.as_ref().map(|_| Vec::new()),
         q: VecDeque::new(),
         step,
@@ -649,6 +659,11 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
         total_received: c.total_received,
         warmup_s: warmup.as_secs_f64(),
         latency_us: run.rec.summary(),
+        ring_to_app_us: if cfg.rx_stamps {
+            run.ring.summary()
+        } else {
+            None
+        },
         rate_msg_s: rate,
         bandwidth_mbps: if valid > 0.0 {
             c.sent as f64 * size as f64 * 8.0 / valid / 1e6
@@ -679,6 +694,12 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
                 .to_string()
         }),
     })
+}
+
+/// `CLOCK_REALTIME` in ns (the clock of the engine's receive stamps).
+fn realtime_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Realtime);
+    (t.tv_sec as u64).wrapping_mul(1_000_000_000) + t.tv_nsec as u64
 }
 
 fn run_pp(
@@ -715,6 +736,14 @@ fn run_pp(
             .map_err(|e| io_error(cfg, "receive from", e))?
         {
             let rx = Instant::now();
+            if cfg.rx_stamps && rx >= run.valid_from {
+                // The engine's stamp (frame off the RX ring) to now: both
+                // CLOCK_REALTIME; one clock read more per reply.
+                let st = tr.last_rx_stamp();
+                if st != 0 {
+                    run.ring.record(realtime_ns().saturating_sub(st));
+                }
+            }
             if run.on_reply(&rbuf[..n], rx) == Some(seq) {
                 break;
             }

@@ -146,6 +146,10 @@ pub struct BenchResult {
     pub warmup_s: f64,
     /// One-way latency; `null` when there were no samples (e.g. `tp`).
     pub latency_us: Option<Latency>,
+    /// pp with `--rx-stamps` (xdp engine): from the engine taking each reply
+    /// off its RX ring to the receive call returning it (µs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring_to_app_us: Option<Latency>,
     /// pp: round trips per second; ul/tp: messages sent per second.
     pub rate_msg_s: f64,
     /// Payload bandwidth of what was sent, in Mbit/s.

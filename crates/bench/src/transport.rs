@@ -27,6 +27,10 @@ pub(crate) trait Transport {
     }
     /// Whether waiting should sleep in the kernel (`kernel` engine).
     fn blocks(&self) -> bool;
+    /// The engine's receive stamp of the last message received (0: none).
+    fn last_rx_stamp(&self) -> u64 {
+        0
+    }
 }
 
 pub(crate) struct UdpTransport {
@@ -36,6 +40,9 @@ pub(crate) struct UdpTransport {
 }
 
 impl Transport for UdpTransport {
+    fn last_rx_stamp(&self) -> u64 {
+        self.ep.last_rx_stamp()
+    }
     fn send_msg(&mut self, msg: &[u8]) -> io::Result<()> {
         loop {
             match self.ep.send_to(msg, self.peer) {

@@ -34,8 +34,10 @@ struct CapCfg {
 // pattern is a valid value.
 unsafe impl Pod for CapCfg {}
 
+/// bpf/capture.c, compiled by crates/xdp/build.rs (the one place that
+/// builds the workspace's BPF programs).
 fn capture_object() -> &'static [u8] {
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.o"))
+    nanowire_xdp::capture_object()
 }
 
 /// The capture program attached through a BPF link (gone with the process).

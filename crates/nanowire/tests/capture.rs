@@ -437,3 +437,92 @@ fn dedicated_capture_holds_a_ring_deep_burst() {
     assert_eq!(tshark_lines(&file, "udp.dstport == 7400"), RING);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Words of the header of the engine's tap file(s) (`crates/tap`):
+/// (`attached`, copies made into the received ring).
+fn tap_words(engine_pid: u32) -> Vec<(u64, u64)> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/dev/shm/nanowire-tap")
+        .unwrap()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&format!("{engine_pid}-")) && name.ends_with(".tap") {
+            let b = std::fs::read(e.path()).unwrap();
+            let w = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
+            v.push((w(128), w(256 + 136)));
+        }
+    }
+    v
+}
+
+/// Issue 13: a capture killed with SIGKILL (no chance to detach) does not
+/// leave the engine copying frames for nobody: the engine finds its holder
+/// dead and stops.
+#[test]
+fn a_capture_killed_with_sigkill_stops_the_engine_copying() {
+    if !is_root() {
+        eprintln!("skipping: needs root");
+        return;
+    }
+    let lab = ScopedLab::new(LabOptions {
+        name: format!("nwttk{}", std::process::id() % 10000),
+        ..Default::default()
+    })
+    .expect("lab up");
+    let dir = private_dir("nwcapk");
+    let file = dir.join("k.pcapng");
+    let ifb = lab.iface(Host::B);
+    let echo = Spawned::new(
+        lab.command(
+            Host::B,
+            &[BIN, "xdp-test", "--iface", &ifb, "--port", "5500", "--echo"],
+        ),
+        true,
+    );
+    echo.wait_out("\"ready\":true", Duration::from_secs(20));
+    let epid = echo.child.id();
+    let mut cap = Spawned::new(
+        lab.command(
+            Host::B,
+            &[
+                BIN,
+                "capture",
+                "-i",
+                &ifb,
+                "-w",
+                file.to_str().unwrap(),
+                "-t",
+                "120",
+            ],
+        ),
+        false,
+    );
+    cap.wait_line("tapping the xdp engine", Duration::from_secs(20));
+    let echoes = |n: usize| {
+        let out = py_a(
+            &lab,
+            &format!(
+                "import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.settimeout(2)\nok=0\nfor i in range({n}):\n    s.sendto(b'k%d'%i,('198.18.0.2',5500))\n    ok+=len(s.recvfrom(100)[0])>0\n    time.sleep(0.01)\nprint(ok)\n"
+            ),
+        );
+        assert_eq!(out.trim(), n.to_string());
+    };
+    echoes(5);
+    let w = tap_words(epid);
+    assert!(
+        w.len() == 1 && w[0].0 != 0 && w[0].1 >= 5,
+        "attached, copying: {w:?}"
+    );
+    cap.child.kill().unwrap(); // SIGKILL: no detach
+    cap.child.wait().unwrap();
+    assert_ne!(tap_words(epid)[0].0, 0, "still marked attached right after");
+    // Traffic for longer than the engine's check interval (100 ms).
+    echoes(40);
+    let (att, made) = tap_words(epid)[0];
+    assert_eq!(att, 0, "the engine detached the dead capture");
+    echoes(10);
+    assert_eq!(tap_words(epid)[0].1, made, "no copies after the detach");
+    drop(echo);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -95,7 +95,8 @@ pub struct St {
     /// Datagrams taken off the engine but not consumed (MSG_PEEK, FIONREAD,
     /// readiness checks: at most one), or still queued when the socket was
     /// taken off the engine (`detach`): served before the kernel socket.
-    stash: VecDeque<(Vec<u8>, SocketAddrV4)>,
+    /// (payload, source, receive stamp: see `tstamp`).
+    stash: VecDeque<(Vec<u8>, SocketAddrV4, u64)>,
     peer: Option<SocketAddrV4>,
 }
 
@@ -128,6 +129,8 @@ pub struct Accel {
     /// The fd number the engine adopted as the kernel twin: it must stay
     /// open while the engine socket lives (see `dispatch::close`).
     pub adopted: c_int,
+    /// SO_TIMESTAMP* state (crates/preload/src/tstamp.rs).
+    pub ts: crate::tstamp::Ts,
 }
 
 impl Accel {
@@ -359,7 +362,9 @@ pub fn accelerate(fd: c_int, iface: Option<String>) -> Result<&'static Accel, No
         sleepers: AtomicU32::new(0),
         local: AtomicU64::new(0),
         adopted: fd,
+        ts: Default::default(),
     }));
+    crate::tstamp::adopt(a, fd);
     set_fd(fd, a);
     table::add_flags(fd, table::F_ACCEL);
     table::clear_flags(fd, table::F_CAND);
@@ -545,11 +550,19 @@ pub fn recv_one(
     // close() waits for us before the number can be reused; the generation
     // is re-read before every syscall on `fd`.
     let _spin = table::spin_enter(fd);
+    let ts_on = a.ts.on();
+    if ts_on {
+        // Kernel-path datagrams carry no engine stamp.
+        crate::tstamp::set_last(0);
+    }
     loop {
         {
             let mut g = a.lock();
-            if let Some((buf, src)) = g.stash.front() {
+            if let Some((buf, src, at)) = g.stash.front() {
                 let (n, src) = (buf.len(), *src);
+                if ts_on {
+                    crate::tstamp::set_last(*at);
+                }
                 deliver(buf, src);
                 if !peek {
                     g.stash.pop_front();
@@ -571,12 +584,15 @@ pub fn recv_one(
             let mut got = None;
             let peer = *peer;
             engine_call(|| {
-                x.recv_batch(1, |p, src| {
+                x.recv_batch_ts(1, |p, src, at| {
                     if peer.is_some_and(|pe| pe != src) {
                         return; // connected: the kernel filters other sources
                     }
                     if peek {
-                        stash.push_back((p.to_vec(), src));
+                        stash.push_back((p.to_vec(), src, at));
+                    }
+                    if ts_on {
+                        crate::tstamp::set_last(at);
                     }
                     deliver(p, src);
                     got = Some((p.len(), src));
@@ -720,10 +736,22 @@ impl Accel {
 
 /// A detached socket whose stash is empty: forget the record, so every
 /// later call on `fd` takes the plain kernel path (with ancillary data).
+/// (Kept while transmit stamps of the engine's sends are unread: they are
+/// served from the record, see `tstamp::recv_err`.)
 fn retire_detached(fd: c_int, a: &Accel) {
-    if by_fd(fd).is_some_and(|b| std::ptr::eq(a, b)) {
+    if !a.ts.err_pending() && by_fd(fd).is_some_and(|b| std::ptr::eq(a, b)) {
         take_fd(fd);
         table::clear_flags(fd, table::F_ACCEL);
+    }
+}
+
+/// The last engine transmit stamp of `a` was read: forget a detached
+/// record that has nothing left to serve.
+pub fn errq_drained(fd: c_int, a: &Accel) {
+    let g = a.lock();
+    if g.xdp.is_none() && g.stash.is_empty() {
+        drop(g);
+        retire_detached(fd, a);
     }
 }
 
@@ -867,9 +895,9 @@ fn readable_stash(a: &Accel) -> bool {
     };
     let peer = *peer;
     engine_call(|| {
-        x.recv_batch(1, |p, src| {
+        x.recv_batch_ts(1, |p, src, at| {
             if peer.is_none_or(|pe| pe == src) {
-                stash.push_back((p.to_vec(), src));
+                stash.push_back((p.to_vec(), src, at));
             }
         })
     });
@@ -879,7 +907,7 @@ fn readable_stash(a: &Accel) -> bool {
 /// Length of the next datagram (FIONREAD), 0 if none.
 pub fn next_len(a: &Accel) -> usize {
     if readable_stash(a) {
-        a.lock().stash.front().map_or(0, |(b, _)| b.len())
+        a.lock().stash.front().map_or(0, |(b, _, _)| b.len())
     } else {
         0
     }
@@ -901,13 +929,27 @@ pub fn send_one(
         return Err(libc::EMSGSIZE);
     }
     let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed);
+    let stamps = a.ts.tx_on();
+    let key = if stamps {
+        crate::tstamp::next_key(a)
+    } else {
+        None
+    };
     loop {
         let Some(x) = g.xdp.as_mut() else {
             drop(g);
-            return kernel_send(fd, data, dst, flags);
+            return kernel_send(fd, data, dst, flags, key);
         };
+        if stamps {
+            x.set_tx_key(key);
+        }
         match engine_call(|| x.send_to(data, dst)) {
-            Ok(n) => return Ok(n),
+            Ok(n) => {
+                if stamps {
+                    crate::tstamp::sent(a, x, key);
+                }
+                return Ok(n);
+            }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if dontwait {
                     return Err(libc::EAGAIN);
@@ -920,7 +962,7 @@ pub fn send_one(
                 // Larger than the interface MTU: the kernel socket under the
                 // fd sends it (and fragments it), as a kernel socket would.
                 drop(g);
-                return kernel_send(fd, data, dst, flags);
+                return kernel_send(fd, data, dst, flags, key);
             }
             Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EIO)),
         }
@@ -929,8 +971,19 @@ pub fn send_one(
 
 /// Send through the kernel socket under `fd` (datagrams above the MTU, or
 /// a socket taken off the engine).
-fn kernel_send(fd: c_int, data: &[u8], dst: SocketAddrV4, flags: c_int) -> Result<usize, c_int> {
+fn kernel_send(
+    fd: c_int,
+    data: &[u8],
+    dst: SocketAddrV4,
+    flags: c_int,
+    key: Option<u32>,
+) -> Result<usize, c_int> {
     let sa = sockaddr_in(&dst);
+    if let Some(k) = key {
+        // Transmit stamps under the key the shim's counter gave (OPT_ID).
+        let r = nanowire_xdp::sys::sendto_tskey(fd, data, flags | libc::MSG_NOSIGNAL, &sa, k);
+        return if r < 0 { Err(errno()) } else { Ok(r as usize) };
+    }
     // SAFETY: the caller's data (a valid slice), our sockaddr_in.
     let r = unsafe {
         real::sendto(
@@ -954,7 +1007,8 @@ pub fn send_batch(
     dst: Option<SocketAddrV4>,
     flags: c_int,
 ) -> Result<usize, c_int> {
-    if bufs.len() == 1 {
+    if bufs.len() == 1 || a.ts.tx_on() {
+        // (One at a time with transmit stamps: one stamp per datagram.)
         return send_one(a, fd, bufs[0], dst, flags).map(|_| 1);
     }
     let mut g = a.lock();
@@ -1082,9 +1136,9 @@ pub fn detach(fd: c_int, why: &str) {
             let peer = *peer;
             if let Some(x) = xdp.as_mut() {
                 engine_call(|| {
-                    x.recv_batch(usize::MAX, |p, src| {
+                    x.recv_batch_ts(usize::MAX, |p, src, at| {
                         if peer.is_none_or(|pe| pe == src) {
-                            stash.push_back((p.to_vec(), src));
+                            stash.push_back((p.to_vec(), src, at));
                         }
                     })
                 });

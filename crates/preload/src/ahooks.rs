@@ -126,6 +126,15 @@ pub fn recvfrom(
 
 pub fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Option<ssize_t> {
     if flags & KERNEL_ONLY != 0 {
+        if flags & libc::MSG_ERRQUEUE != 0
+            && !msg.is_null()
+            && let Some(a) = accel::lookup(fd)
+        {
+            // Transmit stamps of the engine's sends; the kernel socket's
+            // own queue when there are none.
+            // SAFETY: the caller's msghdr.
+            return crate::tstamp::recv_err(a, fd, unsafe { &mut *msg }, flags);
+        }
         return None;
     }
     if let Some(a) = accel::lookup(fd) {
@@ -143,8 +152,8 @@ pub fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Option<ssize_t> {
                 if !m.msg_name.is_null() {
                     accel::write_sockaddr(src, m.msg_name.cast(), &mut m.msg_namelen);
                 }
-                m.msg_controllen = 0;
                 m.msg_flags = if full > cap { libc::MSG_TRUNC } else { 0 };
+                crate::tstamp::put_rx(a, m);
                 if flags & libc::MSG_TRUNC != 0 {
                     full as ssize_t
                 } else {

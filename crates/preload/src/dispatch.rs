@@ -95,6 +95,15 @@ pub unsafe fn setsockopt(
     // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
     if r == 0
+        && crate::tstamp::is_ts_opt(level, name)
+        && let Some(a) = accel::lookup(fd)
+    {
+        // The kernel socket under the fd took it (and validated it); the
+        // engine stamps too (a candidate's options are read back when it
+        // goes onto the engine).
+        crate::tstamp::set(a, name, val, len);
+    }
+    if r == 0
         && level == libc::SOL_SOCKET
         && (name == libc::SO_RCVBUF || name == libc::SO_RCVBUFFORCE)
         && let Some(a) = accel::lookup(fd)
@@ -1089,12 +1098,6 @@ fn share_accel(old: c_int, new: c_int) {
 /// no per-device binding): the socket stays, or goes back to, the kernel.
 fn unsupported_opt(level: c_int, name: c_int) -> Option<&'static str> {
     Some(match (level, name) {
-        (libc::SOL_SOCKET, libc::SO_TIMESTAMP) => "SO_TIMESTAMP",
-        (libc::SOL_SOCKET, libc::SO_TIMESTAMPNS) => "SO_TIMESTAMPNS",
-        (libc::SOL_SOCKET, libc::SO_TIMESTAMPING) => "SO_TIMESTAMPING",
-        (libc::SOL_SOCKET, 63) => "SO_TIMESTAMP_NEW",
-        (libc::SOL_SOCKET, 64) => "SO_TIMESTAMPNS_NEW",
-        (libc::SOL_SOCKET, 65) => "SO_TIMESTAMPING_NEW",
         (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) => "SO_BINDTODEVICE",
         (libc::SOL_SOCKET, libc::SO_REUSEPORT) => "SO_REUSEPORT (sockets sharing a port)",
         (libc::IPPROTO_IP, libc::IP_PKTINFO) => "IP_PKTINFO",

@@ -67,6 +67,7 @@ mod signals;
 mod spin;
 mod sys;
 mod table;
+mod tstamp;
 
 /// Runs when the library is loaded (before `main`): read the configuration.
 extern "C" fn nanowire_preload_init() {

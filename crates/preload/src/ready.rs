@@ -103,13 +103,19 @@ pub fn poll_mixed(
         for p in s.iter_mut() {
             if p.fd >= 0
                 && let Some(a) = accel::lookup(p.fd)
-                && p.events & libc::POLLIN != 0
             {
-                if kernel {
-                    accel::twin_seen(a, p.revents & libc::POLLIN != 0, now);
+                if p.events & libc::POLLIN != 0 {
+                    if kernel {
+                        accel::twin_seen(a, p.revents & libc::POLLIN != 0, now);
+                    }
+                    if p.revents & libc::POLLIN == 0 && accel::readable(a) {
+                        p.revents |= libc::POLLIN;
+                    }
                 }
-                if p.revents & libc::POLLIN == 0 && accel::readable(a) {
-                    p.revents |= libc::POLLIN;
+                if a.ts.err_pending() {
+                    // Transmit stamps queued: POLLERR whatever was asked, as
+                    // the kernel reports a non-empty error queue.
+                    p.revents |= libc::POLLERR;
                 }
             }
             if p.revents != 0 {
@@ -331,6 +337,9 @@ fn synth(ep: c_int, out: &mut [epoll_event], fds: &mut Vec<c_int>) -> usize {
         let mut ev = 0u32;
         if i.events & libc::EPOLLIN as u32 != 0 && accel::readable(acc) {
             ev |= libc::EPOLLIN as u32;
+        }
+        if acc.ts.err_pending() {
+            ev |= libc::EPOLLERR as u32; // a non-empty error queue, as the kernel
         }
         if i.events & libc::EPOLLOUT as u32 != 0
             && !(i.events & libc::EPOLLET as u32 != 0 && i.out_done)

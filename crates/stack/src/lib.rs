@@ -122,6 +122,14 @@ pub trait UdpEndpoint: Send {
         None
     }
     fn local_addr(&self) -> io::Result<SocketAddrV4>;
+    /// Ask for receive stamps (xdp engine: `CLOCK_REALTIME` ns when the
+    /// engine took the frame off its RX ring); others have none.
+    fn set_rx_stamping(&mut self, _on: bool) {}
+    /// The receive stamp of the datagram the last receive returned (0:
+    /// none: stamping off, the kernel path, or an engine without stamps).
+    fn last_rx_stamp(&self) -> u64 {
+        0
+    }
     /// Default destination for `send`.
     fn connect(&mut self, peer: SocketAddrV4) -> io::Result<()>;
     fn send_to(&mut self, buf: &[u8], dst: SocketAddrV4) -> io::Result<usize>;

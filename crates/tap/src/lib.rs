@@ -301,8 +301,13 @@ pub fn create(pid: u32, iface: &str) -> (TapWriter, TapWriter, Result<PathBuf, S
         TapWriter {
             map: map.clone(),
             ring: 0,
+            next_check: 0,
         },
-        TapWriter { map, ring: 1 },
+        TapWriter {
+            map,
+            ring: 1,
+            next_check: 0,
+        },
         res,
     )
 }
@@ -312,7 +317,14 @@ pub fn create(pid: u32, iface: &str) -> (TapWriter, TapWriter, Result<PathBuf, S
 pub struct TapWriter {
     map: Arc<Map>,
     ring: usize,
+    /// When (stamp clock, ns) to look next whether the attached capture
+    /// is still alive.
+    next_check: u64,
 }
+
+/// How often an engine with a capture attached looks whether the capture
+/// still lives (one `/proc` read per direction).
+const HOLDER_CHECK_NS: u64 = 100_000_000;
 
 impl TapWriter {
     /// Is a capture attached?
@@ -335,8 +347,19 @@ impl TapWriter {
     #[cold]
     #[inline(never)]
     pub fn push(&mut self, frame: &[u8], ts_ns: u64) -> bool {
-        let base = o_ring(self.ring);
         let m = &*self.map;
+        if ts_ns >= self.next_check || ts_ns.saturating_add(HOLDER_CHECK_NS) < self.next_check {
+            // A capture killed with SIGKILL never detaches: stop copying
+            // for it once its process (pid and start time) is gone.
+            self.next_check = ts_ns.saturating_add(HOLDER_CHECK_NS);
+            let a = m.word(O_ATTACHED);
+            let cur = a.load(Ordering::Acquire);
+            if cur != 0 && !holder_alive(cur) {
+                let _ = a.compare_exchange(cur, 0, Ordering::AcqRel, Ordering::Relaxed);
+                return false;
+            }
+        }
+        let base = o_ring(self.ring);
         let head = m.word(base);
         let tail = m.word(base + 64);
         let h = head.load(Ordering::Relaxed);
@@ -388,6 +411,33 @@ pub struct TapInfo {
 
 fn pid_alive(pid: u32) -> bool {
     pid != 0 && Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Start time of process `pid` (clock ticks since boot, `/proc/PID/stat`
+/// field 22), low 32 bits; `None` if there is no such process.
+fn start_time(pid: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count
+    // from the last ')'; field 3 (state) is the first after it.
+    let rest = &s[s.rfind(')')? + 1..];
+    let t: u64 = rest.split_whitespace().nth(19)?.parse().ok()?;
+    Some(t as u32)
+}
+
+/// The `attached` word of a capture process: pid in the low 32 bits, its
+/// start time's low 32 bits above (so a recycled pid is not taken for it).
+fn holder_word(pid: u32) -> u64 {
+    u64::from(pid) | u64::from(start_time(pid).unwrap_or(0)) << 32
+}
+
+/// Does the capture named by an `attached` word still live? (A start time
+/// of 0 is not checked.)
+fn holder_alive(w: u64) -> bool {
+    let (pid, start) = (w as u32, (w >> 32) as u32);
+    match start_time(pid) {
+        None => false,
+        Some(t) => start == 0 || t == start,
+    }
 }
 
 /// Open a tap file for reading and writing with every check.
@@ -497,6 +547,8 @@ pub struct Record<'a> {
 /// `attached` word; dropping the reader clears it and gives the ring memory
 /// back (hole punched in the file).
 pub struct TapReader {
+    /// Our `attached` word.
+    me: u64,
     fd: OwnedFd,
     map: Map,
     info: TapInfo,
@@ -509,16 +561,16 @@ impl TapReader {
     pub fn attach(path: &Path) -> io::Result<TapReader> {
         let (fd, map) = open_checked(path)?;
         let info = info_of(path, &map);
-        let me = u64::from(std::process::id());
+        let me = holder_word(std::process::id());
         let a = map.word(O_ATTACHED);
         loop {
             let cur = a.load(Ordering::Acquire);
-            if cur != 0 && cur != me && pid_alive(cur as u32) {
+            if cur != 0 && cur != me && holder_alive(cur) {
                 return Err(io::Error::new(
                     io::ErrorKind::AddrInUse,
                     format!(
-                        "the engine of pid {} on {} is already being captured by pid {cur}",
-                        info.pid, info.iface
+                        "the engine of pid {} on {} is already being captured by pid {}",
+                        info.pid, info.iface, cur as u32
                     ),
                 ));
             }
@@ -539,6 +591,7 @@ impl TapReader {
             map.word(o_ring(1) + 128).load(Ordering::Relaxed),
         ];
         Ok(TapReader {
+            me,
             fd,
             map,
             info,
@@ -639,11 +692,12 @@ impl TapReader {
 
 impl Drop for TapReader {
     fn drop(&mut self) {
-        let me = u64::from(std::process::id());
-        let _ =
-            self.map
-                .word(O_ATTACHED)
-                .compare_exchange(me, 0, Ordering::AcqRel, Ordering::Relaxed);
+        let _ = self.map.word(O_ATTACHED).compare_exchange(
+            self.me,
+            0,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
         // Give the ring pages back; the header stays.
         // SAFETY: fallocate on our descriptor, within the file.
         unsafe {
@@ -669,10 +723,12 @@ mod tests {
             TapWriter {
                 map: m.clone(),
                 ring: 0,
+                next_check: 0,
             },
             TapWriter {
                 map: m.clone(),
                 ring: 1,
+                next_check: 0,
             },
             m,
         )
@@ -706,6 +762,37 @@ mod tests {
         }
         m.word(b + 64).store(t, Ordering::Release);
         out
+    }
+
+    #[test]
+    fn a_capture_killed_with_sigkill_stops_the_copies() {
+        // A real process holds the tap as a capture does (pid and start
+        // time in `attached`), then dies by SIGKILL without detaching.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let (mut rx, mut tx, m) = pair();
+        m.word(O_ATTACHED)
+            .store(holder_word(child.id()), Ordering::Release);
+        assert!(rx.on() && tx.on());
+        rx.record(b"while the capture lives");
+        assert_eq!(drain_map(&m, 0).len(), 1);
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        // The next copy after the check interval finds the holder dead:
+        // nothing copied, the tap detached, and no copy from then on.
+        let later = now_ns() + 2 * HOLDER_CHECK_NS;
+        assert!(!rx.push(b"after the kill", later));
+        assert!(!rx.on() && !tx.on());
+        rx.record(b"x");
+        tx.record(b"y");
+        assert!(drain_map(&m, 0).is_empty() && drain_map(&m, 1).is_empty());
+        // A live holder whose pid comes back with another start time (a
+        // recycled pid) is not taken for the old capture either.
+        let me = std::process::id();
+        let stale = u64::from(me) | u64::from(start_time(me).unwrap().wrapping_add(1)) << 32;
+        assert!(!holder_alive(stale) && holder_alive(holder_word(me)));
     }
 
     #[test]

@@ -27,7 +27,14 @@ pub use program::{AttachMode, SteerProgram};
 pub use umem::{RxFrame, UmemInfo};
 pub use xsk::{XskConfig, XskRx, XskSocket, XskStats, XskTx};
 
-/// The compiled steering program.
+/// The compiled steering program (bpf/steer.c; built by this crate's
+/// build.rs with every other BPF program of the workspace).
 pub fn steer_object() -> &'static [u8] {
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/steer.o"))
+}
+
+/// The compiled dedicated-capture program (bpf/capture.c), used by
+/// `nanowire-capture`.
+pub fn capture_object() -> &'static [u8] {
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.o"))
 }

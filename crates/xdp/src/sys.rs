@@ -63,6 +63,70 @@ pub unsafe fn sendto(
     unsafe { libc::syscall(libc::SYS_sendto, fd, buf, len, flags, addr, alen) as isize }
 }
 
+/// `SCM_TS_OPT_ID` (Linux 6.13): the `SOF_TIMESTAMPING_OPT_ID` key of
+/// this one send's transmit stamps, instead of the socket's counter.
+pub const SCM_TS_OPT_ID: c_int = 81;
+
+/// sendto(2) of one datagram to `addr` with an `SCM_TS_OPT_ID` control
+/// message carrying `key` (a socket whose counter is kept elsewhere: the
+/// shim's engine sockets send the datagrams that take the kernel path with
+/// the key the engine's counter gives them).
+pub fn sendto_tskey(
+    fd: c_int,
+    buf: &[u8],
+    flags: c_int,
+    addr: &libc::sockaddr_in,
+    key: u32,
+) -> isize {
+    // CMSG_SPACE(4) on 64-bit: a 16-byte header and 4 bytes, padded to 8.
+    let mut ctl = [0u64; 3];
+    let hdr = libc::cmsghdr {
+        // CMSG_LEN(4): header and 4 data bytes.
+        cmsg_len: (std::mem::size_of::<libc::cmsghdr>() + 4) as _,
+        cmsg_level: libc::SOL_SOCKET,
+        cmsg_type: SCM_TS_OPT_ID,
+    };
+    // SAFETY: ctl is 24 bytes: the 16-byte header and the key after it fit.
+    unsafe {
+        let p = ctl.as_mut_ptr().cast::<u8>();
+        std::ptr::copy_nonoverlapping(
+            (&raw const hdr).cast::<u8>(),
+            p,
+            std::mem::size_of::<libc::cmsghdr>(),
+        );
+        std::ptr::copy_nonoverlapping(
+            key.to_ne_bytes().as_ptr(),
+            p.add(std::mem::size_of::<libc::cmsghdr>()),
+            4,
+        );
+    }
+    let mut iov = libc::iovec {
+        iov_base: buf.as_ptr() as *mut c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: an all-zero msghdr is valid; the fields are set below.
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_name = (addr as *const libc::sockaddr_in).cast_mut().cast();
+    m.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
+    m.msg_iov = &mut iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl.as_mut_ptr().cast();
+    m.msg_controllen = std::mem::size_of_val(&ctl) as _;
+    // SAFETY: every pointer in `m` refers to a live local or the caller's
+    // slice (read only by the kernel).
+    let r = unsafe { libc::syscall(libc::SYS_sendmsg, fd, &raw const m, flags) as isize };
+    if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+        // A kernel before 6.13 does not know SCM_TS_OPT_ID: send without it
+        // (the stamp then carries the kernel socket's own counter). A real
+        // EINVAL comes back from this plain send too.
+        m.msg_control = std::ptr::null_mut();
+        m.msg_controllen = 0;
+        // SAFETY: as above, without the control buffer.
+        return unsafe { libc::syscall(libc::SYS_sendmsg, fd, &raw const m, flags) as isize };
+    }
+    r
+}
+
 /// recvfrom(2).
 ///
 /// # Safety

@@ -134,7 +134,7 @@ impl ExperimentKind for Capture {
             "9. Capture of accelerated traffic, and where the time goes",
             "issue 13",
             &format!(
-                "xdp ping-pong (`bench pp`, 64 B, both ends xdp, {secs} s, client on CPU {CLIENT_CPU}, server on CPU {SERVER_CPU}) without a capture and with `nanowire capture` tapping both engines (every frame copied into the engines' capture taps and written to pcapng), interleaved, {} repeat(s), medians. Stamps: every tap stamp is one CLOCK_REALTIME read (tens of ns; the two hosts are namespaces of one kernel, so there is no clock offset between them), taken when an engine takes a frame off its AF_XDP RX ring and when it has written a frame into its TX frame, before posting it and kicking the kernel. Matching each datagram's frames by payload splits the round trip: client TX post → server ring (wire → ring: the kick syscall, veth_xmit, XDP, the copy into the UMEM, the wait until the spinning server looks), server ring → server TX post (ring → application → ring: demux, the application's receive, its send), and back. What the stamps cannot see, the client's ring → application and its send up to the TX post, is the remainder of pp's RTT/2. The tapped runs carry the taps' own cost (one clock read and one copy per stamp), which the first table measures.",
+                "xdp ping-pong (`bench pp`, 64 B, both ends xdp, {secs} s, client on CPU {CLIENT_CPU}, server on CPU {SERVER_CPU}) without a capture and with `nanowire capture` tapping both engines (every frame copied into the engines' capture taps and written to pcapng), interleaved, {} repeat(s), medians. Stamps: every tap stamp is one CLOCK_REALTIME read (tens of ns; the two hosts are namespaces of one kernel, so there is no clock offset between them), taken when an engine takes a frame off its AF_XDP RX ring and when it has written a frame into its TX frame, before posting it and kicking the kernel. Matching each datagram's frames by payload splits the round trip: client TX post → server ring (wire → ring: the kick syscall, veth_xmit, XDP, the copy into the UMEM, the wait until the spinning server looks), server ring → server TX post (ring → application → ring: demux, the application's receive, its send), and back. The client's ring → application comes from pp's own receive stamps (`--rx-stamps`, in every run, tapped or not: the engine's stamp when it takes the reply off its RX ring, the tap's stamp point, to one CLOCK_REALTIME read after the receive call returned; costs one clock read per received frame in the engine and one per reply). What remains of pp's RTT/2 is half of that plus the client's send up to its TX post and pp's clock reads. The tapped runs carry the taps' own cost (one clock read and one copy per stamp), which the first table measures.",
                 ctx.repeats
             ),
         );
@@ -170,6 +170,7 @@ impl ExperimentKind for Capture {
         let mut plain = vec![];
         let mut tapped = vec![];
         let mut segs: Vec<[f64; 3]> = vec![];
+        let mut r2a: Vec<f64> = vec![];
         let mut matched = vec![];
         let mut failure = None;
         'reps: for rep in 0..ctx.repeats {
@@ -189,6 +190,9 @@ impl ExperimentKind for Capture {
                             .push(json!({"repeat": rep, "tapped": tap, "result": v,
                             "segments_us": s.map(|(s, _)| s.to_vec())}));
                         let p50 = r.latency_us.map(|l| l.p50).unwrap_or(f64::NAN);
+                        if let Some(l) = &r.ring_to_app_us {
+                            r2a.push(l.p50);
+                        }
                         if tap {
                             tapped.push(p50);
                             if let Some((s, n)) = s {
@@ -265,7 +269,11 @@ impl ExperimentKind for Capture {
                     vec![json!("half the stamped round trip"), jnum(half)],
                     vec![json!("pp p50 one-way, tapped runs (RTT/2)"), jnum(mt)],
                     vec![
-                        json!("unstamped: client ring → application, its send up to the TX post, clock reads"),
+                        json!("client ring → application, once per round trip (pp --rx-stamps: the engine takes the reply off its ring → pp's receive returned; every run)"),
+                        jnum(if r2a.is_empty() { f64::NAN } else { median(&r2a) }),
+                    ],
+                    vec![
+                        json!("not split by the taps: half of (client ring → application + its send up to the TX post + clock reads)"),
                         jnum(mt - half),
                     ],
                 ],
@@ -321,6 +329,10 @@ impl Capture {
             "-m".into(),
             "64".into(),
             "--no-fallback".into(),
+            // The client's own receive stamps (engine: frame off the RX
+            // ring), in both kinds of runs so the ratio compares like
+            // with like: ring → application on the client side.
+            "--rx-stamps".into(),
         ];
         let v = ctx.client(EngineKind::Xdp, false, port, &extra, ctx.p.pp_secs);
         let mut cap_err = None;

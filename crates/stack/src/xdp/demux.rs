@@ -75,6 +75,10 @@ pub struct Delivery {
     pub l4_off: u32,
     pub payload_off: u32,
     pub payload_len: u32,
+    /// `CLOCK_REALTIME` ns when the engine took the frame off its RX ring;
+    /// 0 when no socket of the engine asked for receive stamps
+    /// (`XdpSocket::set_rx_stamping`).
+    pub stamp: u64,
 }
 
 impl Delivery {
@@ -286,8 +290,22 @@ impl Demux {
 
     /// Queue `frame` on its endpoint(s), counting on `page`.
     #[inline]
+    #[cfg(test)]
     pub fn deliver(&mut self, c: &Classified, frame: RxFrame, page: &StatsPage) -> Outcome {
+        self.deliver_at(c, frame, 0, page)
+    }
+
+    /// [`Demux::deliver`] with the frame's receive stamp.
+    #[inline]
+    pub fn deliver_at(
+        &mut self,
+        c: &Classified,
+        frame: RxFrame,
+        stamp: u64,
+        page: &StatsPage,
+    ) -> Outcome {
         let d = Delivery {
+            stamp,
             frame,
             proto: c.proto,
             src: c.src,
@@ -384,6 +402,7 @@ impl Delivery {
             l4_off: self.l4_off,
             payload_off: self.payload_off,
             payload_len: self.payload_len,
+            stamp: self.stamp,
         }
     }
 }

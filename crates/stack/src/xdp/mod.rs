@@ -200,6 +200,7 @@ impl Engine {
             big: Vec::new(),
             tap: tap_tx,
             faults: faults.as_ref().and_then(|f| f.tx()).map(tx::TxFaults::new),
+            stamp: None,
         }));
         let neigh = Arc::new(
             neigh::Neigh::new(info.index, info.addr, page.clone())

@@ -40,6 +40,9 @@ pub(crate) struct RxPath {
     /// (interface, frame size) for the one warning about frames the kernel
     /// could not fit in a frame; `None` once warned.
     oversize_warn: Option<(String, usize)>,
+    /// Sockets of the engine that want receive stamps: while non-zero each
+    /// frame is stamped (`CLOCK_REALTIME`) as it is taken off the ring.
+    pub stamp_users: u32,
 }
 
 /// Receive-side fault injection: every frame off the ring is copied into
@@ -108,6 +111,7 @@ impl RxPath {
             tap,
             faults: None,
             oversize_warn: None,
+            stamp_users: 0,
         }
     }
 
@@ -140,19 +144,23 @@ impl RxPath {
             page,
             tap,
             faults,
+            stamp_users,
             ..
         } = self;
+        let stamping = *stamp_users > 0;
         for q in queues.iter_mut() {
             if total >= budget {
                 break;
             }
             let info = q.poll(budget - total, RX_BATCH, |f| {
+                // One predictable branch when no socket wants stamps.
+                let at = if stamping { nanowire_tap::now_ns() } else { 0 };
                 tap.record(f.data());
                 if f.is_multi_buffer() {
                     bump(page.e(E::RxMultiBuffer), 1);
                 }
                 match faults.as_mut() {
-                    None => handle(demux, own, page, f),
+                    None => handle(demux, own, page, f, at),
                     Some(x) => {
                         let now = x.now();
                         x.inj.push(now, f.data());
@@ -168,7 +176,10 @@ impl RxPath {
             let now = x.now();
             let mut released = 0;
             while let Some(p) = x.inj.pop(now) {
-                handle(demux, own, page, RxFrame::from_vec(p));
+                // Stamped when the injector releases it: that is when it
+                // reaches the engine's receive path, as far as sockets see.
+                let at = if stamping { nanowire_tap::now_ns() } else { 0 };
+                handle(demux, own, page, RxFrame::from_vec(p), at);
                 released += 1;
             }
             x.account(page);
@@ -250,7 +261,7 @@ impl RxPath {
 /// One frame: classify, check the source against our own addresses,
 /// deliver or count the drop.
 #[inline]
-fn handle(demux: &mut Demux, own: &[Ipv4Addr], page: &StatsPage, f: RxFrame) {
+fn handle(demux: &mut Demux, own: &[Ipv4Addr], page: &StatsPage, f: RxFrame, at: u64) {
     bump(page.e(E::RxFrames), 1);
     let c = match classify(f.data()) {
         Ok(c) => c,
@@ -263,7 +274,7 @@ fn handle(demux: &mut Demux, own: &[Ipv4Addr], page: &StatsPage, f: RxFrame) {
         bump(page.e(E::RxCsumPartial), 1);
     }
     let len = c.payload_len as u64;
-    match demux.deliver(&c, f, page) {
+    match demux.deliver_at(&c, f, at, page) {
         Outcome::Delivered => {
             bump(page.e(E::RxPackets), 1);
             bump(page.e(E::RxBytes), len);

@@ -22,7 +22,7 @@ use super::demux::{Delivery, EndpointId, EndpointKind};
 use super::neigh::{Hop, Lookup, Queued};
 use super::rx::RX_BUDGET;
 use super::shm::{self, E, S, add, bump};
-use super::tx::{HDRS, IP_HDR, UDP_HDR, Wire};
+use super::tx::{HDRS, IP_HDR, TxStamp, UDP_HDR, Wire};
 use crate::{EngineKind, EngineOptions, SocketStats, UdpEndpoint, WaitPolicy};
 use nanowire_xdp::iface;
 use std::io;
@@ -215,6 +215,12 @@ pub struct XdpSocket {
     /// Last destination: (address, neighbour generation, hop).
     hop: Option<(Ipv4Addr, u64, Hop)>,
     batch: Vec<Delivery>,
+    /// Counted in the engine's `stamp_users` (receive stamps wanted).
+    rx_stamping: bool,
+    /// Receive stamp of the datagram `recv_with` returned last.
+    last_rx: u64,
+    /// Transmit stamps wanted: the request handed to the TX path per send.
+    tx_stamp: Option<TxStamp>,
 }
 
 impl XdpSocket {
@@ -340,6 +346,9 @@ impl XdpSocket {
             wake_fd,
             hop: None,
             batch: Vec::new(),
+            rx_stamping: false,
+            last_rx: 0,
+            tx_stamp: None,
         };
         {
             let mut p = s.engine.prog();
@@ -403,6 +412,7 @@ impl XdpSocket {
         loop {
             let d = self.engine.rx().pop_or_poll(self.id);
             if let Some(d) = d {
+                self.last_rx = d.stamp;
                 return Ok(Some(f(d.payload(), d.src)));
             }
             spins = spins.wrapping_add(1);
@@ -414,6 +424,7 @@ impl XdpSocket {
                 // KERNEL_CHECK_INTERVAL while spinning (and after each sleep).
                 if now >= *next {
                     *next = now + KERNEL_CHECK_INTERVAL;
+                    self.last_rx = 0;
                     if let Some(r) = self.try_kernel(&mut f)? {
                         return Ok(Some(r));
                     }
@@ -453,6 +464,7 @@ impl XdpSocket {
                             e.sleeping = false;
                         }
                         eventfd_drain(self.wake_fd);
+                        self.last_rx = 0;
                         if let Some(r) = self.try_kernel(&mut f)? {
                             return Ok(Some(r));
                         }
@@ -467,6 +479,18 @@ impl XdpSocket {
     /// Receive up to `max` queued datagrams without waiting, zero-copy;
     /// `f` runs after the engine's locks are released.
     pub fn recv_batch(&mut self, max: usize, mut f: impl FnMut(&[u8], SocketAddrV4)) -> usize {
+        self.recv_batch_ts(max, |p, src, _| f(p, src))
+    }
+
+    /// [`XdpSocket::recv_batch`] with each datagram's receive stamp
+    /// (`CLOCK_REALTIME` ns when the engine took the frame off its RX ring;
+    /// 0 when stamping was off at the time, or for a datagram that took the
+    /// kernel path: see [`XdpSocket::set_rx_stamping`]).
+    pub fn recv_batch_ts(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(&[u8], SocketAddrV4, u64),
+    ) -> usize {
         if self.own().is_err() {
             return 0;
         }
@@ -491,18 +515,62 @@ impl XdpSocket {
         }
         let mut n = batch.len();
         for d in batch.drain(..) {
-            f(d.payload(), d.src);
+            f(d.payload(), d.src, d.stamp);
         }
         self.batch = batch;
         if n == 0 {
             self.kcheck = self.kcheck.wrapping_add(1);
             if self.kcheck.is_multiple_of(KERNEL_CHECK_EVERY)
-                && let Ok(Some(())) = self.try_kernel(&mut f)
+                && let Ok(Some(())) = self.try_kernel(&mut |p: &[u8], src| f(p, src, 0))
             {
                 n = 1;
             }
         }
         n
+    }
+
+    /// Receive stamps on or off for this socket. While any socket of the
+    /// engine has them on, the engine reads `CLOCK_REALTIME` once per frame
+    /// as it takes the frame off the RX ring (before classification).
+    pub fn set_rx_stamping(&mut self, on: bool) {
+        if on == self.rx_stamping || self.own().is_err() {
+            return;
+        }
+        let mut g = self.engine.rx();
+        if on {
+            g.stamp_users += 1;
+        } else {
+            g.stamp_users = g.stamp_users.saturating_sub(1);
+        }
+        self.rx_stamping = on;
+    }
+
+    /// Transmit stamps on or off for this socket (`frame`: keep a copy of
+    /// the frame sent, for `MSG_ERRQUEUE` without `OPT_TSONLY`).
+    pub fn set_tx_stamping(&mut self, on: bool, frame: bool) {
+        self.tx_stamp = on.then(|| TxStamp {
+            want_frame: frame,
+            ..TxStamp::default()
+        });
+    }
+
+    /// After a send with transmit stamping on: the stamp (`CLOCK_REALTIME`
+    /// ns when the kick that handed the frame to the driver returned) and
+    /// the frame, if the last send went through the ring; `None` if it did
+    /// not (kernel path, neighbour not resolved yet, stamping off).
+    pub fn last_tx_stamp(&self) -> Option<(u64, &[u8])> {
+        let s = self.tx_stamp.as_ref()?;
+        (s.at != 0).then_some((s.at, s.frame.as_slice()))
+    }
+
+    /// With transmit stamps on: the `OPT_ID` key of the next datagram (a
+    /// datagram that takes the kernel path carries it in `SCM_TS_OPT_ID`),
+    /// and forget the last stamp.
+    pub fn set_tx_key(&mut self, key: Option<u32>) {
+        if let Some(s) = self.tx_stamp.as_mut() {
+            s.key = key;
+            s.at = 0;
+        }
     }
 
     /// One datagram from the kernel twin, if any (syscalls: called only
@@ -618,7 +686,19 @@ impl XdpSocket {
                     dst,
                     mac,
                 };
-                let r = self.engine.tx().send(bufs, w, self.id);
+                let r = match self.tx_stamp.as_mut() {
+                    None => self.engine.tx().send(bufs, w, self.id),
+                    Some(req) => {
+                        let mut tx = self.engine.tx();
+                        let mut st = std::mem::take(req);
+                        st.at = 0;
+                        st.frame.clear();
+                        tx.stamp = Some(st);
+                        let r = tx.send(bufs, w, self.id);
+                        *req = tx.stamp.take().unwrap_or_default();
+                        r
+                    }
+                };
                 r.map(|s| s.n).map_err(|e| {
                     if e.kind() == io::ErrorKind::WouldBlock {
                         e
@@ -631,6 +711,11 @@ impl XdpSocket {
                 })
             }
             Lookup::Ready(Hop::Kernel) => self.send_kernel(bufs, dst),
+            // With transmit stamps on, a datagram that would wait for the
+            // neighbour goes through the kernel twin, which resolves it and
+            // stamps it when it leaves (on the twin's error queue, under the
+            // same OPT_ID key).
+            Lookup::Pending if self.tx_stamp.is_some() => self.send_kernel(bufs, dst),
             Lookup::Pending => {
                 // As the kernel: success now, the datagram waits for the
                 // neighbour (a few per neighbour, then counted drops).
@@ -672,16 +757,21 @@ impl XdpSocket {
         let sa = sockaddr_in(dst);
         let mut n = 0;
         for b in bufs {
-            // SAFETY: b and sa are valid buffers of the sizes given.
-            let r = unsafe {
-                sys::sendto(
-                    fd,
-                    b.as_ptr().cast(),
-                    b.len(),
-                    0,
-                    (&sa as *const libc::sockaddr_in).cast(),
-                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
+            let key = self.tx_stamp.as_ref().and_then(|t| t.key);
+            let r = match key {
+                // Transmit stamps under the key the shim's counter gave.
+                Some(k) => sys::sendto_tskey(fd, b, 0, &sa, k),
+                // SAFETY: b and sa are valid buffers of the sizes given.
+                None => unsafe {
+                    sys::sendto(
+                        fd,
+                        b.as_ptr().cast(),
+                        b.len(),
+                        0,
+                        (&sa as *const libc::sockaddr_in).cast(),
+                        std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                    )
+                },
             };
             if r < 0 {
                 let e = io::Error::last_os_error();
@@ -809,6 +899,9 @@ impl Drop for XdpSocket {
         }
         let ep = {
             let mut g = self.engine.rx();
+            if self.rx_stamping {
+                g.stamp_users = g.stamp_users.saturating_sub(1);
+            }
             let ep = g.demux.remove(self.id);
             self.engine.page.set_sock_addr(self.id, None);
             let c = self.engine.page.e(E::Sockets);
@@ -862,6 +955,12 @@ impl UdpEndpoint for XdpSocket {
     }
     fn send_batch_to(&mut self, bufs: &[&[u8]], dst: SocketAddrV4) -> io::Result<usize> {
         self.send_many(bufs, dst)
+    }
+    fn set_rx_stamping(&mut self, on: bool) {
+        XdpSocket::set_rx_stamping(self, on);
+    }
+    fn last_rx_stamp(&self) -> u64 {
+        self.last_rx
     }
     fn recv_from(
         &mut self,

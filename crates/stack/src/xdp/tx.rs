@@ -40,6 +40,9 @@ pub(crate) struct TxPath {
     /// Transmit-side faults of the `faults` option (loss, duplication,
     /// corruption of whole frames; off: `None`).
     pub faults: Option<TxFaults>,
+    /// Set by a socket with transmit stamping around its `send` (None: no
+    /// cost but one branch per frame).
+    pub stamp: Option<TxStamp>,
 }
 
 pub(crate) struct TxFaults {
@@ -81,6 +84,22 @@ impl TxFaults {
     }
 }
 
+/// A transmit stamp request (`SOF_TIMESTAMPING_TX_SOFTWARE` in the shim).
+#[derive(Debug, Default)]
+pub(crate) struct TxStamp {
+    /// Keep a copy of the last frame sent (the error queue returns it
+    /// unless `SOF_TIMESTAMPING_OPT_TSONLY`).
+    pub want_frame: bool,
+    /// The last frame sent through the ring (when `want_frame`).
+    pub frame: Vec<u8>,
+    /// `CLOCK_REALTIME` ns when the kick that handed the frames to the
+    /// driver returned; 0: nothing went through the ring.
+    pub at: u64,
+    /// The `OPT_ID` key of the datagram being sent, for the kernel path
+    /// (`SCM_TS_OPT_ID`: the kernel stamps it under the same key).
+    pub key: Option<u32>,
+}
+
 /// What one `send` did.
 pub(crate) struct Sent {
     pub n: usize,
@@ -113,6 +132,7 @@ impl TxPath {
                 let chunk = &bufs[i..j];
                 let (mac, mut id) = (self.mac, self.ip_id);
                 let tap = &mut self.tap;
+                let stamp = &mut self.stamp;
                 let k = self.xsk.send_with(chunk.len(), |n, fr| {
                     id = id.wrapping_add(1);
                     let len = build_frame(
@@ -126,6 +146,12 @@ impl TxPath {
                         id,
                     );
                     tap.record(&fr[..len]);
+                    if let Some(s) = stamp.as_mut()
+                        && s.want_frame
+                    {
+                        s.frame.clear();
+                        s.frame.extend_from_slice(&fr[..len]);
+                    }
                     Some(len)
                 });
                 self.ip_id = self.ip_id.wrapping_add(k as u16);
@@ -148,6 +174,12 @@ impl TxPath {
                 );
                 if self.xsk.send_large(&self.big[..n]) {
                     self.tap.record(&self.big[..n]);
+                    if let Some(s) = self.stamp.as_mut()
+                        && s.want_frame
+                    {
+                        s.frame.clear();
+                        s.frame.extend_from_slice(&self.big[..n]);
+                    }
                     self.count(&bufs[i..i + 1], slot);
                     1
                 } else {
@@ -178,6 +210,12 @@ impl TxPath {
             self.xsk.kick();
         }
         self.xsk.reap();
+        if let Some(s) = self.stamp.as_mut() {
+            // The kick has returned: in copy mode the kernel has passed the
+            // frames through the driver's transmit (where it stamps its own
+            // sockets' frames); in zero-copy mode they are posted.
+            s.at = nanowire_tap::now_ns();
+        }
         if let Some(e) = self.xsk.kick_error() {
             return Err(e);
         }

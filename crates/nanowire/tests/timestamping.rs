@@ -1,0 +1,143 @@
+//! SO_TIMESTAMPING / SO_TIMESTAMPNS / SO_TIMESTAMP on sockets the xdp
+//! engine serves (issue 13): one C program (crates/preload/tests/
+//! timestamping.c) run plainly and under `nanowire run` against a plain
+//! echo server on the other lab host; the normalized outputs (which
+//! control messages, error-queue fields, OPT_ID sequence, stamps inside
+//! [before send, after receive] and monotonic, POLLERR) must be identical,
+//! and under run the sockets must really be on the engine (`nanowire stats`).
+//! Covered: the first datagram to a peer whose neighbour entry is not
+//! resolved yet and a datagram above the MTU (both take the kernel path
+//! under run, stamped there under the engine's OPT_ID sequence).
+
+mod run_support;
+use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host, LabOptions, ScopedLab};
+use run_support::*;
+use std::process::Command;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(60);
+
+const ECHO: &str = "import socket,sys\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind((sys.argv[1],12600))\nprint('ready',flush=True)\nwhile True:\n    d,a=s.recvfrom(4096)\n    s.sendto(d,a)\n";
+
+#[test]
+fn timestamping_on_xdp_sockets_matches_a_plain_run() {
+    let lab = ScopedLab::new(LabOptions {
+        name: format!("nwtt{}", std::process::id() % 10000),
+        ..LabOptions::default()
+    })
+    .expect("bring the lab up");
+    ensure_preload();
+    let dir = std::env::temp_dir().join(format!("nanowire-tt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join("timestamping");
+    let src =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../preload/tests/timestamping.c");
+    assert!(
+        Command::new("cc")
+            .args(["-O1", "-Wall", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let bin = bin.to_str().unwrap();
+    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
+    let mut echo = spawn(
+        "tt-echo",
+        plain_in(&lab, Host::B, &["python3", "-c", ECHO, &b]),
+    );
+    echo.wait_for("ready", Duration::from_secs(20));
+
+    // No neighbour entry for the peer before each run: the first datagram
+    // waits for ARP (under run it goes through the kernel socket under the
+    // fd, which stamps it when it leaves, under the same OPT_ID).
+    let flush = || {
+        assert!(
+            lab.command(Host::A, &["ip", "neigh", "flush", "all"])
+                .status()
+                .unwrap()
+                .success()
+        )
+    };
+    flush();
+    let mut plain = spawn("tt-plain", plain_in(&lab, Host::A, &[bin, &a, &b, "12600"]));
+    plain.success(T);
+    let want = plain.stdout();
+    // The kernel's own answers are what the engine must reproduce.
+    for needle in [
+        "getsockopt SO_TIMESTAMPING: equal=1",
+        "tx 3: pollerr=1",
+        "errqueue 3: len=0 namelen=0 flags=ERRQUEUE cmsgs=[SCM_TIMESTAMPING,IP_RECVERR] ts1=0 ts2=0 ee_errno=ENOMSG origin=4 type=0 code=0 info=0 data=3",
+        "rx 3: len=7 namelen=16 flags= cmsgs=[SCM_TIMESTAMPING] ts1=0 ts2=0 stamp_in_window=1 monotonic=1",
+        "errqueue 0: len=0 namelen=0 flags=ERRQUEUE cmsgs=[SCM_TIMESTAMPING,IP_RECVERR] ts1=0 ts2=0 ee_errno=ENOMSG origin=4 type=0 code=0 info=0 data=0",
+        "errqueue big: len=0 namelen=0 flags=ERRQUEUE cmsgs=[SCM_TIMESTAMPING,IP_RECVERR] ts1=0 ts2=0 ee_errno=ENOMSG origin=4 type=0 code=0 info=0 data=4",
+        "rx big: len=2048 namelen=16 flags=|TRUNC cmsgs=[SCM_TIMESTAMPING] ts1=0 ts2=0 stamp_in_window=1",
+        "errqueue after: EAGAIN",
+        "pollerr after: 0",
+        "rx ns: len=8 namelen=16 flags= cmsgs=[SCM_TIMESTAMPNS] stamp_in_window=1 monotonic=1",
+        "rx us: len=8 namelen=16 flags= cmsgs=[SCM_TIMESTAMP] stamp_in_window=1 monotonic=1",
+        "rx off: len=8 namelen=16 flags= cmsgs=[]",
+        "rx new: len=8 namelen=16 flags= cmsgs=[SCM_TIMESTAMPNS_NEW,SCM_TIMESTAMPING_NEW] ts1=0 ts2=0 stamp_in_window=1",
+        "epoll: n=1 err=1 data=7",
+        "epoll after: err=0",
+        "errqueue6: len=0 namelen=0 flags=ERRQUEUE cmsgs=[SCM_TIMESTAMPING,IP_RECVERR] ts1=0 ts2=0 ee_errno=ENOMSG origin=4 type=0 code=0 info=0 data=1",
+        "errqueue6 after: EAGAIN",
+        "rx6: 8 8",
+    ] {
+        assert!(want.contains(needle), "plain run lacks {needle:?}:\n{want}");
+    }
+
+    flush();
+    let hold = dir.join("release");
+    let _ = std::fs::remove_file(&hold);
+    let mut c = run_in(&lab, Host::A, &[], &[bin, &a, &b, "12600"]);
+    c.env("NANOWIRE_LOG", "info")
+        .env("TS_HOLD", hold.to_str().unwrap());
+    let mut k = spawn("tt-xdp", c);
+    k.wait_for("holding", T);
+    // Every socket of the program is on the engine, none was taken off.
+    let st = lab
+        .command(Host::A, &[nanowire(), "stats"])
+        .output()
+        .unwrap();
+    let st = String::from_utf8_lossy(&st.stdout).into_owned();
+    std::fs::write(&hold, b"").unwrap();
+    k.success(T);
+    for port in [12601, 12602, 12603, 12604, 12605, 12606] {
+        // (12606 was taken off the engine on purpose before the look.)
+        assert!(
+            port == 12606 || st.contains(&format!("socket {a}:{port}")),
+            "port {port} not on the engine:\n{st}\n{}",
+            k.stderr()
+        );
+        assert!(
+            k.stderr()
+                .contains(&format!("udp {a}:{port}: xdp (interface")),
+            "{}",
+            k.stderr()
+        );
+    }
+    // One socket only is taken off the engine, on purpose (IP_PKTINFO):
+    // its unread stamps must still come out.
+    assert!(
+        k.stderr().matches("taken off").count() == 1
+            && k.stderr().contains("IP_PKTINFO")
+            && !k.stderr().contains("xdp not used"),
+        "{}",
+        k.stderr()
+    );
+    let got = k.stdout().replace("holding\n", "");
+    let want = want.replace("holding\n", "");
+    let diff: Vec<String> = want
+        .lines()
+        .zip(got.lines())
+        .filter(|(x, y)| x != y)
+        .map(|(x, y)| format!("plain: {x}\n  xdp: {y}"))
+        .collect();
+    assert!(
+        diff.is_empty() && want.lines().count() == got.lines().count(),
+        "{}\nplain:\n{want}\nxdp:\n{got}",
+        diff.join("\n")
+    );
+}
