@@ -142,6 +142,18 @@ def scenarios(secs, size):
              nw_pp("xdp", secs, size, ["--tcp", "--no-fallback"]), nw),
             ("xdp udp", nw_server("xdp", ["--no-fallback"]), nw_pp("xdp", secs, size, ["--no-fallback"]), nw),
         ]),
+        # Issue 11 item 4: unmodified sockperf TCP, both ends under `nanowire run`: the xdp
+        # engine vs the spin engine (spinning kernel TCP), and sockperf UDP under run (xdp)
+        # as the second yardstick (acceptance: xdp TCP p50 <= 0.6x spin TCP, <= 1.3x xdp UDP).
+        "issue11-shim": ("run spin tcp", [
+            ("run spin tcp", nw_run("spin", sp_sr(["--tcp"])), nw_run("spin", sp_pp(secs, size, ["--tcp"])), sp),
+            ("run xdp tcp", nw_run("xdp", sp_sr(["--tcp"])), nw_run("xdp", sp_pp(secs, size, ["--tcp"])), sp),
+            ("run xdp udp", nw_run("xdp", sp_sr()), nw_run("xdp", sp_pp(secs, size)), sp),
+        ]),
+        # Issue 11 item 4: iperf3 TCP throughput and CPU, both ends under `nanowire run` with
+        # each engine (see iperf_main).
+        "issue11-iperf": ("kernel", [("kernel", None, None, None), ("spin", None, None, None),
+                                     ("xdp", None, None, None)]),
         "issue4-udp": ("plain", [
             ("plain", sp_sr(), sp_pp(secs, size), sp),
             ("run spin", nw_run("spin", sp_sr()), nw_run("spin", sp_pp(secs, size)), sp),
@@ -159,6 +171,47 @@ def scenarios(secs, size):
             ("run", nw_run("xdp", sp_sr(["--tcp"])), nw_run("xdp", sp_pp(secs, size, ["--tcp"])), sp),
         ]),
     }
+
+
+def iperf_main(a, base, configs):
+    """iperf3 TCP, both ends under `nanowire run --engine E` (kernel, spin, xdp), interleaved:
+    throughput and CPU% of each end (iperf3's own accounting), medians and ratios to kernel."""
+    runs = {label: [] for label, *_ in configs}
+    for r in range(a.repeats):
+        for label, *_ in configs:
+            port = str(PORT + 7)
+            s = subprocess.Popen(["ip", "netns", "exec", ns(a.lab, "b")] +
+                                 nw_run(label, ["taskset", "-c", "1", "iperf3", "-s", "-1", "-B", B, "-p", port],
+                                        profile="throughput"),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)
+            try:
+                p = subprocess.run(["ip", "netns", "exec", ns(a.lab, "a")] +
+                                   nw_run(label, ["taskset", "-c", "0", "iperf3", "-c", B, "-p", port,
+                                                  "-t", str(a.seconds), "-J"], profile="throughput"),
+                                   capture_output=True, text=True, timeout=a.seconds + 60)
+            finally:
+                try:
+                    s.wait(10)
+                except subprocess.TimeoutExpired:
+                    s.kill()
+                    s.wait()
+            d = json.loads(p.stdout[p.stdout.index("{"):])
+            end = d["end"]
+            res = {"gbps": round(end["sum_received"]["bits_per_second"] / 1e9, 3),
+                   "bytes": end["sum_received"]["bytes"],
+                   "cpu_client_pct": round(end["cpu_utilization_percent"]["host_total"], 1),
+                   "cpu_server_pct": round(end["cpu_utilization_percent"]["remote_total"], 1)}
+            res["gbps_per_cpu"] = round(res["gbps"] / max(1e-9, (res["cpu_client_pct"] + res["cpu_server_pct"]) / 100), 3)
+            runs[label].append(res)
+            print(f"# repeat {r + 1} {label}: {res}", file=sys.stderr)
+    keys = ["gbps", "cpu_client_pct", "cpu_server_pct", "gbps_per_cpu"]
+    med = {label: {k: statistics.median(x[k] for x in rs) for k in keys} for label, rs in runs.items()}
+    ratios = {label: {k: round(m[k] / med[base][k], 3) for k in m if med[base].get(k)} for label, m in med.items()}
+    return {"scenario": a.scenario, "baseline": base, "repeats": a.repeats, "seconds": a.seconds,
+            "commands": {label: " ".join(nw_run(label, ["iperf3", "-c", B, "-t", str(a.seconds), "-J"],
+                                                profile="throughput")) for label, *_ in configs},
+            "runs": runs, "median": med, "ratio_to_baseline": ratios, "env": env(a.lab)}
 
 
 BURST_RING = int(os.environ.get("BURST_RING", "65536"))
@@ -465,6 +518,9 @@ def main():
     if a.scenario == "issue8-burst":
         print(json.dumps(run_burst(a, configs), indent=1))
         return
+    if a.scenario == "issue11-iperf":
+        print(json.dumps(iperf_main(a, base, configs), indent=1))
+        return
     runs = {label: [] for label, *_ in configs}
     for r in range(a.repeats):
         for label, srv, cli, parser in configs:
@@ -479,6 +535,10 @@ def main():
     med = {label: {k: statistics.median(x[k] for x in rs if x.get(k) is not None)
                    for k in keys if any(x.get(k) is not None for x in rs)} for label, rs in runs.items()}
     ratios = {label: {k: round(m[k] / med[base][k], 3) for k in m if med[base].get(k)} for label, m in med.items()}
+    if a.scenario == "issue11-shim":
+        udp = med.get("run xdp udp", {})
+        ratios["run xdp tcp / run xdp udp"] = {k: round(med["run xdp tcp"][k] / udp[k], 3)
+                                               for k in med["run xdp tcp"] if udp.get(k)}
     out = {"scenario": a.scenario, "baseline": base, "repeats": a.repeats, "seconds": a.seconds, "msg_size": a.size,
            "commands": {label: {"server": " ".join(map(shlex.quote, s)), "client": " ".join(map(shlex.quote, c))}
                         for label, s, c, _ in configs},

@@ -40,6 +40,10 @@ macro_rules! interposed {
             epoll_pwait(ep: c_int, evs: *mut epoll_event, max: c_int, tmo: c_int, mask: *const sigset_t) -> c_int;
             epoll_pwait2(ep: c_int, evs: *mut epoll_event, max: c_int, tmo: *const timespec, mask: *const sigset_t) -> c_int;
             bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+            listen(fd: c_int, backlog: c_int) -> c_int;
+            getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+            getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+            getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
             connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
             sendto(fd: c_int, buf: *const c_void, len: size_t, flags: c_int, addr: *const sockaddr, alen: socklen_t) -> ssize_t;
             send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t;

@@ -21,6 +21,7 @@ use crate::real;
 pub use crate::signals::{sigaction, signal};
 use crate::spin::{self, log_socket, recv_spin_word};
 use crate::table::{self, C_EPOLL, C_OTHER, C_TCP, C_UDP, F_EPOLL_INET, F_RCVTIMEO};
+use crate::tcpx;
 use libc::{
     c_int, c_uint, c_ulong, c_void, epoll_event, fd_set, iovec, mmsghdr, msghdr, nfds_t, pollfd,
     sigset_t, size_t, sockaddr, socklen_t, ssize_t, timespec, timeval,
@@ -44,11 +45,19 @@ pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
         };
         table::retire(fd);
         let cand = class == C_UDP && domain == libc::AF_INET && spin::xdp_candidates();
-        table::set(fd, class, if cand { table::F_CAND } else { 0 });
+        let tcand = class == C_TCP && domain == libc::AF_INET && spin::xdp_candidates();
+        let flags = if cand {
+            table::F_CAND
+        } else if tcand {
+            table::F_TCAND
+        } else {
+            0
+        };
+        table::set(fd, class, flags);
         if class == C_UDP {
             spin::apply_rcvbuf(fd);
         }
-        if !cand {
+        if !cand && !tcand {
             log_socket(fd, class, domain);
         }
     }
@@ -58,6 +67,11 @@ pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
 /// # Safety
 /// As libc's `accept`.
 pub unsafe fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if let Some(t) = tcpx::lookup(fd)
+        && t.listener
+    {
+        return tcpx::accept(t, fd, addr, len, 0);
+    }
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::accept(fd, addr, len) };
@@ -70,6 +84,11 @@ pub unsafe fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_i
 /// # Safety
 /// As libc's `accept4`.
 pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
+    if let Some(t) = tcpx::lookup(fd)
+        && t.listener
+    {
+        return tcpx::accept(t, fd, addr, len, flags);
+    }
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::accept4(fd, addr, len, flags) };
@@ -88,6 +107,9 @@ pub unsafe fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
+    if let Some(t) = tcpx::lookup(fd) {
+        return tcpx::setsockopt(t, fd, level, name, val, len);
+    }
     if let Some(r) = sockopt_accel(fd, level, name, val, len) {
         return r;
     }
@@ -135,6 +157,11 @@ pub unsafe fn setsockopt(
 /// # Safety
 /// As libc's `shutdown`.
 pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
+    if let Some(t) = tcpx::lookup(fd) {
+        let r = tcpx::shutdown(t, how);
+        table::wake(fd);
+        return r;
+    }
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::shutdown(fd, how) };
@@ -166,6 +193,7 @@ pub unsafe fn close(fd: c_int) -> c_int {
     if let Some(a) = accel::take_fd(fd) {
         accel::release(a);
     }
+    tcpx::release(fd);
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::close(fd) }
@@ -197,6 +225,7 @@ pub unsafe fn dup2(old: c_int, new: c_int) -> c_int {
         if let Some(a) = accel::take_fd(new) {
             accel::release(a);
         }
+        tcpx::release(new);
     }
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
@@ -220,6 +249,7 @@ pub unsafe fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
         if let Some(a) = accel::take_fd(new) {
             accel::release(a);
         }
+        tcpx::release(new);
     }
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
@@ -258,6 +288,24 @@ pub fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
 
 /// `ioctl`, with the optional argument as an integer.
 pub fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    if let Some(t) = tcpx::lookup(fd)
+        && arg != 0
+    {
+        if req == libc::FIONBIO as c_ulong {
+            // SAFETY: FIONBIO's argument is an int pointer.
+            let on = unsafe { *(arg as *const c_int) } != 0;
+            t.nonblock.store(on, Ordering::Relaxed);
+            if t.listener {
+                return 0; // non-blocking underneath, always
+            }
+        } else if (req == libc::FIONREAD as c_ulong || req == libc::TIOCOUTQ as c_ulong)
+            && let Some(n) = tcpx::queue_len(t, req == libc::TIOCOUTQ as c_ulong)
+        {
+            // SAFETY: FIONREAD/SIOCOUTQ's argument is an int pointer.
+            unsafe { *(arg as *mut c_int) = n.min(c_int::MAX as usize) as c_int };
+            return 0;
+        }
+    }
     if let Some(a) = accel::by_fd(fd) {
         if req == libc::FIONBIO as c_ulong && arg != 0 {
             // The kernel socket stays non-blocking; remember the
@@ -291,6 +339,10 @@ pub fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
 /// # Safety
 /// As libc's `recv`.
 pub unsafe fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
+    if let Some(t) = tcpx::lookup(fd) {
+        // SAFETY: the caller's buffer of `len` bytes.
+        return tcpx::recv(t, fd, unsafe { tcp_buf(buf, len) }, flags);
+    }
     if let Some(r) = ahooks::recvfrom(
         fd,
         buf,
@@ -339,6 +391,15 @@ pub unsafe fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
+    if let Some(t) = tcpx::lookup(fd) {
+        if !addr.is_null() && !alen.is_null() {
+            // A connected stream reports no source address.
+            // SAFETY: the caller's length.
+            unsafe { *alen = 0 };
+        }
+        // SAFETY: the caller's buffer of `len` bytes.
+        return tcpx::recv(t, fd, unsafe { tcp_buf(buf, len) }, flags);
+    }
     if let Some(r) = ahooks::recvfrom(fd, buf, len, flags, addr, alen) {
         return r;
     }
@@ -373,6 +434,16 @@ pub unsafe fn recvfrom(
 /// # Safety
 /// As libc's `recvmsg`.
 pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    if let Some(t) = tcpx::lookup(fd)
+        && !msg.is_null()
+    {
+        // SAFETY: the caller's message header.
+        let m = unsafe { &mut *msg };
+        m.msg_namelen = 0;
+        m.msg_controllen = 0;
+        m.msg_flags = 0;
+        return tcpx::recv_iov(t, fd, m.msg_iov, m.msg_iovlen, flags);
+    }
     if let Some(r) = ahooks::recvmsg(fd, msg, flags) {
         return r;
     }
@@ -461,6 +532,10 @@ pub unsafe fn recvmmsg(
 /// # Safety
 /// As libc's `read`.
 pub unsafe fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
+    if let Some(t) = tcpx::lookup(fd) {
+        // SAFETY: the caller's buffer of `len` bytes.
+        return tcpx::recv(t, fd, unsafe { tcp_buf(buf, len) }, 0);
+    }
     if let Some(r) = ahooks::recvfrom(fd, buf, len, 0, std::ptr::null_mut(), std::ptr::null_mut()) {
         return r;
     }
@@ -487,6 +562,11 @@ pub unsafe fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
 /// # Safety
 /// As libc's `readv`.
 pub unsafe fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if cnt >= 0
+        && let Some(t) = tcpx::lookup(fd)
+    {
+        return tcpx::recv_iov(t, fd, iov, cnt as usize, 0);
+    }
     if cnt >= 0 && accel::by_fd(fd).is_some() {
         // SAFETY: a msghdr over the caller's iovec.
         let mut m: msghdr = unsafe { std::mem::zeroed() };
@@ -912,7 +992,15 @@ pub unsafe fn epoll_create1(flags: c_int) -> c_int {
 /// # Safety
 /// As libc's `epoll_ctl`.
 pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
-    let shim_fd = fd >= 0 && table::get(fd) & (table::F_ACCEL | table::F_CAND) != 0;
+    if fd >= 0
+        && let Some(t) = tcpx::lookup(fd)
+        && tcpx::is_stream(t)
+    {
+        return ready::epoll_ctl_tcp(ep, op, fd, ev);
+    }
+    let shim_fd = fd >= 0
+        && (table::get(fd) & (table::F_ACCEL | table::F_CAND | table::F_TCAND) != 0
+            || tcpx::lookup(fd).is_some());
     if shim_fd || ready::epoll_tagged(ep, fd) {
         // The kernel registration carries a tag naming `fd` (see
         // `ready::tagged`); the application's data is kept by the shim.
@@ -1087,6 +1175,7 @@ fn timeval_ns(val: *const c_void, len: socklen_t) -> u64 {
 
 /// `new` is a duplicate of `old`: it shares `old`'s engine socket.
 fn share_accel(old: c_int, new: c_int) {
+    tcpx::share(old, new);
     if let Some(a) = accel::by_fd(old) {
         a.add_ref();
         accel::set_fd(new, a);
@@ -1205,6 +1294,9 @@ fn sockopt_accel(
 }
 
 fn fcntl_accel(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int> {
+    if let Some(t) = tcpx::lookup(fd) {
+        return fcntl_tcp(t, fd, cmd, arg, is64);
+    }
     let a = accel::by_fd(fd)?;
     let call = |c: c_int, v: c_ulong| {
         // SAFETY: F_GETFL/F_SETFL with an int argument.
@@ -1241,6 +1333,106 @@ fn fcntl_accel(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int>
     }
 }
 
+/// fcntl on an engine TCP socket: a listener is non-blocking underneath
+/// (its mode is kept in the record); a connection's mode is recorded and
+/// passed on.
+fn fcntl_tcp(t: &tcpx::Tcp, fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int> {
+    let call = |c: c_int, v: c_ulong| {
+        // SAFETY: F_GETFL/F_SETFL with an int argument.
+        unsafe {
+            if is64 {
+                real::fcntl64(fd, c, v)
+            } else {
+                real::fcntl(fd, c, v)
+            }
+        }
+    };
+    match cmd {
+        libc::F_GETFL if t.listener => {
+            let r = call(libc::F_GETFL, 0);
+            if r < 0 {
+                return Some(r);
+            }
+            let nb = if t.nonblock.load(Ordering::Relaxed) {
+                libc::O_NONBLOCK
+            } else {
+                0
+            };
+            Some((r & !libc::O_NONBLOCK) | nb)
+        }
+        libc::F_SETFL => {
+            let under = if t.listener {
+                arg | libc::O_NONBLOCK as c_ulong
+            } else {
+                arg
+            };
+            let r = call(libc::F_SETFL, under);
+            if r == 0 {
+                t.nonblock
+                    .store(arg & libc::O_NONBLOCK as c_ulong != 0, Ordering::Relaxed);
+            }
+            Some(r)
+        }
+        _ => None,
+    }
+}
+
+/// # Safety
+/// As libc's `listen`.
+pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
+    if let Some(r) = tcpx::listen(fd, backlog) {
+        return r;
+    }
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
+    unsafe { real::listen(fd, backlog) }
+}
+
+/// # Safety
+/// As libc's `getsockname`.
+pub unsafe fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if let Some(t) = tcpx::lookup(fd)
+        && let Some(r) = tcpx::name(t, false, addr, len)
+    {
+        return r;
+    }
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
+    unsafe { real::getsockname(fd, addr, len) }
+}
+
+/// # Safety
+/// As libc's `getpeername`.
+pub unsafe fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    if let Some(t) = tcpx::lookup(fd)
+        && let Some(r) = tcpx::name(t, true, addr, len)
+    {
+        return r;
+    }
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
+    unsafe { real::getpeername(fd, addr, len) }
+}
+
+/// # Safety
+/// As libc's `getsockopt`.
+pub unsafe fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    if let Some(t) = tcpx::lookup(fd)
+        && let Some(r) = tcpx::getsockopt(t, level, name, val, len)
+    {
+        return r;
+    }
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
+    unsafe { real::getsockopt(fd, level, name, val, len) }
+}
+
 /// # Safety
 /// As libc's `bind`.
 pub unsafe fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
@@ -1255,6 +1447,14 @@ pub unsafe fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
 /// # Safety
 /// As libc's `connect`.
 pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    if let Some(t) = tcpx::lookup(fd) {
+        return tcpx::connect_again(t);
+    }
+    if table::get(fd) & table::F_TCAND != 0
+        && let Some(r) = tcpx::connect(fd, addr, len)
+    {
+        return r;
+    }
     if table::get(fd) & (table::F_ACCEL | table::F_CAND) != 0
         && let Some(r) = ahooks::connect(fd, addr, len)
     {
@@ -1275,6 +1475,10 @@ pub unsafe fn sendto(
     addr: *const sockaddr,
     alen: socklen_t,
 ) -> ssize_t {
+    if let Some(t) = tcpx::lookup(fd) {
+        // SAFETY: the caller's data of `len` bytes.
+        return tcpx::send(t, fd, unsafe { tcp_data(buf, len) }, flags);
+    }
     if let Some(r) = ahooks::sendto(fd, buf, len, flags, addr, alen) {
         return r;
     }
@@ -1286,6 +1490,10 @@ pub unsafe fn sendto(
 /// # Safety
 /// As libc's `send`.
 pub unsafe fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
+    if let Some(t) = tcpx::lookup(fd) {
+        // SAFETY: the caller's data of `len` bytes.
+        return tcpx::send(t, fd, unsafe { tcp_data(buf, len) }, flags);
+    }
     if accel::lookup(fd).is_some()
         && let Some(r) = ahooks::sendto(fd, buf, len, flags, std::ptr::null(), 0)
     {
@@ -1299,6 +1507,13 @@ pub unsafe fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> 
 /// # Safety
 /// As libc's `sendmsg`.
 pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    if let Some(t) = tcpx::lookup(fd)
+        && !msg.is_null()
+    {
+        // SAFETY: the caller's message header.
+        let m = unsafe { &*msg };
+        return tcpx::send_iov(t, fd, m.msg_iov, m.msg_iovlen, flags);
+    }
     if let Some(r) = ahooks::sendmsg(fd, msg, flags) {
         return r;
     }
@@ -1321,6 +1536,10 @@ pub unsafe fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int
 /// # Safety
 /// As libc's `write`.
 pub unsafe fn write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t {
+    if let Some(t) = tcpx::lookup(fd) {
+        // SAFETY: the caller's data of `len` bytes.
+        return tcpx::send(t, fd, unsafe { tcp_data(buf, len) }, 0);
+    }
     if accel::lookup(fd).is_some()
         && let Some(r) = ahooks::sendto(fd, buf, len, 0, std::ptr::null(), 0)
     {
@@ -1334,6 +1553,11 @@ pub unsafe fn write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t {
 /// # Safety
 /// As libc's `writev`.
 pub unsafe fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    if cnt >= 0
+        && let Some(t) = tcpx::lookup(fd)
+    {
+        return tcpx::send_iov(t, fd, iov, cnt as usize, 0);
+    }
     if cnt >= 0 && accel::lookup(fd).is_some() {
         // SAFETY: a msghdr over the caller's iovec.
         let mut m: msghdr = unsafe { std::mem::zeroed() };
@@ -1346,4 +1570,28 @@ pub unsafe fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::writev(fd, iov, cnt) }
+}
+
+/// The caller's receive buffer as a slice (empty for a null pointer).
+///
+/// # Safety
+/// `buf` is valid for writes of `len` bytes (the call's contract).
+unsafe fn tcp_buf<'a>(buf: *mut c_void, len: size_t) -> &'a mut [u8] {
+    if buf.is_null() || len == 0 {
+        return &mut [];
+    }
+    // SAFETY: per this function's contract.
+    unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) }
+}
+
+/// The caller's data as a slice (empty for a null pointer).
+///
+/// # Safety
+/// `buf` is valid for reads of `len` bytes (the call's contract).
+unsafe fn tcp_data<'a>(buf: *const c_void, len: size_t) -> &'a [u8] {
+    if buf.is_null() || len == 0 {
+        return &[];
+    }
+    // SAFETY: per this function's contract.
+    unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }
 }

@@ -69,11 +69,13 @@ mod signals;
 mod spin;
 mod sys;
 mod table;
+mod tcpx;
 mod tstamp;
 
 /// Runs when the library is loaded (before `main`): read the configuration.
 extern "C" fn nanowire_preload_init() {
     accel::init();
+    tcpx::init();
     share::init();
     spin::init();
 }

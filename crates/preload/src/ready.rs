@@ -16,6 +16,7 @@ use crate::adapt::Wait;
 use crate::real;
 use crate::spin::{self, now_ns};
 use crate::table;
+use crate::tcpx;
 use libc::{c_int, epoll_event, fd_set, nfds_t, pollfd, sigset_t, timespec};
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
@@ -63,7 +64,10 @@ pub fn pollfds_accel(fds: *const pollfd, n: nfds_t) -> bool {
     // SAFETY: the caller's `n` pollfds.
     let s = unsafe { std::slice::from_raw_parts(fds, n as usize) };
     s.iter().any(|p| {
-        p.fd >= 0 && (accel::lookup(p.fd).is_some() || table::get(p.fd) & table::F_CAND != 0)
+        p.fd >= 0
+            && (accel::lookup(p.fd).is_some()
+                || table::get(p.fd) & table::F_CAND != 0
+                || tcpx::lookup(p.fd).is_some())
     })
 }
 
@@ -88,8 +92,27 @@ pub fn poll_mixed(
     loop {
         let kernel = now >= next_kernel;
         if kernel {
+            // Engine TCP connections are answered by the engine alone (the
+            // kernel socket under such an fd is unconnected: it polls HUP):
+            // hidden from the kernel for this call (poll ignores fd < 0).
+            // SAFETY: the caller's array.
+            let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
+            let mut hidden = false;
+            for p in s.iter_mut() {
+                if p.fd >= 0 && tcpx::lookup(p.fd).is_some_and(tcpx::is_stream) {
+                    p.fd = !p.fd;
+                    hidden = true;
+                }
+            }
             // SAFETY: the caller's array, zero timeout.
             let r = unsafe { real::ppoll(fds, n, &zero, mask) };
+            if hidden {
+                // SAFETY: as above.
+                let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
+                for p in s.iter_mut().filter(|p| p.fd < -1) {
+                    p.fd = !p.fd;
+                }
+            }
             if r < 0 {
                 return r;
             }
@@ -101,6 +124,17 @@ pub fn poll_mixed(
         let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
         let mut count = 0;
         for p in s.iter_mut() {
+            if p.fd >= 0
+                && let Some(t) = tcpx::lookup(p.fd)
+            {
+                let always = libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
+                let bits = tcpx::poll_bits(t, true) & (p.events | always);
+                if tcpx::is_stream(t) {
+                    p.revents = bits;
+                } else {
+                    p.revents |= bits;
+                }
+            }
             if p.fd >= 0
                 && let Some(a) = accel::lookup(p.fd)
             {
@@ -141,7 +175,11 @@ pub fn poll_mixed(
             let pf: Vec<pollfd> = s
                 .iter()
                 .map(|p| pollfd {
-                    fd: p.fd,
+                    fd: if tcpx::lookup(p.fd).is_some_and(tcpx::is_stream) {
+                        -1
+                    } else {
+                        p.fd
+                    },
                     events: p.events,
                     revents: 0,
                 })
@@ -150,6 +188,11 @@ pub fn poll_mixed(
                 .iter()
                 .filter_map(|p| accel::lookup(p.fd))
                 .flat_map(|a| a.wait_fds().iter().copied())
+                .chain(
+                    s.iter()
+                        .filter_map(|p| tcpx::lookup(p.fd))
+                        .flat_map(|t| t.wait_fds().iter().copied()),
+                )
                 .collect();
             if sleep_on(pf, extra.into_iter(), slice, mask) < 0 {
                 return -1;
@@ -169,7 +212,9 @@ pub fn fdsets_accel(n: c_int, sets: [*mut fd_set; 3]) -> bool {
         sets.iter().any(|s| {
             // SAFETY: the caller's fd_set; fd < FD_SETSIZE.
             !s.is_null() && unsafe { libc::FD_ISSET(fd, *s) }
-        }) && (accel::lookup(fd).is_some() || table::get(fd) & table::F_CAND != 0)
+        }) && (accel::lookup(fd).is_some()
+            || table::get(fd) & table::F_CAND != 0
+            || tcpx::lookup(fd).is_some())
     })
 }
 
@@ -239,6 +284,10 @@ struct Interest {
     data: u64,
     /// `None` while the fd is a candidate, or since it fell back to the kernel.
     acc: Option<&'static Accel>,
+    /// An engine TCP socket (connections are not registered in the kernel).
+    tcp: Option<&'static tcpx::Tcp>,
+    /// Bits last reported for `tcp` (EPOLLET: report only new ones).
+    last: u32,
     out_done: bool,
 }
 
@@ -283,11 +332,45 @@ pub fn epoll_ctl_accel(
             events: e.events,
             data: e.u64,
             acc,
+            tcp: tcpx::lookup(fd),
+            last: 0,
             out_done: false,
         });
         table::add_flags(ep, table::F_EPOLL_ACCEL);
     }
     REG_ANY.store(!r.is_empty(), Ordering::Relaxed);
+}
+
+/// epoll_ctl for an engine TCP connection: the shim alone keeps the
+/// interest (the kernel socket under the fd would report HUP), with the
+/// kernel's errors for a duplicate ADD or a missing MOD/DEL.
+pub fn epoll_ctl_tcp(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
+    if table::class(table::get(ep)) != table::C_EPOLL {
+        // Let the kernel answer EBADF/EINVAL for a non-epoll fd.
+        // SAFETY: the caller's arguments.
+        return unsafe { real::epoll_ctl(ep, op, fd, ev) };
+    }
+    let exists = reg().iter().any(|i| i.ep == ep && i.fd == fd);
+    let err = match op {
+        libc::EPOLL_CTL_ADD if exists => libc::EEXIST,
+        libc::EPOLL_CTL_MOD | libc::EPOLL_CTL_DEL if !exists => libc::ENOENT,
+        libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD if ev.is_null() => libc::EFAULT,
+        libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD | libc::EPOLL_CTL_DEL => 0,
+        _ => libc::EINVAL,
+    };
+    if err != 0 {
+        spin::set_errno(err);
+        return -1;
+    }
+    let app = if op == libc::EPOLL_CTL_DEL {
+        None
+    } else {
+        // SAFETY: the caller's event (may be unaligned: packed on x86-64).
+        Some(unsafe { std::ptr::read_unaligned(ev) })
+    };
+    epoll_ctl_accel(ep, op, fd, app, None);
+    epoll_changed(ep);
+    0
 }
 
 /// Any interest registered (a cheap test for `fd_closed`).
@@ -325,7 +408,46 @@ fn synth(ep: c_int, out: &mut [epoll_event], fds: &mut Vec<c_int>) -> usize {
     for i in r.iter_mut().filter(|i| i.acc.is_none()) {
         i.acc = accel::lookup(i.fd);
     }
+    for i in r.iter_mut().filter(|i| i.tcp.is_none() && i.ep == ep) {
+        i.tcp = tcpx::lookup(i.fd);
+        if i.tcp.is_some_and(tcpx::is_stream) {
+            // A candidate registered in the kernel that became an engine
+            // connection: the kernel registration would report HUP.
+            // SAFETY: removing our tagged registration.
+            unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_DEL, i.fd, std::ptr::null_mut()) };
+        }
+    }
     for i in r.iter_mut().filter(|i| i.ep == ep) {
+        if let Some(t) = i.tcp {
+            if tcpx::by_fd(i.fd).is_none_or(|b| !std::ptr::eq(b, t)) {
+                i.tcp = None;
+                continue;
+            }
+            if n >= out.len() || i.events == 0 {
+                continue;
+            }
+            let always = (libc::EPOLLERR | libc::EPOLLHUP) as u32;
+            let bits = tcpx::poll_bits(t, true) as u16 as u32 & (i.events | always);
+            let ev = if i.events & libc::EPOLLET as u32 != 0 {
+                let new = bits & !i.last;
+                i.last = bits;
+                new
+            } else {
+                bits
+            };
+            if ev != 0 {
+                out[n] = epoll_event {
+                    events: ev,
+                    u64: i.data,
+                };
+                fds.push(i.fd);
+                n += 1;
+                if i.events & libc::EPOLLONESHOT as u32 != 0 {
+                    i.events = 0;
+                }
+            }
+            continue;
+        }
         let Some(acc) = i.acc else { continue };
         if accel::by_fd(i.fd).is_none_or(|a| !std::ptr::eq(a, acc)) {
             i.acc = None; // taken off the engine: the kernel answers alone
@@ -509,12 +631,22 @@ pub fn epoll_mixed(
         }
         if !w.spin() {
             let slice = total_ns.map_or(SLICE_NS, |t| (t - spent).min(SLICE_NS));
-            let extra: Vec<c_int> = reg()
-                .iter()
-                .filter(|i| i.ep == ep)
-                .filter_map(|i| i.acc)
-                .flat_map(|a| a.wait_fds().iter().copied())
-                .collect();
+            let extra: Vec<c_int> = {
+                let r = reg();
+                let a: Vec<c_int> = r
+                    .iter()
+                    .filter(|i| i.ep == ep)
+                    .filter_map(|i| i.acc)
+                    .flat_map(|a| a.wait_fds().iter().copied())
+                    .chain(
+                        r.iter()
+                            .filter(|i| i.ep == ep)
+                            .filter_map(|i| i.tcp)
+                            .flat_map(|t| t.wait_fds().iter().copied()),
+                    )
+                    .collect();
+                a
+            };
             let pf = vec![pollfd {
                 fd: ep,
                 events: libc::POLLIN,

@@ -66,9 +66,6 @@ crate::abi::interposed!(real_fns);
 // Functions the shim calls but does not interpose.
 real_fns! {
     socketpair(domain: c_int, ty: c_int, proto: c_int, sv: *mut c_int) -> c_int;
-    getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
-    getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
-    getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
 }
 
 static FCNTL: Sym = Sym::new(b"fcntl\0");

@@ -210,6 +210,9 @@ pub const F_EPOLL_ACCEL: u64 = 1 << 13;
 /// A forked child was told (once) that it uses an inherited accelerated
 /// socket through the kernel only.
 pub const F_INHERIT_LOGGED: u64 = 1 << 14;
+/// An AF_INET stream socket that may still be put on the xdp engine (at
+/// listen or connect; see `tcpx`).
+pub const F_TCAND: u64 = 1 << 15;
 
 /// Per-fd pointers to leaked payloads (the accelerated sockets' records),
 /// generic so that this layer knows nothing of what it stores: chunks of

@@ -24,7 +24,7 @@ pub struct RunArgs {
     /// Named profile: latency, balanced (default) or throughput.
     #[arg(long)]
     pub profile: Option<String>,
-    /// Engine for UDP sockets: xdp (fall back to spin, saying why), spin or kernel.
+    /// Engine for UDP and TCP sockets: xdp (fall back to spin, saying why), spin or kernel.
     #[arg(long)]
     pub engine: Option<String>,
     /// Set an option of the table: -o spin_us=100 (repeatable).

@@ -79,7 +79,7 @@ pub const OPTIONS: &[OptSpec] = &[
         min: 0,
         max: 0,
         profiles: ["xdp", "xdp", "xdp"],
-        doc: "Engine for UDP sockets. xdp: AF_XDP bypass where possible, else spin (and say why). \
+        doc: "Engine for UDP and TCP/IPv4 sockets. xdp: AF_XDP bypass where possible, else spin (and say why). \
               spin: kernel sockets whose blocking waits busy-poll first. kernel: no acceleration.",
     },
     OptSpec {

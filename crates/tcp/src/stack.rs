@@ -137,6 +137,20 @@ impl TcpStack {
         self.slots.len() - self.free.len()
     }
 
+    /// The 4-tuples of the connections held (any state).
+    pub fn tuples(&self) -> Vec<FourTuple> {
+        self.demux.keys().copied().collect()
+    }
+
+    /// Connections still exchanging segments: neither TIME-WAIT nor closed.
+    pub fn active_connection_count(&self) -> usize {
+        self.slots
+            .iter()
+            .filter_map(|s| s.conn.as_ref())
+            .filter(|c| !matches!(c.state, State::TimeWait | State::Closed))
+            .count()
+    }
+
     // ------------------------------------------------------------ slab
 
     fn conn(&self, c: ConnId) -> Result<&Conn, Error> {

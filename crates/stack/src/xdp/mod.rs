@@ -34,7 +34,10 @@ mod tx;
 pub use demux::{Delivery, EndpointId, EndpointKind};
 pub use neigh::{NEGATIVE_TTL, QUEUE_BYTES_PER_NEIGH, QUEUE_PER_NEIGH, RESOLVE_TIMEOUT};
 pub use socket::{OpenError, XdpSocket};
-pub use tcp::{XdpTcpListener, XdpTcpStream};
+pub use tcp::{
+    XdpTcpError, XdpTcpInfo, XdpTcpListener, XdpTcpState, XdpTcpStream, set_tcp_service_wrapper,
+    tcp_drain, tcp_ready,
+};
 
 use crate::EngineOptions;
 use demux::{Demux, FastMap};

@@ -38,6 +38,8 @@ const TX_BATCH: usize = 32;
 /// Bytes per staged segment (one frame).
 const SLOT: usize = 2048;
 const HDRS: usize = ETH_HDR + IP_HDR;
+/// Idle turns between two looks at the clock (and the timers).
+const IDLE_CLOCK_EVERY: u32 = 16;
 
 fn io_err(kind: io::ErrorKind, msg: impl Into<String>) -> io::Error {
     io::Error::new(kind, msg.into())
@@ -151,6 +153,9 @@ struct Core {
     lens: Vec<usize>,
     ip_id: u16,
     unresolved: u64,
+    /// When a turn last ran (ns since `epoch`): the timer service turns
+    /// only engines nobody else turned.
+    last_turn: u64,
     /// Stack counters already added to the engine's stats page, and turns
     /// since the last publication.
     published: nanowire_tcp::Counters,
@@ -192,7 +197,7 @@ impl TcpEngine {
             })?;
         bump(engine.page.e(E::Sockets), 1);
         let secret = Secret::from_os()?;
-        Ok(Arc::new(TcpEngine {
+        let eng = Arc::new(TcpEngine {
             engine,
             wait,
             core: Mutex::new(Core {
@@ -208,10 +213,13 @@ impl TcpEngine {
                 lens: vec![0; TX_BATCH],
                 ip_id: 1,
                 unresolved: 0,
+                last_turn: 0,
                 published: Default::default(),
                 turns: 0,
             }),
-        }))
+        });
+        service_register(&eng);
+        Ok(eng)
     }
 
     fn config(engine: &Engine, opts: &EngineOptions) -> Config {
@@ -303,16 +311,20 @@ impl TcpEngine {
 
     /// One pass: receive, timers, transmit. True if anything moved.
     fn turn(&self, core: &mut Core) -> bool {
-        let now = core.epoch.elapsed().as_nanos() as u64;
+        // The clock is read only when a segment came, and on every
+        // IDLE_CLOCK_EVERY-th idle turn for the timers (ms-scale): a
+        // spinning reader turns millions of times a second.
+        let mut now = None;
         let mut moved = 0usize;
         {
             let mut g = self.engine.rx();
             g.poll(RX_BUDGET);
             let page = g.page.clone();
             while let Some(d) = g.demux.pop(core.id, &page) {
+                let t = *now.get_or_insert_with(|| core.epoch.elapsed().as_nanos() as u64);
                 // The stack copies the payload into its ring: the frame goes
                 // back to the fill ring as soon as `d` drops.
-                core.stack.input(now, *d.src.ip(), *d.dst.ip(), d.segment());
+                core.stack.input(t, *d.src.ip(), *d.dst.ip(), d.segment());
                 moved += 1;
             }
             core.turns = core.turns.wrapping_add(1);
@@ -321,6 +333,14 @@ impl TcpEngine {
                 publish_counters(&page, core);
             }
         }
+        let now = match now {
+            Some(t) => t,
+            None if core.turns.is_multiple_of(IDLE_CLOCK_EVERY) => {
+                core.epoch.elapsed().as_nanos() as u64
+            }
+            None => return false,
+        };
+        core.last_turn = now;
         core.stack.poll_timers(now);
         moved += self.transmit(core, now);
         moved > 0
@@ -830,5 +850,557 @@ impl XdpTcpStream {
     /// may be there or a timer is due, at most `timeout`.
     pub fn wait(&self, timeout: Duration) {
         self.eng.sleep(Some(Instant::now() + timeout));
+    }
+}
+
+// ------------------------------------------------ the shim's interface
+//
+// `nanowire run` serves TCP sockets of unmodified programs with these: the
+// application's own fd stays the kernel reservation (bound; listening for a
+// listener), every call is one attempt (one engine turn at most) and the
+// shim does the waiting, so a call never holds the stack's lock across a
+// sleep and two threads may read and write one connection at once.
+
+/// The local IPv4 address of a kernel socket.
+fn sock_local(fd: RawFd) -> io::Result<SocketAddrV4> {
+    // SAFETY: an all-zero sockaddr_in is a valid out-buffer.
+    let mut out: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: out/len are valid for writes.
+    if unsafe { libc::getsockname(fd, (&mut out as *mut libc::sockaddr_in).cast(), &mut len) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if out.sin_family != libc::AF_INET as libc::sa_family_t {
+        return Err(io_err(io::ErrorKind::Unsupported, "not an IPv4 socket"));
+    }
+    Ok(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(out.sin_addr.s_addr)),
+        u16::from_be(out.sin_port),
+    ))
+}
+
+/// Readiness bits of [`XdpTcpStream::poll_ready`] (as `nanowire_tcp::ready`).
+pub use nanowire_tcp::ready as tcp_ready;
+pub use nanowire_tcp::{Error as XdpTcpError, State as XdpTcpState, TcpInfo as XdpTcpInfo};
+
+impl XdpTcpListener {
+    /// Serve the application's listening socket `fd` (bound and listening
+    /// in the kernel, which keeps holding the port) on the engine. The
+    /// steering program takes every segment for the port on the engine's
+    /// interface; connections the kernel still gets (loopback) stay in the
+    /// kernel's accept queue of `fd`.
+    pub fn adopt(fd: RawFd, backlog: usize, opts: &EngineOptions) -> io::Result<XdpTcpListener> {
+        let local = sock_local(fd)?;
+        if local.ip().is_loopback() {
+            return Err(io_err(
+                io::ErrorKind::Unsupported,
+                "loopback address (no XDP-capable interface)",
+            ));
+        }
+        let engine = super::socket::engine_for(*local.ip(), opts).map_err(open_err)?;
+        if !engine.is_own() {
+            return Err(io_err(
+                io::ErrorKind::Unsupported,
+                "the engine belongs to the parent process (fork)",
+            ));
+        }
+        let cfg = TcpEngine::config(&engine, opts);
+        let eng = TcpEngine::new(engine, opts.wait, cfg)?;
+        let l = {
+            let mut c = eng.core();
+            eng.claim_listener(&mut c, local)?;
+            let so = SocketOptions::from_config(c.stack.config());
+            c.stack
+                .listen_with(local, backlog.max(1), so)
+                .map_err(tcp_err)?
+        };
+        Ok(XdpTcpListener { eng, l, local })
+    }
+
+    /// One engine turn, then the next established connection, if any.
+    pub fn try_accept(&self) -> Option<XdpTcpStream> {
+        let mut c = self.eng.core();
+        self.eng.turn(&mut c);
+        let id = c.stack.accept(self.l)?;
+        let now = c.epoch.elapsed().as_nanos() as u64;
+        self.eng.transmit(&mut c, now);
+        Some(XdpTcpStream {
+            eng: self.eng.clone(),
+            c: id,
+        })
+    }
+
+    /// A connection is waiting to be accepted (one engine turn if `turn`).
+    pub fn acceptable(&self, turn: bool) -> bool {
+        let mut c = self.eng.core();
+        if turn {
+            self.eng.turn(&mut c);
+        }
+        c.stack.accept_queue_len(self.l) > 0
+    }
+
+    /// Connections of this listener are open (their users turn the engine).
+    pub fn busy(&self) -> bool {
+        self.eng.core().stack.connection_count() > 0
+    }
+
+    /// The fds a sleeping waiter polls: the engine's AF_XDP sockets and the
+    /// listener's wake-up eventfd.
+    pub fn poll_fds(&self) -> Vec<RawFd> {
+        self.eng.poll_fds()
+    }
+
+    /// Sleep until a frame may be there or a timer is due (at most `timeout`).
+    pub fn wait(&self, timeout: Duration) {
+        self.eng.sleep(Some(Instant::now() + timeout));
+    }
+}
+
+impl TcpEngine {
+    /// Stop steering the listener's port (new SYNs go to the kernel): the
+    /// connections it accepted keep their segments through per-4-tuple
+    /// claims.
+    fn release_listener(&self, core: &mut Core, port: u16) {
+        if !self.engine.is_own() {
+            return;
+        }
+        let tuples = core.stack.tuples();
+        let mut p = self.engine.prog();
+        for t in tuples.iter().filter(|t| t.local.port() == port) {
+            if p.prog
+                .claim_tcp_flow(t.local, t.remote, std::process::id())
+                .is_ok()
+            {
+                core.flow_claims.push((t.local, t.remote));
+            }
+        }
+        let mut kept = Vec::new();
+        for a in core.listen_claims.drain(..) {
+            if a.port() == port {
+                p.prog.unclaim_tcp_listener(*a.ip(), a.port());
+            } else {
+                kept.push(a);
+            }
+        }
+        core.listen_claims = kept;
+    }
+
+    fn poll_fds(&self) -> Vec<RawFd> {
+        let mut v = self.engine.fds.clone();
+        v.push(self.core().wake_fd);
+        v
+    }
+}
+
+impl XdpTcpStream {
+    /// Start a connection from the application's socket `fd` to `remote`
+    /// (non-blocking: the SYN is sent, the stream is in SYN-SENT; see
+    /// [`XdpTcpStream::connect_done`]). An unbound `fd` is bound here to
+    /// the route's source address and an ephemeral port the kernel picks,
+    /// so the kernel keeps the port; the steering program takes the 4-tuple.
+    pub fn connect_adopt(
+        fd: RawFd,
+        remote: SocketAddrV4,
+        opts: &EngineOptions,
+    ) -> io::Result<XdpTcpStream> {
+        let route = nanowire_xdp::netlink::route_get(*remote.ip())?;
+        if route.kind == nanowire_xdp::netlink::RTN_LOCAL || remote.ip().is_loopback() {
+            return Err(io_err(
+                io::ErrorKind::Unsupported,
+                format!("{} is a local address (loopback)", remote.ip()),
+            ));
+        }
+        let mut local = sock_local(fd)?;
+        if local.ip().is_loopback() {
+            return Err(io_err(
+                io::ErrorKind::Unsupported,
+                "bound to a loopback address (no XDP-capable interface)",
+            ));
+        }
+        let hint = if local.ip().is_unspecified() {
+            route.prefsrc.unwrap_or(Ipv4Addr::UNSPECIFIED)
+        } else {
+            *local.ip()
+        };
+        let engine = super::socket::engine_for(hint, opts).map_err(open_err)?;
+        if !engine.is_own() {
+            return Err(io_err(
+                io::ErrorKind::Unsupported,
+                "the engine belongs to the parent process (fork)",
+            ));
+        }
+        if route.oif != 0 && route.oif != engine.iface().index {
+            return Err(io_err(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "the route to {} does not leave by {}",
+                    remote.ip(),
+                    engine.iface().name
+                ),
+            ));
+        }
+        let src = if local.ip().is_unspecified() {
+            route.prefsrc.or(engine.iface().addr).ok_or_else(|| {
+                io_err(
+                    io::ErrorKind::AddrNotAvailable,
+                    "the interface has no IPv4 address",
+                )
+            })?
+        } else {
+            *local.ip()
+        };
+        if local.port() == 0 || local.ip().is_unspecified() {
+            let sa = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: local.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(src.octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sa is a valid sockaddr_in and the length matches.
+            let r = unsafe {
+                libc::bind(
+                    fd,
+                    (&sa as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            local = sock_local(fd)?;
+        }
+        let cfg = TcpEngine::config(&engine, opts);
+        let eng = TcpEngine::new(engine, opts.wait, cfg)?;
+        eng.resolve(*remote.ip(), Duration::from_secs(3))?;
+        let c = {
+            let mut core = eng.core();
+            eng.claim_flow(&mut core, local, remote)?;
+            let now = core.epoch.elapsed().as_nanos() as u64;
+            let c = core.stack.connect(now, local, remote).map_err(tcp_err)?;
+            eng.transmit(&mut core, now);
+            c
+        };
+        Ok(XdpTcpStream { eng, c })
+    }
+
+    /// One engine turn; `None` while the handshake runs, then its outcome.
+    pub fn connect_done(&self) -> Option<Result<(), XdpTcpError>> {
+        let mut core = self.eng.core();
+        self.eng.turn(&mut core);
+        match core.stack.state(self.c) {
+            Ok(State::SynSent) | Ok(State::SynReceived) => None,
+            Ok(_) => Some(match core.stack.error(self.c) {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }),
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// One receive attempt (one engine turn): bytes copied, 0 at end of
+    /// file, `WouldBlock` if nothing is there. `peek`: MSG_PEEK.
+    pub fn recv_once(&self, buf: &mut [u8], peek: bool) -> Result<usize, XdpTcpError> {
+        let mut core = self.eng.core();
+        let r = if peek {
+            core.stack.peek(self.c, buf)
+        } else {
+            core.stack.recv(self.c, buf)
+        };
+        if r != Err(TcpError::WouldBlock) {
+            if !peek {
+                // Reading may open the window: announce it now.
+                let now = core.epoch.elapsed().as_nanos() as u64;
+                self.eng.transmit(&mut core, now);
+            }
+            return r;
+        }
+        self.eng.turn(&mut core);
+        let r = if peek {
+            core.stack.peek(self.c, buf)
+        } else {
+            core.stack.recv(self.c, buf)
+        };
+        if r != Err(TcpError::WouldBlock) && !peek {
+            let now = core.epoch.elapsed().as_nanos() as u64;
+            self.eng.transmit(&mut core, now);
+        }
+        r
+    }
+
+    /// One send attempt: what fits the send buffer is queued and
+    /// transmitted at once; `WouldBlock` when it is full.
+    pub fn send_once(&self, data: &[u8]) -> Result<usize, XdpTcpError> {
+        let mut core = self.eng.core();
+        let mut r = core.stack.send(self.c, data);
+        if r == Err(TcpError::WouldBlock) {
+            // ACKs may have freed room.
+            self.eng.turn(&mut core);
+            r = core.stack.send(self.c, data);
+        }
+        let now = core.epoch.elapsed().as_nanos() as u64;
+        self.eng.transmit(&mut core, now);
+        r
+    }
+
+    /// Readiness bits ([`tcp_ready`]), after one engine turn if `turn`.
+    pub fn poll_ready(&self, turn: bool) -> u8 {
+        let mut core = self.eng.core();
+        if turn {
+            self.eng.turn(&mut core);
+        }
+        core.stack.readiness(self.c)
+    }
+
+    /// shutdown(SHUT_WR) without `&mut`.
+    pub fn shut_write(&self) -> Result<(), XdpTcpError> {
+        let mut core = self.eng.core();
+        core.stack.shutdown_write(self.c)?;
+        let now = core.epoch.elapsed().as_nanos() as u64;
+        self.eng.transmit(&mut core, now);
+        Ok(())
+    }
+
+    /// SO_ERROR: the pending error, cleared by reading it.
+    pub fn take_error(&self) -> Option<XdpTcpError> {
+        self.eng.core().stack.take_error(self.c).ok().flatten()
+    }
+    pub fn state(&self) -> Option<State> {
+        self.eng.core().stack.state(self.c).ok()
+    }
+    pub fn set_linger0(&self, on: bool) -> io::Result<()> {
+        self.eng
+            .core()
+            .stack
+            .set_linger0(self.c, on)
+            .map_err(tcp_err)
+    }
+    pub fn set_keepalive(&self, on: bool, idle_s: u64, intvl_s: u64, cnt: u32) -> io::Result<()> {
+        self.eng
+            .core()
+            .stack
+            .set_keepalive(
+                self.c,
+                on,
+                idle_s.saturating_mul(1_000_000_000),
+                intvl_s.saturating_mul(1_000_000_000),
+                cnt,
+            )
+            .map_err(tcp_err)
+    }
+    /// Bytes ready to read (FIONREAD).
+    pub fn recv_queue(&self) -> usize {
+        self.eng.core().stack.recv_queue(self.c).unwrap_or(0)
+    }
+    /// Bytes not yet acknowledged (SIOCOUTQ).
+    pub fn send_queue(&self) -> usize {
+        self.eng.core().stack.send_queue(self.c).unwrap_or(0)
+    }
+    /// The fds a sleeping waiter polls.
+    pub fn poll_fds(&self) -> Vec<RawFd> {
+        self.eng.poll_fds()
+    }
+    /// Abort with RST (close with SO_LINGER 0 does this itself).
+    pub fn abort(&self) {
+        let mut core = self.eng.core();
+        let _ = core.stack.abort(self.c);
+        let now = core.epoch.elapsed().as_nanos() as u64;
+        self.eng.transmit(&mut core, now);
+    }
+}
+
+// ------------------------------------------------------ timer service
+//
+// A program that computes, or blocks on a file the engine does not serve,
+// does not call in: its connections' timers (retransmit, delayed ACK,
+// keepalive, FIN, TIME-WAIT) still have to run. One thread per process
+// sleeps until the earliest deadline of the registered engines and then
+// turns each engine whose turn is due and that nobody turned meanwhile
+// (a `try_lock`: never waits for an application thread). It never spins:
+// between deadlines it sleeps in poll(2) on its own eventfd only (woken
+// when an engine registers), and it holds no lock while it sleeps. Its
+// signals are blocked. Closed connections (the application's fd is gone)
+// keep their engine here until the stack has finished them.
+
+struct Service {
+    live: Vec<std::sync::Weak<TcpEngine>>,
+    /// Engines whose application sockets are closed: kept until their
+    /// connections are finished (FIN exchange, TIME-WAIT).
+    closing: Vec<Arc<TcpEngine>>,
+    wake: Option<OwnedFd>,
+    started: bool,
+}
+
+static SERVICE: Mutex<Service> = Mutex::new(Service {
+    live: Vec::new(),
+    closing: Vec::new(),
+    wake: None,
+    started: false,
+});
+
+fn service() -> MutexGuard<'static, Service> {
+    SERVICE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Longest sleep of the service with nothing due (it then looks again).
+const SERVICE_IDLE_MS: i32 = 1000;
+
+fn service_register(eng: &Arc<TcpEngine>) {
+    let mut s = service();
+    s.live.retain(|w| w.strong_count() > 0);
+    s.live.push(Arc::downgrade(eng));
+    if !s.started {
+        s.started = true;
+        let Ok(wake) = eventfd() else { return };
+        let fd = wake.as_raw_fd();
+        s.wake = Some(wake);
+        drop(s);
+        let _ = std::thread::Builder::new()
+            .name("nanowire-tcp-timers".into())
+            .spawn(move || service_main(fd));
+    } else if let Some(w) = &s.wake {
+        let one = 1u64;
+        // SAFETY: writing 8 bytes to our eventfd.
+        unsafe { libc::write(w.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+/// Keep `eng` until its stack holds no connection (its last application
+/// socket is closed).
+fn service_linger(eng: Arc<TcpEngine>) {
+    if eng.core().stack.connection_count() == 0 {
+        return;
+    }
+    service().closing.push(eng);
+}
+
+/// How the service thread runs its loop: the shim runs it as engine code
+/// (its libc calls bypass the interposed functions).
+static SERVICE_WRAP: std::sync::OnceLock<fn(&mut dyn FnMut())> = std::sync::OnceLock::new();
+
+/// Set how the timer service runs (once, before the first TCP socket).
+pub fn set_tcp_service_wrapper(w: fn(&mut dyn FnMut())) {
+    let _ = SERVICE_WRAP.set(w);
+}
+
+fn service_main(wake: RawFd) {
+    match SERVICE_WRAP.get() {
+        Some(w) => w(&mut || service_loop(wake)),
+        None => service_loop(wake),
+    }
+}
+
+fn service_loop(wake: RawFd) {
+    // SAFETY: blocking every signal in this thread only (a fresh sigset).
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
+    loop {
+        let engines: Vec<Arc<TcpEngine>> = {
+            let mut s = service();
+            s.closing.retain(|e| {
+                // A finished closed engine goes (its claims with it).
+                e.core
+                    .try_lock()
+                    .map_or(true, |c| c.stack.connection_count() > 0)
+            });
+            s.live.retain(|w| w.strong_count() > 0);
+            s.live
+                .iter()
+                .filter_map(|w| w.upgrade())
+                .chain(s.closing.iter().cloned())
+                .collect()
+        };
+        let mut sleep_ns = SERVICE_IDLE_MS as u64 * 1_000_000;
+        for e in &engines {
+            let Ok(mut c) = e.core.try_lock() else {
+                // Someone is turning it right now.
+                sleep_ns = sleep_ns.min(1_000_000);
+                continue;
+            };
+            let now = c.epoch.elapsed().as_nanos() as u64;
+            if let Some(d) = c.stack.next_deadline() {
+                if d <= now && c.last_turn < d {
+                    e.turn(&mut c);
+                }
+                let now = c.epoch.elapsed().as_nanos() as u64;
+                if let Some(d) = c.stack.next_deadline() {
+                    // A deadline already passed that an application turn
+                    // did not serve: look again in 1 ms at the latest.
+                    sleep_ns = sleep_ns.min(d.saturating_sub(now).max(1_000_000));
+                }
+            }
+        }
+        drop(engines);
+        let mut p = libc::pollfd {
+            fd: wake,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = sleep_ns.div_ceil(1_000_000).min(SERVICE_IDLE_MS as u64) as i32;
+        // SAFETY: one pollfd on our stack, a bounded timeout.
+        unsafe { libc::poll(&mut p, 1, ms) };
+        if p.revents != 0 {
+            eventfd_drain(wake);
+        }
+    }
+}
+
+impl XdpTcpStream {
+    /// Close as close(2) does (FIN, or RST with SO_LINGER 0 or unread
+    /// data); the timer service finishes the connection. `reserve`: a
+    /// duplicate of the application's fd that keeps the port held in the
+    /// kernel until then.
+    pub fn close_keep(self, reserve: Option<OwnedFd>) {
+        let eng = self.eng.clone();
+        if let Some(fd) = reserve {
+            eng.core().reservations.push(fd);
+        }
+        drop(self);
+        service_linger(eng);
+    }
+}
+
+impl XdpTcpListener {
+    /// Close the listener (queued, not accepted connections are reset, as
+    /// the kernel does); accepted connections carry on.
+    pub fn close(self) {
+        let eng = self.eng.clone();
+        {
+            let mut c = eng.core();
+            c.stack.close_listener(self.l);
+            let now = c.epoch.elapsed().as_nanos() as u64;
+            eng.transmit(&mut c, now);
+            eng.release_listener(&mut c, self.local.port());
+        }
+        drop(self);
+        service_linger(eng);
+    }
+}
+
+/// At process exit: the kernel would finish closing connections after the
+/// process is gone; the engine goes with the process, so it finishes them
+/// first (FIN exchange, at most `limit`; TIME-WAIT is not waited for).
+/// Without this the peer's last segments would reach the kernel, which
+/// answers RST.
+pub fn tcp_drain(limit: Duration) {
+    let end = Instant::now() + limit;
+    loop {
+        let engines: Vec<Arc<TcpEngine>> = service().closing.clone();
+        let mut busy = false;
+        for e in &engines {
+            let mut c = e.core();
+            e.turn(&mut c);
+            if c.stack.active_connection_count() > 0 {
+                busy = true;
+            }
+        }
+        if !busy || Instant::now() >= end {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(200));
     }
 }

@@ -1,0 +1,358 @@
+//! TCP of unmodified programs on the xdp engine through `nanowire run`
+//! (issue 11 item 4): differential behaviour (the same probe plainly and
+//! under run, either end), real sockperf and iperf3 interop, a hashed
+//! stream each way; the kernel sends no RST for accelerated connections
+//! (Tcp OutRsts unchanged in the accelerated end's namespace) and the
+//! connections really use the engine (the shim's per-socket log line and
+//! the engine's counters).
+
+mod run_support;
+use nanowire_lab::testbed::{ADDR_B, Host, LabOptions, ScopedLab};
+use run_support::*;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(120);
+
+fn root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A lab named `nwts<tag><pid>`, removed on drop; TSO/GSO off on both
+/// veths (a kernel peer's super-frames cannot reach AF_XDP in generic
+/// mode; a physical wire carries MTU-sized frames anyway).
+fn tlab(tag: char) -> Option<ScopedLab> {
+    if !root() {
+        eprintln!("skipping: needs root");
+        return None;
+    }
+    let name = format!("nwts{tag}{}", std::process::id() % 1000);
+    let l = ScopedLab::new(LabOptions {
+        name,
+        ..LabOptions::default()
+    })
+    .expect("lab up");
+    for h in [Host::A, Host::B] {
+        let ifn = l.iface(h);
+        let st = l
+            .command(h, &["ethtool", "-K", &ifn, "tso", "off", "gso", "off"])
+            .output()
+            .expect("ethtool");
+        assert!(st.status.success(), "ethtool: {st:?}");
+    }
+    Some(l)
+}
+
+fn probe() -> String {
+    format!("{}/../../scripts/tcp_parity.py", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Tcp OutRsts of host `h`'s namespace (/proc/net/snmp).
+fn out_rsts(l: &ScopedLab, h: Host) -> u64 {
+    let o = l.command(h, &["cat", "/proc/net/snmp"]).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let mut tcp = text.lines().filter(|x| x.starts_with("Tcp:"));
+    let names: Vec<&str> = tcp.next().unwrap().split_whitespace().collect();
+    let vals: Vec<&str> = tcp.next().unwrap().split_whitespace().collect();
+    let i = names.iter().position(|n| *n == "OutRsts").unwrap();
+    vals[i].parse().unwrap()
+}
+
+/// `cmd` in host `h`, under `nanowire run --engine xdp` (log info) or plainly.
+fn cmd_in(l: &ScopedLab, h: Host, run: bool, cmd: &[&str]) -> std::process::Command {
+    if run {
+        run_in(l, h, &["--engine", "xdp", "-o", "log=info"], cmd)
+    } else {
+        plain_in(l, h, cmd)
+    }
+}
+
+fn parity_run(l: &ScopedLab, port: u16, srv_run: bool, cli_run: bool) -> (String, String) {
+    let p = probe();
+    let ports = port.to_string();
+    let addr = ADDR_B.to_string();
+    let tag = format!("par{port}");
+    let mut s = spawn(
+        &format!("{tag}-srv"),
+        cmd_in(
+            l,
+            Host::B,
+            srv_run,
+            &["python3", &p, "server", &addr, &ports],
+        ),
+    );
+    s.wait_for("listening", Duration::from_secs(20));
+    let mut c = spawn(
+        &format!("{tag}-cli"),
+        cmd_in(
+            l,
+            Host::A,
+            cli_run,
+            &["python3", &p, "client", &addr, &ports],
+        ),
+    );
+    c.success(T);
+    s.success(T);
+    if srv_run {
+        assert!(
+            s.stderr()
+                .contains(&format!("tcp listener {addr}:{port}: xdp")),
+            "server not on the engine:\n{}",
+            s.stderr()
+        );
+    }
+    if cli_run {
+        assert!(
+            c.stderr().contains(&format!("-> {addr}:{port}: xdp")),
+            "client not on the engine:\n{}",
+            c.stderr()
+        );
+    }
+    (c.stdout(), s.stdout())
+}
+
+#[test]
+fn tcp_behaviour_is_the_same_plainly_and_under_run_on_either_end() {
+    let Some(l) = tlab('p') else { return };
+    let (pc, ps) = parity_run(&l, 13100, false, false);
+    assert!(pc.ends_with("done\n"), "plain run incomplete:\n{pc}");
+    for (i, (srv, cli)) in [(true, true), (false, true), (true, false)]
+        .into_iter()
+        .enumerate()
+    {
+        let (c, s) = parity_run(&l, 13101 + i as u16, srv, cli);
+        assert_eq!(
+            c, pc,
+            "client output differs (server run {srv}, client run {cli})"
+        );
+        assert_eq!(
+            s, ps,
+            "server output differs (server run {srv}, client run {cli})"
+        );
+    }
+}
+
+#[test]
+fn hashed_stream_each_way_between_plain_python_and_python_under_run() {
+    let Some(l) = tlab('s') else { return };
+    // 64 MiB each way here; NANOWIRE_TCP_STREAM_MIB=1024 for the long run.
+    let mib = std::env::var("NANOWIRE_TCP_STREAM_MIB").unwrap_or_else(|_| "64".into());
+    for (port, srv, cli) in [(13200u16, false, true), (13201, true, false)] {
+        let p = probe();
+        let ports = port.to_string();
+        let addr = ADDR_B.to_string();
+        let mut s = cmd_in(&l, Host::B, srv, &["python3", &p, "server", &addr, &ports]);
+        s.env("NANOWIRE_TCP_STREAM_MIB", &mib);
+        let mut s = spawn(&format!("st{port}-srv"), s);
+        s.wait_for("listening", Duration::from_secs(20));
+        let mut c = cmd_in(&l, Host::A, cli, &["python3", &p, "client", &addr, &ports]);
+        c.env("NANOWIRE_TCP_STREAM_MIB", &mib);
+        let mut c = spawn(&format!("st{port}-cli"), c);
+        let out = c.success(T);
+        s.success(T);
+        let n: u64 = mib.parse::<u64>().unwrap() << 20;
+        assert!(
+            out.contains(&format!("bulk: sent {n} bytes; digest matches"))
+                && out.contains(&format!("bulk: received {n} bytes; digest matches")),
+            "{out}"
+        );
+    }
+}
+
+fn sockperf_pp(l: &ScopedLab, port: u16, srv: bool, cli: bool) {
+    let ports = port.to_string();
+    let addr = ADDR_B.to_string();
+    let rst_a = out_rsts(l, Host::A);
+    let rst_b = out_rsts(l, Host::B);
+    let mut s = spawn(
+        &format!("sp{port}-sr"),
+        cmd_in(
+            l,
+            Host::B,
+            srv,
+            &["sockperf", "sr", "--tcp", "-i", &addr, "-p", &ports],
+        ),
+    );
+    s.wait_for("to block on socket", Duration::from_secs(20));
+    let mut c = spawn(
+        &format!("sp{port}-pp"),
+        cmd_in(
+            l,
+            Host::A,
+            cli,
+            &[
+                "sockperf", "pp", "--tcp", "-i", &addr, "-p", &ports, "-t", "1", "-m", "64",
+            ],
+        ),
+    );
+    let out = c.success(T);
+    assert!(
+        out.contains(
+            "# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0"
+        ),
+        "{out}"
+    );
+    let got = sockperf_field(&out, "ReceivedMessages").unwrap_or(0);
+    assert!(got > 0, "{out}");
+    if srv {
+        // The server's engine carried the replies (not the kernel).
+        let st = l
+            .command(Host::B, &[nanowire(), "stats", "--json"])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&st.stdout).expect("stats json");
+        let tx: u64 = v["engines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["counters"]["tx_packets"].as_u64().unwrap_or(0))
+            .sum();
+        assert!(tx >= got, "engine tx_packets {tx} < replies {got}");
+        assert!(s.stderr().contains(": xdp"), "{}", s.stderr());
+    }
+    if cli {
+        assert!(
+            c.stderr().contains(&format!("-> {addr}:{port}: xdp")),
+            "{}",
+            c.stderr()
+        );
+    }
+    drop(s);
+    // No RST from an accelerated end's kernel.
+    if cli {
+        assert_eq!(out_rsts(l, Host::A), rst_a, "host a's kernel sent RST");
+    }
+    if srv {
+        assert_eq!(out_rsts(l, Host::B), rst_b, "host b's kernel sent RST");
+    }
+}
+
+#[test]
+fn sockperf_tcp_under_run_on_both_ends_and_against_plain_peers() {
+    if !have("sockperf") {
+        eprintln!("skipping: no sockperf");
+        return;
+    }
+    let Some(l) = tlab('k') else { return };
+    sockperf_pp(&l, 13300, true, true);
+    sockperf_pp(&l, 13301, false, true);
+    sockperf_pp(&l, 13302, true, false);
+}
+
+fn iperf_bytes(json: &str, key: &str) -> u64 {
+    let v: serde_json::Value =
+        serde_json::from_str(&json[json.find('{').expect("iperf3 json")..]).expect("iperf3 json");
+    v["end"][key]["bytes"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn iperf3_tcp_under_run_against_a_plain_iperf3() {
+    if !have("iperf3") {
+        eprintln!("skipping: no iperf3");
+        return;
+    }
+    let Some(l) = tlab('i') else { return };
+    let addr = ADDR_B.to_string();
+    for (port, srv, cli) in [(13400u16, false, true), (13401, true, false)] {
+        let ports = port.to_string();
+        let rst = out_rsts(&l, if cli { Host::A } else { Host::B });
+        let mut s = spawn(
+            &format!("ip{port}-s"),
+            cmd_in(
+                &l,
+                Host::B,
+                srv,
+                &["iperf3", "-s", "-1", "-J", "-B", &addr, "-p", &ports],
+            ),
+        );
+        std::thread::sleep(Duration::from_millis(800));
+        let mut c = spawn(
+            &format!("ip{port}-c"),
+            cmd_in(
+                &l,
+                Host::A,
+                cli,
+                &["iperf3", "-c", &addr, "-p", &ports, "-t", "2", "-J"],
+            ),
+        );
+        c.success(T);
+        s.success(T);
+        let server_got = iperf_bytes(&s.stdout(), "sum_received");
+        let client_says = iperf_bytes(&c.stdout(), "sum_received");
+        assert!(server_got > 0, "{}", s.stdout());
+        assert_eq!(server_got, client_says, "bytes received differ");
+        let err = if cli { c.stderr() } else { s.stderr() };
+        assert!(err.contains(": xdp"), "not on the engine:\n{err}");
+        assert_eq!(
+            out_rsts(&l, if cli { Host::A } else { Host::B }),
+            rst,
+            "the accelerated end's kernel sent RST"
+        );
+    }
+}
+
+const FORK_PY: &str = r#"
+import os, socket, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((addr, port)); ls.listen(8)
+print("listening", flush=True)
+c, _ = ls.accept()          # accepted before fork: stays with the parent
+pid = os.fork()
+if pid == 0:
+    try:
+        c.send(b"x", socket.MSG_NOSIGNAL)
+        print("child: inherited connection sent?!", flush=True)
+    except OSError as e:
+        print(f"child: inherited connection errno {e.errno}", flush=True)
+    c2, _ = ls.accept()     # accepted by the child from the shared listener
+    c2.sendall(c2.recv(100).upper())
+    c2.close()
+    os._exit(0)
+os.waitpid(pid, 0)
+c.sendall(b"parent still serves the first")
+c.close()
+print("parent done", flush=True)
+"#;
+
+const FORK_CLIENT_PY: &str = r#"
+import socket, sys, time
+addr, port = sys.argv[1], int(sys.argv[2])
+a = socket.create_connection((addr, port)); time.sleep(0.3)
+b = socket.create_connection((addr, port)); b.sendall(b"hello"); print("b got", b.recv(100))
+print("a got", a.recv(100))
+"#;
+
+#[test]
+fn fork_after_listen_and_accept_neither_hangs_nor_loses_data() {
+    let Some(l) = tlab('f') else { return };
+    let addr = ADDR_B.to_string();
+    let mut s = spawn(
+        "fork-srv",
+        cmd_in(
+            &l,
+            Host::B,
+            true,
+            &["python3", "-c", FORK_PY, &addr, "13500"],
+        ),
+    );
+    s.wait_for("listening", Duration::from_secs(20));
+    let mut c = spawn(
+        "fork-cli",
+        plain_in(
+            &l,
+            Host::A,
+            &["python3", "-c", FORK_CLIENT_PY, &addr, "13500"],
+        ),
+    );
+    let out = c.success(T);
+    let srv = s.success(T);
+    assert!(out.contains("b got b'HELLO'"), "{out}\n{srv}");
+    assert!(
+        out.contains("a got b'parent still serves the first'"),
+        "{out}\n{srv}"
+    );
+    assert!(srv.contains("child: inherited connection errno"), "{srv}");
+    assert!(srv.contains("back on the kernel: fork()"), "{srv}");
+    assert!(srv.contains("parent done"), "{srv}");
+}

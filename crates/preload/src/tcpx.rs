@@ -1,0 +1,1246 @@
+//! TCP sockets served by the xdp engine (issue 11).
+//!
+//! An AF_INET stream socket becomes a *candidate* at `socket()` when the
+//! engine is `xdp`. It goes on the engine at `listen()` (the application's
+//! own fd, bound and listening in the kernel, keeps holding the port; the
+//! steering program takes the port's segments) or at `connect()` (the fd is
+//! bound to the route's source address and an ephemeral port the kernel
+//! picks; the steering program takes the 4-tuple). A connection the engine
+//! accepts gets a placeholder fd: an unconnected AF_INET stream socket, so
+//! `fstat`, `SO_TYPE` and `SO_DOMAIN` answer as for a TCP socket; the shim
+//! maps the number to the engine connection.
+//!
+//! Every call on the engine is one attempt (one engine turn at most); the
+//! waiting (blocking sockets, MSG_WAITALL, connect, accept) is done here:
+//! spin per the profile, then sleep on the engine's fds in slices, with
+//! signals noticed (EINTR) between slices. The kernel answer of the fd
+//! underneath is never used for readiness of a connection (an unconnected
+//! socket polls HUP); for a listener the kernel's accept queue is merged in
+//! (connections the engine cannot carry, e.g. over loopback).
+//!
+//! Records are leaked like [`crate::accel::Accel`]: a pointer read from the
+//! table stays valid if another thread closes the fd; the engine object
+//! inside is taken out on the last close.
+
+use crate::log::log;
+use crate::real;
+use crate::spin::{self, errno, now_ns, set_errno};
+use crate::sys::engine_call;
+use crate::table;
+use libc::{c_int, c_void, sockaddr, socklen_t};
+use nanowire_run::options::Level;
+use nanowire_stack::xdp::{XdpTcpError, XdpTcpListener, XdpTcpState, XdpTcpStream, tcp_ready};
+use nanowire_stack::{EngineKind, EngineOptions, WaitPolicy};
+use std::net::SocketAddrV4;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// What the engine serves for one socket.
+pub enum Inner {
+    Listener(XdpTcpListener),
+    Stream(XdpTcpStream),
+}
+
+pub struct Tcp {
+    inner: Mutex<Option<Arc<Inner>>>,
+    pub listener: bool,
+    /// The application's O_NONBLOCK.
+    pub nonblock: AtomicBool,
+    pub rcvtimeo_ns: AtomicU64,
+    pub sndtimeo_ns: AtomicU64,
+    /// connect() in progress (non-blocking): SO_ERROR and poll finish it.
+    connecting: AtomicBool,
+    /// The failed connect's errno, until SO_ERROR (or connect) reports it.
+    connect_err: std::sync::atomic::AtomicI32,
+    /// shutdown(SHUT_RD): receives return 0.
+    rd_shut: AtomicBool,
+    /// An EPIPE after a reset: the first send reports ECONNRESET, later
+    /// ones EPIPE (as Linux).
+    reset_reported: AtomicBool,
+    refs: AtomicU32,
+    pid: u32,
+    /// The application's fd is the kernel reservation (listener, client):
+    /// on close a duplicate keeps the port until the engine is done.
+    adopted: bool,
+    /// The fds a sleeping wait polls.
+    wait_fds: Vec<c_int>,
+    /// Keepalive settings (SO_KEEPALIVE, TCP_KEEPIDLE/INTVL/CNT).
+    ka: Mutex<(bool, u64, u64, u32)>,
+}
+
+static SOCKS: table::PtrTable<Tcp> = table::PtrTable::new();
+static PID: AtomicU32 = AtomicU32::new(0);
+
+pub fn init() {
+    PID.store(std::process::id(), Ordering::Relaxed);
+    nanowire_stack::xdp::set_tcp_service_wrapper(|f| engine_call(f));
+    // SAFETY: plain extern "C" handlers; `before_fork` takes the locks any
+    // call on the sockets takes, before the fork.
+    unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_child)) };
+    // SAFETY: registering a plain extern "C" function.
+    unsafe { libc::atexit(at_exit) };
+}
+
+/// How long exit() waits for closing connections to finish their FIN
+/// exchange (NANOWIRE_TCP_EXIT_LINGER_MS; default 500).
+fn exit_linger() -> std::time::Duration {
+    let ms = std::env::var("NANOWIRE_TCP_EXIT_LINGER_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500u64);
+    std::time::Duration::from_millis(ms)
+}
+
+/// exit(): the kernel closes every fd of a process that exits and then
+/// finishes the connections on its own; the engine ends with the process.
+/// So close this process's engine sockets now (FIN, or RST where close
+/// would send one) and give their FIN exchanges a bounded time.
+extern "C" fn at_exit() {
+    let me = PID.load(Ordering::Relaxed);
+    let mut fds = Vec::new();
+    SOCKS.each(|fd, t| {
+        if t.pid == me {
+            fds.push(fd);
+        }
+    });
+    let e = errno();
+    for fd in fds {
+        if let Some(t) = SOCKS.take(fd) {
+            close_record(t, fd, true);
+        }
+    }
+    engine_call(|| nanowire_stack::xdp::tcp_drain(exit_linger()));
+    set_errno(e);
+}
+
+/// fork(), before the child exists: a listening socket both processes
+/// share can only be served where both can accept, the kernel: every
+/// engine listener of this process goes back to the kernel (connections
+/// it already accepted stay on the engine, in this process), and TCP
+/// candidates stay kernel sockets in both. Connections on the engine stay
+/// with this process; in the child their fds are unconnected kernel
+/// sockets (see `lookup`). (vfork/posix_spawn run no fork handlers.)
+extern "C" fn before_fork() {
+    if crate::sys::in_engine() {
+        return;
+    }
+    let me = PID.load(Ordering::Relaxed);
+    let mut ls: Vec<(c_int, &'static Tcp)> = Vec::new();
+    SOCKS.each(|fd, t| {
+        if t.pid == me && t.listener {
+            ls.push((fd, t));
+        }
+    });
+    let e = errno();
+    for (fd, t) in ls {
+        let _ = SOCKS.take(fd);
+        if t.inner.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+            close_record(t, fd, false);
+            log!(
+                Level::Warn,
+                "fd {fd} tcp listener: back on the kernel: fork() shares it with the child (connections already accepted stay on the engine in this process)"
+            );
+        }
+        // The application's blocking mode, on the kernel socket.
+        // SAFETY: the fd is only borrowed for fcntl calls.
+        let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+        if let Ok(mut f) = rustix::fs::fcntl_getfl(b) {
+            f.set(
+                rustix::fs::OFlags::NONBLOCK,
+                t.nonblock.load(Ordering::Relaxed),
+            );
+            let _ = rustix::fs::fcntl_setfl(b, f);
+        }
+    }
+    table::each_with(table::F_TCAND, |fd| {
+        table::clear_flags(fd, table::F_TCAND);
+    });
+    set_errno(e);
+}
+
+extern "C" fn after_fork_child() {
+    PID.store(std::process::id(), Ordering::Relaxed);
+}
+
+/// The engine record of `fd`, if this process may use it.
+#[inline(always)]
+pub fn lookup(fd: c_int) -> Option<&'static Tcp> {
+    if table::class(table::get(fd)) != table::C_TCP {
+        return None;
+    }
+    let t = SOCKS.get(fd)?;
+    if t.pid == PID.load(Ordering::Relaxed) {
+        Some(t)
+    } else {
+        if table::get(fd) & table::F_INHERIT_LOGGED == 0 {
+            table::add_flags(fd, table::F_INHERIT_LOGGED);
+            log!(
+                Level::Warn,
+                "fd {fd} tcp: inherited through fork(): the connection stays with the parent's engine; in this process the fd is an unconnected kernel socket (ENOTCONN)"
+            );
+        }
+        None
+    }
+}
+
+/// Any record (this process's or an inherited one).
+pub fn by_fd(fd: c_int) -> Option<&'static Tcp> {
+    SOCKS.get(fd)
+}
+
+impl Tcp {
+    fn get(&self) -> Option<Arc<Inner>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    fn stream(&self) -> Option<Arc<Inner>> {
+        self.get().filter(|i| matches!(**i, Inner::Stream(_)))
+    }
+    pub fn wait_fds(&self) -> &[c_int] {
+        &self.wait_fds
+    }
+    pub fn add_ref(&self) {
+        self.refs.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+fn opts() -> EngineOptions {
+    let cfg = spin::STATE.get().and_then(|s| s.cfg.as_ref());
+    let mut o = EngineOptions::new(EngineKind::Xdp);
+    o.wait = WaitPolicy::Spin;
+    o.fallback = false;
+    o.ring_depth = cfg.map_or(16384, |c| c.ring_depth);
+    o.iface = cfg.and_then(|c| c.iface.clone());
+    o
+}
+
+fn err_no(e: XdpTcpError) -> c_int {
+    match e {
+        XdpTcpError::WouldBlock => libc::EAGAIN,
+        XdpTcpError::ConnectionRefused => libc::ECONNREFUSED,
+        XdpTcpError::ConnectionReset => libc::ECONNRESET,
+        XdpTcpError::TimedOut => libc::ETIMEDOUT,
+        XdpTcpError::Aborted => libc::ECONNABORTED,
+        XdpTcpError::Shutdown => libc::EPIPE,
+        XdpTcpError::NotConnected => libc::ENOTCONN,
+        XdpTcpError::AddrInUse => libc::EADDRINUSE,
+        XdpTcpError::InvalidHandle => libc::EBADF,
+        XdpTcpError::TooManyConnections => libc::ENOBUFS,
+    }
+}
+
+fn get_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
+    let mut v: c_int = 0;
+    let mut l = std::mem::size_of::<c_int>() as socklen_t;
+    // SAFETY: an int out-buffer and its length.
+    let r = unsafe { real::getsockopt(fd, level, name, (&raw mut v).cast(), &mut l) };
+    (r == 0).then_some(v)
+}
+
+/// Options the application set on the kernel socket `from` before the
+/// engine took over, applied to the engine connection.
+fn inherit_options(from: c_int, s: &XdpTcpStream, t: &Tcp) {
+    let e = errno();
+    if get_int(from, libc::IPPROTO_TCP, libc::TCP_NODELAY).is_some_and(|v| v != 0) {
+        let _ = engine_call(|| s.set_nodelay(true));
+    }
+    let mut lg = libc::linger {
+        l_onoff: 0,
+        l_linger: 0,
+    };
+    let mut l = std::mem::size_of::<libc::linger>() as socklen_t;
+    // SAFETY: a linger out-buffer and its length.
+    if unsafe {
+        real::getsockopt(
+            from,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw mut lg).cast(),
+            &mut l,
+        )
+    } == 0
+        && lg.l_onoff != 0
+        && lg.l_linger == 0
+    {
+        let _ = engine_call(|| s.set_linger0(true));
+    }
+    if get_int(from, libc::SOL_SOCKET, libc::SO_KEEPALIVE).is_some_and(|v| v != 0) {
+        let idle = get_int(from, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE).unwrap_or(7200);
+        let intvl = get_int(from, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL).unwrap_or(75);
+        let cnt = get_int(from, libc::IPPROTO_TCP, libc::TCP_KEEPCNT).unwrap_or(9);
+        *t.ka.lock().unwrap_or_else(|e| e.into_inner()) =
+            (true, idle as u64, intvl as u64, cnt as u32);
+        let _ = engine_call(|| s.set_keepalive(true, idle as u64, intvl as u64, cnt as u32));
+    }
+    set_errno(e);
+}
+
+fn record(fd: c_int, inner: Inner, listener: bool, adopted: bool, nonblock: bool) -> &'static Tcp {
+    let wait_fds = match &inner {
+        Inner::Listener(l) => {
+            let mut v = engine_call(|| l.poll_fds());
+            v.push(fd);
+            v
+        }
+        Inner::Stream(s) => engine_call(|| s.poll_fds()),
+    };
+    let t: &'static Tcp = Box::leak(Box::new(Tcp {
+        inner: Mutex::new(Some(Arc::new(inner))),
+        listener,
+        nonblock: AtomicBool::new(nonblock),
+        rcvtimeo_ns: AtomicU64::new(0),
+        sndtimeo_ns: AtomicU64::new(0),
+        connecting: AtomicBool::new(false),
+        connect_err: std::sync::atomic::AtomicI32::new(0),
+        rd_shut: AtomicBool::new(false),
+        reset_reported: AtomicBool::new(false),
+        refs: AtomicU32::new(1),
+        pid: PID.load(Ordering::Relaxed),
+        adopted,
+        wait_fds,
+        ka: Mutex::new((false, 7200, 75, 9)),
+    }));
+    SOCKS.set(fd, t);
+    table::clear_flags(fd, table::F_TCAND);
+    t
+}
+
+fn app_nonblock(fd: c_int) -> bool {
+    !spin::is_blocking(fd)
+}
+
+fn log_not(fd: c_int, e: &std::io::Error) {
+    if e.kind() == std::io::ErrorKind::Unsupported && e.to_string().contains("loopback") {
+        log!(Level::Info, "fd {fd} tcp: kernel socket; xdp not used: {e}");
+    } else {
+        log!(Level::Warn, "fd {fd} tcp: kernel socket; xdp not used: {e}");
+    }
+}
+
+// ------------------------------------------------------------- waiting
+
+/// Wait for `attempt` to give an answer: spin per the profile, then sleep
+/// on the socket's engine fds in slices. `Err(errno)` on timeout (EAGAIN)
+/// or signal (EINTR).
+fn wait_for<R>(
+    t: &Tcp,
+    fd: c_int,
+    timeo_ns: u64,
+    mut attempt: impl FnMut() -> Option<R>,
+) -> Result<R, c_int> {
+    if let Some(r) = attempt() {
+        return Ok(r);
+    }
+    let spin_ns = spin::SPIN_NS.load(Ordering::Relaxed);
+    let start = now_ns();
+    let s0 = crate::signals::seq();
+    let gen0 = table::generation(table::get(fd));
+    let mut w = crate::adapt::Wait::new(if timeo_ns == 0 { u64::MAX } else { timeo_ns });
+    let mut spinning = spin_ns != 0;
+    loop {
+        if crate::signals::interrupted(s0) {
+            return Err(libc::EINTR);
+        }
+        if table::generation(table::get(fd)) != gen0 {
+            // Closed (or shut down) by another thread.
+            if let Some(r) = attempt() {
+                return Ok(r);
+            }
+            return Err(libc::EBADF);
+        }
+        let spent = if timeo_ns != 0 || !spinning {
+            now_ns().wrapping_sub(start)
+        } else {
+            0
+        };
+        if timeo_ns != 0 && spent >= timeo_ns {
+            return Err(libc::EAGAIN);
+        }
+        if spinning && !w.spin() {
+            spinning = false;
+        }
+        if !spinning {
+            let slice = if timeo_ns == 0 {
+                5_000_000
+            } else {
+                (timeo_ns - spent).min(5_000_000)
+            };
+            let mut pf: Vec<libc::pollfd> = t
+                .wait_fds
+                .iter()
+                .map(|&f| libc::pollfd {
+                    fd: f,
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            let ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: slice.max(1000) as _,
+            };
+            // SAFETY: our own array, a bounded timeout, no mask change.
+            unsafe { real::ppoll(pf.as_mut_ptr(), pf.len() as _, &ts, std::ptr::null()) };
+        }
+        if let Some(r) = attempt() {
+            return Ok(r);
+        }
+    }
+}
+
+// -------------------------------------------------------------- setup
+
+/// listen() on a candidate: the kernel listens first (it keeps the port and
+/// answers what the engine cannot take), then the engine. `None`: not a
+/// candidate, the caller makes the real call.
+pub fn listen(fd: c_int, backlog: c_int) -> Option<c_int> {
+    if table::get(fd) & table::F_TCAND == 0 {
+        return None;
+    }
+    // SAFETY: the caller's arguments.
+    let r = unsafe { real::listen(fd, backlog) };
+    if r != 0 {
+        return Some(r);
+    }
+    let e = errno();
+    let nonblock = app_nonblock(fd);
+    // SAFETY: the fd is only borrowed for fcntl calls.
+    let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+    let fl = rustix::fs::fcntl_getfl(b).unwrap_or(rustix::fs::OFlags::empty());
+    // Underneath non-blocking: the kernel's accept queue is looked at
+    // without waiting; the application's mode is kept in the record.
+    let _ = rustix::fs::fcntl_setfl(b, fl | rustix::fs::OFlags::NONBLOCK);
+    let o = opts();
+    match engine_call(|| XdpTcpListener::adopt(fd, backlog.max(1) as usize, &o)) {
+        Ok(l) => {
+            let local = l.local_addr();
+            let t = record(fd, Inner::Listener(l), true, true, nonblock);
+            let _ = t;
+            log!(Level::Info, "fd {fd} tcp listener {local}: xdp");
+        }
+        Err(err) => {
+            let _ = rustix::fs::fcntl_setfl(b, fl);
+            table::clear_flags(fd, table::F_TCAND);
+            log_not(fd, &err);
+        }
+    }
+    set_errno(e);
+    Some(0)
+}
+
+/// connect() on a candidate. `None`: the engine does not take it (the
+/// reason is logged); the caller makes the real call.
+pub fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
+    if table::get(fd) & table::F_TCAND == 0 {
+        return None;
+    }
+    let remote = match crate::accel::read_sockaddr(addr, len) {
+        Ok(Some(r)) => r,
+        _ => {
+            table::clear_flags(fd, table::F_TCAND);
+            return None;
+        }
+    };
+    let e = errno();
+    let nonblock = app_nonblock(fd);
+    let o = opts();
+    let s = match engine_call(|| XdpTcpStream::connect_adopt(fd, remote, &o)) {
+        Ok(s) => s,
+        Err(err) => {
+            table::clear_flags(fd, table::F_TCAND);
+            log_not(fd, &err);
+            set_errno(e);
+            return None;
+        }
+    };
+    let t = record(fd, Inner::Stream(s), false, true, nonblock);
+    if let Some(i) = t.stream()
+        && let Inner::Stream(s) = &*i
+    {
+        inherit_options(fd, s, t);
+        log!(
+            Level::Info,
+            "fd {fd} tcp {} -> {remote}: xdp",
+            engine_call(|| s.local_addr())
+                .map(|a| a.to_string())
+                .unwrap_or_default()
+        );
+    }
+    t.connecting.store(true, Ordering::Release);
+    set_errno(e);
+    if nonblock {
+        set_errno(libc::EINPROGRESS);
+        return Some(-1);
+    }
+    match wait_for(t, fd, 0, || connect_outcome(t)) {
+        Ok(Ok(())) => Some(0),
+        Ok(Err(en)) => {
+            t.connect_err.store(0, Ordering::Release);
+            set_errno(en);
+            Some(-1)
+        }
+        Err(en) => {
+            // EINTR: the connection carries on (as the kernel's: a later
+            // connect says EALREADY/EISCONN; poll + SO_ERROR finish it).
+            set_errno(en);
+            Some(-1)
+        }
+    }
+}
+
+/// A connect in progress: `None` while it runs, then Ok or its errno.
+fn connect_outcome(t: &Tcp) -> Option<Result<(), c_int>> {
+    let i = t.stream()?;
+    let Inner::Stream(s) = &*i else { return None };
+    let r = engine_call(|| s.connect_done())?;
+    if let Err(e) = r {
+        let _ = engine_call(|| s.take_error());
+        t.connect_err.store(err_no(e), Ordering::Release);
+    }
+    t.connecting.store(false, Ordering::Release);
+    Some(r.map_err(err_no))
+}
+
+/// connect() again on a socket already on the engine.
+pub fn connect_again(t: &Tcp) -> c_int {
+    if t.listener {
+        set_errno(libc::EISCONN);
+        return -1;
+    }
+    if t.connecting.load(Ordering::Acquire) {
+        match connect_outcome(t) {
+            None => set_errno(libc::EALREADY),
+            Some(Ok(())) => return 0,
+            Some(Err(e)) => {
+                t.connect_err.store(0, Ordering::Release);
+                set_errno(e)
+            }
+        }
+        return -1;
+    }
+    let pending = t.connect_err.swap(0, Ordering::AcqRel);
+    set_errno(if pending != 0 { pending } else { libc::EISCONN });
+    -1
+}
+
+// ------------------------------------------------------------- accept
+
+/// accept/accept4 on an engine listener.
+pub fn accept(
+    t: &Tcp,
+    fd: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    let Some(i) = t.get() else {
+        set_errno(libc::EBADF);
+        return -1;
+    };
+    let Inner::Listener(l) = &*i else {
+        set_errno(libc::EINVAL);
+        return -1;
+    };
+    enum Got {
+        Engine(XdpTcpStream),
+        Kernel(c_int),
+        Err(c_int),
+    }
+    // The kernel's queue: connections the engine cannot carry (loopback).
+    let kernel = || -> Option<Got> {
+        // SAFETY: the caller's address buffers; the fd is non-blocking
+        // underneath.
+        let r = unsafe { real::accept4(fd, addr, alen, flags) };
+        if r >= 0 {
+            return Some(Got::Kernel(r));
+        }
+        match errno() {
+            libc::EAGAIN => None,
+            e => Some(Got::Err(e)),
+        }
+    };
+    let e0 = errno();
+    // An accept does not spin (a thread waiting for connections would
+    // take the CPU from the threads serving them): it sleeps in the kernel
+    // on the listening socket and, while no connection of this listener
+    // is open, on the engine's fds; with connections open, their threads
+    // turn the engine and the accept looks every millisecond.
+    let tmo = t.rcvtimeo_ns.load(Ordering::Relaxed);
+    let start = now_ns();
+    let s0 = crate::signals::seq();
+    let gen0 = table::generation(table::get(fd));
+    let mut look_kernel = true;
+    let got = loop {
+        if let Some(s) = engine_call(|| l.try_accept()) {
+            break Ok(Got::Engine(s));
+        }
+        if look_kernel && let Some(g) = kernel() {
+            break Ok(g);
+        }
+        if t.nonblock.load(Ordering::Relaxed) {
+            break Err(libc::EAGAIN);
+        }
+        if crate::signals::interrupted(s0) {
+            break Err(libc::EINTR);
+        }
+        if table::generation(table::get(fd)) != gen0 {
+            break Err(libc::EBADF);
+        }
+        let spent = now_ns().wrapping_sub(start);
+        if tmo != 0 && spent >= tmo {
+            break Err(libc::EAGAIN);
+        }
+        let busy = engine_call(|| l.busy());
+        let mut pf = vec![libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        if !busy {
+            pf.extend(
+                t.wait_fds
+                    .iter()
+                    .filter(|&&f| f != fd)
+                    .map(|&f| libc::pollfd {
+                        fd: f,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    }),
+            );
+        }
+        let mut slice: u64 = if busy { 1_000_000 } else { 50_000_000 };
+        if tmo != 0 {
+            slice = slice.min(tmo - spent);
+        }
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: slice.max(1000) as _,
+        };
+        // SAFETY: our own array, a bounded timeout.
+        unsafe { real::ppoll(pf.as_mut_ptr(), pf.len() as _, &ts, std::ptr::null()) };
+        look_kernel = pf[0].revents != 0;
+    };
+    match got {
+        Err(e) | Ok(Got::Err(e)) => {
+            set_errno(e);
+            -1
+        }
+        Ok(Got::Kernel(nfd)) => {
+            table::retire(nfd);
+            set_errno(e0);
+            nfd
+        }
+        Ok(Got::Engine(s)) => {
+            let ty = libc::SOCK_STREAM | (flags & (libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK));
+            // SAFETY: plain socket(2).
+            let nfd = unsafe { real::socket(libc::AF_INET, ty, 0) };
+            if nfd < 0 {
+                // No fd for it: the connection is reset (never silently
+                // kept open for nobody).
+                let en = errno();
+                engine_call(|| {
+                    s.abort();
+                    drop(s)
+                });
+                set_errno(en);
+                return -1;
+            }
+            table::retire(nfd);
+            table::set(nfd, table::C_TCP, 0);
+            let peer = engine_call(|| s.peer_addr()).ok();
+            let nb = flags & libc::SOCK_NONBLOCK != 0;
+            let t2 = record(nfd, Inner::Stream(s), false, false, nb);
+            if let Some(i2) = t2.stream()
+                && let Inner::Stream(s) = &*i2
+            {
+                inherit_options(fd, s, t2);
+            }
+            if let Some(p) = peer {
+                crate::accel::write_sockaddr(p, addr, alen);
+            }
+            set_errno(e0);
+            nfd
+        }
+    }
+}
+
+// ---------------------------------------------------- receive and send
+
+/// Receive into `buf` with `flags` (MSG_PEEK, MSG_DONTWAIT, MSG_WAITALL).
+pub fn recv(t: &Tcp, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
+    let Some(i) = t.stream() else {
+        set_errno(if t.listener {
+            libc::ENOTCONN
+        } else {
+            libc::EBADF
+        });
+        return -1;
+    };
+    let Inner::Stream(s) = &*i else {
+        unreachable!()
+    };
+    if flags & (libc::MSG_OOB | libc::MSG_ERRQUEUE) != 0 {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    if t.connecting.load(Ordering::Acquire) && connect_outcome(t).is_none() {
+        set_errno(
+            if t.nonblock.load(Ordering::Relaxed) || flags & libc::MSG_DONTWAIT != 0 {
+                libc::EAGAIN
+            } else {
+                libc::ENOTCONN
+            },
+        );
+        return -1;
+    }
+    if buf.is_empty() {
+        return 0;
+    }
+    let peek = flags & libc::MSG_PEEK != 0;
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || t.nonblock.load(Ordering::Relaxed);
+    let waitall = flags & libc::MSG_WAITALL != 0 && !peek && !dontwait;
+    let e0 = errno();
+    let mut got = 0usize;
+    loop {
+        let rest = &mut buf[got..];
+        let mut one = || -> Option<Result<usize, XdpTcpError>> {
+            if t.rd_shut.load(Ordering::Relaxed) {
+                return Some(Ok(0));
+            }
+            match engine_call(|| s.recv_once(&mut *rest, peek)) {
+                Err(XdpTcpError::WouldBlock) => None,
+                r => Some(r),
+            }
+        };
+        let r = if dontwait {
+            one().ok_or(libc::EAGAIN)
+        } else {
+            wait_for(t, fd, t.rcvtimeo_ns.load(Ordering::Relaxed), &mut one)
+        };
+        match r {
+            Ok(Ok(0)) => break,
+            Ok(Ok(n)) => {
+                got += n;
+                if !waitall || got == buf.len() {
+                    break;
+                }
+            }
+            Ok(Err(e)) => {
+                if got > 0 {
+                    break;
+                }
+                set_errno(err_no(e));
+                return -1;
+            }
+            Err(en) => {
+                if got > 0 {
+                    break;
+                }
+                set_errno(en);
+                return -1;
+            }
+        }
+    }
+    set_errno(e0);
+    got as isize
+}
+
+fn sigpipe(flags: c_int) {
+    if flags & libc::MSG_NOSIGNAL == 0 {
+        // SAFETY: raising a signal on this thread, as the kernel does.
+        unsafe { libc::raise(libc::SIGPIPE) };
+    }
+}
+
+/// Send all of `data` (blocking) or what fits (non-blocking).
+pub fn send(t: &Tcp, fd: c_int, data: &[u8], flags: c_int) -> isize {
+    let Some(i) = t.stream() else {
+        set_errno(if t.listener {
+            libc::ENOTCONN
+        } else {
+            libc::EBADF
+        });
+        return -1;
+    };
+    let Inner::Stream(s) = &*i else {
+        unreachable!()
+    };
+    if t.connecting.load(Ordering::Acquire) && connect_outcome(t).is_none() {
+        set_errno(
+            if t.nonblock.load(Ordering::Relaxed) || flags & libc::MSG_DONTWAIT != 0 {
+                libc::EAGAIN
+            } else {
+                libc::ENOTCONN
+            },
+        );
+        return -1;
+    }
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || t.nonblock.load(Ordering::Relaxed);
+    let e0 = errno();
+    let mut sent = 0usize;
+    if data.is_empty() {
+        return 0;
+    }
+    while sent < data.len() {
+        let rest = &data[sent..];
+        let mut one = || -> Option<Result<usize, XdpTcpError>> {
+            match engine_call(|| s.send_once(rest)) {
+                Err(XdpTcpError::WouldBlock) => None,
+                r => Some(r),
+            }
+        };
+        let r = if dontwait {
+            one().ok_or(libc::EAGAIN)
+        } else {
+            wait_for(t, fd, t.sndtimeo_ns.load(Ordering::Relaxed), &mut one)
+        };
+        match r {
+            Ok(Ok(n)) => sent += n,
+            Ok(Err(e)) => {
+                if sent > 0 {
+                    break;
+                }
+                // A reset after the peer's FIN (CLOSE-WAIT) is EPIPE in
+                // Linux; otherwise the reset is reported once, then EPIPE.
+                let after_fin = engine_call(|| s.poll_ready(false)) & tcp_ready::RDHUP != 0;
+                let en = match e {
+                    XdpTcpError::ConnectionReset | XdpTcpError::Aborted | XdpTcpError::TimedOut
+                        if !after_fin && !t.reset_reported.swap(true, Ordering::AcqRel) =>
+                    {
+                        err_no(e)
+                    }
+                    XdpTcpError::NotConnected => libc::ENOTCONN,
+                    _ => libc::EPIPE,
+                };
+                if en == libc::EPIPE {
+                    sigpipe(flags);
+                }
+                set_errno(en);
+                return -1;
+            }
+            Err(en) => {
+                if sent > 0 {
+                    break;
+                }
+                set_errno(en);
+                return -1;
+            }
+        }
+    }
+    set_errno(e0);
+    sent as isize
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Receive into an iovec array (readv, recvmsg).
+pub fn recv_iov(t: &Tcp, fd: c_int, iov: *const libc::iovec, cnt: usize, flags: c_int) -> isize {
+    if cnt == 1 {
+        // SAFETY: the caller's one iovec.
+        let v = unsafe { &*iov };
+        // SAFETY: the caller's buffer of iov_len bytes.
+        let b = unsafe { std::slice::from_raw_parts_mut(v.iov_base.cast::<u8>(), v.iov_len) };
+        return recv(t, fd, b, flags);
+    }
+    let total: usize = (0..cnt)
+        // SAFETY: the caller's iovec array.
+        .map(|i| unsafe { (*iov.add(i)).iov_len })
+        .fold(0usize, |a, b| a.saturating_add(b))
+        .min(1 << 24);
+    SCRATCH.with(|sc| {
+        let mut sc = sc.borrow_mut();
+        sc.resize(total, 0);
+        let r = recv(t, fd, &mut sc[..total], flags);
+        if r > 0 {
+            let mut off = 0;
+            for i in 0..cnt {
+                // SAFETY: the caller's iovec array.
+                let v = unsafe { &*iov.add(i) };
+                let n = v.iov_len.min(r as usize - off);
+                if n > 0 {
+                    // SAFETY: the caller's buffer of iov_len bytes.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(sc.as_ptr().add(off), v.iov_base.cast(), n)
+                    };
+                }
+                off += n;
+                if off >= r as usize {
+                    break;
+                }
+            }
+        }
+        r
+    })
+}
+
+/// Send an iovec array (writev, sendmsg).
+pub fn send_iov(t: &Tcp, fd: c_int, iov: *const libc::iovec, cnt: usize, flags: c_int) -> isize {
+    if cnt == 1 {
+        // SAFETY: the caller's one iovec.
+        let v = unsafe { &*iov };
+        // SAFETY: the caller's buffer of iov_len bytes.
+        let b = unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len) };
+        return send(t, fd, b, flags);
+    }
+    SCRATCH.with(|sc| {
+        let mut sc = sc.borrow_mut();
+        sc.clear();
+        for i in 0..cnt {
+            // SAFETY: the caller's iovec array and buffers.
+            let v = unsafe { &*iov.add(i) };
+            if v.iov_len > 0 {
+                // SAFETY: as above.
+                sc.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len)
+                });
+            }
+        }
+        send(t, fd, &sc, flags)
+    })
+}
+
+// ---------------------------------------------------------- readiness
+
+/// poll bits of the socket now (one engine turn).
+pub fn poll_bits(t: &Tcp, turn: bool) -> i16 {
+    let Some(i) = t.get() else {
+        return libc::POLLNVAL;
+    };
+    match &*i {
+        // The kernel's accept queue is reported by the kernel's own answer
+        // for the fd (poll and epoll ask it too).
+        Inner::Listener(l) => {
+            if engine_call(|| l.acceptable(turn)) {
+                libc::POLLIN
+            } else {
+                0
+            }
+        }
+        Inner::Stream(s) => {
+            if t.connecting.load(Ordering::Acquire) {
+                match connect_outcome(t) {
+                    None => return 0,
+                    Some(Ok(())) => {}
+                    Some(Err(_)) => {
+                        return libc::POLLOUT | libc::POLLERR | libc::POLLHUP | libc::POLLIN;
+                    }
+                }
+            }
+            let m = engine_call(|| s.poll_ready(turn));
+            let mut r = 0i16;
+            if m & tcp_ready::IN != 0 {
+                r |= libc::POLLIN | libc::POLLRDNORM;
+            }
+            if m & tcp_ready::OUT != 0 {
+                r |= libc::POLLOUT | libc::POLLWRNORM;
+            }
+            if m & tcp_ready::RDHUP != 0 || t.rd_shut.load(Ordering::Relaxed) {
+                r |= libc::POLLRDHUP | libc::POLLIN;
+            }
+            if m & tcp_ready::HUP != 0 {
+                r |= libc::POLLHUP;
+            }
+            if m & tcp_ready::ERR != 0 {
+                r |= libc::POLLERR;
+            }
+            r
+        }
+    }
+}
+
+// ------------------------------------------------------ shutdown/close
+
+pub fn shutdown(t: &Tcp, how: c_int) -> c_int {
+    let Some(i) = t.get() else {
+        set_errno(libc::EBADF);
+        return -1;
+    };
+    match &*i {
+        Inner::Listener(_) => {
+            set_errno(libc::ENOTCONN);
+            -1
+        }
+        Inner::Stream(s) => {
+            if !matches!(how, libc::SHUT_RD | libc::SHUT_WR | libc::SHUT_RDWR) {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            match engine_call(|| s.state()) {
+                None | Some(XdpTcpState::Closed) | Some(XdpTcpState::SynSent) => {
+                    set_errno(libc::ENOTCONN);
+                    return -1;
+                }
+                _ => {}
+            }
+            if how == libc::SHUT_RD || how == libc::SHUT_RDWR {
+                t.rd_shut.store(true, Ordering::Relaxed);
+            }
+            if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
+                let _ = engine_call(|| s.shut_write());
+            }
+            0
+        }
+    }
+}
+
+/// The fd `fd` stops referring to its record (close, dup2 over it); the
+/// engine object goes with the last fd.
+pub fn release(fd: c_int) {
+    let Some(t) = SOCKS.take(fd) else { return };
+    if t.refs.fetch_sub(1, Ordering::AcqRel) != 1 || t.pid != PID.load(Ordering::Relaxed) {
+        return;
+    }
+    close_record(t, fd, false);
+}
+
+/// Close the engine object of `t` (its last fd `fd` is going).
+fn close_record(t: &Tcp, fd: c_int, exiting: bool) {
+    let inner = t.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let Some(inner) = inner else { return };
+    // Another thread may still hold the Arc inside a call: it finishes
+    // that call; the object goes when it lets go.
+    match Arc::try_unwrap(inner) {
+        Ok(Inner::Listener(l)) => engine_call(|| l.close()),
+        Ok(Inner::Stream(s)) => {
+            // A duplicate of the application's fd keeps the port held in
+            // the kernel until the engine has finished the connection.
+            let keep = if t.adopted && !exiting {
+                // SAFETY: dup of the application's fd, closed just after.
+                let d = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+                (d >= 0).then(|| {
+                    // SAFETY: a fresh descriptor we own.
+                    unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(d) }
+                })
+            } else {
+                None
+            };
+            engine_call(|| s.close_keep(keep));
+        }
+        Err(arc) => engine_call(|| drop(arc)),
+    }
+}
+
+/// `new` is a duplicate of `old`.
+pub fn share(old: c_int, new: c_int) {
+    if let Some(t) = SOCKS.get(old) {
+        t.add_ref();
+        SOCKS.set(new, t);
+    }
+}
+
+// -------------------------------------------------------------- options
+
+fn read_int(val: *const c_void, len: socklen_t) -> Option<c_int> {
+    if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
+        return None;
+    }
+    // SAFETY: an int the caller passed.
+    Some(unsafe { std::ptr::read_unaligned(val.cast::<c_int>()) })
+}
+
+/// setsockopt on an engine socket: the kernel socket records the value
+/// (getsockopt reads it back, an invalid value gets the kernel's error),
+/// the engine applies what it serves.
+pub fn setsockopt(
+    t: &Tcp,
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    // SAFETY: the caller's option, unchanged.
+    let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+    if r != 0 {
+        return r;
+    }
+    let e = errno();
+    if let Some(i) = t.stream()
+        && let Inner::Stream(s) = &*i
+    {
+        let v = read_int(val, len);
+        match (level, name, v) {
+            (libc::IPPROTO_TCP, libc::TCP_NODELAY, Some(v)) => {
+                let _ = engine_call(|| s.set_nodelay(v != 0));
+            }
+            (libc::IPPROTO_TCP, libc::TCP_QUICKACK, Some(v)) => {
+                let _ = engine_call(|| s.set_quickack(v != 0));
+            }
+            (libc::SOL_SOCKET, libc::SO_LINGER, _)
+                if !val.is_null() && len as usize >= std::mem::size_of::<libc::linger>() =>
+            {
+                // SAFETY: a linger the kernel just accepted.
+                let l = unsafe { std::ptr::read_unaligned(val.cast::<libc::linger>()) };
+                let _ = engine_call(|| s.set_linger0(l.l_onoff != 0 && l.l_linger == 0));
+            }
+            (libc::SOL_SOCKET, libc::SO_KEEPALIVE, Some(_))
+            | (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, Some(_))
+            | (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, Some(_))
+            | (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, Some(_)) => {
+                let on = get_int(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE).unwrap_or(0) != 0;
+                let idle = get_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE).unwrap_or(7200);
+                let intvl = get_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL).unwrap_or(75);
+                let cnt = get_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT).unwrap_or(9);
+                *t.ka.lock().unwrap_or_else(|e| e.into_inner()) =
+                    (on, idle as u64, intvl as u64, cnt as u32);
+                let _ = engine_call(|| s.set_keepalive(on, idle as u64, intvl as u64, cnt as u32));
+            }
+            _ => {}
+        }
+    }
+    if level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == 66) {
+        t.rcvtimeo_ns.store(timeval_ns(val, len), Ordering::Relaxed);
+    }
+    if level == libc::SOL_SOCKET && (name == libc::SO_SNDTIMEO || name == 67) {
+        t.sndtimeo_ns.store(timeval_ns(val, len), Ordering::Relaxed);
+    }
+    set_errno(e);
+    0
+}
+
+fn timeval_ns(val: *const c_void, len: socklen_t) -> u64 {
+    if val.is_null() || (len as usize) < std::mem::size_of::<libc::timeval>() {
+        return 0;
+    }
+    // SAFETY: a timeval-sized value the kernel accepted.
+    let tv = unsafe { std::ptr::read_unaligned(val.cast::<libc::timeval>()) };
+    (tv.tv_sec.max(0) as u64) * 1_000_000_000 + (tv.tv_usec.max(0) as u64) * 1000
+}
+
+fn linux_state(s: XdpTcpState) -> u8 {
+    match s {
+        XdpTcpState::Established => 1,
+        XdpTcpState::SynSent => 2,
+        XdpTcpState::SynReceived => 3,
+        XdpTcpState::FinWait1 => 4,
+        XdpTcpState::FinWait2 => 5,
+        XdpTcpState::TimeWait => 6,
+        XdpTcpState::Closed => 7,
+        XdpTcpState::CloseWait => 8,
+        XdpTcpState::LastAck => 9,
+        XdpTcpState::Closing => 11,
+    }
+}
+
+/// getsockopt on an engine socket: `None` = the kernel socket answers.
+pub fn getsockopt(
+    t: &Tcp,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> Option<c_int> {
+    if val.is_null() || len.is_null() {
+        return None;
+    }
+    let i = t.stream()?;
+    let Inner::Stream(s) = &*i else { return None };
+    // SAFETY: the caller's length.
+    let cap = unsafe { *len } as usize;
+    let put = |bytes: &[u8]| {
+        let n = bytes.len().min(cap);
+        // SAFETY: the caller's buffer of *len bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), val.cast::<u8>(), n);
+            *len = n as socklen_t;
+        }
+    };
+    match (level, name) {
+        (libc::SOL_SOCKET, libc::SO_ERROR) => {
+            if t.connecting.load(Ordering::Acquire) {
+                // Finishes the connect if its outcome is known.
+                let _ = connect_outcome(t);
+            }
+            let pending = t.connect_err.swap(0, Ordering::AcqRel);
+            if pending != 0 {
+                put(&pending.to_ne_bytes());
+                return Some(0);
+            }
+            let e = engine_call(|| s.take_error()).map_or(0, err_no);
+            put(&e.to_ne_bytes());
+            Some(0)
+        }
+        (libc::IPPROTO_TCP, libc::TCP_INFO) => {
+            let info = engine_call(|| s.info()).ok()?;
+            // SAFETY: tcp_info is plain integers; all-zero is valid.
+            let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+            ti.tcpi_state = linux_state(info.state);
+            ti.tcpi_retransmits = info.retransmits.min(255) as u8;
+            ti.tcpi_options = (if info.timestamps { 1 } else { 0 })
+                | (if info.sack { 2 } else { 0 })
+                | (if info.snd_wscale > 0 || info.rcv_wscale > 0 {
+                    4
+                } else {
+                    0
+                });
+            ti.tcpi_snd_rcv_wscale = (info.snd_wscale & 0xf) | ((info.rcv_wscale & 0xf) << 4);
+            ti.tcpi_rto = info.rto_us.min(u32::MAX as u64) as u32;
+            ti.tcpi_snd_mss = info.snd_mss as u32;
+            ti.tcpi_rcv_mss = info.rcv_mss as u32;
+            ti.tcpi_unacked = info.unacked;
+            ti.tcpi_rtt = info.rtt_us.min(u32::MAX as u64) as u32;
+            ti.tcpi_rttvar = info.rttvar_us.min(u32::MAX as u64) as u32;
+            ti.tcpi_snd_ssthresh = info.ssthresh;
+            ti.tcpi_snd_cwnd = info.cwnd;
+            ti.tcpi_total_retrans = info.total_retrans.min(u32::MAX as u64) as u32;
+            ti.tcpi_bytes_acked = info.bytes_acked;
+            ti.tcpi_bytes_received = info.bytes_received;
+            // SAFETY: viewing a plain-integer struct as bytes.
+            let b = unsafe {
+                std::slice::from_raw_parts(
+                    (&raw const ti).cast::<u8>(),
+                    std::mem::size_of::<libc::tcp_info>(),
+                )
+            };
+            put(b);
+            Some(0)
+        }
+        _ => None,
+    }
+}
+
+/// getsockname/getpeername of an engine connection (`peer`).
+pub fn name(t: &Tcp, peer: bool, addr: *mut sockaddr, len: *mut socklen_t) -> Option<c_int> {
+    let i = t.stream()?;
+    let Inner::Stream(s) = &*i else { return None };
+    if peer && t.connecting.load(Ordering::Acquire) && connect_outcome(t).is_none() {
+        set_errno(libc::ENOTCONN);
+        return Some(-1);
+    }
+    let a: Option<SocketAddrV4> = if peer {
+        engine_call(|| s.peer_addr()).ok()
+    } else {
+        engine_call(|| s.local_addr()).ok()
+    };
+    match a {
+        Some(a) => {
+            if addr.is_null() || len.is_null() {
+                set_errno(libc::EFAULT);
+                return Some(-1);
+            }
+            crate::accel::write_sockaddr(a, addr, len);
+            Some(0)
+        }
+        None => {
+            set_errno(libc::ENOTCONN);
+            Some(-1)
+        }
+    }
+}
+
+/// FIONREAD / SIOCOUTQ.
+pub fn queue_len(t: &Tcp, out: bool) -> Option<usize> {
+    let i = t.stream()?;
+    let Inner::Stream(s) = &*i else { return None };
+    Some(if out {
+        engine_call(|| s.send_queue())
+    } else {
+        engine_call(|| s.recv_queue())
+    })
+}
+
+/// Is `fd` a connection whose kernel readiness must be ignored?
+#[inline]
+pub fn is_stream(t: &Tcp) -> bool {
+    !t.listener
+}

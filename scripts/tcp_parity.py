@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""TCP behaviour probe for differential tests (issue 11): run plainly and under
+`nanowire run`, on either end, and compare the printed lines.
+
+    tcp_parity.py server ADDR PORT      # serves the cases, prints what it saw
+    tcp_parity.py client ADDR PORT      # runs the cases against it
+
+Every case uses a new connection to PORT; the client names the case in a
+fixed 16-byte header. Nothing printed depends on timing, ports or addresses
+chosen by the kernel; only behaviour (data, errno names, poll/epoll bits,
+TCP_INFO state, options read back). PORT+1 must have no listener.
+"""
+import errno, hashlib, os, select, signal, socket, struct, sys, time
+
+HDR = 16
+
+
+def ename(e):
+    return errno.errorcode.get(e, str(e))
+
+
+def out(*a):
+    print(*a, flush=True)
+
+
+def recv_exact(s, n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c:
+            break
+        b += c
+    return b
+
+
+def read_to_eof(s):
+    b = b""
+    while True:
+        c = s.recv(65536)
+        if not c:
+            return b
+        b += c
+
+
+def tcp_state(s):
+    return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)[0]
+
+
+def bits(ev):
+    names = [(select.EPOLLIN, "IN"), (select.EPOLLOUT, "OUT"), (select.EPOLLRDHUP, "RDHUP"),
+             (select.EPOLLHUP, "HUP"), (select.EPOLLERR, "ERR")]
+    return "|".join(n for b, n in names if ev & b) or "-"
+
+
+def wait_readable(s):
+    p = select.poll()
+    p.register(s, select.POLLIN)
+    p.poll()
+
+
+# ------------------------------------------------------------------ server
+
+def serve_one(c, case):
+    if case == "echo":
+        for _ in range(3):
+            n = struct.unpack("!I", recv_exact(c, 4))[0]
+            d = recv_exact(c, n)
+            c.sendall(struct.pack("!I", len(d)) + d)
+        out(f"echo: 3 messages echoed; peer ip {c.getpeername()[0]}; local ip {c.getsockname()[0]}")
+        c.close()
+    elif case == "halfclose":
+        d = read_to_eof(c)
+        out(f"halfclose: read {len(d)} bytes to EOF, sha {hashlib.sha256(d).hexdigest()[:16]}")
+        c.sendall(b"bye after eof")
+        c.close()
+    elif case == "linger0":
+        assert recv_exact(c, 2) == b"go"
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        out("linger0: closing with SO_LINGER 0")
+        c.close()
+    elif case == "unread":
+        wait_readable(c)
+        out("unread: closing with unread data")
+        c.close()
+    elif case == "epipe":
+        out("epipe: closing at once")
+        c.close()
+    elif case == "peek":
+        c.sendall(b"hello world")
+        assert recv_exact(c, 2) == b"ok"
+        c.close()
+    elif case == "waitall":
+        for i in range(3):
+            c.sendall(bytes([65 + i]) * 1000)
+            time.sleep(0.05)
+        assert recv_exact(c, 2) == b"ok"
+        c.close()
+    elif case == "rdhup":
+        c.shutdown(socket.SHUT_WR)
+        d = read_to_eof(c)
+        out(f"rdhup: peer closed after {len(d)} bytes")
+        c.close()
+    elif case == "nbconnect":
+        d = read_to_eof(c)
+        out(f"nbconnect: got {d!r}")
+        c.close()
+    elif case == "options":
+        d = read_to_eof(c)
+        out(f"options: got {len(d)} bytes")
+        c.close()
+    elif case == "bulk":
+        n = struct.unpack("!Q", recv_exact(c, 8))[0]
+        h = hashlib.sha256()
+        got = 0
+        while got < n:
+            b = c.recv(min(1 << 20, n - got))
+            if not b:
+                break
+            h.update(b)
+            got += len(b)
+        c.sendall(h.digest())
+        out(f"bulk: received {got} bytes")
+        # and the other way: N bytes, then their digest
+        h = hashlib.sha256()
+        chunk = os.urandom(1 << 16)
+        sent = 0
+        while sent < n:
+            b = chunk[: min(len(chunk), n - sent)]
+            c.sendall(b)
+            h.update(b)
+            sent += len(b)
+        c.sendall(h.digest())
+        out(f"bulk: sent {sent} bytes")
+        c.close()
+    else:
+        out(f"unknown case {case!r}")
+        c.close()
+
+
+def server(addr, port):
+    ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind((addr, port))
+    ls.listen(16)
+    out(f"listening")
+    while True:
+        c, _ = ls.accept()
+        case = recv_exact(c, HDR).rstrip(b" ").decode()
+        if case == "quit":
+            out("quit")
+            return
+        serve_one(c, case)
+
+
+# ------------------------------------------------------------------ client
+
+def conn(addr, port, case, extra=b""):
+    s = socket.create_connection((addr, port))
+    s.sendall(case.encode().ljust(HDR) + extra)
+    return s
+
+
+def client(addr, port):
+    # echo, getpeername/getsockname, TCP_INFO
+    s = conn(addr, port, "echo")
+    out(f"echo: peer {s.getpeername()[0]}; local ip {s.getsockname()[0]}; tcp state {tcp_state(s)}")
+    for n in (1, 1400, 70000):
+        d = os.urandom(n)
+        s.sendall(struct.pack("!I", n) + d)
+        m = struct.unpack("!I", recv_exact(s, 4))[0]
+        r = recv_exact(s, m)
+        out(f"echo: {n} bytes back {'same' if r == d else 'DIFFERENT'}")
+    out(f"echo: then {read_to_eof(s)!r} (EOF); tcp state {tcp_state(s)}")
+    s.close()
+
+    # half-close
+    s = conn(addr, port, "halfclose")
+    d = bytes(range(256)) * 40
+    s.sendall(d)
+    s.shutdown(socket.SHUT_WR)
+    out(f"halfclose: sent {len(d)}, sha {hashlib.sha256(d).hexdigest()[:16]}; reply {read_to_eof(s)!r}")
+    s.close()
+
+    # SO_LINGER 0 on the peer: ECONNRESET
+    s = conn(addr, port, "linger0")
+    s.sendall(b"go")
+    try:
+        r = s.recv(100)
+        out(f"linger0: recv {r!r}")
+    except OSError as e:
+        out(f"linger0: recv error {ename(e.errno)}")
+    s.close()
+
+    # close with unread data: RST
+    s = conn(addr, port, "unread", b"x" * 100)
+    try:
+        r = s.recv(100)
+        out(f"unread: recv {r!r}")
+    except OSError as e:
+        out(f"unread: recv error {ename(e.errno)}")
+    s.close()
+
+    # no listener: ECONNREFUSED
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.connect((addr, port + 1))
+        out("refused: connected?!")
+    except OSError as e:
+        out(f"refused: connect error {ename(e.errno)}")
+    s.close()
+
+    # write after the peer closed: EPIPE (and SIGPIPE without MSG_NOSIGNAL)
+    s = conn(addr, port, "epipe")
+    out(f"epipe: read {read_to_eof(s)!r} (EOF); tcp state {tcp_state(s)}")
+    errs = []
+    for _ in range(50):
+        try:
+            s.send(b"z" * 10, socket.MSG_NOSIGNAL)
+        except OSError as e:
+            errs.append(ename(e.errno))
+            break
+        time.sleep(0.02)
+    out(f"epipe: first send error {errs}")
+    got = []
+    signal.signal(signal.SIGPIPE, lambda *_: got.append(1))
+    try:
+        s.send(b"z")
+        out("epipe: send ok?!")
+    except OSError as e:
+        out(f"epipe: send without MSG_NOSIGNAL: {ename(e.errno)}, SIGPIPE {len(got)}")
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    s.close()
+
+    # non-blocking connect + poll + SO_ERROR, to a listener and to no listener
+    for target, name in ((port, "listener"), (port + 1, "no listener")):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        r = s.connect_ex((addr, target))
+        p = select.poll()
+        p.register(s, select.POLLOUT)
+        ev = p.poll(10000)
+        err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        out(f"nbconnect {name}: connect_ex {ename(r)}; polled {len(ev)}; SO_ERROR {ename(err) if err else 0}")
+        if err == 0:
+            s.setblocking(True)
+            s.sendall(b"nbconnect".ljust(HDR) + b"hi there")
+            s.shutdown(socket.SHUT_WR)
+            read_to_eof(s)
+        s.close()
+
+    # MSG_PEEK
+    s = conn(addr, port, "peek")
+    wait_readable(s)
+    while len(s.recv(64, socket.MSG_PEEK)) < 11:
+        time.sleep(0.01)
+    out(f"peek: {s.recv(5, socket.MSG_PEEK)!r} then {recv_exact(s, 11)!r}")
+    s.sendall(b"ok")
+    s.close()
+
+    # MSG_WAITALL across three segments sent 50 ms apart
+    s = conn(addr, port, "waitall")
+    r = s.recv(3000, socket.MSG_WAITALL)
+    out(f"waitall: {len(r)} bytes, {r[0:1]}{r[1000:1001]}{r[2000:2001]}")
+    s.sendall(b"ok")
+    s.close()
+
+    # epoll: RDHUP when the peer shuts down writing, HUP once both are shut
+    s = conn(addr, port, "rdhup")
+    ep = select.epoll()
+    ep.register(s.fileno(), select.EPOLLIN | select.EPOLLRDHUP)
+    ev = ep.poll(10)
+    out(f"rdhup: epoll after peer FIN {bits(ev[0][1]) if ev else 'timeout'}; tcp state {tcp_state(s)}")
+    out(f"rdhup: recv {s.recv(10)!r}")
+    s.sendall(b"abc")
+    s.shutdown(socket.SHUT_WR)
+    while True:
+        ev = ep.poll(10)
+        if ev and ev[0][1] & select.EPOLLHUP:
+            break
+        time.sleep(0.01)
+    out(f"rdhup: epoll after both FINs {bits(ev[0][1])}")
+    ep.close()
+    s.close()
+
+    # options read back
+    s = conn(addr, port, "options")
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 30)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+    out("options: nodelay {} keepalive {} keepidle {} type {} info state {}".format(
+        s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY),
+        s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+        s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+        s.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE), tcp_state(s)))
+    s.sendall(b"o" * 10)
+    s.shutdown(socket.SHUT_WR)
+    read_to_eof(s)
+    s.close()
+
+    # a bulk stream, hashed (NANOWIRE_TCP_STREAM_MIB, default 4)
+    n = int(os.environ.get("NANOWIRE_TCP_STREAM_MIB", "4")) << 20
+    s = conn(addr, port, "bulk", struct.pack("!Q", n))
+    h = hashlib.sha256()
+    chunk = os.urandom(1 << 16)
+    sent = 0
+    while sent < n:
+        b = chunk[: min(len(chunk), n - sent)]
+        s.sendall(b)
+        h.update(b)
+        sent += len(b)
+    r = recv_exact(s, 32)
+    out(f"bulk: sent {sent} bytes; digest {'matches' if r == h.digest() else 'DIFFERS'}")
+    h = hashlib.sha256()
+    got = 0
+    while got < n:
+        b = s.recv(min(1 << 20, n - got))
+        if not b:
+            break
+        h.update(b)
+        got += len(b)
+    r = recv_exact(s, 32)
+    out(f"bulk: received {got} bytes; digest {'matches' if r == h.digest() else 'DIFFERS'}")
+    s.close()
+
+    s = conn(addr, port, "quit")
+    s.close()
+    out("done")
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    role, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    (server if role == "server" else client)(addr, port)
