@@ -59,7 +59,28 @@ struct Server {
 }
 
 impl Server {
+    /// Start the server; while the queue is still held by an AF_XDP socket
+    /// of a process that was just killed (the kernel releases its buffer
+    /// pool from a workqueue after the process is gone, so the queue can
+    /// stay busy for a moment after the XDP program is detached), start it
+    /// again, for at most 5 s.
     fn start(lab: &ScopedLab, port: u16, extra: &[&str]) -> Server {
+        let t0 = Instant::now();
+        loop {
+            match Self::try_start(lab, port, extra) {
+                Ok(s) => return s,
+                Err(said)
+                    if said.iter().any(|l| l.contains("queue busy"))
+                        && t0.elapsed() < Duration::from_secs(5) =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(said) => panic!("server printed no listen line; it said: {said:?}"),
+            }
+        }
+    }
+
+    fn try_start(lab: &ScopedLab, port: u16, extra: &[&str]) -> Result<Server, Vec<String>> {
         let p = port.to_string();
         let mut argv = vec![
             BIN,
@@ -97,17 +118,21 @@ impl Server {
             err: rx,
             out,
         };
+        let mut said = Vec::new();
         loop {
             let l = s
                 .err
                 .recv_timeout(Duration::from_secs(20))
-                .expect("server printed its listen line");
+                .unwrap_or_else(|e| {
+                    panic!("server printed no listen line ({e}); it said: {said:?}")
+                });
+            said.push(l.clone());
             if l.contains("(engine ") {
                 assert!(l.contains("(engine xdp)"), "{l}");
                 break;
             }
         }
-        s
+        Ok(s)
     }
     fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()

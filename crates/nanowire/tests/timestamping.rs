@@ -5,6 +5,7 @@
 //! control messages, error-queue fields, OPT_ID sequence, stamps inside
 //! [before send, after receive] and monotonic, POLLERR) must be identical,
 //! and under run the sockets must really be on the engine (`nanowire stats`).
+//! The same for a Python program (socket.recvmsg with ancillary data).
 //! Covered: the first datagram to a peer whose neighbour entry is not
 //! resolved yet and a datagram above the MTU (both take the kernel path
 //! under run, stamped there under the engine's OPT_ID sequence).
@@ -79,6 +80,7 @@ fn timestamping_on_xdp_sockets_matches_a_plain_run() {
         "rx us: len=8 namelen=16 flags= cmsgs=[SCM_TIMESTAMP] stamp_in_window=1 monotonic=1",
         "rx off: len=8 namelen=16 flags= cmsgs=[]",
         "rx new: len=8 namelen=16 flags= cmsgs=[SCM_TIMESTAMPNS_NEW,SCM_TIMESTAMPING_NEW] ts1=0 ts2=0 stamp_in_window=1",
+        "rx small control: n=8 ctrunc=1",
         "epoll: n=1 err=1 data=7",
         "epoll after: err=0",
         "errqueue6: len=0 namelen=0 flags=ERRQUEUE cmsgs=[SCM_TIMESTAMPING,IP_RECVERR] ts1=0 ts2=0 ee_errno=ENOMSG origin=4 type=0 code=0 info=0 data=1",
@@ -128,6 +130,35 @@ fn timestamping_on_xdp_sockets_matches_a_plain_run() {
         k.stderr()
     );
     let got = k.stdout().replace("holding\n", "");
+    // The same from Python (socket.recvmsg with ancillary data).
+    let py = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../preload/tests/timestamping.py")
+        .to_string_lossy()
+        .into_owned();
+    let mut pp = spawn(
+        "tt-py-plain",
+        plain_in(&lab, Host::A, &["python3", &py, &a, &b, "12600"]),
+    );
+    pp.success(T);
+    let mut c = run_in(&lab, Host::A, &[], &["python3", &py, &a, &b, "12600"]);
+    c.env("NANOWIRE_LOG", "info");
+    let mut px = spawn("tt-py-xdp", c);
+    px.success(T);
+    assert!(
+        pp.stdout().contains("ts errqueue: len=0 errqueue=True TIMESTAMPING in_window=True rest_zero=True; RECVERR errno=42 origin=4 info=0 key=2")
+            && pp.stdout().contains("ns rx: len=7 errqueue=False TIMESTAMPNS in_window=True"),
+        "{}",
+        pp.stdout()
+    );
+    assert_eq!(pp.stdout(), px.stdout(), "python, plain vs under run");
+    for port in [12611, 12612] {
+        assert!(
+            px.stderr()
+                .contains(&format!("udp {a}:{port}: xdp (interface")),
+            "{}",
+            px.stderr()
+        );
+    }
     let want = want.replace("holding\n", "");
     let diff: Vec<String> = want
         .lines()

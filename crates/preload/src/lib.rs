@@ -46,6 +46,8 @@
 //! * `dispatch` (+ `ahooks`, its accelerated branch): what each call does.
 //! * `ready`: poll/select/epoll over sets with accelerated sockets.
 //! * `share`: ports other sockets on the host share go to the kernel.
+//! * `tstamp`: SO_TIMESTAMP/SO_TIMESTAMPNS/SO_TIMESTAMPING on accelerated
+//!   sockets (control messages, the transmit-stamp error queue).
 //! * `accel`: sockets on the xdp engine (records in a `table::PtrTable`).
 //! * `spin`: configuration and busy-poll loops.
 //! * `signals`: the sigaction trampoline and per-thread delivery counts.

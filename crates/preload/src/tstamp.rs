@@ -239,10 +239,12 @@ pub fn sent(a: &Accel, x: &nanowire_stack::xdp::XdpSocket, key: Option<u32>) {
         return;
     };
     if s.errq.len() >= ERRQ_MAX {
-        if ERRQ_DROPS.fetch_add(1, Ordering::Relaxed) == 0 {
+        let n = ERRQ_DROPS.fetch_add(1, Ordering::Relaxed) + 1;
+        if n.is_power_of_two() {
+            // Announced, with the count, at 1, 2, 4, 8, ... drops.
             crate::log::log!(
                 nanowire_run::options::Level::Warn,
-                "transmit timestamp dropped: error queue full ({ERRQ_MAX} entries; read it with MSG_ERRQUEUE); further drops are counted"
+                "{n} transmit timestamp(s) dropped so far: error queue full ({ERRQ_MAX} entries; read it with MSG_ERRQUEUE)"
             );
         }
         return;
@@ -302,7 +304,8 @@ impl Cmsgs<'_> {
             full
         };
         let h = libc::cmsghdr {
-            cmsg_len: full as _,
+            // The kernel writes the truncated length.
+            cmsg_len: cmlen as _,
             cmsg_level: level,
             cmsg_type: ty,
         };

@@ -221,6 +221,20 @@ int main(int argc, char **argv) {
     send1(s5, 50);
     show("rx new", s5, 0, t5, &l5);
 
+    /* A control buffer too small for both messages: MSG_CTRUNC, what fits. */
+    {
+        send1(s5, 51);
+        char data[64], ctl[CMSG_SPACE(16) + 24];
+        struct iovec iov = {data, sizeof data};
+        struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl,
+                           .msg_controllen = sizeof ctl};
+        ssize_t n = recvmsg(s5, &m, 0);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+        printf("rx small control: n=%zd ctrunc=%d controllen=%zu first=%s\n", n,
+               (m.msg_flags & MSG_CTRUNC) != 0, (size_t)m.msg_controllen,
+               c ? cname(c->cmsg_level, c->cmsg_type) : "none");
+    }
+
     /* 5. epoll reports EPOLLERR while transmit stamps are queued. */
     {
         int ep = epoll_create1(0);

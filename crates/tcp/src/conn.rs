@@ -120,6 +120,10 @@ pub(crate) struct Conn {
     pub backoff: u32,
     // --- timers (absolute deadlines)
     pub rtx_deadline: Option<u64>,
+    /// `rtx_deadline` is a tail-loss probe timeout, not the RTO (RFC 8985 7).
+    pub tlp_armed: bool,
+    /// A probe went out for the current flight (reset by an ACK of new data).
+    pub tlp_done: bool,
     pub delack_deadline: Option<u64>,
     pub persist_deadline: Option<u64>,
     pub persist_backoff: u32,
@@ -245,6 +249,8 @@ impl Conn {
             sacked: [(0, 0); SCOREBOARD],
             n_sacked: 0,
             rtx_next: iss,
+            tlp_armed: false,
+            tlp_done: false,
             srtt: 0,
             rttvar: 0,
             rto: cfg.rto_initial_ns,
@@ -596,6 +602,28 @@ impl Conn {
             self.srtt = ((7 * self.srtt + r) / 8).max(1);
         }
         self.rto = (self.srtt + 4 * self.rttvar).clamp(cfg.rto_min_ns, cfg.rto_max_ns);
+    }
+
+    /// The retransmission timer to arm now: a tail-loss probe timeout when
+    /// one applies (RFC 8985 7.2, as Linux: 2·SRTT plus 2 ms, plus the
+    /// minimum RTO when a single segment is out, which leaves the peer's
+    /// delayed ACK alone), else the RTO. Returns (delay, is a probe).
+    pub fn rtx_timer(&self, cfg: &Config) -> (u64, bool) {
+        let rto = self.backed_off_rto(cfg);
+        // In recovery too: there the probe resends the first hole, whose
+        // retransmission may itself have been lost (no RACK here).
+        if self.tlp_done
+            || self.backoff > 0
+            || self.srtt == 0
+            || !matches!(self.state, State::Established | State::CloseWait)
+        {
+            return (rto, false);
+        }
+        let mut pto = 2 * self.srtt + 2_000_000;
+        if self.flight() <= self.snd_mss {
+            pto += cfg.rto_min_ns;
+        }
+        if pto < rto { (pto, true) } else { (rto, false) }
     }
 
     /// The RTO with the current exponential backoff.

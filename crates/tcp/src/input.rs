@@ -317,10 +317,15 @@ impl Conn {
                 }
             }
 
+            // New data acknowledged: a new flight may be probed again.
+            self.tlp_done = false;
             self.rtx_deadline = if self.snd_una == self.snd_max {
+                self.tlp_armed = false;
                 None
             } else {
-                Some(now.saturating_add(self.backed_off_rto(cfg)))
+                let (d, probe) = self.rtx_timer(cfg);
+                self.tlp_armed = probe;
+                Some(now.saturating_add(d))
             };
 
             if fin_acked {

@@ -282,6 +282,9 @@ counters! {
     ctrl_queue_full,
     /// Segments given to `poll_transmit` with a buffer too small.
     tx_buffer_too_small,
+    /// Tail-loss probes sent (RFC 8985 7): the last segment resent after
+    /// 2·SRTT without an ACK, instead of waiting for the RTO.
+    tail_loss_probes,
 }
 
 /// A TCP_INFO-like snapshot of one connection.

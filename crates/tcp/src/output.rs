@@ -103,8 +103,20 @@ impl Conn {
     }
 
     fn arm_rtx(&mut self, now: u64, cfg: &Config) {
-        if self.rtx_deadline.is_none() {
-            self.rtx_deadline = Some(now.saturating_add(self.backed_off_rto(cfg)));
+        let (d, probe) = self.rtx_timer(cfg);
+        let at = now.saturating_add(d);
+        match self.rtx_deadline {
+            None => {
+                self.rtx_deadline = Some(at);
+                self.tlp_armed = probe;
+            }
+            // A flight that grew past one segment gets the probe timeout
+            // the first segment (RTO-length) did not.
+            Some(cur) if probe && !self.tlp_armed && at < cur => {
+                self.rtx_deadline = Some(at);
+                self.tlp_armed = true;
+            }
+            Some(_) => {}
         }
     }
 

@@ -47,6 +47,25 @@ impl Conn {
             self.delack_deadline = None;
             self.ack_now = true;
         }
+        if self.rtx_deadline.is_some_and(|d| d <= now) && self.tlp_armed {
+            // Tail-loss probe (RFC 8985 7.3): no ACK for 2·SRTT with data
+            // out. Resend the last segment so that the receiver answers
+            // (its ACK, or SACK, shows what is missing and fast recovery
+            // repairs it) instead of waiting for the RTO. One per flight.
+            self.rtx_deadline = None;
+            self.tlp_armed = false;
+            self.tlp_done = true;
+            if self.snd_una != self.snd_max {
+                let flight = crate::seq::dist(self.snd_max, self.snd_una);
+                let last = self.snd_max.wrapping_sub(flight.min(self.snd_mss).max(1));
+                // In recovery the cumulative ACK stalled at the first hole:
+                // resend it (its retransmission was likely lost).
+                self.rtx_once = Some(if self.in_recovery { self.snd_una } else { last });
+                ctr.tail_loss_probes += 1;
+                // The RTO stays armed behind the probe.
+                self.rtx_deadline = Some(now.saturating_add(self.backed_off_rto(cfg)));
+            }
+        }
         if self.rtx_deadline.is_some_and(|d| d <= now) {
             self.rtx_deadline = None;
             self.on_rto(now, cfg, ctr);
@@ -126,5 +145,6 @@ impl Conn {
             }
         }
         self.rtx_deadline = Some(now.saturating_add(self.backed_off_rto(cfg)));
+        self.tlp_armed = false;
     }
 }

@@ -236,7 +236,7 @@ impl XskSocket {
                 Some(libc::EINVAL) if cfg.multi_buffer => {
                     " (multi-buffer AF_XDP (XDP_USE_SG) needs kernel 6.6 or later)".into()
                 }
-                Some(libc::EBUSY) => " (queue busy: another AF_XDP socket, e.g. another nanowire engine, is bound to it)".into(),
+                Some(libc::EBUSY) => " (queue busy: another AF_XDP socket, e.g. another nanowire engine, is bound to it; the kernel frees the queue of a process that just exited a moment after it is gone)".into(),
                 Some(libc::EPERM) | Some(libc::EACCES) => {
                     " (AF_XDP needs root or CAP_NET_RAW+CAP_NET_ADMIN)".into()
                 }

@@ -97,6 +97,7 @@ pub const ENGINE_COUNTERS: &[&str] = &[
     "tcp_listen_overflows",
     "tcp_syncookies_sent",
     "tcp_syncookies_ok",
+    "tcp_tail_loss_probes",
 ];
 
 /// Per-socket counter names (slot 0 is the packed local address).
@@ -178,6 +179,7 @@ pub enum E {
     TcpListenOverflows,
     TcpSyncookiesSent,
     TcpSyncookiesOk,
+    TcpTailLossProbes,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -715,7 +717,7 @@ mod tests {
 
     #[test]
     fn counter_names_match_enums() {
-        assert_eq!(ENGINE_COUNTERS.len(), E::TcpSyncookiesOk as usize + 1);
+        assert_eq!(ENGINE_COUNTERS.len(), E::TcpTailLossProbes as usize + 1);
         assert!(ENGINE_COUNTERS.len() <= ENGINE_SLOTS);
         assert_eq!(SOCK_COUNTERS.len(), S::DropNeigh as usize + 1);
         assert!(ENGINE_COUNTERS.len() <= ENGINE_SLOTS);

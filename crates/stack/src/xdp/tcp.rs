@@ -587,6 +587,7 @@ fn publish_counters(page: &super::shm::StatsPage, core: &mut Core) {
         ),
         (E::TcpSyncookiesSent, c.syncookies_sent, p.syncookies_sent),
         (E::TcpSyncookiesOk, c.syncookies_ok, p.syncookies_ok),
+        (E::TcpTailLossProbes, c.tail_loss_probes, p.tail_loss_probes),
     ] {
         if now > was {
             bump(page.e(e), now - was);
