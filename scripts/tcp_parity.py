@@ -13,6 +13,7 @@ TCP_INFO state, options read back). PORT+1 must have no listener.
 import errno, hashlib, os, select, signal, socket, struct, sys, time
 
 HDR = 16
+FILE_DATA = bytes((i * 7 + 3) & 255 for i in range(300000))
 
 
 def ename(e):
@@ -107,6 +108,31 @@ def serve_one(c, case):
     elif case == "options":
         d = read_to_eof(c)
         out(f"options: got {len(d)} bytes")
+        c.close()
+    elif case == "files":
+        # sendfile at an offset, then from the file position; the client
+        # answers with the bytes back through sendfile and sendmsg
+        import tempfile
+        with tempfile.TemporaryFile() as f:
+            f.write(FILE_DATA)
+            f.flush()
+            sent = 0
+            while sent < 200000:
+                n = os.sendfile(c.fileno(), f.fileno(), 1000 + sent, 200000 - sent)
+                if n == 0:
+                    break
+                sent += n
+            f.seek(50000)
+            n2 = 0
+            while n2 < 30000:
+                k = os.sendfile(c.fileno(), f.fileno(), None, 30000 - n2)
+                if k == 0:
+                    break
+                n2 += k
+            out(f"files: sendfile at an offset sent {sent}, from the position {n2}, position now {f.tell()}")
+        c.shutdown(socket.SHUT_WR)
+        d = read_to_eof(c)
+        out(f"files: got back {len(d)} bytes, sha {hashlib.sha256(d).hexdigest()[:16]}")
         c.close()
     elif case == "bulk":
         n = struct.unpack("!Q", recv_exact(c, 8))[0]
@@ -296,6 +322,21 @@ def client(addr, port):
     s.sendall(b"o" * 10)
     s.shutdown(socket.SHUT_WR)
     read_to_eof(s)
+    s.close()
+
+    # sendfile and sendmsg with several buffers
+    s = conn(addr, port, "files")
+    d = read_to_eof(s)
+    want = FILE_DATA[1000:201000] + FILE_DATA[50000:80000]
+    out(f"files: got {len(d)} bytes; {'matches' if d == want else 'DIFFERS'}")
+    import tempfile
+    with tempfile.TemporaryFile() as f:
+        f.write(d)
+        f.flush()
+        n = s.sendfile(f, offset=0, count=70000)
+        out(f"files: socket.sendfile sent {n}, position {f.tell()}")
+    n = s.sendmsg([b"a" * 1000, b"b" * 2000, b"c" * 3])
+    out(f"files: sendmsg sent {n}")
     s.close()
 
     # a bulk stream, hashed (NANOWIRE_TCP_STREAM_MIB, default 4)

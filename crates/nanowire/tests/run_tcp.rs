@@ -116,6 +116,7 @@ fn tcp_behaviour_is_the_same_plainly_and_under_run_on_either_end() {
     let Some(l) = tlab('p') else { return };
     let (pc, ps) = parity_run(&l, 13100, false, false);
     assert!(pc.ends_with("done\n"), "plain run incomplete:\n{pc}");
+    eprintln!("plain client:\n{pc}plain server:\n{ps}");
     for (i, (srv, cli)) in [(true, true), (false, true), (true, false)]
         .into_iter()
         .enumerate()

@@ -49,6 +49,8 @@ macro_rules! interposed {
             send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t;
             sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t;
             sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> c_int;
+            sendfile(out: c_int, inp: c_int, off: *mut off_t, count: size_t) -> ssize_t;
+            sendfile64(out: c_int, inp: c_int, off: *mut off64_t, count: size_t) -> ssize_t;
             write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t;
             writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
             sigaction(sig: c_int, act: *const libc::sigaction, oact: *mut libc::sigaction) -> c_int;

@@ -23,8 +23,8 @@ use crate::spin::{self, log_socket, recv_spin_word};
 use crate::table::{self, C_EPOLL, C_OTHER, C_TCP, C_UDP, F_EPOLL_INET, F_RCVTIMEO};
 use crate::tcpx;
 use libc::{
-    c_int, c_uint, c_ulong, c_void, epoll_event, fd_set, iovec, mmsghdr, msghdr, nfds_t, pollfd,
-    sigset_t, size_t, sockaddr, socklen_t, ssize_t, timespec, timeval,
+    c_int, c_uint, c_ulong, c_void, epoll_event, fd_set, iovec, mmsghdr, msghdr, nfds_t, off_t,
+    off64_t, pollfd, sigset_t, size_t, sockaddr, socklen_t, ssize_t, timespec, timeval,
 };
 use std::sync::atomic::Ordering;
 
@@ -484,6 +484,12 @@ pub unsafe fn recvmmsg(
     flags: c_int,
     tmo: *mut timespec,
 ) -> c_int {
+    if let Some(t) = tcpx::lookup(fd)
+        && flags & libc::MSG_ERRQUEUE == 0
+    {
+        // SAFETY: the caller's vector of `vlen` headers (# Safety).
+        return unsafe { tcpx::recvmmsg(t, fd, msgs, vlen, flags) };
+    }
     if let Some(r) = ahooks::recvmmsg(fd, msgs, vlen, flags) {
         return r;
     }
@@ -1525,6 +1531,10 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
 /// # Safety
 /// As libc's `sendmmsg`.
 pub unsafe fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> c_int {
+    if let Some(t) = tcpx::lookup(fd) {
+        // SAFETY: the caller's vector of `vlen` headers (# Safety).
+        return unsafe { tcpx::sendmmsg(t, fd, msgs, vlen, flags) };
+    }
     if let Some(r) = ahooks::sendmmsg(fd, msgs, vlen, flags) {
         return r;
     }
@@ -1594,4 +1604,27 @@ unsafe fn tcp_data<'a>(buf: *const c_void, len: size_t) -> &'a [u8] {
     }
     // SAFETY: per this function's contract.
     unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }
+}
+
+/// # Safety
+/// As libc's `sendfile`.
+pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut off_t, count: size_t) -> ssize_t {
+    if let Some(t) = tcpx::lookup(out) {
+        // SAFETY: the caller's offset, null or valid (# Safety).
+        return tcpx::sendfile(t, out, inp, unsafe { off.as_mut() }, count);
+    }
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
+    unsafe { real::sendfile(out, inp, off, count) }
+}
+
+/// # Safety
+/// As libc's `sendfile64`.
+pub unsafe fn sendfile64(out: c_int, inp: c_int, off: *mut off64_t, count: size_t) -> ssize_t {
+    if let Some(t) = tcpx::lookup(out) {
+        // SAFETY: the caller's offset, null or valid (# Safety).
+        return tcpx::sendfile(t, out, inp, unsafe { off.as_mut() }, count);
+    }
+    // SAFETY: as in `sendfile`.
+    unsafe { real::sendfile64(out, inp, off, count) }
 }

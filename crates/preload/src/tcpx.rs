@@ -1244,3 +1244,132 @@ pub fn queue_len(t: &Tcp, out: bool) -> Option<usize> {
 pub fn is_stream(t: &Tcp) -> bool {
     !t.listener
 }
+
+// ---------------------------------------------------------- sendfile, mmsg
+
+/// `sendfile(out, in, off, count)` onto an engine connection: the file's
+/// bytes are read (`pread`, at `*off` or at the file position) into a
+/// buffer and sent as by `send`, so the engine carries them; only what was
+/// sent advances the offset (or the file position), as the kernel's
+/// sendfile does. Returns bytes sent, or -1 with errno.
+pub fn sendfile(t: &Tcp, out: c_int, inp: c_int, mut off: Option<&mut i64>, count: usize) -> isize {
+    const CHUNK: usize = 64 * 1024;
+    let mut pos = match off.as_deref() {
+        Some(o) => *o,
+        // SAFETY: lseek on the caller's fd; no memory is touched.
+        None => match unsafe { libc::lseek(inp, 0, libc::SEEK_CUR) } {
+            -1 => return -1,
+            p => p,
+        },
+    };
+    let mut buf = vec![0u8; count.clamp(1, CHUNK)];
+    let mut total: usize = 0;
+    while total < count {
+        let want = (count - total).min(buf.len());
+        // SAFETY: `buf` has at least `want` bytes; pread writes at most that.
+        let n = unsafe { libc::pread(inp, buf.as_mut_ptr().cast(), want, pos) };
+        if n < 0 {
+            if total > 0 {
+                break;
+            }
+            return -1;
+        }
+        if n == 0 {
+            break;
+        }
+        let s = send(t, out, &buf[..n as usize], 0);
+        if s < 0 {
+            if total > 0 {
+                break;
+            }
+            return -1;
+        }
+        let s = s as usize;
+        total += s;
+        pos += s as i64;
+        if s < n as usize {
+            break;
+        }
+    }
+    match off.as_deref_mut() {
+        Some(o) => *o = pos,
+        None => {
+            // SAFETY: lseek on the caller's fd to where the sent bytes end.
+            unsafe { libc::lseek(inp, pos, libc::SEEK_SET) };
+        }
+    }
+    total as isize
+}
+
+/// `sendmmsg` on an engine connection: each message's iovec sent as by
+/// `sendmsg` (a stream has no message boundaries); stops at the first
+/// message not sent whole. Returns messages sent, or -1 with errno when
+/// none was.
+///
+/// # Safety
+/// `msgs` points to `vlen` valid `mmsghdr`s with valid iovecs.
+pub unsafe fn sendmmsg(
+    t: &Tcp,
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    vlen: u32,
+    flags: c_int,
+) -> c_int {
+    let mut done = 0u32;
+    while done < vlen {
+        // SAFETY: the caller's array of `vlen` headers (# Safety).
+        let m = unsafe { &mut *msgs.add(done as usize) };
+        let want: usize = (0..m.msg_hdr.msg_iovlen)
+            // SAFETY: the header's own iovec array.
+            .map(|i| unsafe { (*m.msg_hdr.msg_iov.add(i)).iov_len })
+            .sum();
+        let r = send_iov(t, fd, m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen, flags);
+        if r < 0 {
+            return if done > 0 { done as c_int } else { -1 };
+        }
+        m.msg_len = r as u32;
+        done += 1;
+        if (r as usize) < want {
+            break;
+        }
+    }
+    done as c_int
+}
+
+/// `recvmmsg` on an engine connection: each message filled as by
+/// `recvmsg`; after the first, only what is already there
+/// (`MSG_WAITFORONE`) or, without it, as the flags say. Stops at end of
+/// stream or when nothing more is ready. Returns messages filled, or -1
+/// with errno when none was.
+///
+/// # Safety
+/// `msgs` points to `vlen` valid `mmsghdr`s with valid iovecs.
+pub unsafe fn recvmmsg(
+    t: &Tcp,
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    vlen: u32,
+    flags: c_int,
+) -> c_int {
+    let mut done = 0u32;
+    let mut fl = flags & !libc::MSG_WAITFORONE;
+    while done < vlen {
+        // SAFETY: the caller's array of `vlen` headers (# Safety).
+        let m = unsafe { &mut *msgs.add(done as usize) };
+        let r = recv_iov(t, fd, m.msg_hdr.msg_iov, m.msg_hdr.msg_iovlen, fl);
+        if r < 0 {
+            return if done > 0 { done as c_int } else { -1 };
+        }
+        m.msg_len = r as u32;
+        m.msg_hdr.msg_controllen = 0;
+        m.msg_hdr.msg_flags = 0;
+        done += 1;
+        if r == 0 {
+            break;
+        }
+        if flags & libc::MSG_WAITFORONE != 0 {
+            fl |= libc::MSG_DONTWAIT;
+        }
+    }
+    done as c_int
+}
