@@ -1252,7 +1252,7 @@ pub fn is_stream(t: &Tcp) -> bool {
 /// buffer and sent as by `send`, so the engine carries them; only what was
 /// sent advances the offset (or the file position), as the kernel's
 /// sendfile does. Returns bytes sent, or -1 with errno.
-pub fn sendfile(t: &Tcp, out: c_int, inp: c_int, mut off: Option<&mut i64>, count: usize) -> isize {
+pub fn sendfile(t: &Tcp, out: c_int, inp: c_int, off: Option<&mut i64>, count: usize) -> isize {
     const CHUNK: usize = 64 * 1024;
     let mut pos = match off.as_deref() {
         Some(o) => *o,
@@ -1291,7 +1291,7 @@ pub fn sendfile(t: &Tcp, out: c_int, inp: c_int, mut off: Option<&mut i64>, coun
             break;
         }
     }
-    match off.as_deref_mut() {
+    match off {
         Some(o) => *o = pos,
         None => {
             // SAFETY: lseek on the caller's fd to where the sent bytes end.
