@@ -138,6 +138,15 @@ int main(int argc, char **argv) {
     peer.sin_port = htons(atoi(argv[3]));
     inet_pton(AF_INET, argv[2], &peer.sin_addr);
 
+    /* The kernel turns its receive stamping on (a global static key) from a
+     * workqueue after the first socket asks for it: frames that arrive
+     * before carry no stamp, and SO_TIMESTAMPING then reports none. One
+     * socket asks first, kept open, and we let the switch happen. */
+    int warm = socket(AF_INET, SOCK_DGRAM, 0);
+    int rxsw = SOF_TIMESTAMPING_RX_SOFTWARE;
+    setsockopt(warm, SOL_SOCKET, SO_TIMESTAMPING, &rxsw, sizeof rxsw);
+    usleep(100000);
+
     /* 1. SO_TIMESTAMPING: RX and TX software stamps, OPT_ID, OPT_TSONLY. */
     int want = SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE |
                SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_OPT_ID | SOF_TIMESTAMPING_OPT_TSONLY;
