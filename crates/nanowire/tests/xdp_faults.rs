@@ -7,6 +7,9 @@
 //! reads it when it opens), which reports the hashes, the connection's
 //! retransmissions and the engine's counters. Lab prefix `tf`.
 
+mod hashed_peer;
+
+use hashed_peer::{Crc32, HASHED_PEER_PY};
 use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -25,41 +28,6 @@ fn root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
-
-fn crc32(crc: u32, data: &[u8]) -> u32 {
-    let mut c = !crc;
-    for &b in data {
-        c ^= u32::from(b);
-        for _ in 0..8 {
-            c = if c & 1 != 0 {
-                0xedb8_8320 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-        }
-    }
-    !c
-}
-
-const PEER_PY: &str = r#"
-import socket, sys, zlib, os
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1)
-print("listening", flush=True)
-c, _ = s.accept()
-crc, n = 0, 0
-while True:
-    d = c.recv(1 << 20)
-    if not d: break
-    crc = zlib.crc32(d, crc); n += len(d)
-c.sendall(f"{n} {crc}\n".encode())
-total = int(sys.argv[3]); block = os.urandom(1 << 16); sent = 0; scrc = 0
-while sent < total:
-    b = block[: min(len(block), total - sent)]
-    c.sendall(b); scrc = zlib.crc32(b, scrc); sent += len(b)
-c.close()
-print(f"sent {sent} {scrc}", flush=True)
-"#;
 
 /// The child: connect over the xdp engine (faults from the environment),
 /// stream TOTAL bytes out, read the peer's hash line and its stream back,
@@ -84,6 +52,7 @@ fn fault_child() {
     .expect("connect over the xdp engine");
     let mut buf = vec![0u8; 1 << 16];
     let mut sent = 0u64;
+    let crc32 = Crc32::new();
     let mut crc = 0u32;
     while sent < total {
         let n = ((total - sent) as usize).min(buf.len());
@@ -91,7 +60,7 @@ fn fault_child() {
             let o = sent + i as u64;
             *b = (o.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 29) as u8 ^ o as u8;
         }
-        crc = crc32(crc, &buf[..n]);
+        crc = crc32.update(crc, &buf[..n]);
         s.write_all(&buf[..n]).expect("write");
         sent += n as u64;
     }
@@ -119,11 +88,11 @@ fn fault_child() {
             rx.extend_from_slice(&buf[..n]);
             if let Some(p) = rx.iter().position(|&b| b == b'\n') {
                 reply = Some(String::from_utf8_lossy(&rx[..p]).into_owned());
-                got_crc = crc32(got_crc, &rx[p + 1..]);
+                got_crc = crc32.update(got_crc, &rx[p + 1..]);
                 got += (rx.len() - p - 1) as u64;
             }
         } else {
-            got_crc = crc32(got_crc, &buf[..n]);
+            got_crc = crc32.update(got_crc, &buf[..n]);
             got += n as u64;
         }
     }
@@ -154,7 +123,7 @@ fn point(l: &ScopedLab, spec: &str, port: u16, total: u64) -> serde_json::Value 
             &[
                 "python3",
                 "-c",
-                PEER_PY,
+                HASHED_PEER_PY,
                 "198.18.0.2",
                 &port.to_string(),
                 &total.to_string(),
@@ -237,7 +206,7 @@ fn injector_matrix_keeps_a_hashed_tcp_stream_intact_and_counts_everything() {
                 &[
                     "python3",
                     "-c",
-                    PEER_PY,
+                    HASHED_PEER_PY,
                     "198.18.0.2",
                     &port.to_string(),
                     &(8u64 << 20).to_string(),

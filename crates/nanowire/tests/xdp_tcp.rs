@@ -3,6 +3,9 @@
 //! hashed end to end in both directions between a plain kernel peer
 //! (Python) and the engine's TCP.
 
+mod hashed_peer;
+
+use hashed_peer::{Crc32, HASHED_PEER_PY};
 use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -163,50 +166,6 @@ fn xdp_tcp_client_against_sockperf_tcp_server() {
     assert_eq!(v["dropped"].as_u64().unwrap_or(1), 0, "{v}");
 }
 
-fn crc_table() -> [u32; 256] {
-    let mut t = [0u32; 256];
-    for (i, e) in t.iter_mut().enumerate() {
-        let mut c = i as u32;
-        for _ in 0..8 {
-            c = if c & 1 != 0 {
-                0xedb8_8320 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-        }
-        *e = c;
-    }
-    t
-}
-
-fn crc32(t: &[u32; 256], crc: u32, data: &[u8]) -> u32 {
-    let mut c = !crc;
-    for &b in data {
-        c = t[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
-    }
-    !c
-}
-
-const STREAM_PY: &str = r#"
-import socket, sys, zlib, os
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1)
-print("listening", flush=True)
-c, _ = s.accept()
-crc, n = 0, 0
-while True:
-    d = c.recv(1 << 20)
-    if not d: break
-    crc = zlib.crc32(d, crc); n += len(d)
-c.sendall(f"{n} {crc}\n".encode())
-total = int(sys.argv[3]); block = os.urandom(1 << 20); sent = 0; scrc = 0
-while sent < total:
-    b = block[: min(len(block), total - sent)]
-    c.sendall(b); scrc = zlib.crc32(b, scrc); sent += len(b)
-c.close()
-print(f"sent {sent} {scrc}", flush=True)
-"#;
-
 #[test]
 fn stream_hashed_both_ways_between_a_kernel_peer_and_the_xdp_tcp() {
     let Some(l) = lab('h') else { return };
@@ -234,7 +193,7 @@ fn stream_hashed_both_ways_between_a_kernel_peer_and_the_xdp_tcp() {
             &[
                 "python3",
                 "-c",
-                STREAM_PY,
+                HASHED_PEER_PY,
                 "198.18.0.2",
                 "11313",
                 &total.to_string(),
@@ -265,7 +224,7 @@ fn stream_hashed_both_ways_between_a_kernel_peer_and_the_xdp_tcp() {
             Duration::from_secs(10),
         )
         .expect("connect over the xdp engine");
-        let t = crc_table();
+        let t = Crc32::new();
         let mut buf = vec![0u8; 1 << 20];
         let mut sent = 0u64;
         let mut crc = 0u32;
@@ -275,7 +234,7 @@ fn stream_hashed_both_ways_between_a_kernel_peer_and_the_xdp_tcp() {
                 let o = sent + i as u64;
                 *b = (o.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 29) as u8 ^ o as u8;
             }
-            crc = crc32(&t, crc, &buf[..n]);
+            crc = t.update(crc, &buf[..n]);
             s.write_all(&buf[..n]).expect("write");
             sent += n as u64;
         }
@@ -302,11 +261,11 @@ fn stream_hashed_both_ways_between_a_kernel_peer_and_the_xdp_tcp() {
                 if let Some(p) = rx.iter().position(|&b| b == b'\n') {
                     reply = Some(String::from_utf8_lossy(&rx[..p]).into_owned());
                     let rest = &rx[p + 1..];
-                    got_crc = crc32(&t, got_crc, rest);
+                    got_crc = t.update(got_crc, rest);
                     got += rest.len() as u64;
                 }
             } else {
-                got_crc = crc32(&t, got_crc, &buf[..n]);
+                got_crc = t.update(got_crc, &buf[..n]);
                 got += n as u64;
             }
         }

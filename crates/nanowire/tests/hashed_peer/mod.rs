@@ -1,0 +1,55 @@
+//! The kernel TCP peer of the hashed-stream tests (xdp_tcp.rs, xdp_faults.rs)
+//! and the CRC-32 (zlib's) both ends agree on.
+
+/// Python kernel peer: `ADDR PORT TOTAL`. Listens, prints `listening`,
+/// accepts one connection, reads to EOF and answers `"<bytes> <crc32>\n"`,
+/// then streams TOTAL random bytes back, closes, and prints
+/// `sent <bytes> <crc32>`.
+pub const HASHED_PEER_PY: &str = r#"
+import socket, sys, zlib, os
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1)
+print("listening", flush=True)
+c, _ = s.accept()
+crc, n = 0, 0
+while True:
+    d = c.recv(1 << 20)
+    if not d: break
+    crc = zlib.crc32(d, crc); n += len(d)
+c.sendall(f"{n} {crc}\n".encode())
+total = int(sys.argv[3]); block = os.urandom(1 << 20); sent = 0; scrc = 0
+while sent < total:
+    b = block[: min(len(block), total - sent)]
+    c.sendall(b); scrc = zlib.crc32(b, scrc); sent += len(b)
+c.close()
+print(f"sent {sent} {scrc}", flush=True)
+"#;
+
+/// zlib's CRC-32, continued from `crc` (0 to start), table-driven.
+pub struct Crc32([u32; 256]);
+
+impl Crc32 {
+    pub fn new() -> Crc32 {
+        let mut t = [0u32; 256];
+        for (i, e) in t.iter_mut().enumerate() {
+            let mut c = i as u32;
+            for _ in 0..8 {
+                c = if c & 1 != 0 {
+                    0xedb8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
+            }
+            *e = c;
+        }
+        Crc32(t)
+    }
+
+    pub fn update(&self, crc: u32, data: &[u8]) -> u32 {
+        let mut c = !crc;
+        for &b in data {
+            c = self.0[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
+        }
+        !c
+    }
+}
