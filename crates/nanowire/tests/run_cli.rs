@@ -101,21 +101,6 @@ fn exit_status_and_environment_pass_through() {
     );
 }
 
-fn build_c(name: &str, src: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("nanowire-ts-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let bin = dir.join(name);
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(src);
-    let st = Command::new("cc")
-        .args(["-O1", "-Wall", "-pthread", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .expect("cc (gcc) is needed for this test");
-    assert!(st.success(), "compiling {} failed", src.display());
-    bin
-}
-
 #[test]
 fn c_semantics_identical_plain_and_under_every_profile() {
     ensure_preload();

@@ -6,7 +6,6 @@
 mod run_support;
 use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host};
 use run_support::*;
-use std::process::Command;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(60);
@@ -122,20 +121,7 @@ fn sockperf_feed_modes_on_xdp() {
 fn c_semantics_on_xdp_sockets_match_a_plain_run() {
     let lab = lab("z");
     ensure_preload();
-    let dir = std::env::temp_dir().join(format!("nanowire-ts-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let bin = dir.join("shim_semantics_xdp");
-    let src =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../preload/tests/shim_semantics.c");
-    assert!(
-        Command::new("cc")
-            .args(["-O1", "-pthread", "-o"])
-            .arg(&bin)
-            .arg(&src)
-            .status()
-            .unwrap()
-            .success()
-    );
+    let bin = build_c("shim_semantics_xdp", "../preload/tests/shim_semantics.c");
     let bin = bin.to_str().unwrap();
     let a = ADDR_A.to_string();
     let mut plain = spawn(

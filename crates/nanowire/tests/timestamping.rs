@@ -13,7 +13,6 @@
 mod run_support;
 use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host, LabOptions, ScopedLab};
 use run_support::*;
-use std::process::Command;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(60);
@@ -28,20 +27,8 @@ fn timestamping_on_xdp_sockets_matches_a_plain_run() {
     })
     .expect("bring the lab up");
     ensure_preload();
-    let dir = std::env::temp_dir().join(format!("nanowire-tt-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let bin = dir.join("timestamping");
-    let src =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../preload/tests/timestamping.c");
-    assert!(
-        Command::new("cc")
-            .args(["-O1", "-Wall", "-o"])
-            .arg(&bin)
-            .arg(&src)
-            .status()
-            .unwrap()
-            .success()
-    );
+    let bin = build_c("timestamping", "../preload/tests/timestamping.c");
+    let dir = bin.parent().unwrap().to_path_buf();
     let bin = bin.to_str().unwrap();
     let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
     let mut echo = spawn(

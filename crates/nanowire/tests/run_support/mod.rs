@@ -8,6 +8,27 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+/// Compile the C test program `src` (relative to this crate) to `name`,
+/// in a directory of this test process next to the `nanowire` binary (not
+/// in world-writable /tmp: the tests run as root).
+pub fn build_c(name: &str, src: &str) -> PathBuf {
+    let dir = Path::new(nanowire())
+        .parent()
+        .unwrap()
+        .join(format!("c-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(src);
+    let st = Command::new("cc")
+        .args(["-O1", "-Wall", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("cc (gcc) is needed for this test");
+    assert!(st.success(), "compiling {} failed", src.display());
+    bin
+}
+
 pub fn nanowire() -> &'static str {
     env!("CARGO_BIN_EXE_nanowire")
 }
