@@ -6,13 +6,16 @@
 //! `NANOWIRE_KILL_CYCLES` sets the number of kill cycles (10 here, 100 in
 //! `make soak`).
 
+mod bench_server;
+
+use bench_server::xdp_server;
 use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::net::{SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
@@ -49,133 +52,6 @@ fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) ->
     })
     .join()
     .expect("thread")
-}
-
-/// The xdp bench server in host b; stderr lines on a channel.
-struct Server {
-    child: Option<Child>,
-    err: mpsc::Receiver<String>,
-    out: Option<std::process::ChildStdout>,
-}
-
-impl Server {
-    /// Start the server; while the queue is still held by an AF_XDP socket
-    /// of a process that was just killed (the kernel releases its buffer
-    /// pool from a workqueue after the process is gone, so the queue can
-    /// stay busy for a moment after the XDP program is detached), start it
-    /// again, for at most 5 s.
-    fn start(lab: &ScopedLab, port: u16, extra: &[&str]) -> Server {
-        let t0 = Instant::now();
-        loop {
-            match Self::try_start(lab, port, extra) {
-                Ok(s) => return s,
-                Err(said)
-                    if said.iter().any(|l| l.contains("queue busy"))
-                        && t0.elapsed() < Duration::from_secs(5) =>
-                {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(said) => panic!("server printed no listen line; it said: {said:?}"),
-            }
-        }
-    }
-
-    fn try_start(lab: &ScopedLab, port: u16, extra: &[&str]) -> Result<Server, Vec<String>> {
-        let p = port.to_string();
-        let mut argv = vec![
-            BIN,
-            "bench",
-            "server",
-            "-i",
-            "198.18.0.2",
-            "-p",
-            &p,
-            "--engine",
-            "xdp",
-            "--no-fallback",
-        ];
-        argv.extend_from_slice(extra);
-        let mut child = lab
-            .command(Host::B, &argv)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let e = child.stderr.take().unwrap();
-        let out = child.stdout.take();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(e).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let s = Server {
-            child: Some(child),
-            err: rx,
-            out,
-        };
-        let mut said = Vec::new();
-        loop {
-            let l = s
-                .err
-                .recv_timeout(Duration::from_secs(20))
-                .unwrap_or_else(|e| {
-                    panic!("server printed no listen line ({e}); it said: {said:?}")
-                });
-            said.push(l.clone());
-            if l.contains("(engine ") {
-                assert!(l.contains("(engine xdp)"), "{l}");
-                break;
-            }
-        }
-        Ok(s)
-    }
-    fn pid(&self) -> u32 {
-        self.child.as_ref().unwrap().id()
-    }
-    fn signal(&self, sig: i32) {
-        // SAFETY: signalling our own child by pid.
-        unsafe { libc::kill(self.pid() as i32, sig) };
-    }
-    /// Wait (bounded) for the process to end; its status and stderr.
-    fn wait(&mut self, t: Duration) -> Option<(std::process::ExitStatus, Vec<String>)> {
-        let end = Instant::now() + t;
-        let c = self.child.as_mut().unwrap();
-        loop {
-            if let Some(st) = c.try_wait().unwrap() {
-                let lines: Vec<String> = self.err.try_iter().collect();
-                return Some((st, lines));
-            }
-            if Instant::now() > end {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    fn alive(&mut self) -> bool {
-        self.child.as_mut().unwrap().try_wait().unwrap().is_none()
-    }
-    /// CPU time (user+system, clock ticks) the process used so far.
-    fn cpu_ticks(&self) -> u64 {
-        let s = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
-        let after = s.rsplit_once(')').map_or("", |x| x.1);
-        let f: Vec<&str> = after.split_whitespace().collect();
-        f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 fn xdp_on(lab: &ScopedLab, h: Host) -> bool {
@@ -274,31 +150,11 @@ impl Drop for Traffic {
     }
 }
 
+/// `bench pp` for half a second, no warm-up.
 fn pp(lab: &ScopedLab, port: u16, extra: &[&str]) -> Option<serde_json::Value> {
-    let p = port.to_string();
-    let mut argv = vec![
-        BIN,
-        "bench",
-        "pp",
-        "-i",
-        "198.18.0.2",
-        "-p",
-        &p,
-        "-m",
-        "64",
-        "-t",
-        "0.5",
-        "--json",
-        "--warmup-ms",
-        "0",
-    ];
-    argv.extend_from_slice(extra);
-    let o = lab
-        .command(Host::A, &argv)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    serde_json::from_slice(&o.stdout).ok()
+    let mut args = vec!["-t", "0.5", "--warmup-ms", "0"];
+    args.extend_from_slice(extra);
+    bench_server::pp(lab, port, &args)
 }
 
 #[test]
@@ -320,7 +176,7 @@ fn sigkill_at_random_moments_leaves_nothing_behind() {
     for cycle in 0..cycles {
         let port = 11280;
         let traffic = Traffic::start(&lab, port);
-        let mut s = Server::start(&lab, port, &[]);
+        let mut s = xdp_server(&lab, port, &[], &[]);
         let pid = s.pid();
         assert!(xdp_on(&lab, Host::B), "cycle {cycle}: program attached");
         // A random moment 0..400 ms into serving traffic.
@@ -392,7 +248,7 @@ fn sigstop_under_load_recovers_and_counts_what_it_dropped() {
     }
     let lab = lab('s');
     let port = 11281;
-    let s = Server::start(&lab, port, &[]);
+    let s = xdp_server(&lab, port, &[], &[]);
     let pid = s.pid();
     let kernel_before = kernel_drops(&lab);
     // Client: 20k msg/s for 3 s, every message asks a reply; a reply may
@@ -484,7 +340,7 @@ fn sigstop_under_load_recovers_and_counts_what_it_dropped() {
 /// interface is restored) or has exited with a one-line error; it never
 /// hangs (SIGTERM ends it) and never spins on a dead socket.
 fn survives(lab: &ScopedLab, port: u16, what: &str, event: &[&[&str]], restore: &[&[&str]]) {
-    let mut s = Server::start(lab, port, &["--spin-then-block-us", "0"]);
+    let mut s = xdp_server(lab, port, &["--spin-then-block-us", "0"], &[]);
     assert!(pp(lab, port, &[]).is_some_and(|r| r["received"].as_u64() > Some(0)));
     for c in event {
         let o = Command::new(c[0]).args(&c[1..]).output().unwrap();
@@ -567,7 +423,7 @@ fn interface_or_namespace_deleted_under_a_running_engine() {
     }
     // The veth deleted: the engine's interface is gone for good.
     let lab1 = lab('d');
-    let mut s = Server::start(&lab1, 11293, &["--spin-then-block-us", "0"]);
+    let mut s = xdp_server(&lab1, 11293, &["--spin-then-block-us", "0"], &[]);
     let o = Command::new("ip")
         .args([
             "-n",
@@ -605,7 +461,7 @@ fn interface_or_namespace_deleted_under_a_running_engine() {
 
     // The namespace deleted (its name; the process keeps it alive).
     let lab2 = lab('n');
-    let mut s = Server::start(&lab2, 11294, &["--spin-then-block-us", "0"]);
+    let mut s = xdp_server(&lab2, 11294, &["--spin-then-block-us", "0"], &[]);
     let o = Command::new("ip")
         .args(["netns", "del", &lab2.netns(Host::B)])
         .output()

@@ -3,6 +3,9 @@
 //! names, addresses and see each other's MACs, and kernel as well as xdp
 //! traffic crosses it. Lab prefix `ti`.
 
+mod bench_server;
+
+use bench_server::xdp_server;
 use nanowire_lab::testbed::{Direction, Host, Impairment, LabOptions, ScopedLab};
 use std::process::{Command, Output, Stdio};
 
@@ -183,70 +186,13 @@ fn xdp_ping_pong_crosses_the_impaired_wire() {
         ..LabOptions::default()
     })
     .expect("impaired lab up");
-    let mut server = lab
-        .command(
-            Host::B,
-            &[
-                NW,
-                "bench",
-                "server",
-                "-i",
-                "198.18.0.2",
-                "-p",
-                "11260",
-                "--engine",
-                "xdp",
-                "--no-fallback",
-            ],
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Wait for the listen line (bounded by the server's own start-up).
-    let err = server.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for l in std::io::BufReader::new(err).lines() {
-            let Ok(l) = l else { break };
-            let _ = tx.send(l);
-        }
-    });
-    loop {
-        let l = rx
-            .recv_timeout(std::time::Duration::from_secs(20))
-            .expect("server listens");
-        if l.contains("(engine ") {
-            assert!(l.contains("(engine xdp)"), "{l}");
-            break;
-        }
-    }
-    let out = lab
-        .command(
-            Host::A,
-            &[
-                NW,
-                "bench",
-                "pp",
-                "-i",
-                "198.18.0.2",
-                "-p",
-                "11260",
-                "--engine",
-                "xdp",
-                "--no-fallback",
-                "-m",
-                "64",
-                "-t",
-                "1",
-                "--json",
-            ],
-        )
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let server = xdp_server(&lab, 11260, &[], &[]);
+    let r = bench_server::pp(
+        &lab,
+        11260,
+        &["--engine", "xdp", "--no-fallback", "-t", "1"],
+    )
+    .expect("pp JSON");
     // The server's engine itself received the datagrams (not its kernel
     // twin: with nft `fwd` in the wire, generic XDP skipped every frame and
     // UDP "worked" through the twin at kernel latency).
@@ -255,16 +201,9 @@ fn xdp_ping_pong_crosses_the_impaired_wire() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    let _ = server.kill();
-    let _ = server.wait();
-    assert!(
-        out.status.success(),
-        "pp failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    drop(server);
     let stats = String::from_utf8_lossy(&stats.stdout).into_owned();
     assert!(engine_rx_packets(&stats) > 0, "{stats}");
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["engine"], "xdp", "{r}");
     assert!(r["received"].as_u64().unwrap() > 0, "{r}");
     assert_eq!(r["dropped"], 0, "{r}");
@@ -310,71 +249,13 @@ fn xdp_tcp_crosses_the_impaired_wire() {
         ..LabOptions::default()
     })
     .expect("impaired lab up");
-    let mut server = lab
-        .command(
-            Host::B,
-            &[
-                NW,
-                "bench",
-                "server",
-                "-i",
-                "198.18.0.2",
-                "-p",
-                "11261",
-                "--tcp",
-                "--engine",
-                "xdp",
-                "--no-fallback",
-            ],
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = server.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for l in std::io::BufReader::new(err).lines() {
-            let Ok(l) = l else { break };
-            let _ = tx.send(l);
-        }
-    });
-    loop {
-        let l = rx
-            .recv_timeout(std::time::Duration::from_secs(20))
-            .expect("server listens");
-        if l.contains("(engine ") {
-            assert!(l.contains("(engine xdp)"), "{l}");
-            break;
-        }
-    }
+    let server = xdp_server(&lab, 11261, &["--tcp"], &[]);
     let pp = |engine: &str| {
-        lab.command(
-            Host::A,
-            &[
-                NW,
-                "bench",
-                "pp",
-                "-i",
-                "198.18.0.2",
-                "-p",
-                "11261",
-                "--tcp",
-                "--engine",
-                engine,
-                "--no-fallback",
-                "-m",
-                "64",
-                "-t",
-                "1",
-                "--json",
-            ],
+        bench_server::pp(
+            &lab,
+            11261,
+            &["--tcp", "--engine", engine, "--no-fallback", "-t", "1"],
         )
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
     };
     // Both a kernel client and an xdp client reach the xdp server.
     let outs = [pp("spin"), pp("xdp")];
@@ -383,15 +264,9 @@ fn xdp_tcp_crosses_the_impaired_wire() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    let _ = server.kill();
-    let _ = server.wait();
-    for (out, engine) in outs.iter().zip(["spin", "xdp"]) {
-        assert!(
-            out.status.success(),
-            "{engine} pp failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    drop(server);
+    for (r, engine) in outs.iter().zip(["spin", "xdp"]) {
+        let r = r.as_ref().unwrap_or_else(|| panic!("{engine} pp failed"));
         assert_eq!(r["engine"], engine, "{r}");
         assert!(r["received"].as_u64().unwrap() > 0, "{r}");
     }

@@ -2,11 +2,11 @@
 //! both ends, a real sockperf client against the xdp server, and the
 //! fallback of a second xdp process on the same interface.
 
+mod bench_server;
+
+use bench_server::BenchServer;
 use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::process::{Command, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
 
@@ -26,120 +26,36 @@ fn lab(tag: char) -> Option<ScopedLab> {
     )
 }
 
-/// A server killed on drop; its stdout and stderr lines on channels.
-struct Server {
-    child: Child,
-    _out: mpsc::Receiver<String>,
-    err: mpsc::Receiver<String>,
-}
-
-fn lines(r: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(r).lines() {
-            let Ok(l) = l else { break };
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-impl Server {
-    fn start(lab: &ScopedLab, port: u16) -> Server {
-        let p = port.to_string();
-        let mut child = lab
-            .command(
-                Host::B,
-                &[
-                    BIN,
-                    "bench",
-                    "server",
-                    "-i",
-                    "198.18.0.2",
-                    "-p",
-                    &p,
-                    "--engine",
-                    "xdp",
-                ],
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = lines(child.stdout.take().unwrap());
-        let err = lines(child.stderr.take().unwrap());
-        Server {
-            child,
-            _out: out,
-            err,
-        }
-    }
-
-    /// Wait (bounded) for the "listen on" block (on stderr); returns its
-    /// engine line and the lines printed before it.
-    fn listening(&self) -> (String, Vec<String>) {
-        let mut before = Vec::new();
-        loop {
-            let l = self
-                .err
-                .recv_timeout(Duration::from_secs(20))
-                .expect("server printed its listen line");
-            if l.contains("(engine ") {
-                return (l, before);
-            }
-            before.push(l);
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn pp(lab: &ScopedLab, port: u16, engine: &str) -> serde_json::Value {
+/// `nanowire bench server --engine xdp` on `port` in host b (it may fall
+/// back: no `--no-fallback`).
+fn server(lab: &ScopedLab, port: u16) -> BenchServer {
     let p = port.to_string();
-    let out = lab
-        .command(
-            Host::A,
-            &[
-                BIN,
-                "bench",
-                "pp",
-                "-i",
-                "198.18.0.2",
-                "-p",
-                &p,
-                "--engine",
-                engine,
-                "-m",
-                "64",
-                "-t",
-                "1",
-                "--json",
-            ],
-        )
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "pp failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("pp JSON")
+    BenchServer::spawn(lab.command(
+        Host::B,
+        &[
+            BIN,
+            "bench",
+            "server",
+            "-i",
+            "198.18.0.2",
+            "-p",
+            &p,
+            "--engine",
+            "xdp",
+        ],
+    ))
+}
+
+/// One second of `bench pp` on `engine`; it must succeed.
+fn pp(lab: &ScopedLab, port: u16, engine: &str) -> serde_json::Value {
+    bench_server::pp(lab, port, &["--engine", engine, "-t", "1"]).expect("pp JSON")
 }
 
 #[test]
 fn bench_pp_with_xdp_on_both_ends() {
     let Some(lab) = lab('P') else { return };
-    let s = Server::start(&lab, 11200);
-    assert!(s.listening().0.contains("(engine xdp)"));
+    let s = server(&lab, 11200);
+    s.expect_xdp();
     let r = pp(&lab, 11200, "xdp");
     assert_eq!(r["engine"], "xdp", "{r}");
     assert!(r["received"].as_u64().unwrap() > 0, "{r}");
@@ -153,8 +69,8 @@ fn real_sockperf_client_against_the_xdp_server() {
         eprintln!("skipping: sockperf not installed");
         return;
     }
-    let s = Server::start(&lab, 11201);
-    assert!(s.listening().0.contains("(engine xdp)"));
+    let s = server(&lab, 11201);
+    s.expect_xdp();
     let out = lab
         .command(
             Host::A,
@@ -188,10 +104,10 @@ fn real_sockperf_client_against_the_xdp_server() {
 #[test]
 fn second_xdp_process_on_the_interface_falls_back_to_spin() {
     let Some(lab) = lab('S') else { return };
-    let first = Server::start(&lab, 11202);
-    assert!(first.listening().0.contains("(engine xdp)"));
-    let second = Server::start(&lab, 11203);
-    let (listen, before) = second.listening();
+    let first = server(&lab, 11202);
+    first.expect_xdp();
+    let second = server(&lab, 11203);
+    let (listen, before) = second.listening().expect("listen line");
     assert!(listen.contains("(engine spin)"), "{listen}");
     let why: Vec<_> = before
         .iter()

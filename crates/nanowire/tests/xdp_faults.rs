@@ -7,8 +7,10 @@
 //! reads it when it opens), which reports the hashes, the connection's
 //! retransmissions and the engine's counters. Lab prefix `tf`.
 
+mod bench_server;
 mod hashed_peer;
 
+use bench_server::BenchServer;
 use hashed_peer::{Crc32, HASHED_PEER_PY};
 use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
 use std::io::{BufRead, BufReader};
@@ -342,73 +344,47 @@ fn injected_udp_loss_is_counted_on_both_sides() {
         queues: 1,
     })
     .expect("lab up");
-    let nw = env!("CARGO_BIN_EXE_nanowire");
-    let mut srv = l
-        .command(
-            Host::B,
-            &[
-                nw,
-                "bench",
-                "server",
-                "-i",
-                "198.18.0.2",
-                "-p",
-                "11680",
-                "--engine",
-                "xdp",
-                "--no-fallback",
-            ],
-        )
-        .env("NANOWIRE_FAULTS", "seed=7,loss=10%,dir=rx")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(srv.stderr.take().unwrap());
-    let mut announced = false;
-    loop {
-        let mut line = String::new();
-        assert!(err.read_line(&mut line).unwrap() > 0, "server exited");
-        announced |= line.contains("fault injection on");
-        if line.contains("(engine ") {
-            assert!(line.contains("(engine xdp)"), "{line}");
-            break;
-        }
-    }
+    let nw = bench_server::NW;
+    let mut cmd = l.command(
+        Host::B,
+        &[
+            nw,
+            "bench",
+            "server",
+            "-i",
+            "198.18.0.2",
+            "-p",
+            "11680",
+            "--engine",
+            "xdp",
+            "--no-fallback",
+        ],
+    );
+    cmd.env("NANOWIRE_FAULTS", "seed=7,loss=10%,dir=rx");
+    let srv = BenchServer::spawn(cmd);
+    let (listen, before) = srv.listening().expect("listen line");
+    assert!(listen.contains("(engine xdp)"), "{listen}");
+    let announced = before.iter().any(|l| l.contains("fault injection on"));
     assert!(announced, "the engine announces the injector");
-    let out = l
-        .command(
-            Host::A,
-            &[
-                nw,
-                "bench",
-                "pp",
-                "-i",
-                "198.18.0.2",
-                "-p",
-                "11680",
-                "--engine",
-                "xdp",
-                "--no-fallback",
-                "-t",
-                "1",
-                "--reply-timeout-ms",
-                "5",
-                "--json",
-            ],
-        )
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let r = bench_server::pp(
+        &l,
+        11680,
+        &[
+            "--engine",
+            "xdp",
+            "--no-fallback",
+            "-t",
+            "1",
+            "--reply-timeout-ms",
+            "5",
+        ],
+    );
     let stats = l
         .command(Host::B, &[nw, "stats", "--json"])
         .output()
         .unwrap();
-    let _ = srv.kill();
-    let _ = srv.wait();
-    assert!(out.status.success(), "{out:?}");
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    drop(srv);
+    let r = r.expect("pp JSON");
     assert!(r["dropped"].as_u64().unwrap() > 0, "{r}");
     assert_eq!(r["accounting"]["holds"], true, "{r}");
     let st: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
