@@ -14,8 +14,8 @@ use std::io::Read;
 use std::net::{SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_nanowire");

@@ -8,8 +8,6 @@ use bench_server::BenchServer;
 use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
 use std::process::{Command, Stdio};
 
-const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
-
 fn lab(tag: char) -> Option<ScopedLab> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -29,21 +27,7 @@ fn lab(tag: char) -> Option<ScopedLab> {
 /// `nanowire bench server --engine xdp` on `port` in host b (it may fall
 /// back: no `--no-fallback`).
 fn server(lab: &ScopedLab, port: u16) -> BenchServer {
-    let p = port.to_string();
-    BenchServer::spawn(lab.command(
-        Host::B,
-        &[
-            BIN,
-            "bench",
-            "server",
-            "-i",
-            "198.18.0.2",
-            "-p",
-            &p,
-            "--engine",
-            "xdp",
-        ],
-    ))
+    BenchServer::spawn(bench_server::server_cmd(lab, port, &["--engine", "xdp"]))
 }
 
 /// One second of `bench pp` on `engine`; it must succeed.

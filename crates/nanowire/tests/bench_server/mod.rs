@@ -124,6 +124,14 @@ impl Drop for BenchServer {
     }
 }
 
+/// `nanowire bench server -i 198.18.0.2 -p PORT ARGS…` in host b.
+pub fn server_cmd(lab: &ScopedLab, port: u16, args: &[&str]) -> Command {
+    let p = port.to_string();
+    let mut argv = vec![NW, "bench", "server", "-i", "198.18.0.2", "-p", &p];
+    argv.extend_from_slice(args);
+    lab.command(Host::B, &argv)
+}
+
 /// `nanowire bench server -i 198.18.0.2 -p PORT --engine xdp --no-fallback
 /// EXTRA…` in host b with `env`, once it listens on the xdp engine. While
 /// the queue is still held by the AF_XDP socket of a process that just
@@ -131,23 +139,11 @@ impl Drop for BenchServer {
 /// queue can stay busy for a moment after the XDP program is detached),
 /// start it again, for at most 5 s.
 pub fn xdp_server(lab: &ScopedLab, port: u16, extra: &[&str], env: &[(&str, &str)]) -> BenchServer {
-    let p = port.to_string();
-    let mut argv = vec![
-        NW,
-        "bench",
-        "server",
-        "-i",
-        "198.18.0.2",
-        "-p",
-        &p,
-        "--engine",
-        "xdp",
-        "--no-fallback",
-    ];
-    argv.extend_from_slice(extra);
+    let mut args = vec!["--engine", "xdp", "--no-fallback"];
+    args.extend_from_slice(extra);
     let t0 = Instant::now();
     loop {
-        let mut cmd = lab.command(Host::B, &argv);
+        let mut cmd = server_cmd(lab, port, &args);
         cmd.envs(env.iter().copied());
         let s = BenchServer::spawn(cmd);
         match s.listening() {
