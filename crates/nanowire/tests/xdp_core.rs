@@ -426,36 +426,39 @@ fn set_mtu(lab: &ScopedLab, mtu: u32) {
     }
 }
 
-#[test]
-fn mtu_9000_echo() {
-    let Some(lab) = lab('j') else { return };
-    set_mtu(&lab, 9000);
-    let p = xdp_test(&lab, &["--port", "6400", "--echo", "--ring-depth", "1024"]);
+/// Each of `sizes` echoed by the xdp echo on `port` in host b, from a
+/// kernel client and from an xdp socket in host a (up to 3 and 5 tries, a
+/// try waiting `wait`): how many sizes came back intact each way. `check`
+/// looks at the xdp socket afterwards.
+fn echo_sizes(
+    lab: &ScopedLab,
+    port: u16,
+    sizes: &'static [usize],
+    wait: Duration,
+    check: impl FnOnce(&nanowire_stack::xdp::XdpSocket) + Send + 'static,
+) -> (usize, usize) {
     let ifa = lab.iface(Host::A);
-    let sizes = [64usize, 1472, 3000, 4000, 8000, 8972];
-    let (kernel_ok, xdp_ok) = in_ns(&lab.netns(Host::A), move || {
+    in_ns(&lab.netns(Host::A), move || {
         use nanowire_stack::UdpEndpoint;
         use nanowire_stack::xdp::XdpSocket;
         let s = kernel_client();
         let kernel_ok = sizes
             .iter()
-            .filter(|&&n| echo(&s, SocketAddrV4::new(B, 6400), &vec![(n % 251) as u8; n], 3))
+            .filter(|&&n| echo(&s, SocketAddrV4::new(B, port), &vec![(n % 251) as u8; n], 3))
             .count();
-        // xdp to xdp.
         let mut x = XdpSocket::open(
             SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
             &opts(ifa, 1024),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        x.connect(SocketAddrV4::new(B, 6400)).unwrap();
+        x.connect(SocketAddrV4::new(B, port)).unwrap();
         let mut buf = vec![0u8; 65536];
         let mut xdp_ok = 0;
-        for &n in &sizes {
+        for &n in sizes {
             let m = vec![(n % 13) as u8; n];
             for _ in 0..5 {
                 x.send(&m).unwrap();
-                let dl = Instant::now() + Duration::from_millis(500);
-                if let Ok(Some((k, _))) = x.recv_from(&mut buf, Some(dl))
+                if let Ok(Some((k, _))) = x.recv_from(&mut buf, Some(Instant::now() + wait))
                     && buf[..k] == m[..]
                 {
                     xdp_ok += 1;
@@ -463,70 +466,51 @@ fn mtu_9000_echo() {
                 }
             }
         }
+        check(&x);
         (kernel_ok, xdp_ok)
-    });
+    })
+}
+
+#[test]
+fn mtu_9000_echo() {
+    let Some(lab) = lab('j') else { return };
+    set_mtu(&lab, 9000);
+    let p = xdp_test(&lab, &["--port", "6400", "--echo", "--ring-depth", "1024"]);
+    const SIZES: &[usize] = &[64, 1472, 3000, 4000, 8000, 8972];
+    let (kernel_ok, xdp_ok) = echo_sizes(&lab, 6400, SIZES, Duration::from_millis(500), |_| ());
     drop(p);
     assert_eq!(
         kernel_ok,
-        sizes.len(),
+        SIZES.len(),
         "kernel client <-> xdp echo at MTU 9000"
     );
-    assert_eq!(xdp_ok, sizes.len(), "xdp <-> xdp at MTU 9000");
+    assert_eq!(xdp_ok, SIZES.len(), "xdp <-> xdp at MTU 9000");
 }
 
 #[test]
 fn fragmented_datagrams_both_directions() {
     let Some(lab) = lab('g') else { return };
     let p = xdp_test(&lab, &["--port", "6500", "--echo", "--ring-depth", "1024"]);
-    let ifa = lab.iface(Host::A);
-    let sizes = [1473usize, 4000, 9000, 65507];
-    let (kernel_ok, xdp_ok) = in_ns(&lab.netns(Host::A), move || {
+    const SIZES: &[usize] = &[1473, 4000, 9000, 65507];
+    let (kernel_ok, xdp_ok) = echo_sizes(&lab, 6500, SIZES, Duration::from_millis(1000), |x| {
         use nanowire_stack::UdpEndpoint;
-        use nanowire_stack::xdp::XdpSocket;
-        let s = kernel_client();
-        let kernel_ok = sizes
-            .iter()
-            .filter(|&&n| echo(&s, SocketAddrV4::new(B, 6500), &vec![(n % 251) as u8; n], 3))
-            .count();
-        let mut x = XdpSocket::open(
-            SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
-            &opts(ifa, 1024),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        x.connect(SocketAddrV4::new(B, 6500)).unwrap();
-        let mut buf = vec![0u8; 65536];
-        let mut xdp_ok = 0;
-        for &n in &sizes {
-            let m = vec![(n % 13) as u8; n];
-            for _ in 0..5 {
-                x.send(&m).unwrap();
-                let dl = Instant::now() + Duration::from_millis(1000);
-                if let Ok(Some((k, _))) = x.recv_from(&mut buf, Some(dl))
-                    && buf[..k] == m[..]
-                {
-                    xdp_ok += 1;
-                    break;
-                }
-            }
-        }
         let c: std::collections::HashMap<String, u64> = x.engine_counters().into_iter().collect();
         assert!(
-            c["socket.tx_kernel_path"] >= sizes.len() as u64,
+            c["socket.tx_kernel_path"] >= SIZES.len() as u64,
             "sent through the twin"
         );
         assert!(
-            c["socket.rx_kernel_path"] >= sizes.len() as u64,
+            c["socket.rx_kernel_path"] >= SIZES.len() as u64,
             "received through the twin"
         );
-        (kernel_ok, xdp_ok)
     });
     drop(p);
     assert_eq!(
         kernel_ok,
-        sizes.len(),
+        SIZES.len(),
         "kernel client <-> xdp echo, fragmented"
     );
-    assert_eq!(xdp_ok, sizes.len(), "xdp <-> xdp, fragmented");
+    assert_eq!(xdp_ok, SIZES.len(), "xdp <-> xdp, fragmented");
 }
 
 #[test]
