@@ -160,6 +160,22 @@ fn cap_lab(tag: char) -> Option<ScopedLab> {
     )
 }
 
+/// `xdp-test --echo` on `port` in host b, once it is up (it prints its
+/// ready line on stdout).
+fn xdp_echo(lab: &ScopedLab, port: u16) -> Spawned {
+    let ifb = lab.iface(Host::B);
+    let p = port.to_string();
+    let echo = Spawned::new(
+        lab.command(
+            Host::B,
+            &[BIN, "xdp-test", "--iface", &ifb, "--port", &p, "--echo"],
+        ),
+        true,
+    );
+    echo.wait_out("\"ready\":true", Duration::from_secs(20));
+    echo
+}
+
 /// A child with its stderr lines on a channel, killed on drop.
 struct Spawned {
     child: Child,
@@ -307,15 +323,7 @@ fn tap_capture_holds_every_accelerated_frame_both_ways() {
     let dir = private_dir("nwcapt");
     let file = dir.join("tap.pcapng");
     let ifb = lab.iface(Host::B);
-    let echo = Spawned::new(
-        lab.command(
-            Host::B,
-            &[BIN, "xdp-test", "--iface", &ifb, "--port", "5400", "--echo"],
-        ),
-        true,
-    );
-    // The echo server is up once it printed its ready line on stdout.
-    echo.wait_out("\"ready\":true", Duration::from_secs(20));
+    let echo = xdp_echo(&lab, 5400);
     let mut cap = Spawned::new(
         lab.command(
             Host::B,
@@ -461,26 +469,11 @@ fn tap_words(engine_pid: u32) -> Vec<(u64, u64)> {
 /// dead and stops.
 #[test]
 fn a_capture_killed_with_sigkill_stops_the_engine_copying() {
-    if !is_root() {
-        eprintln!("skipping: needs root");
-        return;
-    }
-    let lab = ScopedLab::new(LabOptions {
-        name: format!("nwttk{}", std::process::id() % 10000),
-        ..Default::default()
-    })
-    .expect("lab up");
+    let Some(lab) = cap_lab('k') else { return };
     let dir = private_dir("nwcapk");
     let file = dir.join("k.pcapng");
     let ifb = lab.iface(Host::B);
-    let echo = Spawned::new(
-        lab.command(
-            Host::B,
-            &[BIN, "xdp-test", "--iface", &ifb, "--port", "5500", "--echo"],
-        ),
-        true,
-    );
-    echo.wait_out("\"ready\":true", Duration::from_secs(20));
+    let echo = xdp_echo(&lab, 5500);
     let epid = echo.child.id();
     let mut cap = Spawned::new(
         lab.command(
