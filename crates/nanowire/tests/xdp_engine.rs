@@ -85,22 +85,28 @@ fn client() -> UdpSocket {
     s
 }
 
+/// `n` datagrams "PREFIX i" from a kernel client in `from` to b:`port`:
+/// how many came back intact.
+fn echoed(lab: &ScopedLab, from: Host, port: u16, n: usize, prefix: &'static str) -> usize {
+    in_ns(&lab.netns(from), move || {
+        let s = client();
+        (0..n)
+            .filter(|i| {
+                let m = format!("{prefix} {i}");
+                udp_echo(&s, SocketAddrV4::new(B, port), m.as_bytes()).as_deref()
+                    == Some(m.as_bytes())
+            })
+            .count()
+    })
+}
+
 #[test]
 fn xdp_echo_kernel_client_and_program_reported() {
     let Some(lab) = lab('e') else { return };
     let (p, ready) = xdp_test(&lab, &["--port", "5000", "--echo"]);
     assert_eq!(ready["bind_mode"], "copy", "veth is copy-only: {ready}");
     assert!(ready["xdp_mode"] == "native" || ready["xdp_mode"] == "generic");
-    let got = in_ns(&lab.netns(Host::A), || {
-        let s = client();
-        (0..100)
-            .filter(|i| {
-                let m = format!("ping {i}");
-                udp_echo(&s, SocketAddrV4::new(B, 5000), m.as_bytes()).as_deref()
-                    == Some(m.as_bytes())
-            })
-            .count()
-    });
+    let got = echoed(&lab, Host::A, 5000, 100, "ping");
     assert_eq!(got, 100);
     let end = p.finish();
     let c = &end["counters"];
@@ -675,16 +681,7 @@ fn loopback_datagrams_use_the_kernel_path_not_lost() {
     let (p, _) = xdp_test(&lab, &["--port", "5500", "--echo"]);
     // From inside host b the engine's address is reached over loopback,
     // where XDP never sees it: the reservation socket carries it.
-    let ok = in_ns(&lab.netns(Host::B), || {
-        let s = client();
-        (0..20)
-            .filter(|i| {
-                let m = format!("lo {i}");
-                udp_echo(&s, SocketAddrV4::new(B, 5500), m.as_bytes()).as_deref()
-                    == Some(m.as_bytes())
-            })
-            .count()
-    });
+    let ok = echoed(&lab, Host::B, 5500, 20, "lo");
     assert_eq!(ok, 20);
     let end = p.finish();
     assert_eq!(end["counters"]["rx_frames"], 0, "{end}");
