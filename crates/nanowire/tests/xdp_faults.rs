@@ -11,7 +11,7 @@ mod bench_server;
 mod hashed_peer;
 
 use bench_server::BenchServer;
-use hashed_peer::{Crc32, HASHED_PEER_PY};
+use hashed_peer::{Crc32, HASHED_PEER_PY, send_pattern};
 use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -52,20 +52,10 @@ fn fault_child() {
         Duration::from_secs(10),
     )
     .expect("connect over the xdp engine");
-    let mut buf = vec![0u8; 1 << 16];
-    let mut sent = 0u64;
+    let crc = send_pattern(total, 1 << 16, |b| s.write_all(b).expect("write"));
+    let sent = total;
     let crc32 = Crc32::new();
-    let mut crc = 0u32;
-    while sent < total {
-        let n = ((total - sent) as usize).min(buf.len());
-        for (i, b) in buf[..n].iter_mut().enumerate() {
-            let o = sent + i as u64;
-            *b = (o.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 29) as u8 ^ o as u8;
-        }
-        crc = crc32.update(crc, &buf[..n]);
-        s.write_all(&buf[..n]).expect("write");
-        sent += n as u64;
-    }
+    let mut buf = vec![0u8; 1 << 16];
     s.shutdown_write().unwrap();
     // With a stall budget the child reports a stalled stream instead of failing.
     let stall: Option<u64> = std::env::var(CHILD_STALL_ENV)

@@ -5,7 +5,7 @@
 
 mod hashed_peer;
 
-use hashed_peer::{Crc32, HASHED_PEER_PY};
+use hashed_peer::{Crc32, HASHED_PEER_PY, send_pattern};
 use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -225,19 +225,9 @@ fn stream_hashed_both_ways_between_a_kernel_peer_and_the_xdp_tcp() {
         )
         .expect("connect over the xdp engine");
         let t = Crc32::new();
+        let crc = send_pattern(total, 1 << 20, |b| s.write_all(b).expect("write"));
+        let sent = total;
         let mut buf = vec![0u8; 1 << 20];
-        let mut sent = 0u64;
-        let mut crc = 0u32;
-        while sent < total {
-            let n = ((total - sent) as usize).min(buf.len());
-            for (i, b) in buf[..n].iter_mut().enumerate() {
-                let o = sent + i as u64;
-                *b = (o.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 29) as u8 ^ o as u8;
-            }
-            crc = t.update(crc, &buf[..n]);
-            s.write_all(&buf[..n]).expect("write");
-            sent += n as u64;
-        }
         s.shutdown_write().unwrap();
         eprintln!("sent {sent} bytes in {:?}", t0.elapsed());
         let deadline = Some(Instant::now() + Duration::from_secs(60));

@@ -53,3 +53,27 @@ impl Crc32 {
         !c
     }
 }
+
+/// Byte `off` of the test stream (a position-dependent pattern, so a
+/// misplaced segment changes the hash).
+pub fn pattern(off: u64) -> u8 {
+    (off.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 29) as u8 ^ off as u8
+}
+
+/// Write `total` bytes of the pattern through `write` in chunks of at most
+/// `chunk`; the CRC-32 of what was written.
+pub fn send_pattern(total: u64, chunk: usize, mut write: impl FnMut(&[u8])) -> u32 {
+    let crc32 = Crc32::new();
+    let mut buf = vec![0u8; chunk];
+    let (mut sent, mut crc) = (0u64, 0u32);
+    while sent < total {
+        let n = ((total - sent) as usize).min(buf.len());
+        for (i, b) in buf[..n].iter_mut().enumerate() {
+            *b = pattern(sent + i as u64);
+        }
+        crc = crc32.update(crc, &buf[..n]);
+        write(&buf[..n]);
+        sent += n as u64;
+    }
+    crc
+}
