@@ -77,6 +77,10 @@ static __always_inline int redirect(struct xdp_md *ctx)
 // in `nw_tcp_flows`. The kernel holds the same ports with its own sockets
 // (so it never hands them out) and never sees these segments (so it never
 // answers them with RST).
+// A flow entry whose value has this bit is the kernel's: a connection handed
+// over to it (TCP_REPAIR) under a listener the engine still claims.
+#define NW_FLOW_PASS 0x80000000u
+
 struct tcp_flow_key {
 	__u32 raddr; // remote (source of the packet)
 	__u32 laddr; // local (destination)
@@ -111,8 +115,9 @@ static __always_inline int tcp_claimed(struct iphdr *ip, void *end)
 	struct tcp_flow_key f = {
 		.raddr = ip->saddr, .laddr = ip->daddr, .rport = ports[0], .lport = ports[1],
 	};
-	if (bpf_map_lookup_elem(&nw_tcp_flows, &f))
-		return 1;
+	__u32 *owner = bpf_map_lookup_elem(&nw_tcp_flows, &f);
+	if (owner)
+		return !(*owner & NW_FLOW_PASS);
 	struct claim_key k = { .addr = ip->daddr, .port = ports[1], .pad = 0 };
 	return bpf_map_lookup_elem(&nw_tcp_listen, &k) != 0;
 }

@@ -61,6 +61,7 @@ mod adapt;
 mod ahooks;
 mod dispatch;
 mod exports;
+mod handover;
 mod log;
 mod ready;
 mod real;

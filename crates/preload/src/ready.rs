@@ -373,6 +373,26 @@ pub fn epoll_ctl_tcp(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c
     0
 }
 
+/// The engine connection behind `fd` became a kernel socket (TCP_REPAIR
+/// hand-over): the kernel's epoll sets take over the shim's registrations
+/// of it, with the application's events and data.
+pub fn tcp_to_kernel(fd: c_int) {
+    let mut r = reg();
+    r.retain(|i| {
+        if i.fd != fd || i.tcp.is_none() {
+            return true;
+        }
+        let mut ev = epoll_event {
+            events: i.events,
+            u64: i.data,
+        };
+        // SAFETY: a live event; ep and fd are the application's.
+        unsafe { real::epoll_ctl(i.ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        false
+    });
+    REG_ANY.store(!r.is_empty(), Ordering::Relaxed);
+}
+
 /// Any interest registered (a cheap test for `fd_closed`).
 static REG_ANY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 

@@ -152,6 +152,19 @@ extern "C" fn before_fork() {
             let _ = rustix::fs::fcntl_setfl(b, f);
         }
     }
+    // Connections: both processes share each one, as plainly; only the
+    // kernel can serve it to both.
+    let mut conns: Vec<c_int> = Vec::new();
+    SOCKS.each(|fd, t| {
+        if t.pid == me && !t.listener {
+            conns.push(fd);
+        }
+    });
+    for fd in conns {
+        if lookup(fd).is_some() {
+            crate::handover::to_kernel(fd, "fork() shares it with the child");
+        }
+    }
     table::each_with(table::F_TCAND, |fd| {
         table::clear_flags(fd, table::F_TCAND);
     });
@@ -191,6 +204,10 @@ pub fn by_fd(fd: c_int) -> Option<&'static Tcp> {
 impl Tcp {
     fn get(&self) -> Option<Arc<Inner>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    /// The engine connection, if this is one.
+    pub fn stream_inner(&self) -> Option<Arc<Inner>> {
+        self.stream()
     }
     fn stream(&self) -> Option<Arc<Inner>> {
         self.get().filter(|i| matches!(**i, Inner::Stream(_)))
@@ -1017,6 +1034,30 @@ fn close_record(t: &Tcp, fd: c_int, exiting: bool) {
             engine_call(|| s.close_keep(keep));
         }
         Err(arc) => engine_call(|| drop(arc)),
+    }
+}
+
+/// Every fd number of this process that names record `t` (dups share it).
+pub fn fds_of(t: &'static Tcp) -> Vec<c_int> {
+    let mut v = Vec::new();
+    SOCKS.each(|fd, r| {
+        if std::ptr::eq(r, t) {
+            v.push(fd);
+        }
+    });
+    v
+}
+
+/// The connection of `t` was handed over to the kernel (`fds` now name a
+/// kernel socket): the shim forgets it, and the engine object goes (it
+/// sends nothing: the engine already forgot the connection).
+pub fn forget(t: &'static Tcp, fds: &[c_int]) {
+    for &fd in fds {
+        let _ = SOCKS.take(fd);
+    }
+    let inner = t.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(i) = inner {
+        engine_call(|| drop(i));
     }
 }
 

@@ -20,6 +20,7 @@ pub mod buffer;
 pub mod cc;
 mod conn;
 pub mod fault;
+mod handover;
 pub mod host;
 mod input;
 pub mod isn;
@@ -29,6 +30,7 @@ mod stack;
 mod timer;
 
 pub use conn::State;
+pub use handover::Handover;
 pub use isn::Secret;
 pub use stack::{ConnId, ListenerId, Readiness, TcpStack, Transmit};
 
@@ -285,6 +287,11 @@ counters! {
     /// Tail-loss probes sent (RFC 8985 7): the last segment resent after
     /// 2·SRTT without an ACK, instead of waiting for the RTO.
     tail_loss_probes,
+    /// Connections handed over to another owner (the kernel, TCP_REPAIR).
+    handovers,
+    /// Segments of handed-over connections that still reached the stack,
+    /// dropped (the peer retransmits them to the new owner).
+    handover_drops,
 }
 
 /// A TCP_INFO-like snapshot of one connection.

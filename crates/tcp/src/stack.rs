@@ -21,7 +21,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 /// Handle of a connection (slot index + generation; stale handles are refused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ConnId {
-    idx: u32,
+    pub(crate) idx: u32,
     generation: u32,
 }
 
@@ -93,7 +93,9 @@ pub struct TcpStack {
     timers: BinaryHeap<Reverse<(u64, u32)>>,
     ctrl: VecDeque<Ctrl>,
     events: VecDeque<Readiness>,
-    counters: Counters,
+    pub(crate) counters: Counters,
+    /// Handed-over 4-tuples and when (see `handover.rs`).
+    pub(crate) handed_over: Vec<(FourTuple, u64)>,
     next_port: u16,
     default_opts: SocketOptions,
     /// Fault injection on received and transmitted segments (off by default).
@@ -116,6 +118,7 @@ impl TcpStack {
             ctrl: VecDeque::with_capacity(CTRL_QUEUE),
             events: VecDeque::with_capacity(n),
             counters: Counters::default(),
+            handed_over: Vec::new(),
             next_port: *EPHEMERAL.start(),
             default_opts: SocketOptions::from_config(&cfg),
             fault_rx: None,
@@ -162,7 +165,7 @@ impl TcpStack {
             _ => Err(Error::InvalidHandle),
         }
     }
-    fn conn_mut(&mut self, c: ConnId) -> Result<&mut Conn, Error> {
+    pub(crate) fn conn_mut(&mut self, c: ConnId) -> Result<&mut Conn, Error> {
         match self.slots.get_mut(c.idx as usize) {
             Some(Slot {
                 generation,
@@ -213,7 +216,7 @@ impl TcpStack {
 
     /// Bookkeeping after anything happened to a connection: demux removal
     /// when closed, release when nobody holds it, transmit queue, timer.
-    fn settle(&mut self, idx: u32) {
+    pub(crate) fn settle(&mut self, idx: u32) {
         let Some(c) = self.slots[idx as usize].conn.as_mut() else {
             return;
         };
@@ -394,6 +397,9 @@ impl TcpStack {
             c.orphan = true;
             c.set_closed(None);
             self.release(idx);
+        }
+        if !self.handed_over.is_empty() && self.handed_over_drop(&tuple) {
+            return;
         }
         if let Some(l) = self.find_listener(&tuple.local) {
             self.listener_input(now, l, tuple, &r, payload);

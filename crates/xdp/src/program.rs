@@ -7,6 +7,10 @@ use aya::{Ebpf, Pod};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 
+/// A flow entry's value with this bit: the connection is the kernel's
+/// (steer.c's NW_FLOW_PASS); otherwise the value is the owner's pid.
+pub const FLOW_PASS: u32 = 0x8000_0000;
+
 /// Key of the `nw_claims` map: destination address and port, network order.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -244,7 +248,8 @@ impl SteerProgram {
         let _ = self.tcp_listen.remove(&ClaimKey::new(addr, port));
     }
 
-    /// Steer one TCP connection (by 4-tuple) to the AF_XDP sockets.
+    /// Steer one TCP connection (by 4-tuple) to the AF_XDP sockets (`owner`,
+    /// a pid, must not have FLOW_PASS set).
     pub fn claim_tcp_flow(
         &mut self,
         local: SocketAddrV4,
@@ -254,6 +259,18 @@ impl SteerProgram {
         self.tcp_flows
             .insert(TcpFlowKey::new(local, remote), owner, 0)
             .map_err(|e| format!("cannot claim TCP {local} <-> {remote}: {e}"))
+    }
+
+    /// Give one TCP connection (by 4-tuple) to the kernel although its
+    /// listener's (addr, port) is claimed: a connection handed over.
+    pub fn pass_tcp_flow(
+        &mut self,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+    ) -> Result<(), String> {
+        self.tcp_flows
+            .insert(TcpFlowKey::new(local, remote), FLOW_PASS, 0)
+            .map_err(|e| format!("cannot pass TCP {local} <-> {remote} to the kernel: {e}"))
     }
 
     pub fn unclaim_tcp_flow(&mut self, local: SocketAddrV4, remote: SocketAddrV4) {

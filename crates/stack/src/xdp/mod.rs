@@ -35,8 +35,8 @@ pub use demux::{Delivery, EndpointId, EndpointKind};
 pub use neigh::{NEGATIVE_TTL, QUEUE_BYTES_PER_NEIGH, QUEUE_PER_NEIGH, RESOLVE_TIMEOUT};
 pub use socket::{OpenError, XdpSocket};
 pub use tcp::{
-    XdpTcpError, XdpTcpInfo, XdpTcpListener, XdpTcpState, XdpTcpStream, set_tcp_service_wrapper,
-    tcp_drain, tcp_ready,
+    Handover, XdpTcpError, XdpTcpInfo, XdpTcpListener, XdpTcpState, XdpTcpStream,
+    set_tcp_service_wrapper, tcp_drain, tcp_ready,
 };
 
 use crate::EngineOptions;

@@ -98,6 +98,8 @@ pub const ENGINE_COUNTERS: &[&str] = &[
     "tcp_syncookies_sent",
     "tcp_syncookies_ok",
     "tcp_tail_loss_probes",
+    "tcp_handovers",
+    "tcp_handover_drops",
 ];
 
 /// Per-socket counter names (slot 0 is the packed local address).
@@ -180,6 +182,8 @@ pub enum E {
     TcpSyncookiesSent,
     TcpSyncookiesOk,
     TcpTailLossProbes,
+    TcpHandovers,
+    TcpHandoverDrops,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -717,7 +721,7 @@ mod tests {
 
     #[test]
     fn counter_names_match_enums() {
-        assert_eq!(ENGINE_COUNTERS.len(), E::TcpTailLossProbes as usize + 1);
+        assert_eq!(ENGINE_COUNTERS.len(), E::TcpHandoverDrops as usize + 1);
         assert!(ENGINE_COUNTERS.len() <= ENGINE_SLOTS);
         assert_eq!(SOCK_COUNTERS.len(), S::DropNeigh as usize + 1);
         assert!(ENGINE_COUNTERS.len() <= ENGINE_SLOTS);

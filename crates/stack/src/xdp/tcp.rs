@@ -588,6 +588,8 @@ fn publish_counters(page: &super::shm::StatsPage, core: &mut Core) {
         (E::TcpSyncookiesSent, c.syncookies_sent, p.syncookies_sent),
         (E::TcpSyncookiesOk, c.syncookies_ok, p.syncookies_ok),
         (E::TcpTailLossProbes, c.tail_loss_probes, p.tail_loss_probes),
+        (E::TcpHandovers, c.handovers, p.handovers),
+        (E::TcpHandoverDrops, c.handover_drops, p.handover_drops),
     ] {
         if now > was {
             bump(page.e(e), now - was);
@@ -804,6 +806,54 @@ impl XdpTcpStream {
     }
 }
 
+impl XdpTcpStream {
+    /// Hand the connection over to another owner (the kernel, through
+    /// TCP_REPAIR). Under the engine's lock, so nothing moves meanwhile:
+    /// one turn takes in what arrived, `build` makes the new owner from the
+    /// state (only an ESTABLISHED connection without FIN qualifies), then
+    /// the steering program stops taking the 4-tuple (its claim goes, or,
+    /// under a listener the engine still claims, the 4-tuple is passed to
+    /// the kernel) and the engine forgets the connection without sending
+    /// anything. Segments still on the ring are dropped and counted
+    /// (`tcp_handover_drops`); the peer retransmits them to the new owner.
+    /// On any error nothing changed and the connection stays here.
+    pub fn hand_over<T>(&self, build: impl FnOnce(&Handover) -> io::Result<T>) -> io::Result<T> {
+        if !self.eng.engine.is_own() {
+            return Err(io_err(
+                io::ErrorKind::Unsupported,
+                "the steering program belongs to another process",
+            ));
+        }
+        let mut core = self.eng.core();
+        self.eng.turn(&mut core);
+        let now = core.epoch.elapsed().as_nanos() as u64;
+        let h = core.stack.hand_over_state(now, self.c).map_err(|e| {
+            let state = core.stack.state(self.c).map_or("closed", |s| s.as_str());
+            io_err(
+                io::ErrorKind::NotConnected,
+                format!("only an established connection can be handed over (it is {state}: {e:?})"),
+            )
+        })?;
+        let t = build(&h)?;
+        let (l, r) = (h.tuple.local, h.tuple.remote);
+        {
+            let mut p = self.eng.engine.prog();
+            if let Some(i) = core.flow_claims.iter().position(|&(a, b)| a == l && b == r) {
+                core.flow_claims.swap_remove(i);
+                p.prog.unclaim_tcp_flow(l, r);
+            } else {
+                p.prog
+                    .pass_tcp_flow(l, r)
+                    .map_err(|e| io_err(io::ErrorKind::Other, e))?;
+                // Removed with the engine's other claims when it goes.
+                core.flow_claims.push((l, r));
+            }
+        }
+        let _ = core.stack.hand_over_done(now, self.c);
+        Ok(t)
+    }
+}
+
 impl Drop for XdpTcpStream {
     fn drop(&mut self) {
         let mut core = self.eng.core();
@@ -881,7 +931,9 @@ fn sock_local(fd: RawFd) -> io::Result<SocketAddrV4> {
 
 /// Readiness bits of [`XdpTcpStream::poll_ready`] (as `nanowire_tcp::ready`).
 pub use nanowire_tcp::ready as tcp_ready;
-pub use nanowire_tcp::{Error as XdpTcpError, State as XdpTcpState, TcpInfo as XdpTcpInfo};
+pub use nanowire_tcp::{
+    Error as XdpTcpError, Handover, State as XdpTcpState, TcpInfo as XdpTcpInfo,
+};
 
 impl XdpTcpListener {
     /// Serve the application's listening socket `fd` (bound and listening

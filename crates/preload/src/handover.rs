@@ -1,0 +1,369 @@
+//! Handing an engine TCP connection over to the kernel (TCP_REPAIR).
+//!
+//! Used where the engine cannot carry a connection any further but the
+//! kernel can: `fork()` (parent and child then share one connection, as
+//! plainly, which only the kernel can serve to both). The kernel socket is
+//! built in repair mode from the engine's state — sequence numbers, the
+//! unread received bytes, the unacknowledged and unsent bytes, MSS, window
+//! scaling, SACK, timestamps, windows — under the engine's lock; then the
+//! steering program stops taking the 4-tuple, the engine forgets the
+//! connection without sending anything, repair mode ends (the kernel sends a
+//! window probe, which the peer answers) and the bytes never sent go out as
+//! an ordinary send. The new socket replaces the application's fd number
+//! (and every duplicate of it) with `dup3`, keeping FD_CLOEXEC, O_NONBLOCK,
+//! the options set on the fd, and epoll registrations. Needs CAP_NET_ADMIN;
+//! without it (or in a state other than ESTABLISHED) the connection stays
+//! on the engine and one line says why.
+
+use crate::log::log;
+use crate::real;
+use crate::spin::{errno, set_errno};
+use crate::sys::engine_call;
+use crate::tcpx;
+use libc::{c_int, c_void, socklen_t};
+use nanowire_run::options::Level;
+use nanowire_stack::xdp::Handover;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+const TCP_RECV_QUEUE: c_int = 1;
+const TCP_SEND_QUEUE: c_int = 2;
+const TCPOPT_MAXSEG: u32 = 2;
+const TCPOPT_WINDOW: u32 = 3;
+const TCPOPT_SACK_PERM: u32 = 4;
+const TCPOPT_TIMESTAMP: u32 = 8;
+
+#[repr(C)]
+struct RepairOpt {
+    code: u32,
+    val: u32,
+}
+
+#[repr(C)]
+struct RepairWindow {
+    snd_wl1: u32,
+    snd_wnd: u32,
+    max_window: u32,
+    rcv_wnd: u32,
+    rcv_wup: u32,
+}
+
+fn last_err(what: &str) -> io::Error {
+    let e = io::Error::last_os_error();
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+fn setopt<T>(fd: c_int, level: c_int, name: c_int, v: &T, what: &str) -> io::Result<()> {
+    // SAFETY: `v` is a live value of the size passed.
+    let r = unsafe {
+        real::setsockopt(
+            fd,
+            level,
+            name,
+            (v as *const T).cast::<c_void>(),
+            std::mem::size_of::<T>() as socklen_t,
+        )
+    };
+    if r == 0 { Ok(()) } else { Err(last_err(what)) }
+}
+
+fn sockaddr(a: std::net::SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*a.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
+/// Write all of `data` to the repair queue selected on `fd`.
+fn fill(fd: c_int, data: &[u8], what: &str) -> io::Result<()> {
+    let mut off = 0;
+    while off < data.len() {
+        // SAFETY: a live slice.
+        let n = unsafe {
+            real::send(
+                fd,
+                data[off..].as_ptr().cast(),
+                data.len() - off,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n <= 0 {
+            return Err(last_err(what));
+        }
+        off += n as usize;
+    }
+    Ok(())
+}
+
+/// A kernel socket in repair mode holding the connection `h` describes
+/// (the sequence of CRIU's TCP restore): queue sequences, bind, connect
+/// (no SYN in repair mode), options, windows, queues, timestamp clock.
+fn repair_socket(h: &Handover) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2); the fd is owned at once.
+    let raw = unsafe { real::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(last_err("socket"));
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    let s = unsafe { OwnedFd::from_raw_fd(raw) };
+    let fd = s.as_raw_fd();
+    let tcp = libc::IPPROTO_TCP;
+    // Repair mode also forces reuse of the address (the listener or the
+    // reservation holds it); SO_REUSEADDR after it would undo that.
+    setopt(
+        fd,
+        tcp,
+        libc::TCP_REPAIR,
+        &1i32,
+        "TCP_REPAIR (needs CAP_NET_ADMIN)",
+    )?;
+    // Room for the queues (the kernel charges them like any data).
+    let need = (h.send.len().max(h.recv.len()) * 2 + 65536) as i32;
+    for (name, force, what) in [
+        (libc::SO_SNDBUF, libc::SO_SNDBUFFORCE, "SO_SNDBUFFORCE"),
+        (libc::SO_RCVBUF, libc::SO_RCVBUFFORCE, "SO_RCVBUFFORCE"),
+    ] {
+        let mut cur: c_int = 0;
+        let mut l = std::mem::size_of::<c_int>() as socklen_t;
+        // SAFETY: an int out-buffer and its length.
+        unsafe { real::getsockopt(fd, libc::SOL_SOCKET, name, (&raw mut cur).cast(), &mut l) };
+        if cur < need {
+            setopt(fd, libc::SOL_SOCKET, force, &need, what)?;
+        }
+    }
+    setopt(
+        fd,
+        tcp,
+        libc::TCP_REPAIR_QUEUE,
+        &TCP_RECV_QUEUE,
+        "TCP_REPAIR_QUEUE",
+    )?;
+    let rseq = h.rcv_nxt.wrapping_sub(h.recv.len() as u32);
+    setopt(
+        fd,
+        tcp,
+        libc::TCP_QUEUE_SEQ,
+        &rseq,
+        "TCP_QUEUE_SEQ (receive)",
+    )?;
+    setopt(
+        fd,
+        tcp,
+        libc::TCP_REPAIR_QUEUE,
+        &TCP_SEND_QUEUE,
+        "TCP_REPAIR_QUEUE",
+    )?;
+    setopt(
+        fd,
+        tcp,
+        libc::TCP_QUEUE_SEQ,
+        &h.snd_una,
+        "TCP_QUEUE_SEQ (send)",
+    )?;
+    let local = sockaddr(h.tuple.local);
+    // SAFETY: a sockaddr_in and its size.
+    if unsafe {
+        real::bind(
+            fd,
+            (&raw const local).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as socklen_t,
+        )
+    } != 0
+    {
+        return Err(last_err("bind"));
+    }
+    let remote = sockaddr(h.tuple.remote);
+    // SAFETY: as above; in repair mode connect only sets the state.
+    if unsafe {
+        real::connect(
+            fd,
+            (&raw const remote).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as socklen_t,
+        )
+    } != 0
+    {
+        return Err(last_err("connect (repair)"));
+    }
+    let mut opts = vec![RepairOpt {
+        code: TCPOPT_MAXSEG,
+        val: h.mss,
+    }];
+    if let Some((snd, rcv)) = h.wscale {
+        opts.push(RepairOpt {
+            code: TCPOPT_WINDOW,
+            val: u32::from(snd) | (u32::from(rcv) << 16),
+        });
+    }
+    if h.sack {
+        opts.push(RepairOpt {
+            code: TCPOPT_SACK_PERM,
+            val: 0,
+        });
+    }
+    if h.tsval.is_some() {
+        opts.push(RepairOpt {
+            code: TCPOPT_TIMESTAMP,
+            val: 0,
+        });
+    }
+    // SAFETY: an array of `opts.len()` repair options.
+    if unsafe {
+        real::setsockopt(
+            fd,
+            tcp,
+            libc::TCP_REPAIR_OPTIONS,
+            opts.as_ptr().cast(),
+            std::mem::size_of_val(opts.as_slice()) as socklen_t,
+        )
+    } != 0
+    {
+        return Err(last_err("TCP_REPAIR_OPTIONS"));
+    }
+    setopt(
+        fd,
+        tcp,
+        libc::TCP_REPAIR_QUEUE,
+        &TCP_RECV_QUEUE,
+        "TCP_REPAIR_QUEUE",
+    )?;
+    fill(fd, &h.recv, "the receive queue")?;
+    // After the receive queue: it advanced the kernel's rcv_nxt to ours,
+    // which the window must not lie beyond.
+    let w = RepairWindow {
+        snd_wl1: h.snd_wl1,
+        snd_wnd: h.snd_wnd,
+        max_window: h.max_snd_wnd.max(h.snd_wnd),
+        rcv_wnd: h.rcv_wnd,
+        rcv_wup: h.rcv_nxt,
+    };
+    setopt(fd, tcp, libc::TCP_REPAIR_WINDOW, &w, "TCP_REPAIR_WINDOW")?;
+    // Bytes in flight go in as sent (the kernel retransmits them on its
+    // RTO); the ones never sent are sent normally after repair mode.
+    setopt(
+        fd,
+        tcp,
+        libc::TCP_REPAIR_QUEUE,
+        &TCP_SEND_QUEUE,
+        "TCP_REPAIR_QUEUE",
+    )?;
+    fill(fd, &h.send[..h.sent], "the send queue")?;
+    if let Some(ts) = h.tsval {
+        setopt(fd, tcp, libc::TCP_TIMESTAMP, &ts, "TCP_TIMESTAMP")?;
+    }
+    if h.nodelay {
+        setopt(fd, tcp, libc::TCP_NODELAY, &1i32, "TCP_NODELAY")?;
+    }
+    Ok(s)
+}
+
+/// Options the application set on the fd's kernel socket (the engine
+/// mirrored every setsockopt there), carried to the new socket.
+const CARRIED: &[(c_int, c_int)] = &[
+    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+    (libc::SOL_SOCKET, libc::SO_LINGER),
+    (libc::SOL_SOCKET, libc::SO_RCVTIMEO_NEW),
+    (libc::SOL_SOCKET, libc::SO_SNDTIMEO_NEW),
+    (libc::SOL_SOCKET, libc::SO_PRIORITY),
+    (libc::SOL_SOCKET, libc::SO_OOBINLINE),
+    (libc::SOL_SOCKET, libc::SO_RCVLOWAT),
+    (libc::IPPROTO_TCP, libc::TCP_NODELAY),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
+    (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT),
+    (libc::IPPROTO_IP, libc::IP_TOS),
+    (libc::IPPROTO_IP, libc::IP_TTL),
+];
+
+fn carry_options(from: c_int, to: c_int) {
+    for &(level, name) in CARRIED {
+        let mut v = [0u8; 32];
+        let mut l = v.len() as socklen_t;
+        // SAFETY: a 32-byte out-buffer and its length.
+        if unsafe { real::getsockopt(from, level, name, v.as_mut_ptr().cast(), &mut l) } == 0 {
+            // SAFETY: the bytes just read, their length.
+            unsafe { real::setsockopt(to, level, name, v.as_ptr().cast(), l) };
+        }
+    }
+}
+
+/// Hand the engine connection behind `fd` to the kernel (see the module
+/// doc). True if `fd` (and its duplicates) is now a kernel connection;
+/// false if it stays on the engine (said why, at warn).
+pub fn to_kernel(fd: c_int, why: &str) -> bool {
+    let Some(t) = tcpx::lookup(fd) else {
+        return false;
+    };
+    let Some(inner) = t.stream_inner() else {
+        return false;
+    };
+    let tcpx::Inner::Stream(s) = &*inner else {
+        return false;
+    };
+    let e0 = errno();
+    let built = engine_call(|| s.hand_over(repair_socket_with_unsent));
+    let (new, unsent) = match built {
+        Ok(x) => x,
+        Err(e) => {
+            log!(
+                Level::Warn,
+                "fd {fd} tcp: stays on the xdp engine although {why}: cannot hand it over to the kernel: {e}"
+            );
+            set_errno(e0);
+            return false;
+        }
+    };
+    let nfd = new.as_raw_fd();
+    carry_options(fd, nfd);
+    // Leave repair mode: the kernel owns the connection from here (the
+    // steering program no longer takes its segments).
+    let _ = setopt(
+        nfd,
+        libc::IPPROTO_TCP,
+        libc::TCP_REPAIR,
+        &0i32,
+        "TCP_REPAIR off",
+    );
+    if !unsent.is_empty() {
+        // Fits: the send buffer was sized for the whole queue.
+        let _ = fill(nfd, &unsent, "unsent bytes");
+    }
+    // Every number of this socket now names the kernel connection.
+    let fds = tcpx::fds_of(t);
+    for &f in &fds {
+        // SAFETY: fcntl on an fd of ours.
+        let cloexec = unsafe { real::fcntl(f, libc::F_GETFD, 0) } & libc::FD_CLOEXEC != 0;
+        // SAFETY: dup3 onto an fd number the application owns; the old
+        // file (the placeholder or the port reservation) goes with it.
+        unsafe { real::dup3(nfd, f, if cloexec { libc::O_CLOEXEC } else { 0 }) };
+        crate::ready::tcp_to_kernel(f);
+    }
+    drop(new);
+    if let Some(&f) = fds.first() {
+        // SAFETY: F_GETFL on our fd.
+        let fl = unsafe { real::fcntl(f, libc::F_GETFL, 0) };
+        let nb = if t.nonblock.load(std::sync::atomic::Ordering::Relaxed) {
+            fl | libc::O_NONBLOCK
+        } else {
+            fl & !libc::O_NONBLOCK
+        };
+        // SAFETY: F_SETFL on our fd.
+        unsafe { real::fcntl(f, libc::F_SETFL, nb as libc::c_ulong) };
+    }
+    tcpx::forget(t, &fds);
+    log!(
+        Level::Warn,
+        "fd {fd} tcp: moved to the kernel (TCP_REPAIR hand-over): {why}"
+    );
+    set_errno(e0);
+    true
+}
+
+/// `repair_socket`, plus the bytes never sent (sent after repair mode).
+fn repair_socket_with_unsent(h: &Handover) -> io::Result<(OwnedFd, Vec<u8>)> {
+    Ok((repair_socket(h)?, h.send[h.sent..].to_vec()))
+}
