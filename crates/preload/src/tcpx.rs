@@ -113,13 +113,13 @@ extern "C" fn at_exit() {
     set_errno(e);
 }
 
-/// fork(), before the child exists: a listening socket both processes
-/// share can only be served where both can accept, the kernel: every
-/// engine listener of this process goes back to the kernel (connections
-/// it already accepted stay on the engine, in this process), and TCP
-/// candidates stay kernel sockets in both. Connections on the engine stay
-/// with this process; in the child their fds are unconnected kernel
-/// sockets (see `lookup`). (vfork/posix_spawn run no fork handlers.)
+/// fork(), before the child exists: a socket both processes share can only
+/// be served where both can use it, the kernel. Every engine listener of
+/// this process goes back to the kernel, every engine connection is handed
+/// over to the kernel (TCP_REPAIR, `handover.rs`; one that cannot be stays
+/// with this process, and in the child its fd is an unconnected kernel
+/// socket, see `lookup`), and TCP candidates stay kernel sockets in both.
+/// (vfork/posix_spawn run no fork handlers.)
 extern "C" fn before_fork() {
     if crate::sys::in_engine() {
         return;
@@ -138,7 +138,7 @@ extern "C" fn before_fork() {
             close_record(t, fd, false);
             log!(
                 Level::Warn,
-                "fd {fd} tcp listener: back on the kernel: fork() shares it with the child (connections already accepted stay on the engine in this process)"
+                "fd {fd} tcp listener: back on the kernel: fork() shares it with the child"
             );
         }
         // The application's blocking mode, on the kernel socket.

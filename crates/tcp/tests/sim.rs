@@ -787,3 +787,55 @@ fn tail_loss_probes_replace_most_retransmission_timeouts() {
     assert!(c.tail_loss_probes > 0, "{c:?}");
     assert!(c.rto_expirations <= 3, "{c:?}");
 }
+
+/// The hand-over to another owner (TCP_REPAIR, issue 11 fork parity): the
+/// state holds the unread bytes ending at rcv_nxt and the unacknowledged
+/// bytes starting at snd_una, with what was sent of them; afterwards the
+/// stack forgets the connection without a word, and a late segment of its
+/// 4-tuple (even under the listener's port) is dropped and counted, never
+/// answered with a RST.
+#[test]
+fn hand_over_exports_the_queues_and_then_stays_silent() {
+    let mut n = Net::plain();
+    let (ca, cb) = n.connect_pair();
+    let unread: Vec<u8> = (0..10_000u64).map(pattern).collect();
+    n.b.send(cb, &unread).unwrap();
+    n.advance(10 * MS);
+    n.down = true;
+    n.a.send(ca, &[7u8; 5000]).unwrap();
+    n.advance(MS);
+    let h = n.a.hand_over_state(n.now, ca).unwrap();
+    assert_eq!(h.recv, unread);
+    assert_eq!(h.send, vec![7u8; 5000]);
+    assert!(h.sent > 0 && h.sent <= 5000, "{}", h.sent);
+    assert_eq!(h.mss, 1460);
+    assert!(h.sack && h.tsval.is_some() && h.wscale.is_some());
+    assert_eq!(h.tuple.local, sa(A, 80));
+    let rsts = n.a.counters().rst_sent;
+    n.a.hand_over_done(n.now, ca).unwrap();
+    assert_eq!(n.a.state(ca), Err(Error::InvalidHandle));
+    assert_eq!(n.a.connection_count(), 0);
+    // The peer goes on: its retransmissions reach the stack and are dropped.
+    n.down = false;
+    n.b.send(cb, b"more").unwrap();
+    n.advance(3 * S);
+    assert_eq!(
+        n.a.counters().rst_sent,
+        rsts,
+        "no RST for a handed-over tuple"
+    );
+    assert!(n.a.counters().handover_drops > 0);
+    assert_eq!(n.a.counters().handovers, 1);
+    assert_eq!(n.b.state(cb), Ok(State::Established));
+}
+
+#[test]
+fn only_an_established_connection_without_fin_is_handed_over() {
+    let mut n = Net::plain();
+    let (ca, cb) = n.connect_pair();
+    n.a.shutdown_write(ca).unwrap();
+    n.advance(10 * MS);
+    assert_eq!(n.a.hand_over_state(n.now, ca), Err(Error::NotConnected));
+    assert_eq!(n.b.hand_over_state(n.now, cb), Err(Error::NotConnected));
+    assert_eq!(n.a.counters().handovers, 0);
+}
