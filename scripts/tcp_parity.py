@@ -134,6 +134,30 @@ def serve_one(c, case):
         d = read_to_eof(c)
         out(f"files: got back {len(d)} bytes, sha {hashlib.sha256(d).hexdigest()[:16]}")
         c.close()
+    elif case == "pipes":
+        # splice(2) between the connection and pipes, both ways (under run:
+        # the connection is handed over to the kernel, which splices).
+        n = struct.unpack("!I", recv_exact(c, 4))[0]
+        r, w = os.pipe()
+        got = b""
+        while len(got) < n:
+            k = os.splice(c.fileno(), w, min(32768, n - len(got)))
+            if k == 0:
+                break
+            got += os.read(r, k)
+        out(f"pipes: spliced {len(got)} bytes in, sha {hashlib.sha256(got).hexdigest()[:16]}")
+        sent = 0
+        while sent < 40000:
+            k = min(16384, 40000 - sent)
+            os.write(w, FILE_DATA[sent:sent + k])
+            m = 0
+            while m < k:
+                m += os.splice(r, c.fileno(), k - m)
+            sent += k
+        out(f"pipes: spliced {sent} bytes out")
+        c.shutdown(socket.SHUT_WR)
+        out(f"pipes: then {len(read_to_eof(c))} bytes to EOF")
+        c.close()
     elif case == "bulk":
         n = struct.unpack("!Q", recv_exact(c, 8))[0]
         h = hashlib.sha256()
@@ -337,6 +361,28 @@ def client(addr, port):
         out(f"files: socket.sendfile sent {n}, position {f.tell()}")
     n = s.sendmsg([b"a" * 1000, b"b" * 2000, b"c" * 3])
     out(f"files: sendmsg sent {n}")
+    s.close()
+
+    # splice(2) between the connection and pipes, both ways
+    n = 100000
+    s = conn(addr, port, "pipes", struct.pack("!I", n))
+    r, w = os.pipe()
+    sent = 0
+    while sent < n:
+        k = min(16384, n - sent)
+        os.write(w, FILE_DATA[sent:sent + k])
+        m = 0
+        while m < k:
+            m += os.splice(r, s.fileno(), k - m)
+        sent += k
+    got = b""
+    while True:
+        k = os.splice(s.fileno(), w, 32768)
+        if k == 0:
+            break
+        got += os.read(r, k)
+    want = FILE_DATA[:40000]
+    out(f"pipes: spliced {sent} out, {len(got)} in; {'matches' if got == want else 'DIFFERS'}")
     s.close()
 
     # a bulk stream, hashed (NANOWIRE_TCP_STREAM_MIB, default 4)

@@ -51,6 +51,7 @@ macro_rules! interposed {
             sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> c_int;
             sendfile(out: c_int, inp: c_int, off: *mut off_t, count: size_t) -> ssize_t;
             sendfile64(out: c_int, inp: c_int, off: *mut off64_t, count: size_t) -> ssize_t;
+            splice(fd_in: c_int, off_in: *mut libc::loff_t, fd_out: c_int, off_out: *mut libc::loff_t, len: size_t, flags: c_uint) -> ssize_t;
             write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t;
             writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
             sigaction(sig: c_int, act: *const libc::sigaction, oact: *mut libc::sigaction) -> c_int;

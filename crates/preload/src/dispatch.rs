@@ -1619,6 +1619,28 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut off_t, count: size_t) -
 }
 
 /// # Safety
+/// As libc's `splice`. An engine TCP connection on either side is handed
+/// over to the kernel first (the engine has no pipe path); the kernel then
+/// splices as plainly.
+pub unsafe fn splice(
+    fd_in: c_int,
+    off_in: *mut libc::loff_t,
+    fd_out: c_int,
+    off_out: *mut libc::loff_t,
+    len: size_t,
+    flags: c_uint,
+) -> ssize_t {
+    for fd in [fd_in, fd_out] {
+        if tcpx::lookup(fd).is_some() {
+            crate::handover::to_kernel(fd, "splice() is served by the kernel");
+        }
+    }
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract our caller upholds (# Safety).
+    unsafe { real::splice(fd_in, off_in, fd_out, off_out, len, flags) }
+}
+
+/// # Safety
 /// As libc's `sendfile64`.
 pub unsafe fn sendfile64(out: c_int, inp: c_int, off: *mut off64_t, count: size_t) -> ssize_t {
     if let Some(t) = tcpx::lookup(out) {

@@ -694,6 +694,12 @@ pub fn recv(t: &Tcp, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
     let Inner::Stream(s) = &*i else {
         unreachable!()
     };
+    if flags & libc::MSG_OOB != 0
+        && crate::handover::to_kernel(fd, "MSG_OOB (urgent data) is served by the kernel")
+    {
+        // SAFETY: the caller's buffer; fd is now a kernel socket.
+        return unsafe { real::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) };
+    }
     if flags & (libc::MSG_OOB | libc::MSG_ERRQUEUE) != 0 {
         set_errno(libc::EINVAL);
         return -1;
@@ -744,6 +750,13 @@ pub fn recv(t: &Tcp, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
                 if got > 0 {
                     break;
                 }
+                if e == XdpTcpError::InvalidHandle && handed_over(t, fd) {
+                    // Handed over to the kernel (fork in another thread)
+                    // while this call waited: the kernel carries on.
+                    set_errno(e0);
+                    // SAFETY: the caller's buffer; fd is now a kernel socket.
+                    return unsafe { real::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) };
+                }
                 set_errno(err_no(e));
                 return -1;
             }
@@ -780,6 +793,14 @@ pub fn send(t: &Tcp, fd: c_int, data: &[u8], flags: c_int) -> isize {
     let Inner::Stream(s) = &*i else {
         unreachable!()
     };
+    if flags & libc::MSG_OOB != 0 {
+        if crate::handover::to_kernel(fd, "MSG_OOB (urgent data) is served by the kernel") {
+            // SAFETY: the caller's bytes; fd is now a kernel socket.
+            return unsafe { real::send(fd, data.as_ptr().cast(), data.len(), flags) };
+        }
+        set_errno(libc::EOPNOTSUPP);
+        return -1;
+    }
     if t.connecting.load(Ordering::Acquire) && connect_outcome(t).is_none() {
         set_errno(
             if t.nonblock.load(Ordering::Relaxed) || flags & libc::MSG_DONTWAIT != 0 {
@@ -814,6 +835,11 @@ pub fn send(t: &Tcp, fd: c_int, data: &[u8], flags: c_int) -> isize {
             Ok(Err(e)) => {
                 if sent > 0 {
                     break;
+                }
+                if e == XdpTcpError::InvalidHandle && handed_over(t, fd) {
+                    set_errno(e0);
+                    // SAFETY: the caller's bytes; fd is now a kernel socket.
+                    return unsafe { real::send(fd, rest.as_ptr().cast(), rest.len(), flags) };
                 }
                 // A reset after the peer's FIN (CLOSE-WAIT) is EPIPE in
                 // Linux; otherwise the reset is reported once, then EPIPE.
@@ -1035,6 +1061,12 @@ fn close_record(t: &Tcp, fd: c_int, exiting: bool) {
         }
         Err(arc) => engine_call(|| drop(arc)),
     }
+}
+
+/// `fd` no longer names record `t`: its connection was handed over to the
+/// kernel while a call on it was under way.
+fn handed_over(t: &Tcp, fd: c_int) -> bool {
+    !SOCKS.get(fd).is_some_and(|r| std::ptr::eq(r, t))
 }
 
 /// Every fd number of this process that names record `t` (dups share it).
