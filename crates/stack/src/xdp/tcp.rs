@@ -317,10 +317,12 @@ impl TcpEngine {
         let mut now = None;
         let mut moved = 0usize;
         {
-            let mut g = self.engine.rx();
+            let mut guard = self.engine.rx();
+            let g = &mut *guard;
             g.poll(RX_BUDGET);
-            let page = g.page.clone();
-            while let Some(d) = g.demux.pop(core.id, &page) {
+            // Disjoint fields: no clone of the page's Arc per turn.
+            let page = &g.page;
+            while let Some(d) = g.demux.pop(core.id, page) {
                 let t = *now.get_or_insert_with(|| core.epoch.elapsed().as_nanos() as u64);
                 // The stack copies the payload into its ring: the frame goes
                 // back to the fill ring as soon as `d` drops.
@@ -330,7 +332,7 @@ impl TcpEngine {
             core.turns = core.turns.wrapping_add(1);
             if core.turns.is_multiple_of(64) {
                 // Under the RX lock: the single writer of these counters.
-                publish_counters(&page, core);
+                publish_counters(page, core);
             }
         }
         let now = match now {
@@ -1168,14 +1170,19 @@ impl XdpTcpStream {
             }
             return r;
         }
-        self.eng.turn(&mut core);
+        // Nothing came in and nothing went out: the connection is as it
+        // was (a spinning reader's common case; no second look, no clock).
+        if !self.eng.turn(&mut core) {
+            return Err(TcpError::WouldBlock);
+        }
         let r = if peek {
             core.stack.peek(self.c, buf)
         } else {
             core.stack.recv(self.c, buf)
         };
         if r != Err(TcpError::WouldBlock) && !peek {
-            let now = core.epoch.elapsed().as_nanos() as u64;
+            // The turn that brought the data read the clock just now.
+            let now = core.last_turn;
             self.eng.transmit(&mut core, now);
         }
         r
