@@ -9,7 +9,7 @@
 //! Frames `rx_frames..` are TX frames, owned by [`crate::xsk::XskTx`].
 
 use crate::mmap::Mmap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub(crate) struct UmemShared {
@@ -22,6 +22,9 @@ pub(crate) struct UmemShared {
     refs: Box<[AtomicU32]>,
     /// Frame base addresses whose last reference was dropped.
     pub(crate) recycled: Mutex<Vec<u64>>,
+    /// `recycled` is not empty (a hint read without the lock: a spinning
+    /// poller looks at it millions of times a second).
+    pub(crate) recycled_any: AtomicBool,
 }
 
 impl UmemShared {
@@ -35,6 +38,7 @@ impl UmemShared {
             tx_frames,
             refs: (0..rx_frames).map(|_| AtomicU32::new(0)).collect(),
             recycled: Mutex::new(Vec::with_capacity(rx_frames as usize)),
+            recycled_any: AtomicBool::new(false),
         })
     }
 
@@ -214,6 +218,7 @@ impl Drop for RxFrame {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .push(base);
+                umem.recycled_any.store(true, Ordering::Release);
             }
         }
     }

@@ -17,6 +17,7 @@ use crate::umem::{RxFrame, UmemInfo, UmemShared};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// SOL_XDP option raising the frames a copy-mode TX kick may send (6.17+).
 pub const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
@@ -493,9 +494,12 @@ impl XskRx {
     /// half) back into the fill ring, and wake the kernel if it asks.
     #[inline]
     pub fn refill(&mut self) {
-        if let Ok(mut r) = self.umem.recycled.try_lock()
-            && !r.is_empty()
+        if self.umem.recycled_any.load(Ordering::Acquire)
+            && let Ok(mut r) = self.umem.recycled.try_lock()
         {
+            // Cleared under the lock before taking: a push after this is
+            // seen (it sets the hint again after pushing under the lock).
+            self.umem.recycled_any.store(false, Ordering::Relaxed);
             self.to_fill.append(&mut r);
         }
         if self.to_fill.is_empty() {
