@@ -30,25 +30,10 @@
 //!   nothing: the budget halves (down to `MIN_BUDGET_NS`). Spinning only as
 //!   long as data usually comes keeps the CPU for the program's other
 //!   threads.
-//! * **A lone spinner that shares its CPU sleeps.** When a yield gave the
-//!   CPU away (longer than `SHARED_NS`) and no other thread of this process
-//!   is spinning, the thread that ran is not a sibling waiting for the same
-//!   data but someone with work: the peer this thread waits for (the
-//!   scheduler puts a task woken by a send on the sender's CPU), or the
-//!   program's JIT, GC or event threads. Spinning on only delays it, and the
-//!   reply with it; sleeping hands the CPU over and is woken with the
-//!   scheduler's preference. `balanced` and `throughput` then sleep and
-//!   start a quiet period as after contention; `latency` still spins.
-//!   Threads that spin together (a pool sharing a socket) keep sharing the
-//!   CPU turn by turn.
 
 use crate::spin::{SPIN_NS, now_ns};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, Ordering};
-
-/// Threads of this process spinning right now (in a `Wait` that has not
-/// given up spinning).
-static SPINNING: AtomicU32 = AtomicU32::new(0);
+use std::sync::atomic::Ordering;
 
 /// How often a spinning thread offers its CPU.
 const YIELD_EVERY_NS: u64 = 20_000;
@@ -98,8 +83,6 @@ pub struct Wait {
     contended: bool,
     /// Began in a quiet period (no spinning at all): nothing to learn.
     quiet: bool,
-    /// Counted in `SPINNING` (until it stops spinning).
-    counted: bool,
 }
 
 impl Wait {
@@ -118,30 +101,15 @@ impl Wait {
         } else {
             l.budget.min(max)
         };
-        let spins = budget != 0 && cap != 0;
-        if spins {
-            SPINNING.fetch_add(1, Ordering::Relaxed);
-        }
         Wait {
             start: now,
             last: now,
             next_yield: now + YIELD_EVERY_NS,
             budget: budget.min(cap),
             max,
-            slept: !spins,
+            slept: budget == 0 || cap == 0,
             contended: false,
-            quiet: !spins,
-            counted: spins,
-        }
-    }
-
-    /// Stop spinning (from now on this wait sleeps).
-    #[inline]
-    fn stop(&mut self) {
-        self.slept = true;
-        if self.counted {
-            self.counted = false;
-            SPINNING.fetch_sub(1, Ordering::Relaxed);
+            quiet: budget == 0 || cap == 0,
         }
     }
 
@@ -171,11 +139,7 @@ impl Wait {
             rustix::thread::sched_yield();
             let after = now_ns();
             let took = after.wrapping_sub(now);
-            if took > BUSY_NS
-                || (took > SHARED_NS
-                    && self.max != u64::MAX
-                    && SPINNING.load(Ordering::Relaxed) <= 1)
-            {
+            if took > BUSY_NS {
                 self.contention(after);
             }
             now = after;
@@ -192,11 +156,11 @@ impl Wait {
         }
         self.last = now;
         if self.contended && self.max != u64::MAX {
-            self.stop();
+            self.slept = true;
             return false;
         }
         if self.budget != u64::MAX && now.wrapping_sub(self.start) >= self.budget {
-            self.stop();
+            self.slept = true;
             return false;
         }
         core::hint::spin_loop();
@@ -226,9 +190,6 @@ impl Drop for Wait {
     /// The wait is over (data, timeout or error): learn from how long it
     /// took.
     fn drop(&mut self) {
-        if self.counted {
-            SPINNING.fetch_sub(1, Ordering::Relaxed);
-        }
         if self.max == u64::MAX || self.max == 0 || self.contended || self.quiet || !self.slept {
             return; // forever, no spinning, contention handled, or caught while spinning
         }
