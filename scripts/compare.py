@@ -432,7 +432,10 @@ def apps_measure(a, tmp):
         if mode == "plain":
             return argv
         label, profile = mode.split()
-        env = ["env", f"NANOWIRE_PRELOAD={extra[label]}"] if label in extra else []
+        env = []
+        if label in extra:  # PATH[,VAR=VALUE...]: another shim and/or extra environment (empty PATH: this one)
+            path, *assign = extra[label].split(",")
+            env = ["env"] + ([f"NANOWIRE_PRELOAD={path}"] if path else []) + assign
         return env + [NW, "run", "--profile", profile, "--"] + argv
 
     runs, commands, port = [], {}, 20000
@@ -500,8 +503,9 @@ def main():
     ap.add_argument("--inflight", default="1,8", help="apps: datagrams in flight, comma-separated")
     ap.add_argument("--runtimes", default="", help="apps: subset of node,jvm-nio,python-asyncio,c-mt")
     ap.add_argument("--profiles", default="balanced", help="apps: nanowire run profiles to compare with plain")
-    ap.add_argument("--also-preload", action="append", default=[], metavar="LABEL=PATH",
-                    help="apps: also run each profile with this libnanowire_preload.so (e.g. old=/tmp/old.so)")
+    ap.add_argument("--also-preload", action="append", default=[], metavar="LABEL=PATH[,VAR=VALUE...]",
+                    help="apps: also run the profiles with another shim: LABEL=PATH[,VAR=VALUE...] "
+                         "(empty PATH: this build; VAR=VALUE: extra environment, e.g. s0=,NANOWIRE_SPIN_US=0)")
     ap.add_argument("--no-pin", dest="pin", action="store_false",
                     help="apps: do not pin the client to CPU 0 and the server to CPU 1")
     a = ap.parse_args()

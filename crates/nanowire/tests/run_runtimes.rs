@@ -62,8 +62,17 @@ fn program(runtime: &str) -> Vec<String> {
         "node" => vec!["node".into(), s(&apps_dir().join("echo.js"))],
         "jvm" => vec!["java".into(), "-cp".into(), s(build_dir()), "Echo".into()],
         "asyncio" => vec!["python3".into(), s(&apps_dir().join("echo_asyncio.py"))],
-        "cmt" => vec![s(&build_dir().join("echo_mt"))],
+        "cmt" | "c1" => vec![s(&build_dir().join("echo_mt"))],
         _ => unreachable!(),
+    }
+}
+
+/// Arguments after the contract's own (echo_mt's THREADS: "c1" is the C
+/// program with one thread per end, a lone spinner in each process).
+fn tail(runtime: &str) -> Vec<String> {
+    match runtime {
+        "c1" => vec!["1".into()],
+        _ => vec![],
     }
 }
 
@@ -100,6 +109,7 @@ fn echo_in_modes(runtime: &str, tag: &str, modes: &[Option<&str>]) {
             let name = format!("{runtime}-{}-{inflight}", profile.unwrap_or("plain"));
             let mut srv_argv = prog.clone();
             srv_argv.extend(["server".into(), addr.clone(), port.to_string()]);
+            srv_argv.extend(tail(runtime));
             let mut cmd = command(&lab, Host::B, profile, &srv_argv);
             cmd.env("NANOWIRE_LOG", "info");
             let mut srv = spawn(&format!("{name}-srv"), cmd);
@@ -117,6 +127,7 @@ fn echo_in_modes(runtime: &str, tag: &str, modes: &[Option<&str>]) {
                 ]
                 .map(String::from),
             );
+            cli_argv.extend(tail(runtime));
             let mut cli = spawn(
                 &format!("{name}-cli"),
                 command(&lab, Host::A, profile, &cli_argv),
@@ -176,6 +187,21 @@ fn c_six_threads_sharing_sockets_every_profile() {
 /// above; an interpreter's start-up alone takes seconds under this load.)
 #[test]
 fn oversubscribed_machine_c_six_threads() {
+    oversubscribed("cmt", "o");
+}
+
+/// The same load with one thread per end: each is its process's only
+/// spinner and unpinned, so it yields on the first idle turn of every wait
+/// and finds a busy thread on its CPU (`balanced` then sleeps for a quiet
+/// period, `latency` spins on). Every datagram must still come back intact.
+#[test]
+fn oversubscribed_machine_c_one_thread() {
+    oversubscribed("c1", "q");
+}
+
+/// `runtime` under `balanced` and `latency` while busy threads of this test
+/// process outnumber the CPUs.
+fn oversubscribed(runtime: &str, tag: &str) {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     let stop = Arc::new(AtomicBool::new(false));
@@ -191,7 +217,7 @@ fn oversubscribed_machine_c_six_threads() {
         })
         .collect();
     let r = std::panic::catch_unwind(|| {
-        echo_in_modes("cmt", "o", &[Some("balanced"), Some("latency")]);
+        echo_in_modes(runtime, tag, &[Some("balanced"), Some("latency")]);
     });
     stop.store(true, Ordering::Relaxed);
     for h in hogs {

@@ -30,10 +30,27 @@
 //!   nothing: the budget halves (down to `MIN_BUDGET_NS`). Spinning only as
 //!   long as data usually comes keeps the CPU for the program's other
 //!   threads.
+//! * **Unpinned, yield at once.** A thread the scheduler may place anywhere,
+//!   and the only one of its process spinning at the time, yields on the
+//!   first idle turn of a wait, not after `YIELD_EVERY_NS`:
+//!   the scheduler puts a task woken by a send on the sender's CPU, so the
+//!   peer this thread just sent to (or the program's own thread it just
+//!   woke) is often queued right behind it, and runs now instead of 20 µs
+//!   later (unpinned JVM NIO at 1 in flight: run/plain 1.26-1.64 -> 0.68-1.05,
+//!   docs/perf-runtimes.md, session 4). Pinned threads keep the 20 µs: on a
+//!   loaded machine an early yield hands their CPU to unrelated work and
+//!   turns short waits into sleeps (pinned Python asyncio and the C program
+//!   at 1 in flight, 3-5x slower with it); threads that spin together (a
+//!   pool sharing a socket) would only hand the CPU to each other (the
+//!   unpinned C program at 1 in flight: 2.7x slower with it).
 
 use crate::spin::{SPIN_NS, now_ns};
 use std::cell::Cell;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Threads of this process spinning right now (in a `Wait` that has not
+/// given up spinning).
+static SPINNING: AtomicU32 = AtomicU32::new(0);
 
 /// How often a spinning thread offers its CPU.
 const YIELD_EVERY_NS: u64 = 20_000;
@@ -64,9 +81,23 @@ struct Learned {
 }
 
 thread_local! {
+    /// This thread's affinity: 0 = not asked yet, 1 = one CPU, 2 = more.
+    static AFFINITY: Cell<u8> = const { Cell::new(0) };
     static LEARNED: Cell<Learned> = const {
         Cell::new(Learned { budget: 0, quiet_until: 0, quiet: 0 })
     };
+}
+
+/// May this thread run on more than one CPU (asked once per thread)?
+#[inline]
+fn unpinned() -> bool {
+    AFFINITY.with(|a| {
+        if a.get() == 0 {
+            let n = rustix::thread::sched_getaffinity(None).map_or(1, |s| s.count());
+            a.set(if n > 1 { 2 } else { 1 });
+        }
+        a.get() == 2
+    })
 }
 
 /// One wait of one thread: ask `spin()` on every idle turn.
@@ -83,6 +114,8 @@ pub struct Wait {
     contended: bool,
     /// Began in a quiet period (no spinning at all): nothing to learn.
     quiet: bool,
+    /// Counted in `SPINNING` (until it stops spinning).
+    counted: bool,
 }
 
 impl Wait {
@@ -101,15 +134,34 @@ impl Wait {
         } else {
             l.budget.min(max)
         };
+        let spins = budget != 0 && cap != 0;
+        // Yield at once only if no other thread of the process spins (the
+        // thread that ran would be a sibling waiting for the same data).
+        let alone = spins && SPINNING.fetch_add(1, Ordering::Relaxed) == 0;
         Wait {
             start: now,
             last: now,
-            next_yield: now + YIELD_EVERY_NS,
+            next_yield: if alone && unpinned() {
+                now
+            } else {
+                now + YIELD_EVERY_NS
+            },
             budget: budget.min(cap),
             max,
-            slept: budget == 0 || cap == 0,
+            slept: !spins,
             contended: false,
-            quiet: budget == 0 || cap == 0,
+            quiet: !spins,
+            counted: spins,
+        }
+    }
+
+    /// Stop spinning (from now on this wait sleeps).
+    #[inline]
+    fn stop(&mut self) {
+        self.slept = true;
+        if self.counted {
+            self.counted = false;
+            SPINNING.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -156,11 +208,11 @@ impl Wait {
         }
         self.last = now;
         if self.contended && self.max != u64::MAX {
-            self.slept = true;
+            self.stop();
             return false;
         }
         if self.budget != u64::MAX && now.wrapping_sub(self.start) >= self.budget {
-            self.slept = true;
+            self.stop();
             return false;
         }
         core::hint::spin_loop();
@@ -190,6 +242,9 @@ impl Drop for Wait {
     /// The wait is over (data, timeout or error): learn from how long it
     /// took.
     fn drop(&mut self) {
+        if self.counted {
+            SPINNING.fetch_sub(1, Ordering::Relaxed);
+        }
         if self.max == u64::MAX || self.max == 0 || self.contended || self.quiet || !self.slept {
             return; // forever, no spinning, contention handled, or caught while spinning
         }
