@@ -402,3 +402,94 @@ fn forking_server_shares_its_connection_with_the_child_as_plainly() {
         "plain (left) and under run (right) differ"
     );
 }
+
+/// A forking server whose client sent its request and its FIN before the
+/// accept (the connection is in CLOSE-WAIT when the server forks): the
+/// child reads the request to EOF and answers, plainly and under run alike
+/// (under run the hand-over shows the kernel the peer's FIN).
+const HALF_CLOSED_PY: &str = r#"
+import socket, sys, os, time
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((sys.argv[1], int(sys.argv[2]))); ls.listen(8)
+print("listening", flush=True)
+for i in range(2):
+    time.sleep(0.3)
+    c, _ = ls.accept()
+    if os.fork() == 0:
+        d = b""
+        while True:
+            k = c.recv(65536)
+            if not k:
+                break
+            d += k
+        c.sendall(b"child read %d bytes to EOF\n" % len(d))
+        c.close()
+        os._exit(0)
+    c.close()
+    os.wait()
+print("done", flush=True)
+"#;
+
+const HALF_CLOSED_CLIENT_PY: &str = r#"
+import socket, sys
+for n in (100000, 10):
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+    s.sendall(bytes(range(256)) * (n // 256) + b"r" * (n % 256))
+    s.shutdown(socket.SHUT_WR)
+    d = b""
+    while True:
+        k = s.recv(100)
+        if not k:
+            break
+        d += k
+    print(d.decode().strip(), flush=True)
+"#;
+
+#[test]
+fn forking_server_after_the_client_half_closed() {
+    let Some(l) = tlab('h') else { return };
+    let addr = ADDR_B.to_string();
+    let mut outs = Vec::new();
+    for (run, port) in [(false, "13510"), (true, "13511")] {
+        let rsts = out_rsts(&l, Host::B);
+        let mut s = spawn(
+            &format!("hc-srv{port}"),
+            cmd_in(
+                &l,
+                Host::B,
+                run,
+                &["python3", "-c", HALF_CLOSED_PY, &addr, port],
+            ),
+        );
+        s.wait_for("listening", Duration::from_secs(20));
+        let mut c = spawn(
+            &format!("hc-cli{port}"),
+            plain_in(
+                &l,
+                Host::A,
+                &["python3", "-c", HALF_CLOSED_CLIENT_PY, &addr, port],
+            ),
+        );
+        let out = c.success(T);
+        let srv = s.success(T);
+        assert!(srv.contains("done"), "{srv}");
+        if run {
+            let err = s.stderr();
+            assert!(
+                err.contains("moved to the kernel (TCP_REPAIR hand-over): fork()"),
+                "the connection was not handed over:\n{err}"
+            );
+        }
+        assert_eq!(out_rsts(&l, Host::B), rsts, "the server's kernel sent RST");
+        outs.push(out);
+    }
+    assert!(
+        outs[0].contains("child read 100000 bytes to EOF"),
+        "{}",
+        outs[0]
+    );
+    assert_eq!(
+        outs[0], outs[1],
+        "plain (left) and under run (right) differ"
+    );
+}

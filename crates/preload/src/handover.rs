@@ -9,7 +9,10 @@
 //! steering program stops taking the 4-tuple, the engine forgets the
 //! connection without sending anything, repair mode ends (the kernel sends a
 //! window probe, which the peer answers) and the bytes never sent go out as
-//! an ordinary send. The new socket replaces the application's fd number
+//! an ordinary send. In CLOSE-WAIT (the peer's FIN already in) the kernel
+//! is then shown that FIN as a packet from the peer to our own address over
+//! a raw socket (delivered locally; TCP_REPAIR has no way to set it). The
+//! new socket replaces the application's fd number
 //! (and every duplicate of it) with `dup3`, keeping FD_CLOEXEC, O_NONBLOCK,
 //! the options set on the fd, and epoll registrations. Needs CAP_NET_ADMIN;
 //! without it (or in a state other than ESTABLISHED) the connection stays
@@ -305,8 +308,8 @@ pub fn to_kernel(fd: c_int, why: &str) -> bool {
         return false;
     };
     let e0 = errno();
-    let built = engine_call(|| s.hand_over(repair_socket_with_unsent));
-    let (new, unsent) = match built {
+    let built = engine_call(|| s.hand_over(repair_socket_after));
+    let (new, after) = match built {
         Ok(x) => x,
         Err(e) => {
             log!(
@@ -328,9 +331,17 @@ pub fn to_kernel(fd: c_int, why: &str) -> bool {
         &0i32,
         "TCP_REPAIR off",
     );
-    if !unsent.is_empty() {
+    if !after.unsent.is_empty() {
         // Fits: the send buffer was sized for the whole queue.
-        let _ = fill(nfd, &unsent, "unsent bytes");
+        let _ = fill(nfd, &after.unsent, "unsent bytes");
+    }
+    if let Some(fin) = &after.fin
+        && let Err(e) = inject(fin)
+    {
+        log!(
+            Level::Warn,
+            "fd {fd} tcp: handed over to the kernel, but the peer's FIN could not be given to it ({e}): reads will wait for data that never comes"
+        );
     }
     // Every number of this socket now names the kernel connection.
     let fds = tcpx::fds_of(t);
@@ -363,7 +374,75 @@ pub fn to_kernel(fd: c_int, why: &str) -> bool {
     true
 }
 
-/// `repair_socket`, plus the bytes never sent (sent after repair mode).
-fn repair_socket_with_unsent(h: &Handover) -> io::Result<(OwnedFd, Vec<u8>)> {
-    Ok((repair_socket(h)?, h.send[h.sent..].to_vec()))
+/// What the hand-over leaves to do once the kernel owns the connection.
+struct After {
+    /// Bytes never sent: sent normally after repair mode.
+    unsent: Vec<u8>,
+    /// The peer's FIN (CLOSE-WAIT), given to the kernel as a packet.
+    fin: Option<Vec<u8>>,
+}
+
+/// `repair_socket`, plus what is left to do after repair mode.
+fn repair_socket_after(h: &Handover) -> io::Result<(OwnedFd, After)> {
+    let fin = h.peer_fin.then(|| h.peer_fin_packet());
+    if fin.is_some() {
+        // The FIN needs a raw socket: fail before anything changed.
+        drop(raw_socket()?);
+    }
+    let s = repair_socket(h)?;
+    Ok((
+        s,
+        After {
+            unsent: h.send[h.sent..].to_vec(),
+            fin,
+        },
+    ))
+}
+
+fn raw_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2); owned at once.
+    let r = unsafe {
+        real::socket(
+            libc::AF_INET,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_RAW,
+        )
+    };
+    if r < 0 {
+        return Err(last_err("raw socket (for the peer's FIN)"));
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
+/// Deliver the peer's FIN (an IPv4 packet from the peer's address to
+/// ours) to the kernel: TCP_REPAIR cannot set CLOSE-WAIT, so the kernel
+/// is shown the FIN it would have received (as CRIU does). Sent to our own
+/// address, it is delivered locally, never on the wire.
+fn inject(packet: &[u8]) -> io::Result<()> {
+    let raw = raw_socket()?;
+    let dst = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        // Bytes 16..20 of the IPv4 header: the destination, network order.
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes([packet[16], packet[17], packet[18], packet[19]]),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: the packet's bytes and a sockaddr_in, with their sizes.
+    let n = unsafe {
+        real::sendto(
+            raw.as_raw_fd(),
+            packet.as_ptr().cast(),
+            packet.len(),
+            0,
+            (&raw const dst).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as socklen_t,
+        )
+    };
+    if n < 0 {
+        return Err(last_err("sending the peer's FIN to the kernel"));
+    }
+    Ok(())
 }

@@ -28,7 +28,8 @@ pub struct Handover {
     /// (`snd_una..snd_nxt`), then the ones never sent.
     pub send: Vec<u8>,
     pub sent: usize,
-    /// Next sequence number expected: `recv` (read by nobody yet) ends here.
+    /// Next sequence number expected: `recv` (read by nobody yet) ends
+    /// here. With `peer_fin`, the peer's FIN is at `rcv_nxt` (not counted).
     pub rcv_nxt: u32,
     pub recv: Vec<u8>,
     /// The peer's MSS (what it announced, before timestamp room).
@@ -46,16 +47,65 @@ pub struct Handover {
     /// Receive window advertised (bytes from `rcv_nxt`).
     pub rcv_wnd: u32,
     pub nodelay: bool,
+    /// The peer's FIN was received (CLOSE-WAIT): the new owner must learn
+    /// it too, from [`Handover::peer_fin_packet`].
+    pub peer_fin: bool,
+    /// The peer's latest TSval (for the FIN the new owner is given).
+    pub ts_recent: u32,
+}
+
+impl Handover {
+    /// The peer's FIN as an IPv4 packet from the peer to us, for a new owner
+    /// that cannot be told of it otherwise (TCP_REPAIR has no FIN): sequence
+    /// `rcv_nxt`, acknowledging `snd_una`, with the peer's last TSval.
+    pub fn peer_fin_packet(&self) -> Vec<u8> {
+        use nanowire_wire::ipv4::{HEADER_LEN, Ipv4Repr, PROTO_TCP};
+        use nanowire_wire::tcp::{Flags, TcpRepr};
+        let t = TcpRepr {
+            src_port: self.tuple.remote.port(),
+            dst_port: self.tuple.local.port(),
+            seq: self.rcv_nxt,
+            ack: self.snd_una,
+            flags: Flags(Flags::FIN | Flags::ACK),
+            window: 65535,
+            timestamp: self.tsval.map(|_| (self.ts_recent, 0)),
+            ..TcpRepr::default()
+        };
+        let mut b = vec![0u8; HEADER_LEN + 60];
+        let n = t.emit(
+            &mut b[HEADER_LEN..],
+            0,
+            *self.tuple.remote.ip(),
+            *self.tuple.local.ip(),
+        );
+        Ipv4Repr {
+            src: *self.tuple.remote.ip(),
+            dst: *self.tuple.local.ip(),
+            protocol: PROTO_TCP,
+            payload_len: n,
+            ttl: 64,
+            ident: 0,
+        }
+        .emit(&mut b);
+        b.truncate(HEADER_LEN + n);
+        b
+    }
 }
 
 impl TcpStack {
     /// What another owner needs to take connection `c` over. Only an
-    /// ESTABLISHED connection with no FIN sent or received can be handed
-    /// over (`Err(NotConnected)` otherwise). Nothing changes until
+    /// ESTABLISHED connection, or one in CLOSE-WAIT (the peer's FIN in), that
+    /// has sent no FIN can be handed over (`Err(NotConnected)` otherwise). Nothing changes until
     /// [`TcpStack::hand_over_done`].
     pub fn hand_over_state(&mut self, now: u64, c: ConnId) -> Result<Handover, Error> {
         let k = self.conn_mut(c)?;
-        if k.state != State::Established || k.fin_queued || k.rx_fin || k.ooo_fin.is_some() {
+        // ESTABLISHED, or CLOSE-WAIT (the peer's FIN in, none from us).
+        let peer_fin = match k.state {
+            State::Established if !k.rx_fin => false,
+            State::CloseWait if k.rx_fin => true,
+            _ => return Err(Error::NotConnected),
+        };
+        if k.fin_queued || k.ooo_fin.is_some() {
             return Err(Error::NotConnected);
         }
         let mut send = vec![0u8; k.tx.len()];
@@ -68,7 +118,7 @@ impl TcpStack {
             snd_una: k.tx_seq0,
             sent: (crate::seq::dist(k.snd_nxt, k.tx_seq0) as usize).min(send.len()),
             send,
-            rcv_nxt: k.rcv_nxt,
+            rcv_nxt: k.rcv_nxt.wrapping_sub(u32::from(peer_fin)),
             recv,
             mss: k.snd_mss + ts,
             wscale: k.ws_ok.then_some((k.snd_wscale, k.rcv_wscale)),
@@ -81,6 +131,8 @@ impl TcpStack {
             max_snd_wnd: k.max_snd_wnd,
             rcv_wnd: crate::seq::dist(k.rcv_adv, k.rcv_nxt),
             nodelay: k.nodelay,
+            peer_fin,
+            ts_recent: k.ts_recent,
         })
     }
 

@@ -829,13 +829,30 @@ fn hand_over_exports_the_queues_and_then_stays_silent() {
     assert_eq!(n.b.state(cb), Ok(State::Established));
 }
 
+/// After our FIN nothing is handed over; in CLOSE-WAIT (the peer's FIN
+/// in, none from us) the state says so, stops before the FIN, and the FIN
+/// packet for the new owner is the peer's: FIN|ACK at that sequence.
 #[test]
-fn only_an_established_connection_without_fin_is_handed_over() {
+fn close_wait_is_handed_over_with_the_peers_fin_and_fin_wait_is_not() {
     let mut n = Net::plain();
     let (ca, cb) = n.connect_pair();
+    n.a.send(ca, b"last words").unwrap();
     n.a.shutdown_write(ca).unwrap();
     n.advance(10 * MS);
     assert_eq!(n.a.hand_over_state(n.now, ca), Err(Error::NotConnected));
-    assert_eq!(n.b.hand_over_state(n.now, cb), Err(Error::NotConnected));
+    assert_eq!(n.b.state(cb), Ok(State::CloseWait));
+    let h = n.b.hand_over_state(n.now, cb).unwrap();
+    assert!(h.peer_fin);
+    assert_eq!(h.recv, b"last words");
+    let p = h.peer_fin_packet();
+    let ip = nanowire_wire::Ipv4Packet::new_checked(&p[..]).unwrap();
+    assert_eq!(ip.src(), *h.tuple.remote.ip());
+    assert_eq!(ip.dst(), *h.tuple.local.ip());
+    let seg = nanowire_wire::tcp::TcpSegment::new_checked(&p[20..]).unwrap();
+    let r = nanowire_wire::tcp::TcpRepr::parse(&seg).unwrap();
+    assert!(r.flags.fin() && r.flags.ack());
+    assert_eq!(r.seq, h.rcv_nxt);
+    assert_eq!(r.ack, h.snd_una);
+    assert_eq!(r.src_port, h.tuple.remote.port());
     assert_eq!(n.a.counters().handovers, 0);
 }
