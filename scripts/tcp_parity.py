@@ -96,6 +96,13 @@ def serve_one(c, case):
             time.sleep(0.05)
         assert recv_exact(c, 2) == b"ok"
         c.close()
+    elif case == "edge":
+        c.sendall(b"0123456789")
+        assert recv_exact(c, 1) == b"m"
+        c.sendall(b"abcdefghij")
+        assert recv_exact(c, 2) == b"ok"
+        out("edge: sent twice")
+        c.close()
     elif case == "rdhup":
         c.shutdown(socket.SHUT_WR)
         d = read_to_eof(c)
@@ -312,6 +319,26 @@ def client(addr, port):
     r = s.recv(3000, socket.MSG_WAITALL)
     out(f"waitall: {len(r)} bytes, {r[0:1]}{r[1000:1001]}{r[2000:2001]}")
     s.sendall(b"ok")
+    s.close()
+
+    # EPOLLET: data arriving while the fd is still readable is a new edge
+    s = conn(addr, port, "edge")
+    while len(s.recv(64, socket.MSG_PEEK)) < 10:
+        time.sleep(0.01)
+    ep = select.epoll()
+    ep.register(s.fileno(), select.EPOLLIN | select.EPOLLET)
+    ev = ep.poll(10)
+    out(f"edge: first wait {bits(ev[0][1]) if ev else 'timeout'}; read {s.recv(5)!r}")
+    ev = ep.poll(0.2)
+    out(f"edge: wait without new data {bits(ev[0][1]) if ev else 'nothing'}")
+    s.sendall(b"m")
+    ev = ep.poll(10)
+    out(f"edge: wait after more data {bits(ev[0][1]) if ev else 'timeout'}")
+    while len(s.recv(64, socket.MSG_PEEK)) < 15:
+        time.sleep(0.01)
+    out(f"edge: then {recv_exact(s, 15)!r}")
+    s.sendall(b"ok")
+    ep.close()
     s.close()
 
     # epoll: RDHUP when the peer shuts down writing, HUP once both are shut

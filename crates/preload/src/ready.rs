@@ -288,6 +288,9 @@ struct Interest {
     tcp: Option<&'static tcpx::Tcp>,
     /// Bits last reported for `tcp` (EPOLLET: report only new ones).
     last: u32,
+    /// Bytes `tcp` had received when last looked at (EPOLLET: an arrival
+    /// is an edge even if the fd was readable already).
+    last_rx: u64,
     out_done: bool,
 }
 
@@ -334,6 +337,7 @@ pub fn epoll_ctl_accel(
             acc,
             tcp: tcpx::lookup(fd),
             last: 0,
+            last_rx: 0,
             out_done: false,
         });
         table::add_flags(ep, table::F_EPOLL_ACCEL);
@@ -447,11 +451,17 @@ fn synth(ep: c_int, out: &mut [epoll_event], fds: &mut Vec<c_int>) -> usize {
                 continue;
             }
             let always = (libc::EPOLLERR | libc::EPOLLHUP) as u32;
-            let bits = tcpx::poll_bits(t, true) as u16 as u32 & (i.events | always);
+            let (b, rx) = tcpx::poll_bits_edge(t, true);
+            let bits = b as u16 as u32 & (i.events | always);
             let ev = if i.events & libc::EPOLLET as u32 != 0 {
-                let new = bits & !i.last;
+                // The kernel wakes an edge-triggered waiter on every change
+                // (a bit set, data arriving while readable) and then reports
+                // every ready bit it asked for.
+                let woke =
+                    bits & !i.last != 0 || (rx != i.last_rx && bits & libc::EPOLLIN as u32 != 0);
                 i.last = bits;
-                new
+                i.last_rx = rx;
+                if woke { bits } else { 0 }
             } else {
                 bits
             };

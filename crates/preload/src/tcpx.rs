@@ -946,30 +946,40 @@ pub fn send_iov(t: &Tcp, fd: c_int, iov: *const libc::iovec, cnt: usize, flags: 
 
 /// poll bits of the socket now (one engine turn).
 pub fn poll_bits(t: &Tcp, turn: bool) -> i16 {
+    poll_bits_edge(t, turn).0
+}
+
+/// `poll_bits`, with a count that grows whenever data arrives on a
+/// connection (0 for a listener): an EPOLLET waiter is woken by each
+/// arrival, as the kernel wakes it, even while the fd stays readable.
+pub fn poll_bits_edge(t: &Tcp, turn: bool) -> (i16, u64) {
     let Some(i) = t.get() else {
-        return libc::POLLNVAL;
+        return (libc::POLLNVAL, 0);
     };
     match &*i {
         // The kernel's accept queue is reported by the kernel's own answer
         // for the fd (poll and epoll ask it too).
         Inner::Listener(l) => {
             if engine_call(|| l.acceptable(turn)) {
-                libc::POLLIN
+                (libc::POLLIN, 0)
             } else {
-                0
+                (0, 0)
             }
         }
         Inner::Stream(s) => {
             if t.connecting.load(Ordering::Acquire) {
                 match connect_outcome(t) {
-                    None => return 0,
+                    None => return (0, 0),
                     Some(Ok(())) => {}
                     Some(Err(_)) => {
-                        return libc::POLLOUT | libc::POLLERR | libc::POLLHUP | libc::POLLIN;
+                        return (
+                            libc::POLLOUT | libc::POLLERR | libc::POLLHUP | libc::POLLIN,
+                            0,
+                        );
                     }
                 }
             }
-            let m = engine_call(|| s.poll_ready(turn));
+            let (m, rx) = engine_call(|| s.poll_ready_edge(turn));
             let mut r = 0i16;
             if m & tcp_ready::IN != 0 {
                 r |= libc::POLLIN | libc::POLLRDNORM;
@@ -986,7 +996,7 @@ pub fn poll_bits(t: &Tcp, turn: bool) -> i16 {
             if m & tcp_ready::ERR != 0 {
                 r |= libc::POLLERR;
             }
-            r
+            (r, rx)
         }
     }
 }

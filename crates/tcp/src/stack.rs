@@ -1010,6 +1010,12 @@ impl TcpStack {
     pub fn peer_addr(&self, c: ConnId) -> Result<SocketAddrV4, Error> {
         Ok(self.conn(c)?.tuple.remote)
     }
+    /// Bytes received in order so far (grows with every arrival: the edge
+    /// of an edge-triggered wait).
+    pub fn bytes_received(&self, c: ConnId) -> Result<u64, Error> {
+        Ok(self.conn(c)?.bytes_received)
+    }
+
     /// Bytes ready to read.
     pub fn recv_queue(&self, c: ConnId) -> Result<usize, Error> {
         Ok(self.conn(c)?.rx.len())

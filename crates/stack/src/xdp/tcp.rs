@@ -1212,6 +1212,19 @@ impl XdpTcpStream {
         core.stack.readiness(self.c)
     }
 
+    /// `poll_ready`, with the bytes received so far (data arriving while
+    /// the readable bit stays set is an edge for EPOLLET, as in the kernel).
+    pub fn poll_ready_edge(&self, turn: bool) -> (u8, u64) {
+        let mut core = self.eng.core();
+        if turn {
+            self.eng.turn(&mut core);
+        }
+        (
+            core.stack.readiness(self.c),
+            core.stack.bytes_received(self.c).unwrap_or(0),
+        )
+    }
+
     /// shutdown(SHUT_WR) without `&mut`.
     pub fn shut_write(&self) -> Result<(), XdpTcpError> {
         let mut core = self.eng.core();
