@@ -114,6 +114,11 @@ def nw_run(engine, argv, profile="latency"):
     return [NW, "run", "--profile", profile, "--engine", engine, "--"] + argv
 
 
+def old_shim(argv):
+    """`argv` (a `nanowire run` command) with the shim of NANOWIRE_OLD_PRELOAD."""
+    return ["env", f"NANOWIRE_PRELOAD={os.environ['NANOWIRE_OLD_PRELOAD']}"] + argv
+
+
 def scenarios(secs, size):
     """name -> (baseline label, [(label, server argv, client argv, parser)])"""
     sp, nw = sockperf_parse, nanowire_parse
@@ -149,7 +154,11 @@ def scenarios(secs, size):
             ("run spin tcp", nw_run("spin", sp_sr(["--tcp"])), nw_run("spin", sp_pp(secs, size, ["--tcp"])), sp),
             ("run xdp tcp", nw_run("xdp", sp_sr(["--tcp"])), nw_run("xdp", sp_pp(secs, size, ["--tcp"])), sp),
             ("run xdp udp", nw_run("xdp", sp_sr()), nw_run("xdp", sp_pp(secs, size)), sp),
-        ]),
+        ] + ([
+            # NANOWIRE_OLD_PRELOAD=PATH: xdp TCP with another build of the shim too (before/after).
+            ("run xdp tcp (old shim)", old_shim(nw_run("xdp", sp_sr(["--tcp"]))),
+             old_shim(nw_run("xdp", sp_pp(secs, size, ["--tcp"]))), sp),
+        ] if os.environ.get("NANOWIRE_OLD_PRELOAD") else [])),
         # Issue 11 item 4: iperf3 TCP throughput and CPU, both ends under `nanowire run` with
         # each engine (see iperf_main).
         "issue11-iperf": ("kernel", [("kernel", None, None, None), ("spin", None, None, None),
