@@ -362,25 +362,31 @@ while True:
 print(rest.decode(), end="", flush=True)
 "#;
 
-#[test]
-fn forking_server_shares_its_connection_with_the_child_as_plainly() {
-    let Some(l) = tlab('f') else { return };
+/// The Python server `srv` in host b, plainly and then under run (ports
+/// `ports`), each with the plain Python client `cli` in host a: the
+/// client's outputs (plain, run). Under run the server's listener must be
+/// on the engine and its connection handed over to the kernel at fork; the
+/// server's kernel must send no RST in either run.
+fn forking_plain_and_run(l: &ScopedLab, srv: &str, cli: &str, ports: [&str; 2]) -> [String; 2] {
     let addr = ADDR_B.to_string();
-    let mut outs = Vec::new();
-    for (run, port) in [(false, "13500"), (true, "13501")] {
-        let rsts = out_rsts(&l, Host::B);
+    let mut outs = [String::new(), String::new()];
+    for (i, (run, port)) in [(false, ports[0]), (true, ports[1])]
+        .into_iter()
+        .enumerate()
+    {
+        let rsts = out_rsts(l, Host::B);
         let mut s = spawn(
             &format!("fork-srv{port}"),
-            cmd_in(&l, Host::B, run, &["python3", "-c", FORK_PY, &addr, port]),
+            cmd_in(l, Host::B, run, &["python3", "-c", srv, &addr, port]),
         );
         s.wait_for("listening", Duration::from_secs(20));
         let mut c = spawn(
             &format!("fork-cli{port}"),
-            plain_in(&l, Host::A, &["python3", "-c", FORK_CLIENT_PY, &addr, port]),
+            plain_in(l, Host::A, &["python3", "-c", cli, &addr, port]),
         );
-        let out = c.success(T);
-        let srv = s.success(T);
-        assert!(srv.contains("parent done"), "{srv}");
+        outs[i] = c.success(T);
+        let out = s.success(T);
+        assert!(out.contains("done"), "{out}");
         if run {
             let err = s.stderr();
             assert!(
@@ -392,9 +398,15 @@ fn forking_server_shares_its_connection_with_the_child_as_plainly() {
                 "the connection was not handed over:\n{err}"
             );
         }
-        assert_eq!(out_rsts(&l, Host::B), rsts, "the server's kernel sent RST");
-        outs.push(out);
+        assert_eq!(out_rsts(l, Host::B), rsts, "the server's kernel sent RST");
     }
+    outs
+}
+
+#[test]
+fn forking_server_shares_its_connection_with_the_child_as_plainly() {
+    let Some(l) = tlab('f') else { return };
+    let outs = forking_plain_and_run(&l, FORK_PY, FORK_CLIENT_PY, ["13500", "13501"]);
     assert!(outs[0].contains("b got b'HELLO'"), "{}", outs[0]);
     assert!(outs[0].contains("parent: last words"), "{}", outs[0]);
     assert_eq!(
@@ -448,41 +460,12 @@ for n in (100000, 10):
 #[test]
 fn forking_server_after_the_client_half_closed() {
     let Some(l) = tlab('h') else { return };
-    let addr = ADDR_B.to_string();
-    let mut outs = Vec::new();
-    for (run, port) in [(false, "13510"), (true, "13511")] {
-        let rsts = out_rsts(&l, Host::B);
-        let mut s = spawn(
-            &format!("hc-srv{port}"),
-            cmd_in(
-                &l,
-                Host::B,
-                run,
-                &["python3", "-c", HALF_CLOSED_PY, &addr, port],
-            ),
-        );
-        s.wait_for("listening", Duration::from_secs(20));
-        let mut c = spawn(
-            &format!("hc-cli{port}"),
-            plain_in(
-                &l,
-                Host::A,
-                &["python3", "-c", HALF_CLOSED_CLIENT_PY, &addr, port],
-            ),
-        );
-        let out = c.success(T);
-        let srv = s.success(T);
-        assert!(srv.contains("done"), "{srv}");
-        if run {
-            let err = s.stderr();
-            assert!(
-                err.contains("moved to the kernel (TCP_REPAIR hand-over): fork()"),
-                "the connection was not handed over:\n{err}"
-            );
-        }
-        assert_eq!(out_rsts(&l, Host::B), rsts, "the server's kernel sent RST");
-        outs.push(out);
-    }
+    let outs = forking_plain_and_run(
+        &l,
+        HALF_CLOSED_PY,
+        HALF_CLOSED_CLIENT_PY,
+        ["13510", "13511"],
+    );
     assert!(
         outs[0].contains("child read 100000 bytes to EOF"),
         "{}",

@@ -199,7 +199,7 @@ pub fn inherited(fd: c_int) -> Option<&'static Accel> {
     Some(a)
 }
 
-fn sockaddr_in(sa: &SocketAddrV4) -> libc::sockaddr_in {
+pub fn sockaddr_in(sa: &SocketAddrV4) -> libc::sockaddr_in {
     libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: sa.port().to_be(),

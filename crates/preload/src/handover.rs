@@ -70,15 +70,23 @@ fn setopt<T>(fd: c_int, level: c_int, name: c_int, v: &T, what: &str) -> io::Res
     if r == 0 { Ok(()) } else { Err(last_err(what)) }
 }
 
-fn sockaddr(a: std::net::SocketAddrV4) -> libc::sockaddr_in {
-    libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: a.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*a.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
-    }
+/// bind(2) or connect(2) (`call`) of `fd` to `a`.
+fn to_addr(
+    call: unsafe fn(c_int, *const libc::sockaddr, socklen_t) -> c_int,
+    fd: c_int,
+    a: std::net::SocketAddrV4,
+    what: &str,
+) -> io::Result<()> {
+    let sa = crate::accel::sockaddr_in(&a);
+    // SAFETY: a sockaddr_in and its size, to bind or connect.
+    let r = unsafe {
+        call(
+            fd,
+            (&raw const sa).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as socklen_t,
+        )
+    };
+    if r == 0 { Ok(()) } else { Err(last_err(what)) }
 }
 
 /// Write all of `data` to the repair queue selected on `fd`.
@@ -100,6 +108,17 @@ fn fill(fd: c_int, data: &[u8], what: &str) -> io::Result<()> {
         off += n as usize;
     }
     Ok(())
+}
+
+/// Select the queue (receive or send) later repair calls act on.
+fn repair_queue(fd: c_int, q: c_int) -> io::Result<()> {
+    setopt(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_REPAIR_QUEUE,
+        &q,
+        "TCP_REPAIR_QUEUE",
+    )
 }
 
 /// A kernel socket in repair mode holding the connection `h` describes
@@ -138,13 +157,7 @@ fn repair_socket(h: &Handover) -> io::Result<OwnedFd> {
             setopt(fd, libc::SOL_SOCKET, force, &need, what)?;
         }
     }
-    setopt(
-        fd,
-        tcp,
-        libc::TCP_REPAIR_QUEUE,
-        &TCP_RECV_QUEUE,
-        "TCP_REPAIR_QUEUE",
-    )?;
+    repair_queue(fd, TCP_RECV_QUEUE)?;
     let rseq = h.rcv_nxt.wrapping_sub(h.recv.len() as u32);
     setopt(
         fd,
@@ -153,13 +166,7 @@ fn repair_socket(h: &Handover) -> io::Result<OwnedFd> {
         &rseq,
         "TCP_QUEUE_SEQ (receive)",
     )?;
-    setopt(
-        fd,
-        tcp,
-        libc::TCP_REPAIR_QUEUE,
-        &TCP_SEND_QUEUE,
-        "TCP_REPAIR_QUEUE",
-    )?;
+    repair_queue(fd, TCP_SEND_QUEUE)?;
     setopt(
         fd,
         tcp,
@@ -167,30 +174,9 @@ fn repair_socket(h: &Handover) -> io::Result<OwnedFd> {
         &h.snd_una,
         "TCP_QUEUE_SEQ (send)",
     )?;
-    let local = sockaddr(h.tuple.local);
-    // SAFETY: a sockaddr_in and its size.
-    if unsafe {
-        real::bind(
-            fd,
-            (&raw const local).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as socklen_t,
-        )
-    } != 0
-    {
-        return Err(last_err("bind"));
-    }
-    let remote = sockaddr(h.tuple.remote);
-    // SAFETY: as above; in repair mode connect only sets the state.
-    if unsafe {
-        real::connect(
-            fd,
-            (&raw const remote).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as socklen_t,
-        )
-    } != 0
-    {
-        return Err(last_err("connect (repair)"));
-    }
+    to_addr(real::bind, fd, h.tuple.local, "bind")?;
+    // In repair mode connect only sets the state (no SYN).
+    to_addr(real::connect, fd, h.tuple.remote, "connect (repair)")?;
     let mut opts = vec![RepairOpt {
         code: TCPOPT_MAXSEG,
         val: h.mss,
@@ -226,13 +212,7 @@ fn repair_socket(h: &Handover) -> io::Result<OwnedFd> {
     {
         return Err(last_err("TCP_REPAIR_OPTIONS"));
     }
-    setopt(
-        fd,
-        tcp,
-        libc::TCP_REPAIR_QUEUE,
-        &TCP_RECV_QUEUE,
-        "TCP_REPAIR_QUEUE",
-    )?;
+    repair_queue(fd, TCP_RECV_QUEUE)?;
     fill(fd, &h.recv, "the receive queue")?;
     // After the receive queue: it advanced the kernel's rcv_nxt to ours,
     // which the window must not lie beyond.
@@ -246,13 +226,7 @@ fn repair_socket(h: &Handover) -> io::Result<OwnedFd> {
     setopt(fd, tcp, libc::TCP_REPAIR_WINDOW, &w, "TCP_REPAIR_WINDOW")?;
     // Bytes in flight go in as sent (the kernel retransmits them on its
     // RTO); the ones never sent are sent normally after repair mode.
-    setopt(
-        fd,
-        tcp,
-        libc::TCP_REPAIR_QUEUE,
-        &TCP_SEND_QUEUE,
-        "TCP_REPAIR_QUEUE",
-    )?;
+    repair_queue(fd, TCP_SEND_QUEUE)?;
     fill(fd, &h.send[..h.sent], "the send queue")?;
     if let Some(ts) = h.tsval {
         setopt(fd, tcp, libc::TCP_TIMESTAMP, &ts, "TCP_TIMESTAMP")?;
