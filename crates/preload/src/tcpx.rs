@@ -230,6 +230,36 @@ fn opts() -> EngineOptions {
     o
 }
 
+/// `opts()`, with the buffer sizes the application gave the socket `fd`
+/// (SO_RCVBUF/SO_SNDBUF before listen or connect; connections a listener
+/// accepts inherit its sizes, as in the kernel). A size counts as given
+/// when the kernel socket's differs from a fresh socket's: the kernel
+/// reports twice what was asked for, and the engine's ring gets what was
+/// asked for (at least 4 KiB).
+fn opts_for(fd: c_int) -> EngineOptions {
+    let mut o = opts();
+    // SAFETY: plain socket(2); closed below.
+    let fresh = unsafe { real::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fresh < 0 {
+        return o;
+    }
+    for (name, slot) in [
+        (libc::SO_RCVBUF, &mut o.rcvbuf),
+        (libc::SO_SNDBUF, &mut o.sndbuf),
+    ] {
+        if let (Some(v), Some(d)) = (
+            get_int(fd, libc::SOL_SOCKET, name),
+            get_int(fresh, libc::SOL_SOCKET, name),
+        ) && v != d
+        {
+            *slot = Some((v.max(0) as usize / 2).max(4096));
+        }
+    }
+    // SAFETY: the socket made above, ours.
+    unsafe { real::close(fresh) };
+    o
+}
+
 fn err_no(e: XdpTcpError) -> c_int {
     match e {
         XdpTcpError::WouldBlock => libc::EAGAIN,
@@ -425,7 +455,7 @@ pub fn listen(fd: c_int, backlog: c_int) -> Option<c_int> {
     // Underneath non-blocking: the kernel's accept queue is looked at
     // without waiting; the application's mode is kept in the record.
     let _ = rustix::fs::fcntl_setfl(b, fl | rustix::fs::OFlags::NONBLOCK);
-    let o = opts();
+    let o = opts_for(fd);
     match engine_call(|| XdpTcpListener::adopt(fd, backlog.max(1) as usize, &o)) {
         Ok(l) => {
             let local = l.local_addr();
@@ -458,7 +488,7 @@ pub fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int
     };
     let e = errno();
     let nonblock = app_nonblock(fd);
-    let o = opts();
+    let o = opts_for(fd);
     let s = match engine_call(|| XdpTcpStream::connect_adopt(fd, remote, &o)) {
         Ok(s) => s,
         Err(err) => {
