@@ -375,6 +375,31 @@ def client(addr, port):
     read_to_eof(s)
     s.close()
 
+    # small SO_RCVBUF/SO_SNDBUF set before connect (under run they size the engine's rings)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+    s.connect((addr, port))
+    n = 1 << 20
+    s.sendall(b"bulk".ljust(HDR) + struct.pack("!Q", n))
+    blk = bytes(range(256)) * 256
+    h = hashlib.sha256()
+    for i in range(n // len(blk)):
+        s.sendall(blk)
+        h.update(blk)
+    ok1 = recv_exact(s, 32) == h.digest()
+    h, got = hashlib.sha256(), 0
+    while got < n:
+        b = s.recv(min(65536, n - got))
+        if not b:
+            break
+        h.update(b)
+        got += len(b)
+    ok2 = recv_exact(s, 32) == h.digest()
+    out(f"smallbuf: rcvbuf {s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)} sndbuf "
+        f"{s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)}; 1 MiB each way, digests {ok1} {ok2}")
+    s.close()
+
     # sendfile and sendmsg with several buffers
     s = conn(addr, port, "files")
     d = read_to_eof(s)
