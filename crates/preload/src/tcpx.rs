@@ -607,9 +607,10 @@ pub fn accept(
     let e0 = errno();
     // An accept does not spin (a thread waiting for connections would
     // take the CPU from the threads serving them): it sleeps in the kernel
-    // on the listening socket and, while no connection of this listener
-    // is open, on the engine's fds; with connections open, their threads
-    // turn the engine and the accept looks every millisecond.
+    // on the listening socket, the engine's accept eventfd (signalled by
+    // whichever thread turns the engine when a connection is queued) and,
+    // while no connection of this listener is open (nobody else turns the
+    // engine), on the engine's fds.
     let tmo = t.rcvtimeo_ns.load(Ordering::Relaxed);
     let start = now_ns();
     let s0 = crate::signals::seq();
@@ -636,11 +637,21 @@ pub fn accept(
             break Err(libc::EAGAIN);
         }
         let busy = engine_call(|| l.busy());
-        let mut pf = vec![libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        }];
+        let afd = l.accept_fd();
+        let mut pf = vec![
+            libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            // Signalled by whichever thread turns the engine when a
+            // connection reaches the accept queue.
+            libc::pollfd {
+                fd: afd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
         if !busy {
             pf.extend(
                 t.wait_fds
@@ -653,7 +664,9 @@ pub fn accept(
                     }),
             );
         }
-        let mut slice: u64 = if busy { 1_000_000 } else { 50_000_000 };
+        // With connections open, their threads turn the engine and signal the
+        // accept fd; the slice is only a safety net then.
+        let mut slice: u64 = 50_000_000;
         if tmo != 0 {
             slice = slice.min(tmo - spent);
         }
@@ -664,6 +677,9 @@ pub fn accept(
         // SAFETY: our own array, a bounded timeout.
         unsafe { real::ppoll(pf.as_mut_ptr(), pf.len() as _, &ts, std::ptr::null()) };
         look_kernel = pf[0].revents != 0;
+        if pf[1].revents != 0 {
+            engine_call(|| l.accept_drain());
+        }
     };
     match got {
         Err(e) | Ok(Got::Err(e)) => {

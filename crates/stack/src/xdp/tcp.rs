@@ -141,6 +141,9 @@ struct Core {
     stack: TcpStack,
     id: EndpointId,
     wake_fd: RawFd,
+    /// Signalled when a listener's accept queue became non-empty (whoever
+    /// turned the engine): a blocking accept sleeps on it.
+    accept_fd: OwnedFd,
     epoch: Instant,
     /// Local addresses bound in the demux and claimed in the program.
     listen_claims: Vec<SocketAddrV4>,
@@ -204,6 +207,7 @@ impl TcpEngine {
                 stack: TcpStack::new(cfg, secret),
                 id,
                 wake_fd,
+                accept_fd: eventfd()?,
                 epoch: Instant::now(),
                 listen_claims: Vec::new(),
                 flow_claims: Vec::new(),
@@ -345,6 +349,16 @@ impl TcpEngine {
         core.last_turn = now;
         core.stack.poll_timers(now);
         moved += self.transmit(core, now);
+        // The stack's readiness events: a listener's accept queue that became
+        // non-empty wakes a blocking accept; the rest only need draining (the
+        // shim asks for readiness itself).
+        let mut accept = false;
+        while let Some(ev) = core.stack.poll_ready() {
+            accept |= matches!(ev, nanowire_tcp::Readiness::Listener(_));
+        }
+        if accept {
+            nanowire_xdp::sys::eventfd_signal(core.accept_fd.as_raw_fd());
+        }
         moved > 0
     }
 
@@ -1002,6 +1016,17 @@ impl XdpTcpListener {
     /// listener's wake-up eventfd.
     pub fn poll_fds(&self) -> Vec<RawFd> {
         self.eng.poll_fds()
+    }
+
+    /// Readable when a connection may wait in the accept queue (signalled by
+    /// whichever thread turned the engine); drain with
+    /// [`XdpTcpListener::accept_drain`].
+    pub fn accept_fd(&self) -> RawFd {
+        self.eng.core().accept_fd.as_raw_fd()
+    }
+
+    pub fn accept_drain(&self) {
+        eventfd_drain(self.accept_fd());
     }
 
     /// Sleep until a frame may be there or a timer is due (at most `timeout`).
