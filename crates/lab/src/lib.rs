@@ -6,5 +6,6 @@
 pub mod cli;
 pub mod report;
 pub mod testbed;
+pub mod tmp;
 
 pub use testbed::{Host, Lab, LabOptions, LabStatus};

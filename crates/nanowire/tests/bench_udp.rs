@@ -112,8 +112,7 @@ fn udp_client_against_sockperf_sr() {
     assert!(v["rate_msg_s"].as_f64().unwrap() > 0.0);
 
     // Human output reads like sockperf's, and --full-log has one row per sample.
-    let dir = std::env::temp_dir().join(format!("tb_fulllog_{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&dir);
+    let dir = nanowire_lab::tmp::private_dir("tb_fulllog").unwrap();
     let log = dir.join("pp.csv");
     let out = success(&run(
         &lab,

@@ -19,8 +19,7 @@ fn captures_udp_with_nanosecond_timestamps() {
         ..Default::default()
     })
     .unwrap();
-    let dir = std::env::temp_dir().join(format!("nwcap{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = private_dir("nwcap");
     let file = dir.join("c.pcapng");
     let iface = lab.iface(Host::B);
     let cap = lab
@@ -284,11 +283,7 @@ fn udp_payload(frame: &[u8]) -> Option<(u16, u16, Vec<u8>)> {
 
 /// A fresh directory only we can use (never a predictable file in /tmp).
 fn private_dir(tag: &str) -> std::path::PathBuf {
-    use std::os::unix::fs::DirBuilderExt;
-    let d = std::env::temp_dir().join(format!("{tag}{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::DirBuilder::new().mode(0o700).create(&d).unwrap();
-    d
+    nanowire_lab::tmp::private_dir(tag).unwrap()
 }
 
 fn tshark_lines(file: &std::path::Path, filter: &str) -> usize {

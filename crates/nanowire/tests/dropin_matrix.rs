@@ -48,10 +48,11 @@ fn script(name: &str) -> String {
     tests_dir().join(name).to_string_lossy().into_owned()
 }
 
+/// This test process's private scratch directory (fresh, mode 0700).
 fn scratch_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("nanowire-dropin-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| nanowire_lab::tmp::private_dir("nanowire-dropin").unwrap())
+        .clone()
 }
 
 /// The C semantics program, compiled once per test binary.

@@ -58,10 +58,7 @@ fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> (i32, String, Strin
 }
 
 fn tmpdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("nw-report-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    nanowire_lab::tmp::private_dir(&format!("nw-report-{tag}")).unwrap()
 }
 
 const EXPERIMENTS: [&str; 10] = [

@@ -10,7 +10,7 @@ use std::time::Duration;
 const T: Duration = Duration::from_secs(60);
 
 fn feed_file(name: &str, proto: char, port: u16) -> String {
-    let p = std::env::temp_dir().join(format!("nanowire-ts-{}-{name}.feed", std::process::id()));
+    let p = scratch(&format!("{name}.feed"));
     std::fs::write(&p, format!("{proto}:{ADDR_B}:{port}\n")).unwrap();
     p.to_string_lossy().into_owned()
 }

@@ -102,20 +102,7 @@ fn split(a: &Path, b: &Path, port: u16) -> Result<([f64; 3], usize), String> {
 
 /// A private directory for the capture files (created, never reused).
 fn private_dir() -> Result<PathBuf, String> {
-    use std::os::unix::fs::DirBuilderExt;
-    let d = std::env::temp_dir().join(format!(
-        "nanowire-report-capture-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    ));
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&d)
-        .map_err(|e| format!("{}: {e}", d.display()))?;
-    Ok(d)
+    crate::tmp::private_dir("nanowire-report-capture").map_err(|e| e.to_string())
 }
 
 impl ExperimentKind for Capture {

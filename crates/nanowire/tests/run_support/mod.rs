@@ -67,10 +67,12 @@ pub struct Kid {
     pub err: PathBuf,
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("nanowire-ts-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+/// A path for `name` in this test process's private scratch directory
+/// (fresh, mode 0700, checked to be ours: never a predictable /tmp path).
+pub fn scratch(name: &str) -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| nanowire_lab::tmp::private_dir("nanowire-ts").unwrap())
+        .join(name)
 }
 
 pub fn spawn(name: &str, mut cmd: Command) -> Kid {
