@@ -168,7 +168,12 @@ impl Assembler {
     /// offset 0). Returns how many bytes in total are now contiguous from the
     /// old offset 0 (≥ n), and rebases the remaining ranges.
     pub fn advance(&mut self, n: u32) -> u32 {
-        if n == 0 && (self.n == 0 || self.ranges[0].0 > 0) {
+        if self.n == 0 {
+            // In-order data with no holes (the common case): nothing to merge.
+            self.recent = 0;
+            return n;
+        }
+        if n == 0 && self.ranges[0].0 > 0 {
             return 0;
         }
         let ok = self.add(0, n);

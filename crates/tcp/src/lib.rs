@@ -40,10 +40,20 @@ pub const NS_PER_MS: u64 = 1_000_000;
 pub const NS_PER_S: u64 = 1_000_000_000;
 
 /// A connection's identity, from the stack's point of view.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FourTuple {
     pub local: SocketAddrV4,
     pub remote: SocketAddrV4,
+}
+
+impl std::hash::Hash for FourTuple {
+    /// Two words (addresses, ports): one mix each in the demux's hasher.
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        h.write_u64(
+            (u64::from(self.local.ip().to_bits()) << 32) | u64::from(self.remote.ip().to_bits()),
+        );
+        h.write_u32((u32::from(self.local.port()) << 16) | u32::from(self.remote.port()));
+    }
 }
 
 /// Parameters of the stack. The engine fills these from its options table;

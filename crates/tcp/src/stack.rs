@@ -9,7 +9,7 @@
 
 use crate::conn::{Conn, State};
 use crate::fault::{FaultConfig, FaultInjector, FaultStats};
-use crate::isn::{COOKIE_MSS, Secret, cookie_mss_index};
+use crate::isn::{COOKIE_MSS, DemuxHash, Secret, cookie_mss_index};
 use crate::seq;
 use crate::{Config, Counters, Error, FourTuple, SocketOptions, TcpInfo};
 use nanowire_wire::tcp::{Flags, TcpRepr, TcpSegment};
@@ -86,9 +86,9 @@ pub struct TcpStack {
     secret: Secret,
     slots: Vec<Slot>,
     free: Vec<u32>,
-    demux: HashMap<FourTuple, u32>,
+    demux: HashMap<FourTuple, u32, DemuxHash>,
     listeners: Vec<Option<Listener>>,
-    listen_map: HashMap<SocketAddrV4, u32>,
+    listen_map: HashMap<SocketAddrV4, u32, DemuxHash>,
     ready: VecDeque<u32>,
     timers: BinaryHeap<Reverse<(u64, u32)>>,
     ctrl: VecDeque<Ctrl>,
@@ -110,9 +110,9 @@ impl TcpStack {
         TcpStack {
             slots: Vec::with_capacity(n),
             free: Vec::with_capacity(n),
-            demux: HashMap::with_capacity(n),
+            demux: HashMap::with_capacity_and_hasher(n, secret.demux_hash()),
             listeners: Vec::new(),
-            listen_map: HashMap::new(),
+            listen_map: HashMap::with_hasher(secret.demux_hash()),
             ready: VecDeque::with_capacity(n),
             timers: BinaryHeap::with_capacity(4 * n),
             ctrl: VecDeque::with_capacity(CTRL_QUEUE),
@@ -365,17 +365,21 @@ impl TcpStack {
             remote: SocketAddrV4::new(src, r.src_port),
         };
         if let Some(&idx) = self.demux.get(&tuple) {
-            let has_listener = self.find_listener(&tuple.local).is_some();
             let c = self.slots[idx as usize]
                 .conn
-                .as_mut()
+                .as_ref()
                 .expect("demux points at a live slot");
+            // The listener lookup only for a SYN to a TIME-WAIT connection.
             let reuse = c.state == State::TimeWait
                 && r.flags.syn()
                 && !r.flags.ack()
                 && !r.flags.rst()
                 && seq::gt(r.seq, c.rcv_nxt)
-                && has_listener;
+                && self.find_listener(&tuple.local).is_some();
+            let c = self.slots[idx as usize]
+                .conn
+                .as_mut()
+                .expect("demux points at a live slot");
             if !reuse {
                 // Linux drops the handshake's final ACK when the accept queue is full.
                 if c.state == State::SynReceived

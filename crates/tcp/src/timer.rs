@@ -23,16 +23,18 @@ impl Conn {
 
     /// Earliest instant at which `on_timer` has something to do.
     pub(crate) fn next_deadline(&self) -> Option<u64> {
-        [
+        // Called on every settle: a plain min of the set deadlines (u64::MAX
+        // is never a real one), not an iterator chain.
+        let m = [
             self.rtx_deadline,
             self.delack_deadline,
             self.persist_deadline,
             self.state_deadline,
             self.keepalive_deadline(),
         ]
-        .into_iter()
-        .flatten()
-        .min()
+        .iter()
+        .fold(u64::MAX, |m, d| m.min(d.unwrap_or(u64::MAX)));
+        (m != u64::MAX).then_some(m)
     }
 
     pub(crate) fn on_timer(&mut self, now: u64, cfg: &Config, ctr: &mut Counters) {
