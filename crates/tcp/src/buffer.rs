@@ -35,7 +35,11 @@ impl Ring {
     /// (may reach into the free area). `off + n` must be ≤ capacity.
     fn span(&self, off: usize, n: usize) -> (usize, usize, usize) {
         let cap = self.buf.len();
-        let start = (self.head + off) % cap.max(1);
+        // head < cap and off ≤ cap: one conditional subtract, no division.
+        let mut start = self.head + off;
+        if start >= cap {
+            start -= cap;
+        }
         let first = n.min(cap - start);
         (start, first, n - first)
     }
@@ -87,10 +91,21 @@ impl Ring {
         if self.buf.is_empty() {
             return;
         }
-        self.head = (self.head + n) % self.buf.len();
+        self.head += n;
+        if self.head >= self.buf.len() {
+            self.head -= self.buf.len();
+        }
         // The head is not reset when empty: out-of-order bytes may already
-        // sit past the end.
+        // sit past the end (see `rewind`).
         self.len -= n;
+    }
+
+    /// Empty and nothing written past the end (the owner knows): start
+    /// again at the front, so a ping-pong stream keeps using the same few
+    /// cache lines instead of walking the whole ring cold.
+    pub fn rewind(&mut self) {
+        debug_assert_eq!(self.len, 0);
+        self.head = 0;
     }
 
     /// Read and consume.
@@ -213,6 +228,21 @@ mod tests {
         assert_eq!(&o[..7], b"fghijkl");
         assert_eq!(r.read(&mut o), 8);
         assert_eq!(&o, b"efghijkl");
+    }
+
+    #[test]
+    fn an_emptied_ring_rewinds_to_the_front() {
+        let mut r = Ring::new(8);
+        r.push(b"abcde");
+        let mut o = [0u8; 5];
+        assert_eq!(r.read(&mut o), 5);
+        r.rewind();
+        // Wraps no more: the next 8 bytes fit in one piece from the front.
+        assert_eq!(r.push(b"ABCDEFGH"), 8);
+        assert_eq!(r.span(0, 8), (0, 8, 0));
+        let mut o = [0u8; 8];
+        assert_eq!(r.read(&mut o), 8);
+        assert_eq!(&o, b"ABCDEFGH");
     }
 
     #[test]

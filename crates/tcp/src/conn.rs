@@ -485,6 +485,9 @@ impl Conn {
     pub fn recv(&mut self, out: &mut [u8]) -> Result<usize, Error> {
         let n = self.rx.read(out);
         if n > 0 {
+            if self.rx.is_empty() && self.asm.is_empty() {
+                self.rx.rewind();
+            }
             self.maybe_window_update();
             return Ok(n);
         }

@@ -266,6 +266,11 @@ impl Conn {
             let data_acked = (seq::dist(ack, self.tx_seq0) as usize).min(self.tx.len());
             let fin_was_queued_at = self.fin_seq();
             self.tx.consume(data_acked);
+            if self.tx.is_empty() {
+                // Everything sent was acknowledged (nothing is ever written
+                // past the end of the send ring).
+                self.tx.rewind();
+            }
             self.tx_seq0 = self.tx_seq0.wrapping_add(data_acked as u32);
             let fin_acked = self.fin_queued && seq::gt(ack, fin_was_queued_at);
             self.snd_una = ack;
