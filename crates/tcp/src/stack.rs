@@ -102,6 +102,8 @@ pub struct TcpStack {
     fault_rx: Option<FaultInjector>,
     fault_tx: Option<FaultInjector>,
     fault_buf: Vec<u8>,
+    /// Queue `Readiness::Conn` events (see `set_conn_events`).
+    conn_events: bool,
 }
 
 impl TcpStack {
@@ -124,6 +126,7 @@ impl TcpStack {
             fault_rx: None,
             fault_tx: None,
             fault_buf: Vec::new(),
+            conn_events: true,
             cfg,
             secret,
         }
@@ -268,7 +271,8 @@ impl TcpStack {
             .conn
             .as_mut()
             .expect("checked above");
-        if !c.orphan
+        if self.conn_events
+            && !c.orphan
             && !c.in_accept_queue
             && c.listener.is_none()
             && !c.ev_queued
@@ -948,6 +952,14 @@ impl TcpStack {
 
     /// The next connection or listener whose readiness changed since it was
     /// last reported (edge-style; the bits are current at the time of the call).
+    /// Whether `poll_ready` reports connections' readiness changes (on by
+    /// default). An owner that asks `readiness` itself turns them off and
+    /// saves a readiness computation and a queue round trip per segment;
+    /// listener events stay.
+    pub fn set_conn_events(&mut self, on: bool) {
+        self.conn_events = on;
+    }
+
     pub fn poll_ready(&mut self) -> Option<Readiness> {
         while let Some(ev) = self.events.pop_front() {
             match ev {

@@ -200,11 +200,15 @@ impl TcpEngine {
             })?;
         bump(engine.page.e(E::Sockets), 1);
         let secret = Secret::from_os()?;
+        let mut stack = TcpStack::new(cfg, secret);
+        // Readiness is asked per connection (`poll_ready`/`poll_ready_edge`):
+        // only the listeners' events are used.
+        stack.set_conn_events(false);
         let eng = Arc::new(TcpEngine {
             engine,
             wait,
             core: Mutex::new(Core {
-                stack: TcpStack::new(cfg, secret),
+                stack,
                 id,
                 wake_fd,
                 accept_fd: eventfd()?,
@@ -349,9 +353,8 @@ impl TcpEngine {
         core.last_turn = now;
         core.stack.poll_timers(now);
         moved += self.transmit(core, now);
-        // The stack's readiness events: a listener's accept queue that became
-        // non-empty wakes a blocking accept; the rest only need draining (the
-        // shim asks for readiness itself).
+        // The stack's readiness events (listeners only, see `set_conn_events`):
+        // an accept queue that became non-empty wakes a blocking accept.
         let mut accept = false;
         while let Some(ev) = core.stack.poll_ready() {
             accept |= matches!(ev, nanowire_tcp::Readiness::Listener(_));
@@ -798,6 +801,21 @@ impl XdpTcpStream {
     /// Write all of `data`, waiting while the send buffer is full.
     pub fn write_all(&mut self, mut data: &[u8]) -> io::Result<()> {
         let c = self.c;
+        if !data.is_empty() {
+            // Latency first: what fits leaves before any receive work (a
+            // turn processes whatever ACKs and data wait in the ring; they
+            // can wait until after the send).
+            let mut core = self.eng.core();
+            match core.stack.send(c, data) {
+                Ok(n) => {
+                    data = &data[n..];
+                    let now = core.epoch.elapsed().as_nanos() as u64;
+                    self.eng.transmit(&mut core, now);
+                }
+                Err(TcpError::WouldBlock) => {}
+                Err(e) => return Err(tcp_err(e)),
+            }
+        }
         while !data.is_empty() {
             let n = self
                 .eng
