@@ -12,11 +12,14 @@
 //! * at `bind` and at `IP_ADD_MEMBERSHIP`: when another socket already
 //!   shares the port, the socket is not put on (or is taken off) the engine;
 //! * afterwards: a watcher thread (started with the first accelerated
-//!   socket) reads `/proc/net/udp` and `/proc/net/udp6` every
-//!   [`PERIOD_MS`] ms and takes a socket off the engine as soon as another
-//!   socket shares its port. Datagrams the engine had queued are delivered
+//!   socket) looks every [`PERIOD_MS`] ms at the namespace's count of
+//!   bound UDP sockets (/proc/net/sockstat{,6}) and, when it moved (or
+//!   every [`FULL_EVERY`] periods), lists the bound sockets (sock_diag
+//!   netlink; /proc/net/udp{,6} if refused) and takes a socket off the
+//!   engine as soon as another socket shares its port. Datagrams the engine had queued are delivered
 //!   first; what arrives between the other socket's bind and the next scan
-//!   still goes to the accelerated socket (a window of at most one period).
+//!   still goes to the accelerated socket (a window of at most one period;
+//!   [`FULL_EVERY`] periods if a socket closed and another bound in the same one).
 //!
 //! "Shares" means: same port, and the addresses overlap — equal, either
 //! one the wildcard (a loopback-bound socket never competes with a socket
@@ -58,13 +61,7 @@ fn hex_v6_as_v4(h: &str) -> Option<Ipv4Addr> {
         .map(|i| u32::from_str_radix(&h[i * 8..i * 8 + 8], 16).ok())
         .collect::<Option<_>>()?;
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
-    if bytes.iter().all(|&b| b == 0) {
-        return Some(Ipv4Addr::UNSPECIFIED); // "::" (dual-stack wildcard)
-    }
-    if bytes[..10].iter().all(|&b| b == 0) && bytes[10] == 0xff && bytes[11] == 0xff {
-        return Some(Ipv4Addr::new(bytes[12], bytes[13], bytes[14], bytes[15]));
-    }
-    None // a real IPv6 address: no IPv4 traffic
+    v6_as_v4(&bytes)
 }
 
 fn read_table(path: &str, v6: bool, out: &mut Vec<Bound>) {
@@ -89,13 +86,107 @@ fn read_table(path: &str, v6: bool, out: &mut Vec<Bound>) {
     }
 }
 
+/// The namespace's bound UDP sockets: a sock_diag netlink dump per family
+/// (the kernel skips empty hash slots), or `/proc/net/udp{,6}` when netlink
+/// is refused. The /proc files cost ~1 ms of system time each per read
+/// here (16384 slots, the walk restarted for every 4 KiB chunk): every
+/// 20 ms that was a tenth of a pinned application's CPU (docs/perf-runtimes.md).
 fn bound_sockets() -> Vec<Bound> {
     let mut v = Vec::new();
     sys::engine_call(|| {
-        read_table("/proc/net/udp", false, &mut v);
-        read_table("/proc/net/udp6", true, &mut v);
+        if diag_table(libc::AF_INET as u8, &mut v).is_err()
+            || diag_table(libc::AF_INET6 as u8, &mut v).is_err()
+        {
+            v.clear();
+            read_table("/proc/net/udp", false, &mut v);
+            read_table("/proc/net/udp6", true, &mut v);
+        }
     });
     v
+}
+
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+/// nlmsghdr (16) + inet_diag_req_v2 (8 + a 48-byte inet_diag_sockid).
+const REQ_LEN: usize = 72;
+/// nlmsghdr (16) + inet_diag_msg up to idiag_inode (4 + 48 + 5 × 4).
+const MSG_MIN: usize = 16 + 72;
+
+/// Append the UDP sockets of one family (raw syscalls: rustix, not libc).
+fn diag_table(family: u8, out: &mut Vec<Bound>) -> rustix::io::Result<()> {
+    use rustix::net::{SendFlags, SocketType, netlink};
+    let fd = rustix::net::socket_with(
+        rustix::net::AddressFamily::NETLINK,
+        SocketType::DGRAM,
+        rustix::net::SocketFlags::CLOEXEC,
+        Some(netlink::SOCK_DIAG),
+    )?;
+    let mut req = [0u8; REQ_LEN];
+    req[0..4].copy_from_slice(&(REQ_LEN as u32).to_ne_bytes());
+    req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    let flags = (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16;
+    req[6..8].copy_from_slice(&flags.to_ne_bytes());
+    req[8..12].copy_from_slice(&1u32.to_ne_bytes());
+    req[16] = family;
+    req[17] = libc::IPPROTO_UDP as u8;
+    req[20..24].copy_from_slice(&u32::MAX.to_ne_bytes()); // every state
+    rustix::net::sendto(
+        &fd,
+        &req,
+        SendFlags::empty(),
+        &netlink::SocketAddrNetlink::new(0, 0),
+    )?;
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        let n = rustix::net::recv(&fd, &mut buf[..], rustix::net::RecvFlags::empty())?.0;
+        if n == 0 {
+            return Err(rustix::io::Errno::IO);
+        }
+        let mut off = 0;
+        while off + 16 <= n {
+            let m = &buf[off..n];
+            let len = u32::from_ne_bytes([m[0], m[1], m[2], m[3]]) as usize;
+            let ty = u16::from_ne_bytes([m[4], m[5]]);
+            if len < 16 || len > m.len() {
+                return Err(rustix::io::Errno::IO);
+            }
+            match ty {
+                NLMSG_DONE => return Ok(()),
+                NLMSG_ERROR => return Err(rustix::io::Errno::IO),
+                SOCK_DIAG_BY_FAMILY if len >= MSG_MIN => {
+                    let port = u16::from_be_bytes([m[20], m[21]]);
+                    let addr = if family == libc::AF_INET as u8 {
+                        Some(Ipv4Addr::new(m[24], m[25], m[26], m[27]))
+                    } else {
+                        v6_as_v4(&m[24..40])
+                    };
+                    let inode = u32::from_ne_bytes([m[84], m[85], m[86], m[87]]);
+                    if let Some(addr) = addr {
+                        out.push(Bound {
+                            addr,
+                            port,
+                            inode: u64::from(inode),
+                        });
+                    }
+                }
+                _ => {}
+            }
+            off += (len + 3) & !3;
+        }
+    }
+}
+
+/// An IPv6 socket address as the IPv4 traffic it can receive: `::` (the
+/// dual-stack wildcard) or `::ffff:a.b.c.d`; None for a real IPv6 address.
+fn v6_as_v4(b: &[u8]) -> Option<Ipv4Addr> {
+    if b.iter().all(|&x| x == 0) {
+        return Some(Ipv4Addr::UNSPECIFIED);
+    }
+    if b[..10].iter().all(|&x| x == 0) && b[10] == 0xff && b[11] == 0xff {
+        return Some(Ipv4Addr::new(b[12], b[13], b[14], b[15]));
+    }
+    None
 }
 
 fn overlaps(ours: Ipv4Addr, other: Ipv4Addr) -> bool {
@@ -172,14 +263,51 @@ pub fn init() {
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
 }
 
+/// A full scan at least this often even when the bound-socket counts did
+/// not move (one socket closed and another bound in the same period).
+const FULL_EVERY: u32 = 50;
+
+/// The namespace's count of bound UDP and UDP6 sockets ("inuse" of
+/// /proc/net/sockstat{,6}: per-CPU counters summed, no table walk).
+fn udp_inuse() -> Option<(u64, u64)> {
+    fn inuse(path: &str, key: &str) -> Option<u64> {
+        let s = std::fs::read_to_string(path).ok()?;
+        let line = s.lines().find(|l| l.starts_with(key))?;
+        let mut it = line.split_whitespace();
+        while let Some(w) = it.next() {
+            if w == "inuse" {
+                return it.next()?.parse().ok();
+            }
+        }
+        None
+    }
+    Some((
+        inuse("/proc/net/sockstat", "UDP:")?,
+        inuse("/proc/net/sockstat6", "UDP6:").unwrap_or(0),
+    ))
+}
+
 fn watcher(pid: u32) {
     // Everything this thread does is the shim's own business.
     sys::engine_call(|| {
+        // A scan walks the kernel's whole UDP hash table (~1 ms of memory
+        // traffic per family here, whatever the number of sockets): only
+        // when the namespace's bound-socket counts moved, or every
+        // FULL_EVERY periods.
+        let mut last = None;
+        let mut since_full = 0u32;
         loop {
             std::thread::sleep(std::time::Duration::from_millis(PERIOD_MS));
             if std::process::id() != pid {
                 return;
             }
+            let now = udp_inuse();
+            since_full += 1;
+            if now.is_some() && now == last && since_full < FULL_EVERY {
+                continue;
+            }
+            last = now;
+            since_full = 0;
             let ours = accel::live_sockets();
             if ours.is_empty() {
                 continue;
