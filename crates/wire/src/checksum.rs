@@ -78,14 +78,7 @@ mod tests {
     fn eight_bytes_at_a_time_equals_the_definition() {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         for len in (0..200).chain([1500, 9000, 65535, 200_000]) {
-            let data: Vec<u8> = (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
+            let data = crate::xorshift_bytes(&mut x, len);
             assert_eq!(fold(accumulate(0, &data)), reference(&data), "len {len}");
             let ones = vec![0xffu8; len];
             assert_eq!(

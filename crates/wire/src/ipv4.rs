@@ -284,14 +284,7 @@ mod tests {
         let mut x: u64 = 0x9e3779b97f4a7c15;
         for len in 0..80 {
             for _ in 0..200 {
-                let buf: Vec<u8> = (0..len)
-                    .map(|_| {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        x as u8
-                    })
-                    .collect();
+                let buf = crate::xorshift_bytes(&mut x, len);
                 if let Ok(p) = Ipv4Packet::new_checked(&buf[..]) {
                     let _ = (
                         p.src(),

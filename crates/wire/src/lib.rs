@@ -72,3 +72,17 @@ impl std::fmt::Display for Malformed {
 impl std::error::Error for Malformed {}
 
 pub type Result<T> = core::result::Result<T, Malformed>;
+
+/// Deterministic pseudo-random test bytes (xorshift64), shared by the
+/// views' sweep tests.
+#[cfg(test)]
+pub(crate) fn xorshift_bytes(state: &mut u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|_| {
+            *state ^= *state << 13;
+            *state ^= *state >> 7;
+            *state ^= *state << 17;
+            *state as u8
+        })
+        .collect()
+}
