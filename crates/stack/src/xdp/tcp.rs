@@ -159,6 +159,9 @@ struct Core {
     /// When a turn last ran (ns since `epoch`): the timer service turns
     /// only engines nobody else turned.
     last_turn: u64,
+    /// `last_turn` of the timer service's own last turn (a later
+    /// `last_turn` is the application's).
+    service_turn: u64,
     /// Stack counters already added to the engine's stats page, and turns
     /// since the last publication.
     published: nanowire_tcp::Counters,
@@ -222,6 +225,7 @@ impl TcpEngine {
                 ip_id: 1,
                 unresolved: 0,
                 last_turn: 0,
+                service_turn: 0,
                 published: Default::default(),
                 turns: 0,
             }),
@@ -319,6 +323,17 @@ impl TcpEngine {
 
     /// One pass: receive, timers, transmit. True if anything moved.
     fn turn(&self, core: &mut Core) -> bool {
+        self.turn_with(core, false)
+    }
+
+    /// The timer service's turn: the timers run whatever the turn count.
+    fn service_turn(&self, core: &mut Core) -> bool {
+        let moved = self.turn_with(core, true);
+        core.service_turn = core.last_turn;
+        moved
+    }
+
+    fn turn_with(&self, core: &mut Core, timers: bool) -> bool {
         // The clock is read only when a segment came, and on every
         // IDLE_CLOCK_EVERY-th idle turn for the timers (ms-scale): a
         // spinning reader turns millions of times a second.
@@ -345,7 +360,7 @@ impl TcpEngine {
         }
         let now = match now {
             Some(t) => t,
-            None if core.turns.is_multiple_of(IDLE_CLOCK_EVERY) => {
+            None if timers || core.turns.is_multiple_of(IDLE_CLOCK_EVERY) => {
                 core.epoch.elapsed().as_nanos() as u64
             }
             None => return false,
@@ -1360,6 +1375,8 @@ fn service() -> MutexGuard<'static, Service> {
 
 /// Longest sleep of the service with nothing due (it then looks again).
 const SERVICE_IDLE_MS: i32 = 1000;
+/// An application whose last turn is this recent is turning (spinning).
+const SERVICE_ACTIVE_NS: u64 = 1_000_000;
 /// With connections open, the service turns an engine nobody turned for
 /// this long (segments that arrived while the program computes).
 const SERVICE_RX_NS: u64 = 20_000_000;
@@ -1435,25 +1452,35 @@ fn service_loop(wake: RawFd) {
         let mut sleep_ns = SERVICE_IDLE_MS as u64 * 1_000_000;
         for e in &engines {
             let Ok(mut c) = e.core.try_lock() else {
-                // Someone is turning it right now.
-                sleep_ns = sleep_ns.min(1_000_000);
+                // The application is turning it right now, and so runs the
+                // timers itself (see `active` below).
+                sleep_ns = sleep_ns.min(SERVICE_RX_NS);
                 continue;
             };
             let now = c.epoch.elapsed().as_nanos() as u64;
+            // An application that turned within SERVICE_ACTIVE_NS (a
+            // spinner reads the clock and runs the timers every few µs)
+            // serves the deadlines itself: waking for each of them would
+            // only preempt it on its own CPU (a pinned program's threads all
+            // share it), ~190 times a second in a TCP ping-pong, in its tail.
+            // Should it stop calling in, what is due waits at most
+            // SERVICE_RX_NS, as its segments in the ring do.
+            let active =
+                c.last_turn > c.service_turn && now.saturating_sub(c.last_turn) < SERVICE_ACTIVE_NS;
             if c.stack.connection_count() > 0 {
                 // Segments may wait in the rings while the program computes:
                 // look at least every SERVICE_RX_NS when nobody did.
                 if now.saturating_sub(c.last_turn) >= SERVICE_RX_NS {
-                    e.turn(&mut c);
+                    e.service_turn(&mut c);
                 }
                 sleep_ns = sleep_ns.min(SERVICE_RX_NS);
             }
             if let Some(d) = c.stack.next_deadline() {
                 if d <= now && c.last_turn < d {
-                    e.turn(&mut c);
+                    e.service_turn(&mut c);
                 }
                 let now = c.epoch.elapsed().as_nanos() as u64;
-                if let Some(d) = c.stack.next_deadline() {
+                if !active && let Some(d) = c.stack.next_deadline() {
                     // A deadline already passed that an application turn
                     // did not serve: look again in 1 ms at the latest.
                     sleep_ns = sleep_ns.min(d.saturating_sub(now).max(1_000_000));
@@ -1519,7 +1546,7 @@ pub fn tcp_drain(limit: Duration) {
         let mut busy = false;
         for e in &engines {
             let mut c = e.core();
-            e.turn(&mut c);
+            e.service_turn(&mut c);
             if c.stack.active_connection_count() > 0 {
                 busy = true;
             }
