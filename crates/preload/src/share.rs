@@ -16,10 +16,11 @@
 //!   bound UDP sockets (/proc/net/sockstat{,6}) and, when it moved (or
 //!   every [`FULL_EVERY`] periods), lists the bound sockets (sock_diag
 //!   netlink; /proc/net/udp{,6} if refused) and takes a socket off the
-//!   engine as soon as another socket shares its port. Datagrams the engine had queued are delivered
-//!   first; what arrives between the other socket's bind and the next scan
-//!   still goes to the accelerated socket (a window of at most one period;
-//!   [`FULL_EVERY`] periods if a socket closed and another bound in the same one).
+//!   engine as soon as another socket shares its port. Datagrams the
+//!   engine had queued are delivered first; what arrives between the
+//!   other socket's bind and the next scan still goes to the accelerated
+//!   socket (a window of at most one period; [`FULL_EVERY`] periods if a
+//!   socket closed and another bound within the same period).
 //!
 //! "Shares" means: same port, and the addresses overlap — equal, either
 //! one the wildcard (a loopback-bound socket never competes with a socket
@@ -87,10 +88,10 @@ fn read_table(path: &str, v6: bool, out: &mut Vec<Bound>) {
 }
 
 /// The namespace's bound UDP sockets: a sock_diag netlink dump per family
-/// (the kernel skips empty hash slots), or `/proc/net/udp{,6}` when netlink
-/// is refused. The /proc files cost ~1 ms of system time each per read
-/// here (16384 slots, the walk restarted for every 4 KiB chunk): every
-/// 20 ms that was a tenth of a pinned application's CPU (docs/perf-runtimes.md).
+/// (binary records, nothing formatted or parsed as text), or
+/// `/proc/net/udp{,6}` when netlink is refused. Either way the kernel walks
+/// its whole UDP hash table (16384 slots here, ~1 ms per family whatever
+/// the number of sockets), hence the watcher's gate on the socket count.
 fn bound_sockets() -> Vec<Bound> {
     let mut v = Vec::new();
     sys::engine_call(|| {
