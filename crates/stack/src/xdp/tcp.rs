@@ -817,16 +817,10 @@ impl XdpTcpStream {
     pub fn write_all(&mut self, mut data: &[u8]) -> io::Result<()> {
         let c = self.c;
         if !data.is_empty() {
-            // Latency first: what fits leaves before any receive work (a
-            // turn processes whatever ACKs and data wait in the ring; they
-            // can wait until after the send).
-            let mut core = self.eng.core();
-            match core.stack.send(c, data) {
-                Ok(n) => {
-                    data = &data[n..];
-                    let now = core.epoch.elapsed().as_nanos() as u64;
-                    self.eng.transmit(&mut core, now);
-                }
+            // Latency first: what fits leaves before any receive work
+            // (`send_once` turns only when the send buffer is full).
+            match self.send_once(data) {
+                Ok(n) => data = &data[n..],
                 Err(TcpError::WouldBlock) => {}
                 Err(e) => return Err(tcp_err(e)),
             }
