@@ -309,8 +309,12 @@ def t2t_trial(lab, engine, feed, secs, port):
     d = json.loads(out[out.index("{"):])
     sd = json.loads(st.stdout[st.stdout.index("{"):])
     r = dict(d["t2t_us"])
+    w = d.get("t2t_wire_us") or {}
+    r.update({f"wire_{k}": w.get(k) for k in ("min", "p50", "p99")})
     r.update(ticks=d["ticks"], missing=d["missing"], feed_rate=d["feed_rate"], engine=sd["engine"],
-             tick_oneway_p50=(sd.get("tick_us") or {}).get("p50"))
+             tick_oneway_p50=(sd.get("tick_us") or {}).get("p50"),
+             tick_send_p50=(d.get("tick_send_us") or {}).get("p50"),
+             order_send_p50=(sd.get("order_send_us") or {}).get("p50"))
     return r
 
 
@@ -325,11 +329,14 @@ def run_t2t(a):
                 res = t2t_trial(a.lab, e, f, a.seconds, port)
                 runs[f"{e} feed {f}"].append(res)
                 print(f"# repeat {r + 1} {e} feed {f}: p50={res['p50']} p99={res['p99']}", file=sys.stderr)
-    keys = ["min", "p50", "p99", "p99.9", "max", "tick_oneway_p50", "missing", "feed_rate"]
+    keys = ["min", "p50", "p99", "p99.9", "max", "wire_min", "wire_p50", "wire_p99",
+            "tick_oneway_p50", "tick_send_p50", "order_send_p50",
+            "missing", "feed_rate"]
     med = {label: {k: statistics.median(x[k] for x in rs if x.get(k) is not None)
                    for k in keys if any(x.get(k) is not None for x in rs)} for label, rs in runs.items()}
     ratios = {f"feed {f}": {k: round(med[f"xdp feed {f}"][k] / med[f"spin feed {f}"][k], 3)
-                            for k in ("min", "p50", "p99") if med[f"spin feed {f}"].get(k)} for f in T2T_FEEDS}
+                            for k in ("min", "p50", "p99", "wire_min", "wire_p50", "wire_p99")
+                            if med[f"spin feed {f}"].get(k) and med[f"xdp feed {f}"].get(k)} for f in T2T_FEEDS}
     return {"scenario": "tick-to-trade", "baseline": "spin", "repeats": a.repeats, "seconds": a.seconds,
             "commands": {"exchange": f"{NW} bench exchange -i {B} -p PORT --md-port PORT+1 --feed-rate F -t "
                                      f"{a.seconds} --cpu 1 --engine {T2T_EXCHANGE} --json",

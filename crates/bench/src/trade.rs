@@ -10,19 +10,25 @@
 //!   `sendto`). The exchange accepts the strategy's TCP connection and
 //!   stamps each order's arrival with the kernel's receive timestamp
 //!   (`SO_TIMESTAMPNS`: when the segment reached the exchange's host, not
-//!   when the exchange's loop got round to reading it).
+//!   when the exchange's loop got round to reading it). A kernel
+//!   market-data socket also gets each tick's transmit stamp from the driver
+//!   (`SO_TIMESTAMPING`, software): when the tick left the exchange's host.
 //! * The **strategy** (host a, on the engine under test) joins the group,
 //!   connects to the exchange over TCP, and answers every tick with an order
 //!   that echoes the tick's sequence number and send time.
 //!
 //! Tick-to-trade = order arrival - tick send, on one clock (both hosts are
-//! namespaces of one kernel). The exchange prints the JSON (min, p50, p99,
+//! namespaces of one kernel). With transmit stamps the exchange also reports
+//! wire to wire (order arrival - tick transmit stamp, as STAC-T0 measures
+//! between the wires), which leaves out the exchange's own send path. The exchange prints the JSON (min, p50, p99,
 //! p99.9, max in µs; ticks, orders, missing orders, the feed rate reached);
 //! the strategy prints its own (engine used, fallback, messages read).
 
 use crate::result::{Latency, LatencyRecorder};
 use clap::Args;
-use nanowire_stack::kernel::{enable_rx_timestamps, realtime_ns, recv_stamped};
+use nanowire_stack::kernel::{
+    enable_rx_timestamps, enable_tx_timestamps, realtime_ns, recv_stamped, tx_stamp,
+};
 use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint, WaitPolicy};
 use serde::{Deserialize, Serialize};
 use std::io::{self, Read, Write};
@@ -38,6 +44,9 @@ pub const ORDER_MAGIC: [u8; 4] = *b"NWOR";
 pub const MD_LEN: usize = 24;
 /// Bytes of an order.
 pub const ORDER_LEN: usize = 24;
+/// Ticks whose wire stamps are kept (an order older than this many ticks
+/// gets no wire-to-wire sample).
+const WIRE_SLOTS: usize = 4096;
 /// Sequence number of the strategy's hello (sent once it is ready).
 const HELLO: u64 = u64::MAX;
 
@@ -176,6 +185,9 @@ pub struct ExchangeArgs {
     /// Pin the exchange to this CPU.
     #[arg(long)]
     pub cpu: Option<usize>,
+    /// Do not ask for transmit stamps of the ticks (no wire-to-wire numbers).
+    #[arg(long)]
+    pub no_wire_stamps: bool,
     /// Engine of the market-data sender: spin (a kernel socket, the default) or xdp
     /// (the engine's AF_XDP transmit). Orders always arrive on a kernel TCP socket
     /// (for its SO_TIMESTAMPNS stamps).
@@ -246,6 +258,16 @@ pub struct ExchangeReport {
     pub feed_sent: u64,
     /// Tick-to-trade in µs.
     pub t2t_us: Option<Latency>,
+    /// Tick-to-trade from the tick's transmit stamp (when it left the
+    /// exchange's host: the driver's software stamp) to the order's arrival
+    /// stamp, in µs: wire to wire, as STAC-T0 measures it. Leaves out the
+    /// exchange's own send path. Kernel market-data sockets only.
+    #[serde(default)]
+    pub t2t_wire_us: Option<Latency>,
+    /// How long the exchange's send call took per tick, in µs (its stamp to
+    /// the call's return): the part of the tick's way spent in the sender.
+    #[serde(default)]
+    pub tick_send_us: Option<Latency>,
     pub env: crate::env::Env,
 }
 
@@ -265,6 +287,10 @@ pub struct StrategyReport {
     /// the receive returned) - the tick's send time. Tick-to-trade minus this
     /// is the order's way back (strategy send + TCP to the exchange's host).
     pub tick_us: Option<Latency>,
+    /// How long the strategy's order send call took, in µs (the strategy's
+    /// read to the call's return).
+    #[serde(default)]
+    pub order_send_us: Option<Latency>,
 }
 
 fn default_spin() -> EngineKind {
@@ -304,7 +330,10 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
     let opts = EngineOptions::new(EngineKind::Spin);
     let listener = nanowire_stack::kernel::tcp_listen(SocketAddrV4::new(a.ip, a.port), &opts)
         .map_err(|e| e.to_string())?;
-    // Market data: a kernel socket (default), or the xdp engine's.
+    // Market data: a kernel socket (default), or the xdp engine's. The kernel
+    // socket's ticks get a transmit stamp from the driver (a clone of the
+    // socket reads them): the moment the tick left the exchange's host.
+    let mut wire_sock: Option<std::net::UdpSocket> = None;
     let mut md: Box<dyn UdpEndpoint> = if a.engine == EngineKind::Xdp {
         let mut o = EngineOptions::new(EngineKind::Xdp);
         o.fallback = false;
@@ -321,6 +350,10 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
         k.socket()
             .set_multicast_ttl_v4(1)
             .map_err(io_s("IP_MULTICAST_TTL"))?;
+        if !a.no_wire_stamps {
+            enable_tx_timestamps(k.socket().as_fd()).map_err(io_s("SO_TIMESTAMPING"))?;
+            wire_sock = Some(k.socket().try_clone().map_err(io_s("dup"))?);
+        }
         Box::new(k)
     };
     let dst = SocketAddrV4::new(a.group, a.md_port);
@@ -385,14 +418,38 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
     let mut seq = 0u64;
     let mut first_measured: Option<u64> = None;
     let mut rec = LatencyRecorder::new();
+    let mut send_rec = LatencyRecorder::new();
+    let mut wire_rec = LatencyRecorder::new();
+    // Wire stamps of recent ticks by sequence (an order echoes its tick's).
+    let mut wire = vec![(u64::MAX, 0u64); WIRE_SLOTS];
+    // Sends so far on the market-data socket (the kernel's OPT_ID counter).
+    let mut sends = 0u32;
     let (mut ticks, mut orders, mut coalesced, mut feed_sent, mut feed_measured) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut last_measured_seq = 0u64;
-    let mut send = |m: &Md, msg: &mut [u8]| -> Result<(), String> {
+    // Send one message; returns when the send call returned (CLOCK_REALTIME ns).
+    let mut send = |m: &Md, msg: &mut [u8], wire: &mut [(u64, u64)]| -> Result<u64, String> {
         m.write(msg);
         loop {
             match md.send_to(msg, dst) {
-                Ok(_) => return Ok(()),
+                Ok(_) => {
+                    let returned = realtime_ns();
+                    let id = sends;
+                    sends = sends.wrapping_add(1);
+                    let Some(w) = &wire_sock else {
+                        return Ok(returned);
+                    };
+                    // veth stamps as it transmits, so the stamp is queued by
+                    // the time the send returns; take whatever is there.
+                    while let Some((sid, ns)) =
+                        tx_stamp(w.as_fd()).map_err(io_s("reading a transmit stamp"))?
+                    {
+                        if sid == id && m.kind == Kind::Tick {
+                            wire[m.seq as usize % WIRE_SLOTS] = (m.seq, ns);
+                        }
+                    }
+                    return Ok(returned);
+                }
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -408,7 +465,9 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
     // Read what orders are there; false at end of stream.
     let mut read_orders = |rbuf: &mut Vec<u8>,
                            first: Option<u64>,
+                           wire: &[(u64, u64)],
                            rec: &mut LatencyRecorder,
+                           wire_rec: &mut LatencyRecorder,
                            orders: &mut u64,
                            coalesced: &mut u64|
      -> Result<bool, String> {
@@ -432,6 +491,10 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
                 if first.is_some_and(|f| o.seq >= f) {
                     *orders += 1;
                     rec.record(arrival.saturating_sub(o.tick_ns));
+                    let (wseq, wns) = wire[o.seq as usize % WIRE_SLOTS];
+                    if wseq == o.seq {
+                        wire_rec.record(arrival.saturating_sub(wns));
+                    }
                 }
             }
             rbuf.drain(..whole * ORDER_LEN);
@@ -453,7 +516,10 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
                 seq,
                 tx_ns: realtime_ns(),
             };
-            send(&m, &mut msg)?;
+            let returned = send(&m, &mut msg, &mut wire)?;
+            if now >= measure_from {
+                send_rec.record(returned.saturating_sub(m.tx_ns));
+            }
             seq += 1;
             next_tick += tick_period;
             if next_tick < now {
@@ -467,7 +533,7 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
                 seq: feed_sent,
                 tx_ns: 0,
             };
-            send(&m, &mut msg)?;
+            send(&m, &mut msg, &mut wire)?;
             feed_sent += 1;
             if now >= measure_from {
                 feed_measured += 1;
@@ -481,7 +547,9 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
         if !read_orders(
             &mut rbuf,
             first_measured,
+            &wire,
             &mut rec,
+            &mut wire_rec,
             &mut orders,
             &mut coalesced,
         )? {
@@ -494,7 +562,9 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
         if !read_orders(
             &mut rbuf,
             first_measured,
+            &wire,
             &mut rec,
+            &mut wire_rec,
             &mut orders,
             &mut coalesced,
         )? {
@@ -508,7 +578,7 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
             seq,
             tx_ns: realtime_ns(),
         };
-        send(&m, &mut msg)?;
+        send(&m, &mut msg, &mut wire)?;
     }
     drop(stream);
     let r = ExchangeReport {
@@ -527,6 +597,8 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
         stamp: if kernel_stamps { "kernel" } else { "user" }.into(),
         feed_sent,
         t2t_us: rec.summary(),
+        tick_send_us: send_rec.summary(),
+        t2t_wire_us: wire_rec.summary(),
         env: crate::env::Env::detect(Some(a.ip)),
     };
     if a.json {
@@ -672,6 +744,7 @@ pub fn run_strategy(a: StrategyArgs) -> Result<i32, String> {
     let mut ended = false;
     let mut idle = 0u32;
     let mut tick_rec = LatencyRecorder::new();
+    let mut send_rec = LatencyRecorder::new();
     while Instant::now() < give_up {
         let got = if block {
             md.recv_from(&mut buf, Some(Instant::now() + Duration::from_millis(100)))
@@ -700,8 +773,9 @@ pub fn run_strategy(a: StrategyArgs) -> Result<i32, String> {
                         )
                         .map_err(io_s("sending an order"))?;
                         orders += 1;
-                        // After the order left: the stamp costs the order nothing.
+                        // After the order left: the stamps cost the order nothing.
                         tick_rec.record(rx_ns.saturating_sub(tx_ns));
+                        send_rec.record(realtime_ns().saturating_sub(rx_ns));
                     }
                     Some(Md {
                         kind: Kind::Feed, ..
@@ -741,6 +815,7 @@ pub fn run_strategy(a: StrategyArgs) -> Result<i32, String> {
         ignored,
         ended,
         tick_us: tick_rec.summary(),
+        order_send_us: send_rec.summary(),
     };
     drop(conn);
     if a.json {
