@@ -554,21 +554,7 @@ pub fn tcp_listen(bind: SocketAddrV4, opts: &EngineOptions) -> io::Result<TcpLis
 /// arrival (SO_TIMESTAMPNS); [`recv_stamped`] returns the stamp. On TCP the
 /// stamp is that of the last segment whose data a read returns.
 pub fn enable_rx_timestamps(fd: BorrowedFd<'_>) -> io::Result<()> {
-    let one: libc::c_int = 1;
-    // SAFETY: an int-valued option from a live int, on a descriptor the caller keeps open.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_TIMESTAMPNS,
-            (&one as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
 }
 
 /// Non-blocking read with the kernel's receive stamp (`CLOCK_REALTIME`
@@ -622,24 +608,11 @@ pub fn recv_stamped(
 /// stamps in its transmit routine, before the peer's receive runs): the moment
 /// the datagram leaves the host. [`tx_stamp`] reads them.
 pub fn enable_tx_timestamps(fd: BorrowedFd<'_>) -> io::Result<()> {
-    let flags: libc::c_int = (libc::SOF_TIMESTAMPING_TX_SOFTWARE
+    let flags = libc::SOF_TIMESTAMPING_TX_SOFTWARE
         | libc::SOF_TIMESTAMPING_SOFTWARE
         | libc::SOF_TIMESTAMPING_OPT_ID
-        | libc::SOF_TIMESTAMPING_OPT_TSONLY) as libc::c_int;
-    // SAFETY: an int-valued option from a live int, on a descriptor the caller keeps open.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_TIMESTAMPING,
-            (&flags as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+        | libc::SOF_TIMESTAMPING_OPT_TSONLY;
+    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPING, flags as i32)
 }
 
 /// One transmit stamp from the socket's error queue, without waiting:
