@@ -27,7 +27,7 @@
 use crate::result::{Latency, LatencyRecorder};
 use clap::Args;
 use nanowire_stack::kernel::{
-    enable_rx_timestamps, enable_tx_timestamps, realtime_ns, recv_stamped, tx_stamp,
+    enable_rx_timestamps, realtime_ns, recv_stamped, set_tx_timestamps, tx_stamp,
 };
 use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint, WaitPolicy};
 use serde::{Deserialize, Serialize};
@@ -331,8 +331,8 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
     let listener = nanowire_stack::kernel::tcp_listen(SocketAddrV4::new(a.ip, a.port), &opts)
         .map_err(|e| e.to_string())?;
     // Market data: a kernel socket (default), or the xdp engine's. The kernel
-    // socket's ticks get a transmit stamp from the driver (a clone of the
-    // socket reads them): the moment the tick left the exchange's host.
+    // socket's ticks (not the feed) get a transmit stamp from the driver (a
+    // clone of the socket reads them): the moment the tick left the host.
     let mut wire_sock: Option<std::net::UdpSocket> = None;
     let mut md: Box<dyn UdpEndpoint> = if a.engine == EngineKind::Xdp {
         let mut o = EngineOptions::new(EngineKind::Xdp);
@@ -351,7 +351,7 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
             .set_multicast_ttl_v4(1)
             .map_err(io_s("IP_MULTICAST_TTL"))?;
         if !a.no_wire_stamps {
-            enable_tx_timestamps(k.socket().as_fd()).map_err(io_s("SO_TIMESTAMPING"))?;
+            set_tx_timestamps(k.socket().as_fd(), false).map_err(io_s("SO_TIMESTAMPING"))?;
             wire_sock = Some(k.socket().try_clone().map_err(io_s("dup"))?);
         }
         Box::new(k)
@@ -422,8 +422,6 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
     let mut wire_rec = LatencyRecorder::new();
     // Wire stamps of recent ticks by sequence (an order echoes its tick's).
     let mut wire = vec![(u64::MAX, 0u64); WIRE_SLOTS];
-    // Sends so far on the market-data socket (the kernel's OPT_ID counter).
-    let mut sends = 0u32;
     let (mut ticks, mut orders, mut coalesced, mut feed_sent, mut feed_measured) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut last_measured_seq = 0u64;
@@ -434,19 +432,18 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
             match md.send_to(msg, dst) {
                 Ok(_) => {
                     let returned = realtime_ns();
-                    let id = sends;
-                    sends = sends.wrapping_add(1);
-                    let Some(w) = &wire_sock else {
-                        return Ok(returned);
-                    };
-                    // veth stamps as it transmits, so the stamp is queued by
-                    // the time the send returns; take whatever is there.
-                    while let Some((sid, ns)) =
-                        tx_stamp(w.as_fd()).map_err(io_s("reading a transmit stamp"))?
+                    if m.kind == Kind::Tick
+                        && let Some(w) = &wire_sock
                     {
-                        if sid == id && m.kind == Kind::Tick {
+                        // Stamping is on for this tick only. veth stamps as it
+                        // transmits, so the stamp is queued by the time the
+                        // send returns.
+                        while let Some(ns) =
+                            tx_stamp(w.as_fd()).map_err(io_s("reading a transmit stamp"))?
+                        {
                             wire[m.seq as usize % WIRE_SLOTS] = (m.seq, ns);
                         }
+                        set_tx_timestamps(w.as_fd(), false).map_err(io_s("SO_TIMESTAMPING"))?;
                     }
                     return Ok(returned);
                 }
@@ -510,6 +507,10 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
                 first_measured.get_or_insert(seq);
                 ticks += 1;
                 last_measured_seq = seq;
+            }
+            if let Some(w) = &wire_sock {
+                // Before the tick's stamp: the call is not part of its way.
+                set_tx_timestamps(w.as_fd(), true).map_err(io_s("SO_TIMESTAMPING"))?;
             }
             let m = Md {
                 kind: Kind::Tick,

@@ -602,23 +602,25 @@ pub fn recv_stamped(
     Ok(Some((n as usize, stamp)))
 }
 
-/// Ask the kernel for a software transmit stamp of every datagram this
-/// socket sends (SO_TIMESTAMPING: `TX_SOFTWARE | SOFTWARE | OPT_ID |
+/// Turn software transmit stamps of this socket's sends on or off
+/// (SO_TIMESTAMPING: `TX_SOFTWARE` while on, always `SOFTWARE |
 /// OPT_TSONLY`). The stamp is taken by the driver as it takes the frame (veth
-/// stamps in its transmit routine, before the peer's receive runs): the moment
-/// the datagram leaves the host. [`tx_stamp`] reads them.
-pub fn enable_tx_timestamps(fd: BorrowedFd<'_>) -> io::Result<()> {
-    let flags = libc::SOF_TIMESTAMPING_TX_SOFTWARE
-        | libc::SOF_TIMESTAMPING_SOFTWARE
-        | libc::SOF_TIMESTAMPING_OPT_ID
-        | libc::SOF_TIMESTAMPING_OPT_TSONLY;
+/// and loopback stamp in their transmit routines, before the peer's receive
+/// runs): the moment the datagram leaves the host. [`tx_stamp`] reads them.
+/// Turning it on for one send only keeps other sends off the error queue.
+pub fn set_tx_timestamps(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    let report = libc::SOF_TIMESTAMPING_SOFTWARE | libc::SOF_TIMESTAMPING_OPT_TSONLY;
+    let flags = if on {
+        report | libc::SOF_TIMESTAMPING_TX_SOFTWARE
+    } else {
+        report
+    };
     setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPING, flags as i32)
 }
 
-/// One transmit stamp from the socket's error queue, without waiting:
-/// `(id, CLOCK_REALTIME ns)`, where id counts the socket's sends from 0
-/// (`SOF_TIMESTAMPING_OPT_ID`). `Ok(None)` when no stamp is queued.
-pub fn tx_stamp(fd: BorrowedFd<'_>) -> io::Result<Option<(u32, u64)>> {
+/// One transmit stamp (`CLOCK_REALTIME` ns) from the socket's error queue,
+/// without waiting; `Ok(None)` when none is queued.
+pub fn tx_stamp(fd: BorrowedFd<'_>) -> io::Result<Option<u64>> {
     // OPT_TSONLY: no payload comes back, only the control messages.
     let mut cbuf = [0u64; 32];
     // SAFETY: an all-zero msghdr is valid; the fields are set below.
@@ -641,33 +643,23 @@ pub fn tx_stamp(fd: BorrowedFd<'_>) -> io::Result<Option<(u32, u64)>> {
             _ => Err(e),
         };
     }
-    let (mut id, mut stamp) = (None, None);
+    let mut stamp = None;
     // SAFETY: the CMSG_* macros walk the control buffer the kernel filled in,
-    // bounded by msg_controllen; the payloads are read unaligned.
+    // bounded by msg_controllen; the timespec is read unaligned.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {
-            let (level, kind) = ((*c).cmsg_level, (*c).cmsg_type);
-            if level == libc::SOL_SOCKET && kind == libc::SO_TIMESTAMPING {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SO_TIMESTAMPING {
                 // scm_timestamping: software, (deprecated), hardware.
                 let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
                 if ts.tv_sec != 0 || ts.tv_nsec != 0 {
                     stamp = Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
                 }
-            } else if level == libc::SOL_IP && kind == libc::IP_RECVERR {
-                let ee: libc::sock_extended_err =
-                    std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                if ee.ee_origin == libc::SO_EE_ORIGIN_TIMESTAMPING {
-                    id = Some(ee.ee_data);
-                }
             }
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    Ok(match (id, stamp) {
-        (Some(i), Some(t)) => Some((i, t)),
-        _ => None,
-    })
+    Ok(stamp)
 }
 
 /// `CLOCK_REALTIME` now, in nanoseconds (one clock for every namespace of a
@@ -715,21 +707,24 @@ mod tests {
     }
 
     #[test]
-    fn transmit_stamps_come_back_in_order_with_their_ids() {
+    fn transmit_stamps_only_while_on_one_per_send() {
         use std::os::fd::AsFd;
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        enable_tx_timestamps(tx.as_fd()).unwrap();
-        assert_eq!(tx_stamp(tx.as_fd()).unwrap(), None, "nothing sent yet");
         let to = rx.local_addr().unwrap();
-        for id in 0..3u32 {
+        for on in [true, false, true] {
+            set_tx_timestamps(tx.as_fd(), on).unwrap();
             let before = realtime_ns();
             tx.send_to(b"tick", to).unwrap();
             let after = realtime_ns();
             // Loopback stamps in its transmit routine, within the send call.
-            let (got, ns) = tx_stamp(tx.as_fd()).unwrap().expect("a stamp per send");
-            assert_eq!(got, id);
-            assert!(before <= ns && ns <= after, "{before} <= {ns} <= {after}");
+            match tx_stamp(tx.as_fd()).unwrap() {
+                Some(ns) => {
+                    assert!(on, "a stamp while off");
+                    assert!(before <= ns && ns <= after, "{before} <= {ns} <= {after}");
+                }
+                None => assert!(!on, "no stamp while on"),
+            }
             assert_eq!(tx_stamp(tx.as_fd()).unwrap(), None, "one stamp per send");
         }
     }
