@@ -20,9 +20,10 @@
 //! Tick-to-trade = order arrival - tick send, on one clock (both hosts are
 //! namespaces of one kernel). With transmit stamps the exchange also reports
 //! wire to wire (order arrival - tick transmit stamp, as STAC-T0 measures
-//! between the wires), which leaves out the exchange's own send path. The exchange prints the JSON (min, p50, p99,
-//! p99.9, max in µs; ticks, orders, missing orders, the feed rate reached);
-//! the strategy prints its own (engine used, fallback, messages read).
+//! between the wires), which leaves out the exchange's own send path. The
+//! exchange prints the JSON (min, p50, p99, p99.9, max in µs; ticks, orders,
+//! missing orders, the feed rate reached); the strategy prints its own
+//! (engine used, fallback, messages read).
 
 use crate::result::{Latency, LatencyRecorder};
 use clap::Args;
