@@ -7,7 +7,7 @@
 // Prints the median, p90 and minimum of 3000 timed sends. Not a test: a
 // measurement of the machine (docs/benchmarks.md, "Session 6").
 //
-//   cc -O2 -o /tmp/cold-path scripts/cold-path.c
+//   cc -O2 -o /tmp/cold-path scripts/machine-probes/cold-path.c
 //   for g in 2 100 1000; do /tmp/cold-path 0 $g 0; done; /tmp/cold-path 0 1000 3
 #define _GNU_SOURCE
 #include <arpa/inet.h>

@@ -4,7 +4,7 @@
 // thread did not run (interrupts, hypervisor exits). Not a test: a
 // measurement of the machine (docs/benchmarks.md, "Session 6").
 //
-//   cc -O2 -o /tmp/spin-gaps scripts/spin-gaps.c
+//   cc -O2 -o /tmp/spin-gaps scripts/machine-probes/spin-gaps.c
 //   /tmp/spin-gaps 1 0; /tmp/spin-gaps 0 0     # with PAUSE, without, on CPU 0
 #define _GNU_SOURCE
 #include <sched.h>
