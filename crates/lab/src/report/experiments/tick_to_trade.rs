@@ -207,6 +207,12 @@ impl<'a> Ctx<'a> {
                         .filter_map(|v| v["strategy_tick_us"]["p50"].as_f64())
                         .collect::<Vec<_>>(),
                 )),
+                jnum(median(
+                    &runs
+                        .iter()
+                        .filter_map(|v| v["tick_send_us"]["p50"].as_f64())
+                        .collect::<Vec<_>>(),
+                )),
                 jnum(n("ticks")),
                 jnum(n("missing")),
                 jnum(n("feed_rate")),
@@ -214,7 +220,7 @@ impl<'a> Ctx<'a> {
             ]);
         }
         ex.tables.push(Table {
-            caption: "Tick-to-trade (µs), medians of the repeats; tick one-way = the strategy's read of a tick - its send (the rest of tick-to-trade is the order's way back); missing = measured ticks without an order".into(),
+            caption: "Tick-to-trade (µs), medians of the repeats; tick one-way = the strategy's read of a tick - its send (the rest of tick-to-trade is the order's way back); exchange send = how long the exchange's send call took per tick (on veth the tick reaches the strategy inside it, so the two are close; both are shared by every engine and are slow when ticks are sparse: docs/benchmarks.md, session 6); missing = measured ticks without an order".into(),
             columns: [
                 "engine",
                 "market data",
@@ -224,6 +230,7 @@ impl<'a> Ctx<'a> {
                 "p99.9",
                 "max",
                 "tick one-way p50",
+                "exchange send p50",
                 "ticks",
                 "missing",
                 "feed msg/s reached",
