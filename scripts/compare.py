@@ -26,6 +26,13 @@ the TCP message rate of `bench tp --tcp --mps max` per engine (ratio to spin):
 
     scripts/compare.py --scenario tick-to-trade --repeats 3 --seconds 5
     scripts/compare.py --scenario tcp-msg-rate --repeats 3 --seconds 3 --size 64
+
+The floor of the machine: a minimal AF_XDP UDP ping-pong (crates/xdp/examples/xsk_floor.rs, built
+on demand) against `nanowire bench` xdp↔xdp, sockperf under `nanowire run` and plain sockperf, 64 B,
+interleaved; ratios to the floor (what is the engine's own cost) and floor/plain (the best any
+AF_XDP engine could do against plain sockperf here):
+
+    scripts/compare.py --scenario floor --repeats 5 --seconds 3
 """
 import argparse, json, os, platform, re, shlex, shutil, statistics, subprocess, sys, tempfile, time
 
@@ -180,6 +187,30 @@ def scenarios(secs, size):
             ("run", nw_run("xdp", sp_sr(["--tcp"])), nw_run("xdp", sp_pp(secs, size, ["--tcp"])), sp),
         ]),
     }
+
+
+FLOOR = os.path.abspath(os.environ.get("NANOWIRE_FLOOR", "target/release/examples/xsk_floor"))
+
+
+def floor_parse(text):
+    d = json.loads(text[text.index("{"):])
+    return dict(d["oneway_us"], received=d["round_trips"], dropped=d["lost"])
+
+
+def floor_configs(a):
+    """Scenario `floor`: the raw AF_XDP ping-pong first (the baseline)."""
+    if not os.path.exists(FLOOR) or "NANOWIRE_FLOOR" not in os.environ:
+        subprocess.run(["cargo", "build", "--release", "--locked", "-q", "-p", "nanowire-xdp",
+                        "--example", "xsk_floor"], check=True)
+    port = str(PORT + 11)
+    return "raw AF_XDP", [
+        ("raw AF_XDP", [FLOOR, "echo", f"{a.lab}-b0", port, "1"],
+         [FLOOR, "ping", f"{a.lab}-a0", B, "auto", port, str(a.seconds), "0"], floor_parse),
+        ("nanowire bench xdp", nw_server("xdp", ["--no-fallback"]),
+         nw_pp("xdp", a.seconds, a.size, ["--no-fallback"]), nanowire_parse),
+        ("sockperf under run xdp", nw_run("xdp", sp_sr()), nw_run("xdp", sp_pp(a.seconds, a.size)), sockperf_parse),
+        ("sockperf plain", sp_sr(), sp_pp(a.seconds, a.size), sockperf_parse),
+    ]
 
 
 def iperf_main(a, base, configs):
@@ -509,7 +540,7 @@ def apps_version(argv):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", required=True,
-                    choices=sorted(scenarios(1, 64)) + ["apps", "tick-to-trade", "tcp-msg-rate"])
+                    choices=sorted(scenarios(1, 64)) + ["apps", "tick-to-trade", "tcp-msg-rate", "floor"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--size", type=int, default=64)
@@ -534,7 +565,10 @@ def main():
     if a.scenario == "tcp-msg-rate":
         print(json.dumps(run_msg_rate(a), indent=1))
         return
-    base, configs = scenarios(a.seconds, a.size)[a.scenario]
+    if a.scenario == "floor":
+        base, configs = floor_configs(a)
+    else:
+        base, configs = scenarios(a.seconds, a.size)[a.scenario]
     if a.scenario == "issue8-burst":
         print(json.dumps(run_burst(a, configs), indent=1))
         return
@@ -555,6 +589,9 @@ def main():
     med = {label: {k: statistics.median(x[k] for x in rs if x.get(k) is not None)
                    for k in keys if any(x.get(k) is not None for x in rs)} for label, rs in runs.items()}
     ratios = {label: {k: round(m[k] / med[base][k], 3) for k in m if med[base].get(k)} for label, m in med.items()}
+    if a.scenario == "floor":
+        plain = med.get("sockperf plain", {})
+        ratios["floor / sockperf plain"] = {k: round(med[base][k] / plain[k], 3) for k in med[base] if plain.get(k)}
     if a.scenario == "issue11-shim":
         udp = med.get("run xdp udp", {})
         ratios["run xdp tcp / run xdp udp"] = {k: round(med["run xdp tcp"][k] / udp[k], 3)
