@@ -8,23 +8,12 @@
 //
 //   cc -O2 -o /tmp/cache-idle scripts/machine-probes/cache-idle.c
 //   for g in 2 100 1000; do /tmp/cache-idle 32 $g; done
-#define _GNU_SOURCE
+#include "probe.h"
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-
-static uint64_t now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
 
 enum { N = 2000 };
 
@@ -35,13 +24,12 @@ int main(int argc, char **argv) {
     }
     size_t bytes = (size_t)atoi(argv[1]) * 1024;
     int gap = atoi(argv[2]);
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(0, &set);
-    if (bytes < 64 || sched_setaffinity(0, sizeof set, &set) != 0) {
-        fprintf(stderr, "bad size or cannot pin to CPU 0\n");
-        return 1;
+    if (bytes < 64) {
+        fprintf(stderr, "bad size\n");
+        return 2;
     }
+    if (pin_cpu(0) != 0)
+        return 1;
     volatile unsigned char *buf = aligned_alloc(4096, bytes);
     size_t lines = bytes / 64;
     size_t *order = malloc(lines * sizeof *order);
@@ -68,7 +56,7 @@ int main(int argc, char **argv) {
             sum += buf[order[i] * 64];
         d[r] = now_ns() - t0;
     }
-    qsort(d, N, sizeof d[0], cmp);
+    qsort(d, N, sizeof d[0], cmp_u64);
     printf("{\"kb\": %zu, \"gap_us\": %d, \"read_p50_us\": %.2f, \"read_p90_us\": %.2f, \"ns_per_line\": %.1f, \"sum\": %u}\n",
            bytes / 1024, gap, d[N / 2] / 1e3, d[N * 9 / 10] / 1e3, (double)d[N / 2] / (double)lines, sum & 1);
     return 0;

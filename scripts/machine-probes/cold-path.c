@@ -9,7 +9,7 @@
 //
 //   cc -O2 -o /tmp/cold-path scripts/machine-probes/cold-path.c
 //   for g in 2 100 1000; do /tmp/cold-path 0 $g 0; done; /tmp/cold-path 0 1000 3
-#define _GNU_SOURCE
+#include "probe.h"
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sched.h>
@@ -21,17 +21,6 @@
 #include <unistd.h>
 #include <x86intrin.h>
 
-static uint64_t now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 enum { N = 3000 };
 
 int main(int argc, char **argv) {
@@ -40,13 +29,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     int cpu = atoi(argv[1]), gap = atoi(argv[2]), mode = atoi(argv[3]);
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    if (sched_setaffinity(0, sizeof set, &set) != 0) {
-        perror("sched_setaffinity");
+    if (pin_cpu(cpu) != 0)
         return 1;
-    }
     int rx = socket(AF_INET, SOCK_DGRAM, 0), tx = socket(AF_INET, SOCK_DGRAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t alen = sizeof a;
@@ -75,7 +59,7 @@ int main(int argc, char **argv) {
         recv(rx, buf, sizeof buf, MSG_DONTWAIT);
         d[i] = t1 - t0;
     }
-    qsort(d, N, sizeof d[0], cmp);
+    qsort(d, N, sizeof d[0], cmp_u64);
     printf("{\"gap_us\": %d, \"mode\": %d, \"send_p50_us\": %.2f, \"send_p90_us\": %.2f, \"send_min_us\": %.2f}\n",
            gap, mode, d[N / 2] / 1e3, d[N * 9 / 10] / 1e3, d[0] / 1e3);
     return 0;

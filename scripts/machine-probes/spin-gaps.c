@@ -6,7 +6,7 @@
 //
 //   cc -O2 -o /tmp/spin-gaps scripts/machine-probes/spin-gaps.c
 //   /tmp/spin-gaps 1 0; /tmp/spin-gaps 0 0     # with PAUSE, without, on CPU 0
-#define _GNU_SOURCE
+#include "probe.h"
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,25 +14,14 @@
 #include <time.h>
 #include <x86intrin.h>
 
-static uint64_t now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: %s PAUSE(0|1) CPU\n", argv[0]);
         return 2;
     }
     int pause = atoi(argv[1]), cpu = atoi(argv[2]);
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    if (sched_setaffinity(0, sizeof set, &set) != 0) {
-        perror("sched_setaffinity");
+    if (pin_cpu(cpu) != 0)
         return 1;
-    }
     // TSC ticks per ns, over 100 ms.
     uint64_t t0 = now_ns(), c0 = __rdtsc();
     while (now_ns() - t0 < 100000000ull) {

@@ -564,12 +564,26 @@ pub fn recv_stamped(
     fd: BorrowedFd<'_>,
     buf: &mut [u8],
 ) -> io::Result<Option<(usize, Option<u64>)>> {
+    recvmsg_stamp(fd, buf, libc::MSG_DONTWAIT, libc::SCM_TIMESTAMPNS)
+}
+
+/// One `recvmsg(flags)` into `buf` that does not wait, and the first
+/// timespec of the SOL_SOCKET control message of type `kind` (SCM_TIMESTAMPNS,
+/// or SO_TIMESTAMPING's software stamp) as `CLOCK_REALTIME` ns. `Ok(None)`
+/// when nothing is there.
+fn recvmsg_stamp(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+    flags: libc::c_int,
+    kind: libc::c_int,
+) -> io::Result<Option<(usize, Option<u64>)>> {
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
-    // Room for one SCM_TIMESTAMPNS (a timespec) and then some.
-    let mut cbuf = [0u64; 16];
+    // Room for a timestamp message (three timespecs for SO_TIMESTAMPING) and
+    // the extended error that comes with it on the error queue.
+    let mut cbuf = [0u64; 32];
     // SAFETY: an all-zero msghdr is valid; the fields are set below.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -578,7 +592,7 @@ pub fn recv_stamped(
     msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
     // SAFETY: msg points at a live iovec over `buf` and at `cbuf`, both valid
     // for writes of the lengths given, for the duration of the call.
-    let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+    let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, flags | libc::MSG_DONTWAIT) };
     if n < 0 {
         let e = io::Error::last_os_error();
         return match e.kind() {
@@ -592,9 +606,11 @@ pub fn recv_stamped(
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == kind {
                 let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                stamp = Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+                if ts.tv_sec != 0 || ts.tv_nsec != 0 {
+                    stamp = Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+                }
             }
             c = libc::CMSG_NXTHDR(&msg, c);
         }
@@ -621,45 +637,10 @@ pub fn set_tx_timestamps(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
 /// One transmit stamp (`CLOCK_REALTIME` ns) from the socket's error queue,
 /// without waiting; `Ok(None)` when none is queued.
 pub fn tx_stamp(fd: BorrowedFd<'_>) -> io::Result<Option<u64>> {
-    // OPT_TSONLY: no payload comes back, only the control messages.
-    let mut cbuf = [0u64; 32];
-    // SAFETY: an all-zero msghdr is valid; the fields are set below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
-    // SAFETY: msg points at `cbuf`, valid for writes of its length for the
-    // duration of the call, and at no data buffer.
-    let n = unsafe {
-        libc::recvmsg(
-            fd.as_raw_fd(),
-            &mut msg,
-            libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT,
-        )
-    };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        return match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
-            _ => Err(e),
-        };
-    }
-    let mut stamp = None;
-    // SAFETY: the CMSG_* macros walk the control buffer the kernel filled in,
-    // bounded by msg_controllen; the timespec is read unaligned.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SO_TIMESTAMPING {
-                // scm_timestamping: software, (deprecated), hardware.
-                let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                if ts.tv_sec != 0 || ts.tv_nsec != 0 {
-                    stamp = Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
-    Ok(stamp)
+    // OPT_TSONLY: no payload comes back, only the control messages
+    // (scm_timestamping: software, deprecated, hardware).
+    let r = recvmsg_stamp(fd, &mut [], libc::MSG_ERRQUEUE, libc::SO_TIMESTAMPING)?;
+    Ok(r.and_then(|(_, stamp)| stamp))
 }
 
 /// `CLOCK_REALTIME` now, in nanoseconds (one clock for every namespace of a
