@@ -1,6 +1,6 @@
 //! The floor: a minimal AF_XDP UDP ping-pong with nothing of the engine in
 //! it (no demux, no sockets, no neighbour lookups, no checksums beyond the
-//! IPv4 header's), to hold the engine's numbers against on the machine at
+//! IPv4 header's, written by the wire crate's `Ipv4Repr`), to hold the engine's numbers against on the machine at
 //! hand. Both ends claim one UDP port with the steering program and poll
 //! their rings; the echo swaps the addresses of what it gets and sends it
 //! back; the pinger times each round trip.
@@ -14,6 +14,7 @@
 //! min/p50/p90/p99/max, and the number of round trips. Used by
 //! `scripts/compare.py --scenario floor`.
 
+use nanowire_wire::Ipv4Repr;
 use nanowire_xdp::{SteerProgram, XskConfig, XskSocket, iface};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -68,17 +69,6 @@ fn arp_mac(peer: Ipv4Addr) -> [u8; 6] {
     die(format!("{peer} has no ARP entry"))
 }
 
-fn ip_checksum(h: &[u8]) -> u16 {
-    let mut sum: u32 = h
-        .chunks(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
 /// Ethernet + IPv4 + UDP (checksum 0: allowed for IPv4) + payload.
 fn build(
     f: &mut [u8],
@@ -93,16 +83,15 @@ fn build(
     f[0..6].copy_from_slice(&dst_mac);
     f[6..12].copy_from_slice(&src_mac);
     f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-    let ip = &mut f[14..34];
-    ip.fill(0);
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&((20 + 8 + payload.len()) as u16).to_be_bytes());
-    ip[8] = 64;
-    ip[9] = 17;
-    ip[12..16].copy_from_slice(&src.octets());
-    ip[16..20].copy_from_slice(&dst.octets());
-    let c = ip_checksum(ip);
-    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    Ipv4Repr {
+        src,
+        dst,
+        protocol: 17,
+        payload_len: 8 + payload.len(),
+        ttl: 64,
+        ident: 0,
+    }
+    .emit(&mut f[14..34]);
     let udp = &mut f[34..42];
     udp[0..2].copy_from_slice(&port.to_be_bytes());
     udp[2..4].copy_from_slice(&port.to_be_bytes());
