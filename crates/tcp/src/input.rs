@@ -154,6 +154,33 @@ impl Conn {
         if !f.ack() {
             return;
         }
+
+        // Every acceptability test comes before any state update (issue 20,
+        // finding 5): a blind segment at rcv_nxt with a forged ACK must not
+        // move ts_recent (every later real segment would fail PAWS), the
+        // windows, the keepalive clock or the scoreboard.
+        if self.state == State::SynReceived
+            && (seq::le(r.ack, self.snd_una) || seq::gt(r.ack, self.snd_max))
+        {
+            self.rst_reply = Some((r.ack, 0, false));
+            return;
+        }
+        // ACK checks (RFC 5961 5.2): an ACK for data never sent, or older
+        // than the peer's largest window (bounded by what was ever acked,
+        // as Linux does), is dropped with a rate-limited challenge ACK.
+        if seq::gt(r.ack, self.snd_max) {
+            ctr.ack_too_new += 1;
+            self.challenge_ack(now, cfg, ctr);
+            return;
+        }
+        let max_back = u64::from(self.max_snd_wnd.max(1)).min(self.bytes_acked.max(1)) as u32;
+        if seq::lt(r.ack, self.snd_una.wrapping_sub(max_back)) {
+            ctr.ack_too_old += 1;
+            self.challenge_ack(now, cfg, ctr);
+            return;
+        }
+
+        // The segment is acceptable: from here on it may change state.
         self.last_rx = now;
         self.ka_probes = 0;
 
@@ -166,10 +193,6 @@ impl Conn {
         }
 
         if self.state == State::SynReceived {
-            if seq::le(r.ack, self.snd_una) || seq::gt(r.ack, self.snd_max) {
-                self.rst_reply = Some((r.ack, 0, false));
-                return;
-            }
             self.state = State::Established;
             self.on_established();
             self.rcv_adv = self
@@ -177,17 +200,6 @@ impl Conn {
                 .wrapping_add(self.max_window().min(65535) as u32);
         }
 
-        // ACK checks (RFC 5961 5.2).
-        if seq::gt(r.ack, self.snd_max) {
-            ctr.ack_too_new += 1;
-            self.ack_now = true;
-            return;
-        }
-        if seq::lt(r.ack, self.snd_una.wrapping_sub(self.max_snd_wnd.max(1))) {
-            ctr.ack_too_old += 1;
-            self.ack_now = true;
-            return;
-        }
         self.process_ack(now, cfg, r, payload.len(), ctr);
         if self.state == State::Closed {
             return;
@@ -224,6 +236,13 @@ impl Conn {
             self.last_oow_ack = now.max(1);
         }
         self.ack_now = true;
+    }
+
+    /// An RFC 5961 challenge ACK, rate-limited like every other answer to
+    /// an unacceptable segment (RFC 5961 7).
+    fn challenge_ack(&mut self, now: u64, cfg: &Config, ctr: &mut Counters) {
+        ctr.challenge_acks += 1;
+        self.oow_ack(now, cfg, true, ctr);
     }
 
     /// What "Last.ACK.sent" means for RFC 7323 4.3: the rcv_nxt we acked.

@@ -856,3 +856,84 @@ fn close_wait_is_handed_over_with_the_peers_fin_and_fin_wait_is_not() {
     assert_eq!(r.src_port, h.tuple.remote.port());
     assert_eq!(n.a.counters().handovers, 0);
 }
+
+/// Issue 20 finding 5: a blind segment at rcv_nxt that acknowledges bytes
+/// never sent and carries a huge TSval must not touch any state (ts_recent
+/// above all: every later real segment would then fail PAWS). It is dropped
+/// with a challenge ACK (RFC 5961 5.2) and the connection keeps flowing.
+#[test]
+fn forged_ack_for_unsent_data_with_a_huge_tsval_changes_nothing() {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    let mut n = Net::plain();
+    let (ca, cb) = n.connect_pair();
+    let local = n.b.local_addr(cb).unwrap();
+    // Learn b's current TSval from a real segment.
+    let tsval = Rc::new(Cell::new(None));
+    let seen = tsval.clone();
+    n.drop_ba = Some(Box::new(move |seg| {
+        if let Ok(s) = nanowire_wire::tcp::TcpSegment::new_checked(seg)
+            && let Ok(r) = nanowire_wire::tcp::TcpRepr::parse(&s)
+            && let Some((v, _)) = r.timestamp
+        {
+            seen.set(Some(v));
+        }
+        false
+    }));
+    n.b.send(cb, b"hello").unwrap();
+    n.run_until(S, |n| n.a.recv_queue(ca).unwrap() == 5);
+    let mut got = [0u8; 16];
+    assert_eq!(n.a.recv(ca, &mut got).unwrap(), 5);
+    let val = tsval.get().expect("timestamps negotiated");
+    n.advance(S);
+
+    let before = n.a.info(ca).unwrap();
+    let c0 = n.a.counters().clone();
+    let mut out = vec![0u8; 2000];
+    let payloads: [&[u8]; 2] = [b"", b"EVIL"];
+    for payload in payloads {
+        let r = nanowire_wire::tcp::TcpRepr {
+            src_port: local.port(),
+            dst_port: 80,
+            seq: before.rcv_nxt,
+            ack: before.snd_nxt.wrapping_add(100_000),
+            flags: nanowire_wire::tcp::Flags(nanowire_wire::tcp::Flags::ACK),
+            window: 0,
+            timestamp: Some((val.wrapping_add(0x4000_0000), 0)),
+            ..Default::default()
+        };
+        // The payload sits after the header before emit sums it.
+        let hl = r.header_len();
+        let mut full = vec![0u8; hl + payload.len()];
+        full[hl..].copy_from_slice(payload);
+        assert_eq!(r.emit(&mut full, payload.len(), B, A), hl + payload.len());
+        n.a.input(n.now, B, A, &full);
+        // The answer: a challenge ACK (ack = rcv_nxt, nothing new acked).
+        let mut acks = 0;
+        while let Some(t) = n.a.poll_transmit(n.now, &mut out) {
+            let s = nanowire_wire::tcp::TcpSegment::new_checked(&out[..t.len]).unwrap();
+            let rr = nanowire_wire::tcp::TcpRepr::parse(&s).unwrap();
+            assert!(rr.flags.ack() && !rr.flags.rst(), "{rr:?}");
+            assert_eq!(rr.ack, before.rcv_nxt);
+            acks += 1;
+        }
+        assert!(acks <= 1);
+        n.advance(S); // past the challenge-ACK rate limit
+    }
+    let c1 = n.a.counters();
+    assert_eq!(c1.ack_too_new - c0.ack_too_new, 2, "{c1:?}");
+    assert!(c1.challenge_acks - c0.challenge_acks >= 1, "{c1:?}");
+    let after = n.a.info(ca).unwrap();
+    assert_eq!(after.rcv_nxt, before.rcv_nxt, "forged data accepted");
+    assert_eq!(after.snd_wnd, before.snd_wnd, "forged window applied");
+    assert_eq!(n.a.recv_queue(ca).unwrap(), 0);
+
+    // Real traffic still flows both ways: no PAWS rejection.
+    n.b.send(cb, b"after the forgery").unwrap();
+    n.a.send(ca, b"reply").unwrap();
+    n.run_until(5 * S, |n| {
+        n.a.recv_queue(ca).unwrap() == 17 && n.b.recv_queue(cb).unwrap() == 5
+    });
+    assert_eq!(n.a.counters().paws_rejected, c0.paws_rejected);
+    assert_eq!(n.a.state(ca).unwrap(), State::Established);
+}
