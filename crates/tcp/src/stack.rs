@@ -58,7 +58,16 @@ struct Listener {
     backlog: usize,
     accept_q: VecDeque<u32>,
     half_open: usize,
+    /// When the SYN queue last overflowed (a cookie was sent). A bare ACK
+    /// is checked as a cookie only while one could be live
+    /// (`COOKIE_LIFE_NS`), as Linux's tcp_synq_no_recent_overflow: else it
+    /// gets the RST of a segment for no connection.
+    last_overflow: Option<u64>,
 }
+
+/// How long a cookie sent at an overflow can be answered: `check_cookie`
+/// accepts the current and the previous counter period.
+const COOKIE_LIFE_NS: u64 = 2 * crate::isn::COOKIE_PERIOD_NS;
 
 /// Stateless replies.
 #[derive(Debug, Clone, Copy)]
@@ -468,8 +477,17 @@ impl TcpStack {
         };
         let queue_full = lst.accept_q.len() >= lst.backlog.max(1);
         let half_open = lst.half_open;
+        let recent_overflow = lst
+            .last_overflow
+            .is_some_and(|t| now.saturating_sub(t) < COOKIE_LIFE_NS);
         if f.ack() {
             if f.syn() {
+                self.queue_rst_for(tuple, r, payload.len());
+                return;
+            }
+            if !recent_overflow {
+                // No cookie can be live: nobody's connection (issue 20, 13a).
+                self.counters.no_socket += 1;
                 self.queue_rst_for(tuple, r, payload.len());
                 return;
             }
@@ -543,6 +561,9 @@ impl TcpStack {
             let idx = cookie_mss_index(mss);
             let cookie = self.secret.cookie(&tuple, now, r.seq, idx);
             self.counters.syncookies_sent += 1;
+            if let Some(Some(lst)) = self.listeners.get_mut(l as usize) {
+                lst.last_overflow = Some(now);
+            }
             self.push_ctrl(Ctrl::CookieSynAck {
                 tuple,
                 seq: cookie,
@@ -734,6 +755,7 @@ impl TcpStack {
             backlog,
             accept_q: VecDeque::with_capacity(backlog),
             half_open: 0,
+            last_overflow: None,
         };
         let idx = match self.listeners.iter().position(Option::is_none) {
             Some(i) => {

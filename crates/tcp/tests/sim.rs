@@ -937,3 +937,90 @@ fn forged_ack_for_unsent_data_with_a_huge_tsval_changes_nothing() {
     assert_eq!(n.a.counters().paws_rejected, c0.paws_rejected);
     assert_eq!(n.a.state(ca).unwrap(), State::Established);
 }
+
+/// Issue 20 finding 13a: a bare ACK to a listener is checked as a SYN
+/// cookie only while a cookie sent at a recent SYN-queue overflow could be
+/// live (Linux's tcp_synq_no_recent_overflow); otherwise it is a segment
+/// for no connection and gets a RST, even when it carries a valid cookie.
+#[test]
+fn syn_cookies_are_checked_only_after_a_recent_overflow() {
+    use nanowire_tcp::{FourTuple, Secret};
+    use nanowire_wire::tcp::{Flags, TcpRepr, TcpSegment};
+    let mut cfg = Config::default();
+    cfg.syn_queue = 1;
+    let mut n = Net::new(cfg, Config::default(), FaultConfig::default());
+    let l = n.a.listen(sa(A, 80), 128).unwrap();
+    // The stack's secret (Net gives `a` this one): the test can mint cookies.
+    let secret = Secret::from_bytes([1; 16]);
+    let mss_idx = 6; // 1460
+    // Send the third segment of a cookie handshake; return the flags of
+    // what `a` answers.
+    let cookie_ack = |n: &mut Net, port: u16| -> Vec<Flags> {
+        let mut out = vec![0u8; 2000];
+        let mut seg = [0u8; 60];
+        let isn = 7_000_000u32.wrapping_mul(u32::from(port));
+        let tuple = FourTuple {
+            local: sa(A, 80),
+            remote: sa(B, port),
+        };
+        let cookie = secret.cookie(&tuple, n.now, isn, mss_idx);
+        let r = TcpRepr {
+            src_port: port,
+            dst_port: 80,
+            seq: isn.wrapping_add(1),
+            ack: cookie.wrapping_add(1),
+            flags: Flags(Flags::ACK),
+            window: 1000,
+            ..Default::default()
+        };
+        let len = r.emit(&mut seg, 0, B, A);
+        n.a.input(n.now, B, A, &seg[..len]);
+        let mut flags = Vec::new();
+        while let Some(t) = n.a.poll_transmit(n.now, &mut out) {
+            let s = TcpSegment::new_checked(&out[..t.len]).unwrap();
+            let r = TcpRepr::parse(&s).unwrap();
+            if r.dst_port == port {
+                flags.push(r.flags);
+            }
+        }
+        flags
+    };
+
+    // No overflow ever: a valid cookie is not even looked at.
+    let f = cookie_ack(&mut n, 40_000);
+    assert!(f.len() == 1 && f[0].rst(), "{f:?}");
+    assert_eq!(n.a.counters().syncookies_ok, 0);
+    assert_eq!(n.a.counters().syncookies_failed, 0);
+    assert!(n.a.accept(l).is_none());
+
+    // Overflow the one-entry SYN queue: the second SYN gets a cookie.
+    let mut out = vec![0u8; 2000];
+    let mut seg = [0u8; 60];
+    for port in [50_000u16, 50_001] {
+        let r = TcpRepr {
+            src_port: port,
+            dst_port: 80,
+            seq: 1234,
+            flags: Flags(Flags::SYN),
+            window: 1000,
+            mss: Some(1460),
+            ..Default::default()
+        };
+        let len = r.emit(&mut seg, 0, B, A);
+        n.a.input(n.now, B, A, &seg[..len]);
+        while n.a.poll_transmit(n.now, &mut out).is_some() {}
+    }
+    assert_eq!(n.a.counters().syncookies_sent, 1);
+    n.now += 10 * S;
+    let f = cookie_ack(&mut n, 40_001);
+    assert!(f.iter().all(|f| !f.rst()), "{f:?}");
+    assert_eq!(n.a.counters().syncookies_ok, 1);
+    assert!(n.a.accept(l).is_some());
+
+    // Long after the overflow, cookies are off again.
+    n.now += 200 * S;
+    n.a.poll_timers(n.now);
+    let f = cookie_ack(&mut n, 40_002);
+    assert!(f.len() == 1 && f[0].rst(), "{f:?}");
+    assert_eq!(n.a.counters().syncookies_ok, 1);
+}
