@@ -6,7 +6,21 @@ CARGO ?= cargo
 NANOWIRE := target/release/nanowire
 REPORT ?= lab-report
 
-.PHONY: lab test deps build lint lab-full clean fuzz soak
+.PHONY: lab test deps build lint lab-full clean fuzz soak release install uninstall deb
+
+# `make install` / `make uninstall` / `make deb` (no root needed for DESTDIR or deb).
+PREFIX ?= /usr/local
+DESTDIR ?=
+BINDIR := $(PREFIX)/bin
+LIBDIR := $(PREFIX)/lib/nanowire
+MANDIR := $(PREFIX)/share/man/man1
+BASHDIR := $(PREFIX)/share/bash-completion/completions
+ZSHDIR ?= $(PREFIX)/share/zsh/site-functions
+FISHDIR := $(PREFIX)/share/fish/vendor_completions.d
+SHIM := target/release/libnanowire_preload.so
+# What the installed tree holds, relative to $(DESTDIR); uninstall removes exactly these.
+INSTALLED = $(BINDIR)/nanowire $(LIBDIR)/libnanowire_preload.so $(BASHDIR)/nanowire \
+	$(ZSHDIR)/_nanowire $(FISHDIR)/nanowire.fish
 
 deps:
 	@scripts/install-deps.sh
@@ -42,6 +56,42 @@ fuzz: deps
 soak: build
 	scripts/soak.sh
 	NANOWIRE_KILL_CYCLES=100 $(CARGO) test --release --locked -p nanowire --test faults sigkill -- --test-threads=1
+
+# The binary and the shim, nothing else (no deps check: install needs only cargo).
+release:
+	$(CARGO) build --release --locked -p nanowire -p nanowire-preload
+
+# The binary in $(BINDIR), the shim in $(LIBDIR) (where an installed
+# `nanowire run` looks: ../lib/nanowire beside the binary), completions and man
+# pages generated from the CLI definition itself.
+install: release
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(MANDIR) \
+		$(DESTDIR)$(BASHDIR) $(DESTDIR)$(ZSHDIR) $(DESTDIR)$(FISHDIR)
+	install -m 0755 $(NANOWIRE) $(DESTDIR)$(BINDIR)/nanowire
+	install -m 0644 $(SHIM) $(DESTDIR)$(LIBDIR)/libnanowire_preload.so
+	$(NANOWIRE) completions bash > $(DESTDIR)$(BASHDIR)/nanowire
+	$(NANOWIRE) completions zsh > $(DESTDIR)$(ZSHDIR)/_nanowire
+	$(NANOWIRE) completions fish > $(DESTDIR)$(FISHDIR)/nanowire.fish
+	rm -rf target/man && $(NANOWIRE) man target/man
+	install -m 0644 target/man/*.1 $(DESTDIR)$(MANDIR)/
+
+uninstall:
+	rm -f $(addprefix $(DESTDIR),$(INSTALLED)) $(DESTDIR)$(MANDIR)/nanowire.1 $(DESTDIR)$(MANDIR)/nanowire-*.1
+	-rmdir $(DESTDIR)$(LIBDIR)
+
+# A Debian package from a staged install (dpkg-deb only, no extra tool):
+# target/deb/nanowire_VERSION_ARCH.deb. Binaries stripped of debug info, man
+# pages gzipped (Debian policy); dependencies from the ELF files' glibc symbol
+# versions plus the tools nanowire runs (iproute2, ethtool).
+DEB_ROOT := target/deb/root
+deb: release
+	rm -rf $(DEB_ROOT)
+	$(MAKE) --no-print-directory install DESTDIR=$(CURDIR)/$(DEB_ROOT) PREFIX=/usr CARGO=true ZSHDIR=/usr/share/zsh/vendor-completions
+	strip --strip-debug $(DEB_ROOT)/usr/bin/nanowire $(DEB_ROOT)/usr/lib/nanowire/libnanowire_preload.so
+	gzip -9n $(DEB_ROOT)/usr/share/man/man1/*.1
+	scripts/deb-control.sh $(DEB_ROOT) > /dev/null
+	dpkg-deb --root-owner-group -Zxz -z6 --build $(DEB_ROOT) target/deb/
+	@ls target/deb/*.deb
 
 clean:
 	-$(NANOWIRE) lab down

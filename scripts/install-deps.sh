@@ -25,6 +25,10 @@ want dig bind9-dnsutils
 want java openjdk-17-jdk-headless
 want node nodejs
 want make make
+# make deb (strip, objdump) and the two-host report test (ssh client, sshd in host b)
+want objdump binutils
+want dpkg-deb dpkg
+want ssh openssh-client
 want cc gcc
 # The runtimes of the event-loop echo programs (scripts/apps, issue 10). Debian 12's nodejs is 18;
 # the benchmarks in docs/benchmarks.md ran Node.js 20 (same dgram API).
@@ -34,6 +38,9 @@ want javac openjdk-17-jdk-headless
 [ -d /usr/include/x86_64-linux-gnu/asm ] || need+=(linux-libc-dev)
 if [ "${NANOWIRE_WITH_BROWSER:-0}" = 1 ]; then
   want chromium chromium
+  # Only for the tests (`make test` sets this): host b of the two-host report test runs its
+  # own sshd inside the lab's namespace. Debian starts ssh.service on install; the tests never use it.
+  want sshd openssh-server
 fi
 
 if [ ${#need[@]} -gt 0 ]; then

@@ -2,7 +2,8 @@
 //! and drop-in acceleration. Each subcommand lives in its crate; this file
 //! only dispatches and turns errors into one line and a non-zero exit.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use std::path::PathBuf;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -30,6 +31,33 @@ enum Cmd {
     /// xdp engine test/demo mode (echo, multicast, counters).
     #[command(hide = true)]
     XdpTest(nanowire_stack::cli::XdpTestArgs),
+    /// Shell completion script on stdout (`make install` uses it).
+    #[command(hide = true)]
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Man pages (roff) of nanowire and every subcommand into DIR (`make install` uses it).
+    #[command(hide = true)]
+    Man {
+        /// Directory to write nanowire.1, nanowire-run.1, ... into (created).
+        dir: PathBuf,
+    },
+}
+
+/// The generators behind `make install`: everything comes from the clap
+/// definition above, so completions and man pages cannot drift from the CLI.
+fn completions(shell: clap_complete::Shell) -> Result<i32, String> {
+    let mut cmd = Cli::command();
+    clap_complete::generate(shell, &mut cmd, "nanowire", &mut std::io::stdout());
+    Ok(0)
+}
+
+fn man(dir: PathBuf) -> Result<i32, String> {
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    clap_mangen::generate_to(Cli::command(), &dir)
+        .map_err(|e| format!("cannot write man pages into {}: {e}", dir.display()))?;
+    Ok(0)
 }
 
 fn main() {
@@ -41,6 +69,8 @@ fn main() {
         Cmd::Run(a) => nanowire_run::cli::run(a),
         Cmd::Capture(a) => nanowire_capture::cli::run(a),
         Cmd::XdpTest(a) => nanowire_stack::cli::xdp_test(a),
+        Cmd::Completions { shell } => completions(shell),
+        Cmd::Man { dir } => man(dir),
     };
     match res {
         Ok(code) => std::process::exit(code),
