@@ -11,7 +11,9 @@
 //! engine refuses it (one line on stderr, the page is then anonymous and
 //! not listed). It is opened once with O_DIRECTORY|O_NOFOLLOW and pages are
 //! created relative to that descriptor with O_CREAT|O_EXCL|O_NOFOLLOW, so
-//! nothing planted there can redirect a write. `<start>` is the process
+//! nothing planted there can redirect a write. Pages are mode 0600: they
+//! list the engine's sockets, which is nobody else's business (issue 20).
+//! `<start>` is the process
 //! start time (clock ticks since boot, /proc/PID/stat field 22): a page is
 //! live only while a process with that pid *and* that start time exists,
 //! so a reused pid never keeps a dead engine's page alive.
@@ -31,6 +33,8 @@ pub const ENGINE_SLOTS: usize = 64;
 pub const SOCK_SLOTS: usize = 32;
 pub const MAX_SOCKETS: usize = 1024;
 const PAGE_BYTES: usize = HEADER_BYTES + ENGINE_SLOTS * 8 + MAX_SOCKETS * SOCK_SLOTS * 8;
+/// Permissions of a page file: the owner (and root) only.
+const PAGE_MODE: u32 = 0o600;
 /// Bytes of one stats page (counted in the engine's memory).
 pub const PAGE_SIZE_BYTES: usize = PAGE_BYTES;
 
@@ -393,7 +397,9 @@ fn create_page_file() -> Option<(std::fs::File, PathBuf)> {
                 d.fd.as_raw_fd(),
                 c.as_ptr(),
                 libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                0o644 as libc::c_uint,
+                // Owner only (issue 20, 13c): a page lists every accelerated
+                // socket of the engine; `nanowire stats` runs as root.
+                PAGE_MODE as libc::c_uint,
             )
         };
         if fd >= 0 {
@@ -707,6 +713,10 @@ mod tests {
         page.set_sock_addr(3, Some("1.2.3.4:99".parse().unwrap()));
         bump(page.s(3, S::RxPackets), 2);
         let path = page.path().unwrap().to_path_buf();
+        // Not readable by the group or the world (issue 20, 13c).
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "page mode {mode:o}");
         let all = read_all();
         let me = all.iter().find(|s| Path::new(&s.page) == path).unwrap();
         assert_eq!(me.info, info);
