@@ -476,3 +476,151 @@ fn forking_server_after_the_client_half_closed() {
         "plain (left) and under run (right) differ"
     );
 }
+
+/// A splicing server (each connection handed over to the kernel at its
+/// first splice; the listener stays on the engine) that serves `N`
+/// clients through a pipe, then waits for a stop file.
+const SPLICE_MANY_PY: &str = r#"
+import os, socket, sys, time
+addr, port, n, stop = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((addr, port)); ls.listen(64)
+print("listening", flush=True)
+r, w = os.pipe()
+for i in range(n):
+    c, _ = ls.accept()
+    msg = b"conn %d\n" % i
+    os.write(w, msg)
+    done = 0
+    while done < len(msg):
+        done += os.splice(r, c.fileno(), len(msg) - done)
+    c.close()
+print("served", flush=True)
+t = time.time()
+while not os.path.exists(stop) and time.time() - t < 120:
+    time.sleep(0.05)
+print("done", flush=True)
+"#;
+
+const CONNECT_MANY_PY: &str = r#"
+import socket, sys
+for i in range(int(sys.argv[3])):
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+    d = b""
+    while True:
+        k = s.recv(100)
+        if not k:
+            break
+        d += k
+    s.close()
+    print(d.decode().strip(), flush=True)
+"#;
+
+/// Entries of the steering program's `nw_tcp_flows` on host `h`'s interface
+/// whose value is the pass bit (connections handed over to the kernel).
+fn pass_entries(l: &ScopedLab, h: Host) -> usize {
+    let json = |argv: &[&str]| -> serde_json::Value {
+        let o = l.command(h, argv).output().expect("bpftool");
+        assert!(o.status.success(), "{argv:?}: {o:?}");
+        serde_json::from_slice(&o.stdout).expect("bpftool json")
+    };
+    let ifn = l.iface(h);
+    let net = json(&["bpftool", "-j", "net", "show", "dev", &ifn]);
+    let prog = net[0]["xdp"][0]["id"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no xdp program on {ifn}: {net}"));
+    let p = json(&["bpftool", "-j", "prog", "show", "id", &prog.to_string()]);
+    let maps: Vec<u64> = p["map_ids"]
+        .as_array()
+        .expect("map_ids")
+        .iter()
+        .filter_map(|v| v.as_u64())
+        .collect();
+    for m in maps {
+        let info = json(&["bpftool", "-j", "map", "show", "id", &m.to_string()]);
+        if info["name"] != "nw_tcp_flows" {
+            continue;
+        }
+        let dump = json(&["bpftool", "-j", "map", "dump", "id", &m.to_string()]);
+        return dump
+            .as_array()
+            .expect("map dump")
+            .iter()
+            .filter(|e| {
+                let v: Vec<String> = e["value"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|b| b.as_str().unwrap_or("").to_string())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                v == ["0x00", "0x00", "0x00", "0x80"]
+            })
+            .count();
+    }
+    panic!("no nw_tcp_flows map in program {prog}");
+}
+
+/// Issue 20 finding 13b: the pass entries of connections handed over to
+/// the kernel go when the kernel's connection is gone, so a forking (or
+/// splicing) server does not fill the 65,536-entry flow map.
+#[test]
+#[ignore = "needs root"]
+fn handed_over_connections_leave_no_pass_entries_behind() {
+    const N: usize = 30;
+    let l = lab("hop");
+    let addr = ADDR_B.to_string();
+    let port = "13520";
+    let stop = scratch(&format!("hop-stop-{}", std::process::id()));
+    let _ = std::fs::remove_file(&stop);
+    let n = N.to_string();
+    let stop_s = stop.display().to_string();
+    let mut s = spawn(
+        "hop-srv",
+        cmd_in(
+            &l,
+            Host::B,
+            true,
+            &["python3", "-c", SPLICE_MANY_PY, &addr, port, &n, &stop_s],
+        ),
+    );
+    s.wait_for("listening", Duration::from_secs(20));
+    let rsts = out_rsts(&l, Host::B);
+    let mut c = spawn(
+        "hop-cli",
+        plain_in(
+            &l,
+            Host::A,
+            &["python3", "-c", CONNECT_MANY_PY, &addr, port, &n],
+        ),
+    );
+    let out = c.success(T);
+    let want: String = (0..N).map(|i| format!("conn {i}\n")).collect();
+    assert_eq!(out, want);
+    s.wait_for("served", T);
+    let err = s.stderr();
+    assert_eq!(
+        err.matches("moved to the kernel (TCP_REPAIR hand-over): splice()")
+            .count(),
+        N,
+        "every connection handed over:\n{err}"
+    );
+    // The kernel's connections are closed (or in TIME-WAIT): within a few
+    // sweeps (one a second) no pass entry is left.
+    let t0 = std::time::Instant::now();
+    let mut left = pass_entries(&l, Host::B);
+    eprintln!("pass entries right after the last connection: {left}");
+    while left > 0 && t0.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(200));
+        left = pass_entries(&l, Host::B);
+    }
+    assert_eq!(
+        left, 0,
+        "pass entries left in nw_tcp_flows after {N} hand-overs"
+    );
+    std::fs::write(&stop, b"").unwrap();
+    s.success(T);
+    let _ = std::fs::remove_file(&stop);
+    assert_eq!(out_rsts(&l, Host::B), rsts, "the server's kernel sent RST");
+}

@@ -86,11 +86,11 @@ fn ip4(d: &[u8]) -> Option<Ipv4Addr> {
 
 impl Nl {
     fn open() -> io::Result<Nl> {
-        let fd = sys::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        );
+        Nl::open_proto(libc::NETLINK_ROUTE)
+    }
+
+    fn open_proto(proto: i32) -> io::Result<Nl> {
+        let fd = sys::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto);
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -190,6 +190,65 @@ impl Nl {
                 return Ok(out);
             }
         }
+    }
+}
+
+/// Kernel TCP states (include/net/tcp_states.h) that `SockDiag` reports.
+pub const TCP_TIME_WAIT: u8 = 6;
+pub const TCP_CLOSE: u8 = 7;
+pub const TCP_LISTEN: u8 = 10;
+
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+
+/// Exact look-ups of kernel TCP sockets by 4-tuple (NETLINK_SOCK_DIAG,
+/// inet_diag without a dump): one request and one answer per look-up.
+pub struct SockDiag(Nl);
+
+impl SockDiag {
+    pub fn open() -> io::Result<SockDiag> {
+        Nl::open_proto(libc::NETLINK_SOCK_DIAG).map(SockDiag)
+    }
+
+    /// The kernel's state of the TCP connection (`local`, `remote`) in this
+    /// network namespace (TIME-WAIT included), or `None` if it has none.
+    /// The kernel's exact look-up falls back to a listener on the local
+    /// port: that answer (another 4-tuple) is `None` too.
+    pub fn tcp_state(
+        &mut self,
+        local: std::net::SocketAddrV4,
+        remote: std::net::SocketAddrV4,
+    ) -> io::Result<Option<u8>> {
+        // struct inet_diag_req_v2: family, protocol, ext, pad, states, then
+        // inet_diag_sockid: sport, dport (be16), src[4], dst[4] (be32),
+        // if, cookie[2] (INET_DIAG_NOCOOKIE).
+        let mut body = Vec::with_capacity(56);
+        body.extend_from_slice(&[libc::AF_INET as u8, libc::IPPROTO_TCP as u8, 0, 0]);
+        body.extend_from_slice(&u32::MAX.to_ne_bytes());
+        body.extend_from_slice(&local.port().to_be_bytes());
+        body.extend_from_slice(&remote.port().to_be_bytes());
+        body.extend_from_slice(&local.ip().octets());
+        body.extend_from_slice(&[0; 12]);
+        body.extend_from_slice(&remote.ip().octets());
+        body.extend_from_slice(&[0; 12]);
+        body.extend_from_slice(&0u32.to_ne_bytes());
+        body.extend_from_slice(&[0xff; 8]);
+        let msgs = match self
+            .0
+            .request(SOCK_DIAG_BY_FAMILY, 0, &body, SOCK_DIAG_BY_FAMILY)
+        {
+            Ok(m) => m,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        // struct inet_diag_msg: family, state, timer, retrans, then the
+        // sockid (sport at 4, dport at 6, src at 8, dst at 24).
+        Ok(msgs.first().and_then(|m| {
+            let m = m.get(..28)?;
+            let same = m[4..6] == local.port().to_be_bytes()
+                && m[6..8] == remote.port().to_be_bytes()
+                && m[24..28] == remote.ip().octets();
+            (same && m[1] != TCP_LISTEN).then_some(m[1])
+        }))
     }
 }
 
@@ -444,6 +503,33 @@ pub fn parse_events(mut b: &[u8], out: &mut Vec<Event>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sock_diag_finds_exactly_the_connection() {
+        use std::net::{SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        let v4 = |a: SocketAddr| match a {
+            SocketAddr::V4(a) => a,
+            SocketAddr::V6(_) => unreachable!(),
+        };
+        let (local, remote) = (v4(s.local_addr().unwrap()), v4(s.peer_addr().unwrap()));
+        let mut d = SockDiag::open().unwrap();
+        assert_eq!(d.tcp_state(local, remote).unwrap(), Some(1)); // ESTABLISHED
+        // Same listener port, no such peer: the kernel's fallback to the
+        // listener is not that connection.
+        let other = SocketAddrV4::new(*remote.ip(), remote.port() ^ 0x5555);
+        assert_eq!(d.tcp_state(local, other).unwrap(), None);
+        drop(s);
+        drop(c);
+        // The side that closed first is in TIME-WAIT (or gone).
+        let st = d.tcp_state(local, remote).unwrap();
+        assert!(
+            matches!(st, Some(4..=6) | None),
+            "state after close: {st:?}"
+        );
+    }
 
     #[test]
     fn route_to_loopback() {

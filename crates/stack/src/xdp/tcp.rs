@@ -148,6 +148,12 @@ struct Core {
     /// Local addresses bound in the demux and claimed in the program.
     listen_claims: Vec<SocketAddrV4>,
     flow_claims: Vec<(SocketAddrV4, SocketAddrV4)>,
+    /// 4-tuples handed over to the kernel under a listener the engine
+    /// claims (pass entries in the flow map), removed when the kernel's
+    /// connection is gone (`sweep_passes`).
+    pass_claims: Vec<(SocketAddrV4, SocketAddrV4)>,
+    /// When `sweep_passes` may look again (ns since `epoch`).
+    pass_sweep_at: u64,
     /// Kernel sockets holding our ports.
     reservations: Vec<OwnedFd>,
     /// Next hop per destination: (neighbour generation, source, MAC).
@@ -218,6 +224,8 @@ impl TcpEngine {
                 epoch: Instant::now(),
                 listen_claims: Vec::new(),
                 flow_claims: Vec::new(),
+                pass_claims: Vec::new(),
+                pass_sweep_at: 0,
                 reservations: Vec::new(),
                 hops: Vec::new(),
                 scratch: vec![0u8; TX_BATCH * SLOT],
@@ -574,7 +582,7 @@ impl Drop for TcpEngine {
             for a in &c.listen_claims {
                 p.prog.unclaim_tcp_listener(*a.ip(), a.port());
             }
-            for (l, r) in &c.flow_claims {
+            for (l, r) in c.flow_claims.iter().chain(&c.pass_claims) {
                 p.prog.unclaim_tcp_flow(*l, *r);
             }
         }
@@ -888,13 +896,91 @@ impl XdpTcpStream {
                 p.prog
                     .pass_tcp_flow(l, r)
                     .map_err(|e| io_err(io::ErrorKind::Other, e))?;
-                // Removed with the engine's other claims when it goes.
-                core.flow_claims.push((l, r));
+                // Removed when the kernel's connection is gone (the timer
+                // service's `sweep_passes`), or with the engine.
+                core.pass_claims.push((l, r));
             }
         }
         let _ = core.stack.hand_over_done(now, self.c);
         Ok(t)
     }
+}
+
+/// How often the pass entries of handed-over connections are checked.
+const PASS_SWEEP_NS: u64 = 1_000_000_000;
+
+impl TcpEngine {
+    /// Remove the pass entries of handed-over connections the kernel no
+    /// longer has (closed, or in TIME-WAIT, whose stray segments the
+    /// engine's listener answers as the kernel's would be: nobody's
+    /// connection) — issue 20, 13b: a splice proxy would otherwise fill
+    /// the flow map. At most every PASS_SWEEP_NS; the kernel is asked
+    /// without the engine's lock held (one sock_diag look-up per entry).
+    /// Returns how many entries went.
+    fn sweep_passes(&self, diag: &mut Option<nanowire_xdp::netlink::SockDiag>) -> usize {
+        let list = {
+            let Ok(mut c) = self.core.try_lock() else {
+                return 0;
+            };
+            let now = c.epoch.elapsed().as_nanos() as u64;
+            if c.pass_claims.is_empty() || now < c.pass_sweep_at {
+                return 0;
+            }
+            c.pass_sweep_at = now.saturating_add(PASS_SWEEP_NS);
+            c.pass_claims.clone()
+        };
+        if diag.is_none() {
+            match nanowire_xdp::netlink::SockDiag::open() {
+                Ok(d) => *diag = Some(d),
+                Err(e) => {
+                    warn_sweep(&e);
+                    return 0;
+                }
+            }
+        }
+        let Some(d) = diag.as_mut() else { return 0 };
+        let mut gone = Vec::new();
+        for (l, r) in list {
+            match d.tcp_state(l, r) {
+                Ok(None)
+                | Ok(Some(
+                    nanowire_xdp::netlink::TCP_TIME_WAIT | nanowire_xdp::netlink::TCP_CLOSE,
+                )) => gone.push((l, r)),
+                Ok(Some(_)) => {}
+                Err(e) => {
+                    // Keep the entry: better a stale pass than a live
+                    // kernel connection's segments taken by the engine.
+                    warn_sweep(&e);
+                    *diag = None;
+                    break;
+                }
+            }
+        }
+        if gone.is_empty() {
+            return 0;
+        }
+        let mut c = self.core();
+        let mut p = self.engine.prog();
+        let mut n = 0;
+        for (l, r) in gone {
+            if let Some(i) = c.pass_claims.iter().position(|&(a, b)| a == l && b == r) {
+                c.pass_claims.swap_remove(i);
+                p.prog.unclaim_tcp_flow(l, r);
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+fn warn_sweep(e: &io::Error) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        eprintln!(
+            "nanowire: cannot ask the kernel about handed-over TCP connections ({e}); \
+             their flow-map entries stay until the listener closes"
+        )
+    });
 }
 
 impl Drop for XdpTcpStream {
@@ -1427,6 +1513,8 @@ fn service_loop(wake: RawFd) {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
     }
+    // Kept open between sweeps of handed-over connections' pass entries.
+    let mut diag = None;
     loop {
         let engines: Vec<Arc<TcpEngine>> = {
             let mut s = service();
@@ -1480,6 +1568,9 @@ fn service_loop(wake: RawFd) {
                     sleep_ns = sleep_ns.min(d.saturating_sub(now).max(1_000_000));
                 }
             }
+        }
+        for e in &engines {
+            e.sweep_passes(&mut diag);
         }
         drop(engines);
         let mut p = libc::pollfd {
