@@ -622,11 +622,11 @@ pub fn recv_one(
                 None => Err(libc::EAGAIN),
             };
         }
-        if crate::signals::interrupted(s0) {
-            return Err(libc::EINTR);
-        }
         // The clock starts once the socket has to wait.
         let tmo = a.rcvtimeo_ns.load(Ordering::Relaxed);
+        if crate::signals::interrupted_timed(s0, tmo != 0) {
+            return Err(libc::EINTR);
+        }
         let now = now_ns();
         let spent = now.wrapping_sub(*start.get_or_insert(now));
         if tmo != 0 && spent >= tmo {
@@ -774,10 +774,10 @@ fn kernel_mode_recv(
         if dontwait {
             return Err(libc::EAGAIN);
         }
-        if crate::signals::interrupted(s0) {
+        let tmo = a.rcvtimeo_ns.load(Ordering::Relaxed);
+        if crate::signals::interrupted_timed(s0, tmo != 0) {
             return Err(libc::EINTR);
         }
-        let tmo = a.rcvtimeo_ns.load(Ordering::Relaxed);
         let spent = now_ns().wrapping_sub(start);
         if tmo != 0 && spent >= tmo {
             return Err(libc::EAGAIN);

@@ -508,6 +508,14 @@ pub fn candidate(fd: c_int, mut attempt: impl FnMut() -> isize) -> Option<Option
     let mut wait = crate::adapt::Wait::new(u64::MAX);
     let s0 = crate::signals::seq();
     let gen0 = table::generation(table::get(fd));
+    // SO_RCVTIMEO on the kernel socket bounds the wait (and lets any
+    // handled signal interrupt it, signal(7)).
+    let tmo = if w & table::F_RCVTIMEO != 0 {
+        rcvtimeo_ns(fd)
+    } else {
+        0
+    };
+    let start = crate::sys::now_ns();
     let _g = table::spin_enter(fd);
     loop {
         if accel::by_fd(fd).is_some() {
@@ -522,7 +530,7 @@ pub fn candidate(fd: c_int, mut attempt: impl FnMut() -> isize) -> Option<Option
             table::clear_flags(fd, table::F_CAND);
             return Some(None);
         }
-        if crate::signals::interrupted(s0) {
+        if crate::signals::interrupted_timed(s0, tmo != 0) {
             set_errno(libc::EINTR);
             return Some(Some(-1));
         }
@@ -535,6 +543,9 @@ pub fn candidate(fd: c_int, mut attempt: impl FnMut() -> isize) -> Option<Option
         }
         if !crate::spin::is_blocking(fd) {
             return Some(Some(r));
+        }
+        if tmo != 0 && crate::sys::now_ns().wrapping_sub(start) >= tmo {
+            return Some(Some(r)); // EAGAIN, as the timed-out kernel call
         }
         if table::get(fd) & table::F_CAND == 0 {
             // Decided against acceleration meanwhile: the normal path.
@@ -549,5 +560,15 @@ pub fn candidate(fd: c_int, mut attempt: impl FnMut() -> isize) -> Option<Option
             // SAFETY: one pollfd on our stack.
             unsafe { real::poll(&mut p, 1, 1) };
         }
+    }
+}
+
+/// The kernel socket's SO_RCVTIMEO in ns (0: none or unreadable).
+fn rcvtimeo_ns(fd: c_int) -> u64 {
+    // SAFETY: borrowed only for one getsockopt; a bad fd is an error.
+    let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+    match rustix::net::sockopt::socket_timeout(b, rustix::net::sockopt::Timeout::Recv) {
+        Ok(Some(d)) => u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1),
+        _ => 0,
     }
 }

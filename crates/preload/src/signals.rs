@@ -52,16 +52,29 @@ thread_local! {
     static SEQ_ALL: Cell<u64> = const { Cell::new(0) };
 }
 
-/// For receives (restarted after SA_RESTART handlers).
+/// For receives and sends: both counts in one word (the restartable-only
+/// count in the low half, every handled signal in the high half; a wait
+/// compares them for equality only, so wrapping is harmless).
 #[inline(always)]
 pub fn seq() -> u64 {
-    SEQ.with(|c| c.get())
+    let r = SEQ.with(|c| c.get()) & 0xffff_ffff;
+    let all = SEQ_ALL.with(|c| c.get()) & 0xffff_ffff;
+    r | all << 32
 }
 
-/// EINTR if a signal was handled on this thread since `s0`.
+/// EINTR if a signal whose handler lacks SA_RESTART was handled on this
+/// thread since `s0` (a call without a timeout is restarted otherwise).
 #[inline(always)]
 pub fn interrupted(s0: u64) -> bool {
-    seq() != s0
+    (seq() ^ s0) & 0xffff_ffff != 0
+}
+
+/// EINTR for a wait bounded by SO_RCVTIMEO/SO_SNDTIMEO (`timed`): any
+/// handled signal interrupts it, SA_RESTART or not (signal(7): "if a
+/// timeout has been set on the socket ... the call fails with EINTR").
+#[inline(always)]
+pub fn interrupted_timed(s0: u64, timed: bool) -> bool {
+    if timed { seq() != s0 } else { interrupted(s0) }
 }
 
 /// For poll/select/epoll waits (never restarted).

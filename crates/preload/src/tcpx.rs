@@ -384,7 +384,7 @@ fn wait_for<R>(
     let mut w = crate::adapt::Wait::new(if timeo_ns == 0 { u64::MAX } else { timeo_ns });
     let mut spinning = spin_ns != 0;
     loop {
-        if crate::signals::interrupted(s0) {
+        if crate::signals::interrupted_timed(s0, timeo_ns != 0) {
             return Err(libc::EINTR);
         }
         if table::generation(table::get(fd)) != gen0 {
@@ -626,7 +626,7 @@ pub fn accept(
         if t.nonblock.load(Ordering::Relaxed) {
             break Err(libc::EAGAIN);
         }
-        if crate::signals::interrupted(s0) {
+        if crate::signals::interrupted_timed(s0, tmo != 0) {
             break Err(libc::EINTR);
         }
         if table::generation(table::get(fd)) != gen0 {
