@@ -75,7 +75,121 @@ pub const TARGETS: &[Target] = &[
         run: tcp_stack,
         seeds: tcp_stack_seeds,
     },
+    Target {
+        name: "sockabi_iov",
+        run: sockabi_iov,
+        seeds: sockabi_iov_seeds,
+    },
+    Target {
+        name: "sockabi_msg",
+        run: sockabi_msg,
+        seeds: sockabi_msg_seeds,
+    },
 ];
+
+/// The shim's iovec checks (`nanowire_sockabi::iov`): bytes as an array
+/// of (base, len) pairs. Never panics; an accepted array's total is the
+/// clamped sum; a scatter never writes past a segment or the data; the
+/// gather chunks cover exactly the clamped data, each at most a chunk.
+pub fn sockabi_iov(data: &[u8]) {
+    use nanowire_sockabi::iov::{self, Call, MAX_RW_COUNT, Seg};
+    use nanowire_sockabi::space::UserSpace;
+    let segs: Vec<Seg> = data
+        .chunks_exact(16)
+        .map(|c| Seg {
+            base: u64::from_le_bytes(c[..8].try_into().unwrap()) as usize,
+            len: u64::from_le_bytes(c[8..].try_into().unwrap()) as usize,
+        })
+        .collect();
+    let _ = iov::check_count(segs.len(), Call::Msg);
+    let sp = UserSpace::X86_64_4LEVEL;
+    if let Ok(total) = iov::import(segs.iter().copied(), &sp) {
+        assert!(total <= MAX_RW_COUNT);
+        let lens: Vec<usize> = iov::clamped_lens(&segs).collect();
+        assert_eq!(lens.iter().sum::<usize>(), total);
+        let n = data.first().map_or(0, |&b| (b as usize) << 4).min(total);
+        let mut got = 0;
+        for p in iov::scatter(lens.iter().copied(), n) {
+            assert!(p.len <= lens[p.seg] && p.len > 0);
+            assert_eq!(p.src_off, got);
+            got += p.len;
+        }
+        assert_eq!(got, n);
+        let small: Vec<Seg> = segs
+            .iter()
+            .map(|s| Seg {
+                base: s.base,
+                len: s.len % 4096,
+            })
+            .collect();
+        let mut g = iov::gather_chunks(&small, 1000);
+        let mut out = Vec::new();
+        let mut sum = 0;
+        loop {
+            let k = g.next_chunk(&mut out);
+            if k == 0 {
+                break;
+            }
+            assert!(k <= 1000);
+            sum += k;
+        }
+        assert_eq!(sum, small.iter().map(|s| s.len).sum::<usize>());
+    }
+}
+
+/// The shim's sockaddr, cmsg and /proc/self/maps parsers: never panic;
+/// what `put` writes, `walk` reads back; a cached range is one `covering`
+/// returned.
+pub fn sockabi_msg(data: &[u8]) {
+    use nanowire_sockabi::space::{Access, Maps, RangeCache};
+    use nanowire_sockabi::{addr, cmsg};
+    let _ = addr::udp_dest(data);
+    if let Ok(a) = addr::inet_addr(data) {
+        assert_eq!(addr::inet_addr(&addr::encode_inet(a)), Ok(a));
+    }
+    let _ = addr::writeback(data.len() as u32, 16);
+    for m in cmsg::walk(data).flatten() {
+        assert!(m.data.len() <= data.len());
+    }
+    let mut buf = vec![0u8; data.len() % 97];
+    let p = cmsg::put(&mut buf, 0, 1, 2, data);
+    assert!(p.used <= buf.len());
+    if !p.truncated {
+        let m = cmsg::walk(&buf[..p.used]).next().unwrap().unwrap();
+        assert_eq!(m.data, data);
+    }
+    let maps = Maps(data);
+    let _ = maps.vmas().count();
+    let base = data.len() * 4096;
+    for a in [Access::Read, Access::Write] {
+        if let Some((s, e)) = maps.covering(base, 100, a) {
+            assert!(s <= base && base + 100 <= e);
+            let mut c = RangeCache::new();
+            c.insert(1, s, e, a);
+            assert!(c.hit(1, base, 100, a));
+        }
+    }
+}
+
+fn sockabi_iov_seeds() -> Vec<Vec<u8>> {
+    let pair = |b: u64, l: u64| [b.to_le_bytes(), l.to_le_bytes()].concat();
+    vec![
+        pair(0x1000, 100),
+        [pair(0x1000, 3), pair(0, 0), pair(0x2000, 1 << 40)].concat(),
+        pair(u64::MAX - 5, 10),
+        pair(0x1000, u64::MAX),
+    ]
+}
+
+fn sockabi_msg_seeds() -> Vec<Vec<u8>> {
+    let mut c = vec![0u8; 32];
+    nanowire_sockabi::cmsg::put(&mut c, 0, 0, 8, &[1, 2, 3, 4]);
+    vec![
+        nanowire_sockabi::addr::encode_inet("198.18.0.2:9".parse().unwrap()).to_vec(),
+        c,
+        b"00001000-00003000 rw-p 00000000 00:00 0  [heap]\n00003000-00005000 r--p 0 0 0\n".to_vec(),
+    ]
+}
 
 /// The engine's frame classifier (`nanowire_stack::xdp::classify`): never
 /// panics; what it accepts has in-bounds offsets, a non-martian source, a

@@ -56,6 +56,8 @@ macro_rules! interposed {
             writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
             sigaction(sig: c_int, act: *const libc::sigaction, oact: *mut libc::sigaction) -> c_int;
             signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t;
+            munmap(addr: *mut c_void, len: size_t) -> c_int;
+            mprotect(addr: *mut c_void, len: size_t, prot: c_int) -> c_int;
         }
     };
 }

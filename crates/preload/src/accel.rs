@@ -218,23 +218,10 @@ pub fn read_sockaddr(
     if addr.is_null() {
         return Ok(None);
     }
-    if (len as usize) < std::mem::size_of::<libc::sa_family_t>() {
-        return Err(libc::EINVAL);
-    }
-    // SAFETY: at least the family is readable (len checked).
-    let fam = unsafe { (*addr).sa_family } as c_int;
-    if fam != libc::AF_INET {
-        return Err(libc::EAFNOSUPPORT);
-    }
-    if (len as usize) < std::mem::size_of::<libc::sockaddr_in>() {
-        return Err(libc::EINVAL);
-    }
-    // SAFETY: a full sockaddr_in is readable (len checked).
-    let sin = unsafe { &*(addr as *const libc::sockaddr_in) };
-    Ok(Some(SocketAddrV4::new(
-        Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
-        u16::from_be(sin.sin_port),
-    )))
+    // move_addr_to_kernel: the length, then the copy (EFAULT).
+    let len = nanowire_sockabi::addr::check_len(len)?;
+    let bytes = crate::uaccess::buf(addr.cast(), len).ok_or(libc::EFAULT)?;
+    nanowire_sockabi::addr::inet_addr(bytes).map(Some)
 }
 
 /// Write `src` to a caller's (addr, len) pair the way the kernel does.

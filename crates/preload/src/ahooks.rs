@@ -6,7 +6,9 @@ use crate::accel::{self, Accel, Got};
 use crate::real;
 use crate::spin::{errno, set_errno};
 use crate::table;
+use crate::uaccess::{self, Access};
 use libc::{c_int, c_uint, c_void, iovec, mmsghdr, msghdr, sockaddr, socklen_t, ssize_t};
+use nanowire_sockabi::iov::{Call, UDP_MAX_PAYLOAD};
 use std::sync::atomic::Ordering;
 
 /// Flags the engine does not serve: the kernel socket under the fd answers
@@ -17,34 +19,6 @@ const KERNEL_ONLY: c_int = libc::MSG_ERRQUEUE | libc::MSG_OOB;
 fn fail<T: From<i8>>(e: c_int) -> T {
     set_errno(e);
     T::from(-1)
-}
-
-/// Copy `p` into the iovecs; returns bytes copied.
-fn scatter(iov: *const iovec, cnt: usize, p: &[u8]) -> usize {
-    let mut off = 0;
-    for i in 0..cnt {
-        if off >= p.len() {
-            break;
-        }
-        // SAFETY: the caller's iovec array of `cnt` entries.
-        let v = unsafe { &*iov.add(i) };
-        let n = v.iov_len.min(p.len() - off);
-        if n > 0 {
-            // SAFETY: the caller's buffer of iov_len bytes.
-            unsafe {
-                std::ptr::copy_nonoverlapping(p.as_ptr().add(off), v.iov_base.cast::<u8>(), n)
-            };
-        }
-        off += n;
-    }
-    off
-}
-
-fn iov_total(iov: *const iovec, cnt: usize) -> usize {
-    (0..cnt)
-        // SAFETY: the caller's iovec array.
-        .map(|i| unsafe { (*iov.add(i)).iov_len })
-        .fold(0usize, |a, b| a.saturating_add(b))
 }
 
 /// A forked child's inherited accelerated fd: the kernel socket under it,
@@ -96,17 +70,23 @@ pub fn recvfrom(
     }
     if let Some(a) = accel::lookup(fd) {
         let mut copied = 0;
+        let mut bad = false;
         let r = accel::recv_one(a, fd, flags, |p, _| {
             let n = p.len().min(len);
-            if n > 0 {
-                // SAFETY: the caller's buffer of `len` bytes.
+            // The kernel's copy faults: the datagram is consumed, EFAULT.
+            bad = !uaccess::ok_ptr(buf, n, Access::Write);
+            if n > 0 && !bad {
+                // SAFETY: `n` bytes of the caller's buffer, mapped writable.
                 unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), buf.cast::<u8>(), n) };
             }
             copied = n;
         });
         return Some(match r {
+            Ok(Got::Data(..)) if bad => fail(libc::EFAULT),
             Ok(Got::Data(full, src)) => {
-                accel::write_sockaddr(src, addr, alen);
+                if let Err(e) = put_name(src, addr, alen) {
+                    return Some(fail(e));
+                }
                 if flags & libc::MSG_TRUNC != 0 {
                     full as ssize_t
                 } else {
@@ -138,19 +118,33 @@ pub fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Option<ssize_t> {
         return None;
     }
     if let Some(a) = accel::lookup(fd) {
-        if msg.is_null() {
+        let Some(m) = uaccess::obj_mut(msg) else {
             return Some(fail(libc::EFAULT));
-        }
-        // SAFETY: the caller's msghdr.
-        let m = unsafe { &mut *msg };
-        let cnt = m.msg_iovlen;
-        let cap = iov_total(m.msg_iov, cnt);
+        };
+        // The header's checks come before any wait (copy_msghdr).
+        let (v, cap) = match uaccess::iovecs(m.msg_iov, m.msg_iovlen, Call::Msg) {
+            Ok(x) => x,
+            Err(e) => return Some(fail(e)),
+        };
         let mut copied = 0;
-        let r = accel::recv_one(a, fd, flags, |p, _| copied = scatter(m.msg_iov, cnt, p));
+        let mut bad = false;
+        let r = accel::recv_one(a, fd, flags, |p, _| {
+            bad = !uaccess::bufs_ok(v, p.len(), Access::Write);
+            if !bad {
+                copied = uaccess::scatter(v, p);
+            }
+        });
         return Some(match r {
+            Ok(Got::Data(..)) if bad => fail(libc::EFAULT),
             Ok(Got::Data(full, src)) => {
-                if !m.msg_name.is_null() {
-                    accel::write_sockaddr(src, m.msg_name.cast(), &mut m.msg_namelen);
+                if !m.msg_name.is_null()
+                    && let Err(e) = put_name(src, m.msg_name.cast(), &mut m.msg_namelen)
+                {
+                    return Some(fail(e));
+                }
+                if !uaccess::ok_ptr(m.msg_control, m.msg_controllen, Access::Write) {
+                    // The kernel's put_cmsg would fault: no control data.
+                    m.msg_controllen = 0;
                 }
                 m.msg_flags = if full > cap { libc::MSG_TRUNC } else { 0 };
                 crate::tstamp::put_rx(a, m);
@@ -187,8 +181,12 @@ pub fn recvmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> Op
     let mut n = 0;
     let mut f = flags & !libc::MSG_WAITFORONE;
     while n < vlen {
-        // SAFETY: the caller's array of `vlen` mmsghdr.
-        let mm = unsafe { &mut *msgs.add(n) };
+        let Some(mm) = uaccess::obj_mut(msgs.wrapping_add(n)) else {
+            if n == 0 {
+                return Some(fail(libc::EFAULT));
+            }
+            break;
+        };
         match recvmsg(fd, &mut mm.msg_hdr, f) {
             Some(r) if r >= 0 => {
                 mm.msg_len = r as c_uint;
@@ -226,12 +224,20 @@ pub fn sendto(
             promote_for_peer(fd, dst)?
         }
     };
+    if len > 0xffff {
+        // udp_sendmsg's first check.
+        return Some(fail(libc::EMSGSIZE));
+    }
     let dst = match accel::read_sockaddr(addr, alen) {
         Ok(d) => d,
         Err(e) => return Some(fail(e)),
     };
-    // SAFETY: the caller's buffer of `len` bytes.
-    let data = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
+    if len > UDP_MAX_PAYLOAD {
+        return Some(fail(libc::EMSGSIZE));
+    }
+    let Some(data) = uaccess::buf(buf, len) else {
+        return Some(fail(libc::EFAULT));
+    };
     Some(match accel::send_one(a, fd, data, dst, flags) {
         Ok(n) => n as ssize_t,
         Err(e) => fail(e),
@@ -243,11 +249,8 @@ thread_local! {
 }
 
 pub fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<ssize_t> {
-    if msg.is_null() {
-        return None;
-    }
-    // SAFETY: the caller's msghdr.
-    let m = unsafe { &*msg };
+    // An unreadable header: the kernel socket under the fd says EFAULT.
+    let m = uaccess::obj(msg)?;
     if m.msg_controllen > 0 {
         // Ancillary data (IP_PKTINFO, ...): the kernel socket under the fd
         // sends it as is.
@@ -257,22 +260,19 @@ pub fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<ssize_t> {
     {
         return None;
     }
-    let total = iov_total(m.msg_iov, m.msg_iovlen);
-    if total > 65507 {
+    let (v, total) = match uaccess::iovecs(m.msg_iov, m.msg_iovlen, Call::Msg) {
+        Ok(x) => x,
+        Err(e) => return Some(fail(e)),
+    };
+    if total > UDP_MAX_PAYLOAD {
         return Some(fail(libc::EMSGSIZE));
     }
     GATHER.with(|g| {
-        let mut g = g.borrow_mut();
-        g.clear();
-        for i in 0..m.msg_iovlen {
-            // SAFETY: the caller's iovecs.
-            let v = unsafe { &*m.msg_iov.add(i) };
-            if v.iov_len > 0 {
-                // SAFETY: iov_len readable bytes at iov_base.
-                g.extend_from_slice(unsafe {
-                    std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len)
-                });
-            }
+        let Ok(mut g) = g.try_borrow_mut() else {
+            return Some(fail(libc::ENOBUFS));
+        };
+        if !gather_into(v, total, &mut g) {
+            return Some(fail(libc::EFAULT));
         }
         sendto(
             fd,
@@ -315,8 +315,12 @@ pub fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> Op
         }
     }
     while n < vlen {
-        // SAFETY: the caller's array.
-        let mm = unsafe { &mut *msgs.add(n) };
+        let Some(mm) = uaccess::obj_mut(msgs.wrapping_add(n)) else {
+            if n == 0 {
+                return Some(fail(libc::EFAULT));
+            }
+            break;
+        };
         let r = match sendmsg(fd, &mm.msg_hdr, flags) {
             Some(r) => r,
             // SAFETY: this one needs the kernel (ancillary data).
@@ -338,18 +342,33 @@ fn gather(m: &msghdr, out: &mut Vec<u8>) -> Option<Option<std::net::SocketAddrV4
         return None;
     }
     let dst = accel::read_sockaddr(m.msg_name.cast(), m.msg_namelen).ok()?;
-    out.clear();
-    for i in 0..m.msg_iovlen {
-        // SAFETY: the caller's iovecs.
-        let v = unsafe { &*m.msg_iov.add(i) };
-        if v.iov_len > 0 {
-            // SAFETY: iov_len readable bytes at iov_base.
-            out.extend_from_slice(unsafe {
-                std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len)
-            });
-        }
+    // Anything the kernel would refuse goes one by one through `sendmsg`,
+    // which answers with the kernel's errno.
+    let (v, total) = uaccess::iovecs(m.msg_iov, m.msg_iovlen, Call::Msg).ok()?;
+    if total > UDP_MAX_PAYLOAD || !gather_into(v, total, out) {
+        return None;
     }
-    if out.len() > 65507 { None } else { Some(dst) }
+    Some(dst)
+}
+
+/// Copy `total` bytes of checked iovecs into `out` (cleared first); false
+/// if some byte is not mapped readable (the kernel's EFAULT).
+fn gather_into(v: &[iovec], total: usize, out: &mut Vec<u8>) -> bool {
+    out.clear();
+    if !uaccess::bufs_ok(v, total, Access::Read) {
+        return false;
+    }
+    for p in nanowire_sockabi::iov::scatter(
+        nanowire_sockabi::iov::clamped_lens_of(uaccess::segs(v)),
+        total,
+    ) {
+        // SAFETY: `p.len` bytes at this iovec's base are mapped readable
+        // (`bufs_ok` covered every byte up to `total`).
+        out.extend_from_slice(unsafe {
+            std::slice::from_raw_parts(v[p.seg].iov_base.cast::<u8>(), p.len)
+        });
+    }
+    true
 }
 
 thread_local! {
@@ -374,8 +393,9 @@ fn send_run(
             if b.len() <= k {
                 b.push(Vec::new());
             }
-            // SAFETY: the caller's array.
-            let mm = unsafe { &*msgs.add(from + k) };
+            let Some(mm) = uaccess::obj_mut(msgs.wrapping_add(from + k)) else {
+                break;
+            };
             let Some(dst) = gather(&mm.msg_hdr, &mut b[k]) else {
                 break;
             };
@@ -387,8 +407,9 @@ fn send_run(
         }
         if k == 0 {
             // Not for the engine (ancillary data, too big): one by one.
-            // SAFETY: the caller's array.
-            let mm = unsafe { &mut *msgs.add(from) };
+            let Some(mm) = uaccess::obj_mut(msgs.wrapping_add(from)) else {
+                return Err(libc::EFAULT);
+            };
             let r = sendmsg(fd, &mm.msg_hdr, flags)
                 // SAFETY: the kernel socket under the fd sends it.
                 .unwrap_or_else(|| unsafe { real::sendmsg(fd, &mm.msg_hdr, flags) });
@@ -401,8 +422,9 @@ fn send_run(
         let bufs: Vec<&[u8]> = b[..k].iter().map(|v| v.as_slice()).collect();
         let sent = accel::send_batch(a, fd, &bufs, dst0, flags)?;
         for (i, buf) in bufs.iter().enumerate().take(sent) {
-            // SAFETY: the caller's array.
-            unsafe { (*msgs.add(from + i)).msg_len = buf.len() as c_uint };
+            if let Some(mm) = uaccess::obj_mut(msgs.wrapping_add(from + i)) {
+                mm.msg_len = buf.len() as c_uint;
+            }
         }
         Ok(sent)
     })
@@ -571,4 +593,24 @@ fn rcvtimeo_ns(fd: c_int) -> u64 {
         Ok(Some(d)) => u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1),
         _ => 0,
     }
+}
+
+/// Write a datagram's source to the caller's (name, namelen) as the
+/// kernel's `move_addr_to_user`: nothing for a null name; an unreadable
+/// length or an unwritable name is EFAULT, a negative length EINVAL.
+fn put_name(
+    src: std::net::SocketAddrV4,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> Result<(), c_int> {
+    if addr.is_null() {
+        return Ok(());
+    }
+    let l = uaccess::obj_mut(alen).ok_or(libc::EFAULT)?;
+    let bytes = nanowire_sockabi::addr::encode_inet(src);
+    let (n, full) = nanowire_sockabi::addr::writeback(*l, bytes.len())?;
+    let out = uaccess::buf_mut(addr.cast(), n).ok_or(libc::EFAULT)?;
+    out.copy_from_slice(&bytes[..n]);
+    *l = full;
+    Ok(())
 }

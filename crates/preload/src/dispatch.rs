@@ -20,12 +20,15 @@ use crate::ready;
 use crate::real;
 pub use crate::signals::{sigaction, signal};
 use crate::spin::{self, log_socket, recv_spin_word};
+use crate::streamio;
 use crate::table::{self, C_EPOLL, C_OTHER, C_TCP, C_UDP, F_EPOLL_INET, F_RCVTIMEO};
 use crate::tcpx;
+pub use crate::uaccess::{mprotect, munmap};
 use libc::{
     c_int, c_uint, c_ulong, c_void, epoll_event, fd_set, iovec, mmsghdr, msghdr, nfds_t, off_t,
     off64_t, pollfd, sigset_t, size_t, sockaddr, socklen_t, ssize_t, timespec, timeval,
 };
+use nanowire_sockabi::iov::Call;
 use std::sync::atomic::Ordering;
 
 // ---------------------------------------------------------------- sockets
@@ -340,8 +343,7 @@ pub fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
 /// As libc's `recv`.
 pub unsafe fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
     if let Some(t) = tcpx::lookup(fd) {
-        // SAFETY: the caller's buffer of `len` bytes.
-        return tcpx::recv(t, fd, unsafe { tcp_buf(buf, len) }, flags);
+        return streamio::recv(t, fd, buf, len, flags);
     }
     if let Some(r) = ahooks::recvfrom(
         fd,
@@ -392,13 +394,13 @@ pub unsafe fn recvfrom(
     alen: *mut socklen_t,
 ) -> ssize_t {
     if let Some(t) = tcpx::lookup(fd) {
-        if !addr.is_null() && !alen.is_null() {
+        if !addr.is_null()
+            && let Some(l) = crate::uaccess::obj_mut(alen)
+        {
             // A connected stream reports no source address.
-            // SAFETY: the caller's length.
-            unsafe { *alen = 0 };
+            *l = 0;
         }
-        // SAFETY: the caller's buffer of `len` bytes.
-        return tcpx::recv(t, fd, unsafe { tcp_buf(buf, len) }, flags);
+        return streamio::recv(t, fd, buf, len, flags);
     }
     if let Some(r) = ahooks::recvfrom(fd, buf, len, flags, addr, alen) {
         return r;
@@ -434,15 +436,8 @@ pub unsafe fn recvfrom(
 /// # Safety
 /// As libc's `recvmsg`.
 pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    if let Some(t) = tcpx::lookup(fd)
-        && !msg.is_null()
-    {
-        // SAFETY: the caller's message header.
-        let m = unsafe { &mut *msg };
-        m.msg_namelen = 0;
-        m.msg_controllen = 0;
-        m.msg_flags = 0;
-        return tcpx::recv_iov(t, fd, m.msg_iov, m.msg_iovlen, flags);
+    if let Some(t) = tcpx::lookup(fd) {
+        return streamio::recvmsg(t, fd, msg, flags);
     }
     if let Some(r) = ahooks::recvmsg(fd, msg, flags) {
         return r;
@@ -487,8 +482,7 @@ pub unsafe fn recvmmsg(
     if let Some(t) = tcpx::lookup(fd)
         && flags & libc::MSG_ERRQUEUE == 0
     {
-        // SAFETY: the caller's vector of `vlen` headers (# Safety).
-        return unsafe { tcpx::recvmmsg(t, fd, msgs, vlen, flags) };
+        return streamio::recvmmsg(t, fd, msgs, vlen, flags);
     }
     if let Some(r) = ahooks::recvmmsg(fd, msgs, vlen, flags) {
         return r;
@@ -539,8 +533,7 @@ pub unsafe fn recvmmsg(
 /// As libc's `read`.
 pub unsafe fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
     if let Some(t) = tcpx::lookup(fd) {
-        // SAFETY: the caller's buffer of `len` bytes.
-        return tcpx::recv(t, fd, unsafe { tcp_buf(buf, len) }, 0);
+        return streamio::recv(t, fd, buf, len, 0);
     }
     if let Some(r) = ahooks::recvfrom(fd, buf, len, 0, std::ptr::null_mut(), std::ptr::null_mut()) {
         return r;
@@ -568,12 +561,13 @@ pub unsafe fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
 /// # Safety
 /// As libc's `readv`.
 pub unsafe fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if cnt >= 0
-        && let Some(t) = tcpx::lookup(fd)
-    {
-        return tcpx::recv_iov(t, fd, iov, cnt as usize, 0);
+    if let Some(t) = tcpx::lookup(fd) {
+        return streamio::rwv(t, fd, iov, cnt, false);
     }
-    if cnt >= 0 && accel::by_fd(fd).is_some() {
+    if accel::by_fd(fd).is_some() {
+        if let Err(e) = nanowire_sockabi::iov::check_count(cnt as isize as usize, Call::Vec) {
+            return crate::uaccess::fault(e);
+        }
         // SAFETY: a msghdr over the caller's iovec.
         let mut m: msghdr = unsafe { std::mem::zeroed() };
         m.msg_iov = iov as *mut iovec;
@@ -1482,8 +1476,7 @@ pub unsafe fn sendto(
     alen: socklen_t,
 ) -> ssize_t {
     if let Some(t) = tcpx::lookup(fd) {
-        // SAFETY: the caller's data of `len` bytes.
-        return tcpx::send(t, fd, unsafe { tcp_data(buf, len) }, flags);
+        return streamio::send(t, fd, buf, len, flags);
     }
     if let Some(r) = ahooks::sendto(fd, buf, len, flags, addr, alen) {
         return r;
@@ -1497,8 +1490,7 @@ pub unsafe fn sendto(
 /// As libc's `send`.
 pub unsafe fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
     if let Some(t) = tcpx::lookup(fd) {
-        // SAFETY: the caller's data of `len` bytes.
-        return tcpx::send(t, fd, unsafe { tcp_data(buf, len) }, flags);
+        return streamio::send(t, fd, buf, len, flags);
     }
     if accel::lookup(fd).is_some()
         && let Some(r) = ahooks::sendto(fd, buf, len, flags, std::ptr::null(), 0)
@@ -1513,12 +1505,8 @@ pub unsafe fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> 
 /// # Safety
 /// As libc's `sendmsg`.
 pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    if let Some(t) = tcpx::lookup(fd)
-        && !msg.is_null()
-    {
-        // SAFETY: the caller's message header.
-        let m = unsafe { &*msg };
-        return tcpx::send_iov(t, fd, m.msg_iov, m.msg_iovlen, flags);
+    if let Some(t) = tcpx::lookup(fd) {
+        return streamio::sendmsg(t, fd, msg, flags);
     }
     if let Some(r) = ahooks::sendmsg(fd, msg, flags) {
         return r;
@@ -1532,8 +1520,7 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
 /// As libc's `sendmmsg`.
 pub unsafe fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> c_int {
     if let Some(t) = tcpx::lookup(fd) {
-        // SAFETY: the caller's vector of `vlen` headers (# Safety).
-        return unsafe { tcpx::sendmmsg(t, fd, msgs, vlen, flags) };
+        return streamio::sendmmsg(t, fd, msgs, vlen, flags);
     }
     if let Some(r) = ahooks::sendmmsg(fd, msgs, vlen, flags) {
         return r;
@@ -1547,8 +1534,7 @@ pub unsafe fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int
 /// As libc's `write`.
 pub unsafe fn write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t {
     if let Some(t) = tcpx::lookup(fd) {
-        // SAFETY: the caller's data of `len` bytes.
-        return tcpx::send(t, fd, unsafe { tcp_data(buf, len) }, 0);
+        return streamio::send(t, fd, buf, len, 0);
     }
     if accel::lookup(fd).is_some()
         && let Some(r) = ahooks::sendto(fd, buf, len, 0, std::ptr::null(), 0)
@@ -1563,12 +1549,13 @@ pub unsafe fn write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t {
 /// # Safety
 /// As libc's `writev`.
 pub unsafe fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    if cnt >= 0
-        && let Some(t) = tcpx::lookup(fd)
-    {
-        return tcpx::send_iov(t, fd, iov, cnt as usize, 0);
+    if let Some(t) = tcpx::lookup(fd) {
+        return streamio::rwv(t, fd, iov, cnt, true);
     }
-    if cnt >= 0 && accel::lookup(fd).is_some() {
+    if accel::lookup(fd).is_some() {
+        if let Err(e) = nanowire_sockabi::iov::check_count(cnt as isize as usize, Call::Vec) {
+            return crate::uaccess::fault(e);
+        }
         // SAFETY: a msghdr over the caller's iovec.
         let mut m: msghdr = unsafe { std::mem::zeroed() };
         m.msg_iov = iov as *mut iovec;
@@ -1580,30 +1567,6 @@ pub unsafe fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::writev(fd, iov, cnt) }
-}
-
-/// The caller's receive buffer as a slice (empty for a null pointer).
-///
-/// # Safety
-/// `buf` is valid for writes of `len` bytes (the call's contract).
-unsafe fn tcp_buf<'a>(buf: *mut c_void, len: size_t) -> &'a mut [u8] {
-    if buf.is_null() || len == 0 {
-        return &mut [];
-    }
-    // SAFETY: per this function's contract.
-    unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) }
-}
-
-/// The caller's data as a slice (empty for a null pointer).
-///
-/// # Safety
-/// `buf` is valid for reads of `len` bytes (the call's contract).
-unsafe fn tcp_data<'a>(buf: *const c_void, len: size_t) -> &'a [u8] {
-    if buf.is_null() || len == 0 {
-        return &[];
-    }
-    // SAFETY: per this function's contract.
-    unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }
 }
 
 /// # Safety

@@ -68,10 +68,12 @@ mod real;
 mod share;
 mod signals;
 mod spin;
+mod streamio;
 mod sys;
 mod table;
 mod tcpx;
 mod tstamp;
+mod uaccess;
 
 /// Runs when the library is loaded (before `main`): read the configuration.
 extern "C" fn nanowire_preload_init() {

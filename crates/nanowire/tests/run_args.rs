@@ -1,0 +1,55 @@
+//! Arguments checked as the kernel checks them (issue 20, findings 9 and
+//! 10): the same C program (`crates/preload/tests/args_check.c`) makes
+//! calls with huge iovec counts, NULL/unmapped/read-only buffers, negative
+//! and terabyte lengths, bad names, a 256 MiB non-blocking writev, and a
+//! timed receive interrupted by an SA_RESTART handler — on a UDP socket
+//! and a TCP connection in host a, to a plain echo peer in host b —
+//! plainly and under `nanowire run`; the outputs must be identical.
+
+mod run_support;
+use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host};
+use run_support::*;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(90);
+
+#[test]
+#[ignore = "needs root"]
+fn argument_errors_and_timed_signals_match_the_kernel_on_engine_sockets() {
+    let lab = lab("args");
+    ensure_preload();
+    let bin = build_c("args_check", "../preload/tests/args_check.c");
+    let bin = bin.to_str().unwrap();
+    let port = "14200";
+    let mut peer = spawn("args-peer", lab.command(Host::B, &[bin, "peer", port]));
+    peer.wait_for("ready", Duration::from_secs(20));
+    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
+    let argv = [bin, "client", &a, &b, port];
+    let mut plain = spawn("args-plain", lab.command(Host::A, &argv));
+    plain.success(T);
+    let want = plain.stdout();
+    assert!(want.contains("done"), "{want}");
+    let mut c = run_in(&lab, Host::A, &["--engine", "xdp", "-o", "log=info"], &argv);
+    let mut k = spawn("args-run", {
+        c.env("NANOWIRE_LOG", "info");
+        c
+    });
+    k.success(T);
+    let err = k.stderr();
+    assert!(
+        err.contains("udp") && err.contains(": xdp (interface"),
+        "{err}"
+    );
+    let got = k.stdout();
+    let diff: Vec<String> = want
+        .lines()
+        .zip(got.lines())
+        .filter(|(x, y)| x != y)
+        .map(|(x, y)| format!("plain: {x}\n  run: {y}"))
+        .collect();
+    assert!(
+        diff.is_empty() && want.lines().count() == got.lines().count(),
+        "differences:\n{}\nplain:\n{want}\nrun:\n{got}\nstderr:\n{err}",
+        diff.join("\n")
+    );
+}

@@ -1,0 +1,255 @@
+//! The caller's memory, checked before the shim copies to or from it.
+//!
+//! The kernel answers EFAULT when a copy from or to user memory faults; a
+//! shim that served a call from its engine and copied blindly would die of
+//! SIGSEGV instead (issue 20, finding 9). Every buffer, iovec array,
+//! msghdr and sockaddr the engine path reads or writes is first checked
+//! here: is the range mapped with the access the copy needs?
+//!
+//! Cost: a thread remembers the mappings (whole VMAs, adjacent ones
+//! joined) its buffers were found in ([`nanowire_sockabi::space::RangeCache`]),
+//! so a buffer used again — a heap, a stack, a ring — costs one atomic
+//! load and a few compares. A range not remembered costs one read of
+//! `/proc/self/maps` (tens of microseconds, once per new mapping). The
+//! process's mapping epoch, bumped by the interposed `munmap`/`mprotect`,
+//! forgets every remembered range. What the epoch does not see (raw
+//! `munmap`/`mremap` syscalls, `mmap(MAP_FIXED)` over a buffer, memory
+//! glibc's `free` returns by its internal `munmap` and that the program
+//! then uses after freeing it) can still fault as before; see
+//! docs/preload.md.
+//!
+//! The decisions (count limits, length rules, map parsing, the cache)
+//! live in `nanowire-sockabi` as safe, unit-tested, fuzzed functions; this
+//! module only reads the map file and turns checked pointers into slices.
+
+use crate::real;
+use libc::{c_int, c_void, iovec, size_t};
+use nanowire_sockabi::Errno;
+use nanowire_sockabi::iov::{self, Call, Seg};
+use nanowire_sockabi::space::{Maps, RangeCache, UserSpace};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use nanowire_sockabi::space::Access;
+
+static EPOCH: AtomicU64 = AtomicU64::new(1);
+
+/// The kernel's user-space limit for `access_ok` (found once).
+fn space() -> &'static UserSpace {
+    static S: std::sync::OnceLock<UserSpace> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        if cfg!(target_arch = "x86_64") {
+            let probe = 0u8;
+            UserSpace::x86_64_for_stack(&raw const probe as usize)
+        } else {
+            UserSpace::LINUX_64
+        }
+    })
+}
+
+thread_local! {
+    static CACHE: RefCell<RangeCache> = const { RefCell::new(RangeCache::new()) };
+}
+
+/// The process's mappings changed (munmap, mprotect): forget every
+/// remembered range.
+pub fn mappings_changed() {
+    EPOCH.fetch_add(1, Ordering::Release);
+}
+
+/// May the shim copy `len` bytes at `base` with access `a` (as the kernel's
+/// copy would succeed)? Zero bytes are always fine.
+#[inline]
+pub fn ok(base: usize, len: usize, a: Access) -> bool {
+    if len == 0 {
+        return true;
+    }
+    let ep = EPOCH.load(Ordering::Acquire);
+    let hit = CACHE
+        .try_with(|c| c.try_borrow().is_ok_and(|c| c.hit(ep, base, len, a)))
+        .unwrap_or(false);
+    hit || slow(ep, base, len, a)
+}
+
+/// `ok` for a pointer.
+#[inline]
+pub fn ok_ptr<T>(p: *const T, len: usize, a: Access) -> bool {
+    ok(p as usize, len, a)
+}
+
+#[cold]
+#[inline(never)]
+fn slow(ep: u64, base: usize, len: usize, a: Access) -> bool {
+    if !space().access_ok(base, len) {
+        return false;
+    }
+    let Some(text) = read_maps() else {
+        // No /proc: the shim cannot tell and copies as it always did.
+        return true;
+    };
+    match Maps(&text).covering(base, len, a) {
+        Some((s, e)) => {
+            let _ = CACHE.try_with(|c| {
+                if let Ok(mut c) = c.try_borrow_mut() {
+                    c.insert(ep, s, e, a);
+                }
+            });
+            true
+        }
+        None => false,
+    }
+}
+
+fn read_maps() -> Option<Vec<u8>> {
+    use rustix::fs::{Mode, OFlags, open};
+    let fd = open(
+        "/proc/self/maps",
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let mut buf = Vec::with_capacity(16 << 10);
+    loop {
+        if buf.capacity() - buf.len() < 4096 {
+            buf.reserve(buf.capacity());
+        }
+        let n = rustix::io::read(&fd, buf.spare_capacity_mut())
+            .ok()?
+            .0
+            .len();
+        if n == 0 {
+            break;
+        }
+        // SAFETY: `read` initialised the first `n` spare bytes.
+        unsafe { buf.set_len(buf.len() + n) };
+    }
+    Some(buf)
+}
+
+/// The caller's iovec array after the kernel's import checks: the count
+/// (EMSGSIZE for the msg calls, EINVAL for readv/writev), the array
+/// readable (EFAULT), each length non-negative (EINVAL) and each range in
+/// user space (EFAULT). Returns the array and its total (clamped like the
+/// kernel's). The buffers themselves are checked when bytes are copied
+/// ([`bufs_ok`]): the kernel too faults only on the bytes it copies.
+pub fn iovecs<'a>(
+    iov: *const iovec,
+    cnt: usize,
+    call: Call,
+) -> Result<(&'a [iovec], usize), Errno> {
+    iov::check_count(cnt, call)?;
+    if cnt == 0 {
+        return Ok((&[], 0));
+    }
+    let bytes = cnt * std::mem::size_of::<iovec>();
+    if !ok_ptr(iov, bytes, Access::Read) || !iov.is_aligned() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: `cnt` iovecs are mapped readable at `iov` (checked above),
+    // aligned, and the caller does not change them during its own call.
+    let v = unsafe { std::slice::from_raw_parts(iov, cnt) };
+    let total = iov::import(segs(v), space())?;
+    Ok((v, total))
+}
+
+/// The iovecs as numbers.
+pub fn segs(v: &[iovec]) -> impl Iterator<Item = Seg> + Clone + '_ {
+    v.iter().map(|x| Seg {
+        base: x.iov_base as usize,
+        len: x.iov_len,
+    })
+}
+
+/// Are the bytes that `n` bytes of data would occupy in `v` (in order)
+/// all accessible with `a`?
+pub fn bufs_ok(v: &[iovec], n: usize, a: Access) -> bool {
+    iov::scatter(iov::clamped_lens_of(segs(v)), n).all(|p| ok(v[p.seg].iov_base as usize, p.len, a))
+}
+
+/// Copy `data` over the iovecs (as much as fits); returns bytes copied.
+/// The caller checked the destinations with [`bufs_ok`].
+pub fn scatter(v: &[iovec], data: &[u8]) -> usize {
+    let mut n = 0;
+    for p in iov::scatter(iov::clamped_lens_of(segs(v)), data.len()) {
+        // SAFETY: the segment's first `p.len` bytes are mapped writable
+        // (checked by `bufs_ok` for this data length); `data` is ours.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr().add(p.src_off),
+                v[p.seg].iov_base.cast::<u8>(),
+                p.len,
+            )
+        };
+        n += p.len;
+    }
+    n
+}
+
+/// The caller's receive buffer as a slice, if it is mapped writable
+/// (`Some(empty)` for zero bytes).
+pub fn buf_mut<'a>(buf: *mut c_void, len: size_t) -> Option<&'a mut [u8]> {
+    if len == 0 {
+        return Some(&mut []);
+    }
+    if !ok_ptr(buf, len, Access::Write) {
+        return None;
+    }
+    // SAFETY: `len` bytes at `buf` are mapped writable (checked); the
+    // caller lent them to this call.
+    Some(unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) })
+}
+
+/// The caller's data as a slice, if it is mapped readable.
+pub fn buf<'a>(buf: *const c_void, len: size_t) -> Option<&'a [u8]> {
+    if len == 0 {
+        return Some(&[]);
+    }
+    if !ok_ptr(buf, len, Access::Read) {
+        return None;
+    }
+    // SAFETY: `len` bytes at `buf` are mapped readable (checked).
+    Some(unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) })
+}
+
+/// A caller's struct (msghdr, mmsghdr) as a reference, if it is mapped
+/// writable (the shim writes lengths and flags back).
+pub fn obj_mut<'a, T>(p: *mut T) -> Option<&'a mut T> {
+    if p.is_null() || !p.is_aligned() || !ok_ptr(p, std::mem::size_of::<T>(), Access::Write) {
+        return None;
+    }
+    // SAFETY: a mapped, writable, aligned T (checked), lent by the caller.
+    Some(unsafe { &mut *p })
+}
+
+/// A caller's struct as a shared reference, if it is mapped readable.
+pub fn obj<'a, T>(p: *const T) -> Option<&'a T> {
+    if p.is_null() || !p.is_aligned() || !ok_ptr(p, std::mem::size_of::<T>(), Access::Read) {
+        return None;
+    }
+    // SAFETY: a mapped, readable, aligned T (checked), lent by the caller.
+    Some(unsafe { &*p })
+}
+
+/// Set errno and return -1.
+pub fn fault<T: From<i8>>(e: Errno) -> T {
+    crate::sys::set_errno(e);
+    T::from(-1)
+}
+
+/// # Safety
+/// As libc's `munmap`.
+pub unsafe fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+    // SAFETY: the caller's own arguments, unchanged, to libc's function.
+    let r = unsafe { real::munmap(addr, len) };
+    mappings_changed();
+    r
+}
+
+/// # Safety
+/// As libc's `mprotect`.
+pub unsafe fn mprotect(addr: *mut c_void, len: size_t, prot: c_int) -> c_int {
+    // SAFETY: the caller's own arguments, unchanged, to libc's function.
+    let r = unsafe { real::mprotect(addr, len, prot) };
+    mappings_changed();
+    r
+}

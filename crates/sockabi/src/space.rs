@@ -1,0 +1,301 @@
+//! Is an address range user memory the call may copy to or from?
+//!
+//! The kernel answers EFAULT when a copy from or to user memory faults;
+//! a user-space engine that copied blindly would die of SIGSEGV instead.
+//! [`UserSpace::access_ok`] is the kernel's cheap range check;
+//! [`Maps`] reads `/proc/self/maps` text to say whether a range is mapped
+//! with the access a copy needs; [`RangeCache`] remembers the mappings a
+//! thread's buffers were found in, so that the check costs a few compares
+//! on the hot path (the shim invalidates it when the process unmaps or
+//! re-protects memory).
+
+/// What a copy needs of the caller's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// The kernel would copy from it (send).
+    Read,
+    /// The kernel would copy to it (receive).
+    Write,
+}
+
+impl Access {
+    fn bit(self) -> u8 {
+        match self {
+            Access::Read => 1,
+            Access::Write => 2,
+        }
+    }
+}
+
+/// The user part of the address space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UserSpace {
+    /// One past the highest user address.
+    pub top: usize,
+}
+
+impl UserSpace {
+    /// x86-64 with 4-level page tables (`TASK_SIZE_MAX`).
+    pub const X86_64_4LEVEL: UserSpace = UserSpace {
+        top: 0x7fff_ffff_f000,
+    };
+    /// x86-64 with 5-level page tables.
+    pub const X86_64_5LEVEL: UserSpace = UserSpace {
+        top: 0x00ff_ffff_ffff_f000,
+    };
+    /// The widest 64-bit user space (a bound that never refuses a valid
+    /// address on any 64-bit Linux).
+    pub const LINUX_64: UserSpace = UserSpace { top: 1 << 56 };
+
+    /// The user space of an x86-64 process whose stack is at `stack`: 5-level
+    /// page tables put the stack above the 4-level limit.
+    pub fn x86_64_for_stack(stack: usize) -> UserSpace {
+        if stack >= Self::X86_64_4LEVEL.top {
+            Self::X86_64_5LEVEL
+        } else {
+            Self::X86_64_4LEVEL
+        }
+    }
+
+    /// The kernel's `access_ok(base, len)`: the range does not wrap and
+    /// ends in user space. A null base passes (the copy decides).
+    pub fn access_ok(&self, base: usize, len: usize) -> bool {
+        match base.checked_add(len) {
+            Some(end) => end <= self.top,
+            None => false,
+        }
+    }
+}
+
+/// One line of `/proc/self/maps`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Vma {
+    pub start: usize,
+    pub end: usize,
+    pub read: bool,
+    pub write: bool,
+}
+
+impl Vma {
+    fn allows(&self, a: Access) -> bool {
+        match a {
+            Access::Read => self.read,
+            Access::Write => self.write,
+        }
+    }
+}
+
+fn hex(s: &[u8]) -> Option<usize> {
+    if s.is_empty() || s.len() > 16 {
+        return None;
+    }
+    let mut v = 0usize;
+    for &c in s {
+        let d = (c as char).to_digit(16)?;
+        v = v << 4 | d as usize;
+    }
+    Some(v)
+}
+
+/// Parse `start-end perms ...` (`None` for anything else).
+pub fn parse_line(line: &[u8]) -> Option<Vma> {
+    let mut f = line.split(|&c| c == b' ').filter(|f| !f.is_empty());
+    let range = f.next()?;
+    let perms = f.next()?;
+    let dash = range.iter().position(|&c| c == b'-')?;
+    let start = hex(&range[..dash])?;
+    let end = hex(&range[dash + 1..])?;
+    if end <= start || perms.len() < 2 {
+        return None;
+    }
+    Some(Vma {
+        start,
+        end,
+        read: perms[0] == b'r',
+        write: perms[1] == b'w',
+    })
+}
+
+/// The text of `/proc/self/maps` (lines in address order).
+pub struct Maps<'a>(pub &'a [u8]);
+
+impl Maps<'_> {
+    pub fn vmas(&self) -> impl Iterator<Item = Vma> + '_ {
+        self.0.split(|&c| c == b'\n').filter_map(parse_line)
+    }
+
+    /// The largest run of adjacent mappings that allow `a` and contain
+    /// `[base, base + len)` (`len` 0 counts as 1 byte), or `None` if some
+    /// byte of the range is unmapped or lacks the access.
+    pub fn covering(&self, base: usize, len: usize, a: Access) -> Option<(usize, usize)> {
+        let end = base.checked_add(len.max(1))?;
+        let mut run: Option<(usize, usize)> = None;
+        let mut covered = false;
+        for v in self.vmas() {
+            let adjacent = run.is_some_and(|(_, e)| e == v.start);
+            if covered {
+                // Extend the answer over adjacent mappings (a growing heap).
+                if !adjacent || !v.allows(a) {
+                    break;
+                }
+            } else if v.start >= end {
+                return None;
+            }
+            if !v.allows(a) {
+                run = None;
+                continue;
+            }
+            run = match run {
+                Some((s, _)) if adjacent => Some((s, v.end)),
+                _ => Some((v.start, v.end)),
+            };
+            covered = run.is_some_and(|(s, e)| s <= base && e >= end);
+        }
+        if covered { run } else { None }
+    }
+}
+
+/// A thread's memory of mappings its buffers were found in, valid while
+/// the process's mapping epoch (bumped by munmap/mprotect) is unchanged.
+#[derive(Clone, Debug, Default)]
+pub struct RangeCache {
+    ent: [(usize, usize, u8); 8],
+    next: usize,
+    epoch: u64,
+}
+
+impl RangeCache {
+    pub const fn new() -> RangeCache {
+        RangeCache {
+            ent: [(0, 0, 0); 8],
+            next: 0,
+            epoch: 0,
+        }
+    }
+
+    /// Is `[base, base+len)` inside a remembered mapping with access `a`
+    /// (and the epoch still `epoch`)?
+    #[inline]
+    pub fn hit(&self, epoch: u64, base: usize, len: usize, a: Access) -> bool {
+        if epoch != self.epoch {
+            return false;
+        }
+        let Some(end) = base.checked_add(len) else {
+            return false;
+        };
+        let b = a.bit();
+        self.ent
+            .iter()
+            .any(|&(s, e, bits)| bits & b != 0 && s <= base && end <= e && s < e)
+    }
+
+    /// Remember `[start, end)` as allowing `a` at `epoch` (a new epoch
+    /// forgets everything remembered before).
+    pub fn insert(&mut self, epoch: u64, start: usize, end: usize, a: Access) {
+        if epoch != self.epoch {
+            self.ent = [(0, 0, 0); 8];
+            self.epoch = epoch;
+            self.next = 0;
+        }
+        if let Some(x) = self.ent.iter_mut().find(|x| x.0 == start && x.1 == end) {
+            x.2 |= a.bit();
+            return;
+        }
+        self.ent[self.next] = (start, end, a.bit());
+        self.next = (self.next + 1) % self.ent.len();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &[u8] = b"\
+00400000-00452000 r-xp 00000000 08:02 173521      /usr/bin/dbus-daemon
+00651000-00652000 r--p 00051000 08:02 173521      /usr/bin/dbus-daemon
+00652000-00655000 rw-p 00052000 08:02 173521      /usr/bin/dbus-daemon
+00e03000-00e24000 rw-p 00000000 00:00 0           [heap]
+00e24000-011f7000 rw-p 00000000 00:00 0           [heap]
+7f0000000000-7f0000001000 ---p 00000000 00:00 0
+7fff2a000000-7fff2a021000 rw-p 00000000 00:00 0   [stack]
+ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0  [vsyscall]
+";
+
+    #[test]
+    fn access_ok_is_the_kernels_range_check() {
+        let s = UserSpace::LINUX_64;
+        assert!(s.access_ok(0, 100));
+        assert!(s.access_ok(0x1000, 1 << 40));
+        assert!(!s.access_ok(usize::MAX, 2));
+        assert!(!s.access_ok(1 << 63, 0));
+        assert!(s.access_ok(0x1000, 0));
+        let x = UserSpace::x86_64_for_stack(0x7ffd_1234_0000);
+        assert_eq!(x, UserSpace::X86_64_4LEVEL);
+        // A terabyte from a stack address runs past TASK_SIZE_MAX.
+        assert!(!x.access_ok(0x7ffd_1234_0000, 1 << 40));
+        assert!(x.access_ok(0x5555_0000_0000, 1 << 40));
+        assert_eq!(
+            UserSpace::x86_64_for_stack(0xff_fffe_0000_0000),
+            UserSpace::X86_64_5LEVEL
+        );
+    }
+
+    #[test]
+    fn lines_parse_with_permissions() {
+        let v: Vec<Vma> = Maps(MAPS).vmas().collect();
+        assert_eq!(v.len(), 8);
+        assert_eq!(
+            v[1],
+            Vma {
+                start: 0x651000,
+                end: 0x652000,
+                read: true,
+                write: false
+            }
+        );
+        assert!(parse_line(b"garbage").is_none());
+        assert!(parse_line(b"10-5 rw-p").is_none());
+        assert!(parse_line(b"zz-ff rw-p").is_none());
+    }
+
+    #[test]
+    fn covering_joins_adjacent_mappings_and_needs_the_access() {
+        let m = Maps(MAPS);
+        // Across the two [heap] mappings.
+        assert_eq!(
+            m.covering(0xe23ff0, 0x100, Access::Write),
+            Some((0xe03000, 0x11f7000))
+        );
+        // Read-only data: readable, not writable.
+        assert!(m.covering(0x651000, 16, Access::Read).is_some());
+        assert_eq!(m.covering(0x651000, 16, Access::Write), None);
+        // A guard page and unmapped memory.
+        assert_eq!(m.covering(0x7f0000000000, 1, Access::Read), None);
+        assert_eq!(m.covering(0, 100, Access::Write), None);
+        assert_eq!(m.covering(0x11f7000, 1, Access::Write), None);
+        // A range running off the end of a mapping into the next (r--).
+        assert_eq!(m.covering(0x651ff0, 0x20, Access::Write), None);
+        assert!(m.covering(0x651ff0, 0x20, Access::Read).is_some());
+        assert_eq!(m.covering(usize::MAX, 2, Access::Read), None);
+    }
+
+    #[test]
+    fn cache_hits_only_inside_remembered_ranges_of_the_same_epoch() {
+        let mut c = RangeCache::new();
+        assert!(!c.hit(0, 0x1000, 10, Access::Read));
+        c.insert(1, 0x1000, 0x3000, Access::Write);
+        assert!(c.hit(1, 0x1000, 0x2000, Access::Write));
+        assert!(!c.hit(1, 0x1000, 0x2001, Access::Write));
+        assert!(!c.hit(1, 0x1000, 10, Access::Read));
+        assert!(!c.hit(2, 0x1000, 10, Access::Write));
+        assert!(!c.hit(1, usize::MAX, 10, Access::Write));
+        c.insert(1, 0x1000, 0x3000, Access::Read);
+        assert!(c.hit(1, 0x1000, 10, Access::Read));
+        c.insert(2, 0x9000, 0xa000, Access::Read);
+        assert!(!c.hit(2, 0x1000, 10, Access::Read), "new epoch forgets");
+        for i in 0..20 {
+            c.insert(2, i << 20, (i << 20) + 10, Access::Read);
+        }
+        assert!(c.hit(2, 19 << 20, 10, Access::Read));
+    }
+}
