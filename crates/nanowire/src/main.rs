@@ -26,6 +26,8 @@ enum Cmd {
     Stats(nanowire_stack::cli::StatsArgs),
     /// Run an unmodified program with drop-in acceleration (LD_PRELOAD shim).
     Run(nanowire_run::cli::RunArgs),
+    /// What decides whether acceleration works, and how well, on this host and its interfaces.
+    Doctor(nanowire_doctor::DoctorArgs),
     /// Timestamped packet capture to pcapng (nanosecond resolution).
     Capture(nanowire_capture::cli::CaptureArgs),
     /// xdp engine test/demo mode (echo, multicast, counters).
@@ -68,6 +70,7 @@ fn main() {
         Cmd::Stats(a) => nanowire_stack::cli::run(a),
         Cmd::Run(a) => nanowire_run::cli::run(a),
         Cmd::Capture(a) => nanowire_capture::cli::run(a),
+        Cmd::Doctor(a) => nanowire_doctor::run(a),
         Cmd::XdpTest(a) => nanowire_stack::cli::xdp_test(a),
         Cmd::Completions { shell } => completions(shell),
         Cmd::Man { dir } => man(dir),

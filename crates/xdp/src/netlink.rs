@@ -252,6 +252,130 @@ impl SockDiag {
     }
 }
 
+/// What a device's driver offers for XDP and AF_XDP, as the kernel reports
+/// it over the generic netlink family "netdev" (`NETDEV_CMD_DEV_GET`,
+/// kernel 6.3+; `xsk-features` 6.8+). Bit values from
+/// include/uapi/linux/netdev.h.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NetdevFeatures {
+    /// `xdp-features` (`NETDEV_XDP_ACT_*`).
+    pub xdp: u64,
+    /// `xdp-zc-max-segs`: frags of one zero-copy multi-buffer packet.
+    pub xdp_zc_max_segs: Option<u32>,
+    /// `xdp-rx-metadata-features` (`NETDEV_XDP_RX_METADATA_*`).
+    pub rx_metadata: u64,
+    /// `xsk-features` (`NETDEV_XSK_FLAGS_*`); `None` on kernels before 6.8.
+    pub xsk: Option<u64>,
+}
+
+pub const XDP_ACT_BASIC: u64 = 1;
+pub const XDP_ACT_REDIRECT: u64 = 2;
+pub const XDP_ACT_NDO_XMIT: u64 = 4;
+pub const XDP_ACT_XSK_ZEROCOPY: u64 = 8;
+pub const XDP_ACT_HW_OFFLOAD: u64 = 16;
+pub const XDP_ACT_RX_SG: u64 = 32;
+pub const XDP_ACT_NDO_XMIT_SG: u64 = 64;
+
+fn flag_names(v: u64, table: &[(u64, &'static str)]) -> Vec<&'static str> {
+    table
+        .iter()
+        .filter(|(b, _)| v & b != 0)
+        .map(|(_, n)| *n)
+        .collect()
+}
+
+impl NetdevFeatures {
+    /// The `xdp-features` names the kernel's netdev.yaml uses.
+    pub fn xdp_names(&self) -> Vec<&'static str> {
+        flag_names(
+            self.xdp,
+            &[
+                (XDP_ACT_BASIC, "basic"),
+                (XDP_ACT_REDIRECT, "redirect"),
+                (XDP_ACT_NDO_XMIT, "ndo-xmit"),
+                (XDP_ACT_XSK_ZEROCOPY, "xsk-zerocopy"),
+                (XDP_ACT_HW_OFFLOAD, "hw-offload"),
+                (XDP_ACT_RX_SG, "rx-sg"),
+                (XDP_ACT_NDO_XMIT_SG, "ndo-xmit-sg"),
+            ],
+        )
+    }
+    pub fn rx_metadata_names(&self) -> Vec<&'static str> {
+        flag_names(
+            self.rx_metadata,
+            &[(1, "timestamp"), (2, "hash"), (4, "vlan-tag")],
+        )
+    }
+    pub fn xsk_names(&self) -> Vec<&'static str> {
+        flag_names(
+            self.xsk.unwrap_or(0),
+            &[
+                (1, "tx-timestamp"),
+                (2, "tx-checksum"),
+                (4, "tx-launch-time-fifo"),
+            ],
+        )
+    }
+}
+
+const GENL_ID_CTRL: u16 = 0x10;
+const CTRL_CMD_GETFAMILY: u8 = 3;
+const CTRL_ATTR_FAMILY_ID: u16 = 1;
+const CTRL_ATTR_FAMILY_NAME: u16 = 2;
+const NETDEV_CMD_DEV_GET: u8 = 1;
+const NETDEV_A_DEV_IFINDEX: u16 = 1;
+const NETDEV_A_DEV_XDP_FEATURES: u16 = 3;
+const NETDEV_A_DEV_XDP_ZC_MAX_SEGS: u16 = 4;
+const NETDEV_A_DEV_XDP_RX_METADATA_FEATURES: u16 = 5;
+const NETDEV_A_DEV_XSK_FEATURES: u16 = 6;
+
+fn uint(d: &[u8]) -> Option<u64> {
+    match d.len() {
+        4 => Some(u64::from(u32::from_ne_bytes([d[0], d[1], d[2], d[3]]))),
+        8 => Some(u64::from_ne_bytes([
+            d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],
+        ])),
+        _ => None,
+    }
+}
+
+/// The XDP/AF_XDP features of `ifindex` (in this network namespace), or
+/// `None` when the kernel has no "netdev" generic netlink family (before 6.3).
+pub fn netdev_features(ifindex: u32) -> io::Result<Option<NetdevFeatures>> {
+    let mut nl = Nl::open_proto(libc::NETLINK_GENERIC)?;
+    let mut body = vec![CTRL_CMD_GETFAMILY, 1, 0, 0];
+    push_attr(&mut body, CTRL_ATTR_FAMILY_NAME, b"netdev\0");
+    let family = match nl.request(GENL_ID_CTRL, 0, &body, GENL_ID_CTRL) {
+        Ok(m) => m.first().and_then(|m| m.get(4..)).and_then(|a| {
+            attrs(a)
+                .find(|(t, d)| *t == CTRL_ATTR_FAMILY_ID && d.len() == 2)
+                .map(|(_, d)| u16::from_ne_bytes([d[0], d[1]]))
+        }),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
+        Err(e) => return Err(e),
+    };
+    let Some(family) = family else {
+        return Ok(None);
+    };
+    let mut body = vec![NETDEV_CMD_DEV_GET, 1, 0, 0];
+    push_attr(&mut body, NETDEV_A_DEV_IFINDEX, &ifindex.to_ne_bytes());
+    let msgs = nl.request(family, 0, &body, family)?;
+    let m = msgs.first().ok_or_else(|| {
+        io::Error::new(io::ErrorKind::NotFound, "netdev: no reply for the device")
+    })?;
+    let mut f = NetdevFeatures::default();
+    for (ty, d) in attrs(m.get(4..).unwrap_or(&[])) {
+        match ty {
+            NETDEV_A_DEV_XDP_FEATURES => f.xdp = uint(d).unwrap_or(0),
+            NETDEV_A_DEV_XDP_ZC_MAX_SEGS => f.xdp_zc_max_segs = uint(d).map(|v| v as u32),
+            NETDEV_A_DEV_XDP_RX_METADATA_FEATURES => f.rx_metadata = uint(d).unwrap_or(0),
+            NETDEV_A_DEV_XSK_FEATURES => f.xsk = uint(d),
+            _ => {}
+        }
+    }
+    Ok(Some(f))
+}
+
 /// RTM_GETROUTE for `dst`.
 pub fn route_get(dst: Ipv4Addr) -> io::Result<Route> {
     let mut nl = Nl::open()?;
