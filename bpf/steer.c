@@ -6,9 +6,10 @@
 // both in network byte order, into `claims`. Claimed packets go to the
 // AF_XDP socket of the RX queue they arrived on (`xsks`, indexed by queue).
 // Everything else -- ARP, ICMP, unclaimed TCP, IPv6, VLAN-tagged frames, unclaimed
-// UDP ports, and every IP fragment, first or not -- is XDP_PASS: the kernel
+// UDP ports, and every UDP fragment, first or not -- is XDP_PASS: the kernel
 // reassembles fragmented datagrams and delivers them to the socket's kernel
-// twin, which the engine reads (counted as the kernel path).
+// twin, which the engine reads (counted as the kernel path). Fragments of
+// the engine's TCP flows go to the engine (see tcp_fragment below).
 //
 // Malformed packets: whenever the destination address and a destination
 // port can be located, a claimed packet is redirected even if it is
@@ -102,10 +103,18 @@ struct {
 	__type(value, __u32);
 } nw_tcp_flows SEC(".maps");
 
+static __always_inline int tcp_ports_claimed(struct iphdr *ip, void *end);
+
 static __always_inline int tcp_claimed(struct iphdr *ip, void *end)
 {
 	if (ip->frag_off & bpf_htons(0x3fff))
 		return 0;
+	return tcp_ports_claimed(ip, end);
+}
+
+// The segment's 4-tuple is an engine flow, or its destination a listener.
+static __always_inline int tcp_ports_claimed(struct iphdr *ip, void *end)
+{
 	__u32 hl = ip->ihl * 4;
 	if (hl < sizeof(*ip))
 		hl = sizeof(*ip);
@@ -122,6 +131,52 @@ static __always_inline int tcp_claimed(struct iphdr *ip, void *end)
 	return bpf_map_lookup_elem(&nw_tcp_listen, &k) != 0;
 }
 
+// ---- Fragments of the engine's TCP flows (issue 20, finding 8) ----
+// The kernel has no socket for an engine connection: a fragmented segment
+// reassembled there would be answered with RST. So a first fragment (it
+// carries the ports) of a flow the engine owns is redirected, and its
+// (source, destination, IP id, protocol) remembered here so that the later
+// fragments of the datagram follow it; the engine reassembles (bounded,
+// crates/stack/src/xdp/reasm.rs). The last fragment forgets the entry.
+// A non-first fragment that arrives before its first fragment is passed to
+// the kernel (it cannot be attributed): the kernel never completes that
+// datagram, so it is lost, never answered, and TCP retransmits it. A first
+// fragment too short to carry the ports goes to the kernel likewise.
+struct frag_key {
+	__u32 saddr;
+	__u32 daddr;
+	__u16 id;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct frag_key);
+	__type(value, __u32);
+} nw_tcp_frags SEC(".maps");
+
+static __always_inline int tcp_fragment(struct xdp_md *ctx, struct iphdr *ip, void *end)
+{
+	struct frag_key k = {
+		.saddr = ip->saddr, .daddr = ip->daddr, .id = ip->id, .proto = ip->protocol, .pad = 0,
+	};
+	if (ip->frag_off & bpf_htons(0x1fff)) {
+		// Not the first: only if its first fragment was ours.
+		if (!bpf_map_lookup_elem(&nw_tcp_frags, &k))
+			return XDP_PASS;
+		if (!(ip->frag_off & bpf_htons(0x2000)))
+			bpf_map_delete_elem(&nw_tcp_frags, &k); // the last one (no MF)
+		return redirect(ctx);
+	}
+	if (!tcp_ports_claimed(ip, end))
+		return XDP_PASS;
+	__u32 one = 1;
+	bpf_map_update_elem(&nw_tcp_frags, &k, &one, BPF_ANY);
+	return redirect(ctx);
+}
+
 static __always_inline int steer(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -134,6 +189,8 @@ static __always_inline int steer(struct xdp_md *ctx)
 	if (eth->h_proto != bpf_htons(ETH_P_IP))
 		return XDP_PASS;
 	if (ip->protocol == IPPROTO_TCP) {
+		if (ip->frag_off & bpf_htons(0x3fff))
+			return tcp_fragment(ctx, ip, end);
 		if (!tcp_claimed(ip, end))
 			return XDP_PASS;
 		return redirect(ctx);

@@ -624,3 +624,208 @@ fn handed_over_connections_leave_no_pass_entries_behind() {
     let _ = std::fs::remove_file(&stop);
     assert_eq!(out_rsts(&l, Host::B), rsts, "the server's kernel sent RST");
 }
+
+/// Reads a stream to EOF, answers with its length and hash.
+const HASH_SERVER_PY: &str = r#"
+import socket, sys, hashlib
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((sys.argv[1], int(sys.argv[2]))); ls.listen(8)
+print("listening", flush=True)
+c, _ = ls.accept()
+h = hashlib.sha256(); n = 0
+while True:
+    d = c.recv(65536)
+    if not d:
+        break
+    h.update(d); n += len(d)
+c.sendall(b"got %d bytes sha %s\n" % (n, h.hexdigest()[:16].encode()))
+c.close()
+print("done", flush=True)
+"#;
+
+/// Sends a patterned stream with IP_PMTUDISC_OMIT (DF clear, the interface
+/// MTU rather than the path's): with a route MTU above the interface's, the
+/// kernel sends each TCP segment as IP fragments.
+const FRAG_CLIENT_PY: &str = r#"
+import socket, sys, hashlib
+s = socket.socket()
+s.setsockopt(socket.IPPROTO_IP, 10, 5)  # IP_MTU_DISCOVER = IP_PMTUDISC_OMIT
+s.connect((sys.argv[1], int(sys.argv[2])))
+data = bytes((i * 7 + (i >> 8)) & 0xff for i in range(int(sys.argv[3])))
+s.sendall(data)
+s.shutdown(socket.SHUT_WR)
+r = b""
+while True:
+    d = s.recv(100)
+    if not d:
+        break
+    r += d
+print("sent", len(data), hashlib.sha256(data).hexdigest()[:16], "reply", r.decode().strip(), flush=True)
+"#;
+
+/// Serves one client a patterned stream with IP_PMTUDISC_OMIT (fragments,
+/// as `FRAG_CLIENT_PY`), then closes.
+const FRAG_SERVER_PY: &str = r#"
+import socket, sys
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((sys.argv[1], int(sys.argv[2]))); ls.listen(8)
+print("listening", flush=True)
+c, _ = ls.accept()
+c.setsockopt(socket.IPPROTO_IP, 10, 5)  # IP_MTU_DISCOVER = IP_PMTUDISC_OMIT
+c.sendall(bytes((i * 7 + (i >> 8)) & 0xff for i in range(int(sys.argv[3]))))
+c.close()
+print("done", flush=True)
+"#;
+
+/// Reads a stream to EOF and prints its length and hash.
+const HASH_CLIENT_PY: &str = r#"
+import socket, sys, hashlib
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+h = hashlib.sha256(); n = 0
+while True:
+    d = s.recv(65536)
+    if not d:
+        break
+    h.update(d); n += len(d)
+print("got", n, h.hexdigest()[:16], flush=True)
+"#;
+
+/// `Ip` counter `name` of host `h`'s namespace (/proc/net/snmp).
+fn ip_counter(l: &ScopedLab, h: Host, name: &str) -> u64 {
+    let o = l.command(h, &["cat", "/proc/net/snmp"]).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let mut ip = text.lines().filter(|x| x.starts_with("Ip:"));
+    let names: Vec<&str> = ip.next().unwrap().split_whitespace().collect();
+    let vals: Vec<&str> = ip.next().unwrap().split_whitespace().collect();
+    let i = names.iter().position(|n| *n == name).unwrap();
+    vals[i].parse().unwrap()
+}
+
+/// Issue 20 finding 8: a kernel peer whose TCP segments arrive as IP
+/// fragments (host a's interface MTU 1000 under a 1500 route MTU, the
+/// client with IP_PMTUDISC_OMIT). Plainly the kernel reassembles them;
+/// under run the steering program sends the fragments of the engine's flow
+/// to the engine, which reassembles them (the kernel, which has no socket
+/// for the connection, would reset it). Same output, no RST, and under run
+/// the server's kernel reassembled nothing.
+#[test]
+#[ignore = "needs root"]
+fn fragmented_tcp_segments_reach_an_engine_server_as_plainly() {
+    let l = lab("frg");
+    let ifa = l.iface(Host::A);
+    let b = ADDR_B.to_string();
+    for argv in [
+        vec!["ip", "link", "set", ifa.as_str(), "mtu", "1000"],
+        vec![
+            "ip",
+            "route",
+            "replace",
+            &format!("{b}/32"),
+            "dev",
+            ifa.as_str(),
+            "mtu",
+            "1500",
+        ],
+    ] {
+        let o = l.command(Host::A, &argv).output().unwrap();
+        assert!(o.status.success(), "{argv:?}: {o:?}");
+    }
+    let mut outs = Vec::new();
+    for (run, port) in [(false, "13530"), (true, "13531")] {
+        let rsts = out_rsts(&l, Host::B);
+        let reasm = ip_counter(&l, Host::B, "ReasmOKs");
+        let mut s = spawn(
+            &format!("frg-srv{port}"),
+            cmd_in(
+                &l,
+                Host::B,
+                run,
+                &["python3", "-c", HASH_SERVER_PY, &b, port],
+            ),
+        );
+        s.wait_for("listening", Duration::from_secs(20));
+        let mut c = spawn(
+            &format!("frg-cli{port}"),
+            plain_in(
+                &l,
+                Host::A,
+                &["python3", "-c", FRAG_CLIENT_PY, &b, port, "300000"],
+            ),
+        );
+        let out = c.success(T);
+        s.success(T);
+        assert_eq!(out_rsts(&l, Host::B), rsts, "the server's kernel sent RST");
+        let reasm = ip_counter(&l, Host::B, "ReasmOKs") - reasm;
+        if run {
+            assert!(
+                s.stderr()
+                    .contains(&format!("tcp listener {b}:{port}: xdp")),
+                "server not on the engine:\n{}",
+                s.stderr()
+            );
+            assert_eq!(reasm, 0, "the kernel reassembled the engine's segments");
+        } else {
+            assert!(reasm > 0, "no fragments: the test's premise does not hold");
+        }
+        outs.push(out);
+    }
+    assert!(
+        outs[0].starts_with("sent 300000 ") && outs[0].contains("reply got 300000 bytes sha"),
+        "{}",
+        outs[0]
+    );
+    let sha = outs[0].split_whitespace().nth(2).unwrap().to_string();
+    assert!(outs[0].trim_end().ends_with(&sha), "{}", outs[0]);
+    assert_eq!(
+        outs[0], outs[1],
+        "plain (left) and under run (right) differ"
+    );
+
+    // The other way: an engine client's connection (a 4-tuple in the flow
+    // map) receives fragmented segments from a kernel server.
+    let a = nanowire_lab::testbed::ADDR_A.to_string();
+    let mut outs = Vec::new();
+    for (run, port) in [(false, "13532"), (true, "13533")] {
+        let rsts = out_rsts(&l, Host::B);
+        let reasm = ip_counter(&l, Host::B, "ReasmOKs");
+        let mut s = spawn(
+            &format!("frg-srv{port}"),
+            plain_in(
+                &l,
+                Host::A,
+                &["python3", "-c", FRAG_SERVER_PY, &a, port, "300000"],
+            ),
+        );
+        s.wait_for("listening", Duration::from_secs(20));
+        let mut c = spawn(
+            &format!("frg-cli{port}"),
+            cmd_in(
+                &l,
+                Host::B,
+                run,
+                &["python3", "-c", HASH_CLIENT_PY, &a, port],
+            ),
+        );
+        c.success(T);
+        let out = c.stdout();
+        s.success(T);
+        assert_eq!(out_rsts(&l, Host::B), rsts, "the client's kernel sent RST");
+        let reasm = ip_counter(&l, Host::B, "ReasmOKs") - reasm;
+        if run {
+            assert!(
+                c.stderr().contains(&format!("-> {a}:{port}: xdp")),
+                "client not on the engine:\n{}",
+                c.stderr()
+            );
+            assert_eq!(reasm, 0, "the kernel reassembled the engine's segments");
+        } else {
+            assert!(reasm > 0, "no fragments: the test's premise does not hold");
+        }
+        outs.push(out);
+    }
+    assert!(outs[0].starts_with("got 300000 "), "{}", outs[0]);
+    assert_eq!(
+        outs[0], outs[1],
+        "plain (left) and under run (right) differ"
+    );
+}

@@ -9,9 +9,10 @@
 //! * IPv4 with options (IHL > 5) is accepted when the options are well
 //!   formed (and the header checksum, which covers them, is right); the
 //!   payload starts after the options.
-//! * Fragments are not reassembled here: the steering program passes them
-//!   to the kernel, which reassembles them for the socket's kernel twin. A
-//!   fragment that still arrives is dropped as `Fragment`.
+//! * Fragments are not reassembled here: the steering program passes UDP
+//!   fragments to the kernel, which reassembles them for the socket's kernel
+//!   twin, and redirects those of the engine's TCP flows, which the receive
+//!   path reassembles (`reasm.rs`) when classify says `Fragment`.
 //! * Martian sources (0.0.0.0/8, 255.255.255.255, multicast, loopback) are
 //!   dropped as `Martian` (the receive path adds "one of our own
 //!   addresses", which needs state).

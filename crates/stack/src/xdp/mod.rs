@@ -24,6 +24,7 @@ pub mod classify;
 pub mod demux;
 pub mod fallback;
 mod neigh;
+mod reasm;
 mod registry;
 mod rx;
 pub mod shm;

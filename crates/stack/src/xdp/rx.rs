@@ -8,8 +8,9 @@
 //! `rx_frames = rx_packets + sum(drop_*)`; the RX counters have this lock
 //! as their single writer.
 
-use super::classify::classify;
+use super::classify::{DropReason, classify};
 use super::demux::{Delivery, Demux, EndpointId, Outcome};
+use super::reasm::Reassembly;
 use super::shm::{E, StatsPage, bump, peak, set};
 use nanowire_xdp::{RxFrame, XskRx, XskStats};
 use std::net::Ipv4Addr;
@@ -43,6 +44,8 @@ pub(crate) struct RxPath {
     /// Sockets of the engine that want receive stamps: while non-zero each
     /// frame is stamped (`CLOCK_REALTIME`) as it is taken off the ring.
     pub stamp_users: u32,
+    /// Fragments of the engine's TCP flows being reassembled.
+    reasm: Reassembly,
 }
 
 /// Receive-side fault injection: every frame off the ring is copied into
@@ -112,6 +115,7 @@ impl RxPath {
             faults: None,
             oversize_warn: None,
             stamp_users: 0,
+            reasm: Reassembly::new(),
         }
     }
 
@@ -145,6 +149,7 @@ impl RxPath {
             tap,
             faults,
             stamp_users,
+            reasm,
             ..
         } = self;
         let stamping = *stamp_users > 0;
@@ -160,7 +165,7 @@ impl RxPath {
                     bump(page.e(E::RxMultiBuffer), 1);
                 }
                 match faults.as_mut() {
-                    None => handle(demux, own, page, f, at),
+                    None => handle(demux, own, page, reasm, f, at),
                     Some(x) => {
                         let now = x.now();
                         x.inj.push(now, f.data());
@@ -179,7 +184,7 @@ impl RxPath {
                 // Stamped when the injector releases it: that is when it
                 // reaches the engine's receive path, as far as sockets see.
                 let at = if stamping { nanowire_tap::now_ns() } else { 0 };
-                handle(demux, own, page, RxFrame::from_vec(p), at);
+                handle(demux, own, page, reasm, RxFrame::from_vec(p), at);
                 released += 1;
             }
             x.account(page);
@@ -194,6 +199,10 @@ impl RxPath {
             // when nothing else arrives.
             if self.polls & IDLE_STATS_EVERY_MASK == 0 {
                 self.refresh_kernel_stats();
+                if !self.reasm.is_empty() {
+                    self.reasm.expire(super::reasm::mono_ns());
+                    count_frags(&self.page, &mut self.reasm);
+                }
             }
             return 0;
         }
@@ -261,10 +270,20 @@ impl RxPath {
 /// One frame: classify, check the source against our own addresses,
 /// deliver or count the drop.
 #[inline]
-fn handle(demux: &mut Demux, own: &[Ipv4Addr], page: &StatsPage, f: RxFrame, at: u64) {
+fn handle(
+    demux: &mut Demux,
+    own: &[Ipv4Addr],
+    page: &StatsPage,
+    reasm: &mut Reassembly,
+    f: RxFrame,
+    at: u64,
+) {
     bump(page.e(E::RxFrames), 1);
     let c = match classify(f.data()) {
         Ok(c) => c,
+        Err(DropReason::Malformed(nanowire_wire::Malformed::Fragment)) => {
+            return reassemble(demux, own, page, reasm, f, at);
+        }
         Err(why) => return bump(page.e(why.counter()), 1),
     };
     if own.contains(c.src.ip()) {
@@ -282,4 +301,33 @@ fn handle(demux: &mut Demux, own: &[Ipv4Addr], page: &StatsPage, f: RxFrame, at:
         Outcome::NoEndpoint => bump(page.e(E::DropNoSocket), 1),
         Outcome::QueueFull => bump(page.e(E::DropSocketQueueFull), 1),
     }
+}
+
+/// A fragment (the steering program redirects only those of the engine's
+/// TCP flows): into the reassembly; a completed datagram goes through
+/// `handle` as one more frame.
+#[cold]
+fn reassemble(
+    demux: &mut Demux,
+    own: &[Ipv4Addr],
+    page: &StatsPage,
+    reasm: &mut Reassembly,
+    f: RxFrame,
+    at: u64,
+) {
+    let whole = reasm.push(f.data(), super::reasm::mono_ns());
+    drop(f); // back to the fill ring: the bytes were copied
+    count_frags(page, reasm);
+    if let Some(v) = whole {
+        handle(demux, own, page, reasm, RxFrame::from_vec(v), at);
+    }
+}
+
+fn count_frags(page: &StatsPage, reasm: &mut Reassembly) {
+    let t = reasm.take_tally();
+    bump(page.e(E::RxFragMerged), t.merged);
+    bump(page.e(E::DropFragTimeout), t.timeout);
+    bump(page.e(E::DropFragOverlap), t.overlap);
+    bump(page.e(E::DropFragTooMany), t.too_many);
+    bump(page.e(E::DropFragment), t.malformed);
 }

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 pub const DIR: &str = "/dev/shm/nanowire";
 const MAGIC: u64 = u64::from_le_bytes(*b"NWSTATS1");
 pub const HEADER_BYTES: usize = 512;
-pub const ENGINE_SLOTS: usize = 64;
+pub const ENGINE_SLOTS: usize = 128;
 pub const SOCK_SLOTS: usize = 32;
 pub const MAX_SOCKETS: usize = 1024;
 const PAGE_BYTES: usize = HEADER_BYTES + ENGINE_SLOTS * 8 + MAX_SOCKETS * SOCK_SLOTS * 8;
@@ -104,6 +104,10 @@ pub const ENGINE_COUNTERS: &[&str] = &[
     "tcp_tail_loss_probes",
     "tcp_handovers",
     "tcp_handover_drops",
+    "rx_frag_merged",
+    "drop_frag_timeout",
+    "drop_frag_overlap",
+    "drop_frag_too_many",
 ];
 
 /// Per-socket counter names (slot 0 is the packed local address).
@@ -188,6 +192,11 @@ pub enum E {
     TcpTailLossProbes,
     TcpHandovers,
     TcpHandoverDrops,
+    /// Fragment frames merged into a reassembled datagram (issue 20, 8).
+    RxFragMerged,
+    DropFragTimeout,
+    DropFragOverlap,
+    DropFragTooMany,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -731,7 +740,7 @@ mod tests {
 
     #[test]
     fn counter_names_match_enums() {
-        assert_eq!(ENGINE_COUNTERS.len(), E::TcpHandoverDrops as usize + 1);
+        assert_eq!(ENGINE_COUNTERS.len(), E::DropFragTooMany as usize + 1);
         assert!(ENGINE_COUNTERS.len() <= ENGINE_SLOTS);
         assert_eq!(SOCK_COUNTERS.len(), S::DropNeigh as usize + 1);
         assert!(ENGINE_COUNTERS.len() <= ENGINE_SLOTS);
