@@ -535,8 +535,8 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
     // Fail on an unwritable log before measuring anything.
     let mut log_file = match &cfg.full_log {
         Some(p) => Some(io::BufWriter::new(
-            std::fs::File::create(p)
-                .map_err(|e| format!("cannot create full log {}: {e}", p.display()))?,
+            nanowire_outfile::create(p, nanowire_outfile::PRIVATE)
+                .map_err(|e| format!("cannot write the full log: {e}"))?,
         )),
         None => None,
     };

@@ -216,8 +216,9 @@ pub fn run(a: CaptureArgs) -> Result<i32, String> {
 }
 
 pub(crate) fn writer(a: &CaptureArgs) -> Result<PcapngWriter<BufWriter<std::fs::File>>, String> {
-    let file = std::fs::File::create(&a.write)
-        .map_err(|e| format!("cannot create {}: {e}", a.write.display()))?;
+    // Packet contents: owner-only, never through a planted symlink.
+    let file = nanowire_outfile::create(&a.write, nanowire_outfile::PRIVATE)
+        .map_err(|e| format!("cannot write the capture: {e}"))?;
     PcapngWriter::new(
         BufWriter::with_capacity(1 << 20, file),
         concat!("nanowire ", env!("CARGO_PKG_VERSION")),

@@ -616,10 +616,9 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
         r.experiments.push(sum);
         r.headline = headline;
         let js = serde_json::to_string_pretty(&r).map_err(|e| e.to_string())?;
-        std::fs::write(&jp, js).map_err(|e| format!("cannot write {}: {e}", jp.display()))?;
+        write_out(&jp, js.as_bytes())?;
         let hp = args.out.join("index.html");
-        std::fs::write(&hp, html::render(&r))
-            .map_err(|e| format!("cannot write {}: {e}", hp.display()))?;
+        write_out(&hp, html::render(&r).as_bytes())?;
         println!("report: {}", hp.display());
         return Ok(0);
     }
@@ -660,8 +659,7 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
             Target::Lab(lab)
         }
     };
-    std::fs::create_dir_all(&args.out)
-        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    nanowire_outfile::create_dir(&args.out, 0o750).map_err(|e| e.to_string())?;
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find the nanowire binary: {e}"))?
         .to_string_lossy()
@@ -742,10 +740,8 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
     let json_path = args.out.join("results.json");
     let html_path = args.out.join("index.html");
     let js = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-    std::fs::write(&json_path, js)
-        .map_err(|e| format!("cannot write {}: {e}", json_path.display()))?;
-    std::fs::write(&html_path, html::render(&report))
-        .map_err(|e| format!("cannot write {}: {e}", html_path.display()))?;
+    write_out(&json_path, js.as_bytes())?;
+    write_out(&html_path, html::render(&report).as_bytes())?;
     // The headline on the terminal.
     println!("{}", report.headline.columns.join(" | "));
     for r in &report.headline.rows {
@@ -768,4 +764,13 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
         json_path.display()
     );
     Ok(0)
+}
+
+/// Write one report file: owner and group only, never through a planted
+/// symlink (issue 20, finding 11).
+fn write_out(p: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
+    use std::io::Write;
+    nanowire_outfile::create(p, nanowire_outfile::SHARED_GROUP)
+        .and_then(|mut f| f.write_all(bytes))
+        .map_err(|e| format!("cannot write the report: {e}"))
 }
