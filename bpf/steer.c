@@ -16,10 +16,19 @@
 // malformed (bad IHL, bad lengths) or carries IP options, and the engine
 // classifies it and delivers it or counts it under its reason.
 //
-// Two entry points share the logic and the maps: `nw_steer` for ordinary
-// MTUs and `nw_steer_frags` (xdp.frags, multi-buffer aware: it only reads
-// the headers in the first buffer) for jumbo MTUs, where packets may span
-// several buffers.
+// Two entry points share the logic and the maps: `nw_steer_frags`
+// (xdp.frags, multi-buffer aware), which the engine attaches in every mode
+// so that packets larger than one buffer -- jumbo frames, and the 64 KiB
+// TSO/GSO/GRO super-frames a kernel peer hands a veth (or GRO builds) that
+// generic XDP sees unsegmented -- reach AF_XDP as one chain of descriptors;
+// and `nw_steer`, the fallback for kernels and drivers that refuse it. The
+// logic reads only the headers, which are in the first buffer (data ..
+// data_end covers just that one in a frags-aware program).
+// A claimed UDP datagram longer than the interface MTU did not come off a
+// wire whole: it is a kernel sender's UDP GSO super-frame (many datagrams in
+// one skb, whose sizes only the skb knows), passed to the kernel, which
+// splits it for the socket's kernel twin. A TCP super-frame is one segment
+// larger than the MSS, which the engine's TCP takes as it is.
 // A frame too short to carry the destination port cannot be attributed to
 // anyone and is passed to the kernel, which counts it (IP InHdrErrors).
 // When a claimed packet arrives on a queue without a socket it is passed
@@ -211,6 +220,10 @@ static __always_inline int steer(struct xdp_md *ctx)
 	}
 	struct claim_key key = { .addr = ip->daddr, .port = ports[1], .pad = 0 };
 	if (!bpf_map_lookup_elem(&nw_claims, &key))
+		return XDP_PASS;
+	// A UDP GSO super-frame (longer than the MTU): the kernel splits it.
+	__u32 mtu_len = bpf_ntohs(ip->tot_len);
+	if (bpf_check_mtu(ctx, 0, &mtu_len, 0, 0) != BPF_MTU_CHK_RET_SUCCESS)
 		return XDP_PASS;
 	return redirect(ctx);
 }

@@ -470,7 +470,12 @@ impl Conn {
 
         let had_holes = !self.asm.is_empty();
         if !data.is_empty() {
-            self.rcv_mss = self.rcv_mss.max(data.len() as u32).min(65535);
+            // A GRO/LRO/GSO super-segment (several MSS in one, as generic XDP
+            // or a receive offload hands them over) counts as full-sized
+            // segments, not as one huge one: like Linux (tcp_measure_rcv_mss
+            // clamps to the advertised MSS), the estimate never exceeds ours,
+            // so such a segment is ACKed at once (two full segments' worth).
+            self.rcv_mss = self.rcv_mss.max(data.len() as u32).min(u32::from(cfg.mss));
             if off == 0 {
                 self.rx.write_at(0, data);
                 let total = self.asm.advance(data.len() as u32);

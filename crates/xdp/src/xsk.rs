@@ -25,8 +25,14 @@ pub const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
 pub const XDP_USE_SG: u16 = 1 << 4;
 /// Descriptor option: the packet continues in the next descriptor.
 pub const XDP_PKT_CONTD: u32 = 1;
-/// Largest packet the engine gathers from several buffers.
-pub const MAX_MULTI_BUFFER_PACKET: usize = 65536 + 64;
+/// Largest packet the engine gathers from several buffers: a 64 KiB IP
+/// packet (the largest a TSO/GSO/GRO super-frame is without BIG TCP) and its
+/// Ethernet header, with room for a VLAN tag.
+pub const MAX_MULTI_BUFFER_PACKET: usize = 65535 + 18;
+/// Most descriptors one packet may span: 64 KiB in copy mode's 1792-byte
+/// pieces (2 KiB frames less the kernel's 256-byte headroom) is 37; a
+/// longer chain is a counted drop.
+pub const MAX_CHAIN_FRAMES: u32 = 48;
 
 type Desc = libc::xdp_desc;
 
@@ -180,9 +186,8 @@ pub struct XskRx {
     /// Frames waiting to go back into the fill ring.
     to_fill: Vec<u64>,
     bad_descs: u64,
-    /// A multi-buffer packet being gathered.
-    gather: Vec<u8>,
-    gather_bad: bool,
+    /// The multi-buffer packet being gathered.
+    chain: Chain,
     /// Fill-ring index of the frame the kernel most likely fills next: it
     /// takes fill entries in order, so after frame `fill[i]` comes
     /// `fill[i + 1]` (a prediction, resynchronised on every frame).
@@ -398,8 +403,7 @@ impl XskSocket {
                 fd: fd.clone(),
                 to_fill: Vec::with_capacity(cfg.rx_frames as usize),
                 bad_descs: 0,
-                gather: Vec::new(),
-                gather_bad: false,
+                chain: Chain::default(),
                 fill_next: 0,
                 // Copy mode puts the packet XDP_PACKET_HEADROOM into the frame.
                 rx_off: 256,
@@ -560,46 +564,29 @@ impl XskRx {
         info
     }
 
-    /// One descriptor: an owned frame, a fragment of one, or a counted drop.
+    /// One descriptor: an owned frame, a piece of a chained packet, or a
+    /// counted drop.
     #[inline]
     fn take(&mut self, d: Desc) -> Option<RxFrame> {
-        let Some(idx) = self.umem.rx_index(d.addr, d.len) else {
-            self.bad_descs += 1;
-            // Inside the RX frames but with a bad length: the frame is ours
-            // again and goes back; anything else is not ours to recycle.
-            let base = self.umem.frame_base(d.addr);
-            if base >> self.umem.frame_shift < u64::from(self.umem.rx_frames) {
-                self.to_fill.push(base);
-            }
-            if d.options & XDP_PKT_CONTD != 0 || !self.gather.is_empty() {
-                self.gather_bad = true;
-            }
-            return None;
-        };
-        self.rx_taken(d.addr);
-        if d.options & XDP_PKT_CONTD == 0 && self.gather.is_empty() {
+        if d.options & XDP_PKT_CONTD == 0 && !self.chain.active() {
+            let Some(idx) = self.umem.rx_index(d.addr, d.len) else {
+                self.bad_descs += 1;
+                recycle_bad(&self.umem, d.addr, &mut self.to_fill);
+                return None;
+            };
+            self.rx_taken(d.addr);
             return Some(self.umem.mint(idx, d.addr, d.len));
         }
-        // Multi-buffer: gather the pieces; the frames go straight back.
-        // SAFETY: rx_index checked the range lies in RX frame `idx`, which
-        // came off the RX ring and is not in the fill ring until we push it
-        // to `to_fill` below.
-        let part = unsafe { self.umem.slice(d.addr, d.len) };
-        if self.gather.len() + part.len() <= MAX_MULTI_BUFFER_PACKET {
-            self.gather.extend_from_slice(part);
-        } else {
-            self.gather_bad = true;
+        if self.umem.rx_index(d.addr, d.len).is_some() {
+            self.rx_taken(d.addr);
         }
-        self.to_fill.push(self.umem.frame_base(d.addr));
-        if d.options & XDP_PKT_CONTD != 0 {
-            return None;
-        }
-        let v = std::mem::take(&mut self.gather);
-        if std::mem::take(&mut self.gather_bad) {
-            self.bad_descs += 1;
-            return None;
-        }
-        Some(RxFrame::from_vec(v))
+        self.chain.push(&self.umem, d, &mut self.to_fill)
+    }
+
+    /// Packets dropped because their chain of descriptors was too long or
+    /// had a descriptor outside our frames (every frame went back).
+    pub fn chain_drops(&self) -> u64 {
+        self.chain.drops
     }
 
     /// While waiting for RX: pull in the next RX descriptor slot and the
@@ -632,6 +619,94 @@ impl XskRx {
                 return;
             }
         }
+    }
+}
+
+/// A descriptor outside the frames it should lie in: its frame goes back
+/// to the fill ring if it is one of our RX frames; anything else is not
+/// ours to recycle.
+fn recycle_bad(umem: &UmemShared, addr: u64, to_fill: &mut Vec<u64>) {
+    let base = umem.frame_base(addr);
+    if base >> umem.frame_shift < u64::from(umem.rx_frames) {
+        to_fill.push(base);
+    }
+}
+
+/// The whole packet's length as its first piece announces it (IPv4 total
+/// length plus the Ethernet header), to allocate once; a guess otherwise.
+fn expected_len(first: &[u8]) -> usize {
+    match first {
+        [_, _, _, _, _, _, _, _, _, _, _, _, 0x08, 0x00, _, _, hi, lo, ..] => {
+            (14 + usize::from(u16::from_be_bytes([*hi, *lo]))).min(MAX_MULTI_BUFFER_PACKET)
+        }
+        _ => 16384,
+    }
+}
+
+/// Gathers one multi-buffer packet: descriptors chained by `XDP_PKT_CONTD`,
+/// the last one without. Each piece is copied out and its frame goes back
+/// to the fill ring at once, so a chain never holds frames: one that is
+/// longer than [`MAX_CHAIN_FRAMES`] or [`MAX_MULTI_BUFFER_PACKET`] bytes, or
+/// that has a descriptor outside our frames, is dropped whole and counted
+/// once (`drops`) when its last descriptor comes, and nothing leaks
+/// whatever the kernel writes.
+#[derive(Default)]
+pub(crate) struct Chain {
+    buf: Vec<u8>,
+    frames: u32,
+    bad: bool,
+    pub(crate) drops: u64,
+}
+
+impl Chain {
+    /// A packet is being gathered (its last descriptor has not come yet).
+    #[inline]
+    pub(crate) fn active(&self) -> bool {
+        self.frames > 0
+    }
+
+    /// One descriptor of a chain; the whole packet when it was the last.
+    pub(crate) fn push(
+        &mut self,
+        umem: &Arc<UmemShared>,
+        d: Desc,
+        to_fill: &mut Vec<u64>,
+    ) -> Option<RxFrame> {
+        self.frames += 1;
+        match umem.rx_index(d.addr, d.len) {
+            None => {
+                self.bad = true;
+                recycle_bad(umem, d.addr, to_fill);
+            }
+            Some(_) => {
+                if !self.bad
+                    && self.frames <= MAX_CHAIN_FRAMES
+                    && self.buf.len() + d.len as usize <= MAX_MULTI_BUFFER_PACKET
+                {
+                    // SAFETY: rx_index checked that the range lies in one RX
+                    // frame; that frame came off the RX ring and goes back to
+                    // the fill ring only below, after the copy.
+                    let part = unsafe { umem.slice(d.addr, d.len) };
+                    if self.buf.is_empty() {
+                        self.buf.reserve_exact(expected_len(part));
+                    }
+                    self.buf.extend_from_slice(part);
+                } else {
+                    self.bad = true;
+                }
+                to_fill.push(umem.frame_base(d.addr));
+            }
+        }
+        if d.options & XDP_PKT_CONTD != 0 {
+            return None;
+        }
+        self.frames = 0;
+        if std::mem::take(&mut self.bad) {
+            self.buf.clear();
+            self.drops += 1;
+            return None;
+        }
+        Some(RxFrame::from_vec(std::mem::take(&mut self.buf)))
     }
 }
 
@@ -828,5 +903,97 @@ mod tests {
             ..XskConfig::default()
         };
         assert!(bad.validate().is_err());
+    }
+
+    fn desc(addr: u64, len: u32, more: bool) -> Desc {
+        Desc {
+            addr,
+            len,
+            options: if more { XDP_PKT_CONTD } else { 0 },
+        }
+    }
+
+    /// A UMEM with RX frame `i` holding bytes `i` at offset 256.
+    fn umem(frames: u32) -> Arc<UmemShared> {
+        let u = Arc::new(UmemShared::new(frames, 4, 2048).unwrap());
+        for i in 0..frames {
+            // SAFETY: the test owns the whole UMEM (no socket, no kernel).
+            let f = unsafe { u.frame_mut(u64::from(i) * 2048) };
+            f[256..].fill(i as u8);
+        }
+        u
+    }
+
+    #[test]
+    fn a_chain_becomes_one_packet_and_its_frames_go_back() {
+        let u = umem(8);
+        let mut c = Chain::default();
+        let mut back = Vec::new();
+        assert!(c.push(&u, desc(256, 1792, true), &mut back).is_none());
+        assert!(c.active());
+        assert!(c.push(&u, desc(2048 + 256, 1792, true), &mut back).is_none());
+        let p = c.push(&u, desc(2 * 2048 + 256, 100, false), &mut back).unwrap();
+        assert!(!c.active());
+        assert!(p.is_multi_buffer());
+        assert_eq!(p.len(), 1792 + 1792 + 100);
+        assert!(p.data()[..1792].iter().all(|&b| b == 0));
+        assert!(p.data()[1792..3584].iter().all(|&b| b == 1));
+        assert!(p.data()[3584..].iter().all(|&b| b == 2));
+        assert_eq!(back, vec![0, 2048, 4096], "every frame back, once");
+        assert_eq!(c.drops, 0);
+    }
+
+    #[test]
+    fn a_chain_with_a_bad_descriptor_is_one_counted_drop_and_leaks_nothing() {
+        let u = umem(8);
+        let mut c = Chain::default();
+        let mut back = Vec::new();
+        assert!(c.push(&u, desc(256, 1792, true), &mut back).is_none());
+        // Crosses its frame's end: the chain "ends early" for us.
+        assert!(c.push(&u, desc(2048 + 1000, 1792, true), &mut back).is_none());
+        assert!(c.push(&u, desc(2 * 2048 + 256, 10, false), &mut back).is_none());
+        assert_eq!(c.drops, 1);
+        assert_eq!(back, vec![0, 2048, 4096]);
+        // The next packet starts clean.
+        let p = c.push(&u, desc(3 * 2048 + 256, 10, false), &mut back).unwrap();
+        assert_eq!(p.data(), &[3u8; 10]);
+        // A descriptor outside the RX frames is not ours to recycle.
+        assert!(c.push(&u, desc(1 << 30, 10, false), &mut back).is_none());
+        assert_eq!(c.drops, 2);
+        assert_eq!(back, vec![0, 2048, 4096, 3 * 2048]);
+    }
+
+    #[test]
+    fn a_chain_beyond_the_limits_is_dropped_whole() {
+        let u = umem(4);
+        let mut c = Chain::default();
+        let mut back = Vec::new();
+        // More descriptors than MAX_CHAIN_FRAMES (the kernel never sends this).
+        for i in 0..MAX_CHAIN_FRAMES + 5 {
+            let a = u64::from(i % 4) * 2048 + 256;
+            assert!(c.push(&u, desc(a, 10, true), &mut back).is_none());
+        }
+        assert!(c.push(&u, desc(256, 10, false), &mut back).is_none());
+        assert_eq!(c.drops, 1);
+        assert_eq!(back.len() as u32, MAX_CHAIN_FRAMES + 6, "every frame back");
+        // More bytes than MAX_MULTI_BUFFER_PACKET.
+        back.clear();
+        for _ in 0..40 {
+            assert!(c.push(&u, desc(256, 1792, true), &mut back).is_none());
+        }
+        assert!(c.push(&u, desc(256, 1792, false), &mut back).is_none());
+        assert_eq!(c.drops, 2);
+        assert_eq!(back.len(), 41);
+        assert!(!c.active());
+    }
+
+    #[test]
+    fn the_first_piece_sizes_the_packet() {
+        let mut h = [0u8; 20];
+        h[12] = 0x08;
+        h[16..18].copy_from_slice(&65535u16.to_be_bytes());
+        assert_eq!(expected_len(&h), 65535 + 14);
+        h[12] = 0x86;
+        assert_eq!(expected_len(&h), 16384);
     }
 }

@@ -135,19 +135,32 @@ impl Engine {
             .map(|(_, a)| a)
             .collect();
         // Frame size: 2 KiB frames hold MTU 1500 with the kernel's 256 B
-        // headroom; 4 KiB up to MTU 3826; beyond, 4 KiB frames and
-        // multi-buffer packets (XDP_USE_SG).
+        // headroom; 4 KiB up to MTU 3826; beyond, 4 KiB frames.
         let eth = info.mtu as usize + tx::ETH_HDR;
-        let (frame_size, multi_buffer) = if eth <= 2048 - 256 {
-            (2048, false)
-        } else if eth <= 4096 - 256 {
-            (4096, false)
-        } else {
-            (4096, true)
-        };
+        let frame_size = if eth <= 2048 - 256 { 2048 } else { 4096 };
         let depth = opts.ring_depth.max(64).next_power_of_two();
-        let mut prog = SteerProgram::attach(ifname, info.index, multi_buffer)?;
-        let cfg = XskConfig {
+        // Multi-buffer receive in every attach mode: a frags-aware program
+        // (xdp.frags) and sockets bound with XDP_USE_SG, so that a packet
+        // larger than one frame -- a jumbo frame, or a kernel peer's
+        // TSO/GSO super-frame (up to 64 KiB) that generic XDP sees before
+        // any segmentation -- arrives as one chain of descriptors instead of
+        // being dropped by the kernel (docs/xdp-engine.md, "Multi-buffer
+        // receive"). Where the kernel or driver refuses either, the engine
+        // runs without and says so: super-frames are then counted drops.
+        let (mut prog, mut multi_buffer) = match SteerProgram::attach(ifname, info.index, true) {
+            Ok(p) => (p, true),
+            Err(e) => {
+                let p = SteerProgram::attach(ifname, info.index, false).map_err(|e2| {
+                    format!("{e2} (and the multi-buffer program: {e})")
+                })?;
+                eprintln!(
+                    "nanowire: {ifname}: no multi-buffer XDP program ({e}); packets larger than \
+                     {frame_size}-byte frames (a peer's TSO/GSO super-frames) cannot be received"
+                );
+                (p, false)
+            }
+        };
+        let mut cfg = XskConfig {
             rx_frames: depth,
             tx_frames: TX_FRAMES,
             frame_size,
@@ -158,7 +171,22 @@ impl Engine {
         cfg.validate()?;
         let mut socks = Vec::new();
         for q in 0..info.rx_queues {
-            let xsk = XskSocket::open(ifname, info.index, q, cfg)?;
+            let xsk = match XskSocket::open(ifname, info.index, q, cfg) {
+                Ok(x) => x,
+                Err(e) if cfg.multi_buffer && q == 0 => {
+                    // No XDP_USE_SG (kernel < 6.6): bind without it.
+                    cfg.multi_buffer = false;
+                    multi_buffer = false;
+                    let x = XskSocket::open(ifname, info.index, q, cfg)
+                        .map_err(|e2| format!("{e2} (with XDP_USE_SG: {e})"))?;
+                    eprintln!(
+                        "nanowire: {ifname}: no multi-buffer AF_XDP ({e}); packets larger than \
+                         {frame_size}-byte frames (a peer's TSO/GSO super-frames) cannot be received"
+                    );
+                    x
+                }
+                Err(e) => return Err(e),
+            };
             prog.set_xsk(q, &xsk)?;
             socks.push(xsk);
         }
@@ -215,7 +243,7 @@ impl Engine {
         let attach = prog.mode();
         let mut rxp = RxPath::new(rxs, Demux::new(depth as usize), own, page.clone(), tap_rx);
         rxp.set_faults(faults.as_ref().and_then(|f| f.rx()).map(rx::RxFaults::new));
-        rxp.set_oversize_hint(ifname, frame_size as usize);
+        rxp.set_oversize_hint(ifname, frame_size as usize, multi_buffer);
         if let Some(f) = &faults {
             eprintln!(
                 "nanowire: fault injection on {ifname} ({:?}): {}",
@@ -289,7 +317,8 @@ impl Engine {
     pub fn frame_size(&self) -> usize {
         self.frame_size
     }
-    /// Packets larger than a frame use AF_XDP multi-buffer (jumbo MTU).
+    /// Packets larger than a frame arrive as AF_XDP multi-buffer chains
+    /// (jumbo frames, a kernel peer's TSO/GSO super-frames).
     pub fn multi_buffer(&self) -> bool {
         self.multi_buffer
     }

@@ -34,13 +34,15 @@ pub(crate) struct RxPath {
     pub page: Arc<StatsPage>,
     polls: u32,
     bad_descs: u64,
+    chain_drops: u64,
     /// Copies of received frames for `nanowire capture` (crates/tap).
     pub tap: nanowire_tap::TapWriter,
     /// The seeded fault injector of the `faults` option (off: `None`).
     faults: Option<RxFaults>,
-    /// (interface, frame size) for the one warning about frames the kernel
-    /// could not fit in a frame; `None` once warned.
-    oversize_warn: Option<(String, usize)>,
+    /// (interface, frame size, multi-buffer) for the one warning about
+    /// frames the kernel dropped (without multi-buffer: frames it could not
+    /// fit in a frame); `None` once warned.
+    oversize_warn: Option<(String, usize, bool)>,
     /// Sockets of the engine that want receive stamps: while non-zero each
     /// frame is stamped (`CLOCK_REALTIME`) as it is taken off the ring.
     pub stamp_users: u32,
@@ -111,6 +113,7 @@ impl RxPath {
             page,
             polls: 0,
             bad_descs: 0,
+            chain_drops: 0,
             tap,
             faults: None,
             oversize_warn: None,
@@ -120,11 +123,11 @@ impl RxPath {
     }
 
     /// Warn (once) when the kernel drops frames for this engine's sockets
-    /// that it could not place (`xsk_rx_dropped`): frames larger than
-    /// `frame` bytes, such as a veth peer's TSO/GSO super-frames in
-    /// generic XDP mode.
-    pub fn set_oversize_hint(&mut self, iface: &str, frame: usize) {
-        self.oversize_warn = Some((iface.to_string(), frame));
+    /// that it could not place (`xsk_rx_dropped`). Without multi-buffer
+    /// (`mb` false) these are frames larger than `frame` bytes, such as a
+    /// veth peer's TSO/GSO super-frames in generic XDP mode.
+    pub fn set_oversize_hint(&mut self, iface: &str, frame: usize, mb: bool) {
+        self.oversize_warn = Some((iface.to_string(), frame, mb));
     }
 
     /// Turn the receive-side fault injector on (the `faults` option).
@@ -212,6 +215,14 @@ impl RxPath {
             bump(self.page.e(E::RxFrames), bad - self.bad_descs);
             self.bad_descs = bad;
         }
+        let chain: u64 = self.queues.iter().map(|q| q.chain_drops()).sum();
+        if chain != self.chain_drops {
+            // A multi-buffer packet dropped whole (chain too long, or a piece
+            // outside our frames): one frame, one drop.
+            bump(self.page.e(E::DropRxChain), chain - self.chain_drops);
+            bump(self.page.e(E::RxFrames), chain - self.chain_drops);
+            self.chain_drops = chain;
+        }
         total
     }
 
@@ -251,13 +262,20 @@ impl RxPath {
         let dropped = t.rx_dropped.saturating_sub(t.rx_fill_ring_empty_descs);
         set(p.e(E::XskRxDropped), dropped);
         if dropped > 0
-            && let Some((iface, frame)) = self.oversize_warn.take()
+            && let Some((iface, frame, mb)) = self.oversize_warn.take()
         {
-            eprintln!(
-                "nanowire: {iface}: the kernel dropped {dropped} frame(s) for this engine that did not fit its \
-                 {frame}-byte AF_XDP frames (counted as xsk_rx_dropped): a peer's TSO/GSO/GRO super-frames? \
-                 turn them off on the peer (ethtool -K <peer> tso off gso off gro off)"
-            );
+            if mb {
+                eprintln!(
+                    "nanowire: {iface}: the kernel dropped {dropped} frame(s) for this engine \
+                     (counted as xsk_rx_dropped)"
+                );
+            } else {
+                eprintln!(
+                    "nanowire: {iface}: the kernel dropped {dropped} frame(s) for this engine that did not fit its \
+                     {frame}-byte AF_XDP frames (counted as xsk_rx_dropped; no multi-buffer AF_XDP here): a peer's \
+                     TSO/GSO/GRO super-frames? turn them off on the peer (ethtool -K <peer> tso off gso off gro off)"
+                );
+            }
         }
         set(p.e(E::XskRxRingFull), t.rx_ring_full);
         set(p.e(E::XskRxFillRingEmpty), t.rx_fill_ring_empty_descs);

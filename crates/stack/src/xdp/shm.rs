@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub const DIR: &str = "/dev/shm/nanowire";
-const MAGIC: u64 = u64::from_le_bytes(*b"NWSTATS1");
+const MAGIC: u64 = u64::from_le_bytes(*b"NWSTATS2");
 pub const HEADER_BYTES: usize = 512;
 pub const ENGINE_SLOTS: usize = 128;
 pub const SOCK_SLOTS: usize = 32;
@@ -108,6 +108,7 @@ pub const ENGINE_COUNTERS: &[&str] = &[
     "drop_frag_timeout",
     "drop_frag_overlap",
     "drop_frag_too_many",
+    "drop_rx_chain",
 ];
 
 /// Per-socket counter names (slot 0 is the packed local address).
@@ -197,6 +198,7 @@ pub enum E {
     DropFragTimeout,
     DropFragOverlap,
     DropFragTooMany,
+    DropRxChain,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -740,7 +742,7 @@ mod tests {
 
     #[test]
     fn counter_names_match_enums() {
-        assert_eq!(ENGINE_COUNTERS.len(), E::DropFragTooMany as usize + 1);
+        assert_eq!(ENGINE_COUNTERS.len(), E::DropRxChain as usize + 1);
         assert!(ENGINE_COUNTERS.len() <= ENGINE_SLOTS);
         assert_eq!(SOCK_COUNTERS.len(), S::DropNeigh as usize + 1);
         assert!(ENGINE_COUNTERS.len() <= ENGINE_SLOTS);

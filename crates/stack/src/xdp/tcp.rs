@@ -184,13 +184,14 @@ pub struct TcpEngine {
 impl TcpEngine {
     fn new(engine: Arc<Engine>, wait: WaitPolicy, cfg: Config) -> io::Result<Arc<TcpEngine>> {
         static WARNED: std::sync::Once = std::sync::Once::new();
-        if engine.attach_mode() == nanowire_xdp::AttachMode::Skb
-            && nanowire_xdp::iface::driver(&engine.iface().name).as_deref() == Some("veth")
-        {
+        // With multi-buffer receive, super-frames arrive as chains (mod.rs);
+        // only an engine without it (an old kernel) cannot take them.
+        if engine.attach_mode() == nanowire_xdp::AttachMode::Skb && !engine.multi_buffer() {
             WARNED.call_once(|| {
                 eprintln!(
-                    "nanowire: xdp TCP on {} (veth, generic XDP): a peer's TSO/GSO super-frames cannot reach AF_XDP; \
-                     turn TSO/GSO off on the peer (ethtool -K <peer> tso off gso off) or use NANOWIRE_XDP_MODE=native",
+                    "nanowire: xdp TCP on {} (generic XDP without multi-buffer AF_XDP): a peer's TSO/GSO/GRO \
+                     super-frames cannot reach AF_XDP; turn TSO/GSO off on the peer (ethtool -K <peer> tso off gso off) \
+                     or use NANOWIRE_XDP_MODE=native",
                     engine.iface().name
                 )
             });
@@ -247,6 +248,10 @@ impl TcpEngine {
         let mtu = (engine.iface().mtu as usize).min(engine.frame_size() - ETH_HDR);
         let mut cfg = Config {
             mss: Config::mss_for_mtu(mtu as u32),
+            // The engine's classifier verified (or recognised as an offload's
+            // partial) every segment's checksum already: one pass per segment,
+            // which matters for 64 KiB super-segments.
+            verify_checksum: false,
             ..Config::default()
         };
         // The RTO floor: the options table's `tcp_rto_min_us` row, passed
