@@ -312,4 +312,59 @@ mod tests {
             assert!(classify(&base[..n]).is_err());
         }
     }
+
+    /// A TSO/GSO super-segment as generic XDP hands it over: one 64 KiB TCP
+    /// segment, its checksum full, partial (the sender's TX offload) or bad.
+    fn super_segment(csum: &str) -> Vec<u8> {
+        let (src, dst) = (Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 18, 0, 2));
+        let payload = 65535 - 20 - 20;
+        let mut f = vec![0u8; ETH_HDR + 20 + 20 + payload];
+        f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+        nanowire_wire::Ipv4Repr {
+            src,
+            dst,
+            protocol: PROTO_TCP,
+            payload_len: 20 + payload,
+            ttl: 64,
+            ident: 1,
+        }
+        .emit(&mut f[ETH_HDR..]);
+        let seg = &mut f[ETH_HDR + 20..];
+        seg[0..2].copy_from_slice(&40000u16.to_be_bytes());
+        seg[2..4].copy_from_slice(&80u16.to_be_bytes());
+        seg[12] = 5 << 4;
+        seg[13] = 0x10;
+        for (i, b) in seg[20..].iter_mut().enumerate() {
+            *b = (i * 7) as u8;
+        }
+        let pseudo = checksum::pseudo_header(src, dst, PROTO_TCP, seg.len() as u16);
+        let c = match csum {
+            "full" => !checksum::fold(checksum::accumulate(pseudo, seg)),
+            "partial" => checksum::fold(pseudo),
+            _ => 0x1234,
+        };
+        seg[16..18].copy_from_slice(&c.to_be_bytes());
+        f
+    }
+
+    #[test]
+    fn a_64_kib_super_segment_is_classified_like_any_segment() {
+        let f = super_segment("full");
+        let c = classify(&f).unwrap();
+        assert_eq!(c.proto, PROTO_TCP);
+        assert_eq!(c.payload_len, 65535 - 40);
+        assert_eq!(c.payload_off + c.payload_len, f.len());
+        assert!(!c.csum_partial);
+        let p = classify(&super_segment("partial")).unwrap();
+        assert!(p.csum_partial, "TX offload of a local sender: accepted, flagged");
+        assert_eq!(
+            classify(&super_segment("bad")),
+            Err(DropReason::BadChecksum),
+            "a bad checksum over 64 KiB is a counted drop"
+        );
+        let mut flipped = super_segment("full");
+        let n = flipped.len();
+        flipped[n - 1000] ^= 4;
+        assert_eq!(classify(&flipped), Err(DropReason::BadChecksum));
+    }
 }
