@@ -26,6 +26,7 @@ the TCP message rate of `bench tp --tcp --mps max` per engine (ratio to spin):
 
     scripts/compare.py --scenario tick-to-trade --repeats 3 --seconds 5
     scripts/compare.py --scenario tcp-msg-rate --repeats 3 --seconds 3 --size 64
+    scripts/compare.py --scenario issue21-iperf --repeats 5 --seconds 10   # iperf3 -P 4: plain / server / client / both under run
 
 The floor of the machine: a minimal AF_XDP UDP ping-pong (crates/xdp/examples/xsk_floor.rs, built
 on demand) against `nanowire bench` xdp↔xdp, sockperf under `nanowire run` and plain sockperf, 64 B,
@@ -170,6 +171,10 @@ def scenarios(secs, size):
         # each engine (see iperf_main).
         "issue11-iperf": ("kernel", [("kernel", None, None, None), ("spin", None, None, None),
                                      ("xdp", None, None, None)]),
+        # Issue 21: iperf3 -P 4 against a kernel peer in the default lab (TSO/GSO on):
+        # plain, only the server under run, both ends under run (see iperf_p4_main).
+        "issue21-iperf": ("plain", [("plain", None, None, None), ("server run", None, None, None),
+                                    ("client run", None, None, None), ("both run", None, None, None)]),
         "issue4-udp": ("plain", [
             ("plain", sp_sr(), sp_pp(secs, size), sp),
             ("run spin", nw_run("spin", sp_sr()), nw_run("spin", sp_pp(secs, size)), sp),
@@ -251,6 +256,58 @@ def iperf_main(a, base, configs):
     return {"scenario": a.scenario, "baseline": base, "repeats": a.repeats, "seconds": a.seconds,
             "commands": {label: " ".join(nw_run(label, ["iperf3", "-c", B, "-t", str(a.seconds), "-J"],
                                                 profile="throughput")) for label, *_ in configs},
+            "runs": runs, "median": med, "ratio_to_baseline": ratios, "env": env(a.lab)}
+
+
+def iperf_p4_main(a, base, configs):
+    """Scenario `issue21-iperf`: iperf3 -P 4 (TCP) in the default lab, interleaved: plain, only
+    the server (receiver) under `nanowire run --engine xdp`, only the client, both. Default
+    profile (what a user gets); server pinned to CPU 1, client to CPU 0. Throughput
+    (receiver's count) and CPU% of each end, medians, ratios to plain. The kernel peer's
+    TSO/GSO super-frames reach an accelerated receiver as AF_XDP multi-buffer chains."""
+    placement = {"plain": (False, False), "server run": (True, False),
+                 "client run": (False, True), "both run": (True, True)}
+
+    def wrap(on, argv):
+        return [NW, "run", "--engine", "xdp", "--"] + argv if on else argv
+
+    runs = {label: [] for label, *_ in configs}
+    for r in range(a.repeats):
+        for label, *_ in configs:
+            srv_run, cli_run = placement[label]
+            port = str(PORT + 8)
+            s = subprocess.Popen(["ip", "netns", "exec", ns(a.lab, "b")] +
+                                 wrap(srv_run, ["taskset", "-c", "1", "iperf3", "-s", "-1", "-B", B, "-p", port]),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)
+            try:
+                p = subprocess.run(["ip", "netns", "exec", ns(a.lab, "a")] +
+                                   wrap(cli_run, ["taskset", "-c", "0", "iperf3", "-c", B, "-p", port, "-P", "4",
+                                                  "-t", str(a.seconds), "-J"]),
+                                   capture_output=True, text=True, timeout=a.seconds + 60)
+            finally:
+                try:
+                    s.wait(10)
+                except subprocess.TimeoutExpired:
+                    s.kill()
+                    s.wait()
+            d = json.loads(p.stdout[p.stdout.index("{"):])
+            end = d["end"]
+            res = {"gbps": round(end["sum_received"]["bits_per_second"] / 1e9, 3),
+                   "bytes": end["sum_received"]["bytes"],
+                   "retransmits": end["sum_sent"].get("retransmits", 0),
+                   "cpu_client_pct": round(end["cpu_utilization_percent"]["host_total"], 1),
+                   "cpu_server_pct": round(end["cpu_utilization_percent"]["remote_total"], 1)}
+            runs[label].append(res)
+            print(f"# repeat {r + 1} {label}: {res}", file=sys.stderr)
+    keys = ["gbps", "retransmits", "cpu_client_pct", "cpu_server_pct"]
+    med = {label: {k: statistics.median(x[k] for x in rs) for k in keys} for label, rs in runs.items()}
+    ratios = {label: {k: round(m[k] / med[base][k], 3) for k in m if med[base].get(k)} for label, m in med.items()}
+    return {"scenario": a.scenario, "baseline": base, "repeats": a.repeats, "seconds": a.seconds,
+            "commands": {label: {"server": " ".join(wrap(placement[label][0], ["iperf3", "-s", "-1", "-B", B])),
+                                 "client": " ".join(wrap(placement[label][1], ["iperf3", "-c", B, "-P", "4", "-t",
+                                                                               str(a.seconds), "-J"]))}
+                         for label, *_ in configs},
             "runs": runs, "median": med, "ratio_to_baseline": ratios, "env": env(a.lab)}
 
 
@@ -574,6 +631,9 @@ def main():
         return
     if a.scenario == "issue11-iperf":
         print(json.dumps(iperf_main(a, base, configs), indent=1))
+        return
+    if a.scenario == "issue21-iperf":
+        print(json.dumps(iperf_p4_main(a, base, configs), indent=1))
         return
     runs = {label: [] for label, *_ in configs}
     for r in range(a.repeats):

@@ -18,9 +18,9 @@ fn root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// A lab named `nwts<tag><pid>`, removed on drop; TSO/GSO off on both
-/// veths (a kernel peer's super-frames cannot reach AF_XDP in generic
-/// mode; a physical wire carries MTU-sized frames anyway).
+/// A lab named `nwts<tag><pid>`, removed on drop: the default lab, TSO/GSO
+/// on (a kernel peer's super-frames reach the engine as multi-buffer
+/// chains).
 fn tlab(tag: char) -> Option<ScopedLab> {
     if !root() {
         eprintln!("skipping: needs root");
@@ -32,14 +32,6 @@ fn tlab(tag: char) -> Option<ScopedLab> {
         ..LabOptions::default()
     })
     .expect("lab up");
-    for h in [Host::A, Host::B] {
-        let ifn = l.iface(h);
-        let st = l
-            .command(h, &["ethtool", "-K", &ifn, "tso", "off", "gso", "off"])
-            .output()
-            .expect("ethtool");
-        assert!(st.status.success(), "ethtool: {st:?}");
-    }
     Some(l)
 }
 

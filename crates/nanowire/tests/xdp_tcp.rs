@@ -176,17 +176,8 @@ fn stream_hashed_both_ways_between_a_kernel_peer_and_the_xdp_tcp() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(128);
     let total = mib << 20;
-    // A physical wire carries frames of at most one MTU; veth passes the
-    // kernel sender's TSO/GSO super-frames (up to 64 KiB) through, which
-    // generic XDP cannot hand to AF_XDP in 2 KiB frames (native XDP on veth
-    // turns the peer's GSO off by itself). Make the veth behave like a wire.
-    let ifb = l.iface(Host::B);
-    let (ok, _, err) = run(
-        &l,
-        Host::B,
-        &["ethtool", "-K", &ifb, "tso", "off", "gso", "off"],
-    );
-    assert!(ok, "ethtool: {err}");
+    // The default lab: the kernel sender's TSO/GSO super-frames (up to
+    // 64 KiB) reach the engine as multi-buffer chains in generic XDP.
     let mut py = l
         .command(
             Host::B,
