@@ -74,12 +74,7 @@ fn a_plain_client_writes_300_mb_to_an_accelerated_python_server() {
         let port = (14100 + i).to_string();
         let mut srv = spawn(
             &format!("sink-{mode}"),
-            under_run(
-                &l,
-                Host::B,
-                mode,
-                &["python3", "-c", SINK_PY, &addr, &port],
-            ),
+            under_run(&l, Host::B, mode, &["python3", "-c", SINK_PY, &addr, &port]),
         );
         srv.wait_for("listening", Duration::from_secs(30));
         let mut cli = spawn(
@@ -308,7 +303,10 @@ fn iperf3_with_4_streams_into_an_accelerated_server_completes() {
         // count when the sender is done, so what is still in flight (a few
         // windows) is not in it.
         assert!(sent >= 400 << 20, "{mode}: {sent} bytes sent:\n{v}");
-        assert!(got >= sent / 2, "{mode}: {got} of {sent} bytes received:\n{v}");
+        assert!(
+            got >= sent / 2,
+            "{mode}: {got} of {sent} bytes received:\n{v}"
+        );
         let streams = v["end"]["streams"].as_array().map_or(0, |a| a.len());
         assert_eq!(streams, 4, "{mode}: {v}");
     }
@@ -324,4 +322,49 @@ fn sha256(p: &std::path::Path) -> String {
         .next()
         .unwrap_or_default()
         .to_string()
+}
+
+#[test]
+#[ignore = "needs root"]
+fn without_multi_buffer_tcp_stays_on_the_kernel_and_says_so() {
+    // What an engine does where the kernel has no multi-buffer AF_XDP
+    // (NANOWIRE_XDP_NO_MULTI_BUFFER=1 makes this kernel behave so): in
+    // generic XDP it could not receive a kernel peer's super-frames, so the
+    // TCP socket is left to the kernel with one line saying why, and the
+    // transfer completes instead of stalling.
+    let l = lab("sfn");
+    let total = (32u64 << 20).to_string();
+    let addr = ADDR_B.to_string();
+    let port = "14400";
+    let mut cmd = under_run(
+        &l,
+        Host::B,
+        "generic",
+        &["python3", "-c", SINK_PY, &addr, port],
+    );
+    cmd.env("NANOWIRE_XDP_NO_MULTI_BUFFER", "1");
+    let mut srv = spawn("sink-nomb", cmd);
+    srv.wait_for("listening", Duration::from_secs(30));
+    let mut cli = spawn(
+        "source-nomb",
+        plain_in(
+            &l,
+            Host::A,
+            &["python3", "-c", SOURCE_PY, &addr, port, &total],
+        ),
+    );
+    let c = cli.success(T);
+    srv.wait_for("got ", T);
+    let s = srv.both();
+    assert!(
+        s.contains("super-frames; TCP stays on the kernel"),
+        "the reason is on stderr:\n{s}"
+    );
+    assert!(
+        !s.contains(&format!("tcp listener {addr}:{port}: xdp")),
+        "{s}"
+    );
+    assert_eq!(field(&s, "got"), field(&c, "sent"), "the stream differs");
+    // (`tcp_no_multi_buffer` counts it on the stats page of an engine that
+    // lives on for other sockets; this one had none, so it closed.)
 }

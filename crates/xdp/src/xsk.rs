@@ -636,9 +636,27 @@ fn recycle_bad(umem: &UmemShared, addr: u64, to_fill: &mut Vec<u64>) {
 /// length plus the Ethernet header), to allocate once; a guess otherwise.
 fn expected_len(first: &[u8]) -> usize {
     match first {
-        [_, _, _, _, _, _, _, _, _, _, _, _, 0x08, 0x00, _, _, hi, lo, ..] => {
-            (14 + usize::from(u16::from_be_bytes([*hi, *lo]))).min(MAX_MULTI_BUFFER_PACKET)
-        }
+        [
+            _,
+            _,
+            _,
+            _,
+            _,
+            _,
+            _,
+            _,
+            _,
+            _,
+            _,
+            _,
+            0x08,
+            0x00,
+            _,
+            _,
+            hi,
+            lo,
+            ..,
+        ] => (14 + usize::from(u16::from_be_bytes([*hi, *lo]))).min(MAX_MULTI_BUFFER_PACKET),
         _ => 16384,
     }
 }
@@ -931,8 +949,13 @@ mod tests {
         let mut back = Vec::new();
         assert!(c.push(&u, desc(256, 1792, true), &mut back).is_none());
         assert!(c.active());
-        assert!(c.push(&u, desc(2048 + 256, 1792, true), &mut back).is_none());
-        let p = c.push(&u, desc(2 * 2048 + 256, 100, false), &mut back).unwrap();
+        assert!(
+            c.push(&u, desc(2048 + 256, 1792, true), &mut back)
+                .is_none()
+        );
+        let p = c
+            .push(&u, desc(2 * 2048 + 256, 100, false), &mut back)
+            .unwrap();
         assert!(!c.active());
         assert!(p.is_multi_buffer());
         assert_eq!(p.len(), 1792 + 1792 + 100);
@@ -950,12 +973,20 @@ mod tests {
         let mut back = Vec::new();
         assert!(c.push(&u, desc(256, 1792, true), &mut back).is_none());
         // Crosses its frame's end: the chain "ends early" for us.
-        assert!(c.push(&u, desc(2048 + 1000, 1792, true), &mut back).is_none());
-        assert!(c.push(&u, desc(2 * 2048 + 256, 10, false), &mut back).is_none());
+        assert!(
+            c.push(&u, desc(2048 + 1000, 1792, true), &mut back)
+                .is_none()
+        );
+        assert!(
+            c.push(&u, desc(2 * 2048 + 256, 10, false), &mut back)
+                .is_none()
+        );
         assert_eq!(c.drops, 1);
         assert_eq!(back, vec![0, 2048, 4096]);
         // The next packet starts clean.
-        let p = c.push(&u, desc(3 * 2048 + 256, 10, false), &mut back).unwrap();
+        let p = c
+            .push(&u, desc(3 * 2048 + 256, 10, false), &mut back)
+            .unwrap();
         assert_eq!(p.data(), &[3u8; 10]);
         // A descriptor outside the RX frames is not ours to recycle.
         assert!(c.push(&u, desc(1 << 30, 10, false), &mut back).is_none());

@@ -356,7 +356,10 @@ mod tests {
         assert_eq!(c.payload_off + c.payload_len, f.len());
         assert!(!c.csum_partial);
         let p = classify(&super_segment("partial")).unwrap();
-        assert!(p.csum_partial, "TX offload of a local sender: accepted, flagged");
+        assert!(
+            p.csum_partial,
+            "TX offload of a local sender: accepted, flagged"
+        );
         assert_eq!(
             classify(&super_segment("bad")),
             Err(DropReason::BadChecksum),

@@ -147,12 +147,18 @@ impl Engine {
         // being dropped by the kernel (docs/xdp-engine.md, "Multi-buffer
         // receive"). Where the kernel or driver refuses either, the engine
         // runs without and says so: super-frames are then counted drops.
-        let (mut prog, mut multi_buffer) = match SteerProgram::attach(ifname, info.index, true) {
+        // NANOWIRE_XDP_NO_MULTI_BUFFER=1 (tests): behave as a kernel without it.
+        let want_mb = std::env::var("NANOWIRE_XDP_NO_MULTI_BUFFER").as_deref() != Ok("1");
+        let first = if want_mb {
+            SteerProgram::attach(ifname, info.index, true)
+        } else {
+            Err("multi-buffer turned off (NANOWIRE_XDP_NO_MULTI_BUFFER=1)".to_string())
+        };
+        let (mut prog, mut multi_buffer) = match first {
             Ok(p) => (p, true),
             Err(e) => {
-                let p = SteerProgram::attach(ifname, info.index, false).map_err(|e2| {
-                    format!("{e2} (and the multi-buffer program: {e})")
-                })?;
+                let p = SteerProgram::attach(ifname, info.index, false)
+                    .map_err(|e2| format!("{e2} (and the multi-buffer program: {e})"))?;
                 eprintln!(
                     "nanowire: {ifname}: no multi-buffer XDP program ({e}); packets larger than \
                      {frame_size}-byte frames (a peer's TSO/GSO super-frames) cannot be received"

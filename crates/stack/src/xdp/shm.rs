@@ -109,6 +109,7 @@ pub const ENGINE_COUNTERS: &[&str] = &[
     "drop_frag_overlap",
     "drop_frag_too_many",
     "drop_rx_chain",
+    "tcp_no_multi_buffer",
 ];
 
 /// Per-socket counter names (slot 0 is the packed local address).
@@ -199,6 +200,7 @@ pub enum E {
     DropFragOverlap,
     DropFragTooMany,
     DropRxChain,
+    TcpNoMultiBuffer,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -742,7 +744,7 @@ mod tests {
 
     #[test]
     fn counter_names_match_enums() {
-        assert_eq!(ENGINE_COUNTERS.len(), E::DropRxChain as usize + 1);
+        assert_eq!(ENGINE_COUNTERS.len(), E::TcpNoMultiBuffer as usize + 1);
         assert!(ENGINE_COUNTERS.len() <= ENGINE_SLOTS);
         assert_eq!(SOCK_COUNTERS.len(), S::DropNeigh as usize + 1);
         assert!(ENGINE_COUNTERS.len() <= ENGINE_SLOTS);

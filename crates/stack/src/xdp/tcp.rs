@@ -183,18 +183,21 @@ pub struct TcpEngine {
 
 impl TcpEngine {
     fn new(engine: Arc<Engine>, wait: WaitPolicy, cfg: Config) -> io::Result<Arc<TcpEngine>> {
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        // With multi-buffer receive, super-frames arrive as chains (mod.rs);
-        // only an engine without it (an old kernel) cannot take them.
+        // With multi-buffer receive, super-frames arrive as chains (mod.rs).
+        // An engine without it (a kernel before 6.6) in generic mode would
+        // lose every TSO/GSO/GRO super-frame a kernel peer sends and stall
+        // the connection: the TCP socket stays on the kernel instead (the
+        // shim says so per socket; counted). Native XDP sees no super-frames.
         if engine.attach_mode() == nanowire_xdp::AttachMode::Skb && !engine.multi_buffer() {
-            WARNED.call_once(|| {
-                eprintln!(
-                    "nanowire: xdp TCP on {} (generic XDP without multi-buffer AF_XDP): a peer's TSO/GSO/GRO \
-                     super-frames cannot reach AF_XDP; turn TSO/GSO off on the peer (ethtool -K <peer> tso off gso off) \
-                     or use NANOWIRE_XDP_MODE=native",
+            bump(engine.page.e(E::TcpNoMultiBuffer), 1);
+            return Err(io_err(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{}: generic XDP without multi-buffer AF_XDP (kernel < 6.6?) cannot receive a kernel peer's \
+                     TSO/GSO/GRO super-frames; TCP stays on the kernel (NANOWIRE_XDP_MODE=native would take it)",
                     engine.iface().name
-                )
-            });
+                ),
+            ));
         }
         let wake = eventfd()?;
         let wake_fd = wake.as_raw_fd();
