@@ -1066,6 +1066,14 @@ pub fn leave_multicast(a: &Accel, group: Ipv4Addr, ifaddr: Ipv4Addr) -> Result<(
     }
 }
 
+/// The application's socket took IP_TTL / IP_TOS / IP_MULTICAST_TTL: the
+/// engine's headers follow.
+pub fn sync_ip_header(a: &Accel) {
+    if let Some(x) = a.lock().xdp.as_mut() {
+        engine_call(|| x.sync_ip_header());
+    }
+}
+
 pub fn set_rcvbuf(a: &Accel, bytes: usize) {
     if let Some(x) = a.lock().xdp.as_mut() {
         engine_call(|| x.set_rcvbuf(bytes));

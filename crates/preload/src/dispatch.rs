@@ -119,6 +119,10 @@ pub unsafe fn setsockopt(
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+    if r == 0 {
+        sockopt_accel_after(fd, level, name, val, len);
+        crate::opts::tcp_candidate_after(fd, level, name, val, len);
+    }
     if r == 0
         && crate::tstamp::is_ts_opt(level, name)
         && let Some(a) = accel::lookup(fd)
@@ -1183,31 +1187,38 @@ fn share_accel(old: c_int, new: c_int) {
     }
 }
 
-/// Receive-side options the xdp engine cannot honour (no ancillary data,
-/// no per-device binding): the socket stays, or goes back to, the kernel.
-fn unsupported_opt(level: c_int, name: c_int) -> Option<&'static str> {
-    Some(match (level, name) {
-        (libc::SOL_SOCKET, libc::SO_BINDTODEVICE) => "SO_BINDTODEVICE",
-        (libc::SOL_SOCKET, libc::SO_REUSEPORT) => "SO_REUSEPORT (sockets sharing a port)",
-        (libc::IPPROTO_IP, libc::IP_PKTINFO) => "IP_PKTINFO",
-        (libc::IPPROTO_IP, libc::IP_RECVTOS) => "IP_RECVTOS",
-        (libc::IPPROTO_IP, libc::IP_RECVTTL) => "IP_RECVTTL",
-        (libc::IPPROTO_IP, libc::IP_RECVERR) => "IP_RECVERR",
-        (libc::IPPROTO_IP, libc::IP_RECVORIGDSTADDR) => "IP_RECVORIGDSTADDR",
-        _ => return None,
-    })
-}
-
-fn opt_enabled(val: *const c_void, len: socklen_t) -> bool {
-    if val.is_null() || len == 0 {
-        return false;
-    }
-    // SAFETY: `len` readable bytes.
-    let b = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), (len as usize).min(64)) };
-    b.iter().any(|x| *x != 0)
-}
-
 /// setsockopt on an accelerated socket or a candidate. `Some(r)`: answered.
+/// After the kernel socket of an accelerated UDP socket (or a candidate)
+/// took an option (`crate::opts`): one the engine does not honour moves
+/// the socket to the kernel; IP_TTL / IP_TOS / IP_MULTICAST_TTL reach the
+/// engine's headers.
+fn sockopt_accel_after(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) {
+    let w = table::get(fd);
+    if w & (table::F_ACCEL | table::F_CAND) == 0 {
+        return;
+    }
+    if let Some(why) = crate::opts::kernel_reason(crate::opts::Kind::Udp, level, name, val, len) {
+        let e = spin::errno();
+        if w & table::F_CAND != 0 {
+            table::clear_flags(fd, table::F_CAND);
+            accel::log_not(fd, &why);
+        } else {
+            accel::detach(fd, &why);
+        }
+        spin::set_errno(e);
+        return;
+    }
+    if crate::opts::sets_ip_header(level, name)
+        && let Some(a) = accel::lookup(fd)
+    {
+        // The engine's headers follow the kernel socket's values (a
+        // candidate's are read when it goes onto the engine).
+        accel::sync_ip_header(a);
+    }
+}
+
+/// setsockopt on an accelerated socket: multicast membership, which the
+/// engine follows. `Some(r)`: answered.
 fn sockopt_accel(
     fd: c_int,
     level: c_int,
@@ -1215,25 +1226,7 @@ fn sockopt_accel(
     val: *const c_void,
     len: socklen_t,
 ) -> Option<c_int> {
-    let w = table::get(fd);
-    if w & (table::F_ACCEL | table::F_CAND) == 0 {
-        return None;
-    }
-    if let Some(what) = unsupported_opt(level, name)
-        && opt_enabled(val, len)
-    {
-        if w & table::F_CAND != 0 {
-            table::clear_flags(fd, table::F_CAND);
-            accel::log_not(
-                fd,
-                &format!("option {what} is not supported by the xdp engine"),
-            );
-        } else {
-            accel::detach(
-                fd,
-                &format!("option {what} is not supported by the xdp engine"),
-            );
-        }
+    if table::get(fd) & (table::F_ACCEL | table::F_CAND) == 0 {
         return None;
     }
     let a = accel::lookup(fd)?;

@@ -256,7 +256,7 @@ const CARRIED: &[(c_int, c_int)] = &[
     (libc::IPPROTO_IP, libc::IP_TTL),
 ];
 
-fn carry_options(from: c_int, to: c_int) {
+pub(crate) fn carry_options(from: c_int, to: c_int) {
     for &(level, name) in CARRIED {
         let mut v = [0u8; 32];
         let mut l = v.len() as socklen_t;

@@ -63,6 +63,7 @@ mod dispatch;
 mod exports;
 mod handover;
 mod log;
+mod opts;
 mod ready;
 mod real;
 mod share;

@@ -202,7 +202,7 @@ pub fn by_fd(fd: c_int) -> Option<&'static Tcp> {
 }
 
 impl Tcp {
-    fn get(&self) -> Option<Arc<Inner>> {
+    pub(crate) fn get(&self) -> Option<Arc<Inner>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
     /// The engine connection, if this is one.
@@ -711,6 +711,13 @@ pub fn accept(
             let peer = engine_call(|| s.peer_addr()).ok();
             let nb = flags & libc::SOCK_NONBLOCK != 0;
             let t2 = record(nfd, Inner::Stream(s), false, false, nb);
+            // As the kernel's accepted socket: the listener's options and
+            // timeouts, read back from the placeholder as plainly.
+            crate::handover::carry_options(fd, nfd);
+            t2.rcvtimeo_ns
+                .store(t.rcvtimeo_ns.load(Ordering::Relaxed), Ordering::Relaxed);
+            t2.sndtimeo_ns
+                .store(t.sndtimeo_ns.load(Ordering::Relaxed), Ordering::Relaxed);
             if let Some(i2) = t2.stream()
                 && let Inner::Stream(s) = &*i2
             {
@@ -1114,6 +1121,10 @@ pub fn setsockopt(
     // SAFETY: the caller's option, unchanged.
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
     if r != 0 {
+        return r;
+    }
+    // What the engine honours (crate::opts): the rest moves to the kernel.
+    if let Some(r) = crate::opts::tcp_engine_after(t, fd, level, name, val, len) {
         return r;
     }
     let e = errno();

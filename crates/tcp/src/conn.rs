@@ -153,6 +153,9 @@ pub(crate) struct Conn {
     pub nodelay: bool,
     pub quickack: u32,
     pub linger0: bool,
+    /// IP_TTL / IP_TOS of this connection's segments.
+    pub ip_ttl: u8,
+    pub ip_tos: u8,
     /// Send one runt segment despite sender SWS avoidance (persist fired).
     pub nodelay_once: bool,
     // --- pending output
@@ -279,6 +282,8 @@ impl Conn {
             nodelay: opts.nodelay,
             quickack: INITIAL_QUICKACKS,
             linger0: opts.linger0,
+            ip_ttl: opts.ttl,
+            ip_tos: opts.tos,
             nodelay_once: false,
             ack_now: false,
             dup_acks_due: 0,

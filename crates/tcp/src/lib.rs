@@ -157,7 +157,15 @@ pub struct SocketOptions {
     pub linger0: bool,
     /// SO_KEEPALIVE with (idle, interval, count).
     pub keepalive: Option<(u64, u64, u32)>,
+    /// IP_TTL and IP_TOS of the segments sent (the IP header the engine
+    /// writes; see [`crate::Transmit`]).
+    pub ttl: u8,
+    pub tos: u8,
 }
+
+/// The TTL of a socket that did not set IP_TTL (Linux's
+/// `net.ipv4.ip_default_ttl` as it comes).
+pub const DEFAULT_TTL: u8 = 64;
 
 impl SocketOptions {
     pub fn from_config(cfg: &Config) -> SocketOptions {
@@ -167,6 +175,8 @@ impl SocketOptions {
             nodelay: false,
             linger0: false,
             keepalive: None,
+            ttl: DEFAULT_TTL,
+            tos: 0,
         }
     }
 }

@@ -30,12 +30,15 @@ pub struct ConnId {
 pub struct ListenerId(u32);
 
 /// One segment written by `poll_transmit`: `buf[..len]` is the TCP segment;
-/// the caller prepends the IP header with these addresses.
+/// the caller prepends the IP header with these addresses, TTL and TOS
+/// (the connection's IP_TTL / IP_TOS).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transmit {
     pub src: Ipv4Addr,
     pub dst: Ipv4Addr,
     pub len: usize,
+    pub ttl: u8,
+    pub tos: u8,
 }
 
 struct Slot {
@@ -88,6 +91,8 @@ enum Ctrl {
 }
 
 const CTRL_QUEUE: usize = 1024;
+/// The fault injector's per-segment prefix: source, destination, TTL, TOS.
+const FAULT_HDR: usize = 10;
 const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
 
 pub struct TcpStack {
@@ -317,7 +322,7 @@ impl TcpStack {
         self.fault_rx = rx.is_active().then(|| FaultInjector::new(rx));
         self.fault_tx = tx.is_active().then(|| FaultInjector::new(tx));
         if self.fault_tx.is_some() && self.fault_buf.is_empty() {
-            self.fault_buf = vec![0u8; 65_536 + 8];
+            self.fault_buf = vec![0u8; 65_536 + FAULT_HDR];
         }
     }
 
@@ -584,25 +589,29 @@ impl TcpStack {
         }
         let mut scratch = std::mem::take(&mut self.fault_buf);
         // Everything the stack wants to send goes through the injector.
-        while let Some(t) = self.transmit_now(now, &mut scratch[8..]) {
+        while let Some(t) = self.transmit_now(now, &mut scratch[FAULT_HDR..]) {
             scratch[0..4].copy_from_slice(&t.src.octets());
             scratch[4..8].copy_from_slice(&t.dst.octets());
+            scratch[8] = t.ttl;
+            scratch[9] = t.tos;
             if let Some(f) = self.fault_tx.as_mut() {
-                f.push(now, &scratch[..8 + t.len]);
+                f.push(now, &scratch[..FAULT_HDR + t.len]);
             }
         }
         self.fault_buf = scratch;
         let p = self.fault_tx.as_mut()?.pop(now)?;
-        let len = p.len() - 8;
+        let len = p.len() - FAULT_HDR;
         if buf.len() < len {
             self.counters.tx_buffer_too_small += 1;
             return None;
         }
-        buf[..len].copy_from_slice(&p[8..]);
+        buf[..len].copy_from_slice(&p[FAULT_HDR..]);
         Some(Transmit {
             src: Ipv4Addr::new(p[0], p[1], p[2], p[3]),
             dst: Ipv4Addr::new(p[4], p[5], p[6], p[7]),
             len,
+            ttl: p[8],
+            tos: p[9],
         })
     }
 
@@ -654,10 +663,23 @@ impl TcpStack {
             if r.flags.rst() {
                 self.counters.rst_sent += 1;
             }
+            // A cookie SYN-ACK carries its listener's IP_TTL / IP_TOS (as
+            // the connection made from it will); a stateless RST the
+            // defaults.
+            let (ttl, tos) = match c {
+                Ctrl::CookieSynAck { .. } => self
+                    .find_listener(&tuple.local)
+                    .and_then(|l| self.listeners.get(l as usize))
+                    .and_then(Option::as_ref)
+                    .map_or((crate::DEFAULT_TTL, 0), |l| (l.opts.ttl, l.opts.tos)),
+                Ctrl::Rst { .. } => (crate::DEFAULT_TTL, 0),
+            };
             return Some(Transmit {
                 src: *tuple.local.ip(),
                 dst: *tuple.remote.ip(),
                 len,
+                ttl,
+                tos,
             });
         }
         while let Some(idx) = self.ready.pop_front() {
@@ -667,10 +689,17 @@ impl TcpStack {
             c.queued = false;
             let out = c.poll_output(now, &self.cfg, buf, &mut self.counters);
             let (src, dst) = (*c.tuple.local.ip(), *c.tuple.remote.ip());
+            let (ttl, tos) = (c.ip_ttl, c.ip_tos);
             match out {
                 Some(len) if len > 0 => {
                     self.settle(idx);
-                    return Some(Transmit { src, dst, len });
+                    return Some(Transmit {
+                        src,
+                        dst,
+                        len,
+                        ttl,
+                        tos,
+                    });
                 }
                 _ => {
                     // Nothing (more) to send; re-arm timers, release if dead.
@@ -952,6 +981,24 @@ impl TcpStack {
         })
     }
     /// SO_LINGER with l_onoff=1, l_linger=0: close() sends RST.
+    /// IP_TTL / IP_TOS of a connection's segments from now on.
+    pub fn set_ip_header(&mut self, c: ConnId, ttl: u8, tos: u8) -> Result<(), Error> {
+        let k = self.conn_mut(c)?;
+        k.ip_ttl = ttl;
+        k.ip_tos = tos;
+        Ok(())
+    }
+
+    /// IP_TTL / IP_TOS of a listener: its cookie SYN-ACKs and the
+    /// connections it creates from now on inherit them (as in Linux, those
+    /// already created keep theirs).
+    pub fn set_listener_ip_header(&mut self, l: ListenerId, ttl: u8, tos: u8) {
+        if let Some(Some(lst)) = self.listeners.get_mut(l.0 as usize) {
+            lst.opts.ttl = ttl;
+            lst.opts.tos = tos;
+        }
+    }
+
     pub fn set_linger0(&mut self, c: ConnId, on: bool) -> Result<(), Error> {
         self.with(c, |k| k.linger0 = on)
     }

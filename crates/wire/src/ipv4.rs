@@ -154,10 +154,16 @@ impl Ipv4Repr {
     /// Write a 20-byte header (DF set, checksum filled in) into `buf[..20]`.
     /// Panics if `buf` is shorter than 20 bytes (a caller bug, not input).
     pub fn emit(&self, buf: &mut [u8]) {
+        self.emit_tos(buf, 0)
+    }
+
+    /// [`Ipv4Repr::emit`] with the TOS byte (DSCP and ECN) `tos`, as a
+    /// socket's IP_TOS sets it.
+    pub fn emit_tos(&self, buf: &mut [u8], tos: u8) {
         let total = (HEADER_LEN + self.payload_len) as u16;
         let h = &mut buf[..HEADER_LEN];
         h[0] = 0x45;
-        h[1] = 0;
+        h[1] = tos;
         h[2..4].copy_from_slice(&total.to_be_bytes());
         h[4..6].copy_from_slice(&self.ident.to_be_bytes());
         h[6] = 0x40; // DF
@@ -200,6 +206,18 @@ mod tests {
         assert_eq!(r.payload_len, 12);
         assert_eq!(r.src, Ipv4Addr::new(198, 18, 0, 1));
         assert_eq!(p.payload().len(), 12);
+    }
+
+    #[test]
+    fn tos_is_written_and_covered_by_the_checksum() {
+        let mut b = vec![0u8; HEADER_LEN + 4];
+        let mut r =
+            Ipv4Repr::parse(&Ipv4Packet::new_checked(&sample(4)[..]).unwrap(), true).unwrap();
+        r.ttl = 7;
+        r.emit_tos(&mut b, 0xb8);
+        let p = Ipv4Packet::new_checked(&b[..]).unwrap();
+        assert_eq!((p.dscp_ecn(), p.ttl()), (0xb8, 7));
+        assert!(p.verify_checksum());
     }
 
     #[test]

@@ -36,9 +36,10 @@ pub use demux::{Delivery, EndpointId, EndpointKind};
 pub use neigh::{NEGATIVE_TTL, QUEUE_BYTES_PER_NEIGH, QUEUE_PER_NEIGH, RESOLVE_TIMEOUT};
 pub use socket::{OpenError, XdpSocket};
 pub use tcp::{
-    Handover, XdpTcpError, XdpTcpInfo, XdpTcpListener, XdpTcpState, XdpTcpStream,
+    Handover, XdpTcpError, XdpTcpInfo, XdpTcpListener, XdpTcpState, XdpTcpStream, ip_header_of,
     set_tcp_service_wrapper, tcp_drain, tcp_ready,
 };
+pub use tx::IpHeader;
 
 use crate::EngineOptions;
 use demux::{Demux, FastMap};

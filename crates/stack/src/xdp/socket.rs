@@ -22,7 +22,7 @@ use super::demux::{Delivery, EndpointId, EndpointKind};
 use super::neigh::{Hop, Lookup, Queued};
 use super::rx::RX_BUDGET;
 use super::shm::{self, E, S, add, bump};
-use super::tx::{HDRS, IP_HDR, TxStamp, UDP_HDR, Wire};
+use super::tx::{HDRS, IP_HDR, IpHeader, TxStamp, UDP_HDR, Wire};
 use crate::{EngineKind, EngineOptions, SocketStats, UdpEndpoint, WaitPolicy};
 use nanowire_xdp::iface;
 use std::io;
@@ -221,6 +221,28 @@ pub struct XdpSocket {
     last_rx: u64,
     /// Transmit stamps wanted: the request handed to the TX path per send.
     tx_stamp: Option<TxStamp>,
+    /// IP_TTL, IP_MULTICAST_TTL, IP_TOS of the kernel twin (the
+    /// application's socket when adopted), written into every header.
+    hdr: IpHeader,
+}
+
+/// The IP header fields the options of the kernel socket `fd` set.
+fn ip_header_of(fd: RawFd) -> IpHeader {
+    let get = |name: libc::c_int| {
+        let mut v: libc::c_int = 0;
+        let mut l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: an int out-buffer and its length.
+        let r =
+            unsafe { libc::getsockopt(fd, libc::IPPROTO_IP, name, (&raw mut v).cast(), &mut l) };
+        (r == 0).then_some(v)
+    };
+    let d = IpHeader::default();
+    IpHeader {
+        ttl: get(libc::IP_TTL).map_or(d.ttl, |v| v.clamp(1, 255) as u8),
+        // IP_MULTICAST_TTL reads back as one byte or an int; 0 is valid.
+        mcast_ttl: get(libc::IP_MULTICAST_TTL).map_or(d.mcast_ttl, |v| (v & 0xff) as u8),
+        tos: get(libc::IP_TOS).map_or(d.tos, |v| v as u8),
+    }
 }
 
 impl XdpSocket {
@@ -349,7 +371,9 @@ impl XdpSocket {
             rx_stamping: false,
             last_rx: 0,
             tx_stamp: None,
+            hdr: IpHeader::default(),
         };
+        s.hdr = ip_header_of(s.twin.fd());
         {
             let mut p = s.engine.prog();
             for ip in claims {
@@ -686,15 +710,16 @@ impl XdpSocket {
                     dst,
                     mac,
                 };
+                let h = self.hdr;
                 let r = match self.tx_stamp.as_mut() {
-                    None => self.engine.tx().send(bufs, w, self.id),
+                    None => self.engine.tx().send_hdr(bufs, w, h, self.id),
                     Some(req) => {
                         let mut tx = self.engine.tx();
                         let mut st = std::mem::take(req);
                         st.at = 0;
                         st.frame.clear();
                         tx.stamp = Some(st);
-                        let r = tx.send(bufs, w, self.id);
+                        let r = tx.send_hdr(bufs, w, h, self.id);
                         *req = tx.stamp.take().unwrap_or_default();
                         r
                     }
@@ -716,6 +741,10 @@ impl XdpSocket {
             // stamps it when it leaves (on the twin's error queue, under the
             // same OPT_ID key).
             Lookup::Pending if self.tx_stamp.is_some() => self.send_kernel(bufs, dst),
+            // The neighbour queue writes default headers: a socket with its
+            // own TTL/TOS sends through the kernel twin (which has them)
+            // until the neighbour is known.
+            Lookup::Pending if self.hdr != IpHeader::default() => self.send_kernel(bufs, dst),
             Lookup::Pending => {
                 // As the kernel: success now, the datagram waits for the
                 // neighbour (a few per neighbour, then counted drops).
@@ -835,6 +864,13 @@ impl XdpSocket {
             .peer
             .ok_or_else(|| io_err(io::ErrorKind::NotConnected, "socket is not connected"))?;
         self.send_to(buf, p)
+    }
+
+    /// Read IP_TTL, IP_MULTICAST_TTL and IP_TOS again from the kernel twin
+    /// (after the application set one on its socket) for the headers the
+    /// engine writes.
+    pub fn sync_ip_header(&mut self) {
+        self.hdr = ip_header_of(self.twin.fd());
     }
 
     /// Leave a multicast group joined with `join_multicast`.

@@ -425,10 +425,10 @@ impl TcpEngine {
                     dst: t.dst,
                     protocol: PROTO_TCP,
                     payload_len: t.len,
-                    ttl: 64,
+                    ttl: t.ttl,
                     ident: core.ip_id,
                 }
-                .emit(&mut f[ETH_HDR..]);
+                .emit_tos(&mut f[ETH_HDR..], t.tos);
                 core.lens[n] = HDRS + t.len;
                 n += 1;
             }
@@ -777,6 +777,14 @@ impl XdpTcpStream {
             .set_nodelay(self.c, on)
             .map_err(tcp_err)
     }
+    /// IP_TTL / IP_TOS of this connection's segments from now on.
+    pub fn set_ip_header(&self, ttl: u8, tos: u8) -> io::Result<()> {
+        self.eng
+            .core()
+            .stack
+            .set_ip_header(self.c, ttl, tos)
+            .map_err(tcp_err)
+    }
     pub fn set_quickack(&self, on: bool) -> io::Result<()> {
         self.eng
             .core()
@@ -1048,6 +1056,23 @@ impl XdpTcpStream {
 // shim does the waiting, so a call never holds the stack's lock across a
 // sleep and two threads may read and write one connection at once.
 
+/// IP_TTL and IP_TOS of a kernel socket (what the application set, as the
+/// kernel resolved it: IP_TTL -1 reads back as the default TTL, a TCP
+/// socket's IP_TOS without the ECN bits).
+pub fn ip_header_of(fd: RawFd) -> (u8, u8) {
+    let get = |name: libc::c_int| {
+        let mut v: libc::c_int = 0;
+        let mut l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: an int out-buffer and its length.
+        let r =
+            unsafe { libc::getsockopt(fd, libc::IPPROTO_IP, name, (&raw mut v).cast(), &mut l) };
+        (r == 0).then_some(v)
+    };
+    let ttl = get(libc::IP_TTL).map_or(nanowire_tcp::DEFAULT_TTL, |v| v.clamp(1, 255) as u8);
+    let tos = get(libc::IP_TOS).map_or(0, |v| v as u8);
+    (ttl, tos)
+}
+
 /// The local IPv4 address of a kernel socket.
 fn sock_local(fd: RawFd) -> io::Result<SocketAddrV4> {
     // SAFETY: an all-zero sockaddr_in is a valid out-buffer.
@@ -1098,7 +1123,8 @@ impl XdpTcpListener {
         let l = {
             let mut c = eng.core();
             eng.claim_listener(&mut c, local)?;
-            let so = SocketOptions::from_config(c.stack.config());
+            let mut so = SocketOptions::from_config(c.stack.config());
+            (so.ttl, so.tos) = ip_header_of(fd);
             c.stack
                 .listen_with(local, backlog.max(1), so)
                 .map_err(tcp_err)?
@@ -1117,6 +1143,33 @@ impl XdpTcpListener {
             eng: self.eng.clone(),
             c: id,
         })
+    }
+
+    /// IP_TTL / IP_TOS for the connections this listener creates from now
+    /// on (and its cookie SYN-ACKs).
+    pub fn set_ip_header(&self, ttl: u8, tos: u8) {
+        self.eng
+            .core()
+            .stack
+            .set_listener_ip_header(self.l, ttl, tos);
+    }
+
+    /// Stop steering the listener's port to the engine: new connections
+    /// go to the kernel's listening socket (which has an option the engine
+    /// does not honour); the connections the engine already made, accepted
+    /// or queued, stay on it and are accepted as before.
+    /// True when it did (false: already released).
+    pub fn release_to_kernel(&self) -> bool {
+        let mut c = self.eng.core();
+        if !c
+            .listen_claims
+            .iter()
+            .any(|a| a.port() == self.local.port())
+        {
+            return false;
+        }
+        self.eng.release_listener(&mut c, self.local.port());
+        true
     }
 
     /// A connection is waiting to be accepted (one engine turn if `turn`).
@@ -1278,7 +1331,12 @@ impl XdpTcpStream {
             let mut core = eng.core();
             eng.claim_flow(&mut core, local, remote)?;
             let now = core.epoch.elapsed().as_nanos() as u64;
-            let c = core.stack.connect(now, local, remote).map_err(tcp_err)?;
+            let mut so = SocketOptions::from_config(core.stack.config());
+            (so.ttl, so.tos) = ip_header_of(fd);
+            let c = core
+                .stack
+                .connect_with(now, local, remote, &so)
+                .map_err(tcp_err)?;
             eng.transmit(&mut core, now);
             c
         };

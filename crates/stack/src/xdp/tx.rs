@@ -26,6 +26,37 @@ pub(crate) struct Wire {
     pub mac: [u8; 6],
 }
 
+/// The IP header fields a UDP socket's options set: IP_TTL (unicast),
+/// IP_MULTICAST_TTL and IP_TOS, as the kernel socket resolved them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpHeader {
+    pub ttl: u8,
+    pub mcast_ttl: u8,
+    pub tos: u8,
+}
+
+impl Default for IpHeader {
+    /// A fresh socket's: TTL 64, multicast TTL 1, TOS 0.
+    fn default() -> IpHeader {
+        IpHeader {
+            ttl: 64,
+            mcast_ttl: 1,
+            tos: 0,
+        }
+    }
+}
+
+impl IpHeader {
+    #[inline]
+    fn ttl_to(&self, dst: &Ipv4Addr) -> u8 {
+        if dst.is_multicast() {
+            self.mcast_ttl
+        } else {
+            self.ttl
+        }
+    }
+}
+
 pub(crate) struct TxPath {
     pub xsk: XskTx,
     pub ip_id: u16,
@@ -109,6 +140,17 @@ impl TxPath {
     /// Send `bufs` (each `fits`) as datagrams; counted on socket `slot`.
     /// `Ok(n)`: n queued (fewer when the ring stayed full after a kick).
     pub fn send(&mut self, bufs: &[&[u8]], w: Wire, slot: usize) -> io::Result<Sent> {
+        self.send_hdr(bufs, w, IpHeader::default(), slot)
+    }
+
+    /// `send` with the socket's IP header fields `h`.
+    pub fn send_hdr(
+        &mut self,
+        bufs: &[&[u8]],
+        w: Wire,
+        h: IpHeader,
+        slot: usize,
+    ) -> io::Result<Sent> {
         // Faults act on datagrams of one frame; a jumbo (multi-buffer)
         // datagram takes the plain path.
         if self.faults.is_some()
@@ -116,7 +158,7 @@ impl TxPath {
                 .first()
                 .is_some_and(|b| HDRS + b.len() <= self.xsk.frame_size())
         {
-            return self.send_faulty(bufs, w, slot);
+            return self.send_faulty(bufs, w, h, slot);
         }
         let per_kick = self.per_kick;
         let fs = self.xsk.frame_size();
@@ -135,7 +177,7 @@ impl TxPath {
                 let stamp = &mut self.stamp;
                 let k = self.xsk.send_with(chunk.len(), |n, fr| {
                     id = id.wrapping_add(1);
-                    let len = build_frame(
+                    let len = build_frame_hdr(
                         fr,
                         mac,
                         w.mac,
@@ -144,6 +186,7 @@ impl TxPath {
                         w.dst,
                         chunk[n],
                         id,
+                        h,
                     );
                     tap.record(&fr[..len]);
                     if let Some(s) = stamp.as_mut()
@@ -162,7 +205,7 @@ impl TxPath {
                 let b = bufs[i];
                 self.big.resize(HDRS + b.len(), 0);
                 self.ip_id = self.ip_id.wrapping_add(1);
-                let n = build_frame(
+                let n = build_frame_hdr(
                     &mut self.big,
                     self.mac,
                     w.mac,
@@ -171,6 +214,7 @@ impl TxPath {
                     w.dst,
                     b,
                     self.ip_id,
+                    h,
                 );
                 if self.xsk.send_large(&self.big[..n]) {
                     self.tap.record(&self.big[..n]);
@@ -225,7 +269,13 @@ impl TxPath {
     /// `send` with the transmit fault injector on: frames are built in
     /// memory, run through the injector and what survives is posted. A
     /// datagram the injector drops counts as sent (it was lost on the wire).
-    fn send_faulty(&mut self, bufs: &[&[u8]], w: Wire, slot: usize) -> io::Result<Sent> {
+    fn send_faulty(
+        &mut self,
+        bufs: &[&[u8]],
+        w: Wire,
+        h: IpHeader,
+        slot: usize,
+    ) -> io::Result<Sent> {
         let fs = self.xsk.frame_size();
         // The run of datagrams that fit one frame, at most one kick's worth
         // (the caller sends the rest with its next call, as for a full ring).
@@ -239,7 +289,7 @@ impl TxPath {
         for b in &bufs {
             let mut f = vec![0u8; HDRS + b.len()];
             self.ip_id = self.ip_id.wrapping_add(1);
-            build_frame(
+            build_frame_hdr(
                 &mut f,
                 self.mac,
                 w.mac,
@@ -248,6 +298,7 @@ impl TxPath {
                 w.dst,
                 b,
                 self.ip_id,
+                h,
             );
             built.push(f);
         }
@@ -310,6 +361,7 @@ impl TxPath {
 /// returns the frame length. `fr` must hold `HDRS + payload.len()` bytes.
 #[allow(clippy::too_many_arguments)]
 #[inline]
+#[cfg(test)]
 pub(crate) fn build_frame(
     fr: &mut [u8],
     src_mac: [u8; 6],
@@ -319,6 +371,33 @@ pub(crate) fn build_frame(
     dst: SocketAddrV4,
     payload: &[u8],
     id: u16,
+) -> usize {
+    build_frame_hdr(
+        fr,
+        src_mac,
+        dst_mac,
+        src,
+        sport,
+        dst,
+        payload,
+        id,
+        IpHeader::default(),
+    )
+}
+
+/// [`build_frame`] with the socket's IP header fields `h`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) fn build_frame_hdr(
+    fr: &mut [u8],
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: Ipv4Addr,
+    sport: u16,
+    dst: SocketAddrV4,
+    payload: &[u8],
+    id: u16,
+    h: IpHeader,
 ) -> usize {
     let total = HDRS + payload.len();
     fr[0..6].copy_from_slice(&dst_mac);
@@ -330,10 +409,10 @@ pub(crate) fn build_frame(
         dst: *dst.ip(),
         protocol: super::classify::PROTO_UDP,
         payload_len: UDP_HDR + payload.len(),
-        ttl: if dst.ip().is_multicast() { 1 } else { 64 },
+        ttl: h.ttl_to(dst.ip()),
         ident: id,
     }
-    .emit(&mut fr[ETH_HDR..]);
+    .emit_tos(&mut fr[ETH_HDR..], h.tos);
     UdpRepr {
         src_port: sport,
         dst_port: dst.port(),
@@ -366,5 +445,33 @@ mod tests {
             3,
         );
         assert_eq!(f[ETH_HDR + 8], 1);
+    }
+
+    #[test]
+    fn socket_ttl_and_tos_reach_the_header() {
+        let mut f = vec![0u8; HDRS + 4];
+        let h = IpHeader {
+            ttl: 7,
+            mcast_ttl: 3,
+            tos: 0xb8,
+        };
+        let one = |f: &mut Vec<u8>, dst: Ipv4Addr| {
+            build_frame_hdr(
+                f,
+                [2; 6],
+                [4; 6],
+                Ipv4Addr::new(10, 0, 0, 1),
+                6,
+                SocketAddrV4::new(dst, 5),
+                b"abcd",
+                3,
+                h,
+            );
+            let p = nanowire_wire::Ipv4Packet::new_checked(&f[ETH_HDR..]).unwrap();
+            assert!(p.verify_checksum());
+            (p.ttl(), p.dscp_ecn())
+        };
+        assert_eq!(one(&mut f, Ipv4Addr::new(10, 0, 0, 2)), (7, 0xb8));
+        assert_eq!(one(&mut f, Ipv4Addr::new(239, 1, 2, 3)), (3, 0xb8));
     }
 }

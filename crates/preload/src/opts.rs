@@ -1,0 +1,467 @@
+//! Socket options on engine sockets: accept only what is applied (issue 20,
+//! finding 2).
+//!
+//! Every setsockopt on an engine socket (or a candidate) is first made on
+//! the application's own kernel socket under the fd, so the kernel
+//! validates it, keeps it and `getsockopt` reads it back as plainly. What
+//! the engine then does with it is decided by one table, [`ROWS`]: per
+//! option and per kind of socket (UDP, TCP listener, TCP connection)
+//!
+//! * [`How::Keep`]: nothing for the engine to do (a bind-time option the
+//!   kernel applied, a timeout the shim reads, a value the engine's
+//!   behaviour already matches);
+//! * [`How::Engine`]: the engine applies it (IP_TTL, IP_TOS and
+//!   IP_MULTICAST_TTL on the headers it writes, TCP_NODELAY, keepalive,
+//!   ...);
+//! * [`How::Off`]: as `Keep` while off (an all-zero value), otherwise as
+//!   `Kernel`;
+//! * [`How::Kernel`]: the engine cannot honour it, so the socket is the
+//!   kernel's: a UDP socket leaves the engine, a TCP candidate is not
+//!   accelerated, a TCP listener sends its new connections to the kernel,
+//!   a TCP connection is handed over to the kernel (TCP_REPAIR) or, when
+//!   that is impossible, the call fails (ENOPROTOOPT) instead of
+//!   returning 0 for an option that would do nothing.
+//!
+//! An option the table does not name is `Kernel` for every kind. Each
+//! move is said on stderr at the default level with the option's name.
+//! `docs/preload.md` ("Socket options on engine sockets") prints the table.
+
+use crate::log::log;
+use crate::spin::{errno, set_errno};
+use crate::sys::engine_call;
+use crate::{real, table, tcpx};
+use libc::{c_int, c_void, socklen_t};
+use nanowire_run::options::Level;
+
+/// What the engine does with an option (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum How {
+    Keep,
+    Engine,
+    Off,
+    Kernel,
+}
+
+/// The kind of engine socket an option is set on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Udp,
+    TcpListener,
+    TcpConn,
+    /// A TCP socket before listen/connect: the option must suit both.
+    TcpCandidate,
+}
+
+/// One row of the table.
+pub struct Row {
+    pub level: c_int,
+    pub name: c_int,
+    pub what: &'static str,
+    pub udp: How,
+    pub listener: How,
+    pub conn: How,
+}
+
+const fn row(level: c_int, name: c_int, what: &'static str, udp: How, l: How, c: How) -> Row {
+    Row {
+        level,
+        name,
+        what,
+        udp,
+        listener: l,
+        conn: c,
+    }
+}
+
+use How::{Engine as E, Keep as K, Kernel as X, Off as O};
+const S: c_int = libc::SOL_SOCKET;
+const IP: c_int = libc::IPPROTO_IP;
+const T: c_int = libc::IPPROTO_TCP;
+
+// Not in every libc release.
+const SO_RCVTIMEO_NEW: c_int = 66;
+const SO_SNDTIMEO_NEW: c_int = 67;
+const SO_TIMESTAMP_NEW: c_int = 63;
+const SO_TIMESTAMPNS_NEW: c_int = 64;
+const SO_TIMESTAMPING_NEW: c_int = 65;
+
+/// The options the engine honours, per kind of socket. Everything not
+/// here is `Kernel`. Special values: IP_MTU_DISCOVER (the engine always
+/// sets DF: WANT, DO and PROBE are honoured, DONT, INTERFACE and OMIT are
+/// not), IP_MULTICAST_IF (0.0.0.0 / ifindex 0 only), SO_LINGER (off or a
+/// zero timeout). On a TCP candidate (before listen/connect) an option
+/// counts as honoured when it is for both a listener and a connection,
+/// and buffer sizes are (they size the engine's rings).
+pub static ROWS: &[Row] = &[
+    // ---- SOL_SOCKET
+    row(S, libc::SO_REUSEADDR, "SO_REUSEADDR", K, K, K),
+    row(S, libc::SO_REUSEPORT, "SO_REUSEPORT", O, K, K),
+    row(S, libc::SO_KEEPALIVE, "SO_KEEPALIVE", K, E, E),
+    row(S, libc::SO_LINGER, "SO_LINGER", K, O, O),
+    row(S, libc::SO_RCVBUF, "SO_RCVBUF", E, E, X),
+    row(S, libc::SO_SNDBUF, "SO_SNDBUF", K, E, X),
+    row(S, libc::SO_RCVBUFFORCE, "SO_RCVBUFFORCE", E, E, X),
+    row(S, libc::SO_SNDBUFFORCE, "SO_SNDBUFFORCE", K, E, X),
+    row(S, libc::SO_RCVTIMEO, "SO_RCVTIMEO", E, E, E),
+    row(S, SO_RCVTIMEO_NEW, "SO_RCVTIMEO_NEW", E, E, E),
+    row(S, libc::SO_SNDTIMEO, "SO_SNDTIMEO", E, E, E),
+    row(S, SO_SNDTIMEO_NEW, "SO_SNDTIMEO_NEW", E, E, E),
+    row(S, libc::SO_TIMESTAMP, "SO_TIMESTAMP", E, O, O),
+    row(S, libc::SO_TIMESTAMPNS, "SO_TIMESTAMPNS", E, O, O),
+    row(S, libc::SO_TIMESTAMPING, "SO_TIMESTAMPING", E, O, O),
+    row(S, SO_TIMESTAMP_NEW, "SO_TIMESTAMP_NEW", E, O, O),
+    row(S, SO_TIMESTAMPNS_NEW, "SO_TIMESTAMPNS_NEW", E, O, O),
+    row(S, SO_TIMESTAMPING_NEW, "SO_TIMESTAMPING_NEW", E, O, O),
+    row(S, libc::SO_BROADCAST, "SO_BROADCAST", K, K, K),
+    row(S, libc::SO_OOBINLINE, "SO_OOBINLINE", K, K, K),
+    row(S, libc::SO_RCVLOWAT, "SO_RCVLOWAT", K, X, X),
+    row(S, libc::SO_DEBUG, "SO_DEBUG", K, K, K),
+    row(S, libc::SO_BUSY_POLL, "SO_BUSY_POLL", K, K, K),
+    row(S, libc::SO_PREFER_BUSY_POLL, "SO_PREFER_BUSY_POLL", K, K, K),
+    row(S, libc::SO_INCOMING_CPU, "SO_INCOMING_CPU", K, K, K),
+    row(S, libc::SO_DETACH_FILTER, "SO_DETACH_FILTER", K, K, K),
+    row(S, libc::SO_PRIORITY, "SO_PRIORITY", O, O, O),
+    row(S, libc::SO_MARK, "SO_MARK", O, O, O),
+    row(S, libc::SO_DONTROUTE, "SO_DONTROUTE", O, O, O),
+    row(S, libc::SO_NO_CHECK, "SO_NO_CHECK", O, K, K),
+    row(S, libc::SO_BINDTODEVICE, "SO_BINDTODEVICE", O, O, O),
+    row(S, libc::SO_ZEROCOPY, "SO_ZEROCOPY", O, O, O),
+    row(S, libc::SO_RXQ_OVFL, "SO_RXQ_OVFL", O, O, O),
+    // ---- IPPROTO_IP
+    row(IP, libc::IP_TTL, "IP_TTL", E, E, E),
+    row(IP, libc::IP_TOS, "IP_TOS", E, E, E),
+    row(IP, libc::IP_MULTICAST_TTL, "IP_MULTICAST_TTL", E, K, K),
+    row(IP, libc::IP_MULTICAST_LOOP, "IP_MULTICAST_LOOP", K, K, K),
+    row(IP, libc::IP_MULTICAST_ALL, "IP_MULTICAST_ALL", K, K, K),
+    row(IP, libc::IP_MULTICAST_IF, "IP_MULTICAST_IF", O, K, K),
+    row(IP, libc::IP_ADD_MEMBERSHIP, "IP_ADD_MEMBERSHIP", E, K, K),
+    row(IP, libc::IP_DROP_MEMBERSHIP, "IP_DROP_MEMBERSHIP", E, K, K),
+    row(IP, libc::IP_MTU_DISCOVER, "IP_MTU_DISCOVER", O, O, O),
+    row(IP, libc::IP_FREEBIND, "IP_FREEBIND", K, K, K),
+    row(
+        IP,
+        libc::IP_BIND_ADDRESS_NO_PORT,
+        "IP_BIND_ADDRESS_NO_PORT",
+        K,
+        K,
+        K,
+    ),
+    row(IP, libc::IP_PKTINFO, "IP_PKTINFO", O, K, K),
+    row(IP, libc::IP_RECVTOS, "IP_RECVTOS", O, O, O),
+    row(IP, libc::IP_RECVTTL, "IP_RECVTTL", O, K, K),
+    row(IP, libc::IP_RECVERR, "IP_RECVERR", O, O, O),
+    row(IP, libc::IP_RECVORIGDSTADDR, "IP_RECVORIGDSTADDR", O, K, K),
+    row(IP, libc::IP_MINTTL, "IP_MINTTL", O, O, O),
+    row(IP, libc::IP_OPTIONS, "IP_OPTIONS", O, O, O),
+    // ---- IPPROTO_TCP
+    row(T, libc::TCP_NODELAY, "TCP_NODELAY", K, E, E),
+    row(T, libc::TCP_QUICKACK, "TCP_QUICKACK", K, K, E),
+    row(T, libc::TCP_KEEPIDLE, "TCP_KEEPIDLE", K, E, E),
+    row(T, libc::TCP_KEEPINTVL, "TCP_KEEPINTVL", K, E, E),
+    row(T, libc::TCP_KEEPCNT, "TCP_KEEPCNT", K, E, E),
+];
+
+/// TCP_MD5SIG_EXT and the TCP-AO options (Linux 6.7), not in every libc.
+const TCP_MD5SIG_EXT: c_int = 32;
+const TCP_AO_FIRST: c_int = 38;
+const TCP_AO_LAST: c_int = 42;
+
+/// The option's name for messages.
+pub fn name_of(level: c_int, name: c_int) -> String {
+    if let Some(r) = ROWS.iter().find(|r| r.level == level && r.name == name) {
+        return r.what.to_string();
+    }
+    match (level, name) {
+        (T, libc::TCP_MD5SIG) => "TCP_MD5SIG".into(),
+        (T, TCP_MD5SIG_EXT) => "TCP_MD5SIG_EXT".into(),
+        (T, n) if (TCP_AO_FIRST..=TCP_AO_LAST).contains(&n) => "TCP-AO".into(),
+        (T, libc::TCP_CORK) => "TCP_CORK".into(),
+        (T, libc::TCP_MAXSEG) => "TCP_MAXSEG".into(),
+        (T, libc::TCP_CONGESTION) => "TCP_CONGESTION".into(),
+        (T, libc::TCP_USER_TIMEOUT) => "TCP_USER_TIMEOUT".into(),
+        (T, libc::TCP_DEFER_ACCEPT) => "TCP_DEFER_ACCEPT".into(),
+        (T, libc::TCP_FASTOPEN) => "TCP_FASTOPEN".into(),
+        (T, libc::TCP_ULP) => "TCP_ULP".into(),
+        _ => {
+            let l = match level {
+                S => "SOL_SOCKET",
+                IP => "IPPROTO_IP",
+                T => "IPPROTO_TCP",
+                _ => "level",
+            };
+            format!("{l} option {name}")
+        }
+    }
+}
+
+/// The caller's value as bytes (at most 64: enough to tell "off").
+fn bytes<'a>(val: *const c_void, len: socklen_t) -> &'a [u8] {
+    if val.is_null() || len == 0 {
+        return &[];
+    }
+    // SAFETY: the kernel has just read `len` bytes from `val` (the
+    // caller makes the real setsockopt first), so they are readable.
+    unsafe { std::slice::from_raw_parts(val.cast::<u8>(), (len as usize).min(64)) }
+}
+
+fn int_of(b: &[u8]) -> Option<c_int> {
+    // IP options accept one byte as well as an int.
+    match b.len() {
+        0 => None,
+        1..=3 => Some(c_int::from(b[0])),
+        _ => Some(c_int::from_ne_bytes([b[0], b[1], b[2], b[3]])),
+    }
+}
+
+/// The verdict for an option with value `b` on a socket of kind `k`.
+pub fn how(k: Kind, level: c_int, name: c_int, b: &[u8]) -> How {
+    if k == Kind::TcpCandidate {
+        // Buffer sizes set before listen/connect size the engine's rings.
+        if level == S
+            && matches!(
+                name,
+                libc::SO_RCVBUF | libc::SO_SNDBUF | libc::SO_RCVBUFFORCE | libc::SO_SNDBUFFORCE
+            )
+        {
+            return How::Engine;
+        }
+        let (l, c) = (
+            how(Kind::TcpListener, level, name, b),
+            how(Kind::TcpConn, level, name, b),
+        );
+        return if l == How::Kernel || c == How::Kernel {
+            How::Kernel
+        } else if l == How::Engine || c == How::Engine {
+            How::Engine
+        } else {
+            How::Keep
+        };
+    }
+    let Some(r) = ROWS.iter().find(|r| r.level == level && r.name == name) else {
+        return How::Kernel;
+    };
+    let h = match k {
+        Kind::Udp => r.udp,
+        Kind::TcpListener => r.listener,
+        _ => r.conn,
+    };
+    if h != How::Off {
+        return h;
+    }
+    let off = b.iter().all(|x| *x == 0);
+    let honoured = match (level, name) {
+        // The engine sets DF: WANT (1), DO (2), PROBE (3).
+        (IP, libc::IP_MTU_DISCOVER) => matches!(int_of(b), Some(1..=3)),
+        // SO_LINGER: off, or on with a zero timeout (an abortive close,
+        // which the engine does); a close that waits is the kernel's.
+        (S, libc::SO_LINGER) => {
+            b.len() >= 8 && (b[..4].iter().all(|x| *x == 0) || b[4..8].iter().all(|x| *x == 0))
+        }
+        _ => off,
+    };
+    if honoured { How::Keep } else { How::Kernel }
+}
+
+/// `Some(reason)` when the option must move the socket to the kernel.
+pub fn kernel_reason(
+    k: Kind,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> Option<String> {
+    (how(k, level, name, bytes(val, len)) == How::Kernel).then(|| {
+        format!(
+            "option {} is not honoured by the xdp engine",
+            name_of(level, name)
+        )
+    })
+}
+
+/// Does setting this option change the IP header the engine writes?
+pub fn sets_ip_header(level: c_int, name: c_int) -> bool {
+    level == IP && matches!(name, libc::IP_TTL | libc::IP_TOS | libc::IP_MULTICAST_TTL)
+}
+
+// ------------------------------------------------------------ TCP
+
+/// After the kernel socket of a TCP candidate (before listen/connect) took
+/// an option: one the engine does not honour keeps the socket off it.
+pub fn tcp_candidate_after(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) {
+    if table::get(fd) & table::F_TCAND == 0 {
+        return;
+    }
+    if let Some(why) = kernel_reason(Kind::TcpCandidate, level, name, val, len) {
+        let e = errno();
+        table::clear_flags(fd, table::F_TCAND);
+        log!(
+            Level::Warn,
+            "fd {fd} tcp: kernel socket; xdp not used: {why}"
+        );
+        set_errno(e);
+    }
+}
+
+/// After the kernel socket under an engine TCP socket took an option
+/// (`setsockopt` returned 0 there). `Some(r)`: the answer to give instead
+/// of 0 (the connection went to the kernel and the option was set on it
+/// again, or it could not and the option does nothing: ENOPROTOOPT).
+pub fn tcp_engine_after(
+    t: &tcpx::Tcp,
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> Option<c_int> {
+    let inner = t.get()?;
+    let kind = match &*inner {
+        tcpx::Inner::Listener(_) => Kind::TcpListener,
+        tcpx::Inner::Stream(_) => Kind::TcpConn,
+    };
+    let e = errno();
+    if let Some(why) = kernel_reason(kind, level, name, val, len) {
+        match &*inner {
+            tcpx::Inner::Listener(l) => {
+                // The kernel's listening socket has the option: new
+                // connections go to it; those the engine made stay.
+                if engine_call(|| l.release_to_kernel()) {
+                    log!(
+                        Level::Warn,
+                        "fd {fd} tcp listener: new connections go to the kernel: {why}"
+                    );
+                }
+                set_errno(e);
+                return None;
+            }
+            tcpx::Inner::Stream(_) => {
+                drop(inner);
+                if crate::handover::to_kernel(fd, &why) {
+                    // The fd is the kernel's connection now: it takes the
+                    // option itself (and answers for it).
+                    set_errno(e);
+                    // SAFETY: the caller's option, unchanged.
+                    return Some(unsafe { real::setsockopt(fd, level, name, val, len) });
+                }
+                log!(
+                    Level::Warn,
+                    "fd {fd} tcp: setsockopt {} refused (ENOPROTOOPT): the connection cannot leave the xdp engine, which does not honour it",
+                    name_of(level, name)
+                );
+                set_errno(libc::ENOPROTOOPT);
+                return Some(-1);
+            }
+        }
+    }
+    if level == IP && matches!(name, libc::IP_TTL | libc::IP_TOS) {
+        // The engine's headers follow the kernel socket's values.
+        let (ttl, tos) = nanowire_stack::xdp::ip_header_of(fd);
+        match &*inner {
+            tcpx::Inner::Listener(l) => engine_call(|| l.set_ip_header(ttl, tos)),
+            tcpx::Inner::Stream(s) => {
+                let _ = engine_call(|| s.set_ip_header(ttl, tos));
+            }
+        }
+    }
+    set_errno(e);
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(v: c_int) -> [u8; 4] {
+        v.to_ne_bytes()
+    }
+
+    #[test]
+    fn md5_and_ao_are_never_on_the_engine() {
+        for k in [Kind::TcpCandidate, Kind::TcpListener, Kind::TcpConn] {
+            assert_eq!(how(k, T, libc::TCP_MD5SIG, &[1; 80]), How::Kernel);
+            assert_eq!(how(k, T, TCP_MD5SIG_EXT, &[1; 80]), How::Kernel);
+            for n in TCP_AO_FIRST..=TCP_AO_LAST {
+                assert_eq!(how(k, T, n, &[1; 80]), How::Kernel);
+            }
+        }
+    }
+
+    #[test]
+    fn header_options_are_the_engines() {
+        for k in [
+            Kind::Udp,
+            Kind::TcpListener,
+            Kind::TcpConn,
+            Kind::TcpCandidate,
+        ] {
+            assert_eq!(how(k, IP, libc::IP_TTL, &one(7)), How::Engine);
+            assert_eq!(how(k, IP, libc::IP_TOS, &one(0xb8)), How::Engine);
+        }
+        assert_eq!(
+            how(Kind::Udp, IP, libc::IP_MULTICAST_TTL, &[5]),
+            How::Engine
+        );
+    }
+
+    #[test]
+    fn off_values_keep_the_engine_and_on_values_do_not() {
+        assert_eq!(how(Kind::Udp, S, libc::SO_MARK, &one(0)), How::Keep);
+        assert_eq!(how(Kind::Udp, S, libc::SO_MARK, &one(42)), How::Kernel);
+        assert_eq!(how(Kind::Udp, IP, libc::IP_RECVTTL, &one(1)), How::Kernel);
+        assert_eq!(how(Kind::Udp, IP, libc::IP_PKTINFO, &one(0)), How::Keep);
+        assert_eq!(
+            how(Kind::TcpConn, IP, libc::IP_MINTTL, &one(255)),
+            How::Kernel
+        );
+        assert_eq!(how(Kind::TcpConn, IP, libc::IP_MINTTL, &one(0)), How::Keep);
+        assert_eq!(
+            how(Kind::Udp, IP, libc::IP_MTU_DISCOVER, &one(2)),
+            How::Keep
+        );
+        assert_eq!(
+            how(Kind::Udp, IP, libc::IP_MTU_DISCOVER, &one(0)),
+            How::Kernel
+        );
+        assert_eq!(how(Kind::Udp, S, libc::SO_BINDTODEVICE, b"\0"), How::Keep);
+        assert_eq!(
+            how(Kind::Udp, S, libc::SO_BINDTODEVICE, b"eth0\0"),
+            How::Kernel
+        );
+    }
+
+    #[test]
+    fn unknown_options_are_the_kernels() {
+        assert_eq!(how(Kind::Udp, IP, 9999, &one(1)), How::Kernel);
+        assert_eq!(how(Kind::TcpConn, T, libc::TCP_CORK, &one(1)), How::Kernel);
+        assert_eq!(
+            how(Kind::TcpCandidate, T, libc::TCP_DEFER_ACCEPT, &one(1)),
+            How::Kernel
+        );
+        assert_eq!(
+            how(Kind::TcpCandidate, T, libc::TCP_NODELAY, &one(1)),
+            How::Engine
+        );
+        assert!(name_of(T, libc::TCP_MD5SIG).contains("MD5"));
+        assert_eq!(
+            how(Kind::TcpCandidate, S, libc::SO_SNDBUF, &one(1 << 20)),
+            How::Engine
+        );
+        assert_eq!(
+            how(Kind::TcpConn, S, libc::SO_SNDBUF, &one(1 << 20)),
+            How::Kernel
+        );
+        let lg = |on: c_int, secs: c_int| [on.to_ne_bytes(), secs.to_ne_bytes()].concat();
+        assert_eq!(how(Kind::TcpConn, S, libc::SO_LINGER, &lg(1, 0)), How::Keep);
+        assert_eq!(how(Kind::TcpConn, S, libc::SO_LINGER, &lg(0, 5)), How::Keep);
+        assert_eq!(
+            how(Kind::TcpConn, S, libc::SO_LINGER, &lg(1, 5)),
+            How::Kernel
+        );
+    }
+}
