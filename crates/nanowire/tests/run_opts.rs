@@ -1,0 +1,210 @@
+//! Socket options on engine sockets (issue 20, finding 2): the same
+//! program plainly and under `nanowire run`, the same wire and the same
+//! outcome. IP_TTL / IP_TOS reach the headers the engine writes (UDP and
+//! TCP, seen by a plain peer); TCP_MD5SIG connections never go on the
+//! engine (signed as plainly, unsigned never accepted); IP_MINTTL on a
+//! server under run refuses segments with a lower TTL as the kernel does.
+//! The probe is `scripts/opts_probe.py`; each test has a lab of its own.
+
+mod run_support;
+use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host, ScopedLab};
+use run_support::*;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(60);
+
+fn probe() -> String {
+    format!("{}/../../scripts/opts_probe.py", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn cmd_in(l: &ScopedLab, h: Host, run: bool, args: &[&str]) -> std::process::Command {
+    let p = probe();
+    let mut argv = vec!["python3", p.as_str()];
+    argv.extend_from_slice(args);
+    if run {
+        run_in(l, h, &["--engine", "xdp", "-o", "log=info"], &argv)
+    } else {
+        plain_in(l, h, &argv)
+    }
+}
+
+/// The line of `out` that starts with `key`.
+fn line<'a>(out: &'a str, key: &str) -> &'a str {
+    out.lines()
+        .find(|x| x.starts_with(key))
+        .unwrap_or_else(|| panic!("no {key:?} line in:\n{out}"))
+}
+
+#[test]
+#[ignore = "needs root"]
+fn udp_ip_ttl_and_tos_leave_as_set_in_both_placements() {
+    let l = lab("ou");
+    let b = ADDR_B.to_string();
+    for (i, run) in [false, true].into_iter().enumerate() {
+        let port = (14100 + i).to_string();
+        let mut r = spawn(
+            &format!("udp-recv-{i}"),
+            cmd_in(&l, Host::B, false, &["udp-recv", &b, &port]),
+        );
+        r.wait_for("ready", T);
+        let mut s = spawn(
+            &format!("udp-send-{i}"),
+            cmd_in(&l, Host::A, run, &["udp-send", &b, &port]),
+        );
+        let got = r.success(T);
+        let sent = s.success(T);
+        assert_eq!(line(&got, "ttl="), "ttl=7 tos=0xb8", "run={run}\n{got}");
+        // getsockopt reads back what was set, as plainly.
+        assert_eq!(line(&sent, "ttl="), "ttl=7 tos=0xb8", "run={run}\n{sent}");
+        if run {
+            // Honoured on the engine (not by moving the socket away).
+            assert!(
+                sent.contains(": xdp (") && !sent.contains("xdp not used"),
+                "the sender did not stay on the engine:\n{sent}"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs root"]
+fn tcp_ip_ttl_and_tos_on_the_engines_segments() {
+    let l = lab("ot");
+    let b = ADDR_B.to_string();
+    // (server under run, client under run): the plain end captures.
+    for (i, (srv_run, cli_run)) in [(false, false), (true, false), (false, true)]
+        .into_iter()
+        .enumerate()
+    {
+        let port = (14200 + i).to_string();
+        let mut s = spawn(
+            &format!("hdr-srv-{i}"),
+            cmd_in(&l, Host::B, srv_run, &["tcp-hdr-server", &b, &port]),
+        );
+        s.wait_for("listening", T);
+        let mut c = spawn(
+            &format!("hdr-cli-{i}"),
+            cmd_in(&l, Host::A, cli_run, &["tcp-hdr-client", &b, &port]),
+        );
+        let co = c.success(T);
+        let so = s.success(T);
+        let want = "seen ttl=7 tos=0xb8";
+        if !srv_run {
+            assert_eq!(line(&so, "seen"), want, "server's capture\n{so}\n{co}");
+        }
+        if !cli_run {
+            assert_eq!(line(&co, "seen"), want, "client's capture\n{co}\n{so}");
+        }
+        assert_eq!(line(&so, "accepted"), "accepted ttl=7 tos=0xb8", "{so}");
+        if srv_run {
+            assert!(so.contains(&format!("tcp listener {b}:{port}: xdp")), "{so}");
+        }
+        if cli_run {
+            assert!(co.contains(&format!("-> {b}:{port}: xdp")), "{co}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs root"]
+fn tcp_md5sig_never_goes_unsigned() {
+    let l = lab("om");
+    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
+    // A signing client against a server with no key: no connection, in
+    // both placements of the client.
+    for (i, run) in [false, true].into_iter().enumerate() {
+        let port = (14300 + i).to_string();
+        let mut s = spawn(
+            &format!("md5-nokey-{i}"),
+            cmd_in(&l, Host::B, false, &["md5-server", &b, &port]),
+        );
+        s.wait_for("listening", T);
+        let mut c = spawn(
+            &format!("md5-cli-{i}"),
+            cmd_in(
+                &l,
+                Host::A,
+                run,
+                &["md5-client", &b, &port, "nanowire-md5-key"],
+            ),
+        );
+        let co = c.success(T);
+        assert_eq!(line(&co, "timeout"), "timeout", "run={run}\n{co}");
+        if run {
+            assert!(
+                co.contains("xdp not used: option TCP_MD5SIG is not honoured"),
+                "{co}"
+            );
+        }
+    }
+    // Matching keys on both ends connect, whichever end is under run.
+    for (i, (srv_run, cli_run)) in [(false, false), (false, true), (true, false)]
+        .into_iter()
+        .enumerate()
+    {
+        let port = (14310 + i).to_string();
+        let mut s = spawn(
+            &format!("md5-key-{i}"),
+            cmd_in(&l, Host::B, srv_run, &["md5-server", &b, &port, &a]),
+        );
+        s.wait_for("listening", T);
+        let mut c = spawn(
+            &format!("md5-keycli-{i}"),
+            cmd_in(
+                &l,
+                Host::A,
+                cli_run,
+                &["md5-client", &b, &port, "nanowire-md5-key"],
+            ),
+        );
+        let co = c.success(T);
+        assert_eq!(line(&co, "connected"), "connected signed", "{co}");
+        let so = s.success(T);
+        assert!(so.contains("accepted"), "{so}");
+    }
+}
+
+#[test]
+#[ignore = "needs root"]
+fn tcp_minttl_refuses_lower_ttls_as_the_kernel() {
+    let l = lab("on");
+    let b = ADDR_B.to_string();
+    // IP_MINTTL 255 set before listen, or after (the engine's listener
+    // then sends new connections to the kernel), plainly and under run.
+    for (i, (run, when)) in [
+        (false, "before"),
+        (true, "before"),
+        (false, "after"),
+        (true, "after"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let port = (14400 + i).to_string();
+        let mut s = spawn(
+            &format!("minttl-{i}"),
+            cmd_in(&l, Host::B, run, &["minttl-server", &b, &port, when]),
+        );
+        s.wait_for("listening minttl=255", T);
+        let mut low = spawn(
+            &format!("ttl64-{i}"),
+            cmd_in(&l, Host::A, false, &["ttl-client", &b, &port, "64"]),
+        );
+        let lo = low.success(T);
+        assert_eq!(line(&lo, "timeout"), "timeout", "run={run} {when}\n{lo}");
+        let mut high = spawn(
+            &format!("ttl255-{i}"),
+            cmd_in(&l, Host::A, false, &["ttl-client", &b, &port, "255"]),
+        );
+        let hi = high.success(T);
+        assert_eq!(line(&hi, "connected"), "connected ttl ok", "{hi}");
+        let so = s.success(T);
+        assert!(so.contains("accepted 1"), "{so}");
+        if run && when == "after" {
+            assert!(
+                so.contains("new connections go to the kernel: option IP_MINTTL"),
+                "{so}"
+            );
+        }
+    }
+}

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Socket options that change what goes on the wire (issue 20, finding 2).
+
+Run the same way plainly and under `nanowire run`; the outputs must match.
+
+  udp-recv ADDR PORT           plain receiver (IP_RECVTTL, IP_RECVTOS): prints
+                               "ttl=T tos=0xXX" of the first datagram
+  udp-send ADDR PORT           sender with IP_TTL=7, IP_TOS=0xb8
+  tcp-hdr-server ADDR PORT     listener with IP_TTL=7, IP_TOS=0xb8 set before
+                               listen; prints the TTL/TOS of the client's
+                               segments it captured (AF_PACKET)
+  tcp-hdr-client ADDR PORT     the same on the client side
+  md5-server ADDR PORT [PEER]  listener, with a TCP_MD5SIG key for PEER if given
+  md5-client ADDR PORT [KEY]   connect (3 s), with TCP_MD5SIG KEY if given:
+                               "connected" + echo, or "timeout"
+  minttl-server ADDR PORT before|after
+                               listener with IP_MINTTL=255 set before or after
+                               listen
+  ttl-client ADDR PORT TTL     connect (3 s) with IP_TTL=TTL: "connected" or
+                               "timeout"
+"""
+import socket
+import struct
+import sys
+import threading
+import time
+
+TCP_MD5SIG = 14
+IP_MINTTL = 21
+IP_RECVTTL = 12
+KEY = b"nanowire-md5-key"
+
+
+def md5sig(peer, key):
+    # struct tcp_md5sig: sockaddr_storage (128), flags, prefixlen, keylen,
+    # ifindex, key[80].
+    sa = struct.pack("=H", socket.AF_INET) + struct.pack("!H", 0) + socket.inet_aton(peer)
+    sa += b"\0" * (128 - len(sa))
+    return sa + struct.pack("=BBHi", 0, 0, len(key), 0) + key + b"\0" * (80 - len(key))
+
+
+class Capture:
+    """(ttl, tos) of TCP segments from `peer` that carry a SYN or data."""
+
+    def __init__(self, peer):
+        self.peer = socket.inet_aton(peer)
+        self.seen = set()
+        self.s = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(0x0800))
+        self.s.settimeout(0.2)
+        self.stop = False
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        while not self.stop:
+            try:
+                p = self.s.recv(65536)
+            except socket.timeout:
+                continue
+            if len(p) < 40 or p[9] != 6 or p[12:16] != self.peer:
+                continue
+            ihl = (p[0] & 15) * 4
+            total = struct.unpack("!H", p[2:4])[0]
+            doff = (p[ihl + 12] >> 4) * 4
+            syn = p[ihl + 13] & 2
+            if syn or total - ihl - doff > 0:
+                self.seen.add((p[8], p[1]))
+
+    def report(self):
+        time.sleep(0.3)
+        self.stop = True
+        self.t.join()
+        return " ".join("ttl=%d tos=0x%02x" % x for x in sorted(self.seen))
+
+
+def hdr(s):
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, 7)
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0xB8)
+
+
+def main():
+    mode, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if mode == "udp-recv":
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.IPPROTO_IP, IP_RECVTTL, 1)
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+        s.bind((addr, port))
+        s.settimeout(20)
+        print("ready", flush=True)
+        _, anc, _, _ = s.recvmsg(2048, 256)
+        got = {t: d for (_, t, d) in anc}
+        ttl = struct.unpack("=i", got[socket.IP_TTL][:4])[0]
+        tos = got[socket.IP_TOS][0]
+        print("ttl=%d tos=0x%02x" % (ttl, tos), flush=True)
+    elif mode == "udp-send":
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        hdr(s)
+        for _ in range(40):
+            s.sendto(b"x", (addr, port))
+            time.sleep(0.05)
+        print("ttl=%d tos=0x%02x" % (
+            s.getsockopt(socket.IPPROTO_IP, socket.IP_TTL),
+            s.getsockopt(socket.IPPROTO_IP, socket.IP_TOS)), flush=True)
+    elif mode == "tcp-hdr-server":
+        ls = socket.socket()
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        hdr(ls)
+        ls.bind((addr, port))
+        ls.listen(4)
+        print("listening", flush=True)
+        c, peer = ls.accept()
+        cap = Capture(peer[0])
+        for _ in range(3):
+            d = c.recv(100)
+            c.sendall(d)
+        # The accepted socket reads back what it inherited, as plainly.
+        print("accepted ttl=%d tos=0x%02x" % (
+            c.getsockopt(socket.IPPROTO_IP, socket.IP_TTL),
+            c.getsockopt(socket.IPPROTO_IP, socket.IP_TOS)))
+        print("seen", cap.report(), flush=True)
+        c.close()
+    elif mode == "tcp-hdr-client":
+        cap = Capture(addr)
+        s = socket.socket()
+        hdr(s)
+        s.settimeout(10)
+        s.connect((addr, port))
+        for i in range(3):
+            s.sendall(b"hello %d" % i)
+            s.recv(100)
+            time.sleep(0.1)
+        print("seen", cap.report(), flush=True)
+        s.close()
+    elif mode == "md5-server":
+        ls = socket.socket()
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if len(sys.argv) > 4:
+            ls.setsockopt(socket.IPPROTO_TCP, TCP_MD5SIG, md5sig(sys.argv[4], KEY))
+        ls.bind((addr, port))
+        ls.listen(4)
+        ls.settimeout(15)
+        print("listening", flush=True)
+        try:
+            c, _ = ls.accept()
+            c.sendall(c.recv(100))
+            c.close()
+            print("accepted", flush=True)
+        except socket.timeout:
+            print("nothing accepted", flush=True)
+    elif mode == "md5-client":
+        s = socket.socket()
+        if len(sys.argv) > 4:
+            s.setsockopt(socket.IPPROTO_TCP, TCP_MD5SIG, md5sig(addr, sys.argv[4].encode()))
+        s.settimeout(3)
+        try:
+            s.connect((addr, port))
+            s.sendall(b"signed")
+            print("connected", s.recv(100).decode(), flush=True)
+        except socket.timeout:
+            print("timeout", flush=True)
+    elif mode == "minttl-server":
+        ls = socket.socket()
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if sys.argv[4] == "before":
+            ls.setsockopt(socket.IPPROTO_IP, IP_MINTTL, 255)
+        ls.bind((addr, port))
+        ls.listen(4)
+        if sys.argv[4] == "after":
+            ls.setsockopt(socket.IPPROTO_IP, IP_MINTTL, 255)
+        print("listening minttl=%d" % ls.getsockopt(socket.IPPROTO_IP, IP_MINTTL), flush=True)
+        ls.settimeout(15)
+        n = 0
+        while n < 1:
+            try:
+                c, _ = ls.accept()
+            except socket.timeout:
+                break
+            c.settimeout(5)
+            c.sendall(c.recv(100))
+            c.close()
+            n += 1
+        print("accepted %d" % n, flush=True)
+    elif mode == "ttl-client":
+        s = socket.socket()
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, int(sys.argv[4]))
+        s.settimeout(3)
+        try:
+            s.connect((addr, port))
+            s.sendall(b"ttl ok")
+            print("connected", s.recv(100).decode(), flush=True)
+        except socket.timeout:
+            print("timeout", flush=True)
+    else:
+        sys.exit("unknown mode " + mode)
+
+
+if __name__ == "__main__":
+    main()
