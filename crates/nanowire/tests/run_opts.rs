@@ -97,7 +97,10 @@ fn tcp_ip_ttl_and_tos_on_the_engines_segments() {
         }
         assert_eq!(line(&so, "accepted"), "accepted ttl=7 tos=0xb8", "{so}");
         if srv_run {
-            assert!(so.contains(&format!("tcp listener {b}:{port}: xdp")), "{so}");
+            assert!(
+                so.contains(&format!("tcp listener {b}:{port}: xdp")),
+                "{so}"
+            );
         }
         if cli_run {
             assert!(co.contains(&format!("-> {b}:{port}: xdp")), "{co}");
