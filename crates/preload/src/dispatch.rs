@@ -1187,7 +1187,6 @@ fn share_accel(old: c_int, new: c_int) {
     }
 }
 
-/// setsockopt on an accelerated socket or a candidate. `Some(r)`: answered.
 /// After the kernel socket of an accelerated UDP socket (or a candidate)
 /// took an option (`crate::opts`): one the engine does not honour moves
 /// the socket to the kernel; IP_TTL / IP_TOS / IP_MULTICAST_TTL reach the
