@@ -821,3 +821,132 @@ fn fragmented_tcp_segments_reach_an_engine_server_as_plainly() {
         "plain (left) and under run (right) differ"
     );
 }
+
+/// Echoes upper-case until EOF.
+const UPPER_ECHO_PY: &str = r#"
+import socket, sys
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((sys.argv[1], int(sys.argv[2]))); ls.listen(8)
+print("listening", flush=True)
+c, _ = ls.accept()
+while True:
+    d = c.recv(100)
+    if not d: break
+    c.sendall(d.upper())
+print("done", flush=True)
+"#;
+
+/// A kernel client that, mid-connection, injects (raw socket) a blind
+/// segment in its own name: seq = the server's rcv_nxt (learnt from an
+/// AF_PACKET capture of its own last segment), an ACK for a million bytes
+/// never sent and a TSval 2^30 ahead; then it goes on talking.
+const FORGE_CLIENT_PY: &str = r#"
+import socket, struct, sys, time, select
+srv, port, ifname = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+cap = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+cap.bind((ifname, 0))
+s = socket.create_connection((srv, port))
+lport = s.getsockname()[1]
+s.sendall(b"hello")
+s.settimeout(5)
+print("hello ->", s.recv(100).decode(), flush=True)
+time.sleep(0.2)
+# The client's last segment to the server: the server's rcv_nxt, and TSval.
+last = None
+cap.setblocking(False)
+while True:
+    try:
+        f = cap.recv(65536)
+    except BlockingIOError:
+        break
+    if len(f) < 34 or f[12:14] != b"\x08\x00" or f[23] != 6:
+        continue
+    ihl = (f[14] & 15) * 4
+    tot = struct.unpack("!H", f[16:18])[0]
+    t = f[14 + ihl:14 + tot]
+    sp, dp, seq, ack = struct.unpack("!HHII", t[:12])
+    if sp != lport or dp != port:
+        continue
+    doff = (t[12] >> 4) * 4
+    ts = None
+    o = t[20:doff]
+    i = 0
+    while i < len(o):
+        if o[i] == 0: break
+        if o[i] == 1: i += 1; continue
+        if i + 1 >= len(o) or o[i + 1] < 2: break
+        if o[i] == 8 and o[i + 1] == 10: ts = struct.unpack("!II", o[i + 2:i + 10])
+        i += o[i + 1]
+    plen = len(t) - doff + (1 if t[13] & 3 else 0)
+    last = (seq + plen, ack, ts)
+seq, ack, ts = last
+assert ts, "no timestamps"
+def csum(b):
+    if len(b) % 2: b += b"\0"
+    x = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    while x >> 16: x = (x & 0xffff) + (x >> 16)
+    return ~x & 0xffff
+src = socket.inet_aton(s.getsockname()[0]); dst = socket.inet_aton(srv)
+opts = b"\x01\x01\x08\x0a" + struct.pack("!II", (ts[0] + 0x40000000) & 0xffffffff, ts[1])
+hdr = struct.pack("!HHIIBBHHH", lport, port, seq, (ack + 1000000) & 0xffffffff, (32 // 4) << 4, 0x10, 1000, 0, 0) + opts
+c = csum(src + dst + struct.pack("!BBH", 0, 6, len(hdr)) + hdr)
+hdr = hdr[:16] + struct.pack("!H", c) + hdr[18:]
+raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)
+raw.sendto(hdr, (srv, 0))
+print("forged: seq=rcv_nxt, ack+1000000, TSval+2^30", flush=True)
+time.sleep(0.2)
+s.sendall(b"after")
+try:
+    print("after ->", s.recv(100).decode(), flush=True)
+except socket.timeout:
+    print("after -> TIMEOUT (connection stalled)", flush=True)
+s.close()
+"#;
+
+/// Issue 20 finding 5 against a real kernel peer: the forged segment is
+/// dropped (challenge ACK) and the connection keeps flowing, on the engine
+/// as on the kernel (before the fix the engine took the TSval as
+/// ts_recent and refused every later segment as PAWS-old).
+#[test]
+#[ignore = "needs root"]
+fn forged_ack_with_a_huge_tsval_does_not_stall_a_connection() {
+    let l = lab("fge");
+    let b = ADDR_B.to_string();
+    let ifa = l.iface(Host::A);
+    let mut outs = Vec::new();
+    for (run, port) in [(false, "13540"), (true, "13541")] {
+        let mut s = spawn(
+            &format!("fge-srv{port}"),
+            cmd_in(
+                &l,
+                Host::B,
+                run,
+                &["python3", "-c", UPPER_ECHO_PY, &b, port],
+            ),
+        );
+        s.wait_for("listening", Duration::from_secs(20));
+        let mut c = spawn(
+            &format!("fge-cli{port}"),
+            plain_in(
+                &l,
+                Host::A,
+                &["python3", "-c", FORGE_CLIENT_PY, &b, port, &ifa],
+            ),
+        );
+        outs.push(c.success(T));
+        s.success(T);
+        if run {
+            assert!(
+                s.stderr()
+                    .contains(&format!("tcp listener {b}:{port}: xdp")),
+                "server not on the engine:\n{}",
+                s.stderr()
+            );
+        }
+    }
+    assert!(outs[0].contains("after -> AFTER"), "{}", outs[0]);
+    assert_eq!(
+        outs[0], outs[1],
+        "plain (left) and under run (right) differ"
+    );
+}
