@@ -33,9 +33,11 @@ lint: deps
 	$(CARGO) clippy --release --workspace --all-targets --locked -- -D warnings
 
 # The report test renders index.html in headless Chromium: install it for tests.
+# Tests that need root are #[ignore = "needs root"]: `make test` (as root)
+# runs them too; a plain `cargo test` runs only the unprivileged ones.
 test: export NANOWIRE_WITH_BROWSER := 1
 test: deps lint
-	$(CARGO) test --release --workspace --locked -- --test-threads=2
+	$(CARGO) test --release --workspace --locked -- --test-threads=2 --include-ignored
 
 lab: build
 	$(NANOWIRE) lab up

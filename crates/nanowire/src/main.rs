@@ -30,9 +30,6 @@ enum Cmd {
     Doctor(nanowire_doctor::DoctorArgs),
     /// Timestamped packet capture to pcapng (nanosecond resolution).
     Capture(nanowire_capture::cli::CaptureArgs),
-    /// xdp engine test/demo mode (echo, multicast, counters).
-    #[command(hide = true)]
-    XdpTest(nanowire_stack::cli::XdpTestArgs),
     /// Shell completion script on stdout (`make install` uses it).
     #[command(hide = true)]
     Completions {
@@ -71,7 +68,6 @@ fn main() {
         Cmd::Run(a) => nanowire_run::cli::run(a),
         Cmd::Capture(a) => nanowire_capture::cli::run(a),
         Cmd::Doctor(a) => nanowire_doctor::run(a),
-        Cmd::XdpTest(a) => nanowire_stack::cli::xdp_test(a),
         Cmd::Completions { shell } => completions(shell),
         Cmd::Man { dir } => man(dir),
     };

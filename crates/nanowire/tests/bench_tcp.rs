@@ -12,6 +12,7 @@ use std::time::Duration;
 const T: Duration = Duration::from_secs(30);
 
 #[test]
+#[ignore = "needs root"]
 fn tcp_client_against_sockperf_sr() {
     let lab = lab("t");
     let _sr = spawn(
@@ -73,6 +74,7 @@ fn tcp_client_against_sockperf_sr() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn sockperf_tcp_clients_against_server() {
     let lab = lab("r");
     for engine in ["kernel", "spin"] {

@@ -43,6 +43,7 @@ fn check_pp(v: &serde_json::Value, engine: &str, lab_iface: &str) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn udp_client_against_sockperf_sr() {
     let lab = lab("u");
     let _sr = spawn(
@@ -152,6 +153,7 @@ fn udp_client_against_sockperf_sr() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn sockperf_clients_against_udp_server() {
     let lab = lab("s");
     for engine in ["kernel", "spin"] {

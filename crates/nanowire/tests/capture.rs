@@ -1,6 +1,6 @@
 //! `nanowire capture`: pcapng with nanosecond timestamps that tcpdump reads.
 
-use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
+use nanowire_lab::testbed::{Host, ScopedLab};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,12 +13,9 @@ impl Drop for Kill {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn captures_udp_with_nanosecond_timestamps() {
-    let lab = ScopedLab::new(LabOptions {
-        name: format!("tc{}", std::process::id() % 10000),
-        ..Default::default()
-    })
-    .unwrap();
+    let lab = nanowire_testkit::lab("tcap");
     let dir = private_dir("nwcap");
     let file = dir.join("c.pcapng");
     let iface = lab.iface(Host::B);
@@ -139,24 +136,9 @@ fn unknown_interface_is_a_clear_error() {
 
 const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Lab `nwcap<pid><tag>`, or None when not root.
-fn cap_lab(tag: char) -> Option<ScopedLab> {
-    if !is_root() {
-        eprintln!("skipping: needs root");
-        return None;
-    }
-    Some(
-        ScopedLab::new(LabOptions {
-            name: format!("nwcap{}{tag}", std::process::id() % 10000),
-            ..Default::default()
-        })
-        .expect("lab up"),
-    )
+/// Lab `nwcap<tag><pid>`, removed on drop.
+fn cap_lab(tag: char) -> ScopedLab {
+    nanowire_testkit::lab(&format!("nwcap{tag}"))
 }
 
 /// `xdp-test --echo` on `port` in host b, once it is up (it prints its
@@ -167,7 +149,14 @@ fn xdp_echo(lab: &ScopedLab, port: u16) -> Spawned {
     let echo = Spawned::new(
         lab.command(
             Host::B,
-            &[BIN, "xdp-test", "--iface", &ifb, "--port", &p, "--echo"],
+            &[
+                nanowire_testkit::xdp_test_bin(),
+                "--iface",
+                &ifb,
+                "--port",
+                &p,
+                "--echo",
+            ],
         ),
         true,
     );
@@ -313,8 +302,9 @@ fn tshark_lines(file: &std::path::Path, filter: &str) -> usize {
 /// both ways (the engine's taps; the kernel's packet taps see none of it),
 /// in timestamp order, and tshark reads the file.
 #[test]
+#[ignore = "needs root"]
 fn tap_capture_holds_every_accelerated_frame_both_ways() {
-    let Some(lab) = cap_lab('t') else { return };
+    let lab = cap_lab('t');
     let dir = private_dir("nwcapt");
     let file = dir.join("tap.pcapng");
     let ifb = lab.iface(Host::B);
@@ -378,8 +368,9 @@ fn tap_capture_holds_every_accelerated_frame_both_ways() {
 /// Issue 13: the dedicated mode captures a burst as deep as its ring with
 /// zero loss, and says so.
 #[test]
+#[ignore = "needs root"]
 fn dedicated_capture_holds_a_ring_deep_burst() {
-    let Some(lab) = cap_lab('d') else { return };
+    let lab = cap_lab('d');
     let dir = private_dir("nwcapd");
     let file = dir.join("ded.pcapng");
     let ifb = lab.iface(Host::B);
@@ -463,8 +454,9 @@ fn tap_words(engine_pid: u32) -> Vec<(u64, u64)> {
 /// leave the engine copying frames for nobody: the engine finds its holder
 /// dead and stops.
 #[test]
+#[ignore = "needs root"]
 fn a_capture_killed_with_sigkill_stops_the_engine_copying() {
-    let Some(lab) = cap_lab('k') else { return };
+    let lab = cap_lab('k');
     let dir = private_dir("nwcapk");
     let file = dir.join("k.pcapng");
     let ifb = lab.iface(Host::B);

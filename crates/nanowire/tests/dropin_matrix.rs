@@ -21,7 +21,7 @@
 //! and real runtimes: `java_node_dnsmasq_match_plain`.
 
 mod run_support;
-use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host, LabOptions, ScopedLab};
+use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host, ScopedLab};
 use run_support::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,13 +31,7 @@ use std::time::Duration;
 const T: Duration = Duration::from_secs(40);
 
 fn lab_of(tag: &str) -> ScopedLab {
-    // nwdropin + tag + 3 digits: at most 12 characters ("<name>-a0" <= 15).
-    let name = format!("nwdropin{tag}{}", std::process::id() % 1000);
-    ScopedLab::new(LabOptions {
-        name,
-        ..LabOptions::default()
-    })
-    .expect("bring the lab up")
+    nanowire_testkit::lab(&format!("nwdi{tag}"))
 }
 
 fn tests_dir() -> PathBuf {
@@ -112,6 +106,7 @@ fn started(k: &mut Kid) {
 // ------------------------------------------------------------ C cases
 
 #[test]
+#[ignore = "needs root"]
 fn c_cases_match_plain() {
     let lab = lab_of("c");
     let bin = sem();
@@ -154,6 +149,7 @@ fn c_cases_match_plain() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn fork_with_bound_and_unbound_sockets() {
     let lab = lab_of("f");
     let bin = sem();
@@ -229,6 +225,7 @@ fn rx_tx(
 }
 
 #[test]
+#[ignore = "needs root"]
 fn fragments_both_directions() {
     let lab = lab_of("g");
     let b = ADDR_B.to_string();
@@ -280,6 +277,7 @@ fn fragments_both_directions() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn ip_options_delivered_martians_dropped() {
     let lab = lab_of("o");
     let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
@@ -294,6 +292,7 @@ fn ip_options_delivered_martians_dropped() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn multicast_every_receiver_gets_every_datagram() {
     let lab = lab_of("m");
     let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
@@ -351,6 +350,7 @@ fn multicast_every_receiver_gets_every_datagram() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn drop_membership_stops_the_group() {
     let lab = lab_of("d");
     let bin = sem();
@@ -386,6 +386,7 @@ fn drop_membership_stops_the_group() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn specific_bind_in_another_process_wins() {
     let lab = lab_of("p");
     let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
@@ -430,6 +431,7 @@ fn specific_bind_in_another_process_wins() {
 // ------------------------------------------------------------ runtimes
 
 #[test]
+#[ignore = "needs root"]
 fn java_node_dnsmasq_match_plain() {
     let lab = lab_of("r");
     let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
@@ -459,9 +461,7 @@ fn java_node_dnsmasq_match_plain() {
         ("node", vec!["node", &node, &b, "7601", "1000"]),
     ];
     for (name, argv) in &servers {
-        if !have(argv[0]) {
-            panic!("{} is not installed (scripts/install-deps.sh)", argv[0]);
-        }
+        nanowire_testkit::require(&[argv[0]]);
         let mut outs = Vec::new();
         for run in [false, true] {
             let c = if run {
@@ -484,9 +484,7 @@ fn java_node_dnsmasq_match_plain() {
     }
 
     // dnsmasq (a real UDP server) answered by dig; then dig under run.
-    if !have("dnsmasq") || !have("dig") {
-        panic!("dnsmasq and dig are needed (scripts/install-deps.sh)");
-    }
+    nanowire_testkit::require(&["dnsmasq", "dig"]);
     let dns_argv = [
         "dnsmasq",
         "--no-daemon",
@@ -558,6 +556,7 @@ fn java_node_dnsmasq_match_plain() {
 // ------------------------------------------------------------ the rest
 
 #[test]
+#[ignore = "needs root"]
 fn fallback_is_announced_at_the_default_level() {
     let lab = lab_of("w");
     // a bad interface name: one line, exit 1, before anything runs
@@ -647,6 +646,7 @@ fn exit_statuses_and_ring_depth() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn stats_dir_symlink_attack_leaves_the_target_untouched() {
     let lab = lab_of("s");
     ensure_preload();

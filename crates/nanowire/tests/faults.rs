@@ -9,7 +9,8 @@
 mod bench_server;
 
 use bench_server::xdp_server;
-use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
+use nanowire_lab::testbed::{Host, ScopedLab};
+use nanowire_testkit::in_ns;
 use std::io::Read;
 use std::net::{SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -21,37 +22,8 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
 const B: std::net::Ipv4Addr = std::net::Ipv4Addr::new(198, 18, 0, 2);
 
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let r = unsafe { libc::geteuid() } == 0;
-    if !r {
-        eprintln!("skipping: needs root");
-    }
-    r
-}
-
 fn lab(tag: char) -> ScopedLab {
-    ScopedLab::new(LabOptions {
-        name: format!("tf{}{tag}", std::process::id() % 10000),
-        ..LabOptions::default()
-    })
-    .expect("lab up")
-}
-
-/// Run `f` on a thread inside `ns`.
-fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let fd = std::fs::File::open(&path).expect("open netns");
-        // SAFETY: setns on a valid netns fd affects only this thread.
-        assert_eq!(
-            unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) },
-            0
-        );
-        f()
-    })
-    .join()
-    .expect("thread")
+    nanowire_testkit::lab(&format!("tf{tag}"))
 }
 
 fn xdp_on(lab: &ScopedLab, h: Host) -> bool {
@@ -158,10 +130,8 @@ fn pp(lab: &ScopedLab, port: u16, extra: &[&str]) -> Option<serde_json::Value> {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn sigkill_at_random_moments_leaves_nothing_behind() {
-    if !root() {
-        return;
-    }
     let cycles: usize = std::env::var("NANOWIRE_KILL_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -242,10 +212,8 @@ fn kernel_drops(lab: &ScopedLab) -> u64 {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn sigstop_under_load_recovers_and_counts_what_it_dropped() {
-    if !root() {
-        return;
-    }
     let lab = lab('s');
     let port = 11281;
     let s = xdp_server(&lab, port, &[], &[]);
@@ -385,10 +353,8 @@ fn survives(lab: &ScopedLab, port: u16, what: &str, event: &[&[&str]], restore: 
 }
 
 #[test]
+#[ignore = "needs root"]
 fn interface_changes_under_a_running_engine() {
-    if !root() {
-        return;
-    }
     let lab = lab('i');
     let nb = lab.netns(Host::B);
     let ib = lab.iface(Host::B);
@@ -417,10 +383,8 @@ fn interface_changes_under_a_running_engine() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn interface_or_namespace_deleted_under_a_running_engine() {
-    if !root() {
-        return;
-    }
     // The veth deleted: the engine's interface is gone for good.
     let lab1 = lab('d');
     let mut s = xdp_server(&lab1, 11293, &["--spin-then-block-us", "0"], &[]);

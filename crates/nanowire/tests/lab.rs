@@ -10,7 +10,7 @@ fn nanowire(args: &[&str]) -> Output {
 }
 
 fn name(tag: &str) -> String {
-    format!("tl{tag}{}", std::process::id() % 10000)
+    nanowire_testkit::lab_name(&format!("tl{tag}"))
 }
 
 /// Takes the lab down when the test ends, pass or fail.
@@ -43,7 +43,9 @@ fn netns_list() -> String {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn up_is_idempotent_exec_reaches_peer_and_down_removes_everything() {
+    nanowire_testkit::require_root();
     let n = name("u");
     let _g = Down(n.clone());
     ok(&nanowire(&["lab", "up", "--name", &n]));
@@ -96,13 +98,10 @@ fn up_is_idempotent_exec_reaches_peer_and_down_removes_everything() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn lab_commands_die_with_their_spawner() {
-    use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
-    let lab = ScopedLab::new(LabOptions {
-        name: name("k"),
-        ..Default::default()
-    })
-    .unwrap();
+    use nanowire_lab::testbed::Host;
+    let lab = nanowire_testkit::lab("tlk");
     // A thread spawns a long sleeper in host b and exits without killing it.
     let l2 = lab.lab.clone();
     // (It lingers a moment so that `setpriv` has set the signal before the
@@ -131,7 +130,9 @@ fn lab_commands_die_with_their_spawner() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn up_repairs_a_half_built_lab() {
+    nanowire_testkit::require_root();
     let n = name("r");
     let _g = Down(n.clone());
     ok(&nanowire(&["lab", "up", "--name", &n]));

@@ -6,7 +6,7 @@
 mod bench_server;
 
 use bench_server::xdp_server;
-use nanowire_lab::testbed::{Direction, Host, Impairment, LabOptions, ScopedLab};
+use nanowire_lab::testbed::{Direction, Host, Impairment, LabOptions};
 use std::process::{Command, Output, Stdio};
 
 const NW: &str = env!("CARGO_BIN_EXE_nanowire");
@@ -23,23 +23,6 @@ fn ok(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let r = unsafe { libc::geteuid() } == 0;
-    if !r {
-        eprintln!("skipping: needs root");
-    }
-    r
-}
-
-fn have_nft() -> bool {
-    let r = Command::new("nft").arg("--version").output().is_ok();
-    if !r {
-        eprintln!("skipping: nftables not installed (scripts/install-deps.sh)");
-    }
-    r
 }
 
 struct Down(String);
@@ -74,11 +57,11 @@ fn status(n: &str) -> serde_json::Value {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn impaired_wire_forwards_drops_duplicates_and_clears() {
-    if !root() || !have_nft() {
-        return;
-    }
-    let n = format!("ti{}w", std::process::id() % 10000);
+    nanowire_testkit::require_root();
+    nanowire_testkit::require(&["nft"]);
+    let n = nanowire_testkit::lab_name("tiw");
     let _g = Down(n.clone());
     ok(&nanowire(&["lab", "up", "--impair", "--name", &n]));
     // Idempotent.
@@ -177,15 +160,11 @@ fn bad_impairments_are_refused_with_one_line() {
 
 /// xdp on both ends through the wire (generic XDP on the hosts' veths).
 #[test]
+#[ignore = "needs root"]
 fn xdp_ping_pong_crosses_the_impaired_wire() {
-    if !root() || !have_nft() {
-        return;
-    }
-    let lab = ScopedLab::new_impaired(LabOptions {
-        name: format!("ti{}x", std::process::id() % 10000),
-        ..LabOptions::default()
-    })
-    .expect("impaired lab up");
+    nanowire_testkit::require_root();
+    nanowire_testkit::require(&["nft"]);
+    let lab = nanowire_testkit::lab_impaired("tix", LabOptions::default());
     let server = xdp_server(&lab, 11260, &[], &[]);
     let r = bench_server::pp(
         &lab,
@@ -240,15 +219,11 @@ fn engine_rx_packets(stats: &str) -> u64 {
 /// XDP on the receiving veth skips redirected skbs, so the server's engine
 /// never saw the SYN and its kernel port reservation answered instead.
 #[test]
+#[ignore = "needs root"]
 fn xdp_tcp_crosses_the_impaired_wire() {
-    if !root() || !have_nft() {
-        return;
-    }
-    let lab = ScopedLab::new_impaired(LabOptions {
-        name: format!("ti{}t", std::process::id() % 10000),
-        ..LabOptions::default()
-    })
-    .expect("impaired lab up");
+    nanowire_testkit::require_root();
+    nanowire_testkit::require(&["nft"]);
+    let lab = nanowire_testkit::lab_impaired("tit", LabOptions::default());
     let server = xdp_server(&lab, 11261, &["--tcp"], &[]);
     let pp = |engine: &str| {
         bench_server::pp(

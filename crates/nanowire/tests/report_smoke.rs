@@ -3,7 +3,6 @@
 //! every number derived from samples), and index.html rendered in headless
 //! Chromium (every section's SVG present and non-empty).
 
-use nanowire_lab::testbed::{LabOptions, ScopedLab, have_root};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -222,17 +221,10 @@ fn render_dom(html: &Path) -> String {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn smoke_report_schema_and_rendering() {
-    if !have_root() {
-        eprintln!("skipped: needs root for network namespaces");
-        return;
-    }
-    let name = format!("tr{}", std::process::id() % 10000);
-    let lab = ScopedLab::new(LabOptions {
-        name: name.clone(),
-        queues: 1,
-    })
-    .expect("lab up");
+    let lab = nanowire_testkit::lab("tr");
+    let name = lab.name().to_string();
     let out = tmpdir("smoke");
     let (code, stdout, stderr) = run_with_timeout(
         Command::new(NW).args([
@@ -568,18 +560,10 @@ fn burst_on_loopback_is_counted_exactly() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn peer_mode_runs_the_client_side_against_a_remote_server() {
-    if !have_root() {
-        eprintln!("skipped: needs root for network namespaces");
-        return;
-    }
     // Two "real" hosts: the lab's namespaces, with nothing shared but the link.
-    let name = format!("trp{}", std::process::id() % 10000);
-    let lab = ScopedLab::new(LabOptions {
-        name: name.clone(),
-        queues: 1,
-    })
-    .expect("lab up");
+    let lab = nanowire_testkit::lab("trp");
     let port = "11111";
     let server = |tcp: bool| {
         let mut argv = vec![

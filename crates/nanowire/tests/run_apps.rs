@@ -69,6 +69,7 @@ fn echo_roundtrip(
 }
 
 #[test]
+#[ignore = "needs root"]
 fn python_socket_and_asyncio_echo_servers() {
     let lab = lab("p");
     let echo = fixture("udp_echo.py");
@@ -92,6 +93,7 @@ fn python_socket_and_asyncio_echo_servers() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn socat_udp_echo_forks_and_execs_per_datagram() {
     let lab = lab("c");
     let listen = format!("UDP4-RECVFROM:12100,bind={ADDR_B},fork");
@@ -150,6 +152,7 @@ fn iperf(lab: &nanowire_lab::testbed::ScopedLab, tag: &str, reverse: bool) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn iperf3_udp_client_and_server_both_directions() {
     let lab = lab("i");
     iperf(&lab, "iperf", false);
@@ -157,6 +160,7 @@ fn iperf3_udp_client_and_server_both_directions() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn unprivileged_user_runs_sockperf_with_spin_and_is_told_why_not_xdp() {
     let lab = lab("u");
     ensure_preload();

@@ -9,7 +9,7 @@
 //! timing is asserted (the benchmark is `scripts/compare.py --scenario apps`).
 
 mod run_support;
-use nanowire_lab::testbed::{ADDR_B, Host, LabOptions, ScopedLab};
+use nanowire_lab::testbed::{ADDR_B, Host, ScopedLab};
 use run_support::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -77,11 +77,7 @@ fn tail(runtime: &str) -> Vec<String> {
 }
 
 fn lab_for(tag: &str) -> ScopedLab {
-    ScopedLab::new(LabOptions {
-        name: format!("nwapps{tag}{}", std::process::id() % 1000),
-        ..LabOptions::default()
-    })
-    .expect("bring the lab up")
+    nanowire_testkit::lab(&format!("nwrt{tag}"))
 }
 
 fn command(lab: &ScopedLab, h: Host, profile: Option<&str>, argv: &[String]) -> Command {
@@ -160,21 +156,25 @@ fn echo_in_modes(runtime: &str, tag: &str, modes: &[Option<&str>]) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn node_dgram_echo_every_profile() {
     echo_everywhere("node", "n");
 }
 
 #[test]
+#[ignore = "needs root"]
 fn jvm_nio_selector_echo_every_profile() {
     echo_everywhere("jvm", "j");
 }
 
 #[test]
+#[ignore = "needs root"]
 fn python_asyncio_echo_every_profile() {
     echo_everywhere("asyncio", "p");
 }
 
 #[test]
+#[ignore = "needs root"]
 fn c_six_threads_sharing_sockets_every_profile() {
     echo_everywhere("cmt", "c");
 }
@@ -186,6 +186,7 @@ fn c_six_threads_sharing_sockets_every_profile() {
 /// must still come back intact. (Lean: the full matrix runs unloaded
 /// above; an interpreter's start-up alone takes seconds under this load.)
 #[test]
+#[ignore = "needs root"]
 fn oversubscribed_machine_c_six_threads() {
     oversubscribed("cmt", "o");
 }
@@ -195,6 +196,7 @@ fn oversubscribed_machine_c_six_threads() {
 /// and finds a busy thread on its CPU (`balanced` then sleeps for a quiet
 /// period, `latency` spins on). Every datagram must still come back intact.
 #[test]
+#[ignore = "needs root"]
 fn oversubscribed_machine_c_one_thread() {
     oversubscribed("c1", "q");
 }

@@ -88,6 +88,7 @@ fn assert_complete(out: &str) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn sockperf_udp_and_tcp_pp_ul_tp_under_run() {
     let lab = lab("s");
     for (i, tcp) in [false, true].into_iter().enumerate() {
@@ -137,6 +138,7 @@ fn sockperf_udp_and_tcp_pp_ul_tp_under_run() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn sockperf_feed_modes_select_poll_epoll_udp_and_tcp() {
     let lab = lab("f");
     let mut port = 11200;
@@ -165,6 +167,7 @@ fn sockperf_feed_modes_select_poll_epoll_udp_and_tcp() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn run_logs_the_engine_of_each_socket() {
     let lab = lab("l");
     let addr = ADDR_B.to_string();

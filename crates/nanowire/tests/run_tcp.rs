@@ -7,32 +7,17 @@
 //! the engine's counters).
 
 mod run_support;
-use nanowire_lab::testbed::{ADDR_B, Host, LabOptions, ScopedLab};
+use nanowire_lab::testbed::{ADDR_B, Host, ScopedLab};
 use run_support::*;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(120);
 
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// A lab named `nwts<tag><pid>`, removed on drop: the default lab, TSO/GSO
 /// on (a kernel peer's super-frames reach the engine as multi-buffer
 /// chains).
-fn tlab(tag: char) -> Option<ScopedLab> {
-    if !root() {
-        eprintln!("skipping: needs root");
-        return None;
-    }
-    let name = format!("nwts{tag}{}", std::process::id() % 1000);
-    let l = ScopedLab::new(LabOptions {
-        name,
-        ..LabOptions::default()
-    })
-    .expect("lab up");
-    Some(l)
+fn tlab(tag: char) -> ScopedLab {
+    nanowire_testkit::lab(&format!("nwts{tag}"))
 }
 
 fn probe() -> String {
@@ -104,8 +89,9 @@ fn parity_run(l: &ScopedLab, port: u16, srv_run: bool, cli_run: bool) -> (String
 }
 
 #[test]
+#[ignore = "needs root"]
 fn tcp_behaviour_is_the_same_plainly_and_under_run_on_either_end() {
-    let Some(l) = tlab('p') else { return };
+    let l = tlab('p');
     let (pc, ps) = parity_run(&l, 13100, false, false);
     assert!(pc.ends_with("done\n"), "plain run incomplete:\n{pc}");
     eprintln!("plain client:\n{pc}plain server:\n{ps}");
@@ -126,8 +112,9 @@ fn tcp_behaviour_is_the_same_plainly_and_under_run_on_either_end() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn hashed_stream_each_way_between_plain_python_and_python_under_run() {
-    let Some(l) = tlab('s') else { return };
+    let l = tlab('s');
     // 64 MiB each way here; NANOWIRE_TCP_STREAM_MIB=1024 for the long run.
     let mib = std::env::var("NANOWIRE_TCP_STREAM_MIB").unwrap_or_else(|_| "64".into());
     for (port, srv, cli) in [(13200u16, false, true), (13201, true, false)] {
@@ -221,12 +208,10 @@ fn sockperf_pp(l: &ScopedLab, port: u16, srv: bool, cli: bool) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn sockperf_tcp_under_run_on_both_ends_and_against_plain_peers() {
-    if !have("sockperf") {
-        eprintln!("skipping: no sockperf");
-        return;
-    }
-    let Some(l) = tlab('k') else { return };
+    nanowire_testkit::require(&["sockperf"]);
+    let l = tlab('k');
     sockperf_pp(&l, 13300, true, true);
     sockperf_pp(&l, 13301, false, true);
     sockperf_pp(&l, 13302, true, false);
@@ -239,12 +224,10 @@ fn iperf_bytes(json: &str, key: &str) -> u64 {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn iperf3_tcp_under_run_against_a_plain_iperf3() {
-    if !have("iperf3") {
-        eprintln!("skipping: no iperf3");
-        return;
-    }
-    let Some(l) = tlab('i') else { return };
+    nanowire_testkit::require(&["iperf3"]);
+    let l = tlab('i');
     let addr = ADDR_B.to_string();
     for (port, srv, cli) in [(13400u16, false, true), (13401, true, false)] {
         let ports = port.to_string();
@@ -396,8 +379,9 @@ fn forking_plain_and_run(l: &ScopedLab, srv: &str, cli: &str, ports: [&str; 2]) 
 }
 
 #[test]
+#[ignore = "needs root"]
 fn forking_server_shares_its_connection_with_the_child_as_plainly() {
-    let Some(l) = tlab('f') else { return };
+    let l = tlab('f');
     let outs = forking_plain_and_run(&l, FORK_PY, FORK_CLIENT_PY, ["13500", "13501"]);
     assert!(outs[0].contains("b got b'HELLO'"), "{}", outs[0]);
     assert!(outs[0].contains("parent: last words"), "{}", outs[0]);
@@ -450,8 +434,9 @@ for n in (100000, 10):
 "#;
 
 #[test]
+#[ignore = "needs root"]
 fn forking_server_after_the_client_half_closed() {
-    let Some(l) = tlab('h') else { return };
+    let l = tlab('h');
     let outs = forking_plain_and_run(
         &l,
         HALF_CLOSED_PY,

@@ -37,6 +37,7 @@ fn complete(out: &str) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn sockperf_udp_on_xdp_pp_ul_tp_and_stats_lists_the_socket() {
     let lab = lab("x");
     let addr = ADDR_B.to_string();
@@ -86,6 +87,7 @@ fn sockperf_udp_on_xdp_pp_ul_tp_and_stats_lists_the_socket() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn sockperf_feed_modes_on_xdp() {
     let lab = lab("y");
     for (i, mode) in ["s", "p", "e"].into_iter().enumerate() {
@@ -118,6 +120,7 @@ fn sockperf_feed_modes_on_xdp() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn c_semantics_on_xdp_sockets_match_a_plain_run() {
     let lab = lab("z");
     ensure_preload();
@@ -152,6 +155,7 @@ fn c_semantics_on_xdp_sockets_match_a_plain_run() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn multicast_receiver_on_xdp_joins_and_receives() {
     let lab = lab("m");
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

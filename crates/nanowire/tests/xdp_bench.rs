@@ -5,23 +5,11 @@
 mod bench_server;
 
 use bench_server::BenchServer;
-use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
-use std::process::{Command, Stdio};
+use nanowire_lab::testbed::{Host, ScopedLab};
+use std::process::Stdio;
 
-fn lab(tag: char) -> Option<ScopedLab> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipping: needs root");
-        return None;
-    }
-    let name = format!("tx{}{tag}", std::process::id() % 10000);
-    Some(
-        ScopedLab::new(LabOptions {
-            name,
-            ..LabOptions::default()
-        })
-        .expect("lab up"),
-    )
+fn lab(tag: char) -> ScopedLab {
+    nanowire_testkit::lab(&format!("txb{tag}"))
 }
 
 /// `nanowire bench server --engine xdp` on `port` in host b (it may fall
@@ -36,8 +24,9 @@ fn pp(lab: &ScopedLab, port: u16, engine: &str) -> serde_json::Value {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn bench_pp_with_xdp_on_both_ends() {
-    let Some(lab) = lab('P') else { return };
+    let lab = lab('P');
     let s = server(&lab, 11200);
     s.expect_xdp();
     let r = pp(&lab, 11200, "xdp");
@@ -47,12 +36,10 @@ fn bench_pp_with_xdp_on_both_ends() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn real_sockperf_client_against_the_xdp_server() {
-    let Some(lab) = lab('R') else { return };
-    if Command::new("sockperf").arg("--version").output().is_err() {
-        eprintln!("skipping: sockperf not installed");
-        return;
-    }
+    nanowire_testkit::require(&["sockperf"]);
+    let lab = lab('R');
     let s = server(&lab, 11201);
     s.expect_xdp();
     let out = lab
@@ -86,8 +73,9 @@ fn real_sockperf_client_against_the_xdp_server() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn second_xdp_process_on_the_interface_falls_back_to_spin() {
-    let Some(lab) = lab('S') else { return };
+    let lab = lab('S');
     let first = server(&lab, 11202);
     first.expect_xdp();
     let second = server(&lab, 11203);

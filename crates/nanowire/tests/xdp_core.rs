@@ -6,7 +6,8 @@
 
 mod xdp_support;
 
-use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
+use nanowire_lab::testbed::{Host, ScopedLab};
+use nanowire_testkit::{in_ns, xdp_test_bin};
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::process::Command;
@@ -14,48 +15,21 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use xdp_support::Proc;
 
-const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
 const A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 
-fn lab(tag: char) -> Option<ScopedLab> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipping: needs root");
-        return None;
-    }
-    let name = format!("tc{}{tag}", std::process::id() % 10000);
-    Some(
-        ScopedLab::new(LabOptions {
-            name,
-            ..LabOptions::default()
-        })
-        .expect("lab up"),
-    )
+fn lab(tag: char) -> ScopedLab {
+    nanowire_testkit::lab(&format!("tc{tag}"))
 }
 
 fn xdp_test(lab: &ScopedLab, args: &[&str]) -> Proc {
     let ifb = lab.iface(Host::B);
-    let mut argv = vec![BIN, "xdp-test", "--iface", &ifb];
+    let mut argv = vec![xdp_test_bin(), "--iface", &ifb];
     argv.extend_from_slice(args);
     let p = Proc::spawn(lab.command(Host::B, &argv));
     let ready = p.line(Duration::from_secs(20));
     assert_eq!(ready["ready"], true, "{ready}");
     p
-}
-
-/// Run `f` on a thread that entered `ns`'s network namespace.
-fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let fd = std::fs::File::open(&path).expect("open netns");
-        // SAFETY: setns on a valid netns fd affects only this thread.
-        let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .expect("thread")
 }
 
 fn opts(iface: String, ring: u32) -> nanowire_stack::EngineOptions {
@@ -115,8 +89,9 @@ fn kernel_echo(
 }
 
 #[test]
+#[ignore = "needs root"]
 fn unread_socket_drops_its_own_traffic_not_its_neighbours() {
-    let Some(lab) = lab('i') else { return };
+    let lab = lab('i');
     let ifa = lab.iface(Host::A);
     let nsb = lab.netns(Host::B);
     const FLOOD: u32 = 100_000;
@@ -196,8 +171,9 @@ fn unread_socket_drops_its_own_traffic_not_its_neighbours() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn unresolvable_sends_do_not_hold_up_a_ping_pong() {
-    let Some(lab) = lab('u') else { return };
+    let lab = lab('u');
     let ifa = lab.iface(Host::A);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let srv = kernel_echo(lab.netns(Host::B), SocketAddrV4::new(B, 6100), stop.clone());
@@ -306,8 +282,9 @@ fn unresolvable_sends_do_not_hold_up_a_ping_pong() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn peer_mac_change_mid_stream_is_followed() {
-    let Some(lab) = lab('m') else { return };
+    let lab = lab('m');
     let ifa = lab.iface(Host::A);
     let ifb = lab.iface(Host::B);
     let (nsa, nsb) = (lab.netns(Host::A), lab.netns(Host::B));
@@ -361,8 +338,9 @@ fn peer_mac_change_mid_stream_is_followed() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn forked_child_opens_its_own_socket_while_the_parent_receives() {
-    let Some(lab) = lab('f') else { return };
+    let lab = lab('f');
     let p = xdp_test(
         &lab,
         &[
@@ -472,8 +450,9 @@ fn echo_sizes(
 }
 
 #[test]
+#[ignore = "needs root"]
 fn mtu_9000_echo() {
-    let Some(lab) = lab('j') else { return };
+    let lab = lab('j');
     set_mtu(&lab, 9000);
     let p = xdp_test(&lab, &["--port", "6400", "--echo", "--ring-depth", "1024"]);
     const SIZES: &[usize] = &[64, 1472, 3000, 4000, 8000, 8972];
@@ -488,8 +467,9 @@ fn mtu_9000_echo() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn fragmented_datagrams_both_directions() {
-    let Some(lab) = lab('g') else { return };
+    let lab = lab('g');
     let p = xdp_test(&lab, &["--port", "6500", "--echo", "--ring-depth", "1024"]);
     const SIZES: &[usize] = &[1473, 4000, 9000, 65507];
     let (kernel_ok, xdp_ok) = echo_sizes(&lab, 6500, SIZES, Duration::from_millis(1000), |x| {
@@ -514,8 +494,9 @@ fn fragmented_datagrams_both_directions() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn adopted_kernel_socket_is_the_twin() {
-    let Some(lab) = lab('a') else { return };
+    let lab = lab('a');
     let p = xdp_test(&lab, &["--port", "6600", "--echo", "--ring-depth", "1024"]);
     let ifa = lab.iface(Host::A);
     let (ok, big, fds) = in_ns(&lab.netns(Host::A), move || {

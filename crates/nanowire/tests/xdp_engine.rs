@@ -6,6 +6,7 @@
 mod xdp_support;
 
 use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
+use nanowire_testkit::{in_ns, xdp_test_bin};
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -17,26 +18,22 @@ use xdp_support::Proc;
 const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
 const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 
-fn lab(tag: char) -> Option<ScopedLab> {
+fn lab(tag: char) -> ScopedLab {
     lab_q(tag, 1)
 }
 
-fn lab_q(tag: char, queues: u32) -> Option<ScopedLab> {
-    if !rustix_is_root() {
-        eprintln!("skipping: needs root");
-        return None;
-    }
-    let name = format!("tx{}{tag}", std::process::id() % 10000);
-    Some(ScopedLab::new(LabOptions { name, queues }).expect("lab up"))
-}
-
-fn rustix_is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+fn lab_q(tag: char, queues: u32) -> ScopedLab {
+    nanowire_testkit::lab_with(
+        &format!("tx{tag}"),
+        LabOptions {
+            queues,
+            ..LabOptions::default()
+        },
+    )
 }
 
 fn xdp_test(lab: &ScopedLab, args: &[&str]) -> (Proc, serde_json::Value) {
-    let mut argv = vec![BIN, "xdp-test", "--iface"];
+    let mut argv = vec![xdp_test_bin(), "--iface"];
     let ifb = lab.iface(Host::B);
     argv.push(&ifb);
     argv.extend_from_slice(args);
@@ -44,20 +41,6 @@ fn xdp_test(lab: &ScopedLab, args: &[&str]) -> (Proc, serde_json::Value) {
     let ready = p.line(Duration::from_secs(20));
     assert_eq!(ready["ready"], true, "{ready}");
     (p, ready)
-}
-
-/// Run `f` on a thread that entered `ns`'s network namespace.
-fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let fd = std::fs::File::open(&path).expect("open netns");
-        // SAFETY: setns on a valid netns fd affects only this thread.
-        let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .expect("thread")
 }
 
 /// Send `msg` and wait for its echo (up to 3 sends); late replies to
@@ -101,8 +84,9 @@ fn echoed(lab: &ScopedLab, from: Host, port: u16, n: usize, prefix: &'static str
 }
 
 #[test]
+#[ignore = "needs root"]
 fn xdp_echo_kernel_client_and_program_reported() {
-    let Some(lab) = lab('e') else { return };
+    let lab = lab('e');
     let (p, ready) = xdp_test(&lab, &["--port", "5000", "--echo"]);
     assert_eq!(ready["bind_mode"], "copy", "veth is copy-only: {ready}");
     assert!(ready["xdp_mode"] == "native" || ready["xdp_mode"] == "generic");
@@ -118,8 +102,9 @@ fn xdp_echo_kernel_client_and_program_reported() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn xdp_to_xdp_echo() {
-    let Some(lab) = lab('x') else { return };
+    let lab = lab('x');
     let (_p, _) = xdp_test(&lab, &["--port", "5001", "--echo"]);
     let ifa = lab.iface(Host::A);
     let ok = in_ns(&lab.netns(Host::A), move || {
@@ -178,8 +163,9 @@ fn xdp_to_xdp_echo() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn kernel_traffic_keeps_working_beside_the_engine() {
-    let Some(lab) = lab('k') else { return };
+    let lab = lab('k');
     let (_p, _) = xdp_test(&lab, &["--port", "5002", "--echo"]);
     // ARP: flush a's neighbour cache so the ping below must resolve again.
     let _ = lab
@@ -248,8 +234,9 @@ fn kernel_traffic_keeps_working_beside_the_engine() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn sixty_four_sockets_on_distinct_ports() {
-    let Some(lab) = lab('s') else { return };
+    let lab = lab('s');
     let (p, ready) = xdp_test(&lab, &["--port", "6000", "--sockets", "64", "--echo"]);
     assert_eq!(ready["sockets"].as_array().unwrap().len(), 64);
     let ok = in_ns(&lab.netns(Host::A), || {
@@ -270,8 +257,9 @@ fn sixty_four_sockets_on_distinct_ports() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn multicast_group_reaches_two_sockets() {
-    let Some(lab) = lab('m') else { return };
+    let lab = lab('m');
     let (p, _) = xdp_test(
         &lab,
         &[
@@ -337,8 +325,9 @@ fn multicast_group_reaches_two_sockets() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn program_is_gone_after_sigkill() {
-    let Some(lab) = lab('g') else { return };
+    let lab = lab('g');
     let (mut p, _) = xdp_test(&lab, &["--port", "5003"]);
     let show = || {
         let o = Command::new("ip")
@@ -421,8 +410,9 @@ fn parse_mac(s: &str) -> [u8; 6] {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn malformed_frames_are_counted_and_valid_traffic_delivered() {
-    let Some(lab) = lab('f') else { return };
+    let lab = lab('f');
     let (p, _) = xdp_test(&lab, &["--port", "7777", "--echo"]);
     let st = lab.status();
     let mac_b = parse_mac(st.b.as_ref().unwrap().mac.as_ref().unwrap());
@@ -555,8 +545,9 @@ fn echo_many(lab: &ScopedLab, port: u16, n: usize) -> usize {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn wait_policies_block_and_spin_then_block_echo() {
-    let Some(lab) = lab('w') else { return };
+    let lab = lab('w');
     for (i, w) in ["block", "spin-then-block:200"].iter().enumerate() {
         let port = 5100 + i as u16;
         let (p, _) = xdp_test(&lab, &["--port", &port.to_string(), "--echo", "--wait", w]);
@@ -566,8 +557,9 @@ fn wait_policies_block_and_spin_then_block_echo() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn deep_rings_of_64k_frames_and_several_queues() {
-    let Some(lab) = lab_q('q', 2) else { return };
+    let lab = lab_q('q', 2);
     let (p, ready) = xdp_test(&lab, &["--port", "5200", "--echo", "--ring-depth", "65536"]);
     assert_eq!(ready["ring_depth"], 65536, "{ready}");
     assert_eq!(
@@ -594,15 +586,22 @@ fn deep_rings_of_64k_frames_and_several_queues() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn second_process_on_the_interface_gets_one_line_error() {
-    let Some(lab) = lab('d') else { return };
+    let lab = lab('d');
     let (p, _) = xdp_test(&lab, &["--port", "5300", "--echo"]);
     let ifb = lab.iface(Host::B);
     let out = lab
         .command(
             Host::B,
             &[
-                BIN, "xdp-test", "--iface", &ifb, "--port", "5301", "--secs", "1",
+                xdp_test_bin(),
+                "--iface",
+                &ifb,
+                "--port",
+                "5301",
+                "--secs",
+                "1",
             ],
         )
         .stdin(Stdio::null())
@@ -618,8 +617,9 @@ fn second_process_on_the_interface_gets_one_line_error() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn stats_lists_live_engines_and_ignores_dead_ones() {
-    let Some(lab) = lab('t') else { return };
+    let lab = lab('t');
     let (mut p, ready) = xdp_test(&lab, &["--port", "5400", "--echo"]);
     assert_eq!(echo_many(&lab, 5400, 10), 10);
     let page = ready["stats_page"]
@@ -676,8 +676,9 @@ fn stats_lists_live_engines_and_ignores_dead_ones() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn loopback_datagrams_use_the_kernel_path_not_lost() {
-    let Some(lab) = lab('l') else { return };
+    let lab = lab('l');
     let (p, _) = xdp_test(&lab, &["--port", "5500", "--echo"]);
     // From inside host b the engine's address is reached over loopback,
     // where XDP never sees it: the reservation socket carries it.
@@ -692,10 +693,10 @@ fn loopback_datagrams_use_the_kernel_path_not_lost() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn unprivileged_engine_says_why_in_one_line() {
-    if !rustix_is_root() || Command::new("setpriv").arg("--version").output().is_err() {
-        return;
-    }
+    nanowire_testkit::require_root();
+    nanowire_testkit::require(&["setpriv"]);
     let out = Command::new("setpriv")
         .args([
             "--reuid=65534",
@@ -704,7 +705,13 @@ fn unprivileged_engine_says_why_in_one_line() {
             "--inh-caps=-all",
         ])
         .args([
-            BIN, "xdp-test", "--iface", "lo", "--port", "5999", "--secs", "0.1",
+            xdp_test_bin(),
+            "--iface",
+            "lo",
+            "--port",
+            "5999",
+            "--secs",
+            "0.1",
         ])
         .stdin(Stdio::null())
         .output()
@@ -716,8 +723,9 @@ fn unprivileged_engine_says_why_in_one_line() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn stalled_receiver_keeps_ring_depth_and_accounts_for_every_datagram() {
-    let Some(lab) = lab('b') else { return };
+    let lab = lab('b');
     // A receiver that reads nothing until told (stdin), with 1024-frame rings.
     let (p, _) = xdp_test(&lab, &["--port", "5600", "--ring-depth", "1024", "--hold"]);
     const SENT: u64 = 4000;
@@ -769,8 +777,9 @@ fn stalled_receiver_keeps_ring_depth_and_accounts_for_every_datagram() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn batched_transmit_delivers_every_datagram_to_a_kernel_receiver() {
-    let Some(lab) = lab('n') else { return };
+    let lab = lab('n');
     let (tx, rx) = mpsc::channel();
     let nsb = lab.netns(Host::B);
     const N: usize = 3000;
@@ -851,8 +860,9 @@ fn batched_transmit_delivers_every_datagram_to_a_kernel_receiver() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn blocked_socket_gets_datagrams_another_thread_drained_for_it() {
-    let Some(lab) = lab('c') else { return };
+    let lab = lab('c');
     let ifa = lab.iface(Host::A);
     let nsb = lab.netns(Host::B);
     let got = in_ns(&lab.netns(Host::A), move || {
@@ -907,8 +917,9 @@ fn blocked_socket_gets_datagrams_another_thread_drained_for_it() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn xdp_socket_sends_to_a_multicast_group() {
-    let Some(lab) = lab('o') else { return };
+    let lab = lab('o');
     let (tx, rx) = mpsc::channel();
     let nsb = lab.netns(Host::B);
     let group = Ipv4Addr::new(239, 1, 2, 4);
@@ -954,8 +965,9 @@ fn xdp_socket_sends_to_a_multicast_group() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn sending_on_a_downed_interface_is_an_error_not_a_hang() {
-    let Some(lab) = lab('z') else { return };
+    let lab = lab('z');
     let ifa = lab.iface(Host::A);
     let nsa = lab.netns(Host::A);
     let r = in_ns(&nsa.clone(), move || {
@@ -991,8 +1003,9 @@ fn sending_on_a_downed_interface_is_an_error_not_a_hang() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn connected_socket_takes_datagrams_from_its_peer_only() {
-    let Some(lab) = lab('y') else { return };
+    let lab = lab('y');
     let ifa = lab.iface(Host::A);
     let nsb = lab.netns(Host::B);
     let (got, drops) = in_ns(&lab.netns(Host::A), move || {
@@ -1029,8 +1042,9 @@ fn connected_socket_takes_datagrams_from_its_peer_only() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn wildcard_bind_serves_every_address_of_the_interface() {
-    let Some(lab) = lab('2') else { return };
+    let lab = lab('2');
     let st = lab
         .command(
             Host::B,
@@ -1063,15 +1077,16 @@ fn wildcard_bind_serves_every_address_of_the_interface() {
 /// On veth the engine attaches in generic mode by default (measured faster
 /// for copy-mode AF_XDP, see `mode_order`); NANOWIRE_XDP_MODE forces a mode.
 #[test]
+#[ignore = "needs root"]
 fn attach_mode_is_generic_on_veth_unless_forced() {
-    let Some(lab) = lab('a') else { return };
+    let lab = lab('a');
     let ifb = lab.iface(Host::B);
     let (p, ready) = xdp_test(&lab, &["--port", "5001", "--echo"]);
     assert_eq!(ready["xdp_mode"], "generic", "{ready}");
     drop(p);
     let mut c = lab.command(
         Host::B,
-        &[BIN, "xdp-test", "--iface", &ifb, "--port", "5001", "--echo"],
+        &[xdp_test_bin(), "--iface", &ifb, "--port", "5001", "--echo"],
     );
     c.env("NANOWIRE_XDP_MODE", "native");
     let p = Proc::spawn(c);

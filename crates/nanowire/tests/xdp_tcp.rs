@@ -6,7 +6,7 @@
 mod hashed_peer;
 
 use hashed_peer::{Crc32, HASHED_PEER_PY, send_pattern};
-use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
+use nanowire_lab::testbed::{Host, ScopedLab};
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::AsRawFd;
@@ -16,18 +16,8 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
 const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn lab(tag: char) -> Option<ScopedLab> {
-    if !root() {
-        eprintln!("skipping: needs root");
-        return None;
-    }
-    let name = format!("tt{}{tag}", std::process::id() % 10000);
-    Some(ScopedLab::new(LabOptions { name, queues: 1 }).expect("lab up"))
+fn lab(tag: char) -> ScopedLab {
+    nanowire_testkit::lab(&format!("tt{tag}"))
 }
 
 /// Killed and reaped on drop.
@@ -73,8 +63,9 @@ fn wait_listen(l: &ScopedLab, h: Host, port: u16) {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn sockperf_tcp_client_against_the_xdp_tcp_server() {
-    let Some(l) = lab('s') else { return };
+    let l = lab('s');
     let port = "11311";
     let _srv = spawn(
         &l,
@@ -128,8 +119,9 @@ fn sockperf_tcp_client_against_the_xdp_tcp_server() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn xdp_tcp_client_against_sockperf_tcp_server() {
-    let Some(l) = lab('c') else { return };
+    let l = lab('c');
     let _srv = spawn(
         &l,
         Host::B,
@@ -167,8 +159,9 @@ fn xdp_tcp_client_against_sockperf_tcp_server() {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn stream_hashed_both_ways_between_a_kernel_peer_and_the_xdp_tcp() {
-    let Some(l) = lab('h') else { return };
+    let l = lab('h');
     // 1 GiB each way in the full campaign (NANOWIRE_TCP_STREAM_MIB=1024);
     // 128 MiB keeps `make test` short on a shared 2-vCPU machine.
     let mib: u64 = std::env::var("NANOWIRE_TCP_STREAM_MIB")

@@ -7,34 +7,17 @@
 //! without its answer; the server's stack demultiplexes all of them through
 //! its 4-tuple hash map (and the engine's demux through its own).
 
-use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
+use nanowire_lab::testbed::Host;
 use nanowire_stack::xdp::{XdpTcpListener, XdpTcpStream};
 use nanowire_stack::{EngineKind, EngineOptions};
+use nanowire_testkit::in_ns;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 const PORT: u16 = 11420;
 /// Concurrent connections (NANOWIRE_TCP_CONNS overrides).
 const CONNS: usize = 1000;
-
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn in_ns<T: Send + 'static>(ns: String, f: impl FnOnce() -> T + Send + 'static) -> T {
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
-        // SAFETY: setns on a valid netns fd affects only this thread.
-        let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .expect("namespace thread")
-}
 
 fn crc32(data: &[u8]) -> u32 {
     let mut c = !0u32;
@@ -89,25 +72,18 @@ struct ServerConn {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn a_thousand_concurrent_connections_between_two_xdp_tcp_peers() {
-    if !root() {
-        eprintln!("skipping: needs root");
-        return;
-    }
     let conns: usize = std::env::var("NANOWIRE_TCP_CONNS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(CONNS);
     raise_nofile();
-    let l = ScopedLab::new(LabOptions {
-        name: format!("ts{}k", std::process::id() % 10000),
-        queues: 1,
-    })
-    .expect("lab up");
+    let l = nanowire_testkit::lab("tsk");
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let nsb = l.netns(Host::B);
     let server = std::thread::spawn(move || {
-        in_ns(nsb, move || {
+        in_ns(&nsb, move || {
             let lst = XdpTcpListener::bind(SocketAddrV4::new(B, PORT), 1024, &opts())
                 .expect("xdp listener");
             ready_tx.send(()).unwrap();
@@ -161,7 +137,7 @@ fn a_thousand_concurrent_connections_between_two_xdp_tcp_peers() {
         .recv_timeout(Duration::from_secs(20))
         .expect("server listening");
     let nsa = l.netns(Host::A);
-    let client = in_ns(nsa, move || {
+    let client = in_ns(&nsa, move || {
         let dst = SocketAddrV4::new(B, PORT);
         // Open every connection first: all of them are live at once.
         let mut ss: Vec<XdpTcpStream> = (0..conns)

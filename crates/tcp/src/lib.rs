@@ -21,7 +21,6 @@ pub mod cc;
 mod conn;
 pub mod fault;
 mod handover;
-pub mod host;
 mod input;
 pub mod isn;
 mod output;

@@ -3,10 +3,11 @@
 //! the peer in namespace `b` is a plain kernel socket (Python). The address
 //! our stack uses is not configured in `a`'s kernel, so the kernel there
 //! neither answers nor resets (not forwarding: it drops silently); `b` has a
-//! permanent neighbour entry for it. Needs root; skipped (with a message)
-//! otherwise.
+//! permanent neighbour entry for it. Needs root: every test here is
+//! `#[ignore = "needs root"]` (`make test` runs them).
 
-use nanowire_tcp::host::Link;
+mod host;
+use host::Link;
 use nanowire_tcp::{Config, ConnId, Error, Secret, State, TcpStack};
 use nanowire_wire::ethernet::EthernetFrame;
 use nanowire_wire::ipv4::{Ipv4Packet, Ipv4Repr, PROTO_TCP};
@@ -17,11 +18,6 @@ use std::time::{Duration, Instant};
 
 const OURS: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 1);
 const PEER: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 2);
-
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn sh(args: &[&str]) {
     let o = Command::new(args[0])
@@ -239,7 +235,7 @@ impl Raw {
     }
 }
 
-/// The wire side for `nanowire_tcp::host::Host`: frames over the raw socket.
+/// The wire side for `host::Host`: frames over the raw socket.
 struct RawLink {
     raw: Raw,
     rx: Vec<u8>,
@@ -292,7 +288,7 @@ impl Link for RawLink {
     }
 }
 
-type Host = nanowire_tcp::host::Host<RawLink>;
+type Host = host::Host<RawLink>;
 
 fn new_host(raw: Raw, cfg: Config) -> Host {
     Host::new(
@@ -385,11 +381,13 @@ fn wait_line(child: &mut Child) -> String {
 }
 
 #[test]
+#[ignore = "needs root"]
 fn our_client_to_kernel_server_32_mib_hashed() {
     client_to_kernel("c", 32 << 20, None);
 }
 
 #[test]
+#[ignore = "needs root"]
 fn our_client_with_injected_faults_to_kernel_server_8_mib_hashed() {
     // Our stack drops, duplicates, reorders and corrupts on both its paths:
     // the kernel sees a lossy, reordering peer and both recover.
@@ -415,10 +413,7 @@ fn client_to_kernel(
         nanowire_tcp::fault::FaultConfig,
     )>,
 ) {
-    if !root() {
-        eprintln!("SKIP: needs root (namespaces, AF_PACKET)");
-        return;
-    }
+    nanowire_testkit::require_root();
     let lab = Lab::new(tag);
     let mut py = lab.python(SERVER_PY, &[&PEER.to_string(), "5001"]);
     assert_eq!(wait_line(&mut py).trim(), "listening");
@@ -514,11 +509,9 @@ fn client_to_kernel(
 }
 
 #[test]
+#[ignore = "needs root"]
 fn kernel_client_to_our_server_echo_16_mib_hashed() {
-    if !root() {
-        eprintln!("SKIP: needs root (namespaces, AF_PACKET)");
-        return;
-    }
+    nanowire_testkit::require_root();
     let lab = Lab::new("s");
     let lab_ref = &lab;
     let (tx, rx) = std::sync::mpsc::channel::<()>();
@@ -639,11 +632,9 @@ print("reply", c.recv(16).decode(), flush=True)
 "#;
 
 #[test]
+#[ignore = "needs root"]
 fn syn_flood_of_100k_from_a_raw_socket_then_a_kernel_client_connects() {
-    if !root() {
-        eprintln!("SKIP: needs root (namespaces, AF_PACKET)");
-        return;
-    }
+    nanowire_testkit::require_root();
     let lab = Lab::new("f");
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
@@ -886,11 +877,9 @@ fn diff_server(
 }
 
 #[test]
+#[ignore = "needs root"]
 fn close_semantics_match_the_kernel_differentially() {
-    if !root() {
-        eprintln!("SKIP: needs root (namespaces, AF_PACKET)");
-        return;
-    }
+    nanowire_testkit::require_root();
     let lab = Lab::new("d");
     // The kernel twin of our server: same scenarios, kernel sockets, in host a.
     const KADDR: &str = "198.18.7.3";
@@ -976,11 +965,9 @@ c.close()
 "#;
 
 #[test]
+#[ignore = "needs root"]
 fn host_api_ping_pong_against_a_kernel_echo_server() {
-    if !root() {
-        eprintln!("SKIP: needs root (namespaces, AF_PACKET)");
-        return;
-    }
+    nanowire_testkit::require_root();
     let lab = Lab::new("h");
     let mut py = lab.python(ECHO_PY, &[&PEER.to_string(), "5004"]);
     assert_eq!(wait_line(&mut py).trim(), "listening");

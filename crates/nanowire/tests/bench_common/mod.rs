@@ -2,7 +2,7 @@
 //! processes killed on drop, bounded waits.
 #![allow(dead_code)]
 
-use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
+use nanowire_lab::testbed::{Host, ScopedLab};
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
@@ -13,12 +13,7 @@ pub const B_ADDR: &str = "198.18.0.2";
 
 /// A lab with a unique name: `tb<tag><pid>`.
 pub fn lab(tag: &str) -> ScopedLab {
-    let name = format!("tb{tag}{}", std::process::id() % 10000);
-    ScopedLab::new(LabOptions {
-        name,
-        ..LabOptions::default()
-    })
-    .expect("lab up")
+    nanowire_testkit::lab(&format!("tb{tag}"))
 }
 
 /// A child process killed (and reaped) when dropped.

@@ -2,7 +2,7 @@
 //! children that are killed on drop, bounded waits, one lab per test.
 #![allow(dead_code)]
 
-use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
+use nanowire_lab::testbed::{Host, ScopedLab};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -162,12 +162,7 @@ impl Drop for Kid {
 
 /// A lab named `ts<tag><pid>` (unique per test and process), removed on drop.
 pub fn lab(tag: &str) -> ScopedLab {
-    let name = format!("ts{tag}{}", std::process::id() % 10000);
-    ScopedLab::new(LabOptions {
-        name,
-        ..LabOptions::default()
-    })
-    .expect("bring the lab up")
+    nanowire_testkit::lab(&format!("ts{tag}"))
 }
 
 /// `nanowire run ARGS -- CMD...` inside lab host `h`.
@@ -193,9 +188,5 @@ pub fn sockperf_field(out: &str, key: &str) -> Option<u64> {
     num.parse().ok()
 }
 
-pub fn have(cmd: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {cmd} >/dev/null")])
-        .status()
-        .is_ok_and(|s| s.success())
-}
+#[allow(unused_imports)]
+pub use nanowire_testkit::{have, require};

@@ -742,12 +742,142 @@ mod tests {
         assert!(!path.exists());
     }
 
+    /// `TcpHandoverDrops` -> `tcp_handover_drops`.
+    fn snake(camel: &str) -> String {
+        let mut s = String::new();
+        for (i, c) in camel.chars().enumerate() {
+            if c.is_ascii_uppercase() {
+                if i > 0 {
+                    s.push('_');
+                }
+                s.push(c.to_ascii_lowercase());
+            } else {
+                s.push(c);
+            }
+        }
+        s
+    }
+
+    /// Every variant (listed here in any order) names the slot it indexes,
+    /// and the variants cover the name list exactly once.
+    fn check_names<T: std::fmt::Debug + Copy>(
+        variants: &[T],
+        index: impl Fn(T) -> usize,
+        names: &[&str],
+    ) {
+        let mut seen = vec![false; names.len()];
+        for &v in variants {
+            let i = index(v);
+            assert!(i < names.len(), "{v:?} indexes slot {i} past the name list");
+            assert_eq!(
+                names[i],
+                snake(&format!("{v:?}")),
+                "{v:?} indexes slot {i}, named {:?}",
+                names[i]
+            );
+            assert!(!seen[i], "two variants index slot {i}");
+            seen[i] = true;
+        }
+        let unnamed: Vec<&str> = names
+            .iter()
+            .zip(&seen)
+            .filter(|(_, s)| !**s)
+            .map(|(n, _)| *n)
+            .collect();
+        assert!(unnamed.is_empty(), "names without a variant: {unnamed:?}");
+    }
+
     #[test]
     fn counter_names_match_enums() {
-        assert_eq!(ENGINE_COUNTERS.len(), E::TcpNoMultiBuffer as usize + 1);
+        let engine = [
+            E::RxFrames,
+            E::RxPackets,
+            E::RxBytes,
+            E::TxPackets,
+            E::TxBytes,
+            E::DropNoSocket,
+            E::DropTruncated,
+            E::DropBadVersion,
+            E::DropBadIhl,
+            E::DropIpOptions,
+            E::DropBadTotalLength,
+            E::DropFragment,
+            E::DropBadIpChecksum,
+            E::DropBadUdpLength,
+            E::DropBadUdpChecksum,
+            E::DropNotUdp,
+            E::DropSocketQueueFull,
+            E::DropTxRingFull,
+            E::DropBadDesc,
+            E::RxCsumPartial,
+            E::XskRxDropped,
+            E::XskRxRingFull,
+            E::XskRxFillRingEmpty,
+            E::XskRxInvalidDescs,
+            E::XskTxInvalidDescs,
+            E::XskTxRingEmpty,
+            E::XdpNoSocketOnQueue,
+            E::PeakRxRing,
+            E::PeakSocketQueue,
+            E::Sockets,
+            E::DropMartian,
+            E::DropNeighUnresolved,
+            E::NeighResolutions,
+            E::RxMultiBuffer,
+            E::MemUmemBytes,
+            E::MemRingBytes,
+            E::MemTotalBytes,
+            E::DropFaultRx,
+            E::FaultRxDuplicated,
+            E::FaultRxReordered,
+            E::FaultRxCorrupted,
+            E::FaultTxLost,
+            E::FaultTxDuplicated,
+            E::FaultTxCorrupted,
+            E::TcpSegsIn,
+            E::TcpSegsOut,
+            E::TcpRetransmits,
+            E::TcpFastRetransmits,
+            E::TcpRtoExpirations,
+            E::TcpRstSent,
+            E::TcpRstReceived,
+            E::TcpActiveOpens,
+            E::TcpPassiveOpens,
+            E::TcpConnectionsReset,
+            E::TcpDropMalformed,
+            E::TcpDropBadChecksum,
+            E::TcpDropOutOfWindow,
+            E::TcpDropNoSocket,
+            E::TcpListenOverflows,
+            E::TcpSyncookiesSent,
+            E::TcpSyncookiesOk,
+            E::TcpTailLossProbes,
+            E::TcpHandovers,
+            E::TcpHandoverDrops,
+            E::RxFragMerged,
+            E::DropFragTimeout,
+            E::DropFragOverlap,
+            E::DropFragTooMany,
+            E::DropRxChain,
+            E::TcpNoMultiBuffer,
+        ];
+        check_names(&engine, |v| v as usize, ENGINE_COUNTERS);
+        let sock = [
+            S::RxPackets,
+            S::RxBytes,
+            S::TxPackets,
+            S::TxBytes,
+            S::DropQueueFull,
+            S::DropTxRingFull,
+            S::QueueDepth,
+            S::PeakQueueDepth,
+            S::RxKernelPath,
+            S::TxKernelPath,
+            S::DropNeigh,
+        ];
+        check_names(&sock, |v| v as usize, SOCK_COUNTERS);
         assert!(ENGINE_COUNTERS.len() <= ENGINE_SLOTS);
-        assert_eq!(SOCK_COUNTERS.len(), S::DropNeigh as usize + 1);
-        assert!(ENGINE_COUNTERS.len() <= ENGINE_SLOTS);
+        // Slot 0 of a socket's block is its packed local address.
         assert!(SOCK_COUNTERS.len() < SOCK_SLOTS);
     }
 }

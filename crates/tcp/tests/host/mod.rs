@@ -1,13 +1,12 @@
-//! A driver around the sans-IO stack for whoever owns the I/O: a [`Link`]
-//! moves segments between a [`TcpStack`] and the wire (the xdp engine's
-//! rings, an AF_PACKET socket in tests), and [`Host`] runs the loop with a
-//! real monotonic clock and offers blocking-style helpers (connect, accept,
-//! write all, read with a deadline) that spin or wait on the link.
-//!
-//! The stack itself stays free of clocks and I/O; only this module reads
-//! `std::time::Instant`.
+//! Test support (not part of the library): a driver around the sans-IO
+//! stack for the kernel-interop tests. A [`Link`] moves segments between a
+//! [`TcpStack`] and the wire (an AF_PACKET socket), and [`Host`] runs the
+//! loop with a real monotonic clock and offers blocking-style helpers
+//! (connect, accept, write all, read with a deadline) that spin or wait on
+//! the link. The stack itself stays free of clocks and I/O.
+#![allow(dead_code)]
 
-use crate::{ConnId, Error, ListenerId, State, TcpStack};
+use nanowire_tcp::{ConnId, Error, ListenerId, State, TcpStack};
 use std::net::SocketAddrV4;
 use std::time::{Duration, Instant};
 

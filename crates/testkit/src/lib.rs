@@ -1,0 +1,159 @@
+//! What nanowire's integration tests share, kept out of the shipped
+//! libraries (a dev-dependency only):
+//!
+//! - one root check ([`is_root`], [`require_root`]): a test that needs root
+//!   is `#[ignore = "needs root"]` (`make test` runs it with
+//!   `--include-ignored`) and fails with one clear line when run
+//!   unprivileged — never an early return that reports a pass;
+//! - one lab guard ([`lab`], [`lab_with`], [`lab_impaired`]): a uniquely
+//!   named [`ScopedLab`] (the default lab, TSO/GSO on) removed on drop;
+//! - [`require`]: a program a test drives (sockperf, iperf3, nginx...) must be
+//!   installed (`scripts/install-deps.sh` installs them); a missing one fails
+//!   the test with its name rather than skipping it silently;
+//! - [`in_ns`]: run a closure in a lab namespace;
+//! - [`xdp_test_bin`]: the `nanowire-xdp-test` program (the engine's
+//!   echo/count/ping-pong test mode), built on first use.
+
+use nanowire_lab::testbed::{LabOptions, ScopedLab};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// True when this process runs as root (namespaces, XDP, AF_XDP).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Fail the test with one clear line unless it runs as root. Tests that call
+/// this are `#[ignore = "needs root"]`; `make test` runs them as root.
+#[track_caller]
+pub fn require_root() {
+    assert!(
+        is_root(),
+        "this test needs root (network namespaces, XDP, AF_XDP): run it as root, e.g. `make test` \
+         or `cargo test --release -- --include-ignored`"
+    );
+}
+
+/// True when `program` is on PATH.
+pub fn have(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program} >/dev/null")])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Fail the test with one clear line unless every program is on PATH.
+#[track_caller]
+pub fn require(programs: &[&str]) {
+    let missing: Vec<&str> = programs.iter().copied().filter(|p| !have(p)).collect();
+    assert!(
+        missing.is_empty(),
+        "this test needs {} (not on PATH): `scripts/install-deps.sh` (or `make deps`) installs it",
+        missing.join(", ")
+    );
+}
+
+/// The name of a lab for `tag` in this process: `<tag><pid mod 10000>`.
+/// `tag` names the test file and the test (distinct tags in one test binary
+/// never collide; the pid separates concurrent test binaries).
+pub fn lab_name(tag: &str) -> String {
+    let name = format!("{tag}{}", std::process::id() % 10000);
+    assert!(
+        name.len() <= 12,
+        "lab tag {tag:?} too long: lab names are at most 12 characters"
+    );
+    name
+}
+
+/// The default lab (as `nanowire lab up` makes it: TSO/GSO on, one queue),
+/// uniquely named after `tag`, taken down on drop. Needs root.
+#[track_caller]
+pub fn lab(tag: &str) -> ScopedLab {
+    lab_with(tag, LabOptions::default())
+}
+
+/// A lab with `opts` (its name replaced by one made from `tag`), taken down
+/// on drop. Needs root.
+#[track_caller]
+pub fn lab_with(tag: &str, opts: LabOptions) -> ScopedLab {
+    require_root();
+    let name = lab_name(tag);
+    ScopedLab::new(LabOptions { name, ..opts })
+        .unwrap_or_else(|e| panic!("bringing up lab {}: {e}", lab_name(tag)))
+}
+
+/// Like [`lab_with`], with the impaired wire between the hosts (clear at
+/// first). Needs root.
+#[track_caller]
+pub fn lab_impaired(tag: &str, opts: LabOptions) -> ScopedLab {
+    require_root();
+    let name = lab_name(tag);
+    ScopedLab::new_impaired(LabOptions { name, ..opts })
+        .unwrap_or_else(|e| panic!("bringing up impaired lab {}: {e}", lab_name(tag)))
+}
+
+/// Run `f` on a thread that has joined network namespace `ns` (a name under
+/// /run/netns) and return its result.
+pub fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let fd = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+        // SAFETY: setns on a valid netns fd affects only this thread.
+        let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .expect("namespace thread")
+}
+
+/// The target directory of the running test binary (`target/release` for
+/// `target/release/deps/NAME-HASH`).
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("path of the test binary");
+    let deps = exe.parent().expect("test binary directory");
+    let dir = if deps.file_name().is_some_and(|n| n == "deps") {
+        deps.parent().expect("target directory")
+    } else {
+        deps
+    };
+    dir.to_path_buf()
+}
+
+/// Build `package`'s binary `bin` (or library when `bin` is None) with the
+/// same profile as the running test, once per test binary; fast when up to
+/// date. Returns the target directory.
+fn cargo_build(package: &str, bin: Option<&str>) -> PathBuf {
+    let dir = target_dir();
+    let release = dir.file_name().is_some_and(|n| n == "release");
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+    let mut c = Command::new(env!("CARGO"));
+    c.args(["build", "-q", "-p", package, "--manifest-path"])
+        .arg(&manifest);
+    if let Some(b) = bin {
+        c.args(["--bin", b]);
+    }
+    if release {
+        c.arg("--release");
+    }
+    let st = c
+        .status()
+        .unwrap_or_else(|e| panic!("run cargo build -p {package}: {e}"));
+    assert!(st.success(), "building {package} failed");
+    dir
+}
+
+/// `nanowire-xdp-test`: the engine's test mode (echo, count, multicast,
+/// ping-pong client, counters as JSON), built on first use.
+pub fn xdp_test_bin() -> &'static str {
+    static BIN: OnceLock<String> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = cargo_build("nanowire-testkit", Some("nanowire-xdp-test"));
+        let bin = dir.join("nanowire-xdp-test");
+        assert!(bin.is_file(), "{} missing after the build", bin.display());
+        bin.to_string_lossy().into_owned()
+    })
+}
