@@ -368,3 +368,62 @@ fn without_multi_buffer_tcp_stays_on_the_kernel_and_says_so() {
     // (`tcp_no_multi_buffer` counts it on the stats page of an engine that
     // lives on for other sockets; this one had none, so it closed.)
 }
+
+/// UDP receiver: `ADDR PORT N`, prints `got <count> <distinct sizes>`.
+/// UDP GSO sender: `ADDR PORT SENDS`, each send 10 datagrams of 1000 bytes
+/// in one UDP_SEGMENT super-frame.
+const UDP_GSO_PY: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+if sys.argv[1] == "server":
+    s.bind((sys.argv[2], int(sys.argv[3])))
+    print("listening", flush=True)
+    sizes = []
+    s.settimeout(20)
+    while len(sizes) < int(sys.argv[4]):
+        sizes.append(len(s.recv(65536)))
+    print("got", len(sizes), sorted(set(sizes)), flush=True)
+else:
+    s.setsockopt(socket.SOL_UDP, 103, 1000)  # UDP_SEGMENT
+    for i in range(int(sys.argv[4])):
+        s.sendto(bytes([i % 256]) * 10000, (sys.argv[2], int(sys.argv[3])))
+    print("sent", flush=True)
+"#;
+
+#[test]
+#[ignore = "needs root"]
+fn udp_gso_super_frames_reach_an_accelerated_receiver_as_datagrams() {
+    // A kernel sender's UDP_SEGMENT super-frame is many datagrams in one
+    // skb; their sizes are known only to the skb, so the steering program
+    // passes it to the kernel (longer than the MTU), which splits it for
+    // the socket's kernel twin. The receiver sees the datagrams as plainly.
+    let l = lab("sfu");
+    let addr = ADDR_B.to_string();
+    for (i, mode) in MODES.iter().enumerate() {
+        let port = (14500 + i).to_string();
+        let mut srv = spawn(
+            &format!("udp-gso-srv-{mode}"),
+            under_run(
+                &l,
+                Host::B,
+                mode,
+                &["python3", "-c", UDP_GSO_PY, "server", &addr, &port, "50"],
+            ),
+        );
+        srv.wait_for("listening", Duration::from_secs(30));
+        plain_in(
+            &l,
+            Host::A,
+            &["python3", "-c", UDP_GSO_PY, "client", &addr, &port, "5"],
+        )
+        .status()
+        .expect("python3");
+        srv.wait_for("got ", Duration::from_secs(30));
+        let s = srv.both();
+        assert!(
+            s.contains(&format!("udp {addr}:{port}: xdp")),
+            "{mode}: not on the engine:\n{s}"
+        );
+        assert_eq!(field(&s, "got"), "50 [1000]", "{mode}: {s}");
+    }
+}
