@@ -55,25 +55,35 @@ extern "C" fn before_fork() {
     if crate::sys::in_engine() {
         return;
     }
+    prepare_child(
+        &|_| true,
+        "fork(): the child shares this socket, so both use the kernel socket",
+    );
+}
+
+/// A child process is about to share some of this process's fds (fork,
+/// vfork, posix_spawn, exec: `inherits` says which): every accelerated
+/// socket among them is taken off the engine (`why` says by what) and
+/// every candidate among them stays a kernel socket.
+pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) {
     let mut socks = Vec::new();
     SOCKS.each(|fd, a| {
-        if a.mine() && !a.detached.load(Ordering::Acquire) {
+        if a.mine() && !a.detached.load(Ordering::Acquire) && inherits(fd) {
             socks.push(fd);
         }
     });
     let e = errno();
     for fd in socks {
-        detach(
-            fd,
-            "fork(): the child shares this socket, so both use the kernel socket",
-        );
+        detach(fd, why);
     }
     table::each_with(table::F_CAND, |fd| {
-        table::clear_flags(fd, table::F_CAND);
-        log!(
-            Level::Info,
-            "fd {fd} udp: stays a kernel socket: fork() shares it with the child"
-        );
+        if inherits(fd) {
+            table::clear_flags(fd, table::F_CAND);
+            log!(
+                Level::Info,
+                "fd {fd} udp: stays a kernel socket: a child process shares it"
+            );
+        }
     });
     set_errno(e);
 }
@@ -1097,6 +1107,29 @@ pub fn release(a: &Accel) {
             drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(ep) });
         }
     }
+}
+
+/// `fd` was closed behind the shim's back and its number may already name
+/// something else: forget it without touching the number. If it was the
+/// number the engine adopted and duplicates remain, the socket is taken off
+/// the engine through one of them (the engine must never use the number).
+pub fn release_stale(fd: c_int) {
+    let Some(a) = take_fd(fd) else { return };
+    if a.mine() && a.adopted == fd && !a.detached.load(Ordering::Acquire) {
+        let mut dup = None;
+        SOCKS.each(|f, r| {
+            if dup.is_none() && std::ptr::eq(r, a) {
+                dup = Some(f);
+            }
+        });
+        if let Some(d) = dup {
+            detach(
+                d,
+                "the fd the engine uses was closed behind the shim's back while duplicates of it remain",
+            );
+        }
+    }
+    release(a);
 }
 
 /// `fd` is about to be closed (close, or dup2/dup3 over it). If it is the

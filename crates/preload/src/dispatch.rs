@@ -46,7 +46,7 @@ pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
             (libc::AF_INET | libc::AF_INET6, libc::SOCK_STREAM) => C_TCP,
             _ => C_OTHER,
         };
-        table::retire(fd);
+        crate::fdlife::created(fd);
         let cand = class == C_UDP && domain == libc::AF_INET && spin::xdp_candidates();
         let tcand = class == C_TCP && domain == libc::AF_INET && spin::xdp_candidates();
         let flags = if cand {
@@ -78,9 +78,7 @@ pub unsafe fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_i
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::accept(fd, addr, len) };
-    if r >= 0 {
-        table::retire(r);
-    }
+    crate::fdlife::created(r);
     r
 }
 
@@ -95,9 +93,7 @@ pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::accept4(fd, addr, len, flags) };
-    if r >= 0 {
-        table::retire(r);
-    }
+    crate::fdlife::created(r);
     r
 }
 
@@ -193,14 +189,7 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
 pub unsafe fn close(fd: c_int) -> c_int {
     // Bump the generation first, so a thread spinning on `fd` stops before
     // the number can be reused.
-    ready::fd_closed(fd);
-    table::retire(fd);
-    table::wait_spinners(fd);
-    accel::closing(fd);
-    if let Some(a) = accel::take_fd(fd) {
-        accel::release(a);
-    }
-    tcpx::release(fd);
+    crate::fdlife::pre_close(fd);
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::close(fd) }
@@ -213,7 +202,7 @@ pub unsafe fn dup(fd: c_int) -> c_int {
     // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::dup(fd) };
     if r >= 0 {
-        table::retire(r);
+        crate::fdlife::created(r);
         share_accel(fd, r);
     }
     r
@@ -225,14 +214,7 @@ pub unsafe fn dup2(old: c_int, new: c_int) -> c_int {
     if old != new {
         // `new` is closed by the call: exactly what `close` does first
         // (bump the generation, wait until its spinners have left).
-        ready::fd_closed(new);
-        table::retire(new);
-        table::wait_spinners(new);
-        accel::closing(new);
-        if let Some(a) = accel::take_fd(new) {
-            accel::release(a);
-        }
-        tcpx::release(new);
+        crate::fdlife::pre_close(new);
     }
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
@@ -249,14 +231,7 @@ pub unsafe fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     if old != new {
         // `new` is closed by the call: exactly what `close` does first
         // (bump the generation, wait until its spinners have left).
-        ready::fd_closed(new);
-        table::retire(new);
-        table::wait_spinners(new);
-        accel::closing(new);
-        if let Some(a) = accel::take_fd(new) {
-            accel::release(a);
-        }
-        tcpx::release(new);
+        crate::fdlife::pre_close(new);
     }
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
@@ -269,7 +244,7 @@ pub unsafe fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 
 fn fcntl_common(fd: c_int, cmd: c_int, r: c_int) -> c_int {
     if r >= 0 && fd != r && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
-        table::retire(r);
+        crate::fdlife::created(r);
         share_accel(fd, r);
     }
     r
@@ -346,6 +321,7 @@ pub fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
 /// # Safety
 /// As libc's `recv`.
 pub unsafe fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
+    crate::fdlife::io_check(fd);
     if let Some(t) = tcpx::lookup(fd) {
         return streamio::recv(t, fd, buf, len, flags);
     }
@@ -397,6 +373,7 @@ pub unsafe fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
+    crate::fdlife::io_check(fd);
     if let Some(t) = tcpx::lookup(fd) {
         if !addr.is_null()
             && let Some(l) = crate::uaccess::obj_mut(alen)
@@ -440,6 +417,7 @@ pub unsafe fn recvfrom(
 /// # Safety
 /// As libc's `recvmsg`.
 pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    crate::fdlife::io_check(fd);
     if let Some(t) = tcpx::lookup(fd) {
         return streamio::recvmsg(t, fd, msg, flags);
     }
@@ -483,6 +461,7 @@ pub unsafe fn recvmmsg(
     flags: c_int,
     tmo: *mut timespec,
 ) -> c_int {
+    crate::fdlife::io_check(fd);
     if let Some(t) = tcpx::lookup(fd)
         && flags & libc::MSG_ERRQUEUE == 0
     {
@@ -536,6 +515,7 @@ pub unsafe fn recvmmsg(
 /// # Safety
 /// As libc's `read`.
 pub unsafe fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
+    crate::fdlife::io_check(fd);
     if let Some(t) = tcpx::lookup(fd) {
         return streamio::recv(t, fd, buf, len, 0);
     }
@@ -565,6 +545,7 @@ pub unsafe fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
 /// # Safety
 /// As libc's `readv`.
 pub unsafe fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    crate::fdlife::io_check(fd);
     if let Some(t) = tcpx::lookup(fd) {
         return streamio::rwv(t, fd, iov, cnt, false);
     }
@@ -974,7 +955,7 @@ pub unsafe fn epoll_create(size: c_int) -> c_int {
     // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::epoll_create(size) };
     if r >= 0 {
-        table::retire(r);
+        crate::fdlife::created(r);
         table::set(r, C_EPOLL, 0);
     }
     r
@@ -987,7 +968,7 @@ pub unsafe fn epoll_create1(flags: c_int) -> c_int {
     // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::epoll_create1(flags) };
     if r >= 0 {
-        table::retire(r);
+        crate::fdlife::created(r);
         table::set(r, C_EPOLL, 0);
     }
     r
@@ -1467,6 +1448,7 @@ pub unsafe fn sendto(
     addr: *const sockaddr,
     alen: socklen_t,
 ) -> ssize_t {
+    crate::fdlife::io_check(fd);
     if let Some(t) = tcpx::lookup(fd) {
         return streamio::send(t, fd, buf, len, flags);
     }
@@ -1481,6 +1463,7 @@ pub unsafe fn sendto(
 /// # Safety
 /// As libc's `send`.
 pub unsafe fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
+    crate::fdlife::io_check(fd);
     if let Some(t) = tcpx::lookup(fd) {
         return streamio::send(t, fd, buf, len, flags);
     }
@@ -1497,6 +1480,7 @@ pub unsafe fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> 
 /// # Safety
 /// As libc's `sendmsg`.
 pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    crate::fdlife::io_check(fd);
     if let Some(t) = tcpx::lookup(fd) {
         return streamio::sendmsg(t, fd, msg, flags);
     }
@@ -1511,6 +1495,7 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
 /// # Safety
 /// As libc's `sendmmsg`.
 pub unsafe fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> c_int {
+    crate::fdlife::io_check(fd);
     if let Some(t) = tcpx::lookup(fd) {
         return streamio::sendmmsg(t, fd, msgs, vlen, flags);
     }
@@ -1525,6 +1510,7 @@ pub unsafe fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int
 /// # Safety
 /// As libc's `write`.
 pub unsafe fn write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t {
+    crate::fdlife::io_check(fd);
     if let Some(t) = tcpx::lookup(fd) {
         return streamio::send(t, fd, buf, len, 0);
     }
@@ -1541,6 +1527,7 @@ pub unsafe fn write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t {
 /// # Safety
 /// As libc's `writev`.
 pub unsafe fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    crate::fdlife::io_check(fd);
     if let Some(t) = tcpx::lookup(fd) {
         return streamio::rwv(t, fd, iov, cnt, true);
     }
@@ -1564,6 +1551,7 @@ pub unsafe fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
 /// # Safety
 /// As libc's `sendfile`.
 pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut off_t, count: size_t) -> ssize_t {
+    crate::fdlife::io_check(out);
     if let Some(t) = tcpx::lookup(out) {
         // SAFETY: the caller's offset, null or valid (# Safety).
         return tcpx::sendfile(t, out, inp, unsafe { off.as_mut() }, count);
@@ -1586,6 +1574,7 @@ pub unsafe fn splice(
     flags: c_uint,
 ) -> ssize_t {
     for fd in [fd_in, fd_out] {
+        crate::fdlife::io_check(fd);
         if tcpx::lookup(fd).is_some() {
             crate::handover::to_kernel(fd, "splice() is served by the kernel");
         }
@@ -1598,6 +1587,7 @@ pub unsafe fn splice(
 /// # Safety
 /// As libc's `sendfile64`.
 pub unsafe fn sendfile64(out: c_int, inp: c_int, off: *mut off64_t, count: size_t) -> ssize_t {
+    crate::fdlife::io_check(out);
     if let Some(t) = tcpx::lookup(out) {
         // SAFETY: the caller's offset, null or valid (# Safety).
         return tcpx::sendfile(t, out, inp, unsafe { off.as_mut() }, count);

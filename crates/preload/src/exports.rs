@@ -91,6 +91,8 @@ macro_rules! tail_jump {
     };
 }
 
+pub(crate) use tail_jump;
+
 tail_jump!(fcntl => fcntl_entry);
 tail_jump!(fcntl64 => fcntl64_entry);
 tail_jump!(ioctl => ioctl_entry);

@@ -43,7 +43,13 @@
 //! * `exports`: the C entry points, generated from the one table in `abi`
 //!   (which also generates `real`): engine code → libc, else → dispatch;
 //!   plus the naked trampolines of the variadic `fcntl`/`fcntl64`/`ioctl`.
+//! * `exports_fd`: the C entry points of the calls that close, create or
+//!   hand on fds behind the socket API (close_range, fclose, open, syscall,
+//!   vfork, posix_spawn, exec, ...; issue 20).
 //! * `dispatch` (+ `ahooks`, its accelerated branch): what each call does.
+//! * `spawn`: children never hold engine sockets (vfork, posix_spawn, exec).
+//! * `fdlife`: an fd is what the kernel says it is (close paths, creations,
+//!   socket identity).
 //! * `ready`: poll/select/epoll over sets with accelerated sockets.
 //! * `share`: ports other sockets on the host share go to the kernel.
 //! * `tstamp`: SO_TIMESTAMP/SO_TIMESTAMPNS/SO_TIMESTAMPING on accelerated
@@ -61,6 +67,8 @@ mod adapt;
 mod ahooks;
 mod dispatch;
 mod exports;
+mod exports_fd;
+mod fdlife;
 mod handover;
 mod log;
 mod opts;
@@ -68,6 +76,7 @@ mod ready;
 mod real;
 mod share;
 mod signals;
+mod spawn;
 mod spin;
 mod streamio;
 mod sys;
@@ -80,6 +89,7 @@ mod uaccess;
 extern "C" fn nanowire_preload_init() {
     accel::init();
     tcpx::init();
+    fdlife::init();
     share::init();
     spin::init();
 }

@@ -25,6 +25,14 @@ pub fn engine_call<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// Set or clear the flag by hand (vfork: the child, which shares this
+/// thread's memory, must never run the shim; see `spawn`). Returns the
+/// previous value.
+#[inline]
+pub fn set_in_engine(v: bool) -> bool {
+    IN_ENGINE.with(|c| c.replace(v))
+}
+
 #[inline(always)]
 pub fn errno() -> c_int {
     // SAFETY: __errno_location returns this thread's errno, valid for the

@@ -6,10 +6,14 @@
 //! an fd notices that another thread closed it.
 //!
 //! The table may be stale for fds closed or created behind the shim's back
-//! (libc-internal calls): every use is written so that staleness costs
-//! speed, never semantics (a spin attempt on a stale "socket" fails with
-//! ENOTSOCK and the entry is corrected; the blocking mode is re-read from
-//! the kernel before each spin).
+//! (libc-internal calls, raw system calls): every use is written so that
+//! staleness costs speed, never semantics (a spin attempt on a stale
+//! "socket" fails with ENOTSOCK and the entry is corrected; the blocking
+//! mode is re-read from the kernel before each spin). An fd that names an
+//! engine socket also has the kernel's identity of that socket recorded
+//! (its SO_COOKIE, never reused while the system runs; see [`identity_ok`]),
+//! so a number closed behind the shim's back and reused for a file is
+//! recognised before any I/O on it reaches the engine (`fdlife`).
 
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
@@ -273,8 +277,11 @@ impl<T: Sync + 'static> PtrTable<T> {
         unsafe { p.as_ref() }
     }
 
+    /// Map `fd` to `v`, and record the kernel's identity of the socket
+    /// the number names now (see [`identity_ok`]).
     pub fn set(&self, fd: i32, v: &'static T) {
         if let Some(s) = self.slot(fd, true) {
+            set_identity(fd, cookie_of(fd));
             s.store((v as *const T).cast_mut(), Ordering::Release);
         }
     }
@@ -300,6 +307,9 @@ impl<T: Sync + 'static> PtrTable<T> {
         let p = self
             .slot(fd, false)?
             .swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if !p.is_null() {
+            set_identity(fd, 0);
+        }
         // SAFETY: as in `get`.
         unsafe { p.as_ref() }
     }
@@ -347,4 +357,132 @@ pub fn wait_spinners(fd: i32) {
         }
         n += 1;
     }
+}
+
+// ------------------------------------------------------ fd identity
+
+/// Per fd: the SO_COOKIE of the socket the number named when an engine
+/// record was attached to it (0: no record). A socket cookie is unique for
+/// the life of the system (a 64-bit counter), so a number that was closed
+/// behind the shim's back and reused by a file, a pipe or another socket
+/// never matches.
+static IDENT: [AtomicPtr<[AtomicU64; CHUNK]>; CHUNKS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS];
+
+fn ident_slot(fd: i32, alloc: bool) -> Option<&'static AtomicU64> {
+    let i = usize::try_from(fd).ok()?;
+    if i >= MAX_FD {
+        return None;
+    }
+    let mut p = IDENT[i / CHUNK].load(Ordering::Acquire);
+    if p.is_null() {
+        if !alloc {
+            return None;
+        }
+        let fresh = Box::into_raw(Box::new([const { AtomicU64::new(0) }; CHUNK]));
+        match IDENT[i / CHUNK].compare_exchange(
+            std::ptr::null_mut(),
+            fresh,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => p = fresh,
+            Err(other) => {
+                // SAFETY: `fresh` came from Box::into_raw just above and was
+                // never published (the CAS failed), so we own it.
+                drop(unsafe { Box::from_raw(fresh) });
+                p = other;
+            }
+        }
+    }
+    // SAFETY: a published chunk, never freed; i % CHUNK is in bounds.
+    Some(unsafe { &(*p)[i % CHUNK] })
+}
+
+/// The kernel's SO_COOKIE of the socket `fd` names now (0: not a socket,
+/// or no such fd). A raw system call: no errno change, no recursion.
+pub fn cookie_of(fd: i32) -> u64 {
+    if fd < 0 {
+        return 0;
+    }
+    // SAFETY: the fd is only borrowed for one getsockopt; an invalid or
+    // non-socket fd makes it fail, nothing else.
+    let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+    rustix::net::sockopt::socket_cookie(b).unwrap_or(0)
+}
+
+fn set_identity(fd: i32, cookie: u64) {
+    if let Some(s) = ident_slot(fd, cookie != 0) {
+        s.store(cookie, Ordering::Release);
+    }
+}
+
+/// The identity recorded for `fd` (0: the shim maps no engine record there).
+#[inline(always)]
+pub fn identity(fd: i32) -> u64 {
+    ident_slot(fd, false).map_or(0, |s| s.load(Ordering::Acquire))
+}
+
+/// Does `fd` still name the socket its engine record was made for? One
+/// getsockopt when a record exists, a load otherwise.
+#[inline]
+pub fn identity_ok(fd: i32) -> bool {
+    let id = identity(fd);
+    id == 0 || cookie_of(fd) == id
+}
+
+/// Every (fd, identity) recorded (allocated chunks only; for rare events
+/// such as fork and spawn).
+pub fn each_identity(mut f: impl FnMut(i32, u64)) {
+    for (c, chunk) in IDENT.iter().enumerate() {
+        let p = chunk.load(Ordering::Acquire);
+        if p.is_null() {
+            continue;
+        }
+        for i in 0..CHUNK {
+            // SAFETY: a published chunk, never freed; i < CHUNK.
+            let id = unsafe { &(*p)[i] }.load(Ordering::Acquire);
+            if id != 0 {
+                f((c * CHUNK + i) as i32, id);
+            }
+        }
+    }
+}
+
+/// Is anything recorded for `fd` (a word, an identity)? For sweeps over
+/// ranges of numbers (close_range).
+pub fn tracked(fd: i32) -> bool {
+    get(fd) & ((1 << GEN_SHIFT) - 1) != 0 || identity(fd) != 0
+}
+
+/// The highest fd number a sweep over [`tracked`] fds must look at (the
+/// end of the last allocated chunk of either table).
+pub fn tracked_limit() -> usize {
+    let mut top = 0;
+    for (c, chunk) in TABLE.iter().enumerate() {
+        if !chunk.load(Ordering::Acquire).is_null() {
+            top = top.max((c + 1) * CHUNK);
+        }
+    }
+    for (c, chunk) in IDENT.iter().enumerate() {
+        if !chunk.load(Ordering::Acquire).is_null() {
+            top = top.max((c + 1) * CHUNK);
+        }
+    }
+    top
+}
+
+/// Does any fd's word have any of `flags`?
+pub fn each_any(flags: u64) -> bool {
+    for (c, chunk) in TABLE.iter().enumerate() {
+        if chunk.load(Ordering::Acquire).is_null() {
+            continue;
+        }
+        for i in 0..CHUNK {
+            if get((c * CHUNK + i) as i32) & flags != 0 {
+                return true;
+            }
+        }
+    }
+    false
 }

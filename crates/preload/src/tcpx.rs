@@ -124,10 +124,19 @@ extern "C" fn before_fork() {
     if crate::sys::in_engine() {
         return;
     }
+    prepare_child(&|_| true, "fork() shares it with the child");
+}
+
+/// A child process is about to share some of this process's fds (fork,
+/// vfork, posix_spawn, exec: `inherits` says which): engine listeners
+/// among them go back to the kernel, engine connections among them are
+/// handed over to the kernel (`why` says by what), candidates among them
+/// stay kernel sockets.
+pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) {
     let me = PID.load(Ordering::Relaxed);
     let mut ls: Vec<(c_int, &'static Tcp)> = Vec::new();
     SOCKS.each(|fd, t| {
-        if t.pid == me && t.listener {
+        if t.pid == me && t.listener && inherits(fd) {
             ls.push((fd, t));
         }
     });
@@ -138,7 +147,7 @@ extern "C" fn before_fork() {
             close_record(t, fd, false);
             log!(
                 Level::Warn,
-                "fd {fd} tcp listener: back on the kernel: fork() shares it with the child"
+                "fd {fd} tcp listener: back on the kernel: {why}"
             );
         }
         // The application's blocking mode, on the kernel socket.
@@ -156,17 +165,19 @@ extern "C" fn before_fork() {
     // kernel can serve it to both.
     let mut conns: Vec<c_int> = Vec::new();
     SOCKS.each(|fd, t| {
-        if t.pid == me && !t.listener {
+        if t.pid == me && !t.listener && inherits(fd) {
             conns.push(fd);
         }
     });
     for fd in conns {
         if lookup(fd).is_some() {
-            crate::handover::to_kernel(fd, "fork() shares it with the child");
+            crate::handover::to_kernel(fd, why);
         }
     }
     table::each_with(table::F_TCAND, |fd| {
-        table::clear_flags(fd, table::F_TCAND);
+        if inherits(fd) {
+            table::clear_flags(fd, table::F_TCAND);
+        }
     });
     set_errno(e);
 }
@@ -1030,6 +1041,18 @@ pub fn release(fd: c_int) {
         return;
     }
     close_record(t, fd, false);
+}
+
+/// `fd` was closed behind the shim's back (a call it could not see) and
+/// its number may already name something else: the record goes as at
+/// close, but nothing is done on the number (no duplicate keeps the port:
+/// the application's socket is gone already).
+pub fn release_stale(fd: c_int) {
+    let Some(t) = SOCKS.take(fd) else { return };
+    if t.refs.fetch_sub(1, Ordering::AcqRel) != 1 || t.pid != PID.load(Ordering::Relaxed) {
+        return;
+    }
+    close_record(t, fd, true);
 }
 
 /// Close the engine object of `t` (its last fd `fd` is going).

@@ -1,0 +1,184 @@
+//! An fd is what the kernel says it is (issue 20, finding 1).
+//!
+//! The shim maps fd numbers to engine sockets. A number stops naming that
+//! socket when it is closed or replaced; if the shim does not notice, the
+//! next file that gets the number would be served as the engine socket
+//! (its writes sent to the peer, its reads answered with network data).
+//! Three layers keep that from happening:
+//!
+//! 1. **Every closer the shim can interpose runs [`pre_close`]** first:
+//!    `close`, `dup2`/`dup3` over a number, `close_range`, `closefrom`,
+//!    `fclose`, and `syscall(SYS_close | SYS_close_range | SYS_dup2 |
+//!    SYS_dup3, ..)` (see `exports_fd`).
+//! 2. **Every fd-creating call the shim interposes runs [`created`]** on
+//!    the number it returns (socket, accept, dup, fcntl(F_DUPFD), open,
+//!    openat, creat, fopen, tmpfile, mkstemp, opendir, pipe, socketpair,
+//!    eventfd, timerfd, signalfd, memfd_create, inotify, epoll_create and
+//!    the same system calls through `syscall()`): a number that still has
+//!    an engine record proves it was closed behind the shim's back; the
+//!    record is forgotten and the process becomes *suspect*.
+//! 3. **Identity**: when a record is attached to a number, the kernel's
+//!    SO_COOKIE of the socket is recorded (`table::identity`; cookies are
+//!    never reused). In a suspect process (one that closed an engine fd
+//!    behind the shim's back, or set up io_uring), every I/O call checks
+//!    the number's cookie before it touches the engine ([`io_check`]);
+//!    fork, vfork, posix_spawn and exec check every record ([`sweep`]).
+//!    A check is one getsockopt (measured: docs/preload.md); a process
+//!    that never closed an fd behind the shim's back pays one load.
+
+use crate::accel;
+use crate::log::log;
+use crate::ready;
+use crate::table;
+use crate::tcpx;
+use libc::c_int;
+use nanowire_run::options::Level;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Set once the process closed an engine fd by a call the shim could not
+/// see (or may do so: io_uring): from then on every I/O call on an fd with
+/// an engine record checks its identity first.
+static SUSPECT: AtomicBool = AtomicBool::new(false);
+
+pub fn init() {
+    // Registered after accel's and tcpx's handlers, so it runs before
+    // them (prepare handlers run in reverse order): stale records are
+    // gone before fork looks at the records.
+    // SAFETY: a plain extern "C" handler.
+    unsafe { libc::pthread_atfork(Some(before_fork), None, None) };
+}
+
+extern "C" fn before_fork() {
+    if crate::sys::in_engine() {
+        return;
+    }
+    sweep();
+}
+
+/// The process may close fds behind the shim's back from now on (io_uring):
+/// every I/O call checks identity.
+pub fn suspect(why: &str) {
+    if !SUSPECT.swap(true, Ordering::AcqRel) {
+        log!(
+            Level::Info,
+            "{why}: fds may be closed by calls the shim cannot see; engine fds are checked against the kernel's socket identity before each call"
+        );
+    }
+}
+
+/// Is the process suspect (see [`SUSPECT`])?
+#[inline(always)]
+pub fn is_suspect() -> bool {
+    SUSPECT.load(Ordering::Relaxed)
+}
+
+/// Before an I/O call on `fd`: in a suspect process, a number whose
+/// identity changed is forgotten, so the call goes to the kernel (which
+/// answers for whatever the number names now).
+#[inline(always)]
+pub fn io_check(fd: c_int) {
+    if is_suspect() {
+        io_check_slow(fd);
+    }
+}
+
+#[cold]
+fn io_check_slow(fd: c_int) {
+    if !table::identity_ok(fd) {
+        forget_stale(fd, "its number now names another file");
+    }
+}
+
+/// Every record whose number no longer names its socket is forgotten
+/// (fork, spawn, exec: rare events that act on every record).
+pub fn sweep() {
+    let mut stale = Vec::new();
+    table::each_identity(|fd, id| {
+        if table::cookie_of(fd) != id {
+            stale.push(fd);
+        }
+    });
+    for fd in stale {
+        forget_stale(fd, "its number now names another file");
+    }
+}
+
+/// `fd` was closed by a call the shim did not see, and the number may
+/// already name something else: forget everything about it without acting
+/// on the number. One warn line (a program that closes sockets behind the
+/// shim loses their engine state: what was queued for it is dropped, as
+/// the kernel drops a closed socket's queue).
+pub fn forget_stale(fd: c_int, how: &str) {
+    SUSPECT.store(true, Ordering::Release);
+    let engine = accel::by_fd(fd).is_some() || tcpx::by_fd(fd).is_some();
+    ready::fd_closed(fd);
+    table::retire(fd);
+    table::wait_spinners(fd);
+    accel::release_stale(fd);
+    tcpx::release_stale(fd);
+    if engine {
+        log!(
+            Level::Warn,
+            "fd {fd}: its engine socket was closed by a call the shim cannot see ({how}): the engine forgets it; the number is the kernel's"
+        );
+    }
+}
+
+/// `fd` is about to be closed or replaced (close, dup2/dup3 over it,
+/// close_range, closefrom, fclose): bump its generation, wait until the
+/// threads spinning on it have left, and let go of its engine record.
+pub fn pre_close(fd: c_int) {
+    if table::identity(fd) != 0 && !table::identity_ok(fd) {
+        // Closed and reused behind the shim's back already: the record
+        // must not act on the number (detach would change the new file's
+        // flags, a TCP close would keep a duplicate of it).
+        forget_stale(fd, "closed again");
+        return;
+    }
+    ready::fd_closed(fd);
+    table::retire(fd);
+    table::wait_spinners(fd);
+    accel::closing(fd);
+    if let Some(a) = accel::take_fd(fd) {
+        accel::release(a);
+    }
+    tcpx::release(fd);
+}
+
+/// [`pre_close`] for every tracked number in `[first, last]`.
+pub fn pre_close_range(first: u32, last: u32) {
+    let top = table::tracked_limit().min(last as usize + 1);
+    for fd in first as usize..top {
+        let fd = fd as c_int;
+        if table::tracked(fd) || accel::by_fd(fd).is_some() || tcpx::by_fd(fd).is_some() {
+            pre_close(fd);
+        }
+    }
+}
+
+/// A call the shim interposes returned the new fd `fd`. If the number
+/// still has an engine record, it was closed behind the shim's back:
+/// forget it. Either way the number starts unknown (classified on use).
+#[inline]
+pub fn created(fd: c_int) {
+    if fd < 0 {
+        return;
+    }
+    if table::identity(fd) != 0 || accel::by_fd(fd).is_some() || tcpx::by_fd(fd).is_some() {
+        forget_stale(fd, "its number was given to a new file");
+    }
+    table::retire(fd);
+}
+
+/// `created` for both ends of a pipe or socket pair.
+///
+/// # Safety
+/// `fds` is null or points to two ints the kernel just wrote.
+pub unsafe fn created_pair(r: c_int, fds: *const c_int) {
+    if r == 0 && !fds.is_null() {
+        // SAFETY: per this function's contract.
+        let (a, b) = unsafe { (*fds, *fds.add(1)) };
+        created(a);
+        created(b);
+    }
+}

@@ -1,0 +1,119 @@
+//! Children never hold the engine's sockets (issue 20, findings 3 and 7).
+//!
+//! A socket two processes share can only be served where both can use it:
+//! the kernel. `fork()` is handled by the `pthread_atfork` handlers of
+//! `accel` and `tcpx`; the calls that start a child without running them
+//! are handled here, before the child exists:
+//!
+//! * `vfork()` (Python's `subprocess`, which then `dup2`s any fd, even a
+//!   close-on-exec one, onto the child's stdin/stdout): every engine socket
+//!   of the process is prepared as for fork. The child runs in the parent's
+//!   memory until it execs; the shim is switched off for it (the
+//!   thread's engine-call flag, which the child shares, is set around the
+//!   system call and cleared in the parent when it resumes), so nothing the
+//!   child does (dup2, close_range, sigaction) can change the parent's
+//!   tables.
+//! * `posix_spawn`/`posix_spawnp`, `system`, `popen`, `execve` and the
+//!   other `exec` functions: the engine sockets the new program inherits
+//!   (no FD_CLOEXEC), and those a `posix_spawn_file_actions_adddup2` names.
+//!
+//! "Prepared" means: a UDP socket is taken off the engine (the kernel socket
+//! carries on, in the application's blocking mode), a listener goes back to
+//! the kernel, a connection is handed over to the kernel with TCP_REPAIR
+//! (`handover.rs`); one that cannot be (no CAP_NET_ADMIN, a state other
+//! than ESTABLISHED/CLOSE-WAIT) stays with this process and the child gets
+//! an unconnected socket: one warn line says so.
+
+use crate::accel;
+use crate::fdlife;
+use crate::tcpx;
+use libc::c_int;
+use std::cell::Cell;
+
+/// Does an exec'd program inherit `fd` (no FD_CLOEXEC)?
+pub fn inheritable(fd: c_int) -> bool {
+    // SAFETY: the fd is only borrowed for one fcntl.
+    let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+    rustix::io::fcntl_getfd(b).is_ok_and(|f| !f.contains(rustix::io::FdFlags::CLOEXEC))
+}
+
+/// Prepare the engine sockets a child will share (`inherits`), `why` in
+/// the lines that say so.
+pub fn prepare(inherits: &dyn Fn(c_int) -> bool, why: &str) {
+    let e = crate::sys::errno();
+    fdlife::sweep();
+    tcpx::prepare_child(inherits, why);
+    accel::prepare_child(inherits, why);
+    crate::sys::set_errno(e);
+}
+
+/// Before `what` (posix_spawn, system, popen, exec): the engine sockets
+/// without FD_CLOEXEC.
+pub fn prepare_exec(what: &str) {
+    if has_engine_fds() {
+        prepare(
+            &inheritable,
+            &format!("{what}: the new program inherits it (no FD_CLOEXEC)"),
+        );
+    }
+}
+
+/// A posix_spawn file action will duplicate `fd` into the child.
+pub fn prepare_one(fd: c_int) {
+    if accel::lookup(fd).is_some() || tcpx::lookup(fd).is_some() {
+        prepare(
+            &|f| f == fd,
+            "posix_spawn_file_actions_adddup2(): the child gets it",
+        );
+    }
+}
+
+/// `fdopen(fd)`: stdio will read and write `fd` with libc's internal
+/// calls, which the shim cannot see: an engine socket goes to the kernel.
+pub fn prepare_stdio(fd: c_int) {
+    if accel::lookup(fd).is_some() || tcpx::lookup(fd).is_some() {
+        prepare(
+            &|f| f == fd,
+            "fdopen(): stdio reads and writes it with calls the shim cannot see",
+        );
+    }
+}
+
+/// Does the process have any engine socket or candidate (cheap test
+/// before the sweeps)?
+fn has_engine_fds() -> bool {
+    let mut any = false;
+    crate::table::each_identity(|_, _| any = true);
+    any || crate::table::each_any(crate::table::F_CAND | crate::table::F_TCAND)
+}
+
+thread_local! {
+    /// The engine-call flag as it was before `vfork_prepare` set it.
+    static VFORK_PREV: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Before the vfork system call (in the parent): prepare every engine
+/// socket, then switch the shim off for this thread (and so for the child,
+/// which shares the thread's memory until it execs or exits).
+pub extern "C" fn vfork_prepare() {
+    if !crate::sys::in_engine() {
+        prepare(
+            &|_| true,
+            "vfork(): the child may take any fd onto its stdin/stdout",
+        );
+    }
+    let prev = crate::sys::set_in_engine(true);
+    VFORK_PREV.with(|c| c.set(prev));
+}
+
+/// In the parent after the vfork system call returned `r` (the child's
+/// pid, or -errno): the shim is on again. Returns vfork's result.
+pub extern "C" fn vfork_parent(r: isize) -> isize {
+    let prev = VFORK_PREV.with(|c| c.get());
+    crate::sys::set_in_engine(prev);
+    if r < 0 {
+        crate::sys::set_errno((-r) as c_int);
+        return -1;
+    }
+    r
+}
