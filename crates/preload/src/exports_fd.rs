@@ -19,7 +19,7 @@ use libc::{DIR, FILE, c_char, c_int, c_long, c_uint, mode_t, pid_t, sigset_t};
 
 /// libc's function `$name` with the given C signature.
 macro_rules! libc_fn {
-    ($name:literal, fn($($t:ty),*) -> $r:ty) => {{
+    ($name:literal, fn($($t:ty),* $(,)?) -> $r:ty) => {{
         static SYM: Sym = Sym::new(concat!($name, "\0").as_bytes());
         // SAFETY: the symbol is libc's function of exactly this C signature
         // (glibc's prototype); a non-null address from dlsym.

@@ -5,7 +5,7 @@ use aya::programs::links::FdLink;
 use aya::programs::{Xdp, XdpMode};
 use aya::{Ebpf, Pod};
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 
 /// A flow entry's value with this bit: the connection is the kernel's
 /// (steer.c's NW_FLOW_PASS); otherwise the value is the owner's pid.
@@ -90,6 +90,24 @@ pub struct SteerProgram {
     stats: PerCpuArray<MapData, u64>,
     mode: AttachMode,
     _ebpf: Ebpf,
+    /// Every BPF object fd the load and attach opened (link, program,
+    /// maps): a forked child must not keep them (see [`SteerProgram::fds`]).
+    fds: Vec<RawFd>,
+}
+
+/// The fd numbers of this process that name BPF objects (link, program,
+/// map), from /proc/self/fd.
+fn bpf_fds() -> Vec<RawFd> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let fd: RawFd = e.file_name().to_str()?.parse().ok()?;
+            let target = std::fs::read_link(e.path()).ok()?;
+            target.to_str()?.starts_with("anon_inode:bpf").then_some(fd)
+        })
+        .collect()
 }
 
 fn map_err(what: &str, e: impl std::fmt::Display) -> String {
@@ -126,6 +144,8 @@ impl SteerProgram {
     /// `frags`: attach the multi-buffer aware variant (xdp.frags), needed
     /// when packets may be larger than one buffer (jumbo MTU).
     pub fn attach(ifname: &str, ifindex: u32, frags: bool) -> Result<SteerProgram, String> {
+        // The BPF fds that exist before the load are not ours.
+        let before = bpf_fds();
         // No kernel BTF: the program needs no CO-RE relocation, and parsing
         // /sys/kernel/btf/vmlinux costs ~15 MB of heap that stays with the
         // process (measured RSS, docs/benchmarks.md).
@@ -204,7 +224,12 @@ impl SteerProgram {
         let link = FdLink::try_from(link).map_err(|_| {
             format!("the kernel attached XDP to {ifname} without a bpf_link (kernel < 5.9?); refusing, it would outlive this process")
         })?;
+        // The link, the program and every map of the object, by difference
+        // (aya does not show a link's fd).
+        let mut fds = bpf_fds();
+        fds.retain(|f| !before.contains(f));
         Ok(SteerProgram {
+            fds,
             _link: link,
             claims,
             tcp_listen,
@@ -218,6 +243,14 @@ impl SteerProgram {
 
     pub fn mode(&self) -> AttachMode {
         self.mode
+    }
+
+    /// The fds of the link, the program and its maps. A forked child
+    /// replaces them (see the stack's registry): while any process holds
+    /// the link the program stays attached, and a map fd lets its holder
+    /// rewrite the claims.
+    pub fn fds(&self) -> &[RawFd] {
+        &self.fds
     }
 
     /// Steer (addr, port) to the AF_XDP sockets.

@@ -106,6 +106,9 @@ pub struct Engine {
     /// Fork generation at open: an engine belongs to the process that
     /// opened it (see registry.rs).
     fork_gen: u32,
+    /// The fds a forked child must not keep: the steering program's link,
+    /// program and maps, and the AF_XDP sockets (see [`Engine::disown`]).
+    child_fds: Vec<RawFd>,
 }
 
 /// The variable of the options table's `faults` row: the engine's seeded
@@ -248,6 +251,7 @@ impl Engine {
         let worker = neigh::spawn(neigh.clone(), tx.clone())
             .map_err(|e| format!("cannot start the neighbour thread: {e}"))?;
         let attach = prog.mode();
+        let child_fds: Vec<RawFd> = prog.fds().iter().chain(fds.iter()).copied().collect();
         let mut rxp = RxPath::new(rxs, Demux::new(depth as usize), own, page.clone(), tap_rx);
         rxp.set_faults(faults.as_ref().and_then(|f| f.rx()).map(rx::RxFaults::new));
         rxp.set_oversize_hint(ifname, frame_size as usize, multi_buffer);
@@ -278,7 +282,32 @@ impl Engine {
             multi_buffer,
             mem,
             fork_gen: registry::fork_gen(),
+            child_fds,
         })
+    }
+
+    /// In a forked child (from the `pthread_atfork` child handler): the
+    /// steering program's link, program and map fds and the AF_XDP sockets
+    /// are the parent's. Each number is made to name `inert` (a /dev/null
+    /// descriptor, close-on-exec) instead: the child cannot rewrite the
+    /// claims or keep the program attached (the link goes when the parent's
+    /// last fd closes, even by kill -9), and the numbers stay taken, so the
+    /// child's own files never get them and the inherited objects' later
+    /// drop closes only the copies of /dev/null.
+    pub(crate) fn disown(&self, inert: RawFd) {
+        use std::os::fd::FromRawFd;
+        // SAFETY: `inert` is the caller's open descriptor, borrowed for the
+        // calls below.
+        let inert = unsafe { rustix::fd::BorrowedFd::borrow_raw(inert) };
+        for &fd in &self.child_fds {
+            // SAFETY: a number this engine opened; nothing in this process
+            // uses it any more (the engine refuses work in a child,
+            // `is_own`). ManuallyDrop: the number stays open (it names
+            // /dev/null after the dup3); the engine's own drop closes it.
+            let mut target =
+                std::mem::ManuallyDrop::new(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+            let _ = rustix::io::dup3(inert, &mut target, rustix::io::DupFlags::CLOEXEC);
+        }
     }
 
     #[inline]

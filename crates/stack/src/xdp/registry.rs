@@ -10,7 +10,11 @@
 //! engine of its own (which may fail to attach while the parent's program
 //! owns the interface: the caller falls back and says why). The registry's
 //! own lock is a spin lock the child handler resets, so a fork while
-//! another thread held it cannot deadlock the child.
+//! another thread held it cannot deadlock the child. The child handler
+//! also replaces every inherited engine's privileged fds (XDP link,
+//! program, maps, AF_XDP sockets) with /dev/null ([`Engine::disown`]): a
+//! child never holds the engine, and a killed parent's program detaches
+//! even while its children live.
 
 use super::Engine;
 use std::cell::UnsafeCell;
@@ -23,6 +27,26 @@ static ATFORK: Once = Once::new();
 extern "C" fn in_child() {
     FORK_GEN.fetch_add(1, Ordering::Relaxed);
     REG.locked.store(false, Ordering::Release);
+    // The parent's engines: their privileged fds (XDP link, program, maps,
+    // AF_XDP sockets) must not live on in the child (issue 20, finding 3).
+    let inert = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    );
+    if let Ok(inert) = inert {
+        use std::os::fd::AsRawFd;
+        with(|reg| {
+            for (_, _, _, w) in reg.iter() {
+                if let Some(e) = w.upgrade() {
+                    e.disown(inert.as_raw_fd());
+                    // Dropping the last Arc here would run the engine's
+                    // drop in the handler: keep it (it is the parent's).
+                    std::mem::forget(e);
+                }
+            }
+        });
+    }
 }
 
 /// How many forks separate this process from the first one that used an
