@@ -1,0 +1,18 @@
+import socket, subprocess, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((addr, port)); ls.listen(8)
+print("listening", flush=True)
+for i in range(2):
+    c, _ = ls.accept()
+    r = subprocess.run(["sh", "-c", "read line; echo \"echo: $line\""], stdin=c, stdout=c)
+    print("helper exit", r.returncode, flush=True)
+    c.sendall(b"parent: bye\n")
+    c.close()
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind((addr, port))
+print("udp bound", flush=True)
+d, src = u.recvfrom(100)
+r = subprocess.run([sys.executable, "-c", "import socket,sys; s=socket.socket(fileno=0); d,a=s.recvfrom(100); s.sendto(b'child: '+d,a)"], stdin=u)
+print("udp helper exit", r.returncode, flush=True)
+u.sendto(b"parent: " + d, src)
+print("done", flush=True)

@@ -1,0 +1,279 @@
+//! Issue 20, findings 1, 3 and 7: an fd is what the kernel says it is, and
+//! children never hold the engine. Every case runs the same program plainly
+//! and under `nanowire run --engine xdp` in a lab of its own and compares
+//! what the program and its peer observed.
+//!
+//! * a connected UDP or TCP socket closed by `close_range`, `closefrom`,
+//!   `fclose(fdopen())`, `syscall(SYS_close)`, `dup2` over it, an inline
+//!   `syscall` instruction, or Python's `os.closerange`; a file then gets
+//!   the number and a secret is written to it and read back: the file
+//!   holds it, the peer receives only what was sent before the close;
+//! * a forked child that drops to uid 65534 holds no BPF fd and no AF_XDP
+//!   socket of the engine, and `kill -9` of the parent while the child
+//!   lives detaches the steering program: a restarted plain server binds
+//!   the port and receives;
+//! * an inetd-style Python server (`subprocess.run(stdin=conn,
+//!   stdout=conn)`, which vforks) serves TCP and UDP through its helpers.
+
+mod run_support;
+use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host, ScopedLab};
+use run_support::*;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(60);
+
+fn script(name: &str) -> String {
+    format!("{}/tests/fdlife/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn cmd(l: &ScopedLab, h: Host, run: bool, argv: &[&str]) -> std::process::Command {
+    if run {
+        run_in(l, h, &["--engine", "xdp", "-o", "log=info"], argv)
+    } else {
+        plain_in(l, h, argv)
+    }
+}
+
+/// One close-and-reuse case: (program's stdout, peer's stdout).
+fn reuse_case(
+    l: &ScopedLab,
+    bin: &str,
+    proto: &str,
+    method: &str,
+    port: u16,
+    run: bool,
+) -> (String, String) {
+    let tag = format!("{proto}-{}-{port}", method.replace('.', "_"));
+    let dir = scratch(&format!("dir-{tag}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir = dir.to_str().unwrap().to_string();
+    let addr = ADDR_B.to_string();
+    let port_s = port.to_string();
+    let peer_py = script("peer.py");
+    let mut peer = spawn(
+        &format!("peer-{tag}"),
+        plain_in(
+            l,
+            Host::B,
+            &["python3", &peer_py, proto, &addr, &port_s, "2"],
+        ),
+    );
+    peer.wait_for("ready", Duration::from_secs(20));
+    let cr = script("closerange.py");
+    let argv: Vec<&str> = if method == "os.closerange" {
+        vec!["python3", &cr, proto, &addr, &port_s, &dir]
+    } else {
+        vec![bin, proto, method, &addr, &port_s, &dir]
+    };
+    let mut p = spawn(&format!("prog-{tag}"), cmd(l, Host::A, run, &argv));
+    let st = p.wait(T);
+    assert!(st.success(), "{tag} failed ({st}):\n{}", p.both());
+    if run {
+        let err = p.stderr();
+        assert!(
+            err.contains(&format!("{proto} ")) && err.contains(": xdp"),
+            "{tag}: the socket was not on the engine:\n{err}"
+        );
+    }
+    peer.success(T);
+    (p.stdout(), peer.stdout())
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_socket_closed_behind_the_shim_never_takes_a_files_data() {
+    let l = lab("fr");
+    // Neighbours resolved first: a datagram the engine still holds for ARP
+    // when its socket closes is another matter than the fd's identity.
+    for (h, to) in [(Host::A, ADDR_B), (Host::B, ADDR_A)] {
+        let to = to.to_string();
+        let st = plain_in(&l, h, &["ping", "-c", "1", "-W", "2", &to])
+            .output()
+            .unwrap();
+        assert!(st.status.success(), "ping: {st:?}");
+    }
+    let bin = build_c("fd_reuse", "../preload/tests/fd_reuse.c");
+    let bin = bin.to_str().unwrap();
+    let mut port = 14100u16;
+    for proto in ["udp", "tcp"] {
+        for method in [
+            "close_range",
+            "closefrom",
+            "fclose",
+            "syscall",
+            "dup2",
+            "asm",
+            "os.closerange",
+        ] {
+            let plain = reuse_case(&l, bin, proto, method, port, false);
+            let run = reuse_case(&l, bin, proto, method, port + 1, true);
+            port += 2;
+            assert!(
+                plain.0.contains("file holds")
+                    && plain.0.contains("ACCOUNT 1234 PIN 9876")
+                    && plain.0.contains("file got the socket's number: yes"),
+                "{proto} {method} plainly:\n{}",
+                plain.0
+            );
+            let only_hello = if proto == "udp" {
+                "ready\npeer got b'hello'\n"
+            } else {
+                "ready\npeer got b'hello<eof>'\n"
+            };
+            assert_eq!(plain.1, only_hello, "{proto} {method}: plain peer");
+            assert_eq!(
+                plain.0, run.0,
+                "{proto} {method}: the program saw different things plainly (left) and under run (right)"
+            );
+            assert_eq!(
+                plain.1, run.1,
+                "{proto} {method}: the peer received different things plainly (left) and under run (right)"
+            );
+        }
+    }
+}
+
+/// Is an XDP program attached to host `h`'s interface?
+fn xdp_attached(l: &ScopedLab, h: Host) -> bool {
+    let o = l
+        .command(h, &["ip", "-d", "link", "show", &l.iface(h)])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).contains("prog/xdp")
+}
+
+/// The fork scenario once: (program's stdout lines sorted, what the
+/// restarted plain server received).
+fn fork_case(l: &ScopedLab, port: u16, run: bool) -> (Vec<String>, String) {
+    let port_s = port.to_string();
+    let a = ADDR_A.to_string();
+    let b = ADDR_B.to_string();
+    let listener = format!(
+        "import socket\nls=socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         ls.bind(('{a}',{port})); ls.listen(4); print('ready', flush=True)\nc,_=ls.accept()\n\
+         while c.recv(100): pass\nc.close()\n"
+    );
+    let mut peer = spawn(
+        &format!("fork-peer{port}"),
+        plain_in(l, Host::A, &["python3", "-c", &listener]),
+    );
+    peer.wait_for("ready", Duration::from_secs(20));
+    let kid_py = script("forkkid.py");
+    let mut p = spawn(
+        &format!("forkkid{port}"),
+        cmd(
+            l,
+            Host::B,
+            run,
+            &["python3", &kid_py, &b, &a, &port_s, "10"],
+        ),
+    );
+    p.wait_for("parent ready", Duration::from_secs(20));
+    p.wait_for("child uid", Duration::from_secs(20));
+    if run {
+        assert!(
+            xdp_attached(l, Host::B),
+            "the engine did not live across the fork (the case proves nothing):\n{}",
+            p.both()
+        );
+    }
+    // SAFETY: kill(2) of our own child process.
+    unsafe { libc::kill(p.child.id() as i32, libc::SIGKILL) };
+    p.wait(T);
+    // The parent was `nanowire run`'s exec'd python (same pid) or python.
+    std::thread::sleep(Duration::from_millis(500));
+    if run {
+        assert!(
+            !xdp_attached(l, Host::B),
+            "the steering program outlived its process (kill -9) while a child lives"
+        );
+    }
+    let srv = format!(
+        "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.bind(('{b}',{port})); s.settimeout(5)\n\
+         print('bound', flush=True)\ntry: print('got', s.recv(100))\nexcept Exception as e: print('error', e)\n"
+    );
+    let mut s = spawn(
+        &format!("restarted{port}"),
+        plain_in(l, Host::B, &["python3", "-c", &srv]),
+    );
+    s.wait_for("bound", Duration::from_secs(20));
+    let send = format!(
+        "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.sendto(b'ping', ('{b}',{port}))\n"
+    );
+    spawn(
+        &format!("ping{port}"),
+        plain_in(l, Host::A, &["python3", "-c", &send]),
+    )
+    .success(T);
+    let got = s.success(T);
+    let mut lines: Vec<String> = p.stdout().lines().map(str::to_string).collect();
+    lines.sort();
+    drop(peer);
+    (lines, got)
+}
+
+#[test]
+#[ignore = "needs root"]
+fn forked_child_holds_no_engine_and_a_killed_parent_releases_its_claims() {
+    let l = lab("fk");
+    let plain = fork_case(&l, 14300, false);
+    let run = fork_case(&l, 14301, true);
+    assert!(
+        plain
+            .0
+            .contains(&"child uid 65534: BPF fds 0, AF_XDP sockets 0".to_string()),
+        "{:?}",
+        plain.0
+    );
+    assert_eq!(plain.0, run.0, "the child saw different fds under run");
+    assert!(plain.1.contains("got b'ping'"), "{}", plain.1);
+    assert_eq!(
+        plain.1, run.1,
+        "the restarted server received differently after the run parent was killed"
+    );
+}
+
+#[test]
+#[ignore = "needs root"]
+fn inetd_style_subprocess_children_get_a_working_socket() {
+    let l = lab("in");
+    let b = ADDR_B.to_string();
+    let mut outs = Vec::new();
+    for (run, port) in [(false, "14400"), (true, "14401")] {
+        let mut s = spawn(
+            &format!("inetd{port}"),
+            cmd(
+                &l,
+                Host::B,
+                run,
+                &["python3", &script("inetd.py"), &b, port],
+            ),
+        );
+        s.wait_for("listening", Duration::from_secs(20));
+        let c = spawn(
+            &format!("inetd-cli{port}"),
+            plain_in(&l, Host::A, &["python3", &script("inetd_cli.py"), &b, port]),
+        )
+        .success(T);
+        let so = s.success(T);
+        assert!(so.contains("helper exit 0\nhelper exit 0"), "{so}");
+        assert!(so.contains("udp helper exit 0"), "{so}");
+        if run {
+            let err = s.stderr();
+            assert!(
+                err.contains("tcp listener") && err.contains(": xdp"),
+                "{err}"
+            );
+            assert!(
+                err.contains("moved to the kernel (TCP_REPAIR hand-over): vfork()"),
+                "the accepted connection was not handed over at vfork:\n{err}"
+            );
+        }
+        outs.push(c);
+    }
+    assert!(outs[0].contains("echo: line 0"), "{}", outs[0]);
+    assert_eq!(
+        outs[0], outs[1],
+        "the inetd client saw different things plainly (left) and under run (right)"
+    );
+}
