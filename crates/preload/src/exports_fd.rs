@@ -621,6 +621,7 @@ pub unsafe extern "C" fn fexecve(
 
 /// Before a variadic `execl`/`execlp`/`execle`: prepare, then return
 /// libc's function for the naked entry to jump to.
+#[cfg(target_arch = "x86_64")]
 macro_rules! exec_variadic_prep {
     ($prep:ident, $name:literal) => {
         extern "C" fn $prep() -> usize {
@@ -632,19 +633,26 @@ macro_rules! exec_variadic_prep {
         }
     };
 }
+#[cfg(target_arch = "x86_64")]
 exec_variadic_prep!(execl_prep, "execl");
+#[cfg(target_arch = "x86_64")]
 exec_variadic_prep!(execlp_prep, "execlp");
+#[cfg(target_arch = "x86_64")]
 exec_variadic_prep!(execle_prep, "execle");
 
+// The variadic entries with a fixed register layout (x86-64 and AArch64
+// Linux pass the variadic integer arguments where named ones would be).
+crate::exports::tail_jump!(open => open_entry);
+crate::exports::tail_jump!(open64 => open64_entry);
+crate::exports::tail_jump!(openat => openat_entry);
+crate::exports::tail_jump!(openat64 => openat64_entry);
+crate::exports::tail_jump!(syscall => syscall_entry);
+
+/// `vfork` and the `execl` family: x86-64 only (elsewhere they are not
+/// interposed; docs/preload.md).
 #[cfg(target_arch = "x86_64")]
 mod naked {
     use super::*;
-
-    crate::exports::tail_jump!(open => open_entry);
-    crate::exports::tail_jump!(open64 => open64_entry);
-    crate::exports::tail_jump!(openat => openat_entry);
-    crate::exports::tail_jump!(openat64 => openat64_entry);
-    crate::exports::tail_jump!(syscall => syscall_entry);
 
     /// A variadic entry that calls `$prep` (which returns libc's function)
     /// with every argument register saved, then jumps to libc's function

@@ -28,6 +28,7 @@ use crate::accel;
 use crate::fdlife;
 use crate::tcpx;
 use libc::c_int;
+#[cfg(target_arch = "x86_64")]
 use std::cell::Cell;
 
 /// Does an exec'd program inherit `fd` (no FD_CLOEXEC)?
@@ -87,6 +88,7 @@ fn has_engine_fds() -> bool {
     any || crate::table::each_any(crate::table::F_CAND | crate::table::F_TCAND)
 }
 
+#[cfg(target_arch = "x86_64")]
 thread_local! {
     /// The engine-call flag as it was before `vfork_prepare` set it.
     static VFORK_PREV: Cell<bool> = const { Cell::new(false) };
@@ -95,6 +97,7 @@ thread_local! {
 /// Before the vfork system call (in the parent): prepare every engine
 /// socket, then switch the shim off for this thread (and so for the child,
 /// which shares the thread's memory until it execs or exits).
+#[cfg(target_arch = "x86_64")]
 pub extern "C" fn vfork_prepare() {
     if !crate::sys::in_engine() {
         prepare(
@@ -108,6 +111,7 @@ pub extern "C" fn vfork_prepare() {
 
 /// In the parent after the vfork system call returned `r` (the child's
 /// pid, or -errno): the shim is on again. Returns vfork's result.
+#[cfg(target_arch = "x86_64")]
 pub extern "C" fn vfork_parent(r: isize) -> isize {
     let prev = VFORK_PREV.with(|c| c.get());
     crate::sys::set_in_engine(prev);

@@ -29,6 +29,7 @@ pub fn engine_call<R>(f: impl FnOnce() -> R) -> R {
 /// thread's memory, must never run the shim; see `spawn`). Returns the
 /// previous value.
 #[inline]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub fn set_in_engine(v: bool) -> bool {
     IN_ENGINE.with(|c| c.replace(v))
 }
