@@ -32,7 +32,8 @@
 // A frame too short to carry the destination port cannot be attributed to
 // anyone and is passed to the kernel, which counts it (IP InHdrErrors).
 // When a claimed packet arrives on a queue without a socket it is passed
-// and counted in `nw_stats[0]` (per CPU).
+// and counted in `nw_stats[0]` (per CPU); a unicast frame for another
+// host's MAC is passed and counted in `nw_stats[1]` (below).
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/ip.h>
@@ -79,6 +80,46 @@ static __always_inline int redirect(struct xdp_md *ctx)
 	if (c)
 		*c += 1;
 	return XDP_PASS;
+}
+
+// ---- Frames for another host (issue 20, finding 12) ----
+// The kernel drops a unicast frame whose destination MAC is not the
+// interface's (PACKET_OTHERHOST: a switch flooding, a promiscuous port, a
+// forged frame); so does the engine: such a frame is passed to the kernel
+// (which drops it as usual) and counted in nw_stats[1]. Broadcast and
+// multicast frames (group bit set) go on to the checks below. The loader
+// writes the interface's MAC into nw_config before claiming anything
+// (`on` = 0: no check, e.g. an interface without a MAC).
+struct nw_config {
+	__u8 mac[6];
+	__u8 on;
+	__u8 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct nw_config);
+} nw_config SEC(".maps");
+
+static __always_inline int other_host(struct ethhdr *eth)
+{
+	if (eth->h_dest[0] & 1)
+		return 0;
+	__u32 k = 0;
+	struct nw_config *c = bpf_map_lookup_elem(&nw_config, &k);
+	if (!c || !c->on)
+		return 0;
+	if (eth->h_dest[0] == c->mac[0] && eth->h_dest[1] == c->mac[1] &&
+	    eth->h_dest[2] == c->mac[2] && eth->h_dest[3] == c->mac[3] &&
+	    eth->h_dest[4] == c->mac[4] && eth->h_dest[5] == c->mac[5])
+		return 0;
+	__u32 s = 1;
+	__u64 *n = bpf_map_lookup_elem(&nw_stats, &s);
+	if (n)
+		*n += 1;
+	return 1;
 }
 
 // ---- TCP (issue 11) ----
@@ -196,6 +237,8 @@ static __always_inline int steer(struct xdp_md *ctx)
 	if ((void *)(ip + 1) > end)
 		return XDP_PASS;
 	if (eth->h_proto != bpf_htons(ETH_P_IP))
+		return XDP_PASS;
+	if (other_host(eth))
 		return XDP_PASS;
 	if (ip->protocol == IPPROTO_TCP) {
 		if (ip->frag_off & bpf_htons(0x3fff))

@@ -180,6 +180,23 @@ impl SteerProgram {
             .map_err(|e| map_err("nw_xsks", e))?;
         let stats = PerCpuArray::try_from(ebpf.take_map("nw_stats").ok_or("no nw_stats map")?)
             .map_err(|e| map_err("nw_stats", e))?;
+        // The interface's MAC, before anything is claimed: unicast frames
+        // for another host are the kernel's to drop (steer.c `other_host`).
+        if let Some(mac) = crate::iface::lookup(ifname)
+            .ok()
+            .map(|i| i.mac)
+            .filter(|m| *m != [0; 6])
+        {
+            // Borrowed, not taken: the map stays with the object (and its
+            // fd open) for the program's load below.
+            let mut cfg: aya::maps::Array<&mut MapData, [u8; 8]> = aya::maps::Array::try_from(
+                ebpf.map_mut("nw_config")
+                    .ok_or("steering object has no nw_config map")?,
+            )
+            .map_err(|e| map_err("nw_config", e))?;
+            let v = [mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], 1, 0];
+            cfg.set(0, v, 0).map_err(|e| map_err("nw_config", e))?;
+        }
         let name = if frags { "nw_steer_frags" } else { "nw_steer" };
         let prog: &mut Xdp = ebpf
             .program_mut(name)
@@ -320,6 +337,12 @@ impl SteerProgram {
     /// Claimed packets passed to the kernel because their queue had no socket.
     pub fn no_socket_on_queue(&self) -> u64 {
         self.stats.get(&0, 0).map(|v| v.iter().sum()).unwrap_or(0)
+    }
+
+    /// Unicast frames for another host's MAC passed to the kernel (which
+    /// drops them as PACKET_OTHERHOST), never steered (issue 20, finding 12).
+    pub fn other_host_passes(&self) -> u64 {
+        self.stats.get(&1, 0).map(|v| v.iter().sum()).unwrap_or(0)
     }
 }
 

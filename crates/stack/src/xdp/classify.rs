@@ -58,6 +58,10 @@ pub enum DropReason {
     BadChecksum,
     /// A martian source address.
     Martian,
+    /// A unicast frame for another host's MAC (the kernel's
+    /// PACKET_OTHERHOST; the steering program passes these to the kernel,
+    /// this is the engine's own check behind it).
+    OtherHost,
 }
 
 impl DropReason {
@@ -68,6 +72,7 @@ impl DropReason {
             DropReason::NotUdp => E::DropNotUdp,
             DropReason::BadChecksum => E::DropBadUdpChecksum,
             DropReason::Martian => E::DropMartian,
+            DropReason::OtherHost => E::DropOtherHost,
         }
     }
 }
@@ -116,6 +121,19 @@ fn l4_checksum(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, seg: &[u8], stored: u16)
         return ChecksumState::Partial;
     }
     ChecksumState::Bad
+}
+
+/// Is `frame` a unicast frame whose destination MAC is not `mac`? The
+/// kernel drops such a frame (PACKET_OTHERHOST); broadcast and multicast
+/// frames (the group bit) are not "other host".
+pub fn for_other_host(frame: &[u8], mac: &[u8; 6]) -> bool {
+    match EthernetFrame::new_checked(frame) {
+        Ok(e) => {
+            let d = e.dst();
+            !d.is_multicast() && d.0 != *mac
+        }
+        Err(_) => false,
+    }
 }
 
 /// Classify one received frame (Ethernet first).
@@ -266,6 +284,24 @@ mod tests {
             assert_eq!(classify(&f).unwrap_err(), DropReason::Martian, "{src}");
             assert_eq!(DropReason::Martian.counter(), E::DropMartian);
         }
+    }
+
+    #[test]
+    fn frames_for_another_mac_are_other_host() {
+        // build_frame(.., src_mac [2; 6], dst_mac [4; 6], ..)
+        let f = frame(b"x");
+        assert!(!for_other_host(&f, &[4; 6]));
+        assert!(for_other_host(&f, &[5; 6]));
+        let mut b = f.clone();
+        b[..6].copy_from_slice(&[0xff; 6]);
+        assert!(!for_other_host(&b, &[5; 6]), "broadcast");
+        b[..6].copy_from_slice(&[0x01, 0x00, 0x5e, 0, 0, 1]);
+        assert!(!for_other_host(&b, &[5; 6]), "multicast");
+        assert!(
+            !for_other_host(&f[..10], &[5; 6]),
+            "too short: classify counts it"
+        );
+        assert_eq!(DropReason::OtherHost.counter(), E::DropOtherHost);
     }
 
     #[test]

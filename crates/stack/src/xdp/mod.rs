@@ -255,6 +255,9 @@ impl Engine {
         let mut rxp = RxPath::new(rxs, Demux::new(depth as usize), own, page.clone(), tap_rx);
         rxp.set_faults(faults.as_ref().and_then(|f| f.rx()).map(rx::RxFaults::new));
         rxp.set_oversize_hint(ifname, frame_size as usize, multi_buffer);
+        if info.mac != [0; 6] {
+            rxp.mac = Some(info.mac);
+        }
         if let Some(f) = &faults {
             eprintln!(
                 "nanowire: fault injection on {ifname} ({:?}): {}",

@@ -8,7 +8,7 @@
 //! `rx_frames = rx_packets + sum(drop_*)`; the RX counters have this lock
 //! as their single writer.
 
-use super::classify::{DropReason, classify};
+use super::classify::{DropReason, classify, for_other_host};
 use super::demux::{Delivery, Demux, EndpointId, Outcome};
 use super::reasm::Reassembly;
 use super::shm::{E, StatsPage, bump, peak, set};
@@ -48,6 +48,10 @@ pub(crate) struct RxPath {
     pub stamp_users: u32,
     /// Fragments of the engine's TCP flows being reassembled.
     reasm: Reassembly,
+    /// The interface's MAC: a unicast frame for another one is dropped
+    /// (`drop_other_host`) as the kernel drops PACKET_OTHERHOST (the
+    /// steering program already passes those to the kernel).
+    pub mac: Option<[u8; 6]>,
 }
 
 /// Receive-side fault injection: every frame off the ring is copied into
@@ -119,6 +123,7 @@ impl RxPath {
             oversize_warn: None,
             stamp_users: 0,
             reasm: Reassembly::new(),
+            mac: None,
         }
     }
 
@@ -153,6 +158,7 @@ impl RxPath {
             faults,
             stamp_users,
             reasm,
+            mac,
             ..
         } = self;
         let stamping = *stamp_users > 0;
@@ -164,6 +170,12 @@ impl RxPath {
                 // One predictable branch when no socket wants stamps.
                 let at = if stamping { nanowire_tap::now_ns() } else { 0 };
                 tap.record(f.data());
+                if let Some(m) = mac
+                    && for_other_host(f.data(), m)
+                {
+                    bump(page.e(E::RxFrames), 1);
+                    return bump(page.e(DropReason::OtherHost.counter()), 1);
+                }
                 if f.is_multi_buffer() {
                     bump(page.e(E::RxMultiBuffer), 1);
                 }

@@ -110,6 +110,7 @@ pub const ENGINE_COUNTERS: &[&str] = &[
     "drop_frag_too_many",
     "drop_rx_chain",
     "tcp_no_multi_buffer",
+    "drop_other_host",
 ];
 
 /// Per-socket counter names (slot 0 is the packed local address).
@@ -201,6 +202,8 @@ pub enum E {
     DropFragTooMany,
     DropRxChain,
     TcpNoMultiBuffer,
+    /// Unicast frames for another host's MAC (issue 20, finding 12).
+    DropOtherHost,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -860,6 +863,7 @@ mod tests {
             E::DropFragTooMany,
             E::DropRxChain,
             E::TcpNoMultiBuffer,
+            E::DropOtherHost,
         ];
         check_names(&engine, |v| v as usize, ENGINE_COUNTERS);
         let sock = [
