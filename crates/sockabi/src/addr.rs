@@ -129,4 +129,14 @@ mod tests {
         assert_eq!(writeback(100, 16), Ok((16, 16)));
         assert_eq!(writeback(u32::MAX, 16), Err(libc::EINVAL));
     }
+
+    #[test]
+    fn family_needs_two_bytes() {
+        assert_eq!(family(&[]), None);
+        assert_eq!(family(&[2]), None);
+        assert_eq!(
+            family(&(libc::AF_INET as u16).to_ne_bytes()),
+            Some(libc::AF_INET as u16)
+        );
+    }
 }

@@ -168,4 +168,26 @@ mod tests {
         b[..8].copy_from_slice(&u64::MAX.to_ne_bytes());
         assert_eq!(walk(&b).next(), Some(Err(libc::EINVAL)));
     }
+
+    #[test]
+    fn a_full_buffer_stops_the_next_message() {
+        let mut b = [0u8; 24];
+        let p = put(&mut b, 0, 1, 2, &[1, 2, 3, 4]);
+        assert_eq!(
+            p,
+            Put {
+                used: 24,
+                truncated: false
+            }
+        );
+        let q = put(&mut b, p.used, 1, 3, &[5]);
+        assert_eq!(
+            q,
+            Put {
+                used: 24,
+                truncated: true
+            }
+        );
+        assert_eq!(walk(&b).count(), 1);
+    }
 }

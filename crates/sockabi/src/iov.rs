@@ -262,4 +262,20 @@ mod tests {
         assert_eq!(g.next_chunk(&mut out), 1 << 16);
         assert_eq!(out.len(), 1);
     }
+
+    #[test]
+    fn totals_clamp_across_many_segments() {
+        let segs = vec![seg(0x1000, 1 << 30); 4];
+        assert_eq!(import(segs.iter().copied(), &SP), Ok(MAX_RW_COUNT));
+        let lens: Vec<usize> = clamped_lens(&segs).collect();
+        assert_eq!(lens.iter().sum::<usize>(), MAX_RW_COUNT);
+        assert_eq!(lens[3], 0);
+    }
+
+    #[test]
+    fn empty_arrays_import_to_zero() {
+        assert_eq!(import(std::iter::empty(), &SP), Ok(0));
+        assert_eq!(import([seg(0, 0), seg(0, 0)], &SP), Ok(0));
+        assert_eq!(scatter([0, 0], 10).count(), 0);
+    }
 }

@@ -298,4 +298,31 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0  [vsyscall]
         }
         assert!(c.hit(2, 19 << 20, 10, Access::Read));
     }
+
+    #[test]
+    fn paths_with_spaces_and_blank_lines_parse() {
+        let m = Maps(b"\n1000-2000 rw-p 00000000 00:00 0    /tmp/a file (deleted)\n\n");
+        let v: Vec<Vma> = m.vmas().collect();
+        assert_eq!(
+            v,
+            vec![Vma {
+                start: 0x1000,
+                end: 0x2000,
+                read: true,
+                write: true
+            }]
+        );
+        assert_eq!(
+            m.covering(0x1800, 0x800, Access::Write),
+            Some((0x1000, 0x2000))
+        );
+        assert_eq!(m.covering(0x1800, 0x801, Access::Write), None);
+    }
+
+    #[test]
+    fn zero_length_ranges_still_need_their_byte_mapped() {
+        let m = Maps(MAPS);
+        assert!(m.covering(0xe03000, 0, Access::Read).is_some());
+        assert_eq!(m.covering(0x1000, 0, Access::Read), None);
+    }
 }
