@@ -24,7 +24,7 @@ pub mod classify;
 pub mod demux;
 pub mod fallback;
 mod neigh;
-mod reasm;
+pub mod reasm;
 mod registry;
 mod rx;
 pub mod shm;

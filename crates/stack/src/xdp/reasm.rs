@@ -23,16 +23,16 @@ use nanowire_wire::{EthernetFrame, Ipv4Packet, checksum};
 
 const ETH_HDR: usize = 14;
 /// Time a datagram has to complete (Linux's ipfrag_time).
-pub(crate) const TIMEOUT_NS: u64 = 30_000_000_000;
+pub const TIMEOUT_NS: u64 = 30_000_000_000;
 /// Datagrams in progress at once.
-pub(crate) const MAX_DATAGRAMS: usize = 64;
+pub const MAX_DATAGRAMS: usize = 64;
 /// Bytes buffered over all datagrams (Linux's ipfrag_high_thresh).
-pub(crate) const MAX_BYTES: usize = 4 << 20;
+pub const MAX_BYTES: usize = 4 << 20;
 /// Fragments per datagram (a 64 KiB datagram in 1 KiB fragments).
-pub(crate) const MAX_FRAGS: usize = 64;
+pub const MAX_FRAGS: usize = 64;
 
 /// A monotonic clock for the timeouts (ns since the first call).
-pub(crate) fn mono_ns() -> u64 {
+pub fn mono_ns() -> u64 {
     static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     EPOCH
         .get_or_init(std::time::Instant::now)
@@ -43,7 +43,7 @@ pub(crate) fn mono_ns() -> u64 {
 /// What happened to fragment frames (counted by the caller on the stats
 /// page; each field is a number of frames).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Tally {
+pub struct Tally {
     pub merged: u64,
     pub timeout: u64,
     pub overlap: u64,
@@ -83,10 +83,16 @@ impl Datagram {
     }
 }
 
-pub(crate) struct Reassembly {
+pub struct Reassembly {
     list: Vec<Datagram>,
     bytes: usize,
     tally: Tally,
+}
+
+impl Default for Reassembly {
+    fn default() -> Self {
+        Reassembly::new()
+    }
 }
 
 impl Reassembly {
@@ -100,6 +106,21 @@ impl Reassembly {
 
     pub fn is_empty(&self) -> bool {
         self.list.is_empty()
+    }
+
+    /// Datagrams in progress.
+    pub fn datagrams(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Bytes buffered (headers and payloads).
+    pub fn held_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Fragment frames held (not yet merged or dropped).
+    pub fn held_frames(&self) -> u64 {
+        self.list.iter().map(|d| d.frames).sum()
     }
 
     /// Frames counted since the last call.
