@@ -30,6 +30,14 @@ want objdump binutils
 want dpkg-deb dpkg
 want ssh openssh-client
 want cc gcc
+# the real-program TCP matrix (crates/nanowire/tests/apps_tcp_matrix.rs, issue 21)
+want nginx nginx
+want redis-server redis-server
+want redis-cli redis-tools
+want memcached memcached
+want wrk wrk
+want ab apache2-utils
+want curl curl
 # The runtimes of the event-loop echo programs (scripts/apps, issue 10). Debian 12's nodejs is 18;
 # the benchmarks in docs/benchmarks.md ran Node.js 20 (same dgram API).
 want node nodejs
