@@ -1562,9 +1562,9 @@ pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut off_t, count: size_t) -
 }
 
 /// # Safety
-/// As libc's `splice`. An engine TCP connection on either side is handed
-/// over to the kernel first (the engine has no pipe path); the kernel then
-/// splices as plainly.
+/// As libc's `splice`. An engine TCP connection with a pipe on the other
+/// side is served on the engine (`crate::splice`); two engine connections
+/// (which the kernel refuses too, EINVAL) are handed over first.
 pub unsafe fn splice(
     fd_in: c_int,
     off_in: *mut libc::loff_t,
@@ -1575,8 +1575,16 @@ pub unsafe fn splice(
 ) -> ssize_t {
     for fd in [fd_in, fd_out] {
         crate::fdlife::io_check(fd);
-        if tcpx::lookup(fd).is_some() {
-            crate::handover::to_kernel(fd, "splice() is served by the kernel");
+    }
+    let offs = (!off_in.is_null(), !off_out.is_null());
+    match (tcpx::lookup(fd_in), tcpx::lookup(fd_out)) {
+        (None, Some(t)) => return crate::splice::to_engine(t, fd_out, fd_in, offs, len, flags),
+        (Some(t), None) => return crate::splice::from_engine(t, fd_in, fd_out, offs, len, flags),
+        (None, None) => {}
+        (Some(_), Some(_)) => {
+            for fd in [fd_in, fd_out] {
+                crate::handover::to_kernel(fd, "splice() between two sockets is the kernel's");
+            }
         }
     }
     // SAFETY: the caller's own arguments, unchanged, to libc's function of

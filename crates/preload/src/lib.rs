@@ -78,6 +78,7 @@ mod share;
 mod signals;
 mod spawn;
 mod spin;
+mod splice;
 mod streamio;
 mod sys;
 mod table;

@@ -1350,11 +1350,19 @@ pub fn is_stream(t: &Tcp) -> bool {
 /// sendfile does. Returns bytes sent, or -1 with errno.
 pub fn sendfile(t: &Tcp, out: c_int, inp: c_int, off: Option<&mut i64>, count: usize) -> isize {
     const CHUNK: usize = 64 * 1024;
+    // The kernel moves at most MAX_RW_COUNT per call.
+    let count = count.min(0x7fff_f000);
     let mut pos = match off.as_deref() {
         Some(o) => *o,
         // SAFETY: lseek on the caller's fd; no memory is touched.
         None => match unsafe { libc::lseek(inp, 0, libc::SEEK_CUR) } {
-            -1 => return -1,
+            -1 => {
+                if errno() == libc::ESPIPE {
+                    // A pipe or socket as the source: the kernel's EINVAL.
+                    set_errno(libc::EINVAL);
+                }
+                return -1;
+            }
             p => p,
         },
     };
@@ -1367,6 +1375,10 @@ pub fn sendfile(t: &Tcp, out: c_int, inp: c_int, off: Option<&mut i64>, count: u
         if n < 0 {
             if total > 0 {
                 break;
+            }
+            if errno() == libc::ESPIPE {
+                // A pipe or socket as the source: the kernel's EINVAL.
+                set_errno(libc::EINVAL);
             }
             return -1;
         }

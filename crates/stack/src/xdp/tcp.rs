@@ -1469,6 +1469,10 @@ impl XdpTcpStream {
     pub fn recv_queue(&self) -> usize {
         self.eng.core().stack.recv_queue(self.c).unwrap_or(0)
     }
+    /// Bytes a send could queue now.
+    pub fn send_space(&self) -> usize {
+        self.eng.core().stack.send_space(self.c).unwrap_or(0)
+    }
     /// Bytes not yet acknowledged (SIOCOUTQ).
     pub fn send_queue(&self) -> usize {
         self.eng.core().stack.send_queue(self.c).unwrap_or(0)

@@ -1,0 +1,151 @@
+//! sendfile and splice on engine TCP connections (issue 21 item 4): a
+//! Python server sends a 50 MB file with `socket.sendfile` (os.sendfile)
+//! or from a pipe with `os.splice`, a client hashes the body, in all four
+//! placements (plain/plain, run/plain, plain/run, run/run), in the default
+//! lab (TSO/GSO on); and a server splices what it receives into a pipe.
+//! The probe is `scripts/sendfile_probe.py`.
+
+mod run_support;
+use nanowire_lab::testbed::{ADDR_B, Host, ScopedLab};
+use run_support::*;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(180);
+const SIZE: usize = 50 << 20;
+
+fn probe() -> String {
+    format!(
+        "{}/../../scripts/sendfile_probe.py",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+fn cmd_in(l: &ScopedLab, h: Host, run: bool, args: &[&str]) -> std::process::Command {
+    let p = probe();
+    let mut argv = vec!["python3", p.as_str()];
+    argv.extend_from_slice(args);
+    if run {
+        run_in(l, h, &["--engine", "xdp", "-o", "log=info"], &argv)
+    } else {
+        plain_in(l, h, &argv)
+    }
+}
+
+/// A 50 MB file of pseudo-random bytes in the private scratch directory,
+/// and its "SHA LEN".
+fn file() -> (String, String) {
+    let path = scratch("body.bin");
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut body = vec![0u8; SIZE];
+    for c in body.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+    }
+    std::fs::write(&path, &body).unwrap();
+    let o = std::process::Command::new("sha256sum")
+        .arg(&path)
+        .output()
+        .expect("sha256sum");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let sha = out.split_whitespace().next().unwrap().to_string();
+    (path.to_string_lossy().into_owned(), format!("{sha} {SIZE}"))
+}
+
+fn line<'a>(out: &'a str, key: &str) -> &'a str {
+    out.lines()
+        .find(|x| x.starts_with(key))
+        .unwrap_or_else(|| panic!("no {key:?} line in:\n{out}"))
+}
+
+const PLACEMENTS: [(bool, bool); 4] = [(false, false), (true, false), (false, true), (true, true)];
+
+fn serve_and_fetch(l: &ScopedLab, path: &str, want: &str, mode: &str, base: u16) {
+    let b = ADDR_B.to_string();
+    for (i, (srv_run, cli_run)) in PLACEMENTS.into_iter().enumerate() {
+        let port = (base + i as u16).to_string();
+        let mut s = spawn(
+            &format!("{mode}-srv-{i}"),
+            cmd_in(l, Host::B, srv_run, &["server", &b, &port, path, mode]),
+        );
+        s.wait_for("listening", T);
+        let mut c = spawn(
+            &format!("{mode}-cli-{i}"),
+            cmd_in(l, Host::A, cli_run, &["client", &b, &port]),
+        );
+        let co = c.success(T);
+        let so = s.success(T);
+        let tag = format!("{mode} server run={srv_run} client run={cli_run}");
+        assert_eq!(
+            line(&co, "got "),
+            format!("got {want}"),
+            "{tag}\n{co}\n{so}"
+        );
+        assert_eq!(line(&so, "sent "), format!("sent {SIZE}"), "{tag}\n{so}");
+        if srv_run {
+            assert!(
+                so.contains(&format!("tcp listener {b}:{port}: xdp")),
+                "{so}"
+            );
+            assert!(
+                !so.contains("moved to the kernel"),
+                "{tag}: handed over\n{so}"
+            );
+        }
+        if cli_run {
+            assert!(co.contains(&format!("-> {b}:{port}: xdp")), "{co}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs root"]
+fn sendfile_50mb_in_all_four_placements() {
+    let l = lab("sf");
+    let (path, want) = file();
+    serve_and_fetch(&l, &path, &want, "sendfile", 15100);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn splice_from_a_pipe_into_the_connection_in_all_four_placements() {
+    let l = lab("sp");
+    let (path, want) = file();
+    serve_and_fetch(&l, &path, &want, "splice", 15200);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn splice_from_the_connection_into_a_pipe() {
+    let l = lab("si");
+    let (path, want) = file();
+    let b = ADDR_B.to_string();
+    for (i, (srv_run, cli_run)) in PLACEMENTS.into_iter().enumerate() {
+        let port = (15300 + i as u16).to_string();
+        let mut s = spawn(
+            &format!("si-srv-{i}"),
+            cmd_in(
+                &l,
+                Host::B,
+                srv_run,
+                &["server", &b, &port, "-", "splice-in"],
+            ),
+        );
+        s.wait_for("listening", T);
+        let mut c = spawn(
+            &format!("si-cli-{i}"),
+            cmd_in(&l, Host::A, cli_run, &["client-send", &b, &port, &path]),
+        );
+        c.success(T);
+        let so = s.success(T);
+        assert_eq!(
+            line(&so, "in "),
+            format!("in {want}"),
+            "run={srv_run}\n{so}"
+        );
+        if srv_run {
+            assert!(!so.contains("moved to the kernel"), "handed over\n{so}");
+        }
+    }
+}
