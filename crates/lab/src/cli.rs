@@ -52,6 +52,12 @@ pub enum LabCmd {
     },
     /// Run the seed suite on every engine and write DIR/index.html + DIR/results.json.
     Report(crate::report::ReportArgs),
+    /// Run ARGV for as long as this ssh session's stdin is open (host b of `report --remote`).
+    #[command(hide = true)]
+    Hostexec {
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
     /// Run a command inside host a or b: `nanowire lab exec a -- ping 198.18.0.2`.
     Exec {
         host: Host,
@@ -153,6 +159,7 @@ pub fn run(args: LabArgs) -> Result<i32, String> {
             Ok(if st.complete { 0 } else { 1 })
         }
         LabCmd::Report(a) => crate::report::run(a, &args.name),
+        LabCmd::Hostexec { argv } => crate::report::remote::hostexec(&argv),
         LabCmd::Exec { host, argv } => {
             let lab = mk(1)?;
             if !lab.status().complete {

@@ -11,11 +11,50 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// Where one host's commands run.
+#[derive(Debug, Clone, Copy)]
+pub enum HostRunner<'a> {
+    /// This machine, as it is (host a of a two-host report).
+    Local,
+    /// A network namespace of the lab.
+    Netns(&'a Lab, Host),
+    /// Another machine over ssh, under `nanowire lab hostexec`.
+    Ssh(&'a super::remote::Remote),
+    /// Not reachable from here (host b of `--peer`).
+    Unreachable,
+}
+
+impl HostRunner<'_> {
+    pub fn command(&self, argv: &[String]) -> Result<Command, String> {
+        match self {
+            HostRunner::Local => {
+                let mut c = Command::new(&argv[0]);
+                c.args(&argv[1..]);
+                Ok(c)
+            }
+            HostRunner::Netns(l, h) => Ok(l.command(*h, argv)),
+            HostRunner::Ssh(r) => Ok(r.command(argv)),
+            HostRunner::Unreachable => Err(format!(
+                "needs `{}` on the peer; in --peer mode only the client side runs here",
+                argv.iter()
+                    .skip(1)
+                    .take(2)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            )),
+        }
+    }
+}
+
 /// Where the experiments run.
 #[derive(Debug, Clone)]
 pub enum Target {
     /// The virtual testbed: client in host a, server in host b.
     Lab(Lab),
+    /// Two real hosts: host a is this machine, host b is reached over ssh
+    /// and every server there is started (and stopped) by the report.
+    Remote(std::sync::Arc<super::remote::Remote>),
     /// Two real hosts: the client side here, `nanowire bench server` on the peer.
     Peer {
         addr: Ipv4Addr,
@@ -29,37 +68,48 @@ impl Target {
     pub fn server_addr(&self) -> Ipv4Addr {
         match self {
             Target::Lab(l) => l.addr(Host::B),
+            Target::Remote(r) => r.remote_addr,
             Target::Peer { addr, .. } => *addr,
+        }
+    }
+    /// Host a's address (the xdp engine finds its interface from it).
+    pub fn client_addr(&self) -> Option<Ipv4Addr> {
+        match self {
+            Target::Lab(l) => Some(l.addr(Host::A)),
+            Target::Remote(r) => Some(r.local_addr),
+            Target::Peer { .. } => None,
         }
     }
     pub fn describe(&self) -> String {
         match self {
             Target::Lab(l) => format!("lab:{}", l.name()),
+            Target::Remote(r) => format!(
+                "hosts:{} ({}) -> {} ({} over ssh)",
+                r.a.hostname, r.local_addr, r.b.hostname, r.ssh.dest
+            ),
             Target::Peer { addr, iface, port } => format!("peer:{addr}:{port}%{iface}"),
+        }
+    }
+    /// Both hosts are started by the report (server side included).
+    pub fn runs_servers(&self) -> bool {
+        !matches!(self, Target::Peer { .. })
+    }
+    /// Host b is another machine: a real wire between the hosts.
+    pub fn real_wire(&self) -> bool {
+        !matches!(self, Target::Lab(_))
+    }
+    pub fn runner(&self, h: Host) -> HostRunner<'_> {
+        match (self, h) {
+            (Target::Lab(l), h) => HostRunner::Netns(l, h),
+            (Target::Remote(_) | Target::Peer { .. }, Host::A) => HostRunner::Local,
+            (Target::Remote(r), Host::B) => HostRunner::Ssh(r),
+            (Target::Peer { .. }, Host::B) => HostRunner::Unreachable,
         }
     }
     /// A command running `argv` on host `h`. In peer mode host b is remote
     /// and cannot be started from here.
     pub fn command(&self, h: Host, argv: &[String]) -> Result<Command, String> {
-        match self {
-            Target::Lab(l) => Ok(l.command(h, argv)),
-            Target::Peer { .. } => match h {
-                Host::A => {
-                    let mut c = Command::new(&argv[0]);
-                    c.args(&argv[1..]);
-                    Ok(c)
-                }
-                Host::B => Err(format!(
-                    "needs `{}` on the peer; in --peer mode only the client side runs here",
-                    argv.iter()
-                        .skip(1)
-                        .take(2)
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                )),
-            },
-        }
+        self.runner(h).command(argv)
     }
 }
 
@@ -72,6 +122,8 @@ pub struct Proc {
     lines: Receiver<String>,
     stdin: Option<std::process::ChildStdin>,
     readers: Vec<std::thread::JoinHandle<()>>,
+    /// Runs in host b over ssh (under `hostexec`): its destination.
+    remote: Option<String>,
 }
 
 impl Proc {
@@ -81,6 +133,18 @@ impl Proc {
 
     /// With `keep_stdin`, the child's stdin is a pipe closed by [`Proc::close_stdin`].
     pub fn spawn_io(mut cmd: Command, name: &str, keep_stdin: bool) -> Result<Proc, String> {
+        // A command in host b over ssh lives as long as its session's stdin
+        // is open: always a pipe, held until the Proc is dropped.
+        let remote = cmd
+            .get_envs()
+            .find(|(k, _)| *k == super::remote::HOSTEXEC_ENV)
+            .and_then(|(_, v)| v.map(|v| v.to_string_lossy().into_owned()));
+        let name = match &remote {
+            Some(d) => format!("{name} on {d}"),
+            None => name.to_string(),
+        };
+        let name = name.as_str();
+        let keep_stdin = keep_stdin || remote.is_some();
         cmd.stdin(if keep_stdin {
             Stdio::piped()
         } else {
@@ -118,7 +182,7 @@ impl Proc {
                 }
             }));
         }
-        Ok(Proc {
+        let mut p = Proc {
             child,
             name: name.to_string(),
             stdout,
@@ -126,12 +190,35 @@ impl Proc {
             lines: rx,
             stdin,
             readers,
-        })
+            remote,
+        };
+        if let Some(dest) = p.remote.clone() {
+            // Until hostexec says it started the command, a failure is ssh's.
+            if let Err(e) = p.wait_ready(super::remote::READY, Duration::from_secs(30)) {
+                let code = p.child.try_wait().ok().flatten().and_then(|s| s.code());
+                return Err(if code == Some(255) {
+                    format!("ssh to {dest} failed: {}", p.err_line())
+                } else if e.contains("not ready") {
+                    format!("{dest}: {name} did not start within 30 s")
+                } else {
+                    format!("{dest}: cannot start {name}: {}", p.err_line())
+                });
+            }
+        }
+        Ok(p)
     }
 
     /// Signal end of input (the sink's `--stop-on-eof`).
     pub fn close_stdin(&mut self) {
-        self.stdin.take();
+        if self.remote.is_some() {
+            // The session's stdin must stay open (its end kills the command).
+            if let Some(w) = self.stdin.as_mut() {
+                use std::io::Write;
+                let _ = w.write_all(b"close\n").and_then(|_| w.flush());
+            }
+        } else {
+            self.stdin.take();
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -182,9 +269,30 @@ impl Proc {
         pick_err(&s)
     }
 
-    /// CPU seconds (utime + stime) the process has used so far.
-    pub fn cpu_seconds(&self) -> Option<f64> {
-        proc_cpu_seconds(self.child.id())
+    /// CPU seconds (utime + stime) the process has used so far (in host b
+    /// over ssh: asked of hostexec there).
+    pub fn cpu_seconds(&mut self) -> Option<f64> {
+        if self.remote.is_none() {
+            return proc_cpu_seconds(self.child.id());
+        }
+        {
+            use std::io::Write;
+            let w = self.stdin.as_mut()?;
+            w.write_all(b"cpu\n").and_then(|_| w.flush()).ok()?;
+        }
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end {
+            match self.lines.recv_timeout(Duration::from_millis(100)) {
+                Ok(l) => {
+                    if let Some(v) = l.strip_prefix(super::remote::CPU) {
+                        return v.trim().parse().ok().filter(|v: &f64| *v >= 0.0);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+        None
     }
 
     /// Wait for exit; on timeout kill it and fail.
@@ -253,7 +361,12 @@ fn pick_err(s: &str) -> String {
     };
     let lines: Vec<&str> = s
         .lines()
-        .filter(|l| !l.trim().is_empty() && !l.starts_with("READY"))
+        .filter(|l| {
+            !l.trim().is_empty()
+                && !l.starts_with("READY")
+                && !l.starts_with(super::remote::READY)
+                && !l.starts_with(super::remote::CPU)
+        })
         .collect();
     lines
         .iter()

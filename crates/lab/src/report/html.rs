@@ -641,6 +641,26 @@ fn env_html(env: &Value) -> String {
             add(&format!("lab {k}"), s(v));
         }
     }
+    // Two real hosts: each one's name, NIC, driver and kernel.
+    for (h, role) in [("a", "clients"), ("b", "servers")] {
+        let x = &env["hosts"][h];
+        if x.is_object() {
+            add(
+                &format!("host {h} ({role})"),
+                format!(
+                    "{} — {} on {} (driver {}), Linux {} {}, {} × {}",
+                    s(&x["hostname"]),
+                    s(&x["addr"]),
+                    s(&x["iface"]),
+                    s(&x["driver"]),
+                    s(&x["kernel"]),
+                    s(&x["arch"]),
+                    s(&x["cpus"]),
+                    s(&x["cpu_model"]),
+                ),
+            );
+        }
+    }
     if let Some(m) = env["sysctls"].as_object() {
         for (k, v) in m {
             add(k, s(v));
@@ -698,6 +718,15 @@ table.env td{white-space:normal}
 /// Other work (in CPUs) above which a report says the machine was busy.
 pub const BUSY_CPUS: f64 = 0.25;
 
+/// The number a section title starts with ("10. Tick-to-trade" -> 10);
+/// untitled sections go last, in their original order.
+fn section_number(title: &str) -> u32 {
+    title
+        .split_once('.')
+        .and_then(|(n, _)| n.trim().parse().ok())
+        .unwrap_or(u32::MAX)
+}
+
 pub fn render(r: &Report) -> String {
     let env = &r.env;
     let title = format!("nanowire lab report — {}", r.engines.join(" vs "));
@@ -717,6 +746,27 @@ pub fn render(r: &Report) -> String {
         env["cpus"].as_u64().unwrap_or(0),
         esc(env["lab"]["driver"].as_str().unwrap_or("?")),
     );
+    if env["hosts"]["b"].is_object() {
+        let one = |x: &Value| {
+            format!(
+                "{} ({}, {} {}, Linux {})",
+                x["hostname"].as_str().unwrap_or("?"),
+                x["addr"].as_str().unwrap_or("?"),
+                x["iface"].as_str().unwrap_or("?"),
+                x["driver"].as_str().unwrap_or("?"),
+                x["kernel"].as_str().unwrap_or("?")
+            )
+        };
+        h = h.replacen(
+            "</header>",
+            &format!(
+                "<p>host a (clients): {} · host b (servers): {}</p></header>",
+                esc(&one(&env["hosts"]["a"])),
+                esc(&one(&env["hosts"]["b"]))
+            ),
+            1,
+        );
+    }
     // Say so when the machine was busy: numbers from a loaded machine are not results.
     let load = |k: &str| {
         env[k]
@@ -745,8 +795,12 @@ pub fn render(r: &Report) -> String {
             "<p class=\"busy\">The machine was busy when this report started (1-minute load average {l:.1} on {cpus:.0} CPUs before any measurement): other work competed with the measurements. Treat the numbers as a smoke run, not as results.</p>"
         );
     }
+    // Sections in their numbered order (the suite runs them in another:
+    // loss last, the summary after everything), the page and its navigation alike.
+    let mut order: Vec<&Experiment> = r.experiments.iter().collect();
+    order.sort_by_key(|e| section_number(&e.title));
     h += "<nav><a href=\"#headline\">Headline</a>";
-    for ex in &r.experiments {
+    for ex in &order {
         h += &format!("<a href=\"#{}\">{}</a>", esc(&ex.id), esc(&ex.title));
     }
     h += "<a href=\"#environment\">Environment</a></nav>";
@@ -756,7 +810,7 @@ pub fn render(r: &Report) -> String {
         esc(env["virtualization"].as_str().unwrap_or("?")),
         table_html(&r.headline)
     );
-    for ex in &r.experiments {
+    for ex in &order {
         h += &section(ex);
     }
     h += &format!(
@@ -790,6 +844,59 @@ mod tests {
             },
             experiments: vec![],
         }
+    }
+
+    #[test]
+    fn navigation_and_sections_follow_the_section_numbers() {
+        let mut r = report(json!({"cpus": 2}));
+        // The order a report stores them in: run order, summary last.
+        for (id, t) in [
+            ("latency_vs_size", "1. Latency vs message size"),
+            ("latency_vs_load", "6. Latency vs network load"),
+            ("tick_to_trade", "10. Tick-to-trade"),
+            ("capture", "9. Capture"),
+            ("loss", "8. Loss on an impaired wire"),
+            ("summary", "7. Summary"),
+        ] {
+            r.experiments.push(crate::report::model::Experiment::new(
+                id, t, "seed", "method",
+            ));
+        }
+        let h = render(&r);
+        let nav = &h[h.find("<nav>").unwrap()..h.find("</nav>").unwrap()];
+        let pos = |hay: &str, id: &str| hay.find(&format!("#{id}\"")).unwrap();
+        let ids = [
+            "latency_vs_size",
+            "latency_vs_load",
+            "summary",
+            "loss",
+            "capture",
+            "tick_to_trade",
+        ];
+        for w in ids.windows(2) {
+            assert!(
+                pos(nav, w[0]) < pos(nav, w[1]),
+                "nav: {} before {}",
+                w[0],
+                w[1]
+            );
+            let sec = |id: &str| h.find(&format!("<section id=\"{id}\"")).unwrap();
+            assert!(sec(w[0]) < sec(w[1]), "page: {} before {}", w[0], w[1]);
+        }
+    }
+
+    #[test]
+    fn both_hosts_are_named_in_the_header_and_the_environment() {
+        let host = |n: &str, a: &str| json!({"hostname": n, "addr": a, "iface": "eth1", "driver": "mlx5_core", "kernel": "6.8.0", "arch": "x86_64", "cpus": 8, "cpu_model": "Xeon"});
+        let r = report(
+            json!({"cpus": 2, "hosts": {"a": host("alpha", "10.0.0.1"), "b": host("beta", "10.0.0.2")}}),
+        );
+        let h = render(&r);
+        let header = &h[..h.find("</header>").unwrap()];
+        assert!(
+            header.contains("alpha") && header.contains("beta") && header.contains("mlx5_core")
+        );
+        assert!(h.contains("host b (servers)") && h.contains("beta — 10.0.0.2 on eth1"));
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod html;
 pub mod loss;
 pub mod model;
 pub mod progress;
+pub mod remote;
 pub mod suite;
 
 use crate::testbed::{Host, Lab, LabOptions};
@@ -61,6 +62,21 @@ pub struct ReportArgs {
     /// Port of `nanowire bench server` on the peer (start one for UDP and one with --tcp).
     #[arg(long = "peer-port", default_value_t = 11111)]
     pub peer_port: u16,
+    /// Two real hosts: host b reached over ssh (USER@HOST or an ssh config
+    /// alias; BatchMode, your keys and config). The report starts every server
+    /// there itself, copying this nanowire over when host b has no nanowire of
+    /// this version. Needs --local-addr and --remote-addr.
+    #[arg(long, value_name = "USER@HOST", conflicts_with = "peer")]
+    pub remote: Option<String>,
+    /// With --remote: this host's address facing host b (host a, the clients).
+    #[arg(long = "local-addr", requires = "remote")]
+    pub local_addr: Option<Ipv4Addr>,
+    /// With --remote: host b's address (the servers bind it).
+    #[arg(long = "remote-addr", requires = "remote")]
+    pub remote_addr: Option<Ipv4Addr>,
+    /// With --remote: an ssh option (-o), e.g. --ssh-opt Port=2222 (repeatable).
+    #[arg(long = "ssh-opt", value_name = "OPTION", requires = "remote")]
+    pub ssh_opts: Vec<String>,
     /// Re-render index.html in --out from an existing results.json (no measurements).
     #[arg(long = "render-only")]
     pub render_only: bool,
@@ -89,6 +105,25 @@ fn validate(a: &ReportArgs) -> Result<(), String> {
                 "unknown experiment {o:?} in --only: expected one of {}",
                 ids.join(", ")
             ));
+        }
+    }
+    if let Some(r) = &a.remote {
+        if a.local_addr.is_none() || a.remote_addr.is_none() {
+            return Err(
+                "--remote needs --local-addr (this host's address) and --remote-addr (host b's)"
+                    .into(),
+            );
+        }
+        if r.is_empty() || r.starts_with('-') || r.chars().any(|c| c.is_whitespace()) {
+            return Err(format!(
+                "--remote {r:?}: expected USER@HOST or an ssh config alias"
+            ));
+        }
+        if a.ssh_opts
+            .iter()
+            .any(|o| !o.contains('=') || o.starts_with('-'))
+        {
+            return Err("--ssh-opt takes NAME=VALUE (an ssh -o option)".into());
         }
     }
     match (&a.peer, &a.iface) {
@@ -163,12 +198,38 @@ pub fn environment(target: &Target) -> Value {
         .map(|n| n.get())
         .unwrap_or(0);
     let mut sysctls = Map::new();
+    // Host b's (the receiver's) sysctls, in one ssh round trip.
+    let remote_sysctls: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
     for k in SYSCTLS {
         let path = format!("/proc/sys/{}", k.replace('.', "/"));
         // Network sysctls are per namespace: read them where the receiver runs;
         // the ones only the initial namespace has (busy_poll, backlog, ...) from here.
         let root = || read_trim(&path).map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "));
         let v = match (target, k.starts_with("net.")) {
+            (Target::Remote(r), _) => remote_sysctls
+                .get_or_init(|| {
+                    let cmd = SYSCTLS
+                        .iter()
+                        .map(|k| {
+                            format!(
+                                "echo \"$(cat /proc/sys/{} 2>/dev/null)\"",
+                                k.replace('.', "/")
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; ");
+                    r.ssh
+                        .run(&cmd, "reading sysctls", None)
+                        .map(|o| {
+                            o.lines()
+                                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                })
+                .get(SYSCTLS.iter().position(|x| *x == k).unwrap_or(0))
+                .cloned()
+                .filter(|v: &String| !v.is_empty()),
             (Target::Lab(l), true) => exec::run_capture(
                 l.command(Host::B, &["cat", path.as_str()]),
                 Duration::from_secs(5),
@@ -192,6 +253,28 @@ pub fn environment(target: &Target) -> Value {
                 "offloads_server": b.map(|h| h.offloads.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")),
                 "offloads_client": st.a.as_ref().map(|h| h.offloads.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")),
                 "topology": "two network namespaces joined by a veth pair; client on CPU 0, server on CPU 1",
+            })
+        }
+        Target::Remote(r) => {
+            let one = |h: &remote::HostInfo, role: &str| {
+                format!(
+                    "{} ({role}): {} {} on {}, driver {}, Linux {}, {}",
+                    h.hostname,
+                    h.addr,
+                    h.arch,
+                    h.iface,
+                    h.driver.as_deref().unwrap_or("?"),
+                    h.kernel,
+                    h.cpu_model.as_deref().unwrap_or("?")
+                )
+            };
+            json!({
+                "host_a": one(&r.a, "host a, clients, this machine"),
+                "host_b": one(&r.b, &format!("host b, servers, over ssh to {}", r.ssh.dest)),
+                "driver": format!("{} / {}", r.a.driver.as_deref().unwrap_or("?"), r.b.driver.as_deref().unwrap_or("?")),
+                "nanowire_on_b": r.nanowire,
+                "xdp": "none attached between runs (engines attach their own)",
+                "topology": "two real hosts: clients in host a (CPU 0), servers in host b (CPU 1) over a real wire",
             })
         }
         Target::Peer { addr, iface, .. } => json!({
@@ -219,7 +302,12 @@ pub fn environment(target: &Target) -> Value {
         "ethtool".into(),
         first_line(Command::new("ethtool").arg("--version")),
     );
+    let hosts = match target {
+        Target::Remote(r) => json!({"a": r.a, "b": r.b}),
+        _ => Value::Null,
+    };
     json!({
+        "hosts": hosts,
         "kernel": read_trim("/proc/sys/kernel/osrelease").map(|r| format!("Linux {r}")),
         "kernel_version": read_trim("/proc/sys/kernel/version"),
         "cpu_model": cpu_model,
@@ -644,7 +732,33 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
         "quick" => Params::quick(),
         _ => Params::full(),
     };
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find the nanowire binary: {e}"))?
+        .to_string_lossy()
+        .into_owned();
     let target = match (&args.peer, &args.iface) {
+        _ if args.remote.is_some() => {
+            let (Some(dest), Some(la), Some(ra)) =
+                (&args.remote, args.local_addr, args.remote_addr)
+            else {
+                unreachable!("validated");
+            };
+            let r = remote::Remote::connect(
+                remote::Ssh {
+                    dest: dest.clone(),
+                    opts: args.ssh_opts.clone(),
+                },
+                la,
+                ra,
+                &exe,
+            )?;
+            if !args.quiet {
+                for n in &r.notes {
+                    eprintln!("nanowire lab report: {n}");
+                }
+            }
+            Target::Remote(std::sync::Arc::new(r))
+        }
         (Some(addr), Some(iface)) => Target::Peer {
             addr: *addr,
             iface: iface.clone(),
@@ -660,10 +774,6 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
         }
     };
     nanowire_outfile::create_dir(&args.out, 0o750).map_err(|e| e.to_string())?;
-    let exe = std::env::current_exe()
-        .map_err(|e| format!("cannot find the nanowire binary: {e}"))?
-        .to_string_lossy()
-        .into_owned();
     let env = environment(&target);
     let progress = Progress::new(1.0, args.quiet);
     let mut ctx = Ctx::new(

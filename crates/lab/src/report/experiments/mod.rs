@@ -4,7 +4,7 @@
 //! (pinned to CPU 1), client side in host a (CPU 0); every number comes from
 //! the JSON the measuring processes print.
 
-use super::exec::{Proc, Target, proc_cpu_seconds};
+use super::exec::{Proc, Target};
 use super::model::{Experiment, Plot, Point, Series, Table, fmt_num, median};
 use super::progress::Progress;
 use crate::testbed::Host;
@@ -371,10 +371,10 @@ impl<'a> Ctx<'a> {
             gap_ns.to_string(),
         );
         // The xdp engine finds its interface from the bound address.
-        let bind = match self.target {
-            Target::Lab(l) => l.addr(Host::A).to_string(),
-            Target::Peer { .. } => "0.0.0.0".to_string(),
-        };
+        let bind = self
+            .target
+            .client_addr()
+            .map_or_else(|| "0.0.0.0".to_string(), |a| a.to_string());
         let mut g = vec![
             "bench",
             "burst",
@@ -413,13 +413,11 @@ impl<'a> Ctx<'a> {
         let gen_v = gen_p.finish_json(gen_t)?;
         // Everything the generator sent is queued or dropped by now (veth delivers in the
         // sender's context); leave a little time for a real link, then tell the sink.
-        std::thread::sleep(Duration::from_millis(
-            if matches!(self.target, Target::Lab(_)) {
-                5
-            } else {
-                50
-            },
-        ));
+        std::thread::sleep(Duration::from_millis(if self.target.real_wire() {
+            50
+        } else {
+            5
+        }));
         sink.close_stdin();
         let sink_v = sink.finish_json(Duration::from_secs_f64(
             20.0 + self.stall_ms as f64 / 1e3 + secs.unwrap_or(0.0),
@@ -453,8 +451,8 @@ impl<'a> Ctx<'a> {
     }
 }
 
-fn srv_cpu(p: &Proc) -> f64 {
-    proc_cpu_seconds(p.pid()).unwrap_or(0.0)
+fn srv_cpu(p: &mut Proc) -> f64 {
+    p.cpu_seconds().unwrap_or(0.0)
 }
 
 pub struct BurstResult {

@@ -307,7 +307,7 @@ impl<'a> Ctx<'a> {
         data: &mut TpData,
         ex: &mut Experiment,
     ) -> Result<(), String> {
-        let (srv, port) = self.start_server(e, true)?;
+        let (mut srv, port) = self.start_server(e, true)?;
         let secs = self.p.tp_secs.ceil().max(1.0) as u64;
         let mut ok = false;
         for &size in &self.p.tp_sizes_tcp {
@@ -316,7 +316,7 @@ impl<'a> Ctx<'a> {
                     &format!("throughput tcp {e} {size} B ({}/{})", rep + 1, self.repeats),
                     self.p.tp_secs + 0.9,
                 );
-                let cpu_srv0 = srv.as_ref().map_or(0.0, srv_cpu);
+                let cpu_srv0 = srv.as_mut().map_or(0.0, srv_cpu);
                 let extra = vec![
                     "tp".to_string(),
                     "-m".into(),
@@ -335,7 +335,7 @@ impl<'a> Ctx<'a> {
                     .get("cpu_util")
                     .and_then(Value::as_f64)
                     .map_or(100.0, |c| c * 100.0);
-                let cpu = (srv.as_ref().map_or(0.0, srv_cpu) - cpu_srv0) / wall * 100.0 + cli_cpu;
+                let cpu = (srv.as_mut().map_or(0.0, srv_cpu) - cpu_srv0) / wall * 100.0 + cli_cpu;
                 if gbps > 0.0 {
                     ok = true;
                     let d = data.entry((e.to_string(), "tcp".into(), size)).or_default();

@@ -26,9 +26,9 @@ impl<'a> Ctx<'a> {
 
     /// One exchange/strategy run; returns (exchange JSON, strategy JSON).
     fn t2t_run(&self, e: EngineKind, feed: u64) -> Result<(Value, Value), String> {
-        let Target::Lab(_) = self.target else {
-            return Err("needs both hosts of the lab (an exchange in host b)".into());
-        };
+        if !self.target.runs_servers() {
+            return Err("needs an exchange started in host b (the lab, or --remote)".into());
+        }
         let port = self.next_port();
         let md_port = self.next_port();
         let addr = self.target.server_addr().to_string();
