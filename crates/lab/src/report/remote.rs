@@ -102,8 +102,7 @@ impl Ssh {
         let line = err
             .lines()
             .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .last()
+            .rfind(|l| !l.is_empty())
             .unwrap_or("no error output")
             .to_string();
         Err(if out.status.code() == Some(255) {
@@ -207,7 +206,8 @@ impl Remote {
         // One round trip: who is it, and does it have this nanowire?
         let probe = ssh.run(
             &format!("{PATH_FIX} uname -m; uname -r; uname -n; p=$(command -v nanowire) && v=$(\"$p\" --version 2>/dev/null) && echo \"$p\" && echo \"$v\" || {{ echo -; echo -; }}; \
-             grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2; nproc"),
+             grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2; nproc; \
+             ip -o -4 addr show | awk -v a={remote_addr} '{{split($4, x, \"/\"); if (x[1] == a) {{print $2; exit}}}}'"),
             "probing the host",
             None,
         )?;
@@ -217,6 +217,12 @@ impl Remote {
             (get(0), get(1), get(2), get(3), get(4));
         if arch.is_empty() {
             return Err(format!("{dest}: unexpected answer to uname: {probe:?}"));
+        }
+        let iface = get(7);
+        if iface.is_empty() {
+            return Err(format!(
+                "{dest} has no interface with address {remote_addr} (--remote-addr; see ip -4 addr there)"
+            ));
         }
         let mut notes = vec![];
         let mut copied = None;
@@ -280,19 +286,17 @@ impl Remote {
             copied = Some(dir.clone());
             format!("{dir}/nanowire")
         };
-        // The remote address must be one of host b's: its interface, driver and doctor.
-        let doc = ssh.run(
+        // Host b's view of its interface (driver, offloads, XDP modes, findings).
+        let json = ssh.run(
             &format!(
-                "{PATH_FIX} ifc=$(ip -o -4 addr show | awk -v a={remote_addr} '{{split($4, x, \"/\"); if (x[1] == a) {{print $2; exit}}}}'); \
-                 [ -n \"$ifc\" ] || {{ echo \"no interface has address {remote_addr} (--remote-addr; see ip -4 addr there)\" >&2; exit 3; }}; \
-                 echo \"$ifc\"; {} doctor \"$ifc\" --json",
-                shq(&nanowire)
+                "{PATH_FIX} {} doctor {} --json",
+                shq(&nanowire),
+                shq(&iface)
             ),
-            &format!("checking --remote-addr {remote_addr}"),
+            &format!("nanowire doctor {iface}"),
             None,
         )?;
-        let (iface, json) = doc.split_once('\n').unwrap_or((doc.as_str(), ""));
-        let doctor: Option<serde_json::Value> = serde_json::from_str(json).ok();
+        let doctor: Option<serde_json::Value> = serde_json::from_str(&json).ok();
         let driver = doctor
             .as_ref()
             .and_then(|d| d["interfaces"][0]["driver"].as_str().map(String::from));
@@ -300,7 +304,7 @@ impl Remote {
             hostname,
             arch,
             kernel,
-            iface: iface.trim().to_string(),
+            iface,
             addr: remote_addr.to_string(),
             driver,
             cpu_model: Some(get(5)).filter(|s| !s.is_empty()),
