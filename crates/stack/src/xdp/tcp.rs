@@ -396,7 +396,90 @@ impl TcpEngine {
         moved > 0
     }
 
+    /// Send what the stack has to send: segments are built straight in the
+    /// TX ring's frames (one copy of the payload, from the connection's send
+    /// ring into the frame, headers written in place), posted in batches of
+    /// up to `TX_BATCH` with one kick per batch. A ring or pool that runs
+    /// out ends the pass with the rest still queued in the stack (sent on a
+    /// later turn, not lost). A segment for a next hop not in the cache
+    /// (`hop` takes the neighbour lock, never under the TX lock) and the
+    /// `faults` injector go through the copied path (`transmit_copied`).
     fn transmit(&self, core: &mut Core, now: u64) -> usize {
+        let mut total = 0;
+        loop {
+            let generation = self.engine.neigh.generation();
+            let src_mac = self.engine.iface().mac;
+            // A segment built whose next hop is not cached: it is moved to
+            // scratch slot 0 and finished outside the TX lock.
+            let mut miss: Option<nanowire_tcp::Transmit> = None;
+            let n = {
+                let mut tx = self.engine.tx();
+                if tx.faults.is_some() {
+                    drop(tx);
+                    return total + self.transmit_copied(core, now);
+                }
+                let Core {
+                    stack,
+                    hops,
+                    scratch,
+                    ip_id,
+                    ..
+                } = &mut *core;
+                tx.post_with(TX_BATCH, |_, fr| {
+                    let end = fr.len().min(SLOT);
+                    let t = stack.poll_transmit(now, &mut fr[HDRS..end])?;
+                    match cached_hop(hops, generation, t.dst) {
+                        Some(mac) => {
+                            *ip_id = ip_id.wrapping_add(1);
+                            write_hdrs(&mut fr[..HDRS], mac, src_mac, &t, *ip_id);
+                            Some(HDRS + t.len)
+                        }
+                        None => {
+                            scratch[HDRS..HDRS + t.len].copy_from_slice(&fr[HDRS..HDRS + t.len]);
+                            miss = Some(t);
+                            None
+                        }
+                    }
+                })
+            };
+            bump(self.engine.page.e(E::TxPackets), n as u64);
+            total += n;
+            match miss {
+                Some(t) => {
+                    self.send_scratch_slot0(core, t);
+                    total += 1;
+                }
+                None if n < TX_BATCH => return total,
+                None => {}
+            }
+        }
+    }
+
+    /// Slot 0 of the scratch holds a built TCP segment (after the headers)
+    /// whose next hop was not cached: look it up (neighbour lock) and post
+    /// it, or count it lost like a frame on the wire (TCP retransmits once
+    /// the neighbour is known).
+    #[cold]
+    fn send_scratch_slot0(&self, core: &mut Core, t: nanowire_tcp::Transmit) {
+        let Some((_, mac)) = self.hop(core, t.dst) else {
+            core.unresolved += 1;
+            bump(self.engine.page.e(E::DropNeighUnresolved), 1);
+            return;
+        };
+        core.ip_id = core.ip_id.wrapping_add(1);
+        let src_mac = self.engine.iface().mac;
+        write_hdrs(&mut core.scratch[..HDRS], mac, src_mac, &t, core.ip_id);
+        let sent = self.engine.tx().post(&[&core.scratch[..HDRS + t.len]]);
+        bump(self.engine.page.e(E::TxPackets), sent as u64);
+        if sent == 0 {
+            bump(self.engine.page.e(E::DropTxRingFull), 1);
+        }
+    }
+
+    /// The copied path (the `faults` injector wants frames as slices): each
+    /// segment built in the scratch, then copied into a TX frame by `post`.
+    #[cold]
+    fn transmit_copied(&self, core: &mut Core, now: u64) -> usize {
         let mut total = 0;
         loop {
             let mut n = 0;
@@ -416,19 +499,14 @@ impl TcpEngine {
                     continue;
                 };
                 core.ip_id = core.ip_id.wrapping_add(1);
-                let f = &mut core.scratch[off..off + SLOT];
-                f[0..6].copy_from_slice(&mac);
-                f[6..12].copy_from_slice(&self.engine.iface().mac);
-                f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
-                Ipv4Repr {
-                    src: t.src,
-                    dst: t.dst,
-                    protocol: PROTO_TCP,
-                    payload_len: t.len,
-                    ttl: t.ttl,
-                    ident: core.ip_id,
-                }
-                .emit_tos(&mut f[ETH_HDR..], t.tos);
+                let src_mac = self.engine.iface().mac;
+                write_hdrs(
+                    &mut core.scratch[off..off + HDRS],
+                    mac,
+                    src_mac,
+                    &t,
+                    core.ip_id,
+                );
                 core.lens[n] = HDRS + t.len;
                 n += 1;
             }
@@ -1710,5 +1788,83 @@ pub fn tcp_drain(limit: Duration) {
             return;
         }
         std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// The cached next hop's MAC for `dst` if the cache entry is of the current
+/// neighbour generation (no lock: for use under the TX lock).
+#[inline]
+fn cached_hop(
+    hops: &[(Ipv4Addr, u64, Ipv4Addr, [u8; 6])],
+    generation: u64,
+    dst: Ipv4Addr,
+) -> Option<[u8; 6]> {
+    hops.iter()
+        .find(|h| h.0 == dst && h.1 == generation)
+        .map(|h| h.3)
+}
+
+/// Write the Ethernet and IPv4 headers of segment `t` into `f` (`HDRS` bytes).
+#[inline]
+fn write_hdrs(
+    f: &mut [u8],
+    mac: [u8; 6],
+    src_mac: [u8; 6],
+    t: &nanowire_tcp::Transmit,
+    ident: u16,
+) {
+    f[0..6].copy_from_slice(&mac);
+    f[6..12].copy_from_slice(&src_mac);
+    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    Ipv4Repr {
+        src: t.src,
+        dst: t.dst,
+        protocol: PROTO_TCP,
+        payload_len: t.len,
+        ttl: t.ttl,
+        ident,
+    }
+    .emit_tos(&mut f[ETH_HDR..], t.tos);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nanowire_wire::Ipv4Packet;
+
+    #[test]
+    fn cached_hop_takes_only_the_current_generation() {
+        let a = Ipv4Addr::new(198, 18, 0, 2);
+        let b = Ipv4Addr::new(198, 18, 0, 3);
+        let src = Ipv4Addr::new(198, 18, 0, 1);
+        let hops = vec![(a, 7, src, [1; 6]), (b, 6, src, [2; 6])];
+        assert_eq!(cached_hop(&hops, 7, a), Some([1; 6]));
+        // A stale entry (the neighbour table changed since) is a miss: the
+        // segment takes the locked path, which looks the hop up again.
+        assert_eq!(cached_hop(&hops, 7, b), None);
+        assert_eq!(cached_hop(&hops, 7, Ipv4Addr::new(10, 0, 0, 1)), None);
+    }
+
+    #[test]
+    fn headers_written_in_place_are_a_valid_ipv4_frame() {
+        let t = nanowire_tcp::Transmit {
+            src: Ipv4Addr::new(198, 18, 0, 1),
+            dst: Ipv4Addr::new(198, 18, 0, 2),
+            len: 1000,
+            ttl: 64,
+            tos: 0x10,
+        };
+        let mut f = vec![0xAAu8; HDRS + t.len];
+        write_hdrs(&mut f[..HDRS], [2; 6], [3; 6], &t, 0x1234);
+        assert_eq!(&f[0..6], &[2; 6]);
+        assert_eq!(&f[6..12], &[3; 6]);
+        assert_eq!(&f[12..14], &[0x08, 0x00]);
+        let p = Ipv4Packet::new_checked(&f[ETH_HDR..]).expect("checked view");
+        assert!(p.verify_checksum());
+        let r = Ipv4Repr::parse(&p, true).expect("parses");
+        assert_eq!((r.src, r.dst, r.payload_len), (t.src, t.dst, t.len));
+        assert_eq!((r.ttl, r.ident, r.protocol), (64, 0x1234, PROTO_TCP));
+        // The segment after the headers is left alone.
+        assert!(f[HDRS..].iter().all(|&b| b == 0xAA));
     }
 }

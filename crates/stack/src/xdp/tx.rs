@@ -334,6 +334,33 @@ impl TxPath {
         n
     }
 
+    /// Build up to `max` frames straight in the TX ring's frames (one copy
+    /// per frame: `fill` writes headers and payload in place, returning the
+    /// length, or `None` to stop with nothing queued for that frame), post
+    /// them as one batch, kick once and reap completions. Not for the
+    /// `faults` injector (which needs the frames as slices: `post`).
+    /// Returns frames posted; the ring or pool running out ends the batch
+    /// early without calling `fill` again (nothing is lost).
+    #[inline]
+    pub fn post_with(
+        &mut self,
+        max: usize,
+        mut fill: impl FnMut(usize, &mut [u8]) -> Option<usize>,
+    ) -> usize {
+        debug_assert!(self.faults.is_none());
+        let TxPath { xsk, tap, .. } = self;
+        let n = xsk.send_with(max, |i, fr| {
+            let len = fill(i, fr)?;
+            tap.record(&fr[..len.min(fr.len())]);
+            Some(len)
+        });
+        if self.xsk.occupancy() > 0 {
+            self.xsk.kick();
+        }
+        self.xsk.reap();
+        n
+    }
+
     fn post_plain(&mut self, frames: &[&[u8]]) -> usize {
         let tap = &mut self.tap;
         self.xsk.send_with(frames.len(), |i, fr| {
