@@ -32,9 +32,10 @@ fn cmd_in(l: &ScopedLab, h: Host, run: bool, args: &[&str]) -> std::process::Com
 }
 
 /// A 50 MB file of pseudo-random bytes in the private scratch directory,
-/// and its "SHA LEN".
-fn file() -> (String, String) {
-    let path = scratch("body.bin");
+/// and its "SHA LEN"; one file per test (they run in parallel: a shared
+/// one would be rewritten under another test's reader).
+fn file(tag: &str) -> (String, String) {
+    let path = scratch(&format!("body-{tag}.bin"));
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut body = vec![0u8; SIZE];
     for c in body.chunks_mut(8) {
@@ -103,7 +104,7 @@ fn serve_and_fetch(l: &ScopedLab, path: &str, want: &str, mode: &str, base: u16)
 #[ignore = "needs root"]
 fn sendfile_50mb_in_all_four_placements() {
     let l = lab("sf");
-    let (path, want) = file();
+    let (path, want) = file("sf");
     serve_and_fetch(&l, &path, &want, "sendfile", 15100);
 }
 
@@ -111,7 +112,7 @@ fn sendfile_50mb_in_all_four_placements() {
 #[ignore = "needs root"]
 fn splice_from_a_pipe_into_the_connection_in_all_four_placements() {
     let l = lab("sp");
-    let (path, want) = file();
+    let (path, want) = file("sp");
     serve_and_fetch(&l, &path, &want, "splice", 15200);
 }
 
@@ -119,7 +120,7 @@ fn splice_from_a_pipe_into_the_connection_in_all_four_placements() {
 #[ignore = "needs root"]
 fn splice_from_the_connection_into_a_pipe() {
     let l = lab("si");
-    let (path, want) = file();
+    let (path, want) = file("si");
     let b = ADDR_B.to_string();
     for (i, (srv_run, cli_run)) in PLACEMENTS.into_iter().enumerate() {
         let port = (15300 + i as u16).to_string();
