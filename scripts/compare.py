@@ -28,6 +28,11 @@ the TCP message rate of `bench tp --tcp --mps max` per engine (ratio to spin):
     scripts/compare.py --scenario tcp-msg-rate --repeats 3 --seconds 3 --size 64
     scripts/compare.py --scenario issue21-iperf --repeats 5 --seconds 10   # iperf3 -P 4: plain / server / client / both under run
 
+Wave 3: sockperf UDP and TCP under `nanowire run`, this tree's shim against an older one
+(e.g. the session's starting point), interleaved, with spinning kernel TCP as the TCP yardstick:
+
+    NANOWIRE_OLD_PRELOAD=/work/baseline/libnanowire_preload.so scripts/compare.py --scenario wave3-regress
+
 The floor of the machine: a minimal AF_XDP UDP ping-pong (crates/xdp/examples/xsk_floor.rs, built
 on demand) against `nanowire bench` xdp↔xdp, sockperf under `nanowire run` and plain sockperf, 64 B,
 interleaved; ratios to the floor (what is the engine's own cost) and floor/plain (the best any
@@ -187,6 +192,18 @@ def scenarios(secs, size):
         ]),
         # Issue 8: stalled-receiver burst (see burst_trial), before and after.
         "issue8-burst": ("before", [("before", BASE, None, None), ("after", NW, None, None)]),
+        # Wave 3 (issues 20-22): sockperf under `nanowire run` both ends, this tree's shim against
+        # the shim of NANOWIRE_OLD_PRELOAD (the session's starting point), UDP and TCP, with
+        # spinning kernel TCP as issue 11's yardstick. Acceptance: new/old p50 ~1.0 (UDP and
+        # TCP), run xdp tcp <= 0.6x run spin tcp.
+        "wave3-regress": ("run xdp udp (old shim)", [
+            ("run xdp udp (old shim)", old_shim(nw_run("xdp", sp_sr())), old_shim(nw_run("xdp", sp_pp(secs, size))), sp),
+            ("run xdp udp", nw_run("xdp", sp_sr()), nw_run("xdp", sp_pp(secs, size)), sp),
+            ("run xdp tcp (old shim)", old_shim(nw_run("xdp", sp_sr(["--tcp"]))),
+             old_shim(nw_run("xdp", sp_pp(secs, size, ["--tcp"]))), sp),
+            ("run xdp tcp", nw_run("xdp", sp_sr(["--tcp"])), nw_run("xdp", sp_pp(secs, size, ["--tcp"])), sp),
+            ("run spin tcp", nw_run("spin", sp_sr(["--tcp"])), nw_run("spin", sp_pp(secs, size, ["--tcp"])), sp),
+        ] if os.environ.get("NANOWIRE_OLD_PRELOAD") else []),
         "issue4-tcp": ("plain", [
             ("plain", sp_sr(["--tcp"]), sp_pp(secs, size, ["--tcp"]), sp),
             ("run", nw_run("xdp", sp_sr(["--tcp"])), nw_run("xdp", sp_pp(secs, size, ["--tcp"])), sp),
