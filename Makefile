@@ -37,7 +37,7 @@ lint: deps
 # runs them too; a plain `cargo test` runs only the unprivileged ones.
 test: export NANOWIRE_WITH_BROWSER := 1
 test: deps lint
-	$(CARGO) test --release --workspace --locked -- --test-threads=2 --include-ignored
+	$(CARGO) test --release --workspace --locked --no-fail-fast -- --test-threads=2 --include-ignored
 
 lab: build
 	$(NANOWIRE) lab up
