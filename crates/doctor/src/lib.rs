@@ -883,16 +883,12 @@ pub fn iface(name: &str) -> IfaceReport {
     if tso && (d == "veth" || generic_now || native == Some(false)) {
         f.push(finding(
             "offloads",
-            Level::Warn,
+            Level::Info,
             format!(
-                "TSO/GSO on{}: in generic XDP mode a kernel peer's 64 KiB TSO/GSO super-frames (and GRO super-frames) reach the engine and are dropped as too large (xsk_rx_dropped); native mode on veth makes the peer stop GSO by itself",
+                "TSO/GSO on{}: in generic XDP mode a kernel peer's 64 KiB TSO/GSO super-frames (and GRO super-frames) reach the engine as one multi-buffer chain each (frags-aware program, XDP_USE_SG) and its TCP takes them whole; native mode on veth makes the peer stop GSO by itself. Without multi-buffer (an old kernel) the engine leaves TCP on the kernel and says so (tcp_no_multi_buffer)",
                 if generic_now { " with a generic-mode XDP program attached" } else { "" }
             ),
-            Some(if d == "veth" {
-                "attach natively (NANOWIRE_XDP_MODE=native) or turn segmentation off on the sending peer: ethtool -K PEER tso off gso off".into()
-            } else {
-                format!("turn segmentation and GRO off on this path: ethtool -K {name} tso off gso off gro off (and on the peer)")
-            }),
+            None,
         ));
     } else {
         f.push(finding(
