@@ -184,6 +184,11 @@ pub fn poll_mixed(
                     revents: 0,
                 })
                 .collect();
+            if !s.iter().filter_map(|p| tcpx::lookup(p.fd)).all(tcpx::arm) {
+                // Frames queued for an engine TCP socket: look again.
+                now = now_ns();
+                continue;
+            }
             let extra: Vec<c_int> = s
                 .iter()
                 .filter_map(|p| accel::lookup(p.fd))
@@ -661,6 +666,16 @@ pub fn epoll_mixed(
         }
         if !w.spin() {
             let slice = total_ns.map_or(SLICE_NS, |t| (t - spent).min(SLICE_NS));
+            let tcps: Vec<&'static tcpx::Tcp> = reg()
+                .iter()
+                .filter(|i| i.ep == ep)
+                .filter_map(|i| i.tcp)
+                .collect();
+            if !tcps.into_iter().all(tcpx::arm) {
+                // Frames queued for an engine TCP socket: look again.
+                now = now_ns();
+                continue;
+            }
             let extra: Vec<c_int> = {
                 let r = reg();
                 let a: Vec<c_int> = r

@@ -249,26 +249,69 @@ fn opts() -> EngineOptions {
 /// asked for (at least 4 KiB).
 fn opts_for(fd: c_int) -> EngineOptions {
     let mut o = opts();
-    // SAFETY: plain socket(2); closed below.
-    let fresh = unsafe { real::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fresh < 0 {
-        return o;
-    }
-    for (name, slot) in [
-        (libc::SO_RCVBUF, &mut o.rcvbuf),
-        (libc::SO_SNDBUF, &mut o.sndbuf),
+    let (drcv, dsnd) = fresh_buffer_sizes();
+    for (name, slot, d) in [
+        (libc::SO_RCVBUF, &mut o.rcvbuf, drcv),
+        (libc::SO_SNDBUF, &mut o.sndbuf, dsnd),
     ] {
-        if let (Some(v), Some(d)) = (
-            get_int(fd, libc::SOL_SOCKET, name),
-            get_int(fresh, libc::SOL_SOCKET, name),
-        ) && v != d
+        if let (Some(v), Some(d)) = (get_int(fd, libc::SOL_SOCKET, name), d)
+            && v != d
         {
             *slot = Some((v.max(0) as usize / 2).max(4096));
         }
     }
-    // SAFETY: the socket made above, ours.
-    unsafe { real::close(fresh) };
     o
+}
+
+/// SO_RCVBUF and SO_SNDBUF of a fresh TCP socket (the sysctl defaults),
+/// read once per process: not a socket per connect.
+fn fresh_buffer_sizes() -> (Option<c_int>, Option<c_int>) {
+    static SIZES: std::sync::OnceLock<(Option<c_int>, Option<c_int>)> = std::sync::OnceLock::new();
+    *SIZES.get_or_init(|| {
+        // SAFETY: plain socket(2); closed below.
+        let fresh =
+            unsafe { real::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        if fresh < 0 {
+            return (None, None);
+        }
+        let v = (
+            get_int(fresh, libc::SOL_SOCKET, libc::SO_RCVBUF),
+            get_int(fresh, libc::SOL_SOCKET, libc::SO_SNDBUF),
+        );
+        // SAFETY: the socket made above, ours.
+        unsafe { real::close(fresh) };
+        v
+    })
+}
+
+/// Before sleeping on `t`'s wait fds: frames another thread queues for its
+/// engine stack signal them (see `XdpTcpStream::sleep_arm`). False: frames
+/// are queued already; turn instead of sleeping.
+pub fn arm(t: &Tcp) -> bool {
+    match t.get().as_deref() {
+        Some(Inner::Stream(s)) => engine_call(|| s.sleep_arm()),
+        Some(Inner::Listener(l)) => engine_call(|| l.sleep_arm()),
+        None => true,
+    }
+}
+
+/// The lowest fd number for the duplicates that keep a closed
+/// connection's port in the kernel until the engine has finished it:
+/// high, so that they never take the small numbers an application's next
+/// sockets get (as plainly: a connection in TIME-WAIT holds no fd; an
+/// event loop sized for its connections, e.g. wrk's, fails past it).
+fn keep_fd_floor() -> c_int {
+    static FLOOR: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
+    *FLOOR.get_or_init(|| {
+        // SAFETY: an all-zero rlimit is valid; getrlimit writes it.
+        let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid out-pointer.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+            return 0;
+        }
+        let cur = r.rlim_cur.min(1 << 20) as c_int;
+        (cur - cur / 4).clamp(0, 4096)
+    })
 }
 
 fn err_no(e: XdpTcpError) -> c_int {
@@ -415,6 +458,13 @@ fn wait_for<R>(
         }
         if spinning && !w.spin() {
             spinning = false;
+        }
+        if !spinning && !arm(t) {
+            // Frames are queued for the stack: take them in first.
+            if let Some(r) = attempt() {
+                return Ok(r);
+            }
+            continue;
         }
         if !spinning {
             let slice = if timeo_ns == 0 {
@@ -1068,7 +1118,12 @@ fn close_record(t: &Tcp, fd: c_int, exiting: bool) {
             // the kernel until the engine has finished the connection.
             let keep = if t.adopted && !exiting {
                 // SAFETY: dup of the application's fd, closed just after.
-                let d = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+                let mut d =
+                    unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, keep_fd_floor() as u64) };
+                if d < 0 {
+                    // SAFETY: as above, any number.
+                    d = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+                }
                 (d >= 0).then(|| {
                     // SAFETY: a fresh descriptor we own.
                     unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(d) }

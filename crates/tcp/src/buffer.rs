@@ -10,10 +10,44 @@ pub struct Ring {
     len: usize,
 }
 
+/// Ring storage of finished connections, kept for the next ones: a
+/// connection's two rings are hundreds of KiB, and allocating them fresh
+/// per connection costs page faults and zeroing on every connect and
+/// accept (the allocator hands freed big blocks back to the kernel). At
+/// most [`POOL_BYTES`] are kept. Only a ring's content (`[0, len)`, bytes
+/// it wrote) is ever read, so reused storage is not cleared.
+static POOL: std::sync::Mutex<Vec<Box<[u8]>>> = std::sync::Mutex::new(Vec::new());
+/// Bytes of idle ring storage kept per process at most.
+pub const POOL_BYTES: usize = 4 << 20;
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        let cap = self.buf.len();
+        if cap == 0 {
+            return;
+        }
+        // try_lock: never wait here (nor deadlock in a forked child).
+        if let Ok(mut p) = POOL.try_lock() {
+            let held: usize = p.iter().map(|b| b.len()).sum();
+            if held + cap <= POOL_BYTES {
+                p.push(std::mem::take(&mut self.buf));
+            }
+        }
+    }
+}
+
 impl Ring {
     pub fn new(capacity: usize) -> Ring {
+        let reused = if capacity == 0 {
+            None
+        } else {
+            POOL.try_lock().ok().and_then(|mut p| {
+                let i = p.iter().position(|b| b.len() == capacity)?;
+                Some(p.swap_remove(i))
+            })
+        };
         Ring {
-            buf: vec![0u8; capacity].into_boxed_slice(),
+            buf: reused.unwrap_or_else(|| vec![0u8; capacity].into_boxed_slice()),
             head: 0,
             len: 0,
         }

@@ -44,9 +44,16 @@ impl Secret {
         ((now_ns / 4000) as u32).wrapping_add(self.hash(1, t, 0, 0) as u32)
     }
 
-    /// Per-connection random offset of our TSval clock (as Linux does).
+    /// Random offset of our TSval clock per address pair, as Linux's
+    /// `secure_tcp_ts_off(saddr, daddr)`: successive connections to a peer
+    /// send increasing timestamps, so a peer holding an earlier one on the
+    /// same 4-tuple in TIME-WAIT accepts the new SYN (RFC 6191).
     pub fn ts_offset(&self, t: &FourTuple) -> u32 {
-        self.hash(2, t, 0, 0) as u32
+        let pair = FourTuple {
+            local: std::net::SocketAddrV4::new(*t.local.ip(), 0),
+            remote: std::net::SocketAddrV4::new(*t.remote.ip(), 0),
+        };
+        self.hash(2, &pair, 0, 0) as u32
     }
 
     /// The ISN of a SYN-ACK sent without state: 5 bits of a 64 s counter,

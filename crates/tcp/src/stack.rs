@@ -285,6 +285,12 @@ impl TcpStack {
             .conn
             .as_mut()
             .expect("checked above");
+        if c.orphan && c.state == State::TimeWait && c.rx.capacity() + c.tx.capacity() > 0 {
+            // An orphan in TIME-WAIT keeps its sequence state only (as the
+            // kernel's timewait socket): its rings go back to the pool.
+            c.tx = crate::buffer::Ring::new(0);
+            c.rx = crate::buffer::Ring::new(0);
+        }
         if self.conn_events
             && !c.orphan
             && !c.in_accept_queue

@@ -109,6 +109,11 @@ pub struct Engine {
     /// The fds a forked child must not keep: the steering program's link,
     /// program and maps, and the AF_XDP sockets (see [`Engine::disown`]).
     child_fds: Vec<RawFd>,
+    /// The TCP stack every client connection of the process on this
+    /// engine shares (tcp.rs, `TcpEngine::clients`).
+    tcp_clients: Mutex<std::sync::Weak<tcp::TcpEngine>>,
+    /// The network namespace it was opened in (inode).
+    netns: u64,
 }
 
 /// The variable of the options table's `faults` row: the engine's seeded
@@ -286,6 +291,8 @@ impl Engine {
             mem,
             fork_gen: registry::fork_gen(),
             child_fds,
+            tcp_clients: Mutex::new(std::sync::Weak::new()),
+            netns: registry::netns_id(),
         })
     }
 

@@ -1,30 +1,48 @@
-//! Neighbours as the kernel sees them, without ever making a sender wait.
+//! Neighbours as the kernel sees them, without ever making a sender wait,
+//! in bounded state.
 //!
-//! A destination's entry is one of:
-//! * `Ready(Xdp{src, mac})`: frames go out through the rings;
-//! * `Ready(Kernel)`: not through our interface (loopback, another NIC, a
-//!   local address): the socket's kernel twin sends it;
-//! * `Pending`: the kernel is resolving the next hop (ARP). Datagrams wait
-//!   in the entry, bounded as the kernel bounds its `arp_queue` (by
-//!   default `unres_qlen_bytes` = 212992 bytes of truesize, ~101 full-size
-//!   packets; the old default of 3 packets is too few: a sender whose
-//!   first datagrams are a warm-up, e.g. sockperf, would lose the real
-//!   ones). When full, the oldest is dropped, counted, as in the kernel.
-//!   The send itself returns success, as the kernel's does;
-//! * `Failed`: resolution failed less than [`NEGATIVE_TTL`] ago (the
-//!   negative cache). Sends are counted drops; a connected socket gets
-//!   EHOSTUNREACH, as from the kernel.
+//! Two tables, both bounded and aged (entries unused for [`IDLE`] go; a full
+//! table evicts its least recently used entry, as the kernel's neighbour
+//! garbage collector does past `gc_thresh3`):
+//! * **routes**, per destination that is *not* on-link: how it is reached
+//!   (through our interface via a next hop and from a source address, or by
+//!   the kernel: loopback, another NIC, a local address), from one
+//!   RTM_GETROUTE. On-link destinations (inside a prefix of the
+//!   interface's own addresses, where the kernel's prefix route sends them)
+//!   need no entry: the destination is the next hop. At most [`MAX_ROUTES`].
+//! * **neighbours**, per next hop (gateway or on-link destination), at most
+//!   [`MAX_NEIGH`]:
+//!   * `Ready(mac)`: frames go out through the rings;
+//!   * `Pending`: the kernel is resolving it (ARP). Datagrams wait in the
+//!     entry, bounded as the kernel bounds its `arp_queue` (by default
+//!     `unres_qlen_bytes` = 212992 bytes of truesize, ~101 full-size
+//!     packets; the old default of 3 packets is too few: a sender whose
+//!     first datagrams are a warm-up, e.g. sockperf, would lose the real
+//!     ones). When full, the oldest is dropped, counted, as in the kernel.
+//!     The send itself returns success, as the kernel's does;
+//!   * `Failed`: resolution failed less than [`NEGATIVE_TTL`] ago (the
+//!     negative cache). Sends are counted drops; a connected socket gets
+//!     EHOSTUNREACH, as from the kernel.
 //!
-//! Route and neighbour lookups (rtnetlink) run in the sending thread only
-//! on a cache miss and outside every lock; waiting for an ARP answer
-//! happens in the engine's neighbour thread, which also follows the
-//! kernel's neighbour and route changes (RTM_NEWNEIGH/DELNEIGH,
-//! RTM_NEWROUTE/DELROUTE) so that a changed MAC or route is used within
-//! milliseconds. Each change bumps a generation number; sockets cache their
-//! last destination and revalidate it with one atomic load.
+//! So a thousand peers behind one gateway share one neighbour entry, and a
+//! flood from spoofed sources (SYNs, datagrams answered to each source)
+//! grows nothing past the bounds: `neigh_entries` and `neigh_routes` on the
+//! stats page say how full the tables are.
+//!
+//! Route and neighbour lookups (rtnetlink) run on a cache miss, outside
+//! every lock: in the sending thread for UDP sockets and connects
+//! ([`Neigh::learn`]), in the neighbour thread for the TCP engine's
+//! transmit path ([`Neigh::request`]: the TCP engine never calls netlink
+//! under its lock; it parks the segment until the answer is there).
+//! Waiting for an ARP answer happens in the neighbour thread, which also
+//! follows the kernel's neighbour and route changes
+//! (RTM_NEWNEIGH/DELNEIGH, RTM_NEWROUTE/DELROUTE) so that a changed MAC or
+//! route is used within milliseconds. Each change bumps a generation
+//! number; sockets cache their last destination and revalidate it with one
+//! atomic load.
 
 use super::demux::FastMap;
-use super::shm::{E, S, StatsPage, add};
+use super::shm::{E, S, StatsPage, add, set};
 use super::tx::{TxPath, Wire};
 use nanowire_xdp::netlink::{self, Event, Monitor, Route};
 use std::io;
@@ -50,6 +68,16 @@ pub const NEGATIVE_TTL: Duration = Duration::from_secs(1);
 /// Re-read the kernel's entry of a pending neighbour this often (a safety
 /// net: the answer normally arrives as an event).
 const RECHECK: Duration = Duration::from_millis(50);
+/// Neighbour entries (per next hop) at most: the kernel's default
+/// `gc_thresh3`.
+pub const MAX_NEIGH: usize = 1024;
+/// Route entries (per off-link destination) at most.
+pub const MAX_ROUTES: usize = 1024;
+/// An entry nobody used for this long goes (the next use looks it up
+/// again; the kernel's `gc_stale_time` is 60 s).
+pub const IDLE: Duration = Duration::from_secs(60);
+/// Destinations waiting for the neighbour thread to look them up.
+const MAX_REQUESTS: usize = 64;
 
 /// How a destination is reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +102,7 @@ pub(crate) struct Queued {
 }
 
 enum State {
-    Ready(Hop),
+    Ready([u8; 6]),
     Pending {
         since: Instant,
         checked: Instant,
@@ -85,20 +113,52 @@ enum State {
     },
 }
 
-struct Entry {
-    /// The next hop whose MAC this entry needs (gateway or destination).
-    hop: Ipv4Addr,
-    src: Ipv4Addr,
+struct NeighEntry {
     state: State,
+    used: Instant,
 }
+
+#[derive(Clone, Copy)]
+enum Via {
+    /// Through our interface to `hop`, from `src`.
+    Xdp {
+        hop: Ipv4Addr,
+        src: Ipv4Addr,
+    },
+    /// Needs no resolution (multicast, broadcast).
+    Static {
+        src: Ipv4Addr,
+        mac: [u8; 6],
+    },
+    Kernel,
+}
+
+struct RouteEntry {
+    via: Via,
+    used: Instant,
+}
+
+#[derive(Default)]
+struct Tables {
+    routes: FastMap<u32, RouteEntry>,
+    neigh: FastMap<u32, NeighEntry>,
+    /// Destinations for the neighbour thread to look up ([`Neigh::request`]).
+    requests: Vec<Ipv4Addr>,
+}
+
+/// A prefix of one of the interface's addresses: (network, mask, address).
+type Prefix = (u32, u32, Ipv4Addr);
 
 pub(crate) struct Neigh {
     generation: AtomicU64,
-    map: Mutex<FastMap<u32, Entry>>,
+    tables: Mutex<Tables>,
     wake: OwnedFd,
     stop: AtomicBool,
     ifindex: u32,
     ifaddr: Option<Ipv4Addr>,
+    /// The interface's on-link prefixes (read when the engine opens; a
+    /// route change re-reads them).
+    onlink: Mutex<Vec<Prefix>>,
     page: Arc<StatsPage>,
 }
 
@@ -113,21 +173,82 @@ fn eventfd() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// The IPv4 prefixes of interface `ifindex` (getifaddrs: one dump, when
+/// the engine opens and after route changes, never per packet).
+fn onlink_prefixes(ifindex: u32) -> Vec<Prefix> {
+    let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: name has IF_NAMESIZE bytes, as if_indextoname requires.
+    if unsafe { libc::if_indextoname(ifindex, name.as_mut_ptr()) }.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: if_indextoname wrote a NUL-terminated name.
+    let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) };
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head freed below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut head) } < 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: cur is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_netmask.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr points to a sockaddr of at least sa_family size.
+        if unsafe { (*ifa.ifa_addr).sa_family } as i32 != libc::AF_INET {
+            continue;
+        }
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        if unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) } != name {
+            continue;
+        }
+        // SAFETY: family AF_INET: both are sockaddr_in.
+        let (a, m) = unsafe {
+            (
+                &*(ifa.ifa_addr as *const libc::sockaddr_in),
+                &*(ifa.ifa_netmask as *const libc::sockaddr_in),
+            )
+        };
+        let addr = u32::from_be(a.sin_addr.s_addr);
+        let mask = u32::from_be(m.sin_addr.s_addr);
+        // /31 and /32 have no neighbours of their own to speak of.
+        if mask.leading_ones() <= 30 {
+            out.push((addr & mask, mask, Ipv4Addr::from(addr)));
+        }
+    }
+    // SAFETY: head came from getifaddrs and is freed exactly once.
+    unsafe { libc::freeifaddrs(head) };
+    out
+}
+
+/// Evict the least recently used entry of `m` when it holds `max`.
+fn make_room<V>(m: &mut FastMap<u32, V>, max: usize, used: impl Fn(&V) -> Instant) -> Option<V> {
+    if m.len() < max {
+        return None;
+    }
+    let k = m.iter().min_by_key(|(_, v)| used(v)).map(|(k, _)| *k)?;
+    m.remove(&k)
+}
+
 impl Neigh {
     pub fn new(ifindex: u32, ifaddr: Option<Ipv4Addr>, page: Arc<StatsPage>) -> io::Result<Neigh> {
         Ok(Neigh {
             generation: AtomicU64::new(1),
-            map: Mutex::new(FastMap::default()),
+            tables: Mutex::new(Tables::default()),
             wake: eventfd()?,
             stop: AtomicBool::new(false),
             ifindex,
             ifaddr,
+            onlink: Mutex::new(onlink_prefixes(ifindex)),
             page,
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, FastMap<u32, Entry>> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Tables> {
+        self.tables.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Changes so far (a socket's cached hop is good while this is equal).
@@ -144,21 +265,79 @@ impl Neigh {
         super::demux::eventfd_write(self.wake.as_raw_fd());
     }
 
+    fn publish_sizes(&self, t: &Tables) {
+        set(self.page.e(E::NeighRoutes), t.routes.len() as u64);
+        set(self.page.e(E::NeighEntries), t.neigh.len() as u64);
+    }
+
+    /// The on-link prefix `dst` is in (not the interface's own address nor
+    /// the prefix's broadcast address: the kernel routes those itself).
+    fn onlink(&self, dst: Ipv4Addr) -> Option<Ipv4Addr> {
+        let d = dst.to_bits();
+        let p = self.onlink.lock().unwrap_or_else(|e| e.into_inner());
+        if p.iter().any(|x| x.2 == dst) {
+            return None;
+        }
+        p.iter()
+            .find(|&&(net, mask, _)| d & mask == net && d != net | !mask && d != net)
+            .map(|p| p.2)
+    }
+
+    /// How `dst` is reached: its route (on-link: none needed) and, through
+    /// a next hop, that neighbour's state. Memory only.
     pub fn lookup(&self, dst: Ipv4Addr) -> Lookup {
-        match self.lock().get(&dst.to_bits()).map(|e| &e.state) {
+        let now = Instant::now();
+        let (hop, src) = match self.onlink(dst) {
+            Some(src) => (dst, src),
+            None => {
+                let mut t = self.lock();
+                let Some(r) = t.routes.get_mut(&dst.to_bits()) else {
+                    return Lookup::Unknown;
+                };
+                r.used = now;
+                match r.via {
+                    Via::Kernel => return Lookup::Ready(Hop::Kernel),
+                    Via::Static { src, mac } => return Lookup::Ready(Hop::Xdp { src, mac }),
+                    Via::Xdp { hop, src } => (hop, src),
+                }
+            }
+        };
+        let mut t = self.lock();
+        match t.neigh.get_mut(&hop.to_bits()) {
             None => Lookup::Unknown,
-            Some(State::Ready(h)) => Lookup::Ready(*h),
-            Some(State::Pending { .. }) => Lookup::Pending,
-            Some(State::Failed { until }) if Instant::now() < *until => Lookup::Failed,
-            Some(State::Failed { .. }) => Lookup::Unknown,
+            Some(e) => match e.state {
+                State::Ready(mac) => {
+                    e.used = now;
+                    Lookup::Ready(Hop::Xdp { src, mac })
+                }
+                State::Pending { .. } => Lookup::Pending,
+                State::Failed { until } if now < until => Lookup::Failed,
+                State::Failed { .. } => Lookup::Unknown,
+            },
         }
     }
 
-    /// Find out how `dst` is reached: route and neighbour table lookups
-    /// (rtnetlink; quick, never waiting for the network), in the calling
-    /// thread with no lock held. An unresolved next hop becomes `Pending`
-    /// and the neighbour thread takes over.
-    pub fn learn(&self, dst: Ipv4Addr) -> io::Result<()> {
+    /// Look `dst` up in the neighbour thread (the caller must not call
+    /// netlink: it holds a lock). Bounded: beyond [`MAX_REQUESTS`]
+    /// outstanding ones, the request is dropped (the next use asks again).
+    pub fn request(&self, dst: Ipv4Addr) {
+        let mut t = self.lock();
+        if t.requests.len() >= MAX_REQUESTS || t.requests.contains(&dst) {
+            return;
+        }
+        t.requests.push(dst);
+        drop(t);
+        self.wake_worker();
+    }
+
+    /// The next hop and source of `dst` (route lookup on a miss).
+    fn route(&self, dst: Ipv4Addr) -> io::Result<Via> {
+        if let Some(src) = self.onlink(dst) {
+            return Ok(Via::Xdp { hop: dst, src });
+        }
+        if let Some(r) = self.lock().routes.get(&dst.to_bits()) {
+            return Ok(r.via);
+        }
         let route = if dst.is_multicast() || dst.is_broadcast() {
             Route {
                 oif: self.ifindex,
@@ -176,31 +355,62 @@ impl Neigh {
                 io::Error::new(kind, format!("no route to {dst}: {e}"))
             })?
         };
-        let hop = route.next_hop(dst);
-        if route.oif != self.ifindex || route.kind == netlink::RTN_LOCAL {
-            self.insert(dst, hop, Ipv4Addr::UNSPECIFIED, State::Ready(Hop::Kernel));
+        let via = if route.oif != self.ifindex || route.kind == netlink::RTN_LOCAL {
+            Via::Kernel
+        } else {
+            let src = route.prefsrc.or(self.ifaddr).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::AddrNotAvailable,
+                    "interface has no IPv4 address",
+                )
+            })?;
+            match netlink::static_mac(dst, &route) {
+                Some(mac) => Via::Static { src, mac },
+                None => Via::Xdp {
+                    hop: route.next_hop(dst),
+                    src,
+                },
+            }
+        };
+        let mut t = self.lock();
+        make_room(&mut t.routes, MAX_ROUTES, |r| r.used);
+        t.routes.insert(
+            dst.to_bits(),
+            RouteEntry {
+                via,
+                used: Instant::now(),
+            },
+        );
+        self.publish_sizes(&t);
+        drop(t);
+        self.changed();
+        Ok(via)
+    }
+
+    /// Find out how `dst` is reached: route and neighbour table lookups
+    /// (rtnetlink; quick, never waiting for the network), in the calling
+    /// thread with no lock held. An unresolved next hop becomes `Pending`
+    /// and the neighbour thread takes over.
+    pub fn learn(&self, dst: Ipv4Addr) -> io::Result<()> {
+        let Via::Xdp { hop, .. } = self.route(dst)? else {
             return Ok(());
-        }
-        let src = route.prefsrc.or(self.ifaddr).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::AddrNotAvailable,
-                "interface has no IPv4 address",
-            )
-        })?;
-        if let Some(mac) = netlink::static_mac(dst, &route) {
-            self.insert(dst, hop, src, State::Ready(Hop::Xdp { src, mac }));
+        };
+        if self
+            .lock()
+            .neigh
+            .get(&hop.to_bits())
+            .is_some_and(|e| !matches!(e.state, State::Failed { until } if Instant::now() >= until))
+        {
             return Ok(());
         }
         match netlink::neigh_get(self.ifindex, hop) {
             Ok(Some(mac)) => {
-                self.insert(dst, hop, src, State::Ready(Hop::Xdp { src, mac }));
+                self.insert(hop, State::Ready(mac));
             }
             _ => {
                 let now = Instant::now();
                 let fresh = self.insert(
-                    dst,
                     hop,
-                    src,
                     State::Pending {
                         since: now,
                         checked: now,
@@ -217,22 +427,40 @@ impl Neigh {
     }
 
     /// Insert unless an entry is there already (another thread was
-    /// faster); an expired negative entry is replaced. Returns whether it
-    /// inserted.
-    fn insert(&self, dst: Ipv4Addr, hop: Ipv4Addr, src: Ipv4Addr, state: State) -> bool {
-        let mut m = self.lock();
-        let k = dst.to_bits();
-        let replace = match m.get(&k) {
+    /// faster); an expired negative entry is replaced. A full table loses
+    /// its least recently used entry (what it held is counted as dropped).
+    /// Returns whether it inserted.
+    fn insert(&self, hop: Ipv4Addr, state: State) -> bool {
+        let mut t = self.lock();
+        let k = hop.to_bits();
+        let replace = match t.neigh.get(&k) {
             None => true,
-            Some(Entry {
+            Some(NeighEntry {
                 state: State::Failed { until },
                 ..
             }) => Instant::now() >= *until,
             Some(_) => false,
         };
         if replace {
-            m.insert(k, Entry { hop, src, state });
-            drop(m);
+            if !t.neigh.contains_key(&k)
+                && let Some(NeighEntry {
+                    state: State::Pending { queue, .. },
+                    ..
+                }) = make_room(&mut t.neigh, MAX_NEIGH, |e| e.used)
+            {
+                for q in queue {
+                    self.count_drop(q.slot, 1);
+                }
+            }
+            t.neigh.insert(
+                k,
+                NeighEntry {
+                    state,
+                    used: Instant::now(),
+                },
+            );
+            self.publish_sizes(&t);
+            drop(t);
             self.changed();
         }
         replace
@@ -244,8 +472,21 @@ impl Neigh {
     /// now. A neighbour neither pending nor resolved any more (failed,
     /// forgotten): a counted drop.
     pub fn enqueue(&self, q: Queued) -> Result<(), (Queued, Hop)> {
-        let mut m = self.lock();
-        match m.get_mut(&q.dst.ip().to_bits()).map(|e| &mut e.state) {
+        let dst = *q.dst.ip();
+        let (hop, src) = match self.onlink(dst) {
+            Some(src) => (dst, src),
+            None => match self.lock().routes.get(&dst.to_bits()).map(|r| r.via) {
+                Some(Via::Xdp { hop, src }) => (hop, src),
+                Some(Via::Static { src, mac }) => return Err((q, Hop::Xdp { src, mac })),
+                Some(Via::Kernel) => return Err((q, Hop::Kernel)),
+                None => {
+                    self.count_drop(q.slot, 1);
+                    return Ok(());
+                }
+            },
+        };
+        let mut t = self.lock();
+        match t.neigh.get_mut(&hop.to_bits()).map(|e| &mut e.state) {
             Some(State::Pending { queue, .. }) => {
                 let size = |q: &Queued| q.payload.len() + TRUESIZE_OVERHEAD;
                 let mut bytes: usize = queue.iter().map(size).sum::<usize>() + size(&q);
@@ -259,12 +500,12 @@ impl Neigh {
                 queue.push(q);
                 Ok(())
             }
-            Some(State::Ready(h)) => {
-                let h = *h;
-                Err((q, h))
+            Some(State::Ready(mac)) => {
+                let mac = *mac;
+                Err((q, Hop::Xdp { src, mac }))
             }
             _ => {
-                drop(m);
+                drop(t);
                 self.count_drop(q.slot, 1);
                 Ok(())
             }
@@ -286,7 +527,8 @@ impl Neigh {
         if events.is_empty() {
             return;
         }
-        let mut m = self.lock();
+        let mut routes_changed = false;
+        let mut t = self.lock();
         let mut changed = false;
         for ev in events {
             match *ev {
@@ -298,67 +540,70 @@ impl Neigh {
                     deleted,
                 } if ifindex == self.ifindex => {
                     let failed = deleted || state & netlink::NUD_FAILED != 0;
-                    let mut gone = Vec::new();
-                    for (k, e) in m.iter_mut().filter(|(_, e)| e.hop == ip) {
-                        match (&mut e.state, mac) {
-                            (State::Ready(Hop::Xdp { mac: old, .. }), Some(new)) if *old != new => {
-                                *old = new;
-                                changed = true;
-                            }
-                            (State::Ready(Hop::Xdp { .. }), None) if failed => {
-                                gone.push(*k);
-                            }
-                            (State::Pending { queue, .. }, Some(new)) => {
-                                out.extend(std::mem::take(queue).into_iter().map(|q| (q, new)));
-                                e.state = State::Ready(Hop::Xdp {
-                                    src: e.src,
-                                    mac: new,
-                                });
-                                add(self.page.e(E::NeighResolutions), 1);
-                                changed = true;
-                            }
-                            (State::Pending { queue, .. }, None)
-                                if state & netlink::NUD_FAILED != 0 =>
-                            {
-                                for q in std::mem::take(queue) {
-                                    self.count_drop(q.slot, 1);
-                                }
-                                e.state = State::Failed {
-                                    until: Instant::now() + NEGATIVE_TTL,
-                                };
-                                changed = true;
-                            }
-                            _ => {}
+                    let k = ip.to_bits();
+                    let Some(e) = t.neigh.get_mut(&k) else {
+                        continue;
+                    };
+                    match (&mut e.state, mac) {
+                        (State::Ready(old), Some(new)) if *old != new => {
+                            *old = new;
+                            changed = true;
                         }
-                    }
-                    for k in gone {
-                        m.remove(&k);
-                        changed = true;
+                        (State::Ready(_), None) if failed => {
+                            t.neigh.remove(&k);
+                            changed = true;
+                        }
+                        (State::Pending { queue, .. }, Some(new)) => {
+                            out.extend(std::mem::take(queue).into_iter().map(|q| (q, new)));
+                            e.state = State::Ready(new);
+                            e.used = Instant::now();
+                            add(self.page.e(E::NeighResolutions), 1);
+                            changed = true;
+                        }
+                        (State::Pending { queue, .. }, None)
+                            if state & netlink::NUD_FAILED != 0 =>
+                        {
+                            for q in std::mem::take(queue) {
+                                self.count_drop(q.slot, 1);
+                            }
+                            e.state = State::Failed {
+                                until: Instant::now() + NEGATIVE_TTL,
+                            };
+                            changed = true;
+                        }
+                        _ => {}
                     }
                 }
                 Event::Route | Event::Overrun => {
                     // Sources and next hops may all have changed: forget
-                    // what is resolved (pending ones finish on their own).
-                    m.retain(|_, e| !matches!(e.state, State::Ready(_)));
+                    // the routes (neighbours' MACs stay what they are).
+                    t.routes.clear();
+                    routes_changed = true;
                     changed = true;
                 }
                 _ => {}
             }
         }
-        drop(m);
+        self.publish_sizes(&t);
+        drop(t);
+        if routes_changed {
+            let p = onlink_prefixes(self.ifindex);
+            *self.onlink.lock().unwrap_or_else(|e| e.into_inner()) = p;
+        }
         if changed {
             self.changed();
         }
     }
 
-    /// Time out pending entries; returns the next hops to re-read.
-    fn expire(&self) -> (Vec<Ipv4Addr>, bool) {
+    /// Time out pending entries, forget idle ones; returns the next hops
+    /// to re-read, whether any is pending, and the looked-up requests.
+    fn expire(&self) -> (Vec<Ipv4Addr>, bool, Vec<Ipv4Addr>) {
         let now = Instant::now();
-        let mut m = self.lock();
+        let mut t = self.lock();
         let mut check = Vec::new();
         let mut changed = false;
         let mut pending = false;
-        for e in m.values_mut() {
+        for (k, e) in t.neigh.iter_mut() {
             if let State::Pending {
                 since,
                 checked,
@@ -377,18 +622,28 @@ impl Neigh {
                     pending = true;
                     if now.duration_since(*checked) >= RECHECK {
                         *checked = now;
-                        check.push(e.hop);
+                        check.push(Ipv4Addr::from_bits(*k));
                     }
                 }
             }
         }
-        // Expired negative entries go (the next send resolves again).
-        m.retain(|_, e| !matches!(e.state, State::Failed { until } if now >= until));
-        drop(m);
+        // Expired negative entries and idle ones go (the next use looks
+        // them up again).
+        let n0 = t.neigh.len() + t.routes.len();
+        t.neigh.retain(|_, e| match e.state {
+            State::Failed { until } => now < until,
+            State::Ready(_) => now.duration_since(e.used) < IDLE,
+            State::Pending { .. } => true,
+        });
+        t.routes.retain(|_, r| now.duration_since(r.used) < IDLE);
+        changed |= t.neigh.len() + t.routes.len() != n0;
+        let requests = std::mem::take(&mut t.requests);
+        self.publish_sizes(&t);
+        drop(t);
         if changed {
             self.changed();
         }
-        (check, pending)
+        (check, pending, requests)
     }
 }
 
@@ -416,7 +671,8 @@ pub(crate) fn run(neigh: Arc<Neigh>, tx: Arc<Mutex<TxPath>>) {
         let timeout = if pending || mon.is_none() {
             RECHECK.as_millis() as i32
         } else {
-            -1
+            // Idle entries are aged on the next wake-up at the latest.
+            IDLE.as_millis() as i32 / 4
         };
         // Raw syscalls: this thread must never enter the LD_PRELOAD shim.
         nanowire_xdp::sys::poll(&mut pfds, timeout);
@@ -428,8 +684,13 @@ pub(crate) fn run(neigh: Arc<Neigh>, tx: Arc<Mutex<TxPath>>) {
         if let Some(m) = &mut mon {
             m.read(&mut events);
         }
-        let (check, p) = neigh.expire();
+        let (check, p, requests) = neigh.expire();
         pending = p;
+        for dst in requests {
+            // Netlink with no lock held (asked by the TCP engine's
+            // transmit path, which never calls it under its lock).
+            let _ = neigh.learn(dst);
+        }
         for hop in check {
             // Netlink with no lock held.
             if let Ok(Some(mac)) = netlink::neigh_get(neigh.ifindex, hop) {

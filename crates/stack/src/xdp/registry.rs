@@ -89,7 +89,7 @@ fn with<R>(f: impl FnOnce(&mut Vec<Entry>) -> R) -> R {
 }
 
 /// The calling thread's network namespace (threads may setns).
-fn netns_id() -> u64 {
+pub(crate) fn netns_id() -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/thread-self/ns/net")
         .map(|m| m.ino())

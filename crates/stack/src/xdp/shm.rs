@@ -73,6 +73,8 @@ pub const ENGINE_COUNTERS: &[&str] = &[
     "drop_martian",
     "drop_neigh_unresolved",
     "neigh_resolutions",
+    "neigh_entries",
+    "neigh_routes",
     "rx_multi_buffer",
     "mem_umem_bytes",
     "mem_ring_bytes",
@@ -164,6 +166,10 @@ pub enum E {
     DropMartian,
     DropNeighUnresolved,
     NeighResolutions,
+    /// Gauges: neighbour entries (per next hop) and route entries (per
+    /// off-link destination) held now (both bounded, see `neigh.rs`).
+    NeighEntries,
+    NeighRoutes,
     RxMultiBuffer,
     MemUmemBytes,
     MemRingBytes,

@@ -29,7 +29,8 @@ use nanowire_wire::Ipv4Repr;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 const PROTO_TCP: u8 = 6;
@@ -121,6 +122,131 @@ fn reserve(local: SocketAddrV4, listen: bool) -> io::Result<(OwnedFd, SocketAddr
     Ok((fd, got))
 }
 
+/// The process's TCP secret (ISNs, timestamp offsets, SYN cookies), one
+/// for every stack of the process, as the kernel has one per boot: a new
+/// connection to a peer that still holds the previous one on the same
+/// 4-tuple in TIME-WAIT gets a larger ISN and timestamp, and the peer
+/// takes its SYN (RFC 6191; Linux's `tcp_timewait_state_process`) instead
+/// of answering with an ACK that costs a reset and a 1 s retransmission.
+fn process_secret() -> io::Result<Secret> {
+    static SECRET: OnceLock<Secret> = OnceLock::new();
+    if let Some(s) = SECRET.get() {
+        return Ok(*s);
+    }
+    let s = Secret::from_os()?;
+    Ok(*SECRET.get_or_init(|| s))
+}
+
+/// The clock every stack of the process reads: nanoseconds since boot
+/// (CLOCK_MONOTONIC, which `Instant` is), so ISNs and timestamps of
+/// successive stacks keep increasing.
+fn process_epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(|| {
+        let now = Instant::now();
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        let since_boot = Duration::new(t.tv_sec as u64, t.tv_nsec as u32);
+        now.checked_sub(since_boot).unwrap_or(now)
+    })
+}
+
+/// (first, last, reserved ranges) of the kernel's ephemeral ports.
+type PortRange = (u16, u16, Vec<(u16, u16)>);
+
+/// The kernel's ephemeral port range and reserved ports, read once.
+fn port_range() -> &'static PortRange {
+    static RANGE: OnceLock<PortRange> = OnceLock::new();
+    RANGE.get_or_init(|| {
+        let (mut lo, mut hi) = (32768u16, 60999u16);
+        if let Ok(s) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range") {
+            let v: Vec<u16> = s
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            if let [a, b] = v[..]
+                && a >= 1
+                && a <= b
+            {
+                (lo, hi) = (a, b);
+            }
+        }
+        let mut reserved = Vec::new();
+        if let Ok(s) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_reserved_ports") {
+            for r in s.trim().split(',').filter(|r| !r.is_empty()) {
+                let mut it = r.splitn(2, '-').map(|x| x.trim().parse::<u16>());
+                match (it.next(), it.next()) {
+                    (Some(Ok(a)), None) => reserved.push((a, a)),
+                    (Some(Ok(a)), Some(Ok(b))) => reserved.push((a, b)),
+                    _ => {}
+                }
+            }
+        }
+        (lo, hi, reserved)
+    })
+}
+
+/// Bind the application's unbound socket `fd` to `src` and an ephemeral
+/// port, the way the kernel's connect() picks one: successive connections
+/// walk the range from a random start (the kernel's per-destination
+/// offset and perturbation table), so a port comes back only after the
+/// whole range was used, not at once as bind(port 0) would hand it out
+/// again (the peer may hold the last connection on it in TIME-WAIT). One
+/// bind(2) per try; a port some socket holds (EADDRINUSE) is skipped.
+/// Reserved ports (`ip_local_reserved_ports`) are never picked.
+fn bind_ephemeral(fd: RawFd, src: Ipv4Addr) -> io::Result<()> {
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let (lo, hi, reserved) = port_range();
+    let span = u32::from(hi - lo) + 1;
+    if NEXT.load(Ordering::Relaxed) == u32::MAX {
+        let mut b = [0u8; 4];
+        let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
+        let _ = NEXT.compare_exchange(
+            u32::MAX,
+            u32::from_ne_bytes(b) % span,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+    let bind = |port: u16| -> i32 {
+        let sa = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes(src.octets()),
+            },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: sa is a valid sockaddr_in and the length matches.
+        unsafe {
+            libc::bind(
+                fd,
+                (&sa as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        }
+    };
+    for _ in 0..span.min(256) {
+        let i = NEXT.fetch_add(1, Ordering::Relaxed) % span;
+        let port = lo + i as u16;
+        if reserved.iter().any(|&(a, b)| (a..=b).contains(&port)) {
+            continue;
+        }
+        if bind(port) == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EADDRINUSE) {
+            return Err(e);
+        }
+    }
+    // A crowded range: the kernel's own choice.
+    if bind(0) == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 fn eventfd() -> io::Result<OwnedFd> {
     // SAFETY: eventfd(2) with valid flags; checked before use.
     let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
@@ -135,6 +261,54 @@ fn eventfd_drain(fd: RawFd) {
     let mut v = 0u64;
     // SAFETY: reading 8 bytes into a u64 from an eventfd we keep open.
     unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+}
+
+/// Next hops cached per TCP stack: a direct-mapped table (bounded; a
+/// collision just looks the neighbour table up again).
+const HOP_CACHE: usize = 64;
+/// Segments waiting for their next hop's MAC, per stack.
+const PARK_MAX: usize = 64;
+
+#[derive(Clone, Copy)]
+struct HopSlot {
+    dst: Ipv4Addr,
+    /// Neighbour generation it was valid in (0: empty).
+    generation: u64,
+    src: Ipv4Addr,
+    mac: [u8; 6],
+}
+
+const HOP_EMPTY: HopSlot = HopSlot {
+    dst: Ipv4Addr::UNSPECIFIED,
+    generation: 0,
+    src: Ipv4Addr::UNSPECIFIED,
+    mac: [0; 6],
+};
+
+#[inline]
+fn hop_slot(dst: Ipv4Addr) -> usize {
+    (dst.to_bits().wrapping_mul(0x9e37_79b1) >> 26) as usize % HOP_CACHE
+}
+
+/// A segment whose next hop the neighbour thread is looking up.
+struct Parked {
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    ttl: u8,
+    tos: u8,
+    since: u64,
+    segment: Vec<u8>,
+}
+
+/// What one connection of the shared client stack holds besides its
+/// state in the stack: the steering program's claim of its 4-tuple, the
+/// demux bind of its local address and, once the application closed it,
+/// the kernel socket that keeps its port. Released when the stack
+/// forgets the connection.
+struct Held {
+    local: SocketAddrV4,
+    remote: SocketAddrV4,
+    keep: Option<OwnedFd>,
 }
 
 struct Core {
@@ -156,8 +330,16 @@ struct Core {
     pass_sweep_at: u64,
     /// Kernel sockets holding our ports.
     reservations: Vec<OwnedFd>,
-    /// Next hop per destination: (neighbour generation, source, MAC).
-    hops: Vec<(Ipv4Addr, u64, Ipv4Addr, [u8; 6])>,
+    /// Next hops (bounded cache of the engine's neighbour table).
+    hops: Box<[HopSlot; HOP_CACHE]>,
+    /// Segments waiting for a next hop (at most PARK_MAX), and the
+    /// neighbour generation they were last tried in.
+    parked: Vec<Parked>,
+    parked_gen: u64,
+    /// The process's shared client stack (`TcpEngine::clients`): its
+    /// connections' resources are released one by one.
+    shared: bool,
+    held: Vec<Held>,
     scratch: Vec<u8>,
     lens: Vec<usize>,
     ip_id: u16,
@@ -181,8 +363,40 @@ pub struct TcpEngine {
     wait: WaitPolicy,
 }
 
+/// The engine the last connect that asked the kernel's route used.
+static LAST_CLIENT_ENGINE: Mutex<Weak<Engine>> = Mutex::new(Weak::new());
+
 impl TcpEngine {
+    /// The stack all client connections of the process on `engine` share
+    /// (made on first use): one demux endpoint, one pair of eventfds, one
+    /// timer-service entry for all of them, and any thread that turns it
+    /// moves every connection (a closing connection's last ACK is taken in
+    /// by the next connection's calls, not by the timer service). Each
+    /// connection keeps its own buffer sizes (`connect_with`).
+    fn clients(engine: &Arc<Engine>, opts: &EngineOptions) -> io::Result<Arc<TcpEngine>> {
+        let mut slot = engine.tcp_clients.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = slot.upgrade() {
+            return Ok(e);
+        }
+        let mut base = opts.clone();
+        base.rcvbuf = None;
+        base.sndbuf = None;
+        let cfg = TcpEngine::config(engine, &base);
+        let e = TcpEngine::new_with(engine.clone(), opts.wait, cfg, true)?;
+        *slot = Arc::downgrade(&e);
+        Ok(e)
+    }
+
     fn new(engine: Arc<Engine>, wait: WaitPolicy, cfg: Config) -> io::Result<Arc<TcpEngine>> {
+        Self::new_with(engine, wait, cfg, false)
+    }
+
+    fn new_with(
+        engine: Arc<Engine>,
+        wait: WaitPolicy,
+        cfg: Config,
+        shared: bool,
+    ) -> io::Result<Arc<TcpEngine>> {
         // With multi-buffer receive, super-frames arrive as chains (mod.rs).
         // An engine without it (a kernel before 6.6) in generic mode would
         // lose every TSO/GSO/GRO super-frame a kernel peer sends and stall
@@ -212,7 +426,7 @@ impl TcpEngine {
                 )
             })?;
         bump(engine.page.e(E::Sockets), 1);
-        let secret = Secret::from_os()?;
+        let secret = process_secret()?;
         let mut stack = TcpStack::new(cfg, secret);
         // Readiness is asked per connection (`poll_ready`/`poll_ready_edge`):
         // only the listeners' events are used.
@@ -225,13 +439,17 @@ impl TcpEngine {
                 id,
                 wake_fd,
                 accept_fd: eventfd()?,
-                epoch: Instant::now(),
+                epoch: process_epoch(),
                 listen_claims: Vec::new(),
                 flow_claims: Vec::new(),
                 pass_claims: Vec::new(),
                 pass_sweep_at: 0,
                 reservations: Vec::new(),
-                hops: Vec::new(),
+                hops: Box::new([HOP_EMPTY; HOP_CACHE]),
+                parked: Vec::new(),
+                parked_gen: 0,
+                shared,
+                held: Vec::new(),
                 scratch: vec![0u8; TX_BATCH * SLOT],
                 lens: vec![0; TX_BATCH],
                 ip_id: 1,
@@ -286,46 +504,56 @@ impl TcpEngine {
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Next hop for `dst` (neighbour lock only; never under the TX lock).
+    /// Next hop for `dst`: the stack's cache, else the engine's neighbour
+    /// table (its lock only; never under the TX lock). Never netlink: a
+    /// destination the table does not know is handed to the neighbour
+    /// thread ([`super::neigh::Neigh::request`]) and `None` returned.
     fn hop(&self, core: &mut Core, dst: Ipv4Addr) -> Option<(Ipv4Addr, [u8; 6])> {
         let n = &self.engine.neigh;
         let g = n.generation();
-        if let Some(&(_, seen, src, mac)) = core.hops.iter().find(|h| h.0 == dst)
-            && seen == g
-        {
-            return Some((src, mac));
+        let i = hop_slot(dst);
+        let h = core.hops[i];
+        if h.dst == dst && h.generation == g {
+            return Some((h.src, h.mac));
         }
-        let mut l = n.lookup(dst);
-        if l == Lookup::Unknown {
-            let _ = n.learn(dst);
-            l = n.lookup(dst);
-        }
-        match l {
+        match n.lookup(dst) {
             Lookup::Ready(Hop::Xdp { src, mac }) => {
-                core.hops.retain(|h| h.0 != dst);
-                core.hops.push((dst, g, src, mac));
+                core.hops[i] = HopSlot {
+                    dst,
+                    generation: g,
+                    src,
+                    mac,
+                };
                 Some((src, mac))
+            }
+            Lookup::Unknown => {
+                n.request(dst);
+                None
             }
             _ => None,
         }
     }
 
     /// Wait until `dst`'s MAC is known (or `timeout`): a connect's first SYN
-    /// should not be lost to ARP.
+    /// should not be lost to ARP. Route and neighbour lookups (netlink) run
+    /// here, in the caller's thread, with no lock held.
     fn resolve(&self, dst: Ipv4Addr, timeout: Duration) -> io::Result<()> {
         let end = Instant::now() + timeout;
+        let n = &self.engine.neigh;
         loop {
-            {
-                let mut c = self.core();
-                if self.hop(&mut c, dst).is_some() {
-                    return Ok(());
+            match n.lookup(dst) {
+                Lookup::Ready(Hop::Xdp { .. }) => return Ok(()),
+                Lookup::Ready(Hop::Kernel) => {
+                    return Err(io_err(
+                        io::ErrorKind::Unsupported,
+                        format!("{dst} is not reached through {}", self.engine.iface().name),
+                    ));
                 }
+                Lookup::Unknown => n.learn(dst)?,
+                Lookup::Pending | Lookup::Failed => {}
             }
-            if let Lookup::Ready(Hop::Kernel) = self.engine.neigh.lookup(dst) {
-                return Err(io_err(
-                    io::ErrorKind::Unsupported,
-                    format!("{dst} is not reached through {}", self.engine.iface().name),
-                ));
+            if matches!(n.lookup(dst), Lookup::Ready(_)) {
+                continue;
             }
             if Instant::now() >= end {
                 return Err(io_err(
@@ -334,6 +562,27 @@ impl TcpEngine {
                 ));
             }
             std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Before a caller sleeps on [`TcpEngine::poll_fds`]: whoever queues a
+    /// frame for this stack from now on signals its eventfd (whichever
+    /// thread polls the rings: another connection's, the timer service).
+    /// False if frames are queued already (turn instead of sleeping).
+    fn arm(&self) -> bool {
+        let (id, wake) = {
+            let c = self.core();
+            (c.id, c.wake_fd)
+        };
+        eventfd_drain(wake);
+        let mut g = self.engine.rx();
+        match g.demux.get_mut(id) {
+            Some(e) if e.queue.is_empty() => {
+                e.sleeping = true;
+                true
+            }
+            Some(_) => false,
+            None => true,
         }
     }
 
@@ -383,7 +632,13 @@ impl TcpEngine {
         };
         core.last_turn = now;
         core.stack.poll_timers(now);
+        if !core.parked.is_empty() {
+            self.unpark(core, now);
+        }
         moved += self.transmit(core, now);
+        if core.shared && core.held.len() > core.stack.connection_count() {
+            self.reap(core);
+        }
         // The stack's readiness events (listeners only, see `set_conn_events`):
         // an accept queue that became non-empty wakes a blocking accept.
         let mut accept = false;
@@ -492,10 +747,29 @@ impl TcpEngine {
                     break;
                 };
                 let Some((_, mac)) = self.hop(core, t.dst) else {
-                    // Lost like a frame on the wire: TCP retransmits once
-                    // the neighbour is known.
-                    core.unresolved += 1;
-                    bump(self.engine.page.e(E::DropNeighUnresolved), 1);
+                    // The neighbour thread looks the next hop up: the
+                    // segment waits (bounded), as the kernel's arp_queue;
+                    // past the bound it is lost like a frame on the wire
+                    // and TCP retransmits it.
+                    if core.parked.len() < PARK_MAX
+                        && !matches!(
+                            self.engine.neigh.lookup(t.dst),
+                            Lookup::Ready(Hop::Kernel) | Lookup::Failed
+                        )
+                    {
+                        let segment = core.scratch[off + HDRS..off + HDRS + t.len].to_vec();
+                        core.parked.push(Parked {
+                            src: t.src,
+                            dst: t.dst,
+                            ttl: t.ttl,
+                            tos: t.tos,
+                            since: now,
+                            segment,
+                        });
+                    } else {
+                        core.unresolved += 1;
+                        bump(self.engine.page.e(E::DropNeighUnresolved), 1);
+                    }
                     continue;
                 };
                 core.ip_id = core.ip_id.wrapping_add(1);
@@ -534,6 +808,107 @@ impl TcpEngine {
                 return total;
             }
         }
+    }
+
+    /// Send the parked segments whose next hop became known (the neighbour
+    /// generation moved); those still unknown after the kernel's resolution
+    /// time are dropped, counted.
+    fn unpark(&self, core: &mut Core, now: u64) {
+        let g = self.engine.neigh.generation();
+        if g == core.parked_gen {
+            return;
+        }
+        core.parked_gen = g;
+        let timeout = super::neigh::RESOLVE_TIMEOUT.as_nanos() as u64;
+        let parked = std::mem::take(&mut core.parked);
+        let mut frames: Vec<Vec<u8>> = Vec::new();
+        for p in parked {
+            match self.hop(core, p.dst) {
+                Some((_, mac)) => {
+                    core.ip_id = core.ip_id.wrapping_add(1);
+                    let mut f = vec![0u8; HDRS + p.segment.len()];
+                    f[0..6].copy_from_slice(&mac);
+                    f[6..12].copy_from_slice(&self.engine.iface().mac);
+                    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+                    Ipv4Repr {
+                        src: p.src,
+                        dst: p.dst,
+                        protocol: PROTO_TCP,
+                        payload_len: p.segment.len(),
+                        ttl: p.ttl,
+                        ident: core.ip_id,
+                    }
+                    .emit_tos(&mut f[ETH_HDR..], p.tos);
+                    f[HDRS..].copy_from_slice(&p.segment);
+                    frames.push(f);
+                }
+                None if now.saturating_sub(p.since) < timeout
+                    && !matches!(
+                        self.engine.neigh.lookup(p.dst),
+                        Lookup::Ready(Hop::Kernel) | Lookup::Failed
+                    ) =>
+                {
+                    core.parked.push(p)
+                }
+                None => {
+                    core.unresolved += 1;
+                    bump(self.engine.page.e(E::DropNeighUnresolved), 1);
+                }
+            }
+        }
+        if frames.is_empty() {
+            return;
+        }
+        let refs: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
+        let sent = self.engine.tx().post(&refs);
+        bump(self.engine.page.e(E::TxPackets), sent as u64);
+        if sent < refs.len() {
+            bump(
+                self.engine.page.e(E::DropTxRingFull),
+                (refs.len() - sent) as u64,
+            );
+        }
+    }
+
+    /// Release what the shared client stack's finished connections held
+    /// (claims, binds, port reservations): the stack forgot them.
+    fn reap(&self, core: &mut Core) {
+        let live: std::collections::HashSet<(SocketAddrV4, SocketAddrV4)> = core
+            .stack
+            .tuples()
+            .into_iter()
+            .map(|t| (t.local, t.remote))
+            .collect();
+        let (gone, kept): (Vec<Held>, Vec<Held>) = std::mem::take(&mut core.held)
+            .into_iter()
+            .partition(|h| !live.contains(&(h.local, h.remote)));
+        core.held = kept;
+        if gone.is_empty() {
+            return;
+        }
+        if self.engine.is_own() {
+            let mut p = self.engine.prog();
+            for h in &gone {
+                if let Some(i) = core
+                    .flow_claims
+                    .iter()
+                    .position(|&(a, b)| a == h.local && b == h.remote)
+                {
+                    core.flow_claims.swap_remove(i);
+                    p.prog.unclaim_tcp_flow(h.local, h.remote);
+                }
+            }
+        }
+        {
+            let mut g = self.engine.rx();
+            for h in &gone {
+                if !core.held.iter().any(|k| k.local == h.local) {
+                    g.demux.unbind(core.id, PROTO_TCP, h.local);
+                }
+            }
+        }
+        // The reservations close here (their ports go back to the kernel).
+        drop(gone);
     }
 
     /// Run `f` until it yields, turning the engine and waiting per policy.
@@ -983,6 +1358,7 @@ impl XdpTcpStream {
         let (l, r) = (h.tuple.local, h.tuple.remote);
         {
             let mut p = self.eng.engine.prog();
+            core.held.retain(|h| !(h.local == l && h.remote == r));
             if let Some(i) = core.flow_claims.iter().position(|&(a, b)| a == l && b == r) {
                 core.flow_claims.swap_remove(i);
                 p.prog.unclaim_tcp_flow(l, r);
@@ -1083,6 +1459,9 @@ impl Drop for XdpTcpStream {
         let now = core.epoch.elapsed().as_nanos() as u64;
         let _ = core.stack.close(now, self.c);
         self.eng.transmit(&mut core, now);
+        if core.shared && core.held.len() > core.stack.connection_count() {
+            self.eng.reap(&mut core);
+        }
     }
 }
 
@@ -1210,6 +1589,11 @@ impl XdpTcpListener {
         Ok(XdpTcpListener { eng, l, local })
     }
 
+    /// See [`XdpTcpStream::sleep_arm`].
+    pub fn sleep_arm(&self) -> bool {
+        self.eng.arm()
+    }
+
     /// One engine turn, then the next established connection, if any.
     pub fn try_accept(&self) -> Option<XdpTcpStream> {
         let mut c = self.eng.core();
@@ -1334,8 +1718,7 @@ impl XdpTcpStream {
         remote: SocketAddrV4,
         opts: &EngineOptions,
     ) -> io::Result<XdpTcpStream> {
-        let route = nanowire_xdp::netlink::route_get(*remote.ip())?;
-        if route.kind == nanowire_xdp::netlink::RTN_LOCAL || remote.ip().is_loopback() {
+        if remote.ip().is_loopback() {
             return Err(io_err(
                 io::ErrorKind::Unsupported,
                 format!("{} is a local address (loopback)", remote.ip()),
@@ -1346,6 +1729,93 @@ impl XdpTcpStream {
             return Err(io_err(
                 io::ErrorKind::Unsupported,
                 "bound to a loopback address (no XDP-capable interface)",
+            ));
+        }
+        // The engine and source address: from the last engine's neighbour
+        // table when it knows the peer (memory only), else from the
+        // kernel's route (netlink, once per destination the table does not
+        // hold).
+        let (engine, src) = match Self::known_route(remote, local, opts) {
+            Some(v) => v,
+            None => Self::routed(remote, local, opts)?,
+        };
+        if local.port() == 0 {
+            bind_ephemeral(fd, src)?;
+            local = sock_local(fd)?;
+        }
+        let local = SocketAddrV4::new(src, local.port());
+        let eng = TcpEngine::clients(&engine, opts)?;
+        eng.resolve(*remote.ip(), Duration::from_secs(3))?;
+        let c = {
+            let mut core = eng.core();
+            let mut so = SocketOptions::from_config(core.stack.config());
+            if let Some(b) = opts.rcvbuf {
+                so.rcvbuf = b.max(4096);
+            }
+            if let Some(b) = opts.sndbuf {
+                so.sndbuf = b.max(4096);
+            }
+            (so.ttl, so.tos) = ip_header_of(fd);
+            eng.claim_flow(&mut core, local, remote)?;
+            core.held.push(Held {
+                local,
+                remote,
+                keep: None,
+            });
+            let now = core.epoch.elapsed().as_nanos() as u64;
+            match core.stack.connect_with(now, local, remote, &so) {
+                Ok(c) => {
+                    eng.transmit(&mut core, now);
+                    c
+                }
+                Err(e) => {
+                    // Nothing of it stays: the held entry goes at once.
+                    eng.reap(&mut core);
+                    return Err(tcp_err(e));
+                }
+            }
+        };
+        Ok(XdpTcpStream { eng, c })
+    }
+
+    /// The engine and source address for `remote` if the last engine a
+    /// connect used already knows how to reach it through its interface.
+    fn known_route(
+        remote: SocketAddrV4,
+        local: SocketAddrV4,
+        opts: &EngineOptions,
+    ) -> Option<(Arc<Engine>, Ipv4Addr)> {
+        let e = LAST_CLIENT_ENGINE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .upgrade()?;
+        if !e.is_own()
+            || opts.iface.as_ref().is_some_and(|i| *i != e.iface().name)
+            || super::registry::netns_id() != e.netns
+        {
+            return None;
+        }
+        match e.neigh.lookup(*remote.ip()) {
+            Lookup::Ready(Hop::Xdp { src, .. })
+                if local.ip().is_unspecified() || *local.ip() == src =>
+            {
+                Some((e, src))
+            }
+            _ => None,
+        }
+    }
+
+    /// The engine and source address for `remote` from the kernel's route.
+    fn routed(
+        remote: SocketAddrV4,
+        local: SocketAddrV4,
+        opts: &EngineOptions,
+    ) -> io::Result<(Arc<Engine>, Ipv4Addr)> {
+        let route = nanowire_xdp::netlink::route_get(*remote.ip())?;
+        if route.kind == nanowire_xdp::netlink::RTN_LOCAL {
+            return Err(io_err(
+                io::ErrorKind::Unsupported,
+                format!("{} is a local address (loopback)", remote.ip()),
             ));
         }
         let hint = if local.ip().is_unspecified() {
@@ -1380,45 +1850,15 @@ impl XdpTcpStream {
         } else {
             *local.ip()
         };
-        if local.port() == 0 || local.ip().is_unspecified() {
-            let sa = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: local.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(src.octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sa is a valid sockaddr_in and the length matches.
-            let r = unsafe {
-                libc::bind(
-                    fd,
-                    (&sa as *const libc::sockaddr_in).cast(),
-                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
-            };
-            if r < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            local = sock_local(fd)?;
-        }
-        let cfg = TcpEngine::config(&engine, opts);
-        let eng = TcpEngine::new(engine, opts.wait, cfg)?;
-        eng.resolve(*remote.ip(), Duration::from_secs(3))?;
-        let c = {
-            let mut core = eng.core();
-            eng.claim_flow(&mut core, local, remote)?;
-            let now = core.epoch.elapsed().as_nanos() as u64;
-            let mut so = SocketOptions::from_config(core.stack.config());
-            (so.ttl, so.tos) = ip_header_of(fd);
-            let c = core
-                .stack
-                .connect_with(now, local, remote, &so)
-                .map_err(tcp_err)?;
-            eng.transmit(&mut core, now);
-            c
-        };
-        Ok(XdpTcpStream { eng, c })
+        *LAST_CLIENT_ENGINE.lock().unwrap_or_else(|e| e.into_inner()) = Arc::downgrade(&engine);
+        Ok((engine, src))
+    }
+
+    /// Before sleeping on [`XdpTcpStream::poll_fds`]: frames another
+    /// thread queues for this connection's stack wake the sleeper. False:
+    /// frames are queued already (turn instead of sleeping).
+    pub fn sleep_arm(&self) -> bool {
+        self.eng.arm()
     }
 
     /// One engine turn; `None` while the handshake runs, then its outcome.
@@ -1635,7 +2075,10 @@ fn service_linger(eng: Arc<TcpEngine>) {
     if eng.core().stack.connection_count() == 0 {
         return;
     }
-    service().closing.push(eng);
+    let mut s = service();
+    if !s.closing.iter().any(|e| Arc::ptr_eq(e, &eng)) {
+        s.closing.push(eng);
+    }
 }
 
 /// How the service thread runs its loop: the shim runs it as engine code
@@ -1673,11 +2116,13 @@ fn service_loop(wake: RawFd) {
                     .map_or(true, |c| c.stack.connection_count() > 0)
             });
             s.live.retain(|w| w.strong_count() > 0);
-            s.live
-                .iter()
-                .filter_map(|w| w.upgrade())
-                .chain(s.closing.iter().cloned())
-                .collect()
+            let mut v: Vec<Arc<TcpEngine>> = s.live.iter().filter_map(|w| w.upgrade()).collect();
+            for e in &s.closing {
+                if !v.iter().any(|x| Arc::ptr_eq(x, e)) {
+                    v.push(e.clone());
+                }
+            }
+            v
         };
         let mut sleep_ns = SERVICE_IDLE_MS as u64 * 1_000_000;
         for e in &engines {
@@ -1743,7 +2188,19 @@ impl XdpTcpStream {
     pub fn close_keep(self, reserve: Option<OwnedFd>) {
         let eng = self.eng.clone();
         if let Some(fd) = reserve {
-            eng.core().reservations.push(fd);
+            let mut c = eng.core();
+            if c.shared {
+                // Kept with the connection's other resources until the
+                // stack forgets it (a finished one lets it go at once).
+                let t = (c.stack.local_addr(self.c), c.stack.peer_addr(self.c));
+                if let (Ok(l), Ok(r)) = t
+                    && let Some(h) = c.held.iter_mut().find(|h| h.local == l && h.remote == r)
+                {
+                    h.keep = Some(fd);
+                }
+            } else {
+                c.reservations.push(fd);
+            }
         }
         drop(self);
         service_linger(eng);
