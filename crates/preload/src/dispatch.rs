@@ -1421,7 +1421,7 @@ pub unsafe fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
 /// As libc's `connect`.
 pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     if let Some(t) = tcpx::lookup(fd) {
-        return tcpx::connect_again(t);
+        return tcpx::connect_again(t, fd);
     }
     if table::get(fd) & table::F_TCAND != 0
         && let Some(r) = tcpx::connect(fd, addr, len)

@@ -52,6 +52,12 @@ pub struct Tcp {
     connecting: AtomicBool,
     /// The failed connect's errno, until SO_ERROR (or connect) reports it.
     connect_err: std::sync::atomic::AtomicI32,
+    /// The connect failed (a later connect() says so, then starts afresh).
+    connect_failed: AtomicBool,
+    /// A connect() call has reported the connection established (the
+    /// kernel's SS_CONNECTED: a further connect() is EISCONN; until then
+    /// the connect() that finds it established returns 0).
+    connect_reported: AtomicBool,
     /// shutdown(SHUT_RD): receives return 0.
     rd_shut: AtomicBool,
     /// An EPIPE after a reset: the first send reports ECONNRESET, later
@@ -392,6 +398,8 @@ fn record(fd: c_int, inner: Inner, listener: bool, adopted: bool, nonblock: bool
         sndtimeo_ns: AtomicU64::new(0),
         connecting: AtomicBool::new(false),
         connect_err: std::sync::atomic::AtomicI32::new(0),
+        connect_failed: AtomicBool::new(false),
+        connect_reported: AtomicBool::new(true),
         rd_shut: AtomicBool::new(false),
         reset_reported: AtomicBool::new(false),
         refs: AtomicU32::new(1),
@@ -496,42 +504,77 @@ fn wait_for<R>(
 
 // -------------------------------------------------------------- setup
 
-/// listen() on a candidate: the kernel listens first (it keeps the port and
-/// answers what the engine cannot take), then the engine. `None`: not a
-/// candidate, the caller makes the real call.
+/// listen() on a candidate. The engine claims the port first, then the
+/// kernel listens (it keeps the port and answers what the engine cannot
+/// take, e.g. loopback): the other way round, the kernel completes the
+/// handshakes that arrive between its listen and the claim, and the engine,
+/// which has no such connection, resets them. A socket not bound yet
+/// (listen binds it to an ephemeral port) listens first: nobody knows its
+/// port before. `None`: not a candidate, the caller makes the real call.
 pub fn listen(fd: c_int, backlog: c_int) -> Option<c_int> {
     if table::get(fd) & table::F_TCAND == 0 {
         return None;
     }
-    // SAFETY: the caller's arguments.
-    let r = unsafe { real::listen(fd, backlog) };
-    if r != 0 {
-        return Some(r);
+    let bound = bound_port(fd) != 0;
+    if !bound {
+        // SAFETY: the caller's arguments.
+        let r = unsafe { real::listen(fd, backlog) };
+        if r != 0 {
+            return Some(r);
+        }
     }
     let e = errno();
     let nonblock = app_nonblock(fd);
     // SAFETY: the fd is only borrowed for fcntl calls.
     let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
     let fl = rustix::fs::fcntl_getfl(b).unwrap_or(rustix::fs::OFlags::empty());
-    // Underneath non-blocking: the kernel's accept queue is looked at
-    // without waiting; the application's mode is kept in the record.
-    let _ = rustix::fs::fcntl_setfl(b, fl | rustix::fs::OFlags::NONBLOCK);
     let o = opts_for(fd);
     match engine_call(|| XdpTcpListener::adopt(fd, backlog.max(1) as usize, &o)) {
         Ok(l) => {
+            if bound {
+                // SAFETY: the caller's arguments.
+                let r = unsafe { real::listen(fd, backlog) };
+                if r != 0 {
+                    // The kernel refuses (e.g. EADDRINUSE): so does listen.
+                    let en = errno();
+                    engine_call(|| l.close());
+                    table::clear_flags(fd, table::F_TCAND);
+                    set_errno(en);
+                    return Some(r);
+                }
+            }
+            // Underneath non-blocking: the kernel's accept queue is looked
+            // at without waiting; the application's mode is kept in the
+            // record.
+            let _ = rustix::fs::fcntl_setfl(b, fl | rustix::fs::OFlags::NONBLOCK);
             let local = l.local_addr();
-            let t = record(fd, Inner::Listener(l), true, true, nonblock);
-            let _ = t;
+            record(fd, Inner::Listener(l), true, true, nonblock);
             log!(Level::Info, "fd {fd} tcp listener {local}: xdp");
         }
         Err(err) => {
-            let _ = rustix::fs::fcntl_setfl(b, fl);
             table::clear_flags(fd, table::F_TCAND);
             log_not(fd, &err);
+            if bound {
+                // SAFETY: the caller's arguments.
+                return Some(unsafe { real::listen(fd, backlog) });
+            }
         }
     }
     set_errno(e);
     Some(0)
+}
+
+/// The port `fd` is bound to (0: none, or not IPv4).
+fn bound_port(fd: c_int) -> u16 {
+    // SAFETY: an all-zero sockaddr_in is a valid out-buffer.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
+    // SAFETY: sa/len are valid for writes of len bytes.
+    let r = unsafe { real::getsockname(fd, (&raw mut sa).cast(), &mut len) };
+    if r != 0 || sa.sin_family != libc::AF_INET as libc::sa_family_t {
+        return 0;
+    }
+    u16::from_be(sa.sin_port)
 }
 
 /// connect() on a candidate. `None`: the engine does not take it (the
@@ -573,15 +616,20 @@ pub fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int
         );
     }
     t.connecting.store(true, Ordering::Release);
+    t.connect_reported.store(false, Ordering::Release);
     set_errno(e);
     if nonblock {
         set_errno(libc::EINPROGRESS);
         return Some(-1);
     }
     match wait_for(t, fd, 0, || connect_outcome(t)) {
-        Ok(Ok(())) => Some(0),
+        Ok(Ok(())) => {
+            t.connect_reported.store(true, Ordering::Release);
+            Some(0)
+        }
         Ok(Err(en)) => {
             t.connect_err.store(0, Ordering::Release);
+            failed_connect_reported(t, fd);
             set_errno(en);
             Some(-1)
         }
@@ -602,31 +650,60 @@ fn connect_outcome(t: &Tcp) -> Option<Result<(), c_int>> {
     if let Err(e) = r {
         let _ = engine_call(|| s.take_error());
         t.connect_err.store(err_no(e), Ordering::Release);
+        t.connect_failed.store(true, Ordering::Release);
     }
     t.connecting.store(false, Ordering::Release);
     Some(r.map_err(err_no))
 }
 
 /// connect() again on a socket already on the engine.
-pub fn connect_again(t: &Tcp) -> c_int {
+pub fn connect_again(t: &'static Tcp, fd: c_int) -> c_int {
     if t.listener {
         set_errno(libc::EISCONN);
         return -1;
     }
-    if t.connecting.load(Ordering::Acquire) {
-        match connect_outcome(t) {
-            None => set_errno(libc::EALREADY),
-            Some(Ok(())) => return 0,
-            Some(Err(e)) => {
-                t.connect_err.store(0, Ordering::Release);
-                set_errno(e)
-            }
-        }
+    // As the kernel's __inet_stream_connect: while the handshake runs,
+    // EALREADY; the first connect() that finds it established returns 0,
+    // later ones EISCONN; after a failure, the pending error (or
+    // ECONNABORTED once SO_ERROR took it) and the socket is unconnected
+    // again (the next connect() starts afresh).
+    if t.connecting.load(Ordering::Acquire) && connect_outcome(t).is_none() {
+        set_errno(libc::EALREADY);
         return -1;
     }
-    let pending = t.connect_err.swap(0, Ordering::AcqRel);
-    set_errno(if pending != 0 { pending } else { libc::EISCONN });
+    if t.connect_failed.load(Ordering::Acquire) {
+        let pending = t.connect_err.swap(0, Ordering::AcqRel);
+        failed_connect_reported(t, fd);
+        set_errno(if pending != 0 {
+            pending
+        } else {
+            libc::ECONNABORTED
+        });
+        return -1;
+    }
+    if !t.connect_reported.swap(true, Ordering::AcqRel) {
+        return 0;
+    }
+    set_errno(libc::EISCONN);
     -1
+}
+
+/// The application has been told that the connect of `fd` failed: as in
+/// the kernel, whose socket is then closed (unconnected) and may connect
+/// again, `fd` goes back to being a candidate (still bound to its port):
+/// the next connect() starts afresh instead of reporting EISCONN.
+fn failed_connect_reported(t: &'static Tcp, fd: c_int) {
+    if t.refs.load(Ordering::Acquire) != 1 || !SOCKS.get(fd).is_some_and(|r| std::ptr::eq(r, t)) {
+        return;
+    }
+    let _ = SOCKS.take(fd);
+    let inner = t.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(i) = inner {
+        engine_call(|| drop(i));
+    }
+    // epoll interests the shim kept for the engine connection: the kernel's.
+    crate::ready::tcp_to_kernel(fd);
+    table::add_flags(fd, table::F_TCAND);
 }
 
 // ------------------------------------------------------------- accept
