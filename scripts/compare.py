@@ -39,6 +39,12 @@ interleaved; ratios to the floor (what is the engine's own cost) and floor/plain
 AF_XDP engine could do against plain sockperf here):
 
     scripts/compare.py --scenario floor --repeats 5 --seconds 3
+
+Connection churn (issue 21 item 2): a plain nginx in b; in a, `ab -n N -c 1` and `-c 20` (one
+connection per request) and a Python connect()+close() loop (p50/p99 µs of connect), each plainly
+and under `nanowire run` (default profile), interleaved; ratios run/plain:
+
+    scripts/compare.py --scenario churn --repeats 5 --requests 1000
 """
 import argparse, json, os, platform, re, shlex, shutil, statistics, subprocess, sys, tempfile, time
 
@@ -472,6 +478,85 @@ def run_msg_rate(a):
             "env": env(a.lab)}
 
 
+CONNECT_PY = r"""
+import socket, sys, time
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+lat = []
+for i in range(n):
+    s = socket.socket()
+    t = time.perf_counter_ns()
+    s.connect((host, port))
+    lat.append(time.perf_counter_ns() - t)
+    s.close()
+lat.sort()
+print("p50_us %.1f p99_us %.1f" % (lat[len(lat) // 2] / 1000, lat[int(len(lat) * 0.99)] / 1000))
+"""
+
+
+def churn_nginx(lab, tmp, port):
+    """A plain nginx (one worker) in host b serving a small file from `tmp`."""
+    for d in ("html", "tmp"):
+        os.makedirs(os.path.join(tmp, d), exist_ok=True)
+    with open(os.path.join(tmp, "html", "index.html"), "w") as f:
+        f.write("hello from nginx\n")
+    conf = os.path.join(tmp, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(f"user root; worker_processes 1; daemon off; pid {tmp}/nginx.pid; error_log {tmp}/error.log;\n"
+                f"events {{ worker_connections 4096; }}\n"
+                f"http {{ access_log off; client_body_temp_path {tmp}/tmp; proxy_temp_path {tmp}/tmp; "
+                f"fastcgi_temp_path {tmp}/tmp; uwsgi_temp_path {tmp}/tmp; scgi_temp_path {tmp}/tmp;\n"
+                f"server {{ listen {B}:{port}; root {tmp}/html; }} }}\n")
+    return Server(lab, ["nginx", "-c", conf, "-p", tmp])
+
+
+def run_churn(a):
+    port = 8080
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="nw-churn-") as tmp:
+        srv = churn_nginx(a.lab, tmp, port)
+        try:
+            url = f"http://{B}:{port}/index.html"
+            tests = [
+                ("ab -c 1", ["ab", "-q", "-n", str(a.requests), "-c", "1", url], "req_s"),
+                ("ab -c 20", ["ab", "-q", "-n", str(a.requests), "-c", "20", url], "req_s"),
+                ("python connect", ["python3", "-c", CONNECT_PY, B, str(port), str(a.requests)], "p50_us"),
+            ]
+
+            def parse(text):
+                out = {}
+                m = re.search(r"Requests per second:\s+([\d.]+)", text)
+                if m:
+                    out["req_s"] = float(m.group(1))
+                m = re.search(r"Failed requests:\s+(\d+)", text)
+                if m:
+                    out["failed"] = int(m.group(1))
+                m = re.search(r"p50_us ([\d.]+) p99_us ([\d.]+)", text)
+                if m:
+                    out["p50_us"], out["p99_us"] = float(m.group(1)), float(m.group(2))
+                if not out:
+                    raise RuntimeError("could not parse:\n" + text[-2000:])
+                return out
+
+            for r in range(a.repeats):
+                for name, argv, key in tests:
+                    for mode in ("plain", "run"):
+                        cmd = argv if mode == "plain" else [NW, "run", "--"] + argv
+                        res = run_client(a.lab, cmd, parse, timeout=300)
+                        runs.setdefault(f"{name} {mode}", []).append(res)
+                        print(f"# repeat {r + 1} {name} {mode}: {res}", file=sys.stderr)
+        finally:
+            srv.stop()
+    med = {label: {k: statistics.median(x[k] for x in rs if k in x) for k in rs[0]} for label, rs in runs.items()}
+    ratios = {}
+    for name, key in (("ab -c 1", "req_s"), ("ab -c 20", "req_s"), ("python connect", "p50_us"), ("python connect", "p99_us")):
+        p, r = med.get(f"{name} plain", {}).get(key), med.get(f"{name} run", {}).get(key)
+        if p and r:
+            ratios[f"{name} {key} run/plain"] = round(r / p, 3)
+    return {"scenario": "churn", "requests": a.requests, "repeats": a.repeats, "runs": runs, "median": med,
+            "ratio_run_to_plain": ratios,
+            "acceptance": "ab -c 1 with ab under run >= 1.0x plain req/s (issue 21)", "env": env(a.lab)}
+
+
 def env(lab):
     def sh(cmd):
         try:
@@ -614,12 +699,13 @@ def apps_version(argv):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", required=True,
-                    choices=sorted(scenarios(1, 64)) + ["apps", "tick-to-trade", "tcp-msg-rate", "floor"])
+                    choices=sorted(scenarios(1, 64)) + ["apps", "tick-to-trade", "tcp-msg-rate", "floor", "churn"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--lab", default="nw")
     ap.add_argument("--count", type=int, default=5000, help="apps: datagrams timed per run")
+    ap.add_argument("--requests", type=int, default=1000, help="churn: ab requests (and connects) per run")
     ap.add_argument("--warmup", type=int, default=1000, help="apps: datagrams echoed before the timing starts")
     ap.add_argument("--inflight", default="1,8", help="apps: datagrams in flight, comma-separated")
     ap.add_argument("--runtimes", default="", help="apps: subset of node,jvm-nio,python-asyncio,c-mt")
@@ -638,6 +724,9 @@ def main():
         return
     if a.scenario == "tcp-msg-rate":
         print(json.dumps(run_msg_rate(a), indent=1))
+        return
+    if a.scenario == "churn":
+        print(json.dumps(run_churn(a), indent=1))
         return
     if a.scenario == "floor":
         base, configs = floor_configs(a)
