@@ -45,6 +45,8 @@ connection per request) and a Python connect()+close() loop (p50/p99 µs of conn
 and under `nanowire run` (default profile), interleaved; ratios run/plain:
 
     scripts/compare.py --scenario churn --repeats 5 --requests 1000
+
+(ab's time includes the engine's start under run, about 0.1 s here: use at least 1000 requests.)
 """
 import argparse, json, os, platform, re, shlex, shutil, statistics, subprocess, sys, tempfile, time
 
