@@ -701,7 +701,7 @@ impl TcpEngine {
             total += n;
             match miss {
                 Some(t) => {
-                    self.send_scratch_slot0(core, t);
+                    self.send_scratch_slot0(core, t, now);
                     total += 1;
                 }
                 None if n < TX_BATCH => return total,
@@ -715,10 +715,12 @@ impl TcpEngine {
     /// it, or count it lost like a frame on the wire (TCP retransmits once
     /// the neighbour is known).
     #[cold]
-    fn send_scratch_slot0(&self, core: &mut Core, t: nanowire_tcp::Transmit) {
+    fn send_scratch_slot0(&self, core: &mut Core, t: nanowire_tcp::Transmit, now: u64) {
         let Some((_, mac)) = self.hop(core, t.dst) else {
-            core.unresolved += 1;
-            bump(self.engine.page.e(E::DropNeighUnresolved), 1);
+            // The neighbour thread looks the next hop up: the segment waits
+            // (bounded), as in the kernel's arp_queue; past the bound it is
+            // lost like a frame on the wire and TCP retransmits it.
+            self.park(core, &t, HDRS, now);
             return;
         };
         core.ip_id = core.ip_id.wrapping_add(1);
@@ -748,28 +750,8 @@ impl TcpEngine {
                 };
                 let Some((_, mac)) = self.hop(core, t.dst) else {
                     // The neighbour thread looks the next hop up: the
-                    // segment waits (bounded), as the kernel's arp_queue;
-                    // past the bound it is lost like a frame on the wire
-                    // and TCP retransmits it.
-                    if core.parked.len() < PARK_MAX
-                        && !matches!(
-                            self.engine.neigh.lookup(t.dst),
-                            Lookup::Ready(Hop::Kernel) | Lookup::Failed
-                        )
-                    {
-                        let segment = core.scratch[off + HDRS..off + HDRS + t.len].to_vec();
-                        core.parked.push(Parked {
-                            src: t.src,
-                            dst: t.dst,
-                            ttl: t.ttl,
-                            tos: t.tos,
-                            since: now,
-                            segment,
-                        });
-                    } else {
-                        core.unresolved += 1;
-                        bump(self.engine.page.e(E::DropNeighUnresolved), 1);
-                    }
+                    // segment waits (bounded), see `park`.
+                    self.park(core, &t, off + HDRS, now);
                     continue;
                 };
                 core.ip_id = core.ip_id.wrapping_add(1);
@@ -807,6 +789,32 @@ impl TcpEngine {
             if n < TX_BATCH {
                 return total;
             }
+        }
+    }
+
+    /// Keep the segment `t` built at `scratch[at..]` until its next hop is
+    /// known (at most PARK_MAX per stack); beyond, or when the destination
+    /// is not reached through the rings, it is lost like a frame on the
+    /// wire (counted) and TCP retransmits it.
+    fn park(&self, core: &mut Core, t: &nanowire_tcp::Transmit, at: usize, now: u64) {
+        if core.parked.len() < PARK_MAX
+            && !matches!(
+                self.engine.neigh.lookup(t.dst),
+                Lookup::Ready(Hop::Kernel) | Lookup::Failed
+            )
+        {
+            let segment = core.scratch[at..at + t.len].to_vec();
+            core.parked.push(Parked {
+                src: t.src,
+                dst: t.dst,
+                ttl: t.ttl,
+                tos: t.tos,
+                since: now,
+                segment,
+            });
+        } else {
+            core.unresolved += 1;
+            bump(self.engine.page.e(E::DropNeighUnresolved), 1);
         }
     }
 
@@ -2251,14 +2259,9 @@ pub fn tcp_drain(limit: Duration) {
 /// The cached next hop's MAC for `dst` if the cache entry is of the current
 /// neighbour generation (no lock: for use under the TX lock).
 #[inline]
-fn cached_hop(
-    hops: &[(Ipv4Addr, u64, Ipv4Addr, [u8; 6])],
-    generation: u64,
-    dst: Ipv4Addr,
-) -> Option<[u8; 6]> {
-    hops.iter()
-        .find(|h| h.0 == dst && h.1 == generation)
-        .map(|h| h.3)
+fn cached_hop(hops: &[HopSlot; HOP_CACHE], generation: u64, dst: Ipv4Addr) -> Option<[u8; 6]> {
+    let h = &hops[hop_slot(dst)];
+    (h.dst == dst && h.generation == generation).then_some(h.mac)
 }
 
 /// Write the Ethernet and IPv4 headers of segment `t` into `f` (`HDRS` bytes).
@@ -2294,7 +2297,15 @@ mod tests {
         let a = Ipv4Addr::new(198, 18, 0, 2);
         let b = Ipv4Addr::new(198, 18, 0, 3);
         let src = Ipv4Addr::new(198, 18, 0, 1);
-        let hops = vec![(a, 7, src, [1; 6]), (b, 6, src, [2; 6])];
+        let mut hops = [HOP_EMPTY; HOP_CACHE];
+        for (dst, generation, mac) in [(a, 7, [1; 6]), (b, 6, [2; 6])] {
+            hops[hop_slot(dst)] = HopSlot {
+                dst,
+                generation,
+                src,
+                mac,
+            };
+        }
         assert_eq!(cached_hop(&hops, 7, a), Some([1; 6]));
         // A stale entry (the neighbour table changed since) is a miss: the
         // segment takes the locked path, which looks the hop up again.
