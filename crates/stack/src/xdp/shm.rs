@@ -832,6 +832,8 @@ mod tests {
             E::DropMartian,
             E::DropNeighUnresolved,
             E::NeighResolutions,
+            E::NeighEntries,
+            E::NeighRoutes,
             E::RxMultiBuffer,
             E::MemUmemBytes,
             E::MemRingBytes,
