@@ -715,10 +715,8 @@ matrix!(nginx_curl_small_files, nginx_curl_small_files);
 matrix!(python_http_server_curl, python_http_server_curl);
 matrix!(ab_c1, |p| ab(p, "a1", 1));
 matrix!(ab_c20, |p| ab(p, "a2", 20));
-// wrk under run (run_plain, run_run) fails 4 of its connects today (issue
-// 21: "wrk under run fails 3 connects"); those placements land with the fix.
-matrix!(wrk_c10, |p| wrk(p, "w1", 10); plain_plain, plain_run);
-matrix!(wrk_c50, |p| wrk(p, "w5", 50); plain_plain, plain_run);
+matrix!(wrk_c10, |p| wrk(p, "w1", 10));
+matrix!(wrk_c50, |p| wrk(p, "w5", 50));
 matrix!(redis_cli_2mb_value, redis_cli_2mb_value);
 matrix!(redis_benchmark, redis_benchmark);
 matrix!(memcached_python, memcached_python);
