@@ -212,6 +212,13 @@ def scenarios(secs, size):
             ("run xdp tcp", nw_run("xdp", sp_sr(["--tcp"])), nw_run("xdp", sp_pp(secs, size, ["--tcp"])), sp),
             ("run spin tcp", nw_run("spin", sp_sr(["--tcp"])), nw_run("spin", sp_pp(secs, size, ["--tcp"])), sp),
         ] if os.environ.get("NANOWIRE_OLD_PRELOAD") else []),
+        # Wave 3: what multi-buffer receive (the xdp.frags program, XDP_USE_SG) costs a UDP ping-pong.
+        "wave3-mb": ("run xdp udp", [
+            ("run xdp udp", nw_run("xdp", sp_sr()), nw_run("xdp", sp_pp(secs, size)), sp),
+            ("run xdp udp, no multi-buffer", ["env", "NANOWIRE_XDP_NO_MULTI_BUFFER=1"] + nw_run("xdp", sp_sr()),
+             ["env", "NANOWIRE_XDP_NO_MULTI_BUFFER=1"] + nw_run("xdp", sp_pp(secs, size)), sp),
+        ] + ([("run xdp udp (old shim)", old_shim(nw_run("xdp", sp_sr())), old_shim(nw_run("xdp", sp_pp(secs, size))), sp)]
+             if os.environ.get("NANOWIRE_OLD_PRELOAD") else [])),
         "issue4-tcp": ("plain", [
             ("plain", sp_sr(["--tcp"]), sp_pp(secs, size, ["--tcp"]), sp),
             ("run", nw_run("xdp", sp_sr(["--tcp"])), nw_run("xdp", sp_pp(secs, size, ["--tcp"])), sp),
