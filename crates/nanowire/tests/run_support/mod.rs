@@ -155,6 +155,22 @@ impl Kid {
 
 impl Drop for Kid {
     fn drop(&mut self) {
+        // nginx's workers outlive a master killed with SIGKILL (they are
+        // reparented to init and keep serving): stop it as its operator
+        // does, SIGTERM (the master stops its workers), and kill only if
+        // it has not gone within 3 s.
+        if self.name.contains("nginx") && matches!(self.child.try_wait(), Ok(None)) {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.child.id().to_string()])
+                .status();
+            let until = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < until {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
