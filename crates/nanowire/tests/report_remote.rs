@@ -12,7 +12,17 @@ use run_support::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// The tests of this file look at the same `/tmp/nanowire.*` copies (host
+/// b's namespace shares the file system): one at a time, so one test's
+/// live copy is never taken for another's leftover.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// sshd in lab host b, killed on drop.
 struct Sshd {
@@ -182,6 +192,7 @@ fn copied_dirs() -> Vec<String> {
 #[test]
 #[ignore = "needs root"]
 fn remote_report_over_ssh_runs_every_engine_in_host_b() {
+    let _serial = serial();
     let lab = lab("rr");
     let sshd = sshd(&lab, "ok");
     let out = scratch("remote-report");
@@ -277,6 +288,7 @@ fn remote_report_over_ssh_runs_every_engine_in_host_b() {
 #[test]
 #[ignore = "needs root"]
 fn remote_report_failures_are_one_line_naming_the_host() {
+    let _serial = serial();
     let lab = lab("rf");
     let sshd = sshd(&lab, "fail");
     let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
@@ -444,17 +456,26 @@ fn remote_report_failures_are_one_line_naming_the_host() {
     }
 
     // Every copy of nanowire made by the failing runs is gone.
-    std::thread::sleep(Duration::from_millis(500));
-    let after: Vec<String> = copied_dirs()
-        .into_iter()
-        .filter(|x| !before.contains(x))
-        .collect();
+    // (host b removes its copy as its ssh session ends: wait for that,
+    // up to 10 s, on a loaded machine.)
+    let until = Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        let after: Vec<String> = copied_dirs()
+            .into_iter()
+            .filter(|x| !before.contains(x))
+            .collect();
+        if after.is_empty() || Instant::now() > until {
+            break after;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert!(after.is_empty(), "copies left: {after:?}");
 }
 
 #[test]
 #[ignore = "needs root"]
 fn an_interrupted_remote_report_leaves_no_process_in_host_b() {
+    let _serial = serial();
     let lab = lab("ri");
     let sshd = sshd(&lab, "int");
     let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());

@@ -166,6 +166,10 @@ pub(crate) struct Conn {
     pub rst_pending: bool,
     /// A RST answering one bad segment (seq, ack, ACK flag); the connection lives on.
     pub rst_reply: Option<(u32, u32, bool)>,
+    /// SYN-SENT answered an ACK that was not for our SYN (a peer's
+    /// TIME-WAIT on this 4-tuple) with a RST once, and resent the SYN
+    /// right behind it instead of after the 1 s initial RTO.
+    pub syn_rst_retry: bool,
     pub syn_pending: bool,
     pub probe_pending: bool,
     pub rtx_once: Option<u32>,
@@ -290,6 +294,7 @@ impl Conn {
             rx_unacked: 0,
             rst_pending: false,
             rst_reply: None,
+            syn_rst_retry: false,
             syn_pending: false,
             probe_pending: false,
             rtx_once: None,

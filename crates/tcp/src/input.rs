@@ -30,6 +30,17 @@ impl Conn {
             if !f.rst() {
                 ctr.out_of_window += 1;
                 self.rst_reply = Some((r.ack, 0, false));
+                // Most often the peer still holds an earlier connection
+                // on this 4-tuple in TIME-WAIT (one a kernel socket of
+                // this host made, whose ISN and timestamp clock we cannot
+                // follow) and answered our SYN with its ACK. Our RST ends
+                // that TIME-WAIT (RFC 1337 is off by default on Linux), so
+                // the SYN goes again at once, once per connect, rather
+                // than after the 1 s initial RTO.
+                if !self.syn_rst_retry {
+                    self.syn_rst_retry = true;
+                    self.rtx_deadline = Some(now.saturating_add(1_000_000));
+                }
             }
             return;
         }
