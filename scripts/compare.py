@@ -212,6 +212,19 @@ def scenarios(secs, size):
             ("run xdp tcp", nw_run("xdp", sp_sr(["--tcp"])), nw_run("xdp", sp_pp(secs, size, ["--tcp"])), sp),
             ("run spin tcp", nw_run("spin", sp_sr(["--tcp"])), nw_run("spin", sp_pp(secs, size, ["--tcp"])), sp),
         ] if os.environ.get("NANOWIRE_OLD_PRELOAD") else []),
+        # Bisecting a shim regression: NANOWIRE_SHIMS="label=PATH,label=PATH,..." runs sockperf UDP
+        # (and TCP with NANOWIRE_SHIMS_TCP=1) under `nanowire run` with each shim, interleaved,
+        # against this tree's shim.
+        "shims": ("run xdp udp", [
+            ("run xdp udp", nw_run("xdp", sp_sr()), nw_run("xdp", sp_pp(secs, size)), sp),
+        ] + [(f"run xdp udp ({lab})", ["env", f"NANOWIRE_PRELOAD={path}"] + nw_run("xdp", sp_sr()),
+              ["env", f"NANOWIRE_PRELOAD={path}"] + nw_run("xdp", sp_pp(secs, size)), sp)
+             for lab, path in (kv.split("=", 1) for kv in os.environ.get("NANOWIRE_SHIMS", "").split(",") if kv)]
+          + ([("run xdp tcp", nw_run("xdp", sp_sr(["--tcp"])), nw_run("xdp", sp_pp(secs, size, ["--tcp"])), sp)]
+             + [(f"run xdp tcp ({lab})", ["env", f"NANOWIRE_PRELOAD={path}"] + nw_run("xdp", sp_sr(["--tcp"])),
+                 ["env", f"NANOWIRE_PRELOAD={path}"] + nw_run("xdp", sp_pp(secs, size, ["--tcp"])), sp)
+                for lab, path in (kv.split("=", 1) for kv in os.environ.get("NANOWIRE_SHIMS", "").split(",") if kv)]
+             if os.environ.get("NANOWIRE_SHIMS_TCP") else [])),
         # Wave 3: what multi-buffer receive (the xdp.frags program, XDP_USE_SG) costs a UDP ping-pong.
         "wave3-mb": ("run xdp udp", [
             ("run xdp udp", nw_run("xdp", sp_sr()), nw_run("xdp", sp_pp(secs, size)), sp),
