@@ -89,11 +89,15 @@ static __always_inline int redirect(struct xdp_md *ctx)
 // (which drops it as usual) and counted in nw_stats[1]. Broadcast and
 // multicast frames (group bit set) go on to the checks below. The loader
 // writes the interface's MAC into nw_config before claiming anything
-// (`on` = 0: no check, e.g. an interface without a MAC).
+// (`on` = 0: no check, e.g. an interface without a MAC). `mtu` is the
+// interface's MTU when the program was attached (0: unknown): a UDP
+// datagram no longer than it is no super-frame, so only longer ones pay
+// for the exact bpf_check_mtu (see steer).
 struct nw_config {
 	__u8 mac[6];
 	__u8 on;
 	__u8 pad;
+	__u32 mtu;
 };
 
 struct {
@@ -103,12 +107,10 @@ struct {
 	__type(value, struct nw_config);
 } nw_config SEC(".maps");
 
-static __always_inline int other_host(struct ethhdr *eth)
+static __always_inline int other_host(struct ethhdr *eth, struct nw_config *c)
 {
 	if (eth->h_dest[0] & 1)
 		return 0;
-	__u32 k = 0;
-	struct nw_config *c = bpf_map_lookup_elem(&nw_config, &k);
 	if (!c || !c->on)
 		return 0;
 	if (eth->h_dest[0] == c->mac[0] && eth->h_dest[1] == c->mac[1] &&
@@ -238,7 +240,9 @@ static __always_inline int steer(struct xdp_md *ctx)
 		return XDP_PASS;
 	if (eth->h_proto != bpf_htons(ETH_P_IP))
 		return XDP_PASS;
-	if (other_host(eth))
+	__u32 ck = 0;
+	struct nw_config *cfg = bpf_map_lookup_elem(&nw_config, &ck);
+	if (other_host(eth, cfg))
 		return XDP_PASS;
 	if (ip->protocol == IPPROTO_TCP) {
 		if (ip->frag_off & bpf_htons(0x3fff))
@@ -266,7 +270,8 @@ static __always_inline int steer(struct xdp_md *ctx)
 		return XDP_PASS;
 	// A UDP GSO super-frame (longer than the MTU): the kernel splits it.
 	__u32 mtu_len = bpf_ntohs(ip->tot_len);
-	if (bpf_check_mtu(ctx, 0, &mtu_len, 0, 0) != BPF_MTU_CHK_RET_SUCCESS)
+	if ((!cfg || mtu_len > cfg->mtu) &&
+	    bpf_check_mtu(ctx, 0, &mtu_len, 0, 0) != BPF_MTU_CHK_RET_SUCCESS)
 		return XDP_PASS;
 	return redirect(ctx);
 }

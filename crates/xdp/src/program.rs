@@ -180,21 +180,24 @@ impl SteerProgram {
             .map_err(|e| map_err("nw_xsks", e))?;
         let stats = PerCpuArray::try_from(ebpf.take_map("nw_stats").ok_or("no nw_stats map")?)
             .map_err(|e| map_err("nw_stats", e))?;
-        // The interface's MAC, before anything is claimed: unicast frames
-        // for another host are the kernel's to drop (steer.c `other_host`).
-        if let Some(mac) = crate::iface::lookup(ifname)
-            .ok()
-            .map(|i| i.mac)
-            .filter(|m| *m != [0; 6])
-        {
+        // The interface's MAC and MTU, before anything is claimed: unicast
+        // frames for another host are the kernel's to drop (steer.c
+        // `other_host`); UDP datagrams no longer than the MTU skip the exact
+        // super-frame check.
+        if let Ok(info) = crate::iface::lookup(ifname) {
+            let mac = info.mac;
+            let on = u8::from(mac != [0; 6]);
+            let mtu = info.mtu.to_ne_bytes();
             // Borrowed, not taken: the map stays with the object (and its
             // fd open) for the program's load below.
-            let mut cfg: aya::maps::Array<&mut MapData, [u8; 8]> = aya::maps::Array::try_from(
+            let mut cfg: aya::maps::Array<&mut MapData, [u8; 12]> = aya::maps::Array::try_from(
                 ebpf.map_mut("nw_config")
                     .ok_or("steering object has no nw_config map")?,
             )
             .map_err(|e| map_err("nw_config", e))?;
-            let v = [mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], 1, 0];
+            let v = [
+                mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], on, 0, mtu[0], mtu[1], mtu[2], mtu[3],
+            ];
             cfg.set(0, v, 0).map_err(|e| map_err("nw_config", e))?;
         }
         let name = if frags { "nw_steer_frags" } else { "nw_steer" };
