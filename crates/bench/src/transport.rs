@@ -3,7 +3,6 @@
 
 use nanowire_stack::{EngineKind, UdpEndpoint, WaitPolicy};
 use nanowire_wire::sockperf::{SOCKPERF_HEADER_LEN, SockperfHeader};
-use rustix::event::{PollFd, PollFlags, Timespec};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant};
@@ -199,40 +198,10 @@ impl StreamBuf {
     }
 }
 
-/// Wait until `fd` is readable (or writable) or `timeout` passes.
-pub(crate) fn wait_fd(s: &TcpStream, write: bool, timeout: Duration) -> io::Result<()> {
-    let flags = if write { PollFlags::OUT } else { PollFlags::IN };
-    let mut fds = [PollFd::new(s, flags)];
-    let ts = Timespec {
-        tv_sec: timeout.as_secs() as _,
-        tv_nsec: timeout.subsec_nanos() as _,
-    };
-    match rustix::event::poll(&mut fds, Some(&ts)) {
-        Ok(_) => Ok(()),
-        Err(rustix::io::Errno::INTR) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// A non-blocking byte stream the TCP transport and server run on: a kernel
-/// `TcpStream` or a connection of the xdp engine's TCP.
-pub(crate) trait TcpIo: Read + Write {
-    /// Wait until readable (or writable) or `timeout` passes (blocking mode).
-    fn wait_io(&self, write: bool, timeout: Duration) -> io::Result<()>;
-}
-
-impl TcpIo for TcpStream {
-    fn wait_io(&self, write: bool, timeout: Duration) -> io::Result<()> {
-        wait_fd(self, write, timeout)
-    }
-}
-
-impl TcpIo for nanowire_stack::xdp::XdpTcpStream {
-    fn wait_io(&self, _write: bool, timeout: Duration) -> io::Result<()> {
-        self.wait(timeout);
-        Ok(())
-    }
-}
+/// A non-blocking byte stream the TCP transport and server run on: the
+/// stack's stream contract (a kernel `TcpStream` or a connection of the xdp
+/// engine's TCP).
+pub(crate) use nanowire_stack::TcpEndpoint as TcpIo;
 
 pub(crate) struct TcpTransport<S: TcpIo = TcpStream> {
     pub stream: S,

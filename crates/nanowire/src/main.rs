@@ -2,6 +2,8 @@
 //! and drop-in acceleration. Each subcommand lives in its crate; this file
 //! only dispatches and turns errors into one line and a non-zero exit.
 
+mod stats;
+
 use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -23,7 +25,7 @@ enum Cmd {
     /// The virtual two-host testbed and the seed-suite report.
     Lab(nanowire_lab::cli::LabArgs),
     /// Counters of running nanowire engines.
-    Stats(nanowire_stack::cli::StatsArgs),
+    Stats(stats::StatsArgs),
     /// Run an unmodified program with drop-in acceleration (LD_PRELOAD shim).
     Run(nanowire_run::cli::RunArgs),
     /// What decides whether acceleration works, and how well, on this host and its interfaces.
@@ -64,7 +66,7 @@ fn main() {
     let res = match cli.cmd {
         Cmd::Bench(a) => nanowire_bench::cli::run(a),
         Cmd::Lab(a) => nanowire_lab::cli::run(a),
-        Cmd::Stats(a) => nanowire_stack::cli::run(a),
+        Cmd::Stats(a) => stats::run(a),
         Cmd::Run(a) => nanowire_run::cli::run(a),
         Cmd::Capture(a) => nanowire_capture::cli::run(a),
         Cmd::Doctor(a) => nanowire_doctor::run(a),

@@ -5,9 +5,11 @@
 //! * `xdp`: AF_XDP kernel bypass, a user-space UDP/IPv4 path.
 //!
 //! Callers (the bench, the preload shim) open sockets with [`open_udp`] and
-//! use [`UdpEndpoint`] without caring which engine serves them.
+//! use [`UdpEndpoint`] without caring which engine serves them; TCP streams
+//! and listeners of every engine meet the [`TcpEndpoint`] and
+//! [`TcpAcceptor`] contracts (kernel `TcpStream`/`TcpListener`, and
+//! `xdp::XdpTcpStream`/`XdpTcpListener`).
 
-pub mod cli;
 pub mod kernel;
 pub mod xdp;
 
@@ -166,6 +168,75 @@ pub trait UdpEndpoint: Send {
     }
 }
 
+/// One TCP connection on some engine, the stream counterpart of
+/// [`UdpEndpoint`]: `Read`/`Write` never wait (`WouldBlock` instead; a
+/// kernel stream is set non-blocking by its opener), and one way to wait.
+/// Implementations: `std::net::TcpStream` (kernel and spin engines) and
+/// [`xdp::XdpTcpStream`].
+pub trait TcpEndpoint: io::Read + io::Write {
+    /// Wait until the stream may be readable (`write`: writable) or
+    /// `timeout` passes. A hint: the next call may still say `WouldBlock`.
+    fn wait_io(&self, write: bool, timeout: Duration) -> io::Result<()>;
+    fn set_nodelay(&self, on: bool) -> io::Result<()>;
+    fn peer_addr(&self) -> io::Result<SocketAddrV4>;
+}
+
+/// A listening TCP socket on some engine, polled without waiting.
+/// Implementations: a non-blocking `std::net::TcpListener` and
+/// [`xdp::XdpTcpListener`].
+pub trait TcpAcceptor {
+    type Stream: TcpEndpoint;
+    /// The next established connection and its peer, if one waits.
+    fn try_accept(&self) -> io::Result<Option<(Self::Stream, SocketAddrV4)>>;
+    fn local_addr(&self) -> io::Result<SocketAddrV4>;
+}
+
+fn v4(a: std::net::SocketAddr) -> io::Result<SocketAddrV4> {
+    match a {
+        std::net::SocketAddr::V4(a) => Ok(a),
+        std::net::SocketAddr::V6(_) => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "an IPv6 address (nanowire is IPv4 only)",
+        )),
+    }
+}
+
+impl TcpEndpoint for std::net::TcpStream {
+    fn wait_io(&self, write: bool, timeout: Duration) -> io::Result<()> {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let flags = if write { PollFlags::OUT } else { PollFlags::IN };
+        let mut fds = [PollFd::new(self, flags)];
+        let ts = Timespec {
+            tv_sec: timeout.as_secs() as _,
+            tv_nsec: timeout.subsec_nanos() as _,
+        };
+        match rustix::event::poll(&mut fds, Some(&ts)) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+    fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        std::net::TcpStream::set_nodelay(self, on)
+    }
+    fn peer_addr(&self) -> io::Result<SocketAddrV4> {
+        v4(std::net::TcpStream::peer_addr(self)?)
+    }
+}
+
+impl TcpAcceptor for std::net::TcpListener {
+    type Stream = std::net::TcpStream;
+    fn try_accept(&self) -> io::Result<Option<(std::net::TcpStream, SocketAddrV4)>> {
+        match self.accept() {
+            Ok((s, peer)) => Ok(Some((s, v4(peer)?))),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+    fn local_addr(&self) -> io::Result<SocketAddrV4> {
+        v4(std::net::TcpListener::local_addr(self)?)
+    }
+}
+
 /// Open a UDP socket bound to `bind` on the engine `opts.kind` asks for.
 pub fn open_udp(bind: SocketAddrV4, opts: &EngineOptions) -> io::Result<Box<dyn UdpEndpoint>> {
     match opts.kind {
@@ -181,4 +252,55 @@ fn open_xdp(bind: SocketAddrV4, opts: &EngineOptions) -> io::Result<Box<dyn UdpE
     xdp::fallback::open_endpoint(bind, opts, |b, o| {
         Ok(Box::new(kernel::KernelUdp::bind(b, o)?) as Box<dyn UdpEndpoint>)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    /// The stream and listener contracts on the kernel engine (loopback,
+    /// no privilege): non-blocking accept and read, one wait, data both
+    /// ways.
+    #[test]
+    fn kernel_streams_meet_the_tcp_contract() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        assert!(l.try_accept().unwrap().is_none(), "nobody yet");
+        let port = TcpAcceptor::local_addr(&l).unwrap().port();
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.set_nonblocking(true).unwrap();
+        let (mut s, peer) = loop {
+            if let Some(x) = l.try_accept().unwrap() {
+                break x;
+            }
+            std::thread::yield_now();
+        };
+        assert_eq!(peer, v4(c.local_addr().unwrap()).unwrap());
+        assert_eq!(TcpEndpoint::peer_addr(&c).unwrap().port(), port);
+        s.set_nonblocking(true).unwrap();
+        TcpEndpoint::set_nodelay(&s, true).unwrap();
+        let mut buf = [0u8; 16];
+        assert_eq!(
+            s.read(&mut buf).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        c.write_all(b"ping").unwrap();
+        s.wait_io(false, Duration::from_secs(5)).unwrap();
+        assert_eq!(s.read(&mut buf).unwrap(), 4);
+        assert_eq!(&buf[..4], b"ping");
+        s.wait_io(true, Duration::from_secs(5)).unwrap();
+        s.write_all(b"pong").unwrap();
+        c.wait_io(false, Duration::from_secs(5)).unwrap();
+        assert_eq!(c.read(&mut buf).unwrap(), 4);
+    }
+
+    #[test]
+    fn engine_names_parse_back() {
+        for k in EngineKind::ALL {
+            assert_eq!(k.as_str().parse::<EngineKind>(), Ok(k));
+        }
+        assert!("dpdk".parse::<EngineKind>().is_err());
+    }
 }

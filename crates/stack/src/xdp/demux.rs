@@ -539,4 +539,63 @@ mod tests {
             0
         );
     }
+
+    #[test]
+    fn unbind_and_remove_leave_nothing_behind() {
+        let page = StatsPage::create(&PageInfo::default());
+        let mut d = Demux::new(1024);
+        let a = d.add(EndpointKind::Udp, efd(), 64).unwrap();
+        d.bind(a, PROTO_UDP, "10.0.0.2:7".parse().unwrap());
+        let m = c("10.0.0.9:1", "10.0.0.2:7");
+        assert!(matches!(
+            d.deliver(&m, RxFrame::from_vec(vec![0; 42]), &page),
+            Outcome::Delivered
+        ));
+        d.unbind(a, PROTO_UDP, "10.0.0.2:7".parse().unwrap());
+        assert!(matches!(
+            d.deliver(&m, RxFrame::from_vec(vec![0; 42]), &page),
+            Outcome::NoEndpoint
+        ));
+        // Removing hands back what was queued, and frees the slot.
+        let ep = d.remove(a).unwrap();
+        assert_eq!(ep.queue.len(), 1);
+        assert!(d.get(a).is_none());
+        let b = d.add(EndpointKind::Udp, efd(), 64).unwrap();
+        assert_eq!(a, b, "the slot is reused");
+        assert!(d.add(EndpointKind::Udp, efd(), 2).is_some());
+        assert!(d.add(EndpointKind::Udp, efd(), 2).is_none(), "at most max");
+    }
+
+    #[test]
+    fn a_connected_endpoint_on_the_wildcard_address_matches_any_local_address() {
+        let page = StatsPage::create(&PageInfo::default());
+        let mut d = Demux::new(1024);
+        let a = d.add(EndpointKind::Udp, efd(), 64).unwrap();
+        d.bind(a, PROTO_UDP, "0.0.0.0:7".parse().unwrap());
+        d.connect(
+            a,
+            PROTO_UDP,
+            "0.0.0.0:7".parse().unwrap(),
+            "10.0.0.9:99".parse().unwrap(),
+        );
+        assert_eq!(
+            who(&mut d, &page, &c("10.0.0.9:99", "10.0.0.3:7"), &[a]),
+            Some(a)
+        );
+        // Another peer: the connected socket takes nothing else.
+        assert_eq!(
+            who(&mut d, &page, &c("10.0.0.8:99", "10.0.0.3:7"), &[a]),
+            None
+        );
+        // Multicast from someone else is not for a connected socket either.
+        d.bind(a, PROTO_UDP, "239.1.1.1:7".parse().unwrap());
+        assert!(matches!(
+            d.deliver(
+                &c("10.0.0.8:1", "239.1.1.1:7"),
+                RxFrame::from_vec(vec![0; 42]),
+                &page
+            ),
+            Outcome::NoEndpoint
+        ));
+    }
 }

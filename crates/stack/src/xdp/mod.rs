@@ -8,28 +8,43 @@
 //! | part | file | lock | job |
 //! |---|---|---|---|
 //! | registry | `registry.rs` | fork-safe spin lock | one engine per (pid, netns, interface) |
-//! | receive | `rx.rs` | RX lock | budgeted poll of the RX rings, refilling the fill ring inside its loop |
+//! | devices | `device/` | (the path's) | the seam: `RxDevice`/`TxDevice` over the AF_XDP rings or in memory; tap, faults, stamps as wrappers |
+//! | receive | `rx.rs` | RX lock | budgeted poll of the receive device into the demux |
 //! | classify | `classify.rs` | none (pure) | bytes to 5-tuple + payload bounds, or a drop reason |
 //! | demux | `demux.rs` | RX lock | 5-tuple to endpoint (connected, specific, wildcard), per-endpoint bounded queues of owned frames |
-//! | transmit | `tx.rs` | TX lock | frames from the TX pool, headers, batched kicks |
+//! | transmit | `tx.rs` | TX lock | frames lent by the transmit device, headers, batched kicks |
 //! | neighbours | `neigh.rs` | neighbour lock + a thread | routes and MACs, asynchronous resolution, kernel change events |
 //! | socket API and wait policy | `socket.rs` | none of its own | `XdpSocket`: open/adopt, recv/send, spin/block |
 //! | stats | `shm.rs` | single writer per counter | counters in a shared page for `nanowire stats` |
 //!
-//! Lock rules: no lock is held across a user closure, a netlink call or a
-//! sleep; locks are never nested (RX, TX, neighbour and program locks are
-//! each taken alone), so no ordering can deadlock.
+//! The data path (`rx.rs`, `tx.rs`, the TCP driver's halves in `tcp.rs`) is
+//! generic over the device, with the engine's types fixed at compile time
+//! (`device::EngineRx`, `device::EngineTx`): no dynamic call per frame, and
+//! unit tests run it over the loopback device without root. The rest of
+//! this file is the control plane: it opens the program, the sockets, the
+//! neighbour thread and the stats page, and hands the rings to the path.
+//!
+//! Lock rules (`order.rs`; docs/architecture.md, "Locks"): three tiers taken
+//! in increasing order only (the shared client stack's slot, a TCP stack,
+//! the leaves RX/TX/program/neighbour), never two leaves at once, none held
+//! across a user closure, a netlink call, a blocking syscall or a sleep;
+//! two documented exceptions (the registry while an engine opens, a TCP
+//! hand-over's builder).
 
 pub mod classify;
 pub mod demux;
+pub mod device;
 pub mod fallback;
 mod neigh;
+mod order;
 pub mod reasm;
 mod registry;
 mod rx;
 pub mod shm;
 mod socket;
 pub mod tcp;
+#[cfg(test)]
+mod testkit;
 mod tx;
 
 pub use demux::{Delivery, EndpointId, EndpointKind};
@@ -43,14 +58,16 @@ pub use tx::IpHeader;
 
 use crate::EngineOptions;
 use demux::{Demux, FastMap};
+use device::{EngineRx, EngineTx};
 use nanowire_xdp::iface::{self, IfaceInfo};
 use nanowire_xdp::xsk::{BindMode, XskConfig, XskSocket};
 use nanowire_xdp::{AttachMode, SteerProgram};
+use order::{Guard, Tier};
 use rx::{RX_BUDGET, RxPath};
 use shm::{E, PageInfo, StatsPage, set};
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use tx::TxPath;
 
 /// Longest single sleep in poll() (a safety net: a thread that queues a
@@ -88,8 +105,8 @@ impl Prog {
 
 /// The xdp engine on one interface.
 pub struct Engine {
-    rx: Mutex<RxPath>,
-    tx: Arc<Mutex<TxPath>>,
+    rx: Mutex<RxPath<EngineRx>>,
+    tx: Arc<Mutex<TxPath<EngineTx>>>,
     neigh: Arc<neigh::Neigh>,
     prog: Mutex<Prog>,
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -238,17 +255,18 @@ impl Engine {
         // Queue 0 transmits; the other queues' TX halves are not used.
         let txq = txs.swap_remove(0);
         let per_kick = tx_budget.unwrap_or(32).clamp(1, 256) as usize;
-        let tx = Arc::new(Mutex::new(TxPath {
-            xsk: txq,
-            ip_id: 1,
-            mac: info.mac,
+        // The transmit device: the ring, its tap, the fault injector, stamps.
+        let txdev = device::stamp::TxStamps::new(device::faults::TxFaults::new(
+            device::tap::TxTap::new(txq, tap_tx),
+            faults.as_ref().and_then(|f| f.tx()),
+            page.clone(),
+        ));
+        let tx = Arc::new(Mutex::new(TxPath::new(
+            txdev,
+            info.mac,
             per_kick,
-            page: page.clone(),
-            big: Vec::new(),
-            tap: tap_tx,
-            faults: faults.as_ref().and_then(|f| f.tx()).map(tx::TxFaults::new),
-            stamp: None,
-        }));
+            page.clone(),
+        )));
         let neigh = Arc::new(
             neigh::Neigh::new(info.index, info.addr, page.clone())
                 .map_err(|e| format!("eventfd: {e}"))?,
@@ -257,9 +275,16 @@ impl Engine {
             .map_err(|e| format!("cannot start the neighbour thread: {e}"))?;
         let attach = prog.mode();
         let child_fds: Vec<RawFd> = prog.fds().iter().chain(fds.iter()).copied().collect();
-        let mut rxp = RxPath::new(rxs, Demux::new(depth as usize), own, page.clone(), tap_rx);
-        rxp.set_faults(faults.as_ref().and_then(|f| f.rx()).map(rx::RxFaults::new));
-        rxp.set_oversize_hint(ifname, frame_size as usize, multi_buffer);
+        // The receive device: the rings of every queue, the tap, the fault
+        // injector, stamps (device/mod.rs).
+        let mut queues = device::xsk::XskQueues::new(rxs, page.clone());
+        queues.set_oversize_hint(ifname, frame_size as usize, multi_buffer);
+        let rxdev = device::stamp::RxStamps::new(device::faults::RxFaults::new(
+            device::tap::RxTap::new(queues, tap_rx),
+            faults.as_ref().and_then(|f| f.rx()),
+            page.clone(),
+        ));
+        let mut rxp = RxPath::new(rxdev, Demux::new(depth as usize), own, page.clone());
         if info.mac != [0; 6] {
             rxp.mac = Some(info.mac);
         }
@@ -321,15 +346,15 @@ impl Engine {
     }
 
     #[inline]
-    fn rx(&self) -> MutexGuard<'_, RxPath> {
-        self.rx.lock().unwrap_or_else(|e| e.into_inner())
+    fn rx(&self) -> Guard<'_, RxPath<EngineRx>> {
+        order::lock(&self.rx, Tier::Leaf, "the RX lock")
     }
     #[inline]
-    fn tx(&self) -> MutexGuard<'_, TxPath> {
-        self.tx.lock().unwrap_or_else(|e| e.into_inner())
+    fn tx(&self) -> Guard<'_, TxPath<EngineTx>> {
+        order::lock(&self.tx, Tier::Leaf, "the TX lock")
     }
-    fn prog(&self) -> MutexGuard<'_, Prog> {
-        self.prog.lock().unwrap_or_else(|e| e.into_inner())
+    fn prog(&self) -> Guard<'_, Prog> {
+        order::lock(&self.prog, Tier::Leaf, "the program lock")
     }
 
     /// Does this engine belong to the calling process (not inherited

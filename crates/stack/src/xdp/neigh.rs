@@ -42,6 +42,8 @@
 //! atomic load.
 
 use super::demux::FastMap;
+use super::device::EngineTx;
+use super::order::{self, Guard, Tier};
 use super::shm::{E, S, StatsPage, add, set};
 use super::tx::{TxPath, Wire};
 use nanowire_xdp::netlink::{self, Event, Monitor, Route};
@@ -49,7 +51,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Datagrams held per unresolved neighbour at most (the kernel's
@@ -247,8 +249,8 @@ impl Neigh {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Tables> {
-        self.tables.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> Guard<'_, Tables> {
+        order::lock(&self.tables, Tier::Leaf, "the neighbour lock")
     }
 
     /// Changes so far (a socket's cached hop is good while this is equal).
@@ -274,7 +276,7 @@ impl Neigh {
     /// the prefix's broadcast address: the kernel routes those itself).
     fn onlink(&self, dst: Ipv4Addr) -> Option<Ipv4Addr> {
         let d = dst.to_bits();
-        let p = self.onlink.lock().unwrap_or_else(|e| e.into_inner());
+        let p = order::lock(&self.onlink, Tier::Leaf, "the on-link prefixes");
         if p.iter().any(|x| x.2 == dst) {
             return None;
         }
@@ -588,7 +590,7 @@ impl Neigh {
         drop(t);
         if routes_changed {
             let p = onlink_prefixes(self.ifindex);
-            *self.onlink.lock().unwrap_or_else(|e| e.into_inner()) = p;
+            *order::lock(&self.onlink, Tier::Leaf, "the on-link prefixes") = p;
         }
         if changed {
             self.changed();
@@ -650,7 +652,7 @@ impl Neigh {
 /// The neighbour thread: waits for kernel events, re-reads pending
 /// entries, sends what was waiting for a MAC. Exits when the engine stops
 /// it. Runs with every signal blocked (it lives inside applications).
-pub(crate) fn run(neigh: Arc<Neigh>, tx: Arc<Mutex<TxPath>>) {
+pub(crate) fn run(neigh: Arc<Neigh>, tx: Arc<Mutex<TxPath<EngineTx>>>) {
     let mut mon = Monitor::open().ok();
     let mut events = Vec::new();
     let mut ready = Vec::new();
@@ -705,7 +707,7 @@ pub(crate) fn run(neigh: Arc<Neigh>, tx: Arc<Mutex<TxPath>>) {
         }
         neigh.apply(&events, &mut ready);
         if !ready.is_empty() {
-            let mut t = tx.lock().unwrap_or_else(|e| e.into_inner());
+            let mut t = order::lock(&tx, Tier::Leaf, "the TX lock");
             for (q, mac) in ready.drain(..) {
                 let w = Wire {
                     src: q.src,
@@ -724,7 +726,7 @@ pub(crate) fn run(neigh: Arc<Neigh>, tx: Arc<Mutex<TxPath>>) {
 /// signal must never be delivered to it).
 pub(crate) fn spawn(
     neigh: Arc<Neigh>,
-    tx: Arc<Mutex<TxPath>>,
+    tx: Arc<Mutex<TxPath<EngineTx>>>,
 ) -> io::Result<std::thread::JoinHandle<()>> {
     // SAFETY: sigset_t is plain data; sigfillset initialises it.
     let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };

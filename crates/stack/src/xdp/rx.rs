@@ -1,51 +1,41 @@
-//! Receive: a budgeted poll of the RX rings into the demux.
+//! Receive: a budgeted poll of the receive device into the demux.
 //!
-//! `RxPath` lives under the engine's RX lock: the rings of every queue, the
-//! demux with every endpoint's queue. The lock is held for one budgeted
-//! poll and/or one pop, never across a user closure or a netlink call.
-//! Every frame taken off a ring ends up exactly once as delivered
-//! (`rx_packets`) or under one drop reason, so
+//! `RxPath` lives under the engine's RX lock: the receive device (the
+//! AF_XDP rings of every queue, with the tap, fault and stamp wrappers; or
+//! the loopback device in tests), the demux with every endpoint's queue.
+//! The lock is held for one budgeted poll and/or one pop, never across a
+//! user closure or a netlink call. Every frame taken off the device ends up
+//! exactly once as delivered (`rx_packets`) or under one drop reason, so
 //! `rx_frames = rx_packets + sum(drop_*)`; the RX counters have this lock
 //! as their single writer.
+//!
+//! One frame's way: device → [`RxPath::poll`] → `handle`: other host? →
+//! `classify` (classify.rs) → fragment? `reasm.rs` → martian? → demux
+//! (demux.rs) onto its endpoint's queue → [`RxPath::pop_or_poll`] by the
+//! socket.
 
 use super::classify::{DropReason, classify, for_other_host};
 use super::demux::{Delivery, Demux, EndpointId, Outcome};
+use super::device::RxDevice;
 use super::reasm::Reassembly;
-use super::shm::{E, StatsPage, bump, peak, set};
-use nanowire_xdp::{RxFrame, XskRx, XskStats};
+use super::shm::{E, StatsPage, bump};
+use nanowire_xdp::RxFrame;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
-/// Descriptors per ring visit (between two refills of the fill ring).
-pub(crate) const RX_BATCH: u32 = 64;
 /// Descriptors one poll takes at most (bounds the time the RX lock is
 /// held, and so the wait of any other socket of the process).
 pub(crate) const RX_BUDGET: u32 = 256;
-/// Polls between two XDP_STATISTICS refreshes (a syscall per queue).
-const KERNEL_STATS_EVERY_MASK: u32 = (1 << 22) - 1;
-/// Idle polls (nothing on the rings) between two refreshes.
-const IDLE_STATS_EVERY_MASK: u32 = (1 << 16) - 1;
+/// Idle polls between two looks at expired fragments.
+const IDLE_EXPIRE_EVERY_MASK: u32 = (1 << 16) - 1;
 
-pub(crate) struct RxPath {
-    pub queues: Vec<XskRx>,
+pub(crate) struct RxPath<D> {
+    pub dev: D,
     pub demux: Demux,
     /// The interface's own addresses: a frame from one of them is martian.
     pub own: Vec<Ipv4Addr>,
     pub page: Arc<StatsPage>,
-    polls: u32,
-    bad_descs: u64,
-    chain_drops: u64,
-    /// Copies of received frames for `nanowire capture` (crates/tap).
-    pub tap: nanowire_tap::TapWriter,
-    /// The seeded fault injector of the `faults` option (off: `None`).
-    faults: Option<RxFaults>,
-    /// (interface, frame size, multi-buffer) for the one warning about
-    /// frames the kernel dropped (without multi-buffer: frames it could not
-    /// fit in a frame); `None` once warned.
-    oversize_warn: Option<(String, usize, bool)>,
-    /// Sockets of the engine that want receive stamps: while non-zero each
-    /// frame is stamped (`CLOCK_REALTIME`) as it is taken off the ring.
-    pub stamp_users: u32,
+    idle: u32,
     /// Fragments of the engine's TCP flows being reassembled.
     reasm: Reassembly,
     /// The interface's MAC: a unicast frame for another one is dropped
@@ -54,191 +44,45 @@ pub(crate) struct RxPath {
     pub mac: Option<[u8; 6]>,
 }
 
-/// Receive-side fault injection: every frame off the ring is copied into
-/// the injector (its UMEM frame goes straight back to the fill ring); what
-/// comes out when due (dropped, duplicated, held back, corrupted) is
-/// classified and delivered like any frame, so `rx_frames = rx_packets +
-/// drops` still holds (an injected loss counts as `drop_fault_rx`, an
-/// injected duplicate as one more frame).
-pub(crate) struct RxFaults {
-    inj: nanowire_tcp::fault::FaultInjector,
-    epoch: std::time::Instant,
-    seen: nanowire_tcp::fault::FaultStats,
-}
-
-impl RxFaults {
-    pub fn new(cfg: nanowire_tcp::fault::FaultConfig) -> RxFaults {
-        RxFaults {
-            inj: nanowire_tcp::fault::FaultInjector::new(cfg),
-            epoch: std::time::Instant::now(),
-            seen: Default::default(),
-        }
-    }
-    fn now(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
-    }
-    /// Count what the injector did since the last call.
-    fn account(&mut self, page: &StatsPage) {
-        let st = &self.inj.stats;
-        let d = |a: u64, b: u64| a.saturating_sub(b);
-        let lost = d(st.dropped, self.seen.dropped);
-        if lost > 0 {
-            bump(page.e(E::RxFrames), lost);
-            bump(page.e(E::DropFaultRx), lost);
-        }
-        bump(
-            page.e(E::FaultRxDuplicated),
-            d(st.duplicated, self.seen.duplicated),
-        );
-        bump(
-            page.e(E::FaultRxReordered),
-            d(st.reordered, self.seen.reordered),
-        );
-        bump(
-            page.e(E::FaultRxCorrupted),
-            d(st.corrupted, self.seen.corrupted),
-        );
-        self.seen = st.clone();
-    }
-}
-
-impl RxPath {
-    pub fn new(
-        queues: Vec<XskRx>,
-        demux: Demux,
-        own: Vec<Ipv4Addr>,
-        page: Arc<StatsPage>,
-        tap: nanowire_tap::TapWriter,
-    ) -> Self {
+impl<D: RxDevice> RxPath<D> {
+    pub fn new(dev: D, demux: Demux, own: Vec<Ipv4Addr>, page: Arc<StatsPage>) -> Self {
         RxPath {
-            queues,
+            dev,
             demux,
             own,
             page,
-            polls: 0,
-            bad_descs: 0,
-            chain_drops: 0,
-            tap,
-            faults: None,
-            oversize_warn: None,
-            stamp_users: 0,
+            idle: 0,
             reasm: Reassembly::new(),
             mac: None,
         }
     }
 
-    /// Warn (once) when the kernel drops frames for this engine's sockets
-    /// that it could not place (`xsk_rx_dropped`). Without multi-buffer
-    /// (`mb` false) these are frames larger than `frame` bytes, such as a
-    /// veth peer's TSO/GSO super-frames in generic XDP mode.
-    pub fn set_oversize_hint(&mut self, iface: &str, frame: usize, mb: bool) {
-        self.oversize_warn = Some((iface.to_string(), frame, mb));
-    }
-
-    /// Turn the receive-side fault injector on (the `faults` option).
-    pub fn set_faults(&mut self, f: Option<RxFaults>) {
-        self.faults = f;
-    }
-
-    /// Take at most `budget` descriptors from the rings into the endpoint
+    /// Take at most `budget` descriptors from the device into the endpoint
     /// queues. Returns descriptors taken.
     #[inline]
     pub fn poll(&mut self, budget: u32) -> u32 {
-        self.polls = self.polls.wrapping_add(1);
-        if self.polls & KERNEL_STATS_EVERY_MASK == 0 {
-            self.refresh_kernel_stats();
-        }
-        let mut total = 0;
         let RxPath {
-            queues,
+            dev,
             demux,
             own,
             page,
-            tap,
-            faults,
-            stamp_users,
             reasm,
             mac,
             ..
         } = self;
-        let stamping = *stamp_users > 0;
-        for q in queues.iter_mut() {
-            if total >= budget {
-                break;
-            }
-            let info = q.poll(budget - total, RX_BATCH, |f| {
-                // One predictable branch when no socket wants stamps.
-                let at = if stamping { nanowire_tap::now_ns() } else { 0 };
-                tap.record(f.data());
-                if let Some(m) = mac
-                    && for_other_host(f.data(), m)
-                {
-                    bump(page.e(E::RxFrames), 1);
-                    return bump(page.e(DropReason::OtherHost.counter()), 1);
-                }
-                if f.is_multi_buffer() {
-                    bump(page.e(E::RxMultiBuffer), 1);
-                }
-                match faults.as_mut() {
-                    None => handle(demux, own, page, reasm, f, at),
-                    Some(x) => {
-                        let now = x.now();
-                        x.inj.push(now, f.data());
-                    }
-                }
-            });
-            if info.descs > 0 {
-                peak(page.e(E::PeakRxRing), u64::from(info.ring_peak));
-            }
-            total += info.descs;
-        }
-        if let Some(x) = faults.as_mut() {
-            let now = x.now();
-            let mut released = 0;
-            while let Some(p) = x.inj.pop(now) {
-                // Stamped when the injector releases it: that is when it
-                // reaches the engine's receive path, as far as sockets see.
-                let at = if stamping { nanowire_tap::now_ns() } else { 0 };
-                handle(demux, own, page, reasm, RxFrame::from_vec(p), at);
-                released += 1;
-            }
-            x.account(page);
-            if total == 0 {
-                return released;
+        let mac = *mac;
+        let n = dev.receive(budget, |f, at| handle(demux, own, page, reasm, mac, f, at));
+        if n == 0 {
+            self.idle = self.idle.wrapping_add(1);
+            if self.idle & IDLE_EXPIRE_EVERY_MASK == 0 && !self.reasm.is_empty() {
+                self.reasm.expire(super::reasm::mono_ns());
+                count_frags(&self.page, &mut self.reasm);
             }
         }
-        if total == 0 {
-            // Idle: refresh the kernel's counters now and then as well, so
-            // that drops the kernel made (a frame too big for ours, which
-            // never reaches the ring) are counted and warned about even
-            // when nothing else arrives.
-            if self.polls & IDLE_STATS_EVERY_MASK == 0 {
-                self.refresh_kernel_stats();
-                if !self.reasm.is_empty() {
-                    self.reasm.expire(super::reasm::mono_ns());
-                    count_frags(&self.page, &mut self.reasm);
-                }
-            }
-            return 0;
-        }
-        let bad: u64 = self.queues.iter().map(|q| q.bad_descs()).sum();
-        if bad != self.bad_descs {
-            bump(self.page.e(E::DropBadDesc), bad - self.bad_descs);
-            bump(self.page.e(E::RxFrames), bad - self.bad_descs);
-            self.bad_descs = bad;
-        }
-        let chain: u64 = self.queues.iter().map(|q| q.chain_drops()).sum();
-        if chain != self.chain_drops {
-            // A multi-buffer packet dropped whole (chain too long, or a piece
-            // outside our frames): one frame, one drop.
-            bump(self.page.e(E::DropRxChain), chain - self.chain_drops);
-            bump(self.page.e(E::RxFrames), chain - self.chain_drops);
-            self.chain_drops = chain;
-        }
-        total
+        n
     }
 
-    /// Pop endpoint `id`'s next frame, polling the rings if it has none.
+    /// Pop endpoint `id`'s next frame, polling the device if it has none.
     #[inline]
     pub fn pop_or_poll(&mut self, id: EndpointId) -> Option<Delivery> {
         if let Some(d) = self.demux.pop(id, &self.page) {
@@ -250,69 +94,45 @@ impl RxPath {
         None
     }
 
-    /// Return frames to the fill ring (after endpoints dropped theirs).
+    /// Return frames to the device (after endpoints dropped theirs).
     pub fn refill(&mut self) {
-        for q in &mut self.queues {
-            q.refill();
-        }
+        self.dev.refill();
     }
 
+    /// Refresh the device's counters (the kernel's XDP_STATISTICS).
     pub fn refresh_kernel_stats(&mut self) {
-        let mut t = XskStats::default();
-        for q in &self.queues {
-            let s = q.stats();
-            t.rx_dropped += s.rx_dropped;
-            t.rx_ring_full += s.rx_ring_full;
-            t.rx_fill_ring_empty_descs += s.rx_fill_ring_empty_descs;
-            t.rx_invalid_descs += s.rx_invalid_descs;
-            t.tx_invalid_descs += s.tx_invalid_descs;
-            t.tx_ring_empty_descs += s.tx_ring_empty_descs;
-        }
-        let p = &self.page;
-        // The kernel counts a fill-ring-empty drop in rx_dropped too; keep
-        // the counters disjoint so that they add up.
-        let dropped = t.rx_dropped.saturating_sub(t.rx_fill_ring_empty_descs);
-        set(p.e(E::XskRxDropped), dropped);
-        if dropped > 0
-            && let Some((iface, frame, mb)) = self.oversize_warn.take()
-        {
-            if mb {
-                eprintln!(
-                    "nanowire: {iface}: the kernel dropped {dropped} frame(s) for this engine \
-                     (counted as xsk_rx_dropped)"
-                );
-            } else {
-                eprintln!(
-                    "nanowire: {iface}: the kernel dropped {dropped} frame(s) for this engine that did not fit its \
-                     {frame}-byte AF_XDP frames (counted as xsk_rx_dropped; no multi-buffer AF_XDP here): a peer's \
-                     TSO/GSO/GRO super-frames? turn them off on the peer (ethtool -K <peer> tso off gso off gro off)"
-                );
-            }
-        }
-        set(p.e(E::XskRxRingFull), t.rx_ring_full);
-        set(p.e(E::XskRxFillRingEmpty), t.rx_fill_ring_empty_descs);
-        set(p.e(E::XskRxInvalidDescs), t.rx_invalid_descs);
-        set(p.e(E::XskTxInvalidDescs), t.tx_invalid_descs);
-        set(p.e(E::XskTxRingEmpty), t.tx_ring_empty_descs);
+        self.dev.refresh_stats();
+    }
+
+    /// Fragments being reassembled (tests).
+    #[cfg(test)]
+    pub fn reassembling(&self) -> usize {
+        self.reasm.datagrams()
     }
 }
 
-/// One frame: classify, check the source against our own addresses,
-/// deliver or count the drop.
+/// One frame: other host?, classify, check the source against our own
+/// addresses, deliver or count the drop.
 #[inline]
 fn handle(
     demux: &mut Demux,
     own: &[Ipv4Addr],
     page: &StatsPage,
     reasm: &mut Reassembly,
+    mac: Option<[u8; 6]>,
     f: RxFrame,
     at: u64,
 ) {
     bump(page.e(E::RxFrames), 1);
+    if let Some(m) = &mac
+        && for_other_host(f.data(), m)
+    {
+        return bump(page.e(DropReason::OtherHost.counter()), 1);
+    }
     let c = match classify(f.data()) {
         Ok(c) => c,
         Err(DropReason::Malformed(nanowire_wire::Malformed::Fragment)) => {
-            return reassemble(demux, own, page, reasm, f, at);
+            return reassemble(demux, own, page, reasm, mac, f, at);
         }
         Err(why) => return bump(page.e(why.counter()), 1),
     };
@@ -342,6 +162,7 @@ fn reassemble(
     own: &[Ipv4Addr],
     page: &StatsPage,
     reasm: &mut Reassembly,
+    mac: Option<[u8; 6]>,
     f: RxFrame,
     at: u64,
 ) {
@@ -349,7 +170,7 @@ fn reassemble(
     drop(f); // back to the fill ring: the bytes were copied
     count_frags(page, reasm);
     if let Some(v) = whole {
-        handle(demux, own, page, reasm, RxFrame::from_vec(v), at);
+        handle(demux, own, page, reasm, mac, RxFrame::from_vec(v), at);
     }
 }
 
@@ -360,4 +181,239 @@ fn count_frags(page: &StatsPage, reasm: &mut Reassembly) {
     bump(page.e(E::DropFragOverlap), t.overlap);
     bump(page.e(E::DropFragTooMany), t.too_many);
     bump(page.e(E::DropFragment), t.malformed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xdp::classify::PROTO_TCP;
+    use crate::xdp::demux::EndpointKind;
+    use crate::xdp::testkit::*;
+
+    #[test]
+    fn a_datagram_reaches_its_endpoint_and_is_counted() {
+        let (mut rx, id) = rx_with_udp(loop_rx(), 1024, 7);
+        rx.dev.inject(udp(sa(PEER, 9), sa(OURS, 7), b"hello"));
+        assert_eq!(rx.poll(RX_BUDGET), 1);
+        let d = rx.pop_or_poll(id).expect("delivered");
+        assert_eq!(d.payload(), b"hello");
+        assert_eq!(d.src, sa(PEER, 9));
+        assert_eq!(d.stamp, 0, "no stamps asked for");
+        let p = &rx.page;
+        assert_eq!(get(p, E::RxFrames), 1);
+        assert_eq!(get(p, E::RxPackets), 1);
+        assert_eq!(get(p, E::RxBytes), 5);
+        assert!(identity_holds(p));
+    }
+
+    #[test]
+    fn pop_or_poll_polls_only_when_the_queue_is_empty() {
+        let (mut rx, id) = rx_with_udp(loop_rx(), 1024, 7);
+        assert!(rx.pop_or_poll(id).is_none());
+        for i in 0..3u8 {
+            rx.dev.inject(udp(sa(PEER, 9), sa(OURS, 7), &[i]));
+        }
+        // The first pop polls the device (taking all three), the next ones
+        // come from the queue.
+        assert_eq!(rx.pop_or_poll(id).unwrap().payload(), &[0]);
+        assert_eq!(rx.dev.waiting(), 0);
+        assert_eq!(rx.pop_or_poll(id).unwrap().payload(), &[1]);
+        assert_eq!(rx.pop_or_poll(id).unwrap().payload(), &[2]);
+        assert!(rx.pop_or_poll(id).is_none());
+    }
+
+    #[test]
+    fn a_poll_takes_at_most_its_budget() {
+        let (mut rx, id) = rx_with_udp(loop_rx(), 4096, 7);
+        for _ in 0..300 {
+            rx.dev.inject(udp(sa(PEER, 9), sa(OURS, 7), b"x"));
+        }
+        assert_eq!(rx.poll(RX_BUDGET), RX_BUDGET);
+        assert_eq!(rx.poll(RX_BUDGET), 44);
+        assert_eq!(rx.poll(RX_BUDGET), 0);
+        assert_eq!(rx.demux.get(id).unwrap().queue.len(), 300);
+    }
+
+    #[test]
+    fn no_endpoint_is_a_counted_drop() {
+        let (mut rx, _) = rx_with_udp(loop_rx(), 1024, 7);
+        rx.dev.inject(udp(sa(PEER, 9), sa(OURS, 8), b"nobody"));
+        rx.poll(RX_BUDGET);
+        assert_eq!(get(&rx.page, E::DropNoSocket), 1);
+        assert_eq!(get(&rx.page, E::RxPackets), 0);
+        assert!(identity_holds(&rx.page));
+    }
+
+    #[test]
+    fn a_frame_for_another_mac_is_dropped_as_other_host() {
+        let (mut rx, id) = rx_with_udp(loop_rx(), 1024, 7);
+        let mut f = udp(sa(PEER, 9), sa(OURS, 7), b"not mine");
+        f[0..6].copy_from_slice(&[2, 9, 9, 9, 9, 9]);
+        rx.dev.inject(f);
+        // Broadcast and multicast MACs are everyone's.
+        let mut b = udp(sa(PEER, 9), sa(OURS, 7), b"all");
+        b[0..6].copy_from_slice(&[0xff; 6]);
+        rx.dev.inject(b);
+        rx.poll(RX_BUDGET);
+        assert_eq!(get(&rx.page, E::DropOtherHost), 1);
+        assert_eq!(rx.pop_or_poll(id).unwrap().payload(), b"all");
+        assert!(identity_holds(&rx.page));
+    }
+
+    #[test]
+    fn our_own_source_address_is_martian() {
+        let (mut rx, id) = rx_with_udp(loop_rx(), 1024, 7);
+        rx.dev.inject(udp(sa(OURS, 9), sa(OURS, 7), b"spoofed"));
+        rx.dev
+            .inject(udp(sa(Ipv4Addr::new(127, 0, 0, 1), 9), sa(OURS, 7), b"lo"));
+        rx.poll(RX_BUDGET);
+        assert_eq!(get(&rx.page, E::DropMartian), 2);
+        assert!(rx.pop_or_poll(id).is_none());
+        assert!(identity_holds(&rx.page));
+    }
+
+    #[test]
+    fn a_bad_checksum_is_dropped_under_its_reason() {
+        let (mut rx, id) = rx_with_udp(loop_rx(), 1024, 7);
+        let mut f = udp(sa(PEER, 9), sa(OURS, 7), b"corrupt me");
+        let last = f.len() - 1;
+        f[last] ^= 0x40;
+        rx.dev.inject(f);
+        rx.poll(RX_BUDGET);
+        assert!(rx.pop_or_poll(id).is_none());
+        assert_eq!(drops(&rx.page), 1);
+        assert_eq!(get(&rx.page, E::RxPackets), 0);
+        assert!(identity_holds(&rx.page));
+    }
+
+    #[test]
+    fn every_frame_is_delivered_or_dropped_once_whatever_its_bytes() {
+        let (mut rx, id) = rx_with_udp(loop_rx(), 1 << 14, 7);
+        let good = udp(sa(PEER, 9), sa(OURS, 7), b"payload!");
+        let mut seed = 0x9e37_79b9u32;
+        let mut n = 0;
+        for len in 0..good.len() + 4 {
+            // Truncations, then single-byte corruptions of every header byte.
+            rx.dev.inject(good[..len.min(good.len())].to_vec());
+            n += 1;
+        }
+        for i in 0..good.len() {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            let mut f = good.clone();
+            f[i] ^= (seed >> 16) as u8 | 1;
+            rx.dev.inject(f);
+            n += 1;
+        }
+        while rx.poll(RX_BUDGET) > 0 {}
+        let p = &rx.page;
+        assert_eq!(get(p, E::RxFrames), n);
+        assert!(identity_holds(p), "rx_frames = rx_packets + drops");
+        let mut got = 0;
+        while rx.pop_or_poll(id).is_some() {
+            got += 1;
+        }
+        assert_eq!(got, get(p, E::RxPackets));
+    }
+
+    #[test]
+    fn a_full_queue_drops_for_that_endpoint_only() {
+        let (mut rx, a) = rx_with_udp(loop_rx(), 1024, 7);
+        let b = rx.demux.add(EndpointKind::Udp, efd(), 64).unwrap();
+        rx.demux.bind(b, 17, sa(OURS, 8));
+        rx.demux.get_mut(a).unwrap().rcvbuf_frames = 2;
+        for _ in 0..5 {
+            rx.dev.inject(udp(sa(PEER, 9), sa(OURS, 7), b"a"));
+        }
+        rx.dev.inject(udp(sa(PEER, 9), sa(OURS, 8), b"b"));
+        rx.poll(RX_BUDGET);
+        assert_eq!(rx.demux.get(a).unwrap().queue.len(), 2);
+        assert_eq!(get(&rx.page, E::DropSocketQueueFull), 3);
+        assert_eq!(rx.pop_or_poll(b).unwrap().payload(), b"b");
+        assert!(identity_holds(&rx.page));
+    }
+
+    #[test]
+    fn tcp_fragments_are_reassembled_into_one_delivery() {
+        use nanowire_wire::checksum;
+        let mut rx = RxPath::new(
+            loop_rx(),
+            crate::xdp::demux::Demux::new(1024),
+            vec![OURS],
+            page(),
+        );
+        let id = rx.demux.add(EndpointKind::Tcp, efd(), 64).unwrap();
+        rx.demux.bind(id, PROTO_TCP, sa(OURS, 80));
+        // A TCP segment (20-byte header, 1000 bytes) with a valid checksum,
+        // in two IP fragments.
+        let data: Vec<u8> = (0..1000).map(|i| i as u8).collect();
+        let mut seg = vec![0u8; 20];
+        seg[0..2].copy_from_slice(&4000u16.to_be_bytes());
+        seg[2..4].copy_from_slice(&80u16.to_be_bytes());
+        seg[12] = 0x50;
+        seg[13] = 0x18;
+        seg.extend_from_slice(&data);
+        let mut ph = Vec::new();
+        ph.extend_from_slice(&PEER.octets());
+        ph.extend_from_slice(&OURS.octets());
+        ph.extend_from_slice(&[0, PROTO_TCP]);
+        ph.extend_from_slice(&(seg.len() as u16).to_be_bytes());
+        let sum = checksum::accumulate(checksum::accumulate(0, &ph), &seg);
+        seg[16..18].copy_from_slice(&(!checksum::fold(sum)).to_be_bytes());
+        for (off, more) in [(0usize, true), (512, false)] {
+            let part = &seg[off..if more { 512 } else { seg.len() }];
+            let mut f = OUR_MAC.to_vec();
+            f.extend_from_slice(&PEER_MAC);
+            f.extend_from_slice(&[0x08, 0]);
+            let mut ip = [0u8; 20];
+            ip[0] = 0x45;
+            ip[2..4].copy_from_slice(&((20 + part.len()) as u16).to_be_bytes());
+            ip[4..6].copy_from_slice(&77u16.to_be_bytes());
+            let fo = (off / 8) as u16 | if more { 0x2000 } else { 0 };
+            ip[6..8].copy_from_slice(&fo.to_be_bytes());
+            ip[8] = 64;
+            ip[9] = PROTO_TCP;
+            ip[12..16].copy_from_slice(&PEER.octets());
+            ip[16..20].copy_from_slice(&OURS.octets());
+            let c = !checksum::fold(checksum::accumulate(0, &ip));
+            ip[10..12].copy_from_slice(&c.to_be_bytes());
+            f.extend_from_slice(&ip);
+            f.extend_from_slice(part);
+            rx.dev.inject(f);
+        }
+        rx.poll(RX_BUDGET);
+        assert_eq!(rx.reassembling(), 0);
+        let d = rx.pop_or_poll(id).expect("the whole segment");
+        assert_eq!(d.payload(), &data[..]);
+        assert_eq!(d.src, sa(PEER, 4000));
+        assert_eq!(get(&rx.page, E::RxFragMerged), 2);
+        assert!(identity_holds(&rx.page));
+    }
+
+    #[test]
+    fn multicast_reaches_every_member_through_the_receive_path() {
+        let (mut rx, a) = rx_with_udp(loop_rx(), 1024, 5);
+        let b = rx.demux.add(EndpointKind::Udp, efd(), 64).unwrap();
+        let g = sa(Ipv4Addr::new(239, 1, 2, 3), 5);
+        rx.demux.bind(a, 17, g);
+        rx.demux.bind(b, 17, g);
+        let mut f = udp(sa(PEER, 9), g, b"tick");
+        f[0..6].copy_from_slice(&[1, 0, 0x5e, 1, 2, 3]);
+        rx.dev.inject(f);
+        rx.poll(RX_BUDGET);
+        assert_eq!(rx.pop_or_poll(a).unwrap().payload(), b"tick");
+        assert_eq!(rx.pop_or_poll(b).unwrap().payload(), b"tick");
+        assert_eq!(get(&rx.page, E::RxPackets), 1, "one frame, shared");
+    }
+
+    #[test]
+    fn a_connected_endpoint_takes_its_peer_before_the_bound_one() {
+        let (mut rx, bound) = rx_with_udp(loop_rx(), 1024, 7);
+        let conn = rx.demux.add(EndpointKind::Udp, efd(), 64).unwrap();
+        rx.demux.connect(conn, 17, sa(OURS, 7), sa(PEER, 9));
+        rx.dev.inject(udp(sa(PEER, 9), sa(OURS, 7), b"peer"));
+        rx.dev.inject(udp(sa(PEER, 10), sa(OURS, 7), b"other"));
+        rx.poll(RX_BUDGET);
+        assert_eq!(rx.pop_or_poll(conn).unwrap().payload(), b"peer");
+        assert_eq!(rx.pop_or_poll(bound).unwrap().payload(), b"other");
+    }
 }

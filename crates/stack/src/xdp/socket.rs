@@ -19,10 +19,11 @@
 use super::Engine;
 use super::classify::PROTO_UDP;
 use super::demux::{Delivery, EndpointId, EndpointKind};
+use super::device::stamp::TxStamp;
 use super::neigh::{Hop, Lookup, Queued};
 use super::rx::RX_BUDGET;
 use super::shm::{self, E, S, add, bump};
-use super::tx::{HDRS, IP_HDR, IpHeader, TxStamp, UDP_HDR, Wire};
+use super::tx::{HDRS, IP_HDR, IpHeader, UDP_HDR, Wire};
 use crate::{EngineKind, EngineOptions, SocketStats, UdpEndpoint, WaitPolicy};
 use nanowire_xdp::iface;
 use std::io;
@@ -215,7 +216,7 @@ pub struct XdpSocket {
     /// Last destination: (address, neighbour generation, hop).
     hop: Option<(Ipv4Addr, u64, Hop)>,
     batch: Vec<Delivery>,
-    /// Counted in the engine's `stamp_users` (receive stamps wanted).
+    /// Counted in the engine's receive-stamp users (`RxStamps::users`) (receive stamps wanted).
     rx_stamping: bool,
     /// Receive stamp of the datagram `recv_with` returned last.
     last_rx: u64,
@@ -562,9 +563,9 @@ impl XdpSocket {
         }
         let mut g = self.engine.rx();
         if on {
-            g.stamp_users += 1;
+            g.dev.users += 1;
         } else {
-            g.stamp_users = g.stamp_users.saturating_sub(1);
+            g.dev.users = g.dev.users.saturating_sub(1);
         }
         self.rx_stamping = on;
     }
@@ -718,9 +719,9 @@ impl XdpSocket {
                         let mut st = std::mem::take(req);
                         st.at = 0;
                         st.frame.clear();
-                        tx.stamp = Some(st);
+                        tx.dev.req = Some(st);
                         let r = tx.send_hdr(bufs, w, h, self.id);
-                        *req = tx.stamp.take().unwrap_or_default();
+                        *req = tx.dev.req.take().unwrap_or_default();
                         r
                     }
                 };
@@ -936,7 +937,7 @@ impl Drop for XdpSocket {
         let ep = {
             let mut g = self.engine.rx();
             if self.rx_stamping {
-                g.stamp_users = g.stamp_users.saturating_sub(1);
+                g.dev.users = g.dev.users.saturating_sub(1);
             }
             let ep = g.demux.remove(self.id);
             self.engine.page.set_sock_addr(self.id, None);

@@ -1,14 +1,14 @@
-//! Transmit: frames from the TX pool, Ethernet/IPv4/UDP headers with a full
-//! UDP checksum, batches of at most one kick's budget.
+//! Transmit: frames lent by the transmit device, Ethernet/IPv4/UDP headers
+//! with a full UDP checksum, batches of at most one kick's budget.
 //!
 //! `TxPath` lives under the engine's TX lock, which is held only while
 //! frames are written and posted (never across a netlink call or a user
-//! closure). Counters written here (`tx_*`, per-socket `tx_*`) have this
+//! closure; the kick is a non-blocking sendto). Counters written here (`tx_*`, per-socket `tx_*`) have this
 //! lock as their single writer.
 
+use super::device::TxDevice;
 use super::shm::{E, S, StatsPage, bump};
 use nanowire_wire::{Ipv4Repr, UdpRepr};
-use nanowire_xdp::XskTx;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
@@ -57,8 +57,10 @@ impl IpHeader {
     }
 }
 
-pub(crate) struct TxPath {
-    pub xsk: XskTx,
+pub(crate) struct TxPath<D> {
+    /// The transmit device (the engine's: AF_XDP TX ring with the stamp,
+    /// fault and tap wrappers; tests: the loopback device).
+    pub dev: D,
     pub ip_id: u16,
     pub mac: [u8; 6],
     /// Frames per kick (the copy-mode budget).
@@ -66,69 +68,6 @@ pub(crate) struct TxPath {
     pub page: Arc<StatsPage>,
     /// Scratch for multi-buffer (jumbo) frames.
     pub big: Vec<u8>,
-    /// Copies of sent frames for `nanowire capture` (crates/tap).
-    pub tap: nanowire_tap::TapWriter,
-    /// Transmit-side faults of the `faults` option (loss, duplication,
-    /// corruption of whole frames; off: `None`).
-    pub faults: Option<TxFaults>,
-    /// Set by a socket with transmit stamping around its `send` (None: no
-    /// cost but one branch per frame).
-    pub stamp: Option<TxStamp>,
-}
-
-pub(crate) struct TxFaults {
-    inj: nanowire_tcp::fault::FaultInjector,
-    seen: nanowire_tcp::fault::FaultStats,
-    out: Vec<Vec<u8>>,
-}
-
-impl TxFaults {
-    pub fn new(cfg: nanowire_tcp::fault::FaultConfig) -> TxFaults {
-        TxFaults {
-            inj: nanowire_tcp::fault::FaultInjector::new(cfg),
-            seen: Default::default(),
-            out: Vec::new(),
-        }
-    }
-    /// Run built frames through the injector: `self.out` gets what goes on
-    /// the wire (none, one, two copies; maybe with a flipped bit).
-    fn run(&mut self, frames: &[&[u8]], page: &StatsPage) {
-        self.out.clear();
-        for f in frames {
-            self.inj.push(0, f);
-            while let Some(p) = self.inj.pop(0) {
-                self.out.push(p);
-            }
-        }
-        let st = &self.inj.stats;
-        let d = |a: u64, b: u64| a.saturating_sub(b);
-        bump(page.e(E::FaultTxLost), d(st.dropped, self.seen.dropped));
-        bump(
-            page.e(E::FaultTxDuplicated),
-            d(st.duplicated, self.seen.duplicated),
-        );
-        bump(
-            page.e(E::FaultTxCorrupted),
-            d(st.corrupted, self.seen.corrupted),
-        );
-        self.seen = st.clone();
-    }
-}
-
-/// A transmit stamp request (`SOF_TIMESTAMPING_TX_SOFTWARE` in the shim).
-#[derive(Debug, Default)]
-pub(crate) struct TxStamp {
-    /// Keep a copy of the last frame sent (the error queue returns it
-    /// unless `SOF_TIMESTAMPING_OPT_TSONLY`).
-    pub want_frame: bool,
-    /// The last frame sent through the ring (when `want_frame`).
-    pub frame: Vec<u8>,
-    /// `CLOCK_REALTIME` ns when the kick that handed the frames to the
-    /// driver returned; 0: nothing went through the ring.
-    pub at: u64,
-    /// The `OPT_ID` key of the datagram being sent, for the kernel path
-    /// (`SCM_TS_OPT_ID`: the kernel stamps it under the same key).
-    pub key: Option<u32>,
 }
 
 /// What one `send` did.
@@ -136,7 +75,18 @@ pub(crate) struct Sent {
     pub n: usize,
 }
 
-impl TxPath {
+impl<D: TxDevice> TxPath<D> {
+    pub fn new(dev: D, mac: [u8; 6], per_kick: usize, page: Arc<StatsPage>) -> TxPath<D> {
+        TxPath {
+            dev,
+            ip_id: 1,
+            mac,
+            per_kick,
+            page,
+            big: Vec::new(),
+        }
+    }
+
     /// Send `bufs` (each `fits`) as datagrams; counted on socket `slot`.
     /// `Ok(n)`: n queued (fewer when the ring stayed full after a kick).
     pub fn send(&mut self, bufs: &[&[u8]], w: Wire, slot: usize) -> io::Result<Sent> {
@@ -151,17 +101,8 @@ impl TxPath {
         h: IpHeader,
         slot: usize,
     ) -> io::Result<Sent> {
-        // Faults act on datagrams of one frame; a jumbo (multi-buffer)
-        // datagram takes the plain path.
-        if self.faults.is_some()
-            && bufs
-                .first()
-                .is_some_and(|b| HDRS + b.len() <= self.xsk.frame_size())
-        {
-            return self.send_faulty(bufs, w, h, slot);
-        }
         let per_kick = self.per_kick;
-        let fs = self.xsk.frame_size();
+        let fs = self.dev.frame_size();
         let mut sent = 0;
         let mut i = 0;
         while i < bufs.len() {
@@ -173,11 +114,9 @@ impl TxPath {
             let k = if j > i {
                 let chunk = &bufs[i..j];
                 let (mac, mut id) = (self.mac, self.ip_id);
-                let tap = &mut self.tap;
-                let stamp = &mut self.stamp;
-                let k = self.xsk.send_with(chunk.len(), |n, fr| {
+                let k = self.dev.send_with(chunk.len(), |n, fr| {
                     id = id.wrapping_add(1);
-                    let len = build_frame_hdr(
+                    Some(build_frame_hdr(
                         fr,
                         mac,
                         w.mac,
@@ -187,15 +126,7 @@ impl TxPath {
                         chunk[n],
                         id,
                         h,
-                    );
-                    tap.record(&fr[..len]);
-                    if let Some(s) = stamp.as_mut()
-                        && s.want_frame
-                    {
-                        s.frame.clear();
-                        s.frame.extend_from_slice(&fr[..len]);
-                    }
-                    Some(len)
+                    ))
                 });
                 self.ip_id = self.ip_id.wrapping_add(k as u16);
                 self.count(&chunk[..k], slot);
@@ -216,14 +147,7 @@ impl TxPath {
                     self.ip_id,
                     h,
                 );
-                if self.xsk.send_large(&self.big[..n]) {
-                    self.tap.record(&self.big[..n]);
-                    if let Some(s) = self.stamp.as_mut()
-                        && s.want_frame
-                    {
-                        s.frame.clear();
-                        s.frame.extend_from_slice(&self.big[..n]);
-                    }
+                if self.dev.send_large(&self.big[..n]) {
                     self.count(&bufs[i..i + 1], slot);
                     1
                 } else {
@@ -238,8 +162,7 @@ impl TxPath {
         }
         if sent == 0 && !bufs.is_empty() {
             // Ring full even after reaping: kick and report the drop.
-            self.xsk.kick();
-            self.xsk.reap();
+            self.dev.kick_now();
             bump(self.page.e(E::DropTxRingFull), 1);
             bump(self.page.s(slot, S::DropTxRingFull), 1);
             return Err(io::Error::new(
@@ -247,131 +170,39 @@ impl TxPath {
                 "xdp tx ring full",
             ));
         }
-        // A kick the kernel could not finish (EAGAIN/ENOBUFS) leaves frames
-        // in the ring: kick once more rather than strand them until the
-        // next send.
-        if self.xsk.occupancy() > 0 {
-            self.xsk.kick();
-        }
-        self.xsk.reap();
-        if let Some(s) = self.stamp.as_mut() {
-            // The kick has returned: in copy mode the kernel has passed the
-            // frames through the driver's transmit (where it stamps its own
-            // sockets' frames); in zero-copy mode they are posted.
-            s.at = nanowire_tap::now_ns();
-        }
-        if let Some(e) = self.xsk.kick_error() {
+        self.dev.flush();
+        if let Some(e) = self.dev.take_error() {
             return Err(e);
         }
         Ok(Sent { n: sent })
     }
 
-    /// `send` with the transmit fault injector on: frames are built in
-    /// memory, run through the injector and what survives is posted. A
-    /// datagram the injector drops counts as sent (it was lost on the wire).
-    fn send_faulty(
-        &mut self,
-        bufs: &[&[u8]],
-        w: Wire,
-        h: IpHeader,
-        slot: usize,
-    ) -> io::Result<Sent> {
-        let fs = self.xsk.frame_size();
-        // The run of datagrams that fit one frame, at most one kick's worth
-        // (the caller sends the rest with its next call, as for a full ring).
-        let bufs: Vec<&[u8]> = bufs
-            .iter()
-            .copied()
-            .take_while(|b| HDRS + b.len() <= fs)
-            .take(self.per_kick)
-            .collect();
-        let mut built: Vec<Vec<u8>> = Vec::with_capacity(bufs.len());
-        for b in &bufs {
-            let mut f = vec![0u8; HDRS + b.len()];
-            self.ip_id = self.ip_id.wrapping_add(1);
-            build_frame_hdr(
-                &mut f,
-                self.mac,
-                w.mac,
-                *w.src.ip(),
-                w.src.port(),
-                w.dst,
-                b,
-                self.ip_id,
-                h,
-            );
-            built.push(f);
-        }
-        let refs: Vec<&[u8]> = built.iter().map(|f| &f[..]).collect();
-        self.post(&refs);
-        self.count(&bufs, slot);
-        if let Some(e) = self.xsk.kick_error() {
-            return Err(e);
-        }
-        Ok(Sent { n: bufs.len() })
-    }
-
-    /// Post whole frames (the engine's TCP builds its own), through the
-    /// transmit fault injector when it is on. Returns how many of `frames`
-    /// were taken (lost-by-injection counts as taken); fewer when the ring
-    /// is full.
+    /// Post whole frames (built elsewhere: the engine's TCP for a segment
+    /// whose next hop was not cached, the neighbour thread). Returns how
+    /// many of `frames` were taken (fewer when the ring is full).
     pub fn post(&mut self, frames: &[&[u8]]) -> usize {
-        let mut faults = self.faults.take();
-        let n = match faults.as_mut() {
-            None => self.post_plain(frames),
-            Some(f) => {
-                f.run(frames, &self.page);
-                let out: Vec<&[u8]> = f.out.iter().map(|v| &v[..]).collect();
-                self.post_plain(&out);
-                frames.len()
-            }
-        };
-        self.faults = faults;
-        if self.xsk.occupancy() > 0 {
-            self.xsk.kick();
-        }
-        self.xsk.reap();
-        n
+        self.post_with(frames.len(), |i, fr| {
+            let f = frames[i];
+            fr.get_mut(..f.len())?.copy_from_slice(f);
+            Some(f.len())
+        })
     }
 
-    /// Build up to `max` frames straight in the TX ring's frames (one copy
+    /// Build up to `max` frames straight in the device's frames (one copy
     /// per frame: `fill` writes headers and payload in place, returning the
     /// length, or `None` to stop with nothing queued for that frame), post
-    /// them as one batch, kick once and reap completions. Not for the
-    /// `faults` injector (which needs the frames as slices: `post`).
-    /// Returns frames posted; the ring or pool running out ends the batch
-    /// early without calling `fill` again (nothing is lost).
+    /// them as one batch, kick once and reap completions. Returns frames
+    /// posted; the ring or pool running out ends the batch early without
+    /// calling `fill` again (nothing is lost).
     #[inline]
     pub fn post_with(
         &mut self,
         max: usize,
-        mut fill: impl FnMut(usize, &mut [u8]) -> Option<usize>,
+        fill: impl FnMut(usize, &mut [u8]) -> Option<usize>,
     ) -> usize {
-        debug_assert!(self.faults.is_none());
-        let TxPath { xsk, tap, .. } = self;
-        let n = xsk.send_with(max, |i, fr| {
-            let len = fill(i, fr)?;
-            tap.record(&fr[..len.min(fr.len())]);
-            Some(len)
-        });
-        if self.xsk.occupancy() > 0 {
-            self.xsk.kick();
-        }
-        self.xsk.reap();
+        let n = self.dev.send_with(max, fill);
+        self.dev.flush();
         n
-    }
-
-    fn post_plain(&mut self, frames: &[&[u8]]) -> usize {
-        let tap = &mut self.tap;
-        self.xsk.send_with(frames.len(), |i, fr| {
-            let f = frames[i];
-            if f.len() > fr.len() {
-                return None;
-            }
-            fr[..f.len()].copy_from_slice(f);
-            tap.record(f);
-            Some(f.len())
-        })
     }
 
     fn count(&self, sent: &[&[u8]], slot: usize) {
@@ -456,6 +287,112 @@ pub(crate) fn build_frame_hdr(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::xdp::classify::classify;
+    use crate::xdp::device::loopback::{LoopTx, loopback};
+    use crate::xdp::testkit::*;
+
+    fn tx(frame: usize, per_kick: usize) -> TxPath<LoopTx> {
+        let (_, mut dev) = loopback(frame);
+        dev.keep = true;
+        TxPath::new(dev, OUR_MAC, per_kick, page())
+    }
+
+    fn wire() -> Wire {
+        Wire {
+            src: sa(OURS, 7),
+            dst: sa(PEER, 9),
+            mac: PEER_MAC,
+        }
+    }
+
+    #[test]
+    fn sent_datagrams_are_frames_the_classifier_takes_back() {
+        let mut t = tx(2048, 32);
+        let s = t.send(&[b"one", b"two!"], wire(), 0).unwrap();
+        assert_eq!(s.n, 2);
+        assert_eq!(t.dev.log.len(), 2);
+        for (f, want) in t.dev.log.iter().zip([&b"one"[..], b"two!"]) {
+            assert_eq!(&f[0..6], &PEER_MAC);
+            assert_eq!(&f[6..12], &OUR_MAC);
+            let c = classify(f).expect("valid frame");
+            assert_eq!((c.src, c.dst), (sa(OURS, 7), sa(PEER, 9)));
+            assert_eq!(&f[c.payload_off..c.payload_off + c.payload_len], want);
+        }
+        assert_eq!(get(&t.page, E::TxPackets), 2);
+        assert_eq!(get(&t.page, E::TxBytes), 7);
+        assert_eq!(
+            t.page
+                .s(0, S::TxPackets)
+                .load(std::sync::atomic::Ordering::Relaxed),
+            2
+        );
+    }
+
+    #[test]
+    fn a_batch_is_cut_at_one_kick_worth_and_flushed_once() {
+        let mut t = tx(2048, 4);
+        let bufs: Vec<&[u8]> = vec![b"x"; 10];
+        assert_eq!(t.send(&bufs, wire(), 0).unwrap().n, 10);
+        assert_eq!(t.dev.sent, 10);
+        assert_eq!(t.dev.flushes, 1, "one flush per send, not per frame");
+        // IP ids are consecutive.
+        let ids: Vec<u16> = t
+            .dev
+            .log
+            .iter()
+            .map(|f| u16::from_be_bytes([f[ETH_HDR + 4], f[ETH_HDR + 5]]))
+            .collect();
+        assert!(ids.windows(2).all(|w| w[1] == w[0].wrapping_add(1)));
+    }
+
+    #[test]
+    fn a_datagram_longer_than_a_frame_goes_in_several_buffers() {
+        let mut t = tx(2048, 32);
+        let big = vec![0x5a; 3000];
+        assert_eq!(t.send(&[b"small", &big], wire(), 0).unwrap().n, 2);
+        let f = &t.dev.log[1];
+        assert_eq!(f.len(), HDRS + 3000);
+        let c = classify(f).unwrap();
+        assert_eq!(c.payload_len, 3000);
+    }
+
+    #[test]
+    fn a_full_ring_is_would_block_and_counted() {
+        let mut t = tx(2048, 32);
+        t.dev.capacity = 3;
+        let bufs: Vec<&[u8]> = vec![b"x"; 5];
+        assert_eq!(t.send(&bufs, wire(), 4).unwrap().n, 3);
+        let e = t.send(&bufs, wire(), 4).err().expect("ring full");
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(get(&t.page, E::DropTxRingFull), 1);
+        assert_eq!(
+            t.page
+                .s(4, S::DropTxRingFull)
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+    }
+
+    #[test]
+    fn post_takes_whole_frames_and_refuses_oversized_ones() {
+        let mut t = tx(128, 32);
+        let a = [1u8; 60];
+        let b = [2u8; 200];
+        assert_eq!(t.post(&[&a, &a]), 2);
+        assert_eq!(
+            t.post(&[&a, &b, &a]),
+            1,
+            "stops at the frame that does not fit"
+        );
+        assert_eq!(t.dev.log, vec![a.to_vec(); 3]);
+        // post_with builds in place.
+        let n = t.post_with(3, |i, fr| {
+            fr[0] = i as u8;
+            Some(1)
+        });
+        assert_eq!(n, 3);
+        assert_eq!(t.dev.log[3..], [vec![0], vec![1], vec![2]]);
+    }
 
     #[test]
     fn multicast_frames_use_ttl_1() {

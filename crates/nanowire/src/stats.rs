@@ -1,6 +1,7 @@
-//! `nanowire stats`: the counters of running engines.
-use crate::xdp::shm;
+//! `nanowire stats`: the counters of running engines (read from their
+//! shared stats pages; the engine library only writes them).
 use clap::Args;
+use nanowire_stack::xdp::shm;
 use std::io::Write;
 
 /// println! that never panics on a closed stdout (e.g. piped into head).

@@ -1,0 +1,143 @@
+//! The engine's lock order, checked.
+//!
+//! Three tiers (docs/architecture.md, "Locks"):
+//!
+//! | tier | locks |
+//! |---|---|
+//! | 0 | `Engine::tcp_clients` (the process's shared client stack being made) |
+//! | 1 | a `TcpEngine`'s stack lock (`Core`) |
+//! | 2 (leaves) | RX (`RxPath`), TX (`TxPath`), program (`Prog`), neighbour tables |
+//!
+//! A thread takes locks in increasing tier only, and never two leaves at
+//! once: a TCP turn holds its stack lock and takes RX, then TX, each alone;
+//! a UDP socket takes one leaf at a time. `try_lock` (the timer service)
+//! never waits, so it is exempt from the order. Below every tier, the
+//! UMEM's recycle list (crates/xdp, taken when a frame drops) is a leaf of
+//! the leaves. With debug assertions on, every acquisition through
+//! [`lock`] checks the order (a per-thread mask of tiers held) and panics
+//! naming the lock that broke it; release builds compile the check away.
+
+use std::sync::{Mutex, MutexGuard};
+
+/// Lock tiers (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Tier {
+    Clients = 0,
+    Stack = 1,
+    Leaf = 2,
+}
+
+#[cfg(any(debug_assertions, test))]
+thread_local! {
+    static HELD: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+}
+
+/// A guard that also records its tier for the order check.
+pub(crate) struct Guard<'a, T> {
+    g: MutexGuard<'a, T>,
+    #[cfg(any(debug_assertions, test))]
+    tier: Tier,
+}
+
+impl<T> std::ops::Deref for Guard<'_, T> {
+    type Target = T;
+    #[inline(always)]
+    fn deref(&self) -> &T {
+        &self.g
+    }
+}
+
+impl<T> std::ops::DerefMut for Guard<'_, T> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.g
+    }
+}
+
+#[cfg(any(debug_assertions, test))]
+impl<T> Drop for Guard<'_, T> {
+    fn drop(&mut self) {
+        let bit = 1u8 << self.tier as u8;
+        HELD.with(|h| h.set(h.get() & !bit));
+    }
+}
+
+/// Take `m` (a lock of tier `tier`, named `name` in a violation), poison
+/// ignored: the data is consistent between statements.
+#[inline(always)]
+pub(crate) fn lock<'a, T>(m: &'a Mutex<T>, tier: Tier, name: &'static str) -> Guard<'a, T> {
+    #[cfg(any(debug_assertions, test))]
+    enter(tier, name, true);
+    #[cfg(not(any(debug_assertions, test)))]
+    let _ = (tier, name);
+    Guard {
+        g: m.lock().unwrap_or_else(|e| e.into_inner()),
+        #[cfg(any(debug_assertions, test))]
+        tier,
+    }
+}
+
+/// `try_lock`: never waits, so exempt from the order (but recorded).
+#[inline]
+pub(crate) fn try_lock<'a, T>(m: &'a Mutex<T>, tier: Tier) -> Option<Guard<'a, T>> {
+    let g = match m.try_lock() {
+        Ok(g) => g,
+        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return None,
+    };
+    #[cfg(any(debug_assertions, test))]
+    enter(tier, "", false);
+    #[cfg(not(any(debug_assertions, test)))]
+    let _ = tier;
+    Some(Guard {
+        g,
+        #[cfg(any(debug_assertions, test))]
+        tier,
+    })
+}
+
+#[cfg(any(debug_assertions, test))]
+fn enter(tier: Tier, name: &str, check: bool) {
+    let bit = 1u8 << tier as u8;
+    HELD.with(|h| {
+        let held = h.get();
+        // Nothing of this tier or a later one may be held.
+        if check && held & !(bit - 1) != 0 {
+            panic!(
+                "lock order: taking {name} (tier {tier:?}) while holding tiers {held:#05b} \
+                 (docs/architecture.md, \"Locks\")"
+            );
+        }
+        h.set(held | bit);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiers_go_down_only_and_leaves_never_nest() {
+        let stack = Mutex::new(());
+        let (rx, tx) = (Mutex::new(()), Mutex::new(()));
+        {
+            let _s = lock(&stack, Tier::Stack, "stack");
+            drop(lock(&rx, Tier::Leaf, "rx"));
+            drop(lock(&tx, Tier::Leaf, "tx"));
+        }
+        let nest = std::panic::catch_unwind(|| {
+            let _r = lock(&rx, Tier::Leaf, "rx");
+            let _t = lock(&tx, Tier::Leaf, "tx");
+        });
+        assert!(nest.is_err(), "two leaves at once");
+        let up = std::panic::catch_unwind(|| {
+            let _r = lock(&rx, Tier::Leaf, "rx");
+            let _s = lock(&stack, Tier::Stack, "stack");
+        });
+        assert!(up.is_err(), "a stack lock under a leaf");
+        // try_lock waits for nobody: allowed anywhere.
+        let _r = lock(&rx, Tier::Leaf, "rx");
+        assert!(try_lock(&stack, Tier::Stack).is_some());
+    }
+}
