@@ -3,7 +3,7 @@
 
 use nanowire_stack::{EngineKind, UdpEndpoint, WaitPolicy};
 use nanowire_wire::sockperf::{SOCKPERF_HEADER_LEN, SockperfHeader};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant};
 

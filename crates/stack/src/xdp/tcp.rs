@@ -1397,7 +1397,7 @@ impl TcpEngine {
     /// Returns how many entries went.
     fn sweep_passes(&self, diag: &mut Option<nanowire_xdp::netlink::SockDiag>) -> usize {
         let list = {
-            let Ok(mut c) = self.core.try_lock() else {
+            let Some(mut c) = order::try_lock(&self.core, Tier::Stack) else {
                 return 0;
             };
             let now = c.epoch.elapsed().as_nanos() as u64;
@@ -2165,7 +2165,7 @@ fn service_loop(wake: RawFd) {
         };
         let mut sleep_ns = SERVICE_IDLE_MS as u64 * 1_000_000;
         for e in &engines {
-            let Ok(mut c) = e.core.try_lock() else {
+            let Some(mut c) = order::try_lock(&e.core, Tier::Stack) else {
                 // The application is turning it right now, and so runs the
                 // timers itself (see `active` below).
                 sleep_ns = sleep_ns.min(SERVICE_RX_NS);
