@@ -366,6 +366,10 @@ extern "C" fn syscall_entry(
     unsafe {
         match n {
             libc::SYS_close => crate::dispatch::close(a as c_int) as c_long,
+            libc::SYS_exit_group => {
+                crate::tcpx::exiting();
+                pass()
+            }
             libc::SYS_dup => crate::dispatch::dup(a as c_int) as c_long,
             libc::SYS_dup2 => crate::dispatch::dup2(a as c_int, b as c_int) as c_long,
             libc::SYS_dup3 => crate::dispatch::dup3(a as c_int, b as c_int, c as c_int) as c_long,
@@ -536,6 +540,32 @@ pub unsafe extern "C" fn popen(cmd: *const c_char, mode: *const c_char) -> *mut 
     // SAFETY: the caller's arguments to libc's function.
     let s = unsafe { f(cmd, mode) };
     stream_created(s)
+}
+
+/// # Safety
+/// As libc's `_exit`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    let f = libc_fn!("_exit", fn(c_int) -> !);
+    if !in_engine() {
+        // The kernel would finish this process's connections (unsent data,
+        // FIN); the engine's end with the process unless finished now.
+        crate::tcpx::exiting();
+    }
+    // SAFETY: the caller's status to libc's function.
+    unsafe { f(status) }
+}
+
+/// # Safety
+/// As libc's `_Exit`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    let f = libc_fn!("_Exit", fn(c_int) -> !);
+    if !in_engine() {
+        crate::tcpx::exiting();
+    }
+    // SAFETY: the caller's status to libc's function.
+    unsafe { f(status) }
 }
 
 /// # Safety

@@ -102,7 +102,25 @@ fn exit_linger() -> std::time::Duration {
 /// So close this process's engine sockets now (FIN, or RST where close
 /// would send one) and give their FIN exchanges a bounded time.
 extern "C" fn at_exit() {
+    exiting();
+}
+
+/// Set once this process has finished its engine connections for exit.
+static EXITED: AtomicBool = AtomicBool::new(false);
+
+/// The process is exiting (exit(), `_exit`, `_Exit`, `syscall(SYS_exit_group)`):
+/// finish this process's engine connections as `at_exit` says, once. A
+/// vfork child (which shares this memory but is another process; its exit
+/// must not touch its parent's connections) does nothing.
+pub fn exiting() {
     let me = PID.load(Ordering::Relaxed);
+    // SAFETY: getpid has no preconditions (glibc does not cache it).
+    if me == 0 || me != unsafe { libc::getpid() } as u32 {
+        return;
+    }
+    if EXITED.swap(true, Ordering::AcqRel) {
+        return;
+    }
     let mut fds = Vec::new();
     SOCKS.each(|fd, t| {
         if t.pid == me {

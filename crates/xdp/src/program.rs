@@ -196,7 +196,8 @@ impl SteerProgram {
             )
             .map_err(|e| map_err("nw_config", e))?;
             let v = [
-                mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], on, 0, mtu[0], mtu[1], mtu[2], mtu[3],
+                mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], on, 0, mtu[0], mtu[1], mtu[2],
+                mtu[3],
             ];
             cfg.set(0, v, 0).map_err(|e| map_err("nw_config", e))?;
         }
