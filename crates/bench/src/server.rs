@@ -10,7 +10,7 @@ use crate::env::Env;
 use crate::result::thread_cpu_s;
 use crate::seq::SeqTracker;
 use crate::transport::{Frame, MAX_TCP_MSG, StreamBuf, TcpIo};
-use nanowire_stack::{EngineKind, UdpEndpoint, WaitPolicy};
+use nanowire_stack::{EngineKind, TcpAcceptor, UdpEndpoint, WaitPolicy};
 use nanowire_wire::sockperf::{ServerAction, SockperfHeader, server_action};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use serde::Serialize;
@@ -603,6 +603,9 @@ fn service_conn<S: TcpIo>(c: &mut Conn<S>, st: &mut State) -> bool {
     progress
 }
 
+/// The TCP server on a kernel listener: each connection set up per the
+/// engine's options; a blocking server sleeps in poll(2) on the listener
+/// and its connections when nothing moved, a spinning one spins.
 fn serve_tcp(
     l: &TcpListener,
     opts: &nanowire_stack::EngineOptions,
@@ -613,94 +616,85 @@ fn serve_tcp(
     let block = matches!(opts.wait, WaitPolicy::Block);
     let mut conn_opts = opts.clone();
     conn_opts.wait = WaitPolicy::Spin; // connections are non-blocking; we poll
-    let mut conns: Vec<Conn> = Vec::new();
-    while !stop.load(Ordering::Relaxed) {
-        let mut progress = false;
-        loop {
-            match l.accept() {
-                Ok((s, peer)) => {
-                    progress = true;
-                    if nanowire_stack::kernel::tcp_setup(&s, &conn_opts).is_err() {
-                        continue;
-                    }
-                    st.base.connections += 1;
-                    let ci = st.new_client(format!("tcp {peer}"));
-                    conns.push(Conn {
-                        s,
-                        client: ci,
-                        rbuf: StreamBuf::with_capacity(128 * 1024),
-                        wbuf: StreamBuf::with_capacity(128 * 1024),
-                        closed: false,
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => break, // e.g. EMFILE: try again next round
+    let setup = |s: &TcpStream| nanowire_stack::kernel::tcp_setup(s, &conn_opts);
+    let idle = |l: &TcpListener, conns: &[Conn]| {
+        if !block {
+            std::hint::spin_loop();
+            return Ok(());
+        }
+        let mut fds = Vec::with_capacity(conns.len() + 1);
+        fds.push(PollFd::new(l, PollFlags::IN));
+        for c in conns {
+            let mut f = PollFlags::IN;
+            if c.wbuf.len() > 0 {
+                f |= PollFlags::OUT;
             }
+            fds.push(PollFd::new(&c.s, f));
         }
-        for c in conns.iter_mut() {
-            progress |= service_conn(c, st);
+        let ts = Timespec {
+            tv_sec: 0,
+            tv_nsec: TICK.as_nanos() as _,
+        };
+        match rustix::event::poll(&mut fds, Some(&ts)) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+            Err(e) => Err(format!("poll failed: {e}")),
         }
-        let before = conns.len();
-        conns.retain(|c| !c.closed);
-        st.base.disconnects += (before - conns.len()) as u64;
-        if !progress {
-            if block {
-                let mut fds = Vec::with_capacity(conns.len() + 1);
-                fds.push(PollFd::new(l, PollFlags::IN));
-                for c in &conns {
-                    let mut f = PollFlags::IN;
-                    if c.wbuf.len() > 0 {
-                        f |= PollFlags::OUT;
-                    }
-                    fds.push(PollFd::new(&c.s, f));
-                }
-                let ts = Timespec {
-                    tv_sec: 0,
-                    tv_nsec: TICK.as_nanos() as _,
-                };
-                match rustix::event::poll(&mut fds, Some(&ts)) {
-                    Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                    Err(e) => return Err(format!("poll failed: {e}")),
-                }
-            } else {
-                std::hint::spin_loop();
-            }
-        }
-        publish(st, shared, Instant::now(), || 0);
-    }
-    let s = st.snapshot(0);
-    if let Some(mut g) = shared.and_then(|m| m.lock().ok()) {
-        *g = s.clone();
-    }
-    Ok(s)
+    };
+    serve_tcp_loop(l, 1, setup, idle, st, stop, shared)
 }
 
 /// The TCP server on the xdp engine: one stack for the listener and all its
-/// connections; the listener is polled without waiting, the connections
-/// are serviced like kernel ones.
+/// connections; the listener (one more engine turn) is polled every 16th
+/// round, or every round while there are no connections.
 fn serve_tcp_xdp(
     l: &nanowire_stack::xdp::XdpTcpListener,
     st: &mut State,
     stop: &AtomicBool,
     shared: Option<&Mutex<ServerStats>>,
 ) -> Result<ServerStats, String> {
-    let mut conns: Vec<Conn<nanowire_stack::xdp::XdpTcpStream>> = Vec::new();
+    let setup = |s: &nanowire_stack::xdp::XdpTcpStream| {
+        let _ = s.set_nodelay(true);
+        Ok(())
+    };
+    let idle = |_: &_, _: &[_]| {
+        std::hint::spin_loop();
+        Ok(())
+    };
+    serve_tcp_loop(l, 16, setup, idle, st, stop, shared)
+}
+
+/// One TCP server loop for every engine (the stack's `TcpAcceptor` and
+/// `TcpEndpoint` contracts): accept what waits (every `accept_every`-th
+/// round, or every round while there are no connections), set each new
+/// connection up (`setup`; one that fails is dropped), service every
+/// connection, and call `idle` when nothing moved.
+#[allow(clippy::too_many_arguments)]
+fn serve_tcp_loop<L: TcpAcceptor>(
+    l: &L,
+    accept_every: u32,
+    mut setup: impl FnMut(&L::Stream) -> io::Result<()>,
+    mut idle: impl FnMut(&L, &[Conn<L::Stream>]) -> Result<(), String>,
+    st: &mut State,
+    stop: &AtomicBool,
+    shared: Option<&Mutex<ServerStats>>,
+) -> Result<ServerStats, String> {
+    let mut conns: Vec<Conn<L::Stream>> = Vec::new();
     let mut round = 0u32;
     while !stop.load(Ordering::Relaxed) {
         let mut progress = false;
         round = round.wrapping_add(1);
-        // Connections are serviced every round; the listener (one more
-        // engine turn) every 16th, or every round while there are none.
-        while (conns.is_empty() || round.is_multiple_of(16))
-            && let Ok(Some(s)) = l.accept(Some(Instant::now()))
-        {
+        while conns.is_empty() || round.is_multiple_of(accept_every) {
+            let (s, peer) = match l.try_accept() {
+                Ok(Some(x)) => x,
+                Ok(None) => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break, // e.g. EMFILE: try again next round
+            };
             progress = true;
-            let _ = s.set_nodelay(true);
+            if setup(&s).is_err() {
+                continue;
+            }
             st.base.connections += 1;
-            let peer = s
-                .peer_addr()
-                .map_or_else(|_| "?".to_string(), |p| p.to_string());
             let ci = st.new_client(format!("tcp {peer}"));
             conns.push(Conn {
                 s,
@@ -717,7 +711,7 @@ fn serve_tcp_xdp(
         conns.retain(|c| !c.closed);
         st.base.disconnects += (before - conns.len()) as u64;
         if !progress {
-            std::hint::spin_loop();
+            idle(l, &conns)?;
         }
         publish(st, shared, Instant::now(), || 0);
     }
