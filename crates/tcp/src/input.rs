@@ -84,6 +84,20 @@ impl Conn {
         }
     }
 
+    /// Whether a SYN (no ACK, no RST) to this connection in TIME-WAIT
+    /// opens a new one on the 4-tuple, as Linux's
+    /// `tcp_timewait_state_process`: not when its timestamp is older than
+    /// the last one seen (PAWS), and then if it starts after everything
+    /// received or, with timestamps, carries a newer one (RFC 6191: a new
+    /// owner of the 4-tuple whose ISN clock differs still gets in).
+    pub(crate) fn time_wait_takes_syn(&self, r: &TcpRepr) -> bool {
+        let tsval = r.timestamp.filter(|_| self.ts_ok).map(|(v, _)| v);
+        if tsval.is_some_and(|v| seq::lt(v, self.ts_recent)) {
+            return false;
+        }
+        seq::gt(r.seq, self.rcv_nxt) || tsval.is_some_and(|v| seq::gt(v, self.ts_recent))
+    }
+
     /// RFC 9293 3.10.7.4 acceptability, Linux style: the segment must end at
     /// or after rcv_nxt and start no later than the right window edge.
     fn acceptable(&self, r: &TcpRepr, seg_len: u32) -> bool {

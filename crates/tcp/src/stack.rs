@@ -10,7 +10,6 @@
 use crate::conn::{Conn, State};
 use crate::fault::{FaultConfig, FaultInjector, FaultStats};
 use crate::isn::{COOKIE_MSS, DemuxHash, Secret, cookie_mss_index};
-use crate::seq;
 use crate::{Config, Counters, Error, FourTuple, SocketOptions, TcpInfo};
 use nanowire_wire::tcp::{Flags, TcpRepr, TcpSegment};
 use nanowire_wire::udp::ChecksumState;
@@ -398,7 +397,7 @@ impl TcpStack {
                 && r.flags.syn()
                 && !r.flags.ack()
                 && !r.flags.rst()
-                && seq::gt(r.seq, c.rcv_nxt)
+                && c.time_wait_takes_syn(&r)
                 && self.find_listener(&tuple.local).is_some();
             let c = self.slots[idx as usize]
                 .conn

@@ -1024,3 +1024,133 @@ fn syn_cookies_are_checked_only_after_a_recent_overflow() {
     assert!(f.len() == 1 && f[0].rst(), "{f:?}");
     assert_eq!(n.a.counters().syncookies_ok, 1);
 }
+
+/// a (the server) closed first and holds the 4-tuple of b's connection
+/// from `client` in TIME-WAIT; b's stack is then replaced by one with
+/// another secret (another owner of the 4-tuple, as a kernel socket of
+/// the same host before us) whose ISN clock is behind what a's TIME-WAIT
+/// last saw, and its timestamp clock too unless `ts_ahead`. Returns the
+/// listener.
+fn time_wait_behind(
+    n: &mut Net,
+    client: std::net::SocketAddrV4,
+    ts_ahead: bool,
+) -> nanowire_tcp::ListenerId {
+    use nanowire_tcp::{FourTuple, Secret, TcpStack};
+    let l = n.a.listen(sa(A, 80), 8).unwrap();
+    let cb = n.b.connect(n.now, client, sa(A, 80)).unwrap();
+    let mut ca = None;
+    n.run_until(S, |n| {
+        ca = ca.or_else(|| n.a.accept(l));
+        ca.is_some() && n.b.state(cb) == Ok(State::Established)
+    });
+    n.a.close(n.now, ca.unwrap()).unwrap();
+    let mut buf = [0u8; 8];
+    n.run_until(S, |n| n.b.recv(cb, &mut buf) == Ok(0));
+    // a's rcv_nxt once b's FIN is in.
+    let fin_end = n.b.info(cb).unwrap().snd_nxt.wrapping_add(1);
+    n.b.close(n.now, cb).unwrap();
+    n.advance(10 * MS);
+    assert_eq!(n.a.connection_count(), 1, "a holds TIME-WAIT");
+    assert_eq!(n.b.connection_count(), 0, "b's LAST-ACK ended");
+    let tuple = FourTuple {
+        local: client,
+        remote: sa(A, 80),
+    };
+    let old_ts = Secret::from_bytes([2; 16]).ts_offset(&tuple);
+    let behind = (3..=255u8)
+        .map(|k| Secret::from_bytes([k; 16]))
+        .find(|s| {
+            (s.isn(&tuple, n.now).wrapping_sub(fin_end) as i32) < -1_000_000
+                && ((s.ts_offset(&tuple).wrapping_sub(old_ts) as i32) > 1_000_000) == ts_ahead
+                && (s.ts_offset(&tuple).wrapping_sub(old_ts) as i32).unsigned_abs() > 1_000_000
+        })
+        .expect("a secret whose clocks are behind");
+    n.b = TcpStack::new(Config::default(), behind);
+    l
+}
+
+/// A SYN answered by the peer's TIME-WAIT (its ACK, not a SYN-ACK: our
+/// ISN and timestamp are older than the earlier connection's) is reset
+/// and sent again 1 ms later, once, instead of after the 1 s initial RTO:
+/// the RST ends the peer's TIME-WAIT (as Linux's with tcp_rfc1337 off) and
+/// the second SYN opens the connection.
+#[test]
+fn syn_answered_by_a_peers_time_wait_is_reset_and_resent_at_once() {
+    let mut n = Net::plain();
+    let l = time_wait_behind(&mut n, sa(B, 40001), false);
+    let t0 = n.now;
+    let cb = n.b.connect(n.now, sa(B, 40001), sa(A, 80)).unwrap();
+    let mut ca = None;
+    n.run_until(S, |n| {
+        ca = ca.or_else(|| n.a.accept(l));
+        ca.is_some() && n.b.state(cb) == Ok(State::Established)
+    });
+    let (a, b) = (n.a.counters(), n.b.counters());
+    assert_eq!(a.time_wait_reuse, 0, "the SYN was behind: {a:?}");
+    assert_eq!(b.out_of_window, 1, "the TIME-WAIT's ACK: {b:?}");
+    assert_eq!(b.rst_sent, 1, "{b:?}");
+    assert_eq!(b.retransmits + b.rto_expirations, 2, "one resend: {b:?}");
+    assert!(
+        n.now - t0 < 100 * MS,
+        "established {} ms after the connect, not after the 1 s RTO",
+        (n.now - t0) / MS
+    );
+    // The connection works.
+    n.b.send(cb, b"after").unwrap();
+    n.run_until(S, |n| n.a.recv_queue(ca.unwrap()).unwrap() == 5);
+}
+
+/// The quick resend is once per connect: when the reset is lost and the
+/// TIME-WAIT answers the resent SYN again, the next SYN waits for the
+/// retransmission timer, as any other (no SYN/RST ping-pong with a peer
+/// that keeps answering).
+#[test]
+fn the_quick_syn_resend_is_once_per_connect() {
+    let mut n = Net::plain();
+    let l = time_wait_behind(&mut n, sa(B, 40002), false);
+    let mut rsts = 0;
+    n.drop_ba = Some(Box::new(move |seg: &[u8]| {
+        // b's first RST is lost.
+        let rst = seg.len() >= 14 && seg[13] & 0x04 != 0;
+        rsts += u32::from(rst);
+        rst && rsts == 1
+    }));
+    let t0 = n.now;
+    let cb = n.b.connect(n.now, sa(B, 40002), sa(A, 80)).unwrap();
+    let mut ca = None;
+    n.run_until(10 * S, |n| {
+        ca = ca.or_else(|| n.a.accept(l));
+        ca.is_some() && n.b.state(cb) == Ok(State::Established)
+    });
+    let b = n.b.counters();
+    assert_eq!(b.out_of_window, 2, "{b:?}");
+    assert_eq!(b.rst_sent, 2, "{b:?}");
+    assert!(
+        n.now - t0 >= S,
+        "the third SYN waited for the timer ({} ms)",
+        (n.now - t0) / MS
+    );
+}
+
+/// A SYN to a TIME-WAIT whose sequence number is behind but whose
+/// timestamp is newer opens the new connection at once (Linux's
+/// `tcp_timewait_state_process`, RFC 6191): no ACK, no reset.
+#[test]
+fn time_wait_takes_a_syn_with_a_newer_timestamp() {
+    let mut n = Net::plain();
+    let l = time_wait_behind(&mut n, sa(B, 40003), true);
+    let cb = n.b.connect(n.now, sa(B, 40003), sa(A, 80)).unwrap();
+    let mut ca = None;
+    n.run_until(S, |n| {
+        ca = ca.or_else(|| n.a.accept(l));
+        ca.is_some() && n.b.state(cb) == Ok(State::Established)
+    });
+    assert_eq!(n.a.counters().time_wait_reuse, 1, "{:?}", n.a.counters());
+    let b = n.b.counters();
+    assert_eq!(
+        (b.rst_sent, b.out_of_window, b.retransmits),
+        (0, 0, 0),
+        "{b:?}"
+    );
+}

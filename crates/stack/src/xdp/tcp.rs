@@ -273,28 +273,37 @@ fn port_range() -> &'static PortRange {
     })
 }
 
-/// Bind the application's unbound socket `fd` to `src` and an ephemeral
-/// port, the way the kernel's connect() picks one: successive connections
-/// walk the range from a random start (the kernel's per-destination
-/// offset and perturbation table), so a port comes back only after the
-/// whole range was used, not at once as bind(port 0) would hand it out
-/// again (the peer may hold the last connection on it in TIME-WAIT). One
-/// bind(2) per try; a port some socket holds (EADDRINUSE) is skipped.
-/// Reserved ports (`ip_local_reserved_ports`) are never picked.
-fn bind_ephemeral(fd: RawFd, src: Ipv4Addr) -> io::Result<()> {
-    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
-    let (lo, hi, reserved) = port_range();
+/// The ports of `[lo, hi]` of one parity, as (first, count): `half` 0 is
+/// the parity opposite to `lo`'s (the one Linux's bind(port 0) prefers),
+/// 1 is `lo`'s own (the one Linux's connect() prefers, `__inet_hash_connect`).
+fn parity_half(lo: u16, hi: u16, half: usize) -> (u16, u32) {
     let span = u32::from(hi - lo) + 1;
-    if NEXT.load(Ordering::Relaxed) == u32::MAX {
-        let mut b = [0u8; 4];
-        let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
-        let _ = NEXT.compare_exchange(
-            u32::MAX,
-            u32::from_ne_bytes(b) % span,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
+    if half == 0 {
+        (lo.wrapping_add(1), span / 2)
+    } else {
+        (lo, span.div_ceil(2))
     }
+}
+
+/// Bind the application's unbound socket `fd` to `src` and an ephemeral
+/// port. The kernel's connect() takes ports of the range start's parity
+/// first (even ones with the default range), so the peers of this host
+/// hold its recent connections in TIME-WAIT on even ports, with ISNs and
+/// timestamps of the kernel's clock and secret that ours cannot follow: a
+/// SYN of ours on such a 4-tuple is taken for an old duplicate half of the
+/// time (answered with an ACK, which costs a reset and a resend). So the
+/// engine takes the other parity first, as bind(port 0) does for the same
+/// reason, and the kernel's ports only when those are all busy.
+///
+/// Within a parity, successive connections walk the ports from a random
+/// start (as the kernel's per-destination offset does), so a port comes
+/// back only after the whole half was used, not at once as bind(port 0)
+/// would hand it out again. One bind(2) per try; a port some socket holds
+/// (EADDRINUSE) is skipped. Reserved ports (`ip_local_reserved_ports`) are
+/// never picked.
+fn bind_ephemeral(fd: RawFd, src: Ipv4Addr) -> io::Result<()> {
+    static NEXT: [AtomicU32; 2] = [AtomicU32::new(u32::MAX), AtomicU32::new(u32::MAX)];
+    let (lo, hi, reserved) = port_range();
     let bind = |port: u16| -> i32 {
         let sa = libc::sockaddr_in {
             sin_family: libc::AF_INET as libc::sa_family_t,
@@ -313,18 +322,34 @@ fn bind_ephemeral(fd: RawFd, src: Ipv4Addr) -> io::Result<()> {
             )
         }
     };
-    for _ in 0..span.min(256) {
-        let i = NEXT.fetch_add(1, Ordering::Relaxed) % span;
-        let port = lo + i as u16;
-        if reserved.iter().any(|&(a, b)| (a..=b).contains(&port)) {
+    for (half, next) in NEXT.iter().enumerate() {
+        let (first, count) = parity_half(*lo, *hi, half);
+        if count == 0 {
             continue;
         }
-        if bind(port) == 0 {
-            return Ok(());
+        if next.load(Ordering::Relaxed) == u32::MAX {
+            let mut b = [0u8; 4];
+            let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
+            let _ = next.compare_exchange(
+                u32::MAX,
+                u32::from_ne_bytes(b) % count,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
         }
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EADDRINUSE) {
-            return Err(e);
+        for _ in 0..count.min(256) {
+            let i = next.fetch_add(1, Ordering::Relaxed) % count;
+            let port = first + 2 * i as u16;
+            if reserved.iter().any(|&(a, b)| (a..=b).contains(&port)) {
+                continue;
+            }
+            if bind(port) == 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EADDRINUSE) {
+                return Err(e);
+            }
         }
     }
     // A crowded range: the kernel's own choice.
@@ -2633,6 +2658,36 @@ mod tests {
         let _ = std::fs::remove_dir_all(&base);
     }
     use nanowire_wire::Ipv4Packet;
+
+    /// The two halves of the ephemeral range: the first has the parity
+    /// opposite to the range start's (bind(0)'s; the kernel's connect()
+    /// takes the start's), and together they cover every port once.
+    #[test]
+    fn ephemeral_halves_split_the_range_by_parity() {
+        for (lo, hi) in [
+            (32768u16, 60999u16),
+            (32769, 61000),
+            (1024, 1024),
+            (40000, 40001),
+            (1, 65535),
+        ] {
+            let mut seen = std::collections::BTreeSet::new();
+            for half in 0..2 {
+                let (first, count) = parity_half(lo, hi, half);
+                for i in 0..count {
+                    let p = first + 2 * i as u16;
+                    assert!((lo..=hi).contains(&p), "{p} outside {lo}-{hi}");
+                    assert_eq!(
+                        p % 2 == lo % 2,
+                        half == 1,
+                        "{p} in half {half} of {lo}-{hi}"
+                    );
+                    assert!(seen.insert(p), "{p} twice");
+                }
+            }
+            assert_eq!(seen.len(), usize::from(hi - lo) + 1);
+        }
+    }
 
     #[test]
     fn cached_hop_takes_only_the_current_generation() {
