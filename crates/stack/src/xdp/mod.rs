@@ -28,8 +28,7 @@
 //! in increasing order only (the shared client stack's slot, a TCP stack,
 //! the leaves RX/TX/program/neighbour), never two leaves at once, none held
 //! across a user closure, a netlink call, a blocking syscall or a sleep;
-//! two documented exceptions (the registry while an engine opens, a TCP
-//! hand-over's builder).
+//! one documented exception (a TCP hand-over's builder).
 
 pub mod classify;
 pub mod demux;

@@ -10,7 +10,9 @@
 //! engine of its own (which may fail to attach while the parent's program
 //! owns the interface: the caller falls back and says why). The registry's
 //! own lock is a spin lock the child handler resets, so a fork while
-//! another thread held it cannot deadlock the child. The child handler
+//! another thread held it cannot deadlock the child; it is held for table
+//! look-ups only, never while an engine opens (a key being opened is marked,
+//! and a second caller for it waits outside the lock). The child handler
 //! also replaces every inherited engine's privileged fds (XDP link,
 //! program, maps, AF_XDP sockets) with /dev/null ([`Engine::disown`]): a
 //! child never holds the engine, and a killed parent's program detaches
@@ -38,7 +40,7 @@ extern "C" fn in_child() {
         use std::os::fd::AsRawFd;
         with(|reg| {
             for (_, _, _, w) in reg.iter() {
-                if let Some(e) = w.upgrade() {
+                if let Some(e) = w.as_ref().and_then(Weak::upgrade) {
                     e.disown(inert.as_raw_fd());
                     // Dropping the last Arc here would run the engine's
                     // drop in the handler: keep it (it is the parent's).
@@ -56,8 +58,8 @@ pub(crate) fn fork_gen() -> u32 {
     FORK_GEN.load(Ordering::Relaxed)
 }
 
-/// (pid, netns inode, interface, engine)
-type Entry = (u32, u64, String, Weak<Engine>);
+/// (pid, netns inode, interface, engine: `None` while it opens)
+type Entry = (u32, u64, String, Option<Weak<Engine>>);
 
 struct Reg {
     locked: AtomicBool,
@@ -107,26 +109,109 @@ pub(crate) fn get(
     });
     let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
     let ns = netns_id();
-    with(|reg| {
-        reg.retain(|(_, _, _, w)| w.strong_count() > 0);
-        if let Some(e) = reg
-            .iter()
-            .find(|(p, i, n, _)| *p == pid && *i == ns && n == ifname)
-            .and_then(|(_, _, _, w)| w.upgrade())
-        {
-            return Ok(e);
-        }
-        let parent = reg
-            .iter()
-            .any(|(p, i, n, _)| *p != pid && *i == ns && n == ifname);
-        let e = Arc::new(open().map_err(|e| {
-            if parent {
-                format!("forked child cannot open its own engine on {ifname} (the parent's engine owns it): {e}")
-            } else {
-                e
+    // The registry's lock is never held while an engine opens (XDP attach,
+    // AF_XDP bind, netlink, a thread's start): the first caller marks the
+    // key as opening and opens with no lock held; a concurrent caller for
+    // the same key waits outside the lock for the outcome.
+    let parent = loop {
+        let step = with(|reg| {
+            reg.retain(|(_, _, _, w)| w.as_ref().is_none_or(|w| w.strong_count() > 0));
+            let mine = reg
+                .iter()
+                .find(|(p, i, n, _)| *p == pid && *i == ns && n == ifname);
+            match mine {
+                Some((_, _, _, Some(w))) => match w.upgrade() {
+                    Some(e) => Err(Ok(e)),
+                    None => Ok(None),
+                },
+                Some((_, _, _, None)) => Ok(None), // another thread opens it
+                None => {
+                    let parent = reg
+                        .iter()
+                        .any(|(p, i, n, _)| *p != pid && *i == ns && n == ifname);
+                    reg.push((pid, ns, ifname.to_string(), None));
+                    Ok(Some(parent))
+                }
             }
-        })?);
-        reg.push((pid, ns, ifname.to_string(), Arc::downgrade(&e)));
-        Ok(e)
+        });
+        match step {
+            Err(found) => return found,
+            Ok(Some(parent)) => break parent,
+            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(1)),
+        }
+    };
+    // Should `open` unwind, the mark goes with it (else waiters would wait
+    // for ever).
+    struct Mark<'a>(u32, u64, &'a str, bool);
+    impl Drop for Mark<'_> {
+        fn drop(&mut self) {
+            if self.3 {
+                let Mark(pid, ns, name, _) = *self;
+                with(|reg| {
+                    reg.retain(|(p, i, n, w)| !(*p == pid && *i == ns && n == name && w.is_none()))
+                });
+            }
+        }
+    }
+    let mut mark = Mark(pid, ns, ifname, true);
+    let opened = open().map(Arc::new);
+    mark.3 = false;
+    with(|reg| {
+        let at = reg
+            .iter()
+            .position(|(p, i, n, w)| *p == pid && *i == ns && n == ifname && w.is_none());
+        match (&opened, at) {
+            (Ok(e), Some(k)) => reg[k].3 = Some(Arc::downgrade(e)),
+            (Ok(e), None) => reg.push((pid, ns, ifname.to_string(), Some(Arc::downgrade(e)))),
+            (Err(_), Some(k)) => {
+                reg.swap_remove(k);
+            }
+            (Err(_), None) => {}
+        }
+    });
+    opened.map_err(|e| {
+        if parent {
+            format!("forked child cannot open its own engine on {ifname} (the parent's engine owns it): {e}")
+        } else {
+            e
+        }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn marks(name: &str) -> usize {
+        with(|reg| reg.iter().filter(|e| e.2 == name).count())
+    }
+
+    /// A failed or unwinding open leaves no mark behind: the next caller
+    /// opens again instead of waiting for ever.
+    #[test]
+    fn a_failed_or_panicking_open_leaves_the_key_free() {
+        let r = get("nwreg-test0", || Err("no such thing".into()));
+        assert_eq!(r.err().as_deref(), Some("no such thing"));
+        assert_eq!(marks("nwreg-test0"), 0);
+        let p = std::panic::catch_unwind(|| get("nwreg-test0", || panic!("open failed hard")));
+        assert!(p.is_err());
+        assert_eq!(marks("nwreg-test0"), 0);
+        // Concurrent callers for one key: each waits outside the lock and
+        // then opens itself (the first failed), never deadlocks.
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    let r = get("nwreg-test0", || {
+                        calls.fetch_add(1, Ordering::Relaxed);
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                        Err("refused".into())
+                    });
+                    assert!(r.is_err());
+                });
+            }
+        });
+        assert_eq!(calls.load(Ordering::Relaxed), 4);
+        assert_eq!(marks("nwreg-test0"), 0);
+    }
 }
