@@ -219,6 +219,14 @@ pub fn classify(data: &[u8]) {
         assert_eq!(c.src.port(), u.src_port());
         assert_eq!(c.dst.port(), u.dst_port());
         assert_eq!(c.payload_len, u.payload().len());
+    } else {
+        let t = TcpSegment::new_checked(ip.payload()).expect("accepted segments parse");
+        assert_eq!(c.src.port(), t.src_port());
+        assert_eq!(c.dst.port(), t.dst_port());
+        assert_eq!(c.payload_len, t.payload().len());
+        let state = t.checksum_state(ip.src(), ip.dst());
+        assert_ne!(state, ChecksumState::Bad, "{c:?}");
+        assert_eq!(c.csum_partial, state == ChecksumState::Partial, "{c:?}");
     }
 }
 

@@ -2,6 +2,7 @@
 //! source: kernel tap, engine taps and the dedicated XDP program (which
 //! applies the same rule in bpf/capture.c).
 
+use nanowire_wire::ipv4::{PROTO_TCP, PROTO_UDP};
 use nanowire_wire::{EtherType, EthernetFrame, Ipv4Packet};
 use std::net::Ipv4Addr;
 
@@ -41,7 +42,7 @@ impl Filter {
         }
         if let Some(port) = self.port {
             let p = ip.payload();
-            if !matches!(ip.protocol(), 6 | 17) || p.len() < 4 || ip.frag_offset() != 0 {
+            if !matches!(ip.protocol(), PROTO_TCP | PROTO_UDP) || p.len() < 4 || ip.frag_offset() != 0 {
                 return false;
             }
             return u16::from_be_bytes([p[0], p[1]]) == port

@@ -21,20 +21,25 @@ pub struct StatsArgs {
 /// Print the counters of every running xdp engine (from their shared-memory
 /// stats pages under /dev/shm/nanowire).
 pub fn run(args: StatsArgs) -> Result<i32, String> {
-    let all = shm::read_all();
+    let pages = shm::read_all();
     if args.json {
         out!(
             "{}",
-            serde_json::to_string_pretty(&serde_json::json!({ "engines": all }))
-                .map_err(|e| e.to_string())?
+            serde_json::to_string_pretty(&pages).map_err(|e| e.to_string())?
         );
         return Ok(0);
     }
+    // A page this build cannot read (an older format, a damaged header) is
+    // named with the reason, never misread.
+    for u in &pages.unreadable {
+        out!("cannot read stats page {}: {}", u.page, u.reason);
+    }
+    let all = &pages.engines;
     if all.is_empty() {
         out!("no running nanowire engines");
         return Ok(0);
     }
-    for e in &all {
+    for e in all {
         out!(
             "engine pid {} on {} ({} XDP, {} AF_XDP, {} queue(s), ring depth {})",
             e.info.pid,
@@ -68,18 +73,19 @@ pub fn run(args: StatsArgs) -> Result<i32, String> {
             }
         }
         for s in &e.sockets {
-            let c = &s.counters;
+            // Names as the page describes them; a counter the page lacks reads 0.
+            let c = |k: &str| s.counters.get(k).copied().unwrap_or(0);
             out!(
                 "  socket {:<21} rx {} pkts {} B, tx {} pkts {} B, drops: queue full {}, tx ring full {}, queue {} (peak {})",
                 s.local,
-                c["rx_packets"],
-                c["rx_bytes"],
-                c["tx_packets"],
-                c["tx_bytes"],
-                c["drop_queue_full"],
-                c["drop_tx_ring_full"],
-                c["queue_depth"],
-                c["peak_queue_depth"]
+                c("rx_packets"),
+                c("rx_bytes"),
+                c("tx_packets"),
+                c("tx_bytes"),
+                c("drop_queue_full"),
+                c("drop_tx_ring_full"),
+                c("queue_depth"),
+                c("peak_queue_depth")
             );
         }
     }

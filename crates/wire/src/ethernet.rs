@@ -148,6 +148,36 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> EthernetFrame<T> {
     }
 }
 
+/// The fields of an Ethernet II header: what a sender writes with
+/// [`EthernetRepr::emit`] (the engine builds every frame's link header with
+/// it) and what [`EthernetRepr::parse`] reads back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EthernetRepr {
+    pub dst: MacAddr,
+    pub src: MacAddr,
+    pub ethertype: EtherType,
+}
+
+impl EthernetRepr {
+    pub fn parse<T: AsRef<[u8]>>(f: &EthernetFrame<T>) -> EthernetRepr {
+        EthernetRepr {
+            dst: f.dst(),
+            src: f.src(),
+            ethertype: f.ethertype(),
+        }
+    }
+
+    /// Write the 14-byte header into `buf[..HEADER_LEN]`. Panics if `buf`
+    /// is shorter (a caller bug, not input: senders size their frames).
+    #[inline]
+    pub fn emit(&self, buf: &mut [u8]) {
+        let h = &mut buf[..HEADER_LEN];
+        h[0..6].copy_from_slice(&self.dst.0);
+        h[6..12].copy_from_slice(&self.src.0);
+        h[12..14].copy_from_slice(&u16::from(self.ethertype).to_be_bytes());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,6 +201,21 @@ mod tests {
         assert_eq!(f.src(), MacAddr([7, 8, 9, 10, 11, 12]));
         assert_eq!(f.ethertype(), EtherType::Ipv4);
         assert_eq!(f.payload().len(), 6);
+    }
+
+    #[test]
+    fn repr_emits_what_the_view_reads() {
+        let r = EthernetRepr {
+            dst: MacAddr([1, 2, 3, 4, 5, 6]),
+            src: MacAddr([7, 8, 9, 10, 11, 12]),
+            ethertype: EtherType::Ipv4,
+        };
+        let mut buf = [0xaau8; 20];
+        r.emit(&mut buf);
+        assert_eq!(&buf[12..14], &[0x08, 0x00]);
+        assert_eq!(buf[14], 0xaa, "only the header is written");
+        let f = EthernetFrame::new_checked(&buf[..]).unwrap();
+        assert_eq!(EthernetRepr::parse(&f), r);
     }
 
     #[test]

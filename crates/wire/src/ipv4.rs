@@ -99,6 +99,10 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     pub fn verify_checksum(&self) -> bool {
         checksum::checksum(&self.buffer.as_ref()[..self.header_len()]) == 0
     }
+    /// The options bytes (empty without options: IHL 5).
+    pub fn options(&self) -> &[u8] {
+        &self.buffer.as_ref()[HEADER_LEN..self.header_len()]
+    }
     /// The IP payload, bounded by the total length (padding excluded).
     pub fn payload(&self) -> &[u8] {
         &self.buffer.as_ref()[self.header_len()..usize::from(self.total_len())]

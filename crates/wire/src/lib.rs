@@ -17,13 +17,14 @@ pub mod sockperf;
 pub mod tcp;
 pub mod udp;
 
-pub use ethernet::{EtherType, EthernetFrame, MacAddr};
+pub use ethernet::{EtherType, EthernetFrame, EthernetRepr, MacAddr};
 pub use ipv4::{Ipv4Packet, Ipv4Repr};
 pub use sockperf::{SOCKPERF_HEADER_LEN, SockperfHeader};
 pub use udp::{UdpDatagram, UdpRepr};
 
-/// Why a frame was refused. Each variant is a drop reason with its own counter
-/// in the engine, so the names are stable.
+/// Why a frame was refused: the one error enum of every view (Ethernet, IPv4,
+/// UDP, TCP). Each variant is a drop reason with its own counter in the
+/// engine (`drop_<name>`), so the names are stable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Malformed {
     /// Buffer shorter than the fixed header.
@@ -44,6 +45,12 @@ pub enum Malformed {
     BadUdpLength,
     /// UDP checksum mismatch (a genuinely bad one, not an offload artefact).
     BadUdpChecksum,
+    /// TCP data offset below 5 or beyond the segment.
+    BadTcpDataOffset,
+    /// A TCP option runs past the header or has a wrong length.
+    BadTcpOptions,
+    /// TCP checksum mismatch (neither valid nor an offload's partial sum).
+    BadTcpChecksum,
 }
 
 impl Malformed {
@@ -59,6 +66,9 @@ impl Malformed {
             Malformed::BadIpChecksum => "bad_ip_checksum",
             Malformed::BadUdpLength => "bad_udp_length",
             Malformed::BadUdpChecksum => "bad_udp_checksum",
+            Malformed::BadTcpDataOffset => "bad_tcp_data_offset",
+            Malformed::BadTcpOptions => "bad_tcp_options",
+            Malformed::BadTcpChecksum => "bad_tcp_checksum",
         }
     }
 }

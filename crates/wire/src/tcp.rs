@@ -3,11 +3,14 @@
 //! timestamps (RFC 7323).
 //!
 //! `TcpSegment::new_checked` validates the data offset against the buffer (the
-//! IP payload); after it succeeds no accessor panics. `TcpRepr::parse` walks
+//! IP payload); after it succeeds no accessor panics. Errors are the crate's
+//! one error enum, [`Malformed`] (`Truncated`, `BadTcpDataOffset`,
+//! `BadTcpOptions`; `BadTcpChecksum` for a caller that verified). `TcpRepr::parse` walks
 //! the options and refuses malformed ones (a length that runs past the header,
 //! a wrong length for a known kind). Unknown options are skipped.
 
 use crate::checksum;
+use crate::{Malformed, Result};
 use crate::ipv4::PROTO_TCP;
 use crate::udp::ChecksumState;
 use std::net::Ipv4Addr;
@@ -17,38 +20,6 @@ pub const HEADER_LEN: usize = 20;
 pub const MAX_HEADER_LEN: usize = 60;
 /// Most SACK blocks one segment carries (with timestamps only 3 fit).
 pub const MAX_SACK_BLOCKS: usize = 4;
-
-/// Why a TCP segment was refused; the names are stable counter keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TcpError {
-    /// Shorter than the fixed 20-byte header.
-    Truncated,
-    /// Data offset below 5 or beyond the segment.
-    BadDataOffset,
-    /// An option runs past the header or has a wrong length.
-    BadOptions,
-    /// Checksum mismatch.
-    BadChecksum,
-}
-
-impl TcpError {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TcpError::Truncated => "tcp_truncated",
-            TcpError::BadDataOffset => "tcp_bad_data_offset",
-            TcpError::BadOptions => "tcp_bad_options",
-            TcpError::BadChecksum => "tcp_bad_checksum",
-        }
-    }
-}
-
-impl std::fmt::Display for TcpError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::error::Error for TcpError {}
 
 /// The control bits, as on the wire (low 8 bits of offset/flags word).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
@@ -95,14 +66,14 @@ impl<T: AsRef<[u8]>> TcpSegment<T> {
     }
 
     /// `buffer` is exactly the IP payload.
-    pub fn new_checked(buffer: T) -> Result<Self, TcpError> {
+    pub fn new_checked(buffer: T) -> Result<Self> {
         let b = buffer.as_ref();
         if b.len() < HEADER_LEN {
-            return Err(TcpError::Truncated);
+            return Err(Malformed::Truncated);
         }
         let off = usize::from(b[12] >> 4) * 4;
         if off < HEADER_LEN || off > b.len() {
-            return Err(TcpError::BadDataOffset);
+            return Err(Malformed::BadTcpDataOffset);
         }
         Ok(TcpSegment { buffer })
     }
@@ -197,7 +168,7 @@ const OPT_SACK: u8 = 5;
 const OPT_TS: u8 = 8;
 
 impl TcpRepr {
-    pub fn parse<T: AsRef<[u8]>>(s: &TcpSegment<T>) -> Result<TcpRepr, TcpError> {
+    pub fn parse<T: AsRef<[u8]>>(s: &TcpSegment<T>) -> Result<TcpRepr> {
         let mut r = TcpRepr {
             src_port: s.src_port(),
             dst_port: s.dst_port(),
@@ -217,34 +188,34 @@ impl TcpRepr {
                 }
                 _ => {}
             }
-            let len = usize::from(*o.get(1).ok_or(TcpError::BadOptions)?);
+            let len = usize::from(*o.get(1).ok_or(Malformed::BadTcpOptions)?);
             if len < 2 || len > o.len() {
-                return Err(TcpError::BadOptions);
+                return Err(Malformed::BadTcpOptions);
             }
             let v = &o[2..len];
             match kind {
                 OPT_MSS => {
                     let [a, b] = v else {
-                        return Err(TcpError::BadOptions);
+                        return Err(Malformed::BadTcpOptions);
                     };
                     r.mss = Some(u16::from_be_bytes([*a, *b]));
                 }
                 OPT_WS => {
                     let [a] = v else {
-                        return Err(TcpError::BadOptions);
+                        return Err(Malformed::BadTcpOptions);
                     };
                     // RFC 7323 2.3: a shift above 14 is used as 14.
                     r.window_scale = Some((*a).min(14));
                 }
                 OPT_SACK_PERM => {
                     if !v.is_empty() {
-                        return Err(TcpError::BadOptions);
+                        return Err(Malformed::BadTcpOptions);
                     }
                     r.sack_permitted = true;
                 }
                 OPT_SACK => {
                     if v.is_empty() || !v.len().is_multiple_of(8) || v.len() / 8 > MAX_SACK_BLOCKS {
-                        return Err(TcpError::BadOptions);
+                        return Err(Malformed::BadTcpOptions);
                     }
                     for (i, c) in v.chunks_exact(8).enumerate() {
                         r.sack[i] = (
@@ -256,7 +227,7 @@ impl TcpRepr {
                 }
                 OPT_TS => {
                     if v.len() != 8 {
-                        return Err(TcpError::BadOptions);
+                        return Err(Malformed::BadTcpOptions);
                     }
                     r.timestamp = Some((
                         u32::from_be_bytes([v[0], v[1], v[2], v[3]]),
@@ -444,30 +415,30 @@ mod tests {
         let b = build(&r, b"x");
         assert_eq!(
             TcpSegment::new_checked(&b[..19]).unwrap_err(),
-            TcpError::Truncated
+            Malformed::Truncated
         );
         let mut c = b.clone();
         c[12] = 4 << 4;
         assert_eq!(
             TcpSegment::new_checked(&c[..]).unwrap_err(),
-            TcpError::BadDataOffset
+            Malformed::BadTcpDataOffset
         );
         c[12] = 15 << 4;
         assert_eq!(
             TcpSegment::new_checked(&c[..]).unwrap_err(),
-            TcpError::BadDataOffset
+            Malformed::BadTcpDataOffset
         );
         for bad in [[2u8, 3, 0, 0], [2, 0, 0, 0], [2, 9, 0, 0], [3, 4, 0, 0]] {
             let mut c = b.clone();
             c[20..24].copy_from_slice(&bad);
             let s = TcpSegment::new_checked(&c[..]).unwrap();
-            assert_eq!(TcpRepr::parse(&s).unwrap_err(), TcpError::BadOptions);
+            assert_eq!(TcpRepr::parse(&s).unwrap_err(), Malformed::BadTcpOptions);
         }
         // A lone kind byte at the end of the option space.
         let mut c = b.clone();
         c[20..24].copy_from_slice(&[1, 1, 1, 2]);
         let s = TcpSegment::new_checked(&c[..]).unwrap();
-        assert_eq!(TcpRepr::parse(&s).unwrap_err(), TcpError::BadOptions);
+        assert_eq!(TcpRepr::parse(&s).unwrap_err(), Malformed::BadTcpOptions);
     }
 
     #[test]

@@ -14,7 +14,8 @@
 //! min/p50/p90/p99/max, and the number of round trips. Used by
 //! `scripts/compare.py --scenario floor`.
 
-use nanowire_wire::Ipv4Repr;
+use nanowire_wire::ipv4::PROTO_UDP;
+use nanowire_wire::{EtherType, EthernetRepr, Ipv4Repr, MacAddr};
 use nanowire_xdp::{SteerProgram, XskConfig, XskSocket, iface};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -80,13 +81,16 @@ fn build(
     payload: &[u8],
 ) -> usize {
     let len = HDRS + payload.len();
-    f[0..6].copy_from_slice(&dst_mac);
-    f[6..12].copy_from_slice(&src_mac);
-    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    EthernetRepr {
+        dst: MacAddr(dst_mac),
+        src: MacAddr(src_mac),
+        ethertype: EtherType::Ipv4,
+    }
+    .emit(f);
     Ipv4Repr {
         src,
         dst,
-        protocol: 17,
+        protocol: PROTO_UDP,
         payload_len: 8 + payload.len(),
         ttl: 64,
         ident: 0,

@@ -16,19 +16,21 @@
 //! * Martian sources (0.0.0.0/8, 255.255.255.255, multicast, loopback) are
 //!   dropped as `Martian` (the receive path adds "one of our own
 //!   addresses", which needs state).
-//! * UDP and TCP are classified (ports, checksum; partial checksums left by
-//!   TX offload on the sender's side are accepted and flagged); anything
-//!   else is `NotUdp` ("not ours").
+//! * UDP and TCP are classified through `wire`'s checked views
+//!   (`UdpDatagram`, `TcpSegment`: ports, lengths, checksum; partial
+//!   checksums left by TX offload on the sender's side are accepted and
+//!   flagged); a non-IPv4 frame is `NotIpv4`, another IP protocol
+//!   `OtherProtocol`.
 
 use super::shm::E;
-use nanowire_wire::checksum;
+use super::tx::ETH_HDR;
+use nanowire_wire::tcp::TcpSegment;
 use nanowire_wire::udp::ChecksumState;
 use nanowire_wire::{EtherType, EthernetFrame, Ipv4Packet, Malformed, UdpDatagram};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
-pub const PROTO_UDP: u8 = 17;
-pub const PROTO_TCP: u8 = 6;
-const ETH_HDR: usize = 14;
+/// The IP protocol numbers, `wire`'s (re-exported for the engine's users).
+pub use nanowire_wire::ipv4::{PROTO_TCP, PROTO_UDP};
 
 /// A frame worth delivering.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,20 +44,26 @@ pub struct Classified {
     /// Offset and length of the transport payload in the frame.
     pub payload_off: usize,
     pub payload_len: usize,
-    /// The transport checksum was a partial (offload) one.
+    /// The transport checksum was a partial (offload) one. Either way it
+    /// was verified here, once per segment: the verdict travels with the
+    /// frame, and nothing after the classifier checksums it again (the
+    /// engine's TCP runs with `Config::verify_checksum` off).
     pub csum_partial: bool,
     /// The IPv4 header carried options.
     pub ip_options: bool,
 }
 
-/// Why a frame is not delivered. Each reason has its own counter.
+/// Why a frame is not delivered. Each reason has its own counter
+/// ([`DropReason::counter`]), named for what it counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DropReason {
+    /// A malformed header or a bad checksum, by `wire`'s one error enum
+    /// (`drop_<reason>`: `drop_bad_udp_checksum`, `drop_bad_tcp_checksum`, ...).
     Malformed(Malformed),
-    /// Not IPv4, or neither UDP nor TCP.
-    NotUdp,
-    /// The transport checksum is wrong.
-    BadChecksum,
+    /// Not an IPv4 frame (`drop_not_ipv4`).
+    NotIpv4,
+    /// IPv4, but neither UDP nor TCP (`drop_other_protocol`).
+    OtherProtocol,
     /// A martian source address.
     Martian,
     /// A unicast frame for another host's MAC (the kernel's
@@ -69,8 +77,8 @@ impl DropReason {
     pub fn counter(self) -> E {
         match self {
             DropReason::Malformed(m) => E::malformed(m),
-            DropReason::NotUdp => E::DropNotUdp,
-            DropReason::BadChecksum => E::DropBadUdpChecksum,
+            DropReason::NotIpv4 => E::DropNotIpv4,
+            DropReason::OtherProtocol => E::DropOtherProtocol,
             DropReason::Martian => E::DropMartian,
             DropReason::OtherHost => E::DropOtherHost,
         }
@@ -78,6 +86,7 @@ impl DropReason {
 }
 
 impl From<Malformed> for DropReason {
+    #[inline]
     fn from(m: Malformed) -> Self {
         DropReason::Malformed(m)
     }
@@ -109,20 +118,6 @@ fn options_ok(mut o: &[u8]) -> bool {
     true
 }
 
-/// The transport checksum over `seg` (a UDP datagram or TCP segment) with
-/// the pseudo-header: valid, partial (offload) or bad.
-fn l4_checksum(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, seg: &[u8], stored: u16) -> ChecksumState {
-    let pseudo = checksum::pseudo_header(src, dst, proto, seg.len() as u16);
-    if checksum::fold(checksum::accumulate(pseudo, seg)) == 0xffff {
-        return ChecksumState::Valid;
-    }
-    let partial = checksum::fold(pseudo);
-    if stored == partial || stored == !partial {
-        return ChecksumState::Partial;
-    }
-    ChecksumState::Bad
-}
-
 /// Is `frame` a unicast frame whose destination MAC is not `mac`? The
 /// kernel drops such a frame (PACKET_OTHERHOST); broadcast and multicast
 /// frames (the group bit) are not "other host".
@@ -136,19 +131,20 @@ pub fn for_other_host(frame: &[u8], mac: &[u8; 6]) -> bool {
     }
 }
 
-/// Classify one received frame (Ethernet first).
+/// Classify one received frame (Ethernet first), through `wire`'s checked
+/// views only; each transport checksum is verified here, once.
+#[inline]
 pub fn classify(frame: &[u8]) -> Result<Classified, DropReason> {
     let eth = EthernetFrame::new_checked(frame)?;
     if eth.ethertype() != EtherType::Ipv4 {
-        return Err(DropReason::NotUdp);
+        return Err(DropReason::NotIpv4);
     }
     let ip = Ipv4Packet::new_checked(eth.payload())?;
     let hl = ip.header_len();
-    let header = &eth.payload()[..hl];
     if !ip.verify_checksum() {
         return Err(Malformed::BadIpChecksum.into());
     }
-    if hl > 20 && !options_ok(&header[20..]) {
+    if hl > 20 && !options_ok(ip.options()) {
         return Err(Malformed::IpOptions.into());
     }
     if ip.is_fragment() {
@@ -160,59 +156,46 @@ pub fn classify(frame: &[u8]) -> Result<Classified, DropReason> {
     }
     let l4_off = ETH_HDR + hl;
     let seg = ip.payload();
-    match ip.protocol() {
+    let (proto, sport, dport, hdr, payload_len, csum) = match ip.protocol() {
         PROTO_UDP => {
             let udp = UdpDatagram::new_checked(seg)?;
-            let partial = match udp.checksum_state(src, dst) {
-                ChecksumState::Bad => return Err(DropReason::BadChecksum),
-                ChecksumState::Partial => true,
-                ChecksumState::Valid | ChecksumState::Absent => false,
+            let csum = match udp.checksum_state(src, dst) {
+                ChecksumState::Bad => return Err(Malformed::BadUdpChecksum.into()),
+                c => c,
             };
-            Ok(Classified {
-                proto: PROTO_UDP,
-                src: SocketAddrV4::new(src, udp.src_port()),
-                dst: SocketAddrV4::new(dst, udp.dst_port()),
-                l4_off,
-                payload_off: l4_off + 8,
-                payload_len: udp.payload().len(),
-                csum_partial: partial,
-                ip_options: hl > 20,
-            })
+            let p = udp.payload().len();
+            (PROTO_UDP, udp.src_port(), udp.dst_port(), 8, p, csum)
         }
         PROTO_TCP => {
-            if seg.len() < 20 {
-                return Err(Malformed::Truncated.into());
-            }
-            let doff = usize::from(seg[12] >> 4) * 4;
-            if doff < 20 || doff > seg.len() {
-                return Err(Malformed::Truncated.into());
-            }
-            let stored = u16::from_be_bytes([seg[16], seg[17]]);
-            let partial = match l4_checksum(src, dst, PROTO_TCP, seg, stored) {
+            let tcp = TcpSegment::new_checked(seg)?;
+            // TCP has no "absent" checksum: only valid or partial pass.
+            let csum = match tcp.checksum_state(src, dst) {
                 ChecksumState::Bad | ChecksumState::Absent => {
-                    return Err(DropReason::BadChecksum);
+                    return Err(Malformed::BadTcpChecksum.into());
                 }
-                ChecksumState::Partial => true,
-                ChecksumState::Valid => false,
+                c => c,
             };
-            Ok(Classified {
-                proto: PROTO_TCP,
-                src: SocketAddrV4::new(src, u16::from_be_bytes([seg[0], seg[1]])),
-                dst: SocketAddrV4::new(dst, u16::from_be_bytes([seg[2], seg[3]])),
-                l4_off,
-                payload_off: l4_off + doff,
-                payload_len: seg.len() - doff,
-                csum_partial: partial,
-                ip_options: hl > 20,
-            })
+            let h = tcp.header_len();
+            (PROTO_TCP, tcp.src_port(), tcp.dst_port(), h, seg.len() - h, csum)
         }
-        _ => Err(DropReason::NotUdp),
-    }
+        _ => return Err(DropReason::OtherProtocol),
+    };
+    Ok(Classified {
+        proto,
+        src: SocketAddrV4::new(src, sport),
+        dst: SocketAddrV4::new(dst, dport),
+        l4_off,
+        payload_off: l4_off + hdr,
+        payload_len,
+        csum_partial: csum == ChecksumState::Partial,
+        ip_options: hl > 20,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nanowire_wire::checksum;
     use crate::xdp::tx::{HDRS, build_frame};
 
     fn frame(payload: &[u8]) -> Vec<u8> {
@@ -398,12 +381,20 @@ mod tests {
         );
         assert_eq!(
             classify(&super_segment("bad")),
-            Err(DropReason::BadChecksum),
+            Err(DropReason::Malformed(Malformed::BadTcpChecksum)),
             "a bad checksum over 64 KiB is a counted drop"
         );
         let mut flipped = super_segment("full");
         let n = flipped.len();
         flipped[n - 1000] ^= 4;
-        assert_eq!(classify(&flipped), Err(DropReason::BadChecksum));
+        assert_eq!(
+            classify(&flipped),
+            Err(DropReason::Malformed(Malformed::BadTcpChecksum))
+        );
+        assert_eq!(
+            DropReason::Malformed(Malformed::BadTcpChecksum).counter(),
+            E::DropBadTcpChecksum,
+            "a TCP checksum failure is counted as one, not as UDP's"
+        );
     }
 }

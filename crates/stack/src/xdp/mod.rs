@@ -406,11 +406,7 @@ impl Engine {
         if self.is_own() {
             self.rx().refresh_kernel_stats();
         }
-        shm::ENGINE_COUNTERS
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (*n, self.page.engine_word(i)))
-            .collect()
+        self.page.engine_counters().collect()
     }
 
     /// Drain the RX rings once (for callers that only send, e.g. to keep

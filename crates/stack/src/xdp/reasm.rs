@@ -21,7 +21,8 @@
 
 use nanowire_wire::{EthernetFrame, Ipv4Packet, checksum};
 
-const ETH_HDR: usize = 14;
+use super::tx::ETH_HDR;
+
 /// Time a datagram has to complete (Linux's ipfrag_time).
 pub const TIMEOUT_NS: u64 = 30_000_000_000;
 /// Datagrams in progress at once.

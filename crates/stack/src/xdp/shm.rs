@@ -1,9 +1,40 @@
 //! Shared-memory stats pages: each engine maps
-//! `/dev/shm/nanowire/<pid>-<start>-<n>` (header + atomic u64 counters) so
-//! that `nanowire stats` can read the counters of running engines without
-//! talking to them. The page is removed when the engine closes; pages of
-//! dead processes (SIGKILL) are ignored and cleaned up by the next engine
-//! and by `stats`.
+//! `/dev/shm/nanowire/<pid>-<start>-<n>` (a self-describing header, then
+//! atomic u64 counters) so that `nanowire stats` can read the counters of
+//! running engines without talking to them. The page is removed when the
+//! engine closes; pages of dead processes (SIGKILL) are ignored and cleaned
+//! up by the next engine and by `stats`.
+//!
+//! **One table.** Every counter is one row of [`engine_counters!`]'s
+//! invocation below (engine) or of the socket table: its enum variant, its
+//! stable name, its kind and, for the TCP stacks' counters, the field of
+//! `nanowire_tcp::Counters` it publishes. The enums ([`E`], [`S`]), the
+//! names, the kinds, the page's descriptors and the TCP publishing
+//! ([`publish_tcp`]) are all generated from those rows; nothing is kept in
+//! step by position.
+//!
+//! **The page describes itself** (the idea of Aeron's counters file, where
+//! each counter's label and type sit in a metadata record next to its
+//! value): the header gives the layout (offsets and counts), a descriptor
+//! per counter gives its name, kind, section and slot, and a reader takes
+//! every name from the page, never from its own build. So adding a counter
+//! moves offsets but breaks no reader; an older page format (`NWSTATS2`,
+//! counters by position) is reported as unreadable by name, never misread.
+//!
+//! ```text
+//! offset 0     header, u64 words (little endian, the machine's own):
+//!              0 magic "NWSTATS3" (stored last, Release)  1 info JSON length
+//!              2 page bytes  3 descriptor offset  4 descriptor count
+//!              5 descriptor size  6 engine offset  7 engine counters
+//!              8 socket offset  9 socket stride (bytes)  10 socket slots
+//! offset 128   the engine's info (PageInfo) as JSON, up to HEADER_BYTES
+//! desc. off.   descriptors, DESC_BYTES each: u32 section (1 engine,
+//!              2 socket), u32 kind (Kind), u32 slot (engine: counter index;
+//!              socket: word in the socket's block), u32 0, name (NUL-padded)
+//! engine off.  engine counters, one u64 each, in slot order
+//! socket off.  socket slots x stride: word 0 the local address packed as
+//!              (1 << 48 | ipv4 << 16 | port), 0 = slot free; then counters
+//! ```
 //!
 //! /dev/shm is world-writable, and engines run as root, so (issue 9, item
 //! 10): the directory must be a real directory (not a symlink) owned by
@@ -27,208 +58,248 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub const DIR: &str = "/dev/shm/nanowire";
-const MAGIC: u64 = u64::from_le_bytes(*b"NWSTATS2");
+const MAGIC: u64 = u64::from_le_bytes(*b"NWSTATS3");
+/// The format before the page described itself (counters by position).
+const MAGIC_V2: u64 = u64::from_le_bytes(*b"NWSTATS2");
+/// Header words, then the info JSON from [`INFO_OFF`] up to here.
 pub const HEADER_BYTES: usize = 512;
-pub const ENGINE_SLOTS: usize = 128;
-pub const SOCK_SLOTS: usize = 32;
+const INFO_OFF: usize = 128;
+/// One descriptor: section, kind, slot, reserved (4 x u32), name.
+pub const DESC_BYTES: usize = 64;
+const NAME_BYTES: usize = DESC_BYTES - 16;
+const SECTION_ENGINE: u32 = 1;
+const SECTION_SOCKET: u32 = 2;
 pub const MAX_SOCKETS: usize = 1024;
-const PAGE_BYTES: usize = HEADER_BYTES + ENGINE_SLOTS * 8 + MAX_SOCKETS * SOCK_SLOTS * 8;
+
+const fn align64(n: usize) -> usize {
+    n.next_multiple_of(64)
+}
+/// Words per socket block: the address, the counters, rounded to a cache line.
+const SOCK_WORDS: usize = (1 + S::COUNT).next_multiple_of(8);
+const DESC_COUNT: usize = E::COUNT + 1 + S::COUNT;
+const DESC_OFF: usize = HEADER_BYTES;
+const ENGINE_OFF: usize = align64(DESC_OFF + DESC_COUNT * DESC_BYTES);
+const SOCK_OFF: usize = align64(ENGINE_OFF + E::COUNT * 8);
+const PAGE_BYTES: usize = SOCK_OFF + MAX_SOCKETS * SOCK_WORDS * 8;
 /// Permissions of a page file: the owner (and root) only.
 const PAGE_MODE: u32 = 0o600;
 /// Bytes of one stats page (counted in the engine's memory).
 pub const PAGE_SIZE_BYTES: usize = PAGE_BYTES;
+/// A reader's bounds on what a page may claim (a page is only ever ours,
+/// but a reader maps what the header says, so the header is checked).
+const MAX_PAGE_BYTES: u64 = 64 << 20;
+const MAX_DESCS: u64 = 1 << 16;
 
-/// Engine counter names, in slot order (stable: the stats CLI prints them).
-pub const ENGINE_COUNTERS: &[&str] = &[
-    "rx_frames",
-    "rx_packets",
-    "rx_bytes",
-    "tx_packets",
-    "tx_bytes",
-    "drop_no_socket",
-    "drop_truncated",
-    "drop_bad_version",
-    "drop_bad_ihl",
-    "drop_ip_options",
-    "drop_bad_total_length",
-    "drop_fragment",
-    "drop_bad_ip_checksum",
-    "drop_bad_udp_length",
-    "drop_bad_udp_checksum",
-    "drop_not_udp",
-    "drop_socket_queue_full",
-    "drop_tx_ring_full",
-    "drop_bad_desc",
-    "rx_csum_partial",
-    "xsk_rx_dropped",
-    "xsk_rx_ring_full",
-    "xsk_rx_fill_ring_empty",
-    "xsk_rx_invalid_descs",
-    "xsk_tx_invalid_descs",
-    "xsk_tx_ring_empty",
-    "xdp_no_socket_on_queue",
-    "peak_rx_ring",
-    "peak_socket_queue",
-    "sockets",
-    "drop_martian",
-    "drop_neigh_unresolved",
-    "neigh_resolutions",
-    "neigh_entries",
-    "neigh_routes",
-    "rx_multi_buffer",
-    "mem_umem_bytes",
-    "mem_ring_bytes",
-    "mem_total_bytes",
-    "drop_fault_rx",
-    "fault_rx_duplicated",
-    "fault_rx_reordered",
-    "fault_rx_corrupted",
-    "fault_tx_lost",
-    "fault_tx_duplicated",
-    "fault_tx_corrupted",
-    "tcp_segs_in",
-    "tcp_segs_out",
-    "tcp_retransmits",
-    "tcp_fast_retransmits",
-    "tcp_rto_expirations",
-    "tcp_rst_sent",
-    "tcp_rst_received",
-    "tcp_active_opens",
-    "tcp_passive_opens",
-    "tcp_connections_reset",
-    "tcp_drop_malformed",
-    "tcp_drop_bad_checksum",
-    "tcp_drop_out_of_window",
-    "tcp_drop_no_socket",
-    "tcp_listen_overflows",
-    "tcp_syncookies_sent",
-    "tcp_syncookies_ok",
-    "tcp_tail_loss_probes",
-    "tcp_handovers",
-    "tcp_handover_drops",
-    "rx_frag_merged",
-    "drop_frag_timeout",
-    "drop_frag_overlap",
-    "drop_frag_too_many",
-    "drop_rx_chain",
-    "tcp_no_multi_buffer",
-    "drop_other_host",
-];
-
-/// Per-socket counter names (slot 0 is the packed local address).
-pub const SOCK_COUNTERS: &[&str] = &[
-    "rx_packets",
-    "rx_bytes",
-    "tx_packets",
-    "tx_bytes",
-    "drop_queue_full",
-    "drop_tx_ring_full",
-    "queue_depth",
-    "peak_queue_depth",
-    "rx_kernel_path",
-    "tx_kernel_path",
-    "drop_neigh",
-];
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(usize)]
-pub enum E {
-    RxFrames,
-    RxPackets,
-    RxBytes,
-    TxPackets,
-    TxBytes,
-    DropNoSocket,
-    DropTruncated,
-    DropBadVersion,
-    DropBadIhl,
-    DropIpOptions,
-    DropBadTotalLength,
-    DropFragment,
-    DropBadIpChecksum,
-    DropBadUdpLength,
-    DropBadUdpChecksum,
-    DropNotUdp,
-    DropSocketQueueFull,
-    DropTxRingFull,
-    DropBadDesc,
-    RxCsumPartial,
-    XskRxDropped,
-    XskRxRingFull,
-    XskRxFillRingEmpty,
-    XskRxInvalidDescs,
-    XskTxInvalidDescs,
-    XskTxRingEmpty,
-    XdpNoSocketOnQueue,
-    PeakRxRing,
-    PeakSocketQueue,
-    Sockets,
-    DropMartian,
-    DropNeighUnresolved,
-    NeighResolutions,
-    /// Gauges: neighbour entries (per next hop) and route entries (per
-    /// off-link destination) held now (both bounded, see `neigh.rs`).
-    NeighEntries,
-    NeighRoutes,
-    RxMultiBuffer,
-    MemUmemBytes,
-    MemRingBytes,
-    MemTotalBytes,
-    DropFaultRx,
-    FaultRxDuplicated,
-    FaultRxReordered,
-    FaultRxCorrupted,
-    FaultTxLost,
-    FaultTxDuplicated,
-    FaultTxCorrupted,
-    TcpSegsIn,
-    TcpSegsOut,
-    TcpRetransmits,
-    TcpFastRetransmits,
-    TcpRtoExpirations,
-    TcpRstSent,
-    TcpRstReceived,
-    TcpActiveOpens,
-    TcpPassiveOpens,
-    TcpConnectionsReset,
-    TcpDropMalformed,
-    TcpDropBadChecksum,
-    TcpDropOutOfWindow,
-    TcpDropNoSocket,
-    TcpListenOverflows,
-    TcpSyncookiesSent,
-    TcpSyncookiesOk,
-    TcpTailLossProbes,
-    TcpHandovers,
-    TcpHandoverDrops,
-    /// Fragment frames merged into a reassembled datagram (issue 20, 8).
-    RxFragMerged,
-    DropFragTimeout,
-    DropFragOverlap,
-    DropFragTooMany,
-    DropRxChain,
-    TcpNoMultiBuffer,
-    /// Unicast frames for another host's MAC (issue 20, finding 12).
-    DropOtherHost,
+/// What a counter's value means; written into the page with each counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[repr(u32)]
+pub enum Kind {
+    /// Counts events since the engine opened; only grows.
+    Counter = 1,
+    /// A level now (entries held, bytes mapped, sockets open).
+    Gauge = 2,
+    /// The highest level seen (a high-water mark).
+    Peak = 3,
+    /// A socket slot's packed local address (0: the slot is free).
+    Address = 4,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(usize)]
-pub enum S {
-    RxPackets,
-    RxBytes,
-    TxPackets,
-    TxBytes,
-    DropQueueFull,
-    DropTxRingFull,
-    QueueDepth,
-    PeakQueueDepth,
-    RxKernelPath,
-    TxKernelPath,
-    DropNeigh,
+impl Kind {
+    fn from_u32(v: u32) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Counter,
+            2 => Kind::Gauge,
+            3 => Kind::Peak,
+            4 => Kind::Address,
+            _ => return None,
+        })
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Peak => "peak",
+            Kind::Address => "address",
+        }
+    }
+}
+
+/// The one list of a section's counters: variant, name, kind and (engine
+/// table only) the `nanowire_tcp::Counters` field published into it.
+macro_rules! counter_table {
+    (@field) => { None };
+    (@field $f:ident) => { Some(stringify!($f)) };
+    (
+        $(#[$em:meta])*
+        pub enum $T:ident {
+            $( $(#[$m:meta])* $v:ident = $name:literal : $kind:ident $(<- $field:ident)? ),* $(,)?
+        }
+    ) => {
+        $(#[$em])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[repr(usize)]
+        pub enum $T { $( $(#[$m])* $v, )* }
+
+        impl $T {
+            /// Every counter, in slot order.
+            pub const ALL: &'static [$T] = &[$($T::$v),*];
+            pub const COUNT: usize = Self::ALL.len();
+            /// The stable name (`nanowire stats`, the page's descriptor).
+            pub const fn name(self) -> &'static str {
+                match self { $($T::$v => $name),* }
+            }
+            pub const fn kind(self) -> Kind {
+                match self { $($T::$v => Kind::$kind),* }
+            }
+            /// The `nanowire_tcp::Counters` field this row publishes.
+            #[allow(dead_code)]
+            pub const fn tcp_field(self) -> Option<&'static str> {
+                match self { $($T::$v => counter_table!(@field $($field)?)),* }
+            }
+        }
+
+        /// Add what a TCP stack counted since `was` to the engine counters
+        /// its rows name (`<- field`). Single writer: the engine's RX lock.
+        #[allow(dead_code)]
+        pub(super) fn publish_rows(page: &StatsPage, now: &nanowire_tcp::Counters, was: &nanowire_tcp::Counters) {
+            let _ = (page, now, was);
+            $($(
+                if now.$field > was.$field {
+                    bump(page.e($T::$v), now.$field - was.$field);
+                }
+            )?)*
+        }
+    };
+}
+
+mod engine_table {
+    use super::{Kind, StatsPage, bump};
+    counter_table! {
+        /// Engine counters (one writer each; see the module doc).
+        pub enum E {
+            RxFrames = "rx_frames": Counter,
+            RxPackets = "rx_packets": Counter,
+            RxBytes = "rx_bytes": Counter,
+            TxPackets = "tx_packets": Counter,
+            TxBytes = "tx_bytes": Counter,
+            DropNoSocket = "drop_no_socket": Counter,
+            DropTruncated = "drop_truncated": Counter,
+            DropBadVersion = "drop_bad_version": Counter,
+            DropBadIhl = "drop_bad_ihl": Counter,
+            DropIpOptions = "drop_ip_options": Counter,
+            DropBadTotalLength = "drop_bad_total_length": Counter,
+            DropFragment = "drop_fragment": Counter,
+            DropBadIpChecksum = "drop_bad_ip_checksum": Counter,
+            DropBadUdpLength = "drop_bad_udp_length": Counter,
+            DropBadUdpChecksum = "drop_bad_udp_checksum": Counter,
+            /// A TCP header whose data offset is below 5 or past the segment.
+            DropBadTcpDataOffset = "drop_bad_tcp_data_offset": Counter,
+            /// TCP options the classifier refused (it does not parse them
+            /// today: the TCP stack counts those as `tcp_drop_malformed`).
+            DropBadTcpOptions = "drop_bad_tcp_options": Counter,
+            DropBadTcpChecksum = "drop_bad_tcp_checksum": Counter,
+            /// Not an IPv4 frame (ARP, IPv6, VLAN-tagged, ...).
+            DropNotIpv4 = "drop_not_ipv4": Counter,
+            /// IPv4, but neither UDP nor TCP.
+            DropOtherProtocol = "drop_other_protocol": Counter,
+            DropSocketQueueFull = "drop_socket_queue_full": Counter,
+            DropTxRingFull = "drop_tx_ring_full": Counter,
+            DropBadDesc = "drop_bad_desc": Counter,
+            RxCsumPartial = "rx_csum_partial": Counter,
+            XskRxDropped = "xsk_rx_dropped": Counter,
+            XskRxRingFull = "xsk_rx_ring_full": Counter,
+            XskRxFillRingEmpty = "xsk_rx_fill_ring_empty": Counter,
+            XskRxInvalidDescs = "xsk_rx_invalid_descs": Counter,
+            XskTxInvalidDescs = "xsk_tx_invalid_descs": Counter,
+            XskTxRingEmpty = "xsk_tx_ring_empty": Counter,
+            XdpNoSocketOnQueue = "xdp_no_socket_on_queue": Counter,
+            PeakRxRing = "peak_rx_ring": Peak,
+            PeakSocketQueue = "peak_socket_queue": Peak,
+            Sockets = "sockets": Gauge,
+            DropMartian = "drop_martian": Counter,
+            DropNeighUnresolved = "drop_neigh_unresolved": Counter,
+            NeighResolutions = "neigh_resolutions": Counter,
+            /// Neighbour entries (per next hop) held now (bounded, `neigh.rs`).
+            NeighEntries = "neigh_entries": Gauge,
+            /// Route entries (per off-link destination) held now (bounded).
+            NeighRoutes = "neigh_routes": Gauge,
+            RxMultiBuffer = "rx_multi_buffer": Counter,
+            MemUmemBytes = "mem_umem_bytes": Gauge,
+            MemRingBytes = "mem_ring_bytes": Gauge,
+            MemTotalBytes = "mem_total_bytes": Gauge,
+            DropFaultRx = "drop_fault_rx": Counter,
+            FaultRxDuplicated = "fault_rx_duplicated": Counter,
+            FaultRxReordered = "fault_rx_reordered": Counter,
+            FaultRxCorrupted = "fault_rx_corrupted": Counter,
+            FaultTxLost = "fault_tx_lost": Counter,
+            FaultTxDuplicated = "fault_tx_duplicated": Counter,
+            FaultTxCorrupted = "fault_tx_corrupted": Counter,
+            TcpSegsIn = "tcp_segs_in": Counter <- segs_in,
+            TcpSegsOut = "tcp_segs_out": Counter <- segs_out,
+            TcpRetransmits = "tcp_retransmits": Counter <- retransmits,
+            TcpFastRetransmits = "tcp_fast_retransmits": Counter <- fast_retransmits,
+            TcpRtoExpirations = "tcp_rto_expirations": Counter <- rto_expirations,
+            TcpRstSent = "tcp_rst_sent": Counter <- rst_sent,
+            TcpRstReceived = "tcp_rst_received": Counter <- rst_received,
+            TcpActiveOpens = "tcp_active_opens": Counter <- active_opens,
+            TcpPassiveOpens = "tcp_passive_opens": Counter <- passive_opens,
+            TcpConnectionsReset = "tcp_connections_reset": Counter <- connections_reset,
+            TcpDropMalformed = "tcp_drop_malformed": Counter <- malformed,
+            TcpDropBadChecksum = "tcp_drop_bad_checksum": Counter <- bad_checksum,
+            TcpDropOutOfWindow = "tcp_drop_out_of_window": Counter <- out_of_window,
+            TcpDropNoSocket = "tcp_drop_no_socket": Counter <- no_socket,
+            TcpListenOverflows = "tcp_listen_overflows": Counter <- listen_overflows,
+            TcpSyncookiesSent = "tcp_syncookies_sent": Counter <- syncookies_sent,
+            TcpSyncookiesOk = "tcp_syncookies_ok": Counter <- syncookies_ok,
+            TcpTailLossProbes = "tcp_tail_loss_probes": Counter <- tail_loss_probes,
+            TcpHandovers = "tcp_handovers": Counter <- handovers,
+            TcpHandoverDrops = "tcp_handover_drops": Counter <- handover_drops,
+            /// Fragment frames merged into a reassembled datagram (issue 20, 8).
+            RxFragMerged = "rx_frag_merged": Counter,
+            DropFragTimeout = "drop_frag_timeout": Counter,
+            DropFragOverlap = "drop_frag_overlap": Counter,
+            DropFragTooMany = "drop_frag_too_many": Counter,
+            DropRxChain = "drop_rx_chain": Counter,
+            TcpNoMultiBuffer = "tcp_no_multi_buffer": Counter,
+            /// Unicast frames for another host's MAC (issue 20, finding 12).
+            DropOtherHost = "drop_other_host": Counter,
+        }
+    }
+}
+
+mod socket_table {
+    use super::{Kind, StatsPage, bump};
+    counter_table! {
+        /// Per-socket counters (word 0 of a socket's block is its address).
+        pub enum S {
+            RxPackets = "rx_packets": Counter,
+            RxBytes = "rx_bytes": Counter,
+            TxPackets = "tx_packets": Counter,
+            TxBytes = "tx_bytes": Counter,
+            DropQueueFull = "drop_queue_full": Counter,
+            DropTxRingFull = "drop_tx_ring_full": Counter,
+            QueueDepth = "queue_depth": Gauge,
+            PeakQueueDepth = "peak_queue_depth": Peak,
+            RxKernelPath = "rx_kernel_path": Counter,
+            TxKernelPath = "tx_kernel_path": Counter,
+            DropNeigh = "drop_neigh": Counter,
+        }
+    }
+}
+
+pub use engine_table::E;
+pub use socket_table::S;
+
+/// Add what a TCP stack counted since the last call (`was`) to the
+/// engine's `tcp_*` counters: the rows of the engine table marked
+/// `<- field`. Call under the engine's RX lock (their single writer).
+pub fn publish_tcp(page: &StatsPage, now: &nanowire_tcp::Counters, was: &nanowire_tcp::Counters) {
+    engine_table::publish_rows(page, now, was)
 }
 
 impl E {
+    /// The counter of a malformed frame's reason.
     pub fn malformed(m: nanowire_wire::Malformed) -> E {
         use nanowire_wire::Malformed as M;
         match m {
@@ -241,6 +312,9 @@ impl E {
             M::BadIpChecksum => E::DropBadIpChecksum,
             M::BadUdpLength => E::DropBadUdpLength,
             M::BadUdpChecksum => E::DropBadUdpChecksum,
+            M::BadTcpDataOffset => E::DropBadTcpDataOffset,
+            M::BadTcpOptions => E::DropBadTcpOptions,
+            M::BadTcpChecksum => E::DropBadTcpChecksum,
         }
     }
 }
@@ -483,13 +557,55 @@ impl StatsPage {
         };
         let page = StatsPage { ptr, path };
         let json = serde_json::to_vec(info).unwrap_or_default();
-        let len = json.len().min(HEADER_BYTES - 16);
-        // SAFETY: header bytes 16..16+len are inside the page; no reader
-        // trusts them before the magic is stored (Release) below.
+        let len = json.len().min(HEADER_BYTES - INFO_OFF);
+        // SAFETY: bytes INFO_OFF..INFO_OFF+len are inside the header of the
+        // page we just mapped writable; no reader trusts them before the
+        // magic is stored (Release) below.
         unsafe {
-            std::ptr::copy_nonoverlapping(json.as_ptr(), ptr.add(16), len);
+            std::ptr::copy_nonoverlapping(json.as_ptr(), ptr.add(INFO_OFF), len);
         }
-        page.word(1).store(len as u64, Ordering::Relaxed);
+        let descs = E::ALL
+            .iter()
+            .map(|c| (SECTION_ENGINE, c.kind(), *c as usize, c.name()))
+            .chain(std::iter::once((SECTION_SOCKET, Kind::Address, 0, "local")))
+            .chain(
+                S::ALL
+                    .iter()
+                    .map(|c| (SECTION_SOCKET, c.kind(), 1 + *c as usize, c.name())),
+            );
+        for (i, (section, kind, slot, name)) in descs.enumerate() {
+            let mut d = [0u8; DESC_BYTES];
+            d[0..4].copy_from_slice(&section.to_ne_bytes());
+            d[4..8].copy_from_slice(&(kind as u32).to_ne_bytes());
+            d[8..12].copy_from_slice(&(slot as u32).to_ne_bytes());
+            let n = name.len().min(NAME_BYTES - 1);
+            d[16..16 + n].copy_from_slice(&name.as_bytes()[..n]);
+            // SAFETY: descriptor i of DESC_COUNT lies inside the page
+            // (DESC_OFF + DESC_COUNT * DESC_BYTES <= ENGINE_OFF); written
+            // before the magic is published.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    d.as_ptr(),
+                    ptr.add(DESC_OFF + i * DESC_BYTES),
+                    DESC_BYTES,
+                );
+            }
+        }
+        let layout = [
+            len,
+            PAGE_BYTES,
+            DESC_OFF,
+            DESC_COUNT,
+            DESC_BYTES,
+            ENGINE_OFF,
+            E::COUNT,
+            SOCK_OFF,
+            SOCK_WORDS * 8,
+            MAX_SOCKETS,
+        ];
+        for (i, v) in layout.into_iter().enumerate() {
+            page.word(1 + i).store(v as u64, Ordering::Relaxed);
+        }
         page.word(0).store(MAGIC, Ordering::Release);
         page
     }
@@ -504,12 +620,12 @@ impl StatsPage {
 
     #[inline]
     pub fn e(&self, c: E) -> &AtomicU64 {
-        self.word(HEADER_BYTES / 8 + c as usize)
+        self.word(ENGINE_OFF / 8 + c as usize)
     }
 
     #[inline]
     fn sock_base(slot: usize) -> usize {
-        (HEADER_BYTES + ENGINE_SLOTS * 8) / 8 + slot.min(MAX_SOCKETS - 1) * SOCK_SLOTS
+        SOCK_OFF / 8 + slot.min(MAX_SOCKETS - 1) * SOCK_WORDS
     }
 
     #[inline]
@@ -517,21 +633,18 @@ impl StatsPage {
         self.word(Self::sock_base(slot) + 1 + c as usize)
     }
 
-    /// Engine counter `i` (in ENGINE_COUNTERS order).
-    pub fn engine_word(&self, i: usize) -> u64 {
-        if i >= ENGINE_SLOTS {
-            return 0;
-        }
-        self.word(HEADER_BYTES / 8 + i).load(Ordering::Relaxed)
+    /// Every engine counter: (name, value).
+    pub fn engine_counters(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        E::ALL
+            .iter()
+            .map(|&c| (c.name(), self.e(c).load(Ordering::Relaxed)))
     }
 
-    /// Socket counter `i` (in SOCK_COUNTERS order) of `slot`.
-    pub fn sock_word(&self, slot: usize, i: usize) -> u64 {
-        if i + 1 >= SOCK_SLOTS {
-            return 0;
-        }
-        self.word(Self::sock_base(slot) + 1 + i)
-            .load(Ordering::Relaxed)
+    /// Every counter of socket `slot`: (name, value).
+    pub fn socket_counters(&self, slot: usize) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        S::ALL
+            .iter()
+            .map(move |&c| (c.name(), self.s(slot, c).load(Ordering::Relaxed)))
     }
 
     /// Mark a socket slot in use with its local address (0 = free).
@@ -541,7 +654,7 @@ impl StatsPage {
         });
         let b = Self::sock_base(slot);
         if addr.is_some() {
-            for i in 1..SOCK_SLOTS {
+            for i in 1..SOCK_WORDS {
                 self.word(b + i).store(0, Ordering::Relaxed);
             }
         }
@@ -597,6 +710,9 @@ pub struct EngineSnapshot {
     #[serde(flatten)]
     pub info: PageInfo,
     pub counters: std::collections::BTreeMap<String, u64>,
+    /// Each counter's kind as the page describes it (`counter`, `gauge`,
+    /// `peak`; a kind this reader does not know is `unknown`).
+    pub kinds: std::collections::BTreeMap<String, &'static str>,
     pub sockets: Vec<SocketSnapshot>,
 }
 
@@ -604,6 +720,20 @@ pub struct EngineSnapshot {
 pub struct SocketSnapshot {
     pub local: String,
     pub counters: std::collections::BTreeMap<String, u64>,
+}
+
+/// A page `nanowire stats` found but cannot read, and why.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Unreadable {
+    pub page: String,
+    pub reason: String,
+}
+
+/// What `read_all` found.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Pages {
+    pub engines: Vec<EngineSnapshot>,
+    pub unreadable: Vec<Unreadable>,
 }
 
 fn pid_alive(pid: u32) -> bool {
@@ -618,8 +748,8 @@ pub fn remove_dead_pages() {
 }
 
 /// Read every live engine's page; remove pages of dead processes.
-pub fn read_all() -> Vec<EngineSnapshot> {
-    let mut out = Vec::new();
+pub fn read_all() -> Pages {
+    let mut out = Pages::default();
     let base = dir();
     let Ok(d) = open_dir(&base, false) else {
         return out;
@@ -638,16 +768,56 @@ pub fn read_all() -> Vec<EngineSnapshot> {
         if !page_alive(&name) {
             continue;
         }
-        if let Some(s) = read_page(&d, &base.join(&name), &name) {
-            out.push(s);
+        let page = base.join(&name).display().to_string();
+        match read_page(&d, &name) {
+            Ok(Some(mut s)) => {
+                s.page = page;
+                out.engines.push(s);
+            }
+            Ok(None) => {}
+            Err(reason) => out.unreadable.push(Unreadable { page, reason }),
         }
     }
     out
 }
 
-fn read_page(d: &SafeDir, p: &Path, name: &str) -> Option<EngineSnapshot> {
+/// A read-only mapping of a page file (unmapped on drop).
+struct Mapped {
+    ptr: *const u8,
+    len: usize,
+}
+
+impl Mapped {
+    fn word(&self, off: usize) -> Option<u64> {
+        if off % 8 != 0 || off + 8 > self.len {
+            return None;
+        }
+        // SAFETY: an aligned u64 inside the mapping (checked above), which
+        // lives as long as self; the writer updates it atomically.
+        Some(unsafe { &*(self.ptr.add(off) as *const AtomicU64) }.load(Ordering::Acquire))
+    }
+    fn bytes(&self, off: usize, len: usize) -> Option<&[u8]> {
+        if off.checked_add(len)? > self.len {
+            return None;
+        }
+        // SAFETY: inside the mapping (checked above); these bytes (info and
+        // descriptors) are written once, before the magic is published.
+        Some(unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) })
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len is the mapping made in `read_page`, unmapped once.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// Read one page by the description it carries. `Ok(None)`: not a page yet
+/// (being created); `Err`: a page this reader cannot read, and why.
+fn read_page(d: &SafeDir, name: &str) -> Result<Option<EngineSnapshot>, String> {
     use std::os::fd::{AsRawFd, FromRawFd};
-    let c = std::ffi::CString::new(name).ok()?;
+    let c = std::ffi::CString::new(name).map_err(|_| "bad name".to_string())?;
     // SAFETY: a NUL-terminated name relative to a verified directory fd,
     // read-only, never following a symlink.
     let fd = unsafe {
@@ -658,95 +828,188 @@ fn read_page(d: &SafeDir, p: &Path, name: &str) -> Option<EngineSnapshot> {
         )
     };
     if fd < 0 {
-        return None;
+        return Ok(None);
     }
     // SAFETY: a fresh fd owned by nobody else.
     let f = unsafe { std::fs::File::from_raw_fd(fd) };
-    if !f.metadata().ok()?.is_file() {
-        return None;
+    let meta = f.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
     }
-    if f.metadata().ok()?.len() < PAGE_BYTES as u64 {
-        return None;
+    let file_len = meta.len();
+    if file_len < HEADER_BYTES as u64 {
+        return Ok(None);
     }
-    let ptr = map_fd(Some(&f), PAGE_BYTES, false)?;
-    let page = StatsPage { ptr, path: None };
-    let snap = (|| {
-        if page.word(0).load(Ordering::Acquire) != MAGIC {
-            return None;
+    let map = |len: usize| {
+        map_fd(Some(&f), len, false).map(|p| Mapped {
+            ptr: p.cast_const(),
+            len,
+        })
+    };
+    let head = map(HEADER_BYTES).ok_or("mmap failed")?;
+    match head.word(0) {
+        Some(MAGIC) => {}
+        Some(0) => return Ok(None),
+        Some(MAGIC_V2) => {
+            return Err(
+                "format NWSTATS2 (counters by position, written by an older nanowire): \
+                 this nanowire reads only self-describing NWSTATS3 pages; use the engine's own \
+                 version of `nanowire stats`"
+                    .into(),
+            );
         }
-        let len = (page.word(1).load(Ordering::Relaxed) as usize).min(HEADER_BYTES - 16);
-        // SAFETY: bytes 16..16+len of the mapped header, written before MAGIC.
-        let hdr = unsafe { std::slice::from_raw_parts(page.ptr.add(16), len) };
-        let info: PageInfo = serde_json::from_slice(hdr).ok()?;
-        let counters = ENGINE_COUNTERS
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                (
-                    n.to_string(),
-                    page.word(HEADER_BYTES / 8 + i).load(Ordering::Relaxed),
-                )
-            })
-            .collect();
-        let mut sockets = Vec::new();
-        for slot in 0..MAX_SOCKETS {
-            let b = StatsPage::sock_base(slot);
-            let v = page.word(b).load(Ordering::Acquire);
+        Some(m) => {
+            return Err(format!(
+                "unknown format {:?}",
+                String::from_utf8_lossy(&m.to_le_bytes())
+            ));
+        }
+        None => return Ok(None),
+    }
+    let h = |i: usize| head.word(i * 8).unwrap_or(0);
+    let (info_len, page_bytes) = (h(1), h(2));
+    let (desc_off, desc_count, desc_bytes) = (h(3), h(4), h(5));
+    let (eng_off, eng_count) = (h(6), h(7));
+    let (sock_off, sock_stride, sock_slots) = (h(8), h(9), h(10));
+    let bad = |what: &str| Err(format!("inconsistent header: {what}"));
+    if page_bytes > file_len || page_bytes > MAX_PAGE_BYTES {
+        return bad("page larger than its file");
+    }
+    if info_len > (HEADER_BYTES - INFO_OFF) as u64 {
+        return bad("info length");
+    }
+    if desc_count > MAX_DESCS || desc_bytes < 17 || desc_bytes > 4096 {
+        return bad("descriptors");
+    }
+    let end = |off: u64, n: u64, size: u64| off.checked_add(n.checked_mul(size)?);
+    let within = |e: Option<u64>| e.is_some_and(|e| e <= page_bytes);
+    if !within(end(desc_off, desc_count, desc_bytes))
+        || !within(end(eng_off, eng_count, 8))
+        || !within(end(sock_off, sock_slots, sock_stride))
+        || sock_stride % 8 != 0
+    {
+        return bad("a section outside the page");
+    }
+    drop(head);
+    let page = map(page_bytes as usize).ok_or("mmap failed")?;
+    let info: PageInfo = page
+        .bytes(INFO_OFF, info_len as usize)
+        .and_then(|b| serde_json::from_slice(b).ok())
+        .ok_or("unreadable info")?;
+    let u32_at = |b: &[u8], i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    let mut engine = Vec::new();
+    let mut socket = Vec::new();
+    let mut addr_word = None;
+    for i in 0..desc_count as usize {
+        let b = page
+            .bytes(desc_off as usize + i * desc_bytes as usize, desc_bytes as usize)
+            .ok_or("descriptor outside the page")?;
+        let (section, kind, slot) = (u32_at(b, 0), u32_at(b, 4), u32_at(b, 8) as u64);
+        let raw = &b[16..];
+        let name = std::str::from_utf8(&raw[..raw.iter().position(|&c| c == 0).unwrap_or(raw.len())])
+            .map_err(|_| "a counter name is not UTF-8")?
+            .to_string();
+        let kind = Kind::from_u32(kind);
+        match section {
+            SECTION_ENGINE if slot < eng_count => engine.push((name, kind, slot)),
+            SECTION_SOCKET if slot * 8 < sock_stride => {
+                if kind == Some(Kind::Address) {
+                    addr_word = Some(slot);
+                } else {
+                    socket.push((name, slot));
+                }
+            }
+            // A section or slot this reader does not know: skipped.
+            _ => {}
+        }
+    }
+    let kind_str = |k: Option<Kind>| k.map_or("unknown", Kind::as_str);
+    let value = |off: u64| page.word(off as usize).unwrap_or(0);
+    let counters = engine
+        .iter()
+        .map(|(n, _, s)| (n.clone(), value(eng_off + s * 8)))
+        .collect();
+    let kinds = engine
+        .iter()
+        .map(|(n, k, _)| (n.clone(), kind_str(*k)))
+        .collect();
+    let mut sockets = Vec::new();
+    if let Some(aw) = addr_word {
+        for slot in 0..sock_slots {
+            let b = sock_off + slot * sock_stride;
+            let v = value(b + aw * 8);
             if v == 0 {
                 continue;
             }
             let ip = std::net::Ipv4Addr::from_bits((v >> 16) as u32);
             let local = std::net::SocketAddrV4::new(ip, v as u16).to_string();
-            let counters = SOCK_COUNTERS
+            let counters = socket
                 .iter()
-                .enumerate()
-                .map(|(i, n)| (n.to_string(), page.word(b + 1 + i).load(Ordering::Relaxed)))
+                .map(|(n, w)| (n.clone(), value(b + w * 8)))
                 .collect();
             sockets.push(SocketSnapshot { local, counters });
         }
-        Some(EngineSnapshot {
-            page: p.display().to_string(),
-            info,
-            counters,
-            sockets,
-        })
-    })();
-    drop(page);
-    snap
+    }
+    Ok(Some(EngineSnapshot {
+        page: String::new(),
+        info,
+        counters,
+        kinds,
+        sockets,
+    }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn page_roundtrip_and_cleanup() {
-        let info = PageInfo {
+    fn info() -> PageInfo {
+        PageInfo {
             pid: std::process::id(),
             iface: "test0".into(),
             queues: 1,
             xdp_mode: "native".into(),
             bind_mode: "copy".into(),
             ring_depth: 64,
-        };
+        }
+    }
+
+    #[test]
+    fn page_roundtrip_and_cleanup() {
+        let info = info();
         let page = StatsPage::create(&info);
         bump(page.e(E::RxFrames), 5);
         peak(page.e(E::PeakRxRing), 9);
+        bump(page.e(E::DropOtherHost), 7);
         page.set_sock_addr(3, Some("1.2.3.4:99".parse().unwrap()));
         bump(page.s(3, S::RxPackets), 2);
+        bump(page.s(3, S::DropNeigh), 4);
         let path = page.path().unwrap().to_path_buf();
         // Not readable by the group or the world (issue 20, 13c).
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o077, 0, "page mode {mode:o}");
         let all = read_all();
-        let me = all.iter().find(|s| Path::new(&s.page) == path).unwrap();
+        let me = all
+            .engines
+            .iter()
+            .find(|s| Path::new(&s.page) == path)
+            .unwrap();
         assert_eq!(me.info, info);
+        assert_eq!(me.counters.len(), E::COUNT);
         assert_eq!(me.counters["rx_frames"], 5);
         assert_eq!(me.counters["peak_rx_ring"], 9);
+        assert_eq!(me.counters["drop_other_host"], 7, "the last row");
+        assert_eq!(me.kinds["peak_rx_ring"], "peak");
+        assert_eq!(me.kinds["sockets"], "gauge");
+        assert_eq!(me.kinds["rx_frames"], "counter");
         assert_eq!(me.sockets.len(), 1);
         assert_eq!(me.sockets[0].local, "1.2.3.4:99");
         assert_eq!(me.sockets[0].counters["rx_packets"], 2);
+        assert_eq!(me.sockets[0].counters["drop_neigh"], 4);
+        assert_eq!(me.sockets[0].counters.len(), S::COUNT);
+        let named: Vec<_> = page.engine_counters().collect();
+        assert_eq!(named[E::RxFrames as usize], ("rx_frames", 5));
         drop(page);
         assert!(!path.exists());
     }
@@ -767,129 +1030,172 @@ mod tests {
         s
     }
 
-    /// Every variant (listed here in any order) names the slot it indexes,
-    /// and the variants cover the name list exactly once.
-    fn check_names<T: std::fmt::Debug + Copy>(
-        variants: &[T],
+    /// The one table: every variant's name is its own (snake_case of the
+    /// variant), unique, fits a descriptor, and `ALL` is in slot order.
+    fn check_table<T: std::fmt::Debug + Copy>(
+        all: &[T],
         index: impl Fn(T) -> usize,
-        names: &[&str],
+        name: impl Fn(T) -> &'static str,
     ) {
-        let mut seen = vec![false; names.len()];
-        for &v in variants {
-            let i = index(v);
-            assert!(i < names.len(), "{v:?} indexes slot {i} past the name list");
-            assert_eq!(
-                names[i],
-                snake(&format!("{v:?}")),
-                "{v:?} indexes slot {i}, named {:?}",
-                names[i]
-            );
-            assert!(!seen[i], "two variants index slot {i}");
-            seen[i] = true;
+        let mut seen = std::collections::HashSet::new();
+        for (i, &v) in all.iter().enumerate() {
+            assert_eq!(index(v), i, "{v:?} out of slot order");
+            assert_eq!(name(v), snake(&format!("{v:?}")), "{v:?} is named {:?}", name(v));
+            assert!(seen.insert(name(v)), "two counters named {:?}", name(v));
+            assert!(name(v).len() < NAME_BYTES, "{:?} too long", name(v));
         }
-        let unnamed: Vec<&str> = names
-            .iter()
-            .zip(&seen)
-            .filter(|(_, s)| !**s)
-            .map(|(n, _)| *n)
-            .collect();
-        assert!(unnamed.is_empty(), "names without a variant: {unnamed:?}");
     }
 
     #[test]
     fn counter_names_match_enums() {
-        let engine = [
-            E::RxFrames,
-            E::RxPackets,
-            E::RxBytes,
-            E::TxPackets,
-            E::TxBytes,
-            E::DropNoSocket,
-            E::DropTruncated,
-            E::DropBadVersion,
-            E::DropBadIhl,
-            E::DropIpOptions,
-            E::DropBadTotalLength,
-            E::DropFragment,
-            E::DropBadIpChecksum,
-            E::DropBadUdpLength,
-            E::DropBadUdpChecksum,
-            E::DropNotUdp,
-            E::DropSocketQueueFull,
-            E::DropTxRingFull,
-            E::DropBadDesc,
-            E::RxCsumPartial,
-            E::XskRxDropped,
-            E::XskRxRingFull,
-            E::XskRxFillRingEmpty,
-            E::XskRxInvalidDescs,
-            E::XskTxInvalidDescs,
-            E::XskTxRingEmpty,
-            E::XdpNoSocketOnQueue,
-            E::PeakRxRing,
-            E::PeakSocketQueue,
-            E::Sockets,
-            E::DropMartian,
-            E::DropNeighUnresolved,
-            E::NeighResolutions,
-            E::NeighEntries,
-            E::NeighRoutes,
-            E::RxMultiBuffer,
-            E::MemUmemBytes,
-            E::MemRingBytes,
-            E::MemTotalBytes,
-            E::DropFaultRx,
-            E::FaultRxDuplicated,
-            E::FaultRxReordered,
-            E::FaultRxCorrupted,
-            E::FaultTxLost,
-            E::FaultTxDuplicated,
-            E::FaultTxCorrupted,
-            E::TcpSegsIn,
-            E::TcpSegsOut,
-            E::TcpRetransmits,
-            E::TcpFastRetransmits,
-            E::TcpRtoExpirations,
-            E::TcpRstSent,
-            E::TcpRstReceived,
-            E::TcpActiveOpens,
-            E::TcpPassiveOpens,
-            E::TcpConnectionsReset,
-            E::TcpDropMalformed,
-            E::TcpDropBadChecksum,
-            E::TcpDropOutOfWindow,
-            E::TcpDropNoSocket,
-            E::TcpListenOverflows,
-            E::TcpSyncookiesSent,
-            E::TcpSyncookiesOk,
-            E::TcpTailLossProbes,
-            E::TcpHandovers,
-            E::TcpHandoverDrops,
-            E::RxFragMerged,
-            E::DropFragTimeout,
-            E::DropFragOverlap,
-            E::DropFragTooMany,
-            E::DropRxChain,
-            E::TcpNoMultiBuffer,
-            E::DropOtherHost,
-        ];
-        check_names(&engine, |v| v as usize, ENGINE_COUNTERS);
-        let sock = [
-            S::RxPackets,
-            S::RxBytes,
-            S::TxPackets,
-            S::TxBytes,
-            S::DropQueueFull,
-            S::DropTxRingFull,
-            S::QueueDepth,
-            S::PeakQueueDepth,
-            S::RxKernelPath,
-            S::TxKernelPath,
-            S::DropNeigh,
-        ];
-        check_names(&sock, |v| v as usize, SOCK_COUNTERS);
-        assert!(ENGINE_COUNTERS.len() <= ENGINE_SLOTS);
-        // Slot 0 of a socket's block is its packed local address.
-        assert!(SOCK_COUNTERS.len() < SOCK_SLOTS);
+        check_table(E::ALL, |v| v as usize, E::name);
+        check_table(S::ALL, |v| v as usize, S::name);
+        // Every malformed reason has its own counter, named after it.
+        use nanowire_wire::Malformed as M;
+        for m in [
+            M::Truncated,
+            M::BadVersion,
+            M::BadIhl,
+            M::IpOptions,
+            M::BadTotalLength,
+            M::Fragment,
+            M::BadIpChecksum,
+            M::BadUdpLength,
+            M::BadUdpChecksum,
+            M::BadTcpDataOffset,
+            M::BadTcpOptions,
+            M::BadTcpChecksum,
+        ] {
+            assert_eq!(E::malformed(m).name(), format!("drop_{}", m.as_str()));
+        }
+    }
+
+    /// Every `tcp_*` engine row publishes a TCP stack counter, and publishing
+    /// adds what was counted since the last call.
+    #[test]
+    fn tcp_rows_publish_the_stack_counters() {
+        let fields: Vec<&str> = nanowire_tcp::Counters::default()
+            .iter()
+            .map(|(n, _)| n)
+            .collect();
+        for e in E::ALL.iter().filter(|e| e.name().starts_with("tcp_")) {
+            match e.tcp_field() {
+                Some(f) => {
+                    assert!(fields.contains(&f), "{e:?} <- {f}: no such TCP counter");
+                    let short = e.name().trim_start_matches("tcp_").trim_start_matches("drop_");
+                    assert_eq!(short, f, "{e:?} publishes {f}");
+                }
+                None => assert_eq!(*e, E::TcpNoMultiBuffer, "{e:?} publishes nothing"),
+            }
+        }
+        let page = StatsPage::create(&info());
+        let was = nanowire_tcp::Counters::default();
+        let now = nanowire_tcp::Counters {
+            segs_in: 3,
+            bad_checksum: 2,
+            handover_drops: 1,
+            ..Default::default()
+        };
+        publish_tcp(&page, &now, &was);
+        publish_tcp(&page, &now, &now);
+        let v = |e: E| page.e(e).load(Ordering::Relaxed);
+        assert_eq!(v(E::TcpSegsIn), 3);
+        assert_eq!(v(E::TcpDropBadChecksum), 2);
+        assert_eq!(v(E::TcpHandoverDrops), 1);
+        assert_eq!(v(E::TcpSegsOut), 0);
+    }
+
+    /// Write `bytes` as a page file of this process in the stats directory
+    /// and read it back through `read_page`.
+    fn read_bytes(tag: u32, bytes: &[u8]) -> Result<Option<EngineSnapshot>, String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _keep = StatsPage::create(&info()); // makes sure the directory exists
+        let d = open_dir(&dir(), false).unwrap();
+        let pid = std::process::id();
+        let name = format!("{pid}-{}-{}", start_time(pid).unwrap_or(0), 900_000 + tag);
+        let path = dir().join(&name);
+        let _ = std::fs::remove_file(&path);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut f, bytes).unwrap();
+        drop(f);
+        let r = read_page(&d, &name);
+        std::fs::remove_file(&path).unwrap();
+        r
+    }
+
+    fn bytes_of(page: &StatsPage) -> Vec<u8> {
+        // SAFETY: the test's own page, PAGE_BYTES long.
+        unsafe { std::slice::from_raw_parts(page.ptr, PAGE_BYTES) }.to_vec()
+    }
+
+    /// A page from a build with more counters (a descriptor this build has
+    /// no variant for, a kind it does not know, a section it does not
+    /// know) reads by its own description: adding a counter is no format
+    /// break.
+    #[test]
+    fn a_page_with_counters_this_build_does_not_know_reads_by_its_description() {
+        let page = StatsPage::create(&info());
+        bump(page.e(E::TxPackets), 11);
+        page.set_sock_addr(0, Some("10.0.0.1:5".parse().unwrap()));
+        bump(page.s(0, S::RxBytes), 5);
+        let b = bytes_of(&page);
+        let put = |b: &mut Vec<u8>, i: usize, section: u32, kind: u32, slot: u32, name: &str| {
+            let d = &mut b[DESC_OFF + i * DESC_BYTES..][..DESC_BYTES];
+            d.fill(0);
+            d[0..4].copy_from_slice(&section.to_ne_bytes());
+            d[4..8].copy_from_slice(&kind.to_ne_bytes());
+            d[8..12].copy_from_slice(&slot.to_ne_bytes());
+            d[16..16 + name.len()].copy_from_slice(name.as_bytes());
+        };
+        // A build with three more descriptors: everything after them moves
+        // (the header says where), as adding a counter does.
+        let n = DESC_COUNT;
+        let extra = 3 * DESC_BYTES;
+        let mut b2 = b[..DESC_OFF + n * DESC_BYTES].to_vec();
+        b2.resize(b2.len() + extra, 0);
+        b2.extend_from_slice(&b[ENGINE_OFF..]);
+        let mut b = b2;
+        let set_word = |b: &mut Vec<u8>, i: usize, v: usize| {
+            b[i * 8..i * 8 + 8].copy_from_slice(&(v as u64).to_ne_bytes())
+        };
+        set_word(&mut b, 2, PAGE_BYTES + extra);
+        set_word(&mut b, 4, n + 3);
+        set_word(&mut b, 6, ENGINE_OFF + extra);
+        set_word(&mut b, 8, SOCK_OFF + extra);
+        // A new engine counter reading slot 3 (tx_packets' value) under a
+        // new name and a kind this build does not know, a new socket
+        // counter, a section this build does not know.
+        put(&mut b, n, SECTION_ENGINE, 9, E::TxPackets as u32, "tx_frames_future");
+        put(&mut b, n + 1, SECTION_SOCKET, 1, 2, "future_sock");
+        put(&mut b, n + 2, 77, 1, 0, "elsewhere");
+        let s = read_bytes(1, &b).unwrap().unwrap();
+        assert_eq!(s.counters["tx_packets"], 11);
+        assert_eq!(s.counters["tx_frames_future"], 11);
+        assert_eq!(s.kinds["tx_frames_future"], "unknown");
+        assert!(!s.counters.contains_key("elsewhere"));
+        assert_eq!(s.sockets[0].local, "10.0.0.1:5");
+        assert_eq!(s.sockets[0].counters["rx_bytes"], 5);
+        assert_eq!(s.sockets[0].counters["future_sock"], 5);
+        // A page whose header claims more than its file holds is refused
+        // by name, never read past its end.
+        let mut big = bytes_of(&page);
+        big[2 * 8..3 * 8].copy_from_slice(&(PAGE_BYTES as u64 * 2).to_ne_bytes());
+        let e = read_bytes(2, &big).unwrap_err();
+        assert!(e.contains("inconsistent header"), "{e}");
+    }
+
+    #[test]
+    fn an_older_format_is_named_not_misread() {
+        let mut b = [0u8; 4096];
+        b[..8].copy_from_slice(b"NWSTATS2");
+        let e = read_bytes(3, &b).unwrap_err();
+        assert!(e.contains("NWSTATS2"), "{e}");
+        // A page still being created (no magic yet) is skipped quietly.
+        assert!(read_bytes(4, &[0u8; 4096]).unwrap().is_none());
     }
 }

@@ -1058,9 +1058,10 @@ impl UdpEndpoint for XdpSocket {
             .map(|(k, v)| (k.to_string(), v))
             .collect();
         let p = &self.engine.page;
-        for (i, n) in shm::SOCK_COUNTERS.iter().enumerate() {
-            v.push((format!("socket.{n}"), p.sock_word(self.id, i)));
-        }
+        v.extend(
+            p.socket_counters(self.id)
+                .map(|(n, c)| (format!("socket.{n}"), c)),
+        );
         v
     }
     fn stats(&self) -> SocketStats {

@@ -22,7 +22,7 @@ use super::neigh::{Hop, Lookup};
 use super::order::{self, Guard, Tier};
 use super::rx::{RX_BUDGET, RxPath};
 use super::shm::{E, bump};
-use super::tx::{ETH_HDR, IP_HDR, TxPath};
+use super::tx::{ETH_HDR, IP_HDR, TxPath, eth_ipv4};
 use crate::{EngineOptions, WaitPolicy};
 use nanowire_tcp::{
     Config, ConnId, Error as TcpError, ListenerId, Secret, SocketOptions, State, TcpInfo, TcpStack,
@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-const PROTO_TCP: u8 = 6;
+use nanowire_wire::ipv4::PROTO_TCP;
 /// Segments staged per TX batch.
 const TX_BATCH: usize = 32;
 /// Bytes per staged segment (one frame).
@@ -860,9 +860,7 @@ impl TcpEngine {
                 Some((_, mac)) => {
                     core.fr.ip_id = core.fr.ip_id.wrapping_add(1);
                     let mut f = vec![0u8; HDRS + p.segment.len()];
-                    f[0..6].copy_from_slice(&mac);
-                    f[6..12].copy_from_slice(&self.engine.iface().mac);
-                    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+                    eth_ipv4(mac, self.engine.iface().mac).emit(&mut f);
                     Ipv4Repr {
                         src: p.src,
                         dst: p.dst,
@@ -1092,45 +1090,8 @@ impl Drop for TcpEngine {
 /// of the engine). Call with the engine's RX lock held (single writer).
 fn publish_counters(page: &super::shm::StatsPage, core: &mut Core) {
     let c = core.stack.counters();
-    let p = &core.published;
-    for (e, now, was) in [
-        (E::TcpSegsIn, c.segs_in, p.segs_in),
-        (E::TcpSegsOut, c.segs_out, p.segs_out),
-        (E::TcpRetransmits, c.retransmits, p.retransmits),
-        (
-            E::TcpFastRetransmits,
-            c.fast_retransmits,
-            p.fast_retransmits,
-        ),
-        (E::TcpRtoExpirations, c.rto_expirations, p.rto_expirations),
-        (E::TcpRstSent, c.rst_sent, p.rst_sent),
-        (E::TcpRstReceived, c.rst_received, p.rst_received),
-        (E::TcpActiveOpens, c.active_opens, p.active_opens),
-        (E::TcpPassiveOpens, c.passive_opens, p.passive_opens),
-        (
-            E::TcpConnectionsReset,
-            c.connections_reset,
-            p.connections_reset,
-        ),
-        (E::TcpDropMalformed, c.malformed, p.malformed),
-        (E::TcpDropBadChecksum, c.bad_checksum, p.bad_checksum),
-        (E::TcpDropOutOfWindow, c.out_of_window, p.out_of_window),
-        (E::TcpDropNoSocket, c.no_socket, p.no_socket),
-        (
-            E::TcpListenOverflows,
-            c.listen_overflows,
-            p.listen_overflows,
-        ),
-        (E::TcpSyncookiesSent, c.syncookies_sent, p.syncookies_sent),
-        (E::TcpSyncookiesOk, c.syncookies_ok, p.syncookies_ok),
-        (E::TcpTailLossProbes, c.tail_loss_probes, p.tail_loss_probes),
-        (E::TcpHandovers, c.handovers, p.handovers),
-        (E::TcpHandoverDrops, c.handover_drops, p.handover_drops),
-    ] {
-        if now > was {
-            bump(page.e(e), now - was);
-        }
-    }
+    // The engine table's `tcp_*` rows name the fields they publish.
+    super::shm::publish_tcp(page, c, &core.published);
     core.published = c.clone();
 }
 
@@ -2416,9 +2377,7 @@ fn write_hdrs(
     t: &nanowire_tcp::Transmit,
     ident: u16,
 ) {
-    f[0..6].copy_from_slice(&mac);
-    f[6..12].copy_from_slice(&src_mac);
-    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    eth_ipv4(mac, src_mac).emit(f);
     Ipv4Repr {
         src: t.src,
         dst: t.dst,

@@ -8,14 +8,15 @@
 
 use super::device::TxDevice;
 use super::shm::{E, S, StatsPage, bump};
-use nanowire_wire::{Ipv4Repr, UdpRepr};
+use nanowire_wire::{EtherType, EthernetRepr, Ipv4Repr, MacAddr, UdpRepr};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 
-pub(crate) const ETH_HDR: usize = 14;
-pub(crate) const IP_HDR: usize = 20;
-pub(crate) const UDP_HDR: usize = 8;
+// The header lengths are `wire`'s (one set of constants, under short names).
+pub(crate) use nanowire_wire::ethernet::HEADER_LEN as ETH_HDR;
+pub(crate) use nanowire_wire::ipv4::HEADER_LEN as IP_HDR;
+pub(crate) use nanowire_wire::udp::HEADER_LEN as UDP_HDR;
 pub(crate) const HDRS: usize = ETH_HDR + IP_HDR + UDP_HDR;
 
 /// Where a datagram goes on the wire.
@@ -243,6 +244,16 @@ pub(crate) fn build_frame(
     )
 }
 
+/// The link header of an IPv4 frame from `src` to `dst`.
+#[inline]
+pub(crate) fn eth_ipv4(dst: [u8; 6], src: [u8; 6]) -> EthernetRepr {
+    EthernetRepr {
+        dst: MacAddr(dst),
+        src: MacAddr(src),
+        ethertype: EtherType::Ipv4,
+    }
+}
+
 /// [`build_frame`] with the socket's IP header fields `h`.
 #[allow(clippy::too_many_arguments)]
 #[inline]
@@ -258,9 +269,7 @@ pub(crate) fn build_frame_hdr(
     h: IpHeader,
 ) -> usize {
     let total = HDRS + payload.len();
-    fr[0..6].copy_from_slice(&dst_mac);
-    fr[6..12].copy_from_slice(&src_mac);
-    fr[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    eth_ipv4(dst_mac, src_mac).emit(fr);
     fr[HDRS..total].copy_from_slice(payload);
     Ipv4Repr {
         src,
