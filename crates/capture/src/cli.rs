@@ -1,6 +1,7 @@
 //! `nanowire capture -i IFACE -w FILE [-c N] [-t SECS] [--port P] [--addr A]
 //! [--pid PID] [--xdp [--ring N]]`
 
+use nanowire_xdp::AttachMode;
 use crate::PacketSocket;
 use crate::filter::Filter;
 use clap::Args;
@@ -61,7 +62,9 @@ const HOLD_NS: u64 = 100_000_000;
 /// How often the tap directory is rescanned for engines that started.
 const RESCAN: Duration = Duration::from_millis(200);
 
-pub fn run(a: CaptureArgs) -> Result<i32, String> {
+/// `xdp_mode`: the attach mode `--xdp` forces (the program's setting,
+/// `NANOWIRE_XDP_MODE` as the binary read it; `None`: per driver).
+pub fn run(a: CaptureArgs, xdp_mode: Option<AttachMode>) -> Result<i32, String> {
     if let Some(t) = a.time
         && !(t.is_finite() && t > 0.0)
     {
@@ -75,7 +78,7 @@ pub fn run(a: CaptureArgs) -> Result<i32, String> {
     };
     ctrlc_stop();
     if a.xdp {
-        return crate::dedicated::run(&a, filter);
+        return crate::dedicated::run(&a, filter, xdp_mode);
     }
     let sock = PacketSocket::open(&a.iface).map_err(|e| format!("capture on {}: {e}", a.iface))?;
     let mut w = writer(&a)?;

@@ -49,7 +49,12 @@ struct Attached {
     _ebpf: Ebpf,
 }
 
-fn attach(ifname: &str, ifindex: u32, filter: Filter) -> Result<Attached, String> {
+fn attach(
+    ifname: &str,
+    ifindex: u32,
+    filter: Filter,
+    forced: Option<AttachMode>,
+) -> Result<Attached, String> {
     let mut ebpf = Ebpf::load(capture_object()).map_err(|e| {
         format!("cannot load the capture XDP program (root or CAP_BPF+CAP_NET_ADMIN needed): {e}")
     })?;
@@ -79,7 +84,7 @@ fn attach(ifname: &str, ifindex: u32, filter: Filter) -> Result<Attached, String
         .map_err(|e| format!("the kernel refused the capture XDP program: {e}"))?;
     let mut errs = Vec::new();
     let mut done = None;
-    for am in nanowire_xdp::program::mode_order(ifname) {
+    for am in nanowire_xdp::program::mode_order(ifname, forced) {
         let mode = match am {
             AttachMode::Driver => XdpMode::Driver,
             AttachMode::Skb => XdpMode::Skb,
@@ -115,7 +120,7 @@ fn sum_stat(a: &Attached, k: u32) -> u64 {
     a.stats.get(&k, 0).map(|v| v.iter().sum()).unwrap_or(0)
 }
 
-pub fn run(a: &CaptureArgs, filter: Filter) -> Result<i32, String> {
+pub fn run(a: &CaptureArgs, filter: Filter, forced: Option<AttachMode>) -> Result<i32, String> {
     if !a.ring.is_power_of_two() || !(64..=(1 << 20)).contains(&a.ring) {
         return Err(format!(
             "--ring must be a power of two in 64..=1048576, got {}",
@@ -125,7 +130,7 @@ pub fn run(a: &CaptureArgs, filter: Filter) -> Result<i32, String> {
     let info = iface::lookup(&a.iface).map_err(|e| format!("interface {}: {e}", a.iface))?;
     let eth = info.mtu as usize + 14;
     let frame_size = if eth <= 2048 - 256 { 2048 } else { 4096 };
-    let mut prog = attach(&a.iface, info.index, filter)?;
+    let mut prog = attach(&a.iface, info.index, filter, forced)?;
     let cfg = XskConfig {
         rx_frames: a.ring,
         tx_frames: 64,

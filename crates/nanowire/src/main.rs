@@ -5,6 +5,7 @@
 mod stats;
 
 use clap::{CommandFactory, Parser, Subcommand};
+use nanowire_stack::xdp::config;
 use std::path::PathBuf;
 
 #[derive(Debug, Parser)]
@@ -63,12 +64,15 @@ fn man(dir: PathBuf) -> Result<i32, String> {
 
 fn main() {
     let cli = Cli::parse();
+    // The engine's process-wide settings, read from the environment once,
+    // here: no library crate reads it (nanowire_stack::xdp::config).
+    let _ = config::configure(config::EngineConfig::from_vars(|k| std::env::var(k).ok()));
     let res = match cli.cmd {
         Cmd::Bench(a) => nanowire_bench::cli::run(a),
         Cmd::Lab(a) => nanowire_lab::cli::run(a),
         Cmd::Stats(a) => stats::run(a),
         Cmd::Run(a) => nanowire_run::cli::run(a),
-        Cmd::Capture(a) => nanowire_capture::cli::run(a),
+        Cmd::Capture(a) => nanowire_capture::cli::run(a, config::config().xdp_mode),
         Cmd::Doctor(a) => nanowire_doctor::run(a),
         Cmd::Completions { shell } => completions(shell),
         Cmd::Man { dir } => man(dir),

@@ -34,6 +34,11 @@ pub static STATE: OnceLock<State> = OnceLock::new();
 
 pub fn init() {
     STATE.get_or_init(|| {
+        // The engine's settings (faults, RTO floor, attach mode, stats
+        // directory) from the same environment, before any engine opens:
+        // the engine library never reads the environment itself.
+        use nanowire_stack::xdp::config::{EngineConfig, configure};
+        let _ = configure(EngineConfig::from_vars(|k| std::env::var(k).ok()));
         let cfg = match Config::from_env() {
             Ok(c) => c,
             Err(e) => {

@@ -116,7 +116,8 @@ fn map_err(what: &str, e: impl std::fmt::Display) -> String {
 
 /// Which attach modes to try, in order.
 ///
-/// `NANOWIRE_XDP_MODE=native|generic` forces one. Otherwise native (driver)
+/// `forced` (the program's setting, e.g. `NANOWIRE_XDP_MODE=native|generic`
+/// as the binary read it) is the only one tried. Otherwise native (driver)
 /// mode comes first, generic second, except on drivers where measurement
 /// showed generic to be faster for AF_XDP: veth. veth is copy-only for
 /// AF_XDP either way, and its native XDP path first copies every frame into
@@ -124,11 +125,9 @@ fn map_err(what: &str, e: impl std::fmt::Display) -> String {
 /// generic path goes from the sender's skb straight to the socket. In the
 /// lab (docs/benchmarks.md) 64 B ping-pong was 2.09 us one-way in generic
 /// mode against 2.87 us native, same run.
-pub fn mode_order(ifname: &str) -> Vec<AttachMode> {
-    match std::env::var("NANOWIRE_XDP_MODE").as_deref() {
-        Ok("native") => return vec![AttachMode::Driver],
-        Ok("generic") => return vec![AttachMode::Skb],
-        _ => {}
+pub fn mode_order(ifname: &str, forced: Option<AttachMode>) -> Vec<AttachMode> {
+    if let Some(m) = forced {
+        return vec![m];
     }
     if crate::iface::driver(ifname).as_deref() == Some("veth") {
         vec![AttachMode::Skb, AttachMode::Driver]
@@ -143,7 +142,14 @@ impl SteerProgram {
     ///
     /// `frags`: attach the multi-buffer aware variant (xdp.frags), needed
     /// when packets may be larger than one buffer (jumbo MTU).
-    pub fn attach(ifname: &str, ifindex: u32, frags: bool) -> Result<SteerProgram, String> {
+    ///
+    /// `forced`: the only attach mode to try (`None`: [`mode_order`]).
+    pub fn attach(
+        ifname: &str,
+        ifindex: u32,
+        frags: bool,
+        forced: Option<AttachMode>,
+    ) -> Result<SteerProgram, String> {
         // The BPF fds that exist before the load are not ours.
         let before = bpf_fds();
         // No kernel BTF: the program needs no CO-RE relocation, and parsing
@@ -211,7 +217,7 @@ impl SteerProgram {
             .map_err(|e| format!("the kernel refused the XDP program: {e}"))?;
         let mut errs = Vec::new();
         let mut attached = None;
-        let order = mode_order(ifname);
+        let order = mode_order(ifname, forced);
         for am in order {
             let mode = match am {
                 AttachMode::Driver => XdpMode::Driver,

@@ -31,6 +31,7 @@
 //! one documented exception (a TCP hand-over's builder).
 
 pub mod classify;
+pub mod config;
 pub mod demux;
 pub mod device;
 pub mod fallback;
@@ -132,10 +133,6 @@ pub struct Engine {
     netns: u64,
 }
 
-/// The variable of the options table's `faults` row: the engine's seeded
-/// fault injector (docs/robustness.md).
-pub const FAULTS_ENV: &str = "NANOWIRE_FAULTS";
-
 impl Engine {
     /// The process's engine on `ifname` (in the calling thread's network
     /// namespace), opened on first use. A forked child gets its own.
@@ -146,10 +143,12 @@ impl Engine {
     fn open(ifname: &str, opts: &EngineOptions) -> Result<Engine, String> {
         // The `faults` option (off by default); a bad value refuses the engine
         // with the parser's one line rather than running unimpaired.
-        let faults = match std::env::var(FAULTS_ENV) {
-            Ok(v) => nanowire_tcp::fault::EngineFaults::parse(&v)
-                .map_err(|e| format!("{FAULTS_ENV}={v:?}: {e}"))?,
-            Err(_) => None,
+        // The process's settings (config.rs): never the environment here.
+        let settings = config::config();
+        let (faults_spec, faults) = match &settings.faults {
+            Ok(Some((spec, f))) => (spec.as_str(), Some(f.clone())),
+            Ok(None) => ("", None),
+            Err(e) => return Err(e.clone()),
         };
         nanowire_xdp::privilege::check()?;
         let info = iface::lookup(ifname).map_err(|e| format!("interface {ifname}: {e}"))?;
@@ -173,16 +172,16 @@ impl Engine {
         // receive"). Where the kernel or driver refuses either, the engine
         // runs without and says so: super-frames are then counted drops.
         // NANOWIRE_XDP_NO_MULTI_BUFFER=1 (tests): behave as a kernel without it.
-        let want_mb = std::env::var("NANOWIRE_XDP_NO_MULTI_BUFFER").as_deref() != Ok("1");
+        let want_mb = !settings.no_multi_buffer;
         let first = if want_mb {
-            SteerProgram::attach(ifname, info.index, true)
+            SteerProgram::attach(ifname, info.index, true, settings.xdp_mode)
         } else {
             Err("multi-buffer turned off (NANOWIRE_XDP_NO_MULTI_BUFFER=1)".to_string())
         };
         let (mut prog, mut multi_buffer) = match first {
             Ok(p) => (p, true),
             Err(e) => {
-                let p = SteerProgram::attach(ifname, info.index, false)
+                let p = SteerProgram::attach(ifname, info.index, false, settings.xdp_mode)
                     .map_err(|e2| format!("{e2} (and the multi-buffer program: {e})"))?;
                 eprintln!(
                     "nanowire: {ifname}: no multi-buffer XDP program ({e}); packets larger than \
@@ -290,8 +289,7 @@ impl Engine {
         if let Some(f) = &faults {
             eprintln!(
                 "nanowire: fault injection on {ifname} ({:?}): {}",
-                f.dir,
-                std::env::var(FAULTS_ENV).unwrap_or_default()
+                f.dir, faults_spec
             );
         }
         Ok(Engine {

@@ -48,7 +48,8 @@
 //! start time (clock ticks since boot, /proc/PID/stat field 22): a page is
 //! live only while a process with that pid *and* that start time exists,
 //! so a reused pid never keeps a dead engine's page alive.
-//! `NANOWIRE_STATS_DIR` names another directory (same checks).
+//! The process's engine settings may name another directory (`stats_dir`,
+//! `NANOWIRE_STATS_DIR` as the binary read it; same checks).
 //!
 //! Writers are single (the engine, under its lock) and update counters with
 //! relaxed load+store (no locked RMW on the hot path); readers see each
@@ -360,11 +361,12 @@ fn map_fd(fd: Option<&std::fs::File>, len: usize, write: bool) -> Option<*mut u8
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
-/// The stats directory (`NANOWIRE_STATS_DIR`, else [`DIR`]).
+/// The stats directory (the engine settings' `stats_dir`, else [`DIR`]).
 pub fn dir() -> PathBuf {
-    std::env::var_os("NANOWIRE_STATS_DIR")
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| PathBuf::from(DIR), PathBuf::from)
+    super::config::config()
+        .stats_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DIR))
 }
 
 /// An open, verified stats directory.

@@ -587,21 +587,10 @@ impl TcpEngine {
             verify_checksum: false,
             ..Config::default()
         };
-        // The RTO floor: the options table's `tcp_rto_min_us` row, passed
-        // through the environment (NANOWIRE_TCP_RTO_MIN_US; 200 ms when unset).
-        if let Ok(v) = std::env::var("NANOWIRE_TCP_RTO_MIN_US") {
-            match v.trim().parse::<u64>() {
-                Ok(us) if (1000..=60_000_000).contains(&us) => cfg.rto_min_ns = us * 1000,
-                _ => {
-                    static BAD: std::sync::Once = std::sync::Once::new();
-                    BAD.call_once(|| {
-                        eprintln!(
-                            "nanowire: ignoring NANOWIRE_TCP_RTO_MIN_US={v:?}: expected 1000..=60000000 (µs); using {} µs",
-                            cfg.rto_min_ns / 1000
-                        )
-                    });
-                }
-            }
+        // The RTO floor: the options table's `tcp_rto_min_us` row, in the
+        // process's engine settings (config.rs; 200 ms when unset).
+        if let Some(us) = super::config::config().tcp_rto_min_us {
+            cfg.rto_min_ns = us * 1000;
         }
         if let Some(b) = opts.rcvbuf {
             cfg.rcvbuf = b.max(4096);

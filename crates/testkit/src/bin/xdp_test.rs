@@ -23,6 +23,10 @@ macro_rules! out {
 
 fn main() {
     let args = XdpTestArgs::parse();
+    // The engine's settings from the environment, once (the library never reads it).
+    let _ = nanowire_stack::xdp::config::configure(
+        nanowire_stack::xdp::config::EngineConfig::from_vars(|k| std::env::var(k).ok()),
+    );
     match xdp_test(args) {
         Ok(code) => std::process::exit(code),
         Err(e) => {

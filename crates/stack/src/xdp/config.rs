@@ -1,0 +1,161 @@
+//! The engine's process-wide settings, typed. The library never reads the
+//! environment: the program around it (the `nanowire` binary, the preload
+//! shim, a test program) resolves its settings once and hands them over with
+//! [`configure`] before the first engine opens. An engine opened without
+//! that runs with the defaults.
+//!
+//! [`EngineConfig::from_vars`] builds the settings from variables by name
+//! (the binary passes the environment as the lookup; the names are the
+//! options table's `faults` and `tcp_rto_min_us` rows and three test/ops
+//! knobs, see [`VARS`]).
+
+use nanowire_tcp::fault::EngineFaults;
+use nanowire_xdp::program::AttachMode;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// The options table's `faults` row.
+pub const FAULTS_VAR: &str = "NANOWIRE_FAULTS";
+/// The options table's `tcp_rto_min_us` row.
+pub const TCP_RTO_MIN_VAR: &str = "NANOWIRE_TCP_RTO_MIN_US";
+/// Force an XDP attach mode (`native` or `generic`).
+pub const XDP_MODE_VAR: &str = "NANOWIRE_XDP_MODE";
+/// `1`: behave as an engine without multi-buffer receive (tests).
+pub const NO_MULTI_BUFFER_VAR: &str = "NANOWIRE_XDP_NO_MULTI_BUFFER";
+/// Another directory for the stats pages.
+pub const STATS_DIR_VAR: &str = "NANOWIRE_STATS_DIR";
+/// Every variable [`EngineConfig::from_vars`] looks up.
+pub const VARS: [&str; 5] = [
+    FAULTS_VAR,
+    TCP_RTO_MIN_VAR,
+    XDP_MODE_VAR,
+    NO_MULTI_BUFFER_VAR,
+    STATS_DIR_VAR,
+];
+
+/// The engine's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// The seeded fault injector (`None`: off). `Err`: the value was bad;
+    /// every engine refuses to open with this line (rather than run
+    /// unimpaired when faults were asked for).
+    pub faults: Result<Option<(String, EngineFaults)>, String>,
+    /// The RTO floor of TCP on the engine, µs (`None`: 200 ms, as Linux).
+    pub tcp_rto_min_us: Option<u64>,
+    /// A forced XDP attach mode (`None`: per driver, `mode_order`).
+    pub xdp_mode: Option<AttachMode>,
+    /// Attach and bind without multi-buffer receive even where the kernel has it.
+    pub no_multi_buffer: bool,
+    /// Directory of the stats pages (`None`: /dev/shm/nanowire).
+    pub stats_dir: Option<PathBuf>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            faults: Ok(None),
+            tcp_rto_min_us: None,
+            xdp_mode: None,
+            no_multi_buffer: false,
+            stats_dir: None,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// From variables by name (`lookup` is the environment in a binary, a
+    /// table in a test). A bad fault specification is kept as its error
+    /// (engines refuse to open with it); a bad RTO floor or attach mode is
+    /// ignored with one line on stderr, as before.
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> EngineConfig {
+        let get = |k: &str| lookup(k).filter(|v| !v.is_empty());
+        let faults = match get(FAULTS_VAR) {
+            None => Ok(None),
+            Some(v) => match EngineFaults::parse(&v) {
+                Ok(f) => Ok(f.map(|f| (v, f))),
+                Err(e) => Err(format!("{FAULTS_VAR}={v:?}: {e}")),
+            },
+        };
+        let tcp_rto_min_us = get(TCP_RTO_MIN_VAR).and_then(|v| match v.trim().parse::<u64>() {
+            Ok(us) if (1000..=60_000_000).contains(&us) => Some(us),
+            _ => {
+                eprintln!(
+                    "nanowire: ignoring {TCP_RTO_MIN_VAR}={v:?}: expected 1000..=60000000 (µs); using 200000 µs"
+                );
+                None
+            }
+        });
+        let xdp_mode = get(XDP_MODE_VAR).and_then(|v| match v.as_str() {
+            "native" => Some(AttachMode::Driver),
+            "generic" => Some(AttachMode::Skb),
+            o => {
+                eprintln!(
+                    "nanowire: ignoring {XDP_MODE_VAR}={o:?}: expected native or generic; the mode follows the driver"
+                );
+                None
+            }
+        });
+        EngineConfig {
+            faults,
+            tcp_rto_min_us,
+            xdp_mode,
+            no_multi_buffer: get(NO_MULTI_BUFFER_VAR).as_deref() == Some("1"),
+            stats_dir: get(STATS_DIR_VAR).map(PathBuf::from),
+        }
+    }
+}
+
+static CONFIG: OnceLock<EngineConfig> = OnceLock::new();
+
+/// Set the process's engine settings, once, before the first engine opens.
+/// `Err` gives `cfg` back when settings were already in force (set earlier,
+/// or an engine opened with the defaults).
+pub fn configure(cfg: EngineConfig) -> Result<(), EngineConfig> {
+    CONFIG.set(cfg)
+}
+
+/// The settings in force (the defaults unless [`configure`] ran first).
+pub fn config() -> &'static EngineConfig {
+    CONFIG.get_or_init(EngineConfig::default)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(kv: &[(&str, &str)]) -> EngineConfig {
+        let kv: Vec<(String, String)> = kv
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        EngineConfig::from_vars(move |k| kv.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn settings_come_from_the_variables_given_never_the_environment() {
+        assert_eq!(vars(&[]), EngineConfig::default());
+        let c = vars(&[
+            (TCP_RTO_MIN_VAR, "10000"),
+            (XDP_MODE_VAR, "native"),
+            (NO_MULTI_BUFFER_VAR, "1"),
+            (STATS_DIR_VAR, "/tmp/x"),
+            (FAULTS_VAR, "seed=1,loss=1%"),
+        ]);
+        assert_eq!(c.tcp_rto_min_us, Some(10_000));
+        assert_eq!(c.xdp_mode, Some(AttachMode::Driver));
+        assert!(c.no_multi_buffer);
+        assert_eq!(c.stats_dir, Some(PathBuf::from("/tmp/x")));
+        assert!(matches!(&c.faults, Ok(Some((s, _))) if s == "seed=1,loss=1%"));
+        // Bad values: faults refuse engines with the parser's line; the
+        // others are ignored (defaults).
+        let b = vars(&[
+            (FAULTS_VAR, "loss=lots"),
+            (TCP_RTO_MIN_VAR, "10"),
+            (XDP_MODE_VAR, "fast"),
+        ]);
+        assert!(b.faults.as_ref().unwrap_err().contains(FAULTS_VAR));
+        assert_eq!(b.tcp_rto_min_us, None);
+        assert_eq!(b.xdp_mode, None);
+        assert_eq!(vars(&[(XDP_MODE_VAR, "generic")]).xdp_mode, Some(AttachMode::Skb));
+    }
+}
