@@ -1,12 +1,12 @@
 //! `nanowire capture -i IFACE -w FILE [-c N] [-t SECS] [--port P] [--addr A]
 //! [--pid PID] [--xdp [--ring N]]`
 
-use nanowire_xdp::AttachMode;
 use crate::PacketSocket;
 use crate::filter::Filter;
 use clap::Args;
 use nanowire_tap::{Dir, TapReader};
 use nanowire_wire::pcapng::PcapngWriter;
+use nanowire_xdp::AttachMode;
 use std::collections::BinaryHeap;
 use std::io::{BufWriter, Write};
 use std::net::Ipv4Addr;

@@ -42,7 +42,10 @@ impl Filter {
         }
         if let Some(port) = self.port {
             let p = ip.payload();
-            if !matches!(ip.protocol(), PROTO_TCP | PROTO_UDP) || p.len() < 4 || ip.frag_offset() != 0 {
+            if !matches!(ip.protocol(), PROTO_TCP | PROTO_UDP)
+                || p.len() < 4
+                || ip.frag_offset() != 0
+            {
                 return false;
             }
             return u16::from_be_bytes([p[0], p[1]]) == port

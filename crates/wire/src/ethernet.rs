@@ -98,10 +98,12 @@ pub struct EthernetFrame<T: AsRef<[u8]>> {
 }
 
 impl<T: AsRef<[u8]>> EthernetFrame<T> {
+    #[inline]
     pub fn new_unchecked(buffer: T) -> Self {
         EthernetFrame { buffer }
     }
 
+    #[inline]
     pub fn new_checked(buffer: T) -> Result<Self> {
         if buffer.as_ref().len() < HEADER_LEN {
             return Err(Malformed::Truncated);
@@ -109,25 +111,30 @@ impl<T: AsRef<[u8]>> EthernetFrame<T> {
         Ok(EthernetFrame { buffer })
     }
 
+    #[inline]
     pub fn into_inner(self) -> T {
         self.buffer
     }
 
+    #[inline]
     pub fn dst(&self) -> MacAddr {
         let b = self.buffer.as_ref();
         MacAddr([b[0], b[1], b[2], b[3], b[4], b[5]])
     }
 
+    #[inline]
     pub fn src(&self) -> MacAddr {
         let b = self.buffer.as_ref();
         MacAddr([b[6], b[7], b[8], b[9], b[10], b[11]])
     }
 
+    #[inline]
     pub fn ethertype(&self) -> EtherType {
         let b = self.buffer.as_ref();
         EtherType::from(u16::from_be_bytes([b[12], b[13]]))
     }
 
+    #[inline]
     pub fn payload(&self) -> &[u8] {
         &self.buffer.as_ref()[HEADER_LEN..]
     }

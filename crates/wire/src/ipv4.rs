@@ -22,11 +22,13 @@ pub struct Ipv4Packet<T: AsRef<[u8]>> {
 }
 
 impl<T: AsRef<[u8]>> Ipv4Packet<T> {
+    #[inline]
     pub fn new_unchecked(buffer: T) -> Self {
         Ipv4Packet { buffer }
     }
 
     /// Validate version, IHL and total length against the buffer.
+    #[inline]
     pub fn new_checked(buffer: T) -> Result<Self> {
         let b = buffer.as_ref();
         if b.len() < HEADER_LEN {
@@ -46,64 +48,81 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         Ok(Ipv4Packet { buffer })
     }
 
+    #[inline]
     pub fn into_inner(self) -> T {
         self.buffer
     }
 
+    #[inline]
     pub fn header_len(&self) -> usize {
         usize::from(self.buffer.as_ref()[0] & 0x0f) * 4
     }
+    #[inline]
     pub fn dscp_ecn(&self) -> u8 {
         self.buffer.as_ref()[1]
     }
+    #[inline]
     pub fn total_len(&self) -> u16 {
         let b = self.buffer.as_ref();
         u16::from_be_bytes([b[2], b[3]])
     }
+    #[inline]
     pub fn ident(&self) -> u16 {
         let b = self.buffer.as_ref();
         u16::from_be_bytes([b[4], b[5]])
     }
+    #[inline]
     pub fn more_fragments(&self) -> bool {
         self.buffer.as_ref()[6] & 0x20 != 0
     }
+    #[inline]
     pub fn dont_fragment(&self) -> bool {
         self.buffer.as_ref()[6] & 0x40 != 0
     }
     /// Fragment offset in bytes.
+    #[inline]
     pub fn frag_offset(&self) -> u16 {
         let b = self.buffer.as_ref();
         (u16::from_be_bytes([b[6], b[7]]) & 0x1fff) * 8
     }
+    #[inline]
     pub fn is_fragment(&self) -> bool {
         self.more_fragments() || self.frag_offset() != 0
     }
+    #[inline]
     pub fn ttl(&self) -> u8 {
         self.buffer.as_ref()[8]
     }
+    #[inline]
     pub fn protocol(&self) -> u8 {
         self.buffer.as_ref()[9]
     }
+    #[inline]
     pub fn header_checksum(&self) -> u16 {
         let b = self.buffer.as_ref();
         u16::from_be_bytes([b[10], b[11]])
     }
+    #[inline]
     pub fn src(&self) -> Ipv4Addr {
         let b = self.buffer.as_ref();
         Ipv4Addr::new(b[12], b[13], b[14], b[15])
     }
+    #[inline]
     pub fn dst(&self) -> Ipv4Addr {
         let b = self.buffer.as_ref();
         Ipv4Addr::new(b[16], b[17], b[18], b[19])
     }
+    #[inline]
     pub fn verify_checksum(&self) -> bool {
         checksum::checksum(&self.buffer.as_ref()[..self.header_len()]) == 0
     }
     /// The options bytes (empty without options: IHL 5).
+    #[inline]
     pub fn options(&self) -> &[u8] {
         &self.buffer.as_ref()[HEADER_LEN..self.header_len()]
     }
     /// The IP payload, bounded by the total length (padding excluded).
+    #[inline]
     pub fn payload(&self) -> &[u8] {
         &self.buffer.as_ref()[self.header_len()..usize::from(self.total_len())]
     }

@@ -10,9 +10,9 @@
 //! a wrong length for a known kind). Unknown options are skipped.
 
 use crate::checksum;
-use crate::{Malformed, Result};
 use crate::ipv4::PROTO_TCP;
 use crate::udp::ChecksumState;
+use crate::{Malformed, Result};
 use std::net::Ipv4Addr;
 
 pub const HEADER_LEN: usize = 20;
@@ -61,11 +61,13 @@ pub struct TcpSegment<T: AsRef<[u8]>> {
 }
 
 impl<T: AsRef<[u8]>> TcpSegment<T> {
+    #[inline]
     pub fn new_unchecked(buffer: T) -> Self {
         TcpSegment { buffer }
     }
 
     /// `buffer` is exactly the IP payload.
+    #[inline]
     pub fn new_checked(buffer: T) -> Result<Self> {
         let b = buffer.as_ref();
         if b.len() < HEADER_LEN {
@@ -78,45 +80,58 @@ impl<T: AsRef<[u8]>> TcpSegment<T> {
         Ok(TcpSegment { buffer })
     }
 
+    #[inline]
     fn b(&self) -> &[u8] {
         self.buffer.as_ref()
     }
+    #[inline]
     pub fn src_port(&self) -> u16 {
         u16::from_be_bytes([self.b()[0], self.b()[1]])
     }
+    #[inline]
     pub fn dst_port(&self) -> u16 {
         u16::from_be_bytes([self.b()[2], self.b()[3]])
     }
+    #[inline]
     pub fn seq(&self) -> u32 {
         let b = self.b();
         u32::from_be_bytes([b[4], b[5], b[6], b[7]])
     }
+    #[inline]
     pub fn ack(&self) -> u32 {
         let b = self.b();
         u32::from_be_bytes([b[8], b[9], b[10], b[11]])
     }
+    #[inline]
     pub fn header_len(&self) -> usize {
         usize::from(self.b()[12] >> 4) * 4
     }
+    #[inline]
     pub fn flags(&self) -> Flags {
         Flags(self.b()[13])
     }
+    #[inline]
     pub fn window(&self) -> u16 {
         u16::from_be_bytes([self.b()[14], self.b()[15]])
     }
+    #[inline]
     pub fn checksum(&self) -> u16 {
         u16::from_be_bytes([self.b()[16], self.b()[17]])
     }
+    #[inline]
     pub fn urgent(&self) -> u16 {
         u16::from_be_bytes([self.b()[18], self.b()[19]])
     }
+    #[inline]
     pub fn options(&self) -> &[u8] {
         &self.b()[HEADER_LEN..self.header_len()]
     }
+    #[inline]
     pub fn payload(&self) -> &[u8] {
         &self.b()[self.header_len()..]
     }
     /// Sequence space the segment occupies (payload + SYN + FIN).
+    #[inline]
     pub fn seq_len(&self) -> u32 {
         let f = self.flags();
         self.payload().len() as u32 + u32::from(f.syn()) + u32::from(f.fin())
@@ -125,6 +140,7 @@ impl<T: AsRef<[u8]>> TcpSegment<T> {
     /// Classify the checksum like `UdpDatagram::checksum_state` (a partial,
     /// pseudo-header-only checksum from a TX-offloading peer is `Partial`).
     /// TCP has no "absent" checksum: zero is checked like any other value.
+    #[inline]
     pub fn checksum_state(&self, src: Ipv4Addr, dst: Ipv4Addr) -> ChecksumState {
         let data = self.b();
         let pseudo = checksum::pseudo_header(src, dst, PROTO_TCP, data.len() as u16);

@@ -33,12 +33,14 @@ pub enum ChecksumState {
 }
 
 impl<T: AsRef<[u8]>> UdpDatagram<T> {
+    #[inline]
     pub fn new_unchecked(buffer: T) -> Self {
         UdpDatagram { buffer }
     }
 
     /// `buffer` is the IP payload. The UDP length must be at least 8 and at
     /// most the IP payload length.
+    #[inline]
     pub fn new_checked(buffer: T) -> Result<Self> {
         let b = buffer.as_ref();
         if b.len() < HEADER_LEN {
@@ -51,28 +53,35 @@ impl<T: AsRef<[u8]>> UdpDatagram<T> {
         Ok(UdpDatagram { buffer })
     }
 
+    #[inline]
     pub fn into_inner(self) -> T {
         self.buffer
     }
+    #[inline]
     pub fn src_port(&self) -> u16 {
         let b = self.buffer.as_ref();
         u16::from_be_bytes([b[0], b[1]])
     }
+    #[inline]
     pub fn dst_port(&self) -> u16 {
         let b = self.buffer.as_ref();
         u16::from_be_bytes([b[2], b[3]])
     }
+    #[inline]
     pub fn len(&self) -> u16 {
         let b = self.buffer.as_ref();
         u16::from_be_bytes([b[4], b[5]])
     }
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len() as usize == HEADER_LEN
     }
+    #[inline]
     pub fn checksum(&self) -> u16 {
         let b = self.buffer.as_ref();
         u16::from_be_bytes([b[6], b[7]])
     }
+    #[inline]
     pub fn payload(&self) -> &[u8] {
         &self.buffer.as_ref()[HEADER_LEN..usize::from(self.len())]
     }
@@ -80,6 +89,7 @@ impl<T: AsRef<[u8]>> UdpDatagram<T> {
     /// Classify the checksum. A partial checksum (the folded pseudo-header
     /// sum, as written by a sender with TX checksum offload) is reported as
     /// `Partial` rather than `Bad`.
+    #[inline]
     pub fn checksum_state(&self, src: Ipv4Addr, dst: Ipv4Addr) -> ChecksumState {
         let stored = self.checksum();
         if stored == 0 {

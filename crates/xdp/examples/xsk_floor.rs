@@ -123,8 +123,8 @@ fn open(ifname: &str, port: u16) -> (iface::IfaceInfo, SteerProgram, XskSocket) 
     let addr = info
         .addr
         .unwrap_or_else(|| die(format!("{ifname} has no IPv4 address")));
-    let mut prog =
-        SteerProgram::attach(ifname, info.index, false, None).unwrap_or_else(|e| die(e.to_string()));
+    let mut prog = SteerProgram::attach(ifname, info.index, false, None)
+        .unwrap_or_else(|e| die(e.to_string()));
     let cfg = XskConfig {
         rx_frames: 2048,
         tx_frames: 512,

@@ -133,7 +133,6 @@ pub fn for_other_host(frame: &[u8], mac: &[u8; 6]) -> bool {
 
 /// Classify one received frame (Ethernet first), through `wire`'s checked
 /// views only; each transport checksum is verified here, once.
-#[inline]
 pub fn classify(frame: &[u8]) -> Result<Classified, DropReason> {
     let eth = EthernetFrame::new_checked(frame)?;
     if eth.ethertype() != EtherType::Ipv4 {
@@ -176,7 +175,14 @@ pub fn classify(frame: &[u8]) -> Result<Classified, DropReason> {
                 c => c,
             };
             let h = tcp.header_len();
-            (PROTO_TCP, tcp.src_port(), tcp.dst_port(), h, seg.len() - h, csum)
+            (
+                PROTO_TCP,
+                tcp.src_port(),
+                tcp.dst_port(),
+                h,
+                seg.len() - h,
+                csum,
+            )
         }
         _ => return Err(DropReason::OtherProtocol),
     };
@@ -195,8 +201,8 @@ pub fn classify(frame: &[u8]) -> Result<Classified, DropReason> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nanowire_wire::checksum;
     use crate::xdp::tx::{HDRS, build_frame};
+    use nanowire_wire::checksum;
 
     fn frame(payload: &[u8]) -> Vec<u8> {
         frame_from(Ipv4Addr::new(198, 18, 0, 1), payload)

@@ -108,10 +108,10 @@ impl EngineConfig {
 static CONFIG: OnceLock<EngineConfig> = OnceLock::new();
 
 /// Set the process's engine settings, once, before the first engine opens.
-/// `Err` gives `cfg` back when settings were already in force (set earlier,
-/// or an engine opened with the defaults).
-pub fn configure(cfg: EngineConfig) -> Result<(), EngineConfig> {
-    CONFIG.set(cfg)
+/// `false` when settings were already in force (set earlier, or an engine
+/// opened with the defaults): `cfg` is then not used.
+pub fn configure(cfg: EngineConfig) -> bool {
+    CONFIG.set(cfg).is_ok()
 }
 
 /// The settings in force (the defaults unless [`configure`] ran first).
@@ -156,6 +156,9 @@ mod tests {
         assert!(b.faults.as_ref().unwrap_err().contains(FAULTS_VAR));
         assert_eq!(b.tcp_rto_min_us, None);
         assert_eq!(b.xdp_mode, None);
-        assert_eq!(vars(&[(XDP_MODE_VAR, "generic")]).xdp_mode, Some(AttachMode::Skb));
+        assert_eq!(
+            vars(&[(XDP_MODE_VAR, "generic")]).xdp_mode,
+            Some(AttachMode::Skb)
+        );
     }
 }

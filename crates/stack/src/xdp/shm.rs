@@ -126,177 +126,167 @@ impl Kind {
     }
 }
 
-/// The one list of a section's counters: variant, name, kind and (engine
-/// table only) the `nanowire_tcp::Counters` field published into it.
+/// The one list of the page's counters, by section: variant, name, kind
+/// and, for the TCP stacks' counters, the `nanowire_tcp::Counters` field
+/// published into it (`<- field`).
 macro_rules! counter_table {
     (@field) => { None };
     (@field $f:ident) => { Some(stringify!($f)) };
-    (
+    ($(
         $(#[$em:meta])*
         pub enum $T:ident {
             $( $(#[$m:meta])* $v:ident = $name:literal : $kind:ident $(<- $field:ident)? ),* $(,)?
         }
-    ) => {
-        $(#[$em])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        #[repr(usize)]
-        pub enum $T { $( $(#[$m])* $v, )* }
+    )*) => {
+        $(
+            $(#[$em])*
+            #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+            #[repr(usize)]
+            pub enum $T { $( $(#[$m])* $v, )* }
 
-        impl $T {
-            /// Every counter, in slot order.
-            pub const ALL: &'static [$T] = &[$($T::$v),*];
-            pub const COUNT: usize = Self::ALL.len();
-            /// The stable name (`nanowire stats`, the page's descriptor).
-            pub const fn name(self) -> &'static str {
-                match self { $($T::$v => $name),* }
+            impl $T {
+                /// Every counter, in slot order.
+                pub const ALL: &'static [$T] = &[$($T::$v),*];
+                pub const COUNT: usize = Self::ALL.len();
+                /// The stable name (`nanowire stats`, the page's descriptor).
+                pub const fn name(self) -> &'static str {
+                    match self { $($T::$v => $name),* }
+                }
+                pub const fn kind(self) -> Kind {
+                    match self { $($T::$v => Kind::$kind),* }
+                }
+                /// The `nanowire_tcp::Counters` field this row publishes.
+                pub const fn tcp_field(self) -> Option<&'static str> {
+                    match self { $($T::$v => counter_table!(@field $($field)?)),* }
+                }
             }
-            pub const fn kind(self) -> Kind {
-                match self { $($T::$v => Kind::$kind),* }
-            }
-            /// The `nanowire_tcp::Counters` field this row publishes.
-            #[allow(dead_code)]
-            pub const fn tcp_field(self) -> Option<&'static str> {
-                match self { $($T::$v => counter_table!(@field $($field)?)),* }
-            }
-        }
+        )*
 
-        /// Add what a TCP stack counted since `was` to the engine counters
-        /// its rows name (`<- field`). Single writer: the engine's RX lock.
-        #[allow(dead_code)]
-        pub(super) fn publish_rows(page: &StatsPage, now: &nanowire_tcp::Counters, was: &nanowire_tcp::Counters) {
-            let _ = (page, now, was);
-            $($(
+        /// Add what a TCP stack counted since the last call (`was`) to the
+        /// engine's `tcp_*` counters: the rows marked `<- field`. Call under
+        /// the engine's RX lock (their single writer).
+        pub fn publish_tcp(page: &StatsPage, now: &nanowire_tcp::Counters, was: &nanowire_tcp::Counters) {
+            $($($(
                 if now.$field > was.$field {
                     bump(page.e($T::$v), now.$field - was.$field);
                 }
-            )?)*
+            )?)*)*
         }
     };
 }
 
-mod engine_table {
-    use super::{Kind, StatsPage, bump};
-    counter_table! {
-        /// Engine counters (one writer each; see the module doc).
-        pub enum E {
-            RxFrames = "rx_frames": Counter,
-            RxPackets = "rx_packets": Counter,
-            RxBytes = "rx_bytes": Counter,
-            TxPackets = "tx_packets": Counter,
-            TxBytes = "tx_bytes": Counter,
-            DropNoSocket = "drop_no_socket": Counter,
-            DropTruncated = "drop_truncated": Counter,
-            DropBadVersion = "drop_bad_version": Counter,
-            DropBadIhl = "drop_bad_ihl": Counter,
-            DropIpOptions = "drop_ip_options": Counter,
-            DropBadTotalLength = "drop_bad_total_length": Counter,
-            DropFragment = "drop_fragment": Counter,
-            DropBadIpChecksum = "drop_bad_ip_checksum": Counter,
-            DropBadUdpLength = "drop_bad_udp_length": Counter,
-            DropBadUdpChecksum = "drop_bad_udp_checksum": Counter,
-            /// A TCP header whose data offset is below 5 or past the segment.
-            DropBadTcpDataOffset = "drop_bad_tcp_data_offset": Counter,
-            /// TCP options the classifier refused (it does not parse them
-            /// today: the TCP stack counts those as `tcp_drop_malformed`).
-            DropBadTcpOptions = "drop_bad_tcp_options": Counter,
-            DropBadTcpChecksum = "drop_bad_tcp_checksum": Counter,
-            /// Not an IPv4 frame (ARP, IPv6, VLAN-tagged, ...).
-            DropNotIpv4 = "drop_not_ipv4": Counter,
-            /// IPv4, but neither UDP nor TCP.
-            DropOtherProtocol = "drop_other_protocol": Counter,
-            DropSocketQueueFull = "drop_socket_queue_full": Counter,
-            DropTxRingFull = "drop_tx_ring_full": Counter,
-            DropBadDesc = "drop_bad_desc": Counter,
-            RxCsumPartial = "rx_csum_partial": Counter,
-            XskRxDropped = "xsk_rx_dropped": Counter,
-            XskRxRingFull = "xsk_rx_ring_full": Counter,
-            XskRxFillRingEmpty = "xsk_rx_fill_ring_empty": Counter,
-            XskRxInvalidDescs = "xsk_rx_invalid_descs": Counter,
-            XskTxInvalidDescs = "xsk_tx_invalid_descs": Counter,
-            XskTxRingEmpty = "xsk_tx_ring_empty": Counter,
-            XdpNoSocketOnQueue = "xdp_no_socket_on_queue": Counter,
-            PeakRxRing = "peak_rx_ring": Peak,
-            PeakSocketQueue = "peak_socket_queue": Peak,
-            Sockets = "sockets": Gauge,
-            DropMartian = "drop_martian": Counter,
-            DropNeighUnresolved = "drop_neigh_unresolved": Counter,
-            NeighResolutions = "neigh_resolutions": Counter,
-            /// Neighbour entries (per next hop) held now (bounded, `neigh.rs`).
-            NeighEntries = "neigh_entries": Gauge,
-            /// Route entries (per off-link destination) held now (bounded).
-            NeighRoutes = "neigh_routes": Gauge,
-            RxMultiBuffer = "rx_multi_buffer": Counter,
-            MemUmemBytes = "mem_umem_bytes": Gauge,
-            MemRingBytes = "mem_ring_bytes": Gauge,
-            MemTotalBytes = "mem_total_bytes": Gauge,
-            DropFaultRx = "drop_fault_rx": Counter,
-            FaultRxDuplicated = "fault_rx_duplicated": Counter,
-            FaultRxReordered = "fault_rx_reordered": Counter,
-            FaultRxCorrupted = "fault_rx_corrupted": Counter,
-            FaultTxLost = "fault_tx_lost": Counter,
-            FaultTxDuplicated = "fault_tx_duplicated": Counter,
-            FaultTxCorrupted = "fault_tx_corrupted": Counter,
-            TcpSegsIn = "tcp_segs_in": Counter <- segs_in,
-            TcpSegsOut = "tcp_segs_out": Counter <- segs_out,
-            TcpRetransmits = "tcp_retransmits": Counter <- retransmits,
-            TcpFastRetransmits = "tcp_fast_retransmits": Counter <- fast_retransmits,
-            TcpRtoExpirations = "tcp_rto_expirations": Counter <- rto_expirations,
-            TcpRstSent = "tcp_rst_sent": Counter <- rst_sent,
-            TcpRstReceived = "tcp_rst_received": Counter <- rst_received,
-            TcpActiveOpens = "tcp_active_opens": Counter <- active_opens,
-            TcpPassiveOpens = "tcp_passive_opens": Counter <- passive_opens,
-            TcpConnectionsReset = "tcp_connections_reset": Counter <- connections_reset,
-            TcpDropMalformed = "tcp_drop_malformed": Counter <- malformed,
-            TcpDropBadChecksum = "tcp_drop_bad_checksum": Counter <- bad_checksum,
-            TcpDropOutOfWindow = "tcp_drop_out_of_window": Counter <- out_of_window,
-            TcpDropNoSocket = "tcp_drop_no_socket": Counter <- no_socket,
-            TcpListenOverflows = "tcp_listen_overflows": Counter <- listen_overflows,
-            TcpSyncookiesSent = "tcp_syncookies_sent": Counter <- syncookies_sent,
-            TcpSyncookiesOk = "tcp_syncookies_ok": Counter <- syncookies_ok,
-            TcpTailLossProbes = "tcp_tail_loss_probes": Counter <- tail_loss_probes,
-            TcpHandovers = "tcp_handovers": Counter <- handovers,
-            TcpHandoverDrops = "tcp_handover_drops": Counter <- handover_drops,
-            /// Fragment frames merged into a reassembled datagram (issue 20, 8).
-            RxFragMerged = "rx_frag_merged": Counter,
-            DropFragTimeout = "drop_frag_timeout": Counter,
-            DropFragOverlap = "drop_frag_overlap": Counter,
-            DropFragTooMany = "drop_frag_too_many": Counter,
-            DropRxChain = "drop_rx_chain": Counter,
-            TcpNoMultiBuffer = "tcp_no_multi_buffer": Counter,
-            /// Unicast frames for another host's MAC (issue 20, finding 12).
-            DropOtherHost = "drop_other_host": Counter,
-        }
+counter_table! {
+    /// Engine counters (one writer each; see the module doc).
+    pub enum E {
+        RxFrames = "rx_frames": Counter,
+        RxPackets = "rx_packets": Counter,
+        RxBytes = "rx_bytes": Counter,
+        TxPackets = "tx_packets": Counter,
+        TxBytes = "tx_bytes": Counter,
+        DropNoSocket = "drop_no_socket": Counter,
+        DropTruncated = "drop_truncated": Counter,
+        DropBadVersion = "drop_bad_version": Counter,
+        DropBadIhl = "drop_bad_ihl": Counter,
+        DropIpOptions = "drop_ip_options": Counter,
+        DropBadTotalLength = "drop_bad_total_length": Counter,
+        DropFragment = "drop_fragment": Counter,
+        DropBadIpChecksum = "drop_bad_ip_checksum": Counter,
+        DropBadUdpLength = "drop_bad_udp_length": Counter,
+        DropBadUdpChecksum = "drop_bad_udp_checksum": Counter,
+        /// A TCP header whose data offset is below 5 or past the segment.
+        DropBadTcpDataOffset = "drop_bad_tcp_data_offset": Counter,
+        /// TCP options the classifier refused (it does not parse them
+        /// today: the TCP stack counts those as `tcp_drop_malformed`).
+        DropBadTcpOptions = "drop_bad_tcp_options": Counter,
+        DropBadTcpChecksum = "drop_bad_tcp_checksum": Counter,
+        /// Not an IPv4 frame (ARP, IPv6, VLAN-tagged, ...).
+        DropNotIpv4 = "drop_not_ipv4": Counter,
+        /// IPv4, but neither UDP nor TCP.
+        DropOtherProtocol = "drop_other_protocol": Counter,
+        DropSocketQueueFull = "drop_socket_queue_full": Counter,
+        DropTxRingFull = "drop_tx_ring_full": Counter,
+        DropBadDesc = "drop_bad_desc": Counter,
+        RxCsumPartial = "rx_csum_partial": Counter,
+        XskRxDropped = "xsk_rx_dropped": Counter,
+        XskRxRingFull = "xsk_rx_ring_full": Counter,
+        XskRxFillRingEmpty = "xsk_rx_fill_ring_empty": Counter,
+        XskRxInvalidDescs = "xsk_rx_invalid_descs": Counter,
+        XskTxInvalidDescs = "xsk_tx_invalid_descs": Counter,
+        XskTxRingEmpty = "xsk_tx_ring_empty": Counter,
+        XdpNoSocketOnQueue = "xdp_no_socket_on_queue": Counter,
+        PeakRxRing = "peak_rx_ring": Peak,
+        PeakSocketQueue = "peak_socket_queue": Peak,
+        Sockets = "sockets": Gauge,
+        DropMartian = "drop_martian": Counter,
+        DropNeighUnresolved = "drop_neigh_unresolved": Counter,
+        NeighResolutions = "neigh_resolutions": Counter,
+        /// Neighbour entries (per next hop) held now (bounded, `neigh.rs`).
+        NeighEntries = "neigh_entries": Gauge,
+        /// Route entries (per off-link destination) held now (bounded).
+        NeighRoutes = "neigh_routes": Gauge,
+        RxMultiBuffer = "rx_multi_buffer": Counter,
+        MemUmemBytes = "mem_umem_bytes": Gauge,
+        MemRingBytes = "mem_ring_bytes": Gauge,
+        MemTotalBytes = "mem_total_bytes": Gauge,
+        DropFaultRx = "drop_fault_rx": Counter,
+        FaultRxDuplicated = "fault_rx_duplicated": Counter,
+        FaultRxReordered = "fault_rx_reordered": Counter,
+        FaultRxCorrupted = "fault_rx_corrupted": Counter,
+        FaultTxLost = "fault_tx_lost": Counter,
+        FaultTxDuplicated = "fault_tx_duplicated": Counter,
+        FaultTxCorrupted = "fault_tx_corrupted": Counter,
+        TcpSegsIn = "tcp_segs_in": Counter <- segs_in,
+        TcpSegsOut = "tcp_segs_out": Counter <- segs_out,
+        TcpRetransmits = "tcp_retransmits": Counter <- retransmits,
+        TcpFastRetransmits = "tcp_fast_retransmits": Counter <- fast_retransmits,
+        TcpRtoExpirations = "tcp_rto_expirations": Counter <- rto_expirations,
+        TcpRstSent = "tcp_rst_sent": Counter <- rst_sent,
+        TcpRstReceived = "tcp_rst_received": Counter <- rst_received,
+        TcpActiveOpens = "tcp_active_opens": Counter <- active_opens,
+        TcpPassiveOpens = "tcp_passive_opens": Counter <- passive_opens,
+        TcpConnectionsReset = "tcp_connections_reset": Counter <- connections_reset,
+        TcpDropMalformed = "tcp_drop_malformed": Counter <- malformed,
+        TcpDropBadChecksum = "tcp_drop_bad_checksum": Counter <- bad_checksum,
+        TcpDropOutOfWindow = "tcp_drop_out_of_window": Counter <- out_of_window,
+        TcpDropNoSocket = "tcp_drop_no_socket": Counter <- no_socket,
+        TcpListenOverflows = "tcp_listen_overflows": Counter <- listen_overflows,
+        TcpSyncookiesSent = "tcp_syncookies_sent": Counter <- syncookies_sent,
+        TcpSyncookiesOk = "tcp_syncookies_ok": Counter <- syncookies_ok,
+        TcpTailLossProbes = "tcp_tail_loss_probes": Counter <- tail_loss_probes,
+        TcpHandovers = "tcp_handovers": Counter <- handovers,
+        TcpHandoverDrops = "tcp_handover_drops": Counter <- handover_drops,
+        /// Fragment frames merged into a reassembled datagram (issue 20, 8).
+        RxFragMerged = "rx_frag_merged": Counter,
+        DropFragTimeout = "drop_frag_timeout": Counter,
+        DropFragOverlap = "drop_frag_overlap": Counter,
+        DropFragTooMany = "drop_frag_too_many": Counter,
+        DropRxChain = "drop_rx_chain": Counter,
+        TcpNoMultiBuffer = "tcp_no_multi_buffer": Counter,
+        /// Unicast frames for another host's MAC (issue 20, finding 12).
+        DropOtherHost = "drop_other_host": Counter,
     }
-}
 
-mod socket_table {
-    use super::{Kind, StatsPage, bump};
-    counter_table! {
-        /// Per-socket counters (word 0 of a socket's block is its address).
-        pub enum S {
-            RxPackets = "rx_packets": Counter,
-            RxBytes = "rx_bytes": Counter,
-            TxPackets = "tx_packets": Counter,
-            TxBytes = "tx_bytes": Counter,
-            DropQueueFull = "drop_queue_full": Counter,
-            DropTxRingFull = "drop_tx_ring_full": Counter,
-            QueueDepth = "queue_depth": Gauge,
-            PeakQueueDepth = "peak_queue_depth": Peak,
-            RxKernelPath = "rx_kernel_path": Counter,
-            TxKernelPath = "tx_kernel_path": Counter,
-            DropNeigh = "drop_neigh": Counter,
-        }
+    /// Per-socket counters (word 0 of a socket's block is its address).
+    pub enum S {
+        /// Datagrams queued on the socket (and their payload bytes).
+        RxPackets = "rx_packets": Counter,
+        RxBytes = "rx_bytes": Counter,
+        /// Datagrams the socket put on the TX ring (and their payload bytes).
+        TxPackets = "tx_packets": Counter,
+        TxBytes = "tx_bytes": Counter,
+        /// Arrived while the socket's queue was full (its own loss only).
+        DropQueueFull = "drop_queue_full": Counter,
+        DropTxRingFull = "drop_tx_ring_full": Counter,
+        /// Datagrams queued now, and the most ever queued.
+        QueueDepth = "queue_depth": Gauge,
+        PeakQueueDepth = "peak_queue_depth": Peak,
+        /// Datagrams that took the kernel twin (loopback, fragments,
+        /// larger than the MTU, off-interface destinations).
+        RxKernelPath = "rx_kernel_path": Counter,
+        TxKernelPath = "tx_kernel_path": Counter,
+        /// Datagrams dropped for an unresolved next hop.
+        DropNeigh = "drop_neigh": Counter,
     }
-}
-
-pub use engine_table::E;
-pub use socket_table::S;
-
-/// Add what a TCP stack counted since the last call (`was`) to the
-/// engine's `tcp_*` counters: the rows of the engine table marked
-/// `<- field`. Call under the engine's RX lock (their single writer).
-pub fn publish_tcp(page: &StatsPage, now: &nanowire_tcp::Counters, was: &nanowire_tcp::Counters) {
-    engine_table::publish_rows(page, now, was)
 }
 
 impl E {
@@ -791,7 +781,7 @@ struct Mapped {
 
 impl Mapped {
     fn word(&self, off: usize) -> Option<u64> {
-        if off % 8 != 0 || off + 8 > self.len {
+        if !off.is_multiple_of(8) || off + 8 > self.len {
             return None;
         }
         // SAFETY: an aligned u64 inside the mapping (checked above), which
@@ -880,7 +870,7 @@ fn read_page(d: &SafeDir, name: &str) -> Result<Option<EngineSnapshot>, String> 
     if info_len > (HEADER_BYTES - INFO_OFF) as u64 {
         return bad("info length");
     }
-    if desc_count > MAX_DESCS || desc_bytes < 17 || desc_bytes > 4096 {
+    if desc_count > MAX_DESCS || !(17..=4096).contains(&desc_bytes) {
         return bad("descriptors");
     }
     let end = |off: u64, n: u64, size: u64| off.checked_add(n.checked_mul(size)?);
@@ -888,7 +878,7 @@ fn read_page(d: &SafeDir, name: &str) -> Result<Option<EngineSnapshot>, String> 
     if !within(end(desc_off, desc_count, desc_bytes))
         || !within(end(eng_off, eng_count, 8))
         || !within(end(sock_off, sock_slots, sock_stride))
-        || sock_stride % 8 != 0
+        || !sock_stride.is_multiple_of(8)
     {
         return bad("a section outside the page");
     }
@@ -904,13 +894,17 @@ fn read_page(d: &SafeDir, name: &str) -> Result<Option<EngineSnapshot>, String> 
     let mut addr_word = None;
     for i in 0..desc_count as usize {
         let b = page
-            .bytes(desc_off as usize + i * desc_bytes as usize, desc_bytes as usize)
+            .bytes(
+                desc_off as usize + i * desc_bytes as usize,
+                desc_bytes as usize,
+            )
             .ok_or("descriptor outside the page")?;
         let (section, kind, slot) = (u32_at(b, 0), u32_at(b, 4), u32_at(b, 8) as u64);
         let raw = &b[16..];
-        let name = std::str::from_utf8(&raw[..raw.iter().position(|&c| c == 0).unwrap_or(raw.len())])
-            .map_err(|_| "a counter name is not UTF-8")?
-            .to_string();
+        let name =
+            std::str::from_utf8(&raw[..raw.iter().position(|&c| c == 0).unwrap_or(raw.len())])
+                .map_err(|_| "a counter name is not UTF-8")?
+                .to_string();
         let kind = Kind::from_u32(kind);
         match section {
             SECTION_ENGINE if slot < eng_count => engine.push((name, kind, slot)),
@@ -1042,7 +1036,12 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for (i, &v) in all.iter().enumerate() {
             assert_eq!(index(v), i, "{v:?} out of slot order");
-            assert_eq!(name(v), snake(&format!("{v:?}")), "{v:?} is named {:?}", name(v));
+            assert_eq!(
+                name(v),
+                snake(&format!("{v:?}")),
+                "{v:?} is named {:?}",
+                name(v)
+            );
             assert!(seen.insert(name(v)), "two counters named {:?}", name(v));
             assert!(name(v).len() < NAME_BYTES, "{:?} too long", name(v));
         }
@@ -1084,7 +1083,10 @@ mod tests {
             match e.tcp_field() {
                 Some(f) => {
                     assert!(fields.contains(&f), "{e:?} <- {f}: no such TCP counter");
-                    let short = e.name().trim_start_matches("tcp_").trim_start_matches("drop_");
+                    let short = e
+                        .name()
+                        .trim_start_matches("tcp_")
+                        .trim_start_matches("drop_");
                     assert_eq!(short, f, "{e:?} publishes {f}");
                 }
                 None => assert_eq!(*e, E::TcpNoMultiBuffer, "{e:?} publishes nothing"),
@@ -1172,7 +1174,14 @@ mod tests {
         // A new engine counter reading slot 3 (tx_packets' value) under a
         // new name and a kind this build does not know, a new socket
         // counter, a section this build does not know.
-        put(&mut b, n, SECTION_ENGINE, 9, E::TxPackets as u32, "tx_frames_future");
+        put(
+            &mut b,
+            n,
+            SECTION_ENGINE,
+            9,
+            E::TxPackets as u32,
+            "tx_frames_future",
+        );
         put(&mut b, n + 1, SECTION_SOCKET, 1, 2, "future_sock");
         put(&mut b, n + 2, 77, 1, 0, "elsewhere");
         let s = read_bytes(1, &b).unwrap().unwrap();
