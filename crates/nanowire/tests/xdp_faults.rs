@@ -39,6 +39,10 @@ fn fault_child() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(TOTAL);
+    // This test program is the engine's host here: it hands the engine its
+    // settings (faults, RTO floor) from its environment, as a binary does.
+    use nanowire_stack::xdp::config::{EngineConfig, configure};
+    configure(EngineConfig::from_vars(|k| std::env::var(k).ok()));
     let mut opts = nanowire_stack::EngineOptions::new(nanowire_stack::EngineKind::Xdp);
     opts.fallback = false;
     let mut s = nanowire_stack::xdp::XdpTcpStream::connect(
