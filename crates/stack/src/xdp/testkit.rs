@@ -5,7 +5,7 @@
 use super::demux::{Demux, EndpointId, EndpointKind};
 use super::device::loopback::LoopRx;
 use super::rx::RxPath;
-use super::shm::{E, ENGINE_COUNTERS, PageInfo, StatsPage};
+use super::shm::{E, PageInfo, StatsPage};
 use super::tx::{HDRS, build_frame};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -37,11 +37,9 @@ pub fn get(page: &StatsPage, c: E) -> u64 {
 
 /// The sum of every engine `drop_*` counter.
 pub fn drops(page: &StatsPage) -> u64 {
-    ENGINE_COUNTERS
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| n.starts_with("drop_"))
-        .map(|(i, _)| page.engine_word(i))
+    page.engine_counters()
+        .filter(|(n, _)| n.starts_with("drop_"))
+        .map(|(_, v)| v)
         .sum()
 }
 
