@@ -120,6 +120,30 @@ impl Conn {
         }
     }
 
+    /// Could [`Conn::poll_output`] write a segment now? Never false when it
+    /// could: every branch of `poll_output` that emits is guarded by one of
+    /// these conditions (a RST to send, a SYN, an ACK due, a duplicate ACK,
+    /// a probe, a retransmission, unsent data or an unsent FIN). False
+    /// lets the owner skip taking a transmit frame (and its lock) for a
+    /// connection that was queued but has nothing to say: in a ping-pong,
+    /// after every received segment (the ACK rides on the answer) and after
+    /// every read. The only effects `poll_output` has without emitting
+    /// (arming the persist timer, the idle cwnd restart) need unsent data,
+    /// for which this is true.
+    #[inline]
+    pub(crate) fn may_output(&self) -> bool {
+        self.rst_reply.is_some()
+            || self.rst_pending
+            || self.ack_now
+            || self.dup_acks_due > 0
+            || self.probe_pending
+            || self.rtx_once.is_some()
+            || matches!(self.state, State::SynSent | State::SynReceived)
+            || (self.in_recovery && self.sack_credit > 0)
+            || seq::lt(self.snd_nxt, self.fin_seq())
+            || (self.fin_queued && seq::le(self.snd_nxt, self.fin_seq()))
+    }
+
     pub(crate) fn poll_output(
         &mut self,
         now: u64,

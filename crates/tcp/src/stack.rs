@@ -706,25 +706,51 @@ impl TcpStack {
                         tos,
                     });
                 }
-                _ => {
-                    // Nothing (more) to send; re-arm timers, release if dead.
-                    let c = self.slots[idx as usize].conn.as_mut().expect("live");
-                    if c.state == State::Closed
-                        && c.orphan
-                        && !c.rst_pending
-                        && c.rst_reply.is_none()
-                    {
-                        self.release(idx);
-                    } else if let Some(d) = c.next_deadline()
-                        && c.armed.is_none_or(|a| d < a)
-                    {
-                        c.armed = Some(d);
-                        self.timers.push(Reverse((d, idx)));
-                    }
-                }
+                _ => self.idle(idx),
             }
         }
         None
+    }
+
+    /// A connection taken off the transmit queue with nothing (more) to
+    /// send: re-arm its timers, release it if it is dead.
+    fn idle(&mut self, idx: u32) {
+        let c = self.slots[idx as usize].conn.as_mut().expect("live");
+        c.queued = false;
+        if c.state == State::Closed && c.orphan && !c.rst_pending && c.rst_reply.is_none() {
+            self.release(idx);
+        } else if let Some(d) = c.next_deadline()
+            && c.armed.is_none_or(|a| d < a)
+        {
+            c.armed = Some(d);
+            self.timers.push(Reverse((d, idx)));
+        }
+    }
+
+    /// Would [`TcpStack::poll_transmit`] write a segment now? Connections
+    /// queued for output that have nothing to send are settled on the way
+    /// (as `poll_transmit` would: timers armed, dead orphans released), so
+    /// the owner takes a transmit frame (and its lock) only when a segment
+    /// will fill it. Never false when `poll_transmit` would send (the
+    /// tests' network asserts it on every segment). Costs a few loads per
+    /// queued connection.
+    pub fn wants_transmit(&mut self) -> bool {
+        if !self.ctrl.is_empty() || self.fault_tx.is_some() {
+            return true;
+        }
+        while let Some(&idx) = self.ready.front() {
+            match self.slots[idx as usize].conn.as_ref() {
+                Some(c) if c.may_output() => return true,
+                Some(_) => {
+                    self.ready.pop_front();
+                    self.idle(idx);
+                }
+                None => {
+                    self.ready.pop_front();
+                }
+            }
+        }
+        false
     }
 
     // ------------------------------------------------------------ timers

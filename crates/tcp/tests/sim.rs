@@ -264,7 +264,7 @@ fn syn_flood_of_100k_uses_cookies_and_a_real_client_still_connects() {
         };
         let len = r.emit(&mut seg, 0, src, A);
         n.a.input(n.now, src, A, &seg[..len]);
-        while n.a.poll_transmit(n.now, &mut buf).is_some() {}
+        while transmit(&mut n.a, n.now, &mut buf).is_some() {}
     }
     let c = n.a.counters().clone();
     assert_eq!(c.syncookies_sent, 100_000 - 256);
@@ -461,9 +461,9 @@ fn nagle_holds_small_segments_and_nodelay_does_not() {
     // With NODELAY each write goes at once (polled between writes).
     n.b.send(cb, b"c").unwrap();
     let mut tmp = vec![0u8; 2000];
-    let t1 = n.b.poll_transmit(n.now, &mut tmp).is_some();
+    let t1 = transmit(&mut n.b, n.now, &mut tmp).is_some();
     n.b.send(cb, b"d").unwrap();
-    let t2 = n.b.poll_transmit(n.now, &mut tmp).is_some();
+    let t2 = transmit(&mut n.b, n.now, &mut tmp).is_some();
     assert!(t1 && t2);
     let _ = nagle;
     let _ = before;
@@ -539,7 +539,7 @@ fn blind_rst_and_syn_get_challenge_acks() {
         };
         let len = r.emit(&mut seg, 0, B, A);
         n.a.input(n.now, B, A, &seg[..len]);
-        while n.a.poll_transmit(n.now, &mut tmp).is_some() {}
+        while transmit(&mut n.a, n.now, &mut tmp).is_some() {}
     }
     assert_eq!(
         n.a.counters().segs_out - out_before,
@@ -609,7 +609,7 @@ fn random_segments_never_panic_and_connection_survives_or_resets() {
         } else {
             n.a.input(n.now, B, A, &seg[..len]);
         }
-        while n.a.poll_transmit(n.now, &mut out).is_some() {}
+        while transmit(&mut n.a, n.now, &mut out).is_some() {}
         if i % 1000 == 0 {
             n.now += 10 * MS;
             n.a.poll_timers(n.now);
@@ -910,7 +910,7 @@ fn forged_ack_for_unsent_data_with_a_huge_tsval_changes_nothing() {
         n.a.input(n.now, B, A, &full);
         // The answer: a challenge ACK (ack = rcv_nxt, nothing new acked).
         let mut acks = 0;
-        while let Some(t) = n.a.poll_transmit(n.now, &mut out) {
+        while let Some(t) = transmit(&mut n.a, n.now, &mut out) {
             let s = nanowire_wire::tcp::TcpSegment::new_checked(&out[..t.len]).unwrap();
             let rr = nanowire_wire::tcp::TcpRepr::parse(&s).unwrap();
             assert!(rr.flags.ack() && !rr.flags.rst(), "{rr:?}");
@@ -976,7 +976,7 @@ fn syn_cookies_are_checked_only_after_a_recent_overflow() {
         let len = r.emit(&mut seg, 0, B, A);
         n.a.input(n.now, B, A, &seg[..len]);
         let mut flags = Vec::new();
-        while let Some(t) = n.a.poll_transmit(n.now, &mut out) {
+        while let Some(t) = transmit(&mut n.a, n.now, &mut out) {
             let s = TcpSegment::new_checked(&out[..t.len]).unwrap();
             let r = TcpRepr::parse(&s).unwrap();
             if r.dst_port == port {
@@ -1008,7 +1008,7 @@ fn syn_cookies_are_checked_only_after_a_recent_overflow() {
         };
         let len = r.emit(&mut seg, 0, B, A);
         n.a.input(n.now, B, A, &seg[..len]);
-        while n.a.poll_transmit(n.now, &mut out).is_some() {}
+        while transmit(&mut n.a, n.now, &mut out).is_some() {}
     }
     assert_eq!(n.a.counters().syncookies_sent, 1);
     n.now += 10 * S;

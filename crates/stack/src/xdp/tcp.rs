@@ -758,6 +758,12 @@ impl TcpEngine {
     fn transmit(&self, core: &mut Core, now: u64) -> usize {
         let mut total = 0;
         loop {
+            // Nothing due (the common case after a received segment whose
+            // ACK will ride on the answer, and after a read): no TX lock, no
+            // frame, no look at the rings.
+            if !core.stack.wants_transmit() {
+                return total;
+            }
             let generation = self.engine.neigh.generation();
             // A segment built whose next hop is not cached: it is moved to
             // the scratch and finished outside the TX lock.
@@ -2330,6 +2336,9 @@ impl Framer {
             src_mac,
         } = self;
         let n = tx.post_with(TX_BATCH, |_, fr| {
+            if !stack.wants_transmit() {
+                return None;
+            }
             let end = fr.len().min(SLOT);
             let t = stack.poll_transmit(now, &mut fr[HDRS..end])?;
             match cached_hop(hops, generation, t.dst) {

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use nanowire_tcp::fault::{FaultConfig, FaultInjector};
-use nanowire_tcp::{Config, ConnId, Secret, TcpStack};
+use nanowire_tcp::{Config, ConnId, Secret, TcpStack, Transmit};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 pub const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
@@ -77,14 +77,14 @@ impl Net {
         let mut any = false;
         self.a.poll_timers(self.now);
         self.b.poll_timers(self.now);
-        while let Some(t) = self.a.poll_transmit(self.now, &mut self.buf) {
+        while let Some(t) = transmit(&mut self.a, self.now, &mut self.buf) {
             any = true;
             if !self.down {
                 self.ab
                     .push(self.now, &wire(t.src, t.dst, &self.buf[..t.len]));
             }
         }
-        while let Some(t) = self.b.poll_transmit(self.now, &mut self.buf) {
+        while let Some(t) = transmit(&mut self.b, self.now, &mut self.buf) {
             any = true;
             if let Some(f) = self.drop_ba.as_mut()
                 && f(&self.buf[..t.len])
@@ -251,4 +251,17 @@ impl Stream {
         assert!(self.recvd <= self.total);
         self.recvd == self.total
     }
+}
+
+/// `poll_transmit`, as the engine drives it: `wants_transmit` first (the
+/// engine takes a TX frame only when it says yes). Checks on every call
+/// that it never says no while a segment is due.
+pub fn transmit(stack: &mut TcpStack, now: u64, buf: &mut [u8]) -> Option<Transmit> {
+    let want = stack.wants_transmit();
+    let t = stack.poll_transmit(now, buf);
+    assert!(
+        want || t.is_none(),
+        "wants_transmit said nothing is due, poll_transmit sent {t:?}"
+    );
+    t
 }

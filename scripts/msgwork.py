@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""Per-message work of sockperf ping-pong under `nanowire run` (both ends), without a PMU.
+
+This machine's VMs expose no hardware counters (`perf stat -e instructions` says "not
+supported"), and timing on a shared machine is noise. What does not depend on load:
+
+* **user-space instructions** per message, counted by valgrind's callgrind (exact, whatever the
+  load), with waits that sleep instead of spinning (`NANOWIRE_SPIN_US=0`, `--profile balanced`) so
+  that a spin loop does not count. Per side: the whole process divided by the messages, and the
+  inclusive cost per call of each interposed entry point the program used (send, recv, epoll_wait,
+  ...), so the shim's own path is seen apart from the program's;
+* **system calls** per message (`strace -c -f`), which is most of the kernel's share.
+
+Both ends run in a lab of their own (`nanowire lab up --name msgwork<pid>`, removed at the end).
+The counts include the process's start (engine open, program attach, sockperf's setup): use enough
+seconds that it is small against the messages, or `--diff` (two runs, 1 s and SECS: the start
+cancels out).
+
+    scripts/msgwork.py --tcp --seconds 4                    # this tree's shim
+    scripts/msgwork.py --tcp --shim /work/baseline/libnanowire_preload.so
+    scripts/msgwork.py --udp --tool strace --seconds 3      # syscalls per message
+
+Prints one JSON object (and a short table on stderr).
+"""
+import argparse, json, os, re, subprocess, sys, tempfile, time
+
+NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
+A, B = "198.18.0.1", "198.18.0.2"
+PORT = 11111
+# Engine functions on the per-message path whose inclusive cost per call is reported too.
+DETAIL = ["XdpTcpStream::recv_once", "XdpTcpStream::send_once", "TcpEngine::turn_with",
+          "TcpEngine::transmit", "TcpStack::input", "TcpStack::poll_transmit", "rx::handle",
+          "accel::recv_one", "accel::send_one", "tcpx::recv", "tcpx::send"]
+# Entry points of the shim whose inclusive cost per call is reported.
+ENTRIES = ["send", "sendto", "sendmsg", "write", "recv", "recvfrom", "recvmsg", "read",
+           "epoll_wait", "epoll_pwait", "poll", "select"]
+
+
+def sh(*argv, **kw):
+    return subprocess.run(list(argv), check=True, **kw)
+
+
+def ns(lab, h):
+    return ["ip", "netns", "exec", f"{lab}-{h}"]
+
+
+def wrap(tool, out, side):
+    if tool == "callgrind":
+        return ["valgrind", "--tool=callgrind", "--trace-children=yes", "--quiet",
+                f"--callgrind-out-file={out}/{side}.%p.cg"]
+    return ["strace", "-f", "-c", "-o", f"{out}/{side}.strace"]
+
+
+def run_once(args, lab, secs, out):
+    env = dict(os.environ, NANOWIRE_LOG="error")
+    if args.profile != "latency":
+        env["NANOWIRE_SPIN_US"] = "0"
+    if args.shim:
+        env["NANOWIRE_PRELOAD"] = os.path.abspath(args.shim)
+    proto = ["--tcp"] if args.tcp else []
+    run = [NW, "run", "--profile", args.profile, "--engine", "xdp", "--"]
+    srv = subprocess.Popen(ns(lab, "b") + wrap(args.tool, out, "server") + run
+                           + ["sockperf", "sr", "-i", B, "-p", str(PORT)] + proto,
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(args.settle)
+    if srv.poll() is not None:
+        raise SystemExit("server exited: " + srv.stderr.read()[-2000:])
+    cli = subprocess.run(ns(lab, "a") + wrap(args.tool, out, "client") + run
+                         + ["sockperf", "pp", "-i", B, "-p", str(PORT), "-m", str(args.size),
+                            "-t", str(secs)] + proto,
+                         env=env, capture_output=True, text=True, timeout=600)
+    srv.send_signal(2)
+    try:
+        srv.wait(60)
+    except subprocess.TimeoutExpired:
+        srv.kill()
+        srv.wait()
+    if cli.returncode != 0:
+        raise SystemExit("client failed: " + cli.stderr[-2000:])
+    m = re.search(r"\[Total Run\].*?SentMessages=(\d+); ReceivedMessages=(\d+)", cli.stdout)
+    if not m:
+        raise SystemExit("no message count in sockperf's output:\n" + cli.stdout[-2000:])
+    return int(m.group(2))
+
+
+def callgrind_side(out, side):
+    """(total Ir, {function: (inclusive Ir, calls)}) of the side's program (the largest
+    profile of that side: `ip` and the launcher exec into it)."""
+    best = None
+    for f in os.listdir(out):
+        if f.startswith(side + ".") and f.endswith(".cg"):
+            p = os.path.join(out, f)
+            t = re.search(r"^(?:summary|totals):\s*(\d+)", open(p, errors="replace").read(), re.M)
+            if t and (best is None or int(t.group(1)) > best[0]):
+                best = (int(t.group(1)), p)
+    if best is None:
+        raise SystemExit(f"no callgrind output for {side} in {out}")
+    total, path = best
+    tree = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--tree=caller", "--auto=no",
+                           "--threshold=100", path], capture_output=True, text=True).stdout
+    funcs, calls = {}, 0
+    for line in tree.splitlines():
+        m = re.match(r"\s*([\d,]+) \([^)]*\)\s+<.*\((\d[\d,]*)x\)", line)
+        if m:
+            calls += int(m.group(2).replace(",", ""))
+            continue
+        # A function of its own (inlined pieces carry no "[object]").
+        m = re.match(r"\s*([\d,]+) \([^)]*\)\s+\*\s+\S*?:(.+?) \[.*\]$", line)
+        if m:
+            name = m.group(2).strip()
+            short = name.split("::")[-1] if "nanowire" in name else name
+            if "preload/src/exports.rs" in line and short in ENTRIES and short not in funcs:
+                funcs[short] = (int(m.group(1).replace(",", "")), calls)
+            elif any(k in name for k in DETAIL):
+                funcs[name.replace("nanowire_", "").replace("::<impl ", "<")] = (
+                    int(m.group(1).replace(",", "")), calls)
+        calls = 0 if not line.strip() or "*" in line else calls
+    return total, funcs
+
+
+def settle_files(out):
+    """Wait until the profiles stop changing (valgrind writes them as the processes end)."""
+    last = None
+    for _ in range(30):
+        cur = sorted((f, os.stat(os.path.join(out, f)).st_size) for f in os.listdir(out))
+        if cur == last:
+            return
+        last = cur
+        time.sleep(1)
+
+
+def strace_side(out, side):
+    text = open(os.path.join(out, side + ".strace")).read()
+    calls = {}
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 5 and f[-1] not in ("total", "syscall") and f[3].isdigit():
+            calls[f[-1]] = int(f[3])
+        elif len(f) >= 4 and f[-1] not in ("total", "syscall") and f[2].isdigit():
+            calls[f[-1]] = int(f[2])
+    return calls
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--tcp", action="store_true")
+    g.add_argument("--udp", action="store_true")
+    ap.add_argument("--shim", help="another shim (NANOWIRE_PRELOAD)")
+    ap.add_argument("--tool", choices=["callgrind", "strace"], default="callgrind")
+    ap.add_argument("--seconds", type=int, default=4)
+    ap.add_argument("--diff", action="store_true", help="two runs (1 s and SECONDS), per message of the difference")
+    ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--profile", choices=["balanced", "latency"], default="balanced",
+                    help="latency: spinning waits (for syscall counts of the spinning path; "
+                         "instruction counts then include the spin loops)")
+    ap.add_argument("--settle", type=float, default=None, help="seconds for the server to start")
+    args = ap.parse_args()
+    if args.settle is None:
+        args.settle = 6.0 if args.tool == "callgrind" else 2.0
+    lab = f"msgwork{os.getpid()}"
+    sh(NW, "lab", "up", "--name", lab, stdout=subprocess.DEVNULL)
+    try:
+        runs = []
+        for secs in ([1, args.seconds] if args.diff else [args.seconds]):
+            out = tempfile.mkdtemp(prefix="msgwork.")
+            msgs = run_once(args, lab, secs, out)
+            settle_files(out)
+            sides = {}
+            for side in ("client", "server"):
+                if args.tool == "callgrind":
+                    total, entries = callgrind_side(out, side)
+                    sides[side] = {"ir": total, "entries": entries}
+                else:
+                    sides[side] = {"syscalls": strace_side(out, side)}
+            runs.append({"seconds": secs, "messages": msgs, "sides": sides, "dir": out})
+    finally:
+        subprocess.run([NW, "lab", "down", "--name", lab], stdout=subprocess.DEVNULL)
+    res = {"proto": "tcp" if args.tcp else "udp", "shim": args.shim or "this tree", "tool": args.tool,
+           "runs": runs, "per_message": {}}
+    last = runs[-1]
+    first = runs[0] if args.diff else None
+    dm = last["messages"] - (first["messages"] if first else 0)
+    for side in ("client", "server"):
+        s = last["sides"][side]
+        f = first["sides"][side] if first else None
+        if args.tool == "callgrind":
+            ir = s["ir"] - (f["ir"] if f else 0)
+            per = {"ir": round(ir / dm, 1)}
+            for k, (inc, calls) in s["entries"].items():
+                if calls:
+                    per[k] = {"per_call": round(inc / calls), "calls_per_msg": round(calls / last["messages"], 2),
+                              "per_msg": round(inc / last["messages"])}
+        else:
+            per = {}
+            for k, v in s["syscalls"].items():
+                v0 = f["syscalls"].get(k, 0) if f else 0
+                per[k] = round((v - v0) / dm, 3)
+            per["total"] = round(sum(per.values()), 3)
+        res["per_message"][side] = per
+    print(json.dumps(res, indent=1))
+    for side, per in res["per_message"].items():
+        print(f"{side}: Ir/msg {per.get('ir', '-')}", file=sys.stderr)
+        for k, v in sorted(per.items()):
+            if isinstance(v, dict):
+                print(f"  {k:<60} {v['per_msg']:>8} Ir/msg  {v['per_call']:>8} Ir/call  "
+                      f"{v['calls_per_msg']:>6} calls/msg", file=sys.stderr)
+            elif k != "ir":
+                print(f"  {k:<60} {v}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
