@@ -131,6 +131,9 @@ pub struct Engine {
     tcp_clients: Mutex<std::sync::Weak<tcp::TcpEngine>>,
     /// The network namespace it was opened in (inode).
     netns: u64,
+    /// The same namespace's cookie (SO_NETNS_COOKIE), compared with a
+    /// socket's at connect (cheaper than the inode's /proc lookup).
+    netns_cookie: Option<u64>,
 }
 
 impl Engine {
@@ -315,6 +318,7 @@ impl Engine {
             child_fds,
             tcp_clients: Mutex::new(std::sync::Weak::new()),
             netns: registry::netns_id(),
+            netns_cookie: registry::netns_cookie(),
         })
     }
 

@@ -1755,7 +1755,7 @@ impl XdpTcpStream {
         // table when it knows the peer (memory only), else from the
         // kernel's route (netlink, once per destination the table does not
         // hold).
-        let (engine, src) = match Self::known_route(remote, local, opts) {
+        let (engine, src) = match Self::known_route(fd, remote, local, opts) {
             Some(v) => v,
             None => Self::routed(remote, local, opts)?,
         };
@@ -1799,8 +1799,12 @@ impl XdpTcpStream {
     }
 
     /// The engine and source address for `remote` if the last engine a
-    /// connect used already knows how to reach it through its interface.
+    /// connect used already knows how to reach it through its interface
+    /// and the socket `fd` is in the engine's network namespace (its
+    /// cookie: one getsockopt; the /proc inode only where the kernel has no
+    /// cookie).
     fn known_route(
+        fd: RawFd,
         remote: SocketAddrV4,
         local: SocketAddrV4,
         opts: &EngineOptions,
@@ -1809,10 +1813,11 @@ impl XdpTcpStream {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .upgrade()?;
-        if !e.is_own()
-            || opts.iface.as_ref().is_some_and(|i| *i != e.iface().name)
-            || super::registry::netns_id() != e.netns
-        {
+        let same_netns = match (e.netns_cookie, super::registry::sock_netns_cookie(fd)) {
+            (Some(a), Some(b)) => a == b,
+            _ => super::registry::netns_id() == e.netns,
+        };
+        if !e.is_own() || opts.iface.as_ref().is_some_and(|i| *i != e.iface().name) || !same_netns {
             return None;
         }
         match e.neigh.lookup(*remote.ip()) {
