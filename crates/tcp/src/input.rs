@@ -531,8 +531,14 @@ impl Conn {
             }
         }
 
+        // A FIN that moves ESTABLISHED to CLOSE-WAIT: its ACK is delayed
+        // (below), as Linux's `tcp_fin` does (ping-pong mode): the
+        // application most often closes at once, and its FIN carries it.
+        let mut fin_delayed = false;
         if fin {
             if fin_at == self.rcv_nxt {
+                fin_delayed =
+                    !had_holes && matches!(self.state, State::Established | State::SynReceived);
                 self.receive_fin(now, cfg);
             } else if seq::gt(fin_at, self.rcv_nxt) {
                 self.ooo_fin = Some(fin_at);
@@ -543,13 +549,19 @@ impl Conn {
             && f == self.rcv_nxt
             && self.asm.is_empty()
         {
+            // A FIN that waited for a hole: acknowledged at once.
             self.receive_fin(now, cfg);
+            self.ack_now = true;
         }
 
+        if fin_delayed && !self.ack_now && self.delack_deadline.is_none() {
+            self.delack_deadline = Some(now.saturating_add(cfg.delayed_ack_ns));
+        }
         // Delayed ACK (RFC 1122 4.2.3.2 / RFC 5681 4.2): every second full
-        // segment, at once in quick-ack mode, else within delayed_ack.
+        // segment, at once in quick-ack mode (not with a FIN: ping-pong),
+        // else within delayed_ack.
         if !self.ack_now && self.rx_unacked > 0 {
-            if self.quickack > 0 {
+            if self.quickack > 0 && !fin_delayed {
                 self.quickack -= 1;
                 self.ack_now = true;
             } else if self.rx_unacked >= 2 * self.rcv_mss {
@@ -564,12 +576,19 @@ impl Conn {
         self.rcv_nxt = self.rcv_nxt.wrapping_add(1);
         self.ooo_fin = None;
         self.rx_fin = true;
-        self.ack_now = true;
         match self.state {
+            // The ACK waits (see `process_data`) unless something else
+            // asked for one now.
             State::SynReceived | State::Established => self.state = State::CloseWait,
-            State::FinWait1 => self.state = State::Closing,
-            State::FinWait2 => self.enter_time_wait(now, cfg),
-            _ => {}
+            State::FinWait1 => {
+                self.ack_now = true;
+                self.state = State::Closing;
+            }
+            State::FinWait2 => {
+                self.ack_now = true;
+                self.enter_time_wait(now, cfg);
+            }
+            _ => self.ack_now = true,
         }
     }
 

@@ -1154,3 +1154,41 @@ fn time_wait_takes_a_syn_with_a_newer_timestamp() {
         "{b:?}"
     );
 }
+
+/// A FIN that moves ESTABLISHED to CLOSE-WAIT is acknowledged with a
+/// delay, as Linux's `tcp_fin` (ping-pong mode): an application that
+/// closes at once sends one segment, its FIN carrying the ACK, not a pure
+/// ACK and then the FIN; one that does not close gets the ACK within the
+/// delayed-ACK time.
+#[test]
+fn the_ack_of_a_fin_rides_on_the_applications_fin() {
+    let mut n = Net::plain();
+    let (ca, cb) = n.connect_pair();
+    let mut buf = [0u8; 64];
+    // a answers a request and closes (the server of one HTTP/1.0 request).
+    n.b.send(cb, b"GET /").unwrap();
+    n.run_until(S, |n| n.a.recv_queue(ca).unwrap() == 5);
+    assert_eq!(n.a.recv(ca, &mut buf), Ok(5));
+    n.a.send(ca, b"response").unwrap();
+    n.a.close(n.now, ca).unwrap();
+    n.run_until(S, |n| n.b.recv(cb, &mut buf) == Ok(8));
+    n.run_until(S, |n| n.b.recv(cb, &mut buf) == Ok(0));
+    let out = n.b.counters().segs_out;
+    n.b.close(n.now, cb).unwrap();
+    n.advance(10 * MS);
+    assert_eq!(n.b.counters().segs_out - out, 1, "FIN+ACK only");
+    assert_eq!(n.b.connection_count(), 0, "LAST-ACK ended");
+    assert_eq!(n.a.counters().retransmits, 0);
+
+    // An application that keeps the connection open: the ACK comes after
+    // the delayed-ACK time, before the peer's retransmission timer.
+    let (ca, cb) = n.connect_pair_again(81);
+    n.a.close(n.now, ca).unwrap();
+    let out = n.b.counters().segs_out;
+    n.run_until(S, |n| n.b.recv(cb, &mut buf) == Ok(0));
+    assert_eq!(n.b.counters().segs_out, out, "no ACK at once");
+    n.advance(Config::default().delayed_ack_ns + MS);
+    assert_eq!(n.b.counters().segs_out - out, 1, "the delayed ACK");
+    assert_eq!(n.a.counters().retransmits, 0);
+    assert_eq!(n.b.state(cb).unwrap(), State::CloseWait);
+}
