@@ -29,7 +29,7 @@ use crate::real;
 use crate::spin::{self, errno, now_ns, set_errno};
 use crate::table;
 use libc::c_int;
-use nanowire_run::options::Level;
+use nanowire_options::Level;
 use nanowire_stack::xdp::{OpenError, XdpSocket};
 use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint, WaitPolicy};
 use std::collections::VecDeque;
@@ -444,7 +444,7 @@ pub fn accelerate_for_peer(fd: c_int, dst: SocketAddrV4) -> Option<&'static Acce
         return None;
     }
     let route = engine_call(|| {
-        let r = nanowire_xdp::netlink::route_get(*dst.ip())
+        let r = nanowire_stack::xdp::host::route_get(*dst.ip())
             .map_err(|e| NotAccel::Engine(format!("no route to {}: {e}", dst.ip())))?;
         let src = r.prefsrc.ok_or_else(|| {
             NotAccel::Engine(format!("route to {} has no source address", dst.ip()))
@@ -455,7 +455,7 @@ pub fn accelerate_for_peer(fd: c_int, dst: SocketAddrV4) -> Option<&'static Acce
                 dst.ip()
             )));
         }
-        nanowire_xdp::iface::iface_for_addr(src).map_err(NotAccel::Engine)
+        nanowire_stack::xdp::host::iface_for_addr(src).map_err(NotAccel::Engine)
     });
     let res = route.and_then(|ifname| {
         // The kernel's autobind: 0.0.0.0 and an ephemeral port, on the
@@ -978,7 +978,7 @@ fn kernel_send(
     let sa = sockaddr_in(&dst);
     if let Some(k) = key {
         // Transmit stamps under the key the shim's counter gave (OPT_ID).
-        let r = nanowire_xdp::sys::sendto_tskey(fd, data, flags | libc::MSG_NOSIGNAL, &sa, k);
+        let r = nanowire_stack::xdp::host::sendto_tskey(fd, data, flags | libc::MSG_NOSIGNAL, &sa, k);
         return if r < 0 { Err(errno()) } else { Ok(r as usize) };
     }
     // SAFETY: the caller's data (a valid slice), our sockaddr_in.

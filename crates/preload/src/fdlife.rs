@@ -32,7 +32,7 @@ use crate::ready;
 use crate::table;
 use crate::tcpx;
 use libc::c_int;
-use nanowire_run::options::Level;
+use nanowire_options::Level;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Set once the process closed an engine fd by a call the shim could not

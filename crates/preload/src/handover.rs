@@ -24,7 +24,7 @@ use crate::spin::{errno, set_errno};
 use crate::sys::engine_call;
 use crate::tcpx;
 use libc::{c_int, c_void, socklen_t};
-use nanowire_run::options::Level;
+use nanowire_options::Level;
 use nanowire_stack::xdp::Handover;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

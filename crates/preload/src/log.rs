@@ -1,7 +1,7 @@
 //! Diagnostics on stderr, written with a raw syscall (no stdio locks, no
 //! recursion into the shim's own `write`).
 
-use nanowire_run::options::Level;
+use nanowire_options::Level;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 static LEVEL: AtomicU8 = AtomicU8::new(Level::Warn as u8);

@@ -31,7 +31,7 @@ use crate::spin::{errno, set_errno};
 use crate::sys::engine_call;
 use crate::{real, table, tcpx};
 use libc::{c_int, c_void, socklen_t};
-use nanowire_run::options::Level;
+use nanowire_options::Level;
 
 /// What the engine does with an option (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use crate::log::log;
 use crate::real;
 use crate::table::{self, C_TCP, C_UDP, F_RCVTIMEO};
 use libc::c_int;
-use nanowire_run::options::{Config, Engine, Level};
+use nanowire_options::{Config, Engine, Level};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -66,11 +66,11 @@ pub fn init() {
         }
         let xdp_reason = match cfg.engine {
             Engine::Kernel => "engine kernel requested".to_string(),
-            Engine::Spin => match nanowire_run::privilege::check() {
+            Engine::Spin => match nanowire_stack::xdp::host::privilege_check() {
                 Ok(()) => "engine spin requested".to_string(),
                 Err(why) => format!("engine spin requested; also {why}"),
             },
-            Engine::Xdp => match nanowire_run::privilege::check() {
+            Engine::Xdp => match nanowire_stack::xdp::host::privilege_check() {
                 Err(why) => why,
                 Ok(()) => String::new(),
             },

@@ -28,7 +28,7 @@ use crate::spin::{self, errno, now_ns, set_errno};
 use crate::sys::engine_call;
 use crate::table;
 use libc::{c_int, c_void, sockaddr, socklen_t};
-use nanowire_run::options::Level;
+use nanowire_options::Level;
 use nanowire_stack::xdp::{XdpTcpError, XdpTcpListener, XdpTcpState, XdpTcpStream, tcp_ready};
 use nanowire_stack::{EngineKind, EngineOptions, WaitPolicy};
 use std::net::SocketAddrV4;

@@ -243,7 +243,7 @@ pub fn sent(a: &Accel, x: &nanowire_stack::xdp::XdpSocket, key: Option<u32>) {
         if n.is_power_of_two() {
             // Announced, with the count, at 1, 2, 4, 8, ... drops.
             crate::log::log!(
-                nanowire_run::options::Level::Warn,
+                nanowire_options::Level::Warn,
                 "{n} transmit timestamp(s) dropped so far: error queue full ({ERRQ_MAX} entries; read it with MSG_ERRQUEUE)"
             );
         }

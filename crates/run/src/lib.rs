@@ -1,8 +1,9 @@
 //! `nanowire run [--profile NAME] [--engine xdp|spin|kernel] -- CMD ARGS...`
 //!
-//! This crate holds everything about drop-in acceleration that is plain,
-//! safe Rust: the one declarative table of tuning options and the named
-//! profiles ([`options`]), the privilege probe that explains why the xdp
+//! This crate holds the launcher side of drop-in acceleration, plain safe
+//! Rust: the one declarative table of tuning options and the named profiles
+//! ([`options`], re-exported from `nanowire-options` with its JSON form
+//! added), the privilege probe that explains why the xdp
 //! engine cannot be used ([`privilege`]), and the launcher ([`cli`]) that
 //! finds `libnanowire_preload.so`, sets `LD_PRELOAD` and the `NANOWIRE_*`
 //! variables and execs the command.
@@ -10,8 +11,8 @@
 //! The shim itself lives in `crates/preload` (a cdylib). It is a separate
 //! package on purpose: its `#[no_mangle]` `socket`, `recvfrom`, ... must
 //! never be linked into the `nanowire` binary, where they would interpose
-//! the binary's own calls. The shim depends on this crate to parse the same
-//! table from the environment.
+//! the binary's own calls. The shim reads the same table from the
+//! environment through `nanowire-options`, without this crate (or clap).
 #![forbid(unsafe_code)]
 
 pub mod cli;

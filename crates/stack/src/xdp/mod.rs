@@ -56,6 +56,18 @@ pub use tcp::{
 };
 pub use tx::IpHeader;
 
+/// What a user of the engine needs of the host around it, so that callers
+/// (the preload shim) reach AF_XDP only through this crate: the privilege
+/// probe, the route and interface an address leaves by, and a send whose
+/// transmit stamps carry a caller-chosen key (`SO_TIMESTAMPING` with
+/// `OPT_ID` on the kernel path of an accelerated socket).
+pub mod host {
+    pub use nanowire_xdp::iface::iface_for_addr;
+    pub use nanowire_xdp::netlink::{Route, route_get};
+    pub use nanowire_xdp::privilege::check as privilege_check;
+    pub use nanowire_xdp::sys::sendto_tskey;
+}
+
 use crate::EngineOptions;
 use demux::{Demux, FastMap};
 use device::{EngineRx, EngineTx};
