@@ -24,6 +24,7 @@
 //! engine (its rings belong to the parent); it uses the kernel socket under
 //! the fd, so it can send and receives what is not steered to the parent.
 
+use crate::adapt::Turn;
 use crate::log::log;
 use crate::real;
 use crate::spin::{self, errno, now_ns, set_errno};
@@ -540,9 +541,8 @@ pub fn recv_one(
 ) -> Result<Got, c_int> {
     let peek = flags & libc::MSG_PEEK != 0;
     let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed);
-    let gen0 = table::generation(table::get(fd));
-    let mut wait: Option<crate::adapt::Wait> = None;
-    let mut start: Option<u64> = None;
+    let w0 = table::get(fd);
+    let mut wait: Option<crate::adapt::Waiter<crate::adapt::ShimHost>> = None;
     let s0 = crate::signals::seq();
     // close() waits for us before the number can be reused; the generation
     // is re-read before every syscall on `fd`.
@@ -599,9 +599,6 @@ pub fn recv_one(
                 return Ok(Got::Data(n, src));
             }
         }
-        if table::generation_now(fd) != gen0 && table::get(fd) & table::F_WOKEN == 0 {
-            return Err(libc::EBADF);
-        }
         if a.rd_shut.load(Ordering::Relaxed) {
             return Ok(Got::Eof);
         }
@@ -610,6 +607,7 @@ pub fn recv_one(
             // (traffic that took the kernel path: loopback, other
             // interfaces, fragments), unless a readiness call just saw it
             // empty (an event loop's last read before it waits again).
+            // (close() waits for us, so the number is still this socket.)
             if !twin_maybe(a) {
                 return Err(libc::EAGAIN);
             }
@@ -620,30 +618,27 @@ pub fn recv_one(
             };
         }
         // The clock starts once the socket has to wait.
-        let tmo = a.rcvtimeo_ns.load(Ordering::Relaxed);
-        if crate::signals::interrupted_timed(s0, tmo != 0) {
-            return Err(libc::EINTR);
-        }
-        let now = now_ns();
-        let spent = now.wrapping_sub(*start.get_or_insert(now));
-        if tmo != 0 && spent >= tmo {
-            return Err(libc::EAGAIN);
-        }
-        let w = wait.get_or_insert_with(|| crate::adapt::Wait::new(u64::MAX));
-        if !w.spin() {
-            // Past the spin budget: traffic that took the kernel path is
-            // taken at once; otherwise sleep until the engine's rings, the
-            // socket's wake-up eventfd or the kernel socket say something
-            // may be there (at most 5 ms: another thread may have drained
-            // the rings for us, and close/shutdown are looked at).
-            if let Some(r) = kernel_recv(fd, flags, &mut deliver) {
-                return r;
+        let w = wait.get_or_insert_with(|| {
+            let tmo = a.rcvtimeo_ns.load(Ordering::Relaxed);
+            crate::adapt::waiter(fd, w0, s0, tmo, 5_000_000)
+        });
+        match w.turn() {
+            Turn::Spin | Turn::Woken => {}
+            Turn::Closed => return Err(libc::EBADF),
+            Turn::Interrupted => return Err(libc::EINTR),
+            Turn::TimedOut => return Err(libc::EAGAIN),
+            Turn::Sleep(ns) => {
+                // Past the spin budget: traffic that took the kernel path is
+                // taken at once; otherwise sleep until the engine's rings,
+                // the socket's wake-up eventfd or the kernel socket say
+                // something may be there (at most 5 ms: another thread may
+                // have drained the rings for us, and close/shutdown are
+                // looked at).
+                if let Some(r) = kernel_recv(fd, flags, &mut deliver) {
+                    return r;
+                }
+                sleep(a, crate::adapt::slice_ms(ns));
             }
-            let mut ms = 5;
-            if tmo != 0 {
-                ms = ms.min((tmo - spent).div_ceil(1_000_000) as c_int);
-            }
-            sleep(a, ms);
         }
     }
 }

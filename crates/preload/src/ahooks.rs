@@ -3,6 +3,7 @@
 //! and `None` to let the hook go on with the kernel path.
 
 use crate::accel::{self, Accel, Got};
+use crate::adapt::Turn;
 use crate::real;
 use crate::spin::{errno, set_errno};
 use crate::table;
@@ -527,9 +528,7 @@ pub fn candidate(fd: c_int, mut attempt: impl FnMut() -> isize) -> Option<Option
         table::clear_flags(fd, table::F_CAND);
         return Some(None);
     }
-    let mut wait = crate::adapt::Wait::new(u64::MAX);
     let s0 = crate::signals::seq();
-    let gen0 = table::generation(table::get(fd));
     // SO_RCVTIMEO on the kernel socket bounds the wait (and lets any
     // handled signal interrupt it, signal(7)).
     let tmo = if w & table::F_RCVTIMEO != 0 {
@@ -537,24 +536,13 @@ pub fn candidate(fd: c_int, mut attempt: impl FnMut() -> isize) -> Option<Option
     } else {
         0
     };
-    let start = crate::sys::now_ns();
+    // After the spin budget: 1 ms slices in poll (never asleep in the
+    // kernel's recv on a socket that may be replaced).
+    let mut wait = crate::adapt::waiter(fd, w, s0, tmo, 1_000_000);
     let _g = table::spin_enter(fd);
     loop {
         if accel::by_fd(fd).is_some() {
             return Some(None);
-        }
-        if table::generation_now(fd) != gen0 {
-            if table::get(fd) & table::F_WOKEN == 0 {
-                set_errno(libc::EBADF);
-                return Some(Some(-1));
-            }
-            // shutdown(): no longer a candidate; the kernel answers.
-            table::clear_flags(fd, table::F_CAND);
-            return Some(None);
-        }
-        if crate::signals::interrupted_timed(s0, tmo != 0) {
-            set_errno(libc::EINTR);
-            return Some(Some(-1));
         }
         let r = attempt();
         if r >= 0 || errno() != libc::EAGAIN {
@@ -566,21 +554,38 @@ pub fn candidate(fd: c_int, mut attempt: impl FnMut() -> isize) -> Option<Option
         if !crate::spin::is_blocking(fd) {
             return Some(Some(r));
         }
-        if tmo != 0 && crate::sys::now_ns().wrapping_sub(start) >= tmo {
-            return Some(Some(r)); // EAGAIN, as the timed-out kernel call
-        }
         if table::get(fd) & table::F_CAND == 0 {
             // Decided against acceleration meanwhile: the normal path.
             return Some(None);
         }
-        if !wait.spin() {
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one pollfd on our stack.
-            unsafe { real::poll(&mut p, 1, 1) };
+        match wait.turn() {
+            Turn::Closed => {
+                set_errno(libc::EBADF);
+                return Some(Some(-1));
+            }
+            Turn::Woken => {
+                // shutdown(): no longer a candidate; the kernel answers.
+                table::clear_flags(fd, table::F_CAND);
+                return Some(None);
+            }
+            Turn::Interrupted => {
+                set_errno(libc::EINTR);
+                return Some(Some(-1));
+            }
+            Turn::TimedOut => {
+                set_errno(libc::EAGAIN); // as the timed-out kernel call
+                return Some(Some(-1));
+            }
+            Turn::Spin => {}
+            Turn::Sleep(ns) => {
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one pollfd on our stack.
+                unsafe { real::poll(&mut p, 1, crate::adapt::slice_ms(ns)) };
+            }
         }
     }
 }

@@ -38,7 +38,14 @@
 //!   before closing; a thread spinning on it sees that and fails with EBADF
 //!   (the kernel would leave a blocked `recv` asleep on the dead socket).
 //!
-//! Layers (a module uses only the ones below it; no cycles):
+//! The testable core (fd table, waiter) is the library crate
+//! `nanowire-shimcore`, the ABI rules (iovec, sockaddr, msghdr, cmsg) are
+//! `nanowire-sockabi`, both with unit tests; the shim reaches the engine
+//! only through `nanowire-stack` and reads its typed configuration from
+//! `nanowire-options`.
+//!
+//! Layers (a module uses only the ones below it; known cycles, to be
+//! removed: `accel`/`tstamp`, `tcpx`/`handover`/`ready`/`opts`):
 //!
 //! * `exports`: the C entry points, generated from the one table in `abi`
 //!   (which also generates `real`): engine code → libc, else → dispatch;
@@ -55,9 +62,14 @@
 //! * `tstamp`: SO_TIMESTAMP/SO_TIMESTAMPNS/SO_TIMESTAMPING on accelerated
 //!   sockets (control messages, the transmit-stamp error queue).
 //! * `accel`: sockets on the xdp engine (records in a `table::PtrTable`).
-//! * `spin`: configuration and busy-poll loops.
+//! * `spin`: configuration and busy-poll loops of kernel sockets.
+//! * `adapt`: the one waiter (`nanowire_shimcore::waiter` over this
+//!   process's clock, fd table and signal counts): every blocking call
+//!   attempts, asks `Waiter::turn` (EINTR, EBADF by generation, timeout,
+//!   spin or sleep a slice) and attempts again.
 //! * `signals`: the sigaction trampoline and per-thread delivery counts.
-//! * `table`: the fd word table and a per-fd pointer table generic over its payload.
+//! * `table`: the process's fd table and record tables
+//!   (`nanowire_shimcore::fdtable`) and socket identity (SO_COOKIE).
 //! * `log`, `real` (libc through dlsym), `abi`, `sys` (errno, clock, the
 //!   engine-call flag).
 

@@ -1,6 +1,7 @@
 //! Busy-polling before sleeping: the configuration the shim runs with and
 //! the spin loops the hooks share.
 
+use crate::adapt::Turn;
 use crate::log::log;
 use crate::real;
 use crate::table::{self, C_TCP, C_UDP, F_RCVTIMEO};
@@ -9,8 +10,7 @@ use nanowire_options::{Config, Engine, Level};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-/// Spin budget in ns: 0 = no spinning, `u64::MAX` = forever.
-pub static SPIN_NS: AtomicU64 = AtomicU64::new(0);
+pub use crate::adapt::SPIN_NS;
 pub static SPIN_POLL: AtomicBool = AtomicBool::new(false);
 pub static SPIN_TCP: AtomicBool = AtomicBool::new(false);
 /// Minimum SO_RCVBUF for new UDP sockets (0 = leave alone).
@@ -152,29 +152,28 @@ pub fn spin_recv(fd: c_int, w: u64, mut attempt: impl FnMut() -> isize) -> Optio
         // The caller's fd is non-blocking: EAGAIN is its answer (errno kept).
         return Some(r);
     }
-    let mut wait = crate::adapt::Wait::new(u64::MAX);
-    let gen0 = table::generation(w);
-    let s0 = crate::signals::seq();
+    // No timeout: sockets with SO_RCVTIMEO are not spun (recv_spin_word).
+    let mut wait = crate::adapt::waiter(fd, w, crate::signals::seq(), 0, 0);
     let _g = table::spin_enter(fd);
     loop {
-        if !wait.spin() {
-            set_errno(libc::EAGAIN);
-            return None;
-        }
-        if crate::signals::interrupted(s0) {
-            set_errno(libc::EINTR);
-            return Some(-1);
-        }
-        if table::generation_now(fd) != gen0 {
-            let now = table::get(fd);
-            if now & table::F_WOKEN == 0 || table::class(now) != table::class(w) {
+        match wait.turn() {
+            Turn::Spin => {}
+            // Budget spent: the real blocking call; shutdown() by another
+            // thread: the real call answers at once.
+            Turn::Sleep(_) | Turn::TimedOut | Turn::Woken => {
+                set_errno(libc::EAGAIN);
+                return None;
+            }
+            Turn::Interrupted => {
+                set_errno(libc::EINTR);
+                return Some(-1);
+            }
+            Turn::Closed => {
                 // Closed by another thread: never touch the number again
                 // (it may already name another file).
                 set_errno(libc::EBADF);
                 return Some(-1);
             }
-            // shutdown() by another thread: the real call answers at once.
-            return None;
         }
         let r = attempt();
         if r >= 0 {

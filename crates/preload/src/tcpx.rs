@@ -22,6 +22,7 @@
 //! table stays valid if another thread closes the fd; the engine object
 //! inside is taken out on the last close.
 
+use crate::adapt::Turn;
 use crate::log::log;
 use crate::real;
 use crate::spin::{self, errno, now_ns, set_errno};
@@ -457,62 +458,21 @@ fn wait_for<R>(
     if let Some(r) = attempt() {
         return Ok(r);
     }
-    let spin_ns = spin::SPIN_NS.load(Ordering::Relaxed);
-    let start = now_ns();
     let s0 = crate::signals::seq();
-    let gen0 = table::generation(table::get(fd));
-    let mut w = crate::adapt::Wait::new(if timeo_ns == 0 { u64::MAX } else { timeo_ns });
-    let mut spinning = spin_ns != 0;
+    let mut w = crate::adapt::waiter(fd, table::get(fd), s0, timeo_ns, 5_000_000);
     loop {
-        if crate::signals::interrupted_timed(s0, timeo_ns != 0) {
-            return Err(libc::EINTR);
-        }
-        if table::generation(table::get(fd)) != gen0 {
-            // Closed (or shut down) by another thread.
-            if let Some(r) = attempt() {
-                return Ok(r);
+        match w.turn() {
+            Turn::Interrupted => return Err(libc::EINTR),
+            Turn::TimedOut => return Err(libc::EAGAIN),
+            Turn::Closed | Turn::Woken => {
+                // Closed (or shut down) by another thread.
+                return attempt().ok_or(libc::EBADF);
             }
-            return Err(libc::EBADF);
-        }
-        let spent = if timeo_ns != 0 || !spinning {
-            now_ns().wrapping_sub(start)
-        } else {
-            0
-        };
-        if timeo_ns != 0 && spent >= timeo_ns {
-            return Err(libc::EAGAIN);
-        }
-        if spinning && !w.spin() {
-            spinning = false;
-        }
-        if !spinning && !arm(t) {
-            // Frames are queued for the stack: take them in first.
-            if let Some(r) = attempt() {
-                return Ok(r);
-            }
-            continue;
-        }
-        if !spinning {
-            let slice = if timeo_ns == 0 {
-                5_000_000
-            } else {
-                (timeo_ns - spent).min(5_000_000)
-            };
-            let mut pf: Vec<libc::pollfd> = t
-                .wait_fds
-                .iter()
-                .map(|&f| libc::pollfd {
-                    fd: f,
-                    events: libc::POLLIN,
-                    revents: 0,
-                })
-                .collect();
-            let ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: slice.max(1000) as _,
-            };
-            // SAFETY: our own array, a bounded timeout, no mask change.
-            unsafe { real::ppoll(pf.as_mut_ptr(), pf.len() as _, &ts, std::ptr::null()) };
+            Turn::Spin => {}
+            // Frames queued for the stack (arm() says no) are taken in
+            // by the attempt first.
+            Turn::Sleep(ns) if arm(t) => crate::adapt::sleep_on_fds(&t.wait_fds, ns),
+            Turn::Sleep(_) => {}
         }
         if let Some(r) = attempt() {
             return Ok(r);

@@ -1,0 +1,563 @@
+//! The fd table: per-fd slots in lazily allocated chunks indexed directly
+//! by the fd number (O(1), no lock on any path), and on it the shim's
+//! tables:
+//!
+//! * [`FdTable`]: one atomic word per fd: what the shim knows about the fd
+//!   (its class, a few flags), the number of threads spinning on it, and a
+//!   generation that `close`/`dup2` ([`FdTable::retire`]) and `shutdown`
+//!   ([`FdTable::wake`]) bump, so that a thread waiting on an fd notices
+//!   that another thread closed it (EBADF) or shut it down (the kernel
+//!   answers);
+//! * [`PtrTable`]: per-fd pointers to the engine's socket records (leaked,
+//!   never freed: a reference read by one thread stays valid when another
+//!   clears the slot).
+//!
+//! The layout of a word: bits 0..8 the class (`C_*`), 8..16 and 32.. flags
+//! and generation, 16..32 the spinner count.
+
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+/// Slots per chunk.
+pub const CHUNK: usize = 4096;
+/// Chunks per table.
+pub const CHUNKS: usize = 256;
+/// fds at or above this are not tracked (served by the kernel, unaccelerated).
+pub const MAX_FD: usize = CHUNK * CHUNKS;
+
+/// Per-fd slots of type `S` in chunks of [`CHUNK`], each allocated on first
+/// use (a leaked box published with Release) and freed only when the table
+/// is dropped (tables of the shim are statics: never).
+pub struct Chunks<S: 'static> {
+    /// Each non-null pointer is the first of [`CHUNK`] slots.
+    chunks: [AtomicPtr<S>; CHUNKS],
+}
+
+impl<S: Default + Sync + 'static> Default for Chunks<S> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S: Default + Sync + 'static> Chunks<S> {
+    pub const fn new() -> Chunks<S> {
+        Chunks {
+            chunks: [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS],
+        }
+    }
+
+    /// The slot of `fd` if its chunk exists (one load, one branch).
+    #[inline(always)]
+    pub fn get(&self, fd: i32) -> Option<&S> {
+        let i = usize::try_from(fd).ok()?;
+        if i >= MAX_FD {
+            return None;
+        }
+        let p = self.chunks[i / CHUNK].load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: `p` is the first of CHUNK slots of a chunk published with
+        // Release by `alloc` and freed only by `drop` (which `&self` rules
+        // out); i % CHUNK < CHUNK.
+        Some(unsafe { &*p.add(i % CHUNK) })
+    }
+
+    /// The slot of `fd`, allocating its chunk if needed (`None`: negative
+    /// or too large).
+    #[inline(always)]
+    pub fn get_or_alloc(&self, fd: i32) -> Option<&S> {
+        match self.get(fd) {
+            Some(s) => Some(s),
+            None => self.alloc(fd),
+        }
+    }
+
+    #[cold]
+    fn alloc(&self, fd: i32) -> Option<&S> {
+        let i = usize::try_from(fd).ok()?;
+        if i >= MAX_FD {
+            return None;
+        }
+        let fresh: Box<[S]> = (0..CHUNK).map(|_| S::default()).collect();
+        let fresh = Box::into_raw(fresh).cast::<S>();
+        if self.chunks[i / CHUNK]
+            .compare_exchange(
+                std::ptr::null_mut(),
+                fresh,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            // SAFETY: `fresh` came from Box::into_raw of a CHUNK-long boxed
+            // slice just above and was never published (we lost the race),
+            // so we own it.
+            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(fresh, CHUNK)) });
+        }
+        self.get(fd)
+    }
+
+    /// Every slot of the allocated chunks, with its fd (for rare events:
+    /// fork, spawn, close_range).
+    pub fn each(&self, mut f: impl FnMut(i32, &S)) {
+        for (c, chunk) in self.chunks.iter().enumerate() {
+            let p = chunk.load(Ordering::Acquire);
+            if p.is_null() {
+                continue;
+            }
+            for i in 0..CHUNK {
+                // SAFETY: as in `get`: a published chunk, i < CHUNK.
+                f((c * CHUNK + i) as i32, unsafe { &*p.add(i) });
+            }
+        }
+    }
+
+    /// One past the highest fd an allocated chunk covers (0: none).
+    pub fn limit(&self) -> usize {
+        self.chunks
+            .iter()
+            .rposition(|c| !c.load(Ordering::Acquire).is_null())
+            .map_or(0, |c| (c + 1) * CHUNK)
+    }
+}
+
+impl<S: 'static> Drop for Chunks<S> {
+    fn drop(&mut self) {
+        for c in &mut self.chunks {
+            let p = *c.get_mut();
+            if !p.is_null() {
+                // SAFETY: a chunk made by `alloc` from a CHUNK-long boxed
+                // slice; `&mut self` means no slot is borrowed any more.
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, CHUNK)) });
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------- words
+
+pub const C_UNKNOWN: u64 = 0;
+/// Not a socket, or a socket of a family the shim leaves alone.
+pub const C_OTHER: u64 = 1;
+/// IPv4/IPv6 datagram socket.
+pub const C_UDP: u64 = 2;
+/// IPv4/IPv6 stream socket.
+pub const C_TCP: u64 = 3;
+/// An epoll instance.
+pub const C_EPOLL: u64 = 4;
+const CLASS_MASK: u64 = 0xff;
+/// SO_RCVTIMEO is set: blocking receives keep their own timeout, no spin.
+pub const F_RCVTIMEO: u64 = 1 << 8;
+/// An epoll instance with at least one UDP/TCP socket registered.
+pub const F_EPOLL_INET: u64 = 1 << 9;
+/// `shutdown` was called on this fd (set with a generation bump; `retire`
+/// clears it): a generation change with this bit is a wake-up, without it
+/// the fd was closed (and maybe reused).
+pub const F_WOKEN: u64 = 1 << 10;
+/// The fd is served by the xdp engine (its record is in the UDP table).
+pub const F_ACCEL: u64 = 1 << 11;
+/// A UDP socket that may still be put on the xdp engine (at bind, connect
+/// or first send).
+pub const F_CAND: u64 = 1 << 12;
+/// An epoll instance with an accelerated socket registered.
+pub const F_EPOLL_ACCEL: u64 = 1 << 13;
+/// A forked child was told (once) that it uses an inherited accelerated
+/// socket through the kernel only.
+pub const F_INHERIT_LOGGED: u64 = 1 << 14;
+/// An AF_INET stream socket that may still be put on the xdp engine (at
+/// listen or connect).
+pub const F_TCAND: u64 = 1 << 15;
+const GEN_SHIFT: u32 = 32;
+/// Threads currently spinning on the fd (bits 16..32): `close` waits for
+/// them to leave before the number can be reused.
+const SPIN_SHIFT: u32 = 16;
+const SPIN_MASK: u64 = 0xffff << SPIN_SHIFT;
+/// Class and flags (what `retire` forgets).
+const STATE_MASK: u64 = ((1 << GEN_SHIFT) - 1) & !SPIN_MASK;
+
+#[inline(always)]
+pub fn class(w: u64) -> u64 {
+    w & CLASS_MASK
+}
+
+#[inline(always)]
+pub fn generation(w: u64) -> u64 {
+    w >> GEN_SHIFT
+}
+
+/// Threads spinning on the fd the word belongs to.
+#[inline(always)]
+pub fn spinners(w: u64) -> u64 {
+    (w & SPIN_MASK) >> SPIN_SHIFT
+}
+
+/// Did the fd change from `w0` (a waiter's first look) to `w` because it
+/// was closed (or closed and reused), rather than only woken by `shutdown`?
+/// `None`: the generation is the same.
+#[inline(always)]
+pub fn closed_since(w0: u64, w: u64) -> Option<bool> {
+    if generation(w) == generation(w0) {
+        return None;
+    }
+    Some(w & F_WOKEN == 0 || class(w) != class(w0))
+}
+
+/// One atomic word per fd (see the module doc).
+pub struct FdTable {
+    words: Chunks<AtomicU64>,
+}
+
+impl Default for FdTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FdTable {
+    pub const fn new() -> FdTable {
+        FdTable {
+            words: Chunks::new(),
+        }
+    }
+
+    /// The word of `fd` (0 = unknown, generation 0).
+    #[inline(always)]
+    pub fn get(&self, fd: i32) -> u64 {
+        self.words.get(fd).map_or(0, |s| s.load(Ordering::Acquire))
+    }
+
+    /// The word as a waiter must read it (after [`FdTable::spin_enter`]:
+    /// sequentially consistent with `retire` + `wait_spinners`).
+    #[inline(always)]
+    pub fn get_now(&self, fd: i32) -> u64 {
+        self.words.get(fd).map_or(0, |s| s.load(Ordering::SeqCst))
+    }
+
+    /// Generation of `fd` as a spinner must read it.
+    #[inline(always)]
+    pub fn generation_now(&self, fd: i32) -> u64 {
+        generation(self.get_now(fd))
+    }
+
+    /// Set class and flags, keeping the generation and the spinners.
+    pub fn set(&self, fd: i32, class: u64, flags: u64) {
+        let Some(s) = self.words.get_or_alloc(fd) else {
+            return;
+        };
+        let _ = s.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+            Some((w & !STATE_MASK) | class | flags)
+        });
+    }
+
+    /// Add flags, keeping class and generation.
+    pub fn add_flags(&self, fd: i32, flags: u64) {
+        if let Some(s) = self.words.get_or_alloc(fd) {
+            s.fetch_or(flags, Ordering::AcqRel);
+        }
+    }
+
+    /// Remove flags.
+    pub fn clear_flags(&self, fd: i32, flags: u64) {
+        if let Some(s) = self.words.get(fd) {
+            s.fetch_and(!flags, Ordering::AcqRel);
+        }
+    }
+
+    /// The fd was closed or replaced: forget it and bump its generation.
+    pub fn retire(&self, fd: i32) {
+        if let Some(s) = self.words.get(fd) {
+            let _ = s.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                Some(((generation(w) + 1) << GEN_SHIFT) | (w & SPIN_MASK) | C_UNKNOWN)
+            });
+        }
+    }
+
+    /// Something happened that a waiter must notice although the fd stays
+    /// what it is (shutdown): bump the generation, keep the rest.
+    pub fn wake(&self, fd: i32) {
+        if let Some(s) = self.words.get(fd) {
+            let _ = s.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                Some(w.wrapping_add(1 << GEN_SHIFT) | F_WOKEN)
+            });
+        }
+    }
+
+    /// A thread starts a wait that makes syscalls on `fd`; the returned
+    /// guard ends it. While any is active, `close` holds the number (see
+    /// [`FdTable::wait_spinners`]), so a waiter never issues a call on a
+    /// reused fd: it re-reads the generation before every attempt.
+    #[inline]
+    pub fn spin_enter(&self, fd: i32) -> SpinGuard<'_> {
+        let s = self.words.get(fd);
+        if let Some(s) = s {
+            s.fetch_add(1 << SPIN_SHIFT, Ordering::SeqCst);
+        }
+        SpinGuard(s)
+    }
+
+    /// After `retire(fd)` and before the real close: wait (at most
+    /// `max_turns` turns, in case close runs in a signal handler on the
+    /// spinning thread) until every spinner on `fd` has left. Returns
+    /// whether they all left.
+    pub fn wait_spinners(&self, fd: i32, max_turns: u32) -> bool {
+        let Some(s) = self.words.get(fd) else {
+            return true;
+        };
+        let mut n = 0u32;
+        while s.load(Ordering::SeqCst) & SPIN_MASK != 0 {
+            if n >= max_turns {
+                return false;
+            }
+            if n < 64 {
+                core::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+            n += 1;
+        }
+        true
+    }
+
+    /// Every fd whose word has all of `flags` (allocated chunks only).
+    pub fn each_with(&self, flags: u64, mut f: impl FnMut(i32)) {
+        self.words.each(|fd, s| {
+            if s.load(Ordering::Acquire) & flags == flags {
+                f(fd);
+            }
+        });
+    }
+
+    /// Does any fd's word have any of `flags`?
+    pub fn any_with(&self, flags: u64) -> bool {
+        let mut any = false;
+        self.words.each(|_, s| any |= s.load(Ordering::Acquire) & flags != 0);
+        any
+    }
+
+    /// Is anything but the generation recorded for `fd`?
+    pub fn tracked(&self, fd: i32) -> bool {
+        self.get(fd) & ((1 << GEN_SHIFT) - 1) != 0
+    }
+
+    /// One past the highest fd an allocated chunk covers.
+    pub fn limit(&self) -> usize {
+        self.words.limit()
+    }
+}
+
+/// A waiter on one fd (see [`FdTable::spin_enter`]).
+pub struct SpinGuard<'a>(Option<&'a AtomicU64>);
+
+impl Drop for SpinGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.0 {
+            s.fetch_sub(1 << SPIN_SHIFT, Ordering::SeqCst);
+        }
+    }
+}
+
+// ------------------------------------------------------------ records
+
+/// Per-fd pointers to leaked payloads (the engine's socket records),
+/// generic so that this layer knows nothing of what it stores. Payloads are
+/// `'static` (leaked, never freed), so a reference read by one thread stays
+/// valid when another thread clears the slot.
+pub struct PtrTable<T: 'static> {
+    slots: Chunks<AtomicPtr<T>>,
+}
+
+impl<T: Sync + 'static> Default for PtrTable<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Sync + 'static> PtrTable<T> {
+    pub const fn new() -> PtrTable<T> {
+        PtrTable {
+            slots: Chunks::new(),
+        }
+    }
+
+    /// The payload of `fd`, if any (two loads, no lock).
+    #[inline(always)]
+    pub fn get(&self, fd: i32) -> Option<&'static T> {
+        let p = self.slots.get(fd)?.load(Ordering::Acquire);
+        // SAFETY: only `set` stores non-null pointers, always from a
+        // `&'static T`.
+        unsafe { p.as_ref() }
+    }
+
+    /// Map `fd` to `v`; `false` when `fd` cannot be tracked.
+    pub fn set(&self, fd: i32, v: &'static T) -> bool {
+        match self.slots.get_or_alloc(fd) {
+            Some(s) => {
+                s.store((v as *const T).cast_mut(), Ordering::Release);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Unmap `fd`, returning what it held.
+    pub fn take(&self, fd: i32) -> Option<&'static T> {
+        let p = self.slots.get(fd)?.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        // SAFETY: as in `get`.
+        unsafe { p.as_ref() }
+    }
+
+    /// Every (fd, payload) present (allocated chunks only).
+    pub fn each(&self, mut f: impl FnMut(i32, &'static T)) {
+        self.slots.each(|fd, s| {
+            // SAFETY: as in `get`.
+            if let Some(v) = unsafe { s.load(Ordering::Acquire).as_ref() } {
+                f(fd, v);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn unknown_and_untrackable_fds_read_as_zero() {
+        let t = FdTable::new();
+        assert_eq!(t.get(3), 0);
+        assert_eq!(t.get(-1), 0);
+        assert_eq!(t.get(MAX_FD as i32), 0);
+        t.set(-1, C_UDP, 0);
+        t.set(MAX_FD as i32, C_UDP, 0);
+        assert_eq!(t.limit(), 0, "nothing allocated for untrackable fds");
+        t.retire(7); // no chunk: a no-op
+        assert_eq!(t.get(7), 0);
+    }
+
+    #[test]
+    fn set_keeps_generation_and_replaces_class_and_flags() {
+        let t = FdTable::new();
+        t.set(5, C_UDP, F_CAND);
+        let w = t.get(5);
+        assert_eq!(class(w), C_UDP);
+        assert_ne!(w & F_CAND, 0);
+        t.retire(5);
+        t.set(5, C_TCP, 0);
+        let w = t.get(5);
+        assert_eq!((class(w), generation(w), w & F_CAND), (C_TCP, 1, 0));
+        t.add_flags(5, F_RCVTIMEO | F_TCAND);
+        t.clear_flags(5, F_TCAND);
+        let w = t.get(5);
+        assert_eq!(w & (F_RCVTIMEO | F_TCAND), F_RCVTIMEO);
+        assert_eq!(generation(w), 1);
+        assert!(t.tracked(5) && !t.tracked(6));
+    }
+
+    #[test]
+    fn retire_forgets_and_bumps_but_keeps_spinners() {
+        let t = FdTable::new();
+        t.set(9, C_UDP, F_ACCEL | F_WOKEN);
+        let g = t.spin_enter(9);
+        t.retire(9);
+        let w = t.get(9);
+        assert_eq!(class(w), C_UNKNOWN);
+        assert_eq!(w & (F_ACCEL | F_WOKEN), 0);
+        assert_eq!(generation(w), 1);
+        assert_eq!(spinners(w), 1);
+        drop(g);
+        assert_eq!(spinners(t.get(9)), 0);
+        // set() keeps a spinner count too.
+        let _g = t.spin_enter(9);
+        t.set(9, C_TCP, 0);
+        assert_eq!(spinners(t.get(9)), 1);
+    }
+
+    #[test]
+    fn wake_is_told_apart_from_close() {
+        let t = FdTable::new();
+        t.set(4, C_UDP, 0);
+        let w0 = t.get(4);
+        assert_eq!(closed_since(w0, t.get(4)), None);
+        t.wake(4);
+        let w = t.get(4);
+        assert_eq!(closed_since(w0, w), Some(false), "shutdown wakes");
+        assert_eq!(class(w), C_UDP);
+        t.retire(4);
+        assert_eq!(closed_since(w0, t.get(4)), Some(true), "close");
+        // Closed and reused by a socket of another class, then woken.
+        t.set(4, C_TCP, 0);
+        t.wake(4);
+        assert_eq!(closed_since(w0, t.get(4)), Some(true));
+    }
+
+    #[test]
+    fn wait_spinners_returns_when_the_last_leaves() {
+        let t = Arc::new(FdTable::new());
+        t.set(11, C_UDP, 0);
+        assert!(t.wait_spinners(11, 0), "nobody spins");
+        assert!(t.wait_spinners(12_000, 0), "no chunk, nobody spins");
+        let g = t.spin_enter(11);
+        assert!(!t.wait_spinners(11, 10), "bounded while one spins");
+        let t2 = Arc::clone(&t);
+        let h = std::thread::spawn(move || t2.wait_spinners(11, u32::MAX));
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        drop(g);
+        assert!(h.join().unwrap());
+    }
+
+    #[test]
+    fn sweeps_see_only_matching_words() {
+        let t = FdTable::new();
+        t.set(3, C_EPOLL, F_EPOLL_INET);
+        t.set(5000, C_UDP, F_ACCEL | F_CAND);
+        t.set(6000, C_UDP, F_ACCEL);
+        let mut seen = Vec::new();
+        t.each_with(F_ACCEL | F_CAND, |fd| seen.push(fd));
+        assert_eq!(seen, [5000]);
+        assert!(t.any_with(F_EPOLL_INET));
+        assert!(!t.any_with(F_EPOLL_ACCEL));
+        assert_eq!(t.limit(), 2 * CHUNK);
+    }
+
+    #[test]
+    fn chunks_race_to_one_allocation() {
+        let c: Arc<Chunks<AtomicU64>> = Arc::new(Chunks::new());
+        let hs: Vec<_> = (0..4)
+            .map(|k| {
+                let c = Arc::clone(&c);
+                std::thread::spawn(move || {
+                    for fd in (k..CHUNK as i32).step_by(4) {
+                        c.get_or_alloc(fd).unwrap().fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        let mut sum = 0;
+        c.each(|_, s| sum += s.load(Ordering::Relaxed));
+        assert_eq!(sum, CHUNK as u64, "every increment landed in the one chunk");
+        assert_eq!(c.limit(), CHUNK);
+    }
+
+    #[test]
+    fn ptr_table_maps_takes_and_lists() {
+        static A: u32 = 1;
+        static B: u32 = 2;
+        let t: PtrTable<u32> = PtrTable::new();
+        assert!(t.get(3).is_none());
+        assert!(t.set(3, &A));
+        assert!(t.set(CHUNK as i32 + 1, &B));
+        assert!(!t.set(-2, &B));
+        assert_eq!(t.get(3), Some(&1));
+        let mut all = Vec::new();
+        t.each(|fd, v| all.push((fd, *v)));
+        assert_eq!(all, [(3, 1), (CHUNK as i32 + 1, 2)]);
+        assert_eq!(t.take(3), Some(&1));
+        assert!(t.get(3).is_none());
+        assert!(t.take(3).is_none());
+        assert!(t.take(-1).is_none());
+    }
+}
