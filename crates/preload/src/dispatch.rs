@@ -16,6 +16,7 @@
 
 use crate::accel;
 use crate::ahooks;
+use crate::kernelio::{self, Next};
 use crate::ready;
 use crate::real;
 pub use crate::signals::{sigaction, signal};
@@ -335,32 +336,17 @@ pub unsafe fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ss
     ) {
         return r;
     }
-    if flags & (libc::MSG_DONTWAIT | libc::MSG_ERRQUEUE) == 0
-        && let Some(r) = ahooks::candidate(fd, || {
-            // SAFETY: the caller's buffer, a non-blocking attempt.
-            unsafe { real::recv(fd, buf, len, flags | libc::MSG_DONTWAIT) }
-        })
-    {
+    match kernelio::recv_wait(fd, flags, || {
+        // SAFETY: the caller's buffer, a non-blocking attempt.
+        unsafe { real::recv(fd, buf, len, flags | libc::MSG_DONTWAIT) }
+    }) {
+        Next::Done(r) => r,
         // SAFETY: re-dispatch (the socket moved onto the engine).
-        return r.unwrap_or_else(|| unsafe { recv(fd, buf, len, flags) });
+        Next::Again => unsafe { recv(fd, buf, len, flags) },
+        // SAFETY: the caller's own arguments, unchanged, to libc's function
+        // of the same signature, whose contract our caller upholds (# Safety).
+        Next::Real => unsafe { real::recv(fd, buf, len, flags) },
     }
-    if flags & (libc::MSG_DONTWAIT | libc::MSG_ERRQUEUE) == 0
-        && let Some(w) = recv_spin_word(fd)
-    {
-        if flags & libc::MSG_WAITALL != 0 {
-            if let Some(r) = spin::spin_until_readable(fd, w) {
-                return r;
-            }
-        } else if let Some(r) = spin::spin_recv(fd, w, || {
-            // SAFETY: the caller's buffer, a non-blocking attempt.
-            unsafe { real::recv(fd, buf, len, flags | libc::MSG_DONTWAIT) }
-        }) {
-            return r;
-        }
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::recv(fd, buf, len, flags) }
 }
 
 /// # Safety
@@ -386,32 +372,17 @@ pub unsafe fn recvfrom(
     if let Some(r) = ahooks::recvfrom(fd, buf, len, flags, addr, alen) {
         return r;
     }
-    if flags & (libc::MSG_DONTWAIT | libc::MSG_ERRQUEUE) == 0
-        && let Some(r) = ahooks::candidate(fd, || {
-            // SAFETY: the caller's buffers, a non-blocking attempt.
-            unsafe { real::recvfrom(fd, buf, len, flags | libc::MSG_DONTWAIT, addr, alen) }
-        })
-    {
+    match kernelio::recv_wait(fd, flags, || {
+        // SAFETY: the caller's buffers, a non-blocking attempt.
+        unsafe { real::recvfrom(fd, buf, len, flags | libc::MSG_DONTWAIT, addr, alen) }
+    }) {
+        Next::Done(r) => r,
         // SAFETY: re-dispatch (the socket moved onto the engine).
-        return r.unwrap_or_else(|| unsafe { recvfrom(fd, buf, len, flags, addr, alen) });
+        Next::Again => unsafe { recvfrom(fd, buf, len, flags, addr, alen) },
+        // SAFETY: the caller's own arguments, unchanged, to libc's function
+        // of the same signature, whose contract our caller upholds (# Safety).
+        Next::Real => unsafe { real::recvfrom(fd, buf, len, flags, addr, alen) },
     }
-    if flags & (libc::MSG_DONTWAIT | libc::MSG_ERRQUEUE) == 0
-        && let Some(w) = recv_spin_word(fd)
-    {
-        if flags & libc::MSG_WAITALL != 0 {
-            if let Some(r) = spin::spin_until_readable(fd, w) {
-                return r;
-            }
-        } else if let Some(r) = spin::spin_recv(fd, w, || {
-            // SAFETY: the caller's buffers, a non-blocking attempt.
-            unsafe { real::recvfrom(fd, buf, len, flags | libc::MSG_DONTWAIT, addr, alen) }
-        }) {
-            return r;
-        }
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::recvfrom(fd, buf, len, flags, addr, alen) }
 }
 
 /// # Safety
@@ -424,32 +395,17 @@ pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     if let Some(r) = ahooks::recvmsg(fd, msg, flags) {
         return r;
     }
-    if flags & (libc::MSG_DONTWAIT | libc::MSG_ERRQUEUE) == 0
-        && let Some(r) = ahooks::candidate(fd, || {
-            // SAFETY: the caller's message, a non-blocking attempt.
-            unsafe { real::recvmsg(fd, msg, flags | libc::MSG_DONTWAIT) }
-        })
-    {
+    match kernelio::recv_wait(fd, flags, || {
+        // SAFETY: the caller's message, a non-blocking attempt.
+        unsafe { real::recvmsg(fd, msg, flags | libc::MSG_DONTWAIT) }
+    }) {
+        Next::Done(r) => r,
         // SAFETY: re-dispatch (the socket moved onto the engine).
-        return r.unwrap_or_else(|| unsafe { recvmsg(fd, msg, flags) });
+        Next::Again => unsafe { recvmsg(fd, msg, flags) },
+        // SAFETY: the caller's own arguments, unchanged, to libc's function
+        // of the same signature, whose contract our caller upholds (# Safety).
+        Next::Real => unsafe { real::recvmsg(fd, msg, flags) },
     }
-    if flags & (libc::MSG_DONTWAIT | libc::MSG_ERRQUEUE) == 0
-        && let Some(w) = recv_spin_word(fd)
-    {
-        if flags & libc::MSG_WAITALL != 0 {
-            if let Some(r) = spin::spin_until_readable(fd, w) {
-                return r;
-            }
-        } else if let Some(r) = spin::spin_recv(fd, w, || {
-            // SAFETY: the caller's message, a non-blocking attempt.
-            unsafe { real::recvmsg(fd, msg, flags | libc::MSG_DONTWAIT) }
-        }) {
-            return r;
-        }
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::recvmsg(fd, msg, flags) }
 }
 
 /// # Safety
@@ -522,24 +478,17 @@ pub unsafe fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
     if let Some(r) = ahooks::recvfrom(fd, buf, len, 0, std::ptr::null_mut(), std::ptr::null_mut()) {
         return r;
     }
-    if let Some(r) = ahooks::candidate(fd, || {
-        // SAFETY: the caller's buffer, a non-blocking attempt.
+    match kernelio::recv_wait(fd, 0, || {
+        // SAFETY: the caller's buffer; read on a socket is recv(.., 0).
         unsafe { real::recv(fd, buf, len, libc::MSG_DONTWAIT) }
     }) {
+        Next::Done(r) => r,
         // SAFETY: re-dispatch (the socket moved onto the engine).
-        return r.unwrap_or_else(|| unsafe { read(fd, buf, len) });
+        Next::Again => unsafe { read(fd, buf, len) },
+        // SAFETY: the caller's own arguments, unchanged, to libc's function
+        // of the same signature, whose contract our caller upholds (# Safety).
+        Next::Real => unsafe { real::read(fd, buf, len) },
     }
-    if let Some(w) = recv_spin_word(fd)
-        && let Some(r) = spin::spin_recv(fd, w, || {
-            // SAFETY: the caller's buffer; read on a socket is recv(.., 0).
-            unsafe { real::recv(fd, buf, len, libc::MSG_DONTWAIT) }
-        })
-    {
-        return r;
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::read(fd, buf, len) }
 }
 
 /// # Safety
@@ -1268,48 +1217,28 @@ fn sockopt_accel(
 
 fn fcntl_accel(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int> {
     if let Some(t) = tcpx::lookup(fd) {
-        return fcntl_tcp(t, fd, cmd, arg, is64);
+        // A listener is non-blocking underneath; a connection's mode is
+        // recorded and passed on.
+        return fcntl_mode(fd, cmd, arg, is64, &t.nonblock, t.listener);
     }
     let a = accel::by_fd(fd)?;
-    let call = |c: c_int, v: c_ulong| {
-        // SAFETY: F_GETFL/F_SETFL with an int argument.
-        unsafe {
-            if is64 {
-                real::fcntl64(fd, c, v)
-            } else {
-                real::fcntl(fd, c, v)
-            }
-        }
-    };
-    match cmd {
-        libc::F_GETFL => {
-            let r = call(libc::F_GETFL, 0);
-            if r < 0 {
-                return Some(r);
-            }
-            let nb = if a.nonblock.load(Ordering::Relaxed) {
-                libc::O_NONBLOCK
-            } else {
-                0
-            };
-            Some((r & !libc::O_NONBLOCK) | nb)
-        }
-        libc::F_SETFL => {
-            let r = call(libc::F_SETFL, arg | libc::O_NONBLOCK as c_ulong);
-            if r == 0 {
-                a.nonblock
-                    .store(arg & libc::O_NONBLOCK as c_ulong != 0, Ordering::Relaxed);
-            }
-            Some(r)
-        }
-        _ => None,
-    }
+    fcntl_mode(fd, cmd, arg, is64, &a.nonblock, true)
 }
 
-/// fcntl on an engine TCP socket: a listener is non-blocking underneath
-/// (its mode is kept in the record); a connection's mode is recorded and
-/// passed on.
-fn fcntl_tcp(t: &tcpx::Tcp, fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int> {
+/// F_GETFL/F_SETFL on an engine socket, whose O_NONBLOCK the shim records
+/// in `nonblock`. `hidden`: the kernel socket under the fd stays
+/// non-blocking whatever the application says (UDP on the engine, TCP
+/// listeners), so F_GETFL reports the recorded mode and F_SETFL keeps
+/// O_NONBLOCK set underneath; otherwise the mode is passed on. `None`:
+/// another command, the real call answers.
+fn fcntl_mode(
+    fd: c_int,
+    cmd: c_int,
+    arg: c_ulong,
+    is64: bool,
+    nonblock: &std::sync::atomic::AtomicBool,
+    hidden: bool,
+) -> Option<c_int> {
     let call = |c: c_int, v: c_ulong| {
         // SAFETY: F_GETFL/F_SETFL with an int argument.
         unsafe {
@@ -1321,12 +1250,12 @@ fn fcntl_tcp(t: &tcpx::Tcp, fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> 
         }
     };
     match cmd {
-        libc::F_GETFL if t.listener => {
+        libc::F_GETFL if hidden => {
             let r = call(libc::F_GETFL, 0);
             if r < 0 {
                 return Some(r);
             }
-            let nb = if t.nonblock.load(Ordering::Relaxed) {
+            let nb = if nonblock.load(Ordering::Relaxed) {
                 libc::O_NONBLOCK
             } else {
                 0
@@ -1334,15 +1263,14 @@ fn fcntl_tcp(t: &tcpx::Tcp, fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> 
             Some((r & !libc::O_NONBLOCK) | nb)
         }
         libc::F_SETFL => {
-            let under = if t.listener {
+            let under = if hidden {
                 arg | libc::O_NONBLOCK as c_ulong
             } else {
                 arg
             };
             let r = call(libc::F_SETFL, under);
             if r == 0 {
-                t.nonblock
-                    .store(arg & libc::O_NONBLOCK as c_ulong != 0, Ordering::Relaxed);
+                nonblock.store(arg & libc::O_NONBLOCK as c_ulong != 0, Ordering::Relaxed);
             }
             Some(r)
         }

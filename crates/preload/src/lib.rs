@@ -54,6 +54,8 @@
 //!   hand on fds behind the socket API (close_range, fclose, open, syscall,
 //!   vfork, posix_spawn, exec, ...; issue 20).
 //! * `dispatch` (+ `ahooks`, its accelerated branch): what each call does.
+//! * `kernelio`: receives on fds the engine does not serve: candidates and
+//!   spinning kernel sockets wait the shim's way, then the real call.
 //! * `spawn`: children never hold engine sockets (vfork, posix_spawn, exec).
 //! * `fdlife`: an fd is what the kernel says it is (close paths, creations,
 //!   socket identity).
@@ -82,6 +84,7 @@ mod exports;
 mod exports_fd;
 mod fdlife;
 mod handover;
+mod kernelio;
 mod log;
 mod opts;
 mod ready;

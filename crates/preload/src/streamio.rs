@@ -221,29 +221,27 @@ pub fn rwv(t: &Tcp, fd: c_int, iov: *const iovec, cnt: c_int, write: bool) -> is
     }
 }
 
-/// `sendmmsg` on an engine connection: each message's iovecs sent as by
-/// `sendmsg` (a stream has no message boundaries); stops at the first
-/// message not sent whole. Returns messages sent, or -1 with errno when
-/// none was.
-pub fn sendmmsg(t: &Tcp, fd: c_int, msgs: *mut mmsghdr, vlen: u32, flags: c_int) -> c_int {
+/// The loop `sendmmsg` and `recvmmsg` share: `one` moves message `i` (its
+/// header, iovecs and their total) and says how many bytes moved (< 0:
+/// failed, errno set) and whether to go on. Returns messages done, or -1
+/// with errno when none was (EFAULT for an unreadable first header).
+fn each_mmsg(
+    msgs: *mut mmsghdr,
+    vlen: u32,
+    mut one: impl FnMut(&mut mmsghdr, &[iovec], usize) -> (isize, bool),
+) -> c_int {
     let vlen = (vlen as usize).min(iov::UIO_MAXIOV);
     let mut done = 0usize;
     while done < vlen {
         let r = match uaccess::obj_mut(msgs.wrapping_add(done)) {
             None => Err(libc::EFAULT),
-            Some(mm) => msg_iovecs(&mm.msg_hdr).map(|(v, total)| {
-                let r = send_iov(t, fd, v, total, flags);
-                if r >= 0 {
-                    mm.msg_len = r as u32;
-                }
-                (r, total)
-            }),
+            Some(mm) => msg_iovecs(&mm.msg_hdr).map(|(v, total)| one(mm, v, total)),
         };
         match r {
             Ok((r, _)) if r < 0 => break,
-            Ok((r, want)) => {
+            Ok((_, more)) => {
                 done += 1;
-                if (r as usize) < want {
+                if !more {
                     break;
                 }
             }
@@ -262,50 +260,37 @@ pub fn sendmmsg(t: &Tcp, fd: c_int, msgs: *mut mmsghdr, vlen: u32, flags: c_int)
     }
 }
 
+/// `sendmmsg` on an engine connection: each message's iovecs sent as by
+/// `sendmsg` (a stream has no message boundaries); stops at the first
+/// message not sent whole. Returns messages sent, or -1 with errno when
+/// none was.
+pub fn sendmmsg(t: &Tcp, fd: c_int, msgs: *mut mmsghdr, vlen: u32, flags: c_int) -> c_int {
+    each_mmsg(msgs, vlen, |mm, v, total| {
+        let r = send_iov(t, fd, v, total, flags);
+        if r >= 0 {
+            mm.msg_len = r as u32;
+        }
+        (r, r >= 0 && r as usize >= total)
+    })
+}
+
 /// `recvmmsg` on an engine connection: each message filled as by
 /// `recvmsg`; after the first, only what is already there
 /// (`MSG_WAITFORONE`) or, without it, as the flags say. Stops at end of
 /// stream or when nothing more is ready. Returns messages filled, or -1
 /// with errno when none was.
 pub fn recvmmsg(t: &Tcp, fd: c_int, msgs: *mut mmsghdr, vlen: u32, flags: c_int) -> c_int {
-    let vlen = (vlen as usize).min(iov::UIO_MAXIOV);
-    let mut done = 0usize;
     let mut fl = flags & !libc::MSG_WAITFORONE;
-    while done < vlen {
-        let r = match uaccess::obj_mut(msgs.wrapping_add(done)) {
-            None => Err(libc::EFAULT),
-            Some(mm) => msg_iovecs(&mm.msg_hdr).map(|(v, total)| {
-                let r = recv_iov(t, fd, v, total, fl);
-                if r >= 0 {
-                    mm.msg_len = r as u32;
-                    mm.msg_hdr.msg_controllen = 0;
-                    mm.msg_hdr.msg_flags = 0;
-                }
-                r
-            }),
-        };
-        match r {
-            Ok(r) if r < 0 => break,
-            Ok(r) => {
-                done += 1;
-                if r == 0 {
-                    break;
-                }
-                if flags & libc::MSG_WAITFORONE != 0 {
-                    fl |= libc::MSG_DONTWAIT;
-                }
-            }
-            Err(e) => {
-                if done == 0 {
-                    return fault(e);
-                }
-                break;
+    each_mmsg(msgs, vlen, |mm, v, total| {
+        let r = recv_iov(t, fd, v, total, fl);
+        if r >= 0 {
+            mm.msg_len = r as u32;
+            mm.msg_hdr.msg_controllen = 0;
+            mm.msg_hdr.msg_flags = 0;
+            if flags & libc::MSG_WAITFORONE != 0 {
+                fl |= libc::MSG_DONTWAIT;
             }
         }
-    }
-    if done == 0 && vlen > 0 {
-        -1
-    } else {
-        done as c_int
-    }
+        (r, r != 0)
+    })
 }
