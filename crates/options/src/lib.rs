@@ -73,6 +73,23 @@ pub struct OptSpec {
     pub doc: &'static str,
 }
 
+impl OptSpec {
+    /// A boolean option that is on in every profile.
+    const fn switch_on(name: &'static str, env: &'static str, doc: &'static str) -> OptSpec {
+        OptSpec {
+            name,
+            env,
+            ty: OptType::Bool,
+            default: "1",
+            range: "0|1",
+            min: 0,
+            max: 1,
+            profiles: ["1", "1", "1"],
+            doc,
+        }
+    }
+}
+
 /// The options table. Add a row here and it is parsed, validated, listed
 /// by `nanowire run --list-options` and settable with `-o name=value`.
 pub const OPTIONS: &[OptSpec] = &[
@@ -101,29 +118,17 @@ pub const OPTIONS: &[OptSpec] = &[
               attempts before it sleeps in the real call (never longer than the call's own timeout). \
               0 disables spinning.",
     },
-    OptSpec {
-        name: "spin_poll",
-        env: "NANOWIRE_SPIN_POLL",
-        ty: OptType::Bool,
-        default: "1",
-        range: "0|1",
-        min: 0,
-        max: 1,
-        profiles: ["1", "1", "1"],
-        doc: "Spin in poll/ppoll/select/pselect/epoll_wait too (only when the set holds an IPv4/IPv6 \
-              UDP or TCP socket).",
-    },
-    OptSpec {
-        name: "spin_tcp",
-        env: "NANOWIRE_SPIN_TCP",
-        ty: OptType::Bool,
-        default: "1",
-        range: "0|1",
-        min: 0,
-        max: 1,
-        profiles: ["1", "1", "1"],
-        doc: "Spin on TCP sockets (they always stay kernel sockets).",
-    },
+    OptSpec::switch_on(
+        "spin_poll",
+        "NANOWIRE_SPIN_POLL",
+        "Spin in poll/ppoll/select/pselect/epoll_wait too (only when the set holds an IPv4/IPv6 \
+         UDP or TCP socket).",
+    ),
+    OptSpec::switch_on(
+        "spin_tcp",
+        "NANOWIRE_SPIN_TCP",
+        "Spin on TCP sockets (they always stay kernel sockets).",
+    ),
     OptSpec {
         name: "ring_depth",
         env: "NANOWIRE_RING_DEPTH",
