@@ -973,7 +973,8 @@ fn kernel_send(
     let sa = sockaddr_in(&dst);
     if let Some(k) = key {
         // Transmit stamps under the key the shim's counter gave (OPT_ID).
-        let r = nanowire_stack::xdp::host::sendto_tskey(fd, data, flags | libc::MSG_NOSIGNAL, &sa, k);
+        let r =
+            nanowire_stack::xdp::host::sendto_tskey(fd, data, flags | libc::MSG_NOSIGNAL, &sa, k);
         return if r < 0 { Err(errno()) } else { Ok(r as usize) };
     }
     // SAFETY: the caller's data (a valid slice), our sockaddr_in.

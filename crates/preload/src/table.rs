@@ -158,12 +158,6 @@ pub fn spin_enter(fd: i32) -> SpinGuard<'static> {
     WORDS.spin_enter(fd)
 }
 
-/// Generation of `fd` as a spinner must read it (after `spin_enter`).
-#[inline(always)]
-pub fn generation_now(fd: i32) -> u64 {
-    WORDS.generation_now(fd)
-}
-
 /// After `retire(fd)` and before the real close: wait (at most ~100 ms,
 /// in case close runs in a signal handler on the spinning thread) until
 /// every spinner on `fd` has seen the new generation and left.

@@ -19,4 +19,3 @@ pub fn table_json() -> serde_json::Value {
             .collect(),
     )
 }
-

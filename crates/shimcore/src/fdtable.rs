@@ -330,7 +330,8 @@ impl FdTable {
     /// Does any fd's word have any of `flags`?
     pub fn any_with(&self, flags: u64) -> bool {
         let mut any = false;
-        self.words.each(|_, s| any |= s.load(Ordering::Acquire) & flags != 0);
+        self.words
+            .each(|_, s| any |= s.load(Ordering::Acquire) & flags != 0);
         any
     }
 
@@ -401,7 +402,10 @@ impl<T: Sync + 'static> PtrTable<T> {
 
     /// Unmap `fd`, returning what it held.
     pub fn take(&self, fd: i32) -> Option<&'static T> {
-        let p = self.slots.get(fd)?.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        let p = self
+            .slots
+            .get(fd)?
+            .swap(std::ptr::null_mut(), Ordering::AcqRel);
         // SAFETY: as in `get`.
         unsafe { p.as_ref() }
     }
@@ -540,6 +544,45 @@ mod tests {
         c.each(|_, s| sum += s.load(Ordering::Relaxed));
         assert_eq!(sum, CHUNK as u64, "every increment landed in the one chunk");
         assert_eq!(c.limit(), CHUNK);
+    }
+
+    #[test]
+    fn chunk_boundaries_map_to_their_own_slots() {
+        let t = FdTable::new();
+        let last = MAX_FD as i32 - 1;
+        for (fd, c) in [
+            (CHUNK as i32 - 1, C_UDP),
+            (CHUNK as i32, C_TCP),
+            (last, C_EPOLL),
+        ] {
+            t.set(fd, c, 0);
+        }
+        assert_eq!(class(t.get(CHUNK as i32 - 1)), C_UDP);
+        assert_eq!(class(t.get(CHUNK as i32)), C_TCP);
+        assert_eq!(class(t.get(last)), C_EPOLL);
+        assert_eq!(t.limit(), MAX_FD);
+    }
+
+    #[test]
+    fn reads_and_removals_never_allocate() {
+        let t = FdTable::new();
+        t.clear_flags(100, F_CAND);
+        t.wake(100);
+        let _ = t.get_now(100);
+        assert_eq!(t.limit(), 0);
+        t.add_flags(100, F_CAND);
+        assert_eq!(t.limit(), CHUNK, "adding a flag allocates");
+    }
+
+    #[test]
+    fn spin_guard_on_an_untracked_fd_is_harmless() {
+        let t = FdTable::new();
+        {
+            let _g = t.spin_enter(-1);
+            let _h = t.spin_enter(77);
+        }
+        assert!(t.wait_spinners(77, 0));
+        assert_eq!(t.get(77), 0);
     }
 
     #[test]

@@ -486,7 +486,11 @@ mod tests {
             turns += 1;
         }
         assert!((8..=10).contains(&turns), "{turns}");
-        assert_eq!(w.spinning.load(Ordering::Relaxed), 0, "uncounted at the stop");
+        assert_eq!(
+            w.spinning.load(Ordering::Relaxed),
+            0,
+            "uncounted at the stop"
+        );
         assert!(!s.spin(), "once false, always false");
     }
 
@@ -638,6 +642,56 @@ mod tests {
         let mut wt = Waiter::new(&h, 3, w0, 1 << 32, limits(0, 0));
         w.sig.set((1 << 32) | 1);
         assert_eq!(wt.turn(), Turn::Interrupted);
+    }
+
+    #[test]
+    fn latency_spins_through_contention() {
+        let w = World::new();
+        let h = w.host(1_000, 200_000);
+        let mut s = Spin::new(&h, u64::MAX, u64::MAX);
+        for _ in 0..200 {
+            assert!(s.spin(), "forever keeps spinning (and yielding)");
+        }
+        assert!(w.yields.get() > 0);
+    }
+
+    #[test]
+    fn the_quiet_period_doubles_while_contention_persists() {
+        let w = World::new();
+        let h = w.host(1_000, 0);
+        let max = 500_000;
+        let contend = |s: &mut Spin<&Fake<'_>>| {
+            assert!(s.spin());
+            w.now.set(w.now.get() + 2 * BUSY_NS); // preempted
+            assert!(!s.spin());
+        };
+        let mut s = Spin::new(&h, max, u64::MAX);
+        contend(&mut s);
+        drop(s);
+        let q1 = LEARNED.with(|c| c.get().quiet);
+        assert_eq!(q1, QUIET_MIN_NS);
+        // The quiet period passes; contention again at once: twice as long.
+        w.now.set(LEARNED.with(|c| c.get().quiet_until));
+        let mut s = Spin::new(&h, max, u64::MAX);
+        contend(&mut s);
+        drop(s);
+        assert_eq!(LEARNED.with(|c| c.get().quiet), 2 * QUIET_MIN_NS);
+    }
+
+    #[test]
+    fn the_timeout_caps_the_spin() {
+        let w = World::new();
+        let h = w.host(1_000, 0);
+        let mut wt = Waiter::new(&h, 3, w.table.get(3), 0, limits(u64::MAX / 2, 3_500));
+        let mut spins = 0;
+        let end = loop {
+            match wt.turn() {
+                Turn::Spin => spins += 1,
+                t => break t,
+            }
+        };
+        assert!(spins <= 2, "{spins}");
+        assert!(matches!(end, Turn::Sleep(_) | Turn::TimedOut), "{end:?}");
     }
 
     #[test]
