@@ -77,9 +77,12 @@ pub struct Tcp {
 
 static SOCKS: table::PtrTable<Tcp> = table::PtrTable::new();
 static PID: AtomicU32 = AtomicU32::new(0);
+/// The process the shim was loaded into (not updated at fork).
+static OWNER: AtomicU32 = AtomicU32::new(0);
 
 pub fn init() {
     PID.store(std::process::id(), Ordering::Relaxed);
+    OWNER.store(std::process::id(), Ordering::Relaxed);
     nanowire_stack::xdp::set_tcp_service_wrapper(|f| engine_call(f));
     // SAFETY: plain extern "C" handlers; `before_fork` takes the locks any
     // call on the sockets takes, before the fork.
@@ -117,6 +120,12 @@ pub fn exiting() {
     let me = PID.load(Ordering::Relaxed);
     // SAFETY: getpid has no preconditions (glibc does not cache it).
     if me == 0 || me != unsafe { libc::getpid() } as u32 {
+        return;
+    }
+    // A forked child's engine is its parent's copy (a lock another thread
+    // held at fork stays held in it): its connections went to the kernel
+    // at fork, so there is nothing of its own to finish here.
+    if me != OWNER.load(Ordering::Relaxed) {
         return;
     }
     if EXITED.swap(true, Ordering::AcqRel) {
