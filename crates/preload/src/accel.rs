@@ -31,6 +31,7 @@ use crate::spin::{self, errno, now_ns, set_errno};
 use crate::table;
 use libc::c_int;
 use nanowire_options::Level;
+use nanowire_shimcore::sock::{Common, timeval_ns};
 use nanowire_stack::xdp::{OpenError, XdpSocket};
 use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint, WaitPolicy};
 use std::collections::VecDeque;
@@ -113,15 +114,9 @@ pub struct St {
 
 pub struct Accel {
     st: Mutex<St>,
-    /// The application's O_NONBLOCK (the kernel socket is always non-blocking).
-    pub nonblock: AtomicBool,
-    /// SO_RCVTIMEO in ns (0 = none).
-    pub rcvtimeo_ns: AtomicU64,
-    /// fds referring to this socket (dup).
-    refs: AtomicU32,
-    pid: u32,
-    /// Set by shutdown(SHUT_RD): receives return 0 when empty.
-    rd_shut: AtomicBool,
+    /// The application's blocking mode and timeouts, shutdown(SHUT_RD),
+    /// the fds referring to it (dup) and the process that made it.
+    pub common: Common,
     /// What a sleeping receive polls: the engine's AF_XDP sockets, the
     /// socket's wake-up eventfd and (last) the kernel socket under the fd.
     wait_fds: Vec<c_int>,
@@ -152,7 +147,7 @@ impl Accel {
     /// Usable by this process (not a forked child's inherited copy).
     #[inline(always)]
     pub fn mine(&self) -> bool {
-        self.pid == PID.load(Ordering::Relaxed)
+        self.common.mine(PID.load(Ordering::Relaxed))
     }
     /// The fds a sleeping wait on this socket polls.
     pub fn wait_fds(&self) -> &[c_int] {
@@ -163,7 +158,7 @@ impl Accel {
         }
     }
     pub fn add_ref(&self) {
-        self.refs.fetch_add(1, Ordering::AcqRel);
+        self.common.add_ref();
     }
 }
 
@@ -327,9 +322,7 @@ pub fn accelerate(fd: c_int, iface: Option<String>) -> Result<&'static Accel, No
     };
     set_errno(e);
     let rcvtimeo_ns = if tv_ok {
-        (tv.tv_sec.max(0) as u64)
-            .saturating_mul(1_000_000_000)
-            .saturating_add(tv.tv_usec.max(0) as u64 * 1000)
+        timeval_ns(tv.tv_sec, tv.tv_usec)
     } else {
         0
     };
@@ -348,11 +341,7 @@ pub fn accelerate(fd: c_int, iface: Option<String>) -> Result<&'static Accel, No
             stash: VecDeque::new(),
             peer: None,
         }),
-        nonblock: AtomicBool::new(nonblock),
-        rcvtimeo_ns: AtomicU64::new(rcvtimeo_ns),
-        refs: AtomicU32::new(1),
-        pid: PID.load(Ordering::Relaxed),
-        rd_shut: AtomicBool::new(false),
+        common: Common::new(PID.load(Ordering::Relaxed), nonblock, rcvtimeo_ns),
         wait_fds,
         detached: AtomicBool::new(false),
         twin_empty_at: AtomicU64::new(0),
@@ -362,7 +351,9 @@ pub fn accelerate(fd: c_int, iface: Option<String>) -> Result<&'static Accel, No
         adopted: fd,
         ts: Default::default(),
     }));
-    crate::tstamp::adopt(a, fd);
+    if let Some(st) = crate::tstamp::adopt(&a.ts, fd) {
+        set_stamping(a, st);
+    }
     set_fd(fd, a);
     table::add_flags(fd, table::F_ACCEL);
     table::clear_flags(fd, table::F_CAND);
@@ -540,7 +531,7 @@ pub fn recv_one(
     mut deliver: impl FnMut(&[u8], SocketAddrV4),
 ) -> Result<Got, c_int> {
     let peek = flags & libc::MSG_PEEK != 0;
-    let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed);
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.common.nonblock();
     let w0 = table::get(fd);
     let mut wait: Option<crate::adapt::Waiter<crate::adapt::ShimHost>> = None;
     let s0 = crate::signals::seq();
@@ -599,7 +590,7 @@ pub fn recv_one(
                 return Ok(Got::Data(n, src));
             }
         }
-        if a.rd_shut.load(Ordering::Relaxed) {
+        if a.common.rd_shut() {
             return Ok(Got::Eof);
         }
         if dontwait {
@@ -619,7 +610,7 @@ pub fn recv_one(
         }
         // The clock starts once the socket has to wait.
         let w = wait.get_or_insert_with(|| {
-            let tmo = a.rcvtimeo_ns.load(Ordering::Relaxed);
+            let tmo = a.common.rcvtimeo_ns();
             crate::adapt::waiter(fd, w0, s0, tmo, 5_000_000)
         });
         match w.turn() {
@@ -737,9 +728,34 @@ fn retire_detached(fd: c_int, a: &Accel) {
     }
 }
 
+/// The engine of `a` stamps what its timestamp options ask for.
+pub fn set_stamping(a: &Accel, st: crate::tstamp::Stamping) {
+    let mut g = a.lock();
+    if let Some(x) = g.xdp.as_mut() {
+        engine_call(|| {
+            x.set_rx_stamping(st.rx);
+            x.set_tx_stamping(st.tx, st.frame);
+        });
+    }
+}
+
+/// `recvmsg(MSG_ERRQUEUE)` on `a`: `None` if the engine's queue of
+/// transmit stamps is empty (the kernel socket's own queue answers: EAGAIN,
+/// or stamps of datagrams that took the kernel path).
+pub fn recv_err(a: &Accel, fd: c_int, m: &mut libc::msghdr, flags: c_int) -> Option<isize> {
+    if !a.ts.err_pending() {
+        return None;
+    }
+    let r = crate::tstamp::recv_err(&a.ts, m, flags);
+    if !a.ts.err_pending() {
+        errq_drained(fd, a);
+    }
+    r
+}
+
 /// The last engine transmit stamp of `a` was read: forget a detached
 /// record that has nothing left to serve.
-pub fn errq_drained(fd: c_int, a: &Accel) {
+fn errq_drained(fd: c_int, a: &Accel) {
     let g = a.lock();
     if g.xdp.is_none() && g.stash.is_empty() {
         drop(g);
@@ -757,7 +773,7 @@ fn kernel_mode_recv(
     s0: u64,
     mut deliver: impl FnMut(&[u8], SocketAddrV4),
 ) -> Result<Got, c_int> {
-    let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed);
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.common.nonblock();
     let start = now_ns();
     loop {
         if let Some(r) = kernel_recv(fd, flags, &mut deliver) {
@@ -766,7 +782,7 @@ fn kernel_mode_recv(
         if dontwait {
             return Err(libc::EAGAIN);
         }
-        let tmo = a.rcvtimeo_ns.load(Ordering::Relaxed);
+        let tmo = a.common.rcvtimeo_ns();
         if crate::signals::interrupted_timed(s0, tmo != 0) {
             return Err(libc::EINTR);
         }
@@ -848,7 +864,7 @@ pub fn readable(a: &Accel) -> bool {
     let Some(x) = g.xdp.as_ref() else {
         return false;
     };
-    engine_call(|| x.pending().0 > 0) || a.rd_shut.load(Ordering::Relaxed)
+    engine_call(|| x.pending().0 > 0) || a.common.rd_shut()
 }
 
 /// How long the kernel's "nothing on the kernel twin" answer stays good
@@ -893,7 +909,7 @@ fn readable_stash(a: &Accel) -> bool {
             }
         })
     });
-    !stash.is_empty() || a.rd_shut.load(Ordering::Relaxed)
+    !stash.is_empty() || a.common.rd_shut()
 }
 
 /// Length of the next datagram (FIONREAD), 0 if none.
@@ -920,10 +936,10 @@ pub fn send_one(
     if data.len() > 65507 {
         return Err(libc::EMSGSIZE);
     }
-    let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed);
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.common.nonblock();
     let stamps = a.ts.tx_on();
     let key = if stamps {
-        crate::tstamp::next_key(a)
+        crate::tstamp::next_key(&a.ts)
     } else {
         None
     };
@@ -938,7 +954,7 @@ pub fn send_one(
         match engine_call(|| x.send_to(data, dst)) {
             Ok(n) => {
                 if stamps {
-                    crate::tstamp::sent(a, x, key);
+                    crate::tstamp::sent(&a.ts, x, key);
                 }
                 return Ok(n);
             }
@@ -1008,7 +1024,7 @@ pub fn send_batch(
     let Some(dst) = dst.or(g.peer) else {
         return Err(libc::EDESTADDRREQ);
     };
-    let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed);
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.common.nonblock();
     loop {
         let Some(x) = g.xdp.as_mut() else {
             drop(g);
@@ -1087,13 +1103,13 @@ pub fn set_rcvbuf(a: &Accel, bytes: usize) {
 }
 
 pub fn shutdown_rd(a: &Accel) {
-    a.rd_shut.store(true, Ordering::Relaxed);
+    a.common.shut_rd();
 }
 
 /// The fd `fd` stops referring to `a` (close, or dup2 over it). The
 /// engine socket goes when the last fd goes.
 pub fn release(a: &Accel) {
-    if a.refs.fetch_sub(1, Ordering::AcqRel) == 1 && a.mine() {
+    if a.common.release_last_mine(PID.load(Ordering::Relaxed)) {
         let x = a.lock().xdp.take();
         engine_call(|| drop(x));
         let ep = a.sleep_ep.swap(-2, Ordering::AcqRel);
@@ -1136,7 +1152,7 @@ pub fn closing(fd: c_int) {
     if let Some(a) = by_fd(fd)
         && a.mine()
         && a.adopted == fd
-        && a.refs.load(Ordering::Acquire) > 1
+        && a.common.refs() > 1
         && !a.detached.load(Ordering::Acquire)
     {
         detach(
@@ -1171,7 +1187,7 @@ pub fn detach(fd: c_int, why: &str) {
             xdp.take()
         };
         engine_call(|| drop(x));
-        let nb = a.nonblock.load(Ordering::Relaxed);
+        let nb = a.common.nonblock();
         // Restore the application's blocking mode on the kernel socket.
         // SAFETY: the fd is only borrowed for two fcntl calls.
         let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };

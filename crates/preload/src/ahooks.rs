@@ -36,7 +36,7 @@ fn inherited_recv(
         if r >= 0 || errno() != libc::EAGAIN {
             return r;
         }
-        if flags & libc::MSG_DONTWAIT != 0 || a.nonblock.load(Ordering::Relaxed) {
+        if flags & libc::MSG_DONTWAIT != 0 || a.common.nonblock() {
             return r;
         }
         let mut p = libc::pollfd {
@@ -44,7 +44,7 @@ fn inherited_recv(
             events: libc::POLLIN,
             revents: 0,
         };
-        let tmo = a.rcvtimeo_ns.load(Ordering::Relaxed);
+        let tmo = a.common.rcvtimeo_ns();
         let ms = if tmo == 0 {
             -1
         } else {
@@ -114,7 +114,7 @@ pub fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Option<ssize_t> {
             // Transmit stamps of the engine's sends; the kernel socket's
             // own queue when there are none.
             // SAFETY: the caller's msghdr.
-            return crate::tstamp::recv_err(a, fd, unsafe { &mut *msg }, flags);
+            return accel::recv_err(a, fd, unsafe { &mut *msg }, flags);
         }
         return None;
     }
@@ -148,7 +148,7 @@ pub fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Option<ssize_t> {
                     m.msg_controllen = 0;
                 }
                 m.msg_flags = if full > cap { libc::MSG_TRUNC } else { 0 };
-                crate::tstamp::put_rx(a, m);
+                crate::tstamp::put_rx(&a.ts, m);
                 if flags & libc::MSG_TRUNC != 0 {
                     full as ssize_t
                 } else {
@@ -192,7 +192,7 @@ pub fn recvmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> Op
             Some(r) if r >= 0 => {
                 mm.msg_len = r as c_uint;
                 n += 1;
-                if flags & libc::MSG_WAITFORONE != 0 || a.nonblock.load(Ordering::Relaxed) {
+                if flags & libc::MSG_WAITFORONE != 0 || a.common.nonblock() {
                     f |= libc::MSG_DONTWAIT;
                 }
             }

@@ -127,7 +127,9 @@ pub unsafe fn setsockopt(
         // The kernel socket under the fd took it (and validated it); the
         // engine stamps too (a candidate's options are read back when it
         // goes onto the engine).
-        crate::tstamp::set(a, name, val, len);
+        if let Some(st) = crate::tstamp::set(&a.ts, name, val, len) {
+            accel::set_stamping(a, st);
+        }
     }
     if r == 0
         && level == libc::SOL_SOCKET
@@ -142,7 +144,8 @@ pub unsafe fn setsockopt(
     }
     if r == 0 && level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == 66) {
         if let Some(a) = accel::lookup(fd) {
-            a.rcvtimeo_ns.store(timeval_ns(val, len), Ordering::Relaxed);
+            a.common
+                .set_rcvtimeo_ns(crate::uaccess::timeval_opt_ns(val, len));
         }
         // SO_RCVTIMEO(_NEW): a receive timeout of its own; such sockets
         // are not spun (the kernel keeps the timeout exact).
@@ -277,7 +280,7 @@ pub fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
         if req == libc::FIONBIO as c_ulong {
             // SAFETY: FIONBIO's argument is an int pointer.
             let on = unsafe { *(arg as *const c_int) } != 0;
-            t.nonblock.store(on, Ordering::Relaxed);
+            t.common.set_nonblock(on);
             if t.listener {
                 return 0; // non-blocking underneath, always
             }
@@ -295,7 +298,7 @@ pub fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
             // application's choice. Inherited copies (after fork) too.
             // SAFETY: FIONBIO's argument is an int pointer.
             let on = unsafe { *(arg as *const c_int) } != 0;
-            a.nonblock.store(on, Ordering::Relaxed);
+            a.common.set_nonblock(on);
             return 0;
         }
         if req == libc::FIONREAD as c_ulong && arg != 0 && a.mine() {
@@ -1098,15 +1101,6 @@ pub unsafe fn epoll_pwait2(
 
 // ------------------------------------------------- accelerated sockets
 
-fn timeval_ns(val: *const c_void, len: socklen_t) -> u64 {
-    if val.is_null() || (len as usize) < std::mem::size_of::<timeval>() {
-        return 0;
-    }
-    // SAFETY: a timeval-sized value the kernel accepted.
-    let tv = unsafe { std::ptr::read_unaligned(val.cast::<timeval>()) };
-    (tv.tv_sec.max(0) as u64) * 1_000_000_000 + (tv.tv_usec.max(0) as u64) * 1000
-}
-
 /// `new` is a duplicate of `old`: it shares `old`'s engine socket.
 fn share_accel(old: c_int, new: c_int) {
     tcpx::share(old, new);
@@ -1219,10 +1213,10 @@ fn fcntl_accel(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int>
     if let Some(t) = tcpx::lookup(fd) {
         // A listener is non-blocking underneath; a connection's mode is
         // recorded and passed on.
-        return fcntl_mode(fd, cmd, arg, is64, &t.nonblock, t.listener);
+        return fcntl_mode(fd, cmd, arg, is64, &t.common, t.listener);
     }
     let a = accel::by_fd(fd)?;
-    fcntl_mode(fd, cmd, arg, is64, &a.nonblock, true)
+    fcntl_mode(fd, cmd, arg, is64, &a.common, true)
 }
 
 /// F_GETFL/F_SETFL on an engine socket, whose O_NONBLOCK the shim records
@@ -1236,7 +1230,7 @@ fn fcntl_mode(
     cmd: c_int,
     arg: c_ulong,
     is64: bool,
-    nonblock: &std::sync::atomic::AtomicBool,
+    common: &nanowire_shimcore::sock::Common,
     hidden: bool,
 ) -> Option<c_int> {
     let call = |c: c_int, v: c_ulong| {
@@ -1255,7 +1249,7 @@ fn fcntl_mode(
             if r < 0 {
                 return Some(r);
             }
-            let nb = if nonblock.load(Ordering::Relaxed) {
+            let nb = if common.nonblock() {
                 libc::O_NONBLOCK
             } else {
                 0
@@ -1270,7 +1264,7 @@ fn fcntl_mode(
             };
             let r = call(libc::F_SETFL, under);
             if r == 0 {
-                nonblock.store(arg & libc::O_NONBLOCK as c_ulong != 0, Ordering::Relaxed);
+                common.set_nonblock(arg & libc::O_NONBLOCK as c_ulong != 0);
             }
             Some(r)
         }

@@ -331,7 +331,7 @@ pub fn to_kernel(fd: c_int, why: &str) -> bool {
     if let Some(&f) = fds.first() {
         // SAFETY: F_GETFL on our fd.
         let fl = unsafe { real::fcntl(f, libc::F_GETFL, 0) };
-        let nb = if t.nonblock.load(std::sync::atomic::Ordering::Relaxed) {
+        let nb = if t.common.nonblock() {
             fl | libc::O_NONBLOCK
         } else {
             fl & !libc::O_NONBLOCK

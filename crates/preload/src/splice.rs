@@ -19,7 +19,6 @@ use crate::spin::{errno, set_errno};
 use crate::sys::engine_call;
 use crate::tcpx::{self, Inner, Tcp};
 use libc::{c_int, c_uint};
-use std::sync::atomic::Ordering;
 
 /// Bytes moved per call at most (a pipe holds 64 KiB by default).
 const CHUNK: usize = 64 * 1024;
@@ -83,7 +82,7 @@ pub fn to_engine(
         return fail(libc::EINVAL);
     };
     let mut want = len.min(CHUNK);
-    if t.nonblock.load(Ordering::Relaxed) {
+    if t.common.nonblock() {
         // Read from the pipe only what the connection takes now.
         let room = engine_call(|| s.send_space());
         if room == 0 {

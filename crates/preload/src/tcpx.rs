@@ -30,10 +30,11 @@ use crate::sys::engine_call;
 use crate::table;
 use libc::{c_int, c_void, sockaddr, socklen_t};
 use nanowire_options::Level;
+use nanowire_shimcore::sock::Common;
 use nanowire_stack::xdp::{XdpTcpError, XdpTcpListener, XdpTcpState, XdpTcpStream, tcp_ready};
 use nanowire_stack::{EngineKind, EngineOptions, WaitPolicy};
 use std::net::SocketAddrV4;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// What the engine serves for one socket.
@@ -45,10 +46,9 @@ pub enum Inner {
 pub struct Tcp {
     inner: Mutex<Option<Arc<Inner>>>,
     pub listener: bool,
-    /// The application's O_NONBLOCK.
-    pub nonblock: AtomicBool,
-    pub rcvtimeo_ns: AtomicU64,
-    pub sndtimeo_ns: AtomicU64,
+    /// The application's blocking mode and timeouts, shutdown(SHUT_RD),
+    /// the fds referring to it (dup) and the process that made it.
+    pub common: Common,
     /// connect() in progress (non-blocking): SO_ERROR and poll finish it.
     connecting: AtomicBool,
     /// The failed connect's errno, until SO_ERROR (or connect) reports it.
@@ -59,13 +59,9 @@ pub struct Tcp {
     /// kernel's SS_CONNECTED: a further connect() is EISCONN; until then
     /// the connect() that finds it established returns 0).
     connect_reported: AtomicBool,
-    /// shutdown(SHUT_RD): receives return 0.
-    rd_shut: AtomicBool,
     /// An EPIPE after a reset: the first send reports ECONNRESET, later
     /// ones EPIPE (as Linux).
     reset_reported: AtomicBool,
-    refs: AtomicU32,
-    pid: u32,
     /// The application's fd is the kernel reservation (listener, client):
     /// on close a duplicate keeps the port until the engine is done.
     adopted: bool,
@@ -133,7 +129,7 @@ pub fn exiting() {
     }
     let mut fds = Vec::new();
     SOCKS.each(|fd, t| {
-        if t.pid == me {
+        if t.common.mine(me) {
             fds.push(fd);
         }
     });
@@ -170,7 +166,7 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) {
     let me = PID.load(Ordering::Relaxed);
     let mut ls: Vec<(c_int, &'static Tcp)> = Vec::new();
     SOCKS.each(|fd, t| {
-        if t.pid == me && t.listener && inherits(fd) {
+        if t.common.mine(me) && t.listener && inherits(fd) {
             ls.push((fd, t));
         }
     });
@@ -188,10 +184,7 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) {
         // SAFETY: the fd is only borrowed for fcntl calls.
         let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
         if let Ok(mut f) = rustix::fs::fcntl_getfl(b) {
-            f.set(
-                rustix::fs::OFlags::NONBLOCK,
-                t.nonblock.load(Ordering::Relaxed),
-            );
+            f.set(rustix::fs::OFlags::NONBLOCK, t.common.nonblock());
             let _ = rustix::fs::fcntl_setfl(b, f);
         }
     }
@@ -199,7 +192,7 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) {
     // kernel can serve it to both.
     let mut conns: Vec<c_int> = Vec::new();
     SOCKS.each(|fd, t| {
-        if t.pid == me && !t.listener && inherits(fd) {
+        if t.common.mine(me) && !t.listener && inherits(fd) {
             conns.push(fd);
         }
     });
@@ -227,7 +220,7 @@ pub fn lookup(fd: c_int) -> Option<&'static Tcp> {
         return None;
     }
     let t = SOCKS.get(fd)?;
-    if t.pid == PID.load(Ordering::Relaxed) {
+    if t.common.mine(PID.load(Ordering::Relaxed)) {
         Some(t)
     } else {
         if table::get(fd) & table::F_INHERIT_LOGGED == 0 {
@@ -261,7 +254,7 @@ impl Tcp {
         &self.wait_fds
     }
     pub fn add_ref(&self) {
-        self.refs.fetch_add(1, Ordering::AcqRel);
+        self.common.add_ref();
     }
 }
 
@@ -421,17 +414,12 @@ fn record(fd: c_int, inner: Inner, listener: bool, adopted: bool, nonblock: bool
     let t: &'static Tcp = Box::leak(Box::new(Tcp {
         inner: Mutex::new(Some(Arc::new(inner))),
         listener,
-        nonblock: AtomicBool::new(nonblock),
-        rcvtimeo_ns: AtomicU64::new(0),
-        sndtimeo_ns: AtomicU64::new(0),
+        common: Common::new(PID.load(Ordering::Relaxed), nonblock, 0),
         connecting: AtomicBool::new(false),
         connect_err: std::sync::atomic::AtomicI32::new(0),
         connect_failed: AtomicBool::new(false),
         connect_reported: AtomicBool::new(true),
-        rd_shut: AtomicBool::new(false),
         reset_reported: AtomicBool::new(false),
-        refs: AtomicU32::new(1),
-        pid: PID.load(Ordering::Relaxed),
         adopted,
         wait_fds,
         ka: Mutex::new((false, 7200, 75, 9)),
@@ -680,7 +668,7 @@ pub fn connect_again(t: &'static Tcp, fd: c_int) -> c_int {
 /// again, `fd` goes back to being a candidate (still bound to its port):
 /// the next connect() starts afresh instead of reporting EISCONN.
 fn failed_connect_reported(t: &'static Tcp, fd: c_int) {
-    if t.refs.load(Ordering::Acquire) != 1 || !SOCKS.get(fd).is_some_and(|r| std::ptr::eq(r, t)) {
+    if t.common.refs() != 1 || !SOCKS.get(fd).is_some_and(|r| std::ptr::eq(r, t)) {
         return;
     }
     let _ = SOCKS.take(fd);
@@ -736,7 +724,7 @@ pub fn accept(
     // whichever thread turns the engine when a connection is queued) and,
     // while no connection of this listener is open (nobody else turns the
     // engine), on the engine's fds.
-    let tmo = t.rcvtimeo_ns.load(Ordering::Relaxed);
+    let tmo = t.common.rcvtimeo_ns();
     let start = now_ns();
     let s0 = crate::signals::seq();
     let gen0 = table::generation(table::get(fd));
@@ -748,7 +736,7 @@ pub fn accept(
         if look_kernel && let Some(g) = kernel() {
             break Ok(g);
         }
-        if t.nonblock.load(Ordering::Relaxed) {
+        if t.common.nonblock() {
             break Err(libc::EAGAIN);
         }
         if crate::signals::interrupted_timed(s0, tmo != 0) {
@@ -839,10 +827,8 @@ pub fn accept(
             // As the kernel's accepted socket: the listener's options and
             // timeouts, read back from the placeholder as plainly.
             crate::handover::carry_options(fd, nfd);
-            t2.rcvtimeo_ns
-                .store(t.rcvtimeo_ns.load(Ordering::Relaxed), Ordering::Relaxed);
-            t2.sndtimeo_ns
-                .store(t.sndtimeo_ns.load(Ordering::Relaxed), Ordering::Relaxed);
+            t2.common.set_rcvtimeo_ns(t.common.rcvtimeo_ns());
+            t2.common.set_sndtimeo_ns(t.common.sndtimeo_ns());
             if let Some(i2) = t2.stream()
                 && let Inner::Stream(s) = &*i2
             {
@@ -883,27 +869,25 @@ pub fn recv(t: &Tcp, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
         return -1;
     }
     if t.connecting.load(Ordering::Acquire) && connect_outcome(t).is_none() {
-        set_errno(
-            if t.nonblock.load(Ordering::Relaxed) || flags & libc::MSG_DONTWAIT != 0 {
-                libc::EAGAIN
-            } else {
-                libc::ENOTCONN
-            },
-        );
+        set_errno(if t.common.nonblock() || flags & libc::MSG_DONTWAIT != 0 {
+            libc::EAGAIN
+        } else {
+            libc::ENOTCONN
+        });
         return -1;
     }
     if buf.is_empty() {
         return 0;
     }
     let peek = flags & libc::MSG_PEEK != 0;
-    let dontwait = flags & libc::MSG_DONTWAIT != 0 || t.nonblock.load(Ordering::Relaxed);
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || t.common.nonblock();
     let waitall = flags & libc::MSG_WAITALL != 0 && !peek && !dontwait;
     let e0 = errno();
     let mut got = 0usize;
     loop {
         let rest = &mut buf[got..];
         let mut one = || -> Option<Result<usize, XdpTcpError>> {
-            if t.rd_shut.load(Ordering::Relaxed) {
+            if t.common.rd_shut() {
                 return Some(Ok(0));
             }
             match engine_call(|| s.recv_once(&mut *rest, peek)) {
@@ -914,7 +898,7 @@ pub fn recv(t: &Tcp, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
         let r = if dontwait {
             one().ok_or(libc::EAGAIN)
         } else {
-            wait_for(t, fd, t.rcvtimeo_ns.load(Ordering::Relaxed), &mut one)
+            wait_for(t, fd, t.common.rcvtimeo_ns(), &mut one)
         };
         match r {
             Ok(Ok(0)) => break,
@@ -980,16 +964,14 @@ pub fn send(t: &Tcp, fd: c_int, data: &[u8], flags: c_int) -> isize {
         return -1;
     }
     if t.connecting.load(Ordering::Acquire) && connect_outcome(t).is_none() {
-        set_errno(
-            if t.nonblock.load(Ordering::Relaxed) || flags & libc::MSG_DONTWAIT != 0 {
-                libc::EAGAIN
-            } else {
-                libc::ENOTCONN
-            },
-        );
+        set_errno(if t.common.nonblock() || flags & libc::MSG_DONTWAIT != 0 {
+            libc::EAGAIN
+        } else {
+            libc::ENOTCONN
+        });
         return -1;
     }
-    let dontwait = flags & libc::MSG_DONTWAIT != 0 || t.nonblock.load(Ordering::Relaxed);
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || t.common.nonblock();
     let e0 = errno();
     let mut sent = 0usize;
     if data.is_empty() {
@@ -1006,7 +988,7 @@ pub fn send(t: &Tcp, fd: c_int, data: &[u8], flags: c_int) -> isize {
         let r = if dontwait {
             one().ok_or(libc::EAGAIN)
         } else {
-            wait_for(t, fd, t.sndtimeo_ns.load(Ordering::Relaxed), &mut one)
+            wait_for(t, fd, t.common.sndtimeo_ns(), &mut one)
         };
         match r {
             Ok(Ok(n)) => sent += n,
@@ -1098,7 +1080,7 @@ pub fn poll_bits_edge(t: &Tcp, turn: bool) -> (i16, u64) {
             if m & tcp_ready::OUT != 0 {
                 r |= libc::POLLOUT | libc::POLLWRNORM;
             }
-            if m & tcp_ready::RDHUP != 0 || t.rd_shut.load(Ordering::Relaxed) {
+            if m & tcp_ready::RDHUP != 0 || t.common.rd_shut() {
                 r |= libc::POLLRDHUP | libc::POLLIN;
             }
             if m & tcp_ready::HUP != 0 {
@@ -1137,7 +1119,7 @@ pub fn shutdown(t: &Tcp, how: c_int) -> c_int {
                 _ => {}
             }
             if how == libc::SHUT_RD || how == libc::SHUT_RDWR {
-                t.rd_shut.store(true, Ordering::Relaxed);
+                t.common.shut_rd();
             }
             if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
                 let _ = engine_call(|| s.shut_write());
@@ -1151,7 +1133,7 @@ pub fn shutdown(t: &Tcp, how: c_int) -> c_int {
 /// engine object goes with the last fd.
 pub fn release(fd: c_int) {
     let Some(t) = SOCKS.take(fd) else { return };
-    if t.refs.fetch_sub(1, Ordering::AcqRel) != 1 || t.pid != PID.load(Ordering::Relaxed) {
+    if !t.common.release_last_mine(PID.load(Ordering::Relaxed)) {
         return;
     }
     close_record(t, fd, false);
@@ -1163,7 +1145,7 @@ pub fn release(fd: c_int) {
 /// the application's socket is gone already).
 pub fn release_stale(fd: c_int) {
     let Some(t) = SOCKS.take(fd) else { return };
-    if t.refs.fetch_sub(1, Ordering::AcqRel) != 1 || t.pid != PID.load(Ordering::Relaxed) {
+    if !t.common.release_last_mine(PID.load(Ordering::Relaxed)) {
         return;
     }
     close_record(t, fd, true);
@@ -1304,22 +1286,15 @@ pub fn setsockopt(
         }
     }
     if level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == 66) {
-        t.rcvtimeo_ns.store(timeval_ns(val, len), Ordering::Relaxed);
+        t.common
+            .set_rcvtimeo_ns(crate::uaccess::timeval_opt_ns(val, len));
     }
     if level == libc::SOL_SOCKET && (name == libc::SO_SNDTIMEO || name == 67) {
-        t.sndtimeo_ns.store(timeval_ns(val, len), Ordering::Relaxed);
+        t.common
+            .set_sndtimeo_ns(crate::uaccess::timeval_opt_ns(val, len));
     }
     set_errno(e);
     0
-}
-
-fn timeval_ns(val: *const c_void, len: socklen_t) -> u64 {
-    if val.is_null() || (len as usize) < std::mem::size_of::<libc::timeval>() {
-        return 0;
-    }
-    // SAFETY: a timeval-sized value the kernel accepted.
-    let tv = unsafe { std::ptr::read_unaligned(val.cast::<libc::timeval>()) };
-    (tv.tv_sec.max(0) as u64) * 1_000_000_000 + (tv.tv_usec.max(0) as u64) * 1000
 }
 
 fn linux_state(s: XdpTcpState) -> u8 {

@@ -25,7 +25,6 @@
 //!
 //! Sockets without any of these options pay one relaxed load per receive.
 
-use crate::accel::Accel;
 use libc::{c_int, c_void, msghdr, socklen_t};
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -133,12 +132,10 @@ fn read_int(val: *const c_void, len: socklen_t) -> Option<u32> {
 /// The application set option `name` on `a`'s fd and the kernel accepted
 /// it: mirror the kernel's state change (net/core/sock.c
 /// `__sock_set_timestamps`, `sock_set_timestamping`) and tell the engine.
-pub fn set(a: &Accel, name: c_int, val: *const c_void, len: socklen_t) {
-    let Some(v) = read_int(val, len) else {
-        return;
-    };
+pub fn set(ts: &Ts, name: c_int, val: *const c_void, len: socklen_t) -> Option<Stamping> {
+    let v = read_int(val, len)?;
     {
-        let mut s = a.ts.st();
+        let mut s = ts.st();
         match name {
             SO_TIMESTAMP_OLD | SO_TIMESTAMP_NEW | SO_TIMESTAMPNS_OLD | SO_TIMESTAMPNS_NEW => {
                 let on = v != 0;
@@ -155,15 +152,15 @@ pub fn set(a: &Accel, name: c_int, val: *const c_void, len: socklen_t) {
                 s.flags = v;
                 s.new = name == SO_TIMESTAMPING_NEW;
             }
-            _ => return,
+            _ => return None,
         }
     }
-    apply(a);
+    Some(apply(ts))
 }
 
 /// Read the options a socket had before it went onto the engine (set while
 /// it was a candidate) back from the kernel.
-pub fn adopt(a: &Accel, fd: c_int) {
+pub fn adopt(ts: &Ts, fd: c_int) -> Option<Stamping> {
     let get = |name: c_int| -> u32 {
         let mut v: u32 = 0;
         let mut l = std::mem::size_of::<u32>() as socklen_t;
@@ -183,23 +180,33 @@ pub fn adopt(a: &Accel, fd: c_int) {
     );
     let flags = get(SO_TIMESTAMPING_OLD);
     if t_old | ns_old | t_new | ns_new == 0 && flags == 0 {
-        return;
+        return None;
     }
     {
-        let mut s = a.ts.st();
+        let mut s = ts.st();
         s.rcv = t_old | ns_old | t_new | ns_new != 0;
         s.ns = ns_old | ns_new != 0;
         s.new = t_new | ns_new != 0;
         s.flags = flags;
         s.key = 0;
     }
-    apply(a);
+    Some(apply(ts))
+}
+
+/// What the engine stamps for one socket (`XdpSocket::set_rx_stamping`,
+/// `set_tx_stamping`); the UDP record applies it (`accel::set_stamping`).
+#[derive(Clone, Copy, Debug)]
+pub struct Stamping {
+    pub rx: bool,
+    pub tx: bool,
+    /// Transmit stamps carry the frame (no OPT_TSONLY).
+    pub frame: bool,
 }
 
 /// The engine's stamping follows the socket's options.
-fn apply(a: &Accel) {
+fn apply(ts: &Ts) -> Stamping {
     let (rx, tx, frame, any) = {
-        let s = a.ts.st();
+        let s = ts.st();
         (
             s.rcv || s.flags & RX_SOFTWARE != 0,
             s.flags & TX_SOFTWARE != 0,
@@ -207,22 +214,16 @@ fn apply(a: &Accel) {
             s.rcv || s.flags != 0,
         )
     };
-    a.ts.tx.store(tx, Ordering::Relaxed);
-    a.ts.on.store(any, Ordering::Relaxed);
-    let mut g = a.lock();
-    if let Some(x) = g.xdp.as_mut() {
-        crate::accel::engine_call(|| {
-            x.set_rx_stamping(rx);
-            x.set_tx_stamping(tx, frame);
-        });
-    }
+    ts.tx.store(tx, Ordering::Relaxed);
+    ts.on.store(any, Ordering::Relaxed);
+    Stamping { rx, tx, frame }
 }
 
 /// The `OPT_ID` key of the datagram about to be sent (`None` without
 /// OPT_ID): the socket's counter, advanced (`sk_tskey`, taken once per
 /// datagram that asks for a transmit stamp).
-pub fn next_key(a: &Accel) -> Option<u32> {
-    let mut s = a.ts.st();
+pub fn next_key(ts: &Ts) -> Option<u32> {
+    let mut s = ts.st();
     if s.flags & OPT_ID == 0 {
         return None;
     }
@@ -233,8 +234,8 @@ pub fn next_key(a: &Accel) -> Option<u32> {
 
 /// After a send through the engine by a socket with transmit stamps on:
 /// queue the stamp (if the datagram went through the ring).
-pub fn sent(a: &Accel, x: &nanowire_stack::xdp::XdpSocket, key: Option<u32>) {
-    let mut s = a.ts.st();
+pub fn sent(ts: &Ts, x: &nanowire_stack::xdp::XdpSocket, key: Option<u32>) {
+    let mut s = ts.st();
     let Some((at, frame)) = x.last_tx_stamp() else {
         return;
     };
@@ -259,7 +260,7 @@ pub fn sent(a: &Accel, x: &nanowire_stack::xdp::XdpSocket, key: Option<u32>) {
         key: key.unwrap_or(0),
         frame,
     });
-    a.ts.errq.store(s.errq.len() as u32, Ordering::Relaxed);
+    ts.errq.store(s.errq.len() as u32, Ordering::Relaxed);
 }
 
 /// `CLOCK_REALTIME` in ns (the clock of the kernel's stamps and the engine's).
@@ -357,13 +358,13 @@ fn put_stamps(c: &mut Cmsgs<'_>, s: &State, at: u64, errq: bool) {
 
 /// `recvmsg` on `a` delivered a datagram: write its control messages
 /// (none when the socket has no timestamp option).
-pub fn put_rx(a: &Accel, m: &mut msghdr) {
+pub fn put_rx(ts: &Ts, m: &mut msghdr) {
     let control = m.msg_controllen;
     m.msg_controllen = 0;
-    if !a.ts.on() {
+    if !ts.on() {
         return;
     }
-    let s = a.ts.st();
+    let s = ts.st();
     let mut at = LAST.with(|c| c.get());
     if at == 0 {
         // No engine stamp: the kernel path, or before stamping was on.
@@ -381,22 +382,12 @@ pub fn put_rx(a: &Accel, m: &mut msghdr) {
     m.msg_controllen = used as _;
 }
 
-/// `recvmsg(MSG_ERRQUEUE)` on `a`: `None` if the engine's queue is empty
-/// (the kernel socket's own queue answers: EAGAIN, or stamps of datagrams
-/// that took the kernel path).
-pub fn recv_err(a: &Accel, fd: c_int, m: &mut msghdr, flags: c_int) -> Option<isize> {
-    if !a.ts.err_pending() {
-        return None;
-    }
-    let r = recv_err_locked(a, m, flags);
-    if !a.ts.err_pending() {
-        crate::accel::errq_drained(fd, a);
-    }
-    r
-}
-
-fn recv_err_locked(a: &Accel, m: &mut msghdr, flags: c_int) -> Option<isize> {
-    let mut s = a.ts.st();
+/// `recvmsg(MSG_ERRQUEUE)` on a socket with state `ts`: `None` if the
+/// engine's queue is empty (the kernel socket's own queue answers: EAGAIN,
+/// or stamps of datagrams that took the kernel path). See
+/// `accel::recv_err`.
+pub fn recv_err(ts: &Ts, m: &mut msghdr, flags: c_int) -> Option<isize> {
+    let mut s = ts.st();
     let e = if flags & libc::MSG_PEEK != 0 {
         let f = s.errq.front()?;
         ErrEntry {
@@ -406,7 +397,7 @@ fn recv_err_locked(a: &Accel, m: &mut msghdr, flags: c_int) -> Option<isize> {
         }
     } else {
         let e = s.errq.pop_front()?;
-        a.ts.errq.store(s.errq.len() as u32, Ordering::Relaxed);
+        ts.errq.store(s.errq.len() as u32, Ordering::Relaxed);
         e
     };
     // The frame into the iovecs.

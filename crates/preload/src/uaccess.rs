@@ -230,6 +230,12 @@ pub fn obj<'a, T>(p: *const T) -> Option<&'a T> {
     Some(unsafe { &*p })
 }
 
+/// The `struct timeval` of an option value the kernel just accepted
+/// (SO_RCVTIMEO, SO_SNDTIMEO) as nanoseconds; 0 when shorter than one.
+pub fn timeval_opt_ns(val: *const c_void, len: libc::socklen_t) -> u64 {
+    buf(val, len as usize).map_or(0, nanowire_shimcore::sock::timeval_bytes_ns)
+}
+
 /// Set errno and return -1.
 pub fn fault<T: From<i8>>(e: Errno) -> T {
     crate::sys::set_errno(e);

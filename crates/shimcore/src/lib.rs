@@ -9,6 +9,9 @@
 //!   spinning on it), and per-fd tables of records (the engine sockets),
 //!   all in lazily allocated chunks indexed by the fd number: a lookup is
 //!   two loads and no lock;
+//! * [`sock`]: the per-fd state every engine socket record shares,
+//!   whatever its protocol (blocking mode, timeouts, shutdown, references,
+//!   owner process);
 //! * [`waiter`]: the one waiter: the adaptive spin policy
 //!   ([`waiter::Spin`]) and the loop that every blocking call of the shim
 //!   runs ([`waiter::Waiter`]: EINTR, the caller's timeout, EBADF when
@@ -21,4 +24,5 @@
 //! does.
 
 pub mod fdtable;
+pub mod sock;
 pub mod waiter;

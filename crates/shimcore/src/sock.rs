@@ -1,0 +1,254 @@
+//! What every engine socket record of the shim keeps about its fd, whatever
+//! the protocol: the application's view of the socket that the kernel
+//! socket under the fd does not hold (it is non-blocking underneath, and
+//! the engine, not the kernel, serves receives, timeouts and shutdown),
+//! and who may use the record.
+//!
+//! The UDP record (`accel::Accel`) and the TCP record (`tcpx::Tcp`) each
+//! embed one [`Common`]; `fcntl`, `ioctl(FIONBIO)`, `setsockopt(SO_RCVTIMEO
+//! / SO_SNDTIMEO)`, `shutdown`, `dup` and `close` act on it the same way
+//! for both. Every field is a plain load or store on the data path (no
+//! read-modify-write except the reference count, which changes only at
+//! `dup`/`close`).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+/// `MSG_DONTWAIT` (Linux, every architecture).
+pub const MSG_DONTWAIT: i32 = 0x40;
+
+/// The per-fd state every engine socket record shares (see the module doc).
+pub struct Common {
+    /// The application's O_NONBLOCK (the kernel socket under the fd is
+    /// always non-blocking).
+    nonblock: AtomicBool,
+    /// SO_RCVTIMEO in ns (0: none).
+    rcvtimeo_ns: AtomicU64,
+    /// SO_SNDTIMEO in ns (0: none).
+    sndtimeo_ns: AtomicU64,
+    /// `shutdown(SHUT_RD)` was called: an empty receive returns 0.
+    rd_shut: AtomicBool,
+    /// fds that refer to the record (`dup`, `dup2`, `F_DUPFD`).
+    refs: AtomicU32,
+    /// The process that made the record (a forked child sees its parent's
+    /// records and must not use the parent's engine through them).
+    pid: u32,
+}
+
+impl Common {
+    /// A record made by process `pid` for one fd, with the application's
+    /// blocking mode and receive timeout as the kernel socket had them.
+    pub fn new(pid: u32, nonblock: bool, rcvtimeo_ns: u64) -> Common {
+        Common {
+            nonblock: AtomicBool::new(nonblock),
+            rcvtimeo_ns: AtomicU64::new(rcvtimeo_ns),
+            sndtimeo_ns: AtomicU64::new(0),
+            rd_shut: AtomicBool::new(false),
+            refs: AtomicU32::new(1),
+            pid,
+        }
+    }
+
+    /// Usable by process `pid_now` (not a forked child's inherited copy).
+    #[inline(always)]
+    pub fn mine(&self, pid_now: u32) -> bool {
+        self.pid == pid_now
+    }
+
+    /// The process that made the record.
+    #[inline(always)]
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The application's O_NONBLOCK.
+    #[inline(always)]
+    pub fn nonblock(&self) -> bool {
+        self.nonblock.load(Ordering::Relaxed)
+    }
+
+    pub fn set_nonblock(&self, on: bool) {
+        self.nonblock.store(on, Ordering::Relaxed);
+    }
+
+    /// Does a call with `flags` return at once instead of waiting (the
+    /// fd is non-blocking, or the call says MSG_DONTWAIT)?
+    #[inline(always)]
+    pub fn dontwait(&self, flags: i32) -> bool {
+        flags & MSG_DONTWAIT != 0 || self.nonblock()
+    }
+
+    /// SO_RCVTIMEO in ns (0: none).
+    #[inline(always)]
+    pub fn rcvtimeo_ns(&self) -> u64 {
+        self.rcvtimeo_ns.load(Ordering::Relaxed)
+    }
+
+    pub fn set_rcvtimeo_ns(&self, ns: u64) {
+        self.rcvtimeo_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// SO_SNDTIMEO in ns (0: none).
+    #[inline(always)]
+    pub fn sndtimeo_ns(&self) -> u64 {
+        self.sndtimeo_ns.load(Ordering::Relaxed)
+    }
+
+    pub fn set_sndtimeo_ns(&self, ns: u64) {
+        self.sndtimeo_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Copy the application's options (blocking mode, timeouts) from
+    /// another record: a socket that moves from one record to another
+    /// keeps them.
+    pub fn take_options_from(&self, o: &Common) {
+        self.set_nonblock(o.nonblock());
+        self.set_rcvtimeo_ns(o.rcvtimeo_ns());
+        self.set_sndtimeo_ns(o.sndtimeo_ns());
+    }
+
+    /// Has `shutdown(SHUT_RD)` been called?
+    #[inline(always)]
+    pub fn rd_shut(&self) -> bool {
+        self.rd_shut.load(Ordering::Relaxed)
+    }
+
+    pub fn shut_rd(&self) {
+        self.rd_shut.store(true, Ordering::Relaxed);
+    }
+
+    /// One more fd refers to the record.
+    pub fn add_ref(&self) {
+        self.refs.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// One fd stops referring to the record: was it the last one?
+    pub fn release(&self) -> bool {
+        self.refs.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// One fd stops referring to the record: is the engine object now to
+    /// be closed by process `pid_now` (the last fd, and the record is this
+    /// process's: a forked child never closes its parent's engine object)?
+    pub fn release_last_mine(&self, pid_now: u32) -> bool {
+        self.release() && self.mine(pid_now)
+    }
+
+    /// fds referring to the record now.
+    pub fn refs(&self) -> u32 {
+        self.refs.load(Ordering::Acquire)
+    }
+}
+
+/// A `struct timeval` (seconds, microseconds) as nanoseconds, as the kernel
+/// reads SO_RCVTIMEO/SO_SNDTIMEO after accepting it: negative parts count
+/// as 0, the result saturates.
+pub fn timeval_ns(sec: i64, usec: i64) -> u64 {
+    (sec.max(0) as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add((usec.max(0) as u64).saturating_mul(1000))
+}
+
+/// [`timeval_ns`] of the `struct timeval` in `bytes` (native byte order,
+/// 64-bit `time_t` and `suseconds_t`, as on every 64-bit Linux); 0 when
+/// `bytes` is shorter than one.
+pub fn timeval_bytes_ns(bytes: &[u8]) -> u64 {
+    let (Some(s), Some(u)) = (bytes.get(0..8), bytes.get(8..16)) else {
+        return 0;
+    };
+    let word = |b: &[u8]| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(b);
+        i64::from_ne_bytes(w)
+    };
+    timeval_ns(word(s), word(u))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_record_has_one_ref_and_the_kernels_mode() {
+        let c = Common::new(7, true, 5_000);
+        assert!(c.nonblock());
+        assert_eq!(c.rcvtimeo_ns(), 5_000);
+        assert_eq!(c.sndtimeo_ns(), 0);
+        assert!(!c.rd_shut());
+        assert_eq!(c.refs(), 1);
+        assert_eq!(c.pid(), 7);
+    }
+
+    #[test]
+    fn a_forked_child_does_not_use_its_parents_record() {
+        let c = Common::new(100, false, 0);
+        assert!(c.mine(100));
+        assert!(!c.mine(101));
+    }
+
+    #[test]
+    fn dontwait_is_the_flag_or_the_fds_mode() {
+        let c = Common::new(1, false, 0);
+        assert!(!c.dontwait(0));
+        assert!(c.dontwait(MSG_DONTWAIT));
+        assert!(!c.dontwait(0x100)); // MSG_WAITALL is not MSG_DONTWAIT
+        c.set_nonblock(true);
+        assert!(c.dontwait(0));
+        c.set_nonblock(false);
+        assert!(!c.dontwait(0));
+    }
+
+    #[test]
+    fn the_last_fd_of_this_process_closes_the_engine_object() {
+        let c = Common::new(9, false, 0);
+        c.add_ref(); // dup
+        assert_eq!(c.refs(), 2);
+        assert!(!c.release_last_mine(9));
+        assert!(c.release_last_mine(9));
+    }
+
+    #[test]
+    fn a_childs_last_close_leaves_the_parents_engine_object() {
+        let c = Common::new(9, false, 0);
+        assert!(!c.release_last_mine(10));
+        assert_eq!(c.refs(), 0);
+    }
+
+    #[test]
+    fn shutdown_rd_sticks() {
+        let c = Common::new(1, false, 0);
+        c.shut_rd();
+        assert!(c.rd_shut());
+        c.set_nonblock(true);
+        assert!(c.rd_shut());
+    }
+
+    #[test]
+    fn options_move_with_the_socket() {
+        let a = Common::new(1, true, 3);
+        a.set_sndtimeo_ns(4);
+        let b = Common::new(1, false, 0);
+        b.take_options_from(&a);
+        assert!(b.nonblock());
+        assert_eq!((b.rcvtimeo_ns(), b.sndtimeo_ns()), (3, 4));
+        assert_eq!(b.refs(), 1);
+    }
+
+    #[test]
+    fn timevals_as_the_kernel_reads_them() {
+        assert_eq!(timeval_ns(0, 0), 0);
+        assert_eq!(timeval_ns(1, 500_000), 1_500_000_000);
+        assert_eq!(timeval_ns(-1, 20), 20_000);
+        assert_eq!(timeval_ns(2, -5), 2_000_000_000);
+        assert_eq!(timeval_ns(i64::MAX, i64::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn timeval_bytes_need_a_whole_timeval() {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&3i64.to_ne_bytes());
+        b[8..].copy_from_slice(&250i64.to_ne_bytes());
+        assert_eq!(timeval_bytes_ns(&b), 3_000_250_000);
+        assert_eq!(timeval_bytes_ns(&b[..15]), 0);
+        assert_eq!(timeval_bytes_ns(&[]), 0);
+    }
+}
