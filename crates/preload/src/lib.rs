@@ -44,8 +44,8 @@
 //! only through `nanowire-stack` and reads its typed configuration from
 //! `nanowire-options`.
 //!
-//! Layers (a module uses only the ones below it; known cycles, to be
-//! removed: `accel`/`tstamp`, `tcpx`/`handover`/`ready`/`opts`):
+//! Layers (a module uses only the ones below it; a known cycle, to be
+//! removed: `tcpx`/`handover`/`ready`/`opts`):
 //!
 //! * `exports`: the C entry points, generated from the one table in `abi`
 //!   (which also generates `real`): engine code → libc, else → dispatch;
