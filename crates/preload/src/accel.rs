@@ -69,7 +69,7 @@ extern "C" fn before_fork() {
 /// every candidate among them stays a kernel socket.
 pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) {
     let mut socks = Vec::new();
-    SOCKS.each(|fd, a| {
+    table::each_record::<Accel>(|fd, a| {
         if a.mine() && !a.detached.load(Ordering::Acquire) && inherits(fd) {
             socks.push(fd);
         }
@@ -162,22 +162,24 @@ impl Accel {
     }
 }
 
-/// The accelerated sockets, by fd.
-static SOCKS: table::PtrTable<Accel> = table::PtrTable::new();
+// SAFETY: the only type of the shim with kind Udp; aligned to 8 (atomics).
+unsafe impl table::Record for Accel {
+    const KIND: table::Kind = table::Kind::Udp;
+}
 
 /// The record behind `fd`, whichever process made it (after fork, a
 /// child sees its parent's records: see [`inherited`]).
 #[inline(always)]
 pub fn by_fd(fd: c_int) -> Option<&'static Accel> {
-    SOCKS.get(fd)
+    table::record_as::<Accel>(fd)
 }
 
 pub fn set_fd(fd: c_int, a: &'static Accel) {
-    SOCKS.set(fd, a);
+    table::set_record(fd, a);
 }
 
 pub fn take_fd(fd: c_int) -> Option<&'static Accel> {
-    SOCKS.take(fd)
+    table::take_record::<Accel>(fd)
 }
 
 /// The engine socket behind `fd` if this process may use it.
@@ -187,14 +189,8 @@ pub fn lookup(fd: c_int) -> Option<&'static Accel> {
     if a.mine() { Some(a) } else { None }
 }
 
-/// An inherited accelerated fd in a forked child: served by its kernel
-/// socket, with the application's blocking mode emulated.
-#[inline(always)]
-pub fn inherited(fd: c_int) -> Option<&'static Accel> {
-    let a = by_fd(fd)?;
-    if a.mine() {
-        return None;
-    }
+/// `fd` is a forked child's inherited accelerated fd: say so, once.
+pub fn note_inherited(fd: c_int) {
     if table::get(fd) & table::F_INHERIT_LOGGED == 0 {
         table::add_flags(fd, table::F_INHERIT_LOGGED);
         log!(
@@ -202,7 +198,6 @@ pub fn inherited(fd: c_int) -> Option<&'static Accel> {
             "fd {fd} udp: kernel socket only in this forked child (the xdp engine's rings stay with the parent)"
         );
     }
-    Some(a)
 }
 
 pub fn sockaddr_in(sa: &SocketAddrV4) -> libc::sockaddr_in {
@@ -405,7 +400,7 @@ pub fn local_addr(fd: c_int) -> Option<SocketAddrV4> {
 /// This process's sockets on the engine, with their local addresses.
 pub fn live_sockets() -> Vec<(c_int, SocketAddrV4)> {
     let mut v = Vec::new();
-    SOCKS.each(|fd, a| {
+    table::each_record::<Accel>(|fd, a| {
         if !a.mine() || a.detached.load(Ordering::Acquire) {
             return;
         }
@@ -1129,7 +1124,7 @@ pub fn release_stale(fd: c_int) {
     let Some(a) = take_fd(fd) else { return };
     if a.mine() && a.adopted == fd && !a.detached.load(Ordering::Acquire) {
         let mut dup = None;
-        SOCKS.each(|f, r| {
+        table::each_record::<Accel>(|f, r| {
             if dup.is_none() && std::ptr::eq(r, a) {
                 dup = Some(f);
             }

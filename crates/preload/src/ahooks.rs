@@ -1,6 +1,9 @@
-//! The accelerated branch of the hooks: each function returns `Some(result)`
-//! when `fd` is an xdp-engine socket (or a candidate that just became one)
-//! and `None` to let the hook go on with the kernel path.
+//! The UDP operations (`ops.rs`): receives and sends on an fd whose record
+//! is an xdp-engine UDP socket `a` (this process's, or a forked child's
+//! inherited copy), and the candidate's side of the kernel path (a socket
+//! that goes onto the engine at its first send). Each function returns
+//! `Some(result)` when it served the call and `None` to let the kernel
+//! socket under the fd answer.
 
 use crate::accel::{self, Accel, Got};
 use crate::adapt::Turn;
@@ -59,6 +62,7 @@ fn inherited_recv(
 }
 
 pub fn recvfrom(
+    a: &'static Accel,
     fd: c_int,
     buf: *mut c_void,
     len: usize,
@@ -69,7 +73,7 @@ pub fn recvfrom(
     if flags & KERNEL_ONLY != 0 {
         return None;
     }
-    if let Some(a) = accel::lookup(fd) {
+    if a.mine() {
         let mut copied = 0;
         let mut bad = false;
         let r = accel::recv_one(a, fd, flags, |p, _| {
@@ -98,19 +102,16 @@ pub fn recvfrom(
             Err(e) => fail(e),
         });
     }
-    let a = accel::inherited(fd)?;
+    accel::note_inherited(fd);
     Some(inherited_recv(a, fd, flags, |f| {
         // SAFETY: the caller's arguments.
         unsafe { real::recvfrom(fd, buf, len, f, addr, alen) }
     }))
 }
 
-pub fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Option<ssize_t> {
+pub fn recvmsg(a: &'static Accel, fd: c_int, msg: *mut msghdr, flags: c_int) -> Option<ssize_t> {
     if flags & KERNEL_ONLY != 0 {
-        if flags & libc::MSG_ERRQUEUE != 0
-            && !msg.is_null()
-            && let Some(a) = accel::lookup(fd)
-        {
+        if flags & libc::MSG_ERRQUEUE != 0 && !msg.is_null() && a.mine() {
             // Transmit stamps of the engine's sends; the kernel socket's
             // own queue when there are none.
             // SAFETY: the caller's msghdr.
@@ -118,7 +119,7 @@ pub fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Option<ssize_t> {
         }
         return None;
     }
-    if let Some(a) = accel::lookup(fd) {
+    if a.mine() {
         let Some(m) = uaccess::obj_mut(msg) else {
             return Some(fail(libc::EFAULT));
         };
@@ -163,18 +164,23 @@ pub fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> Option<ssize_t> {
             Err(e) => fail(e),
         });
     }
-    let a = accel::inherited(fd)?;
+    accel::note_inherited(fd);
     Some(inherited_recv(a, fd, flags, |f| {
         // SAFETY: the caller's arguments.
         unsafe { real::recvmsg(fd, msg, f) }
     }))
 }
 
-pub fn recvmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> Option<c_int> {
-    if flags & KERNEL_ONLY != 0 {
+pub fn recvmmsg(
+    a: &'static Accel,
+    fd: c_int,
+    msgs: *mut mmsghdr,
+    vlen: c_uint,
+    flags: c_int,
+) -> Option<c_int> {
+    if flags & KERNEL_ONLY != 0 || !a.mine() {
         return None;
     }
-    let a = accel::lookup(fd)?;
     let vlen = vlen.min(1024) as usize;
     if vlen == 0 {
         return Some(0);
@@ -188,7 +194,7 @@ pub fn recvmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> Op
             }
             break;
         };
-        match recvmsg(fd, &mut mm.msg_hdr, f) {
+        match recvmsg(a, fd, &mut mm.msg_hdr, f) {
             Some(r) if r >= 0 => {
                 mm.msg_len = r as c_uint;
                 n += 1;
@@ -202,7 +208,10 @@ pub fn recvmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> Op
     Some(if n > 0 { n as c_int } else { -1 })
 }
 
+/// A send on `fd`: `a` is its engine record of this process, or `None`
+/// (a candidate goes onto the engine here when the call names a peer).
 pub fn sendto(
+    a: Option<&'static Accel>,
     fd: c_int,
     buf: *const c_void,
     len: usize,
@@ -213,7 +222,7 @@ pub fn sendto(
     if flags & libc::MSG_OOB != 0 {
         return None; // the kernel socket answers (EOPNOTSUPP for UDP)
     }
-    let a = match accel::lookup(fd) {
+    let a = match a {
         Some(a) => a,
         None => {
             if table::get(fd) & table::F_CAND == 0 || addr.is_null() {
@@ -249,7 +258,13 @@ thread_local! {
     static GATHER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-pub fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<ssize_t> {
+/// As [`sendto`], with a message header.
+pub fn sendmsg(
+    a: Option<&'static Accel>,
+    fd: c_int,
+    msg: *const msghdr,
+    flags: c_int,
+) -> Option<ssize_t> {
     // An unreadable header: the kernel socket under the fd says EFAULT.
     let m = uaccess::obj(msg)?;
     if m.msg_controllen > 0 {
@@ -257,8 +272,7 @@ pub fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<ssize_t> {
         // sends it as is.
         return None;
     }
-    if accel::lookup(fd).is_none() && (table::get(fd) & table::F_CAND == 0 || m.msg_name.is_null())
-    {
+    if a.is_none() && (table::get(fd) & table::F_CAND == 0 || m.msg_name.is_null()) {
         return None;
     }
     let (v, total) = match uaccess::iovecs(m.msg_iov, m.msg_iovlen, Call::Msg) {
@@ -276,6 +290,7 @@ pub fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<ssize_t> {
             return Some(fail(libc::EFAULT));
         }
         sendto(
+            a,
             fd,
             g.as_ptr().cast(),
             g.len(),
@@ -286,8 +301,15 @@ pub fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> Option<ssize_t> {
     })
 }
 
-pub fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> Option<c_int> {
-    if accel::lookup(fd).is_none() && table::get(fd) & table::F_CAND == 0 {
+/// As [`sendto`], with a vector of messages.
+pub fn sendmmsg(
+    a: Option<&'static Accel>,
+    fd: c_int,
+    msgs: *mut mmsghdr,
+    vlen: c_uint,
+    flags: c_int,
+) -> Option<c_int> {
+    if a.is_none() && table::get(fd) & table::F_CAND == 0 {
         return None;
     }
     let vlen = vlen.min(1024) as usize;
@@ -295,7 +317,7 @@ pub fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> Op
         return Some(0);
     }
     let mut n = 0usize;
-    if let Some(a) = accel::lookup(fd) {
+    if let Some(a) = a {
         // Runs of messages to one destination go out as one batch (one TX
         // kick for up to 64 frames).
         while n < vlen {
@@ -322,7 +344,8 @@ pub fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> Op
             }
             break;
         };
-        let r = match sendmsg(fd, &mm.msg_hdr, flags) {
+        // A candidate that went onto the engine at the first message.
+        let r = match sendmsg(a.or_else(|| accel::lookup(fd)), fd, &mm.msg_hdr, flags) {
             Some(r) => r,
             // SAFETY: this one needs the kernel (ancillary data).
             None => unsafe { real::sendmsg(fd, &mm.msg_hdr, flags) },
@@ -411,7 +434,7 @@ fn send_run(
             let Some(mm) = uaccess::obj_mut(msgs.wrapping_add(from)) else {
                 return Err(libc::EFAULT);
             };
-            let r = sendmsg(fd, &mm.msg_hdr, flags)
+            let r = sendmsg(Some(a), fd, &mm.msg_hdr, flags)
                 // SAFETY: the kernel socket under the fd sends it.
                 .unwrap_or_else(|| unsafe { real::sendmsg(fd, &mm.msg_hdr, flags) });
             if r < 0 {

@@ -16,7 +16,7 @@
 
 use crate::accel;
 use crate::ahooks;
-use crate::kernelio::{self, Next};
+use crate::ops::{self, Recv, Send, Sock};
 use crate::ready;
 use crate::real;
 pub use crate::signals::{sigaction, signal};
@@ -29,7 +29,6 @@ use libc::{
     c_int, c_uint, c_ulong, c_void, epoll_event, fd_set, iovec, mmsghdr, msghdr, nfds_t, off_t,
     off64_t, pollfd, sigset_t, size_t, sockaddr, socklen_t, ssize_t, timespec, timeval,
 };
-use nanowire_sockabi::iov::Call;
 use std::sync::atomic::Ordering;
 
 // ---------------------------------------------------------------- sockets
@@ -325,31 +324,7 @@ pub fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
 /// # Safety
 /// As libc's `recv`.
 pub unsafe fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
-    crate::fdlife::io_check(fd);
-    if let Some(t) = tcpx::lookup(fd) {
-        return streamio::recv(t, fd, buf, len, flags);
-    }
-    if let Some(r) = ahooks::recvfrom(
-        fd,
-        buf,
-        len,
-        flags,
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-    ) {
-        return r;
-    }
-    match kernelio::recv_wait(fd, flags, || {
-        // SAFETY: the caller's buffer, a non-blocking attempt.
-        unsafe { real::recv(fd, buf, len, flags | libc::MSG_DONTWAIT) }
-    }) {
-        Next::Done(r) => r,
-        // SAFETY: re-dispatch (the socket moved onto the engine).
-        Next::Again => unsafe { recv(fd, buf, len, flags) },
-        // SAFETY: the caller's own arguments, unchanged, to libc's function
-        // of the same signature, whose contract our caller upholds (# Safety).
-        Next::Real => unsafe { real::recv(fd, buf, len, flags) },
-    }
+    ops::recv(fd, Recv::Buf { buf, len }, flags)
 }
 
 /// # Safety
@@ -362,53 +337,22 @@ pub unsafe fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
-    crate::fdlife::io_check(fd);
-    if let Some(t) = tcpx::lookup(fd) {
-        if !addr.is_null()
-            && let Some(l) = crate::uaccess::obj_mut(alen)
-        {
-            // A connected stream reports no source address.
-            *l = 0;
-        }
-        return streamio::recv(t, fd, buf, len, flags);
-    }
-    if let Some(r) = ahooks::recvfrom(fd, buf, len, flags, addr, alen) {
-        return r;
-    }
-    match kernelio::recv_wait(fd, flags, || {
-        // SAFETY: the caller's buffers, a non-blocking attempt.
-        unsafe { real::recvfrom(fd, buf, len, flags | libc::MSG_DONTWAIT, addr, alen) }
-    }) {
-        Next::Done(r) => r,
-        // SAFETY: re-dispatch (the socket moved onto the engine).
-        Next::Again => unsafe { recvfrom(fd, buf, len, flags, addr, alen) },
-        // SAFETY: the caller's own arguments, unchanged, to libc's function
-        // of the same signature, whose contract our caller upholds (# Safety).
-        Next::Real => unsafe { real::recvfrom(fd, buf, len, flags, addr, alen) },
-    }
+    ops::recv(
+        fd,
+        Recv::From {
+            buf,
+            len,
+            addr,
+            alen,
+        },
+        flags,
+    )
 }
 
 /// # Safety
 /// As libc's `recvmsg`.
 pub unsafe fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    crate::fdlife::io_check(fd);
-    if let Some(t) = tcpx::lookup(fd) {
-        return streamio::recvmsg(t, fd, msg, flags);
-    }
-    if let Some(r) = ahooks::recvmsg(fd, msg, flags) {
-        return r;
-    }
-    match kernelio::recv_wait(fd, flags, || {
-        // SAFETY: the caller's message, a non-blocking attempt.
-        unsafe { real::recvmsg(fd, msg, flags | libc::MSG_DONTWAIT) }
-    }) {
-        Next::Done(r) => r,
-        // SAFETY: re-dispatch (the socket moved onto the engine).
-        Next::Again => unsafe { recvmsg(fd, msg, flags) },
-        // SAFETY: the caller's own arguments, unchanged, to libc's function
-        // of the same signature, whose contract our caller upholds (# Safety).
-        Next::Real => unsafe { real::recvmsg(fd, msg, flags) },
-    }
+    ops::recv(fd, Recv::Msg(msg), flags)
 }
 
 /// # Safety
@@ -420,14 +364,16 @@ pub unsafe fn recvmmsg(
     flags: c_int,
     tmo: *mut timespec,
 ) -> c_int {
-    crate::fdlife::io_check(fd);
-    if let Some(t) = tcpx::lookup(fd)
-        && flags & libc::MSG_ERRQUEUE == 0
-    {
-        return streamio::recvmmsg(t, fd, msgs, vlen, flags);
-    }
-    if let Some(r) = ahooks::recvmmsg(fd, msgs, vlen, flags) {
-        return r;
+    match ops::of(fd) {
+        Sock::Tcp(t) if flags & libc::MSG_ERRQUEUE == 0 => {
+            return streamio::recvmmsg(t, fd, msgs, vlen, flags);
+        }
+        Sock::Udp(a) => {
+            if let Some(r) = ahooks::recvmmsg(a, fd, msgs, vlen, flags) {
+                return r;
+            }
+        }
+        _ => {}
     }
     if flags & (libc::MSG_DONTWAIT | libc::MSG_ERRQUEUE) == 0
         && table::get(fd) & table::F_CAND != 0
@@ -474,62 +420,13 @@ pub unsafe fn recvmmsg(
 /// # Safety
 /// As libc's `read`.
 pub unsafe fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
-    crate::fdlife::io_check(fd);
-    if let Some(t) = tcpx::lookup(fd) {
-        return streamio::recv(t, fd, buf, len, 0);
-    }
-    if let Some(r) = ahooks::recvfrom(fd, buf, len, 0, std::ptr::null_mut(), std::ptr::null_mut()) {
-        return r;
-    }
-    match kernelio::recv_wait(fd, 0, || {
-        // SAFETY: the caller's buffer; read on a socket is recv(.., 0).
-        unsafe { real::recv(fd, buf, len, libc::MSG_DONTWAIT) }
-    }) {
-        Next::Done(r) => r,
-        // SAFETY: re-dispatch (the socket moved onto the engine).
-        Next::Again => unsafe { read(fd, buf, len) },
-        // SAFETY: the caller's own arguments, unchanged, to libc's function
-        // of the same signature, whose contract our caller upholds (# Safety).
-        Next::Real => unsafe { real::read(fd, buf, len) },
-    }
+    ops::recv(fd, Recv::Read { buf, len }, 0)
 }
 
 /// # Safety
 /// As libc's `readv`.
 pub unsafe fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    crate::fdlife::io_check(fd);
-    if let Some(t) = tcpx::lookup(fd) {
-        return streamio::rwv(t, fd, iov, cnt, false);
-    }
-    if accel::by_fd(fd).is_some() {
-        if let Err(e) = nanowire_sockabi::iov::check_count(cnt as isize as usize, Call::Vec) {
-            return crate::uaccess::fault(e);
-        }
-        // SAFETY: a msghdr over the caller's iovec.
-        let mut m: msghdr = unsafe { std::mem::zeroed() };
-        m.msg_iov = iov as *mut iovec;
-        m.msg_iovlen = cnt as _;
-        if let Some(r) = ahooks::recvmsg(fd, &mut m, 0) {
-            return r;
-        }
-    }
-    if cnt >= 0
-        && let Some(w) = recv_spin_word(fd)
-        && let Some(r) = spin::spin_recv(fd, w, || {
-            // SAFETY: a msghdr over the caller's iovec; readv on a socket
-            // is recvmsg(.., 0).
-            let mut m: msghdr = unsafe { std::mem::zeroed() };
-            m.msg_iov = iov as *mut iovec;
-            m.msg_iovlen = cnt as _;
-            // SAFETY: as above.
-            unsafe { real::recvmsg(fd, &mut m, libc::MSG_DONTWAIT) }
-        })
-    {
-        return r;
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::readv(fd, iov, cnt) }
+    ops::recv(fd, Recv::Vec { iov, cnt }, 0)
 }
 
 /// # Safety
@@ -1370,58 +1267,39 @@ pub unsafe fn sendto(
     addr: *const sockaddr,
     alen: socklen_t,
 ) -> ssize_t {
-    crate::fdlife::io_check(fd);
-    if let Some(t) = tcpx::lookup(fd) {
-        return streamio::send(t, fd, buf, len, flags);
-    }
-    if let Some(r) = ahooks::sendto(fd, buf, len, flags, addr, alen) {
-        return r;
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::sendto(fd, buf, len, flags, addr, alen) }
+    ops::send(
+        fd,
+        Send::To {
+            buf,
+            len,
+            addr,
+            alen,
+        },
+        flags,
+    )
 }
 
 /// # Safety
 /// As libc's `send`.
 pub unsafe fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
-    crate::fdlife::io_check(fd);
-    if let Some(t) = tcpx::lookup(fd) {
-        return streamio::send(t, fd, buf, len, flags);
-    }
-    if accel::lookup(fd).is_some()
-        && let Some(r) = ahooks::sendto(fd, buf, len, flags, std::ptr::null(), 0)
-    {
-        return r;
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::send(fd, buf, len, flags) }
+    ops::send(fd, Send::Buf { buf, len }, flags)
 }
 
 /// # Safety
 /// As libc's `sendmsg`.
 pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    crate::fdlife::io_check(fd);
-    if let Some(t) = tcpx::lookup(fd) {
-        return streamio::sendmsg(t, fd, msg, flags);
-    }
-    if let Some(r) = ahooks::sendmsg(fd, msg, flags) {
-        return r;
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::sendmsg(fd, msg, flags) }
+    ops::send(fd, Send::Msg(msg), flags)
 }
 
 /// # Safety
 /// As libc's `sendmmsg`.
 pub unsafe fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> c_int {
-    crate::fdlife::io_check(fd);
-    if let Some(t) = tcpx::lookup(fd) {
-        return streamio::sendmmsg(t, fd, msgs, vlen, flags);
-    }
-    if let Some(r) = ahooks::sendmmsg(fd, msgs, vlen, flags) {
+    let a = match ops::of(fd) {
+        Sock::Tcp(t) => return streamio::sendmmsg(t, fd, msgs, vlen, flags),
+        Sock::Udp(a) => Some(a).filter(|a| a.mine()),
+        Sock::Kernel => None,
+    };
+    if let Some(r) = ahooks::sendmmsg(a, fd, msgs, vlen, flags) {
         return r;
     }
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
@@ -1432,42 +1310,13 @@ pub unsafe fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int
 /// # Safety
 /// As libc's `write`.
 pub unsafe fn write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t {
-    crate::fdlife::io_check(fd);
-    if let Some(t) = tcpx::lookup(fd) {
-        return streamio::send(t, fd, buf, len, 0);
-    }
-    if accel::lookup(fd).is_some()
-        && let Some(r) = ahooks::sendto(fd, buf, len, 0, std::ptr::null(), 0)
-    {
-        return r;
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::write(fd, buf, len) }
+    ops::send(fd, Send::Write { buf, len }, 0)
 }
 
 /// # Safety
 /// As libc's `writev`.
 pub unsafe fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    crate::fdlife::io_check(fd);
-    if let Some(t) = tcpx::lookup(fd) {
-        return streamio::rwv(t, fd, iov, cnt, true);
-    }
-    if accel::lookup(fd).is_some() {
-        if let Err(e) = nanowire_sockabi::iov::check_count(cnt as isize as usize, Call::Vec) {
-            return crate::uaccess::fault(e);
-        }
-        // SAFETY: a msghdr over the caller's iovec.
-        let mut m: msghdr = unsafe { std::mem::zeroed() };
-        m.msg_iov = iov as *mut iovec;
-        m.msg_iovlen = cnt as _;
-        if let Some(r) = ahooks::sendmsg(fd, &m, 0) {
-            return r;
-        }
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::writev(fd, iov, cnt) }
+    ops::send(fd, Send::Vec { iov, cnt }, 0)
 }
 
 /// # Safety

@@ -53,7 +53,12 @@
 //! * `exports_fd`: the C entry points of the calls that close, create or
 //!   hand on fds behind the socket API (close_range, fclose, open, syscall,
 //!   vfork, posix_spawn, exec, ...; issue 20).
-//! * `dispatch` (+ `ahooks`, its accelerated branch): what each call does.
+//! * `dispatch`: what each call does; receives and sends normalise their
+//!   arguments (`ops::Recv`, `ops::Send`) and make one call through `ops`.
+//! * `ops`: what serves an fd (the one lookup, `ops::of`, in the one table
+//!   of engine socket records) and the per-protocol operations (trait
+//!   `Ops`: TCP → `streamio`, UDP → `ahooks`, the kernel → `kernelio`).
+//! * `ahooks`: the UDP operations over the caller's memory (→ `accel`).
 //! * `kernelio`: receives on fds the engine does not serve: candidates and
 //!   spinning kernel sockets wait the shim's way, then the real call.
 //! * `spawn`: children never hold engine sockets (vfork, posix_spawn, exec).
@@ -63,15 +68,16 @@
 //! * `share`: ports other sockets on the host share go to the kernel.
 //! * `tstamp`: SO_TIMESTAMP/SO_TIMESTAMPNS/SO_TIMESTAMPING on accelerated
 //!   sockets (control messages, the transmit-stamp error queue).
-//! * `accel`: sockets on the xdp engine (records in a `table::PtrTable`).
+//! * `accel`: UDP sockets on the xdp engine (records in `table::record`).
 //! * `spin`: configuration and busy-poll loops of kernel sockets.
 //! * `adapt`: the one waiter (`nanowire_shimcore::waiter` over this
 //!   process's clock, fd table and signal counts): every blocking call
 //!   attempts, asks `Waiter::turn` (EINTR, EBADF by generation, timeout,
 //!   spin or sleep a slice) and attempts again.
 //! * `signals`: the sigaction trampoline and per-thread delivery counts.
-//! * `table`: the process's fd table and record tables
-//!   (`nanowire_shimcore::fdtable`) and socket identity (SO_COOKIE).
+//! * `table`: the process's fd table and its one table of engine socket
+//!   records (`nanowire_shimcore::fdtable`: `FdTable`, `SockTable`) and
+//!   socket identity (SO_COOKIE).
 //! * `log`, `real` (libc through dlsym), `abi`, `sys` (errno, clock, the
 //!   engine-call flag).
 
@@ -86,6 +92,7 @@ mod fdlife;
 mod handover;
 mod kernelio;
 mod log;
+mod ops;
 mod opts;
 mod ready;
 mod real;

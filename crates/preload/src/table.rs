@@ -16,16 +16,16 @@
 //! recognised before any I/O on it reaches the engine (`fdlife`).
 
 //!
-//! The table itself (chunks, word layout, generations, spinner counts,
-//! record tables) is `nanowire_shimcore::fdtable`, unit-tested there; this
-//! module holds the process's instances and what needs system calls
+//! The tables themselves (chunks, word layout, generations, spinner
+//! counts, the one table of engine socket records) are
+//! `nanowire_shimcore::fdtable`, unit-tested there; this module holds the process's instances and what needs system calls
 //! (classification, socket identity).
 
 pub use nanowire_shimcore::fdtable::{
     C_EPOLL, C_OTHER, C_TCP, C_UDP, C_UNKNOWN, F_ACCEL, F_CAND, F_EPOLL_ACCEL, F_EPOLL_INET,
     F_INHERIT_LOGGED, F_RCVTIMEO, F_TCAND, F_WOKEN, FdTable, SpinGuard, class, generation,
 };
-use nanowire_shimcore::fdtable::{Chunks, MAX_FD};
+use nanowire_shimcore::fdtable::{Chunks, MAX_FD, SockTable};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The process's fd table (one word per fd).
@@ -107,46 +107,51 @@ pub fn lookup(fd: i32) -> u64 {
     get(fd)
 }
 
-// ------------------------------------------------ accelerated sockets
+// ------------------------------------------------ engine socket records
 
-/// Per-fd records of the engine's sockets (`nanowire_shimcore::fdtable::
-/// PtrTable`), which also record the kernel's identity of the socket the
-/// number names when a record is attached (see [`identity_ok`]).
-pub struct PtrTable<T: 'static>(nanowire_shimcore::fdtable::PtrTable<T>);
+pub use nanowire_shimcore::fdtable::{Kind, Raw, Record};
 
-impl<T: Sync + 'static> PtrTable<T> {
-    pub const fn new() -> PtrTable<T> {
-        PtrTable(nanowire_shimcore::fdtable::PtrTable::new())
+/// The engine's socket records, UDP (`accel::Accel`) and TCP (`tcpx::Tcp`),
+/// by fd: one tagged pointer per fd (`nanowire_shimcore::fdtable::
+/// SockTable`). Attaching a record also records the kernel's identity of
+/// the socket the number names (see [`identity_ok`]).
+static RECORDS: SockTable = SockTable::new();
+
+/// The record of `fd`, whatever its protocol (two loads, no lock): the one
+/// lookup that says what serves an fd.
+#[inline(always)]
+pub fn record(fd: i32) -> Option<Raw> {
+    RECORDS.get(fd)
+}
+
+/// The record of `fd` if it is an `R`.
+#[inline(always)]
+pub fn record_as<R: Record>(fd: i32) -> Option<&'static R> {
+    RECORDS.get_as::<R>(fd)
+}
+
+/// Map `fd` to `r`, and record the kernel's identity of the socket the
+/// number names now (see [`identity_ok`]).
+pub fn set_record<R: Record>(fd: i32, r: &'static R) {
+    if usize::try_from(fd).is_ok_and(|i| i < MAX_FD) {
+        set_identity(fd, cookie_of(fd));
+        RECORDS.set(fd, r);
     }
+}
 
-    /// The payload of `fd`, if any (two loads, no lock).
-    #[inline(always)]
-    pub fn get(&self, fd: i32) -> Option<&'static T> {
-        self.0.get(fd)
+/// Unmap `fd` if it holds an `R`, returning it.
+pub fn take_record<R: Record>(fd: i32) -> Option<&'static R> {
+    let p = RECORDS.take_as::<R>(fd);
+    if p.is_some() {
+        set_identity(fd, 0);
     }
+    p
+}
 
-    /// Map `fd` to `v`, and record the kernel's identity of the socket
-    /// the number names now (see [`identity_ok`]).
-    pub fn set(&self, fd: i32, v: &'static T) {
-        if usize::try_from(fd).is_ok_and(|i| i < MAX_FD) {
-            set_identity(fd, cookie_of(fd));
-            self.0.set(fd, v);
-        }
-    }
-
-    /// Every (fd, payload) present (allocated chunks only; for rare events
-    /// such as fork).
-    pub fn each(&self, f: impl FnMut(i32, &'static T)) {
-        self.0.each(f);
-    }
-
-    pub fn take(&self, fd: i32) -> Option<&'static T> {
-        let p = self.0.take(fd);
-        if p.is_some() {
-            set_identity(fd, 0);
-        }
-        p
-    }
+/// Every (fd, record) that is an `R` (allocated chunks only; for rare
+/// events such as fork).
+pub fn each_record<R: Record>(f: impl FnMut(i32, &'static R)) {
+    RECORDS.each_as::<R>(f);
 }
 
 /// A thread starts a spin that makes syscalls on `fd`; the returned guard
@@ -229,9 +234,9 @@ pub fn tracked(fd: i32) -> bool {
 }
 
 /// The highest fd number a sweep over [`tracked`] fds must look at (the
-/// end of the last allocated chunk of either table).
+/// end of the last allocated chunk of any table).
 pub fn tracked_limit() -> usize {
-    WORDS.limit().max(IDENT.limit())
+    WORDS.limit().max(IDENT.limit()).max(RECORDS.limit())
 }
 
 /// Does any fd's word have any of `flags`?

@@ -71,7 +71,10 @@ pub struct Tcp {
     ka: Mutex<(bool, u64, u64, u32)>,
 }
 
-static SOCKS: table::PtrTable<Tcp> = table::PtrTable::new();
+// SAFETY: the only type of the shim with kind Tcp; aligned to 8 (atomics).
+unsafe impl table::Record for Tcp {
+    const KIND: table::Kind = table::Kind::Tcp;
+}
 static PID: AtomicU32 = AtomicU32::new(0);
 /// The process the shim was loaded into (not updated at fork).
 static OWNER: AtomicU32 = AtomicU32::new(0);
@@ -128,14 +131,14 @@ pub fn exiting() {
         return;
     }
     let mut fds = Vec::new();
-    SOCKS.each(|fd, t| {
+    table::each_record::<Tcp>(|fd, t| {
         if t.common.mine(me) {
             fds.push(fd);
         }
     });
     let e = errno();
     for fd in fds {
-        if let Some(t) = SOCKS.take(fd) {
+        if let Some(t) = table::take_record::<Tcp>(fd) {
             close_record(t, fd, true);
         }
     }
@@ -165,14 +168,14 @@ extern "C" fn before_fork() {
 pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) {
     let me = PID.load(Ordering::Relaxed);
     let mut ls: Vec<(c_int, &'static Tcp)> = Vec::new();
-    SOCKS.each(|fd, t| {
+    table::each_record::<Tcp>(|fd, t| {
         if t.common.mine(me) && t.listener && inherits(fd) {
             ls.push((fd, t));
         }
     });
     let e = errno();
     for (fd, t) in ls {
-        let _ = SOCKS.take(fd);
+        let _ = table::take_record::<Tcp>(fd);
         if t.inner.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
             close_record(t, fd, false);
             log!(
@@ -191,7 +194,7 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) {
     // Connections: both processes share each one, as plainly; only the
     // kernel can serve it to both.
     let mut conns: Vec<c_int> = Vec::new();
-    SOCKS.each(|fd, t| {
+    table::each_record::<Tcp>(|fd, t| {
         if t.common.mine(me) && !t.listener && inherits(fd) {
             conns.push(fd);
         }
@@ -216,30 +219,38 @@ extern "C" fn after_fork_child() {
 /// The engine record of `fd`, if this process may use it.
 #[inline(always)]
 pub fn lookup(fd: c_int) -> Option<&'static Tcp> {
-    if table::class(table::get(fd)) != table::C_TCP {
-        return None;
-    }
-    let t = SOCKS.get(fd)?;
-    if t.common.mine(PID.load(Ordering::Relaxed)) {
+    let t = table::record_as::<Tcp>(fd)?;
+    if t.mine() {
         Some(t)
     } else {
-        if table::get(fd) & table::F_INHERIT_LOGGED == 0 {
-            table::add_flags(fd, table::F_INHERIT_LOGGED);
-            log!(
-                Level::Warn,
-                "fd {fd} tcp: inherited through fork(): the connection stays with the parent's engine; in this process the fd is an unconnected kernel socket (ENOTCONN)"
-            );
-        }
+        note_inherited(fd);
         None
+    }
+}
+
+/// `fd` is a forked child's inherited engine connection: say so, once.
+#[cold]
+pub fn note_inherited(fd: c_int) {
+    if table::get(fd) & table::F_INHERIT_LOGGED == 0 {
+        table::add_flags(fd, table::F_INHERIT_LOGGED);
+        log!(
+            Level::Warn,
+            "fd {fd} tcp: inherited through fork(): the connection stays with the parent's engine; in this process the fd is an unconnected kernel socket (ENOTCONN)"
+        );
     }
 }
 
 /// Any record (this process's or an inherited one).
 pub fn by_fd(fd: c_int) -> Option<&'static Tcp> {
-    SOCKS.get(fd)
+    table::record_as::<Tcp>(fd)
 }
 
 impl Tcp {
+    /// Usable by this process (not a forked child's inherited copy).
+    #[inline(always)]
+    pub fn mine(&self) -> bool {
+        self.common.mine(PID.load(Ordering::Relaxed))
+    }
     pub(crate) fn get(&self) -> Option<Arc<Inner>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -424,7 +435,7 @@ fn record(fd: c_int, inner: Inner, listener: bool, adopted: bool, nonblock: bool
         wait_fds,
         ka: Mutex::new((false, 7200, 75, 9)),
     }));
-    SOCKS.set(fd, t);
+    table::set_record(fd, t);
     table::clear_flags(fd, table::F_TCAND);
     t
 }
@@ -668,10 +679,10 @@ pub fn connect_again(t: &'static Tcp, fd: c_int) -> c_int {
 /// again, `fd` goes back to being a candidate (still bound to its port):
 /// the next connect() starts afresh instead of reporting EISCONN.
 fn failed_connect_reported(t: &'static Tcp, fd: c_int) {
-    if t.common.refs() != 1 || !SOCKS.get(fd).is_some_and(|r| std::ptr::eq(r, t)) {
+    if t.common.refs() != 1 || !table::record_as::<Tcp>(fd).is_some_and(|r| std::ptr::eq(r, t)) {
         return;
     }
-    let _ = SOCKS.take(fd);
+    let _ = table::take_record::<Tcp>(fd);
     let inner = t.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(i) = inner {
         engine_call(|| drop(i));
@@ -1132,7 +1143,9 @@ pub fn shutdown(t: &Tcp, how: c_int) -> c_int {
 /// The fd `fd` stops referring to its record (close, dup2 over it); the
 /// engine object goes with the last fd.
 pub fn release(fd: c_int) {
-    let Some(t) = SOCKS.take(fd) else { return };
+    let Some(t) = table::take_record::<Tcp>(fd) else {
+        return;
+    };
     if !t.common.release_last_mine(PID.load(Ordering::Relaxed)) {
         return;
     }
@@ -1144,7 +1157,9 @@ pub fn release(fd: c_int) {
 /// close, but nothing is done on the number (no duplicate keeps the port:
 /// the application's socket is gone already).
 pub fn release_stale(fd: c_int) {
-    let Some(t) = SOCKS.take(fd) else { return };
+    let Some(t) = table::take_record::<Tcp>(fd) else {
+        return;
+    };
     if !t.common.release_last_mine(PID.load(Ordering::Relaxed)) {
         return;
     }
@@ -1186,13 +1201,13 @@ fn close_record(t: &Tcp, fd: c_int, exiting: bool) {
 /// `fd` no longer names record `t`: its connection was handed over to the
 /// kernel while a call on it was under way.
 fn handed_over(t: &Tcp, fd: c_int) -> bool {
-    !SOCKS.get(fd).is_some_and(|r| std::ptr::eq(r, t))
+    !table::record_as::<Tcp>(fd).is_some_and(|r| std::ptr::eq(r, t))
 }
 
 /// Every fd number of this process that names record `t` (dups share it).
 pub fn fds_of(t: &'static Tcp) -> Vec<c_int> {
     let mut v = Vec::new();
-    SOCKS.each(|fd, r| {
+    table::each_record::<Tcp>(|fd, r| {
         if std::ptr::eq(r, t) {
             v.push(fd);
         }
@@ -1205,7 +1220,7 @@ pub fn fds_of(t: &'static Tcp) -> Vec<c_int> {
 /// sends nothing: the engine already forgot the connection).
 pub fn forget(t: &'static Tcp, fds: &[c_int]) {
     for &fd in fds {
-        let _ = SOCKS.take(fd);
+        let _ = table::take_record::<Tcp>(fd);
     }
     let inner = t.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(i) = inner {
@@ -1215,9 +1230,9 @@ pub fn forget(t: &'static Tcp, fds: &[c_int]) {
 
 /// `new` is a duplicate of `old`.
 pub fn share(old: c_int, new: c_int) {
-    if let Some(t) = SOCKS.get(old) {
+    if let Some(t) = table::record_as::<Tcp>(old) {
         t.add_ref();
-        SOCKS.set(new, t);
+        table::set_record(new, t);
     }
 }
 

@@ -8,14 +8,15 @@
 //!   ([`FdTable::wake`]) bump, so that a thread waiting on an fd notices
 //!   that another thread closed it (EBADF) or shut it down (the kernel
 //!   answers);
-//! * [`PtrTable`]: per-fd pointers to the engine's socket records (leaked,
-//!   never freed: a reference read by one thread stays valid when another
-//!   clears the slot).
+//! * [`SockTable`]: per fd, the engine's socket record, UDP or TCP, as one
+//!   tagged pointer (leaked records, never freed: a reference read by one
+//!   thread stays valid when another clears the slot): the one lookup an
+//!   interposed call makes to learn what serves the fd.
 //!
 //! The layout of a word: bits 0..8 the class (`C_*`), 8..16 and 32.. flags
 //! and generation, 16..32 the spinner count.
 
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 /// Slots per chunk.
 pub const CHUNK: usize = 4096;
@@ -359,65 +360,147 @@ impl Drop for SpinGuard<'_> {
 
 // ------------------------------------------------------------ records
 
-/// Per-fd pointers to leaked payloads (the engine's socket records),
-/// generic so that this layer knows nothing of what it stores. Payloads are
-/// `'static` (leaked, never freed), so a reference read by one thread stays
-/// valid when another thread clears the slot.
-pub struct PtrTable<T: 'static> {
-    slots: Chunks<AtomicPtr<T>>,
+/// The protocol of an engine socket record: which operations serve the fd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A UDP socket on the engine (or a forked child's inherited copy).
+    Udp = 1,
+    /// A TCP listener or connection on the engine.
+    Tcp = 2,
 }
 
-impl<T: Sync + 'static> Default for PtrTable<T> {
+const TAG_MASK: usize = 3;
+
+/// A type of record the [`SockTable`] holds, with its [`Kind`].
+///
+/// # Safety
+/// No two types of one program implement `Record` with the same `KIND`:
+/// the table hands a pointer stored by `set::<R>` back as an `R` on the
+/// strength of the kind alone. The type's alignment is at least 4 (checked
+/// at compile time: the kind lives in the pointer's two low bits).
+pub unsafe trait Record: Sync + 'static {
+    const KIND: Kind;
+}
+
+/// What a slot of the [`SockTable`] holds: a record of some kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Raw(usize);
+
+impl Raw {
+    /// The record's protocol.
+    #[inline(always)]
+    pub fn kind(self) -> Kind {
+        if self.0 & TAG_MASK == Kind::Udp as usize {
+            Kind::Udp
+        } else {
+            Kind::Tcp
+        }
+    }
+
+    /// The record, if it is an `R`.
+    #[inline(always)]
+    pub fn get<R: Record>(self) -> Option<&'static R> {
+        if self.0 & TAG_MASK != R::KIND as usize {
+            return None;
+        }
+        // SAFETY: a slot tagged R::KIND was stored by `SockTable::set::<R>`
+        // from a `&'static R` (the kind names one type: `Record`'s
+        // contract), with the tag in the low bits its alignment leaves
+        // free.
+        Some(unsafe { &*((self.0 & !TAG_MASK) as *const R) })
+    }
+
+    /// Is this the record `r`?
+    pub fn is<R: Record>(self, r: &R) -> bool {
+        self.get::<R>().is_some_and(|x| std::ptr::eq(x, r))
+    }
+}
+
+/// The one table of the engine's socket records: per fd, a pointer to a
+/// leaked record tagged with its [`Kind`] (one word: a lookup is two loads
+/// and no lock, whatever the protocol). Records are `'static` (leaked,
+/// never freed), so a reference read by one thread stays valid when
+/// another thread clears the slot.
+pub struct SockTable {
+    slots: Chunks<AtomicUsize>,
+}
+
+impl Default for SockTable {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<T: Sync + 'static> PtrTable<T> {
-    pub const fn new() -> PtrTable<T> {
-        PtrTable {
+impl SockTable {
+    pub const fn new() -> SockTable {
+        SockTable {
             slots: Chunks::new(),
         }
     }
 
-    /// The payload of `fd`, if any (two loads, no lock).
+    /// The record of `fd`, if any (two loads, no lock).
     #[inline(always)]
-    pub fn get(&self, fd: i32) -> Option<&'static T> {
-        let p = self.slots.get(fd)?.load(Ordering::Acquire);
-        // SAFETY: only `set` stores non-null pointers, always from a
-        // `&'static T`.
-        unsafe { p.as_ref() }
+    pub fn get(&self, fd: i32) -> Option<Raw> {
+        let w = self.slots.get(fd)?.load(Ordering::Acquire);
+        if w == 0 { None } else { Some(Raw(w)) }
     }
 
-    /// Map `fd` to `v`; `false` when `fd` cannot be tracked.
-    pub fn set(&self, fd: i32, v: &'static T) -> bool {
+    /// The record of `fd` if it is an `R`.
+    #[inline(always)]
+    pub fn get_as<R: Record>(&self, fd: i32) -> Option<&'static R> {
+        self.get(fd)?.get::<R>()
+    }
+
+    /// Map `fd` to `r` (whatever it held before); `false` when `fd` cannot
+    /// be tracked.
+    pub fn set<R: Record>(&self, fd: i32, r: &'static R) -> bool {
+        const { assert!(std::mem::align_of::<R>() > TAG_MASK) };
         match self.slots.get_or_alloc(fd) {
             Some(s) => {
-                s.store((v as *const T).cast_mut(), Ordering::Release);
+                s.store(r as *const R as usize | R::KIND as usize, Ordering::Release);
                 true
             }
             None => false,
         }
     }
 
-    /// Unmap `fd`, returning what it held.
-    pub fn take(&self, fd: i32) -> Option<&'static T> {
-        let p = self
-            .slots
-            .get(fd)?
-            .swap(std::ptr::null_mut(), Ordering::AcqRel);
-        // SAFETY: as in `get`.
-        unsafe { p.as_ref() }
+    /// Unmap `fd` if it holds an `R`, returning it (a record of another
+    /// kind stays).
+    pub fn take_as<R: Record>(&self, fd: i32) -> Option<&'static R> {
+        let s = self.slots.get(fd)?;
+        let mut w = s.load(Ordering::Acquire);
+        loop {
+            let r = Raw(w).get::<R>()?;
+            match s.compare_exchange_weak(w, 0, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(r),
+                Err(now) => w = now,
+            }
+        }
     }
 
-    /// Every (fd, payload) present (allocated chunks only).
-    pub fn each(&self, mut f: impl FnMut(i32, &'static T)) {
+    /// Every (fd, record) present (allocated chunks only; for rare events
+    /// such as fork).
+    pub fn each(&self, mut f: impl FnMut(i32, Raw)) {
         self.slots.each(|fd, s| {
-            // SAFETY: as in `get`.
-            if let Some(v) = unsafe { s.load(Ordering::Acquire).as_ref() } {
-                f(fd, v);
+            let w = s.load(Ordering::Acquire);
+            if w != 0 {
+                f(fd, Raw(w));
             }
         });
+    }
+
+    /// Every (fd, record) present that is an `R`.
+    pub fn each_as<R: Record>(&self, mut f: impl FnMut(i32, &'static R)) {
+        self.each(|fd, raw| {
+            if let Some(r) = raw.get::<R>() {
+                f(fd, r);
+            }
+        });
+    }
+
+    /// One past the highest fd an allocated chunk covers.
+    pub fn limit(&self) -> usize {
+        self.slots.limit()
     }
 }
 
@@ -585,22 +668,72 @@ mod tests {
         assert_eq!(t.get(77), 0);
     }
 
+    struct U(#[allow(dead_code)] u64);
+    struct T(#[allow(dead_code)] u64);
+    // SAFETY: the only types of this test program with these kinds; u64
+    // alignment.
+    unsafe impl Record for U {
+        const KIND: Kind = Kind::Udp;
+    }
+    // SAFETY: as above.
+    unsafe impl Record for T {
+        const KIND: Kind = Kind::Tcp;
+    }
+
     #[test]
-    fn ptr_table_maps_takes_and_lists() {
-        static A: u32 = 1;
-        static B: u32 = 2;
-        let t: PtrTable<u32> = PtrTable::new();
+    fn sock_table_maps_takes_and_lists() {
+        static A: U = U(1);
+        static B: T = T(2);
+        let t = SockTable::new();
         assert!(t.get(3).is_none());
         assert!(t.set(3, &A));
         assert!(t.set(CHUNK as i32 + 1, &B));
         assert!(!t.set(-2, &B));
-        assert_eq!(t.get(3), Some(&1));
+        assert!(!t.set(MAX_FD as i32, &B));
+        assert!(t.get_as::<U>(3).is_some_and(|r| std::ptr::eq(r, &A)));
         let mut all = Vec::new();
-        t.each(|fd, v| all.push((fd, *v)));
-        assert_eq!(all, [(3, 1), (CHUNK as i32 + 1, 2)]);
-        assert_eq!(t.take(3), Some(&1));
+        t.each(|fd, r| all.push((fd, r.kind())));
+        assert_eq!(all, [(3, Kind::Udp), (CHUNK as i32 + 1, Kind::Tcp)]);
+        assert!(t.take_as::<U>(3).is_some());
         assert!(t.get(3).is_none());
-        assert!(t.take(3).is_none());
-        assert!(t.take(-1).is_none());
+        assert!(t.take_as::<U>(3).is_none());
+        assert!(t.take_as::<U>(-1).is_none());
+    }
+
+    #[test]
+    fn a_record_is_only_ever_read_as_its_own_kind() {
+        static A: U = U(7);
+        static B: T = T(8);
+        let t = SockTable::new();
+        t.set(5, &A);
+        let r = t.get(5).unwrap();
+        assert_eq!(r.kind(), Kind::Udp);
+        assert!(r.get::<T>().is_none());
+        assert!(r.is(&A));
+        assert!(t.get_as::<T>(5).is_none());
+        // Taking the other kind leaves it.
+        assert!(t.take_as::<T>(5).is_none());
+        assert!(t.get_as::<U>(5).is_some());
+        // Replacing changes the kind.
+        t.set(5, &B);
+        assert_eq!(t.get(5).unwrap().kind(), Kind::Tcp);
+        assert!(t.get(5).unwrap().is(&B));
+        assert!(!t.get(5).unwrap().is(&A));
+        let mut n = 0;
+        t.each_as::<U>(|_, _| n += 1);
+        assert_eq!(n, 0);
+        t.each_as::<T>(|fd, _| n += fd);
+        assert_eq!(n, 5);
+    }
+
+    #[test]
+    fn sock_table_lookups_never_allocate() {
+        let t = SockTable::new();
+        assert!(t.get(9).is_none());
+        assert!(t.take_as::<U>(9).is_none());
+        assert_eq!(t.limit(), 0);
+        static A: U = U(0);
+        t.set(9, &A);
+        assert_eq!(t.limit(), CHUNK);
     }
 }

@@ -1,0 +1,348 @@
+//! What serves an fd, and the operations each kind of fd has.
+//!
+//! Every interposed receive and send normalises its arguments into one
+//! [`Recv`] or [`Send`] (the caller's buffers, and which libc call it was,
+//! so that the kernel path makes that same call) and makes one call here.
+//! [`of`] is the one lookup: the fd's record in the one table of engine
+//! sockets (`table::record`: a tagged pointer, two loads, no lock), read
+//! as a [`Sock`]; then the fd's protocol serves the call through [`Ops`]:
+//!
+//! * [`Sock::Tcp`]: an engine TCP connection or listener of this process
+//!   (`streamio.rs` over the caller's memory → `tcpx.rs` → the engine);
+//! * [`Sock::Udp`]: an engine UDP socket, this process's or a forked
+//!   child's inherited copy (`ahooks.rs` → `accel.rs` → the engine);
+//! * [`Kernel`]: everything else: a UDP *candidate* (it may go onto the
+//!   engine at its first send, or while a receive waits), a kernel socket
+//!   whose blocking receives spin first (`kernelio.rs`, `spin.rs`), any
+//!   other fd; and what an engine socket leaves to the kernel socket under
+//!   its fd (MSG_OOB, MSG_ERRQUEUE without engine stamps, ancillary data).
+//!
+//! An operation of a protocol returns `None` when the kernel socket under
+//! the fd must answer; the kernel's returns `None` when the fd went onto
+//! the engine while it waited: the call then starts again from [`of`].
+
+use crate::accel::Accel;
+use crate::ahooks;
+use crate::kernelio::{self, Next};
+use crate::real;
+use crate::spin::{self, recv_spin_word};
+use crate::streamio;
+use crate::table;
+use crate::tcpx::{self, Tcp};
+use crate::uaccess;
+use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t};
+use nanowire_sockabi::iov::Call;
+
+/// What serves an fd (see the module doc).
+#[derive(Clone, Copy)]
+pub enum Sock {
+    Tcp(&'static Tcp),
+    Udp(&'static Accel),
+    Kernel,
+}
+
+/// The one lookup of an interposed call: what serves `fd`. In a process
+/// that closed an engine fd behind the shim's back, the number's identity
+/// is checked first (`fdlife::io_check`).
+#[inline(always)]
+pub fn of(fd: c_int) -> Sock {
+    crate::fdlife::io_check(fd);
+    let Some(r) = table::record(fd) else {
+        return Sock::Kernel;
+    };
+    if let Some(a) = r.get::<Accel>() {
+        return Sock::Udp(a);
+    }
+    match r.get::<Tcp>() {
+        Some(t) if t.mine() => Sock::Tcp(t),
+        Some(_) => {
+            // A forked child's copy: the connection stays with the parent.
+            tcpx::note_inherited(fd);
+            Sock::Kernel
+        }
+        None => Sock::Kernel,
+    }
+}
+
+/// A receive, normalised: the caller's buffers and the call it made.
+#[derive(Clone, Copy)]
+pub enum Recv {
+    /// `recv(fd, buf, len, flags)`.
+    Buf { buf: *mut c_void, len: size_t },
+    /// `recvfrom(fd, buf, len, flags, addr, alen)`.
+    From {
+        buf: *mut c_void,
+        len: size_t,
+        addr: *mut sockaddr,
+        alen: *mut socklen_t,
+    },
+    /// `read(fd, buf, len)` (on a socket: `recv(.., 0)`).
+    Read { buf: *mut c_void, len: size_t },
+    /// `recvmsg(fd, msg, flags)`.
+    Msg(*mut msghdr),
+    /// `readv(fd, iov, cnt)` (on a socket: `recvmsg(.., 0)`).
+    Vec { iov: *const iovec, cnt: c_int },
+}
+
+/// A send, normalised: the caller's buffers and the call it made.
+#[derive(Clone, Copy)]
+pub enum Send {
+    /// `send(fd, buf, len, flags)`.
+    Buf { buf: *const c_void, len: size_t },
+    /// `sendto(fd, buf, len, flags, addr, alen)`.
+    To {
+        buf: *const c_void,
+        len: size_t,
+        addr: *const sockaddr,
+        alen: socklen_t,
+    },
+    /// `write(fd, buf, len)` (on a socket: `send(.., 0)`).
+    Write { buf: *const c_void, len: size_t },
+    /// `sendmsg(fd, msg, flags)`.
+    Msg(*const msghdr),
+    /// `writev(fd, iov, cnt)` (on a socket: `sendmsg(.., 0)`).
+    Vec { iov: *const iovec, cnt: c_int },
+}
+
+/// The operations of one kind of fd (see the module doc for `None`).
+pub trait Ops {
+    fn recv(self, fd: c_int, r: Recv, flags: c_int) -> Option<isize>;
+    fn send(self, fd: c_int, s: Send, flags: c_int) -> Option<isize>;
+}
+
+/// `recv`, `recvfrom`, `recvmsg`, `read`, `readv` on `fd`.
+#[inline]
+pub fn recv(fd: c_int, r: Recv, flags: c_int) -> isize {
+    loop {
+        let got = match of(fd) {
+            Sock::Tcp(t) => t.recv(fd, r, flags),
+            Sock::Udp(a) => a.recv(fd, r, flags),
+            Sock::Kernel => None,
+        };
+        if let Some(n) = got.or_else(|| Kernel.recv(fd, r, flags)) {
+            return n;
+        }
+    }
+}
+
+/// `send`, `sendto`, `sendmsg`, `write`, `writev` on `fd`.
+#[inline]
+pub fn send(fd: c_int, s: Send, flags: c_int) -> isize {
+    loop {
+        let got = match of(fd) {
+            Sock::Tcp(t) => t.send(fd, s, flags),
+            Sock::Udp(a) => a.send(fd, s, flags),
+            Sock::Kernel => None,
+        };
+        if let Some(n) = got.or_else(|| Kernel.send(fd, s, flags)) {
+            return n;
+        }
+    }
+}
+
+/// A msghdr over the caller's iovec array (readv, writev on an engine
+/// socket are recvmsg, sendmsg without flags), or the kernel's error for
+/// its count.
+fn vec_msg(iov: *const iovec, cnt: c_int) -> Result<msghdr, isize> {
+    if let Err(e) = nanowire_sockabi::iov::check_count(cnt as isize as usize, Call::Vec) {
+        return Err(uaccess::fault(e));
+    }
+    // SAFETY: msghdr is plain data; all-zero is a valid value.
+    let mut m: msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = iov as *mut iovec;
+    m.msg_iovlen = cnt as _;
+    Ok(m)
+}
+
+impl Ops for &'static Tcp {
+    #[inline]
+    fn recv(self, fd: c_int, r: Recv, flags: c_int) -> Option<isize> {
+        Some(match r {
+            Recv::Buf { buf, len } => streamio::recv(self, fd, buf, len, flags),
+            Recv::Read { buf, len } => streamio::recv(self, fd, buf, len, 0),
+            Recv::From {
+                buf,
+                len,
+                addr,
+                alen,
+            } => {
+                if !addr.is_null()
+                    && let Some(l) = uaccess::obj_mut(alen)
+                {
+                    // A connected stream reports no source address.
+                    *l = 0;
+                }
+                streamio::recv(self, fd, buf, len, flags)
+            }
+            Recv::Msg(m) => streamio::recvmsg(self, fd, m, flags),
+            Recv::Vec { iov, cnt } => streamio::rwv(self, fd, iov, cnt, false),
+        })
+    }
+
+    #[inline]
+    fn send(self, fd: c_int, s: Send, flags: c_int) -> Option<isize> {
+        Some(match s {
+            Send::Buf { buf, len } | Send::To { buf, len, .. } => {
+                streamio::send(self, fd, buf, len, flags)
+            }
+            Send::Write { buf, len } => streamio::send(self, fd, buf, len, 0),
+            Send::Msg(m) => streamio::sendmsg(self, fd, m, flags),
+            Send::Vec { iov, cnt } => streamio::rwv(self, fd, iov, cnt, true),
+        })
+    }
+}
+
+impl Ops for &'static Accel {
+    #[inline]
+    fn recv(self, fd: c_int, r: Recv, flags: c_int) -> Option<isize> {
+        let (na, nl) = (std::ptr::null_mut(), std::ptr::null_mut());
+        match r {
+            Recv::Buf { buf, len } => ahooks::recvfrom(self, fd, buf, len, flags, na, nl),
+            Recv::Read { buf, len } => ahooks::recvfrom(self, fd, buf, len, 0, na, nl),
+            Recv::From {
+                buf,
+                len,
+                addr,
+                alen,
+            } => ahooks::recvfrom(self, fd, buf, len, flags, addr, alen),
+            Recv::Msg(m) => ahooks::recvmsg(self, fd, m, flags),
+            Recv::Vec { iov, cnt } => match vec_msg(iov, cnt) {
+                Ok(mut m) => ahooks::recvmsg(self, fd, &mut m, 0),
+                Err(r) => Some(r),
+            },
+        }
+    }
+
+    #[inline]
+    fn send(self, fd: c_int, s: Send, flags: c_int) -> Option<isize> {
+        if !self.mine() {
+            // A forked child's copy: the kernel socket sends.
+            return None;
+        }
+        let a = Some(self);
+        match s {
+            Send::Buf { buf, len } => ahooks::sendto(a, fd, buf, len, flags, std::ptr::null(), 0),
+            Send::Write { buf, len } => ahooks::sendto(a, fd, buf, len, 0, std::ptr::null(), 0),
+            Send::To {
+                buf,
+                len,
+                addr,
+                alen,
+            } => ahooks::sendto(a, fd, buf, len, flags, addr, alen),
+            Send::Msg(m) => ahooks::sendmsg(a, fd, m, flags),
+            Send::Vec { iov, cnt } => match vec_msg(iov, cnt) {
+                Ok(m) => ahooks::sendmsg(a, fd, &m, 0),
+                Err(r) => Some(r),
+            },
+        }
+    }
+}
+
+/// The kernel's operations: candidates, spinning kernel sockets, any fd.
+pub struct Kernel;
+
+impl Ops for Kernel {
+    fn recv(self, fd: c_int, r: Recv, flags: c_int) -> Option<isize> {
+        match r {
+            Recv::Buf { buf, len } => wait_then(
+                fd,
+                flags,
+                // SAFETY: the caller's buffer, a non-blocking attempt.
+                || unsafe { real::recv(fd, buf, len, flags | libc::MSG_DONTWAIT) },
+                // SAFETY: the caller's own arguments, unchanged, to libc's
+                // function of the call it made, whose contract it upholds.
+                || unsafe { real::recv(fd, buf, len, flags) },
+            ),
+            Recv::From {
+                buf,
+                len,
+                addr,
+                alen,
+            } => wait_then(
+                fd,
+                flags,
+                // SAFETY: the caller's buffers, a non-blocking attempt.
+                || unsafe { real::recvfrom(fd, buf, len, flags | libc::MSG_DONTWAIT, addr, alen) },
+                // SAFETY: as for Buf.
+                || unsafe { real::recvfrom(fd, buf, len, flags, addr, alen) },
+            ),
+            Recv::Read { buf, len } => wait_then(
+                fd,
+                0,
+                // SAFETY: the caller's buffer; read on a socket is recv(.., 0).
+                || unsafe { real::recv(fd, buf, len, libc::MSG_DONTWAIT) },
+                // SAFETY: as for Buf.
+                || unsafe { real::read(fd, buf, len) },
+            ),
+            Recv::Msg(m) => wait_then(
+                fd,
+                flags,
+                // SAFETY: the caller's message, a non-blocking attempt.
+                || unsafe { real::recvmsg(fd, m, flags | libc::MSG_DONTWAIT) },
+                // SAFETY: as for Buf.
+                || unsafe { real::recvmsg(fd, m, flags) },
+            ),
+            Recv::Vec { iov, cnt } => {
+                if cnt >= 0
+                    && let Some(w) = recv_spin_word(fd)
+                    && let Some(r) = spin::spin_recv(fd, w, || match vec_msg(iov, cnt) {
+                        // SAFETY: a msghdr over the caller's iovec; readv on
+                        // a socket is recvmsg(.., 0).
+                        Ok(mut m) => unsafe { real::recvmsg(fd, &mut m, libc::MSG_DONTWAIT) },
+                        Err(r) => r,
+                    })
+                {
+                    return Some(r);
+                }
+                // SAFETY: as for Buf.
+                Some(unsafe { real::readv(fd, iov, cnt) })
+            }
+        }
+    }
+
+    fn send(self, fd: c_int, s: Send, flags: c_int) -> Option<isize> {
+        Some(match s {
+            // SAFETY: the caller's own arguments, unchanged, to libc's
+            // function of the call it made, whose contract it upholds.
+            Send::Buf { buf, len } => unsafe { real::send(fd, buf, len, flags) },
+            // SAFETY: as for Buf.
+            Send::Write { buf, len } => unsafe { real::write(fd, buf, len) },
+            // SAFETY: as for Buf.
+            Send::Vec { iov, cnt } => unsafe { real::writev(fd, iov, cnt) },
+            Send::To {
+                buf,
+                len,
+                addr,
+                alen,
+            } => match ahooks::sendto(None, fd, buf, len, flags, addr, alen) {
+                // A candidate went onto the engine to send to its peer.
+                Some(r) => r,
+                // SAFETY: as for Buf.
+                None => unsafe { real::sendto(fd, buf, len, flags, addr, alen) },
+            },
+            Send::Msg(m) => match ahooks::sendmsg(None, fd, m, flags) {
+                Some(r) => r,
+                // SAFETY: as for Buf.
+                None => unsafe { real::sendmsg(fd, m, flags) },
+            },
+        })
+    }
+}
+
+/// A receive on an fd no engine record serves: wait the shim's way
+/// (`kernelio::recv_wait`, with `attempt` the call made non-blocking),
+/// then, if the wait says so, the caller's own (blocking) call `real`.
+/// `None`: the fd went onto the engine meanwhile.
+#[inline]
+fn wait_then(
+    fd: c_int,
+    flags: c_int,
+    attempt: impl FnMut() -> isize,
+    real: impl FnOnce() -> isize,
+) -> Option<isize> {
+    match kernelio::recv_wait(fd, flags, attempt) {
+        Next::Done(r) => Some(r),
+        Next::Again => None,
+        Next::Real => Some(real()),
+    }
+}
