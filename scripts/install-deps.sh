@@ -38,6 +38,8 @@ want memcached memcached
 want wrk wrk
 want ab apache2-utils
 want curl curl
+# counting syscalls of a process under run (tcp_churn: engine start and per-connection work)
+want strace strace
 # The runtimes of the event-loop echo programs (scripts/apps, issue 10). Debian 12's nodejs is 18;
 # the benchmarks in docs/benchmarks.md ran Node.js 20 (same dgram API).
 want node nodejs

@@ -220,6 +220,115 @@ fn connections_under_run_avoid_the_time_wait_of_the_kernels_connections() {
     assert_eq!(c["tcp_drop_out_of_window"].as_u64(), Some(0), "{c}");
 }
 
+/// `n` HTTP/1.0 requests, one connection each; prints the process's fd
+/// table size (`FDSize`) as it was before the first socket.
+const CHURN_PY: &str = r#"
+import socket, sys
+dst, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+fdsize = [l for l in open("/proc/self/status") if l.startswith("FDSize:")][0].split()[1]
+for i in range(n):
+    s = socket.create_connection((dst, port), 5)
+    s.sendall(b"GET /index.html HTTP/1.0\r\n\r\n")
+    while s.recv(65536):
+        pass
+    s.close()
+print("connections", n, "fdsize", fdsize, flush=True)
+"#;
+
+/// Syscalls of `python3 CHURN_PY` with `n` connections under run, traced
+/// by strace (`-e trace=` `calls`): one line per call.
+fn churn_trace(lab: &ScopedLab, port: &str, n: usize, calls: &str) -> (String, Vec<String>) {
+    need("strace");
+    ensure_preload();
+    let trace = scratch(&format!("strace-{n}"));
+    let t = trace.to_str().unwrap();
+    let ns = n.to_string();
+    let out = output(
+        plain_in(
+            lab,
+            Host::A,
+            &[
+                "strace",
+                "-f",
+                "-qq",
+                "-o",
+                t,
+                "-e",
+                calls,
+                nanowire(),
+                "run",
+                "--",
+                "python3",
+                "-c",
+                CHURN_PY,
+                B,
+                port,
+                &ns,
+            ],
+        ),
+        "connections under run, traced",
+    );
+    let lines = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    (out, lines)
+}
+
+/// What a process under run pays to start its engine, and what stays out
+/// of each connection, counted in syscalls: the kernel's BTF is never read
+/// (aya's loader parsed all 5.5 MB of it in every process; the steering
+/// program needs none), no feature-probe programs are loaded (one program
+/// load: the steering program), the netlink sockets are the engine's start
+/// only (none per connect: 40 connections open no more than 10 do), and the fd
+/// table is sized at load for the keep duplicates (so the first close in
+/// the threaded process does not grow it behind a synchronize_rcu).
+#[test]
+#[ignore = "needs root"]
+fn engine_start_and_connects_make_no_avoidable_syscalls() {
+    let lab = lab("sc");
+    let _ng = nginx(&lab, 8087, "sc");
+    let calls = "trace=openat,open,bpf,socket";
+    let count = |lines: &[String], pat: &str| lines.iter().filter(|l| l.contains(pat)).count();
+    let (out10, few) = churn_trace(&lab, "8087", 10, calls);
+    let (out40, many) = churn_trace(&lab, "8087", 40, calls);
+    assert!(out40.contains("connections 40"), "{out40}");
+    for (out, lines) in [(&out10, &few), (&out40, &many)] {
+        assert_eq!(
+            count(lines, "/sys/kernel/btf"),
+            0,
+            "kernel BTF read:\n{out}"
+        );
+        assert_eq!(
+            count(lines, "BPF_PROG_LOAD"),
+            1,
+            "program loads:\n{}",
+            lines.join("\n")
+        );
+        assert_eq!(count(lines, "prog_type=BPF_PROG_TYPE_XDP"), 1);
+        // The keep duplicates' floor (3/4 of RLIMIT_NOFILE, at most 4096)
+        // fits in the table before any socket.
+        let fdsize: usize = out
+            .split_whitespace()
+            .skip_while(|w| *w != "fdsize")
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no fdsize in {out}"));
+        assert!(fdsize > 768, "FDSize {fdsize} at start:\n{out}");
+    }
+    // The engine's start opens a few (and its neighbour thread one, when
+    // it gets that far before the exit): never one per connection.
+    let (nl_few, nl_many) = (
+        count(&few, "socket(AF_NETLINK"),
+        count(&many, "socket(AF_NETLINK"),
+    );
+    assert!(
+        nl_many <= nl_few + 1 && nl_many < 20,
+        "netlink sockets: {nl_few} with 10 connections, {nl_many} with 40"
+    );
+}
+
 /// A non-blocking connect, to a listening port and to a closed one, seen
 /// through connect/poll/SO_ERROR/connect again: the same sequence plainly
 /// and under run.

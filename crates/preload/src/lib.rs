@@ -115,6 +115,9 @@ extern "C" fn nanowire_preload_init() {
     fdlife::init();
     share::init();
     spin::init();
+    if spin::xdp_candidates() {
+        tcpx::size_fd_table();
+    }
 }
 
 #[used]

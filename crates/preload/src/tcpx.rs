@@ -352,6 +352,34 @@ fn keep_fd_floor() -> c_int {
     })
 }
 
+/// Size the process's fd table for the keep duplicates now, at load, while
+/// the process has one thread: the kernel grows a table shared by several
+/// threads only after a `synchronize_rcu` (fs/file.c `expand_fdtable`,
+/// ~10 ms here), which the first close of an engine connection otherwise
+/// paid inside the application's timing (its engine threads run by then).
+/// Costs one table of `keep_fd_floor() + 1` slots (32 KiB at most) and
+/// four syscalls per process.
+pub fn size_fd_table() {
+    let floor = keep_fd_floor();
+    if floor <= 0 {
+        return;
+    }
+    // SAFETY: plain eventfd(2); the fd is ours and closed below.
+    let e = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if e < 0 {
+        return;
+    }
+    // SAFETY: dup of our own fd to the first free number >= floor.
+    let d = unsafe { real::fcntl(e, libc::F_DUPFD_CLOEXEC, floor as u64) };
+    // SAFETY: both are fds this function made.
+    unsafe {
+        if d >= 0 {
+            real::close(d);
+        }
+        real::close(e);
+    }
+}
+
 fn err_no(e: XdpTcpError) -> c_int {
     match e {
         XdpTcpError::WouldBlock => libc::EAGAIN,

@@ -14,6 +14,7 @@
 //! Every `unsafe` block carries a `// SAFETY:` comment.
 
 pub mod iface;
+mod load;
 mod mmap;
 pub mod netlink;
 pub mod privilege;

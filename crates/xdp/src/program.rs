@@ -1,11 +1,9 @@
 //! Loading and attaching the steering program; claiming flows.
 
+use aya::Pod;
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, XskMap};
-use aya::programs::links::FdLink;
-use aya::programs::{Xdp, XdpMode};
-use aya::{Ebpf, Pod};
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 /// A flow entry's value with this bit: the connection is the kernel's
 /// (steer.c's NW_FLOW_PASS); otherwise the value is the owner's pid.
@@ -82,32 +80,17 @@ impl AttachMode {
 /// Dropping it (or the process dying) closes the link and detaches it.
 pub struct SteerProgram {
     // Field order: the link goes first so it is closed before the program.
-    _link: FdLink,
+    _link: OwnedFd,
+    _prog: OwnedFd,
     claims: BpfHashMap<MapData, ClaimKey, u32>,
     tcp_listen: BpfHashMap<MapData, ClaimKey, u32>,
     tcp_flows: BpfHashMap<MapData, TcpFlowKey, u32>,
     xsks: XskMap<MapData>,
     stats: PerCpuArray<MapData, u64>,
     mode: AttachMode,
-    _ebpf: Ebpf,
     /// Every BPF object fd the load and attach opened (link, program,
     /// maps): a forked child must not keep them (see [`SteerProgram::fds`]).
     fds: Vec<RawFd>,
-}
-
-/// The fd numbers of this process that name BPF objects (link, program,
-/// map), from /proc/self/fd.
-fn bpf_fds() -> Vec<RawFd> {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let fd: RawFd = e.file_name().to_str()?.parse().ok()?;
-            let target = std::fs::read_link(e.path()).ok()?;
-            target.to_str()?.starts_with("anon_inode:bpf").then_some(fd)
-        })
-        .collect()
 }
 
 fn map_err(what: &str, e: impl std::fmt::Display) -> String {
@@ -150,16 +133,11 @@ impl SteerProgram {
         frags: bool,
         forced: Option<AttachMode>,
     ) -> Result<SteerProgram, String> {
-        // The BPF fds that exist before the load are not ours.
-        let before = bpf_fds();
-        // No kernel BTF: the program needs no CO-RE relocation, and parsing
-        // /sys/kernel/btf/vmlinux costs ~15 MB of heap that stays with the
-        // process (measured RSS, docs/benchmarks.md).
-        let mut ebpf = aya::EbpfLoader::new()
-            .btf(None)
-            .load(crate::steer_object()).map_err(|e| {
-            let s = e.to_string();
-            if s.contains("Operation not permitted") || s.contains("EPERM") {
+        // Parsed and loaded without aya's EbpfLoader, whose constructor
+        // parses the kernel's BTF (tens of ms and ~15 MB of heap per
+        // process) that this program does not need (load.rs).
+        let mut obj = crate::load::Loaded::new(crate::steer_object()).map_err(|e| {
+            if e.contains("Operation not permitted") || e.contains("EPERM") {
                 format!(
                     "no privilege to load XDP programs (need root or CAP_BPF+CAP_NET_ADMIN): {e}"
                 )
@@ -167,40 +145,40 @@ impl SteerProgram {
                 format!("cannot load the XDP steering program: {e}")
             }
         })?;
-        let claims: BpfHashMap<MapData, ClaimKey, u32> = BpfHashMap::try_from(
-            ebpf.take_map("nw_claims")
-                .ok_or("steering object has no nw_claims map")?,
-        )
-        .map_err(|e| map_err("nw_claims", e))?;
-        let tcp_listen: BpfHashMap<MapData, ClaimKey, u32> = BpfHashMap::try_from(
-            ebpf.take_map("nw_tcp_listen")
-                .ok_or("steering object has no nw_tcp_listen map")?,
-        )
-        .map_err(|e| map_err("nw_tcp_listen", e))?;
-        let tcp_flows: BpfHashMap<MapData, TcpFlowKey, u32> = BpfHashMap::try_from(
-            ebpf.take_map("nw_tcp_flows")
-                .ok_or("steering object has no nw_tcp_flows map")?,
-        )
-        .map_err(|e| map_err("nw_tcp_flows", e))?;
-        let xsks = XskMap::try_from(ebpf.take_map("nw_xsks").ok_or("no nw_xsks map")?)
+        // The fds of the maps kept (a forked child closes them).
+        let mut map_fds = Vec::new();
+        let take = |obj: &mut crate::load::Loaded, name: &str, fds: &mut Vec<RawFd>| {
+            obj.take_map(name).map(|(m, fd)| {
+                fds.push(fd);
+                m
+            })
+        };
+        let claims: BpfHashMap<MapData, ClaimKey, u32> =
+            BpfHashMap::try_from(take(&mut obj, "nw_claims", &mut map_fds)?)
+                .map_err(|e| map_err("nw_claims", e))?;
+        let tcp_listen: BpfHashMap<MapData, ClaimKey, u32> =
+            BpfHashMap::try_from(take(&mut obj, "nw_tcp_listen", &mut map_fds)?)
+                .map_err(|e| map_err("nw_tcp_listen", e))?;
+        let tcp_flows: BpfHashMap<MapData, TcpFlowKey, u32> =
+            BpfHashMap::try_from(take(&mut obj, "nw_tcp_flows", &mut map_fds)?)
+                .map_err(|e| map_err("nw_tcp_flows", e))?;
+        let xsks = XskMap::try_from(take(&mut obj, "nw_xsks", &mut map_fds)?)
             .map_err(|e| map_err("nw_xsks", e))?;
-        let stats = PerCpuArray::try_from(ebpf.take_map("nw_stats").ok_or("no nw_stats map")?)
+        let stats = PerCpuArray::try_from(take(&mut obj, "nw_stats", &mut map_fds)?)
             .map_err(|e| map_err("nw_stats", e))?;
         // The interface's MAC and MTU, before anything is claimed: unicast
         // frames for another host are the kernel's to drop (steer.c
         // `other_host`); UDP datagrams no longer than the MTU skip the exact
         // super-frame check.
+        // (The map stays open until the program is loaded: its
+        // instructions name it by fd.)
+        let mut cfg: aya::maps::Array<MapData, [u8; 12]> =
+            aya::maps::Array::try_from(obj.take_map("nw_config")?.0)
+                .map_err(|e| map_err("nw_config", e))?;
         if let Ok(info) = crate::iface::lookup(ifname) {
             let mac = info.mac;
             let on = u8::from(mac != [0; 6]);
             let mtu = info.mtu.to_ne_bytes();
-            // Borrowed, not taken: the map stays with the object (and its
-            // fd open) for the program's load below.
-            let mut cfg: aya::maps::Array<&mut MapData, [u8; 12]> = aya::maps::Array::try_from(
-                ebpf.map_mut("nw_config")
-                    .ok_or("steering object has no nw_config map")?,
-            )
-            .map_err(|e| map_err("nw_config", e))?;
             let v = [
                 mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], on, 0, mtu[0], mtu[1], mtu[2],
                 mtu[3],
@@ -208,30 +186,28 @@ impl SteerProgram {
             cfg.set(0, v, 0).map_err(|e| map_err("nw_config", e))?;
         }
         let name = if frags { "nw_steer_frags" } else { "nw_steer" };
-        let prog: &mut Xdp = ebpf
-            .program_mut(name)
-            .ok_or("steering object has no nw_steer program")?
-            .try_into()
-            .map_err(|e| map_err("nw_steer", e))?;
-        prog.load()
+        let prog = obj
+            .load_xdp(name, frags)
             .map_err(|e| format!("the kernel refused the XDP program: {e}"))?;
+        // The program holds the maps it uses; the ones not kept here go.
+        drop((obj, cfg));
         let mut errs = Vec::new();
         let mut attached = None;
         let order = mode_order(ifname, forced);
         for am in order {
-            let mode = match am {
-                AttachMode::Driver => XdpMode::Driver,
-                AttachMode::Skb => XdpMode::Skb,
+            let flags = match am {
+                AttachMode::Driver => aya_obj::generated::XDP_FLAGS_DRV_MODE,
+                AttachMode::Skb => aya_obj::generated::XDP_FLAGS_SKB_MODE,
             };
-            match prog.attach_to_if_index(ifindex, mode) {
-                Ok(id) => {
-                    attached = Some((id, am));
+            match crate::load::link_xdp(&prog, ifindex, flags) {
+                Ok(link) => {
+                    attached = Some((link, am));
                     break;
                 }
-                Err(e) => errs.push(format!("{} mode: {}", am.as_str(), error_chain(&e))),
+                Err(e) => errs.push(format!("{} mode: {e}", am.as_str())),
             }
         }
-        let (id, mode) = attached.ok_or_else(|| {
+        let (link, mode) = attached.ok_or_else(|| {
             let busy = errs
                 .iter()
                 .any(|e| e.contains("busy") || e.contains("EBUSY"));
@@ -245,26 +221,20 @@ impl SteerProgram {
                 errs.join("; ")
             )
         })?;
-        let link = prog.take_link(id).map_err(|e| map_err("take_link", e))?;
-        // Only a bpf_link is owner-bound; aya falls back to the netlink
-        // attachment on old kernels, which would outlive a killed process.
-        let link = FdLink::try_from(link).map_err(|_| {
-            format!("the kernel attached XDP to {ifname} without a bpf_link (kernel < 5.9?); refusing, it would outlive this process")
-        })?;
-        // The link, the program and every map of the object, by difference
-        // (aya does not show a link's fd).
-        let mut fds = bpf_fds();
-        fds.retain(|f| !before.contains(f));
+        // Only a bpf_link is owner-bound (a netlink attachment would
+        // outlive a killed process): BPF_LINK_CREATE is the only way tried.
+        let mut fds = vec![link.as_raw_fd(), prog.as_raw_fd()];
+        fds.extend(map_fds);
         Ok(SteerProgram {
             fds,
             _link: link,
+            _prog: prog,
             claims,
             tcp_listen,
             tcp_flows,
             xsks,
             stats,
             mode,
-            _ebpf: ebpf,
         })
     }
 
@@ -354,15 +324,4 @@ impl SteerProgram {
     pub fn other_host_passes(&self) -> u64 {
         self.stats.get(&1, 0).map(|v| v.iter().sum()).unwrap_or(0)
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

@@ -1,0 +1,279 @@
+//! Loading the steering object without aya's `EbpfLoader`.
+//!
+//! aya 0.14's `EbpfLoader::new()` parses the kernel's BTF
+//! (`/sys/kernel/btf/vmlinux`, 5.5 MB read 4 KiB at a time, ~63 M
+//! instructions) before `.btf(None)` can say it is not wanted, and the
+//! first `load` probes ~20 kernel features with throw-away programs and
+//! maps. steer.c needs neither: it has no CO-RE relocation and no global
+//! data, its maps are plain hash/array/XSK maps and its program is one XDP
+//! function. Every process under `nanowire run` paid both at its first
+//! accelerated socket (docs/benchmarks.md, "Session 9: churn").
+//!
+//! So the object is parsed with aya-obj (what `EbpfLoader` uses
+//! underneath), its maps are created and its program loaded with
+//! `bpf(2)` directly, and the link is created with `BPF_LINK_CREATE`. The
+//! maps are then handed to aya's typed wrappers (`MapData::from_fd`), which
+//! the rest of the crate keeps using.
+
+use aya::maps::{Map, MapData};
+use aya_obj::generated::{bpf_attach_type, bpf_cmd, bpf_insn, bpf_map_type, bpf_prog_type};
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// The parsed object: its maps (created), and its programs' instructions
+/// (relocated against those maps).
+pub struct Loaded {
+    /// Each map with its type (BPF_MAP_TYPE_*).
+    maps: HashMap<String, (u32, MapData)>,
+    programs: HashMap<String, Vec<bpf_insn>>,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct MapCreateAttr {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    inner_map_fd: u32,
+    numa_node: u32,
+    map_name: [u8; 16],
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct LinkCreateAttr {
+    prog_fd: u32,
+    target_ifindex: u32,
+    attach_type: u32,
+    flags: u32,
+}
+
+/// `bpf(cmd, attr)`: a new fd, or the errno as an io::Error.
+fn bpf_fd<T>(cmd: bpf_cmd, attr: &mut T) -> std::io::Result<OwnedFd> {
+    // SAFETY: `attr` is a repr(C) prefix of the kernel's union bpf_attr for
+    // `cmd`, valid for reads and writes of size_of::<T>() bytes; the kernel
+    // zero-extends a shorter attr. Pointers inside it (instructions,
+    // license, log buffer) are owned by the caller for the whole call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as libc::c_long,
+            (attr as *mut T).cast::<libc::c_void>(),
+            std::mem::size_of::<T>() as libc::c_long,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a successful BPF_*_CREATE/LOAD returns a new fd we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+}
+
+/// An object name as the kernel keeps it (15 bytes and a NUL).
+fn obj_name(name: &str) -> [u8; 16] {
+    let mut n = [0u8; 16];
+    for (d, s) in n.iter_mut().zip(name.bytes().take(15)) {
+        *d = if s.is_ascii_alphanumeric() || s == b'_' || s == b'.' {
+            s
+        } else {
+            b'_'
+        };
+    }
+    n
+}
+
+impl Loaded {
+    /// Parse `data`, create its maps, relocate its programs.
+    pub fn new(data: &[u8]) -> Result<Loaded, String> {
+        let mut obj = aya_obj::Object::parse(data)
+            .map_err(|e| format!("cannot parse the XDP object: {e}"))?;
+        let mut fds: Vec<(String, OwnedFd, aya_obj::Map)> = Vec::new();
+        for (name, m) in obj.maps.drain() {
+            let section = m.section_kind();
+            if !matches!(
+                section,
+                aya_obj::EbpfSectionKind::Maps | aya_obj::EbpfSectionKind::BtfMaps
+            ) {
+                // Global data would need its initial contents written and
+                // the map frozen; steer.c has none.
+                return Err(format!(
+                    "the XDP object has global data ({name}), which this loader does not handle"
+                ));
+            }
+            let mut attr = MapCreateAttr {
+                map_type: m.map_type(),
+                key_size: m.key_size(),
+                value_size: m.value_size(),
+                max_entries: m.max_entries(),
+                map_flags: m.map_flags(),
+                map_name: obj_name(&name),
+                ..Default::default()
+            };
+            let fd = bpf_fd(bpf_cmd::BPF_MAP_CREATE, &mut attr)
+                .map_err(|e| format!("cannot create map {name}: {e}"))?;
+            fds.push((name, fd, m));
+        }
+        let text_sections = obj.functions.keys().map(|(s, _)| *s).collect();
+        obj.relocate_maps(
+            fds.iter().map(|(n, fd, m)| (n.as_str(), fd.as_raw_fd(), m)),
+            &text_sections,
+        )
+        .map_err(|e| format!("cannot relocate the XDP object's maps: {e}"))?;
+        obj.relocate_calls(&text_sections)
+            .map_err(|e| format!("cannot relocate the XDP object's calls: {e}"))?;
+        let programs = obj
+            .programs
+            .iter()
+            .filter_map(|(name, p)| {
+                let f = obj.functions.get(&p.function_key())?;
+                Some((name.clone(), f.instructions.clone()))
+            })
+            .collect();
+        let mut maps = HashMap::new();
+        for (name, fd, m) in fds {
+            let d = MapData::from_fd(fd).map_err(|e| format!("map {name}: {e}"))?;
+            maps.insert(name, (m.map_type(), d));
+        }
+        Ok(Loaded { maps, programs })
+    }
+
+    /// Take map `name` out as aya's `Map` of its kernel type, with its fd
+    /// (open as long as the map).
+    pub fn take_map(&mut self, name: &str) -> Result<(Map, RawFd), String> {
+        let (t, m) = self
+            .maps
+            .remove(name)
+            .ok_or_else(|| format!("the XDP object has no map {name}"))?;
+        let fd = m.fd().as_fd().as_raw_fd();
+        let map = match t {
+            x if x == bpf_map_type::BPF_MAP_TYPE_HASH as u32 => Map::HashMap(m),
+            x if x == bpf_map_type::BPF_MAP_TYPE_LRU_HASH as u32 => Map::LruHashMap(m),
+            x if x == bpf_map_type::BPF_MAP_TYPE_ARRAY as u32 => Map::Array(m),
+            x if x == bpf_map_type::BPF_MAP_TYPE_PERCPU_ARRAY as u32 => Map::PerCpuArray(m),
+            x if x == bpf_map_type::BPF_MAP_TYPE_XSKMAP as u32 => Map::XskMap(m),
+            other => return Err(format!("map {name}: unexpected map type {other}")),
+        };
+        Ok((map, fd))
+    }
+
+    /// Load XDP program `name` (`frags`: multi-buffer aware,
+    /// BPF_F_XDP_HAS_FRAGS). On refusal the verifier's log is asked for
+    /// and its last lines given.
+    pub fn load_xdp(&self, name: &str, frags: bool) -> Result<OwnedFd, String> {
+        let insns = self
+            .programs
+            .get(name)
+            .ok_or_else(|| format!("the XDP object has no program {name}"))?;
+        let license = c"GPL";
+        let mut attr = ProgLoadAttr {
+            prog_type: bpf_prog_type::BPF_PROG_TYPE_XDP as u32,
+            insn_cnt: insns.len() as u32,
+            insns: insns.as_ptr() as u64,
+            license: license.as_ptr() as u64,
+            prog_flags: if frags {
+                aya_obj::generated::BPF_F_XDP_HAS_FRAGS
+            } else {
+                0
+            },
+            prog_name: obj_name(name),
+            expected_attach_type: bpf_attach_type::BPF_XDP as u32,
+            ..Default::default()
+        };
+        match bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr) {
+            Ok(fd) => Ok(fd),
+            Err(e) => {
+                let mut log = vec![0u8; 1 << 16];
+                attr.log_level = 1;
+                attr.log_size = log.len() as u32;
+                attr.log_buf = log.as_mut_ptr() as u64;
+                let again = bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr);
+                let text = String::from_utf8_lossy(&log);
+                let text = text.trim_end_matches('\0').trim();
+                let tail: Vec<&str> = text.lines().rev().take(4).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                match again {
+                    // Loaded with the log on (should not happen): take it.
+                    Ok(fd) => Ok(fd),
+                    Err(_) => Err(format!("{e}: {}", tail.join(" / "))),
+                }
+            }
+        }
+    }
+}
+
+/// Attach XDP program `prog` to `ifindex` through a BPF link (owned by this
+/// process: closing it, or the process dying, detaches the program).
+/// `flags`: XDP_FLAGS_SKB_MODE or XDP_FLAGS_DRV_MODE.
+pub fn link_xdp(prog: &OwnedFd, ifindex: u32, flags: u32) -> std::io::Result<OwnedFd> {
+    let mut attr = LinkCreateAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        target_ifindex: ifindex,
+        attach_type: bpf_attach_type::BPF_XDP as u32,
+        flags,
+    };
+    bpf_fd(bpf_cmd::BPF_LINK_CREATE, &mut attr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attr_layouts_match_the_kernels_bpf_attr() {
+        // Offsets of union bpf_attr's members (include/uapi/linux/bpf.h).
+        assert_eq!(std::mem::offset_of!(MapCreateAttr, map_flags), 16);
+        assert_eq!(std::mem::offset_of!(MapCreateAttr, map_name), 28);
+        assert_eq!(std::mem::offset_of!(ProgLoadAttr, insns), 8);
+        assert_eq!(std::mem::offset_of!(ProgLoadAttr, log_buf), 32);
+        assert_eq!(std::mem::offset_of!(ProgLoadAttr, prog_flags), 44);
+        assert_eq!(std::mem::offset_of!(ProgLoadAttr, prog_name), 48);
+        assert_eq!(std::mem::offset_of!(ProgLoadAttr, expected_attach_type), 68);
+        assert_eq!(std::mem::offset_of!(LinkCreateAttr, attach_type), 8);
+        assert_eq!(std::mem::offset_of!(LinkCreateAttr, flags), 12);
+    }
+
+    #[test]
+    fn names_are_truncated_and_sanitised() {
+        assert_eq!(&obj_name("nw_steer_frags")[..15], b"nw_steer_frags\0");
+        assert_eq!(obj_name("a-very-long-map-name-indeed")[15], 0);
+        assert_eq!(&obj_name("a-b")[..4], b"a_b\0");
+    }
+
+    #[test]
+    fn the_steering_object_parses_with_its_maps_and_both_programs() {
+        // Parsing only: creating maps needs privilege (the lab tests load it).
+        let obj = aya_obj::Object::parse(crate::steer_object()).unwrap();
+        for m in [
+            "nw_claims",
+            "nw_xsks",
+            "nw_stats",
+            "nw_config",
+            "nw_tcp_listen",
+            "nw_tcp_flows",
+            "nw_tcp_frags",
+        ] {
+            assert!(obj.maps.contains_key(m), "{m}");
+        }
+        assert!(obj.programs.contains_key("nw_steer"));
+        assert!(obj.programs.contains_key("nw_steer_frags"));
+    }
+}
