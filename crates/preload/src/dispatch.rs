@@ -107,7 +107,20 @@ pub unsafe fn setsockopt(
     len: socklen_t,
 ) -> c_int {
     if let Some(t) = tcpx::lookup(fd) {
-        return tcpx::setsockopt(t, fd, level, name, val, len);
+        // The kernel socket records the value (getsockopt reads it back, an
+        // invalid value gets the kernel's error); what the engine does not
+        // honour moves the connection to the kernel (`opts`); the engine
+        // applies the rest.
+        // SAFETY: the caller's own arguments, unchanged, to libc's function
+        // of the same signature, whose contract our caller upholds.
+        let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+        if r != 0 {
+            return r;
+        }
+        if let Some(r) = crate::opts::tcp_engine_after(t, fd, level, name, val, len) {
+            return r;
+        }
+        return tcpx::setsockopt_applied(t, fd, level, name, val, len);
     }
     if let Some(r) = sockopt_accel(fd, level, name, val, len) {
         return r;
@@ -365,7 +378,10 @@ pub unsafe fn recvmmsg(
     tmo: *mut timespec,
 ) -> c_int {
     match ops::of(fd) {
-        Sock::Tcp(t) if flags & libc::MSG_ERRQUEUE == 0 => {
+        Sock::Tcp(t)
+            if flags & libc::MSG_ERRQUEUE == 0
+                && !(flags & libc::MSG_OOB != 0 && ops::tcp_oob_to_kernel(fd)) =>
+        {
             return streamio::recvmmsg(t, fd, msgs, vlen, flags);
         }
         Sock::Udp(a) => {
@@ -1240,12 +1256,12 @@ pub unsafe fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
 /// As libc's `connect`.
 pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     if let Some(t) = tcpx::lookup(fd) {
-        return tcpx::connect_again(t, fd);
+        return tcp_connected(fd, tcpx::connect_again(t, fd));
     }
     if table::get(fd) & table::F_TCAND != 0
         && let Some(r) = tcpx::connect(fd, addr, len)
     {
-        return r;
+        return tcp_connected(fd, r);
     }
     if table::get(fd) & (table::F_ACCEL | table::F_CAND) != 0
         && let Some(r) = ahooks::connect(fd, addr, len)
@@ -1255,6 +1271,19 @@ pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::connect(fd, addr, len) }
+}
+
+/// A connect on an engine TCP socket returned `r`: if it failed and the fd
+/// went back to being a kernel candidate (its record gone, as the kernel
+/// leaves a socket whose connect failed unconnected), the epoll interests
+/// the shim kept for the engine connection become the kernel's.
+fn tcp_connected(fd: c_int, r: c_int) -> c_int {
+    if r != 0 && tcpx::lookup(fd).is_none() {
+        let e = spin::errno();
+        ready::tcp_to_kernel(fd);
+        spin::set_errno(e);
+    }
+    r
 }
 
 /// # Safety
@@ -1295,7 +1324,10 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
 /// As libc's `sendmmsg`.
 pub unsafe fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> c_int {
     let a = match ops::of(fd) {
-        Sock::Tcp(t) => return streamio::sendmmsg(t, fd, msgs, vlen, flags),
+        Sock::Tcp(t) if !(flags & libc::MSG_OOB != 0 && ops::tcp_oob_to_kernel(fd)) => {
+            return streamio::sendmmsg(t, fd, msgs, vlen, flags);
+        }
+        Sock::Tcp(_) => None,
         Sock::Udp(a) => Some(a).filter(|a| a.mine()),
         Sock::Kernel => None,
     };

@@ -237,35 +237,42 @@ fn repair_socket(h: &Handover) -> io::Result<OwnedFd> {
     Ok(s)
 }
 
-/// Options the application set on the fd's kernel socket (the engine
-/// mirrored every setsockopt there), carried to the new socket.
-const CARRIED: &[(c_int, c_int)] = &[
-    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
-    (libc::SOL_SOCKET, libc::SO_LINGER),
-    (libc::SOL_SOCKET, libc::SO_RCVTIMEO_NEW),
-    (libc::SOL_SOCKET, libc::SO_SNDTIMEO_NEW),
-    (libc::SOL_SOCKET, libc::SO_PRIORITY),
-    (libc::SOL_SOCKET, libc::SO_OOBINLINE),
-    (libc::SOL_SOCKET, libc::SO_RCVLOWAT),
-    (libc::IPPROTO_TCP, libc::TCP_NODELAY),
-    (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
-    (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
-    (libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
-    (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT),
-    (libc::IPPROTO_IP, libc::IP_TOS),
-    (libc::IPPROTO_IP, libc::IP_TTL),
-];
+pub fn init() {
+    // Registered where tcpx's was, so fork's prepare handlers keep their
+    // order (fdlife's sweep first, then TCP, then UDP).
+    // SAFETY: a plain extern "C" handler that takes the locks any call on
+    // the sockets takes, before the fork.
+    unsafe { libc::pthread_atfork(Some(before_fork), None, None) };
+}
 
-pub(crate) fn carry_options(from: c_int, to: c_int) {
-    for &(level, name) in CARRIED {
-        let mut v = [0u8; 32];
-        let mut l = v.len() as socklen_t;
-        // SAFETY: a 32-byte out-buffer and its length.
-        if unsafe { real::getsockopt(from, level, name, v.as_mut_ptr().cast(), &mut l) } == 0 {
-            // SAFETY: the bytes just read, their length.
-            unsafe { real::setsockopt(to, level, name, v.as_ptr().cast(), l) };
+/// fork(), before the child exists: a socket both processes share can only
+/// be served where both can use it, the kernel. Every engine listener of
+/// this process goes back to the kernel, every engine connection is handed
+/// over to the kernel (one that cannot be stays with this process, and in
+/// the child its fd is an unconnected kernel socket, see `tcpx::lookup`),
+/// and TCP candidates stay kernel sockets in both. (vfork/posix_spawn run
+/// no fork handlers.)
+extern "C" fn before_fork() {
+    if crate::sys::in_engine() {
+        return;
+    }
+    prepare_child(&|_| true, "fork() shares it with the child");
+}
+
+/// A child process is about to share some of this process's fds (fork,
+/// vfork, posix_spawn, exec: `inherits` says which): engine listeners
+/// among them go back to the kernel, engine connections among them are
+/// handed over to the kernel (`why` says by what), candidates among them
+/// stay kernel sockets.
+pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) {
+    let conns = tcpx::prepare_child(inherits, why);
+    let e = errno();
+    for fd in conns {
+        if tcpx::lookup(fd).is_some() {
+            to_kernel(fd, why);
         }
     }
+    set_errno(e);
 }
 
 /// Hand the engine connection behind `fd` to the kernel (see the module
@@ -295,7 +302,7 @@ pub fn to_kernel(fd: c_int, why: &str) -> bool {
         }
     };
     let nfd = new.as_raw_fd();
-    carry_options(fd, nfd);
+    tcpx::carry_options(fd, nfd);
     // Leave repair mode: the kernel owns the connection from here (the
     // steering program no longer takes its segments).
     let _ = setopt(

@@ -112,6 +112,7 @@ mod uaccess;
 extern "C" fn nanowire_preload_init() {
     accel::init();
     tcpx::init();
+    handover::init();
     fdlife::init();
     share::init();
     spin::init();

@@ -154,9 +154,20 @@ fn vec_msg(iov: *const iovec, cnt: c_int) -> Result<msghdr, isize> {
     Ok(m)
 }
 
+/// Urgent data (MSG_OOB) is the kernel's: the engine connection behind
+/// `fd` is handed over to it first (`handover.rs`). True: the kernel
+/// socket under the fd now serves the call.
+#[cold]
+pub fn tcp_oob_to_kernel(fd: c_int) -> bool {
+    crate::handover::to_kernel(fd, "MSG_OOB (urgent data) is served by the kernel")
+}
+
 impl Ops for &'static Tcp {
     #[inline]
     fn recv(self, fd: c_int, r: Recv, flags: c_int) -> Option<isize> {
+        if flags & libc::MSG_OOB != 0 && tcp_oob_to_kernel(fd) {
+            return None;
+        }
         Some(match r {
             Recv::Buf { buf, len } => streamio::recv(self, fd, buf, len, flags),
             Recv::Read { buf, len } => streamio::recv(self, fd, buf, len, 0),
@@ -181,6 +192,9 @@ impl Ops for &'static Tcp {
 
     #[inline]
     fn send(self, fd: c_int, s: Send, flags: c_int) -> Option<isize> {
+        if flags & libc::MSG_OOB != 0 && tcp_oob_to_kernel(fd) {
+            return None;
+        }
         Some(match s {
             Send::Buf { buf, len } | Send::To { buf, len, .. } => {
                 streamio::send(self, fd, buf, len, flags)

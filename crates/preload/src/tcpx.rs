@@ -85,7 +85,7 @@ pub fn init() {
     nanowire_stack::xdp::set_tcp_service_wrapper(|f| engine_call(f));
     // SAFETY: plain extern "C" handlers; `before_fork` takes the locks any
     // call on the sockets takes, before the fork.
-    unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_child)) };
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
     // SAFETY: registering a plain extern "C" function.
     unsafe { libc::atexit(at_exit) };
 }
@@ -146,26 +146,12 @@ pub fn exiting() {
     set_errno(e);
 }
 
-/// fork(), before the child exists: a socket both processes share can only
-/// be served where both can use it, the kernel. Every engine listener of
-/// this process goes back to the kernel, every engine connection is handed
-/// over to the kernel (TCP_REPAIR, `handover.rs`; one that cannot be stays
-/// with this process, and in the child its fd is an unconnected kernel
-/// socket, see `lookup`), and TCP candidates stay kernel sockets in both.
-/// (vfork/posix_spawn run no fork handlers.)
-extern "C" fn before_fork() {
-    if crate::sys::in_engine() {
-        return;
-    }
-    prepare_child(&|_| true, "fork() shares it with the child");
-}
-
 /// A child process is about to share some of this process's fds (fork,
 /// vfork, posix_spawn, exec: `inherits` says which): engine listeners
-/// among them go back to the kernel, engine connections among them are
-/// handed over to the kernel (`why` says by what), candidates among them
-/// stay kernel sockets.
-pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) {
+/// among them go back to the kernel (`why` says by what), candidates among
+/// them stay kernel sockets. Returns the engine connections among them,
+/// which the caller hands over to the kernel (`handover::prepare_child`).
+pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) -> Vec<c_int> {
     let me = PID.load(Ordering::Relaxed);
     let mut ls: Vec<(c_int, &'static Tcp)> = Vec::new();
     table::each_record::<Tcp>(|fd, t| {
@@ -199,17 +185,13 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) {
             conns.push(fd);
         }
     });
-    for fd in conns {
-        if lookup(fd).is_some() {
-            crate::handover::to_kernel(fd, why);
-        }
-    }
     table::each_with(table::F_TCAND, |fd| {
         if inherits(fd) {
             table::clear_flags(fd, table::F_TCAND);
         }
     });
     set_errno(e);
+    conns
 }
 
 extern "C" fn after_fork_child() {
@@ -715,8 +697,8 @@ fn failed_connect_reported(t: &'static Tcp, fd: c_int) {
     if let Some(i) = inner {
         engine_call(|| drop(i));
     }
-    // epoll interests the shim kept for the engine connection: the kernel's.
-    crate::ready::tcp_to_kernel(fd);
+    // epoll interests the shim kept for the engine connection go to the
+    // kernel: the caller (`dispatch::connect`) sees the record gone.
     table::add_flags(fd, table::F_TCAND);
 }
 
@@ -865,7 +847,7 @@ pub fn accept(
             let t2 = record(nfd, Inner::Stream(s), false, false, nb);
             // As the kernel's accepted socket: the listener's options and
             // timeouts, read back from the placeholder as plainly.
-            crate::handover::carry_options(fd, nfd);
+            carry_options(fd, nfd);
             t2.common.set_rcvtimeo_ns(t.common.rcvtimeo_ns());
             t2.common.set_sndtimeo_ns(t.common.sndtimeo_ns());
             if let Some(i2) = t2.stream()
@@ -897,12 +879,8 @@ pub fn recv(t: &Tcp, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
     let Inner::Stream(s) = &*i else {
         unreachable!()
     };
-    if flags & libc::MSG_OOB != 0
-        && crate::handover::to_kernel(fd, "MSG_OOB (urgent data) is served by the kernel")
-    {
-        // SAFETY: the caller's buffer; fd is now a kernel socket.
-        return unsafe { real::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) };
-    }
+    // (MSG_OOB: `ops` hands the connection to the kernel first; here only
+    // when that could not be done.)
     if flags & (libc::MSG_OOB | libc::MSG_ERRQUEUE) != 0 {
         set_errno(libc::EINVAL);
         return -1;
@@ -995,10 +973,8 @@ pub fn send(t: &Tcp, fd: c_int, data: &[u8], flags: c_int) -> isize {
         unreachable!()
     };
     if flags & libc::MSG_OOB != 0 {
-        if crate::handover::to_kernel(fd, "MSG_OOB (urgent data) is served by the kernel") {
-            // SAFETY: the caller's bytes; fd is now a kernel socket.
-            return unsafe { real::send(fd, data.as_ptr().cast(), data.len(), flags) };
-        }
+        // `ops` hands the connection to the kernel first; here only when
+        // that could not be done.
         set_errno(libc::EOPNOTSUPP);
         return -1;
     }
@@ -1266,6 +1242,37 @@ pub fn share(old: c_int, new: c_int) {
 
 // -------------------------------------------------------------- options
 
+/// Options the application set on the fd's kernel socket (the engine
+/// mirrored every setsockopt there), carried to the new socket.
+const CARRIED: &[(c_int, c_int)] = &[
+    (libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+    (libc::SOL_SOCKET, libc::SO_LINGER),
+    (libc::SOL_SOCKET, libc::SO_RCVTIMEO_NEW),
+    (libc::SOL_SOCKET, libc::SO_SNDTIMEO_NEW),
+    (libc::SOL_SOCKET, libc::SO_PRIORITY),
+    (libc::SOL_SOCKET, libc::SO_OOBINLINE),
+    (libc::SOL_SOCKET, libc::SO_RCVLOWAT),
+    (libc::IPPROTO_TCP, libc::TCP_NODELAY),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+    (libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
+    (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT),
+    (libc::IPPROTO_IP, libc::IP_TOS),
+    (libc::IPPROTO_IP, libc::IP_TTL),
+];
+
+pub(crate) fn carry_options(from: c_int, to: c_int) {
+    for &(level, name) in CARRIED {
+        let mut v = [0u8; 32];
+        let mut l = v.len() as socklen_t;
+        // SAFETY: a 32-byte out-buffer and its length.
+        if unsafe { real::getsockopt(from, level, name, v.as_mut_ptr().cast(), &mut l) } == 0 {
+            // SAFETY: the bytes just read, their length.
+            unsafe { real::setsockopt(to, level, name, v.as_ptr().cast(), l) };
+        }
+    }
+}
+
 fn read_int(val: *const c_void, len: socklen_t) -> Option<c_int> {
     if val.is_null() || (len as usize) < std::mem::size_of::<c_int>() {
         return None;
@@ -1274,10 +1281,9 @@ fn read_int(val: *const c_void, len: socklen_t) -> Option<c_int> {
     Some(unsafe { std::ptr::read_unaligned(val.cast::<c_int>()) })
 }
 
-/// setsockopt on an engine socket: the kernel socket records the value
-/// (getsockopt reads it back, an invalid value gets the kernel's error),
-/// the engine applies what it serves.
-pub fn setsockopt(
+/// setsockopt on an engine socket, after the kernel socket took the value
+/// and `opts` found it one the engine honours: the engine applies it.
+pub fn setsockopt_applied(
     t: &Tcp,
     fd: c_int,
     level: c_int,
@@ -1285,15 +1291,6 @@ pub fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
-    // SAFETY: the caller's option, unchanged.
-    let r = unsafe { real::setsockopt(fd, level, name, val, len) };
-    if r != 0 {
-        return r;
-    }
-    // What the engine honours (crate::opts): the rest moves to the kernel.
-    if let Some(r) = crate::opts::tcp_engine_after(t, fd, level, name, val, len) {
-        return r;
-    }
     let e = errno();
     if let Some(i) = t.stream()
         && let Inner::Stream(s) = &*i
