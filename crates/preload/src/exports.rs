@@ -5,7 +5,8 @@
 //! everything else to [`crate::dispatch`].
 //!
 //! Layers (each uses only those below it):
-//! exports → dispatch (+ ahooks) → ready → accel → spin → signals → table,
+//! exports → dispatch → ops → ahooks (UDP) / streamio (TCP) / kernelio →
+//! handover, opts → ready → accel, tcpx → spin → adapt → signals → table,
 //! log → real → abi, sys.
 
 use libc::{

@@ -44,8 +44,7 @@
 //! only through `nanowire-stack` and reads its typed configuration from
 //! `nanowire-options`.
 //!
-//! Layers (a module uses only the ones below it; a known cycle, to be
-//! removed: `tcpx`/`handover`/`ready`/`opts`):
+//! Layers (a module uses only the ones below it; no import cycle):
 //!
 //! * `exports`: the C entry points, generated from the one table in `abi`
 //!   (which also generates `real`): engine code → libc, else → dispatch;
@@ -59,6 +58,11 @@
 //!   of engine socket records) and the per-protocol operations (trait
 //!   `Ops`: TCP → `streamio`, UDP → `ahooks`, the kernel → `kernelio`).
 //! * `ahooks`: the UDP operations over the caller's memory (→ `accel`).
+//! * `streamio`: the TCP operations over the caller's memory (→ `tcpx`).
+//! * `handover`: an engine TCP connection handed to the kernel (fork,
+//!   MSG_OOB, options the engine does not honour); fork's TCP prepare
+//!   handler.
+//! * `opts`: which options each protocol's engine honours.
 //! * `kernelio`: receives on fds the engine does not serve: candidates and
 //!   spinning kernel sockets wait the shim's way, then the real call.
 //! * `spawn`: children never hold engine sockets (vfork, posix_spawn, exec).
@@ -69,6 +73,8 @@
 //! * `tstamp`: SO_TIMESTAMP/SO_TIMESTAMPNS/SO_TIMESTAMPING on accelerated
 //!   sockets (control messages, the transmit-stamp error queue).
 //! * `accel`: UDP sockets on the xdp engine (records in `table::record`).
+//! * `tcpx`: TCP sockets on the xdp engine (records in `table::record`):
+//!   the lowest TCP layer, it calls nothing above it.
 //! * `spin`: configuration and busy-poll loops of kernel sockets.
 //! * `adapt`: the one waiter (`nanowire_shimcore::waiter` over this
 //!   process's clock, fd table and signal counts): every blocking call
