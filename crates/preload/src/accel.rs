@@ -1097,10 +1097,6 @@ pub fn set_rcvbuf(a: &Accel, bytes: usize) {
     }
 }
 
-pub fn shutdown_rd(a: &Accel) {
-    a.common.shut_rd();
-}
-
 /// The fd `fd` stops referring to `a` (close, or dup2 over it). The
 /// engine socket goes when the last fd goes.
 pub fn release(a: &Accel) {

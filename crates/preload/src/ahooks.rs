@@ -642,3 +642,169 @@ fn put_name(
     *l = full;
     Ok(())
 }
+
+// ----------------------------------------------------------- options
+
+/// setsockopt on a UDP socket: `a` is its engine record of this process
+/// (`None`: a candidate, or any other fd). The kernel socket under the fd
+/// takes the option (and validates it); multicast membership, timestamp
+/// options, SO_RCVBUF and SO_RCVTIMEO reach the engine; an option the
+/// engine does not honour moves the socket to the kernel (`opts`).
+pub fn setsockopt(
+    a: Option<&'static Accel>,
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    if let Some(a) = a
+        && let Some(r) = sockopt_accel(a, fd, level, name, val, len)
+    {
+        return r;
+    }
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract the caller upholds.
+    let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+    if r == 0 {
+        sockopt_accel_after(fd, level, name, val, len);
+        crate::opts::tcp_candidate_after(fd, level, name, val, len);
+    }
+    if r == 0
+        && crate::tstamp::is_ts_opt(level, name)
+        && let Some(a) = a
+    {
+        // The kernel socket under the fd took it (and validated it); the
+        // engine stamps too (a candidate's options are read back when it
+        // goes onto the engine).
+        if let Some(st) = crate::tstamp::set(&a.ts, name, val, len) {
+            accel::set_stamping(a, st);
+        }
+    }
+    if r == 0
+        && level == libc::SOL_SOCKET
+        && (name == libc::SO_RCVBUF || name == libc::SO_RCVBUFFORCE)
+        && let Some(a) = a
+        && !val.is_null()
+        && len as usize >= std::mem::size_of::<c_int>()
+    {
+        // SAFETY: an int the kernel just read.
+        let v = unsafe { std::ptr::read_unaligned(val.cast::<c_int>()) };
+        accel::set_rcvbuf(a, v.max(0) as usize);
+    }
+    if r == 0 && level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == 66) {
+        if let Some(a) = a {
+            a.common
+                .set_rcvtimeo_ns(crate::uaccess::timeval_opt_ns(val, len));
+        }
+        // SO_RCVTIMEO(_NEW): a receive timeout of its own; such sockets
+        // are not spun (the kernel keeps the timeout exact).
+        let n = (len as usize).min(16);
+        // SAFETY: the kernel just read `len` bytes from `val` successfully.
+        let bytes = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), n) };
+        if bytes.iter().any(|b| *b != 0) {
+            table::add_flags(fd, table::F_RCVTIMEO);
+        } else {
+            table::clear_flags(fd, table::F_RCVTIMEO);
+        }
+    }
+    r
+}
+
+/// After the kernel socket of an accelerated UDP socket (or a candidate)
+/// took an option (`crate::opts`): one the engine does not honour moves
+/// the socket to the kernel; IP_TTL / IP_TOS / IP_MULTICAST_TTL reach the
+/// engine's headers.
+fn sockopt_accel_after(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) {
+    let w = table::get(fd);
+    if w & (table::F_ACCEL | table::F_CAND) == 0 {
+        return;
+    }
+    if let Some(why) = crate::opts::kernel_reason(crate::opts::Kind::Udp, level, name, val, len) {
+        let e = errno();
+        if w & table::F_CAND != 0 {
+            table::clear_flags(fd, table::F_CAND);
+            accel::log_not(fd, &why);
+        } else {
+            accel::detach(fd, &why);
+        }
+        set_errno(e);
+        return;
+    }
+    if crate::opts::sets_ip_header(level, name)
+        && let Some(a) = accel::lookup(fd)
+    {
+        // The engine's headers follow the kernel socket's values (a
+        // candidate's are read when it goes onto the engine).
+        accel::sync_ip_header(a);
+    }
+}
+
+/// setsockopt on an accelerated socket: multicast membership, which the
+/// engine follows. `Some(r)`: answered.
+fn sockopt_accel(
+    a: &'static Accel,
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> Option<c_int> {
+    if table::get(fd) & (table::F_ACCEL | table::F_CAND) == 0 {
+        return None;
+    }
+    if level == libc::IPPROTO_IP && name == libc::IP_DROP_MEMBERSHIP {
+        // The kernel socket leaves the group; the engine must stop
+        // steering it too, or group traffic keeps arriving.
+        // SAFETY: the caller's option, passed on unchanged.
+        let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+        if r == 0 && len >= 8 && !val.is_null() {
+            // SAFETY: at least 8 readable bytes (the kernel accepted them).
+            let b = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), 8) };
+            let group = std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]);
+            let ifaddr = std::net::Ipv4Addr::new(b[4], b[5], b[6], b[7]);
+            let e = errno();
+            if accel::leave_multicast(a, group, ifaddr).is_err() {
+                accel::detach(
+                    fd,
+                    &format!("IP_DROP_MEMBERSHIP {group}: the engine cannot leave a group"),
+                );
+            }
+            set_errno(e);
+        }
+        return Some(r);
+    }
+    if level == libc::IPPROTO_IP && name == libc::IP_ADD_MEMBERSHIP && !val.is_null() && len >= 8 {
+        // ip_mreq / ip_mreqn: group, then interface address.
+        // SAFETY: at least 8 readable bytes.
+        let b = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), 8) };
+        let group = std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]);
+        let ifaddr = std::net::Ipv4Addr::new(b[4], b[5], b[6], b[7]);
+        // The application's own socket joins (the kernel answers), then
+        // the engine steers the group to it.
+        // SAFETY: the caller's option, unchanged, to libc's setsockopt.
+        let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+        if r != 0 {
+            return Some(r);
+        }
+        let e = errno();
+        match accel::join_multicast(a, group, ifaddr) {
+            Ok(()) => {
+                // Every receiver of the group on the host must get it:
+                // another socket on this port means the kernel delivers.
+                crate::share::check_now(fd);
+            }
+            Err(0) => {} // off the engine: the kernel socket alone
+            Err(err) => accel::detach(
+                fd,
+                &format!(
+                    "the engine cannot join {group}: {}",
+                    std::io::Error::from_raw_os_error(err)
+                ),
+            ),
+        }
+        set_errno(e);
+        return Some(0);
+    }
+    None
+}

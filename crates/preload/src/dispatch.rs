@@ -22,7 +22,7 @@ use crate::real;
 pub use crate::signals::{sigaction, signal};
 use crate::spin::{self, log_socket, recv_spin_word};
 use crate::streamio;
-use crate::table::{self, C_EPOLL, C_OTHER, C_TCP, C_UDP, F_EPOLL_INET, F_RCVTIMEO};
+use crate::table::{self, C_EPOLL, C_OTHER, C_TCP, C_UDP, F_EPOLL_INET};
 use crate::tcpx;
 pub use crate::uaccess::{mprotect, munmap};
 use libc::{
@@ -106,96 +106,13 @@ pub unsafe fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
-    if let Some(t) = tcpx::lookup(fd) {
-        // The kernel socket records the value (getsockopt reads it back, an
-        // invalid value gets the kernel's error); what the engine does not
-        // honour moves the connection to the kernel (`opts`); the engine
-        // applies the rest.
-        // SAFETY: the caller's own arguments, unchanged, to libc's function
-        // of the same signature, whose contract our caller upholds.
-        let r = unsafe { real::setsockopt(fd, level, name, val, len) };
-        if r != 0 {
-            return r;
-        }
-        if let Some(r) = crate::opts::tcp_engine_after(t, fd, level, name, val, len) {
-            return r;
-        }
-        return tcpx::setsockopt_applied(t, fd, level, name, val, len);
-    }
-    if let Some(r) = sockopt_accel(fd, level, name, val, len) {
-        return r;
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    let r = unsafe { real::setsockopt(fd, level, name, val, len) };
-    if r == 0 {
-        sockopt_accel_after(fd, level, name, val, len);
-        crate::opts::tcp_candidate_after(fd, level, name, val, len);
-    }
-    if r == 0
-        && crate::tstamp::is_ts_opt(level, name)
-        && let Some(a) = accel::lookup(fd)
-    {
-        // The kernel socket under the fd took it (and validated it); the
-        // engine stamps too (a candidate's options are read back when it
-        // goes onto the engine).
-        if let Some(st) = crate::tstamp::set(&a.ts, name, val, len) {
-            accel::set_stamping(a, st);
-        }
-    }
-    if r == 0
-        && level == libc::SOL_SOCKET
-        && (name == libc::SO_RCVBUF || name == libc::SO_RCVBUFFORCE)
-        && let Some(a) = accel::lookup(fd)
-        && !val.is_null()
-        && len as usize >= std::mem::size_of::<c_int>()
-    {
-        // SAFETY: an int the kernel just read.
-        let v = unsafe { std::ptr::read_unaligned(val.cast::<c_int>()) };
-        accel::set_rcvbuf(a, v.max(0) as usize);
-    }
-    if r == 0 && level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == 66) {
-        if let Some(a) = accel::lookup(fd) {
-            a.common
-                .set_rcvtimeo_ns(crate::uaccess::timeval_opt_ns(val, len));
-        }
-        // SO_RCVTIMEO(_NEW): a receive timeout of its own; such sockets
-        // are not spun (the kernel keeps the timeout exact).
-        let n = (len as usize).min(16);
-        // SAFETY: the kernel just read `len` bytes from `val` successfully.
-        let bytes = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), n) };
-        if bytes.iter().any(|b| *b != 0) {
-            table::add_flags(fd, F_RCVTIMEO);
-        } else {
-            table::clear_flags(fd, F_RCVTIMEO);
-        }
-    }
-    r
+    ops::setsockopt(fd, level, name, val, len)
 }
 
 /// # Safety
 /// As libc's `shutdown`.
 pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
-    if let Some(t) = tcpx::lookup(fd) {
-        let r = tcpx::shutdown(t, how);
-        table::wake(fd);
-        return r;
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    let r = unsafe { real::shutdown(fd, how) };
-    // Unconnected UDP answers ENOTCONN yet shuts down all the same.
-    if (r == 0 || spin::errno() == libc::ENOTCONN)
-        && (how == libc::SHUT_RD || how == libc::SHUT_RDWR)
-        && let Some(a) = accel::by_fd(fd)
-    {
-        accel::shutdown_rd(a);
-    }
-    // A thread spinning on `fd` would only ever see EAGAIN from its
-    // non-blocking attempts (the kernel reports the shutdown to blocking
-    // receives): make it fall into the real call.
-    table::wake(fd);
-    r
+    ops::shutdown(fd, how)
 }
 
 // ------------------------------------------------------------- fd changes
@@ -258,7 +175,9 @@ pub unsafe fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     r
 }
 
-fn fcntl_common(fd: c_int, cmd: c_int, r: c_int) -> c_int {
+/// `fcntl` / `fcntl64` (`is64`), with the optional argument as an integer.
+pub fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
+    let r = ops::fcntl(fd, cmd, arg, is64);
     if r >= 0 && fd != r && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
         crate::fdlife::created(r);
         share_accel(fd, r);
@@ -266,70 +185,9 @@ fn fcntl_common(fd: c_int, cmd: c_int, r: c_int) -> c_int {
     r
 }
 
-/// `fcntl` / `fcntl64` (`is64`), with the optional argument as an integer.
-pub fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
-    if let Some(r) = fcntl_accel(fd, cmd, arg, is64) {
-        return r;
-    }
-    // SAFETY: the caller's (possibly absent) argument register, passed on:
-    // the real fcntl reads it only for commands that take one, as the
-    // caller's own call would have.
-    let r = unsafe {
-        if is64 {
-            real::fcntl64(fd, cmd, arg)
-        } else {
-            real::fcntl(fd, cmd, arg)
-        }
-    };
-    fcntl_common(fd, cmd, r)
-}
-
 /// `ioctl`, with the optional argument as an integer.
 pub fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
-    if let Some(t) = tcpx::lookup(fd)
-        && arg != 0
-    {
-        if req == libc::FIONBIO as c_ulong {
-            // SAFETY: FIONBIO's argument is an int pointer.
-            let on = unsafe { *(arg as *const c_int) } != 0;
-            t.common.set_nonblock(on);
-            if t.listener {
-                return 0; // non-blocking underneath, always
-            }
-        } else if (req == libc::FIONREAD as c_ulong || req == libc::TIOCOUTQ as c_ulong)
-            && let Some(n) = tcpx::queue_len(t, req == libc::TIOCOUTQ as c_ulong)
-        {
-            // SAFETY: FIONREAD/SIOCOUTQ's argument is an int pointer.
-            unsafe { *(arg as *mut c_int) = n.min(c_int::MAX as usize) as c_int };
-            return 0;
-        }
-    }
-    if let Some(a) = accel::by_fd(fd) {
-        if req == libc::FIONBIO as c_ulong && arg != 0 {
-            // The kernel socket stays non-blocking; remember the
-            // application's choice. Inherited copies (after fork) too.
-            // SAFETY: FIONBIO's argument is an int pointer.
-            let on = unsafe { *(arg as *const c_int) } != 0;
-            a.common.set_nonblock(on);
-            return 0;
-        }
-        if req == libc::FIONREAD as c_ulong && arg != 0 && a.mine() {
-            let n = accel::next_len(a);
-            if n == 0 {
-                // Nothing on the engine: the kernel twin under the fd
-                // answers (a datagram that took the kernel path, e.g. one
-                // a MSG_PEEK left there).
-                // SAFETY: as below, the caller's own arguments.
-                return unsafe { real::ioctl(fd, req, arg) };
-            }
-            // SAFETY: FIONREAD's argument is an int pointer.
-            unsafe { *(arg as *mut c_int) = n as c_int };
-            return 0;
-        }
-    }
-    // SAFETY: as above. FIONBIO needs no bookkeeping: the spin path asks
-    // the kernel for the blocking mode before it spins.
-    unsafe { real::ioctl(fd, req, arg) }
+    ops::ioctl(fd, req, arg)
 }
 
 // --------------------------------------------------------------- receive
@@ -1021,167 +879,6 @@ fn share_accel(old: c_int, new: c_int) {
         a.add_ref();
         accel::set_fd(new, a);
         table::add_flags(new, table::F_ACCEL);
-    }
-}
-
-/// After the kernel socket of an accelerated UDP socket (or a candidate)
-/// took an option (`crate::opts`): one the engine does not honour moves
-/// the socket to the kernel; IP_TTL / IP_TOS / IP_MULTICAST_TTL reach the
-/// engine's headers.
-fn sockopt_accel_after(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) {
-    let w = table::get(fd);
-    if w & (table::F_ACCEL | table::F_CAND) == 0 {
-        return;
-    }
-    if let Some(why) = crate::opts::kernel_reason(crate::opts::Kind::Udp, level, name, val, len) {
-        let e = spin::errno();
-        if w & table::F_CAND != 0 {
-            table::clear_flags(fd, table::F_CAND);
-            accel::log_not(fd, &why);
-        } else {
-            accel::detach(fd, &why);
-        }
-        spin::set_errno(e);
-        return;
-    }
-    if crate::opts::sets_ip_header(level, name)
-        && let Some(a) = accel::lookup(fd)
-    {
-        // The engine's headers follow the kernel socket's values (a
-        // candidate's are read when it goes onto the engine).
-        accel::sync_ip_header(a);
-    }
-}
-
-/// setsockopt on an accelerated socket: multicast membership, which the
-/// engine follows. `Some(r)`: answered.
-fn sockopt_accel(
-    fd: c_int,
-    level: c_int,
-    name: c_int,
-    val: *const c_void,
-    len: socklen_t,
-) -> Option<c_int> {
-    if table::get(fd) & (table::F_ACCEL | table::F_CAND) == 0 {
-        return None;
-    }
-    let a = accel::lookup(fd)?;
-    if level == libc::IPPROTO_IP && name == libc::IP_DROP_MEMBERSHIP {
-        // The kernel socket leaves the group; the engine must stop
-        // steering it too, or group traffic keeps arriving.
-        // SAFETY: the caller's option, passed on unchanged.
-        let r = unsafe { real::setsockopt(fd, level, name, val, len) };
-        if r == 0 && len >= 8 && !val.is_null() {
-            // SAFETY: at least 8 readable bytes (the kernel accepted them).
-            let b = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), 8) };
-            let group = std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]);
-            let ifaddr = std::net::Ipv4Addr::new(b[4], b[5], b[6], b[7]);
-            let e = spin::errno();
-            if accel::leave_multicast(a, group, ifaddr).is_err() {
-                accel::detach(
-                    fd,
-                    &format!("IP_DROP_MEMBERSHIP {group}: the engine cannot leave a group"),
-                );
-            }
-            spin::set_errno(e);
-        }
-        return Some(r);
-    }
-    if level == libc::IPPROTO_IP && name == libc::IP_ADD_MEMBERSHIP && !val.is_null() && len >= 8 {
-        // ip_mreq / ip_mreqn: group, then interface address.
-        // SAFETY: at least 8 readable bytes.
-        let b = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), 8) };
-        let group = std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]);
-        let ifaddr = std::net::Ipv4Addr::new(b[4], b[5], b[6], b[7]);
-        // The application's own socket joins (the kernel answers), then
-        // the engine steers the group to it.
-        // SAFETY: the caller's option, unchanged, to libc's setsockopt.
-        let r = unsafe { real::setsockopt(fd, level, name, val, len) };
-        if r != 0 {
-            return Some(r);
-        }
-        let e = spin::errno();
-        match accel::join_multicast(a, group, ifaddr) {
-            Ok(()) => {
-                // Every receiver of the group on the host must get it:
-                // another socket on this port means the kernel delivers.
-                crate::share::check_now(fd);
-            }
-            Err(0) => {} // off the engine: the kernel socket alone
-            Err(err) => accel::detach(
-                fd,
-                &format!(
-                    "the engine cannot join {group}: {}",
-                    std::io::Error::from_raw_os_error(err)
-                ),
-            ),
-        }
-        spin::set_errno(e);
-        return Some(0);
-    }
-    None
-}
-
-fn fcntl_accel(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int> {
-    if let Some(t) = tcpx::lookup(fd) {
-        // A listener is non-blocking underneath; a connection's mode is
-        // recorded and passed on.
-        return fcntl_mode(fd, cmd, arg, is64, &t.common, t.listener);
-    }
-    let a = accel::by_fd(fd)?;
-    fcntl_mode(fd, cmd, arg, is64, &a.common, true)
-}
-
-/// F_GETFL/F_SETFL on an engine socket, whose O_NONBLOCK the shim records
-/// in `nonblock`. `hidden`: the kernel socket under the fd stays
-/// non-blocking whatever the application says (UDP on the engine, TCP
-/// listeners), so F_GETFL reports the recorded mode and F_SETFL keeps
-/// O_NONBLOCK set underneath; otherwise the mode is passed on. `None`:
-/// another command, the real call answers.
-fn fcntl_mode(
-    fd: c_int,
-    cmd: c_int,
-    arg: c_ulong,
-    is64: bool,
-    common: &nanowire_shimcore::sock::Common,
-    hidden: bool,
-) -> Option<c_int> {
-    let call = |c: c_int, v: c_ulong| {
-        // SAFETY: F_GETFL/F_SETFL with an int argument.
-        unsafe {
-            if is64 {
-                real::fcntl64(fd, c, v)
-            } else {
-                real::fcntl(fd, c, v)
-            }
-        }
-    };
-    match cmd {
-        libc::F_GETFL if hidden => {
-            let r = call(libc::F_GETFL, 0);
-            if r < 0 {
-                return Some(r);
-            }
-            let nb = if common.nonblock() {
-                libc::O_NONBLOCK
-            } else {
-                0
-            };
-            Some((r & !libc::O_NONBLOCK) | nb)
-        }
-        libc::F_SETFL => {
-            let under = if hidden {
-                arg | libc::O_NONBLOCK as c_ulong
-            } else {
-                arg
-            };
-            let r = call(libc::F_SETFL, under);
-            if r == 0 {
-                common.set_nonblock(arg & libc::O_NONBLOCK as c_ulong != 0);
-            }
-            Some(r)
-        }
-        _ => None,
     }
 }
 

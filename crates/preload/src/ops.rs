@@ -21,7 +21,7 @@
 //! the fd must answer; the kernel's returns `None` when the fd went onto
 //! the engine while it waited: the call then starts again from [`of`].
 
-use crate::accel::Accel;
+use crate::accel::{self, Accel};
 use crate::ahooks;
 use crate::kernelio::{self, Next};
 use crate::real;
@@ -30,7 +30,8 @@ use crate::streamio;
 use crate::table;
 use crate::tcpx::{self, Tcp};
 use crate::uaccess;
-use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t};
+use libc::{c_int, c_ulong, c_void, iovec, msghdr, size_t, sockaddr, socklen_t};
+use nanowire_shimcore::sock::Common;
 use nanowire_sockabi::iov::Call;
 
 /// What serves an fd (see the module doc).
@@ -108,36 +109,79 @@ pub enum Send {
 pub trait Ops {
     fn recv(self, fd: c_int, r: Recv, flags: c_int) -> Option<isize>;
     fn send(self, fd: c_int, s: Send, flags: c_int) -> Option<isize>;
+    fn setsockopt(
+        self,
+        fd: c_int,
+        level: c_int,
+        name: c_int,
+        val: *const c_void,
+        len: socklen_t,
+    ) -> Option<c_int>;
+    fn shutdown(self, fd: c_int, how: c_int) -> Option<c_int>;
+    /// `fcntl`/`fcntl64` (`is64`), the optional argument as an integer.
+    fn fcntl(self, fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int>;
+    /// `ioctl`, the optional argument as an integer.
+    fn ioctl(self, fd: c_int, req: c_ulong, arg: c_ulong) -> Option<c_int>;
+}
+
+/// Run operation `op` of whatever serves `fd`; the kernel's when the
+/// protocol leaves it to the kernel socket under the fd.
+macro_rules! through {
+    ($fd:expr, $op:ident ( $($a:expr),* )) => {
+        loop {
+            let fd = $fd;
+            let got = match of(fd) {
+                Sock::Tcp(t) => t.$op(fd, $($a),*),
+                Sock::Udp(a) => a.$op(fd, $($a),*),
+                Sock::Kernel => None,
+            };
+            if let Some(n) = got.or_else(|| Kernel.$op(fd, $($a),*)) {
+                break n;
+            }
+        }
+    };
+}
+
+/// `setsockopt` on `fd`.
+pub fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    through!(fd, setsockopt(level, name, val, len))
+}
+
+/// `shutdown` on `fd`. A thread waiting on `fd` is woken (a generation
+/// bump): its non-blocking attempts would only ever see EAGAIN, the kernel
+/// reports the shutdown to blocking receives.
+pub fn shutdown(fd: c_int, how: c_int) -> c_int {
+    let r = through!(fd, shutdown(how));
+    table::wake(fd);
+    r
+}
+
+/// `fcntl`/`fcntl64` on `fd`.
+pub fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
+    through!(fd, fcntl(cmd, arg, is64))
+}
+
+/// `ioctl` on `fd`.
+pub fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    through!(fd, ioctl(req, arg))
 }
 
 /// `recv`, `recvfrom`, `recvmsg`, `read`, `readv` on `fd`.
 #[inline]
 pub fn recv(fd: c_int, r: Recv, flags: c_int) -> isize {
-    loop {
-        let got = match of(fd) {
-            Sock::Tcp(t) => t.recv(fd, r, flags),
-            Sock::Udp(a) => a.recv(fd, r, flags),
-            Sock::Kernel => None,
-        };
-        if let Some(n) = got.or_else(|| Kernel.recv(fd, r, flags)) {
-            return n;
-        }
-    }
+    through!(fd, recv(r, flags))
 }
 
 /// `send`, `sendto`, `sendmsg`, `write`, `writev` on `fd`.
 #[inline]
 pub fn send(fd: c_int, s: Send, flags: c_int) -> isize {
-    loop {
-        let got = match of(fd) {
-            Sock::Tcp(t) => t.send(fd, s, flags),
-            Sock::Udp(a) => a.send(fd, s, flags),
-            Sock::Kernel => None,
-        };
-        if let Some(n) = got.or_else(|| Kernel.send(fd, s, flags)) {
-            return n;
-        }
-    }
+    through!(fd, send(s, flags))
 }
 
 /// A msghdr over the caller's iovec array (readv, writev on an engine
@@ -204,6 +248,62 @@ impl Ops for &'static Tcp {
             Send::Vec { iov, cnt } => streamio::rwv(self, fd, iov, cnt, true),
         })
     }
+
+    fn setsockopt(
+        self,
+        fd: c_int,
+        level: c_int,
+        name: c_int,
+        val: *const c_void,
+        len: socklen_t,
+    ) -> Option<c_int> {
+        // The kernel socket records the value (getsockopt reads it back, an
+        // invalid value gets the kernel's error); what the engine does not
+        // honour moves the connection to the kernel (`opts`); the engine
+        // applies the rest.
+        // SAFETY: the caller's own arguments, unchanged, to libc's function
+        // of the same signature, whose contract the caller upholds.
+        let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+        if r != 0 {
+            return Some(r);
+        }
+        if let Some(r) = crate::opts::tcp_engine_after(self, fd, level, name, val, len) {
+            return Some(r);
+        }
+        Some(tcpx::setsockopt_applied(self, fd, level, name, val, len))
+    }
+
+    fn shutdown(self, _fd: c_int, how: c_int) -> Option<c_int> {
+        Some(tcpx::shutdown(self, how))
+    }
+
+    fn fcntl(self, fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int> {
+        // A listener is non-blocking underneath; a connection's mode is
+        // recorded and passed on.
+        fcntl_mode(fd, cmd, arg, is64, &self.common, self.listener)
+    }
+
+    fn ioctl(self, _fd: c_int, req: c_ulong, arg: c_ulong) -> Option<c_int> {
+        if arg == 0 {
+            return None;
+        }
+        if req == libc::FIONBIO as c_ulong {
+            // SAFETY: FIONBIO's argument is an int pointer.
+            let on = unsafe { *(arg as *const c_int) } != 0;
+            self.common.set_nonblock(on);
+            // A listener is non-blocking underneath, always; a
+            // connection's kernel socket takes it too.
+            return self.listener.then_some(0);
+        }
+        if (req == libc::FIONREAD as c_ulong || req == libc::TIOCOUTQ as c_ulong)
+            && let Some(n) = tcpx::queue_len(self, req == libc::TIOCOUTQ as c_ulong)
+        {
+            // SAFETY: FIONREAD/SIOCOUTQ's argument is an int pointer.
+            unsafe { *(arg as *mut c_int) = n.min(c_int::MAX as usize) as c_int };
+            return Some(0);
+        }
+        None
+    }
 }
 
 impl Ops for &'static Accel {
@@ -249,6 +349,65 @@ impl Ops for &'static Accel {
                 Err(r) => Some(r),
             },
         }
+    }
+
+    fn setsockopt(
+        self,
+        fd: c_int,
+        level: c_int,
+        name: c_int,
+        val: *const c_void,
+        len: socklen_t,
+    ) -> Option<c_int> {
+        // A forked child's copy: as any kernel socket.
+        self.mine()
+            .then(|| ahooks::setsockopt(Some(self), fd, level, name, val, len))
+    }
+
+    fn shutdown(self, fd: c_int, how: c_int) -> Option<c_int> {
+        // SAFETY: the caller's own arguments, unchanged, to libc's function
+        // of the same signature, whose contract the caller upholds.
+        let r = unsafe { real::shutdown(fd, how) };
+        // Unconnected UDP answers ENOTCONN yet shuts down all the same.
+        if (r == 0 || spin::errno() == libc::ENOTCONN)
+            && (how == libc::SHUT_RD || how == libc::SHUT_RDWR)
+        {
+            self.common.shut_rd();
+        }
+        Some(r)
+    }
+
+    fn fcntl(self, fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int> {
+        // The kernel socket under the fd stays non-blocking (inherited
+        // copies too).
+        fcntl_mode(fd, cmd, arg, is64, &self.common, true)
+    }
+
+    fn ioctl(self, _fd: c_int, req: c_ulong, arg: c_ulong) -> Option<c_int> {
+        if arg == 0 {
+            return None;
+        }
+        if req == libc::FIONBIO as c_ulong {
+            // The kernel socket stays non-blocking; remember the
+            // application's choice. Inherited copies (after fork) too.
+            // SAFETY: FIONBIO's argument is an int pointer.
+            let on = unsafe { *(arg as *const c_int) } != 0;
+            self.common.set_nonblock(on);
+            return Some(0);
+        }
+        if req == libc::FIONREAD as c_ulong && self.mine() {
+            let n = accel::next_len(self);
+            if n == 0 {
+                // Nothing on the engine: the kernel twin under the fd
+                // answers (a datagram that took the kernel path, e.g. one
+                // a MSG_PEEK left there).
+                return None;
+            }
+            // SAFETY: FIONREAD's argument is an int pointer.
+            unsafe { *(arg as *mut c_int) = n as c_int };
+            return Some(0);
+        }
+        None
     }
 }
 
@@ -340,6 +499,88 @@ impl Ops for Kernel {
                 None => unsafe { real::sendmsg(fd, m, flags) },
             },
         })
+    }
+
+    fn setsockopt(
+        self,
+        fd: c_int,
+        level: c_int,
+        name: c_int,
+        val: *const c_void,
+        len: socklen_t,
+    ) -> Option<c_int> {
+        // A UDP or TCP candidate's options decide whether it may go onto
+        // the engine (`ahooks::setsockopt`, `opts`).
+        Some(ahooks::setsockopt(None, fd, level, name, val, len))
+    }
+
+    fn shutdown(self, fd: c_int, how: c_int) -> Option<c_int> {
+        // SAFETY: the caller's own arguments, unchanged, to libc's function
+        // of the same signature, whose contract the caller upholds.
+        Some(unsafe { real::shutdown(fd, how) })
+    }
+
+    fn fcntl(self, fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int> {
+        // SAFETY: the caller's (possibly absent) argument register, passed
+        // on: the real fcntl reads it only for commands that take one, as
+        // the caller's own call would have.
+        Some(unsafe {
+            if is64 {
+                real::fcntl64(fd, cmd, arg)
+            } else {
+                real::fcntl(fd, cmd, arg)
+            }
+        })
+    }
+
+    fn ioctl(self, fd: c_int, req: c_ulong, arg: c_ulong) -> Option<c_int> {
+        // SAFETY: as for fcntl. FIONBIO needs no bookkeeping: the spin path
+        // asks the kernel for the blocking mode before it spins.
+        Some(unsafe { real::ioctl(fd, req, arg) })
+    }
+}
+
+/// F_GETFL/F_SETFL on an engine socket, whose O_NONBLOCK the shim records
+/// in `common`. `hidden`: the kernel socket under the fd stays
+/// non-blocking whatever the application says (UDP on the engine, TCP
+/// listeners), so F_GETFL reports the recorded mode and F_SETFL keeps
+/// O_NONBLOCK set underneath; otherwise the mode is passed on. `None`:
+/// another command, the real call answers.
+fn fcntl_mode(
+    fd: c_int,
+    cmd: c_int,
+    arg: c_ulong,
+    is64: bool,
+    common: &Common,
+    hidden: bool,
+) -> Option<c_int> {
+    let call = |c: c_int, v: c_ulong| {
+        // SAFETY: F_GETFL/F_SETFL with an int argument.
+        unsafe {
+            if is64 {
+                real::fcntl64(fd, c, v)
+            } else {
+                real::fcntl(fd, c, v)
+            }
+        }
+    };
+    let bit = libc::O_NONBLOCK;
+    match cmd {
+        libc::F_GETFL if hidden => {
+            let r = call(libc::F_GETFL, 0);
+            Some(if r < 0 { r } else { common.getfl_view(r, bit) })
+        }
+        libc::F_SETFL => {
+            let r = call(
+                libc::F_SETFL,
+                Common::setfl_under(arg, bit as c_ulong, hidden),
+            );
+            if r == 0 {
+                common.setfl_done(arg, bit as c_ulong);
+            }
+            Some(r)
+        }
+        _ => None,
     }
 }
 

@@ -133,6 +133,27 @@ impl Common {
         self.release() && self.mine(pid_now)
     }
 
+    /// F_GETFL as the application sees it when the kernel socket under the
+    /// fd stays non-blocking whatever it says: the kernel's flags `kernel`
+    /// with O_NONBLOCK (`bit`) as the application set it.
+    pub fn getfl_view(&self, kernel: i32, bit: i32) -> i32 {
+        (kernel & !bit) | if self.nonblock() { bit } else { 0 }
+    }
+
+    /// F_SETFL with `arg`: the flags the kernel socket takes (O_NONBLOCK,
+    /// `bit`, kept on when `hidden`: the kernel socket stays non-blocking).
+    /// After the kernel took them, [`Common::setfl_done`] records the
+    /// application's mode.
+    pub fn setfl_under(arg: u64, bit: u64, hidden: bool) -> u64 {
+        if hidden { arg | bit } else { arg }
+    }
+
+    /// The kernel took F_SETFL `arg`: the application's O_NONBLOCK is what
+    /// it asked for.
+    pub fn setfl_done(&self, arg: u64, bit: u64) {
+        self.set_nonblock(arg & bit != 0);
+    }
+
     /// fds referring to the record now.
     pub fn refs(&self) -> u32 {
         self.refs.load(Ordering::Acquire)
@@ -231,6 +252,36 @@ mod tests {
         assert!(b.nonblock());
         assert_eq!((b.rcvtimeo_ns(), b.sndtimeo_ns()), (3, 4));
         assert_eq!(b.refs(), 1);
+    }
+
+    const O_NONBLOCK: i32 = 0o4000;
+    const O_APPEND: i32 = 0o2000;
+
+    #[test]
+    fn getfl_reports_the_applications_mode_over_the_kernels() {
+        let c = Common::new(1, false, 0);
+        let kernel = 2 | O_NONBLOCK | O_APPEND; // O_RDWR, non-blocking underneath
+        assert_eq!(c.getfl_view(kernel, O_NONBLOCK), 2 | O_APPEND);
+        c.set_nonblock(true);
+        assert_eq!(c.getfl_view(2, O_NONBLOCK), 2 | O_NONBLOCK);
+    }
+
+    #[test]
+    fn setfl_keeps_a_hidden_kernel_socket_non_blocking() {
+        let nb = O_NONBLOCK as u64;
+        assert_eq!(
+            Common::setfl_under(O_APPEND as u64, nb, true),
+            (O_APPEND | O_NONBLOCK) as u64
+        );
+        assert_eq!(
+            Common::setfl_under(O_APPEND as u64, nb, false),
+            O_APPEND as u64
+        );
+        let c = Common::new(1, true, 0);
+        c.setfl_done(O_APPEND as u64, nb);
+        assert!(!c.nonblock());
+        c.setfl_done(nb, nb);
+        assert!(c.nonblock());
     }
 
     #[test]
