@@ -49,6 +49,11 @@ pub fn set_errno(e: c_int) {
 
 #[inline(always)]
 pub fn now_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: CLOCK_MONOTONIC into a local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
     (t.tv_sec as u64).wrapping_mul(1_000_000_000) + t.tv_nsec as u64
 }
