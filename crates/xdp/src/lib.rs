@@ -25,7 +25,7 @@ pub mod umem;
 pub mod xsk;
 
 pub use program::{AttachMode, SteerProgram};
-pub use umem::{RxFrame, UmemInfo};
+pub use umem::{RxFrame, UmemArea, UmemInfo};
 pub use xsk::{XskConfig, XskRx, XskSocket, XskStats, XskTx};
 
 /// The compiled steering program (bpf/steer.c; built by this crate's

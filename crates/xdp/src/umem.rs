@@ -27,11 +27,46 @@ pub(crate) struct UmemShared {
     pub(crate) recycled_any: AtomicBool,
 }
 
+/// The memory of a UMEM, mapped and populated ahead of the socket that
+/// registers it ([`crate::xsk::XskSocket::open_in`]): zeroing tens of MB
+/// is most of an engine's start, and can run on another thread while the
+/// steering program is loaded and attached (whose link waits in the
+/// kernel's `synchronize_rcu`).
+pub struct UmemArea {
+    map: Mmap,
+    pub(crate) rx_frames: u32,
+    pub(crate) tx_frames: u32,
+    pub(crate) frame_size: u32,
+}
+
+impl UmemArea {
+    /// Map and populate the memory of a UMEM of this geometry.
+    pub fn new(rx_frames: u32, tx_frames: u32, frame_size: u32) -> std::io::Result<UmemArea> {
+        let len = (rx_frames as usize + tx_frames as usize) * frame_size as usize;
+        Ok(UmemArea {
+            map: Mmap::map_umem(len)?,
+            rx_frames,
+            tx_frames,
+            frame_size,
+        })
+    }
+}
+
 impl UmemShared {
     pub(crate) fn new(rx_frames: u32, tx_frames: u32, frame_size: u32) -> std::io::Result<Self> {
-        let len = (rx_frames as usize + tx_frames as usize) * frame_size as usize;
-        Ok(UmemShared {
-            map: Mmap::map_umem(len)?,
+        Ok(Self::on(UmemArea::new(rx_frames, tx_frames, frame_size)?))
+    }
+
+    /// A UMEM on memory mapped before.
+    pub(crate) fn on(area: UmemArea) -> Self {
+        let UmemArea {
+            map,
+            rx_frames,
+            tx_frames,
+            frame_size,
+        } = area;
+        UmemShared {
+            map,
             frame_size,
             frame_shift: frame_size.trailing_zeros(),
             rx_frames,
@@ -39,7 +74,7 @@ impl UmemShared {
             refs: (0..rx_frames).map(|_| AtomicU32::new(0)).collect(),
             recycled: Mutex::new(Vec::with_capacity(rx_frames as usize)),
             recycled_any: AtomicBool::new(false),
-        })
+        }
     }
 
     /// Bytes of packet memory.

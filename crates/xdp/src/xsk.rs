@@ -13,7 +13,7 @@
 //! ([`XskRx::bad_descs`], [`XskTx::bad_descs`]), never clamped or trusted.
 
 use crate::ring::Ring;
-use crate::umem::{RxFrame, UmemInfo, UmemShared};
+use crate::umem::{RxFrame, UmemArea, UmemInfo, UmemShared};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
@@ -226,15 +226,31 @@ impl XskSocket {
         queue: u32,
         cfg: XskConfig,
     ) -> Result<XskSocket, String> {
+        Self::open_in(ifname, ifindex, queue, cfg, None)
+    }
+
+    /// [`XskSocket::open`] on UMEM memory mapped before (`area`, used if its
+    /// geometry is `cfg`'s; the first bind attempt takes it).
+    pub fn open_in(
+        ifname: &str,
+        ifindex: u32,
+        queue: u32,
+        cfg: XskConfig,
+        mut area: Option<UmemArea>,
+    ) -> Result<XskSocket, String> {
         cfg.validate()?;
+        area = area.filter(|a| {
+            (a.rx_frames, a.tx_frames, a.frame_size)
+                == (cfg.rx_frames, cfg.tx_frames, cfg.frame_size)
+        });
         let mut zc_err = None;
         if cfg.try_zero_copy {
-            match Self::open_mode(ifindex, queue, cfg, BindMode::ZeroCopy) {
+            match Self::open_mode(ifindex, queue, cfg, BindMode::ZeroCopy, area.take()) {
                 Ok(s) => return Ok(s),
                 Err(e) => zc_err = Some(e),
             }
         }
-        Self::open_mode(ifindex, queue, cfg, BindMode::Copy).map_err(|e| {
+        Self::open_mode(ifindex, queue, cfg, BindMode::Copy, area).map_err(|e| {
             let hint = match e.raw_os_error() {
                 Some(libc::EINVAL) if queue > 0 => format!(
                     " (does {ifname} have queue {queue}? raise its channels with `ethtool -L {ifname} rx N tx N` / combined N)"
@@ -263,6 +279,7 @@ impl XskSocket {
         queue: u32,
         cfg: XskConfig,
         mode: BindMode,
+        area: Option<UmemArea>,
     ) -> io::Result<XskSocket> {
         let raw = crate::sys::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0);
         if raw < 0 {
@@ -270,11 +287,10 @@ impl XskSocket {
         }
         // SAFETY: raw is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let umem = Arc::new(UmemShared::new(
-            cfg.rx_frames,
-            cfg.tx_frames,
-            cfg.frame_size,
-        )?);
+        let umem = Arc::new(match area {
+            Some(a) => UmemShared::on(a),
+            None => UmemShared::new(cfg.rx_frames, cfg.tx_frames, cfg.frame_size)?,
+        });
         // SAFETY: all-zero is a valid xdp_umem_reg; we fill the fields below.
         let mut reg: libc::xdp_umem_reg = unsafe { std::mem::zeroed() };
         reg.addr = umem.map.ptr as u64;

@@ -73,7 +73,7 @@ use demux::{Demux, FastMap};
 use device::{EngineRx, EngineTx};
 use nanowire_xdp::iface::{self, IfaceInfo};
 use nanowire_xdp::xsk::{BindMode, XskConfig, XskSocket};
-use nanowire_xdp::{AttachMode, SteerProgram};
+use nanowire_xdp::{AttachMode, SteerProgram, UmemArea};
 use order::{Guard, Tier};
 use rx::{RX_BUDGET, RxPath};
 use shm::{E, PageInfo, StatsPage, set};
@@ -178,6 +178,14 @@ impl Engine {
         let eth = info.mtu as usize + tx::ETH_HDR;
         let frame_size = if eth <= 2048 - 256 { 2048 } else { 4096 };
         let depth = opts.ring_depth.max(64).next_power_of_two();
+        // The first queue's UMEM (tens of MB to map and zero: most of an
+        // engine's start) is made on another thread while the steering
+        // program is loaded and attached below (its link waits in the
+        // kernel's synchronize_rcu).
+        let mut area = std::thread::Builder::new()
+            .name("nanowire-umem".into())
+            .spawn(move || UmemArea::new(depth, TX_FRAMES, frame_size).ok())
+            .ok();
         // Multi-buffer receive in every attach mode: a frags-aware program
         // (xdp.frags) and sockets bound with XDP_USE_SG, so that a packet
         // larger than one frame -- a jumbo frame, or a kernel peer's
@@ -216,7 +224,8 @@ impl Engine {
         cfg.validate()?;
         let mut socks = Vec::new();
         for q in 0..info.rx_queues {
-            let xsk = match XskSocket::open(ifname, info.index, q, cfg) {
+            let premade = area.take().and_then(|h| h.join().ok().flatten());
+            let xsk = match XskSocket::open_in(ifname, info.index, q, cfg, premade) {
                 Ok(x) => x,
                 Err(e) if cfg.multi_buffer && q == 0 => {
                     // No XDP_USE_SG (kernel < 6.6): bind without it.
