@@ -281,7 +281,8 @@ fn churn_trace(lab: &ScopedLab, port: &str, n: usize, calls: &str) -> (String, V
 /// (aya's loader parsed all 5.5 MB of it in every process; the steering
 /// program needs none), no feature-probe programs are loaded (one program
 /// load: the steering program), the netlink sockets are the engine's start
-/// only (none per connect: 40 connections open no more than 10 do), and the fd
+/// only (none per connect: 40 connections open no more than 10 do), one
+/// getsockname per connect (the engine knows the port it binds), and the fd
 /// table is sized at load for the keep duplicates (so the first close in
 /// the threaded process does not grow it behind a synchronize_rcu).
 #[test]
@@ -289,7 +290,7 @@ fn churn_trace(lab: &ScopedLab, port: &str, n: usize, calls: &str) -> (String, V
 fn engine_start_and_connects_make_no_avoidable_syscalls() {
     let lab = lab("sc");
     let _ng = nginx(&lab, 8087, "sc");
-    let calls = "trace=openat,open,bpf,socket";
+    let calls = "trace=openat,open,bpf,socket,getsockname";
     let count = |lines: &[String], pat: &str| lines.iter().filter(|l| l.contains(pat)).count();
     let (out10, few) = churn_trace(&lab, "8087", 10, calls);
     let (out40, many) = churn_trace(&lab, "8087", 40, calls);
@@ -326,6 +327,13 @@ fn engine_start_and_connects_make_no_avoidable_syscalls() {
     assert!(
         nl_many <= nl_few + 1 && nl_many < 20,
         "netlink sockets: {nl_few} with 10 connections, {nl_many} with 40"
+    );
+    // One getsockname per connect (is the socket bound?): the port the
+    // engine binds is known without asking again.
+    let (gs_few, gs_many) = (count(&few, "getsockname("), count(&many, "getsockname("));
+    assert!(
+        gs_many - gs_few <= 30,
+        "getsockname: {gs_few} with 10 connections, {gs_many} with 40"
     );
 }
 

@@ -300,8 +300,9 @@ fn parity_half(lo: u16, hi: u16, half: usize) -> (u16, u32) {
 /// back only after the whole half was used, not at once as bind(port 0)
 /// would hand it out again. One bind(2) per try; a port some socket holds
 /// (EADDRINUSE) is skipped. Reserved ports (`ip_local_reserved_ports`) are
-/// never picked.
-fn bind_ephemeral(fd: RawFd, src: Ipv4Addr) -> io::Result<()> {
+/// never picked. Returns the port bound, `None` when the range was full
+/// and the kernel picked one (bind to port 0).
+fn bind_ephemeral(fd: RawFd, src: Ipv4Addr) -> io::Result<Option<u16>> {
     static NEXT: [AtomicU32; 2] = [AtomicU32::new(u32::MAX), AtomicU32::new(u32::MAX)];
     let (lo, hi, reserved) = port_range();
     let bind = |port: u16| -> i32 {
@@ -344,7 +345,7 @@ fn bind_ephemeral(fd: RawFd, src: Ipv4Addr) -> io::Result<()> {
                 continue;
             }
             if bind(port) == 0 {
-                return Ok(());
+                return Ok(Some(port));
             }
             let e = io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::EADDRINUSE) {
@@ -352,9 +353,9 @@ fn bind_ephemeral(fd: RawFd, src: Ipv4Addr) -> io::Result<()> {
             }
         }
     }
-    // A crowded range: the kernel's own choice.
+    // A crowded range: the kernel's own choice (the caller asks which).
     if bind(0) == 0 {
-        Ok(())
+        Ok(None)
     } else {
         Err(io::Error::last_os_error())
     }
@@ -1760,8 +1761,12 @@ impl XdpTcpStream {
             None => Self::routed(remote, local, opts)?,
         };
         if local.port() == 0 {
-            bind_ephemeral(fd, src)?;
-            local = sock_local(fd)?;
+            // The port bound is known unless the kernel chose it (no
+            // getsockname per connect).
+            local = match bind_ephemeral(fd, src)? {
+                Some(port) => SocketAddrV4::new(src, port),
+                None => sock_local(fd)?,
+            };
         }
         let local = SocketAddrV4::new(src, local.port());
         let eng = TcpEngine::clients(&engine, opts)?;
