@@ -70,31 +70,13 @@ pub unsafe fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
 /// # Safety
 /// As libc's `accept`.
 pub unsafe fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    if let Some(t) = tcpx::lookup(fd)
-        && t.listener
-    {
-        return tcpx::accept(t, fd, addr, len, 0);
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    let r = unsafe { real::accept(fd, addr, len) };
-    crate::fdlife::created(r);
-    r
+    ops::accept(fd, addr, len, None)
 }
 
 /// # Safety
 /// As libc's `accept4`.
 pub unsafe fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int {
-    if let Some(t) = tcpx::lookup(fd)
-        && t.listener
-    {
-        return tcpx::accept(t, fd, addr, len, flags);
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    let r = unsafe { real::accept4(fd, addr, len, flags) };
-    crate::fdlife::created(r);
-    r
+    ops::accept(fd, addr, len, Some(flags))
 }
 
 /// # Safety
@@ -896,27 +878,13 @@ pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
 /// # Safety
 /// As libc's `getsockname`.
 pub unsafe fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    if let Some(t) = tcpx::lookup(fd)
-        && let Some(r) = tcpx::name(t, false, addr, len)
-    {
-        return r;
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::getsockname(fd, addr, len) }
+    ops::name(fd, false, addr, len)
 }
 
 /// # Safety
 /// As libc's `getpeername`.
 pub unsafe fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    if let Some(t) = tcpx::lookup(fd)
-        && let Some(r) = tcpx::name(t, true, addr, len)
-    {
-        return r;
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::getpeername(fd, addr, len) }
+    ops::name(fd, true, addr, len)
 }
 
 /// # Safety
@@ -928,14 +896,7 @@ pub unsafe fn getsockopt(
     val: *mut c_void,
     len: *mut socklen_t,
 ) -> c_int {
-    if let Some(t) = tcpx::lookup(fd)
-        && let Some(r) = tcpx::getsockopt(t, level, name, val, len)
-    {
-        return r;
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::getsockopt(fd, level, name, val, len) }
+    ops::getsockopt(fd, level, name, val, len)
 }
 
 /// # Safety
@@ -952,35 +913,7 @@ pub unsafe fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
 /// # Safety
 /// As libc's `connect`.
 pub unsafe fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    if let Some(t) = tcpx::lookup(fd) {
-        return tcp_connected(fd, tcpx::connect_again(t, fd));
-    }
-    if table::get(fd) & table::F_TCAND != 0
-        && let Some(r) = tcpx::connect(fd, addr, len)
-    {
-        return tcp_connected(fd, r);
-    }
-    if table::get(fd) & (table::F_ACCEL | table::F_CAND) != 0
-        && let Some(r) = ahooks::connect(fd, addr, len)
-    {
-        return r;
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::connect(fd, addr, len) }
-}
-
-/// A connect on an engine TCP socket returned `r`: if it failed and the fd
-/// went back to being a kernel candidate (its record gone, as the kernel
-/// leaves a socket whose connect failed unconnected), the epoll interests
-/// the shim kept for the engine connection become the kernel's.
-fn tcp_connected(fd: c_int, r: c_int) -> c_int {
-    if r != 0 && tcpx::lookup(fd).is_none() {
-        let e = spin::errno();
-        ready::tcp_to_kernel(fd);
-        spin::set_errno(e);
-    }
-    r
+    ops::connect(fd, addr, len)
 }
 
 /// # Safety

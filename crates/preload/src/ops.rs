@@ -106,7 +106,7 @@ pub enum Send {
 }
 
 /// The operations of one kind of fd (see the module doc for `None`).
-pub trait Ops {
+pub trait Ops: Sized + Copy {
     fn recv(self, fd: c_int, r: Recv, flags: c_int) -> Option<isize>;
     fn send(self, fd: c_int, s: Send, flags: c_int) -> Option<isize>;
     fn setsockopt(
@@ -122,6 +122,39 @@ pub trait Ops {
     fn fcntl(self, fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int>;
     /// `ioctl`, the optional argument as an integer.
     fn ioctl(self, fd: c_int, req: c_ulong, arg: c_ulong) -> Option<c_int>;
+    /// `accept` (`flags` `None`) or `accept4`.
+    fn accept(
+        self,
+        _fd: c_int,
+        _addr: *mut sockaddr,
+        _len: *mut socklen_t,
+        _flags: Option<c_int>,
+    ) -> Option<c_int> {
+        None
+    }
+    fn connect(self, _fd: c_int, _addr: *const sockaddr, _len: socklen_t) -> Option<c_int> {
+        None
+    }
+    /// `getsockname` or (`peer`) `getpeername`.
+    fn name(
+        self,
+        _fd: c_int,
+        _peer: bool,
+        _addr: *mut sockaddr,
+        _len: *mut socklen_t,
+    ) -> Option<c_int> {
+        None
+    }
+    fn getsockopt(
+        self,
+        _fd: c_int,
+        _level: c_int,
+        _name: c_int,
+        _val: *mut c_void,
+        _len: *mut socklen_t,
+    ) -> Option<c_int> {
+        None
+    }
 }
 
 /// Run operation `op` of whatever serves `fd`; the kernel's when the
@@ -170,6 +203,32 @@ pub fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
 /// `ioctl` on `fd`.
 pub fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
     through!(fd, ioctl(req, arg))
+}
+
+/// `accept` / `accept4` on `fd`.
+pub fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: Option<c_int>) -> c_int {
+    through!(fd, accept(addr, len, flags))
+}
+
+/// `connect` on `fd`.
+pub fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    through!(fd, connect(addr, len))
+}
+
+/// `getsockname` / `getpeername` on `fd`.
+pub fn name(fd: c_int, peer: bool, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    through!(fd, name(peer, addr, len))
+}
+
+/// `getsockopt` on `fd`.
+pub fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    through!(fd, getsockopt(level, name, val, len))
 }
 
 /// `recv`, `recvfrom`, `recvmsg`, `read`, `readv` on `fd`.
@@ -304,6 +363,42 @@ impl Ops for &'static Tcp {
         }
         None
     }
+
+    fn accept(
+        self,
+        fd: c_int,
+        addr: *mut sockaddr,
+        len: *mut socklen_t,
+        flags: Option<c_int>,
+    ) -> Option<c_int> {
+        self.listener
+            .then(|| tcpx::accept(self, fd, addr, len, flags.unwrap_or(0)))
+    }
+
+    fn connect(self, fd: c_int, _addr: *const sockaddr, _len: socklen_t) -> Option<c_int> {
+        Some(tcp_connected(fd, tcpx::connect_again(self, fd)))
+    }
+
+    fn name(
+        self,
+        _fd: c_int,
+        peer: bool,
+        addr: *mut sockaddr,
+        len: *mut socklen_t,
+    ) -> Option<c_int> {
+        tcpx::name(self, peer, addr, len)
+    }
+
+    fn getsockopt(
+        self,
+        _fd: c_int,
+        level: c_int,
+        name: c_int,
+        val: *mut c_void,
+        len: *mut socklen_t,
+    ) -> Option<c_int> {
+        tcpx::getsockopt(self, level, name, val, len)
+    }
 }
 
 impl Ops for &'static Accel {
@@ -412,6 +507,7 @@ impl Ops for &'static Accel {
 }
 
 /// The kernel's operations: candidates, spinning kernel sockets, any fd.
+#[derive(Clone, Copy)]
 pub struct Kernel;
 
 impl Ops for Kernel {
@@ -538,6 +634,72 @@ impl Ops for Kernel {
         // asks the kernel for the blocking mode before it spins.
         Some(unsafe { real::ioctl(fd, req, arg) })
     }
+
+    fn accept(
+        self,
+        fd: c_int,
+        addr: *mut sockaddr,
+        len: *mut socklen_t,
+        flags: Option<c_int>,
+    ) -> Option<c_int> {
+        // SAFETY: the caller's own arguments, unchanged, to libc's function
+        // of the call it made, whose contract it upholds.
+        let r = unsafe {
+            match flags {
+                None => real::accept(fd, addr, len),
+                Some(f) => real::accept4(fd, addr, len, f),
+            }
+        };
+        crate::fdlife::created(r);
+        Some(r)
+    }
+
+    fn connect(self, fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
+        // A TCP candidate goes onto the engine here, a UDP one (or an
+        // engine UDP socket) learns its peer.
+        if table::get(fd) & table::F_TCAND != 0
+            && let Some(r) = tcpx::connect(fd, addr, len)
+        {
+            return Some(tcp_connected(fd, r));
+        }
+        if table::get(fd) & (table::F_ACCEL | table::F_CAND) != 0
+            && let Some(r) = ahooks::connect(fd, addr, len)
+        {
+            return Some(r);
+        }
+        // SAFETY: the caller's own arguments, unchanged, to libc's function
+        // of the same signature, whose contract it upholds.
+        Some(unsafe { real::connect(fd, addr, len) })
+    }
+
+    fn name(
+        self,
+        fd: c_int,
+        peer: bool,
+        addr: *mut sockaddr,
+        len: *mut socklen_t,
+    ) -> Option<c_int> {
+        // SAFETY: as for connect.
+        Some(unsafe {
+            if peer {
+                real::getpeername(fd, addr, len)
+            } else {
+                real::getsockname(fd, addr, len)
+            }
+        })
+    }
+
+    fn getsockopt(
+        self,
+        fd: c_int,
+        level: c_int,
+        name: c_int,
+        val: *mut c_void,
+        len: *mut socklen_t,
+    ) -> Option<c_int> {
+        // SAFETY: as for connect.
+        Some(unsafe { real::getsockopt(fd, level, name, val, len) })
+    }
 }
 
 /// F_GETFL/F_SETFL on an engine socket, whose O_NONBLOCK the shim records
@@ -600,4 +762,17 @@ fn wait_then(
         Next::Again => None,
         Next::Real => Some(real()),
     }
+}
+
+/// A connect on an engine TCP socket returned `r`: if it failed and the fd
+/// went back to being a kernel candidate (its record gone, as the kernel
+/// leaves a socket whose connect failed unconnected), the epoll interests
+/// the shim kept for the engine connection become the kernel's.
+fn tcp_connected(fd: c_int, r: c_int) -> c_int {
+    if r != 0 && tcpx::lookup(fd).is_none() {
+        let e = spin::errno();
+        crate::ready::tcp_to_kernel(fd);
+        spin::set_errno(e);
+    }
+    r
 }
