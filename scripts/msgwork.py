@@ -14,7 +14,7 @@ supported"), and timing on a shared machine is noise. What does not depend on lo
 Both ends run in a lab of their own (`nanowire lab up --name msgwork<pid>`, removed at the end).
 The counts include the process's start (engine open, program attach, sockperf's setup): use enough
 seconds that it is small against the messages, or `--diff` (two runs, 1 s and SECS: the start
-cancels out).
+cancels out; the short run must outlast the start: `--base`, default 4 s).
 
     scripts/msgwork.py --tcp --seconds 4                    # this tree's shim
     scripts/msgwork.py --tcp --shim /work/baseline/libnanowire_preload.so
@@ -149,7 +149,9 @@ def main():
     ap.add_argument("--shim", help="another shim (NANOWIRE_PRELOAD)")
     ap.add_argument("--tool", choices=["callgrind", "strace"], default="callgrind")
     ap.add_argument("--seconds", type=int, default=4)
-    ap.add_argument("--diff", action="store_true", help="two runs (1 s and SECONDS), per message of the difference")
+    ap.add_argument("--diff", action="store_true", help="two runs (BASE and SECONDS), per message of the difference")
+    ap.add_argument("--base", type=int, default=4,
+                    help="seconds of the shorter run of --diff (under valgrind the engine's start alone takes ~2 s)")
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--profile", choices=["balanced", "latency"], default="balanced",
                     help="latency: spinning waits (for syscall counts of the spinning path; "
@@ -162,7 +164,7 @@ def main():
     sh(NW, "lab", "up", "--name", lab, stdout=subprocess.DEVNULL)
     try:
         runs = []
-        for secs in ([1, args.seconds] if args.diff else [args.seconds]):
+        for secs in ([args.base, args.seconds] if args.diff else [args.seconds]):
             out = tempfile.mkdtemp(prefix="msgwork.")
             msgs = run_once(args, lab, secs, out)
             settle_files(out)
@@ -188,9 +190,13 @@ def main():
             ir = s["ir"] - (f["ir"] if f else 0)
             per = {"ir": round(ir / dm, 1)}
             for k, (inc, calls) in s["entries"].items():
-                if calls:
-                    per[k] = {"per_call": round(inc / calls), "calls_per_msg": round(calls / last["messages"], 2),
-                              "per_msg": round(inc / last["messages"])}
+                # With --diff, the entry's cost and calls of the difference too (the start's
+                # calls, e.g. the first send that brings the socket onto the engine, cancel).
+                inc0, calls0 = f["entries"].get(k, (0, 0)) if f else (0, 0)
+                if calls - calls0 > 0:
+                    per[k] = {"per_call": round((inc - inc0) / (calls - calls0)),
+                              "calls_per_msg": round((calls - calls0) / dm, 2),
+                              "per_msg": round((inc - inc0) / dm)}
         else:
             per = {}
             for k, v in s["syscalls"].items():

@@ -216,12 +216,29 @@ pub fn read_sockaddr(
     addr: *const libc::sockaddr,
     len: libc::socklen_t,
 ) -> Result<Option<SocketAddrV4>, c_int> {
+    read_sockaddr_seen(addr, len, false)
+}
+
+/// [`read_sockaddr`]; `seen`: the caller found `len` bytes at `addr`
+/// mapped readable already (`uaccess::all_cached`).
+#[inline]
+pub fn read_sockaddr_seen(
+    addr: *const libc::sockaddr,
+    len: libc::socklen_t,
+    seen: bool,
+) -> Result<Option<SocketAddrV4>, c_int> {
     if addr.is_null() {
         return Ok(None);
     }
     // move_addr_to_kernel: the length, then the copy (EFAULT).
     let len = nanowire_sockabi::addr::check_len(len)?;
-    let bytes = crate::uaccess::buf(addr.cast(), len).ok_or(libc::EFAULT)?;
+    let bytes = if seen {
+        // SAFETY: `len` (at most the caller's length) bytes at `addr`,
+        // mapped readable (`seen`).
+        unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) }
+    } else {
+        crate::uaccess::buf(addr.cast(), len).ok_or(libc::EFAULT)?
+    };
     nanowire_sockabi::addr::inet_addr(bytes).map(Some)
 }
 

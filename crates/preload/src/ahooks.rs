@@ -76,10 +76,15 @@ pub fn recvfrom(
     if a.mine() {
         let mut copied = 0;
         let mut bad = false;
+        // The common case: buffer, address and its length seen before, one
+        // look at the thread's cache (valid after the wait while no mapping
+        // changed); otherwise each is checked when its bytes are copied.
+        let [al, ad] = name_range(addr, alen);
+        let seen = uaccess::all_cached(&[(buf as usize, len), al, ad], Access::Write);
         let r = accel::recv_one(a, fd, flags, |p, _| {
             let n = p.len().min(len);
             // The kernel's copy faults: the datagram is consumed, EFAULT.
-            bad = !uaccess::ok_ptr(buf, n, Access::Write);
+            bad = !(seen.still() || uaccess::ok_ptr(buf, n, Access::Write));
             if n > 0 && !bad {
                 // SAFETY: `n` bytes of the caller's buffer, mapped writable.
                 unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), buf.cast::<u8>(), n) };
@@ -89,7 +94,7 @@ pub fn recvfrom(
         return Some(match r {
             Ok(Got::Data(..)) if bad => fail(libc::EFAULT),
             Ok(Got::Data(full, src)) => {
-                if let Err(e) = put_name(src, addr, alen) {
+                if let Err(e) = put_name(src, addr, alen, seen) {
                     return Some(fail(e));
                 }
                 if flags & libc::MSG_TRUNC != 0 {
@@ -140,7 +145,12 @@ pub fn recvmsg(a: &'static Accel, fd: c_int, msg: *mut msghdr, flags: c_int) -> 
             Ok(Got::Data(..)) if bad => fail(libc::EFAULT),
             Ok(Got::Data(full, src)) => {
                 if !m.msg_name.is_null()
-                    && let Err(e) = put_name(src, m.msg_name.cast(), &mut m.msg_namelen)
+                    && let Err(e) = put_name(
+                        src,
+                        m.msg_name.cast(),
+                        &mut m.msg_namelen,
+                        uaccess::Seen::NO,
+                    )
                 {
                     return Some(fail(e));
                 }
@@ -238,15 +248,28 @@ pub fn sendto(
         // udp_sendmsg's first check.
         return Some(fail(libc::EMSGSIZE));
     }
-    let dst = match accel::read_sockaddr(addr, alen) {
+    // The common case: the address and the data seen before, one look at
+    // the thread's cache; otherwise each is checked on its own, in order.
+    let seen = uaccess::all_cached(
+        &[(addr as usize, alen as usize), (buf as usize, len)],
+        Access::Read,
+    )
+    .still();
+    let dst = match accel::read_sockaddr_seen(addr, alen, seen) {
         Ok(d) => d,
         Err(e) => return Some(fail(e)),
     };
     if len > UDP_MAX_PAYLOAD {
         return Some(fail(libc::EMSGSIZE));
     }
-    let Some(data) = uaccess::buf(buf, len) else {
-        return Some(fail(libc::EFAULT));
+    let data = if seen && len > 0 {
+        // SAFETY: `len` bytes at `buf`, mapped readable (`seen`).
+        unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }
+    } else {
+        let Some(data) = uaccess::buf(buf, len) else {
+            return Some(fail(libc::EFAULT));
+        };
+        data
     };
     Some(match accel::send_one(a, fd, data, dst, flags) {
         Ok(n) => n as ssize_t,
@@ -626,18 +649,49 @@ fn rcvtimeo_ns(fd: c_int) -> u64 {
 /// Write a datagram's source to the caller's (name, namelen) as the
 /// kernel's `move_addr_to_user`: nothing for a null name; an unreadable
 /// length or an unwritable name is EFAULT, a negative length EINVAL.
+/// The ranges [`put_name`] writes for a non-null `addr`: the length and
+/// every address byte `writeback` can ask for (empty for a null `addr`,
+/// or a length the shim cannot treat as a `socklen_t`).
+fn name_range(addr: *mut sockaddr, alen: *mut socklen_t) -> [(usize, usize); 2] {
+    if addr.is_null() || alen.is_null() || !alen.is_aligned() {
+        return [(0, 0), (0, 0)];
+    }
+    [
+        (alen as usize, std::mem::size_of::<socklen_t>()),
+        (addr as usize, std::mem::size_of::<libc::sockaddr_in>()),
+    ]
+}
+
+/// Write `src` to the caller's (addr, alen) as the kernel's `move_addr_to_user`.
+/// `seen`: an [`uaccess::all_cached`] answer that covered [`name_range`].
 fn put_name(
     src: std::net::SocketAddrV4,
     addr: *mut sockaddr,
     alen: *mut socklen_t,
+    seen: uaccess::Seen,
 ) -> Result<(), c_int> {
     if addr.is_null() {
         return Ok(());
     }
-    let l = uaccess::obj_mut(alen).ok_or(libc::EFAULT)?;
     let bytes = nanowire_sockabi::addr::encode_inet(src);
+    // The common case: both seen before, one look at the thread's cache;
+    // otherwise each is checked on its own, in the kernel's order.
+    let r = name_range(addr, alen);
+    let seen = r[0].1 != 0 && (seen.still() || uaccess::all_cached(&r, Access::Write).still());
+    let l = if seen {
+        // SAFETY: aligned, non-null and mapped writable (`seen`).
+        unsafe { &mut *alen }
+    } else {
+        uaccess::obj_mut(alen).ok_or(libc::EFAULT)?
+    };
     let (n, full) = nanowire_sockabi::addr::writeback(*l, bytes.len())?;
-    let out = uaccess::buf_mut(addr.cast(), n).ok_or(libc::EFAULT)?;
+    let out = if seen {
+        // SAFETY: `n <= bytes.len()` bytes at `addr`, mapped writable
+        // (`seen`), lent by the caller to this call.
+        unsafe { std::slice::from_raw_parts_mut(addr.cast::<u8>(), n) }
+    } else {
+        uaccess::buf_mut(addr.cast(), n).ok_or(libc::EFAULT)?
+    };
     out.copy_from_slice(&bytes[..n]);
     *l = full;
     Ok(())

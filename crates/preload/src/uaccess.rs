@@ -71,6 +71,45 @@ pub fn ok(base: usize, len: usize, a: Access) -> bool {
     hit || slow(ep, base, len, a)
 }
 
+/// Are all of `ranges` (base, len) remembered as allowing `a`? One look
+/// at the thread's cache for the several ranges of one call (buffer,
+/// sockaddr, its length). A miss says nothing: check each with [`ok`], in
+/// the order the kernel would. The answer holds while the mappings do not
+/// change ([`Seen::still`]), so it may be taken before a wait and used
+/// after it.
+#[inline]
+pub fn all_cached(ranges: &[(usize, usize)], a: Access) -> Seen {
+    let ep = EPOCH.load(Ordering::Acquire);
+    let ok = CACHE
+        .try_with(|c| {
+            c.try_borrow().is_ok_and(|c| {
+                ranges
+                    .iter()
+                    .all(|&(base, len)| len == 0 || c.hit(ep, base, len, a))
+            })
+        })
+        .unwrap_or(false);
+    Seen { ep, ok }
+}
+
+/// What [`all_cached`] found, at which mapping epoch.
+#[derive(Clone, Copy)]
+pub struct Seen {
+    ep: u64,
+    ok: bool,
+}
+
+impl Seen {
+    /// Nothing was seen (check each range with [`ok`]).
+    pub const NO: Seen = Seen { ep: 0, ok: false };
+
+    /// Were the ranges found, and has no munmap/mprotect happened since?
+    #[inline(always)]
+    pub fn still(&self) -> bool {
+        self.ok && EPOCH.load(Ordering::Acquire) == self.ep
+    }
+}
+
 /// `ok` for a pointer.
 #[inline]
 pub fn ok_ptr<T>(p: *const T, len: usize, a: Access) -> bool {

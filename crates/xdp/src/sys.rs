@@ -6,8 +6,12 @@
 //! itself -- netlink, neighbour solicitation, AF_XDP kicks, its eventfds,
 //! and everything on its own neighbour thread -- must reach the kernel
 //! directly, never the shim (which could, for instance, put the
-//! solicitation's UDP socket onto the engine itself). These wrappers go
-//! through `syscall(2)`, which no shim interposes.
+//! solicitation's UDP socket onto the engine itself). These wrappers issue
+//! the system call instruction themselves ([`syscall!`]): not libc's
+//! `syscall(3)`, which the shim interposes too (to see `SYS_close` and the
+//! other fd-changing calls a program makes by number) and which would cost
+//! every TX kick a trip through that interposer (a thread-local lookup
+//! and a dispatch on the number) for nothing.
 
 use libc::{c_int, c_long, c_void, size_t, sockaddr, socklen_t};
 
@@ -16,10 +20,87 @@ fn ret(r: c_long) -> c_int {
     r as c_int
 }
 
+/// libc's convention for a raw result: -1 and errno for -4095..=-1.
+#[inline(always)]
+fn errno_ret(r: isize) -> c_long {
+    if (-4095..0).contains(&r) {
+        // SAFETY: the calling thread's errno, a valid thread-local int.
+        unsafe { *libc::__errno_location() = -r as c_int };
+        -1
+    } else {
+        r as c_long
+    }
+}
+
+/// One system call with up to six integer arguments, made with the
+/// architecture's instruction (x86-64 `syscall`, AArch64 `svc 0`; libc's
+/// `syscall(3)` elsewhere). Returns like `syscall(3)`: -1 with errno set on
+/// failure.
+///
+/// # Safety
+/// As `syscall(3)` with the same number and arguments: pointer arguments
+/// must be valid for what the kernel does with them.
+#[inline(always)]
+unsafe fn raw6(n: c_long, a: usize, b: usize, c: usize, d: usize, e: usize, f: usize) -> c_long {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let r: isize;
+        // SAFETY: the x86-64 Linux system call ABI: number in rax, arguments
+        // in rdi, rsi, rdx, r10, r8, r9, result in rax; the kernel clobbers
+        // rcx and r11 only. Memory effects are the caller's contract.
+        unsafe {
+            core::arch::asm!(
+                "syscall",
+                inlateout("rax") n as isize => r,
+                in("rdi") a, in("rsi") b, in("rdx") c,
+                in("r10") d, in("r8") e, in("r9") f,
+                lateout("rcx") _, lateout("r11") _,
+                options(nostack, preserves_flags),
+            )
+        };
+        errno_ret(r)
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        let r: isize;
+        // SAFETY: the AArch64 Linux system call ABI: number in x8, arguments
+        // in x0..x5, result in x0. Memory effects are the caller's contract.
+        unsafe {
+            core::arch::asm!(
+                "svc 0",
+                in("x8") n,
+                inlateout("x0") a as isize => r,
+                in("x1") b, in("x2") c, in("x3") d, in("x4") e, in("x5") f,
+                options(nostack, preserves_flags),
+            )
+        };
+        errno_ret(r)
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    // SAFETY: per this function's contract.
+    unsafe {
+        libc::syscall(n, a, b, c, d, e, f)
+    }
+}
+
+/// `syscall!(SYS_x, args..)`: [`raw6`] with the missing arguments zero;
+/// each argument is converted with `as usize` (ints, pointers).
+macro_rules! syscall {
+    (@pad $n:expr; [$a:expr, $b:expr, $c:expr, $d:expr, $e:expr, $f:expr,]; [$($z:expr),*]) => {
+        raw6($n, $a, $b, $c, $d, $e, $f)
+    };
+    (@pad $n:expr; [$($a:expr,)*]; [$z0:expr $(, $z:expr)*]) => {
+        syscall!(@pad $n; [$($a,)* $z0,]; [$($z),*])
+    };
+    ($n:expr $(, $a:expr)* $(,)?) => {
+        syscall!(@pad $n; [$($a as usize,)*]; [0usize, 0usize, 0usize, 0usize, 0usize, 0usize])
+    };
+}
+
 /// socket(2).
 pub fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
     // SAFETY: plain syscall with integer arguments.
-    ret(unsafe { libc::syscall(libc::SYS_socket, domain, ty, proto) })
+    ret(unsafe { syscall!(libc::SYS_socket, domain, ty, proto) })
 }
 
 /// bind(2).
@@ -28,7 +109,7 @@ pub fn socket(domain: c_int, ty: c_int, proto: c_int) -> c_int {
 /// `addr` must point to `len` readable bytes.
 pub unsafe fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     // SAFETY: per the caller's contract.
-    ret(unsafe { libc::syscall(libc::SYS_bind, fd, addr, len) })
+    ret(unsafe { syscall!(libc::SYS_bind, fd, addr, len) })
 }
 
 /// setsockopt(2).
@@ -43,7 +124,7 @@ pub unsafe fn setsockopt(
     len: socklen_t,
 ) -> c_int {
     // SAFETY: per the caller's contract.
-    ret(unsafe { libc::syscall(libc::SYS_setsockopt, fd, level, opt, v, len) })
+    ret(unsafe { syscall!(libc::SYS_setsockopt, fd, level, opt, v, len) })
 }
 
 /// sendto(2).
@@ -60,7 +141,7 @@ pub unsafe fn sendto(
     alen: socklen_t,
 ) -> isize {
     // SAFETY: per the caller's contract.
-    unsafe { libc::syscall(libc::SYS_sendto, fd, buf, len, flags, addr, alen) as isize }
+    unsafe { syscall!(libc::SYS_sendto, fd, buf, len, flags, addr, alen) as isize }
 }
 
 /// `SCM_TS_OPT_ID` (Linux 6.13): the `SOF_TIMESTAMPING_OPT_ID` key of
@@ -114,7 +195,7 @@ pub fn sendto_tskey(
     m.msg_controllen = std::mem::size_of_val(&ctl) as _;
     // SAFETY: every pointer in `m` refers to a live local or the caller's
     // slice (read only by the kernel).
-    let r = unsafe { libc::syscall(libc::SYS_sendmsg, fd, &raw const m, flags) as isize };
+    let r = unsafe { syscall!(libc::SYS_sendmsg, fd, &raw const m, flags) as isize };
     if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
         // A kernel before 6.13 does not know SCM_TS_OPT_ID: send without it
         // (the stamp then carries the kernel socket's own counter). A real
@@ -122,7 +203,7 @@ pub fn sendto_tskey(
         m.msg_control = std::ptr::null_mut();
         m.msg_controllen = 0;
         // SAFETY: as above, without the control buffer.
-        return unsafe { libc::syscall(libc::SYS_sendmsg, fd, &raw const m, flags) as isize };
+        return unsafe { syscall!(libc::SYS_sendmsg, fd, &raw const m, flags) as isize };
     }
     r
 }
@@ -140,7 +221,7 @@ pub unsafe fn recvfrom(
     alen: *mut socklen_t,
 ) -> isize {
     // SAFETY: per the caller's contract.
-    unsafe { libc::syscall(libc::SYS_recvfrom, fd, buf, len, flags, addr, alen) as isize }
+    unsafe { syscall!(libc::SYS_recvfrom, fd, buf, len, flags, addr, alen) as isize }
 }
 
 /// poll(2), through ppoll (every architecture has it).
@@ -157,7 +238,7 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: c_int) -> c_int {
     // SAFETY: fds is a valid array of its length; tsp null or a live timespec;
     // no signal mask (null) and its size argument as the kernel expects.
     ret(unsafe {
-        libc::syscall(
+        syscall!(
             libc::SYS_ppoll,
             fds.as_mut_ptr(),
             fds.len() as libc::nfds_t,
@@ -172,18 +253,86 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: c_int) -> c_int {
 pub fn eventfd_signal(fd: c_int) {
     let one: u64 = 1;
     // SAFETY: writes 8 bytes from a live u64.
-    unsafe { libc::syscall(libc::SYS_write, fd, &one as *const u64, 8usize) };
+    unsafe { syscall!(libc::SYS_write, fd, &one as *const u64, 8usize) };
 }
 
 /// Reset a non-blocking eventfd.
 pub fn eventfd_drain(fd: c_int) {
     let mut v: u64 = 0;
     // SAFETY: reads 8 bytes into a live u64.
-    unsafe { libc::syscall(libc::SYS_read, fd, &mut v as *mut u64, 8usize) };
+    unsafe { syscall!(libc::SYS_read, fd, &mut v as *mut u64, 8usize) };
 }
 
 /// close(2) of a descriptor we own and nobody else uses.
 pub fn close(fd: c_int) {
     // SAFETY: plain syscall; the caller owns fd.
-    unsafe { libc::syscall(libc::SYS_close, fd) };
+    unsafe { syscall!(libc::SYS_close, fd) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errno() -> Option<i32> {
+        std::io::Error::last_os_error().raw_os_error()
+    }
+
+    #[test]
+    fn raw_calls_return_and_set_errno_like_libc() {
+        // SAFETY: no buffers: the kernel refuses the fd first.
+        let r = unsafe {
+            recvfrom(
+                -1,
+                std::ptr::null_mut(),
+                0,
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(r, -1);
+        assert_eq!(errno(), Some(libc::EBADF));
+
+        // Six arguments and a result > 0: a datagram to itself on loopback.
+        let fd = socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {:?}", errno());
+        // SAFETY: an all-zero sockaddr_in is valid.
+        let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        sin.sin_family = libc::AF_INET as libc::sa_family_t;
+        sin.sin_addr.s_addr = u32::from_be_bytes([127, 0, 0, 1]).to_be();
+        let slen = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
+        // SAFETY: a live sockaddr_in of `slen` bytes.
+        assert_eq!(unsafe { bind(fd, (&raw const sin).cast(), slen) }, 0);
+        let mut len = slen;
+        // SAFETY: as above; the kernel writes at most `len` bytes.
+        assert_eq!(
+            unsafe { libc::getsockname(fd, (&raw mut sin).cast(), &mut len) },
+            0
+        );
+        let msg = b"raw";
+        // SAFETY: `msg` readable, `sin` a live address of `slen` bytes.
+        let n = unsafe { sendto(fd, msg.as_ptr().cast(), 3, 0, (&raw const sin).cast(), slen) };
+        assert_eq!(n, 3);
+        let mut p = [libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        assert_eq!(poll(&mut p, 1000), 1);
+        let mut buf = [0u8; 8];
+        // SAFETY: `buf` writable for its length; no address wanted.
+        let n = unsafe {
+            recvfrom(
+                fd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(n, 3);
+        assert_eq!(&buf[..3], msg);
+        close(fd);
+    }
 }
