@@ -6,8 +6,8 @@
 //! anything beyond it is counted by the kernel (XDP_STATISTICS) and
 //! reported, never silent.
 
-use crate::cli::{CaptureArgs, STOP};
 use crate::filter::Filter;
+use crate::session::{CaptureArgs, STOP};
 use aya::maps::{Array, MapData, PerCpuArray, XskMap};
 use aya::programs::links::FdLink;
 use aya::programs::{Xdp, XdpMode};
@@ -147,7 +147,7 @@ pub fn run(a: &CaptureArgs, filter: Filter, forced: Option<AttachMode>) -> Resul
         let (rx, _tx) = s.split();
         rxs.push(rx);
     }
-    let mut w = crate::cli::writer(a)?;
+    let mut w = crate::session::writer(a)?;
     let ifid = w.add_interface(&a.iface).map_err(|e| e.to_string())?;
     eprintln!(
         "nanowire capture: dedicated XDP capture on {} ({} XDP, {} queue(s), ring {} frames){}",

@@ -6,9 +6,8 @@
 //! ring → application → ring.
 
 use super::exec::{Proc, Target};
-use super::experiments::{CLIENT_CPU, Ctx, SERVER_CPU, jnum};
+use super::experiments::{CLIENT_CPU, Ctx, ExperimentKind, SERVER_CPU, jnum};
 use super::model::{Experiment, Table, median};
-use super::suite::ExperimentKind;
 use crate::testbed::Host;
 use nanowire_bench::BenchResult;
 use nanowire_stack::EngineKind;

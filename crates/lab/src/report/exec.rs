@@ -273,7 +273,7 @@ impl Proc {
     /// over ssh: asked of hostexec there).
     pub fn cpu_seconds(&mut self) -> Option<f64> {
         if self.remote.is_none() {
-            return proc_cpu_seconds(self.child.id());
+            return super::remote::proc_cpu_seconds(self.child.id());
         }
         {
             use std::io::Write;
@@ -374,15 +374,6 @@ fn pick_err(s: &str) -> String {
         .or(lines.last())
         .map(|l| clean(l))
         .unwrap_or_else(|| "no error output".into())
-}
-
-pub fn proc_cpu_seconds(pid: u32) -> Option<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = s.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ut: f64 = f.get(11)?.parse().ok()?;
-    let st: f64 = f.get(12)?.parse().ok()?;
-    Some((ut + st) / 100.0)
 }
 
 /// Run a command to completion with a timeout; stdout and stderr captured.

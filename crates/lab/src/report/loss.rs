@@ -4,9 +4,8 @@
 //! through the typed schema (`nanowire_bench::BenchResult`).
 
 use super::exec::Target;
-use super::experiments::{CLIENT_CPU, Ctx, SERVER_CPU, jnum};
+use super::experiments::{CLIENT_CPU, Ctx, ExperimentKind, SERVER_CPU, jnum};
 use super::model::{Experiment, Plot, Point, Series, Table, median};
-use super::suite::ExperimentKind;
 use crate::testbed::{Direction, Impairment, Lab, WireStatus};
 use nanowire_bench::BenchResult;
 use nanowire_stack::EngineKind;

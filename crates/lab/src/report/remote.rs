@@ -13,7 +13,6 @@
 //! on stderr as `NWCPU <seconds>`). `hostexec` announces the started command
 //! with `NWHOSTEXEC <pid>` on stderr: until that line the failure is ssh's.
 
-use super::exec::proc_cpu_seconds;
 use std::io::{BufRead, Write};
 use std::net::Ipv4Addr;
 use std::os::unix::process::CommandExt;
@@ -353,6 +352,17 @@ impl Drop for Remote {
             let _ = rx.recv_timeout(Duration::from_secs(10));
         }
     }
+}
+
+/// The CPU time (user + system, seconds) process `pid` has used so far
+/// (what `hostexec` reports on its `CPU` line).
+pub fn proc_cpu_seconds(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = s.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ut: f64 = f.get(11)?.parse().ok()?;
+    let st: f64 = f.get(12)?.parse().ok()?;
+    Some((ut + st) / 100.0)
 }
 
 /// `nanowire lab hostexec -- ARGV` (in host b): run ARGV in its own process

@@ -5,15 +5,8 @@
 //! `experiments.rs` and are registered through `Seed`.
 
 use super::experiments::Ctx;
+pub use super::experiments::ExperimentKind;
 use super::model::Experiment;
-
-pub trait ExperimentKind {
-    /// Stable id: `--only` value, results.json `experiments[].id`.
-    fn id(&self) -> &'static str;
-    /// Seconds it should take (progress estimate).
-    fn estimate_s(&self, ctx: &Ctx) -> f64;
-    fn run(&self, ctx: &Ctx) -> Experiment;
-}
 
 /// A seed experiment implemented as a pair of `Ctx` methods.
 pub struct Seed {
@@ -34,45 +27,37 @@ impl ExperimentKind for Seed {
     }
 }
 
+fn seed(
+    id: &'static str,
+    est: fn(&Ctx) -> f64,
+    run: fn(&Ctx) -> Experiment,
+) -> Box<dyn ExperimentKind> {
+    Box::new(Seed { id, est, run })
+}
+
 /// Every experiment, in run order. `loss` runs last: it turns the lab into
 /// an impaired one for its duration and back into a plain pair afterwards.
 pub fn all() -> Vec<Box<dyn ExperimentKind>> {
     vec![
-        Box::new(Seed {
-            id: "latency_vs_size",
-            est: |c| c.est_latency_vs_size(),
-            run: |c| c.latency_vs_size(),
-        }),
-        Box::new(Seed {
-            id: "latency_under_load",
-            est: |c| c.est_latency_under_load(),
-            run: |c| c.latency_under_load(),
-        }),
-        Box::new(Seed {
-            id: "max_rate",
-            est: |c| c.est_max_rate(),
-            run: |c| c.max_rate(),
-        }),
-        Box::new(Seed {
-            id: "microburst",
-            est: |c| c.est_bursts(),
-            run: |c| c.bursts(),
-        }),
-        Box::new(Seed {
-            id: "throughput",
-            est: |c| c.est_throughput(),
-            run: |c| c.throughput(),
-        }),
-        Box::new(Seed {
-            id: "latency_vs_load",
-            est: |c| c.est_load(),
-            run: |c| c.latency_vs_load(),
-        }),
-        Box::new(Seed {
-            id: "tick_to_trade",
-            est: |c| c.est_tick_to_trade(),
-            run: |c| c.tick_to_trade(),
-        }),
+        seed(
+            "latency_vs_size",
+            |c| c.est_latency_vs_size(),
+            |c| c.latency_vs_size(),
+        ),
+        seed(
+            "latency_under_load",
+            |c| c.est_latency_under_load(),
+            |c| c.latency_under_load(),
+        ),
+        seed("max_rate", |c| c.est_max_rate(), |c| c.max_rate()),
+        seed("microburst", |c| c.est_bursts(), |c| c.bursts()),
+        seed("throughput", |c| c.est_throughput(), |c| c.throughput()),
+        seed("latency_vs_load", |c| c.est_load(), |c| c.latency_vs_load()),
+        seed(
+            "tick_to_trade",
+            |c| c.est_tick_to_trade(),
+            |c| c.tick_to_trade(),
+        ),
         Box::new(super::capture::Capture),
         Box::new(super::loss::Loss),
     ]

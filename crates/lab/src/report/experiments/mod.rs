@@ -151,6 +151,15 @@ impl Params {
     }
 }
 
+/// One experiment of a report (registered in `super::suite::all`).
+pub trait ExperimentKind {
+    /// Stable id: `--only` value, results.json `experiments[].id`.
+    fn id(&self) -> &'static str;
+    /// Seconds it should take (progress estimate).
+    fn estimate_s(&self, ctx: &Ctx) -> f64;
+    fn run(&self, ctx: &Ctx) -> Experiment;
+}
+
 pub struct Ctx<'a> {
     pub target: &'a Target,
     pub exe: String,
