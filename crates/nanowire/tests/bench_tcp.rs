@@ -22,14 +22,9 @@ fn tcp_client_against_sockperf_sr() {
     );
     wait_listening(&lab, Host::B, true, 11111);
     for engine in ["kernel", "spin"] {
-        let v = json(&run(
+        let v = json(&bench(
             &lab,
-            Host::A,
-            &[
-                NW, "bench", "pp", "--tcp", "-i", B_ADDR, "-m", "64", "-t", "1", "--engine",
-                engine, "--json",
-            ],
-            T,
+            &format!("pp --tcp -i 198.18.0.2 -m 64 -t 1 --engine {engine} --json"),
         ));
         assert_eq!(v["protocol"], "tcp");
         assert_eq!(v["engine"], engine);
@@ -37,39 +32,14 @@ fn tcp_client_against_sockperf_sr() {
         assert_eq!(v["dropped"], 0);
         assert!(v["latency_us"]["p50"].as_f64().unwrap() > 0.0);
     }
-    let v = json(&run(
+    let v = json(&bench(
         &lab,
-        Host::A,
-        &[
-            NW,
-            "bench",
-            "ul",
-            "--tcp",
-            "-i",
-            B_ADDR,
-            "-m",
-            "64",
-            "-t",
-            "1",
-            "--mps",
-            "2000",
-            "--reply-every",
-            "10",
-            "--json",
-        ],
-        T,
+        "ul --tcp -i 198.18.0.2 -m 64 -t 1 --mps 2000 --reply-every 10 --json",
     ));
     assert!(v["received"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(v["dropped"], 0, "{v}");
     // Large messages split across many segments.
-    let v = json(&run(
-        &lab,
-        Host::A,
-        &[
-            NW, "bench", "tp", "--tcp", "-i", B_ADDR, "-m", "60000", "-t", "1", "--json",
-        ],
-        T,
-    ));
+    let v = json(&bench(&lab, "tp --tcp -i 198.18.0.2 -m 60000 -t 1 --json"));
     assert!(v["sent"].as_u64().unwrap() > 0, "{v}");
 }
 
@@ -86,27 +56,19 @@ fn sockperf_tcp_clients_against_server() {
             ],
         );
         wait_listening(&lab, Host::B, true, 11111);
-        for args in [
-            &["pp", "--tcp", "-i", B_ADDR, "-m", "64", "-t", "1"][..],
-            &[
-                "ul", "--tcp", "-i", B_ADDR, "-m", "64", "-t", "1", "--mps", "2000",
-            ][..],
+        for line in [
+            "sockperf pp --tcp -i 198.18.0.2 -m 64 -t 1",
+            "sockperf ul --tcp -i 198.18.0.2 -m 64 -t 1 --mps 2000",
         ] {
-            let mut argv = vec!["sockperf"];
-            argv.extend_from_slice(args);
-            let o = run(&lab, Host::A, &argv, T);
+            let o = in_a(&lab, line);
             let all = format!("{}{}", text(&o).0, text(&o).1);
             assert!(o.status.success(), "{all}");
             assert!(sockperf_p50(&all).is_some_and(|p| p > 0.0), "{all}");
             assert_eq!(sockperf_dropped(&all), Some(0), "{all}");
         }
-        let o = run(
+        let o = in_a(
             &lab,
-            Host::A,
-            &[
-                "sockperf", "tp", "--tcp", "-i", B_ADDR, "-m", "1000", "-t", "1", "--mps", "5000",
-            ],
-            T,
+            "sockperf tp --tcp -i 198.18.0.2 -m 1000 -t 1 --mps 5000",
         );
         assert!(o.status.success());
         let s = json(&srv.signal_and_wait("TERM", T));

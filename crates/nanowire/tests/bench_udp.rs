@@ -54,14 +54,9 @@ fn udp_client_against_sockperf_sr() {
     wait_listening(&lab, Host::B, false, 11111);
     let ia = lab.iface(Host::A);
     for engine in ["kernel", "spin"] {
-        let o = run(
+        let o = bench(
             &lab,
-            Host::A,
-            &[
-                NW, "bench", "pp", "-i", B_ADDR, "-p", "11111", "-m", "64", "-t", "1", "--engine",
-                engine, "--cpu", "0", "--json",
-            ],
-            T,
+            &format!("pp -i 198.18.0.2 -p 11111 -m 64 -t 1 --engine {engine} --cpu 0 --json"),
         );
         let v = json(&o);
         check_pp(&v, engine, &ia);
@@ -70,26 +65,9 @@ fn udp_client_against_sockperf_sr() {
     }
 
     // Under load: every 10th message answered.
-    let v = json(&run(
+    let v = json(&bench(
         &lab,
-        Host::A,
-        &[
-            NW,
-            "bench",
-            "ul",
-            "-i",
-            B_ADDR,
-            "-m",
-            "64",
-            "-t",
-            "1",
-            "--mps",
-            "2000",
-            "--reply-every",
-            "10",
-            "--json",
-        ],
-        T,
+        "ul -i 198.18.0.2 -m 64 -t 1 --mps 2000 --reply-every 10 --json",
     ));
     assert_eq!(v["mode"], "ul");
     let (sent, received) = (v["sent"].as_u64().unwrap(), v["received"].as_u64().unwrap());
@@ -99,13 +77,9 @@ fn udp_client_against_sockperf_sr() {
     assert_eq!(v["reply_every"], 10);
 
     // Throughput: paced, no replies asked.
-    let v = json(&run(
+    let v = json(&bench(
         &lab,
-        Host::A,
-        &[
-            NW, "bench", "tp", "-i", B_ADDR, "-m", "256", "-t", "1", "--mps", "5000", "--json",
-        ],
-        T,
+        "tp -i 198.18.0.2 -m 256 -t 1 --mps 5000 --json",
     ));
     assert_eq!(v["mode"], "tp");
     assert!(v["sent"].as_u64().unwrap() > 0);
@@ -115,23 +89,9 @@ fn udp_client_against_sockperf_sr() {
     // Human output reads like sockperf's, and --full-log has one row per sample.
     let dir = nanowire_lab::tmp::private_dir("tb_fulllog").unwrap();
     let log = dir.join("pp.csv");
-    let out = success(&run(
+    let out = success(&bench(
         &lab,
-        Host::A,
-        &[
-            NW,
-            "bench",
-            "pp",
-            "-i",
-            B_ADDR,
-            "-m",
-            "64",
-            "-t",
-            "1",
-            "--full-log",
-            log.to_str().unwrap(),
-        ],
-        T,
+        &format!("pp -i 198.18.0.2 -m 64 -t 1 --full-log {}", log.display()),
     ));
     assert!(sockperf_p50(&out).is_some_and(|p| p > 0.0), "{out}");
     assert_eq!(sockperf_dropped(&out), Some(0), "{out}");
@@ -165,53 +125,31 @@ fn sockperf_clients_against_udp_server() {
             ],
         );
         wait_listening(&lab, Host::B, false, 11111);
-        let o = run(
-            &lab,
-            Host::A,
-            &[
-                "sockperf", "pp", "-i", B_ADDR, "-p", "11111", "-m", "64", "-t", "1",
-            ],
-            T,
-        );
+        let o = in_a(&lab, "sockperf pp -i 198.18.0.2 -p 11111 -m 64 -t 1");
         let (out, err) = text(&o);
         let all = format!("{out}{err}");
         assert!(o.status.success(), "{all}");
         assert!(sockperf_p50(&all).is_some_and(|p| p > 0.0), "{all}");
         assert_eq!(sockperf_dropped(&all), Some(0), "{all}");
 
-        let o = run(
+        let o = in_a(
             &lab,
-            Host::A,
-            &[
-                "sockperf", "ul", "-i", B_ADDR, "-p", "11111", "-m", "64", "-t", "1", "--mps",
-                "2000",
-            ],
-            T,
+            "sockperf ul -i 198.18.0.2 -p 11111 -m 64 -t 1 --mps 2000",
         );
         let all = format!("{}{}", text(&o).0, text(&o).1);
         assert!(sockperf_p50(&all).is_some_and(|p| p > 0.0), "{all}");
 
-        let o = run(
+        let o = in_a(
             &lab,
-            Host::A,
-            &[
-                "sockperf", "tp", "-i", B_ADDR, "-p", "11111", "-m", "64", "-t", "1", "--mps",
-                "5000",
-            ],
-            T,
+            "sockperf tp -i 198.18.0.2 -p 11111 -m 64 -t 1 --mps 5000",
         );
         assert!(o.status.success());
 
         // Our own client against our own server, the other engine.
         let other = if engine == "kernel" { "spin" } else { "kernel" };
-        let v = json(&run(
+        let v = json(&bench(
             &lab,
-            Host::A,
-            &[
-                NW, "bench", "pp", "-i", B_ADDR, "-m", "100", "-t", "1", "--engine", other,
-                "--json",
-            ],
-            T,
+            &format!("pp -i 198.18.0.2 -m 100 -t 1 --engine {other} --json"),
         ));
         assert_eq!(v["dropped"], 0, "{v}");
         let our_sent = v["total_sent"].as_u64().unwrap();

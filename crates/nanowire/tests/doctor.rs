@@ -215,12 +215,7 @@ fn doctor_on_a_missing_interface_is_one_line_and_fails() {
         .args(["doctor", "nw-missing-if9"])
         .output()
         .unwrap();
-    assert_ne!(out.status.code(), Some(0));
     assert!(out.stdout.is_empty());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(
-        err.contains("nw-missing-if9") && err.contains("no network interface"),
-        "{err}"
-    );
+    let err = nanowire_testkit::one_line_failure("doctor", &out, "no network interface");
+    assert!(err.contains("nw-missing-if9"), "{err}");
 }

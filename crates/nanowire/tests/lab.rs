@@ -1,5 +1,6 @@
 //! The virtual testbed: `nanowire lab up|down|status|exec` as a user runs them.
 
+use nanowire_testkit::{LabDown, ok};
 use std::process::{Command, Output};
 
 fn nanowire(args: &[&str]) -> Output {
@@ -9,26 +10,14 @@ fn nanowire(args: &[&str]) -> Output {
         .expect("run nanowire")
 }
 
-fn name(tag: &str) -> String {
-    nanowire_testkit::lab_name(&format!("tl{tag}"))
-}
-
-/// Takes the lab down when the test ends, pass or fail.
-struct Down(String);
-impl Drop for Down {
-    fn drop(&mut self) {
-        let _ = nanowire(&["lab", "down", "--name", &self.0]);
-    }
-}
-
-fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "failed: {}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
+/// `nanowire lab up --name N` as a user types it (needs root): the lab's
+/// name `tl<tag><pid>` and the guard that takes it down.
+fn up(tag: &str) -> (String, LabDown) {
+    nanowire_testkit::require_root();
+    let n = nanowire_testkit::lab_name(&format!("tl{tag}"));
+    let g = LabDown(n.clone());
+    ok(&nanowire(&["lab", "up", "--name", &n]));
+    (n, g)
 }
 
 fn netns_list() -> String {
@@ -45,10 +34,7 @@ fn netns_list() -> String {
 #[test]
 #[ignore = "needs root"]
 fn up_is_idempotent_exec_reaches_peer_and_down_removes_everything() {
-    nanowire_testkit::require_root();
-    let n = name("u");
-    let _g = Down(n.clone());
-    ok(&nanowire(&["lab", "up", "--name", &n]));
+    let (n, _g) = up("u");
     ok(&nanowire(&["lab", "up", "--name", &n]));
     let st: serde_json::Value =
         serde_json::from_str(&ok(&nanowire(&["lab", "status", "--name", &n, "--json"]))).unwrap();
@@ -132,10 +118,7 @@ fn lab_commands_die_with_their_spawner() {
 #[test]
 #[ignore = "needs root"]
 fn up_repairs_a_half_built_lab() {
-    nanowire_testkit::require_root();
-    let n = name("r");
-    let _g = Down(n.clone());
-    ok(&nanowire(&["lab", "up", "--name", &n]));
+    let (n, _g) = up("r");
     // Simulate a crash: one namespace and the veth pair gone.
     assert!(
         Command::new("ip")
@@ -170,11 +153,8 @@ fn bad_lab_arguments_give_one_line_errors() {
         vec!["lab", "up", "--name", "tlq", "--queues", "0"],
     ] {
         let o = nanowire(&args);
-        assert!(!o.status.success(), "{args:?} should fail");
-        let err = String::from_utf8_lossy(&o.stderr);
+        let err = nanowire_testkit::one_line_failure(&format!("{args:?}"), &o, "");
         assert!(err.starts_with("nanowire: error: "), "{args:?}: {err}");
-        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
-        assert!(!err.contains("panicked"));
     }
     let o = nanowire(&["lab", "exec", "--name", "tlnotthere", "c", "--", "true"]);
     assert!(!o.status.success());

@@ -6,30 +6,15 @@
 mod bench_server;
 
 use bench_server::xdp_server;
+use nanowire_lab::testbed::ScopedLab;
 use nanowire_lab::testbed::{Direction, Host, Impairment, LabOptions};
+use nanowire_testkit::{LabDown, ok};
 use std::process::{Command, Output, Stdio};
 
 const NW: &str = env!("CARGO_BIN_EXE_nanowire");
 
 fn nanowire(args: &[&str]) -> Output {
     Command::new(NW).args(args).output().expect("run nanowire")
-}
-
-fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "failed: {}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-struct Down(String);
-impl Drop for Down {
-    fn drop(&mut self) {
-        let _ = nanowire(&["lab", "down", "--name", &self.0]);
-    }
 }
 
 fn ping(n: &str, count: &str, interval: &str) -> Output {
@@ -62,7 +47,7 @@ fn impaired_wire_forwards_drops_duplicates_and_clears() {
     nanowire_testkit::require_root();
     nanowire_testkit::require(&["nft"]);
     let n = nanowire_testkit::lab_name("tiw");
-    let _g = Down(n.clone());
+    let _g = LabDown(n.clone());
     ok(&nanowire(&["lab", "up", "--impair", "--name", &n]));
     // Idempotent.
     ok(&nanowire(&["lab", "up", "--impair", "--name", &n]));
@@ -162,7 +147,6 @@ fn bad_impairments_are_refused_with_one_line() {
 #[test]
 #[ignore = "needs root"]
 fn xdp_ping_pong_crosses_the_impaired_wire() {
-    nanowire_testkit::require_root();
     nanowire_testkit::require(&["nft"]);
     let lab = nanowire_testkit::lab_impaired("tix", LabOptions::default());
     let server = xdp_server(&lab, 11260, &[], &[]);
@@ -175,14 +159,9 @@ fn xdp_ping_pong_crosses_the_impaired_wire() {
     // The server's engine itself received the datagrams (not its kernel
     // twin: with nft `fwd` in the wire, generic XDP skipped every frame and
     // UDP "worked" through the twin at kernel latency).
-    let stats = lab
-        .command(Host::B, &[NW, "stats"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let stats = engine_stats(&lab);
     drop(server);
-    let stats = String::from_utf8_lossy(&stats.stdout).into_owned();
-    assert!(engine_rx_packets(&stats) > 0, "{stats}");
+    assert!(counter(&stats, "rx_packets").unwrap_or(0) > 0, "{stats}");
     assert_eq!(r["engine"], "xdp", "{r}");
     assert!(r["received"].as_u64().unwrap() > 0, "{r}");
     assert_eq!(r["dropped"], 0, "{r}");
@@ -203,15 +182,21 @@ fn xdp_ping_pong_crosses_the_impaired_wire() {
     assert_eq!(w.ab.impairment.loss_pct, 0.0);
 }
 
-/// `rx_packets` of the first engine `nanowire stats` lists.
-fn engine_rx_packets(stats: &str) -> u64 {
-    stats
-        .lines()
-        .find_map(|l| {
-            let mut w = l.split_whitespace();
-            (w.next() == Some("rx_packets")).then(|| w.next()?.parse().ok())?
-        })
-        .unwrap_or(0)
+/// `nanowire stats` in host b (the text form).
+fn engine_stats(lab: &ScopedLab) -> String {
+    ok(&lab
+        .command(Host::B, &[NW, "stats"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap())
+}
+
+/// Counter `name` of the first engine a `nanowire stats` text lists.
+fn counter(stats: &str, name: &str) -> Option<u64> {
+    stats.lines().find_map(|l| {
+        let mut w = l.split_whitespace();
+        (w.next() == Some(name)).then(|| w.next()?.parse().ok())?
+    })
 }
 
 /// Issue 11 bug: an xdp TCP connect across the impaired wire timed out. The
@@ -221,7 +206,6 @@ fn engine_rx_packets(stats: &str) -> u64 {
 #[test]
 #[ignore = "needs root"]
 fn xdp_tcp_crosses_the_impaired_wire() {
-    nanowire_testkit::require_root();
     nanowire_testkit::require(&["nft"]);
     let lab = nanowire_testkit::lab_impaired("tit", LabOptions::default());
     let server = xdp_server(&lab, 11261, &["--tcp"], &[]);
@@ -234,27 +218,19 @@ fn xdp_tcp_crosses_the_impaired_wire() {
     };
     // Both a kernel client and an xdp client reach the xdp server.
     let outs = [pp("spin"), pp("xdp")];
-    let stats = lab
-        .command(Host::B, &[NW, "stats"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let stats = engine_stats(&lab);
     drop(server);
     for (r, engine) in outs.iter().zip(["spin", "xdp"]) {
         let r = r.as_ref().unwrap_or_else(|| panic!("{engine} pp failed"));
         assert_eq!(r["engine"], engine, "{r}");
         assert!(r["received"].as_u64().unwrap() > 0, "{r}");
     }
-    let stats = String::from_utf8_lossy(&stats.stdout).into_owned();
-    assert!(engine_rx_packets(&stats) > 0, "{stats}");
+    assert!(counter(&stats, "rx_packets").unwrap_or(0) > 0, "{stats}");
     // The engine's TCP counters are on the stats page.
-    let counter = |name: &str| {
-        stats.lines().find_map(|l| {
-            let mut w = l.split_whitespace();
-            (w.next() == Some(name)).then(|| w.next()?.parse::<u64>().ok())?
-        })
-    };
-    assert!(counter("tcp_segs_in").unwrap_or(0) > 0, "{stats}");
-    assert!(counter("tcp_passive_opens").unwrap_or(0) >= 2, "{stats}");
-    assert_eq!(counter("tcp_rst_sent"), Some(0), "{stats}");
+    assert!(counter(&stats, "tcp_segs_in").unwrap_or(0) > 0, "{stats}");
+    assert!(
+        counter(&stats, "tcp_passive_opens").unwrap_or(0) >= 2,
+        "{stats}"
+    );
+    assert_eq!(counter(&stats, "tcp_rst_sent"), Some(0), "{stats}");
 }

@@ -40,16 +40,5 @@ fn argument_errors_and_timed_signals_match_the_kernel_on_engine_sockets() {
         err.contains("udp") && err.contains(": xdp (interface"),
         "{err}"
     );
-    let got = k.stdout();
-    let diff: Vec<String> = want
-        .lines()
-        .zip(got.lines())
-        .filter(|(x, y)| x != y)
-        .map(|(x, y)| format!("plain: {x}\n  run: {y}"))
-        .collect();
-    assert!(
-        diff.is_empty() && want.lines().count() == got.lines().count(),
-        "differences:\n{}\nplain:\n{want}\nrun:\n{got}\nstderr:\n{err}",
-        diff.join("\n")
-    );
+    assert_same_output("args_check", &want, &k.stdout(), &format!("stderr:\n{err}"));
 }

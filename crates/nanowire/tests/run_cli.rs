@@ -58,15 +58,7 @@ fn bad_arguments_give_one_line_errors() {
     ];
     for (args, needle) in cases {
         let out = Command::new(nanowire()).args(*args).output().unwrap();
-        assert!(!out.status.success(), "{args:?} should fail");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(needle), "{args:?}: {err}");
-        assert_eq!(
-            err.trim().lines().count(),
-            1,
-            "{args:?}: one line please: {err}"
-        );
-        assert!(!err.contains("panicked"), "{err}");
+        nanowire_testkit::one_line_failure(&format!("{args:?}"), &out, needle);
     }
     // A bad variable in the environment is refused the same way.
     let out = Command::new(nanowire())
@@ -130,19 +122,7 @@ fn c_semantics_identical_plain_and_under_every_profile() {
             ]);
             let mut k = spawn(&format!("sem-{profile}-{engine}"), c);
             k.success(Duration::from_secs(40));
-            let got = k.stdout();
-            if got != want {
-                let diff: Vec<String> = want
-                    .lines()
-                    .zip(got.lines())
-                    .filter(|(a, b)| a != b)
-                    .map(|(a, b)| format!("plain: {a}\n shim: {b}"))
-                    .collect();
-                panic!(
-                    "{profile}/{engine}: output differs from the plain run:\n{}\n(full shim output:\n{got})",
-                    diff.join("\n")
-                );
-            }
+            assert_same_output(&format!("{profile}/{engine}"), &want, &k.stdout(), "");
         }
     }
 }

@@ -44,46 +44,60 @@ fn cmd_in(l: &ScopedLab, h: Host, run: bool, cmd: &[&str]) -> std::process::Comm
     }
 }
 
+/// A server (`srv`, in host `sh`) and a client (`cli`, in host `ch`), each
+/// under `nanowire run --engine xdp` when its flag says so: the server
+/// waited for until it prints `listening`, the client run to success, then
+/// the server. Both are returned, finished.
+fn server_then_client(
+    l: &ScopedLab,
+    name: &str,
+    (sh, srv_run, srv): (Host, bool, &[&str]),
+    (ch, cli_run, cli): (Host, bool, &[&str]),
+) -> (Kid, Kid) {
+    let mut s = spawn(&format!("{name}-srv"), cmd_in(l, sh, srv_run, srv));
+    s.wait_for("listening", Duration::from_secs(20));
+    let mut c = spawn(&format!("{name}-cli"), cmd_in(l, ch, cli_run, cli));
+    c.success(T);
+    s.success(T);
+    (s, c)
+}
+
+/// A program under run put socket `what` (`tcp listener ADDR:PORT`, `->
+/// ADDR:PORT`) on the engine: the shim says so at log level info.
+#[track_caller]
+fn on_engine(k: &Kid, what: &str) {
+    let err = k.stderr();
+    assert!(
+        err.contains(&format!("{what}: xdp")),
+        "{} not on the engine:\n{err}",
+        k.name
+    );
+}
+
+/// The program's output plainly (`outs[0]`) and under run (`outs[1]`).
+#[track_caller]
+fn assert_plain_eq_run(outs: &[String]) {
+    assert_eq!(
+        outs[0], outs[1],
+        "plain (left) and under run (right) differ"
+    );
+}
+
 fn parity_run(l: &ScopedLab, port: u16, srv_run: bool, cli_run: bool) -> (String, String) {
     let p = probe();
     let ports = port.to_string();
     let addr = ADDR_B.to_string();
-    let tag = format!("par{port}");
-    let mut s = spawn(
-        &format!("{tag}-srv"),
-        cmd_in(
-            l,
-            Host::B,
-            srv_run,
-            &["python3", &p, "server", &addr, &ports],
-        ),
+    let (s, c) = server_then_client(
+        l,
+        &format!("par{port}"),
+        (Host::B, srv_run, &["python3", &p, "server", &addr, &ports]),
+        (Host::A, cli_run, &["python3", &p, "client", &addr, &ports]),
     );
-    s.wait_for("listening", Duration::from_secs(20));
-    let mut c = spawn(
-        &format!("{tag}-cli"),
-        cmd_in(
-            l,
-            Host::A,
-            cli_run,
-            &["python3", &p, "client", &addr, &ports],
-        ),
-    );
-    c.success(T);
-    s.success(T);
     if srv_run {
-        assert!(
-            s.stderr()
-                .contains(&format!("tcp listener {addr}:{port}: xdp")),
-            "server not on the engine:\n{}",
-            s.stderr()
-        );
+        on_engine(&s, &format!("tcp listener {addr}:{port}"));
     }
     if cli_run {
-        assert!(
-            c.stderr().contains(&format!("-> {addr}:{port}: xdp")),
-            "client not on the engine:\n{}",
-            c.stderr()
-        );
+        on_engine(&c, &format!("-> {addr}:{port}"));
     }
     (c.stdout(), s.stdout())
 }
@@ -350,24 +364,18 @@ fn forking_plain_and_run(l: &ScopedLab, srv: &str, cli: &str, ports: [&str; 2]) 
         .enumerate()
     {
         let rsts = out_rsts(l, Host::B);
-        let mut s = spawn(
-            &format!("fork-srv{port}"),
-            cmd_in(l, Host::B, run, &["python3", "-c", srv, &addr, port]),
+        let (s, c) = server_then_client(
+            l,
+            &format!("fork{port}"),
+            (Host::B, run, &["python3", "-c", srv, &addr, port]),
+            (Host::A, false, &["python3", "-c", cli, &addr, port]),
         );
-        s.wait_for("listening", Duration::from_secs(20));
-        let mut c = spawn(
-            &format!("fork-cli{port}"),
-            plain_in(l, Host::A, &["python3", "-c", cli, &addr, port]),
-        );
-        outs[i] = c.success(T);
-        let out = s.success(T);
+        outs[i] = c.both();
+        let out = s.both();
         assert!(out.contains("done"), "{out}");
         if run {
+            on_engine(&s, &format!("tcp listener {addr}:{port}"));
             let err = s.stderr();
-            assert!(
-                err.contains(&format!("tcp listener {addr}:{port}: xdp")),
-                "{err}"
-            );
             assert!(
                 err.contains("moved to the kernel (TCP_REPAIR hand-over): fork()"),
                 "the connection was not handed over:\n{err}"
@@ -385,10 +393,7 @@ fn forking_server_shares_its_connection_with_the_child_as_plainly() {
     let outs = forking_plain_and_run(&l, FORK_PY, FORK_CLIENT_PY, ["13500", "13501"]);
     assert!(outs[0].contains("b got b'HELLO'"), "{}", outs[0]);
     assert!(outs[0].contains("parent: last words"), "{}", outs[0]);
-    assert_eq!(
-        outs[0], outs[1],
-        "plain (left) and under run (right) differ"
-    );
+    assert_plain_eq_run(&outs);
 }
 
 /// A forking server whose client sent its request and its FIN before the
@@ -448,10 +453,7 @@ fn forking_server_after_the_client_half_closed() {
         "{}",
         outs[0]
     );
-    assert_eq!(
-        outs[0], outs[1],
-        "plain (left) and under run (right) differ"
-    );
+    assert_plain_eq_run(&outs);
 }
 
 /// A server that sends urgent data (MSG_OOB: each connection handed over
@@ -707,35 +709,21 @@ fn fragmented_tcp_segments_reach_an_engine_server_as_plainly() {
     for (run, port) in [(false, "13530"), (true, "13531")] {
         let rsts = out_rsts(&l, Host::B);
         let reasm = ip_counter(&l, Host::B, "ReasmOKs");
-        let mut s = spawn(
-            &format!("frg-srv{port}"),
-            cmd_in(
-                &l,
-                Host::B,
-                run,
-                &["python3", "-c", HASH_SERVER_PY, &b, port],
-            ),
-        );
-        s.wait_for("listening", Duration::from_secs(20));
-        let mut c = spawn(
-            &format!("frg-cli{port}"),
-            plain_in(
-                &l,
+        let (s, c) = server_then_client(
+            &l,
+            &format!("frg{port}"),
+            (Host::B, run, &["python3", "-c", HASH_SERVER_PY, &b, port]),
+            (
                 Host::A,
+                false,
                 &["python3", "-c", FRAG_CLIENT_PY, &b, port, "300000"],
             ),
         );
-        let out = c.success(T);
-        s.success(T);
+        let out = c.both();
         assert_eq!(out_rsts(&l, Host::B), rsts, "the server's kernel sent RST");
         let reasm = ip_counter(&l, Host::B, "ReasmOKs") - reasm;
         if run {
-            assert!(
-                s.stderr()
-                    .contains(&format!("tcp listener {b}:{port}: xdp")),
-                "server not on the engine:\n{}",
-                s.stderr()
-            );
+            on_engine(&s, &format!("tcp listener {b}:{port}"));
             assert_eq!(reasm, 0, "the kernel reassembled the engine's segments");
         } else {
             assert!(reasm > 0, "no fragments: the test's premise does not hold");
@@ -749,10 +737,7 @@ fn fragmented_tcp_segments_reach_an_engine_server_as_plainly() {
     );
     let sha = outs[0].split_whitespace().nth(2).unwrap().to_string();
     assert!(outs[0].trim_end().ends_with(&sha), "{}", outs[0]);
-    assert_eq!(
-        outs[0], outs[1],
-        "plain (left) and under run (right) differ"
-    );
+    assert_plain_eq_run(&outs);
 
     // The other way: an engine client's connection (a 4-tuple in the flow
     // map) receives fragmented segments from a kernel server.
@@ -761,35 +746,21 @@ fn fragmented_tcp_segments_reach_an_engine_server_as_plainly() {
     for (run, port) in [(false, "13532"), (true, "13533")] {
         let rsts = out_rsts(&l, Host::B);
         let reasm = ip_counter(&l, Host::B, "ReasmOKs");
-        let mut s = spawn(
-            &format!("frg-srv{port}"),
-            plain_in(
-                &l,
+        let (_s, c) = server_then_client(
+            &l,
+            &format!("frg{port}"),
+            (
                 Host::A,
+                false,
                 &["python3", "-c", FRAG_SERVER_PY, &a, port, "300000"],
             ),
+            (Host::B, run, &["python3", "-c", HASH_CLIENT_PY, &a, port]),
         );
-        s.wait_for("listening", Duration::from_secs(20));
-        let mut c = spawn(
-            &format!("frg-cli{port}"),
-            cmd_in(
-                &l,
-                Host::B,
-                run,
-                &["python3", "-c", HASH_CLIENT_PY, &a, port],
-            ),
-        );
-        c.success(T);
         let out = c.stdout();
-        s.success(T);
         assert_eq!(out_rsts(&l, Host::B), rsts, "the client's kernel sent RST");
         let reasm = ip_counter(&l, Host::B, "ReasmOKs") - reasm;
         if run {
-            assert!(
-                c.stderr().contains(&format!("-> {a}:{port}: xdp")),
-                "client not on the engine:\n{}",
-                c.stderr()
-            );
+            on_engine(&c, &format!("-> {a}:{port}"));
             assert_eq!(reasm, 0, "the kernel reassembled the engine's segments");
         } else {
             assert!(reasm > 0, "no fragments: the test's premise does not hold");
@@ -797,10 +768,7 @@ fn fragmented_tcp_segments_reach_an_engine_server_as_plainly() {
         outs.push(out);
     }
     assert!(outs[0].starts_with("got 300000 "), "{}", outs[0]);
-    assert_eq!(
-        outs[0], outs[1],
-        "plain (left) and under run (right) differ"
-    );
+    assert_plain_eq_run(&outs);
 }
 
 /// Echoes upper-case until EOF.
@@ -896,38 +864,21 @@ fn forged_ack_with_a_huge_tsval_does_not_stall_a_connection() {
     let ifa = l.iface(Host::A);
     let mut outs = Vec::new();
     for (run, port) in [(false, "13540"), (true, "13541")] {
-        let mut s = spawn(
-            &format!("fge-srv{port}"),
-            cmd_in(
-                &l,
-                Host::B,
-                run,
-                &["python3", "-c", UPPER_ECHO_PY, &b, port],
-            ),
-        );
-        s.wait_for("listening", Duration::from_secs(20));
-        let mut c = spawn(
-            &format!("fge-cli{port}"),
-            plain_in(
-                &l,
+        let (s, c) = server_then_client(
+            &l,
+            &format!("fge{port}"),
+            (Host::B, run, &["python3", "-c", UPPER_ECHO_PY, &b, port]),
+            (
                 Host::A,
+                false,
                 &["python3", "-c", FORGE_CLIENT_PY, &b, port, &ifa],
             ),
         );
-        outs.push(c.success(T));
-        s.success(T);
+        outs.push(c.both());
         if run {
-            assert!(
-                s.stderr()
-                    .contains(&format!("tcp listener {b}:{port}: xdp")),
-                "server not on the engine:\n{}",
-                s.stderr()
-            );
+            on_engine(&s, &format!("tcp listener {b}:{port}"));
         }
     }
     assert!(outs[0].contains("after -> AFTER"), "{}", outs[0]);
-    assert_eq!(
-        outs[0], outs[1],
-        "plain (left) and under run (right) differ"
-    );
+    assert_plain_eq_run(&outs);
 }

@@ -139,18 +139,7 @@ fn c_semantics_on_xdp_sockets_match_a_plain_run() {
         let mut k = spawn(&format!("z-xdp-{profile}"), c);
         k.success(T);
         assert!(k.stderr().contains(": xdp (interface"), "{}", k.stderr());
-        let got = k.stdout();
-        let diff: Vec<String> = want
-            .lines()
-            .zip(got.lines())
-            .filter(|(x, y)| x != y)
-            .map(|(x, y)| format!("plain: {x}\n  xdp: {y}"))
-            .collect();
-        assert!(
-            diff.is_empty() && want.lines().count() == got.lines().count(),
-            "{profile}: {}\n{got}",
-            diff.join("\n")
-        );
+        assert_same_output(profile, &want, &k.stdout(), "");
     }
 }
 

@@ -64,6 +64,30 @@ c.shutdown(socket.SHUT_WR); c.recv(1); c.close()
 print(f"sent {sent} {h.hexdigest()}", flush=True)
 "#;
 
+/// [`SINK_PY`] on `port` in host b under run (`mode` XDP, `env` set), until
+/// it listens; then [`SOURCE_PY`] in host a, plainly, writing `total` bytes
+/// to it. Returns what the source printed and, once the sink has its
+/// stream, everything the sink said.
+fn sink_and_source(
+    l: &ScopedLab,
+    tag: &str,
+    mode: &str,
+    env: &[(&str, &str)],
+    port: &str,
+    total: &str,
+) -> (String, String) {
+    let addr = ADDR_B.to_string();
+    let mut cmd = under_run(l, Host::B, mode, &["python3", "-c", SINK_PY, &addr, port]);
+    cmd.envs(env.iter().copied());
+    let mut srv = spawn(&format!("sink-{tag}"), cmd);
+    srv.wait_for("listening", Duration::from_secs(30));
+    let source = ["python3", "-c", SOURCE_PY, &addr, port, total];
+    let mut cli = spawn(&format!("source-{tag}"), plain_in(l, Host::A, &source));
+    let c = cli.success(T);
+    srv.wait_for("got ", T);
+    (c, srv.both())
+}
+
 #[test]
 #[ignore = "needs root"]
 fn a_plain_client_writes_300_mb_to_an_accelerated_python_server() {
@@ -72,22 +96,7 @@ fn a_plain_client_writes_300_mb_to_an_accelerated_python_server() {
     let addr = ADDR_B.to_string();
     for (i, mode) in MODES.iter().enumerate() {
         let port = (14100 + i).to_string();
-        let mut srv = spawn(
-            &format!("sink-{mode}"),
-            under_run(&l, Host::B, mode, &["python3", "-c", SINK_PY, &addr, &port]),
-        );
-        srv.wait_for("listening", Duration::from_secs(30));
-        let mut cli = spawn(
-            &format!("source-{mode}"),
-            plain_in(
-                &l,
-                Host::A,
-                &["python3", "-c", SOURCE_PY, &addr, &port, &total],
-            ),
-        );
-        let c = cli.success(T);
-        srv.wait_for("got ", T);
-        let s = srv.both();
+        let (c, s) = sink_and_source(&l, mode, mode, &[], &port, &total);
         assert!(
             s.contains(&format!("tcp listener {addr}:{port}: xdp")),
             "{mode}: the server is not on the engine:\n{s}"
@@ -140,31 +149,16 @@ fn lost_and_reordered_super_frames_keep_a_hashed_stream_intact() {
     // (classify.rs tests the 64 KiB bad-checksum drop itself).
     let l = lab("sfo");
     let total = (64u64 << 20).to_string();
-    let addr = ADDR_B.to_string();
     let port = "14300";
-    let mut cmd = under_run(
+    let faults = "seed=21,loss=0.5%,reorder=3%,reorder_delay_us=300,dir=rx";
+    let (c, s) = sink_and_source(
         &l,
-        Host::B,
+        "faults",
         "generic",
-        &["python3", "-c", SINK_PY, &addr, port],
+        &[("NANOWIRE_FAULTS", faults)],
+        port,
+        &total,
     );
-    cmd.env(
-        "NANOWIRE_FAULTS",
-        "seed=21,loss=0.5%,reorder=3%,reorder_delay_us=300,dir=rx",
-    );
-    let mut srv = spawn("sink-faults", cmd);
-    srv.wait_for("listening", Duration::from_secs(30));
-    let mut cli = spawn(
-        "source-faults",
-        plain_in(
-            &l,
-            Host::A,
-            &["python3", "-c", SOURCE_PY, &addr, port, &total],
-        ),
-    );
-    let c = cli.success(T);
-    srv.wait_for("got ", T);
-    let s = srv.both();
     assert!(s.contains("fault injection on"), "{s}");
     assert_eq!(field(&s, "got"), field(&c, "sent"), "the stream differs");
     let e = engine_counters(&l, Host::B);
@@ -336,26 +330,8 @@ fn without_multi_buffer_tcp_stays_on_the_kernel_and_says_so() {
     let total = (32u64 << 20).to_string();
     let addr = ADDR_B.to_string();
     let port = "14400";
-    let mut cmd = under_run(
-        &l,
-        Host::B,
-        "generic",
-        &["python3", "-c", SINK_PY, &addr, port],
-    );
-    cmd.env("NANOWIRE_XDP_NO_MULTI_BUFFER", "1");
-    let mut srv = spawn("sink-nomb", cmd);
-    srv.wait_for("listening", Duration::from_secs(30));
-    let mut cli = spawn(
-        "source-nomb",
-        plain_in(
-            &l,
-            Host::A,
-            &["python3", "-c", SOURCE_PY, &addr, port, &total],
-        ),
-    );
-    let c = cli.success(T);
-    srv.wait_for("got ", T);
-    let s = srv.both();
+    let no_mb = [("NANOWIRE_XDP_NO_MULTI_BUFFER", "1")];
+    let (c, s) = sink_and_source(&l, "nomb", "generic", &no_mb, port, &total);
     assert!(
         s.contains("super-frames; TCP stays on the kernel"),
         "the reason is on stderr:\n{s}"

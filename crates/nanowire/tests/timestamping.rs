@@ -144,15 +144,5 @@ fn timestamping_on_xdp_sockets_matches_a_plain_run() {
         );
     }
     let want = want.replace("holding\n", "");
-    let diff: Vec<String> = want
-        .lines()
-        .zip(got.lines())
-        .filter(|(x, y)| x != y)
-        .map(|(x, y)| format!("plain: {x}\n  xdp: {y}"))
-        .collect();
-    assert!(
-        diff.is_empty() && want.lines().count() == got.lines().count(),
-        "{}\nplain:\n{want}\nxdp:\n{got}",
-        diff.join("\n")
-    );
+    assert_same_output("timestamping", &want, &got, "");
 }

@@ -6,7 +6,7 @@
 mod xdp_support;
 
 use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
-use nanowire_testkit::{in_ns, xdp_test_bin};
+use nanowire_testkit::{in_ns, one_line_failure, xdp_test_bin};
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -607,10 +607,7 @@ fn second_process_on_the_interface_gets_one_line_error() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("another XDP program"), "{err}");
+    one_line_failure("a second engine", &out, "another XDP program");
     // The first engine is unharmed.
     assert_eq!(echo_many(&lab, 5300, 20), 20);
     drop(p);
@@ -716,10 +713,7 @@ fn unprivileged_engine_says_why_in_one_line() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("no privilege"), "{err}");
+    one_line_failure("an engine without privileges", &out, "no privilege");
 }
 
 #[test]

@@ -11,9 +11,8 @@ mod bench_server;
 mod hashed_peer;
 
 use bench_server::BenchServer;
-use hashed_peer::{Crc32, HASHED_PEER_PY, send_pattern};
+use hashed_peer::{Crc32, KernelPeer, Readback, send_pattern};
 use nanowire_lab::testbed::{Host, ScopedLab};
-use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -61,7 +60,7 @@ fn fault_child() {
         .ok()
         .and_then(|v| v.parse().ok());
     let deadline = Some(Instant::now() + Duration::from_millis(stall.unwrap_or(60_000)));
-    let (mut rx, mut reply, mut got, mut got_crc) = (Vec::new(), None, 0u64, 0u32);
+    let mut rb = Readback::default();
     let mut stalled = false;
     loop {
         let n = match s.read(&mut buf, deadline).expect("read") {
@@ -70,22 +69,12 @@ fn fault_child() {
                 stalled = true;
                 break;
             }
-            None => panic!("read timed out after {got} bytes: {:?}", s.info()),
+            None => panic!("read timed out after {} bytes: {:?}", rb.got, s.info()),
         };
         if n == 0 {
             break;
         }
-        if reply.is_none() {
-            rx.extend_from_slice(&buf[..n]);
-            if let Some(p) = rx.iter().position(|&b| b == b'\n') {
-                reply = Some(String::from_utf8_lossy(&rx[..p]).into_owned());
-                got_crc = crc32.update(got_crc, &rx[p + 1..]);
-                got += (rx.len() - p - 1) as u64;
-            }
-        } else {
-            got_crc = crc32.update(got_crc, &buf[..n]);
-            got += n as u64;
-        }
+        rb.feed(&crc32, &buf[..n]);
     }
     let info = s.info().unwrap();
     let conn: serde_json::Map<String, serde_json::Value> = s
@@ -101,44 +90,26 @@ fn fault_child() {
     println!(
         "RESULT {}",
         serde_json::json!({
-            "sent": sent, "sent_crc": crc, "reply": reply, "got": got, "got_crc": got_crc,
+            "sent": sent, "sent_crc": crc, "reply": rb.reply, "got": rb.got, "got_crc": rb.crc,
             "total_retrans": info.total_retrans, "conn": conn, "engine": eng, "stalled": stalled,
         })
     );
 }
 
-fn point(l: &ScopedLab, spec: &str, port: u16, total: u64) -> serde_json::Value {
-    let mut py = l
-        .command(
-            Host::B,
-            &[
-                "python3",
-                "-c",
-                HASHED_PEER_PY,
-                "198.18.0.2",
-                &port.to_string(),
-                &total.to_string(),
-            ],
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let mut out = BufReader::new(py.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "listening");
-    let exe = std::env::current_exe().unwrap();
+/// Run `fault_child` in host a (this test binary, one test) against the
+/// kernel peer on `port`, with `env`: its RESULT line and its stderr.
+fn fault_child_run(
+    l: &ScopedLab,
+    what: &str,
+    port: u16,
+    env: &[(&str, &str)],
+) -> (serde_json::Value, String) {
     let child = Command::new("ip")
         .args(["netns", "exec", &l.netns(Host::A)])
-        .arg(&exe)
+        .arg(std::env::current_exe().unwrap())
         .args(["--exact", "fault_child", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, port.to_string())
-        .env(CHILD_TOTAL_ENV, total.to_string())
-        .env("NANOWIRE_FAULTS", spec)
-        // Retransmission timeouts of 10 ms (the latency profile's floor)
-        // keep the 5 % point short.
-        .env("NANOWIRE_TCP_RTO_MIN_US", "10000")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .expect("child");
@@ -146,20 +117,32 @@ fn point(l: &ScopedLab, spec: &str, port: u16, total: u64) -> serde_json::Value 
     let stderr = String::from_utf8_lossy(&child.stderr).into_owned();
     assert!(
         child.status.success(),
-        "{spec}: child failed\n{stdout}\n{stderr}"
-    );
-    assert!(
-        stderr.contains("fault injection on"),
-        "{spec}: the engine announces the injector: {stderr}"
+        "{what}: child failed\n{stdout}\n{stderr}"
     );
     let v: serde_json::Value = stdout
         .lines()
         .find_map(|l| l.find("RESULT ").map(|i| &l[i + 7..]))
         .and_then(|j| serde_json::from_str(j).ok())
-        .unwrap_or_else(|| panic!("{spec}: no RESULT line\n{stdout}\n{stderr}"));
-    let mut last = String::new();
-    out.read_line(&mut last).unwrap();
-    let _ = py.wait();
+        .unwrap_or_else(|| panic!("{what}: no RESULT line\n{stdout}\n{stderr}"));
+    (v, stderr)
+}
+
+fn point(l: &ScopedLab, spec: &str, port: u16, total: u64) -> serde_json::Value {
+    let peer = KernelPeer::start(l, port, total);
+    let total_s = total.to_string();
+    let env = [
+        (CHILD_TOTAL_ENV, total_s.as_str()),
+        ("NANOWIRE_FAULTS", spec),
+        // Retransmission timeouts of 10 ms (the latency profile's floor)
+        // keep the 5 % point short.
+        ("NANOWIRE_TCP_RTO_MIN_US", "10000"),
+    ];
+    let (v, stderr) = fault_child_run(l, spec, port, &env);
+    assert!(
+        stderr.contains("fault injection on"),
+        "{spec}: the engine announces the injector: {stderr}"
+    );
+    let last = peer.finish();
     // Both directions intact.
     assert_eq!(
         v["reply"].as_str().unwrap_or(""),
@@ -167,7 +150,7 @@ fn point(l: &ScopedLab, spec: &str, port: u16, total: u64) -> serde_json::Value 
         "{spec}: the kernel peer's view of our stream: {v}"
     );
     assert_eq!(
-        last.trim(),
+        last,
         format!("sent {} {}", v["got"], v["got_crc"]),
         "{spec}: our view of the kernel's stream: {v}"
     );
@@ -188,45 +171,10 @@ fn injector_matrix_keeps_a_hashed_tcp_stream_intact_and_counts_everything() {
     // dropped by the kernel, and no warning is printed.
     {
         let port = 11690u16;
-        let mut py = l
-            .command(
-                Host::B,
-                &[
-                    "python3",
-                    "-c",
-                    HASHED_PEER_PY,
-                    "198.18.0.2",
-                    &port.to_string(),
-                    &(8u64 << 20).to_string(),
-                ],
-            )
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3");
-        let mut out = BufReader::new(py.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "listening");
-        let child = Command::new("ip")
-            .args(["netns", "exec", &l.netns(Host::A)])
-            .arg(std::env::current_exe().unwrap())
-            .args(["--exact", "fault_child", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, port.to_string())
-            .env(CHILD_TOTAL_ENV, "65536")
-            .env(CHILD_STALL_ENV, "1500")
-            .stdin(Stdio::null())
-            .output()
-            .expect("child");
-        let _ = py.kill();
-        let _ = py.wait();
-        let stdout = String::from_utf8_lossy(&child.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&child.stderr).into_owned();
-        let v: serde_json::Value = stdout
-            .lines()
-            .find_map(|l| l.find("RESULT ").map(|i| &l[i + 7..]))
-            .and_then(|j| serde_json::from_str(j).ok())
-            .unwrap_or_else(|| panic!("oversize: no RESULT line\n{stdout}\n{stderr}"));
+        let peer = KernelPeer::start(&l, port, 8 << 20);
+        let env = [(CHILD_TOTAL_ENV, "65536"), (CHILD_STALL_ENV, "1500")];
+        let (v, stderr) = fault_child_run(&l, "oversize", port, &env);
+        drop(peer);
         assert_ne!(v["stalled"], true, "super-frames stalled the stream: {v}");
         assert_eq!(
             v["engine"]["xsk_rx_dropped"].as_u64(),

@@ -5,11 +5,10 @@
 
 mod hashed_peer;
 
-use hashed_peer::{Crc32, HASHED_PEER_PY, send_pattern};
+use hashed_peer::{Crc32, KernelPeer, Readback, send_pattern};
 use nanowire_lab::testbed::{Host, ScopedLab};
-use std::io::{BufRead, BufReader};
+use nanowire_testkit::in_ns;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::os::fd::AsRawFd;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -171,35 +170,12 @@ fn stream_hashed_both_ways_between_a_kernel_peer_and_the_xdp_tcp() {
     let total = mib << 20;
     // The default lab: the kernel sender's TSO/GSO super-frames (up to
     // 64 KiB) reach the engine as multi-buffer chains in generic XDP.
-    let mut py = l
-        .command(
-            Host::B,
-            &[
-                "python3",
-                "-c",
-                HASHED_PEER_PY,
-                "198.18.0.2",
-                "11313",
-                &total.to_string(),
-            ],
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let mut out = BufReader::new(py.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "listening");
+    let peer = KernelPeer::start(&l, 11313, total);
     let ns = l.netns(Host::A);
     let t0 = Instant::now();
     let t0c = t0;
-    let (sent_crc, reply, got, got_crc, info) = std::thread::spawn(move || {
+    let (sent_crc, reply, got, got_crc, info) = in_ns(&ns, move || {
         let t0 = t0c;
-        let f = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
-        // SAFETY: setns on a valid netns fd affects only this thread.
-        let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
         let mut opts = nanowire_stack::EngineOptions::new(nanowire_stack::EngineKind::Xdp);
         opts.fallback = false;
         let mut s = nanowire_stack::xdp::XdpTcpStream::connect(
@@ -215,43 +191,27 @@ fn stream_hashed_both_ways_between_a_kernel_peer_and_the_xdp_tcp() {
         s.shutdown_write().unwrap();
         eprintln!("sent {sent} bytes in {:?}", t0.elapsed());
         let deadline = Some(Instant::now() + Duration::from_secs(60));
-        let mut rx = Vec::new();
-        let mut got = 0u64;
-        let mut got_crc = 0u32;
-        let mut reply = None;
+        let mut rb = Readback::default();
         loop {
             let n = match s.read(&mut buf, deadline).expect("read") {
                 Some(n) => n,
                 None => panic!(
-                    "read timed out after {got} bytes (sent {sent}, reply {reply:?}): {:?}",
+                    "read timed out after {} bytes (sent {sent}, reply {:?}): {:?}",
+                    rb.got,
+                    rb.reply,
                     s.info()
                 ),
             };
             if n == 0 {
                 break;
             }
-            if reply.is_none() {
-                rx.extend_from_slice(&buf[..n]);
-                if let Some(p) = rx.iter().position(|&b| b == b'\n') {
-                    reply = Some(String::from_utf8_lossy(&rx[..p]).into_owned());
-                    let rest = &rx[p + 1..];
-                    got_crc = t.update(got_crc, rest);
-                    got += rest.len() as u64;
-                }
-            } else {
-                got_crc = t.update(got_crc, &buf[..n]);
-                got += n as u64;
-            }
+            rb.feed(&t, &buf[..n]);
         }
         let info = s.info().unwrap();
-        (crc, reply.unwrap_or_default(), got, got_crc, info)
-    })
-    .join()
-    .expect("engine thread");
+        (crc, rb.reply.unwrap_or_default(), rb.got, rb.crc, info)
+    });
     let secs = t0.elapsed().as_secs_f64();
-    let mut last = String::new();
-    out.read_line(&mut last).unwrap();
-    let _ = py.wait();
+    let last = peer.finish();
     eprintln!(
         "{mib} MiB each way in {secs:.1} s ({:.2} Gbit/s both directions); {info:?}",
         (2 * total) as f64 * 8.0 / secs / 1e9
@@ -262,7 +222,7 @@ fn stream_hashed_both_ways_between_a_kernel_peer_and_the_xdp_tcp() {
         "kernel peer's view of our stream"
     );
     assert_eq!(
-        last.trim(),
+        last,
         format!("sent {got} {got_crc}"),
         "our view of the kernel's stream"
     );

@@ -11,13 +11,17 @@
 //!   installed (`scripts/install-deps.sh` installs them); a missing one fails
 //!   the test with its name rather than skipping it silently;
 //! - [`in_ns`]: run a closure in a lab namespace;
+//! - [`ok`], [`one_line_failure`]: a command's stdout when it succeeded,
+//!   its one line when it failed;
+//! - [`LabDown`]: a lab
+//!   made by name (through the CLI) taken down when the test ends;
 //! - [`xdp_test_bin`]: the `nanowire-xdp-test` program (the engine's
 //!   echo/count/ping-pong test mode), built on first use.
 
-use nanowire_lab::testbed::{LabOptions, ScopedLab};
+use nanowire_lab::testbed::{Lab, LabOptions, ScopedLab};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 /// True when this process runs as root (namespaces, XDP, AF_XDP).
@@ -79,20 +83,71 @@ pub fn lab(tag: &str) -> ScopedLab {
 /// on drop. Needs root.
 #[track_caller]
 pub fn lab_with(tag: &str, opts: LabOptions) -> ScopedLab {
-    require_root();
-    let name = lab_name(tag);
-    ScopedLab::new(LabOptions { name, ..opts })
-        .unwrap_or_else(|e| panic!("bringing up lab {}: {e}", lab_name(tag)))
+    scoped(tag, opts, ScopedLab::new)
 }
 
 /// Like [`lab_with`], with the impaired wire between the hosts (clear at
 /// first). Needs root.
 #[track_caller]
 pub fn lab_impaired(tag: &str, opts: LabOptions) -> ScopedLab {
+    scoped(tag, opts, ScopedLab::new_impaired)
+}
+
+#[track_caller]
+fn scoped(
+    tag: &str,
+    opts: LabOptions,
+    up: fn(LabOptions) -> Result<ScopedLab, nanowire_lab::testbed::Error>,
+) -> ScopedLab {
     require_root();
     let name = lab_name(tag);
-    ScopedLab::new_impaired(LabOptions { name, ..opts })
-        .unwrap_or_else(|e| panic!("bringing up impaired lab {}: {e}", lab_name(tag)))
+    up(LabOptions {
+        name: name.clone(),
+        ..opts
+    })
+    .unwrap_or_else(|e| panic!("bringing up lab {name}: {e}"))
+}
+
+/// The stdout of a command that succeeded; otherwise the test fails with
+/// both its outputs.
+#[track_caller]
+pub fn ok(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "failed ({}): {}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A command that failed cleanly: a non-zero exit, no panic, and exactly
+/// one line on stderr, which mentions `needle`. Returns that line.
+#[track_caller]
+pub fn one_line_failure(what: &str, o: &Output, needle: &str) -> String {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "{what}: succeeded, expected a failure: {}{err}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(!err.contains("panicked"), "{what}: panicked: {err}");
+    assert_eq!(err.lines().count(), 1, "{what}: not one line: {err:?}");
+    assert!(err.contains(needle), "{what}: {needle:?} not said: {err}");
+    err.trim_end().to_string()
+}
+
+/// Takes lab `.0` down when dropped, pass or fail: the guard of a test that
+/// brings its lab up itself (`nanowire lab up --name ...`).
+pub struct LabDown(pub String);
+
+impl Drop for LabDown {
+    fn drop(&mut self) {
+        if let Ok(l) = Lab::named(&self.0) {
+            let _ = l.down();
+        }
+    }
 }
 
 /// Run `f` on a thread that has joined network namespace `ns` (a name under

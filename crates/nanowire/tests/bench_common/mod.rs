@@ -110,6 +110,24 @@ pub fn run(lab: &ScopedLab, h: Host, argv: &[&str], t: Duration) -> Output {
     wait_output(child, t, &argv.join(" "))
 }
 
+/// How long one client run may take.
+pub const RUN_T: Duration = Duration::from_secs(30);
+
+/// `nanowire bench LINE` in host a, to completion (LINE split at white
+/// space, as typed).
+pub fn bench(lab: &ScopedLab, line: &str) -> Output {
+    let mut argv = vec![NW, "bench"];
+    argv.extend(line.split_whitespace());
+    run(lab, Host::A, &argv, RUN_T)
+}
+
+/// `LINE` (a program and its arguments, split at white space) in host a,
+/// to completion.
+pub fn in_a(lab: &ScopedLab, line: &str) -> Output {
+    let argv: Vec<&str> = line.split_whitespace().collect();
+    run(lab, Host::A, &argv, RUN_T)
+}
+
 /// Wait until something listens on `port` (udp or tcp) in host `h`.
 pub fn wait_listening(lab: &ScopedLab, h: Host, tcp: bool, port: u16) {
     let end = Instant::now() + Duration::from_secs(10);
@@ -179,14 +197,6 @@ pub fn stderr_lines(g: &mut Guard) -> mpsc::Receiver<String> {
 
 /// A one-line "nanowire: error: ..." and a non-zero exit, never a panic.
 pub fn assert_clean_error(o: &Output, needle: &str) {
-    let (out, err) = text(o);
-    assert!(!o.status.success(), "expected failure, got success:\n{out}");
-    assert!(!err.contains("panicked"), "panic: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "expected one line on stderr, got: {err:?}");
-    assert!(
-        lines[0].starts_with("nanowire: error: ") && lines[0].contains(needle),
-        "expected an error mentioning {needle:?}, got {:?}",
-        lines[0]
-    );
+    let line = nanowire_testkit::one_line_failure("bench", o, needle);
+    assert!(line.starts_with("nanowire: error: "), "{line}");
 }

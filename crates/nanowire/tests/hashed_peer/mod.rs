@@ -1,5 +1,10 @@
 //! The kernel TCP peer of the hashed-stream tests (xdp_tcp.rs, xdp_faults.rs)
 //! and the CRC-32 (zlib's) both ends agree on.
+#![allow(dead_code)]
+
+use nanowire_lab::testbed::{Host, ScopedLab};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdout, Stdio};
 
 /// Python kernel peer: `ADDR PORT TOTAL`. Listens, prints `listening`,
 /// accepts one connection, reads to EOF and answers `"<bytes> <crc32>\n"`,
@@ -24,6 +29,79 @@ while sent < total:
 c.close()
 print(f"sent {sent} {scrc}", flush=True)
 "#;
+
+/// [`HASHED_PEER_PY`] running in host b on `198.18.0.2:port`, listening;
+/// killed and reaped on drop.
+pub struct KernelPeer {
+    child: Child,
+    out: BufReader<ChildStdout>,
+}
+
+impl KernelPeer {
+    /// Start the peer, which streams `total` bytes back, and wait until it
+    /// listens.
+    pub fn start(l: &ScopedLab, port: u16, total: u64) -> KernelPeer {
+        let (p, t) = (port.to_string(), total.to_string());
+        let argv = ["python3", "-c", HASHED_PEER_PY, "198.18.0.2", &p, &t];
+        let mut child = l
+            .command(Host::B, &argv)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout piped"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("the peer's first line");
+        assert_eq!(line.trim(), "listening");
+        KernelPeer { child, out }
+    }
+
+    /// Its last line, `sent <bytes> <crc32>`, once it has sent everything.
+    pub fn finish(mut self) -> String {
+        let mut last = String::new();
+        self.out.read_line(&mut last).expect("the peer's last line");
+        let _ = self.child.wait();
+        last.trim().to_string()
+    }
+}
+
+impl Drop for KernelPeer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the engine side reads from the peer: its reply line (`"<bytes>
+/// <crc32>"`, its view of our stream), then its own stream, counted and
+/// hashed.
+#[derive(Default)]
+pub struct Readback {
+    head: Vec<u8>,
+    pub reply: Option<String>,
+    pub got: u64,
+    pub crc: u32,
+}
+
+impl Readback {
+    pub fn feed(&mut self, crc32: &Crc32, data: &[u8]) {
+        let data = if self.reply.is_some() {
+            data
+        } else {
+            self.head.extend_from_slice(data);
+            let Some(p) = self.head.iter().position(|&b| b == b'\n') else {
+                return;
+            };
+            self.reply = Some(String::from_utf8_lossy(&self.head[..p]).into_owned());
+            let rest = self.head.split_off(p + 1);
+            self.crc = crc32.update(self.crc, &rest);
+            self.got += rest.len() as u64;
+            return;
+        };
+        self.crc = crc32.update(self.crc, data);
+        self.got += data.len() as u64;
+    }
+}
 
 /// zlib's CRC-32, continued from `crc` (0 to start), table-driven.
 pub struct Crc32([u32; 256]);

@@ -196,6 +196,29 @@ pub fn plain_in(lab: &ScopedLab, h: Host, cmd: &[&str]) -> Command {
     lab.command(h, cmd)
 }
 
+/// A differential check: `got` (the program's stdout under `nanowire run`)
+/// is `want` (its stdout run plainly), to the byte; a difference names
+/// every line that differs, then both outputs and `context` (what else
+/// helps, e.g. the run's stderr).
+#[track_caller]
+pub fn assert_same_output(what: &str, want: &str, got: &str, context: &str) {
+    if want == got {
+        return;
+    }
+    let diff: Vec<String> = want
+        .lines()
+        .zip(got.lines())
+        .filter(|(x, y)| x != y)
+        .map(|(x, y)| format!("plain: {x}\n  run: {y}"))
+        .collect();
+    panic!(
+        "{what}: the output under run differs from the plain run ({} against {} lines):\n{}\nplain:\n{want}\nrun:\n{got}\n{context}",
+        want.lines().count(),
+        got.lines().count(),
+        diff.join("\n")
+    );
+}
+
 /// Value after `key=` in sockperf's output (e.g. `ReceivedMessages`).
 pub fn sockperf_field(out: &str, key: &str) -> Option<u64> {
     let i = out.find(&format!("{key}="))?;
