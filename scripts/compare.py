@@ -265,6 +265,32 @@ def floor_configs(a):
     ]
 
 
+def iperf3_pair(a, server_argv, client_argv):
+    """One iperf3 run in the lab: the server (`-s -1`) in host b, then the client in host a; the
+    `end` section of the client's JSON (-J)."""
+    s = subprocess.Popen(["ip", "netns", "exec", ns(a.lab, "b")] + server_argv,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)
+    try:
+        p = subprocess.run(["ip", "netns", "exec", ns(a.lab, "a")] + client_argv,
+                           capture_output=True, text=True, timeout=a.seconds + 60)
+    finally:
+        try:
+            s.wait(10)
+        except subprocess.TimeoutExpired:
+            s.kill()
+            s.wait()
+    return json.loads(p.stdout[p.stdout.index("{"):])["end"]
+
+
+def iperf3_result(end):
+    """Throughput (the receiver's count) and the CPU% of each end of one iperf3 run."""
+    return {"gbps": round(end["sum_received"]["bits_per_second"] / 1e9, 3),
+            "bytes": end["sum_received"]["bytes"],
+            "cpu_client_pct": round(end["cpu_utilization_percent"]["host_total"], 1),
+            "cpu_server_pct": round(end["cpu_utilization_percent"]["remote_total"], 1)}
+
+
 def iperf_main(a, base, configs):
     """iperf3 TCP, both ends under `nanowire run --engine E` (kernel, spin, xdp), interleaved:
     throughput and CPU% of each end (iperf3's own accounting), medians and ratios to kernel."""
@@ -272,28 +298,11 @@ def iperf_main(a, base, configs):
     for r in range(a.repeats):
         for label, *_ in configs:
             port = str(PORT + 7)
-            s = subprocess.Popen(["ip", "netns", "exec", ns(a.lab, "b")] +
-                                 nw_run(label, ["taskset", "-c", "1", "iperf3", "-s", "-1", "-B", B, "-p", port],
+            end = iperf3_pair(a, nw_run(label, ["taskset", "-c", "1", "iperf3", "-s", "-1", "-B", B, "-p", port],
                                         profile="throughput"),
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(1.0)
-            try:
-                p = subprocess.run(["ip", "netns", "exec", ns(a.lab, "a")] +
-                                   nw_run(label, ["taskset", "-c", "0", "iperf3", "-c", B, "-p", port,
-                                                  "-t", str(a.seconds), "-J"], profile="throughput"),
-                                   capture_output=True, text=True, timeout=a.seconds + 60)
-            finally:
-                try:
-                    s.wait(10)
-                except subprocess.TimeoutExpired:
-                    s.kill()
-                    s.wait()
-            d = json.loads(p.stdout[p.stdout.index("{"):])
-            end = d["end"]
-            res = {"gbps": round(end["sum_received"]["bits_per_second"] / 1e9, 3),
-                   "bytes": end["sum_received"]["bytes"],
-                   "cpu_client_pct": round(end["cpu_utilization_percent"]["host_total"], 1),
-                   "cpu_server_pct": round(end["cpu_utilization_percent"]["remote_total"], 1)}
+                              nw_run(label, ["taskset", "-c", "0", "iperf3", "-c", B, "-p", port,
+                                             "-t", str(a.seconds), "-J"], profile="throughput"))
+            res = iperf3_result(end)
             res["gbps_per_cpu"] = round(res["gbps"] / max(1e-9, (res["cpu_client_pct"] + res["cpu_server_pct"]) / 100), 3)
             runs[label].append(res)
             print(f"# repeat {r + 1} {label}: {res}", file=sys.stderr)
@@ -323,28 +332,11 @@ def iperf_p4_main(a, base, configs):
         for label, *_ in configs:
             srv_run, cli_run = placement[label]
             port = str(PORT + 8)
-            s = subprocess.Popen(["ip", "netns", "exec", ns(a.lab, "b")] +
-                                 wrap(srv_run, ["taskset", "-c", "1", "iperf3", "-s", "-1", "-B", B, "-p", port]),
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(1.0)
-            try:
-                p = subprocess.run(["ip", "netns", "exec", ns(a.lab, "a")] +
-                                   wrap(cli_run, ["taskset", "-c", "0", "iperf3", "-c", B, "-p", port, "-P", "4",
-                                                  "-t", str(a.seconds), "-J"]),
-                                   capture_output=True, text=True, timeout=a.seconds + 60)
-            finally:
-                try:
-                    s.wait(10)
-                except subprocess.TimeoutExpired:
-                    s.kill()
-                    s.wait()
-            d = json.loads(p.stdout[p.stdout.index("{"):])
-            end = d["end"]
-            res = {"gbps": round(end["sum_received"]["bits_per_second"] / 1e9, 3),
-                   "bytes": end["sum_received"]["bytes"],
-                   "retransmits": end["sum_sent"].get("retransmits", 0),
-                   "cpu_client_pct": round(end["cpu_utilization_percent"]["host_total"], 1),
-                   "cpu_server_pct": round(end["cpu_utilization_percent"]["remote_total"], 1)}
+            end = iperf3_pair(a, wrap(srv_run, ["taskset", "-c", "1", "iperf3", "-s", "-1", "-B", B, "-p", port]),
+                              wrap(cli_run, ["taskset", "-c", "0", "iperf3", "-c", B, "-p", port, "-P", "4",
+                                             "-t", str(a.seconds), "-J"]))
+            res = iperf3_result(end)
+            res["retransmits"] = end["sum_sent"].get("retransmits", 0)
             runs[label].append(res)
             print(f"# repeat {r + 1} {label}: {res}", file=sys.stderr)
     keys = ["gbps", "retransmits", "cpu_client_pct", "cpu_server_pct"]

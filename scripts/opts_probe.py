@@ -31,6 +31,18 @@ IP_RECVTTL = 12
 KEY = b"nanowire-md5-key"
 
 
+def say_echo(s, addr, port, msg):
+    """Connect s, send msg and print what the server echoes ("connected ..."),
+    or "timeout" after 3 s."""
+    s.settimeout(3)
+    try:
+        s.connect((addr, port))
+        s.sendall(msg)
+        print("connected", s.recv(100).decode(), flush=True)
+    except socket.timeout:
+        print("timeout", flush=True)
+
+
 def md5sig(peer, key):
     # struct tcp_md5sig: sockaddr_storage (128), flags, prefixlen, keylen,
     # ifindex, key[80].
@@ -151,13 +163,7 @@ def main():
         s = socket.socket()
         if len(sys.argv) > 4:
             s.setsockopt(socket.IPPROTO_TCP, TCP_MD5SIG, md5sig(addr, sys.argv[4].encode()))
-        s.settimeout(3)
-        try:
-            s.connect((addr, port))
-            s.sendall(b"signed")
-            print("connected", s.recv(100).decode(), flush=True)
-        except socket.timeout:
-            print("timeout", flush=True)
+        say_echo(s, addr, port, b"signed")
     elif mode == "minttl-server":
         ls = socket.socket()
         ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -183,13 +189,7 @@ def main():
     elif mode == "ttl-client":
         s = socket.socket()
         s.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, int(sys.argv[4]))
-        s.settimeout(3)
-        try:
-            s.connect((addr, port))
-            s.sendall(b"ttl ok")
-            print("connected", s.recv(100).decode(), flush=True)
-        except socket.timeout:
-            print("timeout", flush=True)
+        say_echo(s, addr, port, b"ttl ok")
     else:
         sys.exit("unknown mode " + mode)
 

@@ -43,6 +43,32 @@ def read_to_eof(s):
         b += c
 
 
+def recv_hashed(s, n):
+    """Up to n bytes (fewer at EOF): how many came, and their sha256."""
+    h = hashlib.sha256()
+    got = 0
+    while got < n:
+        b = s.recv(min(1 << 20, n - got))
+        if not b:
+            break
+        h.update(b)
+        got += len(b)
+    return got, h
+
+
+def send_hashed(s, n):
+    """n random bytes: how many were sent, and their sha256."""
+    h = hashlib.sha256()
+    chunk = os.urandom(1 << 16)
+    sent = 0
+    while sent < n:
+        b = chunk[: min(len(chunk), n - sent)]
+        s.sendall(b)
+        h.update(b)
+        sent += len(b)
+    return sent, h
+
+
 def tcp_state(s):
     return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)[0]
 
@@ -167,25 +193,11 @@ def serve_one(c, case):
         c.close()
     elif case == "bulk":
         n = struct.unpack("!Q", recv_exact(c, 8))[0]
-        h = hashlib.sha256()
-        got = 0
-        while got < n:
-            b = c.recv(min(1 << 20, n - got))
-            if not b:
-                break
-            h.update(b)
-            got += len(b)
+        got, h = recv_hashed(c, n)
         c.sendall(h.digest())
         out(f"bulk: received {got} bytes")
         # and the other way: N bytes, then their digest
-        h = hashlib.sha256()
-        chunk = os.urandom(1 << 16)
-        sent = 0
-        while sent < n:
-            b = chunk[: min(len(chunk), n - sent)]
-            c.sendall(b)
-            h.update(b)
-            sent += len(b)
+        sent, h = send_hashed(c, n)
         c.sendall(h.digest())
         out(f"bulk: sent {sent} bytes")
         c.close()
@@ -440,24 +452,10 @@ def client(addr, port):
     # a bulk stream, hashed (NANOWIRE_TCP_STREAM_MIB, default 4)
     n = int(os.environ.get("NANOWIRE_TCP_STREAM_MIB", "4")) << 20
     s = conn(addr, port, "bulk", struct.pack("!Q", n))
-    h = hashlib.sha256()
-    chunk = os.urandom(1 << 16)
-    sent = 0
-    while sent < n:
-        b = chunk[: min(len(chunk), n - sent)]
-        s.sendall(b)
-        h.update(b)
-        sent += len(b)
+    sent, h = send_hashed(s, n)
     r = recv_exact(s, 32)
     out(f"bulk: sent {sent} bytes; digest {'matches' if r == h.digest() else 'DIFFERS'}")
-    h = hashlib.sha256()
-    got = 0
-    while got < n:
-        b = s.recv(min(1 << 20, n - got))
-        if not b:
-            break
-        h.update(b)
-        got += len(b)
+    got, h = recv_hashed(s, n)
     r = recv_exact(s, 32)
     out(f"bulk: received {got} bytes; digest {'matches' if r == h.digest() else 'DIFFERS'}")
     s.close()

@@ -9,7 +9,7 @@ use crate::client::{Protocol, engine_options, pin_to_cpu};
 use crate::env::Env;
 use crate::result::thread_cpu_s;
 use crate::seq::SeqTracker;
-use crate::transport::{Frame, MAX_TCP_MSG, StreamBuf, TcpIo};
+use crate::transport::{Frame, MAX_TCP_MSG, StreamBuf, TcpIo, busy};
 use nanowire_stack::{EngineKind, TcpAcceptor, UdpEndpoint, WaitPolicy};
 use nanowire_wire::sockperf::{ServerAction, SockperfHeader, server_action};
 use rustix::event::{PollFd, PollFlags, Timespec};
@@ -469,14 +469,7 @@ fn serve_udp(
                                     ok = true;
                                     break;
                                 }
-                                Err(e)
-                                    if matches!(
-                                        e.kind(),
-                                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                                    ) =>
-                                {
-                                    std::hint::spin_loop()
-                                }
+                                Err(e) if busy(&e) => std::hint::spin_loop(),
                                 Err(_) => break,
                             }
                         }
@@ -516,6 +509,31 @@ struct Conn<S: TcpIo = TcpStream> {
     rbuf: StreamBuf,
     wbuf: StreamBuf,
     closed: bool,
+}
+
+impl<S: TcpIo> Conn<S> {
+    fn new(s: S, client: usize) -> Conn<S> {
+        Conn {
+            s,
+            client,
+            rbuf: StreamBuf::with_capacity(128 * 1024),
+            wbuf: StreamBuf::with_capacity(128 * 1024),
+            closed: false,
+        }
+    }
+}
+
+/// Service every connection once; those that closed are dropped (and
+/// counted). True when any made progress.
+fn service_all<S: TcpIo>(conns: &mut Vec<Conn<S>>, st: &mut State) -> bool {
+    let mut progress = false;
+    for c in conns.iter_mut() {
+        progress |= service_conn(c, st);
+    }
+    let before = conns.len();
+    conns.retain(|c| !c.closed);
+    st.base.disconnects += (before - conns.len()) as u64;
+    progress
 }
 
 fn service_conn<S: TcpIo>(c: &mut Conn<S>, st: &mut State) -> bool {
@@ -696,20 +714,9 @@ fn serve_tcp_loop<L: TcpAcceptor>(
             }
             st.base.connections += 1;
             let ci = st.new_client(format!("tcp {peer}"));
-            conns.push(Conn {
-                s,
-                client: ci,
-                rbuf: StreamBuf::with_capacity(128 * 1024),
-                wbuf: StreamBuf::with_capacity(128 * 1024),
-                closed: false,
-            });
+            conns.push(Conn::new(s, ci));
         }
-        for c in conns.iter_mut() {
-            progress |= service_conn(c, st);
-        }
-        let before = conns.len();
-        conns.retain(|c| !c.closed);
-        st.base.disconnects += (before - conns.len()) as u64;
+        progress |= service_all(&mut conns, st);
         if !progress {
             idle(l, &conns)?;
         }

@@ -26,6 +26,7 @@
 //! (engine used, fallback, messages read).
 
 use crate::result::{Latency, LatencyRecorder};
+use crate::transport::retry_busy;
 use clap::Args;
 use nanowire_stack::kernel::{
     enable_rx_timestamps, realtime_ns, recv_stamped, set_tx_timestamps, tx_stamp,
@@ -429,36 +430,21 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
     // Send one message; returns when the send call returned (CLOCK_REALTIME ns).
     let mut send = |m: &Md, msg: &mut [u8], wire: &mut [(u64, u64)]| -> Result<u64, String> {
         m.write(msg);
-        loop {
-            match md.send_to(msg, dst) {
-                Ok(_) => {
-                    let returned = realtime_ns();
-                    if m.kind == Kind::Tick
-                        && let Some(w) = &wire_sock
-                    {
-                        // Stamping is on for this tick only. veth stamps as it
-                        // transmits, so the stamp is queued by the time the
-                        // send returns.
-                        while let Some(ns) =
-                            tx_stamp(w.as_fd()).map_err(io_s("reading a transmit stamp"))?
-                        {
-                            wire[m.seq as usize % WIRE_SLOTS] = (m.seq, ns);
-                        }
-                        set_tx_timestamps(w.as_fd(), false).map_err(io_s("SO_TIMESTAMPING"))?;
-                    }
-                    return Ok(returned);
-                }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    std::hint::spin_loop()
-                }
-                Err(e) => return Err(format!("sending market data to {dst}: {e}")),
+        retry_busy(|| md.send_to(msg, dst))
+            .map_err(|e| format!("sending market data to {dst}: {e}"))?;
+        let returned = realtime_ns();
+        if m.kind == Kind::Tick
+            && let Some(w) = &wire_sock
+        {
+            // Stamping is on for this tick only. veth stamps as it
+            // transmits, so the stamp is queued by the time the send
+            // returns.
+            while let Some(ns) = tx_stamp(w.as_fd()).map_err(io_s("reading a transmit stamp"))? {
+                wire[m.seq as usize % WIRE_SLOTS] = (m.seq, ns);
             }
+            set_tx_timestamps(w.as_fd(), false).map_err(io_s("SO_TIMESTAMPING"))?;
         }
+        Ok(returned)
     };
     // Read what orders are there; false at end of stream.
     let mut read_orders = |rbuf: &mut Vec<u8>,
@@ -641,18 +627,9 @@ impl OrderConn {
             OrderConn::Kernel(s) => {
                 let mut off = 0;
                 while off < b.len() {
-                    match s.write(&b[off..]) {
-                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                        Ok(n) => off += n,
-                        Err(e)
-                            if matches!(
-                                e.kind(),
-                                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                            ) =>
-                        {
-                            std::hint::spin_loop()
-                        }
-                        Err(e) => return Err(e),
+                    match retry_busy(|| s.write(&b[off..]))? {
+                        0 => return Err(io::ErrorKind::WriteZero.into()),
+                        n => off += n,
                     }
                 }
                 Ok(())

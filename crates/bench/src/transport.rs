@@ -7,6 +7,26 @@ use std::io::{self, Read};
 use std::net::{SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant};
 
+/// A call that found the socket busy (it would block, or a signal came):
+/// worth trying again at once.
+pub(crate) fn busy(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
+}
+
+/// `op` again until the socket is not busy (spinning: the benchmark's
+/// sockets are non-blocking by design); its first other result.
+pub(crate) fn retry_busy<T>(mut op: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    loop {
+        match op() {
+            Err(e) if busy(&e) => std::hint::spin_loop(),
+            r => return r,
+        }
+    }
+}
+
 /// Largest TCP message (header included) the client sends and the server accepts.
 pub const MAX_TCP_MSG: usize = 1 << 20;
 
@@ -43,37 +63,11 @@ impl Transport for UdpTransport {
         self.ep.last_rx_stamp()
     }
     fn send_msg(&mut self, msg: &[u8]) -> io::Result<()> {
-        loop {
-            match self.ep.send_to(msg, self.peer) {
-                Ok(_) => return Ok(()),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    std::hint::spin_loop()
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        retry_busy(|| self.ep.send_to(msg, self.peer)).map(|_| ())
     }
 
     fn send_batch(&mut self, msgs: &[&[u8]]) -> io::Result<usize> {
-        loop {
-            match self.ep.send_batch_to(msgs, self.peer) {
-                Ok(n) => return Ok(n),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    std::hint::spin_loop()
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        retry_busy(|| self.ep.send_batch_to(msgs, self.peer))
     }
 
     fn recv_msg(&mut self, buf: &mut [u8], deadline: Option<Instant>) -> io::Result<Option<usize>> {

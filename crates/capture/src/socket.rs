@@ -28,6 +28,17 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
+/// The call's error (errno), or `Ok(None)` when it is `nothing`: no frame
+/// now, which is not an error.
+fn none_if<T>(nothing: io::ErrorKind) -> io::Result<Option<T>> {
+    let e = io::Error::last_os_error();
+    if e.kind() == nothing {
+        Ok(None)
+    } else {
+        Err(e)
+    }
+}
+
 impl PacketSocket {
     /// Open and bind to `iface`. Needs CAP_NET_RAW.
     pub fn open(iface: &str) -> io::Result<PacketSocket> {
@@ -97,12 +108,7 @@ impl PacketSocket {
         // SAFETY: `pfd` is one valid pollfd.
         let n = unsafe { libc::poll(&mut pfd, 1, ms) };
         if n < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::Interrupted {
-                Ok(None)
-            } else {
-                Err(e)
-            };
+            return none_if(io::ErrorKind::Interrupted);
         }
         if n == 0 {
             return Ok(None);
@@ -131,12 +137,7 @@ impl PacketSocket {
             )
         };
         if r < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::WouldBlock {
-                Ok(None)
-            } else {
-                Err(e)
-            };
+            return none_if(io::ErrorKind::WouldBlock);
         }
         let orig_len = r as usize;
         let mut ts_ns = 0u64;

@@ -214,25 +214,13 @@ impl ExperimentKind for Capture {
             rows: vec![
                 vec![
                     json!("no capture"),
-                    json!(
-                        plain
-                            .iter()
-                            .map(|v| format!("{v:.3}"))
-                            .collect::<Vec<_>>()
-                            .join(" ")
-                    ),
+                    json!(fmt_list(&plain)),
                     jnum(mp),
                     jnum(1.0),
                 ],
                 vec![
                     json!("tap capture on both hosts"),
-                    json!(
-                        tapped
-                            .iter()
-                            .map(|v| format!("{v:.3}"))
-                            .collect::<Vec<_>>()
-                            .join(" ")
-                    ),
+                    json!(fmt_list(&tapped)),
                     jnum(mt),
                     jnum(mt / mp),
                 ],
@@ -358,4 +346,12 @@ impl Capture {
         }
         Ok((r, v, s))
     }
+}
+
+/// Values to three decimals, separated by spaces.
+fn fmt_list(v: &[f64]) -> String {
+    v.iter()
+        .map(|v| format!("{v:.3}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
