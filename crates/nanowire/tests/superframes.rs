@@ -66,8 +66,8 @@ print(f"sent {sent} {h.hexdigest()}", flush=True)
 
 /// [`SINK_PY`] on `port` in host b under run (`mode` XDP, `env` set), until
 /// it listens; then [`SOURCE_PY`] in host a, plainly, writing `total` bytes
-/// to it. Returns what the source printed and, once the sink has its
-/// stream, everything the sink said.
+/// to it. Returns what the source printed and the sink, still running (its
+/// engine too), once it has its stream.
 fn sink_and_source(
     l: &ScopedLab,
     tag: &str,
@@ -75,7 +75,7 @@ fn sink_and_source(
     env: &[(&str, &str)],
     port: &str,
     total: &str,
-) -> (String, String) {
+) -> (String, Kid) {
     let addr = ADDR_B.to_string();
     let mut cmd = under_run(l, Host::B, mode, &["python3", "-c", SINK_PY, &addr, port]);
     cmd.envs(env.iter().copied());
@@ -85,7 +85,7 @@ fn sink_and_source(
     let mut cli = spawn(&format!("source-{tag}"), plain_in(l, Host::A, &source));
     let c = cli.success(T);
     srv.wait_for("got ", T);
-    (c, srv.both())
+    (c, srv)
 }
 
 #[test]
@@ -96,7 +96,8 @@ fn a_plain_client_writes_300_mb_to_an_accelerated_python_server() {
     let addr = ADDR_B.to_string();
     for (i, mode) in MODES.iter().enumerate() {
         let port = (14100 + i).to_string();
-        let (c, s) = sink_and_source(&l, mode, mode, &[], &port, &total);
+        let (c, srv) = sink_and_source(&l, mode, mode, &[], &port, &total);
+        let s = srv.both();
         assert!(
             s.contains(&format!("tcp listener {addr}:{port}: xdp")),
             "{mode}: the server is not on the engine:\n{s}"
@@ -151,7 +152,7 @@ fn lost_and_reordered_super_frames_keep_a_hashed_stream_intact() {
     let total = (64u64 << 20).to_string();
     let port = "14300";
     let faults = "seed=21,loss=0.5%,reorder=3%,reorder_delay_us=300,dir=rx";
-    let (c, s) = sink_and_source(
+    let (c, srv) = sink_and_source(
         &l,
         "faults",
         "generic",
@@ -159,6 +160,7 @@ fn lost_and_reordered_super_frames_keep_a_hashed_stream_intact() {
         port,
         &total,
     );
+    let s = srv.both();
     assert!(s.contains("fault injection on"), "{s}");
     assert_eq!(field(&s, "got"), field(&c, "sent"), "the stream differs");
     let e = engine_counters(&l, Host::B);
@@ -331,7 +333,8 @@ fn without_multi_buffer_tcp_stays_on_the_kernel_and_says_so() {
     let addr = ADDR_B.to_string();
     let port = "14400";
     let no_mb = [("NANOWIRE_XDP_NO_MULTI_BUFFER", "1")];
-    let (c, s) = sink_and_source(&l, "nomb", "generic", &no_mb, port, &total);
+    let (c, srv) = sink_and_source(&l, "nomb", "generic", &no_mb, port, &total);
+    let s = srv.both();
     assert!(
         s.contains("super-frames; TCP stays on the kernel"),
         "the reason is on stderr:\n{s}"
