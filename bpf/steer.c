@@ -4,7 +4,9 @@
 //
 // A flow is claimed by inserting (destination address, destination port),
 // both in network byte order, into `claims`. Claimed packets go to the
-// AF_XDP socket of the RX queue they arrived on (`xsks`, indexed by queue).
+// AF_XDP socket of the RX queue they arrived on (`xsks`, indexed by queue;
+// under the engine service, the claiming process's socket on that queue:
+// the claim's value names its slot, see xsk_key).
 // Everything else -- ARP, ICMP, unclaimed TCP, IPv6, VLAN-tagged frames, unclaimed
 // UDP ports, and every UDP fragment, first or not -- is XDP_PASS: the kernel
 // reassembles fragmented datagrams and delivers them to the socket's kernel
@@ -54,12 +56,17 @@ struct {
 	__type(value, __u32);
 } nw_claims SEC(".maps");
 
+// Indexed by RX queue (an engine of its own), or, for a claim whose value
+// has NW_SLOT (the engine service: several processes on one queue, each
+// with its own socket on a shared UMEM), by slot * 64 + RX queue.
 struct {
 	__uint(type, BPF_MAP_TYPE_XSKMAP);
-	__uint(max_entries, 64);
+	__uint(max_entries, 4096);
 	__type(key, __u32);
 	__type(value, __u32);
 } nw_xsks SEC(".maps");
+
+#define NW_SLOT 0x40000000u
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -70,9 +77,9 @@ struct {
 
 // One XSKMAP lookup: the redirect itself answers XDP_PASS (the action in
 // the flags) when the queue has no socket (counted in nw_stats[0]).
-static __always_inline int redirect(struct xdp_md *ctx)
+static __always_inline int redirect_to(struct xdp_md *ctx, __u32 key)
 {
-	long act = bpf_redirect_map(&nw_xsks, ctx->rx_queue_index, XDP_PASS);
+	long act = bpf_redirect_map(&nw_xsks, key, XDP_PASS);
 	if (act == XDP_REDIRECT)
 		return XDP_REDIRECT;
 	__u32 k = 0;
@@ -80,6 +87,21 @@ static __always_inline int redirect(struct xdp_md *ctx)
 	if (c)
 		*c += 1;
 	return XDP_PASS;
+}
+
+static __always_inline int redirect(struct xdp_md *ctx)
+{
+	return redirect_to(ctx, ctx->rx_queue_index);
+}
+
+// The socket a claim's value names: its slot's on this queue, or the
+// queue's own.
+static __always_inline __u32 xsk_key(struct xdp_md *ctx, __u32 v)
+{
+	__u32 q = ctx->rx_queue_index & 63;
+	if (v & NW_SLOT)
+		return ((v & 63) << 6) | q;
+	return ctx->rx_queue_index;
 }
 
 // ---- Frames for another host (issue 20, finding 12) ----
@@ -271,14 +293,16 @@ static __always_inline int steer(struct xdp_md *ctx)
 			return XDP_PASS;
 	}
 	struct claim_key key = { .addr = ip->daddr, .port = ports[1], .pad = 0 };
-	if (!bpf_map_lookup_elem(&nw_claims, &key))
+	__u32 *owner = bpf_map_lookup_elem(&nw_claims, &key);
+	if (!owner)
 		return XDP_PASS;
+	__u32 xkey = xsk_key(ctx, *owner);
 	// A UDP GSO super-frame (longer than the MTU): the kernel splits it.
 	__u32 mtu_len = bpf_ntohs(ip->tot_len);
 	if ((!cfg || mtu_len > cfg->mtu) &&
 	    bpf_check_mtu(ctx, 0, &mtu_len, 0, 0) != BPF_MTU_CHK_RET_SUCCESS)
 		return XDP_PASS;
-	return redirect(ctx);
+	return redirect_to(ctx, xkey);
 }
 
 SEC("xdp")

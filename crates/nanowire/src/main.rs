@@ -2,6 +2,7 @@
 //! and drop-in acceleration. Each subcommand lives in its crate; this file
 //! only dispatches and turns errors into one line and a non-zero exit.
 
+mod engine;
 mod stats;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -27,6 +28,8 @@ enum Cmd {
     Lab(nanowire_lab::cli::LabArgs),
     /// Counters of running nanowire engines.
     Stats(stats::StatsArgs),
+    /// The engine service: one engine per interface for the whole network namespace.
+    Engine(engine::EngineArgs),
     /// Run an unmodified program with drop-in acceleration (LD_PRELOAD shim).
     Run(nanowire_run::cli::RunArgs),
     /// What decides whether acceleration works, and how well, on this host and its interfaces.
@@ -71,6 +74,7 @@ fn main() {
         Cmd::Bench(a) => nanowire_bench::cli::run(a),
         Cmd::Lab(a) => nanowire_lab::cli::run(a),
         Cmd::Stats(a) => stats::run(a),
+        Cmd::Engine(a) => engine::run(a),
         Cmd::Run(a) => nanowire_run::cli::run(a),
         Cmd::Capture(a) => nanowire_capture::cli::run(a, config::config().xdp_mode),
         Cmd::Doctor(a) => nanowire_doctor::run(a),

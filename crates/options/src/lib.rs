@@ -195,6 +195,20 @@ pub const OPTIONS: &[OptSpec] = &[
               (drop_fault_rx, fault_rx_*, fault_tx_*); the engine says so on stderr when it starts.",
     },
     OptSpec {
+        name: "service",
+        env: "NANOWIRE_SERVICE",
+        ty: OptType::Bool,
+        default: "0",
+        range: "0|1",
+        min: 0,
+        max: 1,
+        profiles: ["0", "0", "0"],
+        doc: "xdp engine: attach to the network namespace's engine service (`nanowire engine \
+              serve`, started on demand when this process is root) instead of opening an engine \
+              of the process's own: every process on the interface accelerated, no capability \
+              needed (issue 23; UDP only, TCP stays on the kernel). 0: an engine per process.",
+    },
+    OptSpec {
         name: "log",
         env: "NANOWIRE_LOG",
         ty: OptType::Level,
@@ -330,6 +344,8 @@ pub struct Config {
     pub tcp_rto_min_us: u64,
     /// The fault injector's specification (empty: off).
     pub faults: String,
+    /// Attach to the engine service instead of an engine of one's own.
+    pub service: bool,
 }
 
 impl Config {
@@ -381,6 +397,7 @@ impl Config {
             log: Level::parse(&get("log")?).unwrap_or(Level::Warn),
             tcp_rto_min_us: get("tcp_rto_min_us")?.parse().unwrap_or(200_000),
             faults: get("faults")?,
+            service: parse_bool(&get("service")?).unwrap_or(false),
         })
     }
 

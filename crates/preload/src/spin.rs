@@ -70,6 +70,8 @@ pub fn init() {
                 Ok(()) => "engine spin requested".to_string(),
                 Err(why) => format!("engine spin requested; also {why}"),
             },
+            // The engine service does the privileged work.
+            Engine::Xdp if cfg.service => String::new(),
             Engine::Xdp => match nanowire_stack::xdp::host::privilege_check() {
                 Err(why) => why,
                 Ok(()) => String::new(),

@@ -142,6 +142,10 @@ pub fn run(args: RunArgs) -> Result<i32, String> {
         None => lib.clone().into_os_string(),
     };
     cmd.env("LD_PRELOAD", preload);
+    // The binary that can start the engine service (NANOWIRE_SERVICE=1).
+    if let Ok(me) = std::env::current_exe() {
+        cmd.env("NANOWIRE_BIN", me);
+    }
     cmd.env(options::PROFILE_ENV, cfg.profile);
     for (k, v) in &ovr {
         if let Some(spec) = options::find(k) {
@@ -151,6 +155,7 @@ pub fn run(args: RunArgs) -> Result<i32, String> {
 
     if cfg.engine == Engine::Xdp
         && cfg.log >= Level::Warn
+        && !cfg.service
         && let Err(why) = crate::privilege::check()
     {
         eprintln!("nanowire run: xdp engine not usable: {why}; UDP sockets use the spin engine");

@@ -7,6 +7,9 @@
 //!   and RX rings, owned [`RxFrame`]s) and a transmit half ([`XskTx`]: TX
 //!   and completion rings, TX frame pool). The rings are private.
 //! * [`umem`]: the packet memory and the owned, refcounted [`RxFrame`].
+//! * [`shared`]: a UMEM shared by several processes on one queue (the
+//!   engine service's half, and the layout; the process's half is
+//!   [`XskSocket::attach_shared`]).
 //! * [`privilege`]: the one capability probe (engine and `nanowire run`).
 //! * [`netlink`]: routes and neighbours from the kernel (rtnetlink).
 //! * [`iface`]: interface index, MAC, MTU and queue count from the kernel.
@@ -20,6 +23,7 @@ pub mod netlink;
 pub mod privilege;
 pub mod program;
 mod ring;
+pub mod shared;
 pub mod sys;
 pub mod umem;
 pub mod xsk;

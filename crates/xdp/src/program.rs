@@ -8,6 +8,9 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 /// A flow entry's value with this bit: the connection is the kernel's
 /// (steer.c's NW_FLOW_PASS); otherwise the value is the owner's pid.
 pub const FLOW_PASS: u32 = 0x8000_0000;
+/// A claim's value with this bit names the slot whose socket gets the flow
+/// (steer.c's NW_SLOT): the engine service's processes on a shared UMEM.
+pub const SLOT: u32 = 0x4000_0000;
 
 /// Key of the `nw_claims` map: destination address and port, network order.
 #[repr(C)]
@@ -255,6 +258,36 @@ impl SteerProgram {
         self.claims
             .insert(ClaimKey::new(addr, port), owner, 0)
             .map_err(|e| format!("cannot claim {addr}:{port}: {e}"))
+    }
+
+    /// Steer (addr, port) to the socket of `slot` (the engine service:
+    /// `nw_xsks[slot * 64 + queue]`, see [`SteerProgram::set_slot_xsk`]).
+    pub fn claim_slot(&mut self, addr: Ipv4Addr, port: u16, slot: u32) -> Result<(), String> {
+        if slot >= 64 {
+            return Err(format!("slot {slot} out of range"));
+        }
+        self.claims
+            .insert(ClaimKey::new(addr, port), SLOT | slot, 0)
+            .map_err(|e| format!("cannot claim {addr}:{port}: {e}"))
+    }
+
+    /// Register `slot`'s AF_XDP socket on RX queue `queue`.
+    pub fn set_slot_xsk(&mut self, slot: u32, queue: u32, fd: &impl AsRawFd) -> Result<(), String> {
+        if slot >= 64 || queue >= 64 {
+            return Err(format!("slot {slot} / queue {queue} out of range"));
+        }
+        self.xsks
+            .set(slot * 64 + queue, fd.as_raw_fd(), 0)
+            .map_err(|e| {
+                format!("cannot register the AF_XDP socket of slot {slot} queue {queue}: {e}")
+            })
+    }
+
+    /// Forget `slot`'s AF_XDP socket on RX queue `queue`.
+    pub fn clear_slot_xsk(&mut self, slot: u32, queue: u32) {
+        if slot < 64 && queue < 64 {
+            let _ = self.xsks.unset(slot * 64 + queue);
+        }
     }
 
     pub fn unclaim(&mut self, addr: Ipv4Addr, port: u16) {

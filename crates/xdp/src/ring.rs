@@ -77,6 +77,16 @@ impl<T: Copy> Ring<T> {
         unsafe { (*self.flags).load(Ordering::Relaxed) & libc::XDP_RING_NEED_WAKEUP != 0 }
     }
 
+    /// Reload both indices from the shared ring: a ring with several
+    /// producers or consumers in turn (the fill and completion rings of a
+    /// shared UMEM, each used only under the shared lock, see
+    /// `crate::shared`) must not trust its cached copies across turns.
+    #[inline]
+    pub(crate) fn resync(&mut self) {
+        self.cached_prod = self.prod_ref().load(Ordering::Acquire);
+        self.cached_cons = self.cons_ref().load(Ordering::Acquire);
+    }
+
     // ---- producer side (fill, tx) ----
 
     /// Free slots, refreshing the consumer index only when needed.
@@ -137,6 +147,11 @@ impl<T: Copy> Ring<T> {
         self.cons_ref().store(self.cached_cons, Ordering::Release);
     }
 
+    /// The producer index as last cached.
+    #[inline]
+    pub(crate) fn cached_prod(&self) -> u32 {
+        self.cached_prod
+    }
     /// The consumer index as last cached.
     #[inline]
     pub(crate) fn cached_cons(&self) -> u32 {

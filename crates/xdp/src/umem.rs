@@ -65,6 +65,13 @@ impl UmemShared {
             tx_frames,
             frame_size,
         } = area;
+        Self::from_map(map, rx_frames, tx_frames, frame_size)
+    }
+
+    /// Over an existing mapping of `(rx_frames + tx_frames) * frame_size`
+    /// bytes (a shared UMEM's memfd, crate::shared).
+    pub(crate) fn from_map(map: Mmap, rx_frames: u32, tx_frames: u32, frame_size: u32) -> Self {
+        assert!(map.len >= (rx_frames as usize + tx_frames as usize) * frame_size as usize);
         UmemShared {
             map,
             frame_size,

@@ -13,6 +13,7 @@
 //! ([`XskRx::bad_descs`], [`XskTx::bad_descs`]), never clamped or trusted.
 
 use crate::ring::Ring;
+use crate::shared::{Ctl, Geometry, REFILL_BATCH, bind_xsk, map_ring, mmap_offsets};
 use crate::umem::{RxFrame, UmemArea, UmemInfo, UmemShared};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -150,7 +151,12 @@ fn prefetch<T>(p: *const T) {
 #[inline(always)]
 fn prefetch<T>(_p: *const T) {}
 
-fn setsockopt<T>(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: &T) -> io::Result<()> {
+pub(crate) fn setsockopt<T>(
+    fd: RawFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    v: &T,
+) -> io::Result<()> {
     // SAFETY: v points to a live T of size_of::<T>() bytes.
     let r = unsafe {
         crate::sys::setsockopt(
@@ -194,6 +200,9 @@ pub struct XskRx {
     fill_next: u32,
     /// Offset of the packet in its frame, as seen on the last RX frame.
     rx_off: u64,
+    /// A UMEM shared with other processes (crate::shared): the fill ring
+    /// is used under the shared lock, frames are marked while ours.
+    shared: Option<Arc<Ctl>>,
 }
 
 /// The transmit half: TX and completion rings, TX frame pool.
@@ -207,6 +216,11 @@ pub struct XskTx {
     fatal: i32,
     bad_descs: u64,
     multi_buffer: bool,
+    /// A UMEM shared with other processes: the completion ring is reaped
+    /// under the shared lock and other slots' frames go to their mailboxes.
+    shared: Option<Arc<Ctl>>,
+    /// Frame indices `[lo, hi)` of our TX frames.
+    tx_range: (u64, u64),
 }
 
 /// One AF_XDP socket bound to (interface, queue), with its own UMEM.
@@ -307,65 +321,16 @@ impl XskSocket {
         )?;
         setsockopt(raw, libc::SOL_XDP, libc::XDP_RX_RING, &cfg.rx_frames)?;
         setsockopt(raw, libc::SOL_XDP, libc::XDP_TX_RING, &cfg.tx_frames)?;
-        // SAFETY: zeroed offsets struct is valid; getsockopt fills it.
-        let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::xdp_mmap_offsets>() as libc::socklen_t;
-        // SAFETY: off/len describe a writable buffer of the right size.
-        if unsafe {
-            libc::getsockopt(
-                raw,
-                libc::SOL_XDP,
-                libc::XDP_MMAP_OFFSETS,
-                (&mut off as *mut libc::xdp_mmap_offsets).cast(),
-                &mut len,
-            )
-        } < 0
-        {
-            return Err(io::Error::last_os_error());
-        }
-        let map_ring = |o: &libc::xdp_ring_offset, n: u32, sz: usize, pgoff: u64| {
-            crate::mmap::Mmap::map(
-                o.desc as usize + n as usize * sz,
-                Some((raw, pgoff as libc::off_t)),
-            )
-        };
-        let u64s = std::mem::size_of::<u64>();
-        let descs = std::mem::size_of::<Desc>();
-        let mut fill = Ring::new(
-            map_ring(&off.fr, cfg.rx_frames, u64s, libc::XDP_UMEM_PGOFF_FILL_RING)?,
-            &off.fr,
-            cfg.rx_frames,
-        );
-        let comp = Ring::new(
-            map_ring(
-                &off.cr,
-                cfg.tx_frames,
-                u64s,
-                libc::XDP_UMEM_PGOFF_COMPLETION_RING,
-            )?,
+        let off = mmap_offsets(raw)?;
+        let mut fill = map_ring(raw, &off.fr, cfg.rx_frames, libc::XDP_UMEM_PGOFF_FILL_RING)?;
+        let comp = map_ring(
+            raw,
             &off.cr,
             cfg.tx_frames,
-        );
-        let rx = Ring::new(
-            map_ring(
-                &off.rx,
-                cfg.rx_frames,
-                descs,
-                libc::XDP_PGOFF_RX_RING as u64,
-            )?,
-            &off.rx,
-            cfg.rx_frames,
-        );
-        let tx = Ring::new(
-            map_ring(
-                &off.tx,
-                cfg.tx_frames,
-                descs,
-                libc::XDP_PGOFF_TX_RING as u64,
-            )?,
-            &off.tx,
-            cfg.tx_frames,
-        );
+            libc::XDP_UMEM_PGOFF_COMPLETION_RING,
+        )?;
+        let rx = map_ring(raw, &off.rx, cfg.rx_frames, libc::XDP_PGOFF_RX_RING as u64)?;
+        let tx = map_ring(raw, &off.tx, cfg.tx_frames, libc::XDP_PGOFF_TX_RING as u64)?;
         let fs = u64::from(cfg.frame_size);
         // Give every RX frame to the kernel.
         let n = fill.prod_free(cfg.rx_frames);
@@ -379,24 +344,7 @@ impl XskSocket {
                 BindMode::ZeroCopy => libc::XDP_ZEROCOPY,
                 BindMode::Copy => libc::XDP_COPY,
             };
-        let sa = libc::sockaddr_xdp {
-            sxdp_family: libc::AF_XDP as u16,
-            sxdp_flags: flags,
-            sxdp_ifindex: ifindex,
-            sxdp_queue_id: queue,
-            sxdp_shared_umem_fd: 0,
-        };
-        // SAFETY: sa is a valid sockaddr_xdp of the size passed.
-        if unsafe {
-            crate::sys::bind(
-                raw,
-                (&sa as *const libc::sockaddr_xdp).cast(),
-                std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
-            )
-        } < 0
-        {
-            return Err(io::Error::last_os_error());
-        }
+        bind_xsk(raw, ifindex, queue, flags, 0)?;
         // Copy mode sends at most 32 frames per kick unless the kernel lets
         // us raise it (6.17+); older kernels answer ENOPROTOOPT/EINVAL.
         let mut budget = None;
@@ -410,8 +358,43 @@ impl XskSocket {
             .map(|i| (u64::from(cfg.rx_frames) + i) * fs)
             .rev()
             .collect();
-        let fd = Arc::new(fd);
-        Ok(XskSocket {
+        let tx_range = (
+            u64::from(cfg.rx_frames),
+            u64::from(cfg.rx_frames) + u64::from(cfg.tx_frames),
+        );
+        Ok(Self::from_parts(
+            [fill, comp],
+            rx,
+            tx,
+            umem,
+            Arc::new(fd),
+            free,
+            budget,
+            (None, tx_range),
+            cfg,
+            mode,
+            queue,
+        ))
+    }
+
+    /// The two halves around their rings: `fill_comp` = [fill, completion],
+    /// `shared` = (a shared UMEM's control area, our TX frame range).
+    #[allow(clippy::too_many_arguments)]
+    fn from_parts(
+        fill_comp: [Ring<u64>; 2],
+        rx: Ring<Desc>,
+        tx: Ring<Desc>,
+        umem: Arc<UmemShared>,
+        fd: Arc<OwnedFd>,
+        free: Vec<u64>,
+        budget: Option<u32>,
+        shared: (Option<Arc<Ctl>>, (u64, u64)),
+        cfg: XskConfig,
+        mode: BindMode,
+        queue: u32,
+    ) -> XskSocket {
+        let [fill, comp] = fill_comp;
+        XskSocket {
             rx: XskRx {
                 fill,
                 rx,
@@ -423,6 +406,7 @@ impl XskSocket {
                 fill_next: 0,
                 // Copy mode puts the packet XDP_PACKET_HEADROOM into the frame.
                 rx_off: 256,
+                shared: shared.0.clone(),
             },
             tx: XskTx {
                 tx,
@@ -434,11 +418,109 @@ impl XskSocket {
                 fatal: 0,
                 bad_descs: 0,
                 multi_buffer: cfg.multi_buffer,
+                shared: shared.0,
+                tx_range: shared.1,
             },
             cfg,
             mode,
             queue,
-        })
+        }
+    }
+
+    /// The attached process's half of a shared UMEM (crate::shared): `xsk`
+    /// is the member socket the engine service made and bound for `slot`,
+    /// `memfd` the UMEM and control area. Maps the UMEM, the control area,
+    /// the member's RX and TX rings and the pool's fill and completion rings
+    /// (mapping a received socket's rings needs no capability).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attach_shared(
+        memfd: OwnedFd,
+        xsk: OwnedFd,
+        geo: Geometry,
+        slot: u32,
+        queue: u32,
+        mode: BindMode,
+        multi_buffer: bool,
+        budget: Option<u32>,
+    ) -> Result<XskSocket, String> {
+        geo.validate()?;
+        if slot >= geo.slots {
+            return Err(format!("shared UMEM: slot {slot} of {}", geo.slots));
+        }
+        let e = |what: &str, x: io::Error| format!("shared UMEM on queue {queue}: {what}: {x}");
+        let mfd = memfd.as_raw_fd();
+        // SAFETY: zeroed stat is valid; fstat fills it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: our descriptor and a writable stat.
+        if unsafe { libc::fstat(mfd, &mut st) } < 0 {
+            return Err(e("fstat", io::Error::last_os_error()));
+        }
+        if (st.st_size as u64) < geo.total_len() as u64 {
+            return Err(format!(
+                "shared UMEM on queue {queue}: memfd of {} bytes, the layout needs {}",
+                st.st_size,
+                geo.total_len()
+            ));
+        }
+        let map = crate::mmap::Mmap::map(geo.umem_len(), Some((mfd, 0)))
+            .map_err(|x| e("mmap UMEM", x))?;
+        let umem = Arc::new(UmemShared::from_map(
+            map,
+            geo.rx_frames,
+            geo.tx_frames(),
+            geo.frame_size,
+        ));
+        let ctl = Arc::new(Ctl::map(mfd, geo, slot).map_err(|x| e("mmap control area", x))?);
+        drop(memfd);
+        let raw = xsk.as_raw_fd();
+        let off = mmap_offsets(raw).map_err(|x| e("ring offsets", x))?;
+        let fill = map_ring(raw, &off.fr, geo.rx_frames, libc::XDP_UMEM_PGOFF_FILL_RING)
+            .map_err(|x| e("mmap fill ring", x))?;
+        let comp = map_ring(
+            raw,
+            &off.cr,
+            geo.tx_frames(),
+            libc::XDP_UMEM_PGOFF_COMPLETION_RING,
+        )
+        .map_err(|x| e("mmap completion ring", x))?;
+        let rx = map_ring(
+            raw,
+            &off.rx,
+            geo.member_rx(),
+            libc::XDP_PGOFF_RX_RING as u64,
+        )
+        .map_err(|x| e("mmap RX ring", x))?;
+        let tx = map_ring(
+            raw,
+            &off.tx,
+            geo.tx_per_slot,
+            libc::XDP_PGOFF_TX_RING as u64,
+        )
+        .map_err(|x| e("mmap TX ring", x))?;
+        let fs = u64::from(geo.frame_size);
+        let tx_range = geo.tx_range(slot);
+        let free = (tx_range.0..tx_range.1).rev().map(|f| f * fs).collect();
+        let fd = Arc::new(xsk);
+        let cfg = XskConfig {
+            rx_frames: geo.rx_frames,
+            tx_frames: geo.tx_per_slot,
+            frame_size: geo.frame_size,
+            try_zero_copy: mode == BindMode::ZeroCopy,
+            multi_buffer,
+        };
+        Ok(Self::from_parts(
+            [fill, comp],
+            rx,
+            tx,
+            umem,
+            fd,
+            free,
+            budget,
+            (Some(ctl), tx_range),
+            cfg,
+            mode,
+            queue,
+        ))
     }
 
     pub fn mode(&self) -> BindMode {
@@ -525,6 +607,10 @@ impl XskRx {
         if self.to_fill.is_empty() {
             return;
         }
+        if self.shared.is_some() {
+            self.refill_shared();
+            return;
+        }
         let want = self.to_fill.len() as u32;
         let n = self.fill.prod_free(want).min(want);
         for (i, a) in self.to_fill.drain(..n as usize).enumerate() {
@@ -533,6 +619,12 @@ impl XskRx {
         if n > 0 {
             self.fill.prod_submit(n);
         }
+        self.wake_fill();
+    }
+
+    /// Wake the kernel if it asks for fill-ring entries.
+    #[inline]
+    fn wake_fill(&self) {
         if self.fill.needs_wakeup() {
             // SAFETY: zero-length recvfrom on our socket with MSG_DONTWAIT.
             unsafe {
@@ -546,6 +638,41 @@ impl XskRx {
                 )
             };
         }
+    }
+
+    /// Shared UMEM: give frames back in batches, under the shared lock,
+    /// journalled first (crate::shared). A busy lock only delays the batch.
+    fn refill_shared(&mut self) {
+        let Some(ctl) = self.shared.clone() else {
+            return;
+        };
+        if self.to_fill.len() < REFILL_BATCH {
+            return;
+        }
+        while self.to_fill.len() >= REFILL_BATCH {
+            let Some(_held) = ctl.try_lock() else {
+                return;
+            };
+            self.fill.resync();
+            let n = self
+                .fill
+                .prod_free(REFILL_BATCH as u32)
+                .min(REFILL_BATCH as u32) as usize;
+            if n == 0 {
+                return;
+            }
+            let start = self.to_fill.len() - n;
+            ctl.journal(self.fill.cached_prod(), &self.to_fill[start..]);
+            for a in &self.to_fill[start..] {
+                ctl.mark(*a, false);
+            }
+            for (i, a) in self.to_fill.drain(start..).enumerate() {
+                self.fill.prod_write(i as u32, a);
+            }
+            self.fill.prod_submit(n as u32);
+            ctl.journal_done();
+        }
+        self.wake_fill();
     }
 
     /// Take at most `budget` descriptors off the RX ring, in batches of
@@ -563,6 +690,13 @@ impl XskRx {
             }
             info.ring_peak = info.ring_peak.max(avail);
             let n = avail.min(batch).min(budget - info.descs);
+            if let Some(ctl) = &self.shared {
+                // Ours from here on (for the service, should we die before
+                // giving them back): marked before the ring entries go.
+                for i in 0..n {
+                    ctl.mark(self.rx.cons_read(i).addr, true);
+                }
+            }
             for i in 0..n {
                 let d = self.rx.cons_read(i);
                 if let Some(fr) = self.take(d) {
@@ -772,6 +906,9 @@ impl XskTx {
     /// Reap the completion ring into the pool.
     #[inline]
     pub fn reap(&mut self) -> u32 {
+        if self.shared.is_some() {
+            return self.reap_shared();
+        }
         let n = self.comp.cons_avail(u32::MAX);
         let (lo, hi) = (
             u64::from(self.umem.rx_frames),
@@ -790,6 +927,70 @@ impl XskTx {
             self.comp.cons_release(n);
         }
         n
+    }
+
+    /// Shared UMEM: our mailbox first; then, if still empty, the shared
+    /// completion ring under the lock, routing other slots' frames to their
+    /// mailboxes. The ring entries are released before they are routed: a
+    /// process killed in between loses those frames (its slot's and
+    /// others'), it never hands one out twice.
+    fn reap_shared(&mut self) -> u32 {
+        let Some(ctl) = self.shared.clone() else {
+            return 0;
+        };
+        let shift = self.umem.frame_shift;
+        let (lo, hi) = self.tx_range;
+        let mut got = 0;
+        let mut bad = 0;
+        ctl.mb_drain(|a| {
+            let f = a >> shift;
+            if (lo..hi).contains(&f) {
+                self.free.push(f << shift);
+                got += 1;
+            } else {
+                bad += 1;
+            }
+        });
+        if !self.free.is_empty() {
+            self.bad_descs += bad;
+            return got;
+        }
+        let Some(_held) = ctl.try_lock() else {
+            self.bad_descs += bad;
+            return got;
+        };
+        self.comp.resync();
+        let all = (
+            u64::from(self.umem.rx_frames),
+            u64::from(self.umem.rx_frames) + u64::from(ctl.geo.tx_frames()),
+        );
+        let per = u64::from(ctl.geo.tx_per_slot);
+        let mut buf = [0u64; 256];
+        loop {
+            let n = self.comp.cons_avail(buf.len() as u32);
+            if n == 0 {
+                break;
+            }
+            for (i, b) in buf.iter_mut().enumerate().take(n as usize) {
+                *b = self.comp.cons_read(i as u32);
+            }
+            self.comp.cons_release(n);
+            for a in &buf[..n as usize] {
+                let f = a >> shift;
+                if (lo..hi).contains(&f) {
+                    self.free.push(f << shift);
+                    got += 1;
+                } else if (all.0..all.1).contains(&f) {
+                    if !ctl.mb_push(((f - all.0) / per) as u32, f << shift) {
+                        bad += 1;
+                    }
+                } else {
+                    bad += 1;
+                }
+            }
+        }
+        self.bad_descs += bad;
+        got
     }
 
     #[inline]

@@ -24,13 +24,20 @@ pub const XDP_MODE_VAR: &str = "NANOWIRE_XDP_MODE";
 pub const NO_MULTI_BUFFER_VAR: &str = "NANOWIRE_XDP_NO_MULTI_BUFFER";
 /// Another directory for the stats pages.
 pub const STATS_DIR_VAR: &str = "NANOWIRE_STATS_DIR";
+/// The options table's `service` row: attach to the engine service.
+pub const SERVICE_VAR: &str = "NANOWIRE_SERVICE";
+/// The nanowire binary that can start the engine service (`nanowire run`
+/// sets it for the programs it runs).
+pub const SERVICE_BIN_VAR: &str = "NANOWIRE_BIN";
 /// Every variable [`EngineConfig::from_vars`] looks up.
-pub const VARS: [&str; 5] = [
+pub const VARS: [&str; 7] = [
     FAULTS_VAR,
     TCP_RTO_MIN_VAR,
     XDP_MODE_VAR,
     NO_MULTI_BUFFER_VAR,
     STATS_DIR_VAR,
+    SERVICE_VAR,
+    SERVICE_BIN_VAR,
 ];
 
 /// The engine's settings.
@@ -48,6 +55,12 @@ pub struct EngineConfig {
     pub no_multi_buffer: bool,
     /// Directory of the stats pages (`None`: /dev/shm/nanowire).
     pub stats_dir: Option<PathBuf>,
+    /// Attach to the network namespace's engine service (service/) instead
+    /// of opening an engine of the process's own.
+    pub service: bool,
+    /// The nanowire binary that starts the service on demand (`None`: this
+    /// program, when it is a nanowire binary).
+    pub service_bin: Option<PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -58,6 +71,8 @@ impl Default for EngineConfig {
             xdp_mode: None,
             no_multi_buffer: false,
             stats_dir: None,
+            service: false,
+            service_bin: None,
         }
     }
 }
@@ -101,6 +116,11 @@ impl EngineConfig {
             xdp_mode,
             no_multi_buffer: get(NO_MULTI_BUFFER_VAR).as_deref() == Some("1"),
             stats_dir: get(STATS_DIR_VAR).map(PathBuf::from),
+            service: matches!(
+                get(SERVICE_VAR).as_deref(),
+                Some("1" | "true" | "on" | "yes")
+            ),
+            service_bin: get(SERVICE_BIN_VAR).map(PathBuf::from),
         }
     }
 }
@@ -140,7 +160,12 @@ mod tests {
             (NO_MULTI_BUFFER_VAR, "1"),
             (STATS_DIR_VAR, "/tmp/x"),
             (FAULTS_VAR, "seed=1,loss=1%"),
+            (SERVICE_VAR, "yes"),
+            (SERVICE_BIN_VAR, "/usr/bin/nanowire"),
         ]);
+        assert!(c.service);
+        assert_eq!(c.service_bin, Some(PathBuf::from("/usr/bin/nanowire")));
+        assert!(!vars(&[(SERVICE_VAR, "0")]).service);
         assert_eq!(c.tcp_rto_min_us, Some(10_000));
         assert_eq!(c.xdp_mode, Some(AttachMode::Driver));
         assert!(c.no_multi_buffer);

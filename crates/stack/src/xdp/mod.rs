@@ -40,6 +40,7 @@ mod order;
 pub mod reasm;
 mod registry;
 mod rx;
+pub mod service;
 pub mod shm;
 mod socket;
 pub mod tcp;
@@ -88,17 +89,89 @@ const MAX_SLEEP_MS: i32 = 50;
 /// TX frames per queue: four kicks' worth at the largest copy-mode budget.
 pub const TX_FRAMES: u32 = 1024;
 
+/// Who steers this engine's flows: its own program, or the engine service
+/// (which checks every claim against the kernel socket that holds the port).
+enum Steer {
+    Own(Box<SteerProgram>),
+    Service(service::client::Conn),
+}
+
+const TCP_NOT_ON_SERVICE: &str =
+    "TCP is not carried through the engine service yet (issue 23); it stays on the kernel";
+
+/// The TCP claims (tcp.rs) keep their names: on the service they are
+/// refused (TCP sockets never get there, `TcpEngine::new_with`).
+impl Steer {
+    fn claim(&mut self, addr: Ipv4Addr, port: u16, sock: RawFd) -> Result<(), String> {
+        match self {
+            Steer::Own(p) => p.claim(addr, port, std::process::id()),
+            Steer::Service(c) => {
+                // SAFETY: the caller's open kernel socket, borrowed for the call.
+                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(sock) };
+                c.claim(addr, port, fd)
+            }
+        }
+    }
+    fn unclaim(&mut self, addr: Ipv4Addr, port: u16) {
+        match self {
+            Steer::Own(p) => p.unclaim(addr, port),
+            Steer::Service(c) => c.unclaim(addr, port),
+        }
+    }
+    fn own(&mut self) -> Result<&mut SteerProgram, String> {
+        match self {
+            Steer::Own(p) => Ok(p),
+            Steer::Service(_) => Err(TCP_NOT_ON_SERVICE.into()),
+        }
+    }
+    fn claim_tcp_listener(&mut self, addr: Ipv4Addr, port: u16, owner: u32) -> Result<(), String> {
+        self.own()?.claim_tcp_listener(addr, port, owner)
+    }
+    fn unclaim_tcp_listener(&mut self, addr: Ipv4Addr, port: u16) {
+        if let Ok(p) = self.own() {
+            p.unclaim_tcp_listener(addr, port)
+        }
+    }
+    fn claim_tcp_flow(
+        &mut self,
+        local: std::net::SocketAddrV4,
+        remote: std::net::SocketAddrV4,
+        owner: u32,
+    ) -> Result<(), String> {
+        self.own()?.claim_tcp_flow(local, remote, owner)
+    }
+    fn pass_tcp_flow(
+        &mut self,
+        local: std::net::SocketAddrV4,
+        remote: std::net::SocketAddrV4,
+    ) -> Result<(), String> {
+        self.own()?.pass_tcp_flow(local, remote)
+    }
+    fn unclaim_tcp_flow(&mut self, local: std::net::SocketAddrV4, remote: std::net::SocketAddrV4) {
+        if let Ok(p) = self.own() {
+            p.unclaim_tcp_flow(local, remote)
+        }
+    }
+}
+
+/// The fault injector's specification and its parsed form (`None`: off).
+type Faults = Option<(String, nanowire_tcp::fault::EngineFaults)>;
+
 /// The steering program and how many sockets claim each (address, port).
 struct Prog {
-    prog: SteerProgram,
+    prog: Steer,
     claims: FastMap<(u32, u16), usize>,
 }
 
 impl Prog {
-    fn claim(&mut self, addr: Ipv4Addr, port: u16) -> Result<(), String> {
+    /// `sock`: the kernel socket that holds the port (the service checks it).
+    fn claim(&mut self, addr: Ipv4Addr, port: u16, sock: RawFd) -> Result<(), String> {
         let n = self.claims.entry((addr.to_bits(), port)).or_insert(0);
-        if *n == 0 {
-            self.prog.claim(addr, port, std::process::id())?;
+        if *n == 0
+            && let Err(e) = self.prog.claim(addr, port, sock)
+        {
+            self.claims.remove(&(addr.to_bits(), port));
+            return Err(e);
         }
         *n += 1;
         Ok(())
@@ -146,33 +219,105 @@ pub struct Engine {
     /// The same namespace's cookie (SO_NETNS_COOKIE), compared with a
     /// socket's at connect (cheaper than the inode's /proc lookup).
     netns_cookie: Option<u64>,
+    /// Attached to the engine service (its slot), not an engine of its own.
+    service_slot: Option<u32>,
 }
 
 impl Engine {
     /// The process's engine on `ifname` (in the calling thread's network
     /// namespace), opened on first use. A forked child gets its own.
     pub fn get(ifname: &str, opts: &EngineOptions) -> Result<Arc<Engine>, String> {
+        if service::client::wanted() {
+            return registry::get(ifname, || Engine::open_service(ifname, opts));
+        }
         registry::get(ifname, || Engine::open(ifname, opts))
     }
 
-    fn open(ifname: &str, opts: &EngineOptions) -> Result<Engine, String> {
-        // The `faults` option (off by default); a bad value refuses the engine
-        // with the parser's one line rather than running unimpaired.
-        // The process's settings (config.rs): never the environment here.
-        let settings = config::config();
-        let (faults_spec, faults) = match &settings.faults {
-            Ok(Some((spec, f))) => (spec.as_str(), Some(f.clone())),
-            Ok(None) => ("", None),
-            Err(e) => return Err(e.clone()),
-        };
-        nanowire_xdp::privilege::check()?;
-        let info = iface::lookup(ifname).map_err(|e| format!("interface {ifname}: {e}"))?;
-        let own: Vec<Ipv4Addr> = iface::ipv4_addrs()
+    /// The `faults` setting (off by default); a bad value refuses the
+    /// engine with the parser's one line rather than running unimpaired.
+    /// The process's settings (config.rs): never the environment here.
+    fn faults() -> Result<Faults, String> {
+        match &config::config().faults {
+            Ok(Some((spec, f))) => Ok(Some((spec.clone(), f.clone()))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    fn own_addrs(ifname: &str) -> Vec<Ipv4Addr> {
+        iface::ipv4_addrs()
             .unwrap_or_default()
             .into_iter()
             .filter(|(n, _)| n == ifname)
             .map(|(_, a)| a)
-            .collect();
+            .collect()
+    }
+
+    /// Attach to the network namespace's engine service (issue 23): the
+    /// service makes and binds this process's AF_XDP socket per queue on its
+    /// shared UMEM and checks every claim; the data path is this process's.
+    /// No capability needed.
+    fn open_service(ifname: &str, opts: &EngineOptions) -> Result<Engine, String> {
+        let faults = Self::faults()?;
+        let info = iface::lookup(ifname).map_err(|e| format!("interface {ifname}: {e}"))?;
+        let own = Self::own_addrs(ifname);
+        let conn = service::client::Conn::connect()?;
+        let conn_fd = conn.fd().as_raw_fd();
+        let at = conn.attach(ifname, opts.ring_depth)?;
+        let r = at.reply;
+        if r.queues != info.rx_queues {
+            return Err(format!(
+                "engine service: {} queue(s) on {ifname}, this process sees {}",
+                r.queues, info.rx_queues
+            ));
+        }
+        let mode = if r.zero_copy {
+            BindMode::ZeroCopy
+        } else {
+            BindMode::Copy
+        };
+        let budget = (r.tx_budget > 0).then_some(r.tx_budget);
+        let mut socks = Vec::new();
+        for (q, (memfd, xsk)) in at.queues.into_iter().enumerate() {
+            socks.push(XskSocket::attach_shared(
+                memfd,
+                xsk,
+                r.geo,
+                r.slot,
+                q as u32,
+                mode,
+                r.multi_buffer,
+                budget,
+            )?);
+        }
+        let attach = if r.xdp_generic {
+            AttachMode::Skb
+        } else {
+            AttachMode::Driver
+        };
+        let mut e = Self::assemble(
+            ifname,
+            info,
+            own,
+            socks,
+            Steer::Service(at.conn),
+            attach,
+            r.multi_buffer,
+            r.geo.rx_frames,
+            r.geo.frame_size as usize,
+            faults,
+        )?;
+        e.child_fds.push(conn_fd);
+        e.service_slot = Some(r.slot);
+        Ok(e)
+    }
+
+    fn open(ifname: &str, opts: &EngineOptions) -> Result<Engine, String> {
+        let settings = config::config();
+        let faults = Self::faults()?;
+        nanowire_xdp::privilege::check()?;
+        let info = iface::lookup(ifname).map_err(|e| format!("interface {ifname}: {e}"))?;
+        let own = Self::own_addrs(ifname);
         // Frame size: 2 KiB frames hold MTU 1500 with the kernel's 256 B
         // headroom; 4 KiB up to MTU 3826; beyond, 4 KiB frames.
         let eth = info.mtu as usize + tx::ETH_HDR;
@@ -244,6 +389,40 @@ impl Engine {
             prog.set_xsk(q, &xsk)?;
             socks.push(xsk);
         }
+        let attach = prog.mode();
+        Self::assemble(
+            ifname,
+            info,
+            own,
+            socks,
+            Steer::Own(Box::new(prog)),
+            attach,
+            multi_buffer,
+            depth,
+            frame_size as usize,
+            faults,
+        )
+    }
+
+    /// The engine around its AF_XDP sockets: stats page, tap, RX and TX
+    /// paths, neighbour thread.
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        ifname: &str,
+        info: IfaceInfo,
+        own: Vec<Ipv4Addr>,
+        socks: Vec<XskSocket>,
+        prog: Steer,
+        attach: AttachMode,
+        multi_buffer: bool,
+        depth: u32,
+        frame_size: usize,
+        faults: Faults,
+    ) -> Result<Engine, String> {
+        let (faults_spec, faults) = match faults {
+            Some((spec, f)) => (spec, Some(f)),
+            None => (String::new(), None),
+        };
         let bind = socks[0].mode();
         let tx_budget = socks[0].tx_budget();
         let fds: Vec<RawFd> = socks.iter().map(|s| s.as_raw_fd()).collect();
@@ -253,7 +432,10 @@ impl Engine {
             pid: std::process::id(),
             iface: ifname.to_string(),
             queues: info.rx_queues,
-            xdp_mode: prog.mode().as_str().to_string(),
+            xdp_mode: match &prog {
+                Steer::Own(_) => attach.as_str().to_string(),
+                Steer::Service(_) => format!("{} via engine service", attach.as_str()),
+            },
             bind_mode: bind.as_str().to_string(),
             ring_depth: depth,
         }));
@@ -295,12 +477,15 @@ impl Engine {
         );
         let worker = neigh::spawn(neigh.clone(), tx.clone())
             .map_err(|e| format!("cannot start the neighbour thread: {e}"))?;
-        let attach = prog.mode();
-        let child_fds: Vec<RawFd> = prog.fds().iter().chain(fds.iter()).copied().collect();
+        let prog_fds: &[RawFd] = match &prog {
+            Steer::Own(p) => p.fds(),
+            Steer::Service(_) => &[],
+        };
+        let child_fds: Vec<RawFd> = prog_fds.iter().chain(fds.iter()).copied().collect();
         // The receive device: the rings of every queue, the tap, the fault
         // injector, stamps (device/mod.rs).
         let mut queues = device::xsk::XskQueues::new(rxs, page.clone());
-        queues.set_oversize_hint(ifname, frame_size as usize, multi_buffer);
+        queues.set_oversize_hint(ifname, frame_size, multi_buffer);
         let rxdev = device::stamp::RxStamps::new(device::faults::RxFaults::new(
             device::tap::RxTap::new(queues, tap_rx),
             faults.as_ref().and_then(|f| f.rx()),
@@ -332,7 +517,7 @@ impl Engine {
             page,
             depth,
             tx_budget,
-            frame_size: frame_size as usize,
+            frame_size,
             multi_buffer,
             mem,
             fork_gen: registry::fork_gen(),
@@ -340,6 +525,7 @@ impl Engine {
             tcp_clients: Mutex::new(std::sync::Weak::new()),
             netns: registry::netns_id(),
             netns_cookie: registry::netns_cookie(),
+            service_slot: None,
         })
     }
 
@@ -377,6 +563,12 @@ impl Engine {
     }
     fn prog(&self) -> Guard<'_, Prog> {
         order::lock(&self.prog, Tier::Leaf, "the program lock")
+    }
+
+    /// Attached to the engine service (its slot there), rather than an
+    /// engine of the process's own.
+    pub fn service_slot(&self) -> Option<u32> {
+        self.service_slot
     }
 
     /// Does this engine belong to the calling process (not inherited

@@ -378,7 +378,8 @@ impl XdpSocket {
         {
             let mut p = s.engine.prog();
             for ip in claims {
-                p.claim(ip, local.port()).map_err(OpenError::Engine)?;
+                p.claim(ip, local.port(), s.twin.fd())
+                    .map_err(OpenError::Engine)?;
                 s.claims.push(ip);
             }
         }
@@ -1041,7 +1042,7 @@ impl UdpEndpoint for XdpSocket {
         let port = self.local.port();
         self.engine
             .prog()
-            .claim(group, port)
+            .claim(group, port, self.twin.fd())
             .map_err(|e| io_err(io::ErrorKind::Other, e))?;
         self.engine
             .rx()

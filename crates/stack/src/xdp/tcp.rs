@@ -528,6 +528,12 @@ impl TcpEngine {
                 ),
             ));
         }
+        if engine.service_slot().is_some() {
+            return Err(io_err(
+                io::ErrorKind::Unsupported,
+                format!("{}: {}", engine.iface().name, super::TCP_NOT_ON_SERVICE),
+            ));
+        }
         let wake = eventfd()?;
         let wake_fd = wake.as_raw_fd();
         let id = engine

@@ -1,0 +1,76 @@
+//! `nanowire engine`: the engine service (crates/stack/src/xdp/service/).
+
+use clap::{Args, Subcommand};
+use nanowire_stack::xdp::service::{client, server};
+use std::time::Duration;
+
+#[derive(Debug, Args)]
+pub struct EngineArgs {
+    #[command(subcommand)]
+    pub cmd: EngineCmd,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EngineCmd {
+    /// Serve this network namespace's engine (root; processes attach with
+    /// NANOWIRE_SERVICE=1). Exits when no process has been attached for
+    /// --idle-ms.
+    Serve {
+        /// Detach: start the service in the background and return at once.
+        #[arg(long)]
+        daemon: bool,
+        /// Exit after this long without an attached process.
+        #[arg(long, default_value_t = 3000)]
+        idle_ms: u64,
+        /// Log attaches, detaches and refusals on stderr.
+        #[arg(long)]
+        verbose: bool,
+    },
+    /// Print the service's status (JSON): interfaces, attached processes,
+    /// their claims, counters.
+    Status,
+}
+
+pub fn run(a: EngineArgs) -> Result<i32, String> {
+    match a.cmd {
+        EngineCmd::Serve {
+            daemon,
+            idle_ms,
+            verbose,
+        } => {
+            if daemon {
+                let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+                let mut cmd = std::process::Command::new(exe);
+                cmd.args(["engine", "serve", "--idle-ms", &idle_ms.to_string()]);
+                if verbose {
+                    cmd.arg("--verbose");
+                }
+                use std::os::unix::process::CommandExt;
+                cmd.env_remove("LD_PRELOAD")
+                    .process_group(0)
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null());
+                if !verbose {
+                    cmd.stderr(std::process::Stdio::null());
+                }
+                cmd.spawn()
+                    .map_err(|e| format!("cannot start the engine service: {e}"))?;
+                // Return once it answers, so a client may connect at once.
+                let t0 = std::time::Instant::now();
+                while t0.elapsed() < Duration::from_secs(3) {
+                    if client::Conn::connect_existing().is_ok() {
+                        return Ok(0);
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                return Err("the engine service did not come up within 3 s".into());
+            }
+            server::serve(Duration::from_millis(idle_ms), verbose)
+        }
+        EngineCmd::Status => {
+            let c = client::Conn::connect_existing()?;
+            println!("{}", c.status()?);
+            Ok(0)
+        }
+    }
+}

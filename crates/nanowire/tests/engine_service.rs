@@ -1,0 +1,405 @@
+//! The engine service (issue 23, `NANOWIRE_SERVICE=1`): many processes on
+//! one single-queue interface, each with its own AF_XDP socket on the
+//! service's shared UMEM, all on xdp; an unprivileged user accelerated; a
+//! process cannot claim a port it does not hold; garbage on the control
+//! socket is refused and counted; kill -9 under traffic gives back the
+//! process's claims and frames while the others go on. Each test in its own
+//! lab (`tsv<tag><pid>`), real AF_XDP, real programs (python3) under
+//! `nanowire run`.
+
+mod run_support;
+use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host, ScopedLab};
+use nanowire_stack::xdp::service::client::Conn;
+use run_support::*;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A UDP echo server: prints "ready" once bound, echoes every datagram.
+const ECHO: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], int(sys.argv[2])))
+print("ready", flush=True)
+while True:
+    d, a = s.recvfrom(65536)
+    s.sendto(d, a)
+"#;
+
+/// Send N numbered datagrams to each port in turn, one at a time, and check
+/// each echo byte for byte (a lost one is resent, at most 5 times, and
+/// counted). Prints "ok SENT RESENT" or exits 1 with what failed.
+const CLIENT: &str = r#"
+import socket, sys
+host, ports, n = sys.argv[1], [int(p) for p in sys.argv[2].split(",")], int(sys.argv[3])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(1.0)
+sent = resent = 0
+for p in ports:
+    for i in range(n):
+        m = b"%d:%d:" % (p, i) + bytes(range(i % 200))
+        for attempt in range(6):
+            if attempt == 5:
+                print("no echo from port %d for message %d" % (p, i)); sys.exit(1)
+            s.sendto(m, (host, p)); sent += 1
+            resent += attempt > 0
+            try:
+                while True:
+                    d, a = s.recvfrom(65536)
+                    if d == m and a == (host, p):
+                        break
+            except socket.timeout:
+                continue
+            break
+print("ok", sent, resent, flush=True)
+"#;
+
+/// Send datagrams to a port as fast as it can for SECONDS (no reading).
+const FLOOD: &str = r#"
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+end = time.time() + float(sys.argv[3]); m = b"x" * 64; n = 0
+while time.time() < end:
+    try:
+        s.sendto(m, (sys.argv[1], int(sys.argv[2]))); n += 1
+    except OSError:
+        pass
+print("flooded", n, flush=True)
+"#;
+
+const T: Duration = Duration::from_secs(60);
+
+fn env_service(c: &mut Command) {
+    c.env("NANOWIRE_SERVICE", "1")
+        .env("NANOWIRE_LOG", "info")
+        // Waits sleep: eight spinning processes on two vCPUs would starve
+        // everything else.
+        .env("NANOWIRE_SPIN_US", "0")
+        // Small rings (the first attach sizes the service's UMEM: 1024 RX
+        // frames, 512 on each process's ring): without frames taken back
+        // from killed processes, a few kills under traffic strand them all.
+        .env("NANOWIRE_RING_DEPTH", "1024");
+}
+
+/// An echo server under `nanowire run` on the service, once it is bound.
+fn echo(lab: &ScopedLab, name: &str, port: u16, prefix: &[&str]) -> Kid {
+    let p = port.to_string();
+    let addr = ADDR_B.to_string();
+    let mut argv: Vec<&str> = prefix.to_vec();
+    argv.extend_from_slice(&[nanowire(), "run", "--", "python3", "-c", ECHO, &addr, &p]);
+    ensure_preload();
+    let mut c = lab.command(Host::B, &argv);
+    env_service(&mut c);
+    let mut k = spawn(name, c);
+    k.wait_for("ready", T);
+    k
+}
+
+fn on_xdp(k: &Kid, port: u16) {
+    let want = format!("udp {ADDR_B}:{port}: xdp (interface");
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end && !k.stderr().contains(&want) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        k.stderr().contains(&want),
+        "{} not on xdp:\n{}",
+        k.name,
+        k.both()
+    );
+}
+
+fn client(lab: &ScopedLab, name: &str, ports: &[u16], n: u32) -> String {
+    let ports: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
+    let mut k = spawn(
+        name,
+        plain_in(
+            lab,
+            Host::A,
+            &[
+                "python3",
+                "-c",
+                CLIENT,
+                &ADDR_B.to_string(),
+                &ports.join(","),
+                &n.to_string(),
+            ],
+        ),
+    );
+    let out = k.success(T);
+    assert!(out.contains("ok "), "{out}");
+    out
+}
+
+fn status(lab: &ScopedLab) -> serde_json::Value {
+    let o = lab
+        .command(Host::B, &[nanowire(), "engine", "status"])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "engine status: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("status JSON: {e}: {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+/// The operator's service, stopped when the test ends (dropped before the
+/// lab: declare it right after the lab).
+struct Service(u32);
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-9", &self.0.to_string()])
+            .status();
+    }
+}
+
+/// The operator's way: `nanowire engine serve --daemon` in host b (root).
+/// A long idle time: on a loaded machine the first program may take
+/// seconds to attach, and a service that went idle before it would leave
+/// it on spin; the guard stops the service instead.
+fn start_service(lab: &ScopedLab) -> Service {
+    let argv = [
+        nanowire(),
+        "engine",
+        "serve",
+        "--daemon",
+        "--idle-ms",
+        "600000",
+    ];
+    assert!(lab.command(Host::B, &argv).status().unwrap().success());
+    let st = status(lab);
+    Service(st["pid"].as_u64().expect("service pid") as u32)
+}
+
+fn claims_of(st: &serde_json::Value) -> Vec<String> {
+    let mut v = Vec::new();
+    for i in st["ifaces"].as_array().unwrap() {
+        for c in i["clients"].as_array().unwrap() {
+            for k in c["claims"].as_array().unwrap() {
+                v.push(k.as_str().unwrap().to_string());
+            }
+        }
+    }
+    v
+}
+
+#[test]
+#[ignore = "needs root"]
+fn eight_udp_echo_processes_share_one_queue_all_on_xdp() {
+    let lab = lab("v8");
+    let ports: Vec<u16> = (0..8).map(|i| 12001 + i).collect();
+    let kids: Vec<Kid> = ports
+        .iter()
+        .map(|&p| echo(&lab, &format!("v8-echo-{p}"), p, &[]))
+        .collect();
+    for (k, &p) in kids.iter().zip(&ports) {
+        on_xdp(k, p);
+    }
+    let out = client(&lab, "v8-client", &ports, 200);
+    eprintln!("client: {out}");
+    // The service carries all eight: one slot and one claim each.
+    let st = status(&lab);
+    let ifc = &st["ifaces"][0];
+    assert_eq!(ifc["queues"], 1, "{st}");
+    assert_eq!(ifc["clients"].as_array().unwrap().len(), 8, "{st}");
+    let claims = claims_of(&st);
+    for p in &ports {
+        assert!(
+            claims.contains(&format!("udp:{ADDR_B}:{p}")),
+            "{p} not claimed: {st}"
+        );
+    }
+    // Their own counters say xdp, through the service, with traffic.
+    let o = lab
+        .command(Host::B, &[nanowire(), "stats", "--json"])
+        .output()
+        .unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for k in &kids {
+        let pid = k.child.id();
+        // `nanowire run` execs python: the pid is the engine's.
+        let e = stats["engines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["pid"] == pid)
+            .unwrap_or_else(|| panic!("no engine of pid {pid}: {stats}"));
+        assert!(
+            e["xdp_mode"]
+                .as_str()
+                .unwrap()
+                .contains("via engine service"),
+            "{e}"
+        );
+        assert!(e["counters"]["rx_packets"].as_u64().unwrap() >= 200, "{e}");
+        assert!(e["counters"]["tx_packets"].as_u64().unwrap() >= 200, "{e}");
+    }
+}
+
+#[test]
+#[ignore = "needs root"]
+fn an_unprivileged_users_program_is_accelerated() {
+    let lab = lab("vu");
+    // The operator's service (root); the program runs as nobody.
+    let _service = start_service(&lab);
+    let k = echo(
+        &lab,
+        "vu-echo",
+        12100,
+        &[
+            "setpriv",
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "--",
+        ],
+    );
+    on_xdp(&k, 12100);
+    client(&lab, "vu-client", &[12100], 200);
+    let st = status(&lab);
+    let c = &st["ifaces"][0]["clients"][0];
+    assert_eq!(c["uid"], 65534, "{st}");
+    assert_eq!(c["claims"][0], format!("udp:{ADDR_B}:12100"), "{st}");
+}
+
+#[test]
+#[ignore = "needs root"]
+fn claims_need_the_port_and_garbage_is_refused_and_counted() {
+    let lab = lab("vc");
+    let _service = start_service(&lab);
+    let ns = lab.netns(Host::B);
+    let ifname = lab.iface(Host::B);
+    let out = nanowire_testkit::in_ns(&ns, move || {
+        use std::os::fd::AsFd;
+        let held = std::net::UdpSocket::bind((ADDR_B, 12201)).unwrap();
+        let at = Conn::connect_existing()
+            .unwrap()
+            .attach(&ifname, 1024)
+            .unwrap();
+        // A port the socket does not hold.
+        let e = at.conn.claim(ADDR_B, 12202, held.as_fd()).unwrap_err();
+        assert!(e.contains("holds port 12201"), "{e}");
+        // Another address than the socket's.
+        let e = at.conn.claim(ADDR_A, 12201, held.as_fd()).unwrap_err();
+        assert!(e.contains("not claimed"), "{e}");
+        // A TCP socket for a UDP claim.
+        let t = std::net::TcpListener::bind((ADDR_B, 12203)).unwrap();
+        let e = at.conn.claim(ADDR_B, 12203, t.as_fd()).unwrap_err();
+        assert!(e.contains("not of that protocol"), "{e}");
+        // The port it holds.
+        at.conn.claim(ADDR_B, 12201, held.as_fd()).unwrap();
+        // Another process (connection) with the same socket: refused.
+        let other = Conn::connect_existing()
+            .unwrap()
+            .attach(&ifname, 1024)
+            .unwrap();
+        let e = other.conn.claim(ADDR_B, 12201, held.as_fd()).unwrap_err();
+        assert!(e.contains("claimed by another process"), "{e}");
+        // Garbage: refused with its reason, the connection closed, the
+        // service goes on.
+        let g = Conn::connect_existing().unwrap();
+        let e = g.raw(b"hello, service").unwrap();
+        assert!(e.contains("bad message: bad_magic"), "{e}");
+        assert!(g.raw(b"again").is_err(), "the connection must be closed");
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for n in 0..200usize {
+            let c = Conn::connect_existing().unwrap();
+            let mut b = Vec::new();
+            for _ in 0..(n % 70) {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                b.push(seed as u8);
+            }
+            if n % 3 == 0 && b.len() >= 8 {
+                // Right magic, random kind and body.
+                b[..4].copy_from_slice(&0x6e77_6531u32.to_le_bytes());
+            }
+            let _ = c.raw(&b);
+        }
+        // A claim before attach, and a claim without its socket.
+        let c = Conn::connect_existing().unwrap();
+        assert!(c.claim(ADDR_B, 12201, held.as_fd()).is_err());
+        let s = Conn::connect_existing().unwrap().status().unwrap();
+        drop(at);
+        s
+    });
+    let st: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let bad = &st["counters"]["bad_messages"];
+    assert!(bad["bad_magic"].as_u64().unwrap() >= 1, "{st}");
+    assert!(bad["claim_before_attach"].as_u64().unwrap() >= 1, "{st}");
+    assert!(
+        st["counters"]["claims_refused"].as_u64().unwrap() >= 4,
+        "{st}"
+    );
+    // Still serving.
+    let st = status(&lab);
+    assert!(
+        st["counters"]["connections"].as_u64().unwrap() >= 200,
+        "{st}"
+    );
+}
+
+#[test]
+#[ignore = "needs root"]
+fn kill_9_under_traffic_gives_back_claims_and_frames_and_the_others_go_on() {
+    let lab = lab("vk");
+    let (a, b) = (12301u16, 12302u16);
+    let keep = echo(&lab, "vk-b", b, &[]);
+    on_xdp(&keep, b);
+    for round in 0..5 {
+        let victim = echo(&lab, &format!("vk-a{round}"), a, &[]);
+        on_xdp(&victim, a);
+        client(&lab, &format!("vk-pre{round}"), &[a, b], 20);
+        let mut flood = spawn(
+            &format!("vk-flood{round}"),
+            plain_in(
+                &lab,
+                Host::A,
+                &[
+                    "python3",
+                    "-c",
+                    FLOOD,
+                    &ADDR_B.to_string(),
+                    &a.to_string(),
+                    "1.0",
+                ],
+            ),
+        );
+        std::thread::sleep(Duration::from_millis(400));
+        let pid = victim.child.id();
+        assert!(
+            Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status()
+                .unwrap()
+                .success()
+        );
+        drop(victim);
+        flood.success(T);
+        // Its claim goes at once (the service saw the socket close).
+        let end = Instant::now() + Duration::from_secs(5);
+        loop {
+            let st = status(&lab);
+            if !claims_of(&st).contains(&format!("udp:{ADDR_B}:{a}")) {
+                break;
+            }
+            assert!(Instant::now() < end, "claim of {a} not released: {st}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The other process goes on: more datagrams than the whole UMEM
+        // has RX frames, each echoed intact.
+        client(&lab, &format!("vk-post{round}"), &[b], 1500);
+    }
+    let st = status(&lab);
+    assert!(
+        st["counters"]["frames_reclaimed"].as_u64().unwrap() > 0,
+        "{st}"
+    );
+    assert_eq!(st["counters"]["detaches"].as_u64().unwrap(), 5, "{st}");
+}

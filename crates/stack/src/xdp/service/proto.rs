@@ -1,0 +1,350 @@
+//! The engine service's control protocol: fixed-layout messages on a
+//! `SOCK_SEQPACKET` unix socket in the abstract namespace (one per network
+//! namespace, so one service per network namespace), file descriptors with
+//! `SCM_RIGHTS`. Every message starts with a magic word and a kind; a
+//! message of the wrong size, magic or kind is refused with a counted
+//! reason and the connection closed. Requests and answers strictly
+//! alternate; the service never sends anything unasked.
+
+use nanowire_xdp::shared::Geometry;
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::net::Ipv4Addr;
+
+/// The abstract socket name (per network namespace).
+pub const SOCKET_NAME: &[u8] = b"nanowire-engine-1";
+pub const MAGIC: u32 = 0x6e77_6531; // "nwe1"
+/// Longest message either side accepts (a status answer may be longer: it
+/// is read with a larger buffer by the client).
+pub const MAX_REQUEST: usize = 256;
+/// Most descriptors in one message (2 per queue of an attach answer).
+pub const MAX_FDS: usize = 128;
+
+pub const K_ATTACH: u16 = 1;
+pub const K_CLAIM: u16 = 2;
+pub const K_UNCLAIM: u16 = 3;
+pub const K_STATUS: u16 = 4;
+pub const K_OK: u16 = 0x81;
+pub const K_ERR: u16 = 0x82;
+pub const K_STATUS_REPLY: u16 = 0x83;
+
+pub const PROTO_UDP: u8 = 17;
+pub const PROTO_TCP: u8 = 6;
+
+/// A request as the service reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Attach to an interface: `ring_depth` is a hint used when the service
+    /// first opens the interface.
+    Attach {
+        iface: String,
+        ring_depth: u32,
+    },
+    /// Claim (proto, addr, port); the kernel socket holding the port comes
+    /// with it (SCM_RIGHTS).
+    Claim {
+        proto: u8,
+        addr: Ipv4Addr,
+        port: u16,
+    },
+    Unclaim {
+        proto: u8,
+        addr: Ipv4Addr,
+        port: u16,
+    },
+    Status,
+}
+
+/// What an attach is answered with (and one memfd + one member socket per
+/// queue, in queue order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttachReply {
+    pub slot: u32,
+    pub queues: u32,
+    pub geo: Geometry,
+    pub zero_copy: bool,
+    pub multi_buffer: bool,
+    /// 0 native, 1 generic.
+    pub xdp_generic: bool,
+    /// XDP_MAX_TX_SKB_BUDGET in effect, 0 = the kernel's default.
+    pub tx_budget: u32,
+}
+
+fn header(kind: u16) -> Vec<u8> {
+    let mut v = Vec::with_capacity(64);
+    v.extend_from_slice(&MAGIC.to_le_bytes());
+    v.extend_from_slice(&kind.to_le_bytes());
+    v.extend_from_slice(&0u16.to_le_bytes());
+    v
+}
+
+fn u32_at(b: &[u8], off: usize) -> Option<u32> {
+    b.get(off..off + 4)
+        .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+}
+fn u16_at(b: &[u8], off: usize) -> Option<u16> {
+    b.get(off..off + 2)
+        .map(|s| u16::from_le_bytes([s[0], s[1]]))
+}
+
+/// The kind of a message, after its magic word is checked.
+pub fn kind(b: &[u8]) -> Result<u16, &'static str> {
+    if b.len() < 8 {
+        return Err("short_message");
+    }
+    if u32_at(b, 0) != Some(MAGIC) {
+        return Err("bad_magic");
+    }
+    u16_at(b, 4).ok_or("short_message")
+}
+
+pub fn encode_attach(iface: &str, ring_depth: u32) -> Vec<u8> {
+    let mut v = header(K_ATTACH);
+    let mut name = [0u8; 16];
+    let n = iface.len().min(15);
+    name[..n].copy_from_slice(&iface.as_bytes()[..n]);
+    v.extend_from_slice(&name);
+    v.extend_from_slice(&ring_depth.to_le_bytes());
+    v
+}
+
+pub fn encode_claim(claim: bool, proto: u8, addr: Ipv4Addr, port: u16) -> Vec<u8> {
+    let mut v = header(if claim { K_CLAIM } else { K_UNCLAIM });
+    v.extend_from_slice(&[proto, 0, 0, 0]);
+    v.extend_from_slice(&addr.octets());
+    v.extend_from_slice(&port.to_le_bytes());
+    v.extend_from_slice(&[0, 0]);
+    v
+}
+
+pub fn encode_status() -> Vec<u8> {
+    header(K_STATUS)
+}
+
+/// Parse a request; `Err` names the counted reason.
+pub fn decode_request(b: &[u8]) -> Result<Request, &'static str> {
+    match kind(b)? {
+        K_ATTACH => {
+            if b.len() != 8 + 16 + 4 {
+                return Err("bad_length");
+            }
+            let name = &b[8..24];
+            let end = name.iter().position(|&c| c == 0).ok_or("bad_iface_name")?;
+            let iface = std::str::from_utf8(&name[..end]).map_err(|_| "bad_iface_name")?;
+            if iface.is_empty()
+                || !iface
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || b"-_.@".contains(&c))
+            {
+                return Err("bad_iface_name");
+            }
+            Ok(Request::Attach {
+                iface: iface.to_string(),
+                ring_depth: u32_at(b, 24).ok_or("bad_length")?,
+            })
+        }
+        k @ (K_CLAIM | K_UNCLAIM) => {
+            if b.len() != 8 + 12 {
+                return Err("bad_length");
+            }
+            let proto = b[8];
+            if proto != PROTO_UDP && proto != PROTO_TCP {
+                return Err("bad_protocol");
+            }
+            let addr = Ipv4Addr::new(b[12], b[13], b[14], b[15]);
+            let port = u16_at(b, 16).ok_or("bad_length")?;
+            if port == 0 {
+                return Err("bad_port");
+            }
+            Ok(if k == K_CLAIM {
+                Request::Claim { proto, addr, port }
+            } else {
+                Request::Unclaim { proto, addr, port }
+            })
+        }
+        K_STATUS if b.len() == 8 => Ok(Request::Status),
+        K_STATUS => Err("bad_length"),
+        _ => Err("unknown_kind"),
+    }
+}
+
+pub fn encode_attach_reply(r: &AttachReply) -> Vec<u8> {
+    let mut v = header(K_OK);
+    for w in [
+        r.slot,
+        r.queues,
+        r.geo.rx_frames,
+        r.geo.tx_per_slot,
+        r.geo.slots,
+        r.geo.frame_size,
+        u32::from(r.zero_copy) | u32::from(r.multi_buffer) << 1 | u32::from(r.xdp_generic) << 2,
+        r.tx_budget,
+    ] {
+        v.extend_from_slice(&w.to_le_bytes());
+    }
+    v
+}
+
+pub fn decode_attach_reply(b: &[u8]) -> Result<AttachReply, String> {
+    let w = |i: usize| u32_at(b, 8 + 4 * i).ok_or_else(|| "short attach answer".to_string());
+    let flags = w(6)?;
+    let r = AttachReply {
+        slot: w(0)?,
+        queues: w(1)?,
+        geo: Geometry {
+            rx_frames: w(2)?,
+            tx_per_slot: w(3)?,
+            slots: w(4)?,
+            frame_size: w(5)?,
+        },
+        zero_copy: flags & 1 != 0,
+        multi_buffer: flags & 2 != 0,
+        xdp_generic: flags & 4 != 0,
+        tx_budget: w(7)?,
+    };
+    r.geo.validate()?;
+    if r.queues == 0 || r.queues as usize * 2 > MAX_FDS || r.slot >= r.geo.slots {
+        return Err(format!(
+            "attach answer out of range (queues {}, slot {})",
+            r.queues, r.slot
+        ));
+    }
+    Ok(r)
+}
+
+pub fn encode_text(kind: u16, text: &str) -> Vec<u8> {
+    let mut v = header(kind);
+    v.extend_from_slice(text.as_bytes());
+    v
+}
+
+/// Send one message with `fds` attached.
+pub fn send(sock: BorrowedFd<'_>, msg: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut anc = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !anc.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(std::io::Error::other(
+            "too many descriptors for one message",
+        ));
+    }
+    let n = rustix::net::sendmsg(sock, &[IoSlice::new(msg)], &mut anc, SendFlags::NOSIGNAL)?;
+    if n != msg.len() {
+        return Err(std::io::Error::other("short send on the control socket"));
+    }
+    Ok(())
+}
+
+/// One received message.
+pub struct Received {
+    pub bytes: Vec<u8>,
+    pub fds: Vec<OwnedFd>,
+    /// The message or its descriptors did not fit (they were dropped).
+    pub truncated: bool,
+}
+
+/// Receive one message (at most `max` bytes); `Ok(None)` at end of stream.
+pub fn recv(
+    sock: BorrowedFd<'_>,
+    max: usize,
+    dontwait: bool,
+) -> rustix::io::Result<Option<Received>> {
+    let mut buf = vec![0u8; max];
+    let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut anc = RecvAncillaryBuffer::new(&mut space);
+    let mut flags = RecvFlags::CMSG_CLOEXEC;
+    if dontwait {
+        flags |= RecvFlags::DONTWAIT;
+    }
+    let r = rustix::net::recvmsg(sock, &mut [IoSliceMut::new(&mut buf)], &mut anc, flags)?;
+    let mut fds = Vec::new();
+    for m in anc.drain() {
+        if let RecvAncillaryMessage::ScmRights(it) = m {
+            fds.extend(it);
+        }
+    }
+    if r.bytes == 0 && fds.is_empty() {
+        return Ok(None);
+    }
+    buf.truncate(r.bytes.min(max));
+    Ok(Some(Received {
+        bytes: buf,
+        fds,
+        truncated: r.flags.contains(ReturnFlags::TRUNC) || r.flags.contains(ReturnFlags::CTRUNC),
+    }))
+}
+
+/// Borrow a list of owned descriptors.
+pub fn borrow_all(fds: &[OwnedFd]) -> Vec<BorrowedFd<'_>> {
+    fds.iter().map(|f| f.as_fd()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_and_garbage_is_named() {
+        let a = encode_attach("nw-b0", 16384);
+        assert_eq!(
+            decode_request(&a),
+            Ok(Request::Attach {
+                iface: "nw-b0".into(),
+                ring_depth: 16384
+            })
+        );
+        let c = encode_claim(true, PROTO_UDP, Ipv4Addr::new(198, 18, 0, 2), 9000);
+        assert_eq!(
+            decode_request(&c),
+            Ok(Request::Claim {
+                proto: 17,
+                addr: Ipv4Addr::new(198, 18, 0, 2),
+                port: 9000
+            })
+        );
+        assert_eq!(decode_request(&encode_status()), Ok(Request::Status));
+        assert_eq!(decode_request(b"hello"), Err("short_message"));
+        assert_eq!(decode_request(&[0xffu8; 64]), Err("bad_magic"));
+        let mut k = encode_status();
+        k[4] = 99;
+        assert_eq!(decode_request(&k), Err("unknown_kind"));
+        let mut l = c.clone();
+        l.push(0);
+        assert_eq!(decode_request(&l), Err("bad_length"));
+        let mut p = c.clone();
+        p[8] = 1;
+        assert_eq!(decode_request(&p), Err("bad_protocol"));
+        let mut n = a.clone();
+        n[8..24].fill(b'a');
+        assert_eq!(decode_request(&n), Err("bad_iface_name"));
+        let mut s = a;
+        s[8] = b'/';
+        assert_eq!(decode_request(&s), Err("bad_iface_name"));
+    }
+
+    #[test]
+    fn attach_answers_are_validated() {
+        let r = AttachReply {
+            slot: 3,
+            queues: 1,
+            geo: Geometry {
+                rx_frames: 16384,
+                tx_per_slot: 256,
+                slots: 16,
+                frame_size: 2048,
+            },
+            zero_copy: false,
+            multi_buffer: true,
+            xdp_generic: true,
+            tx_budget: 256,
+        };
+        assert_eq!(decode_attach_reply(&encode_attach_reply(&r)), Ok(r));
+        let bad = AttachReply { slot: 16, ..r };
+        assert!(decode_attach_reply(&encode_attach_reply(&bad)).is_err());
+        assert!(decode_attach_reply(&header(K_OK)).is_err());
+    }
+}

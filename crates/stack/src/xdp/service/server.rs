@@ -1,0 +1,705 @@
+//! The engine service (`nanowire engine serve`): one per network namespace,
+//! root. It owns, per interface, the steering program, the claims, and per
+//! queue the shared UMEM (memfd) with its fill and completion rings; each
+//! attached process gets its own AF_XDP socket per queue, made and bound
+//! here with `XDP_SHARED_UMEM`, and runs its data path itself.
+//!
+//! One thread, one poll loop; every request is answered or refused with a
+//! counted reason, and nothing a client sends can take the service down.
+//! A client that closes its socket (exit, kill -9) is detached at once: its
+//! claims go, its sockets leave the XSKMAP, and its frames go back to the
+//! fill ring (nanowire_xdp::shared). The service exits when no process has
+//! been attached for `idle` (the steering program goes with it).
+
+use super::proto::{self, Request};
+use nanowire_xdp::shared::{Geometry, Member, SharedQueue};
+use nanowire_xdp::{AttachMode, SteerProgram, iface};
+use rustix::fd::{AsFd, OwnedFd};
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+/// Slots per shared UMEM (processes attached to one interface at once).
+pub const SLOTS: u32 = 16;
+/// TX frames of each slot.
+pub const TX_PER_SLOT: u32 = 256;
+/// A slot a dead process used is not handed out again for this long: TX
+/// frames it had in flight complete into its mailbox meanwhile.
+const SLOT_COOLING: Duration = Duration::from_secs(1);
+/// Connections served at once; more are closed at once (counted), so no
+/// client can exhaust the service's descriptors.
+const MAX_CLIENTS: usize = 512;
+
+/// What the service counted (`nanowire engine status`).
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Counters {
+    pub connections: u64,
+    pub attaches: u64,
+    pub attach_refused: u64,
+    pub detaches: u64,
+    pub claims: u64,
+    pub claims_refused: u64,
+    pub unclaims: u64,
+    pub frames_reclaimed: u64,
+    pub reclaim_deferred: u64,
+    /// Messages refused, by reason (bad_magic, short_message, ...).
+    pub bad_messages: HashMap<String, u64>,
+}
+
+struct Client {
+    sock: OwnedFd,
+    pid: i32,
+    uid: u32,
+    attached: Option<(String, u32)>,
+    members: Vec<Member>,
+    claims: Vec<(u8, Ipv4Addr, u16)>,
+}
+
+struct Iface {
+    index: u32,
+    prog: SteerProgram,
+    queues: Vec<SharedQueue>,
+    /// Client id per slot.
+    slots: Vec<Option<u64>>,
+    freed: Vec<Option<Instant>>,
+    /// The user whose processes share the UMEM now (None: nobody attached).
+    uid: Option<u32>,
+    /// The user whose packets the UMEM last held.
+    last_uid: Option<u32>,
+    claims: HashMap<(u8, u32, u16), u64>,
+    mode: AttachMode,
+    budget: u32,
+}
+
+/// A dead client's sockets whose frames could not be taken back yet (a live
+/// process held the shared lock): retried every loop turn.
+struct Pending {
+    iface: String,
+    slot: u32,
+    members: Vec<Member>,
+}
+
+pub struct Service {
+    listener: OwnedFd,
+    clients: HashMap<u64, Client>,
+    ifaces: HashMap<String, Iface>,
+    pending: Vec<Pending>,
+    next_id: u64,
+    counters: Counters,
+    idle: Duration,
+    since_idle: Instant,
+    log: bool,
+}
+
+fn bad(c: &mut Counters, why: &str) {
+    *c.bad_messages.entry(why.to_string()).or_insert(0) += 1;
+}
+
+impl Service {
+    /// Bind the namespace's service socket. `Ok(None)`: another service
+    /// already serves this network namespace.
+    pub fn bind(idle: Duration, log: bool) -> Result<Option<Service>, String> {
+        let s = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )
+        .map_err(|e| format!("engine service socket: {e}"))?;
+        let addr = SocketAddrUnix::new_abstract_name(proto::SOCKET_NAME)
+            .map_err(|e| format!("engine service address: {e}"))?;
+        match rustix::net::bind(&s, &addr) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::ADDRINUSE) => return Ok(None),
+            Err(e) => return Err(format!("engine service bind: {e}")),
+        }
+        rustix::net::listen(&s, 64).map_err(|e| format!("engine service listen: {e}"))?;
+        Ok(Some(Service {
+            listener: s,
+            clients: HashMap::new(),
+            ifaces: HashMap::new(),
+            pending: Vec::new(),
+            next_id: 1,
+            counters: Counters::default(),
+            idle,
+            since_idle: Instant::now(),
+            log,
+        }))
+    }
+
+    fn log(&self, msg: &str) {
+        if self.log {
+            eprintln!("nanowire engine service: {msg}");
+        }
+    }
+
+    /// Serve until unused for `idle`.
+    pub fn run(&mut self) {
+        loop {
+            let ids: Vec<u64> = self.clients.keys().copied().collect();
+            let mut pfds: Vec<libc::pollfd> = std::iter::once(&self.listener)
+                .chain(ids.iter().map(|i| &self.clients[i].sock))
+                .map(|f| libc::pollfd {
+                    fd: rustix::fd::AsRawFd::as_raw_fd(f),
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            nanowire_xdp::sys::poll(&mut pfds, 200);
+            if pfds[0].revents & libc::POLLIN != 0 {
+                self.accept();
+            }
+            for (i, id) in ids.iter().enumerate() {
+                let r = pfds[i + 1].revents;
+                if r & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+                    self.serve_one(*id);
+                }
+            }
+            self.retry_pending();
+            if !self.clients.is_empty() {
+                self.since_idle = Instant::now();
+            } else if self.since_idle.elapsed() >= self.idle && self.pending.is_empty() {
+                self.log("no process attached: exiting");
+                return;
+            }
+        }
+    }
+
+    fn accept(&mut self) {
+        loop {
+            let s = match rustix::net::accept_with(
+                &self.listener,
+                SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            ) {
+                Ok(s) => s,
+                Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => return,
+                Err(_) => {
+                    // Out of descriptors or memory: do not spin on a
+                    // listener that stays readable.
+                    bad(&mut self.counters, "accept_failed");
+                    std::thread::sleep(Duration::from_millis(10));
+                    return;
+                }
+            };
+            if self.clients.len() >= MAX_CLIENTS {
+                bad(&mut self.counters, "too_many_connections");
+                continue;
+            }
+            // Identity from the kernel only.
+            let Ok(cred) = rustix::net::sockopt::socket_peercred(&s) else {
+                bad(&mut self.counters, "no_peer_credentials");
+                continue;
+            };
+            self.counters.connections += 1;
+            let id = self.next_id;
+            self.next_id += 1;
+            self.clients.insert(
+                id,
+                Client {
+                    sock: s,
+                    pid: cred.pid.as_raw_nonzero().get(),
+                    uid: cred.uid.as_raw(),
+                    attached: None,
+                    members: Vec::new(),
+                    claims: Vec::new(),
+                },
+            );
+        }
+    }
+
+    fn reply(&mut self, id: u64, msg: &[u8], fds: &[rustix::fd::BorrowedFd<'_>]) -> bool {
+        let Some(c) = self.clients.get(&id) else {
+            return false;
+        };
+        proto::send(c.sock.as_fd(), msg, fds).is_ok()
+    }
+
+    fn refuse(&mut self, id: u64, why: &str) {
+        let m = proto::encode_text(proto::K_ERR, why);
+        self.reply(id, &m, &[]);
+    }
+
+    fn serve_one(&mut self, id: u64) {
+        let got = match self.clients.get(&id) {
+            Some(c) => proto::recv(c.sock.as_fd(), proto::MAX_REQUEST, true),
+            None => return,
+        };
+        let m = match got {
+            Ok(Some(m)) => m,
+            Ok(None) => return self.detach(id),
+            Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => return,
+            Err(_) => return self.detach(id),
+        };
+        if m.truncated {
+            bad(&mut self.counters, "too_long");
+            self.refuse(id, "message too long");
+            return self.detach(id);
+        }
+        let req = match proto::decode_request(&m.bytes) {
+            Ok(r) => r,
+            Err(why) => {
+                bad(&mut self.counters, why);
+                let pid = self.clients.get(&id).map(|c| c.pid).unwrap_or(0);
+                self.log(&format!("pid {pid}: refused a bad message ({why})"));
+                self.refuse(id, &format!("bad message: {why}"));
+                return self.detach(id);
+            }
+        };
+        let fds = m.fds;
+        if !matches!(req, Request::Claim { .. }) && !fds.is_empty() {
+            bad(&mut self.counters, "unexpected_descriptors");
+            self.refuse(id, "bad message: unexpected descriptors");
+            return self.detach(id);
+        }
+        match req {
+            Request::Attach { iface, ring_depth } => self.attach(id, &iface, ring_depth),
+            Request::Claim {
+                proto: p,
+                addr,
+                port,
+            } => {
+                let mut fds = fds;
+                if fds.len() != 1 {
+                    bad(&mut self.counters, "claim_without_socket");
+                    self.counters.claims_refused += 1;
+                    self.refuse(id, "a claim needs the kernel socket holding the port");
+                    return;
+                }
+                let fd = fds.pop().expect("one descriptor");
+                match self.claim(id, p, addr, port, &fd) {
+                    Ok(()) => {
+                        self.counters.claims += 1;
+                        self.reply(id, &proto::encode_text(proto::K_OK, ""), &[]);
+                    }
+                    Err(why) => {
+                        self.counters.claims_refused += 1;
+                        self.refuse(id, &why);
+                    }
+                }
+            }
+            Request::Unclaim {
+                proto: p,
+                addr,
+                port,
+            } => {
+                self.unclaim(id, p, addr, port);
+                self.reply(id, &proto::encode_text(proto::K_OK, ""), &[]);
+            }
+            Request::Status => {
+                let s = self.status().to_string();
+                self.reply(id, &proto::encode_text(proto::K_STATUS_REPLY, &s), &[]);
+            }
+        }
+    }
+
+    /// The interface, opened on first use: the steering program (a BPF
+    /// link: it goes with the service) and a shared UMEM per queue.
+    fn open_iface(&mut self, name: &str, ring_depth: u32) -> Result<(), String> {
+        if self.ifaces.contains_key(name) {
+            return Ok(());
+        }
+        let info = iface::lookup(name).map_err(|e| format!("interface {name}: {e}"))?;
+        // The service's own settings (an attach mode forced by its
+        // operator, multi-buffer turned off), as an engine of its own has.
+        let settings = crate::xdp::config::config();
+        let forced = settings.xdp_mode;
+        let first = if settings.no_multi_buffer {
+            Err("multi-buffer turned off (NANOWIRE_XDP_NO_MULTI_BUFFER=1)".to_string())
+        } else {
+            SteerProgram::attach(name, info.index, true, forced)
+        };
+        let (prog, mut mb) = match first {
+            Ok(p) => (p, true),
+            Err(e) => (
+                SteerProgram::attach(name, info.index, false, forced)
+                    .map_err(|e2| format!("{e2} (and the multi-buffer program: {e})"))?,
+                false,
+            ),
+        };
+        let eth = info.mtu as usize + 14;
+        let frame_size = if eth <= 2048 - 256 { 2048 } else { 4096 };
+        let geo = Geometry {
+            rx_frames: ring_depth.clamp(1024, 1 << 16).next_power_of_two(),
+            tx_per_slot: TX_PER_SLOT,
+            slots: SLOTS,
+            frame_size,
+        };
+        let mode = prog.mode();
+        let mut queues = Vec::new();
+        for q in 0..info.rx_queues {
+            let sq = match SharedQueue::create(info.index, q, geo, mode == AttachMode::Driver, mb) {
+                Ok(s) => s,
+                Err(e) if mb && q == 0 => {
+                    mb = false;
+                    SharedQueue::create(info.index, q, geo, mode == AttachMode::Driver, false)
+                        .map_err(|e2| format!("{e2} (with XDP_USE_SG: {e})"))?
+                }
+                Err(e) => return Err(e),
+            };
+            queues.push(sq);
+        }
+        if queues.is_empty() {
+            return Err(format!("interface {name} has no RX queue"));
+        }
+        self.log(&format!(
+            "{name}: {} XDP, {} queue(s), {} RX frames of {frame_size} B shared, {} slots",
+            mode.as_str(),
+            queues.len(),
+            geo.rx_frames,
+            geo.slots
+        ));
+        self.ifaces.insert(
+            name.to_string(),
+            Iface {
+                index: info.index,
+                prog,
+                queues,
+                slots: vec![None; SLOTS as usize],
+                freed: vec![None; SLOTS as usize],
+                uid: None,
+                last_uid: None,
+                claims: HashMap::new(),
+                mode,
+                budget: TX_PER_SLOT.min(256),
+            },
+        );
+        Ok(())
+    }
+
+    fn attach(&mut self, id: u64, name: &str, ring_depth: u32) {
+        let (uid, pid, already) = match self.clients.get(&id) {
+            Some(c) => (c.uid, c.pid, c.attached.is_some()),
+            None => return,
+        };
+        if already {
+            bad(&mut self.counters, "attach_twice");
+            self.counters.attach_refused += 1;
+            return self.refuse(id, "already attached");
+        }
+        if let Err(e) = self.open_iface(name, ring_depth) {
+            self.counters.attach_refused += 1;
+            return self.refuse(id, &e);
+        }
+        let ifc = self.ifaces.get_mut(name).expect("opened above");
+        // Sharing a UMEM means reading each other's packets: one user per
+        // UMEM (other users: another queue where the interface has one --
+        // not done yet -- else the kernel path, with the reason).
+        if let Some(owner) = ifc.uid
+            && owner != uid
+        {
+            self.counters.attach_refused += 1;
+            return self.refuse(
+                id,
+                &format!(
+                    "{name}: the engine service's shared UMEM is in use by uid {owner}'s processes; \
+                     uid {uid} does not share packet memory with another user"
+                ),
+            );
+        }
+        let now = Instant::now();
+        let Some(slot) = (0..SLOTS as usize).find(|&s| {
+            ifc.slots[s].is_none() && ifc.freed[s].is_none_or(|t| now - t >= SLOT_COOLING)
+        }) else {
+            self.counters.attach_refused += 1;
+            return self.refuse(
+                id,
+                &format!("{name}: all {SLOTS} process slots of the engine service are in use"),
+            );
+        };
+        if ifc.uid.is_none() && ifc.last_uid.is_some_and(|u| u != uid) {
+            // Another user's packets may still lie in the frames.
+            for q in &mut ifc.queues {
+                q.wipe();
+            }
+        }
+        let mut members = Vec::new();
+        for q in &mut ifc.queues {
+            match q.member(slot as u32) {
+                Ok(m) => members.push(m),
+                Err(e) => {
+                    self.counters.attach_refused += 1;
+                    return self.refuse(id, &e);
+                }
+            }
+        }
+        for (q, m) in members.iter().enumerate() {
+            if let Err(e) = ifc.prog.set_slot_xsk(slot as u32, q as u32, m) {
+                for q2 in 0..q {
+                    ifc.prog.clear_slot_xsk(slot as u32, q2 as u32);
+                }
+                self.counters.attach_refused += 1;
+                return self.refuse(id, &e);
+            }
+        }
+        let geo = ifc.queues[0].geometry();
+        let reply = proto::AttachReply {
+            slot: slot as u32,
+            queues: ifc.queues.len() as u32,
+            geo,
+            zero_copy: ifc.queues[0].zero_copy(),
+            multi_buffer: ifc.queues[0].multi_buffer(),
+            xdp_generic: ifc.mode == AttachMode::Skb,
+            tx_budget: ifc.budget,
+        };
+        let mut fds = Vec::new();
+        for (q, m) in ifc.queues.iter().zip(&members) {
+            fds.push(q.memfd());
+            fds.push(m.as_fd());
+        }
+        let msg = proto::encode_attach_reply(&reply);
+        let c = &self.clients[&id];
+        let sent = proto::send(c.sock.as_fd(), &msg, &fds).is_ok();
+        drop(fds);
+        let ifc = self.ifaces.get_mut(name).expect("opened above");
+        ifc.slots[slot] = Some(id);
+        ifc.uid = Some(uid);
+        ifc.last_uid = Some(uid);
+        let c = self.clients.get_mut(&id).expect("checked above");
+        c.attached = Some((name.to_string(), slot as u32));
+        c.members = members;
+        self.counters.attaches += 1;
+        self.log(&format!(
+            "pid {pid} (uid {uid}) attached to {name} in slot {slot}"
+        ));
+        if !sent {
+            self.detach(id);
+        }
+    }
+
+    fn claim(
+        &mut self,
+        id: u64,
+        p: u8,
+        addr: Ipv4Addr,
+        port: u16,
+        sock: &OwnedFd,
+    ) -> Result<(), String> {
+        let c = self.clients.get(&id).ok_or("gone")?;
+        let Some((name, slot)) = c.attached.clone() else {
+            bad(&mut self.counters, "claim_before_attach");
+            return Err("claim before attach".into());
+        };
+        if p != proto::PROTO_UDP {
+            return Err(
+                "TCP is not carried through the engine service yet (issue 23); it stays on the kernel"
+                    .into(),
+            );
+        }
+        let own: Vec<Ipv4Addr> = iface::ipv4_addrs()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(n, _)| *n == name)
+            .map(|(_, a)| a)
+            .collect();
+        holds_port(sock, p, addr, port, &own)?;
+        let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
+        let key = (p, addr.to_bits(), port);
+        match ifc.claims.get(&key) {
+            Some(&o) if o == id => return Ok(()),
+            Some(_) => {
+                return Err(format!(
+                    "{addr}:{port} is claimed by another process on the engine service"
+                ));
+            }
+            None => {}
+        }
+        ifc.prog.claim_slot(addr, port, slot)?;
+        ifc.claims.insert(key, id);
+        self.clients
+            .get_mut(&id)
+            .expect("checked above")
+            .claims
+            .push((p, addr, port));
+        Ok(())
+    }
+
+    fn unclaim(&mut self, id: u64, p: u8, addr: Ipv4Addr, port: u16) {
+        let Some(c) = self.clients.get_mut(&id) else {
+            return;
+        };
+        let Some(i) = c.claims.iter().position(|&k| k == (p, addr, port)) else {
+            return;
+        };
+        c.claims.swap_remove(i);
+        let Some((name, _)) = c.attached.clone() else {
+            return;
+        };
+        if let Some(ifc) = self.ifaces.get_mut(&name)
+            && ifc.claims.remove(&(p, addr.to_bits(), port)).is_some()
+        {
+            ifc.prog.unclaim(addr, port);
+            self.counters.unclaims += 1;
+        }
+    }
+
+    /// A client is gone (closed, killed, or refused): its claims and
+    /// sockets leave the program at once, its frames go back.
+    fn detach(&mut self, id: u64) {
+        let Some(c) = self.clients.remove(&id) else {
+            return;
+        };
+        let Some((name, slot)) = c.attached else {
+            return;
+        };
+        self.counters.detaches += 1;
+        let Some(ifc) = self.ifaces.get_mut(&name) else {
+            return;
+        };
+        for (p, addr, port) in &c.claims {
+            if ifc.claims.remove(&(*p, addr.to_bits(), *port)).is_some() {
+                ifc.prog.unclaim(*addr, *port);
+            }
+        }
+        for q in 0..ifc.queues.len() {
+            ifc.prog.clear_slot_xsk(slot, q as u32);
+        }
+        ifc.slots[slot as usize] = None;
+        ifc.freed[slot as usize] = Some(Instant::now());
+        if ifc.slots.iter().all(|s| s.is_none()) {
+            ifc.uid = None;
+        }
+        self.pending.push(Pending {
+            iface: name.clone(),
+            slot,
+            members: c.members,
+        });
+        self.retry_pending();
+        self.log(&format!(
+            "pid {} detached from {name} (slot {slot}, {} claim(s) released)",
+            c.pid,
+            c.claims.len()
+        ));
+    }
+
+    fn retry_pending(&mut self) {
+        let mut left = Vec::new();
+        for mut p in std::mem::take(&mut self.pending) {
+            let Some(ifc) = self.ifaces.get_mut(&p.iface) else {
+                continue;
+            };
+            let mut done = true;
+            let mut got = 0u64;
+            for (q, m) in ifc.queues.iter_mut().zip(p.members.iter_mut()) {
+                match q.reclaim(p.slot, m) {
+                    Some(n) => got += u64::from(n),
+                    None => done = false,
+                }
+            }
+            self.counters.frames_reclaimed += got;
+            if done {
+                // The sockets close here (after their rings were read).
+                drop(p.members);
+            } else {
+                self.counters.reclaim_deferred += 1;
+                left.push(p);
+            }
+        }
+        self.pending = left;
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let ifaces: Vec<serde_json::Value> = self
+            .ifaces
+            .iter()
+            .map(|(n, i)| {
+                let clients: Vec<serde_json::Value> = i
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(s, c)| c.map(|c| (s, c)))
+                    .filter_map(|(s, id)| {
+                        let c = self.clients.get(&id)?;
+                        Some(serde_json::json!({
+                            "pid": c.pid,
+                            "uid": c.uid,
+                            "slot": s,
+                            "claims": c.claims.iter().map(|(p, a, port)| format!(
+                                "{}:{}", if *p == proto::PROTO_UDP { "udp" } else { "tcp" },
+                                SocketAddrV4::new(*a, *port))).collect::<Vec<_>>(),
+                        }))
+                    })
+                    .collect();
+                let g = i.queues.first().map(|q| q.geometry());
+                serde_json::json!({
+                    "iface": n,
+                    "ifindex": i.index,
+                    "xdp_mode": i.mode.as_str(),
+                    "queues": i.queues.len(),
+                    "rx_frames": g.map(|g| g.rx_frames),
+                    "tx_per_slot": g.map(|g| g.tx_per_slot),
+                    "umem_bytes": i.queues.iter().map(|q| q.umem_bytes()).sum::<usize>(),
+                    "uid": i.uid,
+                    "clients": clients,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "pid": std::process::id(),
+            "ifaces": ifaces,
+            "counters": self.counters,
+        })
+    }
+}
+
+/// Does the kernel socket `sock` hold `port` for (proto, addr)? A bound
+/// UDP socket of that port, bound to `addr`, or to the wildcard when `addr`
+/// is one of the interface's addresses; multicast and broadcast groups for
+/// a socket bound to the port on the wildcard or the group.
+pub fn holds_port(
+    sock: &OwnedFd,
+    p: u8,
+    addr: Ipv4Addr,
+    port: u16,
+    own: &[Ipv4Addr],
+) -> Result<(), String> {
+    let not = |why: &str| format!("{addr}:{port} not claimed: {why}");
+    let dom = rustix::net::sockopt::socket_domain(sock).map_err(|_| not("not a socket"))?;
+    if dom != AddressFamily::INET {
+        return Err(not("not an IPv4 socket"));
+    }
+    let ty = rustix::net::sockopt::socket_type(sock).map_err(|_| not("not a socket"))?;
+    let want = if p == proto::PROTO_UDP {
+        SocketType::DGRAM
+    } else {
+        SocketType::STREAM
+    };
+    if ty != want {
+        return Err(not("the socket passed is not of that protocol"));
+    }
+    let name = rustix::net::getsockname(sock).map_err(|_| not("the socket has no address"))?;
+    let bound = SocketAddrV4::try_from(name).map_err(|_| not("not an IPv4 socket"))?;
+    if bound.port() != port {
+        return Err(not(&format!(
+            "the process's socket holds port {}, not {port}",
+            bound.port()
+        )));
+    }
+    let ok = *bound.ip() == addr
+        || (bound.ip().is_unspecified()
+            && (own.contains(&addr) || addr.is_multicast() || addr.is_broadcast()));
+    if !ok {
+        return Err(not(&format!("the process's socket is bound to {bound}")));
+    }
+    Ok(())
+}
+
+/// `nanowire engine serve`: serve this network namespace until unused.
+pub fn serve(idle: Duration, log: bool) -> Result<i32, String> {
+    if !rustix::process::geteuid().is_root() {
+        return Err("the engine service runs as root".into());
+    }
+    match Service::bind(idle, log)? {
+        None => {
+            if log {
+                eprintln!("nanowire engine service: already running in this network namespace");
+            }
+            Ok(0)
+        }
+        Some(mut s) => {
+            s.log(&format!("serving (pid {})", std::process::id()));
+            s.run();
+            Ok(0)
+        }
+    }
+}
