@@ -239,6 +239,44 @@ fn eight_udp_echo_processes_share_one_queue_all_on_xdp() {
     }
 }
 
+/// The same eight on an interface of 4 RX queues (`lab up --queues 4`):
+/// every process gets an AF_XDP socket per queue on the service's shared
+/// UMEM of that queue and the program redirects to the owner's socket of
+/// the queue a frame arrived on, so flows hashed to any queue reach their
+/// owner. Two clients (different source ports, so different hashes).
+#[test]
+#[ignore = "needs root"]
+fn eight_processes_on_four_queues_all_on_xdp() {
+    let lab = nanowire_testkit::lab_with(
+        "tsv4q",
+        nanowire_lab::testbed::LabOptions {
+            queues: 4,
+            ..Default::default()
+        },
+    );
+    let ports: Vec<u16> = (0..8).map(|i| 12401 + i).collect();
+    let kids: Vec<Kid> = ports
+        .iter()
+        .map(|&p| echo(&lab, &format!("v4q-echo-{p}"), p, &[]))
+        .collect();
+    for (k, &p) in kids.iter().zip(&ports) {
+        on_xdp(k, p);
+    }
+    client(&lab, "v4q-client1", &ports, 50);
+    client(&lab, "v4q-client2", &ports, 50);
+    let st = status(&lab);
+    let ifc = &st["ifaces"][0];
+    assert_eq!(ifc["queues"], 4, "{st}");
+    assert_eq!(ifc["clients"].as_array().unwrap().len(), 8, "{st}");
+    let claims = claims_of(&st);
+    for p in &ports {
+        assert!(
+            claims.contains(&format!("udp:{ADDR_B}:{p}")),
+            "{p} not claimed: {st}"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs root"]
 fn an_unprivileged_users_program_is_accelerated() {
