@@ -232,7 +232,14 @@ fn process_epoch() -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     *EPOCH.get_or_init(|| {
         let now = Instant::now();
-        let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        // libc's clock_gettime (the vDSO, as rustix's): rustix's own vDSO
+        // lookup faults under valgrind (scripts/msgwork.py).
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: CLOCK_MONOTONIC into a local timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
         let since_boot = Duration::new(t.tv_sec as u64, t.tv_nsec as u32);
         now.checked_sub(since_boot).unwrap_or(now)
     })
