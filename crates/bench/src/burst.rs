@@ -341,10 +341,7 @@ pub fn run_burst(a: BurstArgs) -> Result<i32, String> {
         echoes_received: echoes,
     };
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string(&rep).map_err(|e| e.to_string())?
-        );
+        crate::result::print_json(&rep)?;
     } else {
         println!(
             "burst: sent {} x {} B to {dst} in {:.3} ms ({:.0} msg/s, {} errors; {:.2} us at 10GbE)",
@@ -829,10 +826,7 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
         timed_out,
     };
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string(&rep).map_err(|e| e.to_string())?
-        );
+        crate::result::print_json(&rep)?;
     } else {
         println!(
             "sink ({:?}, {}): received {}/{} ({} missing in {} gaps, {} dup, {} out of order), peak queue {}, drops {:?}",

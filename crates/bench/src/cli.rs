@@ -208,10 +208,7 @@ fn client(mode: Mode, a: ClientArgs) -> Result<i32, String> {
     }
     let r = run_client(&cfg)?;
     if c.json {
-        println!(
-            "{}",
-            serde_json::to_string(&r).map_err(|e| format!("json: {e}"))?
-        );
+        crate::result::print_json(&r)?;
     } else {
         println!("nanowire: Starting test...");
         println!("nanowire: Test end (interrupted by timer)");
@@ -260,10 +257,7 @@ fn server(a: ServerArgs) -> Result<i32, String> {
     }
     let stats = bound.serve(stop, None)?;
     if c.json {
-        println!(
-            "{}",
-            serde_json::to_string(&stats).map_err(|e| format!("json: {e}"))?
-        );
+        crate::result::print_json(&stats)?;
     } else {
         print!("{}", stats.human());
     }

@@ -11,6 +11,14 @@ pub fn thread_cpu_s() -> f64 {
     t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
 }
 
+/// A report as one line of JSON on stdout (the `--json` output of every
+/// bench command).
+pub fn print_json(report: &impl Serialize) -> Result<(), String> {
+    let line = serde_json::to_string(report).map_err(|e| format!("json: {e}"))?;
+    println!("{line}");
+    Ok(())
+}
+
 /// One-way latency (round trip / 2) statistics in microseconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct Latency {

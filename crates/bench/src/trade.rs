@@ -590,10 +590,7 @@ pub fn run_exchange(a: ExchangeArgs) -> Result<i32, String> {
         env: crate::env::Env::detect(Some(a.ip)),
     };
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string(&r).map_err(|e| format!("json: {e}"))?
-        );
+        crate::result::print_json(&r)?;
     } else {
         let l = r.t2t_us.unwrap_or_default();
         println!(
@@ -798,10 +795,7 @@ pub fn run_strategy(a: StrategyArgs) -> Result<i32, String> {
     };
     drop(conn);
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string(&r).map_err(|e| format!("json: {e}"))?
-        );
+        crate::result::print_json(&r)?;
     } else {
         println!(
             "strategy on {}: tick one-way p50 {:.2} µs; ticks {} orders {} feed {} ignored {}{}",

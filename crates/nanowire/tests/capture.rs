@@ -267,6 +267,16 @@ fn udp_payload(frame: &[u8]) -> Option<(u16, u16, Vec<u8>)> {
 }
 
 /// A fresh directory only we can use (never a predictable file in /tmp).
+/// `nanowire capture -i IFACE -w FILE ARGS -t 120` on host b's interface,
+/// running (the 120 s only bound a capture a test failed to stop).
+fn capture_in_b(lab: &ScopedLab, file: &std::path::Path, args: &[&str]) -> Spawned {
+    let ifb = lab.iface(Host::B);
+    let mut argv = vec![BIN, "capture", "-i", &ifb, "-w", file.to_str().unwrap()];
+    argv.extend_from_slice(args);
+    argv.extend(["-t", "120"]);
+    Spawned::new(lab.command(Host::B, &argv), false)
+}
+
 fn private_dir(tag: &str) -> std::path::PathBuf {
     nanowire_lab::tmp::private_dir(tag).unwrap()
 }
@@ -303,26 +313,8 @@ fn tap_capture_holds_every_accelerated_frame_both_ways() {
     let lab = cap_lab('t');
     let dir = private_dir("nwcapt");
     let file = dir.join("tap.pcapng");
-    let ifb = lab.iface(Host::B);
     let echo = xdp_echo(&lab, 5400);
-    let mut cap = Spawned::new(
-        lab.command(
-            Host::B,
-            &[
-                BIN,
-                "capture",
-                "-i",
-                &ifb,
-                "-w",
-                file.to_str().unwrap(),
-                "--port",
-                "5400",
-                "-t",
-                "120",
-            ],
-        ),
-        false,
-    );
+    let mut cap = capture_in_b(&lab, &file, &["--port", "5400"]);
     cap.wait_line("tapping the xdp engine", Duration::from_secs(20));
     const N: usize = 300;
     let out = py_a(
@@ -369,30 +361,12 @@ fn dedicated_capture_holds_a_ring_deep_burst() {
     let lab = cap_lab('d');
     let dir = private_dir("nwcapd");
     let file = dir.join("ded.pcapng");
-    let ifb = lab.iface(Host::B);
     const RING: usize = 2048;
-    let mut cap = Spawned::new(
-        lab.command(
-            Host::B,
-            &[
-                BIN,
-                "capture",
-                "--xdp",
-                "--ring",
-                &RING.to_string(),
-                "-i",
-                &ifb,
-                "-w",
-                file.to_str().unwrap(),
-                "--port",
-                "7400",
-                "-c",
-                &RING.to_string(),
-                "-t",
-                "120",
-            ],
-        ),
-        false,
+    let ring = RING.to_string();
+    let mut cap = capture_in_b(
+        &lab,
+        &file,
+        &["--xdp", "--ring", &ring, "--port", "7400", "-c", &ring],
     );
     cap.wait_line("dedicated XDP capture", Duration::from_secs(20));
     py_a(
@@ -455,25 +429,9 @@ fn a_capture_killed_with_sigkill_stops_the_engine_copying() {
     let lab = cap_lab('k');
     let dir = private_dir("nwcapk");
     let file = dir.join("k.pcapng");
-    let ifb = lab.iface(Host::B);
     let echo = xdp_echo(&lab, 5500);
     let epid = echo.child.id();
-    let mut cap = Spawned::new(
-        lab.command(
-            Host::B,
-            &[
-                BIN,
-                "capture",
-                "-i",
-                &ifb,
-                "-w",
-                file.to_str().unwrap(),
-                "-t",
-                "120",
-            ],
-        ),
-        false,
-    );
+    let mut cap = capture_in_b(&lab, &file, &[]);
     cap.wait_line("tapping the xdp engine", Duration::from_secs(20));
     let echoes = |n: usize| {
         let out = py_a(

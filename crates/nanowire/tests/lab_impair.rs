@@ -9,7 +9,7 @@ use bench_server::xdp_server;
 use nanowire_lab::testbed::ScopedLab;
 use nanowire_lab::testbed::{Direction, Host, Impairment, LabOptions};
 use nanowire_testkit::{LabDown, ok};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 const NW: &str = env!("CARGO_BIN_EXE_nanowire");
 
@@ -182,21 +182,18 @@ fn xdp_ping_pong_crosses_the_impaired_wire() {
     assert_eq!(w.ab.impairment.loss_pct, 0.0);
 }
 
-/// `nanowire stats` in host b (the text form).
-fn engine_stats(lab: &ScopedLab) -> String {
-    ok(&lab
-        .command(Host::B, &[NW, "stats"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap())
+/// The engine on host b's interface, as `nanowire stats --json` lists it
+/// (the listing covers every engine of the machine: other tests' too).
+fn engine_stats(lab: &ScopedLab) -> serde_json::Value {
+    let ifb = lab.iface(Host::B);
+    let mine = nanowire_testkit::engines_on(NW, &ifb);
+    assert_eq!(mine.len(), 1, "one engine on {ifb}: {mine:?}");
+    mine[0].clone()
 }
 
-/// Counter `name` of the first engine a `nanowire stats` text lists.
-fn counter(stats: &str, name: &str) -> Option<u64> {
-    stats.lines().find_map(|l| {
-        let mut w = l.split_whitespace();
-        (w.next() == Some(name)).then(|| w.next()?.parse().ok())?
-    })
+/// Counter `name` of an engine `nanowire stats --json` listed.
+fn counter(engine: &serde_json::Value, name: &str) -> Option<u64> {
+    engine["counters"][name].as_u64()
 }
 
 /// Issue 11 bug: an xdp TCP connect across the impaired wire timed out. The

@@ -212,14 +212,6 @@ fn make(kind: Kind, m: &Macs) -> Vec<u8> {
     }
 }
 
-fn parse_mac(s: &str) -> [u8; 6] {
-    let v: Vec<u8> = s
-        .split(':')
-        .map(|h| u8::from_str_radix(h, 16).unwrap())
-        .collect();
-    v.try_into().unwrap()
-}
-
 /// AF_PACKET socket on `iface`, sending with sendmmsg.
 struct RawTx {
     fd: std::os::fd::OwnedFd,
@@ -305,11 +297,8 @@ fn engine_counters(pid: u32) -> Option<serde_json::Value> {
 #[ignore = "needs root"]
 fn a_million_malformed_frames_counted_kind_by_kind_valid_ones_in_order() {
     let lab = nanowire_testkit::lab("tm");
-    let st = lab.status();
-    let macs = Macs {
-        a: parse_mac(st.a.as_ref().unwrap().mac.as_ref().unwrap()),
-        b: parse_mac(st.b.as_ref().unwrap().mac.as_ref().unwrap()),
-    };
+    let (a, b) = nanowire_testkit::lab_macs(&lab);
+    let macs = Macs { a, b };
     let kinds = KINDS.len() as u64;
     let rounds = MALFORMED.div_ceil(kinds);
     let valid_total = rounds;

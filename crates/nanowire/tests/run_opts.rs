@@ -21,18 +21,7 @@ fn cmd_in(l: &ScopedLab, h: Host, run: bool, args: &[&str]) -> std::process::Com
     let p = probe();
     let mut argv = vec!["python3", p.as_str()];
     argv.extend_from_slice(args);
-    if run {
-        run_in(l, h, &["--engine", "xdp", "-o", "log=info"], &argv)
-    } else {
-        plain_in(l, h, &argv)
-    }
-}
-
-/// The line of `out` that starts with `key`.
-fn line<'a>(out: &'a str, key: &str) -> &'a str {
-    out.lines()
-        .find(|x| x.starts_with(key))
-        .unwrap_or_else(|| panic!("no {key:?} line in:\n{out}"))
+    xdp_or_plain(l, h, run, &argv)
 }
 
 #[test]
@@ -53,9 +42,13 @@ fn udp_ip_ttl_and_tos_leave_as_set_in_both_placements() {
         );
         let got = r.success(T);
         let sent = s.success(T);
-        assert_eq!(line(&got, "ttl="), "ttl=7 tos=0xb8", "run={run}\n{got}");
+        assert_eq!(line_of(&got, "ttl="), "ttl=7 tos=0xb8", "run={run}\n{got}");
         // getsockopt reads back what was set, as plainly.
-        assert_eq!(line(&sent, "ttl="), "ttl=7 tos=0xb8", "run={run}\n{sent}");
+        assert_eq!(
+            line_of(&sent, "ttl="),
+            "ttl=7 tos=0xb8",
+            "run={run}\n{sent}"
+        );
         if run {
             // Honoured on the engine (not by moving the socket away).
             assert!(
@@ -77,33 +70,36 @@ fn tcp_ip_ttl_and_tos_on_the_engines_segments() {
         .enumerate()
     {
         let port = (14200 + i).to_string();
-        let mut s = spawn(
-            &format!("hdr-srv-{i}"),
-            cmd_in(&l, Host::B, srv_run, &["tcp-hdr-server", &b, &port]),
+        let p = probe();
+        let (s, c) = server_then_client(
+            &l,
+            &format!("hdr-{i}"),
+            (
+                Host::B,
+                srv_run,
+                &["python3", &p, "tcp-hdr-server", &b, &port],
+            ),
+            (
+                Host::A,
+                cli_run,
+                &["python3", &p, "tcp-hdr-client", &b, &port],
+            ),
+            T,
         );
-        s.wait_for("listening", T);
-        let mut c = spawn(
-            &format!("hdr-cli-{i}"),
-            cmd_in(&l, Host::A, cli_run, &["tcp-hdr-client", &b, &port]),
-        );
-        let co = c.success(T);
-        let so = s.success(T);
+        let (co, so) = (c.both(), s.both());
         let want = "seen ttl=7 tos=0xb8";
         if !srv_run {
-            assert_eq!(line(&so, "seen"), want, "server's capture\n{so}\n{co}");
+            assert_eq!(line_of(&so, "seen"), want, "server's capture\n{so}\n{co}");
         }
         if !cli_run {
-            assert_eq!(line(&co, "seen"), want, "client's capture\n{co}\n{so}");
+            assert_eq!(line_of(&co, "seen"), want, "client's capture\n{co}\n{so}");
         }
-        assert_eq!(line(&so, "accepted"), "accepted ttl=7 tos=0xb8", "{so}");
+        assert_eq!(line_of(&so, "accepted"), "accepted ttl=7 tos=0xb8", "{so}");
         if srv_run {
-            assert!(
-                so.contains(&format!("tcp listener {b}:{port}: xdp")),
-                "{so}"
-            );
+            on_engine(&s, &format!("tcp listener {b}:{port}"));
         }
         if cli_run {
-            assert!(co.contains(&format!("-> {b}:{port}: xdp")), "{co}");
+            on_engine(&c, &format!("-> {b}:{port}"));
         }
     }
 }
@@ -132,7 +128,7 @@ fn tcp_md5sig_never_goes_unsigned() {
             ),
         );
         let co = c.success(T);
-        assert_eq!(line(&co, "timeout"), "timeout", "run={run}\n{co}");
+        assert_eq!(line_of(&co, "timeout"), "timeout", "run={run}\n{co}");
         if run {
             assert!(
                 co.contains("xdp not used: option TCP_MD5SIG is not honoured"),
@@ -161,7 +157,7 @@ fn tcp_md5sig_never_goes_unsigned() {
             ),
         );
         let co = c.success(T);
-        assert_eq!(line(&co, "connected"), "connected signed", "{co}");
+        assert_eq!(line_of(&co, "connected"), "connected signed", "{co}");
         let so = s.success(T);
         assert!(so.contains("accepted"), "{so}");
     }
@@ -194,13 +190,13 @@ fn tcp_minttl_refuses_lower_ttls_as_the_kernel() {
             cmd_in(&l, Host::A, false, &["ttl-client", &b, &port, "64"]),
         );
         let lo = low.success(T);
-        assert_eq!(line(&lo, "timeout"), "timeout", "run={run} {when}\n{lo}");
+        assert_eq!(line_of(&lo, "timeout"), "timeout", "run={run} {when}\n{lo}");
         let mut high = spawn(
             &format!("ttl255-{i}"),
             cmd_in(&l, Host::A, false, &["ttl-client", &b, &port, "255"]),
         );
         let hi = high.success(T);
-        assert_eq!(line(&hi, "connected"), "connected ttl ok", "{hi}");
+        assert_eq!(line_of(&hi, "connected"), "connected ttl ok", "{hi}");
         let so = s.success(T);
         assert!(so.contains("accepted 1"), "{so}");
         if run && when == "after" {

@@ -20,17 +20,6 @@ fn probe() -> String {
     )
 }
 
-fn cmd_in(l: &ScopedLab, h: Host, run: bool, args: &[&str]) -> std::process::Command {
-    let p = probe();
-    let mut argv = vec!["python3", p.as_str()];
-    argv.extend_from_slice(args);
-    if run {
-        run_in(l, h, &["--engine", "xdp", "-o", "log=info"], &argv)
-    } else {
-        plain_in(l, h, &argv)
-    }
-}
-
 /// A 50 MB file of pseudo-random bytes in the private scratch directory,
 /// and its "SHA LEN"; one file per test (they run in parallel: a shared
 /// one would be rewritten under another test's reader).
@@ -54,48 +43,41 @@ fn file(tag: &str) -> (String, String) {
     (path.to_string_lossy().into_owned(), format!("{sha} {SIZE}"))
 }
 
-fn line<'a>(out: &'a str, key: &str) -> &'a str {
-    out.lines()
-        .find(|x| x.starts_with(key))
-        .unwrap_or_else(|| panic!("no {key:?} line in:\n{out}"))
-}
-
 const PLACEMENTS: [(bool, bool); 4] = [(false, false), (true, false), (false, true), (true, true)];
 
 fn serve_and_fetch(l: &ScopedLab, path: &str, want: &str, mode: &str, base: u16) {
     let b = ADDR_B.to_string();
     for (i, (srv_run, cli_run)) in PLACEMENTS.into_iter().enumerate() {
         let port = (base + i as u16).to_string();
-        let mut s = spawn(
-            &format!("{mode}-srv-{i}"),
-            cmd_in(l, Host::B, srv_run, &["server", &b, &port, path, mode]),
+        let p = probe();
+        let (s, c) = server_then_client(
+            l,
+            &format!("{mode}-{i}"),
+            (
+                Host::B,
+                srv_run,
+                &["python3", &p, "server", &b, &port, path, mode],
+            ),
+            (Host::A, cli_run, &["python3", &p, "client", &b, &port]),
+            T,
         );
-        s.wait_for("listening", T);
-        let mut c = spawn(
-            &format!("{mode}-cli-{i}"),
-            cmd_in(l, Host::A, cli_run, &["client", &b, &port]),
-        );
-        let co = c.success(T);
-        let so = s.success(T);
+        let (co, so) = (c.both(), s.both());
         let tag = format!("{mode} server run={srv_run} client run={cli_run}");
         assert_eq!(
-            line(&co, "got "),
+            line_of(&co, "got "),
             format!("got {want}"),
             "{tag}\n{co}\n{so}"
         );
-        assert_eq!(line(&so, "sent "), format!("sent {SIZE}"), "{tag}\n{so}");
+        assert_eq!(line_of(&so, "sent "), format!("sent {SIZE}"), "{tag}\n{so}");
         if srv_run {
-            assert!(
-                so.contains(&format!("tcp listener {b}:{port}: xdp")),
-                "{so}"
-            );
+            on_engine(&s, &format!("tcp listener {b}:{port}"));
             assert!(
                 !so.contains("moved to the kernel"),
                 "{tag}: handed over\n{so}"
             );
         }
         if cli_run {
-            assert!(co.contains(&format!("-> {b}:{port}: xdp")), "{co}");
+            on_engine(&c, &format!("-> {b}:{port}"));
         }
     }
 }
@@ -124,24 +106,25 @@ fn splice_from_the_connection_into_a_pipe() {
     let b = ADDR_B.to_string();
     for (i, (srv_run, cli_run)) in PLACEMENTS.into_iter().enumerate() {
         let port = (15300 + i as u16).to_string();
-        let mut s = spawn(
-            &format!("si-srv-{i}"),
-            cmd_in(
-                &l,
+        let p = probe();
+        let (s, _c) = server_then_client(
+            &l,
+            &format!("si-{i}"),
+            (
                 Host::B,
                 srv_run,
-                &["server", &b, &port, "-", "splice-in"],
+                &["python3", &p, "server", &b, &port, "-", "splice-in"],
             ),
+            (
+                Host::A,
+                cli_run,
+                &["python3", &p, "client-send", &b, &port, &path],
+            ),
+            T,
         );
-        s.wait_for("listening", T);
-        let mut c = spawn(
-            &format!("si-cli-{i}"),
-            cmd_in(&l, Host::A, cli_run, &["client-send", &b, &port, &path]),
-        );
-        c.success(T);
-        let so = s.success(T);
+        let so = s.both();
         assert_eq!(
-            line(&so, "in "),
+            line_of(&so, "in "),
             format!("in {want}"),
             "run={srv_run}\n{so}"
         );

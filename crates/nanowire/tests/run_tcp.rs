@@ -35,45 +35,6 @@ fn out_rsts(l: &ScopedLab, h: Host) -> u64 {
     vals[i].parse().unwrap()
 }
 
-/// `cmd` in host `h`, under `nanowire run --engine xdp` (log info) or plainly.
-fn cmd_in(l: &ScopedLab, h: Host, run: bool, cmd: &[&str]) -> std::process::Command {
-    if run {
-        run_in(l, h, &["--engine", "xdp", "-o", "log=info"], cmd)
-    } else {
-        plain_in(l, h, cmd)
-    }
-}
-
-/// A server (`srv`, in host `sh`) and a client (`cli`, in host `ch`), each
-/// under `nanowire run --engine xdp` when its flag says so: the server
-/// waited for until it prints `listening`, the client run to success, then
-/// the server. Both are returned, finished.
-fn server_then_client(
-    l: &ScopedLab,
-    name: &str,
-    (sh, srv_run, srv): (Host, bool, &[&str]),
-    (ch, cli_run, cli): (Host, bool, &[&str]),
-) -> (Kid, Kid) {
-    let mut s = spawn(&format!("{name}-srv"), cmd_in(l, sh, srv_run, srv));
-    s.wait_for("listening", Duration::from_secs(20));
-    let mut c = spawn(&format!("{name}-cli"), cmd_in(l, ch, cli_run, cli));
-    c.success(T);
-    s.success(T);
-    (s, c)
-}
-
-/// A program under run put socket `what` (`tcp listener ADDR:PORT`, `->
-/// ADDR:PORT`) on the engine: the shim says so at log level info.
-#[track_caller]
-fn on_engine(k: &Kid, what: &str) {
-    let err = k.stderr();
-    assert!(
-        err.contains(&format!("{what}: xdp")),
-        "{} not on the engine:\n{err}",
-        k.name
-    );
-}
-
 /// The program's output plainly (`outs[0]`) and under run (`outs[1]`).
 #[track_caller]
 fn assert_plain_eq_run(outs: &[String]) {
@@ -92,6 +53,7 @@ fn parity_run(l: &ScopedLab, port: u16, srv_run: bool, cli_run: bool) -> (String
         &format!("par{port}"),
         (Host::B, srv_run, &["python3", &p, "server", &addr, &ports]),
         (Host::A, cli_run, &["python3", &p, "client", &addr, &ports]),
+        T,
     );
     if srv_run {
         on_engine(&s, &format!("tcp listener {addr}:{port}"));
@@ -135,11 +97,11 @@ fn hashed_stream_each_way_between_plain_python_and_python_under_run() {
         let p = probe();
         let ports = port.to_string();
         let addr = ADDR_B.to_string();
-        let mut s = cmd_in(&l, Host::B, srv, &["python3", &p, "server", &addr, &ports]);
+        let mut s = xdp_or_plain(&l, Host::B, srv, &["python3", &p, "server", &addr, &ports]);
         s.env("NANOWIRE_TCP_STREAM_MIB", &mib);
         let mut s = spawn(&format!("st{port}-srv"), s);
         s.wait_for("listening", Duration::from_secs(20));
-        let mut c = cmd_in(&l, Host::A, cli, &["python3", &p, "client", &addr, &ports]);
+        let mut c = xdp_or_plain(&l, Host::A, cli, &["python3", &p, "client", &addr, &ports]);
         c.env("NANOWIRE_TCP_STREAM_MIB", &mib);
         let mut c = spawn(&format!("st{port}-cli"), c);
         let out = c.success(T);
@@ -160,7 +122,7 @@ fn sockperf_pp(l: &ScopedLab, port: u16, srv: bool, cli: bool) {
     let rst_b = out_rsts(l, Host::B);
     let mut s = spawn(
         &format!("sp{port}-sr"),
-        cmd_in(
+        xdp_or_plain(
             l,
             Host::B,
             srv,
@@ -170,7 +132,7 @@ fn sockperf_pp(l: &ScopedLab, port: u16, srv: bool, cli: bool) {
     s.wait_for("to block on socket", Duration::from_secs(20));
     let mut c = spawn(
         &format!("sp{port}-pp"),
-        cmd_in(
+        xdp_or_plain(
             l,
             Host::A,
             cli,
@@ -190,14 +152,7 @@ fn sockperf_pp(l: &ScopedLab, port: u16, srv: bool, cli: bool) {
     assert!(got > 0, "{out}");
     if srv {
         // The server's engine carried the replies (not the kernel).
-        let st = l
-            .command(Host::B, &[nanowire(), "stats", "--json"])
-            .output()
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&st.stdout).expect("stats json");
-        let tx: u64 = v["engines"]
-            .as_array()
-            .unwrap()
+        let tx: u64 = nanowire_testkit::engines_on(nanowire(), &l.iface(Host::B))
             .iter()
             .map(|e| e["counters"]["tx_packets"].as_u64().unwrap_or(0))
             .sum();
@@ -248,7 +203,7 @@ fn iperf3_tcp_under_run_against_a_plain_iperf3() {
         let rst = out_rsts(&l, if cli { Host::A } else { Host::B });
         let mut s = spawn(
             &format!("ip{port}-s"),
-            cmd_in(
+            xdp_or_plain(
                 &l,
                 Host::B,
                 srv,
@@ -258,7 +213,7 @@ fn iperf3_tcp_under_run_against_a_plain_iperf3() {
         std::thread::sleep(Duration::from_millis(800));
         let mut c = spawn(
             &format!("ip{port}-c"),
-            cmd_in(
+            xdp_or_plain(
                 &l,
                 Host::A,
                 cli,
@@ -369,6 +324,7 @@ fn forking_plain_and_run(l: &ScopedLab, srv: &str, cli: &str, ports: [&str; 2]) 
             &format!("fork{port}"),
             (Host::B, run, &["python3", "-c", srv, &addr, port]),
             (Host::A, false, &["python3", "-c", cli, &addr, port]),
+            T,
         );
         outs[i] = c.both();
         let out = s.both();
@@ -553,7 +509,7 @@ fn handed_over_connections_leave_no_pass_entries_behind() {
     let stop_s = stop.display().to_string();
     let mut s = spawn(
         "hop-srv",
-        cmd_in(
+        xdp_or_plain(
             &l,
             Host::B,
             true,
@@ -718,6 +674,7 @@ fn fragmented_tcp_segments_reach_an_engine_server_as_plainly() {
                 false,
                 &["python3", "-c", FRAG_CLIENT_PY, &b, port, "300000"],
             ),
+            T,
         );
         let out = c.both();
         assert_eq!(out_rsts(&l, Host::B), rsts, "the server's kernel sent RST");
@@ -755,6 +712,7 @@ fn fragmented_tcp_segments_reach_an_engine_server_as_plainly() {
                 &["python3", "-c", FRAG_SERVER_PY, &a, port, "300000"],
             ),
             (Host::B, run, &["python3", "-c", HASH_CLIENT_PY, &a, port]),
+            T,
         );
         let out = c.stdout();
         assert_eq!(out_rsts(&l, Host::B), rsts, "the client's kernel sent RST");
@@ -873,6 +831,7 @@ fn forged_ack_with_a_huge_tsval_does_not_stall_a_connection() {
                 false,
                 &["python3", "-c", FORGE_CLIENT_PY, &b, port, &ifa],
             ),
+            T,
         );
         outs.push(c.both());
         if run {

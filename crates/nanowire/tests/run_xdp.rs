@@ -16,26 +16,6 @@ fn feed_file(name: &str, port: u16) -> String {
     p.to_string_lossy().into_owned()
 }
 
-fn complete(out: &str) {
-    assert!(
-        out.contains(
-            "# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0"
-        ),
-        "losses:\n{out}"
-    );
-    let valid = out
-        .lines()
-        .find(|l| l.contains("[Valid Duration]"))
-        .unwrap_or_else(|| panic!("no [Valid Duration] line:\n{out}"));
-    let sent = sockperf_field(valid, "SentMessages").unwrap();
-    assert!(sent > 10, "{out}");
-    assert_eq!(
-        Some(sent),
-        sockperf_field(valid, "ReceivedMessages"),
-        "{out}"
-    );
-}
-
 #[test]
 #[ignore = "needs root"]
 fn sockperf_udp_on_xdp_pp_ul_tp_and_stats_lists_the_socket() {
@@ -75,7 +55,7 @@ fn sockperf_udp_on_xdp_pp_ul_tp_and_stats_lists_the_socket() {
         k.success(T)
     };
     let out = client("x-pp", &["pp"]);
-    complete(&out);
+    assert_sockperf_complete(&out);
     assert!(
         out.contains(": xdp (interface"),
         "client not on xdp:\n{out}"
@@ -115,7 +95,7 @@ fn sockperf_feed_modes_on_xdp() {
                 ],
             ),
         );
-        complete(&k.success(T));
+        assert_sockperf_complete(&k.success(T));
     }
 }
 

@@ -123,20 +123,9 @@ fn a_plain_client_writes_300_mb_to_an_accelerated_python_server() {
 
 /// The counters of the one engine on host `h`'s interface (`nanowire stats`).
 fn engine_counters(l: &ScopedLab, h: Host) -> serde_json::Value {
-    let o = plain_in(l, h, &[nanowire(), "stats", "--json"])
-        .output()
-        .expect("nanowire stats");
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("nanowire stats --json: {e}: {o:?}"));
-    // Every engine of the machine is listed: ours by its interface.
     let ifn = l.iface(h);
-    let mine: Vec<_> = v["engines"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| e["iface"] == ifn.as_str())
-        .collect();
-    assert_eq!(mine.len(), 1, "one engine on {ifn}: {v}");
+    let mine = nanowire_testkit::engines_on(nanowire(), &ifn);
+    assert_eq!(mine.len(), 1, "one engine on {ifn}: {mine:?}");
     mine[0]["counters"].clone()
 }
 

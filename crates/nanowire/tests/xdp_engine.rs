@@ -401,22 +401,12 @@ fn frame(
     f
 }
 
-fn parse_mac(s: &str) -> [u8; 6] {
-    let v: Vec<u8> = s
-        .split(':')
-        .map(|h| u8::from_str_radix(h, 16).unwrap())
-        .collect();
-    v.try_into().unwrap()
-}
-
 #[test]
 #[ignore = "needs root"]
 fn malformed_frames_are_counted_and_valid_traffic_delivered() {
     let lab = lab('f');
     let (p, _) = xdp_test(&lab, &["--port", "7777", "--echo"]);
-    let st = lab.status();
-    let mac_b = parse_mac(st.b.as_ref().unwrap().mac.as_ref().unwrap());
-    let mac_a = parse_mac(st.a.as_ref().unwrap().mac.as_ref().unwrap());
+    let (mac_a, mac_b) = nanowire_testkit::lab_macs(&lab);
     let ifa = lab.iface(Host::A);
     const ROUNDS: usize = 20;
     let delivered = in_ns(&lab.netns(Host::A), move || {

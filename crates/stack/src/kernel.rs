@@ -12,6 +12,7 @@
 //! This module holds the stack's syscall glue, so it is the one place with
 //! `unsafe` here; every block says why it is sound.
 
+use crate::sockaddr::{from_sockaddr_in, sockaddr_in};
 use crate::{EngineKind, EngineOptions, SocketStats, UdpEndpoint, WaitPolicy};
 use std::io;
 use std::mem::{MaybeUninit, size_of};
@@ -24,24 +25,6 @@ use std::time::{Duration, Instant};
 const BLOCK_SLICE: Duration = Duration::from_millis(200);
 /// Most datagrams handed to one `sendmmsg`.
 const MAX_BATCH: usize = 1024;
-
-fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
-    libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: a.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*a.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
-    }
-}
-
-fn from_sockaddr_in(s: &libc::sockaddr_in) -> SocketAddrV4 {
-    SocketAddrV4::new(
-        Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr)),
-        u16::from_be(s.sin_port),
-    )
-}
 
 fn setsockopt_int(fd: BorrowedFd<'_>, level: i32, name: i32, val: i32) -> io::Result<()> {
     // SAFETY: `fd` is a live descriptor for the duration of the borrow; we pass a

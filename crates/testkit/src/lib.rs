@@ -108,6 +108,20 @@ fn scoped(
     .unwrap_or_else(|e| panic!("bringing up lab {name}: {e}"))
 }
 
+/// The MAC addresses of the lab's two ends (host a's, host b's).
+pub fn lab_macs(lab: &ScopedLab) -> ([u8; 6], [u8; 6]) {
+    let st = lab.status();
+    let mac = |h: Option<&nanowire_lab::testbed::HostStatus>| -> [u8; 6] {
+        let s = h.and_then(|h| h.mac.as_deref()).expect("the lab's MAC");
+        let v: Vec<u8> = s
+            .split(':')
+            .map(|x| u8::from_str_radix(x, 16).expect("a MAC of hex bytes"))
+            .collect();
+        v.try_into().expect("a MAC of six bytes")
+    };
+    (mac(st.a.as_ref()), mac(st.b.as_ref()))
+}
+
 /// The stdout of a command that succeeded; otherwise the test fails with
 /// both its outputs.
 #[track_caller]
@@ -120,6 +134,26 @@ pub fn ok(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The engines running on interface `iface`, as `nanowire stats --json`
+/// (`nanowire`: the binary under test) lists them. The listing covers
+/// every engine of the machine, other tests' included: a lab's interface
+/// names the engines of one test.
+pub fn engines_on(nanowire: &str, iface: &str) -> Vec<serde_json::Value> {
+    let o = Command::new(nanowire)
+        .args(["stats", "--json"])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {nanowire} stats: {e}"));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("nanowire stats --json: {e}: {o:?}"));
+    v["engines"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["iface"] == iface)
+        .cloned()
+        .collect()
 }
 
 /// A command that failed cleanly: a non-zero exit, no panic, and exactly

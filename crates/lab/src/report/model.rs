@@ -91,6 +91,28 @@ pub struct Plot {
     pub series: Vec<Series>,
 }
 
+impl Plot {
+    /// Lines over log-log axes (how every sweep is drawn).
+    pub fn log_log(
+        id: String,
+        title: String,
+        x_label: &str,
+        y_label: &str,
+        series: Vec<Series>,
+    ) -> Plot {
+        Plot {
+            id,
+            title,
+            x_label: x_label.into(),
+            y_label: y_label.into(),
+            x_log: true,
+            y_log: true,
+            categories: None,
+            series,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Table {
     pub caption: String,

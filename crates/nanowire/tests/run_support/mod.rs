@@ -196,6 +196,55 @@ pub fn plain_in(lab: &ScopedLab, h: Host, cmd: &[&str]) -> Command {
     lab.command(h, cmd)
 }
 
+/// `cmd` in host `h`: under `nanowire run --engine xdp -o log=info` when
+/// `run`, else plainly.
+pub fn xdp_or_plain(lab: &ScopedLab, h: Host, run: bool, cmd: &[&str]) -> Command {
+    if run {
+        run_in(lab, h, &["--engine", "xdp", "-o", "log=info"], cmd)
+    } else {
+        plain_in(lab, h, cmd)
+    }
+}
+
+/// A server (`srv`, in host `sh`) and a client (`cli`, in host `ch`), each
+/// under `nanowire run --engine xdp` when its flag says so: the server
+/// waited for until it prints `listening`, the client run to success, then
+/// the server, each within `limit`. Both are returned, finished.
+pub fn server_then_client(
+    lab: &ScopedLab,
+    name: &str,
+    (sh, srv_run, srv): (Host, bool, &[&str]),
+    (ch, cli_run, cli): (Host, bool, &[&str]),
+    limit: Duration,
+) -> (Kid, Kid) {
+    let mut s = spawn(&format!("{name}-srv"), xdp_or_plain(lab, sh, srv_run, srv));
+    s.wait_for("listening", limit);
+    let mut c = spawn(&format!("{name}-cli"), xdp_or_plain(lab, ch, cli_run, cli));
+    c.success(limit);
+    s.success(limit);
+    (s, c)
+}
+
+/// A program under run put socket `what` (`tcp listener ADDR:PORT`, `->
+/// ADDR:PORT`) on the engine: the shim says so at log level info.
+#[track_caller]
+pub fn on_engine(k: &Kid, what: &str) {
+    let err = k.stderr();
+    assert!(
+        err.contains(&format!("{what}: xdp")),
+        "{} not on the engine:\n{err}",
+        k.name
+    );
+}
+
+/// The line of `out` that starts with `key`.
+#[track_caller]
+pub fn line_of<'a>(out: &'a str, key: &str) -> &'a str {
+    out.lines()
+        .find(|x| x.starts_with(key))
+        .unwrap_or_else(|| panic!("no {key:?} line in:\n{out}"))
+}
+
 /// A differential check: `got` (the program's stdout under `nanowire run`)
 /// is `want` (its stdout run plainly), to the byte; a difference names
 /// every line that differs, then both outputs and `context` (what else
@@ -225,6 +274,26 @@ pub fn sockperf_field(out: &str, key: &str) -> Option<u64> {
     let rest = &out[i + key.len() + 1..];
     let num: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
     num.parse().ok()
+}
+
+/// A sockperf client's output: no message dropped, duplicated or out of
+/// order, more than 10 sent in the valid duration and as many received.
+#[track_caller]
+pub fn assert_sockperf_complete(out: &str) {
+    assert!(
+        out.contains(
+            "# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0"
+        ),
+        "losses:\n{out}"
+    );
+    let valid = out
+        .lines()
+        .find(|l| l.contains("[Valid Duration]"))
+        .unwrap_or_else(|| panic!("no [Valid Duration] line:\n{out}"));
+    let sent = sockperf_field(valid, "SentMessages").expect("SentMessages");
+    let recv = sockperf_field(valid, "ReceivedMessages").expect("ReceivedMessages");
+    assert!(sent > 10, "{out}");
+    assert_eq!(sent, recv, "{out}");
 }
 
 #[allow(unused_imports)]

@@ -89,25 +89,8 @@ fn eventfd() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+use crate::sockaddr::{from_sockaddr_in, sockaddr_in};
 use nanowire_xdp::sys::{self, eventfd_drain};
-
-fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
-    libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: a.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*a.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
-    }
-}
-
-fn from_sockaddr_in(sa: &libc::sockaddr_in) -> SocketAddrV4 {
-    SocketAddrV4::new(
-        Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
-        u16::from_be(sa.sin_port),
-    )
-}
 
 fn kernel_socket(bind: SocketAddrV4, reuse: bool) -> io::Result<UdpSocket> {
     use std::os::fd::FromRawFd;

@@ -100,16 +100,13 @@ impl<'a> Ctx<'a> {
                         .filter(|s| !s.points.is_empty() || !s.missing.is_empty()),
                 );
             }
-            ex.plots.push(Plot {
-                id: format!("latency_under_load_{proto}"),
-                title: format!("{} latency under load, {size} B", proto.to_uppercase()),
-                x_label: "offered rate (msg/s; max plotted at the rate reached)".into(),
-                y_label: "one-way latency (µs)".into(),
-                x_log: true,
-                y_log: true,
-                categories: None,
+            ex.plots.push(Plot::log_log(
+                format!("latency_under_load_{proto}"),
+                format!("{} latency under load, {size} B", proto.to_uppercase()),
+                "offered rate (msg/s; max plotted at the rate reached)",
+                "one-way latency (µs)",
                 series,
-            });
+            ));
         }
         ex.tables.push(Table {
             caption: format!(

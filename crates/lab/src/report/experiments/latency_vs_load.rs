@@ -29,16 +29,13 @@ impl<'a> Ctx<'a> {
         );
         let mut rows = vec![];
         for &e in &self.engines {
-            let mut plot = Plot {
-                id: format!("latency_vs_load_{e}"),
-                title: format!("Receiver {e}: latency vs offered load ({n}-packet bursts)"),
-                x_label: "generator rate (msg/s)".into(),
-                y_label: "avg one-way latency (µs)".into(),
-                x_log: true,
-                y_log: true,
-                categories: None,
-                series: vec![],
-            };
+            let mut plot = Plot::log_log(
+                format!("latency_vs_load_{e}"),
+                format!("Receiver {e}: latency vs offered load ({n}-packet bursts)"),
+                "generator rate (msg/s)",
+                "avg one-way latency (µs)",
+                vec![],
+            );
             let mut failed = None;
             'sizes: for &size in &self.p.load_sizes {
                 let mut s = Series {

@@ -136,16 +136,13 @@ impl<'a> Ctx<'a> {
                     }
                 }
             }
-            ex.plots.push(Plot {
-                id: format!("latency_vs_size_{proto}"),
-                title: format!("{} ping-pong latency vs size", proto.to_uppercase()),
-                x_label: "message size (bytes)".into(),
-                y_label: "one-way latency (µs)".into(),
-                x_log: true,
-                y_log: true,
-                categories: None,
+            ex.plots.push(Plot::log_log(
+                format!("latency_vs_size_{proto}"),
+                format!("{} ping-pong latency vs size", proto.to_uppercase()),
+                "message size (bytes)",
+                "one-way latency (µs)",
                 series,
-            });
+            ));
         }
         ex.tables.push(latency_table(
             "Ping-pong, medians of the repeats (µs)",

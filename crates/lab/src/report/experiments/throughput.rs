@@ -151,26 +151,20 @@ impl<'a> Ctx<'a> {
                 s_gbps.push(g);
                 s_eff.push(c);
             }
-            ex.plots.push(Plot {
-                id: format!("throughput_{proto}"),
-                title: format!("{} throughput vs I/O size", proto.to_uppercase()),
-                x_label: "I/O size (bytes)".into(),
-                y_label: "Gbps received".into(),
-                x_log: true,
-                y_log: true,
-                categories: None,
-                series: s_gbps,
-            });
-            ex.plots.push(Plot {
-                id: format!("cpu_per_gbps_{proto}"),
-                title: format!("{} %CPU per Gbps (both hosts)", proto.to_uppercase()),
-                x_label: "I/O size (bytes)".into(),
-                y_label: "%CPU per Gbps".into(),
-                x_log: true,
-                y_log: true,
-                categories: None,
-                series: s_eff,
-            });
+            ex.plots.push(Plot::log_log(
+                format!("throughput_{proto}"),
+                format!("{} throughput vs I/O size", proto.to_uppercase()),
+                "I/O size (bytes)",
+                "Gbps received",
+                s_gbps,
+            ));
+            ex.plots.push(Plot::log_log(
+                format!("cpu_per_gbps_{proto}"),
+                format!("{} %CPU per Gbps (both hosts)", proto.to_uppercase()),
+                "I/O size (bytes)",
+                "%CPU per Gbps",
+                s_eff,
+            ));
         }
         ex.tables.push(Table {
             caption: "Throughput and CPU, medians of the repeats".into(),
