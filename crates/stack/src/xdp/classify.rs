@@ -23,7 +23,7 @@
 //!   `OtherProtocol`.
 
 use super::shm::E;
-use super::tx::ETH_HDR;
+use nanowire_wire::ethernet::HEADER_LEN as ETH_HDR;
 use nanowire_wire::tcp::TcpSegment;
 use nanowire_wire::udp::ChecksumState;
 use nanowire_wire::{EtherType, EthernetFrame, Ipv4Packet, Malformed, UdpDatagram};

@@ -274,7 +274,7 @@ pub(crate) fn build_frame_hdr(
     Ipv4Repr {
         src,
         dst: *dst.ip(),
-        protocol: super::classify::PROTO_UDP,
+        protocol: nanowire_wire::ipv4::PROTO_UDP,
         payload_len: UDP_HDR + payload.len(),
         ttl: h.ttl_to(dst.ip()),
         ident: id,
