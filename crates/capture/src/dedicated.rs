@@ -137,6 +137,7 @@ pub fn run(a: &CaptureArgs, filter: Filter, forced: Option<AttachMode>) -> Resul
         frame_size,
         try_zero_copy: prog.mode == AttachMode::Driver,
         multi_buffer: eth > 4096 - 256,
+        tx_metadata: false,
     };
     let mut rxs: Vec<XskRx> = Vec::new();
     for q in 0..info.rx_queues.max(1) {

@@ -395,3 +395,56 @@ fn udp_gso_super_frames_reach_an_accelerated_receiver_as_datagrams() {
         assert_eq!(field(&s, "got"), "50 [1000]", "{mode}: {s}");
     }
 }
+
+#[test]
+#[ignore = "needs root"]
+fn an_accelerated_sender_leaves_checksums_to_the_kernel_where_offered() {
+    // Issue 21 item 3: with AF_XDP TX metadata (kernel 6.11+, copy mode
+    // here) the engine's TCP sends each segment with the pseudo-header's
+    // sum only and asks the kernel to complete it (the skb is
+    // CHECKSUM_PARTIAL, as a local sender's); without it (the variable
+    // below: a kernel or driver that does not offer it) it checksums in
+    // software. Either way the plain receiver gets the same bytes.
+    let l = lab("sfc");
+    let total = (64u64 << 20).to_string();
+    let addr = ADDR_B.to_string();
+    // The source stays after sending: its engine's counters are read.
+    let source = format!("{SOURCE_PY}\nimport time; time.sleep(120)\n");
+    for (i, no_meta) in [false, true].into_iter().enumerate() {
+        let port = (14400 + i).to_string();
+        let mut srv = spawn(
+            &format!("sink-{no_meta}"),
+            plain_in(&l, Host::B, &["python3", "-c", SINK_PY, &addr, &port]),
+        );
+        srv.wait_for("listening", Duration::from_secs(30));
+        let mut cmd = under_run(
+            &l,
+            Host::A,
+            "generic",
+            &["python3", "-c", &source, &addr, &port, &total],
+        );
+        if no_meta {
+            cmd.env("NANOWIRE_TX_CSUM_OFFLOAD", "0");
+        }
+        let mut cli = spawn(&format!("source-{no_meta}"), cmd);
+        cli.wait_for("sent ", T);
+        srv.wait_for("got ", T);
+        let c = cli.both();
+        assert!(c.contains(": xdp"), "the source is not on the engine:\n{c}");
+        assert_eq!(
+            field(&srv.both(), "got"),
+            field(&c, "sent"),
+            "no_meta={no_meta}: the stream differs"
+        );
+        let e = engine_counters(&l, Host::A);
+        eprintln!("no_meta={no_meta}: {e}");
+        let offloaded = e["tx_csum_offload"].as_u64().unwrap_or(0);
+        if no_meta {
+            assert_eq!(offloaded, 0, "{e}");
+        } else {
+            // Every data segment at least (64 MiB / 1448 bytes).
+            assert!(offloaded > 40_000, "{e}");
+        }
+        drop(cli);
+    }
+}

@@ -194,6 +194,13 @@ pub const OPTIONS: &[OptSpec] = &[
               on both paths (dir= narrows it). Every injected fault is counted on the stats page \
               (drop_fault_rx, fault_rx_*, fault_tx_*); the engine says so on stderr when it starts.",
     },
+    OptSpec::switch_on(
+        "tx_csum_offload",
+        "NANOWIRE_TX_CSUM_OFFLOAD",
+        "xdp engine: bind AF_XDP sockets with TX metadata (kernel 6.11+) so the kernel or the \
+         driver completes TCP checksums (counted as tx_csum_offload); 0: every checksum in \
+         software.",
+    ),
     OptSpec {
         name: "service",
         env: "NANOWIRE_SERVICE",

@@ -102,6 +102,37 @@ impl Ring {
         n
     }
 
+    /// [`Ring::write_at`] for a payload in pieces, each copied straight
+    /// from where it lies.
+    pub fn write_payload(&mut self, off: usize, data: &crate::payload::Payload) -> usize {
+        let mut n = 0;
+        for c in data.chunks() {
+            let k = self.write_at(off + n, c);
+            n += k;
+            if k < c.len() {
+                break;
+            }
+        }
+        n
+    }
+
+    /// Grow to `capacity` bytes (no-op unless larger), keeping the content
+    /// and whatever was written past it (out-of-order bytes) at the same
+    /// offsets from the front. One copy of the old storage.
+    pub fn grow(&mut self, capacity: usize) {
+        let old = self.buf.len();
+        if capacity <= old {
+            return;
+        }
+        let mut next = Ring::new(capacity);
+        let tail = old - self.head;
+        next.buf[..tail].copy_from_slice(&self.buf[self.head..]);
+        next.buf[tail..old].copy_from_slice(&self.buf[..self.head]);
+        next.len = self.len;
+        // The old storage goes back to the pool as `next` drops.
+        std::mem::swap(self, &mut next);
+    }
+
     /// Make `n` bytes written past the end part of the content.
     pub fn commit(&mut self, n: usize) {
         self.len += n.min(self.free());
@@ -290,6 +321,25 @@ mod tests {
         let mut o = [0u8; 10];
         assert_eq!(r.read(&mut o), 10);
         assert_eq!(&o, b"abcDEFGHIJ");
+    }
+
+    #[test]
+    fn a_grown_ring_keeps_content_and_out_of_order_bytes() {
+        let mut r = Ring::new(8);
+        r.push(b"abcdef");
+        let mut o = [0u8; 5];
+        r.read(&mut o);
+        r.push(b"ghij"); // wraps: content "fghij", head 5
+        assert_eq!(r.write_at(1, b"LM"), 2); // out of order, past the end
+        r.grow(20);
+        assert_eq!(r.capacity(), 20);
+        assert_eq!(r.len(), 5);
+        r.write_at(0, b"k");
+        r.commit(3);
+        let mut o = [0u8; 8];
+        assert_eq!(r.read(&mut o), 8);
+        assert_eq!(&o, b"fghijkLM");
+        assert_eq!(r.push(&[b'z'; 20]), 20, "the whole new capacity is usable");
     }
 
     #[test]

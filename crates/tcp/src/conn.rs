@@ -93,6 +93,15 @@ pub(crate) struct Conn {
     pub rcv_nxt: u32,
     pub rx: Ring,
     pub rcvbuf: usize,
+    /// Autotuning's limit for `rcvbuf` (0: the application fixed it).
+    pub rcvbuf_max: usize,
+    /// Autotuning (Linux's rcvq_space): bytes the application read per RTT
+    /// at the last measurement, bytes read in all, the count at the start
+    /// of this measurement and when it started.
+    pub rcv_space: u64,
+    pub rcv_copied: u64,
+    pub rcv_space_mark: u64,
+    pub rcv_space_time: u64,
     pub asm: Assembler,
     /// A FIN seen beyond `rcv_nxt` (out of order).
     pub ooo_fin: Option<u32>,
@@ -149,6 +158,8 @@ pub(crate) struct Conn {
     /// Segments beyond cwnd allowed by limited transmit (RFC 3042).
     pub lt_segments: u32,
     pub recover: u32,
+    /// Segments are emitted with a partial checksum (`Config::tx_checksum_partial`).
+    pub csum_partial: bool,
     // --- per-socket options
     pub nodelay: bool,
     pub quickack: u32,
@@ -242,6 +253,11 @@ impl Conn {
             rcv_nxt: 0,
             rx: Ring::new(0),
             rcvbuf: opts.rcvbuf.max(1),
+            rcvbuf_max: opts.rcvbuf_max,
+            rcv_space: 10 * u64::from(cfg.mss),
+            rcv_copied: 0,
+            rcv_space_mark: 0,
+            rcv_space_time: 0,
             asm: Assembler::default(),
             ooo_fin: None,
             rx_fin: false,
@@ -283,6 +299,7 @@ impl Conn {
             sack_credit: 0,
             lt_segments: 0,
             recover: iss,
+            csum_partial: cfg.tx_checksum_partial,
             nodelay: opts.nodelay,
             quickack: INITIAL_QUICKACKS,
             linger0: opts.linger0,
@@ -327,7 +344,7 @@ impl Conn {
         c.state = State::SynSent;
         c.syn_pending = true;
         c.rcv_wscale = if cfg.window_scaling {
-            wscale_for(c.rcvbuf)
+            wscale_for(c.rcvbuf.max(c.rcvbuf_max))
         } else {
             0
         };
@@ -408,7 +425,7 @@ impl Conn {
             Some(s) if cfg.window_scaling => {
                 self.ws_ok = true;
                 self.snd_wscale = s;
-                self.rcv_wscale = wscale_for(self.rcvbuf);
+                self.rcv_wscale = wscale_for(self.rcvbuf.max(self.rcvbuf_max));
             }
             _ => {
                 self.snd_wscale = 0;
@@ -492,12 +509,15 @@ impl Conn {
         Ok(n)
     }
 
-    pub fn recv(&mut self, out: &mut [u8]) -> Result<usize, Error> {
+    /// Read into `out`; `now` is the stack's clock (autotuning's).
+    pub fn recv(&mut self, out: &mut [u8], now: u64) -> Result<usize, Error> {
         let n = self.rx.read(out);
         if n > 0 {
             if self.rx.is_empty() && self.asm.is_empty() {
                 self.rx.rewind();
             }
+            self.rcv_copied += n as u64;
+            self.rcv_space_adjust(now);
             self.maybe_window_update();
             return Ok(n);
         }
@@ -511,6 +531,47 @@ impl Conn {
             return Ok(0);
         }
         Err(Error::WouldBlock)
+    }
+
+    /// Receive buffer autotuning, as Linux's `tcp_rcv_space_adjust`: once
+    /// per RTT, if the application read more than in the last one, the
+    /// buffer grows to about twice what it read (plus 16 segments, more
+    /// when the rate is still climbing), up to `rcvbuf_max`; the window
+    /// follows. A reader that does not keep up reads less per RTT and
+    /// grows nothing, so the buffer never grows for data that only waits.
+    fn rcv_space_adjust(&mut self, now: u64) {
+        if self.rcvbuf >= self.rcvbuf_max || !self.state.can_recv() {
+            return;
+        }
+        if self.rcv_space_time == 0 {
+            self.rcv_space_time = now.max(1);
+            self.rcv_space_mark = self.rcv_copied;
+            return;
+        }
+        let rtt = if self.srtt > 0 {
+            self.srtt
+        } else {
+            crate::NS_PER_MS
+        };
+        if now.saturating_sub(self.rcv_space_time) < rtt {
+            return;
+        }
+        let copied = self.rcv_copied - self.rcv_space_mark;
+        let space = self.rcv_space.max(1);
+        if copied > space {
+            let mss = u64::from(self.rcv_mss);
+            let mut win = 2 * copied + 16 * mss;
+            win += 2 * (win * (copied - space) / space);
+            let want = (win.min(self.rcvbuf_max as u64) as usize).next_multiple_of(4096);
+            let want = want.min(self.rcvbuf_max);
+            if want > self.rcvbuf {
+                self.rcvbuf = want;
+                self.rx.grow(want);
+            }
+            self.rcv_space = copied;
+        }
+        self.rcv_space_mark = self.rcv_copied;
+        self.rcv_space_time = now.max(1);
     }
 
     /// After the application read: announce a window that grew by a lot
@@ -593,6 +654,7 @@ impl Conn {
             rcv_mss: self.rcv_mss as u16,
             snd_wnd: self.snd_wnd,
             rcv_wnd: seq::dist(self.rcv_adv, self.rcv_nxt),
+            rcvbuf: self.rcvbuf as u32,
             snd_wscale: self.snd_wscale,
             rcv_wscale: self.rcv_wscale,
             timestamps: self.ts_ok,

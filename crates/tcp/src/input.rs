@@ -3,6 +3,7 @@
 //! NewReno's duplicate-ACK logic).
 
 use crate::conn::{Conn, SCOREBOARD, State};
+use crate::payload::Payload;
 use crate::seq;
 use crate::{Config, Counters, Error};
 use nanowire_wire::tcp::TcpRepr;
@@ -13,7 +14,7 @@ impl Conn {
         now: u64,
         cfg: &Config,
         r: &TcpRepr,
-        payload: &[u8],
+        payload: Payload<'_>,
         ctr: &mut Counters,
     ) {
         match self.state {
@@ -119,7 +120,7 @@ impl Conn {
         now: u64,
         cfg: &Config,
         r: &TcpRepr,
-        payload: &[u8],
+        payload: Payload<'_>,
         ctr: &mut Counters,
     ) {
         let f = r.flags;
@@ -464,7 +465,7 @@ impl Conn {
         now: u64,
         cfg: &Config,
         r: &TcpRepr,
-        payload: &[u8],
+        payload: Payload<'_>,
         ctr: &mut Counters,
     ) {
         let mut s = r.seq;
@@ -481,7 +482,7 @@ impl Conn {
         // Cut what was received already.
         if seq::lt(s, self.rcv_nxt) {
             let d = self.rcv_nxt.wrapping_sub(s) as usize;
-            data = &data[d.min(data.len())..];
+            data = data.skip(d);
             s = self.rcv_nxt;
         }
         // Cut what does not fit the window.
@@ -489,7 +490,7 @@ impl Conn {
         let room = self.rx_free().saturating_sub(off);
         if data.len() > room {
             ctr.beyond_window_bytes += (data.len() - room) as u64;
-            data = &data[..room];
+            data = data.take(room);
             fin = false;
         }
 
@@ -502,7 +503,7 @@ impl Conn {
             // so such a segment is ACKed at once (two full segments' worth).
             self.rcv_mss = self.rcv_mss.max(data.len() as u32).min(u32::from(cfg.mss));
             if off == 0 {
-                self.rx.write_at(0, data);
+                self.rx.write_payload(0, &data);
                 let total = self.asm.advance(data.len() as u32);
                 self.rx.commit(total as usize);
                 self.rcv_nxt = self.rcv_nxt.wrapping_add(total);
@@ -517,7 +518,7 @@ impl Conn {
                     self.quickack = self.quickack.max(super::conn::INITIAL_QUICKACKS);
                 }
             } else if self.asm.add(off as u32, (off + data.len()) as u32) {
-                self.rx.write_at(off, data);
+                self.rx.write_payload(off, &data);
                 // One duplicate ACK per out-of-order segment, even when
                 // several arrive in one batch (the sender counts them).
                 if self.ack_now {

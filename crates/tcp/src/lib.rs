@@ -24,6 +24,7 @@ mod handover;
 mod input;
 pub mod isn;
 mod output;
+pub mod payload;
 pub mod seq;
 mod stack;
 mod timer;
@@ -31,6 +32,7 @@ mod timer;
 pub use conn::State;
 pub use handover::Handover;
 pub use isn::Secret;
+pub use payload::Payload;
 pub use stack::{ConnId, ListenerId, Readiness, TcpStack, Transmit};
 
 use std::net::SocketAddrV4;
@@ -86,6 +88,12 @@ pub struct Config {
     /// Default buffer sizes of new connections (SO_SNDBUF / SO_RCVBUF).
     pub sndbuf: usize,
     pub rcvbuf: usize,
+    /// Receive buffer autotuning (Linux's tcp_rcv_space_adjust, up to
+    /// `tcp_rmem[2]`): the most a connection's receive buffer, and so its
+    /// window, grows to when the application reads fast; 0 keeps every
+    /// buffer at `rcvbuf` (a socket whose application set SO_RCVBUF). Off
+    /// here by default; the engine turns it on (`RCVBUF_AUTOTUNE_MAX`).
+    pub rcvbuf_max: usize,
     /// Options we offer.
     pub window_scaling: bool,
     pub timestamps: bool,
@@ -96,6 +104,12 @@ pub struct Config {
     pub rst_unknown: bool,
     /// Whether checksums of received segments are verified.
     pub verify_checksum: bool,
+    /// Connections' segments leave with only the pseudo-header's sum in
+    /// their checksum field, for the transmit path's offload to complete
+    /// (the kernel's CHECKSUM_PARTIAL; see `Transmit::csum_partial`).
+    /// Control segments (resets for no connection, cookie SYN-ACKs) are
+    /// always checksummed in full.
+    pub tx_checksum_partial: bool,
     /// Least time between two ACKs answering unacceptable bare ACKs, RSTs
     /// or SYNs on one connection (Linux tcp_invalid_ratelimit: 500 ms).
     pub invalid_ratelimit_ns: u64,
@@ -123,18 +137,23 @@ impl Default for Config {
             keepalive_cnt: 9,
             sndbuf: 256 * 1024,
             rcvbuf: 256 * 1024,
+            rcvbuf_max: 0,
             window_scaling: true,
             timestamps: true,
             sack: true,
             syn_queue: 256,
             rst_unknown: true,
             verify_checksum: true,
+            tx_checksum_partial: false,
             invalid_ratelimit_ns: 500 * NS_PER_MS,
             max_connections: 16384,
             initial_cwnd: 10,
         }
     }
 }
+
+/// Linux's `tcp_rmem[2]` as it comes (6 MiB): where autotuning stops.
+pub const RCVBUF_AUTOTUNE_MAX: usize = 6 << 20;
 
 impl Config {
     /// MSS for a route MTU.
@@ -150,6 +169,9 @@ pub struct SocketOptions {
     /// SO_SNDBUF / SO_RCVBUF in bytes (the rings' sizes).
     pub sndbuf: usize,
     pub rcvbuf: usize,
+    /// Receive buffer autotuning up to this many bytes (0: off; see
+    /// [`Config::rcvbuf_max`]).
+    pub rcvbuf_max: usize,
     /// TCP_NODELAY.
     pub nodelay: bool,
     /// SO_LINGER with a zero timeout.
@@ -171,6 +193,7 @@ impl SocketOptions {
         SocketOptions {
             sndbuf: cfg.sndbuf,
             rcvbuf: cfg.rcvbuf,
+            rcvbuf_max: cfg.rcvbuf_max,
             nodelay: false,
             linger0: false,
             keepalive: None,
@@ -333,6 +356,8 @@ pub struct TcpInfo {
     pub rcv_mss: u16,
     pub snd_wnd: u32,
     pub rcv_wnd: u32,
+    /// The receive buffer's size now (it grows with autotuning).
+    pub rcvbuf: u32,
     pub snd_wscale: u8,
     pub rcv_wscale: u8,
     pub timestamps: bool,

@@ -89,7 +89,12 @@ impl Conn {
             return 0;
         }
         self.tx.peek(tx_off, &mut buf[hl..hl + len]);
-        let n = r.emit(buf, len, *self.tuple.local.ip(), *self.tuple.remote.ip());
+        let (src, dst) = (*self.tuple.local.ip(), *self.tuple.remote.ip());
+        let n = if self.csum_partial {
+            r.emit_partial(buf, len, src, dst)
+        } else {
+            r.emit(buf, len, src, dst)
+        };
         if r.flags.ack() {
             self.ack_now = false;
             self.delack_deadline = None;

@@ -10,12 +10,39 @@
 use crate::conn::{Conn, State};
 use crate::fault::{FaultConfig, FaultInjector, FaultStats};
 use crate::isn::{COOKIE_MSS, DemuxHash, Secret, cookie_mss_index};
+use crate::payload::Payload;
+use crate::seq;
 use crate::{Config, Counters, Error, FourTuple, SocketOptions, TcpInfo};
+use nanowire_wire::checksum;
 use nanowire_wire::tcp::{Flags, TcpRepr, TcpSegment};
 use nanowire_wire::udp::ChecksumState;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
+
+/// The checksum of a segment whose header is in `s` and whose payload
+/// continues in `rest` (valid, a TX offload's partial one, or bad).
+fn checksum_state(
+    s: &TcpSegment<&[u8]>,
+    head: &[u8],
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    rest: &[&[u8]],
+) -> ChecksumState {
+    if rest.is_empty() {
+        return s.checksum_state(src, dst);
+    }
+    let seg = Payload::new(head, rest);
+    let pseudo = checksum::pseudo_header(src, dst, 6, seg.len() as u16);
+    if checksum::fold(seg.accumulate(pseudo)) == 0xffff {
+        return ChecksumState::Valid;
+    }
+    let partial = checksum::fold(pseudo);
+    if s.checksum() == partial || s.checksum() == !partial {
+        return ChecksumState::Partial;
+    }
+    ChecksumState::Bad
+}
 
 /// Handle of a connection (slot index + generation; stale handles are refused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,6 +65,10 @@ pub struct Transmit {
     pub len: usize,
     pub ttl: u8,
     pub tos: u8,
+    /// The checksum field holds the pseudo-header's sum only
+    /// (`Config::tx_checksum_partial`): the transmit path completes it, by
+    /// offload or with `nanowire_wire::tcp::fill_checksum`.
+    pub csum_partial: bool,
 }
 
 struct Slot {
@@ -117,6 +148,9 @@ pub struct TcpStack {
     fault_buf: Vec<u8>,
     /// Queue `Readiness::Conn` events (see `set_conn_events`).
     conn_events: bool,
+    /// The latest time the caller gave (input, timers, transmit): the
+    /// clock of the calls that take none (`recv`).
+    clock: u64,
 }
 
 impl TcpStack {
@@ -140,6 +174,7 @@ impl TcpStack {
             fault_tx: None,
             fault_buf: Vec::new(),
             conn_events: true,
+            clock: 0,
             cfg,
             secret,
         }
@@ -347,16 +382,32 @@ impl TcpStack {
 
     /// One received TCP segment (`segment` is the IP payload).
     pub fn input(&mut self, now: u64, src: Ipv4Addr, dst: Ipv4Addr, segment: &[u8]) {
+        self.input_parts(now, src, dst, segment, &[]);
+    }
+
+    /// One received TCP segment in pieces: `head` holds the TCP header and
+    /// the start of the payload, `rest` the rest of the payload (the
+    /// buffers of a multi-buffer packet). The payload is copied into the
+    /// connection's receive ring straight from the pieces, never gathered.
+    pub fn input_parts(
+        &mut self,
+        now: u64,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        head: &[u8],
+        rest: &[&[u8]],
+    ) {
         if let Some(f) = self.fault_rx.as_mut() {
-            let mut p = Vec::with_capacity(8 + segment.len());
-            p.extend_from_slice(&src.octets());
-            p.extend_from_slice(&dst.octets());
-            p.extend_from_slice(segment);
+            let seg = Payload::new(head, rest);
+            let mut p = vec![0u8; 8 + seg.len()];
+            p[..4].copy_from_slice(&src.octets());
+            p[4..8].copy_from_slice(&dst.octets());
+            seg.copy_to(&mut p[8..]);
             f.push(now, &p);
             self.release_rx(now);
             return;
         }
-        self.input_now(now, src, dst, segment);
+        self.input_now(now, src, dst, head, rest);
     }
 
     /// Segments the receive-side injector holds that are due.
@@ -364,17 +415,20 @@ impl TcpStack {
         while let Some(p) = self.fault_rx.as_mut().and_then(|f| f.pop(now)) {
             let src = Ipv4Addr::new(p[0], p[1], p[2], p[3]);
             let dst = Ipv4Addr::new(p[4], p[5], p[6], p[7]);
-            self.input_now(now, src, dst, &p[8..]);
+            self.input_now(now, src, dst, &p[8..], &[]);
         }
     }
 
-    fn input_now(&mut self, now: u64, src: Ipv4Addr, dst: Ipv4Addr, segment: &[u8]) {
+    fn input_now(&mut self, now: u64, src: Ipv4Addr, dst: Ipv4Addr, head: &[u8], rest: &[&[u8]]) {
+        self.clock = self.clock.max(now);
         self.counters.segs_in += 1;
-        let Ok(s) = TcpSegment::new_checked(segment) else {
+        let Ok(s) = TcpSegment::new_checked(head) else {
             self.counters.malformed += 1;
             return;
         };
-        if self.cfg.verify_checksum && s.checksum_state(src, dst) == ChecksumState::Bad {
+        if self.cfg.verify_checksum
+            && checksum_state(&s, head, src, dst, rest) == ChecksumState::Bad
+        {
             self.counters.bad_checksum += 1;
             return;
         }
@@ -382,7 +436,7 @@ impl TcpStack {
             self.counters.malformed += 1;
             return;
         };
-        let payload = s.payload();
+        let payload = Payload::new(s.payload(), rest);
         let tuple = FourTuple {
             local: SocketAddrV4::new(dst, r.dst_port),
             remote: SocketAddrV4::new(src, r.src_port),
@@ -477,7 +531,14 @@ impl TcpStack {
         }
     }
 
-    fn listener_input(&mut self, now: u64, l: u32, tuple: FourTuple, r: &TcpRepr, payload: &[u8]) {
+    fn listener_input(
+        &mut self,
+        now: u64,
+        l: u32,
+        tuple: FourTuple,
+        r: &TcpRepr,
+        payload: Payload<'_>,
+    ) {
         let f = r.flags;
         if f.rst() {
             return;
@@ -593,8 +654,13 @@ impl TcpStack {
             return self.transmit_now(now, buf);
         }
         let mut scratch = std::mem::take(&mut self.fault_buf);
-        // Everything the stack wants to send goes through the injector.
+        // Everything the stack wants to send goes through the injector,
+        // checksummed (its corruption must be caught by the receiver).
         while let Some(t) = self.transmit_now(now, &mut scratch[FAULT_HDR..]) {
+            if t.csum_partial {
+                let seg = &mut scratch[FAULT_HDR..FAULT_HDR + t.len];
+                nanowire_wire::tcp::fill_checksum(seg, t.src, t.dst);
+            }
             scratch[0..4].copy_from_slice(&t.src.octets());
             scratch[4..8].copy_from_slice(&t.dst.octets());
             scratch[8] = t.ttl;
@@ -617,10 +683,12 @@ impl TcpStack {
             len,
             ttl: p[8],
             tos: p[9],
+            csum_partial: false,
         })
     }
 
     fn transmit_now(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
+        self.clock = self.clock.max(now);
         while let Some(c) = self.ctrl.pop_front() {
             let (tuple, r) = match c {
                 Ctrl::Rst {
@@ -685,6 +753,7 @@ impl TcpStack {
                 len,
                 ttl,
                 tos,
+                csum_partial: false,
             });
         }
         while let Some(idx) = self.ready.pop_front() {
@@ -694,7 +763,7 @@ impl TcpStack {
             c.queued = false;
             let out = c.poll_output(now, &self.cfg, buf, &mut self.counters);
             let (src, dst) = (*c.tuple.local.ip(), *c.tuple.remote.ip());
-            let (ttl, tos) = (c.ip_ttl, c.ip_tos);
+            let (ttl, tos, csum_partial) = (c.ip_ttl, c.ip_tos, c.csum_partial);
             match out {
                 Some(len) if len > 0 => {
                     self.settle(idx);
@@ -704,6 +773,7 @@ impl TcpStack {
                         len,
                         ttl,
                         tos,
+                        csum_partial,
                     });
                 }
                 _ => self.idle(idx),
@@ -768,6 +838,7 @@ impl TcpStack {
     }
 
     pub fn poll_timers(&mut self, now: u64) {
+        self.clock = self.clock.max(now);
         if self.fault_rx.is_some() {
             self.release_rx(now);
         }
@@ -947,8 +1018,9 @@ impl TcpStack {
     }
 
     pub fn recv(&mut self, c: ConnId, out: &mut [u8]) -> Result<usize, Error> {
+        let now = self.clock;
         let k = self.conn_mut(c)?;
-        let r = k.recv(out);
+        let r = k.recv(out, now);
         // Nothing read, nothing changed: no bookkeeping (a spinning reader
         // calls this in a tight loop).
         if r != Err(Error::WouldBlock) {

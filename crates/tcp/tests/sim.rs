@@ -1192,3 +1192,96 @@ fn the_ack_of_a_fin_rides_on_the_applications_fin() {
     assert_eq!(n.a.counters().retransmits, 0);
     assert_eq!(n.b.state(cb).unwrap(), State::CloseWait);
 }
+
+#[test]
+fn segments_in_pieces_arrive_intact_and_are_checksummed_across_them() {
+    let mut n = Net::plain();
+    n.split = true;
+    let (ca, cb) = n.connect_pair();
+    let mut s = Stream::new(4 << 20);
+    n.run_until(600 * S, |n| s.pump(&mut n.b, cb, &mut n.a, ca));
+    assert_eq!(n.a.counters().bad_checksum, 0, "pieces sum like the whole");
+    assert_eq!(n.b.info(cb).unwrap().total_retrans, 0);
+    // A flipped byte in a later piece is caught; the data still arrives.
+    n.corrupt_piece = true;
+    let mut s = Stream::new(1 << 20);
+    n.run_until(600 * S, |n| s.pump(&mut n.b, cb, &mut n.a, ca));
+    assert!(!n.corrupt_piece, "a piece was corrupted");
+    assert_eq!(n.a.counters().bad_checksum, 1);
+    assert!(n.b.info(cb).unwrap().total_retrans >= 1);
+}
+
+/// A receiver with autotuning up to 6 MiB.
+fn autotuned() -> Config {
+    Config {
+        rcvbuf_max: nanowire_tcp::RCVBUF_AUTOTUNE_MAX,
+        ..Config::default()
+    }
+}
+
+#[test]
+fn the_receive_buffer_grows_for_a_reader_that_keeps_up() {
+    // A sender whose own buffer does not bound the flight (4 MiB).
+    let sender = Config {
+        sndbuf: 4 << 20,
+        ..Config::default()
+    };
+    let mut n = Net::new(autotuned(), sender, FaultConfig::default());
+    let (ca, cb) = n.connect_pair();
+    let before = n.a.info(ca).unwrap();
+    assert_eq!(before.rcvbuf, 256 * 1024);
+    assert!(before.rcv_wscale >= 7, "scaled for the largest window");
+    let mut s = Stream::new(64 << 20);
+    n.run_until(600 * S, |n| s.pump(&mut n.b, cb, &mut n.a, ca));
+    let after = n.a.info(ca).unwrap();
+    assert!(after.rcvbuf > 1 << 20, "{after:?}");
+    assert!(after.rcvbuf as usize <= nanowire_tcp::RCVBUF_AUTOTUNE_MAX);
+    assert!(
+        n.b.info(cb).unwrap().snd_wnd > 256 * 1024,
+        "the window followed"
+    );
+    assert_eq!(n.b.info(cb).unwrap().total_retrans, 0);
+}
+
+#[test]
+fn the_receive_buffer_stays_put_when_fixed_or_unread() {
+    // Fixed (the application set SO_RCVBUF: no autotuning).
+    let mut n = Net::plain();
+    let (ca, cb) = n.connect_pair();
+    let mut s = Stream::new(16 << 20);
+    n.run_until(600 * S, |n| s.pump(&mut n.b, cb, &mut n.a, ca));
+    assert_eq!(n.a.info(ca).unwrap().rcvbuf, 256 * 1024);
+    // Autotuned, but nobody reads: the data waits in the buffer as it is.
+    let mut n = Net::new(autotuned(), Config::default(), FaultConfig::default());
+    let (ca, cb) = n.connect_pair();
+    let data = vec![1u8; 1 << 20];
+    for _ in 0..50 {
+        let _ = n.b.send(cb, &data);
+        n.advance(100 * MS);
+    }
+    let i = n.a.info(ca).unwrap();
+    assert!(n.a.recv_queue(ca).unwrap() > 200 << 10, "{i:?}");
+    assert_eq!(i.rcvbuf, 256 * 1024, "{i:?}");
+}
+
+#[test]
+fn partial_checksums_completed_by_an_offload_are_valid() {
+    let cfg = Config {
+        tx_checksum_partial: true,
+        ..Config::default()
+    };
+    // b sends with partial checksums; a verifies every one in full.
+    let mut n = Net::new(Config::default(), cfg, FaultConfig::default());
+    let (ca, cb) = n.connect_pair();
+    let mut s = Stream::new(2 << 20);
+    n.run_until(600 * S, |n| s.pump(&mut n.b, cb, &mut n.a, ca));
+    assert!(n.offloaded > 1000, "{} segments offloaded", n.offloaded);
+    assert_eq!(n.a.counters().bad_checksum, 0);
+    assert_eq!(n.b.info(cb).unwrap().total_retrans, 0);
+    // A reset for no connection is checksummed in full (stateless).
+    let before = n.offloaded;
+    let c = n.a.connect(n.now, sa(A, 0), sa(B, 9)).unwrap();
+    n.run_until(10 * S, |n| n.a.state(c) == Ok(State::Closed));
+    assert_eq!(n.offloaded, before, "the RST went out checksummed");
+    assert_eq!(n.a.counters().bad_checksum, 0);
+}

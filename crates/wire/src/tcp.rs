@@ -297,6 +297,23 @@ impl TcpRepr {
     /// `buf[header_len()..header_len()+payload_len]`, and fill the checksum.
     /// Returns the segment length. Panics if `buf` is too short (caller bug).
     pub fn emit(&self, buf: &mut [u8], payload_len: usize, src: Ipv4Addr, dst: Ipv4Addr) -> usize {
+        let total = self.emit_partial(buf, payload_len, src, dst);
+        fill_checksum(&mut buf[..total], src, dst);
+        total
+    }
+
+    /// [`TcpRepr::emit`] without the pass over the segment: the checksum
+    /// field holds the pseudo-header's sum only, for a transmit offload to
+    /// complete (the kernel's CHECKSUM_PARTIAL: the ones' complement sum
+    /// of the segment from its first byte, folded and inverted, goes into
+    /// the field at offset 16), or [`fill_checksum`] to finish.
+    pub fn emit_partial(
+        &self,
+        buf: &mut [u8],
+        payload_len: usize,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+    ) -> usize {
         let hl = self.header_len();
         let total = hl + payload_len;
         let d = &mut buf[..total];
@@ -347,11 +364,23 @@ impl TcpRepr {
         }
         debug_assert_eq!(i, hl);
         let pseudo = checksum::pseudo_header(src, dst, PROTO_TCP, total as u16);
-        let c = !checksum::fold(checksum::accumulate(pseudo, d));
-        d[16..18].copy_from_slice(&c.to_be_bytes());
+        d[16..18].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
         total
     }
 }
+
+/// Complete the checksum of a segment written by [`TcpRepr::emit_partial`]
+/// (or of any segment: the field is recomputed), in software.
+pub fn fill_checksum(seg: &mut [u8], src: Ipv4Addr, dst: Ipv4Addr) {
+    seg[16] = 0;
+    seg[17] = 0;
+    let pseudo = checksum::pseudo_header(src, dst, PROTO_TCP, seg.len() as u16);
+    let c = !checksum::fold(checksum::accumulate(pseudo, seg));
+    seg[16..18].copy_from_slice(&c.to_be_bytes());
+}
+
+/// Offset of the checksum field in a TCP header.
+pub const CHECKSUM_OFFSET: u16 = 16;
 
 #[cfg(test)]
 mod tests {
@@ -474,5 +503,33 @@ mod tests {
                 let _ = s.payload();
             }
         }
+    }
+
+    #[test]
+    fn a_partial_checksum_completed_like_an_offload_is_the_full_one() {
+        let r = TcpRepr {
+            src_port: 1,
+            dst_port: 2,
+            seq: 3,
+            flags: Flags(Flags::ACK),
+            timestamp: Some((5, 6)),
+            ..TcpRepr::default()
+        };
+        let payload = b"hello, offload";
+        let full = build(&r, payload);
+        let mut p = vec![0u8; full.len()];
+        p[r.header_len()..].copy_from_slice(payload);
+        r.emit_partial(&mut p, payload.len(), A, B);
+        let seg = TcpSegment::new_checked(&p[..]).unwrap();
+        assert_eq!(seg.checksum_state(A, B), ChecksumState::Partial);
+        // What the device (or skb_checksum_help) does: sum from the start,
+        // field included, fold, invert, store.
+        let c = !checksum::fold(checksum::accumulate(0, &p));
+        p[16..18].copy_from_slice(&c.to_be_bytes());
+        assert_eq!(p, full);
+        let mut q = p.clone();
+        q[16] ^= 0xff;
+        fill_checksum(&mut q, A, B);
+        assert_eq!(q, full);
     }
 }

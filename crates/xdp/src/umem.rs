@@ -140,6 +140,16 @@ impl UmemShared {
         }
     }
 
+    /// Give RX frames back (their bases go to the recycle list, and from
+    /// there to the fill ring).
+    fn recycle(&self, bases: impl IntoIterator<Item = u64>) {
+        self.recycled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(bases);
+        self.recycled_any.store(true, Ordering::Release);
+    }
+
     /// A fresh frame just taken off the RX ring: one reference.
     #[inline]
     pub(crate) fn mint(self: &Arc<Self>, idx: usize, addr: u64, len: u32) -> RxFrame {
@@ -171,9 +181,41 @@ enum Repr {
         addr: u64,
         len: u32,
     },
-    /// A multi-buffer (jumbo) packet, gathered from its fragments (their
-    /// frames went straight back to the fill ring).
+    /// Heap bytes (a reassembled datagram, an injected fault, a test).
     Heap(Arc<Vec<u8>>),
+    /// A multi-buffer packet: its buffers, in order, in the RX frames
+    /// they arrived in (held until the last clone drops).
+    Chain(Arc<ChainFrames>),
+}
+
+/// The RX frames of one multi-buffer packet. Read in place, piece by
+/// piece ([`RxFrame::pieces`]); gathered into one copy only for a reader
+/// that wants the packet contiguous ([`RxFrame::data`]), once.
+pub(crate) struct ChainFrames {
+    umem: Arc<UmemShared>,
+    /// (address, length) of each buffer, each checked to lie in one RX
+    /// frame (`rx_index`).
+    pieces: Vec<(u64, u32)>,
+    len: usize,
+    gathered: std::sync::OnceLock<Vec<u8>>,
+}
+
+impl ChainFrames {
+    fn piece(&self, i: usize) -> &[u8] {
+        let (addr, len) = self.pieces[i];
+        // SAFETY: each piece was checked to lie in one RX frame when the
+        // chain was made; the chain owns those frames (none is in the fill
+        // ring until it drops), so the kernel does not write them; `umem`
+        // keeps the mapping alive.
+        unsafe { self.umem.slice(addr, len) }
+    }
+}
+
+impl Drop for ChainFrames {
+    fn drop(&mut self) {
+        let umem = &self.umem;
+        umem.recycle(self.pieces.iter().map(|&(a, _)| umem.frame_base(a)));
+    }
 }
 
 /// A received packet, owned. Its bytes stay valid and unchanged while any
@@ -195,6 +237,82 @@ impl RxFrame {
             // mapping alive.
             Repr::Umem { umem, addr, len } => unsafe { umem.slice(*addr, *len) },
             Repr::Heap(v) => v,
+            Repr::Chain(c) => c.gathered.get_or_init(|| {
+                let mut v = Vec::with_capacity(c.len);
+                for i in 0..c.pieces.len() {
+                    v.extend_from_slice(c.piece(i));
+                }
+                v
+            }),
+        }
+    }
+
+    /// The packet's first buffer (the whole packet unless it is a chain):
+    /// its headers, without gathering a chain.
+    #[inline]
+    pub fn head(&self) -> &[u8] {
+        match &self.repr {
+            Repr::Chain(c) => c.piece(0),
+            _ => self.data(),
+        }
+    }
+
+    /// The packet's buffers in order (one unless it is a chain), read in
+    /// place.
+    pub fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+        let (chain, n) = match &self.repr {
+            Repr::Chain(c) => (Some(&**c), c.pieces.len()),
+            _ => (None, 1),
+        };
+        (0..n).map(move |i| match chain {
+            Some(c) => c.piece(i),
+            None => self.data(),
+        })
+    }
+
+    /// RX frames of the UMEM this packet holds (what it costs the fill
+    /// ring while it is queued).
+    #[inline]
+    pub fn frames(&self) -> usize {
+        match &self.repr {
+            Repr::Chain(c) => c.pieces.len(),
+            _ => 1,
+        }
+    }
+
+    /// A multi-buffer packet over `pieces` (each at most 3840 bytes), in
+    /// a private UMEM of its own: for tests and tools, as `from_vec`.
+    pub fn from_pieces(pieces: &[&[u8]]) -> std::io::Result<RxFrame> {
+        const FS: u32 = 4096;
+        const HEADROOM: usize = 256;
+        if pieces.is_empty() || pieces.iter().any(|p| p.len() > FS as usize - HEADROOM) {
+            return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+        }
+        let umem = Arc::new(UmemShared::new(pieces.len() as u32, 0, FS)?);
+        let mut at = Vec::with_capacity(pieces.len());
+        for (i, p) in pieces.iter().enumerate() {
+            let base = i as u64 * u64::from(FS);
+            // SAFETY: a frame of the private UMEM just made; nothing else
+            // (no socket, no kernel) refers to it.
+            let f = unsafe { umem.frame_mut(base) };
+            f[HEADROOM..HEADROOM + p.len()].copy_from_slice(p);
+            at.push((base + HEADROOM as u64, p.len() as u32));
+        }
+        Ok(RxFrame::chain(&umem, at))
+    }
+
+    /// A chain over `pieces` of RX frames the caller owns (each checked
+    /// with `rx_index`, at least one), handed over to the frame.
+    pub(crate) fn chain(umem: &Arc<UmemShared>, pieces: Vec<(u64, u32)>) -> RxFrame {
+        debug_assert!(!pieces.is_empty());
+        let len = pieces.iter().map(|&(_, l)| l as usize).sum();
+        RxFrame {
+            repr: Repr::Chain(Arc::new(ChainFrames {
+                umem: umem.clone(),
+                pieces,
+                len,
+                gathered: std::sync::OnceLock::new(),
+            })),
         }
     }
 
@@ -203,6 +321,7 @@ impl RxFrame {
         match &self.repr {
             Repr::Umem { len, .. } => *len as usize,
             Repr::Heap(v) => v.len(),
+            Repr::Chain(c) => c.len,
         }
     }
 
@@ -211,9 +330,9 @@ impl RxFrame {
         self.len() == 0
     }
 
-    /// A packet gathered from several buffers (AF_XDP multi-buffer).
+    /// A packet of several buffers (AF_XDP multi-buffer), or heap bytes.
     pub fn is_multi_buffer(&self) -> bool {
-        matches!(self.repr, Repr::Heap(_))
+        matches!(self.repr, Repr::Heap(_) | Repr::Chain(_))
     }
 
     /// A frame over heap bytes (tests and tools; no UMEM behind it).
@@ -243,6 +362,9 @@ impl Clone for RxFrame {
             Repr::Heap(v) => RxFrame {
                 repr: Repr::Heap(v.clone()),
             },
+            Repr::Chain(c) => RxFrame {
+                repr: Repr::Chain(c.clone()),
+            },
         }
     }
 }
@@ -255,12 +377,7 @@ impl Drop for RxFrame {
             // Sole owner (no other clone can appear: cloning needs one):
             // no read-modify-write needed.
             if r.load(Ordering::Acquire) == 1 || r.fetch_sub(1, Ordering::AcqRel) == 1 {
-                let base = umem.frame_base(*addr);
-                umem.recycled
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(base);
-                umem.recycled_any.store(true, Ordering::Release);
+                umem.recycle([umem.frame_base(*addr)]);
             }
         }
     }
@@ -289,6 +406,21 @@ mod tests {
         assert_eq!(g.data().len(), 60);
         drop(g);
         assert_eq!(*u.recycled.lock().unwrap(), vec![2 * 2048]);
+    }
+
+    #[test]
+    fn a_chain_is_read_in_place_and_gathered_only_on_demand() {
+        let f = RxFrame::from_pieces(&[b"abc", b"d", b"efgh"]).unwrap();
+        assert_eq!(f.len(), 8);
+        assert_eq!(f.frames(), 3);
+        assert_eq!(f.head(), b"abc");
+        let p: Vec<&[u8]> = f.pieces().collect();
+        assert_eq!(p, [&b"abc"[..], b"d", b"efgh"]);
+        assert_eq!(f.data(), b"abcdefgh");
+        assert!(RxFrame::from_pieces(&[]).is_err());
+        let one = RxFrame::from_vec(b"xyz".to_vec());
+        assert_eq!((one.frames(), one.head()), (1, &b"xyz"[..]));
+        assert_eq!(one.pieces().collect::<Vec<_>>(), [&b"xyz"[..]]);
     }
 
     #[test]

@@ -15,6 +15,7 @@
 use crate::ring::Ring;
 use crate::shared::{Ctl, Geometry, REFILL_BATCH, bind_xsk, map_ring, mmap_offsets};
 use crate::umem::{RxFrame, UmemArea, UmemInfo, UmemShared};
+use nanowire_wire::checksum;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
@@ -26,6 +27,12 @@ pub const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
 pub const XDP_USE_SG: u16 = 1 << 4;
 /// Descriptor option: the packet continues in the next descriptor.
 pub const XDP_PKT_CONTD: u32 = 1;
+/// Bytes of TX metadata before each transmitted packet when the UMEM has
+/// them (`struct xsk_tx_metadata`: flags, then the request: csum_start,
+/// csum_offset and, from 6.15, launch_time). Every TX descriptor then
+/// starts this far into its frame (the kernel reads the metadata right
+/// before the packet and refuses a descriptor without room for it).
+pub const TX_METADATA_LEN: u32 = 24;
 /// Largest packet the engine gathers from several buffers: a 64 KiB IP
 /// packet (the largest a TSO/GSO/GRO super-frame is without BIG TCP) and its
 /// Ethernet header, with room for a VLAN tag.
@@ -50,6 +57,11 @@ pub struct XskConfig {
     /// Bind with XDP_USE_SG: packets larger than a frame arrive (and may be
     /// sent) in several descriptors.
     pub multi_buffer: bool,
+    /// Register the UMEM with room for AF_XDP TX metadata (6.11+'s
+    /// `XDP_UMEM_TX_METADATA_LEN`), so that transmitted packets may ask
+    /// for checksum offload ([`XskTx::csum_offload`]); a kernel without
+    /// it binds without.
+    pub tx_metadata: bool,
 }
 
 impl Default for XskConfig {
@@ -60,6 +72,7 @@ impl Default for XskConfig {
             frame_size: 2048,
             try_zero_copy: true,
             multi_buffer: false,
+            tx_metadata: false,
         }
     }
 }
@@ -221,6 +234,21 @@ pub struct XskTx {
     shared: Option<Arc<Ctl>>,
     /// Frame indices `[lo, hi)` of our TX frames.
     tx_range: (u64, u64),
+    /// TX metadata bytes before each packet (0: the UMEM has none).
+    meta: u32,
+    /// Packets may ask for checksum offload through their metadata.
+    csum_offload: bool,
+}
+
+/// Where a transmitted packet's transport checksum is to be completed
+/// (AF_XDP TX metadata's `XDP_TXMD_FLAGS_CHECKSUM`, as an skb's
+/// CHECKSUM_PARTIAL): the sum from `start` to the end of the packet is
+/// folded into the 16 bits at `start + offset`, which hold the
+/// pseudo-header's sum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CsumRequest {
+    pub start: u16,
+    pub offset: u16,
 }
 
 /// One AF_XDP socket bound to (interface, queue), with its own UMEM.
@@ -311,7 +339,23 @@ impl XskSocket {
         reg.len = umem.map.len as u64;
         reg.chunk_size = cfg.frame_size;
         reg.headroom = 0;
-        setsockopt(raw, libc::SOL_XDP, libc::XDP_UMEM_REG, &reg)?;
+        let mut meta = 0;
+        if cfg.tx_metadata {
+            reg.flags = libc::XDP_UMEM_TX_METADATA_LEN;
+            reg.tx_metadata_len = TX_METADATA_LEN;
+            match setsockopt(raw, libc::SOL_XDP, libc::XDP_UMEM_REG, &reg) {
+                Ok(()) => meta = TX_METADATA_LEN,
+                // A kernel before 6.11 knows no such flag (EINVAL): the
+                // registration failed whole, so it is made again without.
+                Err(_) => {
+                    reg.flags = 0;
+                    reg.tx_metadata_len = 0;
+                }
+            }
+        }
+        if meta == 0 {
+            setsockopt(raw, libc::SOL_XDP, libc::XDP_UMEM_REG, &reg)?;
+        }
         setsockopt(raw, libc::SOL_XDP, libc::XDP_UMEM_FILL_RING, &cfg.rx_frames)?;
         setsockopt(
             raw,
@@ -369,7 +413,7 @@ impl XskSocket {
             umem,
             Arc::new(fd),
             free,
-            budget,
+            (budget, meta),
             (None, tx_range),
             cfg,
             mode,
@@ -378,7 +422,8 @@ impl XskSocket {
     }
 
     /// The two halves around their rings: `fill_comp` = [fill, completion],
-    /// `shared` = (a shared UMEM's control area, our TX frame range).
+    /// `budget_meta` = (the copy-mode TX budget set, TX metadata bytes per
+    /// frame), `shared` = (a shared UMEM's control area, our TX frame range).
     #[allow(clippy::too_many_arguments)]
     fn from_parts(
         fill_comp: [Ring<u64>; 2],
@@ -387,7 +432,7 @@ impl XskSocket {
         umem: Arc<UmemShared>,
         fd: Arc<OwnedFd>,
         free: Vec<u64>,
-        budget: Option<u32>,
+        (budget, meta): (Option<u32>, u32),
         shared: (Option<Arc<Ctl>>, (u64, u64)),
         cfg: XskConfig,
         mode: BindMode,
@@ -420,6 +465,14 @@ impl XskSocket {
                 multi_buffer: cfg.multi_buffer,
                 shared: shared.0,
                 tx_range: shared.1,
+                meta,
+                // In copy mode the kernel builds an skb per packet and marks
+                // it CHECKSUM_PARTIAL: the device's offload or the stack's
+                // software fallback (skb_checksum_help) completes it, on
+                // every device. A zero-copy driver honours the request only
+                // if it offers it (netdev `xsk-features` tx-checksum), which
+                // is not probed: software checksums there.
+                csum_offload: meta > 0 && mode == BindMode::Copy,
             },
             cfg,
             mode,
@@ -507,6 +560,8 @@ impl XskSocket {
             frame_size: geo.frame_size,
             try_zero_copy: mode == BindMode::ZeroCopy,
             multi_buffer,
+            // The service registered the UMEM without TX metadata.
+            tx_metadata: false,
         };
         Ok(Self::from_parts(
             [fill, comp],
@@ -515,7 +570,7 @@ impl XskSocket {
             umem,
             fd,
             free,
-            budget,
+            (budget, 0),
             (Some(ctl), tx_range),
             cfg,
             mode,
@@ -772,6 +827,31 @@ impl XskRx {
     }
 }
 
+/// What a device's checksum offload does with a [`CsumRequest`], in
+/// software: the ones' complement sum of `pkt[start..]` (the field at
+/// `start + offset` holding the pseudo-header's sum) folded, inverted and
+/// stored in that field. A request that does not fit `pkt` is left alone.
+pub fn complete_checksum(pkt: &mut [u8], c: CsumRequest) {
+    let (start, at) = (
+        usize::from(c.start),
+        usize::from(c.start) + usize::from(c.offset),
+    );
+    if at + 2 > pkt.len() {
+        return;
+    }
+    let sum = checksum::fold(checksum::accumulate(0, &pkt[start..]));
+    pkt[at..at + 2].copy_from_slice(&(!sum).to_be_bytes());
+}
+
+/// The TX metadata (`struct xsk_tx_metadata`, native endian) asking for
+/// checksum offload, into the `TX_METADATA_LEN` bytes before a packet.
+fn write_csum_metadata(m: &mut [u8], c: CsumRequest) {
+    m.fill(0);
+    m[0..8].copy_from_slice(&u64::from(libc::XDP_TXMD_FLAGS_CHECKSUM).to_ne_bytes());
+    m[8..10].copy_from_slice(&c.start.to_ne_bytes());
+    m[10..12].copy_from_slice(&c.offset.to_ne_bytes());
+}
+
 /// A descriptor outside the frames it should lie in: its frame goes back
 /// to the fill ring if it is one of our RX frames; anything else is not
 /// ours to recycle.
@@ -782,45 +862,18 @@ fn recycle_bad(umem: &UmemShared, addr: u64, to_fill: &mut Vec<u64>) {
     }
 }
 
-/// The whole packet's length as its first piece announces it (IPv4 total
-/// length plus the Ethernet header), to allocate once; a guess otherwise.
-fn expected_len(first: &[u8]) -> usize {
-    match first {
-        [
-            _,
-            _,
-            _,
-            _,
-            _,
-            _,
-            _,
-            _,
-            _,
-            _,
-            _,
-            _,
-            0x08,
-            0x00,
-            _,
-            _,
-            hi,
-            lo,
-            ..,
-        ] => (14 + usize::from(u16::from_be_bytes([*hi, *lo]))).min(MAX_MULTI_BUFFER_PACKET),
-        _ => 16384,
-    }
-}
-
-/// Gathers one multi-buffer packet: descriptors chained by `XDP_PKT_CONTD`,
-/// the last one without. Each piece is copied out and its frame goes back
-/// to the fill ring at once, so a chain never holds frames: one that is
-/// longer than [`MAX_CHAIN_FRAMES`] or [`MAX_MULTI_BUFFER_PACKET`] bytes, or
-/// that has a descriptor outside our frames, is dropped whole and counted
-/// once (`drops`) when its last descriptor comes, and nothing leaks
-/// whatever the kernel writes.
+/// Collects one multi-buffer packet: descriptors chained by
+/// `XDP_PKT_CONTD`, the last one without. The buffers are not copied: the
+/// packet is handed out as a chain of the RX frames it arrived in
+/// ([`RxFrame::pieces`]), which go back to the fill ring when it drops. A
+/// chain longer than [`MAX_CHAIN_FRAMES`] or [`MAX_MULTI_BUFFER_PACKET`]
+/// bytes, or with a descriptor outside our frames, is dropped whole and
+/// counted once (`drops`) when its last descriptor comes, its frames
+/// going straight back: nothing leaks whatever the kernel writes.
 #[derive(Default)]
 pub(crate) struct Chain {
-    buf: Vec<u8>,
+    pieces: Vec<(u64, u32)>,
+    bytes: usize,
     frames: u32,
     bad: bool,
     pub(crate) drops: u64,
@@ -849,32 +902,30 @@ impl Chain {
             Some(_) => {
                 if !self.bad
                     && self.frames <= MAX_CHAIN_FRAMES
-                    && self.buf.len() + d.len as usize <= MAX_MULTI_BUFFER_PACKET
+                    && self.bytes + d.len as usize <= MAX_MULTI_BUFFER_PACKET
                 {
-                    // SAFETY: rx_index checked that the range lies in one RX
-                    // frame; that frame came off the RX ring and goes back to
-                    // the fill ring only below, after the copy.
-                    let part = unsafe { umem.slice(d.addr, d.len) };
-                    if self.buf.is_empty() {
-                        self.buf.reserve_exact(expected_len(part));
+                    if self.pieces.capacity() == 0 {
+                        self.pieces.reserve_exact(MAX_CHAIN_FRAMES as usize);
                     }
-                    self.buf.extend_from_slice(part);
+                    self.pieces.push((d.addr, d.len));
+                    self.bytes += d.len as usize;
                 } else {
                     self.bad = true;
+                    to_fill.push(umem.frame_base(d.addr));
                 }
-                to_fill.push(umem.frame_base(d.addr));
             }
         }
         if d.options & XDP_PKT_CONTD != 0 {
             return None;
         }
         self.frames = 0;
-        if std::mem::take(&mut self.bad) {
-            self.buf.clear();
+        self.bytes = 0;
+        if std::mem::take(&mut self.bad) || self.pieces.is_empty() {
+            to_fill.extend(self.pieces.drain(..).map(|(a, _)| umem.frame_base(a)));
             self.drops += 1;
             return None;
         }
-        Some(RxFrame::from_vec(std::mem::take(&mut self.buf)))
+        Some(RxFrame::chain(umem, std::mem::take(&mut self.pieces)))
     }
 }
 
@@ -883,8 +934,10 @@ impl XskTx {
     pub fn budget(&self) -> Option<u32> {
         self.budget
     }
+    /// Bytes a packet may take in one frame (the frame less the TX
+    /// metadata before it, if any).
     pub fn frame_size(&self) -> usize {
-        self.umem.frame_size as usize
+        (self.umem.frame_size - self.meta) as usize
     }
     /// Completion descriptors that did not name one of our TX frames.
     pub fn bad_descs(&self) -> u64 {
@@ -1002,6 +1055,14 @@ impl XskTx {
         self.free.pop()
     }
 
+    /// Whether packets may ask for checksum offload (`send_with_csum`):
+    /// the UMEM has TX metadata and the kernel completes the checksum
+    /// (copy mode; see `csum_offload`'s note in `open_mode`).
+    #[inline]
+    pub fn csum_offload(&self) -> bool {
+        self.csum_offload
+    }
+
     /// Send up to `max` packets: for packet `i`, `fill(i, frame)` writes it
     /// into a pool frame and returns its length, or `None` to stop (the
     /// frame goes back to the pool). Kicks the kernel if the ring asks.
@@ -1013,23 +1074,47 @@ impl XskTx {
         max: usize,
         mut fill: impl FnMut(usize, &mut [u8]) -> Option<usize>,
     ) -> usize {
+        self.send_with_csum(max, |i, fr| fill(i, fr).map(|l| (l, None)))
+    }
+
+    /// [`XskTx::send_with`] where `fill` may also ask for the packet's
+    /// checksum to be completed on the way out ([`CsumRequest`]): by the
+    /// kernel where [`XskTx::csum_offload`] says so, else here, in
+    /// software, before posting.
+    #[inline]
+    pub fn send_with_csum(
+        &mut self,
+        max: usize,
+        mut fill: impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
+    ) -> usize {
         let room = self.tx.prod_free(max as u32).min(max as u32);
-        let fs = self.umem.frame_size as usize;
+        let meta = self.meta as usize;
+        let fs = self.umem.frame_size as usize - meta;
         let mut n = 0u32;
         while n < room {
             let Some(base) = self.alloc() else { break };
             // SAFETY: `base` came off our pool (TX frames only, checked in
             // reap), so it is a frame inside the UMEM that neither the
             // kernel nor anyone else uses until we post it.
-            let buf = unsafe { self.umem.frame_mut(base) };
+            let frame = unsafe { self.umem.frame_mut(base) };
+            let (head, buf) = frame.split_at_mut(meta);
             match fill(n as usize, buf) {
-                Some(len) if len <= fs => {
+                Some((len, csum)) if len <= fs => {
+                    let mut options = 0;
+                    if let Some(c) = csum {
+                        if self.csum_offload {
+                            write_csum_metadata(head, c);
+                            options = libc::XDP_TX_METADATA;
+                        } else {
+                            complete_checksum(&mut buf[..len], c);
+                        }
+                    }
                     self.tx.prod_write(
                         n,
                         Desc {
-                            addr: base,
+                            addr: base + meta as u64,
                             len: len as u32,
-                            options: 0,
+                            options,
                         },
                     );
                     n += 1;
@@ -1053,7 +1138,8 @@ impl XskTx {
     /// (multi-buffer). `false` when the bind has no multi-buffer, or the
     /// ring or pool has no room (nothing queued then).
     pub fn send_large(&mut self, pkt: &[u8]) -> bool {
-        let fs = self.umem.frame_size as usize;
+        let meta = self.meta as usize;
+        let fs = self.umem.frame_size as usize - meta;
         let parts = pkt.len().div_ceil(fs).max(1);
         if !self.multi_buffer || parts > 17 {
             return false;
@@ -1071,11 +1157,11 @@ impl XskTx {
             let base = self.free.pop().expect("checked above");
             // SAFETY: as in send_with: a pool frame we own until posted.
             let buf = unsafe { self.umem.frame_mut(base) };
-            buf[..chunk.len()].copy_from_slice(chunk);
+            buf[meta..meta + chunk.len()].copy_from_slice(chunk);
             self.tx.prod_write(
                 i as u32,
                 Desc {
-                    addr: base,
+                    addr: base + meta as u64,
                     len: chunk.len() as u32,
                     options: if i + 1 < parts { XDP_PKT_CONTD } else { 0 },
                 },
@@ -1179,7 +1265,20 @@ mod tests {
         assert!(p.data()[..1792].iter().all(|&b| b == 0));
         assert!(p.data()[1792..3584].iter().all(|&b| b == 1));
         assert!(p.data()[3584..].iter().all(|&b| b == 2));
-        assert_eq!(back, vec![0, 2048, 4096], "every frame back, once");
+        let lens: Vec<usize> = p.pieces().map(<[u8]>::len).collect();
+        assert_eq!(lens, [1792, 1792, 100], "read in place, piece by piece");
+        assert_eq!(p.head().len(), 1792);
+        assert_eq!(p.frames(), 3);
+        assert!(back.is_empty(), "the packet holds its frames");
+        let q = p.clone();
+        drop(p);
+        assert!(u.recycled.lock().unwrap().is_empty(), "a clone holds them");
+        drop(q);
+        assert_eq!(
+            *u.recycled.lock().unwrap(),
+            vec![0, 2048, 4096],
+            "every frame back, once"
+        );
         assert_eq!(c.drops, 0);
     }
 
@@ -1199,6 +1298,7 @@ mod tests {
                 .is_none()
         );
         assert_eq!(c.drops, 1);
+        back.sort_unstable();
         assert_eq!(back, vec![0, 2048, 4096]);
         // The next packet starts clean.
         let p = c
@@ -1208,7 +1308,9 @@ mod tests {
         // A descriptor outside the RX frames is not ours to recycle.
         assert!(c.push(&u, desc(1 << 30, 10, false), &mut back).is_none());
         assert_eq!(c.drops, 2);
-        assert_eq!(back, vec![0, 2048, 4096, 3 * 2048]);
+        assert_eq!(back, vec![0, 2048, 4096]);
+        drop(p);
+        assert_eq!(*u.recycled.lock().unwrap(), vec![3 * 2048]);
     }
 
     #[test]
@@ -1233,15 +1335,5 @@ mod tests {
         assert_eq!(c.drops, 2);
         assert_eq!(back.len(), 41);
         assert!(!c.active());
-    }
-
-    #[test]
-    fn the_first_piece_sizes_the_packet() {
-        let mut h = [0u8; 20];
-        h[12] = 0x08;
-        h[16..18].copy_from_slice(&65535u16.to_be_bytes());
-        assert_eq!(expected_len(&h), 65535 + 14);
-        h[12] = 0x86;
-        assert_eq!(expected_len(&h), 16384);
     }
 }

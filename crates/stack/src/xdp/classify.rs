@@ -23,10 +23,12 @@
 //!   `OtherProtocol`.
 
 use super::shm::E;
+use nanowire_wire::checksum;
 use nanowire_wire::ethernet::HEADER_LEN as ETH_HDR;
 use nanowire_wire::tcp::TcpSegment;
 use nanowire_wire::udp::ChecksumState;
 use nanowire_wire::{EtherType, EthernetFrame, Ipv4Packet, Malformed, UdpDatagram};
+use nanowire_xdp::RxFrame;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 /// The IP protocol numbers, `wire`'s (re-exported for the engine's users).
@@ -131,14 +133,10 @@ pub fn for_other_host(frame: &[u8], mac: &[u8; 6]) -> bool {
     }
 }
 
-/// Classify one received frame (Ethernet first), through `wire`'s checked
-/// views only; each transport checksum is verified here, once.
-pub fn classify(frame: &[u8]) -> Result<Classified, DropReason> {
-    let eth = EthernetFrame::new_checked(frame)?;
-    if eth.ethertype() != EtherType::Ipv4 {
-        return Err(DropReason::NotIpv4);
-    }
-    let ip = Ipv4Packet::new_checked(eth.payload())?;
+/// What the kernel checks in an IPv4 header before the transport (its
+/// checksum, options, fragment, martian source), on a packet whose version,
+/// header length and total length were checked: (source, destination).
+fn ip_header_checks(ip: &Ipv4Packet<&[u8]>) -> Result<(Ipv4Addr, Ipv4Addr), DropReason> {
     let hl = ip.header_len();
     if !ip.verify_checksum() {
         return Err(Malformed::BadIpChecksum.into());
@@ -153,6 +151,112 @@ pub fn classify(frame: &[u8]) -> Result<Classified, DropReason> {
     if is_martian_source(src) {
         return Err(DropReason::Martian);
     }
+    Ok((src, dst))
+}
+
+/// Most buffers of one received packet.
+pub(crate) const MAX_PIECES: usize = nanowire_xdp::xsk::MAX_CHAIN_FRAMES as usize;
+
+/// The buffers of `f` after its first, in order, into `out`: how many
+/// (`None` if more than `out` holds, which a chain never has).
+pub(crate) fn pieces_after_first<'a>(
+    f: &'a RxFrame,
+    out: &mut [&'a [u8]; MAX_PIECES],
+) -> Option<usize> {
+    let mut n = 0;
+    for p in f.pieces().skip(1) {
+        *out.get_mut(n)? = p;
+        n += 1;
+    }
+    Some(n)
+}
+
+/// Classify a received packet: [`classify`] on its bytes, except that a
+/// multi-buffer TCP segment (a GSO/GRO super-frame) is classified in
+/// place, from the headers in its first buffer and a checksum summed
+/// over its buffers where they lie, without gathering it. Anything else
+/// in several buffers (UDP, headers not in the first buffer) is gathered
+/// once and classified like one buffer.
+pub fn classify_frame(f: &RxFrame) -> Result<Classified, DropReason> {
+    if f.frames() == 1 {
+        return classify(f.data());
+    }
+    match classify_chain(f) {
+        Some(r) => r,
+        None => classify(f.data()),
+    }
+}
+
+/// [`classify_frame`] for an IPv4 TCP segment whose Ethernet, IP and TCP
+/// headers lie in the first of its buffers; `None` for anything else.
+fn classify_chain(f: &RxFrame) -> Option<Result<Classified, DropReason>> {
+    let head = f.head();
+    let ip_bytes = head.get(ETH_HDR..)?;
+    if head[12..14] != [0x08, 0x00] || ip_bytes.len() < 20 || ip_bytes[0] >> 4 != 4 {
+        return None;
+    }
+    let ip = Ipv4Packet::new_unchecked(ip_bytes);
+    let hl = ip.header_len();
+    let total = usize::from(ip.total_len());
+    let l4_off = ETH_HDR + hl;
+    if hl < 20
+        || ip.protocol() != PROTO_TCP
+        || total < hl + 20
+        || ETH_HDR + total > f.len()
+        || head.len() < l4_off + 20
+    {
+        return None;
+    }
+    let doff = usize::from(head[l4_off + 12] >> 4) * 4;
+    if doff < 20 || hl + doff > total || head.len() < l4_off + doff {
+        return None;
+    }
+    let (src, dst) = match ip_header_checks(&ip) {
+        Ok(a) => a,
+        Err(e) => return Some(Err(e)),
+    };
+    let tcp = &head[l4_off..];
+    let seg_len = total - hl;
+    let pseudo = checksum::pseudo_header(src, dst, PROTO_TCP, seg_len as u16);
+    let stored = u16::from_be_bytes([tcp[16], tcp[17]]);
+    let partial = checksum::fold(pseudo);
+    // A super-frame from a TSO/GSO sender carries the partial checksum of
+    // an offload: recognised before any summing (the verdict is the same
+    // either way: a partial checksum is accepted, flagged). Else one pass
+    // over the buffers, in place.
+    let csum_partial = if stored == partial || stored == !partial {
+        true
+    } else {
+        let mut rest: [&[u8]; MAX_PIECES] = [&[]; MAX_PIECES];
+        let n = pieces_after_first(f, &mut rest)?;
+        let seg = nanowire_tcp::Payload::new(tcp, &rest[..n]).take(seg_len);
+        if checksum::fold(seg.accumulate(pseudo)) != 0xffff {
+            return Some(Err(Malformed::BadTcpChecksum.into()));
+        }
+        false
+    };
+    Some(Ok(Classified {
+        proto: PROTO_TCP,
+        src: SocketAddrV4::new(src, u16::from_be_bytes([tcp[0], tcp[1]])),
+        dst: SocketAddrV4::new(dst, u16::from_be_bytes([tcp[2], tcp[3]])),
+        l4_off,
+        payload_off: l4_off + doff,
+        payload_len: seg_len - doff,
+        csum_partial,
+        ip_options: hl > 20,
+    }))
+}
+
+/// Classify one received frame (Ethernet first), through `wire`'s checked
+/// views only; each transport checksum is verified here, once.
+pub fn classify(frame: &[u8]) -> Result<Classified, DropReason> {
+    let eth = EthernetFrame::new_checked(frame)?;
+    if eth.ethertype() != EtherType::Ipv4 {
+        return Err(DropReason::NotIpv4);
+    }
+    let ip = Ipv4Packet::new_checked(eth.payload())?;
+    let hl = ip.header_len();
+    let (src, dst) = ip_header_checks(&ip)?;
     let l4_off = ETH_HDR + hl;
     let seg = ip.payload();
     let (proto, sport, dport, hdr, payload_len, csum) = match ip.protocol() {
@@ -201,8 +305,8 @@ pub fn classify(frame: &[u8]) -> Result<Classified, DropReason> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::xdp::demux::Delivery;
     use crate::xdp::tx::{HDRS, build_frame};
-    use nanowire_wire::checksum;
 
     fn frame(payload: &[u8]) -> Vec<u8> {
         frame_from(Ipv4Addr::new(198, 18, 0, 1), payload)
@@ -401,6 +505,68 @@ mod tests {
             DropReason::Malformed(Malformed::BadTcpChecksum).counter(),
             E::DropBadTcpChecksum,
             "a TCP checksum failure is counted as one, not as UDP's"
+        );
+    }
+
+    /// `f` in the pieces a copy-mode chain has (1792 bytes each; with an
+    /// odd-length piece early on), or with the first piece only `first`
+    /// bytes long.
+    fn chained(f: &[u8], first: usize) -> RxFrame {
+        let mut cuts = vec![0, first, first + 1];
+        while *cuts.last().unwrap() + 1792 < f.len() {
+            cuts.push(cuts.last().unwrap() + 1792);
+        }
+        cuts.push(f.len());
+        let pieces: Vec<&[u8]> = cuts.windows(2).map(|w| &f[w[0]..w[1]]).collect();
+        RxFrame::from_pieces(&pieces).unwrap()
+    }
+
+    #[test]
+    fn a_chained_super_segment_is_classified_in_place_like_a_gathered_one() {
+        for csum in ["full", "partial"] {
+            let f = super_segment(csum);
+            let want = classify(&f).unwrap();
+            let c = chained(&f, 1792);
+            assert!(c.frames() > 30);
+            assert_eq!(classify_frame(&c), Ok(want), "{csum}");
+            // Headers split across buffers: gathered, same verdict.
+            assert_eq!(classify_frame(&chained(&f, 40)), Ok(want), "{csum}");
+            // The segment, without gathering: header piece + the rest.
+            let d = Delivery {
+                frame: c,
+                proto: want.proto,
+                src: want.src,
+                dst: want.dst,
+                l4_off: want.l4_off as u32,
+                payload_off: want.payload_off as u32,
+                payload_len: want.payload_len as u32,
+                stamp: 0,
+            };
+            let mut rest: [&[u8]; MAX_PIECES] = [&[]; MAX_PIECES];
+            let (head, n) = d.segment_parts(&mut rest);
+            assert!(n > 30);
+            let mut seg = head.to_vec();
+            rest[..n].iter().for_each(|p| seg.extend_from_slice(p));
+            assert_eq!(seg, &f[want.l4_off..]);
+        }
+        assert_eq!(
+            classify_frame(&chained(&super_segment("bad"), 1792)),
+            Err(DropReason::Malformed(Malformed::BadTcpChecksum))
+        );
+        let mut flipped = super_segment("full");
+        let n = flipped.len();
+        flipped[n - 1000] ^= 4;
+        assert_eq!(
+            classify_frame(&chained(&flipped, 1792)),
+            Err(DropReason::Malformed(Malformed::BadTcpChecksum)),
+            "a flipped byte in a later buffer"
+        );
+        flipped[n - 1000] ^= 4;
+        flipped[1793] ^= 4;
+        assert_eq!(
+            classify_frame(&chained(&flipped, 1792)),
+            Err(DropReason::Malformed(Malformed::BadTcpChecksum)),
+            "a flipped byte behind the odd-length buffer"
         );
     }
 }

@@ -6,8 +6,8 @@
 //!
 //! [`EngineConfig::from_vars`] builds the settings from variables by name
 //! (the binary passes the environment as the lookup; the names are the
-//! options table's `faults` and `tcp_rto_min_us` rows and three test/ops
-//! knobs, see [`VARS`]).
+//! options table's `faults`, `tcp_rto_min_us` and `tx_csum_offload` rows
+//! and three test/ops knobs, see [`VARS`]).
 
 use nanowire_tcp::fault::EngineFaults;
 use nanowire_xdp::program::AttachMode;
@@ -18,6 +18,9 @@ use std::sync::OnceLock;
 pub const FAULTS_VAR: &str = "NANOWIRE_FAULTS";
 /// The options table's `tcp_rto_min_us` row.
 pub const TCP_RTO_MIN_VAR: &str = "NANOWIRE_TCP_RTO_MIN_US";
+/// The options table's `tx_csum_offload` row (`0`: TCP checksums in
+/// software even where AF_XDP TX metadata offers the offload).
+pub const TX_CSUM_OFFLOAD_VAR: &str = "NANOWIRE_TX_CSUM_OFFLOAD";
 /// Force an XDP attach mode (`native` or `generic`).
 pub const XDP_MODE_VAR: &str = "NANOWIRE_XDP_MODE";
 /// `1`: behave as an engine without multi-buffer receive (tests).
@@ -30,9 +33,10 @@ pub const SERVICE_VAR: &str = "NANOWIRE_SERVICE";
 /// sets it for the programs it runs).
 pub const SERVICE_BIN_VAR: &str = "NANOWIRE_BIN";
 /// Every variable [`EngineConfig::from_vars`] looks up.
-pub const VARS: [&str; 7] = [
+pub const VARS: [&str; 8] = [
     FAULTS_VAR,
     TCP_RTO_MIN_VAR,
+    TX_CSUM_OFFLOAD_VAR,
     XDP_MODE_VAR,
     NO_MULTI_BUFFER_VAR,
     STATS_DIR_VAR,
@@ -61,6 +65,11 @@ pub struct EngineConfig {
     /// The nanowire binary that starts the service on demand (`None`: this
     /// program, when it is a nanowire binary).
     pub service_bin: Option<PathBuf>,
+    /// Bind with AF_XDP TX metadata (XDP_UMEM_TX_METADATA_LEN) so the
+    /// kernel or the driver completes TCP checksums where it can (6.11+);
+    /// `false`: every checksum in software (the path of older kernels and
+    /// of zero-copy drivers without the offload; for tests and comparisons).
+    pub tx_csum_offload: bool,
 }
 
 impl Default for EngineConfig {
@@ -73,6 +82,7 @@ impl Default for EngineConfig {
             stats_dir: None,
             service: false,
             service_bin: None,
+            tx_csum_offload: true,
         }
     }
 }
@@ -110,6 +120,12 @@ impl EngineConfig {
                 None
             }
         });
+        // The options table validates the boolean where the launcher sees
+        // it; here anything but an explicit "off" keeps the offload.
+        let tx_csum_offload = !matches!(
+            get(TX_CSUM_OFFLOAD_VAR).as_deref(),
+            Some("0" | "false" | "off" | "no")
+        );
         EngineConfig {
             faults,
             tcp_rto_min_us,
@@ -121,6 +137,7 @@ impl EngineConfig {
                 Some("1" | "true" | "on" | "yes")
             ),
             service_bin: get(SERVICE_BIN_VAR).map(PathBuf::from),
+            tx_csum_offload,
         }
     }
 }
@@ -162,10 +179,13 @@ mod tests {
             (FAULTS_VAR, "seed=1,loss=1%"),
             (SERVICE_VAR, "yes"),
             (SERVICE_BIN_VAR, "/usr/bin/nanowire"),
+            (TX_CSUM_OFFLOAD_VAR, "0"),
         ]);
         assert!(c.service);
         assert_eq!(c.service_bin, Some(PathBuf::from("/usr/bin/nanowire")));
         assert!(!vars(&[(SERVICE_VAR, "0")]).service);
+        assert!(!c.tx_csum_offload);
+        assert!(vars(&[(TX_CSUM_OFFLOAD_VAR, "1")]).tx_csum_offload);
         assert_eq!(c.tcp_rto_min_us, Some(10_000));
         assert_eq!(c.xdp_mode, Some(AttachMode::Driver));
         assert!(c.no_multi_buffer);

@@ -19,7 +19,7 @@
 //! (the frame and the transport header offset are in the `Delivery`). The
 //! receive loop never changes for a new endpoint kind.
 
-use super::classify::Classified;
+use super::classify::{Classified, MAX_PIECES, pieces_after_first};
 use super::shm::{E, S, StatsPage, bump, peak, set};
 use nanowire_xdp::RxFrame;
 use std::collections::{HashMap, VecDeque};
@@ -88,9 +88,48 @@ impl Delivery {
         let (o, l) = (self.payload_off as usize, self.payload_len as usize);
         self.frame.data().get(o..o + l).unwrap_or(&[])
     }
-    /// The transport header and payload.
+    /// The transport header and payload (a multi-buffer packet is
+    /// gathered for this, once).
     pub fn segment(&self) -> &[u8] {
         self.frame.data().get(self.l4_off as usize..).unwrap_or(&[])
+    }
+
+    /// The transport header and payload without gathering a multi-buffer
+    /// packet: the first buffer from the transport header on, and the
+    /// further buffers (up to the end of the IP packet) in `rest[..n]`;
+    /// returns (first, n). A packet of one buffer is `segment()`, n = 0;
+    /// so is a chain whose TCP header is not all in its first buffer
+    /// (gathered).
+    pub fn segment_parts<'a>(&'a self, rest: &mut [&'a [u8]; MAX_PIECES]) -> (&'a [u8], usize) {
+        if self.frame.frames() == 1 {
+            return (self.segment(), 0);
+        }
+        let (l4, end) = (
+            self.l4_off as usize,
+            (self.payload_off + self.payload_len) as usize,
+        );
+        let head = self.frame.head();
+        let header_in_head = head.len() >= l4 + 20
+            && head.len() >= l4 + usize::from(head[l4 + 12] >> 4) * 4
+            && end >= l4;
+        let Some(n) = header_in_head
+            .then(|| pieces_after_first(&self.frame, rest))
+            .flatten()
+        else {
+            return (self.segment(), 0);
+        };
+        let first = head.get(l4..head.len().min(end)).unwrap_or(&[]);
+        let (mut at, mut k) = (head.len(), 0);
+        for i in 0..n {
+            if at >= end {
+                break;
+            }
+            let p = rest[i];
+            rest[k] = &p[..p.len().min(end - at)];
+            at += p.len();
+            k += 1;
+        }
+        (first, k)
     }
 }
 
@@ -99,6 +138,9 @@ pub(crate) struct Endpoint {
     #[allow(dead_code)]
     pub kind: EndpointKind,
     pub queue: VecDeque<Delivery>,
+    /// UMEM frames the queue holds (a multi-buffer packet holds one per
+    /// buffer): what the endpoint's share bounds.
+    frames: usize,
     /// Frames this endpoint may hold (from SO_RCVBUF; `usize::MAX`: the
     /// engine's share only).
     pub rcvbuf_frames: usize,
@@ -175,6 +217,7 @@ impl Demux {
         let ep = Endpoint {
             kind,
             queue: VecDeque::new(),
+            frames: 0,
             rcvbuf_frames: usize::MAX,
             sleeping: false,
             wake,
@@ -363,10 +406,14 @@ impl Demux {
         let Some(Some(e)) = self.eps.get_mut(id) else {
             return Outcome::NoEndpoint;
         };
-        if e.queue.len() >= cap {
+        // One frame each: `frames >= cap`, as a count of packets. A chain
+        // longer than the whole share still goes into an empty queue.
+        let k = d.frame.frames();
+        if e.frames >= cap || (e.frames > 0 && e.frames + k > cap) {
             bump(page.s(id, S::DropQueueFull), 1);
             return Outcome::QueueFull;
         }
+        e.frames += k;
         e.queue.push_back(d);
         if e.sleeping {
             e.sleeping = false;
@@ -384,6 +431,7 @@ impl Demux {
     pub fn pop(&mut self, id: EndpointId, page: &StatsPage) -> Option<Delivery> {
         let e = self.eps.get_mut(id)?.as_mut()?;
         let d = e.queue.pop_front()?;
+        e.frames -= d.frame.frames();
         set(page.s(id, S::QueueDepth), e.queue.len() as u64);
         bump(page.s(id, S::RxPackets), 1);
         bump(page.s(id, S::RxBytes), u64::from(d.payload_len));

@@ -204,6 +204,9 @@ pub struct Engine {
     tx_budget: Option<u32>,
     frame_size: usize,
     multi_buffer: bool,
+    /// Transmitted TCP segments leave their checksum to the kernel or the
+    /// device (AF_XDP TX metadata; `XskTx::csum_offload`).
+    csum_offload: bool,
     mem: usize,
     /// Fork generation at open: an engine belongs to the process that
     /// opened it (see registry.rs).
@@ -365,6 +368,9 @@ impl Engine {
             // Zero-copy needs native XDP; generic mode is copy-only.
             try_zero_copy: prog.mode() == AttachMode::Driver,
             multi_buffer,
+            // TX metadata (checksum offload) unless the options table's
+            // tx_csum_offload turned it off.
+            tx_metadata: settings.tx_csum_offload,
         };
         cfg.validate()?;
         let mut socks = Vec::new();
@@ -465,6 +471,9 @@ impl Engine {
             faults.as_ref().and_then(|f| f.tx()),
             page.clone(),
         ));
+        // Checksums left to the kernel or device only where the whole
+        // transmit device passes requests on (not through the injector).
+        let csum_offload = device::TxDevice::csum_offload(&txdev);
         let tx = Arc::new(Mutex::new(TxPath::new(
             txdev,
             info.mac,
@@ -519,6 +528,7 @@ impl Engine {
             tx_budget,
             frame_size,
             multi_buffer,
+            csum_offload,
             mem,
             fork_gen: registry::fork_gen(),
             child_fds,
@@ -606,6 +616,11 @@ impl Engine {
     /// (jumbo frames, a kernel peer's TSO/GSO super-frames).
     pub fn multi_buffer(&self) -> bool {
         self.multi_buffer
+    }
+    /// TCP checksums of transmitted segments are completed by the kernel
+    /// or the device (AF_XDP TX metadata), not in software.
+    pub fn csum_offload(&self) -> bool {
+        self.csum_offload
     }
     /// Bytes the engine mapped: UMEM, rings and the stats page.
     pub fn memory_bytes(&self) -> usize {

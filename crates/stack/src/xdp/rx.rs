@@ -14,7 +14,7 @@
 //! (demux.rs) onto its endpoint's queue → [`RxPath::pop_or_poll`] by the
 //! socket.
 
-use super::classify::{DropReason, classify, for_other_host};
+use super::classify::{DropReason, classify_frame, for_other_host};
 use super::demux::{Delivery, Demux, EndpointId, Outcome};
 use super::device::RxDevice;
 use super::reasm::Reassembly;
@@ -125,11 +125,11 @@ fn handle(
 ) {
     bump(page.e(E::RxFrames), 1);
     if let Some(m) = &mac
-        && for_other_host(f.data(), m)
+        && for_other_host(f.head(), m)
     {
         return bump(page.e(DropReason::OtherHost.counter()), 1);
     }
-    let c = match classify(f.data()) {
+    let c = match classify_frame(&f) {
         Ok(c) => c,
         Err(DropReason::Malformed(nanowire_wire::Malformed::Fragment)) => {
             return reassemble(demux, own, page, reasm, mac, f, at);

@@ -264,6 +264,9 @@ counter_table! {
         TcpNoMultiBuffer = "tcp_no_multi_buffer": Counter,
         /// Unicast frames for another host's MAC (issue 20, finding 12).
         DropOtherHost = "drop_other_host": Counter,
+        /// TCP segments sent with their checksum left to the kernel or the
+        /// device (AF_XDP TX metadata, `XDP_TXMD_FLAGS_CHECKSUM`).
+        TxCsumOffload = "tx_csum_offload": Counter,
     }
 
     /// Per-socket counters (word 0 of a socket's block is its address).

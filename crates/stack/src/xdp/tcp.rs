@@ -16,6 +16,7 @@
 //! resolved outside the TX lock (locks are never nested).
 
 use super::Engine;
+use super::classify::MAX_PIECES;
 use super::demux::{EndpointId, EndpointKind};
 use super::device::{RxDevice, TxDevice};
 use super::neigh::{Hop, Lookup};
@@ -599,6 +600,10 @@ impl TcpEngine {
             // partial) every segment's checksum already: one pass per segment,
             // which matters for 64 KiB super-segments.
             verify_checksum: false,
+            // Where the kernel completes transmitted checksums (AF_XDP TX
+            // metadata), segments leave with the pseudo-header's sum only:
+            // no pass over the payload here.
+            tx_checksum_partial: engine.csum_offload(),
             ..Config::default()
         };
         // The RTO floor: the options table's `tcp_rto_min_us` row, in the
@@ -606,8 +611,12 @@ impl TcpEngine {
         if let Some(us) = super::config::config().tcp_rto_min_us {
             cfg.rto_min_ns = us * 1000;
         }
+        // Receive buffers grow with the application's reading rate, as
+        // Linux's autotuning, unless the application set SO_RCVBUF.
+        cfg.rcvbuf_max = nanowire_tcp::RCVBUF_AUTOTUNE_MAX;
         if let Some(b) = opts.rcvbuf {
             cfg.rcvbuf = b.max(4096);
+            cfg.rcvbuf_max = 0;
         }
         if let Some(b) = opts.sndbuf {
             cfg.sndbuf = b.max(4096);
@@ -819,6 +828,7 @@ impl TcpEngine {
             &t,
             core.fr.ip_id,
         );
+        finish_checksum(&mut core.fr.scratch[HDRS..HDRS + t.len], &t);
         let sent = self.engine.tx().post(&[&core.fr.scratch[..HDRS + t.len]]);
         bump(self.engine.page.e(E::TxPackets), sent as u64);
         if sent == 0 {
@@ -837,7 +847,9 @@ impl TcpEngine {
                 Lookup::Ready(Hop::Kernel) | Lookup::Failed
             )
         {
-            let segment = core.fr.scratch[at..at + t.len].to_vec();
+            let mut segment = core.fr.scratch[at..at + t.len].to_vec();
+            // Sent later as a finished frame (`post`): checksummed here.
+            finish_checksum(&mut segment, t);
             core.parked.push(Parked {
                 src: t.src,
                 dst: t.dst,
@@ -1789,6 +1801,7 @@ impl XdpTcpStream {
             let mut so = SocketOptions::from_config(core.stack.config());
             if let Some(b) = opts.rcvbuf {
                 so.rcvbuf = b.max(4096);
+                so.rcvbuf_max = 0;
             }
             if let Some(b) = opts.sndbuf {
                 so.sndbuf = b.max(4096);
@@ -2293,8 +2306,9 @@ pub fn tcp_drain(limit: Duration) {
 
 /// The TCP driver's receive half: poll the receive device, then feed every
 /// frame queued for endpoint `id` to `stack` (the payload is copied into
-/// the connection's ring; the frame goes back to the device as soon as its
-/// `Delivery` drops). `now` is read (`clock`) only when a segment came.
+/// the connection's ring straight from the frame's buffers, a
+/// super-frame's chain too, without gathering it; the frames go back to
+/// the device as soon as its `Delivery` drops). `now` is read (`clock`) only when a segment came.
 /// Returns segments fed. Call under the RX lock (`g`).
 #[inline]
 pub(crate) fn rx_segments<D: RxDevice>(
@@ -2308,7 +2322,9 @@ pub(crate) fn rx_segments<D: RxDevice>(
     let mut fed = 0;
     while let Some(d) = g.demux.pop(id, &g.page) {
         let t = *now.get_or_insert_with(&clock);
-        stack.input(t, *d.src.ip(), *d.dst.ip(), d.segment());
+        let mut rest: [&[u8]; MAX_PIECES] = [&[]; MAX_PIECES];
+        let (head, n) = d.segment_parts(&mut rest);
+        stack.input_parts(t, *d.src.ip(), *d.dst.ip(), head, &rest[..n]);
         fed += 1;
     }
     fed
@@ -2352,6 +2368,7 @@ impl Framer {
         now: u64,
     ) -> (usize, Option<nanowire_tcp::Transmit>) {
         let mut miss = None;
+        let mut offloaded = 0u64;
         let Framer {
             hops,
             scratch,
@@ -2368,7 +2385,8 @@ impl Framer {
                 Some(mac) => {
                     *ip_id = ip_id.wrapping_add(1);
                     write_hdrs(&mut fr[..HDRS], mac, *src_mac, &t, *ip_id);
-                    Some(HDRS + t.len)
+                    offloaded += u64::from(t.csum_partial);
+                    Some((HDRS + t.len, t.csum_partial.then_some(CSUM_REQUEST)))
                 }
                 None => {
                     scratch[HDRS..HDRS + t.len].copy_from_slice(&fr[HDRS..HDRS + t.len]);
@@ -2377,7 +2395,27 @@ impl Framer {
                 }
             }
         });
+        if offloaded > 0 {
+            bump(tx.page.e(E::TxCsumOffload), offloaded);
+        }
         (n, miss)
+    }
+}
+
+/// Where a segment's checksum lies for an offload to complete it: from the
+/// TCP header (after the Ethernet and IPv4 headers the engine writes), at
+/// the checksum field.
+const CSUM_REQUEST: nanowire_xdp::CsumRequest = nanowire_xdp::CsumRequest {
+    start: HDRS as u16,
+    offset: nanowire_wire::tcp::CHECKSUM_OFFSET,
+};
+
+/// Complete in software the checksum of a segment the stack left partial
+/// (`Transmit::csum_partial`) that goes out as a finished frame (`post`).
+#[cold]
+fn finish_checksum(seg: &mut [u8], t: &nanowire_tcp::Transmit) {
+    if t.csum_partial {
+        nanowire_wire::tcp::fill_checksum(seg, t.src, t.dst);
     }
 }
 
@@ -2693,6 +2731,7 @@ mod tests {
     #[test]
     fn headers_written_in_place_are_a_valid_ipv4_frame() {
         let t = nanowire_tcp::Transmit {
+            csum_partial: false,
             src: Ipv4Addr::new(198, 18, 0, 1),
             dst: Ipv4Addr::new(198, 18, 0, 2),
             len: 1000,

@@ -9,6 +9,7 @@
 use super::device::TxDevice;
 use super::shm::{E, S, StatsPage, bump};
 use nanowire_wire::{EtherType, EthernetRepr, Ipv4Repr, MacAddr, UdpRepr};
+use nanowire_xdp::CsumRequest;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
@@ -185,7 +186,7 @@ impl<D: TxDevice> TxPath<D> {
         self.post_with(frames.len(), |i, fr| {
             let f = frames[i];
             fr.get_mut(..f.len())?.copy_from_slice(f);
-            Some(f.len())
+            Some((f.len(), None))
         })
     }
 
@@ -194,14 +195,16 @@ impl<D: TxDevice> TxPath<D> {
     /// length, or `None` to stop with nothing queued for that frame), post
     /// them as one batch, kick once and reap completions. Returns frames
     /// posted; the ring or pool running out ends the batch early without
-    /// calling `fill` again (nothing is lost).
+    /// calling `fill` again (nothing is lost). `fill` may ask for the
+    /// frame's transport checksum to be completed on the way out
+    /// (`TxDevice::send_with_csum`: by offload, or in software).
     #[inline]
     pub fn post_with(
         &mut self,
         max: usize,
-        fill: impl FnMut(usize, &mut [u8]) -> Option<usize>,
+        fill: impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
     ) -> usize {
-        let n = self.dev.send_with(max, fill);
+        let n = self.dev.send_with_csum(max, fill);
         self.dev.flush();
         n
     }
@@ -397,7 +400,7 @@ mod tests {
         // post_with builds in place.
         let n = t.post_with(3, |i, fr| {
             fr[0] = i as u8;
-            Some(1)
+            Some((1, None))
         });
         assert_eq!(n, 3);
         assert_eq!(t.dev.log[3..], [vec![0], vec![1], vec![2]]);

@@ -5,6 +5,7 @@
 
 use nanowire_tcp::fault::{FaultConfig, FaultInjector};
 use nanowire_tcp::{Config, ConnId, Secret, TcpStack, Transmit};
+use nanowire_wire::checksum;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 pub const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
@@ -32,6 +33,14 @@ pub struct Net {
     pub delivered: u64,
     /// Drop a b→a segment (TCP bytes) when this says so.
     pub drop_ba: Option<DropFn>,
+    /// Hand every segment to the receiving stack in pieces (as a
+    /// multi-buffer packet's buffers, odd lengths among them).
+    pub split: bool,
+    /// Flip a byte in a later piece of the next split segment with data.
+    pub corrupt_piece: bool,
+    /// Segments sent with a partial checksum, completed by the link as a
+    /// device's checksum offload does.
+    pub offloaded: u64,
 }
 
 fn wire(src: Ipv4Addr, dst: Ipv4Addr, seg: &[u8]) -> Vec<u8> {
@@ -64,6 +73,9 @@ impl Net {
             buf: vec![0u8; 70_000],
             delivered: 0,
             drop_ba: None,
+            split: false,
+            corrupt_piece: false,
+            offloaded: 0,
         }
     }
 
@@ -79,6 +91,7 @@ impl Net {
         self.b.poll_timers(self.now);
         while let Some(t) = transmit(&mut self.a, self.now, &mut self.buf) {
             any = true;
+            self.offloaded += u64::from(offload(&t, &mut self.buf));
             if !self.down {
                 self.ab
                     .push(self.now, &wire(t.src, t.dst, &self.buf[..t.len]));
@@ -86,6 +99,7 @@ impl Net {
         }
         while let Some(t) = transmit(&mut self.b, self.now, &mut self.buf) {
             any = true;
+            self.offloaded += u64::from(offload(&t, &mut self.buf));
             if let Some(f) = self.drop_ba.as_mut()
                 && f(&self.buf[..t.len])
             {
@@ -99,14 +113,24 @@ impl Net {
         while let Some(p) = self.ab.pop(self.now) {
             any = true;
             self.delivered += 1;
-            let (s, d) = addrs(&p);
-            self.b.input(self.now, s, d, &p[8..]);
+            feed(
+                &mut self.b,
+                self.now,
+                &p,
+                self.split,
+                &mut self.corrupt_piece,
+            );
         }
         while let Some(p) = self.ba.pop(self.now) {
             any = true;
             self.delivered += 1;
-            let (s, d) = addrs(&p);
-            self.a.input(self.now, s, d, &p[8..]);
+            feed(
+                &mut self.a,
+                self.now,
+                &p,
+                self.split,
+                &mut self.corrupt_piece,
+            );
         }
         any
     }
@@ -177,6 +201,48 @@ impl Net {
         });
         (ca.unwrap(), cb)
     }
+}
+
+/// A device's checksum offload on a segment sent with a partial checksum:
+/// the ones' complement sum from the segment's first byte (the field,
+/// holding the pseudo-header's sum, included), folded, inverted, stored.
+fn offload(t: &Transmit, buf: &mut [u8]) -> bool {
+    if !t.csum_partial {
+        return false;
+    }
+    let seg = &mut buf[..t.len];
+    let c = !checksum::fold(checksum::accumulate(0, seg));
+    seg[16..18].copy_from_slice(&c.to_be_bytes());
+    true
+}
+
+/// Give `stack` the segment `p` (addresses first) whole, or split into
+/// pieces: the header and 3 payload bytes, then 7, 1 and 1000 bytes, then
+/// the rest.
+fn feed(stack: &mut TcpStack, now: u64, p: &[u8], split: bool, corrupt: &mut bool) {
+    let (s, d) = addrs(p);
+    let seg = &p[8..];
+    if !split || seg.len() < 20 {
+        return stack.input(now, s, d, seg);
+    }
+    let cut = (usize::from(seg[12] >> 4) * 4 + 3).min(seg.len());
+    let mut owned = seg.to_vec();
+    if *corrupt && owned.len() > cut + 8 {
+        // The 1-byte piece: a byte at an odd offset of its own.
+        owned[cut + 7] ^= 0x5a;
+        *corrupt = false;
+    }
+    let mut rest: Vec<&[u8]> = Vec::new();
+    let mut at = cut;
+    for len in [7usize, 1, 1000, usize::MAX] {
+        if at >= owned.len() {
+            break;
+        }
+        let e = at.saturating_add(len).min(owned.len());
+        rest.push(&owned[at..e]);
+        at = e;
+    }
+    stack.input_parts(now, s, d, &owned[..cut], &rest);
 }
 
 fn addrs(p: &[u8]) -> (Ipv4Addr, Ipv4Addr) {

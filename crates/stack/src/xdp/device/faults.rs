@@ -15,7 +15,7 @@
 use super::{RxDevice, TxDevice};
 use crate::xdp::shm::{E, StatsPage, bump};
 use nanowire_tcp::fault::{FaultConfig, FaultInjector, FaultStats};
-use nanowire_xdp::RxFrame;
+use nanowire_xdp::{CsumRequest, RxFrame};
 use std::io;
 use std::sync::Arc;
 
@@ -188,6 +188,22 @@ impl<D: TxDevice> TxDevice for TxFaults<D> {
             bump(self.page.e(E::DropTxRingFull), (out.len() - posted) as u64);
         }
         n
+    }
+    #[inline]
+    fn csum_offload(&self) -> bool {
+        // The injector copies frames: checksums are completed before it.
+        self.on.is_none() && self.inner.csum_offload()
+    }
+    #[inline]
+    fn send_with_csum(
+        &mut self,
+        max: usize,
+        mut fill: impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
+    ) -> usize {
+        if self.on.is_none() {
+            return self.inner.send_with_csum(max, fill);
+        }
+        self.send_with(max, |i, fr| super::checksummed(&mut fill, i, fr))
     }
     fn send_large(&mut self, pkt: &[u8]) -> bool {
         // Faults act on datagrams of one frame; a jumbo (multi-buffer)

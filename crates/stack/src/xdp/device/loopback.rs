@@ -151,6 +151,8 @@ impl TxDevice for LoopTx {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nanowire_xdp::CsumRequest;
+    use std::net::Ipv4Addr;
 
     fn recv_all(rx: &mut LoopRx) -> Vec<Vec<u8>> {
         let mut v = Vec::new();
@@ -201,5 +203,42 @@ mod tests {
         assert_eq!(tx.send_with(4, |i, _| (i < 2).then_some(1)), 2);
         assert_eq!(tx.send_with(4, |_, _| Some(17)), 0);
         assert_eq!(recv_all(&mut rx).len(), 2);
+    }
+
+    #[test]
+    fn a_device_without_offload_completes_requested_checksums_in_software() {
+        use nanowire_wire::tcp::{Flags, TcpRepr, TcpSegment};
+        let (src, dst) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2));
+        let (mut rx, mut tx) = loopback(2048);
+        assert!(!tx.csum_offload());
+        let r = TcpRepr {
+            src_port: 1,
+            dst_port: 2,
+            flags: Flags(Flags::ACK),
+            ..TcpRepr::default()
+        };
+        let n = tx.send_with_csum(2, |i, fr| {
+            // A TCP segment at offset 10 with its partial checksum only
+            // (the first), or a full one and no request (the second).
+            fr[10 + 20..10 + 25].copy_from_slice(b"hello");
+            let len = if i == 0 {
+                r.emit_partial(&mut fr[10..], 5, src, dst)
+            } else {
+                r.emit(&mut fr[10..], 5, src, dst)
+            };
+            let req = CsumRequest {
+                start: 10,
+                offset: nanowire_wire::tcp::CHECKSUM_OFFSET,
+            };
+            Some((10 + len, (i == 0).then_some(req)))
+        });
+        assert_eq!(n, 2);
+        let got = recv_all(&mut rx);
+        assert_eq!(got[0], got[1], "completed like a full checksum");
+        let seg = TcpSegment::new_checked(&got[0][10..]).unwrap();
+        assert_eq!(
+            seg.checksum_state(src, dst),
+            nanowire_wire::udp::ChecksumState::Valid
+        );
     }
 }

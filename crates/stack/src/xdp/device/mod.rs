@@ -38,7 +38,7 @@ pub mod stamp;
 pub mod tap;
 pub mod xsk;
 
-use nanowire_xdp::RxFrame;
+use nanowire_xdp::{CsumRequest, RxFrame};
 use std::io;
 
 /// Receives packets.
@@ -68,6 +68,25 @@ pub trait TxDevice {
         max: usize,
         fill: impl FnMut(usize, &mut [u8]) -> Option<usize>,
     ) -> usize;
+    /// Whether [`TxDevice::send_with_csum`]'s checksum requests are
+    /// completed by the kernel or the NIC (AF_XDP TX metadata) rather than
+    /// in software here.
+    fn csum_offload(&self) -> bool {
+        false
+    }
+    /// [`TxDevice::send_with`] where `fill` may also ask for the packet's
+    /// transport checksum to be completed on the way out ([`CsumRequest`]:
+    /// the field holds the pseudo-header's sum, as a CHECKSUM_PARTIAL
+    /// skb's). Every request is honoured: by offload where
+    /// [`TxDevice::csum_offload`] says so, else in software before posting
+    /// (this default).
+    fn send_with_csum(
+        &mut self,
+        max: usize,
+        mut fill: impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
+    ) -> usize {
+        self.send_with(max, |i, fr| checksummed(&mut fill, i, fr))
+    }
     /// Send one packet longer than a frame in several descriptors; `false`
     /// when the device cannot (no multi-buffer, no room).
     fn send_large(&mut self, pkt: &[u8]) -> bool;
@@ -83,6 +102,22 @@ pub trait TxDevice {
     fn take_error(&mut self) -> Option<io::Error> {
         None
     }
+}
+
+/// `fill`'s packet with any checksum it asked for completed in software
+/// (a device without offload).
+#[inline]
+pub(crate) fn checksummed(
+    fill: &mut impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
+    i: usize,
+    fr: &mut [u8],
+) -> Option<usize> {
+    let (len, c) = fill(i, fr)?;
+    if let Some(c) = c {
+        let n = len.min(fr.len());
+        nanowire_xdp::xsk::complete_checksum(&mut fr[..n], c);
+    }
+    Some(len)
 }
 
 /// The receive device of an xdp engine.

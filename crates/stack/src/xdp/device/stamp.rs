@@ -8,7 +8,7 @@
 //! kick that handed the frames to the driver returned.
 
 use super::{RxDevice, TxDevice};
-use nanowire_xdp::RxFrame;
+use nanowire_xdp::{CsumRequest, RxFrame};
 use std::io;
 
 /// Receive stamps.
@@ -91,6 +91,28 @@ impl<D: TxDevice> TxDevice for TxStamps<D> {
                 s.frame.extend_from_slice(&fr[..len.min(fr.len())]);
             }
             Some(len)
+        })
+    }
+    #[inline]
+    fn csum_offload(&self) -> bool {
+        self.inner.csum_offload()
+    }
+    #[inline]
+    fn send_with_csum(
+        &mut self,
+        max: usize,
+        mut fill: impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
+    ) -> usize {
+        let req = &mut self.req;
+        self.inner.send_with_csum(max, |i, fr| {
+            let (len, c) = fill(i, fr)?;
+            if let Some(s) = req.as_mut()
+                && s.want_frame
+            {
+                s.frame.clear();
+                s.frame.extend_from_slice(&fr[..len.min(fr.len())]);
+            }
+            Some((len, c))
         })
     }
     fn send_large(&mut self, pkt: &[u8]) -> bool {

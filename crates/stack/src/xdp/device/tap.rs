@@ -5,7 +5,7 @@
 
 use super::{RxDevice, TxDevice};
 use nanowire_tap::TapWriter;
-use nanowire_xdp::RxFrame;
+use nanowire_xdp::{CsumRequest, RxFrame};
 use std::io;
 
 /// Copies of received frames.
@@ -25,7 +25,10 @@ impl<D: RxDevice> RxDevice for RxTap<D> {
     fn receive(&mut self, budget: u32, mut f: impl FnMut(RxFrame, u64)) -> u32 {
         let tap = &mut self.tap;
         self.inner.receive(budget, |fr, at| {
-            tap.record(fr.data());
+            if tap.on() {
+                // A multi-buffer packet is gathered for this only.
+                tap.record(fr.data());
+            }
             f(fr, at)
         })
     }
@@ -65,6 +68,25 @@ impl<D: TxDevice> TxDevice for TxTap<D> {
             let len = fill(i, fr)?;
             tap.record(&fr[..len.min(fr.len())]);
             Some(len)
+        })
+    }
+    #[inline]
+    fn csum_offload(&self) -> bool {
+        self.inner.csum_offload()
+    }
+    #[inline]
+    fn send_with_csum(
+        &mut self,
+        max: usize,
+        mut fill: impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
+    ) -> usize {
+        let tap = &mut self.tap;
+        self.inner.send_with_csum(max, |i, fr| {
+            let (len, c) = fill(i, fr)?;
+            // With offload, the copy holds the partial checksum (as a
+            // kernel capture of a CHECKSUM_PARTIAL skb does).
+            tap.record(&fr[..len.min(fr.len())]);
+            Some((len, c))
         })
     }
     fn send_large(&mut self, pkt: &[u8]) -> bool {

@@ -10,7 +10,7 @@
 
 use super::{RxDevice, TxDevice};
 use crate::xdp::shm::{E, StatsPage, bump, peak, set};
-use nanowire_xdp::{RxFrame, XskRx, XskStats, XskTx};
+use nanowire_xdp::{CsumRequest, RxFrame, XskRx, XskStats, XskTx};
 use std::io;
 use std::sync::Arc;
 
@@ -175,6 +175,18 @@ impl TxDevice for XskTx {
         fill: impl FnMut(usize, &mut [u8]) -> Option<usize>,
     ) -> usize {
         XskTx::send_with(self, max, fill)
+    }
+    #[inline]
+    fn csum_offload(&self) -> bool {
+        XskTx::csum_offload(self)
+    }
+    #[inline]
+    fn send_with_csum(
+        &mut self,
+        max: usize,
+        fill: impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
+    ) -> usize {
+        XskTx::send_with_csum(self, max, fill)
     }
     fn send_large(&mut self, pkt: &[u8]) -> bool {
         XskTx::send_large(self, pkt)
