@@ -11,7 +11,6 @@ use crate::conn::{Conn, State};
 use crate::fault::{FaultConfig, FaultInjector, FaultStats};
 use crate::isn::{COOKIE_MSS, DemuxHash, Secret, cookie_mss_index};
 use crate::payload::Payload;
-use crate::seq;
 use crate::{Config, Counters, Error, FourTuple, SocketOptions, TcpInfo};
 use nanowire_wire::checksum;
 use nanowire_wire::tcp::{Flags, TcpRepr, TcpSegment};
