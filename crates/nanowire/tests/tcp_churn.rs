@@ -172,7 +172,7 @@ if hold:
 /// costs a reset and a resend): the engine takes ports of the parity the
 /// kernel's connect() leaves alone. Host a's port range is narrowed to
 /// 1000 ports so that both walks cover it; after 400 plain connections,
-/// 400 under run send no reset and meet no out-of-window answer.
+/// 400 under run send no reset.
 #[test]
 #[ignore = "needs root"]
 fn connections_under_run_avoid_the_time_wait_of_the_kernels_connections() {
@@ -216,8 +216,12 @@ fn connections_under_run_avoid_the_time_wait_of_the_kernels_connections() {
     }
     eprintln!("under run: {}", k.both());
     assert_eq!(c["tcp_active_opens"].as_u64(), Some(401), "{c}");
+    // A collision shows as a reset: the SYN-SENT side answers the
+    // TIME-WAIT's ACK with an RST and sends its SYN again. Out-of-window
+    // drops are not asserted: on a loaded machine the peer retransmits a
+    // FIN or data segment our delayed ACK had not yet covered, and those
+    // old duplicates are dropped and counted there, as Linux counts them.
     assert_eq!(c["tcp_rst_sent"].as_u64(), Some(0), "{c}");
-    assert_eq!(c["tcp_drop_out_of_window"].as_u64(), Some(0), "{c}");
 }
 
 /// `n` HTTP/1.0 requests, one connection each; prints the process's fd
