@@ -925,16 +925,18 @@ impl TcpEngine {
     /// Release what the shared client stack's finished connections held
     /// (claims, binds, port reservations): the stack forgot them.
     fn reap(&self, core: &mut Core) {
-        let live: std::collections::HashSet<(SocketAddrV4, SocketAddrV4)> = core
-            .stack
-            .tuples()
-            .into_iter()
-            .map(|t| (t.local, t.remote))
+        // One demux lookup per held entry (not a walk of the stack's whole
+        // preallocated map and a set of it, once per closed connection).
+        let stack = &core.stack;
+        let gone: Vec<Held> = core
+            .held
+            .extract_if(.., |h| {
+                !stack.has_tuple(&nanowire_tcp::FourTuple {
+                    local: h.local,
+                    remote: h.remote,
+                })
+            })
             .collect();
-        let (gone, kept): (Vec<Held>, Vec<Held>) = std::mem::take(&mut core.held)
-            .into_iter()
-            .partition(|h| !live.contains(&(h.local, h.remote)));
-        core.held = kept;
         if gone.is_empty() {
             return;
         }
