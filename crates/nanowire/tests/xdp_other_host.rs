@@ -87,15 +87,38 @@ fn other_host_passes(lab: &nanowire_lab::testbed::ScopedLab) -> u64 {
                     "bpftool", "-j", "map", "lookup", "id", &id, "key", "1", "0", "0", "0",
                 ],
             );
-            return v["formatted"]["values"]
+            // bpftool formats the value where the map carries BTF; the
+            // engine's loader creates maps without it, so the per-CPU
+            // values come as little-endian hex bytes.
+            let values = if v["formatted"].is_null() {
+                &v["values"]
+            } else {
+                &v["formatted"]["values"]
+            };
+            return values
                 .as_array()
-                .unwrap()
+                .unwrap_or_else(|| panic!("per-CPU values in {v}"))
                 .iter()
-                .map(|c| c["value"].as_u64().unwrap())
+                .map(|c| per_cpu_value(&c["value"]))
                 .sum();
         }
     }
     panic!("no nw_stats map in program {prog}")
+}
+
+/// One CPU's counter as bpftool prints it: a number (BTF) or the value's
+/// bytes as hex strings, little-endian (no BTF).
+fn per_cpu_value(v: &serde_json::Value) -> u64 {
+    if let Some(n) = v.as_u64() {
+        return n;
+    }
+    let bytes = v
+        .as_array()
+        .unwrap_or_else(|| panic!("a counter value, not {v}"));
+    bytes.iter().rev().fold(0u64, |acc, b| {
+        let b = b.as_str().expect("a hex byte");
+        acc << 8 | u64::from_str_radix(b.trim_start_matches("0x"), 16).expect("hex")
+    })
 }
 
 #[test]
