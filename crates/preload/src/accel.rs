@@ -1178,13 +1178,17 @@ pub fn closing(fd: c_int) {
 /// other threads use the socket.
 pub fn detach(fd: c_int, why: &str) {
     if let Some(a) = by_fd(fd).filter(|a| a.mine()) {
-        let x = {
+        {
+            // Under the socket's lock throughout: a concurrent receive
+            // finds the stash complete before it reads the kernel socket.
             let mut g = a.lock();
             let St { xdp, stash, peer } = &mut *g;
             let peer = *peer;
-            if let Some(x) = xdp.as_mut() {
+            if let Some(x) = xdp.take() {
+                // Steering off first, then everything the engine holds
+                // (queue and rings) into the stash (XdpSocket::hand_to_kernel).
                 engine_call(|| {
-                    x.recv_batch_ts(usize::MAX, |p, src, at| {
+                    x.hand_to_kernel(|p, src, at| {
                         if peer.is_none_or(|pe| pe == src) {
                             stash.push_back((p.to_vec(), src, at));
                         }
@@ -1192,9 +1196,7 @@ pub fn detach(fd: c_int, why: &str) {
                 });
             }
             a.detached.store(true, Ordering::Release);
-            xdp.take()
-        };
-        engine_call(|| drop(x));
+        }
         let nb = a.common.nonblock();
         // Restore the application's blocking mode on the kernel socket.
         // SAFETY: the fd is only borrowed for two fcntl calls.

@@ -263,6 +263,20 @@ pub fn eventfd_drain(fd: c_int) {
     unsafe { syscall!(libc::SYS_read, fd, &mut v as *mut u64, 8usize) };
 }
 
+/// Wait until every CPU has left the receive path it was in when this was
+/// called: an RCU grace period (`membarrier(MEMBARRIER_CMD_GLOBAL)` runs
+/// `synchronize_rcu`). An XDP program runs, and its redirects to AF_XDP
+/// sockets are flushed onto their RX rings, inside one RCU read-side
+/// section (the NAPI poll, or the generic-XDP receive), so after a steering
+/// map update and this call every frame the old entry steered is on its
+/// ring. `false` where the kernel refuses it (nohz_full, before 4.3): a
+/// frame still in flight on another CPU may then reach the ring later.
+pub fn rcu_grace_period() -> bool {
+    const MEMBARRIER_CMD_GLOBAL: usize = 1;
+    // SAFETY: integer arguments only; no memory is passed.
+    ret(unsafe { syscall!(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0usize, 0usize) }) == 0
+}
+
 /// close(2) of a descriptor we own and nobody else uses.
 pub fn close(fd: c_int) {
     // SAFETY: plain syscall; the caller owns fd.

@@ -538,6 +538,58 @@ impl XdpSocket {
         n
     }
 
+    /// Hand the socket over to its kernel twin without losing a datagram
+    /// (the shim takes a socket off the engine: an option the engine cannot
+    /// honour, a fork, a port shared with another process). In this order:
+    /// the steering program stops sending the socket's addresses to the
+    /// engine (from then on they reach the twin); an RCU grace period makes
+    /// sure every frame it had already redirected is on the rings; the
+    /// rings are drained into the demux and everything queued for this
+    /// socket goes to `f` (payload, source, receive stamp), oldest first;
+    /// then the endpoint is removed. Returns the datagrams handed to `f`.
+    /// (Dropping the socket instead discards what it had queued.) In a
+    /// process that inherited the socket through fork nothing is touched.
+    pub fn hand_to_kernel(mut self, mut f: impl FnMut(&[u8], SocketAddrV4, u64)) -> usize {
+        if self.own().is_err() {
+            return 0;
+        }
+        {
+            let mut p = self.engine.prog();
+            for ip in self.claims.drain(..).chain(self.groups.drain(..)) {
+                p.unclaim(ip, self.local.port());
+            }
+        }
+        // Where the kernel refuses the grace period (nohz_full), a frame
+        // still in flight on another CPU may reach the ring after the drain:
+        // it is then counted as `drop_no_socket`, never lost silently.
+        let _ = sys::rcu_grace_period();
+        let mut batch = std::mem::take(&mut self.batch);
+        let mut n = 0;
+        loop {
+            let more = {
+                let mut g = self.engine.rx();
+                let page = g.page.clone();
+                while let Some(d) = g.demux.pop(self.id, &page) {
+                    batch.push(d);
+                }
+                let polled = g.poll(RX_BUDGET);
+                while let Some(d) = g.demux.pop(self.id, &page) {
+                    batch.push(d);
+                }
+                polled > 0
+            };
+            n += batch.len();
+            for d in batch.drain(..) {
+                f(d.payload(), d.src, d.stamp);
+            }
+            if !more {
+                break;
+            }
+        }
+        self.batch = batch;
+        n
+    }
+
     /// Receive stamps on or off for this socket. While any socket of the
     /// engine has them on, the engine reads `CLOCK_REALTIME` once per frame
     /// as it takes the frame off the RX ring (before classification).
