@@ -16,7 +16,6 @@ use super::{RxDevice, TxDevice};
 use crate::xdp::shm::{E, StatsPage, bump};
 use nanowire_tcp::fault::{FaultConfig, FaultInjector, FaultStats};
 use nanowire_xdp::{CsumRequest, RxFrame};
-use std::io;
 use std::sync::Arc;
 
 struct RxInjector {
@@ -73,7 +72,12 @@ impl RxInjector {
     }
 }
 
-impl<D: RxDevice> RxDevice for RxFaults<D> {
+impl<D: RxDevice> super::RxWrap for RxFaults<D> {
+    type Inner = D;
+    #[inline]
+    fn inner(&mut self) -> &mut D {
+        &mut self.inner
+    }
     #[inline]
     fn receive(&mut self, budget: u32, mut f: impl FnMut(RxFrame, u64)) -> u32 {
         let Some(x) = self.on.as_mut() else {
@@ -90,12 +94,6 @@ impl<D: RxDevice> RxDevice for RxFaults<D> {
         }
         x.account(&self.page);
         if taken == 0 { released } else { taken }
-    }
-    fn refill(&mut self) {
-        self.inner.refill()
-    }
-    fn refresh_stats(&mut self) {
-        self.inner.refresh_stats()
     }
 }
 
@@ -146,10 +144,15 @@ impl<D> TxFaults<D> {
     }
 }
 
-impl<D: TxDevice> TxDevice for TxFaults<D> {
+impl<D: TxDevice> super::TxWrap for TxFaults<D> {
+    type Inner = D;
     #[inline]
-    fn frame_size(&self) -> usize {
-        self.inner.frame_size()
+    fn inner(&self) -> &D {
+        &self.inner
+    }
+    #[inline]
+    fn inner_mut(&mut self) -> &mut D {
+        &mut self.inner
     }
     #[inline]
     fn send_with(
@@ -203,24 +206,10 @@ impl<D: TxDevice> TxDevice for TxFaults<D> {
         if self.on.is_none() {
             return self.inner.send_with_csum(max, fill);
         }
-        self.send_with(max, |i, fr| super::checksummed(&mut fill, i, fr))
+        super::TxWrap::send_with(self, max, |i, fr| super::checksummed(&mut fill, i, fr))
     }
-    fn send_large(&mut self, pkt: &[u8]) -> bool {
-        // Faults act on datagrams of one frame; a jumbo (multi-buffer)
-        // packet takes the plain path.
-        self.inner.send_large(pkt)
-    }
-    #[inline]
-    fn flush(&mut self) {
-        self.inner.flush()
-    }
-    fn kick_now(&mut self) {
-        self.inner.kick_now()
-    }
-    #[inline]
-    fn take_error(&mut self) -> Option<io::Error> {
-        self.inner.take_error()
-    }
+    // send_large is the inner device's: faults act on datagrams of one
+    // frame; a jumbo (multi-buffer) packet takes the plain path.
 }
 
 #[cfg(test)]

@@ -18,7 +18,9 @@
 //!   received on the other).
 //!
 //! Wrappers (each a device around a device, each in its own file, each
-//! costing one predictable branch per batch or per frame when off):
+//! costing one predictable branch per batch or per frame when off; each
+//! implements [`RxWrap`] or [`TxWrap`] and writes only the operations it
+//! changes, the rest forward to the inner device):
 //! * [`tap::RxTap`], [`tap::TxTap`]: copies for `nanowire capture`;
 //! * [`faults::RxFaults`], [`faults::TxFaults`]: the seeded fault injector
 //!   of the `faults` option;
@@ -101,6 +103,124 @@ pub trait TxDevice {
     /// down), once.
     fn take_error(&mut self) -> Option<io::Error> {
         None
+    }
+}
+
+/// A receive device around another (the wrappers below: smoltcp's phy
+/// middleware habit): it names its inner device and writes only the
+/// operations it changes; every other one forwards to the inner device
+/// (these defaults). Each wrapper is an [`RxDevice`] through the blanket
+/// impl below.
+pub trait RxWrap {
+    type Inner: RxDevice;
+    fn inner(&mut self) -> &mut Self::Inner;
+    #[inline]
+    fn receive(&mut self, budget: u32, f: impl FnMut(RxFrame, u64)) -> u32 {
+        self.inner().receive(budget, f)
+    }
+    #[inline]
+    fn refill(&mut self) {
+        self.inner().refill()
+    }
+    #[inline]
+    fn refresh_stats(&mut self) {
+        self.inner().refresh_stats()
+    }
+}
+
+// The blanket impls (generic: inlined where the engine's types are fixed).
+impl<W: RxWrap> RxDevice for W {
+    fn receive(&mut self, budget: u32, f: impl FnMut(RxFrame, u64)) -> u32 {
+        RxWrap::receive(self, budget, f)
+    }
+    fn refill(&mut self) {
+        RxWrap::refill(self)
+    }
+    fn refresh_stats(&mut self) {
+        RxWrap::refresh_stats(self)
+    }
+}
+
+/// A transmit device around another: as [`RxWrap`], the wrapper writes
+/// only what it changes; the rest forwards to the inner device.
+pub trait TxWrap {
+    type Inner: TxDevice;
+    fn inner(&self) -> &Self::Inner;
+    fn inner_mut(&mut self) -> &mut Self::Inner;
+    #[inline]
+    fn frame_size(&self) -> usize {
+        self.inner().frame_size()
+    }
+    #[inline]
+    fn send_with(
+        &mut self,
+        max: usize,
+        fill: impl FnMut(usize, &mut [u8]) -> Option<usize>,
+    ) -> usize {
+        self.inner_mut().send_with(max, fill)
+    }
+    #[inline]
+    fn csum_offload(&self) -> bool {
+        self.inner().csum_offload()
+    }
+    #[inline]
+    fn send_with_csum(
+        &mut self,
+        max: usize,
+        fill: impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
+    ) -> usize {
+        self.inner_mut().send_with_csum(max, fill)
+    }
+    #[inline]
+    fn send_large(&mut self, pkt: &[u8]) -> bool {
+        self.inner_mut().send_large(pkt)
+    }
+    #[inline]
+    fn flush(&mut self) {
+        self.inner_mut().flush()
+    }
+    #[inline]
+    fn kick_now(&mut self) {
+        self.inner_mut().kick_now()
+    }
+    #[inline]
+    fn take_error(&mut self) -> Option<io::Error> {
+        self.inner_mut().take_error()
+    }
+}
+
+impl<W: TxWrap> TxDevice for W {
+    fn frame_size(&self) -> usize {
+        TxWrap::frame_size(self)
+    }
+    fn send_with(
+        &mut self,
+        max: usize,
+        fill: impl FnMut(usize, &mut [u8]) -> Option<usize>,
+    ) -> usize {
+        TxWrap::send_with(self, max, fill)
+    }
+    fn csum_offload(&self) -> bool {
+        TxWrap::csum_offload(self)
+    }
+    fn send_with_csum(
+        &mut self,
+        max: usize,
+        fill: impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
+    ) -> usize {
+        TxWrap::send_with_csum(self, max, fill)
+    }
+    fn send_large(&mut self, pkt: &[u8]) -> bool {
+        TxWrap::send_large(self, pkt)
+    }
+    fn flush(&mut self) {
+        TxWrap::flush(self)
+    }
+    fn kick_now(&mut self) {
+        TxWrap::kick_now(self)
+    }
+    fn take_error(&mut self) -> Option<io::Error> {
+        TxWrap::take_error(self)
     }
 }
 

@@ -9,7 +9,6 @@
 
 use super::{RxDevice, TxDevice};
 use nanowire_xdp::{CsumRequest, RxFrame};
-use std::io;
 
 /// Receive stamps.
 pub struct RxStamps<D> {
@@ -24,7 +23,12 @@ impl<D> RxStamps<D> {
     }
 }
 
-impl<D: RxDevice> RxDevice for RxStamps<D> {
+impl<D: RxDevice> super::RxWrap for RxStamps<D> {
+    type Inner = D;
+    #[inline]
+    fn inner(&mut self) -> &mut D {
+        &mut self.inner
+    }
     #[inline]
     fn receive(&mut self, budget: u32, mut f: impl FnMut(RxFrame, u64)) -> u32 {
         let on = self.users > 0;
@@ -33,12 +37,6 @@ impl<D: RxDevice> RxDevice for RxStamps<D> {
             let at = if on { nanowire_tap::now_ns() } else { at };
             f(fr, at)
         })
-    }
-    fn refill(&mut self) {
-        self.inner.refill()
-    }
-    fn refresh_stats(&mut self) {
-        self.inner.refresh_stats()
     }
 }
 
@@ -70,10 +68,15 @@ impl<D> TxStamps<D> {
     }
 }
 
-impl<D: TxDevice> TxDevice for TxStamps<D> {
+impl<D: TxDevice> super::TxWrap for TxStamps<D> {
+    type Inner = D;
     #[inline]
-    fn frame_size(&self) -> usize {
-        self.inner.frame_size()
+    fn inner(&self) -> &D {
+        &self.inner
+    }
+    #[inline]
+    fn inner_mut(&mut self) -> &mut D {
+        &mut self.inner
     }
     #[inline]
     fn send_with(
@@ -92,10 +95,6 @@ impl<D: TxDevice> TxDevice for TxStamps<D> {
             }
             Some(len)
         })
-    }
-    #[inline]
-    fn csum_offload(&self) -> bool {
-        self.inner.csum_offload()
     }
     #[inline]
     fn send_with_csum(
@@ -135,13 +134,6 @@ impl<D: TxDevice> TxDevice for TxStamps<D> {
             // sockets' frames); in zero-copy mode they are posted.
             s.at = nanowire_tap::now_ns();
         }
-    }
-    fn kick_now(&mut self) {
-        self.inner.kick_now()
-    }
-    #[inline]
-    fn take_error(&mut self) -> Option<io::Error> {
-        self.inner.take_error()
     }
 }
 

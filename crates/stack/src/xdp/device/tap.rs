@@ -6,7 +6,6 @@
 use super::{RxDevice, TxDevice};
 use nanowire_tap::TapWriter;
 use nanowire_xdp::{CsumRequest, RxFrame};
-use std::io;
 
 /// Copies of received frames.
 pub struct RxTap<D> {
@@ -20,7 +19,12 @@ impl<D> RxTap<D> {
     }
 }
 
-impl<D: RxDevice> RxDevice for RxTap<D> {
+impl<D: RxDevice> super::RxWrap for RxTap<D> {
+    type Inner = D;
+    #[inline]
+    fn inner(&mut self) -> &mut D {
+        &mut self.inner
+    }
     #[inline]
     fn receive(&mut self, budget: u32, mut f: impl FnMut(RxFrame, u64)) -> u32 {
         let tap = &mut self.tap;
@@ -31,12 +35,6 @@ impl<D: RxDevice> RxDevice for RxTap<D> {
             }
             f(fr, at)
         })
-    }
-    fn refill(&mut self) {
-        self.inner.refill()
-    }
-    fn refresh_stats(&mut self) {
-        self.inner.refresh_stats()
     }
 }
 
@@ -52,10 +50,15 @@ impl<D> TxTap<D> {
     }
 }
 
-impl<D: TxDevice> TxDevice for TxTap<D> {
+impl<D: TxDevice> super::TxWrap for TxTap<D> {
+    type Inner = D;
     #[inline]
-    fn frame_size(&self) -> usize {
-        self.inner.frame_size()
+    fn inner(&self) -> &D {
+        &self.inner
+    }
+    #[inline]
+    fn inner_mut(&mut self) -> &mut D {
+        &mut self.inner
     }
     #[inline]
     fn send_with(
@@ -69,10 +72,6 @@ impl<D: TxDevice> TxDevice for TxTap<D> {
             tap.record(&fr[..len.min(fr.len())]);
             Some(len)
         })
-    }
-    #[inline]
-    fn csum_offload(&self) -> bool {
-        self.inner.csum_offload()
     }
     #[inline]
     fn send_with_csum(
@@ -95,17 +94,6 @@ impl<D: TxDevice> TxDevice for TxTap<D> {
             self.tap.record(pkt);
         }
         ok
-    }
-    #[inline]
-    fn flush(&mut self) {
-        self.inner.flush()
-    }
-    fn kick_now(&mut self) {
-        self.inner.kick_now()
-    }
-    #[inline]
-    fn take_error(&mut self) -> Option<io::Error> {
-        self.inner.take_error()
     }
 }
 
