@@ -104,7 +104,7 @@ pub unsafe fn shutdown(fd: c_int, how: c_int) -> c_int {
 pub unsafe fn close(fd: c_int) -> c_int {
     // Bump the generation first, so a thread spinning on `fd` stops before
     // the number can be reused.
-    crate::fdlife::pre_close(fd);
+    ops::pre_close(fd);
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
     unsafe { real::close(fd) }
@@ -118,7 +118,7 @@ pub unsafe fn dup(fd: c_int) -> c_int {
     let r = unsafe { real::dup(fd) };
     if r >= 0 {
         crate::fdlife::created(r);
-        share_accel(fd, r);
+        ops::dup(fd, r);
     }
     r
 }
@@ -129,13 +129,13 @@ pub unsafe fn dup2(old: c_int, new: c_int) -> c_int {
     if old != new {
         // `new` is closed by the call: exactly what `close` does first
         // (bump the generation, wait until its spinners have left).
-        crate::fdlife::pre_close(new);
+        ops::pre_close(new);
     }
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::dup2(old, new) };
     if r >= 0 && old != new {
-        share_accel(old, new);
+        ops::dup(old, new);
     }
     r
 }
@@ -146,13 +146,13 @@ pub unsafe fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     if old != new {
         // `new` is closed by the call: exactly what `close` does first
         // (bump the generation, wait until its spinners have left).
-        crate::fdlife::pre_close(new);
+        ops::pre_close(new);
     }
     // SAFETY: the caller's own arguments, unchanged, to libc's function of
     // the same signature, whose contract our caller upholds (# Safety).
     let r = unsafe { real::dup3(old, new, flags) };
     if r >= 0 && old != new {
-        share_accel(old, new);
+        ops::dup(old, new);
     }
     r
 }
@@ -162,7 +162,7 @@ pub fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
     let r = ops::fcntl(fd, cmd, arg, is64);
     if r >= 0 && fd != r && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) {
         crate::fdlife::created(r);
-        share_accel(fd, r);
+        ops::dup(fd, r);
     }
     r
 }
@@ -852,27 +852,10 @@ pub unsafe fn epoll_pwait2(
     unsafe { real::epoll_pwait2(ep, evs, max, tmo, mask) }
 }
 
-// ------------------------------------------------- accelerated sockets
-
-/// `new` is a duplicate of `old`: it shares `old`'s engine socket.
-fn share_accel(old: c_int, new: c_int) {
-    tcpx::share(old, new);
-    if let Some(a) = accel::by_fd(old) {
-        a.add_ref();
-        accel::set_fd(new, a);
-        table::add_flags(new, table::F_ACCEL);
-    }
-}
-
 /// # Safety
 /// As libc's `listen`.
 pub unsafe fn listen(fd: c_int, backlog: c_int) -> c_int {
-    if let Some(r) = tcpx::listen(fd, backlog) {
-        return r;
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::listen(fd, backlog) }
+    ops::listen(fd, backlog)
 }
 
 /// # Safety
@@ -902,12 +885,7 @@ pub unsafe fn getsockopt(
 /// # Safety
 /// As libc's `bind`.
 pub unsafe fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
-    if let Some(r) = ahooks::bind(fd, addr, len) {
-        return r;
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::bind(fd, addr, len) }
+    ops::bind(fd, addr, len)
 }
 
 /// # Safety
@@ -984,20 +962,12 @@ pub unsafe fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
 /// # Safety
 /// As libc's `sendfile`.
 pub unsafe fn sendfile(out: c_int, inp: c_int, off: *mut off_t, count: size_t) -> ssize_t {
-    crate::fdlife::io_check(out);
-    if let Some(t) = tcpx::lookup(out) {
-        // SAFETY: the caller's offset, null or valid (# Safety).
-        return tcpx::sendfile(t, out, inp, unsafe { off.as_mut() }, count);
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::sendfile(out, inp, off, count) }
+    ops::sendfile(out, inp, off, count, false)
 }
 
 /// # Safety
 /// As libc's `splice`. An engine TCP connection with a pipe on the other
-/// side is served on the engine (`crate::splice`); two engine connections
-/// (which the kernel refuses too, EINVAL) are handed over first.
+/// side is served on the engine (`crate::splice`).
 pub unsafe fn splice(
     fd_in: c_int,
     off_in: *mut libc::loff_t,
@@ -1006,33 +976,11 @@ pub unsafe fn splice(
     len: size_t,
     flags: c_uint,
 ) -> ssize_t {
-    for fd in [fd_in, fd_out] {
-        crate::fdlife::io_check(fd);
-    }
-    let offs = (!off_in.is_null(), !off_out.is_null());
-    match (tcpx::lookup(fd_in), tcpx::lookup(fd_out)) {
-        (None, Some(t)) => return crate::splice::to_engine(t, fd_out, fd_in, offs, len, flags),
-        (Some(t), None) => return crate::splice::from_engine(t, fd_in, fd_out, offs, len, flags),
-        (None, None) => {}
-        (Some(_), Some(_)) => {
-            for fd in [fd_in, fd_out] {
-                crate::handover::to_kernel(fd, "splice() between two sockets is the kernel's");
-            }
-        }
-    }
-    // SAFETY: the caller's own arguments, unchanged, to libc's function of
-    // the same signature, whose contract our caller upholds (# Safety).
-    unsafe { real::splice(fd_in, off_in, fd_out, off_out, len, flags) }
+    ops::splice(fd_in, off_in, fd_out, off_out, len, flags)
 }
 
 /// # Safety
 /// As libc's `sendfile64`.
 pub unsafe fn sendfile64(out: c_int, inp: c_int, off: *mut off64_t, count: size_t) -> ssize_t {
-    crate::fdlife::io_check(out);
-    if let Some(t) = tcpx::lookup(out) {
-        // SAFETY: the caller's offset, null or valid (# Safety).
-        return tcpx::sendfile(t, out, inp, unsafe { off.as_mut() }, count);
-    }
-    // SAFETY: as in `sendfile`.
-    unsafe { real::sendfile64(out, inp, off, count) }
+    ops::sendfile(out, inp, off, count, true)
 }

@@ -12,6 +12,7 @@
 //! entry points, as `fcntl` in `exports` (see the crate doc).
 
 use crate::fdlife;
+use crate::ops;
 use crate::real::Sym;
 use crate::spawn;
 use crate::sys::in_engine;
@@ -42,7 +43,7 @@ macro_rules! libc_fn {
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     let f = libc_fn!("close_range", fn(c_uint, c_uint, c_int) -> c_int);
     if !in_engine() && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && first <= last {
-        fdlife::pre_close_range(first, last);
+        ops::pre_close_range(first, last);
     }
     // SAFETY: the caller's arguments to libc's function.
     unsafe { f(first, last, flags) }
@@ -54,7 +55,7 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
 pub unsafe extern "C" fn closefrom(low: c_int) {
     let f = libc_fn!("closefrom", fn(c_int) -> ());
     if !in_engine() {
-        fdlife::pre_close_range(low.max(0) as u32, u32::MAX);
+        ops::pre_close_range(low.max(0) as u32, u32::MAX);
     }
     // SAFETY: the caller's argument to libc's function.
     unsafe { f(low) }
@@ -69,7 +70,7 @@ pub unsafe extern "C" fn fclose(stream: *mut FILE) -> c_int {
         // SAFETY: the caller's open stream (fclose's contract).
         let fd = unsafe { libc::fileno(stream) };
         if fd >= 0 {
-            fdlife::pre_close(fd);
+            ops::pre_close(fd);
         }
     }
     // SAFETY: the caller's stream to libc's function.
@@ -278,7 +279,7 @@ pub unsafe extern "C" fn freopen(
         // SAFETY: the caller's open stream.
         let fd = unsafe { libc::fileno(s) };
         if fd >= 0 && !path.is_null() {
-            fdlife::pre_close(fd);
+            ops::pre_close(fd);
         }
     }
     // SAFETY: the caller's arguments to libc's function.
@@ -301,7 +302,7 @@ pub unsafe extern "C" fn freopen64(
         // SAFETY: the caller's open stream.
         let fd = unsafe { libc::fileno(s) };
         if fd >= 0 && !path.is_null() {
-            fdlife::pre_close(fd);
+            ops::pre_close(fd);
         }
     }
     // SAFETY: the caller's arguments to libc's function.
@@ -376,7 +377,7 @@ extern "C" fn syscall_entry(
             libc::SYS_close_range => {
                 if (c as c_uint) & libc::CLOSE_RANGE_CLOEXEC == 0 && (a as c_uint) <= (b as c_uint)
                 {
-                    fdlife::pre_close_range(a as u32, b as u32);
+                    ops::pre_close_range(a as u32, b as u32);
                 }
                 pass()
             }

@@ -6,7 +6,8 @@
 //! (its writes sent to the peer, its reads answered with network data).
 //! Three layers keep that from happening:
 //!
-//! 1. **Every closer the shim can interpose runs [`pre_close`]** first:
+//! 1. **Every closer the shim can interpose runs `ops::pre_close`** first
+//!    ([`retire`], then the protocol's release of the record):
 //!    `close`, `dup2`/`dup3` over a number, `close_range`, `closefrom`,
 //!    `fclose`, and `syscall(SYS_close | SYS_close_range | SYS_dup2 |
 //!    SYS_dup3, ..)` (see `exports_fd`).
@@ -125,35 +126,23 @@ pub fn forget_stale(fd: c_int, how: &str) {
 }
 
 /// `fd` is about to be closed or replaced (close, dup2/dup3 over it,
-/// close_range, closefrom, fclose): bump its generation, wait until the
-/// threads spinning on it have left, and let go of its engine record.
-pub fn pre_close(fd: c_int) {
+/// close_range, closefrom, fclose; through `ops::pre_close`): bump its
+/// generation and wait until the threads spinning on it have left. True:
+/// its protocol now lets go of its record (`ops::Ops::release`); false:
+/// it had been closed and reused behind the shim's back already, and is
+/// forgotten without acting on the number.
+pub fn retire(fd: c_int) -> bool {
     if table::identity(fd) != 0 && !table::identity_ok(fd) {
         // Closed and reused behind the shim's back already: the record
         // must not act on the number (detach would change the new file's
         // flags, a TCP close would keep a duplicate of it).
         forget_stale(fd, "closed again");
-        return;
+        return false;
     }
     ready::fd_closed(fd);
     table::retire(fd);
     table::wait_spinners(fd);
-    accel::closing(fd);
-    if let Some(a) = accel::take_fd(fd) {
-        accel::release(a);
-    }
-    tcpx::release(fd);
-}
-
-/// [`pre_close`] for every tracked number in `[first, last]`.
-pub fn pre_close_range(first: u32, last: u32) {
-    let top = table::tracked_limit().min(last as usize + 1);
-    for fd in first as usize..top {
-        let fd = fd as c_int;
-        if table::tracked(fd) || accel::by_fd(fd).is_some() || tcpx::by_fd(fd).is_some() {
-            pre_close(fd);
-        }
-    }
+    true
 }
 
 /// A call the shim interposes returned the new fd `fd`. If the number

@@ -30,7 +30,7 @@ use crate::streamio;
 use crate::table;
 use crate::tcpx::{self, Tcp};
 use crate::uaccess;
-use libc::{c_int, c_ulong, c_void, iovec, msghdr, size_t, sockaddr, socklen_t};
+use libc::{c_int, c_uint, c_ulong, c_void, iovec, msghdr, size_t, sockaddr, socklen_t};
 use nanowire_shimcore::sock::Common;
 use nanowire_sockabi::iov::Call;
 
@@ -63,6 +63,20 @@ pub fn of(fd: c_int) -> Sock {
         }
         None => Sock::Kernel,
     }
+}
+
+/// What holds `fd`'s record, whichever process made it (a forked child's
+/// inherited copy too): for the operations on the record itself
+/// ([`Ops::dup`], [`Ops::release`]), which count references across fork.
+#[inline]
+pub fn record_of(fd: c_int) -> Sock {
+    let Some(r) = table::record(fd) else {
+        return Sock::Kernel;
+    };
+    if let Some(a) = r.get::<Accel>() {
+        return Sock::Udp(a);
+    }
+    r.get::<Tcp>().map_or(Sock::Kernel, Sock::Tcp)
 }
 
 /// A receive, normalised: the caller's buffers and the call it made.
@@ -155,6 +169,54 @@ pub trait Ops: Sized + Copy {
     ) -> Option<c_int> {
         None
     }
+    fn bind(self, _fd: c_int, _addr: *const sockaddr, _len: socklen_t) -> Option<c_int> {
+        None
+    }
+    fn listen(self, _fd: c_int, _backlog: c_int) -> Option<c_int> {
+        None
+    }
+    /// `sendfile` / `sendfile64` (`is64`) onto `fd`.
+    fn sendfile(
+        self,
+        _fd: c_int,
+        _inp: c_int,
+        _off: *mut i64,
+        _count: size_t,
+        _is64: bool,
+    ) -> Option<isize> {
+        None
+    }
+    /// `splice` with `fd` on one side and `other` on the other: `into`,
+    /// `fd` is the destination. `offs`: whether each side (in, out) has an
+    /// offset. `None`: the kernel's (the dispatcher makes the real call).
+    fn splice(
+        self,
+        _fd: c_int,
+        _other: c_int,
+        _into: bool,
+        _offs: (bool, bool),
+        _len: size_t,
+        _flags: c_uint,
+    ) -> Option<isize> {
+        None
+    }
+    /// `new` now names the socket of `old` (dup, dup2, dup3,
+    /// fcntl(F_DUPFD)): it shares the record. Called on [`record_of`].
+    fn dup(self, _old: c_int, _new: c_int) {}
+    /// `fd` is about to be closed or replaced: let go of its record.
+    /// Called on [`record_of`].
+    fn release(self, _fd: c_int) {}
+}
+
+/// Operation `op` of the protocol of `sock`; `None` for a kernel fd.
+macro_rules! on {
+    ($sock:expr, $op:ident ( $($a:expr),* )) => {
+        match $sock {
+            Sock::Tcp(t) => t.$op($($a),*),
+            Sock::Udp(a) => a.$op($($a),*),
+            Sock::Kernel => Default::default(),
+        }
+    };
 }
 
 /// Run operation `op` of whatever serves `fd`; the kernel's when the
@@ -163,11 +225,7 @@ macro_rules! through {
     ($fd:expr, $op:ident ( $($a:expr),* )) => {
         loop {
             let fd = $fd;
-            let got = match of(fd) {
-                Sock::Tcp(t) => t.$op(fd, $($a),*),
-                Sock::Udp(a) => a.$op(fd, $($a),*),
-                Sock::Kernel => None,
-            };
+            let got = on!(of(fd), $op(fd, $($a),*));
             if let Some(n) = got.or_else(|| Kernel.$op(fd, $($a),*)) {
                 break n;
             }
@@ -229,6 +287,74 @@ pub fn getsockopt(
     len: *mut socklen_t,
 ) -> c_int {
     through!(fd, getsockopt(level, name, val, len))
+}
+
+/// `bind` on `fd`.
+pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    through!(fd, bind(addr, len))
+}
+
+/// `listen` on `fd`.
+pub fn listen(fd: c_int, backlog: c_int) -> c_int {
+    through!(fd, listen(backlog))
+}
+
+/// `sendfile` / `sendfile64` (`is64`) onto `out`.
+pub fn sendfile(out: c_int, inp: c_int, off: *mut i64, count: size_t, is64: bool) -> isize {
+    through!(out, sendfile(inp, off, count, is64))
+}
+
+/// `splice`: served by the protocol of the destination, else of the
+/// source, else the kernel. Two engine connections (which the kernel
+/// refuses too, EINVAL) are handed over to it first.
+pub fn splice(
+    fd_in: c_int,
+    off_in: *mut libc::loff_t,
+    fd_out: c_int,
+    off_out: *mut libc::loff_t,
+    len: size_t,
+    flags: c_uint,
+) -> isize {
+    let offs = (!off_in.is_null(), !off_out.is_null());
+    let (si, so) = (of(fd_in), of(fd_out));
+    if let (Sock::Tcp(_), Sock::Tcp(_)) = (si, so) {
+        for fd in [fd_in, fd_out] {
+            crate::handover::to_kernel(fd, "splice() between two sockets is the kernel's");
+        }
+    } else if let Some(r) = on!(so, splice(fd_out, fd_in, true, offs, len, flags))
+        .or_else(|| on!(si, splice(fd_in, fd_out, false, offs, len, flags)))
+    {
+        return r;
+    }
+    // SAFETY: the caller's own arguments, unchanged, to libc's function of
+    // the same signature, whose contract the caller upholds.
+    unsafe { real::splice(fd_in, off_in, fd_out, off_out, len, flags) }
+}
+
+/// `new` is a duplicate of `old` (the call that made it succeeded): it
+/// shares `old`'s record.
+pub fn dup(old: c_int, new: c_int) {
+    on!(record_of(old), dup(old, new))
+}
+
+/// `fd` is about to be closed or replaced (close, dup2/dup3 over it,
+/// close_range, closefrom, fclose, freopen): its number is retired
+/// (`fdlife::retire`), then its protocol lets go of its record.
+pub fn pre_close(fd: c_int) {
+    if crate::fdlife::retire(fd) {
+        on!(record_of(fd), release(fd))
+    }
+}
+
+/// [`pre_close`] for every tracked number in `[first, last]`.
+pub fn pre_close_range(first: u32, last: u32) {
+    let top = table::tracked_limit().min(last as usize + 1);
+    for fd in first as usize..top {
+        let fd = fd as c_int;
+        if table::tracked(fd) || table::record(fd).is_some() {
+            pre_close(fd);
+        }
+    }
 }
 
 /// `recv`, `recvfrom`, `recvmsg`, `read`, `readv` on `fd`.
@@ -399,6 +525,50 @@ impl Ops for &'static Tcp {
     ) -> Option<c_int> {
         tcpx::getsockopt(self, level, name, val, len)
     }
+
+    fn sendfile(
+        self,
+        fd: c_int,
+        inp: c_int,
+        off: *mut i64,
+        count: size_t,
+        _is64: bool,
+    ) -> Option<isize> {
+        // SAFETY: the caller's offset, null or valid (sendfile's contract).
+        Some(tcpx::sendfile(
+            self,
+            fd,
+            inp,
+            unsafe { off.as_mut() },
+            count,
+        ))
+    }
+
+    fn splice(
+        self,
+        fd: c_int,
+        other: c_int,
+        into: bool,
+        offs: (bool, bool),
+        len: size_t,
+        flags: c_uint,
+    ) -> Option<isize> {
+        // A pipe on the other side: served on the engine (`splice.rs`).
+        Some(if into {
+            crate::splice::to_engine(self, fd, other, offs, len, flags)
+        } else {
+            crate::splice::from_engine(self, fd, other, offs, len, flags)
+        })
+    }
+
+    fn dup(self, _old: c_int, new: c_int) {
+        self.add_ref();
+        table::set_record(new, self);
+    }
+
+    fn release(self, fd: c_int) {
+        tcpx::release(fd);
+    }
 }
 
 impl Ops for &'static Accel {
@@ -503,6 +673,21 @@ impl Ops for &'static Accel {
             return Some(0);
         }
         None
+    }
+
+    fn dup(self, _old: c_int, new: c_int) {
+        self.add_ref();
+        accel::set_fd(new, self);
+        table::add_flags(new, table::F_ACCEL);
+    }
+
+    fn release(self, fd: c_int) {
+        // The number the engine uses, closed while duplicates remain: the
+        // socket goes off the engine through one of them.
+        accel::closing(fd);
+        if let Some(a) = accel::take_fd(fd) {
+            accel::release(a);
+        }
     }
 }
 
@@ -699,6 +884,36 @@ impl Ops for Kernel {
     ) -> Option<c_int> {
         // SAFETY: as for connect.
         Some(unsafe { real::getsockopt(fd, level, name, val, len) })
+    }
+
+    fn bind(self, fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
+        // A UDP candidate goes onto the engine here.
+        // SAFETY: as for connect.
+        Some(ahooks::bind(fd, addr, len).unwrap_or_else(|| unsafe { real::bind(fd, addr, len) }))
+    }
+
+    fn listen(self, fd: c_int, backlog: c_int) -> Option<c_int> {
+        // A TCP candidate becomes an engine listener here.
+        // SAFETY: as for connect.
+        Some(tcpx::listen(fd, backlog).unwrap_or_else(|| unsafe { real::listen(fd, backlog) }))
+    }
+
+    fn sendfile(
+        self,
+        fd: c_int,
+        inp: c_int,
+        off: *mut i64,
+        count: size_t,
+        is64: bool,
+    ) -> Option<isize> {
+        // SAFETY: as for connect (off_t and off64_t are both i64 here).
+        Some(unsafe {
+            if is64 {
+                real::sendfile64(fd, inp, off, count)
+            } else {
+                real::sendfile(fd, inp, off, count)
+            }
+        })
     }
 }
 

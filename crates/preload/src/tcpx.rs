@@ -1232,14 +1232,6 @@ pub fn forget(t: &'static Tcp, fds: &[c_int]) {
     }
 }
 
-/// `new` is a duplicate of `old`.
-pub fn share(old: c_int, new: c_int) {
-    if let Some(t) = table::record_as::<Tcp>(old) {
-        t.add_ref();
-        table::set_record(new, t);
-    }
-}
-
 // -------------------------------------------------------------- options
 
 /// Options the application set on the fd's kernel socket (the engine
