@@ -16,6 +16,7 @@
 //!
 //! Every `unsafe` block carries a `// SAFETY:` comment.
 
+mod ctl;
 pub mod iface;
 mod load;
 mod mmap;
@@ -24,6 +25,7 @@ pub mod privilege;
 pub mod program;
 mod ring;
 pub mod shared;
+mod sock;
 pub mod sys;
 pub mod umem;
 pub mod xsk;

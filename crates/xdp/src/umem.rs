@@ -69,7 +69,7 @@ impl UmemShared {
     }
 
     /// Over an existing mapping of `(rx_frames + tx_frames) * frame_size`
-    /// bytes (a shared UMEM's memfd, crate::shared).
+    /// bytes (a shared UMEM's memfd, shared.rs).
     pub(crate) fn from_map(map: Mmap, rx_frames: u32, tx_frames: u32, frame_size: u32) -> Self {
         assert!(map.len >= (rx_frames as usize + tx_frames as usize) * frame_size as usize);
         UmemShared {

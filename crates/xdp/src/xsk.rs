@@ -12,8 +12,10 @@
 //! hands us that does not lie inside one of our frames is a counted drop
 //! ([`XskRx::bad_descs`], [`XskTx::bad_descs`]), never clamped or trusted.
 
+use crate::ctl::{Ctl, Geometry, REFILL_BATCH};
 use crate::ring::Ring;
-use crate::shared::{Ctl, Geometry, REFILL_BATCH, bind_xsk, map_ring, mmap_offsets};
+pub use crate::sock::{XDP_MAX_TX_SKB_BUDGET, XDP_USE_SG};
+use crate::sock::{bind_xsk, map_ring, mmap_offsets, setsockopt};
 use crate::umem::{RxFrame, UmemArea, UmemInfo, UmemShared};
 use nanowire_wire::checksum;
 use std::io;
@@ -21,10 +23,6 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-/// SOL_XDP option raising the frames a copy-mode TX kick may send (6.17+).
-pub const XDP_MAX_TX_SKB_BUDGET: libc::c_int = 9;
-/// Bind flag: multi-buffer (scatter-gather) packets (6.6+).
-pub const XDP_USE_SG: u16 = 1 << 4;
 /// Descriptor option: the packet continues in the next descriptor.
 pub const XDP_PKT_CONTD: u32 = 1;
 /// Bytes of TX metadata before each transmitted packet when the UMEM has
@@ -164,29 +162,6 @@ fn prefetch<T>(p: *const T) {
 #[inline(always)]
 fn prefetch<T>(_p: *const T) {}
 
-pub(crate) fn setsockopt<T>(
-    fd: RawFd,
-    level: libc::c_int,
-    opt: libc::c_int,
-    v: &T,
-) -> io::Result<()> {
-    // SAFETY: v points to a live T of size_of::<T>() bytes.
-    let r = unsafe {
-        crate::sys::setsockopt(
-            fd,
-            level,
-            opt,
-            (v as *const T).cast(),
-            std::mem::size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
 /// What one [`XskRx::poll`] did.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PollInfo {
@@ -213,7 +188,7 @@ pub struct XskRx {
     fill_next: u32,
     /// Offset of the packet in its frame, as seen on the last RX frame.
     rx_off: u64,
-    /// A UMEM shared with other processes (crate::shared): the fill ring
+    /// A UMEM shared with other processes (shared.rs): the fill ring
     /// is used under the shared lock, frames are marked while ours.
     shared: Option<Arc<Ctl>>,
 }
@@ -480,7 +455,7 @@ impl XskSocket {
         }
     }
 
-    /// The attached process's half of a shared UMEM (crate::shared): `xsk`
+    /// The attached process's half of a shared UMEM (shared.rs): `xsk`
     /// is the member socket the engine service made and bound for `slot`,
     /// `memfd` the UMEM and control area. Maps the UMEM, the control area,
     /// the member's RX and TX rings and the pool's fill and completion rings
@@ -696,7 +671,7 @@ impl XskRx {
     }
 
     /// Shared UMEM: give frames back in batches, under the shared lock,
-    /// journalled first (crate::shared). A busy lock only delays the batch.
+    /// journalled first (shared.rs). A busy lock only delays the batch.
     fn refill_shared(&mut self) {
         let Some(ctl) = self.shared.clone() else {
             return;
