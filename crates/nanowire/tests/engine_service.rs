@@ -66,6 +66,41 @@ while time.time() < end:
 print("flooded", n, flush=True)
 "#;
 
+/// Ping-pong with each port in turn for SECONDS: every datagram numbered
+/// and checked byte for byte (a lost one is resent, at most 5 times, and
+/// counted). Prints "started" after the first echo of every port, then
+/// "ok ECHOED RESENT", or exits 1 with what failed.
+const STEADY: &str = r#"
+import socket, sys, time
+host, ports, secs = sys.argv[1], [int(p) for p in sys.argv[2].split(",")], float(sys.argv[3])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(1.0)
+echoed = resent = i = 0
+end = None
+while end is None or time.time() < end:
+    for p in ports:
+        m = b"%d:%d:" % (p, i) + bytes(range(i % 200))
+        for attempt in range(6):
+            if attempt == 5:
+                print("no echo from port %d for message %d" % (p, i), flush=True); sys.exit(1)
+            s.sendto(m, (host, p))
+            resent += attempt > 0
+            try:
+                while True:
+                    d, a = s.recvfrom(65536)
+                    if d == m and a == (host, p):
+                        break
+            except socket.timeout:
+                continue
+            break
+        echoed += 1
+    i += 1
+    if end is None:
+        print("started", flush=True)
+        end = time.time() + secs
+print("ok", echoed, resent, flush=True)
+"#;
+
 const T: Duration = Duration::from_secs(60);
 
 fn env_service(c: &mut Command) {
@@ -440,4 +475,81 @@ fn kill_9_under_traffic_gives_back_claims_and_frames_and_the_others_go_on() {
         "{st}"
     );
     assert_eq!(st["counters"]["detaches"].as_u64().unwrap(), 5, "{st}");
+}
+
+/// The service killed (kill -9) under traffic, then restarted. Decided
+/// (docs/architecture.md, "The engine service"): the XDP program's link and
+/// the claims are the service's, so they go with it and every frame reaches
+/// the kernel again, where each claimed port has the kernel socket that
+/// held it (a claim needs one). Each attached process sees its control
+/// socket hang up, says so at the default log level and moves its sockets
+/// to their kernel sockets (datagrams already on its rings delivered
+/// first): the traffic goes on, every message echoed intact, nothing hangs.
+/// Its engine then goes (closing its AF_XDP sockets frees the queues), so a
+/// restarted service can bind them: a new process is on xdp through it, and
+/// the old ones keep echoing through the kernel.
+#[test]
+#[ignore = "needs root"]
+fn the_service_killed_under_traffic_processes_fall_back_and_a_restarted_one_serves() {
+    let lab = lab("vr");
+    let first = start_service(&lab);
+    let (a, b, c) = (12501u16, 12502u16, 12503u16);
+    let ea = echo(&lab, "vr-a", a, &[]);
+    let eb = echo(&lab, "vr-b", b, &[]);
+    on_xdp(&ea, a);
+    on_xdp(&eb, b);
+    let ports = format!("{a},{b}");
+    let mut steady = spawn(
+        "vr-steady",
+        plain_in(
+            &lab,
+            Host::A,
+            &["python3", "-c", STEADY, &ADDR_B.to_string(), &ports, "3.0"],
+        ),
+    );
+    steady.wait_for("started", T);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        Command::new("kill")
+            .args(["-9", &first.0.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // Killed: never signal that pid again (it may be reused).
+    std::mem::forget(first);
+    let out = steady.success(T);
+    eprintln!("steady: {out}");
+    // Every message echoed intact, none lost on the way (a stop-and-wait
+    // ping-pong on a quiet veth: the kernel path loses none either).
+    let resent = line_of(&out, "ok ").split_whitespace().nth(2);
+    assert_eq!(resent, Some("0"), "{out}\n{}\n{}", ea.both(), eb.both());
+    // Announced at the default log level, per process and per socket.
+    for (k, p) in [(&ea, a), (&eb, b)] {
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end && !k.stderr().contains("taken off the xdp engine") {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let err = k.stderr();
+        assert!(err.contains("the engine service is gone"), "{p}: {err}");
+        assert!(
+            err.contains(
+                "udp: taken off the xdp engine (kernel socket, spin engine): \
+                 the engine service is gone"
+            ),
+            "{p}: {err}"
+        );
+    }
+    client(&lab, "vr-after-kill", &[a, b], 100);
+    // A restarted service serves a new process on xdp (the old processes'
+    // sockets closed theirs, so the queue is free), and the old ones go on.
+    let _second = start_service(&lab);
+    let ec = echo(&lab, "vr-c", c, &[]);
+    on_xdp(&ec, c);
+    client(&lab, "vr-after-restart", &[a, b, c], 100);
+    let st = status(&lab);
+    let clients = st["ifaces"][0]["clients"].as_array().unwrap();
+    assert_eq!(clients.len(), 1, "{st}");
+    assert_eq!(clients[0]["pid"], ec.child.id(), "{st}");
+    assert_eq!(claims_of(&st), vec![format!("udp:{ADDR_B}:{c}")], "{st}");
 }

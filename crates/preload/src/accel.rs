@@ -90,6 +90,37 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) {
     set_errno(e);
 }
 
+/// The engine service an engine of this process was attached to is gone
+/// (its XDP program and claims went with it; every frame reaches the
+/// kernel again): every socket on such an engine is taken off it, its
+/// queued datagrams delivered first, and its kernel socket carries on, each
+/// said at the default log level. Runs on a thread of the engine's
+/// (service/client.rs `Watch`), not the application's.
+fn service_lost() {
+    engine_call(|| {
+        let mut socks = Vec::new();
+        table::each_record::<Accel>(|fd, a| {
+            if a.mine() && !a.detached.load(Ordering::Acquire) {
+                socks.push(fd);
+            }
+        });
+        for fd in socks {
+            let lost = by_fd(fd).is_some_and(|a| {
+                a.lock()
+                    .xdp
+                    .as_ref()
+                    .is_some_and(|x| x.engine_handle().service_lost())
+            });
+            if lost {
+                detach(
+                    fd,
+                    "the engine service is gone (its XDP program went with it)",
+                );
+            }
+        }
+    });
+}
+
 extern "C" fn after_fork_child() {
     PID.store(std::process::id(), Ordering::Relaxed);
 }
@@ -100,6 +131,7 @@ pub fn init() {
     // forking thread could hold (before_fork takes socket locks the way any
     // call on the socket does, before the fork).
     unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_child)) };
+    nanowire_stack::xdp::set_service_lost_hook(service_lost);
 }
 
 pub struct St {
@@ -1195,15 +1227,18 @@ pub fn detach(fd: c_int, why: &str) {
                     })
                 });
             }
+            // Restore the application's blocking mode on the kernel socket
+            // before anyone can see the socket off the engine: another
+            // thread may then retire the record at once and hand the fd to
+            // the kernel, whose blocking recv must not say EAGAIN.
+            let nb = a.common.nonblock();
+            // SAFETY: the fd is only borrowed for two fcntl calls.
+            let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+            if let Ok(mut f) = rustix::fs::fcntl_getfl(b) {
+                f.set(rustix::fs::OFlags::NONBLOCK, nb);
+                let _ = rustix::fs::fcntl_setfl(b, f);
+            }
             a.detached.store(true, Ordering::Release);
-        }
-        let nb = a.common.nonblock();
-        // Restore the application's blocking mode on the kernel socket.
-        // SAFETY: the fd is only borrowed for two fcntl calls.
-        let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
-        if let Ok(mut f) = rustix::fs::fcntl_getfl(b) {
-            f.set(rustix::fs::OFlags::NONBLOCK, nb);
-            let _ = rustix::fs::fcntl_setfl(b, f);
         }
         let kept = a.lock().stash.len();
         if kept == 0 {

@@ -41,6 +41,7 @@ pub mod reasm;
 mod registry;
 mod rx;
 pub mod service;
+pub use service::client::set_service_lost_hook;
 pub mod shm;
 mod socket;
 pub mod tcp;
@@ -224,6 +225,9 @@ pub struct Engine {
     netns_cookie: Option<u64>,
     /// Attached to the engine service (its slot), not an engine of its own.
     service_slot: Option<u32>,
+    /// The service this engine was attached to is gone (service/client.rs,
+    /// `Watch`): its program and claims went with it.
+    service_lost: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Engine {
@@ -484,7 +488,12 @@ impl Engine {
             neigh::Neigh::new(info.index, info.addr, page.clone())
                 .map_err(|e| format!("eventfd: {e}"))?,
         );
-        let worker = neigh::spawn(neigh.clone(), tx.clone())
+        let service_lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watch = match &prog {
+            Steer::Service(c) => Some(service::client::Watch::new(c, service_lost.clone(), ifname)),
+            Steer::Own(_) => None,
+        };
+        let worker = neigh::spawn(neigh.clone(), tx.clone(), watch)
             .map_err(|e| format!("cannot start the neighbour thread: {e}"))?;
         let prog_fds: &[RawFd] = match &prog {
             Steer::Own(p) => p.fds(),
@@ -536,6 +545,7 @@ impl Engine {
             netns: registry::netns_id(),
             netns_cookie: registry::netns_cookie(),
             service_slot: None,
+            service_lost,
         })
     }
 
@@ -579,6 +589,13 @@ impl Engine {
     /// engine of the process's own.
     pub fn service_slot(&self) -> Option<u32> {
         self.service_slot
+    }
+
+    /// The engine service this engine was attached to is gone: nothing is
+    /// steered to it any more (the process's sockets fall back to their
+    /// kernel sockets; its next engine attaches to a restarted service).
+    pub fn service_lost(&self) -> bool {
+        self.service_lost.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Does this engine belong to the calling process (not inherited

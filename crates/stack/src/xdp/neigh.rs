@@ -652,7 +652,11 @@ impl Neigh {
 /// The neighbour thread: waits for kernel events, re-reads pending
 /// entries, sends what was waiting for a MAC. Exits when the engine stops
 /// it. Runs with every signal blocked (it lives inside applications).
-pub(crate) fn run(neigh: Arc<Neigh>, tx: Arc<Mutex<TxPath<EngineTx>>>) {
+pub(crate) fn run(
+    neigh: Arc<Neigh>,
+    tx: Arc<Mutex<TxPath<EngineTx>>>,
+    mut watch: Option<super::service::client::Watch>,
+) {
     let mut mon = Monitor::open().ok();
     let mut events = Vec::new();
     let mut ready = Vec::new();
@@ -669,6 +673,13 @@ pub(crate) fn run(neigh: Arc<Neigh>, tx: Arc<Mutex<TxPath<EngineTx>>>) {
                 events: libc::POLLIN,
                 revents: 0,
             },
+            // The engine service's control socket (attached engines): its
+            // hang-up means the service is gone.
+            libc::pollfd {
+                fd: watch.as_ref().map_or(-1, |w| w.fd()),
+                events: libc::POLLRDHUP,
+                revents: 0,
+            },
         ];
         let timeout = if pending || mon.is_none() {
             RECHECK.as_millis() as i32
@@ -681,6 +692,11 @@ pub(crate) fn run(neigh: Arc<Neigh>, tx: Arc<Mutex<TxPath<EngineTx>>>) {
         nanowire_xdp::sys::eventfd_drain(neigh.wake.as_raw_fd());
         if neigh.stop.load(Ordering::Acquire) {
             return;
+        }
+        if pfds[2].revents != 0
+            && let Some(w) = watch.take()
+        {
+            w.lost();
         }
         events.clear();
         if let Some(m) = &mut mon {
@@ -727,6 +743,7 @@ pub(crate) fn run(neigh: Arc<Neigh>, tx: Arc<Mutex<TxPath<EngineTx>>>) {
 pub(crate) fn spawn(
     neigh: Arc<Neigh>,
     tx: Arc<Mutex<TxPath<EngineTx>>>,
+    watch: Option<super::service::client::Watch>,
 ) -> io::Result<std::thread::JoinHandle<()>> {
     // SAFETY: sigset_t is plain data; sigfillset initialises it.
     let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
@@ -741,7 +758,7 @@ pub(crate) fn spawn(
     let r = std::thread::Builder::new()
         .name("nanowire-neigh".into())
         .stack_size(256 * 1024)
-        .spawn(move || run(neigh, tx));
+        .spawn(move || run(neigh, tx, watch));
     // SAFETY: restores the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     r

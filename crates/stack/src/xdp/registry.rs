@@ -156,6 +156,14 @@ pub(crate) fn get(
                 .find(|(p, i, n, _)| *p == pid && *i == ns && n == ifname);
             match mine {
                 Some((_, _, _, Some(w))) => match w.upgrade() {
+                    // Attached to an engine service that is gone: a new
+                    // engine attaches to a restarted one (the lost one
+                    // lives on only for the sockets not yet moved off it).
+                    Some(e) if e.service_lost() => {
+                        reg.retain(|(p, i, n, _)| !(*p == pid && *i == ns && n == ifname));
+                        reg.push((pid, ns, ifname.to_string(), None));
+                        Ok(Some(false))
+                    }
                     Some(e) => Err(Ok(e)),
                     None => Ok(None),
                 },

@@ -202,3 +202,105 @@ impl Conn {
             .map_err(|e| format!("no engine service in this network namespace: {e}"))
     }
 }
+
+/// What the process runs when an engine service it was attached to is gone
+/// (the LD_PRELOAD shim: take its sockets on that engine off it, so their
+/// kernel sockets carry on). Set once, at load.
+static ON_LOST: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Set what runs when an engine's service is gone (once; later calls are
+/// ignored). It runs on a thread of its own, with every signal blocked.
+pub fn set_service_lost_hook(f: fn()) {
+    let _ = ON_LOST.set(f);
+}
+
+/// The engine's neighbour thread watches the control socket of an engine
+/// attached to the service: a hang-up means the service died (or was
+/// stopped). Its XDP program and claims went with it (the program's link is
+/// the service's), so every frame goes to the kernel again, where each
+/// claimed port has the kernel socket that held it: the engine is marked
+/// lost, says so at the default log level, and the hook moves the sockets
+/// to their kernel sockets (their queued datagrams first). The process's
+/// next engine on the interface attaches to a restarted service.
+pub(crate) struct Watch {
+    fd: std::os::fd::RawFd,
+    lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    iface: String,
+}
+
+impl Watch {
+    pub(crate) fn new(
+        conn: &Conn,
+        lost: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        iface: &str,
+    ) -> Watch {
+        Watch {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&conn.sock),
+            lost,
+            iface: iface.to_string(),
+        }
+    }
+
+    pub(crate) fn fd(&self) -> std::os::fd::RawFd {
+        self.fd
+    }
+
+    /// The control socket hung up (the neighbour thread saw it).
+    pub(crate) fn lost(self) {
+        self.lost.store(true, std::sync::atomic::Ordering::Release);
+        eprintln!(
+            "nanowire: {}: the engine service is gone (its XDP program and claims went with it): \
+             this process's sockets on it fall back to their kernel sockets",
+            self.iface
+        );
+        // The service's process, while it may still be exiting: a dying
+        // process closes its descriptors in order, the control sockets
+        // before the program's link, so for a moment the program may still
+        // steer frames to this process's AF_XDP sockets.
+        let pid = rustix::net::sockopt::socket_peercred(
+            // SAFETY: the engine's open control socket, borrowed for the call
+            // (the engine, which owns it, outlives its neighbour thread).
+            unsafe { BorrowedFd::borrow_raw(self.fd) },
+        )
+        .ok()
+        .map(|c| c.pid);
+        if let Some(&f) = ON_LOST.get() {
+            // Not on the neighbour thread: the hook may drop the engine's
+            // last reference, whose drop joins that thread.
+            let r = std::thread::Builder::new()
+                .name("nanowire-svclost".into())
+                .stack_size(256 * 1024)
+                .spawn(move || {
+                    if let Some(pid) = pid {
+                        wait_exit(pid);
+                    }
+                    f()
+                });
+            if let Err(e) = r {
+                eprintln!(
+                    "nanowire: {}: cannot start the thread that takes sockets off the lost engine \
+                     service ({e}); they stay on it, and what they receive comes through their \
+                     kernel sockets",
+                    self.iface
+                );
+            }
+        }
+    }
+}
+
+/// Wait (at most a second) until process `pid` has exited (its descriptors,
+/// and with them the XDP program's link, are closed by then). A service
+/// that only closed this connection (it detached the process: its claims
+/// and sockets are out of the program already) does not exit: the wait
+/// just ends.
+fn wait_exit(pid: rustix::process::Pid) {
+    let Ok(pfd) = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) else {
+        return; // gone already (or no pidfd on this kernel)
+    };
+    let mut p = [libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&pfd),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    nanowire_xdp::sys::poll(&mut p, 1000);
+}
