@@ -38,6 +38,7 @@ pub fn run(a: EngineArgs) -> Result<i32, String> {
             idle_ms,
             verbose,
         } => {
+            server::close_inherited();
             if daemon {
                 let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
                 let mut cmd = std::process::Command::new(exe);

@@ -703,3 +703,29 @@ pub fn serve(idle: Duration, log: bool) -> Result<i32, String> {
         }
     }
 }
+
+/// A service started on demand by an application (client.rs) inherits the
+/// application's descriptors that lack close-on-exec: its sockets among
+/// them would stay open in the service after the application exits (the
+/// port held, the next run refused). The service keeps only stdin, stdout
+/// and stderr.
+pub fn close_inherited() {
+    // SAFETY: closes descriptors 3.. of this process, none of which it has
+    // opened yet (the caller runs it first in `engine serve`).
+    if unsafe { libc::close_range(3, u32::MAX, 0) } == 0 {
+        return;
+    }
+    // No close_range (Linux < 5.9): every descriptor /proc lists.
+    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .filter(|&fd| fd > 2)
+                .collect()
+        })
+        .unwrap_or_default();
+    for fd in fds {
+        // SAFETY: as above (the read_dir's own descriptor is closed already,
+        // a failed close of it is harmless).
+        unsafe { libc::close(fd) };
+    }
+}
