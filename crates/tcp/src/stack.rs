@@ -33,14 +33,7 @@ fn checksum_state(
     }
     let seg = Payload::new(head, rest);
     let pseudo = checksum::pseudo_header(src, dst, 6, seg.len() as u16);
-    if checksum::fold(seg.accumulate(pseudo)) == 0xffff {
-        return ChecksumState::Valid;
-    }
-    let partial = checksum::fold(pseudo);
-    if s.checksum() == partial || s.checksum() == !partial {
-        return ChecksumState::Partial;
-    }
-    ChecksumState::Bad
+    ChecksumState::of(pseudo, s.checksum(), || seg.accumulate(pseudo))
 }
 
 /// Handle of a connection (slot index + generation; stale handles are refused).

@@ -138,21 +138,16 @@ impl<T: AsRef<[u8]>> TcpSegment<T> {
     }
 
     /// Classify the checksum like `UdpDatagram::checksum_state` (a partial,
-    /// pseudo-header-only checksum from a TX-offloading peer is `Partial`).
-    /// TCP has no "absent" checksum: zero is checked like any other value.
+    /// pseudo-header-only checksum from a TX-offloading peer is `Partial`,
+    /// recognised before any pass over the segment). TCP has no "absent"
+    /// checksum: zero is checked like any other value.
     #[inline]
     pub fn checksum_state(&self, src: Ipv4Addr, dst: Ipv4Addr) -> ChecksumState {
         let data = self.b();
         let pseudo = checksum::pseudo_header(src, dst, PROTO_TCP, data.len() as u16);
-        if checksum::fold(checksum::accumulate(pseudo, data)) == 0xffff {
-            return ChecksumState::Valid;
-        }
-        let stored = self.checksum();
-        let partial = checksum::fold(pseudo);
-        if stored == partial || stored == !partial {
-            return ChecksumState::Partial;
-        }
-        ChecksumState::Bad
+        ChecksumState::of(pseudo, self.checksum(), || {
+            checksum::accumulate(pseudo, data)
+        })
     }
 }
 
@@ -195,6 +190,18 @@ impl TcpRepr {
             ..TcpRepr::default()
         };
         let mut o = s.options();
+        // What Linux and this stack put on every segment of an established
+        // connection that negotiated timestamps (NOP, NOP, TS): taken without
+        // the walk, with the walk's result.
+        if let [OPT_NOP, OPT_NOP, OPT_TS, 10, v @ ..] = o
+            && let [a0, a1, a2, a3, e0, e1, e2, e3] = *v
+        {
+            r.timestamp = Some((
+                u32::from_be_bytes([a0, a1, a2, a3]),
+                u32::from_be_bytes([e0, e1, e2, e3]),
+            ));
+            return Ok(r);
+        }
         while let Some(&kind) = o.first() {
             match kind {
                 OPT_END => break,
@@ -431,6 +438,33 @@ mod tests {
         assert_eq!(s.payload(), b"hello");
         assert_eq!(s.seq_len(), 6);
         assert_eq!(TcpRepr::parse(&s).unwrap(), r);
+    }
+
+    #[test]
+    fn an_established_segments_timestamps_parse_alone_and_before_sack_blocks() {
+        let mut r = TcpRepr {
+            src_port: 5201,
+            dst_port: 40000,
+            seq: 1,
+            ack: 2,
+            flags: Flags(Flags::ACK | Flags::PSH),
+            window: 501,
+            timestamp: Some((0x0102_0304, 0xa0b0_c0d0)),
+            ..TcpRepr::default()
+        };
+        let b = build(&r, b"data");
+        assert_eq!(
+            &b[20..24],
+            &[OPT_NOP, OPT_NOP, OPT_TS, 10],
+            "the common layout"
+        );
+        let s = TcpSegment::new_checked(&b[..]).unwrap();
+        assert_eq!(TcpRepr::parse(&s).unwrap(), r);
+        r.sack[0] = (100, 200);
+        r.sack_len = 1;
+        let b = build(&r, b"");
+        let s = TcpSegment::new_checked(&b[..]).unwrap();
+        assert_eq!(TcpRepr::parse(&s).unwrap(), r, "timestamps, then SACK");
     }
 
     #[test]

@@ -32,6 +32,31 @@ pub enum ChecksumState {
     Bad,
 }
 
+impl ChecksumState {
+    /// The state of a transport checksum whose field holds `stored`, given
+    /// the pseudo-header sum `pseudo` and `sum`, the pass that adds the
+    /// whole segment to it. A partial checksum (the field holds the folded
+    /// pseudo-header sum, or its complement) is recognised first, without
+    /// the pass: the verdict would be the same after it (a partial checksum
+    /// is accepted, unverifiable), and a peer with TX offload, such as
+    /// another engine or a kernel socket over veth, sends nothing else, so
+    /// summing first cost a full pass over every such segment (a third of
+    /// an accelerated bulk receiver's instructions). A full checksum that
+    /// happens to equal the pseudo-header sum is taken as partial: accepted
+    /// either way.
+    #[inline]
+    pub fn of(pseudo: u32, stored: u16, sum: impl FnOnce() -> u32) -> ChecksumState {
+        let partial = checksum::fold(pseudo);
+        if stored == partial || stored == !partial {
+            ChecksumState::Partial
+        } else if checksum::fold(sum()) == 0xffff {
+            ChecksumState::Valid
+        } else {
+            ChecksumState::Bad
+        }
+    }
+}
+
 impl<T: AsRef<[u8]>> UdpDatagram<T> {
     #[inline]
     pub fn new_unchecked(buffer: T) -> Self {
@@ -88,7 +113,7 @@ impl<T: AsRef<[u8]>> UdpDatagram<T> {
 
     /// Classify the checksum. A partial checksum (the folded pseudo-header
     /// sum, as written by a sender with TX checksum offload) is reported as
-    /// `Partial` rather than `Bad`.
+    /// `Partial` rather than `Bad`, recognised before any pass over the data.
     #[inline]
     pub fn checksum_state(&self, src: Ipv4Addr, dst: Ipv4Addr) -> ChecksumState {
         let stored = self.checksum();
@@ -97,15 +122,7 @@ impl<T: AsRef<[u8]>> UdpDatagram<T> {
         }
         let data = &self.buffer.as_ref()[..usize::from(self.len())];
         let pseudo = checksum::pseudo_header(src, dst, PROTO_UDP, self.len());
-        if checksum::fold(checksum::accumulate(pseudo, data)) == 0xffff {
-            return ChecksumState::Valid;
-        }
-        // Offload leaves the (non-inverted) pseudo-header sum in the field.
-        let partial = checksum::fold(pseudo);
-        if stored == partial || stored == !partial {
-            return ChecksumState::Partial;
-        }
-        ChecksumState::Bad
+        ChecksumState::of(pseudo, stored, || checksum::accumulate(pseudo, data))
     }
 }
 
@@ -225,5 +242,26 @@ mod tests {
         let mut c = b.clone();
         c[4..6].copy_from_slice(&10u16.to_be_bytes());
         assert_eq!(UdpDatagram::new_checked(&c[..]).unwrap().payload(), b"ab");
+    }
+
+    #[test]
+    fn a_partial_checksum_is_recognised_without_a_pass_over_the_data() {
+        let pseudo = checksum::pseudo_header(A, B, PROTO_UDP, 12);
+        let partial = checksum::fold(pseudo);
+        for stored in [partial, !partial] {
+            let s = ChecksumState::of(pseudo, stored, || panic!("summed a partial checksum"));
+            assert_eq!(s, ChecksumState::Partial);
+        }
+        let data = [1u8, 2, 3, 4, 0, 0, 7, 8];
+        let full = !checksum::fold(checksum::accumulate(pseudo, &data));
+        let mut d = data;
+        d[4..6].copy_from_slice(&full.to_be_bytes());
+        let sum = || checksum::accumulate(pseudo, &d);
+        assert_eq!(ChecksumState::of(pseudo, full, sum), ChecksumState::Valid);
+        let wrong = full.wrapping_add(1);
+        let mut e = d;
+        e[4..6].copy_from_slice(&wrong.to_be_bytes());
+        let sum = || checksum::accumulate(pseudo, &e);
+        assert_eq!(ChecksumState::of(pseudo, wrong, sum), ChecksumState::Bad);
     }
 }

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Per-segment work of bulk TCP (iperf3 -P 4) with one end under `nanowire run`, without a PMU.
+
+The bulk counterpart of scripts/msgwork.py (which is for ping-pong). One end (or both) of an
+iperf3 -P 4 transfer of a fixed byte count runs under `nanowire run --engine xdp` in a lab of its
+own (the default lab: TSO/GSO on, one queue), the other end is a plain iperf3 (or under run too). What does not depend on load:
+
+* callgrind: user-space instructions of the end under run, per 1,448-byte segment of payload
+  (bytes / 1448), in total, without libc's memcpy, and by function (exclusive, inlined code
+  charged to the function it was inlined into). Note: valgrind counts every iteration of a `rep
+  movsb` as one instruction, so a large memcpy (glibc uses `rep movsb` above ~2 KiB) counts ~1 Ir
+  per byte, a small one a few per 32 bytes: compare memcpy counts only between runs of the same
+  shape, and read the rest apart from it;
+* strace: system calls per segment (sendto = TX kicks, ppoll/poll = waits and mixed readiness);
+* counters (always, no valgrind): the engine's counters sampled while it runs (`nanowire stats
+  --json`, the last sample before the end): TX frames, RX frames, TCP segments in/out, TX ring
+  full, and from them segments per kick (with strace) and the peer's ACKs per data segment.
+
+    scripts/bulkwork.py --end client                   # client under run (sender), callgrind
+    scripts/bulkwork.py --end server --tool strace     # receiver under run, syscalls
+    scripts/bulkwork.py --end client --tool none       # counters only (no valgrind, fast)
+    scripts/bulkwork.py --end both                     # both under run, the receiver counted
+
+Prints one JSON object (and a short table on stderr).
+"""
+import argparse, collections, json, os, re, subprocess, sys, tempfile, threading, time
+
+NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
+A, B = "198.18.0.1", "198.18.0.2"
+PORT = 5209
+SEG = 1448
+
+
+def ns(lab, h):
+    return ["ip", "netns", "exec", f"{lab}-{h}"]
+
+
+def wrap(tool, out):
+    if tool == "callgrind":
+        return ["valgrind", "--tool=callgrind", "--trace-children=yes", "--quiet",
+                f"--callgrind-out-file={out}/run.%p.cg"]
+    if tool == "strace":
+        return ["strace", "-f", "-c", "-o", f"{out}/run.strace"]
+    return []
+
+
+def sample_stats(stop, last):
+    """Keep the last `nanowire stats --json` with an engine that moved TCP segments."""
+    while not stop.is_set():
+        p = subprocess.run([NW, "stats", "--json"], capture_output=True, text=True)
+        try:
+            doc = json.loads(p.stdout)
+        except ValueError:
+            doc = None
+        if doc:
+            last[0] = doc
+        stop.wait(0.5)
+
+
+def engine_counters(doc, lab, host):
+    """Sum the counters of the engines on this lab's interface of `host` (a: client, b: server;
+    other helpers' engines run on other interfaces)."""
+    tot = collections.Counter()
+    for e in doc.get("engines", []) if isinstance(doc, dict) else []:
+        if e.get("iface") != f"{lab}-{host}0":
+            continue
+        for k, v in (e.get("counters") or {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                tot[k] += v
+    return tot
+
+
+def run_once(args, lab, out):
+    env = dict(os.environ, NANOWIRE_LOG="error")
+    run = [NW, "run", "--engine", "xdp", "--"]
+    srv = ["iperf3", "-s", "-1", "-B", B, "-p", str(PORT)]
+    cli = ["iperf3", "-c", B, "-p", str(PORT), "-P", "4", "-n", args.bytes, "-J"]
+    if args.end in ("server", "both"):
+        srv = (wrap(args.tool, out) if args.profile == "server" else []) + run + srv
+    if args.end in ("client", "both"):
+        cli = (wrap(args.tool, out) if args.profile == "client" else []) + run + cli
+    s = subprocess.Popen(ns(lab, "b") + srv, env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    time.sleep(args.settle)
+    if s.poll() is not None:
+        raise SystemExit("server exited: " + s.stderr.read()[-2000:])
+    stop, last = threading.Event(), [None]
+    t = threading.Thread(target=sample_stats, args=(stop, last), daemon=True)
+    t.start()
+    try:
+        c = subprocess.run(ns(lab, "a") + cli, env=env, capture_output=True, text=True, timeout=900)
+    finally:
+        stop.set()
+        t.join()
+        try:
+            s.wait(60)
+        except subprocess.TimeoutExpired:
+            s.kill()
+            s.wait()
+    if c.returncode != 0:
+        raise SystemExit("client failed: " + (c.stdout + c.stderr)[-2000:])
+    end = json.loads(c.stdout[c.stdout.index("{"):])["end"]
+    return end["sum_received"]["bytes"], end["sum_sent"].get("retransmits", 0), last[0]
+
+
+def callgrind(out):
+    best = None
+    for f in os.listdir(out):
+        if f.endswith(".cg"):
+            p = os.path.join(out, f)
+            t = re.search(r"^(?:summary|totals):\s*(\d+)", open(p, errors="replace").read(), re.M)
+            if t and (best is None or int(t.group(1)) > best[0]):
+                best = (int(t.group(1)), p)
+    if best is None:
+        raise SystemExit(f"no callgrind output in {out}")
+    text = subprocess.run(["callgrind_annotate", "--threshold=100", best[1]],
+                          capture_output=True, text=True).stdout
+    funcs = collections.Counter()
+    body = text.split("file:function", 1)[-1]
+    for line in body.splitlines():
+        m = re.match(r"\s*([\d,]+) \([^)]*\)\s+\S+?:(.*?)(?: \[.*\])?$", line)
+        if m:
+            funcs[m.group(2).strip()] += int(m.group(1).replace(",", ""))
+    return best[0], funcs
+
+
+def strace(out):
+    calls = {}
+    for line in open(os.path.join(out, "run.strace")):
+        f = line.split()
+        if len(f) >= 5 and f[-1] not in ("total", "syscall") and f[3].isdigit():
+            calls[f[-1]] = int(f[3])
+        elif len(f) >= 4 and f[-1] not in ("total", "syscall") and f[2].isdigit():
+            calls[f[-1]] = int(f[2])
+    return calls
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--end", choices=["client", "server", "both"], required=True,
+                    help="which end runs under `nanowire run` (client = the sender)")
+    ap.add_argument("--profile", choices=["client", "server"], default=None,
+                    help="the end whose work is counted (default: the end under run; "
+                         "with --end both, the server)")
+    ap.add_argument("--tool", choices=["callgrind", "strace", "none"], default="callgrind")
+    ap.add_argument("--bytes", default="200M", help="iperf3 -n (total over the 4 streams)")
+    ap.add_argument("--top", type=int, default=25, help="functions listed (callgrind)")
+    ap.add_argument("--settle", type=float, default=None, help="seconds for the server to start")
+    args = ap.parse_args()
+    if args.profile is None:
+        args.profile = "client" if args.end == "client" else "server"
+    if args.settle is None:
+        args.settle = 8.0 if (args.tool == "callgrind" and args.profile == "server") else 1.5
+    lab = f"bw{os.getpid()}"
+    subprocess.run([NW, "lab", "up", "--name", lab], check=True, stdout=subprocess.DEVNULL)
+    out = tempfile.mkdtemp(prefix="bulkwork.")
+    try:
+        nbytes, retrans, stats = run_once(args, lab, out)
+    finally:
+        subprocess.run([NW, "lab", "down", "--name", lab], stdout=subprocess.DEVNULL)
+    segs = nbytes / SEG
+    res = {"end": args.end, "profiled": args.profile, "tool": args.tool, "bytes": nbytes, "segments_1448": round(segs),
+           "retransmits": retrans, "dir": out, "per_segment": {}}
+    keep = ["tx_packets", "rx_frames", "rx_packets", "tcp_segs_out", "tcp_segs_in",
+            "drop_tx_ring_full", "xsk_tx_ring_empty", "rx_multi_buffer", "rx_csum_partial",
+            "tx_csum_offload", "tcp_retransmits"]
+    res["counters"] = {}
+    for side, host in (("client", "a"), ("server", "b")):
+        c = engine_counters(stats, lab, host) if stats else {}
+        if c:
+            c = {k: c[k] for k in keep if k in c}
+            # The data sender's segments against the receiver's (ACKs) on one engine.
+            if c.get("tcp_segs_out") and c.get("tcp_segs_in"):
+                c["segs_in_per_seg_out"] = round(c["tcp_segs_in"] / c["tcp_segs_out"], 3)
+            res["counters"][side] = c
+    per = res["per_segment"]
+    if args.tool == "callgrind":
+        time.sleep(2)
+        total, funcs = callgrind(out)
+        mc = sum(v for k, v in funcs.items() if k.startswith("__mem"))
+        per["ir"] = round(total / segs, 1)
+        per["ir_without_memcpy"] = round((total - mc) / segs, 1)
+        per["functions"] = {k: round(v / segs, 1) for k, v in funcs.most_common(args.top)}
+    elif args.tool == "strace":
+        calls = strace(out)
+        per["syscalls"] = {k: round(v / segs, 4) for k, v in sorted(calls.items(), key=lambda kv: -kv[1])[:12]}
+        if calls.get("sendto"):
+            # The counters are a sample taken during the run: the whole transfer's segments.
+            res["segments_per_sendto"] = round(segs / calls["sendto"], 1)
+    print(json.dumps(res, indent=1))
+    print(f"{args.end} under run ({args.profile} counted), {nbytes} B = {segs:.0f} segments of {SEG} B", file=sys.stderr)
+    for k, v in per.items():
+        if isinstance(v, dict):
+            for f, x in v.items():
+                print(f"  {x:>10}  {f[:110]}", file=sys.stderr)
+        else:
+            print(f"{k}: {v}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
