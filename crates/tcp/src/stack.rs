@@ -340,7 +340,14 @@ impl TcpStack {
             .conn
             .as_mut()
             .expect("checked above");
-        if !c.queued {
+        // Queued for output only when it has something to send: a
+        // connection that has nothing (a segment whose ACK is delayed, a
+        // read, a segment just sent) is settled here as `idle` would settle
+        // it (timers armed below, a dead orphan released above) instead of
+        // going through the queue to be taken off again by the next
+        // `wants_transmit`. Whatever later gives it output (input, a timer,
+        // an application call) settles it again.
+        if !c.queued && c.may_output() {
             c.queued = true;
             self.ready.push_back(idx);
         }

@@ -226,24 +226,24 @@ fn host_secret(dir: &Path) -> io::Result<Secret> {
     }
 }
 
-/// The clock every stack of the process reads: nanoseconds since boot
-/// (CLOCK_MONOTONIC, which `Instant` is), so ISNs and timestamps of
-/// successive stacks keep increasing.
-fn process_epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(|| {
-        let now = Instant::now();
-        // libc's clock_gettime (the vDSO, as rustix's): rustix's own vDSO
-        // lookup faults under valgrind (scripts/msgwork.py).
-        let mut t = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: CLOCK_MONOTONIC into a local timespec.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-        let since_boot = Duration::new(t.tv_sec as u64, t.tv_nsec as u32);
-        now.checked_sub(since_boot).unwrap_or(now)
-    })
+/// The clock every stack of the process reads: nanoseconds of
+/// CLOCK_MONOTONIC (since boot), so ISNs and timestamps of successive
+/// stacks keep increasing. One vDSO read through libc (rustix's own vDSO
+/// lookup faults under valgrind: scripts/msgwork.py) and a multiply-add:
+/// `Instant::elapsed` against an epoch cost ~100 instructions more per read
+/// (timespec subtraction, `Duration` normalisation, a u128 `as_nanos`),
+/// two reads per message and side on a ping-pong.
+#[inline]
+pub(crate) fn now_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: CLOCK_MONOTONIC into a local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    (t.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(t.tv_nsec as u64)
 }
 
 /// (first, last, reserved ranges) of the kernel's ephemeral ports.
@@ -440,7 +440,6 @@ struct Core {
     /// Signalled when a listener's accept queue became non-empty (whoever
     /// turned the engine): a blocking accept sleeps on it.
     accept_fd: OwnedFd,
-    epoch: Instant,
     /// Local addresses bound in the demux and claimed in the program.
     listen_claims: Vec<SocketAddrV4>,
     flow_claims: Vec<(SocketAddrV4, SocketAddrV4)>,
@@ -448,7 +447,7 @@ struct Core {
     /// claims (pass entries in the flow map), removed when the kernel's
     /// connection is gone (`sweep_passes`).
     pass_claims: Vec<(SocketAddrV4, SocketAddrV4)>,
-    /// When `sweep_passes` may look again (ns since `epoch`).
+    /// When `sweep_passes` may look again (`now_ns`).
     pass_sweep_at: u64,
     /// Kernel sockets holding our ports.
     reservations: Vec<OwnedFd>,
@@ -463,7 +462,7 @@ struct Core {
     shared: bool,
     held: Vec<Held>,
     unresolved: u64,
-    /// When a turn last ran (ns since `epoch`): the timer service turns
+    /// When a turn last ran (`now_ns`): the timer service turns
     /// only engines nobody else turned.
     last_turn: u64,
     /// `last_turn` of the timer service's own last turn (a later
@@ -569,7 +568,6 @@ impl TcpEngine {
                 id,
                 wake_fd,
                 accept_fd: eventfd()?,
-                epoch: process_epoch(),
                 listen_claims: Vec::new(),
                 flow_claims: Vec::new(),
                 pass_claims: Vec::new(),
@@ -731,10 +729,7 @@ impl TcpEngine {
         {
             let mut guard = self.engine.rx();
             let g = &mut *guard;
-            let epoch = core.epoch;
-            moved += rx_segments(g, core.id, &mut core.stack, &mut now, || {
-                epoch.elapsed().as_nanos() as u64
-            });
+            moved += rx_segments(g, core.id, &mut core.stack, &mut now, now_ns);
             core.turns = core.turns.wrapping_add(1);
             if core.turns.is_multiple_of(64) {
                 // Under the RX lock: the single writer of these counters.
@@ -743,9 +738,7 @@ impl TcpEngine {
         }
         let now = match now {
             Some(t) => t,
-            None if timers || core.turns.is_multiple_of(IDLE_CLOCK_EVERY) => {
-                core.epoch.elapsed().as_nanos() as u64
-            }
+            None if timers || core.turns.is_multiple_of(IDLE_CLOCK_EVERY) => now_ns(),
             None => return false,
         };
         core.last_turn = now;
@@ -979,7 +972,7 @@ impl TcpEngine {
                 let moved = self.turn(&mut c);
                 if let Some(v) = f(&mut c.stack) {
                     // Flush what the call queued (data, ACK, window update).
-                    let now = c.epoch.elapsed().as_nanos() as u64;
+                    let now = now_ns();
                     self.transmit(&mut c, now);
                     return Some(v);
                 }
@@ -1013,7 +1006,7 @@ impl TcpEngine {
     fn sleep(&self, deadline: Option<Instant>) {
         let (id, wake, next) = {
             let c = self.core();
-            let now = c.epoch.elapsed().as_nanos() as u64;
+            let now = now_ns();
             let next = c
                 .stack
                 .next_deadline()
@@ -1215,7 +1208,7 @@ impl XdpTcpStream {
             let mut core = eng.core();
             core.reservations.push(fd);
             eng.claim_flow(&mut core, local, remote)?;
-            let now = core.epoch.elapsed().as_nanos() as u64;
+            let now = now_ns();
             core.stack.connect(now, local, remote).map_err(tcp_err)?
         };
         let end = Instant::now() + timeout;
@@ -1297,7 +1290,7 @@ impl XdpTcpStream {
         let r = core.stack.recv(self.c, buf);
         if r != Err(TcpError::WouldBlock) {
             // Reading may open the window: announce it now.
-            let now = core.epoch.elapsed().as_nanos() as u64;
+            let now = now_ns();
             self.eng.transmit(&mut core, now);
         }
         match r {
@@ -1337,7 +1330,7 @@ impl XdpTcpStream {
     pub fn shutdown_write(&mut self) -> io::Result<()> {
         let mut core = self.eng.core();
         core.stack.shutdown_write(self.c).map_err(tcp_err)?;
-        let now = core.epoch.elapsed().as_nanos() as u64;
+        let now = now_ns();
         self.eng.transmit(&mut core, now);
         Ok(())
     }
@@ -1363,7 +1356,7 @@ impl XdpTcpStream {
         }
         let mut core = self.eng.core();
         self.eng.turn(&mut core);
-        let now = core.epoch.elapsed().as_nanos() as u64;
+        let now = now_ns();
         let h = core.stack.hand_over_state(now, self.c).map_err(|e| {
             let state = core.stack.state(self.c).map_or("closed", |s| s.as_str());
             io_err(
@@ -1409,7 +1402,7 @@ impl TcpEngine {
             let Some(mut c) = order::try_lock(&self.core, Tier::Stack) else {
                 return 0;
             };
-            let now = c.epoch.elapsed().as_nanos() as u64;
+            let now = now_ns();
             if c.pass_claims.is_empty() || now < c.pass_sweep_at {
                 return 0;
             }
@@ -1473,7 +1466,7 @@ fn warn_sweep(e: &io::Error) {
 impl Drop for XdpTcpStream {
     fn drop(&mut self) {
         let mut core = self.eng.core();
-        let now = core.epoch.elapsed().as_nanos() as u64;
+        let now = now_ns();
         let _ = core.stack.close(now, self.c);
         self.eng.transmit(&mut core, now);
         if core.shared && core.held.len() > core.stack.connection_count() {
@@ -1503,7 +1496,7 @@ impl io::Write for XdpTcpStream {
             self.eng.turn(&mut core);
             r = core.stack.send(self.c, data);
         }
-        let now = core.epoch.elapsed().as_nanos() as u64;
+        let now = now_ns();
         self.eng.transmit(&mut core, now);
         r.map_err(tcp_err)
     }
@@ -1647,7 +1640,7 @@ impl XdpTcpListener {
         let mut c = self.eng.core();
         self.eng.turn(&mut c);
         let id = c.stack.accept(self.l)?;
-        let now = c.epoch.elapsed().as_nanos() as u64;
+        let now = now_ns();
         self.eng.transmit(&mut c, now);
         Some(XdpTcpStream {
             eng: self.eng.clone(),
@@ -1815,7 +1808,7 @@ impl XdpTcpStream {
                 remote,
                 keep: None,
             });
-            let now = core.epoch.elapsed().as_nanos() as u64;
+            let now = now_ns();
             match core.stack.connect_with(now, local, remote, &so) {
                 Ok(c) => {
                     eng.transmit(&mut core, now);
@@ -1945,7 +1938,7 @@ impl XdpTcpStream {
         if r != Err(TcpError::WouldBlock) {
             if !peek {
                 // Reading may open the window: announce it now.
-                let now = core.epoch.elapsed().as_nanos() as u64;
+                let now = now_ns();
                 self.eng.transmit(&mut core, now);
             }
             return r;
@@ -1978,7 +1971,7 @@ impl XdpTcpStream {
             self.eng.turn(&mut core);
             r = core.stack.send(self.c, data);
         }
-        let now = core.epoch.elapsed().as_nanos() as u64;
+        let now = now_ns();
         self.eng.transmit(&mut core, now);
         r
     }
@@ -2009,7 +2002,7 @@ impl XdpTcpStream {
     pub fn shut_write(&self) -> Result<(), XdpTcpError> {
         let mut core = self.eng.core();
         core.stack.shutdown_write(self.c)?;
-        let now = core.epoch.elapsed().as_nanos() as u64;
+        let now = now_ns();
         self.eng.transmit(&mut core, now);
         Ok(())
     }
@@ -2061,7 +2054,7 @@ impl XdpTcpStream {
     pub fn abort(&self) {
         let mut core = self.eng.core();
         let _ = core.stack.abort(self.c);
-        let now = core.epoch.elapsed().as_nanos() as u64;
+        let now = now_ns();
         self.eng.transmit(&mut core, now);
     }
 }
@@ -2190,7 +2183,7 @@ fn service_loop(wake: RawFd) {
                 sleep_ns = sleep_ns.min(SERVICE_RX_NS);
                 continue;
             };
-            let now = c.epoch.elapsed().as_nanos() as u64;
+            let now = now_ns();
             // An application that turned within SERVICE_ACTIVE_NS (a
             // spinner reads the clock and runs the timers every few µs)
             // serves the deadlines itself: waking for each of them would
@@ -2212,7 +2205,7 @@ fn service_loop(wake: RawFd) {
                 if d <= now && c.last_turn < d {
                     e.service_turn(&mut c);
                 }
-                let now = c.epoch.elapsed().as_nanos() as u64;
+                let now = now_ns();
                 if !active && let Some(d) = c.stack.next_deadline() {
                     // A deadline already passed that an application turn
                     // did not serve: look again in 1 ms at the latest.
@@ -2273,7 +2266,7 @@ impl XdpTcpListener {
         {
             let mut c = eng.core();
             c.stack.close_listener(self.l);
-            let now = c.epoch.elapsed().as_nanos() as u64;
+            let now = now_ns();
             eng.transmit(&mut c, now);
             eng.release_listener(&mut c, self.local.port());
         }
