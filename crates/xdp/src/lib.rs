@@ -32,7 +32,7 @@ pub mod xsk;
 
 pub use program::{AttachMode, SteerProgram};
 pub use umem::{RxFrame, UmemArea, UmemInfo};
-pub use xsk::{CsumRequest, XskConfig, XskRx, XskSocket, XskStats, XskTx};
+pub use xsk::{CsumRequest, RxPeek, XskConfig, XskRx, XskSocket, XskStats, XskTx};
 
 /// The compiled steering program (bpf/steer.c; built by this crate's
 /// build.rs with every other BPF program of the workspace).

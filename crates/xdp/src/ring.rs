@@ -7,6 +7,7 @@
 //! owned frames and the operations of [`crate::xsk`].
 
 use crate::mmap::Mmap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub(crate) struct Ring<T: Copy> {
@@ -18,7 +19,7 @@ pub(crate) struct Ring<T: Copy> {
     size: u32,
     cached_prod: u32,
     cached_cons: u32,
-    _map: Mmap,
+    _map: Arc<Mmap>,
 }
 
 // SAFETY: the raw pointers point into `_map`, owned by the ring; the memory
@@ -54,7 +55,7 @@ impl<T: Copy> Ring<T> {
                 size,
                 cached_prod: (*prod).load(Ordering::Acquire),
                 cached_cons: (*cons).load(Ordering::Acquire),
-                _map: map,
+                _map: Arc::new(map),
             }
         }
     }
@@ -147,6 +148,16 @@ impl<T: Copy> Ring<T> {
         self.cons_ref().store(self.cached_cons, Ordering::Release);
     }
 
+    /// A look at the ring's two indices that needs neither the ring nor its
+    /// owner's lock (it keeps the mapping alive).
+    pub(crate) fn peek(&self) -> RingPeek {
+        RingPeek {
+            prod: self.prod,
+            cons: self.cons,
+            _map: self._map.clone(),
+        }
+    }
+
     /// The producer index as last cached.
     #[inline]
     pub(crate) fn cached_prod(&self) -> u32 {
@@ -206,6 +217,36 @@ impl<T: Copy> Ring<T> {
     }
 }
 
+/// The producer and consumer indices of a ring, readable from any thread
+/// without the ring's owner (see [`Ring::peek`]).
+pub(crate) struct RingPeek {
+    prod: *const AtomicU32,
+    cons: *const AtomicU32,
+    _map: Arc<Mmap>,
+}
+
+// SAFETY: the pointers point into `_map`, which this value keeps mapped;
+// they are only read, with atomic loads (the kernel and the ring's owner
+// write them with atomic stores).
+unsafe impl Send for RingPeek {}
+// SAFETY: as above: shared use is atomic loads only.
+unsafe impl Sync for RingPeek {}
+
+impl RingPeek {
+    /// Entries published and not yet released by the consumer. The
+    /// producer's index is loaded with Acquire (it pairs with the
+    /// producer's release store after it wrote the entries, as
+    /// `cons_avail` does); no entry is read here. The consumer's index is
+    /// loaded after it, Relaxed: a stale value can only make entries look
+    /// pending (see nanowire-stack's `Engine::rx_quiet` for the full
+    /// argument).
+    #[inline]
+    pub(crate) fn pending(&self) -> bool {
+        // SAFETY: both pointers stay valid while `_map` lives.
+        unsafe { (*self.prod).load(Ordering::Acquire) != (*self.cons).load(Ordering::Relaxed) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +284,26 @@ mod tests {
         r.cons_release(7);
         assert_eq!(r.cons_avail(u32::MAX), 0);
         assert_eq!(r.prod_free(8), 8);
+    }
+
+    #[test]
+    fn a_peek_sees_what_is_published_and_not_released() {
+        let mut r: Ring<u64> = Ring::anon(8, u32::MAX - 1);
+        let p = r.peek();
+        assert!(!p.pending(), "empty");
+        r.prod_write(0, 1);
+        assert!(!p.pending(), "written, not published");
+        r.prod_submit(1);
+        assert!(p.pending(), "published");
+        assert_eq!(r.cons_avail(u32::MAX), 1);
+        assert!(p.pending(), "read, not released");
+        r.cons_release(1);
+        assert!(!p.pending(), "released (across the wrap)");
+        // The peek keeps the mapping: it outlives the ring.
+        r.prod_write(0, 2);
+        r.prod_submit(1);
+        drop(r);
+        assert!(p.pending());
     }
 
     #[test]

@@ -193,6 +193,19 @@ pub struct XskRx {
     shared: Option<Arc<Ctl>>,
 }
 
+/// A look at an RX ring from any thread, without the [`XskRx`] (which sits
+/// behind its owner's lock): are there descriptors its owner has not taken
+/// yet? Keeps the ring's mapping alive.
+pub struct RxPeek(crate::ring::RingPeek);
+
+impl RxPeek {
+    /// Descriptors published by the kernel and not yet taken by a poll.
+    #[inline]
+    pub fn pending(&self) -> bool {
+        self.0.pending()
+    }
+}
+
 /// The transmit half: TX and completion rings, TX frame pool.
 pub struct XskTx {
     tx: Ring<Desc>,
@@ -703,6 +716,11 @@ impl XskRx {
             ctl.journal_done();
         }
         self.wake_fill();
+    }
+
+    /// A lock-free look at this RX ring (see [`RxPeek`]).
+    pub fn peek(&self) -> RxPeek {
+        RxPeek(self.rx.peek())
     }
 
     /// Take at most `budget` descriptors off the RX ring, in batches of

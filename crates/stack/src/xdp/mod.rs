@@ -228,6 +228,17 @@ pub struct Engine {
     /// The service this engine was attached to is gone (service/client.rs,
     /// `Watch`): its program and claims went with it.
     service_lost: Arc<std::sync::atomic::AtomicBool>,
+    /// A look at the receive side without the RX lock (see
+    /// [`Engine::rx_quiet`]); `None` when receive faults are injected (the
+    /// injector holds frames back and releases them from later polls).
+    rx_hint: Option<RxHint>,
+}
+
+/// The RX rings' indices and the RX path's delivery count, readable
+/// without the RX lock.
+struct RxHint {
+    rings: Vec<nanowire_xdp::RxPeek>,
+    delivered: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Engine {
@@ -502,6 +513,7 @@ impl Engine {
         let child_fds: Vec<RawFd> = prog_fds.iter().chain(fds.iter()).copied().collect();
         // The receive device: the rings of every queue, the tap, the fault
         // injector, stamps (device/mod.rs).
+        let peeks: Vec<nanowire_xdp::RxPeek> = rxs.iter().map(|r| r.peek()).collect();
         let mut queues = device::xsk::XskQueues::new(rxs, page.clone());
         queues.set_oversize_hint(ifname, frame_size, multi_buffer);
         let rxdev = device::stamp::RxStamps::new(device::faults::RxFaults::new(
@@ -519,6 +531,13 @@ impl Engine {
                 f.dir, faults_spec
             );
         }
+        let rx_hint = faults
+            .as_ref()
+            .is_none_or(|f| f.rx().is_none())
+            .then(|| RxHint {
+                rings: peeks,
+                delivered: rxp.delivered.clone(),
+            });
         Ok(Engine {
             rx: Mutex::new(rxp),
             tx,
@@ -546,6 +565,7 @@ impl Engine {
             netns_cookie: registry::netns_cookie(),
             service_slot: None,
             service_lost,
+            rx_hint,
         })
     }
 
@@ -571,6 +591,66 @@ impl Engine {
                 std::mem::ManuallyDrop::new(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
             let _ = rustix::io::dup3(inert, &mut target, rustix::io::DupFlags::CLOEXEC);
         }
+    }
+
+    /// The RX path's delivery count, for [`Engine::rx_quiet`]: read under
+    /// the RX lock `g` (the only place it changes), after the attempt that
+    /// found the endpoint's queue empty, so it counts exactly the polls that
+    /// attempt saw the results of. `None`: no quiet turns on this engine.
+    #[inline]
+    fn rx_mark(&self, g: &RxPath<EngineRx>) -> Option<u64> {
+        self.rx_hint
+            .as_ref()
+            .map(|_| g.delivered.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Nothing was delivered to any endpoint since the delivery count was
+    /// `mark` and nothing waits on the RX rings: an endpoint whose queue was
+    /// empty at `mark` is still empty. Two loads per ring and one of the
+    /// count, no lock. Holds alike for an engine of its own and one attached
+    /// to the engine service: either way this process alone consumes its RX
+    /// rings (the service's fill ring is shared, the RX rings are not), and
+    /// every consumption is an [`RxPath::poll`] under the RX lock.
+    ///
+    /// Why a `true` never hides a datagram (S: the socket asking, P: any
+    /// poll of any thread; frames reach an endpoint's queue only in
+    /// `RxPath::poll`, which bumps `delivered` with Release after its
+    /// pushes and its ring releases, all under the RX lock):
+    /// - A datagram pushed before S's mark was read: the mark was read
+    ///   under the RX lock after S's drain in the same lock hold, so S's
+    ///   drain saw it (S marks only a queue it drained empty).
+    /// - A datagram pushed by a poll P after that: P's bump is later in
+    ///   `delivered`'s modification order than the value S marked, so S's
+    ///   Acquire load reads `mark + k` as soon as the bump is visible to it,
+    ///   and then S takes the lock. Until then P is still inside its poll
+    ///   (pushes done, bump not yet visible): S's turn is ordered before P's
+    ///   delivery, exactly as if S had taken the lock before P. A spinning S
+    ///   sees the bump on a later turn. A sleeping S announces its sleep
+    ///   under the RX lock, which it takes either after P's poll (it finds
+    ///   the datagram queued and does not sleep) or before it (P's push sees
+    ///   `sleeping` and writes the endpoint's eventfd); its poll(2) also
+    ///   covers the RX rings' fds. No wakeup depends on this hint.
+    /// - A datagram still on a ring: the kernel writes the descriptor, then
+    ///   stores the producer index with release semantics
+    ///   (smp_store_release in xskq_prod_submit); [`nanowire_xdp::RxPeek`]
+    ///   loads it with Acquire, so a published index is seen together with
+    ///   everything before it. The descriptors themselves are never read
+    ///   here (they are read under the lock, by the poll, after its own
+    ///   Acquire load of the same index), so no torn descriptor is possible.
+    ///   The consumer index is ours (stored with Release by a poll under the
+    ///   lock); loaded Relaxed after the Acquire load of the producer, a
+    ///   stale value only makes the ring look non-empty (a needless lock),
+    ///   and a fresh one that equals the producer means those descriptors
+    ///   were taken by a poll, i.e. the previous case.
+    ///
+    /// Off (`false`) when receive faults are injected: the injector holds
+    /// frames back and releases them from later polls, off the rings.
+    #[inline]
+    fn rx_quiet(&self, mark: u64) -> bool {
+        self.rx_hint.as_ref().is_some_and(|h| {
+            h.delivered.load(std::sync::atomic::Ordering::Acquire) == mark
+                && !h.rings.iter().any(|r| r.pending())
+        })
     }
 
     #[inline]

@@ -22,6 +22,7 @@ use super::shm::{E, StatsPage, bump};
 use nanowire_xdp::RxFrame;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Descriptors one poll takes at most (bounds the time the RX lock is
 /// held, and so the wait of any other socket of the process).
@@ -42,6 +43,11 @@ pub(crate) struct RxPath<D> {
     /// (`drop_other_host`) as the kernel drops PACKET_OTHERHOST (the
     /// steering program already passes those to the kernel).
     pub mac: Option<[u8; 6]>,
+    /// Bumped after every poll that took descriptors (whatever it delivered
+    /// to which endpoint), read without the RX lock: a reader that found its
+    /// queue empty and sees this unchanged (and nothing on the rings) knows
+    /// nothing arrived for it since ([`super::Engine::rx_quiet`]).
+    pub delivered: Arc<AtomicU64>,
 }
 
 impl<D: RxDevice> RxPath<D> {
@@ -54,6 +60,7 @@ impl<D: RxDevice> RxPath<D> {
             idle: 0,
             reasm: Reassembly::new(),
             mac: None,
+            delivered: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -72,7 +79,10 @@ impl<D: RxDevice> RxPath<D> {
         } = self;
         let mac = *mac;
         let n = dev.receive(budget, |f, at| handle(demux, own, page, reasm, mac, f, at));
-        if n == 0 {
+        if n > 0 {
+            // After the pushes (made under the lock this poll holds).
+            self.delivered.fetch_add(1, Ordering::Release);
+        } else {
             self.idle = self.idle.wrapping_add(1);
             if self.idle & IDLE_EXPIRE_EVERY_MASK == 0 && !self.reasm.is_empty() {
                 self.reasm.expire(super::reasm::mono_ns());

@@ -34,6 +34,10 @@ use std::time::{Duration, Instant};
 
 /// Empty `recv_batch` calls between two looks at the kernel twin.
 const KERNEL_CHECK_EVERY: u32 = 4096;
+/// Calls of `recv_batch` answered without the RX lock (nothing arrived,
+/// see `Engine::rx_quiet`) before one takes it and polls anyway (the RX
+/// path's idle upkeep: fragment expiry, kernel counters).
+const QUIET_LOOK_EVERY: u32 = 64;
 /// Time between two looks at the kernel twin while `recv_with` spins.
 const KERNEL_CHECK_INTERVAL: Duration = Duration::from_micros(200);
 
@@ -194,6 +198,11 @@ pub struct XdpSocket {
     wait: WaitPolicy,
     twin: Twin,
     kcheck: u32,
+    /// The engine's delivery count when this socket last found its queue
+    /// empty (`None`: it may hold something), and the calls answered since
+    /// without the RX lock (see `recv_batch_ts`).
+    rx_seen: Option<u64>,
+    quiet: u32,
     /// The eventfd of this socket's endpoint (owned there, valid while we live).
     wake_fd: RawFd,
     /// Last destination: (address, neighbour generation, hop).
@@ -349,6 +358,8 @@ impl XdpSocket {
             wait,
             twin,
             kcheck: 0,
+            rx_seen: None,
+            quiet: 0,
             wake_fd,
             hop: None,
             batch: Vec::new(),
@@ -503,6 +514,19 @@ impl XdpSocket {
         if self.own().is_err() {
             return 0;
         }
+        // Nothing delivered to anyone since this socket last found its
+        // queue empty, and nothing on the rings: its queue is still empty,
+        // no need for the RX lock (a spinning reader's idle turn is then a
+        // few loads instead of the lock and a poll).
+        if let Some(mark) = self.rx_seen
+            && self.quiet < QUIET_LOOK_EVERY
+            && self.engine.rx_quiet(mark)
+        {
+            self.quiet += 1;
+            return self.nothing(&mut f);
+        }
+        self.quiet = 0;
+        let mut mark = None;
         let mut batch = std::mem::take(&mut self.batch);
         {
             // What is queued first; the rings only when that is not enough
@@ -518,22 +542,23 @@ impl XdpSocket {
                         polled = true;
                         g.poll(RX_BUDGET);
                     }
-                    None => break,
+                    None => {
+                        mark = self.engine.rx_mark(&g);
+                        break;
+                    }
                 }
             }
         }
-        let mut n = batch.len();
+        // Marked only when the queue was drained empty (a full batch may
+        // have left some queued).
+        self.rx_seen = mark;
+        let n = batch.len();
         for d in batch.drain(..) {
             f(d.payload(), d.src, d.stamp);
         }
         self.batch = batch;
         if n == 0 {
-            self.kcheck = self.kcheck.wrapping_add(1);
-            if self.kcheck.is_multiple_of(KERNEL_CHECK_EVERY)
-                && let Ok(Some(())) = self.try_kernel(&mut |p: &[u8], src| f(p, src, 0))
-            {
-                n = 1;
-            }
+            return self.nothing(&mut f);
         }
         n
     }
@@ -588,6 +613,18 @@ impl XdpSocket {
         }
         self.batch = batch;
         n
+    }
+
+    /// A `recv_batch_ts` that found nothing on the engine: every
+    /// KERNEL_CHECK_EVERY such calls, a look at the kernel twin.
+    fn nothing(&mut self, f: &mut impl FnMut(&[u8], SocketAddrV4, u64)) -> usize {
+        self.kcheck = self.kcheck.wrapping_add(1);
+        if self.kcheck.is_multiple_of(KERNEL_CHECK_EVERY)
+            && let Ok(Some(())) = self.try_kernel(&mut |p: &[u8], src| f(p, src, 0))
+        {
+            return 1;
+        }
+        0
     }
 
     /// Receive stamps on or off for this socket. While any socket of the
