@@ -3,57 +3,102 @@
 
 /// A byte ring. Bytes `[0, len)` are the content; the free space after it can
 /// be written out of order (`write_at`) and later committed (`commit`).
+///
+/// `cap` is the ring's capacity (the socket buffer size the window is
+/// computed from); the storage behind it is allocated as bytes are written:
+/// nothing until the first write, then a power of two (at least
+/// [`MIN_STORAGE`]) that covers the farthest byte written, doubled as
+/// needed, and at most `cap`. A request/response connection of a few
+/// hundred bytes each way so touches 4 KiB per direction, where storage
+/// of the full capacity (256 KiB each way by default) cost zeroing or page
+/// faults of half a MiB per connection (issue 21, churn). The storage's
+/// length is the ring's modulus; growing it relinearises from the head.
 #[derive(Debug)]
 pub struct Ring {
     buf: Box<[u8]>,
+    cap: usize,
     head: usize,
     len: usize,
 }
 
-/// Ring storage of finished connections, kept for the next ones: a
-/// connection's two rings are hundreds of KiB, and allocating them fresh
-/// per connection costs page faults and zeroing on every connect and
-/// accept (the allocator hands freed big blocks back to the kernel). At
-/// most [`POOL_BYTES`] are kept. Only a ring's content (`[0, len)`, bytes
-/// it wrote) is ever read, so reused storage is not cleared.
+/// Smallest storage a ring allocates (one page).
+pub const MIN_STORAGE: usize = 4096;
+
+/// Ring storage of finished connections, kept for the next ones (the
+/// allocator hands freed big blocks back to the kernel, and a fresh block
+/// costs page faults or zeroing). At most [`POOL_BYTES`] are kept. Only a
+/// ring's content (`[0, len)`, bytes it wrote) is ever read, so reused
+/// storage is not cleared.
 static POOL: std::sync::Mutex<Vec<Box<[u8]>>> = std::sync::Mutex::new(Vec::new());
 /// Bytes of idle ring storage kept per process at most.
 pub const POOL_BYTES: usize = 4 << 20;
 
-impl Drop for Ring {
-    fn drop(&mut self) {
-        let cap = self.buf.len();
-        if cap == 0 {
-            return;
-        }
-        // try_lock: never wait here (nor deadlock in a forked child).
-        if let Ok(mut p) = POOL.try_lock() {
-            let held: usize = p.iter().map(|b| b.len()).sum();
-            if held + cap <= POOL_BYTES {
-                p.push(std::mem::take(&mut self.buf));
-            }
+fn pool_put(buf: Box<[u8]>) {
+    if buf.is_empty() {
+        return;
+    }
+    // try_lock: never wait here (nor deadlock in a forked child).
+    if let Ok(mut p) = POOL.try_lock() {
+        let held: usize = p.iter().map(|b| b.len()).sum();
+        if held + buf.len() <= POOL_BYTES {
+            p.push(buf);
         }
     }
 }
 
+fn pool_take(size: usize) -> Box<[u8]> {
+    POOL.try_lock()
+        .ok()
+        .and_then(|mut p| {
+            let i = p.iter().position(|b| b.len() == size)?;
+            Some(p.swap_remove(i))
+        })
+        .unwrap_or_else(|| vec![0u8; size].into_boxed_slice())
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        pool_put(std::mem::take(&mut self.buf));
+    }
+}
+
 impl Ring {
+    /// A ring of `capacity` bytes (no storage until the first write).
     pub fn new(capacity: usize) -> Ring {
-        let reused = if capacity == 0 {
-            None
-        } else {
-            POOL.try_lock().ok().and_then(|mut p| {
-                let i = p.iter().position(|b| b.len() == capacity)?;
-                Some(p.swap_remove(i))
-            })
-        };
         Ring {
-            buf: reused.unwrap_or_else(|| vec![0u8; capacity].into_boxed_slice()),
+            buf: Box::default(),
+            cap: capacity,
             head: 0,
             len: 0,
         }
     }
-    pub fn capacity(&self) -> usize {
+
+    /// Bytes of storage allocated (at most the capacity).
+    pub fn storage(&self) -> usize {
         self.buf.len()
+    }
+
+    /// Storage for the first `need` bytes from the head (`need` ≤ the
+    /// capacity): keeps the content and whatever was written past it at the
+    /// same offsets from the head. One copy of the old storage.
+    #[cold]
+    fn reserve(&mut self, need: usize) {
+        let size = if need > self.cap / 2 {
+            self.cap
+        } else {
+            need.next_power_of_two().max(MIN_STORAGE).min(self.cap)
+        };
+        let mut next = pool_take(size);
+        let old = self.buf.len();
+        let tail = old - self.head;
+        next[..tail].copy_from_slice(&self.buf[self.head..]);
+        next[tail..old].copy_from_slice(&self.buf[..self.head]);
+        pool_put(std::mem::replace(&mut self.buf, next));
+        self.head = 0;
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.cap
     }
     pub fn len(&self) -> usize {
         self.len
@@ -62,11 +107,11 @@ impl Ring {
         self.len == 0
     }
     pub fn free(&self) -> usize {
-        self.buf.len() - self.len
+        self.cap - self.len
     }
 
     /// The two slices holding `[off, off+n)` of the ring's index space
-    /// (may reach into the free area). `off + n` must be ≤ capacity.
+    /// (may reach into the free area). `off + n` must be ≤ the storage.
     fn span(&self, off: usize, n: usize) -> (usize, usize, usize) {
         let cap = self.buf.len();
         // head < cap and off ≤ cap: one conditional subtract, no division.
@@ -96,6 +141,10 @@ impl Ring {
         if n == 0 {
             return 0;
         }
+        let end = self.len + off + n;
+        if end > self.buf.len() {
+            self.reserve(end);
+        }
         let (s, a, b) = self.span(self.len + off, n);
         self.buf[s..s + a].copy_from_slice(&data[..a]);
         self.buf[..b].copy_from_slice(&data[a..n]);
@@ -118,24 +167,20 @@ impl Ring {
 
     /// Grow to `capacity` bytes (no-op unless larger), keeping the content
     /// and whatever was written past it (out-of-order bytes) at the same
-    /// offsets from the front. One copy of the old storage.
+    /// offsets from the front. The storage grows as bytes are written.
     pub fn grow(&mut self, capacity: usize) {
-        let old = self.buf.len();
-        if capacity <= old {
-            return;
-        }
-        let mut next = Ring::new(capacity);
-        let tail = old - self.head;
-        next.buf[..tail].copy_from_slice(&self.buf[self.head..]);
-        next.buf[tail..old].copy_from_slice(&self.buf[..self.head]);
-        next.len = self.len;
-        // The old storage goes back to the pool as `next` drops.
-        std::mem::swap(self, &mut next);
+        self.cap = self.cap.max(capacity);
     }
 
     /// Make `n` bytes written past the end part of the content.
     pub fn commit(&mut self, n: usize) {
-        self.len += n.min(self.free());
+        // Written bytes lie in the storage (write_at reserved it).
+        let n = n.min(self.free());
+        debug_assert!(
+            self.len + n <= self.buf.len(),
+            "commit past what was written"
+        );
+        self.len += n.min(self.buf.len() - self.len);
     }
 
     /// Copy up to `out.len()` bytes starting `off` into the content.
@@ -340,6 +385,37 @@ mod tests {
         assert_eq!(r.read(&mut o), 8);
         assert_eq!(&o, b"fghijkLM");
         assert_eq!(r.push(&[b'z'; 20]), 20, "the whole new capacity is usable");
+    }
+
+    #[test]
+    fn storage_follows_what_is_written() {
+        let mut r = Ring::new(256 * 1024);
+        assert_eq!(r.storage(), 0, "nothing allocated before the first write");
+        assert_eq!(r.free(), 256 * 1024);
+        r.push(&[1u8; 100]);
+        assert_eq!(r.storage(), MIN_STORAGE);
+        // Wrap inside the small storage, then out-of-order bytes far past
+        // the end: the storage grows, content and offsets kept.
+        let mut o = vec![0u8; 100];
+        r.read(&mut o);
+        r.push(&[2u8; 4000]);
+        r.push(b"tail");
+        assert_eq!(r.storage(), MIN_STORAGE, "content wraps in the storage");
+        assert_eq!(r.write_at(10_000, b"far"), 3);
+        assert_eq!(r.storage(), 16384);
+        assert_eq!(r.write_at(0, &[3u8; 10_000]), 10_000);
+        r.commit(10_003);
+        assert_eq!(r.len(), 4004 + 10_003);
+        let mut all = vec![0u8; r.len()];
+        assert_eq!(r.read(&mut all), 14_007);
+        assert!(all[..4000].iter().all(|&b| b == 2));
+        assert_eq!(&all[4000..4004], b"tail");
+        assert!(all[4004..14_004].iter().all(|&b| b == 3));
+        assert_eq!(&all[14_004..], b"far");
+        // More than half the capacity: the storage is the capacity.
+        r.push(&vec![4u8; 200 * 1024]);
+        assert_eq!(r.storage(), 256 * 1024);
+        assert_eq!(r.push(&vec![5u8; 100 * 1024]), 56 * 1024);
     }
 
     #[test]
