@@ -288,13 +288,15 @@ fn churn_trace(lab: &ScopedLab, port: &str, n: usize, calls: &str) -> (String, V
 /// only (none per connect: 40 connections open no more than 10 do), one
 /// getsockname per connect (the engine knows the port it binds), and the fd
 /// table is sized at load for the keep duplicates (so the first close in
-/// the threaded process does not grow it behind a synchronize_rcu).
+/// the threaded process does not grow it behind a synchronize_rcu); per
+/// connect: five getsockopts (none of the options a process that set none
+/// would read back as defaults), no getpid, no mmap.
 #[test]
 #[ignore = "needs root"]
 fn engine_start_and_connects_make_no_avoidable_syscalls() {
     let lab = lab("sc");
     let _ng = nginx(&lab, 8087, "sc");
-    let calls = "trace=openat,open,bpf,socket,getsockname";
+    let calls = "trace=openat,open,bpf,socket,getsockname,getsockopt,getpid,mmap";
     let count = |lines: &[String], pat: &str| lines.iter().filter(|l| l.contains(pat)).count();
     let (out10, few) = churn_trace(&lab, "8087", 10, calls);
     let (out40, many) = churn_trace(&lab, "8087", 40, calls);
@@ -339,6 +341,27 @@ fn engine_start_and_connects_make_no_avoidable_syscalls() {
         gs_many - gs_few <= 30,
         "getsockname: {gs_few} with 10 connections, {gs_many} with 40"
     );
+    // Five getsockopts per connect (its netns, IP_TTL, IP_TOS, and the
+    // socket's cookie when the record is made and when it closes): a
+    // process that set no buffer or TCP option has the kernel's defaults,
+    // not read back (SO_RCVBUF, SO_SNDBUF, TCP_NODELAY, SO_LINGER,
+    // SO_KEEPALIVE were). No getpid per connect (the flow claim's pid is
+    // read once).
+    let per = |pat: &str| {
+        let (a, b) = (count(&few, pat), count(&many, pat));
+        (
+            b.saturating_sub(a),
+            format!("{pat} {a} with 10 connections, {b} with 40"),
+        )
+    };
+    let (d, what) = per("getsockopt(");
+    assert!(d <= 5 * 30, "{what}");
+    let (d, what) = per("getpid(");
+    assert!(d <= 3, "{what}");
+    // No mapping per connection: a connection's buffers take storage as
+    // bytes arrive (a few KiB here), not 2 x 256 KiB mmap'd per connect.
+    let (d, what) = per("mmap(");
+    assert!(d <= 10, "{what}");
 }
 
 /// A non-blocking connect, to a listening port and to a closed one, seen

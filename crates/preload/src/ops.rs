@@ -241,6 +241,7 @@ pub fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
+    crate::opts::note_set(level, name);
     through!(fd, setsockopt(level, name, val, len))
 }
 

@@ -33,6 +33,63 @@ use crate::{real, table, tcpx};
 use libc::{c_int, c_void, socklen_t};
 use nanowire_options::Level;
 
+/// Options the process has set (on any socket, whatever the outcome) that
+/// an engine connection takes from a kernel socket: a TCP candidate is
+/// made by `socket` in this process and never shared with another (a fork
+/// or exec takes candidacy away, `tcpx::prepare_child`), so until the
+/// process sets one, every candidate and engine listener holds the
+/// kernel's defaults and reading them back per connect or accept (2 to 28
+/// getsockopt/setsockopt calls) is skipped. Not seen: a raw `setsockopt`
+/// syscall, or another process setting an option on a candidate passed to
+/// it (SCM_RIGHTS) before this process connects it (docs/preload.md).
+static OPTS_SET: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+/// SO_RCVBUF / SO_SNDBUF (and their FORCE forms).
+pub const SET_BUFFERS: u8 = 1;
+/// What `tcpx::inherit_options` reads: SO_LINGER, SO_KEEPALIVE and any
+/// IPPROTO_TCP option.
+pub const SET_TCP: u8 = 2;
+/// What `tcpx::carry_options` carries to an accepted connection (and what
+/// changes it: IP_TOS sets SO_PRIORITY too).
+pub const SET_CARRIED: u8 = 4;
+
+/// A setsockopt of (level, name) is about to be made on some fd.
+#[inline]
+pub fn note_set(level: c_int, name: c_int) {
+    let bits = match (level, name) {
+        (
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF | libc::SO_SNDBUF | libc::SO_RCVBUFFORCE | libc::SO_SNDBUFFORCE,
+        ) => SET_BUFFERS,
+        (libc::SOL_SOCKET, libc::SO_LINGER | libc::SO_KEEPALIVE) | (libc::IPPROTO_TCP, _) => {
+            SET_TCP | SET_CARRIED
+        }
+        (
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO
+            | libc::SO_SNDTIMEO
+            | libc::SO_RCVTIMEO_NEW
+            | libc::SO_SNDTIMEO_NEW
+            | libc::SO_PRIORITY
+            | libc::SO_OOBINLINE
+            | libc::SO_RCVLOWAT,
+        )
+        | (libc::IPPROTO_IP, libc::IP_TOS | libc::IP_TTL) => SET_CARRIED,
+        _ => return,
+    };
+    use std::sync::atomic::Ordering::Relaxed;
+    if OPTS_SET.load(Relaxed) & bits != bits {
+        OPTS_SET.fetch_or(bits, Relaxed);
+    }
+}
+
+/// Has the process set any option of `bits` (see [`note_set`])? Relaxed
+/// suffices: a setsockopt that happens before the connect (program order,
+/// or the application's own synchronisation between threads) is seen.
+#[inline]
+pub fn set_any(bits: u8) -> bool {
+    OPTS_SET.load(std::sync::atomic::Ordering::Relaxed) & bits != 0
+}
+
 /// What the engine does with an option (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum How {

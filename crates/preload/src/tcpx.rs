@@ -269,6 +269,10 @@ fn opts() -> EngineOptions {
 /// asked for (at least 4 KiB).
 fn opts_for(fd: c_int) -> EngineOptions {
     let mut o = opts();
+    if !crate::opts::set_any(crate::opts::SET_BUFFERS) {
+        // The kernel's defaults: nothing given (no getsockopt).
+        return o;
+    }
     let (drcv, dsnd) = fresh_buffer_sizes();
     for (name, slot, d) in [
         (libc::SO_RCVBUF, &mut o.rcvbuf, drcv),
@@ -388,6 +392,10 @@ fn get_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
 /// Options the application set on the kernel socket `from` before the
 /// engine took over, applied to the engine connection.
 fn inherit_options(from: c_int, s: &XdpTcpStream, t: &Tcp) {
+    if !crate::opts::set_any(crate::opts::SET_TCP) {
+        // The kernel's defaults, which the engine's connection has.
+        return;
+    }
     let e = errno();
     if get_int(from, libc::IPPROTO_TCP, libc::TCP_NODELAY).is_some_and(|v| v != 0) {
         let _ = engine_call(|| s.set_nodelay(true));
@@ -847,7 +855,9 @@ pub fn accept(
             let t2 = record(nfd, Inner::Stream(s), false, false, nb);
             // As the kernel's accepted socket: the listener's options and
             // timeouts, read back from the placeholder as plainly.
-            carry_options(fd, nfd);
+            if crate::opts::set_any(crate::opts::SET_CARRIED) {
+                carry_options(fd, nfd);
+            }
             t2.common.set_rcvtimeo_ns(t.common.rcvtimeo_ns());
             t2.common.set_sndtimeo_ns(t.common.sndtimeo_ns());
             if let Some(i2) = t2.stream()

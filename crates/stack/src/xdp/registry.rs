@@ -25,9 +25,27 @@ use std::sync::{Arc, Once, Weak};
 
 static FORK_GEN: AtomicU32 = AtomicU32::new(0);
 static ATFORK: Once = Once::new();
+/// This process's id (0: not read yet), reset in a forked child: the
+/// steering program's claims carry it, once per connect (glibc does not
+/// cache getpid).
+static PID: AtomicU32 = AtomicU32::new(0);
+
+/// This process's id, read once (and again in a forked child). Only an
+/// engine's owner calls it, after [`get`] registered the fork handler.
+pub(crate) fn pid() -> u32 {
+    match PID.load(Ordering::Relaxed) {
+        0 => {
+            let p = rustix::process::getpid().as_raw_nonzero().get() as u32;
+            PID.store(p, Ordering::Relaxed);
+            p
+        }
+        p => p,
+    }
+}
 
 extern "C" fn in_child() {
     FORK_GEN.fetch_add(1, Ordering::Relaxed);
+    PID.store(0, Ordering::Relaxed);
     REG.locked.store(false, Ordering::Release);
     // The parent's engines: their privileged fds (XDP link, program, maps,
     // AF_XDP sockets) must not live on in the child (issue 20, finding 3).
@@ -142,7 +160,7 @@ pub(crate) fn get(
         // atomics (async-signal-safe).
         unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
     });
-    let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
+    let pid = pid();
     let ns = netns_id();
     // The registry's lock is never held while an engine opens (XDP attach,
     // AF_XDP bind, netlink, a thread's start): the first caller marks the

@@ -1055,7 +1055,7 @@ impl TcpEngine {
         let mut p = self.engine.prog();
         for a in addrs {
             p.prog
-                .claim_tcp_listener(a, local.port(), std::process::id())
+                .claim_tcp_listener(a, local.port(), super::registry::pid())
                 .map_err(|e| io_err(io::ErrorKind::Other, e))?;
             core.listen_claims.push(SocketAddrV4::new(a, local.port()));
         }
@@ -1072,7 +1072,7 @@ impl TcpEngine {
         self.engine
             .prog()
             .prog
-            .claim_tcp_flow(local, remote, std::process::id())
+            .claim_tcp_flow(local, remote, super::registry::pid())
             .map_err(|e| io_err(io::ErrorKind::Other, e))?;
         core.flow_claims.push((local, remote));
         Ok(())
@@ -1724,7 +1724,7 @@ impl TcpEngine {
         let mut p = self.engine.prog();
         for t in tuples.iter().filter(|t| t.local.port() == port) {
             if p.prog
-                .claim_tcp_flow(t.local, t.remote, std::process::id())
+                .claim_tcp_flow(t.local, t.remote, super::registry::pid())
                 .is_ok()
             {
                 core.flow_claims.push((t.local, t.remote));
