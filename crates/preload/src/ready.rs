@@ -123,12 +123,13 @@ pub fn poll_mixed(
         // SAFETY: as above; the kernel filled revents.
         let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
         let mut count = 0;
+        let mut pass = tcpx::Pass::default();
         for p in s.iter_mut() {
             if p.fd >= 0
                 && let Some(t) = tcpx::lookup(p.fd)
             {
                 let always = libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
-                let bits = tcpx::poll_bits(t, true) & (p.events | always);
+                let bits = tcpx::poll_bits_in(t, &mut pass).0 & (p.events | always);
                 if tcpx::is_stream(t) {
                     p.revents = bits;
                 } else {
@@ -446,6 +447,7 @@ fn synth(ep: c_int, out: &mut [epoll_event], fds: &mut Vec<c_int>) -> usize {
             unsafe { real::epoll_ctl(ep, libc::EPOLL_CTL_DEL, i.fd, std::ptr::null_mut()) };
         }
     }
+    let mut pass = tcpx::Pass::default();
     for i in r.iter_mut().filter(|i| i.ep == ep) {
         if let Some(t) = i.tcp {
             if tcpx::by_fd(i.fd).is_none_or(|b| !std::ptr::eq(b, t)) {
@@ -456,7 +458,7 @@ fn synth(ep: c_int, out: &mut [epoll_event], fds: &mut Vec<c_int>) -> usize {
                 continue;
             }
             let always = (libc::EPOLLERR | libc::EPOLLHUP) as u32;
-            let (b, rx) = tcpx::poll_bits_edge(t, true);
+            let (b, rx) = tcpx::poll_bits_in(t, &mut pass);
             let bits = b as u16 as u32 & (i.events | always);
             let ev = if i.events & libc::EPOLLET as u32 != 0 {
                 // The kernel wakes an edge-triggered waiter on every change

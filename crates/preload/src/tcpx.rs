@@ -1062,18 +1062,44 @@ pub fn send(t: &Tcp, fd: c_int, data: &[u8], flags: c_int) -> isize {
 
 // ---------------------------------------------------------- readiness
 
-/// poll bits of the socket now (one engine turn).
-pub fn poll_bits(t: &Tcp, turn: bool) -> i16 {
-    poll_bits_edge(t, turn).0
+/// The engines one pass of a readiness call over its fds has turned: an
+/// engine is turned once per pass, for the first of its sockets, and the
+/// others read the readiness that turn left (an epoll set of 20
+/// connections on one engine turned it 20 times per look).
+#[derive(Default)]
+pub struct Pass {
+    turned: [usize; 4],
+    n: usize,
 }
 
-/// `poll_bits`, with a count that grows whenever data arrives on a
-/// connection (0 for a listener): an EPOLLET waiter is woken by each
-/// arrival, as the kernel wakes it, even while the fd stays readable.
-pub fn poll_bits_edge(t: &Tcp, turn: bool) -> (i16, u64) {
+impl Pass {
+    /// Turn engine `key` now? Yes the first time in this pass (and every
+    /// time for engines past the fourth).
+    fn first(&mut self, key: usize) -> bool {
+        if self.turned[..self.n].contains(&key) {
+            return false;
+        }
+        if self.n < self.turned.len() {
+            self.turned[self.n] = key;
+            self.n += 1;
+        }
+        true
+    }
+}
+
+/// Poll bits of the socket now, with a count that grows whenever data
+/// arrives on a connection (0 for a listener): an EPOLLET waiter is woken
+/// by each arrival, as the kernel wakes it, even while the fd stays
+/// readable. The socket's engine is turned first unless an earlier socket
+/// of the same readiness pass turned it.
+pub fn poll_bits_in(t: &Tcp, pass: &mut Pass) -> (i16, u64) {
     let Some(i) = t.get() else {
         return (libc::POLLNVAL, 0);
     };
+    let turn = pass.first(match &*i {
+        Inner::Listener(l) => l.engine_key(),
+        Inner::Stream(s) => s.engine_key(),
+    });
     match &*i {
         // The kernel's accept queue is reported by the kernel's own answer
         // for the fd (poll and epoll ask it too).

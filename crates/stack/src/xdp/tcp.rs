@@ -1676,6 +1676,12 @@ impl XdpTcpListener {
     }
 
     /// A connection is waiting to be accepted (one engine turn if `turn`).
+    /// Which engine serves this listener (an address: equal for sockets
+    /// of one engine stack, for turning it once per readiness pass).
+    pub fn engine_key(&self) -> usize {
+        Arc::as_ptr(&self.eng) as usize
+    }
+
     pub fn acceptable(&self, turn: bool) -> bool {
         let mut c = self.eng.core();
         if turn {
@@ -1987,6 +1993,12 @@ impl XdpTcpStream {
 
     /// `poll_ready`, with the bytes received so far (data arriving while
     /// the readable bit stays set is an edge for EPOLLET, as in the kernel).
+    /// Which engine serves this connection (an address: equal for sockets
+    /// of one engine stack, for turning it once per readiness pass).
+    pub fn engine_key(&self) -> usize {
+        Arc::as_ptr(&self.eng) as usize
+    }
+
     pub fn poll_ready_edge(&self, turn: bool) -> (u8, u64) {
         let mut core = self.eng.core();
         if turn {
