@@ -104,8 +104,19 @@ pub fn poll_mixed(
                     hidden = true;
                 }
             }
-            // SAFETY: the caller's array, zero timeout.
-            let r = unsafe { real::ppoll(fds, n, &zero, mask) };
+            // Nothing left for the kernel to answer (every fd an engine
+            // connection, hidden, or ignored) and no signal mask to apply:
+            // no call (a spinning poll on engine connections made one every
+            // KERNEL_EVERY_NS).
+            let none = hidden && mask.is_null() && s.iter().all(|p| p.fd < 0);
+            let r = if none {
+                // As the kernel answers for fds it ignores.
+                s.iter_mut().for_each(|p| p.revents = 0);
+                0
+            } else {
+                // SAFETY: the caller's array, zero timeout.
+                unsafe { real::ppoll(fds, n, &zero, mask) }
+            };
             if hidden {
                 // SAFETY: as above.
                 let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
