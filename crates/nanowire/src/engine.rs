@@ -25,6 +25,12 @@ pub enum EngineCmd {
         /// Log attaches, detaches and refusals on stderr.
         #[arg(long)]
         verbose: bool,
+        /// The policy file (who may be accelerated where, who trusts whom;
+        /// root's, not group/world-writable, no symbolic link). Default:
+        /// /etc/nanowire/engine.policy if it exists, else every user on every
+        /// interface, no user sharing a UMEM with another.
+        #[arg(long)]
+        policy: Option<String>,
     },
     /// Print the service's status (JSON): interfaces, attached processes,
     /// their claims, counters.
@@ -37,6 +43,7 @@ pub fn run(a: EngineArgs) -> Result<i32, String> {
             daemon,
             idle_ms,
             verbose,
+            policy,
         } => {
             server::close_inherited();
             if daemon {
@@ -45,6 +52,12 @@ pub fn run(a: EngineArgs) -> Result<i32, String> {
                 cmd.args(["engine", "serve", "--idle-ms", &idle_ms.to_string()]);
                 if verbose {
                     cmd.arg("--verbose");
+                }
+                if let Some(p) = &policy {
+                    // Checked here too: a bad file is the operator's error
+                    // at once, not a service that never comes up.
+                    nanowire_stack::xdp::service::policy::Policy::load(p, true)?;
+                    cmd.args(["--policy", p]);
                 }
                 use std::os::unix::process::CommandExt;
                 cmd.env_remove("LD_PRELOAD")
@@ -66,7 +79,7 @@ pub fn run(a: EngineArgs) -> Result<i32, String> {
                 }
                 return Err("the engine service did not come up within 3 s".into());
             }
-            server::serve(Duration::from_millis(idle_ms), verbose)
+            server::serve(Duration::from_millis(idle_ms), verbose, policy.as_deref())
         }
         EngineCmd::Status => {
             let c = client::Conn::connect_existing()?;

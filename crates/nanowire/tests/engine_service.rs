@@ -196,7 +196,11 @@ impl Drop for Service {
 /// seconds to attach, and a service that went idle before it would leave
 /// it on spin; the guard stops the service instead.
 fn start_service(lab: &ScopedLab) -> Service {
-    let argv = [
+    start_service_with(lab, &[])
+}
+
+fn start_service_with(lab: &ScopedLab, extra: &[&str]) -> Service {
+    let mut argv = vec![
         nanowire(),
         "engine",
         "serve",
@@ -204,6 +208,7 @@ fn start_service(lab: &ScopedLab) -> Service {
         "--idle-ms",
         "600000",
     ];
+    argv.extend_from_slice(extra);
     assert!(lab.command(Host::B, &argv).status().unwrap().success());
     let st = status(lab);
     Service(st["pid"].as_u64().expect("service pid") as u32)
@@ -552,4 +557,144 @@ fn the_service_killed_under_traffic_processes_fall_back_and_a_restarted_one_serv
     assert_eq!(clients.len(), 1, "{st}");
     assert_eq!(clients[0]["pid"], ec.child.id(), "{st}");
     assert_eq!(claims_of(&st), vec![format!("udp:{ADDR_B}:{c}")], "{st}");
+}
+
+const NOBODY: &[&str] = &[
+    "setpriv",
+    "--reuid",
+    "65534",
+    "--regid",
+    "65534",
+    "--clear-groups",
+    "--",
+];
+
+/// A policy file as the operator writes it (root's, mode 0644).
+fn policy_file(name: &str, text: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let f = scratch(name);
+    std::fs::write(&f, text).unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    f.to_str().unwrap().to_string()
+}
+
+/// Two users on one single-queue interface, no trust line: the second
+/// user's process is not given the first user's packet memory; it runs on
+/// spin with the service's one-line reason, and both echo intact.
+#[test]
+#[ignore = "needs root"]
+fn two_users_without_a_trust_line_never_share_a_umem() {
+    let lab = lab("vt");
+    let _service = start_service(&lab);
+    let root = echo(&lab, "vt-root", 12601, &[]);
+    on_xdp(&root, 12601);
+    let other = echo(&lab, "vt-nobody", 12602, NOBODY);
+    let want = "no policy trust line lets uid 65534 share packet memory";
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end && !other.stderr().contains(want) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let err = other.stderr();
+    assert!(err.contains(want), "{err}");
+    assert!(err.contains("udp: spin (kernel socket)"), "{err}");
+    client(&lab, "vt-client", &[12601, 12602], 50);
+    let st = status(&lab);
+    let clients = st["ifaces"][0]["clients"].as_array().unwrap();
+    assert_eq!(clients.len(), 1, "{st}");
+    assert_eq!(clients[0]["uid"], 0, "{st}");
+    assert!(
+        st["counters"]["bad_messages"]["untrusted_user"]
+            .as_u64()
+            .unwrap()
+            >= 1,
+        "{st}"
+    );
+}
+
+/// With a policy `trust` line the two users' processes share the UMEM,
+/// both on xdp; an `allow` line keeps a third user off it. A policy file
+/// others may write, or a symbolic link, is refused with a clear line and
+/// no service starts.
+#[test]
+#[ignore = "needs root"]
+fn a_trust_line_lets_two_users_share_and_a_bad_policy_file_is_refused() {
+    let lab = lab("vp");
+    let loose = policy_file("vp-loose", "trust root 65534\n");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    let argv = [
+        nanowire(),
+        "engine",
+        "serve",
+        "--daemon",
+        "--policy",
+        &loose,
+    ];
+    let o = lab.command(Host::B, &argv).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("group or others may write it"), "{err}");
+    let link = scratch("vp-link");
+    let good = policy_file(
+        "vp-good",
+        "# root and nobody trust each other; uid 65533 may use no interface\n\
+         trust root 65534\nallow 0 *\nallow 65534 *\n",
+    );
+    std::os::unix::fs::symlink(&good, &link).unwrap();
+    let o = lab
+        .command(
+            Host::B,
+            &[
+                nanowire(),
+                "engine",
+                "serve",
+                "--daemon",
+                "--policy",
+                link.to_str().unwrap(),
+            ],
+        )
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("symbolic link"),
+        "{err}"
+    );
+    let _service = start_service_with(&lab, &["--policy", &good]);
+    let root = echo(&lab, "vp-root", 12701, &[]);
+    let other = echo(&lab, "vp-nobody", 12702, NOBODY);
+    on_xdp(&root, 12701);
+    on_xdp(&other, 12702);
+    let third = echo(
+        &lab,
+        "vp-65533",
+        12703,
+        &[
+            "setpriv",
+            "--reuid",
+            "65533",
+            "--regid",
+            "65533",
+            "--clear-groups",
+            "--",
+        ],
+    );
+    let want = "uid 65533 may not be accelerated on";
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end && !third.stderr().contains(want) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(third.stderr().contains(want), "{}", third.both());
+    client(&lab, "vp-client", &[12701, 12702, 12703], 50);
+    let st = status(&lab);
+    let mut uids: Vec<u64> = st["ifaces"][0]["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["uid"].as_u64().unwrap())
+        .collect();
+    uids.sort();
+    assert_eq!(uids, vec![0, 65534], "{st}");
 }

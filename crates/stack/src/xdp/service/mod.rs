@@ -7,5 +7,6 @@
 //! "The engine service".
 
 pub mod client;
+pub mod policy;
 pub mod proto;
 pub mod server;

@@ -11,6 +11,7 @@
 //! fill ring (nanowire_xdp::shared). The service exits when no process has
 //! been attached for `idle` (the steering program goes with it).
 
+use super::policy::Policy;
 use super::proto::{self, Request};
 use nanowire_xdp::shared::{Geometry, Member, SharedQueue};
 use nanowire_xdp::{AttachMode, SteerProgram, iface};
@@ -90,6 +91,8 @@ pub struct Service {
     idle: Duration,
     since_idle: Instant,
     log: bool,
+    /// Who may be accelerated where, who trusts whom (policy.rs).
+    policy: Policy,
 }
 
 fn bad(c: &mut Counters, why: &str) {
@@ -99,7 +102,7 @@ fn bad(c: &mut Counters, why: &str) {
 impl Service {
     /// Bind the namespace's service socket. `Ok(None)`: another service
     /// already serves this network namespace.
-    pub fn bind(idle: Duration, log: bool) -> Result<Option<Service>, String> {
+    pub fn bind(idle: Duration, log: bool, policy: Policy) -> Result<Option<Service>, String> {
         let s = rustix::net::socket_with(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
@@ -125,6 +128,7 @@ impl Service {
             idle,
             since_idle: Instant::now(),
             log,
+            policy,
         }))
     }
 
@@ -377,23 +381,43 @@ impl Service {
             self.counters.attach_refused += 1;
             return self.refuse(id, "already attached");
         }
+        if !self.policy.allows(uid, name) {
+            bad(&mut self.counters, "not_allowed");
+            self.counters.attach_refused += 1;
+            self.log(&format!("pid {pid} (uid {uid}): not allowed on {name}"));
+            return self.refuse(
+                id,
+                &format!(
+                    "uid {uid} may not be accelerated on {name} (the engine service's policy)"
+                ),
+            );
+        }
         if let Err(e) = self.open_iface(name, ring_depth) {
             self.counters.attach_refused += 1;
             return self.refuse(id, &e);
         }
         let ifc = self.ifaces.get_mut(name).expect("opened above");
-        // Sharing a UMEM means reading each other's packets: one user per
-        // UMEM (other users: another queue where the interface has one --
-        // not done yet -- else the kernel path, with the reason).
-        if let Some(owner) = ifc.uid
-            && owner != uid
-        {
+        // Sharing a UMEM means reading each other's packets: only users
+        // that trust each other (the same user, or a policy `trust` line)
+        // share one; another user gets the kernel path, with the reason.
+        let strangers: Vec<u32> = ifc
+            .slots
+            .iter()
+            .flatten()
+            .filter_map(|c| self.clients.get(c).map(|c| c.uid))
+            .filter(|&u| !self.policy.trusts(u, uid))
+            .collect();
+        if let Some(owner) = strangers.first() {
+            bad(&mut self.counters, "untrusted_user");
             self.counters.attach_refused += 1;
+            self.log(&format!(
+                "pid {pid} (uid {uid}): refused on {name}: uid {owner} holds the UMEM"
+            ));
             return self.refuse(
                 id,
                 &format!(
-                    "{name}: the engine service's shared UMEM is in use by uid {owner}'s processes; \
-                     uid {uid} does not share packet memory with another user"
+                    "{name}: the engine service's shared UMEM is in use by uid {owner}'s processes, \
+                     and no policy trust line lets uid {uid} share packet memory with them"
                 ),
             );
         }
@@ -407,7 +431,7 @@ impl Service {
                 &format!("{name}: all {SLOTS} process slots of the engine service are in use"),
             );
         };
-        if ifc.uid.is_none() && ifc.last_uid.is_some_and(|u| u != uid) {
+        if ifc.uid.is_none() && ifc.last_uid.is_some_and(|u| !self.policy.trusts(u, uid)) {
             // Another user's packets may still lie in the frames.
             for q in &mut ifc.queues {
                 q.wipe();
@@ -685,11 +709,17 @@ pub fn holds_port(
 }
 
 /// `nanowire engine serve`: serve this network namespace until unused.
-pub fn serve(idle: Duration, log: bool) -> Result<i32, String> {
+pub fn serve(idle: Duration, log: bool, policy: Option<&str>) -> Result<i32, String> {
     if !rustix::process::geteuid().is_root() {
         return Err("the engine service runs as root".into());
     }
-    match Service::bind(idle, log)? {
+    // A bad file refuses the service (one line) rather than run without
+    // the operator's restrictions.
+    let policy = match policy {
+        Some(p) => Policy::load(p, true)?,
+        None => Policy::load(super::policy::DEFAULT_PATH, false)?,
+    };
+    match Service::bind(idle, log, policy)? {
         None => {
             if log {
                 eprintln!("nanowire engine service: already running in this network namespace");
