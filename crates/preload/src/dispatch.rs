@@ -17,13 +17,12 @@
 use crate::accel;
 use crate::ahooks;
 use crate::ops::{self, Recv, Send, Sock};
-use crate::ready;
+use crate::ready::{self, Ready};
 use crate::real;
 pub use crate::signals::{sigaction, signal};
 use crate::spin::{self, log_socket, recv_spin_word};
 use crate::streamio;
 use crate::table::{self, C_EPOLL, C_OTHER, C_TCP, C_UDP, F_EPOLL_INET};
-use crate::tcpx;
 pub use crate::uaccess::{mprotect, munmap};
 use libc::{
     c_int, c_uint, c_ulong, c_void, epoll_event, fd_set, iovec, mmsghdr, msghdr, nfds_t, off_t,
@@ -352,13 +351,13 @@ fn pollfds_spin(fds: *const pollfd, n: nfds_t) -> bool {
 /// # Safety
 /// As libc's `poll`.
 pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, tmo: c_int) -> c_int {
-    if ready::pollfds_accel(fds, n) {
+    if ready::pollfds_accel(fds, n, ops::of) {
         let total = if tmo < 0 {
             None
         } else {
             Some(tmo as u64 * 1_000_000)
         };
-        return ready::poll_mixed(fds, n, total, std::ptr::null());
+        return ready::poll_mixed(fds, n, total, std::ptr::null(), ops::of);
     }
     if let Some(budget) = spin::poll_budget(tmo as i64)
         && n <= 4096
@@ -435,7 +434,7 @@ pub unsafe fn ppoll(
     tmo: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    if ready::pollfds_accel(fds, n) {
+    if ready::pollfds_accel(fds, n, ops::of) {
         let total = if tmo.is_null() {
             None
         } else {
@@ -446,7 +445,7 @@ pub unsafe fn ppoll(
                 None => return unsafe { real::ppoll(fds, n, tmo, mask) },
             }
         };
-        return ready::poll_mixed(fds, n, total, mask);
+        return ready::poll_mixed(fds, n, total, mask, ops::of);
     }
     if let Some((budget, total)) = ts_budget(tmo)
         && n <= 4096
@@ -556,8 +555,8 @@ pub unsafe fn select(
                 .saturating_add(t.tv_usec as u64 * 1000),
         )
     };
-    if ready::fdsets_accel(n, [r, w, e]) {
-        return ready::select_mixed(n, [r, w, e], total, std::ptr::null());
+    if ready::fdsets_accel(n, [r, w, e], ops::of) {
+        return ready::select_mixed(n, [r, w, e], total, std::ptr::null(), ops::of);
     }
     let spin = spin::SPIN_NS.load(Ordering::Relaxed);
     if spin != 0
@@ -609,7 +608,7 @@ pub unsafe fn pselect(
     tmo: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    if ready::fdsets_accel(n, [r, w, e]) {
+    if ready::fdsets_accel(n, [r, w, e], ops::of) {
         let total = if tmo.is_null() {
             None
         } else {
@@ -620,7 +619,7 @@ pub unsafe fn pselect(
                 None => return unsafe { real::pselect(n, r, w, e, tmo, mask) },
             }
         };
-        return ready::select_mixed(n, [r, w, e], total, mask);
+        return ready::select_mixed(n, [r, w, e], total, mask, ops::of);
     }
     if let Some((budget, total)) = ts_budget(tmo)
         && fdsets_spin(n, [r, w, e])
@@ -682,15 +681,13 @@ pub unsafe fn epoll_create1(flags: c_int) -> c_int {
 /// # Safety
 /// As libc's `epoll_ctl`.
 pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
-    if fd >= 0
-        && let Some(t) = tcpx::lookup(fd)
-        && tcpx::is_stream(t)
-    {
+    let sock = if fd >= 0 { ops::of(fd) } else { Sock::Kernel };
+    if sock.hides_kernel() {
         return ready::epoll_ctl_tcp(ep, op, fd, ev);
     }
     let shim_fd = fd >= 0
         && (table::get(fd) & (table::F_ACCEL | table::F_CAND | table::F_TCAND) != 0
-            || tcpx::lookup(fd).is_some());
+            || matches!(sock, Sock::Tcp(_)));
     if shim_fd || ready::epoll_tagged(ep, fd) {
         // The kernel registration carries a tag naming `fd` (see
         // `ready::tagged`); the application's data is kept by the shim.

@@ -24,6 +24,7 @@
 use crate::accel::{self, Accel};
 use crate::ahooks;
 use crate::kernelio::{self, Next};
+use crate::ready::Ready;
 use crate::real;
 use crate::spin::{self, recv_spin_word};
 use crate::streamio;
@@ -119,8 +120,10 @@ pub enum Send {
     Vec { iov: *const iovec, cnt: c_int },
 }
 
-/// The operations of one kind of fd (see the module doc for `None`).
-pub trait Ops: Sized + Copy {
+/// The operations of one kind of fd (see the module doc for `None`); its
+/// readiness operations (poll, select, epoll) are the supertrait
+/// [`Ready`] (`ready.rs`, below this module).
+pub trait Ops: Ready + Sized + Copy {
     fn recv(self, fd: c_int, r: Recv, flags: c_int) -> Option<isize>;
     fn send(self, fd: c_int, s: Send, flags: c_int) -> Option<isize>;
     fn setsockopt(
@@ -206,6 +209,17 @@ pub trait Ops: Sized + Copy {
     /// `fd` is about to be closed or replaced: let go of its record.
     /// Called on [`record_of`].
     fn release(self, _fd: c_int) {}
+}
+
+/// Operation `op` of whatever serves `sock`, the kernel's included.
+macro_rules! each {
+    ($sock:expr, $op:ident ( $($a:expr),* )) => {
+        match $sock {
+            Sock::Tcp(t) => t.$op($($a),*),
+            Sock::Udp(a) => a.$op($($a),*),
+            Sock::Kernel => Kernel.$op($($a),*),
+        }
+    };
 }
 
 /// Operation `op` of the protocol of `sock`; `None` for a kernel fd.
@@ -695,6 +709,45 @@ impl Ops for &'static Accel {
 /// The kernel's operations: candidates, spinning kernel sockets, any fd.
 #[derive(Clone, Copy)]
 pub struct Kernel;
+
+impl Ready for Kernel {
+    /// A UDP candidate may go onto the engine while the call waits.
+    fn polled(self, fd: c_int) -> bool {
+        table::get(fd) & table::F_CAND != 0
+    }
+}
+
+/// Readiness of whatever serves an fd: the readiness calls (`ready.rs`)
+/// take [`of`] as their lookup.
+impl Ready for Sock {
+    #[inline]
+    fn polled(self, fd: c_int) -> bool {
+        each!(self, polled(fd))
+    }
+    #[inline]
+    fn hides_kernel(self) -> bool {
+        each!(self, hides_kernel())
+    }
+    #[inline]
+    fn revents(
+        self,
+        events: i16,
+        revents: i16,
+        kernel: bool,
+        now: u64,
+        pass: &mut tcpx::Pass,
+    ) -> i16 {
+        each!(self, revents(events, revents, kernel, now, pass))
+    }
+    #[inline]
+    fn arm(self) -> bool {
+        each!(self, arm())
+    }
+    #[inline]
+    fn wait_fds(self) -> &'static [c_int] {
+        each!(self, wait_fds())
+    }
+}
 
 impl Ops for Kernel {
     fn recv(self, fd: c_int, r: Recv, flags: c_int) -> Option<isize> {

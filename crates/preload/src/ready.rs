@@ -56,19 +56,129 @@ fn ts(ns: u64) -> timespec {
     }
 }
 
-/// Does this pollfd array hold an accelerated socket of this process?
-pub fn pollfds_accel(fds: *const pollfd, n: nfds_t) -> bool {
+/// The readiness operations of one kind of fd: a supertrait of
+/// `ops::Ops`, so one per-fd table of operations serves poll, select and
+/// epoll as it serves recv and send. The functions here take the lookup
+/// (`ops::of`: fd -> what serves it) from their caller. The defaults are
+/// a kernel fd's: the kernel's answer stands alone.
+pub trait Ready: Copy {
+    /// Must a readiness call look at the fd itself, not only ask the
+    /// kernel (an engine socket of this process, a UDP candidate)?
+    fn polled(self, _fd: c_int) -> bool {
+        false
+    }
+    /// The kernel socket under the fd says nothing about it (an engine TCP
+    /// connection: its kernel socket is unconnected and polls HUP): hidden
+    /// from the kernel's poll, answered by [`Ready::revents`] alone.
+    fn hides_kernel(self) -> bool {
+        false
+    }
+    /// The fd's poll `revents` for `events`: `revents` is the kernel's
+    /// answer (0 while hidden or between kernel turns); `kernel`: the
+    /// kernel was asked on this turn, at `now`; `pass`: the engines this
+    /// look at the set turned already (one turn per engine per pass).
+    fn revents(
+        self,
+        _events: i16,
+        revents: i16,
+        _kernel: bool,
+        _now: u64,
+        _pass: &mut tcpx::Pass,
+    ) -> i16 {
+        revents
+    }
+    /// Before the caller sleeps: arm the engine's wake-up. False: frames
+    /// are queued already; look again instead of sleeping.
+    fn arm(self) -> bool {
+        true
+    }
+    /// Fds whose readiness wakes a sleeper waiting on the fd's engine.
+    fn wait_fds(self) -> &'static [c_int] {
+        &[]
+    }
+}
+
+impl Ready for &'static tcpx::Tcp {
+    fn polled(self, _fd: c_int) -> bool {
+        true
+    }
+    fn hides_kernel(self) -> bool {
+        tcpx::is_stream(self)
+    }
+    fn revents(
+        self,
+        events: i16,
+        revents: i16,
+        _kernel: bool,
+        _now: u64,
+        pass: &mut tcpx::Pass,
+    ) -> i16 {
+        let always = libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
+        let bits = tcpx::poll_bits_in(self, pass).0 & (events | always);
+        // A listener adds to the kernel's answer (its accept queue).
+        if tcpx::is_stream(self) {
+            bits
+        } else {
+            revents | bits
+        }
+    }
+    fn arm(self) -> bool {
+        tcpx::arm(self)
+    }
+    fn wait_fds(self) -> &'static [c_int] {
+        tcpx::Tcp::wait_fds(self)
+    }
+}
+
+/// An engine UDP socket; a forked child's copy is the kernel's alone.
+impl Ready for &'static Accel {
+    fn polled(self, _fd: c_int) -> bool {
+        self.mine()
+    }
+    fn revents(
+        self,
+        events: i16,
+        mut revents: i16,
+        kernel: bool,
+        now: u64,
+        _pass: &mut tcpx::Pass,
+    ) -> i16 {
+        if !self.mine() {
+            return revents;
+        }
+        if events & libc::POLLIN != 0 {
+            if kernel {
+                accel::twin_seen(self, revents & libc::POLLIN != 0, now);
+            }
+            if revents & libc::POLLIN == 0 && accel::readable(self) {
+                revents |= libc::POLLIN;
+            }
+        }
+        if self.ts.err_pending() {
+            // Transmit stamps queued: POLLERR whatever was asked, as the
+            // kernel reports a non-empty error queue.
+            revents |= libc::POLLERR;
+        }
+        revents
+    }
+    fn wait_fds(self) -> &'static [c_int] {
+        if self.mine() {
+            Accel::wait_fds(self)
+        } else {
+            &[]
+        }
+    }
+}
+
+/// Does this pollfd array hold an fd the shim must look at itself
+/// ([`Ready::polled`])?
+pub fn pollfds_accel<R: Ready>(fds: *const pollfd, n: nfds_t, of: impl Fn(c_int) -> R) -> bool {
     if fds.is_null() || n == 0 || n > 65536 {
         return false;
     }
     // SAFETY: the caller's `n` pollfds.
     let s = unsafe { std::slice::from_raw_parts(fds, n as usize) };
-    s.iter().any(|p| {
-        p.fd >= 0
-            && (accel::lookup(p.fd).is_some()
-                || table::get(p.fd) & table::F_CAND != 0
-                || tcpx::lookup(p.fd).is_some())
-    })
+    s.iter().any(|p| p.fd >= 0 && of(p.fd).polled(p.fd))
 }
 
 /// While a readiness call spins, the kernel is asked about the whole set
@@ -76,12 +186,14 @@ pub fn pollfds_accel(fds: *const pollfd, n: nfds_t) -> bool {
 /// (the rings and the socket queue are memory: no syscall).
 const KERNEL_EVERY_NS: u64 = 10_000;
 
-/// poll/ppoll with accelerated fds. `total_ns`: None = no timeout.
-pub fn poll_mixed(
+/// poll/ppoll with fds the shim looks at itself (`of`: what serves an
+/// fd). `total_ns`: None = no timeout.
+pub fn poll_mixed<R: Ready>(
     fds: *mut pollfd,
     n: nfds_t,
     total_ns: Option<u64>,
     mask: *const sigset_t,
+    of: impl Fn(c_int) -> R,
 ) -> c_int {
     let start = now_ns();
     let s0 = crate::signals::seq_all();
@@ -99,7 +211,7 @@ pub fn poll_mixed(
             let s = unsafe { std::slice::from_raw_parts_mut(fds, n as usize) };
             let mut hidden = false;
             for p in s.iter_mut() {
-                if p.fd >= 0 && tcpx::lookup(p.fd).is_some_and(tcpx::is_stream) {
+                if p.fd >= 0 && of(p.fd).hides_kernel() {
                     p.fd = !p.fd;
                     hidden = true;
                 }
@@ -136,33 +248,8 @@ pub fn poll_mixed(
         let mut count = 0;
         let mut pass = tcpx::Pass::default();
         for p in s.iter_mut() {
-            if p.fd >= 0
-                && let Some(t) = tcpx::lookup(p.fd)
-            {
-                let always = libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
-                let bits = tcpx::poll_bits_in(t, &mut pass).0 & (p.events | always);
-                if tcpx::is_stream(t) {
-                    p.revents = bits;
-                } else {
-                    p.revents |= bits;
-                }
-            }
-            if p.fd >= 0
-                && let Some(a) = accel::lookup(p.fd)
-            {
-                if p.events & libc::POLLIN != 0 {
-                    if kernel {
-                        accel::twin_seen(a, p.revents & libc::POLLIN != 0, now);
-                    }
-                    if p.revents & libc::POLLIN == 0 && accel::readable(a) {
-                        p.revents |= libc::POLLIN;
-                    }
-                }
-                if a.ts.err_pending() {
-                    // Transmit stamps queued: POLLERR whatever was asked, as
-                    // the kernel reports a non-empty error queue.
-                    p.revents |= libc::POLLERR;
-                }
+            if p.fd >= 0 {
+                p.revents = of(p.fd).revents(p.events, p.revents, kernel, now, &mut pass);
             }
             if p.revents != 0 {
                 count += 1;
@@ -187,7 +274,7 @@ pub fn poll_mixed(
             let pf: Vec<pollfd> = s
                 .iter()
                 .map(|p| pollfd {
-                    fd: if tcpx::lookup(p.fd).is_some_and(tcpx::is_stream) {
+                    fd: if p.fd >= 0 && of(p.fd).hides_kernel() {
                         -1
                     } else {
                         p.fd
@@ -196,20 +283,15 @@ pub fn poll_mixed(
                     revents: 0,
                 })
                 .collect();
-            if !s.iter().filter_map(|p| tcpx::lookup(p.fd)).all(tcpx::arm) {
-                // Frames queued for an engine TCP socket: look again.
+            if !s.iter().all(|p| p.fd < 0 || of(p.fd).arm()) {
+                // Frames queued for an engine socket: look again.
                 now = now_ns();
                 continue;
             }
             let extra: Vec<c_int> = s
                 .iter()
-                .filter_map(|p| accel::lookup(p.fd))
-                .flat_map(|a| a.wait_fds().iter().copied())
-                .chain(
-                    s.iter()
-                        .filter_map(|p| tcpx::lookup(p.fd))
-                        .flat_map(|t| t.wait_fds().iter().copied()),
-                )
+                .filter(|p| p.fd >= 0)
+                .flat_map(|p| of(p.fd).wait_fds().iter().copied())
                 .collect();
             if sleep_on(pf, extra.into_iter(), slice, mask) < 0 {
                 return -1;
@@ -222,25 +304,25 @@ pub fn poll_mixed(
     }
 }
 
-/// Does a select set hold an accelerated socket?
-pub fn fdsets_accel(n: c_int, sets: [*mut fd_set; 3]) -> bool {
+/// Does a select set hold an fd the shim must look at itself
+/// ([`Ready::polled`])?
+pub fn fdsets_accel<R: Ready>(n: c_int, sets: [*mut fd_set; 3], of: impl Fn(c_int) -> R) -> bool {
     let n = n.clamp(0, libc::FD_SETSIZE as c_int);
     (0..n).any(|fd| {
         sets.iter().any(|s| {
             // SAFETY: the caller's fd_set; fd < FD_SETSIZE.
             !s.is_null() && unsafe { libc::FD_ISSET(fd, *s) }
-        }) && (accel::lookup(fd).is_some()
-            || table::get(fd) & table::F_CAND != 0
-            || tcpx::lookup(fd).is_some())
+        }) && of(fd).polled(fd)
     })
 }
 
-/// select/pselect with accelerated fds, through `poll_mixed`.
-pub fn select_mixed(
+/// select/pselect with fds the shim looks at itself, through `poll_mixed`.
+pub fn select_mixed<R: Ready>(
     n: c_int,
     sets: [*mut fd_set; 3],
     total_ns: Option<u64>,
     mask: *const sigset_t,
+    of: impl Fn(c_int) -> R,
 ) -> c_int {
     let n = n.clamp(0, libc::FD_SETSIZE as c_int);
     let mut pfds: Vec<pollfd> = Vec::new();
@@ -265,7 +347,7 @@ pub fn select_mixed(
             });
         }
     }
-    let r = poll_mixed(pfds.as_mut_ptr(), pfds.len() as nfds_t, total_ns, mask);
+    let r = poll_mixed(pfds.as_mut_ptr(), pfds.len() as nfds_t, total_ns, mask, of);
     if r < 0 {
         return r;
     }
