@@ -351,13 +351,13 @@ fn pollfds_spin(fds: *const pollfd, n: nfds_t) -> bool {
 /// # Safety
 /// As libc's `poll`.
 pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, tmo: c_int) -> c_int {
-    if ready::pollfds_accel(fds, n, ops::of) {
+    if ready::pollfds_accel(fds, n, ops::serving) {
         let total = if tmo < 0 {
             None
         } else {
             Some(tmo as u64 * 1_000_000)
         };
-        return ready::poll_mixed(fds, n, total, std::ptr::null(), ops::of);
+        return ready::poll_mixed(fds, n, total, std::ptr::null(), ops::serving);
     }
     if let Some(budget) = spin::poll_budget(tmo as i64)
         && n <= 4096
@@ -434,7 +434,7 @@ pub unsafe fn ppoll(
     tmo: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    if ready::pollfds_accel(fds, n, ops::of) {
+    if ready::pollfds_accel(fds, n, ops::serving) {
         let total = if tmo.is_null() {
             None
         } else {
@@ -445,7 +445,7 @@ pub unsafe fn ppoll(
                 None => return unsafe { real::ppoll(fds, n, tmo, mask) },
             }
         };
-        return ready::poll_mixed(fds, n, total, mask, ops::of);
+        return ready::poll_mixed(fds, n, total, mask, ops::serving);
     }
     if let Some((budget, total)) = ts_budget(tmo)
         && n <= 4096
@@ -555,8 +555,8 @@ pub unsafe fn select(
                 .saturating_add(t.tv_usec as u64 * 1000),
         )
     };
-    if ready::fdsets_accel(n, [r, w, e], ops::of) {
-        return ready::select_mixed(n, [r, w, e], total, std::ptr::null(), ops::of);
+    if ready::fdsets_accel(n, [r, w, e], ops::serving) {
+        return ready::select_mixed(n, [r, w, e], total, std::ptr::null(), ops::serving);
     }
     let spin = spin::SPIN_NS.load(Ordering::Relaxed);
     if spin != 0
@@ -608,7 +608,7 @@ pub unsafe fn pselect(
     tmo: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    if ready::fdsets_accel(n, [r, w, e], ops::of) {
+    if ready::fdsets_accel(n, [r, w, e], ops::serving) {
         let total = if tmo.is_null() {
             None
         } else {
@@ -619,7 +619,7 @@ pub unsafe fn pselect(
                 None => return unsafe { real::pselect(n, r, w, e, tmo, mask) },
             }
         };
-        return ready::select_mixed(n, [r, w, e], total, mask, ops::of);
+        return ready::select_mixed(n, [r, w, e], total, mask, ops::serving);
     }
     if let Some((budget, total)) = ts_budget(tmo)
         && fdsets_spin(n, [r, w, e])
@@ -681,7 +681,11 @@ pub unsafe fn epoll_create1(flags: c_int) -> c_int {
 /// # Safety
 /// As libc's `epoll_ctl`.
 pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
-    let sock = if fd >= 0 { ops::of(fd) } else { Sock::Kernel };
+    let sock = if fd >= 0 {
+        ops::serving(fd)
+    } else {
+        Sock::Kernel
+    };
     if sock.hides_kernel() {
         return ready::epoll_ctl_tcp(ep, op, fd, ev);
     }

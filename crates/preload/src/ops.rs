@@ -49,6 +49,15 @@ pub enum Sock {
 #[inline(always)]
 pub fn of(fd: c_int) -> Sock {
     crate::fdlife::io_check(fd);
+    serving(fd)
+}
+
+/// [`of`] without the identity check: the readiness calls' lookup
+/// (poll/select look at every fd on every turn of a spin; in a suspect
+/// process the check is a getsockopt, and a readiness answer acts on no
+/// number: the I/O call that follows checks).
+#[inline(always)]
+pub fn serving(fd: c_int) -> Sock {
     let Some(r) = table::record(fd) else {
         return Sock::Kernel;
     };

@@ -59,7 +59,7 @@ fn ts(ns: u64) -> timespec {
 /// The readiness operations of one kind of fd: a supertrait of
 /// `ops::Ops`, so one per-fd table of operations serves poll, select and
 /// epoll as it serves recv and send. The functions here take the lookup
-/// (`ops::of`: fd -> what serves it) from their caller. The defaults are
+/// (`ops::serving`: fd -> what serves it) from their caller. The defaults are
 /// a kernel fd's: the kernel's answer stands alone.
 pub trait Ready: Copy {
     /// Must a readiness call look at the fd itself, not only ask the
