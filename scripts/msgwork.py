@@ -75,12 +75,30 @@ def run_once(args, lab, secs, out):
     except subprocess.TimeoutExpired:
         srv.kill()
         srv.wait()
+    stop_left(lab)
     if cli.returncode != 0:
         raise SystemExit("client failed: " + cli.stderr[-2000:])
     m = re.search(r"\[Total Run\].*?SentMessages=(\d+); ReceivedMessages=(\d+)", cli.stdout)
     if not m:
         raise SystemExit("no message count in sockperf's output:\n" + cli.stdout[-2000:])
     return int(m.group(2))
+
+
+def stop_left(lab):
+    """End what this run left in the lab's namespaces: `strace` passes the SIGINT on but
+    detaches, so the server it traced kept running after the run."""
+    def pids():
+        return [int(p) for h in ("a", "b") for p in subprocess.run(
+            ["ip", "netns", "pids", f"{lab}-{h}"], capture_output=True, text=True).stdout.split()]
+    for sig in (2, 9):
+        left = pids()
+        for p in left:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        if sig == 2 and left:
+            time.sleep(2)
 
 
 def callgrind_side(out, side):

@@ -2329,12 +2329,24 @@ pub(crate) fn rx_segments<D: RxDevice>(
     let mut fed = 0;
     while let Some(d) = g.demux.pop(id, &g.page) {
         let t = *now.get_or_insert_with(&clock);
-        let mut rest: [&[u8]; MAX_PIECES] = [&[]; MAX_PIECES];
-        let (head, n) = d.segment_parts(&mut rest);
-        stack.input_parts(t, *d.src.ip(), *d.dst.ip(), head, &rest[..n]);
+        if d.frame.frames() == 1 {
+            // One buffer (every segment up to the MTU): no piece table
+            // (MAX_PIECES slices, ~100 stores to set up per segment).
+            stack.input_parts(t, *d.src.ip(), *d.dst.ip(), d.segment(), &[]);
+        } else {
+            input_chain(stack, t, &d);
+        }
         fed += 1;
     }
     fed
+}
+
+/// A multi-buffer segment (a GSO/GRO super-frame) fed in its pieces.
+#[inline(never)]
+fn input_chain(stack: &mut TcpStack, t: u64, d: &super::demux::Delivery) {
+    let mut rest: [&[u8]; MAX_PIECES] = [&[]; MAX_PIECES];
+    let (head, n) = d.segment_parts(&mut rest);
+    stack.input_parts(t, *d.src.ip(), *d.dst.ip(), head, &rest[..n]);
 }
 
 /// What the TCP driver builds frames with: the stack's next hops (a
