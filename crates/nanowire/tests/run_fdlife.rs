@@ -55,7 +55,7 @@ fn reuse_case(
         plain_in(
             l,
             Host::B,
-            &["python3", &peer_py, proto, &addr, &port_s, "2"],
+            &["python3", &peer_py, proto, &addr, &port_s, "30"],
         ),
     );
     peer.wait_for("ready", Duration::from_secs(20));
@@ -74,6 +74,16 @@ fn reuse_case(
             err.contains(&format!("{proto} ")) && err.contains(": xdp"),
             "{tag}: the socket was not on the engine:\n{err}"
         );
+    }
+    if proto == "udp" {
+        // The peer reads until this END, sent once the program is gone (it
+        // used to read for 2 s from its start: under load the program under
+        // run, whose engine start takes ~1 s there, sent "hello" after it).
+        let end = "import socket,sys\nsocket.socket(socket.AF_INET,socket.SOCK_DGRAM).sendto(b'<END>',(sys.argv[1],int(sys.argv[2])))\n";
+        let st = plain_in(l, Host::A, &["python3", "-c", end, &addr, &port_s])
+            .status()
+            .unwrap();
+        assert!(st.success(), "{tag}: sending END failed");
     }
     peer.success(T);
     (p.stdout(), peer.stdout())

@@ -32,6 +32,9 @@
 use crate::accel;
 use crate::sys;
 use libc::c_int;
+use nanowire_stack::xdp::host::above_floor;
+use rustix::fd::OwnedFd;
+use rustix::fs::OFlags;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -92,12 +95,22 @@ fn read_table(path: &str, v6: bool, out: &mut Vec<Bound>) {
 /// `/proc/net/udp{,6}` when netlink is refused. Either way the kernel walks
 /// its whole UDP hash table (16384 slots here, ~1 ms per family whatever
 /// the number of sockets), hence the watcher's gate on the socket count.
-fn bound_sockets() -> Vec<Bound> {
+/// `kept`: the watcher's sock_diag socket; `None`: one for this call.
+fn bound_sockets(kept: Option<&OwnedFd>) -> Vec<Bound> {
     let mut v = Vec::new();
     sys::engine_call(|| {
-        if diag_table(libc::AF_INET as u8, &mut v).is_err()
-            || diag_table(libc::AF_INET6 as u8, &mut v).is_err()
-        {
+        let own;
+        let fd = match kept {
+            Some(fd) => Some(fd),
+            None => {
+                own = diag_socket().ok();
+                own.as_ref()
+            }
+        };
+        if fd.is_none_or(|fd| {
+            diag_table(fd, libc::AF_INET as u8, &mut v).is_err()
+                || diag_table(fd, libc::AF_INET6 as u8, &mut v).is_err()
+        }) {
             v.clear();
             read_table("/proc/net/udp", false, &mut v);
             read_table("/proc/net/udp6", true, &mut v);
@@ -115,14 +128,22 @@ const REQ_LEN: usize = 72;
 const MSG_MIN: usize = 16 + 72;
 
 /// Append the UDP sockets of one family (raw syscalls: rustix, not libc).
-fn diag_table(family: u8, out: &mut Vec<Bound>) -> rustix::io::Result<()> {
-    use rustix::net::{SendFlags, SocketType, netlink};
-    let fd = rustix::net::socket_with(
+fn diag_socket() -> rustix::io::Result<OwnedFd> {
+    rustix::net::socket_with(
         rustix::net::AddressFamily::NETLINK,
-        SocketType::DGRAM,
+        rustix::net::SocketType::DGRAM,
         rustix::net::SocketFlags::CLOEXEC,
-        Some(netlink::SOCK_DIAG),
-    )?;
+        Some(rustix::net::netlink::SOCK_DIAG),
+    )
+}
+
+/// Append the UDP sockets of one family through `fd` (a dump read to its
+/// end, or the error; what a failed dump left queued is drained before
+/// the next request).
+fn diag_table(fd: &OwnedFd, family: u8, out: &mut Vec<Bound>) -> rustix::io::Result<()> {
+    use rustix::net::{RecvFlags, SendFlags, netlink};
+    let mut buf = vec![0u8; 32 * 1024];
+    while rustix::net::recv(fd, &mut buf[..], RecvFlags::DONTWAIT).is_ok_and(|(n, _)| n > 0) {}
     let mut req = [0u8; REQ_LEN];
     req[0..4].copy_from_slice(&(REQ_LEN as u32).to_ne_bytes());
     req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
@@ -133,14 +154,13 @@ fn diag_table(family: u8, out: &mut Vec<Bound>) -> rustix::io::Result<()> {
     req[17] = libc::IPPROTO_UDP as u8;
     req[20..24].copy_from_slice(&u32::MAX.to_ne_bytes()); // every state
     rustix::net::sendto(
-        &fd,
+        fd,
         &req,
         SendFlags::empty(),
         &netlink::SocketAddrNetlink::new(0, 0),
     )?;
-    let mut buf = vec![0u8; 32 * 1024];
     loop {
-        let n = rustix::net::recv(&fd, &mut buf[..], rustix::net::RecvFlags::empty())?.0;
+        let n = rustix::net::recv(fd, &mut buf[..], RecvFlags::empty())?.0;
         if n == 0 {
             return Err(rustix::io::Errno::IO);
         }
@@ -215,7 +235,7 @@ pub fn competitor(local: SocketAddrV4, inode: u64) -> Option<SocketAddrV4> {
     if local.port() == 0 {
         return None;
     }
-    competitor_in(&bound_sockets(), local, inode)
+    competitor_in(&bound_sockets(None), local, inode)
 }
 
 pub fn why(other: SocketAddrV4) -> String {
@@ -244,9 +264,10 @@ pub fn watch() {
     }
     let pid = std::process::id();
     let r = sys::engine_call(|| {
+        let kept = Kept::open();
         std::thread::Builder::new()
             .name("nanowire-share".into())
-            .spawn(move || watcher(pid))
+            .spawn(move || watcher(pid, kept))
     });
     if r.is_err() {
         WATCHING.store(false, Ordering::Release);
@@ -270,9 +291,12 @@ const FULL_EVERY: u32 = 50;
 
 /// The namespace's count of bound UDP and UDP6 sockets ("inuse" of
 /// /proc/net/sockstat{,6}: per-CPU counters summed, no table walk).
-fn udp_inuse() -> Option<(u64, u64)> {
-    fn inuse(path: &str, key: &str) -> Option<u64> {
-        let s = std::fs::read_to_string(path).ok()?;
+fn udp_inuse(k: &Kept) -> Option<(u64, u64)> {
+    fn inuse(f: Option<&OwnedFd>, key: &str) -> Option<u64> {
+        // Read again from the start: procfs makes the text afresh.
+        let mut buf = [0u8; 1024];
+        let n = rustix::io::pread(f?, &mut buf, 0).ok()?;
+        let s = std::str::from_utf8(&buf[..n]).ok()?;
         let line = s.lines().find(|l| l.starts_with(key))?;
         let mut it = line.split_whitespace();
         while let Some(w) = it.next() {
@@ -283,12 +307,42 @@ fn udp_inuse() -> Option<(u64, u64)> {
         None
     }
     Some((
-        inuse("/proc/net/sockstat", "UDP:")?,
-        inuse("/proc/net/sockstat6", "UDP6:").unwrap_or(0),
+        inuse(k.sockstat.as_ref(), "UDP:")?,
+        inuse(k.sockstat6.as_ref(), "UDP6:").unwrap_or(0),
     ))
 }
 
-fn watcher(pid: u32) {
+/// What the watcher reads, opened once by [`watch`] in the caller's thread
+/// and kept above the program's numbers (`above_floor`): the watcher
+/// thread opens no descriptor (it would take a number the program just
+/// freed, every period). `None`: could not be opened (no /proc: the
+/// watcher then scans every period; no sock_diag: a socket per scan).
+struct Kept {
+    sockstat: Option<OwnedFd>,
+    sockstat6: Option<OwnedFd>,
+    diag: Option<OwnedFd>,
+}
+
+impl Kept {
+    fn open() -> Kept {
+        let file = |p: &str| {
+            rustix::fs::open(
+                p,
+                OFlags::RDONLY | OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .ok()
+            .map(above_floor)
+        };
+        Kept {
+            sockstat: file("/proc/net/sockstat"),
+            sockstat6: file("/proc/net/sockstat6"),
+            diag: diag_socket().ok().map(above_floor),
+        }
+    }
+}
+
+fn watcher(pid: u32, kept: Kept) {
     // Everything this thread does is the shim's own business.
     sys::engine_call(|| {
         // A scan walks the kernel's whole UDP hash table (~1 ms of memory
@@ -302,7 +356,7 @@ fn watcher(pid: u32) {
             if std::process::id() != pid {
                 return;
             }
-            let now = udp_inuse();
+            let now = udp_inuse(&kept);
             since_full += 1;
             if now.is_some() && now == last && since_full < FULL_EVERY {
                 continue;
@@ -313,7 +367,7 @@ fn watcher(pid: u32) {
             if ours.is_empty() {
                 continue;
             }
-            let all = bound_sockets();
+            let all = bound_sockets(kept.diag.as_ref());
             for (fd, local) in ours {
                 if let Some(o) = competitor_in(&all, local, inode_of(fd)) {
                     TAKEN_OFF.fetch_add(1, Ordering::Relaxed);

@@ -85,7 +85,10 @@ fn bpf_fd<T>(cmd: bpf_cmd, attr: &mut T) -> std::io::Result<OwnedFd> {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: a successful BPF_*_CREATE/LOAD returns a new fd we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+    // Kept for the engine's life: above the program's numbers.
+    Ok(crate::sys::above_floor(unsafe {
+        OwnedFd::from_raw_fd(r as RawFd)
+    }))
 }
 
 /// An object name as the kernel keeps it (15 bytes and a NUL).

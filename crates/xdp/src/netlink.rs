@@ -376,59 +376,93 @@ pub fn netdev_features(ifindex: u32) -> io::Result<Option<NetdevFeatures>> {
     Ok(Some(f))
 }
 
-/// RTM_GETROUTE for `dst`.
+/// RTM_GETROUTE for `dst` (a netlink socket for this one call).
 pub fn route_get(dst: Ipv4Addr) -> io::Result<Route> {
-    let mut nl = Nl::open()?;
-    let mut body = vec![libc::AF_INET as u8, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-    push_attr(&mut body, RTA_DST, &dst.octets());
-    let msgs = nl.request(RTM_GETROUTE, 0, &body, RTM_NEWROUTE)?;
-    let m = msgs
-        .first()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no route to {dst}")))?;
-    let mut r = Route {
-        oif: 0,
-        gateway: None,
-        prefsrc: None,
-        kind: m.get(7).copied().unwrap_or(RTN_UNICAST),
-    };
-    for (ty, d) in attrs(m.get(12..).unwrap_or(&[])) {
-        match ty {
-            RTA_OIF if d.len() == 4 => r.oif = u32::from_ne_bytes([d[0], d[1], d[2], d[3]]),
-            RTA_GATEWAY => r.gateway = ip4(d),
-            RTA_PREFSRC => r.prefsrc = ip4(d),
-            _ => {}
-        }
-    }
-    Ok(r)
+    Nl::open()?.route_get(dst)
 }
 
-/// RTM_GETNEIGH: the MAC of `ip` on `ifindex`, if the kernel has a usable entry.
+/// RTM_GETNEIGH: the MAC of `ip` on `ifindex`, if the kernel has a usable
+/// entry (a netlink socket for this one call).
 pub fn neigh_get(ifindex: u32, ip: Ipv4Addr) -> io::Result<Option<[u8; 6]>> {
-    let mut nl = Nl::open()?;
-    let mut body = vec![libc::AF_INET as u8, 0, 0, 0];
-    body.extend_from_slice(&(ifindex as i32).to_ne_bytes());
-    body.extend_from_slice(&[0u8; 4]); // state, flags, type
-    push_attr(&mut body, NDA_DST, &ip.octets());
-    let msgs = match nl.request(RTM_GETNEIGH, 0, &body, RTM_NEWNEIGH) {
-        Ok(m) => m,
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    for m in msgs {
-        if m.len() < 12 {
-            continue;
-        }
-        let state = u16::from_ne_bytes([m[8], m[9]]);
-        if state & NUD_VALID == 0 {
-            continue;
-        }
-        for (ty, d) in attrs(&m[12..]) {
-            if let (NDA_LLADDR, Ok(mac)) = (ty, <[u8; 6]>::try_from(d)) {
-                return Ok(Some(mac));
+    Nl::open()?.neigh_get(ifindex, ip)
+}
+
+/// A netlink socket kept for route and neighbour queries, its number above
+/// the program's ([`sys::above_floor`]): an engine thread that asks the
+/// kernel never opens a descriptor, so it never takes a number the program
+/// just freed (a single-threaded program's next socket or file gets the
+/// number it gets plainly).
+pub struct Query(Nl);
+
+impl Query {
+    pub fn open() -> io::Result<Query> {
+        let Nl { fd, seq } = Nl::open()?;
+        Ok(Query(Nl {
+            fd: sys::above_floor(fd),
+            seq,
+        }))
+    }
+    pub fn route_get(&mut self, dst: Ipv4Addr) -> io::Result<Route> {
+        self.0.route_get(dst)
+    }
+    pub fn neigh_get(&mut self, ifindex: u32, ip: Ipv4Addr) -> io::Result<Option<[u8; 6]>> {
+        self.0.neigh_get(ifindex, ip)
+    }
+}
+
+impl Nl {
+    fn route_get(&mut self, dst: Ipv4Addr) -> io::Result<Route> {
+        let nl = self;
+        let mut body = vec![libc::AF_INET as u8, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        push_attr(&mut body, RTA_DST, &dst.octets());
+        let msgs = nl.request(RTM_GETROUTE, 0, &body, RTM_NEWROUTE)?;
+        let m = msgs
+            .first()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no route to {dst}")))?;
+        let mut r = Route {
+            oif: 0,
+            gateway: None,
+            prefsrc: None,
+            kind: m.get(7).copied().unwrap_or(RTN_UNICAST),
+        };
+        for (ty, d) in attrs(m.get(12..).unwrap_or(&[])) {
+            match ty {
+                RTA_OIF if d.len() == 4 => r.oif = u32::from_ne_bytes([d[0], d[1], d[2], d[3]]),
+                RTA_GATEWAY => r.gateway = ip4(d),
+                RTA_PREFSRC => r.prefsrc = ip4(d),
+                _ => {}
             }
         }
+        Ok(r)
     }
-    Ok(None)
+
+    fn neigh_get(&mut self, ifindex: u32, ip: Ipv4Addr) -> io::Result<Option<[u8; 6]>> {
+        let nl = self;
+        let mut body = vec![libc::AF_INET as u8, 0, 0, 0];
+        body.extend_from_slice(&(ifindex as i32).to_ne_bytes());
+        body.extend_from_slice(&[0u8; 4]); // state, flags, type
+        push_attr(&mut body, NDA_DST, &ip.octets());
+        let msgs = match nl.request(RTM_GETNEIGH, 0, &body, RTM_NEWNEIGH) {
+            Ok(m) => m,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        for m in msgs {
+            if m.len() < 12 {
+                continue;
+            }
+            let state = u16::from_ne_bytes([m[8], m[9]]);
+            if state & NUD_VALID == 0 {
+                continue;
+            }
+            for (ty, d) in attrs(&m[12..]) {
+                if let (NDA_LLADDR, Ok(mac)) = (ty, <[u8; 6]>::try_from(d)) {
+                    return Ok(Some(mac));
+                }
+            }
+        }
+        Ok(None)
+    }
 }
 
 /// The MAC of a destination that needs no neighbour resolution
@@ -448,6 +482,14 @@ pub fn static_mac(dst: Ipv4Addr, route: &Route) -> Option<[u8; 6]> {
 /// zero-length datagram to the discard port from a kernel UDP socket.
 /// Never waits; the answer shows up as an RTM_NEWNEIGH on a [`Monitor`].
 pub fn solicit(hop: Ipv4Addr) {
+    if let Ok(s) = solicit_socket() {
+        solicit_with(&s, hop);
+    }
+}
+
+/// A socket for [`solicit_with`], its number above the program's
+/// ([`sys::above_floor`]), to keep.
+pub fn solicit_socket() -> io::Result<OwnedFd> {
     // Raw syscalls: under the LD_PRELOAD shim this socket must stay a
     // plain kernel socket (see crate::sys).
     let fd = sys::socket(
@@ -456,8 +498,15 @@ pub fn solicit(hop: Ipv4Addr) {
         0,
     );
     if fd < 0 {
-        return;
+        return Err(io::Error::last_os_error());
     }
+    // SAFETY: fd is a fresh descriptor we own.
+    Ok(sys::above_floor(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// [`solicit`] through a kept socket (from [`solicit_socket`]).
+pub fn solicit_with(sock: &OwnedFd, hop: Ipv4Addr) {
+    let fd = sock.as_raw_fd();
     let sa = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: 9u16.to_be(),
@@ -477,7 +526,6 @@ pub fn solicit(hop: Ipv4Addr) {
             std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
         )
     };
-    sys::close(fd);
 }
 
 const RTM_DELROUTE: u16 = 25;
@@ -524,8 +572,9 @@ impl Monitor {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: fd is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: fd is a fresh descriptor we own. Kept for the engine's
+        // life: above the program's numbers.
+        let fd = sys::above_floor(unsafe { OwnedFd::from_raw_fd(fd) });
         // SAFETY: all-zero sockaddr_nl is valid; fields set below.
         let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         sa.nl_family = libc::AF_NETLINK as u16;

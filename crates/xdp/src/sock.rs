@@ -73,8 +73,11 @@ pub(crate) fn xsk_socket() -> io::Result<OwnedFd> {
     if raw < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: raw is a fresh descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+    // SAFETY: raw is a fresh descriptor we own. Kept: above the
+    // program's numbers.
+    Ok(crate::sys::above_floor(unsafe {
+        OwnedFd::from_raw_fd(raw)
+    }))
 }
 
 pub(crate) fn bind_xsk(

@@ -263,6 +263,85 @@ pub fn eventfd_drain(fd: c_int) {
     unsafe { syscall!(libc::SYS_read, fd, &mut v as *mut u64, 8usize) };
 }
 
+/// The lowest number a descriptor the engine keeps may take: half the
+/// process's soft `RLIMIT_NOFILE`, at most 512 (below `FD_SETSIZE`, so a
+/// program's `select` never meets one of ours). Read once.
+pub fn fd_floor() -> c_int {
+    static FLOOR: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
+    *FLOOR.get_or_init(|| {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit fills the rlimit we pass.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+            return 0;
+        }
+        (r.rlim_cur / 2).min(512) as c_int
+    })
+}
+
+/// Move a descriptor the engine keeps above [`fd_floor`] (close-on-exec),
+/// as Onload keeps its own: the low numbers stay the program's, so its
+/// next socket or file gets the number it gets plainly, and a number it
+/// frees is never taken by one of ours. Unchanged where no number above
+/// the floor is free.
+pub fn above_floor(fd: std::os::fd::OwnedFd) -> std::os::fd::OwnedFd {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let floor = fd_floor();
+    if fd.as_raw_fd() >= floor {
+        return fd;
+    }
+    // SAFETY: F_DUPFD_CLOEXEC on our own open descriptor; integer arguments.
+    let up = ret(unsafe {
+        syscall!(
+            libc::SYS_fcntl,
+            fd.as_raw_fd(),
+            libc::F_DUPFD_CLOEXEC,
+            floor
+        )
+    });
+    if up < 0 {
+        return fd;
+    }
+    // SAFETY: `up` is the fresh duplicate made above; we own it. `fd` is
+    // closed when it drops here.
+    unsafe { std::os::fd::OwnedFd::from_raw_fd(up) }
+}
+
+/// [`above_floor`] for a raw descriptor the caller owns: returns the number
+/// to use from now on (the old one is closed if it moved).
+pub fn raw_above_floor(fd: c_int) -> c_int {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    if fd < 0 {
+        return fd;
+    }
+    // SAFETY: the caller owns `fd` and gives it up; it gets the (possibly
+    // new) number back as its own.
+    above_floor(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }).into_raw_fd()
+}
+
+/// A non-blocking, close-on-exec eventfd for the engine to keep, above the
+/// program's numbers ([`above_floor`]).
+pub fn eventfd() -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: eventfd2 with integer arguments only.
+    let fd = ret(unsafe {
+        syscall!(
+            libc::SYS_eventfd2,
+            0usize,
+            libc::EFD_NONBLOCK | libc::EFD_CLOEXEC
+        )
+    });
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    Ok(above_floor(unsafe {
+        std::os::fd::OwnedFd::from_raw_fd(fd)
+    }))
+}
+
 /// Wait until every CPU has left the receive path it was in when this was
 /// called: an RCU grace period (`membarrier(MEMBARRIER_CMD_GLOBAL)` runs
 /// `synchronize_rcu`). An XDP program runs, and its redirects to AF_XDP

@@ -315,8 +315,10 @@ impl XskSocket {
         if raw < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: raw is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: raw is a fresh descriptor we own. Kept for the engine's
+        // life: above the program's numbers.
+        let fd = crate::sys::above_floor(unsafe { OwnedFd::from_raw_fd(raw) });
+        let raw = fd.as_raw_fd();
         let umem = Arc::new(match area {
             Some(a) => UmemShared::on(a),
             None => UmemShared::new(cfg.rx_frames, cfg.tx_frames, cfg.frame_size)?,

@@ -67,7 +67,7 @@ pub mod host {
     pub use nanowire_xdp::iface::iface_for_addr;
     pub use nanowire_xdp::netlink::{Route, route_get};
     pub use nanowire_xdp::privilege::check as privilege_check;
-    pub use nanowire_xdp::sys::sendto_tskey;
+    pub use nanowire_xdp::sys::{above_floor, sendto_tskey};
 }
 
 use crate::EngineOptions;

@@ -46,7 +46,7 @@ use super::device::EngineTx;
 use super::order::{self, Guard, Tier};
 use super::shm::{E, S, StatsPage, add, set};
 use super::tx::{TxPath, Wire};
-use nanowire_xdp::netlink::{self, Event, Monitor, Route};
+use nanowire_xdp::netlink::{self, Event, Monitor, Query, Route};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -162,18 +162,16 @@ pub(crate) struct Neigh {
     /// route change re-reads them).
     onlink: Mutex<Vec<Prefix>>,
     page: Arc<StatsPage>,
+    /// Kept for route and neighbour queries and ARP solicitations, opened
+    /// with the engine (never in the neighbour thread, which would take a
+    /// number the program just freed), above the program's numbers
+    /// (`sys::above_floor`). `None` if they could not be opened: a socket
+    /// per query then.
+    query: Mutex<Option<Query>>,
+    solicit: Option<OwnedFd>,
 }
 
-fn eventfd() -> io::Result<OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: plain eventfd(2); checked below.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
+use nanowire_xdp::sys::eventfd;
 
 /// The IPv4 prefixes of interface `ifindex` (getifaddrs: one dump, when
 /// the engine opens and after route changes, never per packet).
@@ -246,7 +244,34 @@ impl Neigh {
             ifaddr,
             onlink: Mutex::new(onlink_prefixes(ifindex)),
             page,
+            query: Mutex::new(Query::open().ok()),
+            solicit: netlink::solicit_socket().ok(),
         })
+    }
+
+    /// RTM_GETROUTE through the kept query socket.
+    fn route_get(&self, dst: Ipv4Addr) -> io::Result<Route> {
+        let mut q = order::lock(&self.query, Tier::Leaf, "the netlink query socket");
+        match q.as_mut() {
+            Some(q) => q.route_get(dst),
+            None => netlink::route_get(dst),
+        }
+    }
+
+    /// RTM_GETNEIGH through the kept query socket.
+    fn neigh_get(&self, hop: Ipv4Addr) -> io::Result<Option<[u8; 6]>> {
+        let mut q = order::lock(&self.query, Tier::Leaf, "the netlink query socket");
+        match q.as_mut() {
+            Some(q) => q.neigh_get(self.ifindex, hop),
+            None => netlink::neigh_get(self.ifindex, hop),
+        }
+    }
+
+    fn solicit(&self, hop: Ipv4Addr) {
+        match &self.solicit {
+            Some(s) => netlink::solicit_with(s, hop),
+            None => netlink::solicit(hop),
+        }
     }
 
     fn lock(&self) -> Guard<'_, Tables> {
@@ -348,7 +373,7 @@ impl Neigh {
                 kind: netlink::RTN_MULTICAST,
             }
         } else {
-            netlink::route_get(dst).map_err(|e| {
+            self.route_get(dst).map_err(|e| {
                 let kind = match e.raw_os_error() {
                     Some(libc::ENETUNREACH) => io::ErrorKind::NetworkUnreachable,
                     Some(libc::EHOSTUNREACH) => io::ErrorKind::HostUnreachable,
@@ -405,7 +430,7 @@ impl Neigh {
         {
             return Ok(());
         }
-        match netlink::neigh_get(self.ifindex, hop) {
+        match self.neigh_get(hop) {
             Ok(Some(mac)) => {
                 self.insert(hop, State::Ready(mac));
             }
@@ -420,7 +445,7 @@ impl Neigh {
                     },
                 );
                 if fresh {
-                    netlink::solicit(hop);
+                    self.solicit(hop);
                     self.wake_worker();
                 }
             }
@@ -652,12 +677,13 @@ impl Neigh {
 /// The neighbour thread: waits for kernel events, re-reads pending
 /// entries, sends what was waiting for a MAC. Exits when the engine stops
 /// it. Runs with every signal blocked (it lives inside applications).
+/// `mon`: opened by [`spawn`] in the caller's thread.
 pub(crate) fn run(
     neigh: Arc<Neigh>,
     tx: Arc<Mutex<TxPath<EngineTx>>>,
     mut watch: Option<super::service::client::Watch>,
+    mut mon: Option<Monitor>,
 ) {
-    let mut mon = Monitor::open().ok();
     let mut events = Vec::new();
     let mut ready = Vec::new();
     let mut pending = true;
@@ -711,7 +737,7 @@ pub(crate) fn run(
         }
         for hop in check {
             // Netlink with no lock held.
-            if let Ok(Some(mac)) = netlink::neigh_get(neigh.ifindex, hop) {
+            if let Ok(Some(mac)) = neigh.neigh_get(hop) {
                 events.push(Event::Neigh {
                     ifindex: neigh.ifindex,
                     ip: hop,
@@ -739,12 +765,14 @@ pub(crate) fn run(
 }
 
 /// Start the neighbour thread with every signal blocked (a process-directed
-/// signal must never be delivered to it).
+/// signal must never be delivered to it). Its event socket is opened here,
+/// in the caller's thread (the thread itself opens no descriptor).
 pub(crate) fn spawn(
     neigh: Arc<Neigh>,
     tx: Arc<Mutex<TxPath<EngineTx>>>,
     watch: Option<super::service::client::Watch>,
 ) -> io::Result<std::thread::JoinHandle<()>> {
+    let mon = Monitor::open().ok();
     // SAFETY: sigset_t is plain data; sigfillset initialises it.
     let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
@@ -758,7 +786,7 @@ pub(crate) fn spawn(
     let r = std::thread::Builder::new()
         .name("nanowire-neigh".into())
         .stack_size(256 * 1024)
-        .spawn(move || run(neigh, tx, watch));
+        .spawn(move || run(neigh, tx, watch, mon));
     // SAFETY: restores the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     r

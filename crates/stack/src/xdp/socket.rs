@@ -28,7 +28,7 @@ use crate::{EngineKind, EngineOptions, SocketStats, UdpEndpoint, WaitPolicy};
 use nanowire_xdp::iface;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -82,16 +82,7 @@ impl Twin {
     }
 }
 
-fn eventfd() -> io::Result<OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: plain eventfd(2); checked below.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
+use nanowire_xdp::sys::eventfd;
 
 use crate::sockaddr::{from_sockaddr_in, sockaddr_in};
 use nanowire_xdp::sys::{self, eventfd_drain};

@@ -80,8 +80,9 @@ fn reserve(local: SocketAddrV4, listen: bool) -> io::Result<(OwnedFd, SocketAddr
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: fd is a fresh descriptor we own exclusively.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: fd is a fresh descriptor we own exclusively. Kept while the
+    // port is held: above the program's numbers.
+    let fd = nanowire_xdp::sys::above_floor(unsafe { OwnedFd::from_raw_fd(fd) });
     let sa = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: local.port().to_be(),
@@ -369,15 +370,7 @@ fn bind_ephemeral(fd: RawFd, src: Ipv4Addr) -> io::Result<Option<u16>> {
     }
 }
 
-fn eventfd() -> io::Result<OwnedFd> {
-    // SAFETY: eventfd(2) with valid flags; checked before use.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh descriptor, owned here.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
+use nanowire_xdp::sys::eventfd;
 
 fn eventfd_drain(fd: RawFd) {
     let mut v = 0u64;
