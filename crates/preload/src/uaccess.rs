@@ -77,16 +77,13 @@ pub fn ok(base: usize, len: usize, a: Access) -> bool {
 /// the order the kernel would. The answer holds while the mappings do not
 /// change ([`Seen::still`]), so it may be taken before a wait and used
 /// after it.
-#[inline]
-pub fn all_cached(ranges: &[(usize, usize)], a: Access) -> Seen {
+#[inline(always)]
+pub fn all_cached<const N: usize>(ranges: &[(usize, usize); N], a: Access) -> Seen {
     let ep = EPOCH.load(Ordering::Acquire);
     let ok = CACHE
         .try_with(|c| {
-            c.try_borrow().is_ok_and(|c| {
-                ranges
-                    .iter()
-                    .all(|&(base, len)| len == 0 || c.hit(ep, base, len, a))
-            })
+            c.try_borrow_mut()
+                .is_ok_and(|mut c| c.hit_all(ep, ranges, a))
         })
         .unwrap_or(false);
     Seen { ep, ok }

@@ -162,7 +162,22 @@ pub struct RangeCache {
     ent: [(usize, usize, u8); 8],
     next: usize,
     epoch: u64,
+    /// The last set of ranges [`RangeCache::hit_all`] found, per access
+    /// (read, write): a program that sends from and receives into the same
+    /// buffers call after call is answered by a few compares.
+    memo: [Memo; 2],
 }
+
+/// Ranges all found at `epoch` (`n` of them; n == 0: none remembered).
+#[derive(Clone, Copy, Debug, Default)]
+struct Memo {
+    epoch: u64,
+    n: usize,
+    r: [(usize, usize); MEMO_RANGES],
+}
+
+/// Ranges of one call a memo holds (buffer, address, address length).
+const MEMO_RANGES: usize = 3;
 
 impl RangeCache {
     pub const fn new() -> RangeCache {
@@ -170,7 +185,49 @@ impl RangeCache {
             ent: [(0, 0, 0); 8],
             next: 0,
             epoch: 0,
+            memo: [Memo {
+                epoch: 0,
+                n: 0,
+                r: [(0, 0); MEMO_RANGES],
+            }; 2],
         }
+    }
+
+    /// Are all of `ranges` (base, len; a zero length always is) inside
+    /// remembered mappings with access `a` at `epoch`? As [`RangeCache::hit`]
+    /// for each, with the last set found per access remembered: the same
+    /// ranges again at the same epoch are found by comparing them (a
+    /// mapping found at an epoch stays so until the epoch changes, whether
+    /// or not its entry was since replaced by another).
+    #[inline(always)]
+    pub fn hit_all<const N: usize>(
+        &mut self,
+        epoch: u64,
+        ranges: &[(usize, usize); N],
+        a: Access,
+    ) -> bool {
+        let m = &self.memo[usize::from(a.bit() >> 1)];
+        if N <= MEMO_RANGES && m.n == N && m.epoch == epoch && m.r[..N] == ranges[..] {
+            return true;
+        }
+        self.hit_all_slow(epoch, ranges, a)
+    }
+
+    #[inline(never)]
+    fn hit_all_slow(&mut self, epoch: u64, ranges: &[(usize, usize)], a: Access) -> bool {
+        if !ranges
+            .iter()
+            .all(|&(base, len)| len == 0 || self.hit(epoch, base, len, a))
+        {
+            return false;
+        }
+        if (1..=MEMO_RANGES).contains(&ranges.len()) {
+            let m = &mut self.memo[usize::from(a.bit() >> 1)];
+            m.epoch = epoch;
+            m.n = ranges.len();
+            m.r[..ranges.len()].copy_from_slice(ranges);
+        }
+        true
     }
 
     /// Is `[base, base+len)` inside a remembered mapping with access `a`
@@ -209,6 +266,28 @@ impl RangeCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hit_all_remembers_the_last_set_per_access_and_epoch() {
+        let mut c = RangeCache::new();
+        c.insert(5, 0x1000, 0x3000, Access::Write);
+        let set = [(0x1000, 16), (0x2000, 0), (0x2ff0, 16)];
+        assert!(c.hit_all(5, &set, Access::Write));
+        assert!(c.hit_all(5, &set, Access::Write), "memo");
+        assert!(!c.hit_all(5, &set, Access::Read), "other access");
+        assert!(!c.hit_all(6, &set, Access::Write), "new epoch");
+        assert!(
+            !c.hit_all(5, &[(0x2ff0, 17)], Access::Write),
+            "past the end"
+        );
+        // The memo of epoch 5 does not answer for epoch 6 after a refill.
+        c.insert(6, 0x1000, 0x2000, Access::Write);
+        assert!(!c.hit_all(6, &set, Access::Write));
+        assert!(c.hit_all(6, &[(0x1000, 16)], Access::Write));
+        // Zero-length ranges anywhere; an empty set.
+        assert!(c.hit_all(6, &[(0, 0)], Access::Write));
+        assert!(c.hit_all(6, &[], Access::Write));
+    }
 
     const MAPS: &[u8] = b"\
 00400000-00452000 r-xp 00000000 08:02 173521      /usr/bin/dbus-daemon
