@@ -31,7 +31,7 @@ pub mod umem;
 pub mod xsk;
 
 pub use program::{AttachMode, SteerProgram};
-pub use umem::{RxFrame, UmemArea, UmemInfo};
+pub use umem::{Recycler, RxFrame, UmemArea, UmemInfo};
 pub use xsk::{CsumRequest, RxPeek, XskConfig, XskRx, XskSocket, XskStats, XskTx};
 
 /// The compiled steering program (bpf/steer.c; built by this crate's

@@ -186,6 +186,9 @@ enum Repr {
     /// A multi-buffer packet: its buffers, in order, in the RX frames
     /// they arrived in (held until the last clone drops).
     Chain(Arc<ChainFrames>),
+    /// Nothing: what a frame handed to a [`Recycler`] leaves behind for
+    /// its own drop (never seen outside `RxFrame::recycle_into`).
+    Gone,
 }
 
 /// The RX frames of one multi-buffer packet. Read in place, piece by
@@ -237,6 +240,7 @@ impl RxFrame {
             // mapping alive.
             Repr::Umem { umem, addr, len } => unsafe { umem.slice(*addr, *len) },
             Repr::Heap(v) => v,
+            Repr::Gone => &[],
             Repr::Chain(c) => c.gathered.get_or_init(|| {
                 let mut v = Vec::with_capacity(c.len);
                 for i in 0..c.pieces.len() {
@@ -322,6 +326,7 @@ impl RxFrame {
             Repr::Umem { len, .. } => *len as usize,
             Repr::Heap(v) => v.len(),
             Repr::Chain(c) => c.len,
+            Repr::Gone => 0,
         }
     }
 
@@ -365,21 +370,99 @@ impl Clone for RxFrame {
             Repr::Chain(c) => RxFrame {
                 repr: Repr::Chain(c.clone()),
             },
+            Repr::Gone => RxFrame { repr: Repr::Gone },
         }
+    }
+}
+
+impl RxFrame {
+    /// Drop this frame's reference; its frame goes to `batch` (one lock
+    /// of the recycle list per batch instead of one per frame: a bulk
+    /// receiver drops a frame per segment) if this was the last one. A
+    /// chain or heap bytes drop as usual.
+    #[inline]
+    pub fn recycle_into(mut self, batch: &mut Recycler) {
+        if !matches!(self.repr, Repr::Umem { .. }) {
+            return;
+        }
+        if let Repr::Umem { umem, addr, .. } = std::mem::replace(&mut self.repr, Repr::Gone)
+            && umem.release_ref(addr)
+        {
+            batch.push(umem, addr);
+        }
+    }
+}
+
+impl UmemShared {
+    /// Drop one reference to the RX frame holding `addr`: true if it was
+    /// the last (the frame is free to recycle).
+    #[inline]
+    fn release_ref(&self, addr: u64) -> bool {
+        let r = &self.refs[(addr >> self.frame_shift) as usize];
+        // Sole owner (no other clone can appear: cloning needs one): no
+        // read-modify-write needed.
+        r.load(Ordering::Acquire) == 1 || r.fetch_sub(1, Ordering::AcqRel) == 1
     }
 }
 
 impl Drop for RxFrame {
     fn drop(&mut self) {
-        if let Repr::Umem { umem, addr, .. } = &self.repr {
-            let idx = (*addr >> umem.frame_shift) as usize;
-            let r = &umem.refs[idx];
-            // Sole owner (no other clone can appear: cloning needs one):
-            // no read-modify-write needed.
-            if r.load(Ordering::Acquire) == 1 || r.fetch_sub(1, Ordering::AcqRel) == 1 {
-                umem.recycle([umem.frame_base(*addr)]);
-            }
+        if let Repr::Umem { umem, addr, .. } = &self.repr
+            && umem.release_ref(*addr)
+        {
+            umem.recycle([umem.frame_base(*addr)]);
         }
+    }
+}
+
+/// Frames released together ([`RxFrame::recycle_into`]): they go to their
+/// UMEM's recycle list in one locked step when the batch fills, changes
+/// UMEM, or drops. Lives on the stack (no allocation).
+pub struct Recycler {
+    umem: Option<Arc<UmemShared>>,
+    bases: [u64; RECYCLE_BATCH],
+    n: usize,
+}
+
+const RECYCLE_BATCH: usize = 64;
+
+impl Default for Recycler {
+    fn default() -> Self {
+        Recycler {
+            umem: None,
+            bases: [0; RECYCLE_BATCH],
+            n: 0,
+        }
+    }
+}
+
+impl Recycler {
+    #[inline]
+    fn push(&mut self, umem: Arc<UmemShared>, addr: u64) {
+        if self.n == RECYCLE_BATCH || self.umem.as_ref().is_some_and(|u| !Arc::ptr_eq(u, &umem)) {
+            self.flush();
+        }
+        self.bases[self.n] = umem.frame_base(addr);
+        self.n += 1;
+        if self.umem.is_none() {
+            self.umem = Some(umem);
+        }
+    }
+
+    /// Hand the frames gathered so far to their UMEM.
+    pub fn flush(&mut self) {
+        if let Some(u) = self.umem.take()
+            && self.n > 0
+        {
+            u.recycle(self.bases[..self.n].iter().copied());
+        }
+        self.n = 0;
+    }
+}
+
+impl Drop for Recycler {
+    fn drop(&mut self) {
+        self.flush();
     }
 }
 
@@ -406,6 +489,27 @@ mod tests {
         assert_eq!(g.data().len(), 60);
         drop(g);
         assert_eq!(*u.recycled.lock().unwrap(), vec![2 * 2048]);
+    }
+
+    #[test]
+    fn a_batch_recycles_its_last_references_once_when_it_ends() {
+        let u = Arc::new(UmemShared::new(80, 4, 2048).unwrap());
+        let shared = u.mint(1, 2048 + 256, 60);
+        let clone = shared.clone();
+        let mut b = Recycler::default();
+        shared.recycle_into(&mut b);
+        for i in 2..70u64 {
+            u.mint(i as usize, i * 2048 + 256, 60).recycle_into(&mut b);
+        }
+        // 64 went in one step when the batch filled; the rest wait.
+        assert_eq!(u.recycled.lock().unwrap().len(), 64);
+        RxFrame::from_vec(vec![1, 2]).recycle_into(&mut b);
+        drop(b);
+        let got = std::mem::take(&mut *u.recycled.lock().unwrap());
+        assert_eq!(got, (2..70u64).map(|i| i * 2048).collect::<Vec<_>>());
+        assert_eq!(clone.len(), 60, "a clone keeps its frame");
+        drop(clone);
+        assert_eq!(*u.recycled.lock().unwrap(), vec![2048]);
     }
 
     #[test]

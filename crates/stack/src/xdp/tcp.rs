@@ -2308,7 +2308,8 @@ pub fn tcp_drain(limit: Duration) {
 /// frame queued for endpoint `id` to `stack` (the payload is copied into
 /// the connection's ring straight from the frame's buffers, a
 /// super-frame's chain too, without gathering it; the frames go back to
-/// the device as soon as its `Delivery` drops). `now` is read (`clock`) only when a segment came.
+/// the device's recycle list together when the pass ends, one lock for
+/// all). `now` is read (`clock`) only when a segment came.
 /// Returns segments fed. Call under the RX lock (`g`).
 #[inline]
 pub(crate) fn rx_segments<D: RxDevice>(
@@ -2320,6 +2321,10 @@ pub(crate) fn rx_segments<D: RxDevice>(
 ) -> usize {
     g.poll(RX_BUDGET);
     let mut fed = 0;
+    // The frames go back to the fill ring's recycle list together, at the
+    // end (one lock of it per turn, not one per segment); made on the first
+    // segment (an idle turn of a spinning reader makes nothing).
+    let mut done: Option<nanowire_xdp::Recycler> = None;
     while let Some(d) = g.demux.pop(id, &g.page) {
         let t = *now.get_or_insert_with(&clock);
         if d.frame.frames() == 1 {
@@ -2329,6 +2334,8 @@ pub(crate) fn rx_segments<D: RxDevice>(
         } else {
             input_chain(stack, t, &d);
         }
+        d.frame
+            .recycle_into(done.get_or_insert_with(nanowire_xdp::Recycler::default));
         fed += 1;
     }
     fed
@@ -2387,10 +2394,10 @@ impl Framer {
             ip_id,
             src_mac,
         } = self;
+        // `poll_transmit` answers None when nothing is due (the frame goes
+        // back to the pool): no separate `wants_transmit` per frame (the
+        // caller asked it once before taking the TX lock).
         let n = tx.post_with(TX_BATCH, |_, fr| {
-            if !stack.wants_transmit() {
-                return None;
-            }
             let end = fr.len().min(SLOT);
             let t = stack.poll_transmit(now, &mut fr[HDRS..end])?;
             match cached_hop(hops, generation, t.dst) {
