@@ -89,11 +89,6 @@ static __always_inline int redirect_to(struct xdp_md *ctx, __u32 key)
 	return XDP_PASS;
 }
 
-static __always_inline int redirect(struct xdp_md *ctx)
-{
-	return redirect_to(ctx, ctx->rx_queue_index);
-}
-
 // The socket a claim's value names: its slot's on this queue, or the
 // queue's own.
 static __always_inline __u32 xsk_key(struct xdp_md *ctx, __u32 v)
@@ -149,7 +144,9 @@ static __always_inline int other_host(struct ethhdr *eth, struct nw_config *c)
 // ---- TCP (issue 11) ----
 // TCP is steered only for what the engine's TCP owns: a listener's
 // (local address, port) in `nw_tcp_listen`, a client connection's 4-tuple
-// in `nw_tcp_flows`. The kernel holds the same ports with its own sockets
+// in `nw_tcp_flows`. Their values name the owner as a claim's do: a pid
+// (the queue's socket), or NW_SLOT | slot (the engine service: that
+// process's socket on the queue, xsk_key). The kernel holds the same ports with its own sockets
 // (so it never hands them out) and never sees these segments (so it never
 // answers them with RST).
 // A flow entry whose value has this bit is the kernel's: a connection handed
@@ -182,17 +179,10 @@ struct {
 	__type(value, __u32);
 } nw_tcp_flows SEC(".maps");
 
-static __always_inline int tcp_ports_claimed(struct iphdr *ip, void *end);
-
-static __always_inline int tcp_claimed(struct iphdr *ip, void *end)
-{
-	if (ip->frag_off & bpf_htons(0x3fff))
-		return 0;
-	return tcp_ports_claimed(ip, end);
-}
-
-// The segment's 4-tuple is an engine flow, or its destination a listener.
-static __always_inline int tcp_ports_claimed(struct iphdr *ip, void *end)
+// The segment's 4-tuple is an engine flow, or its destination a listener:
+// 1 and the owner's value in *owner (a pid, or NW_SLOT | slot under the
+// engine service: see xsk_key), 0 when the kernel's.
+static __always_inline int tcp_ports_claimed(struct iphdr *ip, void *end, __u32 *owner)
 {
 	__u32 hl = ip->ihl * 4;
 	if (hl < sizeof(*ip))
@@ -203,11 +193,17 @@ static __always_inline int tcp_ports_claimed(struct iphdr *ip, void *end)
 	struct tcp_flow_key f = {
 		.raddr = ip->saddr, .laddr = ip->daddr, .rport = ports[0], .lport = ports[1],
 	};
-	__u32 *owner = bpf_map_lookup_elem(&nw_tcp_flows, &f);
-	if (owner)
-		return !(*owner & NW_FLOW_PASS);
+	__u32 *v = bpf_map_lookup_elem(&nw_tcp_flows, &f);
+	if (v) {
+		*owner = *v;
+		return !(*v & NW_FLOW_PASS);
+	}
 	struct claim_key k = { .addr = ip->daddr, .port = ports[1], .pad = 0 };
-	return bpf_map_lookup_elem(&nw_tcp_listen, &k) != 0;
+	v = bpf_map_lookup_elem(&nw_tcp_listen, &k);
+	if (!v)
+		return 0;
+	*owner = *v;
+	return 1;
 }
 
 // ---- Fragments of the engine's TCP flows (issue 20, finding 8) ----
@@ -215,7 +211,9 @@ static __always_inline int tcp_ports_claimed(struct iphdr *ip, void *end)
 // reassembled there would be answered with RST. So a first fragment (it
 // carries the ports) of a flow the engine owns is redirected, and its
 // (source, destination, IP id, protocol) remembered here so that the later
-// fragments of the datagram follow it; the engine reassembles (bounded,
+// fragments of the datagram follow it (the entry's value is the flow's
+// owner value, so they reach the same process's socket under the engine
+// service); the engine reassembles (bounded,
 // crates/stack/src/xdp/reasm.rs). The last fragment forgets the entry.
 // A non-first fragment that arrives before its first fragment is passed to
 // the kernel (it cannot be attributed): the kernel never completes that
@@ -243,17 +241,19 @@ static __always_inline int tcp_fragment(struct xdp_md *ctx, struct iphdr *ip, vo
 	};
 	if (ip->frag_off & bpf_htons(0x1fff)) {
 		// Not the first: only if its first fragment was ours.
-		if (!bpf_map_lookup_elem(&nw_tcp_frags, &k))
+		__u32 *v = bpf_map_lookup_elem(&nw_tcp_frags, &k);
+		if (!v)
 			return XDP_PASS;
+		__u32 key = xsk_key(ctx, *v);
 		if (!(ip->frag_off & bpf_htons(0x2000)))
 			bpf_map_delete_elem(&nw_tcp_frags, &k); // the last one (no MF)
-		return redirect(ctx);
+		return redirect_to(ctx, key);
 	}
-	if (!tcp_ports_claimed(ip, end))
+	__u32 owner = 0;
+	if (!tcp_ports_claimed(ip, end, &owner))
 		return XDP_PASS;
-	__u32 one = 1;
-	bpf_map_update_elem(&nw_tcp_frags, &k, &one, BPF_ANY);
-	return redirect(ctx);
+	bpf_map_update_elem(&nw_tcp_frags, &k, &owner, BPF_ANY);
+	return redirect_to(ctx, xsk_key(ctx, owner));
 }
 
 static __always_inline int steer(struct xdp_md *ctx)
@@ -274,9 +274,10 @@ static __always_inline int steer(struct xdp_md *ctx)
 	if (ip->protocol == IPPROTO_TCP) {
 		if (ip->frag_off & bpf_htons(0x3fff))
 			return tcp_fragment(ctx, ip, end);
-		if (!tcp_claimed(ip, end))
+		__u32 owner = 0;
+		if (!tcp_ports_claimed(ip, end, &owner))
 			return XDP_PASS;
-		return redirect(ctx);
+		return redirect_to(ctx, xsk_key(ctx, owner));
 	}
 	if (ip->protocol != IPPROTO_UDP)
 		return XDP_PASS;

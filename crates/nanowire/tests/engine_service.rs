@@ -166,8 +166,12 @@ fn client(lab: &ScopedLab, name: &str, ports: &[u16], n: u32) -> String {
 }
 
 fn status(lab: &ScopedLab) -> serde_json::Value {
+    status_in(lab, Host::B)
+}
+
+fn status_in(lab: &ScopedLab, h: Host) -> serde_json::Value {
     let o = lab
-        .command(Host::B, &[nanowire(), "engine", "status"])
+        .command(h, &[nanowire(), "engine", "status"])
         .output()
         .unwrap();
     assert!(
@@ -199,7 +203,15 @@ fn start_service(lab: &ScopedLab) -> Service {
     start_service_with(lab, &[])
 }
 
+fn start_service_in(lab: &ScopedLab, h: Host) -> Service {
+    start_service_on(lab, h, &[])
+}
+
 fn start_service_with(lab: &ScopedLab, extra: &[&str]) -> Service {
+    start_service_on(lab, Host::B, extra)
+}
+
+fn start_service_on(lab: &ScopedLab, h: Host, extra: &[&str]) -> Service {
     let mut argv = vec![
         nanowire(),
         "engine",
@@ -209,8 +221,8 @@ fn start_service_with(lab: &ScopedLab, extra: &[&str]) -> Service {
         "600000",
     ];
     argv.extend_from_slice(extra);
-    assert!(lab.command(Host::B, &argv).status().unwrap().success());
-    let st = status(lab);
+    assert!(lab.command(h, &argv).status().unwrap().success());
+    let st = status_in(lab, h);
     Service(st["pid"].as_u64().expect("service pid") as u32)
 }
 
@@ -697,4 +709,315 @@ fn a_trust_line_lets_two_users_share_and_a_bad_policy_file_is_refused() {
         .collect();
     uids.sort();
     assert_eq!(uids, vec![0, 65534], "{st}");
+}
+
+// ---------------------------------------------------------------- TCP
+
+/// A TCP server: `ADDR PORT CONNS`. Prints "listening"; per connection it
+/// reads to EOF, answers "<bytes> <crc32>\n" and 2 MiB that depend on the
+/// byte count, then closes; "done" at the end.
+const TCP_SERVER: &str = r#"
+import socket, sys, zlib
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(8)
+print("listening", flush=True)
+for _ in range(int(sys.argv[3])):
+    c, _ = s.accept()
+    crc = n = 0
+    while True:
+        d = c.recv(1 << 16)
+        if not d: break
+        crc = zlib.crc32(d, crc); n += len(d)
+    c.sendall(b"%d %d\n" % (n, crc) + bytes((i * 7 + n) & 255 for i in range(1 << 20)) * 2)
+    c.close()
+print("done", flush=True)
+"#;
+
+/// A TCP client: `ADDR PORT SEED`: sends 1 MiB (from SEED plus 1 byte per
+/// SEED, so every client's count differs), half-closes, reads to EOF and
+/// checks the answer; prints what both sides saw, hashed.
+const TCP_CLIENT: &str = r#"
+import socket, sys, zlib
+seed = int(sys.argv[3])
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
+data = bytes((i * 13 + seed) & 255 for i in range((1 << 20) + seed))
+c.sendall(data); c.shutdown(socket.SHUT_WR)
+buf = bytearray()
+while True:
+    d = c.recv(1 << 16)
+    if not d: break
+    buf += d
+line, rest = bytes(buf).split(b"\n", 1)
+want = bytes((i * 7 + len(data)) & 255 for i in range(1 << 20)) * 2
+ok = line == b"%d %d" % (len(data), zlib.crc32(data)) and rest == want
+print("server saw", line.decode(), "sent", len(data), zlib.crc32(data))
+print("got", len(rest), zlib.crc32(rest), "ok" if ok else "MISMATCH")
+"#;
+
+/// `argv` in host `h`: under `nanowire run` on the engine service when
+/// `run` (after `prefix`, e.g. setpriv), else plainly.
+fn svc_or_plain(lab: &ScopedLab, h: Host, run: bool, prefix: &[&str], argv: &[&str]) -> Command {
+    let mut v: Vec<&str> = prefix.to_vec();
+    if run {
+        ensure_preload();
+        v.extend_from_slice(&[nanowire(), "run", "--"]);
+    }
+    v.extend_from_slice(argv);
+    let mut c = lab.command(h, &v);
+    if run {
+        env_service(&mut c);
+    }
+    c
+}
+
+fn tcp_server(
+    lab: &ScopedLab,
+    name: &str,
+    run: bool,
+    prefix: &[&str],
+    port: u16,
+    conns: u32,
+) -> Kid {
+    let (p, n) = (port.to_string(), conns.to_string());
+    let argv = ["python3", "-c", TCP_SERVER, &ADDR_B.to_string(), &p, &n];
+    let mut k = spawn(name, svc_or_plain(lab, Host::B, run, prefix, &argv));
+    k.wait_for("listening", T);
+    if run {
+        on_engine(&k, &format!("tcp listener {ADDR_B}:{port}"));
+    }
+    k
+}
+
+fn tcp_client(
+    lab: &ScopedLab,
+    name: &str,
+    run: bool,
+    prefix: &[&str],
+    port: u16,
+    seed: u32,
+) -> Kid {
+    let (p, s) = (port.to_string(), seed.to_string());
+    let argv = ["python3", "-c", TCP_CLIENT, &ADDR_B.to_string(), &p, &s];
+    spawn(name, svc_or_plain(lab, Host::A, run, prefix, &argv))
+}
+
+/// The client finished, its answer checked; under run its connection was
+/// on the engine.
+fn tcp_client_done(k: &mut Kid, run: bool, port: u16) -> String {
+    k.success(T);
+    let out = k.stdout();
+    assert!(out.contains(" ok"), "{}: {out}\n{}", k.name, k.stderr());
+    if run {
+        on_engine(k, &format!("-> {ADDR_B}:{port}"));
+    }
+    out
+}
+
+/// TCP through the engine service, differentially: the same client and
+/// server plainly, and with the server, the client or both under run on
+/// their host's service (each host its own network namespace, so its own
+/// service): both ends' bodies hashed, the outputs identical to the plain
+/// run's; the service's counters show the listener claim and the
+/// client's 4-tuple claim.
+#[test]
+#[ignore = "needs root"]
+fn tcp_through_the_service_in_all_four_placements() {
+    let lab = lab("vt4");
+    // The operators' services: one per host for the whole test (one
+    // started on demand would exit while a plain placement runs).
+    let _sb = start_service(&lab);
+    let _sa = start_service_in(&lab, Host::A);
+    let mut want = None;
+    for (i, (srv_run, cli_run)) in [(false, false), (true, false), (false, true), (true, true)]
+        .into_iter()
+        .enumerate()
+    {
+        let port = 15001 + i as u16;
+        let mut s = tcp_server(&lab, &format!("vt4-srv{i}"), srv_run, &[], port, 1);
+        let mut c = tcp_client(&lab, &format!("vt4-cli{i}"), cli_run, &[], port, 3);
+        let out = tcp_client_done(&mut c, cli_run, port);
+        let sout = s.success(T);
+        assert!(sout.contains("done"), "{sout}");
+        match &want {
+            None => want = Some(out),
+            Some(w) => assert_same_output(
+                &format!("server run {srv_run}, client run {cli_run}"),
+                w,
+                &out,
+                &format!("{}\n{}", s.stderr(), c.stderr()),
+            ),
+        }
+    }
+    // Host a's service carried the clients' connections (4-tuple claims).
+    let st = status_in(&lab, Host::A);
+    assert!(st["counters"]["tcp_flows"].as_u64().unwrap() >= 2, "{st}");
+    let st = status(&lab);
+    assert!(st["counters"]["claims"].as_u64().unwrap() >= 2, "{st}");
+}
+
+/// Four TCP servers and four clients at once, each a process of its own on
+/// its host's engine service (one shared UMEM per host), bodies hashed.
+#[test]
+#[ignore = "needs root"]
+fn four_tcp_servers_and_four_clients_at_once_on_the_service() {
+    let lab = lab("vt8");
+    let ports: Vec<u16> = (0..4).map(|i| 15101 + i).collect();
+    let mut servers: Vec<Kid> = ports
+        .iter()
+        .map(|&p| tcp_server(&lab, &format!("vt8-srv{p}"), true, &[], p, 1))
+        .collect();
+    let mut clients: Vec<Kid> = ports
+        .iter()
+        .map(|&p| {
+            tcp_client(
+                &lab,
+                &format!("vt8-cli{p}"),
+                true,
+                &[],
+                p,
+                u32::from(p % 100),
+            )
+        })
+        .collect();
+    for (c, &p) in clients.iter_mut().zip(&ports) {
+        tcp_client_done(c, true, p);
+    }
+    for s in &mut servers {
+        assert!(s.success(T).contains("done"));
+    }
+    let st = status(&lab);
+    assert_eq!(st["counters"]["attaches"], 4, "{st}");
+}
+
+/// An unprivileged user's TCP server and client (the operators' services
+/// run as root; the programs as nobody), accelerated, bodies hashed.
+#[test]
+#[ignore = "needs root"]
+fn an_unprivileged_users_tcp_server_and_client_are_accelerated() {
+    let lab = lab("vtu");
+    let _sb = start_service(&lab);
+    let _sa = start_service_in(&lab, Host::A);
+    let nobody = [
+        "setpriv",
+        "--reuid",
+        "65534",
+        "--regid",
+        "65534",
+        "--clear-groups",
+        "--",
+    ];
+    let mut s = tcp_server(&lab, "vtu-srv", true, &nobody, 15201, 1);
+    let mut c = tcp_client(&lab, "vtu-cli", true, &nobody, 15201, 5);
+    tcp_client_done(&mut c, true, 15201);
+    assert!(s.success(T).contains("done"));
+    let st = status(&lab);
+    assert_eq!(st["counters"]["claims"], 1, "{st}");
+}
+
+/// TCP claims follow the UDP rule: a listener claim needs the kernel
+/// socket holding the port; a 4-tuple needs that socket or the process's
+/// own listener claim, and is refused when it is another process's or a
+/// kernel socket's connection.
+#[test]
+#[ignore = "needs root"]
+fn tcp_claims_need_the_socket_that_holds_the_port() {
+    use nanowire_stack::xdp::service::proto::TcpFlow;
+    use std::net::SocketAddrV4;
+    let lab = lab("vtc");
+    let _service = start_service(&lab);
+    let ns = lab.netns(Host::B);
+    let ifname = lab.iface(Host::B);
+    let out = nanowire_testkit::in_ns(&ns, move || {
+        use std::os::fd::AsFd;
+        let l = std::net::TcpListener::bind((ADDR_B, 12211)).unwrap();
+        let at = Conn::connect_existing()
+            .unwrap()
+            .attach(&ifname, 1024)
+            .unwrap();
+        let e = at
+            .conn
+            .claim_tcp_listener(ADDR_B, 12212, l.as_fd())
+            .unwrap_err();
+        assert!(e.contains("holds port 12211"), "{e}");
+        let u = std::net::UdpSocket::bind((ADDR_B, 12213)).unwrap();
+        let e = at
+            .conn
+            .claim_tcp_listener(ADDR_B, 12213, u.as_fd())
+            .unwrap_err();
+        assert!(e.contains("not of that protocol"), "{e}");
+        at.conn
+            .claim_tcp_listener(ADDR_B, 12211, l.as_fd())
+            .unwrap();
+        let local = SocketAddrV4::new(ADDR_B, 12211);
+        let remote = SocketAddrV4::new(ADDR_A, 40000);
+        // A connection of its own listener: no socket needed.
+        at.conn
+            .tcp_flow(TcpFlow::Flow, local, remote, None)
+            .unwrap();
+        let other = Conn::connect_existing()
+            .unwrap()
+            .attach(&ifname, 1024)
+            .unwrap();
+        let e = other
+            .conn
+            .tcp_flow(TcpFlow::Flow, local, remote, Some(l.as_fd()))
+            .unwrap_err();
+        assert!(e.contains("claimed by another process"), "{e}");
+        let e = other
+            .conn
+            .tcp_flow(TcpFlow::Pass, local, SocketAddrV4::new(ADDR_A, 40001), None)
+            .unwrap_err();
+        assert!(e.contains("neither a socket"), "{e}");
+        // A kernel connection's 4-tuple, with the socket holding its port.
+        let k = std::net::TcpStream::connect((ADDR_B, 12211)).unwrap();
+        let (kl, kr) = match (k.local_addr().unwrap(), k.peer_addr().unwrap()) {
+            (std::net::SocketAddr::V4(a), std::net::SocketAddr::V4(b)) => (a, b),
+            _ => unreachable!(),
+        };
+        let e = other
+            .conn
+            .tcp_flow(TcpFlow::Flow, kl, kr, Some(k.as_fd()))
+            .unwrap_err();
+        assert!(e.contains("connection of a kernel socket"), "{e}");
+        Conn::connect_existing().unwrap().status().unwrap()
+    });
+    let st: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(st["counters"]["tcp_flows"], 1, "{st}");
+    assert_eq!(st["counters"]["tcp_flows_refused"], 3, "{st}");
+    assert!(
+        st["counters"]["claims_refused"].as_u64().unwrap() >= 2,
+        "{st}"
+    );
+    // The test's connections are gone: their claims went with them.
+    let st = status(&lab);
+    assert!(claims_of(&st).is_empty(), "{st}");
+}
+
+/// kill -9 of a TCP server on the service gives its listener claim back at
+/// once; a new server on the same port is served on the engine.
+#[test]
+#[ignore = "needs root"]
+fn kill_9_frees_a_tcp_servers_claims() {
+    let lab = lab("vtk");
+    let port = 15301;
+    let victim = tcp_server(&lab, "vtk-victim", true, &[], port, 1);
+    let want = format!("tcp:{ADDR_B}:{port}");
+    assert!(claims_of(&status(&lab)).contains(&want));
+    assert!(
+        Command::new("kill")
+            .args(["-9", &victim.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    drop(victim);
+    let end = Instant::now() + Duration::from_secs(5);
+    while claims_of(&status(&lab)).contains(&want) {
+        assert!(Instant::now() < end, "claim {want} not released");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut s = tcp_server(&lab, "vtk-next", true, &[], port, 1);
+    let mut c = tcp_client(&lab, "vtk-cli", false, &[], port, 7);
+    tcp_client_done(&mut c, false, port);
+    assert!(s.success(T).contains("done"));
 }

@@ -97,20 +97,14 @@ enum Steer {
     Service(service::client::Conn),
 }
 
-const TCP_NOT_ON_SERVICE: &str =
-    "TCP is not carried through the engine service yet (issue 23); it stays on the kernel";
-
-/// The TCP claims (tcp.rs) keep their names: on the service they are
-/// refused (TCP sockets never get there, `TcpEngine::new_with`).
+/// The claims keep their names on either side: on the service each is a
+/// request the service checks against the kernel socket passed with it
+/// (or the process's own listener claim).
 impl Steer {
     fn claim(&mut self, addr: Ipv4Addr, port: u16, sock: RawFd) -> Result<(), String> {
         match self {
             Steer::Own(p) => p.claim(addr, port, std::process::id()),
-            Steer::Service(c) => {
-                // SAFETY: the caller's open kernel socket, borrowed for the call.
-                let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(sock) };
-                c.claim(addr, port, fd)
-            }
+            Steer::Service(c) => c.claim(addr, port, borrow(sock)),
         }
     }
     fn unclaim(&mut self, addr: Ipv4Addr, port: u16) {
@@ -119,40 +113,60 @@ impl Steer {
             Steer::Service(c) => c.unclaim(addr, port),
         }
     }
-    fn own(&mut self) -> Result<&mut SteerProgram, String> {
+    /// `sock`: the listening kernel socket holding the port.
+    fn claim_tcp_listener(&mut self, addr: Ipv4Addr, port: u16, sock: RawFd) -> Result<(), String> {
         match self {
-            Steer::Own(p) => Ok(p),
-            Steer::Service(_) => Err(TCP_NOT_ON_SERVICE.into()),
+            Steer::Own(p) => p.claim_tcp_listener(addr, port, registry::pid()),
+            Steer::Service(c) => c.claim_tcp_listener(addr, port, borrow(sock)),
         }
-    }
-    fn claim_tcp_listener(&mut self, addr: Ipv4Addr, port: u16, owner: u32) -> Result<(), String> {
-        self.own()?.claim_tcp_listener(addr, port, owner)
     }
     fn unclaim_tcp_listener(&mut self, addr: Ipv4Addr, port: u16) {
-        if let Ok(p) = self.own() {
-            p.unclaim_tcp_listener(addr, port)
+        match self {
+            Steer::Own(p) => p.unclaim_tcp_listener(addr, port),
+            Steer::Service(c) => c.unclaim_tcp_listener(addr, port),
         }
     }
+    /// `sock`: the kernel socket holding `local`'s port (`None`: a
+    /// connection of this process's claimed listener).
     fn claim_tcp_flow(
         &mut self,
         local: std::net::SocketAddrV4,
         remote: std::net::SocketAddrV4,
-        owner: u32,
+        sock: Option<RawFd>,
     ) -> Result<(), String> {
-        self.own()?.claim_tcp_flow(local, remote, owner)
+        match self {
+            Steer::Own(p) => p.claim_tcp_flow(local, remote, registry::pid()),
+            Steer::Service(c) => c.tcp_flow(
+                service::proto::TcpFlow::Flow,
+                local,
+                remote,
+                sock.map(borrow),
+            ),
+        }
     }
     fn pass_tcp_flow(
         &mut self,
         local: std::net::SocketAddrV4,
         remote: std::net::SocketAddrV4,
     ) -> Result<(), String> {
-        self.own()?.pass_tcp_flow(local, remote)
-    }
-    fn unclaim_tcp_flow(&mut self, local: std::net::SocketAddrV4, remote: std::net::SocketAddrV4) {
-        if let Ok(p) = self.own() {
-            p.unclaim_tcp_flow(local, remote)
+        match self {
+            Steer::Own(p) => p.pass_tcp_flow(local, remote),
+            Steer::Service(c) => c.tcp_flow(service::proto::TcpFlow::Pass, local, remote, None),
         }
     }
+    fn unclaim_tcp_flow(&mut self, local: std::net::SocketAddrV4, remote: std::net::SocketAddrV4) {
+        match self {
+            Steer::Own(p) => p.unclaim_tcp_flow(local, remote),
+            Steer::Service(c) => c.tcp_unflow(local, remote),
+        }
+    }
+}
+
+/// A caller's open kernel socket, borrowed for one request to the service.
+fn borrow<'a>(sock: RawFd) -> std::os::fd::BorrowedFd<'a> {
+    // SAFETY: every caller passes a descriptor it holds open (its kernel
+    // socket or a reservation) for the duration of the request.
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(sock) }
 }
 
 /// The fault injector's specification and its parsed form (`None`: off).

@@ -528,12 +528,6 @@ impl TcpEngine {
                 ),
             ));
         }
-        if engine.service_slot().is_some() {
-            return Err(io_err(
-                io::ErrorKind::Unsupported,
-                format!("{}: {}", engine.iface().name, super::TCP_NOT_ON_SERVICE),
-            ));
-        }
         let wake = eventfd()?;
         let wake_fd = wake.as_raw_fd();
         let id = engine
@@ -1033,7 +1027,9 @@ impl TcpEngine {
         }
     }
 
-    fn claim_listener(&self, core: &mut Core, local: SocketAddrV4) -> io::Result<()> {
+    /// `sock`: the listening kernel socket holding the port (the engine
+    /// service checks it).
+    fn claim_listener(&self, core: &mut Core, local: SocketAddrV4, sock: RawFd) -> io::Result<()> {
         let addrs: Vec<Ipv4Addr> = if local.ip().is_unspecified() {
             let own = self.engine.rx().own.clone();
             if own.is_empty() {
@@ -1048,24 +1044,27 @@ impl TcpEngine {
         let mut p = self.engine.prog();
         for a in addrs {
             p.prog
-                .claim_tcp_listener(a, local.port(), super::registry::pid())
+                .claim_tcp_listener(a, local.port(), sock)
                 .map_err(|e| io_err(io::ErrorKind::Other, e))?;
             core.listen_claims.push(SocketAddrV4::new(a, local.port()));
         }
         Ok(())
     }
 
+    /// `sock`: the kernel socket holding `local`'s port (the engine
+    /// service checks it).
     fn claim_flow(
         &self,
         core: &mut Core,
         local: SocketAddrV4,
         remote: SocketAddrV4,
+        sock: RawFd,
     ) -> io::Result<()> {
         self.engine.rx().demux.bind(core.id, PROTO_TCP, local);
         self.engine
             .prog()
             .prog
-            .claim_tcp_flow(local, remote, super::registry::pid())
+            .claim_tcp_flow(local, remote, Some(sock))
             .map_err(|e| io_err(io::ErrorKind::Other, e))?;
         core.flow_claims.push((local, remote));
         Ok(())
@@ -1132,8 +1131,9 @@ impl XdpTcpListener {
         let eng = TcpEngine::new(engine, opts.wait, cfg)?;
         let l = {
             let mut c = eng.core();
+            let raw = fd.as_raw_fd();
             c.reservations.push(fd);
-            eng.claim_listener(&mut c, got)?;
+            eng.claim_listener(&mut c, got, raw)?;
             let so = SocketOptions::from_config(c.stack.config());
             c.stack
                 .listen_with(got, backlog.max(1), so)
@@ -1199,8 +1199,9 @@ impl XdpTcpStream {
         eng.resolve(*remote.ip(), timeout)?;
         let c = {
             let mut core = eng.core();
+            let raw = fd.as_raw_fd();
             core.reservations.push(fd);
-            eng.claim_flow(&mut core, local, remote)?;
+            eng.claim_flow(&mut core, local, remote, raw)?;
             let now = now_ns();
             core.stack.connect(now, local, remote).map_err(tcp_err)?
         };
@@ -1613,7 +1614,7 @@ impl XdpTcpListener {
         let eng = TcpEngine::new(engine, opts.wait, cfg)?;
         let l = {
             let mut c = eng.core();
-            eng.claim_listener(&mut c, local)?;
+            eng.claim_listener(&mut c, local, fd)?;
             let mut so = SocketOptions::from_config(c.stack.config());
             (so.ttl, so.tos) = ip_header_of(fd);
             c.stack
@@ -1722,10 +1723,7 @@ impl TcpEngine {
         let tuples = core.stack.tuples();
         let mut p = self.engine.prog();
         for t in tuples.iter().filter(|t| t.local.port() == port) {
-            if p.prog
-                .claim_tcp_flow(t.local, t.remote, super::registry::pid())
-                .is_ok()
-            {
+            if p.prog.claim_tcp_flow(t.local, t.remote, None).is_ok() {
                 core.flow_claims.push((t.local, t.remote));
             }
         }
@@ -1801,7 +1799,7 @@ impl XdpTcpStream {
                 so.sndbuf = b.max(4096);
             }
             (so.ttl, so.tos) = ip_header_of(fd);
-            eng.claim_flow(&mut core, local, remote)?;
+            eng.claim_flow(&mut core, local, remote, fd)?;
             core.held.push(Held {
                 local,
                 remote,

@@ -6,7 +6,7 @@
 use super::proto::{self, AttachReply};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
 /// Is the engine service asked for (the `service` option,
@@ -171,6 +171,54 @@ impl Conn {
             &[],
             512,
         );
+    }
+
+    /// Claim a TCP listener's (addr, port): every segment for it (its
+    /// connections') comes to this process; `sock` is the kernel socket
+    /// holding the port.
+    pub fn claim_tcp_listener(
+        &self,
+        addr: Ipv4Addr,
+        port: u16,
+        sock: BorrowedFd<'_>,
+    ) -> Result<(), String> {
+        let m = self.call(
+            &proto::encode_claim(true, proto::PROTO_TCP, addr, port),
+            &[sock],
+            512,
+        )?;
+        self.expect_ok(&m)
+    }
+
+    pub fn unclaim_tcp_listener(&self, addr: Ipv4Addr, port: u16) {
+        let _ = self.call(
+            &proto::encode_claim(false, proto::PROTO_TCP, addr, port),
+            &[],
+            512,
+        );
+    }
+
+    /// Claim one TCP connection (`Flow`; `sock`: the kernel socket holding
+    /// `local`'s port, or none under this process's own listener claim) or
+    /// give it to the kernel under this process's listener (`Pass`).
+    pub fn tcp_flow(
+        &self,
+        what: proto::TcpFlow,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        sock: Option<BorrowedFd<'_>>,
+    ) -> Result<(), String> {
+        let fds: Vec<BorrowedFd<'_>> = sock.into_iter().collect();
+        let m = self.call(
+            &proto::encode_tcp_flow(Some(what), local, remote),
+            &fds,
+            512,
+        )?;
+        self.expect_ok(&m)
+    }
+
+    pub fn tcp_unflow(&self, local: SocketAddrV4, remote: SocketAddrV4) {
+        let _ = self.call(&proto::encode_tcp_flow(None, local, remote), &[], 512);
     }
 
     /// The service's status (JSON text).

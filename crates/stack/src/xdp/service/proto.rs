@@ -14,7 +14,7 @@ use rustix::net::{
 };
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 
 /// The abstract socket name (per network namespace).
 pub const SOCKET_NAME: &[u8] = b"nanowire-engine-1";
@@ -29,6 +29,10 @@ pub const K_ATTACH: u16 = 1;
 pub const K_CLAIM: u16 = 2;
 pub const K_UNCLAIM: u16 = 3;
 pub const K_STATUS: u16 = 4;
+/// Claim / release one TCP connection by 4-tuple (a connect, a listener's
+/// connection after the listener is released, a hand-over's pass entry).
+pub const K_TCP_FLOW: u16 = 5;
+pub const K_TCP_UNFLOW: u16 = 6;
 pub const K_OK: u16 = 0x81;
 pub const K_ERR: u16 = 0x82;
 pub const K_STATUS_REPLY: u16 = 0x83;
@@ -58,6 +62,28 @@ pub enum Request {
         port: u16,
     },
     Status,
+    /// A TCP connection: `Flow` steers it to the process (the kernel socket
+    /// holding `local`'s port comes with it, unless the process holds the
+    /// listener claim of `local`); `Pass` gives it to the kernel under the
+    /// process's own listener claim.
+    TcpFlow {
+        what: TcpFlow,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+    },
+    TcpUnflow {
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+    },
+}
+
+/// What a `K_TCP_FLOW` asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcpFlow {
+    /// Steer the 4-tuple to this process.
+    Flow = 1,
+    /// Give the 4-tuple to the kernel (a connection handed over).
+    Pass = 2,
 }
 
 /// What an attach is answered with (and one memfd + one member socket per
@@ -122,6 +148,26 @@ pub fn encode_claim(claim: bool, proto: u8, addr: Ipv4Addr, port: u16) -> Vec<u8
     v
 }
 
+/// `K_TCP_FLOW` / `K_TCP_UNFLOW`: what (1 flow, 2 pass; 0 for unflow),
+/// 3 zero bytes, local address, local port, remote port, remote address.
+pub fn encode_tcp_flow(
+    what: Option<TcpFlow>,
+    local: SocketAddrV4,
+    remote: SocketAddrV4,
+) -> Vec<u8> {
+    let mut v = header(if what.is_some() {
+        K_TCP_FLOW
+    } else {
+        K_TCP_UNFLOW
+    });
+    v.extend_from_slice(&[what.map_or(0, |w| w as u8), 0, 0, 0]);
+    v.extend_from_slice(&local.ip().octets());
+    v.extend_from_slice(&local.port().to_le_bytes());
+    v.extend_from_slice(&remote.port().to_le_bytes());
+    v.extend_from_slice(&remote.ip().octets());
+    v
+}
+
 pub fn encode_status() -> Vec<u8> {
     header(K_STATUS)
 }
@@ -165,6 +211,35 @@ pub fn decode_request(b: &[u8]) -> Result<Request, &'static str> {
                 Request::Claim { proto, addr, port }
             } else {
                 Request::Unclaim { proto, addr, port }
+            })
+        }
+        k @ (K_TCP_FLOW | K_TCP_UNFLOW) => {
+            if b.len() != 8 + 16 {
+                return Err("bad_length");
+            }
+            let local = SocketAddrV4::new(
+                Ipv4Addr::new(b[12], b[13], b[14], b[15]),
+                u16_at(b, 16).ok_or("bad_length")?,
+            );
+            let remote = SocketAddrV4::new(
+                Ipv4Addr::new(b[20], b[21], b[22], b[23]),
+                u16_at(b, 18).ok_or("bad_length")?,
+            );
+            if local.port() == 0 || remote.port() == 0 {
+                return Err("bad_port");
+            }
+            if k == K_TCP_UNFLOW {
+                return Ok(Request::TcpUnflow { local, remote });
+            }
+            let what = match b[8] {
+                1 => TcpFlow::Flow,
+                2 => TcpFlow::Pass,
+                _ => return Err("bad_flow_kind"),
+            };
+            Ok(Request::TcpFlow {
+                what,
+                local,
+                remote,
             })
         }
         K_STATUS if b.len() == 8 => Ok(Request::Status),
@@ -307,6 +382,33 @@ mod tests {
             })
         );
         assert_eq!(decode_request(&encode_status()), Ok(Request::Status));
+        let (l, r) = (
+            SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 5001),
+            SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 40000),
+        );
+        let f = encode_tcp_flow(Some(TcpFlow::Flow), l, r);
+        assert_eq!(
+            decode_request(&f),
+            Ok(Request::TcpFlow {
+                what: TcpFlow::Flow,
+                local: l,
+                remote: r
+            })
+        );
+        assert_eq!(
+            decode_request(&encode_tcp_flow(None, l, r)),
+            Ok(Request::TcpUnflow {
+                local: l,
+                remote: r
+            })
+        );
+        let mut w = f.clone();
+        w[8] = 9;
+        assert_eq!(decode_request(&w), Err("bad_flow_kind"));
+        let mut z = f;
+        z[16] = 0;
+        z[17] = 0;
+        assert_eq!(decode_request(&z), Err("bad_port"));
         assert_eq!(decode_request(b"hello"), Err("short_message"));
         assert_eq!(decode_request(&[0xffu8; 64]), Err("bad_magic"));
         let mut k = encode_status();

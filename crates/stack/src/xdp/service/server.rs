@@ -42,6 +42,10 @@ pub struct Counters {
     pub claims: u64,
     pub claims_refused: u64,
     pub unclaims: u64,
+    /// TCP connections claimed (by 4-tuple) and passed to the kernel.
+    pub tcp_flows: u64,
+    pub tcp_passes: u64,
+    pub tcp_flows_refused: u64,
     pub frames_reclaimed: u64,
     pub reclaim_deferred: u64,
     /// Messages refused, by reason (bad_magic, short_message, ...).
@@ -55,6 +59,8 @@ struct Client {
     attached: Option<(String, u32)>,
     members: Vec<Member>,
     claims: Vec<(u8, Ipv4Addr, u16)>,
+    /// TCP connections claimed or passed by 4-tuple (local, remote).
+    tcp_flows: Vec<(SocketAddrV4, SocketAddrV4)>,
 }
 
 struct Iface {
@@ -69,6 +75,8 @@ struct Iface {
     /// The user whose packets the UMEM last held.
     last_uid: Option<u32>,
     claims: HashMap<(u8, u32, u16), u64>,
+    /// TCP 4-tuples (local, remote) claimed or passed, by client.
+    tcp_flows: HashMap<(SocketAddrV4, SocketAddrV4), u64>,
     mode: AttachMode,
     budget: u32,
 }
@@ -88,6 +96,9 @@ pub struct Service {
     pending: Vec<Pending>,
     next_id: u64,
     counters: Counters,
+    /// Asks the kernel whether a TCP 4-tuple is one of its connections
+    /// (a flow claim never takes another socket's connection).
+    diag: Option<nanowire_xdp::netlink::SockDiag>,
     idle: Duration,
     since_idle: Instant,
     log: bool,
@@ -125,6 +136,7 @@ impl Service {
             pending: Vec::new(),
             next_id: 1,
             counters: Counters::default(),
+            diag: None,
             idle,
             since_idle: Instant::now(),
             log,
@@ -207,6 +219,7 @@ impl Service {
                     attached: None,
                     members: Vec::new(),
                     claims: Vec::new(),
+                    tcp_flows: Vec::new(),
                 },
             );
         }
@@ -251,7 +264,7 @@ impl Service {
             }
         };
         let fds = m.fds;
-        if !matches!(req, Request::Claim { .. }) && !fds.is_empty() {
+        if !matches!(req, Request::Claim { .. } | Request::TcpFlow { .. }) && !fds.is_empty() {
             bad(&mut self.counters, "unexpected_descriptors");
             self.refuse(id, "bad message: unexpected descriptors");
             return self.detach(id);
@@ -288,6 +301,34 @@ impl Service {
                 port,
             } => {
                 self.unclaim(id, p, addr, port);
+                self.reply(id, &proto::encode_text(proto::K_OK, ""), &[]);
+            }
+            Request::TcpFlow {
+                what,
+                local,
+                remote,
+            } => {
+                if fds.len() > 1 {
+                    bad(&mut self.counters, "unexpected_descriptors");
+                    self.refuse(id, "bad message: unexpected descriptors");
+                    return self.detach(id);
+                }
+                match self.tcp_flow(id, what, local, remote, fds.first()) {
+                    Ok(()) => {
+                        match what {
+                            proto::TcpFlow::Flow => self.counters.tcp_flows += 1,
+                            proto::TcpFlow::Pass => self.counters.tcp_passes += 1,
+                        }
+                        self.reply(id, &proto::encode_text(proto::K_OK, ""), &[]);
+                    }
+                    Err(why) => {
+                        self.counters.tcp_flows_refused += 1;
+                        self.refuse(id, &why);
+                    }
+                }
+            }
+            Request::TcpUnflow { local, remote } => {
+                self.tcp_unflow(id, local, remote);
                 self.reply(id, &proto::encode_text(proto::K_OK, ""), &[]);
             }
             Request::Status => {
@@ -364,6 +405,7 @@ impl Service {
                 uid: None,
                 last_uid: None,
                 claims: HashMap::new(),
+                tcp_flows: HashMap::new(),
                 mode,
                 budget: TX_PER_SLOT.min(256),
             },
@@ -504,19 +546,10 @@ impl Service {
             bad(&mut self.counters, "claim_before_attach");
             return Err("claim before attach".into());
         };
-        if p != proto::PROTO_UDP {
-            return Err(
-                "TCP is not carried through the engine service yet (issue 23); it stays on the kernel"
-                    .into(),
-            );
-        }
-        let own: Vec<Ipv4Addr> = iface::ipv4_addrs()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|(n, _)| *n == name)
-            .map(|(_, a)| a)
-            .collect();
-        holds_port(sock, p, addr, port, &own)?;
+        // A TCP listener's socket is bound, not yet listening: the shim
+        // claims before the kernel listens (else the kernel would complete
+        // the handshakes that arrive in between, which the engine resets).
+        holds_port(sock, p, addr, port, || own_addrs(&name))?;
         let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
         let key = (p, addr.to_bits(), port);
         match ifc.claims.get(&key) {
@@ -528,7 +561,12 @@ impl Service {
             }
             None => {}
         }
-        ifc.prog.claim_slot(addr, port, slot)?;
+        if p == proto::PROTO_TCP {
+            ifc.prog
+                .claim_tcp_listener(addr, port, nanowire_xdp::program::SLOT | slot)?;
+        } else {
+            ifc.prog.claim_slot(addr, port, slot)?;
+        }
         ifc.claims.insert(key, id);
         self.clients
             .get_mut(&id)
@@ -552,7 +590,118 @@ impl Service {
         if let Some(ifc) = self.ifaces.get_mut(&name)
             && ifc.claims.remove(&(p, addr.to_bits(), port)).is_some()
         {
-            ifc.prog.unclaim(addr, port);
+            unclaim_in(&mut ifc.prog, p, addr, port);
+            self.counters.unclaims += 1;
+        }
+    }
+
+    /// One TCP connection by 4-tuple. `Flow` (a connect, or a connection of
+    /// this process's listener kept when the listener is released): the
+    /// kernel socket holding `local`'s port comes with it, or the process
+    /// holds the listener claim of `local`; and the kernel has no live
+    /// connection on the 4-tuple (never another socket's segments). `Pass`:
+    /// a connection handed over to the kernel under the process's own
+    /// listener claim.
+    fn tcp_flow(
+        &mut self,
+        id: u64,
+        what: proto::TcpFlow,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        sock: Option<&OwnedFd>,
+    ) -> Result<(), String> {
+        let c = self.clients.get(&id).ok_or("gone")?;
+        let Some((name, slot)) = c.attached.clone() else {
+            bad(&mut self.counters, "claim_before_attach");
+            return Err("claim before attach".into());
+        };
+        let ifc = self.ifaces.get(&name).ok_or("interface gone")?;
+        let under_listener =
+            ifc.claims
+                .get(&(proto::PROTO_TCP, local.ip().to_bits(), local.port()))
+                == Some(&id);
+        match (what, sock) {
+            (proto::TcpFlow::Pass, _) | (proto::TcpFlow::Flow, None) if !under_listener => {
+                return Err(format!(
+                    "TCP {local} <-> {remote} not claimed: neither a socket holding the port nor this process's listener"
+                ));
+            }
+            (proto::TcpFlow::Flow, Some(fd)) if !under_listener => {
+                holds_port(fd, proto::PROTO_TCP, *local.ip(), local.port(), || {
+                    own_addrs(&name)
+                })?;
+                if self.kernel_has(local, remote)? {
+                    return Err(format!(
+                        "TCP {local} <-> {remote} not claimed: it is a connection of a kernel socket"
+                    ));
+                }
+            }
+            _ => {}
+        }
+        let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
+        match ifc.tcp_flows.get(&(local, remote)) {
+            Some(&o) if o != id => {
+                return Err(format!(
+                    "TCP {local} <-> {remote} is claimed by another process on the engine service"
+                ));
+            }
+            _ => {}
+        }
+        match what {
+            proto::TcpFlow::Flow => {
+                ifc.prog
+                    .claim_tcp_flow(local, remote, nanowire_xdp::program::SLOT | slot)?
+            }
+            proto::TcpFlow::Pass => ifc.prog.pass_tcp_flow(local, remote)?,
+        }
+        if ifc.tcp_flows.insert((local, remote), id).is_none() {
+            self.clients
+                .get_mut(&id)
+                .expect("checked above")
+                .tcp_flows
+                .push((local, remote));
+        }
+        Ok(())
+    }
+
+    /// Does the kernel hold a live connection (not TIME-WAIT or closed) on
+    /// the 4-tuple? Asked over sock_diag; an error refuses the claim.
+    fn kernel_has(&mut self, local: SocketAddrV4, remote: SocketAddrV4) -> Result<bool, String> {
+        if self.diag.is_none() {
+            self.diag = Some(
+                nanowire_xdp::netlink::SockDiag::open()
+                    .map_err(|e| format!("cannot ask the kernel about TCP connections: {e}"))?,
+            );
+        }
+        let d = self.diag.as_mut().expect("opened above");
+        match d.tcp_state(local, remote) {
+            Ok(None)
+            | Ok(Some(nanowire_xdp::netlink::TCP_TIME_WAIT | nanowire_xdp::netlink::TCP_CLOSE)) => {
+                Ok(false)
+            }
+            Ok(Some(_)) => Ok(true),
+            Err(e) => {
+                self.diag = None;
+                Err(format!("cannot ask the kernel about TCP connections: {e}"))
+            }
+        }
+    }
+
+    fn tcp_unflow(&mut self, id: u64, local: SocketAddrV4, remote: SocketAddrV4) {
+        let Some(c) = self.clients.get_mut(&id) else {
+            return;
+        };
+        let Some(i) = c.tcp_flows.iter().position(|&k| k == (local, remote)) else {
+            return;
+        };
+        c.tcp_flows.swap_remove(i);
+        let Some((name, _)) = c.attached.clone() else {
+            return;
+        };
+        if let Some(ifc) = self.ifaces.get_mut(&name)
+            && ifc.tcp_flows.remove(&(local, remote)).is_some()
+        {
+            ifc.prog.unclaim_tcp_flow(local, remote);
             self.counters.unclaims += 1;
         }
     }
@@ -572,7 +721,12 @@ impl Service {
         };
         for (p, addr, port) in &c.claims {
             if ifc.claims.remove(&(*p, addr.to_bits(), *port)).is_some() {
-                ifc.prog.unclaim(*addr, *port);
+                unclaim_in(&mut ifc.prog, *p, *addr, *port);
+            }
+        }
+        for (l, r) in &c.tcp_flows {
+            if ifc.tcp_flows.remove(&(*l, *r)).is_some() {
+                ifc.prog.unclaim_tcp_flow(*l, *r);
             }
         }
         for q in 0..ifc.queues.len() {
@@ -590,9 +744,10 @@ impl Service {
         });
         self.retry_pending();
         self.log(&format!(
-            "pid {} detached from {name} (slot {slot}, {} claim(s) released)",
+            "pid {} detached from {name} (slot {slot}, {} claim(s) and {} TCP connection(s) released)",
             c.pid,
-            c.claims.len()
+            c.claims.len(),
+            c.tcp_flows.len()
         ));
     }
 
@@ -641,6 +796,7 @@ impl Service {
                             "claims": c.claims.iter().map(|(p, a, port)| format!(
                                 "{}:{}", if *p == proto::PROTO_UDP { "udp" } else { "tcp" },
                                 SocketAddrV4::new(*a, *port))).collect::<Vec<_>>(),
+                            "tcp_flows": c.tcp_flows.len(),
                         }))
                     })
                     .collect();
@@ -670,12 +826,14 @@ impl Service {
 /// UDP socket of that port, bound to `addr`, or to the wildcard when `addr`
 /// is one of the interface's addresses; multicast and broadcast groups for
 /// a socket bound to the port on the wildcard or the group.
+/// `own` lists the interface's addresses (asked only for a socket bound to
+/// the wildcard).
 pub fn holds_port(
     sock: &OwnedFd,
     p: u8,
     addr: Ipv4Addr,
     port: u16,
-    own: &[Ipv4Addr],
+    own: impl FnOnce() -> Vec<Ipv4Addr>,
 ) -> Result<(), String> {
     let not = |why: &str| format!("{addr}:{port} not claimed: {why}");
     let dom = rustix::net::sockopt::socket_domain(sock).map_err(|_| not("not a socket"))?;
@@ -701,11 +859,30 @@ pub fn holds_port(
     }
     let ok = *bound.ip() == addr
         || (bound.ip().is_unspecified()
-            && (own.contains(&addr) || addr.is_multicast() || addr.is_broadcast()));
+            && (addr.is_multicast() || addr.is_broadcast() || own().contains(&addr)));
     if !ok {
         return Err(not(&format!("the process's socket is bound to {bound}")));
     }
     Ok(())
+}
+
+/// The IPv4 addresses of interface `name`.
+fn own_addrs(name: &str) -> Vec<Ipv4Addr> {
+    iface::ipv4_addrs()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(n, _)| n == name)
+        .map(|(_, a)| a)
+        .collect()
+}
+
+/// Release a claim of `p` (a UDP port, or a TCP listener's).
+fn unclaim_in(prog: &mut SteerProgram, p: u8, addr: Ipv4Addr, port: u16) {
+    if p == proto::PROTO_TCP {
+        prog.unclaim_tcp_listener(addr, port);
+    } else {
+        prog.unclaim(addr, port);
+    }
 }
 
 /// `nanowire engine serve`: serve this network namespace until unused.
