@@ -199,6 +199,14 @@ impl Drop for Service {
 /// A long idle time: on a loaded machine the first program may take
 /// seconds to attach, and a service that went idle before it would leave
 /// it on spin; the guard stops the service instead.
+/// A client of the running service, attached to `ifname` (1,024 frames).
+fn attached(ifname: &str) -> nanowire_stack::xdp::service::client::Attached {
+    Conn::connect_existing()
+        .unwrap()
+        .attach(ifname, 1024)
+        .unwrap()
+}
+
 fn start_service(lab: &ScopedLab) -> Service {
     start_service_with(lab, &[])
 }
@@ -367,10 +375,7 @@ fn claims_need_the_port_and_garbage_is_refused_and_counted() {
     let out = nanowire_testkit::in_ns(&ns, move || {
         use std::os::fd::AsFd;
         let held = std::net::UdpSocket::bind((ADDR_B, 12201)).unwrap();
-        let at = Conn::connect_existing()
-            .unwrap()
-            .attach(&ifname, 1024)
-            .unwrap();
+        let at = attached(&ifname);
         // A port the socket does not hold.
         let e = at.conn.claim(ADDR_B, 12202, held.as_fd()).unwrap_err();
         assert!(e.contains("holds port 12201"), "{e}");
@@ -384,10 +389,7 @@ fn claims_need_the_port_and_garbage_is_refused_and_counted() {
         // The port it holds.
         at.conn.claim(ADDR_B, 12201, held.as_fd()).unwrap();
         // Another process (connection) with the same socket: refused.
-        let other = Conn::connect_existing()
-            .unwrap()
-            .attach(&ifname, 1024)
-            .unwrap();
+        let other = attached(&ifname);
         let e = other.conn.claim(ADDR_B, 12201, held.as_fd()).unwrap_err();
         assert!(e.contains("claimed by another process"), "{e}");
         // Garbage: refused with its reason, the connection closed, the
@@ -930,10 +932,7 @@ fn tcp_claims_need_the_socket_that_holds_the_port() {
     let out = nanowire_testkit::in_ns(&ns, move || {
         use std::os::fd::AsFd;
         let l = std::net::TcpListener::bind((ADDR_B, 12211)).unwrap();
-        let at = Conn::connect_existing()
-            .unwrap()
-            .attach(&ifname, 1024)
-            .unwrap();
+        let at = attached(&ifname);
         let e = at
             .conn
             .claim_tcp_listener(ADDR_B, 12212, l.as_fd())
@@ -954,10 +953,7 @@ fn tcp_claims_need_the_socket_that_holds_the_port() {
         at.conn
             .tcp_flow(TcpFlow::Flow, local, remote, None)
             .unwrap();
-        let other = Conn::connect_existing()
-            .unwrap()
-            .attach(&ifname, 1024)
-            .unwrap();
+        let other = attached(&ifname);
         let e = other
             .conn
             .tcp_flow(TcpFlow::Flow, local, remote, Some(l.as_fd()))
