@@ -1,7 +1,11 @@
 //! `nanowire stats`: the counters of running engines (read from their
-//! shared stats pages; the engine library only writes them).
+//! shared stats pages; the engine library only writes them), and the
+//! network namespace's engine service with every process attached to it
+//! (asked over its control socket; issue 23).
 use clap::Args;
+use nanowire_stack::xdp::service::client::Conn;
 use nanowire_stack::xdp::shm;
+use serde_json::Value;
 use std::io::Write;
 
 /// println! that never panics on a closed stdout (e.g. piped into head).
@@ -22,12 +26,18 @@ pub struct StatsArgs {
 /// stats pages under /dev/shm/nanowire).
 pub fn run(args: StatsArgs) -> Result<i32, String> {
     let pages = shm::read_all();
+    let service = service_status(&pages);
     if args.json {
+        let mut v = serde_json::to_value(&pages).map_err(|e| e.to_string())?;
+        v["service"] = service.unwrap_or(Value::Null);
         out!(
             "{}",
-            serde_json::to_string_pretty(&pages).map_err(|e| e.to_string())?
+            serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
         );
         return Ok(0);
+    }
+    if let Some(s) = &service {
+        print_service(s);
     }
     // A page this build cannot read (an older format, a damaged header) is
     // named with the reason, never misread.
@@ -90,4 +100,129 @@ pub fn run(args: StatsArgs) -> Result<i32, String> {
         }
     }
     Ok(0)
+}
+
+/// The engine service of this network namespace, if one runs: its status,
+/// each attached process's entry joined with its engine's own drop
+/// counters (`engine_drops`, from the stats page of that pid, when this
+/// reader can read it: a page is its owner's and root's).
+fn service_status(pages: &shm::Pages) -> Option<Value> {
+    let conn = Conn::connect_existing().ok()?;
+    let mut st: Value = match conn
+        .status()
+        .and_then(|t| serde_json::from_str(&t).map_err(|e| format!("engine service status: {e}")))
+    {
+        Ok(v) => v,
+        Err(e) => return Some(serde_json::json!({ "error": e })),
+    };
+    for ifc in st["ifaces"].as_array_mut().into_iter().flatten() {
+        for c in ifc["clients"].as_array_mut().into_iter().flatten() {
+            let pid = c["pid"].as_u64();
+            let drops: Option<std::collections::BTreeMap<&str, u64>> = pages
+                .engines
+                .iter()
+                .find(|e| Some(u64::from(e.info.pid)) == pid)
+                .map(|e| {
+                    e.counters
+                        .iter()
+                        .filter(|(k, _)| k.starts_with("drop_") || k.contains("_drop_"))
+                        .map(|(k, v)| (k.as_str(), *v))
+                        .collect()
+                });
+            c["engine_drops"] = serde_json::to_value(drops).unwrap_or(Value::Null);
+        }
+    }
+    Some(st)
+}
+
+/// The service, its interfaces, and per attached process: who, what it
+/// claims, its share of the frames, its drops by reason.
+fn print_service(s: &Value) {
+    if let Some(e) = s["error"].as_str() {
+        out!("engine service: {e}");
+        return;
+    }
+    let ifaces = s["ifaces"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let attached: usize = ifaces
+        .iter()
+        .map(|i| i["clients"].as_array().map_or(0, Vec::len))
+        .sum();
+    out!(
+        "engine service pid {}: {attached} process(es) attached",
+        s["pid"]
+    );
+    let nonzero = |m: &Value| -> String {
+        m.as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(_, v)| v.as_u64().unwrap_or(0) != 0)
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let refused = nonzero(&s["counters"]["bad_messages"]);
+    if !refused.is_empty() {
+        out!("  refused messages: {refused}");
+    }
+    for i in ifaces {
+        out!(
+            "  {}: {} XDP, {} queue(s), {} RX frames shared per queue, UMEM {:.1} MiB, fill ring empty {}",
+            i["iface"].as_str().unwrap_or("?"),
+            i["xdp_mode"].as_str().unwrap_or("?"),
+            i["queues"],
+            i["rx_frames"],
+            i["umem_bytes"].as_f64().unwrap_or(0.0) / 1048576.0,
+            i["xsk_rx_fill_ring_empty"]
+        );
+        for c in i["clients"].as_array().into_iter().flatten() {
+            let f = &c["frames"];
+            out!(
+                "    pid {} uid {} {} (slot {}): RX frames held {} + {} waiting (ring {}, shared {}), TX frames {} own",
+                c["pid"],
+                c["uid"],
+                c["comm"].as_str().unwrap_or("?"),
+                c["slot"],
+                f["rx_held"],
+                f["rx_waiting"],
+                f["rx_ring"],
+                f["rx_shared"],
+                f["tx_own"]
+            );
+            for k in c["claims"].as_array().into_iter().flatten() {
+                out!("      claim {}", k.as_str().unwrap_or("?"));
+            }
+            for t in c["tcp_flows"].as_array().into_iter().flatten() {
+                out!(
+                    "      tcp {} <-> {} (to the {})",
+                    t["local"].as_str().unwrap_or("?"),
+                    t["remote"].as_str().unwrap_or("?"),
+                    t["to"].as_str().unwrap_or("?")
+                );
+            }
+            let drops = [nonzero(&c["drops"]), nonzero(&c["engine_drops"])]
+                .into_iter()
+                .filter(|d| !d.is_empty())
+                .collect::<Vec<_>>()
+                .join(", ");
+            out!(
+                "      drops: {}",
+                if drops.is_empty() { "none" } else { &drops }
+            );
+            if c["engine_drops"].is_null() {
+                out!("      (its engine's own counters: no stats page readable here)");
+            }
+            let refused = ["claims_refused", "tcp_flows_refused"]
+                .iter()
+                .map(|k| (k, c["counters"][k].as_u64().unwrap_or(0)))
+                .filter(|(_, v)| *v != 0)
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>();
+            if !refused.is_empty() {
+                out!("      refused: {}", refused.join(", "));
+            }
+        }
+    }
 }

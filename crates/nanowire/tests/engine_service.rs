@@ -1017,3 +1017,109 @@ fn kill_9_frees_a_tcp_servers_claims() {
     tcp_client_done(&mut c, false, port);
     assert!(s.success(T).contains("done"));
 }
+
+/// `nanowire stats --json` in host b.
+fn stats_json(lab: &ScopedLab) -> serde_json::Value {
+    let o = lab
+        .command(Host::B, &[nanowire(), "stats", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "stats: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("stats JSON: {e}: {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+/// The attached processes `nanowire stats --json` lists, by pid.
+fn stats_clients(st: &serde_json::Value) -> Vec<serde_json::Value> {
+    st["service"]["ifaces"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no service in stats: {st}"))
+        .iter()
+        .flat_map(|i| i["clients"].as_array().unwrap().clone())
+        .collect()
+}
+
+/// Operators (issue 23, step 5): `nanowire stats` shows the service and
+/// every attached process: pid, uid, command, its claims, its share of the
+/// frames and its drops by reason (the kernel's, on its own sockets, and
+/// its engine's own); a process killed with -9 is gone from it at once.
+#[test]
+#[ignore = "needs root"]
+fn stats_lists_every_attached_process_with_its_claims_and_forgets_a_killed_one() {
+    let lab = lab("vs");
+    let _svc = start_service(&lab);
+    let (a, b) = (12401u16, 12402u16);
+    let victim = echo(&lab, "vs-a", a, &[]);
+    let keep = echo(&lab, "vs-b", b, &[]);
+    on_xdp(&victim, a);
+    on_xdp(&keep, b);
+    client(&lab, "vs-client", &[a, b], 50);
+    let st = stats_json(&lab);
+    assert!(st["service"]["pid"].as_u64().is_some(), "{st}");
+    let clients = stats_clients(&st);
+    assert_eq!(clients.len(), 2, "{st}");
+    for (k, p) in [(&victim, a), (&keep, b)] {
+        let c = clients
+            .iter()
+            .find(|c| c["pid"] == k.child.id())
+            .unwrap_or_else(|| panic!("pid {} not listed: {st}", k.child.id()));
+        assert_eq!(c["uid"], 0, "{c}");
+        // `nanowire run` execs python: the command is python's.
+        assert!(c["comm"].as_str().unwrap().starts_with("python"), "{c}");
+        assert_eq!(
+            c["claims"],
+            serde_json::json!([format!("udp:{ADDR_B}:{p}")]),
+            "{c}"
+        );
+        let f = &c["frames"];
+        assert!(f["rx_ring"].as_u64().unwrap() > 0, "{c}");
+        assert!(
+            f["rx_held"].as_u64().unwrap() + f["rx_waiting"].as_u64().unwrap()
+                <= f["rx_shared"].as_u64().unwrap(),
+            "{c}"
+        );
+        assert!(f["tx_own"].as_u64().unwrap() > 0, "{c}");
+        assert!(c["drops"]["xsk_rx_ring_full"].is_u64(), "{c}");
+        // Root's engine page is readable: its own drop counters are joined.
+        assert!(c["engine_drops"]["drop_socket_queue_full"].is_u64(), "{c}");
+        assert_eq!(c["counters"]["claims"], 1, "{c}");
+    }
+    let text = lab
+        .command(Host::B, &[nanowire(), "stats"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("engine service pid"), "{text}");
+    assert!(text.contains(&format!("claim udp:{ADDR_B}:{a}")), "{text}");
+    let gone = victim.child.id();
+    assert!(
+        Command::new("kill")
+            .args(["-9", &gone.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    drop(victim);
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let st = stats_json(&lab);
+        let clients = stats_clients(&st);
+        if clients.iter().all(|c| c["pid"] != gone) {
+            assert_eq!(clients.len(), 1, "{st}");
+            assert_eq!(clients[0]["pid"], keep.child.id(), "{st}");
+            assert_eq!(
+                clients[0]["claims"],
+                serde_json::json!([format!("udp:{ADDR_B}:{b}")]),
+                "{st}"
+            );
+            break;
+        }
+        assert!(Instant::now() < end, "pid {gone} still listed: {st}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    client(&lab, "vs-after", &[b], 20);
+}

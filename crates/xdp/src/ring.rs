@@ -184,6 +184,12 @@ impl<T: Copy> Ring<T> {
         unsafe { self.slot_ptr(idx).read_volatile() }
     }
 
+    /// Entries the ring holds.
+    #[inline]
+    pub(crate) fn size(&self) -> u32 {
+        self.size
+    }
+
     /// Entries currently queued by the producer and not yet consumed.
     #[inline]
     pub(crate) fn occupancy(&self) -> u32 {

@@ -76,6 +76,19 @@ pub struct Member {
     rx: Ring<Desc>,
 }
 
+impl Member {
+    /// RX frames on this member's RX ring, not yet taken by its process
+    /// (its consumer index is the process's to write: bounded by the
+    /// ring's size, never trusted).
+    pub fn rx_waiting(&self) -> u32 {
+        self.rx.occupancy().min(self.rx.size())
+    }
+    /// The kernel's XDP_STATISTICS of this member socket (its drops).
+    pub fn stats(&self) -> crate::XskStats {
+        crate::xsk::xsk_stats(self.fd.as_raw_fd())
+    }
+}
+
 impl AsFd for Member {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
@@ -283,6 +296,28 @@ impl SharedQueue {
         self.ctl.word(base + S_MB_CONS).store(0, Ordering::Relaxed);
         self.ctl.word(base + S_J_N).store(0, Ordering::Release);
         Ok(Member { fd, rx })
+    }
+
+    /// The kernel's XDP_STATISTICS of the socket that registered the UMEM:
+    /// its `rx_fill_ring_empty_descs` is the queue's (one fill ring for all
+    /// members).
+    pub fn stats(&self) -> crate::XskStats {
+        crate::xsk::xsk_stats(self.owner.as_raw_fd())
+    }
+
+    /// RX frames each slot holds now, by slot (`nanowire stats`): the
+    /// frames marked with its id (taken off its RX ring, not given back
+    /// yet). One pass over the owner table (4 bytes a frame), relaxed
+    /// loads: a snapshot, exact only while nobody moves frames.
+    pub fn held_by_slot(&self) -> Vec<u32> {
+        let mut held = vec![0u32; self.geo.slots as usize];
+        for f in 0..self.geo.rx_frames as usize {
+            let id = self.ctl.word(OWNER_OFF + 4 * f).load(Ordering::Relaxed);
+            if let Some(h) = id.checked_sub(1).and_then(|s| held.get_mut(s as usize)) {
+                *h += 1;
+            }
+        }
+        held
     }
 
     /// Zero the packet memory (before the UMEM passes to another user).

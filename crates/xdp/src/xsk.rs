@@ -123,7 +123,7 @@ pub struct XskStats {
     pub tx_ring_empty_descs: u64,
 }
 
-fn xsk_stats(fd: RawFd) -> XskStats {
+pub(crate) fn xsk_stats(fd: RawFd) -> XskStats {
     // SAFETY: zeroed struct is valid; getsockopt fills up to len bytes.
     let mut st: libc::xdp_statistics = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::xdp_statistics>() as libc::socklen_t;

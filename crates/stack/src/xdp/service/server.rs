@@ -14,7 +14,7 @@
 use super::policy::Policy;
 use super::proto::{self, Request};
 use nanowire_xdp::shared::{Geometry, Member, SharedQueue};
-use nanowire_xdp::{AttachMode, SteerProgram, iface};
+use nanowire_xdp::{AttachMode, SteerProgram, XskStats, iface};
 use rustix::fd::{AsFd, OwnedFd};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use std::collections::HashMap;
@@ -39,17 +39,25 @@ pub struct Counters {
     pub attaches: u64,
     pub attach_refused: u64,
     pub detaches: u64,
-    pub claims: u64,
-    pub claims_refused: u64,
-    pub unclaims: u64,
-    /// TCP connections claimed (by 4-tuple) and passed to the kernel.
-    pub tcp_flows: u64,
-    pub tcp_passes: u64,
-    pub tcp_flows_refused: u64,
+    /// Claims granted and refused, TCP connections claimed (by 4-tuple) and
+    /// passed to the kernel: the sums of every process's own counters.
+    #[serde(flatten)]
+    pub requests: ClientCounters,
     pub frames_reclaimed: u64,
     pub reclaim_deferred: u64,
     /// Messages refused, by reason (bad_magic, short_message, ...).
     pub bad_messages: HashMap<String, u64>,
+}
+
+/// What the service counted for one attached process (`nanowire stats`).
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct ClientCounters {
+    pub claims: u64,
+    pub claims_refused: u64,
+    pub unclaims: u64,
+    pub tcp_flows: u64,
+    pub tcp_passes: u64,
+    pub tcp_flows_refused: u64,
 }
 
 struct Client {
@@ -59,8 +67,9 @@ struct Client {
     attached: Option<(String, u32)>,
     members: Vec<Member>,
     claims: Vec<(u8, Ipv4Addr, u16)>,
-    /// TCP connections claimed or passed by 4-tuple (local, remote).
-    tcp_flows: Vec<(SocketAddrV4, SocketAddrV4)>,
+    /// TCP connections claimed or passed by 4-tuple (local, remote, what).
+    tcp_flows: Vec<(SocketAddrV4, SocketAddrV4, proto::TcpFlow)>,
+    counters: ClientCounters,
 }
 
 struct Iface {
@@ -220,6 +229,7 @@ impl Service {
                     members: Vec::new(),
                     claims: Vec::new(),
                     tcp_flows: Vec::new(),
+                    counters: ClientCounters::default(),
                 },
             );
         }
@@ -230,6 +240,27 @@ impl Service {
             return false;
         };
         proto::send(c.sock.as_fd(), msg, fds).is_ok()
+    }
+
+    fn ok(&mut self, id: u64) {
+        self.reply(id, &proto::encode_text(proto::K_OK, ""), &[]);
+    }
+
+    /// Count a request's outcome in the service's counters and the
+    /// process's own (`done`: the field it counts when granted, `no` when
+    /// refused).
+    fn count(
+        &mut self,
+        id: u64,
+        granted: bool,
+        done: fn(&mut ClientCounters) -> &mut u64,
+        no: fn(&mut ClientCounters) -> &mut u64,
+    ) {
+        let pick = if granted { done } else { no };
+        *pick(&mut self.counters.requests) += 1;
+        if let Some(c) = self.clients.get_mut(&id) {
+            *pick(&mut c.counters) += 1;
+        }
     }
 
     fn refuse(&mut self, id: u64, why: &str) {
@@ -279,20 +310,16 @@ impl Service {
                 let mut fds = fds;
                 if fds.len() != 1 {
                     bad(&mut self.counters, "claim_without_socket");
-                    self.counters.claims_refused += 1;
+                    self.count(id, false, |c| &mut c.claims, |c| &mut c.claims_refused);
                     self.refuse(id, "a claim needs the kernel socket holding the port");
                     return;
                 }
                 let fd = fds.pop().expect("one descriptor");
-                match self.claim(id, p, addr, port, &fd) {
-                    Ok(()) => {
-                        self.counters.claims += 1;
-                        self.reply(id, &proto::encode_text(proto::K_OK, ""), &[]);
-                    }
-                    Err(why) => {
-                        self.counters.claims_refused += 1;
-                        self.refuse(id, &why);
-                    }
+                let r = self.claim(id, p, addr, port, &fd);
+                self.count(id, r.is_ok(), |c| &mut c.claims, |c| &mut c.claims_refused);
+                match r {
+                    Ok(()) => self.ok(id),
+                    Err(why) => self.refuse(id, &why),
                 }
             }
             Request::Unclaim {
@@ -301,7 +328,7 @@ impl Service {
                 port,
             } => {
                 self.unclaim(id, p, addr, port);
-                self.reply(id, &proto::encode_text(proto::K_OK, ""), &[]);
+                self.ok(id);
             }
             Request::TcpFlow {
                 what,
@@ -313,23 +340,29 @@ impl Service {
                     self.refuse(id, "bad message: unexpected descriptors");
                     return self.detach(id);
                 }
-                match self.tcp_flow(id, what, local, remote, fds.first()) {
-                    Ok(()) => {
-                        match what {
-                            proto::TcpFlow::Flow => self.counters.tcp_flows += 1,
-                            proto::TcpFlow::Pass => self.counters.tcp_passes += 1,
-                        }
-                        self.reply(id, &proto::encode_text(proto::K_OK, ""), &[]);
-                    }
-                    Err(why) => {
-                        self.counters.tcp_flows_refused += 1;
-                        self.refuse(id, &why);
-                    }
+                let r = self.tcp_flow(id, what, local, remote, fds.first());
+                match what {
+                    proto::TcpFlow::Flow => self.count(
+                        id,
+                        r.is_ok(),
+                        |c| &mut c.tcp_flows,
+                        |c| &mut c.tcp_flows_refused,
+                    ),
+                    proto::TcpFlow::Pass => self.count(
+                        id,
+                        r.is_ok(),
+                        |c| &mut c.tcp_passes,
+                        |c| &mut c.tcp_flows_refused,
+                    ),
+                }
+                match r {
+                    Ok(()) => self.ok(id),
+                    Err(why) => self.refuse(id, &why),
                 }
             }
             Request::TcpUnflow { local, remote } => {
                 self.tcp_unflow(id, local, remote);
-                self.reply(id, &proto::encode_text(proto::K_OK, ""), &[]);
+                self.ok(id);
             }
             Request::Status => {
                 let s = self.status().to_string();
@@ -591,7 +624,8 @@ impl Service {
             && ifc.claims.remove(&(p, addr.to_bits(), port)).is_some()
         {
             unclaim_in(&mut ifc.prog, p, addr, port);
-            self.counters.unclaims += 1;
+            self.counters.requests.unclaims += 1;
+            c.counters.unclaims += 1;
         }
     }
 
@@ -654,12 +688,11 @@ impl Service {
             }
             proto::TcpFlow::Pass => ifc.prog.pass_tcp_flow(local, remote)?,
         }
-        if ifc.tcp_flows.insert((local, remote), id).is_none() {
-            self.clients
-                .get_mut(&id)
-                .expect("checked above")
-                .tcp_flows
-                .push((local, remote));
+        ifc.tcp_flows.insert((local, remote), id);
+        let flows = &mut self.clients.get_mut(&id).expect("checked above").tcp_flows;
+        match flows.iter_mut().find(|f| (f.0, f.1) == (local, remote)) {
+            Some(f) => f.2 = what,
+            None => flows.push((local, remote, what)),
         }
         Ok(())
     }
@@ -691,7 +724,11 @@ impl Service {
         let Some(c) = self.clients.get_mut(&id) else {
             return;
         };
-        let Some(i) = c.tcp_flows.iter().position(|&k| k == (local, remote)) else {
+        let Some(i) = c
+            .tcp_flows
+            .iter()
+            .position(|f| (f.0, f.1) == (local, remote))
+        else {
             return;
         };
         c.tcp_flows.swap_remove(i);
@@ -702,7 +739,8 @@ impl Service {
             && ifc.tcp_flows.remove(&(local, remote)).is_some()
         {
             ifc.prog.unclaim_tcp_flow(local, remote);
-            self.counters.unclaims += 1;
+            self.counters.requests.unclaims += 1;
+            c.counters.unclaims += 1;
         }
     }
 
@@ -724,7 +762,7 @@ impl Service {
                 unclaim_in(&mut ifc.prog, *p, *addr, *port);
             }
         }
-        for (l, r) in &c.tcp_flows {
+        for (l, r, _) in &c.tcp_flows {
             if ifc.tcp_flows.remove(&(*l, *r)).is_some() {
                 ifc.prog.unclaim_tcp_flow(*l, *r);
             }
@@ -781,38 +819,7 @@ impl Service {
         let ifaces: Vec<serde_json::Value> = self
             .ifaces
             .iter()
-            .map(|(n, i)| {
-                let clients: Vec<serde_json::Value> = i
-                    .slots
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(s, c)| c.map(|c| (s, c)))
-                    .filter_map(|(s, id)| {
-                        let c = self.clients.get(&id)?;
-                        Some(serde_json::json!({
-                            "pid": c.pid,
-                            "uid": c.uid,
-                            "slot": s,
-                            "claims": c.claims.iter().map(|(p, a, port)| format!(
-                                "{}:{}", if *p == proto::PROTO_UDP { "udp" } else { "tcp" },
-                                SocketAddrV4::new(*a, *port))).collect::<Vec<_>>(),
-                            "tcp_flows": c.tcp_flows.len(),
-                        }))
-                    })
-                    .collect();
-                let g = i.queues.first().map(|q| q.geometry());
-                serde_json::json!({
-                    "iface": n,
-                    "ifindex": i.index,
-                    "xdp_mode": i.mode.as_str(),
-                    "queues": i.queues.len(),
-                    "rx_frames": g.map(|g| g.rx_frames),
-                    "tx_per_slot": g.map(|g| g.tx_per_slot),
-                    "umem_bytes": i.queues.iter().map(|q| q.umem_bytes()).sum::<usize>(),
-                    "uid": i.uid,
-                    "clients": clients,
-                })
-            })
+            .map(|(n, i)| self.iface_status(n, i))
             .collect();
         serde_json::json!({
             "pid": std::process::id(),
@@ -820,6 +827,94 @@ impl Service {
             "counters": self.counters,
         })
     }
+
+    /// One interface and its attached processes: who (pid, uid, comm), what
+    /// they claim, their share of the frames, and their drops as the kernel
+    /// counts them on their own sockets.
+    fn iface_status(&self, name: &str, i: &Iface) -> serde_json::Value {
+        let g = i.queues.first().map(|q| q.geometry());
+        let nq = i.queues.len() as u64;
+        // One pass over each queue's owner table for every slot at once.
+        let held: Vec<Vec<u32>> = i.queues.iter().map(|q| q.held_by_slot()).collect();
+        let clients: Vec<serde_json::Value> = i
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(s, c)| Some((s, self.clients.get(&(*c)?)?)))
+            .map(|(s, c)| {
+                let rx_held: u64 = held.iter().map(|h| u64::from(h[s])).sum();
+                let waiting: u64 = c.members.iter().map(|m| u64::from(m.rx_waiting())).sum();
+                let k = c.members.iter().fold(XskStats::default(), |a, m| add_stats(a, m.stats()));
+                serde_json::json!({
+                    "pid": c.pid,
+                    "uid": c.uid,
+                    "comm": comm(c.pid),
+                    "slot": s,
+                    "claims": c.claims.iter().map(|(p, a, port)| format!(
+                        "{}:{}", proto_name(*p), SocketAddrV4::new(*a, *port))).collect::<Vec<_>>(),
+                    "tcp_flows": c.tcp_flows.iter().map(|(l, r, w)| serde_json::json!({
+                        "local": l.to_string(),
+                        "remote": r.to_string(),
+                        "to": match w { proto::TcpFlow::Flow => "process", proto::TcpFlow::Pass => "kernel" },
+                    })).collect::<Vec<_>>(),
+                    "frames": {
+                        "rx_held": rx_held,
+                        "rx_waiting": waiting,
+                        "rx_ring": g.map_or(0, |g| u64::from(g.member_rx()) * nq),
+                        "rx_shared": g.map_or(0, |g| u64::from(g.rx_frames) * nq),
+                        "tx_own": g.map_or(0, |g| u64::from(g.tx_per_slot) * nq),
+                    },
+                    "drops": {
+                        "xsk_rx_dropped": k.rx_dropped,
+                        "xsk_rx_ring_full": k.rx_ring_full,
+                        "xsk_rx_invalid_descs": k.rx_invalid_descs,
+                        "xsk_tx_invalid_descs": k.tx_invalid_descs,
+                    },
+                    "counters": c.counters,
+                })
+            })
+            .collect();
+        let fill_empty: u64 = i
+            .queues
+            .iter()
+            .map(|q| q.stats().rx_fill_ring_empty_descs)
+            .sum();
+        serde_json::json!({
+            "iface": name,
+            "ifindex": i.index,
+            "xdp_mode": i.mode.as_str(),
+            "queues": i.queues.len(),
+            "rx_frames": g.map(|g| g.rx_frames),
+            "tx_per_slot": g.map(|g| g.tx_per_slot),
+            "umem_bytes": i.queues.iter().map(|q| q.umem_bytes()).sum::<usize>(),
+            "uid": i.uid,
+            "slots": i.slots.len(),
+            "xsk_rx_fill_ring_empty": fill_empty,
+            "clients": clients,
+        })
+    }
+}
+
+fn proto_name(p: u8) -> &'static str {
+    if p == proto::PROTO_UDP { "udp" } else { "tcp" }
+}
+
+fn add_stats(a: XskStats, b: XskStats) -> XskStats {
+    XskStats {
+        rx_dropped: a.rx_dropped + b.rx_dropped,
+        rx_invalid_descs: a.rx_invalid_descs + b.rx_invalid_descs,
+        tx_invalid_descs: a.tx_invalid_descs + b.tx_invalid_descs,
+        rx_ring_full: a.rx_ring_full + b.rx_ring_full,
+        ..XskStats::default()
+    }
+}
+
+/// The command name of process `pid` (`/proc/PID/comm`; what it runs now,
+/// after any exec), `?` when it cannot be read.
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim_end().to_string())
+        .unwrap_or_else(|_| "?".into())
 }
 
 /// Does the kernel socket `sock` hold `port` for (proto, addr)? A bound
