@@ -170,17 +170,21 @@ fn status(lab: &ScopedLab) -> serde_json::Value {
 }
 
 fn status_in(lab: &ScopedLab, h: Host) -> serde_json::Value {
-    let o = lab
-        .command(h, &[nanowire(), "engine", "status"])
-        .output()
-        .unwrap();
+    json_in(lab, h, &["engine", "status"])
+}
+
+/// The JSON a `nanowire ARGS` prints in host `h`.
+fn json_in(lab: &ScopedLab, h: Host, args: &[&str]) -> serde_json::Value {
+    let mut argv = vec![nanowire()];
+    argv.extend_from_slice(args);
+    let o = lab.command(h, &argv).output().unwrap();
     assert!(
         o.status.success(),
-        "engine status: {}",
+        "{args:?}: {}",
         String::from_utf8_lossy(&o.stderr)
     );
     serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("status JSON: {e}: {}", String::from_utf8_lossy(&o.stdout)))
+        .unwrap_or_else(|e| panic!("{args:?} JSON: {e}: {}", String::from_utf8_lossy(&o.stdout)))
 }
 
 /// The operator's service, stopped when the test ends (dropped before the
@@ -193,6 +197,17 @@ impl Drop for Service {
             .args(["-9", &self.0.to_string()])
             .status();
     }
+}
+
+/// kill -9 a process the test started.
+fn kill_9(pid: u32) {
+    assert!(
+        Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
 }
 
 /// The operator's way: `nanowire engine serve --daemon` in host b (root).
@@ -464,14 +479,7 @@ fn kill_9_under_traffic_gives_back_claims_and_frames_and_the_others_go_on() {
             ),
         );
         std::thread::sleep(Duration::from_millis(400));
-        let pid = victim.child.id();
-        assert!(
-            Command::new("kill")
-                .args(["-9", &pid.to_string()])
-                .status()
-                .unwrap()
-                .success()
-        );
+        kill_9(victim.child.id());
         drop(victim);
         flood.success(T);
         // Its claim goes at once (the service saw the socket close).
@@ -528,13 +536,7 @@ fn the_service_killed_under_traffic_processes_fall_back_and_a_restarted_one_serv
     );
     steady.wait_for("started", T);
     std::thread::sleep(Duration::from_millis(500));
-    assert!(
-        Command::new("kill")
-            .args(["-9", &first.0.to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
+    kill_9(first.0);
     // Killed: never signal that pid again (it may be reused).
     std::mem::forget(first);
     let out = steady.success(T);
@@ -999,13 +1001,7 @@ fn kill_9_frees_a_tcp_servers_claims() {
     let victim = tcp_server(&lab, "vtk-victim", true, &[], port, 1);
     let want = format!("tcp:{ADDR_B}:{port}");
     assert!(claims_of(&status(&lab)).contains(&want));
-    assert!(
-        Command::new("kill")
-            .args(["-9", &victim.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
+    kill_9(victim.child.id());
     drop(victim);
     let end = Instant::now() + Duration::from_secs(5);
     while claims_of(&status(&lab)).contains(&want) {
@@ -1020,17 +1016,7 @@ fn kill_9_frees_a_tcp_servers_claims() {
 
 /// `nanowire stats --json` in host b.
 fn stats_json(lab: &ScopedLab) -> serde_json::Value {
-    let o = lab
-        .command(Host::B, &[nanowire(), "stats", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "stats: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("stats JSON: {e}: {}", String::from_utf8_lossy(&o.stdout)))
+    json_in(lab, Host::B, &["stats", "--json"])
 }
 
 /// The attached processes `nanowire stats --json` lists, by pid.
@@ -1096,13 +1082,7 @@ fn stats_lists_every_attached_process_with_its_claims_and_forgets_a_killed_one()
     assert!(text.contains("engine service pid"), "{text}");
     assert!(text.contains(&format!("claim udp:{ADDR_B}:{a}")), "{text}");
     let gone = victim.child.id();
-    assert!(
-        Command::new("kill")
-            .args(["-9", &gone.to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
+    kill_9(gone);
     drop(victim);
     let end = Instant::now() + Duration::from_secs(5);
     loop {
