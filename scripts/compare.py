@@ -49,6 +49,17 @@ against the plain nginx; ratios run/plain:
     scripts/compare.py --scenario churn --repeats 5 --requests 1000
 
 (ab's time includes the engine's start under run, about 0.1 s here: use at least 1000 requests.)
+
+The engine service (issue 23): sockperf sr under `nanowire run` in b, one process on an engine of
+its own (today's), one on the engine service, and 4 on the service at once (`NANOWIRE_SERVICE=1`,
+the operator's `nanowire engine serve --daemon`, stopped after each run), each with its own plain
+sockperf pp in a, all clients at once; interleaved; p50 of each process (median and worst of the
+4) against one process's, and memory: PSS (/proc/PID/smaps_rollup) of the servers, the service
+included, 4 on the service against one on its own engine. Servers on CPU 1, clients on CPU 0
+(--no-pin: unpinned); the servers' profile is --profiles (default balanced: 4 spinning servers on
+one CPU would measure the scheduler):
+
+    scripts/compare.py --scenario service --repeats 5 --seconds 5
 """
 import argparse, json, os, platform, re, shlex, shutil, statistics, subprocess, sys, tempfile, time
 
@@ -494,6 +505,179 @@ def run_msg_rate(a):
             "env": env(a.lab)}
 
 
+SVC_N = 4  # processes attached to the service in scenario `service`
+
+
+def nw_json(lab, host, args):
+    """The JSON a `nanowire ARGS` prints in lab host `host`."""
+    p = subprocess.run(["ip", "netns", "exec", ns(lab, host), NW, *args], capture_output=True, text=True,
+                       timeout=30)
+    if p.returncode != 0:
+        raise RuntimeError(f"nanowire {' '.join(args)} failed ({p.returncode}): {p.stderr[-1000:]}")
+    return json.loads(p.stdout)
+
+
+def pss_kib(pid):
+    """Proportional set size of process `pid` (kB, /proc/PID/smaps_rollup): shared pages (a UMEM
+    memfd mapped by several processes) are split between their mappers."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no Pss line in /proc/{pid}/smaps_rollup")
+
+
+class EngineService:
+    """The operator's engine service in host b (`nanowire engine serve --daemon`), stopped and waited
+    for by stop(): its XDP program goes with it, so a process's own engine can attach afterwards."""
+
+    def __init__(self, lab):
+        probe = subprocess.run(["ip", "netns", "exec", ns(lab, "b"), NW, "engine", "status"],
+                               capture_output=True, text=True, timeout=30)
+        if probe.returncode == 0:
+            raise RuntimeError(f"an engine service already runs in {ns(lab, 'b')}: stop it first")
+        subprocess.run(["ip", "netns", "exec", ns(lab, "b"), NW, "engine", "serve", "--daemon",
+                        "--idle-ms", "600000"], check=True, timeout=30)
+        self.pid = nw_json(lab, "b", ["engine", "status"])["pid"]
+
+    def stop(self):
+        try:
+            os.kill(self.pid, 15)
+        except ProcessLookupError:
+            return
+        end = time.time() + 5
+        while os.path.exists(f"/proc/{self.pid}") and time.time() < end:
+            time.sleep(0.02)
+        if os.path.exists(f"/proc/{self.pid}"):
+            os.kill(self.pid, 9)
+            while os.path.exists(f"/proc/{self.pid}"):
+                time.sleep(0.02)
+
+
+def service_pids(a, ports, on_service):
+    """port -> pid of the sockperf server holding it on xdp: through the service (its status in
+    `nanowire stats --json`: the claim udp:B:PORT) or on an engine of its own (its stats page on
+    this lab's interface, not via the service). Waits up to 20 s; a server on any other path
+    makes the run invalid (never measured as if it were accelerated)."""
+    end = time.time() + 20
+    while True:
+        st = nw_json(a.lab, "b", ["stats", "--json"])
+        found = {}
+        if on_service:
+            for ifc in (st.get("service") or {}).get("ifaces", []):
+                for c in ifc["clients"]:
+                    for p in ports:
+                        if f"udp:{B}:{p}" in c["claims"]:
+                            found[p] = c["pid"]
+        else:
+            for e in st["engines"]:
+                if e["iface"] == f"{a.lab}-b0" and "via engine service" not in e["xdp_mode"]:
+                    for p in ports:
+                        if any(s["local"] == f"{B}:{p}" for s in e["sockets"]):
+                            found[p] = e["pid"]
+        if len(found) == len(ports):
+            return found, st
+        if time.time() > end:
+            raise RuntimeError(f"not every server is on xdp ({'service' if on_service else 'own engine'}): "
+                               f"found {found} for ports {ports}\n{json.dumps(st)[-3000:]}")
+        time.sleep(0.2)
+
+
+def service_trial(a, n, on_service, port0):
+    """`n` sockperf servers under `nanowire run` in host b (on the engine service, or one process
+    on an engine of its own), each with its own plain sockperf pp client in host a, all clients
+    at once; each client's latency, and the PSS of the servers (and of the service)."""
+    profile = a.profiles.split(",")[0]
+    pin_s, pin_c = (["taskset", "-c", "1"], ["taskset", "-c", "0"]) if a.pin else ([], [])
+    ports = [port0 + i for i in range(n)]
+    pre = ["env", "NANOWIRE_SERVICE=1"] if on_service else []
+    svc = EngineService(a.lab) if on_service else None
+    servers = []
+    try:
+        for p in ports:
+            servers.append(Server(a.lab, pre + [NW, "run", "--profile", profile, "--engine", "xdp", "--"]
+                                  + pin_s + ["sockperf", "sr", "-i", B, "-p", str(p)]))
+        pids, _ = service_pids(a, ports, on_service)
+        clients = [subprocess.Popen(["ip", "netns", "exec", ns(a.lab, "a")] + pin_c +
+                                    ["sockperf", "pp", "-i", B, "-p", str(p), "-m", str(a.size), "-t",
+                                     str(a.seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                   for p in ports]
+        procs = []
+        for p, c in zip(ports, clients):
+            out, err = c.communicate(timeout=a.seconds + 60)
+            if c.returncode != 0:
+                raise RuntimeError(f"sockperf pp to port {p} failed ({c.returncode}): {err[-1500:]}")
+            procs.append(dict(sockperf_parse(out), port=p, pid=pids[p]))
+        # After the traffic, with every server (and the service) still up.
+        mem = {str(pids[p]): pss_kib(pids[p]) for p in ports}
+        if svc:
+            mem[f"service {svc.pid}"] = pss_kib(svc.pid)
+    finally:
+        for s in servers:
+            s.stop()
+        if svc:
+            svc.stop()
+    p50s = [x["p50"] for x in procs]
+    res = {"p50": statistics.median(p50s), "p50_max": max(p50s),
+           "p99": statistics.median(x["p99"] for x in procs), "p99_max": max(x["p99"] for x in procs),
+           "pss_kib": sum(mem.values()), "pss_kib_by_process": mem}
+    if n > 1:
+        res["processes"] = procs
+    else:
+        res.update({k: v for k, v in procs[0].items() if k not in res})
+    return res
+
+
+def run_service(a):
+    """Scenario `service` (issue 23, step 4): one sockperf server under `nanowire run` on an engine
+    of its own (today's engine), one on the engine service, and SVC_N on the service at once
+    (each with its own client), interleaved; medians of the repeats; ratios of p50 (the median
+    process's and the worst's) and of memory (PSS, the service included)."""
+    configs = [("one process, own engine", 1, False), ("one process on the service", 1, True),
+               (f"{SVC_N} processes on the service", SVC_N, True)]
+    runs = {label: [] for label, *_ in configs}
+    port = PORT + 100
+    for r in range(a.repeats):
+        for label, n, on_service in (configs if r % 2 == 0 else configs[::-1]):
+            port += SVC_N
+            res = service_trial(a, n, on_service, port)
+            runs[label].append(res)
+            print(f"# repeat {r + 1} {label}: p50={res['p50']} (worst {res['p50_max']}) "
+                  f"pss={res['pss_kib']} kB", file=sys.stderr)
+    keys = ["p50", "p50_max", "p99", "p99_max", "pss_kib"]
+    med = {label: {k: statistics.median(x[k] for x in rs) for k in keys} for label, rs in runs.items()}
+    own, one, many = (med[label] for label, *_ in configs)
+
+    def ratio(x, y, k):
+        return round(x[k] / y[k], 3) if y.get(k) else None
+    ratios = {
+        "one on the service / own engine: p50": ratio(one, own, "p50"),
+        "one on the service / own engine: p99": ratio(one, own, "p99"),
+        f"{SVC_N} on the service, median process / one on the service: p50": ratio(many, one, "p50"),
+        f"{SVC_N} on the service, worst process / one on the service: p50":
+            round(many["p50_max"] / one["p50"], 3) if one.get("p50") else None,
+        f"{SVC_N} on the service, worst process / own engine: p50":
+            round(many["p50_max"] / own["p50"], 3) if own.get("p50") else None,
+        f"memory (PSS) {SVC_N} on the service with the service / one process, own engine":
+            ratio(many, own, "pss_kib"),
+        "memory (PSS) one on the service with the service / one process, own engine": ratio(one, own, "pss_kib"),
+    }
+    profile = a.profiles.split(",")[0]
+    pin_s, pin_c = ("taskset -c 1 ", "taskset -c 0 ") if a.pin else ("", "")
+    return {"scenario": "service", "baseline": configs[0][0], "repeats": a.repeats, "seconds": a.seconds,
+            "msg_size": a.size, "profile": profile, "pinned": a.pin,
+            "commands": {"service": f"{NW} engine serve --daemon --idle-ms 600000 (host b; stopped after each "
+                                    f"service run)",
+                         "server": f"[NANOWIRE_SERVICE=1] {NW} run --profile {profile} --engine xdp -- "
+                                   f"{pin_s}sockperf sr -i {B} -p PORT",
+                         "client": f"{pin_c}sockperf pp -i {B} -p PORT -m {a.size} -t {a.seconds} (plain, host a)"},
+            "runs": runs, "median": med, "ratios": ratios,
+            "acceptance": f"issue 23: with {SVC_N} processes attached each one's p50 <= 1.1x a single process's; "
+                          "sockperf under run on the service within 1.05x of the single-process engine; memory "
+                          f"of {SVC_N} processes on one interface <= 1.5x one process's (PSS)",
+            "env": env(a.lab)}
+
+
 CONNECT_PY = r"""
 import socket, sys, time
 host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -734,7 +918,8 @@ def apps_version(argv):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", required=True,
-                    choices=sorted(scenarios(1, 64)) + ["apps", "tick-to-trade", "tcp-msg-rate", "floor", "churn"])
+                    choices=sorted(scenarios(1, 64)) + ["apps", "tick-to-trade", "tcp-msg-rate", "floor", "churn",
+                                                        "service"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--size", type=int, default=64)
@@ -744,12 +929,13 @@ def main():
     ap.add_argument("--warmup", type=int, default=1000, help="apps: datagrams echoed before the timing starts")
     ap.add_argument("--inflight", default="1,8", help="apps: datagrams in flight, comma-separated")
     ap.add_argument("--runtimes", default="", help="apps: subset of node,jvm-nio,python-asyncio,c-mt")
-    ap.add_argument("--profiles", default="balanced", help="apps: nanowire run profiles to compare with plain")
+    ap.add_argument("--profiles", default="balanced",
+                    help="apps: nanowire run profiles to compare with plain; service: the servers' profile (the first)")
     ap.add_argument("--also-preload", action="append", default=[], metavar="LABEL=PATH[,VAR=VALUE...]",
                     help="apps: also run the profiles with another shim: LABEL=PATH[,VAR=VALUE...] "
                          "(empty PATH: this build; VAR=VALUE: extra environment, e.g. s0=,NANOWIRE_SPIN_US=0)")
     ap.add_argument("--no-pin", dest="pin", action="store_false",
-                    help="apps: do not pin the client to CPU 0 and the server to CPU 1")
+                    help="apps, service: do not pin the clients to CPU 0 and the servers to CPU 1")
     a = ap.parse_args()
     if a.scenario == "apps":
         return apps_main(a)
@@ -762,6 +948,9 @@ def main():
         return
     if a.scenario == "churn":
         print(json.dumps(run_churn(a), indent=1))
+        return
+    if a.scenario == "service":
+        print(json.dumps(run_service(a), indent=1))
         return
     if a.scenario == "floor":
         base, configs = floor_configs(a)
