@@ -15,7 +15,7 @@
 use super::{RxDevice, TxDevice};
 use crate::xdp::shm::{E, StatsPage, bump};
 use nanowire_tcp::fault::{FaultConfig, FaultInjector, FaultStats};
-use nanowire_xdp::{CsumRequest, RxFrame};
+use nanowire_xdp::RxFrame;
 use std::sync::Arc;
 
 struct RxInjector {
@@ -73,11 +73,6 @@ impl RxInjector {
 }
 
 impl<D: RxDevice> super::RxWrap for RxFaults<D> {
-    type Inner = D;
-    #[inline]
-    fn inner(&mut self) -> &mut D {
-        &mut self.inner
-    }
     #[inline]
     fn receive(&mut self, budget: u32, mut f: impl FnMut(RxFrame, u64)) -> u32 {
         let Some(x) = self.on.as_mut() else {
@@ -145,21 +140,8 @@ impl<D> TxFaults<D> {
 }
 
 impl<D: TxDevice> super::TxWrap for TxFaults<D> {
-    type Inner = D;
     #[inline]
-    fn inner(&self) -> &D {
-        &self.inner
-    }
-    #[inline]
-    fn inner_mut(&mut self) -> &mut D {
-        &mut self.inner
-    }
-    #[inline]
-    fn send_with(
-        &mut self,
-        max: usize,
-        mut fill: impl FnMut(usize, &mut [u8]) -> Option<usize>,
-    ) -> usize {
+    fn send_with(&mut self, max: usize, mut fill: impl super::Fill) -> usize {
         let Some(x) = self.on.as_mut() else {
             return self.inner.send_with(max, fill);
         };
@@ -198,11 +180,7 @@ impl<D: TxDevice> super::TxWrap for TxFaults<D> {
         self.on.is_none() && self.inner.csum_offload()
     }
     #[inline]
-    fn send_with_csum(
-        &mut self,
-        max: usize,
-        mut fill: impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
-    ) -> usize {
+    fn send_with_csum(&mut self, max: usize, mut fill: impl super::FillCsum) -> usize {
         if self.on.is_none() {
             return self.inner.send_with_csum(max, fill);
         }
@@ -211,6 +189,8 @@ impl<D: TxDevice> super::TxWrap for TxFaults<D> {
     // send_large is the inner device's: faults act on datagrams of one
     // frame; a jumbo (multi-buffer) packet takes the plain path.
 }
+
+wrapper!(RxFaults, TxFaults);
 
 #[cfg(test)]
 mod tests {

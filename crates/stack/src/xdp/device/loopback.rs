@@ -106,11 +106,7 @@ impl TxDevice for LoopTx {
     fn frame_size(&self) -> usize {
         self.frame
     }
-    fn send_with(
-        &mut self,
-        max: usize,
-        mut fill: impl FnMut(usize, &mut [u8]) -> Option<usize>,
-    ) -> usize {
+    fn send_with(&mut self, max: usize, mut fill: impl super::Fill) -> usize {
         let mut buf = vec![0u8; self.frame];
         let mut n = 0;
         while n < max {

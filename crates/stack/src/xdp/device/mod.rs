@@ -34,6 +34,24 @@
 //! mirror: stamp (copy of the frame built) → faults → tap (what went on the
 //! ring) → rings.
 
+/// The [`Wrap`] impl of wrappers whose inner device is their field
+/// `inner` (all of them): `wrapper!(RxTap, TxTap);`.
+macro_rules! wrapper {
+    ($($t:ident),+) => {$(
+        impl<D> super::Wrap for $t<D> {
+            type Inner = D;
+            #[inline]
+            fn inner(&self) -> &D {
+                &self.inner
+            }
+            #[inline]
+            fn inner_mut(&mut self) -> &mut D {
+                &mut self.inner
+            }
+        }
+    )+};
+}
+
 pub mod faults;
 pub mod loopback;
 pub mod stamp;
@@ -42,6 +60,16 @@ pub mod xsk;
 
 use nanowire_xdp::{CsumRequest, RxFrame};
 use std::io;
+
+/// What fills packet `i` of a send into a frame: its length, or `None` to
+/// stop ([`TxDevice::send_with`]).
+pub trait Fill: FnMut(usize, &mut [u8]) -> Option<usize> {}
+impl<F: FnMut(usize, &mut [u8]) -> Option<usize>> Fill for F {}
+
+/// [`Fill`] that may also ask for the transport checksum to be completed
+/// ([`TxDevice::send_with_csum`]).
+pub trait FillCsum: FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)> {}
+impl<F: FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>> FillCsum for F {}
 
 /// Receives packets.
 pub trait RxDevice {
@@ -65,11 +93,7 @@ pub trait TxDevice {
     /// into a frame and returns its length, or `None` to stop (nothing is
     /// sent for that frame). Returns packets taken (fewer when the ring or
     /// pool ran out; `fill` is then not called again).
-    fn send_with(
-        &mut self,
-        max: usize,
-        fill: impl FnMut(usize, &mut [u8]) -> Option<usize>,
-    ) -> usize;
+    fn send_with(&mut self, max: usize, fill: impl Fill) -> usize;
     /// Whether [`TxDevice::send_with_csum`]'s checksum requests are
     /// completed by the kernel or the NIC (AF_XDP TX metadata) rather than
     /// in software here.
@@ -82,11 +106,7 @@ pub trait TxDevice {
     /// skb's). Every request is honoured: by offload where
     /// [`TxDevice::csum_offload`] says so, else in software before posting
     /// (this default).
-    fn send_with_csum(
-        &mut self,
-        max: usize,
-        mut fill: impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
-    ) -> usize {
+    fn send_with_csum(&mut self, max: usize, mut fill: impl FillCsum) -> usize {
         self.send_with(max, |i, fr| checksummed(&mut fill, i, fr))
     }
     /// Send one packet longer than a frame in several descriptors; `false`
@@ -106,25 +126,31 @@ pub trait TxDevice {
     }
 }
 
+/// A device around another (the wrappers): its inner device ([`wrapper!`]
+/// writes this for a field `inner`).
+pub trait Wrap {
+    type Inner;
+    fn inner(&self) -> &Self::Inner;
+    fn inner_mut(&mut self) -> &mut Self::Inner;
+}
+
 /// A receive device around another (the wrappers below: smoltcp's phy
 /// middleware habit): it names its inner device and writes only the
 /// operations it changes; every other one forwards to the inner device
 /// (these defaults). Each wrapper is an [`RxDevice`] through the blanket
 /// impl below.
-pub trait RxWrap {
-    type Inner: RxDevice;
-    fn inner(&mut self) -> &mut Self::Inner;
+pub trait RxWrap: Wrap<Inner: RxDevice> {
     #[inline]
     fn receive(&mut self, budget: u32, f: impl FnMut(RxFrame, u64)) -> u32 {
-        self.inner().receive(budget, f)
+        self.inner_mut().receive(budget, f)
     }
     #[inline]
     fn refill(&mut self) {
-        self.inner().refill()
+        self.inner_mut().refill()
     }
     #[inline]
     fn refresh_stats(&mut self) {
-        self.inner().refresh_stats()
+        self.inner_mut().refresh_stats()
     }
 }
 
@@ -143,20 +169,13 @@ impl<W: RxWrap> RxDevice for W {
 
 /// A transmit device around another: as [`RxWrap`], the wrapper writes
 /// only what it changes; the rest forwards to the inner device.
-pub trait TxWrap {
-    type Inner: TxDevice;
-    fn inner(&self) -> &Self::Inner;
-    fn inner_mut(&mut self) -> &mut Self::Inner;
+pub trait TxWrap: Wrap<Inner: TxDevice> {
     #[inline]
     fn frame_size(&self) -> usize {
         self.inner().frame_size()
     }
     #[inline]
-    fn send_with(
-        &mut self,
-        max: usize,
-        fill: impl FnMut(usize, &mut [u8]) -> Option<usize>,
-    ) -> usize {
+    fn send_with(&mut self, max: usize, fill: impl Fill) -> usize {
         self.inner_mut().send_with(max, fill)
     }
     #[inline]
@@ -164,11 +183,7 @@ pub trait TxWrap {
         self.inner().csum_offload()
     }
     #[inline]
-    fn send_with_csum(
-        &mut self,
-        max: usize,
-        fill: impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
-    ) -> usize {
+    fn send_with_csum(&mut self, max: usize, fill: impl FillCsum) -> usize {
         self.inner_mut().send_with_csum(max, fill)
     }
     #[inline]
@@ -193,21 +208,13 @@ impl<W: TxWrap> TxDevice for W {
     fn frame_size(&self) -> usize {
         TxWrap::frame_size(self)
     }
-    fn send_with(
-        &mut self,
-        max: usize,
-        fill: impl FnMut(usize, &mut [u8]) -> Option<usize>,
-    ) -> usize {
+    fn send_with(&mut self, max: usize, fill: impl Fill) -> usize {
         TxWrap::send_with(self, max, fill)
     }
     fn csum_offload(&self) -> bool {
         TxWrap::csum_offload(self)
     }
-    fn send_with_csum(
-        &mut self,
-        max: usize,
-        fill: impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
-    ) -> usize {
+    fn send_with_csum(&mut self, max: usize, fill: impl FillCsum) -> usize {
         TxWrap::send_with_csum(self, max, fill)
     }
     fn send_large(&mut self, pkt: &[u8]) -> bool {
@@ -227,11 +234,7 @@ impl<W: TxWrap> TxDevice for W {
 /// `fill`'s packet with any checksum it asked for completed in software
 /// (a device without offload).
 #[inline]
-pub(crate) fn checksummed(
-    fill: &mut impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
-    i: usize,
-    fr: &mut [u8],
-) -> Option<usize> {
+pub(crate) fn checksummed(fill: &mut impl FillCsum, i: usize, fr: &mut [u8]) -> Option<usize> {
     let (len, c) = fill(i, fr)?;
     if let Some(c) = c {
         let n = len.min(fr.len());

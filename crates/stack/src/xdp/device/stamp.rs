@@ -8,7 +8,7 @@
 //! kick that handed the frames to the driver returned.
 
 use super::{RxDevice, TxDevice};
-use nanowire_xdp::{CsumRequest, RxFrame};
+use nanowire_xdp::RxFrame;
 
 /// Receive stamps.
 pub struct RxStamps<D> {
@@ -24,11 +24,6 @@ impl<D> RxStamps<D> {
 }
 
 impl<D: RxDevice> super::RxWrap for RxStamps<D> {
-    type Inner = D;
-    #[inline]
-    fn inner(&mut self) -> &mut D {
-        &mut self.inner
-    }
     #[inline]
     fn receive(&mut self, budget: u32, mut f: impl FnMut(RxFrame, u64)) -> u32 {
         let on = self.users > 0;
@@ -68,60 +63,40 @@ impl<D> TxStamps<D> {
     }
 }
 
+/// Keep a copy of the frame just built when the request wants it.
+#[inline]
+fn keep(req: &mut Option<TxStamp>, frame: &[u8]) {
+    if let Some(s) = req.as_mut()
+        && s.want_frame
+    {
+        s.frame.clear();
+        s.frame.extend_from_slice(frame);
+    }
+}
+
 impl<D: TxDevice> super::TxWrap for TxStamps<D> {
-    type Inner = D;
     #[inline]
-    fn inner(&self) -> &D {
-        &self.inner
-    }
-    #[inline]
-    fn inner_mut(&mut self) -> &mut D {
-        &mut self.inner
-    }
-    #[inline]
-    fn send_with(
-        &mut self,
-        max: usize,
-        mut fill: impl FnMut(usize, &mut [u8]) -> Option<usize>,
-    ) -> usize {
+    fn send_with(&mut self, max: usize, mut fill: impl super::Fill) -> usize {
         let req = &mut self.req;
         self.inner.send_with(max, |i, fr| {
             let len = fill(i, fr)?;
-            if let Some(s) = req.as_mut()
-                && s.want_frame
-            {
-                s.frame.clear();
-                s.frame.extend_from_slice(&fr[..len.min(fr.len())]);
-            }
+            keep(req, &fr[..len.min(fr.len())]);
             Some(len)
         })
     }
     #[inline]
-    fn send_with_csum(
-        &mut self,
-        max: usize,
-        mut fill: impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
-    ) -> usize {
+    fn send_with_csum(&mut self, max: usize, mut fill: impl super::FillCsum) -> usize {
         let req = &mut self.req;
         self.inner.send_with_csum(max, |i, fr| {
             let (len, c) = fill(i, fr)?;
-            if let Some(s) = req.as_mut()
-                && s.want_frame
-            {
-                s.frame.clear();
-                s.frame.extend_from_slice(&fr[..len.min(fr.len())]);
-            }
+            keep(req, &fr[..len.min(fr.len())]);
             Some((len, c))
         })
     }
     fn send_large(&mut self, pkt: &[u8]) -> bool {
         let ok = self.inner.send_large(pkt);
-        if ok
-            && let Some(s) = self.req.as_mut()
-            && s.want_frame
-        {
-            s.frame.clear();
-            s.frame.extend_from_slice(pkt);
+        if ok {
+            keep(&mut self.req, pkt);
         }
         ok
     }
@@ -136,6 +111,8 @@ impl<D: TxDevice> super::TxWrap for TxStamps<D> {
         }
     }
 }
+
+wrapper!(RxStamps, TxStamps);
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,7 @@
 
 use super::{RxDevice, TxDevice};
 use nanowire_tap::TapWriter;
-use nanowire_xdp::{CsumRequest, RxFrame};
+use nanowire_xdp::RxFrame;
 
 /// Copies of received frames.
 pub struct RxTap<D> {
@@ -20,11 +20,6 @@ impl<D> RxTap<D> {
 }
 
 impl<D: RxDevice> super::RxWrap for RxTap<D> {
-    type Inner = D;
-    #[inline]
-    fn inner(&mut self) -> &mut D {
-        &mut self.inner
-    }
     #[inline]
     fn receive(&mut self, budget: u32, mut f: impl FnMut(RxFrame, u64)) -> u32 {
         let tap = &mut self.tap;
@@ -51,21 +46,8 @@ impl<D> TxTap<D> {
 }
 
 impl<D: TxDevice> super::TxWrap for TxTap<D> {
-    type Inner = D;
     #[inline]
-    fn inner(&self) -> &D {
-        &self.inner
-    }
-    #[inline]
-    fn inner_mut(&mut self) -> &mut D {
-        &mut self.inner
-    }
-    #[inline]
-    fn send_with(
-        &mut self,
-        max: usize,
-        mut fill: impl FnMut(usize, &mut [u8]) -> Option<usize>,
-    ) -> usize {
+    fn send_with(&mut self, max: usize, mut fill: impl super::Fill) -> usize {
         let tap = &mut self.tap;
         self.inner.send_with(max, |i, fr| {
             let len = fill(i, fr)?;
@@ -74,11 +56,7 @@ impl<D: TxDevice> super::TxWrap for TxTap<D> {
         })
     }
     #[inline]
-    fn send_with_csum(
-        &mut self,
-        max: usize,
-        mut fill: impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
-    ) -> usize {
+    fn send_with_csum(&mut self, max: usize, mut fill: impl super::FillCsum) -> usize {
         let tap = &mut self.tap;
         self.inner.send_with_csum(max, |i, fr| {
             let (len, c) = fill(i, fr)?;
@@ -96,6 +74,8 @@ impl<D: TxDevice> super::TxWrap for TxTap<D> {
         ok
     }
 }
+
+wrapper!(RxTap, TxTap);
 
 #[cfg(test)]
 mod tests {

@@ -10,7 +10,7 @@
 
 use super::{RxDevice, TxDevice};
 use crate::xdp::shm::{E, StatsPage, bump, peak, set};
-use nanowire_xdp::{CsumRequest, RxFrame, XskRx, XskStats, XskTx};
+use nanowire_xdp::{RxFrame, XskRx, XskStats, XskTx};
 use std::io;
 use std::sync::Arc;
 
@@ -169,11 +169,7 @@ impl TxDevice for XskTx {
         XskTx::frame_size(self)
     }
     #[inline]
-    fn send_with(
-        &mut self,
-        max: usize,
-        fill: impl FnMut(usize, &mut [u8]) -> Option<usize>,
-    ) -> usize {
+    fn send_with(&mut self, max: usize, fill: impl super::Fill) -> usize {
         XskTx::send_with(self, max, fill)
     }
     #[inline]
@@ -181,11 +177,7 @@ impl TxDevice for XskTx {
         XskTx::csum_offload(self)
     }
     #[inline]
-    fn send_with_csum(
-        &mut self,
-        max: usize,
-        fill: impl FnMut(usize, &mut [u8]) -> Option<(usize, Option<CsumRequest>)>,
-    ) -> usize {
+    fn send_with_csum(&mut self, max: usize, fill: impl super::FillCsum) -> usize {
         XskTx::send_with_csum(self, max, fill)
     }
     fn send_large(&mut self, pkt: &[u8]) -> bool {
