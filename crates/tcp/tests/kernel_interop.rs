@@ -318,12 +318,18 @@ fn pattern(off: u64) -> u8 {
     (off.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 29) as u8 ^ off as u8
 }
 
-fn host(lab: &Lab) -> Host {
+/// Opens the raw link on lab host a in the thread that calls it (the open
+/// moves that thread into host a's namespace).
+fn raw_link(lab: &Lab) -> impl FnOnce() -> Raw + Send + 'static {
+    let (a, ifa) = (lab.a.clone(), lab.ifa.clone());
     let mac_a = parse_mac(&lab.mac(&lab.a, &lab.ifa));
     let mac_b = parse_mac(&lab.mac(&lab.b, &lab.ifb));
-    let raw = Raw::open(&lab.a, &lab.ifa, mac_a, mac_b);
+    move || Raw::open(&a, &ifa, mac_a, mac_b)
+}
+
+fn host(lab: &Lab) -> Host {
     new_host(
-        raw,
+        raw_link(lab)(),
         Config {
             mss: Config::mss_for_mtu(1500),
             rto_min_ns: 20_000_000,
@@ -371,6 +377,18 @@ while sent < n or True:
 ok = hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
 print("OK" if ok else "MISMATCH", len(got), flush=True)
 "#;
+
+/// The stdout of a peer program that must have exited 0 (else its stdout
+/// and stderr are the failure).
+fn succeeded(out: std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
 
 fn wait_line(child: &mut Child) -> String {
     use std::io::{BufRead, BufReader};
@@ -491,12 +509,7 @@ fn client_to_kernel(
         .join()
         .unwrap()
     });
-    let out = py.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(py.wait_with_output().unwrap());
     eprintln!("client side: {info:?}");
     assert_eq!(reply.trim(), format!("{total} {crc_local}"));
     assert!(
@@ -513,15 +526,11 @@ fn client_to_kernel(
 fn kernel_client_to_our_server_echo_16_mib_hashed() {
     nanowire_testkit::require_root();
     let lab = Lab::new("s");
-    let lab_ref = &lab;
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let server = std::thread::spawn({
-        let a = lab_ref.a.clone();
-        let ifa = lab_ref.ifa.clone();
-        let mac_a = parse_mac(&lab_ref.mac(&lab_ref.a, &lab_ref.ifa));
-        let mac_b = parse_mac(&lab_ref.mac(&lab_ref.b, &lab_ref.ifb));
+        let open = raw_link(&lab);
         move || {
-            let raw = Raw::open(&a, &ifa, mac_a, mac_b);
+            let raw = open();
             let mut h = new_host(
                 raw,
                 Config {
@@ -591,16 +600,8 @@ fn kernel_client_to_our_server_echo_16_mib_hashed() {
     );
     let out = py.wait_with_output().unwrap();
     let (echoed, counters) = server.join().unwrap();
-    assert!(
-        out.status.success(),
-        "{} {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        format!("OK {}", 16u32 << 20)
-    );
+    let stdout = succeeded(out);
+    assert_eq!(stdout.trim(), format!("OK {}", 16u32 << 20));
     eprintln!("server counters: {counters:?}");
     assert_eq!(echoed, 16 << 20);
     assert_eq!(counters.bad_checksum, 0, "{counters:?}");
@@ -639,12 +640,9 @@ fn syn_flood_of_100k_from_a_raw_socket_then_a_kernel_client_connects() {
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
     let server = std::thread::spawn({
-        let a = lab.a.clone();
-        let ifa = lab.ifa.clone();
-        let mac_a = parse_mac(&lab.mac(&lab.a, &lab.ifa));
-        let mac_b = parse_mac(&lab.mac(&lab.b, &lab.ifb));
+        let open = raw_link(&lab);
         move || {
-            let raw = Raw::open(&a, &ifa, mac_a, mac_b);
+            let raw = open();
             let mut h = new_host(raw, Config::default());
             let l = h.stack.listen(SocketAddrV4::new(OURS, 5003), 128).unwrap();
             tx.send(()).unwrap();
@@ -679,13 +677,8 @@ fn syn_flood_of_100k_from_a_raw_socket_then_a_kernel_client_connects() {
     let out = py.wait_with_output().unwrap();
     done_tx.send(()).unwrap();
     let (served, accepted, c) = server.join().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = succeeded(out);
     eprintln!("flood: {stdout} accepted={accepted} counters={c:?}");
-    assert!(
-        out.status.success(),
-        "{stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(stdout.contains("reply welcome"), "{stdout}");
     assert!(served);
     assert!(
@@ -922,12 +915,9 @@ fn close_semantics_match_the_kernel_differentially() {
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
     let server = std::thread::spawn({
-        let a = lab.a.clone();
-        let ifa = lab.ifa.clone();
-        let mac_a = parse_mac(&lab.mac(&lab.a, &lab.ifa));
-        let mac_b = parse_mac(&lab.mac(&lab.b, &lab.ifb));
+        let open = raw_link(&lab);
         move || {
-            let raw = Raw::open(&a, &ifa, mac_a, mac_b);
+            let raw = open();
             let mut h = new_host(raw, Config::default());
             diff_server(&mut h, &rx, ready_tx);
             h.stack.counters().clone()
@@ -1009,12 +999,7 @@ fn host_api_ping_pong_against_a_kernel_echo_server() {
         .join()
         .unwrap()
     });
-    let out = py.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(py.wait_with_output().unwrap());
     eprintln!("ping-pong: {info:?}");
     assert_eq!(info.bytes_acked, 2000 * 64 + 1);
     assert_eq!(info.total_retrans, 0);
