@@ -2,8 +2,8 @@
 
 use serde::Serialize;
 
+use nanowire_doctor::{read, tool};
 use std::net::Ipv4Addr;
-use std::process::{Command, Stdio};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(default)]
@@ -39,14 +39,14 @@ pub fn virtualization() -> (String, Vec<String>) {
     if hv_flag {
         ev.push("cpuinfo: hypervisor flag".to_string());
     }
-    let clocks = read_trim("/sys/devices/system/clocksource/clocksource0/available_clocksource")
+    let clocks = read("/sys/devices/system/clocksource/clocksource0/available_clocksource")
         .unwrap_or_default();
     let mut hv = None;
     if clocks.contains("kvm-clock") {
         ev.push("clocksource: kvm-clock available".into());
         hv = Some("KVM");
     }
-    if let Some(d) = output("dmesg", &[])
+    if let Some(d) = tool("dmesg", &[])
         && let Some(l) = d.lines().find(|l| l.contains("Hypervisor detected"))
     {
         let name = l.rsplit(':').next().unwrap_or("").trim().to_string();
@@ -58,14 +58,14 @@ pub fn virtualization() -> (String, Vec<String>) {
             }
         }
     }
-    let dmi = read_trim("/sys/class/dmi/id/sys_vendor")
-        .or_else(|| read_trim("/sys/class/dmi/id/product_name"));
+    let dmi =
+        read("/sys/class/dmi/id/sys_vendor").or_else(|| read("/sys/class/dmi/id/product_name"));
     if let Some(d) = &dmi {
         ev.push(format!("DMI vendor: {d}"));
     } else {
         ev.push("no DMI tables".into());
     }
-    let cmdline = read_trim("/proc/cmdline").unwrap_or_default();
+    let cmdline = read("/proc/cmdline").unwrap_or_default();
     let vmm = if cmdline.contains("firecracker") {
         ev.push("kernel command line: firecracker init".into());
         Some("Firecracker microVM")
@@ -79,7 +79,7 @@ pub fn virtualization() -> (String, Vec<String>) {
             _ => None,
         }
     };
-    let sdv = output("systemd-detect-virt", &[]).map(|s| s.trim().to_string());
+    let sdv = tool("systemd-detect-virt", &[]).map(|s| s.trim().to_string());
     if let Some(v) = &sdv {
         ev.push(format!("systemd-detect-virt: {v}"));
     }
@@ -101,24 +101,6 @@ pub fn virtualization() -> (String, Vec<String>) {
     (name, ev)
 }
 
-fn read_trim(p: &str) -> Option<String> {
-    std::fs::read_to_string(p)
-        .ok()
-        .map(|s| s.trim().to_string())
-}
-
-fn output(cmd: &str, args: &[&str]) -> Option<String> {
-    let o = Command::new(cmd)
-        .args(args)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    o.status
-        .success()
-        .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
-}
-
 /// The interface holding IPv4 address `addr` in this network namespace.
 pub fn iface_of(addr: Ipv4Addr) -> Option<String> {
     if addr.is_unspecified() {
@@ -127,7 +109,7 @@ pub fn iface_of(addr: Ipv4Addr) -> Option<String> {
     if addr.is_loopback() {
         return Some("lo".into());
     }
-    let out = output("ip", &["-o", "-4", "addr", "show"])?;
+    let out = tool("ip", &["-o", "-4", "addr", "show"])?;
     // "2: nw-a0    inet 198.18.0.1/24 brd ... scope global nw-a0\ ..."
     out.lines().find_map(|l| {
         let mut w = l.split_whitespace();
@@ -142,7 +124,7 @@ pub fn iface_of(addr: Ipv4Addr) -> Option<String> {
 
 /// The driver behind an interface.
 pub fn driver_of(iface: &str) -> Option<String> {
-    let from_ethtool = output("ethtool", &["-i", iface]).and_then(|s| {
+    let from_ethtool = tool("ethtool", &["-i", iface]).and_then(|s| {
         s.lines()
             .find_map(|l| l.strip_prefix("driver:").map(|d| d.trim().to_string()))
     });
@@ -168,15 +150,15 @@ impl Env {
         let iface = local.and_then(iface_of);
         let driver = iface.as_deref().and_then(driver_of);
         Env {
-            kernel: read_trim("/proc/sys/kernel/osrelease").unwrap_or_default(),
+            kernel: read("/proc/sys/kernel/osrelease").unwrap_or_default(),
             cpu_model,
             nproc: std::thread::available_parallelism()
                 .map(|n| n.get())
                 .unwrap_or(1),
             iface,
             driver,
-            hostname: read_trim("/proc/sys/kernel/hostname").unwrap_or_default(),
-            netns: output("ip", &["netns", "identify"])
+            hostname: read("/proc/sys/kernel/hostname").unwrap_or_default(),
+            netns: tool("ip", &["netns", "identify"])
                 .map(|s| s.trim().to_string())
                 .filter(|s| !s.is_empty()),
             virtualization: virtualization().0,

@@ -137,14 +137,15 @@ pub struct Report {
     pub interfaces: Vec<IfaceReport>,
 }
 
-fn read(p: impl AsRef<Path>) -> Option<String> {
+/// A file's contents, trimmed; `None` when it cannot be read.
+pub fn read(p: impl AsRef<Path>) -> Option<String> {
     std::fs::read_to_string(p)
         .ok()
         .map(|s| s.trim().to_string())
 }
 
 /// stdout of a tool, `None` when it is missing or fails.
-fn tool(prog: &str, args: &[&str]) -> Option<String> {
+pub fn tool(prog: &str, args: &[&str]) -> Option<String> {
     let o = Command::new(prog)
         .args(args)
         .stdin(Stdio::null())

@@ -17,6 +17,7 @@ use clap::Args;
 use exec::Target;
 use experiments::{Ctx, Params, jnum};
 use model::{Experiment, Report, SCHEMA, Table, fmt_num, median};
+use nanowire_doctor::read as read_trim;
 use nanowire_stack::EngineKind;
 use progress::Progress;
 use serde_json::{Map, Value, json};
@@ -141,12 +142,6 @@ fn validate(a: &ReportArgs) -> Result<(), String> {
         _ => {}
     }
     Ok(())
-}
-
-fn read_trim(p: &str) -> Option<String> {
-    std::fs::read_to_string(p)
-        .ok()
-        .map(|s| s.trim().to_string())
 }
 
 fn first_line(cmd: &mut Command) -> Value {
