@@ -275,7 +275,7 @@ pub fn environment(target: &Target) -> Value {
         Target::Peer { addr, iface, .. } => json!({
             "peer": addr.to_string(),
             "iface": iface,
-            "driver": read_trim(&format!("/sys/class/net/{iface}/device/driver/module")).or_else(|| {
+            "driver": read_trim(format!("/sys/class/net/{iface}/device/driver/module")).or_else(|| {
                 std::fs::read_link(format!("/sys/class/net/{iface}/device/driver")).ok().and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
             }),
             "topology": "two real hosts",
