@@ -279,17 +279,26 @@ def client(addr, port):
     s.close()
 
     # write after the peer closed: EPIPE (and SIGPIPE without MSG_NOSIGNAL)
+    # The peer only closed (we are in CLOSE-WAIT): the first send is
+    # accepted and the peer answers it with a reset. The probe waits for
+    # the reset to be there (poll: ERR|HUP; no fixed time, whatever the
+    # load), then sends again.
     s = conn(addr, port, "epipe")
     out(f"epipe: read {read_to_eof(s)!r} (EOF); tcp state {tcp_state(s)}")
+    try:
+        out(f"epipe: send after EOF: {s.send(b'z' * 10, socket.MSG_NOSIGNAL)}")
+    except OSError as e:
+        out(f"epipe: send after EOF error {ename(e.errno)}")
+    p = select.poll()
+    p.register(s, 0)
+    ev = p.poll(60000)
+    out(f"epipe: the peer's reset: poll {'|'.join(bits(e) for _, e in ev) or 'timed out'}")
     errs = []
-    for _ in range(50):
-        try:
-            s.send(b"z" * 10, socket.MSG_NOSIGNAL)
-        except OSError as e:
-            errs.append(ename(e.errno))
-            break
-        time.sleep(0.02)
-    out(f"epipe: first send error {errs}")
+    try:
+        s.send(b"z" * 10, socket.MSG_NOSIGNAL)
+    except OSError as e:
+        errs.append(ename(e.errno))
+    out(f"epipe: send after the reset: error {errs}")
     got = []
     signal.signal(signal.SIGPIPE, lambda *_: got.append(1))
     try:

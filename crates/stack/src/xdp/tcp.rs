@@ -33,7 +33,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -465,6 +465,10 @@ struct Core {
     /// since the last publication.
     published: nanowire_tcp::Counters,
     turns: u32,
+    /// The RX path's delivery count when this stack's queue was last
+    /// drained (`Engine::rx_mark`): a send takes in first only what came
+    /// after it (`TcpEngine::take_input`). `None`: look every time.
+    rx_mark: Option<u64>,
 }
 
 /// The TCP stack of one set of sockets on one xdp engine.
@@ -570,6 +574,7 @@ impl TcpEngine {
                 service_turn: 0,
                 published: Default::default(),
                 turns: 0,
+                rx_mark: None,
             }),
         });
         service_register(&eng);
@@ -717,6 +722,7 @@ impl TcpEngine {
             let mut guard = self.engine.rx();
             let g = &mut *guard;
             moved += rx_segments(g, core.id, &mut core.stack, &mut now, now_ns);
+            core.rx_mark = self.engine.rx_mark(g);
             core.turns = core.turns.wrapping_add(1);
             if core.turns.is_multiple_of(64) {
                 // Under the RX lock: the single writer of these counters.
@@ -737,8 +743,14 @@ impl TcpEngine {
         if core.shared && core.held.len() > core.stack.connection_count() {
             self.reap(core);
         }
-        // The stack's readiness events (listeners only, see `set_conn_events`):
-        // an accept queue that became non-empty wakes a blocking accept.
+        Self::signal_accepts(core);
+        moved > 0
+    }
+
+    /// The stack's readiness events (listeners only, see
+    /// `set_conn_events`): an accept queue that became non-empty wakes a
+    /// blocking accept.
+    fn signal_accepts(core: &mut Core) {
         let mut accept = false;
         while let Some(ev) = core.stack.poll_ready() {
             accept |= matches!(ev, nanowire_tcp::Readiness::Listener(_));
@@ -746,7 +758,32 @@ impl TcpEngine {
         if accept {
             nanowire_xdp::sys::eventfd_signal(core.accept_fd.as_raw_fd());
         }
-        moved > 0
+    }
+
+    /// Before a send decides its result: take in what arrived for this
+    /// stack since it was last drained, as the kernel has by then (its
+    /// softirq takes a segment in when it arrives; the engine only when
+    /// somebody turns it). A peer's RST fails the send (EPIPE/ECONNRESET)
+    /// instead of the data going out to be answered by another RST, and its
+    /// ACKs free room first. Nothing arrived (the common case, e.g. a reply
+    /// after the read that took the request in): a few loads, no lock
+    /// ([`Engine::rx_quiet`]). No transmit here: the caller's transmit
+    /// carries the ACK this input may owe on its data.
+    fn take_input(&self, core: &mut Core) {
+        if core.rx_mark.is_some_and(|m| self.engine.rx_quiet(m)) {
+            return;
+        }
+        let mut now = None;
+        {
+            let mut g = self.engine.rx();
+            rx_segments(&mut g, core.id, &mut core.stack, &mut now, now_ns);
+            core.rx_mark = self.engine.rx_mark(&g);
+        }
+        if let Some(t) = now {
+            core.last_turn = t;
+            core.stack.poll_timers(t);
+            Self::signal_accepts(core);
+        }
     }
 
     /// Send what the stack has to send: segments are built straight in the
@@ -1152,10 +1189,7 @@ impl XdpTcpListener {
         Ok(self
             .eng
             .until(deadline, |s| s.accept(l))
-            .map(|c| XdpTcpStream {
-                eng: self.eng.clone(),
-                c,
-            }))
+            .map(|c| XdpTcpStream::opened(self.eng.clone(), c)))
     }
 
     /// Counters of this listener's stack (all its connections).
@@ -1168,6 +1202,16 @@ impl XdpTcpListener {
 pub struct XdpTcpStream {
     eng: Arc<TcpEngine>,
     c: ConnId,
+}
+
+impl XdpTcpStream {
+    /// The application's handle of connection `c` (made by connect or
+    /// accept): the timer service, asleep for long if it saw no open
+    /// connection, now looks at the engine every `SERVICE_RX_NS`.
+    fn opened(eng: Arc<TcpEngine>, c: ConnId) -> XdpTcpStream {
+        service_nudge();
+        XdpTcpStream { eng, c }
+    }
 }
 
 impl XdpTcpStream {
@@ -1212,7 +1256,7 @@ impl XdpTcpStream {
             Err(e) => Some(Some(e)),
         });
         match r {
-            Some(None) => Ok(XdpTcpStream { eng, c }),
+            Some(None) => Ok(XdpTcpStream::opened(eng, c)),
             Some(Some(e)) => Err(tcp_err(e)),
             None => Err(io_err(
                 io::ErrorKind::TimedOut,
@@ -1299,7 +1343,8 @@ impl XdpTcpStream {
         let c = self.c;
         if !data.is_empty() {
             // Latency first: what fits leaves before any receive work
-            // (`send_once` turns only when the send buffer is full).
+            // beyond what already arrived (`send_once` takes that in
+            // first, then turns only when the send buffer is full).
             match self.send_once(data) {
                 Ok(n) => data = &data[n..],
                 Err(TcpError::WouldBlock) => {}
@@ -1483,16 +1528,7 @@ impl io::Read for XdpTcpStream {
 /// at once); `WouldBlock` when it is full.
 impl io::Write for XdpTcpStream {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        let mut core = self.eng.core();
-        let mut r = core.stack.send(self.c, data);
-        if r == Err(TcpError::WouldBlock) {
-            // ACKs may have freed room.
-            self.eng.turn(&mut core);
-            r = core.stack.send(self.c, data);
-        }
-        let now = now_ns();
-        self.eng.transmit(&mut core, now);
-        r.map_err(tcp_err)
+        self.send_once(data).map_err(tcp_err)
     }
     fn flush(&mut self) -> io::Result<()> {
         let mut core = self.eng.core();
@@ -1636,10 +1672,8 @@ impl XdpTcpListener {
         let id = c.stack.accept(self.l)?;
         let now = now_ns();
         self.eng.transmit(&mut c, now);
-        Some(XdpTcpStream {
-            eng: self.eng.clone(),
-            c: id,
-        })
+        drop(c);
+        Some(XdpTcpStream::opened(self.eng.clone(), id))
     }
 
     /// IP_TTL / IP_TOS for the connections this listener creates from now
@@ -1818,7 +1852,7 @@ impl XdpTcpStream {
                 }
             }
         };
-        Ok(XdpTcpStream { eng, c })
+        Ok(XdpTcpStream::opened(eng, c))
     }
 
     /// The engine and source address for `remote` if the last engine a
@@ -1962,6 +1996,7 @@ impl XdpTcpStream {
     /// transmitted at once; `WouldBlock` when it is full.
     pub fn send_once(&self, data: &[u8]) -> Result<usize, XdpTcpError> {
         let mut core = self.eng.core();
+        self.eng.take_input(&mut core);
         let mut r = core.stack.send(self.c, data);
         if r == Err(TcpError::WouldBlock) {
             // ACKs may have freed room.
@@ -2103,6 +2138,32 @@ const SERVICE_ACTIVE_NS: u64 = 1_000_000;
 /// this long (segments that arrived while the program computes).
 const SERVICE_RX_NS: u64 = 20_000_000;
 
+/// The service's wake-up eventfd (-1 before it runs), and whether its
+/// current sleep is longer than `SERVICE_RX_NS` (it saw no engine with an
+/// open connection): [`service_nudge`] then wakes it.
+static SERVICE_WAKE: AtomicI32 = AtomicI32::new(-1);
+static SERVICE_NAPPING: AtomicBool = AtomicBool::new(false);
+
+/// A connection was opened or closed by the application: a service in a
+/// long sleep looks again now (in the kernel a segment is taken in when it
+/// arrives; here, for a connection whose application does not turn the
+/// engine, by the service every `SERVICE_RX_NS`, not after up to
+/// `SERVICE_IDLE_MS`). One load when the service is not napping.
+///
+/// No nudge is lost: the service sets `SERVICE_NAPPING` before its pass
+/// looks at the engines (each under its core lock), and the caller changed
+/// the connection set under that lock before asking here. Either the pass
+/// saw the change (and sleeps at most `SERVICE_RX_NS`), or its store is
+/// ordered before the caller's load through the lock, which then sees it.
+fn service_nudge() {
+    if SERVICE_NAPPING.load(Ordering::Relaxed) && SERVICE_NAPPING.swap(false, Ordering::AcqRel) {
+        let fd = SERVICE_WAKE.load(Ordering::Acquire);
+        if fd >= 0 {
+            nanowire_xdp::sys::eventfd_signal(fd);
+        }
+    }
+}
+
 fn service_register(eng: &Arc<TcpEngine>) {
     let mut s = service();
     s.live.retain(|w| w.strong_count() > 0);
@@ -2111,6 +2172,7 @@ fn service_register(eng: &Arc<TcpEngine>) {
         s.started = true;
         let Ok(wake) = eventfd() else { return };
         let fd = wake.as_raw_fd();
+        SERVICE_WAKE.store(fd, Ordering::Release);
         s.wake = Some(wake);
         drop(s);
         let _ = std::thread::Builder::new()
@@ -2129,10 +2191,13 @@ fn service_linger(eng: Arc<TcpEngine>) {
     if eng.core().stack.connection_count() == 0 {
         return;
     }
-    let mut s = service();
-    if !s.closing.iter().any(|e| Arc::ptr_eq(e, &eng)) {
-        s.closing.push(eng);
+    {
+        let mut s = service();
+        if !s.closing.iter().any(|e| Arc::ptr_eq(e, &eng)) {
+            s.closing.push(eng);
+        }
     }
+    service_nudge();
 }
 
 /// How the service thread runs its loop: the shim runs it as engine code
@@ -2161,6 +2226,9 @@ fn service_loop(wake: RawFd) {
     // Kept open between sweeps of handed-over connections' pass entries.
     let mut diag = None;
     loop {
+        // Before the pass (see `service_nudge`); cleared below if the pass
+        // finds an open connection or a near deadline.
+        SERVICE_NAPPING.store(true, Ordering::SeqCst);
         let engines: Vec<Arc<TcpEngine>> = {
             let mut s = service();
             s.closing.retain(|e| {
@@ -2225,6 +2293,9 @@ fn service_loop(wake: RawFd) {
             events: libc::POLLIN,
             revents: 0,
         };
+        if sleep_ns <= SERVICE_RX_NS {
+            SERVICE_NAPPING.store(false, Ordering::Relaxed);
+        }
         let ms = sleep_ns.div_ceil(1_000_000).min(SERVICE_IDLE_MS as u64) as i32;
         // SAFETY: one pollfd on our stack, a bounded timeout.
         unsafe { libc::poll(&mut p, 1, ms) };
