@@ -197,6 +197,9 @@ impl Accel {
 // SAFETY: the only type of the shim with kind Udp; aligned to 8 (atomics).
 unsafe impl table::Record for Accel {
     const KIND: table::Kind = table::Kind::Udp;
+    fn common(&self) -> &Common {
+        &self.common
+    }
 }
 
 /// The record behind `fd`, whichever process made it (after fork, a
@@ -211,7 +214,7 @@ pub fn set_fd(fd: c_int, a: &'static Accel) {
 }
 
 pub fn take_fd(fd: c_int) -> Option<&'static Accel> {
-    table::take_record::<Accel>(fd)
+    table::take_record::<Accel>(fd).map(|r| r.record())
 }
 
 /// The engine socket behind `fd` if this process may use it.
@@ -1170,7 +1173,7 @@ pub fn release_stale(fd: c_int) {
     if a.mine() && a.adopted == fd && !a.detached.load(Ordering::Acquire) {
         let mut dup = None;
         table::each_record::<Accel>(|f, r| {
-            if dup.is_none() && std::ptr::eq(r, a) {
+            if dup.is_none() && std::ptr::eq(r.record(), a) {
                 dup = Some(f);
             }
         });

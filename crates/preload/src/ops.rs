@@ -29,7 +29,7 @@ use crate::real;
 use crate::spin::{self, recv_spin_word};
 use crate::streamio;
 use crate::table;
-use crate::tcpx::{self, Tcp};
+use crate::tcpx::{self, Tcp, TcpRef};
 use crate::uaccess;
 use libc::{c_int, c_uint, c_ulong, c_void, iovec, msghdr, size_t, sockaddr, socklen_t};
 use nanowire_shimcore::sock::Common;
@@ -38,7 +38,7 @@ use nanowire_sockabi::iov::Call;
 /// What serves an fd (see the module doc).
 #[derive(Clone, Copy)]
 pub enum Sock {
-    Tcp(&'static Tcp),
+    Tcp(TcpRef),
     Udp(&'static Accel),
     Kernel,
 }
@@ -64,7 +64,7 @@ pub fn serving(fd: c_int) -> Sock {
     if let Some(a) = r.get::<Accel>() {
         return Sock::Udp(a);
     }
-    match r.get::<Tcp>() {
+    match table::checked::<Tcp>(fd, r).map(TcpRef::from) {
         Some(t) if t.mine() => Sock::Tcp(t),
         Some(_) => {
             // A forked child's copy: the connection stays with the parent.
@@ -86,7 +86,7 @@ pub fn record_of(fd: c_int) -> Sock {
     if let Some(a) = r.get::<Accel>() {
         return Sock::Udp(a);
     }
-    r.get::<Tcp>().map_or(Sock::Kernel, Sock::Tcp)
+    table::checked::<Tcp>(fd, r).map_or(Sock::Kernel, |t| Sock::Tcp(t.into()))
 }
 
 /// A receive, normalised: the caller's buffers and the call it made.
@@ -415,7 +415,7 @@ pub fn tcp_oob_to_kernel(fd: c_int) -> bool {
     crate::handover::to_kernel(fd, "MSG_OOB (urgent data) is served by the kernel")
 }
 
-impl Ops for &'static Tcp {
+impl Ops for TcpRef {
     #[inline]
     fn recv(self, fd: c_int, r: Recv, flags: c_int) -> Option<isize> {
         if flags & libc::MSG_OOB != 0 && tcp_oob_to_kernel(fd) {
@@ -489,7 +489,7 @@ impl Ops for &'static Tcp {
     fn fcntl(self, fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int> {
         // A listener is non-blocking underneath; a connection's mode is
         // recorded and passed on.
-        fcntl_mode(fd, cmd, arg, is64, &self.common, self.listener)
+        fcntl_mode(fd, cmd, arg, is64, &self.common, self.listener())
     }
 
     fn ioctl(self, _fd: c_int, req: c_ulong, arg: c_ulong) -> Option<c_int> {
@@ -502,7 +502,7 @@ impl Ops for &'static Tcp {
             self.common.set_nonblock(on);
             // A listener is non-blocking underneath, always; a
             // connection's kernel socket takes it too.
-            return self.listener.then_some(0);
+            return self.listener().then_some(0);
         }
         if (req == libc::FIONREAD as c_ulong || req == libc::TIOCOUTQ as c_ulong)
             && let Some(n) = tcpx::queue_len(self, req == libc::TIOCOUTQ as c_ulong)
@@ -521,7 +521,7 @@ impl Ops for &'static Tcp {
         len: *mut socklen_t,
         flags: Option<c_int>,
     ) -> Option<c_int> {
-        self.listener
+        self.listener()
             .then(|| tcpx::accept(self, fd, addr, len, flags.unwrap_or(0)))
     }
 
@@ -586,8 +586,12 @@ impl Ops for &'static Tcp {
     }
 
     fn dup(self, _old: c_int, new: c_int) {
-        self.add_ref();
-        table::set_record(new, self);
+        // Counted on the incarnation `old` named: if its last fd closed
+        // meanwhile, `new` names no engine socket (as a dup racing the
+        // close of its source).
+        if self.add_ref() {
+            table::set_record(new, self.record());
+        }
     }
 
     fn release(self, fd: c_int) {

@@ -370,7 +370,7 @@ pub fn tcp_candidate_after(
 /// of 0 (the connection went to the kernel and the option was set on it
 /// again, or it could not and the option does nothing: ENOPROTOOPT).
 pub fn tcp_engine_after(
-    t: &tcpx::Tcp,
+    t: tcpx::TcpRef,
     fd: c_int,
     level: c_int,
     name: c_int,

@@ -98,7 +98,7 @@ pub trait Ready: Copy {
     }
 }
 
-impl Ready for &'static tcpx::Tcp {
+impl Ready for tcpx::TcpRef {
     fn polled(self, _fd: c_int) -> bool {
         true
     }
@@ -126,7 +126,7 @@ impl Ready for &'static tcpx::Tcp {
         tcpx::arm(self)
     }
     fn wait_fds(self) -> &'static [c_int] {
-        tcpx::Tcp::wait_fds(self)
+        tcpx::Tcp::wait_fds(&self)
     }
 }
 
@@ -384,7 +384,7 @@ struct Interest {
     /// `None` while the fd is a candidate, or since it fell back to the kernel.
     acc: Option<&'static Accel>,
     /// An engine TCP socket (connections are not registered in the kernel).
-    tcp: Option<&'static tcpx::Tcp>,
+    tcp: Option<tcpx::TcpRef>,
     /// Bits last reported for `tcp` (EPOLLET: report only new ones).
     last: u32,
     /// Bytes `tcp` had received when last looked at (EPOLLET: an arrival
@@ -543,7 +543,7 @@ fn synth(ep: c_int, out: &mut [epoll_event], fds: &mut Vec<c_int>) -> usize {
     let mut pass = tcpx::Pass::default();
     for i in r.iter_mut().filter(|i| i.ep == ep) {
         if let Some(t) = i.tcp {
-            if tcpx::by_fd(i.fd).is_none_or(|b| !std::ptr::eq(b, t)) {
+            if tcpx::by_fd(i.fd).is_none_or(|b| !b.same(t)) {
                 i.tcp = None;
                 continue;
             }
@@ -761,7 +761,7 @@ pub fn epoll_mixed(
         }
         if !w.spin() {
             let slice = total_ns.map_or(SLICE_NS, |t| (t - spent).min(SLICE_NS));
-            let tcps: Vec<&'static tcpx::Tcp> = reg()
+            let tcps: Vec<tcpx::TcpRef> = reg()
                 .iter()
                 .filter(|i| i.ep == ep)
                 .filter_map(|i| i.tcp)

@@ -17,7 +17,7 @@
 use crate::real;
 use crate::spin::{errno, set_errno};
 use crate::sys::engine_call;
-use crate::tcpx::{self, Inner, Tcp};
+use crate::tcpx::{self, Inner, TcpRef};
 use libc::{c_int, c_uint};
 
 /// Bytes moved per call at most (a pipe holds 64 KiB by default).
@@ -62,7 +62,7 @@ fn check(other: c_int, offs: (bool, bool)) -> Result<(), c_int> {
 
 /// splice(pipe → engine connection `t` at `out`).
 pub fn to_engine(
-    t: &Tcp,
+    t: TcpRef,
     out: c_int,
     pipe: c_int,
     offs: (bool, bool),
@@ -130,7 +130,7 @@ pub fn to_engine(
 
 /// splice(engine connection `t` at `inp` → pipe).
 pub fn from_engine(
-    t: &Tcp,
+    t: TcpRef,
     inp: c_int,
     pipe: c_int,
     offs: (bool, bool),

@@ -7,7 +7,7 @@
 //! directly and gathered for sending in bounded chunks.
 
 use crate::sys::{errno, set_errno};
-use crate::tcpx::{self, Tcp};
+use crate::tcpx::{self, TcpRef};
 use crate::uaccess::{self, Access, fault};
 use libc::{c_int, c_void, iovec, mmsghdr, msghdr, size_t};
 use nanowire_sockabi::iov::{self, Call, Piece};
@@ -32,7 +32,7 @@ thread_local! {
 }
 
 /// recv/recvfrom/read on an engine connection.
-pub fn recv(t: &Tcp, fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> isize {
+pub fn recv(t: TcpRef, fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> isize {
     match uaccess::buf_mut(buf, len) {
         Some(b) => tcpx::recv(t, fd, b, flags),
         None => recv_fault(t, fd, flags),
@@ -42,7 +42,7 @@ pub fn recv(t: &Tcp, fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> 
 /// A receive into memory the kernel could not write: like the kernel,
 /// wait for data as the call would, then fail with EFAULT and leave the
 /// data queued (0 at the end of the stream, errors as they are).
-fn recv_fault(t: &Tcp, fd: c_int, flags: c_int) -> isize {
+fn recv_fault(t: TcpRef, fd: c_int, flags: c_int) -> isize {
     let mut one = [0u8; 1];
     let r = tcpx::recv(
         t,
@@ -54,7 +54,7 @@ fn recv_fault(t: &Tcp, fd: c_int, flags: c_int) -> isize {
 }
 
 /// send/sendto/write on an engine connection.
-pub fn send(t: &Tcp, fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> isize {
+pub fn send(t: TcpRef, fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> isize {
     match uaccess::buf(buf, len) {
         Some(b) => tcpx::send(t, fd, b, flags),
         None => fault(libc::EFAULT),
@@ -62,7 +62,7 @@ pub fn send(t: &Tcp, fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -
 }
 
 /// readv/recvmsg into checked iovecs.
-pub fn recv_iov(t: &Tcp, fd: c_int, v: &[iovec], total: usize, flags: c_int) -> isize {
+pub fn recv_iov(t: TcpRef, fd: c_int, v: &[iovec], total: usize, flags: c_int) -> isize {
     if !uaccess::bufs_ok(v, total, Access::Write) {
         return recv_fault(t, fd, flags);
     }
@@ -118,7 +118,7 @@ pub fn recv_iov(t: &Tcp, fd: c_int, v: &[iovec], total: usize, flags: c_int) -> 
 /// writev/sendmsg from checked iovecs: one iovec is sent as is, several
 /// are gathered in chunks of at most [`CHUNK`] bytes; a chunk not taken
 /// whole (non-blocking, timeout, signal) ends the call.
-pub fn send_iov(t: &Tcp, fd: c_int, v: &[iovec], total: usize, flags: c_int) -> isize {
+pub fn send_iov(t: TcpRef, fd: c_int, v: &[iovec], total: usize, flags: c_int) -> isize {
     // A fault anywhere in the data: EFAULT, nothing sent (as the kernel
     // answers a writev whose later iovec faults).
     if !uaccess::bufs_ok(v, total, Access::Read) {
@@ -186,7 +186,7 @@ fn msg_iovecs<'a>(m: &msghdr) -> Result<(&'a [iovec], usize), c_int> {
 }
 
 /// recvmsg on an engine connection.
-pub fn recvmsg(t: &Tcp, fd: c_int, msg: *mut msghdr, flags: c_int) -> isize {
+pub fn recvmsg(t: TcpRef, fd: c_int, msg: *mut msghdr, flags: c_int) -> isize {
     let Some(m) = uaccess::obj_mut(msg) else {
         return fault(libc::EFAULT);
     };
@@ -201,7 +201,7 @@ pub fn recvmsg(t: &Tcp, fd: c_int, msg: *mut msghdr, flags: c_int) -> isize {
 }
 
 /// sendmsg on an engine connection.
-pub fn sendmsg(t: &Tcp, fd: c_int, msg: *const msghdr, flags: c_int) -> isize {
+pub fn sendmsg(t: TcpRef, fd: c_int, msg: *const msghdr, flags: c_int) -> isize {
     let Some(m) = uaccess::obj(msg) else {
         return fault(libc::EFAULT);
     };
@@ -213,7 +213,7 @@ pub fn sendmsg(t: &Tcp, fd: c_int, msg: *const msghdr, flags: c_int) -> isize {
 
 /// readv (`Some`) / writev on an engine connection; `cnt` as the kernel
 /// sees it (a negative count is a huge one: EINVAL).
-pub fn rwv(t: &Tcp, fd: c_int, iov: *const iovec, cnt: c_int, write: bool) -> isize {
+pub fn rwv(t: TcpRef, fd: c_int, iov: *const iovec, cnt: c_int, write: bool) -> isize {
     match uaccess::iovecs(iov, cnt as isize as usize, Call::Vec) {
         Ok((v, total)) if write => send_iov(t, fd, v, total, 0),
         Ok((v, total)) => recv_iov(t, fd, v, total, 0),
@@ -264,7 +264,7 @@ fn each_mmsg(
 /// `sendmsg` (a stream has no message boundaries); stops at the first
 /// message not sent whole. Returns messages sent, or -1 with errno when
 /// none was.
-pub fn sendmmsg(t: &Tcp, fd: c_int, msgs: *mut mmsghdr, vlen: u32, flags: c_int) -> c_int {
+pub fn sendmmsg(t: TcpRef, fd: c_int, msgs: *mut mmsghdr, vlen: u32, flags: c_int) -> c_int {
     each_mmsg(msgs, vlen, |mm, v, total| {
         let r = send_iov(t, fd, v, total, flags);
         if r >= 0 {
@@ -279,7 +279,7 @@ pub fn sendmmsg(t: &Tcp, fd: c_int, msgs: *mut mmsghdr, vlen: u32, flags: c_int)
 /// (`MSG_WAITFORONE`) or, without it, as the flags say. Stops at end of
 /// stream or when nothing more is ready. Returns messages filled, or -1
 /// with errno when none was.
-pub fn recvmmsg(t: &Tcp, fd: c_int, msgs: *mut mmsghdr, vlen: u32, flags: c_int) -> c_int {
+pub fn recvmmsg(t: TcpRef, fd: c_int, msgs: *mut mmsghdr, vlen: u32, flags: c_int) -> c_int {
     let mut fl = flags & !libc::MSG_WAITFORONE;
     each_mmsg(msgs, vlen, |mm, v, total| {
         let r = recv_iov(t, fd, v, total, fl);

@@ -109,7 +109,7 @@ pub fn lookup(fd: i32) -> u64 {
 
 // ------------------------------------------------ engine socket records
 
-pub use nanowire_shimcore::fdtable::{Kind, Raw, Record};
+pub use nanowire_shimcore::fdtable::{Kind, Raw, Record, Ref};
 
 /// The engine's socket records, UDP (`accel::Accel`) and TCP (`tcpx::Tcp`),
 /// by fd: one tagged pointer per fd (`nanowire_shimcore::fdtable::
@@ -124,10 +124,25 @@ pub fn record(fd: i32) -> Option<Raw> {
     RECORDS.get(fd)
 }
 
-/// The record of `fd` if it is an `R`.
+/// The record of `fd` if it is an `R` (whichever incarnation: for records
+/// that are never reused).
 #[inline(always)]
 pub fn record_as<R: Record>(fd: i32) -> Option<&'static R> {
     RECORDS.get_as::<R>(fd)
+}
+
+/// The record of `fd` if it is an `R`, with the generation it has while
+/// `fd` names it (`SockTable::checked`): for records that are reused.
+#[inline(always)]
+pub fn record_ref<R: Record>(fd: i32) -> Option<Ref<R>> {
+    RECORDS.get_ref::<R>(fd)
+}
+
+/// `raw`, which [`record`] returned for `fd`, as an `R` with its
+/// generation (`None`: not an `R`, or `fd` changed meanwhile).
+#[inline(always)]
+pub fn checked<R: Record>(fd: i32, raw: Raw) -> Option<Ref<R>> {
+    RECORDS.checked::<R>(fd, raw)
 }
 
 /// Map `fd` to `r`, and record the kernel's identity of the socket the
@@ -139,8 +154,9 @@ pub fn set_record<R: Record>(fd: i32, r: &'static R) {
     }
 }
 
-/// Unmap `fd` if it holds an `R`, returning it.
-pub fn take_record<R: Record>(fd: i32) -> Option<&'static R> {
+/// Unmap `fd` if it holds an `R`, returning it (the incarnation `fd`
+/// named).
+pub fn take_record<R: Record>(fd: i32) -> Option<Ref<R>> {
     let p = RECORDS.take_as::<R>(fd);
     if p.is_some() {
         set_identity(fd, 0);
@@ -150,7 +166,7 @@ pub fn take_record<R: Record>(fd: i32) -> Option<&'static R> {
 
 /// Every (fd, record) that is an `R` (allocated chunks only; for rare
 /// events such as fork).
-pub fn each_record<R: Record>(f: impl FnMut(i32, &'static R)) {
+pub fn each_record<R: Record>(f: impl FnMut(i32, Ref<R>)) {
     RECORDS.each_as::<R>(f);
 }
 

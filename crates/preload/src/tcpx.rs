@@ -18,9 +18,24 @@
 //! socket polls HUP); for a listener the kernel's accept queue is merged in
 //! (connections the engine cannot carry, e.g. over loopback).
 //!
-//! Records are leaked like [`crate::accel::Accel`]: a pointer read from the
-//! table stays valid if another thread closes the fd; the engine object
-//! inside is taken out on the last close.
+//! Records are type-stable (`nanowire_shimcore::pool`): a pointer read
+//! from the table stays valid if another thread closes the fd, because a
+//! record is never freed; the engine object inside is taken out on the
+//! last close and the record goes back to its pool, to be reused for a
+//! later socket. A lookup ([`lookup`], `ops::of`) returns a [`TcpRef`]: the
+//! record with the generation it had while the fd named it. Everything
+//! that reaches the connection goes through [`TcpRef::get`], which checks
+//! that generation under the record's lock (the incarnation ends under the
+//! same lock), so a call racing the close of its own fd gets the closed
+//! fd's answer (EBADF), never the socket that reused the record. The few
+//! per-connection flags a call stores after it reached the connection
+//! (connect outcome, reset reported) are stored under that lock too
+//! ([`TcpRef::locked`]). Left unchecked: the application's mode and
+//! timeouts (`Common`: O_NONBLOCK, SO_RCVTIMEO/SNDTIMEO, SHUT_RD), which an
+//! fcntl/setsockopt racing the close of its own fd and the reuse of the
+//! record by a new socket, in the nanoseconds between its lookup and its
+//! store, would set on the new socket (the kernel: EBADF or the old file).
+//! Memory is bounded by the peak number of engine sockets open at once.
 
 use crate::adapt::Turn;
 use crate::log::log;
@@ -30,12 +45,14 @@ use crate::sys::engine_call;
 use crate::table;
 use libc::{c_int, c_void, sockaddr, socklen_t};
 use nanowire_options::Level;
+use nanowire_shimcore::fdtable::Ref;
+use nanowire_shimcore::pool::{Link, Pool, Pooled};
 use nanowire_shimcore::sock::Common;
 use nanowire_stack::xdp::{XdpTcpError, XdpTcpListener, XdpTcpState, XdpTcpStream, tcp_ready};
 use nanowire_stack::{EngineKind, EngineOptions, WaitPolicy};
 use std::net::SocketAddrV4;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// What the engine serves for one socket.
 pub enum Inner {
@@ -43,12 +60,20 @@ pub enum Inner {
     Stream(XdpTcpStream),
 }
 
+/// One engine socket's record (type-stable: see the module doc). Every
+/// field a later incarnation sets is an atomic or behind a lock: a thread
+/// still holding an earlier incarnation may read it.
 pub struct Tcp {
+    /// The engine object; `None` once closed. Its generation is checked
+    /// under this lock ([`TcpRef::get`]).
     inner: Mutex<Option<Arc<Inner>>>,
-    pub listener: bool,
+    listener: AtomicBool,
     /// The application's blocking mode and timeouts, shutdown(SHUT_RD),
-    /// the fds referring to it (dup) and the process that made it.
+    /// the fds referring to it (dup), the process that made it, and the
+    /// record's generation.
     pub common: Common,
+    /// Its place in [`POOL`].
+    link: Link,
     /// connect() in progress (non-blocking): SO_ERROR and poll finish it.
     connecting: AtomicBool,
     /// The failed connect's errno, until SO_ERROR (or connect) reports it.
@@ -64,9 +89,10 @@ pub struct Tcp {
     reset_reported: AtomicBool,
     /// The application's fd is the kernel reservation (listener, client):
     /// on close a duplicate keeps the port until the engine is done.
-    adopted: bool,
-    /// The fds a sleeping wait polls.
-    wait_fds: Vec<c_int>,
+    adopted: AtomicBool,
+    /// The fds a sleeping wait polls: an interned list (never freed,
+    /// see [`intern_fds`]).
+    wait_fds: AtomicPtr<Box<[c_int]>>,
     /// Keepalive settings (SO_KEEPALIVE, TCP_KEEPIDLE/INTVL/CNT).
     ka: Mutex<(bool, u64, u64, u32)>,
 }
@@ -74,6 +100,133 @@ pub struct Tcp {
 // SAFETY: the only type of the shim with kind Tcp; aligned to 8 (atomics).
 unsafe impl table::Record for Tcp {
     const KIND: table::Kind = table::Kind::Tcp;
+    fn common(&self) -> &Common {
+        &self.common
+    }
+}
+
+// SAFETY: `link` is the field `record` fills with the pool's link.
+unsafe impl Pooled for Tcp {
+    fn link(&self) -> &Link {
+        &self.link
+    }
+}
+
+/// The TCP records: reused, never freed.
+static POOL: Pool<Tcp> = Pool::new();
+
+/// A TCP record as a lookup found it (see the module doc): the record and
+/// its generation then.
+#[derive(Clone, Copy)]
+pub struct TcpRef(Ref<Tcp>);
+
+impl std::ops::Deref for TcpRef {
+    type Target = Tcp;
+    #[inline(always)]
+    fn deref(&self) -> &Tcp {
+        &self.0
+    }
+}
+
+impl From<Ref<Tcp>> for TcpRef {
+    fn from(r: Ref<Tcp>) -> TcpRef {
+        TcpRef(r)
+    }
+}
+
+impl TcpRef {
+    /// The engine object, if this incarnation still has it (the record's
+    /// generation is checked under its lock: a record closed and reused
+    /// since the lookup answers `None`, as a closed one).
+    pub(crate) fn get(self) -> Option<Arc<Inner>> {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.0.live() {
+            return None;
+        }
+        g.clone()
+    }
+
+    /// Run `f` on the record under its lock if this incarnation is still
+    /// alive (for flags a call stores after it reached the connection).
+    fn locked(self, f: impl FnOnce(&Tcp)) -> bool {
+        let _g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.0.live() {
+            return false;
+        }
+        f(&self);
+        true
+    }
+
+    /// The engine connection, if this is one.
+    pub fn stream_inner(self) -> Option<Arc<Inner>> {
+        self.stream()
+    }
+    fn stream(self) -> Option<Arc<Inner>> {
+        self.get().filter(|i| matches!(**i, Inner::Stream(_)))
+    }
+
+    /// The record (for the table: another fd names the same incarnation).
+    pub fn record(self) -> &'static Tcp {
+        self.0.record()
+    }
+
+    /// The same record and incarnation?
+    pub fn same(self, o: TcpRef) -> bool {
+        self.0.same(&o.0)
+    }
+
+    /// Take the engine object out, if this incarnation still has it.
+    fn take(self) -> Option<Arc<Inner>> {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.0.live() {
+            return None;
+        }
+        g.take()
+    }
+
+    /// One more fd refers to this incarnation (dup); `false` if it has
+    /// none any more (closed meanwhile).
+    pub fn add_ref(self) -> bool {
+        self.common.add_ref_if(self.0.generation())
+    }
+}
+
+/// The interned wait-fd lists: records of one engine share one list, and
+/// a list, once made, is never freed (a thread holding an earlier
+/// incarnation of a record may still read it). 256 distinct lists at
+/// most are interned (engines × listeners); past that each is leaked.
+static WAIT_LISTS: [AtomicPtr<Box<[c_int]>>; 256] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; 256];
+
+/// The interned list equal to `fds`.
+fn intern_fds(fds: Vec<c_int>) -> *mut Box<[c_int]> {
+    for slot in &WAIT_LISTS {
+        let p = slot.load(Ordering::Acquire);
+        if p.is_null() {
+            let fresh = Box::into_raw(Box::new(fds.clone().into_boxed_slice()));
+            match slot.compare_exchange(
+                std::ptr::null_mut(),
+                fresh,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return fresh,
+                Err(now) => {
+                    // SAFETY: `fresh` was never published (we lost the
+                    // race): ours to free.
+                    drop(unsafe { Box::from_raw(fresh) });
+                    // SAFETY: published lists are never freed.
+                    if unsafe { &**now }[..] == fds[..] {
+                        return now;
+                    }
+                }
+            }
+        // SAFETY: published lists are never freed.
+        } else if unsafe { &**p }[..] == fds[..] {
+            return p;
+        }
+    }
+    Box::into_raw(Box::new(fds.into_boxed_slice()))
 }
 static PID: AtomicU32 = AtomicU32::new(0);
 /// The process the shim was loaded into (not updated at fork).
@@ -139,7 +292,7 @@ pub fn exiting() {
     let e = errno();
     for fd in fds {
         if let Some(t) = table::take_record::<Tcp>(fd) {
-            close_record(t, fd, true);
+            close_record(t.into(), fd, true);
         }
     }
     engine_call(|| nanowire_stack::xdp::tcp_drain(exit_linger()));
@@ -153,16 +306,21 @@ pub fn exiting() {
 /// which the caller hands over to the kernel (`handover::prepare_child`).
 pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) -> Vec<c_int> {
     let me = PID.load(Ordering::Relaxed);
-    let mut ls: Vec<(c_int, &'static Tcp)> = Vec::new();
+    let mut ls: Vec<c_int> = Vec::new();
     table::each_record::<Tcp>(|fd, t| {
-        if t.common.mine(me) && t.listener && inherits(fd) {
-            ls.push((fd, t));
+        if t.common.mine(me) && t.listener() && inherits(fd) {
+            ls.push(fd);
         }
     });
     let e = errno();
-    for (fd, t) in ls {
-        let _ = table::take_record::<Tcp>(fd);
-        if t.inner.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+    for fd in ls {
+        // The record the fd names now (the application's other threads
+        // run); it is left to the pool's care never (a listener's other
+        // numbers, not inherited, may still name it).
+        let Some(t) = table::take_record::<Tcp>(fd).map(TcpRef) else {
+            continue;
+        };
+        if t.get().is_some() {
             close_record(t, fd, false);
             log!(
                 Level::Warn,
@@ -181,7 +339,7 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) -> Vec<c_int> 
     // kernel can serve it to both.
     let mut conns: Vec<c_int> = Vec::new();
     table::each_record::<Tcp>(|fd, t| {
-        if t.common.mine(me) && !t.listener && inherits(fd) {
+        if t.common.mine(me) && !t.listener() && inherits(fd) {
             conns.push(fd);
         }
     });
@@ -200,8 +358,8 @@ extern "C" fn after_fork_child() {
 
 /// The engine record of `fd`, if this process may use it.
 #[inline(always)]
-pub fn lookup(fd: c_int) -> Option<&'static Tcp> {
-    let t = table::record_as::<Tcp>(fd)?;
+pub fn lookup(fd: c_int) -> Option<TcpRef> {
+    let t = by_fd(fd)?;
     if t.mine() {
         Some(t)
     } else {
@@ -223,8 +381,8 @@ pub fn note_inherited(fd: c_int) {
 }
 
 /// Any record (this process's or an inherited one).
-pub fn by_fd(fd: c_int) -> Option<&'static Tcp> {
-    table::record_as::<Tcp>(fd)
+pub fn by_fd(fd: c_int) -> Option<TcpRef> {
+    table::record_ref::<Tcp>(fd).map(TcpRef)
 }
 
 impl Tcp {
@@ -233,21 +391,46 @@ impl Tcp {
     pub fn mine(&self) -> bool {
         self.common.mine(PID.load(Ordering::Relaxed))
     }
-    pub(crate) fn get(&self) -> Option<Arc<Inner>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    /// A listener (else a connection).
+    #[inline(always)]
+    pub fn listener(&self) -> bool {
+        self.listener.load(Ordering::Relaxed)
     }
-    /// The engine connection, if this is one.
-    pub fn stream_inner(&self) -> Option<Arc<Inner>> {
-        self.stream()
+    /// The fds a sleeping wait on the socket polls.
+    pub fn wait_fds(&self) -> &'static [c_int] {
+        let p = self.wait_fds.load(Ordering::Acquire);
+        if p.is_null() {
+            return &[];
+        }
+        // SAFETY: a list from `intern_fds`, published with Release by
+        // `record` and never freed.
+        unsafe { &*p }
     }
-    fn stream(&self) -> Option<Arc<Inner>> {
-        self.get().filter(|i| matches!(**i, Inner::Stream(_)))
+    /// The engine object, for the one thread that owns this incarnation's
+    /// end (its last fd closed, or every fd was taken off it).
+    fn take_inner(&self) -> Option<Arc<Inner>> {
+        self.lock_inner().take()
     }
-    pub fn wait_fds(&self) -> &[c_int] {
-        &self.wait_fds
+    fn lock_inner(&self) -> MutexGuard<'_, Option<Arc<Inner>>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
-    pub fn add_ref(&self) {
-        self.common.add_ref();
+    /// A record for the pool to keep: as a new socket's, before `record`
+    /// fills it in.
+    fn blank(link: Link) -> Tcp {
+        Tcp {
+            inner: Mutex::new(None),
+            listener: AtomicBool::new(false),
+            common: Common::new(0, false, 0),
+            link,
+            connecting: AtomicBool::new(false),
+            connect_err: std::sync::atomic::AtomicI32::new(0),
+            connect_failed: AtomicBool::new(false),
+            connect_reported: AtomicBool::new(true),
+            reset_reported: AtomicBool::new(false),
+            adopted: AtomicBool::new(false),
+            wait_fds: AtomicPtr::new(std::ptr::null_mut()),
+            ka: Mutex::new((false, 7200, 75, 9)),
+        }
     }
 }
 
@@ -311,7 +494,7 @@ fn fresh_buffer_sizes() -> (Option<c_int>, Option<c_int>) {
 /// Before sleeping on `t`'s wait fds: frames another thread queues for its
 /// engine stack signal them (see `XdpTcpStream::sleep_arm`). False: frames
 /// are queued already; turn instead of sleeping.
-pub fn arm(t: &Tcp) -> bool {
+pub fn arm(t: TcpRef) -> bool {
     match t.get().as_deref() {
         Some(Inner::Stream(s)) => engine_call(|| s.sleep_arm()),
         Some(Inner::Listener(l)) => engine_call(|| l.sleep_arm()),
@@ -391,7 +574,7 @@ fn get_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
 
 /// Options the application set on the kernel socket `from` before the
 /// engine took over, applied to the engine connection.
-fn inherit_options(from: c_int, s: &XdpTcpStream, t: &Tcp) {
+fn inherit_options(from: c_int, s: &XdpTcpStream, t: TcpRef) {
     if !crate::opts::set_any(crate::opts::SET_TCP) {
         // The kernel's defaults, which the engine's connection has.
         return;
@@ -431,7 +614,9 @@ fn inherit_options(from: c_int, s: &XdpTcpStream, t: &Tcp) {
     set_errno(e);
 }
 
-fn record(fd: c_int, inner: Inner, listener: bool, adopted: bool, nonblock: bool) -> &'static Tcp {
+/// The record of a new engine socket on `fd`: a free one from [`POOL`]
+/// (its next incarnation) or a new one.
+fn record(fd: c_int, inner: Inner, listener: bool, adopted: bool, nonblock: bool) -> TcpRef {
     let wait_fds = match &inner {
         Inner::Listener(l) => {
             let mut v = engine_call(|| l.poll_fds());
@@ -440,22 +625,46 @@ fn record(fd: c_int, inner: Inner, listener: bool, adopted: bool, nonblock: bool
         }
         Inner::Stream(s) => engine_call(|| s.poll_fds()),
     };
-    let t: &'static Tcp = Box::leak(Box::new(Tcp {
-        inner: Mutex::new(Some(Arc::new(inner))),
-        listener,
-        common: Common::new(PID.load(Ordering::Relaxed), nonblock, 0),
-        connecting: AtomicBool::new(false),
-        connect_err: std::sync::atomic::AtomicI32::new(0),
-        connect_failed: AtomicBool::new(false),
-        connect_reported: AtomicBool::new(true),
-        reset_reported: AtomicBool::new(false),
-        adopted,
-        wait_fds,
-        ka: Mutex::new((false, 7200, 75, 9)),
-    }));
+    let (t, _) = POOL.take(Tcp::blank);
+    // No fd names the record yet: the only readers are threads holding an
+    // ended incarnation, which check the generation before they use what
+    // is set here.
+    t.common.reset(PID.load(Ordering::Relaxed), nonblock, 0);
+    t.listener.store(listener, Ordering::Relaxed);
+    t.adopted.store(adopted, Ordering::Relaxed);
+    t.connecting.store(false, Ordering::Relaxed);
+    t.connect_err.store(0, Ordering::Relaxed);
+    t.connect_failed.store(false, Ordering::Relaxed);
+    t.connect_reported.store(true, Ordering::Relaxed);
+    t.reset_reported.store(false, Ordering::Relaxed);
+    *t.ka.lock().unwrap_or_else(|e| e.into_inner()) = (false, 7200, 75, 9);
+    if t.wait_fds() != &wait_fds[..] {
+        t.wait_fds.store(intern_fds(wait_fds), Ordering::Release);
+    }
+    let r = TcpRef(Ref::new(t, t.common.generation()));
+    *t.lock_inner() = Some(Arc::new(inner));
     table::set_record(fd, t);
     table::clear_flags(fd, table::F_TCAND);
-    t
+    r
+}
+
+/// Incarnation `t` has no fd and no engine object any more (the caller
+/// took every fd off it and closed or forgot its engine object): the
+/// record goes back to [`POOL`]. Its generation moves on under the
+/// record's lock, so a thread still holding `t` finds it closed.
+fn recycle(t: TcpRef) {
+    let left = {
+        let mut g = t.lock_inner();
+        if !t.common.end(t.0.generation()) {
+            // Ended by another path already.
+            return;
+        }
+        g.take()
+    };
+    if let Some(i) = left {
+        engine_call(|| drop(i));
+    }
+    POOL.put(t.0.record());
 }
 
 fn app_nonblock(fd: c_int) -> bool {
@@ -476,7 +685,7 @@ fn log_not(fd: c_int, e: &std::io::Error) {
 /// on the socket's engine fds in slices. `Err(errno)` on timeout (EAGAIN)
 /// or signal (EINTR).
 fn wait_for<R>(
-    t: &Tcp,
+    t: TcpRef,
     fd: c_int,
     timeo_ns: u64,
     mut attempt: impl FnMut() -> Option<R>,
@@ -497,7 +706,7 @@ fn wait_for<R>(
             Turn::Spin => {}
             // Frames queued for the stack (arm() says no) are taken in
             // by the attempt first.
-            Turn::Sleep(ns) if arm(t) => crate::adapt::sleep_on_fds(&t.wait_fds, ns),
+            Turn::Sleep(ns) if arm(t) => crate::adapt::sleep_on_fds(t.wait_fds(), ns),
             Turn::Sleep(_) => {}
         }
         if let Some(r) = attempt() {
@@ -628,11 +837,11 @@ pub fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int
     }
     match wait_for(t, fd, 0, || connect_outcome(t)) {
         Ok(Ok(())) => {
-            t.connect_reported.store(true, Ordering::Release);
+            t.locked(|t| t.connect_reported.store(true, Ordering::Release));
             Some(0)
         }
         Ok(Err(en)) => {
-            t.connect_err.store(0, Ordering::Release);
+            t.locked(|t| t.connect_err.store(0, Ordering::Release));
             failed_connect_reported(t, fd);
             set_errno(en);
             Some(-1)
@@ -647,22 +856,27 @@ pub fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int
 }
 
 /// A connect in progress: `None` while it runs, then Ok or its errno.
-fn connect_outcome(t: &Tcp) -> Option<Result<(), c_int>> {
+fn connect_outcome(t: TcpRef) -> Option<Result<(), c_int>> {
     let i = t.stream()?;
     let Inner::Stream(s) = &*i else { return None };
     let r = engine_call(|| s.connect_done())?;
-    if let Err(e) = r {
+    if r.is_err() {
         let _ = engine_call(|| s.take_error());
-        t.connect_err.store(err_no(e), Ordering::Release);
-        t.connect_failed.store(true, Ordering::Release);
     }
-    t.connecting.store(false, Ordering::Release);
-    Some(r.map_err(err_no))
+    let live = t.locked(|t| {
+        if let Err(e) = r {
+            t.connect_err.store(err_no(e), Ordering::Release);
+            t.connect_failed.store(true, Ordering::Release);
+        }
+        t.connecting.store(false, Ordering::Release);
+    });
+    // Closed (and maybe reused) meanwhile: no outcome for this fd.
+    live.then_some(r.map_err(err_no))
 }
 
 /// connect() again on a socket already on the engine.
-pub fn connect_again(t: &'static Tcp, fd: c_int) -> c_int {
-    if t.listener {
+pub fn connect_again(t: TcpRef, fd: c_int) -> c_int {
+    if t.listener() {
         set_errno(libc::EISCONN);
         return -1;
     }
@@ -676,7 +890,8 @@ pub fn connect_again(t: &'static Tcp, fd: c_int) -> c_int {
         return -1;
     }
     if t.connect_failed.load(Ordering::Acquire) {
-        let pending = t.connect_err.swap(0, Ordering::AcqRel);
+        let mut pending = 0;
+        t.locked(|t| pending = t.connect_err.swap(0, Ordering::AcqRel));
         failed_connect_reported(t, fd);
         set_errno(if pending != 0 {
             pending
@@ -685,7 +900,9 @@ pub fn connect_again(t: &'static Tcp, fd: c_int) -> c_int {
         });
         return -1;
     }
-    if !t.connect_reported.swap(true, Ordering::AcqRel) {
+    let mut reported = true;
+    t.locked(|t| reported = t.connect_reported.swap(true, Ordering::AcqRel));
+    if !reported {
         return 0;
     }
     set_errno(libc::EISCONN);
@@ -696,15 +913,20 @@ pub fn connect_again(t: &'static Tcp, fd: c_int) -> c_int {
 /// the kernel, whose socket is then closed (unconnected) and may connect
 /// again, `fd` goes back to being a candidate (still bound to its port):
 /// the next connect() starts afresh instead of reporting EISCONN.
-fn failed_connect_reported(t: &'static Tcp, fd: c_int) {
-    if t.common.refs() != 1 || !table::record_as::<Tcp>(fd).is_some_and(|r| std::ptr::eq(r, t)) {
+fn failed_connect_reported(t: TcpRef, fd: c_int) {
+    if t.common.refs() != 1 || !by_fd(fd).is_some_and(|r| r.same(t)) {
         return;
     }
-    let _ = table::take_record::<Tcp>(fd);
-    let inner = t.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
-    if let Some(i) = inner {
-        engine_call(|| drop(i));
+    let Some(taken) = table::take_record::<Tcp>(fd).map(TcpRef) else {
+        return;
+    };
+    if !taken.same(t) {
+        // Replaced between the look and the take: not this record's fd.
+        table::set_record(fd, taken.0.record());
+        return;
     }
+    // The record's engine object goes, and the record with it.
+    recycle(t);
     // epoll interests the shim kept for the engine connection go to the
     // kernel: the caller (`dispatch::connect`) sees the record gone.
     table::add_flags(fd, table::F_TCAND);
@@ -714,7 +936,7 @@ fn failed_connect_reported(t: &'static Tcp, fd: c_int) {
 
 /// accept/accept4 on an engine listener.
 pub fn accept(
-    t: &Tcp,
+    t: TcpRef,
     fd: c_int,
     addr: *mut sockaddr,
     alen: *mut socklen_t,
@@ -796,7 +1018,7 @@ pub fn accept(
         ];
         if !busy {
             pf.extend(
-                t.wait_fds
+                t.wait_fds()
                     .iter()
                     .filter(|&&f| f != fd)
                     .map(|&f| libc::pollfd {
@@ -877,9 +1099,9 @@ pub fn accept(
 // ---------------------------------------------------- receive and send
 
 /// Receive into `buf` with `flags` (MSG_PEEK, MSG_DONTWAIT, MSG_WAITALL).
-pub fn recv(t: &Tcp, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
+pub fn recv(t: TcpRef, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
     let Some(i) = t.stream() else {
-        set_errno(if t.listener {
+        set_errno(if t.listener() {
             libc::ENOTCONN
         } else {
             libc::EBADF
@@ -970,9 +1192,9 @@ fn sigpipe(flags: c_int) {
 }
 
 /// Send all of `data` (blocking) or what fits (non-blocking).
-pub fn send(t: &Tcp, fd: c_int, data: &[u8], flags: c_int) -> isize {
+pub fn send(t: TcpRef, fd: c_int, data: &[u8], flags: c_int) -> isize {
     let Some(i) = t.stream() else {
-        set_errno(if t.listener {
+        set_errno(if t.listener() {
             libc::ENOTCONN
         } else {
             libc::EBADF
@@ -1029,9 +1251,14 @@ pub fn send(t: &Tcp, fd: c_int, data: &[u8], flags: c_int) -> isize {
                 // A reset after the peer's FIN (CLOSE-WAIT) is EPIPE in
                 // Linux; otherwise the reset is reported once, then EPIPE.
                 let after_fin = engine_call(|| s.poll_ready(false)) & tcp_ready::RDHUP != 0;
+                let first_report = || {
+                    let mut was = true;
+                    t.locked(|t| was = t.reset_reported.swap(true, Ordering::AcqRel));
+                    !was
+                };
                 let en = match e {
                     XdpTcpError::ConnectionReset | XdpTcpError::Aborted | XdpTcpError::TimedOut
-                        if !after_fin && !t.reset_reported.swap(true, Ordering::AcqRel) =>
+                        if !after_fin && first_report() =>
                     {
                         err_no(e)
                     }
@@ -1092,7 +1319,7 @@ impl Pass {
 /// by each arrival, as the kernel wakes it, even while the fd stays
 /// readable. The socket's engine is turned first unless an earlier socket
 /// of the same readiness pass turned it.
-pub fn poll_bits_in(t: &Tcp, pass: &mut Pass) -> (i16, u64) {
+pub fn poll_bits_in(t: TcpRef, pass: &mut Pass) -> (i16, u64) {
     let Some(i) = t.get() else {
         return (libc::POLLNVAL, 0);
     };
@@ -1147,7 +1374,7 @@ pub fn poll_bits_in(t: &Tcp, pass: &mut Pass) -> (i16, u64) {
 
 // ------------------------------------------------------ shutdown/close
 
-pub fn shutdown(t: &Tcp, how: c_int) -> c_int {
+pub fn shutdown(t: TcpRef, how: c_int) -> c_int {
     let Some(i) = t.get() else {
         set_errno(libc::EBADF);
         return -1;
@@ -1183,13 +1410,14 @@ pub fn shutdown(t: &Tcp, how: c_int) -> c_int {
 /// The fd `fd` stops referring to its record (close, dup2 over it); the
 /// engine object goes with the last fd.
 pub fn release(fd: c_int) {
-    let Some(t) = table::take_record::<Tcp>(fd) else {
+    let Some(t) = table::take_record::<Tcp>(fd).map(TcpRef) else {
         return;
     };
     if !t.common.release_last_mine(PID.load(Ordering::Relaxed)) {
         return;
     }
     close_record(t, fd, false);
+    recycle(t);
 }
 
 /// `fd` was closed behind the shim's back (a call it could not see) and
@@ -1197,18 +1425,19 @@ pub fn release(fd: c_int) {
 /// close, but nothing is done on the number (no duplicate keeps the port:
 /// the application's socket is gone already).
 pub fn release_stale(fd: c_int) {
-    let Some(t) = table::take_record::<Tcp>(fd) else {
+    let Some(t) = table::take_record::<Tcp>(fd).map(TcpRef) else {
         return;
     };
     if !t.common.release_last_mine(PID.load(Ordering::Relaxed)) {
         return;
     }
     close_record(t, fd, true);
+    recycle(t);
 }
 
 /// Close the engine object of `t` (its last fd `fd` is going).
-fn close_record(t: &Tcp, fd: c_int, exiting: bool) {
-    let inner = t.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+fn close_record(t: TcpRef, fd: c_int, exiting: bool) {
+    let inner = t.take_inner();
     let Some(inner) = inner else { return };
     // Another thread may still hold the Arc inside a call: it finishes
     // that call; the object goes when it lets go.
@@ -1217,7 +1446,7 @@ fn close_record(t: &Tcp, fd: c_int, exiting: bool) {
         Ok(Inner::Stream(s)) => {
             // A duplicate of the application's fd keeps the port held in
             // the kernel until the engine has finished the connection.
-            let keep = if t.adopted && !exiting {
+            let keep = if t.adopted.load(Ordering::Relaxed) && !exiting {
                 // SAFETY: dup of the application's fd, closed just after.
                 let mut d =
                     unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, keep_fd_floor() as u64) };
@@ -1240,15 +1469,15 @@ fn close_record(t: &Tcp, fd: c_int, exiting: bool) {
 
 /// `fd` no longer names record `t`: its connection was handed over to the
 /// kernel while a call on it was under way.
-fn handed_over(t: &Tcp, fd: c_int) -> bool {
-    !table::record_as::<Tcp>(fd).is_some_and(|r| std::ptr::eq(r, t))
+fn handed_over(t: TcpRef, fd: c_int) -> bool {
+    !by_fd(fd).is_some_and(|r| r.same(t))
 }
 
 /// Every fd number of this process that names record `t` (dups share it).
-pub fn fds_of(t: &'static Tcp) -> Vec<c_int> {
+pub fn fds_of(t: TcpRef) -> Vec<c_int> {
     let mut v = Vec::new();
     table::each_record::<Tcp>(|fd, r| {
-        if std::ptr::eq(r, t) {
+        if TcpRef(r).same(t) {
             v.push(fd);
         }
     });
@@ -1258,12 +1487,22 @@ pub fn fds_of(t: &'static Tcp) -> Vec<c_int> {
 /// The connection of `t` was handed over to the kernel (`fds` now name a
 /// kernel socket): the shim forgets it, and the engine object goes (it
 /// sends nothing: the engine already forgot the connection).
-pub fn forget(t: &'static Tcp, fds: &[c_int]) {
+pub fn forget(t: TcpRef, fds: &[c_int]) {
+    let mut all = true;
     for &fd in fds {
-        let _ = table::take_record::<Tcp>(fd);
+        match table::take_record::<Tcp>(fd).map(TcpRef) {
+            Some(r) if !r.same(t) => {
+                // Another socket's by now: it stays.
+                table::set_record(fd, r.0.record());
+            }
+            Some(_) => {}
+            None => all = false,
+        }
     }
-    let inner = t.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
-    if let Some(i) = inner {
+    if all && fds_of(t).is_empty() {
+        // No fd names the record: it goes back to the pool.
+        recycle(t);
+    } else if let Some(i) = t.take() {
         engine_call(|| drop(i));
     }
 }
@@ -1312,7 +1551,7 @@ fn read_int(val: *const c_void, len: socklen_t) -> Option<c_int> {
 /// setsockopt on an engine socket, after the kernel socket took the value
 /// and `opts` found it one the engine honours: the engine applies it.
 pub fn setsockopt_applied(
-    t: &Tcp,
+    t: TcpRef,
     fd: c_int,
     level: c_int,
     name: c_int,
@@ -1382,7 +1621,7 @@ fn linux_state(s: XdpTcpState) -> u8 {
 
 /// getsockopt on an engine socket: `None` = the kernel socket answers.
 pub fn getsockopt(
-    t: &Tcp,
+    t: TcpRef,
     level: c_int,
     name: c_int,
     val: *mut c_void,
@@ -1458,7 +1697,7 @@ pub fn getsockopt(
 }
 
 /// getsockname/getpeername of an engine connection (`peer`).
-pub fn name(t: &Tcp, peer: bool, addr: *mut sockaddr, len: *mut socklen_t) -> Option<c_int> {
+pub fn name(t: TcpRef, peer: bool, addr: *mut sockaddr, len: *mut socklen_t) -> Option<c_int> {
     let i = t.stream()?;
     let Inner::Stream(s) = &*i else { return None };
     if peer && t.connecting.load(Ordering::Acquire) && connect_outcome(t).is_none() {
@@ -1487,7 +1726,7 @@ pub fn name(t: &Tcp, peer: bool, addr: *mut sockaddr, len: *mut socklen_t) -> Op
 }
 
 /// FIONREAD / SIOCOUTQ.
-pub fn queue_len(t: &Tcp, out: bool) -> Option<usize> {
+pub fn queue_len(t: TcpRef, out: bool) -> Option<usize> {
     let i = t.stream()?;
     let Inner::Stream(s) = &*i else { return None };
     Some(if out {
@@ -1499,8 +1738,8 @@ pub fn queue_len(t: &Tcp, out: bool) -> Option<usize> {
 
 /// Is `fd` a connection whose kernel readiness must be ignored?
 #[inline]
-pub fn is_stream(t: &Tcp) -> bool {
-    !t.listener
+pub fn is_stream(t: TcpRef) -> bool {
+    !t.listener()
 }
 
 // ---------------------------------------------------------- sendfile, mmsg
@@ -1510,7 +1749,7 @@ pub fn is_stream(t: &Tcp) -> bool {
 /// buffer and sent as by `send`, so the engine carries them; only what was
 /// sent advances the offset (or the file position), as the kernel's
 /// sendfile does. Returns bytes sent, or -1 with errno.
-pub fn sendfile(t: &Tcp, out: c_int, inp: c_int, off: Option<&mut i64>, count: usize) -> isize {
+pub fn sendfile(t: TcpRef, out: c_int, inp: c_int, off: Option<&mut i64>, count: usize) -> isize {
     const CHUNK: usize = 64 * 1024;
     // The kernel moves at most MAX_RW_COUNT per call.
     let count = count.min(0x7fff_f000);

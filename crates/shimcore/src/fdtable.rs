@@ -9,13 +9,16 @@
 //!   that another thread closed it (EBADF) or shut it down (the kernel
 //!   answers);
 //! * [`SockTable`]: per fd, the engine's socket record, UDP or TCP, as one
-//!   tagged pointer (leaked records, never freed: a reference read by one
-//!   thread stays valid when another clears the slot): the one lookup an
-//!   interposed call makes to learn what serves the fd.
+//!   tagged pointer (type-stable records, never freed: a reference read by
+//!   one thread stays valid when another clears the slot; a record may be
+//!   reused, so a lookup that must not reach a later socket reads the
+//!   record's generation with it: [`SockTable::checked`], [`Ref`]): the one
+//!   lookup an interposed call makes to learn what serves the fd.
 //!
 //! The layout of a word: bits 0..8 the class (`C_*`), 8..16 and 32.. flags
 //! and generation, 16..32 the spinner count.
 
+use crate::sock::Common;
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 /// Slots per chunk.
@@ -380,6 +383,67 @@ const TAG_MASK: usize = 3;
 /// at compile time: the kind lives in the pointer's two low bits).
 pub unsafe trait Record: Sync + 'static {
     const KIND: Kind;
+    /// The state every record shares; its generation names the record's
+    /// incarnation (records are reused: `crate::pool`).
+    fn common(&self) -> &Common;
+}
+
+/// A record as one lookup found it: the record and the generation it had
+/// while the fd named it ([`SockTable::checked`]). Whatever is done
+/// through it is checked against that generation ([`Ref::live`]): after
+/// the record was closed and reused for another socket, the holder sees a
+/// closed fd, never the other socket.
+pub struct Ref<R: 'static> {
+    r: &'static R,
+    generation: u32,
+}
+
+impl<R> Clone for Ref<R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<R> Copy for Ref<R> {}
+
+impl<R> std::ops::Deref for Ref<R> {
+    type Target = R;
+    #[inline(always)]
+    fn deref(&self) -> &R {
+        self.r
+    }
+}
+
+impl<R: Record> Ref<R> {
+    /// `r` at `generation` (which the caller read while an fd named it, or
+    /// holds because it made that incarnation).
+    #[inline(always)]
+    pub fn new(r: &'static R, generation: u32) -> Ref<R> {
+        Ref { r, generation }
+    }
+
+    /// The incarnation this lookup found.
+    #[inline(always)]
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// The record (whichever incarnation it is in now).
+    #[inline(always)]
+    pub fn record(&self) -> &'static R {
+        self.r
+    }
+
+    /// Is the record still the incarnation this lookup found?
+    #[inline(always)]
+    pub fn live(&self) -> bool {
+        self.r.common().generation() == self.generation
+    }
+
+    /// The same record and incarnation?
+    #[inline(always)]
+    pub fn same(&self, o: &Ref<R>) -> bool {
+        std::ptr::eq(self.r, o.r) && self.generation == o.generation
+    }
 }
 
 /// What a slot of the [`SockTable`] holds: a record of some kind.
@@ -464,15 +528,44 @@ impl SockTable {
         }
     }
 
+    /// `raw` (which [`SockTable::get`] returned for `fd`) as an `R` with
+    /// the generation it has while `fd` names it: the generation is read,
+    /// then the slot again; `None` if the slot changed meanwhile (the fd
+    /// was closed or replaced: the caller treats it as closed) or the
+    /// record is not an `R`.
+    ///
+    /// Why that is enough: a slot names a record only while the
+    /// incarnation it names has that fd (the slot is cleared before the
+    /// incarnation ends). If the slot holds the same word after the
+    /// generation was read, either nothing changed, or the record went
+    /// through later incarnations and this fd names it again: then the
+    /// generation read is an ended one (every use fails [`Ref::live`]) or
+    /// the current one of this very fd.
+    #[inline(always)]
+    pub fn checked<R: Record>(&self, fd: i32, raw: Raw) -> Option<Ref<R>> {
+        let r = raw.get::<R>()?;
+        let g = r.common().generation();
+        let s = self.slots.get(fd)?;
+        (s.load(Ordering::Acquire) == raw.0).then_some(Ref::new(r, g))
+    }
+
+    /// The record of `fd` if it is an `R`, with its generation
+    /// ([`SockTable::checked`]).
+    #[inline(always)]
+    pub fn get_ref<R: Record>(&self, fd: i32) -> Option<Ref<R>> {
+        self.checked(fd, self.get(fd)?)
+    }
+
     /// Unmap `fd` if it holds an `R`, returning it (a record of another
-    /// kind stays).
-    pub fn take_as<R: Record>(&self, fd: i32) -> Option<&'static R> {
+    /// kind stays). The fd's reference to the incarnation is the caller's
+    /// now, so the generation returned stays until the caller lets go.
+    pub fn take_as<R: Record>(&self, fd: i32) -> Option<Ref<R>> {
         let s = self.slots.get(fd)?;
         let mut w = s.load(Ordering::Acquire);
         loop {
             let r = Raw(w).get::<R>()?;
             match s.compare_exchange_weak(w, 0, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Some(r),
+                Ok(_) => return Some(Ref::new(r, r.common().generation())),
                 Err(now) => w = now,
             }
         }
@@ -489,10 +582,13 @@ impl SockTable {
         });
     }
 
-    /// Every (fd, record) present that is an `R`.
-    pub fn each_as<R: Record>(&self, mut f: impl FnMut(i32, &'static R)) {
-        self.each(|fd, raw| {
-            if let Some(r) = raw.get::<R>() {
+    /// Every (fd, record) present that is an `R`, with its generation.
+    pub fn each_as<R: Record>(&self, mut f: impl FnMut(i32, Ref<R>)) {
+        self.slots.each(|fd, s| {
+            let w = s.load(Ordering::Acquire);
+            if w != 0
+                && let Some(r) = self.checked::<R>(fd, Raw(w))
+            {
                 f(fd, r);
             }
         });
@@ -668,29 +764,41 @@ mod tests {
         assert_eq!(t.get(77), 0);
     }
 
-    struct U(#[allow(dead_code)] u64);
-    struct T(#[allow(dead_code)] u64);
+    struct U(#[allow(dead_code)] u64, Common);
+    struct T(#[allow(dead_code)] u64, Common);
     // SAFETY: the only types of this test program with these kinds; u64
     // alignment.
     unsafe impl Record for U {
         const KIND: Kind = Kind::Udp;
+        fn common(&self) -> &Common {
+            &self.1
+        }
     }
     // SAFETY: as above.
     unsafe impl Record for T {
         const KIND: Kind = Kind::Tcp;
+        fn common(&self) -> &Common {
+            &self.1
+        }
+    }
+    fn mk_u(v: u64) -> &'static U {
+        Box::leak(Box::new(U(v, Common::new(1, false, 0))))
+    }
+    fn mk_t(v: u64) -> &'static T {
+        Box::leak(Box::new(T(v, Common::new(1, false, 0))))
     }
 
     #[test]
     fn sock_table_maps_takes_and_lists() {
-        static A: U = U(1);
-        static B: T = T(2);
+        let a = mk_u(1);
+        let b = mk_t(2);
         let t = SockTable::new();
         assert!(t.get(3).is_none());
-        assert!(t.set(3, &A));
-        assert!(t.set(CHUNK as i32 + 1, &B));
-        assert!(!t.set(-2, &B));
-        assert!(!t.set(MAX_FD as i32, &B));
-        assert!(t.get_as::<U>(3).is_some_and(|r| std::ptr::eq(r, &A)));
+        assert!(t.set(3, a));
+        assert!(t.set(CHUNK as i32 + 1, b));
+        assert!(!t.set(-2, b));
+        assert!(!t.set(MAX_FD as i32, b));
+        assert!(t.get_as::<U>(3).is_some_and(|r| std::ptr::eq(r, a)));
         let mut all = Vec::new();
         t.each(|fd, r| all.push((fd, r.kind())));
         assert_eq!(all, [(3, Kind::Udp), (CHUNK as i32 + 1, Kind::Tcp)]);
@@ -702,23 +810,23 @@ mod tests {
 
     #[test]
     fn a_record_is_only_ever_read_as_its_own_kind() {
-        static A: U = U(7);
-        static B: T = T(8);
+        let a = mk_u(7);
+        let b = mk_t(8);
         let t = SockTable::new();
-        t.set(5, &A);
+        t.set(5, a);
         let r = t.get(5).unwrap();
         assert_eq!(r.kind(), Kind::Udp);
         assert!(r.get::<T>().is_none());
-        assert!(r.is(&A));
+        assert!(r.is(a));
         assert!(t.get_as::<T>(5).is_none());
         // Taking the other kind leaves it.
         assert!(t.take_as::<T>(5).is_none());
         assert!(t.get_as::<U>(5).is_some());
         // Replacing changes the kind.
-        t.set(5, &B);
+        t.set(5, b);
         assert_eq!(t.get(5).unwrap().kind(), Kind::Tcp);
-        assert!(t.get(5).unwrap().is(&B));
-        assert!(!t.get(5).unwrap().is(&A));
+        assert!(t.get(5).unwrap().is(b));
+        assert!(!t.get(5).unwrap().is(a));
         let mut n = 0;
         t.each_as::<U>(|_, _| n += 1);
         assert_eq!(n, 0);
@@ -732,8 +840,50 @@ mod tests {
         assert!(t.get(9).is_none());
         assert!(t.take_as::<U>(9).is_none());
         assert_eq!(t.limit(), 0);
-        static A: U = U(0);
-        t.set(9, &A);
+        let a = mk_u(0);
+        t.set(9, a);
         assert_eq!(t.limit(), CHUNK);
+    }
+
+    #[test]
+    fn a_lookup_made_before_a_close_and_reuse_sees_a_closed_fd() {
+        let t = SockTable::new();
+        let r = mk_t(1);
+        t.set(4, r);
+        let old = t.get_ref::<T>(4).unwrap();
+        assert!(old.live());
+        // fd 4 closes: its slot goes first, then the incarnation ends.
+        let taken = t.take_as::<T>(4).unwrap();
+        assert!(taken.same(&old));
+        assert!(r.common().release());
+        assert!(r.common().end(taken.generation()));
+        assert!(!old.live(), "the holder of the old lookup sees it ended");
+        // Reused for fd 6, then for fd 4 again.
+        r.common().reset(1, false, 0);
+        t.set(6, r);
+        let six = t.get_ref::<T>(6).unwrap();
+        assert!(six.live() && !six.same(&old));
+        assert!(!old.live(), "never the other socket");
+        assert!(t.take_as::<T>(6).is_some() && r.common().release());
+        assert!(r.common().end(six.generation()));
+        r.common().reset(1, false, 0);
+        t.set(4, r);
+        let again = t.get_ref::<T>(4).unwrap();
+        assert_eq!(again.generation(), old.generation() + 2);
+        assert!(!old.live() && !six.live() && again.live());
+    }
+
+    #[test]
+    fn a_slot_that_changed_after_the_generation_was_read_is_no_record() {
+        let t = SockTable::new();
+        let (a, b) = (mk_t(1), mk_t(2));
+        t.set(3, a);
+        let raw = t.get(3).unwrap();
+        t.set(3, b); // replaced between the two loads of a lookup
+        assert!(t.checked::<T>(3, raw).is_none());
+        assert!(
+            t.checked::<T>(3, t.get(3).unwrap())
+                .is_some_and(|r| std::ptr::eq(r.record(), b))
+        );
     }
 }

@@ -9,6 +9,9 @@
 //!   spinning on it), and per-fd tables of records (the engine sockets),
 //!   all in lazily allocated chunks indexed by the fd number: a lookup is
 //!   two loads and no lock;
+//! * [`pool`]: type-stable storage of those records (a lock-free free
+//!   list per type: a closed socket's record is reused, never freed, and
+//!   its generation tells a late reader that it is gone);
 //! * [`sock`]: the per-fd state every engine socket record shares,
 //!   whatever its protocol (blocking mode, timeouts, shutdown, references,
 //!   owner process);
@@ -24,5 +27,6 @@
 //! does.
 
 pub mod fdtable;
+pub mod pool;
 pub mod sock;
 pub mod waiter;

@@ -10,6 +10,15 @@
 //! for both. Every field is a plain load or store on the data path (no
 //! read-modify-write except the reference count, which changes only at
 //! `dup`/`close`).
+//!
+//! Records are type-stable (see [`crate::pool`]): a record whose last fd
+//! closed is reused for a later socket, never returned to the allocator.
+//! Its *generation* (bumped by [`Common::end`], in the same word as the
+//! reference count) names one incarnation: a lookup reads it with the
+//! record, and whatever the caller then does on the record is checked
+//! against it, so a thread that still holds a record another thread
+//! closed and reused sees the mismatch (the fd is closed, for it) instead
+//! of the new socket.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
@@ -27,12 +36,17 @@ pub struct Common {
     sndtimeo_ns: AtomicU64,
     /// `shutdown(SHUT_RD)` was called: an empty receive returns 0.
     rd_shut: AtomicBool,
-    /// fds that refer to the record (`dup`, `dup2`, `F_DUPFD`).
-    refs: AtomicU32,
+    /// The generation (bits 32..64: the record's incarnation) and the fds
+    /// that refer to it (bits 0..32: `dup`, `dup2`, `F_DUPFD`), in one
+    /// word: a duplicate is counted only on the incarnation it looked up
+    /// ([`Common::add_ref_if`]).
+    life: AtomicU64,
     /// The process that made the record (a forked child sees its parent's
     /// records and must not use the parent's engine through them).
-    pid: u32,
+    pid: AtomicU32,
 }
+
+const REFS: u64 = 0xffff_ffff;
 
 impl Common {
     /// A record made by process `pid` for one fd, with the application's
@@ -43,21 +57,65 @@ impl Common {
             rcvtimeo_ns: AtomicU64::new(rcvtimeo_ns),
             sndtimeo_ns: AtomicU64::new(0),
             rd_shut: AtomicBool::new(false),
-            refs: AtomicU32::new(1),
-            pid,
+            life: AtomicU64::new(1),
+            pid: AtomicU32::new(pid),
+        }
+    }
+
+    /// A record ended by [`Common::end`] starts its next incarnation, as
+    /// [`Common::new`] would make it (one ref, the generation kept). Only
+    /// for the thread that took the record from its pool: no fd names it
+    /// yet, so the only readers are threads that looked up an earlier
+    /// incarnation, and they check the generation.
+    pub fn reset(&self, pid: u32, nonblock: bool, rcvtimeo_ns: u64) {
+        self.pid.store(pid, Ordering::Relaxed);
+        self.set_nonblock(nonblock);
+        self.set_rcvtimeo_ns(rcvtimeo_ns);
+        self.set_sndtimeo_ns(0);
+        self.rd_shut.store(false, Ordering::Relaxed);
+        let g = self.life.load(Ordering::Acquire) & !REFS;
+        self.life.store(g | 1, Ordering::Release);
+    }
+
+    /// The record's generation (its incarnation; see the module doc).
+    #[inline(always)]
+    pub fn generation(&self) -> u32 {
+        (self.life.load(Ordering::Acquire) >> 32) as u32
+    }
+
+    /// End incarnation `generation`: no fd refers to it any more (the last
+    /// one closed, or the caller took every fd off it), so the record may
+    /// be reused. The generation moves on and the count is 0: a thread
+    /// that looked up this incarnation now sees a mismatch. Exactly one
+    /// caller ends an incarnation: `false` when it was ended already (or
+    /// is another one).
+    pub fn end(&self, generation: u32) -> bool {
+        let mut w = self.life.load(Ordering::Acquire);
+        loop {
+            if (w >> 32) as u32 != generation {
+                return false;
+            }
+            let next = u64::from(generation.wrapping_add(1)) << 32;
+            match self
+                .life
+                .compare_exchange_weak(w, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(now) => w = now,
+            }
         }
     }
 
     /// Usable by process `pid_now` (not a forked child's inherited copy).
     #[inline(always)]
     pub fn mine(&self, pid_now: u32) -> bool {
-        self.pid == pid_now
+        self.pid() == pid_now
     }
 
     /// The process that made the record.
     #[inline(always)]
     pub fn pid(&self) -> u32 {
-        self.pid
+        self.pid.load(Ordering::Relaxed)
     }
 
     /// The application's O_NONBLOCK.
@@ -116,14 +174,48 @@ impl Common {
         self.rd_shut.store(true, Ordering::Relaxed);
     }
 
-    /// One more fd refers to the record.
+    /// One more fd refers to the record (a record that is never reused).
     pub fn add_ref(&self) {
-        self.refs.fetch_add(1, Ordering::AcqRel);
+        self.life.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// One fd stops referring to the record: was it the last one?
+    /// One more fd refers to incarnation `generation` of the record (dup of
+    /// an fd that names it). `false`: that incarnation has no fd any more
+    /// (its last fd closed meanwhile, or it ended): the duplicate does not
+    /// name it, as a dup racing the close of its source finds nothing.
+    pub fn add_ref_if(&self, generation: u32) -> bool {
+        let mut w = self.life.load(Ordering::Acquire);
+        loop {
+            if (w >> 32) as u32 != generation || w & REFS == 0 || w & REFS == REFS {
+                return false;
+            }
+            match self
+                .life
+                .compare_exchange_weak(w, w + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(now) => w = now,
+            }
+        }
+    }
+
+    /// One fd stops referring to the record: was it the last one? (The
+    /// caller took the fd's slot, so the record is the incarnation the fd
+    /// named; a count already 0 stays 0.)
     pub fn release(&self) -> bool {
-        self.refs.fetch_sub(1, Ordering::AcqRel) == 1
+        let mut w = self.life.load(Ordering::Acquire);
+        loop {
+            if w & REFS == 0 {
+                return false;
+            }
+            match self
+                .life
+                .compare_exchange_weak(w, w - 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return w & REFS == 1,
+                Err(now) => w = now,
+            }
+        }
     }
 
     /// One fd stops referring to the record: is the engine object now to
@@ -156,7 +248,7 @@ impl Common {
 
     /// fds referring to the record now.
     pub fn refs(&self) -> u32 {
-        self.refs.load(Ordering::Acquire)
+        (self.life.load(Ordering::Acquire) & REFS) as u32
     }
 }
 
@@ -221,7 +313,7 @@ mod tests {
     #[test]
     fn the_last_fd_of_this_process_closes_the_engine_object() {
         let c = Common::new(9, false, 0);
-        c.add_ref(); // dup
+        assert!(c.add_ref_if(0)); // dup
         assert_eq!(c.refs(), 2);
         assert!(!c.release_last_mine(9));
         assert!(c.release_last_mine(9));
@@ -232,6 +324,48 @@ mod tests {
         let c = Common::new(9, false, 0);
         assert!(!c.release_last_mine(10));
         assert_eq!(c.refs(), 0);
+    }
+
+    #[test]
+    fn an_ended_incarnation_takes_no_duplicate_and_no_second_end() {
+        let c = Common::new(3, true, 7);
+        c.shut_rd();
+        let g = c.generation();
+        assert!(c.release());
+        assert!(
+            !c.add_ref_if(g),
+            "its last fd closed: a racing dup finds nothing"
+        );
+        assert!(c.end(g));
+        assert!(!c.end(g), "ended once");
+        assert_eq!(c.generation(), g + 1);
+        assert_eq!(c.refs(), 0);
+        assert!(!c.release(), "no count below 0");
+        // Reused: a fresh record of the next generation.
+        c.reset(4, false, 0);
+        assert_eq!((c.refs(), c.generation(), c.pid()), (1, g + 1, 4));
+        assert!(!c.nonblock() && !c.rd_shut() && c.rcvtimeo_ns() == 0);
+        assert!(!c.add_ref_if(g), "a stale lookup's dup is refused");
+        assert!(c.add_ref_if(g + 1));
+        assert_eq!(c.refs(), 2);
+    }
+
+    #[test]
+    fn an_incarnation_ended_while_fds_remain_forgets_them() {
+        // A connection handed over to the kernel: its fds were taken off
+        // the record, whatever the count said.
+        let c = Common::new(1, false, 0);
+        assert!(c.add_ref_if(0));
+        assert!(c.end(0));
+        assert_eq!((c.refs(), c.generation()), (0, 1));
+    }
+
+    #[test]
+    fn generations_wrap() {
+        let c = Common::new(1, false, 0);
+        c.life.store(u64::from(u32::MAX) << 32, Ordering::Relaxed);
+        assert!(c.end(u32::MAX));
+        assert_eq!(c.generation(), 0);
     }
 
     #[test]
