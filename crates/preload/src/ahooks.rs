@@ -7,6 +7,7 @@
 
 use crate::accel::{self, Accel, Got};
 use crate::adapt::Turn;
+use crate::opts::Opt;
 use crate::real;
 use crate::spin::{errno, set_errno};
 use crate::table;
@@ -704,16 +705,10 @@ fn put_name(
 /// takes the option (and validates it); multicast membership, timestamp
 /// options, SO_RCVBUF and SO_RCVTIMEO reach the engine; an option the
 /// engine does not honour moves the socket to the kernel (`opts`).
-pub fn setsockopt(
-    a: Option<&'static Accel>,
-    fd: c_int,
-    level: c_int,
-    name: c_int,
-    val: *const c_void,
-    len: socklen_t,
-) -> c_int {
+pub fn setsockopt(a: Option<&'static Accel>, fd: c_int, o: Opt) -> c_int {
+    let (level, name, val, len) = o.parts();
     if let Some(a) = a
-        && let Some(r) = sockopt_accel(a, fd, level, name, val, len)
+        && let Some(r) = sockopt_accel(a, fd, o)
     {
         return r;
     }
@@ -721,7 +716,7 @@ pub fn setsockopt(
     // the same signature, whose contract the caller upholds.
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
     if r == 0 {
-        sockopt_accel_after(fd, level, name, val, len);
+        sockopt_accel_after(fd, o);
         crate::opts::tcp_candidate_after(fd, level, name, val, len);
     }
     if r == 0
@@ -769,7 +764,8 @@ pub fn setsockopt(
 /// took an option (`crate::opts`): one the engine does not honour moves
 /// the socket to the kernel; IP_TTL / IP_TOS / IP_MULTICAST_TTL reach the
 /// engine's headers.
-fn sockopt_accel_after(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) {
+fn sockopt_accel_after(fd: c_int, o: Opt) {
+    let (level, name, val, len) = o.parts();
     let w = table::get(fd);
     if w & (table::F_ACCEL | table::F_CAND) == 0 {
         return;
@@ -796,14 +792,8 @@ fn sockopt_accel_after(fd: c_int, level: c_int, name: c_int, val: *const c_void,
 
 /// setsockopt on an accelerated socket: multicast membership, which the
 /// engine follows. `Some(r)`: answered.
-fn sockopt_accel(
-    a: &'static Accel,
-    fd: c_int,
-    level: c_int,
-    name: c_int,
-    val: *const c_void,
-    len: socklen_t,
-) -> Option<c_int> {
+fn sockopt_accel(a: &'static Accel, fd: c_int, o: Opt) -> Option<c_int> {
+    let (level, name, val, len) = o.parts();
     if table::get(fd) & (table::F_ACCEL | table::F_CAND) == 0 {
         return None;
     }

@@ -87,7 +87,15 @@ pub unsafe fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
-    ops::setsockopt(fd, level, name, val, len)
+    ops::setsockopt(
+        fd,
+        crate::opts::Opt {
+            level,
+            name,
+            val,
+            len,
+        },
+    )
 }
 
 /// # Safety

@@ -263,51 +263,37 @@ pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *m
     stream_created(unsafe { f(path, mode) })
 }
 
-/// # Safety
-/// As libc's `freopen` (the stream's old fd is closed).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn freopen(
-    path: *const c_char,
-    mode: *const c_char,
-    s: *mut FILE,
-) -> *mut FILE {
-    let f = libc_fn!(
-        "freopen",
-        fn(*const c_char, *const c_char, *mut FILE) -> *mut FILE
-    );
-    if !in_engine() && !s.is_null() {
-        // SAFETY: the caller's open stream.
-        let fd = unsafe { libc::fileno(s) };
-        if fd >= 0 && !path.is_null() {
-            ops::pre_close(fd);
+/// `freopen` and `freopen64`: the stream's old fd is closed (when a path
+/// is given), then libc's function.
+macro_rules! freopen_export {
+    ($name:ident, $sym:literal) => {
+        /// # Safety
+        #[doc = concat!("As libc's `", $sym, "` (the stream's old fd is closed).")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            path: *const c_char,
+            mode: *const c_char,
+            s: *mut FILE,
+        ) -> *mut FILE {
+            let f = libc_fn!(
+                $sym,
+                fn(*const c_char, *const c_char, *mut FILE) -> *mut FILE
+            );
+            if !in_engine() && !s.is_null() {
+                // SAFETY: the caller's open stream.
+                let fd = unsafe { libc::fileno(s) };
+                if fd >= 0 && !path.is_null() {
+                    ops::pre_close(fd);
+                }
+            }
+            // SAFETY: the caller's arguments to libc's function.
+            stream_created(unsafe { f(path, mode, s) })
         }
-    }
-    // SAFETY: the caller's arguments to libc's function.
-    stream_created(unsafe { f(path, mode, s) })
+    };
 }
 
-/// # Safety
-/// As libc's `freopen64`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn freopen64(
-    path: *const c_char,
-    mode: *const c_char,
-    s: *mut FILE,
-) -> *mut FILE {
-    let f = libc_fn!(
-        "freopen64",
-        fn(*const c_char, *const c_char, *mut FILE) -> *mut FILE
-    );
-    if !in_engine() && !s.is_null() {
-        // SAFETY: the caller's open stream.
-        let fd = unsafe { libc::fileno(s) };
-        if fd >= 0 && !path.is_null() {
-            ops::pre_close(fd);
-        }
-    }
-    // SAFETY: the caller's arguments to libc's function.
-    stream_created(unsafe { f(path, mode, s) })
-}
+freopen_export!(freopen, "freopen");
+freopen_export!(freopen64, "freopen64");
 
 /// # Safety
 /// As libc's `tmpfile`.
@@ -441,63 +427,43 @@ extern "C" fn syscall_entry(
 
 // ------------------------------------------------------------- children
 
-/// # Safety
-/// As libc's `posix_spawn`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn posix_spawn(
-    pid: *mut pid_t,
-    path: *const c_char,
-    fa: *const libc::posix_spawn_file_actions_t,
-    attr: *const libc::posix_spawnattr_t,
-    argv: *const *mut c_char,
-    envp: *const *mut c_char,
-) -> c_int {
-    let f = libc_fn!(
-        "posix_spawn",
-        fn(
-            *mut pid_t,
-            *const c_char,
-            *const libc::posix_spawn_file_actions_t,
-            *const libc::posix_spawnattr_t,
-            *const *mut c_char,
-            *const *mut c_char,
-        ) -> c_int
-    );
-    if !in_engine() {
-        spawn::prepare_exec("posix_spawn()");
-    }
-    // SAFETY: the caller's arguments to libc's function.
-    unsafe { f(pid, path, fa, attr, argv, envp) }
+/// `posix_spawn` and `posix_spawnp` (the second argument a path, or a file
+/// name searched in PATH): prepare the exec, then libc's function.
+macro_rules! spawn_export {
+    ($name:ident, $sym:literal) => {
+        /// # Safety
+        #[doc = concat!("As libc's `", $sym, "`.")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            pid: *mut pid_t,
+            path: *const c_char,
+            fa: *const libc::posix_spawn_file_actions_t,
+            attr: *const libc::posix_spawnattr_t,
+            argv: *const *mut c_char,
+            envp: *const *mut c_char,
+        ) -> c_int {
+            let f = libc_fn!(
+                $sym,
+                fn(
+                    *mut pid_t,
+                    *const c_char,
+                    *const libc::posix_spawn_file_actions_t,
+                    *const libc::posix_spawnattr_t,
+                    *const *mut c_char,
+                    *const *mut c_char,
+                ) -> c_int
+            );
+            if !in_engine() {
+                spawn::prepare_exec(concat!($sym, "()"));
+            }
+            // SAFETY: the caller's arguments to libc's function.
+            unsafe { f(pid, path, fa, attr, argv, envp) }
+        }
+    };
 }
 
-/// # Safety
-/// As libc's `posix_spawnp`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn posix_spawnp(
-    pid: *mut pid_t,
-    file: *const c_char,
-    fa: *const libc::posix_spawn_file_actions_t,
-    attr: *const libc::posix_spawnattr_t,
-    argv: *const *mut c_char,
-    envp: *const *mut c_char,
-) -> c_int {
-    let f = libc_fn!(
-        "posix_spawnp",
-        fn(
-            *mut pid_t,
-            *const c_char,
-            *const libc::posix_spawn_file_actions_t,
-            *const libc::posix_spawnattr_t,
-            *const *mut c_char,
-            *const *mut c_char,
-        ) -> c_int
-    );
-    if !in_engine() {
-        spawn::prepare_exec("posix_spawnp()");
-    }
-    // SAFETY: the caller's arguments to libc's function.
-    unsafe { f(pid, file, fa, attr, argv, envp) }
-}
+spawn_export!(posix_spawn, "posix_spawn");
+spawn_export!(posix_spawnp, "posix_spawnp");
 
 /// # Safety
 /// As libc's `posix_spawn_file_actions_adddup2`.

@@ -24,6 +24,7 @@
 use crate::accel::{self, Accel};
 use crate::ahooks;
 use crate::kernelio::{self, Next};
+use crate::opts::Opt;
 use crate::ready::Ready;
 use crate::real;
 use crate::spin::{self, recv_spin_word};
@@ -135,14 +136,7 @@ pub enum Send {
 pub trait Ops: Ready + Sized + Copy {
     fn recv(self, fd: c_int, r: Recv, flags: c_int) -> Option<isize>;
     fn send(self, fd: c_int, s: Send, flags: c_int) -> Option<isize>;
-    fn setsockopt(
-        self,
-        fd: c_int,
-        level: c_int,
-        name: c_int,
-        val: *const c_void,
-        len: socklen_t,
-    ) -> Option<c_int>;
+    fn setsockopt(self, fd: c_int, o: Opt) -> Option<c_int>;
     fn shutdown(self, fd: c_int, how: c_int) -> Option<c_int>;
     /// `fcntl`/`fcntl64` (`is64`), the optional argument as an integer.
     fn fcntl(self, fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int>;
@@ -257,15 +251,9 @@ macro_rules! through {
 }
 
 /// `setsockopt` on `fd`.
-pub fn setsockopt(
-    fd: c_int,
-    level: c_int,
-    name: c_int,
-    val: *const c_void,
-    len: socklen_t,
-) -> c_int {
-    crate::opts::note_set(level, name);
-    through!(fd, setsockopt(level, name, val, len))
+pub fn setsockopt(fd: c_int, o: Opt) -> c_int {
+    crate::opts::note_set(o.level, o.name);
+    through!(fd, setsockopt(o))
 }
 
 /// `shutdown` on `fd`. A thread waiting on `fd` is woken (a generation
@@ -458,28 +446,21 @@ impl Ops for TcpRef {
         })
     }
 
-    fn setsockopt(
-        self,
-        fd: c_int,
-        level: c_int,
-        name: c_int,
-        val: *const c_void,
-        len: socklen_t,
-    ) -> Option<c_int> {
+    fn setsockopt(self, fd: c_int, o: Opt) -> Option<c_int> {
         // The kernel socket records the value (getsockopt reads it back, an
         // invalid value gets the kernel's error); what the engine does not
         // honour moves the connection to the kernel (`opts`); the engine
         // applies the rest.
         // SAFETY: the caller's own arguments, unchanged, to libc's function
         // of the same signature, whose contract the caller upholds.
-        let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+        let r = unsafe { real::setsockopt(fd, o.level, o.name, o.val, o.len) };
         if r != 0 {
             return Some(r);
         }
-        if let Some(r) = crate::opts::tcp_engine_after(self, fd, level, name, val, len) {
+        if let Some(r) = crate::opts::tcp_engine_after(self, fd, o) {
             return Some(r);
         }
-        Some(tcpx::setsockopt_applied(self, fd, level, name, val, len))
+        Some(tcpx::setsockopt_applied(self, fd, o))
     }
 
     fn shutdown(self, _fd: c_int, how: c_int) -> Option<c_int> {
@@ -496,20 +477,14 @@ impl Ops for TcpRef {
         if arg == 0 {
             return None;
         }
-        if req == libc::FIONBIO as c_ulong {
-            // SAFETY: FIONBIO's argument is an int pointer.
-            let on = unsafe { *(arg as *const c_int) } != 0;
-            self.common.set_nonblock(on);
+        if fionbio(&self.common, req, arg) {
             // A listener is non-blocking underneath, always; a
             // connection's kernel socket takes it too.
             return self.listener().then_some(0);
         }
-        if (req == libc::FIONREAD as c_ulong || req == libc::TIOCOUTQ as c_ulong)
-            && let Some(n) = tcpx::queue_len(self, req == libc::TIOCOUTQ as c_ulong)
-        {
-            // SAFETY: FIONREAD/SIOCOUTQ's argument is an int pointer.
-            unsafe { *(arg as *mut c_int) = n.min(c_int::MAX as usize) as c_int };
-            return Some(0);
+        if req == libc::FIONREAD as c_ulong || req == libc::TIOCOUTQ as c_ulong {
+            return tcpx::queue_len(self, req == libc::TIOCOUTQ as c_ulong)
+                .map(|n| put_int(arg, n));
         }
         None
     }
@@ -644,17 +619,9 @@ impl Ops for &'static Accel {
         }
     }
 
-    fn setsockopt(
-        self,
-        fd: c_int,
-        level: c_int,
-        name: c_int,
-        val: *const c_void,
-        len: socklen_t,
-    ) -> Option<c_int> {
+    fn setsockopt(self, fd: c_int, o: Opt) -> Option<c_int> {
         // A forked child's copy: as any kernel socket.
-        self.mine()
-            .then(|| ahooks::setsockopt(Some(self), fd, level, name, val, len))
+        self.mine().then(|| ahooks::setsockopt(Some(self), fd, o))
     }
 
     fn shutdown(self, fd: c_int, how: c_int) -> Option<c_int> {
@@ -680,12 +647,9 @@ impl Ops for &'static Accel {
         if arg == 0 {
             return None;
         }
-        if req == libc::FIONBIO as c_ulong {
-            // The kernel socket stays non-blocking; remember the
-            // application's choice. Inherited copies (after fork) too.
-            // SAFETY: FIONBIO's argument is an int pointer.
-            let on = unsafe { *(arg as *const c_int) } != 0;
-            self.common.set_nonblock(on);
+        if fionbio(&self.common, req, arg) {
+            // The kernel socket stays non-blocking; the application's
+            // choice is remembered. Inherited copies (after fork) too.
             return Some(0);
         }
         if req == libc::FIONREAD as c_ulong && self.mine() {
@@ -696,9 +660,7 @@ impl Ops for &'static Accel {
                 // a MSG_PEEK left there).
                 return None;
             }
-            // SAFETY: FIONREAD's argument is an int pointer.
-            unsafe { *(arg as *mut c_int) = n as c_int };
-            return Some(0);
+            return Some(put_int(arg, n));
         }
         None
     }
@@ -849,17 +811,10 @@ impl Ops for Kernel {
         })
     }
 
-    fn setsockopt(
-        self,
-        fd: c_int,
-        level: c_int,
-        name: c_int,
-        val: *const c_void,
-        len: socklen_t,
-    ) -> Option<c_int> {
+    fn setsockopt(self, fd: c_int, o: Opt) -> Option<c_int> {
         // A UDP or TCP candidate's options decide whether it may go onto
         // the engine (`ahooks::setsockopt`, `opts`).
-        Some(ahooks::setsockopt(None, fd, level, name, val, len))
+        Some(ahooks::setsockopt(None, fd, o))
     }
 
     fn shutdown(self, fd: c_int, how: c_int) -> Option<c_int> {
@@ -982,6 +937,26 @@ impl Ops for Kernel {
             }
         })
     }
+}
+
+/// `ioctl(FIONBIO)` on an engine socket (`arg` non-null): the
+/// application's blocking mode goes to `common`. False for another request.
+fn fionbio(common: &Common, req: c_ulong, arg: c_ulong) -> bool {
+    if req != libc::FIONBIO as c_ulong {
+        return false;
+    }
+    // SAFETY: FIONBIO's argument is an int pointer (non-null: checked).
+    let on = unsafe { *(arg as *const c_int) } != 0;
+    common.set_nonblock(on);
+    true
+}
+
+/// Answer an ioctl whose argument is an int pointer (FIONREAD, SIOCOUTQ;
+/// `arg` non-null) with `n`: 0.
+fn put_int(arg: c_ulong, n: usize) -> c_int {
+    // SAFETY: the request's argument is an int pointer (non-null: checked).
+    unsafe { *(arg as *mut c_int) = n.min(c_int::MAX as usize) as c_int };
+    0
 }
 
 /// F_GETFL/F_SETFL on an engine socket, whose O_NONBLOCK the shim records

@@ -52,6 +52,24 @@ pub const SET_TCP: u8 = 2;
 /// changes it: IP_TOS sets SO_PRIORITY too).
 pub const SET_CARRIED: u8 = 4;
 
+/// A `setsockopt`'s option as the caller gave it (the value is still the
+/// caller's memory).
+#[derive(Clone, Copy)]
+pub struct Opt {
+    pub level: c_int,
+    pub name: c_int,
+    pub val: *const c_void,
+    pub len: socklen_t,
+}
+
+impl Opt {
+    /// Level, name, value, length.
+    #[inline]
+    pub fn parts(self) -> (c_int, c_int, *const c_void, socklen_t) {
+        (self.level, self.name, self.val, self.len)
+    }
+}
+
 /// A setsockopt of (level, name) is about to be made on some fd.
 #[inline]
 pub fn note_set(level: c_int, name: c_int) {
@@ -369,14 +387,8 @@ pub fn tcp_candidate_after(
 /// (`setsockopt` returned 0 there). `Some(r)`: the answer to give instead
 /// of 0 (the connection went to the kernel and the option was set on it
 /// again, or it could not and the option does nothing: ENOPROTOOPT).
-pub fn tcp_engine_after(
-    t: tcpx::TcpRef,
-    fd: c_int,
-    level: c_int,
-    name: c_int,
-    val: *const c_void,
-    len: socklen_t,
-) -> Option<c_int> {
+pub fn tcp_engine_after(t: tcpx::TcpRef, fd: c_int, o: Opt) -> Option<c_int> {
+    let (level, name, val, len) = o.parts();
     let inner = t.get()?;
     let kind = match &*inner {
         tcpx::Inner::Listener(_) => Kind::TcpListener,

@@ -1550,14 +1550,8 @@ fn read_int(val: *const c_void, len: socklen_t) -> Option<c_int> {
 
 /// setsockopt on an engine socket, after the kernel socket took the value
 /// and `opts` found it one the engine honours: the engine applies it.
-pub fn setsockopt_applied(
-    t: TcpRef,
-    fd: c_int,
-    level: c_int,
-    name: c_int,
-    val: *const c_void,
-    len: socklen_t,
-) -> c_int {
+pub fn setsockopt_applied(t: TcpRef, fd: c_int, o: crate::opts::Opt) -> c_int {
+    let (level, name, val, len) = o.parts();
     let e = errno();
     if let Some(i) = t.stream()
         && let Inner::Stream(s) = &*i
