@@ -138,9 +138,12 @@ struct ClientArgs {
     /// Leave the first MS milliseconds of samples out (at most half the run).
     #[arg(long, default_value_t = 400)]
     warmup_ms: u64,
-    /// A reply later than this counts as dropped.
-    #[arg(long, default_value_t = 100)]
-    reply_timeout_ms: u64,
+    /// A reply later than this counts as dropped (un-dropped if it turns
+    /// up). Default 100 over UDP (a datagram may be lost); 10000 over TCP,
+    /// where a live connection loses no reply: a late one is a stall (a
+    /// retransmission, a descheduled peer), not a drop.
+    #[arg(long)]
+    reply_timeout_ms: Option<u64>,
     /// Exit 3 when the accounting identity (asked = received + dropped) fails.
     #[arg(long)]
     strict: bool,
@@ -184,7 +187,14 @@ fn client(mode: Mode, a: ClientArgs) -> Result<i32, String> {
     cfg.full_log = a.full_log.clone();
     cfg.rx_stamps = a.rx_stamps;
     cfg.warmup = Duration::from_millis(a.warmup_ms);
-    cfg.reply_timeout = Duration::from_millis(a.reply_timeout_ms.max(1));
+    cfg.reply_timeout = Duration::from_millis(
+        a.reply_timeout_ms
+            .unwrap_or(match cfg.protocol {
+                Protocol::Udp => 100,
+                Protocol::Tcp => 10_000,
+            })
+            .max(1),
+    );
     cfg.rcvbuf = c.rcvbuf;
     cfg.sndbuf = c.sndbuf;
     cfg.iface = c.iface.clone();
