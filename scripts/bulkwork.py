@@ -25,23 +25,13 @@ Prints one JSON object (and a short table on stderr).
 """
 import argparse, collections, json, os, re, subprocess, sys, tempfile, threading, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from worklib import largest_profile, ns, strace_counts, wrap  # noqa: E402
+
 NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
 A, B = "198.18.0.1", "198.18.0.2"
 PORT = 5209
 SEG = 1448
-
-
-def ns(lab, h):
-    return ["ip", "netns", "exec", f"{lab}-{h}"]
-
-
-def wrap(tool, out):
-    if tool == "callgrind":
-        return ["valgrind", "--tool=callgrind", "--trace-children=yes", "--quiet",
-                f"--callgrind-out-file={out}/run.%p.cg"]
-    if tool == "strace":
-        return ["strace", "-f", "-c", "-o", f"{out}/run.strace"]
-    return []
 
 
 def sample_stats(stop, last):
@@ -76,9 +66,9 @@ def run_once(args, lab, out):
     srv = ["iperf3", "-s", "-1", "-B", B, "-p", str(PORT)]
     cli = ["iperf3", "-c", B, "-p", str(PORT), "-P", "4", "-n", args.bytes, "-J"]
     if args.end in ("server", "both"):
-        srv = (wrap(args.tool, out) if args.profile == "server" else []) + run + srv
+        srv = (wrap(args.tool, out, "run") if args.profile == "server" else []) + run + srv
     if args.end in ("client", "both"):
-        cli = (wrap(args.tool, out) if args.profile == "client" else []) + run + cli
+        cli = (wrap(args.tool, out, "run") if args.profile == "client" else []) + run + cli
     s = subprocess.Popen(ns(lab, "b") + srv, env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     time.sleep(args.settle)
@@ -104,15 +94,7 @@ def run_once(args, lab, out):
 
 
 def callgrind(out):
-    best = None
-    for f in os.listdir(out):
-        if f.endswith(".cg"):
-            p = os.path.join(out, f)
-            t = re.search(r"^(?:summary|totals):\s*(\d+)", open(p, errors="replace").read(), re.M)
-            if t and (best is None or int(t.group(1)) > best[0]):
-                best = (int(t.group(1)), p)
-    if best is None:
-        raise SystemExit(f"no callgrind output in {out}")
+    best = largest_profile(out, "run")
     text = subprocess.run(["callgrind_annotate", "--threshold=100", best[1]],
                           capture_output=True, text=True).stdout
     funcs = collections.Counter()
@@ -125,14 +107,7 @@ def callgrind(out):
 
 
 def strace(out):
-    calls = {}
-    for line in open(os.path.join(out, "run.strace")):
-        f = line.split()
-        if len(f) >= 5 and f[-1] not in ("total", "syscall") and f[3].isdigit():
-            calls[f[-1]] = int(f[3])
-        elif len(f) >= 4 and f[-1] not in ("total", "syscall") and f[2].isdigit():
-            calls[f[-1]] = int(f[2])
-    return calls
+    return strace_counts(os.path.join(out, "run.strace"))
 
 
 def main():

@@ -24,6 +24,9 @@ Prints one JSON object (and a short table on stderr).
 """
 import argparse, json, os, re, subprocess, sys, tempfile, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from worklib import largest_profile, ns, strace_counts, wrap  # noqa: E402
+
 NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
 A, B = "198.18.0.1", "198.18.0.2"
 PORT = 11111
@@ -38,17 +41,6 @@ ENTRIES = ["send", "sendto", "sendmsg", "write", "recv", "recvfrom", "recvmsg", 
 
 def sh(*argv, **kw):
     return subprocess.run(list(argv), check=True, **kw)
-
-
-def ns(lab, h):
-    return ["ip", "netns", "exec", f"{lab}-{h}"]
-
-
-def wrap(tool, out, side):
-    if tool == "callgrind":
-        return ["valgrind", "--tool=callgrind", "--trace-children=yes", "--quiet",
-                f"--callgrind-out-file={out}/{side}.%p.cg"]
-    return ["strace", "-f", "-c", "-o", f"{out}/{side}.strace"]
 
 
 def run_once(args, lab, secs, out):
@@ -104,16 +96,7 @@ def stop_left(lab):
 def callgrind_side(out, side):
     """(total Ir, {function: (inclusive Ir, calls)}) of the side's program (the largest
     profile of that side: `ip` and the launcher exec into it)."""
-    best = None
-    for f in os.listdir(out):
-        if f.startswith(side + ".") and f.endswith(".cg"):
-            p = os.path.join(out, f)
-            t = re.search(r"^(?:summary|totals):\s*(\d+)", open(p, errors="replace").read(), re.M)
-            if t and (best is None or int(t.group(1)) > best[0]):
-                best = (int(t.group(1)), p)
-    if best is None:
-        raise SystemExit(f"no callgrind output for {side} in {out}")
-    total, path = best
+    total, path = largest_profile(out, side)
     tree = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--tree=caller", "--auto=no",
                            "--threshold=100", path], capture_output=True, text=True).stdout
     funcs, calls = {}, 0
@@ -148,15 +131,7 @@ def settle_files(out):
 
 
 def strace_side(out, side):
-    text = open(os.path.join(out, side + ".strace")).read()
-    calls = {}
-    for line in text.splitlines():
-        f = line.split()
-        if len(f) >= 5 and f[-1] not in ("total", "syscall") and f[3].isdigit():
-            calls[f[-1]] = int(f[3])
-        elif len(f) >= 4 and f[-1] not in ("total", "syscall") and f[2].isdigit():
-            calls[f[-1]] = int(f[2])
-    return calls
+    return strace_counts(os.path.join(out, side + ".strace"))
 
 
 def main():
