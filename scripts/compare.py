@@ -366,6 +366,15 @@ BURST_N = int(os.environ.get("BURST_N", "65536"))
 BURST_STALL_MS = 800
 
 
+def wait_ready(p, secs=20):
+    """Read `p`'s stderr until a READY line (or its end), for at most about `secs` s."""
+    deadline = time.time() + secs
+    while time.time() < deadline:
+        line = p.stderr.readline()
+        if not line or "READY" in line:
+            break
+
+
 def burst_trial(lab, nw, port):
     """A sink on xdp (ring BURST_RING) in b stalls BURST_STALL_MS ms after the first datagram;
     a burst of BURST_N 256 B datagrams from xdp in a. Returns received/missing and drop counters."""
@@ -375,11 +384,7 @@ def burst_trial(lab, nw, port):
                              "--ring-depth", str(BURST_RING)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            line = sink.stderr.readline()  # the sink says READY on stderr
-            if not line or "READY" in line:
-                break
+        wait_ready(sink)  # the sink says READY on stderr
         gen = subprocess.run(["ip", "netns", "exec", ns(lab, "a"), nw, "bench", "burst", "-i", B, "-p", str(port),
                               "-m", "256", "-n", str(BURST_N), "--bind", A, "--engine", "xdp", "--cpu", "0",
                               "--json"], capture_output=True, text=True, timeout=60)
@@ -429,11 +434,7 @@ def t2t_trial(lab, engine, feed, secs, port):
                            "--md-port", str(port + 1), "--feed-rate", str(feed), "-t", str(secs), "--cpu", "1",
                            "--engine", T2T_EXCHANGE, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            line = ex.stderr.readline()  # the exchange says READY on stderr
-            if not line or "READY" in line:
-                break
+        wait_ready(ex)  # the exchange says READY on stderr
         st = subprocess.run(["ip", "netns", "exec", ns(lab, "a"), NW, "bench", "strategy", "-i", B, "-p", str(port),
                              "--md-port", str(port + 1), "--engine", engine, "--no-fallback", "--cpu", "0",
                              "--json"], capture_output=True, text=True, timeout=secs + 60)
@@ -940,30 +941,22 @@ def main():
     if a.scenario == "apps":
         return apps_main(a)
     subprocess.run([NW, "lab", "up", "--name", a.lab], check=True, stdout=subprocess.DEVNULL)
-    if a.scenario == "tick-to-trade":
-        print(json.dumps(run_t2t(a), indent=1))
-        return
-    if a.scenario == "tcp-msg-rate":
-        print(json.dumps(run_msg_rate(a), indent=1))
-        return
-    if a.scenario == "churn":
-        print(json.dumps(run_churn(a), indent=1))
-        return
-    if a.scenario == "service":
-        print(json.dumps(run_service(a), indent=1))
+    # Scenarios with a runner of their own (given the arguments).
+    own = {"tick-to-trade": run_t2t, "tcp-msg-rate": run_msg_rate, "churn": run_churn,
+           "service": run_service}
+    if a.scenario in own:
+        print(json.dumps(own[a.scenario](a), indent=1))
         return
     if a.scenario == "floor":
         base, configs = floor_configs(a)
     else:
         base, configs = scenarios(a.seconds, a.size)[a.scenario]
-    if a.scenario == "issue8-burst":
-        print(json.dumps(run_burst(a, configs), indent=1))
-        return
-    if a.scenario == "issue11-iperf":
-        print(json.dumps(iperf_main(a, base, configs), indent=1))
-        return
-    if a.scenario == "issue21-iperf":
-        print(json.dumps(iperf_p4_main(a, base, configs), indent=1))
+    # Scenarios with a runner of their own over the configurations.
+    over = {"issue8-burst": lambda: run_burst(a, configs),
+            "issue11-iperf": lambda: iperf_main(a, base, configs),
+            "issue21-iperf": lambda: iperf_p4_main(a, base, configs)}
+    if a.scenario in over:
+        print(json.dumps(over[a.scenario](), indent=1))
         return
     runs = {label: [] for label, *_ in configs}
     for r in range(a.repeats):
