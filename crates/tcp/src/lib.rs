@@ -33,7 +33,7 @@ pub use conn::State;
 pub use handover::Handover;
 pub use isn::Secret;
 pub use payload::Payload;
-pub use stack::{ConnId, ListenerId, Readiness, TcpStack, Transmit};
+pub use stack::{ConnId, EndState, ListenerId, Readiness, TcpStack, Transmit};
 
 use std::net::SocketAddrV4;
 

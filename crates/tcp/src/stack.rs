@@ -66,6 +66,9 @@ pub struct Transmit {
 struct Slot {
     generation: u32,
     conn: Option<Conn>,
+    /// Listed in `TcpStack::ends` (end tracking is on and the slot changed
+    /// since the owner last took the changes).
+    end_dirty: bool,
 }
 
 /// Something whose readiness changed (see [`TcpStack::poll_ready`]).
@@ -117,6 +120,58 @@ const CTRL_QUEUE: usize = 1024;
 const FAULT_HDR: usize = 10;
 const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
 
+/// What ends a connection if its owner dies (issue 24: the engine service
+/// answers for a killed process's connections as the kernel would; see
+/// [`TcpStack::set_end_tracking`]). Made for ESTABLISHED, CLOSE-WAIT and the
+/// states whose FIN is sent but maybe not acknowledged (FIN-WAIT-1,
+/// CLOSING, LAST-ACK); the others need nothing from a survivor (the peer
+/// has our FIN, or no connection exists yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndState {
+    pub tuple: FourTuple,
+    /// The segment's sequence number: our FIN's (where the sent data ends)
+    /// or, for a reset, the highest sent (what the peer expects next when
+    /// everything arrived; a peer that expects less answers, and the
+    /// kernel, which has no socket for the answer, resets with its number).
+    pub seq: u32,
+    pub rcv_nxt: u32,
+    /// (offset, TS.Recent) when timestamps were negotiated.
+    pub ts: Option<(u32, u32)>,
+    /// The receive window to advertise, scaled.
+    pub window: u16,
+    /// Reset, as the kernel does when it closes a socket with unread
+    /// data, or a connection not yet accepted; also when data the
+    /// application wrote was never sent (it died with the process: a FIN
+    /// would end the stream short without a word). Otherwise a FIN.
+    pub rst: bool,
+}
+
+impl EndState {
+    fn of(c: &Conn) -> Option<EndState> {
+        if !matches!(
+            c.state,
+            State::Established
+                | State::CloseWait
+                | State::FinWait1
+                | State::Closing
+                | State::LastAck
+        ) {
+            return None;
+        }
+        let data_end = c.tx_seq0.wrapping_add(c.tx.len() as u32);
+        let unsent = crate::seq::lt(c.snd_max, data_end);
+        let rst = unsent || !c.rx.is_empty() || c.in_accept_queue;
+        Some(EndState {
+            tuple: c.tuple,
+            seq: if rst { c.snd_max } else { data_end },
+            rcv_nxt: c.rcv_nxt,
+            ts: c.ts_ok.then_some((c.ts_offset, c.ts_recent)),
+            window: (crate::seq::dist(c.rcv_adv, c.rcv_nxt) >> c.rcv_wscale).min(65535) as u16,
+            rst,
+        })
+    }
+}
+
 pub struct TcpStack {
     cfg: Config,
     secret: Secret,
@@ -140,6 +195,9 @@ pub struct TcpStack {
     fault_buf: Vec<u8>,
     /// Queue `Readiness::Conn` events (see `set_conn_events`).
     conn_events: bool,
+    /// Connection slots touched since the owner last took them, when end
+    /// tracking is on (`set_end_tracking`).
+    ends: Option<Vec<u32>>,
     /// The latest time the caller gave (input, timers, transmit): the
     /// clock of the calls that take none (`recv`).
     clock: u64,
@@ -166,6 +224,7 @@ impl TcpStack {
             fault_tx: None,
             fault_buf: Vec::new(),
             conn_events: true,
+            ends: None,
             clock: 0,
             cfg,
             secret,
@@ -195,6 +254,65 @@ impl TcpStack {
         self.demux.contains_key(t)
     }
 
+    /// Track what would end each connection if the owner died (issue 24):
+    /// every connection touched since the last [`TcpStack::take_end_changes`]
+    /// is listed once (a flag and a push per touch, nothing more on the
+    /// per-segment path). Turned on, every live connection is listed.
+    pub fn set_end_tracking(&mut self, on: bool) {
+        if !on {
+            self.ends = None;
+            for s in &mut self.slots {
+                s.end_dirty = false;
+            }
+            return;
+        }
+        if self.ends.is_some() {
+            return;
+        }
+        let mut d = Vec::with_capacity(self.slots.len().max(64));
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if s.conn.is_some() {
+                s.end_dirty = true;
+                d.push(i as u32);
+            }
+        }
+        self.ends = Some(d);
+    }
+
+    /// Connections touched since the last take (end tracking on).
+    #[inline]
+    pub fn has_end_changes(&self) -> bool {
+        self.ends.as_ref().is_some_and(|d| !d.is_empty())
+    }
+
+    /// Hand `f` each connection slot touched since the last call, with
+    /// what would end it now (`None`: nothing, or the slot is free). Slots
+    /// are small, reused integers (below the slab's length): a table indexed
+    /// by them stays dense.
+    pub fn take_end_changes(&mut self, mut f: impl FnMut(u32, Option<EndState>)) {
+        let Some(mut d) = self.ends.take() else {
+            return;
+        };
+        for &idx in &d {
+            let s = &mut self.slots[idx as usize];
+            s.end_dirty = false;
+            f(idx, s.conn.as_ref().and_then(EndState::of));
+        }
+        d.clear();
+        self.ends = Some(d);
+    }
+
+    #[inline]
+    fn note_end(&mut self, idx: u32) {
+        if let Some(d) = self.ends.as_mut() {
+            let s = &mut self.slots[idx as usize];
+            if !s.end_dirty {
+                s.end_dirty = true;
+                d.push(idx);
+            }
+        }
+    }
+
     /// Connections still exchanging segments: neither TIME-WAIT nor closed.
     pub fn active_connection_count(&self) -> usize {
         self.slots
@@ -211,6 +329,7 @@ impl TcpStack {
             Some(Slot {
                 generation,
                 conn: Some(k),
+                ..
             }) if *generation == c.generation && !k.orphan => Ok(k),
             _ => Err(Error::InvalidHandle),
         }
@@ -220,6 +339,7 @@ impl TcpStack {
             Some(Slot {
                 generation,
                 conn: Some(k),
+                ..
             }) if *generation == c.generation && !k.orphan => Ok(k),
             _ => Err(Error::InvalidHandle),
         }
@@ -245,6 +365,7 @@ impl TcpStack {
                 self.slots.push(Slot {
                     generation: 0,
                     conn: Some(conn),
+                    end_dirty: false,
                 });
                 (self.slots.len() - 1) as u32
             }
@@ -254,6 +375,7 @@ impl TcpStack {
     }
 
     fn release(&mut self, idx: u32) {
+        self.note_end(idx);
         let slot = &mut self.slots[idx as usize];
         if let Some(c) = slot.conn.take() {
             if self.demux.get(&c.tuple) == Some(&idx) {
@@ -267,6 +389,7 @@ impl TcpStack {
     /// Bookkeeping after anything happened to a connection: demux removal
     /// when closed, release when nobody holds it, transmit queue, timer.
     pub(crate) fn settle(&mut self, idx: u32) {
+        self.note_end(idx);
         let Some(c) = self.slots[idx as usize].conn.as_mut() else {
             return;
         };
@@ -1145,6 +1268,7 @@ impl TcpStack {
                     let Some(Slot {
                         generation,
                         conn: Some(c),
+                        ..
                     }) = self.slots.get_mut(id.idx as usize)
                     else {
                         continue;

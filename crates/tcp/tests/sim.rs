@@ -1285,3 +1285,67 @@ fn partial_checksums_completed_by_an_offload_are_valid() {
     assert_eq!(n.offloaded, before, "the RST went out checksummed");
     assert_eq!(n.a.counters().bad_checksum, 0);
 }
+
+/// Issue 24: what the engine service would send if a's owner died, taken
+/// per touched connection: a FIN exactly where b expects the next byte,
+/// a RST while data is unread or the connection waits in the accept
+/// queue, nothing once the connection is gone.
+#[test]
+fn end_tracking_names_the_fin_or_rst_that_would_end_each_connection() {
+    use std::collections::HashMap;
+    let mut n = Net::plain();
+    n.a.set_end_tracking(true);
+    let mut ends: HashMap<u32, nanowire_tcp::EndState> = HashMap::new();
+    let mut take = |n: &mut Net| {
+        n.a.take_end_changes(|i, e| match e {
+            Some(e) => {
+                ends.insert(i, e);
+            }
+            None => {
+                ends.remove(&i);
+            }
+        });
+        ends.values().copied().collect::<Vec<_>>()
+    };
+    let (ca, cb) = n.connect_pair();
+    let e = take(&mut n);
+    assert_eq!(e.len(), 1, "{e:?}");
+    let ib = n.b.info(cb).unwrap();
+    assert!(!e[0].rst);
+    assert_eq!((e[0].seq, e[0].rcv_nxt), (ib.rcv_nxt, ib.snd_nxt));
+    assert!(e[0].ts.is_some());
+    // Nothing touched: nothing to take.
+    assert!(!n.a.has_end_changes());
+    // Unread data: a reset.
+    n.b.send(cb, b"unread").unwrap();
+    n.advance(10 * MS);
+    let e = take(&mut n);
+    assert!(e[0].rst && e[0].rcv_nxt == n.b.info(cb).unwrap().snd_nxt);
+    let mut buf = [0u8; 16];
+    assert_eq!(n.a.recv(ca, &mut buf), Ok(6));
+    assert!(!take(&mut n)[0].rst);
+    // Sent and acknowledged: the FIN follows it.
+    n.a.send(ca, b"answer").unwrap();
+    n.advance(10 * MS);
+    let e = take(&mut n);
+    assert!(!e[0].rst);
+    assert_eq!(e[0].seq, n.b.info(cb).unwrap().rcv_nxt);
+    // A connection waiting in the accept queue: reset (as the kernel
+    // resets a closed listener's pending connections).
+    let l2 = n.a.listen(sa(A, 81), 8).unwrap();
+    let c2 = n.b.connect(n.now, sa(B, 0), sa(A, 81)).unwrap();
+    n.run_until(10 * S, |n| {
+        n.b.state(c2) == Ok(State::Established) && n.a.accept_queue_len(l2) == 1
+    });
+    let e = take(&mut n);
+    assert_eq!(e.len(), 2);
+    assert_eq!(e.iter().filter(|e| e.rst).count(), 1);
+    let c2a = n.a.accept(l2).unwrap();
+    assert!(take(&mut n).iter().all(|e| !e.rst));
+    // Closed by the application: FIN-WAIT-1 names its FIN until it is
+    // acknowledged; afterwards nothing is left to end.
+    n.a.close(n.now, c2a).unwrap();
+    n.a.close(n.now, ca).unwrap();
+    n.advance(100 * MS);
+    assert!(take(&mut n).is_empty());
+}

@@ -242,6 +242,11 @@ pub struct Engine {
     /// The service this engine was attached to is gone (service/client.rs,
     /// `Watch`): its program and claims went with it.
     service_lost: Arc<std::sync::atomic::AtomicBool>,
+    /// The process's TCP connection table on the service (issue 24: what
+    /// the service reads to end the connections if the process dies), made
+    /// and handed over with the first TCP stack; `None` inside: it could
+    /// not be (said once).
+    conn_table: std::sync::OnceLock<Option<Arc<service::conns::ConnTable>>>,
     /// A look at the receive side without the RX lock (see
     /// [`Engine::rx_quiet`]); `None` when receive faults are injected (the
     /// injector holds frames back and releases them from later polls).
@@ -579,6 +584,7 @@ impl Engine {
             netns_cookie: registry::netns_cookie(),
             service_slot: None,
             service_lost,
+            conn_table: std::sync::OnceLock::new(),
             rx_hint,
         })
     }
@@ -677,6 +683,40 @@ impl Engine {
     }
     fn prog(&self) -> Guard<'_, Prog> {
         order::lock(&self.prog, Tier::Leaf, "the program lock")
+    }
+
+    /// A region of the process's TCP connection table for one TCP stack,
+    /// on the engine service only (`None` on an engine of its own, whose
+    /// connections die with the process as before): the service ends the
+    /// connections published there if the process dies (issue 24).
+    pub(crate) fn conn_region(&self) -> Option<service::conns::Region> {
+        self.service_slot?;
+        let t = self.conn_table.get_or_init(|| {
+            let made = service::conns::ConnTable::create().and_then(|t| {
+                match &self.prog().prog {
+                    Steer::Service(c) => c.conn_table(t.fd())?,
+                    Steer::Own(_) => return Err("not on the engine service".into()),
+                }
+                Ok(Arc::new(t))
+            });
+            match made {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    eprintln!(
+                        "nanowire: the engine service cannot end this process's TCP connections if it is killed: {e}"
+                    );
+                    None
+                }
+            }
+        });
+        let r = t.as_ref()?.region();
+        if r.is_none() {
+            eprintln!(
+                "nanowire: more than {} TCP stacks on the engine service: the connections of the next ones are not ended by the service if the process is killed",
+                service::conns::REGIONS
+            );
+        }
+        r
     }
 
     /// Attached to the engine service (its slot there), rather than an

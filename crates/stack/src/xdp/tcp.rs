@@ -469,6 +469,11 @@ struct Core {
     /// drained (`Engine::rx_mark`): a send takes in first only what came
     /// after it (`TcpEngine::take_input`). `None`: look every time.
     rx_mark: Option<u64>,
+    /// This stack's region of the process's connection table on the
+    /// engine service (issue 24; `None` on an engine of its own): what
+    /// would end each connection if the process died, kept current at the
+    /// end of each turn (`publish_ends`).
+    ends: Option<super::service::conns::Region>,
 }
 
 /// The TCP stack of one set of sockets on one xdp engine.
@@ -476,6 +481,24 @@ pub struct TcpEngine {
     engine: Arc<Engine>,
     core: Mutex<Core>,
     wait: WaitPolicy,
+}
+
+/// On the engine service: write what would end the connections touched
+/// since the last turn into the process's connection table (issue 24), so
+/// the service can end them as the kernel would if the process dies. Only
+/// touched connections, only changed bytes, no system call; nothing at all
+/// on an engine of its own or when nothing was touched.
+#[inline]
+fn publish_ends(core: &mut Core) {
+    if !core.stack.has_end_changes() {
+        return;
+    }
+    let Core { stack, ends, .. } = core;
+    if let Some(r) = ends.as_mut() {
+        r.publish(|f| {
+            stack.take_end_changes(|slot, e| f(slot, e.as_ref().map(Into::into)));
+        });
+    }
 }
 
 /// The engine the last connect that asked the kernel's route used.
@@ -550,6 +573,8 @@ impl TcpEngine {
         // Readiness is asked per connection (`poll_ready`/`poll_ready_edge`):
         // only the listeners' events are used.
         stack.set_conn_events(false);
+        let ends = engine.conn_region();
+        stack.set_end_tracking(ends.is_some());
         let src_mac = engine.iface().mac;
         let eng = Arc::new(TcpEngine {
             engine,
@@ -575,6 +600,7 @@ impl TcpEngine {
                 published: Default::default(),
                 turns: 0,
                 rx_mark: None,
+                ends,
             }),
         });
         service_register(&eng);
@@ -732,7 +758,12 @@ impl TcpEngine {
         let now = match now {
             Some(t) => t,
             None if timers || core.turns.is_multiple_of(IDLE_CLOCK_EVERY) => now_ns(),
-            None => return false,
+            None => {
+                // An application call (a read that emptied the receive
+                // ring, a write) may have changed what ends a connection.
+                publish_ends(core);
+                return false;
+            }
         };
         core.last_turn = now;
         core.stack.poll_timers(now);
@@ -744,6 +775,7 @@ impl TcpEngine {
             self.reap(core);
         }
         Self::signal_accepts(core);
+        publish_ends(core);
         moved > 0
     }
 
@@ -998,6 +1030,7 @@ impl TcpEngine {
                     // Flush what the call queued (data, ACK, window update).
                     let now = now_ns();
                     self.transmit(&mut c, now);
+                    publish_ends(&mut c);
                     return Some(v);
                 }
                 if moved {

@@ -221,6 +221,12 @@ impl Conn {
         let _ = self.call(&proto::encode_tcp_flow(None, local, remote), &[], 512);
     }
 
+    /// Hand the service this process's TCP connection table (conns.rs).
+    pub fn conn_table(&self, fd: BorrowedFd<'_>) -> Result<(), String> {
+        let m = self.call(&proto::encode_conn_table(), &[fd], 512)?;
+        self.expect_ok(&m)
+    }
+
     /// The service's status (JSON text).
     pub fn status(&self) -> Result<String, String> {
         let m = self.call(&proto::encode_status(), &[], 1 << 20)?;

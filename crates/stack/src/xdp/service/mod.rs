@@ -7,6 +7,7 @@
 //! "The engine service".
 
 pub mod client;
+pub mod conns;
 pub mod policy;
 pub mod proto;
 pub mod server;

@@ -33,6 +33,9 @@ pub const K_STATUS: u16 = 4;
 /// connection after the listener is released, a hand-over's pass entry).
 pub const K_TCP_FLOW: u16 = 5;
 pub const K_TCP_UNFLOW: u16 = 6;
+/// The process's TCP connection table (a memfd, SCM_RIGHTS; conns.rs):
+/// what the service reads to end its connections when it dies.
+pub const K_CONN_TABLE: u16 = 7;
 pub const K_OK: u16 = 0x81;
 pub const K_ERR: u16 = 0x82;
 pub const K_STATUS_REPLY: u16 = 0x83;
@@ -75,6 +78,7 @@ pub enum Request {
         local: SocketAddrV4,
         remote: SocketAddrV4,
     },
+    ConnTable,
 }
 
 /// What a `K_TCP_FLOW` asks.
@@ -168,6 +172,10 @@ pub fn encode_tcp_flow(
     v
 }
 
+pub fn encode_conn_table() -> Vec<u8> {
+    header(K_CONN_TABLE)
+}
+
 pub fn encode_status() -> Vec<u8> {
     header(K_STATUS)
 }
@@ -242,6 +250,8 @@ pub fn decode_request(b: &[u8]) -> Result<Request, &'static str> {
                 remote,
             })
         }
+        K_CONN_TABLE if b.len() == 8 => Ok(Request::ConnTable),
+        K_CONN_TABLE => Err("bad_length"),
         K_STATUS if b.len() == 8 => Ok(Request::Status),
         K_STATUS => Err("bad_length"),
         _ => Err("unknown_kind"),

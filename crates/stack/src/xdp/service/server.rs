@@ -43,6 +43,16 @@ pub struct Counters {
     /// passed to the kernel: the sums of every process's own counters.
     #[serde(flatten)]
     pub requests: ClientCounters,
+    /// Connections of dead processes the service ended (issue 24): with
+    /// a FIN (nothing lost) or a RST; `tcp_end_failed`: the segment could
+    /// not be sent; `tcp_end_refused`: a table entry the process had no
+    /// claim for (not acted on).
+    pub tcp_ended_fin: u64,
+    pub tcp_ended_rst: u64,
+    pub tcp_end_failed: u64,
+    pub tcp_end_refused: u64,
+    /// Connection tables handed over (one per attached process with TCP).
+    pub conn_tables: u64,
     pub frames_reclaimed: u64,
     pub reclaim_deferred: u64,
     /// Messages refused, by reason (bad_magic, short_message, ...).
@@ -70,6 +80,8 @@ struct Client {
     /// TCP connections claimed or passed by 4-tuple (local, remote, what).
     tcp_flows: Vec<(SocketAddrV4, SocketAddrV4, proto::TcpFlow)>,
     counters: ClientCounters,
+    /// The process's TCP connection table (conns.rs), read when it dies.
+    conn_table: Option<OwnedFd>,
 }
 
 struct Iface {
@@ -108,6 +120,9 @@ pub struct Service {
     /// Asks the kernel whether a TCP 4-tuple is one of its connections
     /// (a flow claim never takes another socket's connection).
     diag: Option<nanowire_xdp::netlink::SockDiag>,
+    /// Raw IPv4 socket (IPPROTO_RAW) the dead processes' connections are
+    /// ended with, opened on first use.
+    raw: Option<OwnedFd>,
     idle: Duration,
     since_idle: Instant,
     log: bool,
@@ -146,6 +161,7 @@ impl Service {
             next_id: 1,
             counters: Counters::default(),
             diag: None,
+            raw: None,
             idle,
             since_idle: Instant::now(),
             log,
@@ -230,6 +246,7 @@ impl Service {
                     claims: Vec::new(),
                     tcp_flows: Vec::new(),
                     counters: ClientCounters::default(),
+                    conn_table: None,
                 },
             );
         }
@@ -295,7 +312,11 @@ impl Service {
             }
         };
         let fds = m.fds;
-        if !matches!(req, Request::Claim { .. } | Request::TcpFlow { .. }) && !fds.is_empty() {
+        if !matches!(
+            req,
+            Request::Claim { .. } | Request::TcpFlow { .. } | Request::ConnTable
+        ) && !fds.is_empty()
+        {
             bad(&mut self.counters, "unexpected_descriptors");
             self.refuse(id, "bad message: unexpected descriptors");
             return self.detach(id);
@@ -358,6 +379,25 @@ impl Service {
                 match r {
                     Ok(()) => self.ok(id),
                     Err(why) => self.refuse(id, &why),
+                }
+            }
+            Request::ConnTable => {
+                let mut fds = fds;
+                match (fds.pop(), fds.is_empty()) {
+                    (Some(fd), true) => match self.conn_table(id, fd) {
+                        Ok(()) => {
+                            self.counters.conn_tables += 1;
+                            self.reply(id, &proto::encode_text(proto::K_OK, ""), &[]);
+                        }
+                        Err(why) => {
+                            bad(&mut self.counters, "bad_conn_table");
+                            self.refuse(id, &why);
+                        }
+                    },
+                    _ => {
+                        bad(&mut self.counters, "bad_conn_table");
+                        self.refuse(id, "a connection table needs exactly one memfd");
+                    }
                 }
             }
             Request::TcpUnflow { local, remote } => {
@@ -720,6 +760,91 @@ impl Service {
         }
     }
 
+    /// Keep the process's connection table: a regular file (memfd) of
+    /// exactly the table's size, one per process.
+    fn conn_table(&mut self, id: u64, fd: OwnedFd) -> Result<(), String> {
+        let st = rustix::fs::fstat(&fd).map_err(|e| format!("connection table: {e}"))?;
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile
+            || st.st_size as usize != super::conns::TABLE_BYTES
+        {
+            return Err("connection table: not a memfd of the table's size".into());
+        }
+        let c = self.clients.get_mut(&id).ok_or("gone")?;
+        if c.attached.is_none() {
+            return Err("connection table before attach".into());
+        }
+        if c.conn_table.is_some() {
+            return Err("connection table already given".into());
+        }
+        c.conn_table = Some(fd);
+        Ok(())
+    }
+
+    /// The entries of a dead client's table (issue 24) the service may
+    /// act on: a 4-tuple it had claimed (a connect's flow claim), or one
+    /// under its listener claim that is no live kernel connection (a
+    /// kernel socket of another process may use the same local port with
+    /// SO_REUSEADDR); nothing else.
+    fn ends_of(&mut self, c: &Client) -> Vec<super::conns::Entry> {
+        let Some(fd) = &c.conn_table else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for e in super::conns::read_all(fd) {
+            let ok = c.tcp_flows.contains(&(e.local, e.remote, proto::TcpFlow::Flow))
+                || (c
+                    .claims
+                    .contains(&(proto::PROTO_TCP, *e.local.ip(), e.local.port()))
+                    && self.kernel_has(e.local, e.remote) == Ok(false));
+            if ok {
+                out.push(e);
+            } else {
+                self.counters.tcp_end_refused += 1;
+            }
+        }
+        out
+    }
+
+    /// Send the segments that end a dead process's connections, after its
+    /// claims went (the peer's answers reach the kernel, which has no socket
+    /// for them and resets with the exact sequence number), through a raw
+    /// IPv4 socket: the kernel routes it and finds the next hop (the
+    /// service has no TX ring of its own; the dead process's is being
+    /// taken back).
+    fn send_ends(&mut self, ends: Vec<super::conns::Entry>) {
+        if ends.is_empty() {
+            return;
+        }
+        if self.raw.is_none() {
+            match rustix::net::socket_with(
+                AddressFamily::INET,
+                SocketType::RAW,
+                SocketFlags::CLOEXEC,
+                Some(rustix::net::ipproto::RAW),
+            ) {
+                Ok(s) => self.raw = Some(s),
+                Err(e) => {
+                    self.counters.tcp_end_failed += ends.len() as u64;
+                    self.log(&format!(
+                        "cannot end a dead process's TCP connections (raw socket: {e})"
+                    ));
+                    return;
+                }
+            }
+        }
+        let raw = self.raw.as_ref().expect("opened above");
+        let now_ms = (crate::xdp::tcp::now_ns() / 1_000_000) as u32;
+        for e in ends {
+            let seg = super::conns::segment(&e, now_ms);
+            let dst = SocketAddrV4::new(*e.remote.ip(), 0);
+            match rustix::net::sendto(raw, &seg, rustix::net::SendFlags::empty(), &dst) {
+                Ok(_) if e.rst() => self.counters.tcp_ended_rst += 1,
+                Ok(_) => self.counters.tcp_ended_fin += 1,
+                Err(_) => self.counters.tcp_end_failed += 1,
+            }
+        }
+    }
+
     fn tcp_unflow(&mut self, id: u64, local: SocketAddrV4, remote: SocketAddrV4) {
         let Some(c) = self.clients.get_mut(&id) else {
             return;
@@ -750,10 +875,12 @@ impl Service {
         let Some(c) = self.clients.remove(&id) else {
             return;
         };
-        let Some((name, slot)) = c.attached else {
+        let Some((name, slot)) = c.attached.clone() else {
             return;
         };
         self.counters.detaches += 1;
+        // Read before the claims go (they say which entries are its own).
+        let ends = self.ends_of(&c);
         let Some(ifc) = self.ifaces.get_mut(&name) else {
             return;
         };
@@ -767,6 +894,11 @@ impl Service {
                 ifc.prog.unclaim_tcp_flow(*l, *r);
             }
         }
+        let n_ends = ends.len();
+        self.send_ends(ends);
+        let Some(ifc) = self.ifaces.get_mut(&name) else {
+            return;
+        };
         for q in 0..ifc.queues.len() {
             ifc.prog.clear_slot_xsk(slot, q as u32);
         }
@@ -782,7 +914,7 @@ impl Service {
         });
         self.retry_pending();
         self.log(&format!(
-            "pid {} detached from {name} (slot {slot}, {} claim(s) and {} TCP connection(s) released)",
+            "pid {} detached from {name} (slot {slot}, {} claim(s) and {} TCP connection(s) released, {n_ends} connection(s) ended)",
             c.pid,
             c.claims.len(),
             c.tcp_flows.len()

@@ -1,0 +1,435 @@
+//! Issue 24, exit and kill: a process on the engine service publishes what
+//! would end each of its TCP connections (4-tuple, the FIN's or RST's
+//! sequence number, rcv_nxt, timestamps, window; `nanowire_tcp::EndState`)
+//! in a table in shared memory (a memfd it hands the service once,
+//! `K_CONN_TABLE`), so that when it dies (kill -9, or an exit that left
+//! connections open: its control socket closes) the service ends them as
+//! the kernel would have: FIN when nothing is lost, RST when data was
+//! unread (the kernel's rule at close), a connection waited in an accept
+//! queue, or written data never left. Onload/VMA's daemon model, without
+//! a kernel module. docs/architecture.md, "The engine service".
+//!
+//! Layout: `REGIONS` headers of 16 bytes (sequence word, high-water
+//! count), then per region `PER_REGION` entries of `ENTRY` bytes indexed by
+//! the stack's connection slot. Each TCP stack of the process owns one
+//! region and writes, under its own lock at the end of an engine turn, only
+//! the entries of connections that changed (`TcpStack::take_end_changes`),
+//! and among those only the bytes that differ: plain stores into a mapping,
+//! no system call. The sequence word is odd while a batch is written, so a
+//! region torn by a death mid-batch is known (it is still used: a stale
+//! sequence number only turns a FIN or RST into one the peer answers, and
+//! the kernel, which has no socket for that answer, resets the peer with the
+//! exact number).
+//!
+//! The service reads the table with pread (never maps it: the process
+//! cannot fault the service) and acts only on 4-tuples the dead process had
+//! claimed through it, so a lying process can end only its own connections
+//! (it could send any frame on its own AF_XDP socket anyway).
+
+use rustix::fd::{AsFd, OwnedFd};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// TCP stacks of one process with a region (a listener's stack, the
+/// clients' stack, ...); a stack beyond them is not published (counted in
+/// `Region`'s absence: the engine says so once).
+pub const REGIONS: usize = 64;
+/// Connection slots per region: the stack's default `max_connections`.
+pub const PER_REGION: usize = 16384;
+pub const ENTRY: usize = 32;
+const HEADER: usize = 16;
+const ENTRIES_AT: usize = 4096;
+/// The table's size (sparse: only the pages written take memory; a region
+/// of a stack with 20 connections touches one page).
+pub const TABLE_BYTES: usize = ENTRIES_AT + REGIONS * PER_REGION * ENTRY;
+
+/// The entry is in use.
+pub const F_LIVE: u8 = 1;
+/// Timestamps were negotiated (the segment carries TSval/TSecr).
+pub const F_TS: u8 = 2;
+/// End with a RST (else a FIN; `nanowire_tcp::EndState::rst`).
+pub const F_RST: u8 = 4;
+
+/// One published connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub local: SocketAddrV4,
+    pub remote: SocketAddrV4,
+    /// The FIN's or RST's sequence number.
+    pub seq: u32,
+    pub rcv_nxt: u32,
+    pub ts_offset: u32,
+    pub ts_recent: u32,
+    /// The receive window to advertise (already scaled).
+    pub window: u16,
+    pub flags: u8,
+}
+
+impl From<&nanowire_tcp::EndState> for Entry {
+    fn from(e: &nanowire_tcp::EndState) -> Entry {
+        Entry {
+            local: e.tuple.local,
+            remote: e.tuple.remote,
+            seq: e.seq,
+            rcv_nxt: e.rcv_nxt,
+            ts_offset: e.ts.map_or(0, |t| t.0),
+            ts_recent: e.ts.map_or(0, |t| t.1),
+            window: e.window,
+            flags: F_LIVE | if e.ts.is_some() { F_TS } else { 0 } | if e.rst { F_RST } else { 0 },
+        }
+    }
+}
+
+impl Entry {
+    pub fn rst(&self) -> bool {
+        self.flags & F_RST != 0
+    }
+
+    fn write(&self, b: &mut [u8; ENTRY]) {
+        b[0..4].copy_from_slice(&self.local.ip().octets());
+        b[4..8].copy_from_slice(&self.remote.ip().octets());
+        b[8..10].copy_from_slice(&self.local.port().to_le_bytes());
+        b[10..12].copy_from_slice(&self.remote.port().to_le_bytes());
+        b[12..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16..20].copy_from_slice(&self.rcv_nxt.to_le_bytes());
+        b[20..24].copy_from_slice(&self.ts_offset.to_le_bytes());
+        b[24..28].copy_from_slice(&self.ts_recent.to_le_bytes());
+        b[28..30].copy_from_slice(&self.window.to_le_bytes());
+        b[30] = self.flags;
+        b[31] = 0;
+    }
+
+    fn read(b: &[u8]) -> Entry {
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        Entry {
+            local: SocketAddrV4::new(Ipv4Addr::new(b[0], b[1], b[2], b[3]), u16_at(8)),
+            remote: SocketAddrV4::new(Ipv4Addr::new(b[4], b[5], b[6], b[7]), u16_at(10)),
+            seq: u32_at(12),
+            rcv_nxt: u32_at(16),
+            ts_offset: u32_at(20),
+            ts_recent: u32_at(24),
+            window: u16_at(28),
+            flags: b[30],
+        }
+    }
+}
+
+// ------------------------------------------------------------ the process
+
+/// The process's table (one per engine on the service).
+pub struct ConnTable {
+    fd: OwnedFd,
+    base: *mut u8,
+    /// Regions in use (bit per region).
+    used: Mutex<u64>,
+}
+
+// SAFETY: the mapping lives as long as the table; each region's entries
+// and header are written only by the holder of its `Region` (one TCP stack,
+// under its lock); `used` is behind a mutex.
+unsafe impl Send for ConnTable {}
+// SAFETY: as above.
+unsafe impl Sync for ConnTable {}
+
+impl ConnTable {
+    /// A new table: a memfd of fixed (sealed) size, mapped shared.
+    pub fn create() -> Result<ConnTable, String> {
+        let fd = rustix::fs::memfd_create(
+            "nanowire-tcp-conns",
+            rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+        )
+        .map_err(|e| format!("connection table: memfd_create: {e}"))?;
+        rustix::fs::ftruncate(&fd, TABLE_BYTES as u64)
+            .map_err(|e| format!("connection table: ftruncate: {e}"))?;
+        // The size cannot change any more (the service reads with pread
+        // anyway, and checks the size it was given).
+        let _ = rustix::fs::fcntl_add_seals(
+            &fd,
+            rustix::fs::SealFlags::SHRINK | rustix::fs::SealFlags::GROW,
+        );
+        // SAFETY: a fresh shared mapping of the whole memfd, which has
+        // TABLE_BYTES bytes and cannot shrink (sealed); unmapped in Drop.
+        let base = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                TABLE_BYTES,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+                &fd,
+                0,
+            )
+        }
+        .map_err(|e| format!("connection table: mmap: {e}"))?;
+        Ok(ConnTable {
+            fd,
+            base: base.cast(),
+            used: Mutex::new(0),
+        })
+    }
+
+    pub fn fd(&self) -> rustix::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// A free region, if any (`None`: this stack's connections are not
+    /// published; the service then cannot end them at a death).
+    pub fn region(self: &std::sync::Arc<Self>) -> Option<Region> {
+        let mut u = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        let i = (!*u).trailing_zeros() as usize;
+        if i >= REGIONS {
+            return None;
+        }
+        *u |= 1 << i;
+        Some(Region {
+            table: self.clone(),
+            idx: i,
+            high: 0,
+        })
+    }
+
+    fn header(&self, idx: usize, word: usize) -> &AtomicU32 {
+        // SAFETY: the header of region idx < REGIONS lies inside the
+        // mapping (REGIONS * HEADER <= ENTRIES_AT), 4-byte aligned
+        // (page-aligned base, HEADER and the word offset multiples of 4);
+        // only atomics touch it.
+        unsafe { &*(self.base.add(idx * HEADER + 4 * word) as *const AtomicU32) }
+    }
+
+    /// Entry `slot` of region `idx`.
+    fn entry(&self, idx: usize, slot: usize) -> *mut [u8; ENTRY] {
+        debug_assert!(idx < REGIONS && slot < PER_REGION);
+        // SAFETY: ENTRIES_AT + (idx * PER_REGION + slot + 1) * ENTRY <=
+        // TABLE_BYTES for idx < REGIONS, slot < PER_REGION (the callers
+        // check both).
+        unsafe {
+            self.base
+                .add(ENTRIES_AT + (idx * PER_REGION + slot) * ENTRY)
+                .cast()
+        }
+    }
+}
+
+impl Drop for ConnTable {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `create`, no reference into it left
+        // (every Region holds an Arc of the table).
+        unsafe {
+            let _ = rustix::mm::munmap(self.base.cast(), TABLE_BYTES);
+        }
+    }
+}
+
+/// One TCP stack's region of the table.
+pub struct Region {
+    table: std::sync::Arc<ConnTable>,
+    idx: usize,
+    /// Entries below this may be live (the header's count).
+    high: usize,
+}
+
+impl Region {
+    /// Write the changed entries (`None`: the slot holds nothing to end);
+    /// only bytes that differ are stored. Returns how many could not be
+    /// published (a slot beyond `PER_REGION`).
+    pub fn publish(&mut self, changes: impl FnOnce(&mut dyn FnMut(u32, Option<Entry>))) -> usize {
+        let t = &*self.table;
+        let seq = t.header(self.idx, 0);
+        let mut left = 0usize;
+        let mut opened = false;
+        let mut high = self.high;
+        changes(&mut |slot, e| {
+            let slot = slot as usize;
+            if slot >= PER_REGION {
+                left += usize::from(e.is_some());
+                return;
+            }
+            if e.is_none() && slot >= high {
+                return;
+            }
+            let mut b = [0u8; ENTRY];
+            if let Some(e) = e {
+                e.write(&mut b);
+            }
+            let at = t.entry(self.idx, slot);
+            // SAFETY: `at` is inside the mapping (slot < PER_REGION, idx <
+            // REGIONS); this region is written only through `self`, and
+            // read by another process only after this one died.
+            let old = unsafe { std::ptr::read_volatile(at) };
+            if old == b {
+                return;
+            }
+            if !opened {
+                opened = true;
+                seq.fetch_add(1, Ordering::AcqRel);
+            }
+            // SAFETY: as above.
+            unsafe { std::ptr::write_volatile(at, b) };
+            high = high.max(slot + 1);
+        });
+        if high != self.high {
+            self.high = high;
+            t.header(self.idx, 1).store(high as u32, Ordering::Release);
+        }
+        if opened {
+            seq.fetch_add(1, Ordering::Release);
+        }
+        left
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let high = self.high;
+        self.publish(&mut |f: &mut dyn FnMut(u32, Option<Entry>)| {
+            for s in 0..high {
+                f(s as u32, None);
+            }
+        });
+        let mut u = self.table.used.lock().unwrap_or_else(|e| e.into_inner());
+        *u &= !(1u64 << self.idx);
+    }
+}
+
+// ------------------------------------------------------------ the service
+
+/// Every live entry of a dead process's table (read with pread; a short or
+/// failed read gives what was read).
+pub fn read_all(fd: &OwnedFd) -> Vec<Entry> {
+    let mut hdr = vec![0u8; REGIONS * HEADER];
+    if rustix::io::pread(fd, &mut hdr, 0).map_or(true, |n| n != hdr.len()) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for r in 0..REGIONS {
+        let h = &hdr[r * HEADER..r * HEADER + 8];
+        let n = (u32::from_ne_bytes([h[4], h[5], h[6], h[7]]) as usize).min(PER_REGION);
+        if n == 0 {
+            continue;
+        }
+        let mut b = vec![0u8; n * ENTRY];
+        let off = (ENTRIES_AT + r * PER_REGION * ENTRY) as u64;
+        let got = rustix::io::pread(fd, &mut b, off).unwrap_or(0);
+        out.extend(
+            b[..got - got % ENTRY]
+                .chunks_exact(ENTRY)
+                .map(Entry::read)
+                .filter(|e| e.flags & F_LIVE != 0),
+        );
+    }
+    out
+}
+
+/// The segment that ends `e` (IPv4 header + TCP), for a raw IPPROTO_RAW
+/// socket (the kernel fills the IP checksum and routes it): FIN|ACK, with
+/// the timestamps when negotiated (the peer's PAWS check passes: the
+/// process's clock is CLOCK_MONOTONIC in ms plus the connection's offset,
+/// `now_ms` here), or RST|ACK without options (as Linux's resets; PAWS does
+/// not apply to a RST).
+pub fn segment(e: &Entry, now_ms: u32) -> Vec<u8> {
+    let rst = e.rst();
+    let ts = e.flags & F_TS != 0 && !rst;
+    let tcp_len = if ts { 32 } else { 20 };
+    let mut p = vec![0u8; 20 + tcp_len];
+    p[0] = 0x45;
+    p[2..4].copy_from_slice(&((20 + tcp_len) as u16).to_be_bytes());
+    p[6] = 0x40; // DF
+    p[8] = nanowire_tcp::DEFAULT_TTL;
+    p[9] = 6;
+    p[12..16].copy_from_slice(&e.local.ip().octets());
+    p[16..20].copy_from_slice(&e.remote.ip().octets());
+    let t = &mut p[20..];
+    t[0..2].copy_from_slice(&e.local.port().to_be_bytes());
+    t[2..4].copy_from_slice(&e.remote.port().to_be_bytes());
+    t[4..8].copy_from_slice(&e.seq.to_be_bytes());
+    t[8..12].copy_from_slice(&e.rcv_nxt.to_be_bytes());
+    t[12] = ((tcp_len / 4) as u8) << 4;
+    t[13] = if rst { 0x14 } else { 0x11 }; // RST|ACK or FIN|ACK
+    let win = if rst { 0 } else { e.window };
+    t[14..16].copy_from_slice(&win.to_be_bytes());
+    if ts {
+        t[20] = 1;
+        t[21] = 1;
+        t[22] = 8;
+        t[23] = 10;
+        t[24..28].copy_from_slice(&now_ms.wrapping_add(e.ts_offset).to_be_bytes());
+        t[28..32].copy_from_slice(&e.ts_recent.to_be_bytes());
+    }
+    nanowire_wire::tcp::fill_checksum(t, *e.local.ip(), *e.remote.ip());
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(flags: u8) -> Entry {
+        Entry {
+            local: SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 5001),
+            remote: SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 40000),
+            seq: 1000,
+            rcv_nxt: 2000,
+            ts_offset: 7,
+            ts_recent: 99,
+            window: 512,
+            flags: F_LIVE | flags,
+        }
+    }
+
+    fn publish(r: &mut Region, changes: &[(u32, Option<Entry>)]) -> usize {
+        r.publish(|f| {
+            for (s, e) in changes {
+                f(*s, *e);
+            }
+        })
+    }
+
+    #[test]
+    fn published_entries_read_back_by_slot_and_a_dropped_region_is_empty() {
+        let t = std::sync::Arc::new(ConnTable::create().unwrap());
+        let mut a = t.region().unwrap();
+        let mut b = t.region().unwrap();
+        let (e1, e2) = (entry(0), entry(F_TS | F_RST));
+        assert_eq!(publish(&mut a, &[(3, Some(e1))]), 0);
+        assert_eq!(publish(&mut b, &[(0, Some(e2)), (1, Some(e1))]), 0);
+        assert_eq!(read_all(&t.fd), vec![e1, e2, e1]);
+        // A slot emptied; an unchanged entry rewritten (no change).
+        assert_eq!(publish(&mut b, &[(0, None), (1, Some(e1))]), 0);
+        assert_eq!(read_all(&t.fd), vec![e1, e1]);
+        // Sequence words even (no batch open), bumped only by real changes.
+        let seq = |r: usize| t.header(r, 0).load(Ordering::Acquire);
+        let before = seq(b.idx);
+        assert_eq!(publish(&mut b, &[(1, Some(e1))]), 0);
+        assert_eq!(seq(b.idx), before);
+        assert_eq!(before % 2, 0);
+        drop(b);
+        assert_eq!(read_all(&t.fd), vec![e1]);
+        // Beyond the region: counted, not written.
+        assert_eq!(publish(&mut a, &[(PER_REGION as u32, Some(e1))]), 1);
+        assert_eq!(read_all(&t.fd), vec![e1]);
+        drop(a);
+        assert!(read_all(&t.fd).is_empty());
+    }
+
+    #[test]
+    fn segments_carry_fin_or_rst_and_a_valid_checksum() {
+        for (flags, bits, len) in [(F_TS, 0x11, 52), (0, 0x11, 40), (F_TS | F_RST, 0x14, 40)] {
+            let p = segment(&entry(flags), 5);
+            assert_eq!(p.len(), len);
+            assert_eq!(p[33], bits);
+            assert_eq!(&p[24..28], &1000u32.to_be_bytes());
+            assert_eq!(&p[28..32], &2000u32.to_be_bytes());
+            // The checksum over the pseudo-header and segment folds to 0.
+            let src = Ipv4Addr::new(p[12], p[13], p[14], p[15]);
+            let dst = Ipv4Addr::new(p[16], p[17], p[18], p[19]);
+            let pseudo = nanowire_wire::checksum::pseudo_header(src, dst, 6, (len - 20) as u16);
+            let sum = nanowire_wire::checksum::accumulate(pseudo, &p[20..]);
+            assert_eq!(nanowire_wire::checksum::fold(sum), 0xffff);
+        }
+        // TSval: the process's clock plus the connection's offset.
+        let p = segment(&entry(F_TS), 5);
+        assert_eq!(&p[44..48], &12u32.to_be_bytes());
+        assert_eq!(&p[48..52], &99u32.to_be_bytes());
+    }
+}
