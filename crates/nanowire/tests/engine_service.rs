@@ -1102,6 +1102,7 @@ fn stats_lists_every_attached_process_with_its_claims_and_forgets_a_killed_one()
         std::thread::sleep(Duration::from_millis(20));
     }
     client(&lab, "vs-after", &[b], 20);
+}
 
 // ------------------------------------------------- issue 24: kill -9
 
@@ -1220,13 +1221,7 @@ fn kill_9_ends_a_servers_connections_as_the_kernel_does() {
         );
         s.wait_for("held", T);
         c.wait_for("ready", T);
-        assert!(
-            Command::new("kill")
-                .args(["-9", &s.child.id().to_string()])
-                .status()
-                .unwrap()
-                .success()
-        );
+        kill_9(s.child.id());
         let out = c.success(T);
         let ctx = format!("{}\n{}", s.both(), c.stderr());
         drop(s);

@@ -282,7 +282,7 @@ impl Region {
 impl Drop for Region {
     fn drop(&mut self) {
         let high = self.high;
-        self.publish(&mut |f: &mut dyn FnMut(u32, Option<Entry>)| {
+        self.publish(|f: &mut dyn FnMut(u32, Option<Entry>)| {
             for s in 0..high {
                 f(s as u32, None);
             }
@@ -298,7 +298,7 @@ impl Drop for Region {
 /// failed read gives what was read).
 pub fn read_all(fd: &OwnedFd) -> Vec<Entry> {
     let mut hdr = vec![0u8; REGIONS * HEADER];
-    if rustix::io::pread(fd, &mut hdr, 0).map_or(true, |n| n != hdr.len()) {
+    if rustix::io::pread(fd, &mut hdr, 0).ok() != Some(hdr.len()) {
         return Vec::new();
     }
     let mut out = Vec::new();

@@ -791,7 +791,9 @@ impl Service {
         };
         let mut out = Vec::new();
         for e in super::conns::read_all(fd) {
-            let ok = c.tcp_flows.contains(&(e.local, e.remote, proto::TcpFlow::Flow))
+            let ok = c
+                .tcp_flows
+                .contains(&(e.local, e.remote, proto::TcpFlow::Flow))
                 || (c
                     .claims
                     .contains(&(proto::PROTO_TCP, *e.local.ip(), e.local.port()))
