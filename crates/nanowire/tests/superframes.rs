@@ -118,7 +118,23 @@ fn a_plain_client_writes_300_mb_to_an_accelerated_python_server() {
             // multi-buffer chains.
             assert!(e["rx_multi_buffer"].as_u64() > Some(0), "{mode}: {e}");
         }
+        // Native mode attaches the frags-aware program; generic mode
+        // starts without xdp.frags and the first chain replaced it.
+        assert_eq!(xdp_prog(&l, Host::B), "nw_steer_frags", "{mode}");
     }
+}
+
+/// The name of the XDP program attached to host `h`'s interface.
+fn xdp_prog(l: &ScopedLab, h: Host) -> String {
+    let ifn = l.iface(h);
+    let out = plain_in(l, h, &["ip", "-d", "-j", "link", "show", "dev", &ifn])
+        .output()
+        .expect("ip link");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ip -j output");
+    v[0]["xdp"]["prog"]["name"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no XDP program on {ifn}: {v}"))
+        .to_string()
 }
 
 /// The counters of the one engine on host `h`'s interface (`nanowire stats`).
@@ -379,6 +395,15 @@ fn udp_gso_super_frames_reach_an_accelerated_receiver_as_datagrams() {
             ),
         );
         srv.wait_for("listening", Duration::from_secs(30));
+        // Generic mode starts with the program without xdp.frags, whose
+        // frames the kernel copies more cheaply (nanowire_xdp::Frags::Lazy;
+        // no chain reaches this engine: the kernel splits these).
+        let prog = xdp_prog(&l, Host::B);
+        let want = if *mode == "generic" {
+            "nw_steer"
+        } else {
+            "nw_steer_frags"
+        };
         plain_in(
             &l,
             Host::A,
@@ -393,6 +418,7 @@ fn udp_gso_super_frames_reach_an_accelerated_receiver_as_datagrams() {
             "{mode}: not on the engine:\n{s}"
         );
         assert_eq!(field(&s, "got"), "50 [1000]", "{mode}: {s}");
+        assert_eq!(prog, want, "{mode}");
     }
 }
 

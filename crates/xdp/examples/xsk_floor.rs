@@ -123,7 +123,7 @@ fn open(ifname: &str, port: u16) -> (iface::IfaceInfo, SteerProgram, XskSocket) 
     let addr = info
         .addr
         .unwrap_or_else(|| die(format!("{ifname} has no IPv4 address")));
-    let mut prog = SteerProgram::attach(ifname, info.index, false, None)
+    let mut prog = SteerProgram::attach(ifname, info.index, nanowire_xdp::program::Frags::No, None)
         .unwrap_or_else(|e| die(e.to_string()));
     let cfg = XskConfig {
         rx_frames: 2048,

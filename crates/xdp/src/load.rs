@@ -60,6 +60,15 @@ struct ProgLoadAttr {
 
 #[repr(C)]
 #[derive(Default)]
+struct LinkUpdateAttr {
+    link_fd: u32,
+    new_prog_fd: u32,
+    flags: u32,
+    old_prog_fd: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
 struct LinkCreateAttr {
     prog_fd: u32,
     target_ifindex: u32,
@@ -69,26 +78,33 @@ struct LinkCreateAttr {
 
 /// `bpf(cmd, attr)`: a new fd, or the errno as an io::Error.
 fn bpf_fd<T>(cmd: bpf_cmd, attr: &mut T) -> std::io::Result<OwnedFd> {
-    // SAFETY: `attr` is a repr(C) prefix of the kernel's union bpf_attr for
-    // `cmd`, valid for reads and writes of size_of::<T>() bytes; the kernel
-    // zero-extends a shorter attr. Pointers inside it (instructions,
-    // license, log buffer) are owned by the caller for the whole call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd as libc::c_long,
-            (attr as *mut T).cast::<libc::c_void>(),
-            std::mem::size_of::<T>() as libc::c_long,
-        )
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let r = bpf_call(cmd, attr)?;
     // SAFETY: a successful BPF_*_CREATE/LOAD returns a new fd we own.
     // Kept for the engine's life: above the program's numbers.
     Ok(crate::sys::above_floor(unsafe {
         OwnedFd::from_raw_fd(r as RawFd)
     }))
+}
+
+/// `bpf(cmd, attr)`: the kernel's non-negative result, or the errno as an
+/// io::Error. Raw (crate::sys): the engine's own call never enters the
+/// shim, also from the neighbour thread (a program upgrade, below).
+fn bpf_call<T>(cmd: bpf_cmd, attr: &mut T) -> std::io::Result<libc::c_long> {
+    // SAFETY: `attr` is a repr(C) prefix of the kernel's union bpf_attr for
+    // `cmd`, valid for reads and writes of size_of::<T>() bytes; the kernel
+    // zero-extends a shorter attr. Pointers inside it (instructions,
+    // license, log buffer) are owned by the caller for the whole call.
+    let r = unsafe {
+        crate::sys::bpf(
+            cmd as libc::c_int,
+            (attr as *mut T).cast::<libc::c_void>(),
+            std::mem::size_of::<T>(),
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(r)
 }
 
 /// An object name as the kernel keeps it (15 bytes and a NUL).
@@ -157,6 +173,15 @@ impl Loaded {
             maps.insert(name, (m.map_type(), d));
         }
         Ok(Loaded { maps, programs })
+    }
+
+    /// The fds of the maps not taken out (open as long as `self`): the
+    /// programs' instructions name them by number.
+    pub fn map_fds(&self) -> Vec<RawFd> {
+        self.maps
+            .values()
+            .map(|(_, m)| m.fd().as_fd().as_raw_fd())
+            .collect()
     }
 
     /// Take map `name` out as aya's `Map` of its kernel type, with its fd
@@ -236,6 +261,18 @@ pub fn link_xdp(prog: &OwnedFd, ifindex: u32, flags: u32) -> std::io::Result<Own
     bpf_fd(bpf_cmd::BPF_LINK_CREATE, &mut attr)
 }
 
+/// Replace the program behind XDP link `link` by `prog`, atomically
+/// (BPF_LINK_UPDATE): every frame from then on runs `prog`; the link, its
+/// attach mode and the maps stay.
+pub fn link_update(link: &OwnedFd, prog: &OwnedFd) -> std::io::Result<()> {
+    let mut attr = LinkUpdateAttr {
+        link_fd: link.as_raw_fd() as u32,
+        new_prog_fd: prog.as_raw_fd() as u32,
+        ..Default::default()
+    };
+    bpf_call(bpf_cmd::BPF_LINK_UPDATE, &mut attr).map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,6 +289,8 @@ mod tests {
         assert_eq!(std::mem::offset_of!(ProgLoadAttr, expected_attach_type), 68);
         assert_eq!(std::mem::offset_of!(LinkCreateAttr, attach_type), 8);
         assert_eq!(std::mem::offset_of!(LinkCreateAttr, flags), 12);
+        assert_eq!(std::mem::offset_of!(LinkUpdateAttr, new_prog_fd), 4);
+        assert_eq!(std::mem::offset_of!(LinkUpdateAttr, old_prog_fd), 12);
     }
 
     #[test]

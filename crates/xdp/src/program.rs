@@ -94,6 +94,41 @@ pub struct SteerProgram {
     /// Every BPF object fd the load and attach opened (link, program,
     /// maps): a forked child must not keep them (see [`SteerProgram::fds`]).
     fds: Vec<RawFd>,
+    /// Whether the attached program is the multi-buffer aware one.
+    frags: bool,
+    /// A generic-mode attachment made without xdp.frags ([`Frags::Lazy`]):
+    /// the parsed object (its remaining maps stay open: the instructions
+    /// name them by number) and the config map, to load `nw_steer_frags`
+    /// from later ([`SteerProgram::upgrade_frags`]). Kept for the
+    /// program's life once made, so that the numbers in `fds` stay ours.
+    lazy: Option<(crate::load::Loaded, aya::maps::Array<MapData, [u8; 12]>)>,
+}
+
+/// Which variant of the steering program to attach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Frags {
+    /// `nw_steer` (not multi-buffer aware).
+    No,
+    /// `nw_steer_frags` (xdp.frags) in every mode.
+    Yes,
+    /// `nw_steer_frags` in native mode; in generic mode `nw_steer` first,
+    /// replaced by `nw_steer_frags` in place when the engine asks
+    /// ([`SteerProgram::upgrade_frags`], on its first multi-buffer packet).
+    ///
+    /// Why: generic XDP must give every frame `XDP_PACKET_HEADROOM` (256
+    /// bytes), which a sender's skb never has (an AF_XDP copy-mode or a
+    /// socket's transmit reserves ~64), so the kernel copies every frame
+    /// before the program runs. For a frags-aware program it copies into
+    /// page-pool pages and builds a new skb (`skb_cow_data_for_xdp`); for
+    /// any other it reallocates the head (`pskb_expand_head`): per 64-byte
+    /// datagram, one skb built and one consumed more in the first case
+    /// (docs/benchmarks.md, "Session 11: UDP per message"). A packet larger
+    /// than one frame (a kernel peer's 64 KiB TSO/GSO super-frame) still
+    /// reaches an XDP_USE_SG socket under `nw_steer`: generic XDP
+    /// linearises it and the socket's copy splits it into a chain; only
+    /// that costs more (one large allocation per super-frame), hence the
+    /// upgrade once one is seen.
+    Lazy,
 }
 
 fn map_err(what: &str, e: impl std::fmt::Display) -> String {
@@ -133,7 +168,7 @@ impl SteerProgram {
     pub fn attach(
         ifname: &str,
         ifindex: u32,
-        frags: bool,
+        frags: Frags,
         forced: Option<AttachMode>,
     ) -> Result<SteerProgram, String> {
         // Parsed and loaded without aya's EbpfLoader, whose constructor
@@ -175,9 +210,9 @@ impl SteerProgram {
         // super-frame check.
         // (The map stays open until the program is loaded: its
         // instructions name it by fd.)
+        let (cfg_map, cfg_fd) = obj.take_map("nw_config")?;
         let mut cfg: aya::maps::Array<MapData, [u8; 12]> =
-            aya::maps::Array::try_from(obj.take_map("nw_config")?.0)
-                .map_err(|e| map_err("nw_config", e))?;
+            aya::maps::Array::try_from(cfg_map).map_err(|e| map_err("nw_config", e))?;
         if let Ok(info) = crate::iface::lookup(ifname) {
             let mac = info.mac;
             let on = u8::from(mac != [0; 6]);
@@ -188,29 +223,38 @@ impl SteerProgram {
             ];
             cfg.set(0, v, 0).map_err(|e| map_err("nw_config", e))?;
         }
-        let name = if frags { "nw_steer_frags" } else { "nw_steer" };
-        let prog = obj
-            .load_xdp(name, frags)
-            .map_err(|e| format!("the kernel refused the XDP program: {e}"))?;
-        // The program holds the maps it uses; the ones not kept here go.
-        drop((obj, cfg));
+        // Each variant loaded when a mode first wants it ([0]: nw_steer,
+        // [1]: nw_steer_frags).
+        let mut progs: [Option<OwnedFd>; 2] = [None, None];
         let mut errs = Vec::new();
         let mut attached = None;
         let order = mode_order(ifname, forced);
         for am in order {
+            let f = match frags {
+                Frags::No => false,
+                Frags::Yes => true,
+                Frags::Lazy => am == AttachMode::Driver,
+            };
+            let prog = match &mut progs[usize::from(f)] {
+                Some(p) => p,
+                slot => slot.insert(
+                    obj.load_xdp(if f { "nw_steer_frags" } else { "nw_steer" }, f)
+                        .map_err(|e| format!("the kernel refused the XDP program: {e}"))?,
+                ),
+            };
             let flags = match am {
                 AttachMode::Driver => aya_obj::generated::XDP_FLAGS_DRV_MODE,
                 AttachMode::Skb => aya_obj::generated::XDP_FLAGS_SKB_MODE,
             };
-            match crate::load::link_xdp(&prog, ifindex, flags) {
+            match crate::load::link_xdp(prog, ifindex, flags) {
                 Ok(link) => {
-                    attached = Some((link, am));
+                    attached = Some((link, am, f));
                     break;
                 }
                 Err(e) => errs.push(format!("{} mode: {e}", am.as_str())),
             }
         }
-        let (link, mode) = attached.ok_or_else(|| {
+        let (link, mode, f) = attached.ok_or_else(|| {
             let busy = errs
                 .iter()
                 .any(|e| e.contains("busy") || e.contains("EBUSY"));
@@ -224,12 +268,28 @@ impl SteerProgram {
                 errs.join("; ")
             )
         })?;
+        let Some(prog) = progs[usize::from(f)].take() else {
+            unreachable!("the attached variant was loaded")
+        };
         // Only a bpf_link is owner-bound (a netlink attachment would
         // outlive a killed process): BPF_LINK_CREATE is the only way tried.
         let mut fds = vec![link.as_raw_fd(), prog.as_raw_fd()];
         fds.extend(map_fds);
+        // The program holds the maps it uses; the ones not kept here go,
+        // unless the frags variant may be loaded later (its instructions
+        // name them by number).
+        let lazy = if frags == Frags::Lazy && !f {
+            fds.push(cfg_fd);
+            fds.extend(obj.map_fds());
+            Some((obj, cfg))
+        } else {
+            drop((obj, cfg));
+            None
+        };
         Ok(SteerProgram {
             fds,
+            frags: f,
+            lazy,
             _link: link,
             _prog: prog,
             claims,
@@ -243,6 +303,45 @@ impl SteerProgram {
 
     pub fn mode(&self) -> AttachMode {
         self.mode
+    }
+
+    /// Whether the attached program is the multi-buffer aware one
+    /// (xdp.frags).
+    pub fn frags(&self) -> bool {
+        self.frags
+    }
+
+    /// Whether [`SteerProgram::upgrade_frags`] has something to do.
+    pub fn can_upgrade(&self) -> bool {
+        !self.frags && self.lazy.is_some()
+    }
+
+    /// A [`Frags::Lazy`] attachment running `nw_steer`: load
+    /// `nw_steer_frags` and put it behind the link in its place
+    /// (BPF_LINK_UPDATE; no frame is lost or passed twice: each runs one
+    /// program or the other). The program's fd keeps its number (the new
+    /// program is dup'ed onto it), so [`SteerProgram::fds`] stays true.
+    /// `Ok(false)`: nothing to do.
+    pub fn upgrade_frags(&mut self) -> Result<bool, String> {
+        if !self.can_upgrade() {
+            return Ok(false);
+        }
+        let Some((obj, _)) = &self.lazy else {
+            return Ok(false);
+        };
+        let new = obj
+            .load_xdp("nw_steer_frags", true)
+            .map_err(|e| format!("the kernel refused the multi-buffer XDP program: {e}"))?;
+        crate::load::link_update(&self._link, &new)
+            .map_err(|e| format!("cannot replace the XDP program (BPF_LINK_UPDATE): {e}"))?;
+        // The old program goes when its last reference (this fd) does.
+        if crate::sys::dup3_cloexec(new.as_raw_fd(), self._prog.as_raw_fd()) < 0 {
+            // Still attached and working; the old program's fd stays open
+            // (and the new one with it, so that its number is ours).
+            std::mem::forget(new);
+        }
+        self.frags = true;
+        Ok(true)
     }
 
     /// The fds of the link, the program and its maps. A forked child

@@ -356,6 +356,23 @@ pub fn rcu_grace_period() -> bool {
     ret(unsafe { syscall!(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0usize, 0usize) }) == 0
 }
 
+/// bpf(2): the raw result (-1 and errno on failure).
+///
+/// # Safety
+/// `attr` must point to `size` bytes laid out as the kernel's `union
+/// bpf_attr` prefix for `cmd`, with every pointer inside it valid for what
+/// the command does with it.
+pub unsafe fn bpf(cmd: c_int, attr: *mut c_void, size: usize) -> c_long {
+    // SAFETY: per the caller's contract.
+    unsafe { syscall!(libc::SYS_bpf, cmd, attr, size) }
+}
+
+/// dup3(2) with O_CLOEXEC: `new` names what `old` names from now on.
+pub fn dup3_cloexec(old: c_int, new: c_int) -> c_int {
+    // SAFETY: integer arguments only.
+    ret(unsafe { syscall!(libc::SYS_dup3, old, new, libc::O_CLOEXEC) })
+}
+
 /// close(2) of a descriptor we own and nobody else uses.
 pub fn close(fd: c_int) {
     // SAFETY: plain syscall; the caller owns fd.

@@ -75,7 +75,7 @@ use demux::{Demux, FastMap};
 use device::{EngineRx, EngineTx};
 use nanowire_xdp::iface::{self, IfaceInfo};
 use nanowire_xdp::xsk::{BindMode, XskConfig, XskSocket};
-use nanowire_xdp::{AttachMode, SteerProgram, UmemArea};
+use nanowire_xdp::{AttachMode, Frags, SteerProgram, UmemArea};
 use order::{Guard, Tier};
 use rx::{RX_BUDGET, RxPath};
 use shm::{E, PageInfo, StatsPage, set};
@@ -208,7 +208,9 @@ pub struct Engine {
     rx: Mutex<RxPath<EngineRx>>,
     tx: Arc<Mutex<TxPath<EngineTx>>>,
     neigh: Arc<neigh::Neigh>,
-    prog: Mutex<Prog>,
+    /// Shared with the neighbour thread, which upgrades a `Frags::Lazy`
+    /// program (see [`Engine::assemble`]).
+    prog: Arc<Mutex<Prog>>,
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
     fds: Vec<RawFd>,
     iface: IfaceInfo,
@@ -376,17 +378,21 @@ impl Engine {
         // being dropped by the kernel (docs/xdp-engine.md, "Multi-buffer
         // receive"). Where the kernel or driver refuses either, the engine
         // runs without and says so: super-frames are then counted drops.
+        // In generic mode the program starts without xdp.frags and is
+        // replaced by the frags-aware one at the first multi-buffer packet
+        // (`Frags::Lazy`: a frags-aware program costs every frame a
+        // page-pool copy and a new skb in generic XDP; docs/xdp-engine.md).
         // NANOWIRE_XDP_NO_MULTI_BUFFER=1 (tests): behave as a kernel without it.
         let want_mb = !settings.no_multi_buffer;
         let first = if want_mb {
-            SteerProgram::attach(ifname, info.index, true, settings.xdp_mode)
+            SteerProgram::attach(ifname, info.index, Frags::Lazy, settings.xdp_mode)
         } else {
             Err("multi-buffer turned off (NANOWIRE_XDP_NO_MULTI_BUFFER=1)".to_string())
         };
         let (mut prog, mut multi_buffer) = match first {
             Ok(p) => (p, true),
             Err(e) => {
-                let p = SteerProgram::attach(ifname, info.index, false, settings.xdp_mode)
+                let p = SteerProgram::attach(ifname, info.index, Frags::No, settings.xdp_mode)
                     .map_err(|e2| format!("{e2} (and the multi-buffer program: {e})"))?;
                 eprintln!(
                     "nanowire: {ifname}: no multi-buffer XDP program ({e}); packets larger than \
@@ -523,18 +529,54 @@ impl Engine {
             Steer::Service(c) => Some(service::client::Watch::new(c, service_lost.clone(), ifname)),
             Steer::Own(_) => None,
         };
-        let worker = neigh::spawn(neigh.clone(), tx.clone(), watch)
-            .map_err(|e| format!("cannot start the neighbour thread: {e}"))?;
         let prog_fds: &[RawFd] = match &prog {
             Steer::Own(p) => p.fds(),
             Steer::Service(_) => &[],
         };
         let child_fds: Vec<RawFd> = prog_fds.iter().chain(fds.iter()).copied().collect();
+        // A generic-mode program without xdp.frags (`Frags::Lazy`): the
+        // first multi-buffer packet asks (device::xsk::FragsWanted), the
+        // neighbour thread replaces it, with no data-path lock held.
+        let frags_wanted = match &prog {
+            Steer::Own(p) if p.can_upgrade() && multi_buffer => {
+                Some(Arc::new(device::xsk::FragsWanted::new(neigh.clone())))
+            }
+            _ => None,
+        };
+        let prog = Arc::new(Mutex::new(Prog {
+            prog,
+            claims: FastMap::default(),
+        }));
+        let hook = frags_wanted.clone().map(|w| {
+            let prog = prog.clone();
+            let iface = ifname.to_string();
+            let mut done = false;
+            Box::new(move || {
+                if done || !w.asked() {
+                    return;
+                }
+                done = true;
+                let mut g = order::lock(&prog, Tier::Leaf, "the program lock");
+                if let Steer::Own(p) = &mut g.prog
+                    && let Err(e) = p.upgrade_frags()
+                {
+                    eprintln!(
+                        "nanowire: {iface}: {e}; packets larger than one frame still arrive \
+                         (linearised by the kernel's generic XDP)"
+                    );
+                }
+            }) as neigh::Hook
+        });
+        let worker = neigh::spawn(neigh.clone(), tx.clone(), watch, hook)
+            .map_err(|e| format!("cannot start the neighbour thread: {e}"))?;
         // The receive device: the rings of every queue, the tap, the fault
         // injector, stamps (device/mod.rs).
         let peeks: Vec<nanowire_xdp::RxPeek> = rxs.iter().map(|r| r.peek()).collect();
         let mut queues = device::xsk::XskQueues::new(rxs, page.clone());
         queues.set_oversize_hint(ifname, frame_size, multi_buffer);
+        if let Some(w) = frags_wanted {
+            queues.set_frags_wanted(w);
+        }
         let rxdev = device::stamp::RxStamps::new(device::faults::RxFaults::new(
             device::tap::RxTap::new(queues, tap_rx),
             faults.as_ref().and_then(|f| f.rx()),
@@ -561,10 +603,7 @@ impl Engine {
             rx: Mutex::new(rxp),
             tx,
             neigh,
-            prog: Mutex::new(Prog {
-                prog,
-                claims: FastMap::default(),
-            }),
+            prog,
             worker: Mutex::new(Some(worker)),
             fds,
             iface: info,

@@ -288,7 +288,9 @@ impl Neigh {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
-    fn wake_worker(&self) {
+    /// Wake the neighbour thread (it also runs the engine's deferred
+    /// control work, see [`spawn`]'s `hook`).
+    pub(crate) fn wake_worker(&self) {
         super::demux::eventfd_write(self.wake.as_raw_fd());
     }
 
@@ -678,11 +680,15 @@ impl Neigh {
 /// entries, sends what was waiting for a MAC. Exits when the engine stops
 /// it. Runs with every signal blocked (it lives inside applications).
 /// `mon`: opened by [`spawn`] in the caller's thread.
+/// The engine's deferred control work run by the neighbour thread.
+pub(crate) type Hook = Box<dyn FnMut() + Send>;
+
 pub(crate) fn run(
     neigh: Arc<Neigh>,
     tx: Arc<Mutex<TxPath<EngineTx>>>,
     mut watch: Option<super::service::client::Watch>,
     mut mon: Option<Monitor>,
+    mut hook: Option<Hook>,
 ) {
     let mut events = Vec::new();
     let mut ready = Vec::new();
@@ -723,6 +729,9 @@ pub(crate) fn run(
             && let Some(w) = watch.take()
         {
             w.lost();
+        }
+        if let Some(h) = &mut hook {
+            h();
         }
         events.clear();
         if let Some(m) = &mut mon {
@@ -767,10 +776,14 @@ pub(crate) fn run(
 /// Start the neighbour thread with every signal blocked (a process-directed
 /// signal must never be delivered to it). Its event socket is opened here,
 /// in the caller's thread (the thread itself opens no descriptor).
+/// `hook`: the engine's control work that must not run on a data path
+/// (under its locks): called by the thread on every wake-up, with no lock
+/// held ([`Neigh::wake_worker`] asks for one).
 pub(crate) fn spawn(
     neigh: Arc<Neigh>,
     tx: Arc<Mutex<TxPath<EngineTx>>>,
     watch: Option<super::service::client::Watch>,
+    hook: Option<Hook>,
 ) -> io::Result<std::thread::JoinHandle<()>> {
     let mon = Monitor::open().ok();
     // SAFETY: sigset_t is plain data; sigfillset initialises it.
@@ -786,7 +799,7 @@ pub(crate) fn spawn(
     let r = std::thread::Builder::new()
         .name("nanowire-neigh".into())
         .stack_size(256 * 1024)
-        .spawn(move || run(neigh, tx, watch, mon));
+        .spawn(move || run(neigh, tx, watch, mon, hook));
     // SAFETY: restores the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     r

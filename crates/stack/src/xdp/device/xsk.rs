@@ -13,6 +13,7 @@ use crate::xdp::shm::{E, StatsPage, bump, peak, set};
 use nanowire_xdp::{RxFrame, XskRx, XskStats, XskTx};
 use std::io;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Descriptors per ring visit (between two refills of the fill ring).
 pub(crate) const RX_BATCH: u32 = 64;
@@ -32,6 +33,40 @@ pub(crate) struct XskQueues {
     /// frames the kernel dropped (without multi-buffer: frames it could not
     /// fit in a frame); `None` once warned.
     oversize_warn: Option<(String, usize, bool)>,
+    /// Asked once at the first multi-buffer packet (`Frags::Lazy`).
+    frags_wanted: Option<Arc<FragsWanted>>,
+}
+
+/// The receive side's half of `nanowire_xdp::Frags::Lazy`: the engine
+/// attached `nw_steer` in generic mode, and the first packet that arrives
+/// as a chain of buffers (a kernel peer's TSO/GSO super-frame, linearised
+/// by generic XDP and split by the XDP_USE_SG socket) asks the neighbour
+/// thread, once, to put the multi-buffer aware program in its place
+/// (mod.rs, `Engine::assemble`): a ring visit never loads a program.
+pub(crate) struct FragsWanted {
+    asked: AtomicBool,
+    neigh: Arc<crate::xdp::neigh::Neigh>,
+}
+
+impl FragsWanted {
+    pub fn new(neigh: Arc<crate::xdp::neigh::Neigh>) -> FragsWanted {
+        FragsWanted {
+            asked: AtomicBool::new(false),
+            neigh,
+        }
+    }
+
+    #[cold]
+    fn ask(&self) {
+        if !self.asked.swap(true, Ordering::AcqRel) {
+            self.neigh.wake_worker();
+        }
+    }
+
+    /// Whether a multi-buffer packet asked for the upgrade.
+    pub fn asked(&self) -> bool {
+        self.asked.load(Ordering::Acquire)
+    }
 }
 
 impl XskQueues {
@@ -45,6 +80,7 @@ impl XskQueues {
             bad_descs: 0,
             chain_drops: 0,
             oversize_warn: None,
+            frags_wanted: None,
         }
     }
 
@@ -54,6 +90,11 @@ impl XskQueues {
     /// veth peer's TSO/GSO super-frames in generic XDP mode.
     pub fn set_oversize_hint(&mut self, iface: &str, frame: usize, mb: bool) {
         self.oversize_warn = Some((iface.to_string(), frame, mb));
+    }
+
+    /// Ask `w` at the first multi-buffer packet (see [`FragsWanted`]).
+    pub fn set_frags_wanted(&mut self, w: Arc<FragsWanted>) {
+        self.frags_wanted = Some(w);
     }
 
     /// Count what the rings dropped since the last call (each one frame).
@@ -85,6 +126,7 @@ impl RxDevice for XskQueues {
         }
         let mut total = 0;
         let page = &self.page;
+        let wanted = self.frags_wanted.as_deref();
         for q in self.queues.iter_mut() {
             if total >= budget {
                 break;
@@ -92,6 +134,9 @@ impl RxDevice for XskQueues {
             let info = q.poll(budget - total, RX_BATCH, |fr| {
                 if fr.is_multi_buffer() {
                     bump(page.e(E::RxMultiBuffer), 1);
+                    if let Some(w) = wanted {
+                        w.ask();
+                    }
                 }
                 f(fr, 0)
             });

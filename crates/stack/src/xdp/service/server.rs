@@ -425,12 +425,12 @@ impl Service {
         let first = if settings.no_multi_buffer {
             Err("multi-buffer turned off (NANOWIRE_XDP_NO_MULTI_BUFFER=1)".to_string())
         } else {
-            SteerProgram::attach(name, info.index, true, forced)
+            SteerProgram::attach(name, info.index, nanowire_xdp::Frags::Yes, forced)
         };
         let (prog, mut mb) = match first {
             Ok(p) => (p, true),
             Err(e) => (
-                SteerProgram::attach(name, info.index, false, forced)
+                SteerProgram::attach(name, info.index, nanowire_xdp::Frags::No, forced)
                     .map_err(|e2| format!("{e2} (and the multi-buffer program: {e})"))?,
                 false,
             ),
