@@ -44,7 +44,10 @@ Connection churn (issue 21 item 2): a plain nginx in b; in a, `ab -n N -c 1` and
 connection per request) and a Python connect()+close() loop (p50/p99 µs of connect), each plainly
 and under `nanowire run` (default profile), interleaved; then the reverse shape, a plain `ab -c 1`
 against an nginx under run (started for each of its runs, on another port) next to the same
-against the plain nginx; ratios run/plain:
+against the plain nginx; ratios run/plain. The client-side tests also run with the client on
+the engine service of host a (`NANOWIRE_SERVICE=1`, the service started before and stopped after
+each such run, outside the client's timing): ratios service/plain (the engine start becomes an
+attach: no program load, no UMEM to zero):
 
     scripts/compare.py --scenario churn --repeats 5 --requests 1000
 
@@ -529,17 +532,18 @@ def pss_kib(pid):
 
 
 class EngineService:
-    """The operator's engine service in host b (`nanowire engine serve --daemon`), stopped and waited
-    for by stop(): its XDP program goes with it, so a process's own engine can attach afterwards."""
+    """The operator's engine service in host `host` (`nanowire engine serve --daemon`), stopped and
+    waited for by stop(): its XDP program goes with it, so a process's own engine can attach
+    afterwards."""
 
-    def __init__(self, lab):
-        probe = subprocess.run(["ip", "netns", "exec", ns(lab, "b"), NW, "engine", "status"],
+    def __init__(self, lab, host="b"):
+        probe = subprocess.run(["ip", "netns", "exec", ns(lab, host), NW, "engine", "status"],
                                capture_output=True, text=True, timeout=30)
         if probe.returncode == 0:
-            raise RuntimeError(f"an engine service already runs in {ns(lab, 'b')}: stop it first")
-        subprocess.run(["ip", "netns", "exec", ns(lab, "b"), NW, "engine", "serve", "--daemon",
+            raise RuntimeError(f"an engine service already runs in {ns(lab, host)}: stop it first")
+        subprocess.run(["ip", "netns", "exec", ns(lab, host), NW, "engine", "serve", "--daemon",
                         "--idle-ms", "600000"], check=True, timeout=30)
-        self.pid = nw_json(lab, "b", ["engine", "status"])["pid"]
+        self.pid = nw_json(lab, host, ["engine", "status"])["pid"]
 
     def stop(self):
         try:
@@ -743,9 +747,16 @@ def run_churn(a):
 
             for r in range(a.repeats):
                 for name, argv, server_run in tests:
-                    for mode in ("plain", "run"):
+                    # "service": the client under run on the engine service of host a (started
+                    # before the run, stopped after it: the own-engine runs need the interface),
+                    # so its engine start is an attach (issue 21 churn, session 11).
+                    for mode in ("plain", "run") + (() if server_run else ("service",)):
                         run_srv = None
-                        if not server_run:
+                        svc = None
+                        if mode == "service":
+                            svc = EngineService(a.lab, "a")
+                            cmd = ["env", "NANOWIRE_SERVICE=1", NW, "run", "--"] + argv
+                        elif not server_run:
                             cmd = argv if mode == "plain" else [NW, "run", "--"] + argv
                         elif mode == "plain":
                             cmd = argv
@@ -760,6 +771,8 @@ def run_churn(a):
                         finally:
                             if run_srv:
                                 run_srv.stop()
+                            if svc:
+                                svc.stop()
                         runs.setdefault(f"{name} {mode}", []).append(res)
                         print(f"# repeat {r + 1} {name} {mode}: {res}", file=sys.stderr)
         finally:
@@ -771,6 +784,9 @@ def run_churn(a):
         p, r = med.get(f"{name} plain", {}).get(key), med.get(f"{name} run", {}).get(key)
         if p and r:
             ratios[f"{name} {key} run/plain"] = round(r / p, 3)
+        sv = med.get(f"{name} service", {}).get(key)
+        if p and sv:
+            ratios[f"{name} {key} service/plain"] = round(sv / p, 3)
     return {"scenario": "churn", "requests": a.requests, "repeats": a.repeats, "runs": runs, "median": med,
             "ratio_run_to_plain": ratios,
             "acceptance": "ab -c 1 with ab under run >= 1.0x plain req/s, and against nginx under run no "
