@@ -2,6 +2,7 @@
 //! network) rendered from the [`Report`].
 
 use super::model::{Experiment, Plot, Report, Table, fmt_num};
+use plotters::chart::MeshStyle;
 use plotters::coord::Shift;
 use plotters::coord::ranged1d::{AsRangedCoord, Ranged, ValueFormatter};
 use plotters::prelude::*;
@@ -234,25 +235,17 @@ where
     Y::CoordDescType: Ranged<ValueType = f64> + ValueFormatter<f64>,
 {
     let e = |e: DrawingAreaErrorKind<_>| e.to_string();
-    let mut chart = ChartBuilder::on(root)
-        .margin(12)
-        .x_label_area_size(50)
-        .y_label_area_size(76)
-        .build_cartesian_2d(xr, yr)
-        .map_err(e)?;
+    let mut chart = house_chart(root).build_cartesian_2d(xr, yr).map_err(e)?;
     let fx = |v: &f64| fmt_num(*v);
-    chart
-        .configure_mesh()
-        .x_desc(p.x_label.as_str())
-        .y_desc(p.y_label.as_str())
-        .x_label_formatter(&fx)
-        .y_label_formatter(&fx)
-        .light_line_style(RGBColor(238, 238, 238))
-        .bold_line_style(RGBColor(215, 215, 215))
-        .label_style(("sans-serif", 15))
-        .axis_desc_style(("sans-serif", 15))
-        .draw()
-        .map_err(e)?;
+    house_mesh(
+        chart
+            .configure_mesh()
+            .x_label_formatter(&fx)
+            .y_label_formatter(&fx),
+        p,
+    )
+    .draw()
+    .map_err(e)?;
     // Series of one engine share a colour; metrics get their own markers.
     let mut engines: Vec<&str> = vec![];
     for s in &p.series {
@@ -367,12 +360,7 @@ where
     Y::CoordDescType: Ranged<ValueType = f64> + ValueFormatter<f64>,
 {
     let e = |e: DrawingAreaErrorKind<_>| e.to_string();
-    let mut chart = ChartBuilder::on(root)
-        .margin(12)
-        .x_label_area_size(50)
-        .y_label_area_size(76)
-        .build_cartesian_2d(xr, yr)
-        .map_err(e)?;
+    let mut chart = house_chart(root).build_cartesian_2d(xr, yr).map_err(e)?;
     let fx = |v: &f64| {
         let i = v.round();
         if (v - i).abs() < 1e-6 && i >= 0.0 {
@@ -382,20 +370,12 @@ where
         }
     };
     let fy = |v: &f64| fmt_num(*v);
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
+    let mut mesh = chart.configure_mesh();
+    mesh.disable_x_mesh()
         .x_labels(cats.len() * 2 + 1)
-        .x_desc(p.x_label.as_str())
-        .y_desc(p.y_label.as_str())
         .x_label_formatter(&fx)
-        .y_label_formatter(&fy)
-        .light_line_style(RGBColor(238, 238, 238))
-        .bold_line_style(RGBColor(215, 215, 215))
-        .label_style(("sans-serif", 15))
-        .axis_desc_style(("sans-serif", 15))
-        .draw()
-        .map_err(e)?;
+        .y_label_formatter(&fy);
+    house_mesh(&mut mesh, p).draw().map_err(e)?;
     let m = p.series.len().max(1) as f64;
     let w = 0.8 / m;
     for (k, s) in p.series.iter().enumerate() {
@@ -819,6 +799,29 @@ pub fn render(r: &Report) -> String {
     );
     h += "</main></body></html>\n";
     h
+}
+
+/// The report's chart: margin and label areas.
+fn house_chart<'a, 'b, DB: DrawingBackend>(
+    root: &'a DrawingArea<DB, Shift>,
+) -> ChartBuilder<'a, 'b, DB> {
+    let mut c = ChartBuilder::on(root);
+    c.margin(12).x_label_area_size(50).y_label_area_size(76);
+    c
+}
+
+/// The report's mesh: axis descriptions from the plot, light grid lines,
+/// 15 px labels.
+fn house_mesh<'m, 'a, 'b, X: Ranged, Y: Ranged, DB: DrawingBackend>(
+    m: &'m mut MeshStyle<'a, 'b, X, Y, DB>,
+    p: &Plot,
+) -> &'m mut MeshStyle<'a, 'b, X, Y, DB> {
+    m.x_desc(p.x_label.as_str())
+        .y_desc(p.y_label.as_str())
+        .light_line_style(RGBColor(238, 238, 238))
+        .bold_line_style(RGBColor(215, 215, 215))
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 15))
 }
 
 #[cfg(test)]
