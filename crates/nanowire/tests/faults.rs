@@ -35,14 +35,10 @@ fn xdp_on(lab: &ScopedLab, h: Host) -> bool {
 }
 
 fn stats_pids() -> Vec<u64> {
-    let o = Command::new(BIN)
-        .args(["stats", "--json"])
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    let v = nanowire_testkit::stats_json(BIN).unwrap_or_default();
     v["engines"]
         .as_array()
-        .map(|a| a.iter().filter_map(engine_pid).collect())
+        .map(|a| a.iter().filter_map(nanowire_testkit::engine_pid).collect())
         .unwrap_or_default()
 }
 
@@ -264,20 +260,7 @@ fn sigstop_under_load_recovers_and_counts_what_it_dropped() {
     );
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r["accounting"]["holds"], true, "{r}");
-    let counters = {
-        let o = Command::new(BIN)
-            .args(["stats", "--json"])
-            .output()
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        v["engines"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| engine_pid(e) == Some(u64::from(pid)))
-            .map(|e| e["counters"].clone())
-            .expect("server's stats page")
-    };
+    let counters = nanowire_testkit::engine_counters_of(BIN, pid).expect("server's stats page");
     let counted: u64 = [
         "xsk_rx_dropped",
         "xsk_rx_ring_full",
@@ -444,9 +427,4 @@ fn interface_or_namespace_deleted_under_a_running_engine() {
         s.wait(Duration::from_secs(10)).is_some(),
         "server hangs on SIGTERM in a deleted namespace"
     );
-}
-
-/// The pid of an engine in `nanowire stats --json` (flattened, or under `info`).
-fn engine_pid(e: &serde_json::Value) -> Option<u64> {
-    e["pid"].as_u64().or_else(|| e["info"]["pid"].as_u64())
 }

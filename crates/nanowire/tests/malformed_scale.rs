@@ -13,7 +13,7 @@
 use nanowire_lab::testbed::Host;
 use std::io::{BufRead, BufReader};
 use std::os::fd::AsRawFd;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
@@ -284,13 +284,7 @@ impl RawTx {
 
 /// The engine counters of process `pid` from `nanowire stats --json`.
 fn engine_counters(pid: u32) -> Option<serde_json::Value> {
-    let o = Command::new(BIN).args(["stats", "--json"]).output().ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
-    v["engines"]
-        .as_array()?
-        .iter()
-        .find(|e| engine_pid(e) == Some(u64::from(pid)))
-        .map(|e| e["counters"].clone())
+    nanowire_testkit::engine_counters_of(BIN, pid)
 }
 
 #[test]
@@ -453,9 +447,4 @@ fn a_million_malformed_frames_counted_kind_by_kind_valid_ones_in_order() {
             + (delivered - valid_total)
             >= MALFORMED
     );
-}
-
-/// The pid of an engine in `nanowire stats --json` (flattened, or under `info`).
-fn engine_pid(e: &serde_json::Value) -> Option<u64> {
-    e["pid"].as_u64().or_else(|| e["info"]["pid"].as_u64())
 }

@@ -528,18 +528,10 @@ print("sent", len(srcs))
 
 /// The counters of the engine on `iface` (`nanowire stats --json`).
 fn engine_counters(iface: &str) -> serde_json::Value {
-    let o = Command::new(nanowire())
-        .args(["stats", "--json"])
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-    v["engines"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|e| e["iface"].as_str() == Some(iface))
+    let on = nanowire_testkit::engines_on(nanowire(), iface);
+    on.first()
         .map(|e| e["counters"].clone())
-        .unwrap_or_else(|| panic!("no engine on {iface} in the stats: {v}"))
+        .unwrap_or_else(|| panic!("no engine on {iface} in the stats"))
 }
 
 /// Issue 20 finding 6: a SYN flood from thousands of spoofed sources, off

@@ -13,6 +13,9 @@
 //! - [`in_ns`]: run a closure in a lab namespace;
 //! - [`ok`], [`one_line_failure`]: a command's stdout when it succeeded,
 //!   its one line when it failed;
+//! - [`stats_json`], [`engines_on`], [`engine_pid`], [`engine_counters_of`]:
+//!   the engines `nanowire stats --json` lists (the machine's: pick yours by
+//!   interface or pid);
 //! - [`LabDown`]: a lab
 //!   made by name (through the CLI) taken down when the test ends;
 //! - [`xdp_test_bin`]: the `nanowire-xdp-test` program (the engine's
@@ -136,17 +139,20 @@ pub fn ok(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-/// The engines running on interface `iface`, as `nanowire stats --json`
-/// (`nanowire`: the binary under test) lists them. The listing covers
-/// every engine of the machine, other tests' included: a lab's interface
-/// names the engines of one test.
-pub fn engines_on(nanowire: &str, iface: &str) -> Vec<serde_json::Value> {
+/// `nanowire stats --json` (`nanowire`: the binary under test). It lists
+/// every engine of the machine, other tests' included.
+pub fn stats_json(nanowire: &str) -> Result<serde_json::Value, String> {
     let o = Command::new(nanowire)
         .args(["stats", "--json"])
         .output()
-        .unwrap_or_else(|e| panic!("cannot run {nanowire} stats: {e}"));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("nanowire stats --json: {e}: {o:?}"));
+        .map_err(|e| format!("cannot run {nanowire} stats: {e}"))?;
+    serde_json::from_slice(&o.stdout).map_err(|e| format!("nanowire stats --json: {e}: {o:?}"))
+}
+
+/// The engines running on interface `iface`, as `nanowire stats --json`
+/// lists them: a lab's interface names the engines of one test.
+pub fn engines_on(nanowire: &str, iface: &str) -> Vec<serde_json::Value> {
+    let v = stats_json(nanowire).unwrap_or_else(|e| panic!("{e}"));
     v["engines"]
         .as_array()
         .into_iter()
@@ -154,6 +160,21 @@ pub fn engines_on(nanowire: &str, iface: &str) -> Vec<serde_json::Value> {
         .filter(|e| e["iface"] == iface)
         .cloned()
         .collect()
+}
+
+/// The process of an engine that `nanowire stats --json` lists.
+pub fn engine_pid(e: &serde_json::Value) -> Option<u64> {
+    e["pid"].as_u64().or_else(|| e["info"]["pid"].as_u64())
+}
+
+/// The counters of process `pid`'s engine, when `nanowire stats --json`
+/// lists it.
+pub fn engine_counters_of(nanowire: &str, pid: u32) -> Option<serde_json::Value> {
+    stats_json(nanowire).ok()?["engines"]
+        .as_array()?
+        .iter()
+        .find(|e| engine_pid(e) == Some(u64::from(pid)))
+        .map(|e| e["counters"].clone())
 }
 
 /// A command that failed cleanly: a non-zero exit, no panic, and exactly
