@@ -1,14 +1,14 @@
 //! Real programs under `nanowire run` in a lab: python3 socket and asyncio
 //! UDP echo servers, socat (fork + exec per datagram), iperf3 -u both
 //! ways, and an unprivileged user running sockperf with the spin engine.
-//! Every echo is checked byte for byte; iperf3 must lose nothing at a rate
-//! the receiver keeps up with. The servers and clients run with the default
+//! Every echo is checked byte for byte; every datagram iperf3 finds lost is
+//! a counted drop (kernel or engine), plainly and under run alike. The servers and clients run with the default
 //! engine (xdp: their UDP sockets go onto AF_XDP, and the log says so).
 
 mod run_support;
-use nanowire_lab::testbed::{ADDR_B, Host};
+use nanowire_lab::testbed::{ADDR_B, Host, ScopedLab};
 use run_support::*;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(90);
@@ -111,14 +111,101 @@ fn socat_udp_echo_forks_and_execs_per_datagram() {
     );
 }
 
-fn iperf(lab: &nanowire_lab::testbed::ScopedLab, tag: &str, reverse: bool) {
+/// Drop counters of lab host `h`'s network namespace: UDP receive errors
+/// (InErrors: a full socket buffer, a bad checksum) and its interface's
+/// receive and transmit drops, by name.
+fn kernel_drops(lab: &ScopedLab, h: Host) -> Vec<(String, u64)> {
+    let stat = |f: &str| format!("/sys/class/net/{}/statistics/{f}", lab.lab.iface(h));
+    let o = lab
+        .command(
+            h,
+            &[
+                "cat",
+                "/proc/net/snmp",
+                &stat("rx_dropped"),
+                &stat("tx_dropped"),
+            ],
+        )
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    let udp: Vec<&str> = lines
+        .iter()
+        .filter(|l| l.starts_with("Udp: "))
+        .copied()
+        .collect();
+    assert!(
+        udp.len() == 2 && lines.len() >= 2,
+        "{h:?}: /proc/net/snmp: {text}"
+    );
+    let col = |name: &str| {
+        let i = udp[0].split_whitespace().position(|w| w == name).unwrap();
+        udp[1]
+            .split_whitespace()
+            .nth(i)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let n = |l: &str| l.trim().parse::<u64>().unwrap();
+    vec![
+        (format!("{h:?} udp InErrors"), col("InErrors")),
+        (format!("{h:?} rx_dropped"), n(lines[lines.len() - 2])),
+        (format!("{h:?} tx_dropped"), n(lines[lines.len() - 1])),
+    ]
+}
+
+/// Every drop counter of the engines whose pages are in `dir` (their
+/// processes finished): the engine's `drop_*` and the kernel's AF_XDP
+/// receive drops it reports (`xsk_rx_*`), summed over engines, by name.
+fn engine_drops(dir: &Path) -> Vec<(String, u64)> {
+    let pages = nanowire_stack::xdp::shm::read_finished(dir);
+    assert!(pages.unreadable.is_empty(), "{:?}", pages.unreadable);
+    let mut sum = std::collections::BTreeMap::<String, u64>::new();
+    for e in &pages.engines {
+        for (k, v) in &e.counters {
+            let drop = k.starts_with("drop_")
+                || [
+                    "xsk_rx_dropped",
+                    "xsk_rx_ring_full",
+                    "xsk_rx_fill_ring_empty",
+                ]
+                .contains(&k.as_str());
+            if drop && *v > 0 {
+                *sum.entry(format!("{} {k}", dir.display())).or_default() += v;
+            }
+        }
+    }
+    sum.into_iter().collect()
+}
+
+/// One iperf3 UDP transfer (20 Mbit/s, 2 s, the server in B, `reverse`:
+/// the server sends), both ends plainly or both under run. Returns the
+/// client's end summary and the drops counted meanwhile on both hosts
+/// (kernel and engines, each with a value).
+fn iperf(
+    lab: &ScopedLab,
+    tag: &str,
+    reverse: bool,
+    run: bool,
+) -> (serde_json::Value, Vec<(String, u64)>) {
     let addr = ADDR_B.to_string();
+    let under = |h: Host, end: &str, argv: &[&str]| {
+        if !run {
+            return plain_in(lab, h, argv);
+        }
+        let mut c = run_in(lab, h, &[], argv);
+        c.env("NANOWIRE_STATS_DIR", scratch(&format!("stats-{tag}-{end}")));
+        c
+    };
+    let kernel = || [kernel_drops(lab, Host::A), kernel_drops(lab, Host::B)].concat();
+    let before = kernel();
     let mut srv = spawn(
         &format!("{tag}-srv"),
-        run_in(
-            lab,
+        under(
             Host::B,
-            &[],
+            "srv",
             &[
                 "iperf3",
                 "-s",
@@ -138,25 +225,56 @@ fn iperf(lab: &nanowire_lab::testbed::ScopedLab, tag: &str, reverse: bool) {
     if reverse {
         args.push("-R");
     }
-    let mut cli = spawn(&format!("{tag}-cli"), run_in(lab, Host::A, &[], &args));
+    let mut cli = spawn(&format!("{tag}-cli"), under(Host::A, "cli", &args));
     let st = cli.wait(T);
     let out = cli.stdout();
     assert!(st.success(), "{tag}: {out}\n{}", cli.stderr());
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
-    let sum = &v["end"]["sum"];
-    let packets = sum["packets"].as_u64().unwrap_or(0);
-    let lost = sum["lost_packets"].as_u64().unwrap_or(u64::MAX);
-    assert!(packets > 1000, "{tag}: {sum}");
-    assert_eq!(lost, 0, "{tag}: {sum}");
     srv.wait(Duration::from_secs(20));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let mut drops: Vec<(String, u64)> = kernel()
+        .into_iter()
+        .zip(before)
+        .map(|((k, now), (_, was))| (k, now - was))
+        .filter(|(_, d)| *d > 0)
+        .collect();
+    if run {
+        for end in ["srv", "cli"] {
+            drops.extend(engine_drops(&scratch(&format!("stats-{tag}-{end}"))));
+        }
+    }
+    (v["end"]["sum"].clone(), drops)
 }
 
+/// iperf3 -u both ways, plainly and with both ends under run: datagrams
+/// flow (more than 1000 of 2 s at 20 Mbit/s) and every datagram iperf3
+/// finds lost is a counted drop: on a quiet machine none is lost; on a
+/// loaded one the receiver falls behind and the kernel drops for a full
+/// socket buffer (UDP InErrors) plainly, the engine for a full socket
+/// queue (drop_socket_queue_full) under run. Zero loss would be a timing
+/// assumption the kernel does not meet either.
 #[test]
 #[ignore = "needs root"]
 fn iperf3_udp_client_and_server_both_directions() {
     let lab = lab("i");
-    iperf(&lab, "iperf", false);
-    iperf(&lab, "iperf-r", true);
+    for reverse in [false, true] {
+        for run in [false, true] {
+            let tag = format!(
+                "iperf{}-{}",
+                if reverse { "-r" } else { "" },
+                if run { "run" } else { "plain" }
+            );
+            let (sum, drops) = iperf(&lab, &tag, reverse, run);
+            let packets = sum["packets"].as_u64().unwrap_or(0);
+            let lost = sum["lost_packets"].as_u64().unwrap_or(u64::MAX);
+            let counted: u64 = drops.iter().map(|(_, v)| v).sum();
+            eprintln!("{tag}: {packets} datagrams, {lost} lost, drops counted: {drops:?}");
+            assert!(packets > 1000, "{tag}: {sum}");
+            assert!(
+                lost <= counted,
+                "{tag}: {lost} datagrams lost, {counted} counted as dropped {drops:?}: {sum}"
+            );
+        }
+    }
 }
 
 #[test]

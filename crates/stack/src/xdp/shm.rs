@@ -744,13 +744,31 @@ pub fn remove_dead_pages() {
 
 /// Read every live engine's page; remove pages of dead processes.
 pub fn read_all() -> Pages {
-    let mut out = Pages::default();
     let base = dir();
     let Ok(d) = open_dir(&base, false) else {
-        return out;
+        return Pages::default();
     };
     remove_dead_in(&d);
-    let Ok(rd) = std::fs::read_dir(&base) else {
+    read_in(&d, &base, true)
+}
+
+/// Read every page in stats directory `base` (as `stats_dir` /
+/// `NANOWIRE_STATS_DIR` named it for the engines that wrote there), those
+/// of processes that have exited included, and remove nothing: the final
+/// counters of a finished process (tests give each process under run a
+/// private directory and read what it counted after it exits).
+pub fn read_finished(base: &Path) -> Pages {
+    match open_dir(base, false) {
+        Ok(d) => read_in(&d, base, false),
+        Err(_) => Pages::default(),
+    }
+}
+
+/// The pages of verified directory `d` (at `base`); `live_only`: skip the
+/// pages of processes that are gone.
+fn read_in(d: &SafeDir, base: &Path, live_only: bool) -> Pages {
+    let mut out = Pages::default();
+    let Ok(rd) = std::fs::read_dir(base) else {
         return out;
     };
     let mut names: Vec<String> = rd
@@ -760,11 +778,11 @@ pub fn read_all() -> Pages {
         .collect();
     names.sort();
     for name in names {
-        if !page_alive(&name) {
+        if live_only && !page_alive(&name) {
             continue;
         }
         let page = base.join(&name).display().to_string();
-        match read_page(&d, &name) {
+        match read_page(d, &name) {
             Ok(Some(mut s)) => {
                 s.page = page;
                 out.engines.push(s);
