@@ -10,6 +10,13 @@ fn nanowire(args: &[&str]) -> Output {
         .expect("run nanowire")
 }
 
+/// `nanowire lab exec --name N HOST -- CMD...`.
+fn lab_exec(n: &str, host: &str, cmd: &[&str]) -> Output {
+    let mut argv = vec!["lab", "exec", "--name", n, host, "--"];
+    argv.extend_from_slice(cmd);
+    nanowire(&argv)
+}
+
 /// `nanowire lab up --name N` as a user types it (needs root): the lab's
 /// name `tl<tag><pid>` and the guard that takes it down.
 fn up(tag: &str) -> (String, LabDown) {
@@ -50,22 +57,13 @@ fn up_is_idempotent_exec_reaches_peer_and_down_removes_everything() {
     );
 
     // Host a reaches host b through the veth pair (ARP + ICMP through the kernel).
-    ok(&nanowire(&[
-        "lab",
-        "exec",
-        "--name",
+    ok(&lab_exec(
         &n,
         "a",
-        "--",
-        "ping",
-        "-c",
-        "1",
-        "-W",
-        "2",
-        "198.18.0.2",
-    ]));
+        &["ping", "-c", "1", "-W", "2", "198.18.0.2"],
+    ));
     // exec propagates the command's exit code.
-    let o = nanowire(&["lab", "exec", "--name", &n, "b", "--", "sh", "-c", "exit 7"]);
+    let o = lab_exec(&n, "b", &["sh", "-c", "exit 7"]);
     assert_eq!(o.status.code(), Some(7));
 
     ok(&nanowire(&["lab", "down", "--name", &n]));
@@ -129,20 +127,11 @@ fn up_repairs_a_half_built_lab() {
     );
     assert!(!nanowire(&["lab", "status", "--name", &n]).status.success());
     ok(&nanowire(&["lab", "up", "--name", &n]));
-    ok(&nanowire(&[
-        "lab",
-        "exec",
-        "--name",
+    ok(&lab_exec(
         &n,
         "b",
-        "--",
-        "ping",
-        "-c",
-        "1",
-        "-W",
-        "2",
-        "198.18.0.1",
-    ]));
+        &["ping", "-c", "1", "-W", "2", "198.18.0.1"],
+    ));
 }
 
 #[test]

@@ -17,24 +17,29 @@ fn nanowire(args: &[&str]) -> Output {
     Command::new(NW).args(args).output().expect("run nanowire")
 }
 
+/// `nanowire lab exec --name N HOST -- CMD...`.
+fn lab_exec(n: &str, host: &str, cmd: &[&str]) -> Output {
+    let mut argv = vec!["lab", "exec", "--name", n, host, "--"];
+    argv.extend_from_slice(cmd);
+    nanowire(&argv)
+}
+
 fn ping(n: &str, count: &str, interval: &str) -> Output {
-    nanowire(&[
-        "lab",
-        "exec",
-        "--name",
+    lab_exec(
         n,
         "a",
-        "--",
-        "ping",
-        "-c",
-        count,
-        "-i",
-        interval,
-        "-W",
-        "1",
-        "-q",
-        "198.18.0.2",
-    ])
+        &[
+            "ping",
+            "-c",
+            count,
+            "-i",
+            interval,
+            "-W",
+            "1",
+            "-q",
+            "198.18.0.2",
+        ],
+    )
 }
 
 fn status(n: &str) -> serde_json::Value {
@@ -60,18 +65,7 @@ fn impaired_wire_forwards_drops_duplicates_and_clears() {
     // Clear wire: every ping answered, and a sees b's own MAC.
     let o = ping(&n, "20", "0.01");
     assert!(ok(&o).contains(" 0% packet loss"), "{o:?}");
-    let neigh = ok(&nanowire(&[
-        "lab",
-        "exec",
-        "--name",
-        &n,
-        "a",
-        "--",
-        "ip",
-        "neigh",
-        "show",
-        "198.18.0.2",
-    ]));
+    let neigh = ok(&lab_exec(&n, "a", &["ip", "neigh", "show", "198.18.0.2"]));
     let b_mac = st["b"]["mac"].as_str().unwrap();
     assert!(neigh.contains(b_mac), "a sees b at {b_mac}: {neigh}");
 
