@@ -1132,14 +1132,38 @@ while True:
     time.sleep(3600)
 "#;
 
+/// `wait_ends(conns)`: waits (60 s at most: a hang shows as "timeout")
+/// for each connection's end and prints one line per connection: "<i>
+/// eof", "<i> reset", "<i> data" or "<i> timeout".
+const WAIT_ENDS: &str = r#"
+import selectors, time
+def wait_ends(conns):
+    sel = selectors.DefaultSelector()
+    for i, c in enumerate(conns):
+        c.setblocking(False)
+        sel.register(c, selectors.EVENT_READ, i)
+    out = {}
+    end = time.time() + 60
+    while len(out) < len(conns) and time.time() < end:
+        for key, _ in sel.select(timeout=max(0.0, end - time.time())):
+            i = key.data
+            try:
+                d = key.fileobj.recv(4096)
+                out[i] = "eof" if not d else "data"
+            except ConnectionResetError:
+                out[i] = "reset"
+            except BlockingIOError:
+                continue
+            sel.unregister(key.fileobj)
+    for i in range(len(conns)):
+        print(i, out.get(i, "timeout"), flush=True)
+"#;
+
 /// The clients: `ADDR PORT N PENDING`: N connections, each sends "<i>\n"
 /// and reads its "ack <i>\n"; then PENDING more that the server never
-/// accepts, each sends its hello. Prints "ready", then waits (60 s at
-/// most: a hang shows as "timeout") for each connection's end and prints
-/// one line per connection: "<i> eof", "<i> reset", "<i> data" or
-/// "<i> timeout".
+/// accepts, each sends its hello. Prints "ready", then `wait_ends`.
 const HOLD_CLIENTS: &str = r#"
-import socket, sys, selectors, time
+import socket, sys
 host, port, n, pending = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 conns = []
 for i in range(n + pending):
@@ -1153,27 +1177,49 @@ for i in range(n + pending):
             if not d: break
             got += d
         assert got == want, (i, got)
-    c.setblocking(False)
     conns.append(c)
 print("ready", flush=True)
-sel = selectors.DefaultSelector()
-for i, c in enumerate(conns):
-    sel.register(c, selectors.EVENT_READ, i)
-out = {}
-end = time.time() + 60
-while len(out) < len(conns) and time.time() < end:
-    for key, _ in sel.select(timeout=max(0.0, end - time.time())):
-        i = key.data
-        try:
-            d = key.fileobj.recv(4096)
-            out[i] = "eof" if not d else "data"
-        except ConnectionResetError:
-            out[i] = "reset"
-        except BlockingIOError:
-            continue
-        sel.unregister(key.fileobj)
-for i in range(len(conns)):
-    print(i, out.get(i, "timeout"))
+wait_ends(conns)
+"#;
+
+/// The server of the clients that are killed: `ADDR PORT N`: accepts N,
+/// reads each hello ("<i>\n"), answers "ack <i>\n" and, for an odd i,
+/// "more\n" in the same segment (the client reads only the ack: data left
+/// unread). Prints "held", then `wait_ends`.
+const WATCH_SERVER: &str = r#"
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(64)
+print("listening", flush=True)
+conns = {}
+for _ in range(int(sys.argv[3])):
+    c, _ = s.accept()
+    d = b""
+    while not d.endswith(b"\n"):
+        d += c.recv(64)
+    i = int(d)
+    c.sendall(b"ack %d\n" % i + (b"more\n" if i % 2 else b""))
+    conns[i] = c
+print("held", flush=True)
+wait_ends([conns[i] for i in sorted(conns)])
+"#;
+
+/// The clients killed: `ADDR PORT N`: N connections, each sends "<i>\n"
+/// and reads exactly "ack <i>\n"; prints "ready" and sleeps until killed.
+const KILLED_CLIENTS: &str = r#"
+import socket, sys, time
+conns = []
+for i in range(int(sys.argv[3])):
+    c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60)
+    c.sendall(b"%d\n" % i)
+    want = b"ack %d\n" % i
+    got = b""
+    while len(got) < len(want):
+        got += c.recv(len(want) - len(got))
+    conns.append(c)
+print("ready", flush=True)
+while True:
+    time.sleep(3600)
 "#;
 
 /// Issue 24, exit and kill: a server holding 20 connections (half with the
@@ -1211,7 +1257,7 @@ fn kill_9_ends_a_servers_connections_as_the_kernel_does() {
                 &[
                     "python3",
                     "-c",
-                    HOLD_CLIENTS,
+                    &format!("{WAIT_ENDS}{HOLD_CLIENTS}"),
                     &ADDR_B.to_string(),
                     &p,
                     &ns,
@@ -1249,6 +1295,73 @@ fn kill_9_ends_a_servers_connections_as_the_kernel_does() {
                 "{st}"
             );
             assert_eq!(k["conn_tables"], 1, "{st}");
+        }
+    }
+}
+
+/// Issue 24, the other side: 20 client connections of a process killed
+/// with -9 (half with the server's data unread): plainly the kernel ends
+/// them (FIN, RST where data was unread); under run on host a's engine
+/// service, the service does the same from the process's table (the
+/// connections' 4-tuple claims). The plain server in host b compares the
+/// end of each connection, no timing (60 s, a hang shows as "timeout").
+#[test]
+#[ignore = "needs root"]
+fn kill_9_ends_a_clients_connections_as_the_kernel_does() {
+    let lab = lab("vkc");
+    let _sa = start_service_in(&lab, Host::A);
+    let n = 20u32;
+    let mut want: Option<String> = None;
+    for (i, run) in [false, true].into_iter().enumerate() {
+        let port = 15501 + i as u16;
+        let (p, ns) = (port.to_string(), n.to_string());
+        let script = format!("{WAIT_ENDS}{WATCH_SERVER}");
+        let mut s = spawn(
+            &format!("vkc-srv{i}"),
+            plain_in(
+                &lab,
+                Host::B,
+                &["python3", "-c", &script, &ADDR_B.to_string(), &p, &ns],
+            ),
+        );
+        s.wait_for("listening", T);
+        let argv = [
+            "python3",
+            "-c",
+            KILLED_CLIENTS,
+            &ADDR_B.to_string(),
+            &p,
+            &ns,
+        ];
+        let mut c = spawn(
+            &format!("vkc-cli{i}"),
+            svc_or_plain(&lab, Host::A, run, &[], &argv),
+        );
+        c.wait_for("ready", T);
+        s.wait_for("held", T);
+        if run {
+            on_engine(&c, &format!("-> {ADDR_B}:{port}"));
+        }
+        kill_9(c.child.id());
+        let out = s.success(T);
+        let ctx = format!("{}\n{}", c.both(), s.stderr());
+        drop(c);
+        for k in 0..n {
+            let want_kind = if k % 2 == 0 { "eof" } else { "reset" };
+            assert!(
+                out.lines().any(|l| l == format!("{k} {want_kind}")),
+                "run {run}: connection {k} did not end with {want_kind}:\n{out}\n{ctx}"
+            );
+        }
+        match &want {
+            None => want = Some(out),
+            Some(w) => assert_same_output("kill -9 of the clients under run", w, &out, &ctx),
+        }
+        if run {
+            let st = status_in(&lab, Host::A);
+            let k = &st["counters"];
+            assert_eq!(k["tcp_ended_fin"], u64::from(n / 2), "{st}");
+            assert_eq!(k["tcp_ended_rst"], u64::from(n / 2), "{st}");
         }
     }
 }

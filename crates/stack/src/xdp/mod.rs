@@ -749,7 +749,8 @@ impl Engine {
             }
         });
         let r = t.as_ref()?.region();
-        if r.is_none() {
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if r.is_none() && !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
             eprintln!(
                 "nanowire: more than {} TCP stacks on the engine service: the connections of the next ones are not ended by the service if the process is killed",
                 service::conns::REGIONS
