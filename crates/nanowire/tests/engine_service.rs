@@ -859,6 +859,65 @@ fn tcp_through_the_service_in_all_four_placements() {
     assert!(st["counters"]["claims"].as_u64().unwrap() >= 2, "{st}");
 }
 
+/// A TCP client that reads slowly: `ADDR PORT SEED` as [`TCP_CLIENT`], with
+/// a 64 KiB receive buffer, and a 2 s pause in reading when 200 KiB of
+/// the answer are left: the server has written everything, closed and is
+/// exiting while the client's window is shut.
+const TCP_SLOW_CLIENT: &str = r#"
+import socket, sys, time, zlib
+seed = int(sys.argv[3])
+c = socket.socket(); c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+c.settimeout(30); c.connect((sys.argv[1], int(sys.argv[2])))
+data = bytes((i * 13 + seed) & 255 for i in range((1 << 20) + seed))
+c.sendall(data); c.shutdown(socket.SHUT_WR)
+buf = bytearray(); paused = False
+while True:
+    d = c.recv(1 << 16)
+    if not d: break
+    buf += d
+    if not paused and len(buf) > (1 << 21) - (200 << 10):
+        paused = True; time.sleep(2)
+line, rest = bytes(buf).split(b"\n", 1)
+want = bytes((i * 7 + len(data)) & 255 for i in range(1 << 20)) * 2
+ok = line == b"%d %d" % (len(data), zlib.crc32(data)) and rest == want
+print("server saw", line.decode(), "sent", len(data), zlib.crc32(data))
+print("got", len(rest), zlib.crc32(rest), "ok" if ok else "MISMATCH")
+"#;
+
+/// A server under run writes its answer, closes and exits while the
+/// (plain) client's window is shut: as with a plain server (whose kernel
+/// finishes the orphaned connection), the client gets every byte and the
+/// FIN; the exiting process finishes its connections while the peer makes
+/// progress (it used to give up after 500 ms, the peer then got an RST or,
+/// waiting for data, nothing at all).
+#[test]
+#[ignore = "needs root"]
+fn a_server_exiting_right_after_its_answer_still_delivers_all_of_it() {
+    let lab = lab("vtx");
+    let _sb = start_service(&lab);
+    let mut want = None;
+    for (i, srv_run) in [false, true].into_iter().enumerate() {
+        let port = 15301 + i as u16;
+        let mut s = tcp_server(&lab, &format!("vtx-srv{i}"), srv_run, &[], port, 1);
+        let p = port.to_string();
+        let argv = [
+            "python3",
+            "-c",
+            TCP_SLOW_CLIENT,
+            &ADDR_B.to_string(),
+            &p,
+            "7",
+        ];
+        let mut c = spawn(&format!("vtx-cli{i}"), lab.command(Host::A, &argv));
+        let out = tcp_client_done(&mut c, false, port);
+        assert!(s.success(T).contains("done"));
+        match &want {
+            None => want = Some(out),
+            Some(w) => assert_same_output("server run", w, &out, &s.stderr()),
+        }
+    }
+}
+
 /// Four TCP servers and four clients at once, each a process of its own on
 /// its host's engine service (one shared UMEM per host), bodies hashed.
 #[test]

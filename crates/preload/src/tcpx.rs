@@ -243,20 +243,23 @@ pub fn init() {
     unsafe { libc::atexit(at_exit) };
 }
 
-/// How long exit() waits for closing connections to finish their FIN
-/// exchange (NANOWIRE_TCP_EXIT_LINGER_MS; default 500).
+/// How long exit() lets its closing connections go without any progress
+/// (nothing acknowledged or received, no state change) before it resets
+/// them (NANOWIRE_TCP_EXIT_LINGER_MS; default 10 s). While the peer makes
+/// progress the exit waits, as the kernel's orphaned sockets would carry on.
 fn exit_linger() -> std::time::Duration {
     let ms = std::env::var("NANOWIRE_TCP_EXIT_LINGER_MS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(500u64);
+        .unwrap_or(10_000u64);
     std::time::Duration::from_millis(ms)
 }
 
 /// exit(): the kernel closes every fd of a process that exits and then
 /// finishes the connections on its own; the engine ends with the process.
 /// So close this process's engine sockets now (FIN, or RST where close
-/// would send one) and give their FIN exchanges a bounded time.
+/// would send one) and finish them while their peers make progress
+/// (`tcp_drain`); those that stall are reset, said at the default level.
 extern "C" fn at_exit() {
     exiting();
 }
@@ -295,7 +298,15 @@ pub fn exiting() {
             close_record(t.into(), fd, true);
         }
     }
-    engine_call(|| nanowire_stack::xdp::tcp_drain(exit_linger()));
+    let idle = exit_linger();
+    let reset = engine_call(|| nanowire_stack::xdp::tcp_drain(idle));
+    if reset > 0 {
+        log!(
+            Level::Warn,
+            "exit: {reset} tcp connection(s) made no progress for {} ms while closing: reset (RST)",
+            idle.as_millis()
+        );
+    }
     set_errno(e);
 }
 

@@ -322,6 +322,46 @@ impl TcpStack {
             .count()
     }
 
+    /// The connections still exchanging segments (as
+    /// [`TcpStack::active_connection_count`]) and a value that changes
+    /// whenever one of them moves: data acknowledged by the peer or
+    /// received from it, or a state change. A peer that only answers
+    /// probes without taking data does not change it. What an exiting
+    /// process watches while its closed connections finish.
+    pub fn progress(&self) -> (usize, u64) {
+        let mut n = 0;
+        let mut h = 0u64;
+        for c in self.slots.iter().filter_map(|s| s.conn.as_ref()) {
+            if matches!(c.state, State::TimeWait | State::Closed) {
+                continue;
+            }
+            n += 1;
+            let v =
+                ((u64::from(c.snd_una) << 32) | u64::from(c.rcv_nxt)) ^ ((c.state as u64) << 60);
+            h = h.rotate_left(7) ^ v;
+        }
+        (n, h)
+    }
+
+    /// Reset every connection still exchanging segments (RST now, as
+    /// [`TcpStack::abort`]), including closed (orphaned) ones. Returns how
+    /// many.
+    pub fn abort_active(&mut self) -> usize {
+        let mut n = 0;
+        for idx in 0..self.slots.len() {
+            let Some(c) = self.slots[idx].conn.as_mut() else {
+                continue;
+            };
+            if matches!(c.state, State::TimeWait | State::Closed) {
+                continue;
+            }
+            c.abort(Error::Aborted);
+            n += 1;
+            self.settle(idx as u32);
+        }
+        n
+    }
+
     // ------------------------------------------------------------ slab
 
     fn conn(&self, c: ConnId) -> Result<&Conn, Error> {

@@ -2382,27 +2382,47 @@ impl XdpTcpListener {
     }
 }
 
-/// At process exit: the kernel would finish closing connections after the
-/// process is gone; the engine goes with the process, so it finishes them
-/// first (FIN exchange, at most `limit`; TIME-WAIT is not waited for).
-/// Without this the peer's last segments would reach the kernel, which
-/// answers RST.
-pub fn tcp_drain(limit: Duration) {
-    let end = Instant::now() + limit;
+/// At process exit. The kernel finishes a closed connection after its
+/// process is gone (the orphan keeps sending, retransmitting and probing);
+/// the engine goes with the process, so it finishes them first: every byte
+/// still unsent or unacknowledged and the FIN exchange, for as long as the
+/// peer makes progress (acknowledges or sends data, or a state moves: see
+/// `TcpStack::progress`). Only connections none of which moved for `idle`
+/// (a peer gone, or one keeping its window shut) are reset: an RST, so the
+/// peer learns it at once and never waits for bytes that will not come.
+/// TIME-WAIT is not waited for. Without this the peer's last segments
+/// would reach the kernel, which answers RST, or, for a peer that only
+/// waits for data, nothing would come at all. Returns the connections reset.
+pub fn tcp_drain(idle: Duration) -> usize {
+    let mut seen = None;
+    let mut since = Instant::now();
     loop {
         let engines: Vec<Arc<TcpEngine>> = service().closing.clone();
-        let mut busy = false;
+        let mut active = 0;
+        let mut moved = 0u64;
         for e in &engines {
             let mut c = e.core();
             e.service_turn(&mut c);
-            if c.stack.active_connection_count() > 0 {
-                busy = true;
+            let (n, p) = c.stack.progress();
+            active += n;
+            moved = moved.rotate_left(13) ^ p;
+        }
+        if active == 0 {
+            return 0;
+        }
+        if seen != Some(moved) {
+            seen = Some(moved);
+            since = Instant::now();
+        } else if since.elapsed() >= idle {
+            let mut reset = 0;
+            for e in &engines {
+                let mut c = e.core();
+                reset += c.stack.abort_active();
+                e.transmit(&mut c, now_ns());
             }
+            return reset;
         }
-        if !busy || Instant::now() >= end {
-            return;
-        }
-        std::thread::sleep(Duration::from_micros(200));
+        std::thread::sleep(Duration::from_micros(500));
     }
 }
 
