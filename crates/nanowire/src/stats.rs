@@ -103,9 +103,10 @@ pub fn run(args: StatsArgs) -> Result<i32, String> {
 }
 
 /// The engine service of this network namespace, if one runs: its status,
-/// each attached process's entry joined with its engine's own drop
-/// counters (`engine_drops`, from the stats page of that pid, when this
-/// reader can read it: a page is its owner's and root's).
+/// each attached process's entry with its engine's own drop counters
+/// (`engine_drops`: from the stats page of that pid when this reader can
+/// read it, a page being its owner's and root's; else as the service read
+/// them from the sealed page an unprivileged process handed it).
 fn service_status(pages: &shm::Pages) -> Option<Value> {
     let conn = Conn::connect_existing().ok()?;
     let mut st: Value = match conn
@@ -125,11 +126,15 @@ fn service_status(pages: &shm::Pages) -> Option<Value> {
                 .map(|e| {
                     e.counters
                         .iter()
-                        .filter(|(k, _)| k.starts_with("drop_") || k.contains("_drop_"))
+                        .filter(|(k, _)| shm::is_drop(k))
                         .map(|(k, v)| (k.as_str(), *v))
                         .collect()
                 });
-            c["engine_drops"] = serde_json::to_value(drops).unwrap_or(Value::Null);
+            // The page read here (root's, or its own user's) when there is
+            // one; else what the service read from the page it was handed.
+            if let Some(d) = drops {
+                c["engine_drops"] = serde_json::to_value(d).unwrap_or(Value::Null);
+            }
         }
     }
     Some(st)
@@ -212,7 +217,7 @@ fn print_service(s: &Value) {
                 if drops.is_empty() { "none" } else { &drops }
             );
             if c["engine_drops"].is_null() {
-                out!("      (its engine's own counters: no stats page readable here)");
+                out!("      (its engine's own drop counters: no stats page readable)");
             }
             let refused = ["claims_refused", "tcp_flows_refused"]
                 .iter()

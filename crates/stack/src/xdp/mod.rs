@@ -485,6 +485,17 @@ impl Engine {
             bind_mode: bind.as_str().to_string(),
             ring_depth: depth,
         }));
+        // A page in no directory (an unprivileged process: the stats
+        // directory is root's) goes to the engine service, which shows its
+        // counters in `nanowire stats`.
+        if let (Steer::Service(c), Some(fd)) = (&prog, page.memfd())
+            && let Err(e) = c.stats_page(fd)
+        {
+            eprintln!(
+                "nanowire: {ifname}: the engine service refused this engine's stats page ({e}): \
+                 its counters are not listed by `nanowire stats`"
+            );
+        }
         // Capture tap (crates/tap): a sparse shared file that costs memory
         // only while `nanowire capture` is attached.
         let (tap_rx, tap_tx, tap) = nanowire_tap::create(std::process::id(), ifname);

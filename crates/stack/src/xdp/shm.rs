@@ -324,10 +324,14 @@ pub struct PageInfo {
     pub ring_depth: u32,
 }
 
-/// A mapped stats page (shared file, or anonymous when /dev/shm is unusable).
+/// A mapped stats page: a file in the stats directory, or, when that
+/// directory is unusable (an unprivileged process: it is root's), a sealed
+/// memfd that the process may hand to the engine service (`memfd`), which
+/// reads it for `nanowire stats`.
 pub struct StatsPage {
     ptr: *mut u8,
     path: Option<PathBuf>,
+    memfd: Option<std::os::fd::OwnedFd>,
 }
 
 // SAFETY: the page holds only atomics and immutable header bytes after
@@ -467,7 +471,7 @@ fn create_page_file() -> Option<(std::fs::File, PathBuf)> {
         Ok(d) => d,
         Err(why) => {
             warn_once(format!(
-                "stats directory {} refused ({why}); this engine's counters are not listed by `nanowire stats`",
+                "stats directory {} refused ({why}); this engine's counters are in a private page (`nanowire stats` lists them only through the engine service)",
                 base.display()
             ));
             return None;
@@ -532,25 +536,69 @@ fn remove_dead_in(d: &SafeDir) {
     }
 }
 
+/// A page in a memfd whose size is sealed (a reader's mapping can never
+/// fault past its end: SIGBUS), for a page no directory lists.
+fn page_memfd() -> Option<(std::fs::File, *mut u8)> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    // SAFETY: a NUL-terminated name; the result is checked.
+    let raw = unsafe {
+        libc::memfd_create(
+            c"nanowire-stats".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    if raw < 0 {
+        return None;
+    }
+    // SAFETY: a fresh descriptor owned by nobody else. Kept open as long
+    // as the engine: above the program's numbers (sys::above_floor).
+    let f = std::fs::File::from(nanowire_xdp::sys::above_floor(unsafe {
+        std::os::fd::OwnedFd::from_raw_fd(raw)
+    }));
+    f.set_len(PAGE_BYTES as u64).ok()?;
+    // SAFETY: fcntl on our own descriptor.
+    let sealed = unsafe {
+        libc::fcntl(
+            f.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        )
+    };
+    if sealed != 0 {
+        return None;
+    }
+    let p = map_fd(Some(&f), PAGE_BYTES, true)?;
+    Some((f, p))
+}
+
 impl StatsPage {
     pub fn create(info: &PageInfo) -> StatsPage {
         let file = create_page_file();
-        let (ptr, path) = match file
+        let (ptr, path, memfd) = match file
             .as_ref()
             .and_then(|(f, p)| Some((map_fd(Some(f), PAGE_BYTES, true)?, p.clone())))
         {
-            Some((p, path)) => (p, Some(path)),
+            Some((p, path)) => (p, Some(path), None),
             None => {
                 if let Some((_, p)) = &file {
                     let _ = std::fs::remove_file(p);
                 }
-                (
-                    map_fd(None, PAGE_BYTES, true).expect("anonymous mmap of the stats page"),
-                    None,
-                )
+                match page_memfd() {
+                    Some((f, p)) => (p, None, Some(std::os::fd::OwnedFd::from(f))),
+                    None => (
+                        map_fd(None, PAGE_BYTES, true).expect("anonymous mmap of the stats page"),
+                        None,
+                        None,
+                    ),
+                }
             }
         };
-        let page = StatsPage { ptr, path };
+        StatsPage::init(StatsPage { ptr, path, memfd }, info)
+    }
+
+    /// Write the header and descriptors of a freshly mapped page.
+    fn init(page: StatsPage, info: &PageInfo) -> StatsPage {
+        let ptr = page.ptr;
         let json = serde_json::to_vec(info).unwrap_or_default();
         let len = json.len().min(HEADER_BYTES - INFO_OFF);
         // SAFETY: bytes INFO_OFF..INFO_OFF+len are inside the header of the
@@ -658,6 +706,13 @@ impl StatsPage {
 
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
+    }
+
+    /// The sealed memfd of a page no directory lists (to hand to the
+    /// engine service), if this page is one.
+    pub fn memfd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.memfd.as_ref().map(|f| f.as_fd())
     }
 }
 
@@ -844,7 +899,32 @@ fn read_page(d: &SafeDir, name: &str) -> Result<Option<EngineSnapshot>, String> 
         return Ok(None);
     }
     // SAFETY: a fresh fd owned by nobody else.
-    let f = unsafe { std::fs::File::from_raw_fd(fd) };
+    read_file(&unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+/// Is a counter of this name a drop (`drop_*`, the TCP stacks'
+/// `tcp_drop_*`)? (`nanowire stats`: drops by reason per process.)
+pub fn is_drop(name: &str) -> bool {
+    name.starts_with("drop_") || name.contains("_drop_")
+}
+
+/// Read a page another process handed over (the engine service: an
+/// attached process's memfd page). Only a memfd whose size is sealed
+/// against shrinking is read: the mapping can then never fault (SIGBUS)
+/// whatever its owner does; its contents are checked as any page's.
+pub fn read_fd(fd: std::os::fd::BorrowedFd<'_>) -> Result<Option<EngineSnapshot>, String> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fcntl F_GET_SEALS on a descriptor we hold; fails (EINVAL)
+    // on anything but a memfd.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+        return Err("not a memfd sealed against shrinking".into());
+    }
+    let f = std::fs::File::from(fd.try_clone_to_owned().map_err(|e| e.to_string())?);
+    read_file(&f)
+}
+
+fn read_file(f: &std::fs::File) -> Result<Option<EngineSnapshot>, String> {
     let meta = f.metadata().map_err(|e| e.to_string())?;
     if !meta.is_file() {
         return Err("not a regular file".into());
@@ -854,7 +934,7 @@ fn read_page(d: &SafeDir, name: &str) -> Result<Option<EngineSnapshot>, String> 
         return Ok(None);
     }
     let map = |len: usize| {
-        map_fd(Some(&f), len, false).map(|p| Mapped {
+        map_fd(Some(f), len, false).map(|p| Mapped {
             ptr: p.cast_const(),
             len,
         })
@@ -989,6 +1069,30 @@ mod tests {
             bind_mode: "copy".into(),
             ring_depth: 64,
         }
+    }
+
+    /// A page no directory lists, handed over as a sealed memfd, reads the
+    /// same; a descriptor that is not a sealed memfd is refused.
+    #[test]
+    fn a_sealed_memfd_page_is_read_and_an_unsealed_file_refused() {
+        let (f, ptr) = page_memfd().expect("memfd page");
+        let page = StatsPage::init(
+            StatsPage {
+                ptr,
+                path: None,
+                memfd: Some(f.into()),
+            },
+            &info(),
+        );
+        bump(page.e(E::DropOtherHost), 3);
+        let snap = read_fd(page.memfd().unwrap()).unwrap().unwrap();
+        assert_eq!(snap.info, info());
+        assert_eq!(snap.counters["drop_other_host"], 3);
+        assert!(is_drop("drop_other_host") && is_drop("tcp_drop_malformed"));
+        assert!(!is_drop("rx_frames"));
+        let plain = std::fs::File::open("/proc/self/stat").unwrap();
+        use std::os::fd::AsFd;
+        assert!(read_fd(plain.as_fd()).unwrap_err().contains("sealed"));
     }
 
     #[test]

@@ -227,6 +227,13 @@ impl Conn {
         self.expect_ok(&m)
     }
 
+    /// Hand the service this process's stats page (`fd`: a sealed memfd)
+    /// to read for `nanowire stats`.
+    pub fn stats_page(&self, fd: BorrowedFd<'_>) -> Result<(), String> {
+        let m = self.call(&proto::encode_stats_page(), &[fd], 512)?;
+        self.expect_ok(&m)
+    }
+
     /// The service's status (JSON text).
     pub fn status(&self) -> Result<String, String> {
         let m = self.call(&proto::encode_status(), &[], 1 << 20)?;

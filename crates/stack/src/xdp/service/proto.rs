@@ -36,6 +36,10 @@ pub const K_TCP_UNFLOW: u16 = 6;
 /// The process's TCP connection table (a memfd, SCM_RIGHTS; conns.rs):
 /// what the service reads to end its connections when it dies.
 pub const K_CONN_TABLE: u16 = 7;
+/// The process's stats page (a sealed memfd, SCM_RIGHTS) when no directory
+/// lists it (an unprivileged process): the service reads its counters for
+/// `nanowire stats`.
+pub const K_STATS_PAGE: u16 = 8;
 pub const K_OK: u16 = 0x81;
 pub const K_ERR: u16 = 0x82;
 pub const K_STATUS_REPLY: u16 = 0x83;
@@ -79,6 +83,8 @@ pub enum Request {
         remote: SocketAddrV4,
     },
     ConnTable,
+    /// The process's stats page comes with it (SCM_RIGHTS).
+    StatsPage,
 }
 
 /// What a `K_TCP_FLOW` asks.
@@ -180,6 +186,10 @@ pub fn encode_status() -> Vec<u8> {
     header(K_STATUS)
 }
 
+pub fn encode_stats_page() -> Vec<u8> {
+    header(K_STATS_PAGE)
+}
+
 /// Parse a request; `Err` names the counted reason.
 pub fn decode_request(b: &[u8]) -> Result<Request, &'static str> {
     match kind(b)? {
@@ -254,6 +264,8 @@ pub fn decode_request(b: &[u8]) -> Result<Request, &'static str> {
         K_CONN_TABLE => Err("bad_length"),
         K_STATUS if b.len() == 8 => Ok(Request::Status),
         K_STATUS => Err("bad_length"),
+        K_STATS_PAGE if b.len() == 8 => Ok(Request::StatsPage),
+        K_STATS_PAGE => Err("bad_length"),
         _ => Err("unknown_kind"),
     }
 }
@@ -392,6 +404,7 @@ mod tests {
             })
         );
         assert_eq!(decode_request(&encode_status()), Ok(Request::Status));
+        assert_eq!(decode_request(&encode_stats_page()), Ok(Request::StatsPage));
         let (l, r) = (
             SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 5001),
             SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 40000),

@@ -13,6 +13,7 @@
 
 use super::policy::Policy;
 use super::proto::{self, Request};
+use crate::xdp::shm;
 use nanowire_xdp::shared::{Geometry, Member, SharedQueue};
 use nanowire_xdp::{AttachMode, SteerProgram, XskStats, iface};
 use rustix::fd::{AsFd, OwnedFd};
@@ -82,6 +83,9 @@ struct Client {
     counters: ClientCounters,
     /// The process's TCP connection table (conns.rs), read when it dies.
     conn_table: Option<OwnedFd>,
+    /// Its engine's stats page, when it handed one over (a sealed memfd:
+    /// mapped only while a status is made).
+    page: Option<OwnedFd>,
 }
 
 struct Iface {
@@ -247,6 +251,7 @@ impl Service {
                     tcp_flows: Vec::new(),
                     counters: ClientCounters::default(),
                     conn_table: None,
+                    page: None,
                 },
             );
         }
@@ -314,7 +319,10 @@ impl Service {
         let fds = m.fds;
         if !matches!(
             req,
-            Request::Claim { .. } | Request::TcpFlow { .. } | Request::ConnTable
+            Request::Claim { .. }
+                | Request::TcpFlow { .. }
+                | Request::ConnTable
+                | Request::StatsPage
         ) && !fds.is_empty()
         {
             bad(&mut self.counters, "unexpected_descriptors");
@@ -403,6 +411,30 @@ impl Service {
             Request::TcpUnflow { local, remote } => {
                 self.tcp_unflow(id, local, remote);
                 self.ok(id);
+            }
+            Request::StatsPage => {
+                let mut fds = fds;
+                let page = match (fds.pop(), fds.is_empty()) {
+                    (Some(fd), true) => fd,
+                    _ => {
+                        bad(&mut self.counters, "bad_stats_page");
+                        return self.refuse(id, "a stats page is one descriptor");
+                    }
+                };
+                // Checked now (a sealed memfd holding a page), so a bad one
+                // is refused to its sender rather than skipped in a status.
+                match shm::read_fd(page.as_fd()) {
+                    Ok(_) => {
+                        if let Some(c) = self.clients.get_mut(&id) {
+                            c.page = Some(page);
+                        }
+                        self.ok(id);
+                    }
+                    Err(why) => {
+                        bad(&mut self.counters, "bad_stats_page");
+                        self.refuse(id, &format!("stats page refused: {why}"));
+                    }
+                }
             }
             Request::Status => {
                 let s = self.status().to_string();
@@ -1005,6 +1037,7 @@ impl Service {
                         "xsk_tx_invalid_descs": k.tx_invalid_descs,
                     },
                     "counters": c.counters,
+                    "engine_drops": c.page.as_ref().and_then(|p| engine_drops(p.as_fd())),
                 })
             })
             .collect();
@@ -1027,6 +1060,19 @@ impl Service {
             "clients": clients,
         })
     }
+}
+
+/// The `drop_*` counters (and the TCP stacks' `tcp_drop_*`) of a stats
+/// page an attached process handed over; `None` when it cannot be read.
+fn engine_drops(page: rustix::fd::BorrowedFd<'_>) -> Option<serde_json::Value> {
+    let snap = shm::read_fd(page).ok()??;
+    let drops: serde_json::Map<String, serde_json::Value> = snap
+        .counters
+        .into_iter()
+        .filter(|(k, _)| shm::is_drop(k))
+        .map(|(k, v)| (k, v.into()))
+        .collect();
+    Some(drops.into())
 }
 
 fn proto_name(p: u8) -> &'static str {
