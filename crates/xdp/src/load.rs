@@ -76,6 +76,9 @@ struct LinkCreateAttr {
     flags: u32,
 }
 
+/// BPF_PROG_LOAD attempts after one the verifier abandoned for a signal.
+const PROG_LOAD_EAGAIN_RETRIES: usize = 16;
+
 /// `bpf(cmd, attr)`: a new fd, or the errno as an io::Error.
 fn bpf_fd<T>(cmd: bpf_cmd, attr: &mut T) -> std::io::Result<OwnedFd> {
     let r = bpf_call(cmd, attr)?;
@@ -226,7 +229,20 @@ impl Loaded {
             expected_attach_type: bpf_attach_type::BPF_XDP as u32,
             ..Default::default()
         };
-        match bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr) {
+        // The verifier gives up with EAGAIN when a signal arrives while it
+        // works (an application's timer signal, a tracer): the same load
+        // again, as libbpf does (bounded: each attempt is interrupted only
+        // by a signal sent during it).
+        let mut first = bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr);
+        for _ in 0..PROG_LOAD_EAGAIN_RETRIES {
+            match &first {
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    first = bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr);
+                }
+                _ => break,
+            }
+        }
+        match first {
             Ok(fd) => Ok(fd),
             Err(e) => {
                 let mut log = vec![0u8; 1 << 16];
