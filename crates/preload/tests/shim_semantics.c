@@ -600,7 +600,10 @@ static int mcast_burst(int s, int ctl, struct sockaddr_in *snd, const char *req,
     sendto(ctl, req, strlen(req), 0, (struct sockaddr *)snd, sizeof *snd);
     char ack[16];
     struct pollfd pc = {.fd = ctl, .events = POLLIN};
-    if (poll(&pc, 1, 3000) == 1) recv(ctl, ack, sizeof ack, 0); /* burst sent */
+    /* The sender's ack follows its burst on the same wire: wait for it
+     * (alarm(20) bounds the case), not a fixed 3 s (under load the burst
+     * could come after the window and count as not received). */
+    if (poll(&pc, 1, -1) == 1) recv(ctl, ack, sizeof ack, 0); /* burst sent */
     int got = 0;
     char buf[256];
     for (;;) {
