@@ -304,8 +304,12 @@ pub fn above_floor(fd: std::os::fd::OwnedFd) -> std::os::fd::OwnedFd {
     if up < 0 {
         return fd;
     }
-    // SAFETY: `up` is the fresh duplicate made above; we own it. `fd` is
-    // closed when it drops here.
+    // The old number is closed by the raw syscall, not by dropping `fd`
+    // (libc's close, which the shim interposes: engine code must never
+    // enter the shim's close, which takes the shim's locks, while it may
+    // hold an engine lock).
+    close(std::os::fd::IntoRawFd::into_raw_fd(fd));
+    // SAFETY: `up` is the fresh duplicate made above; we own it.
     unsafe { std::os::fd::OwnedFd::from_raw_fd(up) }
 }
 

@@ -799,7 +799,14 @@ pub(crate) fn spawn(
     let r = std::thread::Builder::new()
         .name("nanowire-neigh".into())
         .stack_size(256 * 1024)
-        .spawn(move || run(neigh, tx, watch, mon, hook));
+        .spawn(move || {
+            let mut args = Some((neigh, tx, watch, mon, hook));
+            super::tcp::as_engine_thread(&mut || {
+                if let Some((n, t, w, m, h)) = args.take() {
+                    run(n, t, w, m, h);
+                }
+            });
+        });
     // SAFETY: restores the mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     r
