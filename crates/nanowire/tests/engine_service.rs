@@ -852,15 +852,12 @@ fn tcp_through_the_service_in_all_four_placements() {
         let out = tcp_client_done(&mut c, cli_run, port);
         let sout = s.success(T);
         assert!(sout.contains("done"), "{sout}");
-        match &want {
-            None => want = Some(out),
-            Some(w) => assert_same_output(
-                &format!("server run {srv_run}, client run {cli_run}"),
-                w,
-                &out,
-                &format!("{}\n{}", s.stderr(), c.stderr()),
-            ),
-        }
+        same_as_first(
+            &mut want,
+            &format!("server run {srv_run}, client run {cli_run}"),
+            out,
+            &format!("{}\n{}", s.stderr(), c.stderr()),
+        );
     }
     // Host a's service carried the clients' connections (4-tuple claims).
     let st = status_in(&lab, Host::A);
@@ -921,10 +918,7 @@ fn a_server_exiting_right_after_its_answer_still_delivers_all_of_it() {
         let mut c = spawn(&format!("vtx-cli{i}"), lab.command(Host::A, &argv));
         let out = tcp_client_done(&mut c, false, port);
         assert!(s.success(T).contains("done"));
-        match &want {
-            None => want = Some(out),
-            Some(w) => assert_same_output("server run", w, &out, &s.stderr()),
-        }
+        same_as_first(&mut want, "server run", out, &s.stderr());
     }
 }
 
@@ -1347,10 +1341,7 @@ fn kill_9_ends_a_servers_connections_as_the_kernel_does() {
                 "run {run}: connection {k} did not end with {want_kind}:\n{out}\n{ctx}"
             );
         }
-        match &want {
-            None => want = Some(out),
-            Some(w) => assert_same_output("kill -9 under run", w, &out, &ctx),
-        }
+        same_as_first(&mut want, "kill -9 under run", out, &ctx);
         if run {
             let st = status(&lab);
             let k = &st["counters"];
@@ -1422,10 +1413,7 @@ fn kill_9_ends_a_clients_connections_as_the_kernel_does() {
                 "run {run}: connection {k} did not end with {want_kind}:\n{out}\n{ctx}"
             );
         }
-        match &want {
-            None => want = Some(out),
-            Some(w) => assert_same_output("kill -9 of the clients under run", w, &out, &ctx),
-        }
+        same_as_first(&mut want, "kill -9 of the clients under run", out, &ctx);
         if run {
             let st = status_in(&lab, Host::A);
             let k = &st["counters"];

@@ -250,6 +250,15 @@ pub fn line_of<'a>(out: &'a str, key: &str) -> &'a str {
 /// every line that differs, then both outputs and `context` (what else
 /// helps, e.g. the run's stderr).
 #[track_caller]
+/// A differential loop's step: the first (plain) placement's output is kept
+/// in `want`, every later one must equal it ([`assert_same_output`]).
+pub fn same_as_first(want: &mut Option<String>, what: &str, out: String, context: &str) {
+    match want {
+        None => *want = Some(out),
+        Some(w) => assert_same_output(what, w, &out, context),
+    }
+}
+
 pub fn assert_same_output(what: &str, want: &str, got: &str, context: &str) {
     if want == got {
         return;
