@@ -28,6 +28,10 @@ the TCP message rate of `bench tp --tcp --mps max` per engine (ratio to spin):
     scripts/compare.py --scenario tcp-msg-rate --repeats 3 --seconds 3 --size 64
     scripts/compare.py --scenario issue21-iperf --repeats 5 --seconds 10   # iperf3 -P 4: plain / server / client / both under run
 
+issue21-iperf also runs the transmit floor beside iperf3 (crates/xdp/examples/xsk_floor.rs `blast`/`sink`):
+one copy-mode AF_XDP socket sending 1,514-byte frames, 64 per kick, into an XDP drop, a kernel UDP reader
+and an AF_XDP receiver in b; Gbit/s of TCP payload against plain iperf3 -P 4 (NANOWIRE_NO_TXFLOOR=1: skip).
+
 Wave 3: sockperf UDP and TCP under `nanowire run`, this tree's shim against an older one
 (e.g. the session's starting point), interleaved, with spinning kernel TCP as the TCP yardstick:
 
@@ -265,9 +269,7 @@ def floor_parse(text):
 
 def floor_configs(a):
     """Scenario `floor`: the raw AF_XDP ping-pong first (the baseline)."""
-    if not os.path.exists(FLOOR) or "NANOWIRE_FLOOR" not in os.environ:
-        subprocess.run(["cargo", "build", "--release", "--locked", "-q", "-p", "nanowire-xdp",
-                        "--example", "xsk_floor"], check=True)
+    build_floor()
     port = str(PORT + 11)
     return "raw AF_XDP", [
         ("raw AF_XDP", [FLOOR, "echo", f"{a.lab}-b0", port, "1"],
@@ -329,6 +331,44 @@ def iperf_main(a, base, configs):
             "runs": runs, "median": med, "ratio_to_baseline": ratios, "env": env(a.lab)}
 
 
+TXFLOOR_SINKS = ["xdp", "udp", "xsk"]
+
+
+def build_floor():
+    if not os.path.exists(FLOOR) or "NANOWIRE_FLOOR" not in os.environ:
+        subprocess.run(["cargo", "build", "--release", "--locked", "-q", "-p", "nanowire-xdp",
+                        "--example", "xsk_floor"], check=True)
+
+
+def txfloor_trial(a, sink):
+    """The transmit floor (issue 21 bulk): one copy-mode AF_XDP socket in a (pinned to CPU 0, like
+    the iperf3 client) blasting 1,514-byte frames, 64 per kick, at a sink in b (CPU 1): `xdp` drops
+    them in a generic XDP program, `udp` reads them with a kernel UDP socket (the kernel's per-frame
+    receive), `xsk` receives them on an AF_XDP socket. The blaster's JSON plus what the sink saw."""
+    mac = json.loads(subprocess.run(["ip", "-n", ns(a.lab, "b"), "-j", "link", "show", f"{a.lab}-b0"],
+                                    capture_output=True, text=True, check=True).stdout)[0]["address"]
+    port = str(PORT + 12)
+    s = subprocess.Popen(["ip", "netns", "exec", ns(a.lab, "b"), FLOOR, "sink", f"{a.lab}-b0", sink, port,
+                          str(a.seconds + 3), "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        s.stdout.readline()  # "ready"
+        p = subprocess.run(["ip", "netns", "exec", ns(a.lab, "a"), FLOOR, "blast", f"{a.lab}-a0", B, mac, port,
+                            str(a.seconds), "64", "0"], capture_output=True, text=True, timeout=a.seconds + 30)
+        out, _ = s.communicate(timeout=a.seconds + 30)
+    finally:
+        if s.poll() is None:
+            s.kill()
+            s.wait()
+    if p.returncode != 0:
+        raise RuntimeError(f"xsk_floor blast failed: {p.stderr[-2000:]}")
+    d = json.loads(p.stdout[p.stdout.index("{"):])
+    k = json.loads(out[out.index("{"):])
+    return {"gbps": d["gbps_tcp_payload"], "gbps_per_cpu": d["gbps_tcp_payload_per_cpu"],
+            "frames_per_s": d["frames_per_s"], "frames_per_kick": d["frames_per_kick"],
+            "cpu_sys_s": d["cpu_sys_s"], "cpu_user_s": d["cpu_user_s"],
+            "sink_rx_packets": k["rx_packets"], "sink_read": k["read"]}
+
+
 def iperf_p4_main(a, base, configs):
     """Scenario `issue21-iperf`: iperf3 -P 4 (TCP) in the default lab, interleaved: plain, only
     the server (receiver) under `nanowire run --engine xdp`, only the client, both. Default
@@ -342,7 +382,16 @@ def iperf_p4_main(a, base, configs):
         return [NW, "run", "--engine", "xdp", "--"] + argv if on else argv
 
     runs = {label: [] for label, *_ in configs}
+    floor = {f"xsk tx -> {k}": [] for k in TXFLOOR_SINKS}
+    if os.environ.get("NANOWIRE_NO_TXFLOOR") is None:
+        build_floor()
+    else:
+        floor = {}
     for r in range(a.repeats):
+        for sink in TXFLOOR_SINKS if floor else []:
+            res = txfloor_trial(a, sink)
+            floor[f"xsk tx -> {sink}"].append(res)
+            print(f"# repeat {r + 1} floor {sink}: {res}", file=sys.stderr)
         for label, *_ in configs:
             srv_run, cli_run = placement[label]
             port = str(PORT + 8)
@@ -356,7 +405,16 @@ def iperf_p4_main(a, base, configs):
     keys = ["gbps", "retransmits", "cpu_client_pct", "cpu_server_pct"]
     med = {label: {k: statistics.median(x[k] for x in rs) for k in keys} for label, rs in runs.items()}
     ratios = {label: {k: round(m[k] / med[base][k], 3) for k in m if med[base].get(k)} for label, m in med.items()}
+    # The transmit floor beside iperf3: Gbit/s of TCP payload (1,448 B a frame) one AF_XDP socket
+    # moves on one core, and per second of its own CPU; ratios to plain iperf3 -P 4.
+    fkeys = ["gbps", "gbps_per_cpu", "frames_per_s", "frames_per_kick", "sink_rx_packets", "sink_read"]
+    fmed = {label: {k: statistics.median(x[k] for x in rs) for k in fkeys} for label, rs in floor.items()}
+    fratio = {label: {k: round(m[k] / med[base]["gbps"], 3) for k in ("gbps", "gbps_per_cpu")}
+              for label, m in fmed.items()}
     return {"scenario": a.scenario, "baseline": base, "repeats": a.repeats, "seconds": a.seconds,
+            "txfloor": {"command": f"xsk_floor sink IFACE_B xdp|udp|xsk PORT S 1; "
+                                   f"xsk_floor blast IFACE_A {B} MAC_B PORT S 64 0",
+                        "runs": floor, "median": fmed, "ratio_to_plain_iperf3": fratio},
             "commands": {label: {"server": " ".join(wrap(placement[label][0], ["iperf3", "-s", "-1", "-B", B])),
                                  "client": " ".join(wrap(placement[label][1], ["iperf3", "-c", B, "-P", "4", "-t",
                                                                                str(a.seconds), "-J"]))}

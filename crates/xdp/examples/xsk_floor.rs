@@ -8,6 +8,29 @@
 //!   xsk_floor echo IFACE PORT [CPU]
 //!   xsk_floor ping IFACE PEER_IP PEER_MAC|auto PORT SECONDS [CPU]
 //!
+//! The transmit floor (issue 21, bulk): how many full-size (1,514-byte)
+//! frames one copy-mode AF_XDP socket gets through the veth, with
+//! nothing of the engine in it (no TCP, no checksum: UDP checksum 0).
+//!
+//!   xsk_floor sink IFACE xdp|xdp-native|udp|xsk PORT SECONDS [CPU]
+//!   xsk_floor blast IFACE PEER_IP PEER_MAC|auto PORT SECONDS [BATCH] [CPU]
+//!
+//! The sink runs on the peer: `xdp` attaches an XDP program that drops
+//! every frame (generic mode, as the lab's engines attach; `xdp-native`:
+//! veth's native XDP), `udp` reads with a kernel UDP socket (recvmmsg, 64
+//! at a time: the kernel's per-frame receive, IP and UDP, as a plain
+//! receiver pays it per segment), `xsk` receives with an AF_XDP socket
+//! (the steering program claims the port, generic XDP copies each frame
+//! into the UMEM; the frames are recycled unread: the receive of an
+//! engine, without its TCP). It prints the frames the interface
+//! received (and for `udp` the datagrams read) in its SECONDS. The blaster
+//! posts BATCH frames (default 64) and kicks once (sendto), reaps
+//! completions, for SECONDS after a 300 ms warm-up, and prints frames,
+//! kicks, frames per kick and per second, the rate in Gbit/s of TCP
+//! payload (1,448 bytes a frame, what an MSS-sized TCP segment carries)
+//! and its own CPU time (user, system: the copy-mode transmit and,
+//! on veth, the peer's receive run in the sender's system time).
+//!
 //! `auto` takes the peer's MAC from the kernel's ARP table (after one
 //! datagram from a kernel socket has made the kernel resolve it).
 //! The pinger prints one JSON line: one-way latency (round trip / 2) in µs,
@@ -16,7 +39,7 @@
 
 use nanowire_wire::ipv4::PROTO_UDP;
 use nanowire_wire::{EtherType, EthernetRepr, Ipv4Repr, MacAddr};
-use nanowire_xdp::{SteerProgram, XskConfig, XskSocket, iface};
+use nanowire_xdp::{AttachMode, DropProgram, SteerProgram, XskConfig, XskSocket, iface};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -137,6 +160,181 @@ fn open(ifname: &str, port: u16) -> (iface::IfaceInfo, SteerProgram, XskSocket) 
     (info, prog, xsk)
 }
 
+/// A full-size frame: 1,514 bytes on the wire (Ethernet + IPv4 + UDP +
+/// 1,472 bytes), the size of an MSS-sized TCP segment's frame.
+const BULK_FRAME: usize = 1514;
+/// TCP payload a 1,514-byte frame carries (MSS 1,448 with timestamps).
+const TCP_PAYLOAD: f64 = 1448.0;
+
+/// (user, system) CPU seconds of this process so far.
+fn cpu_times() -> (f64, f64) {
+    // SAFETY: getrusage writes the zeroed struct we own.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (s(ru.ru_utime), s(ru.ru_stime))
+}
+
+/// The interface's received-packets counter.
+fn rx_packets(ifname: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/statistics/rx_packets"))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// `xsk_floor sink`: drop in XDP, or read with a kernel UDP socket, for
+/// `secs`; prints what arrived.
+fn sink(ifname: &str, how: &str, port: u16, secs: f64) {
+    let info = iface::lookup(ifname).unwrap_or_else(|e| die(format!("{ifname}: {e}")));
+    let start = rx_packets(ifname);
+    let mut read = 0u64;
+    match how {
+        "xdp" | "xdp-native" => {
+            let mode = if how == "xdp" {
+                AttachMode::Skb
+            } else {
+                AttachMode::Driver
+            };
+            let _drop = DropProgram::attach(info.index, mode).unwrap_or_else(|e| die(e));
+            println!("ready");
+            std::thread::sleep(Duration::from_secs_f64(secs));
+        }
+        "udp" => {
+            let s = std::net::UdpSocket::bind(("0.0.0.0", port))
+                .unwrap_or_else(|e| die(format!("udp bind {port}: {e}")));
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&s);
+            let big: libc::c_int = 64 << 20;
+            // SAFETY: setsockopt reads the int we pass; SO_RCVBUFFORCE
+            // needs CAP_NET_ADMIN, SO_RCVBUF is the fallback.
+            unsafe {
+                for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+                    let p = (&big as *const libc::c_int).cast();
+                    if libc::setsockopt(fd, libc::SOL_SOCKET, opt, p, 4) == 0 {
+                        break;
+                    }
+                }
+            }
+            s.set_read_timeout(Some(Duration::from_millis(100)))
+                .unwrap_or_else(|e| die(format!("udp: {e}")));
+            println!("ready");
+            const N: usize = 64;
+            let mut bufs = vec![[0u8; 2048]; N];
+            let end = Instant::now() + Duration::from_secs_f64(secs);
+            while Instant::now() < end {
+                // SAFETY: zeroed iovec/mmsghdr arrays are valid; each iovec
+                // points into `bufs`, alive and unaliased for the call.
+                let n = unsafe {
+                    let mut iov: [libc::iovec; N] = std::mem::zeroed();
+                    let mut msgs: [libc::mmsghdr; N] = std::mem::zeroed();
+                    for i in 0..N {
+                        iov[i].iov_base = bufs[i].as_mut_ptr().cast();
+                        iov[i].iov_len = bufs[i].len();
+                        msgs[i].msg_hdr.msg_iov = &mut iov[i];
+                        msgs[i].msg_hdr.msg_iovlen = 1;
+                    }
+                    libc::recvmmsg(fd, msgs.as_mut_ptr(), N as u32, 0, std::ptr::null_mut())
+                };
+                if n > 0 {
+                    read += n as u64;
+                }
+            }
+        }
+        "xsk" => {
+            let (_info, _prog, xsk) = open(ifname, port);
+            let (mut rx, _tx) = xsk.split();
+            println!("ready");
+            let end = Instant::now() + Duration::from_secs_f64(secs);
+            while Instant::now() < end {
+                let got = rx.poll(256, 64, |_| {}).descs;
+                read += u64::from(got);
+                if got == 0 {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        _ => die(format!(
+            "sink: unknown kind {how} (xdp, xdp-native, udp, xsk)"
+        )),
+    }
+    println!(
+        "{{\"tool\": \"xsk_floor\", \"mode\": \"sink\", \"sink\": \"{how}\", \"seconds\": {secs}, \"rx_packets\": {}, \"read\": {read}}}",
+        rx_packets(ifname) - start
+    );
+}
+
+/// `xsk_floor blast`: full-size UDP frames from one copy-mode socket,
+/// `batch` per kick, for `secs` after a warm-up; prints the counts.
+fn blast(ifname: &str, peer: Ipv4Addr, peer_mac: [u8; 6], port: u16, secs: f64, batch: usize) {
+    let info = iface::lookup(ifname).unwrap_or_else(|e| die(format!("{ifname}: {e}")));
+    let me = info
+        .addr
+        .unwrap_or_else(|| die(format!("{ifname} has no IPv4 address")));
+    let cfg = XskConfig {
+        rx_frames: 64,
+        tx_frames: 4096,
+        try_zero_copy: false,
+        ..XskConfig::default()
+    };
+    let xsk = XskSocket::open(ifname, info.index, 0, cfg).unwrap_or_else(|e| die(e.to_string()));
+    let budget = xsk.tx_budget();
+    let (_rx, mut tx) = xsk.split();
+    let payload = vec![0x5au8; BULK_FRAME - HDRS];
+    let warm_until = Instant::now() + Duration::from_millis(300);
+    let end = warm_until + Duration::from_secs_f64(secs);
+    let (mut frames, mut kicks, mut full) = (0u64, 0u64, 0u64);
+    let mut cpu0 = (0.0, 0.0);
+    let mut counting = false;
+    loop {
+        let now = Instant::now();
+        if !counting && now >= warm_until {
+            counting = true;
+            (frames, kicks, full) = (0, 0, 0);
+            cpu0 = cpu_times();
+        }
+        if now >= end {
+            break;
+        }
+        // Copy mode always asks for a wakeup: send_with kicks once per
+        // batch it posted.
+        let n = tx.send_with(batch, |_, fr| {
+            Some(build(fr, info.mac, peer_mac, me, peer, port, &payload))
+        });
+        if n > 0 {
+            kicks += 1;
+        } else {
+            full += 1;
+            tx.kick();
+        }
+        frames += u64::from(tx.reap());
+    }
+    let dt = Instant::now().duration_since(warm_until).as_secs_f64();
+    let cpu1 = cpu_times();
+    let fps = frames as f64 / dt;
+    let cpu = (cpu1.0 - cpu0.0, cpu1.1 - cpu0.1);
+    // Frames per second of this process's own CPU (user + system, the
+    // kernel's transmit and the peer's softirq receive included): the rate
+    // one core would reach, whatever else the machine was running.
+    let per_cpu = frames as f64 / (cpu.0 + cpu.1).max(1e-9);
+    if let Some(e) = tx.kick_error() {
+        die(format!("kick: {e}"));
+    }
+    println!(
+        "{{\"tool\": \"xsk_floor\", \"mode\": \"blast\", \"frame_bytes\": {BULK_FRAME}, \"batch\": {batch}, \"tx_budget\": {}, \"seconds\": {dt:.3}, \"frames\": {frames}, \"kicks\": {kicks}, \"ring_full\": {full}, \"frames_per_kick\": {:.1}, \"frames_per_s\": {fps:.0}, \"gbps_tcp_payload\": {:.3}, \"gbps_wire\": {:.3}, \"cpu_user_s\": {:.3}, \"cpu_sys_s\": {:.3}, \"frames_per_cpu_s\": {:.0}, \"gbps_tcp_payload_per_cpu\": {:.3}}}",
+        budget.map_or("null".into(), |b| b.to_string()),
+        frames as f64 / kicks.max(1) as f64,
+        fps * TCP_PAYLOAD * 8.0 / 1e9,
+        fps * BULK_FRAME as f64 * 8.0 / 1e9,
+        cpu.0,
+        cpu.1,
+        per_cpu,
+        per_cpu * TCP_PAYLOAD * 8.0 / 1e9
+    );
+}
+
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     match a.get(1).map(String::as_str) {
@@ -234,8 +432,30 @@ fn main() {
                 q(1.0)
             );
         }
+        Some("sink") if a.len() >= 6 => {
+            pin(a.get(6));
+            let port: u16 = a[4].parse().unwrap_or_else(|_| die("bad port".into()));
+            let secs: f64 = a[5].parse().unwrap_or_else(|_| die("bad seconds".into()));
+            sink(&a[2], &a[3], port, secs);
+        }
+        Some("blast") if a.len() >= 7 => {
+            pin(a.get(8));
+            let peer: Ipv4Addr = a[3].parse().unwrap_or_else(|_| die("bad peer IP".into()));
+            let peer_mac = if a[4] == "auto" {
+                arp_mac(peer)
+            } else {
+                parse_mac(&a[4])
+            };
+            let port: u16 = a[5].parse().unwrap_or_else(|_| die("bad port".into()));
+            let secs: f64 = a[6].parse().unwrap_or_else(|_| die("bad seconds".into()));
+            let batch: usize = a
+                .get(7)
+                .map_or(Ok(64), |b| b.parse())
+                .unwrap_or_else(|_| die("bad batch".into()));
+            blast(&a[2], peer, peer_mac, port, secs, batch.max(1));
+        }
         _ => die(
-            "usage: xsk_floor echo IFACE PORT [CPU] | ping IFACE PEER_IP PEER_MAC|auto PORT SECONDS [CPU]"
+            "usage: xsk_floor echo IFACE PORT [CPU] | ping IFACE PEER_IP PEER_MAC|auto PORT SECONDS [CPU] | sink IFACE xdp|xdp-native|udp|xsk PORT SECONDS [CPU] | blast IFACE PEER_IP PEER_MAC|auto PORT SECONDS [BATCH] [CPU]"
                 .into(),
         ),
     }

@@ -30,7 +30,7 @@ pub mod sys;
 pub mod umem;
 pub mod xsk;
 
-pub use program::{AttachMode, Frags, SteerProgram};
+pub use program::{AttachMode, DropProgram, Frags, SteerProgram};
 pub use umem::{Recycler, RxFrame, UmemArea, UmemInfo};
 pub use xsk::{CsumRequest, RxPeek, XskConfig, XskRx, XskSocket, XskStats, XskTx};
 

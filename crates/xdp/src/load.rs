@@ -214,51 +214,76 @@ impl Loaded {
             .programs
             .get(name)
             .ok_or_else(|| format!("the XDP object has no program {name}"))?;
-        let license = c"GPL";
-        let mut attr = ProgLoadAttr {
-            prog_type: bpf_prog_type::BPF_PROG_TYPE_XDP as u32,
-            insn_cnt: insns.len() as u32,
-            insns: insns.as_ptr() as u64,
-            license: license.as_ptr() as u64,
-            prog_flags: if frags {
-                aya_obj::generated::BPF_F_XDP_HAS_FRAGS
-            } else {
-                0
-            },
-            prog_name: obj_name(name),
-            expected_attach_type: bpf_attach_type::BPF_XDP as u32,
-            ..Default::default()
-        };
-        // The verifier gives up with EAGAIN when a signal arrives while it
-        // works (an application's timer signal, a tracer): the same load
-        // again, as libbpf does (bounded: each attempt is interrupted only
-        // by a signal sent during it).
-        let mut first = bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr);
-        for _ in 0..PROG_LOAD_EAGAIN_RETRIES {
-            match &first {
-                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                    first = bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr);
-                }
-                _ => break,
+        load_xdp_insns(name, insns, frags)
+    }
+}
+
+/// `r0 = XDP_DROP; exit`: an XDP program that drops every frame.
+pub fn drop_insns() -> [bpf_insn; 2] {
+    // BPF_ALU64 | BPF_MOV | BPF_K (0xb7), dst r0, imm XDP_DROP (1);
+    // BPF_JMP | BPF_EXIT (0x95).
+    let mov = bpf_insn {
+        code: 0xb7,
+        _bitfield_align_1: [],
+        _bitfield_1: bpf_insn::new_bitfield_1(0, 0),
+        off: 0,
+        imm: 1,
+    };
+    let exit = bpf_insn {
+        code: 0x95,
+        imm: 0,
+        ..mov
+    };
+    [mov, exit]
+}
+
+/// Load an XDP program from its instructions (relocated). On refusal the
+/// verifier's log is asked for and its last lines given.
+pub fn load_xdp_insns(name: &str, insns: &[bpf_insn], frags: bool) -> Result<OwnedFd, String> {
+    let license = c"GPL";
+    let mut attr = ProgLoadAttr {
+        prog_type: bpf_prog_type::BPF_PROG_TYPE_XDP as u32,
+        insn_cnt: insns.len() as u32,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        prog_flags: if frags {
+            aya_obj::generated::BPF_F_XDP_HAS_FRAGS
+        } else {
+            0
+        },
+        prog_name: obj_name(name),
+        expected_attach_type: bpf_attach_type::BPF_XDP as u32,
+        ..Default::default()
+    };
+    // The verifier gives up with EAGAIN when a signal arrives while it
+    // works (an application's timer signal, a tracer): the same load
+    // again, as libbpf does (bounded: each attempt is interrupted only
+    // by a signal sent during it).
+    let mut first = bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr);
+    for _ in 0..PROG_LOAD_EAGAIN_RETRIES {
+        match &first {
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                first = bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr);
             }
+            _ => break,
         }
-        match first {
-            Ok(fd) => Ok(fd),
-            Err(e) => {
-                let mut log = vec![0u8; 1 << 16];
-                attr.log_level = 1;
-                attr.log_size = log.len() as u32;
-                attr.log_buf = log.as_mut_ptr() as u64;
-                let again = bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr);
-                let text = String::from_utf8_lossy(&log);
-                let text = text.trim_end_matches('\0').trim();
-                let tail: Vec<&str> = text.lines().rev().take(4).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                match again {
-                    // Loaded with the log on (should not happen): take it.
-                    Ok(fd) => Ok(fd),
-                    Err(_) => Err(format!("{e}: {}", tail.join(" / "))),
-                }
+    }
+    match first {
+        Ok(fd) => Ok(fd),
+        Err(e) => {
+            let mut log = vec![0u8; 1 << 16];
+            attr.log_level = 1;
+            attr.log_size = log.len() as u32;
+            attr.log_buf = log.as_mut_ptr() as u64;
+            let again = bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr);
+            let text = String::from_utf8_lossy(&log);
+            let text = text.trim_end_matches('\0').trim();
+            let tail: Vec<&str> = text.lines().rev().take(4).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            match again {
+                // Loaded with the log on (should not happen): take it.
+                Ok(fd) => Ok(fd),
+                Err(_) => Err(format!("{e}: {}", tail.join(" / "))),
             }
         }
     }
@@ -292,6 +317,14 @@ pub fn link_update(link: &OwnedFd, prog: &OwnedFd) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_drop_program_is_mov_r0_xdp_drop_then_exit() {
+        let [mov, exit] = drop_insns();
+        let f = |i: bpf_insn| (i.code, i.dst_reg(), i.src_reg(), i.off, i.imm);
+        assert_eq!(f(mov), (0xb7, 0, 0, 0, 1), "r0 = 1 (XDP_DROP)");
+        assert_eq!(f(exit), (0x95, 0, 0, 0, 0), "exit");
+    }
 
     #[test]
     fn attr_layouts_match_the_kernels_bpf_attr() {

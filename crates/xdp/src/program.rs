@@ -457,3 +457,31 @@ impl SteerProgram {
         self.stats.get(&1, 0).map(|v| v.iter().sum()).unwrap_or(0)
     }
 }
+
+/// An XDP program that drops every frame (`r0 = XDP_DROP; exit`), attached
+/// to an interface through a BPF link owned by this value: a sink that
+/// costs the receiving end nothing past the driver's (or generic XDP's)
+/// own work. Measurement only: `examples/xsk_floor.rs` (`sink xdp`) uses
+/// it to see what one AF_XDP socket alone can push through a veth.
+pub struct DropProgram {
+    _link: OwnedFd,
+    _prog: OwnedFd,
+}
+
+impl DropProgram {
+    /// Load the program and attach it to `ifindex` in `mode`.
+    pub fn attach(ifindex: u32, mode: AttachMode) -> Result<DropProgram, String> {
+        let prog = crate::load::load_xdp_insns("nw_drop", &crate::load::drop_insns(), false)
+            .map_err(|e| format!("the kernel refused the XDP drop program: {e}"))?;
+        let flags = match mode {
+            AttachMode::Driver => aya_obj::generated::XDP_FLAGS_DRV_MODE,
+            AttachMode::Skb => aya_obj::generated::XDP_FLAGS_SKB_MODE,
+        };
+        let link = crate::load::link_xdp(&prog, ifindex, flags)
+            .map_err(|e| format!("XDP attach ({} mode) refused: {e}", mode.as_str()))?;
+        Ok(DropProgram {
+            _link: link,
+            _prog: prog,
+        })
+    }
+}
