@@ -335,6 +335,19 @@ fn blast(ifname: &str, peer: Ipv4Addr, peer_mac: [u8; 6], port: u16, secs: f64, 
     );
 }
 
+/// PEER_IP PEER_MAC|auto PORT SECONDS (arguments 3 to 6 of ping and blast).
+fn peer_args(a: &[String]) -> (Ipv4Addr, [u8; 6], u16, f64) {
+    let peer: Ipv4Addr = a[3].parse().unwrap_or_else(|_| die("bad peer IP".into()));
+    let peer_mac = if a[4] == "auto" {
+        arp_mac(peer)
+    } else {
+        parse_mac(&a[4])
+    };
+    let port: u16 = a[5].parse().unwrap_or_else(|_| die("bad port".into()));
+    let secs: f64 = a[6].parse().unwrap_or_else(|_| die("bad seconds".into()));
+    (peer, peer_mac, port, secs)
+}
+
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     match a.get(1).map(String::as_str) {
@@ -364,14 +377,7 @@ fn main() {
         }
         Some("ping") if a.len() >= 7 => {
             pin(a.get(7));
-            let peer: Ipv4Addr = a[3].parse().unwrap_or_else(|_| die("bad peer IP".into()));
-            let peer_mac = if a[4] == "auto" {
-                arp_mac(peer)
-            } else {
-                parse_mac(&a[4])
-            };
-            let port: u16 = a[5].parse().unwrap_or_else(|_| die("bad port".into()));
-            let secs: f64 = a[6].parse().unwrap_or_else(|_| die("bad seconds".into()));
+            let (peer, peer_mac, port, secs) = peer_args(&a);
             let (info, _prog, xsk) = open(&a[2], port);
             let me = info.addr.unwrap_or(Ipv4Addr::UNSPECIFIED);
             let (mut rx, mut tx) = xsk.split();
@@ -440,14 +446,7 @@ fn main() {
         }
         Some("blast") if a.len() >= 7 => {
             pin(a.get(8));
-            let peer: Ipv4Addr = a[3].parse().unwrap_or_else(|_| die("bad peer IP".into()));
-            let peer_mac = if a[4] == "auto" {
-                arp_mac(peer)
-            } else {
-                parse_mac(&a[4])
-            };
-            let port: u16 = a[5].parse().unwrap_or_else(|_| die("bad port".into()));
-            let secs: f64 = a[6].parse().unwrap_or_else(|_| die("bad seconds".into()));
+            let (peer, peer_mac, port, secs) = peer_args(&a);
             let batch: usize = a
                 .get(7)
                 .map_or(Ok(64), |b| b.parse())
