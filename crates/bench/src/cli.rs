@@ -1,5 +1,5 @@
 //! `nanowire bench server|pp|ul|tp`, with sockperf's options and vocabulary.
-use crate::client::{ClientConfig, Mode, Protocol, Rate, resolve, run_client};
+use crate::client::{ClientConfig, EngineChoice, Mode, Protocol, Rate, resolve, run_client};
 use crate::server::{ServerConfig, bind_server};
 use clap::{Args, Subcommand};
 use nanowire_stack::{EngineKind, WaitPolicy};
@@ -91,9 +91,18 @@ fn parse_ring_depth(v: &str) -> Result<u32, String> {
 }
 
 impl Common {
-    fn wait(&self) -> Option<WaitPolicy> {
-        self.spin_then_block_us
-            .map(|us| WaitPolicy::SpinThenBlock(Duration::from_micros(us)))
+    fn engine(&self) -> EngineChoice {
+        EngineChoice {
+            kind: self.engine,
+            wait: self
+                .spin_then_block_us
+                .map(|us| WaitPolicy::SpinThenBlock(Duration::from_micros(us))),
+            rcvbuf: self.rcvbuf,
+            sndbuf: self.sndbuf,
+            iface: self.iface.clone(),
+            ring_depth: self.ring_depth,
+            fallback: !self.no_fallback,
+        }
     }
     fn protocol(&self) -> Protocol {
         if self.tcp {
@@ -173,8 +182,7 @@ fn client(mode: Mode, a: ClientArgs) -> Result<i32, String> {
     // Check the size before resolving names or touching the network.
     cfg.validate()?;
     cfg.server = resolve(&c.ip, c.port)?;
-    cfg.engine = c.engine;
-    cfg.wait = c.wait();
+    cfg.engine = c.engine();
     cfg.duration = Duration::from_secs_f64(a.time);
     if let Some(r) = a.mps {
         if mode == Mode::PingPong {
@@ -195,17 +203,12 @@ fn client(mode: Mode, a: ClientArgs) -> Result<i32, String> {
             })
             .max(1),
     );
-    cfg.rcvbuf = c.rcvbuf;
-    cfg.sndbuf = c.sndbuf;
-    cfg.iface = c.iface.clone();
-    cfg.ring_depth = c.ring_depth;
-    cfg.fallback = !c.no_fallback;
     cfg.validate()?;
     if !c.json {
         println!(
             "nanowire: == version #{} == engine {}",
             env!("CARGO_PKG_VERSION"),
-            cfg.engine
+            cfg.engine.kind
         );
         println!(
             "nanowire[CLIENT] send on:\n[ 0] IP = {:<15} PORT = {:5} # {}",
@@ -239,14 +242,8 @@ fn server(a: ServerArgs) -> Result<i32, String> {
     let bind = resolve(&c.ip, c.port)?;
     let mut cfg = ServerConfig::new(bind);
     cfg.protocol = c.protocol();
-    cfg.engine = c.engine;
-    cfg.wait = c.wait();
+    cfg.engine = c.engine();
     cfg.cpu = c.cpu;
-    cfg.rcvbuf = c.rcvbuf;
-    cfg.sndbuf = c.sndbuf;
-    cfg.iface = c.iface.clone();
-    cfg.ring_depth = c.ring_depth;
-    cfg.fallback = !c.no_fallback;
     let stop = nanowire_stack::kernel::stop_on_signals()
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let bound = bind_server(&cfg)?;
@@ -261,7 +258,7 @@ fn server(a: ServerArgs) -> Result<i32, String> {
     if let Some(r) = bound.fallback_reason() {
         eprintln!(
             "nanowire: engine {} fell back to {}: {r}",
-            cfg.engine,
+            cfg.engine.kind,
             bound.engine()
         );
     }

@@ -94,9 +94,7 @@ pub struct ClientConfig {
     pub mode: Mode,
     pub server: SocketAddrV4,
     pub protocol: Protocol,
-    pub engine: EngineKind,
-    /// Override the engine's default wait policy.
-    pub wait: Option<WaitPolicy>,
+    pub engine: EngineChoice,
     /// Whole message size, header included.
     pub msg_size: usize,
     pub duration: Duration,
@@ -111,32 +109,12 @@ pub struct ClientConfig {
     /// Wait per probe attempt before the run.
     pub probe_timeout: Duration,
     pub full_log: Option<PathBuf>,
-    pub rcvbuf: Option<usize>,
-    pub sndbuf: Option<usize>,
-    /// xdp engine: interface (derived from the address when `None`).
-    pub iface: Option<String>,
-    /// xdp engine: RX/fill ring depth.
-    pub ring_depth: Option<u32>,
-    /// xdp engine: fall back to `spin` (saying why) when AF_XDP cannot be used.
-    pub fallback: bool,
     /// pp, xdp engine: read the engine's receive stamp of every reply and
     /// report ring → application (`ring_to_app_us`).
     pub rx_stamps: bool,
 }
 
 impl ClientConfig {
-    pub(crate) fn engine_options(&self) -> EngineOptions {
-        engine_options(
-            self.engine,
-            self.wait,
-            self.rcvbuf,
-            self.sndbuf,
-            self.iface.as_deref(),
-            self.ring_depth,
-            self.fallback,
-        )
-    }
-
     /// sockperf's defaults: 14-byte messages, 1 s, ul at 10000 msg/s with a
     /// reply every 100, tp at max.
     pub fn new(mode: Mode, server: SocketAddrV4) -> ClientConfig {
@@ -144,8 +122,7 @@ impl ClientConfig {
             mode,
             server,
             protocol: Protocol::Udp,
-            engine: EngineKind::Kernel,
-            wait: None,
+            engine: EngineChoice::new(EngineKind::Kernel),
             msg_size: SOCKPERF_HEADER_LEN,
             duration: Duration::from_secs(1),
             mps: match mode {
@@ -158,11 +135,6 @@ impl ClientConfig {
             reply_timeout: Duration::from_millis(100),
             probe_timeout: Duration::from_secs(1),
             full_log: None,
-            rcvbuf: None,
-            sndbuf: None,
-            iface: None,
-            ring_depth: None,
-            fallback: true,
             rx_stamps: false,
         }
     }
@@ -228,29 +200,51 @@ pub fn pin_to_cpu(cpu: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// Engine options shared by client and server configurations.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn engine_options(
-    engine: EngineKind,
-    wait: Option<WaitPolicy>,
-    rcvbuf: Option<usize>,
-    sndbuf: Option<usize>,
-    iface: Option<&str>,
-    ring_depth: Option<u32>,
-    fallback: bool,
-) -> EngineOptions {
-    let mut o = EngineOptions::new(engine);
-    if let Some(w) = wait {
-        o.wait = w;
+/// The engine a client or server opens its socket on, and the engine's
+/// knobs (one set for both ends; `options` resolves the defaults).
+#[derive(Debug, Clone)]
+pub struct EngineChoice {
+    pub kind: EngineKind,
+    /// Override the engine's default wait policy.
+    pub wait: Option<WaitPolicy>,
+    pub rcvbuf: Option<usize>,
+    pub sndbuf: Option<usize>,
+    /// xdp engine: interface (derived from the address when `None`).
+    pub iface: Option<String>,
+    /// xdp engine: RX/fill ring depth.
+    pub ring_depth: Option<u32>,
+    /// xdp engine: fall back to `spin` (saying why) when AF_XDP cannot be used.
+    pub fallback: bool,
+}
+
+impl EngineChoice {
+    /// `kind` with its default wait policy and buffers, falling back.
+    pub fn new(kind: EngineKind) -> EngineChoice {
+        EngineChoice {
+            kind,
+            wait: None,
+            rcvbuf: None,
+            sndbuf: None,
+            iface: None,
+            ring_depth: None,
+            fallback: true,
+        }
     }
-    o.rcvbuf = rcvbuf;
-    o.sndbuf = sndbuf;
-    o.iface = iface.map(str::to_string);
-    if let Some(d) = ring_depth {
-        o.ring_depth = d;
+
+    pub(crate) fn options(&self) -> EngineOptions {
+        let mut o = EngineOptions::new(self.kind);
+        if let Some(w) = self.wait {
+            o.wait = w;
+        }
+        o.rcvbuf = self.rcvbuf;
+        o.sndbuf = self.sndbuf;
+        o.iface = self.iface.clone();
+        if let Some(d) = self.ring_depth {
+            o.ring_depth = d;
+        }
+        o.fallback = self.fallback;
+        o
     }
-    o.fallback = fallback;
-    o
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -431,7 +425,7 @@ fn io_error(cfg: &ClientConfig, what: &str, e: io::Error) -> String {
 }
 
 fn open_transport(cfg: &ClientConfig) -> Result<(Box<dyn Transport>, SocketAddrV4), String> {
-    let opts = cfg.engine_options();
+    let opts = cfg.engine.options();
     match cfg.protocol {
         Protocol::Udp => {
             // Ask the kernel which source address reaches the server, so an
@@ -446,7 +440,7 @@ fn open_transport(cfg: &ClientConfig) -> Result<(Box<dyn Transport>, SocketAddrV
             };
             drop(probe);
             let mut ep = nanowire_stack::open_udp(SocketAddrV4::new(local_ip, 0), &opts)
-                .map_err(|e| format!("cannot open a {} UDP socket: {e}", cfg.engine))?;
+                .map_err(|e| format!("cannot open a {} UDP socket: {e}", cfg.engine.kind))?;
             ep.connect(cfg.server)
                 .map_err(|e| format!("cannot reach {}: {e}", cfg.server))?;
             if cfg.rx_stamps {
@@ -465,7 +459,7 @@ fn open_transport(cfg: &ClientConfig) -> Result<(Box<dyn Transport>, SocketAddrV
                 local,
             ))
         }
-        Protocol::Tcp if cfg.engine == EngineKind::Xdp => {
+        Protocol::Tcp if cfg.engine.kind == EngineKind::Xdp => {
             let s = match nanowire_stack::xdp::XdpTcpStream::connect(
                 cfg.server,
                 &opts,
@@ -478,14 +472,14 @@ fn open_transport(cfg: &ClientConfig) -> Result<(Box<dyn Transport>, SocketAddrV
                         cfg.server
                     ));
                 }
-                Err(e) if cfg.fallback && e.kind() != io::ErrorKind::TimedOut => {
+                Err(e) if cfg.engine.fallback && e.kind() != io::ErrorKind::TimedOut => {
                     // As for UDP: say why, then run on the spin engine.
                     eprintln!(
                         "nanowire: xdp TCP unavailable to {}: {e}; falling back to the spin engine",
                         cfg.server
                     );
                     let mut c = cfg.clone();
-                    c.engine = EngineKind::Spin;
+                    c.engine.kind = EngineKind::Spin;
                     return open_transport(&c);
                 }
                 Err(e) => {
@@ -519,7 +513,7 @@ fn open_transport(cfg: &ClientConfig) -> Result<(Box<dyn Transport>, SocketAddrV
                 Ok(std::net::SocketAddr::V4(a)) => a,
                 _ => SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
             };
-            let t = TcpTransport::new(s, opts.wait, cfg.engine)
+            let t = TcpTransport::new(s, opts.wait, cfg.engine.kind)
                 .map_err(|e| format!("tcp setup: {e}"))?;
             Ok((Box::new(t), local))
         }
@@ -642,7 +636,7 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
         version: env!("CARGO_PKG_VERSION").into(),
         mode: cfg.mode.as_str().into(),
         engine: tr.engine().as_str().into(),
-        engine_requested: cfg.engine.as_str().into(),
+        engine_requested: cfg.engine.kind.as_str().into(),
         fallback_reason: tr.fallback_reason(),
         protocol: cfg.protocol.as_str().into(),
         msg_size: size,

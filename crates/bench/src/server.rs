@@ -5,7 +5,7 @@
 //! (source address, or TCP connection) gets its own sequence tracker, so
 //! drops, duplicates and reordering are counted per client.
 
-use crate::client::{Protocol, engine_options, pin_to_cpu};
+use crate::client::{EngineChoice, Protocol, pin_to_cpu};
 use crate::env::Env;
 use crate::result::thread_cpu_s;
 use crate::seq::SeqTracker;
@@ -32,17 +32,8 @@ const MAX_PENDING_WRITE: usize = 4 << 20;
 pub struct ServerConfig {
     pub bind: SocketAddrV4,
     pub protocol: Protocol,
-    pub engine: EngineKind,
-    pub wait: Option<WaitPolicy>,
+    pub engine: EngineChoice,
     pub cpu: Option<usize>,
-    pub rcvbuf: Option<usize>,
-    pub sndbuf: Option<usize>,
-    /// xdp engine: interface (derived from the address when `None`).
-    pub iface: Option<String>,
-    /// xdp engine: RX/fill ring depth.
-    pub ring_depth: Option<u32>,
-    /// xdp engine: fall back to `spin` (saying why) when AF_XDP cannot be used.
-    pub fallback: bool,
 }
 
 impl ServerConfig {
@@ -50,14 +41,8 @@ impl ServerConfig {
         ServerConfig {
             bind,
             protocol: Protocol::Udp,
-            engine: EngineKind::Kernel,
-            wait: None,
+            engine: EngineChoice::new(EngineKind::Kernel),
             cpu: None,
-            rcvbuf: None,
-            sndbuf: None,
-            iface: None,
-            ring_depth: None,
-            fallback: true,
         }
     }
 }
@@ -189,7 +174,7 @@ impl State {
                 tool: "nanowire bench",
                 mode: "server",
                 engine: engine.as_str().into(),
-                engine_requested: cfg.engine.as_str().into(),
+                engine_requested: cfg.engine.kind.as_str().into(),
                 fallback_reason,
                 protocol: cfg.protocol.as_str().into(),
                 listen: listen.to_string(),
@@ -288,15 +273,7 @@ pub struct BoundServer {
 
 /// Bind the server's socket (errors such as "address in use" come out here).
 pub fn bind_server(cfg: &ServerConfig) -> Result<BoundServer, String> {
-    let opts = engine_options(
-        cfg.engine,
-        cfg.wait,
-        cfg.rcvbuf,
-        cfg.sndbuf,
-        cfg.iface.as_deref(),
-        cfg.ring_depth,
-        cfg.fallback,
-    );
+    let opts = cfg.engine.options();
     let (sock, local) = match cfg.protocol {
         Protocol::Udp => {
             let ep = nanowire_stack::open_udp(cfg.bind, &opts).map_err(|e| {
@@ -305,14 +282,14 @@ pub fn bind_server(cfg: &ServerConfig) -> Result<BoundServer, String> {
                 } else {
                     format!(
                         "cannot open a {} UDP server on {}: {e}",
-                        cfg.engine, cfg.bind
+                        cfg.engine.kind, cfg.bind
                     )
                 }
             })?;
             let local = ep.local_addr().map_err(|e| format!("local address: {e}"))?;
             (Sock::Udp(ep), local)
         }
-        Protocol::Tcp if cfg.engine == EngineKind::Xdp => {
+        Protocol::Tcp if cfg.engine.kind == EngineKind::Xdp => {
             match nanowire_stack::xdp::XdpTcpListener::bind(cfg.bind, 128, &opts) {
                 Ok(l) => {
                     let local = l.local_addr();
@@ -324,12 +301,12 @@ pub fn bind_server(cfg: &ServerConfig) -> Result<BoundServer, String> {
                         cfg.bind
                     ));
                 }
-                Err(e) if cfg.fallback => {
+                Err(e) if cfg.engine.fallback => {
                     // As for UDP: say why, then serve with the spin engine.
                     let why = format!("xdp TCP unavailable on {}: {e}", cfg.bind);
                     eprintln!("nanowire: {why}; falling back to the spin engine");
                     let mut c = cfg.clone();
-                    c.engine = EngineKind::Spin;
+                    c.engine.kind = EngineKind::Spin;
                     let mut b = bind_server(&c)?;
                     b.fallback = Some(why);
                     return Ok(b);
@@ -373,7 +350,7 @@ impl BoundServer {
     pub fn engine(&self) -> EngineKind {
         match &self.sock {
             Sock::Udp(ep) => ep.engine(),
-            Sock::Tcp(..) | Sock::XdpTcp(..) => self.cfg.engine,
+            Sock::Tcp(..) | Sock::XdpTcp(..) => self.cfg.engine.kind,
         }
     }
 

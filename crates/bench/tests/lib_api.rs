@@ -13,7 +13,7 @@ fn lo() -> SocketAddrV4 {
 fn client(mode: Mode, srv: SocketAddrV4, proto: Protocol, engine: EngineKind) -> ClientConfig {
     let mut c = ClientConfig::new(mode, srv);
     c.protocol = proto;
-    c.engine = engine;
+    c.engine.kind = engine;
     c.msg_size = 64;
     c.duration = Duration::from_millis(400);
     c.warmup = Duration::from_millis(100);
@@ -26,7 +26,7 @@ fn udp_and_tcp_counts_add_up() {
         for engine in [EngineKind::Kernel, EngineKind::Spin] {
             let mut sc = ServerConfig::new(lo());
             sc.protocol = proto;
-            sc.engine = engine;
+            sc.engine.kind = engine;
             let srv = start_server(&sc).unwrap();
             let addr = srv.local_addr();
             assert_ne!(addr.port(), 0);
@@ -89,14 +89,14 @@ fn xdp_is_reported_not_panicked() {
     // TCP over xdp on loopback: refused with a reason, or (with fallback)
     // served by the spin engine and the reason reported.
     let mut sc = ServerConfig::new(lo());
-    sc.engine = EngineKind::Xdp;
+    sc.engine.kind = EngineKind::Xdp;
     sc.protocol = Protocol::Tcp;
-    sc.fallback = false;
+    sc.engine.fallback = false;
     match start_server(&sc) {
         Ok(_) => panic!("TCP over xdp on loopback should be refused"),
         Err(e) => assert!(e.contains("xdp"), "{e}"),
     }
-    sc.fallback = true;
+    sc.engine.fallback = true;
     let srv = start_server(&sc).expect("falls back");
     assert_eq!(srv.engine(), EngineKind::Spin);
     srv.stop().unwrap();
