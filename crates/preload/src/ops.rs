@@ -23,16 +23,20 @@
 
 use crate::accel::{self, Accel};
 use crate::ahooks;
+use crate::handover;
 use crate::kernelio::{self, Next};
-use crate::opts::Opt;
+use crate::log::log;
+use crate::opts::{self, Opt};
 use crate::ready::Ready;
 use crate::real;
-use crate::spin::{self, recv_spin_word};
+use crate::spin::{self, errno, recv_spin_word, set_errno};
 use crate::streamio;
+use crate::sys::engine_call;
 use crate::table;
-use crate::tcpx::{self, Tcp, TcpRef};
+use crate::tcpx::{self, Inner, Tcp, TcpRef};
 use crate::uaccess;
 use libc::{c_int, c_uint, c_ulong, c_void, iovec, msghdr, size_t, sockaddr, socklen_t};
+use nanowire_options::Level;
 use nanowire_shimcore::sock::Common;
 use nanowire_sockabi::iov::Call;
 
@@ -457,7 +461,7 @@ impl Ops for TcpRef {
         if r != 0 {
             return Some(r);
         }
-        if let Some(r) = crate::opts::tcp_engine_after(self, fd, o) {
+        if let Some(r) = tcp_engine_after(self, fd, o) {
             return Some(r);
         }
         Some(tcpx::setsockopt_applied(self, fd, o))
@@ -572,6 +576,65 @@ impl Ops for TcpRef {
     fn release(self, fd: c_int) {
         tcpx::release(fd);
     }
+}
+
+/// After the kernel socket under an engine TCP socket took an option
+/// (`setsockopt` returned 0 there). `Some(r)`: the answer to give instead
+/// of 0 (the connection went to the kernel and the option was set on it
+/// again, or it could not and the option does nothing: ENOPROTOOPT).
+fn tcp_engine_after(t: TcpRef, fd: c_int, o: Opt) -> Option<c_int> {
+    let (level, name, val, len) = o.parts();
+    let inner = t.get()?;
+    let kind = match &*inner {
+        Inner::Listener(_) => opts::Kind::TcpListener,
+        Inner::Stream(_) => opts::Kind::TcpConn,
+    };
+    let e = errno();
+    if let Some(why) = opts::kernel_reason(kind, level, name, val, len) {
+        match &*inner {
+            Inner::Listener(l) => {
+                // The kernel's listening socket has the option: new
+                // connections go to it; those the engine made stay.
+                if engine_call(|| l.release_to_kernel()) {
+                    log!(
+                        Level::Warn,
+                        "fd {fd} tcp listener: new connections go to the kernel: {why}"
+                    );
+                }
+                set_errno(e);
+                return None;
+            }
+            Inner::Stream(_) => {
+                drop(inner);
+                if handover::to_kernel(fd, &why) {
+                    // The fd is the kernel's connection now: it takes the
+                    // option itself (and answers for it).
+                    set_errno(e);
+                    // SAFETY: the caller's option, unchanged.
+                    return Some(unsafe { real::setsockopt(fd, level, name, val, len) });
+                }
+                log!(
+                    Level::Warn,
+                    "fd {fd} tcp: setsockopt {} refused (ENOPROTOOPT): the connection cannot leave the xdp engine, which does not honour it",
+                    opts::name_of(level, name)
+                );
+                set_errno(libc::ENOPROTOOPT);
+                return Some(-1);
+            }
+        }
+    }
+    if level == libc::IPPROTO_IP && matches!(name, libc::IP_TTL | libc::IP_TOS) {
+        // The engine's headers follow the kernel socket's values.
+        let (ttl, tos) = nanowire_stack::xdp::ip_header_of(fd);
+        match &*inner {
+            Inner::Listener(l) => engine_call(|| l.set_ip_header(ttl, tos)),
+            Inner::Stream(s) => {
+                let _ = engine_call(|| s.set_ip_header(ttl, tos));
+            }
+        }
+    }
+    set_errno(e);
+    None
 }
 
 impl Ops for &'static Accel {

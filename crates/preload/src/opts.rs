@@ -28,8 +28,7 @@
 
 use crate::log::log;
 use crate::spin::{errno, set_errno};
-use crate::sys::engine_call;
-use crate::{real, table, tcpx};
+use crate::table;
 use libc::{c_int, c_void, socklen_t};
 use nanowire_options::Level;
 
@@ -381,65 +380,6 @@ pub fn tcp_candidate_after(
         );
         set_errno(e);
     }
-}
-
-/// After the kernel socket under an engine TCP socket took an option
-/// (`setsockopt` returned 0 there). `Some(r)`: the answer to give instead
-/// of 0 (the connection went to the kernel and the option was set on it
-/// again, or it could not and the option does nothing: ENOPROTOOPT).
-pub fn tcp_engine_after(t: tcpx::TcpRef, fd: c_int, o: Opt) -> Option<c_int> {
-    let (level, name, val, len) = o.parts();
-    let inner = t.get()?;
-    let kind = match &*inner {
-        tcpx::Inner::Listener(_) => Kind::TcpListener,
-        tcpx::Inner::Stream(_) => Kind::TcpConn,
-    };
-    let e = errno();
-    if let Some(why) = kernel_reason(kind, level, name, val, len) {
-        match &*inner {
-            tcpx::Inner::Listener(l) => {
-                // The kernel's listening socket has the option: new
-                // connections go to it; those the engine made stay.
-                if engine_call(|| l.release_to_kernel()) {
-                    log!(
-                        Level::Warn,
-                        "fd {fd} tcp listener: new connections go to the kernel: {why}"
-                    );
-                }
-                set_errno(e);
-                return None;
-            }
-            tcpx::Inner::Stream(_) => {
-                drop(inner);
-                if crate::handover::to_kernel(fd, &why) {
-                    // The fd is the kernel's connection now: it takes the
-                    // option itself (and answers for it).
-                    set_errno(e);
-                    // SAFETY: the caller's option, unchanged.
-                    return Some(unsafe { real::setsockopt(fd, level, name, val, len) });
-                }
-                log!(
-                    Level::Warn,
-                    "fd {fd} tcp: setsockopt {} refused (ENOPROTOOPT): the connection cannot leave the xdp engine, which does not honour it",
-                    name_of(level, name)
-                );
-                set_errno(libc::ENOPROTOOPT);
-                return Some(-1);
-            }
-        }
-    }
-    if level == IP && matches!(name, libc::IP_TTL | libc::IP_TOS) {
-        // The engine's headers follow the kernel socket's values.
-        let (ttl, tos) = nanowire_stack::xdp::ip_header_of(fd);
-        match &*inner {
-            tcpx::Inner::Listener(l) => engine_call(|| l.set_ip_header(ttl, tos)),
-            tcpx::Inner::Stream(s) => {
-                let _ = engine_call(|| s.set_ip_header(ttl, tos));
-            }
-        }
-    }
-    set_errno(e);
-    None
 }
 
 #[cfg(test)]

@@ -51,10 +51,11 @@ mod tx;
 
 pub use demux::{Delivery, EndpointId, EndpointKind};
 pub use neigh::{NEGATIVE_TTL, QUEUE_BYTES_PER_NEIGH, QUEUE_PER_NEIGH, RESOLVE_TIMEOUT};
+pub use order::set_tcp_service_wrapper;
 pub use socket::{OpenError, XdpSocket};
 pub use tcp::{
     Handover, XdpTcpError, XdpTcpInfo, XdpTcpListener, XdpTcpState, XdpTcpStream, ip_header_of,
-    set_tcp_service_wrapper, tcp_drain, tcp_ready,
+    tcp_drain, tcp_ready,
 };
 pub use tx::IpHeader;
 
@@ -550,7 +551,10 @@ impl Engine {
         // neighbour thread replaces it, with no data-path lock held.
         let frags_wanted = match &prog {
             Steer::Own(p) if p.can_upgrade() && multi_buffer => {
-                Some(Arc::new(device::xsk::FragsWanted::new(neigh.clone())))
+                let neigh = neigh.clone();
+                Some(Arc::new(device::xsk::FragsWanted::new(move || {
+                    neigh.wake_worker()
+                })))
             }
             _ => None,
         };

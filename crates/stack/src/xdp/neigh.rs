@@ -801,7 +801,7 @@ pub(crate) fn spawn(
         .stack_size(256 * 1024)
         .spawn(move || {
             let mut args = Some((neigh, tx, watch, mon, hook));
-            super::tcp::as_engine_thread(&mut || {
+            order::as_engine_thread(&mut || {
                 if let Some((n, t, w, m, h)) = args.take() {
                     run(n, t, w, m, h);
                 }

@@ -113,6 +113,39 @@ fn enter(tier: Tier, name: &str, check: bool) {
     });
 }
 
+// ------------------------------------------------------------ engine threads
+//
+// The other half of the order: the engine's own threads (the TCP timer
+// service, the neighbour thread) hold engine locks while they close fds or
+// call libc, so they must never enter the shim's interposed functions,
+// whose locks application threads hold while they wait for engine locks.
+
+/// How the engine's own threads run their bodies: the shim runs them as
+/// engine code (its libc calls bypass the interposed functions).
+static THREAD_WRAP: std::sync::OnceLock<fn(&mut dyn FnMut())> = std::sync::OnceLock::new();
+
+/// Set how the engine's own threads run (the timer service and the
+/// neighbour thread; once, before the first engine): [`as_engine_thread`].
+pub fn set_tcp_service_wrapper(w: fn(&mut dyn FnMut())) {
+    let _ = THREAD_WRAP.set(w);
+}
+
+/// Run the body of one of the engine's own threads (the TCP timer service,
+/// the neighbour thread) inside the wrapper the shim registered: the
+/// shim's exports then go straight to libc for everything the thread does.
+/// Without it, an fd the thread closes (a dropped `OwnedFd`, a program
+/// replaced by the lazy frags upgrade) went through the shim's `close`,
+/// which takes the shim's epoll registry lock, while the thread held an
+/// engine lock (the program lock) that an application thread, holding that
+/// registry lock in `epoll_wait`, was waiting for: a deadlock (ab and wrk
+/// under run hung in CI).
+pub(crate) fn as_engine_thread(f: &mut dyn FnMut()) {
+    match THREAD_WRAP.get() {
+        Some(w) => w(f),
+        None => f(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

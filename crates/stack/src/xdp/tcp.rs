@@ -20,7 +20,7 @@ use super::classify::MAX_PIECES;
 use super::demux::{EndpointId, EndpointKind};
 use super::device::{RxDevice, TxDevice};
 use super::neigh::{Hop, Lookup};
-use super::order::{self, Guard, Tier};
+use super::order::{self, Guard, Tier, as_engine_thread};
 use super::rx::{RX_BUDGET, RxPath};
 use super::shm::{E, bump};
 use super::tx::{ETH_HDR, IP_HDR, TxPath, eth_ipv4};
@@ -2233,34 +2233,8 @@ fn service_linger(eng: Arc<TcpEngine>) {
     service_nudge();
 }
 
-/// How the service thread runs its loop: the shim runs it as engine code
-/// (its libc calls bypass the interposed functions).
-static SERVICE_WRAP: std::sync::OnceLock<fn(&mut dyn FnMut())> = std::sync::OnceLock::new();
-
-/// Set how the engine's own threads run (the timer service and the
-/// neighbour thread; once, before the first engine): [`as_engine_thread`].
-pub fn set_tcp_service_wrapper(w: fn(&mut dyn FnMut())) {
-    let _ = SERVICE_WRAP.set(w);
-}
-
 fn service_main(wake: RawFd) {
     as_engine_thread(&mut || service_loop(wake));
-}
-
-/// Run the body of one of the engine's own threads (the TCP timer service,
-/// the neighbour thread) inside the wrapper the shim registered: the
-/// shim's exports then go straight to libc for everything the thread does.
-/// Without it, an fd the thread closes (a dropped `OwnedFd`, a program
-/// replaced by the lazy frags upgrade) went through the shim's `close`,
-/// which takes the shim's epoll registry lock, while the thread held an
-/// engine lock (the program lock) that an application thread, holding that
-/// registry lock in `epoll_wait`, was waiting for: a deadlock (ab and wrk
-/// under run hung in CI).
-pub(crate) fn as_engine_thread(f: &mut dyn FnMut()) {
-    match SERVICE_WRAP.get() {
-        Some(w) => w(f),
-        None => f(),
-    }
 }
 
 fn service_loop(wake: RawFd) {

@@ -43,23 +43,24 @@ pub(crate) struct XskQueues {
 /// by generic XDP and split by the XDP_USE_SG socket) asks the neighbour
 /// thread, once, to put the multi-buffer aware program in its place
 /// (mod.rs, `Engine::assemble`): a ring visit never loads a program.
+/// The device knows nothing of that thread: `wake` is how it is asked.
 pub(crate) struct FragsWanted {
     asked: AtomicBool,
-    neigh: Arc<crate::xdp::neigh::Neigh>,
+    wake: Box<dyn Fn() + Send + Sync>,
 }
 
 impl FragsWanted {
-    pub fn new(neigh: Arc<crate::xdp::neigh::Neigh>) -> FragsWanted {
+    pub fn new(wake: impl Fn() + Send + Sync + 'static) -> FragsWanted {
         FragsWanted {
             asked: AtomicBool::new(false),
-            neigh,
+            wake: Box::new(wake),
         }
     }
 
     #[cold]
     fn ask(&self) {
         if !self.asked.swap(true, Ordering::AcqRel) {
-            self.neigh.wake_worker();
+            (self.wake)();
         }
     }
 
