@@ -864,6 +864,15 @@ fn tcp_through_the_service_in_all_four_placements() {
     assert!(st["counters"]["tcp_flows"].as_u64().unwrap() >= 2, "{st}");
     let st = status(&lab);
     assert!(st["counters"]["claims"].as_u64().unwrap() >= 2, "{st}");
+    // The plain client's 1 MiB came as TSO/GSO super-frames: in generic
+    // mode the service started with the program without xdp.frags (a
+    // frags-aware one costs generic XDP a copy and an skb per frame) and
+    // the server's first multi-buffer packet had it replaced, once.
+    let ifc = &st["ifaces"][0];
+    assert_eq!(ifc["xdp_frags"], true, "{st}");
+    let upgrades = st["counters"]["frags_upgrades"].as_u64().unwrap();
+    let want = u64::from(ifc["xdp_mode"] == "generic");
+    assert_eq!(upgrades, want, "{st}");
 }
 
 /// A TCP client that reads slowly: `ADDR PORT SEED` as [`TCP_CLIENT`], with

@@ -549,15 +549,16 @@ impl Engine {
         // A generic-mode program without xdp.frags (`Frags::Lazy`): the
         // first multi-buffer packet asks (device::xsk::FragsWanted), the
         // neighbour thread replaces it, with no data-path lock held.
-        let frags_wanted = match &prog {
-            Steer::Own(p) if p.can_upgrade() && multi_buffer => {
-                let neigh = neigh.clone();
-                Some(Arc::new(device::xsk::FragsWanted::new(move || {
-                    neigh.wake_worker()
-                })))
-            }
-            _ => None,
+        // On the engine service the service holds the program: the
+        // neighbour thread asks it (`K_FRAGS`).
+        let lazy = match &prog {
+            Steer::Own(p) => p.can_upgrade(),
+            Steer::Service(c) => c.frags_lazy(),
         };
+        let frags_wanted = (lazy && multi_buffer).then(|| {
+            let neigh = neigh.clone();
+            Arc::new(device::xsk::FragsWanted::new(move || neigh.wake_worker()))
+        });
         let prog = Arc::new(Mutex::new(Prog {
             prog,
             claims: FastMap::default(),
@@ -572,9 +573,11 @@ impl Engine {
                 }
                 done = true;
                 let mut g = order::lock(&prog, Tier::Leaf, "the program lock");
-                if let Steer::Own(p) = &mut g.prog
-                    && let Err(e) = p.upgrade_frags()
-                {
+                let r = match &mut g.prog {
+                    Steer::Own(p) => p.upgrade_frags().map(|_| ()),
+                    Steer::Service(c) => c.want_frags(),
+                };
+                if let Err(e) = r {
                     eprintln!(
                         "nanowire: {iface}: {e}; packets larger than one frame still arrive \
                          (linearised by the kernel's generic XDP)"

@@ -18,6 +18,10 @@ pub fn wanted() -> bool {
 /// The connection to the service; closing it detaches the process.
 pub struct Conn {
     sock: OwnedFd,
+    /// The interface's program is the one without xdp.frags (generic
+    /// mode): ask for the other at the first multi-buffer packet
+    /// ([`Conn::want_frags`]).
+    frags_lazy: bool,
 }
 
 /// An attach: the connection, the answer, and per queue (memfd, socket).
@@ -78,11 +82,18 @@ fn start_service() -> Result<(), String> {
 }
 
 impl Conn {
+    fn of(sock: OwnedFd) -> Conn {
+        Conn {
+            sock,
+            frags_lazy: false,
+        }
+    }
+
     /// Connect to this network namespace's service, starting it if there is
     /// none and this process may.
     pub fn connect() -> Result<Conn, String> {
         match connect_once() {
-            Ok(s) => return Ok(Conn { sock: s }),
+            Ok(s) => return Ok(Conn::of(s)),
             Err(rustix::io::Errno::CONNREFUSED) | Err(rustix::io::Errno::NOENT) => {}
             Err(e) => return Err(format!("engine service: connect: {e}")),
         }
@@ -90,7 +101,7 @@ impl Conn {
         let t0 = Instant::now();
         loop {
             match connect_once() {
-                Ok(s) => return Ok(Conn { sock: s }),
+                Ok(s) => return Ok(Conn::of(s)),
                 Err(e) if t0.elapsed() > Duration::from_secs(3) => {
                     return Err(format!("engine service started but does not answer: {e}"));
                 }
@@ -132,7 +143,7 @@ impl Conn {
     }
 
     /// Attach to `iface`.
-    pub fn attach(self, iface: &str, ring_depth: u32) -> Result<Attached, String> {
+    pub fn attach(mut self, iface: &str, ring_depth: u32) -> Result<Attached, String> {
         let m = self.call(&proto::encode_attach(iface, ring_depth), &[], 512)?;
         self.expect_ok(&m)?;
         let reply = proto::decode_attach_reply(&m.bytes)?;
@@ -143,6 +154,7 @@ impl Conn {
                 reply.queues
             ));
         }
+        self.frags_lazy = reply.frags_lazy;
         let mut it = m.fds.into_iter();
         let mut queues = Vec::new();
         while let (Some(a), Some(b)) = (it.next(), it.next()) {
@@ -234,6 +246,23 @@ impl Conn {
         self.expect_ok(&m)
     }
 
+    /// Whether the interface's program can still be replaced by the
+    /// frags-aware one ([`Conn::want_frags`]).
+    pub fn frags_lazy(&self) -> bool {
+        self.frags_lazy
+    }
+
+    /// This process received a multi-buffer packet: ask the service for
+    /// the frags-aware program (once; `Ok` when it is in place).
+    pub fn want_frags(&mut self) -> Result<(), String> {
+        if !self.frags_lazy {
+            return Ok(());
+        }
+        self.frags_lazy = false;
+        let m = self.call(&proto::encode_frags(), &[], 512)?;
+        self.expect_ok(&m)
+    }
+
     /// The service's status (JSON text).
     pub fn status(&self) -> Result<String, String> {
         let m = self.call(&proto::encode_status(), &[], 1 << 20)?;
@@ -259,7 +288,7 @@ impl Conn {
     /// Connect without starting anything (status, tests).
     pub fn connect_existing() -> Result<Conn, String> {
         connect_once()
-            .map(|sock| Conn { sock })
+            .map(Conn::of)
             .map_err(|e| format!("no engine service in this network namespace: {e}"))
     }
 }

@@ -40,6 +40,10 @@ pub const K_CONN_TABLE: u16 = 7;
 /// lists it (an unprivileged process): the service reads its counters for
 /// `nanowire stats`.
 pub const K_STATS_PAGE: u16 = 8;
+/// The process received a packet larger than one frame: the service puts
+/// the multi-buffer aware steering program in place of the one without
+/// (generic mode, `Frags::Lazy`; no body, no descriptors).
+pub const K_FRAGS: u16 = 9;
 pub const K_OK: u16 = 0x81;
 pub const K_ERR: u16 = 0x82;
 pub const K_STATUS_REPLY: u16 = 0x83;
@@ -85,6 +89,8 @@ pub enum Request {
     ConnTable,
     /// The process's stats page comes with it (SCM_RIGHTS).
     StatsPage,
+    /// Upgrade the interface's program to the multi-buffer aware one.
+    Frags,
 }
 
 /// What a `K_TCP_FLOW` asks.
@@ -109,6 +115,10 @@ pub struct AttachReply {
     pub xdp_generic: bool,
     /// XDP_MAX_TX_SKB_BUDGET in effect, 0 = the kernel's default.
     pub tx_budget: u32,
+    /// The program is `nw_steer` (generic mode, `Frags::Lazy`): the first
+    /// multi-buffer packet a process sees asks for the frags-aware one
+    /// (`K_FRAGS`).
+    pub frags_lazy: bool,
 }
 
 fn header(kind: u16) -> Vec<u8> {
@@ -190,6 +200,10 @@ pub fn encode_stats_page() -> Vec<u8> {
     header(K_STATS_PAGE)
 }
 
+pub fn encode_frags() -> Vec<u8> {
+    header(K_FRAGS)
+}
+
 /// Parse a request; `Err` names the counted reason.
 pub fn decode_request(b: &[u8]) -> Result<Request, &'static str> {
     match kind(b)? {
@@ -266,6 +280,8 @@ pub fn decode_request(b: &[u8]) -> Result<Request, &'static str> {
         K_STATUS => Err("bad_length"),
         K_STATS_PAGE if b.len() == 8 => Ok(Request::StatsPage),
         K_STATS_PAGE => Err("bad_length"),
+        K_FRAGS if b.len() == 8 => Ok(Request::Frags),
+        K_FRAGS => Err("bad_length"),
         _ => Err("unknown_kind"),
     }
 }
@@ -279,7 +295,10 @@ pub fn encode_attach_reply(r: &AttachReply) -> Vec<u8> {
         r.geo.tx_per_slot,
         r.geo.slots,
         r.geo.frame_size,
-        u32::from(r.zero_copy) | u32::from(r.multi_buffer) << 1 | u32::from(r.xdp_generic) << 2,
+        u32::from(r.zero_copy)
+            | u32::from(r.multi_buffer) << 1
+            | u32::from(r.xdp_generic) << 2
+            | u32::from(r.frags_lazy) << 3,
         r.tx_budget,
     ] {
         v.extend_from_slice(&w.to_le_bytes());
@@ -302,6 +321,7 @@ pub fn decode_attach_reply(b: &[u8]) -> Result<AttachReply, String> {
         zero_copy: flags & 1 != 0,
         multi_buffer: flags & 2 != 0,
         xdp_generic: flags & 4 != 0,
+        frags_lazy: flags & 8 != 0,
         tx_budget: w(7)?,
     };
     r.geo.validate()?;
@@ -434,6 +454,10 @@ mod tests {
         assert_eq!(decode_request(&z), Err("bad_port"));
         assert_eq!(decode_request(b"hello"), Err("short_message"));
         assert_eq!(decode_request(&[0xffu8; 64]), Err("bad_magic"));
+        assert_eq!(decode_request(&encode_frags()), Ok(Request::Frags));
+        let mut fl = encode_frags();
+        fl.push(0);
+        assert_eq!(decode_request(&fl), Err("bad_length"));
         let mut k = encode_status();
         k[4] = 99;
         assert_eq!(decode_request(&k), Err("unknown_kind"));
@@ -466,6 +490,7 @@ mod tests {
             multi_buffer: true,
             xdp_generic: true,
             tx_budget: 256,
+            frags_lazy: true,
         };
         assert_eq!(decode_attach_reply(&encode_attach_reply(&r)), Ok(r));
         let bad = AttachReply { slot: 16, ..r };

@@ -56,6 +56,9 @@ pub struct Counters {
     pub conn_tables: u64,
     pub frames_reclaimed: u64,
     pub reclaim_deferred: u64,
+    /// The generic-mode program replaced by the frags-aware one at a
+    /// process's first multi-buffer packet (`K_FRAGS`).
+    pub frags_upgrades: u64,
     /// Messages refused, by reason (bad_magic, short_message, ...).
     pub bad_messages: HashMap<String, u64>,
 }
@@ -436,6 +439,10 @@ impl Service {
                     }
                 }
             }
+            Request::Frags => match self.upgrade_frags(id) {
+                Ok(()) => self.ok(id),
+                Err(why) => self.refuse(id, &why),
+            },
             Request::Status => {
                 let s = self.status().to_string();
                 self.reply(id, &proto::encode_text(proto::K_STATUS_REPLY, &s), &[]);
@@ -457,7 +464,11 @@ impl Service {
         let first = if settings.no_multi_buffer {
             Err("multi-buffer turned off (NANOWIRE_XDP_NO_MULTI_BUFFER=1)".to_string())
         } else {
-            SteerProgram::attach(name, info.index, nanowire_xdp::Frags::Yes, forced)
+            // In generic mode `nw_steer` first, the frags-aware program
+            // once a process sees a multi-buffer packet (`K_FRAGS`): a
+            // frags-aware program costs generic XDP a page-pool copy and a
+            // new skb per frame (program.rs, `Frags::Lazy`).
+            SteerProgram::attach(name, info.index, nanowire_xdp::Frags::Lazy, forced)
         };
         let (prog, mut mb) = match first {
             Ok(p) => (p, true),
@@ -515,6 +526,27 @@ impl Service {
                 budget: TX_PER_SLOT.min(256),
             },
         );
+        Ok(())
+    }
+
+    /// A process received a multi-buffer packet: the interface's program
+    /// becomes the frags-aware one (once; later asks have nothing to do).
+    fn upgrade_frags(&mut self, id: u64) -> Result<(), String> {
+        let (pid, name) = match self.clients.get(&id) {
+            Some(Client {
+                pid,
+                attached: Some((name, _)),
+                ..
+            }) => (*pid, name.clone()),
+            _ => return Err("not attached".into()),
+        };
+        let ifc = self.ifaces.get_mut(&name).ok_or("not attached")?;
+        if ifc.prog.upgrade_frags()? {
+            self.counters.frags_upgrades += 1;
+            self.log(&format!(
+                "{name}: multi-buffer packet seen by pid {pid}: the frags-aware program is in place"
+            ));
+        }
         Ok(())
     }
 
@@ -612,6 +644,7 @@ impl Service {
             multi_buffer: ifc.queues[0].multi_buffer(),
             xdp_generic: ifc.mode == AttachMode::Skb,
             tx_budget: ifc.budget,
+            frags_lazy: ifc.prog.can_upgrade() && ifc.queues[0].multi_buffer(),
         };
         let mut fds = Vec::new();
         for (q, m) in ifc.queues.iter().zip(&members) {
@@ -1050,6 +1083,9 @@ impl Service {
             "iface": name,
             "ifindex": i.index,
             "xdp_mode": i.mode.as_str(),
+            // The steering program is the multi-buffer aware one (native
+            // mode, or generic after a process saw a multi-buffer packet).
+            "xdp_frags": i.prog.frags(),
             "queues": i.queues.len(),
             "rx_frames": g.map(|g| g.rx_frames),
             "tx_per_slot": g.map(|g| g.tx_per_slot),
