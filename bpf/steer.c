@@ -179,6 +179,75 @@ struct {
 	__type(value, __u32);
 } nw_tcp_flows SEC(".maps");
 
+// ---- Listeners shared across fork (issue 24) ----
+// Under the engine service a listener's claim is a group: the processes
+// that hold the same listening socket (a master and its forked workers,
+// each attached with its own slot) and accept from it. Its nw_tcp_listen
+// value is NW_SLOT | NW_GROUP | group index. A new connection's SYN goes
+// to one of the group's accepting slots by a hash of its 4-tuple (as
+// SO_REUSEPORT spreads them), and that choice is pinned in nw_tcp_pins so
+// that the connection's later segments reach the same process even after
+// the group changes (a worker joins or dies). A SYN whose pin names a slot
+// no longer accepting is spread anew. No accepting slot (n == 0: the
+// master forked, no worker has come yet): the kernel's listening socket,
+// which every holder of the fd accepts from, takes it. The service writes
+// the groups and removes the pins of a slot that leaves.
+#define NW_GROUP 0x20000000u
+
+struct nw_group {
+	__u64 active; // slots accepting, a bit each
+	__u32 n;      // accepting slots (0: none)
+	__u32 pad;
+	__u8 bucket[64]; // slot per hash bucket
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, struct nw_group);
+} nw_tcp_groups SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct tcp_flow_key);
+	__type(value, __u32);
+} nw_tcp_pins SEC(".maps");
+
+// The owner of a segment for group listener `v` (1), or the kernel's (0).
+static __always_inline int group_owner(struct tcp_flow_key *f, __u8 *th, void *end, __u32 v,
+				       __u32 *owner)
+{
+	__u32 gi = v & 1023;
+	struct nw_group *g = bpf_map_lookup_elem(&nw_tcp_groups, &gi);
+	if (!g)
+		return 0;
+	// SYN without ACK: a new connection.
+	int syn = (void *)(th + 14) <= end && (th[13] & 0x12) == 0x02;
+	__u32 *p = bpf_map_lookup_elem(&nw_tcp_pins, f);
+	if (p && (!syn || ((g->active >> (*p & 63)) & 1))) {
+		*owner = *p;
+		return 1;
+	}
+	if (!g->n)
+		return 0;
+	// Every bit of the 4-tuple moves the bucket (murmur3's finaliser): a
+	// client's ports step by 2, which a plain multiply leaves in one bucket.
+	__u32 h = f->raddr ^ ((__u32)f->rport << 16) ^ f->lport;
+	h ^= h >> 16;
+	h *= 0x85ebca6bu;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35u;
+	h ^= h >> 16;
+	__u32 o = NW_SLOT | (g->bucket[h & 63] & 63);
+	if (syn)
+		bpf_map_update_elem(&nw_tcp_pins, f, &o, BPF_ANY);
+	*owner = o;
+	return 1;
+}
+
 // The segment's 4-tuple is an engine flow, or its destination a listener:
 // 1 and the owner's value in *owner (a pid, or NW_SLOT | slot under the
 // engine service: see xsk_key), 0 when the kernel's.
@@ -202,6 +271,8 @@ static __always_inline int tcp_ports_claimed(struct iphdr *ip, void *end, __u32 
 	v = bpf_map_lookup_elem(&nw_tcp_listen, &k);
 	if (!v)
 		return 0;
+	if (*v & NW_GROUP)
+		return group_owner(&f, (__u8 *)ports, end, *v, owner);
 	*owner = *v;
 	return 1;
 }

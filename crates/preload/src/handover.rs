@@ -247,7 +247,8 @@ pub fn init() {
 
 /// fork(), before the child exists: a socket both processes share can only
 /// be served where both can use it, the kernel. Every engine listener of
-/// this process goes back to the kernel, every engine connection is handed
+/// this process goes back to the kernel (on the engine service one stays
+/// on the engine, shared with the child: `tcpx::share_at_fork`), every engine connection is handed
 /// over to the kernel (one that cannot be stays with this process, and in
 /// the child its fd is an unconnected kernel socket, see `tcpx::lookup`),
 /// and TCP candidates stay kernel sockets in both. (vfork/posix_spawn run
@@ -256,16 +257,17 @@ extern "C" fn before_fork() {
     if crate::sys::in_engine() {
         return;
     }
-    prepare_child(&|_| true, "fork() shares it with the child");
+    prepare_child(&|_| true, "fork() shares it with the child", true);
 }
 
 /// A child process is about to share some of this process's fds (fork,
 /// vfork, posix_spawn, exec: `inherits` says which): engine listeners
 /// among them go back to the kernel, engine connections among them are
 /// handed over to the kernel (`why` says by what), candidates among them
-/// stay kernel sockets.
-pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) {
-    let conns = tcpx::prepare_child(inherits, why);
+/// stay kernel sockets. `fork`: a fork (listeners on the engine service
+/// stay on it, shared with the child).
+pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) {
+    let conns = tcpx::prepare_child(inherits, why, fork);
     let e = errno();
     for fd in conns {
         if tcpx::lookup(fd).is_some() {

@@ -71,11 +71,9 @@ pub fn serving(fd: c_int) -> Sock {
     }
     match table::checked::<Tcp>(fd, r).map(TcpRef::from) {
         Some(t) if t.mine() => Sock::Tcp(t),
-        Some(_) => {
-            // A forked child's copy: the connection stays with the parent.
-            tcpx::note_inherited(fd);
-            Sock::Kernel
-        }
+        // A forked child's copy: a listener shared through the engine
+        // service is served here; a connection stays with the parent.
+        Some(t) => tcpx::inherited(fd, t).map_or(Sock::Kernel, Sock::Tcp),
         None => Sock::Kernel,
     }
 }

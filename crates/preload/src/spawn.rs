@@ -43,7 +43,7 @@ pub fn inheritable(fd: c_int) -> bool {
 pub fn prepare(inherits: &dyn Fn(c_int) -> bool, why: &str) {
     let e = crate::sys::errno();
     fdlife::sweep();
-    crate::handover::prepare_child(inherits, why);
+    crate::handover::prepare_child(inherits, why, false);
     accel::prepare_child(inherits, why);
     crate::sys::set_errno(e);
 }

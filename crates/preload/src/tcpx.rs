@@ -95,6 +95,11 @@ pub struct Tcp {
     wait_fds: AtomicPtr<Box<[c_int]>>,
     /// Keepalive settings (SO_KEEPALIVE, TCP_KEEPIDLE/INTVL/CNT).
     ka: Mutex<(bool, u64, u64, u32)>,
+    /// A listener's backlog (a forked child's copy listens with it).
+    backlog: AtomicU32,
+    /// A listener kept on the engine service across fork (issue 24): a
+    /// forked child serves its copy on its own engine ([`adopt_inherited`]).
+    shared: AtomicBool,
 }
 
 // SAFETY: the only type of the shim with kind Tcp; aligned to 8 (atomics).
@@ -280,7 +285,7 @@ pub fn exiting() {
     // A forked child's engine is its parent's copy (a lock another thread
     // held at fork stays held in it): its connections went to the kernel
     // at fork, so there is nothing of its own to finish here.
-    if me != OWNER.load(Ordering::Relaxed) {
+    if me != OWNER.load(Ordering::Relaxed) && !ADOPTED.load(Ordering::Acquire) {
         return;
     }
     if EXITED.swap(true, Ordering::AcqRel) {
@@ -315,7 +320,7 @@ pub fn exiting() {
 /// among them go back to the kernel (`why` says by what), candidates among
 /// them stay kernel sockets. Returns the engine connections among them,
 /// which the caller hands over to the kernel (`handover::prepare_child`).
-pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) -> Vec<c_int> {
+pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) -> Vec<c_int> {
     let me = PID.load(Ordering::Relaxed);
     let mut ls: Vec<c_int> = Vec::new();
     table::each_record::<Tcp>(|fd, t| {
@@ -325,6 +330,9 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) -> Vec<c_int> 
     });
     let e = errno();
     for fd in ls {
+        if fork && share_at_fork(fd) {
+            continue;
+        }
         // The record the fd names now (the application's other threads
         // run); it is left to the pool's care never (a listener's other
         // numbers, not inherited, may still name it).
@@ -363,6 +371,92 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) -> Vec<c_int> 
     conns
 }
 
+/// fork() with an engine listener on the engine service (issue 24): the
+/// listener stays on the engine; this process stops accepting from it for
+/// now (its workers will: the service spreads new connections over the
+/// processes that accept, and steers none here until this process accepts
+/// or polls the listener again), and the child serves its copy on an
+/// engine of its own ([`adopt_inherited`]). False: not on the service (an
+/// engine of its own cannot share the interface): back on the kernel.
+fn share_at_fork(fd: c_int) -> bool {
+    let Some(t) = by_fd(fd) else {
+        return false;
+    };
+    let Some(i) = t.get() else {
+        return false;
+    };
+    let Inner::Listener(l) = &*i else {
+        return false;
+    };
+    if !engine_call(|| l.on_service()) {
+        return false;
+    }
+    match engine_call(|| l.stop_accepting(fd)) {
+        Ok(()) => {
+            t.shared.store(true, Ordering::Release);
+            log!(
+                Level::Info,
+                "fd {fd} tcp listener: shared with the forked child through the engine service (this process accepts again when it next accepts or polls it)"
+            );
+            true
+        }
+        Err(e) => {
+            log!(
+                Level::Warn,
+                "fd {fd} tcp listener: cannot share it with the forked child through the engine service: {e}"
+            );
+            false
+        }
+    }
+}
+
+/// Set once this (forked) process serves an inherited listener on an
+/// engine of its own: its exit finishes its connections.
+static ADOPTED: AtomicBool = AtomicBool::new(false);
+
+/// `fd` names a listener a parent shared at fork through the engine
+/// service (issue 24): serve this process's copy on an engine of its own
+/// that joins the listener's group (the service checks that `fd` is the
+/// same listening socket); its new connections are then spread over this
+/// process too. `None`: not such a listener, or the join failed (said
+/// once, at warn): the fd is the kernel's listening socket here.
+#[cold]
+pub fn adopt_inherited(fd: c_int, t: TcpRef) -> Option<TcpRef> {
+    if !t.listener() || !t.shared.load(Ordering::Acquire) {
+        return None;
+    }
+    if table::get(fd) & table::F_INHERIT_LOGGED != 0 {
+        return None;
+    }
+    let backlog = t.backlog.load(Ordering::Relaxed).max(1) as usize;
+    let nonblock = t.common.nonblock();
+    let e = errno();
+    let o = opts_for(fd);
+    match engine_call(|| XdpTcpListener::join(fd, backlog, &o)) {
+        Ok(l) => {
+            let local = l.local_addr();
+            let t2 = record(fd, Inner::Listener(l), true, true, nonblock);
+            t2.backlog.store(backlog as u32, Ordering::Relaxed);
+            ADOPTED.store(true, Ordering::Release);
+            log!(
+                Level::Info,
+                "fd {fd} tcp listener {local}: xdp, shared with the parent process through the engine service"
+            );
+            set_errno(e);
+            Some(t2)
+        }
+        Err(err) => {
+            table::add_flags(fd, table::F_INHERIT_LOGGED);
+            log!(
+                Level::Warn,
+                "fd {fd} tcp listener inherited through fork: on the kernel in this process: {err}"
+            );
+            set_errno(e);
+            None
+        }
+    }
+}
+
 extern "C" fn after_fork_child() {
     PID.store(std::process::id(), Ordering::Relaxed);
 }
@@ -374,9 +468,19 @@ pub fn lookup(fd: c_int) -> Option<TcpRef> {
     if t.mine() {
         Some(t)
     } else {
-        note_inherited(fd);
-        None
+        inherited(fd, t)
     }
+}
+
+/// A forked child's inherited record: a shared listener is served here
+/// ([`adopt_inherited`]); anything else stays the parent's (said once).
+#[cold]
+pub fn inherited(fd: c_int, t: TcpRef) -> Option<TcpRef> {
+    if let Some(t2) = adopt_inherited(fd, t) {
+        return Some(t2);
+    }
+    note_inherited(fd);
+    None
 }
 
 /// `fd` is a forked child's inherited engine connection: say so, once.
@@ -441,6 +545,8 @@ impl Tcp {
             adopted: AtomicBool::new(false),
             wait_fds: AtomicPtr::new(std::ptr::null_mut()),
             ka: Mutex::new((false, 7200, 75, 9)),
+            backlog: AtomicU32::new(0),
+            shared: AtomicBool::new(false),
         }
     }
 }
@@ -649,6 +755,7 @@ fn record(fd: c_int, inner: Inner, listener: bool, adopted: bool, nonblock: bool
     t.connect_reported.store(true, Ordering::Relaxed);
     t.reset_reported.store(false, Ordering::Relaxed);
     *t.ka.lock().unwrap_or_else(|e| e.into_inner()) = (false, 7200, 75, 9);
+    t.shared.store(false, Ordering::Relaxed);
     if t.wait_fds() != &wait_fds[..] {
         t.wait_fds.store(intern_fds(wait_fds), Ordering::Release);
     }
@@ -772,7 +879,8 @@ pub fn listen(fd: c_int, backlog: c_int) -> Option<c_int> {
             // record.
             let _ = rustix::fs::fcntl_setfl(b, fl | rustix::fs::OFlags::NONBLOCK);
             let local = l.local_addr();
-            record(fd, Inner::Listener(l), true, true, nonblock);
+            let t = record(fd, Inner::Listener(l), true, true, nonblock);
+            t.backlog.store(backlog.max(1) as u32, Ordering::Relaxed);
             log!(Level::Info, "fd {fd} tcp listener {local}: xdp");
         }
         Err(err) => {

@@ -11,6 +11,12 @@ pub const FLOW_PASS: u32 = 0x8000_0000;
 /// A claim's value with this bit names the slot whose socket gets the flow
 /// (steer.c's NW_SLOT): the engine service's processes on a shared UMEM.
 pub const SLOT: u32 = 0x4000_0000;
+/// A TCP listener claim's value with this bit (and [`SLOT`]) names a group
+/// of processes sharing the listening socket (steer.c's NW_GROUP): the low
+/// bits are the group's index in `nw_tcp_groups` ([`SteerProgram::set_tcp_group`]).
+pub const GROUP: u32 = 0x2000_0000;
+/// Groups the program holds (steer.c's `nw_tcp_groups`).
+pub const GROUPS: u32 = 1024;
 
 /// Key of the `nw_claims` map: destination address and port, network order.
 #[repr(C)]
@@ -88,6 +94,10 @@ pub struct SteerProgram {
     claims: BpfHashMap<MapData, ClaimKey, u32>,
     tcp_listen: BpfHashMap<MapData, ClaimKey, u32>,
     tcp_flows: BpfHashMap<MapData, TcpFlowKey, u32>,
+    /// Shared listeners' groups (steer.c `struct nw_group`, 80 bytes).
+    tcp_groups: aya::maps::Array<MapData, [u8; 80]>,
+    /// A group listener's connections by 4-tuple: the slot their SYN went to.
+    tcp_pins: BpfHashMap<MapData, TcpFlowKey, u32>,
     xsks: XskMap<MapData>,
     stats: PerCpuArray<MapData, u64>,
     mode: AttachMode,
@@ -200,6 +210,11 @@ impl SteerProgram {
         let tcp_flows: BpfHashMap<MapData, TcpFlowKey, u32> =
             BpfHashMap::try_from(take(&mut obj, "nw_tcp_flows", &mut map_fds)?)
                 .map_err(|e| map_err("nw_tcp_flows", e))?;
+        let tcp_groups = aya::maps::Array::try_from(take(&mut obj, "nw_tcp_groups", &mut map_fds)?)
+            .map_err(|e| map_err("nw_tcp_groups", e))?;
+        let tcp_pins: BpfHashMap<MapData, TcpFlowKey, u32> =
+            BpfHashMap::try_from(take(&mut obj, "nw_tcp_pins", &mut map_fds)?)
+                .map_err(|e| map_err("nw_tcp_pins", e))?;
         let xsks = XskMap::try_from(take(&mut obj, "nw_xsks", &mut map_fds)?)
             .map_err(|e| map_err("nw_xsks", e))?;
         let stats = PerCpuArray::try_from(take(&mut obj, "nw_stats", &mut map_fds)?)
@@ -295,6 +310,8 @@ impl SteerProgram {
             claims,
             tcp_listen,
             tcp_flows,
+            tcp_groups,
+            tcp_pins,
             xsks,
             stats,
             mode,
@@ -439,6 +456,57 @@ impl SteerProgram {
         let _ = self.tcp_flows.remove(&TcpFlowKey::new(local, remote));
     }
 
+    /// Write group `gid` of a shared listener (steer.c `group_owner`): the
+    /// slots accepting from it, in the order their hash buckets are dealt
+    /// (bucket i -> `accepting[i % n]`); none: its new connections go to
+    /// the kernel's listening socket.
+    pub fn set_tcp_group(&mut self, gid: u32, accepting: &[u32]) -> Result<(), String> {
+        if gid >= GROUPS || accepting.iter().any(|&s| s >= 64) {
+            return Err(format!("group {gid} / slots {accepting:?} out of range"));
+        }
+        self.tcp_groups
+            .set(gid, group_value(accepting), 0)
+            .map_err(|e| format!("cannot write listener group {gid}: {e}"))
+    }
+
+    /// Forget the pins (a group listener's connections by 4-tuple) that
+    /// `drop` selects (by local address, the slot's value). Returns how
+    /// many went.
+    pub fn unpin_tcp(&mut self, mut drop: impl FnMut(SocketAddrV4, u32) -> bool) -> usize {
+        let keys: Vec<TcpFlowKey> = self
+            .tcp_pins
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, v)| {
+                let local = SocketAddrV4::new(
+                    Ipv4Addr::from(k.laddr.to_ne_bytes()),
+                    u16::from_be(k.lport),
+                );
+                drop(local, *v)
+            })
+            .map(|(k, _)| k)
+            .collect();
+        keys.iter()
+            .filter(|k| self.tcp_pins.remove(k).is_ok())
+            .count()
+    }
+
+    /// The pins (group listeners' connections by 4-tuple): local, remote,
+    /// the slot's value.
+    pub fn tcp_pins(&self) -> Vec<(SocketAddrV4, SocketAddrV4, u32)> {
+        self.tcp_pins
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| {
+                (
+                    SocketAddrV4::new(Ipv4Addr::from(k.laddr.to_ne_bytes()), u16::from_be(k.lport)),
+                    SocketAddrV4::new(Ipv4Addr::from(k.raddr.to_ne_bytes()), u16::from_be(k.rport)),
+                    v,
+                )
+            })
+            .collect()
+    }
+
     /// Register the AF_XDP socket serving RX queue `queue`.
     pub fn set_xsk(&mut self, queue: u32, fd: &impl AsRawFd) -> Result<(), String> {
         self.xsks
@@ -483,5 +551,33 @@ impl DropProgram {
             _link: link,
             _prog: prog,
         })
+    }
+}
+
+/// steer.c's `struct nw_group` for the accepting slots `accepting`: the
+/// mask, the count, and 64 buckets dealt round-robin.
+pub fn group_value(accepting: &[u32]) -> [u8; 80] {
+    let mut v = [0u8; 80];
+    let mask = accepting.iter().fold(0u64, |m, &s| m | 1u64 << (s & 63));
+    v[0..8].copy_from_slice(&mask.to_ne_bytes());
+    v[8..12].copy_from_slice(&(accepting.len() as u32).to_ne_bytes());
+    if !accepting.is_empty() {
+        for (i, b) in v[16..80].iter_mut().enumerate() {
+            *b = accepting[i % accepting.len()] as u8;
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod group_tests {
+    #[test]
+    fn a_group_deals_its_buckets_round_robin() {
+        let v = super::group_value(&[3, 5]);
+        assert_eq!(u64::from_ne_bytes(v[0..8].try_into().unwrap()), 1 << 3 | 1 << 5);
+        assert_eq!(u32::from_ne_bytes(v[8..12].try_into().unwrap()), 2);
+        assert_eq!(&v[16..20], &[3, 5, 3, 5]);
+        let none = super::group_value(&[]);
+        assert_eq!(none, [0u8; 80]);
     }
 }

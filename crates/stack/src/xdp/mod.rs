@@ -121,6 +121,25 @@ impl Steer {
             Steer::Service(c) => c.claim_tcp_listener(addr, port, borrow(sock)),
         }
     }
+    /// Join the listener group of (addr, port) with `sock`, this process's
+    /// copy of its listening socket (the engine service only: an engine of
+    /// its own cannot share a listener with another process).
+    fn join_tcp_listener(&mut self, addr: Ipv4Addr, port: u16, sock: RawFd) -> Result<(), String> {
+        match self {
+            Steer::Own(_) => Err(
+                "a listener inherited through fork is shared on the engine service only (NANOWIRE_SERVICE=1)"
+                    .into(),
+            ),
+            Steer::Service(c) => c.tcp_join(addr, port, borrow(sock)),
+        }
+    }
+    /// Stop accepting from the listener group of (addr, port) for now.
+    fn idle_tcp_listener(&mut self, addr: Ipv4Addr, port: u16) -> Result<(), String> {
+        match self {
+            Steer::Own(_) => Err("not on the engine service".into()),
+            Steer::Service(c) => c.tcp_idle(addr, port),
+        }
+    }
     fn unclaim_tcp_listener(&mut self, addr: Ipv4Addr, port: u16) {
         match self {
             Steer::Own(p) => p.unclaim_tcp_listener(addr, port),

@@ -47,6 +47,7 @@ extern "C" fn in_child() {
     FORK_GEN.fetch_add(1, Ordering::Relaxed);
     PID.store(0, Ordering::Relaxed);
     REG.locked.store(false, Ordering::Release);
+    super::tcp::service_after_fork();
     // The parent's engines: their privileged fds (XDP link, program, maps,
     // AF_XDP sockets) must not live on in the child (issue 20, finding 3).
     let inert = rustix::fs::open(

@@ -34,7 +34,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use nanowire_wire::ipv4::PROTO_TCP;
@@ -1100,6 +1100,18 @@ impl TcpEngine {
     /// `sock`: the listening kernel socket holding the port (the engine
     /// service checks it).
     fn claim_listener(&self, core: &mut Core, local: SocketAddrV4, sock: RawFd) -> io::Result<()> {
+        self.claim_listener_as(core, local, sock, false)
+    }
+
+    /// `join`: the listener's claim is another process's (fork) and this
+    /// engine joins its group on the engine service.
+    fn claim_listener_as(
+        &self,
+        core: &mut Core,
+        local: SocketAddrV4,
+        sock: RawFd,
+        join: bool,
+    ) -> io::Result<()> {
         let addrs: Vec<Ipv4Addr> = if local.ip().is_unspecified() {
             let own = self.engine.rx().own.clone();
             if own.is_empty() {
@@ -1113,9 +1125,12 @@ impl TcpEngine {
         self.engine.rx().demux.bind(core.id, PROTO_TCP, local);
         let mut p = self.engine.prog();
         for a in addrs {
-            p.prog
-                .claim_tcp_listener(a, local.port(), sock)
-                .map_err(|e| io_err(io::ErrorKind::Other, e))?;
+            if join {
+                p.prog.join_tcp_listener(a, local.port(), sock)
+            } else {
+                p.prog.claim_tcp_listener(a, local.port(), sock)
+            }
+            .map_err(|e| io_err(io::ErrorKind::Other, e))?;
             core.listen_claims.push(SocketAddrV4::new(a, local.port()));
         }
         Ok(())
@@ -1178,6 +1193,11 @@ pub struct XdpTcpListener {
     eng: Arc<TcpEngine>,
     l: ListenerId,
     local: SocketAddrV4,
+    /// Not accepting (issue 24: a fork's parent sharing the listener with
+    /// its workers through the engine service): a duplicate of the
+    /// listening socket to join its group again with at the next accept or
+    /// readiness look ([`XdpTcpListener::stop_accepting`]); -1: accepting.
+    idle: AtomicI32,
 }
 
 impl XdpTcpListener {
@@ -1209,7 +1229,12 @@ impl XdpTcpListener {
                 .listen_with(got, backlog.max(1), so)
                 .map_err(tcp_err)?
         };
-        Ok(XdpTcpListener { eng, l, local: got })
+        Ok(XdpTcpListener {
+            eng,
+            l,
+            local: got,
+            idle: AtomicI32::new(-1),
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddrV4 {
@@ -1665,6 +1690,27 @@ impl XdpTcpListener {
     /// interface; connections the kernel still gets (loopback) stay in the
     /// kernel's accept queue of `fd`.
     pub fn adopt(fd: RawFd, backlog: usize, opts: &EngineOptions) -> io::Result<XdpTcpListener> {
+        Self::serve(fd, backlog, opts, false)
+    }
+
+    /// A listening socket inherited through fork (issue 24), `fd` this
+    /// process's copy of it: served on this process's own engine, which
+    /// joins the listener's group on the engine service (the service checks
+    /// that `fd` is the very socket its claim holds): new connections are
+    /// spread over the processes accepting from it, and each one's engine
+    /// completes the handshakes it gets and queues them on its copy. An
+    /// engine of its own cannot (the parent's program owns the interface):
+    /// the error says so.
+    pub fn join(fd: RawFd, backlog: usize, opts: &EngineOptions) -> io::Result<XdpTcpListener> {
+        Self::serve(fd, backlog, opts, true)
+    }
+
+    fn serve(
+        fd: RawFd,
+        backlog: usize,
+        opts: &EngineOptions,
+        join: bool,
+    ) -> io::Result<XdpTcpListener> {
         let local = sock_local(fd)?;
         if local.ip().is_loopback() {
             return Err(io_err(
@@ -1683,14 +1729,79 @@ impl XdpTcpListener {
         let eng = TcpEngine::new(engine, opts.wait, cfg)?;
         let l = {
             let mut c = eng.core();
-            eng.claim_listener(&mut c, local, fd)?;
+            eng.claim_listener_as(&mut c, local, fd, join)?;
             let mut so = SocketOptions::from_config(c.stack.config());
             (so.ttl, so.tos) = ip_header_of(fd);
             c.stack
                 .listen_with(local, backlog.max(1), so)
                 .map_err(tcp_err)?
         };
-        Ok(XdpTcpListener { eng, l, local })
+        Ok(XdpTcpListener {
+            eng,
+            l,
+            local,
+            idle: AtomicI32::new(-1),
+        })
+    }
+
+    /// On the engine service (where a listener can be shared with a forked
+    /// child)?
+    pub fn on_service(&self) -> bool {
+        self.eng.engine.service_slot().is_some()
+    }
+
+    /// Stop accepting for now (issue 24: a fork's parent, whose workers
+    /// accept): the service steers no new connection here; the ones this
+    /// process has stay. `sock` is the listening socket: a duplicate is
+    /// kept to join again with at this listener's next accept or readiness
+    /// look (a parent that accepts after all).
+    pub fn stop_accepting(&self, sock: RawFd) -> Result<(), String> {
+        let keep = rustix::io::fcntl_dupfd_cloexec(
+            // SAFETY: the caller's open listening socket, borrowed for the dup.
+            unsafe { rustix::fd::BorrowedFd::borrow_raw(sock) },
+            0,
+        )
+        .map_err(|e| format!("dup of the listening socket: {e}"))?;
+        let keep = nanowire_xdp::sys::above_floor(keep);
+        let c = self.eng.core();
+        let mut p = self.eng.engine.prog();
+        for a in c.listen_claims.iter().filter(|a| a.port() == self.local.port()) {
+            p.prog.idle_tcp_listener(*a.ip(), a.port())?;
+        }
+        drop(p);
+        drop(c);
+        let old = self.idle.swap(std::os::fd::IntoRawFd::into_raw_fd(keep), Ordering::AcqRel);
+        if old >= 0 {
+            nanowire_xdp::sys::close(old);
+        }
+        Ok(())
+    }
+
+    /// Accepting again after [`XdpTcpListener::stop_accepting`] (one load
+    /// when accepting).
+    #[inline]
+    fn accepting(&self) {
+        if self.idle.load(Ordering::Relaxed) >= 0 {
+            self.rejoin();
+        }
+    }
+
+    #[cold]
+    fn rejoin(&self) {
+        let fd = self.idle.swap(-1, Ordering::AcqRel);
+        if fd < 0 {
+            return;
+        }
+        {
+            let c = self.eng.core();
+            let mut p = self.eng.engine.prog();
+            for a in c.listen_claims.iter().filter(|a| a.port() == self.local.port()) {
+                // Refused (the service went): the connections go to the
+                // other members, or to the kernel's listening socket.
+                let _ = p.prog.join_tcp_listener(*a.ip(), a.port(), fd);
+            }
+        }
+        nanowire_xdp::sys::close(fd);
     }
 
     /// See [`XdpTcpStream::sleep_arm`].
@@ -1700,6 +1811,7 @@ impl XdpTcpListener {
 
     /// One engine turn, then the next established connection, if any.
     pub fn try_accept(&self) -> Option<XdpTcpStream> {
+        self.accepting();
         let mut c = self.eng.core();
         self.eng.turn(&mut c);
         let id = c.stack.accept(self.l)?;
@@ -1744,6 +1856,7 @@ impl XdpTcpListener {
     }
 
     pub fn acceptable(&self, turn: bool) -> bool {
+        self.accepting();
         let mut c = self.eng.core();
         if turn {
             self.eng.turn(&mut c);
@@ -2152,15 +2265,73 @@ struct Service {
     started: bool,
 }
 
-static SERVICE: Mutex<Service> = Mutex::new(Service {
-    live: Vec::new(),
-    closing: Vec::new(),
-    wake: None,
-    started: false,
-});
+/// The service's state behind a spin lock a forked child can reset (a
+/// std Mutex held by a parent thread at fork stays held in the child for
+/// ever; the registry's lock is made the same way): held only to copy or
+/// change the lists, never while sleeping or turning an engine.
+struct ServiceCell {
+    locked: AtomicBool,
+    s: std::cell::UnsafeCell<Service>,
+}
 
-fn service() -> MutexGuard<'static, Service> {
-    SERVICE.lock().unwrap_or_else(|e| e.into_inner())
+// SAFETY: `s` is reached only through `service()`'s guard, which holds
+// `locked`, or by the fork child handler, which runs alone.
+unsafe impl Sync for ServiceCell {}
+
+static SERVICE: ServiceCell = ServiceCell {
+    locked: AtomicBool::new(false),
+    s: std::cell::UnsafeCell::new(Service {
+        live: Vec::new(),
+        closing: Vec::new(),
+        wake: None,
+        started: false,
+    }),
+};
+
+struct ServiceGuard;
+
+impl std::ops::Deref for ServiceGuard {
+    type Target = Service;
+    fn deref(&self) -> &Service {
+        // SAFETY: the guard holds the lock.
+        unsafe { &*SERVICE.s.get() }
+    }
+}
+impl std::ops::DerefMut for ServiceGuard {
+    fn deref_mut(&mut self) -> &mut Service {
+        // SAFETY: the guard holds the lock (one guard at a time).
+        unsafe { &mut *SERVICE.s.get() }
+    }
+}
+impl Drop for ServiceGuard {
+    fn drop(&mut self) {
+        SERVICE.locked.store(false, Ordering::Release);
+    }
+}
+
+fn service() -> ServiceGuard {
+    while SERVICE.locked.swap(true, Ordering::Acquire) {
+        std::thread::yield_now();
+    }
+    ServiceGuard
+}
+
+/// In a forked child (the registry's `pthread_atfork` child handler): the
+/// parent's timer thread does not exist here and its engines are not the
+/// child's. The lists are forgotten (never dropped: the engines are the
+/// parent's), the lock is reset, and the child's first engine starts a
+/// timer thread of its own.
+pub(crate) fn service_after_fork() {
+    SERVICE.locked.store(false, Ordering::Release);
+    // SAFETY: the child runs this handler alone (one thread), the lock
+    // just reset; nothing else reaches the state meanwhile.
+    let s = unsafe { &mut *SERVICE.s.get() };
+    std::mem::forget(std::mem::take(&mut s.live));
+    std::mem::forget(std::mem::take(&mut s.closing));
+    std::mem::forget(s.wake.take());
+    s.started = false;
+    SERVICE_WAKE.store(-1, Ordering::Release);
+    SERVICE_NAPPING.store(false, Ordering::Release);
 }
 
 /// Longest sleep of the service with nothing due (it then looks again).
@@ -2350,6 +2521,17 @@ impl XdpTcpStream {
         }
         drop(self);
         service_linger(eng);
+    }
+}
+
+impl Drop for XdpTcpListener {
+    fn drop(&mut self) {
+        // The kept duplicate of the listening socket (stop_accepting) must
+        // not keep the socket alive after the application closed it.
+        let fd = self.idle.swap(-1, Ordering::AcqRel);
+        if fd >= 0 {
+            nanowire_xdp::sys::close(fd);
+        }
     }
 }
 

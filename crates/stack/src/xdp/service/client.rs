@@ -210,6 +210,21 @@ impl Conn {
         );
     }
 
+    /// Join the listener group of TCP (addr, port) (issue 24): `sock` is
+    /// this process's copy of the listening socket the claim holds (a
+    /// forked worker's); new connections are spread over the group's
+    /// accepting members, this process among them.
+    pub fn tcp_join(&self, addr: Ipv4Addr, port: u16, sock: BorrowedFd<'_>) -> Result<(), String> {
+        let m = self.call(&proto::encode_tcp_group(true, addr, port), &[sock], 512)?;
+        self.expect_ok(&m)
+    }
+
+    /// Stop accepting from the listener group of TCP (addr, port) for now.
+    pub fn tcp_idle(&self, addr: Ipv4Addr, port: u16) -> Result<(), String> {
+        let m = self.call(&proto::encode_tcp_group(false, addr, port), &[], 512)?;
+        self.expect_ok(&m)
+    }
+
     /// Claim one TCP connection (`Flow`; `sock`: the kernel socket holding
     /// `local`'s port, or none under this process's own listener claim) or
     /// give it to the kernel under this process's listener (`Pass`).

@@ -44,6 +44,14 @@ pub const K_STATS_PAGE: u16 = 8;
 /// the multi-buffer aware steering program in place of the one without
 /// (generic mode, `Frags::Lazy`; no body, no descriptors).
 pub const K_FRAGS: u16 = 9;
+/// Join a TCP listener claim's group (issue 24: a forked worker holding
+/// the same listening socket, which comes with it, SCM_RIGHTS): new
+/// connections are spread over the group's accepting members. Body as
+/// `K_CLAIM`'s (protocol 6).
+pub const K_TCP_JOIN: u16 = 10;
+/// A member of a listener group stops accepting for now (a fork's parent);
+/// body as `K_CLAIM`'s (protocol 6), no descriptor.
+pub const K_TCP_IDLE: u16 = 11;
 pub const K_OK: u16 = 0x81;
 pub const K_ERR: u16 = 0x82;
 pub const K_STATUS_REPLY: u16 = 0x83;
@@ -91,6 +99,17 @@ pub enum Request {
     StatsPage,
     /// Upgrade the interface's program to the multi-buffer aware one.
     Frags,
+    /// Join the listener group of (addr, port); the process's copy of the
+    /// listening socket comes with it (SCM_RIGHTS).
+    TcpJoin {
+        addr: Ipv4Addr,
+        port: u16,
+    },
+    /// Stop accepting from the listener group of (addr, port) for now.
+    TcpIdle {
+        addr: Ipv4Addr,
+        port: u16,
+    },
 }
 
 /// What a `K_TCP_FLOW` asks.
@@ -188,6 +207,14 @@ pub fn encode_tcp_flow(
     v
 }
 
+/// `K_TCP_JOIN` (`join`) or `K_TCP_IDLE`: a TCP listener's (addr, port).
+pub fn encode_tcp_group(join: bool, addr: Ipv4Addr, port: u16) -> Vec<u8> {
+    let mut v = encode_claim(true, PROTO_TCP, addr, port);
+    let k = if join { K_TCP_JOIN } else { K_TCP_IDLE };
+    v[4..6].copy_from_slice(&k.to_le_bytes());
+    v
+}
+
 pub fn encode_conn_table() -> Vec<u8> {
     header(K_CONN_TABLE)
 }
@@ -226,7 +253,7 @@ pub fn decode_request(b: &[u8]) -> Result<Request, &'static str> {
                 ring_depth: u32_at(b, 24).ok_or("bad_length")?,
             })
         }
-        k @ (K_CLAIM | K_UNCLAIM) => {
+        k @ (K_CLAIM | K_UNCLAIM | K_TCP_JOIN | K_TCP_IDLE) => {
             if b.len() != 8 + 12 {
                 return Err("bad_length");
             }
@@ -234,15 +261,19 @@ pub fn decode_request(b: &[u8]) -> Result<Request, &'static str> {
             if proto != PROTO_UDP && proto != PROTO_TCP {
                 return Err("bad_protocol");
             }
+            if proto != PROTO_TCP && (k == K_TCP_JOIN || k == K_TCP_IDLE) {
+                return Err("bad_protocol");
+            }
             let addr = Ipv4Addr::new(b[12], b[13], b[14], b[15]);
             let port = u16_at(b, 16).ok_or("bad_length")?;
             if port == 0 {
                 return Err("bad_port");
             }
-            Ok(if k == K_CLAIM {
-                Request::Claim { proto, addr, port }
-            } else {
-                Request::Unclaim { proto, addr, port }
+            Ok(match k {
+                K_CLAIM => Request::Claim { proto, addr, port },
+                K_UNCLAIM => Request::Unclaim { proto, addr, port },
+                K_TCP_JOIN => Request::TcpJoin { addr, port },
+                _ => Request::TcpIdle { addr, port },
             })
         }
         k @ (K_TCP_FLOW | K_TCP_UNFLOW) => {
@@ -425,6 +456,24 @@ mod tests {
         );
         assert_eq!(decode_request(&encode_status()), Ok(Request::Status));
         assert_eq!(decode_request(&encode_stats_page()), Ok(Request::StatsPage));
+        let a2 = Ipv4Addr::new(198, 18, 0, 2);
+        assert_eq!(
+            decode_request(&encode_tcp_group(true, a2, 8080)),
+            Ok(Request::TcpJoin {
+                addr: a2,
+                port: 8080
+            })
+        );
+        assert_eq!(
+            decode_request(&encode_tcp_group(false, a2, 8080)),
+            Ok(Request::TcpIdle {
+                addr: a2,
+                port: 8080
+            })
+        );
+        let mut u = encode_tcp_group(true, a2, 8080);
+        u[8] = PROTO_UDP;
+        assert_eq!(decode_request(&u), Err("bad_protocol"));
         let (l, r) = (
             SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 5001),
             SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 40000),

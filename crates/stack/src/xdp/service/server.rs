@@ -72,6 +72,26 @@ pub struct ClientCounters {
     pub tcp_flows: u64,
     pub tcp_passes: u64,
     pub tcp_flows_refused: u64,
+    /// Shared listeners (issue 24): joins granted (a process holding the
+    /// same listening socket added to its group) and refused, and
+    /// "not accepting now" notes (a fork's parent).
+    pub tcp_joins: u64,
+    pub tcp_joins_refused: u64,
+    pub tcp_idles: u64,
+}
+
+/// A TCP listener claim on the service is a group (issue 24): the
+/// processes holding the same listening socket (the one whose claim made
+/// it: same socket inode), each with its slot and whether it accepts now.
+/// New connections are spread over the accepting slots (steer.c
+/// `group_owner`); the claim lives while any member does.
+struct Group {
+    /// Index in the program's `nw_tcp_groups`.
+    gid: u32,
+    /// (st_dev, st_ino) of the listening socket.
+    ino: (u64, u64),
+    /// (client id, slot, accepting).
+    members: Vec<(u64, u32, bool)>,
 }
 
 struct Client {
@@ -105,6 +125,8 @@ struct Iface {
     claims: HashMap<(u8, u32, u16), u64>,
     /// TCP 4-tuples (local, remote) claimed or passed, by client.
     tcp_flows: HashMap<(SocketAddrV4, SocketAddrV4), u64>,
+    /// TCP listener claims' groups, by (addr, port).
+    groups: HashMap<(u32, u16), Group>,
     mode: AttachMode,
     budget: u32,
 }
@@ -323,6 +345,7 @@ impl Service {
         if !matches!(
             req,
             Request::Claim { .. }
+                | Request::TcpJoin { .. }
                 | Request::TcpFlow { .. }
                 | Request::ConnTable
                 | Request::StatsPage
@@ -361,6 +384,30 @@ impl Service {
             } => {
                 self.unclaim(id, p, addr, port);
                 self.ok(id);
+            }
+            Request::TcpJoin { addr, port } => {
+                let r = match fds.as_slice() {
+                    [fd] => self.tcp_join(id, addr, port, fd),
+                    _ => {
+                        bad(&mut self.counters, "claim_without_socket");
+                        Err("a join needs the listening socket".to_string())
+                    }
+                };
+                self.count(id, r.is_ok(), |c| &mut c.tcp_joins, |c| &mut c.tcp_joins_refused);
+                match r {
+                    Ok(()) => self.ok(id),
+                    Err(why) => self.refuse(id, &why),
+                }
+            }
+            Request::TcpIdle { addr, port } => {
+                let r = self.tcp_idle(id, addr, port);
+                if r.is_ok() {
+                    self.count(id, true, |c| &mut c.tcp_idles, |c| &mut c.tcp_idles);
+                }
+                match r {
+                    Ok(()) => self.ok(id),
+                    Err(why) => self.refuse(id, &why),
+                }
             }
             Request::TcpFlow {
                 what,
@@ -522,6 +569,7 @@ impl Service {
                 last_uid: None,
                 claims: HashMap::new(),
                 tcp_flows: HashMap::new(),
+                groups: HashMap::new(),
                 mode,
                 budget: TX_PER_SLOT.min(256),
             },
@@ -700,8 +748,24 @@ impl Service {
             None => {}
         }
         if p == proto::PROTO_TCP {
-            ifc.prog
-                .claim_tcp_listener(addr, port, nanowire_xdp::program::SLOT | slot)?;
+            let ino = socket_inode(sock)?;
+            let gid = (0..nanowire_xdp::program::GROUPS)
+                .find(|g| ifc.groups.values().all(|x| x.gid != *g))
+                .ok_or("every listener group of the engine service is in use")?;
+            ifc.prog.set_tcp_group(gid, &[slot])?;
+            ifc.prog.claim_tcp_listener(
+                addr,
+                port,
+                nanowire_xdp::program::SLOT | nanowire_xdp::program::GROUP | gid,
+            )?;
+            ifc.groups.insert(
+                (addr.to_bits(), port),
+                Group {
+                    gid,
+                    ino,
+                    members: vec![(id, slot, true)],
+                },
+            );
         } else {
             ifc.prog.claim_slot(addr, port, slot)?;
         }
@@ -722,16 +786,78 @@ impl Service {
             return;
         };
         c.claims.swap_remove(i);
-        let Some((name, _)) = c.attached.clone() else {
+        let Some((name, slot)) = c.attached.clone() else {
             return;
         };
-        if let Some(ifc) = self.ifaces.get_mut(&name)
-            && ifc.claims.remove(&(p, addr.to_bits(), port)).is_some()
-        {
-            unclaim_in(&mut ifc.prog, p, addr, port);
-            self.counters.requests.unclaims += 1;
-            c.counters.unclaims += 1;
+        c.counters.unclaims += 1;
+        self.counters.requests.unclaims += 1;
+        if let Some(ifc) = self.ifaces.get_mut(&name) {
+            release_claim(ifc, id, slot, p, addr, port);
         }
+    }
+
+    /// A process holding the same listening socket as a TCP listener claim
+    /// (a forked worker: `sock` is its copy, the same socket inode) joins
+    /// the claim's group, accepting: new connections are spread over it
+    /// too. A member joining again is accepting again (a fork's parent
+    /// that accepts after all).
+    fn tcp_join(
+        &mut self,
+        id: u64,
+        addr: Ipv4Addr,
+        port: u16,
+        sock: &OwnedFd,
+    ) -> Result<(), String> {
+        let c = self.clients.get(&id).ok_or("gone")?;
+        let Some((name, slot)) = c.attached.clone() else {
+            bad(&mut self.counters, "claim_before_attach");
+            return Err("join before attach".into());
+        };
+        holds_port(sock, proto::PROTO_TCP, addr, port, || own_addrs(&name))?;
+        let ino = socket_inode(sock)?;
+        let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
+        let Some(g) = ifc.groups.get_mut(&(addr.to_bits(), port)) else {
+            return Err(format!(
+                "TCP {addr}:{port} is no listener on the engine service (nothing to share)"
+            ));
+        };
+        if g.ino != ino {
+            return Err(format!(
+                "TCP {addr}:{port}: the socket passed is not the listening socket the engine service serves there (another socket holds the port)"
+            ));
+        }
+        match g.members.iter_mut().find(|m| m.0 == id) {
+            Some(m) => m.2 = true,
+            None => g.members.push((id, slot, true)),
+        }
+        write_group(&mut ifc.prog, g)?;
+        let c = self.clients.get_mut(&id).expect("checked above");
+        if !c.claims.contains(&(proto::PROTO_TCP, addr, port)) {
+            c.claims.push((proto::PROTO_TCP, addr, port));
+        }
+        Ok(())
+    }
+
+    /// A member of a listener group stops accepting for now (a fork's
+    /// parent: its workers accept): no new connection is steered to it;
+    /// its own connections stay pinned to it.
+    fn tcp_idle(&mut self, id: u64, addr: Ipv4Addr, port: u16) -> Result<(), String> {
+        let c = self.clients.get(&id).ok_or("gone")?;
+        let Some((name, _)) = c.attached.clone() else {
+            return Err("idle before attach".into());
+        };
+        let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
+        let g = ifc
+            .groups
+            .get_mut(&(addr.to_bits(), port))
+            .ok_or_else(|| format!("TCP {addr}:{port} is no listener on the engine service"))?;
+        let m = g
+            .members
+            .iter_mut()
+            .find(|m| m.0 == id)
+            .ok_or_else(|| format!("TCP {addr}:{port}: this process does not share the listener"))?;
+        m.2 = false;
+        write_group(&mut ifc.prog, g)
     }
 
     /// One TCP connection by 4-tuple. `Flow` (a connect, or a connection of
@@ -755,10 +881,10 @@ impl Service {
             return Err("claim before attach".into());
         };
         let ifc = self.ifaces.get(&name).ok_or("interface gone")?;
-        let under_listener =
-            ifc.claims
-                .get(&(proto::PROTO_TCP, local.ip().to_bits(), local.port()))
-                == Some(&id);
+        let under_listener = ifc
+            .groups
+            .get(&(local.ip().to_bits(), local.port()))
+            .is_some_and(|g| g.members.iter().any(|m| m.0 == id));
         match (what, sock) {
             (proto::TcpFlow::Pass, _) | (proto::TcpFlow::Flow, None) if !under_listener => {
                 return Err(format!(
@@ -952,9 +1078,7 @@ impl Service {
             return;
         };
         for (p, addr, port) in &c.claims {
-            if ifc.claims.remove(&(*p, addr.to_bits(), *port)).is_some() {
-                unclaim_in(&mut ifc.prog, *p, *addr, *port);
-            }
+            release_claim(ifc, id, slot, *p, *addr, *port);
         }
         for (l, r, _) in &c.tcp_flows {
             if ifc.tcp_flows.remove(&(*l, *r)).is_some() {
@@ -1094,6 +1218,14 @@ impl Service {
             "slots": i.slots.len(),
             "xsk_rx_fill_ring_empty": fill_empty,
             "clients": clients,
+            "tcp_listener_groups": i.groups.iter().map(|((a, p), g)| serde_json::json!({
+                "listener": SocketAddrV4::new(Ipv4Addr::from_bits(*a), *p).to_string(),
+                "members": g.members.iter().map(|(c, s, acc)| serde_json::json!({
+                    "pid": self.clients.get(c).map(|c| c.pid),
+                    "slot": s,
+                    "accepting": acc,
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
         })
     }
 }
@@ -1185,6 +1317,58 @@ fn own_addrs(name: &str) -> Vec<Ipv4Addr> {
         .filter(|(n, _)| n == name)
         .map(|(_, a)| a)
         .collect()
+}
+
+/// Client `id` (in `slot`) lets go of its claim (p, addr, port): a UDP
+/// port's goes; a TCP listener's group loses the member (its connections'
+/// pins go: their segments reach the kernel, which resets them, as the
+/// service ends them) and the claim goes with the last member.
+fn release_claim(ifc: &mut Iface, id: u64, slot: u32, p: u8, addr: Ipv4Addr, port: u16) {
+    let key = (p, addr.to_bits(), port);
+    if p != proto::PROTO_TCP {
+        if ifc.claims.get(&key) == Some(&id) {
+            ifc.claims.remove(&key);
+            unclaim_in(&mut ifc.prog, p, addr, port);
+        }
+        return;
+    }
+    let gk = (addr.to_bits(), port);
+    let Some(g) = ifc.groups.get_mut(&gk) else {
+        return;
+    };
+    let Some(i) = g.members.iter().position(|m| m.0 == id) else {
+        return;
+    };
+    g.members.remove(i);
+    let local = SocketAddrV4::new(addr, port);
+    let value = nanowire_xdp::program::SLOT | slot;
+    if g.members.is_empty() {
+        let gid = g.gid;
+        ifc.groups.remove(&gk);
+        ifc.claims.remove(&key);
+        unclaim_in(&mut ifc.prog, p, addr, port);
+        let _ = ifc.prog.set_tcp_group(gid, &[]);
+        ifc.prog.unpin_tcp(|l, _| l == local);
+        return;
+    }
+    let _ = write_group(&mut ifc.prog, g);
+    if ifc.claims.get(&key) == Some(&id) {
+        ifc.claims.insert(key, g.members[0].0);
+    }
+    ifc.prog.unpin_tcp(|l, v| l == local && v == value);
+}
+
+/// Write a group's accepting slots to the program.
+fn write_group(prog: &mut SteerProgram, g: &Group) -> Result<(), String> {
+    let accepting: Vec<u32> = g.members.iter().filter(|m| m.2).map(|m| m.1).collect();
+    prog.set_tcp_group(g.gid, &accepting)
+}
+
+/// (st_dev, st_ino) of a socket: what tells a listening socket and its
+/// copies across fork (one open file) from any other socket.
+fn socket_inode(sock: &OwnedFd) -> Result<(u64, u64), String> {
+    let st = rustix::fs::fstat(sock).map_err(|e| format!("fstat of the socket passed: {e}"))?;
+    Ok((st.st_dev, st.st_ino))
 }
 
 /// Release a claim of `p` (a UDP port, or a TCP listener's).
