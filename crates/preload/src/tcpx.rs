@@ -465,11 +465,7 @@ extern "C" fn after_fork_child() {
 #[inline(always)]
 pub fn lookup(fd: c_int) -> Option<TcpRef> {
     let t = by_fd(fd)?;
-    if t.mine() {
-        Some(t)
-    } else {
-        inherited(fd, t)
-    }
+    if t.mine() { Some(t) } else { inherited(fd, t) }
 }
 
 /// A forked child's inherited record: a shared listener is served here

@@ -478,10 +478,8 @@ impl SteerProgram {
             .iter()
             .filter_map(Result::ok)
             .filter(|(k, v)| {
-                let local = SocketAddrV4::new(
-                    Ipv4Addr::from(k.laddr.to_ne_bytes()),
-                    u16::from_be(k.lport),
-                );
+                let local =
+                    SocketAddrV4::new(Ipv4Addr::from(k.laddr.to_ne_bytes()), u16::from_be(k.lport));
                 drop(local, *v)
             })
             .map(|(k, _)| k)
@@ -574,7 +572,10 @@ mod group_tests {
     #[test]
     fn a_group_deals_its_buckets_round_robin() {
         let v = super::group_value(&[3, 5]);
-        assert_eq!(u64::from_ne_bytes(v[0..8].try_into().unwrap()), 1 << 3 | 1 << 5);
+        assert_eq!(
+            u64::from_ne_bytes(v[0..8].try_into().unwrap()),
+            1 << 3 | 1 << 5
+        );
         assert_eq!(u32::from_ne_bytes(v[8..12].try_into().unwrap()), 2);
         assert_eq!(&v[16..20], &[3, 5, 3, 5]);
         let none = super::group_value(&[]);

@@ -1765,12 +1765,18 @@ impl XdpTcpListener {
         let keep = nanowire_xdp::sys::above_floor(keep);
         let c = self.eng.core();
         let mut p = self.eng.engine.prog();
-        for a in c.listen_claims.iter().filter(|a| a.port() == self.local.port()) {
+        for a in c
+            .listen_claims
+            .iter()
+            .filter(|a| a.port() == self.local.port())
+        {
             p.prog.idle_tcp_listener(*a.ip(), a.port())?;
         }
         drop(p);
         drop(c);
-        let old = self.idle.swap(std::os::fd::IntoRawFd::into_raw_fd(keep), Ordering::AcqRel);
+        let old = self
+            .idle
+            .swap(std::os::fd::IntoRawFd::into_raw_fd(keep), Ordering::AcqRel);
         if old >= 0 {
             nanowire_xdp::sys::close(old);
         }
@@ -1795,7 +1801,11 @@ impl XdpTcpListener {
         {
             let c = self.eng.core();
             let mut p = self.eng.engine.prog();
-            for a in c.listen_claims.iter().filter(|a| a.port() == self.local.port()) {
+            for a in c
+                .listen_claims
+                .iter()
+                .filter(|a| a.port() == self.local.port())
+            {
                 // Refused (the service went): the connections go to the
                 // other members, or to the kernel's listening socket.
                 let _ = p.prog.join_tcp_listener(*a.ip(), a.port(), fd);

@@ -393,7 +393,12 @@ impl Service {
                         Err("a join needs the listening socket".to_string())
                     }
                 };
-                self.count(id, r.is_ok(), |c| &mut c.tcp_joins, |c| &mut c.tcp_joins_refused);
+                self.count(
+                    id,
+                    r.is_ok(),
+                    |c| &mut c.tcp_joins,
+                    |c| &mut c.tcp_joins_refused,
+                );
                 match r {
                     Ok(()) => self.ok(id),
                     Err(why) => self.refuse(id, &why),
@@ -851,11 +856,9 @@ impl Service {
             .groups
             .get_mut(&(addr.to_bits(), port))
             .ok_or_else(|| format!("TCP {addr}:{port} is no listener on the engine service"))?;
-        let m = g
-            .members
-            .iter_mut()
-            .find(|m| m.0 == id)
-            .ok_or_else(|| format!("TCP {addr}:{port}: this process does not share the listener"))?;
+        let m = g.members.iter_mut().find(|m| m.0 == id).ok_or_else(|| {
+            format!("TCP {addr}:{port}: this process does not share the listener")
+        })?;
         m.2 = false;
         write_group(&mut ifc.prog, g)
     }
