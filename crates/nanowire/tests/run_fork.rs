@@ -109,6 +109,46 @@ fn fetch(lab: &ScopedLab, names: &[String]) -> String {
     out
 }
 
+/// The nginx workers under process `root` (its descendants whose command
+/// line says so).
+fn workers_of(root: u32) -> Vec<u32> {
+    let mut parent = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": after the last ')'.
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0);
+        parent.insert(pid, ppid);
+    }
+    let under = |mut p: u32| {
+        while p > 1 {
+            if p == root {
+                return true;
+            }
+            p = parent.get(&p).copied().unwrap_or(0);
+        }
+        false
+    };
+    parent
+        .keys()
+        .copied()
+        .filter(|&p| p != root && under(p))
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.starts_with("nginx: worker"))
+        })
+        .collect()
+}
+
 fn nginx_workers_share_the_listener(workers: usize) {
     nanowire_testkit::require(&["nginx", "python3", "curl"]);
     let lab = lab(&format!("fk{workers}"));
@@ -136,17 +176,40 @@ fn nginx_workers_share_the_listener(workers: usize) {
         .iter()
         .map(|e| e["counters"]["tcp_passive_opens"].as_u64().unwrap_or(0))
         .collect();
+    // A worker killed (-9) leaves the group; the others go on, and the
+    // worker the master starts in its place joins.
+    let before = workers_of(srv.child.id());
+    assert_eq!(before.len(), workers, "workers: {before:?}\n{}", srv.both());
+    // SAFETY: kill(2) of a process of this test.
+    unsafe { libc::kill(before[0] as i32, libc::SIGKILL) };
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = workers_of(srv.child.id());
+        if now.len() == workers && !now.contains(&before[0]) {
+            break;
+        }
+        assert!(Instant::now() < end, "no new worker:\n{}", srv.both());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let again = fetch(&lab, &names);
     let log = stop(srv);
     assert_same_output("nginx bodies", &want, &got, &log);
+    assert_same_output(
+        "nginx bodies after a worker was killed",
+        &want,
+        &again,
+        &log,
+    );
     let serving = opens.iter().filter(|&&n| n > 0).count();
     assert!(
         serving >= 2,
         "connections on the engine in {serving} process(es) only: {opens:?}\n{log}"
     );
+    // Every worker, and the one started after the kill, joined.
     assert_eq!(
         log.matches("shared with the parent process through the engine service")
             .count(),
-        workers,
+        workers + 1,
         "{log}"
     );
     assert!(!log.contains("back on the kernel"), "{log}");
@@ -162,4 +225,95 @@ fn nginx_with_two_workers_serves_on_the_engine_in_each_worker() {
 #[ignore = "needs root"]
 fn nginx_with_four_workers_serves_on_the_engine_in_each_worker() {
     nginx_workers_share_the_listener(4);
+}
+
+/// A prefork server in Python: the parent listens, forks 4 children that
+/// each accept and answer, and waits. Plainly and under run on the
+/// service: the answers' hashes are the same.
+const PREFORK: &str = r#"
+import hashlib, os, signal, socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("198.18.0.2", 8091))
+s.listen(64)
+kids = []
+for i in range(4):
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        while True:
+            c, _ = s.accept()
+            data = b""
+            while not data.endswith(b"\n"):
+                d = c.recv(4096)
+                if not d:
+                    break
+                data += d
+            c.sendall(hashlib.sha256(data).digest() * (1000 + len(data)))
+            c.close()
+    kids.append(pid)
+def stop(*_):
+    for k in kids:
+        os.kill(k, signal.SIGTERM)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("listening", flush=True)
+while True:
+    signal.pause()
+"#;
+
+const PREFORK_CLIENT: &str = r#"
+import hashlib, socket
+for i in range(40):
+    c = socket.create_connection(("198.18.0.2", 8091), timeout=30)
+    c.sendall(("request %d " % i).encode() * (i + 1) + b"\n")
+    b = b""
+    while True:
+        d = c.recv(65536)
+        if not d:
+            break
+        b += d
+    print(i, len(b), hashlib.sha256(b).hexdigest(), flush=True)
+    c.close()
+"#;
+
+#[test]
+#[ignore = "needs root"]
+fn a_python_prefork_server_serves_on_the_engine_in_each_child() {
+    nanowire_testkit::require(&["python3"]);
+    let lab = lab("fkpy");
+    let mut outs = Vec::new();
+    for run in [false, true] {
+        let argv = ["python3", "-c", PREFORK];
+        let mut cmd = if run {
+            run_in(&lab, Host::B, &["--engine", "xdp"], &argv)
+        } else {
+            plain_in(&lab, Host::B, &argv)
+        };
+        cmd.env("NANOWIRE_SERVICE", "1")
+            .env("NANOWIRE_LOG", "info")
+            .env("NANOWIRE_SPIN_US", "0")
+            .env("NANOWIRE_RING_DEPTH", "1024");
+        let mut k = spawn(&format!("prefork-{run}"), cmd);
+        k.wait_for("listening", Duration::from_secs(60));
+        let o = plain_in(&lab, Host::A, &["python3", "-c", PREFORK_CLIENT])
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let opens: Vec<u64> = nanowire_testkit::engines_on(nanowire(), &lab.iface(Host::B))
+            .iter()
+            .map(|e| e["counters"]["tcp_passive_opens"].as_u64().unwrap_or(0))
+            .collect();
+        let log = stop(k);
+        assert!(o.status.success(), "client failed:\n{out}\n{log}");
+        assert_eq!(out.lines().count(), 40, "{out}\n{log}");
+        if run {
+            assert!(
+                opens.iter().filter(|&&n| n > 0).count() >= 2,
+                "connections on the engine in fewer than 2 children: {opens:?}\n{log}"
+            );
+        }
+        outs.push(out);
+    }
+    assert_same_output("prefork answers", &outs[0], &outs[1], "");
 }
