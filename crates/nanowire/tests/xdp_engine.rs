@@ -154,7 +154,18 @@ fn xdp_to_xdp_echo() {
         assert_eq!(c["rx_packets"], 201);
         assert_eq!(c["socket.tx_packets"], 201);
         assert!(c["peak_rx_ring"] >= 1 && c["socket.peak_queue_depth"] >= 1);
-        assert_eq!(c["rx_csum_partial"], 0, "xdp peers send full checksums");
+        // An xdp peer leaves its UDP checksums to the kernel where AF_XDP
+        // TX metadata offers that (copy mode, kernel 6.11+: this engine's
+        // own sends tell, the echo server runs on the same kernel): they
+        // arrive partial over veth, accepted and counted; else full.
+        // (A datagram that waited for the neighbour is sent whole by the
+        // neighbour thread: a few full ones either way.)
+        let (offload, partial) = (c["tx_csum_offload"], c["rx_csum_partial"]);
+        if offload > 0 {
+            assert!(offload >= 195 && partial >= 195, "{offload} {partial}");
+        } else {
+            assert_eq!(partial, 0, "without offload xdp peers send full checksums");
+        }
         assert_eq!(st.tx_packets, 201);
         assert_eq!(st.rx_packets, 201);
         ok

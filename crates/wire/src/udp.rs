@@ -143,11 +143,8 @@ impl UdpRepr {
     /// Write the 8-byte header for a payload already in `buf[8..8+payload_len]`
     /// and fill in the full checksum. Panics if `buf` is too short (caller bug).
     pub fn emit(&self, buf: &mut [u8], payload_len: usize, src: Ipv4Addr, dst: Ipv4Addr) {
-        let len = (HEADER_LEN + payload_len) as u16;
+        let len = self.header(buf, payload_len);
         let d = &mut buf[..usize::from(len)];
-        d[0..2].copy_from_slice(&self.src_port.to_be_bytes());
-        d[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
-        d[4..6].copy_from_slice(&len.to_be_bytes());
         d[6] = 0;
         d[7] = 0;
         let pseudo = checksum::pseudo_header(src, dst, PROTO_UDP, len);
@@ -157,7 +154,35 @@ impl UdpRepr {
         }
         d[6..8].copy_from_slice(&c.to_be_bytes());
     }
+
+    /// [`UdpRepr::emit`] without the pass over the datagram: the checksum
+    /// field holds the pseudo-header's folded sum only (never 0: the sum
+    /// includes the protocol), for a transmit offload to complete (the
+    /// kernel's CHECKSUM_PARTIAL: the ones' complement sum from the UDP
+    /// header's first byte, folded and inverted, 0 sent as 0xffff, goes
+    /// into the field at [`CHECKSUM_OFFSET`]). Receivers see it complete;
+    /// a partial one (veth, no device in between) is accepted as the
+    /// kernel accepts a CHECKSUM_PARTIAL skb ([`ChecksumState::Partial`]).
+    pub fn emit_partial(&self, buf: &mut [u8], payload_len: usize, src: Ipv4Addr, dst: Ipv4Addr) {
+        let len = self.header(buf, payload_len);
+        let pseudo = checksum::pseudo_header(src, dst, PROTO_UDP, len);
+        buf[6..8].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
+    }
+
+    /// Ports and length into `buf[..6]`; the datagram's length.
+    #[inline]
+    fn header(&self, buf: &mut [u8], payload_len: usize) -> u16 {
+        let len = (HEADER_LEN + payload_len) as u16;
+        let d = &mut buf[..usize::from(len)];
+        d[0..2].copy_from_slice(&self.src_port.to_be_bytes());
+        d[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
+        d[4..6].copy_from_slice(&len.to_be_bytes());
+        len
+    }
 }
+
+/// Offset of the checksum field in a UDP header.
+pub const CHECKSUM_OFFSET: u16 = 6;
 
 #[cfg(test)]
 mod tests {
@@ -197,6 +222,29 @@ mod tests {
         b[6..8].copy_from_slice(&pseudo.to_be_bytes());
         let d = UdpDatagram::new_checked(&b[..]).unwrap();
         assert_eq!(d.checksum_state(A, B), ChecksumState::Partial);
+    }
+
+    #[test]
+    fn a_partial_checksum_completed_like_an_offload_is_the_full_one() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for len in [0, 1, 2, 7, 64, 1472] {
+            let payload = crate::xorshift_bytes(&mut x, len);
+            let full = datagram(&payload);
+            let mut p = vec![0u8; HEADER_LEN + len];
+            p[HEADER_LEN..].copy_from_slice(&payload);
+            let r = UdpRepr {
+                src_port: 1000,
+                dst_port: 11111,
+            };
+            r.emit_partial(&mut p, len, A, B);
+            let d = UdpDatagram::new_checked(&p[..]).unwrap();
+            assert_eq!(d.checksum_state(A, B), ChecksumState::Partial, "{len}");
+            // What the kernel's skb_checksum_help does with CHECKSUM_PARTIAL.
+            let at = usize::from(CHECKSUM_OFFSET);
+            let c = !checksum::fold(checksum::accumulate(0, &p));
+            p[at..at + 2].copy_from_slice(&(if c == 0 { 0xffff } else { c }).to_be_bytes());
+            assert_eq!(p, full, "{len}");
+        }
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! Transmit: frames lent by the transmit device, Ethernet/IPv4/UDP headers
-//! with a full UDP checksum, batches of at most one kick's budget.
+//! with a full UDP checksum (or the pseudo-header's sum for the device to
+//! complete, where it offers that: `TxDevice::csum_offload`), batches of at
+//! most one kick's budget.
 //!
 //! `TxPath` lives under the engine's TX lock, which is held only while
 //! frames are written and posted (never across a netlink call or a user
@@ -116,9 +118,9 @@ impl<D: TxDevice> TxPath<D> {
             let k = if j > i {
                 let chunk = &bufs[i..j];
                 let (mac, mut id) = (self.mac, self.ip_id);
-                let k = self.dev.send_with(chunk.len(), |n, fr| {
+                let mut build = |n: usize, fr: &mut [u8], partial: bool| {
                     id = id.wrapping_add(1);
-                    Some(build_frame_hdr(
+                    build_frame_hdr(
                         fr,
                         mac,
                         w.mac,
@@ -128,8 +130,21 @@ impl<D: TxDevice> TxPath<D> {
                         chunk[n],
                         id,
                         h,
-                    ))
-                });
+                        partial,
+                    )
+                };
+                // Where the device completes checksums (AF_XDP TX metadata,
+                // as for the engine's TCP), the datagram is not summed here.
+                let k = if self.dev.csum_offload() {
+                    let k = self.dev.send_with_csum(chunk.len(), |n, fr| {
+                        Some((build(n, fr, true), Some(UDP_CSUM_REQUEST)))
+                    });
+                    bump(self.page.e(E::TxCsumOffload), k as u64);
+                    k
+                } else {
+                    self.dev
+                        .send_with(chunk.len(), |n, fr| Some(build(n, fr, false)))
+                };
                 self.ip_id = self.ip_id.wrapping_add(k as u16);
                 self.count(&chunk[..k], slot);
                 k
@@ -148,6 +163,7 @@ impl<D: TxDevice> TxPath<D> {
                     b,
                     self.ip_id,
                     h,
+                    false,
                 );
                 if self.dev.send_large(&self.big[..n]) {
                     self.count(&bufs[i..i + 1], slot);
@@ -244,8 +260,16 @@ pub(crate) fn build_frame(
         payload,
         id,
         IpHeader::default(),
+        false,
     )
 }
+
+/// Where a datagram's checksum lies for an offload to complete it: from
+/// the UDP header to the end of the frame, into the UDP checksum field.
+const UDP_CSUM_REQUEST: CsumRequest = CsumRequest {
+    start: (ETH_HDR + IP_HDR) as u16,
+    offset: nanowire_wire::udp::CHECKSUM_OFFSET,
+};
 
 /// The link header of an IPv4 frame from `src` to `dst`.
 #[inline]
@@ -257,7 +281,9 @@ pub(crate) fn eth_ipv4(dst: [u8; 6], src: [u8; 6]) -> EthernetRepr {
     }
 }
 
-/// [`build_frame`] with the socket's IP header fields `h`.
+/// [`build_frame`] with the socket's IP header fields `h`; `partial`: the
+/// UDP checksum field holds the pseudo-header's sum only, for the device
+/// to complete ([`UDP_CSUM_REQUEST`]).
 #[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn build_frame_hdr(
@@ -270,6 +296,7 @@ pub(crate) fn build_frame_hdr(
     payload: &[u8],
     id: u16,
     h: IpHeader,
+    partial: bool,
 ) -> usize {
     let total = HDRS + payload.len();
     eth_ipv4(dst_mac, src_mac).emit(fr);
@@ -283,16 +310,16 @@ pub(crate) fn build_frame_hdr(
         ident: id,
     }
     .emit_tos(&mut fr[ETH_HDR..], h.tos);
-    UdpRepr {
+    let udp = UdpRepr {
         src_port: sport,
         dst_port: dst.port(),
+    };
+    let d = &mut fr[ETH_HDR + IP_HDR..total];
+    if partial {
+        udp.emit_partial(d, payload.len(), src, *dst.ip());
+    } else {
+        udp.emit(d, payload.len(), src, *dst.ip());
     }
-    .emit(
-        &mut fr[ETH_HDR + IP_HDR..total],
-        payload.len(),
-        src,
-        *dst.ip(),
-    );
     total
 }
 
@@ -338,6 +365,33 @@ mod tests {
                 .load(std::sync::atomic::Ordering::Relaxed),
             2
         );
+    }
+
+    #[test]
+    fn with_offload_datagrams_leave_the_checksum_to_the_device() {
+        let bufs: [&[u8]; 3] = [b"", b"odd", &[0xab; 1000]];
+        let mut soft = tx(2048, 32);
+        soft.send(&bufs, wire(), 0).unwrap();
+        let mut off = tx(2048, 32);
+        off.dev.offload = true;
+        assert_eq!(off.send(&bufs, wire(), 0).unwrap().n, 3);
+        assert_eq!(get(&off.page, E::TxCsumOffload), 3);
+        assert_eq!(get(&soft.page, E::TxCsumOffload), 0);
+        for (f, full) in off.dev.log.iter().zip(&soft.dev.log) {
+            let c = classify(f).expect("a partial checksum is accepted");
+            assert!(c.csum_partial);
+            assert!(!classify(full).unwrap().csum_partial);
+            // Completed as the kernel completes a CHECKSUM_PARTIAL skb,
+            // the frame is the software one.
+            let mut done = f.clone();
+            let at = UDP_CSUM_REQUEST.start as usize;
+            let sum =
+                !nanowire_wire::checksum::fold(nanowire_wire::checksum::accumulate(0, &done[at..]));
+            let sum = if sum == 0 { 0xffff } else { sum };
+            let o = at + usize::from(UDP_CSUM_REQUEST.offset);
+            done[o..o + 2].copy_from_slice(&sum.to_be_bytes());
+            assert_eq!(&done, full);
+        }
     }
 
     #[test]
@@ -442,6 +496,7 @@ mod tests {
                 b"abcd",
                 3,
                 h,
+                false,
             );
             let p = nanowire_wire::Ipv4Packet::new_checked(&f[ETH_HDR..]).unwrap();
             assert!(p.verify_checksum());

@@ -31,6 +31,9 @@ pub struct LoopTx {
     /// Every frame sent, when `keep` (tests look at the bytes).
     pub keep: bool,
     pub log: Vec<Vec<u8>>,
+    /// Offer checksum offload: checksum requests are left to "the wire"
+    /// (frames arrive with the partial checksum, as over veth).
+    pub offload: bool,
 }
 
 /// A device that receives what it sends, with `frame`-byte frames.
@@ -74,6 +77,7 @@ impl LoopTx {
             flushes: 0,
             keep: false,
             log: Vec::new(),
+            offload: false,
         }
     }
     /// Take the frames sent and not yet received (a test's peer reads them).
@@ -127,6 +131,15 @@ impl TxDevice for LoopTx {
         }
         self.sent += n as u64;
         n
+    }
+    fn csum_offload(&self) -> bool {
+        self.offload
+    }
+    fn send_with_csum(&mut self, max: usize, mut fill: impl super::FillCsum) -> usize {
+        if self.offload {
+            return self.send_with(max, |i, fr| fill(i, fr).map(|(len, _)| len));
+        }
+        self.send_with(max, |i, fr| super::checksummed(&mut fill, i, fr))
     }
     fn send_large(&mut self, pkt: &[u8]) -> bool {
         if lock(&self.wire).len() >= self.capacity {
