@@ -44,22 +44,20 @@ fn handler_of(w: u64) -> usize {
     (w & ADDR_MASK) as usize
 }
 thread_local! {
-    /// Deliveries of non-SA_RESTART handled signals to this thread (a
-    /// signal interrupts only the thread it is delivered to).
+    /// Handled signals delivered to this thread, both counts in one word
+    /// (one thread-local access per read, on every receive and send):
+    /// the low half counts those whose handler lacks SA_RESTART (a signal
+    /// interrupts only the thread it is delivered to), the high half every
+    /// handled signal (poll, select and epoll_wait are never restarted,
+    /// whatever SA_RESTART says). Readers compare for equality only, so
+    /// each half wrapping on its own is harmless.
     static SEQ: Cell<u64> = const { Cell::new(0) };
-    /// Deliveries of any handled signal to this thread: poll, select and
-    /// epoll_wait are never restarted, whatever SA_RESTART says.
-    static SEQ_ALL: Cell<u64> = const { Cell::new(0) };
 }
 
-/// For receives and sends: both counts in one word (the restartable-only
-/// count in the low half, every handled signal in the high half; a wait
-/// compares them for equality only, so wrapping is harmless).
+/// For receives and sends: both counts (see [`SEQ`]).
 #[inline(always)]
 pub fn seq() -> u64 {
-    let r = SEQ.with(|c| c.get()) & 0xffff_ffff;
-    let all = SEQ_ALL.with(|c| c.get()) & 0xffff_ffff;
-    r | all << 32
+    SEQ.with(|c| c.get())
 }
 
 /// EINTR if a signal whose handler lacks SA_RESTART was handled on this
@@ -80,7 +78,7 @@ pub fn interrupted_timed(s0: u64, timed: bool) -> bool {
 /// For poll/select/epoll waits (never restarted).
 #[inline(always)]
 pub fn seq_all() -> u64 {
-    SEQ_ALL.with(|c| c.get())
+    seq() >> 32
 }
 
 extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
@@ -91,10 +89,11 @@ extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
     // One load: handler and flags always belong to the same sigaction.
     let w = APP[i].load(Ordering::Acquire);
     let h = handler_of(w);
-    SEQ_ALL.with(|c| c.set(c.get().wrapping_add(1)));
-    if w & P_RESTART == 0 {
-        SEQ.with(|c| c.set(c.get().wrapping_add(1)));
-    }
+    SEQ.with(|c| {
+        let (lo, hi) = (c.get() as u32, (c.get() >> 32) as u32);
+        let lo = lo.wrapping_add(u32::from(w & P_RESTART == 0));
+        c.set(u64::from(hi.wrapping_add(1)) << 32 | u64::from(lo));
+    });
     if h == libc::SIG_DFL || h == libc::SIG_IGN {
         return;
     }

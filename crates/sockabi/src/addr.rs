@@ -9,12 +9,14 @@ pub const SOCKADDR_IN_LEN: usize = 16;
 pub const SOCKADDR_STORAGE_LEN: usize = 128;
 
 /// The family field (host byte order, first two bytes).
+#[inline]
 pub fn family(bytes: &[u8]) -> Option<u16> {
     Some(u16::from_ne_bytes(bytes.get(..2)?.try_into().ok()?))
 }
 
 /// `move_addr_to_kernel`'s length check (`addr_len` as the caller's
 /// signed `socklen_t`): negative or above `sockaddr_storage` is EINVAL.
+#[inline]
 pub fn check_len(len: u32) -> Result<usize, Errno> {
     let l = len as i32;
     if l < 0 || l as usize > SOCKADDR_STORAGE_LEN {
@@ -24,6 +26,7 @@ pub fn check_len(len: u32) -> Result<usize, Errno> {
 }
 
 /// The address and port of a `sockaddr_in` (no checks: 16 bytes given).
+#[inline]
 fn inet(bytes: &[u8]) -> SocketAddrV4 {
     let port = u16::from_be_bytes([bytes[2], bytes[3]]);
     let ip = Ipv4Addr::new(bytes[4], bytes[5], bytes[6], bytes[7]);
@@ -32,6 +35,7 @@ fn inet(bytes: &[u8]) -> SocketAddrV4 {
 
 /// A UDP destination (`udp_sendmsg`): shorter than `sockaddr_in` is
 /// EINVAL, a family other than AF_INET or AF_UNSPEC is EAFNOSUPPORT.
+#[inline]
 pub fn udp_dest(bytes: &[u8]) -> Result<SocketAddrV4, Errno> {
     if bytes.len() < SOCKADDR_IN_LEN {
         return Err(libc::EINVAL);
@@ -45,6 +49,7 @@ pub fn udp_dest(bytes: &[u8]) -> Result<SocketAddrV4, Errno> {
 /// An AF_INET address for bind/connect as the shim's engine reads it:
 /// too short for the family field is EINVAL, another family is
 /// EAFNOSUPPORT, too short for `sockaddr_in` is EINVAL.
+#[inline]
 pub fn inet_addr(bytes: &[u8]) -> Result<SocketAddrV4, Errno> {
     let fam = family(bytes).ok_or(libc::EINVAL)?;
     if i32::from(fam) != libc::AF_INET {
@@ -57,6 +62,7 @@ pub fn inet_addr(bytes: &[u8]) -> Result<SocketAddrV4, Errno> {
 }
 
 /// `sockaddr_in` bytes for `sa`.
+#[inline]
 pub fn encode_inet(sa: SocketAddrV4) -> [u8; SOCKADDR_IN_LEN] {
     let mut b = [0u8; SOCKADDR_IN_LEN];
     b[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
@@ -69,6 +75,7 @@ pub fn encode_inet(sa: SocketAddrV4) -> [u8; SOCKADDR_IN_LEN] {
 /// signed) and the address's full length, how many bytes to copy and
 /// what to store back in `*addrlen` (the full length: the caller learns
 /// it was truncated). A negative length is EINVAL.
+#[inline]
 pub fn writeback(cap: u32, full: usize) -> Result<(usize, u32), Errno> {
     let c = cap as i32;
     if c < 0 {

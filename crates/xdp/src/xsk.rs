@@ -641,6 +641,15 @@ impl XskRx {
     /// half) back into the fill ring, and wake the kernel if it asks.
     #[inline]
     pub fn refill(&mut self) {
+        // Most calls find nothing to do (a poll refills before each batch
+        // and after the last): two loads, inline.
+        if self.umem.recycled_any.load(Ordering::Acquire) || !self.to_fill.is_empty() {
+            self.refill_now();
+        }
+    }
+
+    #[inline(never)]
+    fn refill_now(&mut self) {
         if self.umem.recycled_any.load(Ordering::Acquire)
             && let Ok(mut r) = self.umem.recycled.try_lock()
         {
@@ -731,8 +740,13 @@ impl XskRx {
     #[inline]
     pub fn poll(&mut self, budget: u32, batch: u32, mut f: impl FnMut(RxFrame)) -> PollInfo {
         let mut info = PollInfo::default();
-        while info.descs < budget {
+        loop {
+            // Before each batch, and after the last: frames dropped during
+            // the poll (bad or unwanted) go back now.
             self.refill();
+            if info.descs >= budget {
+                break;
+            }
             let avail = self.rx.cons_avail(u32::MAX);
             if avail == 0 {
                 self.prefetch();
@@ -755,11 +769,6 @@ impl XskRx {
             }
             self.rx.cons_release(n);
             info.descs += n;
-        }
-        if info.descs > 0 {
-            // Frames dropped during this poll (bad or unwanted) go back now;
-            // an empty poll already refilled on its way in.
-            self.refill();
         }
         info
     }

@@ -524,17 +524,19 @@ impl XdpSocket {
             // (polling regardless would grow the queue by a budget per call
             // for a reader taking one at a time, up to its cap: drops).
             let mut g = self.engine.rx();
-            let page = g.page.clone();
+            // Fields borrowed apart (no clone of the stats page's Arc: two
+            // atomic read-modify-writes per call).
+            let rx = &mut *g;
             let mut polled = false;
             while batch.len() < max {
-                match g.demux.pop(self.id, &page) {
+                match rx.demux.pop(self.id, &rx.page) {
                     Some(d) => batch.push(d),
                     None if !polled => {
                         polled = true;
-                        g.poll(RX_BUDGET);
+                        rx.poll(RX_BUDGET);
                     }
                     None => {
-                        mark = self.engine.rx_mark(&g);
+                        mark = self.engine.rx_mark(rx);
                         break;
                     }
                 }
@@ -544,13 +546,17 @@ impl XdpSocket {
         // have left some queued).
         self.rx_seen = mark;
         let n = batch.len();
-        for d in batch.drain(..) {
-            f(d.payload(), d.src, d.stamp);
-        }
-        self.batch = batch;
         if n == 0 {
+            self.batch = batch;
             return self.nothing(&mut f);
         }
+        for d in &batch {
+            f(d.payload(), d.src, d.stamp);
+        }
+        // The frames go back once delivered (a panic in `f` drops the batch
+        // with them, as the drain did).
+        batch.clear();
+        self.batch = batch;
         n
     }
 
