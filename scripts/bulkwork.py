@@ -34,17 +34,20 @@ PORT = 5209
 SEG = 1448
 
 
-def sample_stats(stop, last):
-    """Keep the last `nanowire stats --json` with an engine that moved TCP segments."""
+def sample_stats(stop, last, lab):
+    """Keep the `nanowire stats --json` sample whose engines in this lab moved the most (the last
+    sample may catch the engines gone or a fresh one)."""
+    def moved(doc):
+        return sum(engine_counters(doc, lab, h).get("tcp_segs_in", 0) for h in "ab")
     while not stop.is_set():
         p = subprocess.run([NW, "stats", "--json"], capture_output=True, text=True)
         try:
             doc = json.loads(p.stdout)
         except ValueError:
             doc = None
-        if doc:
+        if doc and (last[0] is None or moved(doc) >= moved(last[0])):
             last[0] = doc
-        stop.wait(0.5)
+        stop.wait(0.25)
 
 
 def engine_counters(doc, lab, host):
@@ -75,7 +78,7 @@ def run_once(args, lab, out):
     if s.poll() is not None:
         raise SystemExit("server exited: " + s.stderr.read()[-2000:])
     stop, last = threading.Event(), [None]
-    t = threading.Thread(target=sample_stats, args=(stop, last), daemon=True)
+    t = threading.Thread(target=sample_stats, args=(stop, last, lab), daemon=True)
     t.start()
     try:
         c = subprocess.run(ns(lab, "a") + cli, env=env, capture_output=True, text=True, timeout=900)
@@ -136,9 +139,9 @@ def main():
     segs = nbytes / SEG
     res = {"end": args.end, "profiled": args.profile, "tool": args.tool, "bytes": nbytes, "segments_1448": round(segs),
            "retransmits": retrans, "dir": out, "per_segment": {}}
-    keep = ["tx_packets", "rx_frames", "rx_packets", "tcp_segs_out", "tcp_segs_in",
+    keep = ["tx_packets", "rx_frames", "rx_packets", "rx_bytes", "tx_bytes", "tcp_segs_out", "tcp_segs_in",
             "drop_tx_ring_full", "xsk_tx_ring_empty", "rx_multi_buffer", "rx_csum_partial",
-            "tx_csum_offload", "tcp_retransmits"]
+            "tx_csum_offload", "tcp_retransmits", "tcp_rx_direct_bytes"]
     res["counters"] = {}
     for side, host in (("client", "a"), ("server", "b")):
         c = engine_counters(stats, lab, host) if stats else {}
@@ -147,6 +150,14 @@ def main():
             # The data sender's segments against the receiver's (ACKs) on one engine.
             if c.get("tcp_segs_out") and c.get("tcp_segs_in"):
                 c["segs_in_per_seg_out"] = round(c["tcp_segs_in"] / c["tcp_segs_out"], 3)
+            # A receiver's: bytes per received packet (a super-frame's size) and ACKs sent per
+            # 64 KiB received (the kernel's GRO receiver sends about one per super-frame).
+            if c.get("rx_packets") and c.get("rx_bytes", 0) >= 65536:
+                c["rx_bytes_per_packet"] = round(c["rx_bytes"] / c["rx_packets"])
+                c["segs_out_per_64k_in"] = round(c.get("tcp_segs_out", 0) * 65536 / c["rx_bytes"], 3)
+                # Bytes that went straight into the reader's buffer (one user-space copy,
+                # not two: the frame into the receive ring, the ring into the buffer).
+                c["rx_direct_share"] = round(c.get("tcp_rx_direct_bytes", 0) / c["rx_bytes"], 3)
             res["counters"][side] = c
     per = res["per_segment"]
     if args.tool == "callgrind":

@@ -539,7 +539,7 @@ impl Conn {
     /// when the rate is still climbing), up to `rcvbuf_max`; the window
     /// follows. A reader that does not keep up reads less per RTT and
     /// grows nothing, so the buffer never grows for data that only waits.
-    fn rcv_space_adjust(&mut self, now: u64) {
+    pub(crate) fn rcv_space_adjust(&mut self, now: u64) {
         if self.rcvbuf >= self.rcvbuf_max || !self.state.can_recv() {
             return;
         }

@@ -5,7 +5,7 @@
 use crate::conn::{Conn, SCOREBOARD, State};
 use crate::payload::Payload;
 use crate::seq;
-use crate::{Config, Counters, Error};
+use crate::{Config, Counters, DirectRead, Error};
 use nanowire_wire::tcp::TcpRepr;
 
 impl Conn {
@@ -16,11 +16,12 @@ impl Conn {
         r: &TcpRepr,
         payload: Payload<'_>,
         ctr: &mut Counters,
+        read: Option<&mut DirectRead<'_>>,
     ) {
         match self.state {
             State::Closed => {}
             State::SynSent => self.input_syn_sent(now, cfg, r, ctr),
-            _ => self.input_synchronized(now, cfg, r, payload, ctr),
+            _ => self.input_synchronized(now, cfg, r, payload, ctr, read),
         }
     }
 
@@ -122,6 +123,7 @@ impl Conn {
         r: &TcpRepr,
         payload: Payload<'_>,
         ctr: &mut Counters,
+        read: Option<&mut DirectRead<'_>>,
     ) {
         let f = r.flags;
         let seg_len = payload.len() as u32 + u32::from(f.syn()) + u32::from(f.fin());
@@ -234,7 +236,7 @@ impl Conn {
         // Data.
         if !payload.is_empty() || f.fin() {
             if self.state.can_recv() {
-                self.process_data(now, cfg, r, payload, ctr);
+                self.process_data(now, cfg, r, payload, ctr, read);
             } else if self.state == State::TimeWait && f.fin() {
                 // Retransmitted FIN: ACK it again and restart the 2MSL wait.
                 self.ack_now = true;
@@ -467,6 +469,7 @@ impl Conn {
         r: &TcpRepr,
         payload: Payload<'_>,
         ctr: &mut Counters,
+        read: Option<&mut DirectRead<'_>>,
     ) {
         let mut s = r.seq;
         let mut data = payload;
@@ -503,6 +506,23 @@ impl Conn {
             // so such a segment is ACKed at once (two full segments' worth).
             self.rcv_mss = self.rcv_mss.max(data.len() as u32).min(u32::from(cfg.mss));
             if off == 0 {
+                // A reader waits on this connection and has read all it
+                // had: in-order bytes go straight into its buffer.
+                if let Some(d) = read
+                    && self.rx.is_empty()
+                    && !had_holes
+                {
+                    let k = data.len().min(d.buf.len() - d.filled);
+                    data.take(k).copy_to(&mut d.buf[d.filled..d.filled + k]);
+                    d.filled += k;
+                    data = data.skip(k);
+                    self.rcv_nxt = self.rcv_nxt.wrapping_add(k as u32);
+                    self.bytes_received += k as u64;
+                    self.rx_unacked += k as u32;
+                    self.rcv_copied += k as u64;
+                    ctr.rx_direct_bytes += k as u64;
+                    self.rcv_space_adjust(now);
+                }
                 self.rx.write_payload(0, &data);
                 let total = self.asm.advance(data.len() as u32);
                 self.rx.commit(total as usize);

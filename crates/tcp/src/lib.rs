@@ -33,7 +33,7 @@ pub use conn::State;
 pub use handover::Handover;
 pub use isn::Secret;
 pub use payload::Payload;
-pub use stack::{ConnId, EndState, ListenerId, Readiness, TcpStack, Transmit};
+pub use stack::{ConnId, DirectRead, EndState, ListenerId, Readiness, TcpStack, Transmit};
 
 use std::net::SocketAddrV4;
 
@@ -299,6 +299,9 @@ counters! {
     ooo_dropped,
     /// Bytes received beyond the receive window and cut off.
     beyond_window_bytes,
+    /// In-order bytes copied straight into a waiting reader's buffer
+    /// ([`DirectRead`]), never through the receive ring.
+    rx_direct_bytes,
     /// Segments in states that take no data (after FIN), ignored.
     data_after_fin,
     retransmits,

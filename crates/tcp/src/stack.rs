@@ -43,6 +43,20 @@ pub struct ConnId {
     generation: u32,
 }
 
+/// An application's read in progress, for the input path
+/// ([`TcpStack::input_parts_into`]): in-order data for connection `conn`
+/// that arrives while its receive ring is empty is copied straight into
+/// `buf` after its first `filled` bytes, not into the ring and out again
+/// (one copy per byte instead of two, as Linux's receive into a waiting
+/// reader's buffer, the old prequeue/ucopy, did). The bytes count as
+/// received and read at once; the window the connection announces is
+/// unchanged (the ring stays empty).
+pub struct DirectRead<'a> {
+    pub conn: ConnId,
+    pub buf: &'a mut [u8],
+    pub filled: usize,
+}
+
 /// Handle of a listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ListenerId(u32);
@@ -566,6 +580,21 @@ impl TcpStack {
         head: &[u8],
         rest: &[&[u8]],
     ) {
+        self.input_parts_into(now, src, dst, head, rest, None);
+    }
+
+    /// [`TcpStack::input_parts`] while an application reads `read.conn`:
+    /// its in-order data goes straight into the reader's buffer when its
+    /// receive ring is empty ([`DirectRead`]).
+    pub fn input_parts_into(
+        &mut self,
+        now: u64,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        head: &[u8],
+        rest: &[&[u8]],
+        read: Option<&mut DirectRead<'_>>,
+    ) {
         if let Some(f) = self.fault_rx.as_mut() {
             let seg = Payload::new(head, rest);
             let mut p = vec![0u8; 8 + seg.len()];
@@ -576,7 +605,7 @@ impl TcpStack {
             self.release_rx(now);
             return;
         }
-        self.input_now(now, src, dst, head, rest);
+        self.input_now(now, src, dst, head, rest, read);
     }
 
     /// Segments the receive-side injector holds that are due.
@@ -584,11 +613,19 @@ impl TcpStack {
         while let Some(p) = self.fault_rx.as_mut().and_then(|f| f.pop(now)) {
             let src = Ipv4Addr::new(p[0], p[1], p[2], p[3]);
             let dst = Ipv4Addr::new(p[4], p[5], p[6], p[7]);
-            self.input_now(now, src, dst, &p[8..], &[]);
+            self.input_now(now, src, dst, &p[8..], &[], None);
         }
     }
 
-    fn input_now(&mut self, now: u64, src: Ipv4Addr, dst: Ipv4Addr, head: &[u8], rest: &[&[u8]]) {
+    fn input_now(
+        &mut self,
+        now: u64,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        head: &[u8],
+        rest: &[&[u8]],
+        read: Option<&mut DirectRead<'_>>,
+    ) {
         self.clock = self.clock.max(now);
         self.counters.segs_in += 1;
         let Ok(s) = TcpSegment::new_checked(head) else {
@@ -622,6 +659,11 @@ impl TcpStack {
                 && !r.flags.rst()
                 && c.time_wait_takes_syn(&r)
                 && self.find_listener(&tuple.local).is_some();
+            // A direct read only for the connection it names (this slot,
+            // this generation).
+            let gen_ok = read.as_ref().is_some_and(|d| {
+                d.conn.idx == idx && d.conn.generation == self.slots[idx as usize].generation
+            });
             let c = self.slots[idx as usize]
                 .conn
                 .as_mut()
@@ -639,7 +681,14 @@ impl TcpStack {
                     self.counters.accept_queue_full += 1;
                     return;
                 }
-                c.input(now, &self.cfg, &r, payload, &mut self.counters);
+                c.input(
+                    now,
+                    &self.cfg,
+                    &r,
+                    payload,
+                    &mut self.counters,
+                    read.filter(|_| gen_ok),
+                );
                 self.settle(idx);
                 return;
             }
@@ -764,7 +813,7 @@ impl TcpStack {
                         .expect("just inserted");
                     c.in_accept_queue = true;
                     if !payload.is_empty() || f.fin() {
-                        c.input(now, &self.cfg, r, payload, &mut self.counters);
+                        c.input(now, &self.cfg, r, payload, &mut self.counters, None);
                     }
                     self.settle(idx);
                 }

@@ -1211,6 +1211,83 @@ fn segments_in_pieces_arrive_intact_and_are_checksummed_across_them() {
     assert!(n.b.info(cb).unwrap().total_retrans >= 1);
 }
 
+/// A reader waiting in a read when data arrives gets the in-order bytes
+/// straight into its buffer (DirectRead), the rest of a segment that does
+/// not fit goes to the ring and is read from there: one stream, intact and
+/// in order, in pieces too; a read that names another connection takes
+/// nothing of this one's.
+#[test]
+fn a_waiting_reader_takes_in_order_data_straight_into_its_buffer() {
+    for split in [false, true] {
+        let mut n = Net::plain();
+        n.split = split;
+        let l = n.a.listen(sa(A, 80), 128).unwrap();
+        let pair = |n: &mut Net| {
+            let cb = n.b.connect(n.now, sa(B, 0), sa(A, 80)).unwrap();
+            let mut ca = None;
+            n.run_until(10 * S, |n| {
+                ca = ca.or_else(|| n.a.accept(l));
+                ca.is_some() && n.b.state(cb) == Ok(State::Established)
+            });
+            (ca.expect("accepted"), cb)
+        };
+        let (ca, cb) = pair(&mut n);
+        // Less than a segment per read: part straight, part through the ring.
+        n.reader = Some(Reader {
+            conn: ca,
+            chunk: 1000,
+            got: Vec::new(),
+        });
+        let total = 2u64 << 20;
+        let data: Vec<u8> = (0..total).map(pattern).collect();
+        let mut sent = 0usize;
+        let mut buf = vec![0u8; 4096];
+        n.run_until(600 * S, |n| {
+            if sent < data.len()
+                && let Ok(k) = n.b.send(cb, &data[sent..])
+            {
+                sent += k;
+            }
+            let r = n.reader.as_mut().expect("reader");
+            while let Ok(k) = n.a.recv(ca, &mut buf) {
+                if k == 0 {
+                    break;
+                }
+                r.got.extend_from_slice(&buf[..k]);
+            }
+            r.got.len() == data.len()
+        });
+        let got = n.reader.take().expect("reader").got;
+        assert!(
+            got == data,
+            "the stream arrived intact and in order (split {split})"
+        );
+        let direct = n.a.counters().rx_direct_bytes;
+        assert!(
+            direct > 0 && direct < total,
+            "both paths taken: {direct} of {total} bytes straight (split {split})"
+        );
+        assert_eq!(n.b.info(cb).unwrap().total_retrans, 0);
+        assert_eq!(n.a.counters().beyond_window_bytes, 0);
+
+        // A reader on another connection: this one's data goes to its ring.
+        let (ca2, cb2) = pair(&mut n);
+        n.reader = Some(Reader {
+            conn: ca,
+            chunk: 1 << 16,
+            got: Vec::new(),
+        });
+        let before = n.a.counters().rx_direct_bytes;
+        n.b.send(cb2, b"not yours").unwrap();
+        n.run_until(10 * S, |n| n.a.recv_queue(ca2) == Ok(9));
+        assert_eq!(n.a.counters().rx_direct_bytes, before);
+        assert!(n.reader.as_ref().expect("reader").got.is_empty());
+        let mut b9 = [0u8; 16];
+        assert_eq!(n.a.recv(ca2, &mut b9), Ok(9));
+        assert_eq!(&b9[..9], b"not yours");
+    }
+}
+
 /// A receiver with autotuning up to 6 MiB.
 fn autotuned() -> Config {
     Config {

@@ -267,6 +267,9 @@ counter_table! {
         /// TCP segments sent with their checksum left to the kernel or the
         /// device (AF_XDP TX metadata, `XDP_TXMD_FLAGS_CHECKSUM`).
         TxCsumOffload = "tx_csum_offload": Counter,
+        /// TCP payload bytes copied straight into a reading application's
+        /// buffer, never through the connection's receive ring.
+        TcpRxDirectBytes = "tcp_rx_direct_bytes": Counter <- rx_direct_bytes,
     }
 
     /// Per-socket counters (word 0 of a socket's block is its address).

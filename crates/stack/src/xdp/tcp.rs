@@ -26,7 +26,8 @@ use super::shm::{E, bump};
 use super::tx::{ETH_HDR, IP_HDR, TxPath, eth_ipv4};
 use crate::{EngineOptions, WaitPolicy};
 use nanowire_tcp::{
-    Config, ConnId, Error as TcpError, ListenerId, Secret, SocketOptions, State, TcpInfo, TcpStack,
+    Config, ConnId, DirectRead, Error as TcpError, ListenerId, Secret, SocketOptions, State,
+    TcpInfo, TcpStack,
 };
 use nanowire_wire::Ipv4Repr;
 use std::io;
@@ -739,6 +740,13 @@ impl TcpEngine {
     }
 
     fn turn_with(&self, core: &mut Core, timers: bool) -> bool {
+        self.turn_into(core, timers, None)
+    }
+
+    /// [`TcpEngine::turn_with`] for an application reading `read.conn`:
+    /// what arrives in order for it goes straight into its buffer
+    /// ([`DirectRead`]) while its receive ring is empty.
+    fn turn_into(&self, core: &mut Core, timers: bool, read: Option<&mut DirectRead<'_>>) -> bool {
         // The clock is read only when a segment came, and on every
         // IDLE_CLOCK_EVERY-th idle turn for the timers (ms-scale): a
         // spinning reader turns millions of times a second.
@@ -747,7 +755,7 @@ impl TcpEngine {
         {
             let mut guard = self.engine.rx();
             let g = &mut *guard;
-            moved += rx_segments(g, core.id, &mut core.stack, &mut now, now_ns);
+            moved += rx_segments_into(g, core.id, &mut core.stack, &mut now, now_ns, read);
             core.rx_mark = self.engine.rx_mark(g);
             core.turns = core.turns.wrapping_add(1);
             if core.turns.is_multiple_of(64) {
@@ -2130,9 +2138,26 @@ impl XdpTcpStream {
             }
             return r;
         }
+        // The ring is empty: a turn, and (unless peeking) what arrives in
+        // order for this connection is copied straight into `buf`
+        // (DirectRead: one copy per byte, not two).
+        let mut direct = DirectRead {
+            conn: self.c,
+            buf: &mut *buf,
+            filled: 0,
+        };
+        let moved = self
+            .eng
+            .turn_into(&mut core, false, (!peek).then_some(&mut direct));
+        let direct = direct.filled;
+        if direct > 0 {
+            // The turn's own transmit sent what the data owes (an ACK);
+            // the ring, and so the window, did not change.
+            return Ok(direct);
+        }
         // Nothing came in and nothing went out: the connection is as it
         // was (a spinning reader's common case; no second look, no clock).
-        if !self.eng.turn(&mut core) {
+        if !moved {
             return Err(TcpError::WouldBlock);
         }
         let r = if peek {
@@ -2621,6 +2646,19 @@ pub(crate) fn rx_segments<D: RxDevice>(
     now: &mut Option<u64>,
     clock: impl Fn() -> u64,
 ) -> usize {
+    rx_segments_into(g, id, stack, now, clock, None)
+}
+
+/// [`rx_segments`] while an application reads `read.conn` ([`DirectRead`]).
+#[inline]
+pub(crate) fn rx_segments_into<D: RxDevice>(
+    g: &mut RxPath<D>,
+    id: EndpointId,
+    stack: &mut TcpStack,
+    now: &mut Option<u64>,
+    clock: impl Fn() -> u64,
+    mut read: Option<&mut DirectRead<'_>>,
+) -> usize {
     g.poll(RX_BUDGET);
     let mut fed = 0;
     // The frames go back to the fill ring's recycle list together, at the
@@ -2632,9 +2670,16 @@ pub(crate) fn rx_segments<D: RxDevice>(
         if d.frame.frames() == 1 {
             // One buffer (every segment up to the MTU): no piece table
             // (MAX_PIECES slices, ~100 stores to set up per segment).
-            stack.input_parts(t, *d.src.ip(), *d.dst.ip(), d.segment(), &[]);
+            stack.input_parts_into(
+                t,
+                *d.src.ip(),
+                *d.dst.ip(),
+                d.segment(),
+                &[],
+                read.as_deref_mut(),
+            );
         } else {
-            input_chain(stack, t, &d);
+            input_chain(stack, t, &d, read.as_deref_mut());
         }
         d.frame
             .recycle_into(done.get_or_insert_with(nanowire_xdp::Recycler::default));
@@ -2645,10 +2690,15 @@ pub(crate) fn rx_segments<D: RxDevice>(
 
 /// A multi-buffer segment (a GSO/GRO super-frame) fed in its pieces.
 #[inline(never)]
-fn input_chain(stack: &mut TcpStack, t: u64, d: &super::demux::Delivery) {
+fn input_chain(
+    stack: &mut TcpStack,
+    t: u64,
+    d: &super::demux::Delivery,
+    read: Option<&mut DirectRead<'_>>,
+) {
     let mut rest: [&[u8]; MAX_PIECES] = [&[]; MAX_PIECES];
     let (head, n) = d.segment_parts(&mut rest);
-    stack.input_parts(t, *d.src.ip(), *d.dst.ip(), head, &rest[..n]);
+    stack.input_parts_into(t, *d.src.ip(), *d.dst.ip(), head, &rest[..n], read);
 }
 
 /// What the TCP driver builds frames with: the stack's next hops (a

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use nanowire_tcp::fault::{FaultConfig, FaultInjector};
-use nanowire_tcp::{Config, ConnId, Secret, TcpStack, Transmit};
+use nanowire_tcp::{Config, ConnId, DirectRead, Secret, TcpStack, Transmit};
 use nanowire_wire::checksum;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
@@ -41,6 +41,8 @@ pub struct Net {
     /// Segments sent with a partial checksum, completed by the link as a
     /// device's checksum offload does.
     pub offloaded: u64,
+    /// An application of a waiting in a read when segments arrive.
+    pub reader: Option<Reader>,
 }
 
 fn wire(src: Ipv4Addr, dst: Ipv4Addr, seg: &[u8]) -> Vec<u8> {
@@ -76,6 +78,7 @@ impl Net {
             split: false,
             corrupt_piece: false,
             offloaded: 0,
+            reader: None,
         }
     }
 
@@ -119,18 +122,30 @@ impl Net {
                 &p,
                 self.split,
                 &mut self.corrupt_piece,
+                None,
             );
         }
         while let Some(p) = self.ba.pop(self.now) {
             any = true;
             self.delivered += 1;
+            let mut buf = vec![0u8; self.reader.as_ref().map_or(0, |r| r.chunk)];
+            let mut read = self.reader.as_ref().map(|r| DirectRead {
+                conn: r.conn,
+                buf: &mut buf,
+                filled: 0,
+            });
             feed(
                 &mut self.a,
                 self.now,
                 &p,
                 self.split,
                 &mut self.corrupt_piece,
+                read.as_mut(),
             );
+            let filled = read.map_or(0, |d| d.filled);
+            if let Some(r) = self.reader.as_mut() {
+                r.got.extend_from_slice(&buf[..filled]);
+            }
         }
         any
     }
@@ -219,11 +234,18 @@ fn offload(t: &Transmit, buf: &mut [u8]) -> bool {
 /// Give `stack` the segment `p` (addresses first) whole, or split into
 /// pieces: the header and 3 payload bytes, then 7, 1 and 1000 bytes, then
 /// the rest.
-fn feed(stack: &mut TcpStack, now: u64, p: &[u8], split: bool, corrupt: &mut bool) {
+fn feed(
+    stack: &mut TcpStack,
+    now: u64,
+    p: &[u8],
+    split: bool,
+    corrupt: &mut bool,
+    read: Option<&mut DirectRead<'_>>,
+) {
     let (s, d) = addrs(p);
     let seg = &p[8..];
     if !split || seg.len() < 20 {
-        return stack.input(now, s, d, seg);
+        return stack.input_parts_into(now, s, d, seg, &[], read);
     }
     let cut = (usize::from(seg[12] >> 4) * 4 + 3).min(seg.len());
     let mut owned = seg.to_vec();
@@ -242,7 +264,16 @@ fn feed(stack: &mut TcpStack, now: u64, p: &[u8], split: bool, corrupt: &mut boo
         rest.push(&owned[at..e]);
         at = e;
     }
-    stack.input_parts(now, s, d, &owned[..cut], &rest);
+    stack.input_parts_into(now, s, d, &owned[..cut], &rest, read);
+}
+
+/// An application of a that waits in a read of `chunk` bytes on `conn`
+/// whenever a segment arrives ([`DirectRead`]); what it gets is appended to
+/// `got` (a test appends what it reads with `recv` there too: one stream).
+pub struct Reader {
+    pub conn: ConnId,
+    pub chunk: usize,
+    pub got: Vec<u8>,
 }
 
 fn addrs(p: &[u8]) -> (Ipv4Addr, Ipv4Addr) {
