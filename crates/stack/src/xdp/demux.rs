@@ -141,6 +141,9 @@ pub(crate) struct Endpoint {
     /// UMEM frames the queue holds (a multi-buffer packet holds one per
     /// buffer): what the endpoint's share bounds.
     frames: usize,
+    /// Of `frames`, those taken past the cap by another endpoint's poll
+    /// (see [`Demux::spill_for`]).
+    over: usize,
     /// Frames this endpoint may hold (from SO_RCVBUF; `usize::MAX`: the
     /// engine's share only).
     pub rcvbuf_frames: usize,
@@ -164,7 +167,17 @@ pub(crate) struct Demux {
     /// Frames one endpoint may hold (its share of the UMEM).
     share: usize,
     live: usize,
+    /// The endpoint whose poll is taking frames off the rings now (`None`:
+    /// nobody's in particular, e.g. a hand-over's drain; see `spill_for`).
+    poller: Option<EndpointId>,
+    /// Frames queued past their endpoint's cap, all endpoints together
+    /// (at most `umem_frames / SPILL_DIVISOR`).
+    spilled: usize,
 }
+
+/// At most this fraction of the RX frames of the UMEM (1/4) is held in
+/// queues past their caps, so the rest keeps the fill ring going.
+const SPILL_DIVISOR: usize = 4;
 
 /// Outcome of one delivery.
 pub(crate) enum Outcome {
@@ -182,6 +195,8 @@ impl Demux {
             umem_frames,
             share: 0,
             live: 0,
+            poller: None,
+            spilled: 0,
         };
         d.reshare();
         d
@@ -194,6 +209,24 @@ impl Demux {
     fn reshare(&mut self) {
         let half = (self.umem_frames / 2).max(1);
         self.share = (half / self.live.max(1)).max(half.min(256));
+    }
+
+    /// Frames polled from now on are taken for `poller` (`None`: for
+    /// nobody in particular). A frame for another endpoint whose queue is
+    /// at its cap then waits in that queue past the cap (bounded, see
+    /// `SPILL_DIVISOR`) instead of being dropped: the poll took it off the
+    /// ring only to reach the poller's own frames behind it. The owner's
+    /// own polls (made only when its queue is empty) and polls for nobody
+    /// keep the cap strict, as SO_RCVBUF is.
+    #[inline]
+    pub fn spill_for(&mut self, poller: Option<EndpointId>) {
+        self.poller = poller;
+    }
+
+    /// Frames queued past their caps (all endpoints).
+    #[cfg(test)]
+    pub fn spilled(&self) -> usize {
+        self.spilled
     }
 
     /// Frames endpoint `id` may hold now.
@@ -218,6 +251,7 @@ impl Demux {
             kind,
             queue: VecDeque::new(),
             frames: 0,
+            over: 0,
             rcvbuf_frames: usize::MAX,
             sleeping: false,
             wake,
@@ -294,6 +328,7 @@ impl Demux {
     /// the caller, outside any lock if it likes).
     pub fn remove(&mut self, id: EndpointId) -> Option<Endpoint> {
         let e = self.eps.get_mut(id)?.take()?;
+        self.spilled -= e.over;
         for k in &e.binds {
             if let Some(v) = self.bound.get_mut(k) {
                 v.retain(|&x| x != id);
@@ -410,8 +445,22 @@ impl Demux {
         // longer than the whole share still goes into an empty queue.
         let k = d.frame.frames();
         if e.frames >= cap || (e.frames > 0 && e.frames + k > cap) {
-            bump(page.s(id, S::DropQueueFull), 1);
-            return Outcome::QueueFull;
+            // Taken off the ring by another endpoint's poll (a TCP turn in
+            // a readiness pass over a TCP and a UDP socket): had that poll
+            // not come, the frame would still wait in the RX ring for its
+            // reader (whose own polls look at the ring only when its queue
+            // is empty). It waits in the queue instead, past the cap,
+            // within the spill bound: the same frames of the UMEM, and the
+            // poller's own segments behind it are not held up (a ring left
+            // unread would hold them).
+            if self.poller.is_none_or(|p| p == id)
+                || self.spilled + k > self.umem_frames / SPILL_DIVISOR
+            {
+                bump(page.s(id, S::DropQueueFull), 1);
+                return Outcome::QueueFull;
+            }
+            e.over += k;
+            self.spilled += k;
         }
         e.frames += k;
         e.queue.push_back(d);
@@ -431,7 +480,13 @@ impl Demux {
     pub fn pop(&mut self, id: EndpointId, page: &StatsPage) -> Option<Delivery> {
         let e = self.eps.get_mut(id)?.as_mut()?;
         let d = e.queue.pop_front()?;
-        e.frames -= d.frame.frames();
+        let k = d.frame.frames();
+        e.frames -= k;
+        // The oldest frames go first: what was past the cap is now within
+        // it, frame for frame.
+        let back = e.over.min(k);
+        e.over -= back;
+        self.spilled -= back;
         set(page.s(id, S::QueueDepth), e.queue.len() as u64);
         bump(page.s(id, S::RxPackets), 1);
         bump(page.s(id, S::RxBytes), u64::from(d.payload_len));
@@ -586,6 +641,59 @@ mod tests {
                 .load(std::sync::atomic::Ordering::Relaxed),
             0
         );
+    }
+
+    /// Issue: a select() loop over a TCP and a UDP socket (iperf3 -u)
+    /// turned the engine through the TCP socket every call, moving UDP
+    /// frames into a full UDP queue, where they were dropped although they
+    /// could have waited in the ring. Another endpoint's poll now queues
+    /// them past the cap, up to a quarter of the UMEM's RX frames; the
+    /// owner's own polls keep the cap strict; the spill is given back frame
+    /// for frame as the reader catches up, and with the endpoint.
+    #[test]
+    fn another_endpoints_poll_spills_past_a_full_queue_within_a_bound() {
+        let page = StatsPage::create(&PageInfo::default());
+        let mut d = Demux::new(64);
+        let udp = d.add(EndpointKind::Udp, efd(), 64).unwrap();
+        let tcp = d.add(EndpointKind::Tcp, efd(), 64).unwrap();
+        d.bind(udp, PROTO_UDP, "10.0.0.2:7".parse().unwrap());
+        if let Some(e) = d.get_mut(udp) {
+            e.rcvbuf_frames = 4;
+        }
+        let m = c("10.0.0.9:1", "10.0.0.2:7");
+        let put = |d: &mut Demux| d.deliver(&m, RxFrame::from_vec(vec![0; 42]), &page);
+        // The owner's (or nobody's) poll: the cap holds.
+        for _ in 0..4 {
+            assert!(matches!(put(&mut d), Outcome::Delivered));
+        }
+        assert!(matches!(put(&mut d), Outcome::QueueFull));
+        d.spill_for(Some(udp));
+        assert!(matches!(put(&mut d), Outcome::QueueFull));
+        // The TCP stack's poll: up to 64 / 4 = 16 more wait in the queue.
+        d.spill_for(Some(tcp));
+        for _ in 0..16 {
+            assert!(matches!(put(&mut d), Outcome::Delivered));
+        }
+        assert!(matches!(put(&mut d), Outcome::QueueFull));
+        assert_eq!(d.spilled(), 16);
+        assert_eq!(d.get(udp).unwrap().queue.len(), 20);
+        // The reader takes 3: 3 of the spill are back within the cap.
+        for _ in 0..3 {
+            assert!(d.pop(udp, &page).is_some());
+        }
+        assert_eq!(d.spilled(), 13);
+        assert!(matches!(put(&mut d), Outcome::Delivered));
+        assert_eq!(d.spilled(), 14);
+        d.spill_for(None);
+        assert!(matches!(put(&mut d), Outcome::QueueFull));
+        // Every frame taken is accounted for: delivered or counted.
+        assert_eq!(
+            page.s(udp, S::DropQueueFull)
+                .load(std::sync::atomic::Ordering::Relaxed),
+            4
+        );
+        d.remove(udp);
+        assert_eq!(d.spilled(), 0);
     }
 
     #[test]

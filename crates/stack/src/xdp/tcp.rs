@@ -2659,7 +2659,13 @@ pub(crate) fn rx_segments_into<D: RxDevice>(
     clock: impl Fn() -> u64,
     mut read: Option<&mut DirectRead<'_>>,
 ) -> usize {
+    // Frames for a UDP socket whose queue is full wait in it past its cap
+    // (bounded) rather than being dropped: this turn takes them off the
+    // ring only to reach the stack's own segments (a readiness pass over a
+    // TCP and a UDP socket turns the engine through the TCP one every call).
+    g.demux.spill_for(Some(id));
     g.poll(RX_BUDGET);
+    g.demux.spill_for(None);
     let mut fed = 0;
     // The frames go back to the fill ring's recycle list together, at the
     // end (one lock of it per turn, not one per segment); made on the first
