@@ -1561,7 +1561,7 @@ fn close_record(t: TcpRef, fd: c_int, exiting: bool) {
         Ok(Inner::Stream(s)) => {
             // A duplicate of the application's fd keeps the port held in
             // the kernel until the engine has finished the connection.
-            let keep = if t.adopted.load(Ordering::Relaxed) && !exiting {
+            let keep = if t.adopted.load(Ordering::Relaxed) && !exiting && s.port_in_fd() {
                 // SAFETY: dup of the application's fd, closed just after.
                 let mut d =
                     unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, keep_fd_floor() as u64) };

@@ -37,6 +37,7 @@ pub mod device;
 pub mod fallback;
 mod neigh;
 mod order;
+mod ports;
 pub mod reasm;
 mod registry;
 mod rx;
@@ -138,6 +139,16 @@ impl Steer {
         match self {
             Steer::Own(_) => Err("not on the engine service".into()),
             Steer::Service(c) => c.tcp_idle(addr, port),
+        }
+    }
+    /// A port of the client port block (ports.rs): every segment for it
+    /// comes here, as for a listener's; `sock`, the engine's socket bound
+    /// to it alone (the service checks that no other socket may share it,
+    /// and keeps it).
+    fn claim_client_port(&mut self, addr: Ipv4Addr, port: u16, sock: RawFd) -> Result<(), String> {
+        match self {
+            Steer::Own(p) => p.claim_tcp_listener(addr, port, registry::pid()),
+            Steer::Service(c) => c.claim_client_port(addr, port, borrow(sock)),
         }
     }
     fn unclaim_tcp_listener(&mut self, addr: Ipv4Addr, port: u16) {
@@ -254,6 +265,8 @@ pub struct Engine {
     /// The TCP stack every client connection of the process on this
     /// engine shares (tcp.rs, `TcpEngine::clients`).
     tcp_clients: Mutex<std::sync::Weak<tcp::TcpEngine>>,
+    /// The client port block (ports.rs) while no client stack holds it.
+    client_ports: Mutex<ports::PortBlock>,
     /// The network namespace it was opened in (inode).
     netns: u64,
     /// The same namespace's cookie (SO_NETNS_COOKIE), compared with a
@@ -656,6 +669,7 @@ impl Engine {
             fork_gen: registry::fork_gen(),
             child_fds,
             tcp_clients: Mutex::new(std::sync::Weak::new()),
+            client_ports: Mutex::new(ports::PortBlock::default()),
             netns: registry::netns_id(),
             netns_cookie: registry::netns_cookie(),
             service_slot: None,

@@ -313,6 +313,24 @@ fn parity_half(lo: u16, hi: u16, half: usize) -> (u16, u32) {
 /// never picked. Returns the port bound, `None` when the range was full
 /// and the kernel picked one (bind to port 0).
 fn bind_ephemeral(fd: RawFd, src: Ipv4Addr) -> io::Result<Option<u16>> {
+    bind_ephemeral_with(src, |sa| {
+        // SAFETY: sa is a valid sockaddr_in and the length matches.
+        unsafe {
+            libc::bind(
+                fd,
+                (sa as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        }
+    })
+}
+
+/// [`bind_ephemeral`] with the bind call given (`bind(sa)`: 0 or -1 with
+/// errno).
+fn bind_ephemeral_with(
+    src: Ipv4Addr,
+    bind_sa: impl Fn(&libc::sockaddr_in) -> i32,
+) -> io::Result<Option<u16>> {
     static NEXT: [AtomicU32; 2] = [AtomicU32::new(u32::MAX), AtomicU32::new(u32::MAX)];
     let (lo, hi, reserved) = port_range();
     let bind = |port: u16| -> i32 {
@@ -324,14 +342,7 @@ fn bind_ephemeral(fd: RawFd, src: Ipv4Addr) -> io::Result<Option<u16>> {
             },
             sin_zero: [0; 8],
         };
-        // SAFETY: sa is a valid sockaddr_in and the length matches.
-        unsafe {
-            libc::bind(
-                fd,
-                (&sa as *const libc::sockaddr_in).cast(),
-                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-            )
-        }
+        bind_sa(&sa)
     };
     for (half, next) in NEXT.iter().enumerate() {
         let (first, count) = parity_half(*lo, *hi, half);
@@ -425,6 +436,9 @@ struct Held {
     local: SocketAddrV4,
     remote: SocketAddrV4,
     keep: Option<OwnedFd>,
+    /// Its port is the client port block's (index): nothing to release but
+    /// the time its connection ended.
+    block: Option<usize>,
 }
 
 struct Core {
@@ -455,6 +469,9 @@ struct Core {
     /// connections' resources are released one by one.
     shared: bool,
     held: Vec<Held>,
+    /// The engine's client port block (ports.rs) while this stack is the
+    /// shared client stack (given back to the engine when it goes).
+    block: super::ports::PortBlock,
     unresolved: u64,
     /// When a turn last ran (`now_ns`): the timer service turns
     /// only engines nobody else turned.
@@ -576,6 +593,25 @@ impl TcpEngine {
         stack.set_conn_events(false);
         let ends = engine.conn_region();
         stack.set_end_tracking(ends.is_some());
+        // The shared client stack takes the engine's port block: its ports
+        // come to this endpoint (their claims stayed with the engine).
+        let block = if shared {
+            let b = std::mem::take(
+                &mut *engine
+                    .client_ports
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
+            if let Some(src) = b.src() {
+                let mut g = engine.rx();
+                for p in b.ports() {
+                    g.demux.bind(id, PROTO_TCP, SocketAddrV4::new(src, p));
+                }
+            }
+            b
+        } else {
+            Default::default()
+        };
         let src_mac = engine.iface().mac;
         let eng = Arc::new(TcpEngine {
             engine,
@@ -595,6 +631,7 @@ impl TcpEngine {
                 parked_gen: 0,
                 shared,
                 held: Vec::new(),
+                block,
                 unresolved: 0,
                 last_turn: 0,
                 service_turn: 0,
@@ -997,9 +1034,19 @@ impl TcpEngine {
         if gone.is_empty() {
             return;
         }
+        if gone.iter().any(|h| h.block.is_some()) {
+            let now = now_ns();
+            for i in gone.iter().filter_map(|h| h.block) {
+                core.block.ended(i, now);
+            }
+        }
+        if gone.iter().all(|h| h.block.is_some()) {
+            // Block ports: their claims and demux binds stay.
+            return;
+        }
         if self.engine.is_own() {
             let mut p = self.engine.prog();
-            for h in &gone {
+            for h in gone.iter().filter(|h| h.block.is_none()) {
                 if let Some(i) = core
                     .flow_claims
                     .iter()
@@ -1012,7 +1059,7 @@ impl TcpEngine {
         }
         {
             let mut g = self.engine.rx();
-            for h in &gone {
+            for h in gone.iter().filter(|h| h.block.is_none()) {
                 if !core.held.iter().any(|k| k.local == h.local) {
                     g.demux.unbind(core.id, PROTO_TCP, h.local);
                 }
@@ -1162,6 +1209,93 @@ impl TcpEngine {
         core.flow_claims.push((local, remote));
         Ok(())
     }
+
+    /// A port of the client port block (ports.rs) for a connect from `src`
+    /// to `remote` (index): a free one, else a new one while the block is
+    /// below its size, else any free one. `None`: the caller binds a port
+    /// for this connection alone, as without a block.
+    fn block_port(&self, core: &mut Core, src: Ipv4Addr, remote: SocketAddrV4) -> Option<usize> {
+        if !core.shared || !core.block.serves(src) {
+            return None;
+        }
+        let now = now_ns();
+        let Core { stack, block, .. } = &mut *core;
+        let free = |p: u16| {
+            !stack.has_tuple(&nanowire_tcp::FourTuple {
+                local: SocketAddrV4::new(src, p),
+                remote,
+            })
+        };
+        if let Some(i) = block.pick(now, false, free) {
+            return Some(i);
+        }
+        if core.block.len() < super::ports::MAX_PORTS {
+            match self.grow_block(core, src) {
+                Ok(i) => return Some(i),
+                Err(e) => {
+                    core.block.turn_off();
+                    eprintln!(
+                        "nanowire: tcp client port block stopped at {} port(s) ({e}); connects bind a port each",
+                        core.block.len()
+                    );
+                }
+            }
+        }
+        let Core { stack, block, .. } = &mut *core;
+        block.pick(now, true, |p: u16| {
+            !stack.has_tuple(&nanowire_tcp::FourTuple {
+                local: SocketAddrV4::new(src, p),
+                remote,
+            })
+        })
+    }
+
+    /// One more port for the block: the engine's own socket (raw calls,
+    /// above the program's fd numbers) bound to `src` and an ephemeral port
+    /// without SO_REUSEADDR, claimed whole and bound in the demux.
+    fn grow_block(&self, core: &mut Core, src: Ipv4Addr) -> io::Result<usize> {
+        use nanowire_xdp::sys;
+        let fd = sys::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let fd = sys::raw_above_floor(fd);
+        let bound = bind_ephemeral_with(src, |sa| {
+            // SAFETY: sa is a valid sockaddr_in and the length matches.
+            unsafe {
+                sys::bind(
+                    fd,
+                    (sa as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            }
+        });
+        let port = match bound {
+            Ok(Some(p)) => Ok(p),
+            Ok(None) => sock_local(fd).map(|a| a.port()),
+            Err(e) => Err(e),
+        };
+        let claimed = port.and_then(|port| {
+            self.engine
+                .prog()
+                .prog
+                .claim_client_port(src, port, fd)
+                .map(|()| port)
+                .map_err(|e| io_err(io::ErrorKind::Other, e))
+        });
+        let port = match claimed {
+            Ok(p) => p,
+            Err(e) => {
+                sys::close(fd);
+                return Err(e);
+            }
+        };
+        self.engine
+            .rx()
+            .demux
+            .bind(core.id, PROTO_TCP, SocketAddrV4::new(src, port));
+        Ok(core.block.push(src, port, fd))
+    }
 }
 
 impl Drop for TcpEngine {
@@ -1170,6 +1304,16 @@ impl Drop for TcpEngine {
             return;
         }
         let c = self.core.get_mut().unwrap_or_else(|e| e.into_inner());
+        if c.shared && c.block.len() > 0 {
+            // The block outlives this stack (its claims stay; the demux
+            // endpoint's binds go below): the next client stack takes it.
+            let b = std::mem::take(&mut c.block);
+            self.engine
+                .client_ports
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .absorb(b);
+        }
         {
             let mut p = self.engine.prog();
             for a in &c.listen_claims {
@@ -1268,6 +1412,10 @@ impl XdpTcpListener {
 pub struct XdpTcpStream {
     eng: Arc<TcpEngine>,
     c: ConnId,
+    /// The application's kernel socket holds the connection's port (a
+    /// connect that bound it, an accept's listener holds it anyway): not
+    /// for a port of the client port block.
+    port_in_fd: bool,
 }
 
 impl XdpTcpStream {
@@ -1276,7 +1424,18 @@ impl XdpTcpStream {
     /// connection, now looks at the engine every `SERVICE_RX_NS`.
     fn opened(eng: Arc<TcpEngine>, c: ConnId) -> XdpTcpStream {
         service_nudge();
-        XdpTcpStream { eng, c }
+        XdpTcpStream {
+            eng,
+            c,
+            port_in_fd: true,
+        }
+    }
+
+    /// Must the application's kernel socket be kept after its close until
+    /// the connection is finished ([`XdpTcpStream::close_keep`])? Not when
+    /// the port is the client port block's (connect_adopt).
+    pub fn port_in_fd(&self) -> bool {
+        self.port_in_fd
     }
 }
 
@@ -1473,6 +1632,15 @@ impl XdpTcpStream {
         let (l, r) = (h.tuple.local, h.tuple.remote);
         {
             let mut p = self.eng.engine.prog();
+            if let Some(i) = core
+                .held
+                .iter()
+                .find(|h| h.local == l && h.remote == r)
+                .and_then(|h| h.block)
+            {
+                // The kernel's connection holds a 4-tuple of that port now.
+                core.block.retire(i);
+            }
             core.held.retain(|h| !(h.local == l && h.remote == r));
             if let Some(i) = core.flow_claims.iter().position(|&(a, b)| a == l && b == r) {
                 core.flow_claims.swap_remove(i);
@@ -1946,9 +2114,11 @@ impl TcpEngine {
 impl XdpTcpStream {
     /// Start a connection from the application's socket `fd` to `remote`
     /// (non-blocking: the SYN is sent, the stream is in SYN-SENT; see
-    /// [`XdpTcpStream::connect_done`]). An unbound `fd` is bound here to
-    /// the route's source address and an ephemeral port the kernel picks,
-    /// so the kernel keeps the port; the steering program takes the 4-tuple.
+    /// [`XdpTcpStream::connect_done`]). An unbound `fd` gets a port of
+    /// the client port block (ports.rs: reserved and claimed once, `fd`
+    /// stays unbound), or, when the block has none to give, `fd` is bound
+    /// here to the route's source address and an ephemeral port, so the
+    /// kernel keeps the port, and the steering program takes the 4-tuple.
     pub fn connect_adopt(
         fd: RawFd,
         remote: SocketAddrV4,
@@ -1975,19 +2145,25 @@ impl XdpTcpStream {
             Some(v) => v,
             None => Self::routed(remote, local, opts)?,
         };
-        if local.port() == 0 {
-            // The port bound is known unless the kernel chose it (no
-            // getsockname per connect).
-            local = match bind_ephemeral(fd, src)? {
-                Some(port) => SocketAddrV4::new(src, port),
-                None => sock_local(fd)?,
-            };
-        }
-        let local = SocketAddrV4::new(src, local.port());
         let eng = TcpEngine::clients(&engine, opts)?;
         eng.resolve(*remote.ip(), Duration::from_secs(3))?;
+        let mut block = None;
         let c = {
             let mut core = eng.core();
+            if local.port() == 0 {
+                // A port of the client port block (nothing to bind or
+                // claim), else one bound for this connection: known unless
+                // the kernel chose it (no getsockname per connect).
+                block = eng.block_port(&mut core, src, remote);
+                local = match block {
+                    Some(i) => SocketAddrV4::new(src, core.block.port(i)),
+                    None => match bind_ephemeral(fd, src)? {
+                        Some(port) => SocketAddrV4::new(src, port),
+                        None => sock_local(fd)?,
+                    },
+                };
+            }
+            let local = SocketAddrV4::new(src, local.port());
             let mut so = SocketOptions::from_config(core.stack.config());
             if let Some(b) = opts.rcvbuf {
                 so.rcvbuf = b.max(4096);
@@ -1997,11 +2173,14 @@ impl XdpTcpStream {
                 so.sndbuf = b.max(4096);
             }
             (so.ttl, so.tos) = ip_header_of(fd);
-            eng.claim_flow(&mut core, local, remote, fd)?;
+            if block.is_none() {
+                eng.claim_flow(&mut core, local, remote, fd)?;
+            }
             core.held.push(Held {
                 local,
                 remote,
                 keep: None,
+                block,
             });
             let now = now_ns();
             match core.stack.connect_with(now, local, remote, &so) {
@@ -2016,7 +2195,9 @@ impl XdpTcpStream {
                 }
             }
         };
-        Ok(XdpTcpStream::opened(eng, c))
+        let mut s = XdpTcpStream::opened(eng, c);
+        s.port_in_fd = block.is_none();
+        Ok(s)
     }
 
     /// The engine and source address for `remote` if the last engine a

@@ -202,6 +202,29 @@ impl Conn {
         self.expect_ok(&m)
     }
 
+    /// Claim a port of the process's client port block (every segment for
+    /// it comes here, as for a listener); `sock`: the socket holding it
+    /// alone, which the service keeps while the claim lasts.
+    pub fn claim_client_port(
+        &self,
+        addr: Ipv4Addr,
+        port: u16,
+        sock: BorrowedFd<'_>,
+    ) -> Result<(), String> {
+        let m = self.call(
+            &proto::encode_claim_flags(
+                true,
+                proto::PROTO_TCP,
+                proto::CLAIM_CLIENT_PORT,
+                addr,
+                port,
+            ),
+            &[sock],
+            512,
+        )?;
+        self.expect_ok(&m)
+    }
+
     pub fn unclaim_tcp_listener(&self, addr: Ipv4Addr, port: u16) {
         let _ = self.call(
             &proto::encode_claim(false, proto::PROTO_TCP, addr, port),

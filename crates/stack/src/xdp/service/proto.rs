@@ -59,6 +59,13 @@ pub const K_STATUS_REPLY: u16 = 0x83;
 pub const PROTO_UDP: u8 = 17;
 pub const PROTO_TCP: u8 = 6;
 
+/// `K_CLAIM` flag (the byte after the protocol): a TCP port of the
+/// process's client port block (docs/architecture.md, "Client port
+/// block"): the socket must hold the port alone (no SO_REUSEADDR,
+/// SO_REUSEPORT or device binding), and the service keeps it while the
+/// claim lasts.
+pub const CLAIM_CLIENT_PORT: u8 = 1;
+
 /// A request as the service reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
@@ -74,6 +81,8 @@ pub enum Request {
         proto: u8,
         addr: Ipv4Addr,
         port: u16,
+        /// [`CLAIM_CLIENT_PORT`].
+        client_port: bool,
     },
     Unclaim {
         proto: u8,
@@ -179,8 +188,14 @@ pub fn encode_attach(iface: &str, ring_depth: u32) -> Vec<u8> {
 }
 
 pub fn encode_claim(claim: bool, proto: u8, addr: Ipv4Addr, port: u16) -> Vec<u8> {
+    encode_claim_flags(claim, proto, 0, addr, port)
+}
+
+/// `K_CLAIM` / `K_UNCLAIM`: protocol, flags ([`CLAIM_CLIENT_PORT`]), 2 zero
+/// bytes, address, port, 2 zero bytes.
+pub fn encode_claim_flags(claim: bool, proto: u8, flags: u8, addr: Ipv4Addr, port: u16) -> Vec<u8> {
     let mut v = header(if claim { K_CLAIM } else { K_UNCLAIM });
-    v.extend_from_slice(&[proto, 0, 0, 0]);
+    v.extend_from_slice(&[proto, flags, 0, 0]);
     v.extend_from_slice(&addr.octets());
     v.extend_from_slice(&port.to_le_bytes());
     v.extend_from_slice(&[0, 0]);
@@ -264,13 +279,22 @@ pub fn decode_request(b: &[u8]) -> Result<Request, &'static str> {
             if proto != PROTO_TCP && (k == K_TCP_JOIN || k == K_TCP_IDLE) {
                 return Err("bad_protocol");
             }
+            let flags = if k == K_CLAIM { b[9] } else { 0 };
+            if flags & !CLAIM_CLIENT_PORT != 0 || (flags != 0 && proto != PROTO_TCP) {
+                return Err("bad_flags");
+            }
             let addr = Ipv4Addr::new(b[12], b[13], b[14], b[15]);
             let port = u16_at(b, 16).ok_or("bad_length")?;
             if port == 0 {
                 return Err("bad_port");
             }
             Ok(match k {
-                K_CLAIM => Request::Claim { proto, addr, port },
+                K_CLAIM => Request::Claim {
+                    proto,
+                    addr,
+                    port,
+                    client_port: flags & CLAIM_CLIENT_PORT != 0,
+                },
                 K_UNCLAIM => Request::Unclaim { proto, addr, port },
                 K_TCP_JOIN => Request::TcpJoin { addr, port },
                 _ => Request::TcpIdle { addr, port },
@@ -451,9 +475,26 @@ mod tests {
             Ok(Request::Claim {
                 proto: 17,
                 addr: Ipv4Addr::new(198, 18, 0, 2),
-                port: 9000
+                port: 9000,
+                client_port: false,
             })
         );
+        let a = Ipv4Addr::new(198, 18, 0, 1);
+        let c = encode_claim_flags(true, PROTO_TCP, CLAIM_CLIENT_PORT, a, 40001);
+        assert_eq!(
+            decode_request(&c),
+            Ok(Request::Claim {
+                proto: 6,
+                addr: a,
+                port: 40001,
+                client_port: true,
+            })
+        );
+        // Only TCP has client ports, and no other flag exists.
+        let u = encode_claim_flags(true, PROTO_UDP, CLAIM_CLIENT_PORT, a, 40001);
+        assert_eq!(decode_request(&u), Err("bad_flags"));
+        let x = encode_claim_flags(true, PROTO_TCP, 2, a, 40001);
+        assert_eq!(decode_request(&x), Err("bad_flags"));
         assert_eq!(decode_request(&encode_status()), Ok(Request::Status));
         assert_eq!(decode_request(&encode_stats_page()), Ok(Request::StatsPage));
         let a2 = Ipv4Addr::new(198, 18, 0, 2);

@@ -109,7 +109,15 @@ struct Client {
     /// Its engine's stats page, when it handed one over (a sealed memfd:
     /// mapped only while a status is made).
     page: Option<OwnedFd>,
+    /// The sockets holding its client ports (`CLAIM_CLIENT_PORT`), kept
+    /// while their claims last: the port stays held even if the process
+    /// closes its own descriptor.
+    client_ports: Vec<(Ipv4Addr, u16, OwnedFd)>,
 }
+
+/// Most client ports (`CLAIM_CLIENT_PORT`) one process may claim (its
+/// block holds at most 256; the listen map, 4,096 entries, is everyone's).
+const MAX_CLIENT_PORTS: usize = 512;
 
 struct Iface {
     index: u32,
@@ -277,6 +285,7 @@ impl Service {
                     counters: ClientCounters::default(),
                     conn_table: None,
                     page: None,
+                    client_ports: Vec::new(),
                 },
             );
         }
@@ -361,6 +370,7 @@ impl Service {
                 proto: p,
                 addr,
                 port,
+                client_port,
             } => {
                 let mut fds = fds;
                 if fds.len() != 1 {
@@ -370,7 +380,11 @@ impl Service {
                     return;
                 }
                 let fd = fds.pop().expect("one descriptor");
-                let r = self.claim(id, p, addr, port, &fd);
+                let r = if client_port {
+                    self.claim_client_port(id, addr, port, fd)
+                } else {
+                    self.claim(id, p, addr, port, &fd)
+                };
                 self.count(id, r.is_ok(), |c| &mut c.claims, |c| &mut c.claims_refused);
                 match r {
                     Ok(()) => self.ok(id),
@@ -783,10 +797,58 @@ impl Service {
         Ok(())
     }
 
+    /// A port of the process's client port block: the socket must hold it
+    /// alone ([`holds_port_alone`]: then no other socket of the host, and no
+    /// connection of one, can have that address and port, so every segment
+    /// for it is this process's and no sock_diag look per connection is
+    /// needed), then it is claimed as a listener's (address, port) and the
+    /// socket kept while the claim lasts.
+    fn claim_client_port(
+        &mut self,
+        id: u64,
+        addr: Ipv4Addr,
+        port: u16,
+        sock: OwnedFd,
+    ) -> Result<(), String> {
+        let c = self.clients.get(&id).ok_or("gone")?;
+        if c.client_ports.len() >= MAX_CLIENT_PORTS {
+            return Err(format!(
+                "{addr}:{port} not claimed: the process holds {MAX_CLIENT_PORTS} client ports already"
+            ));
+        }
+        let Some((name, slot)) = c.attached.clone() else {
+            bad(&mut self.counters, "claim_before_attach");
+            return Err("claim before attach".into());
+        };
+        holds_port_alone(&sock, addr, port)?;
+        let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
+        let key = (proto::PROTO_TCP, addr.to_bits(), port);
+        match ifc.claims.get(&key) {
+            Some(&o) if o == id => return Ok(()),
+            Some(_) => {
+                return Err(format!(
+                    "{addr}:{port} is claimed by another process on the engine service"
+                ));
+            }
+            None => {}
+        }
+        // One owner, never a listener group (nothing is accepted on it).
+        ifc.prog
+            .claim_tcp_listener(addr, port, nanowire_xdp::program::SLOT | slot)?;
+        ifc.claims.insert(key, id);
+        let c = self.clients.get_mut(&id).expect("checked above");
+        c.claims.push((proto::PROTO_TCP, addr, port));
+        c.client_ports.push((addr, port, sock));
+        Ok(())
+    }
+
     fn unclaim(&mut self, id: u64, p: u8, addr: Ipv4Addr, port: u16) {
         let Some(c) = self.clients.get_mut(&id) else {
             return;
         };
+        if p == proto::PROTO_TCP {
+            c.client_ports.retain(|k| (k.0, k.1) != (addr, port));
+        }
         let Some(i) = c.claims.iter().position(|&k| k == (p, addr, port)) else {
             return;
         };
@@ -1312,6 +1374,55 @@ pub fn holds_port(
     Ok(())
 }
 
+/// SO_BINDTOIFINDEX (Linux 5.0+; the generic value, x86 and arm).
+const SO_BINDTOIFINDEX: libc::c_int = 62;
+
+/// A client port's socket (`CLAIM_CLIENT_PORT`) holds `addr`:`port` alone,
+/// as the kernel proves it: a TCP socket bound to that very address (not
+/// the wildcard) and port, neither listening nor connected, with neither
+/// SO_REUSEADDR nor SO_REUSEPORT (its bind then failed if any socket, a
+/// connection or a TIME-WAIT held the port, and no later bind can share
+/// it) and no device binding (sockets bound to different devices do not
+/// conflict).
+pub fn holds_port_alone(sock: &OwnedFd, addr: Ipv4Addr, port: u16) -> Result<(), String> {
+    use rustix::net::sockopt;
+    let not = |why: &str| format!("{addr}:{port} not claimed as a client port: {why}");
+    holds_port(sock, proto::PROTO_TCP, addr, port, Vec::new)?;
+    let name = rustix::net::getsockname(sock).map_err(|_| not("the socket has no address"))?;
+    if SocketAddrV4::try_from(name).map_or(true, |b| *b.ip() != addr) {
+        return Err(not("the socket is not bound to that address itself"));
+    }
+    if sockopt::socket_reuseaddr(sock).map_err(|e| not(&e.to_string()))?
+        || sockopt::socket_reuseport(sock).map_err(|e| not(&e.to_string()))?
+    {
+        return Err(not(
+            "the socket may share its port (SO_REUSEADDR/SO_REUSEPORT)",
+        ));
+    }
+    if sockopt::socket_acceptconn(sock).map_err(|e| not(&e.to_string()))? {
+        return Err(not("the socket is listening"));
+    }
+    if rustix::net::getpeername(sock).is_ok_and(|p| p.is_some()) {
+        return Err(not("the socket is connected"));
+    }
+    let mut dev: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt into an int and its length, on a descriptor we hold.
+    let r = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(sock),
+            libc::SOL_SOCKET,
+            SO_BINDTOIFINDEX,
+            (&raw mut dev).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 || dev != 0 {
+        return Err(not("the socket is bound to a device"));
+    }
+    Ok(())
+}
+
 /// The IPv4 addresses of interface `name`.
 fn own_addrs(name: &str) -> Vec<Ipv4Addr> {
     iface::ipv4_addrs()
@@ -1337,6 +1448,11 @@ fn release_claim(ifc: &mut Iface, id: u64, slot: u32, p: u8, addr: Ipv4Addr, por
     }
     let gk = (addr.to_bits(), port);
     let Some(g) = ifc.groups.get_mut(&gk) else {
+        // A client port (`CLAIM_CLIENT_PORT`): one owner, no group.
+        if ifc.claims.get(&key) == Some(&id) {
+            ifc.claims.remove(&key);
+            unclaim_in(&mut ifc.prog, p, addr, port);
+        }
         return;
     };
     let Some(i) = g.members.iter().position(|m| m.0 == id) else {
