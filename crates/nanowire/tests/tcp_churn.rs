@@ -290,13 +290,14 @@ fn churn_trace(lab: &ScopedLab, port: &str, n: usize, calls: &str) -> (String, V
 /// table is sized at load for the keep duplicates (so the first close in
 /// the threaded process does not grow it behind a synchronize_rcu); per
 /// connect: five getsockopts (none of the options a process that set none
-/// would read back as defaults), no getpid, no mmap.
+/// would read back as defaults), no getpid, no mmap, and fewer binds and
+/// steering-map writes than connections (the client port block).
 #[test]
 #[ignore = "needs root"]
 fn engine_start_and_connects_make_no_avoidable_syscalls() {
     let lab = lab("sc");
     let _ng = nginx(&lab, 8087, "sc");
-    let calls = "trace=openat,open,bpf,socket,getsockname,getsockopt,getpid,mmap";
+    let calls = "trace=openat,open,bpf,socket,bind,getsockname,getsockopt,getpid,mmap";
     let count = |lines: &[String], pat: &str| lines.iter().filter(|l| l.contains(pat)).count();
     let (out10, few) = churn_trace(&lab, "8087", 10, calls);
     let (out40, many) = churn_trace(&lab, "8087", 40, calls);
@@ -371,6 +372,14 @@ fn engine_start_and_connects_make_no_avoidable_syscalls() {
     // bytes arrive (a few KiB here), not 2 x 256 KiB mmap'd per connect.
     let (d, what) = per("mmap(");
     assert!(d <= 10, "{what}");
+    // Connects take their ports from the client port block: a port is
+    // bound and claimed once, when the block grows, not per connection
+    // (that was one bind and two map writes, claim and release, each).
+    let (d, what) = per("bind(");
+    assert!(d < 30, "{what}");
+    let (upd, what_u) = per("BPF_MAP_UPDATE_ELEM");
+    let (del, what_d) = per("BPF_MAP_DELETE_ELEM");
+    assert!(upd < 30 && del < 30, "{what_u}; {what_d}");
 }
 
 /// A non-blocking connect, to a listening port and to a closed one, seen
