@@ -175,7 +175,10 @@ mod tests {
         let mut b = block(3);
         let t = 10 * REUSE_GAP_NS;
         let got: Vec<u16> = (0..3)
-            .map(|_| b.port(b.pick(t, false, |_| true).unwrap()))
+            .map(|_| {
+                let i = b.pick(t, false, |_| true).unwrap();
+                b.port(i)
+            })
             .collect();
         assert_eq!(got, [40001, 40003, 40005]);
         b.ended(0, t);
@@ -183,9 +186,10 @@ mod tests {
         b.ended(2, t + REUSE_GAP_NS / 2);
         assert_eq!(b.pick(t + REUSE_GAP_NS / 2, true, |_| true), None);
         assert_eq!(b.pick(t + REUSE_GAP_NS, true, |_| true), Some(0));
-        // A busy 4-tuple is skipped.
-        assert_eq!(b.pick(t + REUSE_GAP_NS, true, |p| p != 40003), None);
-        assert_eq!(b.pick(t + 2 * REUSE_GAP_NS, true, |p| p != 40003), Some(2));
+        // Busy 4-tuples (40001 just taken, 40003) are skipped.
+        let free = |p: u16| p != 40001 && p != 40003;
+        assert_eq!(b.pick(t + REUSE_GAP_NS, true, free), None);
+        assert_eq!(b.pick(t + 2 * REUSE_GAP_NS, true, free), Some(2));
     }
 
     #[test]

@@ -479,21 +479,21 @@ mod tests {
                 client_port: false,
             })
         );
-        let a = Ipv4Addr::new(198, 18, 0, 1);
-        let c = encode_claim_flags(true, PROTO_TCP, CLAIM_CLIENT_PORT, a, 40001);
+        let ip = Ipv4Addr::new(198, 18, 0, 1);
+        let cp = encode_claim_flags(true, PROTO_TCP, CLAIM_CLIENT_PORT, ip, 40001);
         assert_eq!(
-            decode_request(&c),
+            decode_request(&cp),
             Ok(Request::Claim {
                 proto: 6,
-                addr: a,
+                addr: ip,
                 port: 40001,
                 client_port: true,
             })
         );
         // Only TCP has client ports, and no other flag exists.
-        let u = encode_claim_flags(true, PROTO_UDP, CLAIM_CLIENT_PORT, a, 40001);
+        let u = encode_claim_flags(true, PROTO_UDP, CLAIM_CLIENT_PORT, ip, 40001);
         assert_eq!(decode_request(&u), Err("bad_flags"));
-        let x = encode_claim_flags(true, PROTO_TCP, 2, a, 40001);
+        let x = encode_claim_flags(true, PROTO_TCP, 2, ip, 40001);
         assert_eq!(decode_request(&x), Err("bad_flags"));
         assert_eq!(decode_request(&encode_status()), Ok(Request::Status));
         assert_eq!(decode_request(&encode_stats_page()), Ok(Request::StatsPage));
