@@ -219,7 +219,7 @@ fn print_service(s: &Value) {
             if c["engine_drops"].is_null() {
                 out!("      (its engine's own drop counters: no stats page readable)");
             }
-            let refused = ["claims_refused", "tcp_flows_refused"]
+            let refused = ["claims_refused", "tcp_flows_refused", "tcp_joins_refused"]
                 .iter()
                 .map(|k| (k, c["counters"][k].as_u64().unwrap_or(0)))
                 .filter(|(_, v)| *v != 0)
@@ -228,6 +228,37 @@ fn print_service(s: &Value) {
             if !refused.is_empty() {
                 out!("      refused: {}", refused.join(", "));
             }
+        }
+        // Listeners shared across fork (issue 24): which processes hold
+        // each one, and which of them new connections go to.
+        for g in i["tcp_listener_groups"].as_array().into_iter().flatten() {
+            let members = g["members"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            if members.len() < 2 {
+                continue;
+            }
+            let who: Vec<String> = members
+                .iter()
+                .map(|m| {
+                    format!(
+                        "pid {} (slot {}{})",
+                        m["pid"],
+                        m["slot"],
+                        if m["accepting"].as_bool() == Some(true) {
+                            ", accepting"
+                        } else {
+                            ""
+                        }
+                    )
+                })
+                .collect();
+            out!(
+                "    tcp listener {} shared by {}",
+                g["listener"].as_str().unwrap_or("?"),
+                who.join(", ")
+            );
         }
     }
 }

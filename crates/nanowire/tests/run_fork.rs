@@ -176,6 +176,32 @@ fn nginx_workers_share_the_listener(workers: usize) {
         .iter()
         .map(|e| e["counters"]["tcp_passive_opens"].as_u64().unwrap_or(0))
         .collect();
+    // `nanowire stats` says which processes share the listener.
+    let st = plain_in(&lab, Host::B, &[nanowire(), "stats"])
+        .output()
+        .unwrap();
+    let st = String::from_utf8_lossy(&st.stdout).into_owned();
+    assert!(
+        st.contains(&format!("tcp listener {ADDR_B}:{PORT} shared by")),
+        "{st}"
+    );
+    // The pins of the finished connections go (the service's sweep).
+    let end = Instant::now() + Duration::from_secs(40);
+    loop {
+        let o = plain_in(&lab, Host::B, &[nanowire(), "stats", "--json"])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        if v["service"]["counters"]["tcp_pins_swept"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0
+        {
+            break;
+        }
+        assert!(Instant::now() < end, "no pin swept: {v}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
     // A worker killed (-9) leaves the group; the others go on, and the
     // worker the master starts in its place joins.
     let before = workers_of(srv.child.id());

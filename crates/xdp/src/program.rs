@@ -489,6 +489,13 @@ impl SteerProgram {
             .count()
     }
 
+    /// Forget the pin of one connection (local, remote).
+    pub fn unpin_tcp_flow(&mut self, local: SocketAddrV4, remote: SocketAddrV4) -> bool {
+        self.tcp_pins
+            .remove(&TcpFlowKey::new(local, remote))
+            .is_ok()
+    }
+
     /// The pins (group listeners' connections by 4-tuple): local, remote,
     /// the slot's value.
     pub fn tcp_pins(&self) -> Vec<(SocketAddrV4, SocketAddrV4, u32)> {

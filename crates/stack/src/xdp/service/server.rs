@@ -32,6 +32,9 @@ const SLOT_COOLING: Duration = Duration::from_secs(1);
 /// Connections served at once; more are closed at once (counted), so no
 /// client can exhaust the service's descriptors.
 const MAX_CLIENTS: usize = 512;
+/// How often the pins of finished connections are looked for (a pin
+/// found stale twice in a row goes: see `Service::sweep_pins`).
+const PIN_SWEEP: Duration = Duration::from_secs(5);
 
 /// What the service counted (`nanowire engine status`).
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -56,6 +59,8 @@ pub struct Counters {
     pub conn_tables: u64,
     pub frames_reclaimed: u64,
     pub reclaim_deferred: u64,
+    /// Pins of shared listeners' finished connections removed.
+    pub tcp_pins_swept: u64,
     /// The generic-mode program replaced by the frags-aware one at a
     /// process's first multi-buffer packet (`K_FRAGS`).
     pub frags_upgrades: u64,
@@ -165,6 +170,9 @@ pub struct Service {
     log: bool,
     /// Who may be accelerated where, who trusts whom (policy.rs).
     policy: Policy,
+    /// Pins found stale at the last sweep (interface, local, remote).
+    pin_suspects: std::collections::HashSet<(String, SocketAddrV4, SocketAddrV4)>,
+    last_sweep: Instant,
 }
 
 fn bad(c: &mut Counters, why: &str) {
@@ -203,6 +211,8 @@ impl Service {
             since_idle: Instant::now(),
             log,
             policy,
+            pin_suspects: std::collections::HashSet::new(),
+            last_sweep: Instant::now(),
         }))
     }
 
@@ -235,6 +245,7 @@ impl Service {
                 }
             }
             self.retry_pending();
+            self.sweep_pins();
             if !self.clients.is_empty() {
                 self.since_idle = Instant::now();
             } else if self.since_idle.elapsed() >= self.idle && self.pending.is_empty() {
@@ -1175,6 +1186,64 @@ impl Service {
             c.claims.len(),
             c.tcp_flows.len()
         ));
+    }
+
+    /// The program pins each connection of a shared listener to the slot
+    /// its SYN went to (steer.c `group_owner`); the pins of a member that
+    /// leaves go with it, those of its finished connections are found here:
+    /// a pin whose connection is in no table of its slot's process (conns.rs)
+    /// at two sweeps in a row goes (a fresh half-open connection is not in
+    /// the table yet; losing its pin only sends its next segments by the
+    /// hash, to the same slot while the group is unchanged).
+    fn sweep_pins(&mut self) {
+        if self.last_sweep.elapsed() < PIN_SWEEP {
+            return;
+        }
+        self.last_sweep = Instant::now();
+        let mut suspects = std::collections::HashSet::new();
+        let clients = &self.clients;
+        for (name, ifc) in self.ifaces.iter_mut() {
+            if ifc.groups.is_empty() {
+                continue;
+            }
+            let pins = ifc.prog.tcp_pins();
+            if pins.is_empty() {
+                continue;
+            }
+            // Live connections per slot (a process without a table: its
+            // pins are left alone).
+            let mut live: HashMap<u32, std::collections::HashSet<(SocketAddrV4, SocketAddrV4)>> =
+                HashMap::new();
+            for (slot, id) in ifc.slots.iter().enumerate() {
+                let Some(fd) = id.and_then(|i| clients.get(&i)?.conn_table.as_ref()) else {
+                    continue;
+                };
+                live.insert(
+                    slot as u32,
+                    super::conns::read_all(fd)
+                        .into_iter()
+                        .map(|e| (e.local, e.remote))
+                        .collect(),
+                );
+            }
+            for (l, r, v) in pins {
+                let Some(set) = live.get(&(v & 63)) else {
+                    continue;
+                };
+                if set.contains(&(l, r)) {
+                    continue;
+                }
+                let key = (name.clone(), l, r);
+                if self.pin_suspects.contains(&key) {
+                    if ifc.prog.unpin_tcp_flow(l, r) {
+                        self.counters.tcp_pins_swept += 1;
+                    }
+                } else {
+                    suspects.insert(key);
+                }
+            }
+        }
+        self.pin_suspects = suspects;
     }
 
     fn retry_pending(&mut self) {
