@@ -36,6 +36,18 @@
 // When a claimed packet arrives on a queue without a socket it is passed
 // and counted in `nw_stats[0]` (per CPU); a unicast frame for another
 // host's MAC is passed and counted in `nw_stats[1]` (below).
+//
+// Structure (session 12; every frame on the interface runs this, claimed or
+// not): `steer` is the fast path for the common case -- a frame to our MAC
+// (or a group address) carrying IPv4 without options, not a fragment, at
+// least 38 bytes: one bounds check, two words tested, one config lookup,
+// one claim lookup (UDP) or flow-then-listener lookup (TCP), the redirect.
+// Everything else (short frames, IP options, fragments, frames for another
+// host, no MAC configured) goes to `steer_slow`, a bpf-to-bpf call, which
+// decides every case exactly as before; the decisions themselves live once
+// (udp_claimed, tcp_owner, tcp_fragment, other_host) and both paths use
+// them. scripts/steer-ab/ counts instructions per path and A/B-times two
+// builds with BPF_PROG_TEST_RUN (docs/benchmarks.md, "Session 12").
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/ip.h>
@@ -248,10 +260,36 @@ static __always_inline int group_owner(struct tcp_flow_key *f, __u8 *th, void *e
 	return 1;
 }
 
-// The segment's 4-tuple is an engine flow, or its destination a listener:
-// 1 and the owner's value in *owner (a pid, or NW_SLOT | slot under the
-// engine service: see xsk_key), 0 when the kernel's.
-static __always_inline int tcp_ports_claimed(struct iphdr *ip, void *end, __u32 *owner)
+// The one place TCP ownership is decided (both paths): `flow` is the
+// segment's struct tcp_flow_key (on the stack, or the packet's own bytes
+// 26..37 when the IPv4 header has no options), (laddr, lport) its
+// destination, `th` the TCP header (the SYN flag for a listener group,
+// read only if within `end`). TCP_MINE | the owner's value (a pid, or
+// NW_SLOT | slot under the engine service: see xsk_key; a group
+// listener's: group_owner) when the 4-tuple is an engine flow or the
+// destination a listener; 0 when the kernel's. (A value, not an out
+// parameter: nothing goes through the stack but a group's owner.)
+#define TCP_MINE (1ULL << 32)
+
+static __always_inline __u64 tcp_owner(void *flow, __u32 laddr, __u16 lport, __u8 *th, void *end)
+{
+	__u32 *v = bpf_map_lookup_elem(&nw_tcp_flows, flow);
+	if (v)
+		return (*v & NW_FLOW_PASS) ? 0 : TCP_MINE | *v;
+	struct claim_key k = { .addr = laddr, .port = lport, .pad = 0 };
+	v = bpf_map_lookup_elem(&nw_tcp_listen, &k);
+	if (!v)
+		return 0;
+	if (*v & NW_GROUP) {
+		__u32 owner = 0;
+		return group_owner(flow, th, end, *v, &owner) ? TCP_MINE | owner : 0;
+	}
+	return TCP_MINE | *v;
+}
+
+// tcp_owner for any IPv4 header (options, bad IHL): 0 when the ports are
+// beyond the frame.
+static __always_inline __u64 tcp_ports_owner(struct iphdr *ip, void *end)
 {
 	__u32 hl = ip->ihl * 4;
 	if (hl < sizeof(*ip))
@@ -262,19 +300,7 @@ static __always_inline int tcp_ports_claimed(struct iphdr *ip, void *end, __u32 
 	struct tcp_flow_key f = {
 		.raddr = ip->saddr, .laddr = ip->daddr, .rport = ports[0], .lport = ports[1],
 	};
-	__u32 *v = bpf_map_lookup_elem(&nw_tcp_flows, &f);
-	if (v) {
-		*owner = *v;
-		return !(*v & NW_FLOW_PASS);
-	}
-	struct claim_key k = { .addr = ip->daddr, .port = ports[1], .pad = 0 };
-	v = bpf_map_lookup_elem(&nw_tcp_listen, &k);
-	if (!v)
-		return 0;
-	if (*v & NW_GROUP)
-		return group_owner(&f, (__u8 *)ports, end, *v, owner);
-	*owner = *v;
-	return 1;
+	return tcp_owner(&f, ip->daddr, ports[1], (__u8 *)ports, end);
 }
 
 // ---- Fragments of the engine's TCP flows (issue 20, finding 8) ----
@@ -320,14 +346,39 @@ static __always_inline int tcp_fragment(struct xdp_md *ctx, struct iphdr *ip, vo
 			bpf_map_delete_elem(&nw_tcp_frags, &k); // the last one (no MF)
 		return redirect_to(ctx, key);
 	}
-	__u32 owner = 0;
-	if (!tcp_ports_claimed(ip, end, &owner))
+	__u64 mine = tcp_ports_owner(ip, end);
+	if (!mine)
 		return XDP_PASS;
+	__u32 owner = mine;
 	bpf_map_update_elem(&nw_tcp_frags, &k, &owner, BPF_ANY);
 	return redirect_to(ctx, xsk_key(ctx, owner));
 }
 
-static __always_inline int steer(struct xdp_md *ctx)
+// A claimed UDP datagram: to the owner's socket, unless it is a UDP GSO
+// super-frame (longer than the MTU), which the kernel splits.
+static __always_inline int udp_claimed(struct xdp_md *ctx, struct nw_config *cfg,
+				       struct iphdr *ip, __u32 owner)
+{
+	__u32 xkey = xsk_key(ctx, owner);
+	__u32 len = bpf_ntohs(ip->tot_len);
+	if (!cfg || len > cfg->mtu) {
+		// The exact check (the helper takes the length by address: the
+		// stack copy only here).
+		__u32 mtu_len = len;
+		if (bpf_check_mtu(ctx, 0, &mtu_len, 0, 0) != BPF_MTU_CHK_RET_SUCCESS)
+			return XDP_PASS;
+	}
+	return redirect_to(ctx, xkey);
+}
+
+// ---- Every case (the slow path) ----
+// The whole logic, for every frame the fast path below does not take:
+// frames shorter than Ethernet + 20-byte IPv4 header + ports, other
+// EtherTypes (ARP, IPv6, VLAN), IPv4 with options or a bad IHL, fragments,
+// broadcast and multicast frames, frames for another host, and the
+// interface without a MAC (nw_config `on` = 0). A call of its own (not
+// inlined): its instructions stay out of the fast path's way.
+static __noinline int steer_slow(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
@@ -345,10 +396,10 @@ static __always_inline int steer(struct xdp_md *ctx)
 	if (ip->protocol == IPPROTO_TCP) {
 		if (ip->frag_off & bpf_htons(0x3fff))
 			return tcp_fragment(ctx, ip, end);
-		__u32 owner = 0;
-		if (!tcp_ports_claimed(ip, end, &owner))
+		__u64 mine = tcp_ports_owner(ip, end);
+		if (!mine)
 			return XDP_PASS;
-		return redirect_to(ctx, xsk_key(ctx, owner));
+		return redirect_to(ctx, xsk_key(ctx, mine));
 	}
 	if (ip->protocol != IPPROTO_UDP)
 		return XDP_PASS;
@@ -368,13 +419,67 @@ static __always_inline int steer(struct xdp_md *ctx)
 	__u32 *owner = bpf_map_lookup_elem(&nw_claims, &key);
 	if (!owner)
 		return XDP_PASS;
-	__u32 xkey = xsk_key(ctx, *owner);
-	// A UDP GSO super-frame (longer than the MTU): the kernel splits it.
-	__u32 mtu_len = bpf_ntohs(ip->tot_len);
-	if ((!cfg || mtu_len > cfg->mtu) &&
-	    bpf_check_mtu(ctx, 0, &mtu_len, 0, 0) != BPF_MTU_CHK_RET_SUCCESS)
+	return udp_claimed(ctx, cfg, ip, *owner);
+}
+
+// ---- The common case first (the fast path) ----
+// A unicast frame to our MAC carrying IPv4 without options, not a
+// fragment, long enough for the ports: one bounds check, the EtherType,
+// version, IHL and fragment bits tested as two words, one config lookup (an
+// array: the verifier inlines it), one lookup of the claim or flow (the
+// TCP flow's key is the packet's own 12 bytes of addresses and ports, no
+// copy), the redirect. Anything else goes to steer_slow, which decides as
+// before. Counters only where something is passed that was claimed.
+#define FAST_LEN (sizeof(struct ethhdr) + sizeof(struct iphdr) + 4)
+
+static __always_inline int steer(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+
+	if (data + FAST_LEN > end)
+		return steer_slow(ctx);
+	// Bytes 12..15: EtherType 0x0800, version 4 with IHL 5 (tos ignored);
+	// bytes 20..23: fragment offset and MF (DF ignored), TTL, protocol.
+	__u32 w12 = *(__u32 *)(data + 12);
+	__u32 w20 = *(__u32 *)(data + 20);
+	if ((w12 & 0x00ffffff) != 0x00450008) {
+		if ((__u16)w12 != bpf_htons(ETH_P_IP))
+			return XDP_PASS; // ARP, IPv6, VLAN: the kernel's
+		return steer_slow(ctx);
+	}
+	if (w20 & 0x0000ff3f)
+		return steer_slow(ctx);
+	__u32 ck = 0;
+	struct nw_config *cfg = bpf_map_lookup_elem(&nw_config, &ck);
+	if (!cfg)
+		return steer_slow(ctx);
+	// Our MAC, or a group address (broadcast, multicast: go on, as in
+	// other_host); any other (another host's; none configured) is the
+	// slow path's to decide.
+	__u32 mac_lo = *(__u32 *)data;
+	if ((mac_lo != *(__u32 *)cfg->mac || *(__u16 *)(data + 4) != *(__u16 *)(cfg->mac + 4)) &&
+	    !(mac_lo & 1))
+		return steer_slow(ctx);
+	struct iphdr *ip = data + sizeof(struct ethhdr);
+	__u8 proto = w20 >> 24;
+	if (proto == IPPROTO_UDP) {
+		__u16 *ports = (void *)(ip + 1);
+		struct claim_key key = { .addr = ip->daddr, .port = ports[1], .pad = 0 };
+		__u32 *owner = bpf_map_lookup_elem(&nw_claims, &key);
+		if (!owner)
+			return XDP_PASS;
+		return udp_claimed(ctx, cfg, ip, *owner);
+	}
+	if (proto != IPPROTO_TCP)
 		return XDP_PASS;
-	return redirect_to(ctx, xkey);
+	// saddr, daddr, sport, dport: struct tcp_flow_key as the packet has it
+	// (a map key may point into the packet).
+	__u16 *ports = (void *)(ip + 1);
+	__u64 mine = tcp_owner(&ip->saddr, ip->daddr, ports[1], (__u8 *)ports, end);
+	if (!mine)
+		return XDP_PASS;
+	return redirect_to(ctx, xsk_key(ctx, mine));
 }
 
 SEC("xdp")

@@ -111,7 +111,39 @@ pub struct SteerProgram {
     /// name them by number) and the config map, to load `nw_steer_frags`
     /// from later ([`SteerProgram::upgrade_frags`]). Kept for the
     /// program's life once made, so that the numbers in `fds` stay ours.
-    lazy: Option<(crate::load::Loaded, aya::maps::Array<MapData, [u8; 12]>)>,
+    lazy: Option<(
+        std::sync::Arc<crate::load::Loaded>,
+        aya::maps::Array<MapData, [u8; 12]>,
+    )>,
+}
+
+/// What [`SteerProgram::frags_loader`] hands out: the parsed object (its
+/// maps stay open while this lives, the instructions name them by number),
+/// to load `nw_steer_frags` from without holding whatever guards the
+/// [`SteerProgram`] (the verifier takes milliseconds).
+pub struct FragsLoader(std::sync::Arc<crate::load::Loaded>);
+
+/// A loaded, not yet attached `nw_steer_frags` ([`FragsLoader::load`],
+/// [`SteerProgram::install_frags`]). Dropping it unused closes it with the
+/// raw syscall (engine code never enters the shim's close).
+pub struct FragsProg(Option<OwnedFd>);
+
+impl FragsLoader {
+    /// Load `nw_steer_frags` (BPF_PROG_LOAD: the verifier's work).
+    pub fn load(&self) -> Result<FragsProg, String> {
+        self.0
+            .load_xdp("nw_steer_frags", true)
+            .map(|fd| FragsProg(Some(fd)))
+            .map_err(|e| format!("the kernel refused the multi-buffer XDP program: {e}"))
+    }
+}
+
+impl Drop for FragsProg {
+    fn drop(&mut self) {
+        if let Some(fd) = self.0.take() {
+            crate::sys::close(std::os::fd::IntoRawFd::into_raw_fd(fd));
+        }
+    }
 }
 
 /// Which variant of the steering program to attach.
@@ -296,7 +328,7 @@ impl SteerProgram {
         let lazy = if frags == Frags::Lazy && !f {
             fds.push(cfg_fd);
             fds.extend(obj.map_fds());
-            Some((obj, cfg))
+            Some((std::sync::Arc::new(obj), cfg))
         } else {
             drop((obj, cfg));
             None
@@ -335,27 +367,48 @@ impl SteerProgram {
 
     /// A [`Frags::Lazy`] attachment running `nw_steer`: load
     /// `nw_steer_frags` and put it behind the link in its place
-    /// (BPF_LINK_UPDATE; no frame is lost or passed twice: each runs one
-    /// program or the other). The program's fd keeps its number (the new
-    /// program is dup'ed onto it), so [`SteerProgram::fds`] stays true.
-    /// `Ok(false)`: nothing to do.
+    /// ([`SteerProgram::frags_loader`] then [`SteerProgram::install_frags`]
+    /// in one go; the engine splits the two so that the load runs outside
+    /// its program lock). `Ok(false)`: nothing to do.
     pub fn upgrade_frags(&mut self) -> Result<bool, String> {
+        match self.frags_loader() {
+            Some(l) => self.install_frags(l.load()?),
+            None => Ok(false),
+        }
+    }
+
+    /// What loads `nw_steer_frags` for [`SteerProgram::install_frags`]
+    /// (`None`: nothing to upgrade).
+    pub fn frags_loader(&self) -> Option<FragsLoader> {
+        if !self.can_upgrade() {
+            return None;
+        }
+        self.lazy.as_ref().map(|(obj, _)| FragsLoader(obj.clone()))
+    }
+
+    /// Put a loaded `nw_steer_frags` behind the link in place of
+    /// `nw_steer` (BPF_LINK_UPDATE; no frame is lost or passed twice: each
+    /// runs one program or the other). The program's fd keeps its number
+    /// (the new program is dup'ed onto it), so [`SteerProgram::fds`] stays
+    /// true. Two system calls and raw closes only: fit to run under a lock
+    /// engine turns take. `Ok(false)`: already upgraded (`new` is closed).
+    pub fn install_frags(&mut self, new: FragsProg) -> Result<bool, String> {
+        let mut new = new;
         if !self.can_upgrade() {
             return Ok(false);
         }
-        let Some((obj, _)) = &self.lazy else {
+        let Some(fd) = new.0.as_ref() else {
             return Ok(false);
         };
-        let new = obj
-            .load_xdp("nw_steer_frags", true)
-            .map_err(|e| format!("the kernel refused the multi-buffer XDP program: {e}"))?;
-        crate::load::link_update(&self._link, &new)
+        crate::load::link_update(&self._link, fd)
             .map_err(|e| format!("cannot replace the XDP program (BPF_LINK_UPDATE): {e}"))?;
         // The old program goes when its last reference (this fd) does.
-        if crate::sys::dup3_cloexec(new.as_raw_fd(), self._prog.as_raw_fd()) < 0 {
+        if crate::sys::dup3_cloexec(fd.as_raw_fd(), self._prog.as_raw_fd()) < 0 {
             // Still attached and working; the old program's fd stays open
             // (and the new one with it, so that its number is ours).
-            std::mem::forget(new);
+            if let Some(fd) = new.0.take() {
+                std::mem::forget(fd);
+            }
         }
         self.frags = true;
         Ok(true)

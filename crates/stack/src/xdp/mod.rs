@@ -587,6 +587,12 @@ impl Engine {
             Steer::Own(p) => p.can_upgrade(),
             Steer::Service(c) => c.frags_lazy(),
         };
+        // An own program: nw_steer_frags is loaded from this (outside the
+        // program lock, below).
+        let loader = match &prog {
+            Steer::Own(p) if multi_buffer => p.frags_loader(),
+            _ => None,
+        };
         let frags_wanted = (lazy && multi_buffer).then(|| {
             let neigh = neigh.clone();
             Arc::new(device::xsk::FragsWanted::new(move || neigh.wake_worker()))
@@ -604,11 +610,24 @@ impl Engine {
                     return;
                 }
                 done = true;
-                let mut g = order::lock(&prog, Tier::Leaf, "the program lock");
-                let r = match &mut g.prog {
-                    Steer::Own(p) => p.upgrade_frags().map(|_| ()),
-                    Steer::Service(c) => c.want_frags(),
-                };
+                // An own program: the verifier's milliseconds run outside
+                // the program lock (every TCP engine turn takes it to
+                // reap); the lock covers only BPF_LINK_UPDATE and the fd
+                // swap.
+                let r = loader
+                    .as_ref()
+                    .map(|l| l.load())
+                    .transpose()
+                    .and_then(|new| {
+                        match (
+                            &mut order::lock(&prog, Tier::Leaf, "the program lock").prog,
+                            new,
+                        ) {
+                            (Steer::Own(p), Some(new)) => p.install_frags(new).map(|_| ()),
+                            (Steer::Own(_), None) => Ok(()),
+                            (Steer::Service(c), _) => c.want_frags(),
+                        }
+                    });
                 if let Err(e) = r {
                     eprintln!(
                         "nanowire: {iface}: {e}; packets larger than one frame still arrive \
