@@ -111,11 +111,14 @@ pub struct SteerProgram {
     /// name them by number) and the config map, to load `nw_steer_frags`
     /// from later ([`SteerProgram::upgrade_frags`]). Kept for the
     /// program's life once made, so that the numbers in `fds` stay ours.
-    lazy: Option<(
-        std::sync::Arc<crate::load::Loaded>,
-        aya::maps::Array<MapData, [u8; 12]>,
-    )>,
+    lazy: Option<LazyFrags>,
 }
+
+/// The parsed object (shared with a [`FragsLoader`]) and the config map.
+type LazyFrags = (
+    std::sync::Arc<crate::load::Loaded>,
+    aya::maps::Array<MapData, [u8; 12]>,
+);
 
 /// What [`SteerProgram::frags_loader`] hands out: the parsed object (its
 /// maps stay open while this lives, the instructions name them by number),
