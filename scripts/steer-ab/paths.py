@@ -12,6 +12,7 @@ adds ~2 instructions after a hash-map lookup's call (xlated counts are a little 
 
     clang -O2 -g -target bpf -I/usr/include/x86_64-linux-gnu -c bpf/steer.c -o /tmp/steer.o
     scripts/steer-ab/paths.py /tmp/steer.o [/tmp/other.o ...] [--prog nw_steer_frags]
+    scripts/steer-ab/paths.py --emit | steer_ab A.o B.o    # the same packets, timed (steer_ab.c)
 """
 import argparse
 import ipaddress
@@ -341,9 +342,15 @@ PACKETS = [
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("objects", nargs="+")
+    ap.add_argument("objects", nargs="*")
     ap.add_argument("--prog", default="nw_steer")
+    ap.add_argument("--emit", action="store_true",
+                    help="print the packets (name, frame in hex) for steer_ab.c and stop")
     a = ap.parse_args()
+    if a.emit:
+        for name, pkt in PACKETS:
+            print(name, pkt.hex())
+        return 0
     progs = [load_program(o, a.prog) for o in a.objects]
     print("%-20s" % "packet" + "".join(" | %-8s %5s %-30s" % ("verdict", "insns", "calls")
                                        for _ in progs))

@@ -7,7 +7,7 @@
 // give the same verdict on every packet (same maps, same packets).
 //
 //   cc -O2 -o steer_ab steer_ab.c -lbpf
-//   ./steer_ab A.o B.o [prog] [rounds] [repeat]
+//   scripts/steer-ab/paths.py --emit | ./steer_ab A.o B.o [prog] [rounds] [repeat]
 //
 // prog: nw_steer (default) or nw_steer_frags. The maps of each object are
 // filled alike (whichever of them the object has): our MAC 02:00:00:00:00:01,
@@ -17,16 +17,15 @@
 // 198.18.0.1:8080 (group 1, slot 3). The XSKMAP gets an
 // (unbound) AF_XDP socket at keys 0 and 3 * 64, so a claimed packet's
 // bpf_redirect_map answers XDP_REDIRECT as on a live engine (test_run does
-// not perform the redirect). Prints, per packet: both verdicts, the median
+// not perform the redirect; its bpf_check_mtu sees the loopback's MTU, so
+// a UDP super-frame is redirected there). Prints, per packet: both verdicts, the median
 // and the mean ns per run of each over the rounds (the kernel's count
 // per round is a whole number), and the median of the per-round ratios B/A.
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
-#include <linux/if_ether.h>
 #include <linux/bpf.h>
 #include <linux/if_xdp.h>
-#include <linux/ip.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,61 +39,11 @@
 
 struct pkt {
 	const char *name;
-	unsigned char buf[128];
+	unsigned char buf[4096];
 	unsigned len;
 };
 
 static const unsigned char our_mac[6] = { 2, 0, 0, 0, 0, 1 };
-static const unsigned char peer_mac[6] = { 2, 0, 0, 0, 0, 2 };
-
-static uint16_t csum(const void *p, int n)
-{
-	const uint16_t *w = p;
-	uint32_t s = 0;
-	for (; n > 1; n -= 2)
-		s += *w++;
-	while (s >> 16)
-		s = (s & 0xffff) + (s >> 16);
-	return ~s;
-}
-
-// Ethernet + IPv4 (ihl words) + 8 bytes of L4 header + payload.
-static void ip4(struct pkt *p, const char *name, const unsigned char *dmac, int proto, const char *src,
-		const char *dst, int sport, int dport, int ihl, uint16_t frag, int payload)
-{
-	memset(p, 0, sizeof(*p));
-	p->name = name;
-	memcpy(p->buf, dmac, 6);
-	memcpy(p->buf + 6, peer_mac, 6);
-	p->buf[12] = 0x08;
-	p->buf[13] = 0x00;
-	struct iphdr *ip = (void *)(p->buf + 14);
-	ip->version = 4;
-	ip->ihl = ihl;
-	int l4 = proto == IPPROTO_TCP ? 20 : 8;
-	ip->tot_len = htons(ihl * 4 + l4 + payload);
-	ip->id = htons(0x1234);
-	ip->frag_off = htons(frag);
-	ip->ttl = 64;
-	ip->protocol = proto;
-	inet_pton(AF_INET, src, &ip->saddr);
-	inet_pton(AF_INET, dst, &ip->daddr);
-	ip->check = csum(ip, ihl * 4);
-	unsigned char *l = p->buf + 14 + ihl * 4;
-	l[0] = sport >> 8;
-	l[1] = sport;
-	l[2] = dport >> 8;
-	l[3] = dport;
-	if (proto == IPPROTO_TCP)
-		l[12] = 5 << 4;
-	else {
-		l[4] = (8 + payload) >> 8;
-		l[5] = 8 + payload;
-	}
-	p->len = 14 + ihl * 4 + l4 + payload;
-	if (p->len > sizeof(p->buf))
-		abort();
-}
 
 struct claim_key {
 	uint32_t addr;
@@ -240,42 +189,26 @@ int main(int argc, char **argv)
 		prog[i] = bpf_program__fd(p);
 		fill(obj[i], xsk);
 	}
-	static const unsigned char bcast[6] = { 0xff, 0xff, 0xff, 0xff, 0xff, 0xff };
-	static const unsigned char mcast[6] = { 0x01, 0x00, 0x5e, 0x01, 0x01, 0x01 };
-	static const unsigned char other[6] = { 2, 0, 0, 0, 0, 9 };
-	struct pkt ps[16];
+	// The packets, one a line on stdin: a name and the frame in hex
+	// (scripts/steer-ab/paths.py --emit writes every path's).
+	static struct pkt ps[64];
 	int n = 0;
-	ip4(&ps[n++], "udp_claimed", our_mac, IPPROTO_UDP, "198.18.0.2", "198.18.0.1", 40000, 5000, 5, 0, 64);
-	ip4(&ps[n++], "udp_claimed_slot", our_mac, IPPROTO_UDP, "198.18.0.2", "198.18.0.1", 40000, 5002, 5, 0, 64);
-	ip4(&ps[n++], "tcp_flow", our_mac, IPPROTO_TCP, "198.18.0.2", "198.18.0.1", 40000, 5001, 5, 0, 32);
-	ip4(&ps[n++], "tcp_listener", our_mac, IPPROTO_TCP, "198.18.0.2", "198.18.0.1", 40002, 80, 5, 0, 32);
-	ip4(&ps[n++], "tcp_passed_flow", our_mac, IPPROTO_TCP, "198.18.0.2", "198.18.0.1", 40001, 80, 5, 0, 32);
-	ip4(&ps[n++], "udp_unclaimed", our_mac, IPPROTO_UDP, "198.18.0.2", "198.18.0.1", 40000, 6000, 5, 0, 64);
-	ip4(&ps[n++], "tcp_unclaimed", our_mac, IPPROTO_TCP, "198.18.0.2", "198.18.0.1", 40000, 22, 5, 0, 32);
-	ip4(&ps[n++], "udp_mcast", mcast, IPPROTO_UDP, "198.18.0.2", "239.1.1.1", 40000, 5000, 5, 0, 64);
-	ip4(&ps[n++], "udp_bcast_unclaimed", bcast, IPPROTO_UDP, "198.18.0.2", "198.18.0.255", 40000, 67, 5, 0, 64);
-	ip4(&ps[n++], "udp_other_host", other, IPPROTO_UDP, "198.18.0.2", "198.18.0.1", 40000, 5000, 5, 0, 64);
-	ip4(&ps[n++], "udp_ip_options", our_mac, IPPROTO_UDP, "198.18.0.2", "198.18.0.1", 40000, 5000, 6, 0, 64);
-	ip4(&ps[n++], "udp_fragment", our_mac, IPPROTO_UDP, "198.18.0.2", "198.18.0.1", 40000, 5000, 5, 0x2000, 64);
-	ip4(&ps[n++], "tcp_frag_first", our_mac, IPPROTO_TCP, "198.18.0.2", "198.18.0.1", 40000, 5001, 5, 0x2000, 32);
-	ip4(&ps[n++], "tcp_frag_middle", our_mac, IPPROTO_TCP, "198.18.0.2", "198.18.0.1", 40000, 5001, 5, 0x2000 | 8, 32);
-	struct pkt *arp = &ps[n++];
-	memset(arp, 0, sizeof(*arp));
-	arp->name = "arp";
-	memcpy(arp->buf, bcast, 6);
-	memcpy(arp->buf + 6, peer_mac, 6);
-	arp->buf[12] = 0x08;
-	arp->buf[13] = 0x06;
-	arp->len = 42;
-	struct pkt *v6 = &ps[n++];
-	memset(v6, 0, sizeof(*v6));
-	v6->name = "ipv6";
-	memcpy(v6->buf, our_mac, 6);
-	v6->buf[12] = 0x86;
-	v6->buf[13] = 0xdd;
-	v6->buf[14] = 0x60;
-	v6->len = 14 + 40 + 8;
-
+	char *line = NULL;
+	size_t cap = 0;
+	while (n < 64 && getline(&line, &cap, stdin) > 0) {
+		char *name = strtok(line, " \n"), *hex = strtok(NULL, " \n");
+		if (!name || !hex)
+			continue;
+		struct pkt *p = &ps[n++];
+		p->name = strdup(name);
+		for (p->len = 0; hex[2 * p->len] && hex[2 * p->len + 1] && p->len < sizeof(p->buf); p->len++)
+			sscanf(hex + 2 * p->len, "%2hhx", &p->buf[p->len]);
+	}
+	free(line);
+	if (!n) {
+		fprintf(stderr, "no packets on stdin (scripts/steer-ab/paths.py --emit)\n");
+		return 2;
+	}
 	// The loop's own cost: a program that only answers XDP_PASS.
 	struct bpf_insn pass[] = {
 		{ .code = BPF_ALU64 | BPF_MOV | BPF_K, .dst_reg = BPF_REG_0, .imm = XDP_PASS },
