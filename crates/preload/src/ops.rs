@@ -555,11 +555,9 @@ impl Ops for TcpRef {
         flags: c_uint,
     ) -> Option<isize> {
         // A pipe on the other side: served on the engine (`splice.rs`).
-        Some(if into {
-            crate::splice::to_engine(self, fd, other, offs, len, flags)
-        } else {
-            crate::splice::from_engine(self, fd, other, offs, len, flags)
-        })
+        Some(crate::splice::splice(
+            self, fd, other, into, offs, len, flags,
+        ))
     }
 
     fn dup(self, _old: c_int, new: c_int) {

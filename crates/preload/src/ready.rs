@@ -565,17 +565,7 @@ fn synth(ep: c_int, out: &mut [epoll_event], fds: &mut Vec<c_int>) -> usize {
             } else {
                 bits
             };
-            if ev != 0 {
-                out[n] = epoll_event {
-                    events: ev,
-                    u64: i.data,
-                };
-                fds.push(i.fd);
-                n += 1;
-                if i.events & libc::EPOLLONESHOT as u32 != 0 {
-                    i.events = 0;
-                }
-            }
+            report(out, &mut n, fds, i, ev);
             continue;
         }
         let Some(acc) = i.acc else { continue };
@@ -598,22 +588,29 @@ fn synth(ep: c_int, out: &mut [epoll_event], fds: &mut Vec<c_int>) -> usize {
         {
             ev |= libc::EPOLLOUT as u32;
         }
-        if ev != 0 {
-            if ev & libc::EPOLLOUT as u32 != 0 {
-                i.out_done = true;
-            }
-            out[n] = epoll_event {
-                events: ev,
-                u64: i.data,
-            };
-            fds.push(i.fd);
-            n += 1;
-            if i.events & libc::EPOLLONESHOT as u32 != 0 {
-                i.events = 0;
-            }
+        if ev & libc::EPOLLOUT as u32 != 0 {
+            i.out_done = true;
         }
+        report(out, &mut n, fds, i, ev);
     }
     n
+}
+
+/// Report `ev` (if any) for `i` as event `out[*n]`; a one-shot interest
+/// is disarmed, as the kernel does.
+fn report(out: &mut [epoll_event], n: &mut usize, fds: &mut Vec<c_int>, i: &mut Interest, ev: u32) {
+    if ev == 0 {
+        return;
+    }
+    out[*n] = epoll_event {
+        events: ev,
+        u64: i.data,
+    };
+    fds.push(i.fd);
+    *n += 1;
+    if i.events & libc::EPOLLONESHOT as u32 != 0 {
+        i.events = 0;
+    }
 }
 
 /// Kernel events `out[n..n + m]` after `n` synthesized ones (fds in

@@ -273,38 +273,29 @@ pub fn log_socket(fd: c_int, class: u64, domain: c_int) {
     }
     let Some(st) = STATE.get() else { return };
     let Some(cfg) = &st.cfg else { return };
-    // A UDP socket meant for the xdp engine (engine xdp requested) that
-    // does not get it: one line at the default level, with the reason.
-    if class == C_UDP && cfg.engine == Engine::Xdp {
+    // A UDP or TCP socket meant for the xdp engine (engine xdp requested)
+    // that does not get it (IPv6, no privilege): one line at the default
+    // level, with the reason. AF_INET TCP sockets are candidates and say
+    // it at listen or connect (see `tcpx`).
+    if (class == C_UDP || class == C_TCP) && cfg.engine == Engine::Xdp {
         let why = if st.xdp_ok && domain == libc::AF_INET6 {
             "IPv6 socket (the xdp engine is IPv4 only; e.g. java -Djava.net.preferIPv4Stack=true)"
         } else {
             &st.xdp_reason
         };
-        log!(
-            Level::Warn,
-            "fd {fd} udp: spin (kernel socket); xdp not used: {why}"
-        );
-        return;
-    }
-    // The same for a TCP socket the xdp engine cannot take (IPv6, no
-    // privilege); AF_INET TCP sockets are candidates and say it at listen
-    // or connect (see `tcpx`).
-    if class == C_TCP && cfg.engine == Engine::Xdp {
-        let why = if st.xdp_ok && domain == libc::AF_INET6 {
-            "IPv6 socket (the xdp engine is IPv4 only; e.g. java -Djava.net.preferIPv4Stack=true)"
+        if class == C_UDP {
+            log!(
+                Level::Warn,
+                "fd {fd} udp: spin (kernel socket); xdp not used: {why}"
+            );
         } else {
-            &st.xdp_reason
-        };
-        log!(
-            Level::Warn,
-            "fd {fd} tcp: kernel socket{}; xdp not used: {why}",
-            if SPIN_TCP.load(Ordering::Relaxed) && SPIN_NS.load(Ordering::Relaxed) != 0 {
-                " (spinning)"
-            } else {
-                ""
-            }
-        );
+            let spinning = SPIN_TCP.load(Ordering::Relaxed) && SPIN_NS.load(Ordering::Relaxed) != 0;
+            log!(
+                Level::Warn,
+                "fd {fd} tcp: kernel socket{}; xdp not used: {why}",
+                if spinning { " (spinning)" } else { "" }
+            );
+        }
         return;
     }
     if !crate::log::enabled(Level::Info) {

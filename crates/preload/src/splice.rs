@@ -60,11 +60,14 @@ fn check(other: c_int, offs: (bool, bool)) -> Result<(), c_int> {
     Ok(())
 }
 
-/// splice(pipe → engine connection `t` at `out`).
-pub fn to_engine(
+/// splice between engine connection `t` at `fd` and the pipe `pipe`:
+/// into the connection (`into`) or out of it. The checks of both
+/// directions first, with the kernel's errors.
+pub fn splice(
     t: TcpRef,
-    out: c_int,
+    fd: c_int,
     pipe: c_int,
+    into: bool,
     offs: (bool, bool),
     len: usize,
     flags: c_uint,
@@ -75,6 +78,15 @@ pub fn to_engine(
     if len == 0 {
         return 0;
     }
+    if into {
+        to_engine(t, fd, pipe, len, flags)
+    } else {
+        from_engine(t, fd, pipe, len, flags)
+    }
+}
+
+/// splice(pipe → engine connection `t` at `out`).
+fn to_engine(t: TcpRef, out: c_int, pipe: c_int, len: usize, flags: c_uint) -> isize {
     let Some(i) = t.stream_inner() else {
         return fail(libc::ENOTCONN);
     };
@@ -129,20 +141,7 @@ pub fn to_engine(
 }
 
 /// splice(engine connection `t` at `inp` → pipe).
-pub fn from_engine(
-    t: TcpRef,
-    inp: c_int,
-    pipe: c_int,
-    offs: (bool, bool),
-    len: usize,
-    flags: c_uint,
-) -> isize {
-    if let Err(e) = check(pipe, offs) {
-        return fail(e);
-    }
-    if len == 0 {
-        return 0;
-    }
+fn from_engine(t: TcpRef, inp: c_int, pipe: c_int, len: usize, flags: c_uint) -> isize {
     // What the pipe can take: its size less what it holds.
     // SAFETY: fcntl/ioctl on the caller's pipe, an int out-value.
     let cap = unsafe { real::fcntl(pipe, libc::F_GETPIPE_SZ, 0) };
