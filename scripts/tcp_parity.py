@@ -69,6 +69,16 @@ def send_hashed(s, n):
     return sent, h
 
 
+def recv_once_then_close(s, case):
+    """One recv: what it returned or its error (a reset), then close."""
+    try:
+        r = s.recv(100)
+        out(f"{case}: recv {r!r}")
+    except OSError as e:
+        out(f"{case}: recv error {ename(e.errno)}")
+    s.close()
+
+
 def tcp_state(s):
     return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)[0]
 
@@ -253,21 +263,11 @@ def client(addr, port):
     # SO_LINGER 0 on the peer: ECONNRESET
     s = conn(addr, port, "linger0")
     s.sendall(b"go")
-    try:
-        r = s.recv(100)
-        out(f"linger0: recv {r!r}")
-    except OSError as e:
-        out(f"linger0: recv error {ename(e.errno)}")
-    s.close()
+    recv_once_then_close(s, "linger0")
 
     # close with unread data: RST
     s = conn(addr, port, "unread", b"x" * 100)
-    try:
-        r = s.recv(100)
-        out(f"unread: recv {r!r}")
-    except OSError as e:
-        out(f"unread: recv error {ename(e.errno)}")
-    s.close()
+    recv_once_then_close(s, "unread")
 
     # no listener: ECONNREFUSED
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

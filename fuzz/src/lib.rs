@@ -264,21 +264,17 @@ pub fn reasm(mut data: &[u8]) {
 /// Fragments of a few datagrams, in and out of order, as `reasm` input.
 fn reasm_seeds() -> Vec<Vec<u8>> {
     let frag = |id: u16, off: usize, more: bool, n: usize| -> Vec<u8> {
-        let mut f = vec![0u8; 14];
+        let mut f = vec![0u8; 14 + 20];
         f[12] = 0x08;
-        let mut ip = [0u8; 20];
-        ip[0] = 0x45;
-        ip[2..4].copy_from_slice(&((20 + n) as u16).to_be_bytes());
-        ip[4..6].copy_from_slice(&id.to_be_bytes());
-        let fo = ((off / 8) as u16) | if more { 0x2000 } else { 0 };
-        ip[6..8].copy_from_slice(&fo.to_be_bytes());
-        ip[8] = 64;
-        ip[9] = 6;
-        ip[12..16].copy_from_slice(&[198, 18, 0, 1]);
-        ip[16..20].copy_from_slice(&[198, 18, 0, 2]);
-        let s = !nanowire_wire::checksum::fold(nanowire_wire::checksum::accumulate(0, &ip));
-        ip[10..12].copy_from_slice(&s.to_be_bytes());
-        f.extend_from_slice(&ip);
+        nanowire_wire::Ipv4Repr {
+            src: [198, 18, 0, 1].into(),
+            dst: [198, 18, 0, 2].into(),
+            protocol: 6,
+            payload_len: n,
+            ttl: 64,
+            ident: id,
+        }
+        .emit_fragment(&mut f[14..], off, more);
         f.extend((0..n).map(|i| (off + i) as u8));
         f
     };

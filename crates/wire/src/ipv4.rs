@@ -183,14 +183,26 @@ impl Ipv4Repr {
     /// [`Ipv4Repr::emit`] with the TOS byte (DSCP and ECN) `tos`, as a
     /// socket's IP_TOS sets it.
     pub fn emit_tos(&self, buf: &mut [u8], tos: u8) {
+        self.write(buf, tos, 0x4000) // DF
+    }
+
+    /// [`Ipv4Repr::emit`] for one fragment of a datagram (DF clear):
+    /// `payload_len` bytes starting `offset` bytes into the datagram's
+    /// payload (a multiple of 8), `more` when fragments follow.
+    pub fn emit_fragment(&self, buf: &mut [u8], offset: usize, more: bool) {
+        debug_assert!(offset.is_multiple_of(8) && offset / 8 <= 0x1fff);
+        self.write(buf, 0, (offset / 8) as u16 | if more { 0x2000 } else { 0 })
+    }
+
+    /// The header, with flags and fragment offset `frag` (the 16 bits).
+    fn write(&self, buf: &mut [u8], tos: u8, frag: u16) {
         let total = (HEADER_LEN + self.payload_len) as u16;
         let h = &mut buf[..HEADER_LEN];
         h[0] = 0x45;
         h[1] = tos;
         h[2..4].copy_from_slice(&total.to_be_bytes());
         h[4..6].copy_from_slice(&self.ident.to_be_bytes());
-        h[6] = 0x40; // DF
-        h[7] = 0;
+        h[6..8].copy_from_slice(&frag.to_be_bytes());
         h[8] = self.ttl;
         h[9] = self.protocol;
         h[10] = 0;
@@ -229,6 +241,30 @@ mod tests {
         assert_eq!(r.payload_len, 12);
         assert_eq!(r.src, Ipv4Addr::new(198, 18, 0, 1));
         assert_eq!(p.payload().len(), 12);
+    }
+
+    #[test]
+    fn fragments_carry_offset_and_more_and_no_df() {
+        let mut b = vec![0u8; HEADER_LEN + 16];
+        let r = Ipv4Repr {
+            src: Ipv4Addr::new(198, 18, 0, 1),
+            dst: Ipv4Addr::new(198, 18, 0, 2),
+            protocol: 6,
+            payload_len: 16,
+            ttl: 64,
+            ident: 7,
+        };
+        r.emit_fragment(&mut b, 1600, true);
+        let p = Ipv4Packet::new_checked(&b[..]).unwrap();
+        assert!(p.verify_checksum() && p.is_fragment());
+        assert_eq!(p.ident(), 7);
+        assert_eq!(u16::from_be_bytes([b[6], b[7]]), 0x2000 | 200);
+        r.emit_fragment(&mut b, 1600, false);
+        assert_eq!(u16::from_be_bytes([b[6], b[7]]), 200);
+        assert_eq!(
+            Ipv4Repr::parse(&Ipv4Packet::new_checked(&b[..]).unwrap(), true),
+            Err(Malformed::Fragment)
+        );
     }
 
     #[test]

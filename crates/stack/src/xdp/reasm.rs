@@ -300,6 +300,8 @@ fn parse(frame: &[u8]) -> Option<(Key, usize, usize, &[u8], bool)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nanowire_wire::Ipv4Repr;
+    use std::net::Ipv4Addr;
 
     /// A TCP-ish IPv4 datagram of `len` payload bytes cut into fragments of
     /// `step` bytes (a multiple of 8), as Ethernet frames.
@@ -310,22 +312,18 @@ mod tests {
         while off < len {
             let n = step.min(len - off);
             let more = off + n < len;
-            let mut f = vec![0u8; ETH_HDR];
+            let mut f = vec![0u8; ETH_HDR + 20 + n];
             f[12] = 0x08;
-            let mut ip = [0u8; 20];
-            ip[0] = 0x45;
-            ip[2..4].copy_from_slice(&((20 + n) as u16).to_be_bytes());
-            ip[4..6].copy_from_slice(&id.to_be_bytes());
-            let fo = ((off / 8) as u16) | if more { 0x2000 } else { 0 };
-            ip[6..8].copy_from_slice(&fo.to_be_bytes());
-            ip[8] = 64;
-            ip[9] = 6;
-            ip[12..16].copy_from_slice(&[198, 18, 0, 1]);
-            ip[16..20].copy_from_slice(&[198, 18, 0, 2]);
-            let s = !checksum::fold(checksum::accumulate(0, &ip));
-            ip[10..12].copy_from_slice(&s.to_be_bytes());
-            f.extend_from_slice(&ip);
-            f.extend_from_slice(&payload[off..off + n]);
+            let ip = Ipv4Repr {
+                src: Ipv4Addr::new(198, 18, 0, 1),
+                dst: Ipv4Addr::new(198, 18, 0, 2),
+                protocol: 6,
+                payload_len: n,
+                ttl: 64,
+                ident: id,
+            };
+            ip.emit_fragment(&mut f[ETH_HDR..], off, more);
+            f[ETH_HDR + 20..].copy_from_slice(&payload[off..off + n]);
             out.push(f);
             off += n;
         }

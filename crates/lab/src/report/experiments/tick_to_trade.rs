@@ -38,49 +38,45 @@ impl<'a> Ctx<'a> {
             feed.to_string(),
             format!("{}", self.p.t2t_secs),
         );
-        let ex_argv = self.argv(&[
-            "bench",
-            "exchange",
-            "-i",
-            &addr,
-            "-p",
-            &ps,
-            "--group",
-            GROUP,
-            "--md-port",
-            &ms,
-            "--feed-rate",
-            &fs,
-            "-t",
-            &ts,
-            "--engine",
-            self.gen_engine.as_str(),
-            "--cpu",
-            SERVER_CPU,
-            "--json",
-        ]);
+        // Where both ends meet: the exchange's order port and tick group.
+        let meet = ["-i", &addr, "-p", &ps, "--group", GROUP, "--md-port", &ms];
+        let ex_argv = self.argv(
+            &[
+                &["bench", "exchange"][..],
+                &meet,
+                &[
+                    "--feed-rate",
+                    &fs,
+                    "-t",
+                    &ts,
+                    "--engine",
+                    self.gen_engine.as_str(),
+                    "--cpu",
+                    SERVER_CPU,
+                    "--json",
+                ],
+            ]
+            .concat(),
+        );
         let cmd = self.target.command(Host::B, &ex_argv)?;
         let mut ex = Proc::spawn(cmd, "bench exchange")?;
         ex.wait_ready("READY", Duration::from_secs(10))?;
-        let mut st_argv = self.argv(&[
-            "bench",
-            "strategy",
-            "-i",
-            &addr,
-            "-p",
-            &ps,
-            "--group",
-            GROUP,
-            "--md-port",
-            &ms,
-            "--engine",
-            e.as_str(),
-            "--cpu",
-            CLIENT_CPU,
-            "--timeout",
-            "30",
-            "--json",
-        ]);
+        let mut st_argv = self.argv(
+            &[
+                &["bench", "strategy"][..],
+                &meet,
+                &[
+                    "--engine",
+                    e.as_str(),
+                    "--cpu",
+                    CLIENT_CPU,
+                    "--timeout",
+                    "30",
+                    "--json",
+                ],
+            ]
+            .concat(),
+        );
         st_argv.push("--no-fallback".into());
         let cmd = self.target.command(Host::A, &st_argv)?;
         let st = Proc::spawn(cmd, &format!("bench strategy --engine {e}"))?;
