@@ -299,6 +299,7 @@ impl Engine {
     /// The process's engine on `ifname` (in the calling thread's network
     /// namespace), opened on first use. A forked child gets its own.
     pub fn get(ifname: &str, opts: &EngineOptions) -> Result<Arc<Engine>, String> {
+        registry::set_child_hook(tcp::service_after_fork);
         if service::client::wanted() {
             return registry::get(ifname, || Engine::open_service(ifname, opts));
         }

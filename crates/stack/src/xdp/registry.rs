@@ -43,11 +43,23 @@ pub(crate) fn pid() -> u32 {
     }
 }
 
+/// What the layers above reset in a forked child, before the registry's
+/// own work below (the TCP timer service's state:
+/// `tcp::service_after_fork`); set by `Engine::get` before the first
+/// engine, so the registry needs to know nothing of them.
+static CHILD_HOOK: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+pub(crate) fn set_child_hook(f: fn()) {
+    let _ = CHILD_HOOK.set(f);
+}
+
 extern "C" fn in_child() {
     FORK_GEN.fetch_add(1, Ordering::Relaxed);
     PID.store(0, Ordering::Relaxed);
     REG.locked.store(false, Ordering::Release);
-    super::tcp::service_after_fork();
+    if let Some(f) = CHILD_HOOK.get() {
+        f();
+    }
     // The parent's engines: their privileged fds (XDP link, program, maps,
     // AF_XDP sockets) must not live on in the child (issue 20, finding 3).
     let inert = rustix::fs::open(

@@ -2532,7 +2532,8 @@ fn service() -> ServiceGuard {
     ServiceGuard
 }
 
-/// In a forked child (the registry's `pthread_atfork` child handler): the
+/// In a forked child (the registry's `pthread_atfork` child handler, its
+/// child hook): the
 /// parent's timer thread does not exist here and its engines are not the
 /// child's. The lists are forgotten (never dropped: the engines are the
 /// parent's), the lock is reset, and the child's first engine starts a
