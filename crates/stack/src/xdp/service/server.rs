@@ -957,10 +957,16 @@ impl Service {
             return Err("claim before attach".into());
         };
         let ifc = self.ifaces.get(&name).ok_or("interface gone")?;
-        let under_listener = ifc
-            .groups
-            .get(&(local.ip().to_bits(), local.port()))
-            .is_some_and(|g| g.members.iter().any(|m| m.0 == id));
+        // Its own claim of `local` (a client port's), or a member of the
+        // listener group there.
+        let under_listener =
+            ifc.claims
+                .get(&(proto::PROTO_TCP, local.ip().to_bits(), local.port()))
+                == Some(&id)
+                || ifc
+                    .groups
+                    .get(&(local.ip().to_bits(), local.port()))
+                    .is_some_and(|g| g.members.iter().any(|m| m.0 == id));
         match (what, sock) {
             (proto::TcpFlow::Pass, _) | (proto::TcpFlow::Flow, None) if !under_listener => {
                 return Err(format!(
