@@ -663,6 +663,14 @@ fn name_range(addr: *mut sockaddr, alen: *mut socklen_t) -> [(usize, usize); 2] 
     ]
 }
 
+/// [`name_range`] looked up on its own (the receive's own look did not
+/// hold). Out of line: inlined, the thread-local's `__tls_get_addr` would
+/// be hoisted to `put_name`'s entry and paid on every receive.
+#[inline(never)]
+fn names_cached(r: &[(usize, usize); 2]) -> bool {
+    uaccess::all_cached(r, Access::Write).still()
+}
+
 /// Write `src` to the caller's (addr, alen) as the kernel's `move_addr_to_user`.
 /// `seen`: an [`uaccess::all_cached`] answer that covered [`name_range`].
 fn put_name(
@@ -678,7 +686,7 @@ fn put_name(
     // The common case: both seen before, one look at the thread's cache;
     // otherwise each is checked on its own, in the kernel's order.
     let r = name_range(addr, alen);
-    let seen = r[0].1 != 0 && (seen.still() || uaccess::all_cached(&r, Access::Write).still());
+    let seen = r[0].1 != 0 && (seen.still() || names_cached(&r));
     let l = if seen {
         // SAFETY: aligned, non-null and mapped writable (`seen`).
         unsafe { &mut *alen }

@@ -19,13 +19,13 @@ pub fn in_engine() -> bool {
 /// Run engine code with the exports bypassed.
 #[inline]
 pub fn engine_call<R>(f: impl FnOnce() -> R) -> R {
-    // One thread-local access for both the set and the restore.
-    IN_ENGINE.with(|c| {
-        let prev = c.replace(true);
-        let r = f();
-        c.set(prev);
-        r
-    })
+    // Two accesses, not one `with` around `f`: inlined into the caller,
+    // both share the caller's one `__tls_get_addr` (local-dynamic), where
+    // a `with` around `f` stays out of line with a call of its own.
+    let prev = IN_ENGINE.with(|c| c.replace(true));
+    let r = f();
+    IN_ENGINE.with(|c| c.set(prev));
+    r
 }
 
 /// Set or clear the flag by hand (vfork: the child, which shares this

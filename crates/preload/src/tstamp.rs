@@ -274,8 +274,9 @@ thread_local! {
     static LAST: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// Remember the stamp of the datagram being delivered (0: none).
-#[inline]
+/// Remember the stamp of the datagram being delivered (0: none). Out of
+/// line (see `uaccess::ok`): callers run it only with stamps on.
+#[inline(never)]
 pub fn set_last(at: u64) {
     LAST.with(|c| c.set(at));
 }

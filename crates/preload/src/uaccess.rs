@@ -58,8 +58,11 @@ pub fn mappings_changed() {
 }
 
 /// May the shim copy `len` bytes at `base` with access `a` (as the kernel's
-/// copy would succeed)? Zero bytes are always fine.
-#[inline]
+/// copy would succeed)? Zero bytes are always fine. Out of line: a caller
+/// that asks only when an [`all_cached`] answer did not hold (a receive's
+/// copy) would otherwise pay the thread-local's `__tls_get_addr`, hoisted
+/// to its entry, on every call.
+#[inline(never)]
 pub fn ok(base: usize, len: usize, a: Access) -> bool {
     if len == 0 {
         return true;

@@ -89,6 +89,22 @@ thread_local! {
     };
 }
 
+/// This thread's [`Learned`]. Out of line, as [`set_learned`]: in a shared
+/// object a thread-local of this crate is reached by a `__tls_get_addr`
+/// call, and where the access is inlined into a caller (a receive that may
+/// wait) the compiler hoists that call to the caller's entry, paying it on
+/// every call, waiting or not.
+#[inline(never)]
+fn learned() -> Learned {
+    LEARNED.with(|c| c.get())
+}
+
+/// Store this thread's [`Learned`] (see [`learned`]).
+#[inline(never)]
+fn set_learned(l: Learned) {
+    LEARNED.with(|c| c.set(l));
+}
+
 /// One wait of one thread under the adaptive policy: ask [`Spin::spin`] on
 /// every idle turn.
 pub struct Spin<H: Host> {
@@ -115,7 +131,7 @@ impl<H: Host> Spin<H> {
     #[inline]
     pub fn new(host: H, max: u64, cap: u64) -> Spin<H> {
         let now = host.now_ns();
-        let l = LEARNED.with(|c| c.get());
+        let l = learned();
         let budget = if max == u64::MAX {
             u64::MAX
         } else if now < l.quiet_until {
@@ -227,16 +243,14 @@ impl<H: Host> Spin<H> {
         if self.max == u64::MAX {
             return;
         }
-        LEARNED.with(|c| {
-            let mut l = c.get();
-            l.quiet = if now < l.quiet_until.saturating_add(l.quiet) {
-                (l.quiet * 2).clamp(QUIET_MIN_NS, QUIET_MAX_NS)
-            } else {
-                QUIET_MIN_NS
-            };
-            l.quiet_until = now + l.quiet;
-            c.set(l);
-        });
+        let mut l = learned();
+        l.quiet = if now < l.quiet_until.saturating_add(l.quiet) {
+            (l.quiet * 2).clamp(QUIET_MIN_NS, QUIET_MAX_NS)
+        } else {
+            QUIET_MIN_NS
+        };
+        l.quiet_until = now + l.quiet;
+        set_learned(l);
     }
 }
 
@@ -252,16 +266,14 @@ impl<H: Host> Drop for Spin<H> {
         }
         let waited = self.host.now_ns().wrapping_sub(self.start);
         let max = self.max;
-        LEARNED.with(|c| {
-            let mut l = c.get();
-            let cur = if l.budget == 0 { max } else { l.budget };
-            l.budget = if waited <= max {
-                (cur * 2).min(max)
-            } else {
-                (cur / 2).max(MIN_BUDGET_NS.min(max))
-            };
-            c.set(l);
-        });
+        let mut l = learned();
+        let cur = if l.budget == 0 { max } else { l.budget };
+        l.budget = if waited <= max {
+            (cur * 2).min(max)
+        } else {
+            (cur / 2).max(MIN_BUDGET_NS.min(max))
+        };
+        set_learned(l);
     }
 }
 

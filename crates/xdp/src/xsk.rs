@@ -849,11 +849,20 @@ pub fn complete_checksum(pkt: &mut [u8], c: CsumRequest) {
 
 /// The TX metadata (`struct xsk_tx_metadata`, native endian) asking for
 /// checksum offload, into the `TX_METADATA_LEN` bytes before a packet.
+#[inline]
 fn write_csum_metadata(m: &mut [u8], c: CsumRequest) {
-    m.fill(0);
-    m[0..8].copy_from_slice(&u64::from(libc::XDP_TXMD_FLAGS_CHECKSUM).to_ne_bytes());
-    m[8..10].copy_from_slice(&c.start.to_ne_bytes());
-    m[10..12].copy_from_slice(&c.offset.to_ne_bytes());
+    let mut w = [0u8; TX_METADATA_LEN as usize];
+    w[0..8].copy_from_slice(&u64::from(libc::XDP_TXMD_FLAGS_CHECKSUM).to_ne_bytes());
+    w[8..10].copy_from_slice(&c.start.to_ne_bytes());
+    w[10..12].copy_from_slice(&c.offset.to_ne_bytes());
+    // The head is TX_METADATA_LEN bytes (fixed-size stores, no memset).
+    if let Ok(h) = <&mut [u8; TX_METADATA_LEN as usize]>::try_from(&mut *m) {
+        *h = w;
+    } else {
+        m.fill(0);
+        let n = w.len().min(m.len());
+        m[..n].copy_from_slice(&w[..n]);
+    }
 }
 
 /// A descriptor outside the frames it should lie in: its frame goes back
@@ -1214,6 +1223,23 @@ impl XskTx {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checksum_metadata_is_the_kernel_struct_with_the_rest_zeroed() {
+        let c = CsumRequest {
+            start: 34,
+            offset: 6,
+        };
+        for len in [TX_METADATA_LEN as usize, 32] {
+            let mut m = vec![0xaau8; len];
+            write_csum_metadata(&mut m, c);
+            let mut want = vec![0u8; len];
+            want[0..8].copy_from_slice(&u64::from(libc::XDP_TXMD_FLAGS_CHECKSUM).to_ne_bytes());
+            want[8..10].copy_from_slice(&34u16.to_ne_bytes());
+            want[10..12].copy_from_slice(&6u16.to_ne_bytes());
+            assert_eq!(m, want, "{len}");
+        }
+    }
 
     #[test]
     fn config_is_validated() {
