@@ -614,14 +614,23 @@ impl XdpSocket {
 
     /// A `recv_batch_ts` that found nothing on the engine: every
     /// KERNEL_CHECK_EVERY such calls, a look at the kernel twin.
+    /// Inline: a spinning reader's empty turn ends here (a counter); the
+    /// look itself is out of line.
+    #[inline(always)]
     fn nothing(&mut self, f: &mut impl FnMut(&[u8], SocketAddrV4, u64)) -> usize {
         self.kcheck = self.kcheck.wrapping_add(1);
-        if self.kcheck.is_multiple_of(KERNEL_CHECK_EVERY)
-            && let Ok(Some(())) = self.try_kernel(&mut |p: &[u8], src| f(p, src, 0))
-        {
-            return 1;
+        if self.kcheck.is_multiple_of(KERNEL_CHECK_EVERY) {
+            return self.kernel_look(f);
         }
         0
+    }
+
+    #[inline(never)]
+    fn kernel_look(&mut self, f: &mut impl FnMut(&[u8], SocketAddrV4, u64)) -> usize {
+        match self.try_kernel(&mut |p: &[u8], src| f(p, src, 0)) {
+            Ok(Some(())) => 1,
+            _ => 0,
+        }
     }
 
     /// Receive stamps on or off for this socket. While any socket of the
