@@ -390,6 +390,119 @@ fn an_unprivileged_users_program_is_accelerated() {
     );
 }
 
+/// A listener on the service that greets one connection, then waits for
+/// the flag file before it exits (its engine's counters stay readable).
+const GREETER: &str = r#"
+import os, socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(8)
+print("listening", flush=True)
+c, _ = s.accept()
+c.sendall(b"hello\n"); c.close()
+while not os.path.exists(sys.argv[3]):
+    time.sleep(0.01)
+print("done", flush=True)
+"#;
+
+/// The kernel's count of SYN retransmissions in host `h`.
+fn syn_retrans(lab: &ScopedLab, h: Host) -> u64 {
+    let o = lab
+        .command(h, &["cat", "/proc/net/netstat"])
+        .output()
+        .unwrap();
+    let t = String::from_utf8_lossy(&o.stdout);
+    let rows: Vec<Vec<&str>> = t
+        .lines()
+        .filter(|l| l.starts_with("TcpExt:"))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let i = rows[0]
+        .iter()
+        .position(|k| *k == "TCPSynRetrans")
+        .expect("TCPSynRetrans in /proc/net/netstat");
+    rows[1][i].parse().unwrap()
+}
+
+/// A listener on the service answered a SYN 200-460 ms late when the
+/// client's MAC was not in its neighbour cache: the SYN-ACK was parked,
+/// the neighbour thread resolved the MAC in < 1 ms but woke nobody, and the
+/// blocking accept (busy with the half-open connection) turned the engine
+/// every 50 ms and read the clock (which runs `unpark`) every 16th turn.
+/// Now the resolution wakes the TCP timer service, which sends what was
+/// parked (`neigh_unparked` counts it). The server's neighbour cache is
+/// flushed and its engine knows no neighbour: the SYN-ACK is parked; the
+/// plain client gets its greeting, with no SYN retransmitted, nothing
+/// retransmitted or lost by the engine.
+#[test]
+#[ignore = "needs root"]
+fn a_syn_ack_parked_for_the_clients_mac_leaves_when_it_resolves() {
+    let lab = lab("vn");
+    let _service = start_service(&lab);
+    let addr = ADDR_B.to_string();
+    let flag = scratch("vn-flag");
+    let _ = std::fs::remove_file(&flag);
+    let flag_s = flag.to_string_lossy().into_owned();
+    ensure_preload();
+    let mut c = lab.command(
+        Host::B,
+        &[
+            nanowire(),
+            "run",
+            "--",
+            "python3",
+            "-c",
+            GREETER,
+            &addr,
+            "12300",
+            &flag_s,
+        ],
+    );
+    env_service(&mut c);
+    let mut srv = spawn("vn-srv", c);
+    srv.wait_for("listening", T);
+    on_engine(&srv, &format!("tcp listener {addr}:12300"));
+    let flush = lab
+        .command(Host::B, &["ip", "neigh", "flush", "all"])
+        .status()
+        .unwrap();
+    assert!(flush.success());
+    let syn0 = syn_retrans(&lab, Host::A);
+    let mut cli = spawn(
+        "vn-cli",
+        plain_in(
+            &lab,
+            Host::A,
+            &[
+                "python3",
+                "-c",
+                "import socket,sys; c=socket.create_connection((sys.argv[1], 12300)); print(c.recv(100))",
+                &addr,
+            ],
+        ),
+    );
+    let out = cli.success(T);
+    assert!(out.contains("hello"), "{out}");
+    let pid = srv.child.id();
+    let st = stats_json(&lab);
+    let e = st["engines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not in {st}"));
+    let ctr = &e["counters"];
+    std::fs::write(&flag, b"").unwrap();
+    assert!(srv.success(T).contains("done"));
+    assert!(ctr["neigh_unparked"].as_u64().unwrap_or(0) >= 1, "{ctr}");
+    assert_eq!(ctr["drop_neigh_unresolved"], 0, "{ctr}");
+    assert_eq!(ctr["tcp_retransmits"], 0, "{ctr}");
+    assert_eq!(
+        syn_retrans(&lab, Host::A),
+        syn0,
+        "the client sent its SYN again"
+    );
+}
+
 #[test]
 #[ignore = "needs root"]
 fn claims_need_the_port_and_garbage_is_refused_and_counted() {

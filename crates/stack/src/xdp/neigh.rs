@@ -285,7 +285,10 @@ impl Neigh {
     }
 
     fn changed(&self) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
+        // SeqCst: ordered before the look at parked TCP segments (see
+        // `tcp::neighbour_changed`).
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        super::tcp::neighbour_changed();
     }
 
     /// Wake the neighbour thread (it also runs the engine's deferred

@@ -220,6 +220,9 @@ counter_table! {
         DropMartian = "drop_martian": Counter,
         DropNeighUnresolved = "drop_neigh_unresolved": Counter,
         NeighResolutions = "neigh_resolutions": Counter,
+        /// TCP segments that waited for their next hop's MAC and left once
+        /// it was known (`tcp.rs` unpark, woken by the resolution).
+        NeighUnparked = "neigh_unparked": Counter,
         /// Neighbour entries (per next hop) held now (bounded, `neigh.rs`).
         NeighEntries = "neigh_entries": Gauge,
         /// Route entries (per off-link destination) held now (bounded).

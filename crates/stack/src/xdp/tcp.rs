@@ -34,7 +34,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -803,6 +803,9 @@ impl TcpEngine {
         let now = match now {
             Some(t) => t,
             None if timers || core.turns.is_multiple_of(IDLE_CLOCK_EVERY) => now_ns(),
+            // Segments wait for a next hop that became known: they go now,
+            // not on the next turn that happens to read the clock.
+            None if self.unpark_due(core) => now_ns(),
             None => {
                 // An application call (a read that emptied the receive
                 // ring, a write) may have changed what ends a connection.
@@ -906,11 +909,17 @@ impl TcpEngine {
     /// the neighbour is known).
     #[cold]
     fn send_scratch_slot0(&self, core: &mut Core, t: nanowire_tcp::Transmit, now: u64) {
+        let g0 = self.engine.neigh.generation();
         let Some((_, mac)) = self.hop(core, t.dst) else {
             // The neighbour thread looks the next hop up: the segment waits
             // (bounded), as in the kernel's arp_queue; past the bound it is
             // lost like a frame on the wire and TCP retransmits it.
-            self.park(core, &t, HDRS, now);
+            self.park(core, &t, HDRS, now, g0);
+            // Resolved between the lookup and the park (the resolver saw no
+            // parked segment then, see `neighbour_changed`): send it now.
+            if self.unpark_due(core) {
+                self.unpark(core, now);
+            }
             return;
         };
         core.fr.ip_id = core.fr.ip_id.wrapping_add(1);
@@ -934,7 +943,8 @@ impl TcpEngine {
     /// known (at most PARK_MAX per stack); beyond, or when the destination
     /// is not reached through the rings, it is lost like a frame on the
     /// wire (counted) and TCP retransmits it.
-    fn park(&self, core: &mut Core, t: &nanowire_tcp::Transmit, at: usize, now: u64) {
+    /// `g0`: the neighbour generation read before the failed lookup.
+    fn park(&self, core: &mut Core, t: &nanowire_tcp::Transmit, at: usize, now: u64, g0: u64) {
         if core.parked.len() < PARK_MAX
             && !matches!(
                 self.engine.neigh.lookup(t.dst),
@@ -944,6 +954,13 @@ impl TcpEngine {
             let mut segment = core.fr.scratch[at..at + t.len].to_vec();
             // Sent later as a finished frame (`post`): checksummed here.
             finish_checksum(&mut segment, t);
+            if core.parked.is_empty() {
+                // Seen by the resolver before it looks (SeqCst both ways,
+                // `neighbour_changed`); the generation read after this
+                // (`unpark_due`) catches a change the resolver made before.
+                PARKED.fetch_add(1, Ordering::SeqCst);
+                core.parked_gen = g0;
+            }
             core.parked.push(Parked {
                 src: t.src,
                 dst: t.dst,
@@ -963,12 +980,13 @@ impl TcpEngine {
     /// time are dropped, counted.
     fn unpark(&self, core: &mut Core, now: u64) {
         let g = self.engine.neigh.generation();
-        if g == core.parked_gen {
+        if g == core.parked_gen || core.parked.is_empty() {
             return;
         }
         core.parked_gen = g;
         let timeout = super::neigh::RESOLVE_TIMEOUT.as_nanos() as u64;
         let parked = std::mem::take(&mut core.parked);
+        let waited = parked.len();
         let mut frames: Vec<Vec<u8>> = Vec::new();
         for p in parked {
             match self.hop(core, p.dst) {
@@ -1002,9 +1020,14 @@ impl TcpEngine {
                 }
             }
         }
+        if core.parked.is_empty() {
+            PARKED.fetch_sub(1, Ordering::SeqCst);
+        }
+        debug_assert!(frames.len() <= waited);
         if frames.is_empty() {
             return;
         }
+        bump(self.engine.page.e(E::NeighUnparked), frames.len() as u64);
         let refs: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
         let sent = self.engine.tx().post(&refs);
         bump(self.engine.page.e(E::TxPackets), sent as u64);
@@ -1014,6 +1037,13 @@ impl TcpEngine {
                 (refs.len() - sent) as u64,
             );
         }
+    }
+
+    /// Segments are parked and the neighbour table changed since they were
+    /// last tried (one load when nothing is parked: the common case).
+    #[inline]
+    fn unpark_due(&self, core: &Core) -> bool {
+        !core.parked.is_empty() && self.engine.neigh.generation() != core.parked_gen
     }
 
     /// Release what the shared client stack's finished connections held
@@ -2549,6 +2579,9 @@ pub(crate) fn service_after_fork() {
     s.started = false;
     SERVICE_WAKE.store(-1, Ordering::Release);
     SERVICE_NAPPING.store(false, Ordering::Release);
+    // The parent's parked segments are not the child's to send.
+    PARKED.store(0, Ordering::Release);
+    UNPARK_DUE.store(false, Ordering::Release);
 }
 
 /// Longest sleep of the service with nothing due (it then looks again).
@@ -2564,6 +2597,37 @@ const SERVICE_RX_NS: u64 = 20_000_000;
 /// open connection): [`service_nudge`] then wakes it.
 static SERVICE_WAKE: AtomicI32 = AtomicI32::new(-1);
 static SERVICE_NAPPING: AtomicBool = AtomicBool::new(false);
+
+/// Engines (TCP stacks) of this process with segments parked for a next
+/// hop (`TcpEngine::park`), and whether a neighbour change since the
+/// service's last pass may have made some of them sendable.
+static PARKED: AtomicUsize = AtomicUsize::new(0);
+static UNPARK_DUE: AtomicBool = AtomicBool::new(false);
+
+/// The neighbour table changed (a next hop resolved, failed, or a route
+/// moved; `Neigh::changed`, mostly in the neighbour thread, which is
+/// engine code: a raw eventfd write, never the shim). Segments parked for
+/// a next hop go at once: the timer service is woken and sends them
+/// (`unpark`) from every engine that has some, instead of their waiting
+/// for a turn that reads the clock (a blocking accept whose half-open
+/// connection counts as busy turns every 50 ms and reads the clock every
+/// 16th turn: a SYN-ACK left 200-460 ms after the resolution). Nothing
+/// when no segment is parked (one load).
+///
+/// No wake-up is lost: a parker counts itself in `PARKED` (SeqCst) and
+/// then re-reads the generation (`unpark_due`); the resolver bumps the
+/// generation (SeqCst) and then reads `PARKED`. One of the two sees the
+/// other's write.
+pub(crate) fn neighbour_changed() {
+    if PARKED.load(Ordering::SeqCst) == 0 {
+        return;
+    }
+    UNPARK_DUE.store(true, Ordering::SeqCst);
+    let fd = SERVICE_WAKE.load(Ordering::Acquire);
+    if fd >= 0 {
+        nanowire_xdp::sys::eventfd_signal(fd);
+    }
+}
 
 /// A connection was opened or closed by the application: a service in a
 /// long sleep looks again now (in the kernel a segment is taken in when it
@@ -2638,6 +2702,7 @@ fn service_loop(wake: RawFd) {
         // Before the pass (see `service_nudge`); cleared below if the pass
         // finds an open connection or a near deadline.
         SERVICE_NAPPING.store(true, Ordering::SeqCst);
+        let unpark = UNPARK_DUE.swap(false, Ordering::SeqCst);
         let engines: Vec<Arc<TcpEngine>> = {
             let mut s = service();
             s.closing.retain(|e| {
@@ -2659,11 +2724,17 @@ fn service_loop(wake: RawFd) {
         for e in &engines {
             let Some(mut c) = order::try_lock(&e.core, Tier::Stack) else {
                 // The application is turning it right now, and so runs the
-                // timers itself (see `active` below).
-                sleep_ns = sleep_ns.min(SERVICE_RX_NS);
+                // timers itself (see `active` below); its turn sends parked
+                // segments too (`unpark_due`), else the next pass, soon.
+                sleep_ns = sleep_ns.min(if unpark { 1_000_000 } else { SERVICE_RX_NS });
                 continue;
             };
             let now = now_ns();
+            if e.unpark_due(&c) {
+                // A next hop became known (`neighbour_changed`).
+                e.unpark(&mut c, now);
+                e.transmit(&mut c, now);
+            }
             // An application that turned within SERVICE_ACTIVE_NS (a
             // spinner reads the clock and runs the timers every few µs)
             // serves the deadlines itself: waking for each of them would
