@@ -991,6 +991,175 @@ fn tcp_through_the_service_in_all_four_placements() {
     assert_eq!(upgrades, want, "{st}");
 }
 
+/// A TCP echo server: `ADDR PORT`. Prints "listening", then "accepted N"
+/// per connection, served on a thread of its own with blocking calls (no
+/// timeout): echoes until EOF, then "conn N: eof after BYTES"; an error
+/// ends it with "conn N: ERRNO after BYTES".
+const TCP_ECHO_SERVER: &str = r#"
+import errno, socket, sys, threading
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(8)
+print("listening", flush=True)
+def serve(c, n):
+    got = 0
+    try:
+        while True:
+            d = c.recv(65536)
+            if not d:
+                print("conn %d: eof after %d" % (n, got), flush=True); break
+            got += len(d); c.sendall(d)
+    except OSError as e:
+        print("conn %d: %s after %d" % (n, errno.errorcode.get(e.errno, e), got), flush=True)
+    c.close()
+n = 0
+while True:
+    c, _ = s.accept(); n += 1
+    print("accepted %d" % n, flush=True)
+    threading.Thread(target=serve, args=(c, n), daemon=True).start()
+"#;
+
+/// A TCP ping-pong client: `ADDR PORT SECS [GO]`, blocking calls without
+/// a timeout (a hang shows as the test's timeout): 1,000-byte numbered
+/// messages, each echo checked byte for byte. Prints "started" after the
+/// first echo (then stays idle until the file GO exists), then "end ok N"
+/// after SECS, or "end ERRNO after N" / "end eof after N" when the
+/// connection ended; a wrong byte exits 1.
+const TCP_PINGPONG: &str = r#"
+import errno, os, socket, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+secs = float(sys.argv[3]); i = 0; end = None; outcome = None
+go = sys.argv[4] if len(sys.argv) > 4 else None
+try:
+    while end is None or time.time() < end:
+        m = b"%08d" % i + bytes((i + k) & 255 for k in range(992))
+        c.sendall(m)
+        buf = b""
+        while len(buf) < len(m):
+            d = c.recv(len(m) - len(buf))
+            if not d:
+                outcome = "eof after %d" % i; break
+            buf += d
+        if outcome: break
+        if buf != m:
+            print("MISMATCH at", i, flush=True); sys.exit(1)
+        i += 1
+        if end is None:
+            print("started", flush=True)
+            while go and not os.path.exists(go):
+                time.sleep(0.02)
+            end = time.time() + secs
+except OSError as e:
+    outcome = "%s after %d" % (errno.errorcode.get(e.errno, str(e)), i)
+print("end", outcome or "ok %d" % i, flush=True)
+c.close()
+"#;
+
+/// The engine service killed under TCP traffic (issue 23: "processes fall
+/// back or re-attach, nothing hangs"). A TCP echo server under run on host
+/// b's service, two ping-pong clients under run on host a's, one idle
+/// (between its first message and the rest), one busy; host b's service is
+/// killed (-9) mid-traffic. Its program and claims go with it, so every
+/// segment reaches host b's kernel, which has the listener's socket but no
+/// connection for the engine's 4-tuple. The server process, told by its
+/// control socket, puts its listener back on the kernel (which listens
+/// already) and hands its connections to the kernel (TCP_REPAIR) or resets
+/// them, each said at the default log level. Then: every blocking call
+/// returned (the clients' calls, the server's recvs), no byte was wrong;
+/// the idle connection goes on through the kernel (handed over before its
+/// next segment came); the busy one went on or ended (the kernel answers
+/// with RST what arrives between the death and the hand-over: then both
+/// ends see the reset), printed; a new connection to the same server works
+/// (through the kernel); a restarted service carries a new server process
+/// on xdp (the old engine let the queue go).
+#[test]
+#[ignore = "needs root"]
+fn the_service_killed_under_tcp_traffic_nothing_hangs_and_new_connections_work() {
+    let lab = lab("vkt");
+    let first = start_service(&lab);
+    let _sa = start_service_in(&lab, Host::A);
+    let addr = ADDR_B.to_string();
+    let server = |name: &str, port: u16| {
+        let p = port.to_string();
+        let argv = ["python3", "-c", TCP_ECHO_SERVER, &addr, &p];
+        let mut k = spawn(name, svc_or_plain(&lab, Host::B, true, &[], &argv));
+        k.wait_for("listening", T);
+        on_engine(&k, &format!("tcp listener {ADDR_B}:{port}"));
+        k
+    };
+    let pingpong = |name: &str, port: u16, secs: &str, go: Option<&str>| {
+        let p = port.to_string();
+        let mut argv = vec!["python3", "-c", TCP_PINGPONG, &addr, &p, secs];
+        argv.extend(go);
+        spawn(name, svc_or_plain(&lab, Host::A, true, &[], &argv))
+    };
+    let ended = |k: &mut Kid| {
+        let all = k.success(T);
+        assert!(!all.contains("MISMATCH"), "{}: {all}", k.name);
+        line_of(&k.stdout(), "end ").to_string()
+    };
+    let port = 15401u16;
+    let mut srv = server("vkt-srv", port);
+    let go = scratch("vkt-go");
+    let _ = std::fs::remove_file(&go);
+    let mut idle = pingpong("vkt-idle", port, "1", go.to_str());
+    idle.wait_for("started", T);
+    let mut c1 = pingpong("vkt-c1", port, "3", None);
+    c1.wait_for("started", T);
+    on_engine(&c1, &format!("-> {ADDR_B}:{port}"));
+    std::thread::sleep(Duration::from_millis(500));
+    kill_9(first.0);
+    // Killed: never signal that pid again (it may be reused).
+    std::mem::forget(first);
+    // Announced at the default log level: the service, the listener, and
+    // each connection's fate (handed over, or reset with the reason).
+    let moved = "tcp: moved to the kernel (TCP_REPAIR hand-over): the engine service is gone";
+    let reset = "tcp: reset (RST): the engine service is gone";
+    let fates = |e: &str| (e.matches(moved).count(), e.matches(reset).count());
+    let end = Instant::now() + T;
+    while Instant::now() < end && fates(&srv.stderr()) == (0, 0) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    // The idle client sends again only now.
+    std::fs::write(&go, b"").unwrap();
+    // Every blocking call returns: the clients', and the server's recvs.
+    let end0 = ended(&mut idle);
+    let end1 = ended(&mut c1);
+    srv.wait_for("conn 1: ", T);
+    srv.wait_for("conn 2: ", T);
+    let err = srv.stderr();
+    assert!(err.contains("the engine service is gone"), "{err}");
+    assert!(
+        err.contains("tcp listener: back on the kernel: the engine service is gone"),
+        "{err}"
+    );
+    let (n_moved, n_reset) = fates(&err);
+    assert_eq!(n_moved + n_reset, 2, "{err}");
+    // The idle connection was handed over before its next segment: the
+    // kernel carries it on, every echo intact.
+    assert!(end0.starts_with("end ok "), "{end0}\n{err}");
+    assert!(n_moved >= 1, "{err}");
+    let busy = line_of(&srv.stdout(), "conn 2: ").to_string();
+    // A new connection to the same server: its listener's kernel socket
+    // (the server's blocked accept takes it).
+    let mut c2 = pingpong("vkt-c2", port, "1", None);
+    let end2 = ended(&mut c2);
+    assert!(end2.starts_with("end ok "), "{end2}\n{}", c2.stderr());
+    srv.wait_for("conn 3: eof", T);
+    // A restarted service carries a new server process on xdp.
+    let _second = start_service(&lab);
+    let port2 = 15402u16;
+    let _srv2 = server("vkt-srv2", port2);
+    let mut c3 = pingpong("vkt-c3", port2, "1", None);
+    let end3 = ended(&mut c3);
+    assert!(end3.starts_with("end ok "), "{end3}\n{}", c3.stderr());
+    on_engine(&c3, &format!("-> {ADDR_B}:{port2}"));
+    eprintln!(
+        "the idle connection: {end0:?}; the busy one: client {end1:?}, server {busy:?}; \
+         {n_moved} handed over, {n_reset} reset"
+    );
+}
+
 /// A TCP client that reads slowly: `ADDR PORT SEED` as [`TCP_CLIENT`], with
 /// a 64 KiB receive buffer, and a 2 s pause in reading when 200 KiB of
 /// the answer are left: the server has written everything, closed and is

@@ -119,6 +119,8 @@ fn service_lost() {
             }
         }
     });
+    // TCP: listeners back to the kernel, connections handed over or reset.
+    crate::handover::service_lost();
 }
 
 extern "C" fn after_fork_child() {

@@ -281,28 +281,67 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) {
 /// doc). True if `fd` (and its duplicates) is now a kernel connection;
 /// false if it stays on the engine (said why, at warn).
 pub fn to_kernel(fd: c_int, why: &str) -> bool {
-    let Some(t) = tcpx::lookup(fd) else {
-        return false;
-    };
-    let Some(inner) = t.stream_inner() else {
-        return false;
-    };
-    let tcpx::Inner::Stream(s) = &*inner else {
-        return false;
-    };
     let e0 = errno();
-    let built = engine_call(|| s.hand_over(repair_socket_after));
-    let (new, after) = match built {
-        Ok(x) => x,
+    match hand(fd, why) {
+        Ok(moved) => moved,
         Err(e) => {
             log!(
                 Level::Warn,
                 "fd {fd} tcp: stays on the xdp engine although {why}: cannot hand it over to the kernel: {e}"
             );
             set_errno(e0);
-            return false;
+            false
         }
+    }
+}
+
+/// The engine service is gone (see `accel::service_lost`): its program
+/// went with it, so every segment reaches the kernel now, which has no
+/// connection for an engine's 4-tuple and answers RST. As a host's stack
+/// would carry on: each listener on a lost engine goes back to its kernel
+/// socket, which listens already (new connections are the kernel's); each
+/// connection is handed over to the kernel (TCP_REPAIR, as at fork) or,
+/// where that cannot be done (not ESTABLISHED or CLOSE-WAIT, no
+/// CAP_NET_ADMIN), reset (RST) with the reason; the connections the
+/// application had closed and the engine was still finishing are reset.
+/// Each said at warn. A call blocked on one returns: it goes on on the
+/// kernel socket, or reports the reset. Runs on a thread of the engine's.
+pub fn service_lost() {
+    const WHY: &str = "the engine service is gone (its XDP program went with it)";
+    let e0 = errno();
+    for fd in tcpx::service_lost(WHY) {
+        if let Err(e) = hand(fd, WHY) {
+            tcpx::abort(fd);
+            log!(
+                Level::Warn,
+                "fd {fd} tcp: reset (RST): {WHY}, and the connection cannot be handed over to the kernel: {e}"
+            );
+        }
+    }
+    let n = engine_call(nanowire_stack::xdp::tcp_service_lost);
+    if n > 0 {
+        log!(
+            Level::Warn,
+            "{n} tcp connection(s) the application had closed, still finishing on the engine: reset (RST): {WHY}"
+        );
+    }
+    set_errno(e0);
+}
+
+/// [`to_kernel`]'s work: `Ok(false)` when `fd` is no engine connection
+/// (any more), an error when it stays on the engine.
+fn hand(fd: c_int, why: &str) -> io::Result<bool> {
+    let Some(t) = tcpx::lookup(fd) else {
+        return Ok(false);
     };
+    let Some(inner) = t.stream_inner() else {
+        return Ok(false);
+    };
+    let tcpx::Inner::Stream(s) = &*inner else {
+        return Ok(false);
+    };
+    let e0 = errno();
+    let (new, after) = engine_call(|| s.hand_over(repair_socket_after))?;
     let nfd = new.as_raw_fd();
     tcpx::carry_options(fd, nfd);
     // Leave repair mode: the kernel owns the connection from here (the
@@ -354,7 +393,7 @@ pub fn to_kernel(fd: c_int, why: &str) -> bool {
         "fd {fd} tcp: moved to the kernel (TCP_REPAIR hand-over): {why}"
     );
     set_errno(e0);
-    true
+    Ok(true)
 }
 
 /// What the hand-over leaves to do once the kernel owns the connection.

@@ -329,6 +329,30 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) ->
         }
     });
     let e = errno();
+    listeners_to_kernel(ls, why, fork);
+    // Connections: both processes share each one, as plainly; only the
+    // kernel can serve it to both.
+    let mut conns: Vec<c_int> = Vec::new();
+    table::each_record::<Tcp>(|fd, t| {
+        if t.common.mine(me) && !t.listener() && inherits(fd) {
+            conns.push(fd);
+        }
+    });
+    table::each_with(table::F_TCAND, |fd| {
+        if inherits(fd) {
+            table::clear_flags(fd, table::F_TCAND);
+        }
+    });
+    set_errno(e);
+    conns
+}
+
+/// Engine listeners `ls` go back to their kernel sockets, which listen
+/// already (`why` says why, at warn); at `fork` one on the engine service
+/// stays on it, shared with the child ([`share_at_fork`]). A thread
+/// blocked in accept on one keeps going: it takes the kernel's
+/// connections (the listener object goes when it lets go).
+fn listeners_to_kernel(ls: Vec<c_int>, why: &str, fork: bool) {
     for fd in ls {
         if fork && share_at_fork(fd) {
             continue;
@@ -354,21 +378,51 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) ->
             let _ = rustix::fs::fcntl_setfl(b, f);
         }
     }
-    // Connections: both processes share each one, as plainly; only the
-    // kernel can serve it to both.
-    let mut conns: Vec<c_int> = Vec::new();
+}
+
+/// The engine service of an engine of this process is gone: its listeners
+/// go back to their kernel sockets (`why`, at warn), and its connections
+/// are returned (one fd per connection) for the caller to hand over to
+/// the kernel or reset (`handover::service_lost`).
+pub fn service_lost(why: &str) -> Vec<c_int> {
+    let me = PID.load(Ordering::Relaxed);
+    let (mut ls, mut conns): (Vec<c_int>, Vec<(c_int, TcpRef)>) = (Vec::new(), Vec::new());
     table::each_record::<Tcp>(|fd, t| {
-        if t.common.mine(me) && !t.listener() && inherits(fd) {
-            conns.push(fd);
+        let t = TcpRef(t);
+        if !t.common.mine(me) {
+            return;
+        }
+        let lost = t.get().is_some_and(|i| match &*i {
+            Inner::Listener(l) => l.service_lost(),
+            Inner::Stream(s) => s.service_lost(),
+        });
+        if !lost {
+            return;
+        }
+        if t.listener() {
+            ls.push(fd);
+        } else if !conns.iter().any(|(_, c)| c.same(t)) {
+            conns.push((fd, t));
         }
     });
-    table::each_with(table::F_TCAND, |fd| {
-        if inherits(fd) {
-            table::clear_flags(fd, table::F_TCAND);
-        }
-    });
+    let e = errno();
+    listeners_to_kernel(ls, why, false);
     set_errno(e);
-    conns
+    conns.into_iter().map(|(fd, _)| fd).collect()
+}
+
+/// Reset (RST) the engine connection behind `fd`; a call waiting on it
+/// returns the error at once (ECONNABORTED, as the kernel's abort).
+pub fn abort(fd: c_int) {
+    if let Some(t) = lookup(fd)
+        && let Some(i) = t.stream()
+        && let Inner::Stream(s) = &*i
+    {
+        engine_call(|| s.abort());
+        for f in fds_of(t) {
+            table::wake(f);
+        }
+    }
 }
 
 /// fork() with an engine listener on the engine service (issue 24): the

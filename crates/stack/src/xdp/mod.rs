@@ -56,7 +56,7 @@ pub use order::set_tcp_service_wrapper;
 pub use socket::{OpenError, XdpSocket};
 pub use tcp::{
     Handover, XdpTcpError, XdpTcpInfo, XdpTcpListener, XdpTcpState, XdpTcpStream, ip_header_of,
-    tcp_drain, tcp_ready,
+    tcp_drain, tcp_ready, tcp_service_lost,
 };
 pub use tx::IpHeader;
 

@@ -1660,7 +1660,12 @@ impl XdpTcpStream {
         })?;
         let t = build(&h)?;
         let (l, r) = (h.tuple.local, h.tuple.remote);
-        {
+        if self.eng.engine.service_lost() {
+            // The engine service and its program are gone: every segment
+            // of the 4-tuple reaches the kernel already; nothing to steer.
+            core.held.retain(|h| !(h.local == l && h.remote == r));
+            core.flow_claims.retain(|&(a, b)| !(a == l && b == r));
+        } else {
             let mut p = self.eng.engine.prog();
             if let Some(i) = core
                 .held
@@ -2480,6 +2485,11 @@ impl XdpTcpStream {
     pub fn poll_fds(&self) -> Vec<RawFd> {
         self.eng.poll_fds()
     }
+    /// The engine service this connection's engine was attached to is
+    /// gone: nothing reaches the connection any more (it can still send).
+    pub fn service_lost(&self) -> bool {
+        self.eng.engine.service_lost()
+    }
     /// Abort with RST (close with SO_LINGER 0 does this itself).
     pub fn abort(&self) {
         let mut core = self.eng.core();
@@ -2824,6 +2834,12 @@ impl Drop for XdpTcpListener {
 }
 
 impl XdpTcpListener {
+    /// The engine service this listener's engine was attached to is gone:
+    /// new connections reach the kernel's listening socket.
+    pub fn service_lost(&self) -> bool {
+        self.eng.engine.service_lost()
+    }
+
     /// Close the listener (queued, not accepted connections are reset, as
     /// the kernel does); accepted connections carry on.
     pub fn close(self) {
@@ -2838,6 +2854,36 @@ impl XdpTcpListener {
         drop(self);
         service_linger(eng);
     }
+}
+
+/// The engine service is gone (service/client.rs `Watch`; after the shim
+/// moved what it could to the kernel): the connections still on the lost
+/// engines -- ones the application closed and the engine was finishing,
+/// and any the shim could not hand over -- can never receive again (no
+/// program steers to them; the kernel answers their peers' segments with
+/// RST). Each is reset now (RST, sent while the engine can still
+/// transmit), so its peer learns at once, and the engines are let go (their
+/// AF_XDP sockets close with them, which frees the queue for a restarted
+/// service). Returns how many were reset.
+pub fn tcp_service_lost() -> usize {
+    let engines: Vec<Arc<TcpEngine>> = {
+        let mut s = service();
+        let mut v: Vec<Arc<TcpEngine>> = s.live.iter().filter_map(|w| w.upgrade()).collect();
+        for e in &s.closing {
+            if !v.iter().any(|x| Arc::ptr_eq(x, e)) {
+                v.push(e.clone());
+            }
+        }
+        s.closing.retain(|e| !e.engine.service_lost());
+        v
+    };
+    let mut reset = 0;
+    for e in engines.iter().filter(|e| e.engine.service_lost()) {
+        let mut c = e.core();
+        reset += c.stack.abort_active();
+        e.transmit(&mut c, now_ns());
+    }
+    reset
 }
 
 /// At process exit. The kernel finishes a closed connection after its
