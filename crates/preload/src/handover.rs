@@ -341,7 +341,14 @@ fn hand(fd: c_int, why: &str) -> io::Result<bool> {
         return Ok(false);
     };
     let e0 = errno();
-    let (new, after) = engine_call(|| s.hand_over(repair_socket_after))?;
+    t.handing.store(true, std::sync::atomic::Ordering::Release);
+    let (new, after) = match engine_call(|| s.hand_over(repair_socket_after)) {
+        Ok(x) => x,
+        Err(e) => {
+            t.handing.store(false, std::sync::atomic::Ordering::Release);
+            return Err(e);
+        }
+    };
     let nfd = new.as_raw_fd();
     tcpx::carry_options(fd, nfd);
     // Leave repair mode: the kernel owns the connection from here (the
@@ -388,6 +395,7 @@ fn hand(fd: c_int, why: &str) -> io::Result<bool> {
         unsafe { real::fcntl(f, libc::F_SETFL, nb as libc::c_ulong) };
     }
     tcpx::forget(t, &fds);
+    t.handing.store(false, std::sync::atomic::Ordering::Release);
     log!(
         Level::Warn,
         "fd {fd} tcp: moved to the kernel (TCP_REPAIR hand-over): {why}"

@@ -95,6 +95,10 @@ pub struct Tcp {
     wait_fds: AtomicPtr<Box<[c_int]>>,
     /// Keepalive settings (SO_KEEPALIVE, TCP_KEEPIDLE/INTVL/CNT).
     ka: Mutex<(bool, u64, u64, u32)>,
+    /// A hand-over to the kernel is under way (`handover::hand`): the
+    /// stack may have forgotten the connection before the fds name the
+    /// kernel socket; a call that meets the gap waits ([`handed_over`]).
+    pub handing: AtomicBool,
     /// A listener's backlog (a forked child's copy listens with it).
     backlog: AtomicU32,
     /// A listener kept on the engine service across fork (issue 24): a
@@ -595,6 +599,7 @@ impl Tcp {
             adopted: AtomicBool::new(false),
             wait_fds: AtomicPtr::new(std::ptr::null_mut()),
             ka: Mutex::new((false, 7200, 75, 9)),
+            handing: AtomicBool::new(false),
             backlog: AtomicU32::new(0),
             shared: AtomicBool::new(false),
         }
@@ -805,6 +810,7 @@ fn record(fd: c_int, inner: Inner, listener: bool, adopted: bool, nonblock: bool
     t.connect_reported.store(true, Ordering::Relaxed);
     t.reset_reported.store(false, Ordering::Relaxed);
     *t.ka.lock().unwrap_or_else(|e| e.into_inner()) = (false, 7200, 75, 9);
+    t.handing.store(false, Ordering::Relaxed);
     t.shared.store(false, Ordering::Relaxed);
     if t.wait_fds() != &wait_fds[..] {
         t.wait_fds.store(intern_fds(wait_fds), Ordering::Release);
@@ -1639,7 +1645,17 @@ fn close_record(t: TcpRef, fd: c_int, exiting: bool) {
 /// `fd` no longer names record `t`: its connection was handed over to the
 /// kernel while a call on it was under way.
 fn handed_over(t: TcpRef, fd: c_int) -> bool {
-    !by_fd(fd).is_some_and(|r| r.same(t))
+    let names = || by_fd(fd).is_some_and(|r| r.same(t));
+    // The stack forgets the connection before the fds are moved: wait for
+    // the hand-over under way to finish (a few syscalls; bounded).
+    let t0 = std::time::Instant::now();
+    while t.handing.load(Ordering::Acquire)
+        && names()
+        && t0.elapsed() < std::time::Duration::from_secs(2)
+    {
+        std::thread::yield_now();
+    }
+    !names()
 }
 
 /// Every fd number of this process that names record `t` (dups share it).
