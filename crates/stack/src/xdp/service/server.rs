@@ -749,6 +749,19 @@ impl Service {
         }
     }
 
+    /// The (interface, slot) client `id` is attached to; a `what` request
+    /// before the attach is refused and counted (`claim_before_attach`).
+    fn attached(&mut self, id: u64, what: &str) -> Result<(String, u32), String> {
+        let c = self.clients.get(&id).ok_or("gone")?;
+        match c.attached.clone() {
+            Some(a) => Ok(a),
+            None => {
+                bad(&mut self.counters, "claim_before_attach");
+                Err(format!("{what} before attach"))
+            }
+        }
+    }
+
     fn claim(
         &mut self,
         id: u64,
@@ -757,11 +770,7 @@ impl Service {
         port: u16,
         sock: &OwnedFd,
     ) -> Result<(), String> {
-        let c = self.clients.get(&id).ok_or("gone")?;
-        let Some((name, slot)) = c.attached.clone() else {
-            bad(&mut self.counters, "claim_before_attach");
-            return Err("claim before attach".into());
-        };
+        let (name, slot) = self.attached(id, "claim")?;
         // A TCP listener's socket is bound, not yet listening: the shim
         // claims before the kernel listens (else the kernel would complete
         // the handshakes that arrive in between, which the engine resets).
@@ -827,10 +836,7 @@ impl Service {
                 "{addr}:{port} not claimed: the process holds {MAX_CLIENT_PORTS} client ports already"
             ));
         }
-        let Some((name, slot)) = c.attached.clone() else {
-            bad(&mut self.counters, "claim_before_attach");
-            return Err("claim before attach".into());
-        };
+        let (name, slot) = self.attached(id, "claim")?;
         holds_port_alone(&sock, addr, port)?;
         let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
         let key = (proto::PROTO_TCP, addr.to_bits(), port);
@@ -886,11 +892,7 @@ impl Service {
         port: u16,
         sock: &OwnedFd,
     ) -> Result<(), String> {
-        let c = self.clients.get(&id).ok_or("gone")?;
-        let Some((name, slot)) = c.attached.clone() else {
-            bad(&mut self.counters, "claim_before_attach");
-            return Err("join before attach".into());
-        };
+        let (name, slot) = self.attached(id, "join")?;
         holds_port(sock, proto::PROTO_TCP, addr, port, || own_addrs(&name))?;
         let ino = socket_inode(sock)?;
         let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
@@ -951,11 +953,7 @@ impl Service {
         remote: SocketAddrV4,
         sock: Option<&OwnedFd>,
     ) -> Result<(), String> {
-        let c = self.clients.get(&id).ok_or("gone")?;
-        let Some((name, slot)) = c.attached.clone() else {
-            bad(&mut self.counters, "claim_before_attach");
-            return Err("claim before attach".into());
-        };
+        let (name, slot) = self.attached(id, "claim")?;
         let ifc = self.ifaces.get(&name).ok_or("interface gone")?;
         // Its own claim of `local` (a client port's), or a member of the
         // listener group there.
