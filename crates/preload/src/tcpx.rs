@@ -1413,6 +1413,14 @@ pub fn send(t: TcpRef, fd: c_int, data: &[u8], flags: c_int) -> isize {
             wait_for(t, fd, t.common.sndtimeo_ns(), &mut one)
         };
         match r {
+            // A non-blocking send that filled the send buffer returns what
+            // it queued, as the kernel's does (it does not wait for ACKs
+            // to free room and go on: a fast reader would let one call
+            // take any amount).
+            Ok(Ok(n)) if dontwait && n < rest.len() => {
+                sent += n;
+                break;
+            }
             Ok(Ok(n)) => sent += n,
             Ok(Err(e)) => {
                 if sent > 0 {
