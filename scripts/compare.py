@@ -756,21 +756,25 @@ print("p50_us %.1f p99_us %.1f" % (lat[len(lat) // 2] / 1000, lat[int(len(lat) *
 """
 
 
-def churn_nginx(lab, tmp, port, under_run=False):
-    """An nginx (one worker) in host b serving a small file from `tmp`, plain or under run."""
+def churn_nginx(lab, tmp, port, under_run=False, workers=1):
+    """An nginx (`workers` workers) in host b serving a small file from `tmp`, plain or under run
+    (with more than one worker: on the engine service of host b, where workers share the
+    listener on the engine, issue 24)."""
     for d in ("html", "tmp"):
         os.makedirs(os.path.join(tmp, d), exist_ok=True)
     with open(os.path.join(tmp, "html", "index.html"), "w") as f:
         f.write("hello from nginx\n")
     conf = os.path.join(tmp, "nginx.conf")
     with open(conf, "w") as f:
-        f.write(f"user root; worker_processes 1; daemon off; pid {tmp}/nginx.pid; error_log {tmp}/error.log;\n"
+        f.write(f"user root; worker_processes {workers}; daemon off; pid {tmp}/nginx.pid; error_log {tmp}/error.log;\n"
                 f"events {{ worker_connections 4096; }}\n"
                 f"http {{ access_log off; client_body_temp_path {tmp}/tmp; proxy_temp_path {tmp}/tmp; "
                 f"fastcgi_temp_path {tmp}/tmp; uwsgi_temp_path {tmp}/tmp; scgi_temp_path {tmp}/tmp;\n"
                 f"server {{ listen {B}:{port}; root {tmp}/html; }} }}\n")
     argv = ["nginx", "-c", conf, "-p", tmp]
-    return Server(lab, [NW, "run", "--"] + argv if under_run else argv)
+    if under_run:
+        argv = (["env", "NANOWIRE_SERVICE=1"] if workers > 1 else []) + [NW, "run", "--"] + argv
+    return Server(lab, argv)
 
 
 def run_churn(a):
@@ -778,6 +782,7 @@ def run_churn(a):
     runs = {}
     with tempfile.TemporaryDirectory(prefix="nw-churn-") as tmp:
         srv = churn_nginx(a.lab, tmp, port)
+        srv4 = churn_nginx(a.lab, os.path.join(tmp, "w4"), port + 2, workers=4)
         try:
             url = f"http://{B}:{port}/index.html"
             # (name, argv, server under run in the "run" mode: ab stays plain)
@@ -786,6 +791,11 @@ def run_churn(a):
                 ("ab -c 20", ["ab", "-q", "-n", str(a.requests), "-c", "20", url], False),
                 ("python connect", ["python3", "-c", CONNECT_PY, B, str(port), str(a.requests)], False),
                 ("ab -c 1 nginx under run", ["ab", "-q", "-n", str(a.requests), "-c", "1", url], True),
+                # Issue 24: connections accepted per second by nginx with 4 workers, plain and
+                # under run on the engine service of host b (workers share the listener there).
+                ("ab -c 20 nginx 4 workers under run",
+                 ["ab", "-q", "-n", str(a.requests), "-c", "20", url.replace(f":{port}/", f":{port + 2}/")],
+                 True),
             ]
 
             def parse(text):
@@ -818,6 +828,14 @@ def run_churn(a):
                             cmd = argv if mode == "plain" else [NW, "run", "--"] + argv
                         elif mode == "plain":
                             cmd = argv
+                        elif "4 workers" in name:
+                            # nginx with 4 workers under run on host b's engine service, on
+                            # the next port but one, for this run only.
+                            os.makedirs(os.path.join(tmp, "run4"), exist_ok=True)
+                            svc = EngineService(a.lab, "b")
+                            run_srv = churn_nginx(a.lab, os.path.join(tmp, "run4"), port + 3, under_run=True,
+                                                  workers=4)
+                            cmd = [x.replace(f":{port + 2}/", f":{port + 3}/") for x in argv]
                         else:
                             # A fresh nginx under run on the next port for this run only (its
                             # engine and XDP program go with it: the plain runs see none).
@@ -835,10 +853,12 @@ def run_churn(a):
                         print(f"# repeat {r + 1} {name} {mode}: {res}", file=sys.stderr)
         finally:
             srv.stop()
+            srv4.stop()
     med = {label: {k: statistics.median(x[k] for x in rs if k in x) for k in rs[0]} for label, rs in runs.items()}
     ratios = {}
     for name, key in (("ab -c 1", "req_s"), ("ab -c 20", "req_s"), ("python connect", "p50_us"),
-                      ("python connect", "p99_us"), ("ab -c 1 nginx under run", "req_s")):
+                      ("python connect", "p99_us"), ("ab -c 1 nginx under run", "req_s"),
+                      ("ab -c 20 nginx 4 workers under run", "req_s")):
         p, r = med.get(f"{name} plain", {}).get(key), med.get(f"{name} run", {}).get(key)
         if p and r:
             ratios[f"{name} {key} run/plain"] = round(r / p, 3)
@@ -848,7 +868,8 @@ def run_churn(a):
     return {"scenario": "churn", "requests": a.requests, "repeats": a.repeats, "runs": runs, "median": med,
             "ratio_run_to_plain": ratios,
             "acceptance": "ab -c 1 with ab under run >= 1.0x plain req/s, and against nginx under run no "
-                          "slower than plain (issue 21)", "env": env(a.lab)}
+                          "slower than plain (issue 21); nginx with 4 workers under run (engine service) "
+                          "accepts connections per second >= plain (issue 24)", "env": env(a.lab)}
 
 
 def env(lab):
