@@ -18,18 +18,8 @@ fn nw(lab: &nanowire_lab::testbed::ScopedLab, args: &[&str]) -> std::process::Ou
 #[ignore = "needs root"]
 fn bad_arguments_fail_cleanly() {
     let lab = lab("e");
-    let srv = spawn(
-        &lab,
-        Host::B,
-        &[NW, "bench", "server", "-i", B_ADDR, "-p", "11111"],
-    );
-    let srv_tcp = spawn(
-        &lab,
-        Host::B,
-        &[NW, "bench", "server", "--tcp", "-i", B_ADDR, "-p", "11111"],
-    );
-    wait_listening(&lab, Host::B, false, 11111);
-    wait_listening(&lab, Host::B, true, 11111);
+    let srv = bench_server(&lab, &["-p", "11111"]);
+    let srv_tcp = bench_server(&lab, &["--tcp", "-p", "11111"]);
 
     for (size, tcp) in [("0", false), ("70000", false), ("13", false), ("0", true)] {
         let mut a = vec!["pp", "-i", B_ADDR, "-m", size, "-t", "1"];

@@ -4,7 +4,6 @@
 
 mod bench_common;
 use bench_common::*;
-use nanowire_lab::Host;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -15,12 +14,7 @@ const T: Duration = Duration::from_secs(30);
 #[ignore = "needs root"]
 fn tcp_client_against_sockperf_sr() {
     let lab = lab("t");
-    let _sr = spawn(
-        &lab,
-        Host::B,
-        &["sockperf", "sr", "--tcp", "-i", B_ADDR, "-p", "11111"],
-    );
-    wait_listening(&lab, Host::B, true, 11111);
+    let _sr = sockperf_sr(&lab, true, PORT);
     for engine in ["kernel", "spin"] {
         let v = json(&bench(
             &lab,
@@ -50,14 +44,7 @@ fn tcp_client_against_sockperf_sr() {
 fn sockperf_tcp_clients_against_server() {
     let lab = lab("r");
     for engine in ["kernel", "spin"] {
-        let srv = spawn(
-            &lab,
-            Host::B,
-            &[
-                NW, "bench", "server", "--tcp", "-i", B_ADDR, "--engine", engine, "--json",
-            ],
-        );
-        wait_listening(&lab, Host::B, true, 11111);
+        let srv = bench_server(&lab, &["--tcp", "--engine", engine, "--json"]);
         for line in [
             "sockperf pp --tcp -i 198.18.0.2 -m 64 -t 1",
             "sockperf ul --tcp -i 198.18.0.2 -m 64 -t 1 --mps 2000",

@@ -46,12 +46,7 @@ fn check_pp(v: &serde_json::Value, engine: &str, lab_iface: &str) {
 #[ignore = "needs root"]
 fn udp_client_against_sockperf_sr() {
     let lab = lab("u");
-    let _sr = spawn(
-        &lab,
-        Host::B,
-        &["sockperf", "sr", "-i", B_ADDR, "-p", "11111"],
-    );
-    wait_listening(&lab, Host::B, false, 11111);
+    let _sr = sockperf_sr(&lab, false, PORT);
     let ia = lab.iface(Host::A);
     for engine in ["kernel", "spin"] {
         let o = bench(
@@ -117,14 +112,7 @@ fn udp_client_against_sockperf_sr() {
 fn sockperf_clients_against_udp_server() {
     let lab = lab("s");
     for engine in ["kernel", "spin"] {
-        let srv = spawn(
-            &lab,
-            Host::B,
-            &[
-                NW, "bench", "server", "-i", B_ADDR, "-p", "11111", "--engine", engine, "--json",
-            ],
-        );
-        wait_listening(&lab, Host::B, false, 11111);
+        let srv = bench_server(&lab, &["-p", "11111", "--engine", engine, "--json"]);
         let o = in_a(&lab, "sockperf pp -i 198.18.0.2 -p 11111 -m 64 -t 1");
         let (out, err) = text(&o);
         let all = format!("{out}{err}");

@@ -3,13 +3,14 @@
 //! hashed end to end in both directions between a plain kernel peer
 //! (Python) and the engine's TCP.
 
+mod bench_common;
 mod hashed_peer;
 
+use bench_common::{sockperf_sr, spawn, wait_listening};
 use hashed_peer::{Crc32, KernelPeer, Readback, send_pattern};
 use nanowire_lab::testbed::{Host, ScopedLab};
 use nanowire_testkit::in_ns;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
@@ -19,26 +20,6 @@ fn lab(tag: char) -> ScopedLab {
     nanowire_testkit::lab(&format!("tt{tag}"))
 }
 
-/// Killed and reaped on drop.
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn(l: &ScopedLab, h: Host, argv: &[&str]) -> Killed {
-    let c = l
-        .command(h, argv)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    Killed(c)
-}
-
 fn run(l: &ScopedLab, h: Host, argv: &[&str]) -> (bool, String, String) {
     let o = l.command(h, argv).output().expect("run");
     (
@@ -46,19 +27,6 @@ fn run(l: &ScopedLab, h: Host, argv: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&o.stdout).into_owned(),
         String::from_utf8_lossy(&o.stderr).into_owned(),
     )
-}
-
-/// Wait until something listens on TCP `port` in host `h` (bounded).
-fn wait_listen(l: &ScopedLab, h: Host, port: u16) {
-    let end = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < end {
-        let (_, out, _) = run(l, h, &["ss", "-Htln", &format!("sport = :{port}")]);
-        if !out.trim().is_empty() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("nothing listens on {port}");
 }
 
 #[test]
@@ -84,7 +52,7 @@ fn sockperf_tcp_client_against_the_xdp_tcp_server() {
         ],
     );
     // The engine reserves the port with a kernel listening socket.
-    wait_listen(&l, Host::B, 11311);
+    wait_listening(&l, Host::B, true, 11311);
     let (ok, out, err) = run(
         &l,
         Host::A,
@@ -121,12 +89,7 @@ fn sockperf_tcp_client_against_the_xdp_tcp_server() {
 #[ignore = "needs root"]
 fn xdp_tcp_client_against_sockperf_tcp_server() {
     let l = lab('c');
-    let _srv = spawn(
-        &l,
-        Host::B,
-        &["sockperf", "sr", "--tcp", "-i", "198.18.0.2", "-p", "11312"],
-    );
-    wait_listen(&l, Host::B, 11312);
+    let _srv = sockperf_sr(&l, true, 11312);
     let (ok, out, err) = run(
         &l,
         Host::A,

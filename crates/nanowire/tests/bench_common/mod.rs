@@ -145,6 +145,32 @@ pub fn wait_listening(lab: &ScopedLab, h: Host, tcp: bool, port: u16) {
     }
 }
 
+/// The port `sockperf` and `nanowire bench` use when none is given.
+pub const PORT: u16 = 11111;
+
+/// `sockperf sr` (over TCP when `tcp`) on `B_ADDR:port` in host b, listening
+/// when this returns.
+pub fn sockperf_sr(lab: &ScopedLab, tcp: bool, port: u16) -> Guard {
+    let p = port.to_string();
+    let mut argv = vec!["sockperf", "sr", "-i", B_ADDR, "-p", &p];
+    if tcp {
+        argv.push("--tcp");
+    }
+    let g = spawn(lab, Host::B, &argv);
+    wait_listening(lab, Host::B, tcp, port);
+    g
+}
+
+/// `nanowire bench server -i B_ADDR ARGS` in host b (over TCP when ARGS has
+/// `--tcp`), listening on [`PORT`] when this returns.
+pub fn bench_server(lab: &ScopedLab, args: &[&str]) -> Guard {
+    let mut argv = vec![NW, "bench", "server", "-i", B_ADDR];
+    argv.extend_from_slice(args);
+    let g = spawn(lab, Host::B, &argv);
+    wait_listening(lab, Host::B, args.contains(&"--tcp"), PORT);
+    g
+}
+
 pub fn text(o: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&o.stdout).into_owned(),
