@@ -575,15 +575,24 @@ impl Conn {
     }
 
     /// After the application read: announce a window that grew by a lot
-    /// (receiver silly-window avoidance, RFC 9293 3.8.6.2.2).
+    /// (receiver silly-window avoidance, RFC 9293 3.8.6.2.2), and a window
+    /// that was shut (or below one segment) as soon as it takes a segment
+    /// again (Linux's tcp_cleanup_rbuf: a new window at least twice the
+    /// current one) — the sender of a shut window otherwise waits for its
+    /// next probe, which backoff may put a minute away.
     fn maybe_window_update(&mut self) {
         if !self.state.can_recv() {
             return;
         }
-        let edge = self.rcv_nxt.wrapping_add(self.max_window() as u32);
-        let grow = seq::dist(edge, self.rcv_adv);
-        let thresh = (2 * self.rcv_mss).min((self.rcvbuf / 2) as u32).max(1);
-        if grow >= thresh {
+        let new = self.max_window() as u32;
+        let now = seq::dist(self.rcv_adv, self.rcv_nxt);
+        let grow = new.saturating_sub(now);
+        let half = (self.rcvbuf / 2) as u32;
+        let thresh = (2 * self.rcv_mss).min(half).max(1);
+        // What the window field can say (a multiple of the scale unit).
+        let usable = new >> self.rcv_wscale << self.rcv_wscale;
+        let reopened = now < self.rcv_mss && usable >= self.rcv_mss.min(half).max(1);
+        if grow >= thresh || reopened {
             self.ack_now = true;
         }
     }

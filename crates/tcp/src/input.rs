@@ -495,6 +495,13 @@ impl Conn {
             ctr.beyond_window_bytes += (data.len() - room) as u64;
             data = data.take(room);
             fin = false;
+            // What does not fit is acknowledged at once with the window
+            // (RFC 9293 3.10.7.4; Linux's tcp_data_queue sends a quick ACK
+            // for data into a zero window): above all a zero-window probe
+            // carrying a byte (BSD, macOS, Windows send those), which
+            // unanswered leaves the sender waiting for a window update
+            // that may have been lost.
+            self.ack_now = true;
         }
 
         let had_holes = !self.asm.is_empty();

@@ -1426,3 +1426,136 @@ fn end_tracking_names_the_fin_or_rst_that_would_end_each_connection() {
     n.advance(100 * MS);
     assert!(take(&mut n).is_empty());
 }
+
+/// a (receive buffer 8 KiB, its application not reading) holds a full
+/// buffer and announces a zero window; b's own segments are kept off the
+/// link from then on, so what reaches a is only what the test sends for b.
+fn zero_window_at_a() -> (Net, nanowire_tcp::ConnId, nanowire_tcp::ConnId, Vec<u8>) {
+    let mut cfg = Config::default();
+    cfg.rcvbuf = 8192;
+    let mut n = Net::new(cfg, Config::default(), FaultConfig::default());
+    let (ca, cb) = n.connect_pair();
+    let data: Vec<u8> = (0..40_000u32).map(|i| pattern(u64::from(i))).collect();
+    assert_eq!(n.b.send(cb, &data).unwrap(), 40_000);
+    n.run_until(10 * S, |n| {
+        n.a.recv_queue(ca).unwrap() == 8192 && n.b.info(cb).unwrap().snd_wnd == 0
+    });
+    assert_eq!(n.a.info(ca).unwrap().rcv_wnd, 0);
+    n.drop_ba = Some(Box::new(|_| true));
+    // Past the rate limit of answers to unacceptable segments.
+    n.advance(S);
+    (n, ca, cb, data)
+}
+
+/// Give a a segment from b's end: `seq`, b's current ACK, `payload`; return
+/// what a transmits at once (parsed).
+fn to_a_from_b(
+    n: &mut Net,
+    cb: nanowire_tcp::ConnId,
+    seq: u32,
+    payload: &[u8],
+) -> Vec<nanowire_wire::tcp::TcpRepr> {
+    use nanowire_wire::tcp::{Flags, TcpRepr};
+    let ib = n.b.info(cb).unwrap();
+    let r = TcpRepr {
+        src_port: n.b.local_addr(cb).unwrap().port(),
+        dst_port: 80,
+        seq,
+        ack: ib.rcv_nxt,
+        flags: Flags(Flags::ACK),
+        window: 1000,
+        ..Default::default()
+    };
+    let hl = r.header_len();
+    let mut full = vec![0u8; hl + payload.len()];
+    full[hl..].copy_from_slice(payload);
+    assert_eq!(r.emit(&mut full, payload.len(), B, A), hl + payload.len());
+    n.a.input(n.now, B, A, &full);
+    a_sends_now(n)
+}
+
+/// Every segment a transmits now (no time passes), parsed.
+fn a_sends_now(n: &mut Net) -> Vec<nanowire_wire::tcp::TcpRepr> {
+    let mut out = vec![0u8; 2000];
+    let mut sent = vec![];
+    while let Some(t) = transmit(&mut n.a, n.now, &mut out) {
+        let s = nanowire_wire::tcp::TcpSegment::new_checked(&out[..t.len]).unwrap();
+        sent.push(nanowire_wire::tcp::TcpRepr::parse(&s).unwrap());
+    }
+    sent
+}
+
+/// RFC 9293 3.10.7.4 / 3.8.6.1: a segment carrying data into a zero
+/// window (a BSD, macOS or Windows zero-window probe: one byte at RCV.NXT)
+/// is not taken, and is acknowledged with the current window; as Linux's
+/// tcp_data_queue (zero window: out_of_window, quick ACK). Unanswered, the
+/// sender learns the window only from our own window update: lose that one
+/// and the connection waits for ever.
+#[test]
+fn a_one_byte_probe_into_a_zero_window_is_acknowledged() {
+    let (mut n, ca, cb, _) = zero_window_at_a();
+    let ia = n.a.info(ca).unwrap();
+    let c0 = n.a.counters().clone();
+    let sent = to_a_from_b(&mut n, cb, ia.rcv_nxt, b"x");
+    assert_eq!(sent.len(), 1, "one ACK answers the probe: {sent:?}");
+    assert!(sent[0].flags.ack() && !sent[0].flags.rst(), "{:?}", sent[0]);
+    assert_eq!(sent[0].ack, ia.rcv_nxt, "the probe's byte is not taken");
+    assert_eq!(sent[0].window, 0, "the window is still shut");
+    let c1 = n.a.counters();
+    assert_eq!(c1.beyond_window_bytes - c0.beyond_window_bytes, 1, "{c1:?}");
+    assert_eq!(n.a.recv_queue(ca).unwrap(), 8192);
+    // A segment that fits only in part is acknowledged at once as well:
+    // the sender must learn where the window ends.
+    let mut buf = vec![0u8; 100];
+    assert_eq!(n.a.recv(ca, &mut buf).unwrap(), 100);
+    let _ = a_sends_now(&mut n);
+    let ia = n.a.info(ca).unwrap();
+    let sent = to_a_from_b(&mut n, cb, ia.rcv_nxt, &[0u8; 1000]);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].ack, ia.rcv_nxt.wrapping_add(100));
+}
+
+/// A zero-window or keepalive probe as Linux (and this stack) sends it:
+/// no data, one below the window (SND.UNA - 1). It is out of window and
+/// counted so, and answered with an ACK carrying the current window
+/// (rate-limited like every answer to an unacceptable segment).
+#[test]
+fn a_probe_below_a_zero_window_is_counted_out_of_window_and_answered() {
+    let (mut n, ca, cb, _) = zero_window_at_a();
+    let ia = n.a.info(ca).unwrap();
+    let c0 = n.a.counters().clone();
+    let sent = to_a_from_b(&mut n, cb, ia.rcv_nxt.wrapping_sub(1), b"");
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!((sent[0].ack, sent[0].window), (ia.rcv_nxt, 0));
+    assert_eq!(n.a.counters().out_of_window - c0.out_of_window, 1);
+}
+
+/// After the application reads from a zero window, the window that opens
+/// is announced at once (RFC 9293 3.8.6.2.2: when it grew by min(half the
+/// buffer, one MSS); Linux's tcp_cleanup_rbuf: any usable window after a
+/// zero one), not left for the sender's next probe, which may be a
+/// minute away after backoff. Then everything flows.
+#[test]
+fn a_zero_window_opened_by_a_read_is_announced_at_once() {
+    let (mut n, ca, cb, data) = zero_window_at_a();
+    let mss = usize::from(n.a.info(ca).unwrap().rcv_mss);
+    let mut got = vec![0u8; mss + 100];
+    assert_eq!(n.a.recv(ca, &mut got).unwrap(), mss + 100);
+    // b's probes still do not reach a: only a's own update can tell b.
+    n.run_until(10 * MS, |n| n.b.info(cb).unwrap().snd_wnd > 0);
+    let ia = n.a.info(ca).unwrap();
+    assert!(ia.rcv_wnd as usize >= mss, "{ia:?}");
+    // The rest of the stream arrives intact once b is heard again.
+    n.drop_ba = None;
+    let mut buf = [0u8; 4096];
+    n.run_until(60 * S, |n| {
+        while let Ok(k) = n.a.recv(ca, &mut buf) {
+            if k == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..k]);
+        }
+        got.len() == data.len()
+    });
+    assert_eq!(got, data);
+}
