@@ -1,16 +1,9 @@
 //! `nanowire capture`: pcapng with nanosecond timestamps that tcpdump reads.
 
 use nanowire_lab::testbed::{Host, ScopedLab};
+use nanowire_testkit::Reaped;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[test]
 #[ignore = "needs root"]
@@ -40,7 +33,7 @@ fn captures_udp_with_nanosecond_timestamps() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut cap = Kill(cap);
+    let mut cap = Reaped::new(cap);
     std::thread::sleep(Duration::from_millis(300));
     // Five datagrams to port 9999, plus ping traffic the port filter must drop.
     let send = "import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\nfor i in range(5):\n    s.sendto(b'nanowire%d'%i,('198.18.0.2',9999)); time.sleep(0.02)\n";
@@ -58,14 +51,14 @@ fn captures_udp_with_nanosecond_timestamps() {
             .success()
     );
     let t0 = Instant::now();
-    while cap.0.try_wait().unwrap().is_none() {
+    while cap.try_wait().unwrap().is_none() {
         assert!(
             t0.elapsed() < Duration::from_secs(25),
             "capture did not stop after 5 frames"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(cap.0.wait().unwrap().success());
+    assert!(cap.wait().unwrap().success());
 
     let bytes = std::fs::read(&file).unwrap();
     let pkts = nanowire_wire::pcapng::read_packets(&bytes).unwrap();

@@ -14,7 +14,7 @@ use nanowire_testkit::in_ns;
 use std::io::Read;
 use std::net::{SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -218,41 +218,35 @@ fn sigstop_under_load_recovers_and_counts_what_it_dropped() {
     // Client: 20k msg/s for 3 s, every message asks a reply; a reply may
     // take up to 2 s (the stop is 400 ms), so only what the server lost is
     // counted as dropped.
-    let client = lab
-        .command(
-            Host::A,
-            &[
-                BIN,
-                "bench",
-                "ul",
-                "-i",
-                "198.18.0.2",
-                "-p",
-                &port.to_string(),
-                "--mps",
-                "20000",
-                "--reply-every",
-                "1",
-                "-t",
-                "3",
-                "--warmup-ms",
-                "0",
-                "--reply-timeout-ms",
-                "2000",
-                "--json",
-                "--strict",
-            ],
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let client = nanowire_testkit::spawn_piped(&mut lab.command(
+        Host::A,
+        &[
+            BIN,
+            "bench",
+            "ul",
+            "-i",
+            "198.18.0.2",
+            "-p",
+            &port.to_string(),
+            "--mps",
+            "20000",
+            "--reply-every",
+            "1",
+            "-t",
+            "3",
+            "--warmup-ms",
+            "0",
+            "--reply-timeout-ms",
+            "2000",
+            "--json",
+            "--strict",
+        ],
+    ));
     std::thread::sleep(Duration::from_millis(1000));
     s.signal(libc::SIGSTOP);
     std::thread::sleep(Duration::from_millis(400));
     s.signal(libc::SIGCONT);
-    let o = client.wait_with_output().unwrap();
+    let o = client.into_inner().wait_with_output().unwrap();
     assert!(
         o.status.success(),
         "client (--strict): {}",

@@ -13,7 +13,6 @@
 use nanowire_lab::testbed::Host;
 use std::io::{BufRead, BufReader};
 use std::os::fd::AsRawFd;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
@@ -297,44 +296,30 @@ fn a_million_malformed_frames_counted_kind_by_kind_valid_ones_in_order() {
     let rounds = MALFORMED.div_ceil(kinds);
     let valid_total = rounds;
 
-    let mut sink = lab
-        .command(
-            Host::B,
-            &[
-                BIN,
-                "bench",
-                "sink",
-                "-i",
-                "198.18.0.2",
-                "-p",
-                &PORT.to_string(),
-                "--engine",
-                "xdp",
-                "--ring-depth",
-                RING,
-                "--timeout",
-                "120",
-                "--idle-ms",
-                "20000",
-                "--json",
-            ],
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
+    let mut sink = nanowire_testkit::spawn_piped(&mut lab.command(
+        Host::B,
+        &[
+            BIN,
+            "bench",
+            "sink",
+            "-i",
+            "198.18.0.2",
+            "-p",
+            &PORT.to_string(),
+            "--engine",
+            "xdp",
+            "--ring-depth",
+            RING,
+            "--timeout",
+            "120",
+            "--idle-ms",
+            "20000",
+            "--json",
+        ],
+    ));
     let pid = sink.id();
     let err = sink.stderr.take().unwrap();
     let mut out = sink.stdout.take().unwrap();
-    let sink = Kill(sink);
     let mut err = BufReader::new(err);
     let mut line = String::new();
     loop {

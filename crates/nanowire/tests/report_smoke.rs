@@ -3,57 +3,22 @@
 //! every number derived from samples), and index.html rendered in headless
 //! Chromium (every section's SVG present and non-empty).
 
+use nanowire_testkit::{Reaped, spawn_piped, wait_output};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 const NW: &str = env!("CARGO_BIN_EXE_nanowire");
 
-/// Kills the child on drop.
-struct Guard(Child);
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> (i32, String, String) {
-    use std::io::Read;
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let mut g = Guard(child);
-    // Read both pipes while the child runs (a full pipe would block it).
-    let mut o = g.0.stdout.take().unwrap();
-    let mut e = g.0.stderr.take().unwrap();
-    let to = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = o.read_to_string(&mut s);
-        s
-    });
-    let te = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = e.read_to_string(&mut s);
-        s
-    });
-    let end = Instant::now() + timeout;
-    loop {
-        if let Some(st) = g.0.try_wait().expect("wait") {
-            let out = to.join().unwrap_or_default();
-            let err = te.join().unwrap_or_default();
-            return (st.code().unwrap_or(-1), out, err);
-        }
-        assert!(
-            Instant::now() < end,
-            "command did not finish within {timeout:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let o = wait_output(spawn_piped(cmd).into_inner(), timeout, "the command");
+    let text = |b: Vec<u8>| String::from_utf8(b).unwrap_or_default();
+    (
+        o.status.code().unwrap_or(-1),
+        text(o.stdout),
+        text(o.stderr),
+    )
 }
 
 fn tmpdir(tag: &str) -> PathBuf {
@@ -480,33 +445,26 @@ fn burst_on_loopback_is_counted_exactly() {
     // with every sequence number and a one-way latency per datagram.
     let port = 20000 + (std::process::id() % 20000) as u16;
     let ps = port.to_string();
-    let sink = Command::new(NW)
-        .args([
-            "bench",
-            "sink",
-            "-i",
-            "127.0.0.1",
-            "-p",
-            &ps,
-            "--behaviour",
-            "echo",
-            "--engine",
-            "spin",
-            "--idle-ms",
-            "200",
-            "--timeout",
-            "20",
-            "--json",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut sink = Guard(sink);
+    let mut sink = spawn_piped(Command::new(NW).args([
+        "bench",
+        "sink",
+        "-i",
+        "127.0.0.1",
+        "-p",
+        &ps,
+        "--behaviour",
+        "echo",
+        "--engine",
+        "spin",
+        "--idle-ms",
+        "200",
+        "--timeout",
+        "20",
+        "--json",
+    ]));
     // Wait for READY on stderr.
-    let mut err = sink.0.stderr.take().unwrap();
-    use std::io::{BufRead, Read};
+    let mut err = sink.stderr.take().unwrap();
+    use std::io::BufRead;
     let mut line = String::new();
     std::io::BufReader::new(&mut err)
         .read_line(&mut line)
@@ -535,22 +493,9 @@ fn burst_on_loopback_is_counted_exactly() {
     assert_eq!(code, 0, "{e}");
     let g: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(g["sent"], 50);
-    let end = Instant::now() + Duration::from_secs(30);
-    let st = loop {
-        if let Some(st) = sink.0.try_wait().unwrap() {
-            break st;
-        }
-        assert!(Instant::now() < end, "sink did not finish");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(st.success());
-    let mut s = String::new();
-    sink.0
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut s)
-        .unwrap();
+    let o = wait_output(sink.into_inner(), Duration::from_secs(30), "sink");
+    assert!(o.status.success());
+    let s = String::from_utf8(o.stdout).unwrap();
     let v: Value = serde_json::from_str(s.trim()).unwrap();
     assert_eq!(v["expected"], 50);
     assert_eq!(v["received"], 50);
@@ -580,7 +525,7 @@ fn peer_mode_runs_the_client_side_against_a_remote_server() {
         if tcp {
             argv.push("--tcp");
         }
-        Guard(
+        Reaped::new(
             lab.command(nanowire_lab::Host::B, &argv)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())

@@ -16,16 +16,21 @@
 //! - [`stats_json`], [`engines_on`], [`engine_pid`], [`engine_counters_of`]:
 //!   the engines `nanowire stats --json` lists (the machine's: pick yours by
 //!   interface or pid);
+//! - [`Reaped`], [`spawn_piped`], [`wait_output`]: a child process killed
+//!   and reaped on drop, started with its output piped, waited for with a
+//!   deadline;
 //! - [`LabDown`]: a lab
 //!   made by name (through the CLI) taken down when the test ends;
 //! - [`xdp_test_bin`]: the `nanowire-xdp-test` program (the engine's
 //!   echo/count/ping-pong test mode), built on first use.
 
 use nanowire_lab::testbed::{Lab, LabOptions, ScopedLab};
+use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{OnceLock, mpsc};
+use std::time::{Duration, Instant};
 
 /// True when this process runs as root (namespaces, XDP, AF_XDP).
 pub fn is_root() -> bool {
@@ -191,6 +196,90 @@ pub fn one_line_failure(what: &str, o: &Output, needle: &str) -> String {
     assert_eq!(err.lines().count(), 1, "{what}: not one line: {err:?}");
     assert!(err.contains(needle), "{what}: {needle:?} not said: {err}");
     err.trim_end().to_string()
+}
+
+/// A child process killed and reaped when dropped: a test that fails midway
+/// leaves nothing running.
+pub struct Reaped(Option<Child>);
+
+impl Reaped {
+    pub fn new(child: Child) -> Reaped {
+        Reaped(Some(child))
+    }
+
+    /// The child, no longer killed on drop (to wait for it).
+    pub fn into_inner(mut self) -> Child {
+        self.0.take().expect("a child")
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.0.as_ref().expect("a child")
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0.as_mut().expect("a child")
+    }
+}
+
+/// Start `cmd` with stdin from /dev/null and stdout and stderr piped.
+pub fn spawn_piped(cmd: &mut Command) -> Reaped {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", cmd.get_program()));
+    Reaped::new(child)
+}
+
+/// Wait for `child` at most `t`, reading its piped output meanwhile (a full
+/// pipe would block it); kill it and fail the test (naming `what`) when it
+/// overruns.
+pub fn wait_output(mut child: Child, t: Duration, what: &str) -> Output {
+    fn drain(pipe: Option<impl Read + Send + 'static>) -> mpsc::Receiver<Vec<u8>> {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut v);
+            }
+            let _ = tx.send(v);
+        });
+        rx
+    }
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
+    let end = Instant::now() + t;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{what} did not finish within {t:?}");
+            }
+        }
+    };
+    Output {
+        status,
+        stdout: out.recv_timeout(Duration::from_secs(5)).unwrap_or_default(),
+        stderr: err.recv_timeout(Duration::from_secs(5)).unwrap_or_default(),
+    }
 }
 
 /// Takes lab `.0` down when dropped, pass or fail: the guard of a test that

@@ -3,8 +3,8 @@
 #![allow(dead_code)]
 
 use nanowire_lab::testbed::{Host, ScopedLab};
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Output, Stdio};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -46,58 +46,12 @@ impl Drop for Guard {
     }
 }
 
-/// Wait for a child with a deadline; kill it and fail the test when it overruns.
-pub fn wait_output(mut child: Child, t: Duration, what: &str) -> Output {
-    let mut out = child.stdout.take();
-    let mut err = child.stderr.take();
-    let (tx1, rx1) = mpsc::channel();
-    let (tx2, rx2) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut v = Vec::new();
-        if let Some(o) = out.as_mut() {
-            let _ = o.read_to_end(&mut v);
-        }
-        let _ = tx1.send(v);
-    });
-    std::thread::spawn(move || {
-        let mut v = Vec::new();
-        if let Some(e) = err.as_mut() {
-            let _ = e.read_to_end(&mut v);
-        }
-        let _ = tx2.send(v);
-    });
-    let end = Instant::now() + t;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("{what} did not finish within {t:?}");
-            }
-        }
-    };
-    let stdout = rx1.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
-    let stderr = rx2.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
-    Output {
-        status,
-        stdout,
-        stderr,
-    }
-}
+pub use nanowire_testkit::wait_output;
 
 /// Start `argv` in host `h` with piped output.
 pub fn spawn(lab: &ScopedLab, h: Host, argv: &[&str]) -> Guard {
-    let child = lab
-        .command(h, argv)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
     Guard {
-        child: Some(child),
+        child: Some(nanowire_testkit::spawn_piped(&mut lab.command(h, argv)).into_inner()),
         what: argv.join(" "),
     }
 }

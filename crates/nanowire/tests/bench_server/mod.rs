@@ -5,8 +5,9 @@
 #![allow(dead_code)]
 
 use nanowire_lab::testbed::{Host, ScopedLab};
+use nanowire_testkit::{Reaped, spawn_piped};
 use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
+use std::process::{ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ pub const NW: &str = env!("CARGO_BIN_EXE_nanowire");
 const LISTEN_WAIT: Duration = Duration::from_secs(20);
 
 pub struct BenchServer {
-    child: Option<Child>,
+    child: Reaped,
     err: mpsc::Receiver<String>,
     /// The server's stdout, for tests that read its final report.
     pub out: Option<ChildStdout>,
@@ -25,12 +26,7 @@ pub struct BenchServer {
 impl BenchServer {
     /// Spawn `cmd` with stdin closed and stdout and stderr piped.
     pub fn spawn(mut cmd: Command) -> BenchServer {
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn the server");
+        let mut child = spawn_piped(&mut cmd);
         let e = child.stderr.take().expect("stderr piped");
         let out = child.stdout.take();
         let (tx, rx) = mpsc::channel();
@@ -43,7 +39,7 @@ impl BenchServer {
             }
         });
         BenchServer {
-            child: Some(child),
+            child,
             err: rx,
             out,
         }
@@ -73,7 +69,7 @@ impl BenchServer {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, |c| c.id())
+        self.child.id()
     }
 
     pub fn signal(&self, sig: i32) {
@@ -86,9 +82,8 @@ impl BenchServer {
     /// lines not read yet.
     pub fn wait(&mut self, t: Duration) -> Option<(ExitStatus, Vec<String>)> {
         let end = Instant::now() + t;
-        let c = self.child.as_mut()?;
         loop {
-            if let Some(st) = c.try_wait().ok()? {
+            if let Some(st) = self.child.try_wait().ok()? {
                 std::thread::sleep(Duration::from_millis(20));
                 return Some((st, self.err.try_iter().collect()));
             }
@@ -100,9 +95,7 @@ impl BenchServer {
     }
 
     pub fn alive(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+        self.child.try_wait().ok().flatten().is_none()
     }
 
     /// CPU time (user + system, clock ticks) the process used so far.
@@ -112,15 +105,6 @@ impl BenchServer {
         let f: Vec<&str> = after.split_whitespace().collect();
         f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
             + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-    }
-}
-
-impl Drop for BenchServer {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 
