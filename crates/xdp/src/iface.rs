@@ -41,8 +41,26 @@ fn ioctl_sock() -> io::Result<std::os::fd::OwnedFd> {
     Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) })
 }
 
-/// Look up an interface by name.
+/// Look up an interface by name (once per name inside [`one_read`]).
 pub fn lookup(name: &str) -> io::Result<IfaceInfo> {
+    let known = SNAPSHOT.with(|s| {
+        s.borrow()
+            .as_ref()
+            .and_then(|s| s.ifaces.iter().find(|i| i.name == name).cloned())
+    });
+    if let Some(i) = known {
+        return Ok(i);
+    }
+    let i = read_iface(name)?;
+    SNAPSHOT.with(|s| {
+        if let Some(s) = s.borrow_mut().as_mut() {
+            s.ifaces.push(i.clone());
+        }
+    });
+    Ok(i)
+}
+
+fn read_iface(name: &str) -> io::Result<IfaceInfo> {
     use std::os::fd::AsRawFd;
     let cname = CString::new(name)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name has NUL"))?;
@@ -146,8 +164,81 @@ fn sys_rx_queue_count(name: &str) -> u32 {
         .unwrap_or(1)
 }
 
-/// All (interface, IPv4 address) pairs, from getifaddrs(3).
+/// One interface's IPv4 address and netmask, as getifaddrs(3) gives them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IfAddr {
+    pub name: String,
+    pub addr: Ipv4Addr,
+    pub netmask: Ipv4Addr,
+}
+
+/// Inside [`one_read`]: the answers read so far on this thread (`None`:
+/// outside, every call asks the kernel).
+#[derive(Default)]
+struct Snapshot {
+    addrs: Option<std::rc::Rc<Vec<IfAddr>>>,
+    ifaces: Vec<IfaceInfo>,
+}
+
+thread_local! {
+    static SNAPSHOT: std::cell::RefCell<Option<Snapshot>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Run `f` with the interface facts read from the kernel at most once on
+/// this thread: the address list ([`ipv4_ifaddrs`], [`ipv4_addrs`],
+/// [`iface_for_addr`]) and each interface's [`lookup`]. getifaddrs(3) is
+/// two netlink dumps (links and addresses) over a socket of its own (nine
+/// system calls); an engine's open asked it five times on the way to its
+/// first socket (docs/benchmarks.md, "Session 13: churn and engine
+/// start"). Facts change only by an administrator's hand, and whatever
+/// changes during an open is what a route or neighbour event tells the
+/// open engine next. Nested calls share the outermost one's answers.
+pub fn one_read<R>(f: impl FnOnce() -> R) -> R {
+    struct Scope(bool);
+    impl Drop for Scope {
+        fn drop(&mut self) {
+            if self.0 {
+                SNAPSHOT.with(|s| s.borrow_mut().take());
+            }
+        }
+    }
+    let outer = SNAPSHOT.with(|s| {
+        let mut s = s.borrow_mut();
+        let outer = s.is_none();
+        if outer {
+            *s = Some(Snapshot::default());
+        }
+        outer
+    });
+    let _scope = Scope(outer);
+    f()
+}
+
+/// Every interface's IPv4 addresses with netmasks, from getifaddrs(3)
+/// (once inside [`one_read`]).
+pub fn ipv4_ifaddrs() -> io::Result<std::rc::Rc<Vec<IfAddr>>> {
+    if let Some(a) = SNAPSHOT.with(|s| s.borrow().as_ref().and_then(|s| s.addrs.clone())) {
+        return Ok(a);
+    }
+    let a = std::rc::Rc::new(read_ifaddrs()?);
+    SNAPSHOT.with(|s| {
+        if let Some(s) = s.borrow_mut().as_mut() {
+            s.addrs = Some(a.clone());
+        }
+    });
+    Ok(a)
+}
+
+/// All (interface, IPv4 address) pairs, from getifaddrs(3) (once inside
+/// [`one_read`]).
 pub fn ipv4_addrs() -> io::Result<Vec<(String, Ipv4Addr)>> {
+    Ok(ipv4_ifaddrs()?
+        .iter()
+        .map(|a| (a.name.clone(), a.addr))
+        .collect())
+}
+
+fn read_ifaddrs() -> io::Result<Vec<IfAddr>> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs writes a list head we free below with freeifaddrs.
     if unsafe { libc::getifaddrs(&mut head) } < 0 {
@@ -164,11 +255,22 @@ pub fn ipv4_addrs() -> io::Result<Vec<(String, Ipv4Addr)>> {
             if fam == libc::AF_INET {
                 // SAFETY: family AF_INET means the sockaddr is a sockaddr_in.
                 let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                let netmask = if ifa.ifa_netmask.is_null() {
+                    Ipv4Addr::BROADCAST
+                } else {
+                    // SAFETY: an AF_INET address's netmask is a sockaddr_in.
+                    let m = unsafe { &*(ifa.ifa_netmask as *const libc::sockaddr_in) };
+                    Ipv4Addr::from(u32::from_be(m.sin_addr.s_addr))
+                };
                 // SAFETY: ifa_name is a NUL-terminated string owned by the list.
                 let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
                     .to_string_lossy()
                     .into_owned();
-                out.push((name, Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))));
+                out.push(IfAddr {
+                    name,
+                    addr: Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+                    netmask,
+                });
             }
         }
         cur = ifa.ifa_next;
@@ -216,6 +318,33 @@ mod tests {
         assert!(lo.index > 0);
         assert_eq!(lo.addr, Some(Ipv4Addr::LOCALHOST));
         assert!(lo.mtu > 0);
+    }
+
+    /// Inside one_read the kernel is asked once; outside, every time
+    /// (the answers are the same either way).
+    #[test]
+    fn one_read_answers_from_one_look() {
+        let fresh = ipv4_addrs().unwrap();
+        let lo = lookup("lo").unwrap();
+        one_read(|| {
+            let a = ipv4_ifaddrs().unwrap();
+            let b = ipv4_ifaddrs().unwrap();
+            assert!(std::rc::Rc::ptr_eq(&a, &b));
+            assert_eq!(ipv4_addrs().unwrap(), fresh);
+            // Nested: the same answers.
+            one_read(|| assert!(std::rc::Rc::ptr_eq(&ipv4_ifaddrs().unwrap(), &a)));
+            assert_eq!(lookup("lo").unwrap(), lo);
+            assert!(SNAPSHOT.with(|s| s.borrow().as_ref().unwrap().ifaces.len()) == 1);
+            assert!(lookup("nw-nonexist0").is_err());
+        });
+        assert!(SNAPSHOT.with(|s| s.borrow().is_none()));
+        let lo_a = ipv4_ifaddrs()
+            .unwrap()
+            .iter()
+            .find(|a| a.name == "lo")
+            .cloned()
+            .unwrap();
+        assert_eq!(lo_a.netmask, Ipv4Addr::new(255, 0, 0, 0));
     }
 
     #[test]

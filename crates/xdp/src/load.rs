@@ -124,8 +124,11 @@ fn obj_name(name: &str) -> [u8; 16] {
 }
 
 impl Loaded {
-    /// Parse `data`, create its maps, relocate its programs.
-    pub fn new(data: &[u8]) -> Result<Loaded, String> {
+    /// Parse `data`, create its maps, relocate its programs. The maps
+    /// named in `sizes` are made with the given number of entries instead
+    /// of the object's (maps a user of the program never fills: their
+    /// allocation is part of every engine's start).
+    pub fn new(data: &[u8], sizes: &[(&str, u32)]) -> Result<Loaded, String> {
         let mut obj = aya_obj::Object::parse(data)
             .map_err(|e| format!("cannot parse the XDP object: {e}"))?;
         let mut fds: Vec<(String, OwnedFd, aya_obj::Map)> = Vec::new();
@@ -145,7 +148,10 @@ impl Loaded {
                 map_type: m.map_type(),
                 key_size: m.key_size(),
                 value_size: m.value_size(),
-                max_entries: m.max_entries(),
+                max_entries: sizes
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map_or(m.max_entries(), |&(_, n)| n),
                 map_flags: m.map_flags(),
                 map_name: obj_name(&name),
                 ..Default::default()

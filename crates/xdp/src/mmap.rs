@@ -84,19 +84,84 @@ impl Mmap {
             ptr: start as *mut u8,
             len,
         };
-        // SAFETY: advice and population on our own mapping; failures only
-        // mean 4 KiB pages or faults populated below.
-        unsafe {
-            libc::madvise(m.ptr.cast(), len, libc::MADV_HUGEPAGE);
-            if libc::madvise(m.ptr.cast(), len, libc::MADV_POPULATE_WRITE) != 0 {
-                // Older kernel: touch every page so the hot path never faults.
-                for off in (0..len).step_by(4096) {
-                    m.ptr.add(off).write_volatile(0);
-                }
-            }
-        }
+        // SAFETY: advice on our own mapping; a failure only means 4 KiB pages.
+        unsafe { libc::madvise(m.ptr.cast(), len, libc::MADV_HUGEPAGE) };
+        m.populate();
         Ok(m)
     }
+}
+
+impl Mmap {
+    /// Fault in every page of the mapping for writing, one huge page's
+    /// worth per call, the upper half on a second thread when the machine
+    /// has more than one CPU.
+    ///
+    /// Zeroing tens of MB is the longest part of an own engine's start,
+    /// and runs while the caller's thread mostly sleeps (its XDP link waits
+    /// for an RCU grace period): two threads halve it. And
+    /// `MADV_POPULATE_WRITE` holds the process's mmap lock (for reading)
+    /// for the whole range it is given: any other thread's `mmap`,
+    /// `munmap`, `brk` or `mprotect` -- the engine's own open beside this
+    /// (map creation, ring mappings, malloc growing the heap) -- waited for
+    /// all of it (docs/benchmarks.md, "Session 13: churn and engine
+    /// start"). Per 2 MiB the lock is let go between chunks, so such a call
+    /// waits for one chunk at most.
+    fn populate(&self) {
+        let chunks = self.len.div_ceil(HUGE);
+        let two = chunks >= 4 && cpus() > 1;
+        if !two {
+            self.populate_range(0, self.len);
+            return;
+        }
+        let mid = (chunks / 2) * HUGE;
+        std::thread::scope(|s| {
+            let upper = std::thread::Builder::new()
+                .name("nanowire-umem2".into())
+                .spawn_scoped(s, || self.populate_range(mid, self.len));
+            self.populate_range(0, mid);
+            if upper.is_err() {
+                self.populate_range(mid, self.len);
+            }
+        });
+    }
+
+    /// Populate `[from, to)` of the mapping, 2 MiB per call.
+    fn populate_range(&self, from: usize, to: usize) {
+        let mut off = from;
+        while off < to {
+            let n = HUGE.min(to - off);
+            // SAFETY: [off, off + n) lies inside our own mapping.
+            let r =
+                unsafe { libc::madvise(self.ptr.add(off).cast(), n, libc::MADV_POPULATE_WRITE) };
+            if r != 0 {
+                // Older kernel (no MADV_POPULATE_WRITE, Linux < 5.14): touch
+                // every page left so the hot path never faults.
+                for o in (off..to).step_by(4096) {
+                    // SAFETY: o < to <= len: inside our own writable
+                    // mapping, which nobody else uses yet (each thread
+                    // writes its own range).
+                    unsafe { self.ptr.add(o).write_volatile(0) };
+                }
+                return;
+            }
+            off += n;
+        }
+    }
+}
+
+/// CPUs this thread may run on (sched_getaffinity: one system call, no
+/// file read -- std's `available_parallelism` reads cgroup files, through
+/// the shim's interposed `open`/`read`, which engine threads never enter).
+fn cpus() -> usize {
+    // SAFETY: cpu_set_t is plain bits, all-zero valid.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a cpu_set_t of the size passed.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return 1;
+    }
+    // SAFETY: CPU_COUNT only reads the set sched_getaffinity filled.
+    unsafe { libc::CPU_COUNT(&set) as usize }
 }
 
 impl Drop for Mmap {

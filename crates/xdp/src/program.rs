@@ -216,10 +216,42 @@ impl SteerProgram {
         frags: Frags,
         forced: Option<AttachMode>,
     ) -> Result<SteerProgram, String> {
+        Self::attach_sized(ifname, ifindex, frags, forced, &[])
+    }
+
+    /// As [`SteerProgram::attach`], for one process's own engine: the maps
+    /// only the engine service fills (listener groups shared across fork,
+    /// their SYN pins) are made with one entry. Made full size they were
+    /// the largest part of the program's start (`nw_tcp_pins`: a 65,536
+    /// bucket hash table; `nw_tcp_groups`: 80 KB zeroed; docs/benchmarks.md,
+    /// "Session 13: churn and engine start"); the program finds no group
+    /// in them, which is what an own engine's claims (never [`GROUP`]) ask.
+    pub fn attach_private(
+        ifname: &str,
+        ifindex: u32,
+        frags: Frags,
+        forced: Option<AttachMode>,
+    ) -> Result<SteerProgram, String> {
+        Self::attach_sized(
+            ifname,
+            ifindex,
+            frags,
+            forced,
+            &[("nw_tcp_pins", 1), ("nw_tcp_groups", 1)],
+        )
+    }
+
+    fn attach_sized(
+        ifname: &str,
+        ifindex: u32,
+        frags: Frags,
+        forced: Option<AttachMode>,
+        sizes: &[(&str, u32)],
+    ) -> Result<SteerProgram, String> {
         // Parsed and loaded without aya's EbpfLoader, whose constructor
         // parses the kernel's BTF (tens of ms and ~15 MB of heap per
         // process) that this program does not need (load.rs).
-        let mut obj = crate::load::Loaded::new(crate::steer_object()).map_err(|e| {
+        let mut obj = crate::load::Loaded::new(crate::steer_object(), sizes).map_err(|e| {
             if e.contains("Operation not permitted") || e.contains("EPERM") {
                 format!(
                     "no privilege to load XDP programs (need root or CAP_BPF+CAP_NET_ADMIN): {e}"

@@ -419,15 +419,16 @@ impl Engine {
         // NANOWIRE_XDP_NO_MULTI_BUFFER=1 (tests): behave as a kernel without it.
         let want_mb = !settings.no_multi_buffer;
         let first = if want_mb {
-            SteerProgram::attach(ifname, info.index, Frags::Lazy, settings.xdp_mode)
+            SteerProgram::attach_private(ifname, info.index, Frags::Lazy, settings.xdp_mode)
         } else {
             Err("multi-buffer turned off (NANOWIRE_XDP_NO_MULTI_BUFFER=1)".to_string())
         };
         let (mut prog, mut multi_buffer) = match first {
             Ok(p) => (p, true),
             Err(e) => {
-                let p = SteerProgram::attach(ifname, info.index, Frags::No, settings.xdp_mode)
-                    .map_err(|e2| format!("{e2} (and the multi-buffer program: {e})"))?;
+                let p =
+                    SteerProgram::attach_private(ifname, info.index, Frags::No, settings.xdp_mode)
+                        .map_err(|e2| format!("{e2} (and the multi-buffer program: {e})"))?;
                 eprintln!(
                     "nanowire: {ifname}: no multi-buffer XDP program ({e}); packets larger than \
                      {frame_size}-byte frames (a peer's TSO/GSO super-frames) cannot be received"
@@ -566,7 +567,7 @@ impl Engine {
             page.clone(),
         )));
         let neigh = Arc::new(
-            neigh::Neigh::new(info.index, info.addr, page.clone())
+            neigh::Neigh::new(ifname, info.index, info.addr, page.clone())
                 .map_err(|e| format!("eventfd: {e}"))?,
         );
         let service_lost = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -173,8 +173,8 @@ pub(crate) struct Neigh {
 
 use nanowire_xdp::sys::eventfd;
 
-/// The IPv4 prefixes of interface `ifindex` (getifaddrs: one dump, when
-/// the engine opens and after route changes, never per packet).
+/// The IPv4 prefixes of interface `ifindex` (its name, then
+/// [`prefixes_of`]; after route changes, never per packet).
 fn onlink_prefixes(ifindex: u32) -> Vec<Prefix> {
     let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
     // SAFETY: name has IF_NAMESIZE bytes, as if_indextoname requires.
@@ -183,45 +183,24 @@ fn onlink_prefixes(ifindex: u32) -> Vec<Prefix> {
     }
     // SAFETY: if_indextoname wrote a NUL-terminated name.
     let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) };
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs writes a list head freed below with freeifaddrs.
-    if unsafe { libc::getifaddrs(&mut head) } < 0 {
+    prefixes_of(&name.to_string_lossy())
+}
+
+/// The IPv4 prefixes of interface `name` (getifaddrs: one dump, shared
+/// with the rest of an engine's open: `iface::one_read`).
+fn prefixes_of(name: &str) -> Vec<Prefix> {
+    let Ok(all) = nanowire_xdp::iface::ipv4_ifaddrs() else {
         return Vec::new();
-    }
-    let mut out = Vec::new();
-    let mut cur = head;
-    while !cur.is_null() {
-        // SAFETY: cur is a node of the list getifaddrs returned, not yet freed.
-        let ifa = unsafe { &*cur };
-        cur = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() || ifa.ifa_netmask.is_null() {
-            continue;
-        }
-        // SAFETY: ifa_addr points to a sockaddr of at least sa_family size.
-        if unsafe { (*ifa.ifa_addr).sa_family } as i32 != libc::AF_INET {
-            continue;
-        }
-        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        if unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) } != name {
-            continue;
-        }
-        // SAFETY: family AF_INET: both are sockaddr_in.
-        let (a, m) = unsafe {
-            (
-                &*(ifa.ifa_addr as *const libc::sockaddr_in),
-                &*(ifa.ifa_netmask as *const libc::sockaddr_in),
-            )
-        };
-        let addr = u32::from_be(a.sin_addr.s_addr);
-        let mask = u32::from_be(m.sin_addr.s_addr);
-        // /31 and /32 have no neighbours of their own to speak of.
-        if mask.leading_ones() <= 30 {
-            out.push((addr & mask, mask, Ipv4Addr::from(addr)));
-        }
-    }
-    // SAFETY: head came from getifaddrs and is freed exactly once.
-    unsafe { libc::freeifaddrs(head) };
-    out
+    };
+    all.iter()
+        .filter(|a| a.name == name)
+        .filter_map(|a| {
+            let addr = a.addr.to_bits();
+            let mask = a.netmask.to_bits();
+            // /31 and /32 have no neighbours of their own to speak of.
+            (mask.leading_ones() <= 30).then_some((addr & mask, mask, a.addr))
+        })
+        .collect()
 }
 
 /// Evict the least recently used entry of `m` when it holds `max`.
@@ -234,7 +213,12 @@ fn make_room<V>(m: &mut FastMap<u32, V>, max: usize, used: impl Fn(&V) -> Instan
 }
 
 impl Neigh {
-    pub fn new(ifindex: u32, ifaddr: Option<Ipv4Addr>, page: Arc<StatsPage>) -> io::Result<Neigh> {
+    pub fn new(
+        ifname: &str,
+        ifindex: u32,
+        ifaddr: Option<Ipv4Addr>,
+        page: Arc<StatsPage>,
+    ) -> io::Result<Neigh> {
         Ok(Neigh {
             generation: AtomicU64::new(1),
             tables: Mutex::new(Tables::default()),
@@ -242,7 +226,7 @@ impl Neigh {
             stop: AtomicBool::new(false),
             ifindex,
             ifaddr,
-            onlink: Mutex::new(onlink_prefixes(ifindex)),
+            onlink: Mutex::new(prefixes_of(ifname)),
             page,
             query: Mutex::new(Query::open().ok()),
             solicit: netlink::solicit_socket().ok(),

@@ -997,12 +997,17 @@ fn set_int(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: usize) -> io::Res
     Ok(())
 }
 
+/// The process's engine for local address `ip`. The interface facts are
+/// read once for the whole look-up, the engine's open included (it asked
+/// getifaddrs five times: `iface::one_read`).
 pub(crate) fn engine_for(ip: Ipv4Addr, opts: &EngineOptions) -> Result<Arc<Engine>, OpenError> {
-    let ifname = match &opts.iface {
-        Some(i) => i.clone(),
-        None => iface::iface_for_addr(ip).map_err(OpenError::Engine)?,
-    };
-    Engine::get(&ifname, opts).map_err(OpenError::Engine)
+    iface::one_read(|| {
+        let ifname = match &opts.iface {
+            Some(i) => i.clone(),
+            None => iface::iface_for_addr(ip).map_err(OpenError::Engine)?,
+        };
+        Engine::get(&ifname, opts).map_err(OpenError::Engine)
+    })
 }
 
 impl Drop for XdpSocket {
