@@ -35,6 +35,18 @@ pub enum EngineCmd {
     /// Print the service's status (JSON): interfaces, attached processes,
     /// their claims, counters.
     Status,
+    /// The warden of a process on an engine of its own (started by the
+    /// engine with its first TCP stack, not by hand): ends the process's
+    /// TCP connections with FIN or RST when it dies (kill -9).
+    #[command(hide = true)]
+    Warden {
+        /// The process.
+        #[arg(long)]
+        pid: u32,
+        /// Its connection table (/proc/PID/fd/N).
+        #[arg(long)]
+        table: String,
+    },
 }
 
 pub fn run(a: EngineArgs) -> Result<i32, String> {
@@ -80,6 +92,11 @@ pub fn run(a: EngineArgs) -> Result<i32, String> {
                 return Err("the engine service did not come up within 3 s".into());
             }
             server::serve(Duration::from_millis(idle_ms), verbose, policy.as_deref())
+        }
+        EngineCmd::Warden { pid, table } => {
+            server::close_inherited();
+            nanowire_stack::xdp::service::warden::run(pid, &table)
+                .map_err(|e| format!("warden of process {pid}: {e}"))
         }
         EngineCmd::Status => {
             let c = client::Conn::connect_existing()?;

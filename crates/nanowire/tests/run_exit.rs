@@ -1,12 +1,23 @@
-//! Issue 24 item 3 (the part a process does itself): a program that writes
-//! to a TCP connection and exits at once — `exit()`, `_exit()` or the
-//! `exit_group` system call — leaves the kernel to finish the connection:
-//! every byte reaches the peer, then its FIN. Under `nanowire run` the
-//! engine's connection ends with the process unless the shim finishes it on
-//! the way out (`tcpx::exiting`, called from the atexit handler and from the
-//! interposed `_exit`, `_Exit` and `syscall(SYS_exit_group)`). Each case
-//! runs the same writer plainly and under run against a plain sink that
-//! reads slowly, and compares what the sink received.
+//! Issue 24, exit and kill: a kernel socket outlives its process — the
+//! kernel finishes an exiting process's connections (every byte, then the
+//! FIN) and closes a killed one's (FIN, or RST where data was unread or a
+//! connection waited in an accept queue). Each case runs the same program
+//! plainly, under `nanowire run` on an engine of its own and on the engine
+//! service (`NANOWIRE_SERVICE=1`), against a plain peer in the other host,
+//! and compares what the peer saw.
+//!
+//! * Write-then-exit: 4 MiB written, then `exit()`, `_exit()`, the
+//!   `exit_group` system call, or `close()` + `_exit()`; the sink reads
+//!   slowly, so most bytes are in flight when the process goes. Under run
+//!   the shim finishes the connections on the way out (`tcpx::exiting`,
+//!   from the atexit handler and the interposed `_exit`, `_Exit`,
+//!   `syscall(SYS_exit_group)`).
+//! * kill -9 of a process holding 100 connections, a server (half with
+//!   the client's data unread, 4 more waiting in its accept queue) and a
+//!   client (half with the server's data unread): every peer sees the end
+//!   it sees plainly. On the service the service ends them from the
+//!   process's connection table; on an engine of its own its warden does
+//!   (a process of its own, started with the first TCP stack).
 
 mod run_support;
 use nanowire_lab::testbed::{ADDR_B, Host};
@@ -25,13 +36,13 @@ fn write_then_exit_delivers_every_byte_and_the_fin() {
     let l = lab("ex");
     let addr = ADDR_B.to_string();
     let mut port = 14700u16;
-    for how in ["exit", "_exit", "exit_group"] {
-        let mut seen = Vec::new();
-        for run in [false, true] {
+    for how in ["exit", "_exit", "exit_group", "close"] {
+        let mut seen: Option<String> = None;
+        for p in Placement::ALL {
             let port_s = port.to_string();
             port += 1;
             let mut sink = spawn(
-                &format!("sink-{how}-{run}"),
+                &format!("sink-{how}-{p:?}"),
                 plain_in(
                     &l,
                     Host::B,
@@ -40,33 +51,126 @@ fn write_then_exit_delivers_every_byte_and_the_fin() {
             );
             sink.wait_for("ready", Duration::from_secs(20));
             let argv = ["python3", &script("writer.py"), &addr, &port_s, how];
-            let cmd = if run {
-                run_in(&l, Host::A, &["--engine", "xdp", "-o", "log=info"], &argv)
-            } else {
-                plain_in(&l, Host::A, &argv)
-            };
-            let mut w = spawn(&format!("writer-{how}-{run}"), cmd);
+            let mut w = spawn(
+                &format!("writer-{how}-{p:?}"),
+                p.command(&l, Host::A, &argv),
+            );
             let st = w.wait(T);
             assert!(
                 st.success(),
-                "writer {how} (run: {run}) failed ({st}):\n{}",
+                "writer {how} ({p:?}) failed ({st}):\n{}",
                 w.both()
             );
-            if run {
+            if p != Placement::Plain {
+                on_engine(&w, &format!("-> {addr}:{port_s}"));
+            }
+            let out = sink.success(T);
+            if p == Placement::Plain {
                 assert!(
-                    w.stderr().contains("tcp") && w.stderr().contains("xdp"),
-                    "writer {how}: the connection was not on the engine:\n{}",
-                    w.stderr()
+                    out.contains(&format!("EOF {}", 4 << 20)),
+                    "{how} plainly: {out}"
                 );
             }
-            sink.success(T);
-            seen.push(sink.stdout());
+            let ctx = format!("{how} {p:?}:\n{}", w.stderr());
+            same_as_first(&mut seen, "write then exit", out, &ctx);
+        }
+    }
+}
+
+/// kill -9 of a process holding `n` connections (`pending` more in its
+/// accept queue when it is the server), plainly, on an engine of its own
+/// and on the service; the plain peer's view of each connection's end
+/// must be the same. Returns the plain run's ends.
+fn kill_9_ends(role: &str, port: u16, n: u32, pending: u32) -> String {
+    let l = lab(if role == "server" { "ks" } else { "kc" });
+    let addr = ADDR_B.to_string();
+    let (ns, ps) = (n.to_string(), pending.to_string());
+    let (killed, peer_py) = (script("killed.py"), script("peer.py"));
+    let mut seen: Option<String> = None;
+    let mut plain = String::new();
+    for (i, p) in Placement::ALL.into_iter().enumerate() {
+        let port_s = (port + i as u16).to_string();
+        let mut killed_argv = vec!["python3", &killed, role, &addr, &port_s, &ns];
+        let peer_role = if role == "server" { "client" } else { "server" };
+        let mut peer_argv = vec!["python3", &peer_py, peer_role, &addr, &port_s, &ns];
+        if role == "server" {
+            killed_argv.push(&ps);
+            peer_argv.push(&ps);
+        }
+        // The server in host b, the client in host a.
+        let (kh, ph) = if role == "server" {
+            (Host::B, Host::A)
+        } else {
+            (Host::A, Host::B)
+        };
+        let (mut k, mut peer);
+        if role == "server" {
+            k = spawn(&format!("k{role}-{p:?}"), p.command(&l, kh, &killed_argv));
+            k.wait_for("listening", T);
+            peer = spawn(&format!("peer-{p:?}"), plain_in(&l, ph, &peer_argv));
+        } else {
+            peer = spawn(&format!("peer-{p:?}"), plain_in(&l, ph, &peer_argv));
+            peer.wait_for("listening", T);
+            k = spawn(&format!("k{role}-{p:?}"), p.command(&l, kh, &killed_argv));
+        }
+        k.wait_for("held", T);
+        peer.wait_for("ready", T);
+        if p != Placement::Plain {
+            let what = if role == "server" {
+                format!("tcp listener {addr}:{port_s}")
+            } else {
+                format!("-> {addr}:{port_s}")
+            };
+            on_engine(&k, &what);
         }
         assert!(
-            seen[0].contains(&format!("EOF {}", 4 << 20)),
-            "{how} plainly: {}",
-            seen[0]
+            std::process::Command::new("kill")
+                .args(["-9", &k.child.id().to_string()])
+                .status()
+                .unwrap()
+                .success()
         );
-        assert_eq!(seen[0], seen[1], "{how}: plain vs under run");
+        let out = peer.success(T);
+        let _ = k.wait(T);
+        let ctx = format!(
+            "{role} {p:?} killed:\n{}\npeer:\n{}",
+            k.stderr(),
+            peer.stderr()
+        );
+        if p == Placement::Plain {
+            plain = out.clone();
+        }
+        same_as_first(&mut seen, "the ends after kill -9", out, &ctx);
+    }
+    plain
+}
+
+#[test]
+#[ignore = "needs root"]
+fn kill_9_of_a_server_with_100_connections_ends_each_as_plainly() {
+    let (n, pending) = (100, 4);
+    let plain = kill_9_ends("server", 14800, n, pending);
+    // Plainly: FIN where nothing was unread, RST where the client's hello
+    // was unread, RST for the connections in the accept queue.
+    for k in 0..n + pending {
+        let want = if k < n && k % 2 == 0 { "eof" } else { "reset" };
+        assert!(
+            plain.lines().any(|l| l == format!("{k} {want}")),
+            "plainly, connection {k} did not end with {want}:\n{plain}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root"]
+fn kill_9_of_a_client_with_100_connections_ends_each_as_plainly() {
+    let n = 100;
+    let plain = kill_9_ends("client", 14810, n, 0);
+    for k in 0..n {
+        let want = if k % 2 == 0 { "eof" } else { "reset" };
+        assert!(
+            plain.lines().any(|l| l == format!("{k} {want}")),
+            "plainly, connection {k} did not end with {want}:\n{plain}"
+        );
     }
 }

@@ -307,3 +307,27 @@ pub fn assert_sockperf_complete(out: &str) {
 
 #[allow(unused_imports)]
 pub use nanowire_testkit::{have, require};
+
+/// Where a program of a differential test runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    Plain,
+    /// Under run, on an engine of the process's own.
+    Own,
+    /// Under run, on the engine service (`NANOWIRE_SERVICE=1`, started on
+    /// demand).
+    Service,
+}
+
+impl Placement {
+    pub const ALL: [Placement; 3] = [Placement::Plain, Placement::Own, Placement::Service];
+
+    /// `cmd` in host `h` placed so (under run: `--engine xdp -o log=info`).
+    pub fn command(self, lab: &ScopedLab, h: Host, cmd: &[&str]) -> Command {
+        let mut c = xdp_or_plain(lab, h, self != Placement::Plain, cmd);
+        if self == Placement::Service {
+            c.env("NANOWIRE_SERVICE", "1");
+        }
+        c
+    }
+}

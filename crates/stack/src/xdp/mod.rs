@@ -796,25 +796,34 @@ impl Engine {
         order::lock(&self.prog, Tier::Leaf, "the program lock")
     }
 
-    /// A region of the process's TCP connection table for one TCP stack,
-    /// on the engine service only (`None` on an engine of its own, whose
-    /// connections die with the process as before): the service ends the
-    /// connections published there if the process dies (issue 24).
+    /// A region of the process's TCP connection table for one TCP stack:
+    /// the engine service (or, on an engine of the process's own, its
+    /// warden, `service/warden.rs`) ends the connections published there
+    /// if the process dies (issue 24). `None`: not published (said once).
     pub(crate) fn conn_region(&self) -> Option<service::conns::Region> {
-        self.service_slot?;
         let t = self.conn_table.get_or_init(|| {
             let made = service::conns::ConnTable::create().and_then(|t| {
-                match &self.prog().prog {
-                    Steer::Service(c) => c.conn_table(t.fd())?,
-                    Steer::Own(_) => return Err("not on the engine service".into()),
+                if self.service_slot.is_some() {
+                    match &self.prog().prog {
+                        Steer::Service(c) => c.conn_table(t.fd())?,
+                        Steer::Own(_) => return Err("not on the engine service".into()),
+                    }
+                } else if !service::warden::start(t.fd())? {
+                    return Ok(None);
                 }
-                Ok(Arc::new(t))
+                Ok(Some(Arc::new(t)))
             });
             match made {
-                Ok(t) => Some(t),
-                Err(e) => {
+                Ok(t) => t,
+                Err(e) if self.service_slot.is_some() => {
                     eprintln!(
                         "nanowire: the engine service cannot end this process's TCP connections if it is killed: {e}"
+                    );
+                    None
+                }
+                Err(e) => {
+                    eprintln!(
+                        "nanowire: no warden: if this process is killed, its TCP connections end without a FIN or RST: {e}"
                     );
                     None
                 }

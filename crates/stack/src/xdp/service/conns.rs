@@ -321,6 +321,14 @@ pub fn read_all(fd: &OwnedFd) -> Vec<Entry> {
     out
 }
 
+/// Send the segment that ends `e` through `raw` (an IPPROTO_RAW socket:
+/// the kernel routes it and resolves the next hop).
+pub fn send_end(raw: rustix::fd::BorrowedFd<'_>, e: &Entry, now_ms: u32) -> rustix::io::Result<()> {
+    let seg = segment(e, now_ms);
+    let dst = SocketAddrV4::new(*e.remote.ip(), 0);
+    rustix::net::sendto(raw, &seg, rustix::net::SendFlags::empty(), &dst).map(|_| ())
+}
+
 /// The segment that ends `e` (IPv4 header + TCP), for a raw IPPROTO_RAW
 /// socket (the kernel fills the IP checksum and routes it): FIN|ACK, with
 /// the timestamps when negotiated (the peer's PAWS check passes: the

@@ -11,3 +11,4 @@ pub mod conns;
 pub mod policy;
 pub mod proto;
 pub mod server;
+pub mod warden;

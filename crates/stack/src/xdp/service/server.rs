@@ -1108,11 +1108,9 @@ impl Service {
         let raw = self.raw.as_ref().expect("opened above");
         let now_ms = (crate::xdp::tcp::now_ns() / 1_000_000) as u32;
         for e in ends {
-            let seg = super::conns::segment(&e, now_ms);
-            let dst = SocketAddrV4::new(*e.remote.ip(), 0);
-            match rustix::net::sendto(raw, &seg, rustix::net::SendFlags::empty(), &dst) {
-                Ok(_) if e.rst() => self.counters.tcp_ended_rst += 1,
-                Ok(_) => self.counters.tcp_ended_fin += 1,
+            match super::conns::send_end(raw.as_fd(), &e, now_ms) {
+                Ok(()) if e.rst() => self.counters.tcp_ended_rst += 1,
+                Ok(()) => self.counters.tcp_ended_fin += 1,
                 Err(_) => self.counters.tcp_end_failed += 1,
             }
         }

@@ -1,0 +1,58 @@
+# The plain peer of a process killed with -9 (killed.py), in the other host.
+#   peer.py client ADDR PORT N PENDING: N + PENDING connections to the
+#     killed server, each sends "<i>\n"; the first N read "ack <i>\n".
+#   peer.py server ADDR PORT N: accepts the killed client's N connections,
+#     reads each "<i>\n", answers "ack <i>\n" and, for an odd i, "more\n"
+#     in the same segment (left unread by the client).
+# Prints "ready", then waits (30 s at most: a hang shows as "timeout") for
+# each connection's end: one line "<i> eof|reset|data|timeout" each.
+import selectors, socket, sys, time
+
+role, addr, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+conns = {}
+if role == "client":
+    for i in range(n + int(sys.argv[5])):
+        c = socket.create_connection((addr, port), timeout=60)
+        c.sendall(b"%d\n" % i)
+        if i < n:
+            want, got = b"ack %d\n" % i, b""
+            while len(got) < len(want):
+                d = c.recv(len(want) - len(got))
+                if not d:
+                    break
+                got += d
+            assert got == want, (i, got)
+        conns[i] = c
+else:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, port))
+    s.listen(n + 16)
+    print("listening", flush=True)
+    for _ in range(n):
+        c, _ = s.accept()
+        d = b""
+        while not d.endswith(b"\n"):
+            d += c.recv(64)
+        i = int(d)
+        c.sendall(b"ack %d\n" % i + (b"more\n" if i % 2 else b""))
+        conns[i] = c
+print("ready", flush=True)
+sel = selectors.DefaultSelector()
+for i, c in conns.items():
+    c.setblocking(False)
+    sel.register(c, selectors.EVENT_READ, i)
+out = {}
+end = time.time() + 30
+while len(out) < len(conns) and time.time() < end:
+    for key, _ in sel.select(timeout=max(0.0, end - time.time())):
+        try:
+            d = key.fileobj.recv(4096)
+            out[key.data] = "eof" if not d else "data"
+        except ConnectionResetError:
+            out[key.data] = "reset"
+        except BlockingIOError:
+            continue
+        sel.unregister(key.fileobj)
+for i in sorted(conns):
+    print(i, out.get(i, "timeout"), flush=True)
