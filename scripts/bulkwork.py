@@ -141,7 +141,9 @@ def main():
            "retransmits": retrans, "dir": out, "per_segment": {}}
     keep = ["tx_packets", "rx_frames", "rx_packets", "rx_bytes", "tx_bytes", "tcp_segs_out", "tcp_segs_in",
             "drop_tx_ring_full", "xsk_tx_ring_empty", "rx_multi_buffer", "rx_csum_partial",
-            "tx_csum_offload", "tcp_retransmits", "tcp_rx_direct_bytes"]
+            "tx_csum_offload", "tcp_retransmits", "tcp_rx_direct_bytes", "tcp_rx_held_bytes",
+            "tcp_rx_hold_declined", "peak_tcp_rx_held_frames", "xsk_rx_fill_ring_empty", "xsk_rx_dropped",
+            "xsk_rx_ring_full", "drop_socket_queue_full"]
     res["counters"] = {}
     for side, host in (("client", "a"), ("server", "b")):
         c = engine_counters(stats, lab, host) if stats else {}
@@ -158,6 +160,10 @@ def main():
                 # Bytes that went straight into the reader's buffer (one user-space copy,
                 # not two: the frame into the receive ring, the ring into the buffer).
                 c["rx_direct_share"] = round(c.get("tcp_rx_direct_bytes", 0) / c["rx_bytes"], 3)
+                # Bytes kept in their frames until read (one copy, frame to buffer); the rest
+                # (1 - direct - held) was copied into the receive ring first (two copies).
+                c["rx_held_share"] = round(c.get("tcp_rx_held_bytes", 0) / c["rx_bytes"], 3)
+                c["user_copies_per_byte"] = round(2 - c["rx_direct_share"] - c["rx_held_share"], 3)
             res["counters"][side] = c
     per = res["per_segment"]
     if args.tool == "callgrind":

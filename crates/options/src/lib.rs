@@ -201,6 +201,14 @@ pub const OPTIONS: &[OptSpec] = &[
          driver completes TCP checksums (counted as tx_csum_offload); 0: every checksum in \
          software.",
     ),
+    OptSpec::switch_on(
+        "tcp_rx_hold",
+        "NANOWIRE_TCP_RX_HOLD",
+        "xdp engine: TCP keeps in-order data in the receive frames it arrived in until the \
+         application reads it (one copy per byte, frame to buffer; counted as tcp_rx_held_bytes), \
+         within 1/4 of the UMEM's RX frames (1/8 on the engine service); 0: every segment copied \
+         into the connection's receive ring first.",
+    ),
     OptSpec {
         name: "service",
         env: "NANOWIRE_SERVICE",

@@ -226,6 +226,208 @@ impl Ring {
     }
 }
 
+/// Received payload kept in the memory it arrived in (a receive frame, or
+/// the frames of a multi-buffer packet) instead of being copied into the
+/// receive ring: read in place by the application's `recv`, and given back
+/// (to the fill ring) when dropped. See [`RxQueue`].
+pub trait HeldBytes: Send {
+    /// Bytes held.
+    fn len(&self) -> usize;
+    /// True when nothing is held.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copy `[at, at + out.len())`, clipped to the bytes held, into `out`;
+    /// returns the count.
+    fn copy_out(&self, at: usize, out: &mut [u8]) -> usize;
+}
+
+/// One held segment: bytes `[at, end)` of `body` are unread.
+struct HeldSeg {
+    body: Box<dyn HeldBytes>,
+    at: usize,
+    end: usize,
+    /// Receive memory it pins (frames × frame size).
+    truesize: usize,
+}
+
+/// A connection's receive queue: in-order bytes kept in the frames they
+/// arrived in (`held`, oldest first), then the byte ring (bytes copied out
+/// of their frames, and the out-of-order area past its content).
+///
+/// Order: held bytes always precede the ring's content, so a frame is held
+/// only while the ring holds nothing (no content, no out-of-order bytes: the
+/// caller checks the assembler); once in-order data went to the ring
+/// (memory budget low, a small segment, a hole repaired), later data
+/// follows it there until the queue drains. Offsets given to `write_at` and
+/// `commit` count from the end of the whole content (`rcv_nxt`), as in a
+/// plain [`Ring`].
+///
+/// Bounds: `len()` (held plus ring bytes) never exceeds the capacity, the
+/// window the connection announces (the caller holds or writes only what
+/// fits [`RxQueue::free`]); the memory held frames pin (`truesize`) never
+/// exceeds twice the capacity ([`RxQueue::can_hold`]; Linux charges
+/// truesize against a receive buffer it sizes at twice SO_RCVBUF), so a
+/// connection of many small segments falls back to copying rather than
+/// pinning frames; the engine's budget over all connections bounds the
+/// rest (stack xdp/tcp.rs).
+pub struct RxQueue {
+    held: std::collections::VecDeque<HeldSeg>,
+    held_bytes: usize,
+    held_truesize: usize,
+    ring: Ring,
+}
+
+impl std::fmt::Debug for RxQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxQueue")
+            .field("held", &self.held.len())
+            .field("held_bytes", &self.held_bytes)
+            .field("held_truesize", &self.held_truesize)
+            .field("ring", &self.ring)
+            .finish()
+    }
+}
+
+impl RxQueue {
+    /// A queue of `capacity` bytes (nothing allocated yet).
+    pub fn new(capacity: usize) -> RxQueue {
+        RxQueue {
+            held: std::collections::VecDeque::new(),
+            held_bytes: 0,
+            held_truesize: 0,
+            ring: Ring::new(capacity),
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.ring.capacity()
+    }
+    /// Unread bytes (held and in the ring).
+    pub fn len(&self) -> usize {
+        self.held_bytes + self.ring.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn free(&self) -> usize {
+        self.capacity().saturating_sub(self.len())
+    }
+    /// Bytes of ring storage allocated.
+    pub fn storage(&self) -> usize {
+        self.ring.storage()
+    }
+    /// Unread bytes kept in their frames.
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
+    }
+    /// Segments kept in their frames.
+    pub fn held_segments(&self) -> usize {
+        self.held.len()
+    }
+    /// Memory the held segments pin.
+    pub fn held_truesize(&self) -> usize {
+        self.held_truesize
+    }
+
+    /// Whether a segment pinning `truesize` bytes may be held now: the ring
+    /// holds no content (order; the caller checks for out-of-order bytes)
+    /// and the held frames stay within twice the capacity.
+    pub fn can_hold(&self, truesize: usize) -> bool {
+        self.ring.is_empty() && self.held_truesize + truesize <= 2 * self.capacity()
+    }
+
+    /// Append bytes `[at, end)` of `body` as in-order content (the caller
+    /// checked [`RxQueue::can_hold`] and that they fit [`RxQueue::free`]).
+    pub fn hold(&mut self, body: Box<dyn HeldBytes>, at: usize, end: usize, truesize: usize) {
+        debug_assert!(self.ring.is_empty() && at < end && end <= body.len());
+        debug_assert!(end - at <= self.free());
+        self.held_bytes += end - at;
+        self.held_truesize += truesize;
+        self.held.push_back(HeldSeg {
+            body,
+            at,
+            end,
+            truesize,
+        });
+    }
+
+    /// Copy `data` to `off` bytes past the end of the content (out of
+    /// order, or before a `commit`), clipped to the free space.
+    pub fn write_at(&mut self, off: usize, data: &[u8]) -> usize {
+        let room = self.free().saturating_sub(off);
+        self.ring.write_at(off, &data[..data.len().min(room)])
+    }
+
+    /// [`RxQueue::write_at`] for a payload in pieces.
+    pub fn write_payload(&mut self, off: usize, data: &crate::payload::Payload) -> usize {
+        let room = self.free().saturating_sub(off);
+        self.ring.write_payload(off, &data.take(room))
+    }
+
+    /// Make `n` bytes written past the end part of the content.
+    pub fn commit(&mut self, n: usize) {
+        self.ring.commit(n.min(self.free()));
+    }
+
+    /// Grow the capacity (autotuning).
+    pub fn grow(&mut self, capacity: usize) {
+        self.ring.grow(capacity);
+    }
+
+    /// Empty, nothing past the end (the owner knows): see [`Ring::rewind`].
+    pub fn rewind(&mut self) {
+        debug_assert!(self.held.is_empty());
+        self.ring.rewind();
+    }
+
+    /// Copy up to `out.len()` bytes starting `off` into the content.
+    pub fn peek(&self, mut off: usize, out: &mut [u8]) -> usize {
+        let mut n = 0;
+        for h in &self.held {
+            if n == out.len() {
+                return n;
+            }
+            let len = h.end - h.at;
+            if off >= len {
+                off -= len;
+                continue;
+            }
+            let k = (len - off).min(out.len() - n);
+            n += h.body.copy_out(h.at + off, &mut out[n..n + k]);
+            off = 0;
+        }
+        n + self.ring.peek(off, &mut out[n..])
+    }
+
+    /// Drop `n` bytes from the front: held segments read to their end go
+    /// (their frames back to the fill ring), then ring bytes.
+    pub fn consume(&mut self, mut n: usize) {
+        while n > 0
+            && let Some(h) = self.held.front_mut()
+        {
+            let len = h.end - h.at;
+            if n < len {
+                h.at += n;
+                self.held_bytes -= n;
+                return;
+            }
+            n -= len;
+            self.held_bytes -= len;
+            self.held_truesize -= h.truesize;
+            self.held.pop_front();
+        }
+        self.ring.consume(n);
+    }
+
+    /// Read and consume.
+    pub fn read(&mut self, out: &mut [u8]) -> usize {
+        let n = self.peek(0, out);
+        self.consume(n);
+        n
+    }
+}
+
 /// Most out-of-order holes tracked; a segment that would need more is dropped
 /// (and counted) — the sender retransmits it.
 pub const MAX_RANGES: usize = 8;
@@ -416,6 +618,112 @@ mod tests {
         r.push(&vec![4u8; 200 * 1024]);
         assert_eq!(r.storage(), 256 * 1024);
         assert_eq!(r.push(&vec![5u8; 100 * 1024]), 56 * 1024);
+    }
+
+    /// A held body over a copy of `data` that counts itself in `live`
+    /// while it exists.
+    struct Body(Vec<u8>, std::sync::Arc<std::sync::atomic::AtomicUsize>);
+    impl Body {
+        fn boxed(data: &[u8], live: &std::sync::Arc<std::sync::atomic::AtomicUsize>) -> Box<Body> {
+            live.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Box::new(Body(data.to_vec(), live.clone()))
+        }
+    }
+    impl HeldBytes for Body {
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn copy_out(&self, at: usize, out: &mut [u8]) -> usize {
+            let s = self.0.get(at..).unwrap_or(&[]);
+            let n = s.len().min(out.len());
+            out[..n].copy_from_slice(&s[..n]);
+            n
+        }
+    }
+    impl Drop for Body {
+        fn drop(&mut self) {
+            self.1.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn live() -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+        std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0))
+    }
+    fn count(l: &std::sync::Arc<std::sync::atomic::AtomicUsize>) -> usize {
+        l.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    #[test]
+    fn held_segments_read_in_order_before_the_ring_and_are_released_when_read() {
+        let l = live();
+        let mut q = RxQueue::new(64);
+        assert!(q.can_hold(100));
+        // Bytes 2..8 of the first body, all of the second.
+        q.hold(Body::boxed(b"xxabcdefyy", &l), 2, 8, 100);
+        q.hold(Body::boxed(b"ghij", &l), 0, 4, 100);
+        assert_eq!((q.len(), q.held_bytes(), q.held_segments()), (10, 10, 2));
+        assert_eq!(q.free(), 54, "held bytes count against the window");
+        // Out of order past the end, then the hole filled: the ring
+        // follows the held bytes.
+        assert_eq!(q.write_at(3, b"nop"), 3);
+        assert_eq!(q.write_at(0, b"klm"), 3);
+        q.commit(6);
+        assert!(!q.can_hold(1), "the ring has content: later data follows it");
+        assert_eq!(q.len(), 16);
+        // MSG_PEEK anywhere: across bodies and into the ring.
+        let mut o = [0u8; 16];
+        assert_eq!(q.peek(0, &mut o), 16);
+        assert_eq!(&o, b"abcdefghijklmnop");
+        let mut o = [0u8; 5];
+        assert_eq!(q.peek(4, &mut o), 5);
+        assert_eq!(&o, b"efghi");
+        assert_eq!(q.peek(9, &mut o), 5);
+        assert_eq!(&o, b"jklmn");
+        assert_eq!(count(&l), 2, "peeking releases nothing");
+        // Reads in odd pieces: a body goes when its last byte is read.
+        let mut o = [0u8; 3];
+        assert_eq!(q.read(&mut o), 3);
+        assert_eq!(&o, b"abc");
+        assert_eq!(count(&l), 2);
+        let mut o = [0u8; 4];
+        assert_eq!(q.read(&mut o), 4);
+        assert_eq!(&o, b"defg");
+        assert_eq!(count(&l), 1, "the first body was read to its end");
+        assert_eq!(q.held_truesize(), 100);
+        let mut o = [0u8; 16];
+        assert_eq!(q.read(&mut o), 9);
+        assert_eq!(&o[..9], b"hijklmnop");
+        assert_eq!(count(&l), 0);
+        assert_eq!((q.len(), q.held_bytes(), q.held_truesize()), (0, 0, 0));
+        q.rewind();
+        assert!(q.can_hold(100));
+    }
+
+    #[test]
+    fn held_memory_is_bounded_by_twice_the_capacity() {
+        let l = live();
+        let mut q = RxQueue::new(1000);
+        let mut held = 0;
+        while q.can_hold(300) {
+            q.hold(Body::boxed(&[7u8; 10], &l), 0, 10, 300);
+            held += 1;
+        }
+        assert_eq!(held, 6, "6 x 300 <= 2 x 1000 < 7 x 300");
+        assert_eq!(q.held_truesize(), 1800);
+        assert!(q.can_hold(200));
+        assert!(!q.can_hold(201));
+        // Writes are clipped to the window left by held bytes.
+        assert_eq!(q.free(), 940);
+        assert_eq!(q.write_at(900, &[1u8; 100]), 40);
+        // Consuming everything at once (close with unread data) releases
+        // every frame.
+        q.consume(q.len());
+        assert_eq!(count(&l), 0);
+        assert_eq!(q.held_truesize(), 0);
+        // Dropping a queue releases what it held.
+        q.hold(Body::boxed(&[1u8; 10], &l), 0, 10, 300);
+        drop(q);
+        assert_eq!(count(&l), 0);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! Receive processing is in `input.rs`, transmit in `output.rs`, timers in
 //! `timer.rs`.
 
-use crate::buffer::{Assembler, Ring};
+use crate::buffer::{Assembler, Ring, RxQueue};
 use crate::cc::NewReno;
 use crate::isn::Secret;
 use crate::seq;
@@ -91,7 +91,7 @@ pub(crate) struct Conn {
     // --- receive sequence space
     pub irs: u32,
     pub rcv_nxt: u32,
-    pub rx: Ring,
+    pub rx: RxQueue,
     pub rcvbuf: usize,
     /// Autotuning's limit for `rcvbuf` (0: the application fixed it).
     pub rcvbuf_max: usize,
@@ -251,7 +251,7 @@ impl Conn {
             sndbuf: opts.sndbuf.max(1),
             irs: 0,
             rcv_nxt: 0,
-            rx: Ring::new(0),
+            rx: RxQueue::new(0),
             rcvbuf: opts.rcvbuf.max(1),
             rcvbuf_max: opts.rcvbuf_max,
             rcv_space: 10 * u64::from(cfg.mss),
@@ -441,7 +441,7 @@ impl Conn {
             self.tx = Ring::new(self.sndbuf);
         }
         if self.rx.capacity() != self.rcvbuf {
-            self.rx = Ring::new(self.rcvbuf);
+            self.rx = RxQueue::new(self.rcvbuf);
         }
     }
 

@@ -5,7 +5,8 @@
 use crate::conn::{Conn, SCOREBOARD, State};
 use crate::payload::Payload;
 use crate::seq;
-use crate::{Config, Counters, DirectRead, Error};
+use crate::stack::{HOLD_MIN, Intake};
+use crate::{Config, Counters, Error};
 use nanowire_wire::tcp::TcpRepr;
 
 impl Conn {
@@ -16,12 +17,12 @@ impl Conn {
         r: &TcpRepr,
         payload: Payload<'_>,
         ctr: &mut Counters,
-        read: Option<&mut DirectRead<'_>>,
+        to: Intake<'_, '_, '_>,
     ) {
         match self.state {
             State::Closed => {}
             State::SynSent => self.input_syn_sent(now, cfg, r, ctr),
-            _ => self.input_synchronized(now, cfg, r, payload, ctr, read),
+            _ => self.input_synchronized(now, cfg, r, payload, ctr, to),
         }
     }
 
@@ -123,7 +124,7 @@ impl Conn {
         r: &TcpRepr,
         payload: Payload<'_>,
         ctr: &mut Counters,
-        read: Option<&mut DirectRead<'_>>,
+        to: Intake<'_, '_, '_>,
     ) {
         let f = r.flags;
         let seg_len = payload.len() as u32 + u32::from(f.syn()) + u32::from(f.fin());
@@ -236,7 +237,7 @@ impl Conn {
         // Data.
         if !payload.is_empty() || f.fin() {
             if self.state.can_recv() {
-                self.process_data(now, cfg, r, payload, ctr, read);
+                self.process_data(now, cfg, r, payload, ctr, to);
             } else if self.state == State::TimeWait && f.fin() {
                 // Retransmitted FIN: ACK it again and restart the 2MSL wait.
                 self.ack_now = true;
@@ -469,10 +470,13 @@ impl Conn {
         r: &TcpRepr,
         payload: Payload<'_>,
         ctr: &mut Counters,
-        read: Option<&mut DirectRead<'_>>,
+        to: Intake<'_, '_, '_>,
     ) {
+        let Intake { read, hold } = to;
         let mut s = r.seq;
         let mut data = payload;
+        // Where `data` starts in the payload (what a held frame skips).
+        let mut skip = 0usize;
         let fin_at = r.seq.wrapping_add(payload.len() as u32);
         let mut fin = r.flags.fin();
 
@@ -486,6 +490,7 @@ impl Conn {
         if seq::lt(s, self.rcv_nxt) {
             let d = self.rcv_nxt.wrapping_sub(s) as usize;
             data = data.skip(d);
+            skip += d.min(payload.len());
             s = self.rcv_nxt;
         }
         // Cut what does not fit the window.
@@ -523,6 +528,7 @@ impl Conn {
                     data.take(k).copy_to(&mut d.buf[d.filled..d.filled + k]);
                     d.filled += k;
                     data = data.skip(k);
+                    skip += k;
                     self.rcv_nxt = self.rcv_nxt.wrapping_add(k as u32);
                     self.bytes_received += k as u64;
                     self.rx_unacked += k as u32;
@@ -530,9 +536,36 @@ impl Conn {
                     ctr.rx_direct_bytes += k as u64;
                     self.rcv_space_adjust(now);
                 }
-                self.rx.write_payload(0, &data);
-                let total = self.asm.advance(data.len() as u32);
-                self.rx.commit(total as usize);
+                // The rest stays in its frame when the connection may
+                // keep it (`Hold`): the application's read copies it once.
+                let held = match hold {
+                    Some(h)
+                        if !had_holes
+                            && data.len() >= HOLD_MIN
+                            && h.len == payload.len()
+                            && self.rx.can_hold(h.truesize) =>
+                    {
+                        self.rx
+                            .hold((h.keep)(), skip, skip + data.len(), h.truesize);
+                        h.kept = true;
+                        ctr.rx_held_bytes += data.len() as u64;
+                        true
+                    }
+                    Some(_) if data.len() >= HOLD_MIN => {
+                        ctr.rx_hold_declined += 1;
+                        false
+                    }
+                    _ => false,
+                };
+                let total = if held {
+                    // No holes: nothing more becomes contiguous.
+                    self.asm.advance(data.len() as u32)
+                } else {
+                    self.rx.write_payload(0, &data);
+                    let total = self.asm.advance(data.len() as u32);
+                    self.rx.commit(total as usize);
+                    total
+                };
                 self.rcv_nxt = self.rcv_nxt.wrapping_add(total);
                 self.bytes_received += u64::from(total);
                 self.rx_unacked += total;

@@ -33,7 +33,10 @@ pub use conn::State;
 pub use handover::Handover;
 pub use isn::Secret;
 pub use payload::Payload;
-pub use stack::{ConnId, DirectRead, EndState, ListenerId, Readiness, TcpStack, Transmit};
+pub use buffer::HeldBytes;
+pub use stack::{
+    ConnId, DirectRead, EndState, HOLD_MIN, Hold, Intake, ListenerId, Readiness, TcpStack, Transmit,
+};
 
 use std::net::SocketAddrV4;
 
@@ -302,6 +305,13 @@ counters! {
     /// In-order bytes copied straight into a waiting reader's buffer
     /// ([`DirectRead`]), never through the receive ring.
     rx_direct_bytes,
+    /// In-order bytes kept in the frames they arrived in
+    /// ([`Hold`]), copied once by the application's read.
+    rx_held_bytes,
+    /// Frames offered to keep with enough in-order data that were copied
+    /// instead (the receive queue held copied bytes, or its held frames
+    /// reached twice the receive buffer).
+    rx_hold_declined,
     /// Segments in states that take no data (after FIN), ignored.
     data_after_fin,
     retransmits,

@@ -57,6 +57,45 @@ pub struct DirectRead<'a> {
     pub filled: usize,
 }
 
+/// A received segment's frame offered to the connection it is for
+/// ([`TcpStack::input_with`]): in-order data that would be copied into the
+/// connection's receive ring stays in the frame instead
+/// ([`crate::buffer::RxQueue`]), and the application's read copies it once,
+/// from the frame into its buffer (one copy per byte instead of two). The
+/// engine offers a frame only while its budget of held frames over all
+/// connections allows (a frame held is one the fill ring lacks); the
+/// connection takes it only while its receive queue holds nothing copied,
+/// the data is in order and at least [`HOLD_MIN`] bytes, and its held
+/// frames stay within twice its receive buffer. Otherwise the bytes are
+/// copied as before.
+pub struct Hold<'a> {
+    /// The segment's payload length as the frame holds it: kept only when
+    /// it is the payload the stack parsed (no padding, no trimmed tail).
+    pub len: usize,
+    /// Receive memory the frame pins (its frames × the frame size).
+    pub truesize: usize,
+    /// Makes what is kept (the frame's payload, `len` bytes), called once
+    /// if the connection keeps it.
+    pub keep: &'a mut dyn FnMut() -> Box<dyn crate::buffer::HeldBytes>,
+    /// Set when the connection kept it.
+    pub kept: bool,
+}
+
+/// Smallest in-order piece of a segment kept in its frame: a smaller one is
+/// copied (cheaper than the bookkeeping, and a request/response connection
+/// keeps its frames turning).
+pub const HOLD_MIN: usize = 1024;
+
+/// Where an arriving segment's data may go besides the receive ring
+/// ([`TcpStack::input_with`]).
+#[derive(Default)]
+pub struct Intake<'r, 'd, 'h> {
+    /// An application's read in progress ([`DirectRead`]).
+    pub read: Option<&'r mut DirectRead<'d>>,
+    /// The segment's frame, to keep ([`Hold`]).
+    pub hold: Option<&'r mut Hold<'h>>,
+}
+
 /// Handle of a listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ListenerId(u32);
@@ -499,7 +538,7 @@ impl TcpStack {
             // An orphan in TIME-WAIT keeps its sequence state only (as the
             // kernel's timewait socket): its rings go back to the pool.
             c.tx = crate::buffer::Ring::new(0);
-            c.rx = crate::buffer::Ring::new(0);
+            c.rx = crate::buffer::RxQueue::new(0);
         }
         if self.conn_events
             && !c.orphan
@@ -595,6 +634,20 @@ impl TcpStack {
         rest: &[&[u8]],
         read: Option<&mut DirectRead<'_>>,
     ) {
+        self.input_with(now, src, dst, head, rest, Intake { read, hold: None });
+    }
+
+    /// [`TcpStack::input_parts_into`], the segment's frame offered to keep
+    /// ([`Hold`]).
+    pub fn input_with(
+        &mut self,
+        now: u64,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        head: &[u8],
+        rest: &[&[u8]],
+        to: Intake<'_, '_, '_>,
+    ) {
         if let Some(f) = self.fault_rx.as_mut() {
             let seg = Payload::new(head, rest);
             let mut p = vec![0u8; 8 + seg.len()];
@@ -605,7 +658,7 @@ impl TcpStack {
             self.release_rx(now);
             return;
         }
-        self.input_now(now, src, dst, head, rest, read);
+        self.input_now(now, src, dst, head, rest, to);
     }
 
     /// Segments the receive-side injector holds that are due.
@@ -613,7 +666,7 @@ impl TcpStack {
         while let Some(p) = self.fault_rx.as_mut().and_then(|f| f.pop(now)) {
             let src = Ipv4Addr::new(p[0], p[1], p[2], p[3]);
             let dst = Ipv4Addr::new(p[4], p[5], p[6], p[7]);
-            self.input_now(now, src, dst, &p[8..], &[], None);
+            self.input_now(now, src, dst, &p[8..], &[], Intake::default());
         }
     }
 
@@ -624,8 +677,9 @@ impl TcpStack {
         dst: Ipv4Addr,
         head: &[u8],
         rest: &[&[u8]],
-        read: Option<&mut DirectRead<'_>>,
+        to: Intake<'_, '_, '_>,
     ) {
+        let Intake { read, hold } = to;
         self.clock = self.clock.max(now);
         self.counters.segs_in += 1;
         let Ok(s) = TcpSegment::new_checked(head) else {
@@ -687,7 +741,10 @@ impl TcpStack {
                     &r,
                     payload,
                     &mut self.counters,
-                    read.filter(|_| gen_ok),
+                    Intake {
+                        read: read.filter(|_| gen_ok),
+                        hold,
+                    },
                 );
                 self.settle(idx);
                 return;
@@ -813,7 +870,14 @@ impl TcpStack {
                         .expect("just inserted");
                     c.in_accept_queue = true;
                     if !payload.is_empty() || f.fin() {
-                        c.input(now, &self.cfg, r, payload, &mut self.counters, None);
+                        c.input(
+                            now,
+                            &self.cfg,
+                            r,
+                            payload,
+                            &mut self.counters,
+                            Intake::default(),
+                        );
                     }
                     self.settle(idx);
                 }
@@ -1426,6 +1490,12 @@ impl TcpStack {
     /// Bytes ready to read.
     pub fn recv_queue(&self, c: ConnId) -> Result<usize, Error> {
         Ok(self.conn(c)?.rx.len())
+    }
+    /// Of the bytes ready to read, those kept in their frames ([`Hold`]),
+    /// and the receive memory those frames pin.
+    pub fn rx_held(&self, c: ConnId) -> Result<(usize, usize), Error> {
+        let k = self.conn(c)?;
+        Ok((k.rx.held_bytes(), k.rx.held_truesize()))
     }
     /// Room in the send buffer.
     pub fn send_space(&self, c: ConnId) -> Result<usize, Error> {

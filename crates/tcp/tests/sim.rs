@@ -1559,3 +1559,115 @@ fn a_zero_window_opened_by_a_read_is_announced_at_once() {
     });
     assert_eq!(got, data);
 }
+
+/// Frames kept in the receive queue (`Hold`, the engine's frame-held
+/// path): a bulk stream read in odd chunks, with MSG_PEEK before some
+/// reads and a waiting reader now and then, arrives intact; most bytes
+/// are held, never more frames than the budget at once, every frame given
+/// back when its bytes are read; split segments (a multi-buffer packet's
+/// pieces) too.
+#[test]
+fn frames_held_in_the_receive_queue_are_bounded_and_read_in_order() {
+    for split in [false, true] {
+        let mut n = Net::new(autotuned(), Config::default(), FaultConfig::default());
+        n.split = split;
+        n.hold = Some(HoldSim::new(96));
+        let (ca, cb) = n.connect_pair();
+        let total = 3u64 << 20;
+        let data: Vec<u8> = (0..total).map(pattern).collect();
+        let (mut sent, mut got) = (0usize, Vec::<u8>::new());
+        let mut round = 0usize;
+        let mut peeked = 0usize;
+        n.run_until(600 * S, |n| {
+            round += 1;
+            if sent < data.len()
+                && let Ok(k) = n.b.send(cb, &data[sent..])
+            {
+                sent += k;
+            }
+            // The reader sometimes waits in a read (DirectRead) too.
+            if round.is_multiple_of(7) && n.reader.is_none() {
+                n.reader = Some(Reader {
+                    conn: ca,
+                    chunk: 3000,
+                    got: Vec::new(),
+                });
+            } else if let Some(r) = n.reader.take_if(|_| round % 7 == 3) {
+                got.extend_from_slice(&r.got);
+            }
+            if n.reader.is_none() {
+                let (held, truesize) = n.a.rx_held(ca).unwrap();
+                let rcvbuf = n.a.info(ca).unwrap().rcvbuf as usize;
+                assert!(held <= n.a.recv_queue(ca).unwrap());
+                assert!(truesize <= 2 * rcvbuf, "{truesize} pinned, buffer {rcvbuf}");
+                let mut buf = vec![0u8; 1 + (round * 7919) % 70_000];
+                if round.is_multiple_of(5) {
+                    let mut p = vec![0u8; buf.len()];
+                    if let Ok(k) = n.a.peek(ca, &mut p) {
+                        let at = got.len();
+                        assert_eq!(&p[..k], &data[at..at + k], "peek at {at}");
+                        peeked += k;
+                    }
+                }
+                while let Ok(k) = n.a.recv(ca, &mut buf) {
+                    if k == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..k]);
+                }
+            }
+            got.len() == data.len()
+        });
+        assert!(got == data, "the stream arrived intact and in order (split {split})");
+        let h = n.hold.take().expect("hold");
+        let c = n.a.counters();
+        assert!(
+            c.rx_held_bytes > total / 2,
+            "most bytes held: {} of {total} (split {split})",
+            c.rx_held_bytes
+        );
+        assert!(h.peak <= h.budget, "peak {} of a budget {}", h.peak, h.budget);
+        assert!(h.offered > h.kept, "the budget ran out and copying took over");
+        assert_eq!(h.live(), 0, "every held frame went back when read");
+        assert_eq!(n.a.rx_held(ca).unwrap(), (0, 0));
+        assert!(peeked > 0);
+        assert_eq!(c.beyond_window_bytes, 0);
+        assert_eq!(n.b.info(cb).unwrap().total_retrans, 0);
+    }
+}
+
+/// A connection whose reader does not read: what it holds stays within
+/// its window (bytes) and twice its buffer (frames' memory), the rest of
+/// the window is copied; a hand-over (TCP_REPAIR) takes the held bytes
+/// with the rest; close with unread held data resets as the kernel does
+/// and gives every frame back.
+#[test]
+fn held_frames_of_a_stalled_reader_are_bounded_handed_over_and_released_by_close() {
+    let mut n = Net::plain();
+    n.hold = Some(HoldSim::new(1 << 20));
+    let (ca, cb) = n.connect_pair();
+    let rcvbuf = n.a.info(ca).unwrap().rcvbuf as usize;
+    let data: Vec<u8> = (0..4 * rcvbuf as u64).map(pattern).collect();
+    let mut sent = 0;
+    n.run_until(60 * S, |n| {
+        if let Ok(k) = n.b.send(cb, &data[sent..]) {
+            sent += k;
+        }
+        n.a.info(ca).unwrap().rcv_wnd == 0
+    });
+    let q = n.a.recv_queue(ca).unwrap();
+    let (held, truesize) = n.a.rx_held(ca).unwrap();
+    assert!(q <= rcvbuf && q > rcvbuf / 2, "queue {q} of {rcvbuf}");
+    assert!(held > 0 && held <= q);
+    assert!(truesize <= 2 * rcvbuf);
+    let live = n.hold.as_ref().unwrap().live();
+    assert!(live * 2048 == truesize, "{live} frames held, {truesize} bytes pinned");
+    // The hand-over's state carries every unread byte, held ones first.
+    let h = n.a.hand_over_state(n.now, ca).unwrap();
+    assert_eq!(h.recv.len(), q);
+    assert_eq!(h.recv, data[..q]);
+    // Close with unread data: RST, and the frames go back.
+    n.a.close(n.now, ca).unwrap();
+    n.run_until(S, |n| n.b.error(cb) == Some(Error::ConnectionReset));
+    assert_eq!(n.hold.as_ref().unwrap().live(), 0);
+}

@@ -284,6 +284,18 @@ impl RxFrame {
         }
     }
 
+    /// Receive memory this packet pins while it is held: its frames times
+    /// the UMEM's frame size (heap bytes: their length).
+    #[inline]
+    pub fn truesize(&self) -> usize {
+        match &self.repr {
+            Repr::Umem { umem, .. } => umem.frame_size as usize,
+            Repr::Chain(c) => c.pieces.len() * c.umem.frame_size as usize,
+            Repr::Heap(v) => v.len(),
+            Repr::Gone => 0,
+        }
+    }
+
     /// A multi-buffer packet over `pieces` (each at most 3840 bytes), in
     /// a private UMEM of its own: for tests and tools, as `from_vec`.
     pub fn from_pieces(pieces: &[&[u8]]) -> std::io::Result<RxFrame> {
@@ -517,6 +529,7 @@ mod tests {
         let f = RxFrame::from_pieces(&[b"abc", b"d", b"efgh"]).unwrap();
         assert_eq!(f.len(), 8);
         assert_eq!(f.frames(), 3);
+        assert_eq!(f.truesize(), 3 * 4096);
         assert_eq!(f.head(), b"abc");
         let p: Vec<&[u8]> = f.pieces().collect();
         assert_eq!(p, [&b"abc"[..], b"d", b"efgh"]);

@@ -21,6 +21,9 @@ pub const TCP_RTO_MIN_VAR: &str = "NANOWIRE_TCP_RTO_MIN_US";
 /// The options table's `tx_csum_offload` row (`0`: TCP checksums in
 /// software even where AF_XDP TX metadata offers the offload).
 pub const TX_CSUM_OFFLOAD_VAR: &str = "NANOWIRE_TX_CSUM_OFFLOAD";
+/// The options table's `tcp_rx_hold` row (`0`: TCP copies every segment
+/// into the connection's receive ring, keeps no frame).
+pub const TCP_RX_HOLD_VAR: &str = "NANOWIRE_TCP_RX_HOLD";
 /// Force an XDP attach mode (`native` or `generic`).
 pub const XDP_MODE_VAR: &str = "NANOWIRE_XDP_MODE";
 /// `1`: behave as an engine without multi-buffer receive (tests).
@@ -33,10 +36,11 @@ pub const SERVICE_VAR: &str = "NANOWIRE_SERVICE";
 /// sets it for the programs it runs).
 pub const SERVICE_BIN_VAR: &str = "NANOWIRE_BIN";
 /// Every variable [`EngineConfig::from_vars`] looks up.
-pub const VARS: [&str; 8] = [
+pub const VARS: [&str; 9] = [
     FAULTS_VAR,
     TCP_RTO_MIN_VAR,
     TX_CSUM_OFFLOAD_VAR,
+    TCP_RX_HOLD_VAR,
     XDP_MODE_VAR,
     NO_MULTI_BUFFER_VAR,
     STATS_DIR_VAR,
@@ -70,6 +74,9 @@ pub struct EngineConfig {
     /// `false`: every checksum in software (the path of older kernels and
     /// of zero-copy drivers without the offload; for tests and comparisons).
     pub tx_csum_offload: bool,
+    /// TCP keeps in-order data in its receive frames until read
+    /// (`nanowire_tcp::Hold`); `false`: copied into the receive ring.
+    pub tcp_rx_hold: bool,
 }
 
 impl Default for EngineConfig {
@@ -83,6 +90,7 @@ impl Default for EngineConfig {
             service: false,
             service_bin: None,
             tx_csum_offload: true,
+            tcp_rx_hold: true,
         }
     }
 }
@@ -126,6 +134,10 @@ impl EngineConfig {
             get(TX_CSUM_OFFLOAD_VAR).as_deref(),
             Some("0" | "false" | "off" | "no")
         );
+        let tcp_rx_hold = !matches!(
+            get(TCP_RX_HOLD_VAR).as_deref(),
+            Some("0" | "false" | "off" | "no")
+        );
         EngineConfig {
             faults,
             tcp_rto_min_us,
@@ -138,6 +150,7 @@ impl EngineConfig {
             ),
             service_bin: get(SERVICE_BIN_VAR).map(PathBuf::from),
             tx_csum_offload,
+            tcp_rx_hold,
         }
     }
 }
@@ -186,6 +199,8 @@ mod tests {
         assert!(!vars(&[(SERVICE_VAR, "0")]).service);
         assert!(!c.tx_csum_offload);
         assert!(vars(&[(TX_CSUM_OFFLOAD_VAR, "1")]).tx_csum_offload);
+        assert!(c.tcp_rx_hold);
+        assert!(!vars(&[(TCP_RX_HOLD_VAR, "0")]).tcp_rx_hold);
         assert_eq!(c.tcp_rto_min_us, Some(10_000));
         assert_eq!(c.xdp_mode, Some(AttachMode::Driver));
         assert!(c.no_multi_buffer);

@@ -223,6 +223,11 @@ impl Demux {
         self.poller = poller;
     }
 
+    /// RX frames of the UMEM (the budget every holder shares).
+    pub fn umem_frames(&self) -> usize {
+        self.umem_frames
+    }
+
     /// Frames queued past their caps (all endpoints).
     #[cfg(test)]
     pub fn spilled(&self) -> usize {

@@ -509,6 +509,7 @@ impl Engine {
         let fds: Vec<RawFd> = socks.iter().map(|s| s.as_raw_fd()).collect();
         let umem: usize = socks.iter().map(|s| s.umem().bytes).sum();
         let rings: usize = socks.iter().map(|s| s.ring_bytes()).sum();
+        let on_service = matches!(prog, Steer::Service(_));
         let page = Arc::new(StatsPage::create(&PageInfo {
             pid: std::process::id(),
             iface: ifname.to_string(),
@@ -654,6 +655,15 @@ impl Engine {
             page.clone(),
         ));
         let mut rxp = RxPath::new(rxdev, Demux::new(depth as usize), own, page.clone());
+        // Frames TCP may keep in receive queues (rx.rs HOLD_DIVISOR): half
+        // of that on the service's UMEM, whose RX frames every attached
+        // process shares; none with the options table's tcp_rx_hold=0.
+        if on_service {
+            rxp.hold_limit /= 2;
+        }
+        if !config::config().tcp_rx_hold {
+            rxp.hold_limit = 0;
+        }
         if info.mac != [0; 6] {
             rxp.mac = Some(info.mac);
         }

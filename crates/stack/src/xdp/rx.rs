@@ -22,7 +22,7 @@ use super::shm::{E, StatsPage, bump};
 use nanowire_xdp::RxFrame;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Descriptors one poll takes at most (bounds the time the RX lock is
 /// held, and so the wait of any other socket of the process).
@@ -48,19 +48,31 @@ pub(crate) struct RxPath<D> {
     /// queue empty and sees this unchanged (and nothing on the rings) knows
     /// nothing arrived for it since ([`super::Engine::rx_quiet`]).
     pub delivered: Arc<AtomicU64>,
+    /// Frames TCP connections of this engine keep in their receive queues
+    /// now (`nanowire_tcp::Hold`, tcp.rs `HeldFrame`), all stacks
+    /// together, and the most they may: a frame held is one the fill ring
+    /// lacks, so past the limit segments are copied as before.
+    pub held: Arc<AtomicUsize>,
+    pub hold_limit: usize,
 }
+
+/// Of the UMEM's RX frames, at most this fraction (1/4) is held in TCP
+/// receive queues (an engine on the service's shared UMEM: half of that).
+pub(crate) const HOLD_DIVISOR: usize = 4;
 
 impl<D: RxDevice> RxPath<D> {
     pub fn new(dev: D, demux: Demux, own: Vec<Ipv4Addr>, page: Arc<StatsPage>) -> Self {
         RxPath {
             dev,
-            demux,
             own,
             page,
             idle: 0,
             reasm: Reassembly::new(),
             mac: None,
             delivered: Arc::new(AtomicU64::new(0)),
+            held: Arc::new(AtomicUsize::new(0)),
+            hold_limit: demux.umem_frames() / HOLD_DIVISOR,
+            demux,
         }
     }
 

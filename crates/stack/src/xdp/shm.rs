@@ -273,6 +273,17 @@ counter_table! {
         /// TCP payload bytes copied straight into a reading application's
         /// buffer, never through the connection's receive ring.
         TcpRxDirectBytes = "tcp_rx_direct_bytes": Counter <- rx_direct_bytes,
+        /// TCP payload bytes kept in their receive frames until read
+        /// (`nanowire_tcp::Hold`): copied once, by the application's read.
+        TcpRxHeldBytes = "tcp_rx_held_bytes": Counter <- rx_held_bytes,
+        /// Frames offered to keep that the connection copied instead (its
+        /// queue held copied bytes, or its frames reached twice its buffer).
+        TcpRxHoldDeclined = "tcp_rx_hold_declined": Counter <- rx_hold_declined,
+        /// RX frames held in TCP receive queues now (sampled), and the most
+        /// ever held (at most the engine's hold limit, 1/4 of the UMEM's RX
+        /// frames, 1/8 on the engine service).
+        TcpRxHeldFrames = "tcp_rx_held_frames": Gauge,
+        PeakTcpRxHeldFrames = "peak_tcp_rx_held_frames": Peak,
     }
 
     /// Per-socket counters (word 0 of a socket's block is its address).

@@ -22,12 +22,12 @@ use super::device::{RxDevice, TxDevice};
 use super::neigh::{Hop, Lookup};
 use super::order::{self, Guard, Tier, as_engine_thread};
 use super::rx::{RX_BUDGET, RxPath};
-use super::shm::{E, bump};
+use super::shm::{E, bump, peak, set};
 use super::tx::{ETH_HDR, IP_HDR, TxPath, eth_ipv4};
 use crate::{EngineOptions, WaitPolicy};
 use nanowire_tcp::{
-    Config, ConnId, DirectRead, Error as TcpError, ListenerId, Secret, SocketOptions, State,
-    TcpInfo, TcpStack,
+    Config, ConnId, DirectRead, Error as TcpError, Hold, Intake, ListenerId, Secret,
+    SocketOptions, State, TcpInfo, TcpStack,
 };
 use nanowire_wire::Ipv4Repr;
 use std::io;
@@ -798,6 +798,7 @@ impl TcpEngine {
             if core.turns.is_multiple_of(64) {
                 // Under the RX lock: the single writer of these counters.
                 publish_counters(&g.page, core);
+                set(g.page.e(E::TcpRxHeldFrames), g.held.load(Ordering::Relaxed) as u64);
             }
         }
         let now = match now {
@@ -2972,20 +2973,41 @@ pub(crate) fn rx_segments_into<D: RxDevice>(
     let mut done: Option<nanowire_xdp::Recycler> = None;
     while let Some(d) = g.demux.pop(id, &g.page) {
         let t = *now.get_or_insert_with(&clock);
-        if d.frame.frames() == 1 {
+        // A segment with data enough to keep is offered to its connection
+        // with its frame (`Hold`) while the engine's budget of held frames
+        // allows: kept, its bytes are copied once, by the application's
+        // read, instead of into the receive ring and out again.
+        let frames = d.frame.frames();
+        let offer = d.payload_len as usize >= nanowire_tcp::HOLD_MIN
+            && g.held.load(Ordering::Relaxed) + frames <= g.hold_limit;
+        let mut keep = || -> Box<dyn nanowire_tcp::HeldBytes> {
+            Box::new(HeldFrame::new(&d, &g.held))
+        };
+        let mut hold = offer.then(|| Hold {
+            len: d.payload_len as usize,
+            truesize: d.frame.truesize(),
+            keep: &mut keep,
+            kept: false,
+        });
+        let to = Intake {
+            read: read.as_deref_mut(),
+            hold: hold.as_mut(),
+        };
+        if frames == 1 {
             // One buffer (every segment up to the MTU): no piece table
             // (MAX_PIECES slices, ~100 stores to set up per segment).
-            stack.input_parts_into(
-                t,
-                *d.src.ip(),
-                *d.dst.ip(),
-                d.segment(),
-                &[],
-                read.as_deref_mut(),
-            );
+            stack.input_with(t, *d.src.ip(), *d.dst.ip(), d.segment(), &[], to);
         } else {
-            input_chain(stack, t, &d, read.as_deref_mut());
+            input_chain(stack, t, &d, to);
         }
+        if hold.is_some_and(|h| h.kept) {
+            peak(
+                g.page.e(E::PeakTcpRxHeldFrames),
+                g.held.load(Ordering::Relaxed) as u64,
+            );
+        }
+        // Kept: the held clone of the frame keeps it out of the fill ring
+        // until the application read its bytes.
         d.frame
             .recycle_into(done.get_or_insert_with(nanowire_xdp::Recycler::default));
         fed += 1;
@@ -2995,15 +3017,71 @@ pub(crate) fn rx_segments_into<D: RxDevice>(
 
 /// A multi-buffer segment (a GSO/GRO super-frame) fed in its pieces.
 #[inline(never)]
-fn input_chain(
-    stack: &mut TcpStack,
-    t: u64,
-    d: &super::demux::Delivery,
-    read: Option<&mut DirectRead<'_>>,
-) {
+fn input_chain(stack: &mut TcpStack, t: u64, d: &super::demux::Delivery, to: Intake<'_, '_, '_>) {
     let mut rest: [&[u8]; MAX_PIECES] = [&[]; MAX_PIECES];
     let (head, n) = d.segment_parts(&mut rest);
-    stack.input_parts_into(t, *d.src.ip(), *d.dst.ip(), head, &rest[..n], read);
+    stack.input_with(t, *d.src.ip(), *d.dst.ip(), head, &rest[..n], to);
+}
+
+/// A segment's payload kept in its receive frame(s) by a connection
+/// (`nanowire_tcp::Hold`): a clone of the frame (its reference keeps the
+/// frame out of the fill ring), read in place piece by piece, counted in
+/// the engine's held frames (`RxPath::held`) until dropped, when the last
+/// reference gives the frame back.
+struct HeldFrame {
+    frame: nanowire_xdp::RxFrame,
+    /// The payload: `[off, off + len)` of the packet's bytes.
+    off: usize,
+    len: usize,
+    frames: usize,
+    held: Arc<AtomicUsize>,
+}
+
+impl HeldFrame {
+    fn new(d: &super::demux::Delivery, held: &Arc<AtomicUsize>) -> HeldFrame {
+        let frames = d.frame.frames();
+        held.fetch_add(frames, Ordering::Relaxed);
+        HeldFrame {
+            frame: d.frame.clone(),
+            off: d.payload_off as usize,
+            len: d.payload_len as usize,
+            frames,
+            held: held.clone(),
+        }
+    }
+}
+
+impl nanowire_tcp::HeldBytes for HeldFrame {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn copy_out(&self, at: usize, out: &mut [u8]) -> usize {
+        let want = out.len().min(self.len.saturating_sub(at));
+        // Packet offsets: [from, from + want), walked over the buffers.
+        let from = self.off + at;
+        let (mut base, mut n) = (0usize, 0usize);
+        for p in self.frame.pieces() {
+            if n == want {
+                break;
+            }
+            let end = base + p.len();
+            if from + n < end {
+                let s = from + n - base;
+                let k = (p.len() - s).min(want - n);
+                out[n..n + k].copy_from_slice(&p[s..s + k]);
+                n += k;
+            }
+            base = end;
+        }
+        n
+    }
+}
+
+impl Drop for HeldFrame {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.frames, Ordering::Relaxed);
+    }
 }
 
 /// What the TCP driver builds frames with: the stack's next hops (a
@@ -3257,6 +3335,48 @@ mod tests {
             assert!(crate::xdp::testkit::identity_holds(p));
             assert_eq!(crate::xdp::testkit::drops(p), 0);
         }
+    }
+
+    /// The receive half keeps segments in their frames (`Hold`) within the
+    /// engine's limit of held frames, copies past it, and every held frame
+    /// is given back once the application read its bytes: the stream
+    /// arrives intact, held and copied parts in order.
+    #[test]
+    fn the_receive_half_holds_frames_within_the_limit_and_releases_them_when_read() {
+        let (mut a, mut b) = two_hosts();
+        b.rx.hold_limit = 24;
+        let server = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 80);
+        let l = b.stack.listen(server, 8).unwrap();
+        let local = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 4000);
+        let c = a.stack.connect(a.now, local, server).unwrap();
+        run(&mut a, &mut b);
+        let s = b.stack.accept(l).expect("accepted");
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 253) as u8).collect();
+        let (mut sent, mut got, mut peak) = (0, Vec::new(), 0);
+        let mut buf = vec![0u8; 5000];
+        for round in 0..5000 {
+            if sent < data.len() {
+                sent += a.stack.send(c, &data[sent..]).unwrap_or(0);
+            }
+            a.turn();
+            b.turn();
+            peak = peak.max(b.rx.held.load(Ordering::Relaxed));
+            // The reader lags: it reads one piece every third round.
+            if round % 3 == 0
+                && let Ok(n) = b.stack.recv(s, &mut buf)
+            {
+                got.extend_from_slice(&buf[..n]);
+            }
+            if got.len() == data.len() {
+                break;
+            }
+        }
+        assert!(got == data, "intact and in order ({} of {})", got.len(), data.len());
+        let held = b.stack.counters().rx_held_bytes;
+        assert!(held > 0 && held < data.len() as u64, "held {held}: both paths");
+        assert!(peak > 0 && peak <= 24, "at most the limit held: {peak}");
+        assert_eq!(b.rx.held.load(Ordering::Relaxed), 0, "all given back");
+        assert_eq!(b.stack.rx_held(s), Ok((0, 0)));
     }
 
     #[test]

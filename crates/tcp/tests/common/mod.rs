@@ -4,7 +4,9 @@
 #![allow(dead_code)]
 
 use nanowire_tcp::fault::{FaultConfig, FaultInjector};
-use nanowire_tcp::{Config, ConnId, DirectRead, Secret, TcpStack, Transmit};
+use nanowire_tcp::{Config, ConnId, DirectRead, HeldBytes, Hold, Intake, Secret, TcpStack, Transmit};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use nanowire_wire::checksum;
 use std::net::{Ipv4Addr, SocketAddrV4};
 
@@ -43,6 +45,68 @@ pub struct Net {
     pub offloaded: u64,
     /// An application of a waiting in a read when segments arrive.
     pub reader: Option<Reader>,
+    /// Offer a's connections every arriving segment's "frame" to keep
+    /// ([`Hold`]), as the engine does, within a budget of frames.
+    pub hold: Option<HoldSim>,
+}
+
+/// The engine's side of [`Hold`] in the simulation: "frames" of
+/// `frame_bytes` (each carrying `frame_payload` bytes of a segment), at
+/// most `budget` of them held at once over all connections; `live` counts
+/// those held now (each held body gives its frames back when dropped),
+/// `peak` the most ever held.
+pub struct HoldSim {
+    pub budget: usize,
+    pub frame_bytes: usize,
+    pub frame_payload: usize,
+    pub live: Arc<AtomicUsize>,
+    pub peak: usize,
+    /// Offers made and kept.
+    pub offered: u64,
+    pub kept: u64,
+}
+
+impl HoldSim {
+    pub fn new(budget: usize) -> HoldSim {
+        HoldSim {
+            budget,
+            frame_bytes: 2048,
+            frame_payload: 1792,
+            live: Arc::new(AtomicUsize::new(0)),
+            peak: 0,
+            offered: 0,
+            kept: 0,
+        }
+    }
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+}
+
+/// A held "frame": a copy of the segment's payload standing for the
+/// receive memory it arrived in.
+struct SimFrame {
+    data: Vec<u8>,
+    frames: usize,
+    live: Arc<AtomicUsize>,
+}
+
+impl HeldBytes for SimFrame {
+    fn len(&self) -> usize {
+        self.data.len()
+    }
+    fn copy_out(&self, at: usize, out: &mut [u8]) -> usize {
+        let src = self.data.get(at..).unwrap_or(&[]);
+        let n = src.len().min(out.len());
+        out[..n].copy_from_slice(&src[..n]);
+        n
+    }
+}
+
+impl Drop for SimFrame {
+    fn drop(&mut self) {
+        self.live.fetch_sub(self.frames, Ordering::Relaxed);
+    }
 }
 
 fn wire(src: Ipv4Addr, dst: Ipv4Addr, seg: &[u8]) -> Vec<u8> {
@@ -79,6 +143,7 @@ impl Net {
             corrupt_piece: false,
             offloaded: 0,
             reader: None,
+            hold: None,
         }
     }
 
@@ -122,7 +187,7 @@ impl Net {
                 &p,
                 self.split,
                 &mut self.corrupt_piece,
-                None,
+                Intake::default(),
             );
         }
         while let Some(p) = self.ba.pop(self.now) {
@@ -134,14 +199,53 @@ impl Net {
                 buf: &mut buf,
                 filled: 0,
             });
+            let seg = &p[8..];
+            let payload = if seg.len() >= 20 {
+                &seg[(usize::from(seg[12] >> 4) * 4).min(seg.len())..]
+            } else {
+                &[]
+            };
+            let frames = payload.len().div_ceil(
+                self.hold.as_ref().map_or(1, |h| h.frame_payload),
+            );
+            let live = self.hold.as_ref().map(|h| h.live.clone());
+            let mut keep = || -> Box<dyn HeldBytes> {
+                let live = live.clone().expect("offered only with a HoldSim");
+                live.fetch_add(frames, Ordering::Relaxed);
+                Box::new(SimFrame {
+                    data: payload.to_vec(),
+                    frames,
+                    live,
+                })
+            };
+            let mut offer = self
+                .hold
+                .as_ref()
+                .filter(|h| !payload.is_empty() && h.live() + frames <= h.budget)
+                .map(|h| Hold {
+                    len: payload.len(),
+                    truesize: frames * h.frame_bytes,
+                    keep: &mut keep,
+                    kept: false,
+                });
             feed(
                 &mut self.a,
                 self.now,
                 &p,
                 self.split,
                 &mut self.corrupt_piece,
-                read.as_mut(),
+                Intake {
+                    read: read.as_mut(),
+                    hold: offer.as_mut(),
+                },
             );
+            let offered = offer.is_some();
+            let kept = offer.is_some_and(|o| o.kept);
+            if let Some(h) = self.hold.as_mut() {
+                h.offered += u64::from(offered);
+                h.kept += u64::from(kept);
+                h.peak = h.peak.max(h.live());
+            }
             let filled = read.map_or(0, |d| d.filled);
             if let Some(r) = self.reader.as_mut() {
                 r.got.extend_from_slice(&buf[..filled]);
@@ -240,12 +344,12 @@ fn feed(
     p: &[u8],
     split: bool,
     corrupt: &mut bool,
-    read: Option<&mut DirectRead<'_>>,
+    to: Intake<'_, '_, '_>,
 ) {
     let (s, d) = addrs(p);
     let seg = &p[8..];
     if !split || seg.len() < 20 {
-        return stack.input_parts_into(now, s, d, seg, &[], read);
+        return stack.input_with(now, s, d, seg, &[], to);
     }
     let cut = (usize::from(seg[12] >> 4) * 4 + 3).min(seg.len());
     let mut owned = seg.to_vec();
@@ -264,7 +368,7 @@ fn feed(
         rest.push(&owned[at..e]);
         at = e;
     }
-    stack.input_parts_into(now, s, d, &owned[..cut], &rest, read);
+    stack.input_with(now, s, d, &owned[..cut], &rest, to);
 }
 
 /// An application of a that waits in a read of `chunk` bytes on `conn`
