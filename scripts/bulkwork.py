@@ -142,7 +142,7 @@ def main():
     keep = ["tx_packets", "rx_frames", "rx_packets", "rx_bytes", "tx_bytes", "tcp_segs_out", "tcp_segs_in",
             "drop_tx_ring_full", "xsk_tx_ring_empty", "rx_multi_buffer", "rx_csum_partial",
             "tx_csum_offload", "tcp_retransmits", "tcp_rx_direct_bytes", "tcp_rx_held_bytes",
-            "tcp_rx_hold_declined", "peak_tcp_rx_held_frames", "xsk_rx_fill_ring_empty", "xsk_rx_dropped",
+            "tcp_rx_hold_declined", "tcp_rx_hold_limited", "peak_tcp_rx_held_frames", "xsk_rx_fill_ring_empty", "xsk_rx_dropped",
             "xsk_rx_ring_full", "drop_socket_queue_full"]
     res["counters"] = {}
     for side, host in (("client", "a"), ("server", "b")):

@@ -668,7 +668,10 @@ mod tests {
         assert_eq!(q.write_at(3, b"nop"), 3);
         assert_eq!(q.write_at(0, b"klm"), 3);
         q.commit(6);
-        assert!(!q.can_hold(1), "the ring has content: later data follows it");
+        assert!(
+            !q.can_hold(1),
+            "the ring has content: later data follows it"
+        );
         assert_eq!(q.len(), 16);
         // MSG_PEEK anywhere: across bodies and into the ring.
         let mut o = [0u8; 16];

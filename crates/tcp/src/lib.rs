@@ -29,11 +29,11 @@ pub mod seq;
 mod stack;
 mod timer;
 
+pub use buffer::HeldBytes;
 pub use conn::State;
 pub use handover::Handover;
 pub use isn::Secret;
 pub use payload::Payload;
-pub use buffer::HeldBytes;
 pub use stack::{
     ConnId, DirectRead, EndState, HOLD_MIN, Hold, Intake, ListenerId, Readiness, TcpStack, Transmit,
 };

@@ -1618,7 +1618,10 @@ fn frames_held_in_the_receive_queue_are_bounded_and_read_in_order() {
             }
             got.len() == data.len()
         });
-        assert!(got == data, "the stream arrived intact and in order (split {split})");
+        assert!(
+            got == data,
+            "the stream arrived intact and in order (split {split})"
+        );
         let h = n.hold.take().expect("hold");
         let c = n.a.counters();
         assert!(
@@ -1626,8 +1629,16 @@ fn frames_held_in_the_receive_queue_are_bounded_and_read_in_order() {
             "most bytes held: {} of {total} (split {split})",
             c.rx_held_bytes
         );
-        assert!(h.peak <= h.budget, "peak {} of a budget {}", h.peak, h.budget);
-        assert!(h.offered > h.kept, "the budget ran out and copying took over");
+        assert!(
+            h.peak <= h.budget,
+            "peak {} of a budget {}",
+            h.peak,
+            h.budget
+        );
+        assert!(
+            h.offered > h.kept,
+            "the budget ran out and copying took over"
+        );
         assert_eq!(h.live(), 0, "every held frame went back when read");
         assert_eq!(n.a.rx_held(ca).unwrap(), (0, 0));
         assert!(peeked > 0);
@@ -1661,7 +1672,10 @@ fn held_frames_of_a_stalled_reader_are_bounded_handed_over_and_released_by_close
     assert!(held > 0 && held <= q);
     assert!(truesize <= 2 * rcvbuf);
     let live = n.hold.as_ref().unwrap().live();
-    assert!(live * 2048 == truesize, "{live} frames held, {truesize} bytes pinned");
+    assert!(
+        live * 2048 == truesize,
+        "{live} frames held, {truesize} bytes pinned"
+    );
     // The hand-over's state carries every unread byte, held ones first.
     let h = n.a.hand_over_state(n.now, ca).unwrap();
     assert_eq!(h.recv.len(), q);

@@ -283,6 +283,9 @@ counter_table! {
         /// ever held (at most the engine's hold limit, 1/4 of the UMEM's RX
         /// frames, 1/8 on the engine service).
         TcpRxHeldFrames = "tcp_rx_held_frames": Gauge,
+        /// Segments of ≥ 1 KiB copied without an offer: the engine's held
+        /// frames were at the limit.
+        TcpRxHoldLimited = "tcp_rx_hold_limited": Counter,
         PeakTcpRxHeldFrames = "peak_tcp_rx_held_frames": Peak,
     }
 
@@ -1233,7 +1236,10 @@ mod tests {
                 }
                 // The engine's own: sockets it left to the kernel, frames held.
                 None => assert!(
-                    matches!(e, E::TcpNoMultiBuffer | E::TcpRxHeldFrames),
+                    matches!(
+                        e,
+                        E::TcpNoMultiBuffer | E::TcpRxHeldFrames | E::TcpRxHoldLimited
+                    ),
                     "{e:?} publishes nothing"
                 ),
             }

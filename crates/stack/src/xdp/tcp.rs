@@ -26,8 +26,8 @@ use super::shm::{E, bump, peak, set};
 use super::tx::{ETH_HDR, IP_HDR, TxPath, eth_ipv4};
 use crate::{EngineOptions, WaitPolicy};
 use nanowire_tcp::{
-    Config, ConnId, DirectRead, Error as TcpError, Hold, Intake, ListenerId, Secret,
-    SocketOptions, State, TcpInfo, TcpStack,
+    Config, ConnId, DirectRead, Error as TcpError, Hold, Intake, ListenerId, Secret, SocketOptions,
+    State, TcpInfo, TcpStack,
 };
 use nanowire_wire::Ipv4Repr;
 use std::io;
@@ -798,7 +798,10 @@ impl TcpEngine {
             if core.turns.is_multiple_of(64) {
                 // Under the RX lock: the single writer of these counters.
                 publish_counters(&g.page, core);
-                set(g.page.e(E::TcpRxHeldFrames), g.held.load(Ordering::Relaxed) as u64);
+                set(
+                    g.page.e(E::TcpRxHeldFrames),
+                    g.held.load(Ordering::Relaxed) as u64,
+                );
             }
         }
         let now = match now {
@@ -2978,11 +2981,13 @@ pub(crate) fn rx_segments_into<D: RxDevice>(
         // allows: kept, its bytes are copied once, by the application's
         // read, instead of into the receive ring and out again.
         let frames = d.frame.frames();
-        let offer = d.payload_len as usize >= nanowire_tcp::HOLD_MIN
-            && g.held.load(Ordering::Relaxed) + frames <= g.hold_limit;
-        let mut keep = || -> Box<dyn nanowire_tcp::HeldBytes> {
-            Box::new(HeldFrame::new(&d, &g.held))
-        };
+        let big = d.payload_len as usize >= nanowire_tcp::HOLD_MIN;
+        let offer = big && g.held.load(Ordering::Relaxed) + frames <= g.hold_limit;
+        if big && !offer && g.hold_limit > 0 {
+            bump(g.page.e(E::TcpRxHoldLimited), 1);
+        }
+        let mut keep =
+            || -> Box<dyn nanowire_tcp::HeldBytes> { Box::new(HeldFrame::new(&d, &g.held)) };
         let mut hold = offer.then(|| Hold {
             len: d.payload_len as usize,
             truesize: d.frame.truesize(),
@@ -3371,9 +3376,17 @@ mod tests {
                 break;
             }
         }
-        assert!(got == data, "intact and in order ({} of {})", got.len(), data.len());
+        assert!(
+            got == data,
+            "intact and in order ({} of {})",
+            got.len(),
+            data.len()
+        );
         let held = b.stack.counters().rx_held_bytes;
-        assert!(held > 0 && held < data.len() as u64, "held {held}: both paths");
+        assert!(
+            held > 0 && held < data.len() as u64,
+            "held {held}: both paths"
+        );
         assert!(peak > 0 && peak <= 24, "at most the limit held: {peak}");
         assert_eq!(b.rx.held.load(Ordering::Relaxed), 0, "all given back");
         assert_eq!(b.stack.rx_held(s), Ok((0, 0)));

@@ -4,11 +4,13 @@
 #![allow(dead_code)]
 
 use nanowire_tcp::fault::{FaultConfig, FaultInjector};
-use nanowire_tcp::{Config, ConnId, DirectRead, HeldBytes, Hold, Intake, Secret, TcpStack, Transmit};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use nanowire_tcp::{
+    Config, ConnId, DirectRead, HeldBytes, Hold, Intake, Secret, TcpStack, Transmit,
+};
 use nanowire_wire::checksum;
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 pub const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
@@ -205,9 +207,9 @@ impl Net {
             } else {
                 &[]
             };
-            let frames = payload.len().div_ceil(
-                self.hold.as_ref().map_or(1, |h| h.frame_payload),
-            );
+            let frames = payload
+                .len()
+                .div_ceil(self.hold.as_ref().map_or(1, |h| h.frame_payload));
             let live = self.hold.as_ref().map(|h| h.live.clone());
             let mut keep = || -> Box<dyn HeldBytes> {
                 let live = live.clone().expect("offered only with a HoldSim");
