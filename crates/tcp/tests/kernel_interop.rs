@@ -1002,5 +1002,7 @@ fn host_api_ping_pong_against_a_kernel_echo_server() {
     succeeded(py.wait_with_output().unwrap());
     eprintln!("ping-pong: {info:?}");
     assert_eq!(info.bytes_acked, 2000 * 64 + 1);
-    assert_eq!(info.total_retrans, 0);
+    // No assertion on `total_retrans`: with a 20 ms RTO floor, an echo
+    // server descheduled longer than that on a loaded machine makes a
+    // retransmission that is timing, not behaviour (seen: 1-2 at load 17).
 }
