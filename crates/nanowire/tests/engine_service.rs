@@ -1716,3 +1716,186 @@ fn kill_9_ends_a_clients_connections_as_the_kernel_does() {
         }
     }
 }
+
+/// A TCP echo server that closes a connection first when it reads "bye":
+/// `ADDR PORT`. Prints "listening".
+const BYE_SERVER: &str = r#"
+import socket, sys, threading
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(8)
+print("listening", flush=True)
+def serve(c):
+    while True:
+        d = c.recv(65536)
+        if not d or d == b"bye":
+            break
+        c.sendall(d)
+    c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// `SERVER PORT LOCAL UDP_PORT GO DONE`: c1 from a bound port (a 4-tuple
+/// claim on the service) and c2 from an unbound socket (a port of the
+/// client port block), both on the process's one client stack; prints
+/// "ready" and waits for the file GO. Then a thread binds a UDP socket (a
+/// claim: a request to the service) while the main thread ends c1 (the
+/// server closes first, so the stack forgets it at once and a turn
+/// releases its claim) and ping-pongs on c2, and says whether the claim
+/// had been answered by then. Then "claim returned", "waiting" (for the
+/// file DONE), "ok".
+const STALL_CLIENT: &str = r#"
+import os, socket, sys, threading, time
+host, port, local, uport, go, done = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]
+def pp(c, n):
+    for i in range(n):
+        m = b"%08d" % i + b"x" * 92
+        c.sendall(m)
+        buf = b""
+        while len(buf) < len(m):
+            d = c.recv(len(m) - len(buf))
+            if not d:
+                print("eof", flush=True); sys.exit(1)
+            buf += d
+        if buf != m:
+            print("MISMATCH", flush=True); sys.exit(1)
+c1 = socket.socket(); c1.bind((local, 0)); c1.connect((host, port))
+c2 = socket.create_connection((host, port))
+pp(c1, 5); pp(c2, 5)
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.02)
+answered = []
+def claim():
+    print("claiming", flush=True)
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind((local, uport))
+    answered.append(1)
+    print("claim returned", flush=True)
+t = threading.Thread(target=claim); t.start()
+time.sleep(0.5)
+c1.sendall(b"bye")
+if c1.recv(10) != b"":
+    print("no eof on c1", flush=True); sys.exit(1)
+c1.close()
+pp(c2, 50)
+print("turns done, the claim", "answered" if answered else "outstanding", flush=True)
+t.join()
+pp(c2, 5)
+print("waiting", flush=True)
+while not os.path.exists(done):
+    time.sleep(0.02)
+c2.close()
+print("ok", flush=True)
+"#;
+
+fn signal(pid: u32, sig: &str) {
+    assert!(
+        Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+/// The TCP flows the service holds for the processes attached in host `h`.
+fn tcp_flows_in(lab: &ScopedLab, h: Host) -> Vec<serde_json::Value> {
+    let st = status_in(lab, h);
+    let mut v = Vec::new();
+    for i in st["ifaces"].as_array().unwrap() {
+        for c in i["clients"].as_array().unwrap() {
+            v.extend(c["tcp_flows"].as_array().unwrap().iter().cloned());
+        }
+    }
+    v
+}
+
+/// A request to the engine service is a round trip on the process's
+/// control socket; it must never hold up the process's TCP data path. The
+/// service in host a is stopped (SIGSTOP), so a UDP bind under run (a
+/// claim) waits for its answer; meanwhile the same process ends a
+/// connection whose 4-tuple it had claimed (a TCP turn releases the claim)
+/// and ping-pongs on another connection of the same client stack: all of
+/// that completes while the claim is still unanswered (it used to wait
+/// behind it: the release was a round trip under the lock the request
+/// held). After SIGCONT the claim is answered and the release, queued,
+/// reaches the service (the process's flow list empties); bodies checked.
+#[test]
+#[ignore = "needs root"]
+fn a_tcp_turn_never_waits_behind_a_stalled_request_to_the_service() {
+    let lab = lab("vst");
+    let sa = start_service_in(&lab, Host::A);
+    let port = 15601u16;
+    let mut s = spawn(
+        "vst-srv",
+        plain_in(
+            &lab,
+            Host::B,
+            &[
+                "python3",
+                "-c",
+                BYE_SERVER,
+                &ADDR_B.to_string(),
+                &port.to_string(),
+            ],
+        ),
+    );
+    s.wait_for("listening", T);
+    let (go, done) = (scratch("vst-go"), scratch("vst-done"));
+    let _ = (std::fs::remove_file(&go), std::fs::remove_file(&done));
+    let argv = [
+        "python3",
+        "-c",
+        STALL_CLIENT,
+        &ADDR_B.to_string(),
+        &port.to_string(),
+        &ADDR_A.to_string(),
+        "15602",
+        go.to_str().unwrap(),
+        done.to_str().unwrap(),
+    ];
+    let mut c = spawn("vst-cli", svc_or_plain(&lab, Host::A, true, &[], &argv));
+    c.wait_for("ready", T);
+    on_engine(&c, &format!("-> {ADDR_B}:{port}"));
+    // c1's 4-tuple is the one flow claimed (c2 is on a block port).
+    let flows = tcp_flows_in(&lab, Host::A);
+    assert_eq!(flows.len(), 1, "{flows:?}\n{}", c.both());
+    signal(sa.0, "-STOP");
+    std::fs::write(&go, b"").unwrap();
+    // Within the claim's own answer timeout (10 s): the claim must still
+    // be outstanding when the TCP work is done.
+    let end = Instant::now() + T;
+    while Instant::now() < end
+        && !c.stdout().contains("turns done")
+        && !c.stdout().contains("claim returned")
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = c.stdout();
+    signal(sa.0, "-CONT");
+    assert!(
+        out.contains("turns done, the claim outstanding"),
+        "the TCP turns waited for the stalled request to the service:\n{}",
+        c.both()
+    );
+    c.wait_for("waiting", T);
+    assert!(c.stdout().contains("claim returned"), "{}", c.both());
+    // The release of c1's claim was queued, not lost: the service has it.
+    let end = Instant::now() + Duration::from_secs(20);
+    let mut flows = tcp_flows_in(&lab, Host::A);
+    while !flows.is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+        flows = tcp_flows_in(&lab, Host::A);
+    }
+    assert!(
+        flows.is_empty(),
+        "c1's flow claim stayed: {flows:?}\n{}",
+        c.both()
+    );
+    std::fs::write(&done, b"").unwrap();
+    let out = c.success(T);
+    assert!(out.contains("ok"), "{}", c.both());
+    on_engine(&c, &format!("udp {ADDR_A}:15602"));
+}

@@ -81,7 +81,7 @@ use nanowire_xdp::{AttachMode, Frags, SteerProgram, UmemArea};
 use order::{Guard, Tier};
 use rx::{RX_BUDGET, RxPath};
 use shm::{E, PageInfo, StatsPage, set};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
 use tx::TxPath;
@@ -204,9 +204,137 @@ fn borrow<'a>(sock: RawFd) -> std::os::fd::BorrowedFd<'a> {
 type Faults = Option<(String, nanowire_tcp::fault::EngineFaults)>;
 
 /// The steering program and how many sockets claim each (address, port).
+/// An engine of its own: its program's maps, behind the program lock (a
+/// leaf: BPF map writes, no wait). On the engine service: the control
+/// socket, behind the control lock (`Tier::Control`, held across each
+/// request's round trip), which no data path takes: what a TCP turn
+/// releases waits in the control queue ([`Deferrals`]).
 struct Prog {
     prog: Steer,
     claims: FastMap<(u32, u16), usize>,
+}
+
+/// A release the data path made on the engine service, sent by the next
+/// holder of the control lock (never a round trip in a TCP turn: every
+/// turn of the stack, and through the stack lock every thread on it,
+/// would wait for the service's answer).
+enum Deferred {
+    /// A TCP connection's flow claim ended; `keep`: the kernel socket
+    /// holding its port, closed once the claim is gone (so no other
+    /// socket can take the port while the claim stands).
+    Unflow(SocketAddrV4, SocketAddrV4, Option<std::os::fd::OwnedFd>),
+    /// The first multi-buffer packet arrived: ask for the frags-aware
+    /// program (`Conn::want_frags`).
+    Frags,
+}
+
+/// The control queue (engine service only): [`Deferred`] requests in the
+/// order they were made. Whoever holds the control lock sends them, first
+/// when it takes the lock (so a release always reaches the service before
+/// a later claim of the same ports) and again before it lets go; the
+/// neighbour thread, woken for each, sends them when the lock is free
+/// (`try_lock`: it never waits behind a request either).
+struct Deferrals {
+    q: Mutex<std::collections::VecDeque<Deferred>>,
+    neigh: Arc<neigh::Neigh>,
+}
+
+impl Deferrals {
+    fn push(&self, d: impl IntoIterator<Item = Deferred>) {
+        let mut q = order::lock(&self.q, Tier::Leaf, "the control queue");
+        let before = q.len();
+        q.extend(d);
+        let more = q.len() > before;
+        drop(q);
+        if more {
+            self.neigh.wake_worker();
+        }
+    }
+
+    fn pending(&self) -> bool {
+        !order::lock(&self.q, Tier::Leaf, "the control queue").is_empty()
+    }
+
+    /// Send what waits (the control lock held: `p`).
+    fn send(&self, p: &mut Prog) {
+        loop {
+            let Some(d) = order::lock(&self.q, Tier::Leaf, "the control queue").pop_front() else {
+                return;
+            };
+            let Steer::Service(c) = &mut p.prog else {
+                continue;
+            };
+            match d {
+                Deferred::Unflow(local, remote, keep) => {
+                    c.tcp_unflow(local, remote);
+                    if let Some(fd) = keep {
+                        nanowire_xdp::sys::close(std::os::fd::IntoRawFd::into_raw_fd(fd));
+                    }
+                }
+                Deferred::Frags => {
+                    if let Err(e) = c.want_frags() {
+                        eprintln!(
+                            "nanowire: {e}; packets larger than one frame still arrive \
+                             (linearised by the kernel's generic XDP)"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The steering state, locked: an own engine's program lock, or the
+/// engine service's control lock, whose holder also sends the control
+/// queue (on taking it and before letting go).
+struct Steering<'a> {
+    g: Option<Guard<'a, Prog>>,
+    deferred: Option<&'a Deferrals>,
+}
+
+impl std::ops::Deref for Steering<'_> {
+    type Target = Prog;
+    fn deref(&self) -> &Prog {
+        self.g.as_ref().expect("held until drop")
+    }
+}
+
+impl std::ops::DerefMut for Steering<'_> {
+    fn deref_mut(&mut self) -> &mut Prog {
+        self.g.as_mut().expect("held until drop")
+    }
+}
+
+impl Drop for Steering<'_> {
+    fn drop(&mut self) {
+        let Some(d) = self.deferred else {
+            return;
+        };
+        if let Some(mut g) = self.g.take() {
+            d.send(&mut g);
+        }
+        // A release queued after the last send and before the unlock found
+        // the lock taken (the neighbour thread's try_lock): wake it again.
+        if d.pending() {
+            d.neigh.wake_worker();
+        }
+    }
+}
+
+/// Take the steering state (`service`: the control lock, else the program
+/// lock), sending the control queue first.
+fn steering<'a>(prog: &'a Mutex<Prog>, deferred: Option<&'a Deferrals>) -> Steering<'a> {
+    let mut g = match deferred {
+        Some(_) => order::lock(prog, Tier::Control, "the control lock"),
+        None => order::lock(prog, Tier::Leaf, "the program lock"),
+    };
+    if let Some(d) = deferred {
+        d.send(&mut g);
+    }
+    Steering {
+        g: Some(g),
+        deferred,
+    }
 }
 
 impl Prog {
@@ -240,8 +368,10 @@ pub struct Engine {
     tx: Arc<Mutex<TxPath<EngineTx>>>,
     neigh: Arc<neigh::Neigh>,
     /// Shared with the neighbour thread, which upgrades a `Frags::Lazy`
-    /// program (see [`Engine::assemble`]).
+    /// program and sends the control queue (see [`Engine::assemble`]).
     prog: Arc<Mutex<Prog>>,
+    /// The control queue (on the engine service; `None`: an own program).
+    deferred: Option<Arc<Deferrals>>,
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
     fds: Vec<RawFd>,
     iface: IfaceInfo,
@@ -600,42 +730,66 @@ impl Engine {
             let neigh = neigh.clone();
             Arc::new(device::xsk::FragsWanted::new(move || neigh.wake_worker()))
         });
+        let deferred = matches!(prog, Steer::Service(_)).then(|| {
+            Arc::new(Deferrals {
+                q: Mutex::new(Default::default()),
+                neigh: neigh.clone(),
+            })
+        });
         let prog = Arc::new(Mutex::new(Prog {
             prog,
             claims: FastMap::default(),
         }));
-        let hook = frags_wanted.clone().map(|w| {
+        let hook = (frags_wanted.is_some() || deferred.is_some()).then(|| {
             let prog = prog.clone();
+            let deferred = deferred.clone();
+            let wanted = frags_wanted.clone();
             let iface = ifname.to_string();
             let mut done = false;
             Box::new(move || {
-                if done || !w.asked() {
-                    return;
-                }
-                done = true;
-                // An own program: the verifier's milliseconds run outside
-                // the program lock (every TCP engine turn takes it to
-                // reap); the lock covers only BPF_LINK_UPDATE and the fd
-                // swap.
-                let r = loader
-                    .as_ref()
-                    .map(|l| l.load())
-                    .transpose()
-                    .and_then(|new| {
-                        match (
-                            &mut order::lock(&prog, Tier::Leaf, "the program lock").prog,
-                            new,
-                        ) {
-                            (Steer::Own(p), Some(new)) => p.install_frags(new).map(|_| ()),
-                            (Steer::Own(_), None) => Ok(()),
-                            (Steer::Service(c), _) => c.want_frags(),
+                if !done && wanted.as_ref().is_some_and(|w| w.asked()) {
+                    done = true;
+                    match &deferred {
+                        // On the service: in the control queue, sent below
+                        // or by the holder of the control lock.
+                        Some(d) => d.push([Deferred::Frags]),
+                        None => {
+                            // An own program: the verifier's milliseconds
+                            // run outside the program lock (a TCP turn that
+                            // ends a claimed connection takes it); the lock
+                            // covers only BPF_LINK_UPDATE and the fd swap.
+                            let r =
+                                loader.as_ref().map(|l| l.load()).transpose().and_then(
+                                    |new| match (
+                                        &mut order::lock(&prog, Tier::Leaf, "the program lock")
+                                            .prog,
+                                        new,
+                                    ) {
+                                        (Steer::Own(p), Some(new)) => {
+                                            p.install_frags(new).map(|_| ())
+                                        }
+                                        _ => Ok(()),
+                                    },
+                                );
+                            if let Err(e) = r {
+                                eprintln!(
+                                    "nanowire: {iface}: {e}; packets larger than one frame \
+                                     still arrive (linearised by the kernel's generic XDP)"
+                                );
+                            }
                         }
+                    }
+                }
+                // The control queue, when nobody holds the control lock
+                // (its holder sends it otherwise): never a wait here.
+                if let Some(d) = &deferred
+                    && d.pending()
+                    && let Some(g) = order::try_lock(&prog, Tier::Control)
+                {
+                    drop(Steering {
+                        g: Some(g),
+                        deferred: Some(d),
                     });
-                if let Err(e) = r {
-                    eprintln!(
-                        "nanowire: {iface}: {e}; packets larger than one frame still arrive \
-                         (linearised by the kernel's generic XDP)"
-                    );
                 }
             }) as neigh::Hook
         });
@@ -685,6 +839,7 @@ impl Engine {
             tx,
             neigh,
             prog,
+            deferred,
             worker: Mutex::new(Some(worker)),
             fds,
             iface: info,
@@ -802,8 +957,43 @@ impl Engine {
     fn tx(&self) -> Guard<'_, TxPath<EngineTx>> {
         order::lock(&self.tx, Tier::Leaf, "the TX lock")
     }
-    fn prog(&self) -> Guard<'_, Prog> {
-        order::lock(&self.prog, Tier::Leaf, "the program lock")
+    /// The steering state: the program lock (an own engine), or the
+    /// control lock (on the engine service: a request's round trip is made
+    /// with it held; never from a TCP turn, see [`Engine::release_flows`]).
+    fn prog(&self) -> Steering<'_> {
+        steering(&self.prog, self.deferred.as_deref())
+    }
+
+    /// Give up TCP flow claims of connections that ended (the shared
+    /// client stack's reap, the timer service's sweep of handed-over
+    /// connections), each with the kernel socket that held its port
+    /// (closed once the claim is gone). An own engine's program: its map
+    /// now (the program lock, a leaf). On the engine service: queued for
+    /// the holder of the control lock or the neighbour thread, so the
+    /// caller (a TCP turn, under its stack lock) never waits for the
+    /// service, nor behind another thread's request.
+    fn release_flows(
+        &self,
+        flows: Vec<(SocketAddrV4, SocketAddrV4, Option<std::os::fd::OwnedFd>)>,
+    ) {
+        if flows.is_empty() {
+            return;
+        }
+        match &self.deferred {
+            Some(d) => d.push(flows.into_iter().map(|(l, r, k)| Deferred::Unflow(l, r, k))),
+            None => {
+                let mut kept = Vec::new();
+                {
+                    let mut p = self.prog();
+                    for (l, r, keep) in flows {
+                        p.prog.unclaim_tcp_flow(l, r);
+                        kept.extend(keep);
+                    }
+                }
+                // The ports go back to the kernel after their claims.
+                drop(kept);
+            }
+        }
     }
 
     /// A region of the process's TCP connection table for one TCP stack:

@@ -1,16 +1,21 @@
 //! The engine's lock order, checked.
 //!
-//! Three tiers (docs/architecture.md, "Locks"):
+//! Four tiers (docs/architecture.md, "Locks"):
 //!
 //! | tier | locks |
 //! |---|---|
 //! | 0 | `Engine::tcp_clients` (the process's shared client stack being made) |
 //! | 1 | a `TcpEngine`'s stack lock (`Core`) |
-//! | 2 (leaves) | RX (`RxPath`), TX (`TxPath`), program (`Prog`), neighbour tables |
+//! | 2 | the engine service's control lock (the control socket: one round trip at a time) |
+//! | 3 (leaves) | RX (`RxPath`), TX (`TxPath`), program (`Prog`), neighbour tables, the control queue |
 //!
 //! A thread takes locks in increasing tier only, and never two leaves at
 //! once: a TCP turn holds its stack lock and takes RX, then TX, each alone;
-//! a UDP socket takes one leaf at a time. `try_lock` (the timer service)
+//! a UDP socket takes one leaf at a time. The control lock is the one lock
+//! held across a blocking call (a request to the engine service and its
+//! answer): below every leaf, so no thread waits for it while it holds a
+//! leaf, and a TCP turn never takes it (what a turn releases on the
+//! service waits in the control queue, `Engine::defer`). `try_lock` (the timer service)
 //! never waits, so it is exempt from the order. Below every tier, the
 //! UMEM's recycle list (crates/xdp, taken when a frame drops) is a leaf of
 //! the leaves. With debug assertions on, every acquisition through
@@ -25,7 +30,8 @@ use std::sync::{Mutex, MutexGuard};
 pub(crate) enum Tier {
     Clients = 0,
     Stack = 1,
-    Leaf = 2,
+    Control = 2,
+    Leaf = 3,
 }
 
 #[cfg(any(debug_assertions, test))]
@@ -169,6 +175,19 @@ mod tests {
             let _s = lock(&stack, Tier::Stack, "stack");
         });
         assert!(up.is_err(), "a stack lock under a leaf");
+        // The control lock (a round trip to the engine service) is below
+        // every leaf: never waited for while a leaf is held.
+        let ctl = Mutex::new(());
+        {
+            let _s = lock(&stack, Tier::Stack, "stack");
+            let _c = lock(&ctl, Tier::Control, "control");
+            drop(lock(&rx, Tier::Leaf, "the control queue"));
+        }
+        let under_leaf = std::panic::catch_unwind(|| {
+            let _r = lock(&rx, Tier::Leaf, "rx");
+            let _c = lock(&ctl, Tier::Control, "control");
+        });
+        assert!(under_leaf.is_err(), "the control lock under a leaf");
         // try_lock waits for nobody: allowed anywhere.
         let _r = lock(&rx, Tier::Leaf, "rx");
         assert!(try_lock(&stack, Tier::Stack).is_some());

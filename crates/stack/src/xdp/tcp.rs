@@ -1056,7 +1056,7 @@ impl TcpEngine {
         // One demux lookup per held entry (not a walk of the stack's whole
         // preallocated map and a set of it, once per closed connection).
         let stack = &core.stack;
-        let gone: Vec<Held> = core
+        let mut gone: Vec<Held> = core
             .held
             .extract_if(.., |h| {
                 !stack.has_tuple(&nanowire_tcp::FourTuple {
@@ -1079,17 +1079,21 @@ impl TcpEngine {
             return;
         }
         if self.engine.is_own() {
-            let mut p = self.engine.prog();
-            for h in gone.iter().filter(|h| h.block.is_none()) {
+            // With the kernel socket holding each port: it closes after the
+            // claim is gone (on the engine service, later: a turn never
+            // waits for the service).
+            let mut ended = Vec::new();
+            for h in gone.iter_mut().filter(|h| h.block.is_none()) {
                 if let Some(i) = core
                     .flow_claims
                     .iter()
                     .position(|&(a, b)| a == h.local && b == h.remote)
                 {
                     core.flow_claims.swap_remove(i);
-                    p.prog.unclaim_tcp_flow(h.local, h.remote);
+                    ended.push((h.local, h.remote, h.keep.take()));
                 }
             }
+            self.engine.release_flows(ended);
         }
         {
             let mut g = self.engine.rx();
@@ -1234,14 +1238,27 @@ impl TcpEngine {
         remote: SocketAddrV4,
         sock: RawFd,
     ) -> io::Result<()> {
-        self.engine.rx().demux.bind(core.id, PROTO_TCP, local);
+        self.steer_flow(local, remote, sock)?;
+        self.flow_claimed(core, local, remote);
+        Ok(())
+    }
+
+    /// The steering half of [`TcpEngine::claim_flow`] (no stack lock
+    /// needed: on the engine service a round trip under the control lock).
+    fn steer_flow(&self, local: SocketAddrV4, remote: SocketAddrV4, sock: RawFd) -> io::Result<()> {
         self.engine
             .prog()
             .prog
             .claim_tcp_flow(local, remote, Some(sock))
-            .map_err(|e| io_err(io::ErrorKind::Other, e))?;
+            .map_err(|e| io_err(io::ErrorKind::Other, e))
+    }
+
+    /// The stack's half of [`TcpEngine::claim_flow`]: the demux takes the
+    /// local address, the claim is remembered (released with the
+    /// connection).
+    fn flow_claimed(&self, core: &mut Core, local: SocketAddrV4, remote: SocketAddrV4) {
+        self.engine.rx().demux.bind(core.id, PROTO_TCP, local);
         core.flow_claims.push((local, remote));
-        Ok(())
     }
 
     /// A port of the client port block (ports.rs) for a connect from `src`
@@ -1348,13 +1365,15 @@ impl Drop for TcpEngine {
                 .unwrap_or_else(|e| e.into_inner())
                 .absorb(b);
         }
-        {
+        // The flows first (on the engine service queued, and sent before
+        // the listeners' requests by whoever takes the control lock).
+        let flows = c.flow_claims.iter().chain(&c.pass_claims);
+        self.engine
+            .release_flows(flows.map(|&(l, r)| (l, r, None)).collect::<Vec<_>>());
+        if !c.listen_claims.is_empty() {
             let mut p = self.engine.prog();
             for a in &c.listen_claims {
                 p.prog.unclaim_tcp_listener(*a.ip(), a.port());
-            }
-            for (l, r) in c.flow_claims.iter().chain(&c.pass_claims) {
-                p.prog.unclaim_tcp_flow(*l, *r);
             }
         }
         let mut g = self.engine.rx();
@@ -1752,15 +1771,15 @@ impl TcpEngine {
             return 0;
         }
         let mut c = self.core();
-        let mut p = self.engine.prog();
-        let mut n = 0;
+        let mut ended = Vec::new();
         for (l, r) in gone {
             if let Some(i) = c.pass_claims.iter().position(|&(a, b)| a == l && b == r) {
                 c.pass_claims.swap_remove(i);
-                p.prog.unclaim_tcp_flow(l, r);
-                n += 1;
+                ended.push((l, r, None));
             }
         }
+        let n = ended.len();
+        self.engine.release_flows(ended);
         n
     }
 }
@@ -1978,17 +1997,14 @@ impl XdpTcpListener {
         )
         .map_err(|e| format!("dup of the listening socket: {e}"))?;
         let keep = nanowire_xdp::sys::above_floor(keep);
-        let c = self.eng.core();
+        // The requests without the stack lock (round trips to the
+        // service: the listener's connections turn under that lock).
+        let claims = self.claims_of_port();
         let mut p = self.eng.engine.prog();
-        for a in c
-            .listen_claims
-            .iter()
-            .filter(|a| a.port() == self.local.port())
-        {
+        for a in &claims {
             p.prog.idle_tcp_listener(*a.ip(), a.port())?;
         }
         drop(p);
-        drop(c);
         let old = self
             .idle
             .swap(std::os::fd::IntoRawFd::into_raw_fd(keep), Ordering::AcqRel);
@@ -2014,19 +2030,27 @@ impl XdpTcpListener {
             return;
         }
         {
-            let c = self.eng.core();
+            let claims = self.claims_of_port();
             let mut p = self.eng.engine.prog();
-            for a in c
-                .listen_claims
-                .iter()
-                .filter(|a| a.port() == self.local.port())
-            {
+            for a in &claims {
                 // Refused (the service went): the connections go to the
                 // other members, or to the kernel's listening socket.
                 let _ = p.prog.join_tcp_listener(*a.ip(), a.port(), fd);
             }
         }
         nanowire_xdp::sys::close(fd);
+    }
+
+    /// The listener's claimed addresses (taken under the stack lock, used
+    /// after it is let go).
+    fn claims_of_port(&self) -> Vec<SocketAddrV4> {
+        self.eng
+            .core()
+            .listen_claims
+            .iter()
+            .filter(|a| a.port() == self.local.port())
+            .copied()
+            .collect()
     }
 
     /// See [`XdpTcpStream::sleep_arm`].
@@ -2213,7 +2237,15 @@ impl XdpTcpStream {
             }
             (so.ttl, so.tos) = ip_header_of(fd);
             if block.is_none() {
-                eng.claim_flow(&mut core, local, remote, fd)?;
+                // On the engine service the claim is a round trip: made
+                // without this stack's lock, which every connection of
+                // the process's shared client stack turns under (the SYN
+                // goes after, so nothing arrives for the 4-tuple before
+                // the demux has it).
+                drop(core);
+                eng.steer_flow(local, remote, fd)?;
+                core = eng.core();
+                eng.flow_claimed(&mut core, local, remote);
             }
             core.held.push(Held {
                 local,

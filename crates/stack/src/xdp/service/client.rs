@@ -22,6 +22,12 @@ pub struct Conn {
     /// mode): ask for the other at the first multi-buffer packet
     /// ([`Conn::want_frags`]).
     frags_lazy: bool,
+    /// Answers still due to requests whose wait ended without one (the
+    /// 10 s timeout): read and discarded before the next request's, so
+    /// that no request takes an earlier one's answer for its own.
+    owed: std::sync::atomic::AtomicU32,
+    /// How long a request waits for its answer.
+    timeout: Duration,
 }
 
 /// An attach: the connection, the answer, and per queue (memfd, socket).
@@ -86,6 +92,8 @@ impl Conn {
         Conn {
             sock,
             frags_lazy: false,
+            owed: std::sync::atomic::AtomicU32::new(0),
+            timeout: Duration::from_secs(10),
         }
     }
 
@@ -119,8 +127,23 @@ impl Conn {
         let _ = rustix::net::sockopt::set_socket_timeout(
             &self.sock,
             rustix::net::sockopt::Timeout::Recv,
-            Some(Duration::from_secs(10)),
+            Some(self.timeout),
         );
+        use std::sync::atomic::Ordering::Relaxed;
+        while self.owed.load(Relaxed) > 0 {
+            match proto::recv(self.sock.as_fd(), 64, false) {
+                Ok(Some(_)) => {
+                    self.owed.fetch_sub(1, Relaxed);
+                }
+                Ok(None) => return Err("engine service closed the connection".into()),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    return Err(format!(
+                        "engine service: an earlier request is still unanswered: {e}"
+                    ));
+                }
+            }
+        }
         proto::send(self.sock.as_fd(), msg, fds)
             .map_err(|e| format!("engine service: send: {e}"))?;
         loop {
@@ -128,7 +151,11 @@ impl Conn {
                 Ok(Some(m)) => return Ok(m),
                 Ok(None) => return Err("engine service closed the connection".into()),
                 Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(format!("engine service: no answer: {e}")),
+                Err(e) => {
+                    // Its answer may still come: the next request skips it.
+                    self.owed.fetch_add(1, Relaxed);
+                    return Err(format!("engine service: no answer: {e}"));
+                }
             }
         }
     }
@@ -431,4 +458,40 @@ fn wait_exit(pid: rustix::process::Pid) {
         revents: 0,
     }];
     nanowire_xdp::sys::poll(&mut p, 1000);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request whose answer came too late (the service was stopped, or
+    /// slow) must not leave that answer to the next request: every later
+    /// request would take its predecessor's answer for its own.
+    #[test]
+    fn a_late_answer_is_never_taken_for_the_next_requests() {
+        let (a, b) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let mut c = Conn::of(a);
+        c.timeout = Duration::from_millis(100);
+        let (go, late) = std::sync::mpsc::channel::<()>();
+        let stub = std::thread::spawn(move || {
+            let first = proto::recv(b.as_fd(), 512, false).unwrap().unwrap();
+            assert_eq!(first.bytes, b"request one");
+            late.recv().unwrap();
+            proto::send(b.as_fd(), b"answer: one", &[]).unwrap();
+            let second = proto::recv(b.as_fd(), 512, false).unwrap().unwrap();
+            assert_eq!(second.bytes, b"request two");
+            proto::send(b.as_fd(), b"answer: two", &[]).unwrap();
+        });
+        let e = c.raw(b"request one").unwrap_err();
+        assert!(e.contains("no answer"), "{e}");
+        go.send(()).unwrap();
+        assert_eq!(c.raw(b"request two").unwrap(), "two");
+        stub.join().unwrap();
+    }
 }
