@@ -24,11 +24,14 @@
 //! this file is the control plane: it opens the program, the sockets, the
 //! neighbour thread and the stats page, and hands the rings to the path.
 //!
-//! Lock rules (`order.rs`; docs/architecture.md, "Locks"): three tiers taken
+//! Lock rules (`order.rs`; docs/architecture.md, "Locks"): four tiers taken
 //! in increasing order only (the shared client stack's slot, a TCP stack,
-//! the leaves RX/TX/program/neighbour), never two leaves at once, none held
-//! across a user closure, a netlink call, a blocking syscall or a sleep;
-//! one documented exception (a TCP hand-over's builder).
+//! the engine service's control lock, the leaves RX/TX/program/neighbour/
+//! control queue), never two leaves at once, none held across a user
+//! closure, a netlink call, a blocking syscall or a sleep, but the control
+//! lock across a request to the service (which no data path takes: a TCP
+//! turn's releases wait in the control queue); one documented exception (a
+//! TCP hand-over's builder).
 
 pub mod classify;
 pub mod config;
