@@ -971,6 +971,7 @@ pub fn next_len(a: &Accel) -> usize {
 }
 
 /// Send one datagram (to `dst`, or the connected peer).
+#[inline]
 pub fn send_one(
     a: &Accel,
     fd: c_int,

@@ -75,44 +75,69 @@ pub fn recvfrom(
         return None;
     }
     if a.mine() {
-        let mut copied = 0;
-        let mut bad = false;
-        // The common case: buffer, address and its length seen before, one
-        // look at the thread's cache (valid after the wait while no mapping
-        // changed); otherwise each is checked when its bytes are copied.
-        let [al, ad] = name_range(addr, alen);
-        let seen = uaccess::all_cached(&[(buf as usize, len), al, ad], Access::Write);
-        let r = accel::recv_one(a, fd, flags, |p, _| {
-            let n = p.len().min(len);
-            // The kernel's copy faults: the datagram is consumed, EFAULT.
-            bad = !(seen.still() || uaccess::ok_ptr(buf, n, Access::Write));
-            if n > 0 && !bad {
-                // SAFETY: `n` bytes of the caller's buffer, mapped writable.
-                unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), buf.cast::<u8>(), n) };
-            }
-            copied = n;
-        });
-        return Some(match r {
-            Ok(Got::Data(..)) if bad => fail(libc::EFAULT),
-            Ok(Got::Data(full, src)) => {
-                if let Err(e) = put_name(src, addr, alen, seen) {
-                    return Some(fail(e));
-                }
-                if flags & libc::MSG_TRUNC != 0 {
-                    full as ssize_t
-                } else {
-                    copied as ssize_t
-                }
-            }
-            Ok(Got::Eof) => 0,
-            Err(e) => fail(e),
-        });
+        return Some(recvfrom_engine(a, fd, buf, len, flags, addr, alen));
     }
     accel::note_inherited(fd);
     Some(inherited_recv(a, fd, flags, |f| {
         // SAFETY: the caller's arguments.
         unsafe { real::recvfrom(fd, buf, len, f, addr, alen) }
     }))
+}
+
+/// Does the engine serve a receive on `a` with `flags` itself (this
+/// process's socket, no flag the kernel socket answers)? Then
+/// [`recvfrom_engine`] is the whole call: the interposed `recv` and
+/// `recvfrom` go straight there (`dispatch.rs`).
+#[inline(always)]
+pub fn engine_recv(a: &Accel, flags: c_int) -> bool {
+    flags & KERNEL_ONLY == 0 && a.mine()
+}
+
+/// [`recvfrom`] on this process's engine socket with no kernel-only flag
+/// ([`engine_recv`]). Inline: in the interposed `recvfrom` its thread-local
+/// accesses share the export's one `__tls_get_addr`.
+#[inline(always)]
+pub fn recvfrom_engine(
+    a: &'static Accel,
+    fd: c_int,
+    buf: *mut c_void,
+    len: usize,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    let mut copied = 0;
+    let mut bad = false;
+    // The common case: buffer, address and its length seen before, one
+    // look at the thread's cache (valid after the wait while no mapping
+    // changed); otherwise each is checked when its bytes are copied.
+    let [al, ad] = name_range(addr, alen);
+    let seen = uaccess::all_cached(&[(buf as usize, len), al, ad], Access::Write);
+    let r = accel::recv_one(a, fd, flags, |p, _| {
+        let n = p.len().min(len);
+        // The kernel's copy faults: the datagram is consumed, EFAULT.
+        bad = !(seen.still() || uaccess::ok_ptr(buf, n, Access::Write));
+        if n > 0 && !bad {
+            // SAFETY: `n` bytes of the caller's buffer, mapped writable.
+            unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), buf.cast::<u8>(), n) };
+        }
+        copied = n;
+    });
+    match r {
+        Ok(Got::Data(..)) if bad => fail(libc::EFAULT),
+        Ok(Got::Data(full, src)) => {
+            if let Err(e) = put_name(src, addr, alen, seen) {
+                return fail(e);
+            }
+            if flags & libc::MSG_TRUNC != 0 {
+                full as ssize_t
+            } else {
+                copied as ssize_t
+            }
+        }
+        Ok(Got::Eof) => 0,
+        Err(e) => fail(e),
+    }
 }
 
 pub fn recvmsg(a: &'static Accel, fd: c_int, msg: *mut msghdr, flags: c_int) -> Option<ssize_t> {
@@ -245,9 +270,32 @@ pub fn sendto(
             promote_for_peer(fd, dst)?
         }
     };
+    Some(sendto_engine(a, fd, buf, len, flags, addr, alen))
+}
+
+/// Does the engine serve a send on `a` with `flags` itself (this
+/// process's socket, no MSG_OOB)? Then [`sendto_engine`] is the whole
+/// call: the interposed `send` and `sendto` go straight there.
+#[inline(always)]
+pub fn engine_send(a: &Accel, flags: c_int) -> bool {
+    flags & libc::MSG_OOB == 0 && a.mine()
+}
+
+/// [`sendto`] on this process's engine socket with no MSG_OOB
+/// ([`engine_send`]). Inline, as [`recvfrom_engine`].
+#[inline(always)]
+pub fn sendto_engine(
+    a: &'static Accel,
+    fd: c_int,
+    buf: *const c_void,
+    len: usize,
+    flags: c_int,
+    addr: *const sockaddr,
+    alen: socklen_t,
+) -> ssize_t {
     if len > 0xffff {
         // udp_sendmsg's first check.
-        return Some(fail(libc::EMSGSIZE));
+        return fail(libc::EMSGSIZE);
     }
     // The common case: the address and the data seen before, one look at
     // the thread's cache; otherwise each is checked on its own, in order.
@@ -258,24 +306,24 @@ pub fn sendto(
     .still();
     let dst = match accel::read_sockaddr_seen(addr, alen, seen) {
         Ok(d) => d,
-        Err(e) => return Some(fail(e)),
+        Err(e) => return fail(e),
     };
     if len > UDP_MAX_PAYLOAD {
-        return Some(fail(libc::EMSGSIZE));
+        return fail(libc::EMSGSIZE);
     }
     let data = if seen && len > 0 {
         // SAFETY: `len` bytes at `buf`, mapped readable (`seen`).
         unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) }
     } else {
         let Some(data) = uaccess::buf(buf, len) else {
-            return Some(fail(libc::EFAULT));
+            return fail(libc::EFAULT);
         };
         data
     };
-    Some(match accel::send_one(a, fd, data, dst, flags) {
+    match accel::send_one(a, fd, data, dst, flags) {
         Ok(n) => n as ssize_t,
         Err(e) => fail(e),
-    })
+    }
 }
 
 thread_local! {
@@ -681,6 +729,20 @@ fn put_name(
 ) -> Result<(), c_int> {
     if addr.is_null() {
         return Ok(());
+    }
+    if seen.still() && !alen.is_null() && alen.is_aligned() {
+        // The common case: both ranges seen before (`name_range`), room for
+        // the whole address: one 16-byte store and the length.
+        // SAFETY: aligned, non-null and mapped writable (`seen` covered
+        // `name_range`: the length and 16 bytes at `addr`).
+        let l = unsafe { &mut *alen };
+        if (*l as i32) >= nanowire_sockabi::addr::SOCKADDR_IN_LEN as i32 {
+            let bytes = nanowire_sockabi::addr::encode_inet(src);
+            // SAFETY: as above: 16 bytes at `addr`, mapped writable.
+            unsafe { addr.cast::<[u8; 16]>().write_unaligned(bytes) };
+            *l = nanowire_sockabi::addr::SOCKADDR_IN_LEN as socklen_t;
+            return Ok(());
+        }
     }
     let bytes = nanowire_sockabi::addr::encode_inet(src);
     // The common case: both seen before, one look at the thread's cache;

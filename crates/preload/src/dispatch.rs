@@ -184,7 +184,14 @@ pub fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
 /// # Safety
 /// As libc's `recv`.
 pub unsafe fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
-    ops::recv(fd, Recv::Buf { buf, len }, flags)
+    let sock = ops::of(fd);
+    if let Sock::Udp(a) = sock
+        && ahooks::engine_recv(a, flags)
+    {
+        let (na, nl) = (std::ptr::null_mut(), std::ptr::null_mut());
+        return ahooks::recvfrom_engine(a, fd, buf, len, flags, na, nl);
+    }
+    ops::recv_on(sock, fd, Recv::Buf { buf, len }, flags)
 }
 
 /// # Safety
@@ -197,7 +204,16 @@ pub unsafe fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
-    ops::recv(
+    // The hot shape (an engine UDP socket of this process) in one piece;
+    // everything else through the operations table.
+    let sock = ops::of(fd);
+    if let Sock::Udp(a) = sock
+        && ahooks::engine_recv(a, flags)
+    {
+        return ahooks::recvfrom_engine(a, fd, buf, len, flags, addr, alen);
+    }
+    ops::recv_on(
+        sock,
         fd,
         Recv::From {
             buf,
@@ -913,7 +929,15 @@ pub unsafe fn sendto(
     addr: *const sockaddr,
     alen: socklen_t,
 ) -> ssize_t {
-    ops::send(
+    // As `recvfrom`: the hot shape in one piece.
+    let sock = ops::of(fd);
+    if let Sock::Udp(a) = sock
+        && ahooks::engine_send(a, flags)
+    {
+        return ahooks::sendto_engine(a, fd, buf, len, flags, addr, alen);
+    }
+    ops::send_on(
+        sock,
         fd,
         Send::To {
             buf,
@@ -928,7 +952,13 @@ pub unsafe fn sendto(
 /// # Safety
 /// As libc's `send`.
 pub unsafe fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t {
-    ops::send(fd, Send::Buf { buf, len }, flags)
+    let sock = ops::of(fd);
+    if let Sock::Udp(a) = sock
+        && ahooks::engine_send(a, flags)
+    {
+        return ahooks::sendto_engine(a, fd, buf, len, flags, std::ptr::null(), 0);
+    }
+    ops::send_on(sock, fd, Send::Buf { buf, len }, flags)
 }
 
 /// # Safety

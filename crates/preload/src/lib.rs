@@ -111,6 +111,7 @@ mod streamio;
 mod sys;
 mod table;
 mod tcpx;
+mod tls;
 mod tstamp;
 mod uaccess;
 

@@ -241,15 +241,26 @@ macro_rules! on {
 /// Run operation `op` of whatever serves `fd`; the kernel's when the
 /// protocol leaves it to the kernel socket under the fd.
 macro_rules! through {
-    ($fd:expr, $op:ident ( $($a:expr),* )) => {
+    ($fd:expr, $op:ident ( $($a:expr),* )) => {{
+        let fd = $fd;
+        through_from!(of(fd), fd, $op($($a),*))
+    }};
+}
+
+/// [`through!`] with `first` (what [`of`] said for `fd`) for the first
+/// attempt; [`of`] again when the kernel's operation says the fd moved.
+macro_rules! through_from {
+    ($first:expr, $fd:expr, $op:ident ( $($a:expr),* )) => {{
+        let fd = $fd;
+        let mut sock = $first;
         loop {
-            let fd = $fd;
-            let got = on!(of(fd), $op(fd, $($a),*));
+            let got = on!(sock, $op(fd, $($a),*));
             if let Some(n) = got.or_else(|| Kernel.$op(fd, $($a),*)) {
                 break n;
             }
+            sock = of(fd);
         }
-    };
+    }};
 }
 
 /// `setsockopt` on `fd`.
@@ -377,10 +388,21 @@ pub fn recv(fd: c_int, r: Recv, flags: c_int) -> isize {
     through!(fd, recv(r, flags))
 }
 
+/// [`recv`] on `fd`, which [`of`] just said `sock` serves (the interposed
+/// `recv`/`recvfrom` looked first for the hot shape).
+pub fn recv_on(sock: Sock, fd: c_int, r: Recv, flags: c_int) -> isize {
+    through_from!(sock, fd, recv(r, flags))
+}
+
 /// `send`, `sendto`, `sendmsg`, `write`, `writev` on `fd`.
 #[inline]
 pub fn send(fd: c_int, s: Send, flags: c_int) -> isize {
     through!(fd, send(s, flags))
+}
+
+/// [`send`] on `fd`, which [`of`] just said `sock` serves.
+pub fn send_on(sock: Sock, fd: c_int, s: Send, flags: c_int) -> isize {
+    through_from!(sock, fd, send(s, flags))
 }
 
 /// A msghdr over the caller's iovec array (readv, writev on an engine

@@ -43,21 +43,22 @@ fn pack(handler: usize, flags: c_int) -> u64 {
 fn handler_of(w: u64) -> usize {
     (w & ADDR_MASK) as usize
 }
-thread_local! {
-    /// Handled signals delivered to this thread, both counts in one word
-    /// (one thread-local access per read, on every receive and send):
-    /// the low half counts those whose handler lacks SA_RESTART (a signal
-    /// interrupts only the thread it is delivered to), the high half every
-    /// handled signal (poll, select and epoll_wait are never restarted,
-    /// whatever SA_RESTART says). Readers compare for equality only, so
-    /// each half wrapping on its own is harmless.
-    static SEQ: Cell<u64> = const { Cell::new(0) };
+/// Handled signals delivered to this thread, both counts in one word
+/// (`tls::ThreadState::sig_seq`: one thread-local load per read, on every
+/// receive and send): the low half counts those whose handler lacks
+/// SA_RESTART (a signal interrupts only the thread it is delivered to),
+/// the high half every handled signal (poll, select and epoll_wait are
+/// never restarted, whatever SA_RESTART says). Readers compare for
+/// equality only, so each half wrapping on its own is harmless.
+#[inline(always)]
+fn seq_word() -> &'static Cell<u64> {
+    &crate::tls::me().sig_seq
 }
 
-/// For receives and sends: both counts (see [`SEQ`]).
+/// For receives and sends: both counts (see [`seq_word`]).
 #[inline(always)]
 pub fn seq() -> u64 {
-    SEQ.with(|c| c.get())
+    seq_word().get()
 }
 
 /// EINTR if a signal whose handler lacks SA_RESTART was handled on this
@@ -89,11 +90,10 @@ extern "C" fn trampoline(sig: c_int, info: *mut siginfo_t, ctx: *mut c_void) {
     // One load: handler and flags always belong to the same sigaction.
     let w = APP[i].load(Ordering::Acquire);
     let h = handler_of(w);
-    SEQ.with(|c| {
-        let (lo, hi) = (c.get() as u32, (c.get() >> 32) as u32);
-        let lo = lo.wrapping_add(u32::from(w & P_RESTART == 0));
-        c.set(u64::from(hi.wrapping_add(1)) << 32 | u64::from(lo));
-    });
+    let c = seq_word();
+    let (lo, hi) = (c.get() as u32, (c.get() >> 32) as u32);
+    let lo = lo.wrapping_add(u32::from(w & P_RESTART == 0));
+    c.set(u64::from(hi.wrapping_add(1)) << 32 | u64::from(lo));
     if h == libc::SIG_DFL || h == libc::SIG_IGN {
         return;
     }

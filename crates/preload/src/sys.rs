@@ -1,30 +1,25 @@
 //! Bottom layer: per-thread state every other layer needs (errno, the
-//! clock, the "running engine code" flag). Depends on nothing in the crate.
+//! clock, the "running engine code" flag, kept in `tls`). Depends only on
+//! `tls`.
 
+use crate::tls;
 use libc::c_int;
-use std::cell::Cell;
-
-thread_local! {
-    static IN_ENGINE: Cell<bool> = const { Cell::new(false) };
-}
 
 /// True while this thread runs engine code: the exports then go straight
 /// to libc (the engine's own sockets, netlink and poll are not the
 /// application's).
 #[inline(always)]
 pub fn in_engine() -> bool {
-    IN_ENGINE.with(|c| c.get())
+    tls::me().in_engine.get()
 }
 
 /// Run engine code with the exports bypassed.
 #[inline]
 pub fn engine_call<R>(f: impl FnOnce() -> R) -> R {
-    // Two accesses, not one `with` around `f`: inlined into the caller,
-    // both share the caller's one `__tls_get_addr` (local-dynamic), where
-    // a `with` around `f` stays out of line with a call of its own.
-    let prev = IN_ENGINE.with(|c| c.replace(true));
+    let t = tls::me();
+    let prev = t.in_engine.replace(true);
     let r = f();
-    IN_ENGINE.with(|c| c.set(prev));
+    t.in_engine.set(prev);
     r
 }
 
@@ -34,7 +29,7 @@ pub fn engine_call<R>(f: impl FnOnce() -> R) -> R {
 #[inline]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub fn set_in_engine(v: bool) -> bool {
-    IN_ENGINE.with(|c| c.replace(v))
+    tls::me().in_engine.replace(v)
 }
 
 #[inline(always)]

@@ -27,7 +27,6 @@ use libc::{c_int, c_void, iovec, size_t};
 use nanowire_sockabi::Errno;
 use nanowire_sockabi::iov::{self, Call, Seg};
 use nanowire_sockabi::space::{Maps, RangeCache, UserSpace};
-use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use nanowire_sockabi::space::Access;
@@ -47,8 +46,11 @@ fn space() -> &'static UserSpace {
     })
 }
 
-thread_local! {
-    static CACHE: RefCell<RangeCache> = const { RefCell::new(RangeCache::new()) };
+/// This thread's [`RangeCache`] (`tls`: an initial-exec thread-local, no
+/// `__tls_get_addr`); `None` while borrowed already.
+#[inline(always)]
+fn with_cache<R>(f: impl FnOnce(&mut RangeCache) -> R) -> Option<R> {
+    crate::tls::me().with_cache(f)
 }
 
 /// The process's mappings changed (munmap, mprotect): forget every
@@ -58,19 +60,15 @@ pub fn mappings_changed() {
 }
 
 /// May the shim copy `len` bytes at `base` with access `a` (as the kernel's
-/// copy would succeed)? Zero bytes are always fine. Out of line: a caller
-/// that asks only when an [`all_cached`] answer did not hold (a receive's
-/// copy) would otherwise pay the thread-local's `__tls_get_addr`, hoisted
-/// to its entry, on every call.
+/// copy would succeed)? Zero bytes are always fine. Out of line: callers
+/// ask only when an [`all_cached`] answer did not hold (a receive's copy).
 #[inline(never)]
 pub fn ok(base: usize, len: usize, a: Access) -> bool {
     if len == 0 {
         return true;
     }
     let ep = EPOCH.load(Ordering::Acquire);
-    let hit = CACHE
-        .try_with(|c| c.try_borrow().is_ok_and(|c| c.hit(ep, base, len, a)))
-        .unwrap_or(false);
+    let hit = with_cache(|c| c.hit(ep, base, len, a)).unwrap_or(false);
     hit || slow(ep, base, len, a)
 }
 
@@ -83,12 +81,7 @@ pub fn ok(base: usize, len: usize, a: Access) -> bool {
 #[inline(always)]
 pub fn all_cached<const N: usize>(ranges: &[(usize, usize); N], a: Access) -> Seen {
     let ep = EPOCH.load(Ordering::Acquire);
-    let ok = CACHE
-        .try_with(|c| {
-            c.try_borrow_mut()
-                .is_ok_and(|mut c| c.hit_all(ep, ranges, a))
-        })
-        .unwrap_or(false);
+    let ok = with_cache(|c| c.hit_all(ep, ranges, a)).unwrap_or(false);
     Seen { ep, ok }
 }
 
@@ -128,11 +121,7 @@ fn slow(ep: u64, base: usize, len: usize, a: Access) -> bool {
     };
     match Maps(&text).covering(base, len, a) {
         Some((s, e)) => {
-            let _ = CACHE.try_with(|c| {
-                if let Ok(mut c) = c.try_borrow_mut() {
-                    c.insert(ep, s, e, a);
-                }
-            });
+            with_cache(|c| c.insert(ep, s, e, a));
             true
         }
         None => false,

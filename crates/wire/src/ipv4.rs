@@ -114,7 +114,12 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     }
     #[inline]
     pub fn verify_checksum(&self) -> bool {
-        checksum::checksum(&self.buffer.as_ref()[..self.header_len()]) == 0
+        let h = &self.buffer.as_ref()[..self.header_len()];
+        match <&[u8; HEADER_LEN]>::try_from(h) {
+            // The common header (no options): five words, no loop.
+            Ok(h) => checksum::sum20(h) == 0xffff,
+            Err(_) => checksum::checksum(h) == 0,
+        }
     }
     /// The options bytes (empty without options: IHL 5).
     #[inline]
@@ -205,11 +210,19 @@ impl Ipv4Repr {
         h[6..8].copy_from_slice(&frag.to_be_bytes());
         h[8] = self.ttl;
         h[9] = self.protocol;
-        h[10] = 0;
-        h[11] = 0;
         h[12..16].copy_from_slice(&self.src.octets());
         h[16..20].copy_from_slice(&self.dst.octets());
-        let c = checksum::checksum(h);
+        // The sum from the fields (the checksum word counted as 0), not
+        // read back from the bytes just written.
+        let (s, d) = (u64::from(self.src.to_bits()), u64::from(self.dst.to_bits()));
+        let sum = (0x4500 | u64::from(tos))
+            + u64::from(total)
+            + u64::from(self.ident)
+            + u64::from(frag)
+            + (u64::from(self.ttl) << 8 | u64::from(self.protocol))
+            + s
+            + d;
+        let c = !checksum::fold64(sum);
         h[10..12].copy_from_slice(&c.to_be_bytes());
     }
 }
@@ -237,6 +250,8 @@ mod tests {
         let b = sample(12);
         let p = Ipv4Packet::new_checked(&b[..]).unwrap();
         assert!(p.verify_checksum());
+        // The sum from the fields is the sum over the bytes written.
+        assert_eq!(checksum::checksum(&b[..HEADER_LEN]), 0);
         let r = Ipv4Repr::parse(&p, true).unwrap();
         assert_eq!(r.payload_len, 12);
         assert_eq!(r.src, Ipv4Addr::new(198, 18, 0, 1));
@@ -369,6 +384,10 @@ mod tests {
                         p.payload(),
                         p.frag_offset(),
                         p.verify_checksum(),
+                    );
+                    assert_eq!(
+                        p.verify_checksum(),
+                        checksum::checksum(&buf[..p.header_len()]) == 0
                     );
                     let _ = Ipv4Repr::parse(&p, true);
                 }
