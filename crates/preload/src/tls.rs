@@ -24,7 +24,7 @@ use nanowire_sockabi::space::RangeCache;
 use std::cell::{Cell, UnsafeCell};
 
 /// This thread's shim words. All-zero bytes are the initial value of every
-/// field ([`ThreadState::NEW`]; `RangeCache::new()` is all zeros), which
+/// field ([`ThreadState::new`]; `RangeCache::new()` is all zeros), which
 /// is what a thread's static TLS block starts as.
 #[repr(C)]
 pub struct ThreadState {
@@ -42,13 +42,15 @@ pub struct ThreadState {
 
 impl ThreadState {
     /// The initial value (all zeros).
-    #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
-    pub const NEW: ThreadState = ThreadState {
-        in_engine: Cell::new(false),
-        cache_busy: Cell::new(false),
-        sig_seq: Cell::new(0),
-        cache: UnsafeCell::new(RangeCache::new()),
-    };
+    #[cfg_attr(all(target_arch = "x86_64", not(test)), allow(dead_code))]
+    pub const fn new() -> ThreadState {
+        ThreadState {
+            in_engine: Cell::new(false),
+            cache_busy: Cell::new(false),
+            sig_seq: Cell::new(0),
+            cache: UnsafeCell::new(RangeCache::new()),
+        }
+    }
 
     /// Run `f` on the user-memory cache; `None` if it is borrowed already
     /// (a signal handler interrupted a look at it).
@@ -109,7 +111,7 @@ pub fn me() -> &'static ThreadState {
 
 #[cfg(not(target_arch = "x86_64"))]
 thread_local! {
-    static STATE: ThreadState = const { ThreadState::NEW };
+    static STATE: ThreadState = const { ThreadState::new() };
 }
 
 /// This thread's block.
@@ -130,7 +132,7 @@ mod tests {
         // What a fresh thread's static TLS block holds.
         // SAFETY: every field is plain integers (bool as 0).
         let z: ThreadState = unsafe { std::mem::zeroed() };
-        let n = ThreadState::NEW;
+        let n = ThreadState::new();
         assert_eq!(z.in_engine.get(), n.in_engine.get());
         assert_eq!(z.cache_busy.get(), n.cache_busy.get());
         assert_eq!(z.sig_seq.get(), n.sig_seq.get());
