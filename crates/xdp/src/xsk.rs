@@ -656,7 +656,13 @@ impl XskRx {
             // Cleared under the lock before taking: a push after this is
             // seen (it sets the hint again after pushing under the lock).
             self.umem.recycled_any.store(false, Ordering::Relaxed);
-            self.to_fill.append(&mut r);
+            if self.to_fill.is_empty() {
+                // The usual case (a frame or a few since the last poll):
+                // trade the vectors instead of copying.
+                std::mem::swap(&mut self.to_fill, &mut *r);
+            } else {
+                self.to_fill.append(&mut r);
+            }
         }
         if self.to_fill.is_empty() {
             return;
@@ -667,8 +673,16 @@ impl XskRx {
         }
         let want = self.to_fill.len() as u32;
         let n = self.fill.prod_free(want).min(want);
-        for (i, a) in self.to_fill.drain(..n as usize).enumerate() {
-            self.fill.prod_write(i as u32, a);
+        if n == want {
+            // All of them (the usual case): no drain of a remainder.
+            for (i, &a) in self.to_fill.iter().enumerate() {
+                self.fill.prod_write(i as u32, a);
+            }
+            self.to_fill.clear();
+        } else {
+            for (i, a) in self.to_fill.drain(..n as usize).enumerate() {
+                self.fill.prod_write(i as u32, a);
+            }
         }
         if n > 0 {
             self.fill.prod_submit(n);

@@ -541,6 +541,13 @@ impl XdpSocket {
                     }
                 }
             }
+            if mark.is_none() && rx.demux.get(self.id).is_some_and(|e| e.queue.is_empty()) {
+                // A full batch that took the last one queued drained the
+                // queue as well: marked, so that the next call (a
+                // ping-pong reader's, after its reply) finds it still empty
+                // without the lock, the pop and the poll.
+                mark = self.engine.rx_mark(rx);
+            }
         }
         // Marked only when the queue was drained empty (a full batch may
         // have left some queued).
