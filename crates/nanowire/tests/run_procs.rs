@@ -364,3 +364,82 @@ fn a_connection_inherited_across_exec_serves_as_plainly() {
     let child = format!("{READLINE}{EXEC_CHILD}");
     three_ways(&l, "exec", &srv, EXEC_CLIENT, 14620, &[&child]);
 }
+
+/// A server forks children that never use its connection (one exits at
+/// once, one execs /bin/true with the socket close-on-exec) between
+/// requests on it: plainly nothing changes for the connection; under run
+/// it stays on the engine (the hand-over waits for a child's use, which
+/// never comes), and the answers are the same.
+const IDLE_CHILD: &str = r#"
+import hashlib, os, socket, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((addr, port)); ls.listen(8)
+print("listening", flush=True)
+c, _ = ls.accept()
+for r in range(6):
+    req = readline(c)
+    if r == 1:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+    if r == 3:
+        pid = os.fork()
+        if pid == 0:
+            os.execv("/bin/true", ["true"])
+        print("exec'd child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+    body = hashlib.sha256(req).digest() * (2000 * (r + 1))
+    c.sendall(b"%d\n" % len(body) + body)
+c.close()
+print("done", flush=True)
+"#;
+
+const IDLE_CHILD_CLIENT: &str = r#"
+import hashlib, socket, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+def readline(c):
+    b = b""
+    while not b.endswith(b"\n"):
+        d = c.recv(1)
+        if not d:
+            break
+        b += d
+    return b
+c = socket.create_connection((addr, port), timeout=60)
+ok = True
+for r in range(6):
+    req = b"request %d\n" % r
+    c.sendall(req)
+    n = int(readline(c))
+    b = b""
+    while len(b) < n:
+        d = c.recv(min(1 << 16, n - len(b)))
+        if not d:
+            break
+        b += d
+    good = b == hashlib.sha256(req).digest() * (2000 * (r + 1))
+    ok &= good
+    print(r, n, hashlib.sha256(b).hexdigest()[:16], "ok" if good else "BAD")
+print("eof" if c.recv(1) == b"" else "NO EOF")
+print("all ok" if ok else "SOME BAD", flush=True)
+"#;
+
+#[test]
+#[ignore = "needs root"]
+fn a_child_that_never_uses_the_connection_leaves_it_on_the_engine() {
+    nanowire_testkit::require(&["python3"]);
+    let l = lab("pidl");
+    let srv = format!("{READLINE}{IDLE_CHILD}");
+    let logs = three_ways(&l, "idle-child", &srv, IDLE_CHILD_CLIENT, 14630, &[]);
+    // Said once per connection (own engine, service), never moved: not at
+    // either fork, nor at the close (both children let go: one exited,
+    // the other's exec closed its copy).
+    assert!(!logs.contains("moved to the kernel"), "{logs}");
+    assert_eq!(
+        logs.matches("stays on the xdp engine until the child uses it too")
+            .count(),
+        2,
+        "{logs}"
+    );
+}

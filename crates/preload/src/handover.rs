@@ -1,8 +1,9 @@
 //! Handing an engine TCP connection over to the kernel (TCP_REPAIR).
 //!
 //! Used where the engine cannot carry a connection any further but the
-//! kernel can: `fork()` (parent and child then share one connection, as
-//! plainly, which only the kernel can serve to both). The kernel socket is
+//! kernel can: two processes using one connection after `fork()` (only
+//! the kernel can serve it to both; `forkshare` decides when, and the
+//! connection then goes into the socket both hold: [`in_place`]). The kernel socket is
 //! built in repair mode from the engine's state — sequence numbers, the
 //! unread received bytes, the unacknowledged and unsent bytes, MSS, window
 //! scaling, SACK, timestamps, windows — under the engine's lock; then the
@@ -18,6 +19,7 @@
 //! without it (or in a state other than ESTABLISHED) the connection stays
 //! on the engine and one line says why.
 
+use crate::forkshare;
 use crate::log::log;
 use crate::real;
 use crate::spin::{errno, set_errno};
@@ -132,7 +134,15 @@ fn repair_socket(h: &Handover) -> io::Result<OwnedFd> {
     }
     // SAFETY: a fresh descriptor nobody else owns.
     let s = unsafe { OwnedFd::from_raw_fd(raw) };
-    let fd = s.as_raw_fd();
+    repair_on(s.as_raw_fd(), h)?;
+    Ok(s)
+}
+
+/// [`repair_socket`]'s work on socket `fd` (a fresh one, or the
+/// application's own unconnected socket under an engine connection: the
+/// placeholder every process holding the fd shares); a socket bound
+/// already must be bound to the connection's local address.
+fn repair_on(fd: c_int, h: &Handover) -> io::Result<()> {
     let tcp = libc::IPPROTO_TCP;
     // Repair mode also forces reuse of the address (the listener or the
     // reservation holds it); SO_REUSEADDR after it would undo that.
@@ -174,7 +184,16 @@ fn repair_socket(h: &Handover) -> io::Result<OwnedFd> {
         &h.snd_una,
         "TCP_QUEUE_SEQ (send)",
     )?;
-    to_addr(real::bind, fd, h.tuple.local, "bind")?;
+    match bound_to(fd) {
+        Some(a) if a.port() != 0 && a != h.tuple.local => {
+            return Err(io::Error::other(format!(
+                "the socket is bound to {a}, the connection's address is {}",
+                h.tuple.local
+            )));
+        }
+        Some(a) if a.port() != 0 => {}
+        _ => to_addr(real::bind, fd, h.tuple.local, "bind")?,
+    }
     // In repair mode connect only sets the state (no SYN).
     to_addr(real::connect, fd, h.tuple.remote, "connect (repair)")?;
     let mut opts = vec![RepairOpt {
@@ -234,7 +253,24 @@ fn repair_socket(h: &Handover) -> io::Result<OwnedFd> {
     if h.nodelay {
         setopt(fd, tcp, libc::TCP_NODELAY, &1i32, "TCP_NODELAY")?;
     }
-    Ok(s)
+    Ok(())
+}
+
+/// The local address socket `fd` is bound to (port 0: unbound).
+fn bound_to(fd: c_int) -> Option<std::net::SocketAddrV4> {
+    // SAFETY: an all-zero sockaddr_in is a valid out-buffer.
+    let mut out: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
+    // SAFETY: out/len are valid for writes.
+    if unsafe { real::getsockname(fd, (&raw mut out).cast(), &mut len) } < 0
+        || out.sin_family != libc::AF_INET as libc::sa_family_t
+    {
+        return None;
+    }
+    Some(std::net::SocketAddrV4::new(
+        u32::from_be(out.sin_addr.s_addr).into(),
+        u16::from_be(out.sin_port),
+    ))
 }
 
 pub fn init() {
@@ -334,6 +370,14 @@ fn hand(fd: c_int, why: &str) -> io::Result<bool> {
     let Some(t) = tcpx::lookup(fd) else {
         return Ok(false);
     };
+    let h = t.share();
+    if h != 0 && forkshare::decide(h) {
+        // Shared with a forked child (its fd names the same socket): the
+        // connection goes into that socket, for both processes.
+        let r = in_place(fd, t, why, true);
+        forkshare::settle(h);
+        return r;
+    }
     let Some(inner) = t.stream_inner() else {
         return Ok(false);
     };
@@ -351,8 +395,28 @@ fn hand(fd: c_int, why: &str) -> io::Result<bool> {
     };
     let nfd = new.as_raw_fd();
     tcpx::carry_options(fd, nfd);
-    // Leave repair mode: the kernel owns the connection from here (the
-    // steering program no longer takes its segments).
+    finish_repair(fd, nfd, &after);
+    // Every number of this socket now names the kernel connection.
+    let fds = tcpx::fds_of(t);
+    for &f in &fds {
+        // SAFETY: fcntl on an fd of ours.
+        let cloexec = unsafe { real::fcntl(f, libc::F_GETFD, 0) } & libc::FD_CLOEXEC != 0;
+        // SAFETY: dup3 onto an fd number the application owns; the old
+        // file (the placeholder or the port reservation) goes with it.
+        unsafe { real::dup3(nfd, f, if cloexec { libc::O_CLOEXEC } else { 0 }) };
+        crate::ready::tcp_to_kernel(f);
+    }
+    drop(new);
+    done(t, &fds, fd, why);
+    set_errno(e0);
+    Ok(true)
+}
+
+/// After the kernel socket `nfd` took the connection of `fd`: leave repair
+/// mode (the kernel owns the connection from here: the steering program no
+/// longer takes its segments), send what was never sent, show the kernel
+/// the peer's FIN.
+fn finish_repair(fd: c_int, nfd: c_int, after: &After) {
     let _ = setopt(
         nfd,
         libc::IPPROTO_TCP,
@@ -372,17 +436,13 @@ fn hand(fd: c_int, why: &str) -> io::Result<bool> {
             "fd {fd} tcp: handed over to the kernel, but the peer's FIN could not be given to it ({e}): reads will wait for data that never comes"
         );
     }
-    // Every number of this socket now names the kernel connection.
-    let fds = tcpx::fds_of(t);
-    for &f in &fds {
-        // SAFETY: fcntl on an fd of ours.
-        let cloexec = unsafe { real::fcntl(f, libc::F_GETFD, 0) } & libc::FD_CLOEXEC != 0;
-        // SAFETY: dup3 onto an fd number the application owns; the old
-        // file (the placeholder or the port reservation) goes with it.
-        unsafe { real::dup3(nfd, f, if cloexec { libc::O_CLOEXEC } else { 0 }) };
-        crate::ready::tcp_to_kernel(f);
-    }
-    drop(new);
+}
+
+/// The fds `fds` of `t` name the kernel's connection now: the
+/// application's blocking mode on it, the shim forgets the record. No fds:
+/// the application is closing its last one meanwhile (its close finds
+/// the engine object gone and leaves the record to the pool).
+fn done(t: tcpx::TcpRef, fds: &[c_int], fd: c_int, why: &str) {
     if let Some(&f) = fds.first() {
         // SAFETY: F_GETFL on our fd.
         let fl = unsafe { real::fcntl(f, libc::F_GETFL, 0) };
@@ -394,14 +454,106 @@ fn hand(fd: c_int, why: &str) -> io::Result<bool> {
         // SAFETY: F_SETFL on our fd.
         unsafe { real::fcntl(f, libc::F_SETFL, nb as libc::c_ulong) };
     }
-    tcpx::forget(t, &fds);
+    if fds.is_empty() {
+        tcpx::drop_engine(t);
+    } else {
+        tcpx::forget(t, fds);
+    }
     t.handing.store(false, std::sync::atomic::Ordering::Release);
     log!(
         Level::Warn,
         "fd {fd} tcp: moved to the kernel (TCP_REPAIR hand-over): {why}"
     );
+}
+
+/// Hand the engine connection of `t` (`fd` one of its numbers) over to the
+/// kernel *in* the application's own socket under the fd (the placeholder,
+/// which a forked child's fd names too): no fd number changes, so every
+/// process holding it has the kernel's connection. `all`: the record is
+/// still in the table (its fds are forgotten here); else the caller is
+/// closing it (its last fd is out of the table already) and drops it.
+fn in_place(fd: c_int, t: tcpx::TcpRef, why: &str, all: bool) -> io::Result<bool> {
+    let Some(inner) = t.stream_inner() else {
+        return Ok(false);
+    };
+    let tcpx::Inner::Stream(s) = &*inner else {
+        return Ok(false);
+    };
+    let e0 = errno();
+    t.handing.store(true, std::sync::atomic::Ordering::Release);
+    let built = engine_call(|| {
+        s.hand_over(|h| {
+            let after = after_of(h)?;
+            repair_on(fd, h)?;
+            Ok(after)
+        })
+    });
+    let after = match built {
+        Ok(a) => a,
+        Err(e) => {
+            // Nothing moved: the socket leaves repair mode (if it got there).
+            let _ = setopt(fd, libc::IPPROTO_TCP, libc::TCP_REPAIR, &0i32, "");
+            t.handing.store(false, std::sync::atomic::Ordering::Release);
+            set_errno(e0);
+            return Err(e);
+        }
+    };
+    finish_repair(fd, fd, &after);
+    let fds = if all { tcpx::fds_of(t) } else { vec![fd] };
+    if all {
+        for &f in &fds {
+            crate::ready::tcp_to_kernel(f);
+        }
+        done(t, &fds, fd, why);
+    } else {
+        t.handing.store(false, std::sync::atomic::Ordering::Release);
+        log!(
+            Level::Warn,
+            "fd {fd} tcp: moved to the kernel (TCP_REPAIR hand-over): {why}"
+        );
+    }
     set_errno(e0);
     Ok(true)
+}
+
+/// The owner closes its last fd `fd` of `t` while a forked child still
+/// holds the socket (`forkshare::owner_closing`): the connection goes to
+/// the kernel in that socket, which the child keeps. False: it could not
+/// be (said why): the caller closes it on the engine.
+pub fn owner_closing(fd: c_int, t: tcpx::TcpRef) -> bool {
+    const WHY: &str = "fork(): this process closed it, its forked child holds it";
+    match in_place(fd, t, WHY, false) {
+        Ok(moved) => moved,
+        Err(e) => {
+            log!(
+                Level::Warn,
+                "fd {fd} tcp: closed on the engine although a forked child holds it: cannot hand it over to the kernel: {e}; the child's fd is an unconnected socket (ENOTCONN)"
+            );
+            false
+        }
+    }
+}
+
+/// The broker's answer to a forked child that uses connection `h` (this
+/// process owns it): hand it over to the kernel in place. False: no fd of
+/// this process names it (nothing done).
+pub fn answer_child(h: u64) -> bool {
+    const WHY: &str = "fork(): the forked child uses it too";
+    let mut found = None;
+    crate::table::each_record::<tcpx::Tcp>(|fd, r| {
+        let t = tcpx::TcpRef::from(r);
+        if found.is_none() && t.mine() && t.share() == h {
+            found = Some((fd, t));
+        }
+    });
+    let Some((fd, t)) = found else { return false };
+    if let Err(e) = in_place(fd, t, WHY, true) {
+        log!(
+            Level::Warn,
+            "fd {fd} tcp: stays on the xdp engine although {WHY}: cannot hand it over to the kernel: {e}; the child's fd is an unconnected socket (ENOTCONN)"
+        );
+    }
+    true
 }
 
 /// What the hand-over leaves to do once the kernel owns the connection.
@@ -412,21 +564,24 @@ struct After {
     fin: Option<Vec<u8>>,
 }
 
-/// `repair_socket`, plus what is left to do after repair mode.
-fn repair_socket_after(h: &Handover) -> io::Result<(OwnedFd, After)> {
+/// What is left to do after repair mode for the connection `h` describes
+/// (fails before anything changed if the peer's FIN cannot be delivered).
+fn after_of(h: &Handover) -> io::Result<After> {
     let fin = h.peer_fin.then(|| h.peer_fin_packet());
     if fin.is_some() {
         // The FIN needs a raw socket: fail before anything changed.
         drop(raw_socket()?);
     }
-    let s = repair_socket(h)?;
-    Ok((
-        s,
-        After {
-            unsent: h.send[h.sent..].to_vec(),
-            fin,
-        },
-    ))
+    Ok(After {
+        unsent: h.send[h.sent..].to_vec(),
+        fin,
+    })
+}
+
+/// `repair_socket`, plus what is left to do after repair mode.
+fn repair_socket_after(h: &Handover) -> io::Result<(OwnedFd, After)> {
+    let after = after_of(h)?;
+    Ok((repair_socket(h)?, after))
 }
 
 fn raw_socket() -> io::Result<OwnedFd> {

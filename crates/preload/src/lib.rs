@@ -95,6 +95,7 @@ mod dispatch;
 mod exports;
 mod exports_fd;
 mod fdlife;
+mod forkshare;
 mod handover;
 mod kernelio;
 mod log;

@@ -2,8 +2,9 @@
 //!
 //! A socket two processes share can only be served where both can use it:
 //! the kernel. `fork()` is handled by the `pthread_atfork` handlers of
-//! `accel` and `tcpx`; the calls that start a child without running them
-//! are handled here, before the child exists:
+//! `accel` and `tcpx` (a TCP connection waits on the parent's engine
+//! until a second process uses it: `forkshare`); the calls that start a
+//! child without running them are handled here, before the child exists:
 //!
 //! * `vfork()` (Python's `subprocess`, which then `dup2`s any fd, even a
 //!   close-on-exec one, onto the child's stdin/stdout): every engine socket
@@ -51,6 +52,11 @@ pub fn prepare(inherits: &dyn Fn(c_int) -> bool, why: &str) {
 /// Before `what` (posix_spawn, system, popen, exec): the engine sockets
 /// without FD_CLOEXEC.
 pub fn prepare_exec(what: &str) {
+    if what == "exec" {
+        // The close-on-exec copies of connections a parent shared at fork
+        // go with this program.
+        tcpx::held_until_exec(&|fd| !inheritable(fd));
+    }
     if has_engine_fds() {
         prepare(
             &inheritable,

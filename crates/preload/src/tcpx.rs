@@ -51,7 +51,7 @@ use nanowire_shimcore::sock::Common;
 use nanowire_stack::xdp::{XdpTcpError, XdpTcpListener, XdpTcpState, XdpTcpStream, tcp_ready};
 use nanowire_stack::{EngineKind, EngineOptions, WaitPolicy};
 use std::net::SocketAddrV4;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// What the engine serves for one socket.
@@ -104,6 +104,10 @@ pub struct Tcp {
     /// A listener kept on the engine service across fork (issue 24): a
     /// forked child serves its copy on its own engine ([`adopt_inherited`]).
     shared: AtomicBool,
+    /// A connection shared with a forked child and still on this
+    /// process's engine: its handle in the page shared with children
+    /// (`forkshare`; 0: none).
+    share: AtomicU64,
 }
 
 // SAFETY: the only type of the shim with kind Tcp; aligned to 8 (atomics).
@@ -289,6 +293,21 @@ pub fn exiting() {
     // A forked child's engine is its parent's copy (a lock another thread
     // held at fork stays held in it): its connections went to the kernel
     // at fork, so there is nothing of its own to finish here.
+    // Its copies of connections a parent shared at fork: no longer held
+    // by this process (counted down once).
+    static DROPPED: AtomicBool = AtomicBool::new(false);
+    let mut held: Vec<u64> = Vec::new();
+    table::each_record::<Tcp>(|_, t| {
+        let t = TcpRef(t);
+        if !t.mine() && t.share() != 0 && !t.listener() && !held.contains(&t.share()) {
+            held.push(t.share());
+        }
+    });
+    if !DROPPED.swap(true, Ordering::AcqRel) {
+        for h in held {
+            crate::forkshare::dropped(h);
+        }
+    }
     if me != OWNER.load(Ordering::Relaxed) && !ADOPTED.load(Ordering::Acquire) {
         return;
     }
@@ -335,13 +354,50 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) ->
     let e = errno();
     listeners_to_kernel(ls, why, fork);
     // Connections: both processes share each one, as plainly; only the
-    // kernel can serve it to both.
+    // kernel can serve it to both. At fork the hand-over waits until the
+    // child uses its copy (`forkshare`): until then the connection stays
+    // on this process's engine.
     let mut conns: Vec<c_int> = Vec::new();
+    let mut shared: Vec<(c_int, TcpRef)> = Vec::new();
+    let mut inherited: Vec<(c_int, TcpRef)> = Vec::new();
     table::each_record::<Tcp>(|fd, t| {
-        if t.common.mine(me) && !t.listener() && inherits(fd) {
-            conns.push(fd);
+        let t = TcpRef(t);
+        if t.listener() || !inherits(fd) {
+            return;
+        }
+        if t.common.mine(me) {
+            if fork && !shared.iter().any(|(_, o)| o.same(t)) {
+                shared.push((fd, t));
+            } else if !fork {
+                conns.push(fd);
+            }
+        } else if t.share() != 0 && !inherited.iter().any(|(_, o)| o.same(t)) {
+            inherited.push((fd, t));
         }
     });
+    for (fd, t) in shared {
+        match crate::forkshare::share(t.share()) {
+            Some(h) => {
+                if t.share.swap(h, Ordering::AcqRel) != h {
+                    log!(
+                        Level::Info,
+                        "fd {fd} tcp: shared with the forked child: stays on the xdp engine until the child uses it too"
+                    );
+                }
+            }
+            None => conns.push(fd),
+        }
+    }
+    // A forked child's copies of its parent's shared connections: held by
+    // one more process at fork; the program a spawn or exec starts gets
+    // the kernel's connection (it cannot ask the owner).
+    for (fd, t) in inherited {
+        if fork {
+            crate::forkshare::held_again(t.share());
+        } else {
+            claim_inherited(fd, t);
+        }
+    }
     table::each_with(table::F_TCAND, |fd| {
         if inherits(fd) {
             table::clear_flags(fd, table::F_TCAND);
@@ -533,8 +589,53 @@ pub fn inherited(fd: c_int, t: TcpRef) -> Option<TcpRef> {
     if let Some(t2) = adopt_inherited(fd, t) {
         return Some(t2);
     }
+    if t.share() != 0 && !t.listener() {
+        claim_inherited(fd, t);
+        return None;
+    }
     note_inherited(fd);
     None
+}
+
+/// exec is about to close the fds `closes` says: this process's copies of
+/// connections a parent shared at fork among them are no longer held by
+/// it (if the exec fails, the owner may have closed the connection: the
+/// fd is then an unconnected socket).
+pub fn held_until_exec(closes: &dyn Fn(c_int) -> bool) {
+    let mut held: Vec<(u64, bool)> = Vec::new();
+    table::each_record::<Tcp>(|fd, t| {
+        let t = TcpRef(t);
+        if t.mine() || t.share() == 0 || t.listener() {
+            return;
+        }
+        match held.iter_mut().find(|(h, _)| *h == t.share()) {
+            // Every number of it must go for the copy to go.
+            Some((_, all)) => *all &= closes(fd),
+            None => held.push((t.share(), closes(fd))),
+        }
+    });
+    for (h, _) in held.into_iter().filter(|&(_, all)| all) {
+        crate::forkshare::dropped(h);
+    }
+}
+
+/// A forked child's first use of a connection its parent shared at fork
+/// (`forkshare`): the parent hands it over to the kernel in the socket
+/// both hold (or could not: then the fd is an unconnected socket, and the
+/// parent said why); this process forgets its copy of the record (never
+/// acting on the parent's engine objects) and the kernel answers the fd.
+#[cold]
+fn claim_inherited(fd: c_int, t: TcpRef) {
+    let e = errno();
+    crate::forkshare::claim(t.share());
+    for f in fds_of(t) {
+        let _ = table::take_record::<Tcp>(f);
+    }
+    log!(
+        Level::Info,
+        "fd {fd} tcp: inherited through fork(): the kernel's connection now, shared with the parent process"
+    );
+    set_errno(e);
 }
 
 /// `fd` is a forked child's inherited engine connection: say so, once.
@@ -559,6 +660,12 @@ impl Tcp {
     #[inline(always)]
     pub fn mine(&self) -> bool {
         self.common.mine(PID.load(Ordering::Relaxed))
+    }
+    /// The connection's handle in the page shared with forked children
+    /// (`forkshare`), 0 if it was never shared across fork.
+    #[inline(always)]
+    pub fn share(&self) -> u64 {
+        self.share.load(Ordering::Acquire)
     }
     /// A listener (else a connection).
     #[inline(always)]
@@ -602,6 +709,7 @@ impl Tcp {
             handing: AtomicBool::new(false),
             backlog: AtomicU32::new(0),
             shared: AtomicBool::new(false),
+            share: AtomicU64::new(0),
         }
     }
 }
@@ -812,6 +920,7 @@ fn record(fd: c_int, inner: Inner, listener: bool, adopted: bool, nonblock: bool
     *t.ka.lock().unwrap_or_else(|e| e.into_inner()) = (false, 7200, 75, 9);
     t.handing.store(false, Ordering::Relaxed);
     t.shared.store(false, Ordering::Relaxed);
+    t.share.store(0, Ordering::Relaxed);
     if t.wait_fds() != &wait_fds[..] {
         t.wait_fds.store(intern_fds(wait_fds), Ordering::Release);
     }
@@ -1596,7 +1705,7 @@ pub fn release(fd: c_int) {
     let Some(t) = table::take_record::<Tcp>(fd).map(TcpRef) else {
         return;
     };
-    if !t.common.release_last_mine(PID.load(Ordering::Relaxed)) {
+    if !released_last_mine(t) {
         return;
     }
     close_record(t, fd, false);
@@ -1611,15 +1720,50 @@ pub fn release_stale(fd: c_int) {
     let Some(t) = table::take_record::<Tcp>(fd).map(TcpRef) else {
         return;
     };
-    if !t.common.release_last_mine(PID.load(Ordering::Relaxed)) {
+    if !released_last_mine(t) {
         return;
     }
     close_record(t, fd, true);
     recycle(t);
 }
 
+/// One fd of `t` lets go: true if it was the last and `t` is this
+/// process's (close it). A forked child's last copy of a connection its
+/// parent shared counts down the holders (`forkshare`).
+fn released_last_mine(t: TcpRef) -> bool {
+    if !t.common.release() {
+        return false;
+    }
+    if t.mine() {
+        return true;
+    }
+    if t.share() != 0 && !t.listener() {
+        crate::forkshare::dropped(t.share());
+    }
+    false
+}
+
 /// Close the engine object of `t` (its last fd `fd` is going).
 fn close_record(t: TcpRef, fd: c_int, exiting: bool) {
+    let h = t.share();
+    if h != 0
+        && !t.listener()
+        && matches!(
+            crate::forkshare::owner_closing(h),
+            crate::forkshare::Closing::HandOver
+        )
+    {
+        // A forked child holds the socket: the connection goes on in the
+        // kernel there (no FIN: the kernel's socket is not closed yet).
+        let moved = crate::handover::owner_closing(fd, t);
+        crate::forkshare::settle(h);
+        if moved {
+            if let Some(i) = t.take_inner() {
+                engine_call(|| drop(i));
+            }
+            return;
+        }
+    }
     let inner = t.take_inner();
     let Some(inner) = inner else { return };
     // Another thread may still hold the Arc inside a call: it finishes
@@ -1675,6 +1819,14 @@ pub fn fds_of(t: TcpRef) -> Vec<c_int> {
         }
     });
     v
+}
+
+/// The engine object of `t` goes (its connection was handed over while
+/// the application closed its last fd: that close finds nothing to do).
+pub fn drop_engine(t: TcpRef) {
+    if let Some(i) = t.take() {
+        engine_call(|| drop(i));
+    }
 }
 
 /// The connection of `t` was handed over to the kernel (`fds` now name a
