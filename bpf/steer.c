@@ -202,9 +202,14 @@ struct {
 // the group changes (a worker joins or dies). A SYN whose pin names a slot
 // no longer accepting is spread anew. No accepting slot (n == 0: the
 // master forked, no worker has come yet): the kernel's listening socket,
-// which every holder of the fd accepts from, takes it. The service writes
-// the groups and removes the pins of a slot that leaves.
+// which every holder of the fd accepts from, takes it, and the SYN is
+// pinned to the kernel (NW_PIN_KERNEL), so that the connection's later
+// segments stay there once a member accepts again (by the hash they would
+// reach an engine that never saw the handshake, which resets them). The
+// service writes the groups, removes the pins of a slot that leaves and
+// the kernel pins of connections the kernel no longer has.
 #define NW_GROUP 0x20000000u
+#define NW_PIN_KERNEL 0x10000000u
 
 struct nw_group {
 	__u64 active; // slots accepting, a bit each
@@ -239,12 +244,19 @@ static __always_inline int group_owner(struct tcp_flow_key *f, __u8 *th, void *e
 	// SYN without ACK: a new connection.
 	int syn = (void *)(th + 14) <= end && (th[13] & 0x12) == 0x02;
 	__u32 *p = bpf_map_lookup_elem(&nw_tcp_pins, f);
+	if (p && *p == NW_PIN_KERNEL)
+		return 0;
 	if (p && (!syn || ((g->active >> (*p & 63)) & 1))) {
 		*owner = *p;
 		return 1;
 	}
-	if (!g->n)
+	if (!g->n) {
+		if (syn) {
+			__u32 k = NW_PIN_KERNEL;
+			bpf_map_update_elem(&nw_tcp_pins, f, &k, BPF_ANY);
+		}
 		return 0;
+	}
 	// Every bit of the 4-tuple moves the bucket (murmur3's finaliser): a
 	// client's ports step by 2, which a plain multiply leaves in one bucket.
 	__u32 h = f->raddr ^ ((__u32)f->rport << 16) ^ f->lport;

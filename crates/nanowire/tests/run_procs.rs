@@ -66,7 +66,13 @@ fn three_ways(l: &ScopedLab, name: &str, srv: &str, cli: &str, port: u16, args: 
             &format!("{name}-{p:?}-cli"),
             plain_in(l, Host::A, &["python3", "-c", cli, &addr, &port]),
         );
-        c.success(T);
+        let st = c.wait(T);
+        assert!(
+            st.success(),
+            "{name} {p:?}: the client failed ({st}):\n{}\nserver:\n{}",
+            c.both(),
+            s.both()
+        );
         s.success(T);
         let (out, srv_out) = (c.stdout(), s.stdout());
         let err = s.stderr();
@@ -91,12 +97,22 @@ fn three_ways(l: &ScopedLab, name: &str, srv: &str, cli: &str, port: u16, args: 
     logs
 }
 
-/// Reads a line byte by byte (nothing after the newline is taken).
+/// Reads a line byte by byte (nothing after the newline is taken), and
+/// a body sent as its length on a line, then the bytes.
 const READLINE: &str = r#"
 def readline(c):
     b = b""
     while not b.endswith(b"\n"):
         d = c.recv(1)
+        if not d:
+            break
+        b += d
+    return b
+def read_sized(c):
+    n = int(readline(c))
+    b = b""
+    while len(b) < n:
+        d = c.recv(min(1 << 16, n - len(b)))
         if not d:
             break
         b += d
@@ -321,27 +337,14 @@ if k == 3:
 const EXEC_CLIENT: &str = r#"
 import hashlib, socket, sys
 addr, port = sys.argv[1], int(sys.argv[2])
-def readline(c):
-    b = b""
-    while not b.endswith(b"\n"):
-        d = c.recv(1)
-        if not d:
-            break
-        b += d
-    return b
 ok = True
 for k in range(4):
     c = socket.create_connection((addr, port), timeout=60)
     second = (b"second %d " % k) * (2000 * (k + 1)) + b"\n"
     c.sendall(b"hello %d\n" % k + second)
     a = readline(c)
-    n = int(readline(c))
-    b = b""
-    while len(b) < n:
-        d = c.recv(min(1 << 16, n - len(b)))
-        if not d:
-            break
-        b += d
+    b = read_sized(c)
+    n = len(b)
     c.sendall(b"bye %d\n" % k)
     rest = b""
     while True:
@@ -362,7 +365,8 @@ fn a_connection_inherited_across_exec_serves_as_plainly() {
     let l = lab("pexe");
     let srv = format!("{READLINE}{EXEC_SRV}");
     let child = format!("{READLINE}{EXEC_CHILD}");
-    three_ways(&l, "exec", &srv, EXEC_CLIENT, 14620, &[&child]);
+    let cli = format!("{READLINE}{EXEC_CLIENT}");
+    three_ways(&l, "exec", &srv, &cli, 14620, &[&child]);
 }
 
 /// A server forks children that never use its connection (one exits at
@@ -398,26 +402,13 @@ print("done", flush=True)
 const IDLE_CHILD_CLIENT: &str = r#"
 import hashlib, socket, sys
 addr, port = sys.argv[1], int(sys.argv[2])
-def readline(c):
-    b = b""
-    while not b.endswith(b"\n"):
-        d = c.recv(1)
-        if not d:
-            break
-        b += d
-    return b
 c = socket.create_connection((addr, port), timeout=60)
 ok = True
 for r in range(6):
     req = b"request %d\n" % r
     c.sendall(req)
-    n = int(readline(c))
-    b = b""
-    while len(b) < n:
-        d = c.recv(min(1 << 16, n - len(b)))
-        if not d:
-            break
-        b += d
+    b = read_sized(c)
+    n = len(b)
     good = b == hashlib.sha256(req).digest() * (2000 * (r + 1))
     ok &= good
     print(r, n, hashlib.sha256(b).hexdigest()[:16], "ok" if good else "BAD")
@@ -431,7 +422,8 @@ fn a_child_that_never_uses_the_connection_leaves_it_on_the_engine() {
     nanowire_testkit::require(&["python3"]);
     let l = lab("pidl");
     let srv = format!("{READLINE}{IDLE_CHILD}");
-    let logs = three_ways(&l, "idle-child", &srv, IDLE_CHILD_CLIENT, 14630, &[]);
+    let cli = format!("{READLINE}{IDLE_CHILD_CLIENT}");
+    let logs = three_ways(&l, "idle-child", &srv, &cli, 14630, &[]);
     // Said once per connection (own engine, service), never moved: not at
     // either fork, nor at the close (both children let go: one exited,
     // the other's exec closed its copy).

@@ -378,20 +378,9 @@ fn hand(fd: c_int, why: &str) -> io::Result<bool> {
         forkshare::settle(h);
         return r;
     }
-    let Some(inner) = t.stream_inner() else {
-        return Ok(false);
-    };
-    let tcpx::Inner::Stream(s) = &*inner else {
-        return Ok(false);
-    };
     let e0 = errno();
-    t.handing.store(true, std::sync::atomic::Ordering::Release);
-    let (new, after) = match engine_call(|| s.hand_over(repair_socket_after)) {
-        Ok(x) => x,
-        Err(e) => {
-            t.handing.store(false, std::sync::atomic::Ordering::Release);
-            return Err(e);
-        }
+    let Some((new, after)) = hand_over_with(t, repair_socket_after)? else {
+        return Ok(false);
     };
     let nfd = new.as_raw_fd();
     tcpx::carry_options(fd, nfd);
@@ -410,6 +399,29 @@ fn hand(fd: c_int, why: &str) -> io::Result<bool> {
     done(t, &fds, fd, why);
     set_errno(e0);
     Ok(true)
+}
+
+/// The engine's hand-over of `t`'s connection to the owner `build` makes
+/// (under the engine's lock), with `t.handing` set meanwhile (cleared
+/// again if it fails). `Ok(None)`: `t` has no engine connection (any more).
+fn hand_over_with<T>(
+    t: tcpx::TcpRef,
+    build: impl FnOnce(&Handover) -> io::Result<T>,
+) -> io::Result<Option<T>> {
+    let Some(inner) = t.stream_inner() else {
+        return Ok(None);
+    };
+    let tcpx::Inner::Stream(s) = &*inner else {
+        return Ok(None);
+    };
+    t.handing.store(true, std::sync::atomic::Ordering::Release);
+    match engine_call(|| s.hand_over(build)) {
+        Ok(x) => Ok(Some(x)),
+        Err(e) => {
+            t.handing.store(false, std::sync::atomic::Ordering::Release);
+            Err(e)
+        }
+    }
 }
 
 /// After the kernel socket `nfd` took the connection of `fd`: leave repair
@@ -473,27 +485,18 @@ fn done(t: tcpx::TcpRef, fds: &[c_int], fd: c_int, why: &str) {
 /// still in the table (its fds are forgotten here); else the caller is
 /// closing it (its last fd is out of the table already) and drops it.
 fn in_place(fd: c_int, t: tcpx::TcpRef, why: &str, all: bool) -> io::Result<bool> {
-    let Some(inner) = t.stream_inner() else {
-        return Ok(false);
-    };
-    let tcpx::Inner::Stream(s) = &*inner else {
-        return Ok(false);
-    };
     let e0 = errno();
-    t.handing.store(true, std::sync::atomic::Ordering::Release);
-    let built = engine_call(|| {
-        s.hand_over(|h| {
-            let after = after_of(h)?;
-            repair_on(fd, h)?;
-            Ok(after)
-        })
+    let built = hand_over_with(t, |h| {
+        let after = after_of(h)?;
+        repair_on(fd, h)?;
+        Ok(after)
     });
     let after = match built {
-        Ok(a) => a,
+        Ok(Some(a)) => a,
+        Ok(None) => return Ok(false),
         Err(e) => {
             // Nothing moved: the socket leaves repair mode (if it got there).
             let _ = setopt(fd, libc::IPPROTO_TCP, libc::TCP_REPAIR, &0i32, "");
-            t.handing.store(false, std::sync::atomic::Ordering::Release);
             set_errno(e0);
             return Err(e);
         }

@@ -15,6 +15,9 @@ pub const SLOT: u32 = 0x4000_0000;
 /// of processes sharing the listening socket (steer.c's NW_GROUP): the low
 /// bits are the group's index in `nw_tcp_groups` ([`SteerProgram::set_tcp_group`]).
 pub const GROUP: u32 = 0x2000_0000;
+/// A pin with this value: the group listener's connection is the kernel's
+/// (its SYN came while no member accepted; steer.c's NW_PIN_KERNEL).
+pub const PIN_KERNEL: u32 = 0x1000_0000;
 /// Groups the program holds (steer.c's `nw_tcp_groups`).
 pub const GROUPS: u32 = 1024;
 

@@ -1203,6 +1203,7 @@ impl Service {
         }
         self.last_sweep = Instant::now();
         let mut suspects = std::collections::HashSet::new();
+        let mut kernel = Vec::new();
         let clients = &self.clients;
         for (name, ifc) in self.ifaces.iter_mut() {
             if ifc.groups.is_empty() {
@@ -1229,6 +1230,11 @@ impl Service {
                 );
             }
             for (l, r, v) in pins {
+                if v == nanowire_xdp::program::PIN_KERNEL {
+                    // Asked of the kernel below.
+                    kernel.push((name.clone(), l, r));
+                    continue;
+                }
                 let Some(set) = live.get(&(v & 63)) else {
                     continue;
                 };
@@ -1243,6 +1249,23 @@ impl Service {
                 } else {
                     suspects.insert(key);
                 }
+            }
+        }
+        // A kernel pin goes once the kernel no longer has its connection
+        // (closed or in TIME-WAIT), at two sweeps in a row.
+        for (name, l, r) in kernel {
+            if self.kernel_has(l, r).unwrap_or(true) {
+                continue;
+            }
+            let key = (name, l, r);
+            if self.pin_suspects.contains(&key) {
+                if let Some(ifc) = self.ifaces.get_mut(&key.0)
+                    && ifc.prog.unpin_tcp_flow(l, r)
+                {
+                    self.counters.tcp_pins_swept += 1;
+                }
+            } else {
+                suspects.insert(key);
             }
         }
         self.pin_suspects = suspects;
