@@ -24,29 +24,6 @@ use std::time::Duration;
 
 const T: Duration = Duration::from_secs(90);
 
-/// Where the server runs.
-#[derive(Clone, Copy, Debug)]
-enum Placement {
-    Plain,
-    /// Under run, on an engine of its own.
-    Own,
-    /// Under run, on the engine service.
-    Service,
-}
-
-const PLACEMENTS: [Placement; 3] = [Placement::Plain, Placement::Own, Placement::Service];
-
-fn server_cmd(l: &ScopedLab, p: Placement, argv: &[&str]) -> std::process::Command {
-    let mut c = match p {
-        Placement::Plain => plain_in(l, Host::B, argv),
-        _ => run_in(l, Host::B, &["--engine", "xdp", "-o", "log=info"], argv),
-    };
-    if matches!(p, Placement::Service) {
-        c.env("NANOWIRE_SERVICE", "1");
-    }
-    c
-}
-
 /// The server (`srv` with `args`) in host b in each placement, port
 /// `port + i`, and the plain client `cli` in host a: the client's outputs
 /// and the server's stdout must be the same in every placement. Returns
@@ -56,11 +33,11 @@ fn three_ways(l: &ScopedLab, name: &str, srv: &str, cli: &str, port: u16, args: 
     let mut want: Option<String> = None;
     let mut want_srv: Option<String> = None;
     let mut logs = String::new();
-    for (i, p) in PLACEMENTS.into_iter().enumerate() {
+    for (i, p) in Placement::ALL.into_iter().enumerate() {
         let port = (port + i as u16).to_string();
         let mut argv = vec!["python3", "-c", srv, &addr, &port];
         argv.extend_from_slice(args);
-        let mut s = spawn(&format!("{name}-{p:?}"), server_cmd(l, p, &argv));
+        let mut s = spawn(&format!("{name}-{p:?}"), p.command(l, Host::B, &argv));
         s.wait_for("listening", T);
         let mut c = spawn(
             &format!("{name}-{p:?}-cli"),
