@@ -670,6 +670,16 @@ impl TcpStack {
         }
     }
 
+    /// The stack's clock at `now`: it never goes back. Callers read the
+    /// clock before they get the stack (an application thread and the
+    /// timer service may pass each other); a segment built with an older
+    /// time than the last one would carry an older TSval, which the peer
+    /// drops as an old duplicate (PAWS, RFC 7323 5) — a lost window update.
+    fn tick(&mut self, now: u64) -> u64 {
+        self.clock = self.clock.max(now);
+        self.clock
+    }
+
     fn input_now(
         &mut self,
         now: u64,
@@ -680,7 +690,7 @@ impl TcpStack {
         to: Intake<'_, '_, '_>,
     ) {
         let Intake { read, hold } = to;
-        self.clock = self.clock.max(now);
+        let now = self.tick(now);
         self.counters.segs_in += 1;
         let Ok(s) = TcpSegment::new_checked(head) else {
             self.counters.malformed += 1;
@@ -970,7 +980,7 @@ impl TcpStack {
     }
 
     fn transmit_now(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
-        self.clock = self.clock.max(now);
+        let now = self.tick(now);
         while let Some(c) = self.ctrl.pop_front() {
             let (tuple, r) = match c {
                 Ctrl::Rst {
@@ -1120,7 +1130,7 @@ impl TcpStack {
     }
 
     pub fn poll_timers(&mut self, now: u64) {
-        self.clock = self.clock.max(now);
+        let now = self.tick(now);
         if self.fault_rx.is_some() {
             self.release_rx(now);
         }

@@ -1685,3 +1685,31 @@ fn held_frames_of_a_stalled_reader_are_bounded_handed_over_and_released_by_close
     n.run_until(S, |n| n.b.error(cb) == Some(Error::ConnectionReset));
     assert_eq!(n.hold.as_ref().unwrap().live(), 0);
 }
+
+/// Two threads turn one stack (an application's call and the timer
+/// service), each with the time it read before it got the stack: a
+/// segment built with the older time must not carry an older TSval than
+/// one sent before it, or the peer drops it as an old duplicate (PAWS) —
+/// a window update or an ACK lost although the wire lost nothing.
+#[test]
+fn a_late_caller_with_an_older_time_never_sends_an_older_timestamp() {
+    let mut n = Net::plain();
+    let (ca, cb) = n.connect_pair();
+    let mut out = vec![0u8; 2000];
+    let mut tsval_at = |n: &mut Net, now: u64| {
+        n.a.send(ca, b"x").unwrap();
+        let t = transmit(&mut n.a, now, &mut out).expect("a segment");
+        let s = nanowire_wire::tcp::TcpSegment::new_checked(&out[..t.len]).unwrap();
+        let r = nanowire_wire::tcp::TcpRepr::parse(&s).unwrap();
+        r.timestamp.expect("timestamps negotiated").0
+    };
+    n.a.set_nodelay(ca, true).unwrap();
+    let t0 = n.now;
+    let later = tsval_at(&mut n, t0 + 5 * MS);
+    let earlier = tsval_at(&mut n, t0);
+    assert!(
+        earlier.wrapping_sub(later) as i32 >= 0,
+        "TSval went back: {later} then {earlier}"
+    );
+    let _ = cb;
+}
