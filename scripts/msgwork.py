@@ -19,6 +19,11 @@ cancels out; the short run must outlast the start: `--base`, default 4 s).
     scripts/msgwork.py --tcp --seconds 4                    # this tree's shim
     scripts/msgwork.py --tcp --shim /work/baseline/libnanowire_preload.so
     scripts/msgwork.py --udp --tool strace --seconds 3      # syscalls per message
+    scripts/msgwork.py --udp --service --diff               # the server on host b's engine service
+
+`--service`: the server attaches to host b's engine service (`nanowire engine serve --daemon`,
+started untraced before each run and ended with it; `NANOWIRE_SERVICE=1`), the client keeps an
+engine of its own: the server side's numbers against a run without it are the service's extra.
 
 Prints one JSON object (and a short table on stderr).
 """
@@ -33,7 +38,8 @@ PORT = 11111
 # Engine functions on the per-message path whose inclusive cost per call is reported too.
 DETAIL = ["XdpTcpStream::recv_once", "XdpTcpStream::send_once", "TcpEngine::turn_with",
           "TcpEngine::transmit", "TcpStack::input", "TcpStack::poll_transmit", "rx::handle",
-          "accel::recv_one", "accel::send_one", "tcpx::recv", "tcpx::send"]
+          "accel::recv_one", "accel::send_one", "tcpx::recv", "tcpx::send",
+          "XskRx::refill_now", "XskRx::refill_shared", "XskTx::reap_shared"]
 # Entry points of the shim whose inclusive cost per call is reported.
 ENTRIES = ["send", "sendto", "sendmsg", "write", "recv", "recvfrom", "recvmsg", "read",
            "epoll_wait", "epoll_pwait", "poll", "select"]
@@ -51,9 +57,13 @@ def run_once(args, lab, secs, out):
         env["NANOWIRE_PRELOAD"] = os.path.abspath(args.shim)
     proto = ["--tcp"] if args.tcp else []
     run = [NW, "run", "--profile", args.profile, "--engine", "xdp", "--"]
+    srv_env = env
+    if args.service:
+        sh(*ns(lab, "b"), NW, "engine", "serve", "--daemon", "--idle-ms", "600000")
+        srv_env = dict(env, NANOWIRE_SERVICE="1")
     srv = subprocess.Popen(ns(lab, "b") + wrap(args.tool, out, "server") + run
                            + ["sockperf", "sr", "-i", B, "-p", str(PORT)] + proto,
-                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                           env=srv_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(args.settle)
     if srv.poll() is not None:
         raise SystemExit("server exited: " + srv.stderr.read()[-2000:])
@@ -140,6 +150,8 @@ def main():
     g.add_argument("--tcp", action="store_true")
     g.add_argument("--udp", action="store_true")
     ap.add_argument("--shim", help="another shim (NANOWIRE_PRELOAD)")
+    ap.add_argument("--service", action="store_true",
+                    help="the server on host b's engine service (the client on its own engine)")
     ap.add_argument("--tool", choices=["callgrind", "strace"], default="callgrind")
     ap.add_argument("--seconds", type=int, default=4)
     ap.add_argument("--diff", action="store_true", help="two runs (BASE and SECONDS), per message of the difference")
@@ -177,6 +189,7 @@ def main():
     finally:
         subprocess.run([NW, "lab", "down", "--name", lab], stdout=subprocess.DEVNULL)
     res = {"proto": "tcp" if args.tcp else "udp", "shim": args.shim or "this tree", "tool": args.tool,
+           "server_on_service": args.service,
            "runs": runs, "per_message": {}}
     last = runs[-1]
     first = runs[0] if args.diff else None
