@@ -627,6 +627,63 @@ fn kill_9_under_traffic_gives_back_claims_and_frames_and_the_others_go_on() {
     assert_eq!(st["counters"]["detaches"].as_u64().unwrap(), 5, "{st}");
 }
 
+/// Issue 24: a process killed with -9 while it holds the shared UMEM's
+/// lock, under load. The test hook `NANOWIRE_TEST_STOP_IN_LOCK=N` makes it
+/// stop itself (SIGSTOP) the Nth time it takes the lock, with the lock
+/// held; the test waits until it is stopped, kills it, and the other
+/// process goes on: more datagrams than the UMEM has RX frames, each echoed
+/// intact; the service took the lock over and the dead one's frames back.
+#[test]
+#[ignore = "needs root"]
+fn kill_9_while_holding_the_shared_lock_under_load_the_others_go_on() {
+    let lab = lab("vl");
+    let (a, b) = (12311u16, 12312u16);
+    let keep = echo(&lab, "vl-b", b, &[]);
+    on_xdp(&keep, b);
+    let victim = echo(&lab, "vl-a", a, &["env", "NANOWIRE_TEST_STOP_IN_LOCK=20"]);
+    on_xdp(&victim, a);
+    let addr = ADDR_B.to_string();
+    let flood = |port: u16, name: &str| {
+        spawn(
+            name,
+            plain_in(
+                &lab,
+                Host::A,
+                &["python3", "-c", FLOOD, &addr, &port.to_string(), "2.0"],
+            ),
+        )
+    };
+    let (mut fa, mut fb) = (flood(a, "vl-flood-a"), flood(b, "vl-flood-b"));
+    // Stopped with the lock held (state T in /proc/PID/stat).
+    let stat = format!("/proc/{}/stat", victim.child.id());
+    let end = Instant::now() + T;
+    loop {
+        let s = std::fs::read_to_string(&stat).unwrap_or_default();
+        if s.rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('T'))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the victim never stopped in the lock: {s}\n{}",
+            victim.both()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    kill_9(victim.child.id());
+    drop(victim);
+    fa.success(T);
+    fb.success(T);
+    client(&lab, "vl-post", &[b], 1500);
+    let st = status(&lab);
+    let k = &st["counters"];
+    assert_eq!(k["locks_taken_over"], 1, "{st}");
+    assert!(k["frames_reclaimed"].as_u64().unwrap() > 0, "{st}");
+    assert_eq!(k["detaches"], 1, "{st}");
+}
+
 /// The service killed (kill -9) under traffic, then restarted. Decided
 /// (docs/architecture.md, "The engine service"): the XDP program's link and
 /// the claims are the service's, so they go with it and every frame reaches

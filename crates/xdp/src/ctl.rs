@@ -109,6 +109,12 @@ pub(crate) struct Ctl {
     /// This party's slot (`SERVICE_ID` for the service).
     pub(crate) slot: u32,
     frame_shift: u32,
+    /// Test hook (issue 24, `NANOWIRE_TEST_STOP_IN_LOCK=N`, read at map
+    /// time, never for the service): the Nth time this party takes the
+    /// lock it stops itself (SIGSTOP) holding it, for a test to kill it
+    /// there. 0: off (one branch per lock taken).
+    stop_at: u32,
+    taken: AtomicU32,
 }
 
 // SAFETY: the mapping is shared memory reached only through atomics (lock,
@@ -129,11 +135,21 @@ impl Drop for Held<'_> {
 impl Ctl {
     pub(crate) fn map(fd: RawFd, geo: Geometry, slot: u32) -> io::Result<Ctl> {
         let map = Mmap::map(geo.ctl_len(), Some((fd, geo.umem_len() as libc::off_t)))?;
+        let stop_at = if slot == SERVICE_ID {
+            0
+        } else {
+            std::env::var("NANOWIRE_TEST_STOP_IN_LOCK")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
         Ok(Ctl {
             map,
             geo,
             slot,
             frame_shift: geo.frame_size.trailing_zeros(),
+            stop_at,
+            taken: AtomicU32::new(0),
         })
     }
 
@@ -164,7 +180,21 @@ impl Ctl {
         self.word(O_LOCK)
             .compare_exchange(0, self.id(), Ordering::Acquire, Ordering::Relaxed)
             .ok()
-            .map(|_| Held(self))
+            .map(|_| {
+                if self.stop_at != 0 {
+                    self.test_stop();
+                }
+                Held(self)
+            })
+    }
+
+    #[cold]
+    fn test_stop(&self) {
+        if self.taken.fetch_add(1, Ordering::Relaxed) + 1 == self.stop_at {
+            // SAFETY: kill has no memory preconditions; it stops this
+            // process until a SIGCONT or SIGKILL.
+            unsafe { libc::kill(libc::getpid(), libc::SIGSTOP) };
+        }
     }
 
     /// Owner mark of the RX frame at `addr` (ignored outside the RX frames).

@@ -330,12 +330,14 @@ impl SharedQueue {
     /// Take back every RX frame of the dead process in `slot`: its marks,
     /// what is still on its RX ring (`member`, already out of every XSKMAP)
     /// and an unpublished refill journal. Returns the frames given back to
-    /// the fill ring, or `None` when the lock stayed busy (a live process
-    /// holds it; retry later).
-    pub fn reclaim(&mut self, slot: u32, member: &mut Member) -> Option<u32> {
+    /// the fill ring and whether the dead process held the lock (taken
+    /// over), or `None` when the lock stayed busy (a live process holds it;
+    /// retry later).
+    pub fn reclaim(&mut self, slot: u32, member: &mut Member) -> Option<(u32, bool)> {
         let id = slot + 1;
         let lock = self.ctl.word(O_LOCK);
         let t0 = Instant::now();
+        let mut took_over = false;
         loop {
             match lock.compare_exchange(0, SERVICE_ID, Ordering::Acquire, Ordering::Relaxed) {
                 Ok(_) => break,
@@ -345,6 +347,7 @@ impl SharedQueue {
                         .compare_exchange(h, SERVICE_ID, Ordering::Acquire, Ordering::Relaxed)
                         .is_ok()
                     {
+                        took_over = true;
                         break;
                     }
                 }
@@ -402,7 +405,7 @@ impl SharedQueue {
         }
         self.fill.prod_submit(n as u32);
         lock.store(0, Ordering::Release);
-        Some(n as u32)
+        Some((n as u32, took_over))
     }
 
     fn fill_prod(&self) -> u32 {

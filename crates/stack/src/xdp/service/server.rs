@@ -59,6 +59,9 @@ pub struct Counters {
     pub conn_tables: u64,
     pub frames_reclaimed: u64,
     pub reclaim_deferred: u64,
+    /// A dead process held the shared UMEM's lock: the service took it
+    /// over (issue 24).
+    pub locks_taken_over: u64,
     /// Pins of shared listeners' finished connections removed.
     pub tcp_pins_swept: u64,
     /// The generic-mode program replaced by the frags-aware one at a
@@ -1281,7 +1284,10 @@ impl Service {
             let mut got = 0u64;
             for (q, m) in ifc.queues.iter_mut().zip(p.members.iter_mut()) {
                 match q.reclaim(p.slot, m) {
-                    Some(n) => got += u64::from(n),
+                    Some((n, took_over)) => {
+                        got += u64::from(n);
+                        self.counters.locks_taken_over += u64::from(took_over);
+                    }
                     None => done = false,
                 }
             }
