@@ -711,12 +711,14 @@ impl XskRx {
     /// Shared UMEM: give frames back in batches, under the shared lock,
     /// journalled first (shared.rs). A busy lock only delays the batch.
     fn refill_shared(&mut self) {
-        let Some(ctl) = self.shared.clone() else {
-            return;
-        };
+        // Most calls (a poll with fewer than a batch of frames to give
+        // back) end here, before the Arc's two atomic operations.
         if self.to_fill.len() < REFILL_BATCH {
             return;
         }
+        let Some(ctl) = self.shared.clone() else {
+            return;
+        };
         while self.to_fill.len() >= REFILL_BATCH {
             let Some(_held) = ctl.try_lock() else {
                 return;
