@@ -92,20 +92,23 @@ impl Mmap {
 }
 
 impl Mmap {
-    /// Fault in every page of the mapping for writing, one huge page's
-    /// worth per call, the upper half on a second thread when the machine
-    /// has more than one CPU.
+    /// Fault in every page of the mapping for writing, the upper half on a
+    /// second thread when the machine has more than one CPU.
     ///
     /// Zeroing tens of MB is the longest part of an own engine's start,
     /// and runs while the caller's thread mostly sleeps (its XDP link waits
-    /// for an RCU grace period): two threads halve it. And
-    /// `MADV_POPULATE_WRITE` holds the process's mmap lock (for reading)
-    /// for the whole range it is given: any other thread's `mmap`,
-    /// `munmap`, `brk` or `mprotect` -- the engine's own open beside this
-    /// (map creation, ring mappings, malloc growing the heap) -- waited for
-    /// all of it (docs/benchmarks.md, "Session 13: churn and engine
-    /// start"). Per 2 MiB the lock is let go between chunks, so such a call
-    /// waits for one chunk at most.
+    /// for an RCU grace period): two threads halve it. The pages are
+    /// faulted by writing to each, not with `MADV_POPULATE_WRITE`: that
+    /// holds the process's mmap lock for the range it is given, and any
+    /// other thread's `mmap`, `munmap`, `brk` or `mprotect` -- the engine's
+    /// own open beside this (map creation, ring mappings, malloc growing
+    /// the heap) -- waited for it: up to 42 ms on a quiet machine, more
+    /// when the populating thread was preempted holding it
+    /// (docs/benchmarks.md, "Session 13: churn and engine start"). A write
+    /// fault takes only this mapping's own lock (per-VMA locking, Linux
+    /// 6.4+), which nothing else of the process wants meanwhile. With huge
+    /// pages the first write of each 2 MiB faults the whole huge page in;
+    /// the other 511 writes find it mapped.
     fn populate(&self) {
         let chunks = self.len.div_ceil(HUGE);
         let two = chunks >= 4 && cpus() > 1;
@@ -125,26 +128,13 @@ impl Mmap {
         });
     }
 
-    /// Populate `[from, to)` of the mapping, 2 MiB per call.
+    /// Write a zero into every 4 KiB page of `[from, to)`.
     fn populate_range(&self, from: usize, to: usize) {
-        let mut off = from;
-        while off < to {
-            let n = HUGE.min(to - off);
-            // SAFETY: [off, off + n) lies inside our own mapping.
-            let r =
-                unsafe { libc::madvise(self.ptr.add(off).cast(), n, libc::MADV_POPULATE_WRITE) };
-            if r != 0 {
-                // Older kernel (no MADV_POPULATE_WRITE, Linux < 5.14): touch
-                // every page left so the hot path never faults.
-                for o in (off..to).step_by(4096) {
-                    // SAFETY: o < to <= len: inside our own writable
-                    // mapping, which nobody else uses yet (each thread
-                    // writes its own range).
-                    unsafe { self.ptr.add(o).write_volatile(0) };
-                }
-                return;
-            }
-            off += n;
+        for o in (from..to).step_by(4096) {
+            // SAFETY: o < to <= len: inside our own writable mapping, which
+            // nobody else uses yet (each thread writes its own range); the
+            // memory is fresh anonymous pages, zero already.
+            unsafe { self.ptr.add(o).write_volatile(0) };
         }
     }
 }
