@@ -210,16 +210,18 @@ pub struct XdpSocket {
     hdr: IpHeader,
 }
 
+/// The int value of IPPROTO_IP option `name` of the kernel socket `fd`.
+pub(crate) fn ip_int_opt(fd: RawFd, name: libc::c_int) -> Option<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    let mut l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: an int out-buffer and its length.
+    let r = unsafe { libc::getsockopt(fd, libc::IPPROTO_IP, name, (&raw mut v).cast(), &mut l) };
+    (r == 0).then_some(v)
+}
+
 /// The IP header fields the options of the kernel socket `fd` set.
 fn ip_header_of(fd: RawFd) -> IpHeader {
-    let get = |name: libc::c_int| {
-        let mut v: libc::c_int = 0;
-        let mut l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: an int out-buffer and its length.
-        let r =
-            unsafe { libc::getsockopt(fd, libc::IPPROTO_IP, name, (&raw mut v).cast(), &mut l) };
-        (r == 0).then_some(v)
-    };
+    let get = |name| ip_int_opt(fd, name);
     let d = IpHeader::default();
     IpHeader {
         ttl: get(libc::IP_TTL).map_or(d.ttl, |v| v.clamp(1, 255) as u8),

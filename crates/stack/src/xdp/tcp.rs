@@ -1880,14 +1880,7 @@ impl crate::TcpAcceptor for XdpTcpListener {
 /// kernel resolved it: IP_TTL -1 reads back as the default TTL, a TCP
 /// socket's IP_TOS without the ECN bits).
 pub fn ip_header_of(fd: RawFd) -> (u8, u8) {
-    let get = |name: libc::c_int| {
-        let mut v: libc::c_int = 0;
-        let mut l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: an int out-buffer and its length.
-        let r =
-            unsafe { libc::getsockopt(fd, libc::IPPROTO_IP, name, (&raw mut v).cast(), &mut l) };
-        (r == 0).then_some(v)
-    };
+    let get = |name| super::socket::ip_int_opt(fd, name);
     let ttl = get(libc::IP_TTL).map_or(nanowire_tcp::DEFAULT_TTL, |v| v.clamp(1, 255) as u8);
     let tos = get(libc::IP_TOS).map_or(0, |v| v as u8);
     (ttl, tos)

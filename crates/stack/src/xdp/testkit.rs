@@ -5,7 +5,7 @@
 use super::demux::{Demux, EndpointId, EndpointKind};
 use super::device::loopback::LoopRx;
 use super::rx::RxPath;
-use super::shm::{E, PageInfo, StatsPage};
+use super::shm::{E, PageInfo, S, StatsPage};
 use super::tx::{HDRS, build_frame};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -33,6 +33,11 @@ pub fn efd() -> OwnedFd {
 /// An engine counter's value.
 pub fn get(page: &StatsPage, c: E) -> u64 {
     page.e(c).load(Ordering::Relaxed)
+}
+
+/// A socket slot's counter's value.
+pub fn get_s(page: &StatsPage, slot: usize, c: S) -> u64 {
+    page.s(slot, c).load(Ordering::Relaxed)
 }
 
 /// The sum of every engine `drop_*` counter.

@@ -359,12 +359,7 @@ mod tests {
         }
         assert_eq!(get(&t.page, E::TxPackets), 2);
         assert_eq!(get(&t.page, E::TxBytes), 7);
-        assert_eq!(
-            t.page
-                .s(0, S::TxPackets)
-                .load(std::sync::atomic::Ordering::Relaxed),
-            2
-        );
+        assert_eq!(get_s(&t.page, 0, S::TxPackets), 2);
     }
 
     #[test]
@@ -431,12 +426,7 @@ mod tests {
         let e = t.send(&bufs, wire(), 4).err().expect("ring full");
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         assert_eq!(get(&t.page, E::DropTxRingFull), 1);
-        assert_eq!(
-            t.page
-                .s(4, S::DropTxRingFull)
-                .load(std::sync::atomic::Ordering::Relaxed),
-            1
-        );
+        assert_eq!(get_s(&t.page, 4, S::DropTxRingFull), 1);
     }
 
     #[test]

@@ -169,6 +169,27 @@ impl Conn {
         }
     }
 
+    /// A request answered by `K_OK` (`Ok`) or the service's reason.
+    fn request(&self, msg: &[u8], fds: &[BorrowedFd<'_>]) -> Result<(), String> {
+        let m = self.call(msg, fds, 512)?;
+        self.expect_ok(&m)
+    }
+
+    /// Claim (`fd`: the kernel socket holding the port) or unclaim (no fd)
+    /// `proto`'s (addr, port), with the claim's `flags`.
+    fn claim_request(
+        &self,
+        proto: u8,
+        flags: u8,
+        addr: Ipv4Addr,
+        port: u16,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<(), String> {
+        let msg = proto::encode_claim_flags(fd.is_some(), proto, flags, addr, port);
+        let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
+        self.request(&msg, &fds)
+    }
+
     /// Attach to `iface`.
     pub fn attach(mut self, iface: &str, ring_depth: u32) -> Result<Attached, String> {
         let m = self.call(&proto::encode_attach(iface, ring_depth), &[], 512)?;
@@ -196,20 +217,11 @@ impl Conn {
 
     /// Claim UDP (addr, port); `sock` is the kernel socket holding it.
     pub fn claim(&self, addr: Ipv4Addr, port: u16, sock: BorrowedFd<'_>) -> Result<(), String> {
-        let m = self.call(
-            &proto::encode_claim(true, proto::PROTO_UDP, addr, port),
-            &[sock],
-            512,
-        )?;
-        self.expect_ok(&m)
+        self.claim_request(proto::PROTO_UDP, 0, addr, port, Some(sock))
     }
 
     pub fn unclaim(&self, addr: Ipv4Addr, port: u16) {
-        let _ = self.call(
-            &proto::encode_claim(false, proto::PROTO_UDP, addr, port),
-            &[],
-            512,
-        );
+        let _ = self.claim_request(proto::PROTO_UDP, 0, addr, port, None);
     }
 
     /// Claim a TCP listener's (addr, port): every segment for it (its
@@ -221,12 +233,7 @@ impl Conn {
         port: u16,
         sock: BorrowedFd<'_>,
     ) -> Result<(), String> {
-        let m = self.call(
-            &proto::encode_claim(true, proto::PROTO_TCP, addr, port),
-            &[sock],
-            512,
-        )?;
-        self.expect_ok(&m)
+        self.claim_request(proto::PROTO_TCP, 0, addr, port, Some(sock))
     }
 
     /// Claim a port of the process's client port block (every segment for
@@ -238,26 +245,12 @@ impl Conn {
         port: u16,
         sock: BorrowedFd<'_>,
     ) -> Result<(), String> {
-        let m = self.call(
-            &proto::encode_claim_flags(
-                true,
-                proto::PROTO_TCP,
-                proto::CLAIM_CLIENT_PORT,
-                addr,
-                port,
-            ),
-            &[sock],
-            512,
-        )?;
-        self.expect_ok(&m)
+        let flags = proto::CLAIM_CLIENT_PORT;
+        self.claim_request(proto::PROTO_TCP, flags, addr, port, Some(sock))
     }
 
     pub fn unclaim_tcp_listener(&self, addr: Ipv4Addr, port: u16) {
-        let _ = self.call(
-            &proto::encode_claim(false, proto::PROTO_TCP, addr, port),
-            &[],
-            512,
-        );
+        let _ = self.claim_request(proto::PROTO_TCP, 0, addr, port, None);
     }
 
     /// Join the listener group of TCP (addr, port) (issue 24): `sock` is
@@ -265,14 +258,12 @@ impl Conn {
     /// forked worker's); new connections are spread over the group's
     /// accepting members, this process among them.
     pub fn tcp_join(&self, addr: Ipv4Addr, port: u16, sock: BorrowedFd<'_>) -> Result<(), String> {
-        let m = self.call(&proto::encode_tcp_group(true, addr, port), &[sock], 512)?;
-        self.expect_ok(&m)
+        self.request(&proto::encode_tcp_group(true, addr, port), &[sock])
     }
 
     /// Stop accepting from the listener group of TCP (addr, port) for now.
     pub fn tcp_idle(&self, addr: Ipv4Addr, port: u16) -> Result<(), String> {
-        let m = self.call(&proto::encode_tcp_group(false, addr, port), &[], 512)?;
-        self.expect_ok(&m)
+        self.request(&proto::encode_tcp_group(false, addr, port), &[])
     }
 
     /// Claim one TCP connection (`Flow`; `sock`: the kernel socket holding
@@ -286,12 +277,7 @@ impl Conn {
         sock: Option<BorrowedFd<'_>>,
     ) -> Result<(), String> {
         let fds: Vec<BorrowedFd<'_>> = sock.into_iter().collect();
-        let m = self.call(
-            &proto::encode_tcp_flow(Some(what), local, remote),
-            &fds,
-            512,
-        )?;
-        self.expect_ok(&m)
+        self.request(&proto::encode_tcp_flow(Some(what), local, remote), &fds)
     }
 
     pub fn tcp_unflow(&self, local: SocketAddrV4, remote: SocketAddrV4) {
@@ -300,15 +286,13 @@ impl Conn {
 
     /// Hand the service this process's TCP connection table (conns.rs).
     pub fn conn_table(&self, fd: BorrowedFd<'_>) -> Result<(), String> {
-        let m = self.call(&proto::encode_conn_table(), &[fd], 512)?;
-        self.expect_ok(&m)
+        self.request(&proto::encode_conn_table(), &[fd])
     }
 
     /// Hand the service this process's stats page (`fd`: a sealed memfd)
     /// to read for `nanowire stats`.
     pub fn stats_page(&self, fd: BorrowedFd<'_>) -> Result<(), String> {
-        let m = self.call(&proto::encode_stats_page(), &[fd], 512)?;
-        self.expect_ok(&m)
+        self.request(&proto::encode_stats_page(), &[fd])
     }
 
     /// Whether the interface's program can still be replaced by the
@@ -324,8 +308,7 @@ impl Conn {
             return Ok(());
         }
         self.frags_lazy = false;
-        let m = self.call(&proto::encode_frags(), &[], 512)?;
-        self.expect_ok(&m)
+        self.request(&proto::encode_frags(), &[])
     }
 
     /// The service's status (JSON text).
