@@ -325,6 +325,23 @@ impl Conn {
         }
     }
 
+    /// An opening connection: in `state` (SYN-SENT or SYN-RECEIVED) with
+    /// its SYN pending, its ISN and timestamp offset from `secret`.
+    fn opening(
+        tuple: FourTuple,
+        cfg: &Config,
+        opts: &SocketOptions,
+        secret: &Secret,
+        now: u64,
+        state: State,
+    ) -> Conn {
+        let isn = secret.isn(&tuple, now);
+        let mut c = Conn::blank(tuple, cfg, opts, isn, secret.ts_offset(&tuple), now);
+        c.state = state;
+        c.syn_pending = true;
+        c
+    }
+
     /// Active open: SYN-SENT with the SYN pending.
     pub fn connect(
         tuple: FourTuple,
@@ -333,16 +350,7 @@ impl Conn {
         secret: &Secret,
         now: u64,
     ) -> Conn {
-        let mut c = Conn::blank(
-            tuple,
-            cfg,
-            opts,
-            secret.isn(&tuple, now),
-            secret.ts_offset(&tuple),
-            now,
-        );
-        c.state = State::SynSent;
-        c.syn_pending = true;
+        let mut c = Conn::opening(tuple, cfg, opts, secret, now, State::SynSent);
         c.rcv_wscale = if cfg.window_scaling {
             wscale_for(c.rcvbuf.max(c.rcvbuf_max))
         } else {
@@ -362,16 +370,7 @@ impl Conn {
         secret: &Secret,
         now: u64,
     ) -> Conn {
-        let mut c = Conn::blank(
-            tuple,
-            cfg,
-            opts,
-            secret.isn(&tuple, now),
-            secret.ts_offset(&tuple),
-            now,
-        );
-        c.state = State::SynReceived;
-        c.syn_pending = true;
+        let mut c = Conn::opening(tuple, cfg, opts, secret, now, State::SynReceived);
         c.irs = syn.seq;
         c.rcv_nxt = syn.seq.wrapping_add(1);
         c.negotiate(syn, cfg);

@@ -417,25 +417,25 @@ impl TcpStack {
 
     // ------------------------------------------------------------ slab
 
-    fn conn(&self, c: ConnId) -> Result<&Conn, Error> {
+    /// The slot of `c` while the application holds it: the generation
+    /// matches and the connection is not an orphan.
+    fn held(&self, c: ConnId) -> Result<usize, Error> {
         match self.slots.get(c.idx as usize) {
             Some(Slot {
                 generation,
                 conn: Some(k),
                 ..
-            }) if *generation == c.generation && !k.orphan => Ok(k),
+            }) if *generation == c.generation && !k.orphan => Ok(c.idx as usize),
             _ => Err(Error::InvalidHandle),
         }
     }
+    fn conn(&self, c: ConnId) -> Result<&Conn, Error> {
+        let i = self.held(c)?;
+        Ok(self.slots[i].conn.as_ref().expect("held"))
+    }
     pub(crate) fn conn_mut(&mut self, c: ConnId) -> Result<&mut Conn, Error> {
-        match self.slots.get_mut(c.idx as usize) {
-            Some(Slot {
-                generation,
-                conn: Some(k),
-                ..
-            }) if *generation == c.generation && !k.orphan => Ok(k),
-            _ => Err(Error::InvalidHandle),
-        }
+        let i = self.held(c)?;
+        Ok(self.slots[i].conn.as_mut().expect("held"))
     }
     fn id(&self, idx: u32) -> ConnId {
         ConnId {
@@ -604,26 +604,15 @@ impl TcpStack {
 
     /// One received TCP segment (`segment` is the IP payload).
     pub fn input(&mut self, now: u64, src: Ipv4Addr, dst: Ipv4Addr, segment: &[u8]) {
-        self.input_parts(now, src, dst, segment, &[]);
+        self.input_parts_into(now, src, dst, segment, &[], None);
     }
 
     /// One received TCP segment in pieces: `head` holds the TCP header and
     /// the start of the payload, `rest` the rest of the payload (the
     /// buffers of a multi-buffer packet). The payload is copied into the
     /// connection's receive ring straight from the pieces, never gathered.
-    pub fn input_parts(
-        &mut self,
-        now: u64,
-        src: Ipv4Addr,
-        dst: Ipv4Addr,
-        head: &[u8],
-        rest: &[&[u8]],
-    ) {
-        self.input_parts_into(now, src, dst, head, rest, None);
-    }
-
-    /// [`TcpStack::input_parts`] while an application reads `read.conn`:
-    /// its in-order data goes straight into the reader's buffer when its
+    /// With `read` (an application reading `read.conn`), that connection's
+    /// in-order data goes straight into the reader's buffer when its
     /// receive ring is empty ([`DirectRead`]).
     pub fn input_parts_into(
         &mut self,
@@ -658,37 +647,6 @@ impl TcpStack {
             self.release_rx(now);
             return;
         }
-        self.input_now(now, src, dst, head, rest, to);
-    }
-
-    /// Segments the receive-side injector holds that are due.
-    fn release_rx(&mut self, now: u64) {
-        while let Some(p) = self.fault_rx.as_mut().and_then(|f| f.pop(now)) {
-            let src = Ipv4Addr::new(p[0], p[1], p[2], p[3]);
-            let dst = Ipv4Addr::new(p[4], p[5], p[6], p[7]);
-            self.input_now(now, src, dst, &p[8..], &[], Intake::default());
-        }
-    }
-
-    /// The stack's clock at `now`: it never goes back. Callers read the
-    /// clock before they get the stack (an application thread and the
-    /// timer service may pass each other); a segment built with an older
-    /// time than the last one would carry an older TSval, which the peer
-    /// drops as an old duplicate (PAWS, RFC 7323 5) — a lost window update.
-    fn tick(&mut self, now: u64) -> u64 {
-        self.clock = self.clock.max(now);
-        self.clock
-    }
-
-    fn input_now(
-        &mut self,
-        now: u64,
-        src: Ipv4Addr,
-        dst: Ipv4Addr,
-        head: &[u8],
-        rest: &[&[u8]],
-        to: Intake<'_, '_, '_>,
-    ) {
         let Intake { read, hold } = to;
         let now = self.tick(now);
         self.counters.segs_in += 1;
@@ -775,6 +733,30 @@ impl TcpStack {
         if !r.flags.rst() && self.cfg.rst_unknown {
             self.queue_rst_for(tuple, &r, payload.len());
         }
+    }
+
+    /// The stack's clock at `now`: it never goes back. Callers read the
+    /// clock before they get the stack (an application thread and the
+    /// timer service may pass each other); a segment built with an older
+    /// time than the last one would carry an older TSval, which the peer
+    /// drops as an old duplicate (PAWS, RFC 7323 5) — a lost window update.
+    fn tick(&mut self, now: u64) -> u64 {
+        self.clock = self.clock.max(now);
+        self.clock
+    }
+
+    /// Segments the receive-side injector holds that are due (taken out
+    /// while they go in, so that they go in straight).
+    fn release_rx(&mut self, now: u64) {
+        let Some(mut f) = self.fault_rx.take() else {
+            return;
+        };
+        while let Some(p) = f.pop(now) {
+            let src = Ipv4Addr::new(p[0], p[1], p[2], p[3]);
+            let dst = Ipv4Addr::new(p[4], p[5], p[6], p[7]);
+            self.input_with(now, src, dst, &p[8..], &[], Intake::default());
+        }
+        self.fault_rx = Some(f);
     }
 
     fn find_listener(&self, local: &SocketAddrV4) -> Option<u32> {
@@ -982,23 +964,17 @@ impl TcpStack {
     fn transmit_now(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
         let now = self.tick(now);
         while let Some(c) = self.ctrl.pop_front() {
-            let (tuple, r) = match c {
+            // A cookie SYN-ACK's window and MSS; a RST has neither.
+            let (tuple, seq, ack, flags, syn_ack) = match c {
                 Ctrl::Rst {
                     tuple,
                     seq,
                     ack,
                     with_ack,
-                } => (
-                    tuple,
-                    TcpRepr {
-                        src_port: tuple.local.port(),
-                        dst_port: tuple.remote.port(),
-                        seq,
-                        ack,
-                        flags: Flags(Flags::RST | if with_ack { Flags::ACK } else { 0 }),
-                        ..TcpRepr::default()
-                    },
-                ),
+                } => {
+                    let flags = Flags::RST | if with_ack { Flags::ACK } else { 0 };
+                    (tuple, seq, ack, flags, None)
+                }
                 Ctrl::CookieSynAck {
                     tuple,
                     seq,
@@ -1007,17 +983,21 @@ impl TcpStack {
                     window,
                 } => (
                     tuple,
-                    TcpRepr {
-                        src_port: tuple.local.port(),
-                        dst_port: tuple.remote.port(),
-                        seq,
-                        ack,
-                        flags: Flags(Flags::SYN | Flags::ACK),
-                        window,
-                        mss: Some(mss),
-                        ..TcpRepr::default()
-                    },
+                    seq,
+                    ack,
+                    Flags::SYN | Flags::ACK,
+                    Some((window, mss)),
                 ),
+            };
+            let r = TcpRepr {
+                src_port: tuple.local.port(),
+                dst_port: tuple.remote.port(),
+                seq,
+                ack,
+                flags: Flags(flags),
+                window: syn_ack.map_or(0, |(w, _)| w),
+                mss: syn_ack.map(|(_, m)| m),
+                ..TcpRepr::default()
             };
             if buf.len() < r.header_len() {
                 self.counters.tx_buffer_too_small += 1;
