@@ -164,16 +164,7 @@ impl Drop for Case {
 
 /// The test pattern: `len` bytes of a xorshift stream seeded by `seed`.
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
+    xorshift_bytes(len, seed | 1)
 }
 
 fn sha256(path: &Path) -> String {

@@ -25,33 +25,63 @@ while True:
     s.sendto(d, a)
 "#;
 
+/// Python, put before a UDP client script: `echoed(s, host, p, i)` sends
+/// datagram number `i` to port `p` and waits for its echo, byte for byte
+/// (a lost one is resent, at most 5 times): how many sends it took; no
+/// echo after 5 exits 1 with what failed.
+macro_rules! py_echoed {
+    () => {
+        r#"
+import socket, sys
+def echoed(s, host, p, i):
+    m = b"%d:%d:" % (p, i) + bytes(range(i % 200))
+    for attempt in range(5):
+        s.sendto(m, (host, p))
+        try:
+            while True:
+                d, a = s.recvfrom(65536)
+                if d == m and a == (host, p):
+                    return attempt + 1
+        except socket.timeout:
+            continue
+    print("no echo from port %d for message %d" % (p, i), flush=True); sys.exit(1)
+"#
+    };
+}
+
+/// Python, put before a TCP server script: `listener(backlog)`, a socket
+/// listening on ADDR PORT (`sys.argv[1]`, `sys.argv[2]`), SO_REUSEADDR,
+/// once it has printed "listening".
+macro_rules! py_listener {
+    () => {
+        r#"
+import socket, sys
+def listener(backlog):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(backlog)
+    print("listening", flush=True)
+    return s
+"#
+    };
+}
+
 /// Send N numbered datagrams to each port in turn, one at a time, and check
 /// each echo byte for byte (a lost one is resent, at most 5 times, and
 /// counted). Prints "ok SENT RESENT" or exits 1 with what failed.
-const CLIENT: &str = r#"
-import socket, sys
+const CLIENT: &str = concat!(
+    py_echoed!(),
+    r#"
 host, ports, n = sys.argv[1], [int(p) for p in sys.argv[2].split(",")], int(sys.argv[3])
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.settimeout(1.0)
 sent = resent = 0
 for p in ports:
     for i in range(n):
-        m = b"%d:%d:" % (p, i) + bytes(range(i % 200))
-        for attempt in range(6):
-            if attempt == 5:
-                print("no echo from port %d for message %d" % (p, i)); sys.exit(1)
-            s.sendto(m, (host, p)); sent += 1
-            resent += attempt > 0
-            try:
-                while True:
-                    d, a = s.recvfrom(65536)
-                    if d == m and a == (host, p):
-                        break
-            except socket.timeout:
-                continue
-            break
+        k = echoed(s, host, p, i)
+        sent += k; resent += k - 1
 print("ok", sent, resent, flush=True)
-"#;
+"#
+);
 
 /// Send datagrams to a port as fast as it can for SECONDS (no reading).
 const FLOOD: &str = r#"
@@ -70,36 +100,26 @@ print("flooded", n, flush=True)
 /// and checked byte for byte (a lost one is resent, at most 5 times, and
 /// counted). Prints "started" after the first echo of every port, then
 /// "ok ECHOED RESENT", or exits 1 with what failed.
-const STEADY: &str = r#"
-import socket, sys, time
+const STEADY: &str = concat!(
+    py_echoed!(),
+    r#"
+import time
 host, ports, secs = sys.argv[1], [int(p) for p in sys.argv[2].split(",")], float(sys.argv[3])
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.settimeout(1.0)
-echoed = resent = i = 0
+n = resent = i = 0
 end = None
 while end is None or time.time() < end:
     for p in ports:
-        m = b"%d:%d:" % (p, i) + bytes(range(i % 200))
-        for attempt in range(6):
-            if attempt == 5:
-                print("no echo from port %d for message %d" % (p, i), flush=True); sys.exit(1)
-            s.sendto(m, (host, p))
-            resent += attempt > 0
-            try:
-                while True:
-                    d, a = s.recvfrom(65536)
-                    if d == m and a == (host, p):
-                        break
-            except socket.timeout:
-                continue
-            break
-        echoed += 1
+        resent += echoed(s, host, p, i) - 1
+        n += 1
     i += 1
     if end is None:
         print("started", flush=True)
         end = time.time() + secs
-print("ok", echoed, resent, flush=True)
-"#;
+print("ok", n, resent, flush=True)
+"#
+);
 
 const T: Duration = Duration::from_secs(60);
 
@@ -117,26 +137,25 @@ fn env_service(c: &mut Command) {
 
 /// An echo server under `nanowire run` on the service, once it is bound.
 fn echo(lab: &ScopedLab, name: &str, port: u16, prefix: &[&str]) -> Kid {
-    let p = port.to_string();
-    let addr = ADDR_B.to_string();
-    let mut argv: Vec<&str> = prefix.to_vec();
-    argv.extend_from_slice(&[nanowire(), "run", "--", "python3", "-c", ECHO, &addr, &p]);
-    ensure_preload();
-    let mut c = lab.command(Host::B, &argv);
-    env_service(&mut c);
-    let mut k = spawn(name, c);
+    let (p, addr) = (port.to_string(), ADDR_B.to_string());
+    let argv = ["python3", "-c", ECHO, &addr, &p];
+    let mut k = spawn(name, svc_or_plain(lab, Host::B, true, prefix, &argv));
     k.wait_for("ready", T);
     k
 }
 
+/// `python3 -c SCRIPT ARGS` in host `h`, under run on its service when
+/// `run` ([`svc_or_plain`]).
+fn py(lab: &ScopedLab, h: Host, run: bool, name: &str, script: &str, args: &[&str]) -> Kid {
+    let mut argv = vec!["python3", "-c", script];
+    argv.extend_from_slice(args);
+    spawn(name, svc_or_plain(lab, h, run, &[], &argv))
+}
+
 fn on_xdp(k: &Kid, port: u16) {
     let want = format!("udp {ADDR_B}:{port}: xdp (interface");
-    let end = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < end && !k.stderr().contains(&want) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
     assert!(
-        k.stderr().contains(&want),
+        until(Duration::from_secs(10), || k.stderr().contains(&want)),
         "{} not on xdp:\n{}",
         k.name,
         k.both()
@@ -145,21 +164,8 @@ fn on_xdp(k: &Kid, port: u16) {
 
 fn client(lab: &ScopedLab, name: &str, ports: &[u16], n: u32) -> String {
     let ports: Vec<String> = ports.iter().map(|p| p.to_string()).collect();
-    let mut k = spawn(
-        name,
-        plain_in(
-            lab,
-            Host::A,
-            &[
-                "python3",
-                "-c",
-                CLIENT,
-                &ADDR_B.to_string(),
-                &ports.join(","),
-                &n.to_string(),
-            ],
-        ),
-    );
+    let (addr, ports, n) = (ADDR_B.to_string(), ports.join(","), n.to_string());
+    let mut k = py(lab, Host::A, false, name, CLIENT, &[&addr, &ports, &n]);
     let out = k.success(T);
     assert!(out.contains("ok "), "{out}");
     out
@@ -230,6 +236,11 @@ fn start_service_in(lab: &ScopedLab, h: Host) -> Service {
     start_service_on(lab, h, &[])
 }
 
+/// The operators' services on both hosts, host b's first.
+fn start_services(lab: &ScopedLab) -> [Service; 2] {
+    [start_service(lab), start_service_in(lab, Host::A)]
+}
+
 fn start_service_with(lab: &ScopedLab, extra: &[&str]) -> Service {
     start_service_on(lab, Host::B, extra)
 }
@@ -261,47 +272,53 @@ fn claims_of(st: &serde_json::Value) -> Vec<String> {
     v
 }
 
-#[test]
-#[ignore = "needs root"]
-fn eight_udp_echo_processes_share_one_queue_all_on_xdp() {
-    let lab = lab("v8");
-    let ports: Vec<u16> = (0..8).map(|i| 12001 + i).collect();
+/// `n` echo servers on the service (ports `first`..), each on xdp.
+fn echoes_on_xdp(lab: &ScopedLab, tag: &str, first: u16, n: u16) -> (Vec<u16>, Vec<Kid>) {
+    let ports: Vec<u16> = (first..first + n).collect();
     let kids: Vec<Kid> = ports
         .iter()
-        .map(|&p| echo(&lab, &format!("v8-echo-{p}"), p, &[]))
+        .map(|&p| echo(lab, &format!("{tag}-echo-{p}"), p, &[]))
         .collect();
     for (k, &p) in kids.iter().zip(&ports) {
         on_xdp(k, p);
     }
-    let out = client(&lab, "v8-client", &ports, 200);
-    eprintln!("client: {out}");
-    // The service carries all eight: one slot and one claim each.
-    let st = status(&lab);
+    (ports, kids)
+}
+
+/// The service of host b has an interface of `queues` queues with one
+/// client per port of `ports`, each claiming its UDP port.
+fn assert_one_claim_each(lab: &ScopedLab, queues: u32, ports: &[u16]) {
+    let st = status(lab);
     let ifc = &st["ifaces"][0];
-    assert_eq!(ifc["queues"], 1, "{st}");
-    assert_eq!(ifc["clients"].as_array().unwrap().len(), 8, "{st}");
+    assert_eq!(ifc["queues"], queues, "{st}");
+    assert_eq!(
+        ifc["clients"].as_array().unwrap().len(),
+        ports.len(),
+        "{st}"
+    );
     let claims = claims_of(&st);
-    for p in &ports {
+    for p in ports {
         assert!(
             claims.contains(&format!("udp:{ADDR_B}:{p}")),
             "{p} not claimed: {st}"
         );
     }
+}
+
+#[test]
+#[ignore = "needs root"]
+fn eight_udp_echo_processes_share_one_queue_all_on_xdp() {
+    let lab = lab("v8");
+    let (ports, kids) = echoes_on_xdp(&lab, "v8", 12001, 8);
+    let out = client(&lab, "v8-client", &ports, 200);
+    eprintln!("client: {out}");
+    // The service carries all eight: one slot and one claim each.
+    assert_one_claim_each(&lab, 1, &ports);
     // Their own counters say xdp, through the service, with traffic.
-    let o = lab
-        .command(Host::B, &[nanowire(), "stats", "--json"])
-        .output()
-        .unwrap();
-    let stats: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let stats = stats_json(&lab);
     for k in &kids {
-        let pid = k.child.id();
         // `nanowire run` execs python: the pid is the engine's.
-        let e = stats["engines"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["pid"] == pid)
-            .unwrap_or_else(|| panic!("no engine of pid {pid}: {stats}"));
+        let e = engine_of(&stats, k.child.id());
         assert!(
             e["xdp_mode"]
                 .as_str()
@@ -329,27 +346,10 @@ fn eight_processes_on_four_queues_all_on_xdp() {
             ..Default::default()
         },
     );
-    let ports: Vec<u16> = (0..8).map(|i| 12401 + i).collect();
-    let kids: Vec<Kid> = ports
-        .iter()
-        .map(|&p| echo(&lab, &format!("v4q-echo-{p}"), p, &[]))
-        .collect();
-    for (k, &p) in kids.iter().zip(&ports) {
-        on_xdp(k, p);
-    }
+    let (ports, _kids) = echoes_on_xdp(&lab, "v4q", 12401, 8);
     client(&lab, "v4q-client1", &ports, 50);
     client(&lab, "v4q-client2", &ports, 50);
-    let st = status(&lab);
-    let ifc = &st["ifaces"][0];
-    assert_eq!(ifc["queues"], 4, "{st}");
-    assert_eq!(ifc["clients"].as_array().unwrap().len(), 8, "{st}");
-    let claims = claims_of(&st);
-    for p in &ports {
-        assert!(
-            claims.contains(&format!("udp:{ADDR_B}:{p}")),
-            "{p} not claimed: {st}"
-        );
-    }
+    assert_one_claim_each(&lab, 4, &ports);
 }
 
 #[test]
@@ -378,10 +378,7 @@ fn an_unprivileged_users_program_is_accelerated() {
             .all(|e| e["pid"] != pid),
         "{st}"
     );
-    let c = stats_clients(&st)
-        .into_iter()
-        .find(|c| c["pid"] == pid)
-        .unwrap_or_else(|| panic!("pid {pid} not listed: {st}"));
+    let c = client_of(&st, pid);
     assert!(c["engine_drops"]["drop_no_socket"].is_u64(), "{c}");
     assert!(
         !k.stderr().contains("refused this engine's stats page"),
@@ -392,17 +389,17 @@ fn an_unprivileged_users_program_is_accelerated() {
 
 /// A listener on the service that greets one connection, then waits for
 /// the flag file before it exits (its engine's counters stay readable).
-const GREETER: &str = r#"
-import os, socket, sys, time
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(8)
-print("listening", flush=True)
-c, _ = s.accept()
+const GREETER: &str = concat!(
+    py_listener!(),
+    r#"
+import os, time
+c, _ = listener(8).accept()
 c.sendall(b"hello\n"); c.close()
 while not os.path.exists(sys.argv[3]):
     time.sleep(0.01)
 print("done", flush=True)
-"#;
+"#
+);
 
 /// The kernel's count of SYN retransmissions in host `h`.
 fn syn_retrans(lab: &ScopedLab, h: Host) -> u64 {
@@ -442,23 +439,14 @@ fn a_syn_ack_parked_for_the_clients_mac_leaves_when_it_resolves() {
     let flag = scratch("vn-flag");
     let _ = std::fs::remove_file(&flag);
     let flag_s = flag.to_string_lossy().into_owned();
-    ensure_preload();
-    let mut c = lab.command(
+    let mut srv = py(
+        &lab,
         Host::B,
-        &[
-            nanowire(),
-            "run",
-            "--",
-            "python3",
-            "-c",
-            GREETER,
-            &addr,
-            "12300",
-            &flag_s,
-        ],
+        true,
+        "vn-srv",
+        GREETER,
+        &[&addr, "12300", &flag_s],
     );
-    env_service(&mut c);
-    let mut srv = spawn("vn-srv", c);
     srv.wait_for("listening", T);
     on_engine(&srv, &format!("tcp listener {addr}:12300"));
     let flush = lab
@@ -467,30 +455,14 @@ fn a_syn_ack_parked_for_the_clients_mac_leaves_when_it_resolves() {
         .unwrap();
     assert!(flush.success());
     let syn0 = syn_retrans(&lab, Host::A);
-    let mut cli = spawn(
-        "vn-cli",
-        plain_in(
-            &lab,
-            Host::A,
-            &[
-                "python3",
-                "-c",
-                "import socket,sys; c=socket.create_connection((sys.argv[1], 12300)); print(c.recv(100))",
-                &addr,
-            ],
-        ),
-    );
+    let hello =
+        "import socket,sys; c=socket.create_connection((sys.argv[1], 12300)); print(c.recv(100))";
+    let mut cli = py(&lab, Host::A, false, "vn-cli", hello, &[&addr]);
     let out = cli.success(T);
     assert!(out.contains("hello"), "{out}");
     let pid = srv.child.id();
     let st = stats_json(&lab);
-    let e = st["engines"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["pid"] == pid)
-        .unwrap_or_else(|| panic!("pid {pid} not in {st}"));
-    let ctr = &e["counters"];
+    let ctr = &engine_of(&st, pid)["counters"];
     std::fs::write(&flag, b"").unwrap();
     assert!(srv.success(T).contains("done"));
     assert!(ctr["neigh_unparked"].as_u64().unwrap_or(0) >= 1, "{ctr}");
@@ -586,35 +558,19 @@ fn kill_9_under_traffic_gives_back_claims_and_frames_and_the_others_go_on() {
         let victim = echo(&lab, &format!("vk-a{round}"), a, &[]);
         on_xdp(&victim, a);
         client(&lab, &format!("vk-pre{round}"), &[a, b], 20);
-        let mut flood = spawn(
-            &format!("vk-flood{round}"),
-            plain_in(
-                &lab,
-                Host::A,
-                &[
-                    "python3",
-                    "-c",
-                    FLOOD,
-                    &ADDR_B.to_string(),
-                    &a.to_string(),
-                    "1.0",
-                ],
-            ),
-        );
+        let args = [&ADDR_B.to_string(), &a.to_string(), "1.0"];
+        let name = format!("vk-flood{round}");
+        let mut flood = py(&lab, Host::A, false, &name, FLOOD, &args);
         std::thread::sleep(Duration::from_millis(400));
         kill_9(victim.child.id());
         drop(victim);
         flood.success(T);
         // Its claim goes at once (the service saw the socket close).
-        let end = Instant::now() + Duration::from_secs(5);
-        loop {
-            let st = status(&lab);
-            if !claims_of(&st).contains(&format!("udp:{ADDR_B}:{a}")) {
-                break;
-            }
-            assert!(Instant::now() < end, "claim of {a} not released: {st}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let want = format!("udp:{ADDR_B}:{a}");
+        let gone = until(Duration::from_secs(5), || {
+            !claims_of(&status(&lab)).contains(&want)
+        });
+        assert!(gone, "claim of {a} not released: {}", status(&lab));
         // The other process goes on: more datagrams than the whole UMEM
         // has RX frames, each echoed intact.
         client(&lab, &format!("vk-post{round}"), &[b], 1500);
@@ -706,14 +662,8 @@ fn the_service_killed_under_traffic_processes_fall_back_and_a_restarted_one_serv
     on_xdp(&ea, a);
     on_xdp(&eb, b);
     let ports = format!("{a},{b}");
-    let mut steady = spawn(
-        "vr-steady",
-        plain_in(
-            &lab,
-            Host::A,
-            &["python3", "-c", STEADY, &ADDR_B.to_string(), &ports, "3.0"],
-        ),
-    );
+    let args = [&ADDR_B.to_string(), &ports, "3.0"];
+    let mut steady = py(&lab, Host::A, false, "vr-steady", STEADY, &args);
     steady.wait_for("started", T);
     std::thread::sleep(Duration::from_millis(500));
     kill_9(first.0);
@@ -727,10 +677,9 @@ fn the_service_killed_under_traffic_processes_fall_back_and_a_restarted_one_serv
     assert_eq!(resent, Some("0"), "{out}\n{}\n{}", ea.both(), eb.both());
     // Announced at the default log level, per process and per socket.
     for (k, p) in [(&ea, a), (&eb, b)] {
-        let end = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < end && !k.stderr().contains("taken off the xdp engine") {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        until(Duration::from_secs(10), || {
+            k.stderr().contains("taken off the xdp engine")
+        });
         let err = k.stderr();
         assert!(err.contains("the engine service is gone"), "{p}: {err}");
         assert!(
@@ -755,15 +704,20 @@ fn the_service_killed_under_traffic_processes_fall_back_and_a_restarted_one_serv
     assert_eq!(claims_of(&st), vec![format!("udp:{ADDR_B}:{c}")], "{st}");
 }
 
-const NOBODY: &[&str] = &[
-    "setpriv",
-    "--reuid",
-    "65534",
-    "--regid",
-    "65534",
-    "--clear-groups",
-    "--",
-];
+/// The prefix that runs a program as user (and group) `uid`.
+const fn as_user(uid: &'static str) -> [&'static str; 7] {
+    [
+        "setpriv",
+        "--reuid",
+        uid,
+        "--regid",
+        uid,
+        "--clear-groups",
+        "--",
+    ]
+}
+
+const NOBODY: &[&str] = &as_user("65534");
 
 /// A policy file as the operator writes it (root's, mode 0644).
 fn policy_file(name: &str, text: &str) -> String {
@@ -786,10 +740,7 @@ fn two_users_without_a_trust_line_never_share_a_umem() {
     on_xdp(&root, 12601);
     let other = echo(&lab, "vt-nobody", 12602, NOBODY);
     let want = "no policy trust line lets uid 65534 share packet memory";
-    let end = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < end && !other.stderr().contains(want) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until(Duration::from_secs(10), || other.stderr().contains(want));
     let err = other.stderr();
     assert!(err.contains(want), "{err}");
     assert!(err.contains("udp: spin (kernel socket)"), "{err}");
@@ -863,26 +814,10 @@ fn a_trust_line_lets_two_users_share_and_a_bad_policy_file_is_refused() {
     let other = echo(&lab, "vp-nobody", 12702, NOBODY);
     on_xdp(&root, 12701);
     on_xdp(&other, 12702);
-    let third = echo(
-        &lab,
-        "vp-65533",
-        12703,
-        &[
-            "setpriv",
-            "--reuid",
-            "65533",
-            "--regid",
-            "65533",
-            "--clear-groups",
-            "--",
-        ],
-    );
+    let third = echo(&lab, "vp-65533", 12703, &as_user("65533"));
     let want = "uid 65533 may not be accelerated on";
-    let end = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < end && !third.stderr().contains(want) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(third.stderr().contains(want), "{}", third.both());
+    let said = until(Duration::from_secs(10), || third.stderr().contains(want));
+    assert!(said, "{}", third.both());
     client(&lab, "vp-client", &[12701, 12702, 12703], 50);
     let st = status(&lab);
     let mut uids: Vec<u64> = st["ifaces"][0]["clients"]
@@ -900,11 +835,11 @@ fn a_trust_line_lets_two_users_share_and_a_bad_policy_file_is_refused() {
 /// A TCP server: `ADDR PORT CONNS`. Prints "listening"; per connection it
 /// reads to EOF, answers "<bytes> <crc32>\n" and 2 MiB that depend on the
 /// byte count, then closes; "done" at the end.
-const TCP_SERVER: &str = r#"
-import socket, sys, zlib
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(8)
-print("listening", flush=True)
+const TCP_SERVER: &str = concat!(
+    py_listener!(),
+    r#"
+import zlib
+s = listener(8)
 for _ in range(int(sys.argv[3])):
     c, _ = s.accept()
     crc = n = 0
@@ -915,22 +850,30 @@ for _ in range(int(sys.argv[3])):
     c.sendall(b"%d %d\n" % (n, crc) + bytes((i * 7 + n) & 255 for i in range(1 << 20)) * 2)
     c.close()
 print("done", flush=True)
-"#;
+"#
+);
 
-/// A TCP client: `ADDR PORT SEED`: sends 1 MiB (from SEED plus 1 byte per
-/// SEED, so every client's count differs), half-closes, reads to EOF and
-/// checks the answer; prints what both sides saw, hashed.
+/// A TCP client: `ADDR PORT SEED [slow]`: sends 1 MiB (from SEED plus 1
+/// byte per SEED, so every client's count differs), half-closes, reads to
+/// EOF and checks the answer; prints what both sides saw, hashed. `slow`:
+/// a 64 KiB receive buffer, and a 2 s pause in reading when 200 KiB of the
+/// answer are left (the server has written everything, closed and is
+/// exiting while the client's window is shut).
 const TCP_CLIENT: &str = r#"
-import socket, sys, zlib
-seed = int(sys.argv[3])
-c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
+import socket, sys, time, zlib
+seed = int(sys.argv[3]); slow = sys.argv[4:] == ["slow"]
+c = socket.socket()
+if slow: c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+c.settimeout(30); c.connect((sys.argv[1], int(sys.argv[2])))
 data = bytes((i * 13 + seed) & 255 for i in range((1 << 20) + seed))
 c.sendall(data); c.shutdown(socket.SHUT_WR)
-buf = bytearray()
+buf = bytearray(); paused = not slow
 while True:
     d = c.recv(1 << 16)
     if not d: break
     buf += d
+    if not paused and len(buf) > (1 << 21) - (200 << 10):
+        paused = True; time.sleep(2)
 line, rest = bytes(buf).split(b"\n", 1)
 want = bytes((i * 7 + len(data)) & 255 for i in range(1 << 20)) * 2
 ok = line == b"%d %d" % (len(data), zlib.crc32(data)) and rest == want
@@ -1010,8 +953,7 @@ fn tcp_through_the_service_in_all_four_placements() {
     let lab = lab("vt4");
     // The operators' services: one per host for the whole test (one
     // started on demand would exit while a plain placement runs).
-    let _sb = start_service(&lab);
-    let _sa = start_service_in(&lab, Host::A);
+    let _services = start_services(&lab);
     let mut want = None;
     for (i, (srv_run, cli_run)) in [(false, false), (true, false), (false, true), (true, true)]
         .into_iter()
@@ -1052,11 +994,11 @@ fn tcp_through_the_service_in_all_four_placements() {
 /// per connection, served on a thread of its own with blocking calls (no
 /// timeout): echoes until EOF, then "conn N: eof after BYTES"; an error
 /// ends it with "conn N: ERRNO after BYTES".
-const TCP_ECHO_SERVER: &str = r#"
-import errno, socket, sys, threading
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(8)
-print("listening", flush=True)
+const TCP_ECHO_SERVER: &str = concat!(
+    py_listener!(),
+    r#"
+import errno, threading
+s = listener(8)
 def serve(c, n):
     got = 0
     try:
@@ -1073,7 +1015,8 @@ while True:
     c, _ = s.accept(); n += 1
     print("accepted %d" % n, flush=True)
     threading.Thread(target=serve, args=(c, n), daemon=True).start()
-"#;
+"#
+);
 
 /// A TCP ping-pong client: `ADDR PORT SECS [GO]`, blocking calls without
 /// a timeout (a hang shows as the test's timeout): 1,000-byte numbered
@@ -1137,17 +1080,16 @@ fn the_service_killed_under_tcp_traffic_nothing_hangs_and_new_connections_work()
     let addr = ADDR_B.to_string();
     let server = |name: &str, port: u16| {
         let p = port.to_string();
-        let argv = ["python3", "-c", TCP_ECHO_SERVER, &addr, &p];
-        let mut k = spawn(name, svc_or_plain(&lab, Host::B, true, &[], &argv));
+        let mut k = py(&lab, Host::B, true, name, TCP_ECHO_SERVER, &[&addr, &p]);
         k.wait_for("listening", T);
         on_engine(&k, &format!("tcp listener {ADDR_B}:{port}"));
         k
     };
     let pingpong = |name: &str, port: u16, secs: &str, go: Option<&str>| {
         let p = port.to_string();
-        let mut argv = vec!["python3", "-c", TCP_PINGPONG, &addr, &p, secs];
-        argv.extend(go);
-        spawn(name, svc_or_plain(&lab, Host::A, true, &[], &argv))
+        let mut args = vec![addr.as_str(), &p, secs];
+        args.extend(go);
+        py(&lab, Host::A, true, name, TCP_PINGPONG, &args)
     };
     let ended = |k: &mut Kid| {
         let all = k.success(T);
@@ -1172,10 +1114,7 @@ fn the_service_killed_under_tcp_traffic_nothing_hangs_and_new_connections_work()
     let moved = "tcp: moved to the kernel (TCP_REPAIR hand-over): the engine service is gone";
     let reset = "tcp: reset (RST): the engine service is gone";
     let fates = |e: &str| (e.matches(moved).count(), e.matches(reset).count());
-    let end = Instant::now() + T;
-    while Instant::now() < end && fates(&srv.stderr()) == (0, 0) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until(T, || fates(&srv.stderr()) != (0, 0));
     std::thread::sleep(Duration::from_millis(200));
     // The idle client sends again only now.
     std::fs::write(&go, b"").unwrap();
@@ -1217,31 +1156,6 @@ fn the_service_killed_under_tcp_traffic_nothing_hangs_and_new_connections_work()
     );
 }
 
-/// A TCP client that reads slowly: `ADDR PORT SEED` as [`TCP_CLIENT`], with
-/// a 64 KiB receive buffer, and a 2 s pause in reading when 200 KiB of
-/// the answer are left: the server has written everything, closed and is
-/// exiting while the client's window is shut.
-const TCP_SLOW_CLIENT: &str = r#"
-import socket, sys, time, zlib
-seed = int(sys.argv[3])
-c = socket.socket(); c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
-c.settimeout(30); c.connect((sys.argv[1], int(sys.argv[2])))
-data = bytes((i * 13 + seed) & 255 for i in range((1 << 20) + seed))
-c.sendall(data); c.shutdown(socket.SHUT_WR)
-buf = bytearray(); paused = False
-while True:
-    d = c.recv(1 << 16)
-    if not d: break
-    buf += d
-    if not paused and len(buf) > (1 << 21) - (200 << 10):
-        paused = True; time.sleep(2)
-line, rest = bytes(buf).split(b"\n", 1)
-want = bytes((i * 7 + len(data)) & 255 for i in range(1 << 20)) * 2
-ok = line == b"%d %d" % (len(data), zlib.crc32(data)) and rest == want
-print("server saw", line.decode(), "sent", len(data), zlib.crc32(data))
-print("got", len(rest), zlib.crc32(rest), "ok" if ok else "MISMATCH")
-"#;
-
 /// A server under run writes its answer, closes and exits while the
 /// (plain) client's window is shut: as with a plain server (whose kernel
 /// finishes the orphaned connection), the client gets every byte and the
@@ -1257,16 +1171,10 @@ fn a_server_exiting_right_after_its_answer_still_delivers_all_of_it() {
     for (i, srv_run) in [false, true].into_iter().enumerate() {
         let port = 15301 + i as u16;
         let mut s = tcp_server(&lab, &format!("vtx-srv{i}"), srv_run, &[], port, 1);
-        let p = port.to_string();
-        let argv = [
-            "python3",
-            "-c",
-            TCP_SLOW_CLIENT,
-            &ADDR_B.to_string(),
-            &p,
-            "7",
-        ];
-        let mut c = spawn(&format!("vtx-cli{i}"), lab.command(Host::A, &argv));
+        let (p, addr) = (port.to_string(), ADDR_B.to_string());
+        let args = [addr.as_str(), &p, "7", "slow"];
+        let name = format!("vtx-cli{i}");
+        let mut c = py(&lab, Host::A, false, &name, TCP_CLIENT, &args);
         let out = tcp_client_done(&mut c, false, port);
         assert!(s.success(T).contains("done"));
         same_as_first(&mut want, "server run", out, &s.stderr());
@@ -1313,19 +1221,9 @@ fn four_tcp_servers_and_four_clients_at_once_on_the_service() {
 #[ignore = "needs root"]
 fn an_unprivileged_users_tcp_server_and_client_are_accelerated() {
     let lab = lab("vtu");
-    let _sb = start_service(&lab);
-    let _sa = start_service_in(&lab, Host::A);
-    let nobody = [
-        "setpriv",
-        "--reuid",
-        "65534",
-        "--regid",
-        "65534",
-        "--clear-groups",
-        "--",
-    ];
-    let mut s = tcp_server(&lab, "vtu-srv", true, &nobody, 15201, 1);
-    let mut c = tcp_client(&lab, "vtu-cli", true, &nobody, 15201, 5);
+    let _services = start_services(&lab);
+    let mut s = tcp_server(&lab, "vtu-srv", true, NOBODY, 15201, 1);
+    let mut c = tcp_client(&lab, "vtu-cli", true, NOBODY, 15201, 5);
     tcp_client_done(&mut c, true, 15201);
     assert!(s.success(T).contains("done"));
     let st = status(&lab);
@@ -1417,11 +1315,10 @@ fn kill_9_frees_a_tcp_servers_claims() {
     assert!(claims_of(&status(&lab)).contains(&want));
     kill_9(victim.child.id());
     drop(victim);
-    let end = Instant::now() + Duration::from_secs(5);
-    while claims_of(&status(&lab)).contains(&want) {
-        assert!(Instant::now() < end, "claim {want} not released");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let gone = until(Duration::from_secs(5), || {
+        !claims_of(&status(&lab)).contains(&want)
+    });
+    assert!(gone, "claim {want} not released");
     let mut s = tcp_server(&lab, "vtk-next", true, &[], port, 1);
     let mut c = tcp_client(&lab, "vtk-cli", false, &[], port, 7);
     tcp_client_done(&mut c, false, port);
@@ -1441,6 +1338,24 @@ fn stats_clients(st: &serde_json::Value) -> Vec<serde_json::Value> {
         .iter()
         .flat_map(|i| i["clients"].as_array().unwrap().clone())
         .collect()
+}
+
+/// The attached process `pid` of `nanowire stats --json` output `st`.
+fn client_of(st: &serde_json::Value, pid: u32) -> serde_json::Value {
+    stats_clients(st)
+        .into_iter()
+        .find(|c| c["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not listed: {st}"))
+}
+
+/// The engine of process `pid` in `nanowire stats --json` output `st`.
+fn engine_of(st: &serde_json::Value, pid: u32) -> &serde_json::Value {
+    st["engines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["pid"] == pid)
+        .unwrap_or_else(|| panic!("no engine of pid {pid}: {st}"))
 }
 
 /// Operators (issue 23, step 5): `nanowire stats` shows the service and
@@ -1463,10 +1378,7 @@ fn stats_lists_every_attached_process_with_its_claims_and_forgets_a_killed_one()
     let clients = stats_clients(&st);
     assert_eq!(clients.len(), 2, "{st}");
     for (k, p) in [(&victim, a), (&keep, b)] {
-        let c = clients
-            .iter()
-            .find(|c| c["pid"] == k.child.id())
-            .unwrap_or_else(|| panic!("pid {} not listed: {st}", k.child.id()));
+        let c = client_of(&st, k.child.id());
         assert_eq!(c["uid"], 0, "{c}");
         // `nanowire run` execs python: the command is python's.
         assert!(c["comm"].as_str().unwrap().starts_with("python"), "{c}");
@@ -1525,11 +1437,11 @@ fn stats_lists_every_attached_process_with_its_claims_and_forgets_a_killed_one()
 /// is read, an odd i's is left unread; answers "ack <i>\n" either way.
 /// Then prints "held" and sleeps (its listener keeps what arrives later
 /// in its accept queue) until killed.
-const HOLD_SERVER: &str = r#"
-import socket, sys, time
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(64)
-print("listening", flush=True)
+const HOLD_SERVER: &str = concat!(
+    py_listener!(),
+    r#"
+import time
+s = listener(64)
 held = []
 for _ in range(int(sys.argv[3])):
     c, _ = s.accept()
@@ -1544,7 +1456,8 @@ for _ in range(int(sys.argv[3])):
 print("held", flush=True)
 while True:
     time.sleep(3600)
-"#;
+"#
+);
 
 /// `wait_ends(conns)`: waits (60 s at most: a hang shows as "timeout")
 /// for each connection's end and prints one line per connection: "<i>
@@ -1600,11 +1513,10 @@ wait_ends(conns)
 /// reads each hello ("<i>\n"), answers "ack <i>\n" and, for an odd i,
 /// "more\n" in the same segment (the client reads only the ack: data left
 /// unread). Prints "held", then `wait_ends`.
-const WATCH_SERVER: &str = r#"
-import socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(64)
-print("listening", flush=True)
+const WATCH_SERVER: &str = concat!(
+    py_listener!(),
+    r#"
+s = listener(64)
 conns = {}
 for _ in range(int(sys.argv[3])):
     c, _ = s.accept()
@@ -1616,7 +1528,8 @@ for _ in range(int(sys.argv[3])):
     conns[i] = c
 print("held", flush=True)
 wait_ends([conns[i] for i in sorted(conns)])
-"#;
+"#
+);
 
 /// The clients killed: `ADDR PORT N`: N connections, each sends "<i>\n"
 /// and reads exactly "ack <i>\n"; prints "ready" and sleeps until killed.
@@ -1636,6 +1549,17 @@ while True:
     time.sleep(3600)
 "#;
 
+/// Connection `k` ended as the `k`th of `ends` says ("eof", "reset"):
+/// `out` has the line "<k> <end>" (`wait_ends`).
+fn assert_ends<'a>(ends: impl Iterator<Item = &'a str>, out: &str, run: bool, ctx: &str) {
+    for (k, want_kind) in ends.enumerate() {
+        assert!(
+            out.lines().any(|l| l == format!("{k} {want_kind}")),
+            "run {run}: connection {k} did not end with {want_kind}:\n{out}\n{ctx}"
+        );
+    }
+}
+
 /// Issue 24, exit and kill: a server holding 20 connections (half with the
 /// client's data unread) and 2 connections waiting in its accept queue is
 /// killed with -9; every client learns at once as with the kernel: plainly
@@ -1653,45 +1577,25 @@ fn kill_9_ends_a_servers_connections_as_the_kernel_does() {
     let mut want: Option<String> = None;
     for (i, run) in [false, true].into_iter().enumerate() {
         let port = 15401 + i as u16;
-        let (p, ns) = (port.to_string(), n.to_string());
-        let argv = ["python3", "-c", HOLD_SERVER, &ADDR_B.to_string(), &p, &ns];
-        let mut s = spawn(
-            &format!("vke-srv{i}"),
-            svc_or_plain(&lab, Host::B, run, &[], &argv),
-        );
+        let (p, ns, addr) = (port.to_string(), n.to_string(), ADDR_B.to_string());
+        let args = [addr.as_str(), &p, &ns];
+        let name = format!("vke-srv{i}");
+        let mut s = py(&lab, Host::B, run, &name, HOLD_SERVER, &args);
         s.wait_for("listening", T);
         if run {
             on_engine(&s, &format!("tcp listener {ADDR_B}:{port}"));
         }
-        let mut c = spawn(
-            &format!("vke-cli{i}"),
-            plain_in(
-                &lab,
-                Host::A,
-                &[
-                    "python3",
-                    "-c",
-                    &format!("{WAIT_ENDS}{HOLD_CLIENTS}"),
-                    &ADDR_B.to_string(),
-                    &p,
-                    &ns,
-                    &pending.to_string(),
-                ],
-            ),
-        );
+        let script = format!("{WAIT_ENDS}{HOLD_CLIENTS}");
+        let args = [addr.as_str(), &p, &ns, &pending.to_string()];
+        let mut c = py(&lab, Host::A, false, &format!("vke-cli{i}"), &script, &args);
         s.wait_for("held", T);
         c.wait_for("ready", T);
         kill_9(s.child.id());
         let out = c.success(T);
         let ctx = format!("{}\n{}", s.both(), c.stderr());
         drop(s);
-        for k in 0..n + pending {
-            let want_kind = if k < n && k % 2 == 0 { "eof" } else { "reset" };
-            assert!(
-                out.lines().any(|l| l == format!("{k} {want_kind}")),
-                "run {run}: connection {k} did not end with {want_kind}:\n{out}\n{ctx}"
-            );
-        }
+        let ends = (0..n + pending).map(|k| if k < n && k % 2 == 0 { "eof" } else { "reset" });
+        assert_ends(ends, &out, run, &ctx);
         same_as_first(&mut want, "kill -9 under run", out, &ctx);
         if run {
             let st = status(&lab);
@@ -1725,29 +1629,13 @@ fn kill_9_ends_a_clients_connections_as_the_kernel_does() {
     let mut want: Option<String> = None;
     for (i, run) in [false, true].into_iter().enumerate() {
         let port = 15501 + i as u16;
-        let (p, ns) = (port.to_string(), n.to_string());
+        let (p, ns, addr) = (port.to_string(), n.to_string(), ADDR_B.to_string());
+        let args = [addr.as_str(), &p, &ns];
         let script = format!("{WAIT_ENDS}{WATCH_SERVER}");
-        let mut s = spawn(
-            &format!("vkc-srv{i}"),
-            plain_in(
-                &lab,
-                Host::B,
-                &["python3", "-c", &script, &ADDR_B.to_string(), &p, &ns],
-            ),
-        );
+        let mut s = py(&lab, Host::B, false, &format!("vkc-srv{i}"), &script, &args);
         s.wait_for("listening", T);
-        let argv = [
-            "python3",
-            "-c",
-            KILLED_CLIENTS,
-            &ADDR_B.to_string(),
-            &p,
-            &ns,
-        ];
-        let mut c = spawn(
-            &format!("vkc-cli{i}"),
-            svc_or_plain(&lab, Host::A, run, &[], &argv),
-        );
+        let name = format!("vkc-cli{i}");
+        let mut c = py(&lab, Host::A, run, &name, KILLED_CLIENTS, &args);
         c.wait_for("ready", T);
         s.wait_for("held", T);
         if run {
@@ -1757,13 +1645,8 @@ fn kill_9_ends_a_clients_connections_as_the_kernel_does() {
         let out = s.success(T);
         let ctx = format!("{}\n{}", c.both(), s.stderr());
         drop(c);
-        for k in 0..n {
-            let want_kind = if k % 2 == 0 { "eof" } else { "reset" };
-            assert!(
-                out.lines().any(|l| l == format!("{k} {want_kind}")),
-                "run {run}: connection {k} did not end with {want_kind}:\n{out}\n{ctx}"
-            );
-        }
+        let ends = (0..n).map(|k| if k % 2 == 0 { "eof" } else { "reset" });
+        assert_ends(ends, &out, run, &ctx);
         same_as_first(&mut want, "kill -9 of the clients under run", out, &ctx);
         if run {
             let st = status_in(&lab, Host::A);

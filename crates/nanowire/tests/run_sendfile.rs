@@ -25,15 +25,7 @@ fn probe() -> String {
 /// one would be rewritten under another test's reader).
 fn file(tag: &str) -> (String, String) {
     let path = scratch(&format!("body-{tag}.bin"));
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut body = vec![0u8; SIZE];
-    for c in body.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
-    }
-    std::fs::write(&path, &body).unwrap();
+    std::fs::write(&path, xorshift_bytes(SIZE, 0x9e37_79b9_7f4a_7c15)).unwrap();
     let o = std::process::Command::new("sha256sum")
         .arg(&path)
         .output()

@@ -186,19 +186,8 @@ fn curl_under_run_downloads_100_mb_from_a_plain_http_server() {
     let dir = scratch("www");
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("big.bin");
-    {
-        // 100 MB of a position-dependent pattern (cheap, and a misplaced
-        // segment changes the hash).
-        let mut v = vec![0u8; 100_000_000];
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for c in v.chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
-        }
-        std::fs::write(&file, &v).unwrap();
-    }
+    // 100 MB of a position-dependent pattern.
+    std::fs::write(&file, xorshift_bytes(100_000_000, 0x9e37_79b9_7f4a_7c15)).unwrap();
     let want = sha256(&file);
     let port = "14180";
     let _srv = {

@@ -13,7 +13,7 @@ use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use xdp_support::Proc;
+use xdp_support::{Proc, udp_echo};
 
 const A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
@@ -38,23 +38,6 @@ fn opts(iface: String, ring: u32) -> nanowire_stack::EngineOptions {
     o.ring_depth = ring;
     o.fallback = false;
     o
-}
-
-/// Send `msg` and wait for its echo, up to `tries` sends.
-fn echo(s: &UdpSocket, dst: SocketAddrV4, msg: &[u8], tries: u32) -> bool {
-    let mut buf = vec![0u8; 65536];
-    for _ in 0..tries {
-        s.send_to(msg, dst).unwrap();
-        let deadline = Instant::now() + Duration::from_millis(1000);
-        while Instant::now() < deadline {
-            if let Ok((n, _)) = s.recv_from(&mut buf)
-                && &buf[..n] == msg
-            {
-                return true;
-            }
-        }
-    }
-    false
 }
 
 fn kernel_client() -> UdpSocket {
@@ -371,10 +354,10 @@ fn forked_child_opens_its_own_socket_while_the_parent_receives() {
         let mut ch = 0;
         for i in 0..100u32 {
             let m = i.to_le_bytes();
-            if echo(&s, SocketAddrV4::new(B, 6300), &m, 3) {
+            if udp_echo(&s, SocketAddrV4::new(B, 6300), &m).is_some() {
                 pa += 1;
             }
-            if echo(&s, SocketAddrV4::new(B, 6301), &m, 3) {
+            if udp_echo(&s, SocketAddrV4::new(B, 6301), &m).is_some() {
                 ch += 1;
             }
         }
@@ -422,7 +405,9 @@ fn echo_sizes(
         let s = kernel_client();
         let kernel_ok = sizes
             .iter()
-            .filter(|&&n| echo(&s, SocketAddrV4::new(B, port), &vec![(n % 251) as u8; n], 3))
+            .filter(|&&n| {
+                udp_echo(&s, SocketAddrV4::new(B, port), &vec![(n % 251) as u8; n]).is_some()
+            })
             .count();
         let mut x = XdpSocket::open(
             SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),

@@ -13,7 +13,7 @@ use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use xdp_support::Proc;
+use xdp_support::{Proc, udp_echo};
 
 const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
 const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
@@ -41,24 +41,6 @@ fn xdp_test(lab: &ScopedLab, args: &[&str]) -> (Proc, serde_json::Value) {
     let ready = p.line(Duration::from_secs(20));
     assert_eq!(ready["ready"], true, "{ready}");
     (p, ready)
-}
-
-/// Send `msg` and wait for its echo (up to 3 sends); late replies to
-/// earlier messages are skipped, so a slow machine cannot shift the pairs.
-fn udp_echo(sock: &UdpSocket, dst: SocketAddrV4, msg: &[u8]) -> Option<Vec<u8>> {
-    let mut buf = [0u8; 2048];
-    for _ in 0..3 {
-        sock.send_to(msg, dst).unwrap();
-        let deadline = Instant::now() + Duration::from_millis(1500);
-        while Instant::now() < deadline {
-            if let Ok((n, _)) = sock.recv_from(&mut buf)
-                && &buf[..n] == msg
-            {
-                return Some(buf[..n].to_vec());
-            }
-        }
-    }
-    None
 }
 
 fn client() -> UdpSocket {

@@ -338,22 +338,6 @@ fn host(lab: &Lab) -> Host {
     )
 }
 
-const SERVER_PY: &str = r#"
-import socket, sys, zlib
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1)
-print("listening", flush=True)
-c, _ = s.accept()
-crc, n = 0, 0
-while True:
-    d = c.recv(1 << 16)
-    if not d: break
-    crc = zlib.crc32(d, crc); n += len(d)
-c.sendall(f"{n} {crc}\n".encode())
-c.close()
-print("done", n, crc, flush=True)
-"#;
-
 const CLIENT_PY: &str = r#"
 import socket, sys, hashlib, os
 n = int(sys.argv[3])
@@ -433,7 +417,11 @@ fn client_to_kernel(
 ) {
     nanowire_testkit::require_root();
     let lab = Lab::new(tag);
-    let mut py = lab.python(SERVER_PY, &[&PEER.to_string(), "5001"]);
+    // The peer reads to EOF, answers "<bytes> <crc32>" and sends nothing more.
+    let mut py = lab.python(
+        nanowire_testkit::HASHED_PEER_PY,
+        &[&PEER.to_string(), "5001", "0"],
+    );
     assert_eq!(wait_line(&mut py).trim(), "listening");
     let lab_ref = &lab;
     let faults_on = faults.is_some();

@@ -19,6 +19,8 @@
 //! - [`Reaped`], [`spawn_piped`], [`wait_output`]: a child process killed
 //!   and reaped on drop, started with its output piped, waited for with a
 //!   deadline;
+//! - [`HASHED_PEER_PY`]: a kernel TCP peer that hashes what it reads and
+//!   streams hashed bytes back;
 //! - [`LabDown`]: a lab
 //!   made by name (through the CLI) taken down when the test ends;
 //! - [`xdp_test_bin`]: the `nanowire-xdp-test` program (the engine's
@@ -197,6 +199,30 @@ pub fn one_line_failure(what: &str, o: &Output, needle: &str) -> String {
     assert!(err.contains(needle), "{what}: {needle:?} not said: {err}");
     err.trim_end().to_string()
 }
+
+/// A Python kernel TCP peer: `ADDR PORT TOTAL`. Listens, prints `listening`,
+/// accepts one connection, reads to EOF and answers `"<bytes> <crc32>\n"`,
+/// then streams TOTAL random bytes back, closes, and prints
+/// `sent <bytes> <crc32>`.
+pub const HASHED_PEER_PY: &str = r#"
+import socket, sys, zlib, os
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1)
+print("listening", flush=True)
+c, _ = s.accept()
+crc, n = 0, 0
+while True:
+    d = c.recv(1 << 20)
+    if not d: break
+    crc = zlib.crc32(d, crc); n += len(d)
+c.sendall(f"{n} {crc}\n".encode())
+total = int(sys.argv[3]); block = os.urandom(1 << 20); sent = 0; scrc = 0
+while sent < total:
+    b = block[: min(len(block), total - sent)]
+    c.sendall(b); scrc = zlib.crc32(b, scrc); sent += len(b)
+c.close()
+print(f"sent {sent} {scrc}", flush=True)
+"#;
 
 /// A child process killed and reaped when dropped: a test that fails midway
 /// leaves nothing running.

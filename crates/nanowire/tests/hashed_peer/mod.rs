@@ -6,29 +6,7 @@ use nanowire_lab::testbed::{Host, ScopedLab};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Stdio};
 
-/// Python kernel peer: `ADDR PORT TOTAL`. Listens, prints `listening`,
-/// accepts one connection, reads to EOF and answers `"<bytes> <crc32>\n"`,
-/// then streams TOTAL random bytes back, closes, and prints
-/// `sent <bytes> <crc32>`.
-pub const HASHED_PEER_PY: &str = r#"
-import socket, sys, zlib, os
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1)
-print("listening", flush=True)
-c, _ = s.accept()
-crc, n = 0, 0
-while True:
-    d = c.recv(1 << 20)
-    if not d: break
-    crc = zlib.crc32(d, crc); n += len(d)
-c.sendall(f"{n} {crc}\n".encode())
-total = int(sys.argv[3]); block = os.urandom(1 << 20); sent = 0; scrc = 0
-while sent < total:
-    b = block[: min(len(block), total - sent)]
-    c.sendall(b); scrc = zlib.crc32(b, scrc); sent += len(b)
-c.close()
-print(f"sent {sent} {scrc}", flush=True)
-"#;
+pub use nanowire_testkit::HASHED_PEER_PY;
 
 /// [`HASHED_PEER_PY`] running in host b on `198.18.0.2:port`, listening;
 /// killed and reaped on drop.

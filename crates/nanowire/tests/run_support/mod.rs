@@ -176,6 +176,21 @@ impl Drop for Kid {
     }
 }
 
+/// Poll `cond` every 20 ms until it holds or `limit` has passed: whether
+/// it held.
+pub fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A lab named `ts<tag><pid>` (unique per test and process), removed on drop.
 pub fn lab(tag: &str) -> ScopedLab {
     nanowire_testkit::lab(&format!("ts{tag}"))
@@ -330,4 +345,17 @@ impl Placement {
         }
         c
     }
+}
+
+/// `len` pseudo-random bytes: the little-endian words of a xorshift64
+/// stream from `x` (cheap, and a misplaced segment changes the hash).
+pub fn xorshift_bytes(len: usize, mut x: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    for c in v.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+    }
+    v
 }

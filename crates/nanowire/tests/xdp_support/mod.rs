@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
+use std::net::{SocketAddrV4, UdpSocket};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -63,4 +64,22 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Send `msg` and wait for its echo (up to 3 sends); late replies to
+/// earlier messages are skipped, so a slow machine cannot shift the pairs.
+pub fn udp_echo(sock: &UdpSocket, dst: SocketAddrV4, msg: &[u8]) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; 65536];
+    for _ in 0..3 {
+        sock.send_to(msg, dst).unwrap();
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        while Instant::now() < deadline {
+            if let Ok((n, _)) = sock.recv_from(&mut buf)
+                && &buf[..n] == msg
+            {
+                return Some(buf[..n].to_vec());
+            }
+        }
+    }
+    None
 }
