@@ -80,6 +80,24 @@ def ns(lab, host):
     return f"{lab}-{host}"
 
 
+def scan(text, table, out):
+    """For each (pattern, keys, convert) of `table` that `text` matches:
+    out[key] = convert(group) for its keys and groups in order."""
+    for pattern, keys, convert in table:
+        m = re.search(pattern, text)
+        if m:
+            for k, g in zip(keys, m.groups()):
+                out[k] = convert(g)
+
+
+# What sockperf_parse takes besides percentiles and MAX/MIN.
+SOCKPERF_FIELDS = [
+    (r"Summary: Latency is ([\d.]+) usec", ["avg"], float),
+    (r"\[Valid Duration\] RunTime=[\d.]+ sec; SentMessages=(\d+); ReceivedMessages=(\d+)",
+     ["sent", "received"], int),
+]
+
+
 def sockperf_parse(text):
     vals = {}
     for line in text.splitlines():
@@ -89,12 +107,7 @@ def sockperf_parse(text):
         m = re.search(r"---> <(MAX|MIN)> observation\s*=\s*([\d.]+)", line)
         if m:
             vals[m.group(1).lower()] = float(m.group(2))
-        m = re.search(r"Summary: Latency is ([\d.]+) usec", line)
-        if m:
-            vals["avg"] = float(m.group(1))
-        m = re.search(r"\[Valid Duration\] RunTime=[\d.]+ sec; SentMessages=(\d+); ReceivedMessages=(\d+)", line)
-        if m:
-            vals["sent"], vals["received"] = int(m.group(1)), int(m.group(2))
+        scan(line, SOCKPERF_FIELDS, vals)
     if "p50" not in vals:
         raise RuntimeError("could not parse sockperf output:\n" + text[-2000:])
     return vals
@@ -800,15 +813,11 @@ def run_churn(a):
 
             def parse(text):
                 out = {}
-                m = re.search(r"Requests per second:\s+([\d.]+)", text)
-                if m:
-                    out["req_s"] = float(m.group(1))
-                m = re.search(r"Failed requests:\s+(\d+)", text)
-                if m:
-                    out["failed"] = int(m.group(1))
-                m = re.search(r"p50_us ([\d.]+) p99_us ([\d.]+)", text)
-                if m:
-                    out["p50_us"], out["p99_us"] = float(m.group(1)), float(m.group(2))
+                scan(text, [
+                    (r"Requests per second:\s+([\d.]+)", ["req_s"], float),
+                    (r"Failed requests:\s+(\d+)", ["failed"], int),
+                    (r"p50_us ([\d.]+) p99_us ([\d.]+)", ["p50_us", "p99_us"], float),
+                ], out)
                 if not out:
                     raise RuntimeError("could not parse:\n" + text[-2000:])
                 return out
