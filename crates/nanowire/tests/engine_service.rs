@@ -49,22 +49,6 @@ def echoed(s, host, p, i):
     };
 }
 
-/// Python, put before a TCP server script: `listener(backlog)`, a socket
-/// listening on ADDR PORT (`sys.argv[1]`, `sys.argv[2]`), SO_REUSEADDR,
-/// once it has printed "listening".
-macro_rules! py_listener {
-    () => {
-        r#"
-import socket, sys
-def listener(backlog):
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(backlog)
-    print("listening", flush=True)
-    return s
-"#
-    };
-}
-
 /// Send N numbered datagrams to each port in turn, one at a time, and check
 /// each echo byte for byte (a lost one is resent, at most 5 times, and
 /// counted). Prints "ok SENT RESENT" or exits 1 with what failed.
@@ -390,7 +374,7 @@ fn an_unprivileged_users_program_is_accelerated() {
 /// A listener on the service that greets one connection, then waits for
 /// the flag file before it exits (its engine's counters stay readable).
 const GREETER: &str = concat!(
-    py_listener!(),
+    py_prelude!(),
     r#"
 import os, time
 c, _ = listener(8).accept()
@@ -836,7 +820,7 @@ fn a_trust_line_lets_two_users_share_and_a_bad_policy_file_is_refused() {
 /// reads to EOF, answers "<bytes> <crc32>\n" and 2 MiB that depend on the
 /// byte count, then closes; "done" at the end.
 const TCP_SERVER: &str = concat!(
-    py_listener!(),
+    py_prelude!(),
     r#"
 import zlib
 s = listener(8)
@@ -995,7 +979,7 @@ fn tcp_through_the_service_in_all_four_placements() {
 /// timeout): echoes until EOF, then "conn N: eof after BYTES"; an error
 /// ends it with "conn N: ERRNO after BYTES".
 const TCP_ECHO_SERVER: &str = concat!(
-    py_listener!(),
+    py_prelude!(),
     r#"
 import errno, threading
 s = listener(8)
@@ -1438,7 +1422,7 @@ fn stats_lists_every_attached_process_with_its_claims_and_forgets_a_killed_one()
 /// Then prints "held" and sleeps (its listener keeps what arrives later
 /// in its accept queue) until killed.
 const HOLD_SERVER: &str = concat!(
-    py_listener!(),
+    py_prelude!(),
     r#"
 import time
 s = listener(64)
@@ -1514,7 +1498,7 @@ wait_ends(conns)
 /// "more\n" in the same segment (the client reads only the ack: data left
 /// unread). Prints "held", then `wait_ends`.
 const WATCH_SERVER: &str = concat!(
-    py_listener!(),
+    py_prelude!(),
     r#"
 s = listener(64)
 conns = {}

@@ -244,14 +244,13 @@ fn iperf3_tcp_under_run_against_a_plain_iperf3() {
 /// child exits, while the child also accepts a second client from the
 /// shared listener. Under run the connection is handed over to the kernel
 /// at fork (TCP_REPAIR): the client must see exactly what it sees plainly.
-const FORK_PY: &str = r#"
-import os, socket, sys, hashlib, select, time
-addr, port = sys.argv[1], int(sys.argv[2])
+const FORK_PY: &str = concat!(
+    py_prelude!(),
+    r#"
+import os, hashlib, select, time
 N, M = 50000, 3000000
 stream = (bytes(range(251)) * (M // 251 + 1))[:M]
-ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((addr, port)); ls.listen(8)
-print("listening", flush=True)
+ls = listener()
 c, _ = ls.accept()
 ep = select.epoll(); ep.register(c.fileno(), select.EPOLLIN)
 while len(c.recv(N, socket.MSG_PEEK)) < N:
@@ -281,7 +280,8 @@ os.waitpid(pid, 0)
 c.sendall(b"parent: last words\n")
 c.close()
 print("parent done", flush=True)
-"#;
+"#
+);
 
 const FORK_CLIENT_PY: &str = r#"
 import socket, sys, hashlib, time
@@ -356,43 +356,36 @@ fn forking_server_shares_its_connection_with_the_child_as_plainly() {
 /// accept (the connection is in CLOSE-WAIT when the server forks): the
 /// child reads the request to EOF and answers, plainly and under run alike
 /// (under run the hand-over shows the kernel the peer's FIN).
-const HALF_CLOSED_PY: &str = r#"
-import socket, sys, os, time
-ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((sys.argv[1], int(sys.argv[2]))); ls.listen(8)
-print("listening", flush=True)
+const HALF_CLOSED_PY: &str = concat!(
+    py_prelude!(),
+    r#"
+import os, time
+ls = listener()
 for i in range(2):
     time.sleep(0.3)
     c, _ = ls.accept()
     if os.fork() == 0:
-        d = b""
-        while True:
-            k = c.recv(65536)
-            if not k:
-                break
-            d += k
+        d = b"".join(chunks(c))
         c.sendall(b"child read %d bytes to EOF\n" % len(d))
         c.close()
         os._exit(0)
     c.close()
     os.wait()
 print("done", flush=True)
-"#;
+"#
+);
 
-const HALF_CLOSED_CLIENT_PY: &str = r#"
-import socket, sys
+const HALF_CLOSED_CLIENT_PY: &str = concat!(
+    py_prelude!(),
+    r#"
 for n in (100000, 10):
     s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
     s.sendall(bytes(range(256)) * (n // 256) + b"r" * (n % 256))
     s.shutdown(socket.SHUT_WR)
-    d = b""
-    while True:
-        k = s.recv(100)
-        if not k:
-            break
-        d += k
+    d = b"".join(chunks(s, 100))
     print(d.decode().strip(), flush=True)
-"#;
+"#
+);
 
 #[test]
 #[ignore = "needs root"]
@@ -415,12 +408,12 @@ fn forking_server_after_the_client_half_closed() {
 /// A server that sends urgent data (MSG_OOB: each connection handed over
 /// to the kernel; the listener stays on the engine) to `N` clients, then
 /// waits for a stop file.
-const OOB_MANY_PY: &str = r#"
-import os, socket, sys, time
-addr, port, n, stop = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((addr, port)); ls.listen(64)
-print("listening", flush=True)
+const OOB_MANY_PY: &str = concat!(
+    py_prelude!(),
+    r#"
+import os, time
+n, stop = int(sys.argv[3]), sys.argv[4]
+ls = listener(64)
 for i in range(n):
     c, _ = ls.accept()
     c.sendall(b"conn %d\n" % i)
@@ -431,21 +424,19 @@ t = time.time()
 while not os.path.exists(stop) and time.time() - t < 120:
     time.sleep(0.05)
 print("done", flush=True)
-"#;
+"#
+);
 
-const CONNECT_MANY_PY: &str = r#"
-import socket, sys
+const CONNECT_MANY_PY: &str = concat!(
+    py_prelude!(),
+    r#"
 for i in range(int(sys.argv[3])):
     s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
-    d = b""
-    while True:
-        k = s.recv(100)
-        if not k:
-            break
-        d += k
+    d = b"".join(chunks(s, 100))
     s.close()
     print(d.decode().strip(), flush=True)
-"#;
+"#
+);
 
 /// Entries of the steering program's `nw_tcp_flows` on host `h`'s interface
 /// whose value is the pass bit (connections handed over to the kernel).
@@ -557,69 +548,63 @@ fn handed_over_connections_leave_no_pass_entries_behind() {
 }
 
 /// Reads a stream to EOF, answers with its length and hash.
-const HASH_SERVER_PY: &str = r#"
-import socket, sys, hashlib
-ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((sys.argv[1], int(sys.argv[2]))); ls.listen(8)
-print("listening", flush=True)
-c, _ = ls.accept()
+const HASH_SERVER_PY: &str = concat!(
+    py_prelude!(),
+    r#"
+import hashlib
+c, _ = listener().accept()
 h = hashlib.sha256(); n = 0
-while True:
-    d = c.recv(65536)
-    if not d:
-        break
+for d in chunks(c):
     h.update(d); n += len(d)
 c.sendall(b"got %d bytes sha %s\n" % (n, h.hexdigest()[:16].encode()))
 c.close()
 print("done", flush=True)
-"#;
+"#
+);
 
 /// Sends a patterned stream with IP_PMTUDISC_OMIT (DF clear, the interface
 /// MTU rather than the path's): with a route MTU above the interface's, the
 /// kernel sends each TCP segment as IP fragments.
-const FRAG_CLIENT_PY: &str = r#"
-import socket, sys, hashlib
+const FRAG_CLIENT_PY: &str = concat!(
+    py_prelude!(),
+    r#"
+import hashlib
 s = socket.socket()
 s.setsockopt(socket.IPPROTO_IP, 10, 5)  # IP_MTU_DISCOVER = IP_PMTUDISC_OMIT
 s.connect((sys.argv[1], int(sys.argv[2])))
 data = bytes((i * 7 + (i >> 8)) & 0xff for i in range(int(sys.argv[3])))
 s.sendall(data)
 s.shutdown(socket.SHUT_WR)
-r = b""
-while True:
-    d = s.recv(100)
-    if not d:
-        break
-    r += d
+r = b"".join(chunks(s, 100))
 print("sent", len(data), hashlib.sha256(data).hexdigest()[:16], "reply", r.decode().strip(), flush=True)
-"#;
+"#
+);
 
 /// Serves one client a patterned stream with IP_PMTUDISC_OMIT (fragments,
 /// as `FRAG_CLIENT_PY`), then closes.
-const FRAG_SERVER_PY: &str = r#"
-import socket, sys
-ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((sys.argv[1], int(sys.argv[2]))); ls.listen(8)
-print("listening", flush=True)
-c, _ = ls.accept()
+const FRAG_SERVER_PY: &str = concat!(
+    py_prelude!(),
+    r#"
+c, _ = listener().accept()
 c.setsockopt(socket.IPPROTO_IP, 10, 5)  # IP_MTU_DISCOVER = IP_PMTUDISC_OMIT
 c.sendall(bytes((i * 7 + (i >> 8)) & 0xff for i in range(int(sys.argv[3]))))
 c.close()
 print("done", flush=True)
-"#;
+"#
+);
 
 /// Reads a stream to EOF and prints its length and hash.
-const HASH_CLIENT_PY: &str = r#"
-import socket, sys, hashlib
+const HASH_CLIENT_PY: &str = concat!(
+    py_prelude!(),
+    r#"
+import hashlib
 s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
 h = hashlib.sha256(); n = 0
-while True:
-    d = s.recv(65536)
-    if not d:
-        break
+for d in chunks(s):
     h.update(d); n += len(d)
 print("got", n, h.hexdigest()[:16], flush=True)
-"#;
+"#
+);
 
 /// `Ip` counter `name` of host `h`'s namespace (/proc/net/snmp).
 fn ip_counter(l: &ScopedLab, h: Host, name: &str) -> u64 {
@@ -730,18 +715,15 @@ fn fragmented_tcp_segments_reach_an_engine_server_as_plainly() {
 }
 
 /// Echoes upper-case until EOF.
-const UPPER_ECHO_PY: &str = r#"
-import socket, sys
-ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((sys.argv[1], int(sys.argv[2]))); ls.listen(8)
-print("listening", flush=True)
-c, _ = ls.accept()
-while True:
-    d = c.recv(100)
-    if not d: break
+const UPPER_ECHO_PY: &str = concat!(
+    py_prelude!(),
+    r#"
+c, _ = listener().accept()
+for d in chunks(c, 100):
     c.sendall(d.upper())
 print("done", flush=True)
-"#;
+"#
+);
 
 /// A kernel client that, mid-connection, injects (raw socket) a blind
 /// segment in its own name: seq = the server's rcv_nxt (learnt from an

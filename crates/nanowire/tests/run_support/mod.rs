@@ -359,3 +359,29 @@ pub fn xorshift_bytes(len: usize, mut x: u64) -> Vec<u8> {
     }
     v
 }
+
+/// Python put before a test program's own (`concat!(py_prelude!(), r#"…"#)`):
+/// `listener(backlog=8)`, a TCP socket listening on ADDR PORT
+/// (`sys.argv[1]`, `sys.argv[2]`, SO_REUSEADDR) once it has printed
+/// "listening"; `chunks(s, n=65536)`, what `s.recv(n)` returns until EOF.
+#[allow(unused_macros)]
+macro_rules! py_prelude {
+    () => {
+        r#"
+import socket, sys
+def listener(backlog=8):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(backlog)
+    print("listening", flush=True)
+    return s
+def chunks(s, n=65536):
+    while True:
+        d = s.recv(n)
+        if not d:
+            return
+        yield d
+"#
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use py_prelude;
