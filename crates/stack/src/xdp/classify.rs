@@ -315,7 +315,7 @@ mod tests {
     fn frame_from(src: Ipv4Addr, payload: &[u8]) -> Vec<u8> {
         let mut f = vec![0u8; HDRS + payload.len()];
         let dst = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 7);
-        let n = build_frame(&mut f, [2; 6], [4; 6], src, 9, dst, payload, 1);
+        let n = build_frame(&mut f, ([2; 6], [4; 6]), SocketAddrV4::new(src, 9), dst, payload, 1);
         f.truncate(n);
         f
     }
@@ -381,7 +381,7 @@ mod tests {
 
     #[test]
     fn frames_for_another_mac_are_other_host() {
-        // build_frame(.., src_mac [2; 6], dst_mac [4; 6], ..)
+        // build_frame(.., macs ([2; 6], [4; 6]), ..)
         let f = frame(b"x");
         assert!(!for_other_host(&f, &[4; 6]));
         assert!(for_other_host(&f, &[5; 6]));

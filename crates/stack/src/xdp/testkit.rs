@@ -56,16 +56,7 @@ pub fn identity_holds(page: &StatsPage) -> bool {
 /// A UDP datagram from `src` to `dst` as an Ethernet frame to our MAC.
 pub fn udp(src: SocketAddrV4, dst: SocketAddrV4, payload: &[u8]) -> Vec<u8> {
     let mut f = vec![0u8; HDRS + payload.len()];
-    let n = build_frame(
-        &mut f,
-        PEER_MAC,
-        OUR_MAC,
-        *src.ip(),
-        src.port(),
-        dst,
-        payload,
-        7,
-    );
+    let n = build_frame(&mut f, (PEER_MAC, OUR_MAC), src, dst, payload, 7);
     f.truncate(n);
     f
 }

@@ -235,33 +235,21 @@ impl<D: TxDevice> TxPath<D> {
     }
 }
 
-/// Write Ethernet + IPv4 + UDP (full checksum) + payload into `fr`;
-/// returns the frame length. `fr` must hold `HDRS + payload.len()` bytes.
-#[allow(clippy::too_many_arguments)]
-#[inline]
+/// Write Ethernet (`macs`: source, destination) + IPv4 + UDP (full
+/// checksum) + payload into `fr`; returns the frame length. `fr` must hold
+/// `HDRS + payload.len()` bytes.
 #[cfg(test)]
 pub(crate) fn build_frame(
     fr: &mut [u8],
-    src_mac: [u8; 6],
-    dst_mac: [u8; 6],
-    src: Ipv4Addr,
-    sport: u16,
+    macs: ([u8; 6], [u8; 6]),
+    from: SocketAddrV4,
     dst: SocketAddrV4,
     payload: &[u8],
     id: u16,
 ) -> usize {
-    build_frame_hdr(
-        fr,
-        src_mac,
-        dst_mac,
-        src,
-        sport,
-        dst,
-        payload,
-        id,
-        IpHeader::default(),
-        false,
-    )
+    let (src, sport) = (*from.ip(), from.port());
+    let h = IpHeader::default();
+    build_frame_hdr(fr, macs.0, macs.1, src, sport, dst, payload, id, h, false)
 }
 
 /// Where a datagram's checksum lies for an offload to complete it: from
@@ -454,16 +442,8 @@ mod tests {
     fn multicast_frames_use_ttl_1() {
         let mut f = vec![0u8; HDRS + 4];
         let g = SocketAddrV4::new(Ipv4Addr::new(239, 1, 2, 3), 5);
-        build_frame(
-            &mut f,
-            [2; 6],
-            [1, 0, 0x5e, 1, 2, 3],
-            Ipv4Addr::new(10, 0, 0, 1),
-            6,
-            g,
-            b"abcd",
-            3,
-        );
+        let macs = ([2; 6], [1, 0, 0x5e, 1, 2, 3]);
+        build_frame(&mut f, macs, sa(Ipv4Addr::new(10, 0, 0, 1), 6), g, b"abcd", 3);
         assert_eq!(f[ETH_HDR + 8], 1);
     }
 
