@@ -315,7 +315,14 @@ mod tests {
     fn frame_from(src: Ipv4Addr, payload: &[u8]) -> Vec<u8> {
         let mut f = vec![0u8; HDRS + payload.len()];
         let dst = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 7);
-        let n = build_frame(&mut f, ([2; 6], [4; 6]), SocketAddrV4::new(src, 9), dst, payload, 1);
+        let n = build_frame(
+            &mut f,
+            ([2; 6], [4; 6]),
+            SocketAddrV4::new(src, 9),
+            dst,
+            payload,
+            1,
+        );
         f.truncate(n);
         f
     }

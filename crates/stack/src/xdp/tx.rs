@@ -443,7 +443,14 @@ mod tests {
         let mut f = vec![0u8; HDRS + 4];
         let g = SocketAddrV4::new(Ipv4Addr::new(239, 1, 2, 3), 5);
         let macs = ([2; 6], [1, 0, 0x5e, 1, 2, 3]);
-        build_frame(&mut f, macs, sa(Ipv4Addr::new(10, 0, 0, 1), 6), g, b"abcd", 3);
+        build_frame(
+            &mut f,
+            macs,
+            sa(Ipv4Addr::new(10, 0, 0, 1), 6),
+            g,
+            b"abcd",
+            3,
+        );
         assert_eq!(f[ETH_HDR + 8], 1);
     }
 
