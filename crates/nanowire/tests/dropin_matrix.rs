@@ -297,6 +297,13 @@ fn multicast_every_receiver_gets_every_datagram() {
     let lab = lab_of("m");
     let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
     let group = "239.7.7.7";
+    // Each receiver stops at the 100th datagram. The wait for the first
+    // one and the silence that ends a short count are long: receiver 0's
+    // wait starts before receiver 1 and the sender have started (three
+    // Python start-ups, seconds each under load; with rx.py's default 10 s
+    // the fully plain iteration once counted 0), and a sender descheduled
+    // for over a second mid-burst must not end the count. A receiver that
+    // misses datagrams still fails, once the gap has passed.
     let rx = [
         "python3",
         &script("rx.py"),
@@ -306,6 +313,12 @@ fn multicast_every_receiver_gets_every_datagram() {
         "--join",
         group,
         &b,
+        "--expect",
+        "100",
+        "--first",
+        "120",
+        "--gap",
+        "20",
     ];
     let tx = [
         "python3",

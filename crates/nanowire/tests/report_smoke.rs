@@ -84,22 +84,26 @@ fn check_points(ex: &Value) -> usize {
 fn check_runs(ex: &Value) {
     for r in ex["runs"].as_array().unwrap() {
         let res = &r["result"];
+        // A value that is not a number names itself and its whole run
+        // (a smoke run under load once gave one, and the message said
+        // only which field).
+        let at = |what: &str| format!("{what} in run {r}");
         if let Some(sink) = res.get("sink") {
             let g = &res["generator"];
-            assert!(finite(&g["sent"], "generator sent") > 0.0);
-            let rec = finite(&sink["received"], "sink received");
+            assert!(finite(&g["sent"], &at("generator sent")) > 0.0);
+            let rec = finite(&sink["received"], &at("sink received"));
             assert!(
-                rec <= finite(&g["sent"], "sent"),
+                rec <= finite(&g["sent"], &at("sent")),
                 "received more than sent: {r}"
             );
             if let Some(l) = sink.get("latency_us").filter(|l| !l.is_null()) {
                 let (mn, p50, mx) = (
-                    finite(&l["min"], "min"),
-                    finite(&l["p50"], "p50"),
-                    finite(&l["max"], "max"),
+                    finite(&l["min"], &at("min")),
+                    finite(&l["p50"], &at("p50")),
+                    finite(&l["max"], &at("max")),
                 );
                 assert!(mn <= p50 && p50 <= mx, "sink latency out of order: {l}");
-                assert!(finite(&l["samples"], "samples") > 0.0);
+                assert!(finite(&l["samples"], &at("samples")) > 0.0);
             }
             // Every loss is accounted for by a counter.
             if let Some(lost) = r.get("lost").and_then(Value::as_f64)
@@ -112,12 +116,12 @@ fn check_runs(ex: &Value) {
             .filter(|_| res["mode"] != "tp" && res["mode"] != "throughput")
         {
             let (mn, p50, mx) = (
-                finite(&l["min"], "min"),
-                finite(&l["p50"], "p50"),
-                finite(&l["max"], "max"),
+                finite(&l["min"], &at("min")),
+                finite(&l["p50"], &at("p50")),
+                finite(&l["max"], &at("max")),
             );
             assert!(mn <= p50 && p50 <= mx, "bench latency out of order: {l}");
-            assert!(finite(&res["received"], "received") > 0.0);
+            assert!(finite(&res["received"], &at("received")) > 0.0);
         }
     }
 }

@@ -206,6 +206,9 @@ impl RxPeek {
     }
 }
 
+/// Attempts of one [`XskTx::kick`] while the kernel refuses for now.
+const KICK_TRIES: u32 = 64;
+
 /// The transmit half: TX and completion rings, TX frame pool.
 pub struct XskTx {
     tx: Ring<Desc>,
@@ -215,6 +218,8 @@ pub struct XskTx {
     free: Vec<u64>,
     budget: Option<u32>,
     fatal: i32,
+    /// Kicks tried again after a transient refusal.
+    kick_retries: u64,
     bad_descs: u64,
     multi_buffer: bool,
     /// A UMEM shared with other processes: the completion ring is reaped
@@ -451,6 +456,7 @@ impl XskSocket {
                 free,
                 budget,
                 fatal: 0,
+                kick_retries: 0,
                 bad_descs: 0,
                 multi_buffer: cfg.multi_buffer,
                 shared: shared.0,
@@ -1203,27 +1209,56 @@ impl XskTx {
         true
     }
 
-    /// Kick TX. Transient refusals (EAGAIN, EBUSY, ENOBUFS) are fine: the
-    /// frames stay queued for the next kick. Errors that will not go away
-    /// (interface down or gone) are returned by [`XskTx::kick_error`].
+    /// Kick TX. A transient refusal (EAGAIN, EBUSY, ENOBUFS) leaves the
+    /// frames the kernel did not take in the ring, and in copy mode nothing
+    /// but another kick ever sends them: the device queue was stopped (veth
+    /// stops it while its peer's ring is full and answers NETDEV_TX_BUSY,
+    /// more so under load), the completion ring was full, or the copy-mode
+    /// budget ran out. A datagram left there is lost when its process exits
+    /// or waits for an answer to it (a request never sent). So the kick
+    /// frees completions and tries again, yielding the CPU to whoever must
+    /// drain the queue, a bounded number of times (the kernel's own send
+    /// would queue the packet in its qdisc); what is still left goes with
+    /// the next kick (`flush`). Errors that will not go away (interface
+    /// down or gone) are returned by [`XskTx::kick_error`].
     pub fn kick(&mut self) {
-        // SAFETY: zero-length sendto on our socket.
-        let r = unsafe {
-            crate::sys::sendto(
-                self.fd.as_raw_fd(),
-                std::ptr::null(),
-                0,
-                libc::MSG_DONTWAIT,
-                std::ptr::null(),
-                0,
-            )
-        };
-        if r < 0 {
+        for attempt in 0..KICK_TRIES {
+            // SAFETY: zero-length sendto on our socket.
+            let r = unsafe {
+                crate::sys::sendto(
+                    self.fd.as_raw_fd(),
+                    std::ptr::null(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null(),
+                    0,
+                )
+            };
+            if r >= 0 {
+                return;
+            }
             let e = io::Error::last_os_error().raw_os_error().unwrap_or(0);
             if matches!(e, libc::ENETDOWN | libc::ENXIO | libc::ENODEV) {
                 self.fatal = e;
+                return;
+            }
+            if !matches!(e, libc::EAGAIN | libc::EBUSY | libc::ENOBUFS) {
+                return;
+            }
+            self.kick_retries += 1;
+            self.reap();
+            if self.tx.occupancy() == 0 {
+                return;
+            }
+            if attempt >= 4 {
+                std::thread::yield_now();
             }
         }
+    }
+
+    /// Kicks tried again after a transient refusal (see [`XskTx::kick`]).
+    pub fn kick_retries(&self) -> u64 {
+        self.kick_retries
     }
 
     /// The last kick error that will not go away by retrying, if any.
