@@ -880,6 +880,22 @@ impl TcpEngine {
     /// outside the TX lock (`send_scratch_slot0`). With the `faults` option
     /// the transmit device's injector copies the frames (device/faults.rs).
     fn transmit(&self, core: &mut Core, now: u64) -> usize {
+        let n = self.transmit_due(core, now);
+        if n > 0 {
+            // What was just sent moves the connections' ends (the FIN or
+            // RST a death would send starts after it): the table must say
+            // so before the process can die, not at its next turn. A send
+            // that transmits without a turn (send_once), then a kill -9
+            // within the timer service's 20 ms, left an end at the old
+            // sequence number, which the peer drops as out of window: a
+            // connection never ended (engine_service kill_9_ends_a_servers
+            // 'did not finish within 60s').
+            publish_ends(core);
+        }
+        n
+    }
+
+    fn transmit_due(&self, core: &mut Core, now: u64) -> usize {
         let mut total = 0;
         loop {
             // Nothing due (the common case after a received segment whose
