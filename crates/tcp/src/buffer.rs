@@ -251,17 +251,25 @@ struct HeldSeg {
     truesize: usize,
 }
 
-/// A connection's receive queue: in-order bytes kept in the frames they
-/// arrived in (`held`, oldest first), then the byte ring (bytes copied out
-/// of their frames, and the out-of-order area past its content).
+/// A run of the receive queue, in stream order.
+enum Run {
+    /// A segment kept in its frame.
+    Held(HeldSeg),
+    /// The next `n` bytes of the ring's content.
+    Ring(usize),
+}
+
+/// A connection's receive queue: runs of in-order bytes, oldest first,
+/// each either kept in the frames they arrived in (`Run::Held`) or copied
+/// into the byte ring (`Run::Ring`: the ring's content is the copied runs
+/// back to back, in stream order).
 ///
-/// Order: held bytes always precede the ring's content, so a frame is held
-/// only while the ring holds nothing (no content, no out-of-order bytes: the
-/// caller checks the assembler); once in-order data went to the ring
-/// (memory budget low, a small segment, a hole repaired), later data
-/// follows it there until the queue drains. Offsets given to `write_at` and
-/// `commit` count from the end of the whole content (`rcv_nxt`), as in a
-/// plain [`Ring`].
+/// Offsets given to `write_at` and `commit` count from the end of the whole
+/// content (`rcv_nxt`) and address the ring right after its content: held
+/// runs take no ring space, and a frame is held only for in-order data with
+/// no out-of-order bytes waiting (the caller checks the assembler), so the
+/// bytes past the ring's content are always those following `rcv_nxt`;
+/// `commit` appends them as a ring run after whatever was held.
 ///
 /// Bounds: `len()` (held plus ring bytes) never exceeds the capacity, the
 /// window the connection announces (the caller holds or writes only what
@@ -272,8 +280,9 @@ struct HeldSeg {
 /// pinning frames; the engine's budget over all connections bounds the
 /// rest (stack xdp/tcp.rs).
 pub struct RxQueue {
-    held: std::collections::VecDeque<HeldSeg>,
+    runs: std::collections::VecDeque<Run>,
     held_bytes: usize,
+    held_segments: usize,
     held_truesize: usize,
     ring: Ring,
 }
@@ -281,7 +290,8 @@ pub struct RxQueue {
 impl std::fmt::Debug for RxQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RxQueue")
-            .field("held", &self.held.len())
+            .field("runs", &self.runs.len())
+            .field("held_segments", &self.held_segments)
             .field("held_bytes", &self.held_bytes)
             .field("held_truesize", &self.held_truesize)
             .field("ring", &self.ring)
@@ -293,8 +303,9 @@ impl RxQueue {
     /// A queue of `capacity` bytes (nothing allocated yet).
     pub fn new(capacity: usize) -> RxQueue {
         RxQueue {
-            held: std::collections::VecDeque::new(),
+            runs: std::collections::VecDeque::new(),
             held_bytes: 0,
+            held_segments: 0,
             held_truesize: 0,
             ring: Ring::new(capacity),
         }
@@ -323,33 +334,35 @@ impl RxQueue {
     }
     /// Segments kept in their frames.
     pub fn held_segments(&self) -> usize {
-        self.held.len()
+        self.held_segments
     }
     /// Memory the held segments pin.
     pub fn held_truesize(&self) -> usize {
         self.held_truesize
     }
 
-    /// Whether a segment pinning `truesize` bytes may be held now: the ring
-    /// holds no content (order; the caller checks for out-of-order bytes)
-    /// and the held frames stay within twice the capacity.
+    /// Whether a segment pinning `truesize` bytes may be held now: the held
+    /// frames stay within twice the capacity. (The caller checks that the
+    /// data is in order with no out-of-order bytes waiting.)
     pub fn can_hold(&self, truesize: usize) -> bool {
-        self.ring.is_empty() && self.held_truesize + truesize <= 2 * self.capacity()
+        self.held_truesize + truesize <= 2 * self.capacity()
     }
 
     /// Append bytes `[at, end)` of `body` as in-order content (the caller
-    /// checked [`RxQueue::can_hold`] and that they fit [`RxQueue::free`]).
+    /// checked [`RxQueue::can_hold`], the order, and that they fit
+    /// [`RxQueue::free`]).
     pub fn hold(&mut self, body: Box<dyn HeldBytes>, at: usize, end: usize, truesize: usize) {
-        debug_assert!(self.ring.is_empty() && at < end && end <= body.len());
+        debug_assert!(at < end && end <= body.len());
         debug_assert!(end - at <= self.free());
         self.held_bytes += end - at;
+        self.held_segments += 1;
         self.held_truesize += truesize;
-        self.held.push_back(HeldSeg {
+        self.runs.push_back(Run::Held(HeldSeg {
             body,
             at,
             end,
             truesize,
-        });
+        }));
     }
 
     /// Copy `data` to `off` bytes past the end of the content (out of
@@ -365,9 +378,19 @@ impl RxQueue {
         self.ring.write_payload(off, &data.take(room))
     }
 
-    /// Make `n` bytes written past the end part of the content.
+    /// Make `n` bytes written past the end part of the content: a ring run
+    /// after whatever came before.
     pub fn commit(&mut self, n: usize) {
+        let before = self.ring.len();
         self.ring.commit(n.min(self.free()));
+        let k = self.ring.len() - before;
+        if k == 0 {
+            return;
+        }
+        match self.runs.back_mut() {
+            Some(Run::Ring(r)) => *r += k,
+            _ => self.runs.push_back(Run::Ring(k)),
+        }
     }
 
     /// Grow the capacity (autotuning).
@@ -377,47 +400,74 @@ impl RxQueue {
 
     /// Empty, nothing past the end (the owner knows): see [`Ring::rewind`].
     pub fn rewind(&mut self) {
-        debug_assert!(self.held.is_empty());
+        debug_assert!(self.runs.is_empty());
         self.ring.rewind();
     }
 
     /// Copy up to `out.len()` bytes starting `off` into the content.
     pub fn peek(&self, mut off: usize, out: &mut [u8]) -> usize {
-        let mut n = 0;
-        for h in &self.held {
+        let (mut n, mut ring_at) = (0, 0);
+        for r in &self.runs {
             if n == out.len() {
-                return n;
+                break;
             }
-            let len = h.end - h.at;
+            let len = match r {
+                Run::Held(h) => h.end - h.at,
+                Run::Ring(k) => *k,
+            };
             if off >= len {
                 off -= len;
+                if let Run::Ring(k) = r {
+                    ring_at += k;
+                }
                 continue;
             }
             let k = (len - off).min(out.len() - n);
-            n += h.body.copy_out(h.at + off, &mut out[n..n + k]);
+            n += match r {
+                Run::Held(h) => h.body.copy_out(h.at + off, &mut out[n..n + k]),
+                Run::Ring(len) => {
+                    let got = self.ring.peek(ring_at + off, &mut out[n..n + k]);
+                    ring_at += len;
+                    got
+                }
+            };
             off = 0;
         }
-        n + self.ring.peek(off, &mut out[n..])
+        n
     }
 
     /// Drop `n` bytes from the front: held segments read to their end go
-    /// (their frames back to the fill ring), then ring bytes.
+    /// (their frames back to the fill ring), ring runs give their bytes
+    /// back to the ring.
     pub fn consume(&mut self, mut n: usize) {
         while n > 0
-            && let Some(h) = self.held.front_mut()
+            && let Some(r) = self.runs.front_mut()
         {
-            let len = h.end - h.at;
-            if n < len {
-                h.at += n;
-                self.held_bytes -= n;
-                return;
+            match r {
+                Run::Held(h) => {
+                    let len = h.end - h.at;
+                    if n < len {
+                        h.at += n;
+                        self.held_bytes -= n;
+                        return;
+                    }
+                    n -= len;
+                    self.held_bytes -= len;
+                    self.held_segments -= 1;
+                    self.held_truesize -= h.truesize;
+                }
+                Run::Ring(k) => {
+                    let c = n.min(*k);
+                    self.ring.consume(c);
+                    n -= c;
+                    *k -= c;
+                    if *k > 0 {
+                        return;
+                    }
+                }
             }
-            n -= len;
-            self.held_bytes -= len;
-            self.held_truesize -= h.truesize;
-            self.held.pop_front();
+            self.runs.pop_front();
         }
-        self.ring.consume(n);
     }
 
     /// Read and consume.
@@ -657,10 +707,10 @@ mod tests {
     fn held_segments_read_in_order_before_the_ring_and_are_released_when_read() {
         let l = live();
         let mut q = RxQueue::new(64);
-        assert!(q.can_hold(100));
+        assert!(q.can_hold(20));
         // Bytes 2..8 of the first body, all of the second.
-        q.hold(Body::boxed(b"xxabcdefyy", &l), 2, 8, 100);
-        q.hold(Body::boxed(b"ghij", &l), 0, 4, 100);
+        q.hold(Body::boxed(b"xxabcdefyy", &l), 2, 8, 20);
+        q.hold(Body::boxed(b"ghij", &l), 0, 4, 20);
         assert_eq!((q.len(), q.held_bytes(), q.held_segments()), (10, 10, 2));
         assert_eq!(q.free(), 54, "held bytes count against the window");
         // Out of order past the end, then the hole filled: the ring
@@ -668,38 +718,49 @@ mod tests {
         assert_eq!(q.write_at(3, b"nop"), 3);
         assert_eq!(q.write_at(0, b"klm"), 3);
         q.commit(6);
-        assert!(
-            !q.can_hold(1),
-            "the ring has content: later data follows it"
-        );
-        assert_eq!(q.len(), 16);
-        // MSG_PEEK anywhere: across bodies and into the ring.
-        let mut o = [0u8; 16];
-        assert_eq!(q.peek(0, &mut o), 16);
-        assert_eq!(&o, b"abcdefghijklmnop");
+        // Held again after the ring run, then a second ring run: runs
+        // interleave in stream order, the ring holds only copied bytes.
+        assert!(q.can_hold(20));
+        q.hold(Body::boxed(b"qrs", &l), 0, 3, 20);
+        assert_eq!(q.write_at(0, b"tu"), 2);
+        q.commit(2);
+        assert_eq!(q.len(), 21);
+        assert_eq!(q.held_segments(), 3);
+        // MSG_PEEK anywhere: across bodies and ring runs.
+        let mut o = [0u8; 21];
+        assert_eq!(q.peek(0, &mut o), 21);
+        assert_eq!(&o, b"abcdefghijklmnopqrstu");
         let mut o = [0u8; 5];
         assert_eq!(q.peek(4, &mut o), 5);
         assert_eq!(&o, b"efghi");
         assert_eq!(q.peek(9, &mut o), 5);
         assert_eq!(&o, b"jklmn");
-        assert_eq!(count(&l), 2, "peeking releases nothing");
+        assert_eq!(q.peek(14, &mut o), 5);
+        assert_eq!(&o, b"opqrs");
+        assert_eq!(q.peek(18, &mut o), 3);
+        assert_eq!(&o[..3], b"stu");
+        assert_eq!(count(&l), 3, "peeking releases nothing");
         // Reads in odd pieces: a body goes when its last byte is read.
         let mut o = [0u8; 3];
         assert_eq!(q.read(&mut o), 3);
         assert_eq!(&o, b"abc");
-        assert_eq!(count(&l), 2);
+        assert_eq!(count(&l), 3);
         let mut o = [0u8; 4];
         assert_eq!(q.read(&mut o), 4);
         assert_eq!(&o, b"defg");
-        assert_eq!(count(&l), 1, "the first body was read to its end");
-        assert_eq!(q.held_truesize(), 100);
+        assert_eq!(count(&l), 2, "the first body was read to its end");
+        assert_eq!(q.held_truesize(), 40);
+        let mut o = [0u8; 10];
+        assert_eq!(q.read(&mut o), 10);
+        assert_eq!(&o, b"hijklmnopq");
+        assert_eq!(count(&l), 1);
         let mut o = [0u8; 16];
-        assert_eq!(q.read(&mut o), 9);
-        assert_eq!(&o[..9], b"hijklmnop");
+        assert_eq!(q.read(&mut o), 4);
+        assert_eq!(&o[..4], b"rstu");
         assert_eq!(count(&l), 0);
         assert_eq!((q.len(), q.held_bytes(), q.held_truesize()), (0, 0, 0));
         q.rewind();
-        assert!(q.can_hold(100));
+        assert!(q.can_hold(20));
     }
 
     #[test]

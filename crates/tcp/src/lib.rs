@@ -309,8 +309,8 @@ counters! {
     /// ([`Hold`]), copied once by the application's read.
     rx_held_bytes,
     /// Frames offered to keep with enough in-order data that were copied
-    /// instead (the receive queue held copied bytes, or its held frames
-    /// reached twice the receive buffer).
+    /// instead (out-of-order bytes waited behind a hole, or the
+    /// connection's held frames reached twice its receive buffer).
     rx_hold_declined,
     /// Segments in states that take no data (after FIN), ignored.
     data_after_fin,

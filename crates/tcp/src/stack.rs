@@ -64,10 +64,10 @@ pub struct DirectRead<'a> {
 /// from the frame into its buffer (one copy per byte instead of two). The
 /// engine offers a frame only while its budget of held frames over all
 /// connections allows (a frame held is one the fill ring lacks); the
-/// connection takes it only while its receive queue holds nothing copied,
-/// the data is in order and at least [`HOLD_MIN`] bytes, and its held
-/// frames stay within twice its receive buffer. Otherwise the bytes are
-/// copied as before.
+/// connection takes it when the data is in order with no hole behind it,
+/// at least [`HOLD_MIN`] bytes, and its held frames stay within twice its
+/// receive buffer. Otherwise the bytes are copied as before (held and
+/// copied runs interleave in the queue in stream order).
 pub struct Hold<'a> {
     /// The segment's payload length as the frame holds it: kept only when
     /// it is the payload the stack parsed (no padding, no trimmed tail).

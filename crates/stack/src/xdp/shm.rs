@@ -276,8 +276,8 @@ counter_table! {
         /// TCP payload bytes kept in their receive frames until read
         /// (`nanowire_tcp::Hold`): copied once, by the application's read.
         TcpRxHeldBytes = "tcp_rx_held_bytes": Counter <- rx_held_bytes,
-        /// Frames offered to keep that the connection copied instead (its
-        /// queue held copied bytes, or its frames reached twice its buffer).
+        /// Frames offered to keep that the connection copied instead (a
+        /// hole before them, or its frames reached twice its buffer).
         TcpRxHoldDeclined = "tcp_rx_hold_declined": Counter <- rx_hold_declined,
         /// RX frames held in TCP receive queues now (sampled), and the most
         /// ever held (at most the engine's hold limit, 1/4 of the UMEM's RX
