@@ -111,9 +111,9 @@ fn kill_9_ends(role: &str, port: u16, n: u32, pending: u32) -> String {
         if role == "server" {
             k = spawn(&format!("k{role}-{p:?}"), p.command(&l, kh, &killed_argv));
             k.wait_for("listening", T);
-            peer = spawn(&format!("peer-{p:?}"), plain_in(&l, ph, &peer_argv));
+            peer = spawn(&format!("peer{role}-{p:?}"), plain_in(&l, ph, &peer_argv));
         } else {
-            peer = spawn(&format!("peer-{p:?}"), plain_in(&l, ph, &peer_argv));
+            peer = spawn(&format!("peer{role}-{p:?}"), plain_in(&l, ph, &peer_argv));
             peer.wait_for("listening", T);
             k = spawn(&format!("k{role}-{p:?}"), p.command(&l, kh, &killed_argv));
         }
