@@ -21,6 +21,15 @@ cancels out; the short run must outlast the start: `--base`, default 4 s).
     scripts/msgwork.py --udp --tool strace --seconds 3      # syscalls per message
     scripts/msgwork.py --udp --service --diff               # the server on host b's engine service
 
+`--insnmix`: the profiles are made with `--dump-instr=yes` and each side also reports, per message,
+the executed instructions Ir does not weigh (PAUSE, LOCK-prefixed, XCHG with memory, fences, RDTSC,
+SYSCALL) and the functions they are in (scripts/insnmix.py). `--sim`: callgrind's cache and branch
+simulation (`--cache-sim=yes --branch-sim=yes`): per message L1/LL misses and mispredicted branches
+too (one simulated core per process: lines that move between the two processes' cores are not seen).
+
+    scripts/msgwork.py --tcp --diff --base 8 --seconds 24 --settle 10 --ping --insnmix --sim \
+        --shim target-vg/release/libnanowire_preload.so
+
 `--service`: the server attaches to host b's engine service (`nanowire engine serve --daemon`,
 started untraced before each run and ended with it; `NANOWIRE_SERVICE=1`), the client keeps an
 engine of its own: the server side's numbers against a run without it are the service's extra.
@@ -30,7 +39,8 @@ Prints one JSON object (and a short table on stderr).
 import argparse, json, os, re, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worklib import largest_profile, ns, strace_counts, wrap  # noqa: E402
+from worklib import largest_profile, ns, profile_events, strace_counts, wrap  # noqa: E402
+import insnmix  # noqa: E402
 
 NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
 A, B = "198.18.0.1", "198.18.0.2"
@@ -61,13 +71,15 @@ def run_once(args, lab, secs, out):
     if args.service:
         sh(*ns(lab, "b"), NW, "engine", "serve", "--daemon", "--idle-ms", "600000")
         srv_env = dict(env, NANOWIRE_SERVICE="1")
-    srv = subprocess.Popen(ns(lab, "b") + wrap(args.tool, out, "server") + run
+    extra = (["--dump-instr=yes"] if args.insnmix else []) + \
+        (["--cache-sim=yes", "--branch-sim=yes"] if args.sim else [])
+    srv = subprocess.Popen(ns(lab, "b") + wrap(args.tool, out, "server", extra) + run
                            + ["sockperf", "sr", "-i", B, "-p", str(PORT)] + proto,
                            env=srv_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(args.settle)
     if srv.poll() is not None:
         raise SystemExit("server exited: " + srv.stderr.read()[-2000:])
-    cli = subprocess.run(ns(lab, "a") + wrap(args.tool, out, "client") + run
+    cli = subprocess.run(ns(lab, "a") + wrap(args.tool, out, "client", extra) + run
                          + ["sockperf", "pp", "-i", B, "-p", str(PORT), "-m", str(args.size),
                             "-t", str(secs)] + proto,
                          env=env, capture_output=True, text=True, timeout=600)
@@ -104,10 +116,10 @@ def stop_left(lab):
 
 
 def callgrind_side(out, side):
-    """(total Ir, {function: (inclusive Ir, calls)}) of the side's program (the largest
-    profile of that side: `ip` and the launcher exec into it)."""
+    """(total Ir, {function: (inclusive Ir, calls)}, profile path) of the side's program (the
+    largest profile of that side: `ip` and the launcher exec into it)."""
     total, path = largest_profile(out, side)
-    tree = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--tree=caller", "--auto=no",
+    tree = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--tree=caller", "--auto=no", "--show=Ir",
                            "--threshold=100", path], capture_output=True, text=True).stdout
     funcs, calls = {}, 0
     for line in tree.splitlines():
@@ -126,7 +138,7 @@ def callgrind_side(out, side):
                 funcs[name.replace("nanowire_", "").replace("::<impl ", "<")] = (
                     int(m.group(1).replace(",", "")), calls)
         calls = 0 if not line.strip() or "*" in line else calls
-    return total, funcs
+    return total, funcs, path
 
 
 def settle_files(out):
@@ -162,6 +174,10 @@ def main():
                     help="latency: spinning waits (for syscall counts of the spinning path; "
                          "instruction counts then include the spin loops)")
     ap.add_argument("--settle", type=float, default=None, help="seconds for the server to start")
+    ap.add_argument("--insnmix", action="store_true",
+                    help="also count executed PAUSE/LOCK/XCHG/fences/RDTSC/SYSCALL per message (insnmix.py)")
+    ap.add_argument("--sim", action="store_true",
+                    help="callgrind's cache and branch simulation: misses per message too")
     ap.add_argument("--ping", action="store_true",
                     help="resolve the hosts' neighbours (one ping) before the runs: the session-7 "
                          "shim under valgrind gets no reply when the first datagram waits for ARP")
@@ -181,8 +197,10 @@ def main():
             sides = {}
             for side in ("client", "server"):
                 if args.tool == "callgrind":
-                    total, entries = callgrind_side(out, side)
-                    sides[side] = {"ir": total, "entries": entries}
+                    total, entries, path = callgrind_side(out, side)
+                    sides[side] = {"ir": total, "entries": entries, "events": profile_events(path)}
+                    if args.insnmix:
+                        sides[side]["mix"] = insnmix.mix(path)
                 else:
                     sides[side] = {"syscalls": strace_side(out, side)}
             runs.append({"seconds": secs, "messages": msgs, "sides": sides, "dir": out})
@@ -208,6 +226,12 @@ def main():
                     per[k] = {"per_call": round((inc - inc0) / (calls - calls0)),
                               "calls_per_msg": round((calls - calls0) / dm, 2),
                               "per_msg": round((inc - inc0) / dm)}
+            if args.sim:
+                per["events"] = {e: round((v - (f["events"].get(e, 0) if f else 0)) / dm, 2)
+                                 for e, v in s["events"].items()}
+            if args.insnmix:
+                m = insnmix.minus(s["mix"], f["mix"]) if f else s["mix"]
+                per["mix"] = insnmix.per(m, dm)
         else:
             per = {}
             for k, v in s["syscalls"].items():
@@ -215,10 +239,19 @@ def main():
                 per[k] = round((v - v0) / dm, 3)
             per["total"] = round(sum(per.values()), 3)
         res["per_message"][side] = per
+    for r in runs:  # the raw profiles' analyses are not printed (big): the per-message ones are
+        for s in r["sides"].values():
+            s.pop("mix", None)
     print(json.dumps(res, indent=1))
     for side, per in res["per_message"].items():
         print(f"{side}: Ir/msg {per.get('ir', '-')}", file=sys.stderr)
+        if "events" in per:
+            print("  events/msg " + " ".join(f"{e}={v}" for e, v in per["events"].items()), file=sys.stderr)
+        if "mix" in per:
+            insnmix.show(per["mix"], 6)
         for k, v in sorted(per.items()):
+            if k in ("events", "mix"):
+                continue
             if isinstance(v, dict):
                 print(f"  {k:<60} {v['per_msg']:>8} Ir/msg  {v['per_call']:>8} Ir/call  "
                       f"{v['calls_per_msg']:>6} calls/msg", file=sys.stderr)

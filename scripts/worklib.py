@@ -10,11 +10,12 @@ def ns(lab, h):
     return ["ip", "netns", "exec", f"{lab}-{h}"]
 
 
-def wrap(tool, out, name):
+def wrap(tool, out, name, extra=()):
     """The profiler in front of a program whose output is named `name` in `out`
-    (callgrind: NAME.PID.cg per process; strace: NAME.strace); none for "none"."""
+    (callgrind: NAME.PID.cg per process, `extra` options added; strace: NAME.strace);
+    none for "none"."""
     if tool == "callgrind":
-        return ["valgrind", "--tool=callgrind", "--trace-children=yes", "--quiet",
+        return ["valgrind", "--tool=callgrind", "--trace-children=yes", "--quiet", *extra,
                 f"--callgrind-out-file={out}/{name}.%p.cg"]
     if tool == "strace":
         return ["strace", "-f", "-c", "-o", f"{out}/{name}.strace"]
@@ -34,6 +35,15 @@ def largest_profile(out, name):
     if best is None:
         raise SystemExit(f"no callgrind output for {name} in {out}")
     return best
+
+
+def profile_events(path):
+    """{event: total} of a callgrind profile (its `events:` and `summary:` lines: Ir, and with
+    --cache-sim/--branch-sim the misses and branches too)."""
+    text = open(path, errors="replace").read()
+    ev = re.search(r"^events:\s*(.*)$", text, re.M).group(1).split()
+    tot = re.search(r"^(?:summary|totals):\s*(.*)$", text, re.M).group(1).split()
+    return {e: int(v) for e, v in zip(ev, tot)}
 
 
 def strace_counts(path):
