@@ -189,17 +189,6 @@ impl Drop for Service {
     }
 }
 
-/// kill -9 a process the test started.
-fn kill_9(pid: u32) {
-    assert!(
-        Command::new("kill")
-            .args(["-9", &pid.to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
-}
-
 /// The operator's way: `nanowire engine serve --daemon` in host b (root).
 /// A long idle time: on a loaded machine the first program may take
 /// seconds to attach, and a service that went idle before it would leave
@@ -1416,132 +1405,15 @@ fn stats_lists_every_attached_process_with_its_claims_and_forgets_a_killed_one()
 
 // ------------------------------------------------- issue 24: kill -9
 
-/// A TCP server that holds its connections: `ADDR PORT N`. Accepts N, and
-/// per connection peeks at the client's hello ("<i>\n"): an even i's hello
-/// is read, an odd i's is left unread; answers "ack <i>\n" either way.
-/// Then prints "held" and sleeps (its listener keeps what arrives later
-/// in its accept queue) until killed.
-const HOLD_SERVER: &str = concat!(
-    py_prelude!(),
-    r#"
-import time
-s = listener(64)
-held = []
-for _ in range(int(sys.argv[3])):
-    c, _ = s.accept()
-    d = b""
-    while not d.endswith(b"\n"):
-        d = c.recv(64, socket.MSG_PEEK)
-    i = int(d)
-    if i % 2 == 0:
-        c.recv(len(d))
-    c.sendall(b"ack %d\n" % i)
-    held.append(c)
-print("held", flush=True)
-while True:
-    time.sleep(3600)
-"#
-);
-
-/// `wait_ends(conns)`: waits (60 s at most: a hang shows as "timeout")
-/// for each connection's end and prints one line per connection: "<i>
-/// eof", "<i> reset", "<i> data" or "<i> timeout".
-const WAIT_ENDS: &str = r#"
-import selectors, time
-def wait_ends(conns):
-    sel = selectors.DefaultSelector()
-    for i, c in enumerate(conns):
-        c.setblocking(False)
-        sel.register(c, selectors.EVENT_READ, i)
-    out = {}
-    end = time.time() + 60
-    while len(out) < len(conns) and time.time() < end:
-        for key, _ in sel.select(timeout=max(0.0, end - time.time())):
-            i = key.data
-            try:
-                d = key.fileobj.recv(4096)
-                out[i] = "eof" if not d else "data"
-            except ConnectionResetError:
-                out[i] = "reset"
-            except BlockingIOError:
-                continue
-            sel.unregister(key.fileobj)
-    for i in range(len(conns)):
-        print(i, out.get(i, "timeout"), flush=True)
-"#;
-
-/// The clients: `ADDR PORT N PENDING`: N connections, each sends "<i>\n"
-/// and reads its "ack <i>\n"; then PENDING more that the server never
-/// accepts, each sends its hello. Prints "ready", then `wait_ends`.
-const HOLD_CLIENTS: &str = r#"
-import socket, sys
-host, port, n, pending = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-conns = []
-for i in range(n + pending):
-    c = socket.create_connection((host, port), timeout=60)
-    c.sendall(b"%d\n" % i)
-    if i < n:
-        want = b"ack %d\n" % i
-        got = b""
-        while len(got) < len(want):
-            d = c.recv(len(want) - len(got))
-            if not d: break
-            got += d
-        assert got == want, (i, got)
-    conns.append(c)
-print("ready", flush=True)
-wait_ends(conns)
-"#;
-
-/// The server of the clients that are killed: `ADDR PORT N`: accepts N,
-/// reads each hello ("<i>\n"), answers "ack <i>\n" and, for an odd i,
-/// "more\n" in the same segment (the client reads only the ack: data left
-/// unread). Prints "held", then `wait_ends`.
-const WATCH_SERVER: &str = concat!(
-    py_prelude!(),
-    r#"
-s = listener(64)
-conns = {}
-for _ in range(int(sys.argv[3])):
-    c, _ = s.accept()
-    d = b""
-    while not d.endswith(b"\n"):
-        d += c.recv(64)
-    i = int(d)
-    c.sendall(b"ack %d\n" % i + (b"more\n" if i % 2 else b""))
-    conns[i] = c
-print("held", flush=True)
-wait_ends([conns[i] for i in sorted(conns)])
-"#
-);
-
-/// The clients killed: `ADDR PORT N`: N connections, each sends "<i>\n"
-/// and reads exactly "ack <i>\n"; prints "ready" and sleeps until killed.
-const KILLED_CLIENTS: &str = r#"
-import socket, sys, time
-conns = []
-for i in range(int(sys.argv[3])):
-    c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60)
-    c.sendall(b"%d\n" % i)
-    want = b"ack %d\n" % i
-    got = b""
-    while len(got) < len(want):
-        got += c.recv(len(want) - len(got))
-    conns.append(c)
-print("ready", flush=True)
-while True:
-    time.sleep(3600)
-"#;
-
-/// Connection `k` ended as the `k`th of `ends` says ("eof", "reset"):
-/// `out` has the line "<k> <end>" (`wait_ends`).
-fn assert_ends<'a>(ends: impl Iterator<Item = &'a str>, out: &str, run: bool, ctx: &str) {
-    for (k, want_kind) in ends.enumerate() {
-        assert!(
-            out.lines().any(|l| l == format!("{k} {want_kind}")),
-            "run {run}: connection {k} did not end with {want_kind}:\n{out}\n{ctx}"
-        );
-    }
+/// The programs of the kill -9 tests (as in run_exit): the process killed
+/// (tests/exit/killed.py: holds its connections, prints "held") and its
+/// plain peer (tests/exit/peer.py: prints "ready", then one line "<i>
+/// eof|reset|data|timeout" per connection as it ends).
+fn exit_py(lab: &ScopedLab, h: Host, run: bool, name: &str, args: &[&str]) -> Kid {
+    let file = test_file(&format!("exit/{}.py", args[0]));
+    let mut argv = vec!["python3", &file];
+    argv.extend_from_slice(&args[1..]);
+    spawn(name, svc_or_plain(lab, h, run, &[], &argv))
 }
 
 /// Issue 24, exit and kill: a server holding 20 connections (half with the
@@ -1562,16 +1434,21 @@ fn kill_9_ends_a_servers_connections_as_the_kernel_does() {
     for (i, run) in [false, true].into_iter().enumerate() {
         let port = 15401 + i as u16;
         let (p, ns, addr) = (port.to_string(), n.to_string(), ADDR_B.to_string());
-        let args = [addr.as_str(), &p, &ns];
+        let args = [addr.as_str(), &p, &ns, &pending.to_string()];
         let name = format!("vke-srv{i}");
-        let mut s = py(&lab, Host::B, run, &name, HOLD_SERVER, &args);
+        let mut s = exit_py(
+            &lab,
+            Host::B,
+            run,
+            &name,
+            &[&["killed", "server"], &args[..]].concat(),
+        );
         s.wait_for("listening", T);
         if run {
             on_engine(&s, &format!("tcp listener {ADDR_B}:{port}"));
         }
-        let script = format!("{WAIT_ENDS}{HOLD_CLIENTS}");
-        let args = [addr.as_str(), &p, &ns, &pending.to_string()];
-        let mut c = py(&lab, Host::A, false, &format!("vke-cli{i}"), &script, &args);
+        let peer = [&["peer", "client"], &args[..]].concat();
+        let mut c = exit_py(&lab, Host::A, false, &format!("vke-cli{i}"), &peer);
         s.wait_for("held", T);
         c.wait_for("ready", T);
         kill_9(s.child.id());
@@ -1579,7 +1456,7 @@ fn kill_9_ends_a_servers_connections_as_the_kernel_does() {
         let ctx = format!("{}\n{}", s.both(), c.stderr());
         drop(s);
         let ends = (0..n + pending).map(|k| if k < n && k % 2 == 0 { "eof" } else { "reset" });
-        assert_ends(ends, &out, run, &ctx);
+        assert_ends(ends, &out, &format!("run {run}: {ctx}"));
         same_as_first(&mut want, "kill -9 under run", out, &ctx);
         if run {
             let st = status(&lab);
@@ -1615,13 +1492,19 @@ fn kill_9_ends_a_clients_connections_as_the_kernel_does() {
         let port = 15501 + i as u16;
         let (p, ns, addr) = (port.to_string(), n.to_string(), ADDR_B.to_string());
         let args = [addr.as_str(), &p, &ns];
-        let script = format!("{WAIT_ENDS}{WATCH_SERVER}");
-        let mut s = py(&lab, Host::B, false, &format!("vkc-srv{i}"), &script, &args);
+        let peer = [&["peer", "server"], &args[..]].concat();
+        let mut s = exit_py(&lab, Host::B, false, &format!("vkc-srv{i}"), &peer);
         s.wait_for("listening", T);
         let name = format!("vkc-cli{i}");
-        let mut c = py(&lab, Host::A, run, &name, KILLED_CLIENTS, &args);
-        c.wait_for("ready", T);
-        s.wait_for("held", T);
+        let mut c = exit_py(
+            &lab,
+            Host::A,
+            run,
+            &name,
+            &[&["killed", "client"], &args[..]].concat(),
+        );
+        c.wait_for("held", T);
+        s.wait_for("ready", T);
         if run {
             on_engine(&c, &format!("-> {ADDR_B}:{port}"));
         }
@@ -1630,7 +1513,7 @@ fn kill_9_ends_a_clients_connections_as_the_kernel_does() {
         let ctx = format!("{}\n{}", c.both(), s.stderr());
         drop(c);
         let ends = (0..n).map(|k| if k % 2 == 0 { "eof" } else { "reset" });
-        assert_ends(ends, &out, run, &ctx);
+        assert_ends(ends, &out, &format!("run {run}: {ctx}"));
         same_as_first(&mut want, "kill -9 of the clients under run", out, &ctx);
         if run {
             let st = status_in(&lab, Host::A);

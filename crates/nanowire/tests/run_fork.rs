@@ -256,8 +256,10 @@ fn nginx_with_four_workers_serves_on_the_engine_in_each_worker() {
 /// A prefork server in Python: the parent listens, forks 4 children that
 /// each accept and answer, and waits. Plainly and under run on the
 /// service: the answers' hashes are the same.
-const PREFORK: &str = r#"
-import hashlib, os, signal, socket, sys
+const PREFORK: &str = concat!(
+    py_prelude!(),
+    r#"
+import hashlib, os, signal
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("198.18.0.2", 8091))
@@ -269,12 +271,7 @@ for i in range(4):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         while True:
             c, _ = s.accept()
-            data = b""
-            while not data.endswith(b"\n"):
-                d = c.recv(4096)
-                if not d:
-                    break
-                data += d
+            data = recv_line(c, 4096)
             c.sendall(hashlib.sha256(data).digest() * (1000 + len(data)))
             c.close()
     kids.append(pid)
@@ -286,22 +283,21 @@ signal.signal(signal.SIGTERM, stop)
 print("listening", flush=True)
 while True:
     signal.pause()
-"#;
+"#
+);
 
-const PREFORK_CLIENT: &str = r#"
-import hashlib, socket
+const PREFORK_CLIENT: &str = concat!(
+    py_prelude!(),
+    r#"
+import hashlib
 for i in range(40):
     c = socket.create_connection(("198.18.0.2", 8091), timeout=30)
     c.sendall(("request %d " % i).encode() * (i + 1) + b"\n")
-    b = b""
-    while True:
-        d = c.recv(65536)
-        if not d:
-            break
-        b += d
+    b = b"".join(chunks(c))
     print(i, len(b), hashlib.sha256(b).hexdigest(), flush=True)
     c.close()
-"#;
+"#
+);
 
 #[test]
 #[ignore = "needs root"]

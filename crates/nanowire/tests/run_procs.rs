@@ -18,17 +18,21 @@
 //! prints those lines.
 
 mod run_support;
-use nanowire_lab::testbed::{ADDR_B, Host, ScopedLab};
+use nanowire_lab::testbed::{ADDR_B, Host};
 use run_support::*;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(90);
 
-/// The server (`srv` with `args`) in host b in each placement, port
-/// `port + i`, and the plain client `cli` in host a: the client's outputs
-/// and the server's stdout must be the same in every placement. Returns
-/// the run placements' server stderr.
-fn three_ways(l: &ScopedLab, name: &str, srv: &str, cli: &str, port: u16, args: &[&str]) -> String {
+/// The server (`srv` with `args`) in host b of a lab tagged `tag` in each
+/// placement, port `port + i`, and the plain client `cli` in host a, both
+/// Python after [`READLINE`]: the client's outputs and the server's
+/// stdout must be the same in every placement. Returns the run
+/// placements' server stderr.
+fn three_ways(tag: &str, name: &str, (srv, cli): (&str, &str), port: u16, args: &[&str]) -> String {
+    nanowire_testkit::require(&["python3"]);
+    let l = &lab(tag);
+    let (srv, cli) = (&format!("{READLINE}{srv}"), &format!("{READLINE}{cli}"));
     let addr = ADDR_B.to_string();
     let mut want: Option<String> = None;
     let mut want_srv: Option<String> = None;
@@ -74,17 +78,14 @@ fn three_ways(l: &ScopedLab, name: &str, srv: &str, cli: &str, port: u16, args: 
     logs
 }
 
-/// Reads a line byte by byte (nothing after the newline is taken), and
-/// a body sent as its length on a line, then the bytes.
-const READLINE: &str = r#"
+/// The shared prelude (`listener`, `chunks`), then: reads a line byte by
+/// byte (nothing after the newline is taken), and a body sent as its
+/// length on a line, then the bytes.
+const READLINE: &str = concat!(
+    py_prelude!(),
+    r#"
 def readline(c):
-    b = b""
-    while not b.endswith(b"\n"):
-        d = c.recv(1)
-        if not d:
-            break
-        b += d
-    return b
+    return recv_line(c, 1)
 def read_sized(c):
     n = int(readline(c))
     b = b""
@@ -94,7 +95,8 @@ def read_sized(c):
             break
         b += d
     return b
-"#;
+"#
+);
 
 /// Fork per connection: the parent accepts, forks and closes its copy;
 /// the child reads the request (spanning several segments), answers a
@@ -102,9 +104,7 @@ def read_sized(c):
 const FORK_PER_CONN: &str = r#"
 import hashlib, os, socket, sys
 addr, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((addr, port)); ls.listen(64)
-print("listening", flush=True)
+ls = listener(64)
 kids = set()
 statuses = []
 def reap(block):
@@ -118,12 +118,7 @@ for i in range(n):
     pid = os.fork()
     if pid == 0:
         ls.close()
-        req = b""
-        while not req.endswith(b"\n"):
-            d = c.recv(65536)
-            if not d:
-                break
-            req += d
+        req = recv_line(c)
         k = int(req.split()[1])
         c.sendall(hashlib.sha256(req).digest() * (64 + k * 997))
         c.close()
@@ -142,12 +137,7 @@ def one(k):
     c = socket.create_connection((addr, port), timeout=60)
     req = (b"get %d " % k) + bytes((k * 13 + j) % 251 for j in range(k * 3001)) + b"\n"
     c.sendall(req)
-    b = b""
-    while True:
-        d = c.recv(1 << 16)
-        if not d:
-            break
-        b += d
+    b = b"".join(chunks(c))
     c.close()
     ok = b == hashlib.sha256(req).digest() * (64 + k * 997)
     return "%d %d %s %s" % (k, len(b), hashlib.sha256(b).hexdigest()[:16], "ok" if ok else "BAD")
@@ -166,16 +156,8 @@ print("all ok" if all(l.endswith(" ok") for l in lines) else "SOME BAD", flush=T
 #[test]
 #[ignore = "needs root"]
 fn a_fork_per_connection_server_serves_as_plainly() {
-    nanowire_testkit::require(&["python3"]);
-    let l = lab("pfpc");
-    three_ways(
-        &l,
-        "fork-per-conn",
-        FORK_PER_CONN,
-        FORK_PER_CONN_CLIENT,
-        14600,
-        &["20"],
-    );
+    let progs = (FORK_PER_CONN, FORK_PER_CONN_CLIENT);
+    three_ways("pfpc", "fork-per-conn", progs, 14600, &["20"]);
 }
 
 /// A parent and its child write one connection in turns, a pipe passing
@@ -188,9 +170,7 @@ const TURNS: &str = r#"
 import os, socket, sys
 addr, port = sys.argv[1], int(sys.argv[2])
 R = 16
-ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((addr, port)); ls.listen(8)
-print("listening", flush=True)
+ls = listener()
 c, _ = ls.accept()
 p2c_r, p2c_w = os.pipe()
 c2p_r, c2p_w = os.pipe()
@@ -232,12 +212,7 @@ def chunk(i):
 c = socket.create_connection((addr, port), timeout=60)
 c.sendall(b"".join(b"q %d\n" % i for i in range(R)))
 want = b"".join(chunk(i) for i in range(R)) + b"end\n"
-b = b""
-while True:
-    d = c.recv(1 << 16)
-    if not d:
-        break
-    b += d
+b = b"".join(chunks(c))
 off, ok = 0, True
 for i in range(R):
     x = chunk(i)
@@ -252,10 +227,7 @@ print("all ok" if ok and b == want else "SOME BAD", flush=True)
 #[test]
 #[ignore = "needs root"]
 fn a_parent_and_its_child_write_one_connection_in_turns() {
-    nanowire_testkit::require(&["python3"]);
-    let l = lab("ptrn");
-    let srv = format!("{READLINE}{TURNS}");
-    three_ways(&l, "turns", &srv, TURNS_CLIENT, 14610, &[]);
+    three_ways("ptrn", "turns", (TURNS, TURNS_CLIENT), 14610, &[]);
 }
 
 /// A connected socket inherited across exec. Per connection k the server
@@ -268,9 +240,7 @@ fn a_parent_and_its_child_write_one_connection_in_turns() {
 const EXEC_SRV: &str = r#"
 import os, socket, subprocess, sys
 addr, port, child = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((addr, port)); ls.listen(8)
-print("listening", flush=True)
+ls = listener()
 for k in range(4):
     c, _ = ls.accept()
     line = readline(c)
@@ -323,12 +293,7 @@ for k in range(4):
     b = read_sized(c)
     n = len(b)
     c.sendall(b"bye %d\n" % k)
-    rest = b""
-    while True:
-        d = c.recv(4096)
-        if not d:
-            break
-        rest += d
+    rest = b"".join(chunks(c, 4096))
     good = b == hashlib.sha256(second).digest() * (5000 + 7000 * k) and rest == b"child %d got bye %d\n" % (k, k)
     ok &= good
     print(k, a.decode().strip(), n, hashlib.sha256(b).hexdigest()[:16], rest.decode().strip(), "ok" if good else "BAD")
@@ -338,12 +303,8 @@ print("all ok" if ok else "SOME BAD", flush=True)
 #[test]
 #[ignore = "needs root"]
 fn a_connection_inherited_across_exec_serves_as_plainly() {
-    nanowire_testkit::require(&["python3"]);
-    let l = lab("pexe");
-    let srv = format!("{READLINE}{EXEC_SRV}");
     let child = format!("{READLINE}{EXEC_CHILD}");
-    let cli = format!("{READLINE}{EXEC_CLIENT}");
-    three_ways(&l, "exec", &srv, &cli, 14620, &[&child]);
+    three_ways("pexe", "exec", (EXEC_SRV, EXEC_CLIENT), 14620, &[&child]);
 }
 
 /// A server forks children that never use its connection (one exits at
@@ -354,9 +315,7 @@ fn a_connection_inherited_across_exec_serves_as_plainly() {
 const IDLE_CHILD: &str = r#"
 import hashlib, os, socket, sys
 addr, port = sys.argv[1], int(sys.argv[2])
-ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((addr, port)); ls.listen(8)
-print("listening", flush=True)
+ls = listener()
 c, _ = ls.accept()
 for r in range(6):
     req = readline(c)
@@ -396,11 +355,8 @@ print("all ok" if ok else "SOME BAD", flush=True)
 #[test]
 #[ignore = "needs root"]
 fn a_child_that_never_uses_the_connection_leaves_it_on_the_engine() {
-    nanowire_testkit::require(&["python3"]);
-    let l = lab("pidl");
-    let srv = format!("{READLINE}{IDLE_CHILD}");
-    let cli = format!("{READLINE}{IDLE_CHILD_CLIENT}");
-    let logs = three_ways(&l, "idle-child", &srv, &cli, 14630, &[]);
+    let progs = (IDLE_CHILD, IDLE_CHILD_CLIENT);
+    let logs = three_ways("pidl", "idle-child", progs, 14630, &[]);
     // Said once per connection (own engine, service), never moved: not at
     // either fork, nor at the close (both children let go: one exited,
     // the other's exec closed its copy).

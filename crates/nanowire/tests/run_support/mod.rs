@@ -347,6 +347,34 @@ impl Placement {
     }
 }
 
+/// A file of the nanowire crate's tests (`rel` below `tests/`, e.g.
+/// "exit/peer.py"), as a path for a command line.
+pub fn test_file(rel: &str) -> String {
+    format!("{}/tests/{rel}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `kill -9` a process the test started.
+pub fn kill_9(pid: u32) {
+    assert!(
+        Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+/// Connection `k` ended as the `k`th of `ends` says ("eof", "reset"):
+/// `out` has the line "<k> <end>" (what tests/exit/peer.py prints).
+pub fn assert_ends<'a>(ends: impl IntoIterator<Item = &'a str>, out: &str, ctx: &str) {
+    for (k, want) in ends.into_iter().enumerate() {
+        assert!(
+            out.lines().any(|l| l == format!("{k} {want}")),
+            "{ctx}: connection {k} did not end with {want}:\n{out}"
+        );
+    }
+}
+
 /// `len` pseudo-random bytes: the little-endian words of a xorshift64
 /// stream from `x` (cheap, and a misplaced segment changes the hash).
 pub fn xorshift_bytes(len: usize, mut x: u64) -> Vec<u8> {
@@ -363,7 +391,9 @@ pub fn xorshift_bytes(len: usize, mut x: u64) -> Vec<u8> {
 /// Python put before a test program's own (`concat!(py_prelude!(), r#"…"#)`):
 /// `listener(backlog=8)`, a TCP socket listening on ADDR PORT
 /// (`sys.argv[1]`, `sys.argv[2]`, SO_REUSEADDR) once it has printed
-/// "listening"; `chunks(s, n=65536)`, what `s.recv(n)` returns until EOF.
+/// "listening"; `chunks(s, n=65536)`, what `s.recv(n)` returns until EOF;
+/// `recv_line(s, n=65536)`, `s.recv(n)` until what came ends with a newline
+/// (or EOF; n=1 takes nothing after the newline).
 #[allow(unused_macros)]
 macro_rules! py_prelude {
     () => {
@@ -380,6 +410,14 @@ def chunks(s, n=65536):
         if not d:
             return
         yield d
+def recv_line(s, n=65536):
+    b = b""
+    while not b.endswith(b"\n"):
+        d = s.recv(n)
+        if not d:
+            break
+        b += d
+    return b
 "#
     };
 }
