@@ -229,45 +229,22 @@ fn rx_tx(
 fn fragments_both_directions() {
     let lab = lab_of("g");
     let b = ADDR_B.to_string();
-    let sizes = "1472,1473,4000,9000,65507";
-    let tx = |port: &str| -> Vec<String> {
-        ["python3", &script("tx.py"), &b, port, "10", sizes]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
-    };
+    let (sizes, tx) = ("1472,1473,4000,9000,65507", script("tx.py"));
     // into an accelerated receiver (sender plain)
-    let t = tx("7101");
-    let t: Vec<&str> = t.iter().map(|s| s.as_str()).collect();
-    let (want, _) = rx_tx(
-        &lab,
-        "g-in-p",
-        false,
-        &[&b, "7101", "--expect", "50"],
-        false,
-        &t,
+    let (t, r) = (
+        ["python3", &tx, &b, "7101", "10", sizes],
+        [b.as_str(), "7101", "--expect", "50"],
     );
+    let (want, _) = rx_tx(&lab, "g-in-p", false, &r, false, &t);
     assert!(want.contains("got 50"), "{want}");
-    let (got, err) = rx_tx(
-        &lab,
-        "g-in-r",
-        true,
-        &[&b, "7101", "--expect", "50"],
-        false,
-        &t,
-    );
+    let (got, err) = rx_tx(&lab, "g-in-r", true, &r, false, &t);
     assert_same("fragments into an accelerated receiver", &want, &got, &err);
     // from an accelerated sender (receiver plain)
-    let t = tx("7102");
-    let t: Vec<&str> = t.iter().map(|s| s.as_str()).collect();
-    let (got, err) = rx_tx(
-        &lab,
-        "g-out-r",
-        false,
-        &[&b, "7102", "--expect", "50"],
-        true,
-        &t,
+    let (t, r) = (
+        ["python3", &tx, &b, "7102", "10", sizes],
+        [b.as_str(), "7102", "--expect", "50"],
     );
+    let (got, err) = rx_tx(&lab, "g-out-r", false, &r, true, &t);
     assert_same(
         "fragments from an accelerated sender",
         &want.replace("7101", "7102"),

@@ -10,7 +10,7 @@ mod bench_server;
 
 use bench_server::xdp_server;
 use nanowire_lab::testbed::{Host, ScopedLab};
-use nanowire_testkit::in_ns;
+use nanowire_testkit::{in_ns, ip_ns};
 use std::io::Read;
 use std::net::{SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -365,18 +365,10 @@ fn interface_or_namespace_deleted_under_a_running_engine() {
     // The veth deleted: the engine's interface is gone for good.
     let lab1 = lab('d');
     let mut s = xdp_server(&lab1, 11293, &["--spin-then-block-us", "0"], &[]);
-    let o = Command::new("ip")
-        .args([
-            "-n",
-            &lab1.netns(Host::A),
-            "link",
-            "del",
-            "dev",
-            &lab1.iface(Host::A),
-        ])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{o:?}");
+    ip_ns(
+        &lab1.netns(Host::A),
+        &["link", "del", "dev", &lab1.iface(Host::A)],
+    );
     std::thread::sleep(Duration::from_millis(300));
     let t0 = s.cpu_ticks();
     std::thread::sleep(Duration::from_millis(1000));

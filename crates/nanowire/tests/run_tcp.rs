@@ -617,6 +617,41 @@ fn ip_counter(l: &ScopedLab, h: Host, name: &str) -> u64 {
     vals[i].parse().unwrap()
 }
 
+/// The plain then the run round of the fragments test: `pair(run, port)`
+/// starts the server and the client (host b's side under run in the
+/// second; the client when `client_runs`, else the server; `addr` is the
+/// server's); host b's kernel sends no RST, reassembles plainly (the
+/// test's premise) and nothing under run. Returns the clients' stdout.
+fn frags_plain_and_run(
+    l: &ScopedLab,
+    (addr, ports): (&str, [&str; 2]),
+    client_runs: bool,
+    mut pair: impl FnMut(bool, &str) -> (Kid, Kid),
+) -> Vec<String> {
+    let who = if client_runs { "client" } else { "server" };
+    let mut outs = Vec::new();
+    for (run, port) in [(false, ports[0]), (true, ports[1])] {
+        let rsts = out_rsts(l, Host::B);
+        let reasm = ip_counter(l, Host::B, "ReasmOKs");
+        let (s, c) = pair(run, port);
+        let out = c.stdout();
+        assert_eq!(out_rsts(l, Host::B), rsts, "the {who}'s kernel sent RST");
+        let reasm = ip_counter(l, Host::B, "ReasmOKs") - reasm;
+        if run && client_runs {
+            on_engine(&c, &format!("-> {addr}:{port}"));
+        } else if run {
+            on_engine(&s, &format!("tcp listener {addr}:{port}"));
+        }
+        if run {
+            assert_eq!(reasm, 0, "the kernel reassembled the engine's segments");
+        } else {
+            assert!(reasm > 0, "no fragments: the test's premise does not hold");
+        }
+        outs.push(out);
+    }
+    outs
+}
+
 /// Issue 20 finding 8: a kernel peer whose TCP segments arrive as IP
 /// fragments (host a's interface MTU 1000 under a 1500 route MTU, the
 /// client with IP_PMTUDISC_OMIT). Plainly the kernel reassembles them;
@@ -646,11 +681,8 @@ fn fragmented_tcp_segments_reach_an_engine_server_as_plainly() {
         let o = l.command(Host::A, &argv).output().unwrap();
         assert!(o.status.success(), "{argv:?}: {o:?}");
     }
-    let mut outs = Vec::new();
-    for (run, port) in [(false, "13530"), (true, "13531")] {
-        let rsts = out_rsts(&l, Host::B);
-        let reasm = ip_counter(&l, Host::B, "ReasmOKs");
-        let (s, c) = server_then_client(
+    let outs = frags_plain_and_run(&l, (&b, ["13530", "13531"]), false, |run, port| {
+        server_then_client(
             &l,
             &format!("frg{port}"),
             (Host::B, run, &["python3", "-c", HASH_SERVER_PY, &b, port]),
@@ -660,18 +692,8 @@ fn fragmented_tcp_segments_reach_an_engine_server_as_plainly() {
                 &["python3", "-c", FRAG_CLIENT_PY, &b, port, "300000"],
             ),
             T,
-        );
-        let out = c.both();
-        assert_eq!(out_rsts(&l, Host::B), rsts, "the server's kernel sent RST");
-        let reasm = ip_counter(&l, Host::B, "ReasmOKs") - reasm;
-        if run {
-            on_engine(&s, &format!("tcp listener {b}:{port}"));
-            assert_eq!(reasm, 0, "the kernel reassembled the engine's segments");
-        } else {
-            assert!(reasm > 0, "no fragments: the test's premise does not hold");
-        }
-        outs.push(out);
-    }
+        )
+    });
     assert!(
         outs[0].starts_with("sent 300000 ") && outs[0].contains("reply got 300000 bytes sha"),
         "{}",
@@ -684,11 +706,8 @@ fn fragmented_tcp_segments_reach_an_engine_server_as_plainly() {
     // The other way: an engine client's connection (a 4-tuple in the flow
     // map) receives fragmented segments from a kernel server.
     let a = nanowire_lab::testbed::ADDR_A.to_string();
-    let mut outs = Vec::new();
-    for (run, port) in [(false, "13532"), (true, "13533")] {
-        let rsts = out_rsts(&l, Host::B);
-        let reasm = ip_counter(&l, Host::B, "ReasmOKs");
-        let (_s, c) = server_then_client(
+    let outs = frags_plain_and_run(&l, (&a, ["13532", "13533"]), true, |run, port| {
+        server_then_client(
             &l,
             &format!("frg{port}"),
             (
@@ -698,18 +717,8 @@ fn fragmented_tcp_segments_reach_an_engine_server_as_plainly() {
             ),
             (Host::B, run, &["python3", "-c", HASH_CLIENT_PY, &a, port]),
             T,
-        );
-        let out = c.stdout();
-        assert_eq!(out_rsts(&l, Host::B), rsts, "the client's kernel sent RST");
-        let reasm = ip_counter(&l, Host::B, "ReasmOKs") - reasm;
-        if run {
-            on_engine(&c, &format!("-> {a}:{port}"));
-            assert_eq!(reasm, 0, "the kernel reassembled the engine's segments");
-        } else {
-            assert!(reasm > 0, "no fragments: the test's premise does not hold");
-        }
-        outs.push(out);
-    }
+        )
+    });
     assert!(outs[0].starts_with("got 300000 "), "{}", outs[0]);
     assert_plain_eq_run(&outs);
 }

@@ -7,10 +7,9 @@
 mod xdp_support;
 
 use nanowire_lab::testbed::{Host, ScopedLab};
-use nanowire_testkit::{in_ns, xdp_test_bin};
+use nanowire_testkit::{in_ns, ip_ns, xdp_test_bin};
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use xdp_support::{Proc, udp_echo};
@@ -296,21 +295,14 @@ fn peer_mac_change_mid_stream_is_followed() {
         let before = (0..50).filter(|&i| round(i, 5)).count();
         // Host b changes its MAC; host a's neighbour entry is replaced.
         let new = "02:00:00:aa:bb:cc";
-        let ok = |c: &mut Command| assert!(c.status().unwrap().success());
-        ok(Command::new("ip").args(["-n", &nsb, "link", "set", "dev", &ifb, "address", new]));
-        ok(Command::new("ip").args([
-            "-n",
+        ip_ns(&nsb, &["link", "set", "dev", &ifb, "address", new]);
+        let (peer, nud) = ("198.18.0.2", "reachable");
+        ip_ns(
             &nsa,
-            "neigh",
-            "replace",
-            "198.18.0.2",
-            "lladdr",
-            new,
-            "dev",
-            &ifa,
-            "nud",
-            "reachable",
-        ]));
+            &[
+                "neigh", "replace", peer, "lladdr", new, "dev", &ifa, "nud", nud,
+            ],
+        );
         let after = (50..150).filter(|&i| round(i, 5)).count();
         (before, after)
     });
@@ -370,20 +362,8 @@ fn forked_child_opens_its_own_socket_while_the_parent_receives() {
 /// Set the MTU of both lab interfaces.
 fn set_mtu(lab: &ScopedLab, mtu: u32) {
     for h in [Host::A, Host::B] {
-        let st = Command::new("ip")
-            .args([
-                "-n",
-                &lab.netns(h),
-                "link",
-                "set",
-                "dev",
-                &lab.iface(h),
-                "mtu",
-                &mtu.to_string(),
-            ])
-            .status()
-            .unwrap();
-        assert!(st.success());
+        let (dev, mtu) = (lab.iface(h), mtu.to_string());
+        ip_ns(&lab.netns(h), &["link", "set", "dev", &dev, "mtu", &mtu]);
     }
 }
 

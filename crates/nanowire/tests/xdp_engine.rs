@@ -6,7 +6,7 @@
 mod xdp_support;
 
 use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
-use nanowire_testkit::{in_ns, one_line_failure, xdp_test_bin};
+use nanowire_testkit::{in_ns, ip_ns, one_line_failure, xdp_test_bin};
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -53,12 +53,30 @@ fn client() -> UdpSocket {
 /// `n` datagrams "PREFIX i" from a kernel client in `from` to b:`port`:
 /// how many came back intact.
 fn echoed(lab: &ScopedLab, from: Host, port: u16, n: usize, prefix: &'static str) -> usize {
+    echoed_by(lab, from, 1, port, n, prefix)
+}
+
+/// [`echoed`] from `socks` client sockets in turn: several flows (and,
+/// with several queues, several RX queues on the engine's side).
+fn echoed_by(
+    lab: &ScopedLab,
+    from: Host,
+    socks: usize,
+    port: u16,
+    n: usize,
+    prefix: &'static str,
+) -> usize {
     in_ns(&lab.netns(from), move || {
-        let s = client();
+        let socks: Vec<_> = (0..socks).map(|_| client()).collect();
         (0..n)
             .filter(|i| {
                 let m = format!("{prefix} {i}");
-                udp_echo(&s, SocketAddrV4::new(B, port), m.as_bytes()).as_deref()
+                udp_echo(
+                    &socks[i % socks.len()],
+                    SocketAddrV4::new(B, port),
+                    m.as_bytes(),
+                )
+                .as_deref()
                     == Some(m.as_bytes())
             })
             .count()
@@ -323,18 +341,10 @@ fn program_is_gone_after_sigkill() {
     let lab = lab('g');
     let (mut p, _) = xdp_test(&lab, &["--port", "5003"]);
     let show = || {
-        let o = Command::new("ip")
-            .args([
-                "-n",
-                &lab.netns(Host::B),
-                "link",
-                "show",
-                "dev",
-                &lab.iface(Host::B),
-            ])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&o.stdout).to_string()
+        ip_ns(
+            &lab.netns(Host::B),
+            &["link", "show", "dev", &lab.iface(Host::B)],
+        )
     };
     assert!(show().contains("prog/xdp"), "{}", show());
     let pid = p.child.id();
@@ -513,18 +523,7 @@ fn malformed_frames_are_counted_and_valid_traffic_delivered() {
 }
 
 fn echo_many(lab: &ScopedLab, port: u16, n: usize) -> usize {
-    in_ns(&lab.netns(Host::A), move || {
-        // Several client sockets: several flows (and, with several queues,
-        // several RX queues on the engine's side).
-        let socks: Vec<_> = (0..8).map(|_| client()).collect();
-        (0..n)
-            .filter(|i| {
-                let m = format!("m{i}");
-                udp_echo(&socks[i % 8], SocketAddrV4::new(B, port), m.as_bytes()).as_deref()
-                    == Some(m.as_bytes())
-            })
-            .count()
-    })
+    echoed_by(lab, Host::A, 8, port, n, "m")
 }
 
 #[test]

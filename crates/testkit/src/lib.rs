@@ -146,6 +146,18 @@ pub fn ok(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// `ip -n NS ARGS…` in the lab namespace `ns`: its stdout; the test fails
+/// with both outputs unless it succeeded.
+#[track_caller]
+pub fn ip_ns(ns: &str, args: &[&str]) -> String {
+    ok(&Command::new("ip")
+        .arg("-n")
+        .arg(ns)
+        .args(args)
+        .output()
+        .expect("ip"))
+}
+
 /// `nanowire stats --json` (`nanowire`: the binary under test). It lists
 /// every engine of the machine, other tests' included.
 pub fn stats_json(nanowire: &str) -> Result<serde_json::Value, String> {
