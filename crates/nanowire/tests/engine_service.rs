@@ -1160,6 +1160,11 @@ fn a_server_exiting_right_after_its_answer_still_delivers_all_of_it() {
 #[ignore = "needs root"]
 fn four_tcp_servers_and_four_clients_at_once_on_the_service() {
     let lab = lab("vt8");
+    // The operator's services, held for the whole test: one started on
+    // demand exits 3 s after its last client, and the status asked at the
+    // end would find none (seen: "no engine service in this network
+    // namespace").
+    let _services = start_services(&lab);
     let ports: Vec<u16> = (0..4).map(|i| 15101 + i).collect();
     let mut servers: Vec<Kid> = ports
         .iter()
@@ -1282,6 +1287,9 @@ fn tcp_claims_need_the_socket_that_holds_the_port() {
 #[ignore = "needs root"]
 fn kill_9_frees_a_tcp_servers_claims() {
     let lab = lab("vtk");
+    // Held for the test: an on-demand service would exit on idle once the
+    // victim is gone, and the status calls below would find none.
+    let _service = start_service(&lab);
     let port = 15301;
     let victim = tcp_server(&lab, "vtk-victim", true, &[], port, 1);
     let want = format!("tcp:{ADDR_B}:{port}");
