@@ -32,6 +32,7 @@ use crate::table;
 use libc::c_int;
 use nanowire_options::Level;
 use nanowire_shimcore::sock::{Common, timeval_ns};
+use nanowire_stack::sockaddr::sockaddr_in;
 use nanowire_stack::xdp::{OpenError, XdpSocket};
 use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint, WaitPolicy};
 use std::collections::VecDeque;
@@ -96,7 +97,7 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) {
 /// queued datagrams delivered first, and its kernel socket carries on, each
 /// said at the default log level. Runs on a thread of the engine's
 /// (service/client.rs `Watch`), not the application's.
-fn service_lost() {
+pub fn service_lost() {
     engine_call(|| {
         let mut socks = Vec::new();
         table::each_record::<Accel>(|fd, a| {
@@ -119,8 +120,6 @@ fn service_lost() {
             }
         }
     });
-    // TCP: listeners back to the kernel, connections handed over or reset.
-    crate::handover::service_lost();
 }
 
 extern "C" fn after_fork_child() {
@@ -133,7 +132,6 @@ pub fn init() {
     // forking thread could hold (before_fork takes socket locks the way any
     // call on the socket does, before the fork).
     unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_child)) };
-    nanowire_stack::xdp::set_service_lost_hook(service_lost);
 }
 
 pub struct St {
@@ -237,17 +235,6 @@ pub fn note_inherited(fd: c_int) {
     }
 }
 
-pub fn sockaddr_in(sa: &SocketAddrV4) -> libc::sockaddr_in {
-    libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: sa.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*sa.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
-    }
-}
-
 /// Read an AF_INET sockaddr; `Err(errno)` as the kernel would answer.
 pub fn read_sockaddr(
     addr: *const libc::sockaddr,
@@ -284,7 +271,7 @@ pub fn write_sockaddr(src: SocketAddrV4, addr: *mut libc::sockaddr, len: *mut li
     if addr.is_null() || len.is_null() {
         return;
     }
-    let sin = sockaddr_in(&src);
+    let sin = sockaddr_in(src);
     let full = std::mem::size_of::<libc::sockaddr_in>();
     // SAFETY: the caller gave a buffer of *len bytes; we copy at most that.
     unsafe {
@@ -501,7 +488,7 @@ pub fn accelerate_for_peer(fd: c_int, dst: SocketAddrV4) -> Option<&'static Acce
     let res = route.and_then(|ifname| {
         // The kernel's autobind: 0.0.0.0 and an ephemeral port, on the
         // application's own socket, which the engine then adopts.
-        let sa = sockaddr_in(&SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
+        let sa = sockaddr_in(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
         let e = errno();
         // SAFETY: our sockaddr_in and its length.
         let r = unsafe {
@@ -1036,7 +1023,7 @@ fn kernel_send(
     flags: c_int,
     key: Option<u32>,
 ) -> Result<usize, c_int> {
-    let sa = sockaddr_in(&dst);
+    let sa = sockaddr_in(dst);
     if let Some(k) = key {
         // Transmit stamps under the key the shim's counter gave (OPT_ID).
         let r =

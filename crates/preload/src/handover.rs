@@ -79,7 +79,7 @@ fn to_addr(
     a: std::net::SocketAddrV4,
     what: &str,
 ) -> io::Result<()> {
-    let sa = crate::accel::sockaddr_in(&a);
+    let sa = nanowire_stack::sockaddr::sockaddr_in(a);
     // SAFETY: a sockaddr_in and its size, to bind or connect.
     let r = unsafe {
         call(
@@ -279,6 +279,11 @@ pub fn init() {
     // SAFETY: a plain extern "C" handler that takes the locks any call on
     // the sockets takes, before the fork.
     unsafe { libc::pthread_atfork(Some(before_fork), None, None) };
+    // The layers below reach the hand-over through these (no import
+    // cycle): tcpx's close of a connection a forked child holds, and
+    // forkshare's broker answering a child.
+    tcpx::hand_over_in_place_with(owner_closing);
+    forkshare::answer_with(answer_child);
 }
 
 /// fork(), before the child exists: a socket both processes share can only

@@ -127,6 +127,16 @@ extern "C" fn nanowire_preload_init() {
     if spin::xdp_candidates() {
         tcpx::size_fd_table();
     }
+    nanowire_stack::xdp::set_service_lost_hook(service_lost);
+}
+
+/// The engine service an engine of this process was attached to is gone
+/// (runs on the engine's watch thread): UDP sockets are taken off it
+/// (`accel`), then TCP listeners go back to the kernel and connections are
+/// handed over or reset (`handover`).
+fn service_lost() {
+    accel::service_lost();
+    handover::service_lost();
 }
 
 #[used]

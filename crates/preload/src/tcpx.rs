@@ -1743,6 +1743,16 @@ fn released_last_mine(t: TcpRef) -> bool {
     false
 }
 
+/// How the owner's last close of a connection a forked child still holds
+/// hands it over to the kernel in place (`handover::owner_closing`, set by
+/// `handover::init`: the hand-over sits above this layer). True: moved.
+static IN_PLACE: std::sync::OnceLock<fn(c_int, TcpRef) -> bool> = std::sync::OnceLock::new();
+
+/// Set [`IN_PLACE`] (once, at load).
+pub fn hand_over_in_place_with(f: fn(c_int, TcpRef) -> bool) {
+    let _ = IN_PLACE.set(f);
+}
+
 /// Close the engine object of `t` (its last fd `fd` is going).
 fn close_record(t: TcpRef, fd: c_int, exiting: bool) {
     let h = t.share();
@@ -1755,7 +1765,7 @@ fn close_record(t: TcpRef, fd: c_int, exiting: bool) {
     {
         // A forked child holds the socket: the connection goes on in the
         // kernel there (no FIN: the kernel's socket is not closed yet).
-        let moved = crate::handover::owner_closing(fd, t);
+        let moved = IN_PLACE.get().is_some_and(|hand| hand(fd, t));
         crate::forkshare::settle(h);
         if moved {
             if let Some(i) = t.take_inner() {

@@ -11,7 +11,7 @@
 //! `xdp::XdpTcpStream`/`XdpTcpListener`).
 
 pub mod kernel;
-mod sockaddr;
+pub mod sockaddr;
 pub mod xdp;
 
 use std::io;

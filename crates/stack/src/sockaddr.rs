@@ -1,10 +1,12 @@
 //! `sockaddr_in` to and from `SocketAddrV4`, for the syscalls both
-//! engines make (the kernel engine's, the xdp engine's kernel twins).
+//! engines make (the kernel engine's, the xdp engine's kernel twins) and
+//! the preload shim's own calls.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 /// `a` as the kernel takes it (network byte order).
-pub(crate) fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
+#[inline]
+pub fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
     libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: a.port().to_be(),
@@ -16,7 +18,8 @@ pub(crate) fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
 }
 
 /// The address the kernel wrote.
-pub(crate) fn from_sockaddr_in(s: &libc::sockaddr_in) -> SocketAddrV4 {
+#[inline]
+pub fn from_sockaddr_in(s: &libc::sockaddr_in) -> SocketAddrV4 {
     SocketAddrV4::new(
         Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr)),
         u16::from_be(s.sin_port),

@@ -44,7 +44,7 @@ pub struct ConnId {
 }
 
 /// An application's read in progress, for the input path
-/// ([`TcpStack::input_parts_into`]): in-order data for connection `conn`
+/// ([`TcpStack::input_with`]): in-order data for connection `conn`
 /// that arrives while its receive ring is empty is copied straight into
 /// `buf` after its first `filled` bytes, not into the ring and out again
 /// (one copy per byte instead of two, as Linux's receive into a waiting
@@ -643,30 +643,17 @@ impl TcpStack {
 
     /// One received TCP segment (`segment` is the IP payload).
     pub fn input(&mut self, now: u64, src: Ipv4Addr, dst: Ipv4Addr, segment: &[u8]) {
-        self.input_parts_into(now, src, dst, segment, &[], None);
+        self.input_with(now, src, dst, segment, &[], Intake::default());
     }
 
     /// One received TCP segment in pieces: `head` holds the TCP header and
     /// the start of the payload, `rest` the rest of the payload (the
     /// buffers of a multi-buffer packet). The payload is copied into the
     /// connection's receive ring straight from the pieces, never gathered.
-    /// With `read` (an application reading `read.conn`), that connection's
-    /// in-order data goes straight into the reader's buffer when its
-    /// receive ring is empty ([`DirectRead`]).
-    pub fn input_parts_into(
-        &mut self,
-        now: u64,
-        src: Ipv4Addr,
-        dst: Ipv4Addr,
-        head: &[u8],
-        rest: &[&[u8]],
-        read: Option<&mut DirectRead<'_>>,
-    ) {
-        self.input_with(now, src, dst, head, rest, Intake { read, hold: None });
-    }
-
-    /// [`TcpStack::input_parts_into`], the segment's frame offered to keep
-    /// ([`Hold`]).
+    /// With `to.read` (an application reading `read.conn`), that
+    /// connection's in-order data goes straight into the reader's buffer
+    /// when its receive ring is empty ([`DirectRead`]); with `to.hold`, the
+    /// segment's frame is offered to keep ([`Hold`]).
     pub fn input_with(
         &mut self,
         now: u64,

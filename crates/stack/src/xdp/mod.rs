@@ -52,6 +52,7 @@ pub mod tcp;
 #[cfg(test)]
 mod testkit;
 mod tx;
+mod wake;
 
 pub use demux::{Delivery, EndpointId, EndpointKind};
 pub use neigh::{NEGATIVE_TTL, QUEUE_BYTES_PER_NEIGH, QUEUE_PER_NEIGH, RESOLVE_TIMEOUT};

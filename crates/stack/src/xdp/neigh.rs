@@ -270,9 +270,9 @@ impl Neigh {
 
     fn changed(&self) {
         // SeqCst: ordered before the look at parked TCP segments (see
-        // `tcp::neighbour_changed`).
+        // `wake::neighbour_changed`).
         self.generation.fetch_add(1, Ordering::SeqCst);
-        super::tcp::neighbour_changed();
+        super::wake::neighbour_changed();
     }
 
     /// Wake the neighbour thread (it also runs the engine's deferred

@@ -24,6 +24,7 @@ use super::order::{self, Guard, Tier, as_engine_thread};
 use super::rx::{RX_BUDGET, RxPath};
 use super::shm::{E, bump, peak, set};
 use super::tx::{ETH_HDR, IP_HDR, TxPath, eth_ipv4};
+use super::wake::{self, PARKED, SERVICE_NAPPING, SERVICE_WAKE, UNPARK_DUE, service_nudge};
 use crate::{EngineOptions, WaitPolicy};
 use nanowire_tcp::{
     Config, ConnId, DirectRead, Error as TcpError, Hold, Intake, ListenerId, Secret, SocketOptions,
@@ -2632,11 +2633,7 @@ pub(crate) fn service_after_fork() {
     std::mem::forget(std::mem::take(&mut s.closing));
     std::mem::forget(s.wake.take());
     s.started = false;
-    SERVICE_WAKE.store(-1, Ordering::Release);
-    SERVICE_NAPPING.store(false, Ordering::Release);
-    // The parent's parked segments are not the child's to send.
-    PARKED.store(0, Ordering::Release);
-    UNPARK_DUE.store(false, Ordering::Release);
+    wake::after_fork();
 }
 
 /// Longest sleep of the service with nothing due (it then looks again).
@@ -2646,63 +2643,6 @@ const SERVICE_ACTIVE_NS: u64 = 1_000_000;
 /// With connections open, the service turns an engine nobody turned for
 /// this long (segments that arrived while the program computes).
 const SERVICE_RX_NS: u64 = 20_000_000;
-
-/// The service's wake-up eventfd (-1 before it runs), and whether its
-/// current sleep is longer than `SERVICE_RX_NS` (it saw no engine with an
-/// open connection): [`service_nudge`] then wakes it.
-static SERVICE_WAKE: AtomicI32 = AtomicI32::new(-1);
-static SERVICE_NAPPING: AtomicBool = AtomicBool::new(false);
-
-/// Engines (TCP stacks) of this process with segments parked for a next
-/// hop (`TcpEngine::park`), and whether a neighbour change since the
-/// service's last pass may have made some of them sendable.
-static PARKED: AtomicUsize = AtomicUsize::new(0);
-static UNPARK_DUE: AtomicBool = AtomicBool::new(false);
-
-/// The neighbour table changed (a next hop resolved, failed, or a route
-/// moved; `Neigh::changed`, mostly in the neighbour thread, which is
-/// engine code: a raw eventfd write, never the shim). Segments parked for
-/// a next hop go at once: the timer service is woken and sends them
-/// (`unpark`) from every engine that has some, instead of their waiting
-/// for a turn that reads the clock (a blocking accept whose half-open
-/// connection counts as busy turns every 50 ms and reads the clock every
-/// 16th turn: a SYN-ACK left 200-460 ms after the resolution). Nothing
-/// when no segment is parked (one load).
-///
-/// No wake-up is lost: a parker counts itself in `PARKED` (SeqCst) and
-/// then re-reads the generation (`unpark_due`); the resolver bumps the
-/// generation (SeqCst) and then reads `PARKED`. One of the two sees the
-/// other's write.
-pub(crate) fn neighbour_changed() {
-    if PARKED.load(Ordering::SeqCst) == 0 {
-        return;
-    }
-    UNPARK_DUE.store(true, Ordering::SeqCst);
-    let fd = SERVICE_WAKE.load(Ordering::Acquire);
-    if fd >= 0 {
-        nanowire_xdp::sys::eventfd_signal(fd);
-    }
-}
-
-/// A connection was opened or closed by the application: a service in a
-/// long sleep looks again now (in the kernel a segment is taken in when it
-/// arrives; here, for a connection whose application does not turn the
-/// engine, by the service every `SERVICE_RX_NS`, not after up to
-/// `SERVICE_IDLE_MS`). One load when the service is not napping.
-///
-/// No nudge is lost: the service sets `SERVICE_NAPPING` before its pass
-/// looks at the engines (each under its core lock), and the caller changed
-/// the connection set under that lock before asking here. Either the pass
-/// saw the change (and sleeps at most `SERVICE_RX_NS`), or its store is
-/// ordered before the caller's load through the lock, which then sees it.
-fn service_nudge() {
-    if SERVICE_NAPPING.load(Ordering::Relaxed) && SERVICE_NAPPING.swap(false, Ordering::AcqRel) {
-        let fd = SERVICE_WAKE.load(Ordering::Acquire);
-        if fd >= 0 {
-            nanowire_xdp::sys::eventfd_signal(fd);
-        }
-    }
-}
 
 fn service_register(eng: &Arc<TcpEngine>) {
     let mut s = service();

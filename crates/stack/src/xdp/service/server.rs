@@ -333,6 +333,26 @@ impl Service {
         }
     }
 
+    /// [`Service::count`] the request, then [`Service::answer`] it.
+    fn count_answer(
+        &mut self,
+        id: u64,
+        r: Result<(), String>,
+        done: fn(&mut ClientCounters) -> &mut u64,
+        no: fn(&mut ClientCounters) -> &mut u64,
+    ) {
+        self.count(id, r.is_ok(), done, no);
+        self.answer(id, r);
+    }
+
+    /// Answer client `id`'s request: OK, or refused with the reason.
+    fn answer(&mut self, id: u64, r: Result<(), String>) {
+        match r {
+            Ok(()) => self.ok(id),
+            Err(why) => self.refuse(id, &why),
+        }
+    }
+
     fn refuse(&mut self, id: u64, why: &str) {
         let m = proto::encode_text(proto::K_ERR, why);
         self.reply(id, &m, &[]);
@@ -399,11 +419,7 @@ impl Service {
                 } else {
                     self.claim(id, p, addr, port, &fd)
                 };
-                self.count(id, r.is_ok(), |c| &mut c.claims, |c| &mut c.claims_refused);
-                match r {
-                    Ok(()) => self.ok(id),
-                    Err(why) => self.refuse(id, &why),
-                }
+                self.count_answer(id, r, |c| &mut c.claims, |c| &mut c.claims_refused);
             }
             Request::Unclaim {
                 proto: p,
@@ -421,26 +437,14 @@ impl Service {
                         Err("a join needs the listening socket".to_string())
                     }
                 };
-                self.count(
-                    id,
-                    r.is_ok(),
-                    |c| &mut c.tcp_joins,
-                    |c| &mut c.tcp_joins_refused,
-                );
-                match r {
-                    Ok(()) => self.ok(id),
-                    Err(why) => self.refuse(id, &why),
-                }
+                self.count_answer(id, r, |c| &mut c.tcp_joins, |c| &mut c.tcp_joins_refused);
             }
             Request::TcpIdle { addr, port } => {
                 let r = self.tcp_idle(id, addr, port);
                 if r.is_ok() {
                     self.count(id, true, |c| &mut c.tcp_idles, |c| &mut c.tcp_idles);
                 }
-                match r {
-                    Ok(()) => self.ok(id),
-                    Err(why) => self.refuse(id, &why),
-                }
+                self.answer(id, r);
             }
             Request::TcpFlow {
                 what,
@@ -453,24 +457,11 @@ impl Service {
                     return self.detach(id);
                 }
                 let r = self.tcp_flow(id, what, local, remote, fds.first());
-                match what {
-                    proto::TcpFlow::Flow => self.count(
-                        id,
-                        r.is_ok(),
-                        |c| &mut c.tcp_flows,
-                        |c| &mut c.tcp_flows_refused,
-                    ),
-                    proto::TcpFlow::Pass => self.count(
-                        id,
-                        r.is_ok(),
-                        |c| &mut c.tcp_passes,
-                        |c| &mut c.tcp_flows_refused,
-                    ),
-                }
-                match r {
-                    Ok(()) => self.ok(id),
-                    Err(why) => self.refuse(id, &why),
-                }
+                let done: fn(&mut ClientCounters) -> &mut u64 = match what {
+                    proto::TcpFlow::Flow => |c| &mut c.tcp_flows,
+                    proto::TcpFlow::Pass => |c| &mut c.tcp_passes,
+                };
+                self.count_answer(id, r, done, |c| &mut c.tcp_flows_refused);
             }
             Request::ConnTable => {
                 let mut fds = fds;
@@ -519,10 +510,10 @@ impl Service {
                     }
                 }
             }
-            Request::Frags => match self.upgrade_frags(id) {
-                Ok(()) => self.ok(id),
-                Err(why) => self.refuse(id, &why),
-            },
+            Request::Frags => {
+                let r = self.upgrade_frags(id);
+                self.answer(id, r);
+            }
             Request::Status => {
                 let s = self.status().to_string();
                 self.reply(id, &proto::encode_text(proto::K_STATUS_REPLY, &s), &[]);
@@ -780,14 +771,8 @@ impl Service {
         holds_port(sock, p, addr, port, || own_addrs(&name))?;
         let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
         let key = (p, addr.to_bits(), port);
-        match ifc.claims.get(&key) {
-            Some(&o) if o == id => return Ok(()),
-            Some(_) => {
-                return Err(format!(
-                    "{addr}:{port} is claimed by another process on the engine service"
-                ));
-            }
-            None => {}
+        if held_by(&ifc.claims, key, id)? {
+            return Ok(());
         }
         if p == proto::PROTO_TCP {
             let ino = socket_inode(sock)?;
@@ -843,14 +828,8 @@ impl Service {
         holds_port_alone(&sock, addr, port)?;
         let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
         let key = (proto::PROTO_TCP, addr.to_bits(), port);
-        match ifc.claims.get(&key) {
-            Some(&o) if o == id => return Ok(()),
-            Some(_) => {
-                return Err(format!(
-                    "{addr}:{port} is claimed by another process on the engine service"
-                ));
-            }
-            None => {}
+        if held_by(&ifc.claims, key, id)? {
+            return Ok(());
         }
         // One owner, never a listener group (nothing is accepted on it).
         ifc.prog
@@ -1531,6 +1510,25 @@ fn own_addrs(name: &str) -> Vec<Ipv4Addr> {
         .filter(|(n, _)| n == name)
         .map(|(_, a)| a)
         .collect()
+}
+
+/// Whether `id` holds the claim `key` (proto, address, port) already
+/// (true: nothing to do) or nobody does (false); another process's claim is
+/// the refusal.
+fn held_by(
+    claims: &HashMap<(u8, u32, u16), u64>,
+    key: (u8, u32, u16),
+    id: u64,
+) -> Result<bool, String> {
+    match claims.get(&key) {
+        Some(&o) if o == id => Ok(true),
+        Some(_) => Err(format!(
+            "{}:{} is claimed by another process on the engine service",
+            Ipv4Addr::from_bits(key.1),
+            key.2
+        )),
+        None => Ok(false),
+    }
 }
 
 /// Client `id` (in `slot`) lets go of its claim (p, addr, port): a UDP
