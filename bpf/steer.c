@@ -179,17 +179,22 @@ struct {
 	__type(value, __u32);
 } nw_tcp_listen SEC(".maps");
 
-/* Not preallocated: 65,536 preallocated entries cost every process ~2 ms
- * and ~4 MB at start, for the few flows most of them claim; entries are
- * written from user space only (a claim at connect/accept), which may
- * allocate. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, struct tcp_flow_key);
-	__type(value, __u32);
-} nw_tcp_flows SEC(".maps");
+/* A map keyed by a TCP 4-tuple as the packet carries it (nw_tcp_flows, and
+ * nw_tcp_pins below: tcp_owner looks both up with the same key). Not
+ * preallocated: 65,536 preallocated entries cost every process ~2 ms and
+ * ~4 MB at start, for the few flows most of them claim; flows are written
+ * from user space (a claim at connect/accept), pins by the program at a
+ * group listener's SYN (an allocation in XDP context, as any update). */
+#define TCP_FLOW_MAP(name)                                   \
+	struct {                                             \
+		__uint(type, BPF_MAP_TYPE_HASH);             \
+		__uint(max_entries, 65536);                  \
+		__uint(map_flags, BPF_F_NO_PREALLOC);        \
+		__type(key, struct tcp_flow_key);            \
+		__type(value, __u32);                        \
+	} name SEC(".maps")
+
+TCP_FLOW_MAP(nw_tcp_flows);
 
 // ---- Listeners shared across fork (issue 24) ----
 // Under the engine service a listener's claim is a group: the processes
@@ -225,13 +230,7 @@ struct {
 	__type(value, struct nw_group);
 } nw_tcp_groups SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, struct tcp_flow_key);
-	__type(value, __u32);
-} nw_tcp_pins SEC(".maps");
+TCP_FLOW_MAP(nw_tcp_pins);
 
 // The owner of a segment for group listener `v` (1), or the kernel's (0).
 static __always_inline int group_owner(struct tcp_flow_key *f, __u8 *th, void *end, __u32 v,

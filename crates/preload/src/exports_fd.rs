@@ -532,86 +532,30 @@ pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
     unsafe { _exit(status) }
 }
 
-/// # Safety
-/// As libc's `execve`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn execve(
-    path: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    let f = libc_fn!(
-        "execve",
-        fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int
-    );
-    if !in_engine() {
-        spawn::prepare_exec("exec");
-    }
-    // SAFETY: the caller's arguments to libc's function.
-    unsafe { f(path, argv, envp) }
+/// The exec family with fixed arguments: prepare the exec (the engine's
+/// sockets, `spawn::prepare_exec`), then libc's function.
+macro_rules! exec_export {
+    ($name:ident, $sym:literal, ($($a:ident: $t:ty),+)) => {
+        /// # Safety
+        #[doc = concat!("As libc's `", $sym, "`.")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($a: $t),+) -> c_int {
+            let f = libc_fn!($sym, fn($($t),+) -> c_int);
+            if !in_engine() {
+                spawn::prepare_exec("exec");
+            }
+            // SAFETY: the caller's arguments to libc's function.
+            unsafe { f($($a),+) }
+        }
+    };
 }
 
-/// # Safety
-/// As libc's `execv`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    let f = libc_fn!("execv", fn(*const c_char, *const *const c_char) -> c_int);
-    if !in_engine() {
-        spawn::prepare_exec("exec");
-    }
-    // SAFETY: the caller's arguments to libc's function.
-    unsafe { f(path, argv) }
-}
-
-/// # Safety
-/// As libc's `execvp`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    let f = libc_fn!("execvp", fn(*const c_char, *const *const c_char) -> c_int);
-    if !in_engine() {
-        spawn::prepare_exec("exec");
-    }
-    // SAFETY: the caller's arguments to libc's function.
-    unsafe { f(file, argv) }
-}
-
-/// # Safety
-/// As libc's `execvpe`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn execvpe(
-    file: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    let f = libc_fn!(
-        "execvpe",
-        fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int
-    );
-    if !in_engine() {
-        spawn::prepare_exec("exec");
-    }
-    // SAFETY: the caller's arguments to libc's function.
-    unsafe { f(file, argv, envp) }
-}
-
-/// # Safety
-/// As libc's `fexecve`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fexecve(
-    fd: c_int,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    let f = libc_fn!(
-        "fexecve",
-        fn(c_int, *const *const c_char, *const *const c_char) -> c_int
-    );
-    if !in_engine() {
-        spawn::prepare_exec("exec");
-    }
-    // SAFETY: the caller's arguments to libc's function.
-    unsafe { f(fd, argv, envp) }
-}
+type Argv = *const *const c_char;
+exec_export!(execve, "execve", (path: *const c_char, argv: Argv, envp: Argv));
+exec_export!(execv, "execv", (path: *const c_char, argv: Argv));
+exec_export!(execvp, "execvp", (file: *const c_char, argv: Argv));
+exec_export!(execvpe, "execvpe", (file: *const c_char, argv: Argv, envp: Argv));
+exec_export!(fexecve, "fexecve", (fd: c_int, argv: Argv, envp: Argv));
 
 /// Before a variadic `execl`/`execlp`/`execle`: prepare, then return
 /// libc's function for the naked entry to jump to.

@@ -238,6 +238,17 @@ pub fn ipv4_addrs() -> io::Result<Vec<(String, Ipv4Addr)>> {
         .collect())
 }
 
+/// The IPv4 addresses of interface `ifname` (none when getifaddrs(3)
+/// fails: the caller then knows no address of its own).
+pub fn ipv4_addrs_of(ifname: &str) -> Vec<Ipv4Addr> {
+    ipv4_addrs()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(n, _)| n == ifname)
+        .map(|(_, a)| a)
+        .collect()
+}
+
 fn read_ifaddrs() -> io::Result<Vec<IfAddr>> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs writes a list head we free below with freeifaddrs.

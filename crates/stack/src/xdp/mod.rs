@@ -451,15 +451,6 @@ impl Engine {
         }
     }
 
-    fn own_addrs(ifname: &str) -> Vec<Ipv4Addr> {
-        iface::ipv4_addrs()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|(n, _)| n == ifname)
-            .map(|(_, a)| a)
-            .collect()
-    }
-
     /// Attach to the network namespace's engine service (issue 23): the
     /// service makes and binds this process's AF_XDP socket per queue on its
     /// shared UMEM and checks every claim; the data path is this process's.
@@ -467,7 +458,7 @@ impl Engine {
     fn open_service(ifname: &str, opts: &EngineOptions) -> Result<Engine, String> {
         let faults = Self::faults()?;
         let info = iface::lookup(ifname).map_err(|e| format!("interface {ifname}: {e}"))?;
-        let own = Self::own_addrs(ifname);
+        let own = iface::ipv4_addrs_of(ifname);
         let conn = service::client::Conn::connect()?;
         let conn_fd = conn.fd().as_raw_fd();
         let at = conn.attach(ifname, opts.ring_depth)?;
@@ -524,7 +515,7 @@ impl Engine {
         let faults = Self::faults()?;
         nanowire_xdp::privilege::check()?;
         let info = iface::lookup(ifname).map_err(|e| format!("interface {ifname}: {e}"))?;
-        let own = Self::own_addrs(ifname);
+        let own = iface::ipv4_addrs_of(ifname);
         // Frame size: 2 KiB frames hold MTU 1500 with the kernel's 256 B
         // headroom; 4 KiB up to MTU 3826; beyond, 4 KiB frames.
         let eth = info.mtu as usize + tx::ETH_HDR;

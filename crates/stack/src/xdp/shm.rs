@@ -383,7 +383,22 @@ pub fn dir() -> PathBuf {
     super::config::config()
         .stats_dir
         .clone()
-        .unwrap_or_else(|| PathBuf::from(DIR))
+        .unwrap_or_else(default_dir)
+}
+
+#[cfg(not(test))]
+fn default_dir() -> PathBuf {
+    PathBuf::from(DIR)
+}
+
+/// Unit tests write and read pages of their own, in a directory of the
+/// user running them: the machine's [`DIR`] may be another user's (root's,
+/// once an engine ran as root), which this user's engines rightly refuse,
+/// and the page tests must pass unprivileged too.
+#[cfg(test)]
+fn default_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    PathBuf::from(format!("{DIR}-unit-{}", unsafe { libc::geteuid() }))
 }
 
 /// An open, verified stats directory.

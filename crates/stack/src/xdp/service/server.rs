@@ -768,7 +768,7 @@ impl Service {
         // A TCP listener's socket is bound, not yet listening: the shim
         // claims before the kernel listens (else the kernel would complete
         // the handshakes that arrive in between, which the engine resets).
-        holds_port(sock, p, addr, port, || own_addrs(&name))?;
+        holds_port(sock, p, addr, port, || iface::ipv4_addrs_of(&name))?;
         let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
         let key = (p, addr.to_bits(), port);
         if held_by(&ifc.claims, key, id)? {
@@ -875,7 +875,9 @@ impl Service {
         sock: &OwnedFd,
     ) -> Result<(), String> {
         let (name, slot) = self.attached(id, "join")?;
-        holds_port(sock, proto::PROTO_TCP, addr, port, || own_addrs(&name))?;
+        holds_port(sock, proto::PROTO_TCP, addr, port, || {
+            iface::ipv4_addrs_of(&name)
+        })?;
         let ino = socket_inode(sock)?;
         let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
         let Some(g) = ifc.groups.get_mut(&(addr.to_bits(), port)) else {
@@ -955,7 +957,7 @@ impl Service {
             }
             (proto::TcpFlow::Flow, Some(fd)) if !under_listener => {
                 holds_port(fd, proto::PROTO_TCP, *local.ip(), local.port(), || {
-                    own_addrs(&name)
+                    iface::ipv4_addrs_of(&name)
                 })?;
                 if self.kernel_has(local, remote)? {
                     return Err(format!(
@@ -1500,16 +1502,6 @@ pub fn holds_port_alone(sock: &OwnedFd, addr: Ipv4Addr, port: u16) -> Result<(),
         return Err(not("the socket is bound to a device"));
     }
     Ok(())
-}
-
-/// The IPv4 addresses of interface `name`.
-fn own_addrs(name: &str) -> Vec<Ipv4Addr> {
-    iface::ipv4_addrs()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|(n, _)| n == name)
-        .map(|(_, a)| a)
-        .collect()
 }
 
 /// Whether `id` holds the claim `key` (proto, address, port) already
