@@ -143,7 +143,8 @@ def main():
             "drop_tx_ring_full", "xsk_tx_ring_empty", "rx_multi_buffer", "rx_csum_partial",
             "tx_csum_offload", "tcp_retransmits", "tcp_rx_direct_bytes", "tcp_rx_held_bytes",
             "tcp_rx_hold_declined", "tcp_rx_hold_limited", "peak_tcp_rx_held_frames", "xsk_rx_fill_ring_empty", "xsk_rx_dropped",
-            "xsk_rx_ring_full", "drop_socket_queue_full"]
+            "xsk_rx_ring_full", "drop_socket_queue_full", "tcp_out_of_order", "tcp_drop_out_of_window",
+            "tcp_beyond_window_bytes", "tcp_paws_rejected", "tcp_ooo_dropped"]
     res["counters"] = {}
     for side, host in (("client", "a"), ("server", "b")):
         c = engine_counters(stats, lab, host) if stats else {}

@@ -578,6 +578,7 @@ impl Conn {
                     self.quickack = self.quickack.max(super::conn::INITIAL_QUICKACKS);
                 }
             } else if self.asm.add(off as u32, (off + data.len()) as u32) {
+                ctr.out_of_order += 1;
                 self.rx.write_payload(off, &data);
                 // One duplicate ACK per out-of-order segment, even when
                 // several arrive in one batch (the sender counts them).

@@ -300,6 +300,9 @@ counters! {
     dup_acks,
     /// Out-of-order data dropped because the assembler had no free range.
     ooo_dropped,
+    /// Segments queued out of order (beyond a hole), each answered at once
+    /// with a SACK: the peer's reason to retransmit what the hole lacks.
+    out_of_order,
     /// Bytes received beyond the receive window and cut off.
     beyond_window_bytes,
     /// In-order bytes copied straight into a waiting reader's buffer

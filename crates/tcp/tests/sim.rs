@@ -52,6 +52,7 @@ fn bulk_64_mib_clean_link_no_retransmissions() {
     let (n, r) = transfer(FaultConfig::default(), 64 << 20);
     assert_eq!(r, 0);
     assert_eq!(n.a.counters().out_of_window, 0);
+    assert_eq!(n.a.counters().out_of_order, 0);
     assert_eq!(n.b.counters().retransmits, 0);
 }
 
@@ -94,6 +95,8 @@ fn reorder_duplicate_and_corruption_keep_data_intact() {
         "corruption is caught by the checksum"
     );
     assert!(n.a.counters().dup_acks + n.b.counters().dup_acks > 0);
+    // Reordered segments were queued beyond a hole and counted.
+    assert!(n.a.counters().out_of_order > 0, "{:?}", n.a.counters());
     let (_, _) = transfer(
         FaultConfig {
             loss: 0.02,

@@ -287,6 +287,17 @@ counter_table! {
         /// frames were at the limit.
         TcpRxHoldLimited = "tcp_rx_hold_limited": Counter,
         PeakTcpRxHeldFrames = "peak_tcp_rx_held_frames": Peak,
+        /// TCP segments queued beyond a hole (out of order), each answered
+        /// at once with a SACK the peer may retransmit on (issue 21: on veth
+        /// a kernel sender's super-frames reach the ring out of order when
+        /// it sends from two CPUs).
+        TcpOutOfOrder = "tcp_out_of_order": Counter <- out_of_order,
+        /// Received bytes beyond the receive window, cut off.
+        TcpBeyondWindowBytes = "tcp_beyond_window_bytes": Counter <- beyond_window_bytes,
+        /// Segments with a timestamp older than the last one (PAWS), dropped.
+        TcpPawsRejected = "tcp_paws_rejected": Counter <- paws_rejected,
+        /// Out-of-order segments dropped: the reassembly had no free range.
+        TcpOooDropped = "tcp_ooo_dropped": Counter <- ooo_dropped,
     }
 
     /// Per-socket counters (word 0 of a socket's block is its address).
