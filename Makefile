@@ -34,10 +34,13 @@ lint: deps
 
 # The report test renders index.html in headless Chromium: install it for tests.
 # Tests that need root are #[ignore = "needs root"]: `make test` (as root)
-# runs them too; a plain `cargo test` runs only the unprivileged ones.
+# runs them too; a plain `cargo test` runs only the unprivileged ones. The
+# shim's own unit tests (crates/preload, `test = false`: a workspace run
+# skips it) are run by name.
 test: export NANOWIRE_WITH_BROWSER := 1
 test: deps lint
 	$(CARGO) test --release --workspace --locked --no-fail-fast -- --test-threads=2 --include-ignored
+	$(CARGO) test --release --locked -p nanowire-preload --lib
 
 lab: build
 	$(NANOWIRE) lab up
