@@ -30,6 +30,13 @@ too (one simulated core per process: lines that move between the two processes' 
     scripts/msgwork.py --tcp --diff --base 8 --seconds 24 --settle 10 --ping --insnmix --sim \
         --shim target-vg/release/libnanowire_preload.so
 
+`--profile latency` counts the spinning path (the server's profile is then dumped with
+`callgrind_control` before it is stopped: a spinning server under valgrind may not act on SIGINT).
+Kernel events per message without valgrind (`--tool perf`: syscalls by name, context switches,
+softirqs, XDP redirects, skbs; worklib.PERF_EVENTS), placed as compare.py runs sockperf (`--pin`):
+
+    scripts/msgwork.py --udp --tool perf --profile latency --pin --diff --base 3 --seconds 8 --settle 4 --ping
+
 `--service`: the server attaches to host b's engine service (`nanowire engine serve --daemon`,
 started untraced before each run and ended with it; `NANOWIRE_SERVICE=1`), the client keeps an
 engine of its own: the server side's numbers against a run without it are the service's extra.
@@ -39,7 +46,7 @@ Prints one JSON object (and a short table on stderr).
 import argparse, json, os, re, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worklib import largest_profile, ns, profile_events, strace_counts, wrap  # noqa: E402
+from worklib import largest_profile, ns, perf_counts, profile_events, strace_counts, wrap  # noqa: E402
 import insnmix  # noqa: E402
 
 NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
@@ -74,15 +81,25 @@ def run_once(args, lab, secs, out):
     extra = (["--dump-instr=yes"] if args.insnmix else []) + \
         (["--cache-sim=yes", "--branch-sim=yes"] if args.sim else [])
     srv = subprocess.Popen(ns(lab, "b") + wrap(args.tool, out, "server", extra) + run
-                           + ["sockperf", "sr", "-i", B, "-p", str(PORT)] + proto,
+                           + pin(args, 1) + ["sockperf", "sr", "-i", B, "-p", str(PORT)] + proto,
                            env=srv_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(args.settle)
     if srv.poll() is not None:
         raise SystemExit("server exited: " + srv.stderr.read()[-2000:])
     cli = subprocess.run(ns(lab, "a") + wrap(args.tool, out, "client", extra) + run
-                         + ["sockperf", "pp", "-i", B, "-p", str(PORT), "-m", str(args.size),
+                         + pin(args, 0) + ["sockperf", "pp", "-i", B, "-p", str(PORT), "-m", str(args.size),
                             "-t", str(secs)] + proto,
                          env=env, capture_output=True, text=True, timeout=600)
+    if args.tool == "callgrind" and args.profile == "latency":
+        # A spinning server under valgrind may not act on SIGINT before it is killed (and a
+        # killed valgrind writes nothing): ask for its profile first (`server.PID.cg.1`).
+        for p in subprocess.run(["ip", "netns", "pids", f"{lab}-b"], capture_output=True,
+                                text=True).stdout.split():
+            subprocess.run(["callgrind_control", "--dump", p], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=120)
+    if args.tool == "perf":
+        # perf stat waits for its child and ignores the SIGINT: the program gets it.
+        signal_ns(lab, "b", 2)
     srv.send_signal(2)
     try:
         srv.wait(60)
@@ -96,6 +113,20 @@ def run_once(args, lab, secs, out):
     if not m:
         raise SystemExit("no message count in sockperf's output:\n" + cli.stdout[-2000:])
     return int(m.group(2))
+
+
+def pin(args, cpu):
+    """compare.py's placement (`--pin`): server on CPU 1, client on CPU 0."""
+    return ["taskset", "-c", str(cpu)] if args.pin else []
+
+
+def signal_ns(lab, h, sig):
+    for p in subprocess.run(["ip", "netns", "pids", f"{lab}-{h}"], capture_output=True,
+                            text=True).stdout.split():
+        try:
+            os.kill(int(p), sig)
+        except ProcessLookupError:
+            pass
 
 
 def stop_left(lab):
@@ -164,7 +195,11 @@ def main():
     ap.add_argument("--shim", help="another shim (NANOWIRE_PRELOAD)")
     ap.add_argument("--service", action="store_true",
                     help="the server on host b's engine service (the client on its own engine)")
-    ap.add_argument("--tool", choices=["callgrind", "strace"], default="callgrind")
+    ap.add_argument("--tool", choices=["callgrind", "strace", "perf"], default="callgrind",
+                    help="perf: kernel events per message (tracepoints and software events, "
+                         "worklib.PERF_EVENTS), best with --profile latency --pin")
+    ap.add_argument("--pin", action="store_true",
+                    help="server on CPU 1, client on CPU 0 (taskset), as compare.py runs them")
     ap.add_argument("--seconds", type=int, default=4)
     ap.add_argument("--diff", action="store_true", help="two runs (BASE and SECONDS), per message of the difference")
     ap.add_argument("--base", type=int, default=4,
@@ -202,7 +237,8 @@ def main():
                     if args.insnmix:
                         sides[side]["mix"] = insnmix.mix(path)
                 else:
-                    sides[side] = {"syscalls": strace_side(out, side)}
+                    sides[side] = {"syscalls": perf_counts(os.path.join(out, side + ".perf"))
+                                   if args.tool == "perf" else strace_side(out, side)}
             runs.append({"seconds": secs, "messages": msgs, "sides": sides, "dir": out})
     finally:
         subprocess.run([NW, "lab", "down", "--name", lab], stdout=subprocess.DEVNULL)
@@ -237,7 +273,8 @@ def main():
             for k, v in s["syscalls"].items():
                 v0 = f["syscalls"].get(k, 0) if f else 0
                 per[k] = round((v - v0) / dm, 3)
-            per["total"] = round(sum(per.values()), 3)
+            if args.tool == "strace":
+                per["total"] = round(sum(per.values()), 3)
         res["per_message"][side] = per
     for r in runs:  # the raw profiles' analyses are not printed (big): the per-message ones are
         for s in r["sides"].values():

@@ -19,15 +19,42 @@ def wrap(tool, out, name, extra=()):
                 f"--callgrind-out-file={out}/{name}.%p.cg"]
     if tool == "strace":
         return ["strace", "-f", "-c", "-o", f"{out}/{name}.strace"]
+    if tool == "perf":
+        return ["perf", "stat", "-x", ",", "-o", f"{out}/{name}.perf", "-e", ",".join(PERF_EVENTS), "--"]
     return []
+
+
+# Kernel events counted per process (all its threads) by `wrap("perf", ..)`: tracepoints and
+# software events count work, not time, so they hold on a loaded machine.
+PERF_EVENTS = [
+    "raw_syscalls:sys_enter", "syscalls:sys_enter_sendto", "syscalls:sys_enter_recvfrom",
+    "syscalls:sys_enter_poll", "syscalls:sys_enter_ppoll", "syscalls:sys_enter_epoll_wait",
+    "syscalls:sys_enter_epoll_pwait", "syscalls:sys_enter_sched_yield", "syscalls:sys_enter_futex",
+    "syscalls:sys_enter_clock_gettime", "syscalls:sys_enter_getpid", "syscalls:sys_enter_pread64",
+    "sched:sched_switch", "sched:sched_wakeup", "context-switches", "cpu-migrations",
+    "page-faults", "irq:softirq_entry", "irq:irq_handler_entry", "ipi:ipi_send_cpu",
+    "napi:napi_poll", "xdp:xdp_redirect", "xdp:xdp_redirect_err", "skb:consume_skb",
+    "skb:kfree_skb", "kmem:kmalloc",
+]
+
+
+def perf_counts(path):
+    """{event: count} from `perf stat -x ,` output."""
+    counts = {}
+    for line in open(path):
+        f = line.strip().split(",")
+        if len(f) >= 3 and f[0].replace(".", "").isdigit():
+            counts[f[2]] = int(float(f[0]))
+    return counts
 
 
 def largest_profile(out, name):
     """(total Ir, path) of the largest callgrind profile NAME.*.cg in `out` (the
-    program itself: `ip` and the launcher exec into it)."""
+    program itself: `ip` and the launcher exec into it), or of a dump made on request
+    (NAME.*.cg.N)."""
     best = None
     for f in os.listdir(out):
-        if f.startswith(name + ".") and f.endswith(".cg"):
+        if f.startswith(name + ".") and re.search(r"\.cg(\.\d+)?$", f):
             p = os.path.join(out, f)
             t = re.search(r"^(?:summary|totals):\s*(\d+)", open(p, errors="replace").read(), re.M)
             if t and (best is None or int(t.group(1)) > best[0]):
