@@ -43,9 +43,12 @@ pub enum EngineCmd {
         /// The process.
         #[arg(long)]
         pid: u32,
-        /// Its connection table (/proc/PID/fd/N).
+        /// Its pidfd (a descriptor this process inherited).
         #[arg(long)]
-        table: String,
+        pidfd: i32,
+        /// Its connection table (a descriptor this process inherited).
+        #[arg(long)]
+        table_fd: i32,
     },
 }
 
@@ -93,9 +96,13 @@ pub fn run(a: EngineArgs) -> Result<i32, String> {
             }
             server::serve(Duration::from_millis(idle_ms), verbose, policy.as_deref())
         }
-        EngineCmd::Warden { pid, table } => {
-            server::close_inherited();
-            nanowire_stack::xdp::service::warden::run(pid, &table)
+        EngineCmd::Warden {
+            pid,
+            pidfd,
+            table_fd,
+        } => {
+            server::close_inherited_above(pidfd.max(table_fd));
+            nanowire_stack::xdp::service::warden::run(pid, pidfd, table_fd)
                 .map_err(|e| format!("warden of process {pid}: {e}"))
         }
         EngineCmd::Status => {

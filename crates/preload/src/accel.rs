@@ -536,6 +536,10 @@ pub static DECIDE: Mutex<()> = Mutex::new(());
 /// A socket meant for the xdp engine does not get it: one line at the
 /// default level (warn; `NANOWIRE_LOG=quiet` silences it).
 pub fn log_not(fd: c_int, why: &str) {
+    // A failed engine open the engine remembered: said at the first.
+    if why.contains(nanowire_stack::xdp::OPEN_REMEMBERED) {
+        return log_not_applicable(fd, why);
+    }
     log!(
         Level::Warn,
         "fd {fd} udp: spin (kernel socket); xdp not used: {why}"

@@ -955,7 +955,12 @@ fn app_nonblock(fd: c_int) -> bool {
 }
 
 fn log_not(fd: c_int, e: &std::io::Error) {
-    if e.kind() == std::io::ErrorKind::Unsupported && e.to_string().contains("loopback") {
+    let why = e.to_string();
+    // Loopback, or a failed engine open the engine remembered (said at
+    // the default level at the first failure): info.
+    if e.kind() == std::io::ErrorKind::Unsupported
+        && (why.contains("loopback") || why.contains(nanowire_stack::xdp::OPEN_REMEMBERED))
+    {
         log!(Level::Info, "fd {fd} tcp: kernel socket; xdp not used: {e}");
     } else {
         log!(Level::Warn, "fd {fd} tcp: kernel socket; xdp not used: {e}");

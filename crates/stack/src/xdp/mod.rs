@@ -43,6 +43,9 @@ mod order;
 mod ports;
 pub mod reasm;
 mod registry;
+/// How an engine error begins when it repeats a failed open remembered by
+/// the registry (said at the default level once, at the first failure).
+pub use registry::REMEMBERED as OPEN_REMEMBERED;
 mod rx;
 pub mod service;
 pub use service::client::set_service_lost_hook;

@@ -22,6 +22,7 @@ use super::Engine;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Once, Weak};
+use std::time::{Duration, Instant};
 
 static FORK_GEN: AtomicU32 = AtomicU32::new(0);
 static ATFORK: Once = Once::new();
@@ -92,9 +93,23 @@ pub(crate) fn fork_gen() -> u32 {
 /// (pid, netns inode, interface, engine: `None` while it opens)
 type Entry = (u32, u64, String, Option<Weak<Engine>>);
 
+/// An open that failed: (pid, netns inode, interface, why, not before,
+/// the wait after the next failure).
+type Failed = (u32, u64, String, String, Instant, Duration);
+
+/// The first wait before a failed open is tried again; each failure in a
+/// row doubles it, up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(64);
+
+/// How an error begins when it is a remembered failure (the caller said
+/// the reason at the first, and may say this one more quietly).
+pub const REMEMBERED: &str = "(as before, not tried again yet) ";
+
 struct Reg {
     locked: AtomicBool,
     list: UnsafeCell<Vec<Entry>>,
+    failed: UnsafeCell<Vec<Failed>>,
 }
 
 // SAFETY: `list` is only reached through `with`, which holds `locked`.
@@ -103,6 +118,7 @@ unsafe impl Sync for Reg {}
 static REG: Reg = Reg {
     locked: AtomicBool::new(false),
     list: UnsafeCell::new(Vec::new()),
+    failed: UnsafeCell::new(Vec::new()),
 };
 
 struct Held;
@@ -113,12 +129,18 @@ impl Drop for Held {
 }
 
 fn with<R>(f: impl FnOnce(&mut Vec<Entry>) -> R) -> R {
+    with_both(|list, _| f(list))
+}
+
+fn with_both<R>(f: impl FnOnce(&mut Vec<Entry>, &mut Vec<Failed>) -> R) -> R {
     while REG.locked.swap(true, Ordering::Acquire) {
         std::thread::yield_now();
     }
     let _held = Held;
-    // SAFETY: we hold the lock; the reference does not escape `f`.
-    f(unsafe { &mut *REG.list.get() })
+    // SAFETY: we hold the lock; the references do not escape `f`.
+    f(unsafe { &mut *REG.list.get() }, unsafe {
+        &mut *REG.failed.get()
+    })
 }
 
 /// SO_NETNS_COOKIE (Linux 5.14+; the generic value, x86 and arm).
@@ -164,9 +186,25 @@ pub(crate) fn netns_id() -> u64 {
         .unwrap_or(0)
 }
 
+/// The process's engine on `ifname` in this thread's namespace: the one
+/// opened, or `open`'s. An open that failed is remembered: until its
+/// retry time (1 s after the first failure, doubling per failure in a row
+/// up to 64 s) the next callers get its error (begun with [`REMEMBERED`])
+/// without opening. Every connect of a process whose own engine cannot
+/// attach (an engine service owns the interface) made the whole open
+/// again before: UMEM, maps, two program loads, then EBUSY, ~19 ms of
+/// CPU per connection. A later open (the interface freed) may succeed.
 pub(crate) fn get(
     ifname: &str,
     open: impl FnOnce() -> Result<Engine, String>,
+) -> Result<Arc<Engine>, String> {
+    get_retrying(ifname, open, RETRY_FIRST)
+}
+
+fn get_retrying(
+    ifname: &str,
+    open: impl FnOnce() -> Result<Engine, String>,
+    retry_first: Duration,
 ) -> Result<Arc<Engine>, String> {
     ATFORK.call_once(|| {
         // SAFETY: registers a plain extern "C" handler that only touches
@@ -180,7 +218,14 @@ pub(crate) fn get(
     // key as opening and opens with no lock held; a concurrent caller for
     // the same key waits outside the lock for the outcome.
     let parent = loop {
-        let step = with(|reg| {
+        let step = with_both(|reg, failed| {
+            if let Some(f) = failed
+                .iter()
+                .find(|f| f.0 == pid && f.1 == ns && f.2 == ifname)
+                && Instant::now() < f.4
+            {
+                return Err(Err(format!("{REMEMBERED}{}", f.3)));
+            }
             reg.retain(|(_, _, _, w)| w.as_ref().is_none_or(|w| w.strong_count() > 0));
             let mine = reg
                 .iter()
@@ -228,9 +273,29 @@ pub(crate) fn get(
         }
     }
     let mut mark = Mark(pid, ns, ifname, true);
-    let opened = open().map(Arc::new);
+    let opened = open().map(Arc::new).map_err(|e| {
+        if parent {
+            format!("forked child cannot open its own engine on {ifname} (the parent's engine owns it): {e}")
+        } else {
+            e
+        }
+    });
     mark.3 = false;
-    with(|reg| {
+    with_both(|reg, failed| {
+        let at = failed
+            .iter()
+            .position(|f| f.0 == pid && f.1 == ns && f.2 == ifname);
+        let wait = at.map_or(retry_first, |k| failed.swap_remove(k).5);
+        if let Err(e) = &opened {
+            failed.push((
+                pid,
+                ns,
+                ifname.to_string(),
+                e.clone(),
+                Instant::now() + wait,
+                (wait * 2).min(RETRY_MAX),
+            ));
+        }
         let at = reg
             .iter()
             .position(|(p, i, n, w)| *p == pid && *i == ns && n == ifname && w.is_none());
@@ -243,13 +308,7 @@ pub(crate) fn get(
             (Err(_), None) => {}
         }
     });
-    opened.map_err(|e| {
-        if parent {
-            format!("forked child cannot open its own engine on {ifname} (the parent's engine owns it): {e}")
-        } else {
-            e
-        }
-    })
+    opened
 }
 
 #[cfg(test)]
@@ -262,32 +321,75 @@ mod tests {
     }
 
     /// A failed or unwinding open leaves no mark behind: the next caller
-    /// opens again instead of waiting for ever.
+    /// opens again (once the failure's retry time has come) instead of
+    /// waiting for ever.
     #[test]
     fn a_failed_or_panicking_open_leaves_the_key_free() {
-        let r = get("nwreg-test0", || Err("no such thing".into()));
+        let no = Duration::ZERO;
+        let r = get_retrying("nwreg-test0", || Err("no such thing".into()), no);
         assert_eq!(r.err().as_deref(), Some("no such thing"));
         assert_eq!(marks("nwreg-test0"), 0);
-        let p = std::panic::catch_unwind(|| get("nwreg-test0", || panic!("open failed hard")));
+        let p = std::panic::catch_unwind(|| {
+            get_retrying("nwreg-test1", || panic!("open failed hard"), no)
+        });
         assert!(p.is_err());
-        assert_eq!(marks("nwreg-test0"), 0);
+        assert_eq!(marks("nwreg-test1"), 0);
         // Concurrent callers for one key: each waits outside the lock and
-        // then opens itself (the first failed), never deadlocks.
+        // then opens itself (the first failed, its retry time is now),
+        // never deadlocks.
         let calls = std::sync::atomic::AtomicU32::new(0);
         std::thread::scope(|s| {
             for _ in 0..4 {
                 s.spawn(|| {
-                    let r = get("nwreg-test0", || {
-                        calls.fetch_add(1, Ordering::Relaxed);
-                        std::thread::sleep(std::time::Duration::from_millis(5));
-                        Err("refused".into())
-                    });
+                    let r = get_retrying(
+                        "nwreg-test2",
+                        || {
+                            calls.fetch_add(1, Ordering::Relaxed);
+                            std::thread::sleep(std::time::Duration::from_millis(5));
+                            Err("refused".into())
+                        },
+                        no,
+                    );
                     assert!(r.is_err());
                 });
             }
         });
-        assert_eq!(calls.load(Ordering::Relaxed), 4);
-        assert_eq!(marks("nwreg-test0"), 0);
+        assert!(calls.load(Ordering::Relaxed) >= 1);
+        assert_eq!(marks("nwreg-test2"), 0);
+    }
+
+    /// A failed open is not made again before its retry time: the callers
+    /// in between get its error, marked as remembered; after it, the next
+    /// caller opens again (the wait doubles per failure in a row).
+    #[test]
+    fn a_failed_open_is_remembered_until_its_retry_time() {
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let fail = || -> Result<Engine, String> {
+            calls.fetch_add(1, Ordering::Relaxed);
+            Err("XDP attach refused (EBUSY)".into())
+        };
+        let wait = Duration::from_millis(300);
+        let first = get_retrying("nwreg-test3", fail, wait).err();
+        assert_eq!(first.as_deref(), Some("XDP attach refused (EBUSY)"));
+        for _ in 0..50 {
+            let again = get_retrying("nwreg-test3", fail, wait).err().unwrap();
+            assert_eq!(again, format!("{REMEMBERED}XDP attach refused (EBUSY)"));
+        }
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+        assert_eq!(marks("nwreg-test3"), 0);
+        std::thread::sleep(wait + Duration::from_millis(50));
+        let third = get_retrying("nwreg-test3", fail, wait).err();
+        assert_eq!(third.as_deref(), Some("XDP attach refused (EBUSY)"));
+        assert_eq!(calls.load(Ordering::Relaxed), 2);
+        // Now twice the wait: still remembered after the first wait.
+        std::thread::sleep(wait + Duration::from_millis(50));
+        assert!(
+            get_retrying("nwreg-test3", fail, wait)
+                .err()
+                .unwrap()
+                .starts_with(REMEMBERED)
+        );
+        assert_eq!(calls.load(Ordering::Relaxed), 2);
     }
 
     /// A socket's namespace cookie is the thread's (this kernel has

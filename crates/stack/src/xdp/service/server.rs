@@ -1621,16 +1621,23 @@ pub fn serve(idle: Duration, log: bool, policy: Option<&str>) -> Result<i32, Str
 /// port held, the next run refused). The service keeps only stdin, stdout
 /// and stderr.
 pub fn close_inherited() {
-    // SAFETY: closes descriptors 3.. of this process, none of which it has
-    // opened yet (the caller runs it first in `engine serve`).
-    if unsafe { libc::close_range(3, u32::MAX, 0) } == 0 {
+    close_inherited_above(2);
+}
+
+/// Close every descriptor above `keep` (a process given fds 3..=keep
+/// keeps them).
+pub fn close_inherited_above(keep: i32) {
+    let first = keep.max(2) as u32 + 1;
+    // SAFETY: closes descriptors above `keep` of this process, none of
+    // which it has opened yet (the caller runs it first).
+    if unsafe { libc::close_range(first, u32::MAX, 0) } == 0 {
         return;
     }
     // No close_range (Linux < 5.9): every descriptor /proc lists.
     let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")
         .map(|d| {
             d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .filter(|&fd| fd > 2)
+                .filter(|&fd: &i32| fd >= first as i32)
                 .collect()
         })
         .unwrap_or_default();

@@ -5,10 +5,10 @@
 //! an engine of its own has no service, and nothing of it runs after
 //! SIGKILL: before this, its peers learned nothing (no FIN, no RST) until
 //! their own timeout. Now the engine's first TCP stack also makes the
-//! table and starts a warden: `nanowire engine warden --pid P --table
-//! /proc/P/fd/N`, a small process of its own (detached: its own session,
-//! reparented to init, invisible to the application's `wait`), that holds
-//! the table, a pidfd of the process and a raw IPv4 socket, and sleeps in
+//! table and starts a warden: `nanowire engine warden --pid P --pidfd 3
+//! --table-fd 4` (the process's pidfd and table given as fds 3 and 4), a
+//! small process of its own (detached: its own session, reparented to
+//! init), that holds the table, the pidfd and a raw IPv4 socket, and sleeps in
 //! `poll` until the process is gone. Then it reads the table and sends each
 //! connection's FIN or RST as the service does (the kernel's rule at close:
 //! FIN when nothing is lost, RST when data was unread, a connection waited
@@ -17,51 +17,198 @@
 //! After a normal exit the table is empty (the shim finished the
 //! connections on the way out) and it exits without a word.
 //!
-//! Cost: one process start (the application waits for the warden to be
-//! set up, a few ms) with the first TCP stack, the table's bookkeeping per
-//! touched connection (as on the service), no system call on the data
-//! path. `NANOWIRE_TCP_WARDEN=0` turns it off (the old behaviour).
-//! Limits: exec keeps the pid, so the old image's connections are ended
+//! Cost: one process start with the first TCP stack, made and waited for
+//! by a thread of the engine's (the application never waits for it), the
+//! table's bookkeeping per touched connection (as on the service), no
+//! system call on the data path. `NANOWIRE_TCP_WARDEN=0` turns it off (the
+//! old behaviour). Limits: a process killed in the moment between its first
+//! TCP stack and the thread's spawn (before any connection of it could be
+//! established) has no warden; the set-up process is the application's
+//! child for the few ms of its set-up (a `wait` for any child may reap it:
+//! handled); exec keeps the pid, so the old image's connections are ended
 //! when the new program dies, not at the exec; the warden needs the
 //! nanowire binary (`NANOWIRE_BIN`, set by `nanowire run`) and a raw
 //! socket (CAP_NET_RAW, which an engine of one's own needs anyway).
 
-use rustix::fd::{AsFd, OwnedFd};
+use rustix::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::Duration;
 
 /// Start the warden of this process for `table` (the connection table's
-/// memfd). Returns once it holds what it needs (`true`), `false` when
-/// turned off (`NANOWIRE_TCP_WARDEN=0`), or why it cannot start.
+/// memfd), off the caller's path: the caller (inside a first connect or
+/// listen) makes a pidfd of this process and a duplicate of the table,
+/// and a short-lived thread of the engine's spawns the warden with both
+/// (fds 3 and 4), waits for its set-up and reaps it. The caller never
+/// waits for a process start (it did: fork + exec of the nanowire binary
+/// and its set-up, ~9 ms of `ab -n 1`'s first connect at load 17,
+/// docs/benchmarks.md "Session 14: churn"). Once spawned the warden holds
+/// what it needs even if this process is killed before it is set up: it
+/// was given the pidfd and the table, it opens nothing of this process's.
+/// `Ok(true)`: the thread runs (a failure to start is said by it, once),
+/// `Ok(false)`: turned off (`NANOWIRE_TCP_WARDEN=0`).
 pub fn start(table: rustix::fd::BorrowedFd<'_>) -> Result<bool, String> {
     if std::env::var_os("NANOWIRE_TCP_WARDEN").is_some_and(|v| v == "0") {
         return Ok(false);
     }
     let bin = warden_bin().ok_or("the nanowire binary is unknown (set NANOWIRE_BIN)")?;
     let pid = std::process::id();
-    let fd = rustix::fd::AsRawFd::as_raw_fd(&table);
-    // Its stderr is the application's: it says there what it did, and why
-    // it could not start.
-    let st = std::process::Command::new(&bin)
-        .args([
-            "engine",
-            "warden",
-            "--pid",
-            &pid.to_string(),
-            "--table",
-            &format!("/proc/{pid}/fd/{fd}"),
-        ])
-        .env_remove("LD_PRELOAD")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .status();
-    match st {
-        Ok(s) if s.success() => Ok(true),
-        Ok(s) => Err(format!("the warden did not start ({s})")),
-        // The application's SIGCHLD handler (or SIG_IGN) reaped the set-up
-        // process first: it exits only once the warden is set up, and the
-        // warden says so itself if it fails.
-        Err(e) if e.raw_os_error() == Some(libc::ECHILD) => Ok(true),
-        Err(e) => Err(format!("cannot start the warden ({}): {e}", bin.display())),
+    let me = rustix::process::Pid::from_raw(pid as i32).ok_or("pid 0")?;
+    let pidfd = rustix::process::pidfd_open(me, rustix::process::PidfdFlags::empty())
+        .map_err(|e| format!("pidfd_open: {e}"))?;
+    // Above the spawn's targets (3, 4), so that no dup2 of the file
+    // actions overwrites the other's source.
+    let tdup =
+        rustix::io::fcntl_dupfd_cloexec(table, 16).map_err(|e| format!("connection table: {e}"))?;
+    let pfd = rustix::io::fcntl_dupfd_cloexec(&pidfd, 16).map_err(|e| format!("pidfd: {e}"))?;
+    drop_raw(pidfd);
+    let spawned = std::thread::Builder::new()
+        .name("nanowire-warden".into())
+        .stack_size(128 * 1024)
+        .spawn(move || {
+            let mut fds = Some((pfd, tdup));
+            crate::xdp::order::as_engine_thread(&mut || {
+                block_signals();
+                if let Some((p, t)) = fds.take() {
+                    let r = spawn_and_reap(&bin, pid, &p, &t);
+                    drop_raw(p);
+                    drop_raw(t);
+                    if let Err(e) = r {
+                        eprintln!(
+                            "nanowire: no warden: if this process is killed, its TCP connections end without a FIN or RST: {e}"
+                        );
+                    }
+                }
+            });
+        });
+    spawned
+        .map(|_| true)
+        .map_err(|e| format!("cannot start the warden's thread: {e}"))
+}
+
+/// Close `fd` with the raw system call (engine code never enters the
+/// shim's `close`).
+fn drop_raw(fd: OwnedFd) {
+    nanowire_xdp::sys::close(rustix::fd::IntoRawFd::into_raw_fd(fd));
+}
+
+/// Block every signal in the calling thread (a process-directed signal
+/// must never be delivered to an engine thread).
+fn block_signals() {
+    // SAFETY: a fresh sigset, filled, applied to this thread only.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+    }
+}
+
+/// The warden's fds in the spawned process.
+const PIDFD_AT: i32 = 3;
+const TABLE_AT: i32 = 4;
+
+/// `nanowire engine warden --pid P --pidfd 3 --table-fd 4`, stdin and
+/// stdout /dev/null, stderr the application's, no LD_PRELOAD, signals
+/// unblocked and at their defaults; then wait for the set-up process
+/// (it exits once the warden is set up and detached).
+fn spawn_and_reap(
+    bin: &std::path::Path,
+    pid: u32,
+    pidfd: &OwnedFd,
+    table: &OwnedFd,
+) -> Result<(), String> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let cstr = |b: &[u8]| CString::new(b).map_err(|_| "a NUL byte in an argument".to_string());
+    let path = cstr(bin.as_os_str().as_bytes())?;
+    let args = [
+        path.clone(),
+        cstr(b"engine")?,
+        cstr(b"warden")?,
+        cstr(b"--pid")?,
+        cstr(pid.to_string().as_bytes())?,
+        cstr(b"--pidfd")?,
+        cstr(PIDFD_AT.to_string().as_bytes())?,
+        cstr(b"--table-fd")?,
+        cstr(TABLE_AT.to_string().as_bytes())?,
+    ];
+    let env: Vec<CString> = std::env::vars_os()
+        .filter(|(k, _)| k != "LD_PRELOAD")
+        .filter_map(|(k, v)| {
+            let mut b = k.as_bytes().to_vec();
+            b.push(b'=');
+            b.extend_from_slice(v.as_bytes());
+            CString::new(b).ok()
+        })
+        .collect();
+    let mut argv: Vec<*mut libc::c_char> = args.iter().map(|a| a.as_ptr().cast_mut()).collect();
+    argv.push(std::ptr::null_mut());
+    let mut envp: Vec<*mut libc::c_char> = env.iter().map(|a| a.as_ptr().cast_mut()).collect();
+    envp.push(std::ptr::null_mut());
+    let null = cstr(b"/dev/null")?;
+    let mut child: libc::pid_t = 0;
+    // SAFETY: the file actions and attributes are initialised before use
+    // and destroyed after; every pointer passed (path, argv, envp, the
+    // /dev/null path) points to a NUL-terminated string that outlives the
+    // call; argv and envp end with a null pointer; posix_spawn writes the
+    // child's pid into `child`.
+    let r = unsafe {
+        let mut fa: libc::posix_spawn_file_actions_t = std::mem::zeroed();
+        let mut at: libc::posix_spawnattr_t = std::mem::zeroed();
+        libc::posix_spawn_file_actions_init(&mut fa);
+        libc::posix_spawnattr_init(&mut at);
+        libc::posix_spawn_file_actions_adddup2(&mut fa, pidfd.as_raw_fd(), PIDFD_AT);
+        libc::posix_spawn_file_actions_adddup2(&mut fa, table.as_raw_fd(), TABLE_AT);
+        libc::posix_spawn_file_actions_addopen(&mut fa, 0, null.as_ptr(), libc::O_RDONLY, 0);
+        libc::posix_spawn_file_actions_addopen(&mut fa, 1, null.as_ptr(), libc::O_WRONLY, 0);
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigfillset(&mut all);
+        libc::posix_spawnattr_setsigmask(&mut at, &none);
+        libc::posix_spawnattr_setsigdefault(&mut at, &all);
+        libc::posix_spawnattr_setflags(
+            &mut at,
+            (libc::POSIX_SPAWN_SETSIGMASK | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short,
+        );
+        let r = libc::posix_spawn(
+            &mut child,
+            path.as_ptr(),
+            &fa,
+            &at,
+            argv.as_ptr(),
+            envp.as_ptr(),
+        );
+        libc::posix_spawn_file_actions_destroy(&mut fa);
+        libc::posix_spawnattr_destroy(&mut at);
+        r
+    };
+    if r != 0 {
+        return Err(format!(
+            "cannot start the warden ({}): {}",
+            bin.display(),
+            std::io::Error::from_raw_os_error(r)
+        ));
+    }
+    let mut status = 0;
+    loop {
+        // SAFETY: waits for our own child, writes its status.
+        let w = unsafe { libc::waitpid(child, &mut status, 0) };
+        if w == child {
+            break;
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::EINTR) => continue,
+            // The application's SIGCHLD handler (or SIG_IGN) reaped the
+            // set-up process first: it exits only once the warden is set
+            // up, and the warden says so itself if it fails.
+            _ => return Ok(()),
+        }
+    }
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "the warden did not start (wait status {status:#x})"
+        ))
     }
 }
 
@@ -76,24 +223,37 @@ fn warden_bin() -> Option<std::path::PathBuf> {
     (exe.file_name()? == "nanowire").then_some(exe)
 }
 
-/// `nanowire engine warden`: set up (the table, a pidfd of `pid`, a raw
-/// socket), detach (the caller returns: the process goes on), wait for the
-/// process's end, end its connections. Runs in a fresh process (the
-/// caller closed inherited descriptors).
-pub fn run(pid: u32, table: &str) -> Result<i32, String> {
-    let tfd = rustix::fs::open(
-        table,
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
-    .map_err(|e| format!("connection table {table}: {e}"))?;
+/// `nanowire engine warden`: set up (the table and the pidfd of `pid`
+/// given at `table_fd` and `pidfd`, a raw socket), detach (the caller
+/// returns: the process goes on), wait for the process's end, end its
+/// connections. Runs in a fresh process (the caller closed every other
+/// inherited descriptor).
+pub fn run(pid: u32, pidfd: i32, table_fd: i32) -> Result<i32, String> {
+    let own = |fd: i32, what: &str| {
+        if fd < 0 {
+            return Err(format!("{what}: no descriptor"));
+        }
+        // SAFETY: given to this process for it (the spawn's file actions);
+        // nothing else here owns it.
+        Ok(unsafe { <OwnedFd as rustix::fd::FromRawFd>::from_raw_fd(fd) })
+    };
+    let tfd = own(table_fd, "connection table")?;
+    let pidfd = own(pidfd, "pidfd")?;
+    // A pidfd (of a live or a dead process), not some other descriptor
+    // (whose poll would say "ended" at once).
+    // SAFETY: pidfd_send_signal with signal 0 only checks; no pointers.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), 0, 0usize, 0) };
+    if r != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH) {
+        return Err(format!(
+            "pidfd {}: not a process's ({})",
+            pidfd.as_raw_fd(),
+            std::io::Error::last_os_error()
+        ));
+    }
     let st = rustix::fs::fstat(&tfd).map_err(|e| format!("connection table: {e}"))?;
     if st.st_size as usize != super::conns::TABLE_BYTES {
         return Err("connection table: not the table's size".into());
     }
-    let pid_nz = rustix::process::Pid::from_raw(pid as i32).ok_or("pid 0")?;
-    let pidfd = rustix::process::pidfd_open(pid_nz, rustix::process::PidfdFlags::empty())
-        .map_err(|e| format!("pidfd_open({pid}): {e}"))?;
     let raw = raw_socket()?;
     // Detach: the set-up process exits (its parent, the application, is
     // waiting for it), the warden goes on in a session of its own.
