@@ -1714,3 +1714,115 @@ fn a_tcp_turn_never_waits_behind_a_stalled_request_to_the_service() {
     assert!(out.contains("ok"), "{}", c.both());
     on_engine(&c, &format!("udp {ADDR_A}:15602"));
 }
+
+/// `ADDR PORT`: a UDP socket bound (on the engine service: the service
+/// holds the interface), then nothing until killed.
+const UDP_HOLDER: &str = r#"
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], int(sys.argv[2])))
+print("bound", flush=True)
+time.sleep(600)
+"#;
+
+/// `ADDR PORT N`: accepts N connections, answers each "hi" and closes it;
+/// "done" at the end.
+const HI_SERVER: &str = concat!(
+    py_prelude!(),
+    r#"
+s = listener(64)
+for _ in range(int(sys.argv[3])):
+    c, _ = s.accept()
+    c.sendall(b"hi\n")
+    c.close()
+print("done", flush=True)
+"#
+);
+
+/// `ADDR PORT N`: N connections one after another, each read to EOF;
+/// prints how many answered "hi".
+const HI_CLIENT: &str = r#"
+import socket, sys
+n = 0
+for _ in range(int(sys.argv[3])):
+    c = socket.create_connection((sys.argv[1], int(sys.argv[2])), 10)
+    d = b""
+    while True:
+        x = c.recv(64)
+        if not x: break
+        d += x
+    n += d == b"hi\n"
+    c.close()
+print("answers", n, flush=True)
+"#;
+
+/// With an engine service owning the interface, a process under run NOT
+/// set to use it (`NANOWIRE_SERVICE` unset) cannot attach an engine of
+/// its own: it falls back to kernel sockets, says why once at the default
+/// level, and does not open its engine again at every connect (it did:
+/// UMEM, maps, program loads, then EBUSY, ~19 ms of CPU and one warning
+/// per connection; the registry now remembers the failure and tries again
+/// only after 1 s, then 2, 4 ...). Every connection works as plainly.
+#[test]
+#[ignore = "needs root"]
+fn an_own_engine_refused_by_the_service_is_not_opened_again_per_connect() {
+    let lab = lab("svref");
+    let _svc = start_service_in(&lab, Host::A);
+    // The service holds the interface while a process is attached to it.
+    let a = ADDR_A.to_string();
+    let mut hold = run_in(
+        &lab,
+        Host::A,
+        &[],
+        &["python3", "-c", UDP_HOLDER, &a, "15721"],
+    );
+    env_service(&mut hold);
+    let mut holder = spawn("refused-holder", hold);
+    holder.wait_for("bound", T);
+    assert!(
+        holder.stderr().contains(": xdp"),
+        "the holder is on the service: {}",
+        holder.both()
+    );
+    let port = "15720";
+    let n = "40";
+    let b = ADDR_B.to_string();
+    let mut outs = Vec::new();
+    for (k, run) in [false, true].into_iter().enumerate() {
+        let mut srv = spawn(
+            &format!("refused-hi-server-{k}"),
+            plain_in(&lab, Host::B, &["python3", "-c", HI_SERVER, &b, port, n]),
+        );
+        srv.wait_for("listening", T);
+        let argv = ["python3", "-c", HI_CLIENT, &b, port, n];
+        let cmd = if run {
+            let mut c = run_in(&lab, Host::A, &[], &argv);
+            c.env_remove("NANOWIRE_SERVICE");
+            c
+        } else {
+            plain_in(&lab, Host::A, &argv)
+        };
+        let mut cli = spawn(&format!("refused-hi-client-{k}"), cmd);
+        cli.success(T);
+        srv.success(T);
+        outs.push((cli.stdout(), cli.stderr()));
+    }
+    assert_eq!(outs[0].0, format!("answers {n}\n"));
+    assert_eq!(outs[0].0, outs[1].0, "plain (left) and under run (right)");
+    let said: Vec<&str> = outs[1]
+        .1
+        .lines()
+        .filter(|l| l.contains("xdp not used"))
+        .collect();
+    assert_eq!(
+        said.len(),
+        1,
+        "the fallback's reason, said once for {n} connections:\n{}",
+        outs[1].1
+    );
+    assert!(
+        said[0].contains("refused"),
+        "the reason is the refused attach: {}",
+        said[0]
+    );
+}

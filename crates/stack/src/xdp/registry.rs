@@ -273,7 +273,7 @@ fn get_retrying(
         }
     }
     let mut mark = Mark(pid, ns, ifname, true);
-    let opened = open().map(Arc::new).map_err(|e| {
+    let mut opened = open().map(Arc::new).map_err(|e| {
         if parent {
             format!("forked child cannot open its own engine on {ifname} (the parent's engine owns it): {e}")
         } else {
@@ -285,8 +285,9 @@ fn get_retrying(
         let at = failed
             .iter()
             .position(|f| f.0 == pid && f.1 == ns && f.2 == ifname);
-        let wait = at.map_or(retry_first, |k| failed.swap_remove(k).5);
-        if let Err(e) = &opened {
+        let before = at.map(|k| failed.swap_remove(k));
+        let wait = before.as_ref().map_or(retry_first, |f| f.5);
+        if let Err(e) = &mut opened {
             failed.push((
                 pid,
                 ns,
@@ -295,6 +296,10 @@ fn get_retrying(
                 Instant::now() + wait,
                 (wait * 2).min(RETRY_MAX),
             ));
+            // Tried again for the same reason: said at the first.
+            if before.is_some_and(|f| f.3 == *e) {
+                e.insert_str(0, REMEMBERED);
+            }
         }
         let at = reg
             .iter()
@@ -378,8 +383,9 @@ mod tests {
         assert_eq!(calls.load(Ordering::Relaxed), 1);
         assert_eq!(marks("nwreg-test3"), 0);
         std::thread::sleep(wait + Duration::from_millis(50));
-        let third = get_retrying("nwreg-test3", fail, wait).err();
-        assert_eq!(third.as_deref(), Some("XDP attach refused (EBUSY)"));
+        // Opened again, failed for the same reason: marked as said.
+        let third = get_retrying("nwreg-test3", fail, wait).err().unwrap();
+        assert_eq!(third, format!("{REMEMBERED}XDP attach refused (EBUSY)"));
         assert_eq!(calls.load(Ordering::Relaxed), 2);
         // Now twice the wait: still remembered after the first wait.
         std::thread::sleep(wait + Duration::from_millis(50));
