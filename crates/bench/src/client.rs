@@ -309,6 +309,38 @@ impl<'a> Run<'a> {
         t.duration_since(self.t0).as_nanos() as u64
     }
 
+    /// Send request `seq` (asking for a reply when `pong`) and count it:
+    /// the send time is read just before the send call, and a request sent
+    /// in the valid period counts as sent (and as asked, with `pong`).
+    #[inline]
+    fn send_request(
+        &mut self,
+        tr: &mut dyn Transport,
+        msg: &mut [u8],
+        seq: u64,
+        pong: bool,
+    ) -> Result<Instant, String> {
+        let flags = if pong { FLAG_PONG_REQUEST } else { 0 };
+        SockperfHeader::new_unchecked(&mut msg[..]).fill_request(seq, flags);
+        let tx = Instant::now();
+        tr.send_msg(msg)
+            .map_err(|e| io_error(self.cfg, "send to", e))?;
+        let valid = tx >= self.valid_from;
+        self.mark_cpu(valid);
+        if pong {
+            let tx_ns = self.ns(tx);
+            self.push(seq, tx_ns, valid);
+            if valid {
+                self.c.asked += 1;
+            }
+        }
+        self.c.total_sent += 1;
+        if valid {
+            self.c.sent += 1;
+        }
+        Ok(tx)
+    }
+
     fn push(&mut self, seq: u64, tx_ns: u64, valid: bool) {
         self.q.push_back(Pending {
             seq,
@@ -710,20 +742,7 @@ fn run_pp(
         if now >= end {
             return Ok(now);
         }
-        SockperfHeader::new_unchecked(&mut msg[..]).fill_request(seq, FLAG_PONG_REQUEST);
-        let tx = Instant::now();
-        tr.send_msg(msg).map_err(|e| io_error(cfg, "send to", e))?;
-        let valid = tx >= run.valid_from;
-        run.mark_cpu(valid);
-        let tx_ns = run.ns(tx);
-        run.push(seq, tx_ns, valid);
-        if valid {
-            run.c.asked += 1;
-        }
-        run.c.total_sent += 1;
-        if valid {
-            run.c.sent += 1;
-        }
+        let tx = run.send_request(tr, msg, seq, true)?;
         let dl = tx + cfg.reply_timeout;
         while let Some(n) = tr
             .recv_msg(rbuf, Some(dl))
@@ -772,23 +791,7 @@ fn run_ul(
         }
         if now >= next_send {
             let pong = (seq - first).is_multiple_of(cfg.reply_every);
-            let flags = if pong { FLAG_PONG_REQUEST } else { 0 };
-            SockperfHeader::new_unchecked(&mut msg[..]).fill_request(seq, flags);
-            let tx = Instant::now();
-            tr.send_msg(msg).map_err(|e| io_error(cfg, "send to", e))?;
-            let valid = tx >= run.valid_from;
-            run.mark_cpu(valid);
-            if pong {
-                let tx_ns = run.ns(tx);
-                run.push(seq, tx_ns, valid);
-                if valid {
-                    run.c.asked += 1;
-                }
-            }
-            run.c.total_sent += 1;
-            if valid {
-                run.c.sent += 1;
-            }
+            run.send_request(tr, msg, seq, pong)?;
             seq += 1;
             next_send += interval;
             if now > next_send + Duration::from_millis(10) {
