@@ -2,6 +2,7 @@
 
 use nanowire_lab::testbed::{Host, ScopedLab};
 use nanowire_testkit::Reaped;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -259,7 +260,6 @@ fn udp_payload(frame: &[u8]) -> Option<(u16, u16, Vec<u8>)> {
     ))
 }
 
-/// A fresh directory only we can use (never a predictable file in /tmp).
 /// `nanowire capture -i IFACE -w FILE ARGS -t 120` on host b's interface,
 /// running (the 120 s only bound a capture a test failed to stop).
 fn capture_in_b(lab: &ScopedLab, file: &std::path::Path, args: &[&str]) -> Spawned {
@@ -270,8 +270,21 @@ fn capture_in_b(lab: &ScopedLab, file: &std::path::Path, args: &[&str]) -> Spawn
     Spawned::new(lab.command(Host::B, &argv), false)
 }
 
+/// A fresh directory only we can use (never a predictable file in /tmp).
 fn private_dir(tag: &str) -> std::path::PathBuf {
     nanowire_lab::tmp::private_dir(tag).unwrap()
+}
+
+/// Lab `tag` with an xdp echo on `port` in host b and a capture (`args`)
+/// tapping its engine into `tap.pcapng` of a private directory: (lab,
+/// directory, echo, capture).
+fn tapped_echo(tag: char, port: u16, args: &[&str]) -> (ScopedLab, PathBuf, Spawned, Spawned) {
+    let lab = cap_lab(tag);
+    let dir = private_dir(&format!("nwcap{tag}"));
+    let echo = xdp_echo(&lab, port);
+    let cap = capture_in_b(&lab, &dir.join("tap.pcapng"), args);
+    cap.wait_line("tapping the xdp engine", Duration::from_secs(20));
+    (lab, dir, echo, cap)
 }
 
 fn tshark_lines(file: &std::path::Path, filter: &str) -> usize {
@@ -303,12 +316,8 @@ fn tshark_lines(file: &std::path::Path, filter: &str) -> usize {
 #[test]
 #[ignore = "needs root"]
 fn tap_capture_holds_every_accelerated_frame_both_ways() {
-    let lab = cap_lab('t');
-    let dir = private_dir("nwcapt");
+    let (lab, dir, echo, mut cap) = tapped_echo('t', 5400, &["--port", "5400"]);
     let file = dir.join("tap.pcapng");
-    let echo = xdp_echo(&lab, 5400);
-    let mut cap = capture_in_b(&lab, &file, &["--port", "5400"]);
-    cap.wait_line("tapping the xdp engine", Duration::from_secs(20));
     const N: usize = 300;
     let out = py_a(
         &lab,
@@ -419,13 +428,8 @@ fn tap_words(engine_pid: u32) -> Vec<(u64, u64)> {
 #[test]
 #[ignore = "needs root"]
 fn a_capture_killed_with_sigkill_stops_the_engine_copying() {
-    let lab = cap_lab('k');
-    let dir = private_dir("nwcapk");
-    let file = dir.join("k.pcapng");
-    let echo = xdp_echo(&lab, 5500);
+    let (lab, dir, echo, mut cap) = tapped_echo('k', 5500, &[]);
     let epid = echo.child.id();
-    let mut cap = capture_in_b(&lab, &file, &[]);
-    cap.wait_line("tapping the xdp engine", Duration::from_secs(20));
     let echoes = |n: usize| {
         let out = py_a(
             &lab,

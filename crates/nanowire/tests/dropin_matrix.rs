@@ -81,11 +81,7 @@ fn once(
     argv: &[&str],
     name: &str,
 ) -> Kid {
-    let mut c = if run {
-        run_in(lab, h, &[], argv)
-    } else {
-        plain_in(lab, h, argv)
-    };
+    let mut c = run_or_plain(lab, h, run, argv);
     envs(&mut c, env);
     let mut k = spawn(name, c);
     k.wait(T);
@@ -206,18 +202,10 @@ fn rx_tx(
     let mut rx_argv = vec!["python3".to_string(), script("rx.py")];
     rx_argv.extend(rx_args.iter().map(|s| s.to_string()));
     let rx_argv: Vec<&str> = rx_argv.iter().map(|s| s.as_str()).collect();
-    let c = if rx_run {
-        run_in(lab, Host::B, &[], &rx_argv)
-    } else {
-        plain_in(lab, Host::B, &rx_argv)
-    };
+    let c = run_or_plain(lab, Host::B, rx_run, &rx_argv);
     let mut rx = spawn(&format!("{name}-rx"), c);
     started(&mut rx);
-    let c = if tx_run {
-        run_in(lab, Host::A, &[], tx_argv)
-    } else {
-        plain_in(lab, Host::A, tx_argv)
-    };
+    let c = run_or_plain(lab, Host::A, tx_run, tx_argv);
     let mut tx = spawn(&format!("{name}-tx"), c);
     tx.success(T);
     rx.success(T);
@@ -316,11 +304,7 @@ fn multicast_every_receiver_gets_every_datagram() {
     ] {
         let mut kids = Vec::new();
         for (i, &run) in modes.iter().enumerate() {
-            let c = if run {
-                run_in(&lab, Host::B, &[], &rx)
-            } else {
-                plain_in(&lab, Host::B, &rx)
-            };
+            let c = run_or_plain(&lab, Host::B, run, &rx);
             let mut k = spawn(&format!("m-{modes:?}-{i}"), c);
             started(&mut k);
             kids.push(k);
@@ -387,11 +371,7 @@ fn specific_bind_in_another_process_wins() {
     // (wildcard under run?, wildcard binds first?)
     for (wild_run, wild_first) in [(false, true), (true, true), (true, false)] {
         let start = |argv: &[&str], run: bool, n: &str| {
-            let c = if run {
-                run_in(&lab, Host::B, &[], argv)
-            } else {
-                plain_in(&lab, Host::B, argv)
-            };
+            let c = run_or_plain(&lab, Host::B, run, argv);
             let mut k = spawn(n, c);
             started(&mut k);
             k
@@ -454,11 +434,7 @@ fn java_node_dnsmasq_match_plain() {
         nanowire_testkit::require(&[argv[0]]);
         let mut outs = Vec::new();
         for run in [false, true] {
-            let c = if run {
-                run_in(&lab, Host::B, &[], argv)
-            } else {
-                plain_in(&lab, Host::B, argv)
-            };
+            let c = run_or_plain(&lab, Host::B, run, argv);
             let mut srv = spawn(&format!("r-{name}-{run}"), c);
             srv.wait_for("ready", Duration::from_secs(60));
             let mut cl = spawn(
@@ -505,22 +481,14 @@ fn java_node_dnsmasq_match_plain() {
             "nothere.matrix.lab",
             "A",
         ];
-        let c = if run {
-            run_in(&lab, Host::A, &[], &argv)
-        } else {
-            plain_in(&lab, Host::A, &argv)
-        };
+        let c = run_or_plain(&lab, Host::A, run, &argv);
         let mut k = spawn(n, c);
         k.success(T);
         k.stdout()
     };
     let mut results = Vec::new();
     for (srv_run, cl_run) in [(false, false), (true, false), (false, true)] {
-        let c = if srv_run {
-            run_in(&lab, Host::B, &[], &dns_argv)
-        } else {
-            plain_in(&lab, Host::B, &dns_argv)
-        };
+        let c = run_or_plain(&lab, Host::B, srv_run, &dns_argv);
         let srv = spawn(&format!("r-dnsmasq-{srv_run}"), c);
         // dnsmasq prints "started" on stderr once its sockets are bound.
         let mut srv = srv;

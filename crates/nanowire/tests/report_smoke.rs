@@ -88,6 +88,15 @@ fn check_runs(ex: &Value) {
         // (a smoke run under load once gave one, and the message said
         // only which field).
         let at = |what: &str| format!("{what} in run {r}");
+        // min <= p50 <= max of a latency_us object (`whose`: sink, bench).
+        let ordered = |l: &Value, whose: &str| {
+            let (mn, p50, mx) = (
+                finite(&l["min"], &at("min")),
+                finite(&l["p50"], &at("p50")),
+                finite(&l["max"], &at("max")),
+            );
+            assert!(mn <= p50 && p50 <= mx, "{whose} latency out of order: {l}");
+        };
         if let Some(sink) = res.get("sink") {
             let g = &res["generator"];
             assert!(finite(&g["sent"], &at("generator sent")) > 0.0);
@@ -97,12 +106,7 @@ fn check_runs(ex: &Value) {
                 "received more than sent: {r}"
             );
             if let Some(l) = sink.get("latency_us").filter(|l| !l.is_null()) {
-                let (mn, p50, mx) = (
-                    finite(&l["min"], &at("min")),
-                    finite(&l["p50"], &at("p50")),
-                    finite(&l["max"], &at("max")),
-                );
-                assert!(mn <= p50 && p50 <= mx, "sink latency out of order: {l}");
+                ordered(l, "sink");
                 assert!(finite(&l["samples"], &at("samples")) > 0.0);
             }
             // Every loss is accounted for by a counter.
@@ -115,12 +119,7 @@ fn check_runs(ex: &Value) {
             .get("latency_us")
             .filter(|_| res["mode"] != "tp" && res["mode"] != "throughput")
         {
-            let (mn, p50, mx) = (
-                finite(&l["min"], &at("min")),
-                finite(&l["p50"], &at("p50")),
-                finite(&l["max"], &at("max")),
-            );
-            assert!(mn <= p50 && p50 <= mx, "bench latency out of order: {l}");
+            ordered(l, "bench");
             assert!(finite(&res["received"], &at("received")) > 0.0);
         }
     }

@@ -24,6 +24,22 @@ fn cmd_in(l: &ScopedLab, h: Host, run: bool, args: &[&str]) -> std::process::Com
     xdp_or_plain(l, h, run, &argv)
 }
 
+/// A probe server in host b (`srv`: under run?, its arguments), once it
+/// printed `ready`, then a probe client in host a (`cli`) run to success:
+/// the server (still running) and the client's output. Named `name`-srv
+/// and `name`-cli.
+fn probe_pair(
+    l: &ScopedLab,
+    name: &str,
+    (srv_run, srv, ready): (bool, &[&str], &str),
+    (cli_run, cli): (bool, &[&str]),
+) -> (Kid, String) {
+    let mut s = spawn(&format!("{name}-srv"), cmd_in(l, Host::B, srv_run, srv));
+    s.wait_for(ready, T);
+    let mut c = spawn(&format!("{name}-cli"), cmd_in(l, Host::A, cli_run, cli));
+    (s, c.success(T))
+}
+
 #[test]
 #[ignore = "needs root"]
 fn udp_ip_ttl_and_tos_leave_as_set_in_both_placements() {
@@ -31,17 +47,14 @@ fn udp_ip_ttl_and_tos_leave_as_set_in_both_placements() {
     let b = ADDR_B.to_string();
     for (i, run) in [false, true].into_iter().enumerate() {
         let port = (14100 + i).to_string();
-        let mut r = spawn(
-            &format!("udp-recv-{i}"),
-            cmd_in(&l, Host::B, false, &["udp-recv", &b, &port]),
-        );
-        r.wait_for("ready", T);
-        let mut s = spawn(
-            &format!("udp-send-{i}"),
-            cmd_in(&l, Host::A, run, &["udp-send", &b, &port]),
+        let recv = (false, &["udp-recv", &b, &port][..], "ready");
+        let (mut r, sent) = probe_pair(
+            &l,
+            &format!("udp-{i}"),
+            recv,
+            (run, &["udp-send", &b, &port]),
         );
         let got = r.success(T);
-        let sent = s.success(T);
         assert_eq!(line_of(&got, "ttl="), "ttl=7 tos=0xb8", "run={run}\n{got}");
         // getsockopt reads back what was set, as plainly.
         assert_eq!(
@@ -113,21 +126,9 @@ fn tcp_md5sig_never_goes_unsigned() {
     // both placements of the client.
     for (i, run) in [false, true].into_iter().enumerate() {
         let port = (14300 + i).to_string();
-        let mut s = spawn(
-            &format!("md5-nokey-{i}"),
-            cmd_in(&l, Host::B, false, &["md5-server", &b, &port]),
-        );
-        s.wait_for("listening", T);
-        let mut c = spawn(
-            &format!("md5-cli-{i}"),
-            cmd_in(
-                &l,
-                Host::A,
-                run,
-                &["md5-client", &b, &port, "nanowire-md5-key"],
-            ),
-        );
-        let co = c.success(T);
+        let srv = (false, &["md5-server", &b, &port][..], "listening");
+        let cli = ["md5-client", &b, &port, "nanowire-md5-key"];
+        let (_s, co) = probe_pair(&l, &format!("md5-nokey-{i}"), srv, (run, &cli));
         assert_eq!(line_of(&co, "timeout"), "timeout", "run={run}\n{co}");
         if run {
             assert!(
@@ -142,21 +143,9 @@ fn tcp_md5sig_never_goes_unsigned() {
         .enumerate()
     {
         let port = (14310 + i).to_string();
-        let mut s = spawn(
-            &format!("md5-key-{i}"),
-            cmd_in(&l, Host::B, srv_run, &["md5-server", &b, &port, &a]),
-        );
-        s.wait_for("listening", T);
-        let mut c = spawn(
-            &format!("md5-keycli-{i}"),
-            cmd_in(
-                &l,
-                Host::A,
-                cli_run,
-                &["md5-client", &b, &port, "nanowire-md5-key"],
-            ),
-        );
-        let co = c.success(T);
+        let srv = (srv_run, &["md5-server", &b, &port, &a][..], "listening");
+        let cli = ["md5-client", &b, &port, "nanowire-md5-key"];
+        let (mut s, co) = probe_pair(&l, &format!("md5-key-{i}"), srv, (cli_run, &cli));
         assert_eq!(line_of(&co, "connected"), "connected signed", "{co}");
         let so = s.success(T);
         assert!(so.contains("accepted"), "{so}");
@@ -180,16 +169,13 @@ fn tcp_minttl_refuses_lower_ttls_as_the_kernel() {
     .enumerate()
     {
         let port = (14400 + i).to_string();
-        let mut s = spawn(
-            &format!("minttl-{i}"),
-            cmd_in(&l, Host::B, run, &["minttl-server", &b, &port, when]),
+        let srv = (
+            run,
+            &["minttl-server", &b, &port, when][..],
+            "listening minttl=255",
         );
-        s.wait_for("listening minttl=255", T);
-        let mut low = spawn(
-            &format!("ttl64-{i}"),
-            cmd_in(&l, Host::A, false, &["ttl-client", &b, &port, "64"]),
-        );
-        let lo = low.success(T);
+        let cli = ["ttl-client", &b, &port, "64"];
+        let (mut s, lo) = probe_pair(&l, &format!("minttl-{i}"), srv, (false, &cli));
         assert_eq!(line_of(&lo, "timeout"), "timeout", "run={run} {when}\n{lo}");
         let mut high = spawn(
             &format!("ttl255-{i}"),

@@ -6,7 +6,7 @@
 //! The probe is `scripts/sendfile_probe.py`.
 
 mod run_support;
-use nanowire_lab::testbed::{ADDR_B, Host, ScopedLab};
+use nanowire_lab::testbed::{ADDR_B, Host};
 use run_support::*;
 use std::time::Duration;
 
@@ -37,7 +37,11 @@ fn file(tag: &str) -> (String, String) {
 
 const PLACEMENTS: [(bool, bool); 4] = [(false, false), (true, false), (false, true), (true, true)];
 
-fn serve_and_fetch(l: &ScopedLab, path: &str, want: &str, mode: &str, base: u16) {
+/// The server sends the file (`mode`: sendfile, splice) to the client in
+/// all four placements, ports `base`.., a lab tagged `tag`.
+fn serve_and_fetch(tag: &str, mode: &str, base: u16) {
+    let (l, (path, want)) = (&lab(tag), file(tag));
+    let (path, want) = (path.as_str(), want.as_str());
     let b = ADDR_B.to_string();
     for (i, (srv_run, cli_run)) in PLACEMENTS.into_iter().enumerate() {
         let port = (base + i as u16).to_string();
@@ -77,17 +81,13 @@ fn serve_and_fetch(l: &ScopedLab, path: &str, want: &str, mode: &str, base: u16)
 #[test]
 #[ignore = "needs root"]
 fn sendfile_50mb_in_all_four_placements() {
-    let l = lab("sf");
-    let (path, want) = file("sf");
-    serve_and_fetch(&l, &path, &want, "sendfile", 15100);
+    serve_and_fetch("sf", "sendfile", 15100);
 }
 
 #[test]
 #[ignore = "needs root"]
 fn splice_from_a_pipe_into_the_connection_in_all_four_placements() {
-    let l = lab("sp");
-    let (path, want) = file("sp");
-    serve_and_fetch(&l, &path, &want, "splice", 15200);
+    serve_and_fetch("sp", "splice", 15200);
 }
 
 #[test]

@@ -27,7 +27,7 @@ fn server(
 ) -> Kid {
     let ports = port.to_string();
     let addr = ADDR_B.to_string();
-    let mut cmd: Vec<String> = vec!["sockperf".into(), "sr".into()];
+    let mut cmd: Vec<String> = vec![];
     match feed {
         Some(m) => {
             let f = feed_file(tag, if tcp { 'T' } else { 'U' }, port);
@@ -41,9 +41,7 @@ fn server(
         }
     }
     let argv: Vec<&str> = cmd.iter().map(|s| s.as_str()).collect();
-    let mut k = spawn(&format!("{tag}-sr"), run_in(lab, Host::B, run_args, &argv));
-    k.wait_for("to block on socket", Duration::from_secs(20));
-    k
+    sockperf_sr_run(lab, &format!("{tag}-sr"), run_args, &argv)
 }
 
 fn client(
@@ -154,15 +152,12 @@ fn sockperf_feed_modes_select_poll_epoll_udp_and_tcp() {
 fn run_logs_the_engine_of_each_socket() {
     let lab = lab("l");
     let addr = ADDR_B.to_string();
-    let mut cmd = run_in(
+    let srv = sockperf_sr_run(
         &lab,
-        Host::B,
+        "log-sr",
         &["--engine", "spin"],
-        &["sockperf", "sr", "-i", &addr, "-p", "11300"],
+        &["-i", &addr, "-p", "11300"],
     );
-    cmd.env("NANOWIRE_LOG", "info");
-    let mut srv = spawn("log-sr", cmd);
-    srv.wait_for("to block on socket", Duration::from_secs(20));
     let err = srv.stderr();
     assert!(err.contains("udp: spin (kernel socket"), "{err}");
     assert!(err.contains("xdp not used: engine spin requested"), "{err}");

@@ -21,15 +21,7 @@ fn feed_file(name: &str, port: u16) -> String {
 fn sockperf_udp_on_xdp_pp_ul_tp_and_stats_lists_the_socket() {
     let lab = lab("x");
     let addr = ADDR_B.to_string();
-    let mut cmd = run_in(
-        &lab,
-        Host::B,
-        &[],
-        &["sockperf", "sr", "-i", &addr, "-p", "11500"],
-    );
-    cmd.env("NANOWIRE_LOG", "info");
-    let mut srv = spawn("x-sr", cmd);
-    srv.wait_for("to block on socket", Duration::from_secs(20));
+    let srv = sockperf_sr_run(&lab, "x-sr", &[], &["-i", &addr, "-p", "11500"]);
     assert!(
         srv.stderr()
             .contains(&format!("udp {addr}:11500: xdp (interface")),
@@ -73,16 +65,7 @@ fn sockperf_feed_modes_on_xdp() {
     for (i, mode) in ["s", "p", "e"].into_iter().enumerate() {
         let port = 11600 + i as u16;
         let f = feed_file(&format!("y{mode}"), port);
-        let mut srv = spawn(
-            &format!("y-sr-{mode}"),
-            run_in(
-                &lab,
-                Host::B,
-                &[],
-                &["sockperf", "sr", "-f", &f, "-F", mode],
-            ),
-        );
-        srv.wait_for("to block on socket", Duration::from_secs(20));
+        let _srv = sockperf_sr_run(&lab, &format!("y-sr-{mode}"), &[], &["-f", &f, "-F", mode]);
         // The client uses the same iomux on its side.
         let mut k = spawn(
             &format!("y-pp-{mode}"),

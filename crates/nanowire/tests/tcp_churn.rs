@@ -99,11 +99,7 @@ fn ab_one_connection_per_request_against_nginx_plain_and_under_run() {
     for c in ["1", "20"] {
         for under_run in [false, true] {
             let argv = ["ab", "-q", "-n", "300", "-c", c, "-s", "10", &url];
-            let cmd = if under_run {
-                run_in(&lab, Host::A, &[], &argv)
-            } else {
-                plain_in(&lab, Host::A, &argv)
-            };
+            let cmd = run_or_plain(&lab, Host::A, under_run, &argv);
             let what = format!("ab -c {c} (under run: {under_run})");
             let out = output(cmd, &what);
             assert_eq!(
@@ -130,11 +126,7 @@ fn wrk_connections_against_nginx_plain_and_under_run() {
     for c in ["10", "50"] {
         for under_run in [false, true] {
             let argv = ["wrk", "-t2", "-c", c, "-d2", &url];
-            let cmd = if under_run {
-                run_in(&lab, Host::A, &[], &argv)
-            } else {
-                plain_in(&lab, Host::A, &argv)
-            };
+            let cmd = run_or_plain(&lab, Host::A, under_run, &argv);
             let what = format!("wrk -c {c} (under run: {under_run})");
             let out = output(cmd, &what);
             assert!(out.contains("requests in"), "{what}:\n{out}");
@@ -498,11 +490,7 @@ while True:
         let argv = ["python3", "-c", &server];
         let _srv = spawn(
             &format!("server-{under_run}"),
-            if under_run {
-                run_in(&lab, Host::B, &[], &argv)
-            } else {
-                plain_in(&lab, Host::B, &argv)
-            },
+            run_or_plain(&lab, Host::B, under_run, &argv),
         );
         let out = cl.success(Duration::from_secs(90));
         let ok = out

@@ -419,6 +419,27 @@ static int get_int(int s, int lvl, int name) {
     return v;
 }
 
+/* The int options case_opts sets before the phase and reads back after. */
+#define OPT(lvl, name, v) {lvl, name, v, #name}
+static const struct { int lvl, name, v; const char *label; } OPTS[] = {
+    OPT(SOL_SOCKET, SO_RCVLOWAT, 5),
+    OPT(SOL_SOCKET, SO_MARK, 42),
+    OPT(IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO),
+    OPT(SOL_SOCKET, SO_KEEPALIVE, 1),
+    OPT(SOL_SOCKET, SO_DONTROUTE, 1),
+    OPT(SOL_SOCKET, SO_NO_CHECK, 1),
+    OPT(IPPROTO_IP, IP_FREEBIND, 1),
+    OPT(SOL_SOCKET, SO_PRIORITY, 3),
+    OPT(IPPROTO_IP, IP_TOS, 0x10),
+    OPT(IPPROTO_IP, IP_TTL, 33),
+    OPT(SOL_SOCKET, SO_BROADCAST, 1),
+    OPT(SOL_SOCKET, SO_REUSEADDR, 1),
+    OPT(IPPROTO_IP, IP_MULTICAST_TTL, 5),
+    OPT(IPPROTO_IP, IP_MULTICAST_LOOP, 0),
+    OPT(SOL_SOCKET, SO_RCVBUF, 100000),
+    OPT(SOL_SOCKET, SO_SNDBUF, 100000),
+};
+
 /* Item 1: every option set before bind / connect / the first send survives. */
 static void case_opts(const char *phase) {
     alarm(10);
@@ -426,22 +447,7 @@ static void case_opts(const char *phase) {
     struct timeval rt = {0, 200000}, st = {1, 500000};
     setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &rt, sizeof rt);
     setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &st, sizeof st);
-    set_int(s, SOL_SOCKET, SO_RCVLOWAT, 5);
-    set_int(s, SOL_SOCKET, SO_MARK, 42);
-    set_int(s, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO);
-    set_int(s, SOL_SOCKET, SO_KEEPALIVE, 1);
-    set_int(s, SOL_SOCKET, SO_DONTROUTE, 1);
-    set_int(s, SOL_SOCKET, SO_NO_CHECK, 1);
-    set_int(s, IPPROTO_IP, IP_FREEBIND, 1);
-    set_int(s, SOL_SOCKET, SO_PRIORITY, 3);
-    set_int(s, IPPROTO_IP, IP_TOS, 0x10);
-    set_int(s, IPPROTO_IP, IP_TTL, 33);
-    set_int(s, SOL_SOCKET, SO_BROADCAST, 1);
-    set_int(s, SOL_SOCKET, SO_REUSEADDR, 1);
-    set_int(s, IPPROTO_IP, IP_MULTICAST_TTL, 5);
-    set_int(s, IPPROTO_IP, IP_MULTICAST_LOOP, 0);
-    set_int(s, SOL_SOCKET, SO_RCVBUF, 100000);
-    set_int(s, SOL_SOCKET, SO_SNDBUF, 100000);
+    for (size_t i = 0; i < sizeof OPTS / sizeof OPTS[0]; i++) set_int(s, OPTS[i].lvl, OPTS[i].name, OPTS[i].v);
     struct sockaddr_in me = env_addr("SEM_ADDR", NULL, 0);
     struct sockaddr_in peer = env_addr("SEM_PEER", NULL, 9);
     long r;
@@ -454,22 +460,8 @@ static void case_opts(const char *phase) {
     printf("SO_RCVTIMEO: %ld.%06ld\n", (long)g.tv_sec, (long)g.tv_usec);
     gl = sizeof g; getsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &g, &gl);
     printf("SO_SNDTIMEO: %ld.%06ld\n", (long)g.tv_sec, (long)g.tv_usec);
-    printf("SO_RCVLOWAT: %d\n", get_int(s, SOL_SOCKET, SO_RCVLOWAT));
-    printf("SO_MARK: %d\n", get_int(s, SOL_SOCKET, SO_MARK));
-    printf("IP_MTU_DISCOVER: %d\n", get_int(s, IPPROTO_IP, IP_MTU_DISCOVER));
-    printf("SO_KEEPALIVE: %d\n", get_int(s, SOL_SOCKET, SO_KEEPALIVE));
-    printf("SO_DONTROUTE: %d\n", get_int(s, SOL_SOCKET, SO_DONTROUTE));
-    printf("SO_NO_CHECK: %d\n", get_int(s, SOL_SOCKET, SO_NO_CHECK));
-    printf("IP_FREEBIND: %d\n", get_int(s, IPPROTO_IP, IP_FREEBIND));
-    printf("SO_PRIORITY: %d\n", get_int(s, SOL_SOCKET, SO_PRIORITY));
-    printf("IP_TOS: %d\n", get_int(s, IPPROTO_IP, IP_TOS));
-    printf("IP_TTL: %d\n", get_int(s, IPPROTO_IP, IP_TTL));
-    printf("SO_BROADCAST: %d\n", get_int(s, SOL_SOCKET, SO_BROADCAST));
-    printf("SO_REUSEADDR: %d\n", get_int(s, SOL_SOCKET, SO_REUSEADDR));
-    printf("IP_MULTICAST_TTL: %d\n", get_int(s, IPPROTO_IP, IP_MULTICAST_TTL));
-    printf("IP_MULTICAST_LOOP: %d\n", get_int(s, IPPROTO_IP, IP_MULTICAST_LOOP));
-    printf("SO_RCVBUF: %d\n", get_int(s, SOL_SOCKET, SO_RCVBUF));
-    printf("SO_SNDBUF: %d\n", get_int(s, SOL_SOCKET, SO_SNDBUF));
+    for (size_t i = 0; i < sizeof OPTS / sizeof OPTS[0]; i++)
+        printf("%s: %d\n", OPTS[i].label, get_int(s, OPTS[i].lvl, OPTS[i].name));
     /* a blocking receive with the timeout set before: EAGAIN, not a hang */
     char buf[64];
     errno = 0; r = recv(s, buf, sizeof buf, 0); rep("recv_with_rcvtimeo", r);

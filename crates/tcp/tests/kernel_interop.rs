@@ -327,6 +327,17 @@ fn raw_link(lab: &Lab) -> impl FnOnce() -> Raw + Send + 'static {
     move || Raw::open(&a, &ifa, mac_a, mac_b)
 }
 
+/// A host on the lab's raw link with `cfg`, handed to `f` on a thread of
+/// its own.
+fn host_thread<T: Send + 'static>(
+    lab: &Lab,
+    cfg: Config,
+    f: impl FnOnce(Host) -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let open = raw_link(lab);
+    std::thread::spawn(move || f(new_host(open(), cfg)))
+}
+
 fn host(lab: &Lab) -> Host {
     new_host(
         raw_link(lab)(),
@@ -515,17 +526,13 @@ fn kernel_client_to_our_server_echo_16_mib_hashed() {
     nanowire_testkit::require_root();
     let lab = Lab::new("s");
     let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let server = std::thread::spawn({
-        let open = raw_link(&lab);
-        move || {
-            let raw = open();
-            let mut h = new_host(
-                raw,
-                Config {
-                    rto_min_ns: 20_000_000,
-                    ..Config::default()
-                },
-            );
+    let server = host_thread(
+        &lab,
+        Config {
+            rto_min_ns: 20_000_000,
+            ..Config::default()
+        },
+        move |mut h| {
             let l = h.stack.listen(SocketAddrV4::new(OURS, 5002), 16).unwrap();
             tx.send(()).unwrap();
             let deadline = Instant::now() + Duration::from_secs(60);
@@ -579,8 +586,8 @@ fn kernel_client_to_our_server_echo_16_mib_hashed() {
                 h.idle(IDLE);
             }
             (echoed, h.stack.counters().clone())
-        }
-    });
+        },
+    );
     rx.recv().unwrap();
     let py = lab.python(
         CLIENT_PY,
@@ -627,38 +634,33 @@ fn syn_flood_of_100k_from_a_raw_socket_then_a_kernel_client_connects() {
     let lab = Lab::new("f");
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let server = std::thread::spawn({
-        let open = raw_link(&lab);
-        move || {
-            let raw = open();
-            let mut h = new_host(raw, Config::default());
-            let l = h.stack.listen(SocketAddrV4::new(OURS, 5003), 128).unwrap();
-            tx.send(()).unwrap();
-            let deadline = Instant::now() + Duration::from_secs(120);
-            let mut served = false;
-            let mut buf = [0u8; 64];
-            let mut conns = Vec::new();
-            while done_rx.try_recv().is_err() {
-                assert!(Instant::now() < deadline, "flood test stalled");
-                h.turn();
-                while let Some(c) = h.stack.accept(l) {
-                    conns.push(c);
-                }
-                for c in &conns {
-                    if let Ok(5) = h.stack.recv(*c, &mut buf) {
-                        assert_eq!(&buf[..5], b"legit");
-                        h.stack.send(*c, b"welcome").unwrap();
-                        served = true;
-                    }
-                }
-                h.idle(IDLE);
+    let server = host_thread(&lab, Config::default(), move |mut h| {
+        let l = h.stack.listen(SocketAddrV4::new(OURS, 5003), 128).unwrap();
+        tx.send(()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut served = false;
+        let mut buf = [0u8; 64];
+        let mut conns = Vec::new();
+        while done_rx.try_recv().is_err() {
+            assert!(Instant::now() < deadline, "flood test stalled");
+            h.turn();
+            while let Some(c) = h.stack.accept(l) {
+                conns.push(c);
             }
-            for _ in 0..20 {
-                h.turn();
-                h.idle(IDLE);
+            for c in &conns {
+                if let Ok(5) = h.stack.recv(*c, &mut buf) {
+                    assert_eq!(&buf[..5], b"legit");
+                    h.stack.send(*c, b"welcome").unwrap();
+                    served = true;
+                }
             }
-            (served, conns.len(), h.stack.counters().clone())
+            h.idle(IDLE);
         }
+        for _ in 0..20 {
+            h.turn();
+            h.idle(IDLE);
+        }
+        (served, conns.len(), h.stack.counters().clone())
     });
     rx.recv().unwrap();
     let py = lab.python(FLOOD_PY, &[&OURS.to_string(), "5003", "100000"]);
@@ -902,14 +904,9 @@ fn close_semantics_match_the_kernel_differentially() {
 
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
-    let server = std::thread::spawn({
-        let open = raw_link(&lab);
-        move || {
-            let raw = open();
-            let mut h = new_host(raw, Config::default());
-            diff_server(&mut h, &rx, ready_tx);
-            h.stack.counters().clone()
-        }
+    let server = host_thread(&lab, Config::default(), move |mut h| {
+        diff_server(&mut h, &rx, ready_tx);
+        h.stack.counters().clone()
     });
     ready_rx.recv().unwrap();
     let ours = lab

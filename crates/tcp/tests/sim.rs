@@ -38,6 +38,15 @@ fn handshake_negotiates_options_and_moves_data_both_ways() {
     assert_eq!(n.a.peer_addr(ca).unwrap(), n.b.local_addr(cb).unwrap());
 }
 
+/// A link that loses `loss` of the segments each way (`seed`), nothing else.
+fn lossy(loss: f64, seed: u64) -> FaultConfig {
+    FaultConfig {
+        loss,
+        seed,
+        ..FaultConfig::default()
+    }
+}
+
 fn transfer(fault: FaultConfig, total: u64) -> (Net, u64) {
     let mut n = Net::new(Config::default(), Config::default(), fault);
     let (ca, cb) = n.connect_pair();
@@ -59,14 +68,7 @@ fn bulk_64_mib_clean_link_no_retransmissions() {
 #[test]
 fn loss_matrix_data_intact_and_retransmissions_counted() {
     for (loss, total) in [(0.001, 16u64 << 20), (0.01, 8 << 20), (0.05, 2 << 20)] {
-        let (n, r) = transfer(
-            FaultConfig {
-                loss,
-                seed: 42,
-                ..FaultConfig::default()
-            },
-            total,
-        );
+        let (n, r) = transfer(lossy(loss, 42), total);
         assert!(r > 0, "loss {loss}: no retransmissions");
         let c = n.b.counters();
         assert!(c.retransmits >= r);
@@ -114,14 +116,7 @@ fn reorder_duplicate_and_corruption_keep_data_intact() {
 #[test]
 fn sack_repairs_several_holes_without_timeout() {
     // Drop a burst early on: SACK recovery fills the holes.
-    let (n, r) = transfer(
-        FaultConfig {
-            loss: 0.03,
-            seed: 5,
-            ..FaultConfig::default()
-        },
-        4 << 20,
-    );
+    let (n, r) = transfer(lossy(0.03, 5), 4 << 20);
     assert!(r > 0);
     assert!(n.b.counters().sack_retransmits > 0, "{:?}", n.b.counters());
 }
@@ -744,15 +739,7 @@ fn stack_level_fault_injection_on_both_paths_keeps_data_intact() {
 /// transfer for the delayed-ACK time (40 ms) per loss. Simulated time only.
 #[test]
 fn a_repaired_loss_does_not_wait_for_the_delayed_ack_timer() {
-    let mut n = Net::new(
-        Config::default(),
-        Config::default(),
-        FaultConfig {
-            loss: 0.001,
-            seed: 42,
-            ..FaultConfig::default()
-        },
-    );
+    let mut n = Net::new(Config::default(), Config::default(), lossy(0.001, 42));
     let (ca, cb) = n.connect_pair();
     let t0 = n.now;
     let mut s = Stream::new(32 << 20);
@@ -778,14 +765,7 @@ fn a_repaired_loss_does_not_wait_for_the_delayed_ack_timer() {
 /// at 1 % loss each way, 8 MiB needed 10 timeouts without probes.
 #[test]
 fn tail_loss_probes_replace_most_retransmission_timeouts() {
-    let (n, _) = transfer(
-        FaultConfig {
-            loss: 0.01,
-            seed: 42,
-            ..FaultConfig::default()
-        },
-        8 << 20,
-    );
+    let (n, _) = transfer(lossy(0.01, 42), 8 << 20);
     let c = n.b.counters();
     assert!(c.tail_loss_probes > 0, "{c:?}");
     assert!(c.rto_expirations <= 3, "{c:?}");

@@ -211,6 +211,27 @@ pub fn plain_in(lab: &ScopedLab, h: Host, cmd: &[&str]) -> Command {
     lab.command(h, cmd)
 }
 
+/// `cmd` in host `h`: under `nanowire run` (its defaults) when `run`,
+/// else plainly.
+pub fn run_or_plain(lab: &ScopedLab, h: Host, run: bool, cmd: &[&str]) -> Command {
+    if run {
+        run_in(lab, h, &[], cmd)
+    } else {
+        plain_in(lab, h, cmd)
+    }
+}
+
+/// `sockperf sr ARGS` in host b under `nanowire run RUN_ARGS` (log level
+/// info), named `name`, once it waits on its socket.
+pub fn sockperf_sr_run(lab: &ScopedLab, name: &str, run_args: &[&str], args: &[&str]) -> Kid {
+    let argv = [&["sockperf", "sr"], args].concat();
+    let mut cmd = run_in(lab, Host::B, run_args, &argv);
+    cmd.env("NANOWIRE_LOG", "info");
+    let mut k = spawn(name, cmd);
+    k.wait_for("to block on socket", Duration::from_secs(20));
+    k
+}
+
 /// `cmd` in host `h`: under `nanowire run --engine xdp -o log=info` when
 /// `run`, else plainly.
 pub fn xdp_or_plain(lab: &ScopedLab, h: Host, run: bool, cmd: &[&str]) -> Command {
