@@ -309,19 +309,8 @@ fn python_http_server_curl(p: P) {
     let w = Www::new(&c, false, true);
     let root = w.root.to_string_lossy().into_owned();
     let addr = ADDR_B.to_string();
-    let mut s = c.server(
-        "http.server",
-        &[
-            "python3",
-            "-m",
-            "http.server",
-            "8081",
-            "--bind",
-            &addr,
-            "--directory",
-            &root,
-        ],
-    );
+    let line = format!("python3 -m http.server 8081 --bind {addr} --directory {root}");
+    let mut s = c.server("http.server", &words(&line));
     c.wait_port(&mut s, 8081);
     curl_hashed(&c, &w, 8081, &["mid.bin", "s3.bin", "s19.bin"]);
     c.check_server_engine(&s, 8081);
@@ -359,21 +348,8 @@ fn wrk(p: P, code: &str, conns: u32) {
     let s = nginx(&c, &w);
     let url = format!("http://{ADDR_B}:{NGINX_PORT}/s1.bin");
     let conns = conns.to_string();
-    let out = c.client(
-        "wrk",
-        &[
-            "wrk",
-            "-t",
-            "2",
-            "-c",
-            &conns,
-            "-d",
-            "2s",
-            "--timeout",
-            "5s",
-            &url,
-        ],
-    );
+    let line = format!("wrk -t 2 -c {conns} -d 2s --timeout 5s {url}");
+    let out = c.client("wrk", &words(&line));
     assert!(
         !out.contains("Socket errors"),
         "wrk with {conns} connections: socket errors\n{out}"
@@ -457,25 +433,9 @@ fn redis_benchmark(p: P) {
     let s = redis(&c);
     let addr = ADDR_B.to_string();
     let port = REDIS_PORT.to_string();
-    let out = c.client(
-        "redis-benchmark",
-        &[
-            "redis-benchmark",
-            "-h",
-            &addr,
-            "-p",
-            &port,
-            "-q",
-            "-n",
-            "2000",
-            "-c",
-            "10",
-            "-d",
-            "512",
-            "-t",
-            "set,get,incr,lpush,lrange_100",
-        ],
-    );
+    let t = "set,get,incr,lpush,lrange_100";
+    let line = format!("redis-benchmark -h {addr} -p {port} -q -n 2000 -c 10 -d 512 -t {t}");
+    let out = c.client("redis-benchmark", &words(&line));
     for t in ["SET", "GET", "INCR", "LPUSH", "LRANGE_100"] {
         assert!(
             out.lines()
@@ -532,22 +492,8 @@ print("ok", 200)
 fn memcached_python(p: P) {
     let c = Case::new("mc", p, &["memcached", "python3"]);
     let addr = ADDR_B.to_string();
-    let mut s = c.server(
-        "memcached",
-        &[
-            "memcached",
-            "-u",
-            "root",
-            "-l",
-            &addr,
-            "-p",
-            "11211",
-            "-U",
-            "0",
-            "-m",
-            "256",
-        ],
-    );
+    let line = format!("memcached -u root -l {addr} -p 11211 -U 0 -m 256");
+    let mut s = c.server("memcached", &words(&line));
     c.wait_port(&mut s, 11211);
     let out = c.client(
         "memcached-py",
@@ -606,22 +552,30 @@ while True:
     threading.Thread(target=serve, args=(c,), daemon=True).start()
 "#;
 
+/// Put before SEQUENTIAL_PY and CONCURRENT_PY: `recv_exactly(s, n, i)`,
+/// the `n` bytes connection `i` reads next (EOF before: the program
+/// fails saying so).
+const RECV_EXACTLY_PY: &str = r#"
+import socket, sys
+def recv_exactly(s, n, i):
+    got = b""
+    while len(got) < n:
+        d = s.recv(65536)
+        if not d:
+            sys.exit("conn %d: EOF after %d of %d bytes" % (i, len(got), n))
+        got += d
+    return got
+"#;
+
 /// 1,000 connections one after another: connect, send a distinct message,
 /// read its echo, close.
 const SEQUENTIAL_PY: &str = r#"
-import socket, sys
 host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 for i in range(n):
     msg = (b"conn %d " % i) * (1 + i % 50)
     s = socket.create_connection((host, port), timeout=10)
     s.sendall(msg)
-    got = b""
-    while len(got) < len(msg):
-        d = s.recv(65536)
-        if not d:
-            sys.exit("conn %d: EOF after %d of %d bytes" % (i, len(got), len(msg)))
-        got += d
-    assert got == msg, i
+    assert recv_exactly(s, len(msg), i) == msg, i
     s.close()
 print("ok", n)
 "#;
@@ -629,20 +583,13 @@ print("ok", n)
 /// 200 connections open at once: connect them all, then send on each, then
 /// read every echo, then close them all.
 const CONCURRENT_PY: &str = r#"
-import socket, sys
 host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 socks = [socket.create_connection((host, port), timeout=20) for _ in range(n)]
 msgs = [(b"c%d." % i) * (10 + i) for i in range(n)]
 for s, m in zip(socks, msgs):
     s.sendall(m)
 for i, (s, m) in enumerate(zip(socks, msgs)):
-    got = b""
-    while len(got) < len(m):
-        d = s.recv(65536)
-        if not d:
-            sys.exit("conn %d: EOF after %d of %d bytes" % (i, len(got), len(m)))
-        got += d
-    assert got == m, i
+    assert recv_exactly(s, len(m), i) == m, i
 for s in socks:
     s.close()
 print("ok", n)
@@ -653,8 +600,8 @@ fn connections(p: P, code: &str, script: &str, n: u32) {
     let addr = ADDR_B.to_string();
     let mut s = c.server("echo", &["python3", "-c", ECHO_SERVER_PY, &addr, "7000"]);
     c.wait_port(&mut s, 7000);
-    let n = n.to_string();
-    let out = c.client("conns", &["python3", "-c", script, &addr, "7000", &n]);
+    let (n, script) = (n.to_string(), format!("{RECV_EXACTLY_PY}{script}"));
+    let out = c.client("conns", &["python3", "-c", &script, &addr, "7000", &n]);
     assert!(out.contains(&format!("ok {n}")), "{out}");
     c.check_server_engine(&s, 7000);
 }

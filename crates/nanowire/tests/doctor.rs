@@ -6,6 +6,7 @@
 
 mod run_support;
 use nanowire_lab::testbed::Host;
+use nanowire_testkit::ip_ns;
 use run_support::*;
 use serde_json::Value;
 use std::process::Command;
@@ -35,13 +36,6 @@ fn findings<'a>(v: &'a Value, check: &str) -> Vec<&'a Value> {
         .iter()
         .filter(|f| f["check"] == check)
         .collect()
-}
-
-fn ip(lab: &nanowire_lab::testbed::ScopedLab, h: Host, args: &[&str]) {
-    let mut argv = vec!["ip"];
-    argv.extend_from_slice(args);
-    let st = lab.command(h, &argv).status().unwrap();
-    assert!(st.success(), "ip {args:?}");
 }
 
 #[test]
@@ -163,14 +157,9 @@ fn doctor_on_the_lab_interfaces() {
     .unwrap();
     let obj = dir.join("pass.o");
     let st = Command::new("clang")
-        .args([
-            "-O2",
-            "-g",
-            "-target",
-            "bpf",
-            "-I/usr/include/x86_64-linux-gnu",
-            "-c",
-        ])
+        .args(words(
+            "-O2 -g -target bpf -I/usr/include/x86_64-linux-gnu -c",
+        ))
         .arg(&src)
         .arg("-o")
         .arg(&obj)
@@ -182,13 +171,13 @@ fn doctor_on_the_lab_interfaces() {
         ("xdpgeneric", "xdpgeneric", "generic"),
         ("xdpdrv", "xdpdrv", "driver"),
     ] {
-        ip(
-            &lab,
-            Host::A,
-            &["link", "set", "dev", &ifa, mode, "obj", o, "sec", "xdp"],
-        );
+        let set = ["link", "set", "dev", &ifa, mode, "obj", o, "sec", "xdp"];
+        ip_ns(&lab.netns(Host::A), &set);
         let v = json(&lab, Host::A, &ifa);
-        ip(&lab, Host::A, &["link", "set", "dev", &ifa, off, "off"]);
+        ip_ns(
+            &lab.netns(Host::A),
+            &["link", "set", "dev", &ifa, off, "off"],
+        );
         let att = v["interfaces"][0]["xdp_attached"].as_array().unwrap();
         assert_eq!(att.len(), 1, "{att:?}");
         assert_eq!(att[0]["mode"], name);
@@ -211,10 +200,7 @@ fn doctor_on_the_lab_interfaces() {
 
 #[test]
 fn doctor_on_a_missing_interface_is_one_line_and_fails() {
-    let out = Command::new(nanowire())
-        .args(["doctor", "nw-missing-if9"])
-        .output()
-        .unwrap();
+    let out = nanowire_out(&["doctor", "nw-missing-if9"]);
     assert!(out.stdout.is_empty());
     let err = nanowire_testkit::one_line_failure("doctor", &out, "no network interface");
     assert!(err.contains("nw-missing-if9"), "{err}");

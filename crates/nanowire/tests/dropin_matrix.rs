@@ -579,10 +579,7 @@ fn fallback_is_announced_at_the_default_level() {
 #[test]
 fn exit_statuses_and_ring_depth() {
     ensure_preload();
-    let st = Command::new(nanowire())
-        .args(["run", "--", "/nonexistent/nanowire-no-such-program"])
-        .output()
-        .unwrap();
+    let st = nanowire_out(&["run", "--", "/nonexistent/nanowire-no-such-program"]);
     assert_eq!(st.status.code(), Some(127), "{st:?}");
     let not_exec = scratch_dir().join("not-executable");
     std::fs::write(&not_exec, "#!/bin/sh\n").unwrap();
@@ -593,10 +590,7 @@ fn exit_statuses_and_ring_depth() {
         .unwrap();
     assert_eq!(st.status.code(), Some(126), "{st:?}");
     for bad in ["4294967295", "1048576", "100", "0"] {
-        let out = Command::new(nanowire())
-            .args(["bench", "pp", "-i", "127.0.0.1", "--ring-depth", bad])
-            .output()
-            .unwrap();
+        let out = nanowire_out(&["bench", "pp", "-i", "127.0.0.1", "--ring-depth", bad]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "--ring-depth {bad} accepted");
         assert!(err.contains("--ring-depth") && err.contains(bad), "{err}");

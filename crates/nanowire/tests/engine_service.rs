@@ -451,30 +451,31 @@ fn a_syn_ack_parked_for_the_clients_mac_leaves_when_it_resolves() {
 #[test]
 #[ignore = "needs root"]
 fn claims_need_the_port_and_garbage_is_refused_and_counted() {
-    let lab = lab("vc");
-    let _service = start_service(&lab);
-    let ns = lab.netns(Host::B);
-    let ifname = lab.iface(Host::B);
-    let out = nanowire_testkit::in_ns(&ns, move || {
+    let (lab, _service, st) = in_b_beside_a_service("vc", |ifname| {
         use std::os::fd::AsFd;
         let held = std::net::UdpSocket::bind((ADDR_B, 12201)).unwrap();
         let at = attached(&ifname);
         // A port the socket does not hold.
-        let e = at.conn.claim(ADDR_B, 12202, held.as_fd()).unwrap_err();
-        assert!(e.contains("holds port 12201"), "{e}");
+        refused(
+            at.conn.claim(ADDR_B, 12202, held.as_fd()),
+            "holds port 12201",
+        );
         // Another address than the socket's.
-        let e = at.conn.claim(ADDR_A, 12201, held.as_fd()).unwrap_err();
-        assert!(e.contains("not claimed"), "{e}");
+        refused(at.conn.claim(ADDR_A, 12201, held.as_fd()), "not claimed");
         // A TCP socket for a UDP claim.
         let t = std::net::TcpListener::bind((ADDR_B, 12203)).unwrap();
-        let e = at.conn.claim(ADDR_B, 12203, t.as_fd()).unwrap_err();
-        assert!(e.contains("not of that protocol"), "{e}");
+        refused(
+            at.conn.claim(ADDR_B, 12203, t.as_fd()),
+            "not of that protocol",
+        );
         // The port it holds.
         at.conn.claim(ADDR_B, 12201, held.as_fd()).unwrap();
         // Another process (connection) with the same socket: refused.
         let other = attached(&ifname);
-        let e = other.conn.claim(ADDR_B, 12201, held.as_fd()).unwrap_err();
-        assert!(e.contains("claimed by another process"), "{e}");
+        refused(
+            other.conn.claim(ADDR_B, 12201, held.as_fd()),
+            "claimed by another process",
+        );
         // Garbage: refused with its reason, the connection closed, the
         // service goes on.
         let g = Conn::connect_existing().unwrap();
@@ -504,7 +505,6 @@ fn claims_need_the_port_and_garbage_is_refused_and_counted() {
         drop(at);
         s
     });
-    let st: serde_json::Value = serde_json::from_str(&out).unwrap();
     let bad = &st["counters"]["bad_messages"];
     assert!(bad["bad_magic"].as_u64().unwrap() >= 1, "{st}");
     assert!(bad["claim_before_attach"].as_u64().unwrap() >= 1, "{st}");
@@ -854,6 +854,27 @@ print("server saw", line.decode(), "sent", len(data), zlib.crc32(data))
 print("got", len(rest), zlib.crc32(rest), "ok" if ok else "MISMATCH")
 "#;
 
+/// A service started in a lab tagged `tag`, then `f` in host b's
+/// namespace (given the interface's name), returning the service's status
+/// (JSON text): the lab, the service and that status.
+fn in_b_beside_a_service(
+    tag: &str,
+    f: impl FnOnce(String) -> String + Send + 'static,
+) -> (ScopedLab, Service, serde_json::Value) {
+    let lab = lab(tag);
+    let service = start_service(&lab);
+    let ifname = lab.iface(Host::B);
+    let out = nanowire_testkit::in_ns(&lab.netns(Host::B), move || f(ifname));
+    (lab, service, serde_json::from_str(&out).unwrap())
+}
+
+/// A request the service refused, saying `why`.
+#[track_caller]
+fn refused<T: std::fmt::Debug, E: std::fmt::Display>(r: Result<T, E>, why: &str) {
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains(why), "{e}");
+}
+
 /// `argv` in host `h`: under `nanowire run` on the engine service when
 /// `run` (after `prefix`, e.g. setpriv), else plainly.
 fn svc_or_plain(lab: &ScopedLab, h: Host, run: bool, prefix: &[&str], argv: &[&str]) -> Command {
@@ -901,6 +922,35 @@ fn tcp_client(
     spawn(name, svc_or_plain(lab, Host::A, run, prefix, &argv))
 }
 
+/// A TCP server in host b per (port, seed), then a client of each in host
+/// a sending its seed's body (`runs`: server, client under run on the
+/// service, after `prefix`), all at once; each client's answer checked,
+/// each server done. Per port: the client's output and both stderrs.
+fn tcp_servers_and_clients(
+    lab: &ScopedLab,
+    tag: &str,
+    (srv_run, cli_run): (bool, bool),
+    prefix: &[&str],
+    ports: &[(u16, u32)],
+) -> Vec<(String, String)> {
+    let mut servers: Vec<Kid> = ports
+        .iter()
+        .map(|&(p, _)| tcp_server(lab, &format!("{tag}-srv{p}"), srv_run, prefix, p, 1))
+        .collect();
+    let mut clients: Vec<Kid> = ports
+        .iter()
+        .map(|&(p, seed)| tcp_client(lab, &format!("{tag}-cli{p}"), cli_run, prefix, p, seed))
+        .collect();
+    let mut outs = Vec::new();
+    for ((c, s), &(p, _)) in clients.iter_mut().zip(&mut servers).zip(ports) {
+        let out = tcp_client_done(c, cli_run, p);
+        let sout = s.success(T);
+        assert!(sout.contains("done"), "{sout}");
+        outs.push((out, format!("{}\n{}", s.stderr(), c.stderr())));
+    }
+    outs
+}
+
 /// The client finished, its answer checked; under run its connection was
 /// on the engine.
 fn tcp_client_done(k: &mut Kid, run: bool, port: u16) -> String {
@@ -933,17 +983,10 @@ fn tcp_through_the_service_in_all_four_placements() {
         .enumerate()
     {
         let port = 15001 + i as u16;
-        let mut s = tcp_server(&lab, &format!("vt4-srv{i}"), srv_run, &[], port, 1);
-        let mut c = tcp_client(&lab, &format!("vt4-cli{i}"), cli_run, &[], port, 3);
-        let out = tcp_client_done(&mut c, cli_run, port);
-        let sout = s.success(T);
-        assert!(sout.contains("done"), "{sout}");
-        same_as_first(
-            &mut want,
-            &format!("server run {srv_run}, client run {cli_run}"),
-            out,
-            &format!("{}\n{}", s.stderr(), c.stderr()),
-        );
+        let runs = (srv_run, cli_run);
+        let (out, ctx) = tcp_servers_and_clients(&lab, "vt4", runs, &[], &[(port, 3)]).remove(0);
+        let what = format!("server run {srv_run}, client run {cli_run}");
+        same_as_first(&mut want, &what, out, &ctx);
     }
     // Host a's service carried the clients' connections: ports of their
     // client port blocks (claimed once per port, no 4-tuple claim).
@@ -1165,30 +1208,8 @@ fn four_tcp_servers_and_four_clients_at_once_on_the_service() {
     // end would find none (seen: "no engine service in this network
     // namespace").
     let _services = start_services(&lab);
-    let ports: Vec<u16> = (0..4).map(|i| 15101 + i).collect();
-    let mut servers: Vec<Kid> = ports
-        .iter()
-        .map(|&p| tcp_server(&lab, &format!("vt8-srv{p}"), true, &[], p, 1))
-        .collect();
-    let mut clients: Vec<Kid> = ports
-        .iter()
-        .map(|&p| {
-            tcp_client(
-                &lab,
-                &format!("vt8-cli{p}"),
-                true,
-                &[],
-                p,
-                u32::from(p % 100),
-            )
-        })
-        .collect();
-    for (c, &p) in clients.iter_mut().zip(&ports) {
-        tcp_client_done(c, true, p);
-    }
-    for s in &mut servers {
-        assert!(s.success(T).contains("done"));
-    }
+    let ports: Vec<(u16, u32)> = (0..4).map(|i| (15101 + i, u32::from(i + 1))).collect();
+    tcp_servers_and_clients(&lab, "vt8", (true, true), &[], &ports);
     let st = status(&lab);
     assert_eq!(st["counters"]["attaches"], 4, "{st}");
 }
@@ -1200,10 +1221,7 @@ fn four_tcp_servers_and_four_clients_at_once_on_the_service() {
 fn an_unprivileged_users_tcp_server_and_client_are_accelerated() {
     let lab = lab("vtu");
     let _services = start_services(&lab);
-    let mut s = tcp_server(&lab, "vtu-srv", true, NOBODY, 15201, 1);
-    let mut c = tcp_client(&lab, "vtu-cli", true, NOBODY, 15201, 5);
-    tcp_client_done(&mut c, true, 15201);
-    assert!(s.success(T).contains("done"));
+    tcp_servers_and_clients(&lab, "vtu", (true, true), NOBODY, &[(15201, 5)]);
     let st = status(&lab);
     assert_eq!(st["counters"]["claims"], 1, "{st}");
 }
@@ -1217,25 +1235,19 @@ fn an_unprivileged_users_tcp_server_and_client_are_accelerated() {
 fn tcp_claims_need_the_socket_that_holds_the_port() {
     use nanowire_stack::xdp::service::proto::TcpFlow;
     use std::net::SocketAddrV4;
-    let lab = lab("vtc");
-    let _service = start_service(&lab);
-    let ns = lab.netns(Host::B);
-    let ifname = lab.iface(Host::B);
-    let out = nanowire_testkit::in_ns(&ns, move || {
+    let (lab, _service, st) = in_b_beside_a_service("vtc", |ifname| {
         use std::os::fd::AsFd;
         let l = std::net::TcpListener::bind((ADDR_B, 12211)).unwrap();
         let at = attached(&ifname);
-        let e = at
-            .conn
-            .claim_tcp_listener(ADDR_B, 12212, l.as_fd())
-            .unwrap_err();
-        assert!(e.contains("holds port 12211"), "{e}");
+        refused(
+            at.conn.claim_tcp_listener(ADDR_B, 12212, l.as_fd()),
+            "holds port 12211",
+        );
         let u = std::net::UdpSocket::bind((ADDR_B, 12213)).unwrap();
-        let e = at
-            .conn
-            .claim_tcp_listener(ADDR_B, 12213, u.as_fd())
-            .unwrap_err();
-        assert!(e.contains("not of that protocol"), "{e}");
+        refused(
+            at.conn.claim_tcp_listener(ADDR_B, 12213, u.as_fd()),
+            "not of that protocol",
+        );
         at.conn
             .claim_tcp_listener(ADDR_B, 12211, l.as_fd())
             .unwrap();
@@ -1246,30 +1258,30 @@ fn tcp_claims_need_the_socket_that_holds_the_port() {
             .tcp_flow(TcpFlow::Flow, local, remote, None)
             .unwrap();
         let other = attached(&ifname);
-        let e = other
-            .conn
-            .tcp_flow(TcpFlow::Flow, local, remote, Some(l.as_fd()))
-            .unwrap_err();
-        assert!(e.contains("claimed by another process"), "{e}");
-        let e = other
-            .conn
-            .tcp_flow(TcpFlow::Pass, local, SocketAddrV4::new(ADDR_A, 40001), None)
-            .unwrap_err();
-        assert!(e.contains("neither a socket"), "{e}");
+        refused(
+            other
+                .conn
+                .tcp_flow(TcpFlow::Flow, local, remote, Some(l.as_fd())),
+            "claimed by another process",
+        );
+        refused(
+            other
+                .conn
+                .tcp_flow(TcpFlow::Pass, local, SocketAddrV4::new(ADDR_A, 40001), None),
+            "neither a socket",
+        );
         // A kernel connection's 4-tuple, with the socket holding its port.
         let k = std::net::TcpStream::connect((ADDR_B, 12211)).unwrap();
         let (kl, kr) = match (k.local_addr().unwrap(), k.peer_addr().unwrap()) {
             (std::net::SocketAddr::V4(a), std::net::SocketAddr::V4(b)) => (a, b),
             _ => unreachable!(),
         };
-        let e = other
-            .conn
-            .tcp_flow(TcpFlow::Flow, kl, kr, Some(k.as_fd()))
-            .unwrap_err();
-        assert!(e.contains("connection of a kernel socket"), "{e}");
+        refused(
+            other.conn.tcp_flow(TcpFlow::Flow, kl, kr, Some(k.as_fd())),
+            "connection of a kernel socket",
+        );
         Conn::connect_existing().unwrap().status().unwrap()
     });
-    let st: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(st["counters"]["tcp_flows"], 1, "{st}");
     assert_eq!(st["counters"]["tcp_flows_refused"], 3, "{st}");
     assert!(
@@ -1300,10 +1312,7 @@ fn kill_9_frees_a_tcp_servers_claims() {
         !claims_of(&status(&lab)).contains(&want)
     });
     assert!(gone, "claim {want} not released");
-    let mut s = tcp_server(&lab, "vtk-next", true, &[], port, 1);
-    let mut c = tcp_client(&lab, "vtk-cli", false, &[], port, 7);
-    tcp_client_done(&mut c, false, port);
-    assert!(s.success(T).contains("done"));
+    tcp_servers_and_clients(&lab, "vtk", (true, false), &[], &[(port, 7)]);
 }
 
 /// `nanowire stats --json` in host b.

@@ -17,9 +17,7 @@ const T: Duration = Duration::from_secs(90);
 #[ignore = "needs root"]
 fn argument_errors_and_timed_signals_match_the_kernel_on_engine_sockets() {
     let lab = lab("args");
-    ensure_preload();
-    let bin = build_c("args_check", "../preload/tests/args_check.c");
-    let bin = bin.to_str().unwrap();
+    let bin = &shim_and_c("args_check", "../preload/tests/args_check.c");
     let port = "14200";
     let mut peer = spawn("args-peer", lab.command(Host::B, &[bin, "peer", port]));
     peer.wait_for("ready", Duration::from_secs(20));

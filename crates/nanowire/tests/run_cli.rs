@@ -11,10 +11,7 @@ use std::time::Duration;
 
 #[test]
 fn list_options_prints_the_table_and_json() {
-    let out = Command::new(nanowire())
-        .args(["run", "--list-options"])
-        .output()
-        .unwrap();
+    let out = nanowire_out(&["run", "--list-options"]);
     assert!(out.status.success());
     let s = String::from_utf8_lossy(&out.stdout);
     for needle in [
@@ -27,10 +24,7 @@ fn list_options_prints_the_table_and_json() {
     ] {
         assert!(s.contains(needle), "missing {needle}:\n{s}");
     }
-    let out = Command::new(nanowire())
-        .args(["run", "--list-options", "--json"])
-        .output()
-        .unwrap();
+    let out = nanowire_out(&["run", "--list-options", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = v.as_array().unwrap();
     assert!(
@@ -57,7 +51,7 @@ fn bad_arguments_give_one_line_errors() {
         (&["run", "--", "/nonexistent/program"], "cannot run"),
     ];
     for (args, needle) in cases {
-        let out = Command::new(nanowire()).args(*args).output().unwrap();
+        let out = nanowire_out(args);
         nanowire_testkit::one_line_failure(&format!("{args:?}"), &out, needle);
     }
     // A bad variable in the environment is refused the same way.
@@ -73,18 +67,15 @@ fn bad_arguments_give_one_line_errors() {
 #[test]
 fn exit_status_and_environment_pass_through() {
     ensure_preload();
-    let out = Command::new(nanowire())
-        .args([
-            "run",
-            "--engine",
-            "spin",
-            "--",
-            "sh",
-            "-c",
-            "echo $LD_PRELOAD $NANOWIRE_ENGINE; exit 7",
-        ])
-        .output()
-        .unwrap();
+    let out = nanowire_out(&[
+        "run",
+        "--engine",
+        "spin",
+        "--",
+        "sh",
+        "-c",
+        "echo $LD_PRELOAD $NANOWIRE_ENGINE; exit 7",
+    ]);
     assert_eq!(out.status.code(), Some(7));
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -95,9 +86,7 @@ fn exit_status_and_environment_pass_through() {
 
 #[test]
 fn c_semantics_identical_plain_and_under_every_profile() {
-    ensure_preload();
-    let bin = build_c("shim_semantics", "../preload/tests/shim_semantics.c");
-    let bin = bin.to_str().unwrap();
+    let bin = &shim_and_c("shim_semantics", "../preload/tests/shim_semantics.c");
     let mut plain = spawn("sem-plain", {
         let mut c = Command::new(bin);
         c.arg("all");
@@ -129,8 +118,7 @@ fn c_semantics_identical_plain_and_under_every_profile() {
 
 #[test]
 fn close_while_another_thread_spins_gives_ebadf_not_the_reused_fd() {
-    ensure_preload();
-    let bin = build_c("shim_semantics_cw", "../preload/tests/shim_semantics.c");
+    let bin = shim_and_c("shim_semantics_cw", "../preload/tests/shim_semantics.c");
     for _ in 0..3 {
         let mut c = Command::new(nanowire());
         c.args(["run", "--profile", "latency", "--engine", "spin", "--"])

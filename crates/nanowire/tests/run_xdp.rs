@@ -86,9 +86,7 @@ fn sockperf_feed_modes_on_xdp() {
 #[ignore = "needs root"]
 fn c_semantics_on_xdp_sockets_match_a_plain_run() {
     let lab = lab("z");
-    ensure_preload();
-    let bin = build_c("shim_semantics_xdp", "../preload/tests/shim_semantics.c");
-    let bin = bin.to_str().unwrap();
+    let bin = &shim_and_c("shim_semantics_xdp", "../preload/tests/shim_semantics.c");
     let a = ADDR_A.to_string();
     let mut plain = spawn(
         "z-plain",

@@ -77,6 +77,25 @@ fn output(mut c: Command, what: &str) -> String {
     all
 }
 
+/// `tool` (its name, then `args` and `url`) against nginx, with `conns`
+/// connections at once, from host a plainly and under run: each run's
+/// "TOOL -c CONNS (under run: RUN)" and output (both checked by `check`).
+fn plainly_and_under_run(
+    lab: &ScopedLab,
+    (tool, args, url): (&str, &[&str], &str),
+    conns: &[&str],
+    check: impl Fn(&str, &str),
+) {
+    for c in conns {
+        for under_run in [false, true] {
+            let argv = [&[tool], args, &["-c", c, url]].concat();
+            let cmd = run_or_plain(lab, Host::A, under_run, &argv);
+            let what = format!("{tool} -c {c} (under run: {under_run})");
+            check(&what, &output(cmd, &what));
+        }
+    }
+}
+
 fn field(out: &str, key: &str) -> Option<u64> {
     let line = out.lines().find(|l| l.trim_start().starts_with(key))?;
     line[line.find(':')? + 1..]
@@ -96,21 +115,12 @@ fn ab_one_connection_per_request_against_nginx_plain_and_under_run() {
     let lab = lab("ab");
     let _ng = nginx(&lab, 8080, "ab");
     let url = format!("http://{B}:8080/index.html");
-    for c in ["1", "20"] {
-        for under_run in [false, true] {
-            let argv = ["ab", "-q", "-n", "300", "-c", c, "-s", "10", &url];
-            let cmd = run_or_plain(&lab, Host::A, under_run, &argv);
-            let what = format!("ab -c {c} (under run: {under_run})");
-            let out = output(cmd, &what);
-            assert_eq!(
-                field(&out, "Complete requests"),
-                Some(300),
-                "{what}:\n{out}"
-            );
-            assert_eq!(field(&out, "Failed requests"), Some(0), "{what}:\n{out}");
-            assert!(!out.contains("Non-2xx"), "{what}:\n{out}");
-        }
-    }
+    let ab = ("ab", &["-q", "-n", "300", "-s", "10"][..], url.as_str());
+    plainly_and_under_run(&lab, ab, &["1", "20"], |what, out| {
+        assert_eq!(field(out, "Complete requests"), Some(300), "{what}:\n{out}");
+        assert_eq!(field(out, "Failed requests"), Some(0), "{what}:\n{out}");
+        assert!(!out.contains("Non-2xx"), "{what}:\n{out}");
+    });
 }
 
 /// wrk with 10 and 50 connections for 2 s (nginx closes a keep-alive
@@ -123,16 +133,11 @@ fn wrk_connections_against_nginx_plain_and_under_run() {
     let lab = lab("wr");
     let _ng = nginx(&lab, 8081, "wrk");
     let url = format!("http://{B}:8081/index.html");
-    for c in ["10", "50"] {
-        for under_run in [false, true] {
-            let argv = ["wrk", "-t2", "-c", c, "-d2", &url];
-            let cmd = run_or_plain(&lab, Host::A, under_run, &argv);
-            let what = format!("wrk -c {c} (under run: {under_run})");
-            let out = output(cmd, &what);
-            assert!(out.contains("requests in"), "{what}:\n{out}");
-            assert!(!out.contains("Socket errors"), "{what}:\n{out}");
-        }
-    }
+    let wrk = ("wrk", &["-t2", "-d2"][..], url.as_str());
+    plainly_and_under_run(&lab, wrk, &["10", "50"], |what, out| {
+        assert!(out.contains("requests in"), "{what}:\n{out}");
+        assert!(!out.contains("Socket errors"), "{what}:\n{out}");
+    });
 }
 
 /// One HTTP/1.0 request per connection (nginx closes first, so host b

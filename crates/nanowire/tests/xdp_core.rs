@@ -12,7 +12,7 @@ use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use xdp_support::{Proc, udp_echo};
+use xdp_support::{Proc, udp_echo, xdp_opts};
 
 const A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
@@ -29,14 +29,6 @@ fn xdp_test(lab: &ScopedLab, args: &[&str]) -> Proc {
     let ready = p.line(Duration::from_secs(20));
     assert_eq!(ready["ready"], true, "{ready}");
     p
-}
-
-fn opts(iface: String, ring: u32) -> nanowire_stack::EngineOptions {
-    let mut o = nanowire_stack::EngineOptions::new(nanowire_stack::EngineKind::Xdp);
-    o.iface = Some(iface);
-    o.ring_depth = ring;
-    o.fallback = false;
-    o
 }
 
 fn kernel_client() -> UdpSocket {
@@ -102,7 +94,7 @@ fn unread_socket_drops_its_own_traffic_not_its_neighbours() {
     let (got, unread) = in_ns(&lab.netns(Host::A), move || {
         use nanowire_stack::xdp::XdpSocket;
         use nanowire_stack::{UdpEndpoint, WaitPolicy};
-        let o = opts(ifa, 16384);
+        let o = xdp_opts(ifa, 16384);
         let x = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 6001), &o)
             .unwrap_or_else(|e| panic!("{e}"));
         let mut y = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 6002), &o)
@@ -164,7 +156,7 @@ fn unresolvable_sends_do_not_hold_up_a_ping_pong() {
         use nanowire_stack::xdp::XdpSocket;
         use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
         use std::sync::{Arc, Mutex};
-        let o = opts(ifa, 1024);
+        let o = xdp_opts(ifa, 1024);
         let mut p = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), &o)
             .unwrap_or_else(|e| panic!("{e}"));
         let u = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), &o)
@@ -275,7 +267,7 @@ fn peer_mac_change_mid_stream_is_followed() {
     let (before, after) = in_ns(&nsa.clone(), move || {
         use nanowire_stack::UdpEndpoint;
         use nanowire_stack::xdp::XdpSocket;
-        let o = opts(ifa.clone(), 1024);
+        let o = xdp_opts(ifa.clone(), 1024);
         let mut s = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), &o)
             .unwrap_or_else(|e| panic!("{e}"));
         s.connect(SocketAddrV4::new(B, 6200)).unwrap();
@@ -367,6 +359,31 @@ fn set_mtu(lab: &ScopedLab, mtu: u32) {
     }
 }
 
+/// An xdp echo on `port` in host b (ring depth 1024): every one of `sizes`
+/// comes back intact to a kernel client and to an xdp socket in host a
+/// ([`echo_sizes`], `what` names the case).
+fn all_sizes_echo(
+    lab: &ScopedLab,
+    (port, sizes, what): (u16, &'static [usize], &str),
+    wait: Duration,
+    check: impl FnOnce(&nanowire_stack::xdp::XdpSocket) + Send + 'static,
+) {
+    let p = xdp_test(
+        lab,
+        &[
+            "--port",
+            &port.to_string(),
+            "--echo",
+            "--ring-depth",
+            "1024",
+        ],
+    );
+    let (kernel_ok, xdp_ok) = echo_sizes(lab, port, sizes, wait, check);
+    drop(p);
+    assert_eq!(kernel_ok, sizes.len(), "kernel client <-> xdp echo, {what}");
+    assert_eq!(xdp_ok, sizes.len(), "xdp <-> xdp, {what}");
+}
+
 /// Each of `sizes` echoed by the xdp echo on `port` in host b, from a
 /// kernel client and from an xdp socket in host a (up to 3 and 5 tries, a
 /// try waiting `wait`): how many sizes came back intact each way. `check`
@@ -391,7 +408,7 @@ fn echo_sizes(
             .count();
         let mut x = XdpSocket::open(
             SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
-            &opts(ifa, 1024),
+            &xdp_opts(ifa, 1024),
         )
         .unwrap_or_else(|e| panic!("{e}"));
         x.connect(SocketAddrV4::new(B, port)).unwrap();
@@ -419,25 +436,18 @@ fn echo_sizes(
 fn mtu_9000_echo() {
     let lab = lab('j');
     set_mtu(&lab, 9000);
-    let p = xdp_test(&lab, &["--port", "6400", "--echo", "--ring-depth", "1024"]);
     const SIZES: &[usize] = &[64, 1472, 3000, 4000, 8000, 8972];
-    let (kernel_ok, xdp_ok) = echo_sizes(&lab, 6400, SIZES, Duration::from_millis(500), |_| ());
-    drop(p);
-    assert_eq!(
-        kernel_ok,
-        SIZES.len(),
-        "kernel client <-> xdp echo at MTU 9000"
-    );
-    assert_eq!(xdp_ok, SIZES.len(), "xdp <-> xdp at MTU 9000");
+    let case = (6400, SIZES, "MTU 9000");
+    all_sizes_echo(&lab, case, Duration::from_millis(500), |_| ());
 }
 
 #[test]
 #[ignore = "needs root"]
 fn fragmented_datagrams_both_directions() {
     let lab = lab('g');
-    let p = xdp_test(&lab, &["--port", "6500", "--echo", "--ring-depth", "1024"]);
     const SIZES: &[usize] = &[1473, 4000, 9000, 65507];
-    let (kernel_ok, xdp_ok) = echo_sizes(&lab, 6500, SIZES, Duration::from_millis(1000), |x| {
+    let case = (6500, SIZES, "fragmented");
+    all_sizes_echo(&lab, case, Duration::from_millis(1000), |x| {
         use nanowire_stack::UdpEndpoint;
         let c: std::collections::HashMap<String, u64> = x.engine_counters().into_iter().collect();
         assert!(
@@ -449,13 +459,6 @@ fn fragmented_datagrams_both_directions() {
             "received through the twin"
         );
     });
-    drop(p);
-    assert_eq!(
-        kernel_ok,
-        SIZES.len(),
-        "kernel client <-> xdp echo, fragmented"
-    );
-    assert_eq!(xdp_ok, SIZES.len(), "xdp <-> xdp, fragmented");
 }
 
 #[test]
@@ -470,7 +473,7 @@ fn adopted_kernel_socket_is_the_twin() {
         let k = UdpSocket::bind("0.0.0.0:0").unwrap();
         let port = k.local_addr().unwrap().port();
         let mut x =
-            XdpSocket::adopt(k.as_raw_fd(), &opts(ifa, 1024)).unwrap_or_else(|e| panic!("{e}"));
+            XdpSocket::adopt(k.as_raw_fd(), &xdp_opts(ifa, 1024)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(x.local_addr().unwrap().port(), port);
         assert_eq!(
             x.kernel_fd(),

@@ -6,14 +6,14 @@
 mod xdp_support;
 
 use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
-use nanowire_testkit::{in_ns, ip_ns, one_line_failure, xdp_test_bin};
+use nanowire_testkit::{in_ns, ip_ns, one_line_failure, words, xdp_test_bin};
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use xdp_support::{Proc, udp_echo};
+use xdp_support::{Proc, udp_echo, xdp_socket};
 
 const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
 const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
@@ -41,6 +41,14 @@ fn xdp_test(lab: &ScopedLab, args: &[&str]) -> (Proc, serde_json::Value) {
     let ready = p.line(Duration::from_secs(20));
     assert_eq!(ready["ready"], true, "{ready}");
     (p, ready)
+}
+
+/// The engine's end report (`p` finished): every socket received.
+fn every_socket_received(p: Proc) {
+    let end = p.finish();
+    for s in end["sockets"].as_array().unwrap() {
+        assert!(s["stats"]["rx_packets"].as_u64().unwrap() >= 1, "{s}");
+    }
 }
 
 fn client() -> UdpSocket {
@@ -108,13 +116,8 @@ fn xdp_to_xdp_echo() {
     let (_p, _) = xdp_test(&lab, &["--port", "5001", "--echo"]);
     let ifa = lab.iface(Host::A);
     let ok = in_ns(&lab.netns(Host::A), move || {
-        use nanowire_stack::xdp::XdpSocket;
-        use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint};
-        let mut o = EngineOptions::new(EngineKind::Xdp);
-        o.iface = Some(ifa);
-        o.ring_depth = 1024;
-        let mut s = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), &o)
-            .unwrap_or_else(|e| panic!("xdp client: {e}"));
+        use nanowire_stack::UdpEndpoint;
+        let mut s = xdp_socket(ifa, 1024, 0);
         // b is resolved through the kernel (a fresh namespace has no entry),
         // asynchronously: the first datagram waits in the neighbour entry.
         s.connect(SocketAddrV4::new(B, 5001)).unwrap();
@@ -261,28 +264,15 @@ fn sixty_four_sockets_on_distinct_ports() {
             .count()
     });
     assert_eq!(ok, 64);
-    let end = p.finish();
-    for s in end["sockets"].as_array().unwrap() {
-        assert!(s["stats"]["rx_packets"].as_u64().unwrap() >= 1, "{s}");
-    }
+    every_socket_received(p);
 }
 
 #[test]
 #[ignore = "needs root"]
 fn multicast_group_reaches_two_sockets() {
     let lab = lab('m');
-    let (p, _) = xdp_test(
-        &lab,
-        &[
-            "--port",
-            "6500",
-            "--sockets",
-            "2",
-            "--group",
-            "239.1.2.3",
-            "--echo",
-        ],
-    );
+    let args = words("--port 6500 --sockets 2 --group 239.1.2.3 --echo");
+    let (p, _) = xdp_test(&lab, &args);
     let replies = in_ns(&lab.netns(Host::A), || {
         let s = client();
         s.set_multicast_loop_v4(false).unwrap();
@@ -329,10 +319,7 @@ fn multicast_group_reaches_two_sockets() {
         .unwrap();
     let maddr = String::from_utf8_lossy(&maddr.stdout).to_string();
     assert!(maddr.contains("239.1.2.3"), "{maddr}");
-    let end = p.finish();
-    for s in end["sockets"].as_array().unwrap() {
-        assert!(s["stats"]["rx_packets"].as_u64().unwrap() >= 1, "{s}");
-    }
+    every_socket_received(p);
 }
 
 #[test]
@@ -555,13 +542,7 @@ fn deep_rings_of_64k_frames_and_several_queues() {
     // the host's interfaces) learns the queue count from the driver.
     let ifa = lab.iface(Host::A);
     let queues = in_ns(&lab.netns(Host::A), move || {
-        use nanowire_stack::xdp::XdpSocket;
-        use nanowire_stack::{EngineKind, EngineOptions};
-        let mut o = EngineOptions::new(EngineKind::Xdp);
-        o.iface = Some(ifa);
-        o.ring_depth = 256;
-        let s = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), &o)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let s = xdp_socket(ifa, 256, 0);
         s.engine_handle().iface().rx_queues
     });
     assert_eq!(queues, 2);
@@ -791,13 +772,8 @@ fn batched_transmit_delivers_every_datagram_to_a_kernel_receiver() {
     rx.recv_timeout(Duration::from_secs(5)).unwrap();
     let ifa = lab.iface(Host::A);
     in_ns(&lab.netns(Host::A), move || {
-        use nanowire_stack::xdp::XdpSocket;
-        use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint};
-        let mut o = EngineOptions::new(EngineKind::Xdp);
-        o.iface = Some(ifa);
-        o.ring_depth = 1024;
-        let mut s = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0), &o)
-            .unwrap_or_else(|e| panic!("xdp: {e}"));
+        use nanowire_stack::UdpEndpoint;
+        let mut s = xdp_socket(ifa, 1024, 0);
         let msgs: Vec<Vec<u8>> = (0..N as u32)
             .map(|i| {
                 let mut m = vec![0u8; 100];
@@ -919,13 +895,8 @@ fn xdp_socket_sends_to_a_multicast_group() {
     rx.recv_timeout(Duration::from_secs(5)).unwrap();
     let ifa = lab.iface(Host::A);
     let sent = in_ns(&lab.netns(Host::A), move || {
-        use nanowire_stack::xdp::XdpSocket;
-        use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint};
-        let mut o = EngineOptions::new(EngineKind::Xdp);
-        o.iface = Some(ifa);
-        o.ring_depth = 1024;
-        let mut s = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 6601), &o)
-            .unwrap_or_else(|e| panic!("{e}"));
+        use nanowire_stack::UdpEndpoint;
+        let mut s = xdp_socket(ifa, 1024, 6601);
         // Repeat until the receiver's thread is surely reading (bounded).
         for _ in 0..30 {
             s.send_to(b"to the group", SocketAddrV4::new(group, 6600))
@@ -985,13 +956,8 @@ fn connected_socket_takes_datagrams_from_its_peer_only() {
     let ifa = lab.iface(Host::A);
     let nsb = lab.netns(Host::B);
     let (got, drops) = in_ns(&lab.netns(Host::A), move || {
-        use nanowire_stack::xdp::XdpSocket;
-        use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint};
-        let mut o = EngineOptions::new(EngineKind::Xdp);
-        o.iface = Some(ifa);
-        o.ring_depth = 1024;
-        let mut s = XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 5900), &o)
-            .unwrap_or_else(|e| panic!("{e}"));
+        use nanowire_stack::UdpEndpoint;
+        let mut s = xdp_socket(ifa, 1024, 5900);
         s.connect(SocketAddrV4::new(B, 5901)).unwrap();
         std::thread::spawn(move || {
             in_ns(&nsb, || {

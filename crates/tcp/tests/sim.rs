@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use nanowire_tcp::fault::FaultConfig;
-use nanowire_tcp::{Config, Error, State};
+use nanowire_tcp::{Config, ConnId, Error, State, TcpStack};
 
 #[test]
 fn handshake_negotiates_options_and_moves_data_both_ways() {
@@ -36,6 +36,39 @@ fn handshake_negotiates_options_and_moves_data_both_ways() {
     assert_eq!(rb, b"world!");
     assert_eq!(n.a.local_addr(ca).unwrap(), sa(A, 80));
     assert_eq!(n.a.peer_addr(ca).unwrap(), n.b.local_addr(cb).unwrap());
+}
+
+/// b sends 40,000 bytes of the pattern to a, whose receive buffer is
+/// 8 KiB (its application not reading); nothing has run yet.
+fn b_sends_40k_into_8k_at_a() -> (Net, ConnId, ConnId, Vec<u8>) {
+    let mut cfg = Config::default();
+    cfg.rcvbuf = 8192;
+    let mut n = Net::new(cfg, Config::default(), FaultConfig::default());
+    let (ca, cb) = n.connect_pair();
+    let data: Vec<u8> = (0..40_000u32).map(|i| pattern(u64::from(i))).collect();
+    assert_eq!(n.b.send(cb, &data).unwrap(), 40_000);
+    (n, ca, cb, data)
+}
+
+/// `r` with `payload` (the payload sits after the header before emit sums
+/// it) from B to A, given to a.
+fn input_at_a(n: &mut Net, r: &nanowire_wire::tcp::TcpRepr, payload: &[u8]) {
+    let hl = r.header_len();
+    let mut full = vec![0u8; hl + payload.len()];
+    full[hl..].copy_from_slice(payload);
+    assert_eq!(r.emit(&mut full, payload.len(), B, A), hl + payload.len());
+    n.a.input(n.now, B, A, &full);
+}
+
+/// What `s` has for `c` now, appended to `got` (read in `buf`-sized
+/// pieces, until nothing more or EOF).
+fn read_all(s: &mut TcpStack, c: ConnId, buf: &mut [u8], got: &mut Vec<u8>) {
+    while let Ok(k) = s.recv(c, buf) {
+        if k == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..k]);
+    }
 }
 
 /// A link that loses `loss` of the segments each way (`seed`), nothing else.
@@ -353,12 +386,7 @@ fn window_scaling_lets_the_window_exceed_64k() {
 
 #[test]
 fn zero_window_is_probed_and_reopens() {
-    let mut cfg = Config::default();
-    cfg.rcvbuf = 8192;
-    let mut n = Net::new(cfg, Config::default(), FaultConfig::default());
-    let (ca, cb) = n.connect_pair();
-    let data: Vec<u8> = (0..40_000u32).map(|i| pattern(u64::from(i))).collect();
-    assert_eq!(n.b.send(cb, &data).unwrap(), 40_000);
+    let (mut n, ca, cb, data) = b_sends_40k_into_8k_at_a();
     n.advance(30 * S);
     assert_eq!(n.a.recv_queue(ca).unwrap(), 8192);
     let i = n.b.info(cb).unwrap();
@@ -376,9 +404,7 @@ fn zero_window_is_probed_and_reopens() {
     let mut got = vec![];
     let mut buf = [0u8; 4096];
     n.run_until(10 * S, |n| {
-        while let Ok(k) = n.a.recv(ca, &mut buf) {
-            got.extend_from_slice(&buf[..k]);
-        }
+        read_all(&mut n.a, ca, &mut buf, &mut got);
         got.len() == 40_000
     });
     assert_eq!(got, data);
@@ -885,12 +911,7 @@ fn forged_ack_for_unsent_data_with_a_huge_tsval_changes_nothing() {
             timestamp: Some((val.wrapping_add(0x4000_0000), 0)),
             ..Default::default()
         };
-        // The payload sits after the header before emit sums it.
-        let hl = r.header_len();
-        let mut full = vec![0u8; hl + payload.len()];
-        full[hl..].copy_from_slice(payload);
-        assert_eq!(r.emit(&mut full, payload.len(), B, A), hl + payload.len());
-        n.a.input(n.now, B, A, &full);
+        input_at_a(&mut n, &r, payload);
         // The answer: a challenge ACK (ack = rcv_nxt, nothing new acked).
         let mut acks = 0;
         while let Some(t) = transmit(&mut n.a, n.now, &mut out) {
@@ -1232,12 +1253,7 @@ fn a_waiting_reader_takes_in_order_data_straight_into_its_buffer() {
                 sent += k;
             }
             let r = n.reader.as_mut().expect("reader");
-            while let Ok(k) = n.a.recv(ca, &mut buf) {
-                if k == 0 {
-                    break;
-                }
-                r.got.extend_from_slice(&buf[..k]);
-            }
+            read_all(&mut n.a, ca, &mut buf, &mut r.got);
             r.got.len() == data.len()
         });
         let got = n.reader.take().expect("reader").got;
@@ -1414,12 +1430,7 @@ fn end_tracking_names_the_fin_or_rst_that_would_end_each_connection() {
 /// buffer and announces a zero window; b's own segments are kept off the
 /// link from then on, so what reaches a is only what the test sends for b.
 fn zero_window_at_a() -> (Net, nanowire_tcp::ConnId, nanowire_tcp::ConnId, Vec<u8>) {
-    let mut cfg = Config::default();
-    cfg.rcvbuf = 8192;
-    let mut n = Net::new(cfg, Config::default(), FaultConfig::default());
-    let (ca, cb) = n.connect_pair();
-    let data: Vec<u8> = (0..40_000u32).map(|i| pattern(u64::from(i))).collect();
-    assert_eq!(n.b.send(cb, &data).unwrap(), 40_000);
+    let (mut n, ca, cb, data) = b_sends_40k_into_8k_at_a();
     n.run_until(10 * S, |n| {
         n.a.recv_queue(ca).unwrap() == 8192 && n.b.info(cb).unwrap().snd_wnd == 0
     });
@@ -1449,11 +1460,7 @@ fn to_a_from_b(
         window: 1000,
         ..Default::default()
     };
-    let hl = r.header_len();
-    let mut full = vec![0u8; hl + payload.len()];
-    full[hl..].copy_from_slice(payload);
-    assert_eq!(r.emit(&mut full, payload.len(), B, A), hl + payload.len());
-    n.a.input(n.now, B, A, &full);
+    input_at_a(n, &r, payload);
     a_sends_now(n)
 }
 
@@ -1532,12 +1539,7 @@ fn a_zero_window_opened_by_a_read_is_announced_at_once() {
     n.drop_ba = None;
     let mut buf = [0u8; 4096];
     n.run_until(60 * S, |n| {
-        while let Ok(k) = n.a.recv(ca, &mut buf) {
-            if k == 0 {
-                break;
-            }
-            got.extend_from_slice(&buf[..k]);
-        }
+        read_all(&mut n.a, ca, &mut buf, &mut got);
         got.len() == data.len()
     });
     assert_eq!(got, data);
@@ -1592,12 +1594,7 @@ fn frames_held_in_the_receive_queue_are_bounded_and_read_in_order() {
                         peeked += k;
                     }
                 }
-                while let Ok(k) = n.a.recv(ca, &mut buf) {
-                    if k == 0 {
-                        break;
-                    }
-                    got.extend_from_slice(&buf[..k]);
-                }
+                read_all(&mut n.a, ca, &mut buf, &mut got);
             }
             got.len() == data.len()
         });

@@ -146,6 +146,12 @@ pub fn ok(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// The words of a command line, as an argv (for lines with no empty or
+/// spaced word: `&words(&format!("memcached -l {addr} -p 11211"))`).
+pub fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
 /// `ip -n NS ARGS…` in the lab namespace `ns`: its stdout; the test fails
 /// with both outputs unless it succeeded.
 #[track_caller]

@@ -82,6 +82,16 @@ pub fn in_a(lab: &ScopedLab, line: &str) -> Output {
     run(lab, Host::A, &argv, RUN_T)
 }
 
+/// A sockperf client `line` in host a: it reported a p50 above zero.
+/// Whether it exited successfully, and its stdout and stderr.
+pub fn sockperf_in_a(lab: &ScopedLab, line: &str) -> (bool, String) {
+    let o = in_a(lab, line);
+    let (out, err) = text(&o);
+    let all = format!("{out}{err}");
+    assert!(sockperf_p50(&all).is_some_and(|p| p > 0.0), "{all}");
+    (o.status.success(), all)
+}
+
 /// Wait until something listens on `port` (udp or tcp) in host `h`.
 pub fn wait_listening(lab: &ScopedLab, h: Host, tcp: bool, port: u16) {
     let end = Instant::now() + Duration::from_secs(10);

@@ -29,6 +29,18 @@ pub fn build_c(name: &str, src: &str) -> PathBuf {
     bin
 }
 
+/// `nanowire ARGS` run here (no lab) to its end: its output.
+pub fn nanowire_out(args: &[&str]) -> std::process::Output {
+    Command::new(nanowire()).args(args).output().unwrap()
+}
+
+/// The shim built and the C test program `src` compiled as `name`
+/// ([`build_c`]): the program's path.
+pub fn shim_and_c(name: &str, src: &str) -> String {
+    ensure_preload();
+    build_c(name, src).to_string_lossy().into_owned()
+}
+
 pub fn nanowire() -> &'static str {
     env!("CARGO_BIN_EXE_nanowire")
 }
@@ -342,7 +354,7 @@ pub fn assert_sockperf_complete(out: &str) {
 }
 
 #[allow(unused_imports)]
-pub use nanowire_testkit::{have, require};
+pub use nanowire_testkit::{have, require, words};
 
 /// Where a program of a differential test runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

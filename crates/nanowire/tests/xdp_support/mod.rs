@@ -83,3 +83,20 @@ pub fn udp_echo(sock: &UdpSocket, dst: SocketAddrV4, msg: &[u8]) -> Option<Vec<u
     }
     None
 }
+
+/// Engine options of the tests' xdp sockets: `iface`, rings of `ring`
+/// frames, no fallback.
+pub fn xdp_opts(iface: String, ring: u32) -> nanowire_stack::EngineOptions {
+    let mut o = nanowire_stack::EngineOptions::new(nanowire_stack::EngineKind::Xdp);
+    o.iface = Some(iface);
+    o.ring_depth = ring;
+    o.fallback = false;
+    o
+}
+
+/// An xdp socket bound to `port` (0: any) of every address, [`xdp_opts`].
+pub fn xdp_socket(iface: String, ring: u32, port: u16) -> nanowire_stack::xdp::XdpSocket {
+    let any = SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, port);
+    nanowire_stack::xdp::XdpSocket::open(any, &xdp_opts(iface, ring))
+        .unwrap_or_else(|e| panic!("xdp socket on port {port}: {e}"))
+}
