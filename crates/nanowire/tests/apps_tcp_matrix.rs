@@ -20,7 +20,7 @@ use nanowire_lab::testbed::{ADDR_B, Host, ScopedLab};
 use run_support::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The longest any one program may take (a hang fails the test, bounded).
 const T: Duration = Duration::from_secs(90);
@@ -123,32 +123,18 @@ impl Case {
     /// Wait (bounded) until a plain kernel client in host a connects to
     /// `port` on host b; fails with the server's output if it exits first.
     fn wait_port(&self, srv: &mut Kid, port: u16) {
-        let end = Instant::now() + Duration::from_secs(30);
         let probe = format!(
             "import socket\ns=socket.create_connection(('{ADDR_B}',{port}),timeout=1)\ns.close()"
         );
-        loop {
-            let ok = plain_in(&self.lab, Host::A, &["python3", "-c", &probe])
-                .output()
-                .is_ok_and(|o| o.status.success());
-            if ok {
-                return;
-            }
-            if let Some(st) = srv.child.try_wait().unwrap() {
-                panic!(
-                    "{} exited ({st}) before listening:\n{}",
-                    srv.name,
-                    srv.both()
-                );
-            }
-            assert!(
-                Instant::now() < end,
-                "{} does not accept on {port} within 30 s:\n{}",
-                srv.name,
-                srv.both()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        srv.wait_until(
+            &format!("accepting on {port}"),
+            Duration::from_secs(30),
+            |_| {
+                plain_in(&self.lab, Host::A, &["python3", "-c", &probe])
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            },
+        );
     }
 
     fn path(&self, name: &str) -> String {

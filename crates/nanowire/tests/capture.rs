@@ -96,12 +96,7 @@ fn captures_udp_with_nanosecond_timestamps() {
         ])
         .output()
         .unwrap();
-    assert!(
-        td.status.success(),
-        "{}",
-        String::from_utf8_lossy(&td.stderr)
-    );
-    let text = String::from_utf8_lossy(&td.stdout);
+    let text = nanowire_testkit::ok(&td);
     assert_eq!(
         text.lines()
             .filter(|l| l.contains("198.18.0.2.9999"))
@@ -289,25 +284,11 @@ fn tapped_echo(tag: char, port: u16, args: &[&str]) -> (ScopedLab, PathBuf, Spaw
 
 fn tshark_lines(file: &std::path::Path, filter: &str) -> usize {
     let o = Command::new("tshark")
-        .args([
-            "-n",
-            "-r",
-            file.to_str().unwrap(),
-            "-Y",
-            filter,
-            "-T",
-            "fields",
-            "-e",
-            "frame.number",
-        ])
+        .args(["-n", "-r", file.to_str().unwrap(), "-Y", filter])
+        .args(nanowire_testkit::words("-T fields -e frame.number"))
         .output()
         .expect("tshark is installed (scripts/install-deps.sh)");
-    assert!(
-        o.status.success(),
-        "tshark: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).lines().count()
+    nanowire_testkit::ok(&o).lines().count()
 }
 
 /// Issue 13: a capture beside an accelerated echo server holds every frame

@@ -455,25 +455,20 @@ fn claims_need_the_port_and_garbage_is_refused_and_counted() {
         use std::os::fd::AsFd;
         let held = std::net::UdpSocket::bind((ADDR_B, 12201)).unwrap();
         let at = attached(&ifname);
+        let (c, h) = (&at.conn, held.as_fd());
         // A port the socket does not hold.
-        refused(
-            at.conn.claim(ADDR_B, 12202, held.as_fd()),
-            "holds port 12201",
-        );
+        refused(c.claim(ADDR_B, 12202, h), "holds port 12201");
         // Another address than the socket's.
-        refused(at.conn.claim(ADDR_A, 12201, held.as_fd()), "not claimed");
+        refused(c.claim(ADDR_A, 12201, h), "not claimed");
         // A TCP socket for a UDP claim.
         let t = std::net::TcpListener::bind((ADDR_B, 12203)).unwrap();
-        refused(
-            at.conn.claim(ADDR_B, 12203, t.as_fd()),
-            "not of that protocol",
-        );
+        refused(c.claim(ADDR_B, 12203, t.as_fd()), "not of that protocol");
         // The port it holds.
-        at.conn.claim(ADDR_B, 12201, held.as_fd()).unwrap();
+        c.claim(ADDR_B, 12201, h).unwrap();
         // Another process (connection) with the same socket: refused.
         let other = attached(&ifname);
         refused(
-            other.conn.claim(ADDR_B, 12201, held.as_fd()),
+            other.conn.claim(ADDR_B, 12201, h),
             "claimed by another process",
         );
         // Garbage: refused with its reason, the connection closed, the
@@ -1239,35 +1234,33 @@ fn tcp_claims_need_the_socket_that_holds_the_port() {
         use std::os::fd::AsFd;
         let l = std::net::TcpListener::bind((ADDR_B, 12211)).unwrap();
         let at = attached(&ifname);
+        let c = &at.conn;
         refused(
-            at.conn.claim_tcp_listener(ADDR_B, 12212, l.as_fd()),
+            c.claim_tcp_listener(ADDR_B, 12212, l.as_fd()),
             "holds port 12211",
         );
         let u = std::net::UdpSocket::bind((ADDR_B, 12213)).unwrap();
         refused(
-            at.conn.claim_tcp_listener(ADDR_B, 12213, u.as_fd()),
+            c.claim_tcp_listener(ADDR_B, 12213, u.as_fd()),
             "not of that protocol",
         );
-        at.conn
-            .claim_tcp_listener(ADDR_B, 12211, l.as_fd())
-            .unwrap();
+        c.claim_tcp_listener(ADDR_B, 12211, l.as_fd()).unwrap();
         let local = SocketAddrV4::new(ADDR_B, 12211);
-        let remote = SocketAddrV4::new(ADDR_A, 40000);
+        let (remote, other_remote) = (
+            SocketAddrV4::new(ADDR_A, 40000),
+            SocketAddrV4::new(ADDR_A, 40001),
+        );
         // A connection of its own listener: no socket needed.
-        at.conn
-            .tcp_flow(TcpFlow::Flow, local, remote, None)
-            .unwrap();
+        c.tcp_flow(TcpFlow::Flow, local, remote, None).unwrap();
         let other = attached(&ifname);
+        let o = &other.conn;
+        let (flow, pass) = (TcpFlow::Flow, TcpFlow::Pass);
         refused(
-            other
-                .conn
-                .tcp_flow(TcpFlow::Flow, local, remote, Some(l.as_fd())),
+            o.tcp_flow(flow, local, remote, Some(l.as_fd())),
             "claimed by another process",
         );
         refused(
-            other
-                .conn
-                .tcp_flow(TcpFlow::Pass, local, SocketAddrV4::new(ADDR_A, 40001), None),
+            o.tcp_flow(pass, local, other_remote, None),
             "neither a socket",
         );
         // A kernel connection's 4-tuple, with the socket holding its port.

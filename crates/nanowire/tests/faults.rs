@@ -128,10 +128,7 @@ fn pp(lab: &ScopedLab, port: u16, extra: &[&str]) -> Option<serde_json::Value> {
 #[test]
 #[ignore = "needs root"]
 fn sigkill_at_random_moments_leaves_nothing_behind() {
-    let cycles: usize = std::env::var("NANOWIRE_KILL_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    let cycles: usize = nanowire_testkit::env_or("NANOWIRE_KILL_CYCLES", 10);
     let lab = lab('k');
     let mut seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -125,6 +125,16 @@ fn check_runs(ex: &Value) {
     }
 }
 
+/// `html` from `start` to the next `end` (`what` is missing from the
+/// rendered page when `start` is not in it).
+fn part<'a>(html: &'a str, start: &str, end: &str, what: &str) -> &'a str {
+    let s = html
+        .find(start)
+        .unwrap_or_else(|| panic!("{what} missing from the rendered page"));
+    let e = html[s..].find(end).map(|e| s + e).unwrap();
+    &html[s..e]
+}
+
 fn check_tables(ex: &Value) {
     for t in ex["tables"].as_array().unwrap() {
         let cols = t["columns"].as_array().unwrap().len();
@@ -355,20 +365,14 @@ fn smoke_report_schema_and_rendering() {
     assert!(!dom.contains("class=\"err\""), "a plot failed to render");
     for ex in &exps[..6] {
         let id = ex["id"].as_str().unwrap();
-        let start = dom
-            .find(&format!("data-experiment=\"{id}\""))
-            .unwrap_or_else(|| panic!("section {id} missing from the rendered page"));
-        let end = dom[start..].find("</section>").map(|e| start + e).unwrap();
-        let sec = &dom[start..end];
+        let at = format!("data-experiment=\"{id}\"");
+        let sec = part(&dom, &at, "</section>", &format!("section {id}"));
         assert!(sec.contains("<svg"), "section {id} has no plot");
         // Every plot is in the page; a plot with data draws its data.
         for p in ex["plots"].as_array().unwrap() {
             let pid = p["id"].as_str().unwrap();
-            let fs = sec
-                .find(&format!("data-plot=\"{pid}\""))
-                .unwrap_or_else(|| panic!("plot {pid} missing"));
-            let fe = sec[fs..].find("</figure>").map(|e| fs + e).unwrap();
-            let fig = &sec[fs..fe];
+            let at = format!("data-plot=\"{pid}\"");
+            let fig = part(sec, &at, "</figure>", &format!("plot {pid}"));
             assert!(fig.contains("<svg"), "plot {pid}: no SVG");
             let points: usize = p["series"]
                 .as_array()

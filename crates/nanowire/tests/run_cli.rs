@@ -11,17 +11,8 @@ use std::time::Duration;
 
 #[test]
 fn list_options_prints_the_table_and_json() {
-    let out = nanowire_out(&["run", "--list-options"]);
-    assert!(out.status.success());
-    let s = String::from_utf8_lossy(&out.stdout);
-    for needle in [
-        "NANOWIRE_ENGINE",
-        "NANOWIRE_SPIN_US",
-        "latency",
-        "balanced",
-        "throughput",
-        "forever",
-    ] {
+    let s = nanowire_testkit::ok(&nanowire_out(&["run", "--list-options"]));
+    for needle in words("NANOWIRE_ENGINE NANOWIRE_SPIN_US latency balanced throughput forever") {
         assert!(s.contains(needle), "missing {needle}:\n{s}");
     }
     let out = nanowire_out(&["run", "--list-options", "--json"]);

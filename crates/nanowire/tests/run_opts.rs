@@ -83,22 +83,9 @@ fn tcp_ip_ttl_and_tos_on_the_engines_segments() {
         .enumerate()
     {
         let port = (14200 + i).to_string();
-        let p = probe();
-        let (s, c) = server_then_client(
-            &l,
-            &format!("hdr-{i}"),
-            (
-                Host::B,
-                srv_run,
-                &["python3", &p, "tcp-hdr-server", &b, &port],
-            ),
-            (
-                Host::A,
-                cli_run,
-                &["python3", &p, "tcp-hdr-client", &b, &port],
-            ),
-            T,
-        );
+        let (name, p) = (format!("hdr-{i}"), probe());
+        let (srv, cli) = (["tcp-hdr-server", &b, &port], ["tcp-hdr-client", &b, &port]);
+        let (s, c) = script_pair(&l, (&name, &p), (srv_run, &srv), (cli_run, &cli), T);
         let (co, so) = (c.both(), s.both());
         let want = "seen ttl=7 tos=0xb8";
         if !srv_run {

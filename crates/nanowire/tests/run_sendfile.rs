@@ -6,7 +6,7 @@
 //! The probe is `scripts/sendfile_probe.py`.
 
 mod run_support;
-use nanowire_lab::testbed::{ADDR_B, Host};
+use nanowire_lab::testbed::ADDR_B;
 use run_support::*;
 use std::time::Duration;
 
@@ -45,16 +45,13 @@ fn serve_and_fetch(tag: &str, mode: &str, base: u16) {
     let b = ADDR_B.to_string();
     for (i, (srv_run, cli_run)) in PLACEMENTS.into_iter().enumerate() {
         let port = (base + i as u16).to_string();
-        let p = probe();
-        let (s, c) = server_then_client(
+        let (name, p) = (format!("{mode}-{i}"), probe());
+        let srv = ["server", &b, &port, path, mode];
+        let (s, c) = script_pair(
             l,
-            &format!("{mode}-{i}"),
-            (
-                Host::B,
-                srv_run,
-                &["python3", &p, "server", &b, &port, path, mode],
-            ),
-            (Host::A, cli_run, &["python3", &p, "client", &b, &port]),
+            (&name, &p),
+            (srv_run, &srv),
+            (cli_run, &["client", &b, &port]),
             T,
         );
         let (co, so) = (c.both(), s.both());
@@ -98,22 +95,12 @@ fn splice_from_the_connection_into_a_pipe() {
     let b = ADDR_B.to_string();
     for (i, (srv_run, cli_run)) in PLACEMENTS.into_iter().enumerate() {
         let port = (15300 + i as u16).to_string();
-        let p = probe();
-        let (s, _c) = server_then_client(
-            &l,
-            &format!("si-{i}"),
-            (
-                Host::B,
-                srv_run,
-                &["python3", &p, "server", &b, &port, "-", "splice-in"],
-            ),
-            (
-                Host::A,
-                cli_run,
-                &["python3", &p, "client-send", &b, &port, &path],
-            ),
-            T,
+        let (name, p) = (format!("si-{i}"), probe());
+        let (srv, cli) = (
+            ["server", &b, &port, "-", "splice-in"],
+            ["client-send", &b, &port, &path],
         );
+        let (s, _c) = script_pair(&l, (&name, &p), (srv_run, &srv), (cli_run, &cli), T);
         let so = s.both();
         assert_eq!(
             line_of(&so, "in "),

@@ -185,18 +185,8 @@ fn kernel_traffic_keeps_working_beside_the_engine() {
     let _ = lab
         .command(Host::A, &["ip", "neigh", "flush", "all"])
         .status();
-    let ping = lab
-        .command(
-            Host::A,
-            &["ping", "-c", "3", "-i", "0.2", "-W", "2", "198.18.0.2"],
-        )
-        .output()
-        .expect("ping");
-    assert!(
-        ping.status.success(),
-        "ping failed: {}",
-        String::from_utf8_lossy(&ping.stdout)
-    );
+    let ping = words("ping -c 3 -i 0.2 -W 2 198.18.0.2");
+    nanowire_testkit::ok(&lab.command(Host::A, &ping).output().expect("ping"));
     let neigh = lab
         .command(Host::A, &["ip", "neigh", "show", "198.18.0.2"])
         .output()

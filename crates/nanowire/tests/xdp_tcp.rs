@@ -126,10 +126,7 @@ fn stream_hashed_both_ways_between_a_kernel_peer_and_the_xdp_tcp() {
     let l = lab('h');
     // 1 GiB each way in the full campaign (NANOWIRE_TCP_STREAM_MIB=1024);
     // 128 MiB keeps `make test` short on a shared 2-vCPU machine.
-    let mib: u64 = std::env::var("NANOWIRE_TCP_STREAM_MIB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(128);
+    let mib: u64 = nanowire_testkit::env_or("NANOWIRE_TCP_STREAM_MIB", 128);
     let total = mib << 20;
     // The default lab: the kernel sender's TSO/GSO super-frames (up to
     // 64 KiB) reach the engine as multi-buffer chains in generic XDP.

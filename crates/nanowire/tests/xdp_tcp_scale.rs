@@ -74,10 +74,7 @@ struct ServerConn {
 #[test]
 #[ignore = "needs root"]
 fn a_thousand_concurrent_connections_between_two_xdp_tcp_peers() {
-    let conns: usize = std::env::var("NANOWIRE_TCP_CONNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(CONNS);
+    let conns: usize = nanowire_testkit::env_or("NANOWIRE_TCP_CONNS", CONNS);
     raise_nofile();
     let l = nanowire_testkit::lab("tsk");
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();

@@ -20,15 +20,8 @@ const OURS: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 1);
 const PEER: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 2);
 
 fn sh(args: &[&str]) {
-    let o = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .expect("spawn");
-    assert!(
-        o.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let o = Command::new(args[0]).args(&args[1..]).output();
+    nanowire_testkit::ok(&o.unwrap_or_else(|e| panic!("{args:?}: {e}")));
 }
 
 /// Two namespaces and a veth pair, removed on drop.
@@ -895,11 +888,7 @@ fn close_semantics_match_the_kernel_differentially() {
         .python(DIFF_CLIENT_PY, &[KADDR])
         .wait_with_output()
         .unwrap();
-    assert!(
-        kernel.status.success(),
-        "{}",
-        String::from_utf8_lossy(&kernel.stderr)
-    );
+    let k = nanowire_testkit::ok(&kernel).trim().to_string();
     let _ = ksrv.wait();
 
     let (tx, rx) = std::sync::mpsc::channel::<()>();
@@ -915,14 +904,9 @@ fn close_semantics_match_the_kernel_differentially() {
         .unwrap();
     tx.send(()).unwrap();
     let counters = server.join().unwrap();
-    let k = String::from_utf8_lossy(&kernel.stdout).trim().to_string();
     let o = String::from_utf8_lossy(&ours.stdout).trim().to_string();
     eprintln!("kernel: {k}\nours:   {o}\ncounters: {counters:?}");
-    assert!(
-        ours.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ours.stderr)
-    );
+    nanowire_testkit::ok(&ours);
     assert_eq!(o, k, "our TCP and the kernel's disagree");
 }
 

@@ -27,7 +27,7 @@
 //!   echo/count/ping-pong test mode), built on first use.
 
 use nanowire_lab::testbed::{Lab, LabOptions, ScopedLab};
-use std::io::Read;
+use std::io::{BufRead, Read};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -144,6 +144,29 @@ pub fn ok(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Each line `r` gives, sent on the returned channel by a thread of its
+/// own (until EOF, a read error or the receiver is gone).
+pub fn line_channel(r: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(r).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// A test's size knob: environment variable `name` as a number, or
+/// `default` when it is unset or not a number.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// The words of a command line, as an argv (for lines with no empty or

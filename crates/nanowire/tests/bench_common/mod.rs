@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 use nanowire_lab::testbed::{Host, ScopedLab};
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -173,16 +172,7 @@ pub fn sockperf_dropped(out: &str) -> Option<u64> {
 
 /// Lines of a child's stderr, for readiness checks.
 pub fn stderr_lines(g: &mut Guard) -> mpsc::Receiver<String> {
-    let err = g.child.as_mut().unwrap().stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(err).lines().map_while(Result::ok) {
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
-    rx
+    nanowire_testkit::line_channel(g.child.as_mut().unwrap().stderr.take().unwrap())
 }
 
 /// A one-line "nanowire: error: ..." and a non-zero exit, never a panic.

@@ -6,7 +6,6 @@
 
 use nanowire_lab::testbed::{Host, ScopedLab};
 use nanowire_testkit::{Reaped, spawn_piped};
-use std::io::{BufRead, BufReader};
 use std::process::{ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -27,22 +26,9 @@ impl BenchServer {
     /// Spawn `cmd` with stdin closed and stdout and stderr piped.
     pub fn spawn(mut cmd: Command) -> BenchServer {
         let mut child = spawn_piped(&mut cmd);
-        let e = child.stderr.take().expect("stderr piped");
+        let err = nanowire_testkit::line_channel(child.stderr.take().expect("stderr piped"));
         let out = child.stdout.take();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(e).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        BenchServer {
-            child,
-            err: rx,
-            out,
-        }
+        BenchServer { child, err, out }
     }
 
     /// Wait (bounded) for the listen line: `Ok((engine line, the lines

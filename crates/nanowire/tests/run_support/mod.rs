@@ -136,25 +136,25 @@ impl Kid {
     }
     /// Wait until the output contains `needle`, at most `limit`.
     pub fn wait_for(&mut self, needle: &str, limit: Duration) {
+        self.wait_until(&format!("printing {needle:?}"), limit, |k| {
+            k.both().contains(needle)
+        });
+    }
+    /// Wait until `cond` holds (asked every 20 ms), at most `limit`; the
+    /// test fails naming `what` if it does not, or if the process exits
+    /// first.
+    pub fn wait_until(&mut self, what: &str, limit: Duration, mut cond: impl FnMut(&Kid) -> bool) {
         let end = Instant::now() + limit;
         while Instant::now() < end {
-            if self.both().contains(needle) {
+            if cond(self) {
                 return;
             }
             if let Some(st) = self.child.try_wait().unwrap() {
-                panic!(
-                    "{} exited ({st}) before printing {needle:?}\n{}",
-                    self.name,
-                    self.both()
-                );
+                panic!("{} exited ({st}) before {what}\n{}", self.name, self.both());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!(
-            "{} did not print {needle:?} within {limit:?}\n{}",
-            self.name,
-            self.both()
-        );
+        panic!("{}: no {what} within {limit:?}\n{}", self.name, self.both());
     }
     /// Finish successfully within `limit`, or panic with the output.
     pub fn success(&mut self, limit: Duration) -> String {
@@ -271,6 +271,27 @@ pub fn server_then_client(
     c.success(limit);
     s.success(limit);
     (s, c)
+}
+
+/// [`server_then_client`] of one Python script (`script`, a path) in its
+/// two roles: `python3 SCRIPT SRV…` in host b, `python3 SCRIPT CLI…` in
+/// host a.
+pub fn script_pair(
+    lab: &ScopedLab,
+    (name, script): (&str, &str),
+    (srv_run, srv): (bool, &[&str]),
+    (cli_run, cli): (bool, &[&str]),
+    limit: Duration,
+) -> (Kid, Kid) {
+    let py = ["python3", script];
+    let (srv, cli) = ([&py[..], srv].concat(), [&py[..], cli].concat());
+    server_then_client(
+        lab,
+        name,
+        (Host::B, srv_run, &srv),
+        (Host::A, cli_run, &cli),
+        limit,
+    )
 }
 
 /// A program under run put socket `what` (`tcp listener ADDR:PORT`, `->

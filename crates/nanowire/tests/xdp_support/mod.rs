@@ -2,7 +2,6 @@
 //! and reaped on drop.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
 use std::net::{SocketAddrV4, UdpSocket};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -22,17 +21,8 @@ impl Proc {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn");
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Proc { child, lines: rx }
+        let lines = nanowire_testkit::line_channel(child.stdout.take().unwrap());
+        Proc { child, lines }
     }
 
     pub fn line(&self, timeout: Duration) -> serde_json::Value {
