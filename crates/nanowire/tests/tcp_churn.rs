@@ -288,13 +288,14 @@ fn churn_trace(lab: &ScopedLab, port: &str, n: usize, calls: &str) -> (String, V
 /// the threaded process does not grow it behind a synchronize_rcu); per
 /// connect: five getsockopts (none of the options a process that set none
 /// would read back as defaults), no getpid, no mmap, and fewer binds and
-/// steering-map writes than connections (the client port block).
+/// steering-map writes than connections (the client port block); and the
+/// application's thread never waits for the warden's start.
 #[test]
 #[ignore = "needs root"]
 fn engine_start_and_connects_make_no_avoidable_syscalls() {
     let lab = lab("sc");
     let _ng = nginx(&lab, 8087, "sc");
-    let calls = "trace=openat,open,bpf,socket,bind,getsockname,getsockopt,getpid,mmap";
+    let calls = "trace=openat,open,bpf,socket,bind,getsockname,getsockopt,getpid,mmap,wait4,execve";
     let count = |lines: &[String], pat: &str| lines.iter().filter(|l| l.contains(pat)).count();
     let (out10, few) = churn_trace(&lab, "8087", 10, calls);
     let (out40, many) = churn_trace(&lab, "8087", 40, calls);
@@ -330,6 +331,29 @@ fn engine_start_and_connects_make_no_avoidable_syscalls() {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no fdsize in {out}"));
         assert!(fdsize > 768, "FDSize {fdsize} at start:\n{out}");
+    }
+    // The warden's start never waits in the application's thread (it did:
+    // the first connect waited for its exec and set-up); an engine thread
+    // reaps its set-up process. The first line is the exec of the process.
+    for lines in [&few, &many] {
+        let pid_of = |l: &String| l.split_whitespace().next().unwrap_or("").to_string();
+        let main = lines.first().map(pid_of).expect("a traced process");
+        let wardens: Vec<String> = lines
+            .iter()
+            .filter(|l| l.contains("execve(") && l.contains("\"warden\""))
+            .map(pid_of)
+            .collect();
+        let waits: Vec<&String> = lines
+            .iter()
+            .filter(|l| {
+                l.starts_with(&format!("{main} "))
+                    && wardens.iter().any(|w| l.contains(&format!("wait4({w},")))
+            })
+            .collect();
+        assert!(
+            waits.is_empty(),
+            "the application's thread waited for the warden's start: {waits:?}"
+        );
     }
     // The engine's start opens a few (and its neighbour thread one, when
     // it gets that far before the exit): never one per connection.
