@@ -66,6 +66,10 @@ pub struct SharedQueue {
     queue: u32,
     zero_copy: bool,
     multi_buffer: bool,
+    /// The UMEM was registered with TX metadata (`TX_METADATA_LEN` bytes
+    /// before each transmitted packet): members may ask the kernel to
+    /// complete checksums, as an own engine does.
+    tx_metadata: bool,
 }
 
 /// A member socket the service made for one process on one queue, and the
@@ -150,7 +154,7 @@ impl SharedQueue {
                 continue;
             }
             match Self::register(&umem, geo, ifindex, queue, zc, multi_buffer) {
-                Ok((owner, fill)) => {
+                Ok((owner, fill, tx_metadata)) => {
                     let mut q = SharedQueue {
                         memfd,
                         owner,
@@ -162,6 +166,7 @@ impl SharedQueue {
                         queue,
                         zero_copy: zc,
                         multi_buffer,
+                        tx_metadata,
                     };
                     q.fill_all();
                     return Ok(q);
@@ -191,7 +196,7 @@ impl SharedQueue {
         queue: u32,
         zero_copy: bool,
         multi_buffer: bool,
-    ) -> io::Result<(OwnedFd, Ring<u64>)> {
+    ) -> io::Result<(OwnedFd, Ring<u64>, bool)> {
         let fd = xsk_socket()?;
         let raw = fd.as_raw_fd();
         // SAFETY: all-zero is a valid xdp_umem_reg; fields filled below.
@@ -200,7 +205,17 @@ impl SharedQueue {
         reg.len = umem.len as u64;
         reg.chunk_size = geo.frame_size;
         reg.headroom = 0;
-        setsockopt(raw, libc::XDP_UMEM_REG, &reg)?;
+        // TX metadata, so that members' packets may ask the kernel for
+        // their checksum (copy mode) as an own engine's do; a kernel
+        // before 6.11 refuses the flag (EINVAL): registered without.
+        reg.flags = libc::XDP_UMEM_TX_METADATA_LEN;
+        reg.tx_metadata_len = crate::xsk::TX_METADATA_LEN;
+        let tx_metadata = setsockopt(raw, libc::XDP_UMEM_REG, &reg).is_ok();
+        if !tx_metadata {
+            reg.flags = 0;
+            reg.tx_metadata_len = 0;
+            setsockopt(raw, libc::XDP_UMEM_REG, &reg)?;
+        }
         setsockopt(raw, libc::XDP_UMEM_FILL_RING, &geo.rx_frames)?;
         setsockopt(raw, libc::XDP_UMEM_COMPLETION_RING, &geo.tx_frames())?;
         // A bind needs an RX or TX ring; this socket is in no XSKMAP and
@@ -221,7 +236,7 @@ impl SharedQueue {
                 libc::XDP_COPY
             };
         bind_xsk(raw, ifindex, queue, flags, 0)?;
-        Ok((fd, fill))
+        Ok((fd, fill, tx_metadata))
     }
 
     /// Every RX frame into the fill ring (at creation).
@@ -245,6 +260,10 @@ impl SharedQueue {
     }
     pub fn multi_buffer(&self) -> bool {
         self.multi_buffer
+    }
+    /// The UMEM has TX metadata (see the field).
+    pub fn tx_metadata(&self) -> bool {
+        self.tx_metadata
     }
     pub fn memfd(&self) -> BorrowedFd<'_> {
         self.memfd.as_fd()

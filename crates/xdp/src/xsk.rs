@@ -191,6 +191,9 @@ pub struct XskRx {
     /// A UMEM shared with other processes (shared.rs): the fill ring
     /// is used under the shared lock, frames are marked while ours.
     shared: Option<Arc<Ctl>>,
+    /// Frames waiting in `to_fill` worth a `refill_now`: 1, or a whole
+    /// [`REFILL_BATCH`] on a shared UMEM.
+    fill_min: usize,
 }
 
 /// A look at an RX ring from any thread, without the [`XskRx`] (which sits
@@ -408,7 +411,7 @@ impl XskSocket {
             umem,
             Arc::new(fd),
             free,
-            (budget, meta),
+            (budget, meta, true),
             (None, tx_range),
             cfg,
             mode,
@@ -417,8 +420,9 @@ impl XskSocket {
     }
 
     /// The two halves around their rings: `fill_comp` = [fill, completion],
-    /// `budget_meta` = (the copy-mode TX budget set, TX metadata bytes per
-    /// frame), `shared` = (a shared UMEM's control area, our TX frame range).
+    /// `tx` = (the copy-mode TX budget set, TX metadata bytes per frame,
+    /// whether packets may ask the kernel for their checksum through it),
+    /// `shared` = (a shared UMEM's control area, our TX frame range).
     #[allow(clippy::too_many_arguments)]
     fn from_parts(
         fill_comp: [Ring<u64>; 2],
@@ -427,7 +431,7 @@ impl XskSocket {
         umem: Arc<UmemShared>,
         fd: Arc<OwnedFd>,
         free: Vec<u64>,
-        (budget, meta): (Option<u32>, u32),
+        (budget, meta, csum): (Option<u32>, u32, bool),
         shared: (Option<Arc<Ctl>>, (u64, u64)),
         cfg: XskConfig,
         mode: BindMode,
@@ -446,6 +450,7 @@ impl XskSocket {
                 fill_next: 0,
                 // Copy mode puts the packet XDP_PACKET_HEADROOM into the frame.
                 rx_off: 256,
+                fill_min: if shared.0.is_some() { REFILL_BATCH } else { 1 },
                 shared: shared.0.clone(),
             },
             tx: XskTx {
@@ -468,7 +473,7 @@ impl XskSocket {
                 // every device. A zero-copy driver honours the request only
                 // if it offers it (netdev `xsk-features` tx-checksum), which
                 // is not probed: software checksums there.
-                csum_offload: meta > 0 && mode == BindMode::Copy,
+                csum_offload: csum && meta > 0 && mode == BindMode::Copy,
             },
             cfg,
             mode,
@@ -481,6 +486,12 @@ impl XskSocket {
     /// `memfd` the UMEM and control area. Maps the UMEM, the control area,
     /// the member's RX and TX rings and the pool's fill and completion rings
     /// (mapping a received socket's rings needs no capability).
+    /// `tx_metadata`: the service registered the UMEM with
+    /// [`TX_METADATA_LEN`] bytes of TX metadata (every member then writes
+    /// its packets after them: the kernel checks descriptors against the
+    /// pool's layout); `csum_offload`: this process lets the kernel
+    /// complete checksums through it (the options table's
+    /// `tx_csum_offload`).
     #[allow(clippy::too_many_arguments)]
     pub fn attach_shared(
         memfd: OwnedFd,
@@ -490,7 +501,7 @@ impl XskSocket {
         queue: u32,
         mode: BindMode,
         multi_buffer: bool,
-        budget: Option<u32>,
+        (budget, tx_metadata, csum_offload): (Option<u32>, bool, bool),
     ) -> Result<XskSocket, String> {
         geo.validate()?;
         if slot >= geo.slots {
@@ -556,8 +567,7 @@ impl XskSocket {
             frame_size: geo.frame_size,
             try_zero_copy: mode == BindMode::ZeroCopy,
             multi_buffer,
-            // The service registered the UMEM without TX metadata.
-            tx_metadata: false,
+            tx_metadata,
         };
         Ok(Self::from_parts(
             [fill, comp],
@@ -566,7 +576,11 @@ impl XskSocket {
             umem,
             fd,
             free,
-            (budget, 0),
+            (
+                budget,
+                if tx_metadata { TX_METADATA_LEN } else { 0 },
+                csum_offload,
+            ),
             (Some(ctl), tx_range),
             cfg,
             mode,
@@ -648,8 +662,9 @@ impl XskRx {
     #[inline]
     pub fn refill(&mut self) {
         // Most calls find nothing to do (a poll refills before each batch
-        // and after the last): two loads, inline.
-        if self.umem.recycled_any.load(Ordering::Acquire) || !self.to_fill.is_empty() {
+        // and after the last): two loads, inline. On a shared UMEM frames
+        // go back a batch at a time (`refill_shared`): fewer wait here.
+        if self.umem.recycled_any.load(Ordering::Acquire) || self.to_fill.len() >= self.fill_min {
             self.refill_now();
         }
     }
@@ -718,11 +733,11 @@ impl XskRx {
     /// journalled first (shared.rs). A busy lock only delays the batch.
     fn refill_shared(&mut self) {
         // Most calls (a poll with fewer than a batch of frames to give
-        // back) end here, before the Arc's two atomic operations.
+        // back) end here.
         if self.to_fill.len() < REFILL_BATCH {
             return;
         }
-        let Some(ctl) = self.shared.clone() else {
+        let Some(ctl) = self.shared.as_deref() else {
             return;
         };
         while self.to_fill.len() >= REFILL_BATCH {
@@ -1023,7 +1038,9 @@ impl XskTx {
     /// process killed in between loses those frames (its slot's and
     /// others'), it never hands one out twice.
     fn reap_shared(&mut self) -> u32 {
-        let Some(ctl) = self.shared.clone() else {
+        // Borrowed, not cloned: this runs after every send's kick, and an
+        // Arc clone + drop is two atomic read-modify-writes per message.
+        let Some(ctl) = self.shared.as_deref() else {
             return 0;
         };
         let shift = self.umem.frame_shift;

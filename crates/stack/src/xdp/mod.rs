@@ -488,7 +488,7 @@ impl Engine {
                 q as u32,
                 mode,
                 r.multi_buffer,
-                budget,
+                (budget, r.tx_metadata, config::config().tx_csum_offload),
             )?);
         }
         let attach = if r.xdp_generic {

@@ -147,6 +147,9 @@ pub struct AttachReply {
     /// multi-buffer packet a process sees asks for the frags-aware one
     /// (`K_FRAGS`).
     pub frags_lazy: bool,
+    /// The shared UMEM has TX metadata (`TX_METADATA_LEN` bytes before
+    /// each transmitted packet: checksum offload, as on an own engine).
+    pub tx_metadata: bool,
 }
 
 fn header(kind: u16) -> Vec<u8> {
@@ -353,7 +356,8 @@ pub fn encode_attach_reply(r: &AttachReply) -> Vec<u8> {
         u32::from(r.zero_copy)
             | u32::from(r.multi_buffer) << 1
             | u32::from(r.xdp_generic) << 2
-            | u32::from(r.frags_lazy) << 3,
+            | u32::from(r.frags_lazy) << 3
+            | u32::from(r.tx_metadata) << 4,
         r.tx_budget,
     ] {
         v.extend_from_slice(&w.to_le_bytes());
@@ -377,6 +381,7 @@ pub fn decode_attach_reply(b: &[u8]) -> Result<AttachReply, String> {
         multi_buffer: flags & 2 != 0,
         xdp_generic: flags & 4 != 0,
         frags_lazy: flags & 8 != 0,
+        tx_metadata: flags & 16 != 0,
         tx_budget: w(7)?,
     };
     r.geo.validate()?;
@@ -581,6 +586,7 @@ mod tests {
             xdp_generic: true,
             tx_budget: 256,
             frags_lazy: true,
+            tx_metadata: true,
         };
         assert_eq!(decode_attach_reply(&encode_attach_reply(&r)), Ok(r));
         let bad = AttachReply { slot: 16, ..r };

@@ -717,6 +717,7 @@ impl Service {
             xdp_generic: ifc.mode == AttachMode::Skb,
             tx_budget: ifc.budget,
             frags_lazy: ifc.prog.can_upgrade() && ifc.queues[0].multi_buffer(),
+            tx_metadata: ifc.queues.iter().all(|q| q.tx_metadata()),
         };
         let mut fds = Vec::new();
         for (q, m) in ifc.queues.iter().zip(&members) {
@@ -1360,6 +1361,8 @@ impl Service {
             "rx_frames": g.map(|g| g.rx_frames),
             "tx_per_slot": g.map(|g| g.tx_per_slot),
             "umem_bytes": i.queues.iter().map(|q| q.umem_bytes()).sum::<usize>(),
+            // TX metadata on the shared UMEM: members' checksums offloaded.
+            "tx_metadata": i.queues.iter().all(|q| q.tx_metadata()),
             "uid": i.uid,
             "slots": i.slots.len(),
             "xsk_rx_fill_ring_empty": fill_empty,
