@@ -174,12 +174,13 @@ fn print_service(s: &Value) {
     }
     for i in ifaces {
         out!(
-            "  {}: {} XDP, {} queue(s), {} RX frames shared per queue, UMEM {:.1} MiB, fill ring empty {}",
+            "  {}: {} XDP, {} queue(s), {} RX frames shared per queue, UMEM {:.1} MiB ({}), fill ring empty {}",
             i["iface"].as_str().unwrap_or("?"),
             i["xdp_mode"].as_str().unwrap_or("?"),
             i["queues"],
             i["rx_frames"],
             i["umem_bytes"].as_f64().unwrap_or(0.0) / 1048576.0,
+            i["umem_pages"].as_str().unwrap_or("?"),
             i["xsk_rx_fill_ring_empty"]
         );
         for c in i["clients"].as_array().into_iter().flatten() {

@@ -33,7 +33,8 @@ pub(crate) const S_J_ADDR: usize = 192;
 pub(crate) const S_MB: usize = 512;
 
 /// The layout every party of a shared UMEM agrees on (sent by the service
-/// with the memfd; validated by the receiver before mapping anything).
+/// with the UMEM's file and the control area's memfd; validated by the
+/// receiver before mapping anything).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geometry {
     /// RX frames: the fill ring's depth (power of two).
@@ -88,12 +89,11 @@ impl Geometry {
         (OWNER_OFF + 4 * self.rx_frames as usize).next_multiple_of(64)
             + slot as usize * self.slot_stride()
     }
+    /// Bytes of the control area: a sealed memfd of its own, apart from
+    /// the UMEM's file (which may be on a huge tmpfs, where no seal keeps
+    /// a holder from truncating it: the service maps only this one).
     pub fn ctl_len(&self) -> usize {
         self.slot_off(self.slots).next_multiple_of(PAGE)
-    }
-    /// Bytes of the memfd: UMEM, then the control area.
-    pub fn total_len(&self) -> usize {
-        self.umem_len() + self.ctl_len()
     }
     /// Frame indices `[lo, hi)` of `slot`'s TX frames.
     pub fn tx_range(&self, slot: u32) -> (u64, u64) {
@@ -134,7 +134,7 @@ impl Drop for Held<'_> {
 
 impl Ctl {
     pub(crate) fn map(fd: RawFd, geo: Geometry, slot: u32) -> io::Result<Ctl> {
-        let map = Mmap::map(geo.ctl_len(), Some((fd, geo.umem_len() as libc::off_t)))?;
+        let map = Mmap::map(geo.ctl_len(), Some((fd, 0)))?;
         let stop_at = if slot == SERVICE_ID {
             0
         } else {
@@ -319,7 +319,7 @@ mod tests {
 
     #[test]
     fn two_parties_share_the_lock_mailboxes_and_marks() {
-        let fd = memfd(GEO.total_len());
+        let fd = memfd(GEO.ctl_len());
         let a = Ctl::map(fd.as_raw_fd(), GEO, 0).unwrap();
         let b = Ctl::map(fd.as_raw_fd(), GEO, 1).unwrap();
         // One holder at a time, across mappings.

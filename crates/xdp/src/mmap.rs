@@ -92,6 +92,34 @@ impl Mmap {
 }
 
 impl Mmap {
+    /// A new shared file's pages mapped (`fd`, from offset 0), asking for
+    /// huge pages first (`MADV_HUGEPAGE`: the kernel may compact for them,
+    /// where `defrag` is `madvise`), then faulted in. For a file just made
+    /// (its pages are zero and nobody else maps it yet): the engine
+    /// service's UMEM on its huge tmpfs.
+    pub(crate) fn map_new_shared_huge(len: usize, fd: RawFd) -> io::Result<Mmap> {
+        // SAFETY: a fresh shared mapping of the caller's file; the kernel
+        // chooses the (huge-aligned, for a huge tmpfs) address; checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let m = Mmap { ptr: p.cast(), len };
+        // SAFETY: advice on our own mapping; a failure only means 4 KiB pages.
+        unsafe { libc::madvise(m.ptr.cast(), len, libc::MADV_HUGEPAGE) };
+        m.populate_range(0, len);
+        Ok(m)
+    }
+
     /// Fault in every page of the mapping for writing, the upper half on a
     /// second thread when the machine has more than one CPU.
     ///
@@ -133,7 +161,8 @@ impl Mmap {
         for o in (from..to).step_by(4096) {
             // SAFETY: o < to <= len: inside our own writable mapping, which
             // nobody else uses yet (each thread writes its own range); the
-            // memory is fresh anonymous pages, zero already.
+            // memory is fresh pages (anonymous, or a file just made), zero
+            // already.
             unsafe { self.ptr.add(o).write_volatile(0) };
         }
     }

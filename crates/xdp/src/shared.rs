@@ -32,6 +32,20 @@
 //!
 //! Sharing a UMEM means reading each other's packets: the service shares
 //! one only between processes of one user (or users a policy trusts).
+//!
+//! **Pages**: the RX frames cycle through the whole UMEM (the fill ring is
+//! FIFO), so on 4 KiB pages nearly every other frame a process reads is a
+//! TLB miss (an own engine's anonymous UMEM is on transparent huge pages).
+//! Shared memory gets huge pages from a memfd only where the host's
+//! `shmem_enabled` allows it (often `never`); the service therefore puts
+//! the UMEM in an unnamed file on a tmpfs of its own, mounted nowhere,
+//! with `huge=always` (`sys::huge_tmpfs_file`), and falls back to a sealed
+//! memfd where it cannot (no CAP_SYS_ADMIN, an old kernel). Such a file
+//! cannot be sealed against truncation, and every member holds a writable
+//! descriptor of it; so the control area is a sealed memfd of its own,
+//! the service never touches the UMEM through its mapping (it wipes with
+//! `pwrite`), and a UMEM whose file changed size is not handed to another
+//! user (`wipe`). A member that truncates it hurts only its trust group.
 
 use crate::ctl::{
     Ctl, MAGIC, O_LOCK, O_MAGIC, OWNER_OFF, S_J_ADDR, S_J_N, S_J_START, S_MB_CONS, S_MB_PROD,
@@ -56,7 +70,11 @@ fn setsockopt<T>(fd: RawFd, opt: libc::c_int, v: &T) -> io::Result<()> {
 /// registered the UMEM (it holds the fill and completion rings; it is in no
 /// XSKMAP, so it never receives), and the service's view of the rings.
 pub struct SharedQueue {
-    memfd: OwnedFd,
+    /// The UMEM's file (huge tmpfs or memfd) and the control area's memfd.
+    umem_fd: OwnedFd,
+    ctl_fd: OwnedFd,
+    /// Why the UMEM is on 4 KiB pages (`None`: on a huge tmpfs).
+    small_pages: Option<String>,
     owner: OwnedFd,
     umem: Mmap,
     ctl: Ctl,
@@ -106,8 +124,9 @@ impl AsRawFd for Member {
 }
 
 impl SharedQueue {
-    /// Make the memfd UMEM of (ifindex, queue), register it on a socket of
-    /// the service's and bind that socket (zero-copy first when asked, then
+    /// Make the UMEM of (ifindex, queue) (on huge pages where the kernel
+    /// lets us) and its control area, register the UMEM on a socket of the
+    /// service's and bind that socket (zero-copy first when asked, then
     /// copy), then give every RX frame to the fill ring.
     pub fn create(
         ifindex: u32,
@@ -118,35 +137,23 @@ impl SharedQueue {
     ) -> Result<SharedQueue, String> {
         geo.validate()?;
         let e = |what: &str, e: io::Error| format!("shared UMEM on queue {queue}: {what}: {e}");
-        // SAFETY: a NUL-terminated name; the result is checked below.
-        let raw = unsafe {
-            libc::memfd_create(
-                c"nanowire-umem".as_ptr(),
-                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-            )
+        let (umem_fd, small_pages) = match crate::sys::huge_tmpfs_file(geo.umem_len()) {
+            Ok(f) => (f, None),
+            Err(x) => (
+                sealed_memfd(c"nanowire-umem", geo.umem_len()).map_err(|x| e("UMEM memfd", x))?,
+                Some(format!("no huge tmpfs of its own: {x}")),
+            ),
         };
-        if raw < 0 {
-            return Err(e("memfd_create", io::Error::last_os_error()));
+        let ctl_fd =
+            sealed_memfd(c"nanowire-ctl", geo.ctl_len()).map_err(|x| e("control memfd", x))?;
+        let umem = if small_pages.is_none() {
+            Mmap::map_new_shared_huge(geo.umem_len(), umem_fd.as_raw_fd())
+        } else {
+            Mmap::map(geo.umem_len(), Some((umem_fd.as_raw_fd(), 0)))
         }
-        // SAFETY: raw is a fresh descriptor we own.
-        let memfd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: ftruncate/fcntl on our own descriptor.
-        if unsafe { libc::ftruncate(raw, geo.total_len() as libc::off_t) } < 0 {
-            return Err(e("ftruncate", io::Error::last_os_error()));
-        }
-        // The size is fixed from now on: a receiver's mapping can never
-        // fault past the end (SIGBUS) because someone shrank the file.
-        // SAFETY: as above.
-        unsafe {
-            libc::fcntl(
-                raw,
-                libc::F_ADD_SEALS,
-                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-            )
-        };
-        let fd = memfd.as_raw_fd();
-        let umem = Mmap::map(geo.umem_len(), Some((fd, 0))).map_err(|x| e("mmap UMEM", x))?;
-        let ctl = Ctl::map(fd, geo, SERVICE_ID).map_err(|x| e("mmap control area", x))?;
+        .map_err(|x| e("mmap UMEM", x))?;
+        let ctl = Ctl::map(ctl_fd.as_raw_fd(), geo, SERVICE_ID)
+            .map_err(|x| e("mmap control area", x))?;
         ctl.word(O_MAGIC).store(MAGIC, Ordering::Release);
         let mut err = None;
         for zc in [true, false] {
@@ -156,7 +163,9 @@ impl SharedQueue {
             match Self::register(&umem, geo, ifindex, queue, zc, multi_buffer) {
                 Ok((owner, fill, tx_metadata)) => {
                     let mut q = SharedQueue {
-                        memfd,
+                        umem_fd,
+                        ctl_fd,
+                        small_pages,
                         owner,
                         umem,
                         ctl,
@@ -265,8 +274,17 @@ impl SharedQueue {
     pub fn tx_metadata(&self) -> bool {
         self.tx_metadata
     }
-    pub fn memfd(&self) -> BorrowedFd<'_> {
-        self.memfd.as_fd()
+    /// The UMEM's file (a member maps it whole).
+    pub fn umem_fd(&self) -> BorrowedFd<'_> {
+        self.umem_fd.as_fd()
+    }
+    /// The control area's sealed memfd.
+    pub fn ctl_fd(&self) -> BorrowedFd<'_> {
+        self.ctl_fd.as_fd()
+    }
+    /// Why the UMEM is on 4 KiB pages; `None`: on a huge tmpfs.
+    pub fn small_pages(&self) -> Option<&str> {
+        self.small_pages.as_deref()
     }
     /// Bytes of packet memory.
     pub fn umem_bytes(&self) -> usize {
@@ -339,11 +357,40 @@ impl SharedQueue {
         held
     }
 
-    /// Zero the packet memory (before the UMEM passes to another user).
-    pub fn wipe(&mut self) {
-        // SAFETY: our own mapping of the UMEM; no member is attached (the
-        // caller's rule), so nobody else reads or writes it meanwhile.
-        unsafe { std::ptr::write_bytes(self.umem.ptr, 0, self.umem.len) };
+    /// Zero the packet memory (before the UMEM passes to another user),
+    /// through the file (`pwrite`), never the mapping: a UMEM file on the
+    /// huge tmpfs has no seals, and a process that kept its descriptor may
+    /// have truncated it (a store through the mapping would then be a
+    /// SIGBUS in the service). A file whose size changed is refused: its
+    /// pages are no longer those the kernel writes packets into.
+    pub fn wipe(&mut self) -> Result<(), String> {
+        let fd = self.umem_fd.as_raw_fd();
+        // SAFETY: zeroed stat is valid; fstat fills it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: our descriptor and a writable stat.
+        if unsafe { libc::fstat(fd, &mut st) } < 0 || st.st_size as u64 != self.umem.len as u64 {
+            return Err(format!(
+                "the shared UMEM of queue {} was resized by a process that held it (size {}, made {}): \
+                 restart the engine service",
+                self.queue, st.st_size, self.umem.len
+            ));
+        }
+        let zeros = vec![0u8; 1 << 20];
+        let mut off = 0;
+        while off < self.umem.len {
+            let n = zeros.len().min(self.umem.len - off);
+            // SAFETY: `zeros` is readable for n bytes; our own descriptor.
+            let w = unsafe { libc::pwrite(fd, zeros.as_ptr().cast(), n, off as libc::off_t) };
+            if w <= 0 {
+                return Err(format!(
+                    "wiping the shared UMEM of queue {}: {}",
+                    self.queue,
+                    io::Error::last_os_error()
+                ));
+            }
+            off += w as usize;
+        }
+        Ok(())
     }
 
     /// Take back every RX frame of the dead process in `slot`: its marks,
@@ -431,4 +478,28 @@ impl SharedQueue {
         // After resync the cached producer is the shared one.
         self.fill.cached_prod()
     }
+}
+
+/// A memfd of `len` bytes sealed against shrinking and growing: a holder's
+/// mapping can never fault past its end (SIGBUS) because someone resized it.
+fn sealed_memfd(name: &std::ffi::CStr, len: usize) -> io::Result<OwnedFd> {
+    // SAFETY: a NUL-terminated name; the result is checked below.
+    let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: raw is a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: ftruncate/fcntl on our own descriptor.
+    unsafe {
+        if libc::ftruncate(raw, len as libc::off_t) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        libc::fcntl(
+            raw,
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        );
+    }
+    Ok(fd)
 }

@@ -383,6 +383,77 @@ pub fn close(fd: c_int) {
     unsafe { syscall!(libc::SYS_close, fd) };
 }
 
+/// An unnamed file of `len` bytes on a tmpfs of our own mounted nowhere
+/// (`fsopen`/`fsmount`: a detached mount no path reaches; the file is an
+/// `O_TMPFILE`), with `huge=always`: shared memory on 2 MiB pages whatever
+/// the host's `shmem_enabled` (which rules memfds and shared anonymous
+/// memory only). The mount's `size=` is `len` rounded up to 2 MiB, so the
+/// file cannot be grown past it. Needs CAP_SYS_ADMIN (the engine service);
+/// an error where the kernel or the caller cannot (then a memfd does).
+pub fn huge_tmpfs_file(len: usize) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let err = std::io::Error::last_os_error;
+    let own = |fd: c_long| -> std::io::Result<OwnedFd> {
+        if fd < 0 {
+            return Err(err());
+        }
+        // SAFETY: a fresh descriptor the kernel just gave us.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as c_int) })
+    };
+    const FSOPEN_CLOEXEC: usize = 1;
+    const FSCONFIG_SET_STRING: usize = 1;
+    const FSCONFIG_CMD_CREATE: usize = 6;
+    const FSMOUNT_CLOEXEC: usize = 1;
+    const MOUNT_ATTR_NOSUID: usize = 0x2;
+    const MOUNT_ATTR_NODEV: usize = 0x4;
+    const MOUNT_ATTR_NOEXEC: usize = 0x8;
+    // SAFETY: a NUL-terminated name and a flag.
+    let fs = own(unsafe { syscall!(libc::SYS_fsopen, c"tmpfs".as_ptr(), FSOPEN_CLOEXEC) })?;
+    let size = format!("{}\0", len.next_multiple_of(2 << 20));
+    for (k, v) in [
+        (c"huge", c"always"),
+        (c"mode", c"0700"),
+        (c"nr_inodes", c"8"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.as_ptr(), v.as_ptr()))
+    .chain(std::iter::once((c"size".as_ptr(), size.as_ptr().cast())))
+    {
+        // SAFETY: NUL-terminated key and value, alive for the call.
+        if unsafe { syscall!(libc::SYS_fsconfig, fs.as_raw_fd(), FSCONFIG_SET_STRING, k, v, 0usize) } < 0 {
+            return Err(err());
+        }
+    }
+    // SAFETY: integer arguments and null pointers.
+    if unsafe { syscall!(libc::SYS_fsconfig, fs.as_raw_fd(), FSCONFIG_CMD_CREATE, 0usize, 0usize, 0usize) } < 0 {
+        return Err(err());
+    }
+    // SAFETY: integer arguments only.
+    let mnt = own(unsafe {
+        syscall!(
+            libc::SYS_fsmount,
+            fs.as_raw_fd(),
+            FSMOUNT_CLOEXEC,
+            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC
+        )
+    })?;
+    // SAFETY: a NUL-terminated path relative to our own mount's root.
+    let file = own(unsafe {
+        syscall!(
+            libc::SYS_openat,
+            mnt.as_raw_fd(),
+            c".".as_ptr(),
+            libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
+            0o600
+        )
+    })?;
+    // SAFETY: integer arguments on our own descriptor.
+    if unsafe { syscall!(libc::SYS_ftruncate, file.as_raw_fd(), len) } < 0 {
+        return Err(err());
+    }
+    Ok(file)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -483,7 +483,8 @@ impl XskSocket {
 
     /// The attached process's half of a shared UMEM (shared.rs): `xsk`
     /// is the member socket the engine service made and bound for `slot`,
-    /// `memfd` the UMEM and control area. Maps the UMEM, the control area,
+    /// `umem` the UMEM's file (on huge pages where the service could),
+    /// `ctl` the control area's memfd. Maps the UMEM, the control area,
     /// the member's RX and TX rings and the pool's fill and completion rings
     /// (mapping a received socket's rings needs no capability).
     /// `tx_metadata`: the service registered the UMEM with
@@ -494,7 +495,7 @@ impl XskSocket {
     /// `tx_csum_offload`).
     #[allow(clippy::too_many_arguments)]
     pub fn attach_shared(
-        memfd: OwnedFd,
+        (umem_fd, ctl_fd): (OwnedFd, OwnedFd),
         xsk: OwnedFd,
         geo: Geometry,
         slot: u32,
@@ -508,21 +509,24 @@ impl XskSocket {
             return Err(format!("shared UMEM: slot {slot} of {}", geo.slots));
         }
         let e = |what: &str, x: io::Error| format!("shared UMEM on queue {queue}: {what}: {x}");
-        let mfd = memfd.as_raw_fd();
-        // SAFETY: zeroed stat is valid; fstat fills it.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: our descriptor and a writable stat.
-        if unsafe { libc::fstat(mfd, &mut st) } < 0 {
-            return Err(e("fstat", io::Error::last_os_error()));
+        for (fd, what, need) in [
+            (&umem_fd, "UMEM file", geo.umem_len()),
+            (&ctl_fd, "control memfd", geo.ctl_len()),
+        ] {
+            // SAFETY: zeroed stat is valid; fstat fills it.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: our descriptor and a writable stat.
+            if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+                return Err(e("fstat", io::Error::last_os_error()));
+            }
+            if (st.st_size as u64) < need as u64 {
+                return Err(format!(
+                    "shared UMEM on queue {queue}: {what} of {} bytes, the layout needs {need}",
+                    st.st_size
+                ));
+            }
         }
-        if (st.st_size as u64) < geo.total_len() as u64 {
-            return Err(format!(
-                "shared UMEM on queue {queue}: memfd of {} bytes, the layout needs {}",
-                st.st_size,
-                geo.total_len()
-            ));
-        }
-        let map = crate::mmap::Mmap::map(geo.umem_len(), Some((mfd, 0)))
+        let map = crate::mmap::Mmap::map(geo.umem_len(), Some((umem_fd.as_raw_fd(), 0)))
             .map_err(|x| e("mmap UMEM", x))?;
         let umem = Arc::new(UmemShared::from_map(
             map,
@@ -530,8 +534,10 @@ impl XskSocket {
             geo.tx_frames(),
             geo.frame_size,
         ));
-        let ctl = Arc::new(Ctl::map(mfd, geo, slot).map_err(|x| e("mmap control area", x))?);
-        drop(memfd);
+        let ctl = Arc::new(
+            Ctl::map(ctl_fd.as_raw_fd(), geo, slot).map_err(|x| e("mmap control area", x))?,
+        );
+        drop((umem_fd, ctl_fd));
         let raw = xsk.as_raw_fd();
         let off = mmap_offsets(raw).map_err(|x| e("ring offsets", x))?;
         let fill = map_ring(raw, &off.fr, geo.rx_frames, libc::XDP_UMEM_PGOFF_FILL_RING)

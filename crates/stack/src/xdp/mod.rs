@@ -479,9 +479,9 @@ impl Engine {
         };
         let budget = (r.tx_budget > 0).then_some(r.tx_budget);
         let mut socks = Vec::new();
-        for (q, (memfd, xsk)) in at.queues.into_iter().enumerate() {
+        for (q, (files, xsk)) in at.queues.into_iter().enumerate() {
             socks.push(XskSocket::attach_shared(
-                memfd,
+                files,
                 xsk,
                 r.geo,
                 r.slot,

@@ -30,11 +30,12 @@ pub struct Conn {
     timeout: Duration,
 }
 
-/// An attach: the connection, the answer, and per queue (memfd, socket).
+/// An attach: the connection, the answer, and per queue ((UMEM file,
+/// control memfd), member socket).
 pub struct Attached {
     pub conn: Conn,
     pub reply: AttachReply,
-    pub queues: Vec<(OwnedFd, OwnedFd)>,
+    pub queues: Vec<((OwnedFd, OwnedFd), OwnedFd)>,
 }
 
 fn connect_once() -> rustix::io::Result<OwnedFd> {
@@ -195,7 +196,7 @@ impl Conn {
         let m = self.call(&proto::encode_attach(iface, ring_depth), &[], 512)?;
         self.expect_ok(&m)?;
         let reply = proto::decode_attach_reply(&m.bytes)?;
-        if m.fds.len() != 2 * reply.queues as usize {
+        if m.fds.len() != proto::ATTACH_FDS_PER_QUEUE * reply.queues as usize {
             return Err(format!(
                 "engine service: {} descriptors for {} queue(s)",
                 m.fds.len(),
@@ -205,8 +206,8 @@ impl Conn {
         self.frags_lazy = reply.frags_lazy;
         let mut it = m.fds.into_iter();
         let mut queues = Vec::new();
-        while let (Some(a), Some(b)) = (it.next(), it.next()) {
-            queues.push((a, b));
+        while let (Some(umem), Some(ctl), Some(xsk)) = (it.next(), it.next(), it.next()) {
+            queues.push(((umem, ctl), xsk));
         }
         Ok(Attached {
             conn: self,

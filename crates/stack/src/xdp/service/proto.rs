@@ -130,8 +130,12 @@ pub enum TcpFlow {
     Pass = 2,
 }
 
-/// What an attach is answered with (and one memfd + one member socket per
-/// queue, in queue order).
+/// Descriptors an attach answer carries per queue, in queue order: the
+/// UMEM's file, the control area's memfd, the member socket.
+pub const ATTACH_FDS_PER_QUEUE: usize = 3;
+
+/// What an attach is answered with (and [`ATTACH_FDS_PER_QUEUE`]
+/// descriptors per queue).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttachReply {
     pub slot: u32,
@@ -385,7 +389,7 @@ pub fn decode_attach_reply(b: &[u8]) -> Result<AttachReply, String> {
         tx_budget: w(7)?,
     };
     r.geo.validate()?;
-    if r.queues == 0 || r.queues as usize * 2 > MAX_FDS || r.slot >= r.geo.slots {
+    if r.queues == 0 || r.queues as usize * ATTACH_FDS_PER_QUEUE > MAX_FDS || r.slot >= r.geo.slots {
         return Err(format!(
             "attach answer out of range (queues {}, slot {})",
             r.queues, r.slot

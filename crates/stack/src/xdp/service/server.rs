@@ -581,6 +581,11 @@ impl Service {
             geo.rx_frames,
             geo.slots
         ));
+        if let Some(why) = queues[0].small_pages() {
+            // A slower data path than an own engine's (TLB misses): said
+            // at the default level.
+            eprintln!("nanowire engine service: {name}: shared UMEM on 4 KiB pages ({why})");
+        }
         self.ifaces.insert(
             name.to_string(),
             Iface {
@@ -685,7 +690,12 @@ impl Service {
         if ifc.uid.is_none() && ifc.last_uid.is_some_and(|u| !self.policy.trusts(u, uid)) {
             // Another user's packets may still lie in the frames.
             for q in &mut ifc.queues {
-                q.wipe();
+                if let Err(e) = q.wipe() {
+                    bad(&mut self.counters, "umem_resized");
+                    self.counters.attach_refused += 1;
+                    self.log(&format!("pid {pid} (uid {uid}): refused on {name}: {e}"));
+                    return self.refuse(id, &format!("{name}: {e}"));
+                }
             }
         }
         let mut members = Vec::new();
@@ -721,7 +731,8 @@ impl Service {
         };
         let mut fds = Vec::new();
         for (q, m) in ifc.queues.iter().zip(&members) {
-            fds.push(q.memfd());
+            fds.push(q.umem_fd());
+            fds.push(q.ctl_fd());
             fds.push(m.as_fd());
         }
         let msg = proto::encode_attach_reply(&reply);
@@ -1363,6 +1374,12 @@ impl Service {
             "umem_bytes": i.queues.iter().map(|q| q.umem_bytes()).sum::<usize>(),
             // TX metadata on the shared UMEM: members' checksums offloaded.
             "tx_metadata": i.queues.iter().all(|q| q.tx_metadata()),
+            // "huge tmpfs" (2 MiB pages where the kernel had them), or why
+            // the UMEM is on 4 KiB pages.
+            "umem_pages": i.queues.iter().find_map(|q| q.small_pages()).map_or_else(
+                || "huge tmpfs".to_string(),
+                |w| format!("4 KiB: {w}"),
+            ),
             "uid": i.uid,
             "slots": i.slots.len(),
             "xsk_rx_fill_ring_empty": fill_empty,
