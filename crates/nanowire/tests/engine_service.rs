@@ -304,6 +304,42 @@ fn eight_udp_echo_processes_share_one_queue_all_on_xdp() {
     }
 }
 
+/// Issue 23's per-message path: a process on the service reads its UMEM
+/// through 2 MiB pages (the service's own huge tmpfs; an own engine's
+/// anonymous UMEM has them too) where the status says so, and otherwise
+/// the status says why not; its packets ask the kernel for their checksums
+/// (TX metadata on the shared UMEM) as an own engine's do.
+#[test]
+#[ignore = "needs root"]
+fn a_process_on_the_service_gets_huge_pages_and_checksum_offload_as_an_own_engine() {
+    let lab = lab("vhp");
+    let (ports, kids) = echoes_on_xdp(&lab, "vhp", 12101, 1);
+    let out = client(&lab, "vhp-client", &ports, 100);
+    eprintln!("client: {out}");
+    let st = status(&lab);
+    let ifc = &st["ifaces"][0];
+    let pid = kids[0].child.id();
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    let pmd_kib: u64 = line_of(&smaps, "ShmemPmdMapped:")
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{smaps}"));
+    match ifc["umem_pages"].as_str() {
+        Some("huge tmpfs") => assert!(pmd_kib >= 2048, "no 2 MiB page mapped: {smaps}\n{st}"),
+        Some(w) => assert!(w.starts_with("4 KiB: ") && w.len() > 7, "{st}"),
+        None => panic!("no umem_pages: {st}"),
+    }
+    let stats = stats_json(&lab);
+    let e = engine_of(&stats, pid);
+    let offloaded = e["counters"]["tx_csum_offload"].as_u64().unwrap();
+    if ifc["tx_metadata"] == true {
+        assert!(offloaded >= 100, "{e}\n{st}");
+    } else {
+        assert_eq!(offloaded, 0, "{e}\n{st}");
+    }
+}
+
 /// The same eight on an interface of 4 RX queues (`lab up --queues 4`):
 /// every process gets an AF_XDP socket per queue on the service's shared
 /// UMEM of that queue and the program redirects to the owner's socket of

@@ -152,8 +152,8 @@ impl SharedQueue {
             Mmap::map(geo.umem_len(), Some((umem_fd.as_raw_fd(), 0)))
         }
         .map_err(|x| e("mmap UMEM", x))?;
-        let ctl = Ctl::map(ctl_fd.as_raw_fd(), geo, SERVICE_ID)
-            .map_err(|x| e("mmap control area", x))?;
+        let ctl =
+            Ctl::map(ctl_fd.as_raw_fd(), geo, SERVICE_ID).map_err(|x| e("mmap control area", x))?;
         ctl.word(O_MAGIC).store(MAGIC, Ordering::Release);
         let mut err = None;
         for zc in [true, false] {
@@ -484,7 +484,8 @@ impl SharedQueue {
 /// mapping can never fault past its end (SIGBUS) because someone resized it.
 fn sealed_memfd(name: &std::ffi::CStr, len: usize) -> io::Result<OwnedFd> {
     // SAFETY: a NUL-terminated name; the result is checked below.
-    let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    let raw =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if raw < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -420,12 +420,32 @@ pub fn huge_tmpfs_file(len: usize) -> std::io::Result<std::os::fd::OwnedFd> {
     .chain(std::iter::once((c"size".as_ptr(), size.as_ptr().cast())))
     {
         // SAFETY: NUL-terminated key and value, alive for the call.
-        if unsafe { syscall!(libc::SYS_fsconfig, fs.as_raw_fd(), FSCONFIG_SET_STRING, k, v, 0usize) } < 0 {
+        if unsafe {
+            syscall!(
+                libc::SYS_fsconfig,
+                fs.as_raw_fd(),
+                FSCONFIG_SET_STRING,
+                k,
+                v,
+                0usize
+            )
+        } < 0
+        {
             return Err(err());
         }
     }
     // SAFETY: integer arguments and null pointers.
-    if unsafe { syscall!(libc::SYS_fsconfig, fs.as_raw_fd(), FSCONFIG_CMD_CREATE, 0usize, 0usize, 0usize) } < 0 {
+    if unsafe {
+        syscall!(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            0usize,
+            0usize,
+            0usize
+        )
+    } < 0
+    {
         return Err(err());
     }
     // SAFETY: integer arguments only.

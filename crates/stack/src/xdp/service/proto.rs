@@ -389,7 +389,8 @@ pub fn decode_attach_reply(b: &[u8]) -> Result<AttachReply, String> {
         tx_budget: w(7)?,
     };
     r.geo.validate()?;
-    if r.queues == 0 || r.queues as usize * ATTACH_FDS_PER_QUEUE > MAX_FDS || r.slot >= r.geo.slots {
+    if r.queues == 0 || r.queues as usize * ATTACH_FDS_PER_QUEUE > MAX_FDS || r.slot >= r.geo.slots
+    {
         return Err(format!(
             "attach answer out of range (queues {}, slot {})",
             r.queues, r.slot
