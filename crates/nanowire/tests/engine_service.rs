@@ -167,14 +167,8 @@ fn status_in(lab: &ScopedLab, h: Host) -> serde_json::Value {
 fn json_in(lab: &ScopedLab, h: Host, args: &[&str]) -> serde_json::Value {
     let mut argv = vec![nanowire()];
     argv.extend_from_slice(args);
-    let o = lab.command(h, &argv).output().unwrap();
-    assert!(
-        o.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("{args:?} JSON: {e}: {}", String::from_utf8_lossy(&o.stdout)))
+    let out = nanowire_testkit::ok(&lab.command(h, &argv).output().unwrap());
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?} JSON: {e}: {out}"))
 }
 
 /// The operator's service, stopped when the test ends (dropped before the

@@ -243,13 +243,8 @@ fn sigstop_under_load_recovers_and_counts_what_it_dropped() {
     s.signal(libc::SIGSTOP);
     std::thread::sleep(Duration::from_millis(400));
     s.signal(libc::SIGCONT);
-    let o = client.into_inner().wait_with_output().unwrap();
-    assert!(
-        o.status.success(),
-        "client (--strict): {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let out = nanowire_testkit::ok(&client.into_inner().wait_with_output().unwrap());
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(r["accounting"]["holds"], true, "{r}");
     let counters = nanowire_testkit::engine_counters_of(BIN, pid).expect("server's stats page");
     let counted: u64 = [

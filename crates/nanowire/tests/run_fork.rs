@@ -99,14 +99,7 @@ fn fetch(lab: &ScopedLab, names: &[String]) -> String {
     let n = FETCHES.to_string();
     let mut argv = vec!["python3", "-c", CLIENT, "198.18.0.2", n.as_str()];
     argv.extend(names.iter().map(String::as_str));
-    let o = plain_in(lab, Host::A, &argv).output().unwrap();
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(
-        o.status.success(),
-        "client failed:\n{out}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    out
+    nanowire_testkit::ok(&plain_in(lab, Host::A, &argv).output().unwrap())
 }
 
 /// The nginx workers under process `root` (its descendants whose command

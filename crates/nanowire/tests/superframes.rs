@@ -23,6 +23,14 @@ fn under_run(l: &ScopedLab, h: Host, mode: &str, cmd: &[&str]) -> std::process::
     c
 }
 
+/// `argv` in host b under run (`mode` XDP), named `name`, once it printed
+/// `ready` (30 s at most).
+fn server_under_run(l: &ScopedLab, name: &str, mode: &str, argv: &[&str], ready: &str) -> Kid {
+    let mut k = spawn(name, under_run(l, Host::B, mode, argv));
+    k.wait_for(ready, Duration::from_secs(30));
+    k
+}
+
 /// The last whitespace-separated word of the line starting with `key`.
 fn field(out: &str, key: &str) -> String {
     out.lines()
@@ -64,28 +72,35 @@ c.shutdown(socket.SHUT_WR); c.recv(1); c.close()
 print(f"sent {sent} {h.hexdigest()}", flush=True)
 "#;
 
-/// [`SINK_PY`] on `port` in host b under run (`mode` XDP, `env` set), until
-/// it listens; then [`SOURCE_PY`] in host a, plainly, writing `total` bytes
-/// to it. Returns what the source printed and the sink, still running (its
-/// engine too), once it has its stream.
+/// [`SINK_PY`] on `port` in host b, until it listens; then `source` (a
+/// [`SOURCE_PY`]) in host a writing `total` bytes to it; the one in host
+/// `runs` under run (`mode` XDP, `env` set), the other plainly. Returns
+/// the sink and the source, still running (their engines too), once the
+/// source said "sent " and the sink has its stream.
 fn sink_and_source(
     l: &ScopedLab,
     tag: &str,
-    mode: &str,
-    env: &[(&str, &str)],
-    port: &str,
-    total: &str,
-) -> (String, Kid) {
+    (runs, mode, env): (Host, &str, &[(&str, &str)]),
+    (port, total): (&str, &str),
+    source: &str,
+) -> (Kid, Kid) {
     let addr = ADDR_B.to_string();
-    let mut cmd = under_run(l, Host::B, mode, &["python3", "-c", SINK_PY, &addr, port]);
-    cmd.envs(env.iter().copied());
-    let mut srv = spawn(&format!("sink-{tag}"), cmd);
+    let placed = |h: Host, argv: &[&str]| {
+        if h != runs {
+            return plain_in(l, h, argv);
+        }
+        let mut cmd = under_run(l, h, mode, argv);
+        cmd.envs(env.iter().copied());
+        cmd
+    };
+    let sink = ["python3", "-c", SINK_PY, &addr, port];
+    let mut srv = spawn(&format!("sink-{tag}"), placed(Host::B, &sink));
     srv.wait_for("listening", Duration::from_secs(30));
-    let source = ["python3", "-c", SOURCE_PY, &addr, port, total];
-    let mut cli = spawn(&format!("source-{tag}"), plain_in(l, Host::A, &source));
-    let c = cli.success(T);
+    let source = ["python3", "-c", source, &addr, port, total];
+    let mut cli = spawn(&format!("source-{tag}"), placed(Host::A, &source));
+    cli.wait_for("sent ", T);
     srv.wait_for("got ", T);
-    (c, srv)
+    (srv, cli)
 }
 
 #[test]
@@ -96,7 +111,9 @@ fn a_plain_client_writes_300_mb_to_an_accelerated_python_server() {
     let addr = ADDR_B.to_string();
     for (i, mode) in MODES.iter().enumerate() {
         let port = (14100 + i).to_string();
-        let (c, srv) = sink_and_source(&l, mode, mode, &[], &port, &total);
+        let run = (Host::B, *mode, &[][..]);
+        let (srv, mut cli) = sink_and_source(&l, mode, run, (&port, &total), SOURCE_PY);
+        let c = cli.success(T);
         let s = srv.both();
         assert!(
             s.contains(&format!("tcp listener {addr}:{port}: xdp")),
@@ -157,14 +174,9 @@ fn lost_and_reordered_super_frames_keep_a_hashed_stream_intact() {
     let total = (64u64 << 20).to_string();
     let port = "14300";
     let faults = "seed=21,loss=0.5%,reorder=3%,reorder_delay_us=300,dir=rx";
-    let (c, srv) = sink_and_source(
-        &l,
-        "faults",
-        "generic",
-        &[("NANOWIRE_FAULTS", faults)],
-        port,
-        &total,
-    );
+    let run = (Host::B, "generic", &[("NANOWIRE_FAULTS", faults)][..]);
+    let (srv, mut cli) = sink_and_source(&l, "faults", run, (port, &total), SOURCE_PY);
+    let c = cli.success(T);
     let s = srv.both();
     assert!(s.contains("fault injection on"), "{s}");
     assert_eq!(field(&s, "got"), field(&c, "sent"), "the stream differs");
@@ -252,31 +264,15 @@ fn iperf3_with_4_streams_into_an_accelerated_server_completes() {
     let addr = ADDR_B.to_string();
     for (i, mode) in MODES.iter().enumerate() {
         let port = (14201 + i).to_string();
-        let mut srv = spawn(
-            &format!("iperf3-s-{mode}"),
-            under_run(
-                &l,
-                Host::B,
-                mode,
-                &["iperf3", "-s", "-1", "-B", &addr, "-p", &port],
-            ),
-        );
         // iperf3's own banner sits in its stdout buffer; the shim's line
         // says the listener is up (on the engine).
-        srv.wait_for(
-            &format!("tcp listener {addr}:{port}: xdp"),
-            Duration::from_secs(30),
-        );
-        let mut cli = spawn(
-            &format!("iperf3-c-{mode}"),
-            plain_in(
-                &l,
-                Host::A,
-                &[
-                    "iperf3", "-c", &addr, "-p", &port, "-P", "4", "-n", "400M", "--json",
-                ],
-            ),
-        );
+        let up = format!("tcp listener {addr}:{port}: xdp");
+        let line = format!("iperf3 -s -1 -B {addr} -p {port}");
+        let argv = words(&line);
+        let mut srv = server_under_run(&l, &format!("iperf3-s-{mode}"), mode, &argv, &up);
+        let line = format!("iperf3 -c {addr} -p {port} -P 4 -n 400M --json");
+        let argv = words(&line);
+        let mut cli = spawn(&format!("iperf3-c-{mode}"), plain_in(&l, Host::A, &argv));
         cli.success(T);
         let s = srv.success(T);
         assert!(
@@ -327,7 +323,9 @@ fn without_multi_buffer_tcp_stays_on_the_kernel_and_says_so() {
     let addr = ADDR_B.to_string();
     let port = "14400";
     let no_mb = [("NANOWIRE_XDP_NO_MULTI_BUFFER", "1")];
-    let (c, srv) = sink_and_source(&l, "nomb", "generic", &no_mb, port, &total);
+    let run = (Host::B, "generic", &no_mb[..]);
+    let (srv, mut cli) = sink_and_source(&l, "nomb", run, (port, &total), SOURCE_PY);
+    let c = cli.success(T);
     let s = srv.both();
     assert!(
         s.contains("super-frames; TCP stays on the kernel"),
@@ -374,16 +372,9 @@ fn udp_gso_super_frames_reach_an_accelerated_receiver_as_datagrams() {
     let addr = ADDR_B.to_string();
     for (i, mode) in MODES.iter().enumerate() {
         let port = (14500 + i).to_string();
-        let mut srv = spawn(
-            &format!("udp-gso-srv-{mode}"),
-            under_run(
-                &l,
-                Host::B,
-                mode,
-                &["python3", "-c", UDP_GSO_PY, "server", &addr, &port, "50"],
-            ),
-        );
-        srv.wait_for("listening", Duration::from_secs(30));
+        let argv = ["python3", "-c", UDP_GSO_PY, "server", &addr, &port, "50"];
+        let mut srv =
+            server_under_run(&l, &format!("udp-gso-srv-{mode}"), mode, &argv, "listening");
         // Generic mode starts with the program without xdp.frags, whose
         // frames the kernel copies more cheaply (nanowire_xdp::Frags::Lazy;
         // no chain reaches this engine: the kernel splits these).
@@ -422,28 +413,17 @@ fn an_accelerated_sender_leaves_checksums_to_the_kernel_where_offered() {
     // software. Either way the plain receiver gets the same bytes.
     let l = lab("sfc");
     let total = (64u64 << 20).to_string();
-    let addr = ADDR_B.to_string();
     // The source stays after sending: its engine's counters are read.
     let source = format!("{SOURCE_PY}\nimport time; time.sleep(120)\n");
     for (i, no_meta) in [false, true].into_iter().enumerate() {
         let port = (14400 + i).to_string();
-        let mut srv = spawn(
-            &format!("sink-{no_meta}"),
-            plain_in(&l, Host::B, &["python3", "-c", SINK_PY, &addr, &port]),
-        );
-        srv.wait_for("listening", Duration::from_secs(30));
-        let mut cmd = under_run(
-            &l,
-            Host::A,
-            "generic",
-            &["python3", "-c", &source, &addr, &port, &total],
-        );
-        if no_meta {
-            cmd.env("NANOWIRE_TX_CSUM_OFFLOAD", "0");
-        }
-        let mut cli = spawn(&format!("source-{no_meta}"), cmd);
-        cli.wait_for("sent ", T);
-        srv.wait_for("got ", T);
+        let env: &[_] = if no_meta {
+            &[("NANOWIRE_TX_CSUM_OFFLOAD", "0")]
+        } else {
+            &[]
+        };
+        let run = (Host::A, "generic", env);
+        let (srv, cli) = sink_and_source(&l, &format!("{no_meta}"), run, (&port, &total), &source);
         let c = cli.both();
         assert!(c.contains(": xdp"), "the source is not on the engine:\n{c}");
         assert_eq!(

@@ -7,7 +7,7 @@
 mod xdp_support;
 
 use nanowire_lab::testbed::{Host, ScopedLab};
-use nanowire_testkit::{in_ns, ip_ns, xdp_test_bin};
+use nanowire_testkit::{in_ns, ip_ns, words, xdp_test_bin};
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::mpsc;
@@ -310,15 +310,7 @@ fn forked_child_opens_its_own_socket_while_the_parent_receives() {
     let lab = lab('f');
     let p = xdp_test(
         &lab,
-        &[
-            "--port",
-            "6300",
-            "--echo",
-            "--ring-depth",
-            "1024",
-            "--fork-port",
-            "6301",
-        ],
+        &words("--port 6300 --echo --ring-depth 1024 --fork-port 6301"),
     );
     let child = p.line(Duration::from_secs(20));
     eprintln!("forked child: {child}");

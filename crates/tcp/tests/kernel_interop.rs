@@ -366,18 +366,6 @@ ok = hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
 print("OK" if ok else "MISMATCH", len(got), flush=True)
 "#;
 
-/// The stdout of a peer program that must have exited 0 (else its stdout
-/// and stderr are the failure).
-fn succeeded(out: std::process::Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
 fn wait_line(child: &mut Child) -> String {
     use std::io::{BufRead, BufReader};
     let out = child.stdout.as_mut().unwrap();
@@ -501,7 +489,7 @@ fn client_to_kernel(
         .join()
         .unwrap()
     });
-    succeeded(py.wait_with_output().unwrap());
+    nanowire_testkit::ok(&py.wait_with_output().unwrap());
     eprintln!("client side: {info:?}");
     assert_eq!(reply.trim(), format!("{total} {crc_local}"));
     assert!(
@@ -588,7 +576,7 @@ fn kernel_client_to_our_server_echo_16_mib_hashed() {
     );
     let out = py.wait_with_output().unwrap();
     let (echoed, counters) = server.join().unwrap();
-    let stdout = succeeded(out);
+    let stdout = nanowire_testkit::ok(&out);
     assert_eq!(stdout.trim(), format!("OK {}", 16u32 << 20));
     eprintln!("server counters: {counters:?}");
     assert_eq!(echoed, 16 << 20);
@@ -660,7 +648,7 @@ fn syn_flood_of_100k_from_a_raw_socket_then_a_kernel_client_connects() {
     let out = py.wait_with_output().unwrap();
     done_tx.send(()).unwrap();
     let (served, accepted, c) = server.join().unwrap();
-    let stdout = succeeded(out);
+    let stdout = nanowire_testkit::ok(&out);
     eprintln!("flood: {stdout} accepted={accepted} counters={c:?}");
     assert!(stdout.contains("reply welcome"), "{stdout}");
     assert!(served);
@@ -968,7 +956,7 @@ fn host_api_ping_pong_against_a_kernel_echo_server() {
         .join()
         .unwrap()
     });
-    succeeded(py.wait_with_output().unwrap());
+    nanowire_testkit::ok(&py.wait_with_output().unwrap());
     eprintln!("ping-pong: {info:?}");
     assert_eq!(info.bytes_acked, 2000 * 64 + 1);
     // No assertion on `total_retrans`: with a 20 ms RTO floor, an echo
