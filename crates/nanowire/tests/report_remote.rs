@@ -11,7 +11,7 @@ use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host, ScopedLab};
 use run_support::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -150,6 +150,16 @@ fn report_cmd(
     c
 }
 
+/// The report (`cmd`, a [`report_cmd`]) writing to `out`, run to success:
+/// its stderr and its results.json.
+fn report_ok(mut cmd: Command, out: &Path) -> (String, Value) {
+    let o = cmd.arg("--out").arg(out).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "remote report failed:\n{err}");
+    let results = std::fs::read_to_string(out.join("results.json")).unwrap();
+    (err, serde_json::from_str(&results).unwrap())
+}
+
 /// Processes in host b's namespace other than the sshd listener.
 fn left_in_b(lab: &ScopedLab, sshd: &Sshd) -> Vec<String> {
     let out = Command::new("ip")
@@ -197,31 +207,14 @@ fn remote_report_over_ssh_runs_every_engine_in_host_b() {
     let sshd = sshd(&lab, "ok");
     let out = scratch("remote-report");
     let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
-    let o: Output = report_cmd(
-        &lab,
-        &format!("root@{b}"),
-        &a,
-        &b,
-        &sshd.opts(),
-        &[
-            "--quick",
-            "--only",
-            "latency_vs_size",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    )
-    .output()
-    .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "remote report failed:\n{err}");
+    let dest = format!("root@{b}");
+    let quick = words("--quick --only latency_vs_size");
+    let (err, r) = report_ok(report_cmd(&lab, &dest, &a, &b, &sshd.opts(), &quick), &out);
     // Namespace b has no nanowire in PATH: this one was copied, and it said so.
     assert!(
         err.contains("was copied to /tmp/nanowire."),
         "no note about copying nanowire: {err}"
     );
-    let r: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
     assert!(
         r["target"].as_str().unwrap().contains("over ssh"),
         "{}",
@@ -419,32 +412,12 @@ fn remote_report_failures_are_one_line_naming_the_host() {
         ),
     );
     let out2 = scratch("remote-dies");
-    let o = report_cmd(
-        &lab,
-        &dest,
-        &a,
-        &b,
-        &sshd.opts(),
-        &[
-            "--smoke",
-            "--engines",
-            "kernel",
-            "--only",
-            "latency_vs_size",
-            "--out",
-            out2.to_str().unwrap(),
-        ],
-    )
-    .output()
-    .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
+    let smoke = words("--smoke --engines kernel --only latency_vs_size");
+    let (err, r) = report_ok(report_cmd(&lab, &dest, &a, &b, &sshd.opts(), &smoke), &out2);
     assert!(
         err.contains("using the installed"),
         "the fake was not used: {err}"
     );
-    let r: Value =
-        serde_json::from_str(&std::fs::read_to_string(out2.join("results.json")).unwrap()).unwrap();
     let ex = &r["experiments"][0];
     for c in ex["coverage"].as_array().unwrap() {
         assert_eq!(c["available"], false, "{c}");
