@@ -21,7 +21,7 @@ use nanowire_wire::checksum;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Descriptor option: the packet continues in the next descriptor.
 pub const XDP_PKT_CONTD: u32 = 1;
@@ -194,18 +194,62 @@ pub struct XskRx {
     /// Frames waiting in `to_fill` worth a `refill_now`: 1, or a whole
     /// [`REFILL_BATCH`] on a shared UMEM.
     fill_min: usize,
+    /// [`XskRx::prefetch`]'s prediction, for lock-free waiters.
+    next: Arc<NextRx>,
+}
+
+/// Where the next packet most likely lands, as [`XskRx::prefetch`] last
+/// predicted it (addresses inside the RX ring's and the UMEM's mappings; 0:
+/// no prediction): published for waiters that do not take the RX lock
+/// ([`RxPeek::prefetch`]). Written by the RX half's owner only.
+#[derive(Default)]
+struct NextRx {
+    slot: AtomicUsize,
+    frame: AtomicUsize,
 }
 
 /// A look at an RX ring from any thread, without the [`XskRx`] (which sits
 /// behind its owner's lock): are there descriptors its owner has not taken
-/// yet? Keeps the ring's mapping alive.
-pub struct RxPeek(crate::ring::RingPeek);
+/// yet, frames to give back, and where will the next packet land? Keeps
+/// the ring's and the UMEM's mappings alive.
+pub struct RxPeek {
+    ring: crate::ring::RingPeek,
+    next: Arc<NextRx>,
+    umem: Arc<UmemShared>,
+}
 
 impl RxPeek {
     /// Descriptors published by the kernel and not yet taken by a poll.
     #[inline]
     pub fn pending(&self) -> bool {
-        self.0.pending()
+        self.ring.pending()
+    }
+
+    /// Frames dropped by their last owner wait to go back to the fill
+    /// ring (the next poll's refill puts them there).
+    #[inline]
+    pub fn refill_due(&self) -> bool {
+        self.umem.recycled_any.load(Ordering::Relaxed)
+    }
+
+    /// What a poll of an empty ring does to receive latency
+    /// ([`XskRx::prefetch`]), for a waiter that looked without the lock:
+    /// pull in the next RX descriptor slot and the first two cache lines of
+    /// the predicted next frame, so that the packet the kernel writes there
+    /// (on the sender's CPU, before it publishes the producer index) is
+    /// read by the poll that finds it without three cross-CPU misses one
+    /// after the other.
+    #[inline]
+    pub fn prefetch(&self) {
+        let slot = self.next.slot.load(Ordering::Relaxed);
+        if slot != 0 {
+            prefetch(slot as *const u8);
+        }
+        let frame = self.next.frame.load(Ordering::Relaxed);
+        if frame != 0 {
+            prefetch(frame as *const u8);
+            prefetch(frame.wrapping_add(64) as *const u8);
+        }
     }
 }
 
@@ -452,6 +496,7 @@ impl XskSocket {
                 rx_off: 256,
                 fill_min: if shared.0.is_some() { REFILL_BATCH } else { 1 },
                 shared: shared.0.clone(),
+                next: Arc::default(),
             },
             tx: XskTx {
                 tx,
@@ -774,7 +819,11 @@ impl XskRx {
 
     /// A lock-free look at this RX ring (see [`RxPeek`]).
     pub fn peek(&self) -> RxPeek {
-        RxPeek(self.rx.peek())
+        RxPeek {
+            ring: self.rx.peek(),
+            next: self.next.clone(),
+            umem: self.umem.clone(),
+        }
     }
 
     /// Take at most `budget` descriptors off the RX ring, in batches of
@@ -845,16 +894,23 @@ impl XskRx {
     /// first two cache lines of the frame the kernel most likely fills next.
     /// The kernel writes both before it publishes the producer index, so a
     /// frame found by the next poll is usually already in this CPU's cache
-    /// instead of costing two more cross-CPU misses in a row.
+    /// instead of costing two more cross-CPU misses in a row. The addresses
+    /// are published for waiters that look without the lock
+    /// ([`RxPeek::prefetch`]).
     #[inline]
     fn prefetch(&self) {
-        prefetch(self.rx.slot_ptr(self.rx.cached_cons()));
+        let slot = self.rx.slot_ptr(self.rx.cached_cons());
+        prefetch(slot);
         let a = self.fill.peek_written(self.fill_next) + self.rx_off;
+        let mut frame = 0;
         if a.saturating_add(128) <= self.umem.map.len as u64 {
             let p = self.umem.map.ptr.wrapping_add(a as usize);
             prefetch(p);
             prefetch(p.wrapping_add(64));
+            frame = p as usize;
         }
+        self.next.slot.store(slot as usize, Ordering::Relaxed);
+        self.next.frame.store(frame, Ordering::Relaxed);
     }
 
     /// Keep the prediction of [`XskRx::prefetch`] in step with the kernel.
@@ -1336,6 +1392,67 @@ mod tests {
             len,
             options: if more { XDP_PKT_CONTD } else { 0 },
         }
+    }
+
+    /// An RX half over anonymous rings (the test plays the kernel): the
+    /// fill ring holds every frame of `u` in order.
+    fn rx_half(u: &Arc<UmemShared>) -> XskRx {
+        let n = u.rx_frames;
+        let mut fill: Ring<u64> = Ring::anon(n, 0);
+        for i in 0..n {
+            fill.prod_write(i, u64::from(i) * 2048);
+        }
+        fill.prod_submit(n);
+        XskRx {
+            fill,
+            rx: Ring::anon(n, 0),
+            umem: u.clone(),
+            fd: Arc::new(std::fs::File::open("/dev/null").unwrap().into()),
+            to_fill: Vec::new(),
+            bad_descs: 0,
+            chain: Chain::default(),
+            fill_next: 0,
+            rx_off: 256,
+            shared: None,
+            fill_min: 1,
+            next: Arc::default(),
+        }
+    }
+
+    #[test]
+    fn a_waiter_without_the_lock_sees_the_predicted_frame_and_frames_to_give_back() {
+        let u = umem(8);
+        let mut x = rx_half(&u);
+        let p = x.peek();
+        let base = u.map.ptr as usize;
+        // An empty poll predicts fill[0], at the copy-mode offset.
+        assert_eq!(x.poll(16, 16, |_| ()).descs, 0);
+        assert_eq!(p.next.frame.load(Ordering::Relaxed), base + 256);
+        assert_eq!(
+            p.next.slot.load(Ordering::Relaxed),
+            x.rx.slot_ptr(0) as usize
+        );
+        assert!(!p.refill_due());
+        p.prefetch(); // a hint: nothing to see but that it is harmless
+        // The kernel fills fill[0]: the prediction moves on to fill[1].
+        x.rx.prod_write(0, desc(256, 10, false));
+        x.rx.prod_submit(1);
+        assert!(p.pending());
+        let mut got = Vec::new();
+        assert_eq!(x.poll(16, 16, |f| got.push(f)).descs, 1);
+        assert_eq!(got[0].data(), &[0u8; 10]);
+        assert_eq!(p.next.frame.load(Ordering::Relaxed), base + 2048 + 256);
+        assert_eq!(
+            p.next.slot.load(Ordering::Relaxed),
+            x.rx.slot_ptr(1) as usize
+        );
+        // Its frame dropped: due to go back until a poll's refill takes it.
+        assert!(!p.refill_due());
+        got.clear();
+        assert!(p.refill_due());
+        x.poll(16, 16, |_| ());
+        assert!(!p.refill_due());
+        assert_eq!(x.to_fill, vec![0], "the full fill ring takes it later");
     }
 
     /// A UMEM with RX frame `i` holding bytes `i` at offset 256.

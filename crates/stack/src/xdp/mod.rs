@@ -947,6 +947,34 @@ impl Engine {
         })
     }
 
+    /// [`Engine::rx_quiet`] for a receive's idle turn while it waits (a
+    /// spinning UDP receive): the turn it answers `false` polls under the
+    /// lock, as every turn did before there were quiet turns; one that
+    /// answers `true` keeps what that poll did for receive latency.
+    ///
+    /// - `false` also while frames wait to go back to the fill ring: the
+    ///   last datagram's frame, dropped after it was delivered, goes back
+    ///   by the first turn of the next wait (after the reply went out), not
+    ///   by the poll that finds the next datagram (its refill reloads the
+    ///   fill ring's consumer index, which the kernel writes for every
+    ///   packet on the sender's CPU: a cross-CPU miss before the datagram is
+    ///   even read).
+    /// - `true`: the next RX descriptor slot and the predicted next frame
+    ///   are prefetched ([`nanowire_xdp::RxPeek::prefetch`]), as the poll of
+    ///   an empty ring does.
+    #[inline]
+    fn rx_wait_quiet(&self, mark: u64) -> bool {
+        self.rx_hint.as_ref().is_some_and(|h| {
+            if h.delivered.load(std::sync::atomic::Ordering::Acquire) != mark
+                || h.rings.iter().any(|r| r.pending() || r.refill_due())
+            {
+                return false;
+            }
+            h.rings.iter().for_each(|r| r.prefetch());
+            true
+        })
+    }
+
     #[inline]
     fn rx(&self) -> Guard<'_, RxPath<EngineRx>> {
         order::lock(&self.rx, Tier::Leaf, "the RX lock")

@@ -198,6 +198,8 @@ pub struct XdpSocket {
     wake_fd: RawFd,
     /// Last destination: (address, neighbour generation, hop).
     hop: Option<(Ipv4Addr, u64, Hop)>,
+    /// The datagrams the last receive delivered (their frames go back at
+    /// the next receive: `recv_batch_ts`), and its reused vector.
     batch: Vec<Delivery>,
     /// Counted in the engine's receive-stamp users (`RxStamps::users`) (receive stamps wanted).
     rx_stamping: bool,
@@ -507,13 +509,17 @@ impl XdpSocket {
         if self.own().is_err() {
             return 0;
         }
+        // The frames of what the last call delivered go back now: after
+        // the caller acted on them (a ping-pong's reply is out), not on
+        // the way to it (the return costs the recycle lock).
+        self.batch.clear();
         // Nothing delivered to anyone since this socket last found its
         // queue empty, and nothing on the rings: its queue is still empty,
         // no need for the RX lock (a spinning reader's idle turn is then a
         // few loads instead of the lock and a poll).
         if let Some(mark) = self.rx_seen
             && self.quiet < QUIET_LOOK_EVERY
-            && self.engine.rx_quiet(mark)
+            && self.engine.rx_wait_quiet(mark)
         {
             self.quiet += 1;
             return self.nothing(&mut f);
@@ -545,9 +551,11 @@ impl XdpSocket {
             }
             if mark.is_none() && rx.demux.get(self.id).is_some_and(|e| e.queue.is_empty()) {
                 // A full batch that took the last one queued drained the
-                // queue as well: marked, so that the next call (a
-                // ping-pong reader's, after its reply) finds it still empty
-                // without the lock, the pop and the poll.
+                // queue as well: marked, so that the next calls (a
+                // ping-pong reader's, after its reply) find it still empty
+                // without the lock, the pop and the poll (from the turn
+                // after the one that gave this frame back:
+                // `Engine::rx_wait_quiet`).
                 mark = self.engine.rx_mark(rx);
             }
         }
@@ -562,9 +570,8 @@ impl XdpSocket {
         for d in &batch {
             f(d.payload(), d.src, d.stamp);
         }
-        // The frames go back once delivered (a panic in `f` drops the batch
-        // with them, as the drain did).
-        batch.clear();
+        // The frames stay with the socket until its next receive (above)
+        // or its end; a panic in `f` drops the batch with them.
         self.batch = batch;
         n
     }
@@ -595,6 +602,7 @@ impl XdpSocket {
         // it is then counted as `drop_no_socket`, never lost silently.
         let _ = sys::rcu_grace_period();
         let mut batch = std::mem::take(&mut self.batch);
+        batch.clear(); // the last receive's frames (delivered already)
         let mut n = 0;
         loop {
             let more = {
