@@ -173,6 +173,8 @@ pub(crate) struct Conn {
     pub ack_now: bool,
     /// Extra duplicate ACKs owed for out-of-order segments of one batch.
     pub dup_acks_due: u8,
+    /// Until when a new hole is not announced (`Config::reorder_grace_ns`).
+    pub sack_hold: Option<u64>,
     pub rx_unacked: u32,
     pub rst_pending: bool,
     /// A RST answering one bad segment (seq, ack, ACK flag); the connection lives on.
@@ -297,6 +299,7 @@ impl Conn {
             dupacks: 0,
             in_recovery: false,
             sack_credit: 0,
+            sack_hold: None,
             lt_segments: 0,
             recover: iss,
             csum_partial: cfg.tx_checksum_partial,

@@ -570,6 +570,10 @@ impl Conn {
                 self.bytes_received += u64::from(total);
                 self.rx_unacked += total;
                 if had_holes {
+                    if self.asm.is_empty() {
+                        // Filled (within the grace: never announced).
+                        self.sack_hold = None;
+                    }
                     self.ack_now = true;
                     // Linux enters quick-ack mode around a repaired loss: the
                     // sender's window is small after recovery, and an ACK
@@ -580,12 +584,29 @@ impl Conn {
             } else if self.asm.add(off as u32, (off + data.len()) as u32) {
                 ctr.out_of_order += 1;
                 self.rx.write_payload(off, &data);
-                // One duplicate ACK per out-of-order segment, even when
-                // several arrive in one batch (the sender counts them).
-                if self.ack_now {
-                    self.dup_acks_due = (self.dup_acks_due + 1).min(3);
+                if !had_holes
+                    && cfg.reorder_grace_ns > 0
+                    && self.sack_ok
+                    && data.len() > usize::from(cfg.mss)
+                {
+                    // A new hole behind a super-frame (GSO/GRO: several
+                    // MSS in one): the one that fills it may only be late
+                    // (`Config::reorder_grace_ns`). The ACK timer announces
+                    // it if it is still open when the grace ends. Segments
+                    // of an MSS (a sender counting duplicate ACKs for its
+                    // limited transmit) are answered at once, as before.
+                    let until = now.saturating_add(cfg.reorder_grace_ns);
+                    self.sack_hold = Some(until);
+                    self.delack_deadline =
+                        Some(self.delack_deadline.map_or(until, |d| d.min(until)));
+                } else if !self.sack_hold.is_some_and(|t| now < t) {
+                    // One duplicate ACK per out-of-order segment, even when
+                    // several arrive in one batch (the sender counts them).
+                    if self.ack_now {
+                        self.dup_acks_due = (self.dup_acks_due + 1).min(3);
+                    }
+                    self.ack_now = true;
                 }
-                self.ack_now = true;
                 self.quickack = self.quickack.max(super::conn::INITIAL_QUICKACKS);
             } else {
                 ctr.ooo_dropped += 1;

@@ -74,6 +74,15 @@ pub struct Config {
     pub rto_initial_ns: u64,
     /// Delayed-ACK timeout (Linux: 40 ms minimum).
     pub delayed_ack_ns: u64,
+    /// Reorder grace: a super-frame (larger than the MSS: a GSO/GRO
+    /// aggregate) that opens a hole (out of order) is not
+    /// announced (no duplicate ACK, no SACK blocks on any ACK) for this
+    /// long (Linux's `tcp_comp_sack_delay_ns` bound, 1 ms); a hole filled
+    /// within it never was one to the sender. On veth a kernel sender's super-frames reach an engine from
+    /// two CPUs' softirqs and overtake each other by a few hundred µs: each
+    /// SACK made the sender resend a whole 45-segment super-frame (issue
+    /// 21). A hole still open when it ends is SACKed at once. 0: off.
+    pub reorder_grace_ns: u64,
     /// TIME-WAIT length (Linux: 60 s).
     pub time_wait_ns: u64,
     /// FIN-WAIT-2 timeout for connections the application closed (Linux tcp_fin_timeout: 60 s).
@@ -130,6 +139,7 @@ impl Default for Config {
             rto_max_ns: 120 * NS_PER_S,
             rto_initial_ns: NS_PER_S,
             delayed_ack_ns: 40 * NS_PER_MS,
+            reorder_grace_ns: NS_PER_MS,
             time_wait_ns: 60 * NS_PER_S,
             fin_timeout_ns: 60 * NS_PER_S,
             syn_retries: 6,

@@ -57,7 +57,9 @@ impl Conn {
             if self.ts_ok {
                 r.timestamp = Some((self.tsval(now), self.ts_recent));
             }
-            if self.sack_ok && r.flags.ack() && !self.asm.is_empty() {
+            // A hole within its reorder grace is not announced yet.
+            let held = self.sack_hold.is_some_and(|t| now < t);
+            if self.sack_ok && r.flags.ack() && !self.asm.is_empty() && !held {
                 let ranges = self.asm.ranges();
                 let recent = self.asm.recent();
                 let max = r.max_sack_blocks().min(MAX_SACK_BLOCKS);
@@ -97,7 +99,9 @@ impl Conn {
         };
         if r.flags.ack() {
             self.ack_now = false;
-            self.delack_deadline = None;
+            // A hole's grace still running: its ACK (with the SACK) is due
+            // when the grace ends.
+            self.delack_deadline = self.sack_hold.filter(|&t| now < t);
             self.rx_unacked = 0;
         }
         if r.flags.rst() {
