@@ -599,7 +599,7 @@ impl Conn {
                     self.sack_hold = Some(until);
                     self.delack_deadline =
                         Some(self.delack_deadline.map_or(until, |d| d.min(until)));
-                } else if !self.sack_hold.is_some_and(|t| now < t) {
+                } else if self.sack_hold.is_none_or(|t| now >= t) {
                     // One duplicate ACK per out-of-order segment, even when
                     // several arrive in one batch (the sender counts them).
                     if self.ack_now {

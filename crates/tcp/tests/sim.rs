@@ -1693,3 +1693,45 @@ fn a_late_caller_with_an_older_time_never_sends_an_older_timestamp() {
     );
     let _ = cb;
 }
+
+/// Issue 21: a kernel sender's GSO super-frames reach an engine on veth
+/// from two CPUs and overtake each other. A super-frame that opens a new
+/// hole is not announced for `reorder_grace_ns` (no duplicate ACK, no SACK
+/// blocks): filled within it, the sender never hears of it (each SACK made
+/// a kernel sender resend a whole super-frame); still open when it ends,
+/// the ACK timer SACKs it.
+#[test]
+fn a_reordered_super_frame_is_not_sacked_within_the_reorder_grace() {
+    let mut n = Net::new(Config::default(), Config::default(), FaultConfig::default());
+    let (ca, cb) = n.connect_pair();
+    n.drop_ba = Some(Box::new(|_| true));
+    let rcv = n.a.info(ca).unwrap().rcv_nxt;
+    let big = vec![7u8; 4 * 1448];
+    let len = big.len() as u32;
+    // The second super-frame first: a hole, and nothing said about it.
+    let sent = to_a_from_b(&mut n, cb, rcv.wrapping_add(len), &big);
+    assert!(sent.iter().all(|r| r.sack_len == 0), "{sent:?}");
+    assert!(
+        sent.is_empty(),
+        "no duplicate ACK within the grace: {sent:?}"
+    );
+    assert_eq!(n.a.counters().out_of_order, 1);
+    // The first one fills it: one cumulative ACK, no SACK.
+    let sent = to_a_from_b(&mut n, cb, rcv, &big);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(
+        (sent[0].ack, sent[0].sack_len),
+        (rcv.wrapping_add(2 * len), 0)
+    );
+    // A hole left open: SACKed by the ACK timer when the grace ends.
+    let sent = to_a_from_b(&mut n, cb, rcv.wrapping_add(3 * len), &big);
+    assert!(sent.iter().all(|r| r.sack_len == 0), "{sent:?}");
+    n.now += Config::default().reorder_grace_ns;
+    n.a.poll_timers(n.now);
+    let sent = a_sends_now(&mut n);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].ack, rcv.wrapping_add(2 * len));
+    assert_eq!(sent[0].sack_len, 1, "{:?}", sent[0]);
+    let want = (rcv.wrapping_add(3 * len), rcv.wrapping_add(4 * len));
+    assert_eq!(sent[0].sack[0], want);
+}
