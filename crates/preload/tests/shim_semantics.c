@@ -617,7 +617,12 @@ static void case_mcast_sender(const char *group, int port, int ctlport) {
     alarm(30);
     int ctl = socket(AF_INET, SOCK_DGRAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(ctlport)};
-    bind(ctl, (struct sockaddr *)&a, sizeof a);
+    if (bind(ctl, (struct sockaddr *)&a, sizeof a) != 0) {
+        /* Never 'ready' on a port it does not hold (a request would meet
+         * no socket and the case would wait for an answer until alarm). */
+        printf("ctl bind %d: %s\n", ctlport, strerror(errno));
+        exit(1);
+    }
     int s = socket(AF_INET, SOCK_DGRAM, 0);
     struct in_addr ifa = env_addr("SEM_ADDR", NULL, 0).sin_addr;
     setsockopt(s, IPPROTO_IP, IP_MULTICAST_IF, &ifa, sizeof ifa);
@@ -629,8 +634,11 @@ static void case_mcast_sender(const char *group, int port, int ctlport) {
         if (r <= 0) continue;
         buf[r] = 0;
         if (strcmp(buf, "quit") == 0) break;
+        /* What it was asked and answered (read only in a failure message). */
+        printf("%s from port %d\n", buf, ntohs(from.sin_port)); fflush(stdout);
         for (int i = 0; i < 20; i++) { sendto(s, "m", 1, 0, (struct sockaddr *)&g, sizeof g); msleep(2); }
-        sendto(ctl, "sent", 4, 0, (struct sockaddr *)&from, fl);
+        long w = sendto(ctl, "sent", 4, 0, (struct sockaddr *)&from, fl);
+        printf("sent: %ld\n", w); fflush(stdout);
     }
 }
 

@@ -47,7 +47,13 @@ pub fn nanowire() -> &'static str {
 
 /// Build `libnanowire_preload.so` next to the `nanowire` binary (cargo
 /// does not build a cdylib for another package's tests). Once per test
-/// binary; fast when up to date.
+/// binary; fast when up to date, but under load (and when the workspace
+/// build unified other features) it can take tens of seconds: a test must
+/// not start a peer with a deadline (an alarm, a read window) before its
+/// first `run_in`, or the peer can die before the program under run sends
+/// (dropin_matrix drop_membership_stops_the_group: the sender's alarm(30)
+/// went off 52 s after it was ready, the request met no socket). [`lab`]
+/// calls it first.
 pub fn ensure_preload() -> PathBuf {
     static DONE: OnceLock<PathBuf> = OnceLock::new();
     DONE.get_or_init(|| {
@@ -204,7 +210,10 @@ pub fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
 }
 
 /// A lab named `ts<tag><pid>` (unique per test and process), removed on drop.
+/// The preload library is built (checked) first: never between a peer's
+/// start and the program under run (see [`ensure_preload`]).
 pub fn lab(tag: &str) -> ScopedLab {
+    ensure_preload();
     nanowire_testkit::lab(&format!("ts{tag}"))
 }
 
