@@ -16,9 +16,15 @@
 //! so the engine's own libc calls (its kernel sockets, netlink, poll) go
 //! straight to libc instead of into the shim.
 //!
-//! `Accel` values are leaked, never freed: a pointer read from the fd
-//! table stays valid even if another thread closes the fd meanwhile
-//! (closing takes the engine socket out, and later calls see EBADF).
+//! `Accel` records are type-stable (`nanowire_shimcore::pool`): never
+//! freed, so a pointer read from the fd table stays valid even if another
+//! thread closes the fd meanwhile; the record of a socket whose last fd
+//! closed goes back to [`POOL`] and serves a later socket (memory is
+//! bounded by the sockets open at once, not by the sockets ever made). A
+//! call that moves data looks at the record under its lock only while
+//! its fd still names it ([`Accel::lock_for`]): a record closed and reused
+//! meanwhile is never reached through the old fd (the call then goes to
+//! the kernel socket under the fd, which says EBADF for a closed one).
 //!
 //! fork: a child that keeps using an accelerated socket does not touch the
 //! engine (its rings belong to the parent); it uses the kernel socket under
@@ -31,13 +37,14 @@ use crate::spin::{self, errno, now_ns, set_errno};
 use crate::table;
 use libc::c_int;
 use nanowire_options::Level;
+use nanowire_shimcore::pool::{FdList, FdLists, Link, Pool, Pooled};
 use nanowire_shimcore::sock::{Common, timeval_ns};
 use nanowire_stack::sockaddr::sockaddr_in;
 use nanowire_stack::xdp::{OpenError, XdpSocket};
 use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint, WaitPolicy};
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 pub use crate::sys::engine_call;
@@ -144,14 +151,21 @@ pub struct St {
     peer: Option<SocketAddrV4>,
 }
 
+/// One UDP socket's record (type-stable, reused: see the module doc).
+/// Every field a later incarnation sets is an atomic or behind the lock:
+/// a thread still holding an earlier incarnation may read it.
 pub struct Accel {
     st: Mutex<St>,
     /// The application's blocking mode and timeouts, shutdown(SHUT_RD),
-    /// the fds referring to it (dup) and the process that made it.
+    /// the fds referring to it (dup), the process that made it and the
+    /// record's generation (its incarnation).
     pub common: Common,
+    /// Its place in [`POOL`].
+    link: Link,
     /// What a sleeping receive polls: the engine's AF_XDP sockets, the
-    /// socket's wake-up eventfd and (last) the kernel socket under the fd.
-    wait_fds: Vec<c_int>,
+    /// socket's wake-up eventfd and (last) the kernel socket under the fd
+    /// (an interned list: [`WAIT_LISTS`]).
+    wait_fds: FdList,
     /// Taken off the engine (`detach`): the engine's fds are gone.
     detached: AtomicBool,
     /// When a readiness call last saw the kernel twin empty (ns, 0 = not
@@ -159,22 +173,45 @@ pub struct Accel {
     twin_empty_at: AtomicU64,
     /// Private epoll fd for sleeping receivers (-1: not made yet, -2: could
     /// not be made); see `sleep`.
-    sleep_ep: std::sync::atomic::AtomicI32,
+    sleep_ep: AtomicI32,
     /// Threads sleeping in a receive on this socket.
     sleepers: AtomicU32,
     /// The local address once known (1 << 48 | ip << 16 | port; 0 = not yet).
     local: AtomicU64,
     /// The fd number the engine adopted as the kernel twin: it must stay
     /// open while the engine socket lives (see `dispatch::close`).
-    pub adopted: c_int,
+    adopted: AtomicI32,
     /// SO_TIMESTAMP* state (crates/preload/src/tstamp.rs).
     pub ts: crate::tstamp::Ts,
 }
 
 impl Accel {
+    /// The socket's state, whichever incarnation the record is in: for
+    /// what does not move data between the application and a socket (or
+    /// for the incarnation's own start and end).
     #[inline]
-    pub fn lock(&self) -> MutexGuard<'_, St> {
+    fn lock(&self) -> MutexGuard<'_, St> {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// The socket's state if `fd` still names this record (then the
+    /// record is in the incarnation `fd` names: a slot is cleared before
+    /// its incarnation ends, which happens under this lock). `None`: the
+    /// fd was closed (maybe reused) or taken off the record since the
+    /// caller looked it up; the kernel socket under the fd answers.
+    /// (Two loads and a compare under the lock the call takes anyway.)
+    #[inline(always)]
+    fn lock_for(&self, fd: c_int) -> Option<MutexGuard<'_, St>> {
+        let g = self.lock();
+        if by_fd(fd).is_some_and(|b| std::ptr::eq(self, b)) {
+            Some(g)
+        } else {
+            None
+        }
+    }
+    /// The fd number the engine adopted as the kernel twin.
+    #[inline]
+    pub fn adopted(&self) -> c_int {
+        self.adopted.load(Ordering::Relaxed)
     }
     /// Usable by this process (not a forked child's inherited copy).
     #[inline(always)]
@@ -182,17 +219,56 @@ impl Accel {
         self.common.mine(PID.load(Ordering::Relaxed))
     }
     /// The fds a sleeping wait on this socket polls.
-    pub fn wait_fds(&self) -> &[c_int] {
+    pub fn wait_fds(&self) -> &'static [c_int] {
+        let all = self.wait_fds.get();
         if self.detached.load(Ordering::Acquire) {
-            &self.wait_fds[self.wait_fds.len() - 1..]
+            &all[all.len().saturating_sub(1)..]
         } else {
-            &self.wait_fds
+            all
         }
     }
-    pub fn add_ref(&self) {
-        self.common.add_ref();
+    /// One more fd refers to the incarnation `fd` names (dup of `fd`):
+    /// `false` if it has none any more (`fd` closed meanwhile).
+    pub fn add_ref(&self, fd: c_int) -> bool {
+        let g = self.common.generation();
+        by_fd(fd).is_some_and(|b| std::ptr::eq(self, b)) && self.common.add_ref_if(g)
+    }
+    /// A record for the pool, before its first incarnation.
+    fn blank(link: Link) -> Accel {
+        Accel {
+            st: Mutex::new(St {
+                xdp: None,
+                stash: VecDeque::new(),
+                peer: None,
+            }),
+            common: Common::new(0, false, 0),
+            link,
+            wait_fds: FdList::empty(),
+            detached: AtomicBool::new(false),
+            twin_empty_at: AtomicU64::new(0),
+            sleep_ep: AtomicI32::new(-1),
+            sleepers: AtomicU32::new(0),
+            local: AtomicU64::new(0),
+            adopted: AtomicI32::new(-1),
+            ts: Default::default(),
+        }
     }
 }
+
+// SAFETY: `link` is the field `blank` fills with the pool's link.
+unsafe impl Pooled for Accel {
+    fn link(&self) -> &Link {
+        &self.link
+    }
+}
+
+/// The UDP records: reused, never freed.
+static POOL: Pool<Accel> = Pool::new();
+
+/// The wait-fd lists of the UDP records (each socket has its own wake-up
+/// eventfd, so lists repeat when fd numbers do: a program that closes and
+/// opens sockets reuses the numbers).
+static WAIT_LISTS: FdLists<1024> = FdLists::new();
 
 // SAFETY: the only type of the shim with kind Udp; aligned to 8 (atomics).
 unsafe impl table::Record for Accel {
@@ -222,6 +298,13 @@ pub fn take_fd(fd: c_int) -> Option<&'static Accel> {
 pub fn lookup(fd: c_int) -> Option<&'static Accel> {
     let a = by_fd(fd)?;
     if a.mine() { Some(a) } else { None }
+}
+
+/// [`lookup`] with the generation the record has while `fd` names it
+/// (for holders that keep the record across calls: epoll interests).
+pub fn lookup_gen(fd: c_int) -> Option<(&'static Accel, u32)> {
+    let r = table::record_ref::<Accel>(fd)?;
+    r.mine().then(|| (r.record(), r.generation()))
 }
 
 /// `fd` is a forked child's inherited accelerated fd: say so, once.
@@ -371,24 +454,10 @@ pub fn accelerate(fd: c_int, iface: Option<String>) -> Result<&'static Accel, No
     let mut wait_fds = xs.poll_fds();
     wait_fds.retain(|&f| f != fd);
     wait_fds.push(fd);
-    let a: &'static Accel = Box::leak(Box::new(Accel {
-        st: Mutex::new(St {
-            xdp: Some(xs),
-            stash: VecDeque::new(),
-            peer: None,
-        }),
-        common: Common::new(PID.load(Ordering::Relaxed), nonblock, rcvtimeo_ns),
-        wait_fds,
-        detached: AtomicBool::new(false),
-        twin_empty_at: AtomicU64::new(0),
-        sleep_ep: std::sync::atomic::AtomicI32::new(-1),
-        sleepers: AtomicU32::new(0),
-        local: AtomicU64::new(0),
-        adopted: fd,
-        ts: Default::default(),
-    }));
+    let a = record(fd, xs, wait_fds, nonblock, rcvtimeo_ns);
     if let Some(st) = crate::tstamp::adopt(&a.ts, fd) {
-        set_stamping(a, st);
+        // Before any fd names the record: its first datagram is stamped.
+        stamp(&mut a.lock(), st);
     }
     set_fd(fd, a);
     table::add_flags(fd, table::F_ACCEL);
@@ -408,6 +477,63 @@ pub fn accelerate(fd: c_int, iface: Option<String>) -> Result<&'static Accel, No
         }
     }
     Ok(a)
+}
+
+/// The record of a new engine socket on `fd`: a free one from [`POOL`]
+/// (its next incarnation) or a new one, set up before any fd names it.
+fn record(
+    fd: c_int,
+    xs: XdpSocket,
+    wait_fds: Vec<c_int>,
+    nonblock: bool,
+    rcvtimeo_ns: u64,
+) -> &'static Accel {
+    let (a, _) = POOL.take(Accel::blank);
+    // No fd names the record yet: the only readers are threads holding an
+    // ended incarnation, which find their fd no longer naming it
+    // (`lock_for`) before they move any data.
+    a.common
+        .reset(PID.load(Ordering::Relaxed), nonblock, rcvtimeo_ns);
+    a.ts.reset();
+    a.detached.store(false, Ordering::Relaxed);
+    a.twin_empty_at.store(0, Ordering::Relaxed);
+    a.sleep_ep.store(-1, Ordering::Relaxed);
+    a.local.store(0, Ordering::Relaxed);
+    a.adopted.store(fd, Ordering::Relaxed);
+    if a.wait_fds() != &wait_fds[..] {
+        a.wait_fds.set(WAIT_LISTS.intern(wait_fds));
+    }
+    let mut g = a.lock();
+    g.xdp = Some(xs);
+    g.stash.clear();
+    g.peer = None;
+    drop(g);
+    a
+}
+
+/// The incarnation of `a` whose last fd went (closed, or taken off the
+/// record): its engine socket closes and the record goes back to
+/// [`POOL`]. The generation moves on under the record's lock.
+fn recycle(a: &'static Accel) {
+    let (x, ended) = {
+        let mut g = a.lock();
+        let x = g.xdp.take();
+        // A detached socket's leftovers go with it (plainly, the kernel
+        // socket's queue goes with its last fd too).
+        g.stash = VecDeque::new();
+        g.peer = None;
+        (x, a.common.end(a.common.generation()))
+    };
+    engine_call(|| drop(x));
+    let ep = a.sleep_ep.swap(-2, Ordering::AcqRel);
+    if ep >= 0 {
+        // SAFETY: our own epoll fd, unpublished now (a sleeper still in
+        // it returns within 5 ms).
+        drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(ep) });
+    }
+    if ended {
+        POOL.put(a);
+    }
 }
 
 /// net.core.rmem_default (what SO_RCVBUF is when nobody set it, halved).
@@ -585,7 +711,11 @@ pub fn recv_one(
     }
     loop {
         {
-            let mut g = a.lock();
+            let Some(mut g) = a.lock_for(fd) else {
+                // Closed (or taken off the engine and forgotten) since the
+                // lookup: the kernel socket under the fd answers.
+                return kernel_mode_recv(a, fd, flags, dontwait, s0, deliver);
+            };
             if let Some((buf, src, at)) = g.stash.front() {
                 let (n, src) = (buf.len(), *src);
                 if ts_on {
@@ -607,7 +737,7 @@ pub fn recv_one(
                 // we waited): the kernel socket answers from now on.
                 drop(g);
                 retire_detached(fd, a);
-                return kernel_mode_recv(a, fd, flags, s0, deliver);
+                return kernel_mode_recv(a, fd, flags, dontwait, s0, deliver);
             };
             let mut got = None;
             let peer = *peer;
@@ -763,14 +893,29 @@ impl Accel {
 /// served from the record, see `tstamp::recv_err`.)
 fn retire_detached(fd: c_int, a: &Accel) {
     if !a.ts.err_pending() && by_fd(fd).is_some_and(|b| std::ptr::eq(a, b)) {
-        take_fd(fd);
+        let Some(r) = take_fd(fd) else { return };
         table::clear_flags(fd, table::F_ACCEL);
+        // The fd's reference goes with its slot (its close will not find
+        // the record): the last one ends the incarnation.
+        if std::ptr::eq(r, a) {
+            release(r);
+        } else {
+            // Replaced between the look and the take (closed and reused):
+            // not ours to forget.
+            set_fd(fd, r);
+            table::add_flags(fd, table::F_ACCEL);
+        }
     }
 }
 
 /// The engine of `a` stamps what its timestamp options ask for.
-pub fn set_stamping(a: &Accel, st: crate::tstamp::Stamping) {
-    let mut g = a.lock();
+pub fn set_stamping(a: &Accel, fd: c_int, st: crate::tstamp::Stamping) {
+    if let Some(mut g) = a.lock_for(fd) {
+        stamp(&mut g, st);
+    }
+}
+
+fn stamp(g: &mut St, st: crate::tstamp::Stamping) {
     if let Some(x) = g.xdp.as_mut() {
         engine_call(|| {
             x.set_rx_stamping(st.rx);
@@ -783,7 +928,8 @@ pub fn set_stamping(a: &Accel, st: crate::tstamp::Stamping) {
 /// transmit stamps is empty (the kernel socket's own queue answers: EAGAIN,
 /// or stamps of datagrams that took the kernel path).
 pub fn recv_err(a: &Accel, fd: c_int, m: &mut libc::msghdr, flags: c_int) -> Option<isize> {
-    if !a.ts.err_pending() {
+    if !a.ts.err_pending() || !by_fd(fd).is_some_and(|b| std::ptr::eq(a, b)) {
+        // (Or `fd` no longer names the record: its queue is another's.)
         return None;
     }
     let r = crate::tstamp::recv_err(&a.ts, m, flags);
@@ -806,14 +952,16 @@ fn errq_drained(fd: c_int, a: &Accel) {
 /// Receive from the kernel socket under `fd` with the application's
 /// blocking mode and timeout (the socket was taken off the engine while a
 /// receive was in progress).
+/// (`dontwait`: as the call found the socket; the record may serve
+/// another socket by now, its timeout is looked at on the way.)
 fn kernel_mode_recv(
     a: &Accel,
     fd: c_int,
     flags: c_int,
+    dontwait: bool,
     s0: u64,
     mut deliver: impl FnMut(&[u8], SocketAddrV4),
 ) -> Result<Got, c_int> {
-    let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.common.nonblock();
     let start = now_ns();
     loop {
         if let Some(r) = kernel_recv(fd, flags, &mut deliver) {
@@ -970,7 +1118,14 @@ pub fn send_one(
     dst: Option<SocketAddrV4>,
     flags: c_int,
 ) -> Result<usize, c_int> {
-    let mut g = a.lock();
+    let Some(mut g) = a.lock_for(fd) else {
+        // Closed or forgotten since the lookup: the kernel socket (if the
+        // fd is still one) sends, or says EBADF.
+        let Some(dst) = dst else {
+            return Err(libc::EDESTADDRREQ);
+        };
+        return kernel_send(fd, data, dst, flags, None);
+    };
     let Some(dst) = dst.or(g.peer) else {
         return Err(libc::EDESTADDRREQ);
     };
@@ -1005,7 +1160,10 @@ pub fn send_one(
                 }
                 drop(g);
                 core::hint::spin_loop();
-                g = a.lock();
+                match a.lock_for(fd) {
+                    Some(now) => g = now,
+                    None => return kernel_send(fd, data, dst, flags, key),
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
                 // Larger than the interface MTU: the kernel socket under the
@@ -1061,7 +1219,9 @@ pub fn send_batch(
         // (One at a time with transmit stamps: one stamp per datagram.)
         return send_one(a, fd, bufs[0], dst, flags).map(|_| 1);
     }
-    let mut g = a.lock();
+    let Some(mut g) = a.lock_for(fd) else {
+        return send_one(a, fd, bufs[0], dst, flags).map(|_| 1);
+    };
     let Some(dst) = dst.or(g.peer) else {
         return Err(libc::EDESTADDRREQ);
     };
@@ -1087,14 +1247,17 @@ pub fn send_batch(
         }
         drop(g);
         core::hint::spin_loop();
-        g = a.lock();
+        match a.lock_for(fd) {
+            Some(now) => g = now,
+            None => return send_one(a, fd, bufs[0], Some(dst), flags).map(|_| 1),
+        }
     }
 }
 
 /// connect(): the kernel socket is connected too (getpeername, and the
 /// kernel path filters like a connected socket); AF_UNSPEC disconnects.
-pub fn connect(a: &Accel, peer: Option<SocketAddrV4>) -> Result<(), c_int> {
-    let mut g = a.lock();
+pub fn connect(a: &Accel, fd: c_int, peer: Option<SocketAddrV4>) -> Result<(), c_int> {
+    let mut g = a.lock_for(fd).ok_or(libc::EBADF)?;
     if let (Some(p), Some(x)) = (peer, g.xdp.as_mut())
         && let Err(e) = engine_call(|| x.connect(p))
     {
@@ -1106,8 +1269,13 @@ pub fn connect(a: &Accel, peer: Option<SocketAddrV4>) -> Result<(), c_int> {
 
 /// Join `group` on the engine. `Err(0)`: the socket is off the engine, the
 /// caller lets the kernel socket join.
-pub fn join_multicast(a: &Accel, group: Ipv4Addr, ifaddr: Ipv4Addr) -> Result<(), c_int> {
-    let mut g = a.lock();
+pub fn join_multicast(
+    a: &Accel,
+    fd: c_int,
+    group: Ipv4Addr,
+    ifaddr: Ipv4Addr,
+) -> Result<(), c_int> {
+    let mut g = a.lock_for(fd).ok_or(libc::EBADF)?;
     let Some(x) = g.xdp.as_mut() else {
         return Err(0);
     };
@@ -1117,8 +1285,13 @@ pub fn join_multicast(a: &Accel, group: Ipv4Addr, ifaddr: Ipv4Addr) -> Result<()
 
 /// Stop steering `group` to this socket (the kernel socket has left it).
 /// `Err`: the engine cannot; the caller takes the socket off the engine.
-pub fn leave_multicast(a: &Accel, group: Ipv4Addr, ifaddr: Ipv4Addr) -> Result<(), c_int> {
-    let mut g = a.lock();
+pub fn leave_multicast(
+    a: &Accel,
+    fd: c_int,
+    group: Ipv4Addr,
+    ifaddr: Ipv4Addr,
+) -> Result<(), c_int> {
+    let mut g = a.lock_for(fd).ok_or(libc::EBADF)?;
     let Some(x) = g.xdp.as_mut() else {
         return Ok(()); // off the engine: the kernel socket alone
     };
@@ -1131,30 +1304,23 @@ pub fn leave_multicast(a: &Accel, group: Ipv4Addr, ifaddr: Ipv4Addr) -> Result<(
 
 /// The application's socket took IP_TTL / IP_TOS / IP_MULTICAST_TTL: the
 /// engine's headers follow.
-pub fn sync_ip_header(a: &Accel) {
-    if let Some(x) = a.lock().xdp.as_mut() {
+pub fn sync_ip_header(a: &Accel, fd: c_int) {
+    if let Some(x) = a.lock_for(fd).as_mut().and_then(|g| g.xdp.as_mut()) {
         engine_call(|| x.sync_ip_header());
     }
 }
 
-pub fn set_rcvbuf(a: &Accel, bytes: usize) {
-    if let Some(x) = a.lock().xdp.as_mut() {
+pub fn set_rcvbuf(a: &Accel, fd: c_int, bytes: usize) {
+    if let Some(x) = a.lock_for(fd).as_mut().and_then(|g| g.xdp.as_mut()) {
         engine_call(|| x.set_rcvbuf(bytes));
     }
 }
 
 /// The fd `fd` stops referring to `a` (close, or dup2 over it). The
 /// engine socket goes when the last fd goes.
-pub fn release(a: &Accel) {
+pub fn release(a: &'static Accel) {
     if a.common.release_last_mine(PID.load(Ordering::Relaxed)) {
-        let x = a.lock().xdp.take();
-        engine_call(|| drop(x));
-        let ep = a.sleep_ep.swap(-2, Ordering::AcqRel);
-        if ep >= 0 {
-            // SAFETY: our own epoll fd, unpublished now (a sleeper still in
-            // it returns within 5 ms).
-            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(ep) });
-        }
+        recycle(a);
     }
 }
 
@@ -1164,7 +1330,7 @@ pub fn release(a: &Accel) {
 /// the engine through one of them (the engine must never use the number).
 pub fn release_stale(fd: c_int) {
     let Some(a) = take_fd(fd) else { return };
-    if a.mine() && a.adopted == fd && !a.detached.load(Ordering::Acquire) {
+    if a.mine() && a.adopted() == fd && !a.detached.load(Ordering::Acquire) {
         let mut dup = None;
         table::each_record::<Accel>(|f, r| {
             if dup.is_none() && std::ptr::eq(r.record(), a) {
@@ -1188,7 +1354,7 @@ pub fn release_stale(fd: c_int) {
 pub fn closing(fd: c_int) {
     if let Some(a) = by_fd(fd)
         && a.mine()
-        && a.adopted == fd
+        && a.adopted() == fd
         && a.common.refs() > 1
         && !a.detached.load(Ordering::Acquire)
     {

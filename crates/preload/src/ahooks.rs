@@ -603,7 +603,7 @@ pub fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int
         .ok()
         .flatten()
         .filter(|p| !p.ip().is_unspecified() || p.port() != 0);
-    Some(match accel::connect(a, peer) {
+    Some(match accel::connect(a, fd, peer) {
         Ok(()) => 0,
         Err(e) => fail(e),
     })
@@ -797,7 +797,7 @@ pub fn setsockopt(a: Option<&'static Accel>, fd: c_int, o: Opt) -> c_int {
         // engine stamps too (a candidate's options are read back when it
         // goes onto the engine).
         if let Some(st) = crate::tstamp::set(&a.ts, name, val, len) {
-            accel::set_stamping(a, st);
+            accel::set_stamping(a, fd, st);
         }
     }
     if r == 0
@@ -809,7 +809,7 @@ pub fn setsockopt(a: Option<&'static Accel>, fd: c_int, o: Opt) -> c_int {
     {
         // SAFETY: an int the kernel just read.
         let v = unsafe { std::ptr::read_unaligned(val.cast::<c_int>()) };
-        accel::set_rcvbuf(a, v.max(0) as usize);
+        accel::set_rcvbuf(a, fd, v.max(0) as usize);
     }
     if r == 0 && level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == 66) {
         if let Some(a) = a {
@@ -856,7 +856,7 @@ fn sockopt_accel_after(fd: c_int, o: Opt) {
     {
         // The engine's headers follow the kernel socket's values (a
         // candidate's are read when it goes onto the engine).
-        accel::sync_ip_header(a);
+        accel::sync_ip_header(a, fd);
     }
 }
 
@@ -878,7 +878,7 @@ fn sockopt_accel(a: &'static Accel, fd: c_int, o: Opt) -> Option<c_int> {
             let group = std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]);
             let ifaddr = std::net::Ipv4Addr::new(b[4], b[5], b[6], b[7]);
             let e = errno();
-            if accel::leave_multicast(a, group, ifaddr).is_err() {
+            if accel::leave_multicast(a, fd, group, ifaddr).is_err() {
                 accel::detach(
                     fd,
                     &format!("IP_DROP_MEMBERSHIP {group}: the engine cannot leave a group"),
@@ -902,7 +902,7 @@ fn sockopt_accel(a: &'static Accel, fd: c_int, o: Opt) -> Option<c_int> {
             return Some(r);
         }
         let e = errno();
-        match accel::join_multicast(a, group, ifaddr) {
+        match accel::join_multicast(a, fd, group, ifaddr) {
             Ok(()) => {
                 // Every receiver of the group on the host must get it:
                 // another socket on this port means the kernel delivers.

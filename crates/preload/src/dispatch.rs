@@ -731,7 +731,7 @@ pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -
         // (or its own pointer, for DEL and for the kernel's EFAULT).
         let r = unsafe { real::epoll_ctl(ep, op, fd, kp) };
         if r == 0 {
-            ready::epoll_ctl_accel(ep, op, fd, app, accel::lookup(fd));
+            ready::epoll_ctl_accel(ep, op, fd, app, accel::lookup_gen(fd));
             ready::epoll_changed(ep);
         }
         return r;

@@ -746,10 +746,13 @@ impl Ops for &'static Accel {
         None
     }
 
-    fn dup(self, _old: c_int, new: c_int) {
-        self.add_ref();
-        accel::set_fd(new, self);
-        table::add_flags(new, table::F_ACCEL);
+    fn dup(self, old: c_int, new: c_int) {
+        // Counted on the incarnation `old` names: if its last fd closed
+        // meanwhile, `new` names no engine socket.
+        if self.add_ref(old) {
+            accel::set_fd(new, self);
+            table::add_flags(new, table::F_ACCEL);
+        }
     }
 
     fn release(self, fd: c_int) {

@@ -381,8 +381,10 @@ struct Interest {
     fd: c_int,
     events: u32,
     data: u64,
-    /// `None` while the fd is a candidate, or since it fell back to the kernel.
-    acc: Option<&'static Accel>,
+    /// `None` while the fd is a candidate, or since it fell back to the
+    /// kernel; with the record's generation then (records are reused: an
+    /// fd closed and opened again on the same record is another socket).
+    acc: Option<(&'static Accel, u32)>,
     /// An engine TCP socket (connections are not registered in the kernel).
     tcp: Option<tcpx::TcpRef>,
     /// Bits last reported for `tcp` (EPOLLET: report only new ones).
@@ -423,7 +425,7 @@ pub fn epoll_ctl_accel(
     op: c_int,
     fd: c_int,
     ev: Option<epoll_event>,
-    acc: Option<&'static Accel>,
+    acc: Option<(&'static Accel, u32)>,
 ) {
     let mut r = reg();
     r.retain(|i| !(i.ep == ep && i.fd == fd));
@@ -529,7 +531,7 @@ fn synth(ep: c_int, out: &mut [epoll_event], fds: &mut Vec<c_int>) -> usize {
     fds.clear();
     let mut r = reg();
     for i in r.iter_mut().filter(|i| i.acc.is_none()) {
-        i.acc = accel::lookup(i.fd);
+        i.acc = accel::lookup_gen(i.fd);
     }
     for i in r.iter_mut().filter(|i| i.tcp.is_none() && i.ep == ep) {
         i.tcp = tcpx::lookup(i.fd);
@@ -568,8 +570,9 @@ fn synth(ep: c_int, out: &mut [epoll_event], fds: &mut Vec<c_int>) -> usize {
             report(out, &mut n, fds, i, ev);
             continue;
         }
-        let Some(acc) = i.acc else { continue };
-        if accel::by_fd(i.fd).is_none_or(|a| !std::ptr::eq(a, acc)) {
+        let Some((acc, g)) = i.acc else { continue };
+        if accel::by_fd(i.fd).is_none_or(|a| !std::ptr::eq(a, acc)) || acc.common.generation() != g
+        {
             i.acc = None; // taken off the engine: the kernel answers alone
             continue;
         }
@@ -677,7 +680,7 @@ fn twins_seen(ep: c_int, kev: &[epoll_event], now: u64) {
         .iter()
         .filter(|i| i.ep == ep && i.events & libc::EPOLLIN as u32 != 0)
     {
-        let Some(acc) = i.acc else { continue };
+        let Some((acc, _)) = i.acc else { continue };
         let rd = kev.iter().any(|e| {
             let d = e.u64;
             d & TAG_MASK == TAG && d as u32 as c_int == i.fd && e.events & libc::EPOLLIN as u32 != 0
@@ -774,7 +777,7 @@ pub fn epoll_mixed(
                     .iter()
                     .filter(|i| i.ep == ep)
                     .filter_map(|i| i.acc)
-                    .flat_map(|a| a.wait_fds().iter().copied())
+                    .flat_map(|(a, _)| a.wait_fds().iter().copied())
                     .chain(
                         r.iter()
                             .filter(|i| i.ep == ep)

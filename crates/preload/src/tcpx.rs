@@ -46,7 +46,7 @@ use crate::table;
 use libc::{c_int, c_void, sockaddr, socklen_t};
 use nanowire_options::Level;
 use nanowire_shimcore::fdtable::Ref;
-use nanowire_shimcore::pool::{Link, Pool, Pooled};
+use nanowire_shimcore::pool::{FdLists, Link, Pool, Pooled};
 use nanowire_shimcore::sock::Common;
 use nanowire_stack::xdp::{XdpTcpError, XdpTcpListener, XdpTcpState, XdpTcpStream, tcp_ready};
 use nanowire_stack::{EngineKind, EngineOptions, WaitPolicy};
@@ -226,42 +226,14 @@ impl TcpRef {
     }
 }
 
-/// The interned wait-fd lists: records of one engine share one list, and
-/// a list, once made, is never freed (a thread holding an earlier
-/// incarnation of a record may still read it). 256 distinct lists at
-/// most are interned (engines × listeners); past that each is leaked.
-static WAIT_LISTS: [AtomicPtr<Box<[c_int]>>; 256] =
-    [const { AtomicPtr::new(std::ptr::null_mut()) }; 256];
+/// The interned wait-fd lists: records of one engine share one list
+/// (`FdLists`: never freed; 256 distinct lists at most are interned
+/// (engines × listeners), past that each is leaked).
+static WAIT_LISTS: FdLists<256> = FdLists::new();
 
 /// The interned list equal to `fds`.
 fn intern_fds(fds: Vec<c_int>) -> *mut Box<[c_int]> {
-    for slot in &WAIT_LISTS {
-        let p = slot.load(Ordering::Acquire);
-        if p.is_null() {
-            let fresh = Box::into_raw(Box::new(fds.clone().into_boxed_slice()));
-            match slot.compare_exchange(
-                std::ptr::null_mut(),
-                fresh,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return fresh,
-                Err(now) => {
-                    // SAFETY: `fresh` was never published (we lost the
-                    // race): ours to free.
-                    drop(unsafe { Box::from_raw(fresh) });
-                    // SAFETY: published lists are never freed.
-                    if unsafe { &**now }[..] == fds[..] {
-                        return now;
-                    }
-                }
-            }
-        // SAFETY: published lists are never freed.
-        } else if unsafe { &**p }[..] == fds[..] {
-            return p;
-        }
-    }
-    Box::into_raw(Box::new(fds.into_boxed_slice()))
+    std::ptr::from_ref(WAIT_LISTS.intern(fds)).cast_mut()
 }
 static PID: AtomicU32 = AtomicU32::new(0);
 /// The process the shim was loaded into (not updated at fork).

@@ -118,6 +118,14 @@ impl Ts {
     fn st(&self) -> std::sync::MutexGuard<'_, State> {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
+    /// No option on, nothing queued: a reused record's next socket starts
+    /// as a fresh one.
+    pub fn reset(&self) {
+        *self.st() = State::default();
+        self.on.store(false, Ordering::Relaxed);
+        self.tx.store(false, Ordering::Relaxed);
+        self.errq.store(0, Ordering::Relaxed);
+    }
 }
 
 fn read_int(val: *const c_void, len: socklen_t) -> Option<u32> {

@@ -156,6 +156,101 @@ impl<T: Pooled> Pool<T> {
     }
 }
 
+/// Interned fd lists (what a sleeping wait on a record polls): records
+/// that wait on the same fds share one list, and a list, once made, is
+/// never freed (a thread holding an earlier incarnation of a record may
+/// still read it). `N` distinct lists at most are interned; past that
+/// each new one is leaked (the caller's records then grow with it).
+pub struct FdLists<const N: usize> {
+    lists: [AtomicPtr<Box<[i32]>>; N],
+}
+
+impl<const N: usize> Default for FdLists<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const N: usize> FdLists<N> {
+    pub const fn new() -> FdLists<N> {
+        FdLists {
+            lists: [const { AtomicPtr::new(std::ptr::null_mut()) }; N],
+        }
+    }
+
+    /// The interned list equal to `fds` (valid for the life of the process).
+    /// (`&Box`: a thin pointer to the list, what [`FdList`]'s `AtomicPtr`
+    /// can hold.)
+    #[allow(clippy::borrowed_box)]
+    pub fn intern(&self, fds: Vec<i32>) -> &'static Box<[i32]> {
+        for slot in &self.lists {
+            let p = slot.load(Ordering::Acquire);
+            let p = if p.is_null() {
+                let fresh = Box::into_raw(Box::new(fds.clone().into_boxed_slice()));
+                match slot.compare_exchange(
+                    std::ptr::null_mut(),
+                    fresh,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => fresh,
+                    Err(now) => {
+                        // SAFETY: `fresh` was never published (we lost the
+                        // race): ours to free.
+                        drop(unsafe { Box::from_raw(fresh) });
+                        now
+                    }
+                }
+            } else {
+                p
+            };
+            // SAFETY: a published list: made by Box::into_raw above and
+            // never freed, so valid for 'static.
+            #[allow(clippy::borrowed_box)]
+            let l: &'static Box<[i32]> = unsafe { &*p };
+            if l[..] == fds[..] {
+                return l;
+            }
+        }
+        Box::leak(Box::new(Box::new(fds.into_boxed_slice())))
+    }
+}
+
+/// A record's wait-fd list: one of the [`FdLists`] (or empty), swapped
+/// whole, so a reader of an earlier incarnation still reads a valid list.
+pub struct FdList(AtomicPtr<Box<[i32]>>);
+
+impl Default for FdList {
+    fn default() -> Self {
+        Self::empty()
+    }
+}
+
+impl FdList {
+    pub const fn empty() -> FdList {
+        FdList(AtomicPtr::new(std::ptr::null_mut()))
+    }
+
+    /// The list now.
+    #[inline]
+    pub fn get(&self) -> &'static [i32] {
+        let p = self.0.load(Ordering::Acquire);
+        if p.is_null() {
+            return &[];
+        }
+        // SAFETY: only `set` stores here, and only 'static lists (never
+        // freed), published with Release.
+        unsafe { &*p }
+    }
+
+    /// Make `l` the list.
+    #[allow(clippy::borrowed_box)]
+    pub fn set(&self, l: &'static Box<[i32]>) {
+        self.0
+            .store(std::ptr::from_ref(l).cast_mut(), Ordering::Release);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,6 +312,25 @@ mod tests {
             }
         }
         assert_eq!(p.made(), 3);
+    }
+
+    #[test]
+    fn equal_fd_lists_are_interned_once() {
+        let l: FdLists<2> = FdLists::new();
+        let a = l.intern(vec![3, 4, 5]);
+        assert!(
+            std::ptr::eq(l.intern(vec![3, 4, 5]), a),
+            "the same list again"
+        );
+        let b = l.intern(vec![6]);
+        assert!(!std::ptr::eq(a, b));
+        // Past the table: a fresh (leaked) list, still readable.
+        let c = l.intern(vec![7]);
+        assert_eq!(&c[..], &[7]);
+        let w = FdList::empty();
+        assert!(w.get().is_empty());
+        w.set(b);
+        assert_eq!(w.get(), &[6]);
     }
 
     #[test]
