@@ -79,6 +79,9 @@ pub struct SharedQueue {
     umem: Mmap,
     ctl: Ctl,
     fill: Ring<u64>,
+    /// The completion ring, read by the service only when it gives a slot
+    /// to a new process (`member`).
+    comp: Ring<u64>,
     geo: Geometry,
     ifindex: u32,
     queue: u32,
@@ -161,7 +164,7 @@ impl SharedQueue {
                 continue;
             }
             match Self::register(&umem, geo, ifindex, queue, zc, multi_buffer) {
-                Ok((owner, fill, tx_metadata)) => {
+                Ok((owner, fill, comp, tx_metadata)) => {
                     let mut q = SharedQueue {
                         umem_fd,
                         ctl_fd,
@@ -170,6 +173,7 @@ impl SharedQueue {
                         umem,
                         ctl,
                         fill,
+                        comp,
                         geo,
                         ifindex,
                         queue,
@@ -205,7 +209,7 @@ impl SharedQueue {
         queue: u32,
         zero_copy: bool,
         multi_buffer: bool,
-    ) -> io::Result<(OwnedFd, Ring<u64>, bool)> {
+    ) -> io::Result<(OwnedFd, Ring<u64>, Ring<u64>, bool)> {
         let fd = xsk_socket()?;
         let raw = fd.as_raw_fd();
         // SAFETY: all-zero is a valid xdp_umem_reg; fields filled below.
@@ -233,6 +237,12 @@ impl SharedQueue {
         setsockopt(raw, libc::XDP_RX_RING, &small)?;
         let off = mmap_offsets(raw)?;
         let fill = map_ring(raw, &off.fr, geo.rx_frames, libc::XDP_UMEM_PGOFF_FILL_RING)?;
+        let comp = map_ring(
+            raw,
+            &off.cr,
+            geo.tx_frames(),
+            libc::XDP_UMEM_PGOFF_COMPLETION_RING,
+        )?;
         let flags = libc::XDP_USE_NEED_WAKEUP
             | if multi_buffer {
                 crate::sock::XDP_USE_SG
@@ -245,7 +255,7 @@ impl SharedQueue {
                 libc::XDP_COPY
             };
         bind_xsk(raw, ifindex, queue, flags, 0)?;
-        Ok((fd, fill, tx_metadata))
+        Ok((fd, fill, comp, tx_metadata))
     }
 
     /// Every RX frame into the fill ring (at creation).
@@ -328,11 +338,67 @@ impl SharedQueue {
                 break;
             }
         }
+        if !self.drain_completions(slot) {
+            return Err(format!(
+                "queue {}: the shared lock stayed busy (a process holds it)",
+                self.queue
+            ));
+        }
         let base = self.geo.slot_off(slot);
         self.ctl.word(base + S_MB_PROD).store(0, Ordering::Relaxed);
         self.ctl.word(base + S_MB_CONS).store(0, Ordering::Relaxed);
         self.ctl.word(base + S_J_N).store(0, Ordering::Release);
         Ok(Member { fd, rx })
+    }
+
+    /// Before `slot` goes to a new process: empty the completion ring
+    /// under the lock, posting the other slots' frames to their mailboxes
+    /// (as a process reaping it would) and dropping `slot`'s. Those are
+    /// completions of the slot's previous process (a process reaps only
+    /// when its pool is empty, so up to all its TX frames may still be
+    /// there when it exits or dies): routed to the new process they would
+    /// be frames it already holds, two sends in one frame. `false` when
+    /// the lock stayed busy.
+    fn drain_completions(&mut self, slot: u32) -> bool {
+        let lock = self.ctl.word(O_LOCK);
+        let t0 = Instant::now();
+        while lock
+            .compare_exchange(0, SERVICE_ID, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            // A holder does a batch in microseconds; longer is a holder
+            // preempted (or stopped) inside: wait a little, then refuse.
+            if t0.elapsed() > Duration::from_millis(100) {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+        let shift = self.geo.frame_size.trailing_zeros();
+        let (lo, per) = (
+            u64::from(self.geo.rx_frames),
+            u64::from(self.geo.tx_per_slot),
+        );
+        self.comp.resync();
+        loop {
+            let n = self.comp.cons_avail(256);
+            if n == 0 {
+                break;
+            }
+            for i in 0..n {
+                let f = self.comp.cons_read(i) >> shift;
+                let owner = f.checked_sub(lo).map(|x| x / per);
+                if let Some(o) = owner.and_then(|o| u32::try_from(o).ok())
+                    && o != slot
+                {
+                    // A slot out of range or a full mailbox: not a frame
+                    // of ours to keep (mb_push refuses both).
+                    self.ctl.mb_push(o, f << shift);
+                }
+            }
+            self.comp.cons_release(n);
+        }
+        lock.store(0, Ordering::Release);
+        true
     }
 
     /// The kernel's XDP_STATISTICS of the socket that registered the UMEM:

@@ -1094,14 +1094,24 @@ impl XskTx {
         n
     }
 
-    /// Shared UMEM: our mailbox first; then, if still empty, the shared
-    /// completion ring under the lock, routing other slots' frames to their
-    /// mailboxes. The ring entries are released before they are routed: a
-    /// process killed in between loses those frames (its slot's and
-    /// others'), it never hands one out twice.
+    /// Shared UMEM: nothing while frames are left in the pool; then our
+    /// mailbox; then, if still empty, the shared completion ring under the
+    /// lock, routing other slots' frames to their mailboxes. The ring
+    /// entries are released before they are routed: a process killed in
+    /// between loses those frames (its slot's and others'), it never hands
+    /// one out twice.
+    ///
+    /// This runs after every send's kick: with frames in the pool it is one
+    /// length test. Completions wait meanwhile without harm: the
+    /// completion ring holds every slot's TX frames and a mailbox its
+    /// slot's, so neither can overflow, and an own frame is needed only
+    /// once the pool is empty.
     fn reap_shared(&mut self) -> u32 {
-        // Borrowed, not cloned: this runs after every send's kick, and an
-        // Arc clone + drop is two atomic read-modify-writes per message.
+        if !self.free.is_empty() {
+            return 0;
+        }
+        // Borrowed, not cloned: an Arc clone + drop is two atomic
+        // read-modify-writes.
         let Some(ctl) = self.shared.as_deref() else {
             return 0;
         };
