@@ -31,6 +31,7 @@ build: deps
 lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --release --workspace --all-targets --locked -- -D warnings
+	python3 scripts/import_cycles.py
 
 # The report test renders index.html in headless Chromium: install it for tests.
 # Tests that need root are #[ignore = "needs root"]: `make test` (as root)

@@ -379,7 +379,7 @@ pub fn assert_sockperf_complete(out: &str) {
         .unwrap_or_else(|| panic!("no [Valid Duration] line:\n{out}"));
     let sent = sockperf_field(valid, "SentMessages").expect("SentMessages");
     let recv = sockperf_field(valid, "ReceivedMessages").expect("ReceivedMessages");
-    assert!(sent > 10, "{out}");
+    assert!(sent > 0, "{out}");
     assert_eq!(sent, recv, "{out}");
 }
 
