@@ -170,28 +170,6 @@ impl TcpRef {
         true
     }
 
-    /// Run `f` on the engine connection under the record's lock, if this
-    /// incarnation is still alive and is one (`None` otherwise): for ONE
-    /// attempt of a call (never a wait), without the clone and release of
-    /// the `Arc` that [`TcpRef::get`] pays (two atomic read-modify-writes
-    /// of the four). Lock order: the record's lock, then the engine's
-    /// (core, RX, TX); no engine lock is ever held while a record's is
-    /// taken (engine code never enters the shim, and the hand-over's build
-    /// takes none). A close waits for the attempt; another call on the
-    /// same socket waits at its start for as long as it would have waited
-    /// for the engine's core lock, which the attempt holds anyway.
-    #[inline]
-    fn with_stream<R>(self, f: impl FnOnce(&XdpTcpStream) -> R) -> Option<R> {
-        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if !self.0.live() {
-            return None;
-        }
-        match g.as_deref() {
-            Some(Inner::Stream(s)) => Some(f(s)),
-            _ => None,
-        }
-    }
-
     /// The engine connection, if this is one.
     pub fn stream_inner(self) -> Option<Arc<Inner>> {
         self.stream()
@@ -1383,34 +1361,6 @@ pub fn accept(
 
 /// Receive into `buf` with `flags` (MSG_PEEK, MSG_DONTWAIT, MSG_WAITALL).
 pub fn recv(t: TcpRef, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
-    // The common call (bytes are there: an event loop's read after its
-    // readiness call, a request's read after the reply went out): one
-    // attempt under the record's lock, no `Arc` taken (`with_stream`).
-    // Anything else (nothing there, an error, MSG_WAITALL wanting more,
-    // flags the attempt does not serve) goes the full way below, which
-    // starts with a fresh attempt.
-    let e0 = errno();
-    if flags & (libc::MSG_OOB | libc::MSG_ERRQUEUE | libc::MSG_WAITALL) == 0
-        && !buf.is_empty()
-        && !t.connecting.load(Ordering::Acquire)
-        && !t.common.rd_shut()
-    {
-        let peek = flags & libc::MSG_PEEK != 0;
-        match t.with_stream(|s| engine_call(|| s.recv_once(&mut *buf, peek))) {
-            Some(Ok(n)) => {
-                set_errno(e0);
-                return n as isize;
-            }
-            // Non-blocking and nothing there: what the full way answers.
-            Some(Err(XdpTcpError::WouldBlock))
-                if flags & libc::MSG_DONTWAIT != 0 || t.common.nonblock() =>
-            {
-                set_errno(libc::EAGAIN);
-                return -1;
-            }
-            _ => {}
-        }
-    }
     let Some(i) = t.stream() else {
         set_errno(if t.listener() {
             libc::ENOTCONN
@@ -1442,6 +1392,7 @@ pub fn recv(t: TcpRef, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
     let peek = flags & libc::MSG_PEEK != 0;
     let dontwait = flags & libc::MSG_DONTWAIT != 0 || t.common.nonblock();
     let waitall = flags & libc::MSG_WAITALL != 0 && !peek && !dontwait;
+    let e0 = errno();
     let mut got = 0usize;
     loop {
         let rest = &mut buf[got..];
@@ -1503,29 +1454,6 @@ fn sigpipe(flags: c_int) {
 
 /// Send all of `data` (blocking) or what fits (non-blocking).
 pub fn send(t: TcpRef, fd: c_int, data: &[u8], flags: c_int) -> isize {
-    // The common call (the send buffer has room for all of it): one
-    // attempt under the record's lock, no `Arc` taken (`with_stream`).
-    // Anything else (part of it or nothing queued, an error) goes on the
-    // full way below from what was queued.
-    let e0 = errno();
-    let mut sent = 0usize;
-    if flags & libc::MSG_OOB == 0 && !data.is_empty() && !t.connecting.load(Ordering::Acquire) {
-        let dontwait = flags & libc::MSG_DONTWAIT != 0 || t.common.nonblock();
-        match t.with_stream(|s| engine_call(|| s.send_once(data))) {
-            // All of it, or (non-blocking) what fitted.
-            Some(Ok(n)) if n == data.len() || (n > 0 && dontwait) => {
-                set_errno(e0);
-                return n as isize;
-            }
-            Some(Ok(n)) => sent = n,
-            // Non-blocking and the send buffer full: what the full way answers.
-            Some(Err(XdpTcpError::WouldBlock)) if dontwait => {
-                set_errno(libc::EAGAIN);
-                return -1;
-            }
-            _ => {}
-        }
-    }
     let Some(i) = t.stream() else {
         set_errno(if t.listener() {
             libc::ENOTCONN
@@ -1552,6 +1480,8 @@ pub fn send(t: TcpRef, fd: c_int, data: &[u8], flags: c_int) -> isize {
         return -1;
     }
     let dontwait = flags & libc::MSG_DONTWAIT != 0 || t.common.nonblock();
+    let e0 = errno();
+    let mut sent = 0usize;
     if data.is_empty() {
         return 0;
     }

@@ -493,14 +493,6 @@ struct Core {
     /// would end each connection if the process died, kept current at the
     /// end of each turn (`publish_ends`).
     ends: Option<super::service::conns::Region>,
-    /// Frames of segments this stack took in, on their way back to the
-    /// fill ring: handed to the UMEM's recycle list by the next turn that
-    /// finds nothing (a spinning reader's next look, the timer service's
-    /// turn) or when 64 gather, not by the turn that brought them: that
-    /// turn's caller is a reader waiting for its bytes (the recycle list's
-    /// lock and the batch's set-up were ~160 instructions and three atomic
-    /// read-modify-writes between a segment's arrival and `recv`'s return).
-    recycle: nanowire_xdp::Recycler,
 }
 
 /// The TCP stack of one set of sockets on one xdp engine.
@@ -648,7 +640,6 @@ impl TcpEngine {
                 turns: 0,
                 rx_mark: None,
                 ends,
-                recycle: Default::default(),
             }),
         });
         service_register(&eng);
@@ -794,29 +785,6 @@ impl TcpEngine {
     /// what arrives in order for it goes straight into its buffer
     /// ([`DirectRead`]) while its receive ring is empty.
     fn turn_into(&self, core: &mut Core, timers: bool, read: Option<&mut DirectRead<'_>>) -> bool {
-        // Nothing was delivered to any endpoint since this stack's queue
-        // was last drained and nothing waits on the RX rings
-        // (`Engine::rx_quiet`: a few loads, no lock): the receive half
-        // would find nothing and, with nothing to send either, an
-        // application's idle turn (a spinning reader's look, a readiness
-        // pass) ends here, without the RX lock
-        // and the turn's work: a frame that arrives is seen sooner (the
-        // look between its arrival and its reader's is what a ping-pong
-        // waits for). Every IDLE_CLOCK_EVERY-th turn is whole, as before:
-        // the clock and the timers, parked segments, frames going back to
-        // the fill ring. The timer service's turns are always whole.
-        if !timers
-            && core.rx_mark.is_some_and(|m| self.engine.rx_quiet(m))
-            && core.parked.is_empty()
-            && !core.turns.wrapping_add(1).is_multiple_of(IDLE_CLOCK_EVERY)
-            && !core.stack.wants_transmit()
-        {
-            core.turns = core.turns.wrapping_add(1);
-            // An application call (a read that emptied the receive ring, a
-            // write) may have changed what ends a connection.
-            publish_ends(core);
-            return false;
-        }
         // The clock is read only when a segment came, and on every
         // IDLE_CLOCK_EVERY-th idle turn for the timers (ms-scale): a
         // spinning reader turns millions of times a second.
@@ -825,21 +793,7 @@ impl TcpEngine {
         {
             let mut guard = self.engine.rx();
             let g = &mut *guard;
-            let fed = rx_segments_into(
-                g,
-                core.id,
-                &mut core.stack,
-                &mut now,
-                now_ns,
-                read,
-                &mut core.recycle,
-            );
-            if fed == 0 {
-                // An idle turn: the frames earlier turns took in go back
-                // now (see `Core::recycle`), still under the RX lock.
-                core.recycle.flush();
-            }
-            moved += fed;
+            moved += rx_segments_into(g, core.id, &mut core.stack, &mut now, now_ns, read);
             core.rx_mark = self.engine.rx_mark(g);
             core.turns = core.turns.wrapping_add(1);
             if core.turns.is_multiple_of(64) {
@@ -907,15 +861,7 @@ impl TcpEngine {
         let mut now = None;
         {
             let mut g = self.engine.rx();
-            rx_segments_into(
-                &mut g,
-                core.id,
-                &mut core.stack,
-                &mut now,
-                now_ns,
-                None,
-                &mut core.recycle,
-            );
+            rx_segments(&mut g, core.id, &mut core.stack, &mut now, now_ns);
             core.rx_mark = self.engine.rx_mark(&g);
         }
         if let Some(t) = now {
@@ -2447,9 +2393,8 @@ impl XdpTcpStream {
             core.stack.recv(self.c, buf)
         };
         if r != Err(TcpError::WouldBlock) {
-            // Reading may open the window: announce it now (the clock is
-            // read only then: most reads owe nothing).
-            if !peek && core.stack.wants_transmit() {
+            if !peek {
+                // Reading may open the window: announce it now.
                 let now = now_ns();
                 self.eng.transmit(&mut core, now);
             }
@@ -2978,7 +2923,6 @@ pub fn tcp_drain(idle: Duration) -> usize {
 /// all). `now` is read (`clock`) only when a segment came.
 /// Returns segments fed. Call under the RX lock (`g`).
 #[inline]
-#[cfg(test)]
 pub(crate) fn rx_segments<D: RxDevice>(
     g: &mut RxPath<D>,
     id: EndpointId,
@@ -2986,13 +2930,10 @@ pub(crate) fn rx_segments<D: RxDevice>(
     now: &mut Option<u64>,
     clock: impl Fn() -> u64,
 ) -> usize {
-    let mut done = nanowire_xdp::Recycler::default();
-    rx_segments_into(g, id, stack, now, clock, None, &mut done)
+    rx_segments_into(g, id, stack, now, clock, None)
 }
 
-/// [`rx_segments`] while an application reads `read.conn` ([`DirectRead`]),
-/// the frames taken in gathered in `done` (given back to the fill ring's
-/// recycle list when the caller flushes it, or when it fills).
+/// [`rx_segments`] while an application reads `read.conn` ([`DirectRead`]).
 #[inline]
 pub(crate) fn rx_segments_into<D: RxDevice>(
     g: &mut RxPath<D>,
@@ -3001,7 +2942,6 @@ pub(crate) fn rx_segments_into<D: RxDevice>(
     now: &mut Option<u64>,
     clock: impl Fn() -> u64,
     mut read: Option<&mut DirectRead<'_>>,
-    done: &mut nanowire_xdp::Recycler,
 ) -> usize {
     // Frames for a UDP socket whose queue is full wait in it past its cap
     // (bounded) rather than being dropped: this turn takes them off the
@@ -3011,8 +2951,10 @@ pub(crate) fn rx_segments_into<D: RxDevice>(
     g.poll(RX_BUDGET);
     g.demux.spill_for(None);
     let mut fed = 0;
-    // The frames go back to the fill ring's recycle list together (one
-    // lock of it per batch, not one per segment), when the caller says.
+    // The frames go back to the fill ring's recycle list together, at the
+    // end (one lock of it per turn, not one per segment); made on the first
+    // segment (an idle turn of a spinning reader makes nothing).
+    let mut done: Option<nanowire_xdp::Recycler> = None;
     while let Some(d) = g.demux.pop(id, &g.page) {
         let t = *now.get_or_insert_with(&clock);
         // A segment with data enough to keep is offered to its connection
@@ -3052,7 +2994,8 @@ pub(crate) fn rx_segments_into<D: RxDevice>(
         }
         // Kept: the held clone of the frame keeps it out of the fill ring
         // until the application read its bytes.
-        d.frame.recycle_into(done);
+        d.frame
+            .recycle_into(done.get_or_insert_with(nanowire_xdp::Recycler::default));
         fed += 1;
     }
     fed
