@@ -288,27 +288,17 @@ fn inetd_style_subprocess_children_get_a_working_socket() {
     );
 }
 
-/// `n` rounds of socket()/sendto/close of a UDP socket to `dst:port`;
-/// prints the process's VmRSS (KiB) after the first `mark` and after all.
-/// (One more socket stays open throughout: the engine lives while any of
-/// the process's sockets does, and each round would start another.)
-const UDP_RSS_LOOP_PY: &str = r#"
-import socket, sys
-dst, port, n, mark = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+/// One round of the memory test: socket()/sendto/close of a UDP socket
+/// to `dst:port` ([`rss_loop_py`]). One more socket stays open throughout:
+/// the engine lives while any of the process's sockets does, and each
+/// round would start another.
+const UDP_ONE_PY: &str = r#"
 keep = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 keep.sendto(b"k", (dst, port))
-def rss():
-    return int([l for l in open("/proc/self/status") if l.startswith("VmRSS:")][0].split()[1])
 def one():
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.sendto(b"x", (dst, port))
     s.close()
-for i in range(mark):
-    one()
-first = rss()
-for i in range(mark, n):
-    one()
-print("sockets", n, "rss_kib", first, rss(), flush=True)
 "#;
 
 /// Issue 20 finding 6: the shim's UDP socket records are reused, not
@@ -332,15 +322,8 @@ fn twenty_thousand_udp_sockets_under_run_keep_memory_bounded() {
     k.wait_for("ready", T);
     let b = ADDR_B.to_string();
     let n = N.to_string();
-    let args = ["python3", "-c", UDP_RSS_LOOP_PY, &b, "9311", &n, "2000"];
-    let rss = |out: &str| -> (u64, u64) {
-        let v: Vec<u64> = line_of(out, &format!("sockets {N} rss_kib"))
-            .split_whitespace()
-            .skip(3)
-            .map(|x| x.parse().unwrap())
-            .collect();
-        (v[0], v[1])
-    };
+    let py = rss_loop_py("sockets", UDP_ONE_PY);
+    let args = ["python3", "-c", &py, &b, "9311", &n, "2000"];
     let run = |c: std::process::Command, what: &str| {
         let mut p = spawn(what, c);
         p.success(T);
@@ -359,12 +342,5 @@ fn twenty_thousand_udp_sockets_under_run_keep_memory_bounded() {
         "sockets on the engine:\n{}",
         err.lines().take(20).collect::<Vec<_>>().join("\n")
     );
-    let (p0, p1) = rss(&plain);
-    let (r0, r1) = rss(&under);
-    eprintln!("VmRSS KiB plain {p0} -> {p1}, under run {r0} -> {r1}");
-    assert!(p1 <= p0 + SLACK_KIB, "plain: {p0} -> {p1} KiB");
-    assert!(
-        r1 <= r0 + SLACK_KIB,
-        "under run the process grew {r0} -> {r1} KiB over 18,000 UDP sockets:\n{under}"
-    );
+    assert_rss_bounded("sockets", N, (&plain, &under), SLACK_KIB);
 }

@@ -632,26 +632,16 @@ while True:
     assert!(out.contains("served"), "{out}");
 }
 
-/// `n` HTTP/1.0 requests, one connection each (the server closes first:
-/// no TIME-WAIT on this side); prints the process's VmRSS (KiB) after the
-/// first `mark` connections and after all of them.
-const RSS_LOOP_PY: &str = r#"
-import socket, sys
-dst, port, n, mark = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-def rss():
-    return int([l for l in open("/proc/self/status") if l.startswith("VmRSS:")][0].split()[1])
+/// One round of the memory test ([`rss_loop_py`]): an HTTP/1.0 request
+/// on a connection of its own (the server closes first: no TIME-WAIT on
+/// this side).
+const HTTP_ONE_PY: &str = r#"
 def one():
     s = socket.create_connection((dst, port), 5)
     s.sendall(b"GET /index.html HTTP/1.0\r\n\r\n")
     while s.recv(65536):
         pass
     s.close()
-for i in range(mark):
-    one()
-first = rss()
-for i in range(mark, n):
-    one()
-print("connections", n, "rss_kib", first, rss(), flush=True)
 "#;
 
 /// Issue 20 finding 6 / issue 21 churn: the shim's per-connection records
@@ -666,24 +656,9 @@ fn twenty_thousand_connections_under_run_keep_memory_bounded() {
     const SLACK_KIB: u64 = 512;
     let lab = lab("rss");
     let _ng = nginx(&lab, 8088, "rss");
-    let args = ["python3", "-c", RSS_LOOP_PY, B, "8088", "20000", "2000"];
-    let rss = |out: &str| -> (u64, u64) {
-        let l = line_of(out, "connections 20000 rss_kib");
-        let v: Vec<u64> = l
-            .split_whitespace()
-            .skip(3)
-            .map(|x| x.parse().unwrap())
-            .collect();
-        (v[0], v[1])
-    };
+    let py = rss_loop_py("connections", HTTP_ONE_PY);
+    let args = ["python3", "-c", &py, B, "8088", "20000", "2000"];
     let plain = output(plain_in(&lab, Host::A, &args), "plain connections");
     let under = output(run_in(&lab, Host::A, &[], &args), "connections under run");
-    let (p0, p1) = rss(&plain);
-    let (r0, r1) = rss(&under);
-    eprintln!("VmRSS KiB plain {p0} -> {p1}, under run {r0} -> {r1}");
-    assert!(p1 <= p0 + SLACK_KIB, "plain: {p0} -> {p1} KiB");
-    assert!(
-        r1 <= r0 + SLACK_KIB,
-        "under run the process grew {r0} -> {r1} KiB over 18,000 connections:\n{under}"
-    );
+    assert_rss_bounded("connections", 20_000, (&plain, &under), SLACK_KIB);
 }

@@ -418,59 +418,72 @@ mod tests {
         );
     }
 
+    /// Each row: (socket kind, level, option, value, what `how` must say).
+    fn check(rows: &[(Kind, c_int, c_int, &[u8], How)]) {
+        for &(k, level, name, val, want) in rows {
+            assert_eq!(
+                how(k, level, name, val),
+                want,
+                "{k:?} {} = {val:?}",
+                name_of(level, name)
+            );
+        }
+    }
+
     #[test]
     fn off_values_keep_the_engine_and_on_values_do_not() {
-        assert_eq!(how(Kind::Udp, S, libc::SO_MARK, &one(0)), How::Keep);
-        assert_eq!(how(Kind::Udp, S, libc::SO_MARK, &one(42)), How::Kernel);
-        assert_eq!(how(Kind::Udp, IP, libc::IP_RECVTTL, &one(1)), How::Kernel);
-        assert_eq!(how(Kind::Udp, IP, libc::IP_PKTINFO, &one(0)), How::Keep);
-        assert_eq!(
-            how(Kind::TcpConn, IP, libc::IP_MINTTL, &one(255)),
-            How::Kernel
-        );
-        assert_eq!(how(Kind::TcpConn, IP, libc::IP_MINTTL, &one(0)), How::Keep);
-        assert_eq!(
-            how(Kind::Udp, IP, libc::IP_MTU_DISCOVER, &one(2)),
-            How::Keep
-        );
-        assert_eq!(
-            how(Kind::Udp, IP, libc::IP_MTU_DISCOVER, &one(0)),
-            How::Kernel
-        );
-        assert_eq!(how(Kind::Udp, S, libc::SO_BINDTODEVICE, b"\0"), How::Keep);
-        assert_eq!(
-            how(Kind::Udp, S, libc::SO_BINDTODEVICE, b"eth0\0"),
-            How::Kernel
-        );
+        check(&[
+            (Kind::Udp, S, libc::SO_MARK, &one(0), How::Keep),
+            (Kind::Udp, S, libc::SO_MARK, &one(42), How::Kernel),
+            (Kind::Udp, IP, libc::IP_RECVTTL, &one(1), How::Kernel),
+            (Kind::Udp, IP, libc::IP_PKTINFO, &one(0), How::Keep),
+            (Kind::TcpConn, IP, libc::IP_MINTTL, &one(255), How::Kernel),
+            (Kind::TcpConn, IP, libc::IP_MINTTL, &one(0), How::Keep),
+            (Kind::Udp, IP, libc::IP_MTU_DISCOVER, &one(2), How::Keep),
+            (Kind::Udp, IP, libc::IP_MTU_DISCOVER, &one(0), How::Kernel),
+            (Kind::Udp, S, libc::SO_BINDTODEVICE, b"\0", How::Keep),
+            (Kind::Udp, S, libc::SO_BINDTODEVICE, b"eth0\0", How::Kernel),
+        ]);
     }
 
     #[test]
     fn unknown_options_are_the_kernels() {
-        assert_eq!(how(Kind::Udp, IP, 9999, &one(1)), How::Kernel);
-        assert_eq!(how(Kind::TcpConn, T, libc::TCP_CORK, &one(1)), How::Kernel);
-        assert_eq!(
-            how(Kind::TcpCandidate, T, libc::TCP_DEFER_ACCEPT, &one(1)),
-            How::Kernel
-        );
-        assert_eq!(
-            how(Kind::TcpCandidate, T, libc::TCP_NODELAY, &one(1)),
-            How::Engine
-        );
-        assert!(name_of(T, libc::TCP_MD5SIG).contains("MD5"));
-        assert_eq!(
-            how(Kind::TcpCandidate, S, libc::SO_SNDBUF, &one(1 << 20)),
-            How::Engine
-        );
-        assert_eq!(
-            how(Kind::TcpConn, S, libc::SO_SNDBUF, &one(1 << 20)),
-            How::Kernel
-        );
         let lg = |on: c_int, secs: c_int| [on.to_ne_bytes(), secs.to_ne_bytes()].concat();
-        assert_eq!(how(Kind::TcpConn, S, libc::SO_LINGER, &lg(1, 0)), How::Keep);
-        assert_eq!(how(Kind::TcpConn, S, libc::SO_LINGER, &lg(0, 5)), How::Keep);
-        assert_eq!(
-            how(Kind::TcpConn, S, libc::SO_LINGER, &lg(1, 5)),
-            How::Kernel
-        );
+        check(&[
+            (Kind::Udp, IP, 9999, &one(1), How::Kernel),
+            (Kind::TcpConn, T, libc::TCP_CORK, &one(1), How::Kernel),
+            (
+                Kind::TcpCandidate,
+                T,
+                libc::TCP_DEFER_ACCEPT,
+                &one(1),
+                How::Kernel,
+            ),
+            (
+                Kind::TcpCandidate,
+                T,
+                libc::TCP_NODELAY,
+                &one(1),
+                How::Engine,
+            ),
+            (
+                Kind::TcpCandidate,
+                S,
+                libc::SO_SNDBUF,
+                &one(1 << 20),
+                How::Engine,
+            ),
+            (
+                Kind::TcpConn,
+                S,
+                libc::SO_SNDBUF,
+                &one(1 << 20),
+                How::Kernel,
+            ),
+            (Kind::TcpConn, S, libc::SO_LINGER, &lg(1, 0), How::Keep),
+            (Kind::TcpConn, S, libc::SO_LINGER, &lg(0, 5), How::Keep),
+            (Kind::TcpConn, S, libc::SO_LINGER, &lg(1, 5), How::Kernel),
+        ]);
+        assert!(name_of(T, libc::TCP_MD5SIG).contains("MD5"));
     }
 }

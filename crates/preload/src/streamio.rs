@@ -6,7 +6,7 @@
 //! is allocated by the caller's lengths: iovecs are received into
 //! directly and gathered for sending in bounded chunks.
 
-use crate::sys::{errno, set_errno};
+use crate::sys::Moved;
 use crate::tcpx::{self, TcpRef};
 use crate::uaccess::{self, Access, fault};
 use libc::{c_int, c_void, iovec, mmsghdr, msghdr, size_t};
@@ -86,8 +86,7 @@ pub fn recv_iov(t: TcpRef, fd: c_int, v: &[iovec], total: usize, flags: c_int) -
     }
     // Straight into each iovec in turn; after the first, only what is
     // already there (unless MSG_WAITALL).
-    let e0 = errno();
-    let mut got = 0usize;
+    let mut m = Moved::start();
     let mut fl = flags;
     for (i, len) in iov::clamped_lens_of(uaccess::segs(v)).enumerate() {
         if len == 0 {
@@ -96,23 +95,16 @@ pub fn recv_iov(t: TcpRef, fd: c_int, v: &[iovec], total: usize, flags: c_int) -
         // SAFETY: `len` bytes at this iovec's base are mapped writable
         // (`bufs_ok` above covered every byte up to `total`).
         let b = unsafe { std::slice::from_raw_parts_mut(v[i].iov_base.cast::<u8>(), len) };
-        let r = tcpx::recv(t, fd, b, fl);
-        if r < 0 {
-            if got > 0 {
-                set_errno(e0);
-                break;
-            }
-            return r;
-        }
-        got += r as usize;
-        if (r as usize) < len {
-            break;
+        match m.step(tcpx::recv(t, fd, b, fl)) {
+            Ok(r) if r < len => break,
+            Ok(_) => {}
+            Err(ret) => return ret,
         }
         if flags & libc::MSG_WAITALL == 0 {
             fl |= libc::MSG_DONTWAIT;
         }
     }
-    got as isize
+    m.end()
 }
 
 /// writev/sendmsg from checked iovecs: one iovec is sent as is, several
@@ -137,8 +129,7 @@ pub fn send_iov(t: TcpRef, fd: c_int, v: &[iovec], total: usize, flags: c_int) -
             return fault(libc::ENOBUFS);
         };
         let Scratch { buf, pieces, segs } = &mut *s;
-        let e0 = errno();
-        let mut sent = 0usize;
+        let mut m = Moved::start();
         segs.clear();
         segs.extend(
             iov::scatter(iov::clamped_lens_of(uaccess::segs(v)), total).map(|p| iov::Seg {
@@ -163,20 +154,13 @@ pub fn send_iov(t: TcpRef, fd: c_int, v: &[iovec], total: usize, flags: c_int) -
                     )
                 });
             }
-            let r = tcpx::send(t, fd, buf, flags);
-            if r < 0 {
-                if sent > 0 {
-                    set_errno(e0);
-                    break;
-                }
-                return r;
-            }
-            sent += r as usize;
-            if (r as usize) < n {
-                break;
+            match m.step(tcpx::send(t, fd, buf, flags)) {
+                Ok(r) if r < n => break,
+                Ok(_) => {}
+                Err(ret) => return ret,
             }
         }
-        sent as isize
+        m.end()
     })
 }
 

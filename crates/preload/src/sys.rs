@@ -45,6 +45,65 @@ pub fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e }
 }
 
+/// Bytes a stream call moved so far, by steps (engine attempts, iovecs,
+/// chunks), under the kernel's rule for an error after some of them: the
+/// call returns what it moved with errno as it found it (the next call
+/// meets the error); only an error before any byte is the call's.
+pub struct Moved {
+    pub done: usize,
+    e0: c_int,
+}
+
+impl Moved {
+    #[inline(always)]
+    pub fn start() -> Moved {
+        Moved {
+            done: 0,
+            e0: errno(),
+        }
+    }
+
+    /// The errno the call found (for a call that hands the rest of its
+    /// work to the kernel).
+    #[inline(always)]
+    pub fn errno_found(&self) -> c_int {
+        self.e0
+    }
+
+    /// A step failed with `en`: the call's return value.
+    #[inline(always)]
+    pub fn fail(self, en: c_int) -> isize {
+        if self.done > 0 {
+            return self.end();
+        }
+        set_errno(en);
+        -1
+    }
+
+    /// A step's result `r` (bytes, or -1 with errno set): `Ok(bytes)`,
+    /// or `Err(the call's return value)`.
+    #[inline(always)]
+    pub fn step(&mut self, r: isize) -> Result<usize, isize> {
+        if r < 0 {
+            return Err(if self.done > 0 { self.end_ref() } else { r });
+        }
+        self.done += r as usize;
+        Ok(r as usize)
+    }
+
+    #[inline(always)]
+    fn end_ref(&self) -> isize {
+        set_errno(self.e0);
+        self.done as isize
+    }
+
+    /// The call's return value when no step failed it.
+    #[inline(always)]
+    pub fn end(self) -> isize {
+        self.end_ref()
+    }
+}
+
 #[inline(always)]
 pub fn now_ns() -> u64 {
     let mut t = libc::timespec {

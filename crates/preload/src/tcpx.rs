@@ -41,8 +41,9 @@ use crate::adapt::Turn;
 use crate::log::log;
 use crate::real;
 use crate::spin::{self, errno, now_ns, set_errno};
-use crate::sys::engine_call;
+use crate::sys::{Moved, engine_call};
 use crate::table;
+use crate::uaccess::fault;
 use libc::{c_int, c_void, sockaddr, socklen_t};
 use nanowire_options::Level;
 use nanowire_shimcore::fdtable::Ref;
@@ -941,6 +942,32 @@ fn log_not(fd: c_int, e: &std::io::Error) {
 
 // ------------------------------------------------------------- waiting
 
+/// An engine attempt's answer, `None` while it would block.
+#[inline(always)]
+fn not_yet(r: Result<usize, XdpTcpError>) -> Option<Result<usize, XdpTcpError>> {
+    match r {
+        Err(XdpTcpError::WouldBlock) => None,
+        r => Some(r),
+    }
+}
+
+/// One `attempt` of a call that does not wait (EAGAIN when it has no
+/// answer), else [`wait_for`] its answer with `timeo_ns`.
+#[inline(always)]
+fn now_or_wait<R>(
+    t: TcpRef,
+    fd: c_int,
+    dontwait: bool,
+    timeo_ns: u64,
+    mut attempt: impl FnMut() -> Option<R>,
+) -> Result<R, c_int> {
+    if dontwait {
+        attempt().ok_or(libc::EAGAIN)
+    } else {
+        wait_for(t, fd, timeo_ns, attempt)
+    }
+}
+
 /// Wait for `attempt` to give an answer: spin per the profile, then sleep
 /// on the socket's engine fds in slices. `Err(errno)` on timeout (EAGAIN)
 /// or signal (EINTR).
@@ -1359,90 +1386,78 @@ pub fn accept(
 
 // ---------------------------------------------------- receive and send
 
-/// Receive into `buf` with `flags` (MSG_PEEK, MSG_DONTWAIT, MSG_WAITALL).
-pub fn recv(t: TcpRef, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
+/// The connection of `t` for a receive or send with `flags`, or the errno
+/// the kernel's socket gives: ENOTCONN for a listener (EBADF for a record
+/// with no engine socket), `refused.1` for a flag in `refused.0` the
+/// engine does not do, EAGAIN (non-blocking) or ENOTCONN while a connect
+/// is still pending.
+fn io_stream(t: TcpRef, flags: c_int, refused: (c_int, c_int)) -> Result<Arc<Inner>, c_int> {
     let Some(i) = t.stream() else {
-        set_errno(if t.listener() {
+        return Err(if t.listener() {
             libc::ENOTCONN
         } else {
             libc::EBADF
         });
-        return -1;
     };
-    let Inner::Stream(s) = &*i else {
-        unreachable!()
-    };
-    // (MSG_OOB: `ops` hands the connection to the kernel first; here only
-    // when that could not be done.)
-    if flags & (libc::MSG_OOB | libc::MSG_ERRQUEUE) != 0 {
-        set_errno(libc::EINVAL);
-        return -1;
+    if flags & refused.0 != 0 {
+        return Err(refused.1);
     }
     if t.connecting.load(Ordering::Acquire) && connect_outcome(t).is_none() {
-        set_errno(if t.common.nonblock() || flags & libc::MSG_DONTWAIT != 0 {
+        return Err(if t.common.nonblock() || flags & libc::MSG_DONTWAIT != 0 {
             libc::EAGAIN
         } else {
             libc::ENOTCONN
         });
-        return -1;
     }
+    Ok(i)
+}
+
+/// Receive into `buf` with `flags` (MSG_PEEK, MSG_DONTWAIT, MSG_WAITALL).
+pub fn recv(t: TcpRef, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
+    // (MSG_OOB: `ops` hands the connection to the kernel first; here only
+    // when that could not be done.)
+    let i = match io_stream(t, flags, (libc::MSG_OOB | libc::MSG_ERRQUEUE, libc::EINVAL)) {
+        Ok(i) => i,
+        Err(en) => return fault(en),
+    };
+    let Inner::Stream(s) = &*i else {
+        unreachable!()
+    };
     if buf.is_empty() {
         return 0;
     }
     let peek = flags & libc::MSG_PEEK != 0;
     let dontwait = flags & libc::MSG_DONTWAIT != 0 || t.common.nonblock();
     let waitall = flags & libc::MSG_WAITALL != 0 && !peek && !dontwait;
-    let e0 = errno();
-    let mut got = 0usize;
+    let mut m = Moved::start();
     loop {
-        let rest = &mut buf[got..];
-        let mut one = || -> Option<Result<usize, XdpTcpError>> {
+        let rest = &mut buf[m.done..];
+        let one = || {
             if t.common.rd_shut() {
                 return Some(Ok(0));
             }
-            match engine_call(|| s.recv_once(&mut *rest, peek)) {
-                Err(XdpTcpError::WouldBlock) => None,
-                r => Some(r),
-            }
+            not_yet(engine_call(|| s.recv_once(&mut *rest, peek)))
         };
-        let r = if dontwait {
-            one().ok_or(libc::EAGAIN)
-        } else {
-            wait_for(t, fd, t.common.rcvtimeo_ns(), &mut one)
-        };
-        match r {
+        match now_or_wait(t, fd, dontwait, t.common.rcvtimeo_ns(), one) {
             Ok(Ok(0)) => break,
             Ok(Ok(n)) => {
-                got += n;
-                if !waitall || got == buf.len() {
+                m.done += n;
+                if !waitall || m.done == buf.len() {
                     break;
                 }
             }
-            Ok(Err(e)) => {
-                if got > 0 {
-                    break;
-                }
-                if e == XdpTcpError::InvalidHandle && handed_over(t, fd) {
-                    // Handed over to the kernel (fork in another thread)
-                    // while this call waited: the kernel carries on.
-                    set_errno(e0);
-                    // SAFETY: the caller's buffer; fd is now a kernel socket.
-                    return unsafe { real::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) };
-                }
-                set_errno(err_no(e));
-                return -1;
+            Ok(Err(e)) if m.done == 0 && e == XdpTcpError::InvalidHandle && handed_over(t, fd) => {
+                // Handed over to the kernel (fork in another thread)
+                // while this call waited: the kernel carries on.
+                set_errno(m.errno_found());
+                // SAFETY: the caller's buffer; fd is now a kernel socket.
+                return unsafe { real::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) };
             }
-            Err(en) => {
-                if got > 0 {
-                    break;
-                }
-                set_errno(en);
-                return -1;
-            }
+            Ok(Err(e)) => return m.fail(err_no(e)),
+            Err(en) => return m.fail(en),
         }
     }
-    set_errno(e0);
-    got as isize
+    m.end()
 }
 
 fn sigpipe(flags: c_int) {
@@ -1454,66 +1469,36 @@ fn sigpipe(flags: c_int) {
 
 /// Send all of `data` (blocking) or what fits (non-blocking).
 pub fn send(t: TcpRef, fd: c_int, data: &[u8], flags: c_int) -> isize {
-    let Some(i) = t.stream() else {
-        set_errno(if t.listener() {
-            libc::ENOTCONN
-        } else {
-            libc::EBADF
-        });
-        return -1;
+    // (MSG_OOB: as in `recv`.)
+    let i = match io_stream(t, flags, (libc::MSG_OOB, libc::EOPNOTSUPP)) {
+        Ok(i) => i,
+        Err(en) => return fault(en),
     };
     let Inner::Stream(s) = &*i else {
         unreachable!()
     };
-    if flags & libc::MSG_OOB != 0 {
-        // `ops` hands the connection to the kernel first; here only when
-        // that could not be done.
-        set_errno(libc::EOPNOTSUPP);
-        return -1;
-    }
-    if t.connecting.load(Ordering::Acquire) && connect_outcome(t).is_none() {
-        set_errno(if t.common.nonblock() || flags & libc::MSG_DONTWAIT != 0 {
-            libc::EAGAIN
-        } else {
-            libc::ENOTCONN
-        });
-        return -1;
-    }
     let dontwait = flags & libc::MSG_DONTWAIT != 0 || t.common.nonblock();
-    let e0 = errno();
-    let mut sent = 0usize;
     if data.is_empty() {
         return 0;
     }
-    while sent < data.len() {
-        let rest = &data[sent..];
-        let mut one = || -> Option<Result<usize, XdpTcpError>> {
-            match engine_call(|| s.send_once(rest)) {
-                Err(XdpTcpError::WouldBlock) => None,
-                r => Some(r),
-            }
-        };
-        let r = if dontwait {
-            one().ok_or(libc::EAGAIN)
-        } else {
-            wait_for(t, fd, t.common.sndtimeo_ns(), &mut one)
-        };
-        match r {
+    let mut m = Moved::start();
+    while m.done < data.len() {
+        let rest = &data[m.done..];
+        let one = || not_yet(engine_call(|| s.send_once(rest)));
+        match now_or_wait(t, fd, dontwait, t.common.sndtimeo_ns(), one) {
             // A non-blocking send that filled the send buffer returns what
             // it queued, as the kernel's does (it does not wait for ACKs
             // to free room and go on: a fast reader would let one call
             // take any amount).
             Ok(Ok(n)) if dontwait && n < rest.len() => {
-                sent += n;
+                m.done += n;
                 break;
             }
-            Ok(Ok(n)) => sent += n,
+            Ok(Ok(n)) => m.done += n,
+            Ok(Err(_)) if m.done > 0 => break,
             Ok(Err(e)) => {
-                if sent > 0 {
-                    break;
-                }
                 if e == XdpTcpError::InvalidHandle && handed_over(t, fd) {
-                    set_errno(e0);
+                    set_errno(m.errno_found());
                     // SAFETY: the caller's bytes; fd is now a kernel socket.
                     return unsafe { real::send(fd, rest.as_ptr().cast(), rest.len(), flags) };
                 }
@@ -1537,20 +1522,12 @@ pub fn send(t: TcpRef, fd: c_int, data: &[u8], flags: c_int) -> isize {
                 if en == libc::EPIPE {
                     sigpipe(flags);
                 }
-                set_errno(en);
-                return -1;
+                return m.fail(en);
             }
-            Err(en) => {
-                if sent > 0 {
-                    break;
-                }
-                set_errno(en);
-                return -1;
-            }
+            Err(en) => return m.fail(en),
         }
     }
-    set_errno(e0);
-    sent as isize
+    m.end()
 }
 
 // readv/writev/recvmsg/sendmsg/recvmmsg/sendmmsg over the caller's

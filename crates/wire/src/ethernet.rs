@@ -1,6 +1,6 @@
 //! Ethernet II frames.
 
-use crate::{Malformed, Result};
+use crate::Result;
 
 pub const HEADER_LEN: usize = 14;
 
@@ -90,30 +90,18 @@ impl From<EtherType> for u16 {
     }
 }
 
-/// A view of an Ethernet II frame. Invariant: `buffer.len() >= HEADER_LEN`
-/// once `new_checked` succeeded.
-#[derive(Debug, Clone)]
-pub struct EthernetFrame<T: AsRef<[u8]>> {
-    buffer: T,
-}
+view!(
+    /// A view of an Ethernet II frame. Invariant: `buffer.len() >= HEADER_LEN`
+    /// once `new_checked` succeeded.
+    EthernetFrame,
+    fixed: HEADER_LEN
+);
 
 impl<T: AsRef<[u8]>> EthernetFrame<T> {
     #[inline]
-    pub fn new_unchecked(buffer: T) -> Self {
-        EthernetFrame { buffer }
-    }
-
-    #[inline]
     pub fn new_checked(buffer: T) -> Result<Self> {
-        if buffer.as_ref().len() < HEADER_LEN {
-            return Err(Malformed::Truncated);
-        }
+        Self::fixed(&buffer)?;
         Ok(EthernetFrame { buffer })
-    }
-
-    #[inline]
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     #[inline]
@@ -188,6 +176,7 @@ impl EthernetRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Malformed;
 
     #[test]
     fn short_frame_is_truncated() {

@@ -16,24 +16,13 @@ pub const PROTO_IGMP: u8 = 2;
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
 
-#[derive(Debug, Clone)]
-pub struct Ipv4Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+view!(Ipv4Packet, fixed: HEADER_LEN);
 
 impl<T: AsRef<[u8]>> Ipv4Packet<T> {
-    #[inline]
-    pub fn new_unchecked(buffer: T) -> Self {
-        Ipv4Packet { buffer }
-    }
-
     /// Validate version, IHL and total length against the buffer.
     #[inline]
     pub fn new_checked(buffer: T) -> Result<Self> {
-        let b = buffer.as_ref();
-        if b.len() < HEADER_LEN {
-            return Err(Malformed::Truncated);
-        }
+        let b = Self::fixed(&buffer)?;
         if b[0] >> 4 != 4 {
             return Err(Malformed::BadVersion);
         }
@@ -49,27 +38,16 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     }
 
     #[inline]
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
-    #[inline]
     pub fn header_len(&self) -> usize {
         usize::from(self.buffer.as_ref()[0] & 0x0f) * 4
     }
-    #[inline]
-    pub fn dscp_ecn(&self) -> u8 {
-        self.buffer.as_ref()[1]
-    }
-    #[inline]
-    pub fn total_len(&self) -> u16 {
-        let b = self.buffer.as_ref();
-        u16::from_be_bytes([b[2], b[3]])
-    }
-    #[inline]
-    pub fn ident(&self) -> u16 {
-        let b = self.buffer.as_ref();
-        u16::from_be_bytes([b[4], b[5]])
+    be_fields! {
+        dscp_ecn: u8 = 1;
+        total_len: u16 = 2;
+        ident: u16 = 4;
+        ttl: u8 = 8;
+        protocol: u8 = 9;
+        header_checksum: u16 = 10;
     }
     #[inline]
     pub fn more_fragments(&self) -> bool {
@@ -88,19 +66,6 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     #[inline]
     pub fn is_fragment(&self) -> bool {
         self.more_fragments() || self.frag_offset() != 0
-    }
-    #[inline]
-    pub fn ttl(&self) -> u8 {
-        self.buffer.as_ref()[8]
-    }
-    #[inline]
-    pub fn protocol(&self) -> u8 {
-        self.buffer.as_ref()[9]
-    }
-    #[inline]
-    pub fn header_checksum(&self) -> u16 {
-        let b = self.buffer.as_ref();
-        u16::from_be_bytes([b[10], b[11]])
     }
     #[inline]
     pub fn src(&self) -> Ipv4Addr {
@@ -305,40 +270,17 @@ mod tests {
     #[test]
     fn rejects_every_bad_field() {
         let good = sample(8);
-        assert_eq!(
-            Ipv4Packet::new_checked(&good[..19]).unwrap_err(),
-            Malformed::Truncated
-        );
-
-        let mut b = good.clone();
-        b[0] = 0x65;
-        assert_eq!(
-            Ipv4Packet::new_checked(&b[..]).unwrap_err(),
-            Malformed::BadVersion
-        );
-
-        let mut b = good.clone();
-        b[0] = 0x44;
-        assert_eq!(
-            Ipv4Packet::new_checked(&b[..]).unwrap_err(),
-            Malformed::BadIhl
-        );
-        b[0] = 0x4f; // 60 bytes > 28
-        assert_eq!(
-            Ipv4Packet::new_checked(&b[..]).unwrap_err(),
-            Malformed::BadIhl
-        );
-
-        let mut b = good.clone();
-        b[2..4].copy_from_slice(&100u16.to_be_bytes());
-        assert_eq!(
-            Ipv4Packet::new_checked(&b[..]).unwrap_err(),
-            Malformed::BadTotalLength
-        );
-        b[2..4].copy_from_slice(&10u16.to_be_bytes());
-        assert_eq!(
-            Ipv4Packet::new_checked(&b[..]).unwrap_err(),
-            Malformed::BadTotalLength
+        crate::assert_refused(
+            |b| Ipv4Packet::new_checked(b).map(drop),
+            &good,
+            &[
+                (19, b"", Malformed::Truncated),
+                (0, &[0x65], Malformed::BadVersion),
+                (0, &[0x44], Malformed::BadIhl),
+                (0, &[0x4f], Malformed::BadIhl), // 60 bytes > 28
+                (2, &100u16.to_be_bytes(), Malformed::BadTotalLength),
+                (2, &10u16.to_be_bytes(), Malformed::BadTotalLength),
+            ],
         );
 
         let mut b = good.clone();

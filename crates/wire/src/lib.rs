@@ -9,6 +9,58 @@
 //! No `unsafe` lives in this crate.
 #![forbid(unsafe_code)]
 
+/// The struct of a checked view over a buffer (see the crate doc) with its
+/// `new_unchecked`, `into_inner` and `fixed` (the buffer when it holds at
+/// least the view's fixed header, else `Truncated`: where every
+/// `new_checked` starts). `new_checked` and the accessors are the view's own.
+macro_rules! view {
+    ($(#[$doc:meta])* $name:ident, fixed: $min:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        pub struct $name<T: AsRef<[u8]>> {
+            buffer: T,
+        }
+
+        impl<T: AsRef<[u8]>> $name<T> {
+            /// A view of a buffer built here, not checked: an accessor may
+            /// panic on a buffer shorter than what it reads.
+            #[inline]
+            pub fn new_unchecked(buffer: T) -> Self {
+                $name { buffer }
+            }
+
+            #[inline]
+            pub fn into_inner(self) -> T {
+                self.buffer
+            }
+
+            #[inline]
+            fn fixed(buffer: &T) -> $crate::Result<&[u8]> {
+                let b = buffer.as_ref();
+                if b.len() < $min {
+                    return Err($crate::Malformed::Truncated);
+                }
+                Ok(b)
+            }
+        }
+    };
+}
+
+/// Big-endian header fields at fixed offsets: `name: type = offset;` is
+/// `pub fn name(&self) -> type` reading `size_of::<type>()` bytes there
+/// (inside the fixed header `new_checked` asked for, so never out of range).
+macro_rules! be_fields {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty = $at:expr;)*) => {$(
+        $(#[$doc])*
+        #[inline]
+        pub fn $name(&self) -> $ty {
+            const AT: usize = $at;
+            let b: &[u8] = self.buffer.as_ref();
+            <$ty>::from_be_bytes(b[AT..AT + size_of::<$ty>()].try_into().expect("a fixed width"))
+        }
+    )*};
+}
+
 pub mod checksum;
 pub mod ethernet;
 pub mod ipv4;
@@ -82,6 +134,27 @@ impl std::fmt::Display for Malformed {
 impl std::error::Error for Malformed {}
 
 pub type Result<T> = core::result::Result<T, Malformed>;
+
+/// Table-driven refusal test shared by the views: each row writes `bytes`
+/// at `at` into a copy of `good` (a short row `(n, b"", _)` with `n` below
+/// `good`'s length keeps only the first `n` bytes instead) and asserts that
+/// `check` refuses the result with exactly that error.
+#[cfg(test)]
+pub(crate) fn assert_refused(
+    check: impl Fn(&[u8]) -> Result<()>,
+    good: &[u8],
+    rows: &[(usize, &[u8], Malformed)],
+) {
+    for &(at, bytes, want) in rows {
+        let mut b = good.to_vec();
+        if bytes.is_empty() {
+            b.truncate(at);
+        } else {
+            b[at..at + bytes.len()].copy_from_slice(bytes);
+        }
+        assert_eq!(check(&b).unwrap_err(), want, "{bytes:?} at {at}");
+    }
+}
 
 /// Deterministic pseudo-random test bytes (xorshift64), shared by the
 /// views' sweep tests.

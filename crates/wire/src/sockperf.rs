@@ -21,38 +21,20 @@ pub const FLAG_CLIENT: u16 = 1;
 pub const FLAG_PONG_REQUEST: u16 = 2;
 pub const FLAG_WARMUP: u16 = 4;
 
-#[derive(Debug, Clone)]
-pub struct SockperfHeader<T: AsRef<[u8]>> {
-    buffer: T,
-}
+view!(SockperfHeader, fixed: SOCKPERF_HEADER_LEN);
 
 impl<T: AsRef<[u8]>> SockperfHeader<T> {
-    pub fn new_unchecked(buffer: T) -> Self {
-        SockperfHeader { buffer }
-    }
-
     /// The buffer must hold at least the 14-byte header.
     pub fn new_checked(buffer: T) -> Result<Self> {
-        if buffer.as_ref().len() < SOCKPERF_HEADER_LEN {
-            return Err(Malformed::Truncated);
-        }
+        Self::fixed(&buffer)?;
         Ok(SockperfHeader { buffer })
     }
 
-    pub fn seq(&self) -> u64 {
-        let b = self.buffer.as_ref();
-        let mut s = [0u8; 8];
-        s.copy_from_slice(&b[0..8]);
-        u64::from_be_bytes(s)
-    }
-    pub fn flags(&self) -> u16 {
-        let b = self.buffer.as_ref();
-        u16::from_be_bytes([b[8], b[9]])
-    }
-    /// Total message length as written by the sender (header included).
-    pub fn length(&self) -> u32 {
-        let b = self.buffer.as_ref();
-        u32::from_be_bytes([b[10], b[11], b[12], b[13]])
+    be_fields! {
+        seq: u64 = 0;
+        flags: u16 = 8;
+        /// Total message length as written by the sender (header included).
+        length: u32 = 10;
     }
     pub fn is_client(&self) -> bool {
         self.flags() & FLAG_CLIENT != 0

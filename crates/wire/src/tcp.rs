@@ -55,24 +55,13 @@ impl Flags {
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct TcpSegment<T: AsRef<[u8]>> {
-    buffer: T,
-}
+view!(TcpSegment, fixed: HEADER_LEN);
 
 impl<T: AsRef<[u8]>> TcpSegment<T> {
-    #[inline]
-    pub fn new_unchecked(buffer: T) -> Self {
-        TcpSegment { buffer }
-    }
-
     /// `buffer` is exactly the IP payload.
     #[inline]
     pub fn new_checked(buffer: T) -> Result<Self> {
-        let b = buffer.as_ref();
-        if b.len() < HEADER_LEN {
-            return Err(Malformed::Truncated);
-        }
+        let b = Self::fixed(&buffer)?;
         let off = usize::from(b[12] >> 4) * 4;
         if off < HEADER_LEN || off > b.len() {
             return Err(Malformed::BadTcpDataOffset);
@@ -84,23 +73,14 @@ impl<T: AsRef<[u8]>> TcpSegment<T> {
     fn b(&self) -> &[u8] {
         self.buffer.as_ref()
     }
-    #[inline]
-    pub fn src_port(&self) -> u16 {
-        u16::from_be_bytes([self.b()[0], self.b()[1]])
-    }
-    #[inline]
-    pub fn dst_port(&self) -> u16 {
-        u16::from_be_bytes([self.b()[2], self.b()[3]])
-    }
-    #[inline]
-    pub fn seq(&self) -> u32 {
-        let b = self.b();
-        u32::from_be_bytes([b[4], b[5], b[6], b[7]])
-    }
-    #[inline]
-    pub fn ack(&self) -> u32 {
-        let b = self.b();
-        u32::from_be_bytes([b[8], b[9], b[10], b[11]])
+    be_fields! {
+        src_port: u16 = 0;
+        dst_port: u16 = 2;
+        seq: u32 = 4;
+        ack: u32 = 8;
+        window: u16 = 14;
+        checksum: u16 = 16;
+        urgent: u16 = 18;
     }
     #[inline]
     pub fn header_len(&self) -> usize {
@@ -109,18 +89,6 @@ impl<T: AsRef<[u8]>> TcpSegment<T> {
     #[inline]
     pub fn flags(&self) -> Flags {
         Flags(self.b()[13])
-    }
-    #[inline]
-    pub fn window(&self) -> u16 {
-        u16::from_be_bytes([self.b()[14], self.b()[15]])
-    }
-    #[inline]
-    pub fn checksum(&self) -> u16 {
-        u16::from_be_bytes([self.b()[16], self.b()[17]])
-    }
-    #[inline]
-    pub fn urgent(&self) -> u16 {
-        u16::from_be_bytes([self.b()[18], self.b()[19]])
     }
     #[inline]
     pub fn options(&self) -> &[u8] {
@@ -492,20 +460,14 @@ mod tests {
             ..TcpRepr::default()
         };
         let b = build(&r, b"x");
-        assert_eq!(
-            TcpSegment::new_checked(&b[..19]).unwrap_err(),
-            Malformed::Truncated
-        );
-        let mut c = b.clone();
-        c[12] = 4 << 4;
-        assert_eq!(
-            TcpSegment::new_checked(&c[..]).unwrap_err(),
-            Malformed::BadTcpDataOffset
-        );
-        c[12] = 15 << 4;
-        assert_eq!(
-            TcpSegment::new_checked(&c[..]).unwrap_err(),
-            Malformed::BadTcpDataOffset
+        crate::assert_refused(
+            |b| TcpSegment::new_checked(b).map(drop),
+            &b,
+            &[
+                (19, b"", Malformed::Truncated),
+                (12, &[4 << 4], Malformed::BadTcpDataOffset),
+                (12, &[15 << 4], Malformed::BadTcpDataOffset),
+            ],
         );
         for bad in [[2u8, 3, 0, 0], [2, 0, 0, 0], [2, 9, 0, 0], [3, 4, 0, 0]] {
             let mut c = b.clone();

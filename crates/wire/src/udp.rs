@@ -13,10 +13,7 @@ pub const HEADER_LEN: usize = 8;
 /// Largest UDP payload over IPv4 (65535 - 20 - 8).
 pub const MAX_PAYLOAD: usize = 65507;
 
-#[derive(Debug, Clone)]
-pub struct UdpDatagram<T: AsRef<[u8]>> {
-    buffer: T,
-}
+view!(UdpDatagram, fixed: HEADER_LEN);
 
 /// What the receive path concluded about the checksum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,19 +55,11 @@ impl ChecksumState {
 }
 
 impl<T: AsRef<[u8]>> UdpDatagram<T> {
-    #[inline]
-    pub fn new_unchecked(buffer: T) -> Self {
-        UdpDatagram { buffer }
-    }
-
     /// `buffer` is the IP payload. The UDP length must be at least 8 and at
     /// most the IP payload length.
     #[inline]
     pub fn new_checked(buffer: T) -> Result<Self> {
-        let b = buffer.as_ref();
-        if b.len() < HEADER_LEN {
-            return Err(Malformed::Truncated);
-        }
+        let b = Self::fixed(&buffer)?;
         let len = usize::from(u16::from_be_bytes([b[4], b[5]]));
         if len < HEADER_LEN || len > b.len() {
             return Err(Malformed::BadUdpLength);
@@ -78,33 +67,15 @@ impl<T: AsRef<[u8]>> UdpDatagram<T> {
         Ok(UdpDatagram { buffer })
     }
 
-    #[inline]
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-    #[inline]
-    pub fn src_port(&self) -> u16 {
-        let b = self.buffer.as_ref();
-        u16::from_be_bytes([b[0], b[1]])
-    }
-    #[inline]
-    pub fn dst_port(&self) -> u16 {
-        let b = self.buffer.as_ref();
-        u16::from_be_bytes([b[2], b[3]])
-    }
-    #[inline]
-    pub fn len(&self) -> u16 {
-        let b = self.buffer.as_ref();
-        u16::from_be_bytes([b[4], b[5]])
+    be_fields! {
+        src_port: u16 = 0;
+        dst_port: u16 = 2;
+        len: u16 = 4;
+        checksum: u16 = 6;
     }
     #[inline]
     pub fn is_empty(&self) -> bool {
         self.len() as usize == HEADER_LEN
-    }
-    #[inline]
-    pub fn checksum(&self) -> u16 {
-        let b = self.buffer.as_ref();
-        u16::from_be_bytes([b[6], b[7]])
     }
     #[inline]
     pub fn payload(&self) -> &[u8] {
@@ -271,20 +242,14 @@ mod tests {
     #[test]
     fn length_checks() {
         let b = datagram(b"abcd");
-        assert_eq!(
-            UdpDatagram::new_checked(&b[..7]).unwrap_err(),
-            Malformed::Truncated
-        );
-        let mut c = b.clone();
-        c[4..6].copy_from_slice(&100u16.to_be_bytes());
-        assert_eq!(
-            UdpDatagram::new_checked(&c[..]).unwrap_err(),
-            Malformed::BadUdpLength
-        );
-        c[4..6].copy_from_slice(&7u16.to_be_bytes());
-        assert_eq!(
-            UdpDatagram::new_checked(&c[..]).unwrap_err(),
-            Malformed::BadUdpLength
+        crate::assert_refused(
+            |b| UdpDatagram::new_checked(b).map(drop),
+            &b,
+            &[
+                (7, b"", Malformed::Truncated),
+                (4, &100u16.to_be_bytes(), Malformed::BadUdpLength),
+                (4, &7u16.to_be_bytes(), Malformed::BadUdpLength),
+            ],
         );
         // Shorter UDP length than buffer: payload is bounded by the field.
         let mut c = b.clone();

@@ -323,6 +323,53 @@ pub fn line_of<'a>(out: &'a str, key: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {key:?} line in:\n{out}"))
 }
 
+/// A Python program for the memory-bound tests (argv: dst port n mark):
+/// `one` (Python source: module-level set-up, then `def one():`, one
+/// socket's life) runs n times; the program prints `<what> n rss_kib A B`,
+/// the process's VmRSS (KiB) after the first `mark` rounds (A) and after
+/// all of them (B). Read it with [`assert_rss_bounded`].
+pub fn rss_loop_py(what: &str, one: &str) -> String {
+    format!(
+        r#"
+import socket, sys
+dst, port, n, mark = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+def rss():
+    return int([l for l in open("/proc/self/status") if l.startswith("VmRSS:")][0].split()[1])
+{one}
+for i in range(mark):
+    one()
+first = rss()
+for i in range(mark, n):
+    one()
+print("{what}", n, "rss_kib", first, rss(), flush=True)
+"#
+    )
+}
+
+/// The bound of the memory tests ([`rss_loop_py`]'s outputs, plainly and
+/// under run): after all `n` rounds the process's resident memory is what
+/// it was after the first `mark` plus at most `slack_kib` (a record leaked
+/// per socket grows it by megabytes over 18,000 rounds).
+#[track_caller]
+pub fn assert_rss_bounded(what: &str, n: usize, (plain, under): (&str, &str), slack_kib: u64) {
+    let rss = |out: &str| -> (u64, u64) {
+        let v: Vec<u64> = line_of(out, &format!("{what} {n} rss_kib"))
+            .split_whitespace()
+            .skip(3)
+            .map(|x| x.parse().unwrap())
+            .collect();
+        (v[0], v[1])
+    };
+    let (p0, p1) = rss(plain);
+    let (r0, r1) = rss(under);
+    eprintln!("VmRSS KiB plain {p0} -> {p1}, under run {r0} -> {r1}");
+    assert!(p1 <= p0 + slack_kib, "plain: {p0} -> {p1} KiB");
+    assert!(
+        r1 <= r0 + slack_kib,
+        "under run the process grew {r0} -> {r1} KiB over {n} {what}:\n{under}"
+    );
+}
+
 /// A differential check: `got` (the program's stdout under `nanowire run`)
 /// is `want` (its stdout run plainly), to the byte; a difference names
 /// every line that differs, then both outputs and `context` (what else
