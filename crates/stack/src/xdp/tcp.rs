@@ -785,6 +785,34 @@ impl TcpEngine {
     /// what arrives in order for it goes straight into its buffer
     /// ([`DirectRead`]) while its receive ring is empty.
     fn turn_into(&self, core: &mut Core, timers: bool, read: Option<&mut DirectRead<'_>>) -> bool {
+        // A QUIET TURN: an application's idle turn (a spinning reader's
+        // look, a readiness pass) while nothing was delivered to any
+        // endpoint since this stack's queue was last drained, nothing waits
+        // on the RX rings, no segment waits for a next hop and the stack
+        // has nothing to send: the receive half would find nothing, so the
+        // turn ends here without the RX lock and the poll. It keeps what
+        // that poll of an empty ring did for the next segment's latency
+        // (`Engine::rx_wait_quiet`, as a UDP receive's quiet turn): the
+        // next RX descriptor slot and the predicted next frame are
+        // prefetched, and it is not quiet while frames wait to go back to
+        // the fill ring, so the last segment's frame is refilled by the
+        // first turn of this wait (after the reply went out), not by the
+        // poll that finds the next segment (session 14's 709f93b skipped
+        // both: p50 1.20x worse, reverted in 30c5640). Every
+        // IDLE_CLOCK_EVERY-th turn is whole (the clock and the timers,
+        // counters); the timer service's turns are always whole.
+        if !timers
+            && core.parked.is_empty()
+            && !core.turns.wrapping_add(1).is_multiple_of(IDLE_CLOCK_EVERY)
+            && !core.stack.wants_transmit()
+            && core.rx_mark.is_some_and(|m| self.engine.rx_wait_quiet(m))
+        {
+            core.turns = core.turns.wrapping_add(1);
+            // An application call (a read that emptied the receive ring, a
+            // write) may have changed what ends a connection.
+            publish_ends(core);
+            return false;
+        }
         // The clock is read only when a segment came, and on every
         // IDLE_CLOCK_EVERY-th idle turn for the timers (ms-scale): a
         // spinning reader turns millions of times a second.
