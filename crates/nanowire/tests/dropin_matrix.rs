@@ -45,13 +45,6 @@ fn script(name: &str) -> String {
     tests_dir().join(name).to_string_lossy().into_owned()
 }
 
-/// This test process's private scratch directory (fresh, mode 0700).
-fn scratch_dir() -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| nanowire_lab::tmp::private_dir("nanowire-dropin").unwrap())
-        .clone()
-}
-
 /// The C semantics program, compiled once per test binary.
 fn sem() -> String {
     static BIN: OnceLock<String> = OnceLock::new();

@@ -154,3 +154,52 @@ fn log_info_says_why_each_socket_is_not_accelerated() {
         "{err}"
     );
 }
+
+/// Not a test on its own: the child side of
+/// `a_test_binarys_scratch_goes_when_it_exits` (does nothing unless that
+/// test runs this binary with NANOWIRE_SCRATCH_PROBE set).
+#[test]
+fn scratch_probe() {
+    let Some(how) = std::env::var_os("NANOWIRE_SCRATCH_PROBE") else {
+        return;
+    };
+    std::fs::write(scratch("small.out"), b"kept for a look").unwrap();
+    std::fs::write(scratch("body.bin"), vec![7u8; 2 << 20]).unwrap();
+    println!("scratch={}", scratch_dir().display());
+    assert_ne!(how, "fail", "a failing test");
+}
+
+/// A test binary's scratch directory goes when the binary exits (the suite
+/// once filled the disk with them): all of it after a passing run; after a
+/// failing one only its big files (the failure's outputs stay for a look
+/// until a later binary sweeps them).
+#[test]
+fn a_test_binarys_scratch_goes_when_it_exits() {
+    for how in ["pass", "fail"] {
+        let o = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "scratch_probe",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("NANOWIRE_SCRATCH_PROBE", how)
+            .env_remove("NANOWIRE_KEEP_SCRATCH")
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.success(), how == "pass", "{how}: {o:?}");
+        let dir = out
+            .lines()
+            .find_map(|l| l.split_once("scratch=").map(|(_, d)| d))
+            .unwrap_or_else(|| panic!("{how}: no scratch line\n{out}"));
+        let dir = std::path::Path::new(dir);
+        if how == "pass" {
+            assert!(!dir.exists(), "{} left after a passing run", dir.display());
+        } else {
+            assert!(dir.join("small.out").is_file(), "{how}: outputs gone");
+            assert!(!dir.join("body.bin").exists(), "{how}: big file left");
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+    }
+}

@@ -20,19 +20,20 @@ fn probe() -> String {
     )
 }
 
-/// A 50 MB file of pseudo-random bytes in the private scratch directory,
-/// and its "SHA LEN"; one file per test (they run in parallel: a shared
-/// one would be rewritten under another test's reader).
-fn file(tag: &str) -> (String, String) {
-    let path = scratch(&format!("body-{tag}.bin"));
-    std::fs::write(&path, xorshift_bytes(SIZE, 0x9e37_79b9_7f4a_7c15)).unwrap();
+/// A 50 MB file of pseudo-random bytes in the private scratch directory
+/// (removed when the test ends, passed or failed), and its "SHA LEN"; one
+/// file per test (they run in parallel: a shared one would be rewritten
+/// under another test's reader).
+fn file(tag: &str) -> (ScratchFile, String) {
+    let path = ScratchFile(scratch(&format!("body-{tag}.bin")));
+    std::fs::write(&*path, xorshift_bytes(SIZE, 0x9e37_79b9_7f4a_7c15)).unwrap();
     let o = std::process::Command::new("sha256sum")
-        .arg(&path)
+        .arg(&*path)
         .output()
         .expect("sha256sum");
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     let sha = out.split_whitespace().next().unwrap().to_string();
-    (path.to_string_lossy().into_owned(), format!("{sha} {SIZE}"))
+    (path, format!("{sha} {SIZE}"))
 }
 
 const PLACEMENTS: [(bool, bool); 4] = [(false, false), (true, false), (false, true), (true, true)];
@@ -40,8 +41,9 @@ const PLACEMENTS: [(bool, bool); 4] = [(false, false), (true, false), (false, tr
 /// The server sends the file (`mode`: sendfile, splice) to the client in
 /// all four placements, ports `base`.., a lab tagged `tag`.
 fn serve_and_fetch(tag: &str, mode: &str, base: u16) {
-    let (l, (path, want)) = (&lab(tag), file(tag));
-    let (path, want) = (path.as_str(), want.as_str());
+    let (l, (body, want)) = (&lab(tag), file(tag));
+    let path = body.to_string_lossy();
+    let (path, want) = (&*path, want.as_str());
     let b = ADDR_B.to_string();
     for (i, (srv_run, cli_run)) in PLACEMENTS.into_iter().enumerate() {
         let port = (base + i as u16).to_string();
@@ -91,7 +93,8 @@ fn splice_from_a_pipe_into_the_connection_in_all_four_placements() {
 #[ignore = "needs root"]
 fn splice_from_the_connection_into_a_pipe() {
     let l = lab("si");
-    let (path, want) = file("si");
+    let (body, want) = file("si");
+    let path = body.to_string_lossy();
     let b = ADDR_B.to_string();
     for (i, (srv_run, cli_run)) in PLACEMENTS.into_iter().enumerate() {
         let port = (15300 + i as u16).to_string();

@@ -11,11 +11,10 @@ use std::time::{Duration, Instant};
 /// Compile the C test program `src` (relative to this crate) to `name`,
 /// in a directory of this test process next to the `nanowire` binary (not
 /// in world-writable /tmp: the tests run as root).
+/// Its directory is removed when the binary exits (see [`scratch_dir`]).
 pub fn build_c(name: &str, src: &str) -> PathBuf {
-    let dir = Path::new(nanowire())
-        .parent()
-        .unwrap()
-        .join(format!("c-tests-{}", std::process::id()));
+    let dir = c_dir();
+    scratch_dir();
     std::fs::create_dir_all(&dir).unwrap();
     let bin = dir.join(name);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(src);
@@ -27,6 +26,52 @@ pub fn build_c(name: &str, src: &str) -> PathBuf {
         .expect("cc (gcc) is needed for this test");
     assert!(st.success(), "compiling {} failed", src.display());
     bin
+}
+
+/// A scratch file removed when dropped (a test's big body goes when the
+/// test ends, not with the binary's directory).
+pub struct ScratchFile(pub PathBuf);
+
+impl std::ops::Deref for ScratchFile {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// [`build_c`]'s directory of this test binary: `c-tests-<pid>` next to
+/// the `nanowire` binary.
+fn c_dir() -> PathBuf {
+    Path::new(nanowire())
+        .parent()
+        .unwrap()
+        .join(format!("c-tests-{}", std::process::id()))
+}
+
+/// Remove [`build_c`] directories of test binaries that are gone (beside
+/// the `nanowire` binary in the target directory: not world-writable).
+fn sweep_c_dirs() {
+    let dir = Path::new(nanowire()).parent().unwrap();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let pid = name.to_str().and_then(|n| n.strip_prefix("c-tests-"));
+        let Some(pid) = pid.and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        // SAFETY: kill with signal 0 sends nothing; it only asks whether
+        // the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone && pid as u32 != std::process::id() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// `nanowire ARGS` run here (no lab) to its end: its output.
@@ -88,9 +133,73 @@ pub struct Kid {
 /// A path for `name` in this test process's private scratch directory
 /// (fresh, mode 0700, checked to be ours: never a predictable /tmp path).
 pub fn scratch(name: &str) -> PathBuf {
+    scratch_dir().join(name)
+}
+
+/// The tags of the private directories (`nanowire_lab::tmp::private_dir`)
+/// the test binaries make in the temporary directory: swept when their
+/// process is gone.
+pub const SCRATCH_TAGS: &[&str] = &[
+    "nanowire-ts-",
+    "nanowire-dropin-",
+    "nwcap",
+    "nw-report-",
+    "nwout-",
+    "tb_fulllog-",
+    "nanowire-report-capture-",
+    "nanowire-tmp-test-",
+];
+
+/// This test process's private scratch directory. Made once per test
+/// binary; first the directories of test binaries that are gone are
+/// removed ([`SCRATCH_TAGS`], `nanowire_lab::tmp::sweep_stale`: a binary
+/// killed by a timeout never removes its own), and this one goes when the
+/// binary exits ([`remove_scratch_at_exit`]).
+pub fn scratch_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| nanowire_lab::tmp::private_dir("nanowire-ts").unwrap())
-        .join(name)
+    DIR.get_or_init(|| {
+        nanowire_lab::tmp::sweep_stale(SCRATCH_TAGS, Duration::from_secs(60));
+        sweep_c_dirs();
+        let d = nanowire_lab::tmp::private_dir("nanowire-ts").unwrap();
+        remove_scratch_at_exit(d.clone());
+        d
+    })
+}
+
+/// Remove `dir` (and [`build_c`]'s directory) when this test binary exits
+/// (libtest ends with `exit`, which runs `atexit` handlers): all of it if
+/// no test failed, otherwise only its files over 1 MiB (the failure's
+/// outputs stay for a look; the next binary's sweep removes the rest once
+/// this process is gone). `NANOWIRE_KEEP_SCRATCH=1` keeps everything.
+fn remove_scratch_at_exit(dir: PathBuf) {
+    static AT_EXIT: OnceLock<PathBuf> = OnceLock::new();
+    static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if std::env::var_os("NANOWIRE_KEEP_SCRATCH").is_some_and(|v| v == "1")
+        || AT_EXIT.set(dir).is_err()
+    {
+        return;
+    }
+    let next = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
+        next(info)
+    }));
+    extern "C" fn at_exit() {
+        let Some(dir) = AT_EXIT.get() else { return };
+        let _ = std::fs::remove_dir_all(c_dir());
+        if !FAILED.load(std::sync::atomic::Ordering::Relaxed) {
+            let _ = std::fs::remove_dir_all(dir);
+            return;
+        }
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.metadata().is_ok_and(|m| m.is_file() && m.len() > 1 << 20) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    // SAFETY: atexit only records a function pointer; `at_exit` is an
+    // `extern "C" fn` that does not unwind (its removals return errors).
+    unsafe { libc::atexit(at_exit) };
 }
 
 pub fn spawn(name: &str, mut cmd: Command) -> Kid {
