@@ -20,13 +20,23 @@ own (the default lab: TSO/GSO on, one queue), the other end is a plain iperf3 (o
     scripts/bulkwork.py --end server --tool strace     # receiver under run, syscalls
     scripts/bulkwork.py --end client --tool none       # counters only (no valgrind, fast)
     scripts/bulkwork.py --end both                     # both under run, the receiver counted
+    scripts/bulkwork.py --end server --tool none --capture   # + the receiver's ACK delay
+
+* capture (`--capture`): `nanowire capture` of the client's veth (host a, kernel packet taps:
+  a data frame is stamped as the sender hands it to the veth, an ACK as it arrives from the
+  receiver; snaplen 128), and from it per connection: ACKs per MB, bytes per ACK, and each
+  advancing ACK's delay after the NEWEST data it covers (how long the receiver sat on what it
+  had: the ring wait + the turn) and after the OLDEST data it newly covers (the round trip the
+  sender's RTT estimate and congestion control see), p50/p90/p99 in µs. With `--end both` or
+  `client` the client's engine is tapped instead (its RX stamp is when the engine takes a frame
+  off its ring, later than the arrival).
 
 Prints one JSON object (and a short table on stderr).
 """
-import argparse, collections, json, os, re, subprocess, sys, tempfile, threading, time
+import argparse, bisect, collections, json, os, re, signal, statistics, struct, subprocess, sys, tempfile, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worklib import largest_profile, ns, strace_counts, wrap  # noqa: E402
+from worklib import largest_profile, ns, perf_counts, read_pcapng, strace_counts, wrap  # noqa: E402
 
 NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
 A, B = "198.18.0.1", "198.18.0.2"
@@ -66,14 +76,30 @@ def engine_counters(doc, lab, host):
 def run_once(args, lab, out):
     env = dict(os.environ, NANOWIRE_LOG="error")
     run = [NW, "run", "--engine", "xdp", "--"]
-    srv = ["iperf3", "-s", "-1", "-B", B, "-p", str(PORT)]
-    cli = ["iperf3", "-c", B, "-p", str(PORT), "-P", "4", "-n", args.bytes, "-J"]
+    # As compare.py --scenario issue21-iperf: the server on CPU 1, the client on CPU 0.
+    pin = (lambda c: ["taskset", "-c", str(c)]) if args.pin else (lambda c: [])
+    srv = pin(1) + ["iperf3", "-s", "-1", "-B", B, "-p", str(PORT)]
+    cli = pin(0) + ["iperf3", "-c", B, "-p", str(PORT), "-P", "4", "-n", args.bytes, "-J"]
     if args.end in ("server", "both"):
         srv = (wrap(args.tool, out, "run") if args.profile == "server" else []) + run + srv
     if args.end in ("client", "both"):
         cli = (wrap(args.tool, out, "run") if args.profile == "client" else []) + run + cli
     s = subprocess.Popen(ns(lab, "b") + srv, env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
+    cap = None
+    if args.capture:
+        # The client's veth: kernel taps see a plain client's frames as it sends them and the
+        # receiver's ACKs as they arrive; an engine client's own tap is used with --end client/both.
+        # tcpdump (a TPACKET ring cut to the snaplen): `nanowire capture`'s kernel tap takes one
+        # frame per recvmsg into a socket buffer that 64 KiB super-frames fill at once (it lost
+        # nearly all of them here). With the client under run its engine's tap is read instead.
+        if args.end == "server":
+            cmd = ["tcpdump", "-i", f"{lab}-a0", "-s", "128", "-B", "65536", "--time-stamp-precision=nano",
+                   "-w", os.path.join(out, "a.pcap"), "tcp", "port", str(PORT)]
+        else:
+            cmd = [NW, "capture", "-i", f"{lab}-a0", "--snaplen", "128", "--port", str(PORT),
+                   "-w", os.path.join(out, "a.pcapng")]
+        cap = subprocess.Popen(ns(lab, "a") + cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(args.settle)
     if s.poll() is not None:
         raise SystemExit("server exited: " + s.stderr.read()[-2000:])
@@ -90,10 +116,94 @@ def run_once(args, lab, out):
         except subprocess.TimeoutExpired:
             s.kill()
             s.wait()
+        if cap is not None:
+            cap.send_signal(signal.SIGINT)
+            err = cap.communicate(timeout=60)[1]
+            print("capture: " + err.strip()[-500:], file=sys.stderr)
     if c.returncode != 0:
         raise SystemExit("client failed: " + (c.stdout + c.stderr)[-2000:])
     end = json.loads(c.stdout[c.stdout.index("{"):])["end"]
     return end["sum_received"]["bytes"], end["sum_sent"].get("retransmits", 0), last[0]
+
+
+def tcp_of(frame):
+    """(src port, dst port, seq, ack, payload length, flags) of an Ethernet/IPv4/TCP frame."""
+    if len(frame) < 54 or frame[12:14] != b"\x08\x00" or frame[23] != 6:
+        return None
+    ihl = (frame[14] & 15) * 4
+    tot = struct.unpack_from(">H", frame, 16)[0]
+    t = 14 + ihl
+    sp, dp, seq, ack, off = struct.unpack_from(">HHIIB", frame, t)
+    return sp, dp, seq, ack, tot - ihl - (off >> 4) * 4, frame[t + 13]
+
+
+def read_pcap(path):
+    """[(ts_ns, frame)] of a little-endian pcap (tcpdump --time-stamp-precision=nano: ns stamps)."""
+    data = open(path, "rb").read()
+    magic = struct.unpack_from("<I", data, 0)[0]
+    scale = 1 if magic == 0xA1B23C4D else 1000
+    off, out = 24, []
+    while off + 16 <= len(data):
+        sec, frac, cap, _orig = struct.unpack_from("<IIII", data, off)
+        out.append(((sec * 1_000_000_000 + frac * scale), data[off + 16: off + 16 + cap]))
+        off += 16 + cap
+    return out
+
+
+def ack_delays(out):
+    """The receiver's ACKs against the data they cover, per connection (see --capture)."""
+    pcap = os.path.join(out, "a.pcap")
+    frames = (read_pcap(pcap) if os.path.exists(pcap)
+              else [(ts, fr) for _n, ts, _c, fr in read_pcapng(os.path.join(out, "a.pcapng"))])
+    flows = collections.defaultdict(lambda: {"data": [], "acks": []})
+    for ts, frame in frames:
+        h = tcp_of(frame)
+        if h is None:
+            continue
+        sp, dp, seq, ack, plen, flags = h
+        if dp == PORT and plen > 0:
+            flows[sp]["data"].append((ts, seq, seq + plen))
+        elif sp == PORT and flags & 0x10 and not flags & 0x07:
+            flows[dp]["acks"].append((ts, ack, plen))
+    newest, oldest = [], []
+    acks = advancing = acked = data_frames = 0
+    for f in flows.values():
+        if not f["data"]:
+            continue
+        base = f["data"][0][1]
+        rel = lambda x: (x - base) & 0xFFFFFFFF  # noqa: E731
+        ts_of, ends, top = [], [], 0
+        for ts, _s, e in sorted(f["data"]):
+            if rel(e) > top:  # a retransmission covers nothing new
+                ts_of.append(ts)
+                ends.append(rel(e))
+                top = rel(e)
+        data_frames += len(ends)
+        last = 0
+        for ts, a, _plen in sorted(f["acks"]):
+            acks += 1
+            a = rel(a)
+            if a <= last or a > top + 1:
+                continue
+            j = bisect.bisect_right(ends, a) - 1  # newest data segment the ACK covers
+            i = bisect.bisect_right(ends, last)  # oldest data segment it newly covers
+            if 0 <= i <= j and ts_of[j] <= ts:
+                advancing += 1
+                acked += a - last
+                newest.append(ts - ts_of[j])
+                oldest.append(ts - ts_of[i])
+            last = a
+    q = lambda xs, p: round(xs[min(len(xs) - 1, int(p * len(xs)))] / 1000, 1) if xs else None  # noqa: E731
+    newest.sort()
+    oldest.sort()
+    return {
+        "connections": len(flows), "data_frames": data_frames, "acks": acks, "advancing_acks": advancing,
+        "acks_per_mb": round(acks * 1e6 / acked, 2) if acked else None,
+        "bytes_per_ack": round(acked / advancing) if advancing else None,
+        "delay_newest_us": {f"p{int(p * 100)}": q(newest, p) for p in (0.5, 0.9, 0.99)},
+        "delay_oldest_us": {f"p{int(p * 100)}": q(oldest, p) for p in (0.5, 0.9, 0.99)},
+        "delay_newest_mean_us": round(statistics.fmean(newest) / 1000, 1) if newest else None,
+    }
 
 
 def callgrind(out):
@@ -120,7 +230,10 @@ def main():
     ap.add_argument("--profile", choices=["client", "server"], default=None,
                     help="the end whose work is counted (default: the end under run; "
                          "with --end both, the server)")
-    ap.add_argument("--tool", choices=["callgrind", "strace", "none"], default="callgrind")
+    ap.add_argument("--tool", choices=["callgrind", "strace", "perf", "none"], default="callgrind")
+    ap.add_argument("--capture", action="store_true", help="the receiver's ACK delay (see above)")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="leave both ends unpinned (default: server on CPU 1, client on CPU 0, as compare.py)")
     ap.add_argument("--bytes", default="200M", help="iperf3 -n (total over the 4 streams)")
     ap.add_argument("--top", type=int, default=25, help="functions listed (callgrind)")
     ap.add_argument("--settle", type=float, default=None, help="seconds for the server to start")
@@ -174,12 +287,17 @@ def main():
         per["ir"] = round(total / segs, 1)
         per["ir_without_memcpy"] = round((total - mc) / segs, 1)
         per["functions"] = {k: round(v / segs, 1) for k, v in funcs.most_common(args.top)}
+    elif args.tool == "perf":
+        # Kernel events of the profiled end (all threads): work, not time.
+        per["events"] = {k: round(v / segs, 4) for k, v in perf_counts(os.path.join(out, "run.perf")).items()}
     elif args.tool == "strace":
         calls = strace(out)
         per["syscalls"] = {k: round(v / segs, 4) for k, v in sorted(calls.items(), key=lambda kv: -kv[1])[:12]}
         if calls.get("sendto"):
             # The counters are a sample taken during the run: the whole transfer's segments.
             res["segments_per_sendto"] = round(segs / calls["sendto"], 1)
+    if args.capture:
+        res["ack_delay"] = ack_delays(out)
     print(json.dumps(res, indent=1))
     print(f"{args.end} under run ({args.profile} counted), {nbytes} B = {segs:.0f} segments of {SEG} B", file=sys.stderr)
     for k, v in per.items():

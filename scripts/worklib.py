@@ -2,7 +2,7 @@
 bulkwork.py): the lab's namespaces, the profiler in front of a program, and
 reading what callgrind and strace -c left behind."""
 
-import os, re
+import os, re, struct
 
 
 def ns(lab, h):
@@ -83,3 +83,34 @@ def strace_counts(path):
         elif len(f) >= 4 and f[-1] not in ("total", "syscall") and f[2].isdigit():
             calls[f[-1]] = int(f[2])
     return calls
+
+
+def option(body, o, want):
+    """The value of option `want` (a string) in a pcapng block body whose options start at `o`; ""
+    when absent."""
+    while o + 4 <= len(body):
+        code, olen = struct.unpack_from("<HH", body, o)
+        if code == 0:
+            break
+        if code == want:
+            return body[o + 4: o + 4 + olen].decode()
+        o += 4 + olen + (-olen % 4)
+    return ""
+
+
+def read_pcapng(path):
+    """[(iface_name, ts_ns, comment, frame)] of a little-endian pcapng written by nanowire."""
+    data = open(path, "rb").read()
+    off, ifaces, out = 0, [], []
+    while off + 12 <= len(data):
+        kind, ln = struct.unpack_from("<II", data, off)
+        body = data[off + 8: off + ln - 4]
+        if kind == 1:  # IDB: options after 8 bytes
+            ifaces.append(option(body, 8, 2))
+        elif kind == 6:
+            ifid, hi, lo, cap, _orig = struct.unpack_from("<IIIII", body, 0)
+            frame = body[20: 20 + cap]
+            comment = option(body, 20 + cap + (-cap % 4), 1)
+            out.append((ifaces[ifid], (hi << 32) | lo, comment, frame))
+        off += ln
+    return out
