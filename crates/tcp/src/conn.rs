@@ -576,25 +576,32 @@ impl Conn {
         self.rcv_space_time = now.max(1);
     }
 
-    /// After the application read: announce a window that grew by a lot
-    /// (receiver silly-window avoidance, RFC 9293 3.8.6.2.2), and a window
-    /// that was shut (or below one segment) as soon as it takes a segment
-    /// again (Linux's tcp_cleanup_rbuf: a new window at least twice the
-    /// current one) — the sender of a shut window otherwise waits for its
-    /// next probe, which backoff may put a minute away.
+    /// After the application read: a window update of its own (an ACK
+    /// that acknowledges nothing new) as Linux's `tcp_cleanup_rbuf`, when
+    /// what the peer may still send has fallen to half the largest window
+    /// or less and the read at least doubled it (receiver silly-window
+    /// avoidance, RFC 9293 3.8.6.2.2), and for a window that was shut (or
+    /// below one segment) as soon as it takes a segment again — the sender
+    /// of a shut window otherwise waits for its next probe, which backoff
+    /// may put a minute away. Otherwise the window rides on the next ACK
+    /// of arriving data. (The rule was "grew by two segments": a bulk
+    /// reader's every 128 KiB read sent an update, half of its ACKs, each a
+    /// TX kick here and an ACK for the sender's CPU to take in.)
     fn maybe_window_update(&mut self) {
         if !self.state.can_recv() {
             return;
         }
         let new = self.max_window() as u32;
         let now = seq::dist(self.rcv_adv, self.rcv_nxt);
-        let grow = new.saturating_sub(now);
         let half = (self.rcvbuf / 2) as u32;
-        let thresh = (2 * self.rcv_mss).min(half).max(1);
+        let seg = self.rcv_mss.min(half).max(1);
         // What the window field can say (a multiple of the scale unit).
         let usable = new >> self.rcv_wscale << self.rcv_wscale;
-        let reopened = now < self.rcv_mss && usable >= self.rcv_mss.min(half).max(1);
-        if grow >= thresh || reopened {
+        let reopened = now < self.rcv_mss && usable >= seg;
+        let clamp = self.rcvbuf.min(65535usize << self.rcv_wscale) as u64;
+        let lots = 2 * u64::from(now) <= clamp
+            && u64::from(usable) >= (2 * u64::from(now)).max(u64::from(seg));
+        if lots || reopened {
             self.ack_now = true;
         }
     }

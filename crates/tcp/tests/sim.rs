@@ -1545,6 +1545,58 @@ fn a_zero_window_opened_by_a_read_is_announced_at_once() {
     assert_eq!(got, data);
 }
 
+/// A read sends a window update of its own only as Linux's
+/// tcp_cleanup_rbuf: when the window left to the peer has fallen to half
+/// the buffer or less and the read at least doubles it. A read that leaves
+/// the peer more than half the buffer says nothing (the next ACK of data
+/// carries the window); before, every read that grew the window by two
+/// segments sent an update: half of a bulk receiver's ACKs (issue 21).
+#[test]
+fn a_read_announces_the_window_only_when_it_was_half_used_and_doubles() {
+    let mut cfg = Config::default();
+    cfg.rcvbuf = 64 * 1024;
+    let mut n = Net::new(cfg, Config::default(), FaultConfig::default());
+    let (ca, cb) = n.connect_pair();
+    let data: Vec<u8> = (0..60 * 1024u32).map(|i| pattern(u64::from(i))).collect();
+    // 20 KiB unread at a: the peer may still send 44 KiB (> half of 64).
+    assert_eq!(n.b.send(cb, &data[..20 * 1024]).unwrap(), 20 * 1024);
+    n.run_until(10 * S, |n| {
+        n.a.recv_queue(ca).unwrap() == 20 * 1024 && n.b.info(cb).unwrap().unacked == 0
+    });
+    n.advance(S); // past any delayed ACK
+    assert!(a_sends_now(&mut n).is_empty());
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    assert_eq!(n.a.recv(ca, &mut buf).unwrap(), buf.len());
+    got.extend_from_slice(&buf);
+    let quiet = a_sends_now(&mut n);
+    assert!(
+        quiet.is_empty(),
+        "a read that left the peer 44 KiB of 64 announced {quiet:?}"
+    );
+    // 34 KiB unread: the peer may send 30 KiB (<= half); reading it all
+    // doubles that: the update goes at once.
+    assert_eq!(n.b.send(cb, &data[20 * 1024..]).unwrap(), 40 * 1024);
+    n.run_until(10 * S, |n| {
+        n.a.recv_queue(ca).unwrap() == 44 * 1024 && n.b.info(cb).unwrap().unacked == 0
+    });
+    n.advance(S);
+    assert!(a_sends_now(&mut n).is_empty());
+    let before = n.b.info(cb).unwrap().snd_wnd;
+    assert!(before <= 32 * 1024, "peer window {before}");
+    let mut rest = vec![0u8; 64 * 1024];
+    read_all(&mut n.a, ca, &mut rest, &mut got);
+    assert_eq!(got, data);
+    let update = a_sends_now(&mut n);
+    assert_eq!(update.len(), 1, "{update:?}");
+    let ia = n.a.info(ca).unwrap();
+    assert_eq!(update[0].ack, ia.rcv_nxt);
+    assert!(
+        u32::from(update[0].window) << ia.rcv_wscale >= 2 * before,
+        "{update:?} after {before}"
+    );
+}
+
 /// Frames kept in the receive queue (`Hold`, the engine's frame-held
 /// path): a bulk stream read in odd chunks, with MSG_PEEK before some
 /// reads and a waiting reader now and then, arrives intact; most bytes
