@@ -123,6 +123,10 @@ def run_once(args, lab, out):
     if c.returncode != 0:
         raise SystemExit("client failed: " + (c.stdout + c.stderr)[-2000:])
     end = json.loads(c.stdout[c.stdout.index("{"):])["end"]
+    # Wall-clock rate: printed on stderr as a hint only (a loaded machine's rate is no result).
+    cpu = end.get("cpu_utilization_percent", {})
+    print(f"(hint only, wall clock) {end['sum_received']['bits_per_second'] / 1e9:.2f} Gbit/s, CPU % client "
+          f"{cpu.get('host_total', 0):.0f} server {cpu.get('remote_total', 0):.0f}", file=sys.stderr)
     return end["sum_received"]["bytes"], end["sum_sent"].get("retransmits", 0), last[0]
 
 
