@@ -81,9 +81,18 @@ def run_once(args, lab, out):
     srv = pin(1) + ["iperf3", "-s", "-1", "-B", B, "-p", str(PORT)]
     cli = pin(0) + ["iperf3", "-c", B, "-p", str(PORT), "-P", "4", "-n", args.bytes, "-J"]
     if args.end in ("server", "both"):
-        srv = (wrap(args.tool, out, "run") if args.profile == "server" else []) + run + srv
+        srv = run + srv
     if args.end in ("client", "both"):
-        cli = (wrap(args.tool, out, "run") if args.profile == "client" else []) + run + cli
+        cli = run + cli
+    # The profiled end's output is "run"; with perf the other end is counted too ("peer"): the
+    # kernel's work runs in whichever end's context the softirq found (a kick, a write).
+    for end in ("server", "client"):
+        if args.profile == end or args.tool == "perf":
+            w = wrap(args.tool, out, "run" if args.profile == end else "peer")
+            if end == "server":
+                srv = w + srv
+            else:
+                cli = w + cli
     s = subprocess.Popen(ns(lab, "b") + srv, env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     cap = None
@@ -292,8 +301,9 @@ def main():
         per["ir_without_memcpy"] = round((total - mc) / segs, 1)
         per["functions"] = {k: round(v / segs, 1) for k, v in funcs.most_common(args.top)}
     elif args.tool == "perf":
-        # Kernel events of the profiled end (all threads): work, not time.
+        # Kernel events of the profiled end (all threads) and of the other end: work, not time.
         per["events"] = {k: round(v / segs, 4) for k, v in perf_counts(os.path.join(out, "run.perf")).items()}
+        per["peer_events"] = {k: round(v / segs, 4) for k, v in perf_counts(os.path.join(out, "peer.perf")).items()}
     elif args.tool == "strace":
         calls = strace(out)
         per["syscalls"] = {k: round(v / segs, 4) for k, v in sorted(calls.items(), key=lambda kv: -kv[1])[:12]}

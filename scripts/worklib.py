@@ -12,15 +12,15 @@ def ns(lab, h):
 
 def wrap(tool, out, name, extra=()):
     """The profiler in front of a program whose output is named `name` in `out`
-    (callgrind: NAME.PID.cg per process, `extra` options added; strace: NAME.strace);
-    none for "none"."""
+    (callgrind: NAME.PID.cg per process, `extra` options added; strace: NAME.strace;
+    perf: NAME.perf, `extra` events added); none for "none"."""
     if tool == "callgrind":
         return ["valgrind", "--tool=callgrind", "--trace-children=yes", "--quiet", *extra,
                 f"--callgrind-out-file={out}/{name}.%p.cg"]
     if tool == "strace":
         return ["strace", "-f", "-c", "-o", f"{out}/{name}.strace"]
     if tool == "perf":
-        return ["perf", "stat", "-x", ",", "-o", f"{out}/{name}.perf", "-e", ",".join(PERF_EVENTS), "--"]
+        return ["perf", "stat", "-x", ",", "-o", f"{out}/{name}.perf", "-e", ",".join([*PERF_EVENTS, *extra]), "--"]
     return []
 
 
