@@ -11,6 +11,7 @@
 //! reason, first fragments passed to the kernel).
 
 use nanowire_lab::testbed::Host;
+use nanowire_stack::kernel::send_each;
 use std::io::{BufRead, BufReader};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -242,41 +243,15 @@ impl RawTx {
         let mut off = 0;
         while off < frames.len() {
             let chunk = &frames[off..frames.len().min(off + 64)];
-            let mut iov: Vec<libc::iovec> = chunk
-                .iter()
-                .map(|f| libc::iovec {
-                    iov_base: f.as_ptr() as *mut libc::c_void,
-                    iov_len: f.len(),
-                })
-                .collect();
-            let mut hdrs: Vec<libc::mmsghdr> = iov
-                .iter_mut()
-                .map(|v| {
-                    // SAFETY: an all-zero msghdr is valid; fields are set below.
-                    let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                    h.msg_hdr.msg_name = (&self.sll as *const libc::sockaddr_ll).cast_mut().cast();
-                    h.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as u32;
-                    h.msg_hdr.msg_iov = v;
-                    h.msg_hdr.msg_iovlen = 1;
-                    h
-                })
-                .collect();
-            // SAFETY: hdrs, iov, sll and the frames outlive the call; the
-            // lengths match the vectors.
-            let n = unsafe {
-                libc::sendmmsg(self.fd.as_raw_fd(), hdrs.as_mut_ptr(), hdrs.len() as u32, 0)
-            };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                match e.raw_os_error() {
+            match send_each(self.fd.as_raw_fd(), chunk, Some(&self.sll), 0) {
+                Ok((n, _)) => off += n,
+                Err(e) => match e.raw_os_error() {
                     Some(libc::ENOBUFS) | Some(libc::EAGAIN) | Some(libc::EINTR) => {
                         std::thread::sleep(Duration::from_micros(200));
-                        continue;
                     }
                     _ => panic!("sendmmsg: {e}"),
-                }
+                },
             }
-            off += n as usize;
         }
     }
 }

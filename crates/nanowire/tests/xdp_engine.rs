@@ -6,6 +6,7 @@
 mod xdp_support;
 
 use nanowire_lab::testbed::{Host, LabOptions, ScopedLab};
+use nanowire_stack::kernel::set_opt;
 use nanowire_testkit::{in_ns, ip_ns, one_line_failure, words, xdp_test_bin};
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
@@ -269,17 +270,13 @@ fn multicast_group_reaches_two_sockets() {
         let ifaddr = libc::in_addr {
             s_addr: u32::from(Ipv4Addr::new(198, 18, 0, 1)).to_be(),
         };
-        // SAFETY: IP_MULTICAST_IF with an in_addr of the right size.
-        let r = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::IPPROTO_IP,
-                libc::IP_MULTICAST_IF,
-                (&ifaddr as *const libc::in_addr).cast(),
-                4,
-            )
-        };
-        assert_eq!(r, 0);
+        set_opt(
+            s.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MULTICAST_IF,
+            &ifaddr,
+        )
+        .unwrap();
         let mut got = std::collections::BTreeSet::new();
         let deadline = Instant::now() + Duration::from_secs(5);
         while got.len() < 2 && Instant::now() < deadline {
@@ -733,17 +730,8 @@ fn batched_transmit_delivers_every_datagram_to_a_kernel_receiver() {
     let server = std::thread::spawn(move || {
         in_ns(&nsb, move || {
             let u = UdpSocket::bind("198.18.0.2:5700").unwrap();
-            // SAFETY: SO_RCVBUF with an int of the right size.
             let big: libc::c_int = 16 << 20;
-            unsafe {
-                libc::setsockopt(
-                    u.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVBUFFORCE,
-                    (&big as *const libc::c_int).cast(),
-                    4,
-                )
-            };
+            let _ = set_opt(u.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &big);
             u.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
             tx.send(()).unwrap();
             let mut seen = vec![false; N];

@@ -26,16 +26,19 @@ const BLOCK_SLICE: Duration = Duration::from_millis(200);
 /// Most datagrams handed to one `sendmmsg`.
 const MAX_BATCH: usize = 1024;
 
-fn setsockopt_int(fd: BorrowedFd<'_>, level: i32, name: i32, val: i32) -> io::Result<()> {
-    // SAFETY: `fd` is a live descriptor for the duration of the borrow; we pass a
-    // pointer to a local c_int and its exact size.
+/// setsockopt(2) of an option whose value is a `T` (an int, a timeval, an
+/// in_addr, an ip_mreq...), through libc (the shim sees it as any
+/// program's call).
+pub fn set_opt<T: Copy>(fd: RawFd, level: i32, name: i32, val: &T) -> io::Result<()> {
+    // SAFETY: `val` is a live, initialised T and its exact size is passed;
+    // the kernel only reads it (a bad fd is an error, not UB).
     let r = unsafe {
         libc::setsockopt(
-            fd.as_raw_fd(),
+            fd,
             level,
             name,
-            (&val as *const i32).cast(),
-            size_of::<i32>() as libc::socklen_t,
+            (val as *const T).cast(),
+            size_of::<T>() as libc::socklen_t,
         )
     };
     if r < 0 {
@@ -43,6 +46,51 @@ fn setsockopt_int(fd: BorrowedFd<'_>, level: i32, name: i32, val: i32) -> io::Re
     } else {
         Ok(())
     }
+}
+
+/// One sendmmsg(2): each of `bufs` as a message of its own, to `name` (a
+/// sockaddr of any family; `None` on a connected socket). Returns the
+/// messages sent and their bytes.
+pub fn send_each<A: Copy>(
+    fd: RawFd,
+    bufs: &[&[u8]],
+    name: Option<&A>,
+    flags: libc::c_int,
+) -> io::Result<(usize, u64)> {
+    let mut iovs: Vec<libc::iovec> = bufs
+        .iter()
+        .map(|b| libc::iovec {
+            iov_base: b.as_ptr() as *mut libc::c_void,
+            iov_len: b.len(),
+        })
+        .collect();
+    let mut msgs: Vec<libc::mmsghdr> = iovs
+        .iter_mut()
+        .map(|iov| {
+            // SAFETY: mmsghdr is plain old data; all-zero is a valid value.
+            let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            if let Some(a) = name {
+                m.msg_hdr.msg_name = (a as *const A).cast_mut().cast();
+                m.msg_hdr.msg_namelen = size_of::<A>() as libc::socklen_t;
+            }
+            m.msg_hdr.msg_iov = iov as *mut libc::iovec;
+            m.msg_hdr.msg_iovlen = 1;
+            m
+        })
+        .collect();
+    // SAFETY: `msgs` holds `msgs.len()` initialised headers whose iovecs point
+    // into `bufs` (borrowed for this call) and whose names point at `name`;
+    // the kernel only reads them (and writes msg_len).
+    let n = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), msgs.len() as libc::c_uint, flags) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = n as usize;
+    Ok((n, msgs[..n].iter().map(|m| u64::from(m.msg_len)).sum()))
+}
+
+fn setsockopt_int(fd: BorrowedFd<'_>, level: i32, name: i32, val: i32) -> io::Result<()> {
+    set_opt(fd.as_raw_fd(), level, name, &val)
 }
 
 fn getsockopt_int(fd: BorrowedFd<'_>, level: i32, name: i32) -> io::Result<i32> {
@@ -190,19 +238,7 @@ impl KernelUdp {
         let a = libc::in_addr {
             s_addr: u32::from(iface_addr).to_be(),
         };
-        // SAFETY: `a` is a valid in_addr of the size passed; the fd is live.
-        let r = unsafe {
-            libc::setsockopt(
-                self.fd(),
-                libc::IPPROTO_IP,
-                libc::IP_MULTICAST_IF,
-                (&a as *const libc::in_addr).cast(),
-                size_of::<libc::in_addr>() as libc::socklen_t,
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        set_opt(self.fd(), libc::IPPROTO_IP, libc::IP_MULTICAST_IF, &a)?;
         self.sock.set_multicast_loop_v4(true)
     }
 
@@ -223,19 +259,7 @@ impl KernelUdp {
             tv_sec: d.as_secs() as libc::time_t,
             tv_usec: d.subsec_micros() as libc::suseconds_t,
         };
-        // SAFETY: `tv` is a valid timeval of the size passed.
-        let r = unsafe {
-            libc::setsockopt(
-                self.fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        set_opt(self.fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
         self.rcvtimeo = t;
         Ok(())
     }
@@ -417,48 +441,11 @@ impl UdpEndpoint for KernelUdp {
         if bufs.is_empty() {
             return Ok(0);
         }
-        let connected = self.peer == Some(dst);
-        let mut sa = sockaddr_in(dst);
-        let mut iovs: Vec<libc::iovec> = bufs
-            .iter()
-            .map(|b| libc::iovec {
-                iov_base: b.as_ptr() as *mut libc::c_void,
-                iov_len: b.len(),
-            })
-            .collect();
-        let mut msgs: Vec<libc::mmsghdr> = iovs
-            .iter_mut()
-            .map(|iov| {
-                // SAFETY: mmsghdr is plain old data; all-zero is a valid value.
-                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                if !connected {
-                    m.msg_hdr.msg_name = (&mut sa as *mut libc::sockaddr_in).cast();
-                    m.msg_hdr.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
-                }
-                m.msg_hdr.msg_iov = iov as *mut libc::iovec;
-                m.msg_hdr.msg_iovlen = 1;
-                m
-            })
-            .collect();
-        // SAFETY: `msgs` holds `msgs.len()` initialised headers whose iovecs point
-        // into `bufs` (borrowed for this call) and whose names point at `sa`; the
-        // kernel only reads them (and writes msg_len).
-        let n = unsafe {
-            libc::sendmmsg(
-                self.fd(),
-                msgs.as_mut_ptr(),
-                msgs.len() as libc::c_uint,
-                self.send_flags(),
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let n = n as usize;
-        for m in &msgs[..n] {
-            self.stats.tx_packets += 1;
-            self.stats.tx_bytes += u64::from(m.msg_len);
-        }
+        let sa = sockaddr_in(dst);
+        let name = (self.peer != Some(dst)).then_some(&sa);
+        let (n, bytes) = send_each(self.fd(), bufs, name, self.send_flags())?;
+        self.stats.tx_packets += n as u64;
+        self.stats.tx_bytes += bytes;
         Ok(n)
     }
 

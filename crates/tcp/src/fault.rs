@@ -169,6 +169,23 @@ pub struct FaultStats {
     pub corrupted: u64,
 }
 
+impl FaultStats {
+    /// What happened since `seen` (an earlier copy of these stats), which
+    /// becomes this copy: for counters published as increments.
+    pub fn since(&self, seen: &mut FaultStats) -> FaultStats {
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        let news = FaultStats {
+            passed: d(self.passed, seen.passed),
+            dropped: d(self.dropped, seen.dropped),
+            duplicated: d(self.duplicated, seen.duplicated),
+            reordered: d(self.reordered, seen.reordered),
+            corrupted: d(self.corrupted, seen.corrupted),
+        };
+        *seen = self.clone();
+        news
+    }
+}
+
 pub struct FaultInjector {
     cfg: FaultConfig,
     rng: u64,

@@ -100,16 +100,7 @@ impl Nl {
             tv_sec: 1,
             tv_usec: 0,
         };
-        // SAFETY: setsockopt with a correctly sized timeval.
-        unsafe {
-            sys::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as u32,
-            )
-        };
+        let _ = crate::sock::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv);
         Ok(Nl { fd, seq: 1 })
     }
 

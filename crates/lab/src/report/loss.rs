@@ -152,13 +152,10 @@ impl Loss {
     ) {
         let proto = if tcp { "tcp" } else { "udp" };
         let est = (ctx.p.pp_secs as f64 + 0.7) * ctx.repeats as f64 * if tcp { 2.0 } else { 1.0 };
-        ctx.progress
-            .step(&format!("loss {loss} % {proto} {e}: starting server"), 0.5);
-        let (srv, port) = match ctx.start_server(e, tcp) {
+        let what = format!("loss {loss} % {proto} {e}");
+        let (srv, port) = match ctx.server_step(&what, e, tcp, est) {
             Ok(x) => x,
             Err(r) => {
-                ctx.progress
-                    .step(&format!("loss {loss} % {proto} {e}: not available"), est);
                 failed.insert((e.to_string(), proto), r);
                 return;
             }

@@ -24,6 +24,7 @@ use super::neigh::{Hop, Lookup, Queued};
 use super::rx::RX_BUDGET;
 use super::shm::{self, E, S, add, bump};
 use super::tx::{HDRS, IP_HDR, IpHeader, UDP_HDR, Wire};
+use crate::kernel::set_opt;
 use crate::{EngineKind, EngineOptions, SocketStats, UdpEndpoint, WaitPolicy};
 use nanowire_xdp::iface;
 use std::io;
@@ -103,17 +104,7 @@ fn kernel_socket(bind: SocketAddrV4, reuse: bool) -> io::Result<UdpSocket> {
     // SAFETY: fd is a fresh socket we own.
     let s = unsafe { UdpSocket::from_raw_fd(fd) };
     if reuse {
-        let one: libc::c_int = 1;
-        // SAFETY: setsockopt with an int option value.
-        unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_REUSEADDR,
-                (&one as *const libc::c_int).cast(),
-                4,
-            )
-        };
+        let _ = set_opt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32);
     }
     let sa = sockaddr_in(bind);
     // SAFETY: sa is a valid sockaddr_in of the size given.
@@ -160,20 +151,7 @@ fn membership(fd: RawFd, add: bool, group: Ipv4Addr, ifaddr: Ipv4Addr) -> io::Re
     } else {
         libc::IP_DROP_MEMBERSHIP
     };
-    // SAFETY: m is a valid ip_mreq of the size given.
-    if unsafe {
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_IP,
-            opt,
-            (&m as *const libc::ip_mreq).cast(),
-            std::mem::size_of::<libc::ip_mreq>() as libc::socklen_t,
-        )
-    } < 0
-    {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    set_opt(fd, libc::IPPROTO_IP, opt, &m)
 }
 
 /// A UDP socket on the xdp engine.
@@ -1006,12 +984,7 @@ impl XdpSocket {
 }
 
 fn set_int(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: usize) -> io::Result<()> {
-    let v = v.min(i32::MAX as usize) as libc::c_int;
-    // SAFETY: an int-valued option from a live int.
-    if unsafe { libc::setsockopt(fd, level, opt, (&v as *const libc::c_int).cast(), 4) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    set_opt(fd, level, opt, &(v.min(i32::MAX as usize) as libc::c_int))
 }
 
 /// The process's engine for local address `ip`. The interface facts are

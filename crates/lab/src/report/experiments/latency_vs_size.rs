@@ -27,13 +27,10 @@ impl<'a> Ctx<'a> {
             let proto = proto_name(tcp);
             for &e in &self.engines {
                 let est = run_s * points.len() as f64 * self.repeats as f64;
-                self.progress
-                    .step(&format!("{mode} {proto} {e}: starting server"), 0.5);
-                let (srv, port) = match self.start_server(e, tcp) {
+                let step = format!("{mode} {proto} {e}");
+                let (srv, port) = match self.server_step(&step, e, tcp, est) {
                     Ok(x) => x,
                     Err(r) => {
-                        self.progress
-                            .step(&format!("{mode} {proto} {e}: not available"), est);
                         ex.unavailable(e.as_str(), proto, r);
                         continue;
                     }

@@ -242,6 +242,22 @@ impl<'a> Ctx<'a> {
             .collect()
     }
 
+    /// [`Ctx::start_server`] as a step of the progress bar named `what`
+    /// ("<what>: starting server"); a server that cannot start skips the
+    /// `est` seconds its runs would have taken ("<what>: not available").
+    pub(crate) fn server_step(
+        &self,
+        what: &str,
+        e: EngineKind,
+        tcp: bool,
+        est: f64,
+    ) -> Result<(Option<Proc>, u16), String> {
+        self.progress.step(&format!("{what}: starting server"), 0.5);
+        self.start_server(e, tcp).inspect_err(|_| {
+            self.progress.step(&format!("{what}: not available"), est);
+        })
+    }
+
     /// `nanowire bench server` for one engine and protocol, in host b.
     /// In --peer mode the server already runs on the peer (started by the
     /// user) and nothing is started here.

@@ -49,26 +49,14 @@ impl<D> RxFaults<D> {
 impl RxInjector {
     /// Count what the injector did since the last call.
     fn account(&mut self, page: &StatsPage) {
-        let st = &self.inj.stats;
-        let d = |a: u64, b: u64| a.saturating_sub(b);
-        let lost = d(st.dropped, self.seen.dropped);
-        if lost > 0 {
-            bump(page.e(E::RxFrames), lost);
-            bump(page.e(E::DropFaultRx), lost);
+        let n = self.inj.stats.since(&mut self.seen);
+        if n.dropped > 0 {
+            bump(page.e(E::RxFrames), n.dropped);
+            bump(page.e(E::DropFaultRx), n.dropped);
         }
-        bump(
-            page.e(E::FaultRxDuplicated),
-            d(st.duplicated, self.seen.duplicated),
-        );
-        bump(
-            page.e(E::FaultRxReordered),
-            d(st.reordered, self.seen.reordered),
-        );
-        bump(
-            page.e(E::FaultRxCorrupted),
-            d(st.corrupted, self.seen.corrupted),
-        );
-        self.seen = st.clone();
+        bump(page.e(E::FaultRxDuplicated), n.duplicated);
+        bump(page.e(E::FaultRxReordered), n.reordered);
+        bump(page.e(E::FaultRxCorrupted), n.corrupted);
     }
 }
 
@@ -101,18 +89,10 @@ struct TxInjector {
 
 impl TxInjector {
     fn account(&mut self, page: &StatsPage) {
-        let st = &self.inj.stats;
-        let d = |a: u64, b: u64| a.saturating_sub(b);
-        bump(page.e(E::FaultTxLost), d(st.dropped, self.seen.dropped));
-        bump(
-            page.e(E::FaultTxDuplicated),
-            d(st.duplicated, self.seen.duplicated),
-        );
-        bump(
-            page.e(E::FaultTxCorrupted),
-            d(st.corrupted, self.seen.corrupted),
-        );
-        self.seen = st.clone();
+        let n = self.inj.stats.since(&mut self.seen);
+        bump(page.e(E::FaultTxLost), n.dropped);
+        bump(page.e(E::FaultTxDuplicated), n.duplicated);
+        bump(page.e(E::FaultTxCorrupted), n.corrupted);
     }
 }
 
@@ -216,36 +196,51 @@ mod tests {
         (rx, id)
     }
 
-    #[test]
-    fn receive_loss_is_counted_as_frames_and_drops() {
-        let (mut rx, id) = faulty_rx("loss=1,seed=3");
-        for _ in 0..10 {
-            rx.dev.inner.inject(udp(sa(PEER, 9), sa(OURS, 7), b"lost"));
+    /// A receive path with the injector of `s`, after one poll of `n`
+    /// datagrams `payload` sent to it.
+    fn faulty_rx_after(
+        s: &str,
+        n: usize,
+        payload: &[u8],
+    ) -> (
+        RxPath<RxFaults<crate::xdp::device::loopback::LoopRx>>,
+        usize,
+    ) {
+        let (mut rx, id) = faulty_rx(s);
+        for _ in 0..n {
+            rx.dev.inner.inject(udp(sa(PEER, 9), sa(OURS, 7), payload));
         }
         rx.poll(RX_BUDGET);
+        (rx, id)
+    }
+
+    /// Each counter has its value, and the page's frame identity holds.
+    #[track_caller]
+    fn assert_counts(page: &StatsPage, want: &[(E, u64)]) {
+        for &(e, v) in want {
+            assert_eq!(get(page, e), v, "{e:?}");
+        }
+        assert!(identity_holds(page));
+    }
+
+    #[test]
+    fn receive_loss_is_counted_as_frames_and_drops() {
+        let (mut rx, id) = faulty_rx_after("loss=1,seed=3", 10, b"lost");
         assert!(rx.pop_or_poll(id).is_none());
-        assert_eq!(get(&rx.page, E::DropFaultRx), 10);
-        assert_eq!(get(&rx.page, E::RxFrames), 10);
-        assert!(identity_holds(&rx.page));
+        assert_counts(&rx.page, &[(E::DropFaultRx, 10), (E::RxFrames, 10)]);
     }
 
     #[test]
     fn receive_duplicates_are_one_more_frame_each() {
-        let (mut rx, id) = faulty_rx("dup=1,seed=3");
-        rx.dev.inner.inject(udp(sa(PEER, 9), sa(OURS, 7), b"twice"));
-        rx.poll(RX_BUDGET);
+        let (mut rx, id) = faulty_rx_after("dup=1,seed=3", 1, b"twice");
         assert_eq!(rx.pop_or_poll(id).unwrap().payload(), b"twice");
         assert_eq!(rx.pop_or_poll(id).unwrap().payload(), b"twice");
-        assert_eq!(get(&rx.page, E::FaultRxDuplicated), 1);
-        assert_eq!(get(&rx.page, E::RxFrames), 2);
-        assert!(identity_holds(&rx.page));
+        assert_counts(&rx.page, &[(E::FaultRxDuplicated, 1), (E::RxFrames, 2)]);
     }
 
     #[test]
     fn receive_delay_holds_frames_until_due() {
-        let (mut rx, id) = faulty_rx("delay_us=20000,seed=3");
-        rx.dev.inner.inject(udp(sa(PEER, 9), sa(OURS, 7), b"later"));
-        rx.poll(RX_BUDGET);
+        let (mut rx, id) = faulty_rx_after("delay_us=20000,seed=3", 1, b"later");
         assert!(rx.demux.get(id).unwrap().queue.is_empty(), "held back");
         std::thread::sleep(std::time::Duration::from_millis(30));
         rx.poll(RX_BUDGET);

@@ -52,6 +52,56 @@ macro_rules! wrapper {
     )+};
 }
 
+/// A wrapper trait and its blanket impl from one list of operations: each
+/// is a default method of `$wrap` that forwards to the inner device (a
+/// wrapper overrides what it changes), and every `$wrap` is a `$dev` whose
+/// operations are the wrapper's. `forwarding!(@calls T fn ...;)` alone
+/// writes trait methods that call `T`'s own (inherent) ones.
+macro_rules! forwarding {
+    ($(#[$doc:meta])* pub trait $wrap:ident: $dev:ident { $($ops:tt)+ }) => {
+        $(#[$doc])*
+        pub trait $wrap: Wrap<Inner: $dev> {
+            forwarding!(@defaults $($ops)+);
+        }
+
+        // The blanket impl (generic: inlined where the engine's types are
+        // fixed).
+        impl<W: $wrap> $dev for W {
+            forwarding!(@calls $wrap $($ops)+);
+        }
+    };
+    (@defaults) => {};
+    (@defaults fn $name:ident(&mut self $(, $a:ident: $t:ty)*) $(-> $r:ty)?; $($more:tt)*) => {
+        #[inline]
+        fn $name(&mut self $(, $a: $t)*) $(-> $r)? {
+            self.inner_mut().$name($($a),*)
+        }
+        forwarding!(@defaults $($more)*);
+    };
+    (@defaults fn $name:ident(&self $(, $a:ident: $t:ty)*) $(-> $r:ty)?; $($more:tt)*) => {
+        #[inline]
+        fn $name(&self $(, $a: $t)*) $(-> $r)? {
+            self.inner().$name($($a),*)
+        }
+        forwarding!(@defaults $($more)*);
+    };
+    (@calls $wrap:ident) => {};
+    (@calls $wrap:ident fn $name:ident(&mut self $(, $a:ident: $t:ty)*) $(-> $r:ty)?; $($more:tt)*) => {
+        #[inline]
+        fn $name(&mut self $(, $a: $t)*) $(-> $r)? {
+            $wrap::$name(self $(, $a)*)
+        }
+        forwarding!(@calls $wrap $($more)*);
+    };
+    (@calls $wrap:ident fn $name:ident(&self $(, $a:ident: $t:ty)*) $(-> $r:ty)?; $($more:tt)*) => {
+        #[inline]
+        fn $name(&self $(, $a: $t)*) $(-> $r)? {
+            $wrap::$name(self $(, $a)*)
+        }
+        forwarding!(@calls $wrap $($more)*);
+    };
+}
+
 pub mod faults;
 pub mod loopback;
 pub mod stamp;
@@ -134,100 +184,31 @@ pub trait Wrap {
     fn inner_mut(&mut self) -> &mut Self::Inner;
 }
 
-/// A receive device around another (the wrappers below: smoltcp's phy
-/// middleware habit): it names its inner device and writes only the
-/// operations it changes; every other one forwards to the inner device
-/// (these defaults). Each wrapper is an [`RxDevice`] through the blanket
-/// impl below.
-pub trait RxWrap: Wrap<Inner: RxDevice> {
-    #[inline]
-    fn receive(&mut self, budget: u32, f: impl FnMut(RxFrame, u64)) -> u32 {
-        self.inner_mut().receive(budget, f)
-    }
-    #[inline]
-    fn refill(&mut self) {
-        self.inner_mut().refill()
-    }
-    #[inline]
-    fn refresh_stats(&mut self) {
-        self.inner_mut().refresh_stats()
+forwarding! {
+    /// A receive device around another (the wrappers below: smoltcp's phy
+    /// middleware habit): it names its inner device and writes only the
+    /// operations it changes; every other one forwards to the inner device
+    /// (these defaults). Each wrapper is an [`RxDevice`] through the blanket
+    /// impl.
+    pub trait RxWrap: RxDevice {
+        fn receive(&mut self, budget: u32, f: impl FnMut(RxFrame, u64)) -> u32;
+        fn refill(&mut self);
+        fn refresh_stats(&mut self);
     }
 }
 
-// The blanket impls (generic: inlined where the engine's types are fixed).
-impl<W: RxWrap> RxDevice for W {
-    fn receive(&mut self, budget: u32, f: impl FnMut(RxFrame, u64)) -> u32 {
-        RxWrap::receive(self, budget, f)
-    }
-    fn refill(&mut self) {
-        RxWrap::refill(self)
-    }
-    fn refresh_stats(&mut self) {
-        RxWrap::refresh_stats(self)
-    }
-}
-
-/// A transmit device around another: as [`RxWrap`], the wrapper writes
-/// only what it changes; the rest forwards to the inner device.
-pub trait TxWrap: Wrap<Inner: TxDevice> {
-    #[inline]
-    fn frame_size(&self) -> usize {
-        self.inner().frame_size()
-    }
-    #[inline]
-    fn send_with(&mut self, max: usize, fill: impl Fill) -> usize {
-        self.inner_mut().send_with(max, fill)
-    }
-    #[inline]
-    fn csum_offload(&self) -> bool {
-        self.inner().csum_offload()
-    }
-    #[inline]
-    fn send_with_csum(&mut self, max: usize, fill: impl FillCsum) -> usize {
-        self.inner_mut().send_with_csum(max, fill)
-    }
-    #[inline]
-    fn send_large(&mut self, pkt: &[u8]) -> bool {
-        self.inner_mut().send_large(pkt)
-    }
-    #[inline]
-    fn flush(&mut self) {
-        self.inner_mut().flush()
-    }
-    #[inline]
-    fn kick_now(&mut self) {
-        self.inner_mut().kick_now()
-    }
-    #[inline]
-    fn take_error(&mut self) -> Option<io::Error> {
-        self.inner_mut().take_error()
-    }
-}
-
-impl<W: TxWrap> TxDevice for W {
-    fn frame_size(&self) -> usize {
-        TxWrap::frame_size(self)
-    }
-    fn send_with(&mut self, max: usize, fill: impl Fill) -> usize {
-        TxWrap::send_with(self, max, fill)
-    }
-    fn csum_offload(&self) -> bool {
-        TxWrap::csum_offload(self)
-    }
-    fn send_with_csum(&mut self, max: usize, fill: impl FillCsum) -> usize {
-        TxWrap::send_with_csum(self, max, fill)
-    }
-    fn send_large(&mut self, pkt: &[u8]) -> bool {
-        TxWrap::send_large(self, pkt)
-    }
-    fn flush(&mut self) {
-        TxWrap::flush(self)
-    }
-    fn kick_now(&mut self) {
-        TxWrap::kick_now(self)
-    }
-    fn take_error(&mut self) -> Option<io::Error> {
-        TxWrap::take_error(self)
+forwarding! {
+    /// A transmit device around another: as [`RxWrap`], the wrapper writes
+    /// only what it changes; the rest forwards to the inner device.
+    pub trait TxWrap: TxDevice {
+        fn frame_size(&self) -> usize;
+        fn send_with(&mut self, max: usize, fill: impl Fill) -> usize;
+        fn csum_offload(&self) -> bool;
+        fn send_with_csum(&mut self, max: usize, fill: impl FillCsum) -> usize;
+        fn send_large(&mut self, pkt: &[u8]) -> bool;
+        fn flush(&mut self);
+        fn kick_now(&mut self);
+        fn take_error(&mut self) -> Option<io::Error>;
     }
 }
 

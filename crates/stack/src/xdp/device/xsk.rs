@@ -210,25 +210,13 @@ impl RxDevice for XskQueues {
 }
 
 impl TxDevice for XskTx {
-    #[inline]
-    fn frame_size(&self) -> usize {
-        XskTx::frame_size(self)
-    }
-    #[inline]
-    fn send_with(&mut self, max: usize, fill: impl super::Fill) -> usize {
-        XskTx::send_with(self, max, fill)
-    }
-    #[inline]
-    fn csum_offload(&self) -> bool {
-        XskTx::csum_offload(self)
-    }
-    #[inline]
-    fn send_with_csum(&mut self, max: usize, fill: impl super::FillCsum) -> usize {
-        XskTx::send_with_csum(self, max, fill)
-    }
-    fn send_large(&mut self, pkt: &[u8]) -> bool {
-        XskTx::send_large(self, pkt)
-    }
+    forwarding!(@calls XskTx
+        fn frame_size(&self) -> usize;
+        fn send_with(&mut self, max: usize, fill: impl super::Fill) -> usize;
+        fn csum_offload(&self) -> bool;
+        fn send_with_csum(&mut self, max: usize, fill: impl super::FillCsum) -> usize;
+        fn send_large(&mut self, pkt: &[u8]) -> bool;
+    );
     #[inline]
     fn flush(&mut self) {
         // A kick the kernel could not finish (EAGAIN/ENOBUFS) leaves frames
