@@ -799,8 +799,12 @@ impl Ready for Sock {
         each!(self, revents(events, revents, kernel, now, pass))
     }
     #[inline]
-    fn arm(self) -> bool {
-        each!(self, arm())
+    fn arm(self, pass: &mut tcpx::Pass) -> bool {
+        each!(self, arm(pass))
+    }
+    #[inline]
+    fn disarm(self, pass: &mut tcpx::Pass) {
+        each!(self, disarm(pass))
     }
     #[inline]
     fn wait_fds(self) -> &'static [c_int] {

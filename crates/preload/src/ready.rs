@@ -87,11 +87,15 @@ pub trait Ready: Copy {
     ) -> i16 {
         revents
     }
-    /// Before the caller sleeps: arm the engine's wake-up. False: frames
-    /// are queued already; look again instead of sleeping.
-    fn arm(self) -> bool {
+    /// Before the caller sleeps: arm the engine's wake-up (once per engine
+    /// in `pass`). False: frames are queued already; look again instead of
+    /// sleeping.
+    fn arm(self, _pass: &mut tcpx::Pass) -> bool {
         true
     }
+    /// After the sleep: the caller is awake and turns the engine itself
+    /// (once per engine in `pass`).
+    fn disarm(self, _pass: &mut tcpx::Pass) {}
     /// Fds whose readiness wakes a sleeper waiting on the fd's engine.
     fn wait_fds(self) -> &'static [c_int] {
         &[]
@@ -122,8 +126,11 @@ impl Ready for tcpx::TcpRef {
             revents | bits
         }
     }
-    fn arm(self) -> bool {
-        tcpx::arm(self)
+    fn arm(self, pass: &mut tcpx::Pass) -> bool {
+        tcpx::arm_in(self, pass)
+    }
+    fn disarm(self, pass: &mut tcpx::Pass) {
+        tcpx::disarm_in(self, pass)
     }
     fn wait_fds(self) -> &'static [c_int] {
         tcpx::Tcp::wait_fds(&self)
@@ -283,7 +290,8 @@ pub fn poll_mixed<R: Ready>(
                     revents: 0,
                 })
                 .collect();
-            if !s.iter().all(|p| p.fd < 0 || of(p.fd).arm()) {
+            let mut armed = tcpx::Pass::default();
+            if !s.iter().all(|p| p.fd < 0 || of(p.fd).arm(&mut armed)) {
                 // Frames queued for an engine socket: look again.
                 now = now_ns();
                 continue;
@@ -293,7 +301,12 @@ pub fn poll_mixed<R: Ready>(
                 .filter(|p| p.fd >= 0)
                 .flat_map(|p| of(p.fd).wait_fds().iter().copied())
                 .collect();
-            if sleep_on(pf, extra.into_iter(), slice, mask) < 0 {
+            let r = sleep_on(pf, extra.into_iter(), slice, mask);
+            let mut awake = tcpx::Pass::default();
+            for p in s.iter().filter(|p| p.fd >= 0) {
+                of(p.fd).disarm(&mut awake);
+            }
+            if r < 0 {
                 return -1;
             }
             now = now_ns();
@@ -766,7 +779,11 @@ pub fn epoll_mixed(
                 .filter(|i| i.ep == ep)
                 .filter_map(|i| i.tcp)
                 .collect();
-            if !tcps.into_iter().all(tcpx::arm) {
+            // One arm per engine: an event loop's listener and connections
+            // share their engine's wake-up (one eventfd read at most, not
+            // one per connection).
+            let mut armed = tcpx::Pass::default();
+            if !tcps.iter().all(|&t| tcpx::arm_in(t, &mut armed)) {
                 // Frames queued for an engine TCP socket: look again.
                 now = now_ns();
                 continue;
@@ -792,7 +809,12 @@ pub fn epoll_mixed(
                 events: libc::POLLIN,
                 revents: 0,
             }];
-            if sleep_on(pf, extra.into_iter(), slice, mask) < 0 {
+            let r = sleep_on(pf, extra.into_iter(), slice, mask);
+            let mut awake = tcpx::Pass::default();
+            for &t in &tcps {
+                tcpx::disarm_in(t, &mut awake);
+            }
+            if r < 0 {
                 break -1;
             }
             now = now_ns();

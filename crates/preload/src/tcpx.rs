@@ -755,6 +755,34 @@ pub fn arm(t: TcpRef) -> bool {
     }
 }
 
+/// [`arm`] once per engine in `pass`: the sockets of one engine stack
+/// (an event loop's listener and its connections) share its wake-up, so
+/// the second and later ones have nothing to arm.
+pub fn arm_in(t: TcpRef, pass: &mut Pass) -> bool {
+    let Some(i) = t.get() else {
+        return true;
+    };
+    match &*i {
+        Inner::Stream(s) if pass.first(s.engine_key()) => engine_call(|| s.sleep_arm()),
+        Inner::Listener(l) if pass.first(l.engine_key()) => engine_call(|| l.sleep_arm()),
+        _ => true,
+    }
+}
+
+/// After the sleep [`arm`]/[`arm_in`] armed: the caller is awake and turns
+/// the engine itself (see `XdpTcpStream::sleep_disarm`); once per engine in
+/// `pass`.
+pub fn disarm_in(t: TcpRef, pass: &mut Pass) {
+    let Some(i) = t.get() else {
+        return;
+    };
+    match &*i {
+        Inner::Stream(s) if pass.first(s.engine_key()) => engine_call(|| s.sleep_disarm()),
+        Inner::Listener(l) if pass.first(l.engine_key()) => engine_call(|| l.sleep_disarm()),
+        _ => {}
+    }
+}
+
 /// The lowest fd number for the duplicates that keep a closed
 /// connection's port in the kernel until the engine has finished it:
 /// high, so that they never take the small numbers an application's next
@@ -993,7 +1021,10 @@ fn wait_for<R>(
             Turn::Spin => {}
             // Frames queued for the stack (arm() says no) are taken in
             // by the attempt first.
-            Turn::Sleep(ns) if arm(t) => crate::adapt::sleep_on_fds(t.wait_fds(), ns),
+            Turn::Sleep(ns) if arm(t) => {
+                crate::adapt::sleep_on_fds(t.wait_fds(), ns);
+                disarm_in(t, &mut Pass::default());
+            }
             Turn::Sleep(_) => {}
         }
         if let Some(r) = attempt() {
@@ -1268,6 +1299,7 @@ pub fn accept(
     let s0 = crate::signals::seq();
     let gen0 = table::generation(table::get(fd));
     let mut look_kernel = true;
+    let mut waiting = false;
     let got = loop {
         if let Some(s) = engine_call(|| l.try_accept()) {
             break Ok(Got::Engine(s));
@@ -1287,6 +1319,15 @@ pub fn accept(
         let spent = now_ns().wrapping_sub(start);
         if tmo != 0 && spent >= tmo {
             break Err(libc::EAGAIN);
+        }
+        if !waiting {
+            // Counted, then one more try before the first sleep: a
+            // connection queued after the count signals the accept fd (see
+            // `XdpTcpListener::accept_waiting`); one queued before it, the
+            // try finds.
+            engine_call(|| l.accept_waiting(true));
+            waiting = true;
+            continue;
         }
         let busy = engine_call(|| l.busy());
         let afd = l.accept_fd();
@@ -1333,6 +1374,9 @@ pub fn accept(
             engine_call(|| l.accept_drain());
         }
     };
+    if waiting {
+        engine_call(|| l.accept_waiting(false));
+    }
     match got {
         Err(e) | Ok(Got::Err(e)) => {
             set_errno(e);

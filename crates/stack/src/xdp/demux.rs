@@ -150,6 +150,9 @@ pub(crate) struct Endpoint {
     /// The owner sleeps in poll(): whoever queues a frame for it signals
     /// `wake` (an eventfd in the sleeper's poll set).
     pub sleeping: bool,
+    /// `wake` was written since it was last drained: a sleeper that arms
+    /// again drains it only then (no read syscall per sleep for nothing).
+    pub signalled: bool,
     pub wake: OwnedFd,
     /// Connected peer: multicast from anyone else is not for it either.
     pub peer: Option<SocketAddrV4>,
@@ -259,6 +262,7 @@ impl Demux {
             over: 0,
             rcvbuf_frames: usize::MAX,
             sleeping: false,
+            signalled: false,
             wake,
             peer: None,
             binds: Vec::new(),
@@ -471,6 +475,7 @@ impl Demux {
         e.queue.push_back(d);
         if e.sleeping {
             e.sleeping = false;
+            e.signalled = true;
             eventfd_write(e.wake.as_raw_fd());
         }
         let depth = e.queue.len() as u64;

@@ -455,6 +455,7 @@ impl XdpSocket {
                         self.engine.wait_fds(&[self.twin.fd(), self.wake_fd], ms);
                         if let Some(e) = self.engine.rx().demux.get_mut(self.id) {
                             e.sleeping = false;
+                            e.signalled = false;
                         }
                         eventfd_drain(self.wake_fd);
                         self.last_rx = 0;

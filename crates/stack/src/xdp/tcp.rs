@@ -447,8 +447,14 @@ struct Core {
     id: EndpointId,
     wake_fd: RawFd,
     /// Signalled when a listener's accept queue became non-empty (whoever
-    /// turned the engine): a blocking accept sleeps on it.
+    /// turned the engine) while a blocking accept waits on it
+    /// (`accept_waiters`).
     accept_fd: OwnedFd,
+    /// Blocking accepts of this stack's listeners between
+    /// [`XdpTcpListener::accept_waiting`] `true` and `false`: only then is
+    /// `accept_fd` written (an event loop's accepts never sleep on it: a
+    /// write per new connection that nobody read).
+    accept_waiters: u32,
     /// Local addresses bound in the demux and claimed in the program.
     listen_claims: Vec<SocketAddrV4>,
     flow_claims: Vec<(SocketAddrV4, SocketAddrV4)>,
@@ -622,6 +628,7 @@ impl TcpEngine {
                 id,
                 wake_fd,
                 accept_fd: eventfd()?,
+                accept_waiters: 0,
                 listen_claims: Vec::new(),
                 flow_claims: Vec::new(),
                 pass_claims: Vec::new(),
@@ -748,20 +755,43 @@ impl TcpEngine {
     /// frame for this stack from now on signals its eventfd (whichever
     /// thread polls the rings: another connection's, the timer service).
     /// False if frames are queued already (turn instead of sleeping).
+    ///
+    /// The eventfd is drained only if it was written since its last drain
+    /// (`signalled`), under the RX lock: no push can write it meanwhile
+    /// (`sleeping` is false until set here), and no other thread's arm can
+    /// clear the flag of a write it did not drain.
     fn arm(&self) -> bool {
         let (id, wake) = {
             let c = self.core();
             (c.id, c.wake_fd)
         };
-        eventfd_drain(wake);
         let mut g = self.engine.rx();
         match g.demux.get_mut(id) {
-            Some(e) if e.queue.is_empty() => {
-                e.sleeping = true;
-                true
+            Some(e) => {
+                if e.signalled {
+                    e.signalled = false;
+                    eventfd_drain(wake);
+                }
+                if e.queue.is_empty() {
+                    e.sleeping = true;
+                    true
+                } else {
+                    false
+                }
             }
-            Some(_) => false,
             None => true,
+        }
+    }
+
+    /// After a sleep armed by [`TcpEngine::arm`]: this thread is awake and
+    /// turns the engine itself, so frames queued for the stack from now on
+    /// need no signal (before, the sleeper's own turn wrote its own eventfd
+    /// and its next arm read it back: two syscalls per wake-up). A signal
+    /// written meanwhile stays `signalled` for the next arm to drain.
+    fn disarm(&self) {
+        let id = self.core().id;
+        if let Some(e) = self.engine.rx().demux.get_mut(id) {
+            e.sleeping = false;
         }
     }
 
@@ -868,7 +898,7 @@ impl TcpEngine {
         while let Some(ev) = core.stack.poll_ready() {
             accept |= matches!(ev, nanowire_tcp::Readiness::Listener(_));
         }
-        if accept {
+        if accept && core.accept_waiters > 0 {
             nanowire_xdp::sys::eventfd_signal(core.accept_fd.as_raw_fd());
         }
     }
@@ -1230,8 +1260,11 @@ impl TcpEngine {
             self.engine.wait_fds(&[wake], ms);
             if let Some(e) = self.engine.rx().demux.get_mut(id) {
                 e.sleeping = false;
+                if e.signalled {
+                    e.signalled = false;
+                    eventfd_drain(wake);
+                }
             }
-            eventfd_drain(wake);
         }
     }
 
@@ -2173,6 +2206,25 @@ impl XdpTcpListener {
         eventfd_drain(self.accept_fd());
     }
 
+    /// A blocking accept begins (`true`) or ends (`false`) waiting on
+    /// [`XdpTcpListener::accept_fd`]: while one waits, a turn that queues
+    /// a connection signals it. Begin before the first
+    /// [`XdpTcpListener::try_accept`] of the wait (a connection queued
+    /// before that is found by it; one queued after, signalled).
+    pub fn accept_waiting(&self, on: bool) {
+        let mut c = self.eng.core();
+        if on {
+            c.accept_waiters += 1;
+        } else {
+            c.accept_waiters = c.accept_waiters.saturating_sub(1);
+        }
+    }
+
+    /// See [`XdpTcpStream::sleep_disarm`].
+    pub fn sleep_disarm(&self) {
+        self.eng.disarm()
+    }
+
     /// Sleep until a frame may be there or a timer is due (at most `timeout`).
     pub fn wait(&self, timeout: Duration) {
         self.eng.sleep(Some(Instant::now() + timeout));
@@ -2395,6 +2447,13 @@ impl XdpTcpStream {
     /// frames are queued already (turn instead of sleeping).
     pub fn sleep_arm(&self) -> bool {
         self.eng.arm()
+    }
+
+    /// After the sleep [`XdpTcpStream::sleep_arm`] armed: the caller is
+    /// awake and turns the engine itself (no eventfd write for its own
+    /// frames). Optional: an arm not disarmed costs one signal, no more.
+    pub fn sleep_disarm(&self) {
+        self.eng.disarm()
     }
 
     /// One engine turn; `None` while the handshake runs, then its outcome.
