@@ -27,7 +27,8 @@ use std::sync::atomic::Ordering;
 const SLICE_NS: u64 = 5_000_000;
 
 /// Sleep until one of `fds` or the engine fds of accelerated sockets may
-/// be ready, at most `ns`. Returns -1 (errno set) if a signal interrupted.
+/// be ready, at most `ns`. Returns -1 (errno set) if a signal interrupted,
+/// else 1 if the first of `pf` was ready when the poll returned, 0 if not.
 fn sleep_on(
     mut pf: Vec<pollfd>,
     extra: impl Iterator<Item = c_int>,
@@ -46,7 +47,11 @@ fn sleep_on(
     let t = ts(ns);
     // SAFETY: our own array, a bounded timeout, the caller's mask.
     let r = unsafe { real::ppoll(pf.as_mut_ptr(), pf.len() as nfds_t, &t, mask) };
-    if r < 0 { -1 } else { 0 }
+    if r < 0 {
+        -1
+    } else {
+        c_int::from(pf.first().is_some_and(|p| p.revents != 0))
+    }
 }
 
 fn ts(ns: u64) -> timespec {
@@ -818,7 +823,17 @@ pub fn epoll_mixed(
                 break -1;
             }
             now = now_ns();
-            next_kernel = 0; // after a sleep, ask the kernel at once
+            if r == 0 {
+                // The poll looked at `ep` itself: the kernel's part of the
+                // set had nothing ready when it returned, which is what an
+                // epoll_pwait(0) now would answer (woken by an engine fd:
+                // one syscall per wake-up saved).
+                next_kernel = now + KERNEL_EVERY_NS;
+                LAST_KERNEL.with(|c| c.set((ep, now)));
+                twins_seen(ep, &[], now);
+            } else {
+                next_kernel = 0; // the kernel has events: ask it at once
+            }
         } else {
             now = w.now();
         }
