@@ -30,7 +30,7 @@ for i in range(n):
     c.close()
 "#;
 
-fn nginx(lab: &ScopedLab, dir: &std::path::Path, workers: usize, run: bool) -> Kid {
+fn nginx(lab: &ScopedLab, dir: &std::path::Path, workers: usize, run: bool, tag: &str) -> Kid {
     let d = dir.display();
     let conf = dir.join(format!("nginx-{run}.conf"));
     std::fs::write(
@@ -59,7 +59,7 @@ fn nginx(lab: &ScopedLab, dir: &std::path::Path, workers: usize, run: bool) -> K
         .env("NANOWIRE_LOG", "info")
         .env("NANOWIRE_SPIN_US", "0")
         .env("NANOWIRE_RING_DEPTH", "1024");
-    let k = spawn(&format!("nginx{workers}-{run}"), cmd);
+    let k = spawn(&format!("nginx{workers}-{run}{tag}"), cmd);
     // Serving once a request through every worker's start is answered.
     let end = Instant::now() + Duration::from_secs(60);
     loop {
@@ -156,13 +156,13 @@ fn nginx_workers_share_the_listener(workers: usize) {
         std::fs::write(dir.join("www").join(&name), body).unwrap();
         names.push(name);
     }
-    let plain = nginx(&lab, &dir, workers, false);
+    let plain = nginx(&lab, &dir, workers, false, "");
     let want = fetch(&lab, &names);
     stop(plain);
     assert_eq!(want.lines().count(), FETCHES, "{want}");
     assert!(want.lines().all(|l| l.contains(" 200 ")), "{want}");
 
-    let srv = nginx(&lab, &dir, workers, true);
+    let srv = nginx(&lab, &dir, workers, true, "");
     let got = fetch(&lab, &names);
     let engines = nanowire_testkit::engines_on(nanowire(), &lab.iface(Host::B));
     let opens: Vec<u64> = engines
@@ -244,6 +244,109 @@ fn nginx_with_two_workers_serves_on_the_engine_in_each_worker() {
 #[ignore = "needs root"]
 fn nginx_with_four_workers_serves_on_the_engine_in_each_worker() {
     nginx_workers_share_the_listener(4);
+}
+
+/// nginx with 4 workers on the service (issue 24's "at least as fast as
+/// plainly"): an event loop's wake-ups cost no engine eventfd call per
+/// connection. Before (session 15), every sleep of a worker armed its
+/// engine once per registered connection (an eventfd read each), the
+/// worker's own turn after waking wrote its own eventfd back, and every
+/// accepted connection wrote the accept eventfd that only a blocking
+/// accept reads: 3-4 eventfd calls per connection. The workers are traced
+/// (strace -f -y) while they serve; the bodies are the same as plainly.
+#[test]
+#[ignore = "needs root"]
+fn nginx_workers_on_the_service_make_no_eventfd_call_per_connection() {
+    nanowire_testkit::require(&["nginx", "python3", "curl", "strace"]);
+    let lab = lab("fkev");
+    let dir = scratch("forkev");
+    std::fs::create_dir_all(dir.join("www")).unwrap();
+    let names: Vec<String> = (0..3).map(|i| format!("f{i}.bin")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let body: Vec<u8> = (0..(300 + i * 4_099)).map(|j| (j * 13 + i) as u8).collect();
+        std::fs::write(dir.join("www").join(name), body).unwrap();
+    }
+    let plain = nginx(&lab, &dir, 4, false, "ev");
+    let want = fetch(&lab, &names);
+    stop(plain);
+
+    let srv = nginx(&lab, &dir, 4, true, "ev");
+    let workers = workers_of(srv.child.id());
+    assert_eq!(workers.len(), 4, "workers: {workers:?}\n{}", srv.both());
+    let trace = scratch("forkev.strace");
+    let mut cmd = std::process::Command::new("strace");
+    cmd.args(["-f", "-y", "-e", "trace=read,write", "-o"])
+        .arg(&trace);
+    for w in &workers {
+        cmd.arg("-p").arg(w.to_string());
+    }
+    // Each worker's threads, and which of them is its TCP timer service:
+    // its own wake-up eventfd (a connection opened while it naps nudges
+    // it) is not the engine's.
+    let mut pid_of = std::collections::HashMap::new();
+    let mut timers = std::collections::HashSet::new();
+    for &w in &workers {
+        for e in std::fs::read_dir(format!("/proc/{w}/task"))
+            .unwrap()
+            .flatten()
+        {
+            let tid = e.file_name().to_string_lossy().into_owned();
+            let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+            if comm.starts_with("nanowire-tcp-ti") {
+                timers.insert(tid.clone());
+            }
+            pid_of.insert(tid, w);
+        }
+    }
+    let mut st = spawn("strace-forkev", cmd);
+    // Every worker's threads attached ("Process N attached" each).
+    st.wait_until("attached workers", Duration::from_secs(30), |k| {
+        k.stderr().matches("attached").count() >= workers.len()
+    });
+    let got = fetch(&lab, &names);
+    // SAFETY: kill(2) of a process of this test.
+    unsafe { libc::kill(st.child.id() as i32, libc::SIGINT) };
+    st.wait(Duration::from_secs(30));
+    let log = stop(srv);
+    assert_same_output("nginx bodies", &want, &got, &log);
+    let lines = std::fs::read_to_string(&trace).unwrap_or_default();
+    // (tid, fd) of each eventfd call: "TID read(FD<anon_inode:[eventfd]>, ..".
+    let call = |l: &str| -> Option<(String, String, bool)> {
+        let (tid, rest) = l.split_once(' ')?;
+        let rest = rest.trim_start();
+        let (name, args) = rest.split_once('(')?;
+        let fd = args.split('<').next()?;
+        l.contains("anon_inode:[eventfd]")
+            .then(|| (tid.to_string(), fd.to_string(), name == "read"))
+    };
+    let service_fds: std::collections::HashSet<(u32, String)> = lines
+        .lines()
+        .filter_map(call)
+        .filter(|(tid, _, read)| *read && timers.contains(tid))
+        .filter_map(|(tid, fd, _)| Some((*pid_of.get(&tid)?, fd)))
+        .collect();
+    let calls: Vec<&str> = lines
+        .lines()
+        .filter(|l| {
+            call(l).is_some_and(|(tid, fd, _)| {
+                !pid_of
+                    .get(&tid)
+                    .is_some_and(|&p| service_fds.contains(&(p, fd)))
+            })
+        })
+        .collect();
+    eprintln!(
+        "{} engine eventfd calls for {FETCHES} connections",
+        calls.len()
+    );
+    // A frame another thread (the timer service) queued for a sleeping
+    // worker still signals it: far fewer than one per connection.
+    assert!(
+        calls.len() < FETCHES / 2,
+        "{} eventfd calls for {FETCHES} connections:\n{}",
+        calls.len(),
+        calls.join("\n")
+    );
 }
 
 /// A prefork server in Python: the parent listens, forks 4 children that
