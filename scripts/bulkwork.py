@@ -312,6 +312,9 @@ def main():
             res["segments_per_sendto"] = round(segs / calls["sendto"], 1)
     if args.capture:
         res["ack_delay"] = ack_delays(out)
+        for f in ("a.pcap", "a.pcapng"):  # tens of MB per run: the disk is shared
+            if os.path.exists(os.path.join(out, f)):
+                os.unlink(os.path.join(out, f))
     print(json.dumps(res, indent=1))
     print(f"{args.end} under run ({args.profile} counted), {nbytes} B = {segs:.0f} segments of {SEG} B", file=sys.stderr)
     for k, v in per.items():
