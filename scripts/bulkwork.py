@@ -315,6 +315,9 @@ def main():
         for f in ("a.pcap", "a.pcapng"):  # tens of MB per run: the disk is shared
             if os.path.exists(os.path.join(out, f)):
                 os.unlink(os.path.join(out, f))
+    if not os.listdir(out):  # nothing kept (--tool none)
+        os.rmdir(out)
+        res["dir"] = None
     print(json.dumps(res, indent=1))
     print(f"{args.end} under run ({args.profile} counted), {nbytes} B = {segs:.0f} segments of {SEG} B", file=sys.stderr)
     for k, v in per.items():
