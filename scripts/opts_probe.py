@@ -10,6 +10,12 @@ Run the same way plainly and under `nanowire run`; the outputs must match.
                                listen; prints the TTL/TOS of the client's
                                segments it captured (AF_PACKET)
   tcp-hdr-client ADDR PORT     the same on the client side
+  tcp-echo-capture ADDR PORT N listener with nothing set: echoes N connections
+                               and prints the TTL/TOS of the segments (SYN or
+                               data) it captured from them
+  tcp-default-client ADDR PORT two connections with nothing set, then one with
+                               IP_TTL=9: the defaults of the namespace
+                               (sysctl ip_default_ttl) until an option is set
   md5-server ADDR PORT [PEER]  listener, with a TCP_MD5SIG key for PEER if given
   md5-client ADDR PORT [KEY]   connect (3 s), with TCP_MD5SIG KEY if given:
                                "connected" + echo, or "timeout"
@@ -143,6 +149,25 @@ def main():
             time.sleep(0.1)
         print("seen", cap.report(), flush=True)
         s.close()
+    elif mode == "tcp-echo-capture":
+        ls = socket.socket()
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind((addr, port))
+        ls.listen(8)
+        cap = Capture(sys.argv[5])
+        print("listening", flush=True)
+        for _ in range(int(sys.argv[4])):
+            c, _ = ls.accept()
+            c.sendall(c.recv(100))
+            c.close()
+        print("seen", cap.report(), flush=True)
+    elif mode == "tcp-default-client":
+        for ttl in (None, None, 9):
+            s = socket.socket()
+            if ttl:
+                s.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, ttl)
+            say_echo(s, addr, port, b"hdr")
+            s.close()
     elif mode == "md5-server":
         ls = socket.socket()
         ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

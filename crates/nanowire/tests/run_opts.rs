@@ -104,6 +104,43 @@ fn tcp_ip_ttl_and_tos_on_the_engines_segments() {
     }
 }
 
+/// A connect that set neither IP_TTL nor IP_TOS sends the namespace's
+/// defaults (the engine reads them once, not per connect: host a's
+/// `ip_default_ttl` changed to 33 must show on every segment), and an
+/// option set later still reaches the next connection's segments: the
+/// same capture plainly and with the client under run.
+#[test]
+#[ignore = "needs root"]
+fn tcp_connects_without_options_send_the_namespaces_defaults() {
+    let l = lab("od");
+    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
+    nanowire_testkit::ok(
+        &plain_in(
+            &l,
+            Host::A,
+            &["sysctl", "-qw", "net.ipv4.ip_default_ttl=33"],
+        )
+        .output()
+        .expect("sysctl"),
+    );
+    let mut seen = Vec::new();
+    for (i, cli_run) in [false, true].into_iter().enumerate() {
+        let port = (14300 + i).to_string();
+        let (name, p) = (format!("dflt-{i}"), probe());
+        let srv = ["tcp-echo-capture", &b, &port, "3", &a];
+        let cli = ["tcp-default-client", &b, &port];
+        let (s, c) = script_pair(&l, (&name, &p), (false, &srv), (cli_run, &cli), T);
+        let (so, co) = (s.both(), c.both());
+        assert_eq!(co.matches("connected hdr").count(), 3, "{co}\n{so}");
+        if cli_run {
+            on_engine(&c, &format!("-> {b}:{port}"));
+        }
+        seen.push(line_of(&so, "seen").to_string());
+    }
+    assert_eq!(seen[0], "seen ttl=9 tos=0x00 ttl=33 tos=0x00", "plainly");
+    assert_eq!(seen[1], seen[0], "under run (left) and plainly (right)");
+}
+
 #[test]
 #[ignore = "needs root"]
 fn tcp_md5sig_never_goes_unsigned() {

@@ -50,6 +50,9 @@ pub const SET_TCP: u8 = 2;
 /// What `tcpx::carry_options` carries to an accepted connection (and what
 /// changes it: IP_TOS sets SO_PRIORITY too).
 pub const SET_CARRIED: u8 = 4;
+/// IP_TTL / IP_TOS: what a connect reads for its IP header
+/// (`EngineOptions::ip_header_default` while none was set).
+pub const SET_IP: u8 = 8;
 
 /// A `setsockopt`'s option as the caller gave it (the value is still the
 /// caller's memory).
@@ -72,7 +75,20 @@ impl Opt {
 /// A setsockopt of (level, name) is about to be made on some fd.
 #[inline]
 pub fn note_set(level: c_int, name: c_int) {
-    let bits = match (level, name) {
+    let bits = bits_of(level, name);
+    if bits == 0 {
+        return;
+    }
+    use std::sync::atomic::Ordering::Relaxed;
+    if OPTS_SET.load(Relaxed) & bits != bits {
+        OPTS_SET.fetch_or(bits, Relaxed);
+    }
+}
+
+/// The `SET_*` bits a setsockopt of (level, name) sets (0: none).
+#[inline]
+fn bits_of(level: c_int, name: c_int) -> u8 {
+    match (level, name) {
         (
             libc::SOL_SOCKET,
             libc::SO_RCVBUF | libc::SO_SNDBUF | libc::SO_RCVBUFFORCE | libc::SO_SNDBUFFORCE,
@@ -89,13 +105,9 @@ pub fn note_set(level: c_int, name: c_int) {
             | libc::SO_PRIORITY
             | libc::SO_OOBINLINE
             | libc::SO_RCVLOWAT,
-        )
-        | (libc::IPPROTO_IP, libc::IP_TOS | libc::IP_TTL) => SET_CARRIED,
-        _ => return,
-    };
-    use std::sync::atomic::Ordering::Relaxed;
-    if OPTS_SET.load(Relaxed) & bits != bits {
-        OPTS_SET.fetch_or(bits, Relaxed);
+        ) => SET_CARRIED,
+        (libc::IPPROTO_IP, libc::IP_TOS | libc::IP_TTL) => SET_CARRIED | SET_IP,
+        _ => 0,
     }
 }
 
@@ -388,6 +400,24 @@ mod tests {
 
     fn one(v: c_int) -> [u8; 4] {
         v.to_ne_bytes()
+    }
+
+    #[test]
+    fn only_ip_ttl_and_ip_tos_make_a_connect_read_its_ip_header() {
+        let ip = libc::IPPROTO_IP;
+        assert_eq!(bits_of(ip, libc::IP_TTL), SET_CARRIED | SET_IP);
+        assert_eq!(bits_of(ip, libc::IP_TOS), SET_CARRIED | SET_IP);
+        for (level, name) in [
+            (libc::SOL_SOCKET, libc::SO_RCVTIMEO),
+            (libc::SOL_SOCKET, libc::SO_PRIORITY),
+            (libc::SOL_SOCKET, libc::SO_RCVBUF),
+            (libc::IPPROTO_TCP, libc::TCP_NODELAY),
+            (ip, libc::IP_MULTICAST_TTL),
+        ] {
+            assert_eq!(bits_of(level, name) & SET_IP, 0, "({level}, {name})");
+        }
+        assert_eq!(bits_of(libc::SOL_SOCKET, libc::SO_RCVTIMEO), SET_CARRIED);
+        assert_eq!(bits_of(libc::SOL_SOCKET, libc::SO_REUSEADDR), 0);
     }
 
     #[test]

@@ -705,6 +705,9 @@ fn opts() -> EngineOptions {
 /// asked for (at least 4 KiB).
 fn opts_for(fd: c_int) -> EngineOptions {
     let mut o = opts();
+    // Nothing set IP_TTL/IP_TOS: the engine's once-read defaults (no
+    // getsockopt per connect).
+    o.ip_header_default = !crate::opts::set_any(crate::opts::SET_IP);
     if !crate::opts::set_any(crate::opts::SET_BUFFERS) {
         // The kernel's defaults: nothing given (no getsockopt).
         return o;

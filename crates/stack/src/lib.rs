@@ -85,6 +85,12 @@ pub struct EngineOptions {
     pub rcvbuf: Option<usize>,
     /// Kernel socket send buffer (SO_SNDBUF) in bytes; `None` keeps the default.
     pub sndbuf: Option<usize>,
+    /// The kernel socket a TCP connect adopts holds the kernel's defaults
+    /// for IP_TTL and IP_TOS (the caller knows nothing set either): the
+    /// engine's values, read once from the first such socket, serve
+    /// instead of two getsockopt calls per connect. `false`: read them from
+    /// the socket.
+    pub ip_header_default: bool,
 }
 
 impl EngineOptions {
@@ -100,6 +106,7 @@ impl EngineOptions {
             fallback: true,
             rcvbuf: None,
             sndbuf: None,
+            ip_header_default: false,
         }
     }
 }

@@ -419,6 +419,10 @@ pub struct Engine {
     /// and handed over with the first TCP stack; `None` inside: it could
     /// not be (said once).
     conn_table: std::sync::OnceLock<Option<Arc<service::conns::ConnTable>>>,
+    /// IP_TTL and IP_TOS of a TCP socket left at the kernel's defaults in
+    /// this namespace, read from the first one a connect adopted with
+    /// [`EngineOptions::ip_header_default`] (see [`Engine::ip_defaults`]).
+    ip_defaults: std::sync::OnceLock<(u8, u8)>,
     /// A look at the receive side without the RX lock (see
     /// [`Engine::rx_quiet`]); `None` when receive faults are injected (the
     /// injector holds frames back and releases them from later polls).
@@ -859,6 +863,7 @@ impl Engine {
             service_slot: None,
             service_lost,
             conn_table: std::sync::OnceLock::new(),
+            ip_defaults: std::sync::OnceLock::new(),
             rx_hint,
         })
     }
@@ -1064,6 +1069,15 @@ impl Engine {
             );
         }
         r
+    }
+
+    /// IP_TTL and IP_TOS of `fd`, a TCP socket its caller knows to hold
+    /// the kernel's defaults: read from the first such socket, then from
+    /// memory (two getsockopt calls per connect fewer; the defaults are the
+    /// namespace's `ip_default_ttl` and 0, the same for every such socket
+    /// of the engine's namespace while the sysctl stays).
+    pub(crate) fn ip_defaults(&self, fd: RawFd) -> (u8, u8) {
+        *self.ip_defaults.get_or_init(|| tcp::ip_header_of(fd))
     }
 
     /// Attached to the engine service (its slot there), rather than an

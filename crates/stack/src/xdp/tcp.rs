@@ -2325,7 +2325,11 @@ impl XdpTcpStream {
             if let Some(b) = opts.sndbuf {
                 so.sndbuf = b.max(4096);
             }
-            (so.ttl, so.tos) = ip_header_of(fd);
+            (so.ttl, so.tos) = if opts.ip_header_default {
+                eng.engine.ip_defaults(fd)
+            } else {
+                ip_header_of(fd)
+            };
             if block.is_none() {
                 // On the engine service the claim is a round trip: made
                 // without this stack's lock, which every connection of
