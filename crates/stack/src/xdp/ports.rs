@@ -15,7 +15,7 @@
 //! claims go with the engine's program, or with its connection to the
 //! service.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::RawFd;
 
 /// Most ports one engine's block holds. The listen map (4,096 entries) is
@@ -52,6 +52,20 @@ pub(super) struct PortBlock {
     /// Growing failed for good (the service refused a claim, the listen map
     /// is full): connects bind a port each, as without a block.
     off: bool,
+    /// Ports added, or given back by their connection, so far: what can
+    /// make a port free for a peer (besides time: [`REUSE_GAP_NS`]).
+    changes: u64,
+    /// The last look at every port that found none free for a peer: (the
+    /// peer, `changes` then, when the first port held back by its reuse
+    /// gap becomes free: `u64::MAX` if none was). A full block whose ports all hold a
+    /// 4-tuple to that peer (the client's own TIME-WAIT: a connect loop
+    /// that closes first) answers the next connects from here instead of a
+    /// 4-tuple lookup per port per connect (256 lookups, ~26,000
+    /// instructions a connect; docs/benchmarks.md, "Session 15: churn").
+    miss: Option<(SocketAddrV4, u64, u64)>,
+    /// When the first port the last [`PortBlock::pick`] passed over for its
+    /// reuse gap becomes free (`u64::MAX`: none was).
+    gap_ends: u64,
 }
 
 impl PortBlock {
@@ -84,23 +98,45 @@ impl PortBlock {
     pub fn pick(&mut self, now: u64, all: bool, free: impl Fn(u16) -> bool) -> Option<usize> {
         let n = self.ports.len();
         let look = if all { n } else { n.min(SCAN) };
+        let mut gap_ends = u64::MAX;
         for k in 0..look {
             let i = (self.next + k) % n;
             let p = &self.ports[i];
-            if !p.retired
-                && (p.ended == 0 || now.saturating_sub(p.ended) >= REUSE_GAP_NS)
-                && free(p.port)
-            {
+            if p.retired {
+                continue;
+            }
+            if p.ended != 0 && now.saturating_sub(p.ended) < REUSE_GAP_NS {
+                gap_ends = gap_ends.min(p.ended + REUSE_GAP_NS);
+            } else if free(p.port) {
                 self.next = (i + 1) % n;
                 return Some(i);
             }
         }
+        self.gap_ends = gap_ends;
         None
+    }
+
+    /// Did the last look at every port find none for `peer`, with nothing
+    /// that could free one since: no port given back or added, and no port
+    /// that was held back only by its reuse gap past it yet. (A port whose
+    /// 4-tuple to the peer is taken is freed only by its connection's end,
+    /// which [`PortBlock::ended`] counts.) A wrong "yes" would cost only a
+    /// port bound for that connection alone.
+    pub fn known_miss(&self, peer: SocketAddrV4, now: u64) -> bool {
+        self.miss
+            .is_some_and(|(p, changes, until)| p == peer && changes == self.changes && now < until)
+    }
+
+    /// The look [`PortBlock::pick`] just made at every port found none
+    /// free for `peer`.
+    pub fn note_miss(&mut self, peer: SocketAddrV4) {
+        self.miss = Some((peer, self.changes, self.gap_ends));
     }
 
     /// Add a port the caller bound (`fd`, the engine's own socket) and
     /// claimed; its index.
     pub fn push(&mut self, src: Ipv4Addr, port: u16, fd: RawFd) -> usize {
+        self.changes += 1;
         self.src = Some(src);
         self.ports.push(Port {
             port,
@@ -120,6 +156,7 @@ impl PortBlock {
     pub fn ended(&mut self, i: usize, now: u64) {
         if let Some(p) = self.ports.get_mut(i) {
             p.ended = now;
+            self.changes += 1;
         }
     }
 
@@ -144,6 +181,7 @@ impl PortBlock {
         }
         self.ports.append(&mut other.ports);
         self.off |= other.off;
+        self.changes += 1;
     }
 }
 
@@ -201,6 +239,37 @@ mod tests {
         assert!(!b.serves(Ipv4Addr::new(198, 18, 0, 9)));
         b.turn_off();
         assert!(!b.serves(Ipv4Addr::new(198, 18, 0, 1)));
+    }
+
+    #[test]
+    fn a_miss_for_a_peer_holds_until_a_port_changes_or_the_gap_passes() {
+        let mut b = block(4);
+        let peer = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 80);
+        let other = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 81);
+        let t = 10 * REUSE_GAP_NS;
+        assert!(!b.known_miss(peer, t));
+        // Every 4-tuple to the peer taken (the client's own TIME-WAITs):
+        // nothing but a port's end frees one, however long it takes.
+        assert_eq!(b.pick(t, true, |_| false), None);
+        b.note_miss(peer);
+        assert!(b.known_miss(peer, t + 1000 * REUSE_GAP_NS));
+        assert!(!b.known_miss(other, t), "another peer's 4-tuples differ");
+        // A connection on one of its ports ended: that port may be free.
+        b.ended(1, t + 1);
+        assert!(!b.known_miss(peer, t + 2));
+        // Looked at again within that port's gap: the miss holds until the
+        // gap has passed, then the port is taken.
+        assert_eq!(b.pick(t + 2, true, |p| p == 40003), None);
+        b.note_miss(peer);
+        assert!(b.known_miss(peer, t + REUSE_GAP_NS));
+        assert!(!b.known_miss(peer, t + 1 + REUSE_GAP_NS));
+        assert_eq!(b.pick(t + 1 + REUSE_GAP_NS, true, |p| p == 40003), Some(1));
+        // A new port may be free too.
+        assert_eq!(b.pick(t + 2, true, |_| false), None);
+        b.note_miss(peer);
+        assert!(b.known_miss(peer, t + 3));
+        b.push(Ipv4Addr::new(198, 18, 0, 1), 50001, -1);
+        assert!(!b.known_miss(peer, t + 3));
     }
 
     #[test]

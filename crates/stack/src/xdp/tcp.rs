@@ -1348,6 +1348,11 @@ impl TcpEngine {
             return None;
         }
         let now = now_ns();
+        if core.block.len() >= super::ports::MAX_PORTS && core.block.known_miss(remote, now) {
+            // Every port's 4-tuple to this peer was taken a moment ago and
+            // none has been given back since: no look at each again.
+            return None;
+        }
         let Core { stack, block, .. } = &mut *core;
         let free = |p: u16| {
             !stack.has_tuple(&nanowire_tcp::FourTuple {
@@ -1371,12 +1376,16 @@ impl TcpEngine {
             }
         }
         let Core { stack, block, .. } = &mut *core;
-        block.pick(now, true, |p: u16| {
+        let found = block.pick(now, true, |p: u16| {
             !stack.has_tuple(&nanowire_tcp::FourTuple {
                 local: SocketAddrV4::new(src, p),
                 remote,
             })
-        })
+        });
+        if found.is_none() {
+            block.note_miss(remote);
+        }
+        found
     }
 
     /// One more port for the block: the engine's own socket (raw calls,
