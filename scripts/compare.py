@@ -769,10 +769,10 @@ print("p50_us %.1f p99_us %.1f" % (lat[len(lat) // 2] / 1000, lat[int(len(lat) *
 """
 
 
-def churn_nginx(lab, tmp, port, under_run=False, workers=1):
+def churn_nginx(lab, tmp, port, under_run=False, workers=1, env_extra=()):
     """An nginx (`workers` workers) in host b serving a small file from `tmp`, plain or under run
     (with more than one worker: on the engine service of host b, where workers share the
-    listener on the engine, issue 24)."""
+    listener on the engine, issue 24); `env_extra`: NAME=VALUE settings for the run."""
     for d in ("html", "tmp"):
         os.makedirs(os.path.join(tmp, d), exist_ok=True)
     with open(os.path.join(tmp, "html", "index.html"), "w") as f:
@@ -786,7 +786,7 @@ def churn_nginx(lab, tmp, port, under_run=False, workers=1):
                 f"server {{ listen {B}:{port}; root {tmp}/html; }} }}\n")
     argv = ["nginx", "-c", conf, "-p", tmp]
     if under_run:
-        argv = (["env", "NANOWIRE_SERVICE=1"] if workers > 1 else []) + [NW, "run", "--"] + argv
+        argv = (["env", "NANOWIRE_SERVICE=1", *env_extra] if workers > 1 else []) + [NW, "run", "--"] + argv
     return Server(lab, argv)
 
 
@@ -807,6 +807,13 @@ def run_churn(a):
                 # Issue 24: connections accepted per second by nginx with 4 workers, plain and
                 # under run on the engine service of host b (workers share the listener there).
                 ("ab -c 20 nginx 4 workers under run",
+                 ["ab", "-q", "-n", str(a.requests), "-c", "20", url.replace(f":{port}/", f":{port + 2}/")],
+                 True),
+                # The same with the workers' waits not spinning (NANOWIRE_SPIN_US=0): 4 workers and
+                # ab on 2 vCPUs leave no idle CPU to spin on; session 15 counted 10-25 % more CPU per
+                # request in the workers with the default spin than without (docs/benchmarks.md,
+                # "Session 15: nginx workers on the service").
+                ("ab -c 20 nginx 4 workers under run spin 0",
                  ["ab", "-q", "-n", str(a.requests), "-c", "20", url.replace(f":{port}/", f":{port + 2}/")],
                  True),
             ]
@@ -843,7 +850,8 @@ def run_churn(a):
                             os.makedirs(os.path.join(tmp, "run4"), exist_ok=True)
                             svc = EngineService(a.lab, "b")
                             run_srv = churn_nginx(a.lab, os.path.join(tmp, "run4"), port + 3, under_run=True,
-                                                  workers=4)
+                                                  workers=4,
+                                                  env_extra=("NANOWIRE_SPIN_US=0",) if "spin 0" in name else ())
                             cmd = [x.replace(f":{port + 2}/", f":{port + 3}/") for x in argv]
                         else:
                             # A fresh nginx under run on the next port for this run only (its
@@ -867,7 +875,8 @@ def run_churn(a):
     ratios = {}
     for name, key in (("ab -c 1", "req_s"), ("ab -c 20", "req_s"), ("python connect", "p50_us"),
                       ("python connect", "p99_us"), ("ab -c 1 nginx under run", "req_s"),
-                      ("ab -c 20 nginx 4 workers under run", "req_s")):
+                      ("ab -c 20 nginx 4 workers under run", "req_s"),
+                      ("ab -c 20 nginx 4 workers under run spin 0", "req_s")):
         p, r = med.get(f"{name} plain", {}).get(key), med.get(f"{name} run", {}).get(key)
         if p and r:
             ratios[f"{name} {key} run/plain"] = round(r / p, 3)
