@@ -265,21 +265,24 @@ impl Ctl {
     }
 }
 
+/// A memfd of `len` bytes (unit tests' control areas).
+#[cfg(test)]
+pub(crate) fn test_memfd(len: usize) -> std::os::fd::OwnedFd {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a NUL-terminated name; checked below.
+    let raw = unsafe { libc::memfd_create(c"nw-test".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(raw >= 0);
+    // SAFETY: a fresh descriptor we own; ftruncate on it.
+    unsafe {
+        assert_eq!(libc::ftruncate(raw, len as libc::off_t), 0);
+        std::os::fd::OwnedFd::from_raw_fd(raw)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-
-    fn memfd(len: usize) -> OwnedFd {
-        // SAFETY: a NUL-terminated name; checked below.
-        let raw = unsafe { libc::memfd_create(c"nw-test".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(raw >= 0);
-        // SAFETY: a fresh descriptor we own; ftruncate on it.
-        unsafe {
-            assert_eq!(libc::ftruncate(raw, len as libc::off_t), 0);
-            OwnedFd::from_raw_fd(raw)
-        }
-    }
+    use std::os::fd::AsRawFd;
 
     const GEO: Geometry = Geometry {
         rx_frames: 1024,
@@ -319,7 +322,7 @@ mod tests {
 
     #[test]
     fn two_parties_share_the_lock_mailboxes_and_marks() {
-        let fd = memfd(GEO.ctl_len());
+        let fd = test_memfd(GEO.ctl_len());
         let a = Ctl::map(fd.as_raw_fd(), GEO, 0).unwrap();
         let b = Ctl::map(fd.as_raw_fd(), GEO, 1).unwrap();
         // One holder at a time, across mappings.

@@ -221,6 +221,23 @@ impl<T: Copy> Ring<T> {
         }
         Ring::new(map, &off, size)
     }
+
+    /// Another party's view of the same ring (tests: the several users of
+    /// a shared UMEM's completion ring, and the kernel).
+    #[cfg(test)]
+    pub(crate) fn clone_view(&self) -> Ring<T> {
+        Ring {
+            prod: self.prod,
+            cons: self.cons,
+            flags: self.flags,
+            descs: self.descs,
+            mask: self.mask,
+            size: self.size,
+            cached_prod: self.prod_ref().load(Ordering::Acquire),
+            cached_cons: self.cons_ref().load(Ordering::Acquire),
+            _map: self._map.clone(),
+        }
+    }
 }
 
 /// The producer and consumer indices of a ring, readable from any thread
