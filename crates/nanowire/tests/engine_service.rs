@@ -334,6 +334,28 @@ fn a_process_on_the_service_gets_huge_pages_and_checksum_offload_as_an_own_engin
     }
 }
 
+/// Issue 23's per-message path: while processes are attached and nothing
+/// is due (no reclaim deferred, no TCP listener group to sweep), the
+/// service sleeps in its poll without a timeout: nothing of it wakes on a
+/// timer to compete for a CPU with the processes (it woke 5 times a
+/// second). Seen in /proc/PID/syscall: ppoll's timeout argument is NULL.
+#[test]
+#[ignore = "needs root"]
+fn the_service_sleeps_without_a_timer_while_its_processes_are_attached() {
+    let lab = lab("vsl");
+    let (ports, _kids) = echoes_on_xdp(&lab, "vsl", 12111, 1);
+    client(&lab, "vsl-client", &ports, 100);
+    let pid = status(&lab)["pid"].as_u64().expect("service pid");
+    let mut seen = String::new();
+    let asleep = until(Duration::from_secs(10), || {
+        seen = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+        seen.split_whitespace().next() == Some(libc::SYS_ppoll.to_string().as_str())
+    });
+    assert!(asleep, "the service is not in ppoll: {seen:?}");
+    let timeout = seen.split_whitespace().nth(3);
+    assert_eq!(timeout, Some("0x0"), "ppoll with a timeout: {seen:?}");
+}
+
 /// The same eight on an interface of 4 RX queues (`lab up --queues 4`):
 /// every process gets an AF_XDP socket per queue on the service's shared
 /// UMEM of that queue and the program redirects to the owner's socket of

@@ -237,7 +237,7 @@ impl Service {
                     revents: 0,
                 })
                 .collect();
-            nanowire_xdp::sys::poll(&mut pfds, 200);
+            nanowire_xdp::sys::poll(&mut pfds, self.poll_timeout_ms());
             if pfds[0].revents & libc::POLLIN != 0 {
                 self.accept();
             }
@@ -256,6 +256,23 @@ impl Service {
                 return;
             }
         }
+    }
+
+    /// How long the loop may sleep when nothing arrives: wake-ups only for
+    /// work that is due by time (a deferred reclaim, the pin sweep, the exit
+    /// when unused), none while processes are attached and nothing waits.
+    /// A periodic wake-up of the service competes for a CPU with the
+    /// attached processes (two vCPUs: one is the application's).
+    fn poll_timeout_ms(&self) -> i32 {
+        const RETRY_MS: i32 = 200;
+        if !self.pending.is_empty() || self.clients.is_empty() {
+            return RETRY_MS;
+        }
+        if self.ifaces.values().any(|i| !i.groups.is_empty()) {
+            let left = PIN_SWEEP.saturating_sub(self.last_sweep.elapsed());
+            return (left.as_millis() as i32).saturating_add(1);
+        }
+        -1
     }
 
     fn accept(&mut self) {
