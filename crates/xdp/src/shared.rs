@@ -15,10 +15,11 @@
 //!   delays the batch, it never blocks the data path). No hop through the
 //!   service, no wake-up.
 //! * **Completion**: TX frames are split into per-slot ranges
-//!   (`tx_per_slot` each). Whoever reaps the completion ring (a process out
-//!   of TX frames, under the lock) keeps its own and posts the others'
-//!   into their slot's mailbox (a ring in the control area, produced under
-//!   the lock, consumed by its slot without it).
+//!   (`tx_per_slot` each). Whoever reaps the completion ring (a process
+//!   every [`crate::xsk::HOT_TX_FRAMES`] packets sent or when out of TX
+//!   frames, under the lock) keeps its own and posts the others' into their
+//!   slot's mailbox (a ring in the control area, produced under the lock,
+//!   consumed by its slot without it).
 //! * **Ownership for kill -9**: a process marks each RX frame it takes off
 //!   its RX ring with its slot (`owner[frame]`) before releasing the ring
 //!   entry, and clears the mark when it gives the frame back. A refill
