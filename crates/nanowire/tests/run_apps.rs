@@ -158,7 +158,8 @@ fn kernel_drops(lab: &ScopedLab, h: Host) -> Vec<(String, u64)> {
 
 /// Every drop counter of the engines whose pages are in `dir` (their
 /// processes finished): the engine's `drop_*` and the kernel's AF_XDP
-/// receive drops it reports (`xsk_rx_*`), summed over engines, by name.
+/// receive and transmit drops it reports (`xsk_rx_*`,
+/// `xsk_tx_kernel_dropped`), summed over engines, by name.
 fn engine_drops(dir: &Path) -> Vec<(String, u64)> {
     let pages = nanowire_stack::xdp::shm::read_finished(dir);
     assert!(pages.unreadable.is_empty(), "{:?}", pages.unreadable);
@@ -170,6 +171,7 @@ fn engine_drops(dir: &Path) -> Vec<(String, u64)> {
                     "xsk_rx_dropped",
                     "xsk_rx_ring_full",
                     "xsk_rx_fill_ring_empty",
+                    "xsk_tx_kernel_dropped",
                 ]
                 .contains(&k.as_str());
             if drop && *v > 0 {

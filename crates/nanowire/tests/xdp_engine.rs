@@ -1020,3 +1020,56 @@ fn attach_mode_is_generic_on_veth_unless_forced() {
     });
     assert!(got);
 }
+
+/// A packet the device drops while the kernel sends it for the engine (the
+/// kick answered EBUSY: `NET_XMIT_DROP`, "completed but not sent") is
+/// counted as `xsk_tx_kernel_dropped`, and the kernel's own count agrees.
+/// Host b's veth takes nothing longer than its MTU, lowered to 1000, so
+/// veth_xmit drops a 1200-byte datagram from a (a's TX dropped), as it
+/// drops a kernel socket's: the send succeeds both ways, the datagram is
+/// lost both ways, counted both ways.
+#[test]
+#[ignore = "needs root"]
+fn a_datagram_the_device_drops_on_a_kick_is_counted() {
+    let lab = lab('k');
+    let (ifa, ifb) = (lab.iface(Host::A), lab.iface(Host::B));
+    let (na, nb) = (lab.netns(Host::A), lab.netns(Host::B));
+    let tx_dropped = |ns: &str, ifn: &str| -> u64 {
+        let j = ip_ns(ns, &["-s", "-j", "link", "show", "dev", ifn]);
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        v[0]["stats64"]["tx"]["dropped"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no tx dropped in {j}"))
+    };
+    ip_ns(&nb, &["link", "set", "dev", &ifb, "mtu", "1000"]);
+    let before = tx_dropped(&na, &ifa);
+    let ifn = ifa.clone();
+    let c = in_ns(&na, move || {
+        use nanowire_stack::UdpEndpoint;
+        let mut s = xdp_socket(ifn, 1024, 0);
+        s.connect(SocketAddrV4::new(B, 5990)).unwrap();
+        // A small one first: it resolves b's MAC (b answers port
+        // unreachable) and is sent.
+        s.send(b"resolve").unwrap();
+        let counters =
+            |s: &nanowire_stack::xdp::XdpSocket| -> std::collections::HashMap<String, u64> {
+                s.engine_counters().into_iter().collect()
+            };
+        let dl = Instant::now() + Duration::from_secs(10);
+        while counters(&s)["tx_packets"] < 1 && Instant::now() < dl {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for _ in 0..10 {
+            s.send(&[7u8; 1200]).unwrap();
+        }
+        while counters(&s)["xsk_tx_kernel_dropped"] < 10 && Instant::now() < dl {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        counters(&s)
+    });
+    let kernel = tx_dropped(&na, &ifa) - before;
+    assert_eq!(c["tx_packets"], 11, "{c:?}");
+    assert_eq!(c["xsk_tx_kernel_dropped"], 10, "{c:?}");
+    assert!(c["xsk_tx_kick_retries"] >= 10, "{c:?}");
+    assert_eq!(kernel, 10, "the kernel's count of a's TX drops");
+}

@@ -277,6 +277,9 @@ pub struct XskTx {
     fatal: i32,
     /// Kicks tried again after a transient refusal.
     kick_retries: u64,
+    /// Packets the kernel took off the TX ring and completed without
+    /// sending them (a kick answered EBUSY: see [`XskTx::kernel_dropped`]).
+    kernel_dropped: u64,
     bad_descs: u64,
     multi_buffer: bool,
     /// A UMEM shared with other processes: the completion ring is reaped
@@ -520,6 +523,7 @@ impl XskSocket {
                 budget,
                 fatal: 0,
                 kick_retries: 0,
+                kernel_dropped: 0,
                 bad_descs: 0,
                 multi_buffer: cfg.multi_buffer,
                 shared: shared.0,
@@ -1332,6 +1336,14 @@ impl XskTx {
     /// would queue the packet in its qdisc); what is still left goes with
     /// the next kick (`flush`). Errors that will not go away (interface
     /// down or gone) are returned by [`XskTx::kick_error`].
+    ///
+    /// EBUSY is not only "for now": in copy mode it is the kernel saying
+    /// that the device dropped the packet it was sending (`NET_XMIT_DROP`
+    /// from `__dev_direct_xmit`: the device has no carrier, e.g. a veth
+    /// whose peer is down, or the veth peer's backlog was full), after it
+    /// took the packet off the ring and completed its frames: that packet
+    /// is gone, and counted ([`XskTx::kernel_dropped`]); the kick goes on
+    /// with the rest of the ring.
     pub fn kick(&mut self) {
         for attempt in 0..KICK_TRIES {
             // SAFETY: zero-length sendto on our socket.
@@ -1356,6 +1368,9 @@ impl XskTx {
             if !matches!(e, libc::EAGAIN | libc::EBUSY | libc::ENOBUFS) {
                 return;
             }
+            if e == libc::EBUSY {
+                self.kernel_dropped += 1;
+            }
             self.kick_retries += 1;
             self.reap();
             if self.tx.occupancy() == 0 {
@@ -1370,6 +1385,16 @@ impl XskTx {
     /// Kicks tried again after a transient refusal (see [`XskTx::kick`]).
     pub fn kick_retries(&self) -> u64 {
         self.kick_retries
+    }
+
+    /// Packets the kernel completed without sending them: each kick the
+    /// kernel answered EBUSY (copy mode: "SKB completed but not sent", the
+    /// device's `NET_XMIT_DROP`). The frames came back on the completion
+    /// ring; the data did not leave. The engine shows it as
+    /// `xsk_tx_kernel_dropped`.
+    #[inline]
+    pub fn kernel_dropped(&self) -> u64 {
+        self.kernel_dropped
     }
 
     /// The last kick error that will not go away by retrying, if any.

@@ -298,6 +298,15 @@ counter_table! {
         TcpPawsRejected = "tcp_paws_rejected": Counter <- paws_rejected,
         /// Out-of-order segments dropped: the reassembly had no free range.
         TcpOooDropped = "tcp_ooo_dropped": Counter <- ooo_dropped,
+        /// Packets the kernel took off the TX ring and completed without
+        /// sending (a kick answered EBUSY: the device's `NET_XMIT_DROP`,
+        /// e.g. no carrier: a veth whose peer is down; or the veth peer's
+        /// backlog full). Lost on the way out, as a kernel socket's packet
+        /// the device drops (`nanowire_xdp::XskTx::kernel_dropped`).
+        XskTxKernelDropped = "xsk_tx_kernel_dropped": Counter,
+        /// Kicks tried again because the kernel refused for now (EAGAIN:
+        /// the device queue stopped; ENOBUFS; EBUSY above): nothing lost.
+        XskTxKickRetries = "xsk_tx_kick_retries": Counter,
     }
 
     /// Per-socket counters (word 0 of a socket's block is its address).
@@ -949,9 +958,20 @@ fn read_page(d: &SafeDir, name: &str) -> Result<Option<EngineSnapshot>, String> 
 }
 
 /// Is a counter of this name a drop (`drop_*`, the TCP stacks'
-/// `tcp_drop_*`)? (`nanowire stats`: drops by reason per process.)
+/// `tcp_drop_*`, and the frames of this engine the kernel dropped: on the
+/// way into the AF_XDP socket, `xsk_rx_*`, and on the way out,
+/// `xsk_tx_kernel_dropped`)? (`nanowire stats`: drops by reason per
+/// process.)
 pub fn is_drop(name: &str) -> bool {
-    name.starts_with("drop_") || name.contains("_drop_")
+    name.starts_with("drop_")
+        || name.contains("_drop_")
+        || matches!(
+            name,
+            "xsk_rx_dropped"
+                | "xsk_rx_ring_full"
+                | "xsk_rx_fill_ring_empty"
+                | "xsk_tx_kernel_dropped"
+        )
 }
 
 /// Read a page another process handed over (the engine service: an
@@ -1135,6 +1155,8 @@ mod tests {
         assert_eq!(snap.info, info());
         assert_eq!(snap.counters["drop_other_host"], 3);
         assert!(is_drop("drop_other_host") && is_drop("tcp_drop_malformed"));
+        assert!(is_drop("xsk_tx_kernel_dropped") && is_drop("xsk_rx_ring_full"));
+        assert!(!is_drop("xsk_tx_kick_retries"));
         assert!(!is_drop("rx_frames"));
         let plain = std::fs::File::open("/proc/self/stat").unwrap();
         use std::os::fd::AsFd;

@@ -8,7 +8,7 @@
 //! closure; the kick is a non-blocking sendto). Counters written here (`tx_*`, per-socket `tx_*`) have this
 //! lock as their single writer.
 
-use super::device::TxDevice;
+use super::device::{KickCounts, TxDevice};
 use super::shm::{E, S, StatsPage, bump};
 use nanowire_wire::{EtherType, EthernetRepr, Ipv4Repr, MacAddr, UdpRepr};
 use nanowire_xdp::CsumRequest;
@@ -72,6 +72,8 @@ pub(crate) struct TxPath<D> {
     pub page: Arc<StatsPage>,
     /// Scratch for multi-buffer (jumbo) frames.
     pub big: Vec<u8>,
+    /// The device's kick totals already on the stats page.
+    kicks: KickCounts,
 }
 
 /// What one `send` did.
@@ -88,6 +90,7 @@ impl<D: TxDevice> TxPath<D> {
             per_kick,
             page,
             big: Vec::new(),
+            kicks: KickCounts::default(),
         }
     }
 
@@ -181,6 +184,7 @@ impl<D: TxDevice> TxPath<D> {
         if sent == 0 && !bufs.is_empty() {
             // Ring full even after reaping: kick and report the drop.
             self.dev.kick_now();
+            self.note_kicks();
             bump(self.page.e(E::DropTxRingFull), 1);
             bump(self.page.s(slot, S::DropTxRingFull), 1);
             return Err(io::Error::new(
@@ -189,6 +193,7 @@ impl<D: TxDevice> TxPath<D> {
             ));
         }
         self.dev.flush();
+        self.note_kicks();
         if let Some(e) = self.dev.take_error() {
             return Err(e);
         }
@@ -222,7 +227,34 @@ impl<D: TxDevice> TxPath<D> {
     ) -> usize {
         let n = self.dev.send_with_csum(max, fill);
         self.dev.flush();
+        self.note_kicks();
         n
+    }
+
+    /// Put what the device's kicks did since the last look on the stats
+    /// page: packets the kernel completed without sending
+    /// (`xsk_tx_kernel_dropped`) and kicks tried again. Two loads and a
+    /// compare when nothing happened.
+    #[inline]
+    fn note_kicks(&mut self) {
+        let now = self.dev.kick_counts();
+        if now != self.kicks {
+            self.count_kicks(now);
+        }
+    }
+
+    #[cold]
+    fn count_kicks(&mut self, now: KickCounts) {
+        let was = std::mem::replace(&mut self.kicks, now);
+        let p = &self.page;
+        bump(
+            p.e(E::XskTxKernelDropped),
+            now.kernel_dropped.saturating_sub(was.kernel_dropped),
+        );
+        bump(
+            p.e(E::XskTxKickRetries),
+            now.retries.saturating_sub(was.retries),
+        );
     }
 
     fn count(&self, sent: &[&[u8]], slot: usize) {
@@ -415,6 +447,27 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         assert_eq!(get(&t.page, E::DropTxRingFull), 1);
         assert_eq!(get_s(&t.page, 4, S::DropTxRingFull), 1);
+    }
+
+    #[test]
+    fn packets_the_kernel_completed_without_sending_are_counted() {
+        let mut t = tx(2048, 32);
+        let bufs: Vec<&[u8]> = vec![b"x"; 3];
+        t.send(&bufs, wire(), 0).unwrap();
+        assert_eq!(get(&t.page, E::XskTxKernelDropped), 0);
+        // The device's kicks met two EBUSY (two packets dropped by the
+        // kernel) and five refusals in all: counted once each, on a send
+        // and on a post.
+        t.dev.kicks.kernel_dropped = 2;
+        t.dev.kicks.retries = 5;
+        t.send(&bufs, wire(), 0).unwrap();
+        t.send(&bufs, wire(), 0).unwrap();
+        assert_eq!(get(&t.page, E::XskTxKernelDropped), 2);
+        assert_eq!(get(&t.page, E::XskTxKickRetries), 5);
+        t.dev.kicks.kernel_dropped = 3;
+        assert_eq!(t.post(&[&[0u8; 60]]), 1);
+        assert_eq!(get(&t.page, E::XskTxKernelDropped), 3);
+        assert_eq!(get(&t.page, E::XskTxKickRetries), 5);
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub struct LoopTx {
     /// Offer checksum offload: checksum requests are left to "the wire"
     /// (frames arrive with the partial checksum, as over veth).
     pub offload: bool,
+    /// What [`TxDevice::kick_counts`] answers (a test sets the kernel's
+    /// drops and refusals a real device's kicks would meet).
+    pub kicks: super::KickCounts,
 }
 
 /// A device that receives what it sends, with `frame`-byte frames.
@@ -78,6 +81,7 @@ impl LoopTx {
             keep: false,
             log: Vec::new(),
             offload: false,
+            kicks: super::KickCounts::default(),
         }
     }
     /// Take the frames sent and not yet received (a test's peer reads them).
@@ -134,6 +138,9 @@ impl TxDevice for LoopTx {
     }
     fn csum_offload(&self) -> bool {
         self.offload
+    }
+    fn kick_counts(&self) -> super::KickCounts {
+        self.kicks
     }
     fn send_with_csum(&mut self, max: usize, mut fill: impl super::FillCsum) -> usize {
         if self.offload {

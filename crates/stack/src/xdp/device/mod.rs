@@ -174,6 +174,20 @@ pub trait TxDevice {
     fn take_error(&mut self) -> Option<io::Error> {
         None
     }
+    /// Totals since the device opened: packets the kernel completed
+    /// without sending (a kick answered EBUSY), and kicks tried again.
+    fn kick_counts(&self) -> KickCounts {
+        KickCounts::default()
+    }
+}
+
+/// [`TxDevice::kick_counts`]: totals of the device's kicks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KickCounts {
+    /// Packets the kernel took and completed but did not send.
+    pub kernel_dropped: u64,
+    /// Kicks tried again after a refusal for now.
+    pub retries: u64,
 }
 
 /// A device around another (the wrappers): its inner device ([`wrapper!`]
@@ -209,6 +223,7 @@ forwarding! {
         fn flush(&mut self);
         fn kick_now(&mut self);
         fn take_error(&mut self) -> Option<io::Error>;
+        fn kick_counts(&self) -> KickCounts;
     }
 }
 

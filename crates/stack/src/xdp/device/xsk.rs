@@ -235,4 +235,11 @@ impl TxDevice for XskTx {
     fn take_error(&mut self) -> Option<io::Error> {
         self.kick_error()
     }
+    #[inline]
+    fn kick_counts(&self) -> super::KickCounts {
+        super::KickCounts {
+            kernel_dropped: self.kernel_dropped(),
+            retries: self.kick_retries(),
+        }
+    }
 }
