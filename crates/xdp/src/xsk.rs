@@ -1526,6 +1526,7 @@ mod tests {
             budget: None,
             fatal: 0,
             kick_retries: 0,
+            kernel_dropped: 0,
             bad_descs: 0,
             multi_buffer: false,
             shared: Some(ctl),
