@@ -169,7 +169,17 @@ pub struct BurstArgs {
     /// Datagrams per batch when sending back to back.
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
-    /// Run id carried in every datagram (the sink ignores other runs).
+    /// Local address to bind (default: any).
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind: Ipv4Addr,
+    #[command(flatten)]
+    pub common: RunArgs,
+}
+
+/// The options generator and sink share.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Run id: carried in every datagram; the sink counts only its own.
     #[arg(long, default_value_t = 1)]
     pub run: u32,
     #[arg(long, default_value = "spin")]
@@ -177,9 +187,7 @@ pub struct BurstArgs {
     /// Pin to this CPU.
     #[arg(long)]
     pub cpu: Option<usize>,
-    /// Local address to bind (default: any).
-    #[arg(long, default_value = "0.0.0.0")]
-    pub bind: Ipv4Addr,
+    /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
 }
@@ -227,8 +235,8 @@ pub fn run_burst(a: BurstArgs) -> Result<i32, String> {
         return Err(format!("--duration must be in (0, 3600] s, got {d}"));
     }
     let batch = a.batch.clamp(1, 1024);
-    pin(a.cpu)?;
-    let Opened { mut ep, .. } = open_endpoint(a.engine, SocketAddrV4::new(a.bind, 0), None)?;
+    pin(a.common.cpu)?;
+    let Opened { mut ep, .. } = open_endpoint(a.common.engine, SocketAddrV4::new(a.bind, 0), None)?;
     let dst = SocketAddrV4::new(a.ip, a.port);
     let total = if a.duration.is_some() { 0 } else { a.count };
     let mut bufs = vec![vec![0u8; a.size]; batch];
@@ -279,7 +287,7 @@ pub fn run_burst(a: BurstArgs) -> Result<i32, String> {
         let tx_ns = mono_ns();
         for (i, b) in bufs.iter_mut().take(n).enumerate() {
             BurstHeader {
-                run: a.run,
+                run: a.common.run,
                 seq: sent + i as u64,
                 total,
                 tx_ns,
@@ -340,7 +348,7 @@ pub fn run_burst(a: BurstArgs) -> Result<i32, String> {
         cpu_s: self_cpu_seconds() - cpu0,
         echoes_received: echoes,
     };
-    if a.json {
+    if a.common.json {
         crate::result::print_json(&rep)?;
     } else {
         println!(
@@ -395,15 +403,8 @@ pub struct SinkArgs {
     /// queue is drained, instead of after --idle-ms without a datagram.
     #[arg(long = "stop-on-eof")]
     pub stop_on_eof: bool,
-    /// Only count datagrams of this run id.
-    #[arg(long, default_value_t = 1)]
-    pub run: u32,
-    #[arg(long, default_value = "spin")]
-    pub engine: EngineKind,
-    #[arg(long)]
-    pub cpu: Option<usize>,
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub common: RunArgs,
     /// Exit 3 when the accounting identity fails (a missing datagram that no
     /// drop counter covers).
     #[arg(long)]
@@ -580,9 +581,12 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
     {
         return Err(format!("--ring-depth must be 64..=1048576, got {d}"));
     }
-    pin(a.cpu)?;
-    let Opened { mut ep, xdp } =
-        open_endpoint(a.engine, SocketAddrV4::new(a.ip, a.port), a.ring_depth)?;
+    pin(a.common.cpu)?;
+    let Opened { mut ep, xdp } = open_endpoint(
+        a.common.engine,
+        SocketAddrV4::new(a.ip, a.port),
+        a.ring_depth,
+    )?;
     let xdp_counters = |h: &std::sync::Arc<nanowire_stack::xdp::Engine>| {
         h.counters()
             .into_iter()
@@ -693,7 +697,7 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
         let Some(h) = BurstHeader::parse(&buf[..n]) else {
             continue;
         };
-        if h.run != a.run {
+        if h.run != a.common.run {
             continue;
         }
         let now = Instant::now();
@@ -825,7 +829,7 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
         echoed,
         timed_out,
     };
-    if a.json {
+    if a.common.json {
         crate::result::print_json(&rep)?;
     } else {
         println!(

@@ -200,6 +200,23 @@ impl Accel {
     /// caller looked it up; the kernel socket under the fd answers.
     /// (Two loads and a compare under the lock the call takes anyway.)
     #[inline(always)]
+    /// A send found the engine's ring full: EAGAIN for a call that does
+    /// not wait; else the lock is given back for one spin (the engine's
+    /// other users go on) and taken again (`Ok(None)`: the fd left the
+    /// engine meanwhile, the kernel socket sends).
+    fn after_full_ring<'a>(
+        &'a self,
+        fd: c_int,
+        g: MutexGuard<'a, St>,
+        dontwait: bool,
+    ) -> Result<Option<MutexGuard<'a, St>>, c_int> {
+        if dontwait {
+            return Err(libc::EAGAIN);
+        }
+        drop(g);
+        core::hint::spin_loop();
+        Ok(self.lock_for(fd))
+    }
     fn lock_for(&self, fd: c_int) -> Option<MutexGuard<'_, St>> {
         let g = self.lock();
         if by_fd(fd).is_some_and(|b| std::ptr::eq(self, b)) {
@@ -309,8 +326,7 @@ pub fn lookup_gen(fd: c_int) -> Option<(&'static Accel, u32)> {
 
 /// `fd` is a forked child's inherited accelerated fd: say so, once.
 pub fn note_inherited(fd: c_int) {
-    if table::get(fd) & table::F_INHERIT_LOGGED == 0 {
-        table::add_flags(fd, table::F_INHERIT_LOGGED);
+    if table::first_time(fd, table::F_INHERIT_LOGGED) {
         log!(
             Level::Info,
             "fd {fd} udp: kernel socket only in this forked child (the xdp engine's rings stay with the parent)"
@@ -1155,12 +1171,7 @@ pub fn send_one(
                 return Ok(n);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if dontwait {
-                    return Err(libc::EAGAIN);
-                }
-                drop(g);
-                core::hint::spin_loop();
-                match a.lock_for(fd) {
+                match a.after_full_ring(fd, g, dontwait)? {
                     Some(now) => g = now,
                     None => return kernel_send(fd, data, dst, flags, key),
                 }
@@ -1242,12 +1253,7 @@ pub fn send_batch(
             }
             Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EIO)),
         }
-        if dontwait {
-            return Err(libc::EAGAIN);
-        }
-        drop(g);
-        core::hint::spin_loop();
-        match a.lock_for(fd) {
+        match a.after_full_ring(fd, g, dontwait)? {
             Some(now) => g = now,
             None => return send_one(a, fd, bufs[0], Some(dst), flags).map(|_| 1),
         }
@@ -1267,37 +1273,31 @@ pub fn connect(a: &Accel, fd: c_int, peer: Option<SocketAddrV4>) -> Result<(), c
     Ok(())
 }
 
-/// Join `group` on the engine. `Err(0)`: the socket is off the engine, the
-/// caller lets the kernel socket join.
-pub fn join_multicast(
+/// Join (`join`) or leave `group` on the engine. Joining: `Err(0)` when
+/// the socket is off the engine (the caller lets the kernel socket join).
+/// Leaving (the kernel socket has left): done off the engine or for a group
+/// the engine never steered; `Err` when the engine cannot, and the caller
+/// takes the socket off the engine.
+pub fn membership(
     a: &Accel,
     fd: c_int,
-    group: Ipv4Addr,
-    ifaddr: Ipv4Addr,
+    (group, ifaddr): (Ipv4Addr, Ipv4Addr),
+    join: bool,
 ) -> Result<(), c_int> {
     let mut g = a.lock_for(fd).ok_or(libc::EBADF)?;
     let Some(x) = g.xdp.as_mut() else {
-        return Err(0);
+        return if join { Err(0) } else { Ok(()) };
     };
-    engine_call(|| x.join_multicast(group, ifaddr))
-        .map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))
-}
-
-/// Stop steering `group` to this socket (the kernel socket has left it).
-/// `Err`: the engine cannot; the caller takes the socket off the engine.
-pub fn leave_multicast(
-    a: &Accel,
-    fd: c_int,
-    group: Ipv4Addr,
-    ifaddr: Ipv4Addr,
-) -> Result<(), c_int> {
-    let mut g = a.lock_for(fd).ok_or(libc::EBADF)?;
-    let Some(x) = g.xdp.as_mut() else {
-        return Ok(()); // off the engine: the kernel socket alone
-    };
-    match engine_call(|| x.leave_multicast(group, ifaddr)) {
+    let r = engine_call(|| {
+        if join {
+            x.join_multicast(group, ifaddr)
+        } else {
+            x.leave_multicast(group, ifaddr)
+        }
+    });
+    match r {
         Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => Ok(()),
+        Err(e) if !join && e.kind() == std::io::ErrorKind::AddrNotAvailable => Ok(()),
         Err(e) => Err(e.raw_os_error().unwrap_or(libc::EINVAL)),
     }
 }

@@ -878,7 +878,7 @@ fn sockopt_accel(a: &'static Accel, fd: c_int, o: Opt) -> Option<c_int> {
             let group = std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]);
             let ifaddr = std::net::Ipv4Addr::new(b[4], b[5], b[6], b[7]);
             let e = errno();
-            if accel::leave_multicast(a, fd, group, ifaddr).is_err() {
+            if accel::membership(a, fd, (group, ifaddr), false).is_err() {
                 accel::detach(
                     fd,
                     &format!("IP_DROP_MEMBERSHIP {group}: the engine cannot leave a group"),
@@ -902,7 +902,7 @@ fn sockopt_accel(a: &'static Accel, fd: c_int, o: Opt) -> Option<c_int> {
             return Some(r);
         }
         let e = errno();
-        match accel::join_multicast(a, fd, group, ifaddr) {
+        match accel::membership(a, fd, (group, ifaddr), true) {
             Ok(()) => {
                 // Every receiver of the group on the host must get it:
                 // another socket on this port means the kernel delivers.

@@ -47,6 +47,15 @@ pub fn add_flags(fd: i32, flags: u64) {
     WORDS.add_flags(fd, flags);
 }
 
+/// Set `flag` on `fd`: true the first time (a once-per-fd note).
+pub fn first_time(fd: i32, flag: u64) -> bool {
+    let new = get(fd) & flag == 0;
+    if new {
+        add_flags(fd, flag);
+    }
+    new
+}
+
 /// Remove flags.
 pub fn clear_flags(fd: i32, flags: u64) {
     WORDS.clear_flags(fd, flags);

@@ -614,8 +614,7 @@ fn claim_inherited(fd: c_int, t: TcpRef) {
 /// `fd` is a forked child's inherited engine connection: say so, once.
 #[cold]
 pub fn note_inherited(fd: c_int) {
-    if table::get(fd) & table::F_INHERIT_LOGGED == 0 {
-        table::add_flags(fd, table::F_INHERIT_LOGGED);
+    if table::first_time(fd, table::F_INHERIT_LOGGED) {
         log!(
             Level::Warn,
             "fd {fd} tcp: inherited through fork(): the connection stays with the parent's engine; in this process the fd is an unconnected kernel socket (ENOTCONN)"
@@ -1703,14 +1702,7 @@ pub fn shutdown(t: TcpRef, how: c_int) -> c_int {
 /// The fd `fd` stops referring to its record (close, dup2 over it); the
 /// engine object goes with the last fd.
 pub fn release(fd: c_int) {
-    let Some(t) = table::take_record::<Tcp>(fd).map(TcpRef) else {
-        return;
-    };
-    if !released_last_mine(t) {
-        return;
-    }
-    close_record(t, fd, false);
-    recycle(t);
+    release_as(fd, false);
 }
 
 /// `fd` was closed behind the shim's back (a call it could not see) and
@@ -1718,14 +1710,17 @@ pub fn release(fd: c_int) {
 /// close, but nothing is done on the number (no duplicate keeps the port:
 /// the application's socket is gone already).
 pub fn release_stale(fd: c_int) {
+    release_as(fd, true);
+}
+
+fn release_as(fd: c_int, stale: bool) {
     let Some(t) = table::take_record::<Tcp>(fd).map(TcpRef) else {
         return;
     };
-    if !released_last_mine(t) {
-        return;
+    if released_last_mine(t) {
+        close_record(t, fd, stale);
+        recycle(t);
     }
-    close_record(t, fd, true);
-    recycle(t);
 }
 
 /// One fd of `t` lets go: true if it was the last and `t` is this
