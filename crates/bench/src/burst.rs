@@ -192,6 +192,18 @@ pub struct RunArgs {
     pub json: bool,
 }
 
+impl RunArgs {
+    /// The report: one JSON line with --json, else `text`'s lines.
+    fn print(&self, rep: &impl Serialize, text: impl FnOnce() -> String) -> Result<(), String> {
+        if self.json {
+            crate::result::print_json(rep)
+        } else {
+            println!("{}", text());
+            Ok(())
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct BurstReport {
     pub mode: String,
@@ -348,10 +360,8 @@ pub fn run_burst(a: BurstArgs) -> Result<i32, String> {
         cpu_s: self_cpu_seconds() - cpu0,
         echoes_received: echoes,
     };
-    if a.common.json {
-        crate::result::print_json(&rep)?;
-    } else {
-        println!(
+    a.common.print(&rep, || {
+        format!(
             "burst: sent {} x {} B to {dst} in {:.3} ms ({:.0} msg/s, {} errors; {:.2} us at 10GbE)",
             rep.sent,
             rep.msg_size,
@@ -359,8 +369,8 @@ pub fn run_burst(a: BurstArgs) -> Result<i32, String> {
             rep.rate_msg_s,
             rep.send_errors,
             rep.burst_time_10g_us
-        );
-    }
+        )
+    })?;
     Ok(0)
 }
 
@@ -829,10 +839,8 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
         echoed,
         timed_out,
     };
-    if a.common.json {
-        crate::result::print_json(&rep)?;
-    } else {
-        println!(
+    a.common.print(&rep, || {
+        let mut t = format!(
             "sink ({:?}, {}): received {}/{} ({} missing in {} gaps, {} dup, {} out of order), peak queue {}, drops {:?}",
             rep.behaviour,
             rep.engine,
@@ -846,9 +854,10 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
             rep.drops
         );
         if let Some(acc) = &rep.accounting {
-            println!("sink: {}", acc.line());
+            t += &format!("\nsink: {}", acc.line());
         }
-    }
+        t
+    })?;
     if a.strict
         && let Some(acc) = &rep.accounting
         && acc.holds == Some(false)
