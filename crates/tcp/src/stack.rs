@@ -498,7 +498,55 @@ impl TcpStack {
 
     /// Bookkeeping after anything happened to a connection: demux removal
     /// when closed, release when nobody holds it, transmit queue, timer.
+    #[inline]
     pub(crate) fn settle(&mut self, idx: u32) {
+        // The common case (four times a message in a ping-pong: the
+        // segment in, the read, the write, the segment out): a connection
+        // of the application's in a state that needs none of the rare
+        // steps below (no handshake to account to its listener, not
+        // closed, no orphan's TIME-WAIT, no readiness events): only the
+        // end tracking, the transmit queue and the timer, with one look at
+        // the slot instead of four.
+        let TcpStack {
+            slots,
+            ends,
+            ready,
+            timers,
+            conn_events,
+            ..
+        } = self;
+        let slot = &mut slots[idx as usize];
+        if let Some(c) = slot.conn.as_mut()
+            && !c.half_open_counted
+            && !c.orphan
+            && c.state != State::Closed
+            && !*conn_events
+        {
+            if let Some(d) = ends.as_mut()
+                && !slot.end_dirty
+            {
+                slot.end_dirty = true;
+                d.push(idx);
+            }
+            if !c.queued && c.may_output() {
+                c.queued = true;
+                ready.push_back(idx);
+            }
+            if let Some(d) = c.next_deadline()
+                && c.armed.is_none_or(|a| d < a)
+            {
+                c.armed = Some(d);
+                timers.push(Reverse((d, idx)));
+                self.prune_timers();
+            }
+            return;
+        }
+        self.settle_all(idx);
+    }
+
+    /// [`TcpStack::settle`], every step.
+    #[inline(never)]
+    fn settle_all(&mut self, idx: u32) {
         self.note_end(idx);
         let Some(c) = self.slots[idx as usize].conn.as_mut() else {
             return;
