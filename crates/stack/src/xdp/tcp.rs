@@ -2493,8 +2493,10 @@ impl XdpTcpStream {
             core.stack.recv(self.c, buf)
         };
         if r != Err(TcpError::WouldBlock) {
-            if !peek {
-                // Reading may open the window: announce it now.
+            // Reading may open the window: announce it now. The clock is
+            // read only then (most reads owe nothing: a request's read
+            // before its reply, whose segment carries the ACK).
+            if !peek && core.stack.wants_transmit() {
                 let now = now_ns();
                 self.eng.transmit(&mut core, now);
             }
