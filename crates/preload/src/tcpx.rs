@@ -171,6 +171,28 @@ impl TcpRef {
         true
     }
 
+    /// Run `f` on the engine connection under the record's lock, if this
+    /// incarnation is still alive and is one (`None` otherwise): for ONE
+    /// attempt of a call (never a wait), without the clone and release of
+    /// the `Arc` that [`TcpRef::get`] pays (two atomic read-modify-writes
+    /// of the four). Lock order: the record's lock, then the engine's
+    /// (core, RX, TX); no engine lock is ever held while a record's is
+    /// taken (engine code never enters the shim, and the hand-over's build
+    /// takes none). A close waits for the attempt; another call on the
+    /// same socket waits at its start for as long as it would have waited
+    /// for the engine's core lock, which the attempt holds anyway.
+    #[inline]
+    fn with_stream<R>(self, f: impl FnOnce(&XdpTcpStream) -> R) -> Option<R> {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.0.live() {
+            return None;
+        }
+        match g.as_deref() {
+            Some(Inner::Stream(s)) => Some(f(s)),
+            _ => None,
+        }
+    }
+
     /// The engine connection, if this is one.
     pub fn stream_inner(self) -> Option<Arc<Inner>> {
         self.stream()
@@ -1460,6 +1482,37 @@ fn io_stream(t: TcpRef, flags: c_int, refused: (c_int, c_int)) -> Result<Arc<Inn
 
 /// Receive into `buf` with `flags` (MSG_PEEK, MSG_DONTWAIT, MSG_WAITALL).
 pub fn recv(t: TcpRef, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
+    // The first attempt under the record's lock, no `Arc` taken
+    // (`with_stream`): bytes there (an event loop's read after its
+    // readiness call) are answered from it, and so is a non-blocking call
+    // that finds none. Anything else (an error, MSG_WAITALL, flags it does
+    // not serve, a blocking call with nothing there) goes the full way
+    // below; a blocking call that found nothing starts its wait without a
+    // second attempt at once (`tried`).
+    let e0 = errno();
+    let mut tried = false;
+    if flags & (libc::MSG_OOB | libc::MSG_ERRQUEUE | libc::MSG_WAITALL) == 0
+        && !buf.is_empty()
+        && !t.connecting.load(Ordering::Acquire)
+        && !t.common.rd_shut()
+    {
+        let peek = flags & libc::MSG_PEEK != 0;
+        match t.with_stream(|s| engine_call(|| s.recv_once(&mut *buf, peek))) {
+            Some(Ok(n)) => {
+                set_errno(e0);
+                return n as isize;
+            }
+            Some(Err(XdpTcpError::WouldBlock))
+                if flags & libc::MSG_DONTWAIT != 0 || t.common.nonblock() =>
+            {
+                return fault(libc::EAGAIN);
+            }
+            Some(Err(XdpTcpError::WouldBlock)) => tried = true,
+            _ => {}
+        }
+        // The full way starts from the caller's errno.
+        set_errno(e0);
+    }
     // (MSG_OOB: `ops` hands the connection to the kernel first; here only
     // when that could not be done.)
     let i = match io_stream(t, flags, (libc::MSG_OOB | libc::MSG_ERRQUEUE, libc::EINVAL)) {
@@ -1479,6 +1532,9 @@ pub fn recv(t: TcpRef, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
     loop {
         let rest = &mut buf[m.done..];
         let one = || {
+            if std::mem::take(&mut tried) {
+                return None;
+            }
             if t.common.rd_shut() {
                 return Some(Ok(0));
             }
@@ -1515,19 +1571,44 @@ fn sigpipe(flags: c_int) {
 
 /// Send all of `data` (blocking) or what fits (non-blocking).
 pub fn send(t: TcpRef, fd: c_int, data: &[u8], flags: c_int) -> isize {
+    // The common call (the send buffer has room for all of it: a reply
+    // right after its request was read): one attempt under the record's
+    // lock, no `Arc` taken (`with_stream`), before the segment goes out.
+    // Anything else (part of it or nothing queued, an error) goes on the
+    // full way below from what was queued.
+    let dontwait = flags & libc::MSG_DONTWAIT != 0 || t.common.nonblock();
+    let mut first = 0usize;
+    if flags & libc::MSG_OOB == 0 && !data.is_empty() && !t.connecting.load(Ordering::Acquire) {
+        let e0 = errno();
+        match t.with_stream(|s| engine_call(|| s.send_once(data))) {
+            // All of it, or (non-blocking) what fitted.
+            Some(Ok(n)) if n == data.len() || (n > 0 && dontwait) => {
+                set_errno(e0);
+                return n as isize;
+            }
+            Some(Ok(n)) => first = n,
+            // Non-blocking and the send buffer full: what the full way answers.
+            Some(Err(XdpTcpError::WouldBlock)) if dontwait => return fault(libc::EAGAIN),
+            _ => {}
+        }
+        // The full way starts from the caller's errno.
+        set_errno(e0);
+    }
     // (MSG_OOB: as in `recv`.)
     let i = match io_stream(t, flags, (libc::MSG_OOB, libc::EOPNOTSUPP)) {
         Ok(i) => i,
+        // Closed by another thread after the first attempt queued a part.
+        Err(_) if first > 0 => return first as isize,
         Err(en) => return fault(en),
     };
     let Inner::Stream(s) = &*i else {
         unreachable!()
     };
-    let dontwait = flags & libc::MSG_DONTWAIT != 0 || t.common.nonblock();
     if data.is_empty() {
         return 0;
     }
     let mut m = Moved::start();
+    m.done = first;
     while m.done < data.len() {
         let rest = &data[m.done..];
         let one = || not_yet(engine_call(|| s.send_once(rest)));
