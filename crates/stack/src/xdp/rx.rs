@@ -92,8 +92,12 @@ impl<D: RxDevice> RxPath<D> {
         let mac = *mac;
         let n = dev.receive(budget, |f, at| handle(demux, own, page, reasm, mac, f, at));
         if n > 0 {
-            // After the pushes (made under the lock this poll holds).
-            self.delivered.fetch_add(1, Ordering::Release);
+            // After the pushes (made under the lock this poll holds). The
+            // only writer is a poll (`&mut self`: under the RX lock), so a
+            // load and a store, not a locked read-modify-write on the
+            // path from the ring to the reply.
+            let d = self.delivered.load(Ordering::Relaxed);
+            self.delivered.store(d.wrapping_add(1), Ordering::Release);
         } else {
             self.idle = self.idle.wrapping_add(1);
             if self.idle & IDLE_EXPIRE_EVERY_MASK == 0 && !self.reasm.is_empty() {
