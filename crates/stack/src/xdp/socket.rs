@@ -177,7 +177,8 @@ pub struct XdpSocket {
     /// Last destination: (address, neighbour generation, hop).
     hop: Option<(Ipv4Addr, u64, Hop)>,
     /// The datagrams the last receive delivered (their frames go back at
-    /// the next receive: `recv_batch_ts`), and its reused vector.
+    /// the next receive: `recv_batch_ts`, `recv_with`), and its reused
+    /// vector.
     batch: Vec<Delivery>,
     /// Counted in the engine's receive-stamp users (`RxStamps::users`) (receive stamps wanted).
     rx_stamping: bool,
@@ -390,13 +391,17 @@ impl XdpSocket {
 
     /// Receive one datagram without copying: `f` sees the payload in its
     /// frame, after the engine's locks are released (it may send, or use
-    /// other sockets). The frame is released when `f` returns.
+    /// other sockets). The frame stays with the socket until its next
+    /// receive (as `recv_batch_ts`'s): a ping-pong's reply goes out before
+    /// the frame's return (the recycle lock) is paid, not after.
     pub fn recv_with<R>(
         &mut self,
         deadline: Option<Instant>,
         mut f: impl FnMut(&[u8], SocketAddrV4) -> R,
     ) -> io::Result<Option<R>> {
         self.own()?;
+        // What the last receive delivered goes back now (see above).
+        self.batch.clear();
         // The clock is read only once the socket has to wait: a datagram
         // already there costs no clock read.
         let mut start: Option<Instant> = None;
@@ -406,7 +411,11 @@ impl XdpSocket {
             let d = self.engine.rx().pop_or_poll(self.id);
             if let Some(d) = d {
                 self.last_rx = d.stamp;
-                return Ok(Some(f(d.payload(), d.src)));
+                let r = f(d.payload(), d.src);
+                // Held until the next receive (or the socket's end); a
+                // panic in `f` drops it as before.
+                self.batch.push(d);
+                return Ok(Some(r));
             }
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(64) || matches!(self.wait, WaitPolicy::Block) {
