@@ -799,12 +799,8 @@ impl Ready for Sock {
         each!(self, revents(events, revents, kernel, now, pass))
     }
     #[inline]
-    fn arm(self, pass: &mut tcpx::Pass) -> bool {
+    fn arm(self, pass: &mut tcpx::Pass) -> Option<Option<nanowire_stack::xdp::Armed>> {
         each!(self, arm(pass))
-    }
-    #[inline]
-    fn disarm(self, pass: &mut tcpx::Pass) {
-        each!(self, disarm(pass))
     }
     #[inline]
     fn wait_fds(self) -> &'static [c_int] {

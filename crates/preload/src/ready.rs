@@ -93,14 +93,11 @@ pub trait Ready: Copy {
         revents
     }
     /// Before the caller sleeps: arm the engine's wake-up (once per engine
-    /// in `pass`). False: frames are queued already; look again instead of
-    /// sleeping.
-    fn arm(self, _pass: &mut tcpx::Pass) -> bool {
-        true
+    /// in `pass`) until the returned guard is dropped, when the sleep ends.
+    /// `None`: frames are queued already; look again instead of sleeping.
+    fn arm(self, _pass: &mut tcpx::Pass) -> Option<Option<nanowire_stack::xdp::Armed>> {
+        Some(None)
     }
-    /// After the sleep: the caller is awake and turns the engine itself
-    /// (once per engine in `pass`).
-    fn disarm(self, _pass: &mut tcpx::Pass) {}
     /// Fds whose readiness wakes a sleeper waiting on the fd's engine.
     fn wait_fds(self) -> &'static [c_int] {
         &[]
@@ -131,11 +128,8 @@ impl Ready for tcpx::TcpRef {
             revents | bits
         }
     }
-    fn arm(self, pass: &mut tcpx::Pass) -> bool {
+    fn arm(self, pass: &mut tcpx::Pass) -> Option<Option<nanowire_stack::xdp::Armed>> {
         tcpx::arm_in(self, pass)
-    }
-    fn disarm(self, pass: &mut tcpx::Pass) {
-        tcpx::disarm_in(self, pass)
     }
     fn wait_fds(self) -> &'static [c_int] {
         tcpx::Tcp::wait_fds(&self)
@@ -295,8 +289,15 @@ pub fn poll_mixed<R: Ready>(
                     revents: 0,
                 })
                 .collect();
-            let mut armed = tcpx::Pass::default();
-            if !s.iter().all(|p| p.fd < 0 || of(p.fd).arm(&mut armed)) {
+            // Armed until dropped after the sleep.
+            let mut pass = tcpx::Pass::default();
+            let armed: Option<Vec<nanowire_stack::xdp::Armed>> = s
+                .iter()
+                .filter(|p| p.fd >= 0)
+                .map(|p| of(p.fd).arm(&mut pass))
+                .collect::<Option<Vec<_>>>()
+                .map(|v| v.into_iter().flatten().collect());
+            if armed.is_none() {
                 // Frames queued for an engine socket: look again.
                 now = now_ns();
                 continue;
@@ -307,10 +308,7 @@ pub fn poll_mixed<R: Ready>(
                 .flat_map(|p| of(p.fd).wait_fds().iter().copied())
                 .collect();
             let r = sleep_on(pf, extra.into_iter(), slice, mask);
-            let mut awake = tcpx::Pass::default();
-            for p in s.iter().filter(|p| p.fd >= 0) {
-                of(p.fd).disarm(&mut awake);
-            }
+            drop(armed);
             if r < 0 {
                 return -1;
             }
@@ -787,8 +785,14 @@ pub fn epoll_mixed(
             // One arm per engine: an event loop's listener and connections
             // share their engine's wake-up (one eventfd read at most, not
             // one per connection).
-            let mut armed = tcpx::Pass::default();
-            if !tcps.iter().all(|&t| tcpx::arm_in(t, &mut armed)) {
+            // Armed until dropped after the sleep.
+            let mut pass = tcpx::Pass::default();
+            let armed: Option<Vec<nanowire_stack::xdp::Armed>> = tcps
+                .iter()
+                .map(|&t| tcpx::arm_in(t, &mut pass))
+                .collect::<Option<Vec<_>>>()
+                .map(|v| v.into_iter().flatten().collect());
+            if armed.is_none() {
                 // Frames queued for an engine TCP socket: look again.
                 now = now_ns();
                 continue;
@@ -815,10 +819,7 @@ pub fn epoll_mixed(
                 revents: 0,
             }];
             let r = sleep_on(pf, extra.into_iter(), slice, mask);
-            let mut awake = tcpx::Pass::default();
-            for &t in &tcps {
-                tcpx::disarm_in(t, &mut awake);
-            }
+            drop(armed);
             if r < 0 {
                 break -1;
             }

@@ -49,7 +49,9 @@ use nanowire_options::Level;
 use nanowire_shimcore::fdtable::Ref;
 use nanowire_shimcore::pool::{FdLists, Link, Pool, Pooled};
 use nanowire_shimcore::sock::Common;
-use nanowire_stack::xdp::{XdpTcpError, XdpTcpListener, XdpTcpState, XdpTcpStream, tcp_ready};
+use nanowire_stack::xdp::{
+    Armed, XdpTcpError, XdpTcpListener, XdpTcpState, XdpTcpStream, tcp_ready,
+};
 use nanowire_stack::{EngineKind, EngineOptions, WaitPolicy};
 use std::net::SocketAddrV4;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
@@ -769,41 +771,28 @@ fn fresh_buffer_sizes() -> (Option<c_int>, Option<c_int>) {
 }
 
 /// Before sleeping on `t`'s wait fds: frames another thread queues for its
-/// engine stack signal them (see `XdpTcpStream::sleep_arm`). False: frames
-/// are queued already; turn instead of sleeping.
-pub fn arm(t: TcpRef) -> bool {
+/// engine stack signal them until the sleep ends (drop what this returns
+/// then; see `XdpTcpStream::sleep_arm`). `None`: frames are queued already;
+/// turn instead of sleeping.
+pub fn arm(t: TcpRef) -> Option<Option<Armed>> {
     match t.get().as_deref() {
-        Some(Inner::Stream(s)) => engine_call(|| s.sleep_arm()),
-        Some(Inner::Listener(l)) => engine_call(|| l.sleep_arm()),
-        None => true,
+        Some(Inner::Stream(s)) => engine_call(|| s.sleep_arm()).map(Some),
+        Some(Inner::Listener(l)) => engine_call(|| l.sleep_arm()).map(Some),
+        None => Some(None),
     }
 }
 
 /// [`arm`] once per engine in `pass`: the sockets of one engine stack
 /// (an event loop's listener and its connections) share its wake-up, so
-/// the second and later ones have nothing to arm.
-pub fn arm_in(t: TcpRef, pass: &mut Pass) -> bool {
+/// the second and later ones have nothing to arm (`Some(None)`).
+pub fn arm_in(t: TcpRef, pass: &mut Pass) -> Option<Option<Armed>> {
     let Some(i) = t.get() else {
-        return true;
+        return Some(None);
     };
     match &*i {
-        Inner::Stream(s) if pass.first(s.engine_key()) => engine_call(|| s.sleep_arm()),
-        Inner::Listener(l) if pass.first(l.engine_key()) => engine_call(|| l.sleep_arm()),
-        _ => true,
-    }
-}
-
-/// After the sleep [`arm`]/[`arm_in`] armed: the caller is awake and turns
-/// the engine itself (see `XdpTcpStream::sleep_disarm`); once per engine in
-/// `pass`.
-pub fn disarm_in(t: TcpRef, pass: &mut Pass) {
-    let Some(i) = t.get() else {
-        return;
-    };
-    match &*i {
-        Inner::Stream(s) if pass.first(s.engine_key()) => engine_call(|| s.sleep_disarm()),
-        Inner::Listener(l) if pass.first(l.engine_key()) => engine_call(|| l.sleep_disarm()),
-        _ => {}
+        Inner::Stream(s) if pass.first(s.engine_key()) => engine_call(|| s.sleep_arm()).map(Some),
+        Inner::Listener(l) if pass.first(l.engine_key()) => engine_call(|| l.sleep_arm()).map(Some),
+        _ => Some(None),
     }
 }
 
@@ -1045,11 +1034,11 @@ fn wait_for<R>(
             Turn::Spin => {}
             // Frames queued for the stack (arm() says no) are taken in
             // by the attempt first.
-            Turn::Sleep(ns) if arm(t) => {
-                crate::adapt::sleep_on_fds(t.wait_fds(), ns);
-                disarm_in(t, &mut Pass::default());
+            Turn::Sleep(ns) => {
+                if let Some(_armed) = arm(t) {
+                    crate::adapt::sleep_on_fds(t.wait_fds(), ns);
+                }
             }
-            Turn::Sleep(_) => {}
         }
         if let Some(r) = attempt() {
             return Ok(r);

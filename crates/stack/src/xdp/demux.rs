@@ -153,6 +153,9 @@ pub(crate) struct Endpoint {
     /// `wake` was written since it was last drained: a sleeper that arms
     /// again drains it only then (no read syscall per sleep for nothing).
     pub signalled: bool,
+    /// Threads sleeping on `wake` now (TCP: armed and not yet disarmed);
+    /// `sleeping` stays set until the last of them wakes.
+    pub sleepers: u32,
     pub wake: OwnedFd,
     /// Connected peer: multicast from anyone else is not for it either.
     pub peer: Option<SocketAddrV4>,
@@ -263,6 +266,7 @@ impl Demux {
             rcvbuf_frames: usize::MAX,
             sleeping: false,
             signalled: false,
+            sleepers: 0,
             wake,
             peer: None,
             binds: Vec::new(),

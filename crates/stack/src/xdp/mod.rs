@@ -62,8 +62,8 @@ pub use neigh::{NEGATIVE_TTL, QUEUE_BYTES_PER_NEIGH, QUEUE_PER_NEIGH, RESOLVE_TI
 pub use order::set_tcp_service_wrapper;
 pub use socket::{OpenError, XdpSocket};
 pub use tcp::{
-    Handover, XdpTcpError, XdpTcpInfo, XdpTcpListener, XdpTcpState, XdpTcpStream, ip_header_of,
-    tcp_drain, tcp_ready, tcp_service_lost,
+    Armed, Handover, XdpTcpError, XdpTcpInfo, XdpTcpListener, XdpTcpState, XdpTcpStream,
+    ip_header_of, tcp_drain, tcp_ready, tcp_service_lost,
 };
 pub use tx::IpHeader;
 

@@ -756,10 +756,16 @@ impl TcpEngine {
     /// thread polls the rings: another connection's, the timer service).
     /// False if frames are queued already (turn instead of sleeping).
     ///
+    /// Every arm that returns true is paired with one
+    /// [`TcpEngine::disarm`] when its sleep ends: the endpoint counts the
+    /// armed sleepers (threads of this process sleeping on this stack), so
+    /// one that wakes cannot take another's wake-up away.
+    ///
     /// The eventfd is drained only if it was written since its last drain
-    /// (`signalled`), under the RX lock: no push can write it meanwhile
-    /// (`sleeping` is false until set here), and no other thread's arm can
-    /// clear the flag of a write it did not drain.
+    /// (`signalled`) and nobody else sleeps on it (a sleeper woken by that
+    /// write may not have looked yet: a drain could put it back to sleep),
+    /// under the RX lock: no push writes it meanwhile (`sleeping` is false
+    /// until set here).
     fn arm(&self) -> bool {
         let (id, wake) = {
             let c = self.core();
@@ -768,11 +774,12 @@ impl TcpEngine {
         let mut g = self.engine.rx();
         match g.demux.get_mut(id) {
             Some(e) => {
-                if e.signalled {
+                if e.signalled && e.sleepers == 0 {
                     e.signalled = false;
                     eventfd_drain(wake);
                 }
                 if e.queue.is_empty() {
+                    e.sleepers += 1;
                     e.sleeping = true;
                     true
                 } else {
@@ -783,15 +790,20 @@ impl TcpEngine {
         }
     }
 
-    /// After a sleep armed by [`TcpEngine::arm`]: this thread is awake and
-    /// turns the engine itself, so frames queued for the stack from now on
-    /// need no signal (before, the sleeper's own turn wrote its own eventfd
-    /// and its next arm read it back: two syscalls per wake-up). A signal
-    /// written meanwhile stays `signalled` for the next arm to drain.
+    /// The sleep an [`TcpEngine::arm`] that returned true armed is over:
+    /// this thread is awake and turns the engine itself. The last sleeper
+    /// to wake clears `sleeping`, so frames queued from then on need no
+    /// signal (before, the sleeper's own turn wrote its own eventfd and its
+    /// next arm read it back: two syscalls per wake-up); while another
+    /// thread still sleeps on the stack, pushes keep signalling it. A
+    /// signal written meanwhile stays `signalled` for a later arm to drain.
     fn disarm(&self) {
         let id = self.core().id;
         if let Some(e) = self.engine.rx().demux.get_mut(id) {
-            e.sleeping = false;
+            e.sleepers = e.sleepers.saturating_sub(1);
+            if e.sleepers == 0 {
+                e.sleeping = false;
+            }
         }
     }
 
@@ -1229,14 +1241,14 @@ impl TcpEngine {
     }
 
     fn sleep(&self, deadline: Option<Instant>) {
-        let (id, wake, next) = {
+        let (wake, next) = {
             let c = self.core();
             let now = now_ns();
             let next = c
                 .stack
                 .next_deadline()
                 .map(|t| Duration::from_nanos(t.saturating_sub(now)));
-            (c.id, c.wake_fd, next)
+            (c.wake_fd, next)
         };
         let mut ms = super::MAX_SLEEP_MS;
         if let Some(n) = next {
@@ -1246,25 +1258,9 @@ impl TcpEngine {
             ms = ms.min(d.saturating_duration_since(Instant::now()).as_millis() as i32);
         }
         let ms = ms.max(1);
-        let may = {
-            let mut g = self.engine.rx();
-            match g.demux.get_mut(id) {
-                Some(e) if e.queue.is_empty() => {
-                    e.sleeping = true;
-                    true
-                }
-                _ => false,
-            }
-        };
-        if may {
+        if self.arm() {
             self.engine.wait_fds(&[wake], ms);
-            if let Some(e) = self.engine.rx().demux.get_mut(id) {
-                e.sleeping = false;
-                if e.signalled {
-                    e.signalled = false;
-                    eventfd_drain(wake);
-                }
-            }
+            self.disarm();
         }
     }
 
@@ -2134,8 +2130,8 @@ impl XdpTcpListener {
     }
 
     /// See [`XdpTcpStream::sleep_arm`].
-    pub fn sleep_arm(&self) -> bool {
-        self.eng.arm()
+    pub fn sleep_arm(&self) -> Option<Armed> {
+        Armed::of(&self.eng)
     }
 
     /// One engine turn, then the next established connection, if any.
@@ -2229,14 +2225,27 @@ impl XdpTcpListener {
         }
     }
 
-    /// See [`XdpTcpStream::sleep_disarm`].
-    pub fn sleep_disarm(&self) {
-        self.eng.disarm()
-    }
-
     /// Sleep until a frame may be there or a timer is due (at most `timeout`).
     pub fn wait(&self, timeout: Duration) {
         self.eng.sleep(Some(Instant::now() + timeout));
+    }
+}
+
+/// A sleep armed on an engine stack ([`XdpTcpStream::sleep_arm`],
+/// [`XdpTcpListener::sleep_arm`]): dropped when the sleep ends, it
+/// disarms (see `TcpEngine::disarm`). It holds the engine, not the socket:
+/// a socket closed by another thread meanwhile still disarms.
+pub struct Armed(Arc<TcpEngine>);
+
+impl Armed {
+    fn of(eng: &Arc<TcpEngine>) -> Option<Armed> {
+        eng.arm().then(|| Armed(eng.clone()))
+    }
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        self.0.disarm();
     }
 }
 
@@ -2456,17 +2465,11 @@ impl XdpTcpStream {
     }
 
     /// Before sleeping on [`XdpTcpStream::poll_fds`]: frames another
-    /// thread queues for this connection's stack wake the sleeper. False:
+    /// thread queues for this connection's stack wake the sleeper until
+    /// the returned [`Armed`] is dropped (when the sleep ends). `None`:
     /// frames are queued already (turn instead of sleeping).
-    pub fn sleep_arm(&self) -> bool {
-        self.eng.arm()
-    }
-
-    /// After the sleep [`XdpTcpStream::sleep_arm`] armed: the caller is
-    /// awake and turns the engine itself (no eventfd write for its own
-    /// frames). Optional: an arm not disarmed costs one signal, no more.
-    pub fn sleep_disarm(&self) {
-        self.eng.disarm()
+    pub fn sleep_arm(&self) -> Option<Armed> {
+        Armed::of(&self.eng)
     }
 
     /// One engine turn; `None` while the handshake runs, then its outcome.
