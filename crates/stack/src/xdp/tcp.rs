@@ -762,10 +762,11 @@ impl TcpEngine {
     /// one that wakes cannot take another's wake-up away.
     ///
     /// The eventfd is drained only if it was written since its last drain
-    /// (`signalled`) and nobody else sleeps on it (a sleeper woken by that
-    /// write may not have looked yet: a drain could put it back to sleep),
-    /// under the RX lock: no push writes it meanwhile (`sleeping` is false
-    /// until set here).
+    /// (`signalled`), under the RX lock: no push writes it meanwhile
+    /// (`sleeping` is false until set here). Not skipped while others
+    /// sleep: with 200 threads sleeping on one client engine the eventfd
+    /// then stayed readable and every sleeper spun through its poll
+    /// (apps_tcp_matrix connections_200_concurrent hung).
     fn arm(&self) -> bool {
         let (id, wake) = {
             let c = self.core();
@@ -774,7 +775,7 @@ impl TcpEngine {
         let mut g = self.engine.rx();
         match g.demux.get_mut(id) {
             Some(e) => {
-                if e.signalled && e.sleepers == 0 {
+                if e.signalled {
                     e.signalled = false;
                     eventfd_drain(wake);
                 }
