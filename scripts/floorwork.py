@@ -30,7 +30,7 @@ Prints one JSON object (and a short table on stderr).
 import argparse, json, os, re, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worklib import largest_profile, ns, perf_counts, profile_events, strace_counts, wrap  # noqa: E402
+from worklib import largest_profile, ns, perf_counts, profile_events, settle_files, strace_counts, wrap  # noqa: E402
 import insnmix  # noqa: E402
 
 NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
@@ -109,16 +109,6 @@ def run_once(args, which, lab, secs, out):
     if cli.returncode != 0:
         raise SystemExit(f"{which} client failed: " + cli.stderr[-2000:])
     return name, parse(cli.stdout)
-
-
-def settle_files(out):
-    last = None
-    for _ in range(30):
-        cur = sorted((f, os.stat(os.path.join(out, f)).st_size) for f in os.listdir(out))
-        if cur == last:
-            return
-        last = cur
-        time.sleep(1)
 
 
 def side_counts(args, out, name, side):

@@ -46,7 +46,7 @@ Prints one JSON object (and a short table on stderr).
 import argparse, json, os, re, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worklib import largest_profile, ns, perf_counts, profile_events, strace_counts, wrap  # noqa: E402
+from worklib import largest_profile, ns, perf_counts, profile_events, settle_files, strace_counts, wrap  # noqa: E402
 import insnmix  # noqa: E402
 
 NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
@@ -170,17 +170,6 @@ def callgrind_side(out, side):
                     int(m.group(1).replace(",", "")), calls)
         calls = 0 if not line.strip() or "*" in line else calls
     return total, funcs, path
-
-
-def settle_files(out):
-    """Wait until the profiles stop changing (valgrind writes them as the processes end)."""
-    last = None
-    for _ in range(30):
-        cur = sorted((f, os.stat(os.path.join(out, f)).st_size) for f in os.listdir(out))
-        if cur == last:
-            return
-        last = cur
-        time.sleep(1)
 
 
 def strace_side(out, side):

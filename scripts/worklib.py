@@ -2,7 +2,7 @@
 bulkwork.py): the lab's namespaces, the profiler in front of a program, and
 reading what callgrind and strace -c left behind."""
 
-import os, re, struct
+import os, re, struct, time
 
 
 def ns(lab, h):
@@ -36,6 +36,17 @@ PERF_EVENTS = [
     "napi:napi_poll", "xdp:xdp_redirect", "xdp:xdp_redirect_err", "skb:consume_skb",
     "skb:kfree_skb", "kmem:kmalloc",
 ]
+
+
+def settle_files(out):
+    """Wait until the profiles stop changing (valgrind writes them as the processes end)."""
+    last = None
+    for _ in range(30):
+        cur = sorted((f, os.stat(os.path.join(out, f)).st_size) for f in os.listdir(out))
+        if cur == last:
+            return
+        last = cur
+        time.sleep(1)
 
 
 def perf_counts(path):
