@@ -30,30 +30,14 @@ Prints one JSON object (and a short table on stderr).
 import argparse, json, os, re, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worklib import largest_profile, ns, perf_counts, profile_events, settle_files, strace_counts, wrap  # noqa: E402
+from worklib import (largest_profile, ns, perf_counts, pids_in, profile_events, settle_files,  # noqa: E402
+                     stop_left, strace_counts, wrap)
 import insnmix  # noqa: E402
 
 NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
 FLOOR = os.path.abspath(os.environ.get("NANOWIRE_FLOOR", "target/release/examples/xsk_floor"))
 A, B = "198.18.0.1", "198.18.0.2"
 PORT = 11122
-
-
-def pids_in(lab, h):
-    return [int(p) for p in subprocess.run(["ip", "netns", "pids", f"{lab}-{h}"], capture_output=True,
-                                           text=True).stdout.split()]
-
-
-def stop_left(lab):
-    for sig in (2, 9):
-        left = pids_in(lab, "a") + pids_in(lab, "b")
-        for p in left:
-            try:
-                os.kill(p, sig)
-            except ProcessLookupError:
-                pass
-        if sig == 2 and left:
-            time.sleep(2)
 
 
 def commands(which, lab, secs):

@@ -46,7 +46,8 @@ Prints one JSON object (and a short table on stderr).
 import argparse, json, os, re, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worklib import largest_profile, ns, perf_counts, profile_events, settle_files, strace_counts, wrap  # noqa: E402
+from worklib import (largest_profile, ns, perf_counts, profile_events, settle_files,  # noqa: E402
+                     stop_left, strace_counts, wrap)
 import insnmix  # noqa: E402
 
 NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
@@ -127,23 +128,6 @@ def signal_ns(lab, h, sig):
             os.kill(int(p), sig)
         except ProcessLookupError:
             pass
-
-
-def stop_left(lab):
-    """End what this run left in the lab's namespaces: `strace` passes the SIGINT on but
-    detaches, so the server it traced kept running after the run."""
-    def pids():
-        return [int(p) for h in ("a", "b") for p in subprocess.run(
-            ["ip", "netns", "pids", f"{lab}-{h}"], capture_output=True, text=True).stdout.split()]
-    for sig in (2, 9):
-        left = pids()
-        for p in left:
-            try:
-                os.kill(p, sig)
-            except ProcessLookupError:
-                pass
-        if sig == 2 and left:
-            time.sleep(2)
 
 
 def callgrind_side(out, side):

@@ -2,7 +2,7 @@
 bulkwork.py): the lab's namespaces, the profiler in front of a program, and
 reading what callgrind and strace -c left behind."""
 
-import os, re, struct, time
+import os, re, struct, subprocess, time
 
 
 def ns(lab, h):
@@ -36,6 +36,26 @@ PERF_EVENTS = [
     "napi:napi_poll", "xdp:xdp_redirect", "xdp:xdp_redirect_err", "skb:consume_skb",
     "skb:kfree_skb", "kmem:kmalloc",
 ]
+
+
+def pids_in(lab, h):
+    """The pids in host `h` of lab `lab`."""
+    return [int(p) for p in subprocess.run(["ip", "netns", "pids", f"{lab}-{h}"], capture_output=True,
+                                           text=True).stdout.split()]
+
+
+def stop_left(lab):
+    """End what a run left in the lab's namespaces (SIGINT, then SIGKILL): `strace` passes the
+    SIGINT on but detaches, so the server it traced kept running after the run."""
+    for sig in (2, 9):
+        left = pids_in(lab, "a") + pids_in(lab, "b")
+        for p in left:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        if sig == 2 and left:
+            time.sleep(2)
 
 
 def settle_files(out):
