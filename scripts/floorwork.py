@@ -30,8 +30,8 @@ Prints one JSON object (and a short table on stderr).
 import argparse, json, os, re, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worklib import (largest_profile, ns, perf_counts, pids_in, profile_events, settle_files,  # noqa: E402
-                     stop_left, strace_counts, wrap)
+from worklib import (callgrind_ns, end_server, largest_profile, ns, perf_counts, profile_events,  # noqa: E402
+                     settle_files, signal_ns, stop_left, strace_counts, wrap)
 import insnmix  # noqa: E402
 
 NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
@@ -66,30 +66,17 @@ def run_once(args, which, lab, secs, out):
     if srv.poll() is not None:
         raise SystemExit("server exited: " + srv.stderr.read()[-2000:])
     if args.tool == "callgrind":
-        for p in pids_in(lab, "b"):
-            subprocess.run(["callgrind_control", "--instr=on", str(p)], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=120)
+        callgrind_ns(lab, "b", "--instr=on")
     # The client under the same tool (callgrind too: both ends equally slow, so the server
     # spins as many idle turns per message as the client's path takes, and they separate).
     cli = subprocess.run(ns(lab, "a") + wrap(args.tool, out, f"{name}-client", extra) + cli_argv, env=env,
                          capture_output=True, text=True, timeout=secs + 600)
     if args.tool == "callgrind":
         # A spinning server under valgrind: its profile is asked for before it is stopped.
-        for p in pids_in(lab, "b"):
-            subprocess.run(["callgrind_control", "--dump", str(p)], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=120)
+        callgrind_ns(lab, "b", "--dump")
     # perf stat / strace pass signals on to (or wait for) the program: signal it directly.
-    for p in pids_in(lab, "b"):
-        try:
-            os.kill(p, 2)
-        except ProcessLookupError:
-            pass
-    try:
-        srv.wait(60)
-    except subprocess.TimeoutExpired:
-        srv.kill()
-        srv.wait()
-    stop_left(lab)
+    signal_ns(lab, "b", 2)
+    end_server(srv, lab)
     if cli.returncode != 0:
         raise SystemExit(f"{which} client failed: " + cli.stderr[-2000:])
     return name, parse(cli.stdout)

@@ -46,8 +46,8 @@ Prints one JSON object (and a short table on stderr).
 import argparse, json, os, re, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worklib import (largest_profile, ns, perf_counts, profile_events, settle_files,  # noqa: E402
-                     stop_left, strace_counts, wrap)
+from worklib import (callgrind_ns, end_server, largest_profile, ns, perf_counts, profile_events,  # noqa: E402
+                     settle_files, signal_ns, strace_counts, wrap)
 import insnmix  # noqa: E402
 
 NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
@@ -94,20 +94,12 @@ def run_once(args, lab, secs, out):
     if args.tool == "callgrind" and args.profile == "latency":
         # A spinning server under valgrind may not act on SIGINT before it is killed (and a
         # killed valgrind writes nothing): ask for its profile first (`server.PID.cg.1`).
-        for p in subprocess.run(["ip", "netns", "pids", f"{lab}-b"], capture_output=True,
-                                text=True).stdout.split():
-            subprocess.run(["callgrind_control", "--dump", p], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=120)
+        callgrind_ns(lab, "b", "--dump")
     if args.tool == "perf":
         # perf stat waits for its child and ignores the SIGINT: the program gets it.
         signal_ns(lab, "b", 2)
     srv.send_signal(2)
-    try:
-        srv.wait(60)
-    except subprocess.TimeoutExpired:
-        srv.kill()
-        srv.wait()
-    stop_left(lab)
+    end_server(srv, lab)
     if cli.returncode != 0:
         raise SystemExit("client failed: " + cli.stderr[-2000:])
     m = re.search(r"\[Total Run\].*?SentMessages=(\d+); ReceivedMessages=(\d+)", cli.stdout)
@@ -119,15 +111,6 @@ def run_once(args, lab, secs, out):
 def pin(args, cpu):
     """compare.py's placement (`--pin`): server on CPU 1, client on CPU 0."""
     return ["taskset", "-c", str(cpu)] if args.pin else []
-
-
-def signal_ns(lab, h, sig):
-    for p in subprocess.run(["ip", "netns", "pids", f"{lab}-{h}"], capture_output=True,
-                            text=True).stdout.split():
-        try:
-            os.kill(int(p), sig)
-        except ProcessLookupError:
-            pass
 
 
 def callgrind_side(out, side):

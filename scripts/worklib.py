@@ -44,16 +44,39 @@ def pids_in(lab, h):
                                            text=True).stdout.split()]
 
 
+def signal_ns(lab, h, sig):
+    """Send `sig` to every process in host `h` of lab `lab`."""
+    for p in pids_in(lab, h):
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
+
+
+def callgrind_ns(lab, h, what):
+    """`callgrind_control WHAT` (`--dump`, `--instr=on`) for every process in host `h`."""
+    for p in pids_in(lab, h):
+        subprocess.run(["callgrind_control", what, str(p)], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=120)
+
+
+def end_server(srv, lab):
+    """Wait for a signalled server (kill it after 60 s), then end what the run left in the lab."""
+    try:
+        srv.wait(60)
+    except subprocess.TimeoutExpired:
+        srv.kill()
+        srv.wait()
+    stop_left(lab)
+
+
 def stop_left(lab):
     """End what a run left in the lab's namespaces (SIGINT, then SIGKILL): `strace` passes the
     SIGINT on but detaches, so the server it traced kept running after the run."""
     for sig in (2, 9):
         left = pids_in(lab, "a") + pids_in(lab, "b")
-        for p in left:
-            try:
-                os.kill(p, sig)
-            except ProcessLookupError:
-                pass
+        signal_ns(lab, "a", sig)
+        signal_ns(lab, "b", sig)
         if sig == 2 and left:
             time.sleep(2)
 
