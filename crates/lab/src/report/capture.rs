@@ -105,24 +105,15 @@ fn private_dir() -> Result<PathBuf, String> {
 }
 
 impl ExperimentKind for Capture {
-    fn id(&self) -> &'static str {
-        "capture"
-    }
-
     fn estimate_s(&self, ctx: &Ctx) -> f64 {
-        (ctx.p.pp_secs as f64 * 2.0 + 4.0) * ctx.repeats as f64
+        (ctx.p.pp.secs as f64 * 2.0 + 4.0) * ctx.repeats as f64
     }
 
-    fn run(&self, ctx: &Ctx) -> Experiment {
-        let secs = ctx.p.pp_secs;
-        let mut ex = Experiment::new(
-            "capture",
-            "9. Capture of accelerated traffic, and where the time goes",
-            "issue 13",
-            &format!(
-                "xdp ping-pong (`bench pp`, 64 B, both ends xdp, {secs} s, client on CPU {CLIENT_CPU}, server on CPU {SERVER_CPU}) without a capture and with `nanowire capture` tapping both engines (every frame copied into the engines' capture taps and written to pcapng), interleaved, {} repeat(s), medians. Stamps: every tap stamp is one CLOCK_REALTIME read (tens of ns; the two hosts are namespaces of one kernel, so there is no clock offset between them), taken when an engine takes a frame off its AF_XDP RX ring and when it has written a frame into its TX frame, before posting it and kicking the kernel. Matching each datagram's frames by payload splits the round trip: client TX post → server ring (wire → ring: the kick syscall, veth_xmit, XDP, the copy into the UMEM, the wait until the spinning server looks), server ring → server TX post (ring → application → ring: demux, the application's receive, its send), and back. The client's ring → application comes from pp's own receive stamps (`--rx-stamps`, in every run, tapped or not: the engine's stamp when it takes the reply off its RX ring, the tap's stamp point, to one CLOCK_REALTIME read after the receive call returned; costs one clock read per received frame in the engine and one per reply). What remains of pp's RTT/2 is half of that plus the client's send up to its TX post and pp's clock reads. The tapped runs carry the taps' own cost (one clock read and one copy per stamp), which the first table measures.",
-                ctx.repeats
-            ),
+    fn run(&self, ctx: &Ctx, mut ex: Experiment) -> Experiment {
+        let secs = ctx.p.pp.secs;
+        ex.method = format!(
+            "xdp ping-pong (`bench pp`, 64 B, both ends xdp, {secs} s, client on CPU {CLIENT_CPU}, server on CPU {SERVER_CPU}) without a capture and with `nanowire capture` tapping both engines (every frame copied into the engines' capture taps and written to pcapng), interleaved, {} repeat(s), medians. Stamps: every tap stamp is one CLOCK_REALTIME read (tens of ns; the two hosts are namespaces of one kernel, so there is no clock offset between them), taken when an engine takes a frame off its AF_XDP RX ring and when it has written a frame into its TX frame, before posting it and kicking the kernel. Matching each datagram's frames by payload splits the round trip: client TX post → server ring (wire → ring: the kick syscall, veth_xmit, XDP, the copy into the UMEM, the wait until the spinning server looks), server ring → server TX post (ring → application → ring: demux, the application's receive, its send), and back. The client's ring → application comes from pp's own receive stamps (`--rx-stamps`, in every run, tapped or not: the engine's stamp when it takes the reply off its RX ring, the tap's stamp point, to one CLOCK_REALTIME read after the receive call returned; costs one clock read per received frame in the engine and one per reply). What remains of pp's RTT/2 is half of that plus the client's send up to its TX post and pp's clock reads. The tapped runs carry the taps' own cost (one clock read and one copy per stamp), which the first table measures.",
+            ctx.repeats
         );
         for e in ctx.engines.iter().filter(|e| **e != EngineKind::Xdp) {
             ex.unavailable(
@@ -288,7 +279,7 @@ impl Capture {
                     "--port",
                     &port.to_string(),
                     "-t",
-                    &(ctx.p.pp_secs + 3).to_string(),
+                    &(ctx.p.pp.secs + 3).to_string(),
                 ]
                 .iter()
                 .map(|s| s.to_string())
@@ -308,11 +299,11 @@ impl Capture {
             // with like: ring → application on the client side.
             "--rx-stamps".into(),
         ];
-        let v = ctx.client(EngineKind::Xdp, false, port, &extra, ctx.p.pp_secs);
+        let v = ctx.client(EngineKind::Xdp, false, port, &extra, ctx.p.pp.secs);
         let mut cap_err = None;
         for c in caps {
             let why = c.err_line();
-            match c.finish(Duration::from_secs(ctx.p.pp_secs + 20)) {
+            match c.finish(Duration::from_secs(ctx.p.pp.secs + 20)) {
                 Ok((0, _)) => {}
                 Ok((code, _)) => {
                     cap_err.get_or_insert(format!("exit {code}: {why}"));

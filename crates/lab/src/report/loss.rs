@@ -5,7 +5,7 @@
 
 use super::exec::Target;
 use super::experiments::{CLIENT_CPU, Ctx, ExperimentKind, SERVER_CPU, jnum};
-use super::model::{Experiment, Plot, Point, Series, Table, median};
+use super::model::{Experiment, Plot, Point, Series, Table, median_of};
 use crate::testbed::{Direction, Impairment, Lab, WireStatus};
 use nanowire_bench::BenchResult;
 use nanowire_stack::EngineKind;
@@ -34,32 +34,23 @@ fn pct_label(p: f64) -> String {
 type Key = (String, &'static str, &'static str, usize);
 
 impl ExperimentKind for Loss {
-    fn id(&self) -> &'static str {
-        "loss"
-    }
-
     fn estimate_s(&self, ctx: &Ctx) -> f64 {
-        let per = ctx.p.pp_secs as f64 + 0.7;
+        let per = ctx.p.pp.secs as f64 + 0.7;
         let n = ctx.p.loss_points.len() * ctx.engines.len() * ctx.repeats as usize;
         n as f64 * per * 3.0 + ctx.p.loss_points.len() as f64 * ctx.engines.len() as f64 * 0.8
     }
 
-    fn run(&self, ctx: &Ctx) -> Experiment {
+    fn run(&self, ctx: &Ctx, mut ex: Experiment) -> Experiment {
         let points = ctx.p.loss_points.clone();
-        let mut ex = Experiment::new(
-            "loss",
-            "8. Loss on an impaired wire",
-            "issue 12",
-            &format!(
-                "The lab with a third namespace between the hosts (`nanowire lab up --impair`): nftables in the wire forwards every frame and drops {} of them at random in each direction (`lab impair --loss`), so kernel and bypass traffic cross the same lossy wire. Per engine and loss: UDP ping-pong (`bench pp`, 64 B, a reply given up after {UDP_REPLY_TIMEOUT_MS} ms), with the accounting identity (replies asked for = received + dropped) and the frames the wire dropped over the same run; TCP ping-pong (64 B) and TCP throughput (`bench tp --tcp`, {TP_SIZE} B writes, the sender's rate). {} s per run, {} repeat(s), medians; client on CPU {CLIENT_CPU}, server on CPU {SERVER_CPU}.",
-                points
-                    .iter()
-                    .map(|p| pct_label(*p))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                ctx.p.pp_secs,
-                ctx.repeats
-            ),
+        ex.method = format!(
+            "The lab with a third namespace between the hosts (`nanowire lab up --impair`): nftables in the wire forwards every frame and drops {} of them at random in each direction (`lab impair --loss`), so kernel and bypass traffic cross the same lossy wire. Per engine and loss: UDP ping-pong (`bench pp`, 64 B, a reply given up after {UDP_REPLY_TIMEOUT_MS} ms), with the accounting identity (replies asked for = received + dropped) and the frames the wire dropped over the same run; TCP ping-pong (64 B) and TCP throughput (`bench tp --tcp`, {TP_SIZE} B writes, the sender's rate). {} s per run, {} repeat(s), medians; client on CPU {CLIENT_CPU}, server on CPU {SERVER_CPU}.",
+            points
+                .iter()
+                .map(|p| pct_label(*p))
+                .collect::<Vec<_>>()
+                .join(", "),
+            ctx.p.pp.secs,
+            ctx.repeats
         );
         let Target::Lab(lab) = ctx.target else {
             for e in &ctx.engines {
@@ -151,7 +142,7 @@ impl Loss {
         failed: &mut BTreeMap<(String, &'static str), String>,
     ) {
         let proto = if tcp { "tcp" } else { "udp" };
-        let est = (ctx.p.pp_secs as f64 + 0.7) * ctx.repeats as f64 * if tcp { 2.0 } else { 1.0 };
+        let est = (ctx.p.pp.secs as f64 + 0.7) * ctx.repeats as f64 * if tcp { 2.0 } else { 1.0 };
         let what = format!("loss {loss} % {proto} {e}");
         let (srv, port) = match ctx.server_step(&what, e, tcp, est) {
             Ok(x) => x,
@@ -169,7 +160,7 @@ impl Loss {
                         rep + 1,
                         ctx.repeats
                     ),
-                    ctx.p.pp_secs as f64 + 0.7,
+                    ctx.p.pp.secs as f64 + 0.7,
                 );
                 let extra: Vec<String> = match kind {
                     "pp" => vec![
@@ -187,7 +178,7 @@ impl Loss {
                     _ => vec!["tp".into(), "-m".into(), TP_SIZE.into()],
                 };
                 let w0 = wired.wire_status();
-                let v = match ctx.client(e, tcp, port, &extra, ctx.p.pp_secs) {
+                let v = match ctx.client(e, tcp, port, &extra, ctx.p.pp.secs) {
                     Ok(v) => v,
                     Err(r) => {
                         failed.insert((e.to_string(), proto), format!("bench {kind}: {r}"));
@@ -247,7 +238,7 @@ impl Loss {
             })
         };
         let med = |runs: &[(BenchResult, u64)], f: &dyn Fn(&(BenchResult, u64)) -> Option<f64>| {
-            median(&runs.iter().filter_map(f).collect::<Vec<_>>())
+            median_of(runs, f)
         };
         let mut held = (0usize, 0usize);
         for (proto, kind, caption) in [
@@ -400,14 +391,7 @@ impl Loss {
                     })
                     .collect();
                 if !pts.is_empty() {
-                    series.push(Series {
-                        label: e.to_string(),
-                        engine: e.to_string(),
-                        protocol: proto.into(),
-                        metric: y.into(),
-                        points: pts,
-                        missing: vec![],
-                    });
+                    series.push(Series::new(e, e, proto, y).with_points(pts));
                 }
             }
             ex.plots.push(Plot {

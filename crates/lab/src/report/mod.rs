@@ -16,7 +16,7 @@ use crate::testbed::{Host, Lab, LabOptions};
 use clap::Args;
 use exec::Target;
 use experiments::{Ctx, Params, jnum};
-use model::{Experiment, Report, SCHEMA, Table, fmt_num, median};
+use model::{Experiment, Report, SCHEMA, Table, fmt_num, median, median_of};
 use nanowire_doctor::read as read_trim;
 use nanowire_stack::EngineKind;
 use progress::Progress;
@@ -400,9 +400,7 @@ fn summary(exps: &[Experiment], engines: &[EngineKind]) -> (Experiment, Table) {
                 }
             }
             for (eng, key, runs) in groups {
-                let m = |f: &dyn Fn(&Value) -> Option<f64>| {
-                    median(&runs.iter().filter_map(|v| f(v)).collect::<Vec<_>>())
-                };
+                let m = |f: &dyn Fn(&Value) -> Option<f64>| median_of(&runs, |v| f(v));
                 let l = |k: &'static str| move |v: &Value| v["latency_us"][k].as_f64();
                 let size = key.split('@').next().unwrap_or("").to_string();
                 let size_v: Value = size.parse::<u64>().map(Value::from).unwrap_or(json!(size));
@@ -784,13 +782,11 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
     ctx.choose_generator();
     let wanted = |id: &str| args.only.is_empty() || args.only.iter().any(|o| o == id);
     let all = suite::all();
-    let plan: Vec<(&dyn suite::ExperimentKind, f64)> = all
-        .iter()
-        .map(|e| (e.as_ref(), e.estimate_s(&ctx)))
-        .collect();
+    let plan: Vec<(&suite::Entry, f64)> =
+        all.iter().map(|e| (e, e.kind.estimate_s(&ctx))).collect();
     let total: f64 = plan
         .iter()
-        .filter(|(e, _)| wanted(e.id()))
+        .filter(|(e, _)| wanted(e.who.id))
         .map(|(_, t)| t)
         .sum();
     let progress = Progress::new(total, args.quiet);
@@ -808,12 +804,12 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
     let mut env = env;
     env["cpu_idle_before"] = cpu_idle_window(Duration::from_secs(3));
     let mut exps = vec![];
-    for (kind, _) in &plan {
-        if !wanted(kind.id()) {
+    for (entry, _) in &plan {
+        if !wanted(entry.who.id) {
             continue;
         }
         let t = Instant::now();
-        let mut ex = kind.run(&ctx);
+        let mut ex = entry.run(&ctx);
         ex.elapsed_s = t.elapsed().as_secs_f64();
         // Every requested engine shows up, measured or with a reason.
         for e in &engines {

@@ -64,6 +64,11 @@ pub fn median(v: &[f64]) -> f64 {
     median_sorted(&s)
 }
 
+/// The median of what `f` reads from each item (those it finds).
+pub fn median_of<T>(items: impl IntoIterator<Item = T>, f: impl FnMut(T) -> Option<f64>) -> f64 {
+    median(&items.into_iter().filter_map(f).collect::<Vec<_>>())
+}
+
 /// A line (or a set of bars) of one engine.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Series {
@@ -75,6 +80,28 @@ pub struct Series {
     /// x positions that were measured but could not be sustained (shown as gaps).
     #[serde(default)]
     pub missing: Vec<f64>,
+}
+
+impl Series {
+    /// An empty line: points and gaps are pushed as they are measured.
+    pub fn new(
+        label: impl ToString,
+        engine: impl ToString,
+        protocol: &str,
+        metric: impl Into<String>,
+    ) -> Series {
+        Series {
+            label: label.to_string(),
+            engine: engine.to_string(),
+            protocol: protocol.into(),
+            metric: metric.into(),
+            points: vec![],
+            missing: vec![],
+        }
+    }
+    pub fn with_points(self, points: Vec<Point>) -> Series {
+        Series { points, ..self }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -91,7 +118,29 @@ pub struct Plot {
     pub series: Vec<Series>,
 }
 
+/// A plot's id and title, before its axes and series.
+pub struct PlotName {
+    pub id: String,
+    pub title: String,
+}
+
+impl PlotName {
+    /// Lines over log-log axes (how every sweep is drawn), labelled
+    /// `(x, y)`.
+    pub fn log_log(self, (x_label, y_label): (&str, &str), series: Vec<Series>) -> Plot {
+        Plot::log_log(self.id, self.title, x_label, y_label, series)
+    }
+}
+
 impl Plot {
+    /// One protocol's plot of an experiment: id `<name>_<proto>`, the title
+    /// after the protocol's name (`UDP <title>`).
+    pub fn per_proto(proto: &str, name: &str, title: &str) -> PlotName {
+        PlotName {
+            id: format!("{name}_{proto}"),
+            title: format!("{} {title}", proto.to_uppercase()),
+        }
+    }
     /// Lines over log-log axes (how every sweep is drawn).
     pub fn log_log(
         id: String,

@@ -4,28 +4,24 @@ use super::*;
 
 impl<'a> Ctx<'a> {
     pub(crate) fn est_load(&self) -> f64 {
-        (self.engines.len() * self.p.load_sizes.len() * self.p.load_gaps_ns.len()) as f64
+        (self.engines.len() * self.p.load.sizes.len() * self.p.load.gaps_ns.len()) as f64
             * 0.85
             * self.repeats as f64
     }
 
-    pub(crate) fn latency_vs_load(&self) -> Experiment {
-        let n = self.p.load_packets;
-        let mut ex = Experiment::new(
-            "latency_vs_load",
-            "6. Latency vs network load",
-            "seed 004",
-            &format!(
-                "Bursts of {n} datagrams from the {} generator with an inter-packet gap swept from back-to-back to idle ({} ns); each datagram carries its CLOCK_MONOTONIC transmit time and the receiver (spinning, engine under test) takes the time when the datagram is in user memory: one-way latency per packet (both namespaces share one clock). What a sample includes: the generator reads the clock once per send batch, before its send call (back-to-back, the datagrams of one batch share that stamp, so later ones also carry the sending of earlier ones; with a gap every datagram is sent and stamped alone); the receiver reads it once its receive call has returned the datagram. So a sample is the send path (syscall or AF_XDP kick), veth, XDP or the kernel stack, the time queued in the ring or socket buffer, the receive call, and one clock read (tens of ns). The split of such a path into wire → ring and ring → application, from the xdp engines' own stamps, is in section 9 (capture). {} repeat(s); the plot shows the average per burst against the rate the generator reached.",
-                self.gen_engine,
-                self.p
-                    .load_gaps_ns
-                    .iter()
-                    .map(|g| g.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                self.repeats
-            ),
+    pub(crate) fn latency_vs_load(&self, mut ex: Experiment) -> Experiment {
+        let n = self.p.load.packets;
+        ex.method = format!(
+            "Bursts of {n} datagrams from the {} generator with an inter-packet gap swept from back-to-back to idle ({} ns); each datagram carries its CLOCK_MONOTONIC transmit time and the receiver (spinning, engine under test) takes the time when the datagram is in user memory: one-way latency per packet (both namespaces share one clock). What a sample includes: the generator reads the clock once per send batch, before its send call (back-to-back, the datagrams of one batch share that stamp, so later ones also carry the sending of earlier ones; with a gap every datagram is sent and stamped alone); the receiver reads it once its receive call has returned the datagram. So a sample is the send path (syscall or AF_XDP kick), veth, XDP or the kernel stack, the time queued in the ring or socket buffer, the receive call, and one clock read (tens of ns). The split of such a path into wire → ring and ring → application, from the xdp engines' own stamps, is in section 9 (capture). {} repeat(s); the plot shows the average per burst against the rate the generator reached.",
+            self.gen_engine,
+            self.p
+                .load
+                .gaps_ns
+                .iter()
+                .map(|g| g.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            self.repeats
         );
         let mut rows = vec![];
         for &e in &self.engines {
@@ -37,16 +33,9 @@ impl<'a> Ctx<'a> {
                 vec![],
             );
             let mut failed = None;
-            'sizes: for &size in &self.p.load_sizes {
-                let mut s = Series {
-                    label: format!("{size} B"),
-                    engine: e.to_string(),
-                    protocol: "udp".into(),
-                    metric: "avg".into(),
-                    points: vec![],
-                    missing: vec![],
-                };
-                for &gap in &self.p.load_gaps_ns {
+            'sizes: for &size in &self.p.load.sizes {
+                let mut s = Series::new(format!("{size} B"), e, "udp", "avg");
+                for &gap in &self.p.load.gaps_ns {
                     let mut avgs = vec![];
                     let mut rates = vec![];
                     let mut agg: Vec<(f64, f64, f64, f64, u64)> = vec![];

@@ -2,16 +2,31 @@
 
 use super::*;
 
+impl PingPong {
+    /// The size sweep: one point per message size.
+    fn points(&self) -> Vec<SweepPoint<usize>> {
+        self.sizes
+            .iter()
+            .map(|&size| SweepPoint {
+                label: format!("{size} B"),
+                args: vec!["-m".into(), size.to_string()],
+                tag: ("size", json!(size)),
+                key: size,
+            })
+            .collect()
+    }
+}
+
 impl<'a> Ctx<'a> {
     pub(crate) fn est_latency_vs_size(&self) -> f64 {
-        let n = self.engines.len() * 2 * self.p.pp_sizes.len() * self.repeats as usize;
-        n as f64 * (self.p.pp_secs as f64 + 0.5) + self.engines.len() as f64 * 2.0 * 0.5
+        let n = self.engines.len() * 2 * self.p.pp.sizes.len() * self.repeats as usize;
+        n as f64 * (self.p.pp.secs as f64 + 0.5) + self.engines.len() as f64 * 2.0 * 0.5
     }
 
     /// Run `bench MODE` at every point, both protocols, every engine, the
     /// repeats back to back against one server per engine and protocol. Each
     /// run goes into `ex.runs` tagged with its point; runs with latency
-    /// samples go into `data` under (engine, protocol, point key). A failed run
+    /// samples are returned under (engine, protocol, point key). A failed run
     /// skips the engine's later points and is recorded by `Experiment::settle`
     /// (`what` names the points in that note).
     pub(crate) fn latency_sweep<K: Ord + Copy>(
@@ -20,9 +35,9 @@ impl<'a> Ctx<'a> {
         mode: &str,
         what: &str,
         points: &[SweepPoint<K>],
-        data: &mut BTreeMap<(String, &'static str, K), Vec<Value>>,
-    ) {
-        let run_s = self.p.pp_secs as f64 + 0.5;
+    ) -> SweepData<K> {
+        let mut data = SweepData::new();
+        let run_s = self.p.pp.secs as f64 + 0.5;
         for tcp in [false, true] {
             let proto = proto_name(tcp);
             for &e in &self.engines {
@@ -49,7 +64,7 @@ impl<'a> Ctx<'a> {
                         );
                         let mut extra = vec![mode.to_string()];
                         extra.extend(pt.args.iter().cloned());
-                        match self.client(e, tcp, port, &extra, self.p.pp_secs) {
+                        match self.client(e, tcp, port, &extra, self.p.pp.secs) {
                             Ok(v) if valid_latency(&v) => {
                                 let mut run =
                                     json!({"engine": e, "protocol": proto, "repeat": rep});
@@ -78,32 +93,15 @@ impl<'a> Ctx<'a> {
                 });
             }
         }
+        data
     }
 
-    pub(crate) fn latency_vs_size(&self) -> Experiment {
-        let mut ex = Experiment::new(
-            "latency_vs_size",
-            "1. Latency vs message size",
-            "seeds 000, 001, 002",
-            &format!(
-                "sockperf-style ping-pong (`nanowire bench pp`), one-way latency = RTT/2, {} s per run, {} repeat(s); client in host a on CPU {CLIENT_CPU}, server in host b on CPU {SERVER_CPU}, both ends on the same engine.",
-                self.p.pp_secs, self.repeats
-            ),
+    pub(crate) fn latency_vs_size(&self, mut ex: Experiment) -> Experiment {
+        ex.method = format!(
+            "sockperf-style ping-pong (`nanowire bench pp`), one-way latency = RTT/2, {} s per run, {} repeat(s); client in host a on CPU {CLIENT_CPU}, server in host b on CPU {SERVER_CPU}, both ends on the same engine.",
+            self.p.pp.secs, self.repeats
         );
-        // (engine, proto, size) -> runs
-        let mut data: BTreeMap<(String, &str, usize), Vec<Value>> = BTreeMap::new();
-        let points: Vec<SweepPoint<usize>> = self
-            .p
-            .pp_sizes
-            .iter()
-            .map(|&size| SweepPoint {
-                label: format!("{size} B"),
-                args: vec!["-m".into(), size.to_string()],
-                tag: ("size", json!(size)),
-                key: size,
-            })
-            .collect();
-        self.latency_sweep(&mut ex, "pp", "sizes", &points, &mut data);
+        let data = self.latency_sweep(&mut ex, "pp", "sizes", &self.p.pp.points());
         for tcp in [false, true] {
             let proto = proto_name(tcp);
             let mut series = vec![];
@@ -111,7 +109,8 @@ impl<'a> Ctx<'a> {
                 for metric in ["min", "avg", "p99"] {
                     let pts: Vec<Point> = self
                         .p
-                        .pp_sizes
+                        .pp
+                        .sizes
                         .iter()
                         .filter_map(|&s| {
                             let runs = data.get(&(e.to_string(), proto, s))?;
@@ -122,24 +121,16 @@ impl<'a> Ctx<'a> {
                         })
                         .collect();
                     if !pts.is_empty() {
-                        series.push(Series {
-                            label: format!("{e} {metric}"),
-                            engine: e.to_string(),
-                            protocol: proto.into(),
-                            metric: metric.into(),
-                            points: pts,
-                            missing: vec![],
-                        });
+                        series.push(
+                            Series::new(format!("{e} {metric}"), e, proto, metric).with_points(pts),
+                        );
                     }
                 }
             }
-            ex.plots.push(Plot::log_log(
-                format!("latency_vs_size_{proto}"),
-                format!("{} ping-pong latency vs size", proto.to_uppercase()),
-                "message size (bytes)",
-                "one-way latency (µs)",
-                series,
-            ));
+            ex.plots.push(
+                Plot::per_proto(proto, "latency_vs_size", "ping-pong latency vs size")
+                    .log_log(("message size (bytes)", "one-way latency (µs)"), series),
+            );
         }
         ex.tables.push(latency_table(
             "Ping-pong, medians of the repeats (µs)",

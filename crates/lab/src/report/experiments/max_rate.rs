@@ -4,44 +4,32 @@ use super::*;
 
 impl<'a> Ctx<'a> {
     pub(crate) fn est_max_rate(&self) -> f64 {
-        let per = (self.p.rate_steps + 1) as f64 * (self.p.rate_trial_s + 0.8)
-            + if self.p.rate_confirm_s > 0.0 {
-                self.repeats as f64 * (self.p.rate_confirm_s + 0.8)
+        let per = (self.p.rate.steps + 1) as f64 * (self.p.rate.trial_s + 0.8)
+            + if self.p.rate.confirm_s > 0.0 {
+                self.repeats as f64 * (self.p.rate.confirm_s + 0.8)
             } else {
                 0.0
             };
         per * self.engines.len() as f64
     }
 
-    pub(crate) fn max_rate(&self) -> Experiment {
+    pub(crate) fn max_rate(&self, mut ex: Experiment) -> Experiment {
         let size = 64;
-        let mut ex = Experiment::new(
-            "max_rate",
-            "3. Maximum message rate with zero loss",
-            "seed 003 table 1",
-            &format!(
-                "{size} B datagrams from the {} generator (`nanowire bench burst --duration`) paced at a rate, into a receiver (`nanowire bench sink --behaviour spin`) on the engine under test. The generator first runs unpaced to find the sender's ceiling; then a geometric bisection ({} steps of {} s) finds the highest rate whose run lost nothing{}.",
-                self.gen_engine,
-                self.p.rate_steps,
-                self.p.rate_trial_s,
-                if self.p.rate_confirm_s > 0.0 {
-                    format!(
-                        ", confirmed by {} runs of {} s",
-                        self.repeats, self.p.rate_confirm_s
-                    )
-                } else {
-                    String::new()
-                }
-            ),
+        ex.method = format!(
+            "{size} B datagrams from the {} generator (`nanowire bench burst --duration`) paced at a rate, into a receiver (`nanowire bench sink --behaviour spin`) on the engine under test. The generator first runs unpaced to find the sender's ceiling; then a geometric bisection ({} steps of {} s) finds the highest rate whose run lost nothing{}.",
+            self.gen_engine,
+            self.p.rate.steps,
+            self.p.rate.trial_s,
+            if self.p.rate.confirm_s > 0.0 {
+                format!(
+                    ", confirmed by {} runs of {} s",
+                    self.repeats, self.p.rate.confirm_s
+                )
+            } else {
+                String::new()
+            }
         );
-        let mut series = Series {
-            label: "max zero-loss rate".into(),
-            engine: "all".into(),
-            protocol: "udp".into(),
-            metric: "max_zero_loss_rate".into(),
-            points: vec![],
-            missing: vec![],
-        };
+        let mut series = Series::new("max zero-loss rate", "all", "udp", "max_zero_loss_rate");
         let mut rows = vec![];
         let mut cats = vec![];
         for (i, &e) in self.engines.iter().enumerate() {
@@ -60,8 +48,8 @@ impl<'a> Ctx<'a> {
                 )
             };
             self.progress
-                .step(&format!("max rate {e}: unpaced"), self.p.rate_trial_s + 0.8);
-            let (g0, s0, raw) = match stream(None, self.p.rate_trial_s) {
+                .step(&format!("max rate {e}: unpaced"), self.p.rate.trial_s + 0.8);
+            let (g0, s0, raw) = match stream(None, self.p.rate.trial_s) {
                 Ok(x) => x,
                 Err(r) => {
                     self.progress.step(
@@ -97,12 +85,12 @@ impl<'a> Ctx<'a> {
             } else {
                 let floor = 1000.0;
                 let mut cand = (ceiling * 0.5).max(floor);
-                for step in 0..self.p.rate_steps {
+                for step in 0..self.p.rate.steps {
                     self.progress.step(
                         &format!("max rate {e}: {} msg/s (step {})", fmt_num(cand), step + 1),
-                        self.p.rate_trial_s + 0.8,
+                        self.p.rate.trial_s + 0.8,
                     );
-                    match stream(Some(cand), self.p.rate_trial_s) {
+                    match stream(Some(cand), self.p.rate.trial_s) {
                         Ok((g, s, raw)) => {
                             let l = lost(&g, &s);
                             ex.runs.push(json!({"engine": e, "phase": "search", "offered": cand, "lost": l, "result": raw}));
@@ -127,7 +115,7 @@ impl<'a> Ctx<'a> {
             }
             // Confirm with repeats at the rate found.
             let mut confirmed = String::from("-");
-            if let (Some(r), true) = (lo, self.p.rate_confirm_s > 0.0) {
+            if let (Some(r), true) = (lo, self.p.rate.confirm_s > 0.0) {
                 let mut ok = 0;
                 let mut vals = vec![];
                 for rep in 0..self.repeats {
@@ -138,9 +126,9 @@ impl<'a> Ctx<'a> {
                             rep + 1,
                             self.repeats
                         ),
-                        self.p.rate_confirm_s + 0.8,
+                        self.p.rate.confirm_s + 0.8,
                     );
-                    if let Ok((g, s, raw)) = stream(Some(r), self.p.rate_confirm_s) {
+                    if let Ok((g, s, raw)) = stream(Some(r), self.p.rate.confirm_s) {
                         ex.runs.push(json!({"engine": e, "phase": "confirm", "offered": r, "lost": lost(&g, &s), "result": raw}));
                         if lost(&g, &s) == 0 {
                             ok += 1;
@@ -150,7 +138,7 @@ impl<'a> Ctx<'a> {
                 }
                 confirmed = format!(
                     "{ok}/{} lossless over {} s",
-                    self.repeats, self.p.rate_confirm_s
+                    self.repeats, self.p.rate.confirm_s
                 );
                 if ok < self.repeats {
                     ex.notes.push(format!("{e}: only {confirmed} at {} msg/s: the zero-loss rate is not stable at this length.", fmt_num(r)));

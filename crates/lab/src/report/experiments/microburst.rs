@@ -2,34 +2,44 @@
 
 use super::*;
 
+/// What the search found for one engine, behaviour and size.
+pub struct BurstResult {
+    /// The longest burst received without loss in every trial.
+    pub lossless: u64,
+    /// The search never lost: `lossless` is a lower bound (its largest trial).
+    pub capped: bool,
+    pub gen_rate: f64,
+    pub peak: u64,
+    /// The shortest burst that lost datagrams, and how many it lost.
+    pub first_lossy: Option<(u64, u64)>,
+    pub accounting: String,
+    pub trials: u32,
+}
+
 impl<'a> Ctx<'a> {
     pub(crate) fn est_bursts(&self) -> f64 {
         let stall = self.stall_ms as f64 / 1e3 + 0.5;
-        let per_size = (self.p.burst_steps + 3) as f64 * (stall + 0.6)
-            + 2.0 * (self.p.burst_steps + 3) as f64 * 0.7;
-        per_size * self.p.burst_sizes.len() as f64 * self.engines.len() as f64
+        let per_size = (self.p.burst.steps + 3) as f64 * (stall + 0.6)
+            + 2.0 * (self.p.burst.steps + 3) as f64 * 0.7;
+        per_size * self.p.burst.sizes.len() as f64 * self.engines.len() as f64
     }
 
-    pub(crate) fn bursts(&self) -> Experiment {
-        let mut ex = Experiment::new(
-            "microburst",
-            "4. Microburst tolerance",
-            "seed 000 (RFC 2544 back-to-back)",
-            &format!(
-                "The longest burst of back-to-back datagrams received with zero loss in {t}/{t} trials, found by search (up to {max} datagrams into a stalled receiver, {max2} otherwise). Generator: `nanowire bench burst` on the {g} engine in host a (batches through send_batch_to). Receiver `nanowire bench sink` on the engine under test in host b (kernel sockets with the default receive buffer; xdp with an RX ring of {ring} frames): (a) spin: reads as fast as it can; (b) stall: stops reading for {s} ms after the first datagram, then drains, which measures the buffer capacity; (c) echo: sends every datagram back (work per message). Burst time is the seed's (46 + size) × packets × 8 × 0.1 ns (10 GbE). Every lost datagram must show up in a drop counter of the receiver's namespace (Udp RcvbufErrors/InErrors, interface rx_dropped, softnet backlog drops, engine drop counters).",
-                t = self.p.burst_trials,
-                max = self.p.burst_max,
-                max2 = self.p.burst_max_nostall,
-                g = self.gen_engine,
-                s = self.stall_ms,
-                ring = self.xdp_ring
-            ),
+    pub(crate) fn bursts(&self, mut ex: Experiment) -> Experiment {
+        ex.method = format!(
+            "The longest burst of back-to-back datagrams received with zero loss in {t}/{t} trials, found by search (up to {max} datagrams into a stalled receiver, {max2} otherwise). Generator: `nanowire bench burst` on the {g} engine in host a (batches through send_batch_to). Receiver `nanowire bench sink` on the engine under test in host b (kernel sockets with the default receive buffer; xdp with an RX ring of {ring} frames): (a) spin: reads as fast as it can; (b) stall: stops reading for {s} ms after the first datagram, then drains, which measures the buffer capacity; (c) echo: sends every datagram back (work per message). Burst time is the seed's (46 + size) × packets × 8 × 0.1 ns (10 GbE). Every lost datagram must show up in a drop counter of the receiver's namespace (Udp RcvbufErrors/InErrors, interface rx_dropped, softnet backlog drops, engine drop counters).",
+            t = self.p.burst.trials,
+            max = self.p.burst.max,
+            max2 = self.p.burst.max_nostall,
+            g = self.gen_engine,
+            s = self.stall_ms,
+            ring = self.xdp_ring
         );
         let mut rows = vec![];
         let behaviours = ["spin", "stall", "echo"];
         let cats: Vec<String> = self
             .p
-            .burst_sizes
+            .burst
+            .sizes
             .iter()
             .map(|s| format!("{s} B"))
             .collect();
@@ -56,15 +66,8 @@ impl<'a> Ctx<'a> {
         for &e in &self.engines {
             let mut avail: Option<String> = None;
             for (bi, b) in behaviours.iter().enumerate() {
-                let mut series = Series {
-                    label: e.to_string(),
-                    engine: e.to_string(),
-                    protocol: "udp".into(),
-                    metric: format!("lossless_burst_{b}"),
-                    points: vec![],
-                    missing: vec![],
-                };
-                for (si, &size) in self.p.burst_sizes.iter().enumerate() {
+                let mut series = Series::new(e, e, "udp", format!("lossless_burst_{b}"));
+                for (si, &size) in self.p.burst.sizes.iter().enumerate() {
                     if avail.is_some() {
                         continue;
                     }
@@ -89,8 +92,8 @@ impl<'a> Ctx<'a> {
                                 jnum(burst_time_10g_us(size, res.lossless)),
                                 jnum(res.gen_rate),
                                 json!(res.peak),
-                                res.first_lossy.map_or(json!("-"), |n| json!(n)),
-                                res.lost_in_lossy.map_or(json!("-"), |n| json!(n)),
+                                res.first_lossy.map_or(json!("-"), |(n, _)| json!(n)),
+                                res.first_lossy.map_or(json!("-"), |(_, l)| json!(l)),
                                 json!(res.accounting),
                                 json!(res.trials),
                             ]);
@@ -140,7 +143,7 @@ impl<'a> Ctx<'a> {
         size: usize,
         ex: &mut Experiment,
     ) -> Result<BurstResult, String> {
-        let t = self.p.burst_trials;
+        let t = self.p.burst.trials;
         let stall_s = if behaviour == "stall" {
             self.stall_ms as f64 / 1e3
         } else {
@@ -152,17 +155,16 @@ impl<'a> Ctx<'a> {
         let mut hi: Option<u64> = None;
         let mut peak = 0u64;
         let mut gen_rates: Vec<f64> = vec![];
-        let mut first_lossy: Option<u64> = None;
-        let mut lost_in_lossy: Option<u64> = None;
+        let mut first_lossy: Option<(u64, u64)> = None;
         let mut accounted_all = true;
         let mut counters_used: Vec<&str> = vec![];
         let mut hint: Option<u64> = None;
         let mut n = if behaviour == "stall" {
-            self.p.burst_max
+            self.p.burst.max
         } else {
-            self.p.burst_max_nostall
+            self.p.burst.max_nostall
         };
-        for step in 0..self.p.burst_steps + 1 {
+        for step in 0..self.p.burst.steps + 1 {
             // Up to t trials; stop at the first loss.
             let mut ok_all = true;
             let mut rates = vec![];
@@ -195,9 +197,8 @@ impl<'a> Ctx<'a> {
                 peak_n = peak_n.max(s.peak_occupancy);
                 if lost > 0 {
                     ok_all = false;
-                    if first_lossy.is_none_or(|f| n < f) {
-                        first_lossy = Some(n);
-                        lost_in_lossy = Some(lost);
+                    if first_lossy.is_none_or(|(f, _)| n < f) {
+                        first_lossy = Some((n, lost));
                     }
                     if acc < lost {
                         accounted_all = false;
@@ -229,7 +230,7 @@ impl<'a> Ctx<'a> {
             let Some(h) = hi else {
                 break; // lossless at the largest burst tried
             };
-            if h <= lo + 1 || (lo > 0 && (h - lo) * self.p.burst_precision <= lo) {
+            if h <= lo + 1 || (lo > 0 && (h - lo) * self.p.burst.precision <= lo) {
                 break;
             }
             n = match hint.take() {
@@ -263,7 +264,6 @@ impl<'a> Ctx<'a> {
             gen_rate: median(&gen_rates),
             peak,
             first_lossy,
-            lost_in_lossy,
             accounting,
             trials,
         })

@@ -5,7 +5,7 @@
 //! the JSON the measuring processes print.
 
 use super::exec::{Proc, Target};
-use super::model::{Experiment, Plot, Point, Series, Table, fmt_num, median};
+use super::model::{Experiment, Plot, Point, Series, Table, fmt_num, median, median_of};
 use super::progress::Progress;
 use crate::testbed::Host;
 use nanowire_bench::burst::{BurstReport, SinkReport, burst_time_10g_us};
@@ -26,138 +26,214 @@ mod tick_to_trade;
 /// (engine label, protocol, size) -> (Gbps samples, %CPU samples).
 type TpData = BTreeMap<(String, String, usize), (Vec<f64>, Vec<f64>)>;
 
-/// How much of everything to run.
+/// How much of everything to run: each experiment's own settings.
 #[derive(Debug, Clone)]
 pub struct Params {
-    pub pp_sizes: Vec<usize>,
-    pub pp_secs: u64,
-    pub ul_rates: Vec<Option<u64>>,
-    pub ul_size: usize,
-    pub rate_trial_s: f64,
-    pub rate_confirm_s: f64,
-    pub rate_steps: usize,
-    pub burst_sizes: Vec<usize>,
-    pub burst_max: u64,
-    /// Largest burst tried into a receiver that does not stall.
-    pub burst_max_nostall: u64,
-    /// Stop the search when the bracket is within 1/precision of the answer.
-    pub burst_precision: u64,
-    pub burst_trials: u32,
-    pub burst_steps: usize,
-    pub tp_sizes_udp: Vec<usize>,
-    pub tp_sizes_tcp: Vec<usize>,
-    pub tp_secs: f64,
-    pub tp_iperf_udp: bool,
-    pub load_sizes: Vec<usize>,
-    pub load_gaps_ns: Vec<u64>,
-    pub load_packets: u64,
-    /// Loss (percent, each direction) of the impaired-wire experiment.
-    pub loss_points: Vec<f64>,
+    pub pp: PingPong,
+    pub ul: UnderLoad,
+    pub rate: RateSearch,
+    pub burst: BurstSearch,
+    pub tp: Throughput,
+    pub load: LoadSweep,
     /// Seconds of ticks per tick-to-trade run.
     pub t2t_secs: f64,
+    /// Loss (percent, each direction) of the impaired-wire experiment.
+    pub loss_points: Vec<f64>,
+}
+
+/// Latency vs message size; `secs` is also every other ping-pong run's
+/// length (latency under load, capture, loss).
+#[derive(Debug, Clone)]
+pub struct PingPong {
+    pub sizes: Vec<usize>,
+    pub secs: u64,
+}
+
+/// Latency under load: the offered rates (`None`: max) at one size.
+#[derive(Debug, Clone)]
+pub struct UnderLoad {
+    pub rates: Vec<Option<u64>>,
+    pub size: usize,
+}
+
+/// Maximum rate with zero loss: the bisection's trials.
+#[derive(Debug, Clone)]
+pub struct RateSearch {
+    pub trial_s: f64,
+    /// Seconds of the confirming run at the rate found (0: none).
+    pub confirm_s: f64,
+    pub steps: usize,
+}
+
+/// Microburst tolerance: the burst sizes and the longest-burst search.
+#[derive(Debug, Clone)]
+pub struct BurstSearch {
+    pub sizes: Vec<usize>,
+    pub max: u64,
+    /// Largest burst tried into a receiver that does not stall.
+    pub max_nostall: u64,
+    /// Stop the search when the bracket is within 1/precision of the answer.
+    pub precision: u64,
+    pub trials: u32,
+    pub steps: usize,
+}
+
+/// Throughput vs I/O size.
+#[derive(Debug, Clone)]
+pub struct Throughput {
+    pub sizes_udp: Vec<usize>,
+    pub sizes_tcp: Vec<usize>,
+    pub secs: f64,
+    /// Also iperf3 -u, as the kernel engine's reference line.
+    pub iperf_udp: bool,
+}
+
+/// Latency vs network load: bursts of `packets` at each size and gap.
+#[derive(Debug, Clone)]
+pub struct LoadSweep {
+    pub sizes: Vec<usize>,
+    pub gaps_ns: Vec<u64>,
+    pub packets: u64,
 }
 
 impl Params {
     pub fn quick() -> Params {
         Params {
-            pp_sizes: vec![16, 64, 1472],
-            pp_secs: 1,
-            ul_rates: vec![
-                Some(10_000),
-                Some(100_000),
-                Some(250_000),
-                Some(500_000),
-                None,
-            ],
-            ul_size: 256,
-            rate_trial_s: 1.0,
-            rate_confirm_s: 0.0,
-            rate_steps: 5,
-            burst_sizes: vec![256],
-            burst_max: 131_072,
-            burst_max_nostall: 32768,
-            burst_precision: 8,
-            burst_trials: 3,
-            burst_steps: 5,
-            tp_sizes_udp: vec![64, 1472, 65507],
-            tp_sizes_tcp: vec![64, 1472, 65536],
-            tp_secs: 1.0,
-            tp_iperf_udp: false,
-            load_sizes: vec![64, 1472],
-            load_gaps_ns: vec![0, 2_000, 20_000, 200_000],
-            load_packets: 500,
-            loss_points: vec![0.0, 0.1, 1.0],
+            pp: PingPong {
+                sizes: vec![16, 64, 1472],
+                secs: 1,
+            },
+            ul: UnderLoad {
+                rates: vec![
+                    Some(10_000),
+                    Some(100_000),
+                    Some(250_000),
+                    Some(500_000),
+                    None,
+                ],
+                size: 256,
+            },
+            rate: RateSearch {
+                trial_s: 1.0,
+                confirm_s: 0.0,
+                steps: 5,
+            },
+            burst: BurstSearch {
+                sizes: vec![256],
+                max: 131_072,
+                max_nostall: 32768,
+                precision: 8,
+                trials: 3,
+                steps: 5,
+            },
+            tp: Throughput {
+                sizes_udp: vec![64, 1472, 65507],
+                sizes_tcp: vec![64, 1472, 65536],
+                secs: 1.0,
+                iperf_udp: false,
+            },
+            load: LoadSweep {
+                sizes: vec![64, 1472],
+                gaps_ns: vec![0, 2_000, 20_000, 200_000],
+                packets: 500,
+            },
             t2t_secs: 1.5,
+            loss_points: vec![0.0, 0.1, 1.0],
         }
     }
     pub fn full() -> Params {
         Params {
-            pp_sizes: vec![16, 64, 256, 1024, 1472],
-            pp_secs: 2,
-            ul_rates: vec![
-                Some(10_000),
-                Some(100_000),
-                Some(250_000),
-                Some(500_000),
-                None,
-            ],
-            ul_size: 256,
-            rate_trial_s: 3.0,
-            rate_confirm_s: 10.0,
-            rate_steps: 7,
-            burst_sizes: vec![64, 256, 1024],
-            burst_max: 262_144,
-            burst_max_nostall: 131_072,
-            burst_precision: 16,
-            burst_trials: 3,
-            burst_steps: 7,
-            tp_sizes_udp: vec![64, 256, 1472, 8192, 65507],
-            tp_sizes_tcp: vec![64, 1024, 16384, 65536],
-            tp_secs: 2.0,
-            tp_iperf_udp: true,
-            load_sizes: vec![64, 512, 1472],
-            load_gaps_ns: vec![0, 1_000, 2_000, 5_000, 50_000, 1_000_000],
-            load_packets: 500,
-            loss_points: vec![0.0, 0.1, 1.0],
+            pp: PingPong {
+                sizes: vec![16, 64, 256, 1024, 1472],
+                secs: 2,
+            },
+            ul: UnderLoad {
+                rates: vec![
+                    Some(10_000),
+                    Some(100_000),
+                    Some(250_000),
+                    Some(500_000),
+                    None,
+                ],
+                size: 256,
+            },
+            rate: RateSearch {
+                trial_s: 3.0,
+                confirm_s: 10.0,
+                steps: 7,
+            },
+            burst: BurstSearch {
+                sizes: vec![64, 256, 1024],
+                max: 262_144,
+                max_nostall: 131_072,
+                precision: 16,
+                trials: 3,
+                steps: 7,
+            },
+            tp: Throughput {
+                sizes_udp: vec![64, 256, 1472, 8192, 65507],
+                sizes_tcp: vec![64, 1024, 16384, 65536],
+                secs: 2.0,
+                iperf_udp: true,
+            },
+            load: LoadSweep {
+                sizes: vec![64, 512, 1472],
+                gaps_ns: vec![0, 1_000, 2_000, 5_000, 50_000, 1_000_000],
+                packets: 500,
+            },
             t2t_secs: 5.0,
+            loss_points: vec![0.0, 0.1, 1.0],
         }
     }
     /// A tiny suite for the tests: every experiment, a point or two each.
     pub fn smoke() -> Params {
         Params {
-            pp_sizes: vec![64, 1472],
-            pp_secs: 1,
-            ul_rates: vec![Some(10_000), None],
-            ul_size: 256,
-            rate_trial_s: 0.5,
-            rate_confirm_s: 0.0,
-            rate_steps: 3,
-            burst_sizes: vec![256],
-            burst_max: 4096,
-            burst_max_nostall: 4096,
-            burst_precision: 8,
-            burst_trials: 3,
-            burst_steps: 3,
-            tp_sizes_udp: vec![1024],
-            tp_sizes_tcp: vec![1024],
-            tp_secs: 0.5,
-            tp_iperf_udp: false,
-            load_sizes: vec![64],
-            load_gaps_ns: vec![0, 20_000],
-            load_packets: 500,
-            loss_points: vec![0.0, 1.0],
+            pp: PingPong {
+                sizes: vec![64, 1472],
+                secs: 1,
+            },
+            ul: UnderLoad {
+                rates: vec![Some(10_000), None],
+                size: 256,
+            },
+            rate: RateSearch {
+                trial_s: 0.5,
+                confirm_s: 0.0,
+                steps: 3,
+            },
+            burst: BurstSearch {
+                sizes: vec![256],
+                max: 4096,
+                max_nostall: 4096,
+                precision: 8,
+                trials: 3,
+                steps: 3,
+            },
+            tp: Throughput {
+                sizes_udp: vec![1024],
+                sizes_tcp: vec![1024],
+                secs: 0.5,
+                iperf_udp: false,
+            },
+            load: LoadSweep {
+                sizes: vec![64],
+                gaps_ns: vec![0, 20_000],
+                packets: 500,
+            },
             t2t_secs: 0.5,
+            loss_points: vec![0.0, 1.0],
         }
     }
 }
 
-/// One experiment of a report (registered in `super::suite::all`).
+/// How an experiment of a report runs (registered, with its identity, in
+/// `super::suite::all`).
 pub trait ExperimentKind {
-    /// Stable id: `--only` value, results.json `experiments[].id`.
-    fn id(&self) -> &'static str;
     /// Seconds it should take (progress estimate).
     fn estimate_s(&self, ctx: &Ctx) -> f64;
-    fn run(&self, ctx: &Ctx) -> Experiment;
+    /// Measure into `ex` (its identity set, nothing else yet): its method,
+    /// plots, tables, notes, coverage and runs.
+    fn run(&self, ctx: &Ctx, ex: Experiment) -> Experiment;
 }
 
 pub struct Ctx<'a> {
@@ -177,6 +253,10 @@ pub struct Ctx<'a> {
 
 pub const CLIENT_CPU: &str = "0";
 pub const SERVER_CPU: &str = "1";
+
+/// A latency sweep's runs with latency samples: (engine, protocol, point key)
+/// -> the runs' JSON.
+pub(crate) type SweepData<K> = BTreeMap<(String, &'static str, K), Vec<Value>>;
 
 /// One point of a latency sweep: its progress label, the client arguments
 /// after the mode, its tag in results.json and its key in the sweep's data.
@@ -480,17 +560,6 @@ fn srv_cpu(p: &mut Proc) -> f64 {
     p.cpu_seconds().unwrap_or(0.0)
 }
 
-pub struct BurstResult {
-    pub lossless: u64,
-    pub capped: bool,
-    pub gen_rate: f64,
-    pub peak: u64,
-    pub first_lossy: Option<u64>,
-    pub lost_in_lossy: Option<u64>,
-    pub accounting: String,
-    pub trials: u32,
-}
-
 trait RmemOrRing {
     fn rmem_or_ring(&self) -> String;
 }
@@ -531,41 +600,23 @@ pub fn latency_table(
     groups: &[(String, String, String, Vec<Value>)],
     xname: &str,
 ) -> Table {
+    const STATS: [&str; 7] = ["min", "p50", "avg", "p99", "p99.9", "max", "stddev"];
     let mut rows = vec![];
     for (e, p, x, runs) in groups {
-        let m = |k: &str| median(&runs.iter().filter_map(|v| lat(v, k)).collect::<Vec<_>>());
-        rows.push(vec![
-            json!(e),
-            json!(p),
-            json!(
-                x.parse::<f64>()
-                    .map(|_| json!(x.parse::<u64>().unwrap_or(0)))
-                    .unwrap_or(json!(x))
-            ),
-            jnum(m("min")),
-            jnum(m("p50")),
-            jnum(m("avg")),
-            jnum(m("p99")),
-            jnum(m("p99.9")),
-            jnum(m("max")),
-            jnum(m("stddev")),
-            jnum(median(
-                &runs
-                    .iter()
-                    .filter_map(|v| num(v, "rate_msg_s"))
-                    .collect::<Vec<_>>(),
-            )),
-            json!(runs.len()),
-        ]);
+        let x = x
+            .parse::<f64>()
+            .map(|_| json!(x.parse::<u64>().unwrap_or(0)))
+            .unwrap_or(json!(x));
+        let mut row = vec![json!(e), json!(p), x];
+        row.extend(STATS.map(|k| jnum(median_of(runs, |v| lat(v, k)))));
+        row.push(jnum(median_of(runs, |v| num(v, "rate_msg_s"))));
+        row.push(json!(runs.len()));
+        rows.push(row);
     }
+    let columns = [&["engine", "proto", xname][..], &STATS, &["msg/s", "runs"]].concat();
     Table {
         caption: caption.into(),
-        columns: [
-            "engine", "proto", xname, "min", "p50", "avg", "p99", "p99.9", "max", "stddev",
-            "msg/s", "runs",
-        ]
-        .map(String::from)
-        .to_vec(),
+        columns: columns.into_iter().map(String::from).collect(),
         rows,
     }
 }

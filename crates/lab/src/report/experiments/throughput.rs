@@ -4,44 +4,36 @@ use super::*;
 
 impl<'a> Ctx<'a> {
     pub(crate) fn est_throughput(&self) -> f64 {
-        let n_udp = self.engines.len() * self.p.tp_sizes_udp.len();
-        let n_tcp = self.engines.len() * self.p.tp_sizes_tcp.len();
-        ((n_udp + n_tcp) as f64 * (self.p.tp_secs + 0.9)
-            + if self.p.tp_iperf_udp {
-                self.p.tp_sizes_udp.len() as f64 * (self.p.tp_secs + 0.9)
+        let n_udp = self.engines.len() * self.p.tp.sizes_udp.len();
+        let n_tcp = self.engines.len() * self.p.tp.sizes_tcp.len();
+        ((n_udp + n_tcp) as f64 * (self.p.tp.secs + 0.9)
+            + if self.p.tp.iperf_udp {
+                self.p.tp.sizes_udp.len() as f64 * (self.p.tp.secs + 0.9)
             } else {
                 0.0
             })
             * self.repeats as f64
     }
 
-    pub(crate) fn throughput(&self) -> Experiment {
-        let mut ex = Experiment::new(
-            "throughput",
-            "5. Throughput and CPU efficiency vs I/O size",
-            "seed 001",
-            &format!(
-                "UDP: `nanowire bench burst --duration {s}` unpaced into `nanowire bench sink --behaviour spin`, both ends on the engine under test; Gbps counts payload received. TCP: iperf3 for the kernel engine (-A pins), `nanowire bench tp --tcp` for the others. %CPU is both hosts' processes (utime+stime from /proc of the two processes, 100% = one core); lower %CPU per Gbps is better. A spinning receiver burns its core by design.{}",
-                if self.p.tp_iperf_udp {
-                    " iperf3 -u is shown as a reference line for the kernel engine."
-                } else {
-                    ""
-                },
-                s = self.p.tp_secs
-            ),
+    pub(crate) fn throughput(&self, mut ex: Experiment) -> Experiment {
+        ex.method = format!(
+            "UDP: `nanowire bench burst --duration {s}` unpaced into `nanowire bench sink --behaviour spin`, both ends on the engine under test; Gbps counts payload received. TCP: iperf3 for the kernel engine (-A pins), `nanowire bench tp --tcp` for the others. %CPU is both hosts' processes (utime+stime from /proc of the two processes, 100% = one core); lower %CPU per Gbps is better. A spinning receiver burns its core by design.{}",
+            if self.p.tp.iperf_udp {
+                " iperf3 -u is shown as a reference line for the kernel engine."
+            } else {
+                ""
+            },
+            s = self.p.tp.secs
         );
         // (label, proto, size) -> (gbps samples, cpu% samples)
         let mut data: TpData = BTreeMap::new();
         let mut engines_lines: Vec<(String, String)> = vec![];
         for &e in &self.engines {
             let mut failed = None;
-            for &size in &self.p.tp_sizes_udp {
+            for &size in &self.p.tp.sizes_udp {
                 for rep in 0..self.repeats {
-                    self.progress.step(
-                        &format!("throughput udp {e} {size} B ({}/{})", rep + 1, self.repeats),
-                        self.p.tp_secs + 0.9,
-                    );
-                    match self.trial(e, e, "spin", size, 0, Some(self.p.tp_secs), None, 0, 300) {
+                    self.tp_step("udp", e, size, rep);
+                    match self.trial(e, e, "spin", size, 0, Some(self.p.tp.secs), None, 0, 300) {
                         Ok((g, s, raw)) if s.received > 0 && s.active_s > 0.0 => {
                             if g.engine != e || s.engine != e {
                                 failed = Some(format!("fell back to {}/{}", g.engine, s.engine));
@@ -61,7 +53,7 @@ impl<'a> Ctx<'a> {
                         Err(r) => {
                             ex.notes.push(format!("{e} udp {size} B: {r}"));
                             if !data.keys().any(|k| k.0 == e.as_str() && k.1 == "udp")
-                                && size == self.p.tp_sizes_udp[0]
+                                && size == self.p.tp.sizes_udp[0]
                             {
                                 failed = Some(r);
                             }
@@ -95,7 +87,7 @@ impl<'a> Ctx<'a> {
                 Err(r) => ex.unavailable(e.as_str(), "tcp", r),
             }
         }
-        if self.p.tp_iperf_udp
+        if self.p.tp.iperf_udp
             && self.engines.contains(&EngineKind::Kernel)
             && self
                 .iperf_series(EngineKind::Kernel, false, &mut data, &mut ex)
@@ -108,14 +100,7 @@ impl<'a> Ctx<'a> {
             let mut s_gbps = vec![];
             let mut s_eff = vec![];
             for (label, p) in engines_lines.iter().filter(|(_, p)| p == proto) {
-                let mut g = Series {
-                    label: label.clone(),
-                    engine: label.split(' ').next().unwrap_or("").into(),
-                    protocol: p.clone(),
-                    metric: "gbps".into(),
-                    points: vec![],
-                    missing: vec![],
-                };
+                let mut g = Series::new(label, label.split(' ').next().unwrap_or(""), p, "gbps");
                 let mut c = Series {
                     metric: "cpu_pct_per_gbps".into(),
                     ..g.clone()
@@ -151,20 +136,14 @@ impl<'a> Ctx<'a> {
                 s_gbps.push(g);
                 s_eff.push(c);
             }
-            ex.plots.push(Plot::log_log(
-                format!("throughput_{proto}"),
-                format!("{} throughput vs I/O size", proto.to_uppercase()),
-                "I/O size (bytes)",
-                "Gbps received",
-                s_gbps,
-            ));
-            ex.plots.push(Plot::log_log(
-                format!("cpu_per_gbps_{proto}"),
-                format!("{} %CPU per Gbps (both hosts)", proto.to_uppercase()),
-                "I/O size (bytes)",
-                "%CPU per Gbps",
-                s_eff,
-            ));
+            ex.plots.push(
+                Plot::per_proto(proto, "throughput", "throughput vs I/O size")
+                    .log_log(("I/O size (bytes)", "Gbps received"), s_gbps),
+            );
+            ex.plots.push(
+                Plot::per_proto(proto, "cpu_per_gbps", "%CPU per Gbps (both hosts)")
+                    .log_log(("I/O size (bytes)", "%CPU per Gbps"), s_eff),
+            );
         }
         ex.tables.push(Table {
             caption: "Throughput and CPU, medians of the repeats".into(),
@@ -202,22 +181,15 @@ impl<'a> Ctx<'a> {
         };
         let proto = proto_name(tcp);
         let sizes = if tcp {
-            &self.p.tp_sizes_tcp
+            &self.p.tp.sizes_tcp
         } else {
-            &self.p.tp_sizes_udp
+            &self.p.tp.sizes_udp
         };
         let addr = self.target.server_addr().to_string();
         let mut any = None;
         for &size in sizes {
             for rep in 0..self.repeats {
-                self.progress.step(
-                    &format!(
-                        "throughput {proto} iperf3 {size} B ({}/{})",
-                        rep + 1,
-                        self.repeats
-                    ),
-                    self.p.tp_secs + 0.9,
-                );
+                self.tp_step(proto, "iperf3", size, rep);
                 let port = self.next_port().to_string();
                 let srv = self.target.command(
                     Host::B,
@@ -235,7 +207,7 @@ impl<'a> Ctx<'a> {
                 )?;
                 let mut srv = Proc::spawn(srv, "iperf3 -s")?;
                 srv.settle(Duration::from_millis(250))?;
-                let secs = format!("{}", self.p.tp_secs.ceil().max(1.0) as u64);
+                let secs = format!("{}", self.p.tp.secs.ceil().max(1.0) as u64);
                 let mut a: Vec<String> = [
                     "iperf3",
                     "-c",
@@ -295,6 +267,19 @@ impl<'a> Ctx<'a> {
         any.unwrap_or_else(|| Err("iperf3 gave no result".into()))
     }
 
+    /// Announce one throughput run (`who`: the engine or tool) on the
+    /// progress bar.
+    fn tp_step(&self, proto: &str, who: impl std::fmt::Display, size: usize, rep: u32) {
+        self.progress.step(
+            &format!(
+                "throughput {proto} {who} {size} B ({}/{})",
+                rep + 1,
+                self.repeats
+            ),
+            self.p.tp.secs + 0.9,
+        );
+    }
+
     pub(crate) fn bench_tp_tcp(
         &self,
         e: EngineKind,
@@ -302,14 +287,11 @@ impl<'a> Ctx<'a> {
         ex: &mut Experiment,
     ) -> Result<(), String> {
         let (mut srv, port) = self.start_server(e, true)?;
-        let secs = self.p.tp_secs.ceil().max(1.0) as u64;
+        let secs = self.p.tp.secs.ceil().max(1.0) as u64;
         let mut ok = false;
-        for &size in &self.p.tp_sizes_tcp {
+        for &size in &self.p.tp.sizes_tcp {
             for rep in 0..self.repeats {
-                self.progress.step(
-                    &format!("throughput tcp {e} {size} B ({}/{})", rep + 1, self.repeats),
-                    self.p.tp_secs + 0.9,
-                );
+                self.tp_step("tcp", e, size, rep);
                 let cpu_srv0 = srv.as_mut().map_or(0.0, srv_cpu);
                 let extra = vec![
                     "tp".to_string(),

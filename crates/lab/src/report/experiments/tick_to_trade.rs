@@ -17,6 +17,9 @@ fn feed_label(f: u64) -> String {
     }
 }
 
+/// The tick-to-trade statistics of the table, in its column order.
+const T2T_STATS: [&str; 5] = ["min", "p50", "p99", "p99.9", "max"];
+
 impl<'a> Ctx<'a> {
     pub(crate) fn est_tick_to_trade(&self) -> f64 {
         (self.engines.len() * FEEDS.len()) as f64
@@ -88,15 +91,10 @@ impl<'a> Ctx<'a> {
         Ok((ex_v, st_v))
     }
 
-    pub(crate) fn tick_to_trade(&self) -> Experiment {
-        let mut ex = Experiment::new(
-            "tick_to_trade",
-            "10. Tick-to-trade",
-            "Onload trade_sim",
-            &format!(
-                "An exchange in host b (`nanowire bench exchange`, spinning, CPU {SERVER_CPU}; market data sent on the {} engine, the fastest that opens, like the burst generator's; orders read from a kernel TCP socket) multicasts market data to {GROUP}: 1000 ticks/s, plus (second setting) a background feed of 100k msg/s on the same group and port, flagged in each message as in trade_sim, so the strategy reads and inspects every message but answers only ticks. A strategy in host a (`nanowire bench strategy`, CPU {CLIENT_CPU}) on the engine under test — kernel: blocking kernel sockets; spin: polled kernel sockets; xdp: the engine's multicast socket and its TCP (native API) — answers each tick with a 24-byte order over TCP. Tick-to-trade = the order's arrival at the exchange (kernel receive stamp, SO_TIMESTAMPNS) − the tick's send time (CLOCK_REALTIME before sendto; both hosts share the machine's clock). {} s per run after 0.3 s of warm-up, {} repeat(s), medians.",
-                self.gen_engine, self.p.t2t_secs, self.repeats
-            ),
+    pub(crate) fn tick_to_trade(&self, mut ex: Experiment) -> Experiment {
+        ex.method = format!(
+            "An exchange in host b (`nanowire bench exchange`, spinning, CPU {SERVER_CPU}; market data sent on the {} engine, the fastest that opens, like the burst generator's; orders read from a kernel TCP socket) multicasts market data to {GROUP}: 1000 ticks/s, plus (second setting) a background feed of 100k msg/s on the same group and port, flagged in each message as in trade_sim, so the strategy reads and inspects every message but answers only ticks. A strategy in host a (`nanowire bench strategy`, CPU {CLIENT_CPU}) on the engine under test — kernel: blocking kernel sockets; spin: polled kernel sockets; xdp: the engine's multicast socket and its TCP (native API) — answers each tick with a 24-byte order over TCP. Tick-to-trade = the order's arrival at the exchange (kernel receive stamp, SO_TIMESTAMPNS) − the tick's send time (CLOCK_REALTIME before sendto; both hosts share the machine's clock). {} s per run after 0.3 s of warm-up, {} repeat(s), medians.",
+            self.gen_engine, self.p.t2t_secs, self.repeats
         );
         // (engine, feed) -> exchange reports
         let mut data: BTreeMap<(String, u64), Vec<Value>> = BTreeMap::new();
@@ -157,14 +155,7 @@ impl<'a> Ctx<'a> {
                     })
                     .collect();
                 if !pts.is_empty() {
-                    series.push(Series {
-                        label: e.to_string(),
-                        engine: e.to_string(),
-                        protocol: "tcp".into(),
-                        metric: metric.into(),
-                        points: pts,
-                        missing: vec![],
-                    });
+                    series.push(Series::new(e, e, "tcp", metric).with_points(pts));
                 }
             }
             ex.plots.push(Plot {
@@ -180,60 +171,37 @@ impl<'a> Ctx<'a> {
         }
         let mut rows = vec![];
         for ((e, feed), runs) in &data {
-            let m = |k: &str| median(&runs.iter().filter_map(|v| t2t(v, k)).collect::<Vec<_>>());
-            let n = |k: &str| {
-                median(
-                    &runs
-                        .iter()
-                        .filter_map(|v| v[k].as_f64())
-                        .collect::<Vec<_>>(),
-                )
-            };
-            rows.push(vec![
-                json!(e),
-                json!(feed_label(*feed)),
-                jnum(m("min")),
-                jnum(m("p50")),
-                jnum(m("p99")),
-                jnum(m("p99.9")),
-                jnum(m("max")),
-                jnum(median(
-                    &runs
-                        .iter()
-                        .filter_map(|v| v["strategy_tick_us"]["p50"].as_f64())
-                        .collect::<Vec<_>>(),
-                )),
-                jnum(median(
-                    &runs
-                        .iter()
-                        .filter_map(|v| v["tick_send_us"]["p50"].as_f64())
-                        .collect::<Vec<_>>(),
-                )),
+            let n = |k: &str| median_of(runs, |v| v[k].as_f64());
+            let mut row = vec![json!(e), json!(feed_label(*feed))];
+            row.extend(T2T_STATS.map(|k| jnum(median_of(runs, |v| t2t(v, k)))));
+            row.extend([
+                jnum(median_of(runs, |v| v["strategy_tick_us"]["p50"].as_f64())),
+                jnum(median_of(runs, |v| v["tick_send_us"]["p50"].as_f64())),
                 jnum(n("ticks")),
                 jnum(n("missing")),
                 jnum(n("feed_rate")),
                 json!(runs.len()),
             ]);
+            rows.push(row);
         }
         ex.tables.push(Table {
             caption: "Tick-to-trade (µs), medians of the repeats; tick one-way = the strategy's read of a tick - its send (the rest of tick-to-trade is the order's way back); exchange send = how long the exchange's send call took per tick (on veth the tick reaches the strategy inside it, so the two are close; both are shared by every engine and are slow when ticks are sparse: docs/benchmarks.md, session 6); missing = measured ticks without an order".into(),
             columns: [
-                "engine",
-                "market data",
-                "min",
-                "p50",
-                "p99",
-                "p99.9",
-                "max",
-                "tick one-way p50",
-                "exchange send p50",
-                "ticks",
-                "missing",
-                "feed msg/s reached",
-                "runs",
+                &["engine", "market data"][..],
+                &T2T_STATS,
+                &[
+                    "tick one-way p50",
+                    "exchange send p50",
+                    "ticks",
+                    "missing",
+                    "feed msg/s reached",
+                    "runs",
+                ],
             ]
+            .concat()
+            .into_iter()
             .map(String::from)
-            .to_vec(),
+            .collect(),
             rows,
         });
         // xdp vs spin, the acceptance ratio.
