@@ -14,6 +14,7 @@
 //!   (`/proc/net/snmp` Udp RcvbufErrors/InErrors, interface rx_dropped,
 //!   softnet backlog drops) so every lost datagram is accounted for.
 
+use crate::le::{Fields, put_u64};
 use clap::{Args, ValueEnum};
 use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint};
 use serde::Serialize;
@@ -48,21 +49,18 @@ impl BurstHeader {
     pub fn write(&self, buf: &mut [u8]) {
         buf[0..4].copy_from_slice(&MAGIC);
         buf[4..8].copy_from_slice(&self.run.to_le_bytes());
-        buf[8..16].copy_from_slice(&self.seq.to_le_bytes());
-        buf[16..24].copy_from_slice(&self.total.to_le_bytes());
-        buf[24..32].copy_from_slice(&self.tx_ns.to_le_bytes());
+        put_u64(buf, 8, self.seq);
+        put_u64(buf, 16, self.total);
+        put_u64(buf, 24, self.tx_ns);
     }
     /// `None` for anything that is not a burst datagram.
     pub fn parse(buf: &[u8]) -> Option<BurstHeader> {
-        if buf.len() < HEADER_LEN || buf[0..4] != MAGIC {
-            return None;
-        }
-        let u64_at = |o: usize| u64::from_le_bytes(buf[o..o + 8].try_into().unwrap_or([0; 8]));
+        let f = Fields::check(buf, MAGIC, HEADER_LEN)?;
         Some(BurstHeader {
-            run: u32::from_le_bytes(buf[4..8].try_into().unwrap_or([0; 4])),
-            seq: u64_at(8),
-            total: u64_at(16),
-            tx_ns: u64_at(24),
+            run: f.u32_at(4),
+            seq: f.u64_at(8),
+            total: f.u64_at(16),
+            tx_ns: f.u64_at(24),
         })
     }
 }
@@ -871,22 +869,6 @@ pub fn run_sink(a: SinkArgs) -> Result<i32, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn header_roundtrip_and_rejects_garbage() {
-        let mut b = [0u8; 64];
-        let h = BurstHeader {
-            run: 7,
-            seq: 123456789,
-            total: 500,
-            tx_ns: 42,
-        };
-        h.write(&mut b);
-        assert_eq!(BurstHeader::parse(&b), Some(h));
-        assert_eq!(BurstHeader::parse(&b[..31]), None);
-        b[0] = b'X';
-        assert_eq!(BurstHeader::parse(&b), None);
-    }
 
     #[test]
     fn seed_burst_time_formula() {

@@ -11,6 +11,7 @@ pub mod burst;
 pub mod cli;
 pub mod client;
 pub mod env;
+pub mod le;
 pub mod result;
 pub mod seq;
 pub mod server;

