@@ -108,34 +108,51 @@ mod tests {
     use std::io::Write;
     use std::os::unix::fs::PermissionsExt;
 
-    fn tmpdir(tag: &str) -> std::path::PathBuf {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let d =
-            std::env::temp_dir().join(format!("nw-outfile-{tag}-{}-{nanos}", std::process::id()));
-        // A fresh name (create_dir fails on anything already there).
-        std::fs::create_dir(&d).unwrap();
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
-        d
+    /// A fresh private directory of the test's own, removed with what is in
+    /// it when the test ends (passed or not).
+    struct Scratch(std::path::PathBuf);
+
+    impl Scratch {
+        fn new(tag: &str) -> Scratch {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos();
+            let d = std::env::temp_dir()
+                .join(format!("nw-outfile-{tag}-{}-{nanos}", std::process::id()));
+            // A fresh name (create_dir fails on anything already there).
+            std::fs::create_dir(&d).unwrap();
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+            Scratch(d)
+        }
+        fn path(&self) -> &Path {
+            &self.0
+        }
+        fn join(&self, name: &str) -> std::path::PathBuf {
+            self.0.join(name)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 
     #[test]
     fn a_new_file_is_not_world_readable() {
-        let d = tmpdir("mode");
+        let d = Scratch::new("mode");
         let p = d.join("cap.pcapng");
         create(&p, PRIVATE).unwrap().write_all(b"x").unwrap();
         assert_eq!(std::fs::metadata(&p).unwrap().mode() & 0o777 & !0o600, 0);
         let q = d.join("index.html");
         create(&q, SHARED_GROUP).unwrap();
         assert_eq!(std::fs::metadata(&q).unwrap().mode() & 0o007, 0);
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn an_existing_world_readable_file_of_ours_is_narrowed_and_truncated() {
-        let d = tmpdir("narrow");
+        let d = Scratch::new("narrow");
         let p = d.join("log");
         std::fs::write(&p, b"old contents").unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
@@ -143,12 +160,11 @@ mod tests {
         let m = std::fs::metadata(&p).unwrap();
         assert_eq!(m.mode() & 0o077, 0);
         assert_eq!(m.len(), 0);
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_planted_symlink_is_refused_with_one_line_and_the_target_untouched() {
-        let d = tmpdir("link");
+        let d = Scratch::new("link");
         let target = d.join("precious");
         std::fs::write(&target, b"keep").unwrap();
         let p = d.join("out.pcapng");
@@ -161,25 +177,23 @@ mod tests {
         std::os::unix::fs::symlink(d.join("nothing"), &q).unwrap();
         assert!(create(&q, PRIVATE).is_err());
         assert!(!d.join("nothing").exists());
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn an_existing_name_in_a_shared_directory_is_refused() {
-        let d = tmpdir("shared");
-        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let d = Scratch::new("shared");
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
         let p = d.join("planted");
         std::fs::write(&p, b"").unwrap();
         let e = create(&p, PRIVATE).unwrap_err().to_string();
         assert!(e.contains("other users can write"), "{e}");
         // A new name there is fine.
         create(&d.join("fresh"), PRIVATE).unwrap();
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn a_fifo_is_refused() {
-        let d = tmpdir("fifo");
+        let d = Scratch::new("fifo");
         let p = d.join("fifo");
         rustix::fs::mknodat(
             rustix::fs::CWD,
@@ -194,16 +208,14 @@ mod tests {
         let _r = rustix::fs::open(&p, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty()).unwrap();
         let e = create(&p, PRIVATE).unwrap_err().to_string();
         assert!(e.contains("not a regular file"), "{e}");
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     #[ignore = "needs root"]
     fn a_directory_of_another_user_is_refused() {
-        let d = tmpdir("other");
-        rustix::fs::chown(&d, Some(rustix::process::Uid::from_raw(65534)), None).unwrap();
+        let d = Scratch::new("other");
+        rustix::fs::chown(d.path(), Some(rustix::process::Uid::from_raw(65534)), None).unwrap();
         let e = create(&d.join("x"), PRIVATE).unwrap_err().to_string();
         assert!(e.contains("belongs to uid 65534"), "{e}");
-        std::fs::remove_dir_all(&d).unwrap();
     }
 }
