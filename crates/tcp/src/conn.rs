@@ -190,7 +190,7 @@ pub(crate) struct Conn {
     pub total_retrans: u64,
     pub bytes_acked: u64,
     pub bytes_received: u64,
-    /// Heap bookkeeping of the stack: deadline of this connection's live entry.
+    /// The deadline this connection is armed at in the stack's timer wheel.
     pub armed: Option<u64>,
     pub queued: bool,
     /// Readiness last reported through the stack's event queue.

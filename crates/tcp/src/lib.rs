@@ -9,9 +9,10 @@
 //!
 //! One file per concern, as in Onload: `input` (receive processing),
 //! `output` (transmit), `timer` (RTO, delayed ACK, persist, keepalive,
-//! TIME-WAIT), `stack` (demux, listeners, SYN queue and cookies, accept
-//! queue), `cc` (NewReno), `isn` (RFC 6528 ISNs and cookies), `buffer`
-//! (rings, assembler), `fault` (the seeded fault injector).
+//! TIME-WAIT), `wheel` (the timer queue), `stack` (demux, listeners, SYN
+//! queue and cookies, accept queue), `cc` (NewReno), `isn` (RFC 6528 ISNs
+//! and cookies), `buffer` (rings, assembler), `fault` (the seeded fault
+//! injector).
 //!
 //! References: RFC 9293, 5961, 6298, 5681, 6582, 6928, 7323, 2018, 6528,
 //! 4987, 1122; Linux and smoltcp behaviour.
@@ -28,6 +29,7 @@ pub mod payload;
 pub mod seq;
 mod stack;
 mod timer;
+mod wheel;
 
 pub use buffer::HeldBytes;
 pub use conn::State;

@@ -1,22 +1,22 @@
 //! The container: O(1) demux by 4-tuple (connections) and by local address
 //! (listeners, exact before wildcard), the listeners' SYN queue (bounded,
 //! SYN cookies beyond it) and accept queue, RSTs for unknown segments, the
-//! transmit queue and the timer heap.
+//! transmit queue and the timer wheel.
 //!
 //! Connections live in a slab sized at creation (`Config::max_connections`);
-//! the demux map, timer heap and queues are preallocated, so the data path
+//! the demux map, timer wheel and queues are preallocated, so the data path
 //! does not allocate (buffers are allocated once per connection).
 
 use crate::conn::{Conn, State};
 use crate::fault::{FaultConfig, FaultInjector, FaultStats};
 use crate::isn::{COOKIE_MSS, DemuxHash, Secret, cookie_mss_index};
 use crate::payload::Payload;
+use crate::wheel::Wheel;
 use crate::{Config, Counters, Error, FourTuple, SocketOptions, TcpInfo};
 use nanowire_wire::checksum;
 use nanowire_wire::tcp::{Flags, TcpRepr, TcpSegment};
 use nanowire_wire::udp::ChecksumState;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 /// The checksum of a segment whose header is in `s` and whose payload
@@ -170,6 +170,22 @@ enum Ctrl {
 
 const CTRL_QUEUE: usize = 1024;
 
+/// Arm a connection's timer at its earliest deadline when that comes
+/// before the one armed, or (`exact`) differs from it. A later one is left
+/// by the common path (settle's fast one, `idle`): the armed entry fires
+/// early, finds nothing due and re-arms then (one move per RTO instead of
+/// one per ACK). The rare path moves it (a connection entering TIME-WAIT:
+/// from its FIN's RTO to 60 s, instead of a fire at the RTO).
+#[inline]
+fn arm(timers: &mut Wheel, c: &mut Conn, idx: u32, exact: bool) {
+    if let Some(d) = c.next_deadline()
+        && c.armed.is_none_or(|a| d < a || (exact && d != a))
+    {
+        c.armed = Some(d);
+        timers.arm(idx, d);
+    }
+}
+
 /// The front of a FIFO queue; a queue that this empties starts again at
 /// its first slot. A `VecDeque` used as a FIFO otherwise walks its whole
 /// buffer (the ready and event queues are sized for every connection):
@@ -251,7 +267,10 @@ pub struct TcpStack {
     listeners: Vec<Option<Listener>>,
     listen_map: HashMap<SocketAddrV4, u32, DemuxHash>,
     ready: VecDeque<u32>,
-    timers: BinaryHeap<Reverse<(u64, u32)>>,
+    /// Each connection's earliest deadline (`Conn::armed`).
+    timers: Wheel,
+    /// The timers a poll fires, reused.
+    due: Vec<(u64, u32)>,
     ctrl: VecDeque<Ctrl>,
     events: VecDeque<Readiness>,
     pub(crate) counters: Counters,
@@ -283,7 +302,8 @@ impl TcpStack {
             listeners: Vec::new(),
             listen_map: HashMap::with_hasher(secret.demux_hash()),
             ready: VecDeque::with_capacity(n),
-            timers: BinaryHeap::with_capacity(4 * n),
+            timers: Wheel::new(n),
+            due: Vec::new(),
             ctrl: VecDeque::with_capacity(CTRL_QUEUE),
             events: VecDeque::with_capacity(n),
             counters: Counters::default(),
@@ -493,6 +513,7 @@ impl TcpStack {
             }
             slot.generation = slot.generation.wrapping_add(1);
             self.free.push(idx);
+            self.timers.cancel(idx);
         }
     }
 
@@ -532,13 +553,7 @@ impl TcpStack {
                 c.queued = true;
                 ready.push_back(idx);
             }
-            if let Some(d) = c.next_deadline()
-                && c.armed.is_none_or(|a| d < a)
-            {
-                c.armed = Some(d);
-                timers.push(Reverse((d, idx)));
-                self.prune_timers();
-            }
+            arm(timers, c, idx, false);
             return;
         }
         self.settle_all(idx);
@@ -632,34 +647,7 @@ impl TcpStack {
             c.queued = true;
             self.ready.push_back(idx);
         }
-        if let Some(d) = c.next_deadline()
-            && c.armed.is_none_or(|a| d < a)
-        {
-            c.armed = Some(d);
-            self.timers.push(Reverse((d, idx)));
-            self.prune_timers();
-        }
-    }
-
-    /// Drop the timer entries nobody waits for once they outnumber the
-    /// connections: an entry stays in the heap until its time comes even
-    /// when its connection re-armed earlier or was released (lazy
-    /// deletion), so a process making short connections carried thousands
-    /// (tcp_churn: ~19,000 entries, 300 KiB of heap pages touched, with
-    /// one connection open at a time). Pruned when the heap holds more
-    /// than four per connection (+64): amortised O(1) per push, and the
-    /// heap stays within a small multiple of the connections held.
-    fn prune_timers(&mut self) {
-        if self.timers.len() <= 4 * self.connection_count() + 64 {
-            return;
-        }
-        let slots = &self.slots;
-        self.timers.retain(|&Reverse((t, idx))| {
-            slots
-                .get(idx as usize)
-                .and_then(|s| s.conn.as_ref())
-                .is_some_and(|c| c.armed == Some(t))
-        });
+        arm(&mut self.timers, c, idx, true);
     }
 
     // ------------------------------------------------------------ input
@@ -1135,12 +1123,8 @@ impl TcpStack {
         c.queued = false;
         if c.state == State::Closed && c.orphan && !c.rst_pending && c.rst_reply.is_none() {
             self.release(idx);
-        } else if let Some(d) = c.next_deadline()
-            && c.armed.is_none_or(|a| d < a)
-        {
-            c.armed = Some(d);
-            self.timers.push(Reverse((d, idx)));
-            self.prune_timers();
+        } else {
+            arm(&mut self.timers, c, idx, false);
         }
     }
 
@@ -1175,7 +1159,7 @@ impl TcpStack {
     /// Earliest instant `poll_timers` should run (may be early, never late).
     pub fn next_deadline(&self) -> Option<u64> {
         [
-            self.timers.peek().map(|Reverse((t, _))| *t),
+            self.timers.next_deadline(),
             self.fault_rx.as_ref().and_then(FaultInjector::next_release),
             self.fault_tx.as_ref().and_then(FaultInjector::next_release),
         ]
@@ -1189,25 +1173,41 @@ impl TcpStack {
         if self.fault_rx.is_some() {
             self.release_rx(now);
         }
-        while let Some(&Reverse((t, idx))) = self.timers.peek() {
-            if t > now {
+        if self.timers.is_due(now) {
+            self.fire_timers(now);
+        }
+    }
+
+    /// Fire the connections' timers due at `now`, in the order the heap had
+    /// (deadline, then slot); a connection whose timer a fired one re-armed
+    /// at or before `now` fires in the next round, as the heap popped it.
+    #[inline(never)]
+    fn fire_timers(&mut self, now: u64) {
+        let mut due = std::mem::take(&mut self.due);
+        loop {
+            due.clear();
+            self.timers.expire(now, &mut due);
+            if due.is_empty() {
                 break;
             }
-            self.timers.pop();
-            let Some(c) = self
-                .slots
-                .get_mut(idx as usize)
-                .and_then(|s| s.conn.as_mut())
-            else {
-                continue;
-            };
-            if c.armed != Some(t) {
-                continue;
+            due.sort_unstable();
+            for &(t, idx) in &due {
+                let Some(c) = self
+                    .slots
+                    .get_mut(idx as usize)
+                    .and_then(|s| s.conn.as_mut())
+                else {
+                    continue;
+                };
+                if c.armed != Some(t) {
+                    continue;
+                }
+                c.armed = None;
+                c.on_timer(now, &self.cfg, &mut self.counters);
+                self.settle(idx);
             }
-            c.armed = None;
-            c.on_timer(now, &self.cfg, &mut self.counters);
-            self.settle(idx);
         }
+        self.due = due;
     }
 
     // ------------------------------------------------------------ API
