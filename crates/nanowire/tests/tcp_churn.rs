@@ -7,7 +7,6 @@ mod run_support;
 
 use nanowire_lab::testbed::{Host, ScopedLab};
 use run_support::*;
-use std::process::Command;
 use std::time::Duration;
 
 const B: &str = "198.18.0.2";
@@ -64,17 +63,6 @@ fn wait_port(lab: &ScopedLab, port: u16) {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-}
-
-fn output(mut c: Command, what: &str) -> String {
-    let o = c.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success(), "{what} failed ({}):\n{all}", o.status);
-    all
 }
 
 /// `tool` (its name, then `args` and `url`) against nginx, with `conns`
@@ -269,12 +257,7 @@ fn churn_trace(lab: &ScopedLab, port: &str, n: usize, calls: &str) -> (String, V
         ),
         "connections under run, traced",
     );
-    let lines = std::fs::read_to_string(&trace)
-        .unwrap()
-        .lines()
-        .map(str::to_string)
-        .collect();
-    (out, lines)
+    (out, lines_of(&trace))
 }
 
 /// What a process under run pays to start its engine, and what stays out

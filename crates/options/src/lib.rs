@@ -209,6 +209,15 @@ pub const OPTIONS: &[OptSpec] = &[
          within 1/4 of the UMEM's RX frames (1/8 on the engine service); 0: every segment copied \
          into the connection's receive ring first.",
     ),
+    OptSpec::switch_on(
+        "prestart",
+        "NANOWIRE_PRESTART",
+        "xdp engine, own engine: `nanowire run` loads and attaches the steering program before it \
+         execs the program (on NANOWIRE_IFACE, else on the interfaces of the namespace's IPv4 \
+         routes but the loopback), so that the first accelerated socket does not wait for the \
+         verifier and the XDP link; the program's engine adopts it. A process that forks or execs \
+         before its engine starts closes it. 0: each engine loads its own at its start.",
+    ),
     OptSpec {
         name: "service",
         env: "NANOWIRE_SERVICE",
@@ -361,6 +370,8 @@ pub struct Config {
     pub faults: String,
     /// Attach to the engine service instead of an engine of one's own.
     pub service: bool,
+    /// `nanowire run` attaches the steering program before exec.
+    pub prestart: bool,
 }
 
 impl Config {
@@ -413,6 +424,7 @@ impl Config {
             tcp_rto_min_us: get("tcp_rto_min_us")?.parse().unwrap_or(200_000),
             faults: get("faults")?,
             service: parse_bool(&get("service")?).unwrap_or(false),
+            prestart: parse_bool(&get("prestart")?).unwrap_or(true),
         })
     }
 

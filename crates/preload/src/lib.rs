@@ -124,6 +124,7 @@ extern "C" fn nanowire_preload_init() {
     fdlife::init();
     share::init();
     spin::init();
+    spawn::receive_prepared();
     if spin::xdp_candidates() {
         tcpx::size_fd_table();
     }

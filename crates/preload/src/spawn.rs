@@ -27,8 +27,10 @@
 
 use crate::accel;
 use crate::fdlife;
+use crate::log::log;
 use crate::tcpx;
 use libc::c_int;
+use nanowire_options::Level;
 #[cfg(target_arch = "x86_64")]
 use std::cell::Cell;
 
@@ -49,9 +51,64 @@ pub fn prepare(inherits: &dyn Fn(c_int) -> bool, why: &str) {
     crate::sys::set_errno(e);
 }
 
+/// At load (after the configuration): take the steering program `nanowire
+/// run` attached before it exec'd this program (`NANOWIRE_PREPARED`,
+/// nanowire_xdp::prestart), removing the variable from the environment so
+/// no child sees it. Its fds are checked and made close-on-exec; one that
+/// does not check out is closed with one line (the engine then attaches
+/// its own, as without). A process without the xdp engine gives it up.
+pub fn receive_prepared() {
+    use nanowire_stack::xdp::prestart;
+    let Some(v) = std::env::var_os(prestart::ENV) else {
+        return;
+    };
+    // SAFETY: the library's constructor runs before main, when the
+    // program has no other thread that could read the environment.
+    unsafe { std::env::remove_var(prestart::ENV) };
+    let (kept, refused) = prestart::receive(&v.to_string_lossy());
+    for why in refused {
+        log!(
+            Level::Warn,
+            "not adopting the steering program nanowire run attached ({why}): the engine attaches its own"
+        );
+    }
+    if kept.is_empty() {
+        return;
+    }
+    if !crate::spin::xdp_candidates() {
+        prestart::give_up();
+        return;
+    }
+    log!(
+        Level::Info,
+        "steering program attached by nanowire run held for the engine on {}",
+        kept.join(", ")
+    );
+    // SAFETY: a plain extern "C" handler.
+    unsafe { libc::pthread_atfork(Some(give_up_prepared), None, None) };
+}
+
+/// A fork before the engine started: see [`give_up_prepared_for`].
+extern "C" fn give_up_prepared() {
+    give_up_prepared_for("fork()");
+}
+
+/// `what` (a fork, spawn or exec) before the engine started: the prepared
+/// steering program is closed, so that a child's own engine can attach (a
+/// link held here would make its attach fail with EBUSY).
+fn give_up_prepared_for(what: &str) {
+    if nanowire_stack::xdp::prestart::give_up() > 0 {
+        log!(
+            Level::Info,
+            "{what} before the engine started: the steering program nanowire run attached is closed"
+        );
+    }
+}
+
 /// Before `what` (posix_spawn, system, popen, exec): the engine sockets
 /// without FD_CLOEXEC.
 pub fn prepare_exec(what: &str) {
+    give_up_prepared_for(what);
     if what == "exec" {
         // The close-on-exec copies of connections a parent shared at fork
         // go with this program.
@@ -106,6 +163,7 @@ thread_local! {
 #[cfg(target_arch = "x86_64")]
 pub extern "C" fn vfork_prepare() {
     if !crate::sys::in_engine() {
+        give_up_prepared_for("vfork()");
         prepare(
             &|_| true,
             "vfork(): the child may take any fd onto its stdin/stdout",

@@ -160,6 +160,9 @@ pub fn run(args: RunArgs) -> Result<i32, String> {
     {
         eprintln!("nanowire run: xdp engine not usable: {why}; UDP sockets use the spin engine");
     }
+    if let Some(v) = prestart(&cfg, prog) {
+        cmd.env(nanowire_xdp::prestart::ENV, v);
+    }
     if cfg.log >= Level::Info {
         eprintln!(
             "nanowire run: profile {} engine {} spin {} preload {}",
@@ -185,4 +188,79 @@ pub fn exec_failure_status(err: &std::io::Error) -> i32 {
         std::io::ErrorKind::NotFound => 127,
         _ => 126,
     }
+}
+
+/// The steering program attached before exec (`prestart` option, see
+/// nanowire_xdp::prestart): on `iface` if set, else on the interfaces of
+/// the namespace's IPv4 routes but the loopback. Only for an own xdp
+/// engine that would attach the same program (multi-buffer aware, the
+/// forced attach mode if any), with the privilege to. Returns the value
+/// of `NANOWIRE_PREPARED` for the program (`None`: nothing prepared; an
+/// interface that refuses, e.g. one another XDP program owns, is skipped,
+/// said at the info level).
+fn prestart(cfg: &Config, prog: &std::ffi::OsStr) -> Option<String> {
+    if cfg.engine != Engine::Xdp
+        || cfg.service
+        || !cfg.prestart
+        || std::env::var("NANOWIRE_XDP_NO_MULTI_BUFFER").as_deref() == Ok("1")
+        || crate::privilege::check().is_err()
+    {
+        return None;
+    }
+    if is_script(prog) {
+        // An interpreter (a shell, `env`) that forks or execs before any
+        // engine starts would only close it again (a pyenv shim does).
+        if cfg.log >= Level::Info {
+            eprintln!(
+                "nanowire run: {} is a script: steering program not attached before exec",
+                prog.to_string_lossy()
+            );
+        }
+        return None;
+    }
+    let forced = match std::env::var("NANOWIRE_XDP_MODE").as_deref() {
+        Ok("native") => Some(nanowire_xdp::AttachMode::Driver),
+        Ok("generic") => Some(nanowire_xdp::AttachMode::Skb),
+        Ok("") | Err(_) => None,
+        // A bad value: the shim's engine says so and follows the driver.
+        Ok(_) => None,
+    };
+    let ifaces = match &cfg.iface {
+        Some(i) => vec![i.clone()],
+        None => nanowire_xdp::prestart::candidates(),
+    };
+    let mut out = Vec::new();
+    for i in ifaces.iter().take(MAX_PRESTART) {
+        match nanowire_xdp::SteerProgram::prepare(i, forced) {
+            Ok(d) => out.push(d),
+            Err(e) if cfg.log >= Level::Info => {
+                eprintln!("nanowire run: {i}: steering program not attached before exec: {e}");
+            }
+            Err(_) => {}
+        }
+    }
+    (!out.is_empty()).then(|| out.join(";"))
+}
+
+/// Interfaces `nanowire run` attaches the steering program on at most
+/// (each costs the launcher a program load and a link).
+const MAX_PRESTART: usize = 4;
+
+/// Whether `prog` (a path, or a name looked up in `PATH` as exec does)
+/// is a `#!` script.
+fn is_script(prog: &std::ffi::OsStr) -> bool {
+    use std::io::Read;
+    let p = Path::new(prog);
+    let path = if prog.to_string_lossy().contains('/') {
+        Some(p.to_path_buf())
+    } else {
+        std::env::var_os("PATH").and_then(|dirs| {
+            std::env::split_paths(&dirs)
+                .map(|d| d.join(p))
+                .find(|c| c.is_file())
+        })
+    };
+    let mut head = [0u8; 2];
+    path.and_then(|p| std::fs::File::open(p).ok())
+        .is_some_and(|mut f| f.read_exact(&mut head).is_ok() && &head == b"#!")
 }

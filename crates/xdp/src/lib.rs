@@ -21,6 +21,7 @@ pub mod iface;
 mod load;
 mod mmap;
 pub mod netlink;
+pub mod prestart;
 pub mod privilege;
 pub mod program;
 mod ring;

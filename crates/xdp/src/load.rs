@@ -29,7 +29,7 @@ pub struct Loaded {
 }
 
 #[repr(C)]
-#[derive(Default)]
+#[derive(Default, Clone, Copy)]
 struct MapCreateAttr {
     map_type: u32,
     key_size: u32,
@@ -74,6 +74,105 @@ struct LinkCreateAttr {
     target_ifindex: u32,
     attach_type: u32,
     flags: u32,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct InfoAttr {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+}
+
+/// What the kernel says of a BPF program (a prefix of `struct bpf_prog_info`).
+#[repr(C)]
+#[derive(Default, Debug, Clone, Copy)]
+pub struct ProgInfo {
+    pub prog_type: u32,
+    pub id: u32,
+    tag: [u8; 8],
+    jited_prog_len: u32,
+    xlated_prog_len: u32,
+    jited_prog_insns: u64,
+    xlated_prog_insns: u64,
+    load_time: u64,
+    created_by_uid: u32,
+    pub nr_map_ids: u32,
+    map_ids: u64,
+    pub name: [u8; 16],
+}
+
+/// What the kernel says of a BPF map (a prefix of `struct bpf_map_info`).
+#[repr(C)]
+#[derive(Default, Debug, Clone, Copy)]
+pub struct MapInfo {
+    pub map_type: u32,
+    pub id: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+    pub map_flags: u32,
+    pub name: [u8; 16],
+}
+
+/// What the kernel says of an XDP link (`struct bpf_link_info` up to its
+/// `xdp.ifindex`).
+#[repr(C)]
+#[derive(Default, Debug, Clone, Copy)]
+pub struct LinkInfo {
+    pub link_type: u32,
+    pub id: u32,
+    pub prog_id: u32,
+    pad: u32,
+    pub ifindex: u32,
+    pad2: u32,
+}
+
+/// `BPF_LINK_TYPE_XDP`.
+pub const LINK_TYPE_XDP: u32 = 6;
+
+/// BPF_OBJ_GET_INFO_BY_FD into `info` (a prefix of the kernel's struct).
+fn obj_info<T>(fd: RawFd, info: &mut T) -> std::io::Result<()> {
+    let mut attr = InfoAttr {
+        bpf_fd: fd as u32,
+        info_len: std::mem::size_of::<T>() as u32,
+        info: (info as *mut T) as u64,
+    };
+    bpf_call(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr).map(|_| ())
+}
+
+/// The kernel's description of program `fd`, with the ids of the maps it
+/// uses (up to 32).
+pub fn prog_info(fd: RawFd) -> std::io::Result<(ProgInfo, Vec<u32>)> {
+    let mut ids = [0u32; 32];
+    let mut info = ProgInfo {
+        nr_map_ids: ids.len() as u32,
+        map_ids: ids.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    obj_info(fd, &mut info)?;
+    let n = (info.nr_map_ids as usize).min(ids.len());
+    Ok((info, ids[..n].to_vec()))
+}
+
+/// The kernel's description of map `fd`.
+pub fn map_info(fd: RawFd) -> std::io::Result<MapInfo> {
+    let mut info = MapInfo::default();
+    obj_info(fd, &mut info)?;
+    Ok(info)
+}
+
+/// The kernel's description of link `fd`.
+pub fn link_info(fd: RawFd) -> std::io::Result<LinkInfo> {
+    let mut info = LinkInfo::default();
+    obj_info(fd, &mut info)?;
+    Ok(info)
+}
+
+/// A kernel object name (NUL-padded) as text.
+pub fn name_of(n: &[u8; 16]) -> String {
+    let end = n.iter().position(|&b| b == 0).unwrap_or(n.len());
+    String::from_utf8_lossy(&n[..end]).into_owned()
 }
 
 /// BPF_PROG_LOAD attempts after one the verifier abandoned for a signal.
@@ -123,12 +222,67 @@ fn obj_name(name: &str) -> [u8; 16] {
     n
 }
 
+/// Take map `name` out of `made` if the kernel says it is what `want`
+/// would have created.
+fn adopt_map(
+    made: &mut Vec<(String, RawFd)>,
+    name: &str,
+    want: &MapCreateAttr,
+) -> Result<OwnedFd, String> {
+    // One the attached program does not use (closed by the launcher: a
+    // frags-aware program needs no later load) is made anew.
+    let Some(i) = made.iter().position(|(n, _)| n == name) else {
+        let mut attr = MapCreateAttr {
+            map_name: want.map_name,
+            ..*want
+        };
+        return bpf_fd(bpf_cmd::BPF_MAP_CREATE, &mut attr)
+            .map_err(|e| format!("cannot create map {name}: {e}"));
+    };
+    let fd = made[i].1;
+    let got = map_info(fd).map_err(|e| format!("map {name} (fd {fd}): {e}"))?;
+    let seen = (
+        got.map_type,
+        got.key_size,
+        got.value_size,
+        got.max_entries,
+        got.map_flags,
+        got.name,
+    );
+    let wanted = (
+        want.map_type,
+        want.key_size,
+        want.value_size,
+        want.max_entries,
+        want.map_flags,
+        want.map_name,
+    );
+    if seen != wanted {
+        return Err(format!(
+            "fd {fd} is not the map {name} this program makes (type, key, value, entries, \
+             flags, name: {seen:?}, want {wanted:?})"
+        ));
+    }
+    made.swap_remove(i);
+    // SAFETY: `made` owned the fd (the caller's contract); it is removed
+    // from there, so this is its only owner.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 impl Loaded {
     /// Parse `data`, create its maps, relocate its programs. The maps
     /// named in `sizes` are made with the given number of entries instead
     /// of the object's (maps a user of the program never fills: their
     /// allocation is part of every engine's start).
     pub fn new(data: &[u8], sizes: &[(&str, u32)]) -> Result<Loaded, String> {
+        Self::build(data, sizes, None)
+    }
+
+    fn build(
+        data: &[u8],
+        sizes: &[(&str, u32)],
+        mut made: Option<&mut Vec<(String, RawFd)>>,
+    ) -> Result<Loaded, String> {
         let mut obj = aya_obj::Object::parse(data)
             .map_err(|e| format!("cannot parse the XDP object: {e}"))?;
         let mut fds: Vec<(String, OwnedFd, aya_obj::Map)> = Vec::new();
@@ -156,8 +310,11 @@ impl Loaded {
                 map_name: obj_name(&name),
                 ..Default::default()
             };
-            let fd = bpf_fd(bpf_cmd::BPF_MAP_CREATE, &mut attr)
-                .map_err(|e| format!("cannot create map {name}: {e}"))?;
+            let fd = match made.as_deref_mut() {
+                None => bpf_fd(bpf_cmd::BPF_MAP_CREATE, &mut attr)
+                    .map_err(|e| format!("cannot create map {name}: {e}"))?,
+                Some(made) => adopt_map(made, &name, &attr)?,
+            };
             fds.push((name, fd, m));
         }
         let text_sections = obj.functions.keys().map(|(s, _)| *s).collect();
@@ -184,12 +341,26 @@ impl Loaded {
         Ok(Loaded { maps, programs })
     }
 
-    /// The fds of the maps not taken out (open as long as `self`): the
-    /// programs' instructions name them by number.
-    pub fn map_fds(&self) -> Vec<RawFd> {
+    /// As [`Loaded::new`], with maps made earlier (`maps`: name and fd,
+    /// by `nanowire run` before it exec'd this program, see prestart.rs)
+    /// instead of new ones: each must be the object's map of that name as
+    /// [`Loaded::new`] would have made it (type, key and value size,
+    /// entries, flags, name), else the error says which is not. The fds
+    /// taken are removed from `maps` (owned by the result from then on).
+    pub fn adopt(
+        data: &[u8],
+        sizes: &[(&str, u32)],
+        maps: &mut Vec<(String, RawFd)>,
+    ) -> Result<Loaded, String> {
+        Self::build(data, sizes, Some(maps))
+    }
+
+    /// The maps not taken out, by name, and their fds (open as long as
+    /// `self`: the programs' instructions name them by number).
+    pub fn map_fds_named(&self) -> Vec<(String, RawFd)> {
         self.maps
-            .values()
-            .map(|(_, m)| m.fd().as_fd().as_raw_fd())
+            .iter()
+            .map(|(n, (_, m))| (n.clone(), m.fd().as_fd().as_raw_fd()))
             .collect()
     }
 

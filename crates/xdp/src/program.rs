@@ -107,6 +107,9 @@ pub struct SteerProgram {
     /// Every BPF object fd the load and attach opened (link, program,
     /// maps): a forked child must not keep them (see [`SteerProgram::fds`]).
     fds: Vec<RawFd>,
+    /// The maps among `fds`, by name (what `nanowire run` passes on:
+    /// [`SteerProgram::export`]).
+    named: Vec<(String, RawFd)>,
     /// Whether the attached program is the multi-buffer aware one.
     frags: bool,
     /// A generic-mode attachment made without xdp.frags ([`Frags::Lazy`]):
@@ -205,6 +208,10 @@ pub fn mode_order(ifname: &str, forced: Option<AttachMode>) -> Vec<AttachMode> {
     }
 }
 
+/// The maps only the engine service fills, made with one entry for one
+/// process's own engine ([`SteerProgram::attach_private`]).
+const PRIVATE_SIZES: &[(&str, u32)] = &[("nw_tcp_pins", 1), ("nw_tcp_groups", 1)];
+
 impl SteerProgram {
     /// Load the program and attach it to `ifindex`: native mode first,
     /// generic mode when the driver refuses.
@@ -219,7 +226,7 @@ impl SteerProgram {
         frags: Frags,
         forced: Option<AttachMode>,
     ) -> Result<SteerProgram, String> {
-        Self::attach_sized(ifname, ifindex, frags, forced, &[])
+        Self::attach_sized(ifname, ifindex, frags, forced, &[], None)
     }
 
     /// As [`SteerProgram::attach`], for one process's own engine: the maps
@@ -235,13 +242,72 @@ impl SteerProgram {
         frags: Frags,
         forced: Option<AttachMode>,
     ) -> Result<SteerProgram, String> {
+        Self::attach_sized(ifname, ifindex, frags, forced, PRIVATE_SIZES, None)
+    }
+
+    /// As [`SteerProgram::attach_private`] with [`Frags::Lazy`], taking
+    /// over what `nanowire run` loaded and attached before it exec'd this
+    /// program (prestart.rs): no program load, no link made. Refused (and
+    /// `p`'s fds closed) if a map is not what this program makes or the
+    /// attach mode is not `forced`.
+    pub fn adopt_private(
+        p: crate::prestart::Prepared,
+        ifname: &str,
+        forced: Option<AttachMode>,
+    ) -> Result<SteerProgram, String> {
+        let mode = if p.native {
+            AttachMode::Driver
+        } else {
+            AttachMode::Skb
+        };
+        if forced.is_some_and(|m| m != mode) {
+            return Err(format!(
+                "attached in {} mode, {} mode asked",
+                mode.as_str(),
+                forced.map_or("", AttachMode::as_str)
+            ));
+        }
         Self::attach_sized(
             ifname,
-            ifindex,
-            frags,
+            p.ifindex,
+            Frags::Lazy,
             forced,
-            &[("nw_tcp_pins", 1), ("nw_tcp_groups", 1)],
+            PRIVATE_SIZES,
+            Some(p),
         )
+    }
+
+    /// Load and attach the steering program on `ifname` as an own engine
+    /// would ([`SteerProgram::attach_private`], [`Frags::Lazy`], `forced`
+    /// attach mode) and give it up to the program about to be exec'd: the
+    /// value of [`crate::prestart::ENV`] for it (`nanowire run`).
+    pub fn prepare(ifname: &str, forced: Option<AttachMode>) -> Result<String, String> {
+        let info = crate::iface::lookup(ifname).map_err(|e| format!("interface {ifname}: {e}"))?;
+        let p = Self::attach_private(ifname, info.index, Frags::Lazy, forced)?;
+        Ok(p.export(ifname, info.index))
+    }
+
+    /// Give the program up to the next program this process execs
+    /// (`nanowire run`): every fd is kept open across exec (no
+    /// FD_CLOEXEC) and the value of [`crate::prestart::ENV`] describing
+    /// them is returned; the fds are no longer this value's to close.
+    pub fn export(self, ifname: &str, ifindex: u32) -> String {
+        for &fd in &self.fds {
+            crate::sys::set_cloexec(fd, false);
+        }
+        let d = crate::prestart::describe(
+            ifname,
+            ifindex,
+            self.mode == AttachMode::Driver,
+            self.frags,
+            self._link.as_raw_fd(),
+            self._prog.as_raw_fd(),
+            &self.named,
+        );
+        // The fds live on in the exec'd program (this process image ends
+        // at the exec that follows): nothing here may close them.
+        std::mem::forget(self);
+        d
     }
 
     fn attach_sized(
@@ -250,11 +316,16 @@ impl SteerProgram {
         frags: Frags,
         forced: Option<AttachMode>,
         sizes: &[(&str, u32)],
+        mut adopt: Option<crate::prestart::Prepared>,
     ) -> Result<SteerProgram, String> {
         // Parsed and loaded without aya's EbpfLoader, whose constructor
         // parses the kernel's BTF (tens of ms and ~15 MB of heap per
         // process) that this program does not need (load.rs).
-        let mut obj = crate::load::Loaded::new(crate::steer_object(), sizes).map_err(|e| {
+        let made = match adopt.as_mut() {
+            None => crate::load::Loaded::new(crate::steer_object(), sizes),
+            Some(p) => crate::load::Loaded::adopt(crate::steer_object(), sizes, &mut p.maps),
+        };
+        let mut obj = made.map_err(|e| {
             if e.contains("Operation not permitted") || e.contains("EPERM") {
                 format!(
                     "no privilege to load XDP programs (need root or CAP_BPF+CAP_NET_ADMIN): {e}"
@@ -265,9 +336,9 @@ impl SteerProgram {
         })?;
         // The fds of the maps kept (a forked child closes them).
         let mut map_fds = Vec::new();
-        let take = |obj: &mut crate::load::Loaded, name: &str, fds: &mut Vec<RawFd>| {
+        let take = |obj: &mut crate::load::Loaded, name: &str, fds: &mut Vec<(String, RawFd)>| {
             obj.take_map(name).map(|(m, fd)| {
-                fds.push(fd);
+                fds.push((name.to_string(), fd));
                 m
             })
         };
@@ -296,6 +367,7 @@ impl SteerProgram {
         // (The map stays open until the program is loaded: its
         // instructions name it by fd.)
         let (cfg_map, cfg_fd) = obj.take_map("nw_config")?;
+        let named_cfg = ("nw_config".to_string(), cfg_fd);
         let mut cfg: aya::maps::Array<MapData, [u8; 12]> =
             aya::maps::Array::try_from(cfg_map).map_err(|e| map_err("nw_config", e))?;
         if let Ok(info) = crate::iface::lookup(ifname) {
@@ -308,6 +380,64 @@ impl SteerProgram {
             ];
             cfg.set(0, v, 0).map_err(|e| map_err("nw_config", e))?;
         }
+        let (link, prog, mode, f) = match adopt {
+            Some(mut p) => {
+                let (link, prog) = p.take_link_and_prog();
+                let mode = if p.native {
+                    AttachMode::Driver
+                } else {
+                    AttachMode::Skb
+                };
+                (link, prog, mode, p.frags)
+            }
+            None => Self::load_and_link(&obj, ifname, ifindex, frags, forced)?,
+        };
+        // Only a bpf_link is owner-bound (a netlink attachment would
+        // outlive a killed process): BPF_LINK_CREATE is the only way tried.
+        let mut fds = vec![link.as_raw_fd(), prog.as_raw_fd()];
+        fds.extend(map_fds.iter().map(|(_, fd)| *fd));
+        let mut named = map_fds;
+        // The program holds the maps it uses; the ones not kept here go,
+        // unless the frags variant may be loaded later (its instructions
+        // name them by number).
+        let lazy = if frags == Frags::Lazy && !f {
+            fds.push(cfg_fd);
+            named.push(named_cfg);
+            let rest = obj.map_fds_named();
+            fds.extend(rest.iter().map(|(_, fd)| *fd));
+            named.extend(rest);
+            Some((std::sync::Arc::new(obj), cfg))
+        } else {
+            drop((obj, cfg));
+            None
+        };
+        Ok(SteerProgram {
+            fds,
+            named,
+            frags: f,
+            lazy,
+            _link: link,
+            _prog: prog,
+            claims,
+            tcp_listen,
+            tcp_flows,
+            tcp_groups,
+            tcp_pins,
+            xsks,
+            stats,
+            mode,
+        })
+    }
+
+    /// Load the variant `frags` asks for in the first attach mode that
+    /// takes it, and attach it there: (link, program, mode, frags-aware).
+    fn load_and_link(
+        obj: &crate::load::Loaded,
+        ifname: &str,
+        ifindex: u32,
+        frags: Frags,
+        forced: Option<AttachMode>,
+    ) -> Result<(OwnedFd, OwnedFd, AttachMode, bool), String> {
         // Each variant loaded when a mode first wants it ([0]: nw_steer,
         // [1]: nw_steer_frags).
         let mut progs: [Option<OwnedFd>; 2] = [None, None];
@@ -356,36 +486,7 @@ impl SteerProgram {
         let Some(prog) = progs[usize::from(f)].take() else {
             unreachable!("the attached variant was loaded")
         };
-        // Only a bpf_link is owner-bound (a netlink attachment would
-        // outlive a killed process): BPF_LINK_CREATE is the only way tried.
-        let mut fds = vec![link.as_raw_fd(), prog.as_raw_fd()];
-        fds.extend(map_fds);
-        // The program holds the maps it uses; the ones not kept here go,
-        // unless the frags variant may be loaded later (its instructions
-        // name them by number).
-        let lazy = if frags == Frags::Lazy && !f {
-            fds.push(cfg_fd);
-            fds.extend(obj.map_fds());
-            Some((std::sync::Arc::new(obj), cfg))
-        } else {
-            drop((obj, cfg));
-            None
-        };
-        Ok(SteerProgram {
-            fds,
-            frags: f,
-            lazy,
-            _link: link,
-            _prog: prog,
-            claims,
-            tcp_listen,
-            tcp_flows,
-            tcp_groups,
-            tcp_pins,
-            xsks,
-            stats,
-            mode,
-        })
+        Ok((link, prog, mode, f))
     }
 
     pub fn mode(&self) -> AttachMode {

@@ -377,6 +377,14 @@ pub fn dup3_cloexec(old: c_int, new: c_int) -> c_int {
     ret(unsafe { syscall!(libc::SYS_dup3, old, new, libc::O_CLOEXEC) })
 }
 
+/// Set (`on`) or clear FD_CLOEXEC on `fd`; false if the kernel refused
+/// (not an open descriptor).
+pub fn set_cloexec(fd: c_int, on: bool) -> bool {
+    let flag = if on { libc::FD_CLOEXEC } else { 0 };
+    // SAFETY: F_SETFD with integer arguments only.
+    ret(unsafe { syscall!(libc::SYS_fcntl, fd, libc::F_SETFD, flag) }) >= 0
+}
+
 /// close(2) of a descriptor we own and nobody else uses.
 pub fn close(fd: c_int) {
     // SAFETY: plain syscall; the caller owns fd.

@@ -303,6 +303,29 @@ impl Drop for Kid {
     }
 }
 
+/// Run `c` to its end: its stdout and stderr, one after the other; the
+/// test fails (naming `what`, with both) if it did not succeed.
+#[track_caller]
+pub fn output(mut c: Command, what: &str) -> String {
+    let o = c.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{what} failed ({}):\n{all}", o.status);
+    all
+}
+
+/// The lines of file `path` (a trace a test made).
+pub fn lines_of(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
 /// Poll `cond` every 20 ms until it holds or `limit` has passed: whether
 /// it held.
 pub fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {

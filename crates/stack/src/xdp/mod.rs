@@ -58,6 +58,9 @@ mod tx;
 mod wake;
 
 pub use demux::{Delivery, EndpointId, EndpointKind};
+/// The steering program `nanowire run` attaches before exec (the shim
+/// receives it at load; [`Engine::open`] adopts it).
+pub use nanowire_xdp::prestart;
 pub use neigh::{NEGATIVE_TTL, QUEUE_BYTES_PER_NEIGH, QUEUE_PER_NEIGH, RESOLVE_TIMEOUT};
 pub use order::set_tcp_service_wrapper;
 pub use socket::{OpenError, XdpSocket};
@@ -551,7 +554,12 @@ impl Engine {
         // NANOWIRE_XDP_NO_MULTI_BUFFER=1 (tests): behave as a kernel without it.
         let want_mb = !settings.no_multi_buffer;
         let first = if want_mb {
-            SteerProgram::attach_private(ifname, info.index, Frags::Lazy, settings.xdp_mode)
+            match Self::adopt_prepared(ifname, info.index, settings.xdp_mode) {
+                Some(p) => Ok(p),
+                None => {
+                    SteerProgram::attach_private(ifname, info.index, Frags::Lazy, settings.xdp_mode)
+                }
+            }
         } else {
             Err("multi-buffer turned off (NANOWIRE_XDP_NO_MULTI_BUFFER=1)".to_string())
         };
@@ -615,6 +623,29 @@ impl Engine {
             frame_size as usize,
             faults,
         )
+    }
+
+    /// The steering program `nanowire run` loaded and attached on
+    /// `ifindex` before it exec'd this program (nanowire_xdp::prestart), if
+    /// it holds one and it checks out; else `None` (with one line saying
+    /// why when there was one) and the engine attaches its own.
+    fn adopt_prepared(
+        ifname: &str,
+        ifindex: u32,
+        forced: Option<AttachMode>,
+    ) -> Option<SteerProgram> {
+        let why = match prestart::take(ifindex)? {
+            Ok(p) => match SteerProgram::adopt_private(p, ifname, forced) {
+                Ok(prog) => return Some(prog),
+                Err(e) => e,
+            },
+            Err(e) => e,
+        };
+        eprintln!(
+            "nanowire: {ifname}: not adopting the steering program nanowire run attached ({why}); \
+             attaching one anew"
+        );
+        None
     }
 
     /// The engine around its AF_XDP sockets: stats page, tap, RX and TX
