@@ -7,6 +7,7 @@
 
 mod run_support;
 use nanowire_lab::testbed::{ADDR_B, Host, ScopedLab};
+use nanowire_testkit::B;
 use run_support::*;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -38,7 +39,6 @@ fn echo_roundtrip(
         None => std::thread::sleep(Duration::from_millis(500)),
     }
     let check = fixture("udp_check.py");
-    let addr = ADDR_B.to_string();
     let ports = port.to_string();
     let counts = count.to_string();
     let mut cli = spawn(
@@ -47,7 +47,7 @@ fn echo_roundtrip(
             lab,
             Host::A,
             engine,
-            &["python3", &check, &addr, &ports, &counts, "--quit"],
+            &["python3", &check, B, &ports, &counts, "--quit"],
         ),
     );
     let out = cli.success(T);
@@ -57,7 +57,7 @@ fn echo_roundtrip(
         srv.both()
     );
     let want = if engine.is_empty() {
-        format!("{addr}:{port}: xdp (interface")
+        format!("{B}:{port}: xdp (interface")
     } else {
         "udp: spin (kernel socket".to_string()
     };
@@ -73,7 +73,6 @@ fn echo_roundtrip(
 fn python_socket_and_asyncio_echo_servers() {
     let lab = lab("p");
     let echo = fixture("udp_echo.py");
-    let addr = ADDR_B.to_string();
     let engines: [&[&str]; 2] = [&[], &["--engine", "spin"]];
     for (e, engine) in engines.into_iter().enumerate() {
         for (i, mode) in ["blocking", "timeout", "asyncio"].into_iter().enumerate() {
@@ -82,7 +81,7 @@ fn python_socket_and_asyncio_echo_servers() {
             echo_roundtrip(
                 &lab,
                 &format!("{mode}{e}"),
-                &["python3", &echo, mode, &addr, &ports],
+                &["python3", &echo, mode, B, &ports],
                 port,
                 500,
                 Some("ready"),
@@ -192,7 +191,6 @@ fn iperf(
     reverse: bool,
     run: bool,
 ) -> (serde_json::Value, Vec<(String, u64)>) {
-    let addr = ADDR_B.to_string();
     let under = |h: Host, end: &str, argv: &[&str]| {
         if !run {
             return plain_in(lab, h, argv);
@@ -208,21 +206,12 @@ fn iperf(
         under(
             Host::B,
             "srv",
-            &[
-                "iperf3",
-                "-s",
-                "-1",
-                "--forceflush",
-                "-B",
-                &addr,
-                "-p",
-                "5201",
-            ],
+            &["iperf3", "-s", "-1", "--forceflush", "-B", B, "-p", "5201"],
         ),
     );
     srv.wait_for("Server listening", Duration::from_secs(20));
     let mut args = vec![
-        "iperf3", "-u", "-c", &addr, "-p", "5201", "-b", "20M", "-l", "1000", "-t", "2", "--json",
+        "iperf3", "-u", "-c", B, "-p", "5201", "-b", "20M", "-l", "1000", "-t", "2", "--json",
     ];
     if reverse {
         args.push("-R");
@@ -345,7 +334,6 @@ print("sent", count)
 #[ignore = "needs root"]
 fn a_udp_backlog_read_in_a_select_loop_with_tcp_loses_nothing() {
     let lab = lab("ub");
-    let addr = ADDR_B.to_string();
     let mut want = None;
     for run in [false, true] {
         let tag = if run { "ub-run" } else { "ub-plain" };
@@ -353,18 +341,18 @@ fn a_udp_backlog_read_in_a_select_loop_with_tcp_loses_nothing() {
         let flag = scratch(&format!("{tag}-flag"));
         let _ = std::fs::remove_file(&flag);
         let flag = flag.to_string_lossy().into_owned();
-        let rx = ["python3", "-c", BACKLOG_RX, &addr, port, &flag];
+        let rx = ["python3", "-c", BACKLOG_RX, B, port, &flag];
         let mut cmd = xdp_or_plain(&lab, Host::B, run, &rx);
         cmd.env("NANOWIRE_RING_DEPTH", "1024");
         let mut srv = spawn(&format!("{tag}-rx"), cmd);
         srv.wait_for("listening", T);
-        let tx = ["python3", "-c", BACKLOG_TX, &addr, port, "400", &flag];
+        let tx = ["python3", "-c", BACKLOG_TX, B, port, "400", &flag];
         let mut cli = spawn(&format!("{tag}-tx"), plain_in(&lab, Host::A, &tx));
         cli.success(T);
         srv.success(T);
         let out = srv.stdout();
         if run {
-            on_engine(&srv, &format!("udp {addr}:{port}"));
+            on_engine(&srv, &format!("udp {B}:{port}"));
         }
         assert!(out.contains("udp 400 "), "{tag}: {out}\n{}", srv.stderr());
         same_as_first(&mut want, tag, out, &srv.stderr());
@@ -376,7 +364,6 @@ fn a_udp_backlog_read_in_a_select_loop_with_tcp_loses_nothing() {
 fn unprivileged_user_runs_sockperf_with_spin_and_is_told_why_not_xdp() {
     let lab = lab("u");
     ensure_preload();
-    let addr = ADDR_B.to_string();
     let as_nobody = |h: Host, args: &[&str]| {
         let mut argv = vec![
             "setpriv",
@@ -397,7 +384,7 @@ fn unprivileged_user_runs_sockperf_with_spin_and_is_told_why_not_xdp() {
         as_nobody(
             Host::B,
             &[
-                "--engine", "spin", "--", "sockperf", "sr", "-i", &addr, "-p", "11400",
+                "--engine", "spin", "--", "sockperf", "sr", "-i", B, "-p", "11400",
             ],
         ),
     );
@@ -408,7 +395,7 @@ fn unprivileged_user_runs_sockperf_with_spin_and_is_told_why_not_xdp() {
         as_nobody(
             Host::A,
             &[
-                "--", "sockperf", "pp", "-i", &addr, "-p", "11400", "-t", "1", "-m", "64",
+                "--", "sockperf", "pp", "-i", B, "-p", "11400", "-t", "1", "-m", "64",
             ],
         ),
     );

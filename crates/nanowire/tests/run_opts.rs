@@ -7,7 +7,8 @@
 //! The probe is `scripts/opts_probe.py`; each test has a lab of its own.
 
 mod run_support;
-use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host, ScopedLab};
+use nanowire_lab::testbed::{Host, ScopedLab};
+use nanowire_testkit::{A, B};
 use run_support::*;
 use std::time::Duration;
 
@@ -44,15 +45,14 @@ fn probe_pair(
 #[ignore = "needs root"]
 fn udp_ip_ttl_and_tos_leave_as_set_in_both_placements() {
     let l = lab("ou");
-    let b = ADDR_B.to_string();
     for (i, run) in [false, true].into_iter().enumerate() {
         let port = (14100 + i).to_string();
-        let recv = (false, &["udp-recv", &b, &port][..], "ready");
+        let recv = (false, &["udp-recv", B, &port][..], "ready");
         let (mut r, sent) = probe_pair(
             &l,
             &format!("udp-{i}"),
             recv,
-            (run, &["udp-send", &b, &port]),
+            (run, &["udp-send", B, &port]),
         );
         let got = r.success(T);
         assert_eq!(line_of(&got, "ttl="), "ttl=7 tos=0xb8", "run={run}\n{got}");
@@ -76,7 +76,6 @@ fn udp_ip_ttl_and_tos_leave_as_set_in_both_placements() {
 #[ignore = "needs root"]
 fn tcp_ip_ttl_and_tos_on_the_engines_segments() {
     let l = lab("ot");
-    let b = ADDR_B.to_string();
     // (server under run, client under run): the plain end captures.
     for (i, (srv_run, cli_run)) in [(false, false), (true, false), (false, true)]
         .into_iter()
@@ -84,7 +83,7 @@ fn tcp_ip_ttl_and_tos_on_the_engines_segments() {
     {
         let port = (14200 + i).to_string();
         let (name, p) = (format!("hdr-{i}"), probe());
-        let (srv, cli) = (["tcp-hdr-server", &b, &port], ["tcp-hdr-client", &b, &port]);
+        let (srv, cli) = (["tcp-hdr-server", B, &port], ["tcp-hdr-client", B, &port]);
         let (s, c) = script_pair(&l, (&name, &p), (srv_run, &srv), (cli_run, &cli), T);
         let (co, so) = (c.both(), s.both());
         let want = "seen ttl=7 tos=0xb8";
@@ -96,10 +95,10 @@ fn tcp_ip_ttl_and_tos_on_the_engines_segments() {
         }
         assert_eq!(line_of(&so, "accepted"), "accepted ttl=7 tos=0xb8", "{so}");
         if srv_run {
-            on_engine(&s, &format!("tcp listener {b}:{port}"));
+            on_engine(&s, &format!("tcp listener {B}:{port}"));
         }
         if cli_run {
-            on_engine(&c, &format!("-> {b}:{port}"));
+            on_engine(&c, &format!("-> {B}:{port}"));
         }
     }
 }
@@ -113,7 +112,6 @@ fn tcp_ip_ttl_and_tos_on_the_engines_segments() {
 #[ignore = "needs root"]
 fn tcp_connects_without_options_send_the_namespaces_defaults() {
     let l = lab("od");
-    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
     nanowire_testkit::ok(
         &plain_in(
             &l,
@@ -127,13 +125,13 @@ fn tcp_connects_without_options_send_the_namespaces_defaults() {
     for (i, cli_run) in [false, true].into_iter().enumerate() {
         let port = (14300 + i).to_string();
         let (name, p) = (format!("dflt-{i}"), probe());
-        let srv = ["tcp-echo-capture", &b, &port, "3", &a];
-        let cli = ["tcp-default-client", &b, &port];
+        let srv = ["tcp-echo-capture", B, &port, "3", A];
+        let cli = ["tcp-default-client", B, &port];
         let (s, c) = script_pair(&l, (&name, &p), (false, &srv), (cli_run, &cli), T);
         let (so, co) = (s.both(), c.both());
         assert_eq!(co.matches("connected hdr").count(), 3, "{co}\n{so}");
         if cli_run {
-            on_engine(&c, &format!("-> {b}:{port}"));
+            on_engine(&c, &format!("-> {B}:{port}"));
         }
         seen.push(line_of(&so, "seen").to_string());
     }
@@ -145,13 +143,12 @@ fn tcp_connects_without_options_send_the_namespaces_defaults() {
 #[ignore = "needs root"]
 fn tcp_md5sig_never_goes_unsigned() {
     let l = lab("om");
-    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
     // A signing client against a server with no key: no connection, in
     // both placements of the client.
     for (i, run) in [false, true].into_iter().enumerate() {
         let port = (14300 + i).to_string();
-        let srv = (false, &["md5-server", &b, &port][..], "listening");
-        let cli = ["md5-client", &b, &port, "nanowire-md5-key"];
+        let srv = (false, &["md5-server", B, &port][..], "listening");
+        let cli = ["md5-client", B, &port, "nanowire-md5-key"];
         let (_s, co) = probe_pair(&l, &format!("md5-nokey-{i}"), srv, (run, &cli));
         assert_eq!(line_of(&co, "timeout"), "timeout", "run={run}\n{co}");
         if run {
@@ -167,8 +164,8 @@ fn tcp_md5sig_never_goes_unsigned() {
         .enumerate()
     {
         let port = (14310 + i).to_string();
-        let srv = (srv_run, &["md5-server", &b, &port, &a][..], "listening");
-        let cli = ["md5-client", &b, &port, "nanowire-md5-key"];
+        let srv = (srv_run, &["md5-server", B, &port, A][..], "listening");
+        let cli = ["md5-client", B, &port, "nanowire-md5-key"];
         let (mut s, co) = probe_pair(&l, &format!("md5-key-{i}"), srv, (cli_run, &cli));
         assert_eq!(line_of(&co, "connected"), "connected signed", "{co}");
         let so = s.success(T);
@@ -180,7 +177,6 @@ fn tcp_md5sig_never_goes_unsigned() {
 #[ignore = "needs root"]
 fn tcp_minttl_refuses_lower_ttls_as_the_kernel() {
     let l = lab("on");
-    let b = ADDR_B.to_string();
     // IP_MINTTL 255 set before listen, or after (the engine's listener
     // then sends new connections to the kernel), plainly and under run.
     for (i, (run, when)) in [
@@ -195,15 +191,15 @@ fn tcp_minttl_refuses_lower_ttls_as_the_kernel() {
         let port = (14400 + i).to_string();
         let srv = (
             run,
-            &["minttl-server", &b, &port, when][..],
+            &["minttl-server", B, &port, when][..],
             "listening minttl=255",
         );
-        let cli = ["ttl-client", &b, &port, "64"];
+        let cli = ["ttl-client", B, &port, "64"];
         let (mut s, lo) = probe_pair(&l, &format!("minttl-{i}"), srv, (false, &cli));
         assert_eq!(line_of(&lo, "timeout"), "timeout", "run={run} {when}\n{lo}");
         let mut high = spawn(
             &format!("ttl255-{i}"),
-            cmd_in(&l, Host::A, false, &["ttl-client", &b, &port, "255"]),
+            cmd_in(&l, Host::A, false, &["ttl-client", B, &port, "255"]),
         );
         let hi = high.success(T);
         assert_eq!(line_of(&hi, "connected"), "connected ttl ok", "{hi}");

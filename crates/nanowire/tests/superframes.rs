@@ -10,6 +10,7 @@
 
 mod run_support;
 use nanowire_lab::testbed::{ADDR_B, Host, ScopedLab};
+use nanowire_testkit::B;
 use run_support::*;
 use std::time::Duration;
 
@@ -84,7 +85,6 @@ fn sink_and_source(
     (port, total): (&str, &str),
     source: &str,
 ) -> (Kid, Kid) {
-    let addr = ADDR_B.to_string();
     let placed = |h: Host, argv: &[&str]| {
         if h != runs {
             return plain_in(l, h, argv);
@@ -93,10 +93,10 @@ fn sink_and_source(
         cmd.envs(env.iter().copied());
         cmd
     };
-    let sink = ["python3", "-c", SINK_PY, &addr, port];
+    let sink = ["python3", "-c", SINK_PY, B, port];
     let mut srv = spawn(&format!("sink-{tag}"), placed(Host::B, &sink));
     srv.wait_for("listening", Duration::from_secs(30));
-    let source = ["python3", "-c", source, &addr, port, total];
+    let source = ["python3", "-c", source, B, port, total];
     let mut cli = spawn(&format!("source-{tag}"), placed(Host::A, &source));
     cli.wait_for("sent ", T);
     srv.wait_for("got ", T);
@@ -108,7 +108,6 @@ fn sink_and_source(
 fn a_plain_client_writes_300_mb_to_an_accelerated_python_server() {
     let l = lab("sfw");
     let total = (300u64 << 20).to_string();
-    let addr = ADDR_B.to_string();
     for (i, mode) in MODES.iter().enumerate() {
         let port = (14100 + i).to_string();
         let run = (Host::B, *mode, &[][..]);
@@ -116,7 +115,7 @@ fn a_plain_client_writes_300_mb_to_an_accelerated_python_server() {
         let c = cli.success(T);
         let s = srv.both();
         assert!(
-            s.contains(&format!("tcp listener {addr}:{port}: xdp")),
+            s.contains(&format!("tcp listener {B}:{port}: xdp")),
             "{mode}: the server is not on the engine:\n{s}"
         );
         let sent = field(&c, "sent");
@@ -191,9 +190,7 @@ fn lost_and_reordered_super_frames_keep_a_hashed_stream_intact() {
 #[test]
 #[ignore = "needs root"]
 fn curl_under_run_downloads_100_mb_from_a_plain_http_server() {
-    if !have("curl") {
-        panic!("curl is needed for this test (make deps)");
-    }
+    require(&["curl"]);
     let l = lab("sfc");
     let dir = scratch("www");
     std::fs::create_dir_all(&dir).unwrap();
@@ -214,7 +211,7 @@ fn curl_under_run_downloads_100_mb_from_a_plain_http_server() {
                     "http.server",
                     port,
                     "--bind",
-                    &ADDR_B.to_string(),
+                    B,
                     "--directory",
                     dir.to_str().unwrap(),
                 ],
@@ -257,26 +254,23 @@ fn curl_under_run_downloads_100_mb_from_a_plain_http_server() {
 #[test]
 #[ignore = "needs root"]
 fn iperf3_with_4_streams_into_an_accelerated_server_completes() {
-    if !have("iperf3") {
-        panic!("iperf3 is needed for this test (make deps)");
-    }
+    require(&["iperf3"]);
     let l = lab("sfi");
-    let addr = ADDR_B.to_string();
     for (i, mode) in MODES.iter().enumerate() {
         let port = (14201 + i).to_string();
         // iperf3's own banner sits in its stdout buffer; the shim's line
         // says the listener is up (on the engine).
-        let up = format!("tcp listener {addr}:{port}: xdp");
-        let line = format!("iperf3 -s -1 -B {addr} -p {port}");
+        let up = format!("tcp listener {B}:{port}: xdp");
+        let line = format!("iperf3 -s -1 -B {B} -p {port}");
         let argv = words(&line);
         let mut srv = server_under_run(&l, &format!("iperf3-s-{mode}"), mode, &argv, &up);
-        let line = format!("iperf3 -c {addr} -p {port} -P 4 -n 400M --json");
+        let line = format!("iperf3 -c {B} -p {port} -P 4 -n 400M --json");
         let argv = words(&line);
         let mut cli = spawn(&format!("iperf3-c-{mode}"), plain_in(&l, Host::A, &argv));
         cli.success(T);
         let s = srv.success(T);
         assert!(
-            s.contains(&format!("tcp listener {addr}:{port}: xdp")),
+            s.contains(&format!("tcp listener {B}:{port}: xdp")),
             "{mode}: iperf3 -s is not on the engine:\n{s}"
         );
         let v: serde_json::Value = serde_json::from_str(&cli.stdout())
@@ -320,7 +314,6 @@ fn without_multi_buffer_tcp_stays_on_the_kernel_and_says_so() {
     // transfer completes instead of stalling.
     let l = lab("sfn");
     let total = (32u64 << 20).to_string();
-    let addr = ADDR_B.to_string();
     let port = "14400";
     let no_mb = [("NANOWIRE_XDP_NO_MULTI_BUFFER", "1")];
     let run = (Host::B, "generic", &no_mb[..]);
@@ -331,10 +324,7 @@ fn without_multi_buffer_tcp_stays_on_the_kernel_and_says_so() {
         s.contains("super-frames; TCP stays on the kernel"),
         "the reason is on stderr:\n{s}"
     );
-    assert!(
-        !s.contains(&format!("tcp listener {addr}:{port}: xdp")),
-        "{s}"
-    );
+    assert!(!s.contains(&format!("tcp listener {B}:{port}: xdp")), "{s}");
     assert_eq!(field(&s, "got"), field(&c, "sent"), "the stream differs");
     // (`tcp_no_multi_buffer` counts it on the stats page of an engine that
     // lives on for other sockets; this one had none, so it closed.)
@@ -369,10 +359,9 @@ fn udp_gso_super_frames_reach_an_accelerated_receiver_as_datagrams() {
     // passes it to the kernel (longer than the MTU), which splits it for
     // the socket's kernel twin. The receiver sees the datagrams as plainly.
     let l = lab("sfu");
-    let addr = ADDR_B.to_string();
     for (i, mode) in MODES.iter().enumerate() {
         let port = (14500 + i).to_string();
-        let argv = ["python3", "-c", UDP_GSO_PY, "server", &addr, &port, "50"];
+        let argv = ["python3", "-c", UDP_GSO_PY, "server", B, &port, "50"];
         let mut srv =
             server_under_run(&l, &format!("udp-gso-srv-{mode}"), mode, &argv, "listening");
         // Generic mode starts with the program without xdp.frags, whose
@@ -387,14 +376,14 @@ fn udp_gso_super_frames_reach_an_accelerated_receiver_as_datagrams() {
         plain_in(
             &l,
             Host::A,
-            &["python3", "-c", UDP_GSO_PY, "client", &addr, &port, "5"],
+            &["python3", "-c", UDP_GSO_PY, "client", B, &port, "5"],
         )
         .status()
         .expect("python3");
         srv.wait_for("got ", Duration::from_secs(30));
         let s = srv.both();
         assert!(
-            s.contains(&format!("udp {addr}:{port}: xdp")),
+            s.contains(&format!("udp {B}:{port}: xdp")),
             "{mode}: not on the engine:\n{s}"
         );
         assert_eq!(field(&s, "got"), "50 [1000]", "{mode}: {s}");

@@ -24,7 +24,8 @@
 //! - [`LabDown`]: a lab
 //!   made by name (through the CLI) taken down when the test ends;
 //! - [`xdp_test_bin`]: the `nanowire-xdp-test` program (the engine's
-//!   echo/count/ping-pong test mode), built on first use.
+//!   echo/count/ping-pong test mode), built on first use;
+//! - [`A`], [`B`]: the lab hosts' addresses as text, for command lines.
 
 use nanowire_lab::testbed::{Lab, LabOptions, ScopedLab};
 use std::io::{BufRead, Read};
@@ -33,6 +34,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{OnceLock, mpsc};
 use std::time::{Duration, Instant};
+
+/// Host a's address (`testbed::ADDR_A`) as text, for command lines.
+pub const A: &str = "198.18.0.1";
+/// Host b's address (`testbed::ADDR_B`) as text.
+pub const B: &str = "198.18.0.2";
 
 /// True when this process runs as root (namespaces, XDP, AF_XDP).
 pub fn is_root() -> bool {
@@ -422,4 +428,17 @@ pub fn xdp_test_bin() -> &'static str {
         assert!(bin.is_file(), "{} missing after the build", bin.display());
         bin.to_string_lossy().into_owned()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use nanowire_lab::testbed::{ADDR_A, ADDR_B};
+
+    #[test]
+    fn the_addresses_as_text_are_the_labs() {
+        assert_eq!(
+            (super::A, super::B),
+            (&*ADDR_A.to_string(), &*ADDR_B.to_string())
+        );
+    }
 }
