@@ -190,3 +190,39 @@ fn print_wire(w: &WireStatus) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        lab: LabArgs,
+    }
+
+    #[test]
+    fn impair_takes_a_direction_by_name_and_refuses_others() {
+        for (arg, want) in [
+            ("both", Direction::Both),
+            ("ab", Direction::Ab),
+            ("ba", Direction::Ba),
+        ] {
+            let cli = Cli::try_parse_from(["lab", "impair", "--loss", "1", "--dir", arg]).unwrap();
+            let LabCmd::Impair { dir, .. } = cli.lab.cmd else {
+                panic!("not impair");
+            };
+            assert_eq!(dir, want);
+        }
+        let cli = Cli::try_parse_from(["lab", "impair", "--loss", "1"]).unwrap();
+        assert!(matches!(
+            cli.lab.cmd,
+            LabCmd::Impair {
+                dir: Direction::Both,
+                ..
+            }
+        ));
+        assert!(Cli::try_parse_from(["lab", "impair", "--dir", "up"]).is_err());
+    }
+}

@@ -147,24 +147,13 @@ impl std::fmt::Display for Impairment {
 }
 
 /// Which way an impairment applies: a->b, b->a or both.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// (`--dir`: clap takes its lowercase names, `both`, `ab`, `ba`.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
     Both,
     Ab,
     Ba,
-}
-
-impl std::str::FromStr for Direction {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Direction, String> {
-        match s {
-            "both" => Ok(Direction::Both),
-            "ab" => Ok(Direction::Ab),
-            "ba" => Ok(Direction::Ba),
-            o => Err(format!("unknown direction {o:?}: expected both, ab or ba")),
-        }
-    }
 }
 
 /// One direction of the wire: its settings and what it did so far.

@@ -134,7 +134,7 @@ fn bad_impairments_are_refused_with_one_line() {
         ..Impairment::default()
     };
     assert!(imp.validate().unwrap_err().contains("--rate"));
-    assert!("sideways".parse::<Direction>().is_err());
+    assert!(<Direction as clap::ValueEnum>::from_str("sideways", false).is_err());
 }
 
 /// xdp on both ends through the wire (generic XDP on the hosts' veths).
