@@ -503,10 +503,10 @@ fn table_html(t: &Table) -> String {
 fn section(ex: &Experiment) -> String {
     let mut h = format!(
         "<section id=\"{id}\" data-experiment=\"{id}\"><h2>{}</h2><p class=\"seed\">Methodology of {}</p><p class=\"method\">{}</p>",
-        esc(&ex.title),
-        esc(&ex.seed),
+        esc(&ex.who.title),
+        esc(&ex.who.seed),
         prose(&ex.method),
-        id = esc(&ex.id)
+        id = esc(&ex.who.id)
     );
     let na: Vec<_> = ex.coverage.iter().filter(|c| !c.available).collect();
     if !na.is_empty() {
@@ -573,7 +573,7 @@ fn section(ex: &Experiment) -> String {
         "<p class=\"foot\">{} measurement runs, {:.0} s. Raw data: <code>results.json</code> → experiments[id={}].</p></section>",
         ex.runs.len(),
         ex.elapsed_s,
-        esc(&ex.id)
+        esc(&ex.who.id)
     );
     h
 }
@@ -778,10 +778,14 @@ pub fn render(r: &Report) -> String {
     // Sections in their numbered order (the suite runs them in another:
     // loss last, the summary after everything), the page and its navigation alike.
     let mut order: Vec<&Experiment> = r.experiments.iter().collect();
-    order.sort_by_key(|e| section_number(&e.title));
+    order.sort_by_key(|e| section_number(&e.who.title));
     h += "<nav><a href=\"#headline\">Headline</a>";
     for ex in &order {
-        h += &format!("<a href=\"#{}\">{}</a>", esc(&ex.id), esc(&ex.title));
+        h += &format!(
+            "<a href=\"#{}\">{}</a>",
+            esc(&ex.who.id),
+            esc(&ex.who.title)
+        );
     }
     h += "<a href=\"#environment\">Environment</a></nav>";
     h += &format!(

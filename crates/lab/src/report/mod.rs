@@ -101,7 +101,7 @@ fn validate(a: &ReportArgs) -> Result<(), String> {
     }
     let ids = suite::ids();
     for o in &a.only {
-        if !ids.contains(&o.as_str()) {
+        if !ids.contains(o) {
             return Err(format!(
                 "unknown experiment {o:?} in --only: expected one of {}",
                 ids.join(", ")
@@ -376,7 +376,7 @@ fn summary(exps: &[Experiment], engines: &[EngineKind]) -> (Experiment, Table) {
         "seed 003 exhibits",
         "One-way latency in µs in the style of seed 003's exhibits: ping-pong at each size (mps = round trips per second reached) and latency under load at each offered rate, medians of the repeats.",
     );
-    let find = |id: &str| exps.iter().find(|e| e.id == id);
+    let find = |id: &str| exps.iter().find(|e| e.who.id == id);
     for proto in ["udp", "tcp"] {
         let mut rows = vec![];
         for src in ["latency_vs_size", "latency_under_load"] {
@@ -692,7 +692,7 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
         // The summary and headline are derived from the measurements: derive
         // them again (with this build's rules), leaving every measurement as is.
         let engines: Vec<EngineKind> = r.engines.iter().filter_map(|e| e.parse().ok()).collect();
-        r.experiments.retain(|e| e.id != "summary");
+        r.experiments.retain(|e| e.who.id != "summary");
         let (sum, headline) = summary(&r.experiments, &engines);
         r.experiments.push(sum);
         r.headline = headline;
@@ -786,7 +786,7 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
         all.iter().map(|e| (e, e.kind.estimate_s(&ctx))).collect();
     let total: f64 = plan
         .iter()
-        .filter(|(e, _)| wanted(e.who.id))
+        .filter(|(e, _)| wanted(&e.who.id))
         .map(|(_, t)| t)
         .sum();
     let progress = Progress::new(total, args.quiet);
@@ -805,7 +805,7 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
     env["cpu_idle_before"] = cpu_idle_window(Duration::from_secs(3));
     let mut exps = vec![];
     for (entry, _) in &plan {
-        if !wanted(entry.who.id) {
+        if !wanted(&entry.who.id) {
             continue;
         }
         let t = Instant::now();

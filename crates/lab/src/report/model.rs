@@ -180,11 +180,22 @@ pub struct Coverage {
     pub reason: Option<String>,
 }
 
+/// Who an experiment is, whatever a run measures (each one's is written
+/// once, in `suite::all`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Experiment {
+pub struct Identity {
+    /// Stable id: the `--only` value, results.json `experiments[].id`.
     pub id: String,
     pub title: String,
+    /// The seed (or issue) whose methodology it follows.
     pub seed: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Experiment {
+    /// `id`, `title` and `seed` in results.json.
+    #[serde(flatten)]
+    pub who: Identity,
     pub method: String,
     pub plots: Vec<Plot>,
     pub tables: Vec<Table>,
@@ -197,10 +208,17 @@ pub struct Experiment {
 
 impl Experiment {
     pub fn new(id: &str, title: &str, seed: &str, method: &str) -> Experiment {
-        Experiment {
+        let who = Identity {
             id: id.into(),
             title: title.into(),
             seed: seed.into(),
+        };
+        Experiment::of(who, method)
+    }
+    /// An experiment with nothing measured yet.
+    pub fn of(who: Identity, method: &str) -> Experiment {
+        Experiment {
+            who,
             method: method.into(),
             plots: vec![],
             tables: vec![],

@@ -7,17 +7,7 @@
 
 use super::experiments::Ctx;
 pub use super::experiments::ExperimentKind;
-use super::model::Experiment;
-
-/// Who an experiment is, whatever a run measures.
-#[derive(Debug, Clone, Copy)]
-pub struct Identity {
-    /// Stable id: the `--only` value, results.json `experiments[].id`.
-    pub id: &'static str,
-    pub title: &'static str,
-    /// The seed (or issue) whose methodology it follows.
-    pub seed: &'static str,
-}
+use super::model::{Experiment, Identity};
 
 /// One experiment of the suite: who it is and how it runs.
 pub struct Entry {
@@ -29,8 +19,7 @@ impl Entry {
     /// Run it: the experiment starts with its identity, the run adds its
     /// method and everything measured.
     pub fn run(&self, ctx: &Ctx) -> Experiment {
-        let Identity { id, title, seed } = self.who;
-        self.kind.run(ctx, Experiment::new(id, title, seed, ""))
+        self.kind.run(ctx, Experiment::of(self.who.clone(), ""))
     }
 }
 
@@ -56,7 +45,11 @@ fn entry(
     kind: impl ExperimentKind + 'static,
 ) -> Entry {
     Entry {
-        who: Identity { id, title, seed },
+        who: Identity {
+            id: id.into(),
+            title: title.into(),
+            seed: seed.into(),
+        },
         kind: Box::new(kind),
     }
 }
@@ -130,6 +123,6 @@ pub fn all() -> Vec<Entry> {
 }
 
 /// The ids of `all()`, for `--only` validation and help.
-pub fn ids() -> Vec<&'static str> {
-    all().iter().map(|e| e.who.id).collect()
+pub fn ids() -> Vec<String> {
+    all().into_iter().map(|e| e.who.id).collect()
 }
