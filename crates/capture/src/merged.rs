@@ -243,10 +243,16 @@ impl Merge {
 mod tests {
     use super::*;
 
-    #[test]
-    fn merge_orders_by_timestamp_and_counts_late_frames() {
+    /// An in-memory capture with one interface.
+    fn writer() -> (PcapngWriter<Vec<u8>>, u32) {
         let mut w = PcapngWriter::new(Vec::new(), "t", 65535).unwrap();
         let i = w.add_interface("x").unwrap();
+        (w, i)
+    }
+
+    #[test]
+    fn merge_orders_by_timestamp_and_counts_late_frames() {
+        let (mut w, i) = writer();
         let mut m = Merge::default();
         m.push(30, i, &[3], 1, "in");
         m.push(10, i, &[1], 1, "in");
@@ -263,8 +269,7 @@ mod tests {
 
     #[test]
     fn count_stops_the_merge() {
-        let mut w = PcapngWriter::new(Vec::new(), "t", 65535).unwrap();
-        let i = w.add_interface("x").unwrap();
+        let (mut w, i) = writer();
         let mut m = Merge::default();
         for t in 0..10 {
             m.push(t, i, &[0], 1, "in");

@@ -18,6 +18,13 @@ fn server(lab: &ScopedLab, port: u16) -> BenchServer {
     BenchServer::spawn(bench_server::server_cmd(lab, port, &["--engine", "xdp"]))
 }
 
+/// [`server`] on `port` once it is on the xdp engine (not fallen back).
+fn xdp_server(lab: &ScopedLab, port: u16) -> BenchServer {
+    let s = server(lab, port);
+    s.expect_xdp();
+    s
+}
+
 /// One second of `bench pp` on `engine`; it must succeed.
 fn pp(lab: &ScopedLab, port: u16, engine: &str) -> serde_json::Value {
     bench_server::pp(lab, port, &["--engine", engine, "-t", "1"]).expect("pp JSON")
@@ -27,8 +34,7 @@ fn pp(lab: &ScopedLab, port: u16, engine: &str) -> serde_json::Value {
 #[ignore = "needs root"]
 fn bench_pp_with_xdp_on_both_ends() {
     let lab = lab('P');
-    let s = server(&lab, 11200);
-    s.expect_xdp();
+    let _s = xdp_server(&lab, 11200);
     let r = pp(&lab, 11200, "xdp");
     assert_eq!(r["engine"], "xdp", "{r}");
     assert!(r["received"].as_u64().unwrap() > 0, "{r}");
@@ -40,8 +46,7 @@ fn bench_pp_with_xdp_on_both_ends() {
 fn real_sockperf_client_against_the_xdp_server() {
     nanowire_testkit::require(&["sockperf"]);
     let lab = lab('R');
-    let s = server(&lab, 11201);
-    s.expect_xdp();
+    let _s = xdp_server(&lab, 11201);
     let out = lab
         .command(
             Host::A,
@@ -76,8 +81,7 @@ fn real_sockperf_client_against_the_xdp_server() {
 #[ignore = "needs root"]
 fn second_xdp_process_on_the_interface_falls_back_to_spin() {
     let lab = lab('S');
-    let first = server(&lab, 11202);
-    first.expect_xdp();
+    let _first = xdp_server(&lab, 11202);
     let second = server(&lab, 11203);
     let (listen, before) = second.listening().expect("listen line");
     assert!(listen.contains("(engine spin)"), "{listen}");
