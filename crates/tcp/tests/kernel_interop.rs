@@ -24,7 +24,8 @@ fn sh(args: &[&str]) {
     nanowire_testkit::ok(&o.unwrap_or_else(|e| panic!("{args:?}: {e}")));
 }
 
-/// Two namespaces and a veth pair, removed on drop.
+/// Two namespaces and a veth pair, removed on drop (made as root only:
+/// `Lab::new` fails with testkit's one line otherwise).
 struct Lab {
     a: String,
     b: String,
@@ -34,6 +35,7 @@ struct Lab {
 
 impl Lab {
     fn new(tag: &str) -> Lab {
+        nanowire_testkit::require_root();
         let id = std::process::id() % 100_000;
         let l = Lab {
             a: format!("nwtcp{tag}{id}a"),
@@ -407,7 +409,6 @@ fn client_to_kernel(
         nanowire_tcp::fault::FaultConfig,
     )>,
 ) {
-    nanowire_testkit::require_root();
     let lab = Lab::new(tag);
     // The peer reads to EOF, answers "<bytes> <crc32>" and sends nothing more.
     let mut py = lab.python(
@@ -504,7 +505,6 @@ fn client_to_kernel(
 #[test]
 #[ignore = "needs root"]
 fn kernel_client_to_our_server_echo_16_mib_hashed() {
-    nanowire_testkit::require_root();
     let lab = Lab::new("s");
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let server = host_thread(
@@ -611,7 +611,6 @@ print("reply", c.recv(16).decode(), flush=True)
 #[test]
 #[ignore = "needs root"]
 fn syn_flood_of_100k_from_a_raw_socket_then_a_kernel_client_connects() {
-    nanowire_testkit::require_root();
     let lab = Lab::new("f");
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
@@ -843,7 +842,6 @@ fn diff_server(
 #[test]
 #[ignore = "needs root"]
 fn close_semantics_match_the_kernel_differentially() {
-    nanowire_testkit::require_root();
     let lab = Lab::new("d");
     // The kernel twin of our server: same scenarios, kernel sockets, in host a.
     const KADDR: &str = "198.18.7.3";
@@ -914,7 +912,6 @@ c.close()
 #[test]
 #[ignore = "needs root"]
 fn host_api_ping_pong_against_a_kernel_echo_server() {
-    nanowire_testkit::require_root();
     let lab = Lab::new("h");
     let mut py = lab.python(ECHO_PY, &[&PEER.to_string(), "5004"]);
     assert_eq!(wait_line(&mut py).trim(), "listening");
