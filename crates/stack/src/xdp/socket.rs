@@ -23,7 +23,7 @@ use super::device::stamp::TxStamp;
 use super::neigh::{Hop, Lookup, Queued};
 use super::rx::RX_BUDGET;
 use super::shm::{self, E, S, add, bump};
-use super::tx::{HDRS, IP_HDR, IpHeader, UDP_HDR, Wire};
+use super::tx::{HDRS, IP_HDR, IpHeader, UDP_HDR, UdpTemplate, Wire};
 use crate::kernel::set_opt;
 use crate::{EngineKind, EngineOptions, SocketStats, UdpEndpoint, WaitPolicy};
 use nanowire_xdp::iface;
@@ -190,6 +190,10 @@ pub struct XdpSocket {
     /// IP_TTL, IP_MULTICAST_TTL, IP_TOS of the kernel twin (the
     /// application's socket when adopted), written into every header.
     hdr: IpHeader,
+    /// The headers of the last destination this socket sent to, built once
+    /// and patched per datagram (`UdpTemplate`: rebuilt when the
+    /// destination, next hop, source, TTL or TOS differ).
+    tmpl: Option<UdpTemplate>,
 }
 
 /// The int value of IPPROTO_IP option `name` of the kernel socket `fd`.
@@ -342,6 +346,7 @@ impl XdpSocket {
             last_rx: 0,
             tx_stamp: None,
             hdr: IpHeader::default(),
+            tmpl: None,
         };
         s.hdr = ip_header_of(s.twin.fd());
         {
@@ -822,14 +827,17 @@ impl XdpSocket {
                 };
                 let h = self.hdr;
                 let r = match self.tx_stamp.as_mut() {
-                    None => self.engine.tx().send_hdr(bufs, w, h, self.id),
+                    None => self
+                        .engine
+                        .tx()
+                        .send_hdr(bufs, &mut self.tmpl, w, h, self.id),
                     Some(req) => {
                         let mut tx = self.engine.tx();
                         let mut st = std::mem::take(req);
                         st.at = 0;
                         st.frame.clear();
                         tx.dev.req = Some(st);
-                        let r = tx.send_hdr(bufs, w, h, self.id);
+                        let r = tx.send_hdr(bufs, &mut self.tmpl, w, h, self.id);
                         *req = tx.dev.req.take().unwrap_or_default();
                         r
                     }

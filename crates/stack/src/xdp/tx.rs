@@ -10,7 +10,7 @@
 
 use super::device::{KickCounts, TxDevice};
 use super::shm::{E, S, StatsPage, bump};
-use nanowire_wire::{EtherType, EthernetRepr, Ipv4Repr, MacAddr, UdpRepr};
+use nanowire_wire::{EtherType, EthernetRepr, Ipv4Repr, MacAddr, UdpRepr, checksum};
 use nanowire_xdp::CsumRequest;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -96,20 +96,24 @@ impl<D: TxDevice> TxPath<D> {
 
     /// Send `bufs` (each `fits`) as datagrams; counted on socket `slot`.
     /// `Ok(n)`: n queued (fewer when the ring stayed full after a kick).
+    /// (Headers built for this call only: the neighbour queue's sends.)
     pub fn send(&mut self, bufs: &[&[u8]], w: Wire, slot: usize) -> io::Result<Sent> {
-        self.send_hdr(bufs, w, IpHeader::default(), slot)
+        self.send_hdr(bufs, &mut None, w, IpHeader::default(), slot)
     }
 
-    /// `send` with the socket's IP header fields `h`.
+    /// `send` with the socket's IP header fields `h`, its headers from the
+    /// socket's `cache` (rebuilt there when `w` or `h` changed).
     pub fn send_hdr(
         &mut self,
         bufs: &[&[u8]],
+        cache: &mut Option<UdpTemplate>,
         w: Wire,
         h: IpHeader,
         slot: usize,
     ) -> io::Result<Sent> {
         let per_kick = self.per_kick;
         let fs = self.dev.frame_size();
+        let t = UdpTemplate::of(cache, self.mac, w, h);
         let mut sent = 0;
         let mut i = 0;
         while i < bufs.len() {
@@ -120,21 +124,10 @@ impl<D: TxDevice> TxPath<D> {
             }
             let k = if j > i {
                 let chunk = &bufs[i..j];
-                let (mac, mut id) = (self.mac, self.ip_id);
+                let mut id = self.ip_id;
                 let mut build = |n: usize, fr: &mut [u8], partial: bool| {
                     id = id.wrapping_add(1);
-                    build_frame_hdr(
-                        fr,
-                        mac,
-                        w.mac,
-                        *w.src.ip(),
-                        w.src.port(),
-                        w.dst,
-                        chunk[n],
-                        id,
-                        h,
-                        partial,
-                    )
+                    t.write(fr, chunk[n], id, partial)
                 };
                 // Where the device completes checksums (AF_XDP TX metadata,
                 // as for the engine's TCP), the datagram is not summed here.
@@ -156,18 +149,7 @@ impl<D: TxDevice> TxPath<D> {
                 let b = bufs[i];
                 self.big.resize(HDRS + b.len(), 0);
                 self.ip_id = self.ip_id.wrapping_add(1);
-                let n = build_frame_hdr(
-                    &mut self.big,
-                    self.mac,
-                    w.mac,
-                    *w.src.ip(),
-                    w.src.port(),
-                    w.dst,
-                    b,
-                    self.ip_id,
-                    h,
-                    false,
-                );
+                let n = t.write(&mut self.big, b, self.ip_id, false);
                 if self.dev.send_large(&self.big[..n]) {
                     self.count(&bufs[i..i + 1], slot);
                     1
@@ -279,9 +261,12 @@ pub(crate) fn build_frame(
     payload: &[u8],
     id: u16,
 ) -> usize {
-    let (src, sport) = (*from.ip(), from.port());
-    let h = IpHeader::default();
-    build_frame_hdr(fr, macs.0, macs.1, src, sport, dst, payload, id, h, false)
+    let w = Wire {
+        src: from,
+        dst,
+        mac: macs.1,
+    };
+    UdpTemplate::new(macs.0, w, IpHeader::default()).write(fr, payload, id, false)
 }
 
 /// Where a datagram's checksum lies for an offload to complete it: from
@@ -301,46 +286,121 @@ pub(crate) fn eth_ipv4(dst: [u8; 6], src: [u8; 6]) -> EthernetRepr {
     }
 }
 
-/// [`build_frame`] with the socket's IP header fields `h`; `partial`: the
-/// UDP checksum field holds the pseudo-header's sum only, for the device
-/// to complete ([`UDP_CSUM_REQUEST`]).
-#[allow(clippy::too_many_arguments)]
-#[inline]
-pub(crate) fn build_frame_hdr(
-    fr: &mut [u8],
+// Where the per-datagram fields lie in a frame (Ethernet + option-less
+// IPv4 + UDP), for the template's patches.
+const IP_TOTAL_LEN: usize = ETH_HDR + 2;
+const IP_IDENT: usize = ETH_HDR + 4;
+const IP_CHECKSUM: usize = ETH_HDR + 10;
+const UDP_LEN: usize = ETH_HDR + IP_HDR + 4;
+const UDP_CHECKSUM: usize = ETH_HDR + IP_HDR + nanowire_wire::udp::CHECKSUM_OFFSET as usize;
+
+/// The Ethernet, IPv4 and UDP headers of the datagrams of one (source
+/// MAC, [`Wire`], [`IpHeader`]), built once by `wire`'s emitters; a send
+/// copies them and patches only what changes per datagram: the two
+/// lengths, the IP id, the IPv4 checksum (from the sum of the fixed fields,
+/// stored) and the UDP checksum (from the pseudo-header's and ports' sum,
+/// stored). Onload's cached headers. A socket keeps the last one it used
+/// ([`TxPath::send_hdr`]'s cache) and it is rebuilt whenever any field of
+/// its key differs: a new destination, next hop (route or neighbour
+/// change), source, TTL or TOS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct UdpTemplate {
     src_mac: [u8; 6],
-    dst_mac: [u8; 6],
-    src: Ipv4Addr,
-    sport: u16,
-    dst: SocketAddrV4,
-    payload: &[u8],
-    id: u16,
+    w: Wire,
     h: IpHeader,
-    partial: bool,
-) -> usize {
-    let total = HDRS + payload.len();
-    eth_ipv4(dst_mac, src_mac).emit(fr);
-    fr[HDRS..total].copy_from_slice(payload);
-    Ipv4Repr {
-        src,
-        dst: *dst.ip(),
-        protocol: nanowire_wire::ipv4::PROTO_UDP,
-        payload_len: UDP_HDR + payload.len(),
-        ttl: h.ttl_to(dst.ip()),
-        ident: id,
+    /// The headers with both lengths, the IP id and both checksums 0.
+    hdr: [u8; HDRS],
+    /// Ones' complement sum of the IPv4 header's words but the total
+    /// length, id and checksum.
+    ip_sum: u32,
+    /// Sum of the UDP pseudo-header's addresses and protocol, and of the
+    /// ports: the checksum's sum but the two length words and the payload.
+    udp_sum: u32,
+    /// The pseudo-header's sum without its length (the partial checksum's).
+    pseudo: u32,
+}
+
+impl UdpTemplate {
+    pub(crate) fn new(src_mac: [u8; 6], w: Wire, h: IpHeader) -> UdpTemplate {
+        let (src, dst) = (*w.src.ip(), *w.dst.ip());
+        let mut hdr = [0u8; HDRS];
+        eth_ipv4(w.mac, src_mac).emit(&mut hdr);
+        Ipv4Repr {
+            src,
+            dst,
+            protocol: nanowire_wire::ipv4::PROTO_UDP,
+            payload_len: 0,
+            ttl: h.ttl_to(&dst),
+            ident: 0,
+        }
+        .emit_tos(&mut hdr[ETH_HDR..], h.tos);
+        let udp = UdpRepr {
+            src_port: w.src.port(),
+            dst_port: w.dst.port(),
+        };
+        udp.emit_partial(&mut hdr[ETH_HDR + IP_HDR..], 0, src, dst);
+        for at in [IP_TOTAL_LEN, IP_IDENT, IP_CHECKSUM, UDP_LEN, UDP_CHECKSUM] {
+            hdr[at..at + 2].fill(0);
+        }
+        let pseudo = checksum::pseudo_header(src, dst, nanowire_wire::ipv4::PROTO_UDP, 0);
+        UdpTemplate {
+            src_mac,
+            w,
+            h,
+            hdr,
+            ip_sum: checksum::accumulate(0, &hdr[ETH_HDR..ETH_HDR + IP_HDR]),
+            udp_sum: checksum::accumulate(pseudo, &hdr[ETH_HDR + IP_HDR..]),
+            pseudo,
+        }
     }
-    .emit_tos(&mut fr[ETH_HDR..], h.tos);
-    let udp = UdpRepr {
-        src_port: sport,
-        dst_port: dst.port(),
-    };
-    let d = &mut fr[ETH_HDR + IP_HDR..total];
-    if partial {
-        udp.emit_partial(d, payload.len(), src, *dst.ip());
-    } else {
-        udp.emit(d, payload.len(), src, *dst.ip());
+
+    /// `cache`'s template if it is the one of (`src_mac`, `w`, `h`), else a
+    /// new one, kept there.
+    #[inline]
+    pub(crate) fn of(
+        cache: &mut Option<UdpTemplate>,
+        src_mac: [u8; 6],
+        w: Wire,
+        h: IpHeader,
+    ) -> &UdpTemplate {
+        match cache {
+            Some(t) if t.w == w && t.h == h && t.src_mac == src_mac => {}
+            _ => *cache = Some(UdpTemplate::new(src_mac, w, h)),
+        }
+        cache.as_ref().expect("just set")
     }
-    total
+
+    /// The frame of `payload` with IP id `id` into `fr` (which must hold
+    /// `HDRS + payload.len()` bytes); its length. `partial`: the UDP
+    /// checksum field holds the pseudo-header's sum only, for the device
+    /// to complete ([`UDP_CSUM_REQUEST`]).
+    #[inline]
+    pub(crate) fn write(&self, fr: &mut [u8], payload: &[u8], id: u16, partial: bool) -> usize {
+        let total = HDRS + payload.len();
+        let fr = &mut fr[..total];
+        fr[HDRS..].copy_from_slice(payload);
+        fr[..HDRS].copy_from_slice(&self.hdr);
+        let ip_len = (total - ETH_HDR) as u16;
+        let udp_len = (total - ETH_HDR - IP_HDR) as u16;
+        let ip = !checksum::fold(self.ip_sum + u32::from(ip_len) + u32::from(id));
+        let udp = if partial {
+            checksum::fold(self.pseudo + u32::from(udp_len))
+        } else {
+            // Ports, both length words, then the payload (at an even
+            // offset: its words pair as in one pass over the datagram).
+            let s = self.udp_sum + 2 * u32::from(udp_len);
+            match !checksum::fold(checksum::accumulate(s, payload)) {
+                0 => 0xffff,
+                c => c,
+            }
+        };
+        fr[IP_TOTAL_LEN..IP_TOTAL_LEN + 2].copy_from_slice(&ip_len.to_be_bytes());
+        fr[IP_IDENT..IP_IDENT + 2].copy_from_slice(&id.to_be_bytes());
+        fr[IP_CHECKSUM..IP_CHECKSUM + 2].copy_from_slice(&ip.to_be_bytes());
+        fr[UDP_LEN..UDP_LEN + 2].copy_from_slice(&udp_len.to_be_bytes());
+        fr[UDP_CHECKSUM..UDP_CHECKSUM + 2].copy_from_slice(&udp.to_be_bytes());
+        total
+    }
 }
 
 #[cfg(test)]
@@ -491,6 +551,101 @@ mod tests {
         assert_eq!(t.dev.log[3..], [vec![0], vec![1], vec![2]]);
     }
 
+    /// The frame as `wire`'s emitters write it field by field (what sends
+    /// built before the template).
+    fn reference(w: Wire, h: IpHeader, payload: &[u8], id: u16, partial: bool) -> Vec<u8> {
+        let mut fr = vec![0u8; HDRS + payload.len()];
+        let (src, dst) = (*w.src.ip(), *w.dst.ip());
+        eth_ipv4(w.mac, OUR_MAC).emit(&mut fr);
+        fr[HDRS..].copy_from_slice(payload);
+        Ipv4Repr {
+            src,
+            dst,
+            protocol: nanowire_wire::ipv4::PROTO_UDP,
+            payload_len: UDP_HDR + payload.len(),
+            ttl: h.ttl_to(&dst),
+            ident: id,
+        }
+        .emit_tos(&mut fr[ETH_HDR..], h.tos);
+        let udp = UdpRepr {
+            src_port: w.src.port(),
+            dst_port: w.dst.port(),
+        };
+        let d = &mut fr[ETH_HDR + IP_HDR..];
+        if partial {
+            udp.emit_partial(d, payload.len(), src, dst);
+        } else {
+            udp.emit(d, payload.len(), src, dst);
+        }
+        fr
+    }
+
+    #[test]
+    fn template_frames_are_the_frames_wire_writes() {
+        let hs = [
+            IpHeader::default(),
+            IpHeader {
+                ttl: 7,
+                mcast_ttl: 3,
+                tos: 0xb8,
+            },
+        ];
+        let dsts = [sa(PEER, 9), sa(Ipv4Addr::new(239, 1, 2, 3), 5)];
+        let payload: Vec<u8> = (0..1472u32).map(|i| (i * 7 + 3) as u8).collect();
+        for h in hs {
+            for dst in dsts {
+                let w = Wire {
+                    src: sa(OURS, 40000),
+                    dst,
+                    mac: PEER_MAC,
+                };
+                let t = UdpTemplate::new(OUR_MAC, w, h);
+                for len in [0, 1, 2, 7, 8, 9, 63, 64, 65, 1000, 1472] {
+                    for id in [0, 1, 0x8000, 0xffff] {
+                        for partial in [false, true] {
+                            let p = &payload[..len];
+                            let mut fr = vec![0xee; HDRS + len + 5];
+                            assert_eq!(t.write(&mut fr, p, id, partial), HDRS + len);
+                            let want = reference(w, h, p, id, partial);
+                            assert_eq!(&fr[..HDRS + len], &want[..], "{h:?} {dst} {len} {id}");
+                            assert_eq!(&fr[HDRS + len..], &[0xee; 5], "nothing past the frame");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_socket_template_follows_its_destination_hop_and_header() {
+        let mut t = tx(2048, 32);
+        let mut cache = None;
+        let h = IpHeader::default();
+        let mut w = wire();
+        let mut send = |t: &mut TxPath<LoopTx>, w: Wire, h: IpHeader| {
+            t.send_hdr(&[b"abc"], &mut cache, w, h, 0).unwrap();
+            let f = t.dev.log.last().unwrap().clone();
+            assert_eq!(f, reference(w, h, b"abc", t.ip_id, false));
+        };
+        send(&mut t, w, h);
+        send(&mut t, w, h);
+        // Another next hop (a neighbour or route change), destination,
+        // source, TTL or TOS: the headers follow.
+        w.mac = [2, 0, 0, 0, 0, 0x77];
+        send(&mut t, w, h);
+        w.dst = sa(PEER, 10);
+        send(&mut t, w, h);
+        w.src = sa(OURS, 8);
+        send(&mut t, w, h);
+        let h = IpHeader {
+            ttl: 9,
+            mcast_ttl: 1,
+            tos: 4,
+        };
+        send(&mut t, w, h);
+        assert_eq!(t.dev.log.len(), 6);
+    }
+
     #[test]
     fn multicast_frames_use_ttl_1() {
         let mut f = vec![0u8; HDRS + 4];
@@ -516,18 +671,12 @@ mod tests {
             tos: 0xb8,
         };
         let one = |f: &mut Vec<u8>, dst: Ipv4Addr| {
-            build_frame_hdr(
-                f,
-                [2; 6],
-                [4; 6],
-                Ipv4Addr::new(10, 0, 0, 1),
-                6,
-                SocketAddrV4::new(dst, 5),
-                b"abcd",
-                3,
-                h,
-                false,
-            );
+            let w = Wire {
+                src: sa(Ipv4Addr::new(10, 0, 0, 1), 6),
+                dst: SocketAddrV4::new(dst, 5),
+                mac: [4; 6],
+            };
+            UdpTemplate::new([2; 6], w, h).write(f, b"abcd", 3, false);
             let p = nanowire_wire::Ipv4Packet::new_checked(&f[ETH_HDR..]).unwrap();
             assert!(p.verify_checksum());
             (p.ttl(), p.dscp_ecn())
