@@ -86,6 +86,24 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
             Err(_) => checksum::checksum(h) == 0,
         }
     }
+    /// The common header in one pass over its 20 bytes (five words, no
+    /// loop): `Some((source, destination))` when it has no options, is not
+    /// a fragment (MF clear, offset 0) and its checksum is right; `None`
+    /// otherwise, and the separate accessors
+    /// ([`Ipv4Packet::verify_checksum`], [`Ipv4Packet::options`],
+    /// [`Ipv4Packet::is_fragment`]) then say which.
+    #[inline]
+    pub fn plain_addrs(&self) -> Option<(Ipv4Addr, Ipv4Addr)> {
+        let h = <&[u8; HEADER_LEN]>::try_from(self.buffer.as_ref().get(..HEADER_LEN)?).ok()?;
+        let w = |i: usize| u32::from_be_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+        let (w0, w1, s, d) = (w(0), w(4), w(12), w(16));
+        // Version 4, IHL 5; flags and offset: only DF may be set.
+        if w0 >> 24 != 0x45 || w1 & 0x3fff != 0 {
+            return None;
+        }
+        let sum = u64::from(w0) + u64::from(w1) + u64::from(w(8)) + u64::from(s) + u64::from(d);
+        (checksum::fold64(sum) == 0xffff).then(|| (Ipv4Addr::from_bits(s), Ipv4Addr::from_bits(d)))
+    }
     /// The options bytes (empty without options: IHL 5).
     #[inline]
     pub fn options(&self) -> &[u8] {
@@ -257,6 +275,39 @@ mod tests {
         let p = Ipv4Packet::new_checked(&b[..]).unwrap();
         assert_eq!((p.dscp_ecn(), p.ttl()), (0xb8, 7));
         assert!(p.verify_checksum());
+    }
+
+    #[test]
+    fn one_pass_takes_only_plain_headers() {
+        // Field patch, then the checksum recomputed (so only the field
+        // decides), and whether the header is still plain.
+        let cases: [(usize, &[u8], bool); 6] = [
+            (6, &[0x40, 0], true),  // DF
+            (6, &[0x20, 0], false), // MF
+            (6, &[0x00, 1], false), // offset 8
+            (6, &[0x80, 0], true),  // the reserved bit: ignored, as by `is_fragment`
+            (1, &[0xb8], true),     // TOS
+            (8, &[1], true),        // TTL 1
+        ];
+        let good = sample(8);
+        let p = Ipv4Packet::new_checked(&good[..]).unwrap();
+        assert_eq!(p.plain_addrs(), Some((p.src(), p.dst())));
+        for (at, bytes, plain) in cases {
+            let mut b = good.clone();
+            b[at..at + bytes.len()].copy_from_slice(bytes);
+            b[10..12].fill(0);
+            let c = checksum::checksum(&b[..HEADER_LEN]);
+            b[10..12].copy_from_slice(&c.to_be_bytes());
+            let p = Ipv4Packet::new_checked(&b[..]).unwrap();
+            assert!(p.verify_checksum());
+            assert_eq!(p.plain_addrs().is_some(), plain, "{at} {bytes:?}");
+        }
+        let mut bad = good.clone();
+        bad[10] ^= 1;
+        assert_eq!(
+            Ipv4Packet::new_checked(&bad[..]).unwrap().plain_addrs(),
+            None
+        );
     }
 
     #[test]

@@ -136,7 +136,24 @@ pub fn for_other_host(frame: &[u8], mac: &[u8; 6]) -> bool {
 /// What the kernel checks in an IPv4 header before the transport (its
 /// checksum, options, fragment, martian source), on a packet whose version,
 /// header length and total length were checked: (source, destination).
+/// The common header (no options, not a fragment, right checksum) in one
+/// pass (`Ipv4Packet::plain_addrs`); any other, check by check.
+#[inline]
 fn ip_header_checks(ip: &Ipv4Packet<&[u8]>) -> Result<(Ipv4Addr, Ipv4Addr), DropReason> {
+    let (src, dst) = match ip.plain_addrs() {
+        Some(a) => a,
+        None => ip_header_checks_each(ip)?,
+    };
+    if is_martian_source(src) {
+        return Err(DropReason::Martian);
+    }
+    Ok((src, dst))
+}
+
+/// [`ip_header_checks`] for a header with options, a fragment or a bad
+/// checksum: the first failing check, in the kernel's order.
+#[cold]
+fn ip_header_checks_each(ip: &Ipv4Packet<&[u8]>) -> Result<(Ipv4Addr, Ipv4Addr), DropReason> {
     let hl = ip.header_len();
     if !ip.verify_checksum() {
         return Err(Malformed::BadIpChecksum.into());
@@ -147,11 +164,7 @@ fn ip_header_checks(ip: &Ipv4Packet<&[u8]>) -> Result<(Ipv4Addr, Ipv4Addr), Drop
     if ip.is_fragment() {
         return Err(Malformed::Fragment.into());
     }
-    let (src, dst) = (ip.src(), ip.dst());
-    if is_martian_source(src) {
-        return Err(DropReason::Martian);
-    }
-    Ok((src, dst))
+    Ok((ip.src(), ip.dst()))
 }
 
 /// Most buffers of one received packet.
@@ -418,18 +431,67 @@ mod tests {
         );
     }
 
-    #[test]
-    fn garbage_never_panics() {
-        // xorshift: deterministic pseudo-random mutations of a valid frame.
-        let mut x: u64 = 0x9e3779b97f4a7c15;
-        let mut next = || {
+    /// xorshift from `seed`: deterministic pseudo-random mutations.
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             x
-        };
+        }
+    }
+
+    /// A valid frame without and with IPv4 options, to mutate.
+    fn frames_to_mutate() -> [Vec<u8>; 2] {
         let base = frame(&[0x55; 40]);
         let opts = with_options(&base, &[1, 1, 148, 4, 0, 0, 0, 0]);
+        [base, opts]
+    }
+
+    #[test]
+    fn the_one_pass_header_check_agrees_with_the_checks_one_by_one() {
+        let mut next = xorshift(0x2545f4914f6cdd1d);
+        let [base, opts] = frames_to_mutate();
+        let (mut plain, mut other) = (0, 0);
+        for _ in 0..20000 {
+            for b in [&base, &opts] {
+                let mut f = b.clone();
+                for _ in 0..(next() % 4) {
+                    let i = ETH_HDR + (next() as usize) % 24;
+                    f[i] ^= 1 << (next() % 8);
+                }
+                let ip = &mut f[ETH_HDR..];
+                if next().is_multiple_of(2) && ip[0] >> 4 == 4 {
+                    // A right checksum over whatever the header says it is.
+                    let hl = (usize::from(ip[0] & 0xf) * 4).clamp(20, 28);
+                    ip[10..12].fill(0);
+                    let c = checksum::checksum(&ip[..hl]);
+                    ip[10..12].copy_from_slice(&c.to_be_bytes());
+                }
+                let Ok(ip) = Ipv4Packet::new_checked(&f[ETH_HDR..]) else {
+                    continue;
+                };
+                let each = ip_header_checks_each(&ip).and_then(|(s, d)| {
+                    if is_martian_source(s) {
+                        Err(DropReason::Martian)
+                    } else {
+                        Ok((s, d))
+                    }
+                });
+                assert_eq!(ip_header_checks(&ip), each, "{f:?}");
+                match ip.plain_addrs() {
+                    Some(_) => plain += 1,
+                    None => other += 1,
+                }
+            }
+        }
+        assert!(plain > 1000 && other > 1000, "{plain} {other}");
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let mut next = xorshift(0x9e3779b97f4a7c15);
+        let [base, opts] = frames_to_mutate();
         for _ in 0..20000 {
             for b in [&base, &opts] {
                 let mut f = b.clone();
