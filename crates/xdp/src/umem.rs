@@ -461,6 +461,12 @@ impl Recycler {
         }
     }
 
+    /// No frames gathered since the last flush.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
     /// Hand the frames gathered so far to their UMEM.
     pub fn flush(&mut self) {
         if let Some(u) = self.umem.take()
@@ -510,6 +516,7 @@ mod tests {
         let clone = shared.clone();
         let mut b = Recycler::default();
         shared.recycle_into(&mut b);
+        assert!(b.is_empty(), "a shared frame is not the batch's");
         for i in 2..70u64 {
             u.mint(i as usize, i * 2048 + 256, 60).recycle_into(&mut b);
         }

@@ -494,6 +494,15 @@ struct Core {
     /// drained (`Engine::rx_mark`): a send takes in first only what came
     /// after it (`TcpEngine::take_input`). `None`: look every time.
     rx_mark: Option<u64>,
+    /// The frames of the segments the last data turn took in, on their way
+    /// back to the fill ring: handed to the UMEM's recycle list by the next
+    /// turn's start ([`TcpEngine::turn_into`]), not by the data turn, so
+    /// that the recycle list's lock and the UMEM `Arc`'s release are not
+    /// between a segment's arrival and the reader's return. A flush sets
+    /// the refill hint, which makes that next turn whole (it polls and
+    /// refills): in a ping-pong the first turn of the next wait, after the
+    /// reply went out. Bounded: it flushes itself at 64 frames.
+    recycle: nanowire_xdp::Recycler,
     /// This stack's region of the process's connection table on the
     /// engine service (issue 24; `None` on an engine of its own): what
     /// would end each connection if the process died, kept current at the
@@ -646,6 +655,7 @@ impl TcpEngine {
                 published: Default::default(),
                 turns: 0,
                 rx_mark: None,
+                recycle: Default::default(),
                 ends,
             }),
         });
@@ -828,6 +838,12 @@ impl TcpEngine {
     /// what arrives in order for it goes straight into its buffer
     /// ([`DirectRead`]) while its receive ring is empty.
     fn turn_into(&self, core: &mut Core, timers: bool, read: Option<&mut DirectRead<'_>>) -> bool {
+        // The last data turn's frames go back now (`Core::recycle`): the
+        // refill hint this sets makes this turn whole, and its poll puts
+        // them in the fill ring.
+        if !core.recycle.is_empty() {
+            core.recycle.flush();
+        }
         // A QUIET TURN: an application's idle turn (a spinning reader's
         // look, a readiness pass) while nothing was delivered to any
         // endpoint since this stack's queue was last drained, nothing waits
@@ -864,7 +880,8 @@ impl TcpEngine {
         {
             let mut guard = self.engine.rx();
             let g = &mut *guard;
-            moved += rx_segments_into(g, core.id, &mut core.stack, &mut now, now_ns, read);
+            let (stack, done) = (&mut core.stack, &mut core.recycle);
+            moved += rx_segments_into(g, core.id, stack, done, &mut now, now_ns, read);
             core.rx_mark = self.engine.rx_mark(g);
             core.turns = core.turns.wrapping_add(1);
             if core.turns.is_multiple_of(64) {
@@ -932,7 +949,8 @@ impl TcpEngine {
         let mut now = None;
         {
             let mut g = self.engine.rx();
-            rx_segments(&mut g, core.id, &mut core.stack, &mut now, now_ns);
+            let (stack, done) = (&mut core.stack, &mut core.recycle);
+            rx_segments(&mut g, core.id, stack, done, &mut now, now_ns);
             core.rx_mark = self.engine.rx_mark(&g);
         }
         if let Some(t) = now {
@@ -3024,19 +3042,21 @@ pub fn tcp_drain(idle: Duration) -> usize {
 /// The TCP driver's receive half: poll the receive device, then feed every
 /// frame queued for endpoint `id` to `stack` (the payload is copied into
 /// the connection's ring straight from the frame's buffers, a
-/// super-frame's chain too, without gathering it; the frames go back to
-/// the device's recycle list together when the pass ends, one lock for
-/// all). `now` is read (`clock`) only when a segment came.
-/// Returns segments fed. Call under the RX lock (`g`).
+/// super-frame's chain too, without gathering it; the frames go to `done`,
+/// which hands them to the device's recycle list together, one lock for
+/// all, when it is flushed or dropped: the TCP driver flushes it at its
+/// next turn, `Core::recycle`). `now` is read (`clock`) only when a
+/// segment came. Returns segments fed. Call under the RX lock (`g`).
 #[inline]
 pub(crate) fn rx_segments<D: RxDevice>(
     g: &mut RxPath<D>,
     id: EndpointId,
     stack: &mut TcpStack,
+    done: &mut nanowire_xdp::Recycler,
     now: &mut Option<u64>,
     clock: impl Fn() -> u64,
 ) -> usize {
-    rx_segments_into(g, id, stack, now, clock, None)
+    rx_segments_into(g, id, stack, done, now, clock, None)
 }
 
 /// [`rx_segments`] while an application reads `read.conn` ([`DirectRead`]).
@@ -3045,6 +3065,7 @@ pub(crate) fn rx_segments_into<D: RxDevice>(
     g: &mut RxPath<D>,
     id: EndpointId,
     stack: &mut TcpStack,
+    done: &mut nanowire_xdp::Recycler,
     now: &mut Option<u64>,
     clock: impl Fn() -> u64,
     mut read: Option<&mut DirectRead<'_>>,
@@ -3057,10 +3078,6 @@ pub(crate) fn rx_segments_into<D: RxDevice>(
     g.poll(RX_BUDGET);
     g.demux.spill_for(None);
     let mut fed = 0;
-    // The frames go back to the fill ring's recycle list together, at the
-    // end (one lock of it per turn, not one per segment); made on the first
-    // segment (an idle turn of a spinning reader makes nothing).
-    let mut done: Option<nanowire_xdp::Recycler> = None;
     while let Some(d) = g.demux.pop(id, &g.page) {
         let t = *now.get_or_insert_with(&clock);
         // A segment with data enough to keep is offered to its connection
@@ -3100,8 +3117,7 @@ pub(crate) fn rx_segments_into<D: RxDevice>(
         }
         // Kept: the held clone of the frame keeps it out of the fill ring
         // until the application read its bytes.
-        d.frame
-            .recycle_into(done.get_or_insert_with(nanowire_xdp::Recycler::default));
+        d.frame.recycle_into(done);
         fed += 1;
     }
     fed
@@ -3306,6 +3322,8 @@ mod tests {
         id: EndpointId,
         stack: TcpStack,
         fr: Framer,
+        /// The driver's deferred frames (`Core::recycle`).
+        recycle: nanowire_xdp::Recycler,
         now: u64,
     }
 
@@ -3352,6 +3370,7 @@ mod tests {
                 id,
                 stack: TcpStack::new(cfg, Secret::from_bytes([7; 16])),
                 fr,
+                recycle: Default::default(),
                 now: 1_000_000,
             }
         }
@@ -3361,7 +3380,9 @@ mod tests {
             self.now += 10_000;
             let t = self.now;
             let mut now = None;
-            let fed = rx_segments(&mut self.rx, self.id, &mut self.stack, &mut now, || t);
+            self.recycle.flush();
+            let (stack, done) = (&mut self.stack, &mut self.recycle);
+            let fed = rx_segments(&mut self.rx, self.id, stack, done, &mut now, || t);
             self.stack.poll_timers(t);
             let (sent, miss) = self.fr.tx_segments(&mut self.tx, &mut self.stack, 1, t);
             assert!(miss.is_none(), "every next hop is cached");
@@ -3510,7 +3531,8 @@ mod tests {
         let (mut a, _b) = two_hosts();
         let mut now = None;
         let reads = std::cell::Cell::new(0);
-        let fed = rx_segments(&mut a.rx, a.id, &mut a.stack, &mut now, || {
+        let done = &mut a.recycle;
+        let fed = rx_segments(&mut a.rx, a.id, &mut a.stack, done, &mut now, || {
             reads.set(reads.get() + 1);
             5
         });
