@@ -7,7 +7,7 @@ use crate::payload::Payload;
 use crate::seq;
 use crate::stack::{HOLD_MIN, Intake};
 use crate::{Config, Counters, Error};
-use nanowire_wire::tcp::TcpRepr;
+use nanowire_wire::tcp::{Flags, TcpRepr};
 
 impl Conn {
     pub(crate) fn input(
@@ -19,11 +19,82 @@ impl Conn {
         ctr: &mut Counters,
         to: Intake<'_, '_, '_>,
     ) {
+        if self.predicted(r, payload.len()) {
+            self.input_predicted(now, cfg, r, payload, ctr, to);
+            return;
+        }
         match self.state {
             State::Closed => {}
             State::SynSent => self.input_syn_sent(now, cfg, r, ctr),
             _ => self.input_synchronized(now, cfg, r, payload, ctr, to),
         }
+    }
+
+    /// Header prediction (Linux's `tcp_rcv_established` fast path): the
+    /// next in-order segment of an established connection, with data that
+    /// fits the window, only ACK (and PSH) set, no SACK blocks, a timestamp
+    /// that passes PAWS, an ACK within what was sent, and nothing unusual
+    /// on the connection (no holes, no recovery, no duplicate ACKs counted,
+    /// no SACK scoreboard, not orphaned). Every check of the general path
+    /// passes for such a segment and most of its branches are not taken:
+    /// [`Conn::input_predicted`] does what the general path does for it,
+    /// through the same helpers, without the checks (a ping-pong's every
+    /// segment; the code the general path runs for it did not stay in a
+    /// 32 KiB instruction cache with the rest of the message's path).
+    #[inline]
+    fn predicted(&self, r: &TcpRepr, len: usize) -> bool {
+        self.state == State::Established
+            && r.flags.0 & !Flags::PSH == Flags::ACK
+            && r.seq == self.rcv_nxt
+            && r.sack_len == 0
+            && len > 0
+            && len <= self.rx_free()
+            && match r.timestamp {
+                Some((val, _)) => !self.ts_ok || seq::ge(val, self.ts_recent),
+                None => !self.ts_ok,
+            }
+            && seq::ge(r.ack, self.snd_una)
+            && seq::le(r.ack, self.snd_max)
+            && self.dupacks == 0
+            && !self.in_recovery
+            && self.n_sacked == 0
+            && self.asm.is_empty()
+            && self.ooo_fin.is_none()
+            && !self.orphan
+    }
+
+    /// [`Conn::input_synchronized`] for a segment [`Conn::predicted`]
+    /// accepts: the same steps in the same order (ACK, window, in-order
+    /// data, the ACK policy), without the checks it passes.
+    fn input_predicted(
+        &mut self,
+        now: u64,
+        cfg: &Config,
+        r: &TcpRepr,
+        payload: Payload<'_>,
+        ctr: &mut Counters,
+        to: Intake<'_, '_, '_>,
+    ) {
+        self.last_rx = now;
+        self.ka_probes = 0;
+        if self.ts_ok
+            && let Some((val, _)) = r.timestamp
+        {
+            self.ts_recent = val;
+        }
+        if seq::gt(r.ack, self.snd_una) {
+            // ESTABLISHED: no FIN of ours to acknowledge, nothing closes.
+            let closed = self.ack_new(now, cfg, r.ack, ctr);
+            debug_assert!(!closed);
+        }
+        self.window_update(r.seq, r.ack, u32::from(r.window) << self.snd_wscale);
+        self.rcv_mss = self
+            .rcv_mss
+            .max(payload.len() as u32)
+            .min(u32::from(cfg.mss));
+        let len = payload.len();
+        self.take_in_order(now, payload, 0, len, false, ctr, to);
+        self.ack_policy(now, cfg, false);
     }
 
     fn input_syn_sent(&mut self, now: u64, cfg: &Config, r: &TcpRepr, ctr: &mut Counters) {
@@ -303,99 +374,8 @@ impl Conn {
         }
 
         if seq::gt(ack, self.snd_una) {
-            let acked = ack.wrapping_sub(self.snd_una);
-            let flight_before = seq::dist(self.snd_max, self.snd_una);
-            if let Some((s, t)) = self.rtt_seq
-                && seq::ge(ack, s)
-            {
-                self.rtt_seq = None;
-                self.rtt_sample(now.saturating_sub(t), cfg);
-            }
-            let data_acked = (seq::dist(ack, self.tx_seq0) as usize).min(self.tx.len());
-            let fin_was_queued_at = self.fin_seq();
-            self.tx.consume(data_acked);
-            if self.tx.is_empty() {
-                // Everything sent was acknowledged (nothing is ever written
-                // past the end of the send ring).
-                self.tx.rewind();
-            }
-            self.tx_seq0 = self.tx_seq0.wrapping_add(data_acked as u32);
-            let fin_acked = self.fin_queued && seq::gt(ack, fin_was_queued_at);
-            self.snd_una = ack;
-            if seq::lt(self.snd_nxt, ack) {
-                self.snd_nxt = ack;
-            }
-            if seq::lt(self.rtx_next, ack) {
-                self.rtx_next = ack;
-            }
-            self.sack_trim();
-            self.bytes_acked += u64::from(acked);
-            self.lt_segments = 0;
-            self.backoff = 0;
-            self.persist_backoff = 0;
-
-            if self.in_recovery {
-                if seq::ge(ack, self.recover) {
-                    self.in_recovery = false;
-                    self.sack_credit = 0;
-                    self.dupacks = 0;
-                    let flight = self.flight();
-                    self.cc.exit_recovery(flight, mss);
-                } else {
-                    // Partial ACK (RFC 6582 3.2 step 4): retransmit the next
-                    // hole, deflate by the amount acked.
-                    self.rtx_once = Some(match self.next_hole(ack) {
-                        Some(h) => {
-                            if h != ack {
-                                ctr.sack_retransmits += 1;
-                            }
-                            h
-                        }
-                        None => ack,
-                    });
-                    self.cc.cwnd = self
-                        .cc
-                        .cwnd
-                        .saturating_sub(acked)
-                        .saturating_add(mss)
-                        .max(mss);
-                }
-            } else {
-                self.dupacks = 0;
-                // Grow only when the window was the limit (RFC 7661 spirit,
-                // Linux's tcp_is_cwnd_limited): an application-limited
-                // sender must not build a huge, unvalidated cwnd.
-                if 2 * flight_before >= self.cc.cwnd {
-                    self.cc.on_ack(acked, mss);
-                }
-            }
-
-            // New data acknowledged: a new flight may be probed again.
-            self.tlp_done = false;
-            self.rtx_deadline = if self.snd_una == self.snd_max {
-                self.tlp_armed = false;
-                None
-            } else {
-                let (d, probe) = self.rtx_timer(cfg);
-                self.tlp_armed = probe;
-                Some(now.saturating_add(d))
-            };
-
-            if fin_acked {
-                match self.state {
-                    State::FinWait1 => {
-                        self.state = State::FinWait2;
-                        if self.orphan {
-                            self.state_deadline = Some(now.saturating_add(cfg.fin_timeout_ns));
-                        }
-                    }
-                    State::Closing => self.enter_time_wait(now, cfg),
-                    State::LastAck => {
-                        self.set_closed(None);
-                        return;
-                    }
-                    _ => {}
-                }
+            if self.ack_new(now, cfg, ack, ctr) {
+                return;
             }
         } else if ack == self.snd_una
             && payload_len == 0
@@ -452,10 +432,132 @@ impl Conn {
         }
 
         // Window update (RFC 9293 3.10.7.4, SND.WL1/WL2 rule).
-        if seq::lt(self.snd_wl1, r.seq) || (self.snd_wl1 == r.seq && seq::le(self.snd_wl2, ack)) {
+        self.window_update(r.seq, ack, wnd);
+    }
+
+    /// An ACK of new data (`ack` after `snd_una`): the RTT sample, the send
+    /// ring, the congestion window, the retransmission timer and, for an
+    /// ACK of our FIN, the state. True if that closed the connection.
+    #[inline]
+    fn ack_new(&mut self, now: u64, cfg: &Config, ack: u32, ctr: &mut Counters) -> bool {
+        let mss = self.snd_mss;
+        let acked = ack.wrapping_sub(self.snd_una);
+        let flight_before = seq::dist(self.snd_max, self.snd_una);
+        if let Some((s, t)) = self.rtt_seq
+            && seq::ge(ack, s)
+        {
+            self.rtt_seq = None;
+            self.rtt_sample(now.saturating_sub(t), cfg);
+        }
+        let data_acked = (seq::dist(ack, self.tx_seq0) as usize).min(self.tx.len());
+        let fin_was_queued_at = self.fin_seq();
+        self.tx.consume(data_acked);
+        if self.tx.is_empty() {
+            // Everything sent was acknowledged (nothing is ever written
+            // past the end of the send ring).
+            self.tx.rewind();
+        }
+        self.tx_seq0 = self.tx_seq0.wrapping_add(data_acked as u32);
+        let fin_acked = self.fin_queued && seq::gt(ack, fin_was_queued_at);
+        self.snd_una = ack;
+        if seq::lt(self.snd_nxt, ack) {
+            self.snd_nxt = ack;
+        }
+        if seq::lt(self.rtx_next, ack) {
+            self.rtx_next = ack;
+        }
+        self.sack_trim();
+        self.bytes_acked += u64::from(acked);
+        self.lt_segments = 0;
+        self.backoff = 0;
+        self.persist_backoff = 0;
+
+        if self.in_recovery {
+            self.recovery_ack(ack, acked, ctr);
+        } else {
+            self.dupacks = 0;
+            // Grow only when the window was the limit (RFC 7661 spirit,
+            // Linux's tcp_is_cwnd_limited): an application-limited
+            // sender must not build a huge, unvalidated cwnd.
+            if 2 * flight_before >= self.cc.cwnd {
+                self.cc.on_ack(acked, mss);
+            }
+        }
+
+        // New data acknowledged: a new flight may be probed again.
+        self.tlp_done = false;
+        self.rtx_deadline = if self.snd_una == self.snd_max {
+            self.tlp_armed = false;
+            None
+        } else {
+            let (d, probe) = self.rtx_timer(cfg);
+            self.tlp_armed = probe;
+            Some(now.saturating_add(d))
+        };
+
+        fin_acked && self.fin_acked(now, cfg)
+    }
+
+    /// [`Conn::ack_new`] during fast recovery: a full ACK ends it, a
+    /// partial one retransmits the next hole.
+    #[cold]
+    fn recovery_ack(&mut self, ack: u32, acked: u32, ctr: &mut Counters) {
+        let mss = self.snd_mss;
+        if seq::ge(ack, self.recover) {
+            self.in_recovery = false;
+            self.sack_credit = 0;
+            self.dupacks = 0;
+            let flight = self.flight();
+            self.cc.exit_recovery(flight, mss);
+        } else {
+            // Partial ACK (RFC 6582 3.2 step 4): retransmit the next
+            // hole, deflate by the amount acked.
+            self.rtx_once = Some(match self.next_hole(ack) {
+                Some(h) => {
+                    if h != ack {
+                        ctr.sack_retransmits += 1;
+                    }
+                    h
+                }
+                None => ack,
+            });
+            self.cc.cwnd = self
+                .cc
+                .cwnd
+                .saturating_sub(acked)
+                .saturating_add(mss)
+                .max(mss);
+        }
+    }
+
+    /// Our FIN was acknowledged: the state moves on. True if closed.
+    #[cold]
+    fn fin_acked(&mut self, now: u64, cfg: &Config) -> bool {
+        match self.state {
+            State::FinWait1 => {
+                self.state = State::FinWait2;
+                if self.orphan {
+                    self.state_deadline = Some(now.saturating_add(cfg.fin_timeout_ns));
+                }
+            }
+            State::Closing => self.enter_time_wait(now, cfg),
+            State::LastAck => {
+                self.set_closed(None);
+                return true;
+            }
+            _ => {}
+        }
+        false
+    }
+
+    /// The send window from a segment (RFC 9293 3.10.7.4, the SND.WL1/WL2
+    /// rule): `wnd` is the segment's window, scaled.
+    #[inline]
+    fn window_update(&mut self, seq: u32, ack: u32, wnd: u32) {
+        if seq::lt(self.snd_wl1, seq) || (self.snd_wl1 == seq && seq::le(self.snd_wl2, ack)) {
             self.snd_wnd = wnd;
             self.max_snd_wnd = self.max_snd_wnd.max(wnd);
-            self.snd_wl1 = r.seq;
+            self.snd_wl1 = seq;
             self.snd_wl2 = ack;
             if wnd > 0 {
                 self.persist_deadline = None;
@@ -472,7 +574,6 @@ impl Conn {
         ctr: &mut Counters,
         to: Intake<'_, '_, '_>,
     ) {
-        let Intake { read, hold } = to;
         let mut s = r.seq;
         let mut data = payload;
         // Where `data` starts in the payload (what a held frame skips).
@@ -518,69 +619,7 @@ impl Conn {
             // so such a segment is ACKed at once (two full segments' worth).
             self.rcv_mss = self.rcv_mss.max(data.len() as u32).min(u32::from(cfg.mss));
             if off == 0 {
-                // A reader waits on this connection and has read all it
-                // had: in-order bytes go straight into its buffer.
-                if let Some(d) = read
-                    && self.rx.is_empty()
-                    && !had_holes
-                {
-                    let k = data.len().min(d.buf.len() - d.filled);
-                    data.take(k).copy_to(&mut d.buf[d.filled..d.filled + k]);
-                    d.filled += k;
-                    data = data.skip(k);
-                    skip += k;
-                    self.rcv_nxt = self.rcv_nxt.wrapping_add(k as u32);
-                    self.bytes_received += k as u64;
-                    self.rx_unacked += k as u32;
-                    self.rcv_copied += k as u64;
-                    ctr.rx_direct_bytes += k as u64;
-                    self.rcv_space_adjust(now);
-                }
-                // The rest stays in its frame when the connection may
-                // keep it (`Hold`): the application's read copies it once.
-                let held = match hold {
-                    Some(h)
-                        if !had_holes
-                            && data.len() >= HOLD_MIN
-                            && h.len == payload.len()
-                            && self.rx.can_hold(h.truesize) =>
-                    {
-                        self.rx
-                            .hold((h.keep)(), skip, skip + data.len(), h.truesize);
-                        h.kept = true;
-                        ctr.rx_held_bytes += data.len() as u64;
-                        true
-                    }
-                    Some(_) if data.len() >= HOLD_MIN => {
-                        ctr.rx_hold_declined += 1;
-                        false
-                    }
-                    _ => false,
-                };
-                let total = if held {
-                    // No holes: nothing more becomes contiguous.
-                    self.asm.advance(data.len() as u32)
-                } else {
-                    self.rx.write_payload(0, &data);
-                    let total = self.asm.advance(data.len() as u32);
-                    self.rx.commit(total as usize);
-                    total
-                };
-                self.rcv_nxt = self.rcv_nxt.wrapping_add(total);
-                self.bytes_received += u64::from(total);
-                self.rx_unacked += total;
-                if had_holes {
-                    if self.asm.is_empty() {
-                        // Filled (within the grace: never announced).
-                        self.sack_hold = None;
-                    }
-                    self.ack_now = true;
-                    // Linux enters quick-ack mode around a repaired loss: the
-                    // sender's window is small after recovery, and an ACK
-                    // delayed for a second segment that is not coming would
-                    // stall it for the whole delayed-ACK time per loss.
-                    self.quickack = self.quickack.max(super::conn::INITIAL_QUICKACKS);
-                }
+                self.take_in_order(now, data, skip, payload.len(), had_holes, ctr, to);
             } else if self.asm.add(off as u32, (off + data.len()) as u32) {
                 ctr.out_of_order += 1;
                 self.rx.write_payload(off, &data);
@@ -637,6 +676,98 @@ impl Conn {
             self.ack_now = true;
         }
 
+        self.ack_policy(now, cfg, fin_delayed);
+    }
+
+    /// In-order data at `rcv_nxt` that fits the window (`data`, from byte
+    /// `skip` of a payload of `payload_len`), no hole behind it unless
+    /// `had_holes`: into a waiting reader's buffer (`to.read`), kept in its
+    /// frame (`to.hold`) or written to the receive ring; `rcv_nxt` moves
+    /// over it and over what became contiguous after it.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn take_in_order(
+        &mut self,
+        now: u64,
+        mut data: Payload<'_>,
+        mut skip: usize,
+        payload_len: usize,
+        had_holes: bool,
+        ctr: &mut Counters,
+        to: Intake<'_, '_, '_>,
+    ) {
+        let Intake { read, hold } = to;
+        // A reader waits on this connection and has read all it
+        // had: in-order bytes go straight into its buffer.
+        if let Some(d) = read
+            && self.rx.is_empty()
+            && !had_holes
+        {
+            let k = data.len().min(d.buf.len() - d.filled);
+            data.take(k).copy_to(&mut d.buf[d.filled..d.filled + k]);
+            d.filled += k;
+            data = data.skip(k);
+            skip += k;
+            self.rcv_nxt = self.rcv_nxt.wrapping_add(k as u32);
+            self.bytes_received += k as u64;
+            self.rx_unacked += k as u32;
+            self.rcv_copied += k as u64;
+            ctr.rx_direct_bytes += k as u64;
+            self.rcv_space_adjust(now);
+        }
+        // The rest stays in its frame when the connection may
+        // keep it (`Hold`): the application's read copies it once.
+        let held = match hold {
+            Some(h)
+                if !had_holes
+                    && data.len() >= HOLD_MIN
+                    && h.len == payload_len
+                    && self.rx.can_hold(h.truesize) =>
+            {
+                self.rx
+                    .hold((h.keep)(), skip, skip + data.len(), h.truesize);
+                h.kept = true;
+                ctr.rx_held_bytes += data.len() as u64;
+                true
+            }
+            Some(_) if data.len() >= HOLD_MIN => {
+                ctr.rx_hold_declined += 1;
+                false
+            }
+            _ => false,
+        };
+        let total = if held {
+            // No holes: nothing more becomes contiguous.
+            self.asm.advance(data.len() as u32)
+        } else {
+            self.rx.write_payload(0, &data);
+            let total = self.asm.advance(data.len() as u32);
+            self.rx.commit(total as usize);
+            total
+        };
+        self.rcv_nxt = self.rcv_nxt.wrapping_add(total);
+        self.bytes_received += u64::from(total);
+        self.rx_unacked += total;
+        if had_holes {
+            if self.asm.is_empty() {
+                // Filled (within the grace: never announced).
+                self.sack_hold = None;
+            }
+            self.ack_now = true;
+            // Linux enters quick-ack mode around a repaired loss: the
+            // sender's window is small after recovery, and an ACK
+            // delayed for a second segment that is not coming would
+            // stall it for the whole delayed-ACK time per loss.
+            self.quickack = self.quickack.max(super::conn::INITIAL_QUICKACKS);
+        }
+    }
+
+    /// The ACK a segment's data owes (RFC 1122 4.2.3.2 / RFC 5681 4.2):
+    /// at once in quick-ack mode or for every second full segment, else
+    /// within the delayed-ACK time (also for a FIN that moved ESTABLISHED
+    /// to CLOSE-WAIT: `fin_delayed`, ping-pong).
+    #[inline]
+    fn ack_policy(&mut self, now: u64, cfg: &Config, fin_delayed: bool) {
         if fin_delayed && !self.ack_now && self.delack_deadline.is_none() {
             self.delack_deadline = Some(now.saturating_add(cfg.delayed_ack_ns));
         }

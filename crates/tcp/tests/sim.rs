@@ -516,6 +516,40 @@ fn delayed_ack_and_quickack() {
     assert_eq!(n.a.counters().segs_out, acks_before + 2, "quick ACK");
 }
 
+/// A ping-pong: each request is the next in-order segment and acknowledges
+/// the last reply (what header prediction takes, `Conn::input_predicted`).
+/// Every request and reply arrives intact, each ACK moves the sender's
+/// unacknowledged bytes to zero, and once quick-ack mode is over (16
+/// segments) the request's ACK rides on its reply: one segment per message.
+#[test]
+fn a_ping_pong_takes_each_request_in_and_acks_it_on_the_reply() {
+    let mut n = Net::plain();
+    let (ca, cb) = n.connect_pair();
+    let mut buf = [0u8; 64];
+    for i in 0..40u32 {
+        let msg = (i * 7919).to_be_bytes();
+        let out0 = n.a.counters().segs_out;
+        n.b.send(cb, &msg).unwrap();
+        n.run_until(S, |n| n.a.recv(ca, &mut buf) == Ok(4));
+        assert_eq!(buf[..4], msg, "request {i}");
+        n.a.send(ca, &msg).unwrap();
+        n.run_until(S, |n| n.b.recv(cb, &mut buf) == Ok(4));
+        assert_eq!(buf[..4], msg, "reply {i}");
+        n.run_until(S, |n| n.a.info(ca).unwrap().unacked == 0);
+        if i >= 20 {
+            assert_eq!(
+                n.a.counters().segs_out - out0,
+                1,
+                "message {i}: no ACK of its own"
+            );
+        }
+    }
+    let (ia, ib) = (n.a.info(ca).unwrap(), n.b.info(cb).unwrap());
+    assert_eq!((ia.rcv_nxt, ib.rcv_nxt), (ib.snd_nxt, ia.snd_nxt));
+    assert_eq!((ia.bytes_received, ib.bytes_received), (160, 160));
+    assert_eq!(ia.snd_wnd, ib.rcv_wnd, "the window the requests carried");
+}
+
 #[test]
 fn blind_rst_and_syn_get_challenge_acks() {
     let mut n = Net::plain();
