@@ -58,24 +58,12 @@ impl Conn {
                 r.timestamp = Some((self.tsval(now), self.ts_recent));
             }
             // A hole within its reorder grace is not announced yet.
-            let held = self.sack_hold.is_some_and(|t| now < t);
-            if self.sack_ok && r.flags.ack() && !self.asm.is_empty() && !held {
-                let ranges = self.asm.ranges();
-                let recent = self.asm.recent();
-                let max = r.max_sack_blocks().min(MAX_SACK_BLOCKS);
-                let nxt = self.rcv_nxt;
-                let mut n = 0;
-                let order =
-                    std::iter::once(recent).chain((0..ranges.len()).filter(|&i| i != recent));
-                for i in order {
-                    if n >= max {
-                        break;
-                    }
-                    let (a, b) = ranges[i];
-                    r.sack[n] = (nxt.wrapping_add(a), nxt.wrapping_add(b));
-                    n += 1;
-                }
-                r.sack_len = n as u8;
+            if self.sack_ok
+                && r.flags.ack()
+                && !self.asm.is_empty()
+                && self.sack_hold.is_none_or(|t| now >= t)
+            {
+                self.sack_blocks(&mut r);
             }
         }
         // SACK blocks must not push a full segment past the MSS (Linux
@@ -109,6 +97,27 @@ impl Conn {
         }
         ctr.segs_out += 1;
         n
+    }
+
+    /// The SACK blocks announcing the receive holes (RFC 2018 4: the most
+    /// recent block first): out of line, most segments have none.
+    #[cold]
+    fn sack_blocks(&self, r: &mut TcpRepr) {
+        let ranges = self.asm.ranges();
+        let recent = self.asm.recent();
+        let max = r.max_sack_blocks().min(MAX_SACK_BLOCKS);
+        let nxt = self.rcv_nxt;
+        let mut n = 0;
+        let order = std::iter::once(recent).chain((0..ranges.len()).filter(|&i| i != recent));
+        for i in order {
+            if n >= max {
+                break;
+            }
+            let (a, b) = ranges[i];
+            r.sack[n] = (nxt.wrapping_add(a), nxt.wrapping_add(b));
+            n += 1;
+        }
+        r.sack_len = n as u8;
     }
 
     fn arm_rtx(&mut self, now: u64, cfg: &Config) {
@@ -154,6 +163,31 @@ impl Conn {
     }
 
     pub(crate) fn poll_output(
+        &mut self,
+        now: u64,
+        cfg: &Config,
+        buf: &mut [u8],
+        ctr: &mut Counters,
+    ) -> Option<usize> {
+        // The rare cases (a RST, a handshake's SYN, a closed connection)
+        // out of line: the common one is a synchronized connection's data
+        // or ACK.
+        if self.rst_reply.is_some()
+            || self.rst_pending
+            || matches!(
+                self.state,
+                State::Closed | State::SynSent | State::SynReceived
+            )
+        {
+            return self.poll_output_rare(now, cfg, buf, ctr);
+        }
+        self.poll_output_synced(now, cfg, buf, ctr)
+    }
+
+    /// [`Conn::poll_output`] with a RST to send or not synchronized.
+    #[cold]
+    #[inline(never)]
+    fn poll_output_rare(
         &mut self,
         now: u64,
         cfg: &Config,
@@ -214,7 +248,19 @@ impl Conn {
             }
             _ => {}
         }
+        self.poll_output_synced(now, cfg, buf, ctr)
+    }
 
+    /// [`Conn::poll_output`] of a synchronized connection: a
+    /// retransmission, new data or FIN, a probe, an ACK.
+    #[inline]
+    fn poll_output_synced(
+        &mut self,
+        now: u64,
+        cfg: &Config,
+        buf: &mut [u8],
+        ctr: &mut Counters,
+    ) -> Option<usize> {
         if self.state.can_send() {
             if let Some(s) = self.rtx_once.take()
                 && let Some(n) = self.retransmit_at(now, cfg, s, buf, ctr)

@@ -1025,6 +1025,43 @@ impl TcpStack {
 
     fn transmit_now(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
         let now = self.tick(now);
+        if !self.ctrl.is_empty()
+            && let Some(t) = self.transmit_ctrl(buf)
+        {
+            return Some(t);
+        }
+        while let Some(idx) = pop_front(&mut self.ready) {
+            let Some(c) = self.slots[idx as usize].conn.as_mut() else {
+                continue;
+            };
+            c.queued = false;
+            let out = c.poll_output(now, &self.cfg, buf, &mut self.counters);
+            let (src, dst) = (*c.tuple.local.ip(), *c.tuple.remote.ip());
+            let (ttl, tos, csum_partial) = (c.ip_ttl, c.ip_tos, c.csum_partial);
+            match out {
+                Some(len) if len > 0 => {
+                    self.settle(idx);
+                    return Some(Transmit {
+                        src,
+                        dst,
+                        len,
+                        ttl,
+                        tos,
+                        csum_partial,
+                    });
+                }
+                _ => self.idle(idx),
+            }
+        }
+        None
+    }
+
+    /// The next control segment (a RST for an unknown segment, a cookie
+    /// SYN-ACK), if one is queued: out of line, the common transmit is a
+    /// connection's.
+    #[cold]
+    #[inline(never)]
+    fn transmit_ctrl(&mut self, buf: &mut [u8]) -> Option<Transmit> {
         while let Some(c) = pop_front(&mut self.ctrl) {
             // A cookie SYN-ACK's window and MSS; a RST has neither.
             let (tuple, seq, ack, flags, syn_ack) = match c {
@@ -1089,29 +1126,6 @@ impl TcpStack {
                 tos,
                 csum_partial: false,
             });
-        }
-        while let Some(idx) = pop_front(&mut self.ready) {
-            let Some(c) = self.slots[idx as usize].conn.as_mut() else {
-                continue;
-            };
-            c.queued = false;
-            let out = c.poll_output(now, &self.cfg, buf, &mut self.counters);
-            let (src, dst) = (*c.tuple.local.ip(), *c.tuple.remote.ip());
-            let (ttl, tos, csum_partial) = (c.ip_ttl, c.ip_tos, c.csum_partial);
-            match out {
-                Some(len) if len > 0 => {
-                    self.settle(idx);
-                    return Some(Transmit {
-                        src,
-                        dst,
-                        len,
-                        ttl,
-                        tos,
-                        csum_partial,
-                    });
-                }
-                _ => self.idle(idx),
-            }
         }
         None
     }
