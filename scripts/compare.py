@@ -659,14 +659,16 @@ def service_pids(a, ports, on_service):
         time.sleep(0.2)
 
 
-def service_trial(a, n, on_service, port0):
+def service_trial(a, n, on_service, port0, env_extra=()):
     """`n` sockperf servers under `nanowire run` in host b (on the engine service, or one process
     on an engine of its own), each with its own plain sockperf pp client in host a, all clients
-    at once; each client's latency, and the PSS of the servers (and of the service)."""
+    at once; each client's latency, and the PSS of the servers (and of the service).
+    `env_extra`: NAME=VALUE settings for the servers."""
     profile = a.profiles.split(",")[0]
     pin_s, pin_c = (["taskset", "-c", "1"], ["taskset", "-c", "0"]) if a.pin else ([], [])
     ports = [port0 + i for i in range(n)]
-    pre = ["env", "NANOWIRE_SERVICE=1"] if on_service else []
+    pre = (["NANOWIRE_SERVICE=1"] if on_service else []) + list(env_extra)
+    pre = ["env"] + pre if pre else []
     svc = EngineService(a.lab) if on_service else None
     servers = []
     try:
@@ -709,20 +711,23 @@ def run_service(a):
     of its own (today's engine), one on the engine service, and SVC_N on the service at once
     (each with its own client), interleaved; medians of the repeats; ratios of p50 (the median
     process's and the worst's) and of memory (PSS, the service included)."""
-    configs = [("one process, own engine", 1, False), ("one process on the service", 1, True),
-               (f"{SVC_N} processes on the service", SVC_N, True)]
+    # The last row: the same four without the service's spinner registry (NANOWIRE_SPIN_SHARE=0,
+    # each waits as if alone on its CPU: before session 16), so one run shows both.
+    configs = [("one process, own engine", 1, False, ()), ("one process on the service", 1, True, ()),
+               (f"{SVC_N} processes on the service", SVC_N, True, ()),
+               (f"{SVC_N} processes on the service, spin_share 0", SVC_N, True, ("NANOWIRE_SPIN_SHARE=0",))]
     runs = {label: [] for label, *_ in configs}
     port = PORT + 100
     for r in range(a.repeats):
-        for label, n, on_service in (configs if r % 2 == 0 else configs[::-1]):
+        for label, n, on_service, extra in (configs if r % 2 == 0 else configs[::-1]):
             port += SVC_N
-            res = service_trial(a, n, on_service, port)
+            res = service_trial(a, n, on_service, port, extra)
             runs[label].append(res)
             print(f"# repeat {r + 1} {label}: p50={res['p50']} (worst {res['p50_max']}) "
                   f"pss={res['pss_kib']} kB", file=sys.stderr)
     keys = ["p50", "p50_max", "p99", "p99_max", "pss_kib"]
     med = {label: {k: statistics.median(x[k] for x in rs) for k in keys} for label, rs in runs.items()}
-    own, one, many = (med[label] for label, *_ in configs)
+    own, one, many, alone = (med[label] for label, *_ in configs)
 
     def ratio(x, y, k):
         return round(x[k] / y[k], 3) if y.get(k) else None
@@ -734,6 +739,8 @@ def run_service(a):
             round(many["p50_max"] / one["p50"], 3) if one.get("p50") else None,
         f"{SVC_N} on the service, worst process / own engine: p50":
             round(many["p50_max"] / own["p50"], 3) if own.get("p50") else None,
+        f"{SVC_N} on the service with spin_share 0 (before session 16), worst process / one on the service: p50":
+            round(alone["p50_max"] / one["p50"], 3) if one.get("p50") else None,
         f"memory (PSS) {SVC_N} on the service with the service / one process, own engine":
             ratio(many, own, "pss_kib"),
         "memory (PSS) one on the service with the service / one process, own engine": ratio(one, own, "pss_kib"),

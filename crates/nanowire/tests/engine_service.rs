@@ -1880,3 +1880,94 @@ fn an_own_engine_refused_by_the_service_is_not_opened_again_per_connect() {
         said[0]
     );
 }
+
+/// The spinner registry's entry of `cpu` in the service's status (host b):
+/// the pids marked spinning and sleeping there, and the status.
+fn seats_of(lab: &ScopedLab, cpu: u64) -> (Vec<u64>, Vec<u64>, serde_json::Value) {
+    let st = status(lab);
+    let seats = st["ifaces"][0]["seats"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let pids = |c: &serde_json::Value, k: &str| {
+        let mut v: Vec<u64> = c[k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|x| x["pid"].as_u64())
+            .collect();
+        v.sort();
+        v
+    };
+    match seats.iter().find(|c| c["cpu"] == cpu) {
+        Some(c) => (pids(c, "spinning"), pids(c, "sleeping"), st),
+        None => (Vec::new(), Vec::new(), st),
+    }
+}
+
+/// Issue 23, four processes on one CPU: their waits spin forever
+/// (`NANOWIRE_SPIN_US=forever`), all pinned to CPU 1. The service's
+/// registry shows the four spinning on CPU 1 (so each is crowded: it yields
+/// at every idle turn) and nobody on another CPU; all four echo intact; a
+/// killed one (kill -9) leaves no mark behind and the three others echo on.
+#[test]
+#[ignore = "needs root"]
+fn four_processes_pinned_to_one_cpu_share_it_through_the_registry_and_all_echo() {
+    let lab = lab("vc");
+    let ports: Vec<u16> = (12401..12405).collect();
+    let addr = ADDR_B.to_string();
+    let mut kids: Vec<Kid> = ports
+        .iter()
+        .map(|&p| {
+            let ps = p.to_string();
+            let argv = ["python3", "-c", ECHO, &addr, &ps];
+            let mut c = svc_or_plain(&lab, Host::B, true, &["taskset", "-c", "1"], &argv);
+            c.env("NANOWIRE_SPIN_US", "forever");
+            let mut k = spawn(&format!("vc-echo-{p}"), c);
+            k.wait_for("ready", T);
+            k
+        })
+        .collect();
+    for (k, &p) in kids.iter().zip(&ports) {
+        on_xdp(k, p);
+    }
+    let pids = |kids: &[Kid]| {
+        let mut v: Vec<u64> = kids.iter().map(|k| u64::from(k.child.id())).collect();
+        v.sort();
+        v
+    };
+    let all = pids(&kids);
+    // Idle, all waiting in their receive, spinning on CPU 1.
+    let spinning = |want: &[u64]| {
+        let (sp, sl, _) = seats_of(&lab, 1);
+        sp == want && sl.is_empty()
+    };
+    assert!(
+        until(Duration::from_secs(20), || spinning(&all)),
+        "not the four spinning on CPU 1: {}",
+        seats_of(&lab, 1).2
+    );
+    let st = seats_of(&lab, 1).2;
+    let elsewhere = st["ifaces"][0]["seats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["cpu"] != 1);
+    assert!(!elsewhere, "a mark on another CPU: {st}");
+    // All four echo, each datagram intact.
+    let out = client(&lab, "vc-client", &ports, 200);
+    eprintln!("client: {out}");
+    // kill -9 one: the service forgets its marks at once.
+    let victim = kids.remove(0);
+    let dead = u64::from(victim.child.id());
+    kill_9(victim.child.id());
+    drop(victim);
+    let rest = pids(&kids);
+    assert!(
+        until(Duration::from_secs(5), || spinning(&rest)),
+        "the killed {dead} is still in the registry: {}",
+        seats_of(&lab, 1).2
+    );
+    client(&lab, "vc-client2", &ports[1..], 200);
+    assert!(spinning(&rest), "{}", seats_of(&lab, 1).2);
+}

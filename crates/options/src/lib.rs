@@ -202,6 +202,14 @@ pub const OPTIONS: &[OptSpec] = &[
          software.",
     ),
     OptSpec::switch_on(
+        "spin_share",
+        "NANOWIRE_SPIN_SHARE",
+        "xdp engine on the engine service: processes whose threads may run on the same CPUs take \
+         turns to spin (one spinner per CPU in the service's registry; the others sleep until their \
+         data arrives and the spinner yields to them at every idle turn); a process alone on its \
+         CPUs spins as always. 0: every process spins as if alone.",
+    ),
+    OptSpec::switch_on(
         "tcp_rx_hold",
         "NANOWIRE_TCP_RX_HOLD",
         "xdp engine: TCP keeps in-order data in the receive frames it arrived in until the \

@@ -12,7 +12,7 @@
 
 use crate::sys::now_ns;
 use crate::table;
-use nanowire_shimcore::waiter::{Host, Limits, Spin};
+use nanowire_shimcore::waiter::{Host, Limits, Seat, Spin};
 pub use nanowire_shimcore::waiter::{Turn, Waiter, slice_ms};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -28,6 +28,32 @@ static SPINNING: AtomicU32 = AtomicU32::new(0);
 thread_local! {
     /// This thread's affinity: 0 = not asked yet, 1 = one CPU, 2 = more.
     static AFFINITY: Cell<u8> = const { Cell::new(0) };
+    /// Its CPUs as a mask (0: a CPU beyond the registry's, no seat);
+    /// asked with AFFINITY.
+    static CPU_MASK: Cell<u64> = const { Cell::new(0) };
+}
+
+/// This thread's affinity (asked once per thread): 1 = one CPU, 2 = more.
+#[inline]
+fn affinity() -> u8 {
+    AFFINITY.with(|a| {
+        if a.get() == 0 {
+            let (n, mask) = match rustix::thread::sched_getaffinity(None) {
+                Ok(s) => {
+                    let cpus = nanowire_stack::xdp::seats::CPUS as usize;
+                    let mask = (0..cpus)
+                        .filter(|&c| s.is_set(c))
+                        .fold(0u64, |m, c| m | 1 << c);
+                    let n = s.count();
+                    (n, if mask.count_ones() == n { mask } else { 0 })
+                }
+                Err(_) => (1, 0),
+            };
+            CPU_MASK.with(|m| m.set(mask));
+            a.set(if n > 1 { 2 } else { 1 });
+        }
+        a.get()
+    })
 }
 
 /// This process, as a waiter sees it.
@@ -46,13 +72,7 @@ impl Host for ShimHost {
     /// Asked once per thread.
     #[inline]
     fn unpinned(&self) -> bool {
-        AFFINITY.with(|a| {
-            if a.get() == 0 {
-                let n = rustix::thread::sched_getaffinity(None).map_or(1, |s| s.count());
-                a.set(if n > 1 { 2 } else { 1 });
-            }
-            a.get() == 2
-        })
+        affinity() == 2
     }
     #[inline(always)]
     fn spinning(&self) -> &AtomicU32 {
@@ -65,6 +85,37 @@ impl Host for ShimHost {
     #[inline(always)]
     fn signal_seq(&self) -> u64 {
         crate::signals::seq()
+    }
+    /// The engine service's registry (`nanowire_xdp::seats`), when this
+    /// process is attached to it.
+    #[inline]
+    fn seat(&self, spin: bool) -> Option<Seat> {
+        let s = nanowire_stack::xdp::seats::seats()?;
+        affinity();
+        let mask = CPU_MASK.with(|m| m.get());
+        if mask == 0 {
+            return None;
+        }
+        s.take(mask, !spin);
+        Some(if spin {
+            Seat::Spinner(mask)
+        } else {
+            Seat::Sleeper(mask)
+        })
+    }
+    #[inline]
+    fn crowded(&self, seat: Seat) -> u32 {
+        let (Seat::Spinner(m) | Seat::Sleeper(m)) = seat;
+        nanowire_stack::xdp::seats::seats().map_or(0, |s| s.crowded(m))
+    }
+    #[inline]
+    fn leave(&self, seat: Seat) {
+        if let Some(s) = nanowire_stack::xdp::seats::seats() {
+            match seat {
+                Seat::Spinner(m) => s.leave(m, false),
+                Seat::Sleeper(m) => s.leave(m, true),
+            }
+        }
     }
 }
 

@@ -35,6 +35,16 @@
 //!   anywhere, and the only one of its process spinning, yields on the
 //!   first idle turn: the peer it just sent to (or the thread it just woke)
 //!   is often queued right behind it (docs/perf-runtimes.md, session 4).
+//! * **Processes that share CPUs pass them along** (issue 23,
+//!   [`Host::seat`]: the engine service's registry, `nanowire_xdp::seats`).
+//!   A wait marks itself spinning (or, once it gives up, sleeping) on its
+//!   CPUs; when the other processes waiting there are at least as many as
+//!   its CPUs it is *crowded*: it yields at every idle turn (whoever has a
+//!   datagram, or was just woken for one, runs next), and a yield or gap is
+//!   contention only beyond `BUSY_NS` per process waiting there (its
+//!   siblings' turns are not a CPU-bound neighbour's slice), so it does not
+//!   fall asleep for a quiet period because of them.
+//!   A process alone on its CPUs (or with no registry) spins as before.
 
 use crate::fdtable::closed_since;
 use std::cell::Cell;
@@ -71,6 +81,29 @@ pub trait Host {
     /// This thread's handled-signal counts: the low half counts signals
     /// whose handler lacks SA_RESTART, the high half every handled signal.
     fn signal_seq(&self) -> u64;
+    /// A wait that spins (`spin`), or that sleeps from now on (`false`),
+    /// on this thread's CPUs: marked in the registry of the processes
+    /// sharing them (`None`: no registry, spin as alone).
+    fn seat(&self, _spin: bool) -> Option<Seat> {
+        None
+    }
+    /// How many other processes wait on the CPUs of `seat` when they are
+    /// at least as many as those CPUs (0: not crowded).
+    fn crowded(&self, _seat: Seat) -> u32 {
+        0
+    }
+    /// The wait marked as `seat` ends or stops spinning.
+    fn leave(&self, _seat: Seat) {}
+}
+
+/// A wait's mark among the processes sharing its CPUs ([`Host::seat`]):
+/// the thread's CPUs (a mask).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seat {
+    /// Spinning on them.
+    Spinner(u64),
+    /// Asleep on them (a registry may also refuse a spin this way).
+    Sleeper(u64),
 }
 
 #[derive(Clone, Copy)]
@@ -123,6 +156,8 @@ pub struct Spin<H: Host> {
     quiet: bool,
     /// Counted in `Host::spinning` (until it stops spinning).
     counted: bool,
+    /// Its place in the registry of the processes sharing its CPUs.
+    seat: Option<Seat>,
 }
 
 impl<H: Host> Spin<H> {
@@ -141,7 +176,11 @@ impl<H: Host> Spin<H> {
         } else {
             l.budget.min(max)
         };
-        let spins = budget != 0 && cap != 0;
+        let mut spins = budget != 0 && cap != 0;
+        let seat = if spins { host.seat(true) } else { None };
+        if let Some(Seat::Sleeper(_)) = seat {
+            spins = false; // another process spins on every CPU it may use
+        }
         // Yield at once only if no other thread of the process spins (the
         // thread that ran would be a sibling waiting for the same data).
         let alone = spins && host.spinning().fetch_add(1, Ordering::Relaxed) == 0;
@@ -161,6 +200,7 @@ impl<H: Host> Spin<H> {
             contended: false,
             quiet: !spins,
             counted: spins,
+            seat,
         }
     }
 
@@ -172,6 +212,18 @@ impl<H: Host> Spin<H> {
             self.counted = false;
             self.host.spinning().fetch_sub(1, Ordering::Relaxed);
         }
+        if let Some(s @ Seat::Spinner(_)) = self.seat {
+            // Marked asleep now (a crowded spinner yields to sleepers).
+            self.host.leave(s);
+            self.seat = self.host.seat(false);
+        }
+    }
+
+    /// Other processes waiting on this one's CPUs, when as many as the
+    /// CPUs (0: not crowded).
+    #[inline]
+    fn crowded(&self) -> u32 {
+        self.seat.map_or(0, |s| self.host.crowded(s))
     }
 
     /// The time of the last turn (ns, the host's clock).
@@ -206,13 +258,17 @@ impl<H: Host> Spin<H> {
             return false;
         }
         let mut now = self.host.now_ns();
-        if now.wrapping_sub(self.last) > BUSY_NS {
+        // Crowded: pass the CPU at every turn; a gap or yield up to
+        // BUSY_NS per sibling was their turns, not a CPU-bound neighbour's.
+        let crowded = self.crowded();
+        let busy = BUSY_NS * (1 + u64::from(crowded));
+        if now.wrapping_sub(self.last) > busy {
             self.contention(now);
-        } else if now >= self.next_yield {
+        } else if now >= self.next_yield || crowded != 0 {
             self.host.sched_yield();
             let after = self.host.now_ns();
             let took = after.wrapping_sub(now);
-            if took > BUSY_NS {
+            if took > busy {
                 self.contention(after);
             }
             now = after;
@@ -260,6 +316,9 @@ impl<H: Host> Drop for Spin<H> {
     fn drop(&mut self) {
         if self.counted {
             self.host.spinning().fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(s) = self.seat {
+            self.host.leave(s);
         }
         if self.max == u64::MAX || self.max == 0 || self.contended || self.quiet || !self.slept {
             return; // forever, no spinning, contention handled, or caught while spinning
@@ -408,6 +467,11 @@ mod tests {
         unpinned: bool,
         table: &'a FdTable,
         sig: &'a C<u64>,
+        /// The registry: the seat a spinning wait gets, whether its CPU
+        /// has a sleeper, and what was asked and left.
+        seat: &'a C<Option<Seat>>,
+        crowd: &'a C<bool>,
+        log: &'a std::cell::RefCell<Vec<String>>,
     }
 
     impl Host for &Fake<'_> {
@@ -432,6 +496,17 @@ mod tests {
         fn signal_seq(&self) -> u64 {
             self.sig.get()
         }
+        fn seat(&self, spin: bool) -> Option<Seat> {
+            self.log.borrow_mut().push(format!("seat {spin}"));
+            let s = self.seat.get()?;
+            Some(if spin { s } else { Seat::Sleeper(1 << 1) })
+        }
+        fn crowded(&self, _seat: Seat) -> u32 {
+            if self.crowd.get() { 3 } else { 0 }
+        }
+        fn leave(&self, seat: Seat) {
+            self.log.borrow_mut().push(format!("leave {seat:?}"));
+        }
     }
 
     struct World {
@@ -440,6 +515,9 @@ mod tests {
         spinning: AtomicU32,
         table: FdTable,
         sig: C<u64>,
+        seat: C<Option<Seat>>,
+        crowd: C<bool>,
+        log: std::cell::RefCell<Vec<String>>,
     }
 
     impl World {
@@ -450,6 +528,9 @@ mod tests {
                 spinning: AtomicU32::new(0),
                 table: FdTable::new(),
                 sig: C::new(0),
+                seat: C::new(None),
+                crowd: C::new(false),
+                log: Default::default(),
             };
             w.table.set(3, C_UDP, 0);
             w
@@ -464,6 +545,9 @@ mod tests {
                 unpinned: false,
                 table: &self.table,
                 sig: &self.sig,
+                seat: &self.seat,
+                crowd: &self.crowd,
+                log: &self.log,
             }
         }
     }
@@ -704,6 +788,77 @@ mod tests {
         };
         assert!(spins <= 2, "{spins}");
         assert!(matches!(end, Turn::Sleep(_) | Turn::TimedOut), "{end:?}");
+    }
+
+    #[test]
+    fn a_wait_the_registry_refuses_sleeps_at_once_and_learns_nothing() {
+        let w = World::new();
+        w.seat.set(Some(Seat::Sleeper(1 << 1)));
+        let h = w.host(1_000, 0);
+        let before = learned();
+        let mut s = Spin::new(&h, u64::MAX, u64::MAX);
+        assert!(!s.spin());
+        assert_eq!(w.spinning.load(Ordering::Relaxed), 0);
+        assert_eq!(w.yields.get(), 0);
+        drop(s);
+        assert_eq!(*w.log.borrow(), ["seat true", "leave Sleeper(2)"]);
+        let after = learned();
+        assert_eq!((before.budget, before.quiet), (after.budget, after.quiet));
+    }
+
+    #[test]
+    fn a_crowded_spinner_yields_at_every_turn_and_siblings_are_no_contention() {
+        let w = World::new();
+        w.seat.set(Some(Seat::Spinner(1 << 1)));
+        let h = w.host(1_000, 0);
+        let mut s = Spin::new(&h, 500_000, u64::MAX);
+        for _ in 0..10 {
+            assert!(s.spin());
+        }
+        assert_eq!(w.yields.get(), 0, "alone on its CPU: no yield in 10 us");
+        w.crowd.set(true);
+        for _ in 0..10 {
+            assert!(s.spin());
+        }
+        assert_eq!(w.yields.get(), 10, "a yield per turn");
+        // Three siblings took 350 us between two turns: spin on (balanced
+        // stops at a gap over BUSY_NS when alone).
+        w.now.set(w.now.get() + 350_000);
+        assert!(s.spin());
+        drop(s);
+        assert_eq!(*w.log.borrow(), ["seat true", "leave Spinner(2)"]);
+        let mut s = Spin::new(&h, 500_000, u64::MAX);
+        assert!(s.spin(), "no quiet period after the siblings' turns");
+        // More than BUSY_NS per sibling: a CPU-bound neighbour ran.
+        w.now.set(w.now.get() + 450_000);
+        assert!(!s.spin());
+        drop(s);
+        // Alone (after the quiet period): a gap over BUSY_NS is contention.
+        w.crowd.set(false);
+        w.now.set(learned().quiet_until);
+        let mut s = Spin::new(&h, 500_000, u64::MAX);
+        assert!(s.spin());
+        w.now.set(w.now.get() + 150_000);
+        assert!(!s.spin());
+    }
+
+    #[test]
+    fn a_spinner_that_stops_is_marked_asleep() {
+        let w = World::new();
+        w.seat.set(Some(Seat::Spinner(1 << 1)));
+        let h = w.host(1_000, 0);
+        let mut s = Spin::new(&h, 10_000, u64::MAX);
+        while s.spin() {}
+        drop(s);
+        assert_eq!(
+            *w.log.borrow(),
+            [
+                "seat true",
+                "leave Spinner(2)",
+                "seat false",
+                "leave Sleeper(2)"
+            ]
+        );
     }
 
     #[test]

@@ -18,7 +18,8 @@ pub const MAX_SLOTS: u32 = 32;
 pub(crate) const SERVICE_ID: u32 = u32::MAX;
 pub(crate) const MAGIC: u32 = 0x6e77_7531; // "nwu1"
 pub(crate) const PAGE: usize = 4096;
-/// Control area: header page, then the owner table, then per-slot areas.
+/// Control area: header page (magic, lock word, the spinner registry at
+/// `seats::O_SEATS`), then the owner table, then per-slot areas.
 pub(crate) const O_MAGIC: usize = 0;
 pub(crate) const O_LOCK: usize = 64;
 pub(crate) const OWNER_OFF: usize = PAGE;

@@ -25,6 +25,7 @@ pub mod prestart;
 pub mod privilege;
 pub mod program;
 mod ring;
+pub mod seats;
 pub mod shared;
 mod sock;
 pub mod sys;

@@ -269,6 +269,11 @@ impl SharedQueue {
         self.fill.prod_submit(n);
     }
 
+    /// The spinner registry (`seats.rs`): the CPUs with a spinner or a
+    /// sleeper.
+    pub fn seats(&self) -> Vec<crate::seats::CpuSeats> {
+        crate::seats::view(&self.ctl)
+    }
     pub fn geometry(&self) -> Geometry {
         self.geo
     }
@@ -467,6 +472,9 @@ impl SharedQueue {
     /// over), or `None` when the lock stayed busy (a live process holds it;
     /// retry later).
     pub fn reclaim(&mut self, slot: u32, member: &mut Member) -> Option<(u32, bool)> {
+        // Its spinner seat and sleeper marks first (no lock: their own
+        // atomics), so the members sharing its CPUs never yield to it again.
+        crate::seats::clear_slot(&self.ctl, slot);
         let id = slot + 1;
         let lock = self.ctl.word(O_LOCK);
         let t0 = Instant::now();

@@ -660,6 +660,11 @@ impl XskSocket {
     pub fn mode(&self) -> BindMode {
         self.mode
     }
+    /// The spinner registry of this socket's shared UMEM (`None`: an own
+    /// UMEM).
+    pub fn seats(&self) -> Option<crate::seats::Seats> {
+        self.rx.shared.clone().map(crate::seats::Seats::new)
+    }
     pub fn queue(&self) -> u32 {
         self.queue
     }

@@ -24,6 +24,9 @@ pub const TX_CSUM_OFFLOAD_VAR: &str = "NANOWIRE_TX_CSUM_OFFLOAD";
 /// The options table's `tcp_rx_hold` row (`0`: TCP copies every segment
 /// into the connection's receive ring, keeps no frame).
 pub const TCP_RX_HOLD_VAR: &str = "NANOWIRE_TCP_RX_HOLD";
+/// The options table's `spin_share` row (`0`: a process on the engine
+/// service spins as if alone on its CPUs, no spinner registry).
+pub const SPIN_SHARE_VAR: &str = "NANOWIRE_SPIN_SHARE";
 /// Force an XDP attach mode (`native` or `generic`).
 pub const XDP_MODE_VAR: &str = "NANOWIRE_XDP_MODE";
 /// `1`: behave as an engine without multi-buffer receive (tests).
@@ -36,11 +39,12 @@ pub const SERVICE_VAR: &str = "NANOWIRE_SERVICE";
 /// sets it for the programs it runs).
 pub const SERVICE_BIN_VAR: &str = "NANOWIRE_BIN";
 /// Every variable [`EngineConfig::from_vars`] looks up.
-pub const VARS: [&str; 9] = [
+pub const VARS: [&str; 10] = [
     FAULTS_VAR,
     TCP_RTO_MIN_VAR,
     TX_CSUM_OFFLOAD_VAR,
     TCP_RX_HOLD_VAR,
+    SPIN_SHARE_VAR,
     XDP_MODE_VAR,
     NO_MULTI_BUFFER_VAR,
     STATS_DIR_VAR,
@@ -77,6 +81,9 @@ pub struct EngineConfig {
     /// TCP keeps in-order data in its receive frames until read
     /// (`nanowire_tcp::Hold`); `false`: copied into the receive ring.
     pub tcp_rx_hold: bool,
+    /// On the engine service: publish the spinner registry of the shared
+    /// UMEM to this process's waits (`nanowire_xdp::seats`).
+    pub spin_share: bool,
 }
 
 impl Default for EngineConfig {
@@ -91,6 +98,7 @@ impl Default for EngineConfig {
             service_bin: None,
             tx_csum_offload: true,
             tcp_rx_hold: true,
+            spin_share: true,
         }
     }
 }
@@ -138,6 +146,10 @@ impl EngineConfig {
             get(TCP_RX_HOLD_VAR).as_deref(),
             Some("0" | "false" | "off" | "no")
         );
+        let spin_share = !matches!(
+            get(SPIN_SHARE_VAR).as_deref(),
+            Some("0" | "false" | "off" | "no")
+        );
         EngineConfig {
             faults,
             tcp_rto_min_us,
@@ -151,6 +163,7 @@ impl EngineConfig {
             service_bin: get(SERVICE_BIN_VAR).map(PathBuf::from),
             tx_csum_offload,
             tcp_rx_hold,
+            spin_share,
         }
     }
 }
@@ -201,6 +214,8 @@ mod tests {
         assert!(vars(&[(TX_CSUM_OFFLOAD_VAR, "1")]).tx_csum_offload);
         assert!(c.tcp_rx_hold);
         assert!(!vars(&[(TCP_RX_HOLD_VAR, "0")]).tcp_rx_hold);
+        assert!(c.spin_share);
+        assert!(!vars(&[(SPIN_SHARE_VAR, "0")]).spin_share);
         assert_eq!(c.tcp_rto_min_us, Some(10_000));
         assert_eq!(c.xdp_mode, Some(AttachMode::Driver));
         assert!(c.no_multi_buffer);

@@ -48,6 +48,8 @@ mod registry;
 pub use registry::REMEMBERED as OPEN_REMEMBERED;
 mod rx;
 pub mod service;
+/// The spinner registry of a process on the engine service (its waits).
+pub use nanowire_xdp::seats;
 pub use service::client::set_service_lost_hook;
 pub mod shm;
 mod socket;
@@ -414,6 +416,9 @@ pub struct Engine {
     netns_cookie: Option<u64>,
     /// Attached to the engine service (its slot), not an engine of its own.
     service_slot: Option<u32>,
+    /// On the service: the shared UMEM's spinner registry, published to
+    /// this process's waits while the engine lives (`nanowire_xdp::seats`).
+    _seats: Option<nanowire_xdp::seats::Published>,
     /// The service this engine was attached to is gone (service/client.rs,
     /// `Watch`): its program and claims went with it.
     service_lost: Arc<std::sync::atomic::AtomicBool>,
@@ -485,7 +490,7 @@ impl Engine {
             BindMode::Copy
         };
         let budget = (r.tx_budget > 0).then_some(r.tx_budget);
-        let mut socks = Vec::new();
+        let mut socks: Vec<XskSocket> = Vec::new();
         for (q, (files, xsk)) in at.queues.into_iter().enumerate() {
             socks.push(XskSocket::attach_shared(
                 files,
@@ -503,6 +508,13 @@ impl Engine {
         } else {
             AttachMode::Driver
         };
+        // Queue 0's control area holds the registry of the processes
+        // sharing CPUs (one spinner per CPU; docs/architecture.md).
+        let seats = socks
+            .first()
+            .and_then(XskSocket::seats)
+            .filter(|_| config::config().spin_share)
+            .map(nanowire_xdp::seats::publish);
         let mut e = Self::assemble(
             ifname,
             info,
@@ -517,6 +529,7 @@ impl Engine {
         )?;
         e.child_fds.push(conn_fd);
         e.service_slot = Some(r.slot);
+        e._seats = seats;
         Ok(e)
     }
 
@@ -892,6 +905,7 @@ impl Engine {
             netns: registry::netns_id(),
             netns_cookie: registry::netns_cookie(),
             service_slot: None,
+            _seats: None,
             service_lost,
             conn_table: std::sync::OnceLock::new(),
             ip_defaults: std::sync::OnceLock::new(),

@@ -1401,6 +1401,20 @@ impl Service {
             "slots": i.slots.len(),
             "xsk_rx_fill_ring_empty": fill_empty,
             "clients": clients,
+            // The spinner registry (nanowire_xdp::seats): per CPU the
+            // processes whose waits spin there and those asleep there.
+            "seats": i.queues.first().map_or_else(Vec::new, |q| q.seats()).iter().map(|c| {
+                let who = |s: u32| serde_json::json!({
+                    "slot": s,
+                    "pid": i.slots.get(s as usize).copied().flatten()
+                        .and_then(|c| self.clients.get(&c)).map(|c| c.pid),
+                });
+                serde_json::json!({
+                    "cpu": c.cpu,
+                    "spinning": c.spinning.iter().map(|&s| who(s)).collect::<Vec<_>>(),
+                    "sleeping": c.sleeping.iter().map(|&s| who(s)).collect::<Vec<_>>(),
+                })
+            }).collect::<Vec<_>>(),
             "tcp_listener_groups": i.groups.iter().map(|((a, p), g)| serde_json::json!({
                 "listener": SocketAddrV4::new(Ipv4Addr::from_bits(*a), *p).to_string(),
                 "members": g.members.iter().map(|(c, s, acc)| serde_json::json!({
