@@ -94,7 +94,7 @@ fn traced(lab: &ScopedLab, run_args: &[&str], src: &str, port: u16) -> (String, 
         "-o",
         t,
         "-e",
-        "trace=bpf,execve",
+        "trace=bpf,execve,prctl",
         nanowire(),
         "run",
     ];
@@ -135,8 +135,8 @@ fn count(lines: &[String], pat: &str) -> usize {
 
 /// Under run (default: prestart on) the program's first TCP connect is on
 /// the engine with the steering program the launcher attached: the program
-/// itself loads no program and makes no link after the exec (the launcher
-/// did, once), it only asks the kernel what its fds are. With `-o
+/// itself loads no program, makes no link and zeroes no UMEM after the exec
+/// (the launcher did, once), it only asks the kernel what its fds are. With `-o
 /// prestart=0` the program loads and links its own after the exec, as
 /// before. The variable is gone from the program's environment.
 #[test]
@@ -164,6 +164,8 @@ fn the_first_connect_is_on_the_engine_with_the_program_run_attached_before_exec(
     assert_eq!(count(after, "BPF_PROG_LOAD"), 0, "{all}");
     assert_eq!(count(after, "BPF_LINK_CREATE"), 0, "{all}");
     assert!(count(after, "BPF_OBJ_GET_INFO_BY_FD") > 0, "{all}");
+    // Nor does it zero a UMEM (the launcher made the first queue's).
+    assert_eq!(count(after, "\"nanowire-umem"), 0, "{all}");
     assert!(!out.contains("not adopting"), "{out}");
 
     // Opted out: the program's engine attaches its own.
@@ -177,6 +179,7 @@ fn the_first_connect_is_on_the_engine_with_the_program_run_attached_before_exec(
     let all = lines.join("\n");
     assert_eq!(count(before, "BPF_LINK_CREATE"), 0, "{all}");
     assert_eq!(count(after, "BPF_LINK_CREATE"), 1, "{all}");
+    assert!(count(after, "\"nanowire-umem\"") > 0, "{all}");
 }
 
 /// `sh -c 'A; B'` under run: the shell forks for A, so it gives the

@@ -220,11 +220,12 @@ pub const OPTIONS: &[OptSpec] = &[
     OptSpec::switch_on(
         "prestart",
         "NANOWIRE_PRESTART",
-        "xdp engine, own engine: `nanowire run` loads and attaches the steering program before it \
-         execs the program (on NANOWIRE_IFACE, else on the interfaces of the namespace's IPv4 \
-         routes but the loopback), so that the first accelerated socket does not wait for the \
-         verifier and the XDP link; the program's engine adopts it. A process that forks or execs \
-         before its engine starts closes it. 0: each engine loads its own at its start.",
+        "xdp engine, own engine: `nanowire run` loads and attaches the steering program (and makes \
+         the first engine's UMEM) before it execs the program (on NANOWIRE_IFACE, else on the \
+         interfaces of the namespace's IPv4 routes but the loopback), so that the first \
+         accelerated socket does not wait for the verifier, the XDP link and the UMEM's zeroing; \
+         the program's engine adopts them. A process that forks or execs before its engine starts \
+         closes them. 0: each engine makes its own at its start.",
     ),
     OptSpec {
         name: "service",

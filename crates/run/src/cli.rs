@@ -231,7 +231,10 @@ fn prestart(cfg: &Config, prog: &std::ffi::OsStr) -> Option<String> {
     };
     let mut out = Vec::new();
     for i in ifaces.iter().take(MAX_PRESTART) {
-        match nanowire_xdp::SteerProgram::prepare(i, forced) {
+        // The first interface's engine gets its UMEM made too (tens of MB:
+        // not for every interface the routes name).
+        let umem = out.is_empty().then_some(cfg.ring_depth);
+        match nanowire_xdp::SteerProgram::prepare(i, forced, umem) {
             Ok(d) => out.push(d),
             Err(e) if cfg.log >= Level::Info => {
                 eprintln!("nanowire run: {i}: steering program not attached before exec: {e}");

@@ -57,6 +57,11 @@ pub struct Prepared {
     prog: RawFd,
     /// Each map by name (taken out by the adoption).
     pub(crate) maps: Vec<(String, RawFd)>,
+    /// The first queue's UMEM, populated ([`crate::UmemArea::populated_file`]):
+    /// its file and geometry (RX frames, TX frames, frame size).
+    umem: Option<(RawFd, [u32; 3])>,
+    /// The UMEM file's inode, as first checked.
+    umem_ino: u64,
     /// The ids of the link, the program and the maps (in `maps`' order),
     /// as first checked.
     ids: Vec<u32>,
@@ -75,6 +80,7 @@ impl Prepared {
         [self.link, self.prog]
             .into_iter()
             .chain(self.maps.iter().map(|(_, fd)| *fd))
+            .chain(self.umem.map(|(fd, _)| fd))
             .filter(|&fd| fd >= 0)
             .collect()
     }
@@ -89,12 +95,26 @@ impl Prepared {
         unsafe { (OwnedFd::from_raw_fd(l), OwnedFd::from_raw_fd(p)) }
     }
 
+    /// The first queue's UMEM made by `nanowire run` if it has geometry
+    /// `geo` (RX frames, TX frames, frame size), mapped (its file is closed:
+    /// the mapping holds the pages); `None` if there is none or it is of
+    /// another geometry (then closed).
+    pub fn take_umem(&mut self, geo: [u32; 3]) -> Option<crate::UmemArea> {
+        let (fd, g) = self.umem.take()?;
+        let area = (g == geo)
+            .then(|| crate::UmemArea::from_file(fd, g[0], g[1], g[2]).ok())
+            .flatten();
+        crate::sys::close(fd);
+        area
+    }
+
     /// Forget the fds without closing them (they no longer name what was
     /// received: another file may have their numbers now).
     fn disarm(&mut self) {
         self.link = -1;
         self.prog = -1;
         self.maps.clear();
+        self.umem = None;
     }
 
     /// What the kernel says of every fd, checked: the ids of the link, the
@@ -151,17 +171,48 @@ impl Prepared {
         }
         Ok(ids)
     }
+
+    /// The UMEM file's inode if it is one `nanowire run` makes: an unnamed
+    /// (no link) tmpfs file at least as long as its geometry says (0: no
+    /// UMEM); else why not.
+    fn probe_umem(&self) -> Result<u64, String> {
+        let Some((fd, g)) = self.umem else {
+            return Ok(0);
+        };
+        let len = crate::UmemArea::len_of(g[0], g[1], g[2]);
+        // SAFETY: fstat/fstatfs fill the structs we pass; fd is borrowed.
+        let (st, fs) = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            let mut fs: libc::statfs = std::mem::zeroed();
+            if libc::fstat(fd, &mut st) != 0 || libc::fstatfs(fd, &mut fs) != 0 {
+                return Err(format!("UMEM fd {fd}: {}", std::io::Error::last_os_error()));
+            }
+            (st, fs)
+        };
+        const TMPFS_MAGIC: libc::__fsword_t = 0x0102_1994;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG
+            || st.st_nlink != 0
+            || fs.f_type != TMPFS_MAGIC
+            || (st.st_size as u64) < len as u64
+        {
+            return Err(format!(
+                "fd {fd} is not an unnamed tmpfs file of {len} bytes (a UMEM nanowire run makes)"
+            ));
+        }
+        Ok(st.st_ino)
+    }
 }
 
 /// The value of [`ENV`] for one interface's prepared program.
+/// `(native, frags)`: the attach mode and the variant; `(link, prog)`:
+/// their fds.
 pub fn describe(
     ifname: &str,
     ifindex: u32,
-    native: bool,
-    frags: bool,
-    link: RawFd,
-    prog: RawFd,
+    (native, frags): (bool, bool),
+    (link, prog): (RawFd, RawFd),
     maps: &[(String, RawFd)],
+    umem: Option<(RawFd, [u32; 3])>,
 ) -> String {
     let mut s = format!(
         "{ifname},{ifindex},{},{},{link},{prog}",
@@ -171,8 +222,14 @@ pub fn describe(
     for (n, fd) in maps {
         s.push_str(&format!(",{n}={fd}"));
     }
+    if let Some((fd, [rx, tx, frame])) = umem {
+        s.push_str(&format!(",{UMEM_KEY}={fd}/{rx}/{tx}/{frame}"));
+    }
     s
 }
+
+/// The key of the UMEM's entry in a description (the others are maps).
+const UMEM_KEY: &str = "umem";
 
 /// Parse one interface's description ([`describe`]). The fds are not
 /// checked here ([`Prepared::probe`]).
@@ -195,9 +252,21 @@ fn parse_one(s: &str) -> Result<Prepared, String> {
     let link: RawFd = next()?.parse().map_err(|_| bad())?;
     let prog: RawFd = next()?.parse().map_err(|_| bad())?;
     let mut maps = Vec::new();
+    let mut umem = None;
     for m in it {
-        let (n, fd) = m.split_once('=').ok_or_else(bad)?;
-        maps.push((n.to_string(), fd.parse().map_err(|_| bad())?));
+        let (n, v) = m.split_once('=').ok_or_else(bad)?;
+        if n == UMEM_KEY {
+            let v: Vec<u32> = v
+                .split('/')
+                .map(|x| x.parse().map_err(|_| bad()))
+                .collect::<Result<_, _>>()?;
+            let [fd, rx, tx, frame] = v[..] else {
+                return Err(bad());
+            };
+            umem = Some((i32::try_from(fd).map_err(|_| bad())?, [rx, tx, frame]));
+        } else {
+            maps.push((n.to_string(), v.parse().map_err(|_| bad())?));
+        }
     }
     if ifname.is_empty() || link < 0 || prog < 0 || maps.iter().any(|(_, fd)| *fd < 0) {
         return Err(bad());
@@ -210,7 +279,9 @@ fn parse_one(s: &str) -> Result<Prepared, String> {
         link,
         prog,
         maps,
+        umem,
         ids: Vec::new(),
+        umem_ino: 0,
     })
 }
 
@@ -224,6 +295,13 @@ static ANY: AtomicBool = AtomicBool::new(false);
 /// then: a forged or stale number naming another file is left alone).
 fn close_bpf_fds(p: &mut Prepared) {
     let floor = crate::sys::fd_floor();
+    if let Some((fd, _)) = p.umem
+        && fd >= floor
+        && p.probe_umem().is_ok()
+    {
+        crate::sys::close(fd);
+    }
+    p.umem = None;
     for fd in p.all() {
         // BPF_OBJ_GET_INFO_BY_FD answers for a BPF object of any kind
         // (map, program, link), and for nothing else.
@@ -249,12 +327,13 @@ pub fn receive(value: &str) -> (Vec<String>, Vec<String>) {
                 continue;
             }
         };
-        match p.probe() {
-            Ok(ids) => {
+        match p.probe().and_then(|ids| Ok((ids, p.probe_umem()?))) {
+            Ok((ids, ino)) => {
                 for fd in p.all() {
                     crate::sys::set_cloexec(fd, true);
                 }
                 p.ids = ids;
+                p.umem_ino = ino;
                 kept.push(p.ifname.clone());
                 held.push(p);
             }
@@ -281,8 +360,8 @@ pub fn take(ifindex: u32) -> Option<Result<Prepared, String>> {
     let mut p = held.swap_remove(i);
     ANY.store(!held.is_empty(), Ordering::Release);
     drop(held);
-    match p.probe() {
-        Ok(ids) if ids == p.ids => Some(Ok(p)),
+    match p.probe().and_then(|ids| Ok((ids, p.probe_umem()?))) {
+        Ok((ids, ino)) if ids == p.ids && ino == p.umem_ino => Some(Ok(p)),
         Ok(_) | Err(_) => {
             p.disarm();
             Some(Err(format!(
@@ -333,7 +412,7 @@ mod tests {
     #[test]
     fn a_description_parses_back() {
         let maps = vec![("nw_claims".to_string(), 600), ("nw_xsks".to_string(), 601)];
-        let d = describe("veth-a", 7, false, false, 598, 599, &maps);
+        let d = describe("veth-a", 7, (false, false), (598, 599), &maps, None);
         assert_eq!(d, "veth-a,7,generic,0,598,599,nw_claims=600,nw_xsks=601");
         let mut p = parse_one(&d).unwrap();
         assert_eq!(
@@ -344,6 +423,20 @@ mod tests {
         assert_eq!(p.maps, maps);
         // Not ours to close in a test.
         p.disarm();
+        let d = describe(
+            "eth0",
+            2,
+            (true, true),
+            (598, 599),
+            &maps,
+            Some((602, [16384, 1024, 2048])),
+        );
+        assert!(d.ends_with(",umem=602/16384/1024/2048"), "{d}");
+        let mut p = parse_one(&d).unwrap();
+        assert!(p.native && p.frags);
+        assert_eq!(p.umem, Some((602, [16384, 1024, 2048])));
+        assert_eq!(p.all(), vec![598, 599, 600, 601, 602]);
+        p.disarm();
         for bad in [
             "",
             "veth-a",
@@ -353,6 +446,8 @@ mod tests {
             "veth-a,7,generic,0,-1,2",
             "veth-a,7,generic,0,1,2,nw_claims",
             "veth-a,7,generic,0,1,2,nw_claims=x",
+            "veth-a,7,generic,0,1,2,umem=3/4/5",
+            "veth-a,7,generic,0,1,2,umem=3/4/5/x",
         ] {
             assert!(parse_one(bad).is_err(), "{bad:?}");
         }

@@ -281,28 +281,43 @@ impl SteerProgram {
     /// would ([`SteerProgram::attach_private`], [`Frags::Lazy`], `forced`
     /// attach mode) and give it up to the program about to be exec'd: the
     /// value of [`crate::prestart::ENV`] for it (`nanowire run`).
-    pub fn prepare(ifname: &str, forced: Option<AttachMode>) -> Result<String, String> {
+    ///
+    /// `ring_depth` (the engine's option): also make its first queue's
+    /// UMEM, populated, in a file passed on with the program
+    /// ([`crate::UmemArea::populated_file`]; zeroing it is the other long
+    /// part of an engine's start). `None`, or a UMEM that cannot be made:
+    /// the program only.
+    pub fn prepare(
+        ifname: &str,
+        forced: Option<AttachMode>,
+        ring_depth: Option<u32>,
+    ) -> Result<String, String> {
         let info = crate::iface::lookup(ifname).map_err(|e| format!("interface {ifname}: {e}"))?;
         let p = Self::attach_private(ifname, info.index, Frags::Lazy, forced)?;
-        Ok(p.export(ifname, info.index))
+        let umem = ring_depth.and_then(|d| {
+            let (rx, tx, frame) = crate::umem::own_geometry(info.mtu, d);
+            crate::UmemArea::populated_file(rx, tx, frame)
+                .ok()
+                .map(|f| (std::os::fd::IntoRawFd::into_raw_fd(f), [rx, tx, frame]))
+        });
+        Ok(p.export(ifname, info.index, umem))
     }
 
     /// Give the program up to the next program this process execs
     /// (`nanowire run`): every fd is kept open across exec (no
     /// FD_CLOEXEC) and the value of [`crate::prestart::ENV`] describing
     /// them is returned; the fds are no longer this value's to close.
-    pub fn export(self, ifname: &str, ifindex: u32) -> String {
-        for &fd in &self.fds {
+    pub fn export(self, ifname: &str, ifindex: u32, umem: Option<(RawFd, [u32; 3])>) -> String {
+        for &fd in self.fds.iter().chain(umem.as_ref().map(|(fd, _)| fd)) {
             crate::sys::set_cloexec(fd, false);
         }
         let d = crate::prestart::describe(
             ifname,
             ifindex,
-            self.mode == AttachMode::Driver,
-            self.frags,
-            self._link.as_raw_fd(),
-            self._prog.as_raw_fd(),
+            (self.mode == AttachMode::Driver, self.frags),
+            (self._link.as_raw_fd(), self._prog.as_raw_fd()),
             &self.named,
+            umem,
         );
         // The fds live on in the exec'd program (this process image ends
         // at the exec that follows): nothing here may close them.

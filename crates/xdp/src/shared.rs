@@ -57,7 +57,7 @@ use crate::mmap::Mmap;
 use crate::ring::Ring;
 use crate::sock::{bind_xsk, map_ring, mmap_offsets, xsk_socket};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -144,12 +144,13 @@ impl SharedQueue {
         let (umem_fd, small_pages) = match crate::sys::huge_tmpfs_file(geo.umem_len()) {
             Ok(f) => (f, None),
             Err(x) => (
-                sealed_memfd(c"nanowire-umem", geo.umem_len()).map_err(|x| e("UMEM memfd", x))?,
+                crate::sys::sealed_memfd(c"nanowire-umem", geo.umem_len())
+                    .map_err(|x| e("UMEM memfd", x))?,
                 Some(format!("no huge tmpfs of its own: {x}")),
             ),
         };
-        let ctl_fd =
-            sealed_memfd(c"nanowire-ctl", geo.ctl_len()).map_err(|x| e("control memfd", x))?;
+        let ctl_fd = crate::sys::sealed_memfd(c"nanowire-ctl", geo.ctl_len())
+            .map_err(|x| e("control memfd", x))?;
         let umem = if small_pages.is_none() {
             Mmap::map_new_shared_huge(geo.umem_len(), umem_fd.as_raw_fd())
         } else {
@@ -553,29 +554,4 @@ impl SharedQueue {
         // After resync the cached producer is the shared one.
         self.fill.cached_prod()
     }
-}
-
-/// A memfd of `len` bytes sealed against shrinking and growing: a holder's
-/// mapping can never fault past its end (SIGBUS) because someone resized it.
-fn sealed_memfd(name: &std::ffi::CStr, len: usize) -> io::Result<OwnedFd> {
-    // SAFETY: a NUL-terminated name; the result is checked below.
-    let raw =
-        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: raw is a fresh descriptor we own.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: ftruncate/fcntl on our own descriptor.
-    unsafe {
-        if libc::ftruncate(raw, len as libc::off_t) < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        libc::fcntl(
-            raw,
-            libc::F_ADD_SEALS,
-            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-        );
-    }
-    Ok(fd)
 }

@@ -482,6 +482,35 @@ pub fn huge_tmpfs_file(len: usize) -> std::io::Result<std::os::fd::OwnedFd> {
     Ok(file)
 }
 
+/// A memfd of `len` bytes sealed against shrinking and growing: a holder's
+/// mapping can never fault past its end (SIGBUS) because someone resized it.
+pub(crate) fn sealed_memfd(
+    name: &std::ffi::CStr,
+    len: usize,
+) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a NUL-terminated name; the result is checked below.
+    let raw =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: raw is a fresh descriptor we own.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    // SAFETY: ftruncate/fcntl on our own descriptor.
+    unsafe {
+        if libc::ftruncate(raw, len as libc::off_t) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        libc::fcntl(
+            raw,
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        );
+    }
+    Ok(fd)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

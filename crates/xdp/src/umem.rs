@@ -39,10 +39,75 @@ pub struct UmemArea {
     pub(crate) frame_size: u32,
 }
 
+/// TX frames of an own engine's UMEM.
+pub const OWN_TX_FRAMES: u32 = 1024;
+
+/// An own engine's UMEM on an interface of MTU `mtu` with RX rings of
+/// `ring_depth`: (RX frames, TX frames, frame size). 2 KiB frames hold MTU
+/// 1500 with the kernel's 256 B headroom; beyond, 4 KiB frames.
+pub fn own_geometry(mtu: u32, ring_depth: u32) -> (u32, u32, u32) {
+    let eth = mtu as usize + 14;
+    let frame_size = if eth <= 2048 - 256 { 2048 } else { 4096 };
+    (
+        ring_depth.max(64).next_power_of_two(),
+        OWN_TX_FRAMES,
+        frame_size,
+    )
+}
+
 impl UmemArea {
+    /// The bytes of a UMEM of this geometry.
+    pub fn len_of(rx_frames: u32, tx_frames: u32, frame_size: u32) -> usize {
+        (rx_frames as usize + tx_frames as usize) * frame_size as usize
+    }
+
+    /// A UMEM's memory in a file of its own, populated (`nanowire run`,
+    /// before it execs the program: prestart.rs): an unnamed file on a
+    /// huge tmpfs of its own where the kernel lets us, else a memfd. The
+    /// mapping that populated it is gone; the pages stay with the file.
+    pub fn populated_file(
+        rx_frames: u32,
+        tx_frames: u32,
+        frame_size: u32,
+    ) -> std::io::Result<std::os::fd::OwnedFd> {
+        use std::os::fd::AsRawFd;
+        let len = Self::len_of(rx_frames, tx_frames, frame_size);
+        let (fd, huge) = match crate::sys::huge_tmpfs_file(len) {
+            Ok(f) => (f, true),
+            Err(_) => (crate::sys::sealed_memfd(c"nanowire-umem", len)?, false),
+        };
+        // Populated by the mapping (dropped at the end of this statement).
+        if huge {
+            Mmap::map_new_shared_huge(len, fd.as_raw_fd())?;
+        } else {
+            Mmap::map(len, Some((fd.as_raw_fd(), 0)))?;
+        }
+        // Kept by the program exec'd next: above its numbers, as the
+        // engine's other fds.
+        Ok(crate::sys::above_floor(fd))
+    }
+
+    /// The memory of a UMEM of this geometry from a file made by
+    /// [`UmemArea::populated_file`] (its pages exist: mapping them sets up
+    /// page tables, no zeroing).
+    pub fn from_file(
+        fd: std::os::fd::RawFd,
+        rx_frames: u32,
+        tx_frames: u32,
+        frame_size: u32,
+    ) -> std::io::Result<UmemArea> {
+        let len = Self::len_of(rx_frames, tx_frames, frame_size);
+        Ok(UmemArea {
+            map: Mmap::map(len, Some((fd, 0)))?,
+            rx_frames,
+            tx_frames,
+            frame_size,
+        })
+    }
+
     /// Map and populate the memory of a UMEM of this geometry.
     pub fn new(rx_frames: u32, tx_frames: u32, frame_size: u32) -> std::io::Result<UmemArea> {
-        let len = (rx_frames as usize + tx_frames as usize) * frame_size as usize;
+        let len = Self::len_of(rx_frames, tx_frames, frame_size);
         Ok(UmemArea {
             map: Mmap::map_umem(len)?,
             rx_frames,

@@ -102,7 +102,7 @@ use tx::TxPath;
 /// datagram for a sleeping socket wakes it through its eventfd).
 const MAX_SLEEP_MS: i32 = 50;
 /// TX frames per queue: four kicks' worth at the largest copy-mode budget.
-pub const TX_FRAMES: u32 = 1024;
+pub const TX_FRAMES: u32 = nanowire_xdp::umem::OWN_TX_FRAMES;
 
 /// Who steers this engine's flows: its own program, or the engine service
 /// (which checks every claim against the kernel socket that holds the port).
@@ -541,17 +541,32 @@ impl Engine {
         let own = iface::ipv4_addrs_of(ifname);
         // Frame size: 2 KiB frames hold MTU 1500 with the kernel's 256 B
         // headroom; 4 KiB up to MTU 3826; beyond, 4 KiB frames.
-        let eth = info.mtu as usize + tx::ETH_HDR;
-        let frame_size = if eth <= 2048 - 256 { 2048 } else { 4096 };
-        let depth = opts.ring_depth.max(64).next_power_of_two();
-        // The first queue's UMEM (tens of MB to map and zero: most of an
-        // engine's start) is made on another thread while the steering
+        let (depth, _, frame_size) = nanowire_xdp::umem::own_geometry(info.mtu, opts.ring_depth);
+        let want_mb = !settings.no_multi_buffer;
+        // What `nanowire run` prepared before it exec'd this program
+        // (nanowire_xdp::prestart): the steering program, adopted below,
+        // and the first queue's UMEM, populated.
+        let mut prepared = if want_mb {
+            prestart::take(info.index)
+        } else {
+            None
+        };
+        let mut made = match &mut prepared {
+            Some(Ok(p)) => p.take_umem([depth, TX_FRAMES, frame_size]),
+            _ => None,
+        };
+        // Else the first queue's UMEM (tens of MB to map and zero: most of
+        // an engine's start) is made on another thread while the steering
         // program is loaded and attached below (its link waits in the
         // kernel's synchronize_rcu).
-        let mut area = std::thread::Builder::new()
-            .name("nanowire-umem".into())
-            .spawn(move || UmemArea::new(depth, TX_FRAMES, frame_size).ok())
-            .ok();
+        let mut area = if made.is_some() {
+            None
+        } else {
+            std::thread::Builder::new()
+                .name("nanowire-umem".into())
+                .spawn(move || UmemArea::new(depth, TX_FRAMES, frame_size).ok())
+                .ok()
+        };
         // Multi-buffer receive in every attach mode: a frags-aware program
         // (xdp.frags) and sockets bound with XDP_USE_SG, so that a packet
         // larger than one frame -- a jumbo frame, or a kernel peer's
@@ -565,9 +580,8 @@ impl Engine {
         // (`Frags::Lazy`: a frags-aware program costs every frame a
         // page-pool copy and a new skb in generic XDP; docs/xdp-engine.md).
         // NANOWIRE_XDP_NO_MULTI_BUFFER=1 (tests): behave as a kernel without it.
-        let want_mb = !settings.no_multi_buffer;
         let first = if want_mb {
-            match Self::adopt_prepared(ifname, info.index, settings.xdp_mode) {
+            match Self::adopt_prepared(prepared, ifname, settings.xdp_mode) {
                 Some(p) => Ok(p),
                 None => {
                     SteerProgram::attach_private(ifname, info.index, Frags::Lazy, settings.xdp_mode)
@@ -603,7 +617,9 @@ impl Engine {
         cfg.validate()?;
         let mut socks = Vec::new();
         for q in 0..info.rx_queues {
-            let premade = area.take().and_then(|h| h.join().ok().flatten());
+            let premade = made
+                .take()
+                .or_else(|| area.take().and_then(|h| h.join().ok().flatten()));
             let xsk = match XskSocket::open_in(ifname, info.index, q, cfg, premade) {
                 Ok(x) => x,
                 Err(e) if cfg.multi_buffer && q == 0 => {
@@ -638,16 +654,17 @@ impl Engine {
         )
     }
 
-    /// The steering program `nanowire run` loaded and attached on
-    /// `ifindex` before it exec'd this program (nanowire_xdp::prestart), if
-    /// it holds one and it checks out; else `None` (with one line saying
-    /// why when there was one) and the engine attaches its own.
+    /// The steering program `nanowire run` loaded and attached on this
+    /// interface before it exec'd this program (`prepared`, from
+    /// nanowire_xdp::prestart::take), if there is one and it checks out;
+    /// else `None` (with one line saying why when there was one) and the
+    /// engine attaches its own.
     fn adopt_prepared(
+        prepared: Option<Result<prestart::Prepared, String>>,
         ifname: &str,
-        ifindex: u32,
         forced: Option<AttachMode>,
     ) -> Option<SteerProgram> {
-        let why = match prestart::take(ifindex)? {
+        let why = match prepared? {
             Ok(p) => match SteerProgram::adopt_private(p, ifname, forced) {
                 Ok(prog) => return Some(prog),
                 Err(e) => e,
