@@ -88,6 +88,18 @@ impl AttachMode {
     }
 }
 
+/// Write `value` for `key` in a steering map; `what` names the act in the
+/// error ("cannot {what}: ...").
+fn put<K: Pod>(
+    map: &mut BpfHashMap<MapData, K, u32>,
+    key: K,
+    value: u32,
+    what: std::fmt::Arguments,
+) -> Result<(), String> {
+    map.insert(key, value, 0)
+        .map_err(|e| format!("cannot {what}: {e}"))
+}
+
 /// The steering program attached to one interface through a BPF link.
 /// Dropping it (or the process dying) closes the link and detaches it.
 pub struct SteerProgram {
@@ -578,9 +590,8 @@ impl SteerProgram {
 
     /// Steer (addr, port) to the AF_XDP sockets.
     pub fn claim(&mut self, addr: Ipv4Addr, port: u16, owner: u32) -> Result<(), String> {
-        self.claims
-            .insert(ClaimKey::new(addr, port), owner, 0)
-            .map_err(|e| format!("cannot claim {addr}:{port}: {e}"))
+        let what = format_args!("claim {addr}:{port}");
+        put(&mut self.claims, ClaimKey::new(addr, port), owner, what)
     }
 
     /// Steer (addr, port) to the socket of `slot` (the engine service:
@@ -589,9 +600,11 @@ impl SteerProgram {
         if slot >= 64 {
             return Err(format!("slot {slot} out of range"));
         }
-        self.claims
-            .insert(ClaimKey::new(addr, port), SLOT | slot, 0)
-            .map_err(|e| format!("cannot claim {addr}:{port}: {e}"))
+        let (key, what) = (
+            ClaimKey::new(addr, port),
+            format_args!("claim {addr}:{port}"),
+        );
+        put(&mut self.claims, key, SLOT | slot, what)
     }
 
     /// Register `slot`'s AF_XDP socket on RX queue `queue`.
@@ -625,9 +638,8 @@ impl SteerProgram {
         port: u16,
         owner: u32,
     ) -> Result<(), String> {
-        self.tcp_listen
-            .insert(ClaimKey::new(addr, port), owner, 0)
-            .map_err(|e| format!("cannot claim TCP {addr}:{port}: {e}"))
+        let what = format_args!("claim TCP {addr}:{port}");
+        put(&mut self.tcp_listen, ClaimKey::new(addr, port), owner, what)
     }
 
     pub fn unclaim_tcp_listener(&mut self, addr: Ipv4Addr, port: u16) {
@@ -642,9 +654,7 @@ impl SteerProgram {
         remote: SocketAddrV4,
         owner: u32,
     ) -> Result<(), String> {
-        self.tcp_flows
-            .insert(TcpFlowKey::new(local, remote), owner, 0)
-            .map_err(|e| format!("cannot claim TCP {local} <-> {remote}: {e}"))
+        self.set_tcp_flow(local, remote, owner)
     }
 
     /// Give one TCP connection (by 4-tuple) to the kernel although its
@@ -654,9 +664,18 @@ impl SteerProgram {
         local: SocketAddrV4,
         remote: SocketAddrV4,
     ) -> Result<(), String> {
-        self.tcp_flows
-            .insert(TcpFlowKey::new(local, remote), FLOW_PASS, 0)
-            .map_err(|e| format!("cannot pass TCP {local} <-> {remote} to the kernel: {e}"))
+        self.set_tcp_flow(local, remote, FLOW_PASS)
+    }
+
+    /// Write one TCP connection's value: its owner or [`FLOW_PASS`].
+    fn set_tcp_flow(&mut self, l: SocketAddrV4, r: SocketAddrV4, v: u32) -> Result<(), String> {
+        let act = if v == FLOW_PASS {
+            "give the kernel"
+        } else {
+            "claim"
+        };
+        let what = format_args!("{act} TCP {l} <-> {r}");
+        put(&mut self.tcp_flows, TcpFlowKey::new(l, r), v, what)
     }
 
     pub fn unclaim_tcp_flow(&mut self, local: SocketAddrV4, remote: SocketAddrV4) {
