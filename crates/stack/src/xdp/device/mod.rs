@@ -239,6 +239,36 @@ pub(crate) fn checksummed(fill: &mut impl FillCsum, i: usize, fr: &mut [u8]) -> 
     Some(len)
 }
 
+/// The copying wrappers' transmit ([`tap::TxTap`], [`stamp::TxStamps`]):
+/// `fill` that shows each frame it builds (`len` of its answer) to `see`
+/// (with offload the frame holds the partial checksum, as a kernel capture
+/// of a CHECKSUM_PARTIAL skb does).
+#[inline]
+pub(crate) fn seen<T>(
+    mut fill: impl FnMut(usize, &mut [u8]) -> Option<T>,
+    len: impl Fn(&T) -> usize,
+    mut see: impl FnMut(&[u8]),
+) -> impl FnMut(usize, &mut [u8]) -> Option<T> {
+    move |i, fr| {
+        let got = fill(i, fr)?;
+        see(&fr[..len(&got).min(fr.len())]);
+        Some(got)
+    }
+}
+
+/// [`seen`] for [`TxDevice::send_large`]: `see` gets the packet if sent.
+pub(crate) fn send_large_seen(
+    inner: &mut impl TxDevice,
+    pkt: &[u8],
+    see: impl FnOnce(&[u8]),
+) -> bool {
+    let ok = inner.send_large(pkt);
+    if ok {
+        see(pkt);
+    }
+    ok
+}
+
 /// The receive device of an xdp engine.
 pub(crate) type EngineRx = stamp::RxStamps<faults::RxFaults<tap::RxTap<xsk::XskQueues>>>;
 /// The transmit device of an xdp engine.

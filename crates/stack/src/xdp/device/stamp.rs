@@ -76,29 +76,19 @@ fn keep(req: &mut Option<TxStamp>, frame: &[u8]) {
 
 impl<D: TxDevice> super::TxWrap for TxStamps<D> {
     #[inline]
-    fn send_with(&mut self, max: usize, mut fill: impl super::Fill) -> usize {
+    fn send_with(&mut self, max: usize, fill: impl super::Fill) -> usize {
         let req = &mut self.req;
-        self.inner.send_with(max, |i, fr| {
-            let len = fill(i, fr)?;
-            keep(req, &fr[..len.min(fr.len())]);
-            Some(len)
-        })
+        self.inner
+            .send_with(max, super::seen(fill, |&n| n, |fr| keep(req, fr)))
     }
     #[inline]
-    fn send_with_csum(&mut self, max: usize, mut fill: impl super::FillCsum) -> usize {
+    fn send_with_csum(&mut self, max: usize, fill: impl super::FillCsum) -> usize {
         let req = &mut self.req;
-        self.inner.send_with_csum(max, |i, fr| {
-            let (len, c) = fill(i, fr)?;
-            keep(req, &fr[..len.min(fr.len())]);
-            Some((len, c))
-        })
+        let seen = super::seen(fill, |&(n, _)| n, |fr| keep(req, fr));
+        self.inner.send_with_csum(max, seen)
     }
     fn send_large(&mut self, pkt: &[u8]) -> bool {
-        let ok = self.inner.send_large(pkt);
-        if ok {
-            keep(&mut self.req, pkt);
-        }
-        ok
+        super::send_large_seen(&mut self.inner, pkt, |p| keep(&mut self.req, p))
     }
     #[inline]
     fn flush(&mut self) {

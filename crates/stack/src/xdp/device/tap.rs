@@ -47,31 +47,19 @@ impl<D> TxTap<D> {
 
 impl<D: TxDevice> super::TxWrap for TxTap<D> {
     #[inline]
-    fn send_with(&mut self, max: usize, mut fill: impl super::Fill) -> usize {
+    fn send_with(&mut self, max: usize, fill: impl super::Fill) -> usize {
         let tap = &mut self.tap;
-        self.inner.send_with(max, |i, fr| {
-            let len = fill(i, fr)?;
-            tap.record(&fr[..len.min(fr.len())]);
-            Some(len)
-        })
+        self.inner
+            .send_with(max, super::seen(fill, |&n| n, |fr| tap.record(fr)))
     }
     #[inline]
-    fn send_with_csum(&mut self, max: usize, mut fill: impl super::FillCsum) -> usize {
+    fn send_with_csum(&mut self, max: usize, fill: impl super::FillCsum) -> usize {
         let tap = &mut self.tap;
-        self.inner.send_with_csum(max, |i, fr| {
-            let (len, c) = fill(i, fr)?;
-            // With offload, the copy holds the partial checksum (as a
-            // kernel capture of a CHECKSUM_PARTIAL skb does).
-            tap.record(&fr[..len.min(fr.len())]);
-            Some((len, c))
-        })
+        let seen = super::seen(fill, |&(n, _)| n, |fr| tap.record(fr));
+        self.inner.send_with_csum(max, seen)
     }
     fn send_large(&mut self, pkt: &[u8]) -> bool {
-        let ok = self.inner.send_large(pkt);
-        if ok {
-            self.tap.record(pkt);
-        }
-        ok
+        super::send_large_seen(&mut self.inner, pkt, |p| self.tap.record(p))
     }
 }
 
