@@ -65,6 +65,26 @@ fn wait_port(lab: &ScopedLab, port: u16) {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// A load tool's lab: the tool checked installed, a lab tagged `tag`, nginx
+/// serving in b on `port` (stopped before the lab goes) and the page's URL.
+struct Site {
+    _nginx: Kid,
+    lab: ScopedLab,
+    url: String,
+}
+
+fn site_for(tool: &str, tag: &str, port: u16) -> Site {
+    need(tool);
+    let lab = lab(tag);
+    let nginx = nginx(&lab, port, tool);
+    let url = format!("http://{B}:{port}/index.html");
+    Site {
+        _nginx: nginx,
+        lab,
+        url,
+    }
+}
+
 /// `tool` (its name, then `args` and `url`) against nginx, with `conns`
 /// connections at once, from host a plainly and under run: each run's
 /// "TOOL -c CONNS (under run: RUN)" and output (both checked by `check`).
@@ -99,12 +119,13 @@ fn field(out: &str, key: &str) -> Option<u64> {
 #[test]
 #[ignore = "needs root"]
 fn ab_one_connection_per_request_against_nginx_plain_and_under_run() {
-    need("ab");
-    let lab = lab("ab");
-    let _ng = nginx(&lab, 8080, "ab");
-    let url = format!("http://{B}:8080/index.html");
-    let ab = ("ab", &["-q", "-n", "300", "-s", "10"][..], url.as_str());
-    plainly_and_under_run(&lab, ab, &["1", "20"], |what, out| {
+    let site = site_for("ab", "ab", 8080);
+    let ab = (
+        "ab",
+        &["-q", "-n", "300", "-s", "10"][..],
+        site.url.as_str(),
+    );
+    plainly_and_under_run(&site.lab, ab, &["1", "20"], |what, out| {
         assert_eq!(field(out, "Complete requests"), Some(300), "{what}:\n{out}");
         assert_eq!(field(out, "Failed requests"), Some(0), "{what}:\n{out}");
         assert!(!out.contains("Non-2xx"), "{what}:\n{out}");
@@ -117,12 +138,9 @@ fn ab_one_connection_per_request_against_nginx_plain_and_under_run() {
 #[test]
 #[ignore = "needs root"]
 fn wrk_connections_against_nginx_plain_and_under_run() {
-    need("wrk");
-    let lab = lab("wr");
-    let _ng = nginx(&lab, 8081, "wrk");
-    let url = format!("http://{B}:8081/index.html");
-    let wrk = ("wrk", &["-t2", "-d2"][..], url.as_str());
-    plainly_and_under_run(&lab, wrk, &["10", "50"], |what, out| {
+    let site = site_for("wrk", "wr", 8081);
+    let wrk = ("wrk", &["-t2", "-d2"][..], site.url.as_str());
+    plainly_and_under_run(&site.lab, wrk, &["10", "50"], |what, out| {
         assert!(out.contains("requests in"), "{what}:\n{out}");
         assert!(!out.contains("Socket errors"), "{what}:\n{out}");
     });
