@@ -25,6 +25,13 @@ const CHILD_ENV: &str = "NANOWIRE_FAULT_CHILD_PORT";
 const CHILD_TOTAL_ENV: &str = "NANOWIRE_FAULT_CHILD_BYTES";
 const CHILD_STALL_ENV: &str = "NANOWIRE_FAULT_CHILD_STALL_MS";
 
+/// A parent test's lab; None in a child of the matrix (this test program
+/// run again for `fault_child` only, see `CHILD_ENV`).
+fn parent_lab(tag: &str) -> Option<ScopedLab> {
+    let parent = std::env::var(CHILD_ENV).is_err();
+    parent.then(|| nanowire_testkit::lab(tag))
+}
+
 /// The child: connect over the xdp engine (faults from the environment),
 /// stream TOTAL bytes out, read the peer's hash line and its stream back,
 /// print one JSON line.
@@ -161,10 +168,9 @@ fn point(l: &ScopedLab, spec: &str, port: u16, total: u64) -> serde_json::Value 
 #[test]
 #[ignore = "needs root"]
 fn injector_matrix_keeps_a_hashed_tcp_stream_intact_and_counts_everything() {
-    if std::env::var(CHILD_ENV).is_ok() {
+    let Some(l) = parent_lab("tfm") else {
         return; // this process is a child of the matrix, run for fault_child
-    }
-    let l = nanowire_testkit::lab("tfm");
+    };
     // First the default lab's kernel peer as it comes (TSO/GSO on): it
     // sends 64 KiB super-frames, which generic XDP hands to the engine as
     // multi-buffer chains (docs/xdp-engine.md). Nothing stalls, nothing is
@@ -252,10 +258,9 @@ fn injector_matrix_keeps_a_hashed_tcp_stream_intact_and_counts_everything() {
 #[test]
 #[ignore = "needs root"]
 fn injected_udp_loss_is_counted_on_both_sides() {
-    if std::env::var(CHILD_ENV).is_ok() {
+    let Some(l) = parent_lab("tfu") else {
         return; // this process is a child of the matrix, run for fault_child
-    }
-    let l = nanowire_testkit::lab("tfu");
+    };
     let nw = bench_server::NW;
     let mut cmd = l.command(
         Host::B,
