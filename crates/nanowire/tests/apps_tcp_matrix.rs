@@ -98,26 +98,16 @@ impl Case {
     /// A client under run put its connections on the engine (the shim says
     /// so at log level info), not silently on the kernel.
     fn check_client_engine(&self, k: &Kid) {
-        if self.p.cli {
-            let err = k.stderr();
-            assert!(
-                err.contains(&format!("-> {ADDR_B}:")) && err.contains(": xdp"),
-                "{}: the client's connections are not on the engine:\n{err}",
-                k.name
-            );
-        }
+        let to_b = format!("-> {ADDR_B}:");
+        let marks = [to_b.as_str(), ": xdp"];
+        on_engine(self.p.cli, k, marks, "the client's connections are");
     }
 
     /// A server under run listens on the engine.
     fn check_server_engine(&self, k: &Kid, port: u16) {
-        if self.p.srv {
-            let err = k.stderr();
-            assert!(
-                err.contains(&format!(":{port}: xdp")) && err.contains("tcp listener"),
-                "{}: the server's listener is not on the engine:\n{err}",
-                k.name
-            );
-        }
+        let on_port = format!(":{port}: xdp");
+        let marks = [on_port.as_str(), "tcp listener"];
+        on_engine(self.p.srv, k, marks, "the server's listener is");
     }
 
     /// Wait (bounded) until a plain kernel client in host a connects to
@@ -139,6 +129,19 @@ impl Case {
 
     fn path(&self, name: &str) -> String {
         self.dir.join(name).to_string_lossy().into_owned()
+    }
+}
+
+/// When `under_run`, `k`'s log (the shim's, level info) has every one of
+/// `marks`: `what` is on the engine, not silently on the kernel.
+fn on_engine(under_run: bool, k: &Kid, marks: [&str; 2], what: &str) {
+    if under_run {
+        let err = k.stderr();
+        assert!(
+            marks.iter().all(|m| err.contains(m)),
+            "{}: {what} not on the engine:\n{err}",
+            k.name
+        );
     }
 }
 
@@ -264,30 +267,49 @@ fn curl_hashed(c: &Case, w: &Www, port: u16, names: &[&str]) {
     }
 }
 
+/// A case with nginx in b serving its files (`big`: with big.bin) on
+/// NGINX_PORT, `clients` checked installed. Dropped in field order: nginx
+/// stopped, then the files, then the case's lab.
+struct NginxSite {
+    s: Kid,
+    w: Www,
+    c: Case,
+}
+
+impl NginxSite {
+    fn new(code: &str, p: P, clients: &[&str], big: bool) -> NginxSite {
+        let c = Case::new(code, p, &[&["nginx"], clients].concat());
+        let w = Www::new(&c, big, false);
+        let s = nginx(&c, &w);
+        NginxSite { s, w, c }
+    }
+
+    fn check_engine(&self) {
+        self.c.check_server_engine(&self.s, NGINX_PORT);
+    }
+}
+
 fn small_names() -> Vec<String> {
     (0..SMALL).map(|i| format!("s{i}.bin")).collect()
 }
 
 fn nginx_curl_100mb(p: P) {
-    let c = Case::new("nb", p, &["nginx", "curl", "sha256sum"]);
-    let w = Www::new(&c, true, false);
-    let s = nginx(&c, &w);
-    curl_hashed(&c, &w, NGINX_PORT, &["big.bin"]);
-    c.check_server_engine(&s, NGINX_PORT);
+    let n = NginxSite::new("nb", p, &["curl", "sha256sum"], true);
+    curl_hashed(&n.c, &n.w, NGINX_PORT, &["big.bin"]);
+    n.check_engine();
 }
 
 fn nginx_curl_small_files(p: P) {
-    let c = Case::new("ns", p, &["nginx", "curl", "sha256sum"]);
-    let w = Www::new(&c, false, false);
-    let s = nginx(&c, &w);
+    let n = NginxSite::new("ns", p, &["curl", "sha256sum"], false);
+    let (c, w) = (&n.c, &n.w);
     let names = small_names();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     // One connection kept alive for all, then one connection per file.
-    curl_hashed(&c, &w, NGINX_PORT, &names);
-    for n in &names[..5] {
-        curl_hashed(&c, &w, NGINX_PORT, &[n]);
+    curl_hashed(c, w, NGINX_PORT, &names);
+    for f in &names[..5] {
+        curl_hashed(c, w, NGINX_PORT, &[f]);
     }
-    c.check_server_engine(&s, NGINX_PORT);
+    n.check_engine();
 }
 
 fn python_http_server_curl(p: P) {
@@ -313,9 +335,8 @@ fn field(out: &str, key: &str) -> Option<u64> {
 }
 
 fn ab(p: P, code: &str, conc: u32) {
-    let c = Case::new(code, p, &["nginx", "ab"]);
-    let w = Www::new(&c, false, false);
-    let s = nginx(&c, &w);
+    let n = NginxSite::new(code, p, &["ab"], false);
+    let (c, w) = (&n.c, &n.w);
     let url = format!("http://{ADDR_B}:{NGINX_PORT}/s2.bin");
     let conc = conc.to_string();
     let out = c.client("ab", &["ab", "-n", "500", "-c", &conc, "-s", "30", &url]);
@@ -325,13 +346,12 @@ fn ab(p: P, code: &str, conc: u32) {
     // Every body whole: 500 × the file's length.
     let len = std::fs::metadata(w.root.join("s2.bin")).unwrap().len();
     assert_eq!(field(&out, "Document Length:"), Some(len), "{out}");
-    c.check_server_engine(&s, NGINX_PORT);
+    n.check_engine();
 }
 
 fn wrk(p: P, code: &str, conns: u32) {
-    let c = Case::new(code, p, &["nginx", "wrk"]);
-    let w = Www::new(&c, false, false);
-    let s = nginx(&c, &w);
+    let n = NginxSite::new(code, p, &["wrk"], false);
+    let c = &n.c;
     let url = format!("http://{ADDR_B}:{NGINX_PORT}/s1.bin");
     let conns = conns.to_string();
     let line = format!("wrk -t 2 -c {conns} -d 2s --timeout 5s {url}");
@@ -348,7 +368,7 @@ fn wrk(p: P, code: &str, conns: u32) {
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or(0);
     assert!(reqs > 0, "no requests completed:\n{out}");
-    c.check_server_engine(&s, NGINX_PORT);
+    n.check_engine();
 }
 
 // ------------------------------------------------------- redis, memcached
