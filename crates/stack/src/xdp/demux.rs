@@ -162,6 +162,9 @@ pub(crate) struct Endpoint {
     /// Keys it is registered under.
     binds: Vec<u64>,
     conns: Vec<(u64, u64)>,
+    /// The most frames its queue held so far (a push that does not pass
+    /// it leaves both high-water marks of the page as they are).
+    peak: u64,
 }
 
 pub(crate) struct Demux {
@@ -271,6 +274,7 @@ impl Demux {
             peer: None,
             binds: Vec::new(),
             conns: Vec::new(),
+            peak: 0,
         };
         if id == self.eps.len() {
             self.eps.push(Some(ep));
@@ -450,10 +454,11 @@ impl Demux {
 
     #[inline]
     fn push(&mut self, id: EndpointId, d: Delivery, page: &StatsPage) -> Outcome {
-        let cap = self.cap(id);
         let Some(Some(e)) = self.eps.get_mut(id) else {
             return Outcome::NoEndpoint;
         };
+        // `cap(id)`, on the endpoint at hand (one lookup, no call).
+        let cap = e.rcvbuf_frames.min(self.share);
         // One frame each: `frames >= cap`, as a count of packets. A chain
         // longer than the whole share still goes into an empty queue.
         let k = d.frame.frames();
@@ -484,8 +489,14 @@ impl Demux {
         }
         let depth = e.queue.len() as u64;
         set(page.s(id, S::QueueDepth), depth);
-        peak(page.s(id, S::PeakQueueDepth), depth);
-        peak(page.e(E::PeakSocketQueue), depth);
+        // The marks are raised (`peak`) by every depth past this endpoint's
+        // own mark, so each holds what it did when every push raised it
+        // (the engine's is at least every endpoint's): one write per push.
+        if depth > e.peak {
+            e.peak = depth;
+            peak(page.s(id, S::PeakQueueDepth), depth);
+            peak(page.e(E::PeakSocketQueue), depth);
+        }
         Outcome::Delivered
     }
 
@@ -611,6 +622,60 @@ mod tests {
             who(&mut d, &page, &c("10.0.0.9:99", "10.0.0.2:7"), &ids),
             Some(spec)
         );
+    }
+
+    /// The queue gauge follows every push and pop; the high-water marks
+    /// (the socket's, the engine's over all sockets) hold the deepest
+    /// queue, also when a push leaves them alone (not past its own mark),
+    /// and when a reused slot's endpoint starts over.
+    #[test]
+    fn queue_depth_and_high_water_marks() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let page = StatsPage::create(&PageInfo::default());
+        let mut d = Demux::new(1024);
+        let a = d.add(EndpointKind::Udp, efd(), 64).unwrap();
+        let b = d.add(EndpointKind::Udp, efd(), 64).unwrap();
+        d.bind(a, PROTO_UDP, "10.0.0.2:7".parse().unwrap());
+        d.bind(b, PROTO_UDP, "10.0.0.2:8".parse().unwrap());
+        let (to_a, to_b) = (c("10.0.0.9:1", "10.0.0.2:7"), c("10.0.0.9:1", "10.0.0.2:8"));
+        let push = |d: &mut Demux, cl: &Classified| {
+            assert!(matches!(
+                d.deliver(cl, RxFrame::from_vec(vec![0; 42]), &page),
+                Outcome::Delivered
+            ));
+        };
+        let marks = |id: EndpointId| {
+            (
+                page.s(id, S::QueueDepth).load(Relaxed),
+                page.s(id, S::PeakQueueDepth).load(Relaxed),
+                page.e(E::PeakSocketQueue).load(Relaxed),
+            )
+        };
+        for _ in 0..3 {
+            push(&mut d, &to_a);
+        }
+        assert_eq!(marks(a), (3, 3, 3));
+        assert!(d.pop(a, &page).is_some() && d.pop(a, &page).is_some());
+        assert_eq!(marks(a), (1, 3, 3));
+        push(&mut d, &to_a);
+        assert_eq!(marks(a), (2, 3, 3));
+        for n in 1..=2 {
+            push(&mut d, &to_b);
+            assert_eq!(marks(b), (n, n, 3));
+        }
+        for _ in 0..2 {
+            push(&mut d, &to_a);
+        }
+        assert_eq!(marks(a), (4, 4, 4));
+        // A new endpoint in a's slot (its page words zeroed at bind, as a
+        // socket's are) counts its own marks from nothing.
+        d.remove(a);
+        page.set_sock_addr(a, Some("10.0.0.2:7".parse().unwrap()));
+        let a2 = d.add(EndpointKind::Udp, efd(), 64).unwrap();
+        assert_eq!(a2, a);
+        d.bind(a2, PROTO_UDP, "10.0.0.2:7".parse().unwrap());
+        push(&mut d, &to_a);
+        assert_eq!(marks(a2), (1, 1, 4));
     }
 
     #[test]
