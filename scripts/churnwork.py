@@ -3,8 +3,9 @@
 `--workers` workers in host b, plainly or under `nanowire run` on host b's engine service, and a
 plain `ab -c 20` in host a. After `--warmup` requests, `perf stat -p` counts the nginx processes
 (master and workers) and the service over `--requests` requests: tracepoints and software events
-(work, not time), and task-clock (time: noisy on a loaded machine, quoted with the load). Prints
-one JSON object: totals and per request.
+(work, not time), and task-clock (time: noisy on a loaded machine, quoted with the load), and host
+b's interface counts the segments in and out (`segments_out`, `segments_in`). Prints one JSON object:
+totals and per request.
 
     scripts/churnwork.py --lab timers1 --requests 10000          # under run on the service
     scripts/churnwork.py --lab timers1 --requests 10000 --plain  # plain nginx
@@ -24,6 +25,14 @@ def ab(lab, url, n):
                        capture_output=True, text=True, timeout=600)
     if p.returncode != 0 or "Failed requests:        0" not in p.stdout:
         raise SystemExit(f"ab failed ({p.returncode}):\n{p.stdout[-1500:]}{p.stderr[-1500:]}")
+
+
+def link_packets(lab):
+    """(tx, rx) packets of host b's lab interface so far."""
+    stat = f"/sys/class/net/{lab}-b0/statistics"
+    out = subprocess.run(["ip", "netns", "exec", f"{lab}-b", "cat", f"{stat}/tx_packets", f"{stat}/rx_packets"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return int(out[0]), int(out[1])
 
 
 def main():
@@ -61,12 +70,16 @@ def main():
             rec = a.record and subprocess.Popen(["perf", "record", "-g", "-q", "-o", a.record,
                                                  "-p", ",".join(map(str, pids))])
             time.sleep(0.5)
+            pk0 = link_packets(a.lab)
             ab(a.lab, url, a.requests)
+            pk1 = link_packets(a.lab)
             for p in (perf, rec):
                 if p:
                     p.send_signal(signal.SIGINT)
                     p.wait(60)
             c = perf_counts(out)
+            # Segments host b's interface sent and received (the engine's and the kernel's).
+            c["segments_out"], c["segments_in"] = pk1[0] - pk0[0], pk1[1] - pk0[1]
         finally:
             if srv:
                 srv.stop()

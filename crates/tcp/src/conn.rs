@@ -176,6 +176,11 @@ pub(crate) struct Conn {
     /// Until when a new hole is not announced (`Config::reorder_grace_ns`).
     pub sack_hold: Option<u64>,
     pub rx_unacked: u32,
+    /// The quick ACK owed is deferred (`Config::quickack_defer_ns`): the
+    /// segment that carries it carries the window too.
+    pub ack_deferred: bool,
+    /// The application set TCP_QUICKACK: its quick ACKs are never deferred.
+    pub app_quickack: bool,
     pub rst_pending: bool,
     /// A RST answering one bad segment (seq, ack, ACK flag); the connection lives on.
     pub rst_reply: Option<(u32, u32, bool)>,
@@ -312,6 +317,8 @@ impl Conn {
             ack_now: false,
             dup_acks_due: 0,
             rx_unacked: 0,
+            ack_deferred: false,
+            app_quickack: false,
             rst_pending: false,
             rst_reply: None,
             syn_rst_retry: false,
@@ -589,6 +596,12 @@ impl Conn {
     /// TX kick here and an ACK for the sender's CPU to take in.)
     fn maybe_window_update(&mut self) {
         if !self.state.can_recv() {
+            return;
+        }
+        let shut = seq::dist(self.rcv_adv, self.rcv_nxt) < self.rcv_mss;
+        if self.ack_deferred && !shut {
+            // The deferred ACK (the reply's, or the timer's within
+            // `Config::quickack_defer_ns`) announces the window.
             return;
         }
         let new = self.max_window() as u32;

@@ -777,7 +777,18 @@ impl Conn {
         if !self.ack_now && self.rx_unacked > 0 {
             if self.quickack > 0 && !fin_delayed {
                 self.quickack -= 1;
-                self.ack_now = true;
+                if cfg.quickack_defer_ns > 0
+                    && !self.app_quickack
+                    && self.rx_unacked < 2 * self.rcv_mss
+                {
+                    // The application's reply carries it (`quickack_defer_ns`).
+                    let until = now.saturating_add(cfg.quickack_defer_ns);
+                    self.delack_deadline =
+                        Some(self.delack_deadline.map_or(until, |d| d.min(until)));
+                    self.ack_deferred = true;
+                } else {
+                    self.ack_now = true;
+                }
             } else if self.rx_unacked >= 2 * self.rcv_mss {
                 self.ack_now = true;
             } else if self.delack_deadline.is_none() {

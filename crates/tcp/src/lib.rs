@@ -76,6 +76,16 @@ pub struct Config {
     pub rto_initial_ns: u64,
     /// Delayed-ACK timeout (Linux: 40 ms minimum).
     pub delayed_ack_ns: u64,
+    /// Quick-ACK mode's ACK of a data segment (a connection's first
+    /// segments) waits up to this long for the application's reply (or
+    /// its FIN) to carry it, as a delayed ACK does, instead of going out
+    /// alone at once. The engine's application runs its turn right after
+    /// the segment's (a request, then its response): one segment and one
+    /// peer receive fewer per request. A second full segment, a hole, a
+    /// FIN, a window update still ACK at once. 0: at once (Linux's
+    /// quick-ACK mode, whose ACK goes out from the softirq before the
+    /// application runs).
+    pub quickack_defer_ns: u64,
     /// Reorder grace: a super-frame (larger than the MSS: a GSO/GRO
     /// aggregate) that opens a hole (out of order) is not
     /// announced (no duplicate ACK, no SACK blocks on any ACK) for this
@@ -141,6 +151,7 @@ impl Default for Config {
             rto_max_ns: 120 * NS_PER_S,
             rto_initial_ns: NS_PER_S,
             delayed_ack_ns: 40 * NS_PER_MS,
+            quickack_defer_ns: 0,
             reorder_grace_ns: NS_PER_MS,
             time_wait_ns: 60 * NS_PER_S,
             fin_timeout_ns: 60 * NS_PER_S,

@@ -91,6 +91,7 @@ impl Conn {
             // when the grace ends.
             self.delack_deadline = self.sack_hold.filter(|&t| now < t);
             self.rx_unacked = 0;
+            self.ack_deferred = false;
         }
         if r.flags.rst() {
             ctr.rst_sent += 1;

@@ -1434,6 +1434,7 @@ impl TcpStack {
     /// TCP_QUICKACK as in Linux: ACK the next segments at once (not sticky).
     pub fn set_quickack(&mut self, c: ConnId, on: bool) -> Result<(), Error> {
         self.with(c, |k| {
+            k.app_quickack = on;
             if on {
                 k.quickack = k.quickack.max(16);
                 if k.delack_deadline.is_some() {

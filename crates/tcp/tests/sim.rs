@@ -1821,3 +1821,57 @@ fn a_reordered_super_frame_is_not_sacked_within_the_reorder_grace() {
     let want = (rcv.wrapping_add(3 * len), rcv.wrapping_add(4 * len));
     assert_eq!(sent[0].sack[0], want);
 }
+
+/// `Config::quickack_defer_ns` (the engine's): the quick ACK of a
+/// request waits for the application's reply, which carries it (one
+/// segment, not a pure ACK and then the reply; the read in between sends
+/// no window update); a request left unanswered is acknowledged alone when
+/// the deferral ends, not before, long before the delayed-ACK time.
+#[test]
+fn a_deferred_quick_ack_rides_on_the_reply_or_goes_when_the_deferral_ends() {
+    let defer = Config {
+        quickack_defer_ns: MS,
+        ..Config::default()
+    };
+    let mut n = Net::new(defer, Config::default(), FaultConfig::default());
+    let (ca, cb) = n.connect_pair();
+    let mut buf = [0u8; 64];
+    let out = n.a.counters().segs_out;
+    n.b.send(cb, b"GET /").unwrap();
+    n.run_until(S, |n| n.a.recv_queue(ca).unwrap() == 5);
+    assert_eq!(n.a.counters().segs_out, out, "no ACK alone");
+    assert_eq!(n.a.recv(ca, &mut buf), Ok(5));
+    n.a.send(ca, b"response").unwrap();
+    n.run_until(S, |n| n.b.recv(cb, &mut buf) == Ok(8));
+    assert_eq!(
+        n.a.counters().segs_out - out,
+        1,
+        "the reply carries the ACK"
+    );
+
+    let out = n.a.counters().segs_out;
+    n.b.send(cb, b"more").unwrap();
+    n.run_until(S, |n| n.a.recv_queue(ca).unwrap() == 4);
+    let arrived = n.now;
+    assert_eq!(n.a.counters().segs_out, out, "no ACK alone");
+    n.run_until(S, |n| n.a.counters().segs_out > out);
+    assert!(
+        n.now >= arrived + MS && n.now < arrived + 2 * MS,
+        "the ACK {} µs after the segment",
+        (n.now - arrived) / 1000
+    );
+    assert_eq!(n.a.counters().segs_out - out, 1);
+    n.advance(10 * MS);
+    assert_eq!(n.a.counters().segs_out - out, 1, "one ACK");
+    assert_eq!(n.b.info(cb).unwrap().total_retrans, 0);
+
+    // TCP_QUICKACK set by the application: its ACKs go at once.
+    n.a.set_quickack(ca, true).unwrap();
+    let out = n.a.counters().segs_out;
+    n.b.send(cb, b"again").unwrap();
+    n.run_until(S, |n| n.a.recv_queue(ca).unwrap() == 9);
+    let got = n.now;
+    n.run_until(S, |n| n.a.counters().segs_out > out);
+    assert!(n.now < got + MS / 10, "at once");
+    assert_eq!(n.b.counters().retransmits, 0);
+}

@@ -47,6 +47,11 @@ const SLOT: usize = 2048;
 const HDRS: usize = ETH_HDR + IP_HDR;
 /// Idle turns between two looks at the clock (and the timers).
 const IDLE_CLOCK_EVERY: u32 = 16;
+/// How long a quick ACK of data waits for the application's reply to carry
+/// it (`Config::quickack_defer_ns`): the reply comes within the turn that
+/// follows the segment's, tens of µs; an application that takes longer gets
+/// its ACK sent alone by the timer, 1 ms later than the kernel's.
+const QUICKACK_DEFER_NS: u64 = 1_000_000;
 
 fn io_err(kind: io::ErrorKind, msg: impl Into<String>) -> io::Error {
     io::Error::new(kind, msg.into())
@@ -676,6 +681,10 @@ impl TcpEngine {
             // metadata), segments leave with the pseudo-header's sum only:
             // no pass over the payload here.
             tx_checksum_partial: engine.csum_offload(),
+            // A request's ACK waits for the application's turn, which
+            // follows the segment's: its response carries the ACK (one
+            // kick and one peer receive fewer per request, issue 24).
+            quickack_defer_ns: QUICKACK_DEFER_NS,
             ..Config::default()
         };
         // The RTO floor: the options table's `tcp_rto_min_us` row, in the
