@@ -169,8 +169,10 @@ def nw_run(engine, argv, profile="latency"):
 
 
 def old_shim(argv):
-    """`argv` (a `nanowire run` command) with the shim of NANOWIRE_OLD_PRELOAD."""
-    return ["env", f"NANOWIRE_PRELOAD={os.environ['NANOWIRE_OLD_PRELOAD']}"] + argv
+    """`argv` (a `nanowire run` command) with the shim of NANOWIRE_OLD_PRELOAD. Without the
+    launcher's prestart: a shim older than it does not adopt the prepared program, whose link
+    would then keep its own engine off the interface (EBUSY: it fell back to spin)."""
+    return ["env", f"NANOWIRE_PRELOAD={os.environ['NANOWIRE_OLD_PRELOAD']}", "NANOWIRE_PRESTART=0"] + argv
 
 
 def scenarios(secs, size):
