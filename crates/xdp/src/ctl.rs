@@ -280,6 +280,19 @@ pub(crate) fn test_memfd(len: usize) -> std::os::fd::OwnedFd {
     }
 }
 
+/// A control area of `slots` slots (128 RX frames, 64 TX frames a slot,
+/// 2 KiB frames) in a memfd, and its geometry (unit tests').
+#[cfg(test)]
+pub(crate) fn test_area(slots: u32) -> (std::os::fd::OwnedFd, Geometry) {
+    let geo = Geometry {
+        rx_frames: 128,
+        tx_per_slot: 64,
+        slots,
+        frame_size: 2048,
+    };
+    (test_memfd(geo.ctl_len()), geo)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -197,14 +197,7 @@ mod tests {
     use crate::ctl::Geometry;
 
     fn area() -> (std::os::fd::OwnedFd, Geometry) {
-        let geo = Geometry {
-            rx_frames: 128,
-            tx_per_slot: 64,
-            slots: 4,
-            frame_size: 2048,
-        };
-        let fd = crate::ctl::test_memfd(geo.ctl_len());
-        (fd, geo)
+        crate::ctl::test_area(4)
     }
 
     #[test]

@@ -1560,13 +1560,7 @@ mod tests {
 
     #[test]
     fn a_process_on_a_shared_umem_sends_from_its_last_completed_frames() {
-        let geo = Geometry {
-            rx_frames: 128,
-            tx_per_slot: 64,
-            slots: 2,
-            frame_size: 2048,
-        };
-        let fd = crate::ctl::test_memfd(geo.ctl_len());
+        let (fd, geo) = crate::ctl::test_area(2);
         let ctl = |slot| Arc::new(Ctl::map(fd.as_raw_fd(), geo, slot).unwrap());
         let u = Arc::new(UmemShared::new(geo.rx_frames, geo.tx_frames(), 2048).unwrap());
         // One completion ring, mapped by both slots (and the kernel).
