@@ -542,20 +542,46 @@ pub fn sockperf_field(out: &str, key: &str) -> Option<u64> {
     num.parse().ok()
 }
 
-/// A sockperf client's output: no message dropped, duplicated or out of
-/// order, more than 10 sent in the valid duration and as many received.
+/// A sockperf ping-pong client's output: every request answered, none
+/// dropped, duplicated or out of order.
+///
+/// Over the whole run ([Total Run]): replies were received, and as many as
+/// requests were sent but the last (a ping-pong has one request in flight,
+/// and the timer that ends the run may cut its reply). Over sockperf's
+/// statistics window ([Valid Duration]: the run without its first 400 ms
+/// and last 50 ms, sockperf's own constants): no drop, duplicate or
+/// reordering, and each request answered. A window can be empty: when the
+/// machine stalls the pair for more than 550 ms of a 1 s run, every
+/// request's send time falls before the window's start or after its end,
+/// and sockperf prints "No valid observations found" instead of the
+/// window's lines. Not a loss (the whole run's counts still say every
+/// request was answered): at load 8-13 on this 2-vCPU machine it happened
+/// under run (2 of 11 runs of the feed-mode test, [Total Run] 4441 sent
+/// 4440 received, 8486 / 8485) and plain sockperf's window shrank to 9 ms
+/// in the same way (1,507 messages in 1.367 s: the timer's signal itself
+/// came 367 ms late), docs/benchmarks.md "Session 17: flakes".
 #[track_caller]
 pub fn assert_sockperf_complete(out: &str) {
+    let line = |tag: &str| out.lines().find(|l| l.contains(tag));
+    let total = line("[Total Run]").unwrap_or_else(|| panic!("no [Total Run] line:\n{out}"));
+    let sent = sockperf_field(total, "SentMessages").expect("SentMessages");
+    let recv = sockperf_field(total, "ReceivedMessages").expect("ReceivedMessages");
+    assert!(recv > 0, "no reply:\n{out}");
+    assert!(
+        recv <= sent && sent - recv <= 1,
+        "requests without a reply:\n{out}"
+    );
+    if out.contains("No valid observations found") {
+        return;
+    }
     assert!(
         out.contains(
             "# dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0"
         ),
         "losses:\n{out}"
     );
-    let valid = out
-        .lines()
-        .find(|l| l.contains("[Valid Duration]"))
-        .unwrap_or_else(|| panic!("no [Valid Duration] line:\n{out}"));
+    let valid =
+        line("[Valid Duration]").unwrap_or_else(|| panic!("no [Valid Duration] line:\n{out}"));
     let sent = sockperf_field(valid, "SentMessages").expect("SentMessages");
     let recv = sockperf_field(valid, "ReceivedMessages").expect("ReceivedMessages");
     assert!(sent > 0, "{out}");
