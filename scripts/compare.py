@@ -37,6 +37,13 @@ Wave 3: sockperf UDP and TCP under `nanowire run`, this tree's shim against an o
 
     NANOWIRE_OLD_PRELOAD=/work/baseline/libnanowire_preload.so scripts/compare.py --scenario wave3-regress
 
+Each row with an "(old shim)" twin also gets `run_to_old` in the JSON (and a line on stderr): the
+ratio of the medians of p50 (new/old), its bootstrap 95% interval over the interleaved repeats
+(the repeats resampled with replacement, both rows' p50s of a repeat kept together, 10,000
+resamples, seeded: the same runs give the same interval) and the per-repeat ratios, with a verdict:
+"no measurable change" when the interval holds 1.0, "slower"/"faster" (measurable) when it
+excludes it, and whether its top is within 1.05x (issues 20/24's acceptance; `within_1_05`).
+
 The floor of the machine: a minimal AF_XDP UDP ping-pong (crates/xdp/examples/xsk_floor.rs, built
 on demand) against `nanowire bench` xdp↔xdp, sockperf under `nanowire run` and plain sockperf, 64 B,
 interleaved; ratios to the floor (what is the engine's own cost) and floor/plain (the best any
@@ -173,6 +180,64 @@ def old_shim(argv):
     launcher's prestart: a shim older than it does not adopt the prepared program, whose link
     would then keep its own engine off the interface (EBUSY: it fell back to spin)."""
     return ["env", f"NANOWIRE_PRELOAD={os.environ['NANOWIRE_OLD_PRELOAD']}", "NANOWIRE_PRESTART=0"] + argv
+
+
+OLD_SHIM = " (old shim)"
+BOOT_RESAMPLES, BOOT_SEED, NO_CHANGE = 10000, 17, 1.05
+
+
+def bootstrap_ratio(new, old, resamples=BOOT_RESAMPLES, seed=BOOT_SEED):
+    """Bootstrap 95% interval (percentile method) of median(new) / median(old) over paired
+    repeats: repeat i gave new[i] and old[i] back to back (interleaved), so a resample draws
+    repeat indices with replacement and keeps each repeat's two values together (the machine's
+    drift between repeats moves both). Pure Python, seeded: the same runs give the same interval."""
+    import random
+    n = len(new)
+    rng = random.Random(seed)
+    stats = []
+    for _ in range(resamples):
+        idx = [rng.randrange(n) for _ in range(n)]
+        stats.append(statistics.median(new[i] for i in idx) / statistics.median(old[i] for i in idx))
+    stats.sort()
+    return stats[int(0.025 * resamples)], stats[min(resamples - 1, int(0.975 * resamples))]
+
+
+def run_to_old(runs, key="p50"):
+    """For each row with an "(old shim)" twin: new/old of the medians of `key`, its bootstrap 95%
+    interval over the repeats, the per-repeat ratios, and what they say."""
+    out = {}
+    for old_label in runs:
+        if not old_label.endswith(OLD_SHIM) or old_label[:-len(OLD_SHIM)] not in runs:
+            continue
+        label = old_label[:-len(OLD_SHIM)]
+        pairs = [(n[key], o[key]) for n, o in zip(runs[label], runs[old_label])
+                 if n.get(key) is not None and o.get(key)]
+        if not pairs:
+            continue
+        new, old = [p[0] for p in pairs], [p[1] for p in pairs]
+        ratio = statistics.median(new) / statistics.median(old)
+        lo, hi = bootstrap_ratio(new, old)
+        verdict = "slower (measurable)" if lo > 1.0 else "faster (measurable)" if hi < 1.0 else \
+            "no measurable change"
+        verdict += f"; within {NO_CHANGE}x" if hi <= NO_CHANGE else \
+            f"; the interval reaches past {NO_CHANGE}x"
+        if len(pairs) < 5:
+            # n repeats have at most C(2n-1, n) distinct resamples (3 for 2 repeats).
+            verdict += f" (only {len(pairs)} repeats: the interval understates the spread)"
+        out[label] = {"of": f"{label} / {old_label}", "key": key, "ratio": round(ratio, 3),
+                      "ci95": [round(lo, 3), round(hi, 3)],
+                      "per_repeat": [round(a / b, 3) for a, b in pairs], "repeats": len(pairs),
+                      "within_1_05": hi <= NO_CHANGE, "verdict": verdict,
+                      "bootstrap": {"resamples": BOOT_RESAMPLES, "seed": BOOT_SEED,
+                                    "method": "percentile, repeats resampled in pairs"}}
+    return out
+
+
+def print_run_to_old(r):
+    for v in r.values():
+        print(f"# {v['of']}: {v['key']} {v['ratio']:.3f}x, 95% CI {v['ci95'][0]:.3f}-{v['ci95'][1]:.3f} "
+              f"over {v['repeats']} repeats (per repeat {' '.join(f'{x:.3f}' for x in v['per_repeat'])}): "
+              f"{v['verdict']}", file=sys.stderr)
 
 
 def scenarios(secs, size):
@@ -1105,6 +1170,10 @@ def main():
            "commands": {label: {"server": " ".join(map(shlex.quote, s)), "client": " ".join(map(shlex.quote, c))}
                         for label, s, c, _ in configs},
            "runs": runs, "median": med, "ratio_to_baseline": ratios, "env": env(a.lab)}
+    old = run_to_old(runs)
+    if old:
+        out["run_to_old"] = old
+        print_run_to_old(old)
     print(json.dumps(out, indent=1))
 
 
