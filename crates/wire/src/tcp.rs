@@ -282,7 +282,49 @@ impl TcpRepr {
     /// complete (the kernel's CHECKSUM_PARTIAL: the ones' complement sum
     /// of the segment from its first byte, folded and inverted, goes into
     /// the field at offset 16), or [`fill_checksum`] to finish.
+    #[inline]
     pub fn emit_partial(
+        &self,
+        buf: &mut [u8],
+        payload_len: usize,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+    ) -> usize {
+        // What every segment of an established connection that negotiated
+        // timestamps carries (NOP, NOP, TS; no SACK blocks): one fixed
+        // layout, one bounds check. Everything else through the general
+        // writer, out of line, so that this path stays a few code lines.
+        if let Some((val, ecr)) = self.timestamp
+            && self.mss.is_none()
+            && self.window_scale.is_none()
+            && !self.sack_permitted
+            && self.sack_len == 0
+        {
+            const HL: usize = HEADER_LEN + 12;
+            let total = HL + payload_len;
+            let d = &mut buf[..total];
+            let h: &mut [u8; HL] = (&mut d[..HL]).try_into().expect("HL bytes");
+            h[0..2].copy_from_slice(&self.src_port.to_be_bytes());
+            h[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
+            h[4..8].copy_from_slice(&self.seq.to_be_bytes());
+            h[8..12].copy_from_slice(&self.ack.to_be_bytes());
+            h[12] = ((HL / 4) as u8) << 4;
+            h[13] = self.flags.0;
+            h[14..16].copy_from_slice(&self.window.to_be_bytes());
+            let pseudo = checksum::pseudo_header(src, dst, PROTO_TCP, total as u16);
+            h[16..18].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
+            h[18..20].fill(0);
+            h[20..24].copy_from_slice(&[OPT_NOP, OPT_NOP, OPT_TS, 10]);
+            h[24..28].copy_from_slice(&val.to_be_bytes());
+            h[28..32].copy_from_slice(&ecr.to_be_bytes());
+            return total;
+        }
+        self.emit_partial_general(buf, payload_len, src, dst)
+    }
+
+    /// [`TcpRepr::emit_partial`] with any options.
+    #[inline(never)]
+    fn emit_partial_general(
         &self,
         buf: &mut [u8],
         payload_len: usize,
@@ -527,5 +569,35 @@ mod tests {
         q[16] ^= 0xff;
         fill_checksum(&mut q, A, B);
         assert_eq!(q, full);
+    }
+
+    #[test]
+    fn the_timestamp_only_layout_writes_what_the_general_writer_writes() {
+        for flags in [Flags::ACK, Flags::ACK | Flags::PSH, Flags::ACK | Flags::FIN] {
+            for len in [0usize, 1, 7, 64, 1448] {
+                let r = TcpRepr {
+                    src_port: 11111,
+                    dst_port: 40123,
+                    seq: 0xfedc_ba98,
+                    ack: 0x0123_4567,
+                    flags: Flags(flags),
+                    window: 0x1234,
+                    timestamp: Some((0xdead_beef, 0x0bad_cafe)),
+                    ..TcpRepr::default()
+                };
+                let payload: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+                let mut fast = vec![0xa5u8; 32 + len + 5];
+                let mut general = fast.clone();
+                fast[32..32 + len].copy_from_slice(&payload);
+                general[32..32 + len].copy_from_slice(&payload);
+                assert_eq!(r.emit_partial(&mut fast, len, A, B), 32 + len);
+                assert_eq!(r.emit_partial_general(&mut general, len, A, B), 32 + len);
+                assert_eq!(fast, general, "flags {flags:#x} len {len}");
+                let full = build(&r, &payload);
+                let s = TcpSegment::new_checked(&full[..]).unwrap();
+                assert_eq!(s.checksum_state(A, B), ChecksumState::Valid);
+                assert_eq!(TcpRepr::parse(&s).unwrap(), r);
+            }
+        }
     }
 }
