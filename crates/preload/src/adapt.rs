@@ -172,6 +172,14 @@ pub fn waiter(fd: i32, w0: u64, s0: u64, timeout_ns: u64, slice_ns: u64) -> Wait
 /// Sleep (at most `ns`, at least 1 µs) until one of `fds` is readable
 /// (on the stack for up to 16 fds); errno is kept.
 pub fn sleep_on_fds(fds: &[i32], ns: u64) {
+    let _: [i16; 0] = poll_in(fds.iter().copied(), ns);
+}
+
+/// Sleep (at most `ns`, at least 1 µs) until one of `fds` is readable; the
+/// `revents` of the first `N` (the caller's own fds, put first). The
+/// pollfds are on the stack for up to 16 fds (no allocation per wait: a
+/// blocking `accept` waits once per call); errno is kept.
+pub fn poll_in<const N: usize>(mut fds: impl Iterator<Item = i32>, ns: u64) -> [i16; N] {
     let pfd = |fd| libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -179,13 +187,20 @@ pub fn sleep_on_fds(fds: &[i32], ns: u64) {
     };
     let mut stack = [pfd(-1); 16];
     let mut heap = Vec::new();
-    let pfds: &mut [libc::pollfd] = if fds.len() <= stack.len() {
-        for (p, &f) in stack.iter_mut().zip(fds) {
-            p.fd = f;
+    let mut n = 0;
+    for f in fds.by_ref() {
+        if n == stack.len() {
+            heap.extend_from_slice(&stack);
+            heap.push(pfd(f));
+            break;
         }
-        &mut stack[..fds.len()]
+        stack[n] = pfd(f);
+        n += 1;
+    }
+    let pfds: &mut [libc::pollfd] = if heap.is_empty() {
+        &mut stack[..n]
     } else {
-        heap.extend(fds.iter().map(|&f| pfd(f)));
+        heap.extend(fds.map(pfd));
         &mut heap
     };
     let ns = ns.max(1000);
@@ -204,4 +219,5 @@ pub fn sleep_on_fds(fds: &[i32], ns: u64) {
         )
     };
     crate::sys::set_errno(e);
+    std::array::from_fn(|i| pfds.get(i).map_or(0, |p| p.revents))
 }

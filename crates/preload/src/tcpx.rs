@@ -1343,47 +1343,25 @@ pub fn accept(
             continue;
         }
         let busy = engine_call(|| l.busy());
-        let afd = l.accept_fd();
-        let mut pf = vec![
-            libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            // Signalled by whichever thread turns the engine when a
-            // connection reaches the accept queue.
-            libc::pollfd {
-                fd: afd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        if !busy {
-            pf.extend(
-                t.wait_fds()
-                    .iter()
-                    .filter(|&&f| f != fd)
-                    .map(|&f| libc::pollfd {
-                        fd: f,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    }),
-            );
-        }
+        // The listening socket, then the accept fd (signalled by whichever
+        // thread turns the engine when a connection reaches the accept
+        // queue), then, while no connection of this listener is open, the
+        // engine's fds.
+        let own = [fd, l.accept_fd()];
+        let engine = t.wait_fds().iter().copied().filter(|&f| f != fd);
         // With connections open, their threads turn the engine and signal the
         // accept fd; the slice is only a safety net then.
         let mut slice: u64 = 50_000_000;
         if tmo != 0 {
             slice = slice.min(tmo - spent);
         }
-        let ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: slice.max(1000) as _,
-        };
-        // SAFETY: our own array, a bounded timeout.
-        unsafe { real::ppoll(pf.as_mut_ptr(), pf.len() as _, &ts, std::ptr::null()) };
-        look_kernel = pf[0].revents != 0;
-        if pf[1].revents != 0 {
+        let rev: [i16; 2] = crate::adapt::poll_in(
+            own.into_iter()
+                .chain(engine.take(if busy { 0 } else { usize::MAX })),
+            slice,
+        );
+        look_kernel = rev[0] != 0;
+        if rev[1] != 0 {
             engine_call(|| l.accept_drain());
         }
     };
