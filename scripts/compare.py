@@ -63,6 +63,11 @@ attach: no program load, no UMEM to zero):
     scripts/compare.py --scenario churn --repeats 5 --requests 1000
 
 (ab's time includes the engine's start under run, about 0.1 s here: use at least 1000 requests.)
+The nginx 4-workers rows (issue 24) run `--nginx4-requests` requests (default 10000: 1000 take under
+0.1 s at ~13,000/s), each after `--nginx4-warmup` requests to the same nginx (default 200; the one
+under run is started for its run), plain and run in alternating order from repeat to repeat; the
+JSON has each repeat's ratio run/plain (`ratio_per_repeat`: each, median, min, max, how many >= 1).
+`--rows nginx4` runs only those rows (e.g. `--rows nginx4 --repeats 9` for the issue 24 row alone).
 
 The engine service (issue 23): sockperf sr under `nanowire run` in b, one process on an engine of
 its own (today's), one on the engine service, and 4 on the service at once (`NANOWIRE_SERVICE=1`,
@@ -873,6 +878,8 @@ def run_churn(a):
         try:
             url = f"http://{B}:{port}/index.html"
             # (name, argv, server under run in the "run" mode: ab stays plain)
+            n4 = str(a.nginx4_requests)
+            url4 = url.replace(f":{port}/", f":{port + 2}/")
             tests = [
                 ("ab -c 1", ["ab", "-q", "-n", str(a.requests), "-c", "1", url], False),
                 ("ab -c 20", ["ab", "-q", "-n", str(a.requests), "-c", "20", url], False),
@@ -880,17 +887,15 @@ def run_churn(a):
                 ("ab -c 1 nginx under run", ["ab", "-q", "-n", str(a.requests), "-c", "1", url], True),
                 # Issue 24: connections accepted per second by nginx with 4 workers, plain and
                 # under run on the engine service of host b (workers share the listener there).
-                ("ab -c 20 nginx 4 workers under run",
-                 ["ab", "-q", "-n", str(a.requests), "-c", "20", url.replace(f":{port}/", f":{port + 2}/")],
-                 True),
+                ("ab -c 20 nginx 4 workers under run", ["ab", "-q", "-n", n4, "-c", "20", url4], True),
                 # The same with the workers' waits not spinning (NANOWIRE_SPIN_US=0): 4 workers and
                 # ab on 2 vCPUs leave no idle CPU to spin on; session 15 counted 10-25 % more CPU per
                 # request in the workers with the default spin than without (docs/benchmarks.md,
                 # "Session 15: nginx workers on the service").
-                ("ab -c 20 nginx 4 workers under run spin 0",
-                 ["ab", "-q", "-n", str(a.requests), "-c", "20", url.replace(f":{port}/", f":{port + 2}/")],
-                 True),
+                ("ab -c 20 nginx 4 workers under run spin 0", ["ab", "-q", "-n", n4, "-c", "20", url4], True),
             ]
+            if a.rows == "nginx4":
+                tests = [t for t in tests if "4 workers" in t[0]]
 
             def parse(text):
                 out = {}
@@ -908,7 +913,10 @@ def run_churn(a):
                     # "service": the client under run on the engine service of host a (started
                     # before the run, stopped after it: the own-engine runs need the interface),
                     # so its engine start is an attach (issue 21 churn, session 11).
-                    for mode in ("plain", "run") + (() if server_run else ("service",)):
+                    modes = ("plain", "run") + (() if server_run else ("service",))
+                    # Plain first in odd repeats, last in even ones: no mode always follows the
+                    # other (a ratio per repeat compares neighbours in time).
+                    for mode in modes if r % 2 == 0 else modes[::-1]:
                         run_srv = None
                         svc = None
                         if mode == "service":
@@ -934,6 +942,12 @@ def run_churn(a):
                             run_srv = churn_nginx(a.lab, os.path.join(tmp, "run"), port + 1, under_run=True)
                             cmd = [x.replace(f":{port}/", f":{port + 1}/") for x in argv]
                         try:
+                            if "4 workers" in name and a.nginx4_warmup:
+                                # The same nginx warmed first (its engine attached, its workers'
+                                # first connections made), plainly as under run.
+                                i = cmd.index("-n") + 1
+                                warm = cmd[:i] + [str(a.nginx4_warmup)] + cmd[i + 1:]
+                                run_client(a.lab, warm, parse, timeout=300)
                             res = run_client(a.lab, cmd, parse, timeout=300)
                         finally:
                             if run_srv:
@@ -957,8 +971,19 @@ def run_churn(a):
         sv = med.get(f"{name} service", {}).get(key)
         if p and sv:
             ratios[f"{name} {key} service/plain"] = round(sv / p, 3)
-    return {"scenario": "churn", "requests": a.requests, "repeats": a.repeats, "runs": runs, "median": med,
-            "ratio_run_to_plain": ratios,
+    # Each repeat's ratio (plain and run of one repeat are neighbours in time): the spread says
+    # whether the median ratio's side of 1.0 is more than noise.
+    per_repeat = {}
+    for name in ("ab -c 20 nginx 4 workers under run", "ab -c 20 nginx 4 workers under run spin 0"):
+        ps, rs = runs.get(f"{name} plain", []), runs.get(f"{name} run", [])
+        each = [round(r["req_s"] / p["req_s"], 3) for p, r in zip(ps, rs) if p.get("req_s") and r.get("req_s")]
+        if each:
+            per_repeat[f"{name} req_s run/plain"] = {
+                "each": each, "median": round(statistics.median(each), 3), "min": min(each), "max": max(each),
+                "at_or_above_1": sum(x >= 1.0 for x in each)}
+    return {"scenario": "churn", "requests": a.requests, "nginx4_requests": a.nginx4_requests,
+            "nginx4_warmup": a.nginx4_warmup, "rows": a.rows, "repeats": a.repeats, "runs": runs, "median": med,
+            "ratio_run_to_plain": ratios, "ratio_per_repeat": per_repeat,
             "acceptance": "ab -c 1 with ab under run >= 1.0x plain req/s, and against nginx under run no "
                           "slower than plain (issue 21); nginx with 4 workers under run (engine service) "
                           "accepts connections per second >= plain (issue 24)", "env": env(a.lab)}
@@ -1114,6 +1139,12 @@ def main():
     ap.add_argument("--lab", default="nw")
     ap.add_argument("--count", type=int, default=5000, help="apps: datagrams timed per run")
     ap.add_argument("--requests", type=int, default=1000, help="churn: ab requests (and connects) per run")
+    ap.add_argument("--nginx4-requests", type=int, default=10000,
+                    help="churn: ab requests per run of the nginx 4-workers rows (issue 24)")
+    ap.add_argument("--nginx4-warmup", type=int, default=200,
+                    help="churn: requests to the nginx 4-workers rows' nginx before each timed run (0: none)")
+    ap.add_argument("--rows", choices=["all", "nginx4"], default="all",
+                    help="churn: all rows, or only the nginx 4-workers rows (issue 24)")
     ap.add_argument("--warmup", type=int, default=1000, help="apps: datagrams echoed before the timing starts")
     ap.add_argument("--inflight", default="1,8", help="apps: datagrams in flight, comma-separated")
     ap.add_argument("--runtimes", default="", help="apps: subset of node,jvm-nio,python-asyncio,c-mt")
