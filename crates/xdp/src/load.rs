@@ -169,6 +169,95 @@ pub fn link_info(fd: RawFd) -> std::io::Result<LinkInfo> {
     Ok(info)
 }
 
+/// The kernel's `union bpf_attr` for BPF_MAP_*_BATCH.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// Entries asked for per BPF_MAP_LOOKUP_BATCH call (a hash bucket holding
+/// more would answer ENOSPC: far beyond any bucket's length here).
+const BATCH: usize = 4096;
+
+/// Every entry of hash map `fd` (keys of `key_size`, values of
+/// `value_size` bytes): concatenated keys and values, in the same order.
+/// BPF_MAP_LOOKUP_BATCH, one call per [`BATCH`] entries, instead of two
+/// calls per entry (get-next-key, lookup) as a map iterator makes.
+pub fn map_lookup_all(
+    fd: RawFd,
+    key_size: usize,
+    value_size: usize,
+) -> std::io::Result<(Vec<u8>, Vec<u8>)> {
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    // The position (a hash bucket index for hash maps: at most a key's size).
+    let mut pos = [[0u64; 2]; 2];
+    let mut first = true;
+    let (mut kb, mut vb) = (vec![0u8; BATCH * key_size], vec![0u8; BATCH * value_size]);
+    loop {
+        let (in_b, out_b) = pos.split_at_mut(1);
+        let mut attr = BatchAttr {
+            in_batch: if first {
+                0
+            } else {
+                in_b[0].as_mut_ptr() as u64
+            },
+            out_batch: out_b[0].as_mut_ptr() as u64,
+            keys: kb.as_mut_ptr() as u64,
+            values: vb.as_mut_ptr() as u64,
+            count: BATCH as u32,
+            map_fd: fd as u32,
+            ..Default::default()
+        };
+        let r = bpf_call(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr);
+        // The kernel sets `count` to the entries copied, also on the last
+        // call (ENOENT: no more).
+        let n = (attr.count as usize).min(BATCH);
+        keys.extend_from_slice(&kb[..n * key_size]);
+        values.extend_from_slice(&vb[..n * value_size]);
+        match r {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok((keys, values)),
+            Err(e) => return Err(e),
+        }
+        pos[0] = pos[1];
+        first = false;
+    }
+}
+
+/// Delete `keys` (concatenated, `key_size` bytes each) from map `fd`:
+/// BPF_MAP_DELETE_BATCH, skipping a key already gone (the kernel stops at
+/// it). Returns how many were deleted.
+pub fn map_delete_keys(fd: RawFd, keys: &[u8], key_size: usize) -> std::io::Result<usize> {
+    let total = keys.len() / key_size;
+    let (mut at, mut deleted) = (0usize, 0usize);
+    while at < total {
+        let mut attr = BatchAttr {
+            keys: keys[at * key_size..].as_ptr() as u64,
+            count: (total - at) as u32,
+            map_fd: fd as u32,
+            ..Default::default()
+        };
+        let r = bpf_call(bpf_cmd::BPF_MAP_DELETE_BATCH, &mut attr);
+        let n = (attr.count as usize).min(total - at);
+        deleted += n;
+        match r {
+            Ok(_) => return Ok(deleted),
+            // Key `at + n` was not there: on with the next.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => at += n + 1,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(deleted)
+}
+
 /// A kernel object name (NUL-padded) as text.
 pub fn name_of(n: &[u8; 16]) -> String {
     let end = n.iter().position(|&b| b == 0).unwrap_or(n.len());
@@ -517,6 +606,90 @@ mod tests {
         assert_eq!(std::mem::offset_of!(LinkCreateAttr, flags), 12);
         assert_eq!(std::mem::offset_of!(LinkUpdateAttr, new_prog_fd), 4);
         assert_eq!(std::mem::offset_of!(LinkUpdateAttr, old_prog_fd), 12);
+    }
+
+    #[test]
+    fn batch_attr_is_the_kernels_batch_member() {
+        assert_eq!(std::mem::offset_of!(BatchAttr, keys), 16);
+        assert_eq!(std::mem::offset_of!(BatchAttr, count), 32);
+        assert_eq!(std::mem::offset_of!(BatchAttr, map_fd), 36);
+        assert_eq!(std::mem::offset_of!(BatchAttr, flags), 48);
+    }
+
+    /// A real hash map of the pins' shape (12-byte keys, 4-byte values):
+    /// the batch lookup returns every entry once, with its value, across
+    /// several batches; the batch delete skips keys that are not there
+    /// and deletes all the others.
+    #[test]
+    #[ignore = "needs root"]
+    fn batch_lookup_returns_every_entry_and_batch_delete_skips_missing_keys() {
+        let mut attr = MapCreateAttr {
+            map_type: aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_HASH as u32,
+            key_size: 12,
+            value_size: 4,
+            max_entries: 65536,
+            map_name: obj_name("nw_test_batch"),
+            ..Default::default()
+        };
+        let map = bpf_fd(bpf_cmd::BPF_MAP_CREATE, &mut attr).expect("BPF_MAP_CREATE (root?)");
+        let fd = map.as_raw_fd();
+        #[repr(C)]
+        struct ElemAttr {
+            map_fd: u32,
+            pad: u32,
+            key: u64,
+            value: u64,
+            flags: u64,
+        }
+        let key = |i: u32| -> [u8; 12] {
+            let mut k = [0u8; 12];
+            k[..4].copy_from_slice(&i.to_ne_bytes());
+            k[8..].copy_from_slice(&(!i).to_ne_bytes());
+            k
+        };
+        const N: u32 = 10_000; // more than two batches
+        for i in 0..N {
+            let (k, v) = (key(i), (i * 7).to_ne_bytes());
+            let mut a = ElemAttr {
+                map_fd: fd as u32,
+                pad: 0,
+                key: k.as_ptr() as u64,
+                value: v.as_ptr() as u64,
+                flags: 0,
+            };
+            bpf_call(bpf_cmd::BPF_MAP_UPDATE_ELEM, &mut a).expect("update");
+        }
+        let (keys, values) = map_lookup_all(fd, 12, 4).expect("lookup batch");
+        assert_eq!(keys.len(), N as usize * 12);
+        let mut seen = vec![false; N as usize];
+        for (k, v) in keys.chunks_exact(12).zip(values.chunks_exact(4)) {
+            let i = u32::from_ne_bytes(k[..4].try_into().unwrap());
+            assert_eq!(k, key(i), "key {i}");
+            assert_eq!(
+                u32::from_ne_bytes(v.try_into().unwrap()),
+                i * 7,
+                "value of {i}"
+            );
+            assert!(
+                !std::mem::replace(&mut seen[i as usize], true),
+                "key {i} twice"
+            );
+        }
+        // Every key, with a missing one after each 100th (and at both ends).
+        let mut del = key(N + 1).to_vec();
+        for i in 0..N {
+            del.extend_from_slice(&key(i));
+            if i % 100 == 0 {
+                del.extend_from_slice(&key(N + 2 + i));
+            }
+        }
+        del.extend_from_slice(&key(2 * N + 5));
+        assert_eq!(
+            map_delete_keys(fd, &del, 12).expect("delete batch"),
+            N as usize
+        );
+        let (left, _) = map_lookup_all(fd, 12, 4).expect("lookup batch of an empty map");
+        assert!(left.is_empty(), "{} bytes of keys left", left.len());
     }
 
     #[test]

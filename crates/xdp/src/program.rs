@@ -3,7 +3,7 @@
 use aya::Pod;
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, XskMap};
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
 /// A flow entry's value with this bit: the connection is the kernel's
 /// (steer.c's NW_FLOW_PASS); otherwise the value is the owner's pid.
@@ -68,6 +68,11 @@ impl TcpFlowKey {
             lport: local.port().to_be(),
         }
     }
+}
+
+/// The local address of a flow key.
+fn local_of(k: &TcpFlowKey) -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::from(k.laddr.to_ne_bytes()), u16::from_be(k.lport))
 }
 
 /// How the program ended up attached.
@@ -700,19 +705,12 @@ impl SteerProgram {
     /// many went.
     pub fn unpin_tcp(&mut self, mut drop: impl FnMut(SocketAddrV4, u32) -> bool) -> usize {
         let keys: Vec<TcpFlowKey> = self
-            .tcp_pins
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(k, v)| {
-                let local =
-                    SocketAddrV4::new(Ipv4Addr::from(k.laddr.to_ne_bytes()), u16::from_be(k.lport));
-                drop(local, *v)
-            })
+            .pins()
+            .into_iter()
+            .filter(|(k, v)| drop(local_of(k), *v))
             .map(|(k, _)| k)
             .collect();
-        keys.iter()
-            .filter(|k| self.tcp_pins.remove(k).is_ok())
-            .count()
+        self.unpin_keys(&keys)
     }
 
     /// Forget the pin of one connection (local, remote).
@@ -722,22 +720,77 @@ impl SteerProgram {
             .is_ok()
     }
 
+    /// Forget the pins of these connections (local, remote): one system
+    /// call for all (BPF_MAP_DELETE_BATCH). Returns how many went.
+    pub fn unpin_tcp_flows(&mut self, flows: &[(SocketAddrV4, SocketAddrV4)]) -> usize {
+        let keys: Vec<TcpFlowKey> = flows.iter().map(|&(l, r)| TcpFlowKey::new(l, r)).collect();
+        self.unpin_keys(&keys)
+    }
+
+    fn unpin_keys(&mut self, keys: &[TcpFlowKey]) -> usize {
+        if keys.is_empty() {
+            return 0;
+        }
+        let size = std::mem::size_of::<TcpFlowKey>();
+        // SAFETY: TcpFlowKey is Pod (12 bytes, no padding): its bytes are
+        // initialized; the slice covers exactly `keys`.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(keys.as_ptr().cast::<u8>(), std::mem::size_of_val(keys))
+        };
+        let fd = aya::maps::IterableMap::map(&self.tcp_pins)
+            .fd()
+            .as_fd()
+            .as_raw_fd();
+        crate::load::map_delete_keys(fd, bytes, size).unwrap_or_else(|_| {
+            // A kernel without batch operations: one call per key.
+            keys.iter()
+                .filter(|k| self.tcp_pins.remove(k).is_ok())
+                .count()
+        })
+    }
+
     /// The pins (group listeners' connections by 4-tuple): local, remote,
     /// the slot's value.
     pub fn tcp_pins(&self) -> Vec<(SocketAddrV4, SocketAddrV4, u32)> {
-        self.tcp_pins
-            .iter()
-            .filter_map(Result::ok)
+        self.pins()
+            .into_iter()
             .map(|(k, v)| {
-                (
-                    SocketAddrV4::new(Ipv4Addr::from(k.laddr.to_ne_bytes()), u16::from_be(k.lport)),
-                    SocketAddrV4::new(Ipv4Addr::from(k.raddr.to_ne_bytes()), u16::from_be(k.rport)),
-                    v,
-                )
+                let remote =
+                    SocketAddrV4::new(Ipv4Addr::from(k.raddr.to_ne_bytes()), u16::from_be(k.rport));
+                (local_of(&k), remote, v)
             })
             .collect()
     }
 
+    /// Every pin: BPF_MAP_LOOKUP_BATCH, a few system calls for the whole
+    /// map (the map iterator made two per entry: the service's sweep of
+    /// 65,536 pins every 5 s was 1.6 `bpf` calls per connection under ab
+    /// against nginx with 4 workers; docs/benchmarks.md, "Session 17:
+    /// nginx workers on the service").
+    fn pins(&self) -> Vec<(TcpFlowKey, u32)> {
+        let (ks, vs) = (
+            std::mem::size_of::<TcpFlowKey>(),
+            std::mem::size_of::<u32>(),
+        );
+        let fd = aya::maps::IterableMap::map(&self.tcp_pins)
+            .fd()
+            .as_fd()
+            .as_raw_fd();
+        match crate::load::map_lookup_all(fd, ks, vs) {
+            Ok((keys, values)) => keys
+                .chunks_exact(ks)
+                .zip(values.chunks_exact(vs))
+                .map(|(k, v)| {
+                    // SAFETY: `k` holds a whole TcpFlowKey's 12 bytes as the
+                    // kernel copied them; any bit pattern is valid (Pod).
+                    let key = unsafe { std::ptr::read_unaligned(k.as_ptr().cast::<TcpFlowKey>()) };
+                    (key, u32::from_ne_bytes([v[0], v[1], v[2], v[3]]))
+                })
+                .collect(),
+            // A kernel without batch operations: the iterator.
+            Err(_) => self.tcp_pins.iter().filter_map(Result::ok).collect(),
+        }
+    }
     /// Register the AF_XDP socket serving RX queue `queue`.
     pub fn set_xsk(&mut self, queue: u32, fd: &impl AsRawFd) -> Result<(), String> {
         self.xsks

@@ -1242,6 +1242,7 @@ impl Service {
                         .collect(),
                 );
             }
+            let mut gone = Vec::new();
             for (l, r, v) in pins {
                 if v == nanowire_xdp::program::PIN_KERNEL {
                     // Asked of the kernel below.
@@ -1256,13 +1257,13 @@ impl Service {
                 }
                 let key = (name.clone(), l, r);
                 if self.pin_suspects.contains(&key) {
-                    if ifc.prog.unpin_tcp_flow(l, r) {
-                        self.counters.tcp_pins_swept += 1;
-                    }
+                    gone.push((l, r));
                 } else {
                     suspects.insert(key);
                 }
             }
+            // One system call for all of them (not one per pin).
+            self.counters.tcp_pins_swept += ifc.prog.unpin_tcp_flows(&gone) as u64;
         }
         // A kernel pin goes once the kernel no longer has its connection
         // (closed or in TIME-WAIT), at two sweeps in a row.
