@@ -84,6 +84,18 @@ fn nginx(lab: &ScopedLab, dir: &std::path::Path, workers: usize, run: bool, tag:
         assert!(Instant::now() < end, "nginx did not serve:\n{}", k.both());
         std::thread::sleep(Duration::from_millis(200));
     }
+    // A request answered says one worker serves, not that the master has
+    // started them all: on a loaded machine the last ones still start
+    // (their command line not yet "nginx: worker process").
+    while workers_of(k.child.id()).len() < workers {
+        assert!(
+            Instant::now() < end,
+            "nginx started {} of {workers} workers:\n{}",
+            workers_of(k.child.id()).len(),
+            k.both()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     k
 }
 
@@ -280,30 +292,39 @@ fn nginx_workers_on_the_service_make_no_eventfd_call_per_connection() {
     for w in &workers {
         cmd.arg("-p").arg(w.to_string());
     }
-    // Each worker's threads, and which of them is its TCP timer service:
-    // its own wake-up eventfd (a connection opened while it naps nudges
-    // it) is not the engine's.
-    let mut pid_of = std::collections::HashMap::new();
-    let mut timers = std::collections::HashSet::new();
-    for &w in &workers {
-        for e in std::fs::read_dir(format!("/proc/{w}/task"))
-            .unwrap()
-            .flatten()
-        {
-            let tid = e.file_name().to_string_lossy().into_owned();
-            let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
-            if comm.starts_with("nanowire-tcp-ti") {
-                timers.insert(tid.clone());
+    // Each worker's threads (tid -> worker, name), and which of them is
+    // its TCP timer service: its own wake-up eventfd (a connection opened
+    // while it naps nudges it) is not the engine's. Looked at before and
+    // after the fetches: a thread started meanwhile counts too.
+    let mut threads = std::collections::HashMap::new();
+    let scan = |threads: &mut std::collections::HashMap<String, (u32, String)>| {
+        for &w in &workers {
+            for e in std::fs::read_dir(format!("/proc/{w}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let tid = e.file_name().to_string_lossy().into_owned();
+                let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+                threads.insert(tid, (w, comm.trim().to_string()));
             }
-            pid_of.insert(tid, w);
         }
-    }
+    };
+    scan(&mut threads);
     let mut st = spawn("strace-forkev", cmd);
     // Every worker's threads attached ("Process N attached" each).
     st.wait_until("attached workers", Duration::from_secs(30), |k| {
         k.stderr().matches("attached").count() >= workers.len()
     });
     let got = fetch(&lab, &names);
+    scan(&mut threads);
+    let pid_of: std::collections::HashMap<String, u32> =
+        threads.iter().map(|(t, (w, _))| (t.clone(), *w)).collect();
+    let timers: std::collections::HashSet<String> = threads
+        .iter()
+        .filter(|(_, (_, comm))| comm.starts_with("nanowire-tcp-ti"))
+        .map(|(t, _)| t.clone())
+        .collect();
     // SAFETY: kill(2) of a process of this test.
     unsafe { libc::kill(st.child.id() as i32, libc::SIGINT) };
     st.wait(Duration::from_secs(30));
@@ -336,14 +357,15 @@ fn nginx_workers_on_the_service_make_no_eventfd_call_per_connection() {
         })
         .collect();
     eprintln!(
-        "{} engine eventfd calls for {FETCHES} connections",
-        calls.len()
+        "{} engine eventfd calls for {FETCHES} connections:\n{}\nthreads (tid: worker, name): {threads:?}",
+        calls.len(),
+        calls.join("\n")
     );
     // A frame another thread (the timer service) queued for a sleeping
     // worker still signals it: far fewer than one per connection.
     assert!(
         calls.len() < FETCHES / 2,
-        "{} eventfd calls for {FETCHES} connections:\n{}",
+        "{} eventfd calls for {FETCHES} connections:\n{}\nthreads (tid: worker, name): {threads:?}",
         calls.len(),
         calls.join("\n")
     );
