@@ -21,7 +21,8 @@
 //! and real runtimes: `java_node_dnsmasq_match_plain`.
 
 mod run_support;
-use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host, ScopedLab};
+use nanowire_lab::testbed::{Host, ScopedLab};
+use nanowire_testkit::{A, B};
 use run_support::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -102,8 +103,7 @@ fn started(k: &mut Kid) {
 fn c_cases_match_plain() {
     let lab = lab_of("c");
     let bin = sem();
-    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
-    let env = [("SEM_ADDR", a.as_str()), ("SEM_PEER", b.as_str())];
+    let env = [("SEM_ADDR", A), ("SEM_PEER", B)];
     let cases: &[&[&str]] = &[
         &["opts", "bind"],
         &["opts", "connect"],
@@ -145,38 +145,21 @@ fn c_cases_match_plain() {
 fn fork_with_bound_and_unbound_sockets() {
     let lab = lab_of("f");
     let bin = sem();
-    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
     let mut echo = spawn(
         "f-echo",
         plain_in(
             &lab,
             Host::B,
-            &["python3", &script("udp_echo.py"), "blocking", &b, "7007"],
+            &["python3", &script("udp_echo.py"), "blocking", B, "7007"],
         ),
     );
     started(&mut echo);
-    let env = [
-        ("SEM_ADDR", a.as_str()),
-        ("SEM_PEER", b.as_str()),
-        ("SEM_PORT", "7007"),
-    ];
+    let env = [("SEM_ADDR", A), ("SEM_PEER", B), ("SEM_PORT", "7007")];
     for mode in ["fork-bound", "fork-unbound"] {
-        let p = once(
-            &lab,
-            Host::A,
-            false,
-            &env,
-            &[&bin, mode],
-            &format!("{mode}-plain"),
-        );
-        let r = once(
-            &lab,
-            Host::A,
-            true,
-            &env,
-            &[&bin, mode],
-            &format!("{mode}-run"),
-        );
+        let [p, r] = [("plain", false), ("run", true)].map(|(how, run)| {
+            let name = format!("{mode}-{how}");
+            once(&lab, Host::A, run, &env, &[&bin, mode], &name)
+        });
         assert!(p.stdout().contains("child: 5 of 5"), "{}", p.both());
         assert_same(mode, &p.stdout(), &r.stdout(), &r.stderr());
     }
@@ -212,12 +195,11 @@ fn rx_tx(
 #[ignore = "needs root"]
 fn fragments_both_directions() {
     let lab = lab_of("g");
-    let b = ADDR_B.to_string();
     let (sizes, tx) = ("1472,1473,4000,9000,65507", script("tx.py"));
     // into an accelerated receiver (sender plain)
     let (t, r) = (
-        ["python3", &tx, &b, "7101", "10", sizes],
-        [b.as_str(), "7101", "--expect", "50"],
+        ["python3", &tx, B, "7101", "10", sizes],
+        [B, "7101", "--expect", "50"],
     );
     let (want, _) = rx_tx(&lab, "g-in-p", false, &r, false, &t);
     assert!(want.contains("got 50"), "{want}");
@@ -225,8 +207,8 @@ fn fragments_both_directions() {
     assert_same("fragments into an accelerated receiver", &want, &got, &err);
     // from an accelerated sender (receiver plain)
     let (t, r) = (
-        ["python3", &tx, &b, "7102", "10", sizes],
-        [b.as_str(), "7102", "--expect", "50"],
+        ["python3", &tx, B, "7102", "10", sizes],
+        [B, "7102", "--expect", "50"],
     );
     let (got, err) = rx_tx(&lab, "g-out-r", false, &r, true, &t);
     assert_same(
@@ -241,14 +223,13 @@ fn fragments_both_directions() {
 #[ignore = "needs root"]
 fn ip_options_delivered_martians_dropped() {
     let lab = lab_of("o");
-    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
-    let t = ["python3", &script("rawtx.py"), &b, "7201", "10", &a];
-    let (want, _) = rx_tx(&lab, "o-p", false, &[&b, "7201"], false, &t);
+    let t = ["python3", &script("rawtx.py"), B, "7201", "10", A];
+    let (want, _) = rx_tx(&lab, "o-p", false, &[B, "7201"], false, &t);
     assert!(
         want.contains("opt 8 x10") && want.contains("plain 10 x10"),
         "{want}"
     );
-    let (got, err) = rx_tx(&lab, "o-r", true, &[&b, "7201"], false, &t);
+    let (got, err) = rx_tx(&lab, "o-r", true, &[B, "7201"], false, &t);
     assert_same("IP options and martian sources", &want, &got, &err);
 }
 
@@ -256,7 +237,6 @@ fn ip_options_delivered_martians_dropped() {
 #[ignore = "needs root"]
 fn multicast_every_receiver_gets_every_datagram() {
     let lab = lab_of("m");
-    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
     let group = "239.7.7.7";
     // Each receiver stops at the 100th datagram. The wait for the first
     // one and the silence that ends a short count are long: receiver 0's
@@ -273,7 +253,7 @@ fn multicast_every_receiver_gets_every_datagram() {
         "--reuse",
         "--join",
         group,
-        &b,
+        B,
         "--expect",
         "100",
         "--first",
@@ -289,7 +269,7 @@ fn multicast_every_receiver_gets_every_datagram() {
         "100",
         "64",
         "--ifaddr",
-        &a,
+        A,
     ];
     for modes in [
         &[false, false][..],
@@ -350,7 +330,6 @@ fn nonzero(e: &serde_json::Value) -> serde_json::Value {
 fn drop_membership_stops_the_group() {
     let lab = lab_of("d");
     let bin = sem();
-    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
     let mut outs = Vec::new();
     for run in [false, true] {
         let mut c = plain_in(
@@ -358,16 +337,12 @@ fn drop_membership_stops_the_group() {
             Host::B,
             &[&bin, "mcast-sender", "239.7.7.8", "7401", "7402"],
         );
-        c.env("SEM_ADDR", &b);
+        c.env("SEM_ADDR", B);
         let t0 = std::time::Instant::now();
         let mut snd = spawn("d-sender", c);
         snd.wait_for("ready", Duration::from_secs(10));
         let ready = t0.elapsed();
-        let env = [
-            ("SEM_ADDR", a.as_str()),
-            ("SEM_PEER", b.as_str()),
-            ("SEM_PORT", "7402"),
-        ];
+        let env = [("SEM_ADDR", A), ("SEM_PEER", B), ("SEM_PORT", "7402")];
         let argv = [bin.as_str(), "mcast-drop", "239.7.7.8", "7401"];
         let mut c = if run {
             run_in(&lab, Host::A, &[], &argv)
@@ -458,11 +433,9 @@ fn drop_membership_stops_the_group() {
 #[ignore = "needs root"]
 fn specific_bind_in_another_process_wins() {
     let lab = lab_of("p");
-    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
-    let _ = a;
-    let tx = ["python3", &script("tx.py"), &b, "7501", "50", "64"];
+    let tx = ["python3", &script("tx.py"), B, "7501", "50", "64"];
     let wild = ["python3", &script("rx.py"), "0.0.0.0", "7501", "--reuse"];
-    let spec = ["python3", &script("rx.py"), &b, "7501", "--reuse"];
+    let spec = ["python3", &script("rx.py"), B, "7501", "--reuse"];
     // (wildcard under run?, wildcard binds first?)
     for (wild_run, wild_first) in [(false, true), (true, true), (true, false)] {
         let start = |argv: &[&str], run: bool, n: &str| {
@@ -499,12 +472,10 @@ fn specific_bind_in_another_process_wins() {
 #[ignore = "needs root"]
 fn java_node_dnsmasq_match_plain() {
     let lab = lab_of("r");
-    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
-    let _ = a;
     let check = [
         "python3",
         &script("udp_check.py"),
-        &b,
+        B,
         "7601",
         "20",
         "--quit",
@@ -518,12 +489,12 @@ fn java_node_dnsmasq_match_plain() {
                 "java",
                 "-Djava.net.preferIPv4Stack=true",
                 &java,
-                &b,
+                B,
                 "7601",
                 "1000",
             ],
         ),
-        ("node", vec!["node", &node, &b, "7601", "1000"]),
+        ("node", vec!["node", &node, B, "7601", "1000"]),
     ];
     for (name, argv) in &servers {
         nanowire_testkit::require(&[argv[0]]);
@@ -554,7 +525,7 @@ fn java_node_dnsmasq_match_plain() {
         "--no-hosts",
         "--bind-interfaces",
         "--port=5354",
-        &format!("--listen-address={b}"),
+        &format!("--listen-address={B}"),
         "--address=/matrix.lab/10.9.8.7",
         "--txt-record=txt.matrix.lab,nanowire",
     ]
@@ -642,9 +613,8 @@ fn fallback_is_announced_at_the_default_level() {
     assert!(k.stderr().is_empty(), "quiet: {}", k.stderr());
     // a second accelerated process on the same interface: accelerated
     // (listed by `nanowire stats`) or told why not, never silent.
-    let b = ADDR_B.to_string();
     let rx = |port: &str| -> Vec<String> {
-        ["python3", &script("rx.py"), &b, port]
+        ["python3", &script("rx.py"), B, port]
             .iter()
             .map(|s| s.to_string())
             .collect()
@@ -701,7 +671,6 @@ fn stats_dir_symlink_attack_leaves_the_target_untouched() {
     std::fs::write(&target, "precious\n").unwrap();
     let victim_dir = scratch_dir().join("victim-dir");
     std::fs::create_dir_all(&victim_dir).unwrap();
-    let b = ADDR_B.to_string();
     // In a private mount namespace with its own /dev/shm (world-writable,
     // sticky, like the real one): the unprivileged user (uid 65534) gets
     // there first, makes the directory its own and plants symlinks to the
@@ -720,13 +689,13 @@ for p in range($last, $last + 3000):
     for n in range(3):
         os.symlink('{target}', f'/dev/shm/nanowire/{{p}}-{{n}}')
 "
-{nw} run -- python3 -c "{bind}" {b}
+{nw} run -- python3 -c "{bind}" {B}
 ls -la /dev/shm/nanowire | grep -v -- '->' | tail -n +2 || true
 echo attacked-dir-done
 # the directory as a symlink to a root directory: refused too
 rm -rf /dev/shm/nanowire
 setpriv --reuid 65534 --regid 65534 --clear-groups ln -s {victim} /dev/shm/nanowire
-{nw} run -- python3 -c "{bind}" {b}
+{nw} run -- python3 -c "{bind}" {B}
 echo symlinked-dir-done
 "#,
         target = target.display(),

@@ -7,7 +7,8 @@
 //! host, and an interrupted report leaves no process behind in host b.
 
 mod run_support;
-use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host, ScopedLab};
+use nanowire_lab::testbed::{ADDR_B, Host, ScopedLab};
+use nanowire_testkit::{A, B};
 use run_support::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,15 @@ impl Drop for Sshd {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A test's setup: its turn (`serial`), its lab (`lab_tag`) and an sshd
+/// in host b (`sshd_tag`), dropped in reverse order (sshd, lab, turn).
+fn remote(lab_tag: &str, sshd_tag: &str) -> (std::sync::MutexGuard<'static, ()>, ScopedLab, Sshd) {
+    let turn = serial();
+    let lab = lab(lab_tag);
+    let sshd = sshd(&lab, sshd_tag);
+    (turn, lab, sshd)
 }
 
 fn keygen(path: &Path) {
@@ -202,14 +212,11 @@ fn copied_dirs() -> Vec<String> {
 #[test]
 #[ignore = "needs root"]
 fn remote_report_over_ssh_runs_every_engine_in_host_b() {
-    let _serial = serial();
-    let lab = lab("rr");
-    let sshd = sshd(&lab, "ok");
+    let (_serial, lab, sshd) = remote("rr", "ok");
     let out = scratch("remote-report");
-    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
-    let dest = format!("root@{b}");
+    let dest = format!("root@{B}");
     let quick = words("--quick --only latency_vs_size");
-    let (err, r) = report_ok(report_cmd(&lab, &dest, &a, &b, &sshd.opts(), &quick), &out);
+    let (err, r) = report_ok(report_cmd(&lab, &dest, A, B, &sshd.opts(), &quick), &out);
     // Namespace b has no nanowire in PATH: this one was copied, and it said so.
     assert!(
         err.contains("was copied to /tmp/nanowire."),
@@ -281,11 +288,8 @@ fn remote_report_over_ssh_runs_every_engine_in_host_b() {
 #[test]
 #[ignore = "needs root"]
 fn remote_report_failures_are_one_line_naming_the_host() {
-    let _serial = serial();
-    let lab = lab("rf");
-    let sshd = sshd(&lab, "fail");
-    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
-    let dest = format!("root@{b}");
+    let (_serial, lab, sshd) = remote("rf", "fail");
+    let dest = format!("root@{B}");
     let d = sshd.dir.display().to_string();
     let with = |replace: &str, by: String| -> Vec<String> {
         let mut o: Vec<String> = sshd
@@ -301,7 +305,7 @@ fn remote_report_failures_are_one_line_naming_the_host() {
     let other = std::fs::read_to_string(sshd.dir.join("other.pub")).unwrap();
     std::fs::write(
         sshd.dir.join("wrong_hosts"),
-        format!("[{b}]:{} {other}", sshd.port),
+        format!("[{B}]:{} {other}", sshd.port),
     )
     .unwrap();
     let before = copied_dirs();
@@ -311,15 +315,15 @@ fn remote_report_failures_are_one_line_naming_the_host() {
         (
             "no key",
             dest.clone(),
-            a.as_str(),
-            b.as_str(),
+            A,
+            B,
             with("IdentityFile", format!("IdentityFile={d}/no-such-key")),
             "Permission denied",
         ),
         (
             "host unreachable",
             "root@198.18.0.77".into(),
-            a.as_str(),
+            A,
             "198.18.0.77",
             with("ConnectTimeout", "ConnectTimeout=5".into()),
             "ssh to root@198.18.0.77 failed",
@@ -327,8 +331,8 @@ fn remote_report_failures_are_one_line_naming_the_host() {
         (
             "host key mismatch",
             dest.clone(),
-            a.as_str(),
-            b.as_str(),
+            A,
+            B,
             with(
                 "UserKnownHostsFile",
                 format!("UserKnownHostsFile={d}/wrong_hosts"),
@@ -338,7 +342,7 @@ fn remote_report_failures_are_one_line_naming_the_host() {
         (
             "remote without the address",
             dest.clone(),
-            a.as_str(),
+            A,
             "198.18.0.9",
             sshd.opts(),
             "has no interface with address 198.18.0.9",
@@ -347,7 +351,7 @@ fn remote_report_failures_are_one_line_naming_the_host() {
             "local without the address",
             dest.clone(),
             "198.18.0.9",
-            b.as_str(),
+            B,
             sshd.opts(),
             "no interface with 198.18.0.9",
         ),
@@ -413,7 +417,7 @@ fn remote_report_failures_are_one_line_naming_the_host() {
     );
     let out2 = scratch("remote-dies");
     let smoke = words("--smoke --engines kernel --only latency_vs_size");
-    let (err, r) = report_ok(report_cmd(&lab, &dest, &a, &b, &sshd.opts(), &smoke), &out2);
+    let (err, r) = report_ok(report_cmd(&lab, &dest, A, B, &sshd.opts(), &smoke), &out2);
     assert!(
         err.contains("using the installed"),
         "the fake was not used: {err}"
@@ -423,7 +427,7 @@ fn remote_report_failures_are_one_line_naming_the_host() {
         assert_eq!(c["available"], false, "{c}");
         let why = c["reason"].as_str().unwrap();
         assert!(
-            why.contains(&b) && why.contains("injected failure") && !why.contains('\n'),
+            why.contains(B) && why.contains("injected failure") && !why.contains('\n'),
             "the reason names the host and the failure in one line: {why}"
         );
     }
@@ -448,17 +452,14 @@ fn remote_report_failures_are_one_line_naming_the_host() {
 #[test]
 #[ignore = "needs root"]
 fn an_interrupted_remote_report_leaves_no_process_in_host_b() {
-    let _serial = serial();
-    let lab = lab("ri");
-    let sshd = sshd(&lab, "int");
-    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
+    let (_serial, lab, sshd) = remote("ri", "int");
     let out = scratch("remote-int");
     let before = copied_dirs();
     let mut child = report_cmd(
         &lab,
-        &format!("root@{b}"),
-        &a,
-        &b,
+        &format!("root@{B}"),
+        A,
+        B,
         &sshd.opts(),
         &["--quick", "--quiet", "--out", out.to_str().unwrap()],
     )

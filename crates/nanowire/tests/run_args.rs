@@ -7,7 +7,8 @@
 //! plainly and under `nanowire run`; the outputs must be identical.
 
 mod run_support;
-use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host};
+use nanowire_lab::testbed::Host;
+use nanowire_testkit::{A, B};
 use run_support::*;
 use std::time::Duration;
 
@@ -21,8 +22,7 @@ fn argument_errors_and_timed_signals_match_the_kernel_on_engine_sockets() {
     let port = "14200";
     let mut peer = spawn("args-peer", lab.command(Host::B, &[bin, "peer", port]));
     peer.wait_for("ready", Duration::from_secs(20));
-    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
-    let argv = [bin, "client", &a, &b, port];
+    let argv = [bin, "client", A, B, port];
     let mut plain = spawn("args-plain", lab.command(Host::A, &argv));
     plain.success(T);
     let want = plain.stdout();

@@ -11,7 +11,8 @@
 //! under run, stamped there under the engine's OPT_ID sequence).
 
 mod run_support;
-use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host};
+use nanowire_lab::testbed::Host;
+use nanowire_testkit::{A, B};
 use run_support::*;
 use std::time::Duration;
 
@@ -27,10 +28,9 @@ fn timestamping_on_xdp_sockets_matches_a_plain_run() {
     let bin = build_c("timestamping", "../preload/tests/timestamping.c");
     let dir = bin.parent().unwrap().to_path_buf();
     let bin = bin.to_str().unwrap();
-    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
     let mut echo = spawn(
         "tt-echo",
-        plain_in(&lab, Host::B, &["python3", "-c", ECHO, &b]),
+        plain_in(&lab, Host::B, &["python3", "-c", ECHO, B]),
     );
     echo.wait_for("ready", Duration::from_secs(20));
 
@@ -46,7 +46,7 @@ fn timestamping_on_xdp_sockets_matches_a_plain_run() {
         )
     };
     flush();
-    let mut plain = spawn("tt-plain", plain_in(&lab, Host::A, &[bin, &a, &b, "12600"]));
+    let mut plain = spawn("tt-plain", plain_in(&lab, Host::A, &[bin, A, B, "12600"]));
     plain.success(T);
     let want = plain.stdout();
     // The kernel's own answers are what the engine must reproduce.
@@ -77,7 +77,7 @@ fn timestamping_on_xdp_sockets_matches_a_plain_run() {
     flush();
     let hold = dir.join("release");
     let _ = std::fs::remove_file(&hold);
-    let mut c = run_in(&lab, Host::A, &[], &[bin, &a, &b, "12600"]);
+    let mut c = run_in(&lab, Host::A, &[], &[bin, A, B, "12600"]);
     c.env("NANOWIRE_LOG", "info")
         .env("TS_HOLD", hold.to_str().unwrap());
     let mut k = spawn("tt-xdp", c);
@@ -93,13 +93,13 @@ fn timestamping_on_xdp_sockets_matches_a_plain_run() {
     for port in [12601, 12602, 12603, 12604, 12605, 12606] {
         // (12606 was taken off the engine on purpose before the look.)
         assert!(
-            port == 12606 || st.contains(&format!("socket {a}:{port}")),
+            port == 12606 || st.contains(&format!("socket {A}:{port}")),
             "port {port} not on the engine:\n{st}\n{}",
             k.stderr()
         );
         assert!(
             k.stderr()
-                .contains(&format!("udp {a}:{port}: xdp (interface")),
+                .contains(&format!("udp {A}:{port}: xdp (interface")),
             "{}",
             k.stderr()
         );
@@ -121,10 +121,10 @@ fn timestamping_on_xdp_sockets_matches_a_plain_run() {
         .into_owned();
     let mut pp = spawn(
         "tt-py-plain",
-        plain_in(&lab, Host::A, &["python3", &py, &a, &b, "12600"]),
+        plain_in(&lab, Host::A, &["python3", &py, A, B, "12600"]),
     );
     pp.success(T);
-    let mut c = run_in(&lab, Host::A, &[], &["python3", &py, &a, &b, "12600"]);
+    let mut c = run_in(&lab, Host::A, &[], &["python3", &py, A, B, "12600"]);
     c.env("NANOWIRE_LOG", "info");
     let mut px = spawn("tt-py-xdp", c);
     px.success(T);
@@ -138,7 +138,7 @@ fn timestamping_on_xdp_sockets_matches_a_plain_run() {
     for port in [12611, 12612] {
         assert!(
             px.stderr()
-                .contains(&format!("udp {a}:{port}: xdp (interface")),
+                .contains(&format!("udp {A}:{port}: xdp (interface")),
             "{}",
             px.stderr()
         );

@@ -9,7 +9,8 @@
 //! bpftool).
 
 mod run_support;
-use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host};
+use nanowire_lab::testbed::Host;
+use nanowire_testkit::{A, B};
 use run_support::*;
 use std::time::Duration;
 
@@ -125,12 +126,11 @@ fn per_cpu_value(v: &serde_json::Value) -> u64 {
 #[ignore = "needs root"]
 fn frames_for_another_mac_are_not_received_plainly_or_under_run() {
     let lab = lab("oh");
-    let (a, b) = (ADDR_A.to_string(), ADDR_B.to_string());
     let (mac_a, mac_b) = (mac(&lab, Host::A), mac(&lab, Host::B));
     let ifa = lab.iface(Host::A);
     for (i, under_run) in [false, true].into_iter().enumerate() {
         let port = (14300 + i).to_string();
-        let argv = ["python3", "-c", RECEIVER, &b, &port];
+        let argv = ["python3", "-c", RECEIVER, B, &port];
         let mut rx = if under_run {
             let mut c = run_in(&lab, Host::B, &["--engine", "xdp"], &argv);
             c.env("NANOWIRE_LOG", "info");
@@ -142,7 +142,7 @@ fn frames_for_another_mac_are_not_received_plainly_or_under_run() {
         if under_run {
             assert!(rx.stderr().contains(": xdp (interface"), "{}", rx.stderr());
         }
-        let argv = ["python3", "-c", SENDER, &ifa, &mac_a, &mac_b, &a, &b, &port];
+        let argv = ["python3", "-c", SENDER, &ifa, &mac_a, &mac_b, A, B, &port];
         let mut tx = spawn(&format!("oh-tx-{i}"), lab.command(Host::A, &argv));
         tx.success(T);
         if under_run {
