@@ -96,6 +96,23 @@ pub struct LoadSweep {
     pub packets: u64,
 }
 
+impl UnderLoad {
+    /// The quick and full suites' points: 10k to 500k msg/s and unpaced,
+    /// 256-byte messages.
+    pub fn standard() -> UnderLoad {
+        UnderLoad {
+            rates: vec![
+                Some(10_000),
+                Some(100_000),
+                Some(250_000),
+                Some(500_000),
+                None,
+            ],
+            size: 256,
+        }
+    }
+}
+
 impl Params {
     pub fn quick() -> Params {
         Params {
@@ -103,16 +120,7 @@ impl Params {
                 sizes: vec![16, 64, 1472],
                 secs: 1,
             },
-            ul: UnderLoad {
-                rates: vec![
-                    Some(10_000),
-                    Some(100_000),
-                    Some(250_000),
-                    Some(500_000),
-                    None,
-                ],
-                size: 256,
-            },
+            ul: UnderLoad::standard(),
             rate: RateSearch {
                 trial_s: 1.0,
                 confirm_s: 0.0,
@@ -147,16 +155,7 @@ impl Params {
                 sizes: vec![16, 64, 256, 1024, 1472],
                 secs: 2,
             },
-            ul: UnderLoad {
-                rates: vec![
-                    Some(10_000),
-                    Some(100_000),
-                    Some(250_000),
-                    Some(500_000),
-                    None,
-                ],
-                size: 256,
-            },
+            ul: UnderLoad::standard(),
             rate: RateSearch {
                 trial_s: 3.0,
                 confirm_s: 10.0,
