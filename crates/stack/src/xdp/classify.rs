@@ -601,16 +601,7 @@ mod tests {
             // Headers split across buffers: gathered, same verdict.
             assert_eq!(classify_frame(&chained(&f, 40)), Ok(want), "{csum}");
             // The segment, without gathering: header piece + the rest.
-            let d = Delivery {
-                frame: c,
-                proto: want.proto,
-                src: want.src,
-                dst: want.dst,
-                l4_off: want.l4_off as u32,
-                payload_off: want.payload_off as u32,
-                payload_len: want.payload_len as u32,
-                stamp: 0,
-            };
+            let d = Delivery::new(&want, c, 0);
             let mut rest: [&[u8]; MAX_PIECES] = [&[]; MAX_PIECES];
             let (head, n) = d.segment_parts(&mut rest);
             assert!(n > 30);

@@ -82,6 +82,21 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// `frame`, as the classifier found it (`c`), received at `stamp`.
+    #[inline]
+    pub fn new(c: &Classified, frame: RxFrame, stamp: u64) -> Delivery {
+        Delivery {
+            frame,
+            proto: c.proto,
+            src: c.src,
+            dst: c.dst,
+            l4_off: c.l4_off as u32,
+            payload_off: c.payload_off as u32,
+            payload_len: c.payload_len as u32,
+            stamp,
+        }
+    }
+
     /// The transport payload (UDP data, TCP segment data).
     #[inline]
     pub fn payload(&self) -> &[u8] {
@@ -399,16 +414,7 @@ impl Demux {
         stamp: u64,
         page: &StatsPage,
     ) -> Outcome {
-        let d = Delivery {
-            stamp,
-            frame,
-            proto: c.proto,
-            src: c.src,
-            dst: c.dst,
-            l4_off: c.l4_off as u32,
-            payload_off: c.payload_off as u32,
-            payload_len: c.payload_len as u32,
-        };
+        let d = Delivery::new(c, frame, stamp);
         let ip = c.dst.ip();
         if !(ip.is_multicast() || ip.is_broadcast()) {
             return match self.lookup(c) {
@@ -557,8 +563,8 @@ mod tests {
     fn c(src: &str, dst: &str) -> Classified {
         Classified {
             proto: PROTO_UDP,
-            src: src.parse().unwrap(),
-            dst: dst.parse().unwrap(),
+            src: sa(src),
+            dst: sa(dst),
             l4_off: 34,
             payload_off: 42,
             payload_len: 0,
@@ -567,35 +573,52 @@ mod tests {
         }
     }
 
+    fn sa(s: &str) -> SocketAddrV4 {
+        s.parse().unwrap()
+    }
+
+    /// A stats page and a demux of `max` endpoints.
+    fn setup(max: usize) -> (StatsPage, Demux) {
+        (StatsPage::create(&PageInfo::default()), Demux::new(max))
+    }
+
+    /// A UDP endpoint (64-frame queue) bound to `at`.
+    fn udp(d: &mut Demux, at: &str) -> EndpointId {
+        let id = d.add(EndpointKind::Udp, efd(), 64).unwrap();
+        d.bind(id, PROTO_UDP, sa(at));
+        id
+    }
+
+    /// Deliver a 42-byte frame classified as `cl`.
+    fn put(d: &mut Demux, page: &StatsPage, cl: &Classified) -> Outcome {
+        d.deliver(cl, RxFrame::from_vec(vec![0; 42]), page)
+    }
+
     fn who(
         d: &mut Demux,
         page: &StatsPage,
         cl: &Classified,
         ids: &[EndpointId],
     ) -> Option<EndpointId> {
-        match d.deliver(cl, RxFrame::from_vec(vec![0; 42]), page) {
+        match put(d, page, cl) {
             Outcome::Delivered => ids.iter().copied().find(|&id| d.pop(id, page).is_some()),
             _ => None,
         }
     }
 
+    fn drops(page: &StatsPage, id: EndpointId) -> u64 {
+        page.s(id, S::DropQueueFull)
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     #[test]
     fn kernel_precedence_connected_specific_wildcard() {
-        let page = StatsPage::create(&PageInfo::default());
-        let mut d = Demux::new(1024);
-        let wild = d.add(EndpointKind::Udp, efd(), 64).unwrap();
-        let spec = d.add(EndpointKind::Udp, efd(), 64).unwrap();
-        let conn = d.add(EndpointKind::Udp, efd(), 64).unwrap();
+        let (page, mut d) = setup(1024);
+        let wild = udp(&mut d, "0.0.0.0:7");
+        let spec = udp(&mut d, "10.0.0.2:7");
+        let conn = udp(&mut d, "10.0.0.2:7");
         let ids = [wild, spec, conn];
-        d.bind(wild, PROTO_UDP, "0.0.0.0:7".parse().unwrap());
-        d.bind(spec, PROTO_UDP, "10.0.0.2:7".parse().unwrap());
-        d.bind(conn, PROTO_UDP, "10.0.0.2:7".parse().unwrap());
-        d.connect(
-            conn,
-            PROTO_UDP,
-            "10.0.0.2:7".parse().unwrap(),
-            "10.0.0.9:99".parse().unwrap(),
-        );
+        d.connect(conn, PROTO_UDP, sa("10.0.0.2:7"), sa("10.0.0.9:99"));
         assert_eq!(
             who(&mut d, &page, &c("10.0.0.9:99", "10.0.0.2:7"), &ids),
             Some(conn)
@@ -631,18 +654,12 @@ mod tests {
     #[test]
     fn queue_depth_and_high_water_marks() {
         use std::sync::atomic::Ordering::Relaxed;
-        let page = StatsPage::create(&PageInfo::default());
-        let mut d = Demux::new(1024);
-        let a = d.add(EndpointKind::Udp, efd(), 64).unwrap();
-        let b = d.add(EndpointKind::Udp, efd(), 64).unwrap();
-        d.bind(a, PROTO_UDP, "10.0.0.2:7".parse().unwrap());
-        d.bind(b, PROTO_UDP, "10.0.0.2:8".parse().unwrap());
+        let (page, mut d) = setup(1024);
+        let a = udp(&mut d, "10.0.0.2:7");
+        let b = udp(&mut d, "10.0.0.2:8");
         let (to_a, to_b) = (c("10.0.0.9:1", "10.0.0.2:7"), c("10.0.0.9:1", "10.0.0.2:8"));
         let push = |d: &mut Demux, cl: &Classified| {
-            assert!(matches!(
-                d.deliver(cl, RxFrame::from_vec(vec![0; 42]), &page),
-                Outcome::Delivered
-            ));
+            assert!(matches!(put(d, &page, cl), Outcome::Delivered));
         };
         let marks = |id: EndpointId| {
             (
@@ -670,27 +687,20 @@ mod tests {
         // A new endpoint in a's slot (its page words zeroed at bind, as a
         // socket's are) counts its own marks from nothing.
         d.remove(a);
-        page.set_sock_addr(a, Some("10.0.0.2:7".parse().unwrap()));
-        let a2 = d.add(EndpointKind::Udp, efd(), 64).unwrap();
+        page.set_sock_addr(a, Some(sa("10.0.0.2:7")));
+        let a2 = udp(&mut d, "10.0.0.2:7");
         assert_eq!(a2, a);
-        d.bind(a2, PROTO_UDP, "10.0.0.2:7".parse().unwrap());
         push(&mut d, &to_a);
         assert_eq!(marks(a2), (1, 1, 4));
     }
 
     #[test]
     fn multicast_fans_out_one_frame_and_queues_are_bounded() {
-        let page = StatsPage::create(&PageInfo::default());
-        let mut d = Demux::new(16);
-        let a = d.add(EndpointKind::Udp, efd(), 64).unwrap();
-        let b = d.add(EndpointKind::Udp, efd(), 64).unwrap();
-        d.bind(a, PROTO_UDP, "239.1.1.1:5".parse().unwrap());
-        d.bind(b, PROTO_UDP, "239.1.1.1:5".parse().unwrap());
+        let (page, mut d) = setup(16);
+        let a = udp(&mut d, "239.1.1.1:5");
+        let b = udp(&mut d, "239.1.1.1:5");
         let m = c("10.0.0.9:1", "239.1.1.1:5");
-        assert!(matches!(
-            d.deliver(&m, RxFrame::from_vec(vec![1; 42]), &page),
-            Outcome::Delivered
-        ));
+        assert!(matches!(put(&mut d, &page, &m), Outcome::Delivered));
         assert!(d.pop(a, &page).is_some() && d.pop(b, &page).is_some());
         // Share: half of 16 frames = 8 for all endpoints' queues, floor min(8, 256).
         assert_eq!(d.cap(a), 8);
@@ -699,27 +709,16 @@ mod tests {
         }
         assert_eq!(d.cap(a), 3, "SO_RCVBUF below the share wins");
         for _ in 0..3 {
-            d.deliver(&m, RxFrame::from_vec(vec![1; 42]), &page);
+            put(&mut d, &page, &m);
         }
         assert_eq!(d.get(a).unwrap().queue.len(), 3);
         assert_eq!(d.get(b).unwrap().queue.len(), 3);
         // a is full: b still gets it, a's drop is counted on a.
-        assert!(matches!(
-            d.deliver(&m, RxFrame::from_vec(vec![1; 42]), &page),
-            Outcome::Delivered
-        ));
+        assert!(matches!(put(&mut d, &page, &m), Outcome::Delivered));
         assert_eq!(d.get(a).unwrap().queue.len(), 3);
         assert_eq!(d.get(b).unwrap().queue.len(), 4);
-        assert_eq!(
-            page.s(a, S::DropQueueFull)
-                .load(std::sync::atomic::Ordering::Relaxed),
-            1
-        );
-        assert_eq!(
-            page.s(b, S::DropQueueFull)
-                .load(std::sync::atomic::Ordering::Relaxed),
-            0
-        );
+        assert_eq!(drops(&page, a), 1);
+        assert_eq!(drops(&page, b), 0);
     }
 
     /// Issue: a select() loop over a TCP and a UDP socket (iperf3 -u)
@@ -731,29 +730,27 @@ mod tests {
     /// for frame as the reader catches up, and with the endpoint.
     #[test]
     fn another_endpoints_poll_spills_past_a_full_queue_within_a_bound() {
-        let page = StatsPage::create(&PageInfo::default());
-        let mut d = Demux::new(64);
-        let udp = d.add(EndpointKind::Udp, efd(), 64).unwrap();
+        let (page, mut d) = setup(64);
+        let udp = udp(&mut d, "10.0.0.2:7");
         let tcp = d.add(EndpointKind::Tcp, efd(), 64).unwrap();
-        d.bind(udp, PROTO_UDP, "10.0.0.2:7".parse().unwrap());
         if let Some(e) = d.get_mut(udp) {
             e.rcvbuf_frames = 4;
         }
         let m = c("10.0.0.9:1", "10.0.0.2:7");
-        let put = |d: &mut Demux| d.deliver(&m, RxFrame::from_vec(vec![0; 42]), &page);
+        let offer = |d: &mut Demux| put(d, &page, &m);
         // The owner's (or nobody's) poll: the cap holds.
         for _ in 0..4 {
-            assert!(matches!(put(&mut d), Outcome::Delivered));
+            assert!(matches!(offer(&mut d), Outcome::Delivered));
         }
-        assert!(matches!(put(&mut d), Outcome::QueueFull));
+        assert!(matches!(offer(&mut d), Outcome::QueueFull));
         d.spill_for(Some(udp));
-        assert!(matches!(put(&mut d), Outcome::QueueFull));
+        assert!(matches!(offer(&mut d), Outcome::QueueFull));
         // The TCP stack's poll: up to 64 / 4 = 16 more wait in the queue.
         d.spill_for(Some(tcp));
         for _ in 0..16 {
-            assert!(matches!(put(&mut d), Outcome::Delivered));
+            assert!(matches!(offer(&mut d), Outcome::Delivered));
         }
-        assert!(matches!(put(&mut d), Outcome::QueueFull));
+        assert!(matches!(offer(&mut d), Outcome::QueueFull));
         assert_eq!(d.spilled(), 16);
         assert_eq!(d.get(udp).unwrap().queue.len(), 20);
         // The reader takes 3: 3 of the spill are back within the cap.
@@ -761,36 +758,24 @@ mod tests {
             assert!(d.pop(udp, &page).is_some());
         }
         assert_eq!(d.spilled(), 13);
-        assert!(matches!(put(&mut d), Outcome::Delivered));
+        assert!(matches!(offer(&mut d), Outcome::Delivered));
         assert_eq!(d.spilled(), 14);
         d.spill_for(None);
-        assert!(matches!(put(&mut d), Outcome::QueueFull));
+        assert!(matches!(offer(&mut d), Outcome::QueueFull));
         // Every frame taken is accounted for: delivered or counted.
-        assert_eq!(
-            page.s(udp, S::DropQueueFull)
-                .load(std::sync::atomic::Ordering::Relaxed),
-            4
-        );
+        assert_eq!(drops(&page, udp), 4);
         d.remove(udp);
         assert_eq!(d.spilled(), 0);
     }
 
     #[test]
     fn unbind_and_remove_leave_nothing_behind() {
-        let page = StatsPage::create(&PageInfo::default());
-        let mut d = Demux::new(1024);
-        let a = d.add(EndpointKind::Udp, efd(), 64).unwrap();
-        d.bind(a, PROTO_UDP, "10.0.0.2:7".parse().unwrap());
+        let (page, mut d) = setup(1024);
+        let a = udp(&mut d, "10.0.0.2:7");
         let m = c("10.0.0.9:1", "10.0.0.2:7");
-        assert!(matches!(
-            d.deliver(&m, RxFrame::from_vec(vec![0; 42]), &page),
-            Outcome::Delivered
-        ));
-        d.unbind(a, PROTO_UDP, "10.0.0.2:7".parse().unwrap());
-        assert!(matches!(
-            d.deliver(&m, RxFrame::from_vec(vec![0; 42]), &page),
-            Outcome::NoEndpoint
-        ));
+        assert!(matches!(put(&mut d, &page, &m), Outcome::Delivered));
+        d.unbind(a, PROTO_UDP, sa("10.0.0.2:7"));
+        assert!(matches!(put(&mut d, &page, &m), Outcome::NoEndpoint));
         // Removing hands back what was queued, and frees the slot.
         let ep = d.remove(a).unwrap();
         assert_eq!(ep.queue.len(), 1);
@@ -803,16 +788,9 @@ mod tests {
 
     #[test]
     fn a_connected_endpoint_on_the_wildcard_address_matches_any_local_address() {
-        let page = StatsPage::create(&PageInfo::default());
-        let mut d = Demux::new(1024);
-        let a = d.add(EndpointKind::Udp, efd(), 64).unwrap();
-        d.bind(a, PROTO_UDP, "0.0.0.0:7".parse().unwrap());
-        d.connect(
-            a,
-            PROTO_UDP,
-            "0.0.0.0:7".parse().unwrap(),
-            "10.0.0.9:99".parse().unwrap(),
-        );
+        let (page, mut d) = setup(1024);
+        let a = udp(&mut d, "0.0.0.0:7");
+        d.connect(a, PROTO_UDP, sa("0.0.0.0:7"), sa("10.0.0.9:99"));
         assert_eq!(
             who(&mut d, &page, &c("10.0.0.9:99", "10.0.0.3:7"), &[a]),
             Some(a)
@@ -823,13 +801,9 @@ mod tests {
             None
         );
         // Multicast from someone else is not for a connected socket either.
-        d.bind(a, PROTO_UDP, "239.1.1.1:7".parse().unwrap());
+        d.bind(a, PROTO_UDP, sa("239.1.1.1:7"));
         assert!(matches!(
-            d.deliver(
-                &c("10.0.0.8:1", "239.1.1.1:7"),
-                RxFrame::from_vec(vec![0; 42]),
-                &page
-            ),
+            put(&mut d, &page, &c("10.0.0.8:1", "239.1.1.1:7")),
             Outcome::NoEndpoint
         ));
     }
