@@ -66,20 +66,20 @@ extern "C" fn ioctl_entry(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
     crate::dispatch::ioctl(fd, req, arg)
 }
 
+/// The architecture's unconditional jump to a symbol, as an asm template.
 #[cfg(target_arch = "x86_64")]
-macro_rules! tail_jump {
-    ($name:ident => $target:ident) => {
-        /// Variadic C entry point: a tail jump to the fixed-arity Rust
-        /// function (see the crate doc).
-        #[unsafe(naked)]
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name() {
-            core::arch::naked_asm!("jmp {}", sym $target)
-        }
+macro_rules! jump {
+    () => {
+        "jmp {}"
     };
 }
-
 #[cfg(target_arch = "aarch64")]
+macro_rules! jump {
+    () => {
+        "b {}"
+    };
+}
+
 macro_rules! tail_jump {
     ($name:ident => $target:ident) => {
         /// Variadic C entry point: a tail jump to the fixed-arity Rust
@@ -87,12 +87,12 @@ macro_rules! tail_jump {
         #[unsafe(naked)]
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name() {
-            core::arch::naked_asm!("b {}", sym $target)
+            core::arch::naked_asm!($crate::exports::jump!(), sym $target)
         }
     };
 }
 
-pub(crate) use tail_jump;
+pub(crate) use {jump, tail_jump};
 
 tail_jump!(fcntl => fcntl_entry);
 tail_jump!(fcntl64 => fcntl64_entry);
