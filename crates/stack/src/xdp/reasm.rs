@@ -337,21 +337,26 @@ mod tests {
         assert_eq!(ip.payload(), payload);
     }
 
+    /// Push the fragments of `f` in `order` at `at`: each but the last
+    /// completes nothing, the last completes the datagram `p`.
+    fn reassembles(r: &mut Reassembly, f: &[Vec<u8>], order: &[usize], at: u64, p: &[u8]) {
+        let (last, before) = order.split_last().unwrap();
+        for &k in before {
+            assert!(r.push(&f[k], at).is_none(), "fragment {k} completed it");
+        }
+        check_whole(&r.push(&f[*last], at).unwrap(), p);
+    }
+
     #[test]
     fn in_order_out_of_order_and_interleaved() {
         let mut r = Reassembly::new();
         let (p, f) = fragments(1, 3000, 1000);
-        assert!(r.push(&f[0], 0).is_none());
-        assert!(r.push(&f[1], 0).is_none());
-        check_whole(&r.push(&f[2], 0).unwrap(), &p);
+        reassembles(&mut r, &f, &[0, 1, 2], 0, &p);
         assert!(r.is_empty());
         assert_eq!(r.take_tally().merged, 3);
         // Last first, then the middle, then the first.
         let (p, f) = fragments(2, 2500, 800);
-        for k in [3, 1, 2] {
-            assert!(r.push(&f[k], 1).is_none());
-        }
-        check_whole(&r.push(&f[0], 1).unwrap(), &p);
+        reassembles(&mut r, &f, &[3, 1, 2, 0], 1, &p);
         // Two datagrams interleaved.
         let (pa, fa) = fragments(3, 1600, 800);
         let (pb, fb) = fragments(4, 1600, 800);
@@ -368,10 +373,7 @@ mod tests {
         let mut r = Reassembly::new();
         // An exact duplicate goes alone.
         let (p, f) = fragments(1, 2400, 800);
-        assert!(r.push(&f[0], 0).is_none());
-        assert!(r.push(&f[0], 0).is_none());
-        assert!(r.push(&f[1], 0).is_none());
-        check_whole(&r.push(&f[2], 0).unwrap(), &p);
+        reassembles(&mut r, &f, &[0, 0, 1, 2], 0, &p);
         assert_eq!(
             r.take_tally(),
             Tally {
