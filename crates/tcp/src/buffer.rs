@@ -576,35 +576,36 @@ impl Assembler {
 mod tests {
     use super::*;
 
+    /// What a read of at most `n` bytes into a buffer gave (`read` returns
+    /// how many it wrote).
+    fn got(n: usize, read: impl FnOnce(&mut [u8]) -> usize) -> Vec<u8> {
+        let mut o = vec![0u8; n];
+        let k = read(&mut o);
+        o.truncate(k);
+        o
+    }
+
     #[test]
     fn ring_wraps() {
         let mut r = Ring::new(8);
         assert_eq!(r.push(b"abcdef"), 6);
-        let mut o = [0u8; 4];
-        assert_eq!(r.read(&mut o), 4);
-        assert_eq!(&o, b"abcd");
+        assert_eq!(got(4, |o| r.read(o)), b"abcd");
         assert_eq!(r.push(b"ghijklmn"), 6);
         assert_eq!(r.len(), 8);
-        let mut o = [0u8; 8];
-        assert_eq!(r.peek(1, &mut o), 7);
-        assert_eq!(&o[..7], b"fghijkl");
-        assert_eq!(r.read(&mut o), 8);
-        assert_eq!(&o, b"efghijkl");
+        assert_eq!(got(8, |o| r.peek(1, o)), b"fghijkl");
+        assert_eq!(got(8, |o| r.read(o)), b"efghijkl");
     }
 
     #[test]
     fn an_emptied_ring_rewinds_to_the_front() {
         let mut r = Ring::new(8);
         r.push(b"abcde");
-        let mut o = [0u8; 5];
-        assert_eq!(r.read(&mut o), 5);
+        assert_eq!(got(5, |o| r.read(o)), b"abcde");
         r.rewind();
         // Wraps no more: the next 8 bytes fit in one piece from the front.
         assert_eq!(r.push(b"ABCDEFGH"), 8);
         assert_eq!(r.span(0, 8), (0, 8, 0));
-        let mut o = [0u8; 8];
-        assert_eq!(r.read(&mut o), 8);
-        assert_eq!(&o, b"ABCDEFGH");
+        assert_eq!(got(8, |o| r.read(o)), b"ABCDEFGH");
     }
 
     #[test]
@@ -615,17 +616,14 @@ mod tests {
         assert_eq!(r.write_at(3, b"DEFGHIJKLMN"), 7);
         assert_eq!(r.write_at(0, b"abc"), 3);
         r.commit(10);
-        let mut o = [0u8; 10];
-        assert_eq!(r.read(&mut o), 10);
-        assert_eq!(&o, b"abcDEFGHIJ");
+        assert_eq!(got(10, |o| r.read(o)), b"abcDEFGHIJ");
     }
 
     #[test]
     fn a_grown_ring_keeps_content_and_out_of_order_bytes() {
         let mut r = Ring::new(8);
         r.push(b"abcdef");
-        let mut o = [0u8; 5];
-        r.read(&mut o);
+        assert_eq!(got(5, |o| r.read(o)), b"abcde");
         r.push(b"ghij"); // wraps: content "fghij", head 5
         assert_eq!(r.write_at(1, b"LM"), 2); // out of order, past the end
         r.grow(20);
@@ -633,9 +631,7 @@ mod tests {
         assert_eq!(r.len(), 5);
         r.write_at(0, b"k");
         r.commit(3);
-        let mut o = [0u8; 8];
-        assert_eq!(r.read(&mut o), 8);
-        assert_eq!(&o, b"fghijkLM");
+        assert_eq!(got(8, |o| r.read(o)), b"fghijkLM");
         assert_eq!(r.push(&[b'z'; 20]), 20, "the whole new capacity is usable");
     }
 
@@ -727,36 +723,21 @@ mod tests {
         assert_eq!(q.len(), 21);
         assert_eq!(q.held_segments(), 3);
         // MSG_PEEK anywhere: across bodies and ring runs.
-        let mut o = [0u8; 21];
-        assert_eq!(q.peek(0, &mut o), 21);
-        assert_eq!(&o, b"abcdefghijklmnopqrstu");
-        let mut o = [0u8; 5];
-        assert_eq!(q.peek(4, &mut o), 5);
-        assert_eq!(&o, b"efghi");
-        assert_eq!(q.peek(9, &mut o), 5);
-        assert_eq!(&o, b"jklmn");
-        assert_eq!(q.peek(14, &mut o), 5);
-        assert_eq!(&o, b"opqrs");
-        assert_eq!(q.peek(18, &mut o), 3);
-        assert_eq!(&o[..3], b"stu");
+        assert_eq!(got(21, |o| q.peek(0, o)), b"abcdefghijklmnopqrstu");
+        assert_eq!(got(5, |o| q.peek(4, o)), b"efghi");
+        assert_eq!(got(5, |o| q.peek(9, o)), b"jklmn");
+        assert_eq!(got(5, |o| q.peek(14, o)), b"opqrs");
+        assert_eq!(got(5, |o| q.peek(18, o)), b"stu");
         assert_eq!(count(&l), 3, "peeking releases nothing");
         // Reads in odd pieces: a body goes when its last byte is read.
-        let mut o = [0u8; 3];
-        assert_eq!(q.read(&mut o), 3);
-        assert_eq!(&o, b"abc");
+        assert_eq!(got(3, |o| q.read(o)), b"abc");
         assert_eq!(count(&l), 3);
-        let mut o = [0u8; 4];
-        assert_eq!(q.read(&mut o), 4);
-        assert_eq!(&o, b"defg");
+        assert_eq!(got(4, |o| q.read(o)), b"defg");
         assert_eq!(count(&l), 2, "the first body was read to its end");
         assert_eq!(q.held_truesize(), 40);
-        let mut o = [0u8; 10];
-        assert_eq!(q.read(&mut o), 10);
-        assert_eq!(&o, b"hijklmnopq");
+        assert_eq!(got(10, |o| q.read(o)), b"hijklmnopq");
         assert_eq!(count(&l), 1);
-        let mut o = [0u8; 16];
-        assert_eq!(q.read(&mut o), 4);
-        assert_eq!(&o[..4], b"rstu");
+        assert_eq!(got(16, |o| q.read(o)), b"rstu");
         assert_eq!(count(&l), 0);
         assert_eq!((q.len(), q.held_bytes(), q.held_truesize()), (0, 0, 0));
         q.rewind();
