@@ -1,8 +1,8 @@
 //! `nanowire bench server|pp|ul|tp`, with sockperf's options and vocabulary.
-use crate::client::{ClientConfig, EngineChoice, Mode, Protocol, Rate, resolve, run_client};
+use crate::client::{ClientConfig, Mode, Protocol, Rate, resolve, run_client};
 use crate::server::{ServerConfig, bind_server};
 use clap::{Args, Subcommand};
-use nanowire_stack::{EngineKind, WaitPolicy};
+use nanowire_stack::{EngineKind, EngineOptions, WaitPolicy};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -91,18 +91,19 @@ fn parse_ring_depth(v: &str) -> Result<u32, String> {
 }
 
 impl Common {
-    fn engine(&self) -> EngineChoice {
-        EngineChoice {
-            kind: self.engine,
-            wait: self
-                .spin_then_block_us
-                .map(|us| WaitPolicy::SpinThenBlock(Duration::from_micros(us))),
-            rcvbuf: self.rcvbuf,
-            sndbuf: self.sndbuf,
-            iface: self.iface.clone(),
-            ring_depth: self.ring_depth,
-            fallback: !self.no_fallback,
+    fn engine(&self) -> EngineOptions {
+        let mut o = EngineOptions::new(self.engine);
+        if let Some(us) = self.spin_then_block_us {
+            o.wait = WaitPolicy::SpinThenBlock(Duration::from_micros(us));
         }
+        o.rcvbuf = self.rcvbuf;
+        o.sndbuf = self.sndbuf;
+        o.iface = self.iface.clone();
+        if let Some(d) = self.ring_depth {
+            o.ring_depth = d;
+        }
+        o.fallback = !self.no_fallback;
+        o
     }
     fn protocol(&self) -> Protocol {
         if self.tcp {

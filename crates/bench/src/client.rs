@@ -94,7 +94,10 @@ pub struct ClientConfig {
     pub mode: Mode,
     pub server: SocketAddrV4,
     pub protocol: Protocol,
-    pub engine: EngineChoice,
+    /// The engine the socket opens on and its knobs (`EngineOptions::new`
+    /// gives the kind's wait policy; the xdp engine falls back to spin
+    /// unless told not to).
+    pub engine: EngineOptions,
     /// Whole message size, header included.
     pub msg_size: usize,
     pub duration: Duration,
@@ -122,7 +125,7 @@ impl ClientConfig {
             mode,
             server,
             protocol: Protocol::Udp,
-            engine: EngineChoice::new(EngineKind::Kernel),
+            engine: EngineOptions::new(EngineKind::Kernel),
             msg_size: SOCKPERF_HEADER_LEN,
             duration: Duration::from_secs(1),
             mps: match mode {
@@ -198,53 +201,6 @@ pub fn pin_to_cpu(cpu: usize) -> Result<(), String> {
         return Err(format!("cannot pin to CPU {cpu}: sched_setaffinity failed"));
     }
     Ok(())
-}
-
-/// The engine a client or server opens its socket on, and the engine's
-/// knobs (one set for both ends; `options` resolves the defaults).
-#[derive(Debug, Clone)]
-pub struct EngineChoice {
-    pub kind: EngineKind,
-    /// Override the engine's default wait policy.
-    pub wait: Option<WaitPolicy>,
-    pub rcvbuf: Option<usize>,
-    pub sndbuf: Option<usize>,
-    /// xdp engine: interface (derived from the address when `None`).
-    pub iface: Option<String>,
-    /// xdp engine: RX/fill ring depth.
-    pub ring_depth: Option<u32>,
-    /// xdp engine: fall back to `spin` (saying why) when AF_XDP cannot be used.
-    pub fallback: bool,
-}
-
-impl EngineChoice {
-    /// `kind` with its default wait policy and buffers, falling back.
-    pub fn new(kind: EngineKind) -> EngineChoice {
-        EngineChoice {
-            kind,
-            wait: None,
-            rcvbuf: None,
-            sndbuf: None,
-            iface: None,
-            ring_depth: None,
-            fallback: true,
-        }
-    }
-
-    pub(crate) fn options(&self) -> EngineOptions {
-        let mut o = EngineOptions::new(self.kind);
-        if let Some(w) = self.wait {
-            o.wait = w;
-        }
-        o.rcvbuf = self.rcvbuf;
-        o.sndbuf = self.sndbuf;
-        o.iface = self.iface.clone();
-        if let Some(d) = self.ring_depth {
-            o.ring_depth = d;
-        }
-        o.fallback = self.fallback;
-        o
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -457,7 +413,7 @@ fn io_error(cfg: &ClientConfig, what: &str, e: io::Error) -> String {
 }
 
 fn open_transport(cfg: &ClientConfig) -> Result<(Box<dyn Transport>, SocketAddrV4), String> {
-    let opts = cfg.engine.options();
+    let opts = &cfg.engine;
     match cfg.protocol {
         Protocol::Udp => {
             // Ask the kernel which source address reaches the server, so an
@@ -471,7 +427,7 @@ fn open_transport(cfg: &ClientConfig) -> Result<(Box<dyn Transport>, SocketAddrV
                 _ => Ipv4Addr::UNSPECIFIED,
             };
             drop(probe);
-            let mut ep = nanowire_stack::open_udp(SocketAddrV4::new(local_ip, 0), &opts)
+            let mut ep = nanowire_stack::open_udp(SocketAddrV4::new(local_ip, 0), opts)
                 .map_err(|e| format!("cannot open a {} UDP socket: {e}", cfg.engine.kind))?;
             ep.connect(cfg.server)
                 .map_err(|e| format!("cannot reach {}: {e}", cfg.server))?;
@@ -494,7 +450,7 @@ fn open_transport(cfg: &ClientConfig) -> Result<(Box<dyn Transport>, SocketAddrV
         Protocol::Tcp if cfg.engine.kind == EngineKind::Xdp => {
             let s = match nanowire_stack::xdp::XdpTcpStream::connect(
                 cfg.server,
-                &opts,
+                opts,
                 cfg.probe_timeout,
             ) {
                 Ok(s) => s,
@@ -529,7 +485,7 @@ fn open_transport(cfg: &ClientConfig) -> Result<(Box<dyn Transport>, SocketAddrV
             Ok((Box::new(t), local))
         }
         Protocol::Tcp => {
-            let s = nanowire_stack::kernel::tcp_connect(cfg.server, &opts, cfg.probe_timeout)
+            let s = nanowire_stack::kernel::tcp_connect(cfg.server, opts, cfg.probe_timeout)
                 .map_err(|e| match e.kind() {
                     io::ErrorKind::ConnectionRefused => format!(
                         "connection refused by {}: is `nanowire bench server --tcp` or `sockperf sr --tcp` running there?",

@@ -18,7 +18,7 @@ pub mod server;
 pub mod trade;
 mod transport;
 
-pub use client::{ClientConfig, EngineChoice, Mode, Protocol, Rate, resolve, run_client};
+pub use client::{ClientConfig, Mode, Protocol, Rate, resolve, run_client};
 pub use env::Env;
 pub use result::{Accounting, BenchResult, Latency};
 pub use server::{

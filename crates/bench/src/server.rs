@@ -5,12 +5,12 @@
 //! (source address, or TCP connection) gets its own sequence tracker, so
 //! drops, duplicates and reordering are counted per client.
 
-use crate::client::{EngineChoice, Protocol, pin_to_cpu};
+use crate::client::{Protocol, pin_to_cpu};
 use crate::env::Env;
 use crate::result::thread_cpu_s;
 use crate::seq::SeqTracker;
 use crate::transport::{Frame, MAX_TCP_MSG, StreamBuf, TcpIo, busy};
-use nanowire_stack::{EngineKind, TcpAcceptor, UdpEndpoint, WaitPolicy};
+use nanowire_stack::{EngineKind, EngineOptions, TcpAcceptor, UdpEndpoint, WaitPolicy};
 use nanowire_wire::sockperf::{ServerAction, SockperfHeader, server_action};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use serde::Serialize;
@@ -32,7 +32,7 @@ const MAX_PENDING_WRITE: usize = 4 << 20;
 pub struct ServerConfig {
     pub bind: SocketAddrV4,
     pub protocol: Protocol,
-    pub engine: EngineChoice,
+    pub engine: EngineOptions,
     pub cpu: Option<usize>,
 }
 
@@ -41,7 +41,7 @@ impl ServerConfig {
         ServerConfig {
             bind,
             protocol: Protocol::Udp,
-            engine: EngineChoice::new(EngineKind::Kernel),
+            engine: EngineOptions::new(EngineKind::Kernel),
             cpu: None,
         }
     }
@@ -273,10 +273,10 @@ pub struct BoundServer {
 
 /// Bind the server's socket (errors such as "address in use" come out here).
 pub fn bind_server(cfg: &ServerConfig) -> Result<BoundServer, String> {
-    let opts = cfg.engine.options();
+    let opts = &cfg.engine;
     let (sock, local) = match cfg.protocol {
         Protocol::Udp => {
-            let ep = nanowire_stack::open_udp(cfg.bind, &opts).map_err(|e| {
+            let ep = nanowire_stack::open_udp(cfg.bind, opts).map_err(|e| {
                 if e.kind() == io::ErrorKind::AddrInUse {
                     format!("cannot bind UDP {}: address already in use", cfg.bind)
                 } else {
@@ -290,7 +290,7 @@ pub fn bind_server(cfg: &ServerConfig) -> Result<BoundServer, String> {
             (Sock::Udp(ep), local)
         }
         Protocol::Tcp if cfg.engine.kind == EngineKind::Xdp => {
-            match nanowire_stack::xdp::XdpTcpListener::bind(cfg.bind, 128, &opts) {
+            match nanowire_stack::xdp::XdpTcpListener::bind(cfg.bind, 128, opts) {
                 Ok(l) => {
                     let local = l.local_addr();
                     (Sock::XdpTcp(l), local)
@@ -320,7 +320,7 @@ pub fn bind_server(cfg: &ServerConfig) -> Result<BoundServer, String> {
             }
         }
         Protocol::Tcp => {
-            let l = nanowire_stack::kernel::tcp_listen(cfg.bind, &opts).map_err(|e| {
+            let l = nanowire_stack::kernel::tcp_listen(cfg.bind, opts).map_err(|e| {
                 if e.kind() == io::ErrorKind::AddrInUse {
                     format!("cannot listen on TCP {}: address already in use", cfg.bind)
                 } else {
@@ -331,7 +331,7 @@ pub fn bind_server(cfg: &ServerConfig) -> Result<BoundServer, String> {
                 Ok(std::net::SocketAddr::V4(a)) => a,
                 _ => cfg.bind,
             };
-            (Sock::Tcp(l, opts), local)
+            (Sock::Tcp(l, opts.clone()), local)
         }
     };
     Ok(BoundServer {

@@ -2,7 +2,7 @@
 //! clients run in-process, counts that add up. Loopback only.
 
 use nanowire_bench::{ClientConfig, Mode, Protocol, Rate, ServerConfig, run_client, start_server};
-use nanowire_stack::EngineKind;
+use nanowire_stack::{EngineKind, EngineOptions};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ fn lo() -> SocketAddrV4 {
 fn client(mode: Mode, srv: SocketAddrV4, proto: Protocol, engine: EngineKind) -> ClientConfig {
     let mut c = ClientConfig::new(mode, srv);
     c.protocol = proto;
-    c.engine.kind = engine;
+    c.engine = EngineOptions::new(engine);
     c.msg_size = 64;
     c.duration = Duration::from_millis(400);
     c.warmup = Duration::from_millis(100);
@@ -26,7 +26,7 @@ fn udp_and_tcp_counts_add_up() {
         for engine in [EngineKind::Kernel, EngineKind::Spin] {
             let mut sc = ServerConfig::new(lo());
             sc.protocol = proto;
-            sc.engine.kind = engine;
+            sc.engine = EngineOptions::new(engine);
             let srv = start_server(&sc).unwrap();
             let addr = srv.local_addr();
             assert_ne!(addr.port(), 0);
@@ -89,7 +89,7 @@ fn xdp_is_reported_not_panicked() {
     // TCP over xdp on loopback: refused with a reason, or (with fallback)
     // served by the spin engine and the reason reported.
     let mut sc = ServerConfig::new(lo());
-    sc.engine.kind = EngineKind::Xdp;
+    sc.engine = EngineOptions::new(EngineKind::Xdp);
     sc.protocol = Protocol::Tcp;
     sc.engine.fallback = false;
     match start_server(&sc) {
