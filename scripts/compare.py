@@ -66,7 +66,8 @@ attach: no program load, no UMEM to zero):
 The nginx 4-workers rows (issue 24) run `--nginx4-requests` requests (default 10000: 1000 take under
 0.1 s at ~13,000/s), each after `--nginx4-warmup` requests to the same nginx (default 200; the one
 under run is started for its run), plain and run in alternating order from repeat to repeat; the
-JSON has each repeat's ratio run/plain (`ratio_per_repeat`: each, median, min, max, how many >= 1).
+JSON has each repeat's ratio run/plain (`ratio_per_repeat`: each, median, min, max, how many >= 1,
+and `ci95`, the bootstrap 95% interval of the ratio of medians: above 1.0 says >= plain beyond noise).
 `--rows nginx4` runs only those rows (e.g. `--rows nginx4 --repeats 9` for the issue 24 row alone).
 
 The engine service (issue 23): sockperf sr under `nanowire run` in b, one process on an engine of
@@ -976,11 +977,14 @@ def run_churn(a):
     per_repeat = {}
     for name in ("ab -c 20 nginx 4 workers under run", "ab -c 20 nginx 4 workers under run spin 0"):
         ps, rs = runs.get(f"{name} plain", []), runs.get(f"{name} run", [])
-        each = [round(r["req_s"] / p["req_s"], 3) for p, r in zip(ps, rs) if p.get("req_s") and r.get("req_s")]
+        pairs = [(r["req_s"], p["req_s"]) for p, r in zip(ps, rs) if p.get("req_s") and r.get("req_s")]
+        each = [round(r / p, 3) for r, p in pairs]
         if each:
+            lo, hi = bootstrap_ratio([r for r, _ in pairs], [p for _, p in pairs])
+            # ci95: of the ratio of the medians (run/plain), repeats resampled in pairs.
             per_repeat[f"{name} req_s run/plain"] = {
                 "each": each, "median": round(statistics.median(each), 3), "min": min(each), "max": max(each),
-                "at_or_above_1": sum(x >= 1.0 for x in each)}
+                "at_or_above_1": sum(x >= 1.0 for x in each), "ci95": [round(lo, 3), round(hi, 3)]}
     return {"scenario": "churn", "requests": a.requests, "nginx4_requests": a.nginx4_requests,
             "nginx4_warmup": a.nginx4_warmup, "rows": a.rows, "repeats": a.repeats, "runs": runs, "median": med,
             "ratio_run_to_plain": ratios, "ratio_per_repeat": per_repeat,
