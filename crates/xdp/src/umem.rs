@@ -6,6 +6,11 @@
 //! Dropping the last `RxFrame` of a frame puts it on the UMEM's recycle
 //! list, from which the receive path refills the fill ring. Every `RxFrame`
 //! holds the UMEM alive (an `Arc`), so no frame can outlive the mapping.
+//! That reference is not counted afresh for every packet: a receive ring
+//! ([`Minter`]) mints a frame with a reference its last owner handed back
+//! with an earlier frame (a credit, carried with the frame's base through
+//! the recycle list), so a frame's way from the RX ring to the fill ring
+//! makes no atomic read-modify-write on the `Arc`'s count.
 //! Frames `rx_frames..` are TX frames, owned by [`crate::xsk::XskTx`].
 
 use crate::mmap::Mmap;
@@ -20,8 +25,9 @@ pub(crate) struct UmemShared {
     pub(crate) tx_frames: u32,
     /// References per RX frame (valid while the frame is ours).
     refs: Box<[AtomicU32]>,
-    /// Frame base addresses whose last reference was dropped.
-    pub(crate) recycled: Mutex<Vec<u64>>,
+    /// Frame base addresses whose last reference was dropped (and the
+    /// credits that came back with them).
+    pub(crate) recycled: Mutex<Recycled>,
     /// `recycled` is not empty (a hint read without the lock: a spinning
     /// poller looks at it millions of times a second).
     pub(crate) recycled_any: AtomicBool,
@@ -144,7 +150,11 @@ impl UmemShared {
             rx_frames,
             tx_frames,
             refs: (0..rx_frames).map(|_| AtomicU32::new(0)).collect(),
-            recycled: Mutex::new(Vec::with_capacity(rx_frames as usize)),
+            recycled: Mutex::new(Recycled {
+                bases: Vec::with_capacity(rx_frames as usize),
+                credits: 0,
+                minters: 0,
+            }),
             recycled_any: AtomicBool::new(false),
         }
     }
@@ -205,14 +215,43 @@ impl UmemShared {
         }
     }
 
+    fn recycled(&self) -> std::sync::MutexGuard<'_, Recycled> {
+        self.recycled.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Give RX frames back (their bases go to the recycle list, and from
     /// there to the fill ring).
     fn recycle(&self, bases: impl IntoIterator<Item = u64>) {
-        self.recycled
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(bases);
+        self.recycled().bases.extend(bases);
         self.recycled_any.store(true, Ordering::Release);
+    }
+
+    /// Give RX frames back with `credits` references to the UMEM (`this`
+    /// and `credits - 1` more, forgotten by their holders): while a
+    /// [`Minter`] is there to use them they stay counted, as credits on the
+    /// recycle list (no atomic on the count); else they are dropped.
+    fn give_back(this: Arc<Self>, bases: impl IntoIterator<Item = u64>, credits: usize) {
+        debug_assert!(credits >= 1);
+        let kept = {
+            let mut r = this.recycled();
+            r.bases.extend(bases);
+            let kept = r.minters > 0;
+            if kept {
+                r.credits += credits;
+            }
+            kept
+        };
+        this.recycled_any.store(true, Ordering::Release);
+        if kept {
+            std::mem::forget(this);
+            return;
+        }
+        for _ in 1..credits {
+            // SAFETY: each of the `credits - 1` is a strong count of this
+            // allocation whose `Arc` was forgotten (`Recycler::push`);
+            // `this` keeps the count above zero until it drops below.
+            unsafe { Arc::decrement_strong_count(Arc::as_ptr(&this)) };
+        }
     }
 
     /// A fresh frame just taken off the RX ring: one reference.
@@ -225,6 +264,84 @@ impl UmemShared {
                 addr,
                 len,
             },
+        }
+    }
+}
+
+/// The recycle list: frames whose last reference was dropped, waiting for
+/// the fill ring.
+pub(crate) struct Recycled {
+    pub(crate) bases: Vec<u64>,
+    /// Strong counts of the UMEM's `Arc` that came back with frames, held
+    /// for the [`Minter`]s (their `Arc`s forgotten); only while `minters`
+    /// is not zero.
+    credits: usize,
+    /// Live [`Minter`]s of this UMEM.
+    minters: u32,
+}
+
+/// A receive ring's maker of [`RxFrame`]s: each frame's reference to the
+/// UMEM is a credit that came back with an earlier frame when there is
+/// one (the usual case once frames circulate), a fresh clone otherwise.
+/// Its credits go back to the recycle list (or are dropped, the last
+/// minter gone) when it drops.
+pub(crate) struct Minter {
+    umem: Arc<UmemShared>,
+    credits: usize,
+}
+
+impl Minter {
+    pub(crate) fn new(umem: &Arc<UmemShared>) -> Minter {
+        umem.recycled().minters += 1;
+        Minter {
+            umem: umem.clone(),
+            credits: 0,
+        }
+    }
+
+    /// A fresh frame just taken off the RX ring: one reference.
+    #[inline]
+    pub(crate) fn mint(&mut self, idx: usize, addr: u64, len: u32) -> RxFrame {
+        if self.credits == 0 {
+            return self.umem.mint(idx, addr, len);
+        }
+        self.credits -= 1;
+        // SAFETY: a credit is a strong count of this allocation whose
+        // `Arc` was forgotten (`UmemShared::give_back`); it becomes this
+        // frame's.
+        let umem = unsafe { Arc::from_raw(Arc::as_ptr(&self.umem)) };
+        self.umem.refs[idx].store(1, Ordering::Relaxed);
+        RxFrame {
+            repr: Repr::Umem { umem, addr, len },
+        }
+    }
+
+    /// Take the credits that came back with the frames being taken off
+    /// the recycle list (under its lock).
+    #[inline]
+    pub(crate) fn collect(&mut self, r: &mut Recycled) {
+        self.credits += std::mem::take(&mut r.credits);
+    }
+}
+
+impl Drop for Minter {
+    fn drop(&mut self) {
+        let n = {
+            let mut r = self.umem.recycled();
+            r.minters -= 1;
+            if r.minters == 0 {
+                // Nobody left to use them: ours and the list's go.
+                self.credits + std::mem::take(&mut r.credits)
+            } else {
+                r.credits += self.credits;
+                0
+            }
+        };
+        self.credits = 0;
+        for _ in 0..n {
+            // SAFETY: each is a strong count of this allocation whose `Arc`
+            // was forgotten; `self.umem` keeps the count above zero.
+            unsafe { Arc::decrement_strong_count(Arc::as_ptr(&self.umem)) };
         }
     }
 }
@@ -486,8 +603,12 @@ impl Drop for RxFrame {
     fn drop(&mut self) {
         if let Repr::Umem { umem, addr, .. } = &self.repr
             && umem.release_ref(*addr)
+            && let Repr::Umem { umem, addr, .. } = std::mem::replace(&mut self.repr, Repr::Gone)
         {
-            umem.recycle([umem.frame_base(*addr)]);
+            // The last reference: the frame's base and its count go back
+            // together.
+            let base = umem.frame_base(addr);
+            UmemShared::give_back(umem, [base], 1);
         }
     }
 }
@@ -496,7 +617,10 @@ impl Drop for RxFrame {
 /// UMEM's recycle list in one locked step when the batch fills, changes
 /// UMEM, or drops. Lives on the stack (no allocation).
 pub struct Recycler {
+    /// The UMEM of the frames gathered (one of their references).
     umem: Option<Arc<UmemShared>>,
+    /// The other frames' references, their `Arc`s forgotten.
+    forgotten: usize,
     bases: [u64; RECYCLE_BATCH],
     n: usize,
 }
@@ -507,6 +631,7 @@ impl Default for Recycler {
     fn default() -> Self {
         Recycler {
             umem: None,
+            forgotten: 0,
             bases: [0; RECYCLE_BATCH],
             n: 0,
         }
@@ -523,6 +648,10 @@ impl Recycler {
         self.n += 1;
         if self.umem.is_none() {
             self.umem = Some(umem);
+        } else {
+            // Handed back with the batch (`UmemShared::give_back`).
+            std::mem::forget(umem);
+            self.forgotten += 1;
         }
     }
 
@@ -534,12 +663,12 @@ impl Recycler {
 
     /// Hand the frames gathered so far to their UMEM.
     pub fn flush(&mut self) {
-        if let Some(u) = self.umem.take()
-            && self.n > 0
-        {
-            u.recycle(self.bases[..self.n].iter().copied());
+        if let Some(u) = self.umem.take() {
+            let bases = self.bases[..self.n].iter().copied();
+            UmemShared::give_back(u, bases, self.forgotten + 1);
         }
         self.n = 0;
+        self.forgotten = 0;
     }
 }
 
@@ -568,10 +697,10 @@ mod tests {
         let h = g.clone();
         drop(f);
         drop(h);
-        assert!(u.recycled.lock().unwrap().is_empty(), "still shared");
+        assert!(u.recycled.lock().unwrap().bases.is_empty(), "still shared");
         assert_eq!(g.data().len(), 60);
         drop(g);
-        assert_eq!(*u.recycled.lock().unwrap(), vec![2 * 2048]);
+        assert_eq!(u.recycled.lock().unwrap().bases, vec![2 * 2048]);
     }
 
     #[test]
@@ -586,14 +715,14 @@ mod tests {
             u.mint(i as usize, i * 2048 + 256, 60).recycle_into(&mut b);
         }
         // 64 went in one step when the batch filled; the rest wait.
-        assert_eq!(u.recycled.lock().unwrap().len(), 64);
+        assert_eq!(u.recycled.lock().unwrap().bases.len(), 64);
         RxFrame::from_vec(vec![1, 2]).recycle_into(&mut b);
         drop(b);
-        let got = std::mem::take(&mut *u.recycled.lock().unwrap());
+        let got = std::mem::take(&mut u.recycled.lock().unwrap().bases);
         assert_eq!(got, (2..70u64).map(|i| i * 2048).collect::<Vec<_>>());
         assert_eq!(clone.len(), 60, "a clone keeps its frame");
         drop(clone);
-        assert_eq!(*u.recycled.lock().unwrap(), vec![2048]);
+        assert_eq!(u.recycled.lock().unwrap().bases, vec![2048]);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::ctl::{Ctl, Geometry, REFILL_BATCH};
 use crate::ring::Ring;
 pub use crate::sock::{XDP_MAX_TX_SKB_BUDGET, XDP_USE_SG};
 use crate::sock::{bind_xsk, map_ring, mmap_offsets, setsockopt};
-use crate::umem::{RxFrame, UmemArea, UmemInfo, UmemShared};
+use crate::umem::{Minter, RxFrame, UmemArea, UmemInfo, UmemShared};
 use nanowire_wire::checksum;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -176,6 +176,8 @@ pub struct XskRx {
     fill: Ring<u64>,
     rx: Ring<Desc>,
     umem: Arc<UmemShared>,
+    /// Makes the frames taken off the RX ring (their UMEM references).
+    minter: Minter,
     fd: Arc<OwnedFd>,
     /// Frames waiting to go back into the fill ring.
     to_fill: Vec<u64>,
@@ -502,6 +504,7 @@ impl XskSocket {
             rx: XskRx {
                 fill,
                 rx,
+                minter: Minter::new(&umem),
                 umem: umem.clone(),
                 fd: fd.clone(),
                 to_fill: Vec::with_capacity(cfg.rx_frames as usize),
@@ -751,12 +754,13 @@ impl XskRx {
             // Cleared under the lock before taking: a push after this is
             // seen (it sets the hint again after pushing under the lock).
             self.umem.recycled_any.store(false, Ordering::Relaxed);
+            self.minter.collect(&mut r);
             if self.to_fill.is_empty() {
                 // The usual case (a frame or a few since the last poll):
                 // trade the vectors instead of copying.
-                std::mem::swap(&mut self.to_fill, &mut *r);
+                std::mem::swap(&mut self.to_fill, &mut r.bases);
             } else {
-                self.to_fill.append(&mut r);
+                self.to_fill.append(&mut r.bases);
             }
         }
         if self.to_fill.is_empty() {
@@ -899,7 +903,7 @@ impl XskRx {
                 return None;
             };
             self.rx_taken(d.addr);
-            return Some(self.umem.mint(idx, d.addr, d.len));
+            return Some(self.minter.mint(idx, d.addr, d.len));
         }
         if self.umem.rx_index(d.addr, d.len).is_some() {
             self.rx_taken(d.addr);
@@ -1468,6 +1472,7 @@ mod tests {
         XskRx {
             fill,
             rx: Ring::anon(n, 0),
+            minter: Minter::new(u),
             umem: u.clone(),
             fd: Arc::new(std::fs::File::open("/dev/null").unwrap().into()),
             to_fill: Vec::new(),
@@ -1515,6 +1520,50 @@ mod tests {
         x.poll(16, 16, |_| ());
         assert!(!p.refill_due());
         assert_eq!(x.to_fill, vec![0], "the full fill ring takes it later");
+    }
+
+    #[test]
+    fn frames_circulate_on_credits_and_the_umem_goes_after_its_last_frame() {
+        let u = umem(8);
+        let mut x = rx_half(&u);
+        let owners = Arc::strong_count(&u);
+        let mut next = 0u64;
+        let mut take = |x: &mut XskRx| {
+            let i = x.rx.cached_prod();
+            x.rx.prod_write(0, desc(next * 2048 + 256, 10, false));
+            x.rx.prod_submit(1);
+            next += 1;
+            let mut got = None;
+            assert_eq!(x.poll(16, 16, |f| got = Some(f)).descs, 1, "descriptor {i}");
+            got.unwrap()
+        };
+        // The first frame's reference is a fresh one; dropped, it stays
+        // counted as a credit, which the next frame takes.
+        let f = take(&mut x);
+        assert_eq!(Arc::strong_count(&u), owners + 1);
+        drop(f);
+        assert_eq!(Arc::strong_count(&u), owners + 1, "kept as a credit");
+        let f = take(&mut x);
+        assert_eq!(Arc::strong_count(&u), owners + 1, "minted on the credit");
+        assert_eq!(f.data(), &[1u8; 10]);
+        drop(f);
+        // Through a batch: three references (one credit, two fresh) come
+        // back together.
+        let fs: Vec<RxFrame> = (0..3).map(|_| take(&mut x)).collect();
+        assert_eq!(Arc::strong_count(&u), owners + 3);
+        let mut b = crate::umem::Recycler::default();
+        fs.into_iter().for_each(|f| f.recycle_into(&mut b));
+        drop(b);
+        assert_eq!(Arc::strong_count(&u), owners + 3);
+        // A frame outlives its ring: the ring's credits go with it, the
+        // frame's reference when it drops.
+        let f = take(&mut x);
+        assert_eq!(Arc::strong_count(&u), owners + 3);
+        drop(x);
+        assert_eq!(Arc::strong_count(&u), 2, "u and the frame");
+        assert_eq!(f.data(), &[5u8; 10]);
+        drop(f);
+        assert_eq!(Arc::strong_count(&u), 1);
     }
 
     /// The TX half of slot `slot` of a shared UMEM over anonymous rings
@@ -1652,10 +1701,13 @@ mod tests {
         assert!(back.is_empty(), "the packet holds its frames");
         let q = p.clone();
         drop(p);
-        assert!(u.recycled.lock().unwrap().is_empty(), "a clone holds them");
+        assert!(
+            u.recycled.lock().unwrap().bases.is_empty(),
+            "a clone holds them"
+        );
         drop(q);
         assert_eq!(
-            *u.recycled.lock().unwrap(),
+            u.recycled.lock().unwrap().bases,
             vec![0, 2048, 4096],
             "every frame back, once"
         );
@@ -1690,7 +1742,7 @@ mod tests {
         assert_eq!(c.drops, 2);
         assert_eq!(back, vec![0, 2048, 4096]);
         drop(p);
-        assert_eq!(*u.recycled.lock().unwrap(), vec![3 * 2048]);
+        assert_eq!(u.recycled.lock().unwrap().bases, vec![3 * 2048]);
     }
 
     #[test]
