@@ -87,13 +87,37 @@ struct {
 	__type(value, __u64);
 } nw_stats SEC(".maps");
 
+// Under the engine service: per XSKMAP key (slot * 64 + queue) the frames
+// redirected to that socket, counted here and read by the members sharing
+// a CPU through a read-only mapping (BPF_F_MMAPABLE): a member that waits
+// by spinning sees a sibling's frame arrive and hands it the CPU
+// (crates/xdp/src/seats.rs, "passing the CPU"). An own engine's keys are
+// not counted (no NW_KEY_SLOT: one test more per frame).
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, __u32);
+} nw_ready SEC(".maps");
+
+// In a key from xsk_key: a slot's socket (count it in nw_ready).
+#define NW_KEY_SLOT 0x10000u
+
 // One XSKMAP lookup: the redirect itself answers XDP_PASS (the action in
 // the flags) when the queue has no socket (counted in nw_stats[0]).
 static __always_inline int redirect_to(struct xdp_md *ctx, __u32 key)
 {
-	long act = bpf_redirect_map(&nw_xsks, key, XDP_PASS);
-	if (act == XDP_REDIRECT)
+	__u32 xk = key & 0xffff;
+	long act = bpf_redirect_map(&nw_xsks, xk, XDP_PASS);
+	if (act == XDP_REDIRECT) {
+		if (key & NW_KEY_SLOT) {
+			__u32 *n = bpf_map_lookup_elem(&nw_ready, &xk);
+			if (n)
+				__sync_fetch_and_add(n, 1);
+		}
 		return XDP_REDIRECT;
+	}
 	__u32 k = 0;
 	__u64 *c = bpf_map_lookup_elem(&nw_stats, &k);
 	if (c)
@@ -107,8 +131,8 @@ static __always_inline __u32 xsk_key(struct xdp_md *ctx, __u32 v)
 {
 	__u32 q = ctx->rx_queue_index & 63;
 	if (v & NW_SLOT)
-		return ((v & 63) << 6) | q;
-	return ctx->rx_queue_index;
+		return NW_KEY_SLOT | ((v & 63) << 6) | q;
+	return ctx->rx_queue_index & 0xffff;
 }
 
 // ---- Frames for another host (issue 20, finding 12) ----

@@ -784,11 +784,14 @@ def run_service(a):
     of its own (today's engine), one on the engine service, and SVC_N on the service at once
     (each with its own client), interleaved; medians of the repeats; ratios of p50 (the median
     process's and the worst's) and of memory (PSS, the service included)."""
-    # The last row: the same four without the service's spinner registry (NANOWIRE_SPIN_SHARE=0,
-    # each waits as if alone on its CPU: before session 16), so one run shows both.
+    # The last rows: the same four without the service's spinner registry (NANOWIRE_SPIN_SHARE=0,
+    # each waits as if alone on its CPU: before session 16) and with the registry but without
+    # passing the CPU by the steering program's frame counts (NANOWIRE_SPIN_HINT=0: before
+    # session 17), so one run shows all three.
     configs = [("one process, own engine", 1, False, ()), ("one process on the service", 1, True, ()),
                (f"{SVC_N} processes on the service", SVC_N, True, ()),
-               (f"{SVC_N} processes on the service, spin_share 0", SVC_N, True, ("NANOWIRE_SPIN_SHARE=0",))]
+               (f"{SVC_N} processes on the service, spin_share 0", SVC_N, True, ("NANOWIRE_SPIN_SHARE=0",)),
+               (f"{SVC_N} processes on the service, spin_hint 0", SVC_N, True, ("NANOWIRE_SPIN_HINT=0",))]
     runs = {label: [] for label, *_ in configs}
     port = PORT + 100
     for r in range(a.repeats):
@@ -800,7 +803,7 @@ def run_service(a):
                   f"pss={res['pss_kib']} kB", file=sys.stderr)
     keys = ["p50", "p50_max", "p99", "p99_max", "pss_kib"]
     med = {label: {k: statistics.median(x[k] for x in rs) for k in keys} for label, rs in runs.items()}
-    own, one, many, alone = (med[label] for label, *_ in configs)
+    own, one, many, alone, nohint = (med[label] for label, *_ in configs)
 
     def ratio(x, y, k):
         return round(x[k] / y[k], 3) if y.get(k) else None
@@ -814,6 +817,8 @@ def run_service(a):
             round(many["p50_max"] / own["p50"], 3) if own.get("p50") else None,
         f"{SVC_N} on the service with spin_share 0 (before session 16), worst process / one on the service: p50":
             round(alone["p50_max"] / one["p50"], 3) if one.get("p50") else None,
+        f"{SVC_N} on the service with spin_hint 0 (before session 17), worst process / one on the service: p50":
+            round(nohint["p50_max"] / one["p50"], 3) if one.get("p50") else None,
         f"memory (PSS) {SVC_N} on the service with the service / one process, own engine":
             ratio(many, own, "pss_kib"),
         "memory (PSS) one on the service with the service / one process, own engine": ratio(one, own, "pss_kib"),

@@ -1905,16 +1905,35 @@ fn seats_of(lab: &ScopedLab, cpu: u64) -> (Vec<u64>, Vec<u64>, serde_json::Value
     }
 }
 
+/// CPU `cpu`'s watcher (the slot passing it by hint) and per slot (parks,
+/// hand-offs to it), from the service's status.
+fn passes_of(st: &serde_json::Value, cpu: u64) -> (Option<u64>, Vec<(u64, u64, u64)>) {
+    let seats = st["ifaces"][0]["seats"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let Some(c) = seats.iter().find(|c| c["cpu"] == cpu) else {
+        return (None, Vec::new());
+    };
+    let n = |p: &serde_json::Value, k: &str| p[k].as_u64().unwrap();
+    let passes = c["passes"].as_array().unwrap().iter();
+    let passes = passes.map(|p| (n(p, "slot"), n(p, "parks"), n(p, "handoffs")));
+    (c["watcher"].as_u64(), passes.collect())
+}
+
 /// Issue 23, four processes on one CPU: their waits spin forever
 /// (`NANOWIRE_SPIN_US=forever`), all pinned to CPU 1. The service's
-/// registry shows the four spinning on CPU 1 (so each is crowded: it yields
-/// at every idle turn) and nobody on another CPU; all four echo intact; a
-/// killed one (kill -9) leaves no mark behind and the three others echo on.
+/// registry shows the four spinning on CPU 1 (so each is crowded) and
+/// nobody on another CPU; one of them watches the CPU and the others park
+/// until it hands them the CPU for their datagrams (session 17: counted in
+/// the status as parks and hand-offs); all four echo intact; the watcher
+/// killed (kill -9) leaves no mark and no watch behind and the three
+/// others echo on.
 #[test]
 #[ignore = "needs root"]
 fn four_processes_pinned_to_one_cpu_share_it_through_the_registry_and_all_echo() {
     let lab = lab("vc");
-    let ports: Vec<u16> = (12401..12405).collect();
+    let mut ports: Vec<u16> = (12401..12405).collect();
     let addr = ADDR_B.to_string();
     let mut kids: Vec<Kid> = ports
         .iter()
@@ -1957,9 +1976,28 @@ fn four_processes_pinned_to_one_cpu_share_it_through_the_registry_and_all_echo()
     // All four echo, each datagram intact.
     let out = client(&lab, "vc-client", &ports, 200);
     eprintln!("client: {out}");
-    // kill -9 one: the service forgets its marks at once.
-    let victim = kids.remove(0);
-    let dead = u64::from(victim.child.id());
+    // Passed by hint: a watcher, the others parked and handed the CPU.
+    let st = seats_of(&lab, 1).2;
+    let (watcher, passes) = passes_of(&st, 1);
+    let watcher = watcher.unwrap_or_else(|| panic!("nobody watches CPU 1: {st}"));
+    let handoffs: u64 = passes.iter().map(|p| p.2).sum();
+    let parked = passes.iter().filter(|p| p.1 > 0).count();
+    assert!(handoffs > 0 && parked >= 3, "no hand-off by hint: {st}");
+    // kill -9 the watcher: the service forgets its marks and its watch.
+    let slot_pid = |slot: u64| {
+        st["ifaces"][0]["clients"]
+            .as_array()?
+            .iter()
+            .find(|c| c["slot"] == slot)?["pid"]
+            .as_u64()
+    };
+    let dead = slot_pid(watcher).unwrap_or_else(|| panic!("no pid for slot {watcher}: {st}"));
+    let i = kids
+        .iter()
+        .position(|k| u64::from(k.child.id()) == dead)
+        .expect("the watcher is one of the four");
+    let victim = kids.remove(i);
+    let port = ports.remove(i);
     kill_9(victim.child.id());
     drop(victim);
     let rest = pids(&kids);
@@ -1968,6 +2006,10 @@ fn four_processes_pinned_to_one_cpu_share_it_through_the_registry_and_all_echo()
         "the killed {dead} is still in the registry: {}",
         seats_of(&lab, 1).2
     );
-    client(&lab, "vc-client2", &ports[1..], 200);
+    let st = seats_of(&lab, 1).2;
+    assert_ne!(passes_of(&st, 1).0, Some(watcher), "a dead watcher: {st}");
+    client(&lab, "vc-client2", &ports, 200);
     assert!(spinning(&rest), "{}", seats_of(&lab, 1).2);
+    let after = passes_of(&seats_of(&lab, 1).2, 1).0;
+    eprintln!("the watcher (slot {watcher}, port {port}) killed; watching now: {after:?}");
 }

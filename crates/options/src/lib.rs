@@ -210,6 +210,14 @@ pub const OPTIONS: &[OptSpec] = &[
          CPUs spins as always. 0: every process spins as if alone.",
     ),
     OptSpec::switch_on(
+        "spin_hint",
+        "NANOWIRE_SPIN_HINT",
+        "xdp engine on the engine service, with spin_share: a process pinned to one CPU it shares \
+         with others watches it for their frames (the steering program counts each process's) and \
+         hands it to the one whose frame arrived, or sleeps until handed it. 0: crowded waits yield \
+         at every idle turn.",
+    ),
+    OptSpec::switch_on(
         "tcp_rx_hold",
         "NANOWIRE_TCP_RX_HOLD",
         "xdp engine: TCP keeps in-order data in the receive frames it arrived in until the \

@@ -12,7 +12,7 @@
 
 use crate::sys::now_ns;
 use crate::table;
-use nanowire_shimcore::waiter::{Host, Limits, Seat, Spin};
+use nanowire_shimcore::waiter::{Host, Limits, Pass, Seat, Spin};
 pub use nanowire_shimcore::waiter::{Turn, Waiter, slice_ms};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -115,6 +115,30 @@ impl Host for ShimHost {
                 Seat::Spinner(m) => s.leave(m, false),
                 Seat::Sleeper(m) => s.leave(m, true),
             }
+        }
+    }
+    /// The steering program's count of frames redirected to this process
+    /// (`nanowire_xdp::seats`, passing the CPU by hint).
+    #[inline]
+    fn redirected(&self) -> Option<u32> {
+        nanowire_stack::xdp::seats::seats()?.redirected()
+    }
+    fn pass(&self, seat: Seat, snap: u32) -> Pass {
+        use nanowire_stack::xdp::seats::Passed;
+        let (Seat::Spinner(m) | Seat::Sleeper(m)) = seat;
+        let Some(s) = nanowire_stack::xdp::seats::seats() else {
+            return Pass::Off;
+        };
+        match s.pass(m, snap, (now_ns() / 1000) as u32) {
+            Passed::Off => Pass::Off,
+            Passed::Watching { woke } => Pass::Watch(woke != 0),
+            Passed::Parked { .. } => Pass::Parked,
+        }
+    }
+    fn unwatch(&self, seat: Seat) {
+        let (Seat::Spinner(m) | Seat::Sleeper(m)) = seat;
+        if let Some(s) = nanowire_stack::xdp::seats::seats() {
+            s.unwatch(m);
         }
     }
 }

@@ -45,6 +45,12 @@
 //!   siblings' turns are not a CPU-bound neighbour's slice), so it does not
 //!   fall asleep for a quiet period because of them.
 //!   A process alone on its CPUs (or with no registry) spins as before.
+//! * **Pass it by hint** (session 17, [`Host::pass`]: the steering
+//!   program's count of frames redirected to each process). A crowded wait
+//!   pinned to one CPU either watches the CPU (spins without yielding, and
+//!   when a parked sibling's frame arrives wakes it and yields to it) or
+//!   parks until the watcher wakes it; the park is no contention. Where the
+//!   hint does not apply it yields at every idle turn as above.
 
 use crate::fdtable::closed_since;
 use std::cell::Cell;
@@ -94,6 +100,30 @@ pub trait Host {
     }
     /// The wait marked as `seat` ends or stops spinning.
     fn leave(&self, _seat: Seat) {}
+    /// The count of frames redirected to this process, when the hint
+    /// applies (read before each attempt; `None`: no hint).
+    fn redirected(&self) -> Option<u32> {
+        None
+    }
+    /// A crowded idle turn of a spinning `seat` by hint: watch its CPU or
+    /// park (`snap`: [`Host::redirected`] before the last attempt).
+    fn pass(&self, _seat: Seat, _snap: u32) -> Pass {
+        Pass::Off
+    }
+    /// The wait marked as `seat` stops spinning: end its watch, if any.
+    fn unwatch(&self, _seat: Seat) {}
+}
+
+/// What [`Host::pass`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    /// No hint here: a crowded spinner yields.
+    Off,
+    /// This wait watches its CPU; `true`: it woke a parked sibling with a
+    /// frame (yield to it now).
+    Watch(bool),
+    /// It slept until woken (or its park ran out): no contention.
+    Parked,
 }
 
 /// A wait's mark among the processes sharing its CPUs ([`Host::seat`]):
@@ -158,6 +188,8 @@ pub struct Spin<H: Host> {
     counted: bool,
     /// Its place in the registry of the processes sharing its CPUs.
     seat: Option<Seat>,
+    /// [`Host::redirected`] before the last attempt (crowded waits only).
+    snap: Option<u32>,
 }
 
 impl<H: Host> Spin<H> {
@@ -201,6 +233,7 @@ impl<H: Host> Spin<H> {
             quiet: !spins,
             counted: spins,
             seat,
+            snap: None,
         }
     }
 
@@ -213,7 +246,9 @@ impl<H: Host> Spin<H> {
             self.host.spinning().fetch_sub(1, Ordering::Relaxed);
         }
         if let Some(s @ Seat::Spinner(_)) = self.seat {
-            // Marked asleep now (a crowded spinner yields to sleepers).
+            // Marked asleep now (a crowded spinner yields to sleepers);
+            // no longer watching its CPU for parked siblings.
+            self.host.unwatch(s);
             self.host.leave(s);
             self.seat = self.host.seat(false);
         }
@@ -264,21 +299,25 @@ impl<H: Host> Spin<H> {
         let busy = BUSY_NS * (1 + u64::from(crowded));
         if now.wrapping_sub(self.last) > busy {
             self.contention(now);
-        } else if now >= self.next_yield || crowded != 0 {
-            self.host.sched_yield();
-            let after = self.host.now_ns();
-            let took = after.wrapping_sub(now);
-            if took > busy {
-                self.contention(after);
-            }
-            now = after;
-            // Someone else ran: share the CPU turn by turn (whoever runs
-            // looks once and passes); nobody did: look again later.
-            self.next_yield = if took > SHARED_NS {
-                now
-            } else {
-                now + YIELD_EVERY_NS
+        } else {
+            let pass = match (crowded, self.seat, self.snap) {
+                (1.., Some(s @ Seat::Spinner(_)), Some(snap)) => self.host.pass(s, snap),
+                _ => Pass::Off,
             };
+            match pass {
+                Pass::Parked => {
+                    // Asleep until a frame (or the park's end): no one's
+                    // slice, no contention.
+                    now = self.host.now_ns();
+                    self.next_yield = now + YIELD_EVERY_NS;
+                }
+                Pass::Watch(true) => now = self.yield_turn(now, busy),
+                Pass::Watch(false) if now >= self.next_yield => now = self.yield_turn(now, busy),
+                Pass::Off if now >= self.next_yield || crowded != 0 => {
+                    now = self.yield_turn(now, busy)
+                }
+                Pass::Watch(false) | Pass::Off => {}
+            }
         }
         self.last = now;
         if self.contended && self.max != u64::MAX {
@@ -289,8 +328,35 @@ impl<H: Host> Spin<H> {
             self.stop();
             return false;
         }
+        // The count before the next attempt (a frame counted after it is
+        // one a watcher wakes this wait for).
+        self.snap = if crowded != 0 {
+            self.host.redirected()
+        } else {
+            None
+        };
         core::hint::spin_loop();
         true
+    }
+
+    /// Offer the CPU: `sched_yield`, and notice who needed it. Returns the
+    /// time after it.
+    #[inline]
+    fn yield_turn(&mut self, now: u64, busy: u64) -> u64 {
+        self.host.sched_yield();
+        let after = self.host.now_ns();
+        let took = after.wrapping_sub(now);
+        if took > busy {
+            self.contention(after);
+        }
+        // Someone else ran: share the CPU turn by turn (whoever runs looks
+        // once and passes); nobody did: look again later.
+        self.next_yield = if took > SHARED_NS {
+            after
+        } else {
+            after + YIELD_EVERY_NS
+        };
+        after
     }
 
     #[cold]
@@ -472,6 +538,10 @@ mod tests {
         seat: &'a C<Option<Seat>>,
         crowd: &'a C<bool>,
         log: &'a std::cell::RefCell<Vec<String>>,
+        /// The hint: what `pass` answers (`None`: no hint) and how long a
+        /// park sleeps.
+        pass: &'a C<Option<Pass>>,
+        park_ns: u64,
     }
 
     impl Host for &Fake<'_> {
@@ -507,6 +577,20 @@ mod tests {
         fn leave(&self, seat: Seat) {
             self.log.borrow_mut().push(format!("leave {seat:?}"));
         }
+        fn redirected(&self) -> Option<u32> {
+            self.pass.get().map(|_| 7)
+        }
+        fn pass(&self, _seat: Seat, snap: u32) -> Pass {
+            assert_eq!(snap, 7, "the count read before the last attempt");
+            let p = self.pass.get().unwrap_or(Pass::Off);
+            if p == Pass::Parked {
+                self.now.set(self.now.get() + self.park_ns);
+            }
+            p
+        }
+        fn unwatch(&self, seat: Seat) {
+            self.log.borrow_mut().push(format!("unwatch {seat:?}"));
+        }
     }
 
     struct World {
@@ -518,6 +602,7 @@ mod tests {
         seat: C<Option<Seat>>,
         crowd: C<bool>,
         log: std::cell::RefCell<Vec<String>>,
+        pass: C<Option<Pass>>,
     }
 
     impl World {
@@ -531,6 +616,7 @@ mod tests {
                 seat: C::new(None),
                 crowd: C::new(false),
                 log: Default::default(),
+                pass: C::new(None),
             };
             w.table.set(3, C_UDP, 0);
             w
@@ -548,6 +634,8 @@ mod tests {
                 seat: &self.seat,
                 crowd: &self.crowd,
                 log: &self.log,
+                pass: &self.pass,
+                park_ns: 2_000_000,
             }
         }
     }
@@ -843,6 +931,61 @@ mod tests {
     }
 
     #[test]
+    fn a_crowded_spinner_passes_by_hint_watching_without_yields_and_a_park_is_no_contention() {
+        let w = World::new();
+        w.seat.set(Some(Seat::Spinner(1 << 1)));
+        w.crowd.set(true);
+        w.pass.set(Some(Pass::Watch(false)));
+        let h = w.host(1_000, 0);
+        let mut s = Spin::new(&h, 10_000_000, u64::MAX);
+        assert!(s.spin());
+        assert_eq!(w.yields.get(), 1, "no count read yet: a crowded yield");
+        for _ in 0..10 {
+            assert!(s.spin());
+        }
+        assert_eq!(
+            w.yields.get(),
+            1,
+            "watching, nobody's frame: no yield in 10 us"
+        );
+        for _ in 0..30 {
+            assert!(s.spin());
+        }
+        let y = w.yields.get();
+        assert!(
+            (2..=3).contains(&y),
+            "watching: a yield every 20 us as alone, {y} in 40 turns"
+        );
+        // It woke a parked sibling: it yields to it at once.
+        w.pass.set(Some(Pass::Watch(true)));
+        assert!(s.spin());
+        assert_eq!(w.yields.get(), y + 1);
+        // Parked for 2 ms (over BUSY_NS per sibling): no contention, no
+        // quiet period, no yield.
+        w.pass.set(Some(Pass::Parked));
+        assert!(s.spin());
+        assert!(s.spin());
+        assert_eq!(w.yields.get(), y + 1);
+        drop(s);
+        let mut s = Spin::new(&h, 10_000_000, u64::MAX);
+        assert!(s.spin(), "no quiet period after parks");
+        // A 10 ms gap (a CPU-bound neighbour): it stops, ending its watch.
+        w.now.set(w.now.get() + 10_000_000);
+        assert!(!s.spin());
+        assert!(w.log.borrow().contains(&"unwatch Spinner(2)".to_string()));
+        // Without a hint (pass Off): a yield at every crowded turn.
+        drop(s);
+        w.pass.set(Some(Pass::Off));
+        w.now.set(learned().quiet_until);
+        let y = w.yields.get();
+        let mut s = Spin::new(&h, 10_000_000, u64::MAX);
+        for _ in 0..5 {
+            assert!(s.spin());
+        }
+        assert_eq!(w.yields.get(), y + 5);
+    }
+
+    #[test]
     fn a_spinner_that_stops_is_marked_asleep() {
         let w = World::new();
         w.seat.set(Some(Seat::Spinner(1 << 1)));
@@ -854,6 +997,7 @@ mod tests {
             *w.log.borrow(),
             [
                 "seat true",
+                "unwatch Spinner(2)",
                 "leave Spinner(2)",
                 "seat false",
                 "leave Sleeper(2)"

@@ -120,6 +120,9 @@ pub struct SteerProgram {
     tcp_pins: BpfHashMap<MapData, TcpFlowKey, u32>,
     xsks: XskMap<MapData>,
     stats: PerCpuArray<MapData, u64>,
+    /// Frames redirected per XSKMAP key under the engine service (steer.c
+    /// `nw_ready`, mmapable: the members read it, `seats.rs`).
+    ready: MapData,
     mode: AttachMode,
     /// Every BPF object fd the load and attach opened (link, program,
     /// maps): a forked child must not keep them (see [`SteerProgram::fds`]).
@@ -227,7 +230,7 @@ pub fn mode_order(ifname: &str, forced: Option<AttachMode>) -> Vec<AttachMode> {
 
 /// The maps only the engine service fills, made with one entry for one
 /// process's own engine ([`SteerProgram::attach_private`]).
-const PRIVATE_SIZES: &[(&str, u32)] = &[("nw_tcp_pins", 1), ("nw_tcp_groups", 1)];
+const PRIVATE_SIZES: &[(&str, u32)] = &[("nw_tcp_pins", 1), ("nw_tcp_groups", 1), ("nw_ready", 1)];
 
 impl SteerProgram {
     /// Load the program and attach it to `ifindex`: native mode first,
@@ -392,6 +395,9 @@ impl SteerProgram {
             .map_err(|e| map_err("nw_xsks", e))?;
         let stats = PerCpuArray::try_from(take(&mut obj, "nw_stats", &mut map_fds)?)
             .map_err(|e| map_err("nw_stats", e))?;
+        let aya::maps::Map::Array(ready) = take(&mut obj, "nw_ready", &mut map_fds)? else {
+            return Err("nw_ready: not an array map".into());
+        };
         // The interface's MAC and MTU, before anything is claimed: unicast
         // frames for another host are the kernel's to drop (steer.c
         // `other_host`); UDP datagrams no longer than the MTU skip the exact
@@ -457,6 +463,7 @@ impl SteerProgram {
             tcp_pins,
             xsks,
             stats,
+            ready,
             mode,
         })
     }
@@ -523,6 +530,13 @@ impl SteerProgram {
 
     pub fn mode(&self) -> AttachMode {
         self.mode
+    }
+
+    /// The map of frames redirected per slot and queue (steer.c
+    /// `nw_ready`), for the engine service to hand its members.
+    pub fn ready_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.ready.fd().as_fd()
     }
 
     /// Whether the attached program is the multi-buffer aware one

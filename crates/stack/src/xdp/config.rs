@@ -27,6 +27,10 @@ pub const TCP_RX_HOLD_VAR: &str = "NANOWIRE_TCP_RX_HOLD";
 /// The options table's `spin_share` row (`0`: a process on the engine
 /// service spins as if alone on its CPUs, no spinner registry).
 pub const SPIN_SHARE_VAR: &str = "NANOWIRE_SPIN_SHARE";
+/// The options table's `spin_hint` row (`0`: crowded waits on the engine
+/// service yield at every idle turn instead of passing the CPU by the
+/// steering program's per-process frame count).
+pub const SPIN_HINT_VAR: &str = "NANOWIRE_SPIN_HINT";
 /// Force an XDP attach mode (`native` or `generic`).
 pub const XDP_MODE_VAR: &str = "NANOWIRE_XDP_MODE";
 /// `1`: behave as an engine without multi-buffer receive (tests).
@@ -39,12 +43,13 @@ pub const SERVICE_VAR: &str = "NANOWIRE_SERVICE";
 /// sets it for the programs it runs).
 pub const SERVICE_BIN_VAR: &str = "NANOWIRE_BIN";
 /// Every variable [`EngineConfig::from_vars`] looks up.
-pub const VARS: [&str; 10] = [
+pub const VARS: [&str; 11] = [
     FAULTS_VAR,
     TCP_RTO_MIN_VAR,
     TX_CSUM_OFFLOAD_VAR,
     TCP_RX_HOLD_VAR,
     SPIN_SHARE_VAR,
+    SPIN_HINT_VAR,
     XDP_MODE_VAR,
     NO_MULTI_BUFFER_VAR,
     STATS_DIR_VAR,
@@ -84,6 +89,9 @@ pub struct EngineConfig {
     /// On the engine service: publish the spinner registry of the shared
     /// UMEM to this process's waits (`nanowire_xdp::seats`).
     pub spin_share: bool,
+    /// With `spin_share`: pass a shared CPU by the steering program's
+    /// per-process frame count (`nanowire_xdp::seats`, "passing the CPU").
+    pub spin_hint: bool,
 }
 
 impl Default for EngineConfig {
@@ -99,6 +107,7 @@ impl Default for EngineConfig {
             tx_csum_offload: true,
             tcp_rx_hold: true,
             spin_share: true,
+            spin_hint: true,
         }
     }
 }
@@ -138,18 +147,11 @@ impl EngineConfig {
         });
         // The options table validates the boolean where the launcher sees
         // it; here anything but an explicit "off" keeps the offload.
-        let tx_csum_offload = !matches!(
-            get(TX_CSUM_OFFLOAD_VAR).as_deref(),
-            Some("0" | "false" | "off" | "no")
-        );
-        let tcp_rx_hold = !matches!(
-            get(TCP_RX_HOLD_VAR).as_deref(),
-            Some("0" | "false" | "off" | "no")
-        );
-        let spin_share = !matches!(
-            get(SPIN_SHARE_VAR).as_deref(),
-            Some("0" | "false" | "off" | "no")
-        );
+        let on = |var| !matches!(get(var).as_deref(), Some("0" | "false" | "off" | "no"));
+        let tx_csum_offload = on(TX_CSUM_OFFLOAD_VAR);
+        let tcp_rx_hold = on(TCP_RX_HOLD_VAR);
+        let spin_share = on(SPIN_SHARE_VAR);
+        let spin_hint = on(SPIN_HINT_VAR);
         EngineConfig {
             faults,
             tcp_rto_min_us,
@@ -164,6 +166,7 @@ impl EngineConfig {
             tx_csum_offload,
             tcp_rx_hold,
             spin_share,
+            spin_hint,
         }
     }
 }
@@ -216,6 +219,8 @@ mod tests {
         assert!(!vars(&[(TCP_RX_HOLD_VAR, "0")]).tcp_rx_hold);
         assert!(c.spin_share);
         assert!(!vars(&[(SPIN_SHARE_VAR, "0")]).spin_share);
+        assert!(c.spin_hint);
+        assert!(!vars(&[(SPIN_HINT_VAR, "off")]).spin_hint);
         assert_eq!(c.tcp_rto_min_us, Some(10_000));
         assert_eq!(c.xdp_mode, Some(AttachMode::Driver));
         assert!(c.no_multi_buffer);

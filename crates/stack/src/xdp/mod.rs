@@ -510,10 +510,15 @@ impl Engine {
         };
         // Queue 0's control area holds the registry of the processes
         // sharing CPUs (one spinner per CPU; docs/architecture.md).
+        let nq = socks.len();
         let seats = socks
             .first()
             .and_then(XskSocket::seats)
             .filter(|_| config::config().spin_share)
+            .map(|s| {
+                let ready = at.ready.as_ref().filter(|_| config::config().spin_hint);
+                s.with_hint(ready.map(std::os::fd::AsFd::as_fd), nq)
+            })
             .map(nanowire_xdp::seats::publish);
         let mut e = Self::assemble(
             ifname,

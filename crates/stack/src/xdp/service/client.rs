@@ -30,12 +30,14 @@ pub struct Conn {
     timeout: Duration,
 }
 
-/// An attach: the connection, the answer, and per queue ((UMEM file,
-/// control memfd), member socket).
+/// An attach: the connection, the answer, per queue ((UMEM file,
+/// control memfd), member socket), and the steering program's count of
+/// frames redirected per socket (`None` from an older service).
 pub struct Attached {
     pub conn: Conn,
     pub reply: AttachReply,
     pub queues: Vec<((OwnedFd, OwnedFd), OwnedFd)>,
+    pub ready: Option<OwnedFd>,
 }
 
 fn connect_once() -> rustix::io::Result<OwnedFd> {
@@ -196,7 +198,8 @@ impl Conn {
         let m = self.call(&proto::encode_attach(iface, ring_depth), &[], 512)?;
         self.expect_ok(&m)?;
         let reply = proto::decode_attach_reply(&m.bytes)?;
-        if m.fds.len() != proto::ATTACH_FDS_PER_QUEUE * reply.queues as usize {
+        let per_queue = proto::ATTACH_FDS_PER_QUEUE * reply.queues as usize;
+        if m.fds.len() != per_queue && m.fds.len() != per_queue + 1 {
             return Err(format!(
                 "engine service: {} descriptors for {} queue(s)",
                 m.fds.len(),
@@ -204,7 +207,9 @@ impl Conn {
             ));
         }
         self.frags_lazy = reply.frags_lazy;
-        let mut it = m.fds.into_iter();
+        let mut fds = m.fds;
+        let ready = (fds.len() > per_queue).then(|| fds.pop()).flatten();
+        let mut it = fds.into_iter();
         let mut queues = Vec::new();
         while let (Some(umem), Some(ctl), Some(xsk)) = (it.next(), it.next(), it.next()) {
             queues.push(((umem, ctl), xsk));
@@ -213,6 +218,7 @@ impl Conn {
             conn: self,
             reply,
             queues,
+            ready,
         })
     }
 

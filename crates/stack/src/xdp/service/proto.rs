@@ -135,7 +135,9 @@ pub enum TcpFlow {
 pub const ATTACH_FDS_PER_QUEUE: usize = 3;
 
 /// What an attach is answered with (and [`ATTACH_FDS_PER_QUEUE`]
-/// descriptors per queue).
+/// descriptors per queue, then, from session 17 on, the steering program's
+/// count of frames redirected per socket: `nw_ready`, an mmapable map the
+/// members read to pass a shared CPU by hint).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttachReply {
     pub slot: u32,
@@ -389,7 +391,9 @@ pub fn decode_attach_reply(b: &[u8]) -> Result<AttachReply, String> {
         tx_budget: w(7)?,
     };
     r.geo.validate()?;
-    if r.queues == 0 || r.queues as usize * ATTACH_FDS_PER_QUEUE > MAX_FDS || r.slot >= r.geo.slots
+    if r.queues == 0
+        || r.queues as usize * ATTACH_FDS_PER_QUEUE + 1 > MAX_FDS
+        || r.slot >= r.geo.slots
     {
         return Err(format!(
             "attach answer out of range (queues {}, slot {})",

@@ -752,6 +752,7 @@ impl Service {
             fds.push(q.ctl_fd());
             fds.push(m.as_fd());
         }
+        fds.push(ifc.prog.ready_fd());
         let msg = proto::encode_attach_reply(&reply);
         let c = &self.clients[&id];
         let sent = proto::send(c.sock.as_fd(), &msg, &fds).is_ok();
@@ -1414,6 +1415,12 @@ impl Service {
                     "cpu": c.cpu,
                     "spinning": c.spinning.iter().map(|&s| who(s)).collect::<Vec<_>>(),
                     "sleeping": c.sleeping.iter().map(|&s| who(s)).collect::<Vec<_>>(),
+                    // Passing the CPU by hint: who watches it, and per slot
+                    // its parks and the watchers' hand-offs to it.
+                    "watcher": c.watcher,
+                    "passes": c.passes.iter().map(|&(s, parks, handoffs)| serde_json::json!({
+                        "slot": s, "parks": parks, "handoffs": handoffs,
+                    })).collect::<Vec<_>>(),
                 })
             }).collect::<Vec<_>>(),
             "tcp_listener_groups": i.groups.iter().map(|((a, p), g)| serde_json::json!({
