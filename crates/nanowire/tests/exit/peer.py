@@ -4,8 +4,9 @@
 #   peer.py server ADDR PORT N: accepts the killed client's N connections,
 #     reads each "<i>\n", answers "ack <i>\n" and, for an odd i, "more\n"
 #     in the same segment (left unread by the client).
-# Prints "ready", then waits (30 s at most: a hang shows as "timeout") for
-# each connection's end: one line "<i> eof|reset|data|timeout" each.
+# Prints "ready", then waits (30 s at most: a hang shows as "timeout", with
+# the connection's TCP_INFO) for each connection's end: one line
+# "<i> eof|reset|data|timeout ..." each.
 import selectors, socket, sys, time
 
 role, addr, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -55,4 +56,13 @@ while len(out) < len(conns) and time.time() < end:
             continue
         sel.unregister(key.fileobj)
 for i in sorted(conns):
-    print(i, out.get(i, "timeout"), flush=True)
+    end = out.get(i)
+    if end is None:
+        # What the kernel knows of a connection that saw no end: its state,
+        # bytes sent and not acknowledged, retransmissions so far (struct
+        # tcp_info: state at 0, backoff at 4, unacked at 24, total_retrans
+        # at 100): was its last data taken, did it retry?
+        t = conns[i].getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        u32 = lambda at: int.from_bytes(t[at:at + 4], "little")
+        end = f"timeout (state {t[0]} backoff {t[4]} unacked {u32(24)} total_retrans {u32(100)})"
+    print(i, end, flush=True)
