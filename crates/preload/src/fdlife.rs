@@ -130,9 +130,13 @@ pub fn forget_stale(fd: c_int, how: &str) {
 /// generation and wait until the threads spinning on it have left. True:
 /// its protocol now lets go of its record (`ops::Ops::release`); false:
 /// it had been closed and reused behind the shim's back already, and is
-/// forgotten without acting on the number.
-pub fn retire(fd: c_int) -> bool {
-    if table::identity(fd) != 0 && !table::identity_ok(fd) {
+/// forgotten without acting on the number. `check`: false when the
+/// release does nothing on the number (`tcpx::release_spares_number`):
+/// then a stale number is harmless to it and the identity check (one
+/// getsockopt) is skipped; the I/O checks and sweeps of a suspect process
+/// are as before.
+pub fn retire(fd: c_int, check: bool) -> bool {
+    if check && table::identity(fd) != 0 && !table::identity_ok(fd) {
         // Closed and reused behind the shim's back already: the record
         // must not act on the number (detach would change the new file's
         // flags, a TCP close would keep a duplicate of it).

@@ -366,7 +366,10 @@ pub fn dup(old: c_int, new: c_int) {
 /// close_range, closefrom, fclose, freopen): its number is retired
 /// (`fdlife::retire`), then its protocol lets go of its record.
 pub fn pre_close(fd: c_int) {
-    if crate::fdlife::retire(fd) {
+    // An accepted connection's release acts on the engine only: its close
+    // needs no identity check (one getsockopt per connection less).
+    let check = !matches!(record_of(fd), Sock::Tcp(t) if tcpx::release_spares_number(t));
+    if crate::fdlife::retire(fd, check) {
         on!(record_of(fd), release(fd))
     }
 }

@@ -1753,6 +1753,16 @@ pub fn release(fd: c_int) {
     release_as(fd, false);
 }
 
+/// Does releasing `t` (its last fd closing) leave the fd number alone? An
+/// accepted connection no forked child shares: its close is the engine's
+/// (the FIN), no duplicate of the fd keeps a port (`close_record`: only an
+/// adopted socket's does), nothing is handed over onto the number. Then a
+/// number closed and reused behind the shim's back is safe from the
+/// release, and `ops::pre_close` skips the identity check.
+pub fn release_spares_number(t: TcpRef) -> bool {
+    !t.adopted.load(Ordering::Relaxed) && !t.listener() && t.share() == 0
+}
+
 /// `fd` was closed behind the shim's back (a call it could not see) and
 /// its number may already name something else: the record goes as at
 /// close, but nothing is done on the number (no duplicate keeps the port:
