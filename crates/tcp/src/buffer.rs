@@ -154,6 +154,9 @@ impl Ring {
     /// [`Ring::write_at`] for a payload in pieces, each copied straight
     /// from where it lies.
     pub fn write_payload(&mut self, off: usize, data: &crate::payload::Payload) -> usize {
+        if let Some(s) = data.single() {
+            return self.write_at(off, s);
+        }
         let mut n = 0;
         for c in data.chunks() {
             let k = self.write_at(off + n, c);

@@ -89,8 +89,27 @@ impl<'a> Payload<'a> {
             })
     }
 
+    /// The bytes as one slice when they lie in one piece (every segment up
+    /// to the MTU): the per-segment copies take it without the piece walk.
+    #[inline]
+    pub fn single(&self) -> Option<&'a [u8]> {
+        self.rest
+            .is_empty()
+            .then(|| &self.head[self.start..self.start + self.len])
+    }
+
     /// Copy into `out` (exactly `len` bytes long).
+    #[inline]
     pub fn copy_to(&self, out: &mut [u8]) {
+        match self.single() {
+            Some(s) => out[..s.len()].copy_from_slice(s),
+            None => self.copy_pieces(out),
+        }
+    }
+
+    /// [`Payload::copy_to`] piece by piece.
+    #[inline(never)]
+    fn copy_pieces(&self, out: &mut [u8]) {
         let mut at = 0;
         for c in self.chunks() {
             out[at..at + c.len()].copy_from_slice(c);
@@ -145,6 +164,28 @@ mod tests {
                 assert!(q.chunks().all(|c| !c.is_empty()));
             }
         }
+    }
+
+    #[test]
+    fn one_piece_skips_takes_and_copies_like_its_slice() {
+        let whole: Vec<u8> = (0..100u8).collect();
+        let p = Payload::from(&whole[..]);
+        for a in [0, 1, 50, 99, 100] {
+            for n in [0, 1, 5, 100] {
+                let q = p.skip(a).take(n);
+                let want = &whole[a..(a + n).min(100)];
+                assert_eq!(q.single(), Some(want), "skip {a} take {n}");
+                assert_eq!(flat(&q), want, "skip {a} take {n}");
+                let mut ring = crate::buffer::Ring::new(256);
+                assert_eq!(ring.write_payload(0, &q), want.len());
+                ring.commit(want.len());
+                let mut back = vec![0u8; want.len()];
+                assert_eq!(ring.peek(0, &mut back), want.len());
+                assert_eq!(back, want);
+            }
+        }
+        let rest: [&[u8]; 1] = [&whole[10..]];
+        assert_eq!(Payload::new(&whole[..10], &rest).single(), None);
     }
 
     #[test]
