@@ -606,10 +606,7 @@ mod tests {
         assert_eq!(std::mem::offset_of!(LinkCreateAttr, flags), 12);
         assert_eq!(std::mem::offset_of!(LinkUpdateAttr, new_prog_fd), 4);
         assert_eq!(std::mem::offset_of!(LinkUpdateAttr, old_prog_fd), 12);
-    }
-
-    #[test]
-    fn batch_attr_is_the_kernels_batch_member() {
+        // The `batch` member (BPF_MAP_LOOKUP_BATCH, BPF_MAP_DELETE_BATCH).
         assert_eq!(std::mem::offset_of!(BatchAttr, keys), 16);
         assert_eq!(std::mem::offset_of!(BatchAttr, count), 32);
         assert_eq!(std::mem::offset_of!(BatchAttr, map_fd), 36);
