@@ -8,7 +8,7 @@
 
 mod run_support;
 use nanowire_lab::testbed::{ADDR_B, Host, ScopedLab};
-use nanowire_testkit::{A, B};
+use nanowire_testkit::{A, B, items};
 use run_support::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -227,31 +227,21 @@ fn remote_report_over_ssh_runs_every_engine_in_host_b() {
         "{}",
         r["target"]
     );
-    let ex = r["experiments"]
-        .as_array()
-        .unwrap()
-        .iter()
+    let ex = items(&r["experiments"])
         .find(|e| e["id"] == "latency_vs_size")
         .expect("latency_vs_size ran");
     for e in ["kernel", "spin", "xdp"] {
         for p in ["udp", "tcp"] {
-            let c = ex["coverage"]
-                .as_array()
-                .unwrap()
-                .iter()
+            let c = items(&ex["coverage"])
                 .find(|c| c["engine"] == e && c["protocol"] == p)
                 .unwrap_or_else(|| panic!("no coverage for {e} {p}"));
             assert_eq!(c["available"], true, "{e} {p}: {c}");
         }
         assert!(
-            ex["runs"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|x| x["engine"] == e
-                    && x["result"]["latency_us"]["p50"]
-                        .as_f64()
-                        .is_some_and(|v| v > 0.0)),
+            items(&ex["runs"]).any(|x| x["engine"] == e
+                && x["result"]["latency_us"]["p50"]
+                    .as_f64()
+                    .is_some_and(|v| v > 0.0)),
             "no {e} latency row"
         );
     }

@@ -3,7 +3,7 @@
 //! every number derived from samples), and index.html rendered in headless
 //! Chromium (every section's SVG present and non-empty).
 
-use nanowire_testkit::{Reaped, spawn_piped, wait_output};
+use nanowire_testkit::{Reaped, items, spawn_piped, wait_output};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -53,12 +53,7 @@ fn check_points(ex: &Value) -> usize {
         for s in p["series"].as_array().unwrap() {
             for pt in s["points"].as_array().unwrap() {
                 let id = format!("{} {} {}", ex["id"], p["id"], s["label"]);
-                let samples: Vec<f64> = pt["samples"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| finite(v, &id))
-                    .collect();
+                let samples: Vec<f64> = items(&pt["samples"]).map(|v| finite(v, &id)).collect();
                 assert!(!samples.is_empty(), "{id}: a point without samples");
                 let (min, med, max) = (
                     finite(&pt["min"], &id),
@@ -262,10 +257,7 @@ fn smoke_report_schema_and_rendering() {
     // accounting identity held.
     let loss = exps.iter().find(|e| e["id"] == "loss").unwrap();
     let udp = &loss["tables"][0];
-    let acc = udp["columns"]
-        .as_array()
-        .unwrap()
-        .iter()
+    let acc = items(&udp["columns"])
         .position(|c| c == "accounting")
         .unwrap();
     let rows = udp["rows"].as_array().unwrap();
@@ -273,23 +265,14 @@ fn smoke_report_schema_and_rendering() {
     for r in rows {
         assert_eq!(r[acc], "holds", "{r}");
     }
-    assert!(
-        loss["runs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|r| r["loss_pct"] == 1.0)
-    );
+    assert!(items(&loss["runs"]).any(|r| r["loss_pct"] == 1.0));
     // ... and left the lab a plain pair again.
     assert!(lab.status().wire.is_none());
     let mut measured_points = 0;
     for ex in exps {
         // Every requested engine is there: measured, or with a reason.
         for eng in ["kernel", "spin"] {
-            let cov: Vec<&Value> = ex["coverage"]
-                .as_array()
-                .unwrap()
-                .iter()
+            let cov: Vec<&Value> = items(&ex["coverage"])
                 .filter(|c| c["engine"] == eng)
                 .collect();
             assert!(!cov.is_empty(), "{}: engine {eng} missing", ex["id"]);
@@ -318,13 +301,9 @@ fn smoke_report_schema_and_rendering() {
         let ex = exps.iter().find(|e| e["id"] == id).unwrap();
         for eng in ["kernel", "spin"] {
             assert!(
-                ex["coverage"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .any(|c| c["engine"] == eng
-                        && c["protocol"] == "udp"
-                        && c["available"] == true),
+                items(&ex["coverage"]).any(|c| c["engine"] == eng
+                    && c["protocol"] == "udp"
+                    && c["available"] == true),
                 "{id}: {eng} udp not measured: {}",
                 ex["coverage"]
             );
@@ -374,10 +353,7 @@ fn smoke_report_schema_and_rendering() {
             let at = format!("data-plot=\"{pid}\"");
             let fig = part(sec, &at, "</figure>", &format!("plot {pid}"));
             assert!(fig.contains("<svg"), "plot {pid}: no SVG");
-            let points: usize = p["series"]
-                .as_array()
-                .unwrap()
-                .iter()
+            let points: usize = items(&p["series"])
                 .map(|s| s["points"].as_array().unwrap().len())
                 .sum();
             if points > 0 {
@@ -578,11 +554,7 @@ fn peer_mode_runs_the_client_side_against_a_remote_server() {
     let pp = exps.iter().find(|e| e["id"] == "latency_vs_size").unwrap();
     for proto in ["udp", "tcp"] {
         assert!(
-            pp["coverage"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|c| c["protocol"] == proto && c["available"] == true),
+            items(&pp["coverage"]).any(|c| c["protocol"] == proto && c["available"] == true),
             "ping-pong {proto} against the peer: {}",
             pp["coverage"]
         );

@@ -25,7 +25,8 @@
 //!   made by name (through the CLI) taken down when the test ends;
 //! - [`xdp_test_bin`]: the `nanowire-xdp-test` program (the engine's
 //!   echo/count/ping-pong test mode), built on first use;
-//! - [`A`], [`B`]: the lab hosts' addresses as text, for command lines.
+//! - [`A`], [`B`]: the lab hosts' addresses as text, for command lines;
+//! - [`items`]: the elements of a JSON list.
 
 use nanowire_lab::testbed::{Lab, LabOptions, ScopedLab};
 use std::io::{BufRead, Read};
@@ -39,6 +40,16 @@ use std::time::{Duration, Instant};
 pub const A: &str = "198.18.0.1";
 /// Host b's address (`testbed::ADDR_B`) as text.
 pub const B: &str = "198.18.0.2";
+
+/// The elements of a JSON list (a report's or a results file's), failing
+/// the test with the value when it is not a list.
+#[track_caller]
+pub fn items(v: &serde_json::Value) -> std::slice::Iter<'_, serde_json::Value> {
+    match v.as_array() {
+        Some(a) => a.iter(),
+        None => panic!("not a JSON list: {v}"),
+    }
+}
 
 /// True when this process runs as root (namespaces, XDP, AF_XDP).
 pub fn is_root() -> bool {
