@@ -325,8 +325,7 @@ fn survives(lab: &ScopedLab, port: u16, what: &str, event: &[&[&str]], restore: 
 #[ignore = "needs root"]
 fn interface_changes_under_a_running_engine() {
     let lab = lab('i');
-    let nb = lab.netns(Host::B);
-    let ib = lab.iface(Host::B);
+    let (nb, ib) = (lab.netns(Host::B), lab.iface(Host::B));
     let cidr = "198.18.0.2/24";
     survives(
         &lab,

@@ -66,8 +66,7 @@ fn kernel_echo(
 #[ignore = "needs root"]
 fn unread_socket_drops_its_own_traffic_not_its_neighbours() {
     let lab = lab('i');
-    let ifa = lab.iface(Host::A);
-    let nsb = lab.netns(Host::B);
+    let (ifa, nsb) = (lab.iface(Host::A), lab.netns(Host::B));
     const FLOOD: u32 = 100_000;
     const MINE: u32 = 1000;
     let (ready_tx, ready_rx) = mpsc::channel();
@@ -259,8 +258,7 @@ fn unresolvable_sends_do_not_hold_up_a_ping_pong() {
 #[ignore = "needs root"]
 fn peer_mac_change_mid_stream_is_followed() {
     let lab = lab('m');
-    let ifa = lab.iface(Host::A);
-    let ifb = lab.iface(Host::B);
+    let (ifa, ifb) = (lab.iface(Host::A), lab.iface(Host::B));
     let (nsa, nsb) = (lab.netns(Host::A), lab.netns(Host::B));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let srv = kernel_echo(nsb.clone(), SocketAddrV4::new(B, 6200), stop.clone());

@@ -793,8 +793,7 @@ fn batched_transmit_delivers_every_datagram_to_a_kernel_receiver() {
 #[ignore = "needs root"]
 fn blocked_socket_gets_datagrams_another_thread_drained_for_it() {
     let lab = lab('c');
-    let ifa = lab.iface(Host::A);
-    let nsb = lab.netns(Host::B);
+    let (ifa, nsb) = (lab.iface(Host::A), lab.netns(Host::B));
     let got = in_ns(&lab.netns(Host::A), move || {
         use nanowire_stack::xdp::XdpSocket;
         use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint, WaitPolicy};
@@ -893,8 +892,7 @@ fn xdp_socket_sends_to_a_multicast_group() {
 #[ignore = "needs root"]
 fn sending_on_a_downed_interface_is_an_error_not_a_hang() {
     let lab = lab('z');
-    let ifa = lab.iface(Host::A);
-    let nsa = lab.netns(Host::A);
+    let (ifa, nsa) = (lab.iface(Host::A), lab.netns(Host::A));
     let r = in_ns(&nsa.clone(), move || {
         use nanowire_stack::xdp::XdpSocket;
         use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint};
@@ -931,8 +929,7 @@ fn sending_on_a_downed_interface_is_an_error_not_a_hang() {
 #[ignore = "needs root"]
 fn connected_socket_takes_datagrams_from_its_peer_only() {
     let lab = lab('y');
-    let ifa = lab.iface(Host::A);
-    let nsb = lab.netns(Host::B);
+    let (ifa, nsb) = (lab.iface(Host::A), lab.netns(Host::B));
     let (got, drops) = in_ns(&lab.netns(Host::A), move || {
         use nanowire_stack::UdpEndpoint;
         let mut s = xdp_socket(ifa, 1024, 5900);
