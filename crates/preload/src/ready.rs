@@ -26,6 +26,38 @@ use std::sync::atomic::Ordering;
 /// thread consumed.
 const SLICE_NS: u64 = 5_000_000;
 
+/// Where a poll or epoll wait goes after a turn that found nothing ready.
+enum Then {
+    /// A signal handler ran since the call began: EINTR (errno set).
+    Interrupted,
+    /// The caller's timeout is over.
+    TimedOut,
+    /// Spin on: another turn at once (the wait's clock now).
+    Spun(u64),
+    /// Sleep on the fds for at most this many ns.
+    Sleep(u64),
+}
+
+/// The wait's next step after an empty turn (poll_mixed's and
+/// epoll_mixed's): `wait` is made at the first one (the call's budget,
+/// `total_ns`), `s0` the signal sequence when the call began.
+#[inline(always)]
+fn after_empty_turn(wait: &mut Option<Wait>, total_ns: Option<u64>, s0: u64) -> Then {
+    if crate::signals::seq_all() != s0 {
+        spin::set_errno(libc::EINTR);
+        return Then::Interrupted;
+    }
+    let w = wait.get_or_insert_with(|| Wait::new(total_ns.unwrap_or(u64::MAX)));
+    let spent = w.spent();
+    if total_ns.is_some_and(|t| spent >= t) {
+        Then::TimedOut
+    } else if w.spin() {
+        Then::Spun(w.now())
+    } else {
+        Then::Sleep(total_ns.map_or(SLICE_NS, |t| (t - spent).min(SLICE_NS)))
+    }
+}
+
 /// Sleep until one of `fds` or the engine fds of accelerated sockets may
 /// be ready, at most `ns`. Returns -1 (errno set) if a signal interrupted,
 /// else 1 if the first of `pf` was ready when the poll returned, 0 if not.
@@ -264,59 +296,54 @@ pub fn poll_mixed<R: Ready>(
         if count > 0 {
             return count;
         }
-        if crate::signals::seq_all() != s0 {
-            spin::set_errno(libc::EINTR);
-            return -1;
-        }
-        let w = wait.get_or_insert_with(|| Wait::new(total_ns.unwrap_or(u64::MAX)));
-        let spent = w.spent();
-        if total_ns.is_some_and(|t| spent >= t) {
-            return 0;
-        }
-        if !w.spin() {
-            let slice = total_ns.map_or(SLICE_NS, |t| (t - spent).min(SLICE_NS));
-            // SAFETY: the caller's array (read only here).
-            let s = unsafe { std::slice::from_raw_parts(fds, n as usize) };
-            let pf: Vec<pollfd> = s
-                .iter()
-                .map(|p| pollfd {
-                    fd: if p.fd >= 0 && of(p.fd).hides_kernel() {
-                        -1
-                    } else {
-                        p.fd
-                    },
-                    events: p.events,
-                    revents: 0,
-                })
-                .collect();
-            // Armed until dropped after the sleep.
-            let mut pass = tcpx::Pass::default();
-            let armed: Option<Vec<nanowire_stack::xdp::Armed>> = s
-                .iter()
-                .filter(|p| p.fd >= 0)
-                .map(|p| of(p.fd).arm(&mut pass))
-                .collect::<Option<Vec<_>>>()
-                .map(|v| v.into_iter().flatten().collect());
-            if armed.is_none() {
-                // Frames queued for an engine socket: look again.
-                now = now_ns();
+        let slice = match after_empty_turn(&mut wait, total_ns, s0) {
+            Then::Interrupted => return -1,
+            Then::TimedOut => return 0,
+            Then::Spun(t) => {
+                now = t;
                 continue;
             }
-            let extra: Vec<c_int> = s
-                .iter()
-                .filter(|p| p.fd >= 0)
-                .flat_map(|p| of(p.fd).wait_fds().iter().copied())
-                .collect();
-            let r = sleep_on(pf, extra.into_iter(), slice, mask);
-            drop(armed);
-            if r < 0 {
-                return -1;
-            }
+            Then::Sleep(slice) => slice,
+        };
+        // SAFETY: the caller's array (read only here).
+        let s = unsafe { std::slice::from_raw_parts(fds, n as usize) };
+        let pf: Vec<pollfd> = s
+            .iter()
+            .map(|p| pollfd {
+                fd: if p.fd >= 0 && of(p.fd).hides_kernel() {
+                    -1
+                } else {
+                    p.fd
+                },
+                events: p.events,
+                revents: 0,
+            })
+            .collect();
+        // Armed until dropped after the sleep.
+        let mut pass = tcpx::Pass::default();
+        let armed: Option<Vec<nanowire_stack::xdp::Armed>> = s
+            .iter()
+            .filter(|p| p.fd >= 0)
+            .map(|p| of(p.fd).arm(&mut pass))
+            .collect::<Option<Vec<_>>>()
+            .map(|v| v.into_iter().flatten().collect());
+        if armed.is_none() {
+            // Frames queued for an engine socket: look again.
             now = now_ns();
-            next_kernel = 0; // after a sleep, ask the kernel at once
-        } else {
-            now = w.now();
+            continue;
         }
+        let extra: Vec<c_int> = s
+            .iter()
+            .filter(|p| p.fd >= 0)
+            .flat_map(|p| of(p.fd).wait_fds().iter().copied())
+            .collect();
+        let r = sleep_on(pf, extra.into_iter(), slice, mask);
+        drop(armed);
+        if r < 0 {
+            return -1;
+        }
+        now = now_ns();
+        next_kernel = 0; // after a sleep, ask the kernel at once
     }
 }
 
@@ -763,80 +790,74 @@ pub fn epoll_mixed(
         if total > 0 {
             break total as c_int;
         }
-        if crate::signals::seq_all() != s0 {
-            spin::set_errno(libc::EINTR);
-            break -1;
-        }
-        let w = wait.get_or_insert_with(|| Wait::new(total_ns.unwrap_or(u64::MAX)));
-        let spent = w.spent();
-        if total_ns.is_some_and(|t| spent >= t) {
-            if next_kernel == 0 {
-                continue; // never asked the kernel yet: once before 0
-            }
-            break 0;
-        }
-        if !w.spin() {
-            let slice = total_ns.map_or(SLICE_NS, |t| (t - spent).min(SLICE_NS));
-            let tcps: Vec<tcpx::TcpRef> = reg()
-                .iter()
-                .filter(|i| i.ep == ep)
-                .filter_map(|i| i.tcp)
-                .collect();
-            // One arm per engine: an event loop's listener and connections
-            // share their engine's wake-up (one eventfd read at most, not
-            // one per connection).
-            // Armed until dropped after the sleep.
-            let mut pass = tcpx::Pass::default();
-            let armed: Option<Vec<nanowire_stack::xdp::Armed>> = tcps
-                .iter()
-                .map(|&t| tcpx::arm_in(t, &mut pass))
-                .collect::<Option<Vec<_>>>()
-                .map(|v| v.into_iter().flatten().collect());
-            if armed.is_none() {
-                // Frames queued for an engine TCP socket: look again.
-                now = now_ns();
+        let slice = match after_empty_turn(&mut wait, total_ns, s0) {
+            Then::Interrupted => break -1,
+            // Never asked the kernel yet: once before 0.
+            Then::TimedOut if next_kernel == 0 => continue,
+            Then::TimedOut => break 0,
+            Then::Spun(t) => {
+                now = t;
                 continue;
             }
-            let extra: Vec<c_int> = {
-                let r = reg();
-                let a: Vec<c_int> = r
-                    .iter()
-                    .filter(|i| i.ep == ep)
-                    .filter_map(|i| i.acc)
-                    .flat_map(|(a, _)| a.wait_fds().iter().copied())
-                    .chain(
-                        r.iter()
-                            .filter(|i| i.ep == ep)
-                            .filter_map(|i| i.tcp)
-                            .flat_map(|t| t.wait_fds().iter().copied()),
-                    )
-                    .collect();
-                a
-            };
-            let pf = vec![pollfd {
-                fd: ep,
-                events: libc::POLLIN,
-                revents: 0,
-            }];
-            let r = sleep_on(pf, extra.into_iter(), slice, mask);
-            drop(armed);
-            if r < 0 {
-                break -1;
-            }
+            Then::Sleep(slice) => slice,
+        };
+        let tcps: Vec<tcpx::TcpRef> = reg()
+            .iter()
+            .filter(|i| i.ep == ep)
+            .filter_map(|i| i.tcp)
+            .collect();
+        // One arm per engine: an event loop's listener and connections
+        // share their engine's wake-up (one eventfd read at most, not
+        // one per connection).
+        // Armed until dropped after the sleep.
+        let mut pass = tcpx::Pass::default();
+        let armed: Option<Vec<nanowire_stack::xdp::Armed>> = tcps
+            .iter()
+            .map(|&t| tcpx::arm_in(t, &mut pass))
+            .collect::<Option<Vec<_>>>()
+            .map(|v| v.into_iter().flatten().collect());
+        if armed.is_none() {
+            // Frames queued for an engine TCP socket: look again.
             now = now_ns();
-            if r == 0 {
-                // The poll looked at `ep` itself: the kernel's part of the
-                // set had nothing ready when it returned, which is what an
-                // epoll_pwait(0) now would answer (woken by an engine fd:
-                // one syscall per wake-up saved).
-                next_kernel = now + KERNEL_EVERY_NS;
-                LAST_KERNEL.with(|c| c.set((ep, now)));
-                twins_seen(ep, &[], now);
-            } else {
-                next_kernel = 0; // the kernel has events: ask it at once
-            }
+            continue;
+        }
+        let extra: Vec<c_int> = {
+            let r = reg();
+            let a: Vec<c_int> = r
+                .iter()
+                .filter(|i| i.ep == ep)
+                .filter_map(|i| i.acc)
+                .flat_map(|(a, _)| a.wait_fds().iter().copied())
+                .chain(
+                    r.iter()
+                        .filter(|i| i.ep == ep)
+                        .filter_map(|i| i.tcp)
+                        .flat_map(|t| t.wait_fds().iter().copied()),
+                )
+                .collect();
+            a
+        };
+        let pf = vec![pollfd {
+            fd: ep,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let r = sleep_on(pf, extra.into_iter(), slice, mask);
+        drop(armed);
+        if r < 0 {
+            break -1;
+        }
+        now = now_ns();
+        if r == 0 {
+            // The poll looked at `ep` itself: the kernel's part of the
+            // set had nothing ready when it returned, which is what an
+            // epoll_pwait(0) now would answer (woken by an engine fd:
+            // one syscall per wake-up saved).
+            next_kernel = now + KERNEL_EVERY_NS;
+            LAST_KERNEL.with(|c| c.set((ep, now)));
+            twins_seen(ep, &[], now);
         } else {
-            now = w.now();
+            next_kernel = 0; // the kernel has events: ask it at once
         }
     };
     SYNTH_FDS.with(|v| *v.borrow_mut() = fds);
