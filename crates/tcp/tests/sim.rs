@@ -156,9 +156,10 @@ fn sack_repairs_several_holes_without_timeout() {
 
 #[test]
 fn half_close_then_close_reaches_time_wait_and_expires() {
-    let mut cfg = Config::default();
-    cfg.time_wait_ns = 2 * S;
-    let mut n = Net::new(cfg.clone(), cfg, FaultConfig::default());
+    let mut n = Net::both(Config {
+        time_wait_ns: 2 * S,
+        ..Config::default()
+    });
     let (ca, cb) = n.connect_pair();
     n.b.shutdown_write(cb).unwrap();
     let mut buf = [0u8; 16];
@@ -243,9 +244,10 @@ fn connect_to_closed_port_is_refused() {
 
 #[test]
 fn connect_times_out_after_syn_retries() {
-    let mut cfg = Config::default();
-    cfg.syn_retries = 2;
-    let mut n = Net::new(cfg.clone(), cfg, FaultConfig::default());
+    let mut n = Net::both(Config {
+        syn_retries: 2,
+        ..Config::default()
+    });
     n.down = true;
     let cb = n.b.connect(n.now, sa(B, 0), sa(A, 80)).unwrap();
     n.run_until(60 * S, |n| n.b.error(cb) == Some(Error::TimedOut));
@@ -320,11 +322,12 @@ fn syn_flood_of_100k_uses_cookies_and_a_real_client_still_connects() {
 
 #[test]
 fn ten_thousand_connections_each_echo_once() {
-    let mut cfg = Config::default();
-    cfg.sndbuf = 4096;
-    cfg.rcvbuf = 4096;
-    cfg.syn_queue = 20_000;
-    let mut n = Net::new(cfg.clone(), cfg, FaultConfig::default());
+    let mut n = Net::both(Config {
+        sndbuf: 4096,
+        rcvbuf: 4096,
+        syn_queue: 20_000,
+        ..Config::default()
+    });
     let l = n.a.listen(sa(A, 80), 20_000).unwrap();
     const N: usize = 10_000;
     let clients: Vec<_> = (0..N)
@@ -366,10 +369,11 @@ fn ten_thousand_connections_each_echo_once() {
 
 #[test]
 fn window_scaling_lets_the_window_exceed_64k() {
-    let mut cfg = Config::default();
-    cfg.rcvbuf = 4 << 20;
-    cfg.sndbuf = 4 << 20;
-    let mut n = Net::new(cfg.clone(), cfg, FaultConfig::default());
+    let mut n = Net::both(Config {
+        rcvbuf: 4 << 20,
+        sndbuf: 4 << 20,
+        ..Config::default()
+    });
     let (ca, cb) = n.connect_pair();
     assert!(n.b.info(cb).unwrap().snd_wscale >= 6);
     let data = vec![7u8; 1 << 20];
@@ -444,9 +448,10 @@ fn peer_that_vanishes_times_out_after_retries() {
 
 #[test]
 fn rto_floor_is_the_configured_minimum() {
-    let mut cfg = Config::default();
-    cfg.rto_min_ns = 5 * MS;
-    let mut n = Net::new(cfg.clone(), cfg, FaultConfig::default());
+    let mut n = Net::both(Config {
+        rto_min_ns: 5 * MS,
+        ..Config::default()
+    });
     let (ca, cb) = n.connect_pair();
     let mut buf = [0u8; 8];
     for _ in 0..20 {

@@ -153,6 +153,11 @@ impl Net {
         Net::new(Config::default(), Config::default(), FaultConfig::default())
     }
 
+    /// Both ends with `cfg`, over a clean link.
+    pub fn both(cfg: Config) -> Net {
+        Net::new(cfg.clone(), cfg, FaultConfig::default())
+    }
+
     /// One round: transmit everything, deliver what is due, fire timers.
     /// Returns whether anything happened.
     fn round(&mut self) -> bool {
