@@ -88,11 +88,12 @@ struct {
 } nw_stats SEC(".maps");
 
 // Under the engine service: per XSKMAP key (slot * 64 + queue) the frames
-// redirected to that socket, counted here and read by the members sharing
-// a CPU through a read-only mapping (BPF_F_MMAPABLE): a member that waits
-// by spinning sees a sibling's frame arrive and hands it the CPU
-// (crates/xdp/src/seats.rs, "passing the CPU"). An own engine's keys are
-// not counted (no NW_KEY_SLOT: one test more per frame).
+// steered to that socket, counted here and read by the members sharing a
+// CPU through a read-only mapping (BPF_F_MMAPABLE): a member that waits by
+// spinning sees a sibling's frame arrive and hands it the CPU
+// (crates/xdp/src/seats.rs, "passing the CPU by hint"). Counted when the
+// key is chosen (xsk_key), so an own engine's path is unchanged; a frame
+// then passed or dropped costs its member one spurious wake-up at most.
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 4096);
@@ -101,23 +102,13 @@ struct {
 	__type(value, __u32);
 } nw_ready SEC(".maps");
 
-// In a key from xsk_key: a slot's socket (count it in nw_ready).
-#define NW_KEY_SLOT 0x10000u
-
 // One XSKMAP lookup: the redirect itself answers XDP_PASS (the action in
 // the flags) when the queue has no socket (counted in nw_stats[0]).
 static __always_inline int redirect_to(struct xdp_md *ctx, __u32 key)
 {
-	__u32 xk = key & 0xffff;
-	long act = bpf_redirect_map(&nw_xsks, xk, XDP_PASS);
-	if (act == XDP_REDIRECT) {
-		if (key & NW_KEY_SLOT) {
-			__u32 *n = bpf_map_lookup_elem(&nw_ready, &xk);
-			if (n)
-				__sync_fetch_and_add(n, 1);
-		}
+	long act = bpf_redirect_map(&nw_xsks, key, XDP_PASS);
+	if (act == XDP_REDIRECT)
 		return XDP_REDIRECT;
-	}
 	__u32 k = 0;
 	__u64 *c = bpf_map_lookup_elem(&nw_stats, &k);
 	if (c)
@@ -130,9 +121,14 @@ static __always_inline int redirect_to(struct xdp_md *ctx, __u32 key)
 static __always_inline __u32 xsk_key(struct xdp_md *ctx, __u32 v)
 {
 	__u32 q = ctx->rx_queue_index & 63;
-	if (v & NW_SLOT)
-		return NW_KEY_SLOT | ((v & 63) << 6) | q;
-	return ctx->rx_queue_index & 0xffff;
+	if (v & NW_SLOT) {
+		__u32 k = ((v & 63) << 6) | q;
+		__u32 *n = bpf_map_lookup_elem(&nw_ready, &k);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+		return k;
+	}
+	return ctx->rx_queue_index;
 }
 
 // ---- Frames for another host (issue 20, finding 12) ----

@@ -32,6 +32,7 @@ MAPS = {
     "nw_config": (4, 12),
     "nw_stats": (4, 8),
     "nw_xsks": (4, 4),
+    "nw_ready": (4, 4),
 }
 HELPERS = {1: "map_lookup_elem", 2: "map_update_elem", 3: "map_delete_elem", 51: "redirect_map",
            163: "check_mtu"}

@@ -35,7 +35,10 @@
 //! at every idle turn lets the scheduler pick who runs next: with four
 //! members on one CPU a datagram waits for its owner's turn in the
 //! rotation. With the steering program's per-socket count of frames
-//! redirected (steer.c `nw_ready`, mapped read-only here) a member pinned
+//! steered to it (steer.c `nw_ready`, mapped read-only here; counted as the
+//! socket is chosen, so a frame then dropped or passed to the kernel costs
+//! one spurious wake-up, after which the member's snapshot includes it) a
+//! member pinned
 //! to one CPU of a single-queue UMEM sees its siblings' frames arrive:
 //!
 //! * one member per CPU **watches** it ([`Seats::pass`], the per-CPU watch
