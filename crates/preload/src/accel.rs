@@ -40,7 +40,7 @@ use nanowire_options::Level;
 use nanowire_shimcore::pool::{FdList, FdLists, Link, Pool, Pooled};
 use nanowire_shimcore::sock::{Common, timeval_ns};
 use nanowire_stack::sockaddr::sockaddr_in;
-use nanowire_stack::xdp::{OpenError, XdpSocket};
+use nanowire_stack::xdp::{IdlePeek, OpenError, XdpSocket};
 use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint, WaitPolicy};
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -725,11 +725,31 @@ pub fn recv_one(
         // Kernel-path datagrams carry no engine stamp.
         crate::tstamp::set_last(0);
     }
+    // The waiting turns' lock-free look (XdpSocket::idle_peek): made at
+    // the second empty attempt, dropped before any other wait.
+    let mut idle: Option<IdlePeek> = None;
     loop {
+        // An idle turn of a spinning wait when nothing came for the socket
+        // since its last attempt found its queue empty: a few loads of the
+        // engine's delivery count and RX rings, no lock, no clock (the
+        // floor's idle turn). Sound whatever other threads do: see
+        // `IdlePeek::coast` (a datagram any thread polls makes it false)
+        // and `Waiter::may_coast` (what the skipped turns defer: a close
+        // racing the wait is seen at the next locked turn, at most
+        // QUIET_LOOK_EVERY turns later, and close waits for this thread's
+        // spin guard meanwhile; the peek makes no call on the fd).
+        if let Some(p) = idle.as_mut()
+            && wait.as_ref().is_some_and(|w| w.may_coast())
+            && p.coast()
+        {
+            core::hint::spin_loop();
+            continue;
+        }
         {
             let Some(mut g) = a.lock_for(fd) else {
                 // Closed (or taken off the engine and forgotten) since the
                 // lookup: the kernel socket under the fd answers.
+                drop(idle.take());
                 return kernel_mode_recv(a, fd, flags, dontwait, s0, deliver);
             };
             if let Some((buf, src, at)) = g.stash.front() {
@@ -752,9 +772,14 @@ pub fn recv_one(
                 // Taken off the engine (another thread detached it while
                 // we waited): the kernel socket answers from now on.
                 drop(g);
+                drop(idle.take());
                 retire_detached(fd, a);
                 return kernel_mode_recv(a, fd, flags, dontwait, s0, deliver);
             };
+            if idle.is_some() {
+                // The turns it answered count as the socket's calls.
+                x.idle_peek(&mut idle);
+            }
             let mut got = None;
             let peer = *peer;
             engine_call(|| {
@@ -774,6 +799,9 @@ pub fn recv_one(
             });
             if let Some((n, src)) = got {
                 return Ok(Got::Data(n, src));
+            }
+            if wait.is_some() {
+                x.idle_peek(&mut idle);
             }
         }
         if a.common.rd_shut() {
@@ -805,6 +833,7 @@ pub fn recv_one(
             Turn::Interrupted => return Err(libc::EINTR),
             Turn::TimedOut => return Err(libc::EAGAIN),
             Turn::Sleep(ns) => {
+                drop(idle.take());
                 // Past the spin budget: traffic that took the kernel path is
                 // taken at once; otherwise sleep until the engine's rings,
                 // the socket's wake-up eventfd or the kernel socket say

@@ -190,6 +190,9 @@ pub struct Spin<H: Host> {
     seat: Option<Seat>,
     /// [`Host::redirected`] before the last attempt (crowded waits only).
     snap: Option<u32>,
+    /// The last turn found the wait crowded or sharing its CPU turn by
+    /// turn: the next one yields (no coasting, see [`Waiter::may_coast`]).
+    yields_next: bool,
 }
 
 impl<H: Host> Spin<H> {
@@ -234,6 +237,7 @@ impl<H: Host> Spin<H> {
             counted: spins,
             seat,
             snap: None,
+            yields_next: true,
         }
     }
 
@@ -320,6 +324,7 @@ impl<H: Host> Spin<H> {
             }
         }
         self.last = now;
+        self.yields_next = crowded != 0 || now >= self.next_yield;
         if self.contended && self.max != u64::MAX {
             self.stop();
             return false;
@@ -507,6 +512,19 @@ impl<H: Host> Waiter<H> {
     #[inline]
     pub fn spent(&self) -> u64 {
         self.spin.spent()
+    }
+
+    /// The last [`Waiter::turn`] said spin and its next would not yield
+    /// (neither crowded nor sharing the CPU turn by turn): the caller may
+    /// answer a few idle turns from a lock-free look of its own without
+    /// this turn (no clock, no signal count, no fd word), as long as it
+    /// calls `turn` again after at most a few dozen (what it defers — a
+    /// signal's EINTR, a close or shutdown by another thread, the timeout,
+    /// the spin budget, the yield — is then seen that many turns late,
+    /// well under a µs each).
+    #[inline]
+    pub fn may_coast(&self) -> bool {
+        !self.spin.slept && !self.spin.yields_next
     }
 }
 
@@ -826,6 +844,41 @@ mod tests {
         let mut wt = Waiter::new(&h, 3, w0, 1 << 32, limits(0, 0));
         w.sig.set((1 << 32) | 1);
         assert_eq!(wt.turn(), Turn::Interrupted);
+    }
+
+    #[test]
+    fn coasting_only_between_turns_that_do_not_yield() {
+        let w = World::new();
+        w.seat.set(Some(Seat::Spinner(1 << 1)));
+        let h = w.host(1_000, 0);
+        let w0 = w.table.get(3);
+        let mut wt = Waiter::new(&h, 3, w0, 0, limits(u64::MAX, 0));
+        assert!(!wt.may_coast(), "not before the first turn");
+        assert_eq!(wt.turn(), Turn::Spin);
+        assert!(
+            wt.may_coast(),
+            "alone, pinned, its next turn does not yield"
+        );
+        // Crowded: every turn yields, none is skipped.
+        w.crowd.set(true);
+        assert_eq!(wt.turn(), Turn::Spin);
+        assert!(!wt.may_coast());
+        w.crowd.set(false);
+        assert_eq!(wt.turn(), Turn::Spin);
+        assert!(wt.may_coast());
+        // A yield that gave the CPU away: turn by turn from then on.
+        let h2 = w.host(1_000, 2 * SHARED_NS);
+        let mut wt = Waiter::new(&h2, 3, w0, 0, limits(u64::MAX, 0));
+        let mut shared = false;
+        for _ in 0..100 {
+            assert_eq!(wt.turn(), Turn::Spin);
+            shared |= !wt.may_coast();
+        }
+        assert!(shared, "the turn after a shared yield yields too");
+        // A budget spent: asleep, never coasting.
+        let mut wt = Waiter::new(&h, 3, w0, 0, limits(3_000, 0));
+        while wt.turn() == Turn::Spin {}
+        assert!(!wt.may_coast());
     }
 
     #[test]

@@ -654,10 +654,56 @@ impl XdpSocket {
     #[inline(always)]
     fn nothing(&mut self, f: &mut impl FnMut(&[u8], SocketAddrV4, u64)) -> usize {
         self.kcheck = self.kcheck.wrapping_add(1);
-        if self.kcheck.is_multiple_of(KERNEL_CHECK_EVERY) {
+        if self.kcheck >= KERNEL_CHECK_EVERY {
+            self.kcheck = 0;
             return self.kernel_look(f);
         }
         0
+    }
+
+    /// A waiting receiver's idle turns without the caller's lock on this
+    /// socket (a spinning receive of the shim): `peek` is made (on first
+    /// use) or renewed after a [`XdpSocket::recv_batch_ts`] that found
+    /// nothing, and answers [`IdlePeek::coast`] with no lock until the
+    /// next such call, which counts the turns it answered as calls of its
+    /// own (the RX path's idle upkeep every `QUIET_LOOK_EVERY` and the
+    /// look at the kernel twin every `KERNEL_CHECK_EVERY` keep their pace
+    /// in turns). Call it before and after every `recv_batch_ts` of the
+    /// wait: before, it takes back the turns; after one that found
+    /// nothing, it arms the peek (disarmed otherwise: the next turn calls
+    /// `recv_batch_ts`). One reference to the engine per wait (the peek
+    /// keeps the rings' mappings alive whatever another thread does to
+    /// this socket meanwhile: drop it before the wait blocks elsewhere).
+    pub fn idle_peek(&mut self, peek: &mut Option<IdlePeek>) {
+        if let Some(p) = peek.as_mut() {
+            let used = p.used;
+            p.used = 0;
+            p.left = 0;
+            self.quiet = self.quiet.saturating_add(used);
+            self.kcheck = self.kcheck.saturating_add(used);
+            if !Arc::ptr_eq(&p.engine, &self.engine) {
+                *peek = None;
+            }
+        }
+        let Some(mark) = self.rx_seen else {
+            return;
+        };
+        if self.engine.rx_hint.is_none() || self.own().is_err() {
+            return;
+        }
+        // Up to the turn that takes the RX lock anyway, or looks at the
+        // kernel twin (both in `recv_batch_ts`).
+        let left = QUIET_LOOK_EVERY
+            .saturating_sub(self.quiet)
+            .min(KERNEL_CHECK_EVERY.saturating_sub(self.kcheck.saturating_add(1)));
+        let p = peek.get_or_insert_with(|| IdlePeek {
+            engine: self.engine.clone(),
+            mark,
+            left: 0,
+            used: 0,
+        });
+        p.mark = mark;
+        p.left = left;
     }
 
     #[inline(never)]
@@ -1028,6 +1074,47 @@ impl XdpSocket {
 
 fn set_int(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: usize) -> io::Result<()> {
     set_opt(fd, level, opt, &(v.min(i32::MAX as usize) as libc::c_int))
+}
+
+/// A look at one socket's receive queue and its engine's RX rings without
+/// any lock, for the idle turns of a waiting receiver whose socket sits
+/// behind a lock of the caller's (see [`XdpSocket::idle_peek`]).
+pub struct IdlePeek {
+    engine: Arc<Engine>,
+    mark: u64,
+    /// Turns it may still answer before the socket's own call.
+    left: u32,
+    /// Turns answered since the last `idle_peek`.
+    used: u32,
+}
+
+impl IdlePeek {
+    /// `true`: nothing came for the socket since it found its queue empty
+    /// (`Engine::rx_wait_quiet`: a few loads, no lock, no store but this
+    /// peek's own count), so this idle turn is over; `false`: something
+    /// may have come, or the turn is due that takes the locks anyway: the
+    /// caller makes its receive.
+    ///
+    /// Sound as `recv_batch_ts`'s quiet calls are (the argument at
+    /// `Engine::rx_quiet`: every delivery to any endpoint bumps the
+    /// delivery count under the RX lock, so a datagram another thread of
+    /// the process polled off the rings, for this socket or into the
+    /// caller's own queue, makes this `false`; the RX rings are this
+    /// process's alone, the engine service included, whose shared fill
+    /// ring is never read here). What the caller's lock guards and no
+    /// delivery changes (a close, a shutdown, the socket taken off the
+    /// engine by another thread) is the caller's to see at its next
+    /// locked turn, at most `QUIET_LOOK_EVERY` turns later; meanwhile the
+    /// peek's own reference keeps the engine's mappings alive.
+    #[inline(always)]
+    pub fn coast(&mut self) -> bool {
+        if self.left == 0 || !self.engine.rx_wait_quiet(self.mark) {
+            return false;
+        }
+        self.left -= 1;
+        self.used += 1;
+        true
+    }
 }
 
 /// The process's engine for local address `ip`. The interface facts are
