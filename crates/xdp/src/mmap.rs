@@ -11,25 +11,31 @@ pub(crate) struct Mmap {
 
 impl Mmap {
     pub(crate) fn map(len: usize, fd: Option<(RawFd, libc::off_t)>) -> io::Result<Mmap> {
+        Self::map_prot(
+            len,
+            fd,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_POPULATE,
+        )
+    }
+
+    /// A read-only shared mapping of `fd` (not populated).
+    pub(crate) fn map_read_only(len: usize, fd: RawFd) -> io::Result<Mmap> {
+        Self::map_prot(len, Some((fd, 0)), libc::PROT_READ, 0)
+    }
+
+    fn map_prot(
+        len: usize,
+        fd: Option<(RawFd, libc::off_t)>,
+        prot: libc::c_int,
+        populate: libc::c_int,
+    ) -> io::Result<Mmap> {
         let (flags, fd, off) = match fd {
-            Some((fd, off)) => (libc::MAP_SHARED | libc::MAP_POPULATE, fd, off),
-            None => (
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            ),
+            Some((fd, off)) => (libc::MAP_SHARED | populate, fd, off),
+            None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | populate, -1, 0),
         };
         // SAFETY: a fresh mapping; the kernel chooses the address; checked below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                fd,
-                off,
-            )
-        };
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, off) };
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }

@@ -205,21 +205,7 @@ impl Seats {
             return self;
         }
         let len = READY_KEYS * READY_STRIDE;
-        self.ready = ready.and_then(|fd| {
-            // SAFETY: a fresh read-only shared mapping of the map's
-            // values (an mmapable BPF array); the kernel picks the address.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ,
-                    libc::MAP_SHARED,
-                    fd.as_raw_fd(),
-                    0,
-                )
-            };
-            (p != libc::MAP_FAILED).then(|| Mmap { ptr: p.cast(), len })
-        });
+        self.ready = ready.and_then(|fd| Mmap::map_read_only(len, fd.as_raw_fd()).ok());
         if self.ready.is_some() {
             // A new process in this slot: its counts start at zero.
             for f in [P_WORD, P_SEEN, P_PARKS, P_HANDOFFS] {
