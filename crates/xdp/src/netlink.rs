@@ -8,19 +8,17 @@ use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+// The kernel's rtnetlink numbers, from libc (as the uapi headers have them).
+use libc::{
+    NDA_DST, NDA_LLADDR, RTA_DST, RTA_GATEWAY, RTA_OIF, RTA_PREFSRC, RTM_DELNEIGH, RTM_DELROUTE,
+    RTM_GETNEIGH, RTM_GETROUTE, RTM_NEWNEIGH, RTM_NEWROUTE,
+};
+/// RTN_* route types; NUD_FAILED / NUD_INCOMPLETE: no usable address.
+pub use libc::{NUD_FAILED, NUD_INCOMPLETE, RTN_BROADCAST, RTN_LOCAL, RTN_MULTICAST, RTN_UNICAST};
+
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
-const RTM_NEWROUTE: u16 = 24;
-const RTM_GETROUTE: u16 = 26;
-const RTM_NEWNEIGH: u16 = 28;
-const RTM_GETNEIGH: u16 = 30;
 const NLM_F_REQUEST: u16 = 1;
-const RTA_DST: u16 = 1;
-const RTA_OIF: u16 = 4;
-const RTA_GATEWAY: u16 = 5;
-const RTA_PREFSRC: u16 = 7;
-const NDA_DST: u16 = 1;
-const NDA_LLADDR: u16 = 2;
 const NUD_VALID: u16 = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80;
 
 /// Where the kernel would send a packet for some destination.
@@ -34,11 +32,6 @@ pub struct Route {
     /// RTN_* route type (1 unicast, 2 local, 3 broadcast, 5 multicast).
     pub kind: u8,
 }
-
-pub const RTN_UNICAST: u8 = 1;
-pub const RTN_LOCAL: u8 = 2;
-pub const RTN_BROADCAST: u8 = 3;
-pub const RTN_MULTICAST: u8 = 5;
 
 impl Route {
     /// The neighbour whose MAC the frame is addressed to.
@@ -519,14 +512,6 @@ pub fn solicit_with(sock: &OwnedFd, hop: Ipv4Addr) {
     };
 }
 
-const RTM_DELROUTE: u16 = 25;
-const RTM_DELNEIGH: u16 = 29;
-const RTMGRP_NEIGH: u32 = 0x4;
-const RTMGRP_IPV4_ROUTE: u32 = 0x40;
-/// NUD_FAILED / NUD_INCOMPLETE: no usable address.
-pub const NUD_FAILED: u16 = 0x20;
-pub const NUD_INCOMPLETE: u16 = 0x01;
-
 /// A change the kernel announced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
@@ -569,7 +554,7 @@ impl Monitor {
         // SAFETY: all-zero sockaddr_nl is valid; fields set below.
         let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         sa.nl_family = libc::AF_NETLINK as u16;
-        sa.nl_groups = RTMGRP_NEIGH | RTMGRP_IPV4_ROUTE;
+        sa.nl_groups = (libc::RTMGRP_NEIGH | libc::RTMGRP_IPV4_ROUTE) as u32;
         // SAFETY: sa is a valid sockaddr_nl of the size passed.
         if unsafe {
             sys::bind(
