@@ -1478,6 +1478,59 @@ fn exit_py(lab: &ScopedLab, h: Host, run: bool, name: &str, args: &[&str]) -> Ki
     spawn(name, svc_or_plain(lab, h, run, &[], &argv))
 }
 
+/// One round of a kill -9 test: the server in host b, started first, and
+/// the client in host a, one of them the process killed (the server if
+/// `server_killed`; under run if `run`, where its stderr must show `claim`
+/// on the engine) and the other its plain peer. Once the killed one holds
+/// its connections and the peer is ready, kill -9; returns the peer's
+/// output (a line per connection as it ended) and both outputs for a
+/// failure.
+fn kill_9_round(
+    lab: &ScopedLab,
+    name: &str,
+    server_killed: bool,
+    run: bool,
+    claim: &str,
+    args: &[&str],
+) -> (String, String) {
+    let argv = |killed: bool, role: &'static str| {
+        [&[if killed { "killed" } else { "peer" }, role], args].concat()
+    };
+    let srv_argv = argv(server_killed, "server");
+    let mut srv = exit_py(
+        lab,
+        Host::B,
+        run && server_killed,
+        &format!("{name}-srv"),
+        &srv_argv,
+    );
+    srv.wait_for("listening", T);
+    let cli_argv = argv(!server_killed, "client");
+    let cli = exit_py(
+        lab,
+        Host::A,
+        run && !server_killed,
+        &format!("{name}-cli"),
+        &cli_argv,
+    );
+    let (mut killed, mut peer) = if server_killed {
+        (srv, cli)
+    } else {
+        (cli, srv)
+    };
+    killed.wait_for("held", T);
+    peer.wait_for("ready", T);
+    if run {
+        on_engine(&killed, claim);
+    }
+    kill_9(killed.child.id());
+    let out = peer.success(T);
+    (
+        out,
+        format!("run {run}: {}\n{}", killed.both(), peer.stderr()),
+    )
+}
+
 /// Issue 24, exit and kill: a server holding 20 connections (half with the
 /// client's data unread) and 2 connections waiting in its accept queue is
 /// killed with -9; every client learns at once as with the kernel: plainly
@@ -1497,37 +1550,16 @@ fn kill_9_ends_a_servers_connections_as_the_kernel_does() {
         let port = 15401 + i as u16;
         let (p, ns, addr) = (port.to_string(), n.to_string(), ADDR_B.to_string());
         let args = [addr.as_str(), &p, &ns, &pending.to_string()];
-        let name = format!("vke-srv{i}");
-        let mut s = exit_py(
-            &lab,
-            Host::B,
-            run,
-            &name,
-            &[&["killed", "server"], &args[..]].concat(),
-        );
-        s.wait_for("listening", T);
-        if run {
-            on_engine(&s, &format!("tcp listener {ADDR_B}:{port}"));
-        }
-        let peer = [&["peer", "client"], &args[..]].concat();
-        let mut c = exit_py(&lab, Host::A, false, &format!("vke-cli{i}"), &peer);
-        s.wait_for("held", T);
-        c.wait_for("ready", T);
-        kill_9(s.child.id());
-        let out = c.success(T);
+        let claim = format!("tcp listener {ADDR_B}:{port}");
+        let (out, ctx) = kill_9_round(&lab, &format!("vke{i}"), true, run, &claim, &args);
         // Under run, the service's counters (ends sent, refused, failed)
         // go with a failure: it then tells whether the service sent no end
         // for a connection or sent one its peer never saw.
         let st = run.then(|| status(&lab));
         let counters = st.as_ref().map(|v| v["counters"].to_string());
-        let ctx = format!(
-            "{}\n{}\nservice counters: {counters:?}",
-            s.both(),
-            c.stderr()
-        );
-        drop(s);
+        let ctx = format!("{ctx}\nservice counters: {counters:?}");
         let ends = (0..n + pending).map(|k| if k < n && k % 2 == 0 { "eof" } else { "reset" });
-        assert_ends(ends, &out, &format!("run {run}: {ctx}"));
+        assert_ends(ends, &out, &ctx);
         same_as_first(&mut want, "kill -9 under run", out, &ctx);
         if let Some(st) = st {
             let k = &st["counters"];
@@ -1562,28 +1594,10 @@ fn kill_9_ends_a_clients_connections_as_the_kernel_does() {
         let port = 15501 + i as u16;
         let (p, ns, addr) = (port.to_string(), n.to_string(), ADDR_B.to_string());
         let args = [addr.as_str(), &p, &ns];
-        let peer = [&["peer", "server"], &args[..]].concat();
-        let mut s = exit_py(&lab, Host::B, false, &format!("vkc-srv{i}"), &peer);
-        s.wait_for("listening", T);
-        let name = format!("vkc-cli{i}");
-        let mut c = exit_py(
-            &lab,
-            Host::A,
-            run,
-            &name,
-            &[&["killed", "client"], &args[..]].concat(),
-        );
-        c.wait_for("held", T);
-        s.wait_for("ready", T);
-        if run {
-            on_engine(&c, &format!("-> {ADDR_B}:{port}"));
-        }
-        kill_9(c.child.id());
-        let out = s.success(T);
-        let ctx = format!("{}\n{}", c.both(), s.stderr());
-        drop(c);
+        let claim = format!("-> {ADDR_B}:{port}");
+        let (out, ctx) = kill_9_round(&lab, &format!("vkc{i}"), false, run, &claim, &args);
         let ends = (0..n).map(|k| if k % 2 == 0 { "eof" } else { "reset" });
-        assert_ends(ends, &out, &format!("run {run}: {ctx}"));
+        assert_ends(ends, &out, &ctx);
         same_as_first(&mut want, "kill -9 of the clients under run", out, &ctx);
         if run {
             let st = status_in(&lab, Host::A);
