@@ -700,8 +700,10 @@ fn merge_kernel(ep: c_int, out: &mut [epoll_event], n: usize, m: usize, fds: &[c
 }
 
 thread_local! {
-    /// (epoll fd, when this thread last asked the kernel about it).
-    static LAST_KERNEL: std::cell::Cell<(c_int, u64)> = const { std::cell::Cell::new((-1, 0)) };
+    /// (epoll fd, when this thread last asked the kernel about it, and
+    /// whether the kernel's part of the set had nothing ready then).
+    static LAST_KERNEL: std::cell::Cell<(c_int, u64, bool)> =
+        const { std::cell::Cell::new((-1, 0, false)) };
 }
 
 /// The interest set of `ep` changed (epoll_ctl): the next wait asks the
@@ -710,7 +712,7 @@ thread_local! {
 pub fn epoll_changed(ep: c_int) {
     LAST_KERNEL.with(|c| {
         if c.get().0 == ep {
-            c.set((-1, 0));
+            c.set((-1, 0, false));
         }
     });
 }
@@ -757,14 +759,27 @@ pub fn epoll_mixed(
     let mut fds = SYNTH_FDS.with(|v| std::mem::take(&mut *v.borrow_mut()));
     let mut wait: Option<Wait> = None;
     let mut now = now_ns();
-    let (last_ep, last_t) = LAST_KERNEL.with(|c| c.get());
+    let (last_ep, last_t, last_empty) = LAST_KERNEL.with(|c| c.get());
     let recent = last_ep == ep && now.wrapping_sub(last_t) < KERNEL_EVERY_NS;
     let mut next_kernel = 0u64;
+    // The kernel's part of the set was looked at in this call (asked, or
+    // a sleep on `ep` came back with it not ready).
+    let mut asked = false;
     let mut first = true;
     let r = loop {
         let n = synth(ep, out, &mut fds);
         let kernel = if first {
-            !(recent && n > 0)
+            // Nothing accelerated is ready and the kernel's part had
+            // nothing either the last time (and the set has not changed
+            // since): the spin asks it KERNEL_EVERY_NS after that last look
+            // (never less often than while spinning), the sleep polls `ep`
+            // itself (an event loop woken by its engine saves the
+            // epoll_pwait(0) before each sleep).
+            let idle = n == 0 && last_ep == ep && last_empty;
+            if idle {
+                next_kernel = last_t.saturating_add(KERNEL_EVERY_NS);
+            }
+            !(idle || (recent && n > 0))
         } else {
             now >= next_kernel
         };
@@ -782,8 +797,9 @@ pub fn epoll_mixed(
             } else {
                 m = k as usize;
             }
+            asked = true;
             next_kernel = now + KERNEL_EVERY_NS;
-            LAST_KERNEL.with(|c| c.set((ep, now)));
+            LAST_KERNEL.with(|c| c.set((ep, now, k == 0)));
             twins_seen(ep, &out[n..n + m], now);
         }
         let total = merge_kernel(ep, out, n, m, &fds);
@@ -793,7 +809,10 @@ pub fn epoll_mixed(
         let slice = match after_empty_turn(&mut wait, total_ns, s0) {
             Then::Interrupted => break -1,
             // Never asked the kernel yet: once before 0.
-            Then::TimedOut if next_kernel == 0 => continue,
+            Then::TimedOut if !asked => {
+                next_kernel = 0;
+                continue;
+            }
             Then::TimedOut => break 0,
             Then::Spun(t) => {
                 now = t;
@@ -853,8 +872,9 @@ pub fn epoll_mixed(
             // set had nothing ready when it returned, which is what an
             // epoll_pwait(0) now would answer (woken by an engine fd:
             // one syscall per wake-up saved).
+            asked = true;
             next_kernel = now + KERNEL_EVERY_NS;
-            LAST_KERNEL.with(|c| c.set((ep, now)));
+            LAST_KERNEL.with(|c| c.set((ep, now, true)));
             twins_seen(ep, &[], now);
         } else {
             next_kernel = 0; // the kernel has events: ask it at once
