@@ -304,13 +304,7 @@ impl TcpRepr {
             let total = HL + payload_len;
             let d = &mut buf[..total];
             let h: &mut [u8; HL] = (&mut d[..HL]).try_into().expect("HL bytes");
-            h[0..2].copy_from_slice(&self.src_port.to_be_bytes());
-            h[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
-            h[4..8].copy_from_slice(&self.seq.to_be_bytes());
-            h[8..12].copy_from_slice(&self.ack.to_be_bytes());
-            h[12] = ((HL / 4) as u8) << 4;
-            h[13] = self.flags.0;
-            h[14..16].copy_from_slice(&self.window.to_be_bytes());
+            self.put_fixed(h.first_chunk_mut().expect("16 of HL bytes"), HL);
             let pseudo = checksum::pseudo_header(src, dst, PROTO_TCP, total as u16);
             h[16..18].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
             h[18..20].fill(0);
@@ -320,6 +314,21 @@ impl TcpRepr {
             return total;
         }
         self.emit_partial_general(buf, payload_len, src, dst)
+    }
+
+    /// The header's first 16 bytes, the same in every segment: ports,
+    /// sequence and acknowledgement numbers, data offset (`hl` bytes of
+    /// header), flags, window. Shared by `emit_partial`'s fixed layout and
+    /// the general writer; a fixed-size array, so no bounds check is left.
+    #[inline(always)]
+    fn put_fixed(&self, h: &mut [u8; 16], hl: usize) {
+        h[0..2].copy_from_slice(&self.src_port.to_be_bytes());
+        h[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
+        h[4..8].copy_from_slice(&self.seq.to_be_bytes());
+        h[8..12].copy_from_slice(&self.ack.to_be_bytes());
+        h[12] = ((hl / 4) as u8) << 4;
+        h[13] = self.flags.0;
+        h[14..16].copy_from_slice(&self.window.to_be_bytes());
     }
 
     /// [`TcpRepr::emit_partial`] with any options.
@@ -334,13 +343,7 @@ impl TcpRepr {
         let hl = self.header_len();
         let total = hl + payload_len;
         let d = &mut buf[..total];
-        d[0..2].copy_from_slice(&self.src_port.to_be_bytes());
-        d[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
-        d[4..8].copy_from_slice(&self.seq.to_be_bytes());
-        d[8..12].copy_from_slice(&self.ack.to_be_bytes());
-        d[12] = ((hl / 4) as u8) << 4;
-        d[13] = self.flags.0;
-        d[14..16].copy_from_slice(&self.window.to_be_bytes());
+        self.put_fixed(d.first_chunk_mut().expect("a header's 16 bytes"), hl);
         d[16] = 0;
         d[17] = 0;
         d[18] = 0;
