@@ -20,6 +20,27 @@ fn client(mode: Mode, srv: SocketAddrV4, proto: Protocol, engine: EngineKind) ->
     c
 }
 
+/// A socket bound to a finished client's local address, so the kernel's
+/// ephemeral port choice skips it while it is held.
+enum Held {
+    Udp(#[allow(dead_code)] std::net::UdpSocket),
+    Tcp(#[allow(dead_code)] std::net::TcpListener),
+    /// Still the kernel's: TIME-WAIT (reused for loopback only a second later).
+    TimeWait,
+}
+
+fn hold_port(proto: Protocol, local: &str) -> Held {
+    let a: SocketAddrV4 = local.parse().expect("client local address");
+    match proto {
+        Protocol::Udp => Held::Udp(std::net::UdpSocket::bind(a).expect("hold udp port")),
+        Protocol::Tcp => match std::net::TcpListener::bind(a) {
+            Ok(l) => Held::Tcp(l),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => Held::TimeWait,
+            Err(e) => panic!("hold tcp port {a}: {e}"),
+        },
+    }
+}
+
 #[test]
 fn udp_and_tcp_counts_add_up() {
     for proto in [Protocol::Udp, Protocol::Tcp] {
@@ -31,7 +52,13 @@ fn udp_and_tcp_counts_add_up() {
             let addr = srv.local_addr();
             assert_ne!(addr.port(), 0);
 
+            // The kernel may hand a finished client's ephemeral port to the
+            // next one (UDP at once; TCP on loopback with tcp_tw_reuse), and
+            // the server tells clients apart by address: each finished
+            // client's port stays held until the end of the round.
+            let mut held = Vec::new();
             let pp = run_client(&client(Mode::PingPong, addr, proto, engine)).unwrap();
+            held.push(hold_port(proto, &pp.local_addr));
             assert_eq!(pp.engine, engine.as_str());
             assert!(pp.received > 0 && pp.received == pp.sent, "{pp:?}");
             assert_eq!(pp.dropped, 0);
@@ -43,6 +70,7 @@ fn udp_and_tcp_counts_add_up() {
             ul.mps = Rate::PerSec(5000);
             ul.reply_every = 5;
             let ulr = run_client(&ul).unwrap();
+            held.push(hold_port(proto, &ulr.local_addr));
             assert!(ulr.received > 0);
             assert_eq!(ulr.dropped, 0);
 
