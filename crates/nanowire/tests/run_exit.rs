@@ -17,7 +17,12 @@
 //!   client (half with the server's data unread): every peer sees the end
 //!   it sees plainly. On the service the service ends them from the
 //!   process's connection table; on an engine of its own its warden does
-//!   (a process of its own, started with the first TCP stack).
+//!   (a process of its own, started with the first TCP stack). The first
+//!   FIN of every connection is dropped on the killed host's way out
+//!   (nftables), so the end is seen only if the FIN is retransmitted, as
+//!   the kernel does; and each peer that saw the end of file sends its own
+//!   FIN afterwards, which the kernel's closed socket (FIN-WAIT-2) answers
+//!   with an ACK, not a RST.
 
 mod run_support;
 use nanowire_lab::testbed::{ADDR_B, Host};
@@ -81,12 +86,28 @@ fn write_then_exit_delivers_every_byte_and_the_fin() {
     }
 }
 
+/// nftables in host `h`: the first FIN of each connection leaving it is
+/// dropped (a set of the 4-tuples whose FIN was seen), later ones pass.
+fn drop_first_fins(l: &nanowire_lab::testbed::ScopedLab, h: Host) {
+    let rules = "add table ip nwfin; \
+        add set ip nwfin seen { type ipv4_addr . inet_service . inet_service; flags dynamic; }; \
+        add chain ip nwfin out { type filter hook output priority 0; }; \
+        add rule ip nwfin out tcp flags & fin == fin ip daddr . tcp sport . tcp dport @seen accept; \
+        add rule ip nwfin out tcp flags & fin == fin add @seen { ip daddr . tcp sport . tcp dport } drop";
+    let o = plain_in(l, h, &["nft", rules]).output().unwrap();
+    assert!(o.status.success(), "nft: {o:?}");
+}
+
 /// kill -9 of a process holding `n` connections (`pending` more in its
 /// accept queue when it is the server), plainly, on an engine of its own
-/// and on the service; the plain peer's view of each connection's end
-/// must be the same. Returns the plain run's ends.
+/// and on the service, its first FIN of each connection dropped on the
+/// wire (`drop_first_fins`); the plain peer's view of each connection's
+/// end, and of the answer to its own FIN after it, must be the same.
+/// Returns the plain run's ends.
 fn kill_9_ends(role: &str, port: u16, n: u32, pending: u32) -> String {
+    nanowire_testkit::require(&["nft"]);
     let l = lab(if role == "server" { "ks" } else { "kc" });
+    drop_first_fins(&l, if role == "server" { Host::B } else { Host::A });
     let addr = ADDR_B.to_string();
     let (ns, ps) = (n.to_string(), pending.to_string());
     let (killed, peer_py) = (script("killed.py"), script("peer.py"));

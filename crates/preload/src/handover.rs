@@ -25,33 +25,13 @@ use crate::real;
 use crate::spin::{errno, set_errno};
 use crate::sys::engine_call;
 use crate::tcpx;
-use libc::{c_int, c_void, socklen_t};
+use libc::{c_int, socklen_t};
 use nanowire_options::Level;
 use nanowire_stack::xdp::Handover;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-const TCP_RECV_QUEUE: c_int = 1;
-const TCP_SEND_QUEUE: c_int = 2;
-const TCPOPT_MAXSEG: u32 = 2;
-const TCPOPT_WINDOW: u32 = 3;
-const TCPOPT_SACK_PERM: u32 = 4;
-const TCPOPT_TIMESTAMP: u32 = 8;
-
-#[repr(C)]
-struct RepairOpt {
-    code: u32,
-    val: u32,
-}
-
-#[repr(C)]
-struct RepairWindow {
-    snd_wl1: u32,
-    snd_wnd: u32,
-    max_window: u32,
-    rcv_wnd: u32,
-    rcv_wup: u32,
-}
+use nanowire_stack::repair::{self, TCP_RECV_QUEUE, TCP_SEND_QUEUE};
 
 fn last_err(what: &str) -> io::Error {
     let e = io::Error::last_os_error();
@@ -59,17 +39,7 @@ fn last_err(what: &str) -> io::Error {
 }
 
 fn setopt<T>(fd: c_int, level: c_int, name: c_int, v: &T, what: &str) -> io::Result<()> {
-    // SAFETY: `v` is a live value of the size passed.
-    let r = unsafe {
-        real::setsockopt(
-            fd,
-            level,
-            name,
-            (v as *const T).cast::<c_void>(),
-            std::mem::size_of::<T>() as socklen_t,
-        )
-    };
-    if r == 0 { Ok(()) } else { Err(last_err(what)) }
+    repair::setopt(real::setsockopt, fd, level, name, v, what)
 }
 
 /// bind(2) or connect(2) (`call`) of `fd` to `a`.
@@ -114,13 +84,7 @@ fn fill(fd: c_int, data: &[u8], what: &str) -> io::Result<()> {
 
 /// Select the queue (receive or send) later repair calls act on.
 fn repair_queue(fd: c_int, q: c_int) -> io::Result<()> {
-    setopt(
-        fd,
-        libc::IPPROTO_TCP,
-        libc::TCP_REPAIR_QUEUE,
-        &q,
-        "TCP_REPAIR_QUEUE",
-    )
+    repair::queue(real::setsockopt, fd, q)
 }
 
 /// A kernel socket in repair mode holding the connection `h` describes
@@ -143,16 +107,9 @@ fn repair_socket(h: &Handover) -> io::Result<OwnedFd> {
 /// placeholder every process holding the fd shares); a socket bound
 /// already must be bound to the connection's local address.
 fn repair_on(fd: c_int, h: &Handover) -> io::Result<()> {
-    let tcp = libc::IPPROTO_TCP;
     // Repair mode also forces reuse of the address (the listener or the
     // reservation holds it); SO_REUSEADDR after it would undo that.
-    setopt(
-        fd,
-        tcp,
-        libc::TCP_REPAIR,
-        &1i32,
-        "TCP_REPAIR (needs CAP_NET_ADMIN)",
-    )?;
+    repair::mode(real::setsockopt, fd, true)?;
     // Room for the queues (the kernel charges them like any data).
     let need = (h.send.len().max(h.recv.len()) * 2 + 65536) as i32;
     for (name, force, what) in [
@@ -167,23 +124,8 @@ fn repair_on(fd: c_int, h: &Handover) -> io::Result<()> {
             setopt(fd, libc::SOL_SOCKET, force, &need, what)?;
         }
     }
-    repair_queue(fd, TCP_RECV_QUEUE)?;
     let rseq = h.rcv_nxt.wrapping_sub(h.recv.len() as u32);
-    setopt(
-        fd,
-        tcp,
-        libc::TCP_QUEUE_SEQ,
-        &rseq,
-        "TCP_QUEUE_SEQ (receive)",
-    )?;
-    repair_queue(fd, TCP_SEND_QUEUE)?;
-    setopt(
-        fd,
-        tcp,
-        libc::TCP_QUEUE_SEQ,
-        &h.snd_una,
-        "TCP_QUEUE_SEQ (send)",
-    )?;
+    repair::queue_seqs(real::setsockopt, fd, rseq, h.snd_una)?;
     match bound_to(fd) {
         Some(a) if a.port() != 0 && a != h.tuple.local => {
             return Err(io::Error::other(format!(
@@ -196,62 +138,41 @@ fn repair_on(fd: c_int, h: &Handover) -> io::Result<()> {
     }
     // In repair mode connect only sets the state (no SYN).
     to_addr(real::connect, fd, h.tuple.remote, "connect (repair)")?;
-    let mut opts = vec![RepairOpt {
-        code: TCPOPT_MAXSEG,
-        val: h.mss,
-    }];
-    if let Some((snd, rcv)) = h.wscale {
-        opts.push(RepairOpt {
-            code: TCPOPT_WINDOW,
-            val: u32::from(snd) | (u32::from(rcv) << 16),
-        });
-    }
-    if h.sack {
-        opts.push(RepairOpt {
-            code: TCPOPT_SACK_PERM,
-            val: 0,
-        });
-    }
-    if h.tsval.is_some() {
-        opts.push(RepairOpt {
-            code: TCPOPT_TIMESTAMP,
-            val: 0,
-        });
-    }
-    // SAFETY: an array of `opts.len()` repair options.
-    if unsafe {
-        real::setsockopt(
-            fd,
-            tcp,
-            libc::TCP_REPAIR_OPTIONS,
-            opts.as_ptr().cast(),
-            std::mem::size_of_val(opts.as_slice()) as socklen_t,
-        )
-    } != 0
-    {
-        return Err(last_err("TCP_REPAIR_OPTIONS"));
-    }
+    repair::options(
+        real::setsockopt,
+        fd,
+        h.mss,
+        h.wscale,
+        h.sack,
+        h.tsval.is_some(),
+    )?;
     repair_queue(fd, TCP_RECV_QUEUE)?;
     fill(fd, &h.recv, "the receive queue")?;
     // After the receive queue: it advanced the kernel's rcv_nxt to ours,
     // which the window must not lie beyond.
-    let w = RepairWindow {
+    let w = repair::Window {
         snd_wl1: h.snd_wl1,
         snd_wnd: h.snd_wnd,
         max_window: h.max_snd_wnd.max(h.snd_wnd),
         rcv_wnd: h.rcv_wnd,
         rcv_wup: h.rcv_nxt,
     };
-    setopt(fd, tcp, libc::TCP_REPAIR_WINDOW, &w, "TCP_REPAIR_WINDOW")?;
+    repair::window(real::setsockopt, fd, &w)?;
     // Bytes in flight go in as sent (the kernel retransmits them on its
     // RTO); the ones never sent are sent normally after repair mode.
     repair_queue(fd, TCP_SEND_QUEUE)?;
     fill(fd, &h.send[..h.sent], "the send queue")?;
     if let Some(ts) = h.tsval {
-        setopt(fd, tcp, libc::TCP_TIMESTAMP, &ts, "TCP_TIMESTAMP")?;
+        repair::timestamp(real::setsockopt, fd, ts)?;
     }
     if h.nodelay {
-        setopt(fd, tcp, libc::TCP_NODELAY, &1i32, "TCP_NODELAY")?;
+        setopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            &1i32,
+            "TCP_NODELAY",
+        )?;
     }
     Ok(())
 }
@@ -434,13 +355,7 @@ fn hand_over_with<T>(
 /// longer takes its segments), send what was never sent, show the kernel
 /// the peer's FIN.
 fn finish_repair(fd: c_int, nfd: c_int, after: &After) {
-    let _ = setopt(
-        nfd,
-        libc::IPPROTO_TCP,
-        libc::TCP_REPAIR,
-        &0i32,
-        "TCP_REPAIR off",
-    );
+    let _ = repair::mode(real::setsockopt, nfd, false);
     if !after.unsent.is_empty() {
         // Fits: the send buffer was sized for the whole queue.
         let _ = fill(nfd, &after.unsent, "unsent bytes");
@@ -501,7 +416,7 @@ fn in_place(fd: c_int, t: tcpx::TcpRef, why: &str, all: bool) -> io::Result<bool
         Ok(None) => return Ok(false),
         Err(e) => {
             // Nothing moved: the socket leaves repair mode (if it got there).
-            let _ = setopt(fd, libc::IPPROTO_TCP, libc::TCP_REPAIR, &0i32, "");
+            let _ = repair::mode(real::setsockopt, fd, false);
             set_errno(e0);
             return Err(e);
         }

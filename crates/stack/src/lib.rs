@@ -11,6 +11,7 @@
 //! `xdp::XdpTcpStream`/`XdpTcpListener`).
 
 pub mod kernel;
+pub mod repair;
 pub mod sockaddr;
 pub mod xdp;
 

@@ -59,37 +59,56 @@ impl Handover {
     /// that cannot be told of it otherwise (TCP_REPAIR has no FIN): sequence
     /// `rcv_nxt`, acknowledging `snd_una`, with the peer's last TSval.
     pub fn peer_fin_packet(&self) -> Vec<u8> {
-        use nanowire_wire::ipv4::{HEADER_LEN, Ipv4Repr, PROTO_TCP};
-        use nanowire_wire::tcp::{Flags, TcpRepr};
-        let t = TcpRepr {
-            src_port: self.tuple.remote.port(),
-            dst_port: self.tuple.local.port(),
-            seq: self.rcv_nxt,
-            ack: self.snd_una,
-            flags: Flags(Flags::FIN | Flags::ACK),
-            window: 65535,
-            timestamp: self.tsval.map(|_| (self.ts_recent, 0)),
-            ..TcpRepr::default()
-        };
-        let mut b = vec![0u8; HEADER_LEN + 60];
-        let n = t.emit(
-            &mut b[HEADER_LEN..],
-            0,
-            *self.tuple.remote.ip(),
-            *self.tuple.local.ip(),
-        );
-        Ipv4Repr {
-            src: *self.tuple.remote.ip(),
-            dst: *self.tuple.local.ip(),
-            protocol: PROTO_TCP,
-            payload_len: n,
-            ttl: 64,
-            ident: 0,
-        }
-        .emit(&mut b);
-        b.truncate(HEADER_LEN + n);
-        b
+        peer_fin_packet(
+            &self.tuple,
+            self.rcv_nxt,
+            self.snd_una,
+            self.tsval.map(|_| self.ts_recent),
+        )
     }
+}
+
+/// The peer's FIN of connection `tuple` as an IPv4 packet from the peer to
+/// us (TCP_REPAIR has no FIN: a kernel socket taking a connection in
+/// CLOSE-WAIT over is shown this instead): sequence `rcv_nxt` (the FIN's),
+/// acknowledging `snd_una`, with the peer's last TSval `ts_recent` when
+/// timestamps are on.
+pub fn peer_fin_packet(
+    tuple: &FourTuple,
+    rcv_nxt: u32,
+    snd_una: u32,
+    ts_recent: Option<u32>,
+) -> Vec<u8> {
+    use nanowire_wire::ipv4::{HEADER_LEN, Ipv4Repr, PROTO_TCP};
+    use nanowire_wire::tcp::{Flags, TcpRepr};
+    let t = TcpRepr {
+        src_port: tuple.remote.port(),
+        dst_port: tuple.local.port(),
+        seq: rcv_nxt,
+        ack: snd_una,
+        flags: Flags(Flags::FIN | Flags::ACK),
+        window: 65535,
+        timestamp: ts_recent.map(|r| (r, 0)),
+        ..TcpRepr::default()
+    };
+    let mut b = vec![0u8; HEADER_LEN + 60];
+    let n = t.emit(
+        &mut b[HEADER_LEN..],
+        0,
+        *tuple.remote.ip(),
+        *tuple.local.ip(),
+    );
+    Ipv4Repr {
+        src: *tuple.remote.ip(),
+        dst: *tuple.local.ip(),
+        protocol: PROTO_TCP,
+        payload_len: n,
+        ttl: 64,
+        ident: 0,
+    }
+    .emit(&mut b);
+    b.truncate(HEADER_LEN + n);
+    b
 }
 
 impl TcpStack {

@@ -230,6 +230,19 @@ pub struct EndState {
     /// application wrote was never sent (it died with the process: a FIN
     /// would end the stream short without a word). Otherwise a FIN.
     pub rst: bool,
+    /// What a kernel socket taking the connection over needs (TCP_REPAIR):
+    /// the MSS the peer announced (before timestamp room), the window
+    /// scaling (the peer's shift, ours), SACK, the peer's window in bytes.
+    pub mss: u16,
+    pub wscale: Option<(u8, u8)>,
+    pub sack: bool,
+    pub snd_wnd: u32,
+    /// The peer's FIN was received (CLOSE-WAIT, CLOSING, LAST-ACK):
+    /// `rcv_nxt` counts it.
+    pub peer_fin: bool,
+    /// Everything sent was acknowledged (our FIN aside): the FIN's
+    /// sequence number is where the peer's data ends, not an assumption.
+    pub acked: bool,
 }
 
 impl EndState {
@@ -254,6 +267,12 @@ impl EndState {
             ts: c.ts_ok.then_some((c.ts_offset, c.ts_recent)),
             window: (crate::seq::dist(c.rcv_adv, c.rcv_nxt) >> c.rcv_wscale).min(65535) as u16,
             rst,
+            mss: (c.snd_mss + if c.ts_ok { 12 } else { 0 }).min(65535) as u16,
+            wscale: c.ws_ok.then_some((c.snd_wscale, c.rcv_wscale)),
+            sack: c.sack_ok,
+            snd_wnd: c.snd_wnd,
+            peer_fin: c.rx_fin,
+            acked: c.tx.is_empty(),
         })
     }
 }

@@ -1429,6 +1429,9 @@ fn end_tracking_names_the_fin_or_rst_that_would_end_each_connection() {
     assert!(!e[0].rst);
     assert_eq!((e[0].seq, e[0].rcv_nxt), (ib.rcv_nxt, ib.snd_nxt));
     assert!(e[0].ts.is_some());
+    // What a kernel socket taking it over needs (TCP_REPAIR).
+    assert!(e[0].acked && !e[0].peer_fin, "{e:?}");
+    assert!(e[0].mss >= 536 && e[0].snd_wnd > 0, "{e:?}");
     // Nothing touched: nothing to take.
     assert!(!n.a.has_end_changes());
     // Unread data: a reset.
@@ -1439,12 +1442,23 @@ fn end_tracking_names_the_fin_or_rst_that_would_end_each_connection() {
     let mut buf = [0u8; 16];
     assert_eq!(n.a.recv(ca, &mut buf), Ok(6));
     assert!(!take(&mut n)[0].rst);
-    // Sent and acknowledged: the FIN follows it.
+    // Sent, not yet acknowledged: the kernel could not take it over.
     n.a.send(ca, b"answer").unwrap();
+    assert!(!take(&mut n)[0].acked);
+    // Sent and acknowledged: the FIN follows it.
     n.advance(10 * MS);
     let e = take(&mut n);
-    assert!(!e[0].rst);
+    assert!(!e[0].rst && e[0].acked);
     assert_eq!(e[0].seq, n.b.info(cb).unwrap().rcv_nxt);
+    // The peer's FIN in (CLOSE-WAIT), nothing unread: a FIN, and rcv_nxt
+    // counts the peer's (b reads first: a close with unread data resets).
+    assert_eq!(n.b.recv(cb, &mut buf), Ok(6));
+    let fin_at = n.b.info(cb).unwrap().snd_nxt;
+    n.b.close(n.now, cb).unwrap();
+    n.advance(10 * MS);
+    let e = take(&mut n);
+    assert!(!e[0].rst && e[0].acked && e[0].peer_fin, "{e:?}");
+    assert_eq!(e[0].rcv_nxt, fin_at.wrapping_add(1));
     // A connection waiting in the accept queue: reset (as the kernel
     // resets a closed listener's pending connections).
     let l2 = n.a.listen(sa(A, 81), 8).unwrap();

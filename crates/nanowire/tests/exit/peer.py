@@ -6,7 +6,11 @@
 #     in the same segment (left unread by the client).
 # Prints "ready", then waits (30 s at most: a hang shows as "timeout", with
 # the connection's TCP_INFO) for each connection's end: one line
-# "<i> eof|reset|data|timeout ..." each.
+# "<i> eof|reset|data|timeout ..." each. After an end of file it sends its
+# own FIN (shutdown), a segment that comes after the other side is gone, and
+# waits for the kernel's answer (an ACK from the closed socket's FIN-WAIT-2:
+# the connection closes cleanly); anything else is added to the line
+# ("eof then reset": answered with a RST, "eof then stuck (state S)").
 import selectors, socket, sys, time
 
 role, addr, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -50,11 +54,29 @@ while len(out) < len(conns) and time.time() < end:
         try:
             d = key.fileobj.recv(4096)
             out[key.data] = "eof" if not d else "data"
+            if not d:
+                key.fileobj.shutdown(socket.SHUT_WR)
         except ConnectionResetError:
             out[key.data] = "reset"
         except BlockingIOError:
             continue
         sel.unregister(key.fileobj)
+
+def closed(c):
+    # struct tcp_info's state: 7 is CLOSE (LAST-ACK answered).
+    return c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == 7
+
+
+end = time.time() + 30
+for i in [i for i, e in out.items() if e == "eof"]:
+    c = conns[i]
+    while not closed(c) and time.time() < end:
+        time.sleep(0.01)
+    err = c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if not closed(c):
+        out[i] += " then stuck (state %d)" % c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+    elif err:
+        out[i] += " then " + ("reset" if err == 104 else "error %d" % err)
 for i in sorted(conns):
     end = out.get(i)
     if end is None:

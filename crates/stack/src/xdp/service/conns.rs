@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub const REGIONS: usize = 64;
 /// Connection slots per region: the stack's default `max_connections`.
 pub const PER_REGION: usize = 16384;
-pub const ENTRY: usize = 32;
+pub const ENTRY: usize = 48;
 const HEADER: usize = 16;
 const ENTRIES_AT: usize = 4096;
 /// The table's size (sparse: only the pages written take memory; a region
@@ -50,6 +50,14 @@ pub const F_LIVE: u8 = 1;
 pub const F_TS: u8 = 2;
 /// End with a RST (else a FIN; `nanowire_tcp::EndState::rst`).
 pub const F_RST: u8 = 4;
+/// Window scaling was negotiated (`Entry::wscale` holds the shifts).
+pub const F_WS: u8 = 8;
+pub const F_SACK: u8 = 16;
+/// The peer's FIN was received (`rcv_nxt` counts it).
+pub const F_PEER_FIN: u8 = 32;
+/// Everything sent was acknowledged: the kernel can take the connection
+/// over (TCP_REPAIR) with nothing to retransmit.
+pub const F_ACKED: u8 = 64;
 
 /// One published connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +72,13 @@ pub struct Entry {
     /// The receive window to advertise (already scaled).
     pub window: u16,
     pub flags: u8,
+    /// The peer's MSS (before timestamp room), window scaling (the
+    /// peer's shift in the low nibble, ours in the high one), the peer's
+    /// window in bytes: what a kernel socket taking the connection over
+    /// needs (`repair_end`).
+    pub mss: u16,
+    pub wscale: u8,
+    pub snd_wnd: u32,
 }
 
 impl From<&nanowire_tcp::EndState> for Entry {
@@ -76,7 +91,16 @@ impl From<&nanowire_tcp::EndState> for Entry {
             ts_offset: e.ts.map_or(0, |t| t.0),
             ts_recent: e.ts.map_or(0, |t| t.1),
             window: e.window,
-            flags: F_LIVE | if e.ts.is_some() { F_TS } else { 0 } | if e.rst { F_RST } else { 0 },
+            flags: F_LIVE
+                | if e.ts.is_some() { F_TS } else { 0 }
+                | if e.rst { F_RST } else { 0 }
+                | if e.wscale.is_some() { F_WS } else { 0 }
+                | if e.sack { F_SACK } else { 0 }
+                | if e.peer_fin { F_PEER_FIN } else { 0 }
+                | if e.acked { F_ACKED } else { 0 },
+            mss: e.mss,
+            wscale: e.wscale.map_or(0, |(snd, rcv)| (snd & 15) | (rcv << 4)),
+            snd_wnd: e.snd_wnd,
         }
     }
 }
@@ -84,6 +108,14 @@ impl From<&nanowire_tcp::EndState> for Entry {
 impl Entry {
     pub fn rst(&self) -> bool {
         self.flags & F_RST != 0
+    }
+
+    /// A FIN the kernel can send and finish itself (`repair_end`): not a
+    /// reset, and nothing of the data left unacknowledged (its bytes died
+    /// with the process: the kernel could not retransmit them, and a FIN
+    /// beyond them would wait at the peer for ever).
+    pub fn repairable(&self) -> bool {
+        self.flags & (F_RST | F_ACKED) == F_ACKED
     }
 
     fn write(&self, b: &mut [u8; ENTRY]) {
@@ -97,7 +129,9 @@ impl Entry {
         b[24..28].copy_from_slice(&self.ts_recent.to_le_bytes());
         b[28..30].copy_from_slice(&self.window.to_le_bytes());
         b[30] = self.flags;
-        b[31] = 0;
+        b[31] = self.wscale;
+        b[32..34].copy_from_slice(&self.mss.to_le_bytes());
+        b[36..40].copy_from_slice(&self.snd_wnd.to_le_bytes());
     }
 
     fn read(b: &[u8]) -> Entry {
@@ -112,6 +146,9 @@ impl Entry {
             ts_recent: u32_at(24),
             window: u16_at(28),
             flags: b[30],
+            wscale: b[31],
+            mss: u16_at(32),
+            snd_wnd: u32_at(36),
         }
     }
 }
@@ -329,6 +366,152 @@ pub fn send_end(raw: rustix::fd::BorrowedFd<'_>, e: &Entry, now_ms: u32) -> rust
     rustix::net::sendto(raw, &seg, rustix::net::SendFlags::empty(), &dst).map(|_| ())
 }
 
+/// How a dead process's connection was ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Handed to the kernel (TCP_REPAIR), which sends the FIN and
+    /// finishes the connection: retransmissions, FIN-WAIT-2, TIME-WAIT.
+    Repaired,
+    /// One FIN through the raw socket (no repair possible).
+    Fin,
+    Rst,
+    /// Nothing could be sent.
+    Failed,
+}
+
+/// Ends a dead process's connections (the service's, the warden's): the
+/// kernel takes over each one whose end is a FIN (`repair_end`), as it
+/// finishes a closed socket of its own; the others get their one segment
+/// through the raw socket (`send_end`). Without CAP_NET_ADMIN every FIN
+/// is the one segment, and `note` says so (once).
+pub struct Ender {
+    raw: OwnedFd,
+    repair: bool,
+    /// Why connections are not handed to the kernel, for the caller to
+    /// say once (taken).
+    pub note: Option<String>,
+}
+
+impl Ender {
+    /// With a raw IPv4 socket (CAP_NET_RAW).
+    pub fn open() -> rustix::io::Result<Ender> {
+        let raw = rustix::net::socket_with(
+            rustix::net::AddressFamily::INET,
+            rustix::net::SocketType::RAW,
+            rustix::net::SocketFlags::CLOEXEC,
+            Some(rustix::net::ipproto::RAW),
+        )?;
+        Ok(Ender {
+            raw,
+            repair: std::env::var_os("NANOWIRE_TCP_ORPHANS").is_none_or(|v| v != "0"),
+            note: None,
+        })
+    }
+
+    /// End `e` (`now_ms`: CLOCK_MONOTONIC in ms, the process's clock
+    /// without the connection's offset).
+    pub fn end(&mut self, e: &Entry, now_ms: u32) -> Ended {
+        if self.repair && e.repairable() {
+            match repair_end(self.raw.as_fd(), e, now_ms) {
+                Ok(()) => return Ended::Repaired,
+                Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
+                    self.repair = false;
+                    self.note = Some(format!(
+                        "a dead process's TCP connections get one FIN each, not handed to the kernel (no retransmission, no TIME-WAIT): {err}"
+                    ));
+                }
+                // This one only (its 4-tuple in use, ...): the one FIN.
+                Err(_) => {}
+            }
+        }
+        match send_end(self.raw.as_fd(), e, now_ms) {
+            Ok(()) if e.rst() => Ended::Rst,
+            Ok(()) => Ended::Fin,
+            Err(_) => Ended::Failed,
+        }
+    }
+}
+
+/// Hand connection `e` (a FIN end, everything acknowledged:
+/// `Entry::repairable`) to the kernel, which finishes it as it finishes
+/// a socket of its own that was closed: a kernel socket in repair mode
+/// (CAP_NET_ADMIN) at the entry's sequence numbers, options, windows and
+/// timestamp clock, bound and connected to its 4-tuple (no SYN in repair
+/// mode); out of repair mode (the kernel sends a window probe, which the
+/// peer answers), shown the peer's FIN if it had come (through `raw`, as
+/// a packet from the peer: TCP_REPAIR cannot set CLOSE-WAIT), and closed:
+/// the kernel sends the FIN, retransmits it, and keeps the orphan through
+/// FIN-WAIT-2 or LAST-ACK and TIME-WAIT, answering the peer's late
+/// segments. The caller removed the 4-tuple's claims first (the peer's
+/// answers reach the kernel). On an error the socket is closed in repair
+/// mode (nothing sent).
+pub fn repair_end(raw: rustix::fd::BorrowedFd<'_>, e: &Entry, now_ms: u32) -> std::io::Result<()> {
+    use crate::repair::{self, libc_setsockopt as f};
+    use rustix::fd::AsRawFd;
+    let s = rustix::net::socket_with(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::STREAM,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )?;
+    let fd = s.as_raw_fd();
+    repair::mode(f, fd, true)?;
+    let peer_fin = e.flags & F_PEER_FIN != 0;
+    // With the peer's FIN in, the kernel learns it from the packet below.
+    let rcv = e.rcv_nxt.wrapping_sub(u32::from(peer_fin));
+    repair::queue_seqs(f, fd, rcv, e.seq)?;
+    rustix::net::bind(&s, &e.local)?;
+    rustix::net::connect(&s, &e.remote)?;
+    let ws = e.flags & F_WS != 0;
+    let ts = e.flags & F_TS != 0;
+    repair::options(
+        f,
+        fd,
+        u32::from(e.mss),
+        ws.then_some((e.wscale & 15, e.wscale >> 4)),
+        e.flags & F_SACK != 0,
+        ts,
+    )?;
+    let rcv_wnd = u32::from(e.window) << if ws { e.wscale >> 4 } else { 0 };
+    let w = repair::Window {
+        snd_wl1: rcv,
+        snd_wnd: e.snd_wnd,
+        max_window: e.snd_wnd,
+        rcv_wnd,
+        rcv_wup: rcv,
+    };
+    repair::window(f, fd, &w)?;
+    if ts {
+        repair::timestamp(f, fd, now_ms.wrapping_add(e.ts_offset))?;
+    }
+    repair::mode(f, fd, false)?;
+    if peer_fin {
+        let tuple = nanowire_tcp::FourTuple {
+            local: e.local,
+            remote: e.remote,
+        };
+        let fin = nanowire_tcp::peer_fin_packet(&tuple, rcv, e.seq, ts.then_some(e.ts_recent));
+        // Delivered locally (to our own address), never on the wire;
+        // processed before the close below (looked for: the socket reads
+        // the end of the stream), so the kernel goes CLOSE-WAIT, LAST-ACK.
+        let dst = SocketAddrV4::new(*e.local.ip(), 0);
+        if rustix::net::sendto(raw, &fin, rustix::net::SendFlags::empty(), &dst).is_ok() {
+            let mut p = [rustix::event::PollFd::new(
+                &s,
+                rustix::event::PollFlags::RDHUP,
+            )];
+            let t = rustix::time::Timespec {
+                tv_sec: 0,
+                tv_nsec: 100_000_000,
+            };
+            let _ = rustix::event::poll(&mut p, Some(&t));
+        }
+    }
+    // The kernel's close of an ESTABLISHED or CLOSE-WAIT socket: the FIN.
+    drop(s);
+    Ok(())
+}
+
 /// The segment that ends `e` (IPv4 header + TCP), for a raw IPPROTO_RAW
 /// socket (the kernel fills the IP checksum and routes it): FIN|ACK, with
 /// the timestamps when negotiated (the peer's PAWS check passes: the
@@ -382,6 +565,9 @@ mod tests {
             ts_recent: 99,
             window: 512,
             flags: F_LIVE | flags,
+            mss: 1460,
+            wscale: 7 | (9 << 4),
+            snd_wnd: 65536,
         }
     }
 

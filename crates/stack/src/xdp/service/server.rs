@@ -47,10 +47,14 @@ pub struct Counters {
     /// passed to the kernel: the sums of every process's own counters.
     #[serde(flatten)]
     pub requests: ClientCounters,
-    /// Connections of dead processes the service ended (issue 24): with
-    /// a FIN (nothing lost) or a RST; `tcp_end_failed`: the segment could
-    /// not be sent; `tcp_end_refused`: a table entry the process had no
-    /// claim for (not acted on).
+    /// Connections of dead processes the service ended (issue 24):
+    /// `tcp_ended_repaired`: handed to the kernel (TCP_REPAIR), which sent
+    /// the FIN and finishes them (retransmissions, TIME-WAIT);
+    /// `tcp_ended_fin`: one FIN (where the kernel could not take it:
+    /// data unacknowledged, or repair refused) or a RST (`tcp_ended_rst`);
+    /// `tcp_end_failed`: nothing could be sent; `tcp_end_refused`: a table
+    /// entry the process had no claim for (not acted on).
+    pub tcp_ended_repaired: u64,
     pub tcp_ended_fin: u64,
     pub tcp_ended_rst: u64,
     pub tcp_end_failed: u64,
@@ -167,7 +171,7 @@ pub struct Service {
     diag: Option<nanowire_xdp::netlink::SockDiag>,
     /// Raw IPv4 socket (IPPROTO_RAW) the dead processes' connections are
     /// ended with, opened on first use.
-    raw: Option<OwnedFd>,
+    ender: Option<super::conns::Ender>,
     idle: Duration,
     since_idle: Instant,
     log: bool,
@@ -209,7 +213,7 @@ impl Service {
             next_id: 1,
             counters: Counters::default(),
             diag: None,
-            raw: None,
+            ender: None,
             idle,
             since_idle: Instant::now(),
             log,
@@ -1092,24 +1096,21 @@ impl Service {
         out
     }
 
-    /// Send the segments that end a dead process's connections, after its
-    /// claims went (the peer's answers reach the kernel, which has no socket
-    /// for them and resets with the exact sequence number), through a raw
-    /// IPv4 socket: the kernel routes it and finds the next hop (the
-    /// service has no TX ring of its own; the dead process's is being
-    /// taken back).
+    /// End a dead process's connections, after its claims went (the
+    /// peer's answers reach the kernel): each FIN end is handed to the
+    /// kernel (TCP_REPAIR), which finishes it as its own closed socket;
+    /// the others get their one segment through a raw IPv4 socket (the
+    /// kernel routes it and finds the next hop; the service has no TX
+    /// ring of its own, the dead process's is being taken back), and the
+    /// peer's answer to it reaches the kernel, which resets with the
+    /// exact sequence number (`conns::Ender`).
     fn send_ends(&mut self, ends: Vec<super::conns::Entry>) {
         if ends.is_empty() {
             return;
         }
-        if self.raw.is_none() {
-            match rustix::net::socket_with(
-                AddressFamily::INET,
-                SocketType::RAW,
-                SocketFlags::CLOEXEC,
-                Some(rustix::net::ipproto::RAW),
-            ) {
-                Ok(s) => self.raw = Some(s),
+        if self.ender.is_none() {
+            match super::conns::Ender::open() {
+                Ok(en) => self.ender = Some(en),
                 Err(e) => {
                     self.counters.tcp_end_failed += ends.len() as u64;
                     self.log(&format!(
@@ -1119,14 +1120,19 @@ impl Service {
                 }
             }
         }
-        let raw = self.raw.as_ref().expect("opened above");
+        let en = self.ender.as_mut().expect("opened above");
         let now_ms = (crate::xdp::tcp::now_ns() / 1_000_000) as u32;
         for e in ends {
-            match super::conns::send_end(raw.as_fd(), &e, now_ms) {
-                Ok(()) if e.rst() => self.counters.tcp_ended_rst += 1,
-                Ok(()) => self.counters.tcp_ended_fin += 1,
-                Err(_) => self.counters.tcp_end_failed += 1,
-            }
+            let k = &mut self.counters;
+            *match en.end(&e, now_ms) {
+                super::conns::Ended::Repaired => &mut k.tcp_ended_repaired,
+                super::conns::Ended::Fin => &mut k.tcp_ended_fin,
+                super::conns::Ended::Rst => &mut k.tcp_ended_rst,
+                super::conns::Ended::Failed => &mut k.tcp_end_failed,
+            } += 1;
+        }
+        if let Some(note) = en.note.take() {
+            self.log(&note);
         }
     }
 

@@ -30,7 +30,7 @@
 //! nanowire binary (`NANOWIRE_BIN`, set by `nanowire run`) and a raw
 //! socket (CAP_NET_RAW, which an engine of one's own needs anyway).
 
-use rustix::fd::{AsFd, AsRawFd, OwnedFd};
+use rustix::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
 
 /// Start the warden of this process for `table` (the connection table's
@@ -254,7 +254,8 @@ pub fn run(pid: u32, pidfd: i32, table_fd: i32) -> Result<i32, String> {
     if st.st_size as usize != super::conns::TABLE_BYTES {
         return Err("connection table: not the table's size".into());
     }
-    let raw = raw_socket()?;
+    let mut ender =
+        super::conns::Ender::open().map_err(|e| format!("raw socket (CAP_NET_RAW): {e}"))?;
     // Detach: the set-up process exits (its parent, the application, is
     // waiting for it), the warden goes on in a session of its own.
     // SAFETY: this process has one thread (nothing started any); the child
@@ -267,11 +268,14 @@ pub fn run(pid: u32, pidfd: i32, table_fd: i32) -> Result<i32, String> {
     }
     let _ = rustix::process::setsid();
     wait_for_end(&pidfd);
-    let (fin, rst, failed, skipped) = end_all(&tfd, &raw);
-    if fin + rst + failed + skipped > 0 {
+    let [repaired, fin, rst, failed, skipped] = end_all(&tfd, &mut ender);
+    if let Some(note) = ender.note.take() {
+        eprintln!("nanowire: warden: {note}");
+    }
+    if repaired + fin + rst + failed + skipped > 0 {
         eprintln!(
-            "nanowire: process {pid} ended without closing {} tcp connection(s) (killed?): the warden sent FIN for {fin}, RST for {rst}{}{}",
-            fin + rst + failed + skipped,
+            "nanowire: process {pid} ended without closing {} tcp connection(s) (killed?): the warden handed {repaired} to the kernel (it sends the FIN and finishes them), sent FIN for {fin}, RST for {rst}{}{}",
+            repaired + fin + rst + failed + skipped,
             if failed > 0 {
                 format!(", {failed} could not be sent")
             } else {
@@ -285,16 +289,6 @@ pub fn run(pid: u32, pidfd: i32, table_fd: i32) -> Result<i32, String> {
         );
     }
     Ok(0)
-}
-
-fn raw_socket() -> Result<OwnedFd, String> {
-    rustix::net::socket_with(
-        rustix::net::AddressFamily::INET,
-        rustix::net::SocketType::RAW,
-        rustix::net::SocketFlags::CLOEXEC,
-        Some(rustix::net::ipproto::RAW),
-    )
-    .map_err(|e| format!("raw socket (CAP_NET_RAW): {e}"))
 }
 
 /// Sleep until the process has exited (its pidfd becomes readable).
@@ -313,13 +307,14 @@ fn wait_for_end(pidfd: &OwnedFd) {
     }
 }
 
-/// End every connection of the table: (FIN sent, RST sent, failed,
-/// skipped because the kernel has a live connection of that 4-tuple).
-fn end_all(tfd: &OwnedFd, raw: &OwnedFd) -> (u64, u64, u64, u64) {
+/// End every connection of the table: [handed to the kernel, FIN sent,
+/// RST sent, failed, skipped because the kernel has a live connection of
+/// that 4-tuple].
+fn end_all(tfd: &OwnedFd, ender: &mut super::conns::Ender) -> [u64; 5] {
     let ends = super::conns::read_all(tfd);
-    let (mut fin, mut rst, mut failed, mut skipped) = (0, 0, 0, 0);
+    let mut n = [0u64; 5];
     if ends.is_empty() {
-        return (0, 0, 0, 0);
+        return n;
     }
     let mut diag = nanowire_xdp::netlink::SockDiag::open().ok();
     let now_ms = (crate::xdp::tcp::now_ns() / 1_000_000) as u32;
@@ -328,15 +323,17 @@ fn end_all(tfd: &OwnedFd, raw: &OwnedFd) -> (u64, u64, u64, u64) {
             matches!(d.tcp_state(e.local, e.remote), Ok(Some(s))
                 if s != nanowire_xdp::netlink::TCP_TIME_WAIT && s != nanowire_xdp::netlink::TCP_CLOSE)
         });
-        if live {
-            skipped += 1;
-            continue;
-        }
-        match super::conns::send_end(raw.as_fd(), &e, now_ms) {
-            Ok(()) if e.rst() => rst += 1,
-            Ok(()) => fin += 1,
-            Err(_) => failed += 1,
-        }
+        let i = if live {
+            4
+        } else {
+            match ender.end(&e, now_ms) {
+                super::conns::Ended::Repaired => 0,
+                super::conns::Ended::Fin => 1,
+                super::conns::Ended::Rst => 2,
+                super::conns::Ended::Failed => 3,
+            }
+        };
+        n[i] += 1;
     }
-    (fin, rst, failed, skipped)
+    n
 }
