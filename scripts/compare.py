@@ -77,11 +77,14 @@ sockperf pp in a, all clients at once; interleaved; p50 of each process (median 
 4) against one process's, and memory: PSS (/proc/PID/smaps_rollup) of the servers, the service
 included, 4 on the service against one on its own engine. Servers on CPU 1, clients on CPU 0
 (--no-pin: unpinned); the servers' profile is --profiles (default balanced: 4 spinning servers on
-one CPU would measure the scheduler):
+one CPU would measure the scheduler). What the machine can do with that placement: the same with
+plain kernel servers (one, and 4 at once), and the 4 on the service pinged one at a time (every
+server up, one busy); `worst_to_one` has each worst / one with its bootstrap 95% interval over the
+paired repeats (`--rows floor`: only those rows and one and 4 on the service):
 
     scripts/compare.py --scenario service --repeats 5 --seconds 5
 """
-import argparse, json, os, platform, re, shlex, shutil, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, platform, re, resource, shlex, shutil, statistics, subprocess, sys, tempfile, time
 
 NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
 BASE = os.path.abspath(os.environ.get("NANOWIRE_BASE", "/work/baseline/nanowire"))
@@ -108,6 +111,8 @@ SOCKPERF_FIELDS = [
     (r"Summary: Latency is ([\d.]+) usec", ["avg"], float),
     (r"\[Valid Duration\] RunTime=[\d.]+ sec; SentMessages=(\d+); ReceivedMessages=(\d+)",
      ["sent", "received"], int),
+    (r"\[Total Run\] RunTime=([\d.]+) sec; Warm up time=\d+ msec; SentMessages=(\d+)",
+     ["run_s", "sent_total"], float),
 ]
 
 
@@ -208,6 +213,29 @@ def bootstrap_ratio(new, old, resamples=BOOT_RESAMPLES, seed=BOOT_SEED):
     return stats[int(0.025 * resamples)], stats[min(resamples - 1, int(0.975 * resamples))]
 
 
+def paired_ratio(new, old, of, key="p50"):
+    """median(new) / median(old) of paired repeats (new[i] and old[i] ran back to back), its
+    bootstrap 95% interval, the per-repeat ratios, and what they say (`of`: what is divided)."""
+    pairs = [(n, o) for n, o in zip(new, old) if n is not None and o]
+    if not pairs:
+        return None
+    new, old = [p[0] for p in pairs], [p[1] for p in pairs]
+    ratio = statistics.median(new) / statistics.median(old)
+    lo, hi = bootstrap_ratio(new, old)
+    verdict = "slower (measurable)" if lo > 1.0 else "faster (measurable)" if hi < 1.0 else \
+        "no measurable change"
+    verdict += f"; within {NO_CHANGE}x" if hi <= NO_CHANGE else \
+        f"; the interval reaches past {NO_CHANGE}x"
+    if len(pairs) < 5:
+        # n repeats have at most C(2n-1, n) distinct resamples (3 for 2 repeats).
+        verdict += f" (only {len(pairs)} repeats: the interval understates the spread)"
+    return {"of": of, "key": key, "ratio": round(ratio, 3), "ci95": [round(lo, 3), round(hi, 3)],
+            "per_repeat": [round(a / b, 3) for a, b in pairs], "repeats": len(pairs),
+            "within_1_05": hi <= NO_CHANGE, "verdict": verdict,
+            "bootstrap": {"resamples": BOOT_RESAMPLES, "seed": BOOT_SEED,
+                          "method": "percentile, repeats resampled in pairs"}}
+
+
 def run_to_old(runs, key="p50"):
     """For each row with an "(old shim)" twin: new/old of the medians of `key`, its bootstrap 95%
     interval over the repeats, the per-repeat ratios, and what they say."""
@@ -216,26 +244,10 @@ def run_to_old(runs, key="p50"):
         if not old_label.endswith(OLD_SHIM) or old_label[:-len(OLD_SHIM)] not in runs:
             continue
         label = old_label[:-len(OLD_SHIM)]
-        pairs = [(n[key], o[key]) for n, o in zip(runs[label], runs[old_label])
-                 if n.get(key) is not None and o.get(key)]
-        if not pairs:
-            continue
-        new, old = [p[0] for p in pairs], [p[1] for p in pairs]
-        ratio = statistics.median(new) / statistics.median(old)
-        lo, hi = bootstrap_ratio(new, old)
-        verdict = "slower (measurable)" if lo > 1.0 else "faster (measurable)" if hi < 1.0 else \
-            "no measurable change"
-        verdict += f"; within {NO_CHANGE}x" if hi <= NO_CHANGE else \
-            f"; the interval reaches past {NO_CHANGE}x"
-        if len(pairs) < 5:
-            # n repeats have at most C(2n-1, n) distinct resamples (3 for 2 repeats).
-            verdict += f" (only {len(pairs)} repeats: the interval understates the spread)"
-        out[label] = {"of": f"{label} / {old_label}", "key": key, "ratio": round(ratio, 3),
-                      "ci95": [round(lo, 3), round(hi, 3)],
-                      "per_repeat": [round(a / b, 3) for a, b in pairs], "repeats": len(pairs),
-                      "within_1_05": hi <= NO_CHANGE, "verdict": verdict,
-                      "bootstrap": {"resamples": BOOT_RESAMPLES, "seed": BOOT_SEED,
-                                    "method": "percentile, repeats resampled in pairs"}}
+        r = paired_ratio([n.get(key) for n in runs[label]], [o.get(key) for o in runs[old_label]],
+                         f"{label} / {old_label}", key)
+        if r:
+            out[label] = r
     return out
 
 
@@ -732,33 +744,52 @@ def service_pids(a, ports, on_service):
         time.sleep(0.2)
 
 
-def service_trial(a, n, on_service, port0, env_extra=()):
-    """`n` sockperf servers under `nanowire run` in host b (on the engine service, or one process
-    on an engine of its own), each with its own plain sockperf pp client in host a, all clients
-    at once; each client's latency, and the PSS of the servers (and of the service).
+def service_trial(a, n, mode, port0, env_extra=(), serial=False):
+    """`n` sockperf servers in host b — under `nanowire run` on the engine service (`mode`
+    "service"), under run on an engine of its own (`"own"`, one process), or plain kernel sockets
+    (`"plain"`) — each with its own plain sockperf pp client in host a, all clients at once (or,
+    `serial`, one after the other while every server stays up: one busy process, the others idle);
+    each client's latency, and the PSS of the servers (and of the service).
     `env_extra`: NAME=VALUE settings for the servers."""
     profile = a.profiles.split(",")[0]
     pin_s, pin_c = (["taskset", "-c", "1"], ["taskset", "-c", "0"]) if a.pin else ([], [])
     ports = [port0 + i for i in range(n)]
+    on_service = mode == "service"
     pre = (["NANOWIRE_SERVICE=1"] if on_service else []) + list(env_extra)
     pre = ["env"] + pre if pre else []
+    run = [] if mode == "plain" else [NW, "run", "--profile", profile, "--engine", "xdp", "--"]
     svc = EngineService(a.lab) if on_service else None
     servers = []
     try:
         for p in ports:
-            servers.append(Server(a.lab, pre + [NW, "run", "--profile", profile, "--engine", "xdp", "--"]
-                                  + pin_s + ["sockperf", "sr", "-i", B, "-p", str(p)]))
-        pids, _ = service_pids(a, ports, on_service)
-        clients = [subprocess.Popen(["ip", "netns", "exec", ns(a.lab, "a")] + pin_c +
+            servers.append(Server(a.lab, pre + run + pin_s + ["sockperf", "sr", "-i", B, "-p", str(p)]))
+        if mode == "plain":
+            # `ip netns exec` and taskset exec the server: the child is sockperf.
+            pids = {p: s.p.pid for p, s in zip(ports, servers)}
+        else:
+            pids, _ = service_pids(a, ports, on_service)
+
+        def client(p):
+            return subprocess.Popen(["ip", "netns", "exec", ns(a.lab, "a")] + pin_c +
                                     ["sockperf", "pp", "-i", B, "-p", str(p), "-m", str(a.size), "-t",
                                      str(a.seconds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                   for p in ports]
-        procs = []
-        for p, c in zip(ports, clients):
+
+        def result(p, c):
             out, err = c.communicate(timeout=a.seconds + 60)
             if c.returncode != 0:
                 raise RuntimeError(f"sockperf pp to port {p} failed ({c.returncode}): {err[-1500:]}")
-            procs.append(dict(sockperf_parse(out), port=p, pid=pids[p]))
+            return dict(sockperf_parse(out), port=p, pid=pids[p])
+        # The clients' CPU time (user + system: their sends, which on veth carry the peer's receive,
+        # XDP and the AF_XDP copy included, their receives and wake-ups): reaped children only, so
+        # the servers (still up) are not in it.
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if serial:
+            procs = [result(p, client(p)) for p in ports]
+        else:
+            clients = [client(p) for p in ports]
+            procs = [result(p, c) for p, c in zip(ports, clients)]
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
         # After the traffic, with every server (and the service) still up.
         mem = {str(pids[p]): pss_kib(pids[p]) for p in ports}
         if svc:
@@ -771,7 +802,16 @@ def service_trial(a, n, on_service, port0, env_extra=()):
     p50s = [x["p50"] for x in procs]
     res = {"p50": statistics.median(p50s), "p50_max": max(p50s),
            "p99": statistics.median(x["p99"] for x in procs), "p99_max": max(x["p99"] for x in procs),
+           "avg": statistics.median(x.get("avg", 0) for x in procs),
            "pss_kib": sum(mem.values()), "pss_kib_by_process": mem}
+    sent, run_s = sum(x.get("sent_total", 0) for x in procs), max(x.get("run_s", 0) for x in procs)
+    if sent and run_s:
+        # CPU 0's work per message (the clients'), and their share of CPU 0 over the run (1.0:
+        # CPU 0 saturated: n messages in flight then take n times this per round, so the mean
+        # one-way latency of n at once is at least n x client_cpu_us_per_msg / 2).
+        res["client_cpu_us_per_msg"] = round(cpu_s * 1e6 / sent, 3)
+        res["client_cpu_share"] = round(cpu_s / (run_s * (n if serial else 1)), 3)
+        res["client_bound_oneway_us"] = round((1 if serial else n) * cpu_s * 1e6 / sent / 2, 3)
     if n > 1:
         res["processes"] = procs
     else:
@@ -779,60 +819,100 @@ def service_trial(a, n, on_service, port0, env_extra=()):
     return res
 
 
+SVC_ONE, SVC_OWN, SVC_MANY = "one process on the service", "one process, own engine", \
+    f"{SVC_N} processes on the service"
+SVC_PLAIN_ONE, SVC_PLAIN_MANY = "one plain process (kernel)", f"{SVC_N} plain processes (kernel)"
+SVC_SERIAL = f"{SVC_N} processes on the service, pinged one at a time"
+SVC_SHARE0 = f"{SVC_N} processes on the service, spin_share 0"
+SVC_HINT0 = f"{SVC_N} processes on the service, spin_hint 0"
+
+
+def service_configs(rows):
+    """Scenario `service`'s rows: (label, processes, mode, env, serial). `rows` "floor": only those
+    of the machine's floor (one and four on the service, one and four plain, four one at a time)."""
+    configs = [(SVC_OWN, 1, "own", (), False), (SVC_ONE, 1, "service", (), False),
+               (SVC_MANY, SVC_N, "service", (), False),
+               # The same four without the service's spinner registry (NANOWIRE_SPIN_SHARE=0, each waits
+               # as if alone on its CPU: before session 16) and with the registry but without passing the
+               # CPU by the steering program's frame counts (NANOWIRE_SPIN_HINT=0: before session 17).
+               (SVC_SHARE0, SVC_N, "service", ("NANOWIRE_SPIN_SHARE=0",), False),
+               (SVC_HINT0, SVC_N, "service", ("NANOWIRE_SPIN_HINT=0",), False),
+               # What this machine can do (session 18): the kernel's own four / one with the same placement
+               # (four plain servers on CPU 1, four clients at once on CPU 0), and four attached with one
+               # busy at a time (the other three attached and idle).
+               (SVC_PLAIN_ONE, 1, "plain", (), False), (SVC_PLAIN_MANY, SVC_N, "plain", (), False),
+               (SVC_SERIAL, SVC_N, "service", (), True)]
+    if rows == "floor":
+        keep = {SVC_ONE, SVC_MANY, SVC_PLAIN_ONE, SVC_PLAIN_MANY, SVC_SERIAL}
+        configs = [c for c in configs if c[0] in keep]
+    return configs
+
+
 def run_service(a):
     """Scenario `service` (issue 23, step 4): one sockperf server under `nanowire run` on an engine
     of its own (today's engine), one on the engine service, and SVC_N on the service at once
     (each with its own client), interleaved; medians of the repeats; ratios of p50 (the median
-    process's and the worst's) and of memory (PSS, the service included)."""
-    # The last rows: the same four without the service's spinner registry (NANOWIRE_SPIN_SHARE=0,
-    # each waits as if alone on its CPU: before session 16) and with the registry but without
-    # passing the CPU by the steering program's frame counts (NANOWIRE_SPIN_HINT=0: before
-    # session 17), so one run shows all three.
-    configs = [("one process, own engine", 1, False, ()), ("one process on the service", 1, True, ()),
-               (f"{SVC_N} processes on the service", SVC_N, True, ()),
-               (f"{SVC_N} processes on the service, spin_share 0", SVC_N, True, ("NANOWIRE_SPIN_SHARE=0",)),
-               (f"{SVC_N} processes on the service, spin_hint 0", SVC_N, True, ("NANOWIRE_SPIN_HINT=0",))]
+    process's and the worst's) and of memory (PSS, the service included); the same for plain
+    kernel servers, and SVC_N on the service pinged one at a time; the worst / one ratios also as
+    paired ratios with their bootstrap 95% interval over the repeats."""
+    configs = service_configs(a.rows)
     runs = {label: [] for label, *_ in configs}
     port = PORT + 100
     for r in range(a.repeats):
-        for label, n, on_service, extra in (configs if r % 2 == 0 else configs[::-1]):
+        for label, n, mode, extra, serial in (configs if r % 2 == 0 else configs[::-1]):
             port += SVC_N
-            res = service_trial(a, n, on_service, port, extra)
+            res = service_trial(a, n, mode, port, extra, serial)
             runs[label].append(res)
             print(f"# repeat {r + 1} {label}: p50={res['p50']} (worst {res['p50_max']}) "
-                  f"pss={res['pss_kib']} kB", file=sys.stderr)
-    keys = ["p50", "p50_max", "p99", "p99_max", "pss_kib"]
-    med = {label: {k: statistics.median(x[k] for x in rs) for k in keys} for label, rs in runs.items()}
-    own, one, many, alone, nohint = (med[label] for label, *_ in configs)
+                  f"pss={res['pss_kib']} kB; clients' CPU {res.get('client_cpu_us_per_msg')} us/msg, "
+                  f"share {res.get('client_cpu_share')}, bound {res.get('client_bound_oneway_us')} us",
+                  file=sys.stderr)
+    keys = ["p50", "p50_max", "p99", "p99_max", "avg", "pss_kib", "client_cpu_us_per_msg", "client_cpu_share",
+            "client_bound_oneway_us"]
+    med = {label: {k: statistics.median(x[k] for x in rs if x.get(k) is not None)
+                   for k in keys if any(x.get(k) is not None for x in rs)} for label, rs in runs.items()}
+    none = {}
+    own, one, many = (med.get(label, none) for label in (SVC_OWN, SVC_ONE, SVC_MANY))
 
-    def ratio(x, y, k):
-        return round(x[k] / y[k], 3) if y.get(k) else None
+    def ratio(x, y, kx, ky=None):
+        return round(x[kx] / y[ky or kx], 3) if x.get(kx) and y.get(ky or kx) else None
     ratios = {
         "one on the service / own engine: p50": ratio(one, own, "p50"),
         "one on the service / own engine: p99": ratio(one, own, "p99"),
         f"{SVC_N} on the service, median process / one on the service: p50": ratio(many, one, "p50"),
-        f"{SVC_N} on the service, worst process / one on the service: p50":
-            round(many["p50_max"] / one["p50"], 3) if one.get("p50") else None,
-        f"{SVC_N} on the service, worst process / own engine: p50":
-            round(many["p50_max"] / own["p50"], 3) if own.get("p50") else None,
+        f"{SVC_N} on the service, worst process / one on the service: p50": ratio(many, one, "p50_max", "p50"),
+        f"{SVC_N} on the service, worst process / own engine: p50": ratio(many, own, "p50_max", "p50"),
         f"{SVC_N} on the service with spin_share 0 (before session 16), worst process / one on the service: p50":
-            round(alone["p50_max"] / one["p50"], 3) if one.get("p50") else None,
+            ratio(med.get(SVC_SHARE0, none), one, "p50_max", "p50"),
         f"{SVC_N} on the service with spin_hint 0 (before session 17), worst process / one on the service: p50":
-            round(nohint["p50_max"] / one["p50"], 3) if one.get("p50") else None,
+            ratio(med.get(SVC_HINT0, none), one, "p50_max", "p50"),
         f"memory (PSS) {SVC_N} on the service with the service / one process, own engine":
             ratio(many, own, "pss_kib"),
         "memory (PSS) one on the service with the service / one process, own engine": ratio(one, own, "pss_kib"),
     }
+    # Worst / one with the bootstrap interval (repeats paired: the rows of a repeat ran back to back).
+    paired = {}
+    for many_label, one_label, what in ((SVC_MANY, SVC_ONE, "on the service, all at once"),
+                                        (SVC_PLAIN_MANY, SVC_PLAIN_ONE, "plain kernel sockets, all at once"),
+                                        (SVC_SERIAL, SVC_ONE, "on the service, one at a time"),
+                                        (SVC_HINT0, SVC_ONE, "on the service with spin_hint 0, all at once")):
+        if many_label in runs and one_label in runs:
+            r = paired_ratio([x["p50_max"] for x in runs[many_label]], [x["p50"] for x in runs[one_label]],
+                             f"{many_label} (worst) / {one_label}")
+            if r:
+                paired[f"{SVC_N} {what}: worst / one, p50"] = r
+    print_run_to_old(paired)
     profile = a.profiles.split(",")[0]
     pin_s, pin_c = ("taskset -c 1 ", "taskset -c 0 ") if a.pin else ("", "")
     return {"scenario": "service", "baseline": configs[0][0], "repeats": a.repeats, "seconds": a.seconds,
-            "msg_size": a.size, "profile": profile, "pinned": a.pin,
+            "msg_size": a.size, "profile": profile, "pinned": a.pin, "rows": a.rows,
             "commands": {"service": f"{NW} engine serve --daemon --idle-ms 600000 (host b; stopped after each "
                                     f"service run)",
                          "server": f"[NANOWIRE_SERVICE=1] {NW} run --profile {profile} --engine xdp -- "
-                                   f"{pin_s}sockperf sr -i {B} -p PORT",
-                         "client": f"{pin_c}sockperf pp -i {B} -p PORT -m {a.size} -t {a.seconds} (plain, host a)"},
-            "runs": runs, "median": med, "ratios": ratios,
+                                   f"{pin_s}sockperf sr -i {B} -p PORT (plain rows: without run)",
+                         "client": f"{pin_c}sockperf pp -i {B} -p PORT -m {a.size} -t {a.seconds} (plain, host a; "
+                                   f"'one at a time': each client after the last, every server up)"},
+            "runs": runs, "median": med, "ratios": ratios, "worst_to_one": paired,
             "acceptance": f"issue 23: with {SVC_N} processes attached each one's p50 <= 1.1x a single process's; "
                           "sockperf under run on the service within 1.05x of the single-process engine; memory "
                           f"of {SVC_N} processes on one interface <= 1.5x one process's (PSS)",
@@ -1152,8 +1232,9 @@ def main():
                     help="churn: ab requests per run of the nginx 4-workers rows (issue 24)")
     ap.add_argument("--nginx4-warmup", type=int, default=200,
                     help="churn: requests to the nginx 4-workers rows' nginx before each timed run (0: none)")
-    ap.add_argument("--rows", choices=["all", "nginx4"], default="all",
-                    help="churn: all rows, or only the nginx 4-workers rows (issue 24)")
+    ap.add_argument("--rows", choices=["all", "nginx4", "floor"], default="all",
+                    help="churn: all rows, or only the nginx 4-workers rows (issue 24); service: all rows, or "
+                         "only the machine's floor (one and four on the service, plain, four one at a time)")
     ap.add_argument("--warmup", type=int, default=1000, help="apps: datagrams echoed before the timing starts")
     ap.add_argument("--inflight", default="1,8", help="apps: datagrams in flight, comma-separated")
     ap.add_argument("--runtimes", default="", help="apps: subset of node,jvm-nio,python-asyncio,c-mt")
