@@ -17,7 +17,8 @@ MANDIR := $(PREFIX)/share/man/man1
 BASHDIR := $(PREFIX)/share/bash-completion/completions
 ZSHDIR ?= $(PREFIX)/share/zsh/site-functions
 FISHDIR := $(PREFIX)/share/fish/vendor_completions.d
-SHIM := target/release/libnanowire_preload.so
+# The shim as shipped: built with the `shim` profile (fat LTO, Cargo.toml).
+SHIM := target/shim/libnanowire_preload.so
 # What the installed tree holds, relative to $(DESTDIR); uninstall removes exactly these.
 INSTALLED = $(BINDIR)/nanowire $(LIBDIR)/libnanowire_preload.so $(BASHDIR)/nanowire \
 	$(ZSHDIR)/_nanowire $(FISHDIR)/nanowire.fish
@@ -25,8 +26,12 @@ INSTALLED = $(BINDIR)/nanowire $(LIBDIR)/libnanowire_preload.so $(BASHDIR)/nanow
 deps:
 	@scripts/install-deps.sh
 
+# The shim last, and touched: `nanowire run` takes the newer of target/shim/'s
+# and target/release/'s copies (nanowire_run::cli::preload_beside).
 build: deps
 	$(CARGO) build --release --workspace --locked
+	$(CARGO) build --profile shim --locked -p nanowire-preload
+	touch $(SHIM)
 
 lint: deps
 	$(CARGO) fmt --all -- --check
@@ -65,7 +70,9 @@ soak: build
 
 # The binary and the shim, nothing else (no deps check: install needs only cargo).
 release:
-	$(CARGO) build --release --locked -p nanowire -p nanowire-preload
+	$(CARGO) build --release --locked -p nanowire
+	$(CARGO) build --profile shim --locked -p nanowire-preload
+	touch $(SHIM)
 
 # The binary in $(BINDIR), the shim in $(LIBDIR) (where an installed
 # `nanowire run` looks: ../lib/nanowire beside the binary), completions and man

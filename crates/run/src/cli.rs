@@ -60,22 +60,46 @@ pub fn find_preload() -> Result<PathBuf, String> {
         };
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot locate nanowire itself: {e}"))?;
+    preload_beside(&exe).map(|c| absolute(&c)).ok_or_else(|| {
+        format!(
+            "{PRELOAD_LIB} not found next to {} (build it with `make build`, or \
+             `cargo build --profile {SHIM_PROFILE} -p nanowire-preload`, or set {PRELOAD_ENV})",
+            exe.display()
+        )
+    })
+}
+
+/// The cargo profile the shim is built with (Cargo.toml `[profile.shim]`:
+/// release with fat LTO and one codegen unit, so the engine's code the shim
+/// calls is inlined across crates). Its output is `target/shim/`, beside
+/// `target/release/` where the `nanowire` binary is.
+pub const SHIM_PROFILE: &str = "shim";
+
+/// The shim that goes with the executable `exe` (not `$NANOWIRE_PRELOAD`):
+/// in a cargo build tree (`exe` in `target/release/`), the `shim` profile's
+/// build in `target/shim/` unless the release profile's copy beside `exe` is
+/// newer (a `cargo build --release --workspace` after a change to the shim
+/// rebuilt only that one); else beside `exe`, in `../lib/nanowire/` (an
+/// installed tree) or in `..`.
+pub fn preload_beside(exe: &Path) -> Option<PathBuf> {
     let dir = exe.parent().unwrap_or(Path::new("/"));
-    let candidates = [
-        dir.join(PRELOAD_LIB),
-        dir.join("../lib/nanowire").join(PRELOAD_LIB),
-        dir.join("..").join(PRELOAD_LIB),
-    ];
-    for c in &candidates {
-        if c.is_file() {
-            return Ok(absolute(c));
+    let mtime = |p: &Path| p.metadata().and_then(|m| m.modified()).ok();
+    let here = dir.join(PRELOAD_LIB);
+    if dir.file_name().is_some_and(|n| n == "release") {
+        let lto = dir.join("..").join(SHIM_PROFILE).join(PRELOAD_LIB);
+        if let Some(t) = mtime(&lto).filter(|_| lto.is_file())
+            && mtime(&here).is_none_or(|h| t >= h)
+        {
+            return Some(lto);
         }
     }
-    Err(format!(
-        "{PRELOAD_LIB} not found next to {} (build it with `cargo build --release --workspace`, \
-         or set {PRELOAD_ENV})",
-        exe.display()
-    ))
+    [
+        here,
+        dir.join("../lib/nanowire").join(PRELOAD_LIB),
+        dir.join("..").join(PRELOAD_LIB),
+    ]
+    .into_iter()
+    .find(|c| c.is_file())
 }
 
 fn absolute(p: &Path) -> PathBuf {
@@ -266,4 +290,78 @@ fn is_script(prog: &std::ffi::OsStr) -> bool {
     let mut head = [0u8; 2];
     path.and_then(|p| std::fs::File::open(p).ok())
         .is_some_and(|mut f| f.read_exact(&mut head).is_ok() && &head == b"#!")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::File;
+    use std::time::{Duration, SystemTime};
+
+    /// A fresh `<tmp>/nw-preload-<pid>-<tag>/target/{release,shim}` tree.
+    fn tree(tag: &str) -> PathBuf {
+        let root = std::env::temp_dir().join(format!("nw-preload-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for d in ["target/release", "target/shim", "bin", "lib/nanowire"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        root
+    }
+
+    fn put(p: &Path, age_s: u64) {
+        let f = File::create(p).unwrap();
+        f.set_modified(SystemTime::now() - Duration::from_secs(age_s))
+            .unwrap();
+    }
+
+    fn same(a: Option<PathBuf>, b: &Path) -> bool {
+        a.is_some_and(|a| absolute(&a) == absolute(b))
+    }
+
+    #[test]
+    fn a_build_tree_takes_the_shim_profile_unless_the_release_copy_is_newer() {
+        let root = tree("build");
+        let exe = root.join("target/release/nanowire");
+        let release = root.join("target/release").join(PRELOAD_LIB);
+        let lto = root.join("target").join(SHIM_PROFILE).join(PRELOAD_LIB);
+        assert_eq!(preload_beside(&exe), None, "nothing built");
+        put(&release, 100);
+        assert!(
+            same(preload_beside(&exe), &release),
+            "only the release build"
+        );
+        put(&lto, 50);
+        assert!(
+            same(preload_beside(&exe), &lto),
+            "the shim profile's is newer"
+        );
+        put(&release, 10);
+        assert!(
+            same(preload_beside(&exe), &release),
+            "the release copy rebuilt after it"
+        );
+        std::fs::remove_file(&release).unwrap();
+        assert!(same(preload_beside(&exe), &lto), "only the shim profile's");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn an_installed_tree_takes_lib_nanowire() {
+        let root = tree("installed");
+        let exe = root.join("bin/nanowire");
+        let lib = root.join("lib/nanowire").join(PRELOAD_LIB);
+        // A `shim` directory beside `bin` is not looked at (not a build tree).
+        std::fs::create_dir_all(root.join(SHIM_PROFILE)).unwrap();
+        put(&root.join(SHIM_PROFILE).join(PRELOAD_LIB), 0);
+        assert_eq!(preload_beside(&exe), None);
+        put(&lib, 0);
+        assert!(same(preload_beside(&exe), &lib));
+        let beside = root.join("bin").join(PRELOAD_LIB);
+        put(&beside, 0);
+        assert!(
+            same(preload_beside(&exe), &beside),
+            "beside the binary first"
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
 }

@@ -151,15 +151,9 @@ fn lines_of(s: &str) -> Vec<String> {
     s.lines().map(|l| l.trim().to_string()).collect()
 }
 
-/// The shim beside this binary, as `nanowire run` looks for it.
+/// The shim that goes with this binary, as `nanowire run` looks for it.
 fn local_shim(exe: &Path) -> Option<PathBuf> {
-    let dir = exe.parent()?;
-    [
-        dir.join("libnanowire_preload.so"),
-        dir.join("../lib/nanowire/libnanowire_preload.so"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
+    nanowire_run::cli::preload_beside(exe)
 }
 
 fn local_info(addr: Ipv4Addr) -> Result<HostInfo, String> {

@@ -91,7 +91,9 @@ pub fn nanowire() -> &'static str {
 }
 
 /// Build `libnanowire_preload.so` next to the `nanowire` binary (cargo
-/// does not build a cdylib for another package's tests). Once per test
+/// does not build a cdylib for another package's tests) and, for a release
+/// build, with the `shim` profile in `target/shim/` (fat LTO, as shipped:
+/// `nanowire run` takes that one, `nanowire_run::cli::preload_beside`). Once per test
 /// binary; fast when up to date, but under load (and when the workspace
 /// build unified other features) it can take tens of seconds: a test must
 /// not start a peer with a deadline (an alarm, a read window) before its
@@ -114,7 +116,40 @@ pub fn ensure_preload() -> PathBuf {
         }
         let st = c.status().expect("run cargo build for the preload library");
         assert!(st.success(), "building nanowire-preload failed");
-        let so = dir.join("libnanowire_preload.so");
+        let mut so = dir.join("libnanowire_preload.so");
+        if release {
+            let st = Command::new(env!("CARGO"))
+                .args(["build", "-q", "-p", "nanowire-preload", "--profile"])
+                .arg(nanowire_run::cli::SHIM_PROFILE)
+                .arg("--manifest-path")
+                .arg(&manifest)
+                .status()
+                .expect("run cargo build for the preload library (shim profile)");
+            assert!(
+                st.success(),
+                "building nanowire-preload (shim profile) failed"
+            );
+            // Built last, so `nanowire run` takes it (`preload_beside`: the
+            // newer of the two) even when cargo found it up to date and
+            // only relinked the release copy (the `-p` build above unifies
+            // fewer features than the workspace's, so it relinks often).
+            let lto = dir
+                .join("..")
+                .join(nanowire_run::cli::SHIM_PROFILE)
+                .join("libnanowire_preload.so");
+            std::fs::File::options()
+                .write(true)
+                .open(&lto)
+                .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+                .unwrap_or_else(|e| panic!("touch {}: {e}", lto.display()));
+            so = nanowire_run::cli::preload_beside(exe).expect("the shim after its build");
+            assert!(
+                so.parent().and_then(|d| d.file_name())
+                    == Some(nanowire_run::cli::SHIM_PROFILE.as_ref()),
+                "nanowire run would not take the shim profile's build: {}",
+                so.display()
+            );
+        }
         assert!(so.is_file(), "{} missing after the build", so.display());
         so
     })
