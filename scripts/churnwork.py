@@ -17,7 +17,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compare import B, EngineService, churn_nginx  # noqa: E402
 from worklib import PERF_EVENTS, perf_counts, pids_in  # noqa: E402
 
-EVENTS = ["task-clock", *PERF_EVENTS]
+# The per-request calls of an accepted connection's life (the placeholder's socket/fcntl/close, its
+# identity's getsockopt, nginx's own): counted by name.
+CONN_EVENTS = [f"syscalls:sys_enter_{c}" for c in (
+    "accept4", "socket", "fcntl", "dup3", "close", "getsockopt", "setsockopt", "epoll_ctl", "openat",
+    "writev")]
+EVENTS = ["task-clock", *PERF_EVENTS, *CONN_EVENTS]
 
 
 def ab(lab, url, n):
