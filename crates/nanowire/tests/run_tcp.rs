@@ -405,6 +405,134 @@ fn forking_server_after_the_client_half_closed() {
     assert_plain_eq_run(&outs);
 }
 
+/// A server that accepts four connections (two by accept, two by
+/// accept4(SOCK_NONBLOCK | SOCK_CLOEXEC)) and prints what it observes of
+/// their fds: the number (the lowest free one), fstat, SO_TYPE/SO_DOMAIN,
+/// status and fd flags; then changes one connection's blocking mode by
+/// ioctl(FIONBIO), another's IP_TOS, the third's O_NONBLOCK through a
+/// dup, the fourth's IP_TOS through a copy of its fd passed to itself
+/// (SCM_RIGHTS), and prints every connection's again (nothing leaks to the others);
+/// their cookies are distinct; bind and listen fail; each echoes a line.
+/// Under run the connections start on the shared placeholder
+/// (`placeholder.rs`; said on stderr), and each change gives the
+/// connection a socket of its own first.
+const ACCEPTED_FDS_PY: &str = concat!(
+    py_prelude!(),
+    r#"
+import os, fcntl, stat, ctypes, struct
+SO_COOKIE, FIONBIO = 57, 0x5421
+libc = ctypes.CDLL(None, use_errno=True)
+ls = listener()
+def lowest():
+    d = os.dup(0); os.close(d); return d
+def nonblock(fd):
+    return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK)
+conns = []
+for i in range(4):
+    want = lowest()
+    if i < 2:
+        c, _ = ls.accept()
+    else:
+        fd = libc.accept4(ls.fileno(), None, None, socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        c = socket.socket(fileno=fd)
+    conns.append(c)
+    print(i, "lowest free number:", c.fileno() == want, flush=True)
+ino = [os.fstat(c.fileno()).st_ino for c in conns]
+print("inodes:", "shared" if ino[0] == ino[1] else "own", file=sys.stderr, flush=True)
+for i, c in enumerate(conns):
+    fd = c.fileno()
+    print(i, "socket", stat.S_ISSOCK(os.fstat(fd).st_mode),
+          "type", c.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE),
+          "domain", c.getsockopt(socket.SOL_SOCKET, socket.SO_DOMAIN),
+          "nonblock", nonblock(fd),
+          "cloexec", bool(fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC),
+          "tos", c.getsockopt(socket.IPPROTO_IP, socket.IP_TOS), flush=True)
+conns[0].setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0x10)
+fcntl.ioctl(conns[1].fileno(), FIONBIO, struct.pack("i", 1))
+# conns[3] passed (SCM_RIGHTS) to this process: the file it gets is the connection's own
+pa, pb = socket.socketpair()
+socket.send_fds(pa, [b"x"], [conns[3].fileno()])
+_, got, _, _ = socket.recv_fds(pb, 1, 1)
+rs = socket.socket(fileno=got[0])
+rs.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, 0x20)
+rs.detach(); os.close(got[0])
+d = os.dup(conns[2].fileno())
+fcntl.fcntl(d, fcntl.F_SETFL, fcntl.fcntl(d, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+print("dup shares the flags:", not nonblock(conns[2].fileno()), flush=True)
+os.close(d)
+for i, c in enumerate(conns):
+    fd = c.fileno()
+    print(i, "after: nonblock", nonblock(fd), "tos", c.getsockopt(socket.IPPROTO_IP, socket.IP_TOS),
+          flush=True)
+cookies = [struct.unpack("Q", c.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8))[0] for c in conns]
+print("cookies distinct:", len(set(cookies)) == 4 and 0 not in cookies, flush=True)
+for i, c in enumerate(conns):
+    for what, f in (("bind", lambda: c.bind(("0.0.0.0", 0))), ("listen", lambda: c.listen(1))):
+        try:
+            f(); print(i, what, "ok", flush=True)
+        except OSError as e:
+            print(i, what, "errno", e.errno, flush=True)
+for i, c in enumerate(conns):
+    fcntl.fcntl(c.fileno(), fcntl.F_SETFL, fcntl.fcntl(c.fileno(), fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    c.sendall(b"echo " + recv_line(c))
+    c.close()
+print("done", flush=True)
+"#
+);
+
+const ACCEPTED_FDS_CLIENT_PY: &str = concat!(
+    py_prelude!(),
+    r#"
+import time
+ss = []
+for i in range(4):
+    ss.append(socket.create_connection((sys.argv[1], int(sys.argv[2]))))
+    time.sleep(0.2)
+for i, s in enumerate(ss):
+    s.sendall(b"hi %d\n" % i)
+for s in ss:
+    print(recv_line(s).decode().strip(), flush=True)
+"#
+);
+
+#[test]
+#[ignore = "needs root"]
+fn accepted_connections_fds_flags_options_and_cookies_as_plainly() {
+    let l = tlab('q');
+    let addr = ADDR_B.to_string();
+    let mut outs = Vec::new();
+    for (run, port) in [(false, "13520"), (true, "13521")] {
+        let (s, c) = server_then_client(
+            &l,
+            &format!("acc{port}"),
+            (
+                Host::B,
+                run,
+                &["python3", "-c", ACCEPTED_FDS_PY, &addr, port],
+            ),
+            (
+                Host::A,
+                false,
+                &["python3", "-c", ACCEPTED_FDS_CLIENT_PY, &addr, port],
+            ),
+            T,
+        );
+        let out = s.stdout();
+        assert!(out.contains("done"), "{}", s.both());
+        if run {
+            on_engine(&s, &format!("tcp listener {addr}:{port}"));
+            assert!(
+                s.stderr().contains("inodes: shared"),
+                "the accepted connections did not start on the shared placeholder:\n{}",
+                s.stderr()
+            );
+        }
+        outs.push(format!("{out}--- client\n{}", c.stdout()));
+    }
+    assert!(outs[0].contains("echo hi 3"), "{}", outs[0]);
+    assert_plain_eq_run(&outs);
+}
+
 /// A server that sends urgent data (MSG_OOB: each connection handed over
 /// to the kernel; the listener stays on the engine) to `N` clients, then
 /// waits for a stop file.

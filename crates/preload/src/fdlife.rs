@@ -59,6 +59,7 @@ extern "C" fn before_fork() {
 /// The process may close fds behind the shim's back from now on (io_uring):
 /// every I/O call checks identity.
 pub fn suspect(why: &str) {
+    crate::placeholder::stop();
     if !SUSPECT.swap(true, Ordering::AcqRel) {
         log!(
             Level::Info,
@@ -111,6 +112,7 @@ pub fn sweep() {
 /// the kernel drops a closed socket's queue).
 pub fn forget_stale(fd: c_int, how: &str) {
     SUSPECT.store(true, Ordering::Release);
+    crate::placeholder::stop();
     let engine = accel::by_fd(fd).is_some() || tcpx::by_fd(fd).is_some();
     ready::fd_closed(fd);
     table::retire(fd);
@@ -157,6 +159,9 @@ pub fn created(fd: c_int) {
     if fd < 0 {
         return;
     }
+    // A shared placeholder's number given to a new file: it was closed
+    // unseen (the connections on it keep their duplicates).
+    crate::placeholder::number_closing(fd);
     if table::identity(fd) != 0 || accel::by_fd(fd).is_some() || tcpx::by_fd(fd).is_some() {
         forget_stale(fd, "its number was given to a new file");
     }

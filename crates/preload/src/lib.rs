@@ -101,6 +101,7 @@ mod kernelio;
 mod log;
 mod ops;
 mod opts;
+mod placeholder;
 mod ready;
 mod real;
 mod share;

@@ -368,6 +368,7 @@ pub fn dup(old: c_int, new: c_int) {
 pub fn pre_close(fd: c_int) {
     // An accepted connection's release acts on the engine only: its close
     // needs no identity check (one getsockopt per connection less).
+    crate::placeholder::number_closing(fd);
     let check = !matches!(record_of(fd), Sock::Tcp(t) if tcpx::release_spares_number(t));
     if crate::fdlife::retire(fd, check) {
         on!(record_of(fd), release(fd))
@@ -383,6 +384,7 @@ pub fn pre_close_range(first: u32, last: u32) {
             pre_close(fd);
         }
     }
+    crate::placeholder::range_closing(first, last);
 }
 
 /// `recv`, `recvfrom`, `recvmsg`, `read`, `readv` on `fd`.
@@ -478,6 +480,7 @@ impl Ops for TcpRef {
         // invalid value gets the kernel's error); what the engine does not
         // honour moves the connection to the kernel (`opts`); the engine
         // applies the rest.
+        tcpx::own_placeholder(self, fd);
         // SAFETY: the caller's own arguments, unchanged, to libc's function
         // of the same signature, whose contract the caller upholds.
         let r = unsafe { real::setsockopt(fd, o.level, o.name, o.val, o.len) };
@@ -495,25 +498,33 @@ impl Ops for TcpRef {
     }
 
     fn fcntl(self, fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int> {
+        if !matches!(
+            cmd,
+            libc::F_GETFD
+                | libc::F_SETFD
+                | libc::F_GETFL
+                | libc::F_DUPFD
+                | libc::F_DUPFD_CLOEXEC
+                | libc::F_GETOWN
+                | F_GETOWN_EX
+                | F_GETSIG
+        ) {
+            // Changes the open file (its flags, owner, locks): not the
+            // placeholder other connections share.
+            tcpx::own_placeholder(self, fd);
+        }
         // A listener is non-blocking underneath; a connection's mode is
         // recorded and passed on.
         fcntl_mode(fd, cmd, arg, is64, &self.common, self.listener())
     }
 
-    fn ioctl(self, _fd: c_int, req: c_ulong, arg: c_ulong) -> Option<c_int> {
-        if arg == 0 {
-            return None;
+    fn ioctl(self, fd: c_int, req: c_ulong, arg: c_ulong) -> Option<c_int> {
+        let r = tcp_ioctl(self, req, arg);
+        if r.is_none() {
+            // The kernel's socket under the fd answers: one of its own.
+            tcpx::own_placeholder(self, fd);
         }
-        if fionbio(&self.common, req, arg) {
-            // A listener is non-blocking underneath, always; a
-            // connection's kernel socket takes it too.
-            return self.listener().then_some(0);
-        }
-        if req == libc::FIONREAD as c_ulong || req == libc::TIOCOUTQ as c_ulong {
-            return tcpx::queue_len(self, req == libc::TIOCOUTQ as c_ulong)
-                .map(|n| put_int(arg, n));
-        }
-        None
+        r
     }
 
     fn accept(
@@ -543,13 +554,33 @@ impl Ops for TcpRef {
 
     fn getsockopt(
         self,
-        _fd: c_int,
+        fd: c_int,
         level: c_int,
         name: c_int,
         val: *mut c_void,
         len: *mut socklen_t,
     ) -> Option<c_int> {
-        tcpx::getsockopt(self, level, name, val, len)
+        let r = tcpx::getsockopt(self, level, name, val, len);
+        if r.is_none() && (level, name) == (libc::SOL_SOCKET, libc::SO_COOKIE) {
+            // Each socket's own cookie, not the shared placeholder's.
+            tcpx::own_placeholder(self, fd);
+        }
+        r
+    }
+
+    fn bind(self, _fd: c_int, _addr: *const sockaddr, _len: socklen_t) -> Option<c_int> {
+        // A connection is bound (accepted, or bound by its connect): the
+        // kernel's EINVAL. A listener's kernel socket answers for itself.
+        tcpx::is_stream(self).then(|| uaccess::fault::<c_int>(libc::EINVAL))
+    }
+
+    fn listen(self, fd: c_int, _backlog: c_int) -> Option<c_int> {
+        if tcpx::is_accepted(self) {
+            // A connected socket cannot listen: the kernel's EINVAL.
+            return Some(uaccess::fault::<c_int>(libc::EINVAL));
+        }
+        tcpx::own_placeholder(self, fd);
+        None
     }
 
     fn sendfile(
@@ -597,6 +628,28 @@ impl Ops for TcpRef {
     fn release(self, fd: c_int) {
         tcpx::release(fd);
     }
+}
+
+/// fcntl commands libc does not name (linux/fcntl.h).
+const F_GETSIG: c_int = 11;
+const F_GETOWN_EX: c_int = 16;
+
+/// An ioctl on an engine TCP socket the shim answers (FIONBIO on a
+/// listener, FIONREAD, SIOCOUTQ); `None`: the kernel socket under the fd
+/// answers (a connection's takes FIONBIO too).
+fn tcp_ioctl(t: TcpRef, req: c_ulong, arg: c_ulong) -> Option<c_int> {
+    if arg == 0 {
+        return None;
+    }
+    if fionbio(&t.common, req, arg) {
+        // A listener is non-blocking underneath, always; a
+        // connection's kernel socket takes it too.
+        return t.listener().then_some(0);
+    }
+    if req == libc::FIONREAD as c_ulong || req == libc::TIOCOUTQ as c_ulong {
+        return tcpx::queue_len(t, req == libc::TIOCOUTQ as c_ulong).map(|n| put_int(arg, n));
+    }
+    None
 }
 
 /// After the kernel socket under an engine TCP socket took an option
@@ -890,11 +943,15 @@ impl Ops for Kernel {
                 // SAFETY: as for Buf.
                 None => unsafe { real::sendto(fd, buf, len, flags, addr, alen) },
             },
-            Send::Msg(m) => match ahooks::sendmsg(None, fd, m, flags) {
-                Some(r) => r,
-                // SAFETY: as for Buf.
-                None => unsafe { real::sendmsg(fd, m, flags) },
-            },
+            Send::Msg(m) => {
+                // Engine connections it passes leave the shared placeholder.
+                tcpx::own_passed(m);
+                match ahooks::sendmsg(None, fd, m, flags) {
+                    Some(r) => r,
+                    // SAFETY: as for Buf.
+                    None => unsafe { real::sendmsg(fd, m, flags) },
+                }
+            }
         })
     }
 

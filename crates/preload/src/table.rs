@@ -163,6 +163,15 @@ pub fn set_record<R: Record>(fd: i32, r: &'static R) {
     }
 }
 
+/// [`set_record`] with the identity `cookie` the caller knows (the
+/// socket's SO_COOKIE; no system call).
+pub fn set_record_as<R: Record>(fd: i32, r: &'static R, cookie: u64) {
+    if usize::try_from(fd).is_ok_and(|i| i < MAX_FD) {
+        set_identity(fd, cookie);
+        RECORDS.set(fd, r);
+    }
+}
+
 /// Unmap `fd` if it holds an `R`, returning it (the incarnation `fd`
 /// named).
 pub fn take_record<R: Record>(fd: i32) -> Option<Ref<R>> {
@@ -216,7 +225,8 @@ pub fn cookie_of(fd: i32) -> u64 {
     rustix::net::sockopt::socket_cookie(b).unwrap_or(0)
 }
 
-fn set_identity(fd: i32, cookie: u64) {
+/// Record `cookie` as the identity of `fd` (0: none).
+pub fn set_identity(fd: i32, cookie: u64) {
     let s = if cookie != 0 {
         IDENT.get_or_alloc(fd)
     } else {

@@ -7,8 +7,10 @@
 //! bound to the route's source address and an ephemeral port the kernel
 //! picks; the steering program takes the 4-tuple). A connection the engine
 //! accepts gets a placeholder fd: an unconnected AF_INET stream socket, so
-//! `fstat`, `SO_TYPE` and `SO_DOMAIN` answer as for a TCP socket; the shim
-//! maps the number to the engine connection.
+//! `fstat`, `SO_TYPE` and `SO_DOMAIN` answer as for a TCP socket (a
+//! duplicate of one the process shares until a call would change it:
+//! `placeholder`, [`own_placeholder`]); the shim maps the number to the
+//! engine connection.
 //!
 //! Every call on the engine is one attempt (one engine turn at most); the
 //! waiting (blocking sockets, MSG_WAITALL, connect, accept) is done here:
@@ -357,10 +359,14 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) ->
     let mut conns: Vec<c_int> = Vec::new();
     let mut shared: Vec<(c_int, TcpRef)> = Vec::new();
     let mut inherited: Vec<(c_int, TcpRef)> = Vec::new();
+    let mut placeholders: Vec<(c_int, TcpRef)> = Vec::new();
     table::each_record::<Tcp>(|fd, t| {
         let t = TcpRef(t);
         if t.listener() || !inherits(fd) {
             return;
+        }
+        if crate::placeholder::is_template(table::identity(fd)) {
+            placeholders.push((fd, t));
         }
         if t.common.mine(me) {
             if fork && !shared.iter().any(|(_, o)| o.same(t)) {
@@ -372,6 +378,11 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) ->
             inherited.push((fd, t));
         }
     });
+    // The child's copy must be a socket of its own: a hand-over goes into
+    // it (in place, for both processes), the child may set options on it.
+    for (fd, t) in placeholders {
+        own_placeholder(t, fd);
+    }
     for (fd, t) in shared {
         match crate::forkshare::share(t.share()) {
             Some(h) => {
@@ -911,6 +922,18 @@ fn inherit_options(from: c_int, s: &XdpTcpStream, t: TcpRef) {
 /// The record of a new engine socket on `fd`: a free one from [`POOL`]
 /// (its next incarnation) or a new one.
 fn record(fd: c_int, inner: Inner, listener: bool, adopted: bool, nonblock: bool) -> TcpRef {
+    record_as(fd, inner, (listener, adopted, nonblock), None)
+}
+
+/// [`record`], with the identity of the socket `fd` names when the caller
+/// knows it (`ident`: a duplicate of the shared placeholder; else it is
+/// asked).
+fn record_as(
+    fd: c_int,
+    inner: Inner,
+    (listener, adopted, nonblock): (bool, bool, bool),
+    ident: Option<u64>,
+) -> TcpRef {
     let wait_fds = match &inner {
         Inner::Listener(l) => {
             let mut v = engine_call(|| l.poll_fds());
@@ -940,7 +963,10 @@ fn record(fd: c_int, inner: Inner, listener: bool, adopted: bool, nonblock: bool
     }
     let r = TcpRef(Ref::new(t, t.common.generation()));
     *t.lock_inner() = Some(Arc::new(inner));
-    table::set_record(fd, t);
+    match ident {
+        Some(c) => table::set_record_as(fd, t, c),
+        None => table::set_record(fd, t),
+    }
     table::clear_flags(fd, table::F_TCAND);
     r
 }
@@ -1380,8 +1406,21 @@ pub fn accept(
         }
         Ok(Got::Engine(s)) => {
             let ty = libc::SOCK_STREAM | (flags & (libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK));
-            // SAFETY: plain socket(2).
-            let nfd = unsafe { real::socket(libc::AF_INET, ty, 0) };
+            let nb = flags & libc::SOCK_NONBLOCK != 0;
+            // The fd: a duplicate of the shared placeholder (`placeholder`),
+            // unless the listener's options are carried onto it (the
+            // accepted socket's own then).
+            let carried = crate::opts::set_any(crate::opts::SET_CARRIED);
+            let shared = (!carried)
+                .then(|| {
+                    crate::placeholder::dup(nb, flags & libc::SOCK_CLOEXEC != 0, keep_fd_floor())
+                })
+                .flatten();
+            let (nfd, ident) = match shared {
+                Some((d, c)) => (d, Some(c)),
+                // SAFETY: plain socket(2).
+                None => (unsafe { real::socket(libc::AF_INET, ty, 0) }, None),
+            };
             if nfd < 0 {
                 // No fd for it: the connection is reset (never silently
                 // kept open for nobody).
@@ -1396,11 +1435,10 @@ pub fn accept(
             table::retire(nfd);
             table::set(nfd, table::C_TCP, 0);
             let peer = engine_call(|| s.peer_addr()).ok();
-            let nb = flags & libc::SOCK_NONBLOCK != 0;
-            let t2 = record(nfd, Inner::Stream(s), false, false, nb);
+            let t2 = record_as(nfd, Inner::Stream(s), (false, false, nb), ident);
             // As the kernel's accepted socket: the listener's options and
             // timeouts, read back from the placeholder as plainly.
-            if crate::opts::set_any(crate::opts::SET_CARRIED) {
+            if carried {
                 carry_options(fd, nfd);
             }
             t2.common.set_rcvtimeo_ns(t.common.rcvtimeo_ns());
@@ -1763,6 +1801,12 @@ pub fn release_spares_number(t: TcpRef) -> bool {
     !t.adopted.load(Ordering::Relaxed) && !t.listener() && t.share() == 0
 }
 
+/// Is `t` a connection the engine accepted (not a listener, not a socket
+/// the application bound or connected itself)?
+pub fn is_accepted(t: TcpRef) -> bool {
+    !t.adopted.load(Ordering::Relaxed) && !t.listener()
+}
+
 /// `fd` was closed behind the shim's back (a call it could not see) and
 /// its number may already name something else: the record goes as at
 /// close, but nothing is done on the number (no duplicate keeps the port:
@@ -1872,6 +1916,104 @@ fn handed_over(t: TcpRef, fd: c_int) -> bool {
         std::thread::yield_now();
     }
     !names()
+}
+
+/// `fd` (a number of `t`) may name the shared placeholder
+/// (`placeholder`): before a call that would change or read something of
+/// the file's own (an option, status flags, bind, listen, its cookie, a
+/// child inheriting it), every number of `t` on a placeholder gets a
+/// socket of its own (one file for them all, as they were), with the
+/// placeholder's status flags and each number's FD_CLOEXEC. A number on
+/// a socket of its own already: one load.
+pub fn own_placeholder(t: TcpRef, fd: c_int) {
+    if !crate::placeholder::is_template(table::identity(fd)) {
+        return;
+    }
+    own_placeholder_slow(t, fd);
+}
+
+#[cold]
+fn own_placeholder_slow(t: TcpRef, fd: c_int) {
+    let _g = crate::placeholder::lock();
+    if !crate::placeholder::is_template(table::identity(fd)) {
+        return;
+    }
+    let e0 = errno();
+    // SAFETY: F_GETFL on the application's fd (the placeholder's flags).
+    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+    let nb = if fl >= 0 && fl & libc::O_NONBLOCK != 0 {
+        libc::SOCK_NONBLOCK
+    } else {
+        0
+    };
+    // SAFETY: plain socket(2); closed below once every number has it.
+    let s = unsafe {
+        real::socket(
+            libc::AF_INET,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | nb,
+            0,
+        )
+    };
+    if s < 0 {
+        log!(
+            Level::Warn,
+            "fd {fd} tcp: no socket of its own for it (errno {}): the call acts on the placeholder it shares with other accepted connections",
+            errno()
+        );
+        set_errno(e0);
+        return;
+    }
+    let cookie = table::cookie_of(s);
+    for f in fds_of(t) {
+        if !crate::placeholder::is_template(table::identity(f)) {
+            continue;
+        }
+        // SAFETY: F_GETFD on the application's fd.
+        let cloexec = unsafe { real::fcntl(f, libc::F_GETFD, 0) } & libc::FD_CLOEXEC != 0;
+        // SAFETY: dup3 onto a number of this record (the application's):
+        // the placeholder's duplicate there is replaced in one step.
+        if unsafe { real::dup3(s, f, if cloexec { libc::O_CLOEXEC } else { 0 }) } >= 0 {
+            table::set_identity(f, cookie);
+        }
+    }
+    // SAFETY: ours; the numbers keep the socket.
+    unsafe { real::close(s) };
+    set_errno(e0);
+}
+
+/// A sendmsg on a kernel socket that may pass fds (SCM_RIGHTS in `m`'s
+/// control data): engine connections among them that are on the shared
+/// placeholder get a socket of their own first (the receiving process may
+/// change the file it gets). No control data: one load.
+pub fn own_passed(m: *const libc::msghdr) {
+    let Some(h) = crate::uaccess::obj(m) else {
+        return;
+    };
+    if h.msg_controllen == 0 {
+        return;
+    }
+    let Some(ctl) = crate::uaccess::buf(h.msg_control, h.msg_controllen) else {
+        return;
+    };
+    let hdr = std::mem::size_of::<libc::cmsghdr>();
+    let mut off = 0;
+    while off + hdr <= ctl.len() {
+        // SAFETY: `hdr` readable bytes at `off` (checked); unaligned read.
+        let c: libc::cmsghdr = unsafe { std::ptr::read_unaligned(ctl[off..].as_ptr().cast()) };
+        let len = c.cmsg_len as usize;
+        if len < hdr || off + len > ctl.len() {
+            break;
+        }
+        if (c.cmsg_level, c.cmsg_type) == (libc::SOL_SOCKET, libc::SCM_RIGHTS) {
+            for b in ctl[off + hdr..off + len].chunks_exact(4) {
+                let fd = c_int::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+                if let Some(t) = by_fd(fd) {
+                    own_placeholder(t, fd);
+                }
+            }
+        }
+        off += (len + 7) & !7;
+    }
 }
 
 /// Every fd number of this process that names record `t` (dups share it).
