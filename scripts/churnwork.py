@@ -18,10 +18,10 @@ from compare import B, EngineService, churn_nginx  # noqa: E402
 from worklib import PERF_EVENTS, perf_counts, pids_in  # noqa: E402
 
 # The per-request calls of an accepted connection's life (the placeholder's socket/fcntl/close, its
-# identity's getsockopt, nginx's own): counted by name.
+# identity's getsockopt, nginx's own): counted by name; slab allocations (a socket made is six) as work.
 CONN_EVENTS = [f"syscalls:sys_enter_{c}" for c in (
     "accept4", "socket", "fcntl", "dup3", "close", "getsockopt", "setsockopt", "epoll_ctl", "openat",
-    "writev")]
+    "writev")] + ["kmem:kmem_cache_alloc"]
 EVENTS = ["task-clock", *PERF_EVENTS, *CONN_EVENTS]
 
 
