@@ -86,6 +86,9 @@ paired repeats (`--rows floor`: only those rows and one and 4 on the service):
 """
 import argparse, json, os, platform, re, resource, shlex, shutil, statistics, subprocess, sys, tempfile, time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import modeprobe  # noqa: E402
+
 NW = os.path.abspath(os.environ.get("NANOWIRE", "target/release/nanowire"))
 BASE = os.path.abspath(os.environ.get("NANOWIRE_BASE", "/work/baseline/nanowire"))
 A, B = "198.18.0.1", "198.18.0.2"
@@ -247,6 +250,15 @@ def run_to_old(runs, key="p50"):
         r = paired_ratio([n.get(key) for n in runs[label]], [o.get(key) for o in runs[old_label]],
                          f"{label} / {old_label}", key)
         if r:
+            # The same over only the repeats in which both rows ran in one placement of the vCPUs
+            # (near or far, held through each run): like against like.
+            r["same_placement"] = {}
+            for m in ("near", "far"):
+                both = [(n.get(key), o.get(key)) for n, o in zip(runs[label], runs[old_label])
+                        if n.get("placement", {}).get("mode") == m == o.get("placement", {}).get("mode")]
+                x = paired_ratio([b[0] for b in both], [b[1] for b in both], f"{label} / {old_label}, {m}", key)
+                if x:
+                    r["same_placement"][m] = {"ratio": x["ratio"], "ci95": x["ci95"], "repeats": x["repeats"]}
             out[label] = r
     return out
 
@@ -256,6 +268,64 @@ def print_run_to_old(r):
         print(f"# {v['of']}: {v['key']} {v['ratio']:.3f}x, 95% CI {v['ci95'][0]:.3f}-{v['ci95'][1]:.3f} "
               f"over {v['repeats']} repeats (per repeat {' '.join(f'{x:.3f}' for x in v['per_repeat'])}): "
               f"{v['verdict']}", file=sys.stderr)
+        for m, x in v.get("same_placement", {}).items():
+            print(f"#   {m} placement only: {x['ratio']:.3f}x, 95% CI {x['ci95'][0]:.3f}-{x['ci95'][1]:.3f} "
+                  f"over {x['repeats']} repeats", file=sys.stderr)
+
+
+def one_run(a, srv, cli, parser):
+    """One ping-pong run: the server in host b, the client in host a (with the probe if asked)."""
+    s = Server(a.lab, srv)
+    try:
+        if a.probe:
+            with tempfile.TemporaryDirectory(prefix="nw-probe-") as tmp:
+                res, probe = modeprobe.probed_client(a.lab, cli, parser, a.seconds + 60, s.p.pid, a.seconds, tmp)
+                res["probe"] = probe
+                return res
+        return run_client(a.lab, cli, parser, timeout=a.seconds + 60)
+    finally:
+        s.stop()
+
+
+def placed_run(a, srv, cli, parser):
+    """One ping-pong run with the host's placement of the two vCPUs measured before the server
+    starts and after it stops (modeprobe.placement: "near", one L3, or "far"; it selects the mode of
+    the p50, docs/benchmarks.md "Session 18: the bimodal UDP p50"). With `--placement near|far`
+    the run waits (up to --placement-wait s) until the placement is that one and is run again (up
+    to 3 times) when the placement after it is not; the JSON says what was measured either way."""
+    want = None if a.placement == "any" else a.placement
+    t0, tries = time.monotonic(), 0
+    while True:
+        before, before_ns = modeprobe.placement()
+        while want and before != want and time.monotonic() - t0 < a.placement_wait:
+            time.sleep(0.5)
+            before, before_ns = modeprobe.placement()
+        waited = time.monotonic() - t0
+        res = one_run(a, srv, cli, parser)
+        after, after_ns = modeprobe.placement()
+        tries += 1
+        if not want or (before == after == want) or tries >= 3 or time.monotonic() - t0 >= a.placement_wait:
+            break
+        print(f"# placement {before} -> {after} during the run (wanted {want}): again", file=sys.stderr)
+    mode = before if before == after else "mixed" if before and after else None
+    res["placement"] = {"mode": mode, "before": before, "after": after,
+                        "before_ns": round(before_ns) if before_ns else None,
+                        "after_ns": round(after_ns) if after_ns else None,
+                        "wanted": want, "waited_s": round(waited, 1), "tries": tries}
+    return res
+
+
+def by_placement(runs, key="p50"):
+    """{label: {placement: {median of key, repeats}}} over the runs whose placement held."""
+    out = {}
+    for label, rs in runs.items():
+        modes = {}
+        for x in rs:
+            m = x.get("placement", {}).get("mode")
+            if m in ("near", "far") and x.get(key) is not None:
+                modes.setdefault(m, []).append(x[key])
+        out[label] = {m: {key: round(statistics.median(v), 3), "repeats": len(v)} for m, v in modes.items()}
+    return out
 
 
 def scenarios(secs, size):
@@ -426,7 +496,13 @@ def iperf_main(a, base, configs):
     return {"scenario": a.scenario, "baseline": base, "repeats": a.repeats, "seconds": a.seconds,
             "commands": {label: " ".join(nw_run(label, ["iperf3", "-c", B, "-t", str(a.seconds), "-J"],
                                                 profile="throughput")) for label, *_ in configs},
-            "runs": runs, "median": med, "ratio_to_baseline": ratios, "env": env(a.lab)}
+            "runs": runs, "median": med, "ratio_to_baseline": ratios,
+           "placement": {label: [x["placement"]["mode"] for x in rs] for label, rs in runs.items()},
+           "median_by_placement": by_placement(runs), "env": env(a.lab)}
+    bp = out["median_by_placement"]
+    out["ratio_to_baseline_by_placement"] = {
+        label: {m: round(x["p50"] / bp[base][m]["p50"], 3) for m, x in v.items() if m in bp.get(base, {})}
+        for label, v in bp.items()}
 
 
 TXFLOOR_SINKS = ["xdp", "udp", "xsk"]
@@ -517,7 +593,13 @@ def iperf_p4_main(a, base, configs):
                                  "client": " ".join(wrap(placement[label][1], ["iperf3", "-c", B, "-P", "4", "-t",
                                                                                str(a.seconds), "-J"]))}
                          for label, *_ in configs},
-            "runs": runs, "median": med, "ratio_to_baseline": ratios, "env": env(a.lab)}
+            "runs": runs, "median": med, "ratio_to_baseline": ratios,
+           "placement": {label: [x["placement"]["mode"] for x in rs] for label, rs in runs.items()},
+           "median_by_placement": by_placement(runs), "env": env(a.lab)}
+    bp = out["median_by_placement"]
+    out["ratio_to_baseline_by_placement"] = {
+        label: {m: round(x["p50"] / bp[base][m]["p50"], 3) for m, x in v.items() if m in bp.get(base, {})}
+        for label, v in bp.items()}
 
 
 BURST_RING = int(os.environ.get("BURST_RING", "65536"))
@@ -1245,6 +1327,17 @@ def main():
                          "(empty PATH: this build; VAR=VALUE: extra environment, e.g. s0=,NANOWIRE_SPIN_US=0)")
     ap.add_argument("--no-pin", dest="pin", action="store_false",
                     help="apps, service: do not pin the clients to CPU 0 and the servers to CPU 1")
+    ap.add_argument("--probe", action="store_true",
+                    help="ping-pong scenarios (floor, wave3-regress, ...): per repeat, kernel event counts of "
+                         "each side and per CPU in a window of the client's run (scripts/modeprobe.py), "
+                         "in the JSON under runs[label][i].probe and a line on stderr")
+    ap.add_argument("--placement", choices=["any", "near", "far"], default="any",
+                    help="ping-pong scenarios: run each repeat of each row only while the host has the two vCPUs "
+                         "near (one L3, a cache line crosses in ~50 ns) or far (~245 ns), measured before and "
+                         "after the run (modeprobe.placement); any: run at once (the placement is recorded "
+                         "either way)")
+    ap.add_argument("--placement-wait", type=float, default=300,
+                    help="--placement near|far: seconds a run waits for the placement before it runs anyway")
     a = ap.parse_args()
     if a.scenario == "apps":
         return apps_main(a)
@@ -1269,13 +1362,12 @@ def main():
     runs = {label: [] for label, *_ in configs}
     for r in range(a.repeats):
         for label, srv, cli, parser in configs:
-            s = Server(a.lab, srv)
-            try:
-                res = run_client(a.lab, cli, parser, timeout=a.seconds + 60)
-            finally:
-                s.stop()
+            res = placed_run(a, srv, cli, parser)
             runs[label].append(res)
-            print(f"# repeat {r + 1} {label}: p50={res.get('p50')} p99={res.get('p99')}", file=sys.stderr)
+            pl = res["placement"]
+            print(f"# repeat {r + 1} {label}: p50={res.get('p50')} p99={res.get('p99')} placement={pl['mode']} "
+                  f"(c2c {pl['before_ns']}/{pl['after_ns']} ns)"
+                  + (modeprobe.summary(res["probe"]) if a.probe else ""), file=sys.stderr)
     keys = ["min", "p50", "p90", "p99", "p99.9", "max", "avg"]
     med = {label: {k: statistics.median(x[k] for x in rs if x.get(k) is not None)
                    for k in keys if any(x.get(k) is not None for x in rs)} for label, rs in runs.items()}
@@ -1290,7 +1382,13 @@ def main():
     out = {"scenario": a.scenario, "baseline": base, "repeats": a.repeats, "seconds": a.seconds, "msg_size": a.size,
            "commands": {label: {"server": " ".join(map(shlex.quote, s)), "client": " ".join(map(shlex.quote, c))}
                         for label, s, c, _ in configs},
-           "runs": runs, "median": med, "ratio_to_baseline": ratios, "env": env(a.lab)}
+           "runs": runs, "median": med, "ratio_to_baseline": ratios,
+           "placement": {label: [x["placement"]["mode"] for x in rs] for label, rs in runs.items()},
+           "median_by_placement": by_placement(runs), "env": env(a.lab)}
+    bp = out["median_by_placement"]
+    out["ratio_to_baseline_by_placement"] = {
+        label: {m: round(x["p50"] / bp[base][m]["p50"], 3) for m, x in v.items() if m in bp.get(base, {})}
+        for label, v in bp.items()}
     old = run_to_old(runs)
     if old:
         out["run_to_old"] = old
