@@ -255,6 +255,10 @@ def probed_client(lab, argv, parser, timeout, server_pid, seconds, tmp):
             for tid, t in first[1][side].items():
                 e = last[1][side].get(tid, t)
                 ths[tid] = dict(t, vcs_window=e["vcs"] - t["vcs"], nvcs_window=e["nvcs"] - t["nvcs"])
+        if not any(n for (ev, _, _), n in c.items() if ev == "raw_syscalls:sys_enter"):
+            # Nothing counted in the window (the attach missed the process): say so, not zeros.
+            probe[side] = {"error": "not counted", "thp": first[2][side] if first else {}}
+            continue
         probe[side] = {"per_round_trip": {ev: round(n / trips, 4) for (ev, _, _), n in c.items() if trips},
                        "thp": first[2][side] if first else {}, "threads": ths}
     seen = {}
@@ -280,6 +284,9 @@ def summary(probe):
         return " | probe: " + probe["error"]
     parts = []
     for side in ("client", "server"):
+        if "error" in probe[side]:
+            parts.append(f"{side[:3]} {probe[side]['error']}")
+            continue
         c = probe[side]["per_round_trip"]
         parts.append(f"{side[:3]} " + " ".join(f"{k}={c.get(e, 0):.2f}" for k, e in SUMMARY)
                      + f" thp={probe[side]['thp'].get('AnonHugePages_kB', 0) + probe[side]['thp'].get('ShmemPmdMapped_kB', 0)}kB")
