@@ -83,6 +83,22 @@ server up, one busy); `worst_to_one` has each worst / one with its bootstrap 95%
 paired repeats (`--rows floor`: only those rows and one and 4 on the service):
 
     scripts/compare.py --scenario service --repeats 5 --seconds 5
+
+The placement of the two vCPUs (session 18): on this VM the host runs CPU 0 and CPU 1 either on
+cores that share an L3 ("near": a cache line crosses in ~50 ns) or not ("far": ~245 ns), and moves
+them every few seconds; every ping-pong p50 follows it (the floor 1.47 near / ~2.0 far, sockperf
+under run ~1.87 / ~2.5, kernel TCP spinning ~4.3 / ~6.5), whatever the code. The ping-pong scenarios
+(the floor, wave3-regress, shims, issue*) measure it before each run's server starts and after it
+stops (scripts/machine-probes/c2c.c, 60 ms) and record it per run (`placement`); the JSON has the
+medians per placement and run_to_old per placement (`same_placement`). `--placement near` runs
+every repeat of every row only in the near placement (each run waits up to `--placement-wait`
+seconds for it and is run again, up to 3 times, when the placement after it differs): like with
+like. `--probe` adds per repeat the kernel's event counts of each side and per CPU
+(scripts/modeprobe.py; its tracepoints add ~0.5 µs one-way, so its p50s are not comparable to a
+run without it):
+
+    NANOWIRE_OLD_PRELOAD=/work/baseline/libnanowire_preload.so scripts/compare.py --scenario wave3-regress --placement near
+    scripts/compare.py --scenario floor --repeats 6 --seconds 2 --probe
 """
 import argparse, json, os, platform, re, resource, shlex, shutil, statistics, subprocess, sys, tempfile, time
 
