@@ -341,7 +341,16 @@ def placed_run(a, srv, cli, parser):
 
 
 def by_placement(runs, key="p50"):
-    """{label: {placement: {median of key, repeats}}} over the runs whose placement held."""
+    """{label: {placement: {median of key, repeats}}} over the runs whose placement held; with both
+    placements, also far - near and what it counts: a far placement adds (c2c far - c2c near, the
+    medians over every run of the scenario) to each cache line a message waits for from the other
+    CPU, so (far - near) / that is the number of such lines, one after the other, per one-way."""
+    c2c = {}
+    for rs in runs.values():
+        for x in rs:
+            pl = x.get("placement", {})
+            if pl.get("mode") in ("near", "far"):
+                c2c.setdefault(pl["mode"], []).extend(v for v in (pl.get("before_ns"), pl.get("after_ns")) if v)
     out = {}
     for label, rs in runs.items():
         modes = {}
@@ -350,6 +359,11 @@ def by_placement(runs, key="p50"):
             if m in ("near", "far") and x.get(key) is not None:
                 modes.setdefault(m, []).append(x[key])
         out[label] = {m: {key: round(statistics.median(v), 3), "repeats": len(v)} for m, v in modes.items()}
+        if len(modes) == 2 and c2c.get("near") and c2c.get("far"):
+            d = statistics.median(modes["far"]) - statistics.median(modes["near"])
+            line = statistics.median(c2c["far"]) - statistics.median(c2c["near"])
+            out[label]["far_minus_near"] = round(d, 3)
+            out[label]["cross_cpu_lines_per_oneway"] = round(d * 1000 / line, 2) if line > 0 else None
     return out
 
 
@@ -526,7 +540,8 @@ def iperf_main(a, base, configs):
            "median_by_placement": by_placement(runs), "env": env(a.lab)}
     bp = out["median_by_placement"]
     out["ratio_to_baseline_by_placement"] = {
-        label: {m: round(x["p50"] / bp[base][m]["p50"], 3) for m, x in v.items() if m in bp.get(base, {})}
+        label: {m: round(x["p50"] / bp[base][m]["p50"], 3) for m, x in v.items()
+                if m in ("near", "far") and m in bp.get(base, {})}
         for label, v in bp.items()}
 
 
@@ -623,7 +638,8 @@ def iperf_p4_main(a, base, configs):
            "median_by_placement": by_placement(runs), "env": env(a.lab)}
     bp = out["median_by_placement"]
     out["ratio_to_baseline_by_placement"] = {
-        label: {m: round(x["p50"] / bp[base][m]["p50"], 3) for m, x in v.items() if m in bp.get(base, {})}
+        label: {m: round(x["p50"] / bp[base][m]["p50"], 3) for m, x in v.items()
+                if m in ("near", "far") and m in bp.get(base, {})}
         for label, v in bp.items()}
 
 
@@ -1412,7 +1428,8 @@ def main():
            "median_by_placement": by_placement(runs), "env": env(a.lab)}
     bp = out["median_by_placement"]
     out["ratio_to_baseline_by_placement"] = {
-        label: {m: round(x["p50"] / bp[base][m]["p50"], 3) for m, x in v.items() if m in bp.get(base, {})}
+        label: {m: round(x["p50"] / bp[base][m]["p50"], 3) for m, x in v.items()
+                if m in ("near", "far") and m in bp.get(base, {})}
         for label, v in bp.items()}
     old = run_to_old(runs)
     if old:
