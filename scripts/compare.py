@@ -92,8 +92,8 @@ under run ~1.87 / ~2.5, kernel TCP spinning ~4.3 / ~6.5), whatever the code. The
 stops (scripts/machine-probes/c2c.c, 60 ms) and record it per run (`placement`); the JSON has the
 medians per placement and run_to_old per placement (`same_placement`). `--placement near` runs
 every repeat of every row only in the near placement (each run waits up to `--placement-wait`
-seconds for it and is run again, up to 3 times, when the placement after it differs): like with
-like. `--probe` adds per repeat the kernel's event counts of each side and per CPU
+seconds for it, 120 by default, the scenario up to `--placement-budget` in all, 1800, and is run again,
+up to 3 times, when the placement after it differs): like with like. `--probe` adds per repeat the kernel's event counts of each side and per CPU
 (scripts/modeprobe.py; its tracepoints add ~0.5 µs one-way, so its p50s are not comparable to a
 run without it):
 
@@ -310,10 +310,14 @@ def placed_run(a, srv, cli, parser):
     the run waits (up to --placement-wait s) until the placement is that one and is run again (up
     to 3 times) when the placement after it is not; the JSON says what was measured either way."""
     want = None if a.placement == "any" else a.placement
+    spent = getattr(a, "placement_spent", 0.0)
+    if want and spent >= a.placement_budget:
+        want = None  # the scenario's budget for waiting is gone: run at once, record the placement
+    limit = min(a.placement_wait, a.placement_budget - spent)
     t0, tries = time.monotonic(), 0
     while True:
         before, before_ns = modeprobe.placement()
-        while want and before != want and time.monotonic() - t0 < a.placement_wait:
+        while want and before != want and time.monotonic() - t0 < limit:
             time.sleep(0.5)
             before, before_ns = modeprobe.placement()
         waited = time.monotonic() - t0
@@ -329,9 +333,13 @@ def placed_run(a, srv, cli, parser):
                 print(f"# run failed, again: {str(e).splitlines()[0]}", file=sys.stderr)
         after, after_ns = modeprobe.placement()
         tries += 1
-        if not want or (before == after == want) or tries >= 3 or time.monotonic() - t0 >= a.placement_wait:
+        if not want or (before == after == want) or tries >= 3 or time.monotonic() - t0 >= limit:
             break
         print(f"# placement {before} -> {after} during the run (wanted {want}): again", file=sys.stderr)
+    a.placement_spent = spent + waited
+    if a.placement != "any" and spent < a.placement_budget <= a.placement_spent:
+        print(f"# --placement-budget ({a.placement_budget:.0f} s) spent: the runs from here on do not wait",
+              file=sys.stderr)
     mode = before if before == after else "mixed" if before and after else None
     res["placement"] = {"mode": mode, "before": before, "after": after,
                         "before_ns": round(before_ns) if before_ns else None,
@@ -1377,8 +1385,11 @@ def main():
                          "near (one L3, a cache line crosses in ~50 ns) or far (~245 ns), measured before and "
                          "after the run (modeprobe.placement); any: run at once (the placement is recorded "
                          "either way)")
-    ap.add_argument("--placement-wait", type=float, default=300,
+    ap.add_argument("--placement-wait", type=float, default=120,
                     help="--placement near|far: seconds a run waits for the placement before it runs anyway")
+    ap.add_argument("--placement-budget", type=float, default=1800,
+                    help="--placement near|far: seconds all the runs of the scenario may wait in all; "
+                         "after that they run at once (the placement still recorded)")
     a = ap.parse_args()
     if a.scenario == "apps":
         return apps_main(a)
