@@ -49,12 +49,8 @@
 //!   program's count of frames redirected to each process). A crowded wait
 //!   pinned to one CPU either watches the CPU (spins without yielding, and
 //!   when a parked sibling's frame arrives wakes it and yields to it) or
-//!   parks until the watcher wakes it; the park is no contention, and nor
-//!   is a neighbour's slice met while passing so (it yields at every idle
-//!   turn from then on instead of sleeping for a quiet period: asleep in
-//!   the kernel, each member would be woken by an interrupt from the CPU
-//!   its frame came in on). Where the hint does not apply it yields at
-//!   every idle turn as above.
+//!   parks until the watcher wakes it; the park is no contention. Where the
+//!   hint does not apply it yields at every idle turn as above.
 
 use crate::fdtable::closed_since;
 use std::cell::Cell;
@@ -197,11 +193,6 @@ pub struct Spin<H: Host> {
     /// The last turn found the wait crowded or sharing its CPU turn by
     /// turn: the next one yields (no coasting, see [`Waiter::may_coast`]).
     yields_next: bool,
-    /// Its last crowded turn watched the CPU or parked (passing by hint).
-    passing: bool,
-    /// A wait passing by hint met a neighbour's slice: it yields at every
-    /// idle turn for the rest of the wait (no quiet period).
-    behind: bool,
 }
 
 impl<H: Host> Spin<H> {
@@ -247,8 +238,6 @@ impl<H: Host> Spin<H> {
             seat,
             snap: None,
             yields_next: true,
-            passing: false,
-            behind: false,
         }
     }
 
@@ -313,14 +302,10 @@ impl<H: Host> Spin<H> {
         let crowded = self.crowded();
         let busy = BUSY_NS * (1 + u64::from(crowded));
         if now.wrapping_sub(self.last) > busy {
-            self.slice(now, crowded);
+            self.contention(now);
         } else {
             let pass = match (crowded, self.seat, self.snap) {
-                (1.., Some(s @ Seat::Spinner(_)), Some(snap)) => {
-                    let p = self.host.pass(s, snap);
-                    self.passing = p != Pass::Off;
-                    p
-                }
+                (1.., Some(s @ Seat::Spinner(_)), Some(snap)) => self.host.pass(s, snap),
                 _ => Pass::Off,
             };
             match pass {
@@ -330,12 +315,10 @@ impl<H: Host> Spin<H> {
                     now = self.host.now_ns();
                     self.next_yield = now + YIELD_EVERY_NS;
                 }
-                Pass::Watch(true) => now = self.yield_turn(now, busy, crowded),
-                Pass::Watch(false) if now >= self.next_yield || self.behind => {
-                    now = self.yield_turn(now, busy, crowded)
-                }
+                Pass::Watch(true) => now = self.yield_turn(now, busy),
+                Pass::Watch(false) if now >= self.next_yield => now = self.yield_turn(now, busy),
                 Pass::Off if now >= self.next_yield || crowded != 0 => {
-                    now = self.yield_turn(now, busy, crowded)
+                    now = self.yield_turn(now, busy)
                 }
                 Pass::Watch(false) | Pass::Off => {}
             }
@@ -364,12 +347,12 @@ impl<H: Host> Spin<H> {
     /// Offer the CPU: `sched_yield`, and notice who needed it. Returns the
     /// time after it.
     #[inline]
-    fn yield_turn(&mut self, now: u64, busy: u64, crowded: u32) -> u64 {
+    fn yield_turn(&mut self, now: u64, busy: u64) -> u64 {
         self.host.sched_yield();
         let after = self.host.now_ns();
         let took = after.wrapping_sub(now);
         if took > busy {
-            self.slice(after, crowded);
+            self.contention(after);
         }
         // Someone else ran: share the CPU turn by turn (whoever runs looks
         // once and passes); nobody did: look again later.
@@ -379,29 +362,6 @@ impl<H: Host> Spin<H> {
             after + YIELD_EVERY_NS
         };
         after
-    }
-
-    /// Another thread held the CPU longer than `busy` (a CPU-bound
-    /// neighbour's slice). A crowded wait that passes the CPU by hint (its
-    /// last turn watched or parked, or its first turn on one CPU with a
-    /// hint) stays: it watches for (or parks beside) its siblings, which
-    /// would otherwise end up asleep in the kernel, each woken by an
-    /// interrupt from the CPU its frame came in on (the sleep regime of
-    /// docs/benchmarks.md, session 18), and yields at every idle turn from
-    /// now on, so the neighbour has the CPU back at once. Any other wait
-    /// meets contention.
-    #[cold]
-    fn slice(&mut self, now: u64, crowded: u32) {
-        // Its first crowded turn has no count yet (read after each turn,
-        // before the next attempt) and yields: by hint if it may pass.
-        let first = self.snap.is_none()
-            && matches!(self.seat, Some(Seat::Spinner(m)) if m.count_ones() == 1)
-            && self.host.redirected().is_some();
-        if crowded != 0 && (self.passing || first) {
-            self.behind = true;
-        } else {
-            self.contention(now);
-        }
     }
 
     #[cold]
@@ -1062,65 +1022,20 @@ mod tests {
         drop(s);
         let mut s = Spin::new(&h, 10_000_000, u64::MAX);
         assert!(s.spin(), "no quiet period after parks");
-        // Without a hint (pass Off): a yield at every crowded turn, and a
-        // 10 ms gap (a CPU-bound neighbour) stops it, ending its watch.
-        w.pass.set(Some(Pass::Off));
-        let y = w.yields.get();
-        for _ in 0..5 {
-            assert!(s.spin());
-        }
-        assert_eq!(w.yields.get(), y + 5);
+        // A 10 ms gap (a CPU-bound neighbour): it stops, ending its watch.
         w.now.set(w.now.get() + 10_000_000);
         assert!(!s.spin());
         assert!(w.log.borrow().contains(&"unwatch Spinner(2)".to_string()));
+        // Without a hint (pass Off): a yield at every crowded turn.
         drop(s);
-        assert!(
-            !Spin::new(&h, 10_000_000, u64::MAX).spin(),
-            "a quiet period"
-        );
-    }
-
-    #[test]
-    fn a_watcher_stays_through_a_neighbours_slice_and_yields_at_every_turn() {
-        let w = World::new();
-        w.seat.set(Some(Seat::Spinner(1 << 1)));
-        w.crowd.set(true);
-        w.pass.set(Some(Pass::Watch(false)));
-        let h = w.host(1_000, 0);
-        let mut s = Spin::new(&h, 100_000_000, u64::MAX);
-        for _ in 0..5 {
-            assert!(s.spin());
-        }
+        w.pass.set(Some(Pass::Off));
+        w.now.set(learned().quiet_until);
         let y = w.yields.get();
-        assert_eq!(
-            y, 1,
-            "the first turn (no count yet) yields, the watch does not"
-        );
-        // A neighbour took the CPU for 10 ms: no contention, the watch goes
-        // on, now yielding at every idle turn (the neighbour runs again at
-        // once); a long yield is no contention either.
-        w.now.set(w.now.get() + 10_000_000);
-        assert!(s.spin());
+        let mut s = Spin::new(&h, 10_000_000, u64::MAX);
         for _ in 0..5 {
             assert!(s.spin());
         }
         assert_eq!(w.yields.get(), y + 5);
-        let h2 = w.host(1_000, 5_000_000);
-        let mut s2 = Spin::new(&h2, 100_000_000, u64::MAX);
-        for _ in 0..4 {
-            assert!(s2.spin(), "a 5 ms yield while watching is no contention");
-        }
-        drop((s, s2));
-        assert!(
-            !w.log.borrow().iter().any(|l| l.starts_with("unwatch")),
-            "{:?}",
-            w.log.borrow()
-        );
-        let mut s = Spin::new(&h, 100_000_000, u64::MAX);
-        assert!(s.spin(), "no quiet period after a neighbour's slices");
-        // The budget still bounds the wait (100 ms here).
-        w.now.set(w.now.get() + 100_000_000);
-        assert!(!s.spin());
     }
 
     #[test]
