@@ -208,6 +208,9 @@ pub(crate) enum Outcome {
     Delivered,
     NoEndpoint,
     QueueFull,
+    /// For the endpoint the caller takes frames for (`deliver_at`'s
+    /// `mine`): not queued, counted as received by it.
+    Mine(Delivery),
 }
 
 impl Demux {
@@ -402,10 +405,12 @@ impl Demux {
     #[inline]
     #[cfg(test)]
     pub fn deliver(&mut self, c: &Classified, frame: RxFrame, page: &StatsPage) -> Outcome {
-        self.deliver_at(c, frame, 0, page)
+        self.deliver_at(c, frame, 0, page, None)
     }
 
-    /// [`Demux::deliver`] with the frame's receive stamp.
+    /// [`Demux::deliver`] with the frame's receive stamp; a unicast frame
+    /// for `mine` is handed back (`Outcome::Mine`) instead of queued: the
+    /// caller takes it for that endpoint now ([`super::rx::RxPath::poll_own`]).
     #[inline]
     pub fn deliver_at(
         &mut self,
@@ -413,11 +418,13 @@ impl Demux {
         frame: RxFrame,
         stamp: u64,
         page: &StatsPage,
+        mine: Option<EndpointId>,
     ) -> Outcome {
         let d = Delivery::new(c, frame, stamp);
         let ip = c.dst.ip();
         if !(ip.is_multicast() || ip.is_broadcast()) {
             return match self.lookup(c) {
+                Some(id) if mine == Some(id) => self.take(id, d, page),
                 Some(id) => self.push(id, d, page),
                 None => Outcome::NoEndpoint,
             };
@@ -447,6 +454,7 @@ impl Demux {
                 Outcome::Delivered => any = true,
                 Outcome::QueueFull => full = true,
                 Outcome::NoEndpoint => {}
+                Outcome::Mine(_) => unreachable!("a push queues"),
             }
         }
         if any {
@@ -489,9 +497,7 @@ impl Demux {
         e.frames += k;
         e.queue.push_back(d);
         if e.sleeping {
-            e.sleeping = false;
-            e.signalled = true;
-            eventfd_write(e.wake.as_raw_fd());
+            wake(e);
         }
         let depth = e.queue.len() as u64;
         set(page.s(id, S::QueueDepth), depth);
@@ -504,6 +510,23 @@ impl Demux {
             peak(page.e(E::PeakSocketQueue), depth);
         }
         Outcome::Delivered
+    }
+
+    /// `d`, for `id`, taken by its caller now: counted as received by `id`
+    /// (as `pop` counts it) and waking a thread asleep on it (as `push`
+    /// does: another thread of its owner may wait for what this one takes
+    /// in). Its queue is not touched: the caller emptied it first.
+    #[inline]
+    fn take(&mut self, id: EndpointId, d: Delivery, page: &StatsPage) -> Outcome {
+        let Some(Some(e)) = self.eps.get_mut(id) else {
+            return Outcome::NoEndpoint;
+        };
+        if e.sleeping {
+            wake(e);
+        }
+        bump(page.s(id, S::RxPackets), 1);
+        bump(page.s(id, S::RxBytes), u64::from(d.payload_len));
+        Outcome::Mine(d)
     }
 
     /// The next frame queued for `id`, counted as received by it.
@@ -539,6 +562,14 @@ impl Delivery {
             stamp: self.stamp,
         }
     }
+}
+
+/// Signal `e`'s sleepers (the first push or take since they slept).
+#[cold]
+fn wake(e: &mut Endpoint) {
+    e.sleeping = false;
+    e.signalled = true;
+    eventfd_write(e.wake.as_raw_fd());
 }
 
 pub(crate) fn eventfd_write(fd: std::os::fd::RawFd) {

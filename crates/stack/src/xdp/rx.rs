@@ -80,17 +80,49 @@ impl<D: RxDevice> RxPath<D> {
     /// queues. Returns descriptors taken.
     #[inline]
     pub fn poll(&mut self, budget: u32) -> u32 {
+        self.poll_own(budget, None, |_, _| {
+            unreachable!("no endpoint's frames are taken by this poll")
+        })
+    }
+
+    /// [`RxPath::poll`] by endpoint `own`'s consumer (the TCP driver's turn):
+    /// a unicast frame for `own` is not queued to be popped again at once
+    /// but goes straight to `take`, counted as a pop counts it (and waking
+    /// a thread asleep on `own`, as a push does); frames for other
+    /// endpoints are queued as by `poll`. The caller pops what was queued
+    /// for `own` before, so the frames keep their order.
+    #[inline]
+    pub fn poll_own(
+        &mut self,
+        budget: u32,
+        own: Option<EndpointId>,
+        mut take: impl FnMut(Delivery, &HeldBudget<'_>),
+    ) -> u32 {
         let RxPath {
             dev,
             demux,
-            own,
+            own: addrs,
             page,
             reasm,
             mac,
+            held,
+            hold_limit,
             ..
         } = self;
-        let mac = *mac;
-        let n = dev.receive(budget, |f, at| handle(demux, own, page, reasm, mac, f, at));
+        let mut frames = Frames {
+            demux,
+            own: addrs,
+            page,
+            reasm,
+            mac: *mac,
+            mine: own,
+        };
+        let h = HeldBudget {
+            page,
+            held,
+            limit: *hold_limit,
+        };
+        let n = dev.receive(budget, |f, at| frames.handle(f, at, &mut |d| take(d, &h)));
         if n > 0 {
             // After the pushes (made under the lock this poll holds). The
             // only writer is a poll (`&mut self`: under the RX lock), so a
@@ -106,6 +138,16 @@ impl<D: RxDevice> RxPath<D> {
             }
         }
         n
+    }
+
+    /// What a consumer of the frames needs of the path besides them (see
+    /// [`HeldBudget`]).
+    pub fn budget(&self) -> HeldBudget<'_> {
+        HeldBudget {
+            page: &self.page,
+            held: &self.held,
+            limit: self.hold_limit,
+        }
     }
 
     /// Pop endpoint `id`'s next frame, polling the device if it has none.
@@ -137,66 +179,78 @@ impl<D: RxDevice> RxPath<D> {
     }
 }
 
-/// One frame: other host?, classify, check the source against our own
-/// addresses, deliver or count the drop.
-#[inline]
-fn handle(
-    demux: &mut Demux,
-    own: &[Ipv4Addr],
-    page: &StatsPage,
-    reasm: &mut Reassembly,
-    mac: Option<[u8; 6]>,
-    f: RxFrame,
-    at: u64,
-) {
-    bump(page.e(E::RxFrames), 1);
-    if let Some(m) = &mac
-        && for_other_host(f.head(), m)
-    {
-        return bump(page.e(DropReason::OtherHost.counter()), 1);
-    }
-    let c = match classify_frame(&f) {
-        Ok(c) => c,
-        Err(DropReason::Malformed(nanowire_wire::Malformed::Fragment)) => {
-            return reassemble(demux, own, page, reasm, mac, f, at);
-        }
-        Err(why) => return bump(page.e(why.counter()), 1),
-    };
-    if own.contains(c.src.ip()) {
-        return bump(page.e(E::DropMartian), 1);
-    }
-    if c.csum_partial {
-        bump(page.e(E::RxCsumPartial), 1);
-    }
-    let len = c.payload_len as u64;
-    match demux.deliver_at(&c, f, at, page) {
-        Outcome::Delivered => {
-            bump(page.e(E::RxPackets), 1);
-            bump(page.e(E::RxBytes), len);
-        }
-        Outcome::NoEndpoint => bump(page.e(E::DropNoSocket), 1),
-        Outcome::QueueFull => bump(page.e(E::DropSocketQueueFull), 1),
-    }
+/// What a frame's consumer may use of the receive path while it takes the
+/// frame (the stats page, and the frames held in TCP receive queues
+/// against their limit: `RxPath::held`, `RxPath::hold_limit`).
+pub(crate) struct HeldBudget<'a> {
+    pub page: &'a StatsPage,
+    pub held: &'a Arc<AtomicUsize>,
+    pub limit: usize,
 }
 
-/// A fragment (the steering program redirects only those of the engine's
-/// TCP flows): into the reassembly; a completed datagram goes through
-/// `handle` as one more frame.
-#[cold]
-fn reassemble(
-    demux: &mut Demux,
-    own: &[Ipv4Addr],
-    page: &StatsPage,
-    reasm: &mut Reassembly,
+/// A poll's way for each frame: the parts of [`RxPath`] it uses besides the
+/// device, and the endpoint whose frames go straight to the poll's
+/// consumer (`RxPath::poll_own`).
+struct Frames<'a> {
+    demux: &'a mut Demux,
+    /// The interface's own addresses.
+    own: &'a [Ipv4Addr],
+    page: &'a StatsPage,
+    reasm: &'a mut Reassembly,
     mac: Option<[u8; 6]>,
-    f: RxFrame,
-    at: u64,
-) {
-    let whole = reasm.push(f.data(), super::reasm::mono_ns());
-    drop(f); // back to the fill ring: the bytes were copied
-    count_frags(page, reasm);
-    if let Some(v) = whole {
-        handle(demux, own, page, reasm, mac, RxFrame::from_vec(v), at);
+    mine: Option<EndpointId>,
+}
+
+impl Frames<'_> {
+    /// One frame: other host?, classify, check the source against our own
+    /// addresses, deliver (to `take` if it is for `mine`) or count the drop.
+    #[inline]
+    fn handle(&mut self, f: RxFrame, at: u64, take: &mut impl FnMut(Delivery)) {
+        let page = self.page;
+        bump(page.e(E::RxFrames), 1);
+        if let Some(m) = &self.mac
+            && for_other_host(f.head(), m)
+        {
+            return bump(page.e(DropReason::OtherHost.counter()), 1);
+        }
+        let c = match classify_frame(&f) {
+            Ok(c) => c,
+            Err(DropReason::Malformed(nanowire_wire::Malformed::Fragment)) => {
+                return self.reassemble(f, at, take);
+            }
+            Err(why) => return bump(page.e(why.counter()), 1),
+        };
+        if self.own.contains(c.src.ip()) {
+            return bump(page.e(E::DropMartian), 1);
+        }
+        if c.csum_partial {
+            bump(page.e(E::RxCsumPartial), 1);
+        }
+        let len = c.payload_len as u64;
+        match self.demux.deliver_at(&c, f, at, page, self.mine) {
+            Outcome::NoEndpoint => bump(page.e(E::DropNoSocket), 1),
+            Outcome::QueueFull => bump(page.e(E::DropSocketQueueFull), 1),
+            delivered => {
+                bump(page.e(E::RxPackets), 1);
+                bump(page.e(E::RxBytes), len);
+                if let Outcome::Mine(d) = delivered {
+                    take(d);
+                }
+            }
+        }
+    }
+
+    /// A fragment (the steering program redirects only those of the
+    /// engine's TCP flows): into the reassembly; a completed datagram goes
+    /// through `handle` as one more frame.
+    #[cold]
+    fn reassemble(&mut self, f: RxFrame, at: u64, take: &mut impl FnMut(Delivery)) {
+        let whole = self.reasm.push(f.data(), super::reasm::mono_ns());
+        drop(f); // back to the fill ring: the bytes were copied
+        count_frags(self.page, self.reasm);
+        if let Some(v) = whole {
+            self.handle(RxFrame::from_vec(v), at, take);
+        }
     }
 }
 
@@ -214,6 +268,7 @@ mod tests {
     use super::*;
     use crate::xdp::classify::PROTO_TCP;
     use crate::xdp::demux::EndpointKind;
+    use crate::xdp::shm::S;
     use crate::xdp::testkit::*;
 
     #[test]
@@ -258,6 +313,34 @@ mod tests {
         assert_eq!(rx.poll(RX_BUDGET), 44);
         assert_eq!(rx.poll(RX_BUDGET), 0);
         assert_eq!(rx.demux.get(id).unwrap().queue.len(), 300);
+    }
+
+    #[test]
+    fn a_poll_for_an_endpoint_hands_its_frames_over_and_queues_the_rest() {
+        let (mut rx, a) = rx_with_udp(loop_rx(), 1024, 7);
+        let b = rx.demux.add(EndpointKind::Udp, efd(), 64).unwrap();
+        rx.demux.bind(b, 17, sa(OURS, 8));
+        rx.demux.get_mut(a).unwrap().sleeping = true;
+        for (port, data) in [(7, b"one"), (8, b"two"), (7, b"six")] {
+            rx.dev.inject(udp(sa(PEER, 9), sa(OURS, port), data));
+        }
+        let mut got = Vec::new();
+        let n = rx.poll_own(RX_BUDGET, Some(a), |d, _| got.push(d.payload().to_vec()));
+        assert_eq!(n, 3);
+        assert_eq!(got, [b"one", b"six"], "in the order they came");
+        let e = rx.demux.get(a).unwrap();
+        assert!(e.queue.is_empty(), "not queued");
+        assert!(
+            !e.sleeping && e.signalled,
+            "its sleeper woken, as a push does"
+        );
+        assert_eq!(rx.demux.get(b).unwrap().queue.len(), 1);
+        let p = &rx.page;
+        assert_eq!(get_s(p, a, S::RxPackets), 2, "counted as pops count");
+        assert_eq!(get_s(p, a, S::RxBytes), 6);
+        assert_eq!(get(p, E::RxPackets), 3);
+        assert!(identity_holds(p));
+        assert_eq!(rx.pop_or_poll(b).unwrap().payload(), b"two");
     }
 
     #[test]

@@ -21,7 +21,7 @@ use super::demux::{EndpointId, EndpointKind};
 use super::device::{RxDevice, TxDevice};
 use super::neigh::{Hop, Lookup};
 use super::order::{self, Guard, Tier, as_engine_thread};
-use super::rx::{RX_BUDGET, RxPath};
+use super::rx::{HeldBudget, RX_BUDGET, RxPath};
 use super::shm::{E, bump, peak, set};
 use super::tx::{ETH_HDR, IP_HDR, TxPath, eth_ipv4};
 use super::wake::{self, PARKED, SERVICE_NAPPING, SERVICE_WAKE, UNPARK_DUE, service_nudge};
@@ -3079,57 +3079,74 @@ pub(crate) fn rx_segments_into<D: RxDevice>(
     clock: impl Fn() -> u64,
     mut read: Option<&mut DirectRead<'_>>,
 ) -> usize {
+    let mut fed = 0;
+    let mut feed = |d: super::demux::Delivery, h: &HeldBudget<'_>| {
+        let t = *now.get_or_insert_with(&clock);
+        input_one(stack, t, d, h, read.as_deref_mut(), done);
+        fed += 1;
+    };
+    // What another endpoint's poll queued for this one came first.
+    while let Some(d) = g.demux.pop(id, &g.page) {
+        feed(d, &g.budget());
+    }
     // Frames for a UDP socket whose queue is full wait in it past its cap
     // (bounded) rather than being dropped: this turn takes them off the
     // ring only to reach the stack's own segments (a readiness pass over a
     // TCP and a UDP socket turns the engine through the TCP one every call).
+    // The stack's own segments go to it as the poll finds them, not through
+    // its queue.
     g.demux.spill_for(Some(id));
-    g.poll(RX_BUDGET);
+    g.poll_own(RX_BUDGET, Some(id), &mut feed);
     g.demux.spill_for(None);
-    let mut fed = 0;
-    while let Some(d) = g.demux.pop(id, &g.page) {
-        let t = *now.get_or_insert_with(&clock);
-        // A segment with data enough to keep is offered to its connection
-        // with its frame (`Hold`) while the engine's budget of held frames
-        // allows: kept, its bytes are copied once, by the application's
-        // read, instead of into the receive ring and out again.
-        let frames = d.frame.frames();
-        let big = d.payload_len as usize >= nanowire_tcp::HOLD_MIN;
-        let offer = big && g.held.load(Ordering::Relaxed) + frames <= g.hold_limit;
-        if big && !offer && g.hold_limit > 0 {
-            bump(g.page.e(E::TcpRxHoldLimited), 1);
-        }
-        let mut keep =
-            || -> Box<dyn nanowire_tcp::HeldBytes> { Box::new(HeldFrame::new(&d, &g.held)) };
-        let mut hold = offer.then(|| Hold {
-            len: d.payload_len as usize,
-            truesize: d.frame.truesize(),
-            keep: &mut keep,
-            kept: false,
-        });
-        let to = Intake {
-            read: read.as_deref_mut(),
-            hold: hold.as_mut(),
-        };
-        if frames == 1 {
-            // One buffer (every segment up to the MTU): no piece table
-            // (MAX_PIECES slices, ~100 stores to set up per segment).
-            stack.input_with(t, *d.src.ip(), *d.dst.ip(), d.segment(), &[], to);
-        } else {
-            input_chain(stack, t, &d, to);
-        }
-        if hold.is_some_and(|h| h.kept) {
-            peak(
-                g.page.e(E::PeakTcpRxHeldFrames),
-                g.held.load(Ordering::Relaxed) as u64,
-            );
-        }
-        // Kept: the held clone of the frame keeps it out of the fill ring
-        // until the application read its bytes.
-        d.frame.recycle_into(done);
-        fed += 1;
-    }
     fed
+}
+
+/// One segment for the stack (under the RX lock): a segment with data
+/// enough to keep is offered to its connection with its frame (`Hold`)
+/// while the engine's budget of held frames allows: kept, its bytes are
+/// copied once, by the application's read, instead of into the receive ring
+/// and out again. The frame goes to `done` (a kept one's clone stays out of
+/// the fill ring until the application read its bytes).
+#[inline]
+fn input_one(
+    stack: &mut TcpStack,
+    t: u64,
+    d: super::demux::Delivery,
+    h: &HeldBudget<'_>,
+    read: Option<&mut DirectRead<'_>>,
+    done: &mut nanowire_xdp::Recycler,
+) {
+    let frames = d.frame.frames();
+    let big = d.payload_len as usize >= nanowire_tcp::HOLD_MIN;
+    let offer = big && h.held.load(Ordering::Relaxed) + frames <= h.limit;
+    if big && !offer && h.limit > 0 {
+        bump(h.page.e(E::TcpRxHoldLimited), 1);
+    }
+    let mut keep = || -> Box<dyn nanowire_tcp::HeldBytes> { Box::new(HeldFrame::new(&d, h.held)) };
+    let mut hold = offer.then(|| Hold {
+        len: d.payload_len as usize,
+        truesize: d.frame.truesize(),
+        keep: &mut keep,
+        kept: false,
+    });
+    let to = Intake {
+        read,
+        hold: hold.as_mut(),
+    };
+    if frames == 1 {
+        // One buffer (every segment up to the MTU): no piece table
+        // (MAX_PIECES slices, ~100 stores to set up per segment).
+        stack.input_with(t, *d.src.ip(), *d.dst.ip(), d.segment(), &[], to);
+    } else {
+        input_chain(stack, t, &d, to);
+    }
+    if hold.is_some_and(|k| k.kept) {
+        peak(
+            h.page.e(E::PeakTcpRxHeldFrames),
+            h.held.load(Ordering::Relaxed) as u64,
+        );
+    }
+    d.frame.recycle_into(done);
 }
 
 /// A multi-buffer segment (a GSO/GRO super-frame) fed in its pieces.
@@ -3415,16 +3432,22 @@ mod tests {
         panic!("the hosts never went quiet");
     }
 
-    #[test]
-    fn the_tcp_driver_connects_and_moves_data_over_the_loopback_device() {
-        let (mut a, mut b) = two_hosts();
+    /// A connection from `a` (198.18.0.1:4000) to `b`'s listener on port 80,
+    /// established and accepted: (a's end, b's end).
+    fn connected(a: &mut Host, b: &mut Host) -> (ConnId, ConnId) {
         let server = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 80);
         let l = b.stack.listen(server, 8).unwrap();
         let local = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 4000);
         let c = a.stack.connect(a.now, local, server).unwrap();
-        run(&mut a, &mut b);
+        run(a, b);
+        (c, b.stack.accept(l).expect("accepted"))
+    }
+
+    #[test]
+    fn the_tcp_driver_connects_and_moves_data_over_the_loopback_device() {
+        let (mut a, mut b) = two_hosts();
+        let (c, s) = connected(&mut a, &mut b);
         assert_eq!(a.stack.state(c), Ok(State::Established));
-        let s = b.stack.accept(l).expect("accepted");
         // 100 KB one way (many segments, batches of TX_BATCH), an answer back.
         let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
         let mut sent = 0;
@@ -3467,12 +3490,7 @@ mod tests {
     fn the_receive_half_holds_frames_within_the_limit_and_releases_them_when_read() {
         let (mut a, mut b) = two_hosts();
         b.rx.hold_limit = 24;
-        let server = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 2), 80);
-        let l = b.stack.listen(server, 8).unwrap();
-        let local = SocketAddrV4::new(Ipv4Addr::new(198, 18, 0, 1), 4000);
-        let c = a.stack.connect(a.now, local, server).unwrap();
-        run(&mut a, &mut b);
-        let s = b.stack.accept(l).expect("accepted");
+        let (c, s) = connected(&mut a, &mut b);
         let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 253) as u8).collect();
         let (mut sent, mut got, mut peak) = (0, Vec::new(), 0);
         let mut buf = vec![0u8; 5000];
@@ -3507,6 +3525,34 @@ mod tests {
         assert!(peak > 0 && peak <= 24, "at most the limit held: {peak}");
         assert_eq!(b.rx.held.load(Ordering::Relaxed), 0, "all given back");
         assert_eq!(b.stack.rx_held(s), Ok((0, 0)));
+    }
+
+    /// A segment another endpoint's poll queued for the stack (a UDP
+    /// socket's receive) goes in before the ones the stack's own turn then
+    /// finds on the ring and takes without its queue: in order, none
+    /// counted out of order.
+    #[test]
+    fn queued_segments_go_in_before_the_ones_the_turn_takes_from_the_ring() {
+        let (mut a, mut b) = two_hosts();
+        let (c, s) = connected(&mut a, &mut b);
+        a.stack.set_nodelay(c, true).unwrap();
+        a.stack.send(c, b"first ").unwrap();
+        a.turn();
+        b.rx.poll(RX_BUDGET);
+        assert_eq!(b.rx.demux.get(b.id).unwrap().queue.len(), 1, "queued");
+        a.stack.send(c, b"second").unwrap();
+        a.turn();
+        b.turn();
+        assert!(b.rx.demux.get(b.id).unwrap().queue.is_empty());
+        let (mut buf, mut got) = ([0u8; 64], Vec::new());
+        while let Ok(n @ 1..) = b.stack.recv(s, &mut buf) {
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got, b"first second");
+        assert_eq!(b.stack.counters().out_of_order, 0);
+        let p = &b.rx.page;
+        assert!(crate::xdp::testkit::identity_holds(p));
+        assert_eq!(crate::xdp::testkit::drops(p), 0);
     }
 
     #[test]
