@@ -376,6 +376,19 @@ def by_placement(runs, key="p50"):
     return out
 
 
+def shim_envs():
+    """NANOWIRE_SHIMS="label=PATH[+VAR=VALUE...],...": (label, the `env` prefix of its rows). An
+    empty PATH is this tree's shim; VAR=VALUE are added to the rows' environment (e.g.
+    `depth4k=+NANOWIRE_RING_DEPTH=4096`, or an old shim's `+NANOWIRE_PRESTART=0`)."""
+    out = []
+    for kv in os.environ.get("NANOWIRE_SHIMS", "").split(","):
+        if kv:
+            lab, spec = kv.split("=", 1)
+            path, *extra = spec.split("+")
+            out.append((lab, ["env"] + ([f"NANOWIRE_PRELOAD={path}"] if path else []) + extra))
+    return out
+
+
 def scenarios(secs, size):
     """name -> (baseline label, [(label, server argv, client argv, parser)])"""
     sp, nw = sockperf_parse, nanowire_parse
@@ -448,18 +461,16 @@ def scenarios(secs, size):
             ("run xdp tcp", nw_run("xdp", sp_sr(["--tcp"])), nw_run("xdp", sp_pp(secs, size, ["--tcp"])), sp),
             ("run spin tcp", nw_run("spin", sp_sr(["--tcp"])), nw_run("spin", sp_pp(secs, size, ["--tcp"])), sp),
         ] if os.environ.get("NANOWIRE_OLD_PRELOAD") else []),
-        # Bisecting a shim regression: NANOWIRE_SHIMS="label=PATH,label=PATH,..." runs sockperf UDP
+        # Bisecting a shim regression: NANOWIRE_SHIMS="label=PATH,label=PATH,..." (shim_envs) runs sockperf UDP
         # (and TCP with NANOWIRE_SHIMS_TCP=1) under `nanowire run` with each shim, interleaved,
         # against this tree's shim.
         "shims": ("run xdp udp", [
             ("run xdp udp", nw_run("xdp", sp_sr()), nw_run("xdp", sp_pp(secs, size)), sp),
-        ] + [(f"run xdp udp ({lab})", ["env", f"NANOWIRE_PRELOAD={path}"] + nw_run("xdp", sp_sr()),
-              ["env", f"NANOWIRE_PRELOAD={path}"] + nw_run("xdp", sp_pp(secs, size)), sp)
-             for lab, path in (kv.split("=", 1) for kv in os.environ.get("NANOWIRE_SHIMS", "").split(",") if kv)]
+        ] + [(f"run xdp udp ({lab})", pre + nw_run("xdp", sp_sr()), pre + nw_run("xdp", sp_pp(secs, size)), sp)
+             for lab, pre in shim_envs()]
           + ([("run xdp tcp", nw_run("xdp", sp_sr(["--tcp"])), nw_run("xdp", sp_pp(secs, size, ["--tcp"])), sp)]
-             + [(f"run xdp tcp ({lab})", ["env", f"NANOWIRE_PRELOAD={path}"] + nw_run("xdp", sp_sr(["--tcp"])),
-                 ["env", f"NANOWIRE_PRELOAD={path}"] + nw_run("xdp", sp_pp(secs, size, ["--tcp"])), sp)
-                for lab, path in (kv.split("=", 1) for kv in os.environ.get("NANOWIRE_SHIMS", "").split(",") if kv)]
+             + [(f"run xdp tcp ({lab})", pre + nw_run("xdp", sp_sr(["--tcp"])),
+                 pre + nw_run("xdp", sp_pp(secs, size, ["--tcp"])), sp) for lab, pre in shim_envs()]
              if os.environ.get("NANOWIRE_SHIMS_TCP") else [])),
         # Wave 3: what multi-buffer receive (the xdp.frags program, XDP_USE_SG) costs a UDP ping-pong.
         "wave3-mb": ("run xdp udp", [
