@@ -183,14 +183,18 @@ pub fn window(f: SetSockOpt, fd: c_int, w: &Window) -> io::Result<()> {
     )
 }
 
-/// The timestamp clock: `tsval` is the TSval of a segment sent now.
+/// The timestamp clock: `tsval` is the TSval of a segment sent now (in
+/// ms). Since Linux 6.7 the value's low bit selects a clock in µs (the
+/// kernel's TSvals then run 1000 times faster than the engine's did): the
+/// value goes in rounded up to even, a clock in ms at most 1 ms ahead
+/// (never behind: the peer's PAWS check must pass).
 pub fn timestamp(f: SetSockOpt, fd: c_int, tsval: u32) -> io::Result<()> {
     setopt(
         f,
         fd,
         libc::IPPROTO_TCP,
         libc::TCP_TIMESTAMP,
-        &tsval,
+        &(tsval.wrapping_add(1) & !1),
         "TCP_TIMESTAMP",
     )
 }

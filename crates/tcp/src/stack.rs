@@ -208,10 +208,11 @@ const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
 
 /// What ends a connection if its owner dies (issue 24: the engine service
 /// answers for a killed process's connections as the kernel would; see
-/// [`TcpStack::set_end_tracking`]). Made for ESTABLISHED, CLOSE-WAIT and the
+/// [`TcpStack::set_end_tracking`]). Made for ESTABLISHED, CLOSE-WAIT, the
 /// states whose FIN is sent but maybe not acknowledged (FIN-WAIT-1,
-/// CLOSING, LAST-ACK); the others need nothing from a survivor (the peer
-/// has our FIN, or no connection exists yet).
+/// CLOSING, LAST-ACK) and FIN-WAIT-2 (our FIN acknowledged, the peer's to
+/// come: a kernel socket taking it over answers that); the others need
+/// nothing from a survivor (TIME-WAIT, or no connection exists yet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EndState {
     pub tuple: FourTuple,
@@ -243,6 +244,9 @@ pub struct EndState {
     /// Everything sent was acknowledged (our FIN aside): the FIN's
     /// sequence number is where the peer's data ends, not an assumption.
     pub acked: bool,
+    /// Our FIN was acknowledged too (FIN-WAIT-2): the peer needs no FIN,
+    /// only an answer to its own.
+    pub fin_acked: bool,
 }
 
 impl EndState {
@@ -252,6 +256,7 @@ impl EndState {
             State::Established
                 | State::CloseWait
                 | State::FinWait1
+                | State::FinWait2
                 | State::Closing
                 | State::LastAck
         ) {
@@ -273,6 +278,7 @@ impl EndState {
             snd_wnd: c.snd_wnd,
             peer_fin: c.rx_fin,
             acked: c.tx.is_empty(),
+            fin_acked: c.state == State::FinWait2,
         })
     }
 }

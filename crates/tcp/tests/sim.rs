@@ -1472,9 +1472,15 @@ fn end_tracking_names_the_fin_or_rst_that_would_end_each_connection() {
     let c2a = n.a.accept(l2).unwrap();
     assert!(take(&mut n).iter().all(|e| !e.rst));
     // Closed by the application: FIN-WAIT-1 names its FIN until it is
-    // acknowledged; afterwards nothing is left to end.
+    // acknowledged; FIN-WAIT-2 (the peer's FIN to come) says its FIN was;
+    // once both FINs are in, nothing is left to end (LAST-ACK answered,
+    // TIME-WAIT).
     n.a.close(n.now, c2a).unwrap();
     n.a.close(n.now, ca).unwrap();
+    n.advance(100 * MS);
+    let e = take(&mut n);
+    assert!(e.len() == 1 && e[0].fin_acked && !e[0].rst, "{e:?}");
+    n.b.close(n.now, c2).unwrap();
     n.advance(100 * MS);
     assert!(take(&mut n).is_empty());
 }

@@ -5,11 +5,23 @@
 #   killed.py client ADDR PORT N: N connections, each sends "<i>\n" and
 #     reads exactly "ack <i>\n" (anything after it stays unread). Prints
 #     "held".
+# Either half-closes (shutdown, its FIN) the connections whose i is a
+# multiple of 4 and waits until the peer acknowledged the FIN: they are in
+# FIN-WAIT-2 when it is killed (a peer's ACK still on its way at the kill
+# would reach a host with no socket for it, under run: see
+# docs/architecture.md, "Exit and kill -9", the window before the end).
 # Then it sleeps until it is killed.
 import socket, sys, time
 
 role, addr, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-held = []
+held, halves = [], []
+
+
+def fin_wait_2(c):
+    # struct tcp_info's state: 5 is FIN-WAIT-2.
+    end = time.time() + 10
+    while c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] != 5 and time.time() < end:
+        time.sleep(0.005)
 
 
 def line(c, peek):
@@ -32,13 +44,21 @@ if role == "server":
         if i % 2 == 0:
             c.recv(len(d))
         c.sendall(b"ack %d\n" % i)
+        if i % 4 == 0:
+            c.shutdown(socket.SHUT_WR)
+            halves.append(c)
         held.append(c)
 else:
     for i in range(n):
         c = socket.create_connection((addr, port), timeout=60)
         c.sendall(b"%d\n" % i)
         assert line(c, False) == b"ack %d\n" % i
+        if i % 4 == 0:
+            c.shutdown(socket.SHUT_WR)
+            halves.append(c)
         held.append(c)
+for c in halves:
+    fin_wait_2(c)
 print("held", flush=True)
 while True:
     time.sleep(3600)

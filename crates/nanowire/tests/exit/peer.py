@@ -6,11 +6,13 @@
 #     in the same segment (left unread by the client).
 # Prints "ready", then waits (30 s at most: a hang shows as "timeout", with
 # the connection's TCP_INFO) for each connection's end: one line
-# "<i> eof|reset|data|timeout ..." each. After an end of file it sends its
-# own FIN (shutdown), a segment that comes after the other side is gone, and
-# waits for the kernel's answer (an ACK from the closed socket's FIN-WAIT-2:
-# the connection closes cleanly); anything else is added to the line
-# ("eof then reset": answered with a RST, "eof then stuck (state S)").
+# "<i> eof|reset|data|timeout ..." each. Once every connection ended, it
+# sends its own FIN (shutdown) on each that ended with an end of file, a
+# segment that comes after the other side is gone (the killed one
+# half-closed some before it was killed: FIN-WAIT-2), and waits for the
+# kernel's answer (an ACK from the closed socket's FIN-WAIT-2: the
+# connection closes cleanly); anything else is added to the line ("eof then
+# reset": answered with a RST, "eof then stuck (state S)").
 import selectors, socket, sys, time
 
 role, addr, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -54,8 +56,6 @@ while len(out) < len(conns) and time.time() < end:
         try:
             d = key.fileobj.recv(4096)
             out[key.data] = "eof" if not d else "data"
-            if not d:
-                key.fileobj.shutdown(socket.SHUT_WR)
         except ConnectionResetError:
             out[key.data] = "reset"
         except BlockingIOError:
@@ -67,8 +67,16 @@ def closed(c):
     return c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == 7
 
 
+eofs = [i for i, e in out.items() if e == "eof"]
+for i in list(eofs):
+    try:
+        conns[i].shutdown(socket.SHUT_WR)
+    except OSError as e:
+        # Reset before it (ENOTCONN: the connection is closed).
+        out[i] += " then " + ("reset" if e.errno == 107 else "error %d" % e.errno)
+        eofs.remove(i)
 end = time.time() + 30
-for i in [i for i, e in out.items() if e == "eof"]:
+for i in eofs:
     c = conns[i]
     while not closed(c) and time.time() < end:
         time.sleep(0.01)

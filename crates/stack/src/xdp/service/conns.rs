@@ -58,6 +58,10 @@ pub const F_PEER_FIN: u8 = 32;
 /// Everything sent was acknowledged: the kernel can take the connection
 /// over (TCP_REPAIR) with nothing to retransmit.
 pub const F_ACKED: u8 = 64;
+/// Our FIN was acknowledged (FIN-WAIT-2): only a kernel socket taking the
+/// connection over has something to do (answer the peer's FIN); a raw
+/// FIN would only draw an ACK the kernel resets.
+pub const F_FIN_ACKED: u8 = 128;
 
 /// One published connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +101,8 @@ impl From<&nanowire_tcp::EndState> for Entry {
                 | if e.wscale.is_some() { F_WS } else { 0 }
                 | if e.sack { F_SACK } else { 0 }
                 | if e.peer_fin { F_PEER_FIN } else { 0 }
-                | if e.acked { F_ACKED } else { 0 },
+                | if e.acked { F_ACKED } else { 0 }
+                | if e.fin_acked { F_FIN_ACKED } else { 0 },
             mss: e.mss,
             wscale: e.wscale.map_or(0, |(snd, rcv)| (snd & 15) | (rcv << 4)),
             snd_wnd: e.snd_wnd,
@@ -377,6 +382,9 @@ pub enum Ended {
     Rst,
     /// Nothing could be sent.
     Failed,
+    /// Nothing sent: FIN-WAIT-2 (our FIN acknowledged), and the kernel
+    /// could not take it over.
+    Left,
 }
 
 /// Ends a dead process's connections (the service's, the warden's): the
@@ -423,6 +431,9 @@ impl Ender {
                 // This one only (its 4-tuple in use, ...): the one FIN.
                 Err(_) => {}
             }
+        }
+        if e.flags & F_FIN_ACKED != 0 && !e.rst() {
+            return Ended::Left;
         }
         match send_end(self.raw.as_fd(), e, now_ms) {
             Ok(()) if e.rst() => Ended::Rst,

@@ -52,12 +52,15 @@ pub struct Counters {
     /// the FIN and finishes them (retransmissions, TIME-WAIT);
     /// `tcp_ended_fin`: one FIN (where the kernel could not take it:
     /// data unacknowledged, or repair refused) or a RST (`tcp_ended_rst`);
-    /// `tcp_end_failed`: nothing could be sent; `tcp_end_refused`: a table
-    /// entry the process had no claim for (not acted on).
+    /// `tcp_end_failed`: nothing could be sent; `tcp_end_left`: in
+    /// FIN-WAIT-2 and not handed to the kernel (nothing to send);
+    /// `tcp_end_refused`: a table entry the process had no claim for (not
+    /// acted on).
     pub tcp_ended_repaired: u64,
     pub tcp_ended_fin: u64,
     pub tcp_ended_rst: u64,
     pub tcp_end_failed: u64,
+    pub tcp_end_left: u64,
     pub tcp_end_refused: u64,
     /// Connection tables handed over (one per attached process with TCP).
     pub conn_tables: u64,
@@ -1129,6 +1132,7 @@ impl Service {
                 super::conns::Ended::Fin => &mut k.tcp_ended_fin,
                 super::conns::Ended::Rst => &mut k.tcp_ended_rst,
                 super::conns::Ended::Failed => &mut k.tcp_end_failed,
+                super::conns::Ended::Left => &mut k.tcp_end_left,
             } += 1;
         }
         if let Some(note) = en.note.take() {

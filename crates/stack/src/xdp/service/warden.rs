@@ -268,14 +268,14 @@ pub fn run(pid: u32, pidfd: i32, table_fd: i32) -> Result<i32, String> {
     }
     let _ = rustix::process::setsid();
     wait_for_end(&pidfd);
-    let [repaired, fin, rst, failed, skipped] = end_all(&tfd, &mut ender);
+    let [repaired, fin, rst, failed, skipped, left] = end_all(&tfd, &mut ender);
     if let Some(note) = ender.note.take() {
         eprintln!("nanowire: warden: {note}");
     }
-    if repaired + fin + rst + failed + skipped > 0 {
+    if repaired + fin + rst + failed + skipped + left > 0 {
         eprintln!(
             "nanowire: process {pid} ended without closing {} tcp connection(s) (killed?): the warden handed {repaired} to the kernel (it sends the FIN and finishes them), sent FIN for {fin}, RST for {rst}{}{}",
-            repaired + fin + rst + failed + skipped,
+            repaired + fin + rst + failed + skipped + left,
             if failed > 0 {
                 format!(", {failed} could not be sent")
             } else {
@@ -309,10 +309,10 @@ fn wait_for_end(pidfd: &OwnedFd) {
 
 /// End every connection of the table: [handed to the kernel, FIN sent,
 /// RST sent, failed, skipped because the kernel has a live connection of
-/// that 4-tuple].
-fn end_all(tfd: &OwnedFd, ender: &mut super::conns::Ender) -> [u64; 5] {
+/// that 4-tuple, left in FIN-WAIT-2 (nothing to send, no repair)].
+fn end_all(tfd: &OwnedFd, ender: &mut super::conns::Ender) -> [u64; 6] {
     let ends = super::conns::read_all(tfd);
-    let mut n = [0u64; 5];
+    let mut n = [0u64; 6];
     if ends.is_empty() {
         return n;
     }
@@ -331,6 +331,7 @@ fn end_all(tfd: &OwnedFd, ender: &mut super::conns::Ender) -> [u64; 5] {
                 super::conns::Ended::Fin => 1,
                 super::conns::Ended::Rst => 2,
                 super::conns::Ended::Failed => 3,
+                super::conns::Ended::Left => 5,
             }
         };
         n[i] += 1;
