@@ -498,6 +498,18 @@ impl Ops for TcpRef {
     }
 
     fn fcntl(self, fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> Option<c_int> {
+        // The flags F_SETFL changes besides O_NONBLOCK (fs/fcntl.c SETFL_MASK).
+        const OTHERS: c_ulong =
+            (libc::O_APPEND | libc::O_ASYNC | libc::O_DIRECT | libc::O_NOATIME) as c_ulong;
+        if cmd == libc::F_SETFL
+            && arg & OTHERS == 0
+            && tcpx::placeholder_mode(self, fd, arg & libc::O_NONBLOCK as c_ulong != 0)
+        {
+            // Moved to the shared placeholder of that mode (no socket made):
+            // its flags are what this F_SETFL would have set.
+            self.common.setfl_done(arg, libc::O_NONBLOCK as c_ulong);
+            return Some(0);
+        }
         if !matches!(
             cmd,
             libc::F_GETFD
@@ -520,6 +532,14 @@ impl Ops for TcpRef {
 
     fn ioctl(self, fd: c_int, req: c_ulong, arg: c_ulong) -> Option<c_int> {
         let r = tcp_ioctl(self, req, arg);
+        if r.is_none()
+            && req == libc::FIONBIO as c_ulong
+            && arg != 0
+            && tcpx::placeholder_mode(self, fd, self.common.nonblock())
+        {
+            // The shared placeholder of that mode (no socket made).
+            return Some(0);
+        }
         if r.is_none() {
             // The kernel's socket under the fd answers: one of its own.
             tcpx::own_placeholder(self, fd);

@@ -48,7 +48,8 @@ static RETIRED: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
 /// template could not be made): accepted connections get sockets of their
 /// own.
 static OFF: AtomicBool = AtomicBool::new(false);
-/// Serialises making and retiring templates, and [`own`]'s replacements.
+/// Serialises making and retiring templates, and the replacements of the
+/// numbers on them (`tcpx::own_placeholder`, `tcpx::placeholder_mode`).
 static LOCK: Mutex<()> = Mutex::new(());
 
 /// The lock under which templates change and numbers leave them.
@@ -130,6 +131,27 @@ fn template(i: usize, floor: c_int) -> Option<(c_int, u64)> {
     COOKIE[i].store(cookie, Ordering::Release);
     FD[i].store(t, Ordering::Release);
     Some((t, cookie))
+}
+
+/// The current template of mode `nonblock` for a number now on the current
+/// template `cookie` (its other mode, or itself), and its cookie; `None`
+/// when `cookie` is not a current template or that one cannot be had.
+/// Takes [`lock`] to make one: never call it holding that.
+pub fn of_mode(cookie: u64, nonblock: bool, floor: c_int) -> Option<(c_int, u64)> {
+    if cookie == 0
+        || OFF.load(Ordering::Acquire)
+        || !COOKIE.iter().any(|c| c.load(Ordering::Acquire) == cookie)
+    {
+        return None;
+    }
+    template(nonblock as usize, floor)
+}
+
+/// Is `fd` still the current template whose cookie is `cookie`?
+pub fn current(fd: c_int, cookie: u64) -> bool {
+    FD.iter()
+        .zip(&COOKIE)
+        .any(|(f, c)| f.load(Ordering::Acquire) == fd && c.load(Ordering::Acquire) == cookie)
 }
 
 /// Does `cookie` (a number's recorded identity) name a template, current

@@ -1968,17 +1968,60 @@ fn own_placeholder_slow(t: TcpRef, fd: c_int) {
         if !crate::placeholder::is_template(table::identity(f)) {
             continue;
         }
-        // SAFETY: F_GETFD on the application's fd.
-        let cloexec = unsafe { real::fcntl(f, libc::F_GETFD, 0) } & libc::FD_CLOEXEC != 0;
-        // SAFETY: dup3 onto a number of this record (the application's):
-        // the placeholder's duplicate there is replaced in one step.
-        if unsafe { real::dup3(s, f, if cloexec { libc::O_CLOEXEC } else { 0 }) } >= 0 {
+        if replace_number(s, f) {
             table::set_identity(f, cookie);
         }
     }
     // SAFETY: ours; the numbers keep the socket.
     unsafe { real::close(s) };
     set_errno(e0);
+}
+
+/// Only the blocking mode of `fd` (a number of `t`) changes (F_SETFL with
+/// no other flag, FIONBIO): if it is on a shared placeholder, the numbers
+/// of `t` on it move to the placeholder of mode `nonblock` (dup3; no
+/// socket made), which has the flags the change asks for. False: `fd` is
+/// not on a current placeholder (the caller gives it a socket of its own).
+pub fn placeholder_mode(t: TcpRef, fd: c_int, nonblock: bool) -> bool {
+    let id = table::identity(fd);
+    if !crate::placeholder::is_template(id) {
+        return false;
+    }
+    // (Makes that template if need be, under the lock: before taking it.)
+    let Some((to, cookie)) = crate::placeholder::of_mode(id, nonblock, keep_fd_floor()) else {
+        return false;
+    };
+    if cookie == id {
+        return true;
+    }
+    let _g = crate::placeholder::lock();
+    if table::identity(fd) != id || !crate::placeholder::current(to, cookie) {
+        // Moved or retired meanwhile: the caller gives it its own.
+        return false;
+    }
+    let e0 = errno();
+    let mut moved = true;
+    for f in fds_of(t) {
+        if table::identity(f) == id {
+            if replace_number(to, f) {
+                table::set_identity(f, cookie);
+            } else {
+                moved = false;
+            }
+        }
+    }
+    set_errno(e0);
+    moved
+}
+
+/// `f` (the application's number) names the file of `with` from now on,
+/// its FD_CLOEXEC kept: one dup3. False if that failed.
+fn replace_number(with: c_int, f: c_int) -> bool {
+    // SAFETY: F_GETFD on the application's fd.
+    let cloexec = unsafe { real::fcntl(f, libc::F_GETFD, 0) } & libc::FD_CLOEXEC != 0;
+    // SAFETY: dup3 onto a number of the application's record: what it
+    // named is replaced in one step.
+    unsafe { real::dup3(with, f, if cloexec { libc::O_CLOEXEC } else { 0 }) >= 0 }
 }
 
 /// A sendmsg on a kernel socket that may pass fds (SCM_RIGHTS in `m`'s
