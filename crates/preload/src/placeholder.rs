@@ -33,7 +33,6 @@
 use crate::real;
 use crate::table;
 use libc::c_int;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
 /// The templates' numbers (index: O_NONBLOCK), -1: none yet.
@@ -49,12 +48,36 @@ static RETIRED: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
 /// own.
 static OFF: AtomicBool = AtomicBool::new(false);
 /// Serialises making and retiring templates, and the replacements of the
-/// numbers on them (`tcpx::own_placeholder`, `tcpx::placeholder_mode`).
-static LOCK: Mutex<()> = Mutex::new(());
+/// numbers on them (`tcpx::own_placeholder`, `tcpx::placeholder_mode`). A
+/// flag, not a mutex: a forked child, whose other threads are gone, frees
+/// it ([`after_fork_child`]).
+static LOCK: AtomicBool = AtomicBool::new(false);
 
-/// The lock under which templates change and numbers leave them.
-pub fn lock() -> std::sync::MutexGuard<'static, ()> {
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+/// Holds [`LOCK`] until dropped.
+pub struct Held(());
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        LOCK.store(false, Ordering::Release);
+    }
+}
+
+/// The lock under which templates change and numbers leave them (held for
+/// a few system calls).
+pub fn lock() -> Held {
+    while LOCK
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        std::thread::yield_now();
+    }
+    Held(())
+}
+
+/// In a forked child: a thread of the parent's that held the lock at fork
+/// does not exist here.
+pub fn after_fork_child() {
+    LOCK.store(false, Ordering::Release);
 }
 
 /// Accepted connections get sockets of their own from now on.

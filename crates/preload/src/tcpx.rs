@@ -581,6 +581,7 @@ pub fn adopt_inherited(fd: c_int, t: TcpRef) -> Option<TcpRef> {
 
 extern "C" fn after_fork_child() {
     PID.store(std::process::id(), Ordering::Relaxed);
+    crate::placeholder::after_fork_child();
 }
 
 /// The engine record of `fd`, if this process may use it.
