@@ -279,6 +279,22 @@ def run_to_old(runs, key="p50"):
     return out
 
 
+def paired_to_baseline(runs, base, placement="any", key="p50"):
+    """{label: paired_ratio(row, baseline)} for every other row, over the repeats in which both ran
+    in `placement` (near/far; any: every repeat); a failed run (no key) leaves its repeat out."""
+    def of(x):
+        ok = placement == "any" or x.get("placement", {}).get("mode") == placement
+        return x.get(key) if ok else None
+    b = [of(x) for x in runs[base]]
+    out = {}
+    for label, rs in runs.items():
+        if label != base:
+            r = paired_ratio([of(x) for x in rs], b, f"{label} / {base} ({placement})", key)
+            if r:
+                out[label] = r
+    return out
+
+
 def print_run_to_old(r):
     for v in r.values():
         print(f"# {v['of']}: {v['key']} {v['ratio']:.3f}x, 95% CI {v['ci95'][0]:.3f}-{v['ci95'][1]:.3f} "
@@ -1426,7 +1442,12 @@ def main():
     runs = {label: [] for label, *_ in configs}
     for r in range(a.repeats):
         for label, srv, cli, parser in configs:
-            res = placed_run(a, srv, cli, parser)
+            try:
+                res = placed_run(a, srv, cli, parser)
+            except RuntimeError as e:
+                # Failed three times (run_client's retries): this repeat of the row has no
+                # numbers (None in its pairs), the other rows and repeats go on.
+                res = {"failed": str(e)[-300:], "placement": {"mode": None, "before_ns": None, "after_ns": None}}
             runs[label].append(res)
             pl = res["placement"]
             print(f"# repeat {r + 1} {label}: p50={res.get('p50')} p99={res.get('p99')} placement={pl['mode']} "
@@ -1458,6 +1479,13 @@ def main():
     if old:
         out["run_to_old"] = old
         print_run_to_old(old)
+    if a.scenario == "shims":
+        # A bisect's question per row: row/baseline of the p50 medians with the bootstrap interval,
+        # over the repeats in which both ran in the wanted placement (--placement; any: all).
+        out["paired_to_baseline"] = paired_to_baseline(runs, base, a.placement)
+        for label, r in out["paired_to_baseline"].items():
+            print(f"# {r['of']}: {r['ratio']:.3f}x, 95% CI {r['ci95'][0]:.3f}-{r['ci95'][1]:.3f} "
+                  f"over {r['repeats']} repeats", file=sys.stderr)
     print(json.dumps(out, indent=1))
 
 
