@@ -1958,7 +1958,7 @@ fn passes_of(st: &serde_json::Value, cpu: u64) -> (Option<u64>, Vec<(u64, u64, u
 #[test]
 #[ignore = "needs root"]
 fn four_processes_pinned_to_one_cpu_share_it_through_the_registry_and_all_echo() {
-    let lab = lab("vc");
+    let lab = lab("v4c");
     let mut ports: Vec<u16> = (12401..12405).collect();
     let addr = ADDR_B.to_string();
     let mut kids: Vec<Kid> = ports

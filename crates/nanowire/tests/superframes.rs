@@ -400,7 +400,7 @@ fn an_accelerated_sender_leaves_checksums_to_the_kernel_where_offered() {
     // CHECKSUM_PARTIAL, as a local sender's); without it (the variable
     // below: a kernel or driver that does not offer it) it checksums in
     // software. Either way the plain receiver gets the same bytes.
-    let l = lab("sfc");
+    let l = lab("sfk");
     let total = (64u64 << 20).to_string();
     // The source stays after sending: its engine's counters are read.
     let source = format!("{SOURCE_PY}\nimport time; time.sleep(120)\n");

@@ -1028,7 +1028,7 @@ fn attach_mode_is_generic_on_veth_unless_forced() {
 #[test]
 #[ignore = "needs root"]
 fn a_datagram_the_device_drops_on_a_kick_is_counted() {
-    let lab = lab('k');
+    let lab = lab('v');
     let (ifa, ifb) = (lab.iface(Host::A), lab.iface(Host::B));
     let (na, nb) = (lab.netns(Host::A), lab.netns(Host::B));
     let tx_dropped = |ns: &str, ifn: &str| -> u64 {

@@ -90,13 +90,42 @@ pub fn require(programs: &[&str]) {
 /// The name of a lab for `tag` in this process: `<tag><pid mod 10000>`.
 /// `tag` names the test file and the test (distinct tags in one test binary
 /// never collide; the pid separates concurrent test binaries).
+///
+/// Two tests of one binary asking for the same tag fail here, whatever
+/// their timing: tests run two at a time, and a lab brought up under a
+/// name in use first takes the other test's lab down (session 18 found
+/// three such pairs, each a failure by chance of the order).
+#[track_caller]
 pub fn lab_name(tag: &str) -> String {
     let name = format!("{tag}{}", std::process::id() % 10000);
     assert!(
         name.len() <= 12,
         "lab tag {tag:?} too long: lab names are at most 12 characters"
     );
+    claim_tag(tag);
     name
+}
+
+/// Records that the running test (its thread's name, as libtest gives it)
+/// uses lab tag `tag`; panics if another test of this binary did. Threads
+/// without a name (a test's own helpers) are not checked.
+#[track_caller]
+fn claim_tag(tag: &str) {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static OWNERS: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+    let Some(me) = std::thread::current().name().map(str::to_owned) else {
+        return;
+    };
+    let mut owners = OWNERS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let owner = owners.entry(tag.to_owned()).or_insert_with(|| me.clone());
+    assert!(
+        *owner == me,
+        "lab tag {tag:?} is also used by test {owner}: give each test its own tag"
+    );
 }
 
 /// The default lab (as `nanowire lab up` makes it: TSO/GSO on, one queue),
@@ -451,5 +480,25 @@ mod tests {
             (super::A, super::B),
             (&*ADDR_A.to_string(), &*ADDR_B.to_string())
         );
+    }
+}
+
+#[cfg(test)]
+mod tag_tests {
+    fn claim_in(test: &str, tag: &'static str) -> bool {
+        std::thread::Builder::new()
+            .name(test.into())
+            .spawn(move || super::claim_tag(tag))
+            .unwrap()
+            .join()
+            .is_ok()
+    }
+
+    #[test]
+    fn a_tag_belongs_to_the_first_test_that_asks_for_it() {
+        assert!(claim_in("t1", "zq"));
+        assert!(claim_in("t1", "zq"), "the same test may ask again");
+        assert!(claim_in("t2", "zr"));
+        assert!(!claim_in("t2", "zq"), "another test may not");
     }
 }
