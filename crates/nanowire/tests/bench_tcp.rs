@@ -80,11 +80,9 @@ fn request(seq: u64, flags: u16, len: usize) -> Vec<u8> {
 
 #[test]
 fn tcp_server_survives_partial_frames_garbage_and_disconnects() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // Port 0: the server's own bind picks the port, it says which. (A port
+    // found free by a test's bind and close could be taken by anything on
+    // the host before the server binds it.)
     let child = std::process::Command::new(NW)
         .args([
             "bench",
@@ -93,7 +91,7 @@ fn tcp_server_survives_partial_frames_garbage_and_disconnects() {
             "-i",
             "127.0.0.1",
             "-p",
-            &port.to_string(),
+            "0",
             "--json",
         ])
         .stdout(std::process::Stdio::piped())
@@ -109,6 +107,16 @@ fn tcp_server_survives_partial_frames_garbage_and_disconnects() {
         .recv_timeout(Duration::from_secs(10))
         .expect("server starts");
     assert!(l.contains("listen on"), "{l}");
+    let l = lines
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the server's address");
+    let port: u16 = l
+        .split("PORT =")
+        .nth(1)
+        .and_then(|p| p.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {l:?}"));
+    assert_ne!(port, 0, "{l}");
     let addr = format!("127.0.0.1:{port}");
     let connect = || {
         let s = TcpStream::connect(&addr).unwrap();

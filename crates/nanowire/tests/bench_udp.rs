@@ -113,17 +113,25 @@ fn sockperf_clients_against_udp_server() {
     let lab = lab("s");
     for engine in ["kernel", "spin"] {
         let srv = bench_server(&lab, &["-p", "11111", "--engine", engine, "--json"]);
-        let (ok, all) = sockperf_in_a(&lab, "sockperf pp -i 198.18.0.2 -p 11111 -m 64 -t 1");
+        // The server tells clients apart by address, and the kernel picks a
+        // UDP client's ephemeral port at random, a finished client's
+        // included (1 in ~28,000 a pair, 6 pairs a round): the sockperf
+        // clients bind their own distinct ports, below the ephemeral range
+        // that our client's port comes from.
+        let (ok, all) = sockperf_in_a(
+            &lab,
+            "sockperf pp -i 198.18.0.2 -p 11111 -m 64 -t 1 --client_port 21101",
+        );
         assert!(ok, "{all}");
         assert_eq!(sockperf_dropped(&all), Some(0), "{all}");
         sockperf_in_a(
             &lab,
-            "sockperf ul -i 198.18.0.2 -p 11111 -m 64 -t 1 --mps 2000",
+            "sockperf ul -i 198.18.0.2 -p 11111 -m 64 -t 1 --mps 2000 --client_port 21102",
         );
 
         let o = in_a(
             &lab,
-            "sockperf tp -i 198.18.0.2 -p 11111 -m 64 -t 1 --mps 5000",
+            "sockperf tp -i 198.18.0.2 -p 11111 -m 64 -t 1 --mps 5000 --client_port 21103",
         );
         assert!(o.status.success());
 

@@ -426,15 +426,16 @@ fn burst_tools_reject_bad_arguments() {
 fn burst_on_loopback_is_counted_exactly() {
     // Generator and spinning sink on loopback: a small burst arrives whole,
     // with every sequence number and a one-way latency per datagram.
-    let port = 20000 + (std::process::id() % 20000) as u16;
-    let ps = port.to_string();
+    // Port 0: the sink's own bind picks it and READY says which (a fixed
+    // port, 20000 + pid mod 20000, was inside the ephemeral range: any
+    // socket on the host could hold it).
     let mut sink = spawn_piped(Command::new(NW).args([
         "bench",
         "sink",
         "-i",
         "127.0.0.1",
         "-p",
-        &ps,
+        "0",
         "--behaviour",
         "echo",
         "--engine",
@@ -453,6 +454,15 @@ fn burst_on_loopback_is_counted_exactly() {
         .read_line(&mut line)
         .unwrap();
     assert!(line.starts_with("READY"), "{line}");
+    let ps = line
+        .trim()
+        .rsplit_once(':')
+        .map(|(_, p)| p.to_string())
+        .unwrap_or_default();
+    assert!(
+        ps.parse::<u16>().is_ok_and(|p| p != 0),
+        "no port in {line:?}"
+    );
     let (code, out, e) = run_with_timeout(
         Command::new(NW).args([
             "bench",
