@@ -118,6 +118,15 @@ fn tcp_server_survives_partial_frames_garbage_and_disconnects() {
         .unwrap_or_else(|| panic!("no port in {l:?}"));
     assert_ne!(port, 0, "{l}");
     let addr = format!("127.0.0.1:{port}");
+    // Our end closed, then the server's seen closed: it has counted the
+    // disconnect (a fixed sleep before the final report could be too short
+    // on a loaded machine).
+    let close = |mut s: TcpStream| {
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "no reply after the close: {rest:?}");
+    };
     let connect = || {
         let s = TcpStream::connect(&addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -149,7 +158,7 @@ fn tcp_server_survives_partial_frames_garbage_and_disconnects() {
     // A peer that vanishes mid-frame.
     let mut gone = connect();
     gone.write_all(&request(1, 2, 1000)[..500]).unwrap();
-    drop(gone);
+    close(gone);
 
     // A length field smaller than the header: the stream is closed, counted.
     let mut bad = connect();
@@ -164,8 +173,7 @@ fn tcp_server_survives_partial_frames_garbage_and_disconnects() {
     let mut r = vec![0u8; 14];
     s.read_exact(&mut r).unwrap();
     assert_eq!(&r[..8], &10u64.to_be_bytes());
-    drop(s);
-    std::thread::sleep(Duration::from_millis(300));
+    close(s);
 
     let s = json(&srv.signal_and_wait("INT", T));
     assert_eq!(s["malformed"], 1, "{s}");

@@ -35,7 +35,19 @@ fn captures_udp_with_nanosecond_timestamps() {
         .spawn()
         .unwrap();
     let mut cap = Reaped::new(cap);
-    std::thread::sleep(Duration::from_millis(300));
+    // Its packet socket is open once it has looked for xdp engines (it says
+    // so): a fixed sleep could send the datagrams before the capture starts
+    // on a loaded machine, and the capture would wait for frames gone by.
+    let err = nanowire_testkit::line_channel(cap.stderr.take().unwrap());
+    let t0 = Instant::now();
+    loop {
+        let left = Duration::from_secs(20).saturating_sub(t0.elapsed());
+        match err.recv_timeout(left) {
+            Ok(l) if l.contains("xdp engine") => break,
+            Ok(_) => {}
+            Err(e) => panic!("the capture never said it started: {e}"),
+        }
+    }
     // Five datagrams to port 9999, plus ping traffic the port filter must drop.
     let send = "import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\nfor i in range(5):\n    s.sendto(b'nanowire%d'%i,('198.18.0.2',9999)); time.sleep(0.02)\n";
     assert!(

@@ -88,12 +88,22 @@ fn lab_commands_die_with_their_spawner() {
     let lab = nanowire_testkit::lab("tlk");
     // A thread spawns a long sleeper in host b and exits without killing it.
     let l2 = lab.lab.clone();
-    // (It lingers a moment so that `setpriv` has set the signal before the
-    // thread goes: a spawner that exits within microseconds of spawning is
-    // not the case this guards against.)
+    // (It stays until `setpriv` has set the signal, that is until it has
+    // exec'd the sleeper: a spawner that exits within microseconds of
+    // spawning is not the case this guards against. A fixed 500 ms could
+    // end first on a loaded machine, and the sleeper outlive it.)
     let pid = std::thread::spawn(move || {
         let id = l2.command(Host::B, &["sleep", "300"]).spawn().unwrap().id();
-        std::thread::sleep(std::time::Duration::from_millis(500));
+        let t0 = std::time::Instant::now();
+        while std::fs::read_to_string(format!("/proc/{id}/comm"))
+            .map_or(true, |c| c.trim() != "sleep")
+        {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(30),
+                "{id} never became the sleeper"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         id
     })
     .join()

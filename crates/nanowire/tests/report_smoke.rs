@@ -3,13 +3,16 @@
 //! every number derived from samples), and index.html rendered in headless
 //! Chromium (every section's SVG present and non-empty).
 
-use nanowire_testkit::{Reaped, items, spawn_piped, wait_output};
+use nanowire_testkit::{items, spawn_piped, wait_output};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 const NW: &str = env!("CARGO_BIN_EXE_nanowire");
+
+mod bench_server;
+use bench_server::{BenchServer, server_cmd};
 
 fn run_with_timeout(cmd: &mut Command, timeout: Duration) -> (i32, String, String) {
     let o = wait_output(spawn_piped(cmd).into_inner(), timeout, "the command");
@@ -503,33 +506,19 @@ fn peer_mode_runs_the_client_side_against_a_remote_server() {
     // Two "real" hosts: the lab's namespaces, with nothing shared but the link.
     let lab = nanowire_testkit::lab("trp");
     let port = "11111";
-    let server = |tcp: bool| {
-        let mut argv = vec![
-            NW,
-            "bench",
-            "server",
-            "-i",
-            "198.18.0.2",
-            "-p",
-            port,
-            "--engine",
-            "kernel",
-        ];
-        if tcp {
-            argv.push("--tcp");
+    // Both servers listening before the client side starts (not a fixed
+    // sleep: a loaded machine can take longer to start them).
+    let server = |extra: &[&str]| {
+        let mut args = vec!["--engine", "kernel"];
+        args.extend_from_slice(extra);
+        let s = BenchServer::spawn(server_cmd(&lab, port.parse().unwrap(), &args));
+        if let Err(said) = s.listening() {
+            panic!("server {extra:?} printed no listen line; it said: {said:?}");
         }
-        Reaped::new(
-            lab.command(nanowire_lab::Host::B, &argv)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        )
+        s
     };
-    let _udp = server(false);
-    let _tcp = server(true);
-    std::thread::sleep(Duration::from_millis(500));
+    let _udp = server(&[]);
+    let _tcp = server(&["--tcp"]);
     let out = tmpdir("peer");
     let iface = lab.iface(nanowire_lab::Host::A);
     let o = out.to_str().unwrap();

@@ -210,7 +210,26 @@ fn iperf3_tcp_under_run_against_a_plain_iperf3() {
                 &["iperf3", "-s", "-1", "-J", "-B", &addr, "-p", &ports],
             ),
         );
-        std::thread::sleep(Duration::from_millis(800));
+        // iperf3 -J says nothing until it ends: listening is the shim's
+        // log line under run, the kernel's listening socket otherwise (a
+        // fixed sleep could start the client first on a loaded machine,
+        // and a refused client fails the test).
+        s.wait_until("listening", T, |k| {
+            if srv {
+                k.stderr()
+                    .contains(&format!("tcp listener {addr}:{port}: xdp"))
+            } else {
+                output(
+                    plain_in(
+                        &l,
+                        Host::B,
+                        &["ss", "-tlnH", "sport", "=", &format!(":{port}")],
+                    ),
+                    "ss",
+                )
+                .contains(&format!(":{port}"))
+            }
+        });
         let mut c = spawn(
             &format!("ip{port}-c"),
             xdp_or_plain(
