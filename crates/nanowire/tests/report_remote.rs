@@ -11,6 +11,7 @@ use nanowire_lab::testbed::{ADDR_B, Host, ScopedLab};
 use nanowire_testkit::{A, B, items};
 use run_support::*;
 use serde_json::Value;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -452,11 +453,20 @@ fn an_interrupted_remote_report_leaves_no_process_in_host_b() {
         B,
         &sshd.opts(),
         &["--quick", "--quiet", "--out", out.to_str().unwrap()],
-    )
-    .stdout(Stdio::null())
-    .stderr(Stdio::null())
-    .spawn()
-    .unwrap();
+    );
+    child.stdout(Stdio::null()).stderr(Stdio::null());
+    // As a terminal's Ctrl-C finds it: SIGINT at its default. A test run
+    // from a non-interactive shell's background job inherits SIGINT
+    // ignored (the report installs no handler), and the kill below did
+    // nothing: the report ran to its end (264 s) instead of stopping.
+    // SAFETY: signal(2) in the forked child before exec, async-signal-safe.
+    unsafe {
+        child.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut child = child.spawn().unwrap();
     // Wait for a server of the report in host b.
     let end = Instant::now() + Duration::from_secs(90);
     loop {
@@ -480,7 +490,11 @@ fn an_interrupted_remote_report_leaves_no_process_in_host_b() {
         .status()
         .unwrap();
     assert!(st.success());
-    let _ = child.wait();
+    let end = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < end, "the report did not stop on SIGINT");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let left = wait_empty(&lab, &sshd);
     assert!(
         left.is_empty(),
