@@ -3101,14 +3101,34 @@ pub(crate) fn rx_segments_into<D: RxDevice>(
     fed
 }
 
-/// One segment for the stack (under the RX lock): a segment with data
-/// enough to keep is offered to its connection with its frame (`Hold`)
-/// while the engine's budget of held frames allows: kept, its bytes are
-/// copied once, by the application's read, instead of into the receive ring
-/// and out again. The frame goes to `done` (a kept one's clone stays out of
-/// the fill ring until the application read its bytes).
+/// One segment for the stack (under the RX lock); its frame goes to `done`.
+/// A small one in one buffer (a request, a reply, an ACK) goes straight in;
+/// the others are offered to keep (`input_held`), out of line.
 #[inline]
 fn input_one(
+    stack: &mut TcpStack,
+    t: u64,
+    d: super::demux::Delivery,
+    h: &HeldBudget<'_>,
+    read: Option<&mut DirectRead<'_>>,
+    done: &mut nanowire_xdp::Recycler,
+) {
+    if d.payload_len as usize >= nanowire_tcp::HOLD_MIN || d.frame.frames() != 1 {
+        return input_held(stack, t, d, h, read, done);
+    }
+    let to = Intake { read, hold: None };
+    stack.input_with(t, *d.src.ip(), *d.dst.ip(), d.segment(), &[], to);
+    d.frame.recycle_into(done);
+}
+
+/// [`input_one`] for a segment with data enough to keep, or in several
+/// buffers: offered to its connection with its frame (`Hold`) while the
+/// engine's budget of held frames allows: kept, its bytes are copied once,
+/// by the application's read, instead of into the receive ring and out
+/// again (a kept frame's clone stays out of the fill ring until the
+/// application read its bytes).
+#[inline(never)]
+fn input_held(
     stack: &mut TcpStack,
     t: u64,
     d: super::demux::Delivery,
