@@ -571,14 +571,7 @@ def iperf_main(a, base, configs):
     return {"scenario": a.scenario, "baseline": base, "repeats": a.repeats, "seconds": a.seconds,
             "commands": {label: " ".join(nw_run(label, ["iperf3", "-c", B, "-t", str(a.seconds), "-J"],
                                                 profile="throughput")) for label, *_ in configs},
-            "runs": runs, "median": med, "ratio_to_baseline": ratios,
-           "placement": {label: [x["placement"]["mode"] for x in rs] for label, rs in runs.items()},
-           "median_by_placement": by_placement(runs), "env": env(a.lab)}
-    bp = out["median_by_placement"]
-    out["ratio_to_baseline_by_placement"] = {
-        label: {m: round(x["p50"] / bp[base][m]["p50"], 3) for m, x in v.items()
-                if m in ("near", "far") and m in bp.get(base, {})}
-        for label, v in bp.items()}
+            "runs": runs, "median": med, "ratio_to_baseline": ratios, "env": env(a.lab)}
 
 
 TXFLOOR_SINKS = ["xdp", "udp", "xsk"]
@@ -669,14 +662,7 @@ def iperf_p4_main(a, base, configs):
                                  "client": " ".join(wrap(placement[label][1], ["iperf3", "-c", B, "-P", "4", "-t",
                                                                                str(a.seconds), "-J"]))}
                          for label, *_ in configs},
-            "runs": runs, "median": med, "ratio_to_baseline": ratios,
-           "placement": {label: [x["placement"]["mode"] for x in rs] for label, rs in runs.items()},
-           "median_by_placement": by_placement(runs), "env": env(a.lab)}
-    bp = out["median_by_placement"]
-    out["ratio_to_baseline_by_placement"] = {
-        label: {m: round(x["p50"] / bp[base][m]["p50"], 3) for m, x in v.items()
-                if m in ("near", "far") and m in bp.get(base, {})}
-        for label, v in bp.items()}
+            "runs": runs, "median": med, "ratio_to_baseline": ratios, "env": env(a.lab)}
 
 
 BURST_RING = int(os.environ.get("BURST_RING", "65536"))
