@@ -40,6 +40,8 @@ pub const PER_REGION: usize = 16384;
 pub const ENTRY: usize = 48;
 const HEADER: usize = 16;
 const ENTRIES_AT: usize = 4096;
+// Entries are compared and stored as 8-byte words (`Region::publish`).
+const _: () = assert!(ENTRY.is_multiple_of(8) && ENTRIES_AT.is_multiple_of(8));
 /// The table's size (sparse: only the pages written take memory; a region
 /// of a stack with 20 connections touches one page).
 pub const TABLE_BYTES: usize = ENTRIES_AT + REGIONS * PER_REGION * ENTRY;
@@ -294,10 +296,17 @@ impl Region {
             if let Some(e) = e {
                 e.write(&mut b);
             }
-            let at = t.entry(self.idx, slot);
+            // Compared and stored as 8-byte words (a volatile byte array
+            // is read and written a byte at a time: 48 loads and stores).
+            let b: [u64; ENTRY / 8] = std::array::from_fn(|i| {
+                u64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().unwrap())
+            });
+            let at = t.entry(self.idx, slot).cast::<[u64; ENTRY / 8]>();
             // SAFETY: `at` is inside the mapping (slot < PER_REGION, idx <
-            // REGIONS); this region is written only through `self`, and
-            // read by another process only after this one died.
+            // REGIONS) and 8-byte aligned (page-aligned base, ENTRIES_AT
+            // and ENTRY multiples of 8); this region is written only
+            // through `self`, and read by another process only after this
+            // one died.
             let old = unsafe { std::ptr::read_volatile(at) };
             if old == b {
                 return;
