@@ -110,12 +110,8 @@ fn tcp_server_survives_partial_frames_garbage_and_disconnects() {
     let l = lines
         .recv_timeout(Duration::from_secs(10))
         .expect("the server's address");
-    let port: u16 = l
-        .split("PORT =")
-        .nth(1)
-        .and_then(|p| p.split_whitespace().next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {l:?}"));
+    let port: u16 =
+        nanowire_testkit::word_after(&l, "PORT =").unwrap_or_else(|| panic!("no port in {l:?}"));
     assert_ne!(port, 0, "{l}");
     let addr = format!("127.0.0.1:{port}");
     // Our end closed, then the server's seen closed: it has counted the

@@ -93,8 +93,7 @@ fn udp_client_against_sockperf_sr() {
     let received: u64 = out
         .lines()
         .find(|l| l.contains("[Valid Duration]"))
-        .and_then(|l| l.split("ReceivedMessages=").nth(1))
-        .and_then(|v| v.trim().parse().ok())
+        .and_then(|l| nanowire_testkit::word_after(l, "ReceivedMessages="))
         .expect("valid-duration line");
     let csv = std::fs::read_to_string(&log).unwrap();
     let mut lines = csv.lines();

@@ -206,11 +206,7 @@ fn sockperf_udp_and_tcp_pp_ul_tp_under_run() {
         assert_ul_lost_nothing(&lab, tcp, &out, &before);
         let out = client(&lab, tag, "tp", port, tcp, &["--mps", "10000"]);
         assert!(out.contains("Summary: Message Rate is"), "{out}");
-        let sent: u64 = out
-            .split("Total of ")
-            .nth(1)
-            .and_then(|r| r.split_whitespace().next())
-            .and_then(|n| n.parse().ok())
+        let sent: u64 = nanowire_testkit::word_after(&out, "Total of ")
             .unwrap_or_else(|| panic!("no message count:\n{out}"));
         assert!(sent > 1000, "{out}");
     }

@@ -17,6 +17,13 @@ use std::time::Duration;
 const T: Duration = Duration::from_secs(180);
 const MODES: [&str; 2] = ["generic", "native"];
 
+/// Each XDP attach mode of [`MODES`] with a port of its own, from `first`.
+fn each_mode(first: u16) -> impl Iterator<Item = (&'static str, String)> {
+    (first..)
+        .zip(MODES)
+        .map(|(port, mode)| (mode, port.to_string()))
+}
+
 /// `cmd` in host `h` under `nanowire run --engine xdp` in XDP attach `mode`.
 fn under_run(l: &ScopedLab, h: Host, mode: &str, cmd: &[&str]) -> std::process::Command {
     let mut c = run_in(l, h, &["--engine", "xdp", "-o", "log=info"], cmd);
@@ -103,33 +110,47 @@ fn sink_and_source(
     (srv, cli)
 }
 
+/// [`sink_and_source`] of `total` bytes from [`SOURCE_PY`] to `port`, to
+/// the end, once both ends saw the same bytes (count and sha256): the
+/// sink's output, and the sink still running (its engine's counters
+/// readable with `nanowire stats` while it is kept).
+fn hashed_stream(
+    l: &ScopedLab,
+    tag: &str,
+    run: (Host, &str, &[(&str, &str)]),
+    port: &str,
+    total: u64,
+) -> (String, Kid) {
+    let total = total.to_string();
+    let (srv, mut cli) = sink_and_source(l, tag, run, (port, &total), SOURCE_PY);
+    let c = cli.success(T);
+    let s = srv.both();
+    let sent = field(&c, "sent");
+    assert!(sent.starts_with(&format!("{total} ")), "{tag}: {c}");
+    assert_eq!(
+        field(&s, "got"),
+        sent,
+        "{tag}: bytes and sha256 differ between the ends"
+    );
+    (s, srv)
+}
+
 #[test]
 #[ignore = "needs root"]
 fn a_plain_client_writes_300_mb_to_an_accelerated_python_server() {
     let l = lab("sfw");
-    let total = (300u64 << 20).to_string();
-    for (i, mode) in MODES.iter().enumerate() {
-        let port = (14100 + i).to_string();
-        let run = (Host::B, *mode, &[][..]);
-        let (srv, mut cli) = sink_and_source(&l, mode, run, (&port, &total), SOURCE_PY);
-        let c = cli.success(T);
-        let s = srv.both();
+    for (mode, port) in each_mode(14100) {
+        let run = (Host::B, mode, &[][..]);
+        let (s, _srv) = hashed_stream(&l, mode, run, &port, 300 << 20);
         assert!(
             s.contains(&format!("tcp listener {B}:{port}: xdp")),
             "{mode}: the server is not on the engine:\n{s}"
-        );
-        let sent = field(&c, "sent");
-        assert!(sent.starts_with(&format!("{total} ")), "{mode}: {c}");
-        assert_eq!(
-            field(&s, "got"),
-            sent,
-            "{mode}: bytes and sha256 differ between the ends"
         );
         let e = engine_counters(&l, Host::B);
         eprintln!("{mode}: {e}");
         assert_eq!(e["drop_rx_chain"], 0, "{mode}: {e}");
         assert_eq!(e["xsk_rx_dropped"], 0, "{mode}: {e}");
-        if *mode == "generic" {
+        if mode == "generic" {
             // Generic XDP sees the peer's super-frames whole: they came as
             // multi-buffer chains.
             assert!(e["rx_multi_buffer"].as_u64() > Some(0), "{mode}: {e}");
@@ -170,15 +191,10 @@ fn lost_and_reordered_super_frames_keep_a_hashed_stream_intact() {
     // retransmit, RTO). A bad checksum is the same as a loss to the sender
     // (classify.rs tests the 64 KiB bad-checksum drop itself).
     let l = lab("sfo");
-    let total = (64u64 << 20).to_string();
-    let port = "14300";
     let faults = "seed=21,loss=0.5%,reorder=3%,reorder_delay_us=300,dir=rx";
     let run = (Host::B, "generic", &[("NANOWIRE_FAULTS", faults)][..]);
-    let (srv, mut cli) = sink_and_source(&l, "faults", run, (port, &total), SOURCE_PY);
-    let c = cli.success(T);
-    let s = srv.both();
+    let (s, _srv) = hashed_stream(&l, "faults", run, "14300", 64 << 20);
     assert!(s.contains("fault injection on"), "{s}");
-    assert_eq!(field(&s, "got"), field(&c, "sent"), "the stream differs");
     let e = engine_counters(&l, Host::B);
     eprintln!("{e}");
     for k in ["rx_multi_buffer", "fault_rx_reordered", "drop_fault_rx"] {
@@ -256,8 +272,7 @@ fn curl_under_run_downloads_100_mb_from_a_plain_http_server() {
 fn iperf3_with_4_streams_into_an_accelerated_server_completes() {
     require(&["iperf3"]);
     let l = lab("sfi");
-    for (i, mode) in MODES.iter().enumerate() {
-        let port = (14201 + i).to_string();
+    for (mode, port) in each_mode(14201) {
         // iperf3's own banner sits in its stdout buffer; the shim's line
         // says the listener is up (on the engine).
         let up = format!("tcp listener {B}:{port}: xdp");
@@ -313,19 +328,15 @@ fn without_multi_buffer_tcp_stays_on_the_kernel_and_says_so() {
     // TCP socket is left to the kernel with one line saying why, and the
     // transfer completes instead of stalling.
     let l = lab("sfn");
-    let total = (32u64 << 20).to_string();
     let port = "14400";
     let no_mb = [("NANOWIRE_XDP_NO_MULTI_BUFFER", "1")];
     let run = (Host::B, "generic", &no_mb[..]);
-    let (srv, mut cli) = sink_and_source(&l, "nomb", run, (port, &total), SOURCE_PY);
-    let c = cli.success(T);
-    let s = srv.both();
+    let (s, _srv) = hashed_stream(&l, "nomb", run, port, 32 << 20);
     assert!(
         s.contains("super-frames; TCP stays on the kernel"),
         "the reason is on stderr:\n{s}"
     );
     assert!(!s.contains(&format!("tcp listener {B}:{port}: xdp")), "{s}");
-    assert_eq!(field(&s, "got"), field(&c, "sent"), "the stream differs");
     // (`tcp_no_multi_buffer` counts it on the stats page of an engine that
     // lives on for other sockets; this one had none, so it closed.)
 }
@@ -359,8 +370,7 @@ fn udp_gso_super_frames_reach_an_accelerated_receiver_as_datagrams() {
     // passes it to the kernel (longer than the MTU), which splits it for
     // the socket's kernel twin. The receiver sees the datagrams as plainly.
     let l = lab("sfu");
-    for (i, mode) in MODES.iter().enumerate() {
-        let port = (14500 + i).to_string();
+    for (mode, port) in each_mode(14500) {
         let argv = ["python3", "-c", UDP_GSO_PY, "server", B, &port, "50"];
         let mut srv =
             server_under_run(&l, &format!("udp-gso-srv-{mode}"), mode, &argv, "listening");
@@ -368,7 +378,7 @@ fn udp_gso_super_frames_reach_an_accelerated_receiver_as_datagrams() {
         // frames the kernel copies more cheaply (nanowire_xdp::Frags::Lazy;
         // no chain reaches this engine: the kernel splits these).
         let prog = xdp_prog(&l, Host::B);
-        let want = if *mode == "generic" {
+        let want = if mode == "generic" {
             "nw_steer"
         } else {
             "nw_steer_frags"

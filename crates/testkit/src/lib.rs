@@ -215,6 +215,14 @@ pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
+/// The first whitespace-separated word after the first `marker` in
+/// `text`, parsed (`word_after("PORT = 5001 ...", "PORT =") == Some(5001)`);
+/// `None` without the marker or when the word is not a `T`.
+pub fn word_after<T: std::str::FromStr>(text: &str, marker: &str) -> Option<T> {
+    let (_, rest) = text.split_once(marker)?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
 /// The words of a command line, as an argv (for lines with no empty or
 /// spaced word: `&words(&format!("memcached -l {addr} -p 11211"))`).
 pub fn words(line: &str) -> Vec<&str> {
@@ -480,6 +488,24 @@ mod tests {
             (super::A, super::B),
             (&*ADDR_A.to_string(), &*ADDR_B.to_string())
         );
+    }
+
+    #[test]
+    fn word_after_parses_the_word_after_the_first_marker() {
+        use super::word_after;
+        let line = "sockperf: PORT = 5001 (tcp); PORT = 7";
+        assert_eq!(word_after::<u16>(line, "PORT ="), Some(5001));
+        assert_eq!(
+            word_after::<u64>("ReceivedMessages=42", "ReceivedMessages="),
+            Some(42)
+        );
+        assert_eq!(word_after::<u16>(line, "ADDR ="), None, "no marker");
+        assert_eq!(
+            word_after::<u16>("PORT = x", "PORT ="),
+            None,
+            "not a number"
+        );
+        assert_eq!(word_after::<u16>("PORT =", "PORT ="), None, "nothing after");
     }
 }
 
