@@ -17,6 +17,7 @@
 
 mod run_support;
 use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host, ScopedLab};
+use nanowire_testkit::B;
 use run_support::*;
 use std::time::Duration;
 
@@ -24,14 +25,6 @@ const T: Duration = Duration::from_secs(60);
 
 fn script(name: &str) -> String {
     format!("{}/tests/fdlife/{name}", env!("CARGO_MANIFEST_DIR"))
-}
-
-fn cmd(l: &ScopedLab, h: Host, run: bool, argv: &[&str]) -> std::process::Command {
-    if run {
-        run_in(l, h, &["--engine", "xdp", "-o", "log=info"], argv)
-    } else {
-        plain_in(l, h, argv)
-    }
 }
 
 /// One close-and-reuse case: (program's stdout, peer's stdout).
@@ -65,7 +58,7 @@ fn reuse_case(
     } else {
         vec![bin, proto, method, &addr, &port_s, &dir]
     };
-    let mut p = spawn(&format!("prog-{tag}"), cmd(l, Host::A, run, &argv));
+    let mut p = spawn(&format!("prog-{tag}"), xdp_or_plain(l, Host::A, run, &argv));
     let st = p.wait(T);
     assert!(st.success(), "{tag} failed ({st}):\n{}", p.both());
     if run {
@@ -169,14 +162,10 @@ fn fork_case(l: &ScopedLab, port: u16, run: bool) -> (Vec<String>, String) {
     );
     peer.wait_for("ready", Duration::from_secs(20));
     let kid_py = script("forkkid.py");
+    let argv = ["python3", &kid_py, &b, &a, &port_s, "10"];
     let mut p = spawn(
         &format!("forkkid{port}"),
-        cmd(
-            l,
-            Host::B,
-            run,
-            &["python3", &kid_py, &b, &a, &port_s, "10"],
-        ),
+        xdp_or_plain(l, Host::B, run, &argv),
     );
     p.wait_for("parent ready", Duration::from_secs(20));
     p.wait_for("child uid", Duration::from_secs(20));
@@ -247,22 +236,16 @@ fn forked_child_holds_no_engine_and_a_killed_parent_releases_its_claims() {
 #[ignore = "needs root"]
 fn inetd_style_subprocess_children_get_a_working_socket() {
     let l = lab("in");
-    let b = ADDR_B.to_string();
-    let mut outs = Vec::new();
-    for (run, port) in [(false, "14400"), (true, "14401")] {
+    let outs = plain_and_run(14400, |run, port| {
+        let argv = ["python3", &script("inetd.py"), B, port];
         let mut s = spawn(
             &format!("inetd{port}"),
-            cmd(
-                &l,
-                Host::B,
-                run,
-                &["python3", &script("inetd.py"), &b, port],
-            ),
+            xdp_or_plain(&l, Host::B, run, &argv),
         );
         s.wait_for("listening", Duration::from_secs(20));
         let c = spawn(
             &format!("inetd-cli{port}"),
-            plain_in(&l, Host::A, &["python3", &script("inetd_cli.py"), &b, port]),
+            plain_in(&l, Host::A, &["python3", &script("inetd_cli.py"), B, port]),
         )
         .success(T);
         let so = s.success(T);
@@ -279,8 +262,8 @@ fn inetd_style_subprocess_children_get_a_working_socket() {
                 "the accepted connection was not handed over at vfork:\n{err}"
             );
         }
-        outs.push(c);
-    }
+        c
+    });
     assert!(outs[0].contains("echo: line 0"), "{}", outs[0]);
     assert_eq!(
         outs[0], outs[1],

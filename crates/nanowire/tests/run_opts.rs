@@ -45,12 +45,11 @@ fn probe_pair(
 #[ignore = "needs root"]
 fn udp_ip_ttl_and_tos_leave_as_set_in_both_placements() {
     let l = lab("ou");
-    for (i, run) in [false, true].into_iter().enumerate() {
-        let port = (14100 + i).to_string();
+    for (run, port) in with_ports(14100, [false, true]) {
         let recv = (false, &["udp-recv", B, &port][..], "ready");
         let (mut r, sent) = probe_pair(
             &l,
-            &format!("udp-{i}"),
+            &format!("udp-{port}"),
             recv,
             (run, &["udp-send", B, &port]),
         );
@@ -122,9 +121,8 @@ fn tcp_connects_without_options_send_the_namespaces_defaults() {
         .expect("sysctl"),
     );
     let mut seen = Vec::new();
-    for (i, cli_run) in [false, true].into_iter().enumerate() {
-        let port = (14300 + i).to_string();
-        let (name, p) = (format!("dflt-{i}"), probe());
+    for (cli_run, port) in with_ports(14300, [false, true]) {
+        let (name, p) = (format!("dflt-{port}"), probe());
         let srv = ["tcp-echo-capture", B, &port, "3", A];
         let cli = ["tcp-default-client", B, &port];
         let (s, c) = script_pair(&l, (&name, &p), (false, &srv), (cli_run, &cli), T);
@@ -145,11 +143,10 @@ fn tcp_md5sig_never_goes_unsigned() {
     let l = lab("om");
     // A signing client against a server with no key: no connection, in
     // both placements of the client.
-    for (i, run) in [false, true].into_iter().enumerate() {
-        let port = (14300 + i).to_string();
+    for (run, port) in with_ports(14300, [false, true]) {
         let srv = (false, &["md5-server", B, &port][..], "listening");
         let cli = ["md5-client", B, &port, "nanowire-md5-key"];
-        let (_s, co) = probe_pair(&l, &format!("md5-nokey-{i}"), srv, (run, &cli));
+        let (_s, co) = probe_pair(&l, &format!("md5-nokey-{port}"), srv, (run, &cli));
         assert_eq!(line_of(&co, "timeout"), "timeout", "run={run}\n{co}");
         if run {
             assert!(

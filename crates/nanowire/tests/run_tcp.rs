@@ -8,6 +8,7 @@
 
 mod run_support;
 use nanowire_lab::testbed::{ADDR_B, Host, ScopedLab};
+use nanowire_testkit::B;
 use run_support::*;
 use std::time::Duration;
 
@@ -33,6 +34,12 @@ fn out_rsts(l: &ScopedLab, h: Host) -> u64 {
     let vals: Vec<&str> = tcp.next().unwrap().split_whitespace().collect();
     let i = names.iter().position(|n| *n == "OutRsts").unwrap();
     vals[i].parse().unwrap()
+}
+
+/// [`server_then_client`] in this file's usual placement: the server `srv`
+/// in host b (under run when `run`), a plain client `cli` in host a.
+fn to_server_in_b(l: &ScopedLab, name: &str, run: bool, srv: &[&str], cli: &[&str]) -> (Kid, Kid) {
+    server_then_client(l, name, (Host::B, run, srv), (Host::A, false, cli), T)
 }
 
 /// The program's output plainly (`outs[0]`) and under run (`outs[1]`).
@@ -326,30 +333,20 @@ print(rest.decode(), end="", flush=True)
 "#;
 
 /// The Python server `srv` in host b, plainly and then under run (ports
-/// `ports`), each with the plain Python client `cli` in host a: the
-/// client's outputs (plain, run). Under run the server's listener must be
-/// on the engine and its connection handed over to the kernel at fork; the
-/// server's kernel must send no RST in either run.
-fn forking_plain_and_run(l: &ScopedLab, srv: &str, cli: &str, ports: [&str; 2]) -> [String; 2] {
-    let addr = ADDR_B.to_string();
-    let mut outs = [String::new(), String::new()];
-    for (i, (run, port)) in [(false, ports[0]), (true, ports[1])]
-        .into_iter()
-        .enumerate()
-    {
+/// `first` and the next), each with the plain Python client `cli` in host
+/// a: the client's outputs (plain, run). Under run the server's listener
+/// must be on the engine and its connection handed over to the kernel at
+/// fork; the server's kernel must send no RST in either run.
+fn forking_plain_and_run(l: &ScopedLab, srv: &str, cli: &str, first: u16) -> [String; 2] {
+    plain_and_run(first, |run, port| {
         let rsts = out_rsts(l, Host::B);
-        let (s, c) = server_then_client(
-            l,
-            &format!("fork{port}"),
-            (Host::B, run, &["python3", "-c", srv, &addr, port]),
-            (Host::A, false, &["python3", "-c", cli, &addr, port]),
-            T,
-        );
-        outs[i] = c.both();
+        let srv_argv = ["python3", "-c", srv, B, port];
+        let cli_argv = ["python3", "-c", cli, B, port];
+        let (s, c) = to_server_in_b(l, &format!("fork{port}"), run, &srv_argv, &cli_argv);
         let out = s.both();
         assert!(out.contains("done"), "{out}");
         if run {
-            on_engine(&s, &format!("tcp listener {addr}:{port}"));
+            on_engine(&s, &format!("tcp listener {B}:{port}"));
             let err = s.stderr();
             assert!(
                 err.contains("moved to the kernel (TCP_REPAIR hand-over): fork()"),
@@ -357,15 +354,15 @@ fn forking_plain_and_run(l: &ScopedLab, srv: &str, cli: &str, ports: [&str; 2]) 
             );
         }
         assert_eq!(out_rsts(l, Host::B), rsts, "the server's kernel sent RST");
-    }
-    outs
+        c.both()
+    })
 }
 
 #[test]
 #[ignore = "needs root"]
 fn forking_server_shares_its_connection_with_the_child_as_plainly() {
     let l = tlab('f');
-    let outs = forking_plain_and_run(&l, FORK_PY, FORK_CLIENT_PY, ["13500", "13501"]);
+    let outs = forking_plain_and_run(&l, FORK_PY, FORK_CLIENT_PY, 13500);
     assert!(outs[0].contains("b got b'HELLO'"), "{}", outs[0]);
     assert!(outs[0].contains("parent: last words"), "{}", outs[0]);
     assert_plain_eq_run(&outs);
@@ -410,12 +407,7 @@ for n in (100000, 10):
 #[ignore = "needs root"]
 fn forking_server_after_the_client_half_closed() {
     let l = tlab('h');
-    let outs = forking_plain_and_run(
-        &l,
-        HALF_CLOSED_PY,
-        HALF_CLOSED_CLIENT_PY,
-        ["13510", "13511"],
-    );
+    let outs = forking_plain_and_run(&l, HALF_CLOSED_PY, HALF_CLOSED_CLIENT_PY, 13510);
     assert!(
         outs[0].contains("child read 100000 bytes to EOF"),
         "{}",
@@ -518,36 +510,22 @@ for s in ss:
 #[ignore = "needs root"]
 fn accepted_connections_fds_flags_options_and_cookies_as_plainly() {
     let l = tlab('q');
-    let addr = ADDR_B.to_string();
-    let mut outs = Vec::new();
-    for (run, port) in [(false, "13520"), (true, "13521")] {
-        let (s, c) = server_then_client(
-            &l,
-            &format!("acc{port}"),
-            (
-                Host::B,
-                run,
-                &["python3", "-c", ACCEPTED_FDS_PY, &addr, port],
-            ),
-            (
-                Host::A,
-                false,
-                &["python3", "-c", ACCEPTED_FDS_CLIENT_PY, &addr, port],
-            ),
-            T,
-        );
+    let outs = plain_and_run(13520, |run, port| {
+        let srv = ["python3", "-c", ACCEPTED_FDS_PY, B, port];
+        let cli = ["python3", "-c", ACCEPTED_FDS_CLIENT_PY, B, port];
+        let (s, c) = to_server_in_b(&l, &format!("acc{port}"), run, &srv, &cli);
         let out = s.stdout();
         assert!(out.contains("done"), "{}", s.both());
         if run {
-            on_engine(&s, &format!("tcp listener {addr}:{port}"));
+            on_engine(&s, &format!("tcp listener {B}:{port}"));
             assert!(
                 s.stderr().contains("inodes: shared"),
                 "the accepted connections did not start on the shared placeholder:\n{}",
                 s.stderr()
             );
         }
-        outs.push(format!("{out}--- client\n{}", c.stdout()));
-    }
+        format!("{out}--- client\n{}", c.stdout())
+    });
     assert!(outs[0].contains("echo hi 3"), "{}", outs[0]);
     assert_plain_eq_run(&outs);
 }
@@ -764,20 +742,20 @@ fn ip_counter(l: &ScopedLab, h: Host, name: &str) -> u64 {
     vals[i].parse().unwrap()
 }
 
-/// The plain then the run round of the fragments test: `pair(run, port)`
-/// starts the server and the client (host b's side under run in the
-/// second; the client when `client_runs`, else the server; `addr` is the
-/// server's); host b's kernel sends no RST, reassembles plainly (the
-/// test's premise) and nothing under run. Returns the clients' stdout.
+/// The plain then the run round of the fragments test (ports `first` and
+/// the next): `pair(run, port)` starts the server and the client (host b's
+/// side under run in the second; the client when `client_runs`, else the
+/// server; `addr` is the server's); host b's kernel sends no RST,
+/// reassembles plainly (the test's premise) and nothing under run. Returns
+/// the clients' stdout.
 fn frags_plain_and_run(
     l: &ScopedLab,
-    (addr, ports): (&str, [&str; 2]),
+    (addr, first): (&str, u16),
     client_runs: bool,
     mut pair: impl FnMut(bool, &str) -> (Kid, Kid),
-) -> Vec<String> {
+) -> [String; 2] {
     let who = if client_runs { "client" } else { "server" };
-    let mut outs = Vec::new();
-    for (run, port) in [(false, ports[0]), (true, ports[1])] {
+    plain_and_run(first, |run, port| {
         let rsts = out_rsts(l, Host::B);
         let reasm = ip_counter(l, Host::B, "ReasmOKs");
         let (s, c) = pair(run, port);
@@ -794,9 +772,8 @@ fn frags_plain_and_run(
         } else {
             assert!(reasm > 0, "no fragments: the test's premise does not hold");
         }
-        outs.push(out);
-    }
-    outs
+        out
+    })
 }
 
 /// Issue 20 finding 8: a kernel peer whose TCP segments arrive as IP
@@ -828,18 +805,10 @@ fn fragmented_tcp_segments_reach_an_engine_server_as_plainly() {
         let o = l.command(Host::A, &argv).output().unwrap();
         assert!(o.status.success(), "{argv:?}: {o:?}");
     }
-    let outs = frags_plain_and_run(&l, (&b, ["13530", "13531"]), false, |run, port| {
-        server_then_client(
-            &l,
-            &format!("frg{port}"),
-            (Host::B, run, &["python3", "-c", HASH_SERVER_PY, &b, port]),
-            (
-                Host::A,
-                false,
-                &["python3", "-c", FRAG_CLIENT_PY, &b, port, "300000"],
-            ),
-            T,
-        )
+    let outs = frags_plain_and_run(&l, (&b, 13530), false, |run, port| {
+        let srv = ["python3", "-c", HASH_SERVER_PY, &b, port];
+        let cli = ["python3", "-c", FRAG_CLIENT_PY, &b, port, "300000"];
+        to_server_in_b(&l, &format!("frg{port}"), run, &srv, &cli)
     });
     assert!(
         outs[0].starts_with("sent 300000 ") && outs[0].contains("reply got 300000 bytes sha"),
@@ -853,7 +822,7 @@ fn fragmented_tcp_segments_reach_an_engine_server_as_plainly() {
     // The other way: an engine client's connection (a 4-tuple in the flow
     // map) receives fragmented segments from a kernel server.
     let a = nanowire_lab::testbed::ADDR_A.to_string();
-    let outs = frags_plain_and_run(&l, (&a, ["13532", "13533"]), true, |run, port| {
+    let outs = frags_plain_and_run(&l, (&a, 13532), true, |run, port| {
         server_then_client(
             &l,
             &format!("frg{port}"),
@@ -956,26 +925,16 @@ s.close()
 #[ignore = "needs root"]
 fn forged_ack_with_a_huge_tsval_does_not_stall_a_connection() {
     let l = lab("fge");
-    let b = ADDR_B.to_string();
     let ifa = l.iface(Host::A);
-    let mut outs = Vec::new();
-    for (run, port) in [(false, "13540"), (true, "13541")] {
-        let (s, c) = server_then_client(
-            &l,
-            &format!("fge{port}"),
-            (Host::B, run, &["python3", "-c", UPPER_ECHO_PY, &b, port]),
-            (
-                Host::A,
-                false,
-                &["python3", "-c", FORGE_CLIENT_PY, &b, port, &ifa],
-            ),
-            T,
-        );
-        outs.push(c.both());
+    let outs = plain_and_run(13540, |run, port| {
+        let srv = ["python3", "-c", UPPER_ECHO_PY, B, port];
+        let cli = ["python3", "-c", FORGE_CLIENT_PY, B, port, &ifa];
+        let (s, c) = to_server_in_b(&l, &format!("fge{port}"), run, &srv, &cli);
         if run {
-            on_engine(&s, &format!("tcp listener {b}:{port}"));
+            on_engine(&s, &format!("tcp listener {B}:{port}"));
         }
-    }
+        c.both()
+    });
     assert!(outs[0].contains("after -> AFTER"), "{}", outs[0]);
     assert_plain_eq_run(&outs);
 }

@@ -17,13 +17,6 @@ use std::time::Duration;
 const T: Duration = Duration::from_secs(180);
 const MODES: [&str; 2] = ["generic", "native"];
 
-/// Each XDP attach mode of [`MODES`] with a port of its own, from `first`.
-fn each_mode(first: u16) -> impl Iterator<Item = (&'static str, String)> {
-    (first..)
-        .zip(MODES)
-        .map(|(port, mode)| (mode, port.to_string()))
-}
-
 /// `cmd` in host `h` under `nanowire run --engine xdp` in XDP attach `mode`.
 fn under_run(l: &ScopedLab, h: Host, mode: &str, cmd: &[&str]) -> std::process::Command {
     let mut c = run_in(l, h, &["--engine", "xdp", "-o", "log=info"], cmd);
@@ -139,7 +132,7 @@ fn hashed_stream(
 #[ignore = "needs root"]
 fn a_plain_client_writes_300_mb_to_an_accelerated_python_server() {
     let l = lab("sfw");
-    for (mode, port) in each_mode(14100) {
+    for (mode, port) in with_ports(14100, MODES) {
         let run = (Host::B, mode, &[][..]);
         let (s, _srv) = hashed_stream(&l, mode, run, &port, 300 << 20);
         assert!(
@@ -272,7 +265,7 @@ fn curl_under_run_downloads_100_mb_from_a_plain_http_server() {
 fn iperf3_with_4_streams_into_an_accelerated_server_completes() {
     require(&["iperf3"]);
     let l = lab("sfi");
-    for (mode, port) in each_mode(14201) {
+    for (mode, port) in with_ports(14201, MODES) {
         // iperf3's own banner sits in its stdout buffer; the shim's line
         // says the listener is up (on the engine).
         let up = format!("tcp listener {B}:{port}: xdp");
@@ -370,7 +363,7 @@ fn udp_gso_super_frames_reach_an_accelerated_receiver_as_datagrams() {
     // passes it to the kernel (longer than the MTU), which splits it for
     // the socket's kernel twin. The receiver sees the datagrams as plainly.
     let l = lab("sfu");
-    for (mode, port) in each_mode(14500) {
+    for (mode, port) in with_ports(14500, MODES) {
         let argv = ["python3", "-c", UDP_GSO_PY, "server", B, &port, "50"];
         let mut srv =
             server_under_run(&l, &format!("udp-gso-srv-{mode}"), mode, &argv, "listening");
@@ -414,8 +407,7 @@ fn an_accelerated_sender_leaves_checksums_to_the_kernel_where_offered() {
     let total = (64u64 << 20).to_string();
     // The source stays after sending: its engine's counters are read.
     let source = format!("{SOURCE_PY}\nimport time; time.sleep(120)\n");
-    for (i, no_meta) in [false, true].into_iter().enumerate() {
-        let port = (14400 + i).to_string();
+    for (no_meta, port) in with_ports(14400, [false, true]) {
         let env: &[_] = if no_meta {
             &[("NANOWIRE_TX_CSUM_OFFLOAD", "0")]
         } else {

@@ -12,7 +12,7 @@ use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use xdp_support::{Proc, udp_echo, xdp_opts};
+use xdp_support::{Proc, kernel_udp_in, udp_echo, xdp_opts};
 
 const A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
@@ -44,22 +44,15 @@ fn kernel_echo(
     bind: SocketAddrV4,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::thread::JoinHandle<()> {
-    let (tx, rx) = mpsc::channel();
-    let h = std::thread::spawn(move || {
-        in_ns(&ns, move || {
-            let u = UdpSocket::bind(bind).unwrap();
-            u.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-            tx.send(()).unwrap();
-            let mut b = vec![0u8; 65536];
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                if let Ok((n, src)) = u.recv_from(&mut b) {
-                    let _ = u.send_to(&b[..n], src);
-                }
+    let poll = |u: &UdpSocket| u.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    kernel_udp_in(ns, bind, poll, move |u| {
+        let mut b = vec![0u8; 65536];
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok((n, src)) = u.recv_from(&mut b) {
+                let _ = u.send_to(&b[..n], src);
             }
-        })
-    });
-    rx.recv_timeout(Duration::from_secs(5)).unwrap();
-    h
+        }
+    })
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::os::fd::AsRawFd;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use xdp_support::{Proc, udp_echo, xdp_socket};
+use xdp_support::{Proc, kernel_udp_in, udp_echo, xdp_socket};
 
 const BIN: &str = env!("CARGO_BIN_EXE_nanowire");
 const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
@@ -541,23 +541,20 @@ fn second_process_on_the_interface_gets_one_line_error() {
     let lab = lab('d');
     let (p, _) = xdp_test(&lab, &["--port", "5300", "--echo"]);
     let ifb = lab.iface(Host::B);
-    let out = lab
-        .command(
-            Host::B,
-            &[
-                xdp_test_bin(),
-                "--iface",
-                &ifb,
-                "--port",
-                "5301",
-                "--secs",
-                "1",
-            ],
-        )
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    one_line_failure("a second engine", &out, "another XDP program");
+    let argv = [
+        xdp_test_bin(),
+        "--iface",
+        &ifb,
+        "--port",
+        "5301",
+        "--secs",
+        "1",
+    ];
+    fails_in_one_line(
+        lab.command(Host::B, &argv),
+        "a second engine",
+        "another XDP program",
+    );
     // The first engine is unharmed.
     assert_eq!(echo_many(&lab, 5300, 20), 20);
     drop(p);
@@ -644,26 +641,28 @@ fn loopback_datagrams_use_the_kernel_path_not_lost() {
 fn unprivileged_engine_says_why_in_one_line() {
     nanowire_testkit::require_root();
     nanowire_testkit::require(&["setpriv"]);
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .args([
-            xdp_test_bin(),
-            "--iface",
-            "lo",
-            "--port",
-            "5999",
-            "--secs",
-            "0.1",
-        ])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    one_line_failure("an engine without privileges", &out, "no privilege");
+    let mut nobody = Command::new("setpriv");
+    nobody.args(words(
+        "--reuid=65534 --regid=65534 --clear-groups --inh-caps=-all",
+    ));
+    nobody.args([
+        xdp_test_bin(),
+        "--iface",
+        "lo",
+        "--port",
+        "5999",
+        "--secs",
+        "0.1",
+    ]);
+    fails_in_one_line(nobody, "an engine without privileges", "no privilege");
+}
+
+/// `cmd` (an engine's test program), with no input, fails with one line
+/// that says `needle`.
+#[track_caller]
+fn fails_in_one_line(mut cmd: Command, what: &str, needle: &str) {
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
+    one_line_failure(what, &out, needle);
 }
 
 #[test]
@@ -724,30 +723,26 @@ fn stalled_receiver_keeps_ring_depth_and_accounts_for_every_datagram() {
 #[ignore = "needs root"]
 fn batched_transmit_delivers_every_datagram_to_a_kernel_receiver() {
     let lab = lab('n');
-    let (tx, rx) = mpsc::channel();
-    let nsb = lab.netns(Host::B);
     const N: usize = 3000;
-    let server = std::thread::spawn(move || {
-        in_ns(&nsb, move || {
-            let u = UdpSocket::bind("198.18.0.2:5700").unwrap();
-            let big: libc::c_int = 16 << 20;
-            let _ = set_opt(u.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &big);
-            u.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-            tx.send(()).unwrap();
-            let mut seen = vec![false; N];
-            let mut b = [0u8; 2048];
-            while let Ok((n, _)) = u.recv_from(&mut b) {
-                if n == 100 {
-                    let i = u32::from_le_bytes(b[..4].try_into().unwrap()) as usize;
-                    if i < N {
-                        seen[i] = true;
-                    }
+    let big_and_patient = |u: &UdpSocket| {
+        let big: libc::c_int = 16 << 20;
+        let _ = set_opt(u.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &big);
+        u.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    };
+    let bind = SocketAddrV4::new(B, 5700);
+    let server = kernel_udp_in(lab.netns(Host::B), bind, big_and_patient, |u| {
+        let mut seen = vec![false; N];
+        let mut b = [0u8; 2048];
+        while let Ok((n, _)) = u.recv_from(&mut b) {
+            if n == 100 {
+                let i = u32::from_le_bytes(b[..4].try_into().unwrap()) as usize;
+                if i < N {
+                    seen[i] = true;
                 }
             }
-            seen.iter().filter(|s| **s).count()
-        })
+        }
+        seen.iter().filter(|s| **s).count()
     });
-    rx.recv_timeout(Duration::from_secs(5)).unwrap();
     let ifa = lab.iface(Host::A);
     in_ns(&lab.netns(Host::A), move || {
         use nanowire_stack::UdpEndpoint;
@@ -849,27 +844,23 @@ fn blocked_socket_gets_datagrams_another_thread_drained_for_it() {
 #[ignore = "needs root"]
 fn xdp_socket_sends_to_a_multicast_group() {
     let lab = lab('o');
-    let (tx, rx) = mpsc::channel();
-    let nsb = lab.netns(Host::B);
     let group = Ipv4Addr::new(239, 1, 2, 4);
-    let receiver = std::thread::spawn(move || {
-        in_ns(&nsb, move || {
-            let u = UdpSocket::bind("0.0.0.0:6600").unwrap();
-            u.join_multicast_v4(&group, &B).unwrap();
-            u.set_read_timeout(Some(Duration::from_millis(300)))
-                .unwrap();
-            tx.send(()).unwrap();
-            let mut b = [0u8; 64];
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if let Ok((n, src)) = u.recv_from(&mut b) {
-                    return Some((b[..n].to_vec(), src));
-                }
+    let member = move |u: &UdpSocket| {
+        u.join_multicast_v4(&group, &B).unwrap();
+        u.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+    };
+    let bind = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 6600);
+    let receiver = kernel_udp_in(lab.netns(Host::B), bind, member, |u| {
+        let mut b = [0u8; 64];
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok((n, src)) = u.recv_from(&mut b) {
+                return Some((b[..n].to_vec(), src));
             }
-            None
-        })
+        }
+        None
     });
-    rx.recv_timeout(Duration::from_secs(5)).unwrap();
     let ifa = lab.iface(Host::A);
     let sent = in_ns(&lab.netns(Host::A), move || {
         use nanowire_stack::UdpEndpoint;

@@ -128,8 +128,7 @@ fn frames_for_another_mac_are_not_received_plainly_or_under_run() {
     let lab = lab("oh");
     let (mac_a, mac_b) = (mac(&lab, Host::A), mac(&lab, Host::B));
     let ifa = lab.iface(Host::A);
-    for (i, under_run) in [false, true].into_iter().enumerate() {
-        let port = (14300 + i).to_string();
+    for (under_run, port) in with_ports(14300, [false, true]) {
         let argv = ["python3", "-c", RECEIVER, B, &port];
         let mut rx = if under_run {
             let mut c = run_in(&lab, Host::B, &["--engine", "xdp"], &argv);
@@ -143,7 +142,7 @@ fn frames_for_another_mac_are_not_received_plainly_or_under_run() {
             assert!(rx.stderr().contains(": xdp (interface"), "{}", rx.stderr());
         }
         let argv = ["python3", "-c", SENDER, &ifa, &mac_a, &mac_b, A, B, &port];
-        let mut tx = spawn(&format!("oh-tx-{i}"), lab.command(Host::A, &argv));
+        let mut tx = spawn(&format!("oh-tx-{port}"), lab.command(Host::A, &argv));
         tx.success(T);
         if under_run {
             // Counted where they were passed (the receiver is still up).

@@ -409,6 +409,27 @@ pub fn run_or_plain(lab: &ScopedLab, h: Host, run: bool, cmd: &[&str]) -> Comman
     }
 }
 
+/// Each case of `cases` with a port of its own, `first` upward: the
+/// placements a test compares (`with_ports(14100, [false, true])`: plainly
+/// on 14100, under run on 14101), or the XDP attach modes.
+pub fn with_ports<T>(
+    first: u16,
+    cases: impl IntoIterator<Item = T>,
+) -> impl Iterator<Item = (T, String)> {
+    cases
+        .into_iter()
+        .zip(first..)
+        .map(|(c, port)| (c, port.to_string()))
+}
+
+/// `case(run, port)` plainly, then under run (`run` true), each on a port
+/// of its own from `first` ([`with_ports`]): what each returned, plainly
+/// first, for the test to compare.
+pub fn plain_and_run(first: u16, mut case: impl FnMut(bool, &str) -> String) -> [String; 2] {
+    let mut outs = with_ports(first, [false, true]).map(|(run, port)| case(run, &port));
+    [(); 2].map(|()| outs.next().expect("two placements"))
+}
+
 /// `sockperf sr ARGS` in host b under `nanowire run RUN_ARGS` (log level
 /// info), named `name`, once it waits on its socket.
 pub fn sockperf_sr_run(lab: &ScopedLab, name: &str, run_args: &[&str], args: &[&str]) -> Kid {

@@ -90,3 +90,26 @@ pub fn xdp_socket(iface: String, ring: u32, port: u16) -> nanowire_stack::xdp::X
     nanowire_stack::xdp::XdpSocket::open(any, &xdp_opts(iface, ring))
         .unwrap_or_else(|e| panic!("xdp socket on port {port}: {e}"))
 }
+
+/// `serve` on a kernel UDP socket bound to `bind` in namespace `ns`, on a
+/// thread of its own: returns once `prepare` has set the socket up (5 s at
+/// most), so what the test sends next finds it bound.
+pub fn kernel_udp_in<T: Send + 'static>(
+    ns: String,
+    bind: SocketAddrV4,
+    prepare: impl FnOnce(&UdpSocket) + Send + 'static,
+    serve: impl FnOnce(UdpSocket) -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let (tx, rx) = mpsc::channel();
+    let h = std::thread::spawn(move || {
+        nanowire_testkit::in_ns(&ns, move || {
+            let u = UdpSocket::bind(bind).unwrap_or_else(|e| panic!("bind {bind}: {e}"));
+            prepare(&u);
+            tx.send(()).unwrap();
+            serve(u)
+        })
+    });
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("the kernel socket is ready");
+    h
+}
