@@ -18,7 +18,7 @@
 //! prints those lines.
 
 mod run_support;
-use nanowire_lab::testbed::{ADDR_B, Host};
+use nanowire_lab::testbed::{ADDR_B, Host, ScopedLab};
 use run_support::*;
 use std::time::Duration;
 
@@ -30,17 +30,52 @@ const T: Duration = Duration::from_secs(90);
 /// stdout must be the same in every placement. Returns the run
 /// placements' server stderr.
 fn three_ways(tag: &str, name: &str, (srv, cli): (&str, &str), port: u16, args: &[&str]) -> String {
+    let srv = &format!("{READLINE}{srv}");
+    let server = |addr: &str, port: &str| {
+        let mut argv = vec!["python3", "-c", srv, addr, port];
+        argv.extend_from_slice(args);
+        argv.into_iter().map(String::from).collect()
+    };
+    let logs = placed(tag, name, &server, cli, port, &mut |p, _, s, port| {
+        if !matches!(p, Placement::Plain) {
+            on_engine(s, &format!("tcp listener {ADDR_B}:{port}"));
+        }
+    });
+    // What the shim did with the shared connections (for the reader).
+    for line in logs
+        .lines()
+        .filter(|x| x.starts_with("---") || x.contains("fork") || x.contains("exec"))
+    {
+        eprintln!("{name}: {line}");
+    }
+    logs
+}
+
+/// The server `server(addr, port)` (its argv) in host b of a lab tagged
+/// `tag` in each placement, port `port + i`, and the plain client `cli`
+/// (Python after [`READLINE`]) in host a: the client's outputs and the
+/// server's stdout must be the same in every placement. `between` runs
+/// after the client's success, before the server is waited for. Returns
+/// the run placements' server stderr.
+fn placed(
+    tag: &str,
+    name: &str,
+    server: &dyn Fn(&str, &str) -> Vec<String>,
+    cli: &str,
+    port: u16,
+    between: &mut dyn FnMut(Placement, &ScopedLab, &Kid, &str),
+) -> String {
     nanowire_testkit::require(&["python3"]);
     let l = &lab(tag);
-    let (srv, cli) = (&format!("{READLINE}{srv}"), &format!("{READLINE}{cli}"));
+    let cli = &format!("{READLINE}{cli}");
     let addr = ADDR_B.to_string();
     let mut want: Option<String> = None;
     let mut want_srv: Option<String> = None;
     let mut logs = String::new();
     for (i, p) in Placement::ALL.into_iter().enumerate() {
         let port = (port + i as u16).to_string();
-        let mut argv = vec!["python3", "-c", srv, &addr, &port];
-        argv.extend_from_slice(args);
+        let argv = server(&addr, &port);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let mut s = spawn(&format!("{name}-{p:?}"), p.command(l, Host::B, &argv));
         s.wait_for("listening", T);
         let mut c = spawn(
@@ -54,6 +89,7 @@ fn three_ways(tag: &str, name: &str, (srv, cli): (&str, &str), port: u16, args: 
             c.both(),
             s.both()
         );
+        between(p, l, &s, &port);
         s.success(T);
         let (out, srv_out) = (c.stdout(), s.stdout());
         let err = s.stderr();
@@ -62,19 +98,11 @@ fn three_ways(tag: &str, name: &str, (srv, cli): (&str, &str), port: u16, args: 
         same_as_first(&mut want, &format!("{name}: client"), out, &ctx);
         same_as_first(&mut want_srv, &format!("{name}: server"), srv_out, &ctx);
         if !matches!(p, Placement::Plain) {
-            on_engine(&s, &format!("tcp listener {addr}:{port}"));
             logs.push_str(&format!("--- {p:?}\n{err}"));
         }
     }
     let w = want.unwrap();
     assert!(w.contains("all ok"), "{w}");
-    // What the shim did with the shared connections (for the reader).
-    for line in logs
-        .lines()
-        .filter(|x| x.starts_with("---") || x.contains("fork") || x.contains("exec"))
-    {
-        eprintln!("{name}: {line}");
-    }
     logs
 }
 
@@ -367,4 +395,179 @@ fn a_child_that_never_uses_the_connection_leaves_it_on_the_engine() {
         2,
         "{logs}"
     );
+}
+
+/// Issue 24 item 2, sockets the new program's shim did not make: a
+/// launcher (the systemd socket-activation shape) makes a listening TCP or
+/// a bound UDP socket, puts it on fd 3 and execs the server (Python,
+/// `LISTEN_FDS=1`), which takes fd 3 as its socket. Under run the new
+/// program's shim serves it on the engine at its first use (a readiness
+/// registration, accept, recvfrom): the engine's counters show the
+/// traffic, and the outputs (the server's view of its socket included)
+/// are the plain ones. The server ends at a last connection or datagram
+/// the test sends after reading the counters.
+const SOCKET_LAUNCHER: &str = r#"
+import os, socket, sys
+addr, port, kind, prog = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+if kind == "tcp":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, port)); s.listen(16)
+else:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((addr, port))
+if s.fileno() != 3:
+    os.dup2(s.fileno(), 3); s.close()
+os.set_inheritable(3, True)
+os.environ["LISTEN_FDS"] = "1"
+os.execv(sys.executable, [sys.executable, "-c", prog, addr, str(port)])
+"#;
+
+/// The activated TCP server: fd 3 registered with a selector (epoll), 4
+/// connections each answered by a hash of its request, then a last one.
+const ACTIVATED_TCP: &str = r#"
+import hashlib, os, selectors, socket, sys
+assert os.environ.get("LISTEN_FDS") == "1"
+ls = socket.socket(fileno=3)
+ls.setblocking(False)
+sel = selectors.DefaultSelector()
+sel.register(ls, selectors.EVENT_READ)
+print("listening", ls.getsockname()[0], ls.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN), flush=True)
+n = 0
+while n < 4:
+    for key, _ in sel.select():
+        c, _ = ls.accept()
+        c.setblocking(True)
+        req = recv_line(c)
+        c.sendall(hashlib.sha256(req).digest() * (1000 * (n + 1)))
+        c.close()
+        n += 1
+print("served", n, flush=True)
+ls.setblocking(True)
+c, _ = ls.accept()
+c.close()
+print("done", flush=True)
+"#;
+
+const ACTIVATED_TCP_CLIENT: &str = r#"
+import hashlib, socket, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+ok = True
+for k in range(4):
+    c = socket.create_connection((addr, port), timeout=30)
+    req = b"req %d " % k * (3000 * (k + 1)) + b"\n"
+    c.sendall(req)
+    b = b"".join(chunks(c))
+    good = b == hashlib.sha256(req).digest() * (1000 * (k + 1))
+    ok &= good
+    print(k, len(b), hashlib.sha256(b).hexdigest()[:16], "ok" if good else "BAD")
+print("all ok" if ok else "SOME BAD", flush=True)
+"#;
+
+/// The activated UDP server: echoes a hash of each datagram until "done".
+const ACTIVATED_UDP: &str = r#"
+import hashlib, socket, sys
+u = socket.socket(fileno=3)
+print("listening", u.getsockname()[0], u.type, u.gettimeout(), flush=True)
+n = 0
+while True:
+    d, peer = u.recvfrom(65536)
+    if d == b"done":
+        break
+    u.sendto(hashlib.sha256(d).digest() + d[:100], peer)
+    n += 1
+print("served", n, flush=True)
+"#;
+
+const ACTIVATED_UDP_CLIENT: &str = r#"
+import hashlib, socket, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.settimeout(5)
+ok = True
+for k in range(200):
+    d = bytes((k * 7 + j) % 251 for j in range(1 + k * 7))
+    for attempt in range(5):
+        c.sendto(d, (addr, port))
+        try:
+            r, _ = c.recvfrom(65536); break
+        except socket.timeout:
+            r = b""
+    ok &= r == hashlib.sha256(d).digest() + d[:100]
+print("200 echoes", flush=True)
+print("all ok" if ok else "SOME BAD", flush=True)
+"#;
+
+/// The end a test sends to an activated server (argv: addr port kind).
+const ACTIVATED_END: &str = r#"
+import socket, sys
+addr, port, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if kind == "tcp":
+    socket.create_connection((addr, port), timeout=30).close()
+else:
+    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"done", (addr, port))
+"#;
+
+/// [`SOCKET_LAUNCHER`] with server `srv` (a `kind` socket) and client
+/// `cli` in the three placements; under run the engine counter `counter`
+/// of the server's engine reaches `at_least` before the end is sent, and
+/// the shim said it took the socket it did not make.
+fn activated(
+    tag: &str,
+    kind: &str,
+    (srv, cli): (&str, &str),
+    port: u16,
+    (counter, at_least): (&str, u64),
+) {
+    let srv = &format!("{READLINE}{srv}");
+    let server = |addr: &str, port: &str| {
+        ["python3", "-c", SOCKET_LAUNCHER, addr, port, kind, srv]
+            .into_iter()
+            .map(String::from)
+            .collect()
+    };
+    let name = &format!("act-{kind}");
+    let logs = placed(tag, name, &server, cli, port, &mut |p, l, s, port| {
+        if !matches!(p, Placement::Plain) {
+            // The engine's counters are published every few turns: wait
+            // for them to show the traffic (bounded; not a timing check).
+            let pid = s.child.id();
+            let seen = until(T, || {
+                nanowire_testkit::engine_counters_of(nanowire(), pid)
+                    .and_then(|v| v[counter].as_u64())
+                    .is_some_and(|n| n >= at_least)
+            });
+            let now = nanowire_testkit::engine_counters_of(nanowire(), pid);
+            assert!(
+                seen,
+                "{p:?}: {counter} of the server's engine below {at_least}: {now:?}\n{}",
+                s.both()
+            );
+        }
+        let end = [
+            "python3",
+            "-c",
+            ACTIVATED_END,
+            &ADDR_B.to_string(),
+            port,
+            kind,
+        ];
+        output(plain_in(l, Host::A, &end), "the end");
+    });
+    assert_eq!(
+        logs.matches("this program did not make").count(),
+        2,
+        "{logs}"
+    );
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_listening_socket_inherited_across_exec_is_served_on_the_engine() {
+    let progs = (ACTIVATED_TCP, ACTIVATED_TCP_CLIENT);
+    activated("pact", "tcp", progs, 14640, ("tcp_passive_opens", 4));
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_bound_udp_socket_inherited_across_exec_is_served_on_the_engine() {
+    let progs = (ACTIVATED_UDP, ACTIVATED_UDP_CLIENT);
+    activated("puct", "udp", progs, 14650, ("rx_packets", 200));
 }

@@ -7,12 +7,14 @@
 
 use crate::accel::{self, Accel, Got};
 use crate::adapt::Turn;
+use crate::log::log;
 use crate::opts::Opt;
 use crate::real;
 use crate::spin::{errno, set_errno};
 use crate::table;
 use crate::uaccess::{self, Access};
 use libc::{c_int, c_uint, c_void, iovec, mmsghdr, msghdr, sockaddr, socklen_t, ssize_t};
+use nanowire_options::Level;
 use nanowire_sockabi::iov::{Call, UDP_MAX_PAYLOAD};
 use std::sync::atomic::Ordering;
 
@@ -560,26 +562,66 @@ pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
         table::clear_flags(fd, table::F_CAND);
         return Some(r);
     }
+    take_bound(fd, sa);
+    Some(0)
+}
+
+/// Put the bound UDP socket `fd` (bound to `sa`) on the engine, or say why
+/// not (under `accel::DECIDE`). True: on the engine.
+fn take_bound(fd: c_int, sa: std::net::SocketAddrV4) -> bool {
     let r = accel::accelerate(fd, None);
     table::clear_flags(fd, table::F_CAND);
     match r {
         Ok(_) => {
             crate::share::watch();
-            Some(0)
+            return true;
         }
-        Err(accel::NotAccel::Engine(why)) => {
-            accel::log_not(fd, &why);
-            Some(0)
-        }
-        Err(accel::NotAccel::Inapplicable(why)) => {
-            accel::log_not_applicable(fd, &why);
-            Some(0)
-        }
+        Err(accel::NotAccel::Engine(why)) => accel::log_not(fd, &why),
+        Err(accel::NotAccel::Inapplicable(why)) => accel::log_not_applicable(fd, &why),
         Err(accel::NotAccel::Socket) => {
-            accel::log_not(fd, &format!("the engine could not take {sa}"));
-            Some(0)
+            accel::log_not(fd, &format!("the engine could not take {sa}"))
         }
     }
+    false
+}
+
+/// A bound IPv4 UDP socket this process's shim did not make (inherited
+/// through exec, or received): put on the engine as `bind` puts a fresh
+/// one (the same checks: another process's socket on the port, the
+/// engine's own). An unbound one becomes a candidate (its first send
+/// decides). False: it stays the kernel's (said why).
+#[cold]
+pub fn adopt_bound(fd: c_int) -> bool {
+    let Some(sa) = accel::local_addr(fd) else {
+        return false;
+    };
+    if sa.port() == 0 {
+        table::add_flags(fd, table::F_CAND);
+        return false;
+    }
+    let reuse = crate::tcpx::get_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT);
+    if reuse.is_some_and(|v| v != 0) {
+        accel::log_not(
+            fd,
+            "SO_REUSEPORT is set on it (the engine cannot honour it)",
+        );
+        return false;
+    }
+    let _g = accel::DECIDE.lock().unwrap_or_else(|e| e.into_inner());
+    // Bound already: the socket itself is not its competitor.
+    if let Some(other) = crate::share::competitor(sa, crate::share::inode_of(fd)) {
+        crate::share::TAKEN_OFF.fetch_add(1, Ordering::Relaxed);
+        accel::log_not(fd, &crate::share::why(other));
+        return false;
+    }
+    let on = take_bound(fd, sa);
+    if on {
+        log!(
+            Level::Info,
+            "fd {fd} udp {sa}: a bound socket this program did not make (inherited through exec, or received): on the xdp engine"
+        );
+    }
+    on
 }
 
 pub fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {

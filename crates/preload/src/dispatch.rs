@@ -375,7 +375,7 @@ fn pollfds_spin(fds: *const pollfd, n: nfds_t) -> bool {
 /// # Safety
 /// As libc's `poll`.
 pub unsafe fn poll(fds: *mut pollfd, n: nfds_t, tmo: c_int) -> c_int {
-    if ready::pollfds_accel(fds, n, ops::serving) {
+    if ready::pollfds_accel(fds, n, ops::serving_seen) {
         let total = if tmo < 0 {
             None
         } else {
@@ -458,7 +458,7 @@ pub unsafe fn ppoll(
     tmo: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    if ready::pollfds_accel(fds, n, ops::serving) {
+    if ready::pollfds_accel(fds, n, ops::serving_seen) {
         let total = if tmo.is_null() {
             None
         } else {
@@ -579,7 +579,7 @@ pub unsafe fn select(
                 .saturating_add(t.tv_usec as u64 * 1000),
         )
     };
-    if ready::fdsets_accel(n, [r, w, e], ops::serving) {
+    if ready::fdsets_accel(n, [r, w, e], ops::serving_seen) {
         return ready::select_mixed(n, [r, w, e], total, std::ptr::null(), ops::serving);
     }
     let spin = spin::SPIN_NS.load(Ordering::Relaxed);
@@ -632,7 +632,7 @@ pub unsafe fn pselect(
     tmo: *const timespec,
     mask: *const sigset_t,
 ) -> c_int {
-    if ready::fdsets_accel(n, [r, w, e], ops::serving) {
+    if ready::fdsets_accel(n, [r, w, e], ops::serving_seen) {
         let total = if tmo.is_null() {
             None
         } else {
@@ -705,7 +705,9 @@ pub unsafe fn epoll_create1(flags: c_int) -> c_int {
 /// # Safety
 /// As libc's `epoll_ctl`.
 pub unsafe fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut epoll_event) -> c_int {
-    let sock = if fd >= 0 {
+    let sock = if fd >= 0 && op != libc::EPOLL_CTL_DEL {
+        ops::serving_seen(fd)
+    } else if fd >= 0 {
         ops::serving(fd)
     } else {
         Sock::Kernel

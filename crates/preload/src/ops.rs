@@ -78,6 +78,58 @@ pub fn serving(fd: c_int) -> Sock {
     }
 }
 
+/// [`serving`], for the calls that first show what a socket is used for
+/// (a readiness registration or look): an fd the shim never saw is looked
+/// at once first ([`unknown`]).
+#[inline(always)]
+pub fn serving_seen(fd: c_int) -> Sock {
+    let s = serving(fd);
+    if matches!(s, Sock::Kernel) && unknown(fd) {
+        return serving(fd);
+    }
+    s
+}
+
+/// `fd` was never seen by this process's shim (its class is unknown: a
+/// socket inherited through exec, received, or made by a raw system call)
+/// and has just gone onto the engine ([`adopt_unknown`]). One table load
+/// for a known fd; the look itself happens once per fd (its class is kept
+/// until the number is closed).
+#[inline(always)]
+pub fn unknown(fd: c_int) -> bool {
+    fd >= 0 && table::class(table::get(fd)) == table::C_UNKNOWN && adopt_unknown(fd)
+}
+
+/// Issue 24 item 2: what a fresh socket would have been, an inherited one
+/// becomes: an IPv4 listening TCP socket is served on the engine
+/// (`tcpx::adopt_listening`), a bound IPv4 UDP socket goes onto it
+/// (`ahooks::adopt_bound`). The socket is asked what it is (SO_TYPE,
+/// SO_DOMAIN; SO_ACCEPTCONN for an IPv4 stream) once; its class is
+/// remembered whatever the answer.
+#[cold]
+fn adopt_unknown(fd: c_int) -> bool {
+    if !spin::xdp_candidates() {
+        return false;
+    }
+    let e = errno();
+    let (class, inet) = table::classify_inet(fd);
+    let on = match class {
+        table::C_UDP if inet => ahooks::adopt_bound(fd),
+        table::C_TCP if inet => {
+            tcpx::get_int(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN) == Some(1)
+                && tcpx::adopt_listening(fd)
+        }
+        // An IPv6 socket: said as for a fresh one.
+        table::C_UDP | table::C_TCP => {
+            spin::log_socket(fd, class, libc::AF_INET6);
+            false
+        }
+        _ => false,
+    };
+    set_errno(e);
+    on
+}
+
 /// What holds `fd`'s record, whichever process made it (a forked child's
 /// inherited copy too): for the operations on the record itself
 /// ([`Ops::dup`], [`Ops::release`]), which count references across fork.
@@ -886,6 +938,9 @@ impl Ready for Sock {
 
 impl Ops for Kernel {
     fn recv(self, fd: c_int, r: Recv, flags: c_int) -> Option<isize> {
+        if !matches!(r, Recv::Read { .. } | Recv::Vec { .. }) && unknown(fd) {
+            return None;
+        }
         match r {
             Recv::Buf { buf, len } => wait_then(
                 fd,
@@ -944,6 +999,9 @@ impl Ops for Kernel {
     }
 
     fn send(self, fd: c_int, s: Send, flags: c_int) -> Option<isize> {
+        if !matches!(s, Send::Write { .. } | Send::Vec { .. }) && unknown(fd) {
+            return None;
+        }
         Some(match s {
             // SAFETY: the caller's own arguments, unchanged, to libc's
             // function of the call it made, whose contract it upholds.
@@ -1013,6 +1071,9 @@ impl Ops for Kernel {
         len: *mut socklen_t,
         flags: Option<c_int>,
     ) -> Option<c_int> {
+        if unknown(fd) {
+            return None;
+        }
         // SAFETY: the caller's own arguments, unchanged, to libc's function
         // of the call it made, whose contract it upholds.
         let r = unsafe {
@@ -1022,6 +1083,11 @@ impl Ops for Kernel {
             }
         };
         crate::fdlife::created(r);
+        if r >= 0 && table::class(table::get(fd)) == table::C_TCP {
+            // A connection of a kernel listener: a stream socket, never a
+            // listener (no look at its first use).
+            table::set(r, table::C_TCP, 0);
+        }
         Some(r)
     }
 

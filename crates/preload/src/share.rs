@@ -217,7 +217,7 @@ fn overlaps(ours: Ipv4Addr, other: Ipv4Addr) -> bool {
         || (ours.is_multicast() || other.is_multicast())
 }
 
-fn inode_of(fd: c_int) -> u64 {
+pub fn inode_of(fd: c_int) -> u64 {
     // SAFETY: the fd is only borrowed for fstat; a closed fd gives EBADF.
     let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
     rustix::fs::fstat(b).map_or(0, |st| st.st_ino)

@@ -76,27 +76,37 @@ pub fn wake(fd: i32) {
 /// recursion into the shim) and remember it. EBADF leaves it unknown.
 #[cold]
 pub fn classify(fd: i32) -> u64 {
+    classify_inet(fd).0
+}
+
+/// [`classify`], also saying whether the socket is IPv4 (AF_INET).
+#[cold]
+pub fn classify_inet(fd: i32) -> (u64, bool) {
     use rustix::net::{AddressFamily, SocketType};
     if fd < 0 {
-        return C_UNKNOWN;
+        return (C_UNKNOWN, false);
     }
     // SAFETY: the fd is only borrowed for two getsockopt calls; an invalid
     // fd makes them fail with EBADF, nothing else.
     let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+    let mut inet = false;
     let c = match rustix::net::sockopt::socket_type(b) {
-        Err(rustix::io::Errno::BADF) => return C_UNKNOWN,
+        Err(rustix::io::Errno::BADF) => return (C_UNKNOWN, false),
         Err(_) => C_OTHER,
         Ok(t) => match rustix::net::sockopt::socket_domain(b) {
-            Ok(AddressFamily::INET) | Ok(AddressFamily::INET6) => match t {
-                SocketType::DGRAM => C_UDP,
-                SocketType::STREAM => C_TCP,
-                _ => C_OTHER,
-            },
+            Ok(d @ (AddressFamily::INET | AddressFamily::INET6)) => {
+                inet = d == AddressFamily::INET;
+                match t {
+                    SocketType::DGRAM => C_UDP,
+                    SocketType::STREAM => C_TCP,
+                    _ => C_OTHER,
+                }
+            }
             _ => C_OTHER,
         },
     };
     set(fd, c, 0);
-    c
+    (c, inet)
 }
 
 /// Every fd whose word has all of `flags` (allocated chunks only; for rare

@@ -739,11 +739,17 @@ fn opts() -> EngineOptions {
 /// reports twice what was asked for, and the engine's ring gets what was
 /// asked for (at least 4 KiB).
 fn opts_for(fd: c_int) -> EngineOptions {
+    opts_read(fd, false)
+}
+
+/// [`opts_for`]; `unknown`: a socket made before this program (exec), whose
+/// options this process never saw set: read them.
+fn opts_read(fd: c_int, unknown: bool) -> EngineOptions {
     let mut o = opts();
     // Nothing set IP_TTL/IP_TOS: the engine's once-read defaults (no
     // getsockopt per connect).
-    o.ip_header_default = !crate::opts::set_any(crate::opts::SET_IP);
-    if !crate::opts::set_any(crate::opts::SET_BUFFERS) {
+    o.ip_header_default = !unknown && !crate::opts::set_any(crate::opts::SET_IP);
+    if !unknown && !crate::opts::set_any(crate::opts::SET_BUFFERS) {
         // The kernel's defaults: nothing given (no getsockopt).
         return o;
     }
@@ -870,7 +876,8 @@ fn err_no(e: XdpTcpError) -> c_int {
     }
 }
 
-fn get_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
+/// An int socket option of `fd` (`None`: the kernel refused).
+pub fn get_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
     let mut v: c_int = 0;
     let mut l = std::mem::size_of::<c_int>() as socklen_t;
     // SAFETY: an int out-buffer and its length.
@@ -1114,13 +1121,7 @@ pub fn listen(fd: c_int, backlog: c_int) -> Option<c_int> {
                     return Some(r);
                 }
             }
-            // Underneath non-blocking: the kernel's accept queue is looked
-            // at without waiting; the application's mode is kept in the
-            // record.
-            let _ = rustix::fs::fcntl_setfl(b, fl | rustix::fs::OFlags::NONBLOCK);
-            let local = l.local_addr();
-            let t = record(fd, Inner::Listener(l), true, true, nonblock);
-            t.backlog.store(backlog.max(1) as u32, Ordering::Relaxed);
+            let local = serve_listener(fd, l, backlog.max(1) as u32, nonblock, fl);
             log!(Level::Info, "fd {fd} tcp listener {local}: xdp");
         }
         Err(err) => {
@@ -1134,6 +1135,77 @@ pub fn listen(fd: c_int, backlog: c_int) -> Option<c_int> {
     }
     set_errno(e);
     Some(0)
+}
+
+/// Record the engine listener `l` serving the listening socket `fd`
+/// (`fl`: its file status flags, `nonblock` the application's mode).
+fn serve_listener(
+    fd: c_int,
+    l: XdpTcpListener,
+    backlog: u32,
+    nonblock: bool,
+    fl: rustix::fs::OFlags,
+) -> std::net::SocketAddrV4 {
+    // SAFETY: the fd is only borrowed for an fcntl call.
+    let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+    // Underneath non-blocking: the kernel's accept queue is looked at
+    // without waiting; the application's mode is kept in the record.
+    let _ = rustix::fs::fcntl_setfl(b, fl | rustix::fs::OFlags::NONBLOCK);
+    let local = l.local_addr();
+    let t = record(fd, Inner::Listener(l), true, true, nonblock);
+    t.backlog.store(backlog, Ordering::Relaxed);
+    local
+}
+
+/// An IPv4 listening socket this process's shim did not make (inherited
+/// through exec, the systemd socket-activation shape, or received):
+/// served on the engine as `listen` serves a fresh one (`inherit`). The
+/// backlog is the kernel's (TCP_INFO of a listener reports it), the
+/// buffer sizes and IP header the socket's own. False: it stays the
+/// kernel's, with the reason said as for a fresh listener.
+#[cold]
+pub fn adopt_listening(fd: c_int) -> bool {
+    // SAFETY: an all-zero tcp_info is a valid out-buffer.
+    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut l = std::mem::size_of::<libc::tcp_info>() as socklen_t;
+    // SAFETY: ti/l are valid for writes of l bytes.
+    let ok = unsafe {
+        real::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut ti).cast(),
+            &mut l,
+        )
+    } == 0;
+    // A listener's TCP_INFO: tcpi_sacked is its backlog (sk_max_ack_backlog).
+    let backlog = if ok { ti.tcpi_sacked.max(1) } else { 128 };
+    if get_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT).is_some_and(|v| v != 0) {
+        log!(
+            Level::Warn,
+            "fd {fd} tcp listener: kernel socket; xdp not used: SO_REUSEPORT is set on it (the engine cannot honour it)"
+        );
+        return false;
+    }
+    let nonblock = app_nonblock(fd);
+    // SAFETY: the fd is only borrowed for fcntl calls.
+    let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+    let fl = rustix::fs::fcntl_getfl(b).unwrap_or(rustix::fs::OFlags::empty());
+    let o = opts_read(fd, true);
+    match engine_call(|| XdpTcpListener::adopt(fd, backlog as usize, &o)) {
+        Ok(l) => {
+            let local = serve_listener(fd, l, backlog, nonblock, fl);
+            log!(
+                Level::Info,
+                "fd {fd} tcp listener {local}: xdp (a listening socket this program did not make: inherited through exec, or received)"
+            );
+            true
+        }
+        Err(err) => {
+            log_not(fd, &err);
+            false
+        }
+    }
 }
 
 /// The port `fd` is bound to (0: none, or not IPv4).
