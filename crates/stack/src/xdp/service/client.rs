@@ -49,7 +49,10 @@ fn connect_once() -> rustix::io::Result<OwnedFd> {
     )?;
     let addr = SocketAddrUnix::new_abstract_name(proto::SOCKET_NAME)?;
     rustix::net::connect(&s, &addr)?;
-    Ok(s)
+    // Above the program's numbers, as the engine's other fds: a program
+    // that dup2()s onto a low number (a launcher putting a socket on fd 4)
+    // must not replace the connection, nor have its socket closed as ours.
+    Ok(nanowire_xdp::sys::above_floor(s))
 }
 
 /// The nanowire binary to start the service with, if known.
@@ -207,7 +210,12 @@ impl Conn {
             ));
         }
         self.frags_lazy = reply.frags_lazy;
-        let mut fds = m.fds;
+        // Above the program's numbers too (see `connect_once`).
+        let mut fds: Vec<OwnedFd> = m
+            .fds
+            .into_iter()
+            .map(nanowire_xdp::sys::above_floor)
+            .collect();
         let ready = (fds.len() > per_queue).then(|| fds.pop()).flatten();
         let mut it = fds.into_iter();
         let mut queues = Vec::new();
