@@ -417,6 +417,8 @@ else:
 if s.fileno() != 3:
     os.dup2(s.fileno(), 3); s.close()
 os.set_inheritable(3, True)
+if len(sys.argv) > 5:
+    os.dup2(3, 4)  # the same socket under a second number
 os.environ["LISTEN_FDS"] = "1"
 os.execv(sys.executable, [sys.executable, "-c", prog, addr, str(port)])
 "#;
@@ -570,4 +572,70 @@ fn a_listening_socket_inherited_across_exec_is_served_on_the_engine() {
 fn a_bound_udp_socket_inherited_across_exec_is_served_on_the_engine() {
     let progs = (ACTIVATED_UDP, ACTIVATED_UDP_CLIENT);
     activated("puct", "udp", progs, 14650, ("rx_packets", 200));
+}
+
+/// The activated socket under two numbers (fds 3 and 4, as a launcher may
+/// pass one socket twice): the server serves one datagram on fd 4 (on the
+/// engine: the shim never saw fd 3), closes it and forks; the child's
+/// blocking recvfrom on fd 3, the same socket, must block as the
+/// application left it (issue 24: the engine's O_NONBLOCK stayed on the
+/// socket after its last known fd closed, and a forked child's blocking
+/// recv said EAGAIN, the c_semantics failure of session 18), and the
+/// child, which shares fd 3 with its parent, leaves it the kernel's.
+const TWO_NUMBERS_UDP: &str = r#"
+import os, socket, sys
+u4 = socket.socket(fileno=4)
+print("listening", flush=True)
+d, peer = u4.recvfrom(100)
+u4.sendto(b"one " + d, peer)
+u4.close()
+pid = os.fork()
+if pid == 0:
+    u3 = socket.socket(fileno=3)
+    d = b""
+    while d != b"b":
+        d, peer = u3.recvfrom(100)
+    u3.sendto(b"two " + d, peer)
+    os._exit(0)
+print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"#;
+
+const TWO_NUMBERS_CLIENT: &str = r#"
+import socket, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.settimeout(5)
+def ask(d):
+    for attempt in range(5):
+        c.sendto(d, (addr, port))
+        try:
+            return c.recvfrom(100)[0]
+        except socket.timeout:
+            pass
+    return b""
+r = (ask(b"a"), ask(b"b"))
+print(r)
+print("all ok" if r == (b"one a", b"two b") else "SOME BAD", flush=True)
+"#;
+
+#[test]
+#[ignore = "needs root"]
+fn an_inherited_socket_under_two_numbers_keeps_its_mode_for_a_forked_child() {
+    let server = |addr: &str, port: &str| {
+        let argv = ["python3", "-c", SOCKET_LAUNCHER, addr, port, "udp"];
+        let tail = [TWO_NUMBERS_UDP, "twice"];
+        argv.into_iter().chain(tail).map(String::from).collect()
+    };
+    let logs = placed(
+        "ptwo",
+        "two-nums",
+        &server,
+        TWO_NUMBERS_CLIENT,
+        14660,
+        &mut |_, _, _, _| {},
+    );
+    // Under run: fd 4 went onto the engine (own engine, service), and the
+    // child kept fd 3 the kernel's.
+    let adopted = "a bound socket this program did not make";
+    assert_eq!(logs.matches(adopted).count(), 2, "{logs}");
+    assert_eq!(logs.matches("has forked since").count(), 2, "{logs}");
 }

@@ -52,6 +52,16 @@ pub use crate::sys::engine_call;
 /// This process's pid, refreshed in the child after fork.
 static PID: AtomicU32 = AtomicU32::new(0);
 
+/// This process forked, or is a forked child (set before the fork, so the
+/// child's copy has it too).
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+/// Has this image forked (or been forked)? Then a socket it holds but did
+/// not make may be shared with another process (`ops::adopt_unknown`).
+pub fn forked() -> bool {
+    FORKED.load(Ordering::Relaxed)
+}
+
 /// fork(), before the child exists: every accelerated socket of this
 /// process and every candidate is about to be shared with the child, and a
 /// socket two processes share can only be served where both read it: the
@@ -65,6 +75,7 @@ extern "C" fn before_fork() {
     if crate::sys::in_engine() {
         return;
     }
+    FORKED.store(true, Ordering::Relaxed);
     prepare_child(
         &|_| true,
         "fork(): the child shares this socket, so both use the kernel socket",
@@ -1384,13 +1395,33 @@ pub fn closing(fd: c_int) {
     if let Some(a) = by_fd(fd)
         && a.mine()
         && a.adopted() == fd
-        && a.common.refs() > 1
         && !a.detached.load(Ordering::Acquire)
     {
-        detach(
-            fd,
-            "the fd the engine uses was closed while duplicates of it remain",
-        );
+        if a.common.refs() > 1 {
+            detach(
+                fd,
+                "the fd the engine uses was closed while duplicates of it remain",
+            );
+        } else if !a.common.nonblock() {
+            // The last fd the shim knows, but the socket may outlive it
+            // under a number the shim never saw (inherited through exec
+            // with another, received): that one must find the
+            // application's blocking mode, not the engine's O_NONBLOCK
+            // (issue 24: a forked child's blocking recv said EAGAIN).
+            restore_mode(fd, a);
+        }
+    }
+}
+
+/// The application's blocking mode (`a`'s) back on the kernel socket under
+/// `fd` (the engine keeps it non-blocking underneath).
+fn restore_mode(fd: c_int, a: &Accel) {
+    let nb = a.common.nonblock();
+    // SAFETY: the fd is only borrowed for two fcntl calls.
+    let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+    if let Ok(mut f) = rustix::fs::fcntl_getfl(b) {
+        f.set(rustix::fs::OFlags::NONBLOCK, nb);
+        let _ = rustix::fs::fcntl_setfl(b, f);
     }
 }
 
@@ -1423,13 +1454,7 @@ pub fn detach(fd: c_int, why: &str) {
             // before anyone can see the socket off the engine: another
             // thread may then retire the record at once and hand the fd to
             // the kernel, whose blocking recv must not say EAGAIN.
-            let nb = a.common.nonblock();
-            // SAFETY: the fd is only borrowed for two fcntl calls.
-            let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
-            if let Ok(mut f) = rustix::fs::fcntl_getfl(b) {
-                f.set(rustix::fs::OFlags::NONBLOCK, nb);
-                let _ = rustix::fs::fcntl_setfl(b, f);
-            }
+            restore_mode(fd, a);
             a.detached.store(true, Ordering::Release);
         }
         let kept = a.lock().stash.len();

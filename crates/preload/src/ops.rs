@@ -105,7 +105,8 @@ pub fn unknown(fd: c_int) -> bool {
 /// (`tcpx::adopt_listening`), a bound IPv4 UDP socket goes onto it
 /// (`ahooks::adopt_bound`). The socket is asked what it is (SO_TYPE,
 /// SO_DOMAIN; SO_ACCEPTCONN for an IPv4 stream) once; its class is
-/// remembered whatever the answer.
+/// remembered whatever the answer. After a fork neither: it stays the
+/// kernel's ([`shared_since_fork`]).
 #[cold]
 fn adopt_unknown(fd: c_int) -> bool {
     if !spin::xdp_candidates() {
@@ -113,11 +114,21 @@ fn adopt_unknown(fd: c_int) -> bool {
     }
     let e = errno();
     let (class, inet) = table::classify_inet(fd);
+    // Unknown at a fork (nothing here made it, so the fork could not take
+    // it off the engine or keep it a candidate): the other process may
+    // hold and read it too, and a socket two processes share is served
+    // by the kernel (as fork does with the engine's own sockets).
+    let forked = accel::forked();
     let on = match class {
+        table::C_UDP if inet && forked => shared_since_fork(fd, "udp"),
         table::C_UDP if inet => ahooks::adopt_bound(fd),
         table::C_TCP if inet => {
             tcpx::get_int(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN) == Some(1)
-                && tcpx::adopt_listening(fd)
+                && if forked {
+                    shared_since_fork(fd, "tcp listener")
+                } else {
+                    tcpx::adopt_listening(fd)
+                }
         }
         // An IPv6 socket: said as for a fresh one.
         table::C_UDP | table::C_TCP => {
@@ -128,6 +139,17 @@ fn adopt_unknown(fd: c_int) -> bool {
     };
     set_errno(e);
     on
+}
+
+/// [`adopt_unknown`] of a socket this process may share with one it forked
+/// or was forked from: it stays the kernel's, said once (false).
+#[cold]
+fn shared_since_fork(fd: c_int, what: &str) -> bool {
+    log!(
+        Level::Warn,
+        "fd {fd} {what}: kernel socket; xdp not used: this program did not make it and has forked since (the other process may share it; a shared socket is the kernel's)"
+    );
+    false
 }
 
 /// What holds `fd`'s record, whichever process made it (a forked child's
@@ -409,9 +431,33 @@ pub fn splice(
 }
 
 /// `new` is a duplicate of `old` (the call that made it succeeded): it
-/// shares `old`'s record.
+/// shares `old`'s record, or, for a kernel socket, what the table knows of
+/// it. An `old` the shim never saw is looked at first ([`unknown`]), so
+/// the two numbers share whatever it becomes: one socket, one record.
+/// (Issue 24: a duplicate left unknown was taken for a socket this
+/// program did not make and put on the engine by itself, a second claim on
+/// a port its original had given back to the kernel at fork: the forked
+/// child's datagram went to the parent's engine.)
 pub fn dup(old: c_int, new: c_int) {
-    on!(record_of(old), dup(old, new))
+    if table::class(table::get(old)) == table::C_UNKNOWN {
+        unknown(old);
+    }
+    match record_of(old) {
+        Sock::Kernel => dup_kernel(old, new),
+        s => on!(s, dup(old, new)),
+    }
+}
+
+/// [`dup`] of a kernel fd: `new` is the same socket (or file), so it has
+/// `old`'s class and its socket-wide flags (SO_RCVTIMEO set), never its
+/// per-number ones (a candidate stays one number's: the engine takes the
+/// socket through that number).
+fn dup_kernel(old: c_int, new: c_int) {
+    let w = table::get(old);
+    let class = table::class(w);
+    if matches!(class, table::C_OTHER | table::C_UDP | table::C_TCP) {
+        table::set(new, class, w & table::F_RCVTIMEO);
+    }
 }
 
 /// `fd` is about to be closed or replaced (close, dup2/dup3 over it,
