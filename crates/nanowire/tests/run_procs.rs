@@ -452,12 +452,14 @@ print("done", flush=True)
 const ACTIVATED_TCP_CLIENT: &str = r#"
 import hashlib, socket, sys
 addr, port = sys.argv[1], int(sys.argv[2])
+def ask(req):
+    with socket.create_connection((addr, port), timeout=30) as c:
+        c.sendall(req)
+        return b"".join(chunks(c))
 ok = True
 for k in range(4):
-    c = socket.create_connection((addr, port), timeout=30)
     req = b"req %d " % k * (3000 * (k + 1)) + b"\n"
-    c.sendall(req)
-    b = b"".join(chunks(c))
+    b = ask(req)
     good = b == hashlib.sha256(req).digest() * (1000 * (k + 1))
     ok &= good
     print(k, len(b), hashlib.sha256(b).hexdigest()[:16], "ok" if good else "BAD")
