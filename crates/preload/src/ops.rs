@@ -119,6 +119,16 @@ fn adopt_unknown(fd: c_int) -> bool {
     // hold and read it too, and a socket two processes share is served
     // by the kernel (as fork does with the engine's own sockets).
     let forked = accel::forked();
+    if inet && !forked && matches!(class, table::C_UDP | table::C_TCP) {
+        // The same socket under another number this process has put on
+        // the engine already (one socket passed on two numbers, or
+        // received again): share its record, as a dup does.
+        if let Some(f) = engine_number_of(fd) {
+            dup(f, fd);
+            set_errno(e);
+            return !matches!(record_of(fd), Sock::Kernel);
+        }
+    }
     let on = match class {
         table::C_UDP if inet && forked => shared_since_fork(fd, "udp"),
         table::C_UDP if inet => ahooks::adopt_bound(fd),
@@ -139,6 +149,22 @@ fn adopt_unknown(fd: c_int) -> bool {
     };
     set_errno(e);
     on
+}
+
+/// Another fd of this process whose engine record is for the socket `fd`
+/// names (the same SO_COOKIE), if any.
+#[cold]
+fn engine_number_of(fd: c_int) -> Option<c_int> {
+    let cookie = table::cookie_of(fd);
+    let mut found = None;
+    if cookie != 0 {
+        table::each_identity(|f, id| {
+            if found.is_none() && f != fd && id == cookie {
+                found = Some(f);
+            }
+        });
+    }
+    found.filter(|&f| !matches!(record_of(f), Sock::Kernel))
 }
 
 /// [`adopt_unknown`] of a socket this process may share with one it forked
