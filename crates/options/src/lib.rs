@@ -212,10 +212,11 @@ pub const OPTIONS: &[OptSpec] = &[
     OptSpec::switch_on(
         "spin_hint",
         "NANOWIRE_SPIN_HINT",
-        "xdp engine on the engine service, with spin_share: a process pinned to one CPU it shares \
-         with others watches it for their frames (the steering program counts each process's) and \
-         hands it to the one whose frame arrived, or sleeps until handed it. 0: crowded waits yield \
-         at every idle turn.",
+        "xdp engine on the engine service, with spin_share, for waits that spin forever \
+         (spin_us=forever, the latency profile): a process pinned to one CPU it shares with others \
+         watches it for their frames (the steering program counts each process's) and hands it to \
+         the one whose frame arrived, or sleeps until handed it. A wait with a spin budget, or with \
+         0: crowded waits yield at every idle turn.",
     ),
     OptSpec::switch_on(
         "tcp_rx_hold",

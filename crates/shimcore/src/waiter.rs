@@ -47,10 +47,13 @@
 //!   A process alone on its CPUs (or with no registry) spins as before.
 //! * **Pass it by hint** (session 17, [`Host::pass`]: the steering
 //!   program's count of frames redirected to each process). A crowded wait
-//!   pinned to one CPU either watches the CPU (spins without yielding, and
-//!   when a parked sibling's frame arrives wakes it and yields to it) or
-//!   parks until the watcher wakes it; the park is no contention. Where the
-//!   hint does not apply it yields at every idle turn as above.
+//!   that spins forever (`latency`) pinned to one CPU either watches the CPU
+//!   (spins without yielding, and when a parked sibling's frame arrives
+//!   wakes it and yields to it) or parks until the watcher wakes it; the
+//!   park is no contention. A wait with a budget (`balanced`, `throughput`:
+//!   it sleeps once the budget is spent or at contention), and any wait the
+//!   hint does not apply to, yields at every crowded idle turn as above
+//!   (session 19).
 
 use crate::fdtable::closed_since;
 use std::cell::Cell;
@@ -334,8 +337,12 @@ impl<H: Host> Spin<H> {
             return false;
         }
         // The count before the next attempt (a frame counted after it is
-        // one a watcher wakes this wait for).
-        self.snap = if crowded != 0 {
+        // one a watcher wakes this wait for). Only a wait that spins
+        // forever passes by hint: one with a budget sleeps when it is spent
+        // (the kernel wakes it for its frame), and crowded it does better
+        // yielding at every turn (docs/benchmarks.md, "Session 19: the
+        // spin hint's default").
+        self.snap = if crowded != 0 && self.max == u64::MAX {
             self.host.redirected()
         } else {
             None
@@ -990,7 +997,8 @@ mod tests {
         w.crowd.set(true);
         w.pass.set(Some(Pass::Watch(false)));
         let h = w.host(1_000, 0);
-        let mut s = Spin::new(&h, 10_000_000, u64::MAX);
+        // A wait that spins forever (the latency profile) passes by hint.
+        let mut s = Spin::new(&h, u64::MAX, u64::MAX);
         assert!(s.spin());
         assert_eq!(w.yields.get(), 1, "no count read yet: a crowded yield");
         for _ in 0..10 {
@@ -1014,28 +1022,51 @@ mod tests {
         assert!(s.spin());
         assert_eq!(w.yields.get(), y + 1);
         // Parked for 2 ms (over BUSY_NS per sibling): no contention, no
-        // quiet period, no yield.
+        // yield.
         w.pass.set(Some(Pass::Parked));
         assert!(s.spin());
         assert!(s.spin());
         assert_eq!(w.yields.get(), y + 1);
         drop(s);
-        let mut s = Spin::new(&h, 10_000_000, u64::MAX);
-        assert!(s.spin(), "no quiet period after parks");
-        // A 10 ms gap (a CPU-bound neighbour): it stops, ending its watch.
+        // The caller's 5 ms timeout ends a forever wait: it stops, ending
+        // its watch.
+        let mut s = Spin::new(&h, u64::MAX, 5_000_000);
+        assert!(s.spin());
         w.now.set(w.now.get() + 10_000_000);
         assert!(!s.spin());
         assert!(w.log.borrow().contains(&"unwatch Spinner(2)".to_string()));
         // Without a hint (pass Off): a yield at every crowded turn.
         drop(s);
         w.pass.set(Some(Pass::Off));
-        w.now.set(learned().quiet_until);
         let y = w.yields.get();
-        let mut s = Spin::new(&h, 10_000_000, u64::MAX);
+        let mut s = Spin::new(&h, u64::MAX, u64::MAX);
         for _ in 0..5 {
             assert!(s.spin());
         }
         assert_eq!(w.yields.get(), y + 5);
+    }
+
+    #[test]
+    fn a_crowded_wait_with_a_budget_yields_at_every_turn_and_never_passes_by_hint() {
+        let w = World::new();
+        w.seat.set(Some(Seat::Spinner(1 << 1)));
+        w.crowd.set(true);
+        // The hint is there and would watch (no yield for 20 us)...
+        w.pass.set(Some(Pass::Watch(false)));
+        let h = w.host(1_000, 0);
+        // ...but a wait with a budget (balanced: 500 us) does not ask it.
+        let mut s = Spin::new(&h, 500_000, u64::MAX);
+        for _ in 0..10 {
+            assert!(s.spin());
+        }
+        assert_eq!(w.yields.get(), 10, "a yield at every crowded turn");
+        // A 150 us gap is a sibling's turn (BUSY_NS per process waiting
+        // there), not contention: it spins on.
+        w.now.set(w.now.get() + 150_000);
+        assert!(s.spin());
+        // The budget still ends it.
+        while s.spin() {}
+        assert!(s.spent() >= 500_000);
     }
 
     #[test]

@@ -29,7 +29,8 @@ pub const TCP_RX_HOLD_VAR: &str = "NANOWIRE_TCP_RX_HOLD";
 pub const SPIN_SHARE_VAR: &str = "NANOWIRE_SPIN_SHARE";
 /// The options table's `spin_hint` row (`0`: crowded waits on the engine
 /// service yield at every idle turn instead of passing the CPU by the
-/// steering program's per-process frame count).
+/// steering program's per-process frame count; waits with a spin budget
+/// yield so either way, the shim's waiter).
 pub const SPIN_HINT_VAR: &str = "NANOWIRE_SPIN_HINT";
 /// Force an XDP attach mode (`native` or `generic`).
 pub const XDP_MODE_VAR: &str = "NANOWIRE_XDP_MODE";
