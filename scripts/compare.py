@@ -79,8 +79,9 @@ included, 4 on the service against one on its own engine. Servers on CPU 1, clie
 (--no-pin: unpinned); the servers' profile is --profiles (default balanced: 4 spinning servers on
 one CPU would measure the scheduler). What the machine can do with that placement: the same with
 plain kernel servers (one, and 4 at once), and the 4 on the service pinged one at a time (every
-server up, one busy); `worst_to_one` has each worst / one with its bootstrap 95% interval over the
-paired repeats (`--rows floor`: only those rows and one and 4 on the service):
+server up, one busy); `worst_to_one` has each worst / one, and one on the service / own engine, with
+its bootstrap 95% interval over the paired repeats (`--rows floor`: only those rows and one and 4 on
+the service):
 
     scripts/compare.py --scenario service --repeats 5 --seconds 5
 
@@ -979,7 +980,9 @@ def service_configs(rows):
                (SVC_MANY, SVC_N, "service", (), False),
                # The same four without the service's spinner registry (NANOWIRE_SPIN_SHARE=0, each waits
                # as if alone on its CPU: before session 16) and with the registry but without passing the
-               # CPU by the steering program's frame counts (NANOWIRE_SPIN_HINT=0: before session 17).
+               # CPU by the steering program's frame counts (NANOWIRE_SPIN_HINT=0: before session 17). Since
+               # session 19 only waits that spin forever pass by hint, so with a budget (--profiles balanced)
+               # this row is the default's twin (the spread of two alike rows); with latency it is the A/B.
                (SVC_SHARE0, SVC_N, "service", ("NANOWIRE_SPIN_SHARE=0",), False),
                (SVC_HINT0, SVC_N, "service", ("NANOWIRE_SPIN_HINT=0",), False),
                # What this machine can do (session 18): the kernel's own four / one with the same placement
@@ -1046,6 +1049,13 @@ def run_service(a):
                              f"{many_label} (worst) / {one_label}")
             if r:
                 paired[f"{SVC_N} {what}: worst / one, p50"] = r
+    # One on the service / its own engine, paired the same way (session 18's 1.065 was one repeat's own
+    # engine in the faster mode: per repeat 1.179 1.000 1.007 0.997 1.004).
+    if SVC_ONE in runs and SVC_OWN in runs:
+        r = paired_ratio([x["p50"] for x in runs[SVC_ONE]], [x["p50"] for x in runs[SVC_OWN]],
+                         f"{SVC_ONE} / {SVC_OWN}")
+        if r:
+            paired["one on the service / own engine, p50"] = r
     print_run_to_old(paired)
     profile = a.profiles.split(",")[0]
     pin_s, pin_c = ("taskset -c 1 ", "taskset -c 0 ") if a.pin else ("", "")
