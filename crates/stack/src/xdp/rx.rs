@@ -14,7 +14,7 @@
 //! (demux.rs) onto its endpoint's queue → [`RxPath::pop_or_poll`] by the
 //! socket.
 
-use super::classify::{DropReason, classify_frame, for_other_host};
+use super::classify::{DropReason, PROTO_UDP, classify_frame, for_other_host};
 use super::demux::{Delivery, Demux, EndpointId, Outcome};
 use super::device::RxDevice;
 use super::reasm::Reassembly;
@@ -80,22 +80,24 @@ impl<D: RxDevice> RxPath<D> {
     /// queues. Returns descriptors taken.
     #[inline]
     pub fn poll(&mut self, budget: u32) -> u32 {
-        self.poll_own(budget, None, |_, _| {
+        self.poll_own(budget, None, 0, |_, _| {
             unreachable!("no endpoint's frames are taken by this poll")
         })
     }
 
-    /// [`RxPath::poll`] by endpoint `own`'s consumer (the TCP driver's turn):
-    /// a unicast frame for `own` is not queued to be popped again at once
-    /// but goes straight to `take`, counted as a pop counts it (and waking
-    /// a thread asleep on `own`, as a push does); frames for other
-    /// endpoints are queued as by `poll`. The caller pops what was queued
-    /// for `own` before, so the frames keep their order.
+    /// [`RxPath::poll`] by endpoint `own`'s consumer (the TCP driver's turn,
+    /// a UDP reader whose queue is empty): up to `quota` unicast frames for
+    /// `own` are not queued to be popped again at once but go straight to
+    /// `take`, counted as a pop counts them (and waking a thread asleep on
+    /// `own`, as a push does); its frames past the quota and frames for
+    /// other endpoints are queued as by `poll`. The caller pops what was
+    /// queued for `own` before, so the frames keep their order.
     #[inline]
     pub fn poll_own(
         &mut self,
         budget: u32,
         own: Option<EndpointId>,
+        quota: usize,
         mut take: impl FnMut(Delivery, &HeldBudget<'_>),
     ) -> u32 {
         let RxPath {
@@ -116,6 +118,7 @@ impl<D: RxDevice> RxPath<D> {
             reasm,
             mac: *mac,
             mine: own,
+            quota,
         };
         let h = HeldBudget {
             page,
@@ -150,16 +153,20 @@ impl<D: RxDevice> RxPath<D> {
         }
     }
 
-    /// Pop endpoint `id`'s next frame, polling the device if it has none.
+    /// Pop endpoint `id`'s next frame, polling the device if it has none
+    /// (the first frame that poll finds for `id` comes straight back, not
+    /// through its queue: [`RxPath::poll_own`]).
     #[inline]
     pub fn pop_or_poll(&mut self, id: EndpointId) -> Option<Delivery> {
         if let Some(d) = self.demux.pop(id, &self.page) {
             return Some(d);
         }
-        if self.poll(RX_BUDGET) > 0 {
+        let mut got = None;
+        if self.poll_own(RX_BUDGET, Some(id), 1, |d, _| got = Some(d)) > 0 && got.is_none() {
+            // Queued by the poll (a multicast datagram).
             return self.demux.pop(id, &self.page);
         }
-        None
+        got
     }
 
     /// Return frames to the device (after endpoints dropped theirs).
@@ -199,6 +206,8 @@ struct Frames<'a> {
     reasm: &'a mut Reassembly,
     mac: Option<[u8; 6]>,
     mine: Option<EndpointId>,
+    /// Frames `mine` may still take straight from this poll.
+    quota: usize,
 }
 
 impl Frames<'_> {
@@ -227,13 +236,23 @@ impl Frames<'_> {
             bump(page.e(E::RxCsumPartial), 1);
         }
         let len = c.payload_len as u64;
-        match self.demux.deliver_at(&c, f, at, page, self.mine) {
+        // A multicast or broadcast datagram is queued for every member
+        // (`Demux::deliver_at`'s fan-out): from then on this poll queues
+        // `mine`'s frames too, behind it (its reader pops them in order).
+        // (A TCP endpoint, the TCP driver's `mine`, is never a member.)
+        let ip = c.dst.ip();
+        if (ip.is_multicast() || ip.is_broadcast()) && c.proto == PROTO_UDP {
+            self.quota = 0;
+        }
+        let mine = self.mine.filter(|_| self.quota > 0);
+        match self.demux.deliver_at(&c, f, at, page, mine) {
             Outcome::NoEndpoint => bump(page.e(E::DropNoSocket), 1),
             Outcome::QueueFull => bump(page.e(E::DropSocketQueueFull), 1),
             delivered => {
                 bump(page.e(E::RxPackets), 1);
                 bump(page.e(E::RxBytes), len);
                 if let Outcome::Mine(d) = delivered {
+                    self.quota -= 1;
                     take(d);
                 }
             }
@@ -325,7 +344,9 @@ mod tests {
             rx.dev.inject(udp(sa(PEER, 9), sa(OURS, port), data));
         }
         let mut got = Vec::new();
-        let n = rx.poll_own(RX_BUDGET, Some(a), |d, _| got.push(d.payload().to_vec()));
+        let n = rx.poll_own(RX_BUDGET, Some(a), usize::MAX, |d, _| {
+            got.push(d.payload().to_vec())
+        });
         assert_eq!(n, 3);
         assert_eq!(got, [b"one", b"six"], "in the order they came");
         let e = rx.demux.get(a).unwrap();
@@ -341,6 +362,68 @@ mod tests {
         assert_eq!(get(p, E::RxPackets), 3);
         assert!(identity_holds(p));
         assert_eq!(rx.pop_or_poll(b).unwrap().payload(), b"two");
+    }
+
+    #[test]
+    fn pop_or_poll_takes_its_frame_straight_from_the_poll_and_queues_the_rest() {
+        let (mut rx, id) = rx_with_udp(loop_rx(), 1024, 7);
+        for i in 0..3u8 {
+            rx.dev.inject(udp(sa(PEER, 9), sa(OURS, 7), &[i; 4]));
+        }
+        let d = rx.pop_or_poll(id).expect("the first");
+        assert_eq!(d.payload(), &[0; 4]);
+        let e = rx.demux.get(id).unwrap();
+        assert_eq!(e.queue.len(), 2, "the first never queued, the rest are");
+        let p = rx.page.clone();
+        assert_eq!(get_s(&p, id, S::RxPackets), 1, "counted once, as a pop");
+        assert_eq!(get_s(&p, id, S::RxBytes), 4);
+        assert_eq!(rx.pop_or_poll(id).unwrap().payload(), &[1; 4]);
+        assert_eq!(rx.pop_or_poll(id).unwrap().payload(), &[2; 4]);
+        assert!(rx.pop_or_poll(id).is_none());
+        assert_eq!(get_s(&p, id, S::RxPackets), 3);
+        assert_eq!(get(&p, E::RxPackets), 3);
+        assert!(identity_holds(&p));
+    }
+
+    #[test]
+    fn a_poll_for_an_endpoint_takes_at_most_its_quota() {
+        let (mut rx, id) = rx_with_udp(loop_rx(), 1024, 7);
+        for i in 0..5u8 {
+            rx.dev.inject(udp(sa(PEER, 9), sa(OURS, 7), &[i]));
+        }
+        let mut got = Vec::new();
+        assert_eq!(rx.poll_own(RX_BUDGET, Some(id), 2, |d, _| got.push(d)), 5);
+        let got: Vec<_> = got.iter().map(|d| d.payload()[0]).collect();
+        assert_eq!(got, [0, 1]);
+        for i in 2..5u8 {
+            assert_eq!(rx.pop_or_poll(id).unwrap().payload(), &[i]);
+        }
+        assert_eq!(get_s(&rx.page, id, S::RxPackets), 5);
+        assert!(identity_holds(&rx.page));
+    }
+
+    #[test]
+    fn a_multicast_datagram_keeps_its_place_before_the_unicast_ones_behind_it() {
+        let (mut rx, a) = rx_with_udp(loop_rx(), 1024, 5);
+        let g = sa(Ipv4Addr::new(239, 1, 2, 3), 5);
+        rx.demux.bind(a, 17, g);
+        rx.dev.inject(udp(sa(PEER, 9), sa(OURS, 5), b"one"));
+        let mut m = udp(sa(PEER, 9), g, b"two");
+        m[0..6].copy_from_slice(&[1, 0, 0x5e, 1, 2, 3]);
+        rx.dev.inject(m);
+        rx.dev.inject(udp(sa(PEER, 9), sa(OURS, 5), b"six"));
+        let mut got = Vec::new();
+        rx.poll_own(RX_BUDGET, Some(a), usize::MAX, |d, _| got.push(d));
+        assert_eq!(got.len(), 1, "only what came before the multicast one");
+        assert_eq!(got[0].payload(), b"one");
+        assert_eq!(rx.pop_or_poll(a).unwrap().payload(), b"two");
+        assert_eq!(rx.pop_or_poll(a).unwrap().payload(), b"six");
+        // A multicast datagram alone: pop_or_poll still returns it.
+        let mut m = udp(sa(PEER, 9), g, b"ten");
+        m[0..6].copy_from_slice(&[1, 0, 0x5e, 1, 2, 3]);
+        rx.dev.inject(m);
+        assert_eq!(rx.pop_or_poll(a).unwrap().payload(), b"ten");
+        assert!(identity_holds(&rx.page));
     }
 
     #[test]

@@ -558,8 +558,13 @@ impl XdpSocket {
                 match rx.demux.pop(self.id, &rx.page) {
                     Some(d) => batch.push(d),
                     None if !polled => {
+                        // The queue is empty: this socket's frames the
+                        // poll finds come straight into the batch (up to
+                        // its room; the rest are queued behind them), not
+                        // through the queue (a push and a pop each).
                         polled = true;
-                        rx.poll(RX_BUDGET);
+                        let room = max - batch.len();
+                        rx.poll_own(RX_BUDGET, Some(self.id), room, |d, _| batch.push(d));
                     }
                     None => {
                         mark = self.engine.rx_mark(rx);

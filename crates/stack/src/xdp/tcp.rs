@@ -3096,7 +3096,7 @@ pub(crate) fn rx_segments_into<D: RxDevice>(
     // The stack's own segments go to it as the poll finds them, not through
     // its queue.
     g.demux.spill_for(Some(id));
-    g.poll_own(RX_BUDGET, Some(id), &mut feed);
+    g.poll_own(RX_BUDGET, Some(id), usize::MAX, &mut feed);
     g.demux.spill_for(None);
     fed
 }
