@@ -92,9 +92,21 @@ pub fn create(path: &Path, mode: u32) -> io::Result<File> {
 }
 
 /// Create a directory (and its parents) for output with at most `mode`
-/// (an existing one is used as it is, if it is a directory).
+/// (an existing one is used as it is, if it is a directory). A symbolic
+/// link as the directory itself is refused, as [`create`] refuses one for a
+/// file: a link planted by another user would make the files created in it
+/// land wherever it points (say, a directory of root's).
 pub fn create_dir(path: &Path, mode: u32) -> io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{}: is a symbolic link: refusing to follow it (give the target's own path)",
+                path.display()
+            ),
+        ));
+    }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(mode & 0o777)
@@ -177,6 +189,21 @@ mod tests {
         std::os::unix::fs::symlink(d.join("nothing"), &q).unwrap();
         assert!(create(&q, PRIVATE).is_err());
         assert!(!d.join("nothing").exists());
+    }
+
+    #[test]
+    fn a_planted_symlink_as_the_output_directory_is_refused() {
+        let d = Scratch::new("dirlink");
+        let target = d.join("elsewhere");
+        std::fs::create_dir(&target).unwrap();
+        let p = d.join("report");
+        std::os::unix::fs::symlink(&target, &p).unwrap();
+        let e = create_dir(&p, 0o750).unwrap_err().to_string();
+        assert!(e.contains("symbolic link") && !e.contains('\n'), "{e}");
+        // A real directory (new, or existing) is fine.
+        create_dir(&d.join("new/sub"), 0o750).unwrap();
+        create_dir(&target, 0o750).unwrap();
+        assert!(std::fs::read_dir(&target).unwrap().next().is_none());
     }
 
     #[test]
