@@ -1008,6 +1008,17 @@ impl TcpStack {
 
     // ------------------------------------------------------------ output
 
+    /// Might [`TcpStack::poll_transmit`] give a segment now? False only
+    /// when it certainly gives none: no control segment and no connection
+    /// queued to send (a connection that has more to send after a segment
+    /// stays queued), no fault injector. A few loads: a driver filling a
+    /// batch of frames ends it after the last segment without asking the
+    /// stack again.
+    #[inline]
+    pub fn transmit_queued(&self) -> bool {
+        !self.ctrl.is_empty() || !self.ready.is_empty() || self.fault_tx.is_some()
+    }
+
     /// Write the next segment to send into `buf` (room for a TCP header with
     /// options and one MSS: `mss + 60` bytes is always enough).
     pub fn poll_transmit(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {

@@ -3285,10 +3285,17 @@ impl Framer {
         } = self;
         // `poll_transmit` answers None when nothing is due (the frame goes
         // back to the pool): no separate `wants_transmit` per frame (the
-        // caller asked it once before taking the TX lock).
+        // caller asked it once before taking the TX lock). After a segment
+        // that left nothing queued (`transmit_queued`: a ping-pong's one
+        // segment) the batch ends without asking the stack again.
+        let mut more = true;
         let n = tx.post_with(TX_BATCH, |_, fr| {
+            if !more {
+                return None;
+            }
             let end = fr.len().min(SLOT);
             let t = stack.poll_transmit(now, &mut fr[HDRS..end])?;
+            more = stack.transmit_queued();
             match cached_hop(hops, generation, t.dst) {
                 Some(mac) => {
                     *ip_id = ip_id.wrapping_add(1);

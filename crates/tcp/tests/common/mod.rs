@@ -463,7 +463,9 @@ impl Stream {
 
 /// `poll_transmit`, as the engine drives it: `wants_transmit` first (the
 /// engine takes a TX frame only when it says yes). Checks on every call
-/// that it never says no while a segment is due.
+/// that it never says no while a segment is due, and that after a segment
+/// `transmit_queued` never says no while another is due (the engine ends
+/// its batch there).
 pub fn transmit(stack: &mut TcpStack, now: u64, buf: &mut [u8]) -> Option<Transmit> {
     let want = stack.wants_transmit();
     let t = stack.poll_transmit(now, buf);
@@ -471,5 +473,13 @@ pub fn transmit(stack: &mut TcpStack, now: u64, buf: &mut [u8]) -> Option<Transm
         want || t.is_none(),
         "wants_transmit said nothing is due, poll_transmit sent {t:?}"
     );
+    if t.is_some() && !stack.transmit_queued() {
+        let mut more = vec![0u8; buf.len()];
+        let t2 = stack.poll_transmit(now, &mut more);
+        assert!(
+            t2.is_none(),
+            "transmit_queued said nothing is queued after {t:?}, {t2:?} followed"
+        );
+    }
     t
 }
