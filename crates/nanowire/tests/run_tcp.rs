@@ -25,17 +25,6 @@ fn probe() -> String {
     format!("{}/../../scripts/tcp_parity.py", env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Tcp OutRsts of host `h`'s namespace (/proc/net/snmp).
-fn out_rsts(l: &ScopedLab, h: Host) -> u64 {
-    let o = l.command(h, &["cat", "/proc/net/snmp"]).output().unwrap();
-    let text = String::from_utf8_lossy(&o.stdout).into_owned();
-    let mut tcp = text.lines().filter(|x| x.starts_with("Tcp:"));
-    let names: Vec<&str> = tcp.next().unwrap().split_whitespace().collect();
-    let vals: Vec<&str> = tcp.next().unwrap().split_whitespace().collect();
-    let i = names.iter().position(|n| *n == "OutRsts").unwrap();
-    vals[i].parse().unwrap()
-}
-
 /// [`server_then_client`] in this file's usual placement: the server `srv`
 /// in host b (under run when `run`), a plain client `cli` in host a.
 fn to_server_in_b(l: &ScopedLab, name: &str, run: bool, srv: &[&str], cli: &[&str]) -> (Kid, Kid) {
@@ -731,17 +720,6 @@ print("got", n, h.hexdigest()[:16], flush=True)
 "#
 );
 
-/// `Ip` counter `name` of host `h`'s namespace (/proc/net/snmp).
-fn ip_counter(l: &ScopedLab, h: Host, name: &str) -> u64 {
-    let o = l.command(h, &["cat", "/proc/net/snmp"]).output().unwrap();
-    let text = String::from_utf8_lossy(&o.stdout).into_owned();
-    let mut ip = text.lines().filter(|x| x.starts_with("Ip:"));
-    let names: Vec<&str> = ip.next().unwrap().split_whitespace().collect();
-    let vals: Vec<&str> = ip.next().unwrap().split_whitespace().collect();
-    let i = names.iter().position(|n| *n == name).unwrap();
-    vals[i].parse().unwrap()
-}
-
 /// The plain then the run round of the fragments test (ports `first` and
 /// the next): `pair(run, port)` starts the server and the client (host b's
 /// side under run in the second; the client when `client_runs`, else the
@@ -757,11 +735,11 @@ fn frags_plain_and_run(
     let who = if client_runs { "client" } else { "server" };
     plain_and_run(first, |run, port| {
         let rsts = out_rsts(l, Host::B);
-        let reasm = ip_counter(l, Host::B, "ReasmOKs");
+        let reasm = snmp(l, Host::B, "Ip", "ReasmOKs");
         let (s, c) = pair(run, port);
         let out = c.stdout();
         assert_eq!(out_rsts(l, Host::B), rsts, "the {who}'s kernel sent RST");
-        let reasm = ip_counter(l, Host::B, "ReasmOKs") - reasm;
+        let reasm = snmp(l, Host::B, "Ip", "ReasmOKs") - reasm;
         if run && client_runs {
             on_engine(&c, &format!("-> {addr}:{port}"));
         } else if run {

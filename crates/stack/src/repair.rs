@@ -2,7 +2,7 @@
 //! the kernel: the shim at fork (`nanowire-preload`'s `handover`, through
 //! the real libc functions it keeps apart from its own) and the engine
 //! service or warden when a process died with connections (issue 24,
-//! `xdp::service::conns::repair_end`). The sequence is CRIU's TCP
+//! `xdp::service::conns::repair_take`). The sequence is CRIU's TCP
 //! restore: repair mode, queue sequences, bind, connect (no SYN in repair
 //! mode), options, windows, timestamp clock; then repair mode off.
 

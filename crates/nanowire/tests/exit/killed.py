@@ -8,10 +8,13 @@
 # Either half-closes (shutdown, its FIN) the connections whose i is a
 # multiple of 4 and waits until the peer acknowledged the FIN: they are in
 # FIN-WAIT-2 when it is killed (a peer's ACK still on its way at the kill
-# would reach a host with no socket for it, under run: see
+# would reach a host with no socket for it, on an engine of its own: see
 # docs/architecture.md, "Exit and kill -9", the window before the end).
-# Then it sleeps until it is killed.
-import socket, sys, time
+# Then it sleeps until it is killed (SIGKILL), or until SIGUSR1: then it
+# half-closes the connections whose i is 2 more than a multiple of 4 when
+# KILLED_FIN_AT_KILL=1 is in its environment, and kills itself (SIGKILL)
+# at once: the peer's ACKs of those FINs come after its death.
+import os, signal, socket, sys, time
 
 role, addr, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 held, halves = [], []
@@ -59,6 +62,16 @@ else:
         held.append(c)
 for c in halves:
     fin_wait_2(c)
+
+
+def at_kill(*_):
+    if os.environ.get("KILLED_FIN_AT_KILL") == "1":
+        for c in held[2::4]:
+            c.shutdown(socket.SHUT_WR)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+signal.signal(signal.SIGUSR1, at_kill)
 print("held", flush=True)
 while True:
     time.sleep(3600)

@@ -747,3 +747,21 @@ def recv_line(s, n=65536):
 }
 #[allow(unused_imports)]
 pub(crate) use py_prelude;
+
+/// Counter `name` of the `group` line ("Tcp", "Ip", ...) of host `h`'s
+/// namespace's /proc/net/snmp.
+pub fn snmp(l: &ScopedLab, h: Host, group: &str, name: &str) -> u64 {
+    let o = l.command(h, &["cat", "/proc/net/snmp"]).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let head = format!("{group}:");
+    let mut lines = text.lines().filter(|x| x.starts_with(&head));
+    let names: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    let vals: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    let i = names.iter().position(|n| *n == name).unwrap();
+    vals[i].parse().unwrap()
+}
+
+/// Tcp OutRsts of host `h`'s namespace: the RSTs its kernel sent.
+pub fn out_rsts(l: &ScopedLab, h: Host) -> u64 {
+    snmp(l, h, "Tcp", "OutRsts")
+}

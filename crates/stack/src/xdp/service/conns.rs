@@ -81,7 +81,7 @@ pub struct Entry {
     /// The peer's MSS (before timestamp room), window scaling (the
     /// peer's shift in the low nibble, ours in the high one), the peer's
     /// window in bytes: what a kernel socket taking the connection over
-    /// needs (`repair_end`).
+    /// needs (`repair_take`).
     pub mss: u16,
     pub wscale: u8,
     pub snd_wnd: u32,
@@ -117,12 +117,19 @@ impl Entry {
         self.flags & F_RST != 0
     }
 
-    /// A FIN the kernel can send and finish itself (`repair_end`): not a
+    /// A FIN the kernel can send and finish itself (`repair_take`): not a
     /// reset, and nothing of the data left unacknowledged (its bytes died
     /// with the process: the kernel could not retransmit them, and a FIN
     /// beyond them would wait at the peer for ever).
     pub fn repairable(&self) -> bool {
         self.flags & (F_RST | F_ACKED) == F_ACKED
+    }
+
+    /// rcv_nxt without the peer's FIN: a kernel socket taking the
+    /// connection over learns the FIN from a packet (`repair_close`).
+    fn rcv_before_fin(&self) -> u32 {
+        self.rcv_nxt
+            .wrapping_sub(u32::from(self.flags & F_PEER_FIN != 0))
     }
 
     fn write(&self, b: &mut [u8; ENTRY]) {
@@ -397,16 +404,35 @@ pub enum Ended {
 }
 
 /// Ends a dead process's connections (the service's, the warden's): the
-/// kernel takes over each one whose end is a FIN (`repair_end`), as it
+/// kernel takes over each one whose end is a FIN (`repair_take`), as it
 /// finishes a closed socket of its own; the others get their one segment
 /// through the raw socket (`send_end`). Without CAP_NET_ADMIN every FIN
-/// is the one segment, and `note` says so (once).
+/// is the one segment, and `note` says so (once). In two steps
+/// (`hold`, then `finish`), so that the caller can give the connection's
+/// segments to the kernel in between: then the kernel has a socket for
+/// the 4-tuple before any segment of the peer reaches it.
 pub struct Ender {
     raw: OwnedFd,
     repair: bool,
     /// Why connections are not handed to the kernel, for the caller to
     /// say once (taken).
     pub note: Option<String>,
+}
+
+/// A dead process's connection between `Ender::hold` and `Ender::finish`.
+pub enum Ending {
+    /// A kernel socket holds it: repaired, out of repair mode, not closed.
+    Held(OwnedFd, Entry),
+    /// Its one raw segment (or nothing: `Ended::Left`) is still to come.
+    Raw(Entry),
+}
+
+impl Ending {
+    pub fn entry(&self) -> &Entry {
+        match self {
+            Ending::Held(_, e) | Ending::Raw(e) => e,
+        }
+    }
 }
 
 impl Ender {
@@ -425,12 +451,20 @@ impl Ender {
         })
     }
 
-    /// End `e` (`now_ms`: CLOCK_MONOTONIC in ms, the process's clock
-    /// without the connection's offset).
+    /// End `e` at once (`now_ms`: CLOCK_MONOTONIC in ms, the process's
+    /// clock without the connection's offset): `hold`, then `finish`.
     pub fn end(&mut self, e: &Entry, now_ms: u32) -> Ended {
+        let h = self.hold(*e, now_ms);
+        self.finish(h, now_ms)
+    }
+
+    /// The first step: a FIN end the kernel can take (`Entry::repairable`)
+    /// gets its kernel socket (`repair_take`); nothing is sent yet but the
+    /// kernel's window probe.
+    pub fn hold(&mut self, e: Entry, now_ms: u32) -> Ending {
         if self.repair && e.repairable() {
-            match repair_end(self.raw.as_fd(), e, now_ms) {
-                Ok(()) => return Ended::Repaired,
+            match repair_take(&e, now_ms) {
+                Ok(s) => return Ending::Held(s, e),
                 Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
                     self.repair = false;
                     self.note = Some(format!(
@@ -441,10 +475,24 @@ impl Ender {
                 Err(_) => {}
             }
         }
+        Ending::Raw(e)
+    }
+
+    /// The second step, once the peer's segments reach the kernel: a held
+    /// connection is closed (`repair_close`: the kernel sends the FIN), the
+    /// others get their segment.
+    pub fn finish(&mut self, h: Ending, now_ms: u32) -> Ended {
+        let e = match h {
+            Ending::Held(s, e) => {
+                repair_close(self.raw.as_fd(), s, &e);
+                return Ended::Repaired;
+            }
+            Ending::Raw(e) => e,
+        };
         if e.flags & F_FIN_ACKED != 0 && !e.rst() {
             return Ended::Left;
         }
-        match send_end(self.raw.as_fd(), e, now_ms) {
+        match send_end(self.raw.as_fd(), &e, now_ms) {
             Ok(()) if e.rst() => Ended::Rst,
             Ok(()) => Ended::Fin,
             Err(_) => Ended::Failed,
@@ -452,20 +500,14 @@ impl Ender {
     }
 }
 
-/// Hand connection `e` (a FIN end, everything acknowledged:
-/// `Entry::repairable`) to the kernel, which finishes it as it finishes
-/// a socket of its own that was closed: a kernel socket in repair mode
-/// (CAP_NET_ADMIN) at the entry's sequence numbers, options, windows and
-/// timestamp clock, bound and connected to its 4-tuple (no SYN in repair
-/// mode); out of repair mode (the kernel sends a window probe, which the
-/// peer answers), shown the peer's FIN if it had come (through `raw`, as
-/// a packet from the peer: TCP_REPAIR cannot set CLOSE-WAIT), and closed:
-/// the kernel sends the FIN, retransmits it, and keeps the orphan through
-/// FIN-WAIT-2 or LAST-ACK and TIME-WAIT, answering the peer's late
-/// segments. The caller removed the 4-tuple's claims first (the peer's
-/// answers reach the kernel). On an error the socket is closed in repair
-/// mode (nothing sent).
-pub fn repair_end(raw: rustix::fd::BorrowedFd<'_>, e: &Entry, now_ms: u32) -> std::io::Result<()> {
+/// A kernel socket holding connection `e`: in repair mode (CAP_NET_ADMIN)
+/// at the entry's sequence numbers, options, windows and timestamp clock,
+/// bound and connected to its 4-tuple (no SYN in repair mode), out of
+/// repair mode (the kernel sends a window probe, which the peer answers).
+/// From here the kernel has a connection for the 4-tuple: the caller gives
+/// it the peer's segments, then `repair_close`. On an error the socket is
+/// closed in repair mode (nothing sent).
+pub fn repair_take(e: &Entry, now_ms: u32) -> std::io::Result<OwnedFd> {
     use crate::repair::{self, libc_setsockopt as f};
     use rustix::fd::AsRawFd;
     let s = rustix::net::socket_with(
@@ -476,9 +518,7 @@ pub fn repair_end(raw: rustix::fd::BorrowedFd<'_>, e: &Entry, now_ms: u32) -> st
     )?;
     let fd = s.as_raw_fd();
     repair::mode(f, fd, true)?;
-    let peer_fin = e.flags & F_PEER_FIN != 0;
-    // With the peer's FIN in, the kernel learns it from the packet below.
-    let rcv = e.rcv_nxt.wrapping_sub(u32::from(peer_fin));
+    let rcv = e.rcv_before_fin();
     repair::queue_seqs(f, fd, rcv, e.seq)?;
     rustix::net::bind(&s, &e.local)?;
     rustix::net::connect(&s, &e.remote)?;
@@ -505,12 +545,22 @@ pub fn repair_end(raw: rustix::fd::BorrowedFd<'_>, e: &Entry, now_ms: u32) -> st
         repair::timestamp(f, fd, now_ms.wrapping_add(e.ts_offset))?;
     }
     repair::mode(f, fd, false)?;
-    if peer_fin {
+    Ok(s)
+}
+
+/// Close a connection `repair_take` made: shown the peer's FIN if it had
+/// come (through `raw`, as a packet from the peer: TCP_REPAIR cannot set
+/// CLOSE-WAIT), and closed: the kernel sends the FIN, retransmits it, and
+/// keeps the orphan through FIN-WAIT-2 or LAST-ACK and TIME-WAIT,
+/// answering the peer's late segments.
+pub fn repair_close(raw: rustix::fd::BorrowedFd<'_>, s: OwnedFd, e: &Entry) {
+    if e.flags & F_PEER_FIN != 0 {
         let tuple = nanowire_tcp::FourTuple {
             local: e.local,
             remote: e.remote,
         };
-        let fin = nanowire_tcp::peer_fin_packet(&tuple, rcv, e.seq, ts.then_some(e.ts_recent));
+        let ts = (e.flags & F_TS != 0).then_some(e.ts_recent);
+        let fin = nanowire_tcp::peer_fin_packet(&tuple, e.rcv_before_fin(), e.seq, ts);
         // Delivered locally (to our own address), never on the wire;
         // processed before the close below (looked for: the socket reads
         // the end of the stream), so the kernel goes CLOSE-WAIT, LAST-ACK.
@@ -529,7 +579,6 @@ pub fn repair_end(raw: rustix::fd::BorrowedFd<'_>, e: &Entry, now_ms: u32) -> st
     }
     // The kernel's close of an ESTABLISHED or CLOSE-WAIT socket: the FIN.
     drop(s);
-    Ok(())
 }
 
 /// The segment that ends `e` (IPv4 header + TCP), for a raw IPPROTO_RAW

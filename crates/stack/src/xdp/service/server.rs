@@ -71,6 +71,9 @@ pub struct Counters {
     pub locks_taken_over: u64,
     /// Pins of shared listeners' finished connections removed.
     pub tcp_pins_swept: u64,
+    /// Dead processes' connections given to the kernel in the program
+    /// (`Iface::handed`) whose pass went once the kernel finished them.
+    pub tcp_handed_swept: u64,
     /// The generic-mode program replaced by the frags-aware one at a
     /// process's first multi-buffer packet (`K_FRAGS`).
     pub frags_upgrades: u64,
@@ -150,6 +153,14 @@ struct Iface {
     tcp_flows: HashMap<(SocketAddrV4, SocketAddrV4), u64>,
     /// TCP listener claims' groups, by (addr, port).
     groups: HashMap<(u32, u16), Group>,
+    /// Connections of dead processes handed to the kernel (issue 24): each
+    /// 4-tuple given to the kernel in the program (`pass_tcp_flow`) before
+    /// its end was sent, so that no segment of the peer reaches the kernel
+    /// before its socket, nor a live member of a listener group by the
+    /// hash; forgotten when the kernel no longer has the connection, not
+    /// even in TIME-WAIT (`Service::sweep_pins`), or when a process claims
+    /// the 4-tuple anew.
+    handed: std::collections::HashSet<(SocketAddrV4, SocketAddrV4)>,
     mode: AttachMode,
     budget: u32,
 }
@@ -275,7 +286,11 @@ impl Service {
         if !self.pending.is_empty() || self.clients.is_empty() {
             return RETRY_MS;
         }
-        if self.ifaces.values().any(|i| !i.groups.is_empty()) {
+        if self
+            .ifaces
+            .values()
+            .any(|i| !i.groups.is_empty() || !i.handed.is_empty())
+        {
             let left = PIN_SWEEP.saturating_sub(self.last_sweep.elapsed());
             return (left.as_millis() as i32).saturating_add(1);
         }
@@ -623,6 +638,7 @@ impl Service {
                 claims: HashMap::new(),
                 tcp_flows: HashMap::new(),
                 groups: HashMap::new(),
+                handed: Default::default(),
                 mode,
                 budget: TX_PER_SLOT.min(256),
             },
@@ -1021,6 +1037,7 @@ impl Service {
             proto::TcpFlow::Pass => ifc.prog.pass_tcp_flow(local, remote)?,
         }
         ifc.tcp_flows.insert((local, remote), id);
+        ifc.handed.remove(&(local, remote));
         let flows = &mut self.clients.get_mut(&id).expect("checked above").tcp_flows;
         match flows.iter_mut().find(|f| (f.0, f.1) == (local, remote)) {
             Some(f) => f.2 = what,
@@ -1032,6 +1049,19 @@ impl Service {
     /// Does the kernel hold a live connection (not TIME-WAIT or closed) on
     /// the 4-tuple? Asked over sock_diag; an error refuses the claim.
     fn kernel_has(&mut self, local: SocketAddrV4, remote: SocketAddrV4) -> Result<bool, String> {
+        Ok(!matches!(
+            self.kernel_state(local, remote)?,
+            None | Some(nanowire_xdp::netlink::TCP_TIME_WAIT | nanowire_xdp::netlink::TCP_CLOSE)
+        ))
+    }
+
+    /// The kernel's state of its connection on the 4-tuple (None: none),
+    /// over sock_diag.
+    fn kernel_state(
+        &mut self,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+    ) -> Result<Option<u8>, String> {
         if self.diag.is_none() {
             self.diag = Some(
                 nanowire_xdp::netlink::SockDiag::open()
@@ -1040,11 +1070,7 @@ impl Service {
         }
         let d = self.diag.as_mut().expect("opened above");
         match d.tcp_state(local, remote) {
-            Ok(None)
-            | Ok(Some(nanowire_xdp::netlink::TCP_TIME_WAIT | nanowire_xdp::netlink::TCP_CLOSE)) => {
-                Ok(false)
-            }
-            Ok(Some(_)) => Ok(true),
+            Ok(s) => Ok(s),
             Err(e) => {
                 self.diag = None;
                 Err(format!("cannot ask the kernel about TCP connections: {e}"))
@@ -1099,15 +1125,22 @@ impl Service {
         out
     }
 
-    /// End a dead process's connections, after its claims went (the
-    /// peer's answers reach the kernel): each FIN end is handed to the
-    /// kernel (TCP_REPAIR), which finishes it as its own closed socket;
-    /// the others get their one segment through a raw IPv4 socket (the
-    /// kernel routes it and finds the next hop; the service has no TX
-    /// ring of its own, the dead process's is being taken back), and the
-    /// peer's answer to it reaches the kernel, which resets with the
-    /// exact sequence number (`conns::Ender`).
-    fn send_ends(&mut self, ends: Vec<super::conns::Entry>) {
+    /// End a dead process's connections on interface `name`, before its
+    /// claims go (until then the peer's segments reach the dead process's
+    /// AF_XDP socket, which the service holds: they are lost there, as on
+    /// a wire, and the peer retransmits). Each in two steps
+    /// (`conns::Ender`): a FIN end gets its kernel socket (TCP_REPAIR);
+    /// then the 4-tuple is given to the kernel in the program (`handed`),
+    /// ahead of any listener claim or group, whose hash would send the
+    /// connection to a live member that resets it; then the end is sent:
+    /// the kernel closes its socket (it sends the FIN and finishes the
+    /// connection as its own closed socket), or, for the others, one
+    /// segment through a raw IPv4 socket (the kernel routes it and finds
+    /// the next hop; the service has no TX ring of its own, the dead
+    /// process's is being taken back), whose answer reaches the kernel,
+    /// which resets with the exact sequence number. So no segment of the
+    /// peer ever reaches the kernel before its socket does.
+    fn send_ends(&mut self, name: &str, ends: Vec<super::conns::Entry>) {
         if ends.is_empty() {
             return;
         }
@@ -1123,11 +1156,25 @@ impl Service {
                 }
             }
         }
+        // Test hook: a slow end (the peer's segments meanwhile must still
+        // find what they find plainly: tests/run_exit.rs).
+        if let Some(ms) = std::env::var("NANOWIRE_TEST_END_PAUSE_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
         let en = self.ender.as_mut().expect("opened above");
         let now_ms = (crate::xdp::tcp::now_ns() / 1_000_000) as u32;
         for e in ends {
+            let h = en.hold(e, now_ms);
+            if let Some(ifc) = self.ifaces.get_mut(name)
+                && ifc.prog.pass_tcp_flow(e.local, e.remote).is_ok()
+            {
+                ifc.handed.insert((e.local, e.remote));
+            }
             let k = &mut self.counters;
-            *match en.end(&e, now_ms) {
+            *match en.finish(h, now_ms) {
                 super::conns::Ended::Repaired => &mut k.tcp_ended_repaired,
                 super::conns::Ended::Fin => &mut k.tcp_ended_fin,
                 super::conns::Ended::Rst => &mut k.tcp_ended_rst,
@@ -1174,8 +1221,11 @@ impl Service {
             return;
         };
         self.counters.detaches += 1;
-        // Read before the claims go (they say which entries are its own).
+        // Read before the claims go (they say which entries are its own),
+        // and ended before they go (`send_ends`).
         let ends = self.ends_of(&c);
+        let n_ends = ends.len();
+        self.send_ends(&name, ends);
         let Some(ifc) = self.ifaces.get_mut(&name) else {
             return;
         };
@@ -1183,15 +1233,11 @@ impl Service {
             release_claim(ifc, id, slot, *p, *addr, *port);
         }
         for (l, r, _) in &c.tcp_flows {
-            if ifc.tcp_flows.remove(&(*l, *r)).is_some() {
+            // A connection handed to the kernel keeps its pass.
+            if ifc.tcp_flows.remove(&(*l, *r)).is_some() && !ifc.handed.contains(&(*l, *r)) {
                 ifc.prog.unclaim_tcp_flow(*l, *r);
             }
         }
-        let n_ends = ends.len();
-        self.send_ends(ends);
-        let Some(ifc) = self.ifaces.get_mut(&name) else {
-            return;
-        };
         for q in 0..ifc.queues.len() {
             ifc.prog.clear_slot_xsk(slot, q as u32);
         }
@@ -1228,8 +1274,10 @@ impl Service {
         self.last_sweep = Instant::now();
         let mut suspects = std::collections::HashSet::new();
         let mut kernel = Vec::new();
+        let mut handed = Vec::new();
         let clients = &self.clients;
         for (name, ifc) in self.ifaces.iter_mut() {
+            handed.extend(ifc.handed.iter().map(|&(l, r)| (name.clone(), l, r)));
             if ifc.groups.is_empty() {
                 continue;
             }
@@ -1291,6 +1339,19 @@ impl Service {
                 }
             } else {
                 suspects.insert(key);
+            }
+        }
+        // A dead process's connection handed to the kernel keeps its pass
+        // until the kernel has nothing of it, not even TIME-WAIT.
+        for (name, l, r) in handed {
+            if self.kernel_state(l, r).map_or(true, |s| s.is_some()) {
+                continue;
+            }
+            if let Some(ifc) = self.ifaces.get_mut(&name)
+                && ifc.handed.remove(&(l, r))
+            {
+                ifc.prog.unclaim_tcp_flow(l, r);
+                self.counters.tcp_handed_swept += 1;
             }
         }
         self.pin_suspects = suspects;
