@@ -7,7 +7,7 @@
 //! [`EngineConfig::from_vars`] builds the settings from variables by name
 //! (the binary passes the environment as the lookup; the names are the
 //! options table's `faults`, `tcp_rto_min_us` and `tx_csum_offload` rows
-//! and three test/ops knobs, see [`VARS`]).
+//! and four test/ops knobs, see [`VARS`]).
 
 use nanowire_tcp::fault::EngineFaults;
 use nanowire_xdp::program::AttachMode;
@@ -36,6 +36,10 @@ pub const SPIN_HINT_VAR: &str = "NANOWIRE_SPIN_HINT";
 pub const XDP_MODE_VAR: &str = "NANOWIRE_XDP_MODE";
 /// `1`: behave as an engine without multi-buffer receive (tests).
 pub const NO_MULTI_BUFFER_VAR: &str = "NANOWIRE_XDP_NO_MULTI_BUFFER";
+/// `1`: no quiet turns (every idle turn of a spinning receive takes the RX
+/// lock and polls, as before e6f2901; for comparisons: session 19 found the
+/// quiet turn is main's whole far-placement p50 gap, docs/benchmarks.md).
+pub const RX_NO_QUIET_VAR: &str = "NANOWIRE_XDP_RX_NO_QUIET";
 /// Another directory for the stats pages.
 pub const STATS_DIR_VAR: &str = "NANOWIRE_STATS_DIR";
 /// The options table's `service` row: attach to the engine service.
@@ -44,7 +48,7 @@ pub const SERVICE_VAR: &str = "NANOWIRE_SERVICE";
 /// sets it for the programs it runs).
 pub const SERVICE_BIN_VAR: &str = "NANOWIRE_BIN";
 /// Every variable [`EngineConfig::from_vars`] looks up.
-pub const VARS: [&str; 11] = [
+pub const VARS: [&str; 12] = [
     FAULTS_VAR,
     TCP_RTO_MIN_VAR,
     TX_CSUM_OFFLOAD_VAR,
@@ -53,6 +57,7 @@ pub const VARS: [&str; 11] = [
     SPIN_HINT_VAR,
     XDP_MODE_VAR,
     NO_MULTI_BUFFER_VAR,
+    RX_NO_QUIET_VAR,
     STATS_DIR_VAR,
     SERVICE_VAR,
     SERVICE_BIN_VAR,
@@ -93,6 +98,8 @@ pub struct EngineConfig {
     /// With `spin_share`: pass a shared CPU by the steering program's
     /// per-process frame count (`nanowire_xdp::seats`, "passing the CPU").
     pub spin_hint: bool,
+    /// No quiet turns ([`RX_NO_QUIET_VAR`]).
+    pub rx_no_quiet: bool,
 }
 
 impl Default for EngineConfig {
@@ -109,6 +116,7 @@ impl Default for EngineConfig {
             tcp_rx_hold: true,
             spin_share: true,
             spin_hint: true,
+            rx_no_quiet: false,
         }
     }
 }
@@ -158,6 +166,7 @@ impl EngineConfig {
             tcp_rto_min_us,
             xdp_mode,
             no_multi_buffer: get(NO_MULTI_BUFFER_VAR).as_deref() == Some("1"),
+            rx_no_quiet: get(RX_NO_QUIET_VAR).as_deref() == Some("1"),
             stats_dir: get(STATS_DIR_VAR).map(PathBuf::from),
             service: matches!(
                 get(SERVICE_VAR).as_deref(),

@@ -895,9 +895,8 @@ impl Engine {
                 f.dir, faults_spec
             );
         }
-        let rx_hint = faults
-            .as_ref()
-            .is_none_or(|f| f.rx().is_none())
+        let rx_hint = (faults.as_ref().is_none_or(|f| f.rx().is_none())
+            && !config::config().rx_no_quiet)
             .then(|| RxHint {
                 rings: peeks,
                 delivered: rxp.delivered.clone(),
