@@ -412,8 +412,16 @@ addr, port, kind, prog = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 if kind == "tcp":
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((addr, port)); s.listen(16)
+elif kind == "udp6":
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); s.bind(("::", port))
 else:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((addr, port))
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    if kind == "udp-reuseport":
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if kind == "udp-lo":
+        s.bind(("127.0.0.1", port))
+    elif kind != "udp-unbound":
+        s.bind((addr, port))
 if s.fileno() != 3:
     os.dup2(s.fileno(), 3); s.close()
 os.set_inheritable(3, True)
@@ -513,13 +521,27 @@ else:
 /// `cli` in the three placements; under run the engine counter `counter`
 /// of the server's engine reaches `at_least` before the end is sent, and
 /// the shim said it took the socket it did not make.
-fn activated(
+fn activated(tag: &str, kind: &str, progs: (&str, &str), port: u16, counter: (&str, u64)) {
+    let logs = launched(tag, kind, progs, port, Some(counter));
+    assert_eq!(
+        logs.matches("this program did not make").count(),
+        2,
+        "{logs}"
+    );
+}
+
+/// [`SOCKET_LAUNCHER`] with server `srv` (a `kind` socket) and client
+/// `cli` in the three placements (the server ends at [`ACTIVATED_END`]
+/// unless `kind` is loopback or unbound, whose servers end by themselves);
+/// under run, with `counter`, the engine counter `.0` of the server's
+/// engine reaches `.1` first. Returns the run placements' server stderr.
+fn launched(
     tag: &str,
     kind: &str,
     (srv, cli): (&str, &str),
     port: u16,
-    (counter, at_least): (&str, u64),
-) {
+    counter: Option<(&str, u64)>,
+) -> String {
     let srv = &format!("{READLINE}{srv}");
     let server = |addr: &str, port: &str| {
         ["python3", "-c", SOCKET_LAUNCHER, addr, port, kind, srv]
@@ -528,8 +550,8 @@ fn activated(
             .collect()
     };
     let name = &format!("act-{kind}");
-    let logs = placed(tag, name, &server, cli, port, &mut |p, l, s, port| {
-        if !matches!(p, Placement::Plain) {
+    placed(tag, name, &server, cli, port, &mut |p, l, s, port| {
+        if let (false, Some((counter, at_least))) = (matches!(p, Placement::Plain), counter) {
             // The engine's counters are published every few turns: wait
             // for them to show the traffic (bounded; not a timing check).
             let pid = s.child.id();
@@ -545,6 +567,9 @@ fn activated(
                 s.both()
             );
         }
+        if matches!(kind, "udp-lo" | "udp-unbound") {
+            return;
+        }
         let end = [
             "python3",
             "-c",
@@ -554,13 +579,82 @@ fn activated(
             kind,
         ];
         output(plain_in(l, Host::A, &end), "the end");
-    });
-    assert_eq!(
-        logs.matches("this program did not make").count(),
-        2,
-        "{logs}"
-    );
+    })
 }
+
+/// The inherited sockets the engine does not take (docs/preload.md's
+/// table): each stays the kernel's in the exec'd program, the outputs are
+/// the plain ones, and under run (own engine, service) the shim says why,
+/// as for a fresh socket: `reason` in each run placement's server stderr.
+fn kernel_kept(tag: &str, kind: &str, progs: (&str, &str), port: u16, reason: &str) {
+    let logs = launched(tag, kind, progs, port, None);
+    eprintln!("{kind}:\n{logs}");
+    let runs: Vec<&str> = logs.split("--- ").filter(|x| !x.is_empty()).collect();
+    assert_eq!(runs.len(), 2, "{logs}");
+    assert!(runs.iter().all(|r| r.contains(reason)), "{logs}");
+    assert!(!logs.contains("on the xdp engine"), "{logs}");
+}
+
+/// The loopback server: a thread of its own asks [`ACTIVATED_UDP`]'s
+/// loop over 127.0.0.1 (host a cannot reach it), then ends it.
+const SELF_CLIENT: &str = r#"
+import hashlib, socket, sys, threading
+def self_client():
+    c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    to = ("127.0.0.1", int(sys.argv[2]))
+    ok = True
+    for k in range(50):
+        d = bytes((k * 7 + j) % 251 for j in range(1 + k * 7))
+        c.sendto(d, to)
+        ok &= c.recvfrom(65536)[0] == hashlib.sha256(d).digest() + d[:100]
+    print("self client", "all ok" if ok else "SOME BAD", flush=True)
+    c.sendto(b"done", to)
+threading.Thread(target=self_client).start()
+"#;
+
+/// Host a's part for the loopback server, which talks to itself.
+const NOTHING_CLIENT: &str = "print('all ok', flush=True)\n";
+
+/// The unbound server: its first send (to host a) binds it; 50 datagrams
+/// each answered by their hash (repeated until answered), then "done".
+const UNBOUND_UDP: &str = r#"
+import hashlib, socket, sys
+u = socket.socket(fileno=3)
+print("listening", u.getsockname(), flush=True)
+peer = ("198.18.0.1", int(sys.argv[2]))
+u.settimeout(0.5)
+ok = True
+for k in range(50):
+    d = bytes((k * 7 + j) % 251 for j in range(1 + k * 7))
+    want, r = hashlib.sha256(d).digest(), b""
+    for attempt in range(40):
+        u.sendto(d, peer)
+        try:
+            while r != want:
+                r = u.recv(65536)
+            break
+        except socket.timeout:
+            pass
+    ok &= r == want
+for attempt in range(3):
+    u.sendto(b"done", peer)
+print("50 echoes", "all ok" if ok else "SOME BAD", flush=True)
+"#;
+
+/// Host a's part for the unbound server: answers each datagram with its
+/// hash until "done".
+const UNBOUND_CLIENT: &str = r#"
+import hashlib, socket, sys
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+c.bind(("", int(sys.argv[2])))
+c.settimeout(60)
+while True:
+    d, peer = c.recvfrom(65536)
+    if d == b"done":
+        break
+    c.sendto(hashlib.sha256(d).digest(), peer)
+print("all ok", flush=True)
+"#;
 
 #[test]
 #[ignore = "needs root"]
@@ -676,4 +770,44 @@ fn two_numbers(tag: &str, srv: &str, port: u16) -> String {
     let adopted = "a bound socket this program did not make";
     assert_eq!(logs.matches(adopted).count(), 2, "{logs}");
     logs
+}
+
+#[test]
+#[ignore = "needs root"]
+fn an_inherited_ipv6_socket_stays_the_kernels() {
+    let progs = (ACTIVATED_UDP, ACTIVATED_UDP_CLIENT);
+    kernel_kept("pv6", "udp6", progs, 14680, "xdp not used: IPv6 socket");
+}
+
+#[test]
+#[ignore = "needs root"]
+fn an_inherited_loopback_socket_stays_the_kernels() {
+    let srv = &format!("{SELF_CLIENT}{ACTIVATED_UDP}");
+    kernel_kept(
+        "plo",
+        "udp-lo",
+        (srv, NOTHING_CLIENT),
+        14690,
+        "xdp not used: loopback address",
+    );
+}
+
+#[test]
+#[ignore = "needs root"]
+fn an_inherited_reuseport_socket_stays_the_kernels() {
+    let progs = (ACTIVATED_UDP, ACTIVATED_UDP_CLIENT);
+    let why = "SO_REUSEPORT is set on it";
+    kernel_kept("prp", "udp-reuseport", progs, 14700, why);
+}
+
+#[test]
+#[ignore = "needs root"]
+fn an_inherited_unbound_socket_is_decided_at_its_first_send() {
+    let progs = (UNBOUND_UDP, UNBOUND_CLIENT);
+    let logs = launched("pub", "udp-unbound", progs, 14710, None);
+    eprintln!("unbound:\n{logs}");
+    // Its first send (to host a, through the lab's interface) put it on
+    // the engine, bound to an ephemeral port as the kernel binds it.
+    assert_eq!(logs.matches("fd 3 udp 0.0.0.0:").count(), 2, "{logs}");
+    assert_eq!(logs.matches(": xdp (interface").count(), 2, "{logs}");
 }
