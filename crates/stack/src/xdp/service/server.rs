@@ -1168,10 +1168,19 @@ impl Service {
         let now_ms = (crate::xdp::tcp::now_ns() / 1_000_000) as u32;
         for e in ends {
             let h = en.hold(e, now_ms);
-            if let Some(ifc) = self.ifaces.get_mut(name)
-                && ifc.prog.pass_tcp_flow(e.local, e.remote).is_ok()
-            {
-                ifc.handed.insert((e.local, e.remote));
+            if let Some(ifc) = self.ifaces.get_mut(name) {
+                match ifc.prog.pass_tcp_flow(e.local, e.remote) {
+                    Ok(()) => {
+                        ifc.handed.insert((e.local, e.remote));
+                    }
+                    // Said, not silent: the end still goes out, but a peer
+                    // segment may meet a listener group's live member.
+                    Err(why) if self.log => eprintln!(
+                        "nanowire engine service: {name}: {} -> {}: not given to the kernel in the program ({why})",
+                        e.local, e.remote
+                    ),
+                    Err(_) => {}
+                }
             }
             let k = &mut self.counters;
             *match en.finish(h, now_ms) {
