@@ -24,7 +24,23 @@ Run the same way plainly and under `nanowire run`; the outputs must match.
                                listen
   ttl-client ADDR PORT TTL     connect (3 s) with IP_TTL=TTL: "connected" or
                                "timeout"
+  udp-pktinfo-echo ADDR PORT N
+                               echo server: the first datagram plainly, then
+                               IP_PKTINFO and IP_RECVTTL set (options the
+                               engine does not apply: under run the socket
+                               moves to the kernel) and N more, each printed
+                               with its ancillary data
+  udp-ping ADDR PORT N         sends N+1 datagrams, each after the echo of
+                               the one before ("ping K": 3 s, else "timeout")
+  ao-server ADDR PORT PEER     listener: every TCP-AO option (38-42, set and
+                               get, a key for PEER) before bind, after listen
+                               and on the accepted connection, each result
+                               printed ("ok N" or the errno's name); echoes
+  ao-client ADDR PORT          the same before connect and once connected;
+                               prints the echo
 """
+import ctypes
+import errno
 import socket
 import struct
 import sys
@@ -34,7 +50,61 @@ import time
 TCP_MD5SIG = 14
 IP_MINTTL = 21
 IP_RECVTTL = 12
+IP_PKTINFO = 8
 KEY = b"nanowire-md5-key"
+
+
+# TCP-AO (linux/tcp.h, Linux 6.7): option numbers and the structures'
+# sizes; the values are real (a key for the peer, hmac(sha1)).
+TCP_AO_ADD_KEY, TCP_AO_DEL_KEY, TCP_AO_INFO, TCP_AO_GET_KEYS, TCP_AO_REPAIR = range(38, 43)
+LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def sockaddr_storage(peer):
+    sa = struct.pack("=H", socket.AF_INET) + struct.pack("!H", 0) + socket.inet_aton(peer)
+    return sa + b"\0" * (128 - len(sa))
+
+
+def ao_calls(state, s, peer):
+    """Every TCP-AO option on s, through libc (the shim's setsockopt and
+    getsockopt under run): one line each, "STATE NAME set|get: ok N" or the
+    errno's name."""
+    key = KEY + b"\0" * (80 - len(KEY))
+    sa = sockaddr_storage(peer)
+    # struct tcp_ao_add: addr, alg_name[64], ifindex, flags, reserved2,
+    # prefix, sndid, rcvid, maclen, keyflags, keylen, key[80] (288 bytes).
+    add = sa + b"hmac(sha1)".ljust(64, b"\0") + struct.pack(
+        "=iIHBBBBBB", 0, 0, 0, 32, 100, 100, 0, 0, len(KEY)) + key
+    # struct tcp_ao_info_opt: flags (ao_required), reserved2, current_key,
+    # rnext, five counters (48 bytes).
+    info = struct.pack("=IHBB", 4, 0, 0, 0) + b"\0" * 40
+    # struct tcp_ao_getsockopt: addr, alg_name, key, nkeys, flags (get_all),
+    # sndid, rcvid, prefix, maclen, keyflags, keylen, ifindex, 2 counters.
+    get = sa + b"\0" * 144 + struct.pack("=IHBBBBBBi", 1, 4, 0, 0, 32, 0, 0, 0, 0) + b"\0" * 16
+    # struct tcp_ao_del: addr, ifindex, flags, reserved2, prefix, sndid,
+    # rcvid, current_key, rnext, keyflags (144 bytes).
+    dele = sa + struct.pack("=iIHBBBBBB", 0, 0, 0, 32, 100, 100, 0, 0, 0)
+    repair = b"\0" * 16
+    fd = s.fileno()
+    for name, opt, op, val in (
+        ("TCP_AO_ADD_KEY", TCP_AO_ADD_KEY, "set", add),
+        ("TCP_AO_INFO", TCP_AO_INFO, "set", info),
+        ("TCP_AO_INFO", TCP_AO_INFO, "get", info),
+        ("TCP_AO_GET_KEYS", TCP_AO_GET_KEYS, "get", get),
+        ("TCP_AO_REPAIR", TCP_AO_REPAIR, "get", repair),
+        ("TCP_AO_REPAIR", TCP_AO_REPAIR, "set", repair),
+        ("TCP_AO_DEL_KEY", TCP_AO_DEL_KEY, "set", dele),
+    ):
+        buf = ctypes.create_string_buffer(val, len(val))
+        n = ctypes.c_uint32(len(val))
+        ctypes.set_errno(0)
+        if op == "set":
+            r = LIBC.setsockopt(fd, socket.IPPROTO_TCP, opt, buf, n)
+        else:
+            r = LIBC.getsockopt(fd, socket.IPPROTO_TCP, opt, buf, ctypes.byref(n))
+        e = ctypes.get_errno()
+        print("%s %s %s: %s" % (state, name, op,
+              "ok %d" % n.value if r == 0 else errno.errorcode.get(e, str(e))), flush=True)
 
 
 def say_echo(s, addr, port, msg):
@@ -215,6 +285,65 @@ def main():
         s = socket.socket()
         s.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, int(sys.argv[4]))
         say_echo(s, addr, port, b"ttl ok")
+    elif mode == "udp-pktinfo-echo":
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind((addr, port))
+        s.settimeout(20)
+        print("ready", flush=True)
+        d, peer = s.recvfrom(2048)
+        print("first", d.decode(), flush=True)
+        s.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+        s.setsockopt(socket.IPPROTO_IP, IP_RECVTTL, 1)
+        s.sendto(d, peer)
+        for _ in range(int(sys.argv[4])):
+            d, anc, _, peer = s.recvmsg(2048, 256)
+            cm = []
+            for level, t, v in anc:
+                if t == IP_PKTINFO:
+                    ifx, spec, dst = struct.unpack("=i4s4s", v[:12])
+                    cm.append("pktinfo if=%s spec_dst=%s addr=%s" % (
+                        socket.if_indextoname(ifx) if ifx else 0,
+                        socket.inet_ntoa(spec), socket.inet_ntoa(dst)))
+                elif t == socket.IP_TTL:
+                    cm.append("ttl=%d" % struct.unpack("=i", v[:4])[0])
+                else:
+                    cm.append("cmsg %d/%d" % (level, t))
+            print(d.decode(), peer[0], " ".join(cm), flush=True)
+            s.sendto(d, peer)
+    elif mode == "udp-ping":
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(3)
+        for k in range(int(sys.argv[4]) + 1):
+            s.sendto(b"ping %d" % k, (addr, port))
+            try:
+                print(s.recv(100).decode(), flush=True)
+            except socket.timeout:
+                print("timeout", flush=True)
+                break
+    elif mode == "ao-server":
+        ls = socket.socket()
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ao_calls("unconnected", ls, sys.argv[4])
+        ls.bind((addr, port))
+        ls.listen(4)
+        ao_calls("listening", ls, sys.argv[4])
+        ls.settimeout(15)
+        print("listening", flush=True)
+        c, _ = ls.accept()
+        c.settimeout(10)
+        ao_calls("accepted", c, sys.argv[4])
+        c.sendall(c.recv(100))
+        c.close()
+        print("accepted", flush=True)
+    elif mode == "ao-client":
+        s = socket.socket()
+        ao_calls("unconnected", s, addr)
+        s.settimeout(10)
+        s.connect((addr, port))
+        ao_calls("connected", s, addr)
+        s.sendall(b"ao")
+        print("echo", s.recv(100).decode(), flush=True)
+        s.close()
     else:
         sys.exit("unknown mode " + mode)
 

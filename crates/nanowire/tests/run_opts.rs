@@ -2,8 +2,11 @@
 //! program plainly and under `nanowire run`, the same wire and the same
 //! outcome. IP_TTL / IP_TOS reach the headers the engine writes (UDP and
 //! TCP, seen by a plain peer); TCP_MD5SIG connections never go on the
-//! engine (signed as plainly, unsigned never accepted); IP_MINTTL on a
-//! server under run refuses segments with a lower TTL as the kernel does.
+//! engine (signed as plainly, unsigned never accepted); every TCP-AO
+//! option answers as plainly; IP_MINTTL on a server under run refuses
+//! segments with a lower TTL as the kernel does; IP_PKTINFO (an option
+//! the engine does not apply) moves a UDP socket to the kernel, whose
+//! ancillary data is then the plain one.
 //! The probe is `scripts/opts_probe.py`; each test has a lab of its own.
 
 mod run_support;
@@ -69,6 +72,46 @@ fn udp_ip_ttl_and_tos_leave_as_set_in_both_placements() {
             );
         }
     }
+}
+
+/// An option the engine does not apply moves a UDP socket to the kernel
+/// (issue 20, "any other option"): an echo server answers its first
+/// datagram on the engine, then sets IP_PKTINFO and IP_RECVTTL (`Off` rows
+/// of `opts.rs`: honoured only while off) and answers three more, each
+/// printed with its ancillary data (interface, addresses, TTL): the same
+/// output plainly and under run, where the shim says the socket left the
+/// engine for that option.
+#[test]
+#[ignore = "needs root"]
+fn udp_pktinfo_moves_the_socket_to_the_kernel_with_the_plain_ancillary_data() {
+    let l = lab("op");
+    let mut want = None;
+    for (run, port) in with_ports(14600, [false, true]) {
+        let srv = (run, &["udp-pktinfo-echo", B, &port, "3"][..], "ready");
+        let cli = ["udp-ping", B, &port, "3"];
+        let (mut s, co) = probe_pair(&l, &format!("pktinfo-{port}"), srv, (false, &cli));
+        assert_eq!(co, "ping 0\nping 1\nping 2\nping 3\n", "run={run}");
+        s.success(T);
+        same_as_first(&mut want, "udp-pktinfo-echo", s.stdout(), &s.stderr());
+        if run {
+            on_engine(&s, &format!("udp {B}:{port}"));
+            assert!(
+                s.stderr().contains(
+                    "taken off the xdp engine (kernel socket, spin engine): option IP_PKTINFO is not honoured"
+                ),
+                "{}",
+                s.both()
+            );
+        }
+    }
+    let out = want.expect("plain output");
+    assert!(
+        out.contains(&format!(
+            "pktinfo if={} spec_dst={B} addr={B} ttl=64",
+            l.iface(Host::B)
+        )),
+        "{out}"
+    );
 }
 
 #[test]
@@ -207,6 +250,53 @@ fn tcp_minttl_refuses_lower_ttls_as_the_kernel() {
                 so.contains("new connections go to the kernel: option IP_MINTTL"),
                 "{so}"
             );
+        }
+    }
+}
+
+/// TCP-AO (options 38-42: ADD_KEY, DEL_KEY, INFO, GET_KEYS, REPAIR), set
+/// and read on a socket before bind/connect, on a listener, on a connected
+/// and on an accepted connection (`ao-server`/`ao-client`), each end in
+/// turn under run: every call answers as plainly (result or errno, line
+/// for line) and the echo after them goes through. Where the kernel takes
+/// a key, the socket under run must say it left the engine (the shim's
+/// TCP-AO row, `crates/preload/src/opts.rs`, the path
+/// `tcp_md5sig_never_goes_unsigned` drives with TCP_MD5SIG); where every
+/// call failed (this kernel has no CONFIG_TCP_AO: ENOPROTOOPT, EPERM for
+/// TCP_AO_REPAIR on a listener) nothing was set, so the socket stays on
+/// the engine, as a failed option leaves a plain socket as it was.
+#[test]
+#[ignore = "needs root"]
+fn tcp_ao_options_answer_as_plainly_and_a_keyed_socket_leaves_the_engine() {
+    let l = lab("oa");
+    let (mut want_s, mut want_c) = (None, None);
+    for (i, (srv_run, cli_run)) in [(false, false), (true, false), (false, true)]
+        .into_iter()
+        .enumerate()
+    {
+        let port = (14500 + i).to_string();
+        let (name, p) = (format!("ao-{i}"), probe());
+        let (srv, cli) = (["ao-server", B, &port, A], ["ao-client", B, &port]);
+        let (s, c) = script_pair(&l, (&name, &p), (srv_run, &srv), (cli_run, &cli), T);
+        let ctx = format!("{}\n{}", s.stderr(), c.stderr());
+        same_as_first(&mut want_s, "ao-server", s.stdout(), &ctx);
+        same_as_first(&mut want_c, "ao-client", c.stdout(), &ctx);
+        assert!(c.stdout().contains("echo ao"), "{}", c.both());
+        let (k, what) = match (srv_run, cli_run) {
+            (true, _) => (&s, format!("tcp listener {B}:{port}")),
+            (_, true) => (&c, format!("-> {B}:{port}")),
+            _ => continue,
+        };
+        let keyed = k.stdout().contains("TCP_AO_ADD_KEY set: ok");
+        if keyed {
+            assert!(
+                k.stderr().contains("option TCP-AO is not honoured"),
+                "a TCP-AO key was taken but the socket did not leave the engine:\n{}",
+                k.both()
+            );
+        } else {
+            on_engine(k, &what);
+            assert!(!k.stderr().contains("TCP-AO"), "{}", k.both());
         }
     }
 }
