@@ -172,6 +172,25 @@ fn print_service(s: &Value) {
     if !refused.is_empty() {
         out!("  refused messages: {refused}");
     }
+    // Dead processes' connections (issue 24): how the service ended them.
+    let ends = [
+        "tcp_ended_repaired",
+        "tcp_ended_fin",
+        "tcp_ended_rst",
+        "tcp_end_failed",
+        "tcp_end_left",
+        "tcp_end_refused",
+        "tcp_end_unpassed",
+        "tcp_handed_swept",
+    ]
+    .iter()
+    .map(|k| (k, s["counters"][k].as_u64().unwrap_or(0)))
+    .filter(|(_, v)| *v != 0)
+    .map(|(k, v)| format!("{k} {v}"))
+    .collect::<Vec<_>>();
+    if !ends.is_empty() {
+        out!("  dead processes' tcp connections: {}", ends.join(", "));
+    }
     for i in ifaces {
         out!(
             "  {}: {} XDP, {} queue(s), {} RX frames shared per queue, UMEM {:.1} MiB ({}), fill ring empty {}",
@@ -259,6 +278,19 @@ fn print_service(s: &Value) {
                 "    tcp listener {} shared by {}",
                 g["listener"].as_str().unwrap_or("?"),
                 who.join(", ")
+            );
+        }
+        // Orphans: dead processes' connections the kernel finishes for
+        // them (handed over at the death), until it has nothing of them.
+        for o in i["tcp_orphans"].as_array().into_iter().flatten() {
+            out!(
+                "    tcp orphan {} <-> {} of pid {} (dead; ended: {}, {} ms ago): kernel {}",
+                o["local"].as_str().unwrap_or("?"),
+                o["remote"].as_str().unwrap_or("?"),
+                o["pid"],
+                o["ended"].as_str().unwrap_or("?"),
+                o["age_ms"],
+                o["kernel_state"].as_str().unwrap_or("?")
             );
         }
     }

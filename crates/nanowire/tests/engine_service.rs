@@ -1608,6 +1608,39 @@ fn kill_9_ends_a_clients_connections_as_the_kernel_does() {
             assert_eq!(k["tcp_ended_repaired"], u64::from(n / 2), "{st}");
             assert_eq!(k["tcp_ended_fin"], 0, "{st}");
             assert_eq!(k["tcp_ended_rst"], u64::from(n / 2), "{st}");
+            // `nanowire stats` shows the orphans (issue 24): each FIN end
+            // the kernel finishes, whose (the dead pid) and the kernel's
+            // state of it (TIME-WAIT for 60 s once the peer closed too).
+            let text = lab
+                .command(Host::A, &[nanowire(), "stats"])
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&text.stdout);
+            assert!(
+                text.contains(&format!(
+                    "dead processes' tcp connections: tcp_ended_repaired {}, tcp_ended_rst {}",
+                    n / 2,
+                    n / 2
+                )),
+                "{text}"
+            );
+            let orphans: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains("tcp orphan") && l.contains("ended: repaired"))
+                .collect();
+            assert_eq!(orphans.len(), (n / 2) as usize, "{text}");
+            for o in orphans {
+                assert!(
+                    o.contains(&format!("<-> {ADDR_B}:{port} of pid ")),
+                    "{text}"
+                );
+                assert!(
+                    ["FIN-WAIT-1", "FIN-WAIT-2", "CLOSING", "TIME-WAIT"]
+                        .iter()
+                        .any(|s| o.ends_with(&format!("kernel {s}"))),
+                    "{text}"
+                );
+            }
         }
     }
 }

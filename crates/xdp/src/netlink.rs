@@ -182,6 +182,25 @@ pub const TCP_TIME_WAIT: u8 = 6;
 pub const TCP_CLOSE: u8 = 7;
 pub const TCP_LISTEN: u8 = 10;
 
+/// The name `ss` gives a kernel TCP state (include/net/tcp_states.h).
+pub fn tcp_state_name(s: u8) -> &'static str {
+    match s {
+        1 => "ESTAB",
+        2 => "SYN-SENT",
+        3 => "SYN-RECV",
+        4 => "FIN-WAIT-1",
+        5 => "FIN-WAIT-2",
+        TCP_TIME_WAIT => "TIME-WAIT",
+        TCP_CLOSE => "CLOSE",
+        8 => "CLOSE-WAIT",
+        9 => "LAST-ACK",
+        TCP_LISTEN => "LISTEN",
+        11 => "CLOSING",
+        12 => "NEW-SYN-RECV",
+        _ => "?",
+    }
+}
+
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 
 /// Exact look-ups of kernel TCP sockets by 4-tuple (NETLINK_SOCK_DIAG,

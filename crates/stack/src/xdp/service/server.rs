@@ -62,6 +62,10 @@ pub struct Counters {
     pub tcp_end_failed: u64,
     pub tcp_end_left: u64,
     pub tcp_end_refused: u64,
+    /// A dead process's connection the program refused to give to the
+    /// kernel (`pass_tcp_flow`; its end was still sent, and said on the
+    /// service's log).
+    pub tcp_end_unpassed: u64,
     /// Connection tables handed over (one per attached process with TCP).
     pub conn_tables: u64,
     pub frames_reclaimed: u64,
@@ -159,10 +163,22 @@ struct Iface {
     /// before its socket, nor a live member of a listener group by the
     /// hash; forgotten when the kernel no longer has the connection, not
     /// even in TIME-WAIT (`Service::sweep_pins`), or when a process claims
-    /// the 4-tuple anew.
-    handed: std::collections::HashSet<(SocketAddrV4, SocketAddrV4)>,
+    /// the 4-tuple anew. Each with whose it was and how it ended (shown
+    /// by `nanowire stats` as the host's orphans).
+    handed: HashMap<(SocketAddrV4, SocketAddrV4), Orphan>,
     mode: AttachMode,
     budget: u32,
+}
+
+/// A dead process's connection the kernel finishes (`Iface::handed`).
+#[derive(Debug, Clone, Copy)]
+struct Orphan {
+    /// The process it was of.
+    pid: i32,
+    /// How the service ended it (`conns::Ended`'s counter name).
+    ended: &'static str,
+    /// When.
+    at: Instant,
 }
 
 /// A dead client's sockets whose frames could not be taken back yet (a live
@@ -1140,7 +1156,7 @@ impl Service {
     /// process's is being taken back), whose answer reaches the kernel,
     /// which resets with the exact sequence number. So no segment of the
     /// peer ever reaches the kernel before its socket does.
-    fn send_ends(&mut self, name: &str, ends: Vec<super::conns::Entry>) {
+    fn send_ends(&mut self, name: &str, pid: i32, ends: Vec<super::conns::Entry>) {
         if ends.is_empty() {
             return;
         }
@@ -1168,28 +1184,39 @@ impl Service {
         let now_ms = (crate::xdp::tcp::now_ns() / 1_000_000) as u32;
         for e in ends {
             let h = en.hold(e, now_ms);
-            if let Some(ifc) = self.ifaces.get_mut(name) {
-                match ifc.prog.pass_tcp_flow(e.local, e.remote) {
-                    Ok(()) => {
-                        ifc.handed.insert((e.local, e.remote));
+            let passed = match self.ifaces.get_mut(name) {
+                Some(ifc) => match ifc.prog.pass_tcp_flow(e.local, e.remote) {
+                    Ok(()) => true,
+                    // Said and counted, not silent: the end still goes
+                    // out, but a peer segment may meet a listener group's
+                    // live member.
+                    Err(why) => {
+                        self.counters.tcp_end_unpassed += 1;
+                        if self.log {
+                            eprintln!(
+                                "nanowire engine service: {name}: {} -> {}: not given to the kernel in the program ({why})",
+                                e.local, e.remote
+                            );
+                        }
+                        false
                     }
-                    // Said, not silent: the end still goes out, but a peer
-                    // segment may meet a listener group's live member.
-                    Err(why) if self.log => eprintln!(
-                        "nanowire engine service: {name}: {} -> {}: not given to the kernel in the program ({why})",
-                        e.local, e.remote
-                    ),
-                    Err(_) => {}
-                }
-            }
+                },
+                None => false,
+            };
             let k = &mut self.counters;
-            *match en.finish(h, now_ms) {
-                super::conns::Ended::Repaired => &mut k.tcp_ended_repaired,
-                super::conns::Ended::Fin => &mut k.tcp_ended_fin,
-                super::conns::Ended::Rst => &mut k.tcp_ended_rst,
-                super::conns::Ended::Failed => &mut k.tcp_end_failed,
-                super::conns::Ended::Left => &mut k.tcp_end_left,
-            } += 1;
+            let (counter, ended) = match en.finish(h, now_ms) {
+                super::conns::Ended::Repaired => (&mut k.tcp_ended_repaired, "repaired"),
+                super::conns::Ended::Fin => (&mut k.tcp_ended_fin, "fin"),
+                super::conns::Ended::Rst => (&mut k.tcp_ended_rst, "rst"),
+                super::conns::Ended::Failed => (&mut k.tcp_end_failed, "failed"),
+                super::conns::Ended::Left => (&mut k.tcp_end_left, "left"),
+            };
+            *counter += 1;
+            if passed && let Some(ifc) = self.ifaces.get_mut(name) {
+                let at = Instant::now();
+                ifc.handed
+                    .insert((e.local, e.remote), Orphan { pid, ended, at });
+            }
         }
         if let Some(note) = en.note.take() {
             self.log(&note);
@@ -1234,7 +1261,7 @@ impl Service {
         // and ended before they go (`send_ends`).
         let ends = self.ends_of(&c);
         let n_ends = ends.len();
-        self.send_ends(&name, ends);
+        self.send_ends(&name, c.pid, ends);
         let Some(ifc) = self.ifaces.get_mut(&name) else {
             return;
         };
@@ -1243,7 +1270,7 @@ impl Service {
         }
         for (l, r, _) in &c.tcp_flows {
             // A connection handed to the kernel keeps its pass.
-            if ifc.tcp_flows.remove(&(*l, *r)).is_some() && !ifc.handed.contains(&(*l, *r)) {
+            if ifc.tcp_flows.remove(&(*l, *r)).is_some() && !ifc.handed.contains_key(&(*l, *r)) {
                 ifc.prog.unclaim_tcp_flow(*l, *r);
             }
         }
@@ -1286,7 +1313,7 @@ impl Service {
         let mut handed = Vec::new();
         let clients = &self.clients;
         for (name, ifc) in self.ifaces.iter_mut() {
-            handed.extend(ifc.handed.iter().map(|&(l, r)| (name.clone(), l, r)));
+            handed.extend(ifc.handed.keys().map(|&(l, r)| (name.clone(), l, r)));
             if ifc.groups.is_empty() {
                 continue;
             }
@@ -1357,7 +1384,7 @@ impl Service {
                 continue;
             }
             if let Some(ifc) = self.ifaces.get_mut(&name)
-                && ifc.handed.remove(&(l, r))
+                && ifc.handed.remove(&(l, r)).is_some()
             {
                 ifc.prog.unclaim_tcp_flow(l, r);
                 self.counters.tcp_handed_swept += 1;
@@ -1395,17 +1422,51 @@ impl Service {
         self.pending = left;
     }
 
-    fn status(&self) -> serde_json::Value {
+    fn status(&mut self) -> serde_json::Value {
+        let orphans = self.orphans();
         let ifaces: Vec<serde_json::Value> = self
             .ifaces
             .iter()
-            .map(|(n, i)| self.iface_status(n, i))
+            .map(|(n, i)| {
+                let mut v = self.iface_status(n, i);
+                v["tcp_orphans"] = orphans.get(n).cloned().unwrap_or_default().into();
+                v
+            })
             .collect();
         serde_json::json!({
             "pid": std::process::id(),
             "ifaces": ifaces,
             "counters": self.counters,
         })
+    }
+
+    /// Per interface, the dead processes' connections the kernel finishes
+    /// (`Iface::handed`): whose, how the service ended each, how long ago,
+    /// and the kernel's state of it now (sock_diag: "none" once it is gone,
+    /// until the next sweep forgets it).
+    fn orphans(&mut self) -> HashMap<String, Vec<serde_json::Value>> {
+        let all: Vec<(String, (SocketAddrV4, SocketAddrV4), Orphan)> = self
+            .ifaces
+            .iter()
+            .flat_map(|(n, i)| i.handed.iter().map(|(k, o)| (n.clone(), *k, *o)))
+            .collect();
+        let mut out: HashMap<String, Vec<serde_json::Value>> = HashMap::new();
+        for (name, (l, r), o) in all {
+            let state = match self.kernel_state(l, r) {
+                Ok(Some(s)) => nanowire_xdp::netlink::tcp_state_name(s),
+                Ok(None) => "none",
+                Err(_) => "?",
+            };
+            out.entry(name).or_default().push(serde_json::json!({
+                "local": l.to_string(),
+                "remote": r.to_string(),
+                "pid": o.pid,
+                "ended": o.ended,
+                "age_ms": o.at.elapsed().as_millis() as u64,
+                "kernel_state": state,
+            }));
+        }
+        out
     }
 
     /// One interface and its attached processes: who (pid, uid, comm), what
