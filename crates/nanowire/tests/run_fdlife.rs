@@ -4,10 +4,11 @@
 //! what the program and its peer observed.
 //!
 //! * a connected UDP or TCP socket closed by `close_range`, `closefrom`,
-//!   `fclose(fdopen())`, `syscall(SYS_close)`, `dup2` over it, an inline
-//!   `syscall` instruction, or Python's `os.closerange`; a file then gets
-//!   the number and a secret is written to it and read back: the file
-//!   holds it, the peer receives only what was sent before the close;
+//!   `fclose(fdopen())`, `syscall(SYS_close)`, `dup2` or `dup3` over it,
+//!   an inline `syscall` instruction, Python's `os.closerange`, or an exec
+//!   (close-on-exec; the new image goes on); a file then gets the number
+//!   and a secret is written to it and read back: the file holds it, the
+//!   peer receives only what was sent before the close;
 //! * a forked child that drops to uid 65534 holds no BPF fd and no AF_XDP
 //!   socket of the engine, and `kill -9` of the parent while the child
 //!   lives detaches the steering program: a restarted plain server binds
@@ -105,7 +106,9 @@ fn a_socket_closed_behind_the_shim_never_takes_a_files_data() {
             "fclose",
             "syscall",
             "dup2",
+            "dup3",
             "asm",
+            "exec",
             "os.closerange",
         ] {
             let plain = reuse_case(&l, bin, proto, method, port, false);
