@@ -98,6 +98,18 @@ pub fn create(path: &Path, mode: u32) -> io::Result<File> {
 /// land wherever it points (say, a directory of root's).
 pub fn create_dir(path: &Path, mode: u32) -> io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
+    not_a_link(path)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode & 0o777)
+        .create(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: cannot create: {e}", path.display())))
+}
+
+/// Refuse `path` if it is a symbolic link (an output directory that must
+/// exist already, as `lab report --render-only`'s, is checked as
+/// [`create_dir`] checks a new one): the same one-line error.
+pub fn not_a_link(path: &Path) -> io::Result<()> {
     if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
@@ -107,11 +119,7 @@ pub fn create_dir(path: &Path, mode: u32) -> io::Result<()> {
             ),
         ));
     }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(mode & 0o777)
-        .create(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: cannot create: {e}", path.display())))
+    Ok(())
 }
 
 #[cfg(test)]

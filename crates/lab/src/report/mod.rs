@@ -684,6 +684,9 @@ fn summary(exps: &[Experiment], engines: &[EngineKind]) -> (Experiment, Table) {
 pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
     validate(&args)?;
     if args.render_only {
+        // The directory exists already: a symlink there is refused as a new
+        // one's is (`create_dir`), so nothing is written where it points.
+        nanowire_outfile::not_a_link(&args.out).map_err(|e| e.to_string())?;
         let jp = args.out.join("results.json");
         let s = std::fs::read_to_string(&jp)
             .map_err(|e| format!("cannot read {}: {e}", jp.display()))?;
@@ -725,6 +728,9 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
         "quick" => Params::quick(),
         _ => Params::full(),
     };
+    // The output directory first: a refused one (a planted symlink) fails
+    // before any lab is made or anything measured.
+    nanowire_outfile::create_dir(&args.out, 0o750).map_err(|e| e.to_string())?;
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find the nanowire binary: {e}"))?
         .to_string_lossy()
@@ -766,7 +772,6 @@ pub fn run(args: ReportArgs, lab_name: &str) -> Result<i32, String> {
             Target::Lab(lab)
         }
     };
-    nanowire_outfile::create_dir(&args.out, 0o750).map_err(|e| e.to_string())?;
     let env = environment(&target);
     let progress = Progress::new(1.0, args.quiet);
     let mut ctx = Ctx::new(
