@@ -15,15 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// A UDP echo server: prints "ready" once bound, echoes every datagram.
-const ECHO: &str = r#"
-import socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind((sys.argv[1], int(sys.argv[2])))
-print("ready", flush=True)
-while True:
-    d, a = s.recvfrom(65536)
-    s.sendto(d, a)
-"#;
+const ECHO: &str = UDP_ECHO_PY;
 
 /// Python, put before a UDP client script: `echoed(s, host, p, i)` sends
 /// datagram number `i` to port `p` and waits for its echo, byte for byte

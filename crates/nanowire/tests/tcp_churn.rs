@@ -683,20 +683,6 @@ while True:
     assert!(out.contains("served"), "{out}");
 }
 
-/// A UDP echo server (argv: addr port) that answers `rss` with its VmRSS
-/// (KiB).
-const UDP_ECHO_RSS_PY: &str = r#"
-import socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind((sys.argv[1], int(sys.argv[2])))
-print("ready", flush=True)
-while True:
-    d, a = s.recvfrom(2048)
-    if d == b"rss":
-        d = open("/proc/self/status").read().split("VmRSS:")[1].split()[0].encode()
-    s.sendto(d, a)
-"#;
-
 /// Issue 20 finding 6, UDP (a UDP echo answering 18.6k sources grew 3.9 MB,
 /// never freed): one echo socket answers 18,600 spoofed off-link sources
 /// and every free on-link address, twice (fresh sources each round),
@@ -716,7 +702,7 @@ fn udp_echo_to_spoofed_sources_keeps_neighbours_and_memory_bounded() {
     let iface = lab.iface(Host::B);
     let ask = "import socket,sys\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.settimeout(5)\ns.sendto(b'rss',(sys.argv[1],int(sys.argv[2])))\nprint(s.recv(64).decode())\n";
     for (run, port) in with_ports(9100, [false, true]) {
-        let argv = ["python3", "-c", UDP_ECHO_RSS_PY, B, &port];
+        let argv = ["python3", "-c", UDP_ECHO_PY, B, &port];
         let mut srv = spawn(
             &format!("udp-echo-{port}"),
             run_or_plain(&lab, Host::B, run, &argv),

@@ -511,6 +511,20 @@ pub fn line_of<'a>(out: &'a str, key: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {key:?} line in:\n{out}"))
 }
 
+/// A UDP echo server (argv: addr port): prints `ready` once bound, echoes
+/// every datagram, but answers `rss` with its VmRSS in KiB.
+pub const UDP_ECHO_PY: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], int(sys.argv[2])))
+print("ready", flush=True)
+while True:
+    d, a = s.recvfrom(65536)
+    if d == b"rss":
+        d = open("/proc/self/status").read().split("VmRSS:")[1].split()[0].encode()
+    s.sendto(d, a)
+"#;
+
 /// A Python program for the memory-bound tests (argv: dst port n mark):
 /// `one` (Python source: module-level set-up, then `def one():`, one
 /// socket's life) runs n times; the program prints `<what> n rss_kib A B`,
