@@ -535,6 +535,7 @@ impl Engine {
         e.child_fds.push(conn_fd);
         e.service_slot = Some(r.slot);
         e._seats = seats;
+        service::client::test_stop("built");
         Ok(e)
     }
 

@@ -40,6 +40,25 @@ pub struct Attached {
     pub ready: Option<OwnedFd>,
 }
 
+/// Test hook (issue 23, `NANOWIRE_TEST_ATTACH_STOP=STEP`, read once): the
+/// process stops itself (SIGSTOP) at that step of attaching to the service,
+/// for a test to kill it there (`engine_service
+/// a_process_killed_at_each_step_of_attaching_leaves_nothing_behind`):
+/// `connected` (connected, nothing sent), `asked` (the attach request sent,
+/// its answer unread), `answered` (the answer and its descriptors received,
+/// nothing mapped), `built` (the engine built on them, rings mapped, before
+/// its first claim), `claiming` (a claim and its socket sent, the answer
+/// unread).
+pub(crate) fn test_stop(step: &str) {
+    static STOP: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let at = STOP.get_or_init(|| std::env::var("NANOWIRE_TEST_ATTACH_STOP").ok());
+    if at.as_deref() == Some(step) {
+        eprintln!("nanowire: test hook: stopped at attach step {step}");
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::STOP);
+    }
+}
+
 fn connect_once() -> rustix::io::Result<OwnedFd> {
     let s = rustix::net::socket_with(
         AddressFamily::UNIX,
@@ -107,7 +126,10 @@ impl Conn {
     /// none and this process may.
     pub fn connect() -> Result<Conn, String> {
         match connect_once() {
-            Ok(s) => return Ok(Conn::of(s)),
+            Ok(s) => {
+                test_stop("connected");
+                return Ok(Conn::of(s));
+            }
             Err(rustix::io::Errno::CONNREFUSED) | Err(rustix::io::Errno::NOENT) => {}
             Err(e) => return Err(format!("engine service: connect: {e}")),
         }
@@ -115,7 +137,10 @@ impl Conn {
         let t0 = Instant::now();
         loop {
             match connect_once() {
-                Ok(s) => return Ok(Conn::of(s)),
+                Ok(s) => {
+                    test_stop("connected");
+                    return Ok(Conn::of(s));
+                }
                 Err(e) if t0.elapsed() > Duration::from_secs(3) => {
                     return Err(format!("engine service started but does not answer: {e}"));
                 }
@@ -152,6 +177,11 @@ impl Conn {
         }
         proto::send(self.sock.as_fd(), msg, fds)
             .map_err(|e| format!("engine service: send: {e}"))?;
+        match proto::kind(msg) {
+            Ok(proto::K_ATTACH) => test_stop("asked"),
+            Ok(proto::K_CLAIM) => test_stop("claiming"),
+            _ => {}
+        }
         loop {
             match proto::recv(self.sock.as_fd(), max, false) {
                 Ok(Some(m)) => return Ok(m),
@@ -199,6 +229,7 @@ impl Conn {
     /// Attach to `iface`.
     pub fn attach(mut self, iface: &str, ring_depth: u32) -> Result<Attached, String> {
         let m = self.call(&proto::encode_attach(iface, ring_depth), &[], 512)?;
+        test_stop("answered");
         self.expect_ok(&m)?;
         let reply = proto::decode_attach_reply(&m.bytes)?;
         let per_queue = proto::ATTACH_FDS_PER_QUEUE * reply.queues as usize;
