@@ -197,6 +197,11 @@ pub(crate) struct Demux {
     /// Frames queued past their endpoint's cap, all endpoints together
     /// (at most `umem_frames / SPILL_DIVISOR`).
     spilled: usize,
+    /// Frames in every endpoint's queue together, and the most they may
+    /// be ([`Demux::set_process_limit`]; `usize::MAX`: no bound but the
+    /// shares, an engine of its own).
+    queued: usize,
+    limit: usize,
 }
 
 /// At most this fraction of the RX frames of the UMEM (1/4) is held in
@@ -211,6 +216,10 @@ pub(crate) enum Outcome {
     /// For the endpoint the caller takes frames for (`deliver_at`'s
     /// `mine`): not queued, counted as received by it.
     Mine(Delivery),
+    /// The process's queues hold its whole share of a UMEM other processes
+    /// share ([`Demux::set_process_limit`]): dropped, counted on the
+    /// socket (`drop_queue_full`) and the engine (`drop_process_share`).
+    ShareFull,
 }
 
 impl Demux {
@@ -224,9 +233,23 @@ impl Demux {
             live: 0,
             poller: None,
             spilled: 0,
+            queued: 0,
+            limit: usize::MAX,
         };
         d.reshare();
         d
+    }
+
+    /// On the engine service (issue 23): the RX frames of the UMEM are
+    /// every attached process's, and each process's RX ring alone can
+    /// hold half of them (the kernel fills it while the process does not
+    /// read); so the frames this process's queues hold together are
+    /// bounded too, at `frames`, whatever its sockets' shares and caps
+    /// add up to (many sockets never read, large SO_RCVBUFs). Without it
+    /// one process that stops reading took every frame of the UMEM and
+    /// the others' datagrams found the fill ring empty.
+    pub fn set_process_limit(&mut self, frames: usize) {
+        self.limit = frames.max(1);
     }
 
     /// The share: together, the endpoints' queues hold at most half the
@@ -364,6 +387,7 @@ impl Demux {
     pub fn remove(&mut self, id: EndpointId) -> Option<Endpoint> {
         let e = self.eps.get_mut(id)?.take()?;
         self.spilled -= e.over;
+        self.queued -= e.frames;
         for k in &e.binds {
             if let Some(v) = self.bound.get_mut(k) {
                 v.retain(|&x| x != id);
@@ -441,7 +465,7 @@ impl Demux {
                     .is_some_and(|e| e.peer.is_none_or(|p| p == c.src))
             })
             .collect();
-        let (mut any, mut full) = (false, false);
+        let (mut any, mut full, mut share) = (false, false, false);
         let n = members.len();
         let mut d = Some(d);
         for (i, id) in members.into_iter().enumerate() {
@@ -453,12 +477,15 @@ impl Demux {
             match self.push(id, item, page) {
                 Outcome::Delivered => any = true,
                 Outcome::QueueFull => full = true,
+                Outcome::ShareFull => share = true,
                 Outcome::NoEndpoint => {}
                 Outcome::Mine(_) => unreachable!("a push queues"),
             }
         }
         if any {
             Outcome::Delivered
+        } else if share {
+            Outcome::ShareFull
         } else if full {
             Outcome::QueueFull
         } else {
@@ -476,7 +503,8 @@ impl Demux {
         // One frame each: `frames >= cap`, as a count of packets. A chain
         // longer than the whole share still goes into an empty queue.
         let k = d.frame.frames();
-        if e.frames >= cap || (e.frames > 0 && e.frames + k > cap) {
+        let over = e.frames >= cap || (e.frames > 0 && e.frames + k > cap);
+        if over {
             // Taken off the ring by another endpoint's poll (a TCP turn in
             // a readiness pass over a TCP and a UDP socket): had that poll
             // not come, the frame would still wait in the RX ring for its
@@ -491,9 +519,16 @@ impl Demux {
                 bump(page.s(id, S::DropQueueFull), 1);
                 return Outcome::QueueFull;
             }
+        }
+        if self.queued + k > self.limit {
+            bump(page.s(id, S::DropQueueFull), 1);
+            return Outcome::ShareFull;
+        }
+        if over {
             e.over += k;
             self.spilled += k;
         }
+        self.queued += k;
         e.frames += k;
         e.queue.push_back(d);
         if e.sleeping {
@@ -536,6 +571,7 @@ impl Demux {
         let d = e.queue.pop_front()?;
         let k = d.frame.frames();
         e.frames -= k;
+        self.queued -= k;
         // The oldest frames go first: what was past the cap is now within
         // it, frame for frame.
         let back = e.over.min(k);
@@ -796,6 +832,48 @@ mod tests {
         // Every frame taken is accounted for: delivered or counted.
         assert_eq!(drops(&page, udp), 4);
         d.remove(udp);
+        assert_eq!(d.spilled(), 0);
+    }
+
+    /// Issue 23: on the engine service a process's queues together hold at
+    /// most its limit, however many sockets it leaves unread: past it every
+    /// socket's datagram is dropped with its reason (`ShareFull`, counted
+    /// on the socket), a pop or a removed socket gives room back, and the
+    /// spill past a cap is inside the limit too.
+    #[test]
+    fn a_process_limit_bounds_all_queues_together() {
+        let (page, mut d) = setup(1024);
+        d.set_process_limit(10);
+        let ids: Vec<EndpointId> = (0..4)
+            .map(|i| udp(&mut d, &format!("10.0.0.2:{}", 7 + i)))
+            .collect();
+        let m: Vec<Classified> = (0..4)
+            .map(|i| c("10.0.0.9:1", &format!("10.0.0.2:{}", 7 + i)))
+            .collect();
+        // Each socket's share (half of 1,024 over 4: 128) is far above it.
+        for i in 0..10 {
+            assert!(matches!(put(&mut d, &page, &m[i % 4]), Outcome::Delivered));
+        }
+        for cl in &m {
+            assert!(matches!(put(&mut d, &page, cl), Outcome::ShareFull));
+        }
+        assert_eq!(ids.iter().map(|&i| drops(&page, i)).sum::<u64>(), 4);
+        assert!(d.pop(ids[1], &page).is_some());
+        assert!(matches!(put(&mut d, &page, &m[3]), Outcome::Delivered));
+        assert!(matches!(put(&mut d, &page, &m[3]), Outcome::ShareFull));
+        // A removed socket's frames leave the count.
+        let gone = d.remove(ids[0]).unwrap().queue.len();
+        assert_eq!(gone, 3);
+        for _ in 0..3 {
+            assert!(matches!(put(&mut d, &page, &m[2]), Outcome::Delivered));
+        }
+        assert!(matches!(put(&mut d, &page, &m[2]), Outcome::ShareFull));
+        // Another endpoint's poll spills past a cap only within the limit.
+        if let Some(e) = d.get_mut(ids[1]) {
+            e.rcvbuf_frames = 1;
+        }
+        d.spill_for(Some(ids[2]));
+        assert!(matches!(put(&mut d, &page, &m[1]), Outcome::ShareFull));
         assert_eq!(d.spilled(), 0);
     }
 

@@ -883,6 +883,11 @@ impl Engine {
         // process shares; none with the options table's tcp_rx_hold=0.
         if on_service {
             rxp.hold_limit /= 2;
+            // The process's queues together: a quarter of the shared RX
+            // frames (its RX ring can hold half, TCP an eighth: a process
+            // that stops reading leaves the others an eighth at least;
+            // demux.rs `set_process_limit`).
+            rxp.demux.set_process_limit(depth as usize / 4);
         }
         if !config::config().tcp_rx_hold {
             rxp.hold_limit = 0;

@@ -248,6 +248,7 @@ impl Frames<'_> {
         match self.demux.deliver_at(&c, f, at, page, mine) {
             Outcome::NoEndpoint => bump(page.e(E::DropNoSocket), 1),
             Outcome::QueueFull => bump(page.e(E::DropSocketQueueFull), 1),
+            Outcome::ShareFull => bump(page.e(E::DropProcessShare), 1),
             delivered => {
                 bump(page.e(E::RxPackets), 1);
                 bump(page.e(E::RxBytes), len);

@@ -307,6 +307,11 @@ counter_table! {
         /// Kicks tried again because the kernel refused for now (EAGAIN:
         /// the device queue stopped; ENOBUFS; EBUSY above): nothing lost.
         XskTxKickRetries = "xsk_tx_kick_retries": Counter,
+        /// On the engine service: datagrams (or segments) dropped because
+        /// this process's queues held its whole share of the shared UMEM's
+        /// RX frames (`Demux::set_process_limit`; the socket counts them
+        /// as `drop_queue_full`).
+        DropProcessShare = "drop_process_share": Counter,
     }
 
     /// Per-socket counters (word 0 of a socket's block is its address).
