@@ -31,6 +31,10 @@
 //!   socket the service gave the connection). Not on an engine of its
 //!   own: there the peer's segments between the death and the warden's
 //!   end reach a kernel without a socket (docs/architecture.md).
+//! * TIME-WAIT after exit: a client closes first and exits at once; its
+//!   last ACKs are dropped on their way into the plain server's host, so
+//!   the server retransmits its FINs after the client is gone; host a's
+//!   kernel must ACK them (its TIME-WAIT), not reset them.
 
 mod run_support;
 use nanowire_lab::testbed::{ADDR_B, Host};
@@ -210,4 +214,105 @@ fn kill_9_of_a_client_with_100_connections_ends_each_as_plainly() {
     let plain = kill_9_ends("client", 14810, n, 0);
     let ends = (0..n).map(|k| if k % 2 == 0 { "eof" } else { "reset" });
     assert_ends(ends, &plain, "plainly");
+}
+
+/// nftables in host `h`: the first pure ACK of each connection to `port`
+/// arriving in it is dropped (a set of the 4-tuples whose ACK was seen),
+/// later ones pass.
+fn drop_first_acks(l: &nanowire_lab::testbed::ScopedLab, h: Host, port: u16) {
+    let rules = format!(
+        "add table ip nwack{port}; \
+        add set ip nwack{port} seen {{ type ipv4_addr . inet_service; flags dynamic; }}; \
+        add chain ip nwack{port} in {{ type filter hook input priority 0; }}; \
+        add rule ip nwack{port} in tcp dport {port} tcp flags == ack ip saddr . tcp sport @seen accept; \
+        add rule ip nwack{port} in tcp dport {port} tcp flags == ack add @seen {{ ip saddr . tcp sport }} drop"
+    );
+    let o = plain_in(l, h, &["nft", &rules]).output().unwrap();
+    assert!(o.status.success(), "nft: {o:?}");
+}
+
+/// A client that closes first and exits at once (plainly, on an engine of
+/// its own, on the service), 4 connections to a plain server in host b
+/// that then closes each (its FIN); the client's last ACK of each is
+/// dropped on its way into host b (`drop_first_acks`, installed after the
+/// handshakes), so the server's kernel retransmits its FIN after the
+/// client has exited. The kernel keeps an exited process's TIME-WAIT and
+/// ACKs it: host a's kernel sends no RST and the server's connections leave
+/// LAST-ACK. Under run the shim hands each TIME-WAIT to host a's kernel at
+/// exit (`conns::time_wait_take`); before, the retransmitted FIN reached a
+/// kernel without a socket for it, which reset it (run_tcp's sockperf
+/// failure under load: the server killed before it took our last ACK in,
+/// its end handed to its kernel, which sent the FIN again).
+#[test]
+#[ignore = "needs root"]
+fn an_exited_clients_time_wait_answers_a_retransmitted_fin_as_plainly() {
+    nanowire_testkit::require(&["nft", "ss"]);
+    let l = lab("tw");
+    let addr = ADDR_B.to_string();
+    let n = 4u64;
+    let tw = script("timewait.py");
+    let mut seen: Option<String> = None;
+    for (i, p) in Placement::ALL.into_iter().enumerate() {
+        let port = 14820 + i as u16;
+        let port_s = port.to_string();
+        let ns = n.to_string();
+        let argv = |role| vec!["python3", tw.as_str(), role, &addr, &port_s, &ns];
+        let mut srv = spawn(
+            &format!("tw-srv-{p:?}"),
+            plain_in(&l, Host::B, &argv("server")),
+        );
+        srv.wait_for("listening", T);
+        let mut cli = spawn(
+            &format!("tw-cli-{p:?}"),
+            p.command(&l, Host::A, &argv("client")),
+        );
+        cli.wait_for("held", T);
+        srv.wait_for("ready", T);
+        if p != Placement::Plain {
+            on_engine(&cli, &format!("-> {addr}:{port}"));
+        }
+        drop_first_acks(&l, Host::B, port);
+        let rsts = out_rsts(&l, Host::A);
+        let retrans = snmp(&l, Host::B, "Tcp", "RetransSegs");
+        let st = std::process::Command::new("kill")
+            .args(["-USR1", &cli.child.id().to_string()])
+            .status();
+        assert!(st.is_ok_and(|s| s.success()), "kill -USR1");
+        cli.success(T);
+        srv.success(T);
+        let ctx = format!("{p:?}: client:\n{}", cli.stderr());
+        // The server's connections finish: its retransmitted FINs are
+        // answered (an ACK; a RST would end them too, checked below).
+        let last_ack = || {
+            let argv = [
+                "ss",
+                "-Htn",
+                "state",
+                "last-ack",
+                "sport",
+                "=",
+                &format!(":{port}"),
+            ];
+            output(plain_in(&l, Host::B, &argv), "ss")
+        };
+        let until = std::time::Instant::now() + T;
+        while !last_ack().trim().is_empty() {
+            assert!(
+                std::time::Instant::now() < until,
+                "the server's connections stay in LAST-ACK: {}\n{ctx}",
+                last_ack()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            snmp(&l, Host::B, "Tcp", "RetransSegs") >= retrans + n,
+            "the server's FINs were not retransmitted: {ctx}"
+        );
+        assert_eq!(
+            out_rsts(&l, Host::A),
+            rsts,
+            "host a's kernel reset the retransmitted FIN: {ctx}"
+        );
+        same_as_first(&mut seen, "the client's output", cli.stdout(), &ctx);
+    }
 }

@@ -326,12 +326,23 @@ pub fn exiting() {
         }
     }
     let idle = exit_linger();
-    let reset = engine_call(|| nanowire_stack::xdp::tcp_drain(idle));
-    if reset > 0 {
+    let d = engine_call(|| nanowire_stack::xdp::tcp_drain(idle));
+    if d.reset > 0 {
         log!(
             Level::Warn,
-            "exit: {reset} tcp connection(s) made no progress for {} ms while closing: reset (RST)",
+            "exit: {} tcp connection(s) made no progress for {} ms while closing: reset (RST)",
+            d.reset,
             idle.as_millis()
+        );
+    }
+    if let Some(note) = d.time_wait_note {
+        log!(Level::Info, "exit: {note}");
+    }
+    if d.time_wait > 0 {
+        log!(
+            Level::Debug,
+            "exit: {} tcp connection(s) in TIME-WAIT handed to the kernel",
+            d.time_wait
         );
     }
     set_errno(e);

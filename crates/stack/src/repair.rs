@@ -96,6 +96,19 @@ pub fn mode(f: SetSockOpt, fd: c_int, on: bool) -> io::Result<()> {
     )
 }
 
+/// Repair mode off without the window probe (TCP_REPAIR_OFF_NO_WP): a
+/// socket that must send nothing (a TIME-WAIT taken over).
+pub fn off_without_probe(f: SetSockOpt, fd: c_int) -> io::Result<()> {
+    setopt(
+        f,
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_REPAIR,
+        &-1i32,
+        "TCP_REPAIR off (no window probe)",
+    )
+}
+
 /// Select the queue (receive or send) later repair calls act on.
 pub fn queue(f: SetSockOpt, fd: c_int, q: c_int) -> io::Result<()> {
     setopt(

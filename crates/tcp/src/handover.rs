@@ -79,6 +79,19 @@ pub fn peer_fin_packet(
     snd_una: u32,
     ts_recent: Option<u32>,
 ) -> Vec<u8> {
+    peer_packet(tuple, rcv_nxt, snd_una, ts_recent, true)
+}
+
+/// [`peer_fin_packet`], or (`fin` false) the peer's bare ACK of `snd_una`
+/// at `rcv_nxt`: a kernel socket taking a TIME-WAIT over is shown the
+/// peer's ACK of our FIN with it (`xdp::service::conns::time_wait_take`).
+pub fn peer_packet(
+    tuple: &FourTuple,
+    rcv_nxt: u32,
+    snd_una: u32,
+    ts_recent: Option<u32>,
+    fin: bool,
+) -> Vec<u8> {
     use nanowire_wire::ipv4::{HEADER_LEN, Ipv4Repr, PROTO_TCP};
     use nanowire_wire::tcp::{Flags, TcpRepr};
     let t = TcpRepr {
@@ -86,7 +99,11 @@ pub fn peer_fin_packet(
         dst_port: tuple.local.port(),
         seq: rcv_nxt,
         ack: snd_una,
-        flags: Flags(Flags::FIN | Flags::ACK),
+        flags: Flags(if fin {
+            Flags::FIN | Flags::ACK
+        } else {
+            Flags::ACK
+        }),
         window: 65535,
         timestamp: ts_recent.map(|r| (r, 0)),
         ..TcpRepr::default()

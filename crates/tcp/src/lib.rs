@@ -33,7 +33,7 @@ mod wheel;
 
 pub use buffer::HeldBytes;
 pub use conn::State;
-pub use handover::{Handover, peer_fin_packet};
+pub use handover::{Handover, peer_fin_packet, peer_packet};
 pub use isn::Secret;
 pub use payload::Payload;
 pub use stack::{

@@ -265,9 +265,18 @@ impl EndState {
         let data_end = c.tx_seq0.wrapping_add(c.tx.len() as u32);
         let unsent = crate::seq::lt(c.snd_max, data_end);
         let rst = unsent || !c.rx.is_empty() || c.in_accept_queue;
-        Some(EndState {
+        Some(EndState::with(
+            c,
+            if rst { c.snd_max } else { data_end },
+            rst,
+        ))
+    }
+
+    /// `c` ended by a segment at `seq` (a RST when `rst`, else a FIN).
+    fn with(c: &Conn, seq: u32, rst: bool) -> EndState {
+        EndState {
             tuple: c.tuple,
-            seq: if rst { c.snd_max } else { data_end },
+            seq,
             rcv_nxt: c.rcv_nxt,
             ts: c.ts_ok.then_some((c.ts_offset, c.ts_recent)),
             window: (crate::seq::dist(c.rcv_adv, c.rcv_nxt) >> c.rcv_wscale).min(65535) as u16,
@@ -278,8 +287,8 @@ impl EndState {
             snd_wnd: c.snd_wnd,
             peer_fin: c.rx_fin,
             acked: c.tx.is_empty(),
-            fin_acked: c.state == State::FinWait2,
-        })
+            fin_acked: matches!(c.state, State::FinWait2 | State::TimeWait),
+        }
     }
 }
 
@@ -424,6 +433,21 @@ impl TcpStack {
             if !s.end_dirty {
                 s.end_dirty = true;
                 d.push(idx);
+            }
+        }
+    }
+
+    /// Hand `f` each connection in TIME-WAIT with what a kernel socket
+    /// taking its wait over needs (`seq`: our FIN's sequence number,
+    /// `rcv_nxt` past the peer's FIN, `fin_acked` and `peer_fin` set) and
+    /// the ns its wait has left at `now`. What an exiting process hands
+    /// to the kernel, which keeps a closed socket's TIME-WAIT after the
+    /// process.
+    pub fn time_wait_ends(&self, now: u64, mut f: impl FnMut(EndState, u64)) {
+        for c in self.slots.iter().filter_map(|s| s.conn.as_ref()) {
+            if c.state == State::TimeWait {
+                let left = c.state_deadline.map_or(0, |d| d.saturating_sub(now));
+                f(EndState::with(c, c.fin_seq(), false), left);
             }
         }
     }

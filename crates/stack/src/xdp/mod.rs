@@ -67,7 +67,7 @@ pub use neigh::{NEGATIVE_TTL, QUEUE_BYTES_PER_NEIGH, QUEUE_PER_NEIGH, RESOLVE_TI
 pub use order::set_tcp_service_wrapper;
 pub use socket::{IdlePeek, OpenError, XdpSocket};
 pub use tcp::{
-    Armed, Handover, XdpTcpError, XdpTcpInfo, XdpTcpListener, XdpTcpState, XdpTcpStream,
+    Armed, Drained, Handover, XdpTcpError, XdpTcpInfo, XdpTcpListener, XdpTcpState, XdpTcpStream,
     ip_header_of, tcp_drain, tcp_ready, tcp_service_lost,
 };
 pub use tx::IpHeader;

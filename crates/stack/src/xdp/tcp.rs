@@ -3015,10 +3015,10 @@ pub fn tcp_service_lost() -> usize {
 /// TIME-WAIT is not waited for. Without this the peer's last segments
 /// would reach the kernel, which answers RST, or, for a peer that only
 /// waits for data, nothing would come at all. Returns the connections reset.
-pub fn tcp_drain(idle: Duration) -> usize {
+pub fn tcp_drain(idle: Duration) -> Drained {
     let mut seen = None;
     let mut since = Instant::now();
-    loop {
+    let reset = loop {
         let engines: Vec<Arc<TcpEngine>> = service().closing.clone();
         let mut active = 0;
         let mut moved = 0u64;
@@ -3030,7 +3030,7 @@ pub fn tcp_drain(idle: Duration) -> usize {
             moved = moved.rotate_left(13) ^ p;
         }
         if active == 0 {
-            return 0;
+            break 0;
         }
         if seen != Some(moved) {
             seen = Some(moved);
@@ -3042,10 +3042,94 @@ pub fn tcp_drain(idle: Duration) -> usize {
                 reset += c.stack.abort_active();
                 e.transmit(&mut c, now_ns());
             }
-            return reset;
+            break reset;
         }
         std::thread::sleep(Duration::from_micros(500));
+    };
+    let (time_wait, time_wait_note) = time_waits_to_kernel();
+    Drained {
+        reset,
+        time_wait,
+        time_wait_note,
     }
+}
+
+/// What [`tcp_drain`] did.
+#[derive(Debug, Default)]
+pub struct Drained {
+    /// Connections reset: they made no progress for the idle time.
+    pub reset: usize,
+    /// Connections in TIME-WAIT handed to the kernel for the rest of their
+    /// wait (`conns::time_wait_take`).
+    pub time_wait: usize,
+    /// Why some were not (the first error), for the caller to say.
+    pub time_wait_note: Option<String>,
+}
+
+/// At exit, after the drain: every connection in TIME-WAIT goes to the
+/// kernel for what its wait has left, without a segment on the wire
+/// (`conns::time_wait_take`), while this process's claims still steer its
+/// 4-tuple to the engine. The kernel keeps a closed socket's TIME-WAIT
+/// after the process exits and ACKs the peer's retransmitted FIN (the
+/// peer in LAST-ACK lost our last ACK, or died before taking it in and
+/// its end was handed to its kernel, which sends the FIN again); without
+/// this the segment reached a kernel without a socket for it, which reset
+/// the connection (run_tcp's sockperf case on a loaded machine: the
+/// server killed while our last ACK waited in its RX ring). Needs
+/// CAP_NET_ADMIN (repair) and CAP_NET_RAW; returns how many, and the
+/// first error.
+fn time_waits_to_kernel() -> (usize, Option<String>) {
+    let engines: Vec<Arc<TcpEngine>> = service().closing.clone();
+    let now = now_ns();
+    let mut waits = Vec::new();
+    for e in &engines {
+        e.core().stack.time_wait_ends(now, |s, left| {
+            waits.push((super::service::conns::Entry::from(&s), left));
+        });
+    }
+    if waits.is_empty() {
+        return (0, None);
+    }
+    let ender = match super::service::conns::Ender::open() {
+        Ok(r) => r,
+        Err(e) => {
+            return (
+                0,
+                Some(format!(
+                    "{} tcp connection(s) in TIME-WAIT not handed to the kernel (a raw socket: {e}): their peers' late segments are reset",
+                    waits.len()
+                )),
+            );
+        }
+    };
+    // NANOWIRE_TCP_ORPHANS=0: nothing is handed to the kernel.
+    let Some(raw) = ender.raw_for_repair() else {
+        return (0, None);
+    };
+    let now_ms = (now / 1_000_000) as u32;
+    let mut n = 0;
+    let mut first = None;
+    for (e, left) in &waits {
+        let left_s = left.div_ceil(1_000_000_000).min(u64::from(u32::MAX)) as u32;
+        match super::service::conns::time_wait_take(raw, e, now_ms, left_s) {
+            Ok(()) => n += 1,
+            Err(err) => {
+                let denied = err.kind() == std::io::ErrorKind::PermissionDenied;
+                first.get_or_insert(err);
+                if denied {
+                    break;
+                }
+            }
+        }
+    }
+    let note = first.map(|err| {
+        format!(
+            "{} of {} tcp connection(s) in TIME-WAIT not handed to the kernel ({err}): their peers' late segments are reset",
+            waits.len() - n,
+            waits.len()
+        )
+    });
+    (n, note)
 }
 
 /// The TCP driver's receive half: poll the receive device, then feed every

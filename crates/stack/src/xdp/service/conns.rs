@@ -451,6 +451,12 @@ impl Ender {
         })
     }
 
+    /// The raw socket (for `time_wait_take`), unless connections are not
+    /// handed to the kernel (`NANOWIRE_TCP_ORPHANS=0`).
+    pub fn raw_for_repair(&self) -> Option<rustix::fd::BorrowedFd<'_>> {
+        self.repair.then(|| self.raw.as_fd())
+    }
+
     /// End `e` at once (`now_ms`: CLOCK_MONOTONIC in ms, the process's
     /// clock without the connection's offset): `hold`, then `finish`.
     pub fn end(&mut self, e: &Entry, now_ms: u32) -> Ended {
@@ -510,6 +516,17 @@ impl Ender {
 pub fn repair_take(e: &Entry, now_ms: u32) -> std::io::Result<OwnedFd> {
     use crate::repair::{self, libc_setsockopt as f};
     use rustix::fd::AsRawFd;
+    let s = repaired(e, e.rcv_before_fin(), now_ms)?;
+    repair::mode(f, s.as_raw_fd(), false)?;
+    Ok(s)
+}
+
+/// A kernel socket at `e`'s numbers with the receive queue at `rcv`, still
+/// in repair mode with the send queue selected (closed in repair mode on
+/// an error: nothing sent).
+fn repaired(e: &Entry, rcv: u32, now_ms: u32) -> std::io::Result<OwnedFd> {
+    use crate::repair::{self, libc_setsockopt as f};
+    use rustix::fd::AsRawFd;
     let s = rustix::net::socket_with(
         rustix::net::AddressFamily::INET,
         rustix::net::SocketType::STREAM,
@@ -518,7 +535,6 @@ pub fn repair_take(e: &Entry, now_ms: u32) -> std::io::Result<OwnedFd> {
     )?;
     let fd = s.as_raw_fd();
     repair::mode(f, fd, true)?;
-    let rcv = e.rcv_before_fin();
     repair::queue_seqs(f, fd, rcv, e.seq)?;
     rustix::net::bind(&s, &e.local)?;
     rustix::net::connect(&s, &e.remote)?;
@@ -544,8 +560,93 @@ pub fn repair_take(e: &Entry, now_ms: u32) -> std::io::Result<OwnedFd> {
     if ts {
         repair::timestamp(f, fd, now_ms.wrapping_add(e.ts_offset))?;
     }
-    repair::mode(f, fd, false)?;
     Ok(s)
+}
+
+/// Hand connection `e`, in TIME-WAIT in an exiting process's engine
+/// (`TcpStack::time_wait_ends`: `e.seq` is our FIN's, `e.rcv_nxt` counts
+/// the peer's), to the kernel for the `left_s` seconds its wait has left,
+/// without a segment on the wire: a kernel socket in repair mode at those
+/// numbers, `shutdown` (with the send queue selected the kernel counts the
+/// FIN as sent without sending it: FIN-WAIT-1), repair mode off without
+/// the window probe, the peer's ACK of our FIN shown through `raw` (a
+/// packet from the peer to our own address: FIN-WAIT-2), then closed: the
+/// kernel keeps a closed FIN-WAIT-2 socket as a time-wait socket (its
+/// FIN-WAIT-2 substate, `TCP_LINGER2` long), which answers a retransmitted
+/// FIN (or any old segment) with an ACK, as the kernel's TIME-WAIT does,
+/// and keeps the 4-tuple. Without it the kernel resets such a segment once
+/// the process is gone (its engine's TIME-WAIT went with it). On an error
+/// the socket is closed in repair mode (nothing sent).
+pub fn time_wait_take(
+    raw: rustix::fd::BorrowedFd<'_>,
+    e: &Entry,
+    now_ms: u32,
+    left_s: u32,
+) -> std::io::Result<()> {
+    use crate::repair::{self, libc_setsockopt as f};
+    use rustix::fd::AsRawFd;
+    let s = repaired(e, e.rcv_nxt, now_ms)?;
+    let fd = s.as_raw_fd();
+    rustix::net::shutdown(&s, rustix::net::Shutdown::Write)?;
+    // The kernel's bound is tcp_fin_timeout (60 s, its TIME-WAIT) and at
+    // least 3.5 RTOs; 0 would mean that default.
+    repair::setopt(
+        f,
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_LINGER2,
+        &(left_s.clamp(1, 60) as i32),
+        "TCP_LINGER2",
+    )?;
+    repair::off_without_probe(f, fd)?;
+    let tuple = nanowire_tcp::FourTuple {
+        local: e.local,
+        remote: e.remote,
+    };
+    let ts = (e.flags & F_TS != 0).then_some(e.ts_recent);
+    let ack = nanowire_tcp::peer_packet(&tuple, e.rcv_nxt, e.seq.wrapping_add(1), ts, false);
+    let dst = SocketAddrV4::new(*e.local.ip(), 0);
+    let shown = rustix::net::sendto(raw, &ack, rustix::net::SendFlags::empty(), &dst)
+        .map_err(std::io::Error::from)
+        .and_then(|_| fin_wait_2(fd));
+    if shown.is_err() {
+        // Not FIN-WAIT-2: closed now it would retransmit our FIN. Back in
+        // repair mode, the close sends nothing.
+        let _ = repair::mode(f, fd, true);
+    }
+    shown
+}
+
+/// Wait (up to 100 ms; the packet through the raw socket is usually taken
+/// in before its sendto returns) until `fd` is in FIN-WAIT-2.
+fn fin_wait_2(fd: libc::c_int) -> std::io::Result<()> {
+    const TCP_FIN_WAIT2: u8 = 5;
+    for _ in 0..100 {
+        let mut info = [0u8; 8];
+        let mut len = info.len() as libc::socklen_t;
+        // SAFETY: `info` has `len` writable bytes; the kernel writes at
+        // most that many (struct tcp_info's first byte is the state).
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                info.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if info[0] == TCP_FIN_WAIT2 {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "the peer's ACK was not taken in",
+    ))
 }
 
 /// Close a connection `repair_take` made: shown the peer's FIN if it had
