@@ -44,8 +44,8 @@ use nanowire_stack::xdp::{IdlePeek, OpenError, XdpSocket};
 use nanowire_stack::{EngineKind, EngineOptions, UdpEndpoint, WaitPolicy};
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 pub use crate::sys::engine_call;
 
@@ -142,6 +142,7 @@ pub fn service_lost() {
 
 extern "C" fn after_fork_child() {
     PID.store(std::process::id(), Ordering::Relaxed);
+    crate::owner::after_fork_child();
 }
 
 pub fn init() {
@@ -151,6 +152,9 @@ pub fn init() {
     // call on the socket does, before the fork).
     unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_child)) };
 }
+
+/// The record's lock held.
+type Guard<'a> = crate::owner::Guard<'a, St>;
 
 pub struct St {
     pub xdp: Option<XdpSocket>,
@@ -166,7 +170,9 @@ pub struct St {
 /// Every field a later incarnation sets is an atomic or behind the lock:
 /// a thread still holding an earlier incarnation may read it.
 pub struct Accel {
-    st: Mutex<St>,
+    /// Owned by the thread that uses the socket, which then takes it with
+    /// no atomic read-modify-write (`crate::owner`; issue 22).
+    st: crate::owner::Lock<St>,
     /// The application's blocking mode and timeouts, shutdown(SHUT_RD),
     /// the fds referring to it (dup), the process that made it and the
     /// record's generation (its incarnation).
@@ -201,8 +207,8 @@ impl Accel {
     /// what does not move data between the application and a socket (or
     /// for the incarnation's own start and end).
     #[inline]
-    fn lock(&self) -> MutexGuard<'_, St> {
-        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> Guard<'_> {
+        self.st.lock()
     }
     /// The socket's state if `fd` still names this record (then the
     /// record is in the incarnation `fd` names: a slot is cleared before
@@ -218,9 +224,9 @@ impl Accel {
     fn after_full_ring<'a>(
         &'a self,
         fd: c_int,
-        g: MutexGuard<'a, St>,
+        g: Guard<'a>,
         dontwait: bool,
-    ) -> Result<Option<MutexGuard<'a, St>>, c_int> {
+    ) -> Result<Option<Guard<'a>>, c_int> {
         if dontwait {
             return Err(libc::EAGAIN);
         }
@@ -228,8 +234,11 @@ impl Accel {
         core::hint::spin_loop();
         Ok(self.lock_for(fd))
     }
-    fn lock_for(&self, fd: c_int) -> Option<MutexGuard<'_, St>> {
-        let g = self.lock();
+    /// (Also `None` for a signal handler's call on the socket its thread
+    /// was inside of when interrupted: the kernel socket answers it,
+    /// where the std mutex this lock replaced waited forever.)
+    fn lock_for(&self, fd: c_int) -> Option<Guard<'_>> {
+        let g = self.st.lock_unless_nested()?;
         if by_fd(fd).is_some_and(|b| std::ptr::eq(self, b)) {
             Some(g)
         } else {
@@ -264,7 +273,7 @@ impl Accel {
     /// A record for the pool, before its first incarnation.
     fn blank(link: Link) -> Accel {
         Accel {
-            st: Mutex::new(St {
+            st: crate::owner::Lock::new(St {
                 xdp: None,
                 stash: VecDeque::new(),
                 peer: None,
@@ -531,6 +540,8 @@ fn record(
         a.wait_fds.set(WAIT_LISTS.intern(wait_fds));
     }
     let mut g = a.lock();
+    // A new socket: the thread that uses it may own its lock again.
+    g.unshare();
     g.xdp = Some(xs);
     g.stash.clear();
     g.peer = None;

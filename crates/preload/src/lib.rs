@@ -101,6 +101,7 @@ mod kernelio;
 mod log;
 mod ops;
 mod opts;
+mod owner;
 mod placeholder;
 mod ready;
 mod real;

@@ -27,6 +27,7 @@
 //! does.
 
 pub mod fdtable;
+pub mod owner;
 pub mod pool;
 pub mod sock;
 pub mod waiter;
