@@ -1193,3 +1193,72 @@ fn a_fork_storm_of_1000_children_leaks_nothing_and_answers_as_plainly() {
         },
     );
 }
+
+/// Issue 24 item 4, a multi-threaded process calling fork: two threads
+/// wait on the server's sockets (one in `recvfrom` on a bound UDP socket,
+/// one in `recv` on a connection), echoing what comes, while the main
+/// thread forks 20 children one after the other (each sends one datagram
+/// on the inherited UDP socket and exits). The client's 300 datagrams and
+/// 300 lines must each be echoed, as plainly: under run the fork's
+/// prepare handler takes the UDP socket off the engine under the waiting
+/// thread (which carries on from the kernel socket, queued datagrams
+/// first), and the connection stays on the engine (no child uses it).
+const THREADED_FORK: &str = r#"import os, socket, sys, threading, time
+addr, port = sys.argv[1], int(sys.argv[2])
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.bind((addr, port))
+ls = listener()
+c, (peer, _) = ls.accept()
+got = []
+def udp_echo():
+    while True:
+        d, src = u.recvfrom(64)
+        if d == b"stop":
+            return
+        got.append(d)
+        u.sendto(b"echo " + d, src)
+def tcp_echo():
+    while True:
+        l = readline(c)
+        if l in (b"", b"stop\n"):
+            return
+        c.sendall(b"echo " + l)
+ts = [threading.Thread(target=udp_echo), threading.Thread(target=tcp_echo)]
+for t in ts: t.start()
+time.sleep(0.2)
+codes = []
+for k in range(20):
+    pid = os.fork()
+    if pid == 0:
+        u.sendto(b"child %d" % k, (peer, 9))
+        os._exit(k % 3)
+    codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    time.sleep(0.01)
+print("forked 20 from a threaded program", codes, flush=True)
+for t in ts: t.join()
+print("udp echoed", len(got), flush=True)
+"#;
+
+const THREADED_FORK_CLIENT: &str = r#"import socket, sys, time
+addr, port = sys.argv[1], int(sys.argv[2])
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.settimeout(10)
+c = socket.create_connection((addr, port), timeout=10)
+ok = 0
+for i in range(300):
+    u.sendto(b"%d" % i, (addr, port))
+    ok += u.recv(64) == b"echo %d" % i
+    c.sendall(b"%d\n" % i)
+    ok += readline(c) == b"echo %d\n" % i
+u.sendto(b"stop", (addr, port))
+c.sendall(b"stop\n")
+print("answers", ok, "of 600")
+print("all ok" if ok == 600 else "SOME BAD", flush=True)
+"#;
+
+#[test]
+#[ignore = "needs root"]
+fn a_threaded_program_forking_while_its_threads_wait_serves_as_plainly() {
+    let progs = (THREADED_FORK, THREADED_FORK_CLIENT);
+    three_ways("pthf", "threaded-fork", progs, 14750, &[]);
+}
