@@ -62,6 +62,12 @@ pub fn forked() -> bool {
     FORKED.load(Ordering::Relaxed)
 }
 
+/// Mark this image as forked (`clone()` without CLONE_VM, which runs no
+/// `pthread_atfork` handler: `spawn::clone_prepare`).
+pub fn mark_forked() {
+    FORKED.store(true, Ordering::Relaxed);
+}
+
 /// fork(), before the child exists: every accelerated socket of this
 /// process and every candidate is about to be shared with the child, and a
 /// socket two processes share can only be served where both read it: the

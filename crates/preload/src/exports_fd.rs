@@ -578,6 +578,42 @@ exec_variadic_prep!(execlp_prep, "execlp");
 #[cfg(target_arch = "x86_64")]
 exec_variadic_prep!(execle_prep, "execle");
 
+/// `clone(fn, stack, flags, arg, ...)` called by the program: see
+/// `spawn::clone_prepare`. The variadic tail (parent_tid, tls, child_tid)
+/// is taken as three fixed arguments: x86-64 and AArch64 Linux pass
+/// variadic integer arguments where named ones would be, and libc reads
+/// each only when `flags` asks for it, so what a caller did not pass is
+/// handed on unread.
+///
+/// # Safety
+/// As libc's `clone`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clone(
+    func: extern "C" fn(*mut libc::c_void) -> c_int,
+    stack: *mut libc::c_void,
+    flags: c_int,
+    arg: *mut libc::c_void,
+    ptid: *mut pid_t,
+    tls: *mut libc::c_void,
+    ctid: *mut pid_t,
+) -> c_int {
+    let f = libc_fn!(
+        "clone",
+        fn(
+            extern "C" fn(*mut libc::c_void) -> c_int,
+            *mut libc::c_void,
+            c_int,
+            *mut libc::c_void ;
+            ...
+        ) -> c_int
+    );
+    let prev = spawn::clone_prepare(flags);
+    // SAFETY: the caller's arguments to libc's function.
+    let r = unsafe { f(func, stack, flags, arg, ptid, tls, ctid) };
+    spawn::clone_parent(prev);
+    r
+}
+
 // The variadic entries with a fixed register layout (x86-64 and AArch64
 // Linux pass the variadic integer arguments where named ones would be).
 crate::exports::tail_jump!(open => open_entry);

@@ -151,6 +151,46 @@ fn has_engine_fds() -> bool {
     any || crate::table::each_any(crate::table::F_CAND | crate::table::F_TCAND)
 }
 
+/// Before `clone(fn, stack, flags, ...)` called by the program itself
+/// (glibc's `fork`, `pthread_create` and `posix_spawn` make the system
+/// call inside libc and never come here). Without CLONE_VM the child is
+/// another process with a copy of this memory, the shim's tables and the
+/// engine's ring positions included, but no `pthread_atfork` handler runs
+/// for it: both processes would consume one ring (a datagram read twice,
+/// the next one lost). So every engine socket is prepared as for vfork
+/// (to the kernel: the child may use any of them, and with CLONE_FILES it
+/// shares the fd table itself), and the shim is switched off for the
+/// child: this thread's engine-call flag is set around the call, and the
+/// child, which keeps this thread's TLS (no CLONE_SETTLS without
+/// CLONE_VM), runs with it set for its whole life; [`clone_parent`] puts
+/// the parent's back. With CLONE_VM (a thread made by hand) nothing is
+/// done: it shares this memory, as a thread does. Returns what
+/// [`clone_parent`] needs.
+pub fn clone_prepare(flags: c_int) -> Option<bool> {
+    if flags & libc::CLONE_VM != 0 || crate::sys::in_engine() {
+        return None;
+    }
+    accel::mark_forked();
+    give_up_prepared_for("clone()");
+    let why = if flags & libc::CLONE_FILES != 0 {
+        "clone(CLONE_FILES): the child shares this fd table"
+    } else {
+        "clone(): the child gets a copy of this fd table"
+    };
+    prepare(&|_| true, why);
+    Some(crate::sys::set_in_engine(true))
+}
+
+/// In the parent after `clone` returned: the shim is on again
+/// ([`clone_prepare`]'s value).
+pub fn clone_parent(prev: Option<bool>) {
+    if let Some(p) = prev {
+        let e = crate::sys::errno();
+        crate::sys::set_in_engine(p);
+        crate::sys::set_errno(e);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 thread_local! {
     /// The engine-call flag as it was before `vfork_prepare` set it.
