@@ -1209,7 +1209,20 @@ impl TcpStack {
     /// will fill it. Never false when `poll_transmit` would send (the
     /// tests' network asserts it on every segment). Costs a few loads per
     /// queued connection.
+    #[inline]
     pub fn wants_transmit(&mut self) -> bool {
+        // Nothing queued at all (after a received segment whose ACK rides
+        // on the answer, after a read, a spinning reader's idle turn): a
+        // few loads at the caller, no call.
+        if self.ctrl.is_empty() && self.fault_tx.is_none() && self.ready.is_empty() {
+            return false;
+        }
+        self.wants_transmit_queued()
+    }
+
+    /// [`TcpStack::wants_transmit`] with something queued.
+    #[inline(never)]
+    fn wants_transmit_queued(&mut self) -> bool {
         if !self.ctrl.is_empty() || self.fault_tx.is_some() {
             return true;
         }
@@ -1242,8 +1255,19 @@ impl TcpStack {
         .min()
     }
 
+    #[inline]
     pub fn poll_timers(&mut self, now: u64) {
         let now = self.tick(now);
+        // No timer due and no injector (every segment's turn but the
+        // ms-scale deadlines'): two compares at the caller, no call.
+        if self.fault_rx.is_some() || self.timers.is_due(now) {
+            self.poll_timers_due(now);
+        }
+    }
+
+    /// [`TcpStack::poll_timers`] with a timer due or a receive injector.
+    #[inline(never)]
+    fn poll_timers_due(&mut self, now: u64) {
         if self.fault_rx.is_some() {
             self.release_rx(now);
         }
@@ -1554,7 +1578,19 @@ impl TcpStack {
         self.conn_events = on;
     }
 
+    #[inline]
     pub fn poll_ready(&mut self) -> Option<Readiness> {
+        // No event (every turn of a connection's owner that turned the
+        // connections' events off): one load at the caller, no call.
+        if self.events.is_empty() {
+            return None;
+        }
+        self.poll_ready_queued()
+    }
+
+    /// [`TcpStack::poll_ready`] with events queued.
+    #[inline(never)]
+    fn poll_ready_queued(&mut self) -> Option<Readiness> {
         while let Some(ev) = pop_front(&mut self.events) {
             match ev {
                 Readiness::Conn(id, _) => {

@@ -978,7 +978,20 @@ impl TcpEngine {
     /// (`hop` takes the neighbour lock, never under the TX lock) is finished
     /// outside the TX lock (`send_scratch_slot0`). With the `faults` option
     /// the transmit device's injector copies the frames (device/faults.rs).
+    #[inline]
     fn transmit(&self, core: &mut Core, now: u64) -> usize {
+        // Nothing due (the common case after a received segment whose ACK
+        // will ride on the answer, and after a read): a few loads here, no
+        // call, no TX lock, no frame, no look at the rings.
+        if !core.stack.wants_transmit() {
+            return 0;
+        }
+        self.transmit_some(core, now)
+    }
+
+    /// [`TcpEngine::transmit`] when the stack has something due.
+    #[inline(never)]
+    fn transmit_some(&self, core: &mut Core, now: u64) -> usize {
         let n = self.transmit_due(core, now);
         if n > 0 {
             // What was just sent moves the connections' ends (the FIN or
@@ -994,15 +1007,11 @@ impl TcpEngine {
         n
     }
 
+    /// The batches while the stack has something due (it has on entry:
+    /// the caller asked [`TcpStack::wants_transmit`]).
     fn transmit_due(&self, core: &mut Core, now: u64) -> usize {
         let mut total = 0;
         loop {
-            // Nothing due (the common case after a received segment whose
-            // ACK will ride on the answer, and after a read): no TX lock, no
-            // frame, no look at the rings.
-            if !core.stack.wants_transmit() {
-                return total;
-            }
             let generation = self.engine.neigh.generation();
             // A segment built whose next hop is not cached: it is moved to
             // the scratch and finished outside the TX lock.
@@ -1018,6 +1027,9 @@ impl TcpEngine {
                 }
                 None if n < TX_BATCH => return total,
                 None => {}
+            }
+            if !core.stack.wants_transmit() {
+                return total;
             }
         }
     }
