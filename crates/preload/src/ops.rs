@@ -570,15 +570,7 @@ impl Ops for TcpRef {
                 len,
                 addr,
                 alen,
-            } => {
-                if !addr.is_null()
-                    && let Some(l) = uaccess::obj_mut(alen)
-                {
-                    // A connected stream reports no source address.
-                    *l = 0;
-                }
-                streamio::recv(self, fd, buf, len, flags)
-            }
+            } => streamio::recv_from(self, fd, buf, len, flags, addr, alen),
             Recv::Msg(m) => streamio::recvmsg(self, fd, m, flags),
             Recv::Vec { iov, cnt } => streamio::rwv(self, fd, iov, cnt, false),
         })

@@ -39,6 +39,46 @@ pub fn recv(t: TcpRef, fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -
     }
 }
 
+/// recvfrom on an engine connection: a connected stream reports no source
+/// address (a non-null name's length is set to 0, as before the receive).
+/// The common case, the buffer and the length seen before, is one look at
+/// the thread's cache for both (`uaccess::all_cached`) instead of two
+/// checks; otherwise each is checked on its own as before.
+#[inline]
+pub fn recv_from(
+    t: TcpRef,
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *mut libc::sockaddr,
+    alen: *mut libc::socklen_t,
+) -> isize {
+    let named = !addr.is_null() && !alen.is_null() && alen.is_aligned();
+    let l = if named {
+        (alen as usize, std::mem::size_of::<libc::socklen_t>())
+    } else {
+        (0, 0)
+    };
+    if len > 0 && uaccess::all_cached(&[(buf as usize, len), l], Access::Write).still() {
+        if named {
+            // SAFETY: non-null, aligned and mapped writable (the cache's
+            // answer covered it); lent by the caller.
+            unsafe { *alen = 0 };
+        }
+        // SAFETY: `len` bytes at `buf` are mapped writable (the cache's
+        // answer covered them); the caller lent them to this call.
+        let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
+        return tcpx::recv(t, fd, b, flags);
+    }
+    if !addr.is_null()
+        && let Some(l) = uaccess::obj_mut(alen)
+    {
+        *l = 0;
+    }
+    recv(t, fd, buf, len, flags)
+}
+
 /// A receive into memory the kernel could not write: like the kernel,
 /// wait for data as the call would, then fail with EFAULT and leave the
 /// data queued (0 at the end of the stream, errors as they are).
