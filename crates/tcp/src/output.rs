@@ -148,10 +148,13 @@ impl Conn {
     /// after every received segment (the ACK rides on the answer) and after
     /// every read. The only effects `poll_output` has without emitting
     /// (arming the persist timer, the idle cwnd restart) need unsent data,
-    /// for which this is true.
+    /// for which this is true. Unsent data is asked first: it is what makes
+    /// the answer yes after a write (the settle of `send` and the transmit
+    /// that follows), while a no asks every test whatever the order.
     #[inline]
     pub(crate) fn may_output(&self) -> bool {
-        self.rst_reply.is_some()
+        seq::lt(self.snd_nxt, self.fin_seq())
+            || self.rst_reply.is_some()
             || self.rst_pending
             || self.ack_now
             || self.dup_acks_due > 0
@@ -159,7 +162,6 @@ impl Conn {
             || self.rtx_once.is_some()
             || matches!(self.state, State::SynSent | State::SynReceived)
             || (self.in_recovery && self.sack_credit > 0)
-            || seq::lt(self.snd_nxt, self.fin_seq())
             || (self.fin_queued && seq::le(self.snd_nxt, self.fin_seq()))
     }
 
