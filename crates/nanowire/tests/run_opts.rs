@@ -102,6 +102,13 @@ fn udp_pktinfo_moves_the_socket_to_the_kernel_with_the_plain_ancillary_data() {
                 "{}",
                 s.both()
             );
+            // Said once, though a second option (IP_RECVTTL) follows.
+            assert_eq!(
+                s.stderr().matches("taken off the xdp engine").count(),
+                1,
+                "{}",
+                s.both()
+            );
         }
     }
     let out = want.expect("plain output");

@@ -1449,7 +1449,9 @@ fn restore_mode(fd: c_int, a: &Accel) {
 /// the record stays, in kernel mode; then it is forgotten. Safe while
 /// other threads use the socket.
 pub fn detach(fd: c_int, why: &str) {
-    if let Some(a) = by_fd(fd).filter(|a| a.mine()) {
+    // A socket already off the engine (still draining its stash) is not
+    // taken off again: a second option says nothing more.
+    if let Some(a) = by_fd(fd).filter(|a| a.mine() && !a.detached.load(Ordering::Acquire)) {
         {
             // Under the socket's lock throughout: a concurrent receive
             // finds the stash complete before it reads the kernel socket.
