@@ -941,7 +941,7 @@ print("all ok" if ok[0] == m else "SOME BAD", flush=True)
 #[ignore = "needs root"]
 fn two_processes_reading_one_socket_at_once_get_each_datagram_and_connection_once() {
     let progs = (TWO_READERS, TWO_READERS_CLIENT);
-    let logs = three_ways("ptwo", "two-readers", progs, 14720, &[]);
+    let logs = three_ways("prdr", "two-readers", progs, 14720, &[]);
     // On the service both processes accepted from the listener's group.
     assert!(
         logs.contains("shared with the parent process through the engine service"),
