@@ -840,6 +840,46 @@ fn blocked_socket_gets_datagrams_another_thread_drained_for_it() {
     assert_eq!(got, (0..20).collect::<Vec<u8>>());
 }
 
+/// A spinning wait that is alone on its engine does not coast (each turn
+/// polls under the RX lock: the quiet turn's look would put the locks and
+/// the poll between a datagram's arrival and its read); with a second wait
+/// on the engine both coast while nothing arrives (no RX lock per turn for
+/// the two to fight over); when the other wait ends the first polls again.
+#[test]
+#[ignore = "needs root"]
+fn a_lone_spinning_wait_polls_and_two_waits_coast() {
+    let lab = lab('j');
+    let ifa = lab.iface(Host::A);
+    in_ns(&lab.netns(Host::A), move || {
+        use nanowire_stack::xdp::XdpSocket;
+        use nanowire_stack::{EngineKind, EngineOptions, WaitPolicy};
+        let mut o = EngineOptions::new(EngineKind::Xdp);
+        o.iface = Some(ifa);
+        o.ring_depth = 1024;
+        o.wait = WaitPolicy::Spin;
+        let open = |port| {
+            XdpSocket::open(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port), &o)
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let (mut x, mut y) = (open(5811), open(5812));
+        // Each finds its queue empty (marked), then arms its wait's peek.
+        assert_eq!(x.recv_batch(1, |_, _| {}), 0);
+        let mut px = None;
+        x.idle_peek(&mut px);
+        assert!(!px.as_mut().unwrap().coast(), "a lone wait coasted");
+        assert_eq!(y.recv_batch(1, |_, _| {}), 0);
+        let mut py = None;
+        y.idle_peek(&mut py);
+        assert!(py.as_mut().unwrap().coast(), "two waits: the second polled");
+        x.idle_peek(&mut px);
+        assert!(px.as_mut().unwrap().coast(), "two waits: the first polled");
+        // y's wait ends: x is alone again.
+        drop(py);
+        x.idle_peek(&mut px);
+        assert!(!px.as_mut().unwrap().coast(), "alone again, still coasting");
+    });
+}
+
 #[test]
 #[ignore = "needs root"]
 fn xdp_socket_sends_to_a_multicast_group() {

@@ -442,7 +442,16 @@ pub struct Engine {
 struct RxHint {
     rings: Vec<nanowire_xdp::RxPeek>,
     delivered: Arc<std::sync::atomic::AtomicU64>,
+    /// Spinning receive waits on this engine now (see
+    /// [`Engine::rx_spin_alone`]).
+    spinners: Spinners,
 }
+
+/// A count on a cache line of its own: the waits that enter and leave
+/// write it, and it sits in the engine beside the RX and TX locks' words.
+#[repr(align(64))]
+#[derive(Default)]
+struct Spinners(std::sync::atomic::AtomicU32);
 
 impl Engine {
     /// The process's engine on `ifname` (in the calling thread's network
@@ -906,6 +915,7 @@ impl Engine {
             .then(|| RxHint {
                 rings: peeks,
                 delivered: rxp.delivered.clone(),
+                spinners: Spinners::default(),
             });
         Ok(Engine {
             rx: Mutex::new(rxp),
@@ -1050,6 +1060,47 @@ impl Engine {
             h.rings.iter().for_each(|r| r.prefetch());
             true
         })
+    }
+
+    /// A spinning receive wait starts ([`Engine::rx_spin_leave`] when it
+    /// ends): counted, so that a wait can tell whether it spins alone on
+    /// this engine ([`Engine::rx_spin_alone`]). No-op without quiet turns.
+    fn rx_spin_enter(&self) {
+        if let Some(h) = &self.rx_hint {
+            h.spinners
+                .0
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The end of a wait [`Engine::rx_spin_enter`] counted.
+    fn rx_spin_leave(&self) {
+        if let Some(h) = &self.rx_hint {
+            h.spinners
+                .0
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The calling wait (counted by [`Engine::rx_spin_enter`]) is the only
+    /// spinning receive wait on this engine: its idle turns poll under the
+    /// RX lock instead of being quiet turns. What a quiet turn saves is the
+    /// RX lock's two atomics and the poll per idle turn, which matter when
+    /// other threads of the process take that lock (several spinning
+    /// readers: the lock's line would cross CPUs every turn, and the
+    /// reader whose datagram came waits for it); a lone reader's lock is
+    /// uncontended, and its quiet turn puts the socket and RX locks and
+    /// the call into the poll between the arrival (seen in the quiet turn)
+    /// and the descriptor's read, where a polling turn has taken them
+    /// before it looks at the ring: sockperf UDP under run p50 1.06x far
+    /// and ~1.02-1.04x near with quiet turns (docs/benchmarks.md "Session
+    /// 20: the quiet turn, far"). A count another thread changes a moment
+    /// later only decides how the next turns wait, never what they see.
+    #[inline]
+    fn rx_spin_alone(&self) -> bool {
+        self.rx_hint
+            .as_ref()
+            .is_some_and(|h| h.spinners.0.load(std::sync::atomic::Ordering::Relaxed) <= 1)
     }
 
     #[inline]

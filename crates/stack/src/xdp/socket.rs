@@ -173,6 +173,11 @@ pub struct XdpSocket {
     /// without the RX lock (see `recv_batch_ts`).
     rx_seen: Option<u64>,
     quiet: u32,
+    /// The next `recv_batch_ts` is a turn of a wait that spins alone on
+    /// the engine (set by `idle_peek`, used once): it polls under the RX
+    /// lock rather than answering from the quiet look
+    /// (`Engine::rx_spin_alone`).
+    direct: bool,
     /// The eventfd of this socket's endpoint (owned there, valid while we live).
     wake_fd: RawFd,
     /// Last destination: (address, neighbour generation, hop).
@@ -339,6 +344,7 @@ impl XdpSocket {
             kcheck: 0,
             rx_seen: None,
             quiet: 0,
+            direct: false,
             wake_fd,
             hop: None,
             batch: Vec::new(),
@@ -535,7 +541,11 @@ impl XdpSocket {
         // queue empty, and nothing on the rings: its queue is still empty,
         // no need for the RX lock (a spinning reader's idle turn is then a
         // few loads instead of the lock and a poll).
+        // (Not for a wait's turn that spins alone on the engine: that one
+        // polls, see `idle_peek`.)
+        let direct = std::mem::take(&mut self.direct);
         if let Some(mark) = self.rx_seen
+            && !direct
             && self.quiet < QUIET_LOOK_EVERY
             && self.engine.rx_wait_quiet(mark)
         {
@@ -701,14 +711,21 @@ impl XdpSocket {
         let left = QUIET_LOOK_EVERY
             .saturating_sub(self.quiet)
             .min(KERNEL_CHECK_EVERY.saturating_sub(self.kcheck.saturating_add(1)));
-        let p = peek.get_or_insert_with(|| IdlePeek {
-            engine: self.engine.clone(),
-            mark,
-            left: 0,
-            used: 0,
+        let p = peek.get_or_insert_with(|| {
+            self.engine.rx_spin_enter();
+            IdlePeek {
+                engine: self.engine.clone(),
+                mark,
+                left: 0,
+                used: 0,
+            }
         });
         p.mark = mark;
-        p.left = left;
+        // A wait that spins alone on the engine does not coast: each of its
+        // turns polls under the RX lock (`Engine::rx_spin_alone`), in
+        // `recv_batch_ts` too.
+        self.direct = self.engine.rx_spin_alone();
+        p.left = if self.direct { 0 } else { left };
     }
 
     #[inline(never)]
@@ -1091,6 +1108,13 @@ pub struct IdlePeek {
     left: u32,
     /// Turns answered since the last `idle_peek`.
     used: u32,
+}
+
+impl Drop for IdlePeek {
+    fn drop(&mut self) {
+        // Counted by `idle_peek` when it made this peek: the wait is over.
+        self.engine.rx_spin_leave();
+    }
 }
 
 impl IdlePeek {
