@@ -140,6 +140,16 @@ fn service_status(pages: &shm::Pages) -> Option<Value> {
     Some(st)
 }
 
+/// `NAME VALUE` of the counters `names` of `m` that are not zero.
+fn named_nonzero(m: &Value, names: &[&str]) -> Vec<String> {
+    names
+        .iter()
+        .map(|k| (k, m[k].as_u64().unwrap_or(0)))
+        .filter(|(_, v)| *v != 0)
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect()
+}
+
 /// The service, its interfaces, and per attached process: who, what it
 /// claims, its share of the frames, its drops by reason.
 fn print_service(s: &Value) {
@@ -173,21 +183,19 @@ fn print_service(s: &Value) {
         out!("  refused messages: {refused}");
     }
     // Dead processes' connections (issue 24): how the service ended them.
-    let ends = [
-        "tcp_ended_repaired",
-        "tcp_ended_fin",
-        "tcp_ended_rst",
-        "tcp_end_failed",
-        "tcp_end_left",
-        "tcp_end_refused",
-        "tcp_end_unpassed",
-        "tcp_handed_swept",
-    ]
-    .iter()
-    .map(|k| (k, s["counters"][k].as_u64().unwrap_or(0)))
-    .filter(|(_, v)| *v != 0)
-    .map(|(k, v)| format!("{k} {v}"))
-    .collect::<Vec<_>>();
+    let ends = named_nonzero(
+        &s["counters"],
+        &[
+            "tcp_ended_repaired",
+            "tcp_ended_fin",
+            "tcp_ended_rst",
+            "tcp_end_failed",
+            "tcp_end_left",
+            "tcp_end_refused",
+            "tcp_end_unpassed",
+            "tcp_handed_swept",
+        ],
+    );
     if !ends.is_empty() {
         out!("  dead processes' tcp connections: {}", ends.join(", "));
     }
@@ -239,12 +247,10 @@ fn print_service(s: &Value) {
             if c["engine_drops"].is_null() {
                 out!("      (its engine's own drop counters: no stats page readable)");
             }
-            let refused = ["claims_refused", "tcp_flows_refused", "tcp_joins_refused"]
-                .iter()
-                .map(|k| (k, c["counters"][k].as_u64().unwrap_or(0)))
-                .filter(|(_, v)| *v != 0)
-                .map(|(k, v)| format!("{k} {v}"))
-                .collect::<Vec<_>>();
+            let refused = named_nonzero(
+                &c["counters"],
+                &["claims_refused", "tcp_flows_refused", "tcp_joins_refused"],
+            );
             if !refused.is_empty() {
                 out!("      refused: {}", refused.join(", "));
             }
