@@ -356,6 +356,7 @@ fn hand_over_with<T>(
 /// the peer's FIN.
 fn finish_repair(fd: c_int, nfd: c_int, after: &After) {
     let _ = repair::mode(real::setsockopt, nfd, false);
+    let _ = repair::reuse_again(real::setsockopt, nfd, after.reuseaddr);
     if !after.unsent.is_empty() {
         // Fits: the send buffer was sized for the whole queue.
         let _ = fill(nfd, &after.unsent, "unsent bytes");
@@ -485,6 +486,8 @@ struct After {
     unsent: Vec<u8>,
     /// The peer's FIN (CLOSE-WAIT), given to the kernel as a packet.
     fin: Option<Vec<u8>>,
+    /// SO_REUSEADDR to set again (repair mode off clears it).
+    reuseaddr: bool,
 }
 
 /// What is left to do after repair mode for the connection `h` describes
@@ -498,6 +501,7 @@ fn after_of(h: &Handover) -> io::Result<After> {
     Ok(After {
         unsent: h.send[h.sent..].to_vec(),
         fin,
+        reuseaddr: h.reuseaddr,
     })
 }
 

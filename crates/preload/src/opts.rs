@@ -53,6 +53,8 @@ pub const SET_CARRIED: u8 = 4;
 /// IP_TTL / IP_TOS: what a connect reads for its IP header
 /// (`EngineOptions::ip_header_default` while none was set).
 pub const SET_IP: u8 = 8;
+/// SO_REUSEADDR: what a connect reads for `EngineOptions::reuseaddr_unset`.
+pub const SET_REUSE: u8 = 16;
 
 /// A `setsockopt`'s option as the caller gave it (the value is still the
 /// caller's memory).
@@ -107,6 +109,7 @@ fn bits_of(level: c_int, name: c_int) -> u8 {
             | libc::SO_RCVLOWAT,
         ) => SET_CARRIED,
         (libc::IPPROTO_IP, libc::IP_TOS | libc::IP_TTL) => SET_CARRIED | SET_IP,
+        (libc::SOL_SOCKET, libc::SO_REUSEADDR) => SET_REUSE,
         _ => 0,
     }
 }

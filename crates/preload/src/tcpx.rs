@@ -760,6 +760,7 @@ fn opts_read(fd: c_int, unknown: bool) -> EngineOptions {
     // Nothing set IP_TTL/IP_TOS: the engine's once-read defaults (no
     // getsockopt per connect).
     o.ip_header_default = !unknown && !crate::opts::set_any(crate::opts::SET_IP);
+    o.reuseaddr_unset = !unknown && !crate::opts::set_any(crate::opts::SET_REUSE);
     if !unknown && !crate::opts::set_any(crate::opts::SET_BUFFERS) {
         // The kernel's defaults: nothing given (no getsockopt).
         return o;

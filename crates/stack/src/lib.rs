@@ -92,6 +92,10 @@ pub struct EngineOptions {
     /// instead of two getsockopt calls per connect. `false`: read them from
     /// the socket.
     pub ip_header_default: bool,
+    /// The kernel socket a TCP connect adopts does not have SO_REUSEADDR
+    /// (the caller knows nothing set it): no getsockopt per connect.
+    /// `false`: read it from the socket.
+    pub reuseaddr_unset: bool,
 }
 
 impl EngineOptions {
@@ -108,6 +112,7 @@ impl EngineOptions {
             rcvbuf: None,
             sndbuf: None,
             ip_header_default: false,
+            reuseaddr_unset: false,
         }
     }
 }

@@ -78,7 +78,8 @@ pub fn setopt<T>(
 }
 
 /// Repair mode on (needs CAP_NET_ADMIN; it also forces reuse of the
-/// address: SO_REUSEADDR after it would undo that) or off (the kernel
+/// address: SO_REUSEADDR after it would undo that; off clears SO_REUSEADDR:
+/// [`reuse_again`]) or off (the kernel
 /// sends a window probe, which the peer answers).
 pub fn mode(f: SetSockOpt, fd: c_int, on: bool) -> io::Result<()> {
     let what = if on {
@@ -93,6 +94,25 @@ pub fn mode(f: SetSockOpt, fd: c_int, on: bool) -> io::Result<()> {
         libc::TCP_REPAIR,
         &i32::from(on),
         what,
+    )
+}
+
+/// SO_REUSEADDR again after repair mode is off, when the socket had it
+/// (`had`): TCP_REPAIR forces address reuse while on and clears it when
+/// turned off, so a kernel socket that took a connection over would
+/// otherwise, in TIME-WAIT, refuse a later SO_REUSEADDR bind of its port
+/// (EADDRINUSE) that the original socket's TIME-WAIT allows.
+pub fn reuse_again(f: SetSockOpt, fd: c_int, had: bool) -> io::Result<()> {
+    if !had {
+        return Ok(());
+    }
+    setopt(
+        f,
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_REUSEADDR,
+        &1i32,
+        "SO_REUSEADDR",
     )
 }
 

@@ -167,6 +167,8 @@ pub(crate) struct Conn {
     /// IP_TTL / IP_TOS of this connection's segments.
     pub ip_ttl: u8,
     pub ip_tos: u8,
+    /// SO_REUSEADDR of the kernel socket (`SocketOptions::reuseaddr`).
+    pub reuseaddr: bool,
     /// Send one runt segment despite sender SWS avoidance (persist fired).
     pub nodelay_once: bool,
     // --- pending output
@@ -313,6 +315,7 @@ impl Conn {
             linger0: opts.linger0,
             ip_ttl: opts.ttl,
             ip_tos: opts.tos,
+            reuseaddr: opts.reuseaddr,
             nodelay_once: false,
             ack_now: false,
             dup_acks_due: 0,

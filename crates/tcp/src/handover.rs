@@ -52,6 +52,9 @@ pub struct Handover {
     pub peer_fin: bool,
     /// The peer's latest TSval (for the FIN the new owner is given).
     pub ts_recent: u32,
+    /// SO_REUSEADDR of the kernel socket (`SocketOptions::reuseaddr`): the
+    /// new owner sets it again after repair mode, which clears it.
+    pub reuseaddr: bool,
 }
 
 impl Handover {
@@ -169,6 +172,7 @@ impl TcpStack {
             nodelay: k.nodelay,
             peer_fin,
             ts_recent: k.ts_recent,
+            reuseaddr: k.reuseaddr,
         })
     }
 

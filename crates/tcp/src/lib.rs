@@ -208,6 +208,12 @@ pub struct SocketOptions {
     /// writes; see [`crate::Transmit`]).
     pub ttl: u8,
     pub tos: u8,
+    /// SO_REUSEADDR of the kernel socket (a listener's, for the connections
+    /// it accepts, as the kernel's accepted sockets inherit it): a kernel
+    /// socket that takes the connection over (exit, kill -9, fork) sets it
+    /// again, so its TIME-WAIT blocks a later bind of the port exactly as
+    /// the kernel's would (TCP_REPAIR off clears it).
+    pub reuseaddr: bool,
 }
 
 /// The TTL of a socket that did not set IP_TTL (Linux's
@@ -225,6 +231,7 @@ impl SocketOptions {
             keepalive: None,
             ttl: DEFAULT_TTL,
             tos: 0,
+            reuseaddr: false,
         }
     }
 }

@@ -247,6 +247,8 @@ pub struct EndState {
     /// Our FIN was acknowledged too (FIN-WAIT-2): the peer needs no FIN,
     /// only an answer to its own.
     pub fin_acked: bool,
+    /// SO_REUSEADDR of the kernel socket (`SocketOptions::reuseaddr`).
+    pub reuseaddr: bool,
 }
 
 impl EndState {
@@ -288,6 +290,7 @@ impl EndState {
             peer_fin: c.rx_fin,
             acked: c.tx.is_empty(),
             fin_acked: matches!(c.state, State::FinWait2 | State::TimeWait),
+            reuseaddr: c.reuseaddr,
         }
     }
 }

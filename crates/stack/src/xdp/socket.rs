@@ -203,10 +203,15 @@ pub struct XdpSocket {
 
 /// The int value of IPPROTO_IP option `name` of the kernel socket `fd`.
 pub(crate) fn ip_int_opt(fd: RawFd, name: libc::c_int) -> Option<libc::c_int> {
+    int_opt(fd, libc::IPPROTO_IP, name)
+}
+
+/// An int option of socket `fd` (`None`: the getsockopt failed).
+pub(crate) fn int_opt(fd: RawFd, level: libc::c_int, name: libc::c_int) -> Option<libc::c_int> {
     let mut v: libc::c_int = 0;
     let mut l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: an int out-buffer and its length.
-    let r = unsafe { libc::getsockopt(fd, libc::IPPROTO_IP, name, (&raw mut v).cast(), &mut l) };
+    let r = unsafe { libc::getsockopt(fd, level, name, (&raw mut v).cast(), &mut l) };
     (r == 0).then_some(v)
 }
 

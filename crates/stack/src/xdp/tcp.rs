@@ -2002,6 +2002,11 @@ impl crate::TcpAcceptor for XdpTcpListener {
 /// IP_TTL and IP_TOS of a kernel socket (what the application set, as the
 /// kernel resolved it: IP_TTL -1 reads back as the default TTL, a TCP
 /// socket's IP_TOS without the ECN bits).
+/// SO_REUSEADDR of the kernel socket `fd` (`SocketOptions::reuseaddr`).
+fn reuseaddr_of(fd: RawFd) -> bool {
+    super::socket::int_opt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR).is_some_and(|v| v != 0)
+}
+
 pub fn ip_header_of(fd: RawFd) -> (u8, u8) {
     let get = |name| super::socket::ip_int_opt(fd, name);
     let ttl = get(libc::IP_TTL).map_or(nanowire_tcp::DEFAULT_TTL, |v| v.clamp(1, 255) as u8);
@@ -2082,6 +2087,7 @@ impl XdpTcpListener {
             eng.claim_listener_as(&mut c, local, fd, join)?;
             let mut so = SocketOptions::from_config(c.stack.config());
             (so.ttl, so.tos) = ip_header_of(fd);
+            so.reuseaddr = reuseaddr_of(fd);
             c.stack
                 .listen_with(local, backlog.max(1), so)
                 .map_err(tcp_err)?
@@ -2388,6 +2394,7 @@ impl XdpTcpStream {
             } else {
                 ip_header_of(fd)
             };
+            so.reuseaddr = !opts.reuseaddr_unset && reuseaddr_of(fd);
             if block.is_none() {
                 // On the engine service the claim is a round trip: made
                 // without this stack's lock, which every connection of

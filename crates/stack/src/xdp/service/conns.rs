@@ -85,6 +85,9 @@ pub struct Entry {
     pub mss: u16,
     pub wscale: u8,
     pub snd_wnd: u32,
+    /// SO_REUSEADDR of the kernel socket: set again on a kernel socket
+    /// that takes the connection over (`reuse_again`).
+    pub reuseaddr: bool,
 }
 
 impl From<&nanowire_tcp::EndState> for Entry {
@@ -108,6 +111,7 @@ impl From<&nanowire_tcp::EndState> for Entry {
             mss: e.mss,
             wscale: e.wscale.map_or(0, |(snd, rcv)| (snd & 15) | (rcv << 4)),
             snd_wnd: e.snd_wnd,
+            reuseaddr: e.reuseaddr,
         }
     }
 }
@@ -145,6 +149,7 @@ impl Entry {
         b[30] = self.flags;
         b[31] = self.wscale;
         b[32..34].copy_from_slice(&self.mss.to_le_bytes());
+        b[34] = u8::from(self.reuseaddr);
         b[36..40].copy_from_slice(&self.snd_wnd.to_le_bytes());
     }
 
@@ -163,6 +168,7 @@ impl Entry {
             wscale: b[31],
             mss: u16_at(32),
             snd_wnd: u32_at(36),
+            reuseaddr: b[34] != 0,
         }
     }
 }
@@ -518,6 +524,7 @@ pub fn repair_take(e: &Entry, now_ms: u32) -> std::io::Result<OwnedFd> {
     use rustix::fd::AsRawFd;
     let s = repaired(e, e.rcv_before_fin(), now_ms)?;
     repair::mode(f, s.as_raw_fd(), false)?;
+    repair::reuse_again(f, s.as_raw_fd(), e.reuseaddr)?;
     Ok(s)
 }
 
@@ -599,6 +606,8 @@ pub fn time_wait_take(
         "TCP_LINGER2",
     )?;
     repair::off_without_probe(f, fd)?;
+    // Before the close that makes the time-wait socket (it copies the flag).
+    repair::reuse_again(f, fd, e.reuseaddr)?;
     let tuple = nanowire_tcp::FourTuple {
         local: e.local,
         remote: e.remote,
@@ -738,6 +747,7 @@ mod tests {
             mss: 1460,
             wscale: 7 | (9 << 4),
             snd_wnd: 65536,
+            reuseaddr: true,
         }
     }
 
