@@ -108,6 +108,14 @@ fn give_up_prepared_for(what: &str) {
 /// Before `what` (posix_spawn, system, popen, exec): the engine sockets
 /// without FD_CLOEXEC.
 pub fn prepare_exec(what: &str) {
+    // No copy of the engine's fds in a warden spawn's child may outlive
+    // the old image (warden::settle).
+    if !nanowire_stack::xdp::service::warden::settle(std::time::Duration::from_secs(2)) {
+        log!(
+            Level::Warn,
+            "{what}: the warden's start is still in flight after 2 s: a new program on this interface may find it held"
+        );
+    }
     give_up_prepared_for(what);
     if what == "exec" {
         // The close-on-exec copies of connections a parent shared at fork

@@ -28,7 +28,10 @@
 //! handled); exec keeps the pid, so the old image's connections are ended
 //! when the new program dies, not at the exec; the warden needs the
 //! nanowire binary (`NANOWIRE_BIN`, set by `nanowire run`) and a raw
-//! socket (CAP_NET_RAW, which an engine of one's own needs anyway).
+//! socket (CAP_NET_RAW, which an engine of one's own needs anyway). An exec
+//! (or posix_spawn, system, popen) of the application waits for a spawn in
+//! flight (`settle`): the spawn's child holds copies of the engine's fds
+//! until its own exec.
 
 use rustix::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
@@ -60,6 +63,7 @@ pub fn start(table: rustix::fd::BorrowedFd<'_>) -> Result<bool, String> {
         rustix::io::fcntl_dupfd_cloexec(table, 16).map_err(|e| format!("connection table: {e}"))?;
     let pfd = rustix::io::fcntl_dupfd_cloexec(&pidfd, 16).map_err(|e| format!("pidfd: {e}"))?;
     drop_raw(pidfd);
+    SPAWNING.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     let spawned = std::thread::Builder::new()
         .name("nanowire-warden".into())
         .stack_size(128 * 1024)
@@ -68,7 +72,9 @@ pub fn start(table: rustix::fd::BorrowedFd<'_>) -> Result<bool, String> {
             crate::xdp::order::as_engine_thread(&mut || {
                 block_signals();
                 if let Some((p, t)) = fds.take() {
+                    // Past posix_spawn (the child exec'd) and the set-up.
                     let r = spawn_and_reap(&bin, pid, &p, &t);
+                    SPAWNING.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
                     drop_raw(p);
                     drop_raw(t);
                     if let Err(e) = r {
@@ -79,9 +85,36 @@ pub fn start(table: rustix::fd::BorrowedFd<'_>) -> Result<bool, String> {
                 }
             });
         });
-    spawned
-        .map(|_| true)
-        .map_err(|e| format!("cannot start the warden's thread: {e}"))
+    spawned.map(|_| true).map_err(|e| {
+        SPAWNING.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        format!("cannot start the warden's thread: {e}")
+    })
+}
+
+/// Warden spawns not yet past `posix_spawn`'s return. glibc's posix_spawn
+/// clones with CLONE_VM|CLONE_VFORK but not CLONE_FILES: until the child's
+/// execve the child holds a copy of every fd of this process, the XDP
+/// link's and the AF_XDP sockets' included (close-on-exec, so its exec
+/// drops them). If the application execs meanwhile, its new image finds
+/// the interface still held by that copy and its attach is refused
+/// (EBUSY/EEXIST: run_procs' listener-across-exec flake, session 20).
+static SPAWNING: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Wait (at most `limit`) until no warden spawn is in flight: the shim
+/// calls it before the application's exec, posix_spawn, system or popen,
+/// so no copy of the engine's fds outlives the old image. A load of one
+/// atomic when none is (the usual case); at most one process start and
+/// the warden's set-up otherwise (the first TCP stack just before an exec). `false`: still in
+/// flight at the limit.
+pub fn settle(limit: Duration) -> bool {
+    let until = std::time::Instant::now() + limit;
+    while SPAWNING.load(std::sync::atomic::Ordering::Acquire) != 0 {
+        if std::time::Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    true
 }
 
 /// Close `fd` with the raw system call (engine code never enters the
