@@ -842,9 +842,11 @@ fn blocked_socket_gets_datagrams_another_thread_drained_for_it() {
 
 /// A spinning wait that is alone on its engine does not coast (each turn
 /// polls under the RX lock: the quiet turn's look would put the locks and
-/// the poll between a datagram's arrival and its read); with a second wait
-/// on the engine both coast while nothing arrives (no RX lock per turn for
-/// the two to fight over); when the other wait ends the first polls again.
+/// the poll between a datagram's arrival and its read); with another
+/// thread waiting on the engine both coast while nothing arrives (no RX
+/// lock per turn for the two to fight over); when only the first thread
+/// waits again it polls again (from its second wait: "alone" is the last
+/// waiting thread's token, looked at once a wait).
 #[test]
 #[ignore = "needs root"]
 fn a_lone_spinning_wait_polls_and_two_waits_coast() {
@@ -867,14 +869,27 @@ fn a_lone_spinning_wait_polls_and_two_waits_coast() {
         let mut px = None;
         x.idle_peek(&mut px);
         assert!(!px.as_mut().unwrap().coast(), "a lone wait coasted");
-        assert_eq!(y.recv_batch(1, |_, _| {}), 0);
-        let mut py = None;
-        y.idle_peek(&mut py);
-        assert!(py.as_mut().unwrap().coast(), "two waits: the second polled");
+        // Another thread's wait on the same engine (y's) coasts, and so
+        // does this thread's next wait; the one after that, with no other
+        // thread waiting since, polls again.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                assert_eq!(y.recv_batch(1, |_, _| {}), 0);
+                let mut py = None;
+                y.idle_peek(&mut py);
+                assert!(
+                    py.as_mut().unwrap().coast(),
+                    "two threads: the second polled"
+                );
+            });
+        });
+        let mut px = None;
         x.idle_peek(&mut px);
-        assert!(px.as_mut().unwrap().coast(), "two waits: the first polled");
-        // y's wait ends: x is alone again.
-        drop(py);
+        assert!(
+            px.as_mut().unwrap().coast(),
+            "two threads: the first polled"
+        );
+        let mut px = None;
         x.idle_peek(&mut px);
         assert!(!px.as_mut().unwrap().coast(), "alone again, still coasting");
     });

@@ -442,16 +442,27 @@ pub struct Engine {
 struct RxHint {
     rings: Vec<nanowire_xdp::RxPeek>,
     delivered: Arc<std::sync::atomic::AtomicU64>,
-    /// Spinning receive waits on this engine now (see
+    /// The thread whose spinning receive wait last looked (see
     /// [`Engine::rx_spin_alone`]).
     spinners: Spinners,
 }
 
-/// A count on a cache line of its own: the waits that enter and leave
-/// write it, and it sits in the engine beside the RX and TX locks' words.
+/// The last waiting thread's token on a cache line of its own: written
+/// only when another thread's wait looks, and it sits in the engine beside
+/// the RX and TX locks' words.
 #[repr(align(64))]
 #[derive(Default)]
-struct Spinners(std::sync::atomic::AtomicU32);
+struct Spinners(std::sync::atomic::AtomicUsize);
+
+/// A token of the calling thread, unique among the live threads: the
+/// address of a thread-local (no system call, no atomic).
+#[inline]
+fn thread_token() -> usize {
+    thread_local! {
+        static TOKEN: u8 = const { 0 };
+    }
+    TOKEN.with(|t| t as *const u8 as usize)
+}
 
 impl Engine {
     /// The process's engine on `ifname` (in the calling thread's network
@@ -1062,45 +1073,45 @@ impl Engine {
         })
     }
 
-    /// A spinning receive wait starts ([`Engine::rx_spin_leave`] when it
-    /// ends): counted, so that a wait can tell whether it spins alone on
-    /// this engine ([`Engine::rx_spin_alone`]). No-op without quiet turns.
-    fn rx_spin_enter(&self) {
-        if let Some(h) = &self.rx_hint {
-            h.spinners
-                .0
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    /// The end of a wait [`Engine::rx_spin_enter`] counted.
-    fn rx_spin_leave(&self) {
-        if let Some(h) = &self.rx_hint {
-            h.spinners
-                .0
-                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    /// The calling wait (counted by [`Engine::rx_spin_enter`]) is the only
-    /// spinning receive wait on this engine: its idle turns poll under the
-    /// RX lock instead of being quiet turns. What a quiet turn saves is the
-    /// RX lock's two atomics and the poll per idle turn, which matter when
-    /// other threads of the process take that lock (several spinning
-    /// readers: the lock's line would cross CPUs every turn, and the
-    /// reader whose datagram came waits for it); a lone reader's lock is
-    /// uncontended, and its quiet turn puts the socket and RX locks and
-    /// the call into the poll between the arrival (seen in the quiet turn)
-    /// and the descriptor's read, where a polling turn has taken them
-    /// before it looks at the ring: sockperf UDP under run p50 1.06x far
-    /// and ~1.02-1.04x near with quiet turns (docs/benchmarks.md "Session
-    /// 20: the quiet turn, far"). A count another thread changes a moment
-    /// later only decides how the next turns wait, never what they see.
+    /// The calling thread's spinning receive wait is the only one on this
+    /// engine: its idle turns poll under the RX lock instead of being quiet
+    /// turns. What a quiet turn saves is the RX lock's two atomics and the
+    /// poll per idle turn, which matter when other threads of the process
+    /// take that lock (several spinning readers: the lock's line would
+    /// cross CPUs every turn, and the reader whose datagram came waits for
+    /// it); a lone reader's lock is uncontended, and its quiet turn puts
+    /// the socket and RX locks and the call into the poll between the
+    /// arrival (seen in the quiet turn) and the descriptor's read, where a
+    /// polling turn has taken them before it looks at the ring: sockperf
+    /// UDP under run p50 1.06x far and ~1.02-1.04x near with quiet turns
+    /// (docs/benchmarks.md "Session 20: the quiet turn, far").
+    ///
+    /// "Alone" is told by the last waiting thread's token, not a count,
+    /// looked at once per wait (`XdpSocket::idle_peek`): a wait whose look
+    /// finds its own thread's token (or none yet) is alone (one load of
+    /// a line nobody writes meanwhile); one that finds another's stores its
+    /// own and coasts, so two threads waiting by turns keep coasting, and a
+    /// thread whose peer stopped waiting polls again from its second look.
+    /// A count (session 20) cost every wait two atomic read-modify-writes,
+    /// and the look-ahead's engine reference two more, which a lone wait no
+    /// longer makes (`XdpSocket::idle_peek`): ~1-2% of sockperf's near p50
+    /// (session 21). A token another thread changes a moment later only
+    /// decides how the next turns wait, never what they see. Several
+    /// sockets waited on by one thread count as one waiter (its lock is
+    /// uncontended: it polls).
     #[inline]
     fn rx_spin_alone(&self) -> bool {
-        self.rx_hint
-            .as_ref()
-            .is_some_and(|h| h.spinners.0.load(std::sync::atomic::Ordering::Relaxed) <= 1)
+        self.rx_hint.as_ref().is_some_and(|h| {
+            let me = thread_token();
+            let last = &h.spinners.0;
+            let was = last.load(std::sync::atomic::Ordering::Relaxed);
+            if was == me {
+                return true;
+            }
+            last.store(me, std::sync::atomic::Ordering::Relaxed);
+            // The engine's first wait is alone too.
+            was == 0
+        })
     }
 
     #[inline]

@@ -691,9 +691,10 @@ impl XdpSocket {
     /// in turns). Call it before and after every `recv_batch_ts` of the
     /// wait: before, it takes back the turns; after one that found
     /// nothing, it arms the peek (disarmed otherwise: the next turn calls
-    /// `recv_batch_ts`). One reference to the engine per wait (the peek
-    /// keeps the rings' mappings alive whatever another thread does to
-    /// this socket meanwhile: drop it before the wait blocks elsewhere).
+    /// `recv_batch_ts`). One reference to the engine per wait that coasts
+    /// (the peek keeps the rings' mappings alive whatever another thread
+    /// does to this socket meanwhile: drop it before the wait blocks
+    /// elsewhere); none for a wait alone on the engine, which never coasts.
     pub fn idle_peek(&mut self, peek: &mut Option<IdlePeek>) {
         if let Some(p) = peek.as_mut() {
             let used = p.used;
@@ -701,7 +702,10 @@ impl XdpSocket {
             p.left = 0;
             self.quiet = self.quiet.saturating_add(used);
             self.kcheck = self.kcheck.saturating_add(used);
-            if !Arc::ptr_eq(&p.engine, &self.engine) {
+            if p.engine
+                .as_ref()
+                .is_some_and(|e| !Arc::ptr_eq(e, &self.engine))
+            {
                 *peek = None;
             }
         }
@@ -716,20 +720,18 @@ impl XdpSocket {
         let left = QUIET_LOOK_EVERY
             .saturating_sub(self.quiet)
             .min(KERNEL_CHECK_EVERY.saturating_sub(self.kcheck.saturating_add(1)));
-        let p = peek.get_or_insert_with(|| {
-            self.engine.rx_spin_enter();
-            IdlePeek {
-                engine: self.engine.clone(),
-                mark,
-                left: 0,
-                used: 0,
-            }
+        // A wait that spins alone on the engine (looked at once, when the
+        // wait makes its peek) does not coast: each of its turns polls
+        // under the RX lock (`Engine::rx_spin_alone`), in `recv_batch_ts`
+        // too, and its peek holds no engine reference (no atomic).
+        let p = peek.get_or_insert_with(|| IdlePeek {
+            engine: (!self.engine.rx_spin_alone()).then(|| self.engine.clone()),
+            mark,
+            left: 0,
+            used: 0,
         });
         p.mark = mark;
-        // A wait that spins alone on the engine does not coast: each of its
-        // turns polls under the RX lock (`Engine::rx_spin_alone`), in
-        // `recv_batch_ts` too.
-        self.direct = self.engine.rx_spin_alone();
+        self.direct = p.engine.is_none();
         p.left = if self.direct { 0 } else { left };
     }
 
@@ -1107,19 +1109,13 @@ fn set_int(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: usize) -> io::Res
 /// any lock, for the idle turns of a waiting receiver whose socket sits
 /// behind a lock of the caller's (see [`XdpSocket::idle_peek`]).
 pub struct IdlePeek {
-    engine: Arc<Engine>,
+    /// `None`: the wait spins alone on the engine and polls every turn.
+    engine: Option<Arc<Engine>>,
     mark: u64,
     /// Turns it may still answer before the socket's own call.
     left: u32,
     /// Turns answered since the last `idle_peek`.
     used: u32,
-}
-
-impl Drop for IdlePeek {
-    fn drop(&mut self) {
-        // Counted by `idle_peek` when it made this peek: the wait is over.
-        self.engine.rx_spin_leave();
-    }
 }
 
 impl IdlePeek {
@@ -1142,8 +1138,9 @@ impl IdlePeek {
     /// peek's own reference keeps the engine's mappings alive.
     #[inline(always)]
     pub fn coast(&mut self) -> bool {
-        if self.left == 0 || !self.engine.rx_wait_quiet(self.mark) {
-            return false;
+        match &self.engine {
+            Some(e) if self.left != 0 && e.rx_wait_quiet(self.mark) => {}
+            _ => return false,
         }
         self.left -= 1;
         self.used += 1;
