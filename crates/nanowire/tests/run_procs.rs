@@ -1270,7 +1270,11 @@ fn a_threaded_program_forking_while_its_threads_wait_serves_as_plainly() {
 /// serves; the answers must be the plain ones. Before the shim
 /// interposed `clone`, the CLONE_FILES child read the datagram from its
 /// copy of the engine's ring and the parent read the same one again
-/// (the next was lost).
+/// (the next was lost). Each child is made once its datagram is queued
+/// (poll): under run it was then on the engine's queue, and went into the
+/// parent's stash when the socket went to the kernel, where the child
+/// never looked (session 21: the CI saw "two no answer" when the race
+/// fell that way); now it is shown to the kernel socket again.
 const CLONE_CLIENT: &str = r#"
 import socket, sys
 addr, port = sys.argv[1], int(sys.argv[2])

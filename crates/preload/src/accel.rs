@@ -101,7 +101,7 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) {
     });
     let e = errno();
     for fd in socks {
-        detach(fd, why);
+        detach_as(fd, why, true);
     }
     table::each_with(table::F_CAND, |fd| {
         if inherits(fd) {
@@ -960,6 +960,54 @@ impl Accel {
     }
 }
 
+/// The datagrams of `stash` (for `fd`, addressed to `to`) back on the
+/// kernel socket, oldest first ([`detach_as`]); what the kernel refuses
+/// stays in the stash, with one warn line.
+fn requeue(fd: c_int, stash: &mut VecDeque<(Vec<u8>, SocketAddrV4, u64)>, to: SocketAddrV4) {
+    const WHAT: &str = "the datagrams the engine had queued";
+    if stash.is_empty() {
+        return;
+    }
+    let kept = |n: usize, e: std::io::Error| {
+        log!(
+            Level::Warn,
+            "fd {fd} udp: {n} datagrams the engine had queued stay with this process, not on the kernel socket the child shares ({e})"
+        );
+    };
+    if let Err(e) = crate::inject::raw_socket(WHAT) {
+        return kept(stash.len(), e);
+    }
+    // Those that reached the kernel socket since the steering stopped
+    // arrived after the stash's: they go behind them, in order, as the
+    // kernel would have queued them all (a bounded look: under a flood
+    // the rest stay where they are).
+    for _ in 0..4096 {
+        let mut more = |p: &[u8], src| stash.push_back((p.to_vec(), src, 0));
+        if !matches!(kernel_recv(fd, 0, &mut more), Some(Ok(_))) {
+            break;
+        }
+    }
+    let packets: Vec<Vec<u8>> = stash
+        .iter()
+        .map(|(p, src, _)| nanowire_stack::xdp::udp_packet(*src, to, p))
+        .collect();
+    let refs: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
+    match crate::inject::inject(&refs, WHAT) {
+        Ok(()) => {
+            log!(
+                Level::Info,
+                "fd {fd} udp: {} datagrams the engine had queued are on the kernel socket the child shares (shown to the kernel again, in order)",
+                stash.len()
+            );
+            stash.clear();
+        }
+        Err((n, e)) => {
+            stash.drain(..n);
+            kept(stash.len(), e);
+        }
+    }
+}
+
 /// A detached socket whose stash is empty: forget the record, so every
 /// later call on `fd` takes the plain kernel path (with ancillary data).
 /// (Kept while transmit stamps of the engine's sends are unread: they are
@@ -1449,6 +1497,19 @@ fn restore_mode(fd: c_int, a: &Accel) {
 /// the record stays, in kernel mode; then it is forgotten. Safe while
 /// other threads use the socket.
 pub fn detach(fd: c_int, why: &str) {
+    detach_as(fd, why, false);
+}
+
+/// [`detach`]; `shared`: a child process is about to share the socket
+/// (fork, clone, vfork, exec). The kernel queues a datagram on the socket,
+/// where any process sharing it reads it; a stash is this process's
+/// memory, which a child does not read (the shim is off in a clone()d or
+/// vfork()ed child, another program after exec, its own copy in a forked
+/// one). So the stash goes back to the kernel socket, each datagram shown
+/// to the kernel as the packet that carried it (`inject::inject`, a raw
+/// socket: CAP_NET_RAW); where the kernel refuses, the rest stay in the
+/// stash, served to this process first, and one warn line says so.
+fn detach_as(fd: c_int, why: &str, shared: bool) {
     // A socket already off the engine (still draining its stash) is not
     // taken off again: a second option says nothing more.
     if let Some(a) = by_fd(fd).filter(|a| a.mine() && !a.detached.load(Ordering::Acquire)) {
@@ -1458,6 +1519,7 @@ pub fn detach(fd: c_int, why: &str) {
             let mut g = a.lock();
             let St { xdp, stash, peer } = &mut *g;
             let peer = *peer;
+            let to = xdp.as_ref().map(|x| x.delivered_to());
             if let Some(x) = xdp.take() {
                 // Steering off first, then everything the engine holds
                 // (queue and rings) into the stash (XdpSocket::hand_to_kernel).
@@ -1468,6 +1530,9 @@ pub fn detach(fd: c_int, why: &str) {
                         }
                     })
                 });
+            }
+            if shared && let Some(to) = to {
+                requeue(fd, stash, to);
             }
             // Restore the application's blocking mode on the kernel socket
             // before anyone can see the socket off the engine: another

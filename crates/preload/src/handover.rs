@@ -362,7 +362,7 @@ fn finish_repair(fd: c_int, nfd: c_int, after: &After) {
         let _ = fill(nfd, &after.unsent, "unsent bytes");
     }
     if let Some(fin) = &after.fin
-        && let Err(e) = inject(fin)
+        && let Err((_, e)) = crate::inject::inject(&[fin], "the peer's FIN")
     {
         log!(
             Level::Warn,
@@ -496,7 +496,7 @@ fn after_of(h: &Handover) -> io::Result<After> {
     let fin = h.peer_fin.then(|| h.peer_fin_packet());
     if fin.is_some() {
         // The FIN needs a raw socket: fail before anything changed.
-        drop(raw_socket()?);
+        drop(crate::inject::raw_socket("the peer's FIN")?);
     }
     Ok(After {
         unsent: h.send[h.sent..].to_vec(),
@@ -509,52 +509,4 @@ fn after_of(h: &Handover) -> io::Result<After> {
 fn repair_socket_after(h: &Handover) -> io::Result<(OwnedFd, After)> {
     let after = after_of(h)?;
     Ok((repair_socket(h)?, after))
-}
-
-fn raw_socket() -> io::Result<OwnedFd> {
-    // SAFETY: plain socket(2); owned at once.
-    let r = unsafe {
-        real::socket(
-            libc::AF_INET,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::IPPROTO_RAW,
-        )
-    };
-    if r < 0 {
-        return Err(last_err("raw socket (for the peer's FIN)"));
-    }
-    // SAFETY: a fresh descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(r) })
-}
-
-/// Deliver the peer's FIN (an IPv4 packet from the peer's address to
-/// ours) to the kernel: TCP_REPAIR cannot set CLOSE-WAIT, so the kernel
-/// is shown the FIN it would have received (as CRIU does). Sent to our own
-/// address, it is delivered locally, never on the wire.
-fn inject(packet: &[u8]) -> io::Result<()> {
-    let raw = raw_socket()?;
-    let dst = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: 0,
-        // Bytes 16..20 of the IPv4 header: the destination, network order.
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_ne_bytes([packet[16], packet[17], packet[18], packet[19]]),
-        },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: the packet's bytes and a sockaddr_in, with their sizes.
-    let n = unsafe {
-        real::sendto(
-            raw.as_raw_fd(),
-            packet.as_ptr().cast(),
-            packet.len(),
-            0,
-            (&raw const dst).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as socklen_t,
-        )
-    };
-    if n < 0 {
-        return Err(last_err("sending the peer's FIN to the kernel"));
-    }
-    Ok(())
 }

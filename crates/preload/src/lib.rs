@@ -97,6 +97,7 @@ mod exports_fd;
 mod fdlife;
 mod forkshare;
 mod handover;
+mod inject;
 mod kernelio;
 mod log;
 mod ops;

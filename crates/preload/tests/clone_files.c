@@ -4,10 +4,14 @@
  * the next one, the parent the next, then a child made by clone(SIGCHLD)
  * (a copy of the fd table, as fork, but no pthread_atfork handler runs),
  * then the parent again. Each answer names who read which datagram: a
- * datagram read twice or lost shows in the output.
+ * datagram read twice or lost shows in the output. Each child is made
+ * once the datagram it answers is queued on the socket (poll): the kernel
+ * queues it on the socket the child shares, so the child reads it (under
+ * run it was on the engine's queue when the socket went to the kernel).
  * Usage: clone_files ADDR PORT */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -43,6 +47,11 @@ static int kid(void *who) {
 
 static void in_child(const char *who, int flags) {
     static char stack[1 << 16];
+    struct pollfd q = {.fd = s, .events = POLLIN};
+    if (poll(&q, 1, -1) != 1) {
+        perror("poll");
+        exit(1);
+    }
     pid_t p = clone(kid, stack + sizeof stack, flags, (void *)who);
     if (p < 0) {
         perror("clone");

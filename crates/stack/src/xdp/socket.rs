@@ -614,6 +614,18 @@ impl XdpSocket {
         n
     }
 
+    /// The address datagrams for this socket were sent to: its bound one,
+    /// or for a wildcard bind the first address it claimed (what a
+    /// datagram handed to the kernel again is addressed to: [`udp_packet`]).
+    pub fn delivered_to(&self) -> SocketAddrV4 {
+        match self.claims.first() {
+            Some(ip) if self.local.ip().is_unspecified() => {
+                SocketAddrV4::new(*ip, self.local.port())
+            }
+            _ => self.local,
+        }
+    }
+
     /// Hand the socket over to its kernel twin without losing a datagram
     /// (the shim takes a socket off the engine: an option the engine cannot
     /// honour, a fork, a port shared with another process). In this order:
@@ -1310,4 +1322,29 @@ impl UdpEndpoint for XdpSocket {
             rx_drop_queue_full: r(S::DropQueueFull),
         }
     }
+}
+
+/// A datagram as the IPv4 packet that carried it, from `src` to `dst`
+/// (header and UDP checksums filled in): what the shim shows the kernel,
+/// through a raw socket to its own address, for a datagram the engine had
+/// queued when a child process came to share the socket (the kernel
+/// socket, which both read, then holds it).
+pub fn udp_packet(src: SocketAddrV4, dst: SocketAddrV4, payload: &[u8]) -> Vec<u8> {
+    let ip = nanowire_wire::Ipv4Repr {
+        src: *src.ip(),
+        dst: *dst.ip(),
+        protocol: PROTO_UDP,
+        payload_len: UDP_HDR + payload.len(),
+        ttl: 64,
+        ident: 0,
+    };
+    let mut p = vec![0; IP_HDR + UDP_HDR + payload.len()];
+    p[IP_HDR + UDP_HDR..].copy_from_slice(payload);
+    ip.emit(&mut p);
+    let udp = nanowire_wire::UdpRepr {
+        src_port: src.port(),
+        dst_port: dst.port(),
+    };
+    udp.emit(&mut p[IP_HDR..], payload.len(), *src.ip(), *dst.ip());
+    p
 }
