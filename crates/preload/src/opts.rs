@@ -420,7 +420,7 @@ mod tests {
             assert_eq!(bits_of(level, name) & SET_IP, 0, "({level}, {name})");
         }
         assert_eq!(bits_of(libc::SOL_SOCKET, libc::SO_RCVTIMEO), SET_CARRIED);
-        assert_eq!(bits_of(libc::SOL_SOCKET, libc::SO_REUSEADDR), 0);
+        assert_eq!(bits_of(libc::SOL_SOCKET, libc::SO_REUSEADDR), SET_REUSE);
     }
 
     #[test]
