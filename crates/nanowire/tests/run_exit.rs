@@ -369,3 +369,57 @@ fn a_server_exiting_in_time_wait_leaves_its_port_bindable_as_plainly() {
         }
     }
 }
+
+/// kill -9 of a writer whose bytes are still in its send buffer (the slow
+/// plain sink has not read yet: some unsent, some unacknowledged): plainly
+/// the kernel delivers every byte, then the FIN; on the engine service the
+/// same bytes, hash and end of file, from the send ring's slab in the
+/// process's connection table. Not on an engine of its own: a segment of
+/// the peer between the death and the warden's end can meet a kernel
+/// without a socket, which resets the peer (a limit, docs/architecture.md).
+#[test]
+#[ignore = "needs root"]
+fn kill_9_with_data_unacknowledged_delivers_every_byte_and_the_fin() {
+    let l = lab("kun");
+    let addr = ADDR_B.to_string();
+    let mut seen: Option<String> = None;
+    for (i, p) in [Placement::Plain, Placement::Service]
+        .into_iter()
+        .enumerate()
+    {
+        let port_s = (14830 + i as u16).to_string();
+        let mut sink = spawn(
+            &format!("sink-unacked-{p:?}"),
+            plain_in(
+                &l,
+                Host::B,
+                &["python3", &script("sink.py"), &addr, &port_s, "3"],
+            ),
+        );
+        sink.wait_for("ready", Duration::from_secs(20));
+        let argv = ["python3", &script("unacked.py"), &addr, &port_s];
+        let mut w = spawn(&format!("unacked-{p:?}"), p.command(&l, Host::A, &argv));
+        w.wait_for("written pid", T);
+        if p != Placement::Plain {
+            on_engine(&w, &format!("-> {addr}:{port_s}"));
+        }
+        let out = w.stdout();
+        let pid = out
+            .split_whitespace()
+            .skip_while(|t| *t != "pid")
+            .nth(1)
+            .expect("the writer's pid")
+            .to_string();
+        let st = std::process::Command::new("kill")
+            .args(["-9", &pid])
+            .status();
+        assert!(st.is_ok_and(|s| s.success()), "kill -9 {pid}");
+        let _ = w.wait(T);
+        let got = sink.success(T);
+        if p == Placement::Plain {
+            assert!(got.contains("EOF 150000"), "plainly: {got}");
+        }
+        let ctx = format!("{p:?}:\n{}", w.stderr());
+        same_as_first(&mut seen, "kill -9 with data unacknowledged", got, &ctx);
+    }
+}

@@ -15,10 +15,125 @@
 /// length is the ring's modulus; growing it relinearises from the head.
 #[derive(Debug)]
 pub struct Ring {
-    buf: Box<[u8]>,
+    buf: Store,
     cap: usize,
     head: usize,
     len: usize,
+    /// Where a send ring's storage comes from instead of the heap (issue
+    /// 24: memory the engine service can read after the process died).
+    slabs: Option<SendSlabs>,
+}
+
+/// Fixed-size slabs of memory another process can read after this one
+/// died (the engine service's connection table: the bytes a killed
+/// process wrote but the peer had not acknowledged are delivered from
+/// there). A send ring takes one at its first write and gives it back when
+/// dropped; none free (or a ring that grew beyond one): the heap, counted
+/// (`slab_fallbacks`).
+pub trait Slabs: Send + Sync {
+    /// Bytes per slab.
+    fn slab_bytes(&self) -> usize;
+    /// A free slab: its index and address (valid until given back).
+    fn take(&self) -> Option<(u32, std::ptr::NonNull<u8>)>;
+    fn give(&self, idx: u32);
+}
+
+/// A shared [`Slabs`] (Debug for the rings that hold it).
+#[derive(Clone)]
+pub struct SendSlabs(pub std::sync::Arc<dyn Slabs>);
+
+impl std::fmt::Debug for SendSlabs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SendSlabs")
+    }
+}
+
+static SLAB_FALLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Send rings that wanted a slab and got heap storage (none free, or
+/// larger than a slab).
+pub fn slab_fallbacks() -> u64 {
+    SLAB_FALLBACKS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A ring's storage: heap bytes (pooled when dropped) or a slab.
+struct Store {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    slab: Option<(u32, SendSlabs)>,
+}
+
+// SAFETY: a Store owns its bytes (a leaked box, or a slab taken for it
+// alone until its Drop gives it back).
+unsafe impl Send for Store {}
+// SAFETY: as above; shared access is read-only through Deref.
+unsafe impl Sync for Store {}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Store({}, slab {:?})",
+            self.len,
+            self.slab.as_ref().map(|s| s.0)
+        )
+    }
+}
+
+impl Default for Store {
+    fn default() -> Store {
+        Store::heap(Box::default())
+    }
+}
+
+impl Store {
+    fn heap(b: Box<[u8]>) -> Store {
+        let len = b.len();
+        let ptr = Box::into_raw(b).cast::<u8>();
+        Store {
+            // SAFETY: Box::into_raw never gives null.
+            ptr: unsafe { std::ptr::NonNull::new_unchecked(ptr) },
+            len,
+            slab: None,
+        }
+    }
+}
+
+impl std::ops::Deref for Store {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `len` bytes at `ptr` are this store's (see Send).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for Store {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in Deref; `&mut self` is the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        match self.slab.take() {
+            Some((idx, s)) => s.0.give(idx),
+            None => {
+                let raw = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
+                // SAFETY: made by `Store::heap` from this box.
+                pool_put(unsafe { Box::from_raw(raw) });
+            }
+        }
+    }
+}
+
+/// Where a send ring's content lies in its slab: (slab, head, storage
+/// length: the modulus). `None`: on the heap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlabAt {
+    pub slab: u32,
+    pub head: u32,
+    pub modulus: u32,
 }
 
 /// Smallest storage a ring allocates (one page).
@@ -56,21 +171,58 @@ fn pool_take(size: usize) -> Box<[u8]> {
         .unwrap_or_else(|| vec![0u8; size].into_boxed_slice())
 }
 
-impl Drop for Ring {
-    fn drop(&mut self) {
-        pool_put(std::mem::take(&mut self.buf));
-    }
-}
-
 impl Ring {
     /// A ring of `capacity` bytes (no storage until the first write).
     pub fn new(capacity: usize) -> Ring {
         Ring {
-            buf: Box::default(),
+            buf: Store::default(),
             cap: capacity,
             head: 0,
             len: 0,
+            slabs: None,
         }
+    }
+
+    /// Take storage from `slabs` (a send ring's), from its next growth on.
+    pub fn use_slabs(&mut self, slabs: Option<SendSlabs>) {
+        self.slabs = slabs;
+    }
+
+    /// An empty ring of `capacity` bytes with the same storage source.
+    pub fn renew(&mut self, capacity: usize) {
+        let slabs = self.slabs.take();
+        *self = Ring::new(capacity);
+        self.slabs = slabs;
+    }
+
+    /// Where the content lies when the storage is a slab.
+    pub fn slab_at(&self) -> Option<SlabAt> {
+        let (slab, _) = self.buf.slab.as_ref()?;
+        Some(SlabAt {
+            slab: *slab,
+            head: self.head as u32,
+            modulus: self.buf.len as u32,
+        })
+    }
+
+    /// Storage for `size` bytes: a slab when this ring takes them, one is
+    /// free and the ring's capacity fits one, else the heap (counted when
+    /// a slab was wanted).
+    fn storage_for(&self, size: usize) -> Store {
+        if let Some(s) = &self.slabs {
+            if size <= s.0.slab_bytes()
+                && self.cap <= s.0.slab_bytes()
+                && let Some((idx, ptr)) = s.0.take()
+            {
+                return Store {
+                    ptr,
+                    len: size,
+                    slab: Some((idx, s.clone())),
+                };
+            }
+            SLAB_FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Store::heap(pool_take(size))
     }
 
     /// Bytes of storage allocated (at most the capacity).
@@ -83,17 +235,18 @@ impl Ring {
     /// same offsets from the head. One copy of the old storage.
     #[cold]
     fn reserve(&mut self, need: usize) {
-        let size = if need > self.cap / 2 {
-            self.cap
-        } else {
-            need.next_power_of_two().max(MIN_STORAGE).min(self.cap)
+        let size = match &self.slabs {
+            // A slab at once: its pages are touched as written.
+            Some(s) if self.cap <= s.0.slab_bytes() => self.cap,
+            _ if need > self.cap / 2 => self.cap,
+            _ => need.next_power_of_two().max(MIN_STORAGE).min(self.cap),
         };
-        let mut next = pool_take(size);
+        let mut next = self.storage_for(size);
         let old = self.buf.len();
         let tail = old - self.head;
         next[..tail].copy_from_slice(&self.buf[self.head..]);
         next[tail..old].copy_from_slice(&self.buf[..self.head]);
-        pool_put(std::mem::replace(&mut self.buf, next));
+        self.buf = next;
         self.head = 0;
     }
 

@@ -450,7 +450,7 @@ impl Conn {
 
     pub fn alloc_buffers(&mut self) {
         if self.tx.capacity() != self.sndbuf {
-            self.tx = Ring::new(self.sndbuf);
+            self.tx.renew(self.sndbuf);
         }
         if self.rx.capacity() != self.rcvbuf {
             self.rx = RxQueue::new(self.rcvbuf);

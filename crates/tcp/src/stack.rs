@@ -249,6 +249,14 @@ pub struct EndState {
     pub fin_acked: bool,
     /// SO_REUSEADDR of the kernel socket (`SocketOptions::reuseaddr`).
     pub reuseaddr: bool,
+    /// The first unacknowledged byte and the highest sent (`seq` is where
+    /// the written data ends), and where the bytes from `snd_una` lie when
+    /// the send ring's storage is a slab another process can read
+    /// (`TcpStack::set_send_slabs`): then the end is a FIN after them even
+    /// with data never sent.
+    pub snd_una: u32,
+    pub snd_max: u32,
+    pub slab: Option<crate::buffer::SlabAt>,
 }
 
 impl EndState {
@@ -265,7 +273,7 @@ impl EndState {
             return None;
         }
         let data_end = c.tx_seq0.wrapping_add(c.tx.len() as u32);
-        let unsent = crate::seq::lt(c.snd_max, data_end);
+        let unsent = crate::seq::lt(c.snd_max, data_end) && c.tx.slab_at().is_none();
         let rst = unsent || !c.rx.is_empty() || c.in_accept_queue;
         Some(EndState::with(
             c,
@@ -291,6 +299,13 @@ impl EndState {
             acked: c.tx.is_empty(),
             fin_acked: matches!(c.state, State::FinWait2 | State::TimeWait),
             reuseaddr: c.reuseaddr,
+            snd_una: c.tx_seq0,
+            snd_max: c.snd_max,
+            slab: if c.tx.is_empty() {
+                None
+            } else {
+                c.tx.slab_at()
+            },
         }
     }
 }
@@ -318,6 +333,8 @@ pub struct TcpStack {
     /// Fault injection on received and transmitted segments (off by default).
     fault_rx: Option<FaultInjector>,
     fault_tx: Option<FaultInjector>,
+    /// Where send rings take their storage (`set_send_slabs`).
+    send_slabs: Option<crate::buffer::SendSlabs>,
     fault_buf: Vec<u8>,
     /// Queue `Readiness::Conn` events (see `set_conn_events`).
     conn_events: bool,
@@ -349,6 +366,7 @@ impl TcpStack {
             default_opts: SocketOptions::from_config(&cfg),
             fault_rx: None,
             fault_tx: None,
+            send_slabs: None,
             fault_buf: Vec::new(),
             conn_events: true,
             ends: None,
@@ -385,6 +403,13 @@ impl TcpStack {
     /// every connection touched since the last [`TcpStack::take_end_changes`]
     /// is listed once (a flag and a push per touch, nothing more on the
     /// per-segment path). Turned on, every live connection is listed.
+    /// Send rings of connections made from now on take their storage
+    /// from `slabs` (issue 24: the service delivers a killed process's
+    /// unacknowledged bytes from there; `EndState::slab`).
+    pub fn set_send_slabs(&mut self, slabs: Option<crate::buffer::SendSlabs>) {
+        self.send_slabs = slabs;
+    }
+
     pub fn set_end_tracking(&mut self, on: bool) {
         if !on {
             self.ends = None;
@@ -533,9 +558,12 @@ impl TcpStack {
         }
     }
 
-    fn insert(&mut self, conn: Conn) -> Result<u32, Error> {
+    fn insert(&mut self, mut conn: Conn) -> Result<u32, Error> {
         if self.connection_count() >= self.cfg.max_connections {
             return Err(Error::TooManyConnections);
+        }
+        if self.send_slabs.is_some() {
+            conn.tx.use_slabs(self.send_slabs.clone());
         }
         let tuple = conn.tuple;
         let idx = match self.free.pop() {

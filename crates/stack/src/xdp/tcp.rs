@@ -614,6 +614,8 @@ impl TcpEngine {
         stack.set_conn_events(false);
         let ends = engine.conn_region();
         stack.set_end_tracking(ends.is_some());
+        // Send rings in the table's memory: a death delivers their bytes.
+        stack.set_send_slabs(ends.as_ref().map(super::service::conns::Region::slabs));
         // The shared client stack takes the engine's port block: its ports
         // come to this endpoint (their claims stayed with the engine).
         let block = if shared {

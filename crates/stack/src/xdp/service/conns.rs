@@ -37,14 +37,26 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub const REGIONS: usize = 64;
 /// Connection slots per region: the stack's default `max_connections`.
 pub const PER_REGION: usize = 16384;
-pub const ENTRY: usize = 48;
+pub const ENTRY: usize = 64;
 const HEADER: usize = 16;
 const ENTRIES_AT: usize = 4096;
 // Entries are compared and stored as 8-byte words (`Region::publish`).
 const _: () = assert!(ENTRY.is_multiple_of(8) && ENTRIES_AT.is_multiple_of(8));
 /// The table's size (sparse: only the pages written take memory; a region
 /// of a stack with 20 connections touches one page).
-pub const TABLE_BYTES: usize = ENTRIES_AT + REGIONS * PER_REGION * ENTRY;
+pub const TABLE_BYTES: usize = ARENA_AT + SLABS * SLAB_BYTES;
+/// After the entries: the send rings' slabs (`nanowire_tcp::buffer::Slabs`),
+/// so that the bytes a killed process wrote and the peer had not
+/// acknowledged can be read by the service (sparse too: a slab's pages
+/// are touched as its ring is written; slabs are reused, last freed first).
+const ARENA_AT: usize = ENTRIES_AT + REGIONS * PER_REGION * ENTRY;
+/// A slab: the default send buffer (SO_SNDBUF's 16 KiB doubled and grown
+/// as Linux's autotuning would is held to 256 KiB by the engine).
+pub const SLAB_BYTES: usize = 256 << 10;
+/// Slabs per process (256 MiB of address space, sparse); a send ring
+/// beyond them is on the heap (counted: `nanowire_tcp::buffer::slab_fallbacks`)
+/// and its unsent bytes are reset at a death, as before.
+pub const SLABS: usize = 1024;
 
 /// The entry is in use.
 pub const F_LIVE: u8 = 1;
@@ -88,6 +100,12 @@ pub struct Entry {
     /// SO_REUSEADDR of the kernel socket: set again on a kernel socket
     /// that takes the connection over (`reuse_again`).
     pub reuseaddr: bool,
+    /// The first unacknowledged byte, the highest sent, and where the
+    /// bytes from `snd_una` to `seq` lie in the table's slabs (`None`:
+    /// nothing unacknowledged, or on the heap).
+    pub snd_una: u32,
+    pub snd_max: u32,
+    pub slab: Option<nanowire_tcp::buffer::SlabAt>,
 }
 
 impl From<&nanowire_tcp::EndState> for Entry {
@@ -112,6 +130,9 @@ impl From<&nanowire_tcp::EndState> for Entry {
             wscale: e.wscale.map_or(0, |(snd, rcv)| (snd & 15) | (rcv << 4)),
             snd_wnd: e.snd_wnd,
             reuseaddr: e.reuseaddr,
+            snd_una: e.snd_una,
+            snd_max: e.snd_max,
+            slab: e.slab,
         }
     }
 }
@@ -126,7 +147,7 @@ impl Entry {
     /// with the process: the kernel could not retransmit them, and a FIN
     /// beyond them would wait at the peer for ever).
     pub fn repairable(&self) -> bool {
-        self.flags & (F_RST | F_ACKED) == F_ACKED
+        self.flags & F_RST == 0 && (self.flags & F_ACKED != 0 || self.slab.is_some())
     }
 
     /// rcv_nxt without the peer's FIN: a kernel socket taking the
@@ -151,6 +172,13 @@ impl Entry {
         b[32..34].copy_from_slice(&self.mss.to_le_bytes());
         b[34] = u8::from(self.reuseaddr);
         b[36..40].copy_from_slice(&self.snd_wnd.to_le_bytes());
+        if let Some(a) = self.slab {
+            b[40..44].copy_from_slice(&(a.slab + 1).to_le_bytes());
+            b[44..48].copy_from_slice(&a.head.to_le_bytes());
+            b[48..52].copy_from_slice(&a.modulus.to_le_bytes());
+        }
+        b[52..56].copy_from_slice(&self.snd_una.to_le_bytes());
+        b[56..60].copy_from_slice(&self.snd_max.to_le_bytes());
     }
 
     fn read(b: &[u8]) -> Entry {
@@ -169,6 +197,13 @@ impl Entry {
             mss: u16_at(32),
             snd_wnd: u32_at(36),
             reuseaddr: b[34] != 0,
+            snd_una: u32_at(52),
+            snd_max: u32_at(56),
+            slab: (u32_at(40) != 0).then(|| nanowire_tcp::buffer::SlabAt {
+                slab: u32_at(40) - 1,
+                head: u32_at(44),
+                modulus: u32_at(48),
+            }),
         }
     }
 }
@@ -181,6 +216,11 @@ pub struct ConnTable {
     base: *mut u8,
     /// Regions in use (bit per region).
     used: Mutex<u64>,
+    /// Free slabs (last freed on top) and the next never used.
+    slabs: Mutex<(Vec<u32>, u32)>,
+    /// The process that made the table: a forked child (which shares the
+    /// mapping) takes no slab from it.
+    pid: rustix::process::Pid,
 }
 
 // SAFETY: the mapping lives as long as the table; each region's entries
@@ -223,6 +263,8 @@ impl ConnTable {
             fd,
             base: base.cast(),
             used: Mutex::new(0),
+            slabs: Mutex::new((Vec::new(), 0)),
+            pid: rustix::process::getpid(),
         })
     }
 
@@ -268,6 +310,64 @@ impl ConnTable {
     }
 }
 
+impl nanowire_tcp::buffer::Slabs for ConnTable {
+    fn slab_bytes(&self) -> usize {
+        SLAB_BYTES
+    }
+
+    fn take(&self) -> Option<(u32, std::ptr::NonNull<u8>)> {
+        if rustix::process::getpid() != self.pid {
+            return None;
+        }
+        let mut s = self.slabs.lock().unwrap_or_else(|e| e.into_inner());
+        let i = match s.0.pop() {
+            Some(i) => i,
+            None if (s.1 as usize) < SLABS => {
+                s.1 += 1;
+                s.1 - 1
+            }
+            None => return None,
+        };
+        // SAFETY: slab i < SLABS lies inside the mapping (TABLE_BYTES =
+        // ARENA_AT + SLABS * SLAB_BYTES); it is given to one ring until
+        // `give`.
+        let p = unsafe { self.base.add(ARENA_AT + i as usize * SLAB_BYTES) };
+        std::ptr::NonNull::new(p).map(|p| (i, p))
+    }
+
+    fn give(&self, idx: u32) {
+        self.slabs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .push(idx);
+    }
+}
+
+/// The bytes of `e` from `snd_una` to `seq` (the unacknowledged and the
+/// unsent), read from its slab in table `fd` (`None`: none, or a read
+/// that failed: the end then is what it was without them).
+pub fn unacked(fd: &OwnedFd, e: &Entry) -> Option<Vec<u8>> {
+    let a = e.slab?;
+    let n = e.seq.wrapping_sub(e.snd_una) as usize;
+    let m = a.modulus as usize;
+    if a.slab as usize >= SLABS || m > SLAB_BYTES || n > m || a.head as usize >= m.max(1) {
+        return None;
+    }
+    let at = (ARENA_AT + a.slab as usize * SLAB_BYTES) as u64;
+    let mut out = vec![0u8; n];
+    let first = n.min(m - a.head as usize);
+    let ok = |r: rustix::io::Result<usize>, want: usize| r.ok() == Some(want);
+    if !ok(
+        rustix::io::pread(fd, &mut out[..first], at + u64::from(a.head)),
+        first,
+    ) || !ok(rustix::io::pread(fd, &mut out[first..], at), n - first)
+    {
+        return None;
+    }
+    Some(out)
+}
+
 impl Drop for ConnTable {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `create`, no reference into it left
@@ -287,6 +387,11 @@ pub struct Region {
 }
 
 impl Region {
+    /// The table's slabs, for the stack's send rings (`set_send_slabs`).
+    pub fn slabs(&self) -> nanowire_tcp::buffer::SendSlabs {
+        nanowire_tcp::buffer::SendSlabs(self.table.clone())
+    }
+
     /// Write the changed entries (`None`: the slot holds nothing to end);
     /// only bytes that differ are stored. Returns how many could not be
     /// published (a slot beyond `PER_REGION`).
@@ -465,17 +570,25 @@ impl Ender {
 
     /// End `e` at once (`now_ms`: CLOCK_MONOTONIC in ms, the process's
     /// clock without the connection's offset): `hold`, then `finish`.
-    pub fn end(&mut self, e: &Entry, now_ms: u32) -> Ended {
-        let h = self.hold(*e, now_ms);
+    pub fn end(&mut self, e: &Entry, data: Option<Vec<u8>>, now_ms: u32) -> Ended {
+        let h = self.hold(*e, data, now_ms);
         self.finish(h, now_ms)
     }
 
     /// The first step: a FIN end the kernel can take (`Entry::repairable`)
-    /// gets its kernel socket (`repair_take`); nothing is sent yet but the
-    /// kernel's window probe.
-    pub fn hold(&mut self, e: Entry, now_ms: u32) -> Ending {
+    /// gets its kernel socket (`repair_take`) with `data`, the bytes from
+    /// `snd_una` (`unacked`), in its send queue; nothing is sent yet but
+    /// the kernel's window probe (and data never sent before). Without
+    /// the bytes (not readable, or no repair), the end is as if they were
+    /// on the heap: a RST when some were never sent, else one FIN.
+    pub fn hold(&mut self, mut e: Entry, data: Option<Vec<u8>>, now_ms: u32) -> Ending {
+        let data = data.filter(|_| self.repair && e.slab.is_some());
+        if data.is_none() && e.slab.take().is_some() && e.snd_max != e.seq {
+            e.flags |= F_RST;
+            e.seq = e.snd_max;
+        }
         if self.repair && e.repairable() {
-            match repair_take(&e, now_ms) {
+            match repair_take(&e, data.as_deref().unwrap_or_default(), now_ms) {
                 Ok(s) => return Ending::Held(s, e),
                 Err(err) if err.kind() == std::io::ErrorKind::PermissionDenied => {
                     self.repair = false;
@@ -483,8 +596,14 @@ impl Ender {
                         "a dead process's TCP connections get one FIN each, not handed to the kernel (no retransmission, no TIME-WAIT): {err}"
                     ));
                 }
-                // This one only (its 4-tuple in use, ...): the one FIN.
-                Err(_) => {}
+                // This one only (its 4-tuple in use, ...): the one FIN,
+                // said.
+                Err(err) => {
+                    self.note = Some(format!(
+                        "{} -> {}: not handed to the kernel (one FIN instead): {err}",
+                        e.local, e.remote
+                    ));
+                }
             }
         }
         Ending::Raw(e)
@@ -519,19 +638,57 @@ impl Ender {
 /// From here the kernel has a connection for the 4-tuple: the caller gives
 /// it the peer's segments, then `repair_close`. On an error the socket is
 /// closed in repair mode (nothing sent).
-pub fn repair_take(e: &Entry, now_ms: u32) -> std::io::Result<OwnedFd> {
+///
+/// `data` (the bytes from `snd_una` to `seq`, when `e.slab` says where
+/// they were) goes into the send queue: the part the process had sent as
+/// sent (the kernel retransmits it on its RTO), the rest sent normally
+/// after repair mode, as the fork hand-over fills it; the close then puts
+/// the FIN after them, as the kernel's close of a socket with a send queue.
+pub fn repair_take(e: &Entry, data: &[u8], now_ms: u32) -> std::io::Result<OwnedFd> {
     use crate::repair::{self, libc_setsockopt as f};
     use rustix::fd::AsRawFd;
-    let s = repaired(e, e.rcv_before_fin(), now_ms)?;
-    repair::mode(f, s.as_raw_fd(), false)?;
-    repair::reuse_again(f, s.as_raw_fd(), e.reuseaddr)?;
+    let with_data = e.slab.is_some() && !data.is_empty();
+    let snd = if with_data { e.snd_una } else { e.seq };
+    let s = repaired(e, e.rcv_before_fin(), snd, now_ms)?;
+    let fd = s.as_raw_fd();
+    let sent = (e.snd_max.wrapping_sub(e.snd_una) as usize).min(data.len());
+    if with_data {
+        // Room for all of it at once (MSG_DONTWAIT below never waits).
+        repair::setopt(
+            f,
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUFFORCE,
+            &((2 * data.len() + (64 << 10)).min(i32::MAX as usize) as i32),
+            "SO_SNDBUFFORCE",
+        )?;
+        send_all(&s, &data[..sent])?;
+    }
+    repair::mode(f, fd, false)?;
+    repair::reuse_again(f, fd, e.reuseaddr)?;
+    if with_data {
+        send_all(&s, &data[sent..])?;
+    }
     Ok(s)
+}
+
+/// All of `data` into `s`'s send queue, without waiting.
+fn send_all(s: &OwnedFd, data: &[u8]) -> std::io::Result<()> {
+    let mut off = 0;
+    while off < data.len() {
+        let n = rustix::net::send(s, &data[off..], rustix::net::SendFlags::DONTWAIT)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        off += n;
+    }
+    Ok(())
 }
 
 /// A kernel socket at `e`'s numbers with the receive queue at `rcv`, still
 /// in repair mode with the send queue selected (closed in repair mode on
 /// an error: nothing sent).
-fn repaired(e: &Entry, rcv: u32, now_ms: u32) -> std::io::Result<OwnedFd> {
+fn repaired(e: &Entry, rcv: u32, snd: u32, now_ms: u32) -> std::io::Result<OwnedFd> {
     use crate::repair::{self, libc_setsockopt as f};
     use rustix::fd::AsRawFd;
     let s = rustix::net::socket_with(
@@ -542,7 +699,7 @@ fn repaired(e: &Entry, rcv: u32, now_ms: u32) -> std::io::Result<OwnedFd> {
     )?;
     let fd = s.as_raw_fd();
     repair::mode(f, fd, true)?;
-    repair::queue_seqs(f, fd, rcv, e.seq)?;
+    repair::queue_seqs(f, fd, rcv, snd)?;
     rustix::net::bind(&s, &e.local)?;
     rustix::net::connect(&s, &e.remote)?;
     let ws = e.flags & F_WS != 0;
@@ -592,7 +749,7 @@ pub fn time_wait_take(
 ) -> std::io::Result<()> {
     use crate::repair::{self, libc_setsockopt as f};
     use rustix::fd::AsRawFd;
-    let s = repaired(e, e.rcv_nxt, now_ms)?;
+    let s = repaired(e, e.rcv_nxt, e.seq, now_ms)?;
     let fd = s.as_raw_fd();
     rustix::net::shutdown(&s, rustix::net::Shutdown::Write)?;
     // The kernel's bound is tcp_fin_timeout (60 s, its TIME-WAIT) and at
@@ -670,7 +827,10 @@ pub fn repair_close(raw: rustix::fd::BorrowedFd<'_>, s: OwnedFd, e: &Entry) {
             remote: e.remote,
         };
         let ts = (e.flags & F_TS != 0).then_some(e.ts_recent);
-        let fin = nanowire_tcp::peer_fin_packet(&tuple, e.rcv_before_fin(), e.seq, ts);
+        // It acknowledges what the peer had acknowledged (the bytes from
+        // snd_una are in the kernel's send queue).
+        let acked = if e.slab.is_some() { e.snd_una } else { e.seq };
+        let fin = nanowire_tcp::peer_fin_packet(&tuple, e.rcv_before_fin(), acked, ts);
         // Delivered locally (to our own address), never on the wire;
         // processed before the close below (looked for: the socket reads
         // the end of the stream), so the kernel goes CLOSE-WAIT, LAST-ACK.
@@ -748,7 +908,55 @@ mod tests {
             wscale: 7 | (9 << 4),
             snd_wnd: 65536,
             reuseaddr: true,
+            snd_una: 900,
+            snd_max: 950,
+            slab: None,
         }
+    }
+
+    #[test]
+    fn a_send_ring_in_a_slab_is_read_back_from_the_table_in_stream_order() {
+        use nanowire_tcp::buffer::{Ring, SendSlabs};
+        let t = std::sync::Arc::new(ConnTable::create().unwrap());
+        let mut region = t.region().unwrap();
+        let mut r = Ring::new(8192);
+        r.use_slabs(Some(region.slabs()));
+        // Written, part consumed (acknowledged), written again past the
+        // storage's end: the content wraps.
+        let data: Vec<u8> = (0..8192u32).map(|i| (i * 7 + 3) as u8).collect();
+        assert_eq!(r.push(&data[..6000]), 6000);
+        r.consume(5000);
+        assert_eq!(r.push(&data[6000..]), 2192);
+        let at = r.slab_at().expect("storage in a slab");
+        assert_eq!((at.slab, at.head, at.modulus), (0, 5000, 8192));
+        let mut e = entry(F_TS);
+        e.snd_una = 5000;
+        e.snd_max = 6000;
+        e.seq = 5000 + r.len() as u32;
+        e.slab = Some(at);
+        assert_eq!(publish(&mut region, &[(0, Some(e))]), 0);
+        let back = read_all(&t.fd);
+        assert_eq!(back, vec![e]);
+        assert!(back[0].repairable(), "a FIN after the bytes");
+        assert_eq!(unacked(&t.fd, &back[0]).unwrap(), &data[5000..]);
+        // Given back when the ring goes, and taken again (last freed first);
+        // a second ring takes the next slab.
+        drop(r);
+        let mut a = Ring::new(4096);
+        a.use_slabs(Some(SendSlabs(t.clone())));
+        a.push(b"x");
+        let mut b = Ring::new(4096);
+        b.use_slabs(Some(region.slabs()));
+        b.push(b"y");
+        assert_eq!(a.slab_at().map(|s| s.slab), Some(0));
+        assert_eq!(b.slab_at().map(|s| s.slab), Some(1));
+        // Larger than a slab: the heap, counted.
+        let before = nanowire_tcp::buffer::slab_fallbacks();
+        let mut big = Ring::new(2 * SLAB_BYTES);
+        big.use_slabs(Some(region.slabs()));
+        big.push(&[0u8; 1]);
+        assert!(big.slab_at().is_none());
+        assert!(nanowire_tcp::buffer::slab_fallbacks() > before);
     }
 
     fn publish(r: &mut Region, changes: &[(u32, Option<Entry>)]) -> usize {

@@ -1119,7 +1119,7 @@ impl Service {
     /// under its listener claim that is no live kernel connection (a
     /// kernel socket of another process may use the same local port with
     /// SO_REUSEADDR); nothing else.
-    fn ends_of(&mut self, c: &Client) -> Vec<super::conns::Entry> {
+    fn ends_of(&mut self, c: &Client) -> Vec<(super::conns::Entry, Option<Vec<u8>>)> {
         let Some(fd) = &c.conn_table else {
             return Vec::new();
         };
@@ -1133,7 +1133,7 @@ impl Service {
                     .contains(&(proto::PROTO_TCP, *e.local.ip(), e.local.port()))
                     && self.kernel_has(e.local, e.remote) == Ok(false));
             if ok {
-                out.push(e);
+                out.push((e, super::conns::unacked(fd, &e)));
             } else {
                 self.counters.tcp_end_refused += 1;
             }
@@ -1156,7 +1156,12 @@ impl Service {
     /// process's is being taken back), whose answer reaches the kernel,
     /// which resets with the exact sequence number. So no segment of the
     /// peer ever reaches the kernel before its socket does.
-    fn send_ends(&mut self, name: &str, pid: i32, ends: Vec<super::conns::Entry>) {
+    fn send_ends(
+        &mut self,
+        name: &str,
+        pid: i32,
+        ends: Vec<(super::conns::Entry, Option<Vec<u8>>)>,
+    ) {
         if ends.is_empty() {
             return;
         }
@@ -1182,8 +1187,8 @@ impl Service {
         }
         let en = self.ender.as_mut().expect("opened above");
         let now_ms = (crate::xdp::tcp::now_ns() / 1_000_000) as u32;
-        for e in ends {
-            let h = en.hold(e, now_ms);
+        for (e, data) in ends {
+            let h = en.hold(e, data, now_ms);
             let passed = match self.ifaces.get_mut(name) {
                 Some(ifc) => match ifc.prog.pass_tcp_flow(e.local, e.remote) {
                     Ok(()) => true,

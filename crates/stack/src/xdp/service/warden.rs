@@ -359,7 +359,7 @@ fn end_all(tfd: &OwnedFd, ender: &mut super::conns::Ender) -> [u64; 6] {
         let i = if live {
             4
         } else {
-            match ender.end(&e, now_ms) {
+            match ender.end(&e, super::conns::unacked(tfd, &e), now_ms) {
                 super::conns::Ended::Repaired => 0,
                 super::conns::Ended::Fin => 1,
                 super::conns::Ended::Rst => 2,
