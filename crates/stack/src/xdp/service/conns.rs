@@ -219,8 +219,10 @@ pub struct ConnTable {
     /// Free slabs (last freed on top) and the next never used.
     slabs: Mutex<(Vec<u32>, u32)>,
     /// The process that made the table: a forked child (which shares the
-    /// mapping) takes no slab from it.
-    pid: rustix::process::Pid,
+    /// mapping) takes no slab from it. Compared with the registry's cached
+    /// pid (reset in a forked child), not a getpid per connection
+    /// (`tcp_churn engine_start_and_connects_make_no_avoidable_syscalls`).
+    pid: u32,
 }
 
 // SAFETY: the mapping lives as long as the table; each region's entries
@@ -264,7 +266,7 @@ impl ConnTable {
             base: base.cast(),
             used: Mutex::new(0),
             slabs: Mutex::new((Vec::new(), 0)),
-            pid: rustix::process::getpid(),
+            pid: crate::xdp::registry::pid(),
         })
     }
 
@@ -316,7 +318,7 @@ impl nanowire_tcp::buffer::Slabs for ConnTable {
     }
 
     fn take(&self) -> Option<(u32, std::ptr::NonNull<u8>)> {
-        if rustix::process::getpid() != self.pid {
+        if crate::xdp::registry::pid() != self.pid {
             return None;
         }
         let mut s = self.slabs.lock().unwrap_or_else(|e| e.into_inner());
