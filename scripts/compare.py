@@ -85,6 +85,15 @@ the service):
 
     scripts/compare.py --scenario service --repeats 5 --seconds 5
 
+Its raw AF_XDP floor (session 22), interleaved with those rows: xsk_floor (crates/xdp/examples) one pair
+and 4 pairs at once, each pair on a veth pair of its own (this run's lab and LABx1..x3, made and removed
+by the scenario), echoes on CPU 1 and pingers on CPU 0, for each way to wait (spin, yield: a sched_yield
+at each empty look, sleep: poll(2)); and xsk_floor's echo against the service rows' own clients (plain
+sockperf pp), yielding, sleeping, or one process spinning over all four sockets (echo-all: no switch
+between servers, the best a server side can do on one CPU). Per row also the servers' CPU, run-queue
+wait and context switches per message (/proc/PID/task/*/schedstat, status), the service's rows
+included; ratios four / one per wait, p50 (worst) and mean (`--rows xskfloor`: only the xsk_floor rows).
+
 The placement of the two vCPUs (session 18): on this VM the host runs CPU 0 and CPU 1 either on
 cores that share an L3 ("near": a cache line crosses in ~50 ns) or not ("far": ~245 ns), and moves
 them every few seconds; every ping-pong p50 follows it (the floor 1.47 near / ~2.0 far, sockperf
@@ -508,7 +517,8 @@ FLOOR = os.path.abspath(os.environ.get("NANOWIRE_FLOOR", "target/release/example
 
 def floor_parse(text):
     d = json.loads(text[text.index("{"):])
-    return dict(d["oneway_us"], received=d["round_trips"], dropped=d["lost"])
+    extra = {k: d[k] for k in ("sent", "cpu_us_per_rt", "vcsw_per_rt", "ivcsw_per_rt") if k in d}
+    return dict(d["oneway_us"], received=d["round_trips"], dropped=d["lost"], **extra)
 
 
 def floor_configs(a):
@@ -928,6 +938,7 @@ def service_trial(a, n, mode, port0, env_extra=(), serial=False):
         # The clients' CPU time (user + system: their sends, which on veth carry the peer's receive,
         # XDP and the AF_XDP copy included, their receives and wake-ups): reaped children only, so
         # the servers (still up) are not in it.
+        sched0 = sched_counts(pids.values())
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         if serial:
             procs = [result(p, client(p)) for p in ports]
@@ -935,6 +946,7 @@ def service_trial(a, n, mode, port0, env_extra=(), serial=False):
             clients = [client(p) for p in ports]
             procs = [result(p, c) for p, c in zip(ports, clients)]
         ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        sched1 = sched_counts(pids.values())
         cpu_s = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
         # After the traffic, with every server (and the service) still up.
         mem = {str(pids[p]): pss_kib(pids[p]) for p in ports}
@@ -945,12 +957,53 @@ def service_trial(a, n, mode, port0, env_extra=(), serial=False):
             s.stop()
         if svc:
             svc.stop()
+    res = pairs_summary(procs, n, serial, cpu_s, sched1 - sched0 if sched0 is not None else None)
+    res.update(pss_kib=sum(mem.values()), pss_kib_by_process=mem)
+    return res
+
+
+def sched_counts(pids):
+    """The servers' scheduler counts so far, summed over their threads: CPU time and time waiting
+    on a run queue (ns, /proc/PID/task/TID/schedstat), voluntary and involuntary context switches;
+    None if a count cannot be read."""
+    tot = [0, 0, 0, 0]
+    try:
+        for pid in pids:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    run_ns, wait_ns, _ = f.read().split()
+                tot[0] += int(run_ns)
+                tot[1] += int(wait_ns)
+                with open(f"/proc/{pid}/task/{tid}/status") as f:
+                    for line in f:
+                        if line.startswith("voluntary_ctxt_switches:"):
+                            tot[2] += int(line.split()[1])
+                        elif line.startswith("nonvoluntary_ctxt_switches:"):
+                            tot[3] += int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return SchedCounts(tot)
+
+
+class SchedCounts:
+    def __init__(self, v):
+        self.v = v
+
+    def __sub__(self, o):
+        return SchedCounts([x - y for x, y in zip(self.v, o.v)]) if o is not None else None
+
+
+def pairs_summary(procs, n, serial, cpu_s, sched):
+    """Scenario `service`'s numbers of one trial of `n` ping-pongs (each client's result in
+    `procs`): p50 of the median and of the worst client, p99, mean; the clients' CPU per message
+    (`cpu_s`: their user + system time) and, with `sched` (the servers' SchedCounts over the
+    clients' run), the servers' CPU, run-queue wait and context switches per message."""
     p50s = [x["p50"] for x in procs]
     res = {"p50": statistics.median(p50s), "p50_max": max(p50s),
            "p99": statistics.median(x["p99"] for x in procs), "p99_max": max(x["p99"] for x in procs),
-           "avg": statistics.median(x.get("avg", 0) for x in procs),
-           "pss_kib": sum(mem.values()), "pss_kib_by_process": mem}
-    sent, run_s = sum(x.get("sent_total", 0) for x in procs), max(x.get("run_s", 0) for x in procs)
+           "avg": statistics.median(x.get("avg", 0) for x in procs)}
+    sent = sum(x.get("sent_total", x.get("sent", 0)) for x in procs)
+    run_s = max(x.get("run_s", 0) for x in procs)
     if sent and run_s:
         # CPU 0's work per message (the clients'), and their share of CPU 0 over the run (1.0:
         # CPU 0 saturated: n messages in flight then take n times this per round, so the mean
@@ -958,11 +1011,90 @@ def service_trial(a, n, mode, port0, env_extra=(), serial=False):
         res["client_cpu_us_per_msg"] = round(cpu_s * 1e6 / sent, 3)
         res["client_cpu_share"] = round(cpu_s / (run_s * (n if serial else 1)), 3)
         res["client_bound_oneway_us"] = round((1 if serial else n) * cpu_s * 1e6 / sent / 2, 3)
+    if sent and sched is not None:
+        # CPU 1's side per message: the servers' CPU, their wait on CPU 1's run queue (ready but
+        # not running: another server or foreign work had it), their sleeps and preemptions.
+        run_ns, wait_ns, vcsw, ivcsw = sched.v
+        res.update(server_cpu_us_per_msg=round(run_ns / 1e3 / sent, 3),
+                   server_rq_wait_us_per_msg=round(wait_ns / 1e3 / sent, 3),
+                   server_vcsw_per_msg=round(vcsw / sent, 4), server_ivcsw_per_msg=round(ivcsw / sent, 4))
     if n > 1:
         res["processes"] = procs
     else:
         res.update({k: v for k, v in procs[0].items() if k not in res})
     return res
+
+
+FLOOR_WAITS = ("spin", "yield", "sleep")  # xsk_floor's waits for the pairs
+FLOOR_SP_WAITS = ("yield", "sleep", "all")  # its echoes with sockperf clients ("all": one echo-all process)
+
+
+def floor_labs(a, n):
+    """The labs of `n` raw AF_XDP pairs: this run's and n - 1 more (`LAB`x1...), one veth pair each (an
+    AF_XDP socket that does not share a UMEM needs the queue of an interface to itself)."""
+    return [a.lab] + [f"{a.lab}x{i}" for i in range(1, n)]
+
+
+def floor_trial(a, n, wait, clients):
+    """`n` raw AF_XDP echoes (xsk_floor echo, waiting `wait`: spin, yield or sleep), each in host b of its
+    own lab, with its client in host a, all at once: xsk_floor ping (`clients` "xsk", waiting the same way)
+    or plain sockperf pp ("sockperf": the service rows' clients; the echo answers as a sockperf server).
+    `wait` "all": one xsk_floor echo-all spinning over the n labs' sockets (sockperf clients only).
+    Echoes on CPU 1, clients on CPU 0 (unless --no-pin), as the service rows."""
+    cpu_s, cpu_c = ("1", "0") if a.pin else ("-", "-")
+    port = str(PORT + 13)
+    echoes, pids = [], []
+    sp = ["sockperf"] if clients == "sockperf" else []
+    if wait == "all":
+        # One process spinning over the n sockets (each opened in its lab's host b).
+        spec = ",".join(f"{ns(lab, 'b')}:{lab}-b0" for lab in floor_labs(a, n))
+        argvs_e = [[FLOOR, "echo-all", spec, port, cpu_s] + sp]
+    else:
+        argvs_e = [["ip", "netns", "exec", ns(lab, "b"), FLOOR, "echo", f"{lab}-b0", port, cpu_s, wait] + sp
+                   for lab in floor_labs(a, n)]
+    try:
+        for argv in argvs_e:
+            for attempt in range(50):
+                e = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                if e.stdout.readline().strip() == "ready":
+                    break
+                err = e.stderr.read()
+                e.wait()
+                # The kernel frees the queue of the last trial's echo a moment after it is gone.
+                if "busy" not in err or attempt == 49:
+                    raise RuntimeError(f"xsk_floor echo failed: {' '.join(argv)}\n{err[-2000:]}")
+                time.sleep(0.1)
+            echoes.append(e)
+            pids.append(e.pid)
+        if clients == "xsk":
+            argvs = [[FLOOR, "ping", f"{lab}-a0", B, "auto", port, str(a.seconds), cpu_c, wait]
+                     for lab in floor_labs(a, n)]
+            parse = floor_parse
+        else:
+            pin_c = ["taskset", "-c", "0"] if a.pin else []
+            argvs = [pin_c + ["sockperf", "pp", "-i", B, "-p", port, "-m", str(a.size), "-t", str(a.seconds)]
+                     for _ in range(n)]
+            parse = sockperf_parse
+        sched0 = sched_counts(pids)
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.time()
+        cl = [subprocess.Popen(["ip", "netns", "exec", ns(lab, "a")] + argv, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True) for lab, argv in zip(floor_labs(a, n), argvs)]
+        outs = [c.communicate(timeout=a.seconds + 60) for c in cl]
+        run_s = time.time() - t0
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        sched1 = sched_counts(pids)
+    finally:
+        for e in echoes:
+            e.kill()
+            e.wait()
+    procs = []
+    for c, argv, (out, err) in zip(cl, argvs, outs):
+        if c.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} failed ({c.returncode}): {err[-1500:]}")
+        procs.append(dict(parse(out), run_s=run_s) if clients == "xsk" else parse(out))
+    cpu_s_used = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
+    return pairs_summary(procs, n, False, cpu_s_used, sched1 - sched0 if sched0 is not None else None)
 
 
 SVC_ONE, SVC_OWN, SVC_MANY = "one process on the service", "one process, own engine", \
@@ -990,10 +1122,35 @@ def service_configs(rows):
                # busy at a time (the other three attached and idle).
                (SVC_PLAIN_ONE, 1, "plain", (), False), (SVC_PLAIN_MANY, SVC_N, "plain", (), False),
                (SVC_SERIAL, SVC_N, "service", (), True)]
+    # The raw AF_XDP floor of the same placement (issue 23): one xsk_floor pair, and SVC_N at once (each on a
+    # veth pair of its own), for each way of waiting; and xsk_floor's echo against the service rows' sockperf
+    # clients (spinning echoes with sleeping clients: a p50 of the echo that holds CPU 1, milliseconds for the
+    # others, so only the yielding and the sleeping echo, and one process spinning over all the sockets: the
+    # best a server side can do on one CPU, no switch between the servers).
+    floor = []
+    for wait in FLOOR_WAITS:
+        floor += [(floor_label(1, wait, "xsk"), 1, ("floor", wait, "xsk"), (), False),
+                  (floor_label(SVC_N, wait, "xsk"), SVC_N, ("floor", wait, "xsk"), (), False)]
+    for wait in FLOOR_SP_WAITS:
+        floor += [(floor_label(1, wait, "sockperf"), 1, ("floor", wait, "sockperf"), (), False),
+                  (floor_label(SVC_N, wait, "sockperf"), SVC_N, ("floor", wait, "sockperf"), (), False)]
+    if rows == "xskfloor":
+        return floor
     if rows == "floor":
         keep = {SVC_ONE, SVC_MANY, SVC_PLAIN_ONE, SVC_PLAIN_MANY, SVC_SERIAL}
         configs = [c for c in configs if c[0] in keep]
-    return configs
+    # Interleaved with the rows above, each pair of floor rows after a row of the service.
+    out = []
+    for i, c in enumerate(configs):
+        out += [c] + floor[2 * i:2 * i + 2]
+    return out + floor[2 * len(configs):]
+
+
+def floor_label(n, wait, clients):
+    if clients == "xsk":
+        return f"xsk_floor, {'one pair' if n == 1 else f'{n} pairs at once'}, {wait}"
+    echo = "xsk_floor echo-all (one spinning poller)" if wait == "all" else f"xsk_floor echo {wait}"
+    return f"{echo}, {'one sockperf client' if n == 1 else f'{n} sockperf clients at once'}"
 
 
 def run_service(a):
@@ -1006,17 +1163,32 @@ def run_service(a):
     configs = service_configs(a.rows)
     runs = {label: [] for label, *_ in configs}
     port = PORT + 100
-    for r in range(a.repeats):
-        for label, n, mode, extra, serial in (configs if r % 2 == 0 else configs[::-1]):
-            port += SVC_N
-            res = service_trial(a, n, mode, port, extra, serial)
-            runs[label].append(res)
-            print(f"# repeat {r + 1} {label}: p50={res['p50']} (worst {res['p50_max']}) "
-                  f"pss={res['pss_kib']} kB; clients' CPU {res.get('client_cpu_us_per_msg')} us/msg, "
-                  f"share {res.get('client_cpu_share')}, bound {res.get('client_bound_oneway_us')} us",
-                  file=sys.stderr)
+    extra_labs = floor_labs(a, SVC_N)[1:] if any(isinstance(c[2], tuple) for c in configs) else []
+    if extra_labs:
+        build_floor()
+    for lab in extra_labs:
+        subprocess.run([NW, "lab", "up", "--name", lab], check=True, stdout=subprocess.DEVNULL)
+    try:
+        for r in range(a.repeats):
+            for label, n, mode, extra, serial in (configs if r % 2 == 0 else configs[::-1]):
+                port += SVC_N
+                if isinstance(mode, tuple):
+                    res = floor_trial(a, n, mode[1], mode[2])
+                else:
+                    res = service_trial(a, n, mode, port, extra, serial)
+                runs[label].append(res)
+                print(f"# repeat {r + 1} {label}: p50={res['p50']} (worst {res['p50_max']}) mean={res['avg']} "
+                      f"pss={res.get('pss_kib')} kB; clients' CPU {res.get('client_cpu_us_per_msg')} us/msg, "
+                      f"share {res.get('client_cpu_share')}, bound {res.get('client_bound_oneway_us')} us; "
+                      f"servers' CPU {res.get('server_cpu_us_per_msg')} us/msg, run-queue wait "
+                      f"{res.get('server_rq_wait_us_per_msg')} us/msg, switches {res.get('server_vcsw_per_msg')} "
+                      f"+ {res.get('server_ivcsw_per_msg')} (involuntary)/msg", file=sys.stderr)
+    finally:
+        for lab in extra_labs:
+            subprocess.run([NW, "lab", "down", "--name", lab], stdout=subprocess.DEVNULL)
     keys = ["p50", "p50_max", "p99", "p99_max", "avg", "pss_kib", "client_cpu_us_per_msg", "client_cpu_share",
-            "client_bound_oneway_us"]
+            "client_bound_oneway_us", "server_cpu_us_per_msg", "server_rq_wait_us_per_msg", "server_vcsw_per_msg",
+            "server_ivcsw_per_msg"]
     med = {label: {k: statistics.median(x[k] for x in rs if x.get(k) is not None)
                    for k in keys if any(x.get(k) is not None for x in rs)} for label, rs in runs.items()}
     none = {}
@@ -1038,12 +1210,39 @@ def run_service(a):
             ratio(many, own, "pss_kib"),
         "memory (PSS) one on the service with the service / one process, own engine": ratio(one, own, "pss_kib"),
     }
+    # The raw AF_XDP floor, per wait: four at once (worst process's p50; the median process's mean) / one, and
+    # the best of the waits that share CPU 1 (yield, sleep: issue 23's evidence, the fastest raw AF_XDP server
+    # with the same placement and, for the sockperf rows, the same clients) against the best one of any wait.
+    # Four spinning pairs are left out of the best: each runs in time slices, a p50 of the round trips inside
+    # its slice and a mean of the milliseconds between them (their mean / one's is the row to read).
+    for clients, what in (("xsk", "pairs"), ("sockperf", "echoes with sockperf clients")):
+        waits = FLOOR_WAITS if clients == "xsk" else FLOOR_SP_WAITS
+        many_f, one_f = {}, {}
+        for w in waits:
+            m, o = med.get(floor_label(SVC_N, w, clients), none), med.get(floor_label(1, w, clients), none)
+            ratios[f"xsk_floor {what} ({w}): {SVC_N} at once, worst process / one: p50"] = ratio(m, o, "p50_max", "p50")
+            ratios[f"xsk_floor {what} ({w}): {SVC_N} at once / one: mean"] = ratio(m, o, "avg")
+            if m.get("p50_max") and w != "spin":
+                many_f[w] = m["p50_max"]
+            if o.get("p50"):
+                one_f[w] = o["p50"]
+        if many_f and one_f:
+            ratios[f"xsk_floor {what}: best {SVC_N} at once (worst process; not spin) / best one: p50"] = \
+                round(min(many_f.values()) / min(one_f.values()), 3)
+        if many_f and clients == "sockperf":
+            ratios[f"{SVC_N} on the service, worst process / xsk_floor's best {SVC_N} at once with sockperf "
+                   f"clients: p50"] = ratio(many, {"x": min(many_f.values())}, "p50_max", "x")
     # Worst / one with the bootstrap interval (repeats paired: the rows of a repeat ran back to back).
     paired = {}
+    floor_pairs = [(floor_label(SVC_N, w, "xsk"), floor_label(1, w, "xsk"), f"xsk_floor pairs ({w}), all at once")
+                   for w in FLOOR_WAITS]
+    floor_pairs += [(floor_label(SVC_N, w, "sockperf"), floor_label(1, w, "sockperf"),
+                     f"xsk_floor echoes ({w}) with sockperf clients, all at once") for w in FLOOR_SP_WAITS]
     for many_label, one_label, what in ((SVC_MANY, SVC_ONE, "on the service, all at once"),
                                         (SVC_PLAIN_MANY, SVC_PLAIN_ONE, "plain kernel sockets, all at once"),
                                         (SVC_SERIAL, SVC_ONE, "on the service, one at a time"),
-                                        (SVC_HINT0, SVC_ONE, "on the service with spin_hint 0, all at once")):
+                                        (SVC_HINT0, SVC_ONE, "on the service with spin_hint 0, all at once"),
+                                        *floor_pairs):
         if many_label in runs and one_label in runs:
             r = paired_ratio([x["p50_max"] for x in runs[many_label]], [x["p50"] for x in runs[one_label]],
                              f"{many_label} (worst) / {one_label}")
@@ -1066,7 +1265,12 @@ def run_service(a):
                          "server": f"[NANOWIRE_SERVICE=1] {NW} run --profile {profile} --engine xdp -- "
                                    f"{pin_s}sockperf sr -i {B} -p PORT (plain rows: without run)",
                          "client": f"{pin_c}sockperf pp -i {B} -p PORT -m {a.size} -t {a.seconds} (plain, host a; "
-                                   f"'one at a time': each client after the last, every server up)"},
+                                   f"'one at a time': each client after the last, every server up)",
+                         "xsk_floor": f"{FLOOR} echo LAB-b0 PORT {'1' if a.pin else '-'} spin|yield|sleep [sockperf] "
+                                      f"(or echo-all LAB-b:LAB-b0,... PORT {'1' if a.pin else '-'} sockperf) "
+                                      f"(host b of each pair's lab: {a.lab}, {a.lab}x1..); {FLOOR} ping LAB-a0 {B} "
+                                      f"auto PORT {a.seconds} {'0' if a.pin else '-'} spin|yield|sleep (host a), or "
+                                      f"the sockperf pp above"},
             "runs": runs, "median": med, "ratios": ratios, "worst_to_one": paired,
             "acceptance": f"issue 23: with {SVC_N} processes attached each one's p50 <= 1.1x a single process's; "
                           "sockperf under run on the service within 1.05x of the single-process engine; memory "
@@ -1387,9 +1591,10 @@ def main():
                     help="churn: ab requests per run of the nginx 4-workers rows (issue 24)")
     ap.add_argument("--nginx4-warmup", type=int, default=200,
                     help="churn: requests to the nginx 4-workers rows' nginx before each timed run (0: none)")
-    ap.add_argument("--rows", choices=["all", "nginx4", "floor"], default="all",
+    ap.add_argument("--rows", choices=["all", "nginx4", "floor", "xskfloor"], default="all",
                     help="churn: all rows, or only the nginx 4-workers rows (issue 24); service: all rows, or "
-                         "only the machine's floor (one and four on the service, plain, four one at a time)")
+                         "only the machine's floor (one and four on the service, plain, four one at a time, "
+                         "the xsk_floor rows), or only the xsk_floor rows (xskfloor)")
     ap.add_argument("--warmup", type=int, default=1000, help="apps: datagrams echoed before the timing starts")
     ap.add_argument("--inflight", default="1,8", help="apps: datagrams in flight, comma-separated")
     ap.add_argument("--runtimes", default="", help="apps: subset of node,jvm-nio,python-asyncio,c-mt")

@@ -5,8 +5,16 @@
 //! their rings; the echo swaps the addresses of what it gets and sends it
 //! back; the pinger times each round trip.
 //!
-//!   xsk_floor echo IFACE PORT [CPU]
-//!   xsk_floor ping IFACE PEER_IP PEER_MAC|auto PORT SECONDS [CPU]
+//!   xsk_floor echo IFACE PORT [CPU] [spin|yield|sleep] [sockperf]
+//!   xsk_floor ping IFACE PEER_IP PEER_MAC|auto PORT SECONDS [CPU] [spin|yield|sleep]
+//!
+//! `spin` (the default) polls the RX ring without a break; `yield` polls
+//! it with a sched_yield(2) after each empty look (the turn a crowded
+//! engine wait takes); `sleep` waits in poll(2) on the socket whenever its
+//! RX ring is empty (the kernel's wake-up on each frame, as a blocking
+//! server pays it): the floors of waiters that share their CPU, for
+//! several ping-pongs on one CPU (`scripts/compare.py --scenario service`:
+//! four pairs at once).
 //!
 //! The transmit floor (issue 21, bulk): how many full-size (1,514-byte)
 //! frames one copy-mode AF_XDP socket gets through the veth, with
@@ -31,6 +39,19 @@
 //! and its own CPU time (user, system: the copy-mode transmit and,
 //! on veth, the peer's receive run in the sender's system time).
 //!
+//!   xsk_floor echo-all NETNS:IFACE[,NETNS:IFACE...] PORT [CPU] [sockperf]
+//!
+//! `echo-all` is one process spinning over the sockets of several
+//! interfaces (each opened in its network namespace): the best a server
+//! side can do for several ping-pongs on one CPU (no context switch, every
+//! ring looked at in turn), the floor of the service's four at once.
+//! `echo ... sockperf` answers `sockperf pp` clients (see `sockperf_reply`):
+//! the minimal AF_XDP server against the clients of the service's rows.
+//!
+//! CPU `-`: unpinned. The pinger also prints the round trips it sent in
+//! all (the warm-up's included), its CPU time and context switches per
+//! timed round trip.
+//!
 //! `auto` takes the peer's MAC from the kernel's ARP table (after one
 //! datagram from a kernel socket has made the kernel resolve it).
 //! The pinger prints one JSON line: one-way latency (round trip / 2) in µs,
@@ -39,7 +60,9 @@
 
 use nanowire_wire::ipv4::PROTO_UDP;
 use nanowire_wire::{EtherType, EthernetRepr, Ipv4Repr, MacAddr};
-use nanowire_xdp::{AttachMode, DropProgram, SteerProgram, XskConfig, XskSocket, iface};
+use nanowire_xdp::{
+    AttachMode, DropProgram, SteerProgram, XskConfig, XskRx, XskSocket, XskTx, iface,
+};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -51,8 +74,11 @@ fn die(msg: String) -> ! {
     std::process::exit(1);
 }
 
+/// Pin to CPU `cpu` (none or `-`: stay unpinned).
 fn pin(cpu: Option<&String>) {
-    let Some(c) = cpu else { return };
+    let Some(c) = cpu.filter(|c| *c != "-") else {
+        return;
+    };
     let c: usize = c.parse().unwrap_or_else(|_| die(format!("bad CPU {c}")));
     // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
     let r = unsafe {
@@ -128,6 +154,109 @@ fn build(
     len
 }
 
+/// Turn a sockperf ping-pong request (in place, addresses swapped) into the
+/// reply a sockperf server sends: its header's client flag cleared (bit 0
+/// of the byte after the 8-byte sequence number: 0x03 -> 0x02). The UDP
+/// checksum goes to 0 (none, allowed for IPv4): a kernel sender on veth
+/// leaves only the pseudo-header's partial sum in it, which the peer's
+/// kernel would verify and drop.
+fn sockperf_reply(f: &mut [u8]) {
+    f[HDRS + 9] &= !1;
+    f[40..42].fill(0);
+}
+
+/// The optional last argument of the echoes: `sockperf` (see
+/// [`sockperf_reply`]).
+fn sockperf_arg(arg: Option<&String>) -> bool {
+    match arg.map(String::as_str) {
+        None => false,
+        Some("sockperf") => true,
+        Some(x) => die(format!("bad echo kind {x} (sockperf)")),
+    }
+}
+
+/// One turn of an echo: send back what its RX ring holds (addresses
+/// swapped), kick once; the frames sent.
+fn echo_turn(rx: &mut XskRx, tx: &mut XskTx, sockperf: bool) -> usize {
+    let mut n = 0;
+    rx.poll(64, 64, |f| {
+        let d = f.data();
+        n += tx.send_with(1, |_, fr| {
+            fr[..d.len()].copy_from_slice(d);
+            swap(&mut fr[..d.len()]);
+            if sockperf && d.len() >= HDRS + 10 {
+                sockperf_reply(&mut fr[..d.len()]);
+            }
+            Some(d.len())
+        });
+    });
+    if n > 0 {
+        tx.kick();
+        tx.reap();
+    }
+    n
+}
+
+/// Enter network namespace `name` (`ip netns`'s /run/netns/NAME).
+fn enter_netns(name: &str) {
+    let f = std::fs::File::open(format!("/run/netns/{name}"))
+        .unwrap_or_else(|e| die(format!("netns {name}: {e}")));
+    // SAFETY: setns reads the descriptor we hold open for the call.
+    if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&f), libc::CLONE_NEWNET) } != 0 {
+        die(format!("setns {name}: {}", std::io::Error::last_os_error()));
+    }
+}
+
+/// How a side waits for its next frame: spinning on the RX ring (with a
+/// sched_yield(2) after each empty look, or not), or asleep in poll(2) on
+/// the socket (woken by the kernel when a frame lands).
+#[derive(Clone, Copy, PartialEq)]
+enum Wait {
+    Spin,
+    Yield,
+    Sleep,
+}
+
+impl Wait {
+    fn name(self) -> &'static str {
+        match self {
+            Wait::Spin => "spin",
+            Wait::Yield => "yield",
+            Wait::Sleep => "sleep",
+        }
+    }
+}
+
+fn wait_kind(arg: Option<&String>) -> Wait {
+    match arg.map(String::as_str) {
+        None | Some("spin") => Wait::Spin,
+        Some("yield") => Wait::Yield,
+        Some("sleep") => Wait::Sleep,
+        Some(x) => die(format!("bad wait {x} (spin, yield, sleep)")),
+    }
+}
+
+/// The idle turn of a side whose RX ring was empty: a pause, a yield, or
+/// poll(2) on the socket for up to `ms` (-1: no limit).
+fn idle(wait: Wait, rx: &XskRx, ms: i32) {
+    match wait {
+        Wait::Spin => return std::hint::spin_loop(),
+        Wait::Yield => {
+            // SAFETY: sched_yield takes no arguments.
+            unsafe { libc::sched_yield() };
+            return;
+        }
+        Wait::Sleep => {}
+    }
+    let mut p = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(rx),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll reads and writes the one pollfd we own.
+    unsafe { libc::poll(&mut p, 1, ms) };
+}
+
 /// Swap Ethernet, IPv4 and UDP addresses in place (both checksums stay valid).
 fn swap(f: &mut [u8]) {
     for i in 0..6 {
@@ -166,16 +295,28 @@ const BULK_FRAME: usize = 1514;
 /// TCP payload a 1,514-byte frame carries (MSS 1,448 with timestamps).
 const TCP_PAYLOAD: f64 = 1448.0;
 
-/// (user, system) CPU seconds of this process so far.
-fn cpu_times() -> (f64, f64) {
+/// This process's resource use so far.
+fn rusage() -> libc::rusage {
     // SAFETY: getrusage writes the zeroed struct we own.
-    let ru = unsafe {
+    unsafe {
         let mut ru: libc::rusage = std::mem::zeroed();
         libc::getrusage(libc::RUSAGE_SELF, &mut ru);
         ru
-    };
+    }
+}
+
+/// (user, system) CPU seconds of this process so far.
+fn cpu_times() -> (f64, f64) {
+    let ru = rusage();
     let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     (s(ru.ru_utime), s(ru.ru_stime))
+}
+
+/// (CPU seconds, voluntary and involuntary context switches) so far.
+fn cpu_and_switches() -> (f64, i64, i64) {
+    let (u, s) = cpu_times();
+    let ru = rusage();
+    (u + s, ru.ru_nvcsw, ru.ru_nivcsw)
 }
 
 /// The interface's received-packets counter.
@@ -353,30 +494,48 @@ fn main() {
     match a.get(1).map(String::as_str) {
         Some("echo") if a.len() >= 4 => {
             pin(a.get(4));
+            let wait = wait_kind(a.get(5));
+            let sockperf = sockperf_arg(a.get(6));
             let port: u16 = a[3].parse().unwrap_or_else(|_| die("bad port".into()));
             let (_info, _prog, xsk) = open(&a[2], port);
             let (mut rx, mut tx) = xsk.split();
             println!("ready");
             loop {
+                if echo_turn(&mut rx, &mut tx, sockperf) == 0 {
+                    idle(wait, &rx, -1);
+                }
+            }
+        }
+        Some("echo-all") if a.len() >= 4 => {
+            let port: u16 = a[3].parse().unwrap_or_else(|_| die("bad port".into()));
+            let sockperf = sockperf_arg(a.get(5));
+            // Each socket opened inside its namespace (it stays bound to its
+            // interface there), then all polled from here.
+            let mut socks = Vec::new();
+            for spec in a[2].split(',') {
+                let (netns, ifname) = spec
+                    .split_once(':')
+                    .unwrap_or_else(|| die(format!("bad NETNS:IFACE {spec}")));
+                enter_netns(netns);
+                let (_info, prog, xsk) = open(ifname, port);
+                let (rx, tx) = xsk.split();
+                socks.push((prog, rx, tx));
+            }
+            pin(a.get(4));
+            println!("ready");
+            loop {
                 let mut n = 0;
-                rx.poll(64, 64, |f| {
-                    let d = f.data();
-                    n += tx.send_with(1, |_, fr| {
-                        fr[..d.len()].copy_from_slice(d);
-                        swap(&mut fr[..d.len()]);
-                        Some(d.len())
-                    });
-                });
-                if n > 0 {
-                    tx.kick();
-                    tx.reap();
-                } else {
+                for (_, rx, tx) in socks.iter_mut() {
+                    n += echo_turn(rx, tx, sockperf);
+                }
+                if n == 0 {
                     std::hint::spin_loop();
                 }
             }
         }
         Some("ping") if a.len() >= 7 => {
             pin(a.get(7));
+            let wait = wait_kind(a.get(8));
             let (peer, peer_mac, port, secs) = peer_args(&a);
             let (info, _prog, xsk) = open(&a[2], port);
             let me = info.addr.unwrap_or(Ipv4Addr::UNSPECIFIED);
@@ -387,6 +546,8 @@ fn main() {
             let end = warm_until + Duration::from_secs_f64(secs);
             let mut seq = 0u64;
             let mut lost = 0u64;
+            // Counted from the first timed round trip on.
+            let mut used0 = None;
             loop {
                 let now = Instant::now();
                 if now >= end {
@@ -395,6 +556,9 @@ fn main() {
                 seq += 1;
                 payload[..8].copy_from_slice(&seq.to_le_bytes());
                 let t0 = Instant::now();
+                if used0.is_none() && t0 >= warm_until {
+                    used0 = Some(cpu_and_switches());
+                }
                 let sent = tx.send_with(1, |_, fr| {
                     Some(build(fr, info.mac, peer_mac, me, peer, port, &payload))
                 });
@@ -412,9 +576,16 @@ fn main() {
                             back = true;
                         }
                     });
-                    if !back && Instant::now() >= give_up {
+                    if back {
+                        break;
+                    }
+                    let now = Instant::now();
+                    if now >= give_up {
                         lost += 1;
                         break;
+                    }
+                    if wait != Wait::Spin {
+                        idle(wait, &rx, (give_up - now).as_millis() as i32 + 1);
                     }
                 }
                 let dt = t0.elapsed().as_nanos() as u64;
@@ -426,16 +597,26 @@ fn main() {
             if ns.is_empty() {
                 die(format!("no replies ({lost} lost): is the echo running?"));
             }
+            // This side's CPU and context switches per timed round trip
+            // (lost ones included: they were sent and waited for too).
+            let (c0, v0, i0) = used0.unwrap_or_default();
+            let (c1, v1, i1) = cpu_and_switches();
+            let per = (ns.len() as u64 + lost).max(1) as f64;
+            let mean = ns.iter().sum::<u64>() as f64 / ns.len() as f64 / 1000.0;
             ns.sort_unstable();
             let q = |p: f64| ns[((ns.len() - 1) as f64 * p) as usize] as f64 / 1000.0;
             println!(
-                "{{\"tool\": \"xsk_floor\", \"msg_size\": {PAYLOAD}, \"round_trips\": {}, \"lost\": {lost}, \"oneway_us\": {{\"min\": {:.3}, \"p50\": {:.3}, \"p90\": {:.3}, \"p99\": {:.3}, \"max\": {:.3}}}}}",
+                "{{\"tool\": \"xsk_floor\", \"msg_size\": {PAYLOAD}, \"wait\": \"{}\", \"sent\": {seq}, \"round_trips\": {}, \"lost\": {lost}, \"oneway_us\": {{\"min\": {:.3}, \"p50\": {:.3}, \"p90\": {:.3}, \"p99\": {:.3}, \"max\": {:.3}, \"avg\": {mean:.3}}}, \"cpu_us_per_rt\": {:.3}, \"vcsw_per_rt\": {:.3}, \"ivcsw_per_rt\": {:.3}}}",
+                wait.name(),
                 ns.len(),
                 q(0.0),
                 q(0.5),
                 q(0.9),
                 q(0.99),
-                q(1.0)
+                q(1.0),
+                (c1 - c0) * 1e6 / per,
+                (v1 - v0) as f64 / per,
+                (i1 - i0) as f64 / per
             );
         }
         Some("sink") if a.len() >= 6 => {
@@ -454,7 +635,7 @@ fn main() {
             blast(&a[2], peer, peer_mac, port, secs, batch.max(1));
         }
         _ => die(
-            "usage: xsk_floor echo IFACE PORT [CPU] | ping IFACE PEER_IP PEER_MAC|auto PORT SECONDS [CPU] | sink IFACE xdp|xdp-native|udp|xsk PORT SECONDS [CPU] | blast IFACE PEER_IP PEER_MAC|auto PORT SECONDS [BATCH] [CPU]"
+            "usage: xsk_floor echo IFACE PORT [CPU] [spin|yield|sleep] [sockperf] | echo-all NETNS:IFACE[,...] PORT [CPU] [sockperf] | ping IFACE PEER_IP PEER_MAC|auto PORT SECONDS [CPU] [spin|yield|sleep] | sink IFACE xdp|xdp-native|udp|xsk PORT SECONDS [CPU] | blast IFACE PEER_IP PEER_MAC|auto PORT SECONDS [BATCH] [CPU]"
                 .into(),
         ),
     }
