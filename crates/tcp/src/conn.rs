@@ -217,7 +217,7 @@ fn wscale_for(buf: usize) -> u8 {
 }
 
 impl Conn {
-    fn blank(
+    pub(crate) fn blank(
         tuple: FourTuple,
         cfg: &Config,
         opts: &SocketOptions,

@@ -33,7 +33,7 @@ mod wheel;
 
 pub use buffer::HeldBytes;
 pub use conn::State;
-pub use handover::{Handover, peer_fin_packet, peer_packet};
+pub use handover::{EngineState, Handover, peer_fin_packet, peer_packet};
 pub use isn::Secret;
 pub use payload::Payload;
 pub use stack::{
@@ -380,6 +380,8 @@ counters! {
     /// Segments of handed-over connections that still reached the stack,
     /// dropped (the peer retransmits them to the new owner).
     handover_drops,
+    /// Connections taken over from another engine (`TcpStack::adopt_state`).
+    adoptions,
 }
 
 /// A TCP_INFO-like snapshot of one connection.

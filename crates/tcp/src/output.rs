@@ -121,7 +121,7 @@ impl Conn {
         r.sack_len = n as u8;
     }
 
-    fn arm_rtx(&mut self, now: u64, cfg: &Config) {
+    pub(crate) fn arm_rtx(&mut self, now: u64, cfg: &Config) {
         let (d, probe) = self.rtx_timer(cfg);
         let at = now.saturating_add(d);
         match self.rtx_deadline {

@@ -116,9 +116,9 @@ pub struct Transmit {
     pub csum_partial: bool,
 }
 
-struct Slot {
+pub(crate) struct Slot {
     generation: u32,
-    conn: Option<Conn>,
+    pub(crate) conn: Option<Conn>,
     /// Listed in `TcpStack::ends` (end tracking is on and the slot changed
     /// since the owner last took the changes).
     end_dirty: bool,
@@ -311,11 +311,11 @@ impl EndState {
 }
 
 pub struct TcpStack {
-    cfg: Config,
+    pub(crate) cfg: Config,
     secret: Secret,
-    slots: Vec<Slot>,
+    pub(crate) slots: Vec<Slot>,
     free: Vec<u32>,
-    demux: HashMap<FourTuple, u32, DemuxHash>,
+    pub(crate) demux: HashMap<FourTuple, u32, DemuxHash>,
     listeners: Vec<Option<Listener>>,
     listen_map: HashMap<SocketAddrV4, u32, DemuxHash>,
     ready: VecDeque<u32>,
@@ -551,14 +551,14 @@ impl TcpStack {
         let i = self.held(c)?;
         Ok(self.slots[i].conn.as_mut().expect("held"))
     }
-    fn id(&self, idx: u32) -> ConnId {
+    pub(crate) fn id(&self, idx: u32) -> ConnId {
         ConnId {
             idx,
             generation: self.slots[idx as usize].generation,
         }
     }
 
-    fn insert(&mut self, mut conn: Conn) -> Result<u32, Error> {
+    pub(crate) fn insert(&mut self, mut conn: Conn) -> Result<u32, Error> {
         if self.connection_count() >= self.cfg.max_connections {
             return Err(Error::TooManyConnections);
         }

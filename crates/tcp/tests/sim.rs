@@ -836,6 +836,20 @@ fn tail_loss_probes_replace_most_retransmission_timeouts() {
     assert!(c.rto_expirations <= 3, "{c:?}");
 }
 
+/// A connection whose a side has 10,000 bytes from b unread (and b's FIN
+/// after them with `fin`), settled.
+fn unread_at_a(fin: bool) -> (Net, ConnId, ConnId, Vec<u8>) {
+    let mut n = Net::plain();
+    let (ca, cb) = n.connect_pair();
+    let unread: Vec<u8> = (0..10_000u64).map(pattern).collect();
+    n.b.send(cb, &unread).unwrap();
+    if fin {
+        n.b.shutdown_write(cb).unwrap();
+    }
+    n.advance(10 * MS);
+    (n, ca, cb, unread)
+}
+
 /// The hand-over to another owner (TCP_REPAIR, issue 11 fork parity): the
 /// state holds the unread bytes ending at rcv_nxt and the unacknowledged
 /// bytes starting at snd_una, with what was sent of them; afterwards the
@@ -844,11 +858,7 @@ fn tail_loss_probes_replace_most_retransmission_timeouts() {
 /// answered with a RST.
 #[test]
 fn hand_over_exports_the_queues_and_then_stays_silent() {
-    let mut n = Net::plain();
-    let (ca, cb) = n.connect_pair();
-    let unread: Vec<u8> = (0..10_000u64).map(pattern).collect();
-    n.b.send(cb, &unread).unwrap();
-    n.advance(10 * MS);
+    let (mut n, ca, cb, unread) = unread_at_a(false);
     n.down = true;
     n.a.send(ca, &[7u8; 5000]).unwrap();
     n.advance(MS);
@@ -903,6 +913,146 @@ fn close_wait_is_handed_over_with_the_peers_fin_and_fin_wait_is_not() {
     assert_eq!(r.ack, h.snd_una);
     assert_eq!(r.src_port, h.tuple.remote.port());
     assert_eq!(n.a.counters().handovers, 0);
+}
+
+/// `a` and `b` are the same state (the queues compared apart, not printed).
+fn same(a: &nanowire_tcp::Handover, b: &nanowire_tcp::Handover) {
+    assert!(a.send == b.send, "send queues differ");
+    assert!(a.recv == b.recv, "receive queues differ");
+    let strip = |h: &nanowire_tcp::Handover| nanowire_tcp::Handover {
+        send: vec![],
+        recv: vec![],
+        ..h.clone()
+    };
+    assert_eq!(strip(a), strip(b));
+}
+
+/// Move connection `c` of `n.a` to `spare` (another engine at the same
+/// address), as two processes sharing a connection do (issue 24 item 1):
+/// export, a round of the link in which segments still reach the old owner
+/// (dropped, counted, never answered), the state through its byte form,
+/// import; `spare` is then `n.a` and the old owner the spare. Returns the
+/// connection's new handle, after checking that an export of the adopted
+/// connection is the state that was moved.
+fn move_a(n: &mut Net, spare: &mut TcpStack, c: ConnId) -> ConnId {
+    let h = n.a.hand_over_state(n.now, c).unwrap();
+    n.a.hand_over_done(n.now, c).unwrap();
+    // Longer than the link's round trip in the test below: a move takes
+    // time, the peer's segments of that time are lost.
+    n.advance(5 * MS);
+    let wire = h.to_bytes();
+    let h2 = nanowire_tcp::Handover::from_bytes(&wire).unwrap();
+    same(&h2, &h);
+    assert!(nanowire_tcp::Handover::from_bytes(&wire[..wire.len() - 1]).is_none());
+    let c2 = spare.adopt_state(n.now, &h2).unwrap();
+    let again = spare.hand_over_state(n.now, c2).unwrap();
+    same(&again, &h);
+    if h.sent > 0 {
+        assert!(
+            spare.next_deadline().is_some(),
+            "in-flight bytes have a timer"
+        );
+    }
+    std::mem::swap(&mut n.a, spare);
+    c2
+}
+
+/// Issue 24 item 1, the crate's half: a connection moved back and forth
+/// between two engines (export -> bytes -> import, 8 moves) in the middle of
+/// a transfer each way loses and duplicates no byte, keeps its sequence
+/// numbers, options and RTT, retransmits what was in flight from the new
+/// owner, drops (counts) what reached the old one mid-move, never sends a
+/// RST, and ends with the new owner's FIN.
+#[test]
+fn a_connection_moved_between_engines_mid_transfer_keeps_every_byte() {
+    let link = FaultConfig {
+        delay_ns: 2 * MS,
+        ..FaultConfig::default()
+    };
+    let mut n = Net::new(Config::default(), Config::default(), link);
+    let (mut ca, cb) = n.connect_pair();
+    n.a.set_nodelay(ca, true).unwrap();
+    let mut spare = TcpStack::new(Config::default(), nanowire_tcp::Secret::from_bytes([3; 16]));
+    let total = 8 << 20;
+    let (mut up, mut down) = (Stream::new(total), Stream::new(total));
+    let mut moves = 0;
+    let mut in_flight = 0;
+    while moves < 8 {
+        let before = n.now;
+        n.run_until(60 * S, |n| {
+            let u = up.pump(&mut n.a, ca, &mut n.b, cb);
+            let d = down.pump(&mut n.b, cb, &mut n.a, ca);
+            assert!(!(u && d), "the transfer ended before move {moves}");
+            n.now >= before + 5 * MS
+        });
+        let info = n.a.info(ca).unwrap();
+        in_flight += u32::from(info.unacked > 0);
+        ca = move_a(&mut n, &mut spare, ca);
+        moves += 1;
+        assert_eq!(n.a.info(ca).unwrap().snd_mss, info.snd_mss);
+        assert_eq!(n.a.info(ca).unwrap().rtt_us, info.rtt_us);
+        assert!(n.a.info(ca).unwrap().timestamps && n.a.info(ca).unwrap().sack);
+    }
+    n.run_until(600 * S, |n| {
+        let u = up.pump(&mut n.a, ca, &mut n.b, cb);
+        let d = down.pump(&mut n.b, cb, &mut n.a, ca);
+        u && d
+    });
+    let drops = n.a.counters().handover_drops + spare.counters().handover_drops;
+    assert!(drops > 0, "segments reached an old owner mid-move");
+    assert!(in_flight > 0, "moves with bytes in flight");
+    for s in [&n.a, &spare, &n.b] {
+        assert_eq!(s.counters().rst_sent, 0, "{:?}", s.counters());
+    }
+    assert_eq!(n.a.counters().adoptions + spare.counters().adoptions, 8);
+    assert_eq!(n.a.counters().handovers + spare.counters().handovers, 8);
+    // The last holder's close ends it as always: the peer reads EOF.
+    n.a.close(n.now, ca).unwrap();
+    let mut buf = [0u8; 16];
+    n.run_until(10 * S, |n| n.b.recv(cb, &mut buf) == Ok(0));
+    assert_eq!(spare.connection_count(), 0);
+}
+
+/// A move while the link is down: the unread bytes are readable at the new
+/// owner, the unsent and the unacknowledged ones reach the peer exactly
+/// once (the in-flight ones by the new owner's retransmission), and a
+/// connection in CLOSE-WAIT keeps the peer's FIN (reads end with EOF).
+#[test]
+fn a_moved_connection_keeps_its_queues_and_the_peers_fin() {
+    let (mut n, ca, cb, unread) = unread_at_a(true);
+    assert_eq!(n.a.state(ca), Ok(State::CloseWait));
+    let out: Vec<u8> = (0..50_000u64).map(|i| pattern(i + 7)).collect();
+    n.a.send(ca, &out).unwrap();
+    n.a.poll_timers(n.now);
+    n.down = true;
+    n.advance(MS);
+    let mut spare = TcpStack::new(Config::default(), nanowire_tcp::Secret::from_bytes([3; 16]));
+    let h = n.a.hand_over_state(n.now, ca).unwrap();
+    assert!(
+        h.peer_fin && h.sent > 0 && h.sent < h.send.len(),
+        "{}",
+        h.sent
+    );
+    let ca = move_a(&mut n, &mut spare, ca);
+    assert_eq!(n.a.state(ca), Ok(State::CloseWait));
+    n.down = false;
+    let (mut got, mut buf) = (Vec::new(), vec![0u8; 4096]);
+    read_all(&mut n.a, ca, &mut buf, &mut got);
+    assert_eq!(got, unread);
+    assert_eq!(n.a.recv(ca, &mut buf), Ok(0), "the peer's FIN moved too");
+    let mut at_b = Vec::new();
+    n.run_until(30 * S, |n| {
+        read_all(&mut n.b, cb, &mut buf, &mut at_b);
+        at_b.len() >= out.len()
+    });
+    n.advance(S);
+    read_all(&mut n.b, cb, &mut buf, &mut at_b);
+    assert_eq!(at_b, out);
+    assert!(n.a.counters().retransmits > 0);
+    n.a.close(n.now, ca).unwrap();
+    n.run_until(10 * S, |n| {
+        n.b.state(cb) == Ok(State::TimeWait) || n.b.state(cb) == Err(Error::InvalidHandle)
+    });
 }
 
 /// Issue 20 finding 5: a blind segment at rcv_nxt that acknowledges bytes

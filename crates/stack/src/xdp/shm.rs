@@ -258,6 +258,7 @@ counter_table! {
         TcpTailLossProbes = "tcp_tail_loss_probes": Counter <- tail_loss_probes,
         TcpHandovers = "tcp_handovers": Counter <- handovers,
         TcpHandoverDrops = "tcp_handover_drops": Counter <- handover_drops,
+        TcpAdoptions = "tcp_adoptions": Counter <- adoptions,
         /// Fragment frames merged into a reassembled datagram (issue 20, 8).
         RxFragMerged = "rx_frag_merged": Counter,
         DropFragTimeout = "drop_frag_timeout": Counter,
