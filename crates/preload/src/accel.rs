@@ -251,6 +251,17 @@ impl Accel {
             None
         }
     }
+    /// A receive's close guard on `fd` (`close` waits for it: see
+    /// `fdlife::retire`): the owner thread's is an entry in the record
+    /// lock's outer section (plain stores, `nanowire_shimcore::owner`),
+    /// anyone else's the fd's shared count (a SeqCst add and sub).
+    #[inline(always)]
+    fn close_guard(&self, fd: c_int) -> CloseGuard<'_> {
+        match self.st.enter_owned(fd as u32) {
+            Some(i) => (Some(i), None),
+            None => (None, Some(table::spin_enter(fd))),
+        }
+    }
     /// The fd number the engine adopted as the kernel twin.
     #[inline]
     pub fn adopted(&self) -> c_int {
@@ -724,6 +735,22 @@ pub fn log_not_applicable(fd: c_int, why: &str) {
     );
 }
 
+/// [`Accel::close_guard`]: one of the two, held.
+type CloseGuard<'a> = (
+    Option<crate::owner::Inside<'a, St>>,
+    Option<table::SpinGuard<'static>>,
+);
+
+/// `fd` was retired (its generation bumped, `fdlife::retire`): wait until
+/// its record's owner thread, if inside a receive on `fd` (its close
+/// guard), has seen that and left. Another thread closing revokes the
+/// owner (a barrier) first; the owner closing waits for nobody.
+pub fn wait_outside(fd: c_int) {
+    if let Some(a) = by_fd(fd) {
+        a.st.wait_outside(fd as u32, 100_000);
+    }
+}
+
 /// What a receive produced.
 pub enum Got {
     /// (full datagram length, source)
@@ -747,7 +774,7 @@ pub fn recv_one(
     let s0 = crate::signals::seq();
     // close() waits for us before the number can be reused; the generation
     // is re-read before every syscall on `fd`.
-    let _spin = table::spin_enter(fd);
+    let _spin = a.close_guard(fd);
     let ts_on = a.ts.on();
     if ts_on {
         // Kernel-path datagrams carry no engine stamp.

@@ -115,8 +115,7 @@ pub fn forget_stale(fd: c_int, how: &str) {
     crate::placeholder::stop();
     let engine = accel::by_fd(fd).is_some() || tcpx::by_fd(fd).is_some();
     ready::fd_closed(fd);
-    table::retire(fd);
-    table::wait_spinners(fd);
+    retire_and_wait(fd);
     accel::release_stale(fd);
     tcpx::release_stale(fd);
     if engine {
@@ -146,9 +145,17 @@ pub fn retire(fd: c_int, check: bool) -> bool {
         return false;
     }
     ready::fd_closed(fd);
+    retire_and_wait(fd);
+    true
+}
+
+/// Bump `fd`'s generation, then wait for the threads whose close guard is
+/// on it: the shared count's (`table::spin_enter`) and a UDP record
+/// owner's (`accel::wait_outside`).
+fn retire_and_wait(fd: c_int) {
     table::retire(fd);
     table::wait_spinners(fd);
-    true
+    accel::wait_outside(fd);
 }
 
 /// A call the shim interposes returned the new fd `fd`. If the number

@@ -34,6 +34,8 @@ pub struct Host;
 pub type Lock<T> = nanowire_shimcore::owner::OwnedLock<T, Host>;
 /// It held.
 pub type Guard<'a, T> = nanowire_shimcore::owner::Guard<'a, T, Host>;
+/// Its owner inside the outer section (a receive's close guard).
+pub type Inside<'a, T> = nanowire_shimcore::owner::Inside<'a, T, Host>;
 
 impl OwnerHost for Host {
     #[inline(always)]
@@ -112,6 +114,40 @@ mod tests {
         let other = std::thread::spawn(Host::me).join().unwrap();
         assert_ne!(other, me);
         assert_eq!(other >> 32, me >> 32);
+    }
+
+    #[test]
+    fn a_closer_waits_for_the_owner_inside_through_a_real_membarrier() {
+        // The close guard: the owner thread inside its wait on fd 7; the
+        // closing thread returns only after it left.
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let l = Arc::new(Lock::new(0u32));
+        let (inside, left) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (l2, i2, f2) = (l.clone(), inside.clone(), left.clone());
+        let owner = std::thread::spawn(move || {
+            drop(l2.lock());
+            let g = l2.enter_owned(7);
+            let owned = g.is_some();
+            i2.store(true, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            f2.store(true, Ordering::SeqCst);
+            drop(g);
+            owned
+        });
+        while !inside.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        assert!(l.wait_outside(7, u32::MAX));
+        let owned = owner.join().unwrap();
+        if Host::may_bias() {
+            assert!(owned, "the owner's entry");
+            assert!(left.load(Ordering::SeqCst), "waited until it left");
+            assert_eq!(l.owner(), nanowire_shimcore::owner::SHARED);
+        }
     }
 
     #[test]

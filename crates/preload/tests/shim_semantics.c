@@ -6,6 +6,9 @@
  *        shim_semantics close-waiter   a thread blocked in recv while another
  *                                      thread closes the fd (shim only: the
  *                                      kernel leaves such a recv asleep)
+ *        shim_semantics close-owner    the same, the socket made and first
+ *                                      used by the waiting thread (under run:
+ *                                      the owner of its record's lock)
  *        shim_semantics exec-child     (internal: the exec'd child)
  * Drop-in matrix cases (issue 9; crates/nanowire/tests/dropin_matrix.rs runs
  * each plainly and under `nanowire run` in a lab and compares the output):
@@ -117,6 +120,34 @@ static void *close_waiter(void *p) {
     struct cw *q = p;
     char buf[64];
     errno = 0; q->r = recv(q->fd, buf, sizeof buf, 0); q->e = errno; return NULL;
+}
+
+/* close-owner: the waiting thread makes, binds and first uses the socket */
+struct ow { int fd; long r; int e; int ready; };
+static void *owner_waiter(void *p) {
+    struct ow *q = p;
+    struct sockaddr_in aa;
+    char buf[64];
+    q->fd = udp_bound(&aa);
+    recv(q->fd, buf, sizeof buf, MSG_DONTWAIT);
+    __atomic_store_n(&q->ready, 1, __ATOMIC_SEQ_CST);
+    errno = 0; q->r = recv(q->fd, buf, sizeof buf, 0); q->e = errno; return NULL;
+}
+
+static void case_close_owner(void) {
+    alarm(10);
+    struct ow w = {-1, -2, 0, 0};
+    pthread_t th;
+    pthread_create(&th, NULL, owner_waiter, &w);
+    while (!__atomic_load_n(&w.ready, __ATOMIC_SEQ_CST)) msleep(1);
+    msleep(100);
+    close(w.fd);
+    /* the number is reused at once: the waiter must not read from it */
+    struct sockaddr_in ab;
+    int b = udp_bound(&ab);
+    sendto(b, "intruder", 8, 0, (struct sockaddr *)&ab, sizeof ab);
+    pthread_join(th, NULL);
+    printf("close_owner: %ld %s reused=%d\n", w.r, w.r < 0 ? en(w.e) : "OK", b == w.fd);
 }
 
 static volatile sig_atomic_t alarms;
@@ -717,6 +748,7 @@ int main(int argc, char **argv) {
     if (argc > 4 && strcmp(argv[1], "mcast-sender") == 0) { case_mcast_sender(argv[2], atoi(argv[3]), atoi(argv[4])); return 0; }
     if (argc > 1 && strcmp(argv[1], "sigaction-race") == 0) { case_sigaction_race(); return 0; }
     if (argc > 1 && strcmp(argv[1], "dup2-spinner") == 0) { case_dup2_spinner(); return 0; }
+    if (argc > 1 && strcmp(argv[1], "close-owner") == 0) { case_close_owner(); return 0; }
     if (argc > 1 && strcmp(argv[1], "close-waiter") == 0) {
         struct sockaddr_in aa;
         int a = udp_bound(&aa);

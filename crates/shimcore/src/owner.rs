@@ -53,11 +53,30 @@
 //!   owner is gone, so the new thread being the owner is still one thread.
 //! * **no barrier available** (an old kernel): [`OwnerHost::may_bias`]
 //!   says so and no lock is ever owned: a plain mutex.
+//!
+//! **The outer section** ([`OwnedLock::enter_owned`], [`OwnedLock::wait_outside`]):
+//! the same bias for a section outside the lock that a closer must wait
+//! for (the shim's close guard: a receive's wait makes calls on its fd
+//! between takes of the lock, so `close` must not let the number be reused
+//! until the wait has seen the fd's new generation and left). The owner
+//! enters with a plain store of its token in `inside` (and the section's
+//! tag, the fd, in `inside_tag`), a compiler fence and a load of `owner`;
+//! anyone else counts itself elsewhere (the caller's shared count). The
+//! waiter (the closer), after making new entries stay out (the caller's
+//! generation bump), takes the mutex and revokes a live owner that is not
+//! itself (the barrier makes the owner's entry visible, as for the lock;
+//! a revocation made earlier is followed by taking the mutex after it),
+//! then waits until `inside` no longer holds this process's thread for its
+//! tag. The revoker does not wait for the section (a lock take by another
+//! thread must not wait for a blocked receive), only the closer does. A
+//! closer that is the owner needs no barrier: no other thread enters the
+//! owner's way, and its own token in `inside` is a signal handler's close
+//! inside its own wait (not waited for, as the shared count's bound).
 
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 /// `owner`: nobody yet (the next slow take makes its taker the owner).
 pub const UNOWNED: u64 = 0;
@@ -95,6 +114,11 @@ pub struct OwnedLock<T, H: OwnerHost> {
     /// with it, when its take made it the owner), else 0. Stored only by
     /// the owner thread.
     in_call: AtomicU64,
+    /// The owner's token while it is inside the outer section (see the
+    /// module doc), else 0. Stored only by the owner thread.
+    inside: AtomicU64,
+    /// The tag it entered with (valid while `inside` holds a token).
+    inside_tag: AtomicU32,
     data: UnsafeCell<T>,
     host: PhantomData<fn() -> H>,
 }
@@ -112,6 +136,8 @@ impl<T, H: OwnerHost> OwnedLock<T, H> {
             mutex: Mutex::new(()),
             owner: AtomicU64::new(UNOWNED),
             in_call: AtomicU64::new(0),
+            inside: AtomicU64::new(0),
+            inside_tag: AtomicU32::new(0),
             data: UnsafeCell::new(v),
             host: PhantomData,
         }
@@ -146,22 +172,35 @@ impl<T, H: OwnerHost> OwnedLock<T, H> {
     /// The owner's take (`None`: not the owner, or nested).
     #[inline(always)]
     fn try_owned(&self, me: u64) -> Option<Guard<'_, T, H>> {
-        if self.owner.load(Ordering::Relaxed) != me || self.in_call.load(Ordering::Relaxed) != 0 {
-            return None;
+        // (`then`, not `then_some`: a guard made and dropped gives back.)
+        self.owner_enters(&self.in_call, me, || {}).then(|| Guard {
+            lock: self,
+            mutex: None,
+            in_call: true,
+            _not_send: PhantomData,
+        })
+    }
+
+    /// The owner's entry through `word` (`in_call`: its take; `inside`:
+    /// the outer section): if `me` owns the lock and is not in `word`
+    /// already, `before` (what must be seen with the token), then its
+    /// token in `word` (a plain store), a compiler fence and `owner` looked
+    /// at again. False (and `word` cleared) when revoked meanwhile: the
+    /// revoker may be waiting for it.
+    #[inline(always)]
+    fn owner_enters(&self, word: &AtomicU64, me: u64, before: impl FnOnce()) -> bool {
+        if self.owner.load(Ordering::Relaxed) != me || word.load(Ordering::Relaxed) != 0 {
+            return false;
         }
-        self.in_call.store(me, Ordering::Relaxed);
+        before();
+        // Release: whoever sees the token sees what `before` stored.
+        word.store(me, Ordering::Release);
         H::owner_fence();
         if self.owner.load(Ordering::Relaxed) == me {
-            return Some(Guard {
-                lock: self,
-                mutex: None,
-                in_call: true,
-                _not_send: PhantomData,
-            });
+            return true;
         }
-        // Revoked meanwhile: the revoker may be waiting for this.
-        self.in_call.store(0, Ordering::Release);
-        None
+        word.store(0, Ordering::Release);
+        false
     }
 
     #[cold]
@@ -210,6 +249,97 @@ impl<T, H: OwnerHost> OwnedLock<T, H> {
     /// The owner's token, [`UNOWNED`] or [`SHARED`] (for tests and stats).
     pub fn owner(&self) -> u64 {
         self.owner.load(Ordering::Relaxed)
+    }
+
+    /// The owner enters the outer section for `tag` (module doc): a plain
+    /// store, a compiler fence and a load. `None`: not the owner, or this
+    /// thread is inside already (a signal handler's call inside the
+    /// interrupted one): the caller counts itself its shared way.
+    #[inline(always)]
+    pub fn enter_owned(&self, tag: u32) -> Option<Inside<'_, T, H>> {
+        let tag_first = || self.inside_tag.store(tag, Ordering::Relaxed);
+        self.owner_enters(&self.inside, H::me(), tag_first)
+            .then(|| Inside {
+                lock: self,
+                _not_send: PhantomData,
+            })
+    }
+
+    /// After new entries for `tag` were made to stay out (the caller's
+    /// generation bump): wait until no thread of this process is inside
+    /// the outer section for `tag` the owner's way (module doc). Gives up
+    /// after `max_turns` turns (the mutex held by this very thread, which
+    /// a signal handler interrupted) and when the one inside is this
+    /// thread (a handler's call inside its own wait); returns whether none
+    /// is inside.
+    pub fn wait_outside(&self, tag: u32, max_turns: u32) -> bool {
+        let me = H::me();
+        let o = self.owner.load(Ordering::Acquire);
+        if o == UNOWNED {
+            // Nobody ever entered the owner's way since the lock was last
+            // unshared (an owner is made under the mutex, whose release is
+            // ordered before its first entry).
+            return true;
+        }
+        if o == me {
+            return !self.is_inside(me, tag);
+        }
+        let mut n = 0u32;
+        let m = loop {
+            match self.mutex.try_lock() {
+                Ok(m) => break m,
+                Err(TryLockError::Poisoned(e)) => break e.into_inner(),
+                Err(TryLockError::WouldBlock) if n < max_turns => turn(&mut n),
+                Err(TryLockError::WouldBlock) => return false,
+            }
+        };
+        let o = self.owner.load(Ordering::Relaxed);
+        if o != UNOWNED && o != SHARED {
+            self.revoke(o);
+        }
+        drop(m);
+        let pid = H::pid() as u64;
+        loop {
+            let i = self.inside.load(Ordering::Acquire);
+            // A parent's thread copied by fork is not here.
+            if i == 0 || i >> 32 != pid || !self.is_inside(i, tag) {
+                return true;
+            }
+            if i == me || n >= max_turns {
+                return false;
+            }
+            turn(&mut n);
+        }
+    }
+
+    /// Is `who` inside the outer section for `tag`?
+    fn is_inside(&self, who: u64, tag: u32) -> bool {
+        self.inside.load(Ordering::Acquire) == who && self.inside_tag.load(Ordering::Relaxed) == tag
+    }
+}
+
+/// One turn of a bounded wait: a spin hint, then yields.
+fn turn(n: &mut u32) {
+    if *n < 64 {
+        core::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
+    }
+    *n += 1;
+}
+
+/// The owner inside the outer section ([`OwnedLock::enter_owned`]); its
+/// drop leaves. Not `Send`: the entry is its thread's.
+pub struct Inside<'a, T, H: OwnerHost> {
+    lock: &'a OwnedLock<T, H>,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl<T, H: OwnerHost> Drop for Inside<'_, T, H> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        // Release: a closer that sees 0 sees the section's calls done.
+        self.lock.inside.store(0, Ordering::Release);
     }
 }
 
@@ -480,6 +610,117 @@ mod tests {
         assert_eq!(*g, 5);
         drop(g);
         assert_eq!(l.owner(), SHARED);
+    }
+
+    #[test]
+    fn the_owner_enters_the_outer_section_without_the_mutex() {
+        let l = L::new(0);
+        assert!(l.enter_owned(4).is_none(), "no owner yet");
+        drop(l.lock());
+        let i = l.enter_owned(4).expect("the owner's entry");
+        assert_eq!(l.inside.load(Ordering::Relaxed), T1::me());
+        assert!(
+            l.enter_owned(4).is_none(),
+            "a handler's entry inside its own wait counts the shared way"
+        );
+        // The lock is taken inside the section as usual.
+        assert!(l.lock().owned());
+        drop(i);
+        assert_eq!(l.inside.load(Ordering::Relaxed), 0, "left");
+        let l = Arc::new(l);
+        let l2 = l.clone();
+        let other = std::thread::spawn(move || l2.enter_owned(4).is_none());
+        assert!(other.join().unwrap(), "another thread is not the owner");
+    }
+
+    #[test]
+    fn a_closer_revokes_and_waits_for_the_owner_inside_its_tag_only() {
+        let l = Arc::new(L::new(0));
+        drop(l.lock());
+        let inside = l.enter_owned(4).expect("the owner's entry");
+        let b0 = BARRIERS.load(Ordering::Relaxed);
+        // Another tag (a duplicate fd closed): revoked, not waited for.
+        let l2 = l.clone();
+        assert!(
+            std::thread::spawn(move || l2.wait_outside(5, u32::MAX))
+                .join()
+                .unwrap()
+        );
+        assert_eq!(l.owner(), SHARED, "a closer that is not the owner revokes");
+        assert!(BARRIERS.load(Ordering::Relaxed) > b0, "with a barrier");
+        // Its tag: waited for until the owner leaves (also after the
+        // revocation: it entered before it).
+        let l2 = l.clone();
+        let done = Arc::new(AtomicBool::new(false));
+        let d2 = done.clone();
+        let t = std::thread::spawn(move || {
+            let r = l2.wait_outside(4, u32::MAX);
+            d2.store(true, Ordering::SeqCst);
+            r
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!done.load(Ordering::SeqCst), "the closer waits");
+        assert!(l.enter_owned(4).is_none(), "revoked: no new owned entry");
+        drop(inside);
+        assert!(t.join().unwrap());
+        // And the former owner's lock is the mutex's.
+        assert!(!l.lock().owned());
+    }
+
+    #[test]
+    fn the_owner_closing_waits_for_nobody_and_not_for_itself() {
+        let l = L::new(0);
+        assert!(l.wait_outside(4, 10), "never owned: nothing to wait for");
+        drop(l.lock());
+        assert!(l.wait_outside(4, 10));
+        let i = l.enter_owned(4).unwrap();
+        // A signal handler's close inside its own thread's wait: not
+        // waited for (it cannot leave), said so.
+        assert!(!l.wait_outside(4, u32::MAX));
+        assert!(l.wait_outside(6, u32::MAX), "another fd");
+        assert_eq!(l.owner(), T1::me(), "the owner closing keeps it");
+        drop(i);
+        assert!(l.wait_outside(4, u32::MAX));
+    }
+
+    #[test]
+    fn a_parent_thread_inside_is_not_waited_for_in_the_child() {
+        let l = L::new(0);
+        // As a fork copies it: the parent's owner inside its wait on fd 4.
+        let parent = (3u64 << 32) | 99;
+        l.owner.store(parent, Ordering::Relaxed);
+        l.inside_tag.store(4, Ordering::Relaxed);
+        l.inside.store(parent, Ordering::Relaxed);
+        assert!(l.enter_owned(4).is_none(), "the child's thread is not it");
+        assert!(l.wait_outside(4, u32::MAX), "returns, does not wait");
+        assert_eq!(l.owner(), SHARED);
+    }
+
+    #[test]
+    fn a_closer_gives_up_when_the_mutex_stays_held() {
+        // The mutex held by the closer's own interrupted thread (a signal
+        // handler's close): bounded, as the shared count's wait.
+        let l = Arc::new(L::new(0));
+        drop(l.lock());
+        let l2 = l.clone();
+        let held = Arc::new(AtomicBool::new(false));
+        let (h2, go) = (held.clone(), Arc::new(AtomicBool::new(false)));
+        let g2 = go.clone();
+        let t = std::thread::spawn(move || {
+            let g = l2.lock(); // revokes, holds the mutex
+            h2.store(true, Ordering::SeqCst);
+            while !g2.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            drop(g);
+        });
+        while !held.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        assert!(!l.wait_outside(4, 100), "gave up");
+        go.store(true, Ordering::SeqCst);
+        t.join().unwrap();
+        assert!(l.wait_outside(4, 100));
     }
 
     #[test]
