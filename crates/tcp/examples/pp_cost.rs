@@ -1,4 +1,7 @@
 //! CPU cost of one TCP ping-pong message through two in-memory stacks.
+//! `MOVE=1`: the server's connection moves to another stack and back
+//! between messages (issue 24 item 1: export, byte form, import; the
+//! difference against `MOVE=0` under callgrind is the cost of a move).
 use nanowire_tcp::{Config, Secret, TcpStack};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Instant;
@@ -38,9 +41,19 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2_000_000);
+    let moving = std::env::var("MOVE").is_ok_and(|v| v == "1");
+    let mut b2 = TcpStack::new(Config::default(), Secret::from_bytes([3; 16]));
+    let mut cb = cb;
     let mut segs = 0;
     let t0 = Instant::now();
     for _ in 0..n {
+        if moving {
+            let h = b.hand_over_state(now, cb).unwrap();
+            b.hand_over_done(now, cb).unwrap();
+            let h = nanowire_tcp::Handover::from_bytes(&h.to_bytes()).unwrap();
+            cb = b2.adopt_state(now, &h).unwrap();
+            std::mem::swap(&mut b, &mut b2);
+        }
         now += 5_000;
         a.poll_timers(now);
         a.send(ca, &msg).unwrap();
