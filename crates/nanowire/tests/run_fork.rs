@@ -563,3 +563,146 @@ fn a_python_prefork_server_serves_on_the_engine_in_each_child() {
     }
     assert_same_output("prefork answers", &outs[0], &outs[1], "");
 }
+
+/// A prefork server whose worker closes its copy of the listener while
+/// the other worker and the master keep theirs: the parent listens, forks
+/// 2 workers that accept and answer "pid" with their pid; "close" makes a
+/// worker answer "closing PID", close the connection and its listener,
+/// then only wait. The master ends killing itself (no close of its own at
+/// exit, which would meet the test hook).
+const CLOSER: &str = concat!(
+    py_prelude!(),
+    r#"
+import os, signal
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("198.18.0.2", 8092))
+s.listen(64)
+kids = []
+for i in range(2):
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        while True:
+            c, _ = s.accept()
+            line = recv_line(c, 4096)
+            if line == b"close\n":
+                c.sendall(b"closing %d\n" % os.getpid())
+                c.close()
+                s.close()
+                print("closed", os.getpid(), flush=True)
+                while True:
+                    signal.pause()
+            c.sendall(b"%d\n" % os.getpid())
+            c.close()
+    kids.append(pid)
+def stop(*_):
+    for k in kids:
+        os.kill(k, signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+signal.signal(signal.SIGTERM, stop)
+print("listening", flush=True)
+while True:
+    signal.pause()
+"#
+);
+
+/// The client of [`CLOSER`]: "close" reaches one worker; with argv[1]
+/// "stopped" it waits until that worker has stopped itself inside its
+/// close (the test hook) and, after its 20 connections, continues it.
+/// 20 connections while the worker closes and 20 after: each must be
+/// answered, by the other worker (the kernel's one queue: the closing
+/// worker's copy is gone, the other's accepts).
+const CLOSER_CLIENT: &str = concat!(
+    py_prelude!(),
+    r#"
+import os, signal, time
+def ask(line):
+    c = socket.create_connection(("198.18.0.2", 8092), timeout=10)
+    c.sendall(line)
+    try:
+        return recv_line(c).decode().strip()
+    except TimeoutError:
+        return "timeout"
+    finally:
+        c.close()
+def twenty(closer):
+    out = []
+    for i in range(20):
+        try:
+            a = ask(b"pid\n")
+        except OSError as e:
+            a = type(e).__name__
+        out.append("the other worker" if a.isdigit() and int(a) != closer else a)
+    return ", ".join(sorted(set(out)))
+closer = int(ask(b"close\n").split()[1])
+if sys.argv[1:] == ["stopped"]:
+    end = time.time() + 60
+    state = lambda: open("/proc/%d/stat" % closer).read().rsplit(")", 1)[1].split()[0]
+    while state() != "T" and time.time() < end:
+        time.sleep(0.01)
+    assert state() == "T", "the closing worker did not stop in its close"
+print("while it closes:", twenty(closer), flush=True)
+if sys.argv[1:] == ["stopped"]:
+    os.kill(closer, signal.SIGCONT)
+print("after:", twenty(closer), flush=True)
+"#
+);
+
+/// Issue 24: a worker closing its copy of a shared listener on the service
+/// while connections arrive. The kernel keeps one listening socket for
+/// every holder: the other worker accepts every connection. Under run, the
+/// closing worker stops itself inside its close (NANOWIRE_TEST_LISTENER_
+/// CLOSE_STOP: its engine's listener closed, the group not yet left) while
+/// the client connects 20 times: each must be answered by the other
+/// worker. Before the fix the closing worker stayed accepting until its
+/// close reached the service, and the connections steered to it were
+/// reset (or, stopped, unanswered).
+#[test]
+#[ignore = "needs root"]
+fn a_worker_closing_its_listener_copy_leaves_the_group_first() {
+    nanowire_testkit::require(&["python3"]);
+    let lab = lab("fkcl");
+    let mut outs = Vec::new();
+    for run in [false, true] {
+        let argv = ["python3", "-c", CLOSER];
+        let mut cmd = if run {
+            run_in(&lab, Host::B, &["--engine", "xdp"], &argv)
+        } else {
+            plain_in(&lab, Host::B, &argv)
+        };
+        cmd.env("NANOWIRE_SERVICE", "1")
+            .env("NANOWIRE_LOG", "info")
+            .env("NANOWIRE_SPIN_US", "0")
+            .env("NANOWIRE_TEST_LISTENER_CLOSE_STOP", "1");
+        let mut k = spawn(&format!("closer-{run}"), cmd);
+        k.wait_for("listening", Duration::from_secs(60));
+        let mode = if run { "stopped" } else { "plain" };
+        let o = plain_in(&lab, Host::A, &["python3", "-c", CLOSER_CLIENT, mode])
+            .output()
+            .unwrap();
+        if run {
+            k.wait_for("closed", Duration::from_secs(60));
+        }
+        let log = stop(k);
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "run={run}: client failed:\n{out}{}\n{log}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        if run {
+            assert!(
+                log.contains("test hook: stopped at a listener's close"),
+                "{log}"
+            );
+        }
+        eprintln!("closer run={run}:\n{out}");
+        outs.push(out);
+    }
+    assert_eq!(
+        outs[0],
+        "while it closes: the other worker\nafter: the other worker\n"
+    );
+    assert_same_output("a worker closing its listener", &outs[0], &outs[1], "");
+}

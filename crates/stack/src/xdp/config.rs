@@ -47,8 +47,13 @@ pub const SERVICE_VAR: &str = "NANOWIRE_SERVICE";
 /// The nanowire binary that can start the engine service (`nanowire run`
 /// sets it for the programs it runs).
 pub const SERVICE_BIN_VAR: &str = "NANOWIRE_BIN";
+/// Test hook (issue 24), `1`: a process stops itself (SIGSTOP) when it
+/// closes a TCP listener on the engine service, after the engine closed it
+/// and before it leaves the listener's group (`run_fork`
+/// `a_worker_closing_its_listener_copy_leaves_the_group_first`).
+pub const TEST_LISTENER_CLOSE_STOP_VAR: &str = "NANOWIRE_TEST_LISTENER_CLOSE_STOP";
 /// Every variable [`EngineConfig::from_vars`] looks up.
-pub const VARS: [&str; 12] = [
+pub const VARS: [&str; 13] = [
     FAULTS_VAR,
     TCP_RTO_MIN_VAR,
     TX_CSUM_OFFLOAD_VAR,
@@ -61,6 +66,7 @@ pub const VARS: [&str; 12] = [
     STATS_DIR_VAR,
     SERVICE_VAR,
     SERVICE_BIN_VAR,
+    TEST_LISTENER_CLOSE_STOP_VAR,
 ];
 
 /// The engine's settings.
@@ -100,6 +106,8 @@ pub struct EngineConfig {
     pub spin_hint: bool,
     /// No quiet turns ([`RX_NO_QUIET_VAR`]).
     pub rx_no_quiet: bool,
+    /// [`TEST_LISTENER_CLOSE_STOP_VAR`].
+    pub test_listener_close_stop: bool,
 }
 
 impl Default for EngineConfig {
@@ -117,6 +125,7 @@ impl Default for EngineConfig {
             spin_share: true,
             spin_hint: true,
             rx_no_quiet: false,
+            test_listener_close_stop: false,
         }
     }
 }
@@ -167,6 +176,7 @@ impl EngineConfig {
             xdp_mode,
             no_multi_buffer: get(NO_MULTI_BUFFER_VAR).as_deref() == Some("1"),
             rx_no_quiet: get(RX_NO_QUIET_VAR).as_deref() == Some("1"),
+            test_listener_close_stop: get(TEST_LISTENER_CLOSE_STOP_VAR).as_deref() == Some("1"),
             stats_dir: get(STATS_DIR_VAR).map(PathBuf::from),
             service: matches!(
                 get(SERVICE_VAR).as_deref(),

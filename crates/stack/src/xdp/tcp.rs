@@ -2980,14 +2980,34 @@ impl XdpTcpListener {
     }
 
     /// Close the listener (queued, not accepted connections are reset, as
-    /// the kernel does); accepted connections carry on.
+    /// the kernel does); accepted connections carry on. On the engine
+    /// service the process first stops accepting from the listener's group
+    /// (issue 24): the kernel's listening socket lives on while another
+    /// process holds it, so a SYN that comes while this one closes goes to
+    /// another member (or to the kernel's listening socket), never to an
+    /// engine whose listener is gone, which would reset it.
     pub fn close(self) {
         let eng = self.eng.clone();
+        if eng.engine.is_own() && self.on_service() {
+            let claims = self.claims_of_port();
+            let mut p = eng.engine.prog();
+            for a in &claims {
+                // Refused (the service went): nothing steers here any more.
+                let _ = p.prog.idle_tcp_listener(*a.ip(), a.port());
+            }
+        }
         {
             let mut c = eng.core();
             c.stack.close_listener(self.l);
             let now = now_ns();
             eng.transmit(&mut c, now);
+            if super::config::config().test_listener_close_stop && self.on_service() {
+                eprintln!("nanowire: test hook: stopped at a listener's close");
+                let _ = rustix::process::kill_process(
+                    rustix::process::getpid(),
+                    rustix::process::Signal::STOP,
+                );
+            }
             eng.release_listener(&mut c, self.local.port());
         }
         drop(self);
