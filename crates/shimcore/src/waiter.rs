@@ -521,6 +521,15 @@ impl<H: Host> Waiter<H> {
         self.spin.spent()
     }
 
+    /// The host's clock as the last [`Waiter::turn`] read it: right after
+    /// a turn that said [`Turn::Spin`], a reading of a moment ago (that
+    /// turn read it, or after its yield), which the caller's next attempt
+    /// may use instead of reading the clock again. Not after a sleep.
+    #[inline]
+    pub fn now(&self) -> u64 {
+        self.spin.now()
+    }
+
     /// The last [`Waiter::turn`] said spin and its next would not yield
     /// (neither crowded nor sharing the CPU turn by turn): the caller may
     /// answer a few idle turns from a lock-free look of its own without
@@ -797,6 +806,22 @@ mod tests {
         assert!(slices.len() >= 3, "{slices:?}");
         assert!(slices.iter().all(|&s| s <= 5_000_000));
         assert!(slices.windows(2).all(|p| p[1] <= p[0]), "{slices:?}");
+    }
+
+    #[test]
+    fn a_spin_turn_hands_its_clock_reading_to_the_next_attempt() {
+        // After a turn that says Spin, `now` is the clock's last reading
+        // (the turn's own, or the one after its yield): the attempt that
+        // follows uses it instead of reading the clock again.
+        let w = World::new();
+        let mut h = w.host(1_000, 7_000);
+        h.unpinned = true; // alone and unpinned: yields at once
+        let mut wt = Waiter::new(&h, 3, w.table.get(3), 0, limits(u64::MAX, 0));
+        for _ in 0..50 {
+            assert_eq!(wt.turn(), Turn::Spin);
+            assert_eq!(wt.now(), w.now.get());
+        }
+        assert!(w.yields.get() > 0, "some turns yielded");
     }
 
     #[test]

@@ -626,8 +626,13 @@ impl RxQueue {
         }
     }
 
-    /// Read and consume.
+    /// Read and consume. Empty (a spinning reader's every idle turn): one
+    /// look, not a walk of the runs.
+    #[inline]
     pub fn read(&mut self, out: &mut [u8]) -> usize {
+        if self.runs.is_empty() {
+            return 0;
+        }
         let n = self.peek(0, out);
         self.consume(n);
         n

@@ -842,13 +842,22 @@ impl TcpEngine {
     }
 
     fn turn_with(&self, core: &mut Core, timers: bool) -> bool {
-        self.turn_into(core, timers, None)
+        self.turn_into(core, timers, None, None)
     }
 
     /// [`TcpEngine::turn_with`] for an application reading `read.conn`:
     /// what arrives in order for it goes straight into its buffer
-    /// ([`DirectRead`]) while its receive ring is empty.
-    fn turn_into(&self, core: &mut Core, timers: bool, read: Option<&mut DirectRead<'_>>) -> bool {
+    /// ([`DirectRead`]) while its receive ring is empty. `clock`: the
+    /// monotonic clock as the caller read it a moment ago (a spinning
+    /// wait's turn, `XdpTcpStream::recv_once`), taken as the time of the
+    /// segments this turn finds instead of reading the clock again.
+    fn turn_into(
+        &self,
+        core: &mut Core,
+        timers: bool,
+        read: Option<&mut DirectRead<'_>>,
+        clock: Option<u64>,
+    ) -> bool {
         // The last data turn's frames go back now (`Core::recycle`): the
         // refill hint this sets makes this turn whole, and its poll puts
         // them in the fill ring.
@@ -885,14 +894,16 @@ impl TcpEngine {
         }
         // The clock is read only when a segment came, and on every
         // IDLE_CLOCK_EVERY-th idle turn for the timers (ms-scale): a
-        // spinning reader turns millions of times a second.
+        // spinning reader turns millions of times a second. A caller that
+        // read it a moment ago (`clock`) is not made to read it again.
+        let read_clock = move || clock.unwrap_or_else(now_ns);
         let mut now = None;
         let mut moved = 0usize;
         {
             let mut guard = self.engine.rx();
             let g = &mut *guard;
             let (stack, done) = (&mut core.stack, &mut core.recycle);
-            moved += rx_segments_into(g, core.id, stack, done, &mut now, now_ns, read);
+            moved += rx_segments_into(g, core.id, stack, done, &mut now, read_clock, read);
             core.rx_mark = self.engine.rx_mark(g);
             core.turns = core.turns.wrapping_add(1);
             if core.turns.is_multiple_of(64) {
@@ -906,10 +917,10 @@ impl TcpEngine {
         }
         let now = match now {
             Some(t) => t,
-            None if timers || core.turns.is_multiple_of(IDLE_CLOCK_EVERY) => now_ns(),
+            None if timers || core.turns.is_multiple_of(IDLE_CLOCK_EVERY) => read_clock(),
             // Segments wait for a next hop that became known: they go now,
             // not on the next turn that happens to read the clock.
-            None if self.unpark_due(core) => now_ns(),
+            None if self.unpark_due(core) => read_clock(),
             None => {
                 // An application call (a read that emptied the receive
                 // ring, a write) may have changed what ends a connection.
@@ -2537,7 +2548,16 @@ impl XdpTcpStream {
 
     /// One receive attempt (one engine turn): bytes copied, 0 at end of
     /// file, `WouldBlock` if nothing is there. `peek`: MSG_PEEK.
-    pub fn recv_once(&self, buf: &mut [u8], peek: bool) -> Result<usize, XdpTcpError> {
+    /// `clock`: the monotonic clock as the caller read it a moment ago (a
+    /// spinning wait's turn), if it did: the time of what this attempt's
+    /// turn takes in, instead of a clock read between the segment and the
+    /// return (see `TcpEngine::turn_into`).
+    pub fn recv_once(
+        &self,
+        buf: &mut [u8],
+        peek: bool,
+        clock: Option<u64>,
+    ) -> Result<usize, XdpTcpError> {
         let mut core = self.eng.core();
         let r = if peek {
             core.stack.peek(self.c, buf)
@@ -2564,7 +2584,7 @@ impl XdpTcpStream {
         };
         let moved = self
             .eng
-            .turn_into(&mut core, false, (!peek).then_some(&mut direct));
+            .turn_into(&mut core, false, (!peek).then_some(&mut direct), clock);
         let direct = direct.filled;
         if direct > 0 {
             // The turn's own transmit sent what the data owes (an ACK);
