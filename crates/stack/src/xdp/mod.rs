@@ -56,6 +56,7 @@ mod socket;
 pub mod tcp;
 #[cfg(test)]
 mod testkit;
+mod tsc;
 mod tx;
 mod wake;
 

@@ -513,6 +513,9 @@ struct Core {
     /// would end each connection if the process died, kept current at the
     /// end of each turn (`publish_ends`).
     ends: Option<super::service::conns::Region>,
+    /// The send's clock (`XdpTcpStream::send_once`): the TSC extrapolated
+    /// from the last clock reading (`super::tsc`).
+    tsc: super::tsc::TscClock,
 }
 
 /// The TCP stack of one set of sockets on one xdp engine.
@@ -658,6 +661,7 @@ impl TcpEngine {
                 block,
                 unresolved: 0,
                 last_turn: 0,
+                tsc: Default::default(),
                 service_turn: 0,
                 published: Default::default(),
                 turns: 0,
@@ -2620,7 +2624,9 @@ impl XdpTcpStream {
             self.eng.turn(&mut core);
             r = core.stack.send(self.c, data);
         }
-        let now = now_ns();
+        // The TSC's extrapolation, not a clock read, before the segment
+        // goes out (`super::tsc`).
+        let now = core.tsc.now(now_ns);
         self.eng.transmit(&mut core, now);
         r
     }
