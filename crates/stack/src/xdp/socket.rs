@@ -1234,6 +1234,7 @@ impl UdpEndpoint for XdpSocket {
         self.peer = Some(peer);
         Ok(())
     }
+    #[inline]
     fn send_to(&mut self, buf: &[u8], dst: SocketAddrV4) -> io::Result<usize> {
         self.send_many(&[buf], dst).map(|_| buf.len())
     }
