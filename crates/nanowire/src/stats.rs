@@ -82,6 +82,26 @@ pub fn run(args: StatsArgs) -> Result<i32, String> {
                 out!("  {k:<26} {v}");
             }
         }
+        // Send rings on the heap (issue 24 item 3), with their reasons.
+        let c = |k: &str| e.counters.get(k).copied().unwrap_or(0);
+        let heap = [
+            ("send buffer over 256 KiB", "tcp_slab_fallback_large_buffer"),
+            ("no free slab of 1,024", "tcp_slab_fallback_no_free_slab"),
+            (
+                "a forked child's copy of the engine",
+                "tcp_slab_fallback_forked_child",
+            ),
+        ]
+        .iter()
+        .filter(|(_, k)| c(k) != 0)
+        .map(|(why, k)| format!("{} ({why})", c(k)))
+        .collect::<Vec<_>>();
+        if !heap.is_empty() {
+            out!(
+                "  tcp send rings on the heap, not in slabs (their unacknowledged bytes are not delivered after a kill -9): {}",
+                heap.join(", ")
+            );
+        }
         for s in &e.sockets {
             // Names as the page describes them; a counter the page lacks reads 0.
             let c = |k: &str| s.counters.get(k).copied().unwrap_or(0);

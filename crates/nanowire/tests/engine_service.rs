@@ -2467,3 +2467,92 @@ fn a_process_that_hoards_frames_is_bounded_and_the_others_keep_receiving() {
         "{e}"
     );
 }
+
+/// Issue 24 item 3's fallback, counted per engine with its reason (item
+/// 5: shown by `nanowire stats`): a client on the service whose send
+/// buffer (SO_SNDBUF 1 MiB) is larger than a slab of the connection table
+/// (256 KiB) has its send ring on the heap (its unacknowledged bytes would
+/// not be delivered after a kill -9); its second connection, with the
+/// default buffer, takes a slab. Its engine counts exactly one fallback,
+/// "large buffer", none for the other reasons, and `nanowire stats` says
+/// so; the sink gets every byte of both.
+const BIG_SNDBUF_CLIENT: &str = r#"
+import os, socket, sys, time
+addr, port, flag = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+big = socket.socket(); big.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+big.connect((addr, port))
+small = socket.create_connection((addr, port))
+for s in (big, small):
+    s.sendall(b"x" * (1 << 20))
+print("sent", os.getpid(), flush=True)
+while not os.path.exists(flag):
+    time.sleep(0.05)
+big.close(); small.close()
+print("done", flush=True)
+"#;
+
+const TWO_SINKS: &str = concat!(
+    py_prelude!(),
+    r#"
+import threading
+ls = listener(8)
+got = []
+def sink(c):
+    got.append(sum(len(d) for d in chunks(c)))
+ts = []
+for i in range(2):
+    c, _ = ls.accept()
+    ts.append(threading.Thread(target=sink, args=(c,)))
+    ts[-1].start()
+for t in ts:
+    t.join()
+print("got", sorted(got), flush=True)
+"#
+);
+
+#[test]
+#[ignore = "needs root"]
+fn a_send_buffer_larger_than_a_slab_is_counted_with_its_reason() {
+    let lab = lab("vsb");
+    let _sb = start_service(&lab);
+    let (addr, port) = (ADDR_A.to_string(), "15801");
+    let mut sink = py(&lab, Host::A, false, "vsb-sink", TWO_SINKS, &[&addr, port]);
+    sink.wait_for("listening", T);
+    let flag = scratch("vsb-flag");
+    let _ = std::fs::remove_file(&flag);
+    let flag_s = flag.display().to_string();
+    let args = [addr.as_str(), port, &flag_s];
+    let mut c = py(&lab, Host::B, true, "vsb-cli", BIG_SNDBUF_CLIENT, &args);
+    c.wait_for("sent ", T);
+    let pid: u64 = line_of(&c.stdout(), "sent ")[5..].trim().parse().unwrap();
+    let iface = lab.iface(Host::B);
+    let reasons = [
+        "tcp_slab_fallback_large_buffer",
+        "tcp_slab_fallback_no_free_slab",
+        "tcp_slab_fallback_forked_child",
+    ];
+    let mut seen = Vec::new();
+    let counted = until(T, || {
+        seen = nanowire_testkit::engines_on(nanowire(), &iface)
+            .iter()
+            .filter(|e| nanowire_testkit::engine_pid(e) == Some(pid))
+            .map(|e| reasons.map(|k| e["counters"][k].as_u64().unwrap_or(u64::MAX)))
+            .collect();
+        seen == [[1, 0, 0]]
+    });
+    assert!(
+        counted,
+        "fallbacks by reason of pid {pid}'s engine: {seen:?}"
+    );
+    let text = output(lab.command(Host::B, &[nanowire(), "stats"]), "stats");
+    assert!(
+        text.contains(
+            "tcp send rings on the heap, not in slabs (their unacknowledged bytes are not delivered after a kill -9): 1 (send buffer over 256 KiB)"
+        ),
+        "{text}"
+    );
+    std::fs::write(&flag, b"").unwrap();
+    assert!(c.success(T).contains("done"));
+    assert!(sink.success(T).contains("got [1048576, 1048576]"));
+    let _ = std::fs::remove_file(&flag);
+}

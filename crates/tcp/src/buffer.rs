@@ -29,13 +29,34 @@ pub struct Ring {
 /// process wrote but the peer had not acknowledged are delivered from
 /// there). A send ring takes one at its first write and gives it back when
 /// dropped; none free (or a ring that grew beyond one): the heap, counted
-/// (`slab_fallbacks`).
+/// by the slabs' owner with its reason ([`SlabMiss`], [`Slabs::missed`]).
 pub trait Slabs: Send + Sync {
     /// Bytes per slab.
     fn slab_bytes(&self) -> usize;
-    /// A free slab: its index and address (valid until given back).
-    fn take(&self) -> Option<(u32, std::ptr::NonNull<u8>)>;
+    /// A free slab: its index and address (valid until given back), or
+    /// why there is none for this caller.
+    fn take(&self) -> Result<(u32, std::ptr::NonNull<u8>), SlabMiss>;
     fn give(&self, idx: u32);
+    /// A ring that wanted a slab got heap storage (counted once per ring).
+    fn missed(&self, why: SlabMiss);
+}
+
+/// Why a send ring that wanted a slab is on the heap (its unsent and
+/// unacknowledged bytes are then not delivered after a kill -9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlabMiss {
+    /// Its send buffer (the ring's capacity) is larger than a slab.
+    TooLarge,
+    /// Every slab is in use.
+    NoneFree,
+    /// The slabs are another process's (a forked child's copy of its
+    /// parent's engine).
+    NotOwner,
+}
+
+impl SlabMiss {
+    /// Every reason, in discriminant order (`why as usize` indexes it).
+    pub const ALL: [SlabMiss; 3] = [SlabMiss::TooLarge, SlabMiss::NoneFree, SlabMiss::NotOwner];
 }
 
 /// A shared [`Slabs`] (Debug for the rings that hold it).
@@ -46,14 +67,6 @@ impl std::fmt::Debug for SendSlabs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("SendSlabs")
     }
-}
-
-static SLAB_FALLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Send rings that wanted a slab and got heap storage (none free, or
-/// larger than a slab).
-pub fn slab_fallbacks() -> u64 {
-    SLAB_FALLBACKS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// A ring's storage: heap bytes (pooled when dropped) or a slab.
@@ -210,17 +223,24 @@ impl Ring {
     /// a slab was wanted).
     fn storage_for(&self, size: usize) -> Store {
         if let Some(s) = &self.slabs {
-            if size <= s.0.slab_bytes()
-                && self.cap <= s.0.slab_bytes()
-                && let Some((idx, ptr)) = s.0.take()
-            {
-                return Store {
-                    ptr,
-                    len: size,
-                    slab: Some((idx, s.clone())),
-                };
+            let got = if size <= s.0.slab_bytes() && self.cap <= s.0.slab_bytes() {
+                s.0.take()
+            } else {
+                Err(SlabMiss::TooLarge)
+            };
+            match got {
+                Ok((idx, ptr)) => {
+                    return Store {
+                        ptr,
+                        len: size,
+                        slab: Some((idx, s.clone())),
+                    };
+                }
+                // Once per ring: its first storage (a ring larger than a
+                // slab grows on the heap again and again).
+                Err(why) if self.buf.is_empty() => s.0.missed(why),
+                Err(_) => {}
             }
-            SLAB_FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         Store::heap(pool_take(size))
     }

@@ -313,6 +313,14 @@ counter_table! {
         /// RX frames (`Demux::set_process_limit`; the socket counts them
         /// as `drop_queue_full`).
         DropProcessShare = "drop_process_share": Counter,
+        /// TCP send rings on the heap instead of a slab of the connection
+        /// table (issue 24 item 3: their unacknowledged bytes are not
+        /// delivered after a kill -9), by reason: a send buffer larger
+        /// than a slab (256 KiB), every slab in use (1,024), a forked
+        /// child's copy of its parent's engine (`SlabMiss`).
+        TcpSlabFallbackLargeBuffer = "tcp_slab_fallback_large_buffer": Counter,
+        TcpSlabFallbackNoFreeSlab = "tcp_slab_fallback_no_free_slab": Counter,
+        TcpSlabFallbackForkedChild = "tcp_slab_fallback_forked_child": Counter,
     }
 
     /// Per-socket counters (word 0 of a socket's block is its address).
@@ -339,6 +347,16 @@ counter_table! {
 }
 
 impl E {
+    /// The counter of a send ring's reason for the heap.
+    pub fn slab_miss(m: nanowire_tcp::buffer::SlabMiss) -> E {
+        use nanowire_tcp::buffer::SlabMiss as M;
+        match m {
+            M::TooLarge => E::TcpSlabFallbackLargeBuffer,
+            M::NoneFree => E::TcpSlabFallbackNoFreeSlab,
+            M::NotOwner => E::TcpSlabFallbackForkedChild,
+        }
+    }
+
     /// The counter of a malformed frame's reason.
     pub fn malformed(m: nanowire_wire::Malformed) -> E {
         use nanowire_wire::Malformed as M;
@@ -1288,11 +1306,17 @@ mod tests {
                         .trim_start_matches("drop_");
                     assert_eq!(short, f, "{e:?} publishes {f}");
                 }
-                // The engine's own: sockets it left to the kernel, frames held.
+                // The engine's own: sockets it left to the kernel, frames
+                // held, send rings on the heap (its connection table's).
                 None => assert!(
                     matches!(
                         e,
-                        E::TcpNoMultiBuffer | E::TcpRxHeldFrames | E::TcpRxHoldLimited
+                        E::TcpNoMultiBuffer
+                            | E::TcpRxHeldFrames
+                            | E::TcpRxHoldLimited
+                            | E::TcpSlabFallbackLargeBuffer
+                            | E::TcpSlabFallbackNoFreeSlab
+                            | E::TcpSlabFallbackForkedChild
                     ),
                     "{e:?} publishes nothing"
                 ),

@@ -1531,6 +1531,10 @@ fn publish_counters(page: &super::shm::StatsPage, core: &mut Core) {
     // The engine table's `tcp_*` rows name the fields they publish.
     super::shm::publish_tcp(page, c, &core.published);
     core.published = c.clone();
+    // The engine's table counts for all its stacks: its totals.
+    for (why, n) in core.ends.iter().flat_map(|r| r.slab_misses()) {
+        super::shm::set(page.e(E::slab_miss(why)), n);
+    }
 }
 
 /// A listening TCP socket on the xdp engine.

@@ -54,7 +54,8 @@ const ARENA_AT: usize = ENTRIES_AT + REGIONS * PER_REGION * ENTRY;
 /// as Linux's autotuning would is held to 256 KiB by the engine).
 pub const SLAB_BYTES: usize = 256 << 10;
 /// Slabs per process (256 MiB of address space, sparse); a send ring
-/// beyond them is on the heap (counted: `nanowire_tcp::buffer::slab_fallbacks`)
+/// beyond them is on the heap (counted per table with its reason:
+/// [`ConnTable::slab_misses`], the engine's `tcp_slab_fallback_*` counters)
 /// and its unsent bytes are reset at a death, as before.
 pub const SLABS: usize = 1024;
 
@@ -223,6 +224,9 @@ pub struct ConnTable {
     /// pid (reset in a forked child), not a getpid per connection
     /// (`tcp_churn engine_start_and_connects_make_no_avoidable_syscalls`).
     pid: u32,
+    /// Send rings that got the heap instead of a slab, by reason
+    /// (index: `SlabMiss as usize`).
+    missed: [std::sync::atomic::AtomicU64; 3],
 }
 
 // SAFETY: the mapping lives as long as the table; each region's entries
@@ -267,6 +271,7 @@ impl ConnTable {
             used: Mutex::new(0),
             slabs: Mutex::new((Vec::new(), 0)),
             pid: crate::xdp::registry::pid(),
+            missed: Default::default(),
         })
     }
 
@@ -312,14 +317,16 @@ impl ConnTable {
     }
 }
 
+use nanowire_tcp::buffer::SlabMiss;
+
 impl nanowire_tcp::buffer::Slabs for ConnTable {
     fn slab_bytes(&self) -> usize {
         SLAB_BYTES
     }
 
-    fn take(&self) -> Option<(u32, std::ptr::NonNull<u8>)> {
+    fn take(&self) -> Result<(u32, std::ptr::NonNull<u8>), SlabMiss> {
         if crate::xdp::registry::pid() != self.pid {
-            return None;
+            return Err(SlabMiss::NotOwner);
         }
         let mut s = self.slabs.lock().unwrap_or_else(|e| e.into_inner());
         let i = match s.0.pop() {
@@ -328,13 +335,19 @@ impl nanowire_tcp::buffer::Slabs for ConnTable {
                 s.1 += 1;
                 s.1 - 1
             }
-            None => return None,
+            None => return Err(SlabMiss::NoneFree),
         };
         // SAFETY: slab i < SLABS lies inside the mapping (TABLE_BYTES =
         // ARENA_AT + SLABS * SLAB_BYTES); it is given to one ring until
         // `give`.
         let p = unsafe { self.base.add(ARENA_AT + i as usize * SLAB_BYTES) };
-        std::ptr::NonNull::new(p).map(|p| (i, p))
+        std::ptr::NonNull::new(p)
+            .map(|p| (i, p))
+            .ok_or(SlabMiss::NoneFree)
+    }
+
+    fn missed(&self, why: SlabMiss) {
+        self.missed[why as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn give(&self, idx: u32) {
@@ -392,6 +405,18 @@ impl Region {
     /// The table's slabs, for the stack's send rings (`set_send_slabs`).
     pub fn slabs(&self) -> nanowire_tcp::buffer::SendSlabs {
         nanowire_tcp::buffer::SendSlabs(self.table.clone())
+    }
+
+    /// The table's send rings that got the heap instead of a slab, by
+    /// reason (the whole table's: every region of the engine).
+    pub fn slab_misses(&self) -> [(SlabMiss, u64); 3] {
+        let m = &self.table.missed;
+        std::array::from_fn(|i| {
+            (
+                SlabMiss::ALL[i],
+                m[i].load(std::sync::atomic::Ordering::Relaxed),
+            )
+        })
     }
 
     /// Write the changed entries (`None`: the slot holds nothing to end);
@@ -952,13 +977,30 @@ mod tests {
         b.push(b"y");
         assert_eq!(a.slab_at().map(|s| s.slab), Some(0));
         assert_eq!(b.slab_at().map(|s| s.slab), Some(1));
-        // Larger than a slab: the heap, counted.
-        let before = nanowire_tcp::buffer::slab_fallbacks();
+        // Larger than a slab: the heap, counted once with its reason
+        // (the ring grows on the heap several times).
         let mut big = Ring::new(2 * SLAB_BYTES);
         big.use_slabs(Some(region.slabs()));
         big.push(&[0u8; 1]);
+        big.push(&vec![0u8; SLAB_BYTES + 10]);
         assert!(big.slab_at().is_none());
-        assert!(nanowire_tcp::buffer::slab_fallbacks() > before);
+        let misses = |r: &Region| r.slab_misses().map(|(_, n)| n);
+        assert_eq!(misses(&region), [1, 0, 0]);
+        // Every slab in use: the next ring is on the heap, "none free".
+        let held: Vec<Ring> = (2..SLABS)
+            .map(|_| {
+                let mut r = Ring::new(4096);
+                r.use_slabs(Some(region.slabs()));
+                r.push(b"z");
+                r
+            })
+            .collect();
+        assert!(held.iter().all(|r| r.slab_at().is_some()));
+        let mut late = Ring::new(4096);
+        late.use_slabs(Some(region.slabs()));
+        late.push(b"w");
+        assert!(late.slab_at().is_none());
+        assert_eq!(misses(&region), [1, 1, 0]);
     }
 
     fn publish(r: &mut Region, changes: &[(u32, Option<Entry>)]) -> usize {
