@@ -3,6 +3,7 @@
 //! only dispatches and turns errors into one line and a non-zero exit.
 
 mod engine;
+mod shared;
 mod stats;
 
 use clap::{CommandFactory, Parser, Subcommand};

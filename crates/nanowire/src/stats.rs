@@ -27,9 +27,11 @@ pub struct StatsArgs {
 pub fn run(args: StatsArgs) -> Result<i32, String> {
     let pages = shm::read_all();
     let service = service_status(&pages);
+    let shared = crate::shared::shared(&service_listeners(service.as_ref()));
     if args.json {
         let mut v = serde_json::to_value(&pages).map_err(|e| e.to_string())?;
         v["service"] = service.unwrap_or(Value::Null);
+        v["shared_sockets"] = shared.into();
         out!(
             "{}",
             serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
@@ -38,6 +40,12 @@ pub fn run(args: StatsArgs) -> Result<i32, String> {
     }
     if let Some(s) = &service {
         print_service(s);
+    }
+    // Sockets more than one process holds (issue 24): whose, and where
+    // they are served.
+    if !shared.is_empty() {
+        out!("sockets shared by processes:");
+        crate::shared::print(&shared);
     }
     // A page this build cannot read (an older format, a damaged header) is
     // named with the reason, never misread.
@@ -158,6 +166,27 @@ fn service_status(pages: &shm::Pages) -> Option<Value> {
         }
     }
     Some(st)
+}
+
+/// The TCP listeners on the engine service (its clients' claims and its
+/// listener groups) and how many processes each group has.
+fn service_listeners(s: Option<&Value>) -> std::collections::BTreeMap<String, usize> {
+    let mut out = std::collections::BTreeMap::new();
+    for i in s.and_then(|s| s["ifaces"].as_array()).into_iter().flatten() {
+        for c in i["clients"].as_array().into_iter().flatten() {
+            for k in c["claims"].as_array().into_iter().flatten() {
+                if let Some(a) = k.as_str().and_then(|k| k.strip_prefix("tcp:")) {
+                    out.entry(a.to_string()).or_insert(1);
+                }
+            }
+        }
+        for g in i["tcp_listener_groups"].as_array().into_iter().flatten() {
+            if let Some(a) = g["listener"].as_str() {
+                out.insert(a.to_string(), g["members"].as_array().map_or(0, Vec::len));
+            }
+        }
+    }
+    out
 }
 
 /// `NAME VALUE` of the counters `names` of `m` that are not zero.

@@ -1309,3 +1309,144 @@ fn children_made_by_clone_read_the_parents_socket_as_plainly() {
         "{logs}"
     );
 }
+
+/// Issue 24 item 5: `nanowire stats` names every socket a forked child
+/// shares with its parent, while both hold it: a bound UDP socket (fork
+/// takes it off the engine: the kernel's, held by both pids) and an
+/// accepted connection the child never uses (it stays on the parent's
+/// engine: owner, one other holder, both pids). When the child exits
+/// (SIGTERM, its handler `_exit`s) neither is listed any more while the
+/// parent still holds both; the parent then answers as plainly. Plain,
+/// own engine, service: the client's and the server's outputs are equal.
+const SHARED_SRV: &str = r#"
+import os, signal, socket, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind((addr, port))
+ls = listener()
+c, _ = ls.accept()
+req = recv_line(c)
+pid = os.fork()
+if pid == 0:
+    signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+    while True:
+        signal.pause()
+print("server", os.getpid(), "child", pid, file=sys.stderr, flush=True)
+_, st = os.waitpid(pid, 0)
+print("child gone", file=sys.stderr, flush=True)
+d, peer = u.recvfrom(100)
+c.sendall(b"got " + req + d + b"\n")
+c.close()
+print("served", d, os.waitstatus_to_exitcode(st), flush=True)
+"#;
+
+const SHARED_CLIENT: &str = r#"
+import socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60)
+c.sendall(b"hello\n")
+print(recv_line(c), flush=True)
+print("all ok", flush=True)
+"#;
+
+#[test]
+#[ignore = "needs root"]
+fn stats_names_the_sockets_a_forked_child_shares_until_it_exits() {
+    nanowire_testkit::require(&["python3"]);
+    let l = &lab("pshr");
+    let (srv, cli) = (
+        format!("{READLINE}{SHARED_SRV}"),
+        format!("{READLINE}{SHARED_CLIENT}"),
+    );
+    let addr = ADDR_B.to_string();
+    let stats = |json: bool| {
+        let mut argv = vec![nanowire(), "stats"];
+        argv.extend(json.then_some("--json"));
+        let o = plain_in(l, Host::B, &argv).output().unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    // The shared sockets naming pid `p`.
+    let shared_by = |p: u64| -> Vec<serde_json::Value> {
+        let v: serde_json::Value = serde_json::from_str(&stats(true)).unwrap_or_default();
+        v["shared_sockets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|s| s["pids"].as_array().is_some_and(|a| a.contains(&p.into())))
+            .cloned()
+            .collect()
+    };
+    let (mut want, mut want_srv) = (None, None);
+    for (i, p) in Placement::ALL.into_iter().enumerate() {
+        let port = (14790 + i as u16).to_string();
+        let mut s = spawn(
+            &format!("shared-{p:?}"),
+            p.command(l, Host::B, &["python3", "-c", &srv, &addr, &port]),
+        );
+        s.wait_for("listening", T);
+        let mut c = spawn(
+            &format!("shared-{p:?}-cli"),
+            plain_in(l, Host::A, &["python3", "-c", &cli, &addr, &port]),
+        );
+        s.wait_until("its child's pid", T, |k| {
+            k.stderr().lines().any(|x| x.starts_with("server "))
+        });
+        let err = s.stderr();
+        let ids: Vec<u64> = line_of(&err, "server ")
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        let (me, kid) = (ids[0], ids[1]);
+        let local = format!("{ADDR_B}:{port}");
+        if p != Placement::Plain {
+            let mut seen = Vec::new();
+            let both = until(T, || {
+                seen = shared_by(kid);
+                let udp = seen.iter().any(|x| {
+                    x["proto"] == "udp" && x["local"] == local.as_str() && x["on"] == "kernel"
+                });
+                let tcp = seen.iter().any(|x| {
+                    x["proto"] == "tcp"
+                        && x["local"] == local.as_str()
+                        && x["remote"].is_string()
+                        && x["on"] == "engine"
+                        && x["owner"] == me
+                        && x["holders"] == 1
+                        && x["pids"] == serde_json::json!([me, kid])
+                });
+                udp && tcp
+            });
+            assert!(both, "{p:?}: not both listed: {seen:?}\n{}", s.both());
+            let text = stats(false);
+            let (a, b) = (me.min(kid), me.max(kid));
+            for want in [
+                format!("udp {local} shared by pid {a}, pid {b}: the kernel's"),
+                format!("tcp {local} <-> {}:", nanowire_lab::testbed::ADDR_A),
+                format!(
+                    "shared by pid {me} (owner), pid {kid}: on the engine of pid {me} (1 other holder(s))"
+                ),
+            ] {
+                assert!(text.contains(&want), "{p:?}: no {want:?} in\n{text}");
+            }
+        }
+        // SAFETY: kill(2) of the server's child, a process of this test.
+        unsafe { libc::kill(kid as i32, libc::SIGTERM) };
+        s.wait_for("child gone", T);
+        if p != Placement::Plain {
+            let mut seen = Vec::new();
+            let gone = until(T, || {
+                seen = shared_by(me);
+                seen.is_empty()
+            });
+            assert!(gone, "{p:?}: still listed after the child's exit: {seen:?}");
+        }
+        let go = format!(
+            "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'go', ('{addr}', {port}))"
+        );
+        output(plain_in(l, Host::A, &["python3", "-c", &go]), "go");
+        c.success(T);
+        s.success(T);
+        let ctx = format!("server ({p:?}):\n{}", s.both());
+        same_as_first(&mut want, "shared: client", c.stdout(), &ctx);
+        same_as_first(&mut want_srv, "shared: server", s.stdout(), &ctx);
+    }
+    assert!(want.unwrap().contains("all ok"));
+}

@@ -38,24 +38,17 @@
 use crate::log::log;
 use nanowire_options::Level;
 use rustix::thread::futex;
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
-/// Slots in the shared page.
-const SLOTS: usize = 1024;
-
-/// Slot states (the low 3 bits of [`Slot::word`]; the rest is the slot's
-/// generation, bumped at each allocation: a handle whose generation no
-/// longer matches names a decision already made).
-const FREE: u32 = 0;
-/// On the owner's engine.
-const ENGINE: u32 = 1;
-/// Being decided (the owner's close or its broker is handing it over).
-const BUSY: u32 = 2;
-const STATE: u32 = 7;
+use nanowire_stack::xdp::forkpage::{self as layout, BUSY, ENGINE, FREE, SLOTS, STATE};
 
 #[repr(C)]
 struct Slot {
-    /// generation << 3 | state; waiters sleep on it (futex).
+    /// generation << 3 | state; waiters sleep on it (futex). The generation
+    /// is bumped at each allocation: a handle whose generation no longer
+    /// matches names a decision already made. States: `FREE`, `ENGINE` (on
+    /// the owner's engine), `BUSY` (being decided: the owner's close or
+    /// its broker is handing it over).
     word: AtomicU32,
     /// Processes other than the owner holding the socket (forked children
     /// that have not closed it).
@@ -64,14 +57,33 @@ struct Slot {
     owner: AtomicU32,
     /// A child asks the owner to hand the connection over (1).
     want: AtomicU32,
+    /// For `nanowire stats` (written before the slot is published): the
+    /// connection's addresses (`layout::pack`) and its socket's inode.
+    local: AtomicU64,
+    remote: AtomicU64,
+    ino: AtomicU64,
 }
 
 #[repr(C)]
 struct Page {
     /// Bumped (and woken) by a child that set a slot's `want`.
     req: AtomicU32,
+    /// `layout::MAGIC` (the page is read by `nanowire stats`).
+    magic: AtomicU32,
     slots: [Slot; SLOTS],
 }
+
+// The layout `nanowire stats` reads (nanowire_stack::xdp::forkpage).
+const _: () = {
+    assert!(std::mem::size_of::<Page>() == layout::PAGE_BYTES);
+    assert!(std::mem::size_of::<Slot>() == layout::SLOT_BYTES);
+    assert!(std::mem::offset_of!(Page, slots) == layout::HEADER_BYTES);
+    assert!(std::mem::offset_of!(Slot, holders) == layout::OFF_HOLDERS);
+    assert!(std::mem::offset_of!(Slot, owner) == layout::OFF_OWNER);
+    assert!(std::mem::offset_of!(Slot, local) == layout::OFF_LOCAL);
+    assert!(std::mem::offset_of!(Slot, remote) == layout::OFF_REMOTE);
+    assert!(std::mem::offset_of!(Slot, ino) == layout::OFF_INO);
+};
 
 static PAGE: AtomicPtr<Page> = AtomicPtr::new(std::ptr::null_mut());
 /// The process whose broker thread runs (threads do not cross fork).
@@ -105,10 +117,11 @@ fn pid() -> u32 {
 /// Before a fork (in the owner): a slot for one of its engine connections
 /// (`existing`: the handle it has from an earlier fork, 0 if none), held
 /// by the child about to be made, and the broker thread that answers
-/// children. `None`: no slot (the shared page cannot be mapped, all slots
+/// children. `conn`: its addresses and its socket's inode, for `nanowire
+/// stats`. `None`: no slot (the shared page cannot be mapped, all slots
 /// used, no thread): the caller hands the connection over at once, as
 /// before.
-pub fn share(existing: u64) -> Option<u64> {
+pub fn share(existing: u64, conn: (u64, u64, u64)) -> Option<u64> {
     if let Some((s, _, ENGINE)) = live(existing) {
         s.holders.fetch_add(1, Ordering::AcqRel);
         return Some(existing);
@@ -128,6 +141,9 @@ pub fn share(existing: u64) -> Option<u64> {
             s.owner.store(pid(), Ordering::Relaxed);
             s.holders.store(1, Ordering::Relaxed);
             s.want.store(0, Ordering::Relaxed);
+            s.local.store(conn.0, Ordering::Relaxed);
+            s.remote.store(conn.1, Ordering::Relaxed);
+            s.ino.store(conn.2, Ordering::Relaxed);
             s.word.store(g << 3 | ENGINE, Ordering::Release);
             return Some(u64::from(g) << 32 | (i as u64 + 1));
         }
@@ -257,16 +273,24 @@ fn map_page() -> Option<&'static Page> {
     if let Some(p) = page() {
         return Some(p);
     }
-    // SAFETY: an anonymous shared mapping of the page's size, zeroed by the
-    // kernel (every slot FREE); never unmapped.
-    let m = unsafe {
-        rustix::mm::mmap_anonymous(
-            std::ptr::null_mut(),
-            std::mem::size_of::<Page>(),
-            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-            rustix::mm::MapFlags::SHARED,
-        )
-    };
+    // A memfd (named: `nanowire stats` finds it in /proc/PID/maps), of the
+    // page's size, mapped shared (zeroed by the kernel: every slot FREE),
+    // never unmapped; its fd is closed once mapped.
+    let m =
+        rustix::fs::memfd_create(layout::NAME, rustix::fs::MemfdFlags::CLOEXEC).and_then(|fd| {
+            rustix::fs::ftruncate(&fd, std::mem::size_of::<Page>() as u64)?;
+            // SAFETY: a shared mapping of the whole memfd just sized.
+            unsafe {
+                rustix::mm::mmap(
+                    std::ptr::null_mut(),
+                    std::mem::size_of::<Page>(),
+                    rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                    rustix::mm::MapFlags::SHARED,
+                    &fd,
+                    0,
+                )
+            }
+        });
     let Ok(m) = m else {
         log!(
             Level::Warn,
@@ -274,6 +298,10 @@ fn map_page() -> Option<&'static Page> {
         );
         return None;
     };
+    // SAFETY: the mapping is the page's size and ours.
+    unsafe { &*(m as *const Page) }
+        .magic
+        .store(layout::MAGIC, Ordering::Release);
     if PAGE
         .compare_exchange(
             std::ptr::null_mut(),

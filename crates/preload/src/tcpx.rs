@@ -395,7 +395,7 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) ->
         own_placeholder(t, fd);
     }
     for (fd, t) in shared {
-        match crate::forkshare::share(t.share()) {
+        match crate::forkshare::share(t.share(), shared_conn(fd, t)) {
             Some(h) => {
                 if t.share.swap(h, Ordering::AcqRel) != h {
                     log!(
@@ -2376,6 +2376,26 @@ pub fn getsockopt(
         }
         _ => None,
     }
+}
+
+/// What `nanowire stats` shows of a connection shared at fork
+/// (`forkshare::share`): its addresses (packed, 0: unknown) and the inode
+/// of the socket under `fd` (0: unknown).
+fn shared_conn(fd: c_int, t: TcpRef) -> (u64, u64, u64) {
+    use nanowire_stack::xdp::forkpage::pack;
+    let (l, r) = t.stream().map_or((None, None), |i| match &*i {
+        Inner::Stream(s) => engine_call(|| (s.local_addr().ok(), s.peer_addr().ok())),
+        _ => (None, None),
+    });
+    // SAFETY: an all-zero stat is a valid out-buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat of an fd of ours into `st`.
+    let ino = if unsafe { libc::fstat(fd, &mut st) } == 0 {
+        st.st_ino
+    } else {
+        0
+    };
+    (l.map_or(0, pack), r.map_or(0, pack), ino)
 }
 
 /// getsockname/getpeername of an engine connection (`peer`).

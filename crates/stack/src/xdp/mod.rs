@@ -38,6 +38,7 @@ pub mod config;
 pub mod demux;
 pub mod device;
 pub mod fallback;
+pub mod forkpage;
 mod neigh;
 mod order;
 mod ports;
