@@ -34,6 +34,7 @@
 // A frame too short to carry the destination port cannot be attributed to
 // anyone and is passed to the kernel, which counts it (IP InHdrErrors).
 // When a claimed packet arrives on a queue without a socket it is passed
+// (a TCP segment other than a SYN is dropped instead: redirect_tcp)
 // and counted in `nw_stats[0]` (per CPU); a unicast frame for another
 // host's MAC is passed and counted in `nw_stats[1]` (below).
 //
@@ -114,6 +115,24 @@ static __always_inline int redirect_to(struct xdp_md *ctx, __u32 key)
 	if (c)
 		*c += 1;
 	return XDP_PASS;
+}
+
+// A TCP segment the engine owns (an engine flow's, a listener's) whose
+// socket is gone: dropped, not passed. The kernel has no socket for it and
+// would reset the peer. This is the window between an own engine's death
+// and its warden's end (the warden holds the program's link until each
+// connection has its kernel socket, crates/stack/src/xdp/service/
+// warden.rs): the peer retransmits, as to a process whose frames are lost
+// on the wire. A SYN without ACK still goes to the kernel, which answers it
+// as it would plainly (no listener: RST). `th`: the TCP header, or NULL (a
+// fragment: dropped). Counted as any failed redirect (nw_stats[0]).
+static __always_inline int redirect_tcp(struct xdp_md *ctx, __u32 key, __u8 *th, void *end)
+{
+	if (redirect_to(ctx, key) == XDP_REDIRECT)
+		return XDP_REDIRECT;
+	if (th && (void *)(th + 14) <= end && (th[13] & 0x12) == 0x02)
+		return XDP_PASS;
+	return XDP_DROP;
 }
 
 // The socket a claim's value names: its slot's on this queue, or the
@@ -375,14 +394,14 @@ static __always_inline int tcp_fragment(struct xdp_md *ctx, struct iphdr *ip, vo
 		__u32 key = xsk_key(ctx, *v);
 		if (!(ip->frag_off & bpf_htons(0x2000)))
 			bpf_map_delete_elem(&nw_tcp_frags, &k); // the last one (no MF)
-		return redirect_to(ctx, key);
+		return redirect_tcp(ctx, key, NULL, end);
 	}
 	__u64 mine = tcp_ports_owner(ip, end);
 	if (!mine)
 		return XDP_PASS;
 	__u32 owner = mine;
 	bpf_map_update_elem(&nw_tcp_frags, &k, &owner, BPF_ANY);
-	return redirect_to(ctx, xsk_key(ctx, owner));
+	return redirect_tcp(ctx, xsk_key(ctx, owner), NULL, end);
 }
 
 // A claimed UDP datagram: to the owner's socket, unless it is a UDP GSO
@@ -430,7 +449,10 @@ static __noinline int steer_slow(struct xdp_md *ctx)
 		__u64 mine = tcp_ports_owner(ip, end);
 		if (!mine)
 			return XDP_PASS;
-		return redirect_to(ctx, xsk_key(ctx, mine));
+		__u32 thl = ip->ihl * 4;
+		if (thl < sizeof(*ip))
+			thl = sizeof(*ip);
+		return redirect_tcp(ctx, xsk_key(ctx, mine), (__u8 *)ip + thl, end);
 	}
 	if (ip->protocol != IPPROTO_UDP)
 		return XDP_PASS;
@@ -510,7 +532,7 @@ static __always_inline int steer(struct xdp_md *ctx)
 	__u64 mine = tcp_owner(&ip->saddr, ip->daddr, ports[1], (__u8 *)ports, end);
 	if (!mine)
 		return XDP_PASS;
-	return redirect_to(ctx, xsk_key(ctx, mine));
+	return redirect_tcp(ctx, xsk_key(ctx, mine), (__u8 *)ports, end);
 }
 
 SEC("xdp")

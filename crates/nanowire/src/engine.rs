@@ -49,6 +49,13 @@ pub enum EngineCmd {
         /// Its connection table (a descriptor this process inherited).
         #[arg(long)]
         table_fd: i32,
+        /// The warden's end of a socket pair with the process (its exec
+        /// asks for the link's release there).
+        #[arg(long, requires = "link_fd")]
+        ctl_fd: Option<i32>,
+        /// The engine's XDP link, held until the connections are ended.
+        #[arg(long, requires = "ctl_fd")]
+        link_fd: Option<i32>,
     },
 }
 
@@ -100,9 +107,13 @@ pub fn run(a: EngineArgs) -> Result<i32, String> {
             pid,
             pidfd,
             table_fd,
+            ctl_fd,
+            link_fd,
         } => {
-            server::close_inherited_above(pidfd.max(table_fd));
-            nanowire_stack::xdp::service::warden::run(pid, pidfd, table_fd)
+            let held = ctl_fd.zip(link_fd);
+            let top = held.map_or(-1, |(c, l)| c.max(l));
+            server::close_inherited_above(pidfd.max(table_fd).max(top));
+            nanowire_stack::xdp::service::warden::run(pid, pidfd, table_fd, held)
                 .map_err(|e| format!("warden of process {pid}: {e}"))
         }
         EngineCmd::Status => {

@@ -117,6 +117,14 @@ pub fn prepare_exec(what: &str) {
         );
     }
     give_up_prepared_for(what);
+    if what == "exec"
+        && !nanowire_stack::xdp::service::warden::release_link(std::time::Duration::from_secs(2))
+    {
+        log!(
+            Level::Warn,
+            "exec: the warden did not let the XDP link go within 2 s: the new program may find the interface held"
+        );
+    }
     if what == "exec" {
         // The close-on-exec copies of connections a parent shared at fork
         // go with this program.

@@ -539,6 +539,14 @@ impl SteerProgram {
         self.ready.fd().as_fd()
     }
 
+    /// The XDP link: the program stays attached while a copy of it is
+    /// open (an own engine's warden holds one until it has given a killed
+    /// process's connections to the kernel, service/warden.rs).
+    pub fn link_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self._link.as_fd()
+    }
+
     /// Whether the attached program is the multi-buffer aware one
     /// (xdp.frags).
     pub fn frags(&self) -> bool {

@@ -985,6 +985,7 @@ impl Engine {
                 std::mem::ManuallyDrop::new(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
             let _ = rustix::io::dup3(inert, &mut target, rustix::io::DupFlags::CLOEXEC);
         }
+        service::warden::disown();
     }
 
     /// The RX path's delivery count, for [`Engine::rx_quiet`]: read under
@@ -1175,8 +1176,21 @@ impl Engine {
                         Steer::Service(c) => c.conn_table(t.fd())?,
                         Steer::Own(_) => return Err("not on the engine service".into()),
                     }
-                } else if !service::warden::start(t.fd())? {
-                    return Ok(None);
+                } else {
+                    // A copy of the link, for the warden to hold (the
+                    // program stays attached past a kill -9 until the
+                    // warden has given the connections to the kernel).
+                    let link = match &self.prog().prog {
+                        Steer::Own(p) => rustix::io::fcntl_dupfd_cloexec(p.link_fd(), 16).ok(),
+                        Steer::Service(_) => None,
+                    };
+                    let started = service::warden::start(t.fd(), link.as_ref().map(std::os::fd::AsFd::as_fd));
+                    if let Some(l) = link {
+                        nanowire_xdp::sys::close(std::os::fd::IntoRawFd::into_raw_fd(l));
+                    }
+                    if !started? {
+                        return Ok(None);
+                    }
                 }
                 Ok(Some(Arc::new(t)))
             });
