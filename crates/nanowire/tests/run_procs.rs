@@ -1450,3 +1450,101 @@ fn stats_names_the_sockets_a_forked_child_shares_until_it_exits() {
     }
     assert!(want.unwrap().contains("all ok"));
 }
+
+/// The first image: a listener (the engine's first TCP stack, which starts
+/// the warden: `posix_spawn` of `nanowire engine warden`), then, once the
+/// warden's spawn child exists (a process whose parent is this one; with
+/// the test hook it waits before its exec, holding its copies of this
+/// process's fds), exec of the second image, a listener on port + 1 that
+/// answers one connection.
+const SPAWN_THEN_EXEC: &str = r#"import os, socket, sys, time
+addr, port = sys.argv[1], int(sys.argv[2])
+if len(sys.argv) > 3:
+    s = listener()
+    c, _ = s.accept()
+    c.sendall(readline(c))
+    c.close()
+    sys.exit(0)
+s = socket.socket()
+s.bind((addr, port))
+s.listen(8)
+me = str(os.getpid())
+def child():
+    for p in os.listdir("/proc"):
+        try:
+            st = open("/proc/%s/status" % p).read()
+        except OSError:
+            continue
+        if p.isdigit() and p != me and "\nPPid:\t%s\n" % me in st:
+            return True
+    return False
+end = time.time() + 60
+while not child() and time.time() < end:
+    time.sleep(0.01)
+print("spawn child", child(), flush=True)
+prog = READLINE_SRC + SELF
+os.execv(sys.executable, [sys.executable, "-c", prog, addr, str(port + 1), "again"])
+"#;
+
+/// Issue 24, session 21's fix 522d642 made deterministic: an exec right
+/// after the first TCP stack, while the warden's `posix_spawn` child still
+/// holds copies of the engine's fds (the XDP link's and AF_XDP sockets'),
+/// must wait for it (`warden::settle`): else the new image's attach is
+/// refused (the interface still held) and its listener stays the
+/// kernel's. The test hook `NANOWIRE_TEST_WARDEN_SPAWN_FIFO` holds the
+/// child before its exec until the test opens the FIFO, which it does once
+/// the exec waits (the shim says so) or the new image listens.
+#[test]
+#[ignore = "needs root"]
+fn an_exec_right_after_the_first_tcp_stack_waits_for_the_warden_spawn() {
+    nanowire_testkit::require(&["python3", "mkfifo"]);
+    let l = &lab("pwsp");
+    let fifo = scratch("warden-spawn.fifo");
+    let st = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let srv = format!(
+        "READLINE_SRC = {:?}\nSELF = {:?}\n{READLINE}{SPAWN_THEN_EXEC}",
+        READLINE, SPAWN_THEN_EXEC
+    );
+    let addr = ADDR_B.to_string();
+    let port = 14796u16;
+    let mut cmd = xdp_or_plain(
+        l,
+        Host::B,
+        true,
+        &["python3", "-c", &srv, &addr, &port.to_string()],
+    );
+    cmd.env("NANOWIRE_TEST_WARDEN_SPAWN_FIFO", &fifo);
+    let mut s = spawn("spawn-exec", cmd);
+    s.wait_until("the exec", T, |k| {
+        k.stderr().contains("waiting for the warden's start") || k.stdout().contains("listening")
+    });
+    // Let the warden's spawn child go on (O_RDWR: no wait for a reader).
+    let _w = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .unwrap();
+    s.wait_for("listening", T);
+    let cli = format!(
+        "{READLINE}import socket, sys\nc = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)\nc.sendall(b'hello\\n')\nprint(readline(c).decode().strip(), flush=True)\n"
+    );
+    let port1 = (port + 1).to_string();
+    let o = plain_in(l, Host::A, &["python3", "-c", &cli, &addr, &port1])
+        .output()
+        .unwrap();
+    s.success(T);
+    assert_eq!(nanowire_testkit::ok(&o), "hello\n");
+    let out = s.stdout();
+    assert!(out.contains("spawn child True"), "{}", s.both());
+    assert!(
+        s.stderr()
+            .contains("exec: waiting for the warden's start in flight"),
+        "the exec did not come while the warden's spawn was in flight:\n{}",
+        s.both()
+    );
+    on_engine(&s, &format!("tcp listener {ADDR_B}:{port1}"));
+}

@@ -110,11 +110,17 @@ fn give_up_prepared_for(what: &str) {
 pub fn prepare_exec(what: &str) {
     // No copy of the engine's fds in a warden spawn's child may outlive
     // the old image (warden::settle).
-    if !nanowire_stack::xdp::service::warden::settle(std::time::Duration::from_secs(2)) {
+    if nanowire_stack::xdp::service::warden::spawning() {
         log!(
-            Level::Warn,
-            "{what}: the warden's start is still in flight after 2 s: a new program on this interface may find it held"
+            Level::Info,
+            "{what}: waiting for the warden's start in flight"
         );
+        if !nanowire_stack::xdp::service::warden::settle(std::time::Duration::from_secs(2)) {
+            log!(
+                Level::Warn,
+                "{what}: the warden's start is still in flight after 2 s: a new program on this interface may find it held"
+            );
+        }
     }
     give_up_prepared_for(what);
     if what == "exec"

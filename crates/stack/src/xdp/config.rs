@@ -52,8 +52,13 @@ pub const SERVICE_BIN_VAR: &str = "NANOWIRE_BIN";
 /// and before it leaves the listener's group (`run_fork`
 /// `a_worker_closing_its_listener_copy_leaves_the_group_first`).
 pub const TEST_LISTENER_CLOSE_STOP_VAR: &str = "NANOWIRE_TEST_LISTENER_CLOSE_STOP";
+/// Test hook (issue 24), a FIFO's path: the warden's `posix_spawn` child
+/// opens it for reading before its exec, so it waits there, holding its
+/// copies of the process's fds, until the test opens the FIFO
+/// (`run_procs an_exec_right_after_the_first_tcp_stack_waits_for_the_warden_spawn`).
+pub const TEST_WARDEN_SPAWN_FIFO_VAR: &str = "NANOWIRE_TEST_WARDEN_SPAWN_FIFO";
 /// Every variable [`EngineConfig::from_vars`] looks up.
-pub const VARS: [&str; 13] = [
+pub const VARS: [&str; 14] = [
     FAULTS_VAR,
     TCP_RTO_MIN_VAR,
     TX_CSUM_OFFLOAD_VAR,
@@ -67,6 +72,7 @@ pub const VARS: [&str; 13] = [
     SERVICE_VAR,
     SERVICE_BIN_VAR,
     TEST_LISTENER_CLOSE_STOP_VAR,
+    TEST_WARDEN_SPAWN_FIFO_VAR,
 ];
 
 /// The engine's settings.
@@ -108,6 +114,8 @@ pub struct EngineConfig {
     pub rx_no_quiet: bool,
     /// [`TEST_LISTENER_CLOSE_STOP_VAR`].
     pub test_listener_close_stop: bool,
+    /// [`TEST_WARDEN_SPAWN_FIFO_VAR`].
+    pub test_warden_spawn_fifo: Option<PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -126,6 +134,7 @@ impl Default for EngineConfig {
             spin_hint: true,
             rx_no_quiet: false,
             test_listener_close_stop: false,
+            test_warden_spawn_fifo: None,
         }
     }
 }
@@ -177,6 +186,7 @@ impl EngineConfig {
             no_multi_buffer: get(NO_MULTI_BUFFER_VAR).as_deref() == Some("1"),
             rx_no_quiet: get(RX_NO_QUIET_VAR).as_deref() == Some("1"),
             test_listener_close_stop: get(TEST_LISTENER_CLOSE_STOP_VAR).as_deref() == Some("1"),
+            test_warden_spawn_fifo: get(TEST_WARDEN_SPAWN_FIFO_VAR).map(PathBuf::from),
             stats_dir: get(STATS_DIR_VAR).map(PathBuf::from),
             service: matches!(
                 get(SERVICE_VAR).as_deref(),

@@ -227,6 +227,11 @@ pub fn settle(limit: Duration) -> bool {
     true
 }
 
+/// A warden spawn is in flight (see [`settle`]).
+pub fn spawning() -> bool {
+    SPAWNING.load(std::sync::atomic::Ordering::Acquire) != 0
+}
+
 /// Close `fd` with the raw system call (engine code never enters the
 /// shim's `close`).
 fn drop_raw(fd: OwnedFd) {
@@ -249,6 +254,8 @@ const PIDFD_AT: i32 = 3;
 const TABLE_AT: i32 = 4;
 const CTL_AT: i32 = 5;
 const LINK_AT: i32 = 6;
+/// The test hook's FIFO in the spawn child (above every fd the warden is given).
+const HOOK_FIFO_AT: i32 = LINK_AT + 1;
 
 /// `nanowire engine warden --pid P --pidfd 3 --table-fd 4`, stdin and
 /// stdout /dev/null, stderr the application's, no LD_PRELOAD, signals
@@ -296,10 +303,15 @@ fn spawn_and_reap(
     let mut envp: Vec<*mut libc::c_char> = env.iter().map(|a| a.as_ptr().cast_mut()).collect();
     envp.push(std::ptr::null_mut());
     let null = cstr(b"/dev/null")?;
+    // The test hook: the child waits in its open of the FIFO, before its exec.
+    let fifo = match &crate::xdp::config::config().test_warden_spawn_fifo {
+        Some(f) => Some(cstr(f.as_os_str().as_bytes())?),
+        None => None,
+    };
     let mut child: libc::pid_t = 0;
     // SAFETY: the file actions and attributes are initialised before use
     // and destroyed after; every pointer passed (path, argv, envp, the
-    // /dev/null path) points to a NUL-terminated string that outlives the
+    // /dev/null path, the hook's FIFO) points to a NUL-terminated string that outlives the
     // call; argv and envp end with a null pointer; posix_spawn writes the
     // child's pid into `child`; the dup2 sources are open fds above 16.
     let r = unsafe {
@@ -315,6 +327,15 @@ fn spawn_and_reap(
         }
         libc::posix_spawn_file_actions_addopen(&mut fa, 0, null.as_ptr(), libc::O_RDONLY, 0);
         libc::posix_spawn_file_actions_addopen(&mut fa, 1, null.as_ptr(), libc::O_WRONLY, 0);
+        if let Some(f) = &fifo {
+            libc::posix_spawn_file_actions_addopen(
+                &mut fa,
+                HOOK_FIFO_AT,
+                f.as_ptr(),
+                libc::O_RDONLY,
+                0,
+            );
+        }
         let mut none: libc::sigset_t = std::mem::zeroed();
         let mut all: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
