@@ -30,6 +30,21 @@ for i in range(n):
     c.close()
 "#;
 
+/// `argv` in host b, plainly or under run on the engine service (info
+/// lines, no spinning, `env` added).
+fn in_b(lab: &ScopedLab, run: bool, argv: &[&str], env: (&str, &str)) -> std::process::Command {
+    let mut cmd = if run {
+        run_in(lab, Host::B, &["--engine", "xdp"], argv)
+    } else {
+        plain_in(lab, Host::B, argv)
+    };
+    cmd.env("NANOWIRE_SERVICE", "1")
+        .env("NANOWIRE_LOG", "info")
+        .env("NANOWIRE_SPIN_US", "0")
+        .env(env.0, env.1);
+    cmd
+}
+
 fn nginx(lab: &ScopedLab, dir: &std::path::Path, workers: usize, run: bool, tag: &str) -> Kid {
     let d = dir.display();
     let conf = dir.join(format!("nginx-{run}.conf"));
@@ -50,15 +65,7 @@ fn nginx(lab: &ScopedLab, dir: &std::path::Path, workers: usize, run: bool, tag:
     let conf = conf.to_string_lossy().into_owned();
     let prefix = dir.to_string_lossy().into_owned();
     let argv = ["nginx", "-p", &prefix, "-c", &conf, "-e", "stderr"];
-    let mut cmd = if run {
-        run_in(lab, Host::B, &["--engine", "xdp"], &argv)
-    } else {
-        plain_in(lab, Host::B, &argv)
-    };
-    cmd.env("NANOWIRE_SERVICE", "1")
-        .env("NANOWIRE_LOG", "info")
-        .env("NANOWIRE_SPIN_US", "0")
-        .env("NANOWIRE_RING_DEPTH", "1024");
+    let cmd = in_b(lab, run, &argv, ("NANOWIRE_RING_DEPTH", "1024"));
     let k = spawn(&format!("nginx{workers}-{run}{tag}"), cmd);
     // Serving once a request through every worker's start is answered.
     let end = Instant::now() + Duration::from_secs(60);
@@ -371,6 +378,36 @@ fn nginx_workers_on_the_service_make_no_eventfd_call_per_connection() {
     );
 }
 
+/// The prefork skeleton of [`PREFORK`] and [`CLOSER`]: `prefork(port, n,
+/// serve, stop)` listens on 198.18.0.2:`port`, forks `n` workers that
+/// accept and call `serve(listener, conn)`, says "listening" and waits;
+/// SIGTERM calls `stop(kids)`.
+macro_rules! prefork_py {
+    () => {
+        r#"
+import os, signal
+def prefork(port, n, serve, stop):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("198.18.0.2", port))
+    s.listen(64)
+    kids = []
+    for i in range(n):
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            while True:
+                c, _ = s.accept()
+                serve(s, c)
+        kids.append(pid)
+    signal.signal(signal.SIGTERM, lambda *_: stop(kids))
+    print("listening", flush=True)
+    while True:
+        signal.pause()
+"#
+    };
+}
+
 /// A prefork server in Python: the parent listens, forks 4 children that
 /// each accept and answer, and waits. Plainly and under run on the
 /// service: the answers' hashes are the same. A connection whose first
@@ -380,8 +417,9 @@ fn nginx_workers_on_the_service_make_no_eventfd_call_per_connection() {
 /// the line, so its stack has taken in the peer's ACK that came with it).
 const PREFORK: &str = concat!(
     py_prelude!(),
+    prefork_py!(),
     r#"
-import hashlib, os, signal, threading
+import hashlib, threading
 def hold(c, data):
     while data:
         if data.startswith(b"ok "):
@@ -390,32 +428,18 @@ def hold(c, data):
             c.sendall(b"%d\n" % os.getpid())
         data = recv_line(c, 4096)
     c.close()
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("198.18.0.2", 8091))
-s.listen(64)
-kids = []
-for i in range(4):
-    pid = os.fork()
-    if pid == 0:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        while True:
-            c, _ = s.accept()
-            data = recv_line(c, 4096)
-            if data.startswith(b"hold"):
-                threading.Thread(target=hold, args=(c, data), daemon=True).start()
-                continue
-            c.sendall(hashlib.sha256(data).digest() * (1000 + len(data)))
-            c.close()
-    kids.append(pid)
-def stop(*_):
+def serve(s, c):
+    data = recv_line(c, 4096)
+    if data.startswith(b"hold"):
+        threading.Thread(target=hold, args=(c, data), daemon=True).start()
+        return
+    c.sendall(hashlib.sha256(data).digest() * (1000 + len(data)))
+    c.close()
+def stop(kids):
     for k in kids:
         os.kill(k, signal.SIGTERM)
     sys.exit(0)
-signal.signal(signal.SIGTERM, stop)
-print("listening", flush=True)
-while True:
-    signal.pause()
+prefork(8091, 4, serve, stop)
 "#
 );
 
@@ -500,6 +524,17 @@ assert len(set(o.split(":")[0] for o in out)) == 2, out
 "#
 );
 
+/// A Python server in host b as [`in_b`] makes it, started as
+/// `{tag}-{run}` and waited for until it says "listening".
+fn python_in_b(lab: &ScopedLab, run: bool, prog: &str, tag: &str, env: (&str, &str)) -> Kid {
+    let mut k = spawn(
+        &format!("{tag}-{run}"),
+        in_b(lab, run, &["python3", "-c", prog], env),
+    );
+    k.wait_for("listening", Duration::from_secs(60));
+    k
+}
+
 #[test]
 #[ignore = "needs root"]
 fn a_python_prefork_server_serves_on_the_engine_in_each_child() {
@@ -507,18 +542,13 @@ fn a_python_prefork_server_serves_on_the_engine_in_each_child() {
     let lab = lab("fkpy");
     let mut outs = Vec::new();
     for run in [false, true] {
-        let argv = ["python3", "-c", PREFORK];
-        let mut cmd = if run {
-            run_in(&lab, Host::B, &["--engine", "xdp"], &argv)
-        } else {
-            plain_in(&lab, Host::B, &argv)
-        };
-        cmd.env("NANOWIRE_SERVICE", "1")
-            .env("NANOWIRE_LOG", "info")
-            .env("NANOWIRE_SPIN_US", "0")
-            .env("NANOWIRE_RING_DEPTH", "1024");
-        let mut k = spawn(&format!("prefork-{run}"), cmd);
-        k.wait_for("listening", Duration::from_secs(60));
+        let k = python_in_b(
+            &lab,
+            run,
+            PREFORK,
+            "prefork",
+            ("NANOWIRE_RING_DEPTH", "1024"),
+        );
         let o = plain_in(&lab, Host::A, &["python3", "-c", PREFORK_CLIENT])
             .output()
             .unwrap();
@@ -572,38 +602,24 @@ fn a_python_prefork_server_serves_on_the_engine_in_each_child() {
 /// exit, which would meet the test hook).
 const CLOSER: &str = concat!(
     py_prelude!(),
+    prefork_py!(),
     r#"
-import os, signal
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("198.18.0.2", 8092))
-s.listen(64)
-kids = []
-for i in range(2):
-    pid = os.fork()
-    if pid == 0:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+def serve(s, c):
+    line = recv_line(c, 4096)
+    if line == b"close\n":
+        c.sendall(b"closing %d\n" % os.getpid())
+        c.close()
+        s.close()
+        print("closed", os.getpid(), flush=True)
         while True:
-            c, _ = s.accept()
-            line = recv_line(c, 4096)
-            if line == b"close\n":
-                c.sendall(b"closing %d\n" % os.getpid())
-                c.close()
-                s.close()
-                print("closed", os.getpid(), flush=True)
-                while True:
-                    signal.pause()
-            c.sendall(b"%d\n" % os.getpid())
-            c.close()
-    kids.append(pid)
-def stop(*_):
+            signal.pause()
+    c.sendall(b"%d\n" % os.getpid())
+    c.close()
+def stop(kids):
     for k in kids:
         os.kill(k, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
-signal.signal(signal.SIGTERM, stop)
-print("listening", flush=True)
-while True:
-    signal.pause()
+prefork(8092, 2, serve, stop)
 "#
 );
 
@@ -665,18 +681,8 @@ fn a_worker_closing_its_listener_copy_leaves_the_group_first() {
     let lab = lab("fkcl");
     let mut outs = Vec::new();
     for run in [false, true] {
-        let argv = ["python3", "-c", CLOSER];
-        let mut cmd = if run {
-            run_in(&lab, Host::B, &["--engine", "xdp"], &argv)
-        } else {
-            plain_in(&lab, Host::B, &argv)
-        };
-        cmd.env("NANOWIRE_SERVICE", "1")
-            .env("NANOWIRE_LOG", "info")
-            .env("NANOWIRE_SPIN_US", "0")
-            .env("NANOWIRE_TEST_LISTENER_CLOSE_STOP", "1");
-        let mut k = spawn(&format!("closer-{run}"), cmd);
-        k.wait_for("listening", Duration::from_secs(60));
+        let env = ("NANOWIRE_TEST_LISTENER_CLOSE_STOP", "1");
+        let mut k = python_in_b(&lab, run, CLOSER, "closer", env);
         let mode = if run { "stopped" } else { "plain" };
         let o = plain_in(&lab, Host::A, &["python3", "-c", CLOSER_CLIENT, mode])
             .output()
