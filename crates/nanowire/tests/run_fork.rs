@@ -527,6 +527,7 @@ assert len(set(o.split(":")[0] for o in out)) == 2, out
 /// A Python server in host b as [`in_b`] makes it, started as
 /// `{tag}-{run}` and waited for until it says "listening".
 fn python_in_b(lab: &ScopedLab, run: bool, prog: &str, tag: &str, env: (&str, &str)) -> Kid {
+    nanowire_testkit::require(&["python3"]);
     let mut k = spawn(
         &format!("{tag}-{run}"),
         in_b(lab, run, &["python3", "-c", prog], env),
@@ -538,7 +539,6 @@ fn python_in_b(lab: &ScopedLab, run: bool, prog: &str, tag: &str, env: (&str, &s
 #[test]
 #[ignore = "needs root"]
 fn a_python_prefork_server_serves_on_the_engine_in_each_child() {
-    nanowire_testkit::require(&["python3"]);
     let lab = lab("fkpy");
     let mut outs = Vec::new();
     for run in [false, true] {
@@ -677,12 +677,10 @@ print("after:", twenty(closer), flush=True)
 #[test]
 #[ignore = "needs root"]
 fn a_worker_closing_its_listener_copy_leaves_the_group_first() {
-    nanowire_testkit::require(&["python3"]);
-    let lab = lab("fkcl");
-    let mut outs = Vec::new();
+    let (lab, mut outs) = (lab("fkcl"), Vec::new());
+    let stop_in_close = ("NANOWIRE_TEST_LISTENER_CLOSE_STOP", "1");
     for run in [false, true] {
-        let env = ("NANOWIRE_TEST_LISTENER_CLOSE_STOP", "1");
-        let mut k = python_in_b(&lab, run, CLOSER, "closer", env);
+        let mut k = python_in_b(&lab, run, CLOSER, "closer", stop_in_close);
         let mode = if run { "stopped" } else { "plain" };
         let o = plain_in(&lab, Host::A, &["python3", "-c", CLOSER_CLIENT, mode])
             .output()
