@@ -298,7 +298,12 @@ fn print_service(s: &Value) {
             }
             let refused = named_nonzero(
                 &c["counters"],
-                &["claims_refused", "tcp_flows_refused", "tcp_joins_refused"],
+                &[
+                    "claims_refused",
+                    "tcp_flows_refused",
+                    "tcp_joins_refused",
+                    "tcp_moves_refused",
+                ],
             );
             if !refused.is_empty() {
                 out!("      refused: {}", refused.join(", "));

@@ -2556,3 +2556,139 @@ fn a_send_buffer_larger_than_a_slab_is_counted_with_its_reason() {
     assert!(sink.success(T).contains("got [1048576, 1048576]"));
     let _ = std::fs::remove_file(&flag);
 }
+
+/// Issue 24 item 1, the service's half (`K_TCP_MOVE`): a TCP connection
+/// moves between two processes holding its socket, and to no other. Three
+/// clients of the service (raw protocol, in this test's process: the
+/// service tells them apart by their control sockets). The owner claims the
+/// 4-tuple with the socket holding the port; a take before any offer is
+/// refused, an offer by a process that does not own it is refused; after
+/// the owner's offer, a process showing another socket is refused (the
+/// inode), the taker showing its copy (a dup: one open file, as across
+/// fork) gets it: the peer's SYN is steered to the taker's slot, not the
+/// owner's; the offer is used up; the owner can no longer offer it; the
+/// taker offers it back and the owner takes it ("turns"). Counted.
+#[test]
+#[ignore = "needs root"]
+fn a_tcp_connection_moves_between_processes_holding_its_socket_and_to_no_other() {
+    use std::net::{SocketAddrV4, TcpListener};
+    use std::os::fd::AsFd;
+    use std::sync::mpsc;
+    let (port, from) = (12901u16, 40901u16);
+    let local = SocketAddrV4::new(ADDR_B, port);
+    let remote = SocketAddrV4::new(ADDR_A, from);
+    let lab = lab("vmv");
+    let _service = start_service(&lab);
+    let (ifname, ns) = (lab.iface(Host::B), lab.netns(Host::B));
+    let (step, steps) = mpsc::channel::<[u32; 2]>();
+    let (go_on, go) = mpsc::channel::<()>();
+    let clients = std::thread::spawn(move || {
+        nanowire_testkit::in_ns(&ns, move || {
+            use nanowire_stack::xdp::service::proto::TcpFlow;
+            let (owner, taker, stranger) =
+                (attached(&ifname), attached(&ifname), attached(&ifname));
+            let (o, t, x) = (&owner.conn, &taker.conn, &stranger.conn);
+            let ready = owner.ready.as_ref().expect("the program's count map");
+            let sock = TcpListener::bind((ADDR_B, port)).unwrap();
+            let copy = sock.try_clone().unwrap();
+            let other = TcpListener::bind((ADDR_B, port + 1)).unwrap();
+            o.tcp_flow(TcpFlow::Flow, local, remote, Some(sock.as_fd()))
+                .unwrap();
+            // (who, take, showing which socket, refused because: None = granted)
+            let (mine, dup, another) = (sock.as_fd(), copy.as_fd(), other.as_fd());
+            let script = [
+                (t, true, dup, Some("no process offers it")),
+                (x, false, another, Some("does not own it")),
+                (o, false, mine, None),
+                (x, true, another, Some("not the connection's socket")),
+                (o, true, mine, Some("this process offers it")),
+                (t, true, dup, None),
+                (x, true, dup, Some("no process offers it")),
+                (o, false, mine, Some("does not own it")),
+            ];
+            for (who, take, fd, why) in script {
+                let r = who.tcp_move(take, local, remote, fd);
+                match why {
+                    Some(why) => refused(r, why),
+                    None => r.unwrap(),
+                }
+            }
+            let slots = [owner.reply.slot, taker.reply.slot];
+            let count = |s: &[u32; 2]| s.map(|s| redirected_to(ready.as_fd(), s));
+            step.send(count(&slots)).unwrap();
+            go.recv().unwrap();
+            step.send(count(&slots)).unwrap();
+            // Turns: back to the owner.
+            t.tcp_move(false, local, remote, copy.as_fd()).unwrap();
+            o.tcp_move(true, local, remote, sock.as_fd()).unwrap();
+            step.send(count(&slots)).unwrap();
+            go.recv().unwrap();
+            step.send(count(&slots)).unwrap();
+            go.recv().unwrap();
+        })
+    });
+    let before = steps.recv_timeout(T).expect("the clients' first steps");
+    syn_to(&lab, from, port);
+    go_on.send(()).unwrap();
+    let after = steps.recv_timeout(T).unwrap();
+    assert_eq!(
+        after[0], before[0],
+        "nothing for the owner: {before:?} {after:?}"
+    );
+    assert!(
+        after[1] > before[1],
+        "the taker's SYN: {before:?} {after:?}"
+    );
+    let back = steps.recv_timeout(T).unwrap();
+    syn_to(&lab, from, port);
+    go_on.send(()).unwrap();
+    let end = steps.recv_timeout(T).unwrap();
+    assert!(end[0] > back[0], "moved back: {back:?} {end:?}");
+    assert_eq!(
+        end[1], back[1],
+        "nothing more for the taker: {back:?} {end:?}"
+    );
+    let st = status(&lab);
+    go_on.send(()).unwrap();
+    clients.join().expect("the clients");
+    let flows = |c: &serde_json::Value| c["tcp_flows"].as_array().unwrap().len();
+    let all = st["ifaces"][0]["clients"].as_array().unwrap().clone();
+    assert_eq!(all.len(), 3, "{st}");
+    assert_eq!(all.iter().map(flows).sum::<usize>(), 1, "{st}");
+    let k = &st["counters"];
+    assert_eq!(k["tcp_offers"], 2, "{st}");
+    assert_eq!(k["tcp_moves"], 2, "{st}");
+    assert_eq!(k["tcp_moves_refused"], 6, "{st}");
+}
+
+/// A SYN from host a's `from` to host b's `to` (a non-blocking connect,
+/// left unanswered: the segment only has to reach the steering program).
+fn syn_to(lab: &ScopedLab, from: u16, to: u16) {
+    nanowire_testkit::in_ns(&lab.netns(Host::A), move || {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let sa = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(ip).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: socket(2); the descriptor is owned at once.
+        let s = unsafe {
+            OwnedFd::from_raw_fd(libc::socket(
+                libc::AF_INET,
+                libc::SOCK_STREAM | libc::SOCK_NONBLOCK,
+                0,
+            ))
+        };
+        let (a, b) = (sa(ADDR_A, from), sa(ADDR_B, to));
+        // SAFETY: a sockaddr_in and its size, on our socket.
+        unsafe {
+            assert_eq!(libc::bind(s.as_raw_fd(), (&raw const a).cast(), len), 0);
+            libc::connect(s.as_raw_fd(), (&raw const b).cast(), len);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    });
+}

@@ -326,6 +326,20 @@ impl Conn {
         self.request(&proto::encode_tcp_flow(Some(what), local, remote), &fds)
     }
 
+    /// Move the TCP connection (local, remote) between two processes
+    /// holding its socket `sock` (`K_TCP_MOVE`): the owner offers it
+    /// (`take` false), then the other takes it (`take` true: its copy of the
+    /// same socket), and the service steers it to the taker.
+    pub fn tcp_move(
+        &self,
+        take: bool,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        sock: BorrowedFd<'_>,
+    ) -> Result<(), String> {
+        self.request(&proto::encode_tcp_move(take, local, remote), &[sock])
+    }
+
     pub fn tcp_unflow(&self, local: SocketAddrV4, remote: SocketAddrV4) {
         let _ = self.call(&proto::encode_tcp_flow(None, local, remote), &[], 512);
     }

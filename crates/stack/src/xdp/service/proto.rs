@@ -52,6 +52,13 @@ pub const K_TCP_JOIN: u16 = 10;
 /// A member of a listener group stops accepting for now (a fork's parent);
 /// body as `K_CLAIM`'s (protocol 6), no descriptor.
 pub const K_TCP_IDLE: u16 = 11;
+/// Move one TCP connection (4-tuple) between two processes holding its
+/// socket (issue 24: a forked child uses its copy, and the connection stays
+/// on the engine). Body as `K_TCP_FLOW`'s, what 1: the owner *offers* it
+/// (its socket comes with it, SCM_RIGHTS: the service keeps the socket's
+/// inode); what 2: the requester *takes* it (its copy of that socket comes
+/// with it: the same inode, or refused): the 4-tuple is steered to its slot.
+pub const K_TCP_MOVE: u16 = 12;
 pub const K_OK: u16 = 0x81;
 pub const K_ERR: u16 = 0x82;
 pub const K_STATUS_REPLY: u16 = 0x83;
@@ -118,6 +125,14 @@ pub enum Request {
     TcpIdle {
         addr: Ipv4Addr,
         port: u16,
+    },
+    /// Offer (`take` false: the owner) or take (`take` true: a process
+    /// holding the same socket) the TCP connection (local, remote); the
+    /// process's copy of its socket comes with it (SCM_RIGHTS).
+    TcpMove {
+        take: bool,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
     },
 }
 
@@ -218,12 +233,22 @@ pub fn encode_tcp_flow(
     local: SocketAddrV4,
     remote: SocketAddrV4,
 ) -> Vec<u8> {
-    let mut v = header(if what.is_some() {
+    let k = if what.is_some() {
         K_TCP_FLOW
     } else {
         K_TCP_UNFLOW
-    });
-    v.extend_from_slice(&[what.map_or(0, |w| w as u8), 0, 0, 0]);
+    };
+    encode_tuple(k, what.map_or(0, |w| w as u8), local, remote)
+}
+
+/// `K_TCP_MOVE`: as `K_TCP_FLOW`, what 1 offer, 2 take.
+pub fn encode_tcp_move(take: bool, local: SocketAddrV4, remote: SocketAddrV4) -> Vec<u8> {
+    encode_tuple(K_TCP_MOVE, 1 + u8::from(take), local, remote)
+}
+
+fn encode_tuple(k: u16, what: u8, local: SocketAddrV4, remote: SocketAddrV4) -> Vec<u8> {
+    let mut v = header(k);
+    v.extend_from_slice(&[what, 0, 0, 0]);
     v.extend_from_slice(&local.ip().octets());
     v.extend_from_slice(&local.port().to_le_bytes());
     v.extend_from_slice(&remote.port().to_le_bytes());
@@ -309,7 +334,7 @@ pub fn decode_request(b: &[u8]) -> Result<Request, &'static str> {
                 _ => Request::TcpIdle { addr, port },
             })
         }
-        k @ (K_TCP_FLOW | K_TCP_UNFLOW) => {
+        k @ (K_TCP_FLOW | K_TCP_UNFLOW | K_TCP_MOVE) => {
             if b.len() != 8 + 16 {
                 return Err("bad_length");
             }
@@ -326,6 +351,16 @@ pub fn decode_request(b: &[u8]) -> Result<Request, &'static str> {
             }
             if k == K_TCP_UNFLOW {
                 return Ok(Request::TcpUnflow { local, remote });
+            }
+            if k == K_TCP_MOVE {
+                return match b[8] {
+                    w @ (1 | 2) => Ok(Request::TcpMove {
+                        take: w == 2,
+                        local,
+                        remote,
+                    }),
+                    _ => Err("bad_move_kind"),
+                };
             }
             let what = match b[8] {
                 1 => TcpFlow::Flow,
@@ -552,6 +587,21 @@ mod tests {
         let mut w = f.clone();
         w[8] = 9;
         assert_eq!(decode_request(&w), Err("bad_flow_kind"));
+        for take in [false, true] {
+            assert_eq!(
+                decode_request(&encode_tcp_move(take, l, r)),
+                Ok(Request::TcpMove {
+                    take,
+                    local: l,
+                    remote: r
+                })
+            );
+        }
+        let mut m = encode_tcp_move(true, l, r);
+        m[8] = 3;
+        assert_eq!(decode_request(&m), Err("bad_move_kind"));
+        m.push(0);
+        assert_eq!(decode_request(&m), Err("bad_length"));
         let mut z = f;
         z[16] = 0;
         z[17] = 0;

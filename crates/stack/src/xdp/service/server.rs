@@ -100,6 +100,22 @@ pub struct ClientCounters {
     pub tcp_joins: u64,
     pub tcp_joins_refused: u64,
     pub tcp_idles: u64,
+    /// Connections moved between processes holding one socket (issue 24,
+    /// `K_TCP_MOVE`): offered by their owner, taken by another holder, and
+    /// requests refused (either half).
+    pub tcp_offers: u64,
+    pub tcp_moves: u64,
+    pub tcp_moves_refused: u64,
+}
+
+/// A connection its owner offers to the processes holding its socket
+/// (`K_TCP_MOVE` offer; `Iface::offers`).
+#[derive(Debug, Clone, Copy)]
+struct Offer {
+    /// (st_dev, st_ino) of the socket the owner passed.
+    ino: (u64, u64),
+    /// The owner's client id.
+    from: u64,
 }
 
 /// A TCP listener claim on the service is a group (issue 24): the
@@ -166,6 +182,9 @@ struct Iface {
     /// the 4-tuple anew. Each with whose it was and how it ended (shown
     /// by `nanowire stats` as the host's orphans).
     handed: HashMap<(SocketAddrV4, SocketAddrV4), Orphan>,
+    /// Connections offered to another holder of their socket, by 4-tuple
+    /// (one at a time per 4-tuple: a new offer replaces the old one).
+    offers: HashMap<(SocketAddrV4, SocketAddrV4), Offer>,
     mode: AttachMode,
     budget: u32,
 }
@@ -445,6 +464,7 @@ impl Service {
             Request::Claim { .. }
                 | Request::TcpJoin { .. }
                 | Request::TcpFlow { .. }
+                | Request::TcpMove { .. }
                 | Request::ConnTable
                 | Request::StatsPage
         ) && !fds.is_empty()
@@ -517,6 +537,25 @@ impl Service {
                     proto::TcpFlow::Pass => |c| &mut c.tcp_passes,
                 };
                 self.count_answer(id, r, done, |c| &mut c.tcp_flows_refused);
+            }
+            Request::TcpMove {
+                take,
+                local,
+                remote,
+            } => {
+                let r = match fds.as_slice() {
+                    [fd] => self.tcp_move(id, take, (local, remote), fd),
+                    _ => {
+                        bad(&mut self.counters, "move_without_socket");
+                        Err("a move needs the connection's socket".to_string())
+                    }
+                };
+                let done: fn(&mut ClientCounters) -> &mut u64 = if take {
+                    |c| &mut c.tcp_moves
+                } else {
+                    |c| &mut c.tcp_offers
+                };
+                self.count_answer(id, r, done, |c| &mut c.tcp_moves_refused);
             }
             Request::ConnTable => {
                 let mut fds = fds;
@@ -655,6 +694,7 @@ impl Service {
                 tcp_flows: HashMap::new(),
                 groups: HashMap::new(),
                 handed: Default::default(),
+                offers: Default::default(),
                 mode,
                 budget: TX_PER_SLOT.min(256),
             },
@@ -1008,16 +1048,7 @@ impl Service {
     ) -> Result<(), String> {
         let (name, slot) = self.attached(id, "claim")?;
         let ifc = self.ifaces.get(&name).ok_or("interface gone")?;
-        // Its own claim of `local` (a client port's), or a member of the
-        // listener group there.
-        let under_listener =
-            ifc.claims
-                .get(&(proto::PROTO_TCP, local.ip().to_bits(), local.port()))
-                == Some(&id)
-                || ifc
-                    .groups
-                    .get(&(local.ip().to_bits(), local.port()))
-                    .is_some_and(|g| g.members.iter().any(|m| m.0 == id));
+        let under_listener = under_listener(ifc, id, local);
         match (what, sock) {
             (proto::TcpFlow::Pass, _) | (proto::TcpFlow::Flow, None) if !under_listener => {
                 return Err(format!(
@@ -1059,6 +1090,91 @@ impl Service {
             Some(f) => f.2 = what,
             None => flows.push((local, remote, what)),
         }
+        Ok(())
+    }
+
+    /// `K_TCP_MOVE` of the TCP connection (local, remote) by client `id`,
+    /// showing its copy of the connection's socket `sock`:
+    ///
+    /// * an **offer** (`take` false): its owner offers it to the processes
+    ///   holding `sock`. It must steer the 4-tuple now (its flow claim, or
+    ///   its listener's, or its client port's claim of `local`, and then the
+    ///   kernel has no live connection on it); the service keeps the
+    ///   socket's inode. A new offer of the 4-tuple replaces an old one.
+    /// * a **take** (`take` true): a process holding the socket of an offered
+    ///   connection takes it: `sock` must be that socket (the inode the owner
+    ///   passed: a fork's copy of the same open file); then the 4-tuple is
+    ///   steered to its slot and is its flow claim (released with its other
+    ///   claims, ended by the service if it dies).
+    fn tcp_move(
+        &mut self,
+        id: u64,
+        take: bool,
+        (local, remote): (SocketAddrV4, SocketAddrV4),
+        sock: &OwnedFd,
+    ) -> Result<(), String> {
+        let (name, slot) = self.attached(id, "move")?;
+        let ino = tcp_socket_inode(sock)?;
+        if take {
+            return self.tcp_take(id, &name, slot, (local, remote), ino);
+        }
+        let ifc = self.ifaces.get(&name).ok_or("interface gone")?;
+        let flow = self
+            .clients
+            .get(&id)
+            .is_some_and(|c| c.tcp_flows.contains(&(local, remote, proto::TcpFlow::Flow)))
+            && ifc.tcp_flows.get(&(local, remote)) == Some(&id);
+        let steers = flow
+            || (!ifc.tcp_flows.contains_key(&(local, remote))
+                && under_listener(ifc, id, local)
+                && !self.kernel_has(local, remote)?);
+        if !steers {
+            return Err(format!(
+                "TCP {local} <-> {remote} not offered: this process does not own it on the engine service"
+            ));
+        }
+        let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
+        ifc.offers.insert((local, remote), Offer { ino, from: id });
+        Ok(())
+    }
+
+    /// [`Service::tcp_move`]'s take by client `id` (slot `slot` of
+    /// interface `name`), showing the socket of inode `ino`.
+    fn tcp_take(
+        &mut self,
+        id: u64,
+        name: &str,
+        slot: u32,
+        (local, remote): (SocketAddrV4, SocketAddrV4),
+        ino: (u64, u64),
+    ) -> Result<(), String> {
+        let ifc = self.ifaces.get_mut(name).ok_or("interface gone")?;
+        let Some(o) = ifc.offers.get(&(local, remote)).copied() else {
+            return Err(format!(
+                "TCP {local} <-> {remote} not moved: no process offers it"
+            ));
+        };
+        if o.from == id {
+            return Err(format!(
+                "TCP {local} <-> {remote} not moved: this process offers it"
+            ));
+        }
+        if o.ino != ino {
+            return Err(format!(
+                "TCP {local} <-> {remote} not moved: the socket passed is not the connection's socket"
+            ));
+        }
+        ifc.prog
+            .claim_tcp_flow(local, remote, nanowire_xdp::program::SLOT | slot)?;
+        ifc.offers.remove(&(local, remote));
+        ifc.tcp_flows.insert((local, remote), id);
+        ifc.handed.remove(&(local, remote));
+        if let Some(c) = self.clients.get_mut(&o.from) {
+            c.tcp_flows.retain(|f| (f.0, f.1) != (local, remote));
+        }
+        let c = self.clients.get_mut(&id).expect("attached above");
+        c.tcp_flows.retain(|f| (f.0, f.1) != (local, remote));
+        c.tcp_flows.push((local, remote, proto::TcpFlow::Flow));
         Ok(())
     }
 
@@ -1243,6 +1359,10 @@ impl Service {
         let Some((name, _)) = c.attached.clone() else {
             return;
         };
+        if let Some(ifc) = self.ifaces.get_mut(&name) {
+            ifc.offers
+                .retain(|&k, o| k != (local, remote) || o.from != id);
+        }
         if let Some(ifc) = self.ifaces.get_mut(&name)
             && ifc.tcp_flows.remove(&(local, remote)).is_some()
         {
@@ -1274,8 +1394,14 @@ impl Service {
             release_claim(ifc, id, slot, *p, *addr, *port);
         }
         for (l, r, _) in &c.tcp_flows {
-            // A connection handed to the kernel keeps its pass.
-            if ifc.tcp_flows.remove(&(*l, *r)).is_some() && !ifc.handed.contains_key(&(*l, *r)) {
+            // A connection handed to the kernel keeps its pass; one it
+            // offered keeps steering to its dead slot (dropped there, the
+            // peer retransmits) until the taker's claim replaces it.
+            let offered = ifc.offers.contains_key(&(*l, *r));
+            if ifc.tcp_flows.remove(&(*l, *r)).is_some()
+                && !ifc.handed.contains_key(&(*l, *r))
+                && !offered
+            {
                 ifc.prog.unclaim_tcp_flow(*l, *r);
             }
         }
@@ -1776,6 +1902,28 @@ fn release_claim(ifc: &mut Iface, id: u64, slot: u32, p: u8, addr: Ipv4Addr, por
 fn write_group(prog: &mut SteerProgram, g: &Group) -> Result<(), String> {
     let accepting: Vec<u32> = g.members.iter().filter(|m| m.2).map(|m| m.1).collect();
     prog.set_tcp_group(g.gid, &accepting)
+}
+
+/// A TCP claim of `local` by client `id`: its own (a client port's, a
+/// listener's), or as a member of the listener group there.
+fn under_listener(ifc: &Iface, id: u64, local: SocketAddrV4) -> bool {
+    ifc.claims
+        .get(&(proto::PROTO_TCP, local.ip().to_bits(), local.port()))
+        == Some(&id)
+        || ifc
+            .groups
+            .get(&(local.ip().to_bits(), local.port()))
+            .is_some_and(|g| g.members.iter().any(|m| m.0 == id))
+}
+
+/// [`socket_inode`] of an IPv4 TCP socket (anything else is refused).
+fn tcp_socket_inode(sock: &OwnedFd) -> Result<(u64, u64), String> {
+    let tcp = rustix::net::sockopt::socket_domain(sock).ok() == Some(AddressFamily::INET)
+        && rustix::net::sockopt::socket_type(sock).ok() == Some(SocketType::STREAM);
+    if !tcp {
+        return Err("the descriptor passed is no IPv4 TCP socket".into());
+    }
+    socket_inode(sock)
 }
 
 /// (st_dev, st_ino) of a socket: what tells a listening socket and its
