@@ -2624,6 +2624,13 @@ fn a_tcp_connection_moves_between_processes_holding_its_socket_and_to_no_other()
             step.send(count(&slots)).unwrap();
             go.recv().unwrap();
             step.send(count(&slots)).unwrap();
+            // Its owner may give it to the kernel (a hand-over), nobody else.
+            refused(
+                t.tcp_flow(TcpFlow::Pass, local, remote, None),
+                "neither a socket",
+            );
+            o.tcp_flow(TcpFlow::Pass, local, remote, None).unwrap();
+            step.send(count(&slots)).unwrap();
             go.recv().unwrap();
         })
     });
@@ -2648,6 +2655,7 @@ fn a_tcp_connection_moves_between_processes_holding_its_socket_and_to_no_other()
         end[1], back[1],
         "nothing more for the taker: {back:?} {end:?}"
     );
+    steps.recv_timeout(T).expect("the passes");
     let st = status(&lab);
     go_on.send(()).unwrap();
     clients.join().expect("the clients");
@@ -2659,6 +2667,13 @@ fn a_tcp_connection_moves_between_processes_holding_its_socket_and_to_no_other()
     assert_eq!(k["tcp_offers"], 2, "{st}");
     assert_eq!(k["tcp_moves"], 2, "{st}");
     assert_eq!(k["tcp_moves_refused"], 6, "{st}");
+    assert_eq!(k["tcp_passes"], 1, "{st}");
+    assert_eq!(k["tcp_flows_refused"], 1, "{st}");
+    let to: Vec<_> = all
+        .iter()
+        .flat_map(|c| c["tcp_flows"].as_array().unwrap().clone())
+        .collect();
+    assert_eq!(to[0]["to"], "kernel", "{st}");
 }
 
 /// A SYN from host a's `from` to host b's `to` (a non-blocking connect,

@@ -1037,7 +1037,7 @@ impl Service {
     /// holds the listener claim of `local`; and the kernel has no live
     /// connection on the 4-tuple (never another socket's segments). `Pass`:
     /// a connection handed over to the kernel under the process's own
-    /// listener claim.
+    /// listener claim, or its own flow claim (a connection moved to it).
     fn tcp_flow(
         &mut self,
         id: u64,
@@ -1048,7 +1048,11 @@ impl Service {
     ) -> Result<(), String> {
         let (name, slot) = self.attached(id, "claim")?;
         let ifc = self.ifaces.get(&name).ok_or("interface gone")?;
-        let under_listener = under_listener(ifc, id, local);
+        // A pass of its own flow claim (a connection moved to it, handed
+        // over to the kernel) needs no listener.
+        let under_listener = under_listener(ifc, id, local)
+            || (what == proto::TcpFlow::Pass
+                && owns_flow(self.clients.get(&id), ifc, id, (local, remote)));
         match (what, sock) {
             (proto::TcpFlow::Pass, _) | (proto::TcpFlow::Flow, None) if !under_listener => {
                 return Err(format!(
@@ -1119,12 +1123,7 @@ impl Service {
             return self.tcp_take(id, &name, slot, (local, remote), ino);
         }
         let ifc = self.ifaces.get(&name).ok_or("interface gone")?;
-        let flow = self
-            .clients
-            .get(&id)
-            .is_some_and(|c| c.tcp_flows.contains(&(local, remote, proto::TcpFlow::Flow)))
-            && ifc.tcp_flows.get(&(local, remote)) == Some(&id);
-        let steers = flow
+        let steers = owns_flow(self.clients.get(&id), ifc, id, (local, remote))
             || (!ifc.tcp_flows.contains_key(&(local, remote))
                 && under_listener(ifc, id, local)
                 && !self.kernel_has(local, remote)?);
@@ -1914,6 +1913,13 @@ fn under_listener(ifc: &Iface, id: u64, local: SocketAddrV4) -> bool {
             .groups
             .get(&(local.ip().to_bits(), local.port()))
             .is_some_and(|g| g.members.iter().any(|m| m.0 == id))
+}
+
+/// Client `id` (`c`) holds the flow claim of the 4-tuple `t` (a connect's,
+/// or a connection moved to it).
+fn owns_flow(c: Option<&Client>, ifc: &Iface, id: u64, t: (SocketAddrV4, SocketAddrV4)) -> bool {
+    c.is_some_and(|c| c.tcp_flows.contains(&(t.0, t.1, proto::TcpFlow::Flow)))
+        && ifc.tcp_flows.get(&t) == Some(&id)
 }
 
 /// [`socket_inode`] of an IPv4 TCP socket (anything else is refused).
