@@ -142,12 +142,13 @@ pub fn sockabi_iov(data: &[u8]) {
     }
 }
 
-/// The shim's sockaddr, cmsg and /proc/self/maps parsers: never panic;
-/// what `put` writes, `walk` reads back; a cached range is one `covering`
-/// returned.
+/// The shim's sockaddr, cmsg, /proc/self/maps and /proc/net socket-table
+/// parsers: never panic; what `put` writes, `walk` reads back; a cached
+/// range is one `covering` returned.
 pub fn sockabi_msg(data: &[u8]) {
     use nanowire_sockabi::space::{Access, Maps, RangeCache};
-    use nanowire_sockabi::{addr, cmsg};
+    use nanowire_sockabi::{addr, cmsg, procnet};
+    let _ = (procnet::table(data).count(), procnet::addr(data));
     let _ = addr::udp_dest(data);
     if let Ok(a) = addr::inet_addr(data) {
         assert_eq!(addr::inet_addr(&addr::encode_inet(a)), Ok(a));
@@ -193,6 +194,7 @@ fn sockabi_msg_seeds() -> Vec<Vec<u8>> {
         nanowire_sockabi::addr::encode_inet("198.18.0.2:9".parse().unwrap()).to_vec(),
         c,
         b"00001000-00003000 rw-p 00000000 00:00 0  [heap]\n00003000-00005000 r--p 0 0 0\n".to_vec(),
+        b"  sl local rem st\n 1: 020012C6:1F90 00000000:0000 0A 0:0 0:0 0 0 0 597 1\n".to_vec(),
     ]
 }
 

@@ -19,10 +19,11 @@
 //!
 //! Listeners the engine service shares across fork are its own lines
 //! (`tcp listener ... shared by`), not repeated here.
+use nanowire_sockabi::procnet;
 use nanowire_stack::xdp::forkpage;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{SocketAddr, SocketAddrV4};
 
 /// Part of the shim's file name (libnanowire_preload.so).
 const SHIM: &str = "nanowire_preload";
@@ -203,22 +204,14 @@ fn socket_inodes(pid: u32) -> BTreeSet<u64> {
 
 /// `/proc/PID/net/FILE` (udp or tcp: IPv4) by inode.
 fn kernel_table(pid: u32, file: &str, udp: bool, into: &mut HashMap<u64, KernelSock>) {
-    let Ok(t) = std::fs::read_to_string(format!("/proc/{pid}/net/{file}")) else {
+    let Ok(t) = std::fs::read(format!("/proc/{pid}/net/{file}")) else {
         return;
     };
-    for l in t.lines().skip(1) {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        let (Some(local), Some(remote), Some(state), Some(ino)) = (
-            f.get(1).and_then(|a| addr(a)),
-            f.get(2).and_then(|a| addr(a)),
-            f.get(3).and_then(|s| u8::from_str_radix(s, 16).ok()),
-            f.get(9).and_then(|i| i.parse::<u64>().ok()),
-        ) else {
-            continue;
-        };
-        if ino != 0 {
+    for e in procnet::table(&t).filter(|e| e.inode != 0) {
+        if let (SocketAddr::V4(local), SocketAddr::V4(remote)) = (e.local, e.remote) {
+            let state = e.state;
             into.insert(
-                ino,
+                e.inode,
                 KernelSock {
                     udp,
                     local,
@@ -227,30 +220,5 @@ fn kernel_table(pid: u32, file: &str, udp: bool, into: &mut HashMap<u64, KernelS
                 },
             );
         }
-    }
-}
-
-/// An address of /proc/net/{tcp,udp}: the IPv4 address as the kernel
-/// holds it (network order) printed as a native u32, ':', the port.
-fn addr(s: &str) -> Option<SocketAddrV4> {
-    let (ip, port) = s.split_once(':')?;
-    let ip = u32::from_str_radix(ip, 16).ok()?;
-    Some(SocketAddrV4::new(
-        Ipv4Addr::from(ip.to_ne_bytes()),
-        u16::from_str_radix(port, 16).ok()?,
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn proc_net_addresses_read_as_the_kernel_prints_them() {
-        let a = super::addr(if cfg!(target_endian = "little") {
-            "020012C6:1F90"
-        } else {
-            "C6120002:1F90"
-        });
-        assert_eq!(a, Some("198.18.0.2:8080".parse().unwrap()));
-        assert_eq!(super::addr("zz"), None);
     }
 }

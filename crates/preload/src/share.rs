@@ -32,10 +32,11 @@
 use crate::accel;
 use crate::sys;
 use libc::c_int;
+use nanowire_sockabi::procnet;
 use nanowire_stack::xdp::host::above_floor;
 use rustix::fd::OwnedFd;
 use rustix::fs::OFlags;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub const PERIOD_MS: u64 = 20;
@@ -50,43 +51,21 @@ struct Bound {
     inode: u64,
 }
 
-fn hex_v4(h: &str) -> Option<Ipv4Addr> {
-    // /proc/net/udp prints the address as the host-order u32 of the
-    // network-order bytes (little-endian machines: reversed).
-    let v = u32::from_str_radix(h, 16).ok()?;
-    Some(Ipv4Addr::from(v.to_ne_bytes()))
-}
-
-fn hex_v6_as_v4(h: &str) -> Option<Ipv4Addr> {
-    if h.len() != 32 {
-        return None;
-    }
-    let words: Vec<u32> = (0..4)
-        .map(|i| u32::from_str_radix(&h[i * 8..i * 8 + 8], 16).ok())
-        .collect::<Option<_>>()?;
-    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
-    v6_as_v4(&bytes)
-}
-
-fn read_table(path: &str, v6: bool, out: &mut Vec<Bound>) {
-    let Ok(s) = std::fs::read_to_string(path) else {
+/// The bound sockets of `/proc/net/udp{,6}` (IPv6: those that receive
+/// IPv4 traffic, see [`v6_as_v4`]).
+fn read_table(path: &str, out: &mut Vec<Bound>) {
+    let Ok(text) = std::fs::read(path) else {
         return;
     };
-    for line in s.lines().skip(1) {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 10 {
-            continue;
+    for e in procnet::table(&text) {
+        let addr = match e.local.ip() {
+            IpAddr::V4(a) => Some(a),
+            IpAddr::V6(a) => v6_as_v4(&a.octets()),
+        };
+        if let Some(addr) = addr {
+            let (port, inode) = (e.local.port(), e.inode);
+            out.push(Bound { addr, port, inode });
         }
-        let Some((a, p)) = f[1].split_once(':') else {
-            continue;
-        };
-        let addr = if v6 { hex_v6_as_v4(a) } else { hex_v4(a) };
-        let (Some(addr), Ok(port), Ok(inode)) =
-            (addr, u16::from_str_radix(p, 16), f[9].parse::<u64>())
-        else {
-            continue;
-        };
-        out.push(Bound { addr, port, inode });
     }
 }
 
@@ -112,8 +91,8 @@ fn bound_sockets(kept: Option<&OwnedFd>) -> Vec<Bound> {
                 || diag_table(fd, libc::AF_INET6 as u8, &mut v).is_err()
         }) {
             v.clear();
-            read_table("/proc/net/udp", false, &mut v);
-            read_table("/proc/net/udp6", true, &mut v);
+            read_table("/proc/net/udp", &mut v);
+            read_table("/proc/net/udp6", &mut v);
         }
     });
     v

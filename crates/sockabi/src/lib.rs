@@ -18,12 +18,14 @@
 //!   ([`space::Maps`]) that say whether a range is readable/writable;
 //! * [`addr`]: `sockaddr` parsing and the kernel's truncating write-back;
 //! * [`cmsg`]: control-message walking (sendmsg) and writing with
-//!   `put_cmsg`'s truncation rules (recvmsg).
+//!   `put_cmsg`'s truncation rules (recvmsg);
+//! * [`procnet`]: the socket tables of `/proc/net/{tcp,udp}{,6}`.
 #![forbid(unsafe_code)]
 
 pub mod addr;
 pub mod cmsg;
 pub mod iov;
+pub mod procnet;
 pub mod space;
 
 /// An errno value (`libc::E*`).
