@@ -23,7 +23,7 @@ use super::device::stamp::TxStamp;
 use super::neigh::{Hop, Lookup, Queued};
 use super::rx::RX_BUDGET;
 use super::shm::{self, E, S, add, bump};
-use super::tx::{HDRS, IP_HDR, IpHeader, UDP_HDR, UdpTemplate, Wire};
+use super::tx::{HDRS, IP_HDR, IpHeader, Ready, UDP_HDR, Wire};
 use crate::kernel::set_opt;
 use crate::{EngineKind, EngineOptions, SocketStats, UdpEndpoint, WaitPolicy};
 use nanowire_xdp::iface;
@@ -195,10 +195,14 @@ pub struct XdpSocket {
     /// IP_TTL, IP_MULTICAST_TTL, IP_TOS of the kernel twin (the
     /// application's socket when adopted), written into every header.
     hdr: IpHeader,
-    /// The headers of the last destination this socket sent to, built once
-    /// and patched per datagram (`UdpTemplate`: rebuilt when the
-    /// destination, next hop, source, TTL or TOS differ).
-    tmpl: Option<UdpTemplate>,
+    /// The headers of the last destination this socket sent to through
+    /// the rings, built once and patched per datagram, and the key they are
+    /// ready for (see [`Ready`]; `None`: the next send takes the general
+    /// path, which builds them).
+    ready: Option<Ready>,
+    /// The longest datagram the rings carry (`fits`): the interface MTU's
+    /// payload, and one frame's without multi-buffer.
+    fit_max: usize,
 }
 
 /// The int value of IPPROTO_IP option `name` of the kernel socket `fd`.
@@ -357,7 +361,17 @@ impl XdpSocket {
             last_rx: 0,
             tx_stamp: None,
             hdr: IpHeader::default(),
-            tmpl: None,
+            ready: None,
+            fit_max: 0,
+        };
+        s.fit_max = {
+            let e = &s.engine;
+            let mtu = (e.iface.mtu as usize).saturating_sub(IP_HDR + UDP_HDR);
+            if e.multi_buffer {
+                mtu
+            } else {
+                mtu.min(e.frame_size.saturating_sub(HDRS))
+            }
         };
         s.hdr = ip_header_of(s.twin.fd());
         {
@@ -873,9 +887,42 @@ impl XdpSocket {
     /// Fits the rings (else the kernel twin sends it, fragmenting if needed).
     #[inline]
     fn fits(&self, len: usize) -> bool {
-        let e = &self.engine;
-        len + IP_HDR + UDP_HDR <= e.iface.mtu as usize
-            && (HDRS + len <= e.frame_size || e.multi_buffer)
+        len <= self.fit_max
+    }
+
+    /// One datagram to `dst`. The straight line when the socket's headers
+    /// are ready for `dst` ([`Ready`]: its last destination through the
+    /// rings, no neighbour or route change since, no stamps): the TX lock,
+    /// [`TxPath::send_one`]. Otherwise [`XdpSocket::send_many`], which
+    /// looks the next hop up, builds the headers and makes them ready.
+    #[inline]
+    pub fn send_one(&mut self, buf: &[u8], dst: SocketAddrV4) -> io::Result<usize> {
+        if let Some(r) = &self.ready
+            && buf.len() <= self.fit_max
+            && r.is_for(dst, || self.engine.neigh.generation())
+            && self.tx_stamp.is_none()
+            && self.engine.is_own()
+        {
+            return match self.engine.tx().send_one(buf, &r.t, self.id) {
+                Ok(()) => Ok(buf.len()),
+                Err(e) => Err(self.tx_error(e)),
+            };
+        }
+        self.send_many(&[buf], dst).map(|_| buf.len())
+    }
+
+    /// A transmit error as the socket reports it: `WouldBlock` (ring full)
+    /// as is, others naming the interface.
+    #[cold]
+    fn tx_error(&self, e: io::Error) -> io::Error {
+        if e.kind() == io::ErrorKind::WouldBlock {
+            e
+        } else {
+            io::Error::new(
+                e.kind(),
+                format!("{} cannot transmit: {e}", self.engine.iface.name),
+            )
+        }
     }
 
     /// Send several datagrams to `dst` with as few kicks as possible.
@@ -912,33 +959,26 @@ impl XdpSocket {
                     dst,
                     mac,
                 };
-                let h = self.hdr;
+                // The headers: the socket's last ones if built for the
+                // same, else new; ready for `dst` at the generation the hop
+                // was looked up at.
+                let seen = self.hop.map_or(0, |(_, g, _)| g);
+                let mac = self.engine.iface.mac;
+                let t = Ready::keep(&mut self.ready, mac, w, self.hdr, seen);
                 let r = match self.tx_stamp.as_mut() {
-                    None => self
-                        .engine
-                        .tx()
-                        .send_hdr(bufs, &mut self.tmpl, w, h, self.id),
+                    None => self.engine.tx().send_hdr(bufs, t, self.id),
                     Some(req) => {
                         let mut tx = self.engine.tx();
                         let mut st = std::mem::take(req);
                         st.at = 0;
                         st.frame.clear();
                         tx.dev.req = Some(st);
-                        let r = tx.send_hdr(bufs, &mut self.tmpl, w, h, self.id);
+                        let r = tx.send_hdr(bufs, t, self.id);
                         *req = tx.dev.req.take().unwrap_or_default();
                         r
                     }
                 };
-                r.map(|s| s.n).map_err(|e| {
-                    if e.kind() == io::ErrorKind::WouldBlock {
-                        e
-                    } else {
-                        io::Error::new(
-                            e.kind(),
-                            format!("{} cannot transmit: {e}", self.engine.iface.name),
-                        )
-                    }
-                })
+                r.map(|s| s.n).map_err(|e| self.tx_error(e))
             }
             Lookup::Ready(Hop::Kernel) => self.send_kernel(bufs, dst),
             // With transmit stamps on, a datagram that would wait for the
@@ -1076,6 +1116,7 @@ impl XdpSocket {
     /// engine writes.
     pub fn sync_ip_header(&mut self) {
         self.hdr = ip_header_of(self.twin.fd());
+        self.ready = None;
     }
 
     /// Leave a multicast group joined with `join_multicast`.
@@ -1236,7 +1277,7 @@ impl UdpEndpoint for XdpSocket {
     }
     #[inline]
     fn send_to(&mut self, buf: &[u8], dst: SocketAddrV4) -> io::Result<usize> {
-        self.send_many(&[buf], dst).map(|_| buf.len())
+        self.send_one(buf, dst)
     }
     fn send_batch_to(&mut self, bufs: &[&[u8]], dst: SocketAddrV4) -> io::Result<usize> {
         self.send_many(bufs, dst)

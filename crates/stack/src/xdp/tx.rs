@@ -98,22 +98,31 @@ impl<D: TxDevice> TxPath<D> {
     /// `Ok(n)`: n queued (fewer when the ring stayed full after a kick).
     /// (Headers built for this call only: the neighbour queue's sends.)
     pub fn send(&mut self, bufs: &[&[u8]], w: Wire, slot: usize) -> io::Result<Sent> {
-        self.send_hdr(bufs, &mut None, w, IpHeader::default(), slot)
+        let t = UdpTemplate::new(self.mac, w, IpHeader::default());
+        self.send_hdr(bufs, &t, slot)
     }
 
-    /// `send` with the socket's IP header fields `h`, its headers from the
-    /// socket's `cache` (rebuilt there when `w` or `h` changed).
-    pub fn send_hdr(
-        &mut self,
-        bufs: &[&[u8]],
-        cache: &mut Option<UdpTemplate>,
-        w: Wire,
-        h: IpHeader,
-        slot: usize,
-    ) -> io::Result<Sent> {
+    /// One datagram with the headers of `t` (a socket's [`Ready`]): the
+    /// straight line of a send. A frame taken from the pool, the template
+    /// and the payload written into it, one descriptor posted, the kick
+    /// and the reap ([`TxPath::done`]). A datagram longer than a frame goes
+    /// the way of [`TxPath::send_hdr`].
+    #[inline]
+    pub fn send_one(&mut self, b: &[u8], t: &UdpTemplate, slot: usize) -> io::Result<()> {
+        if HDRS + b.len() > self.dev.frame_size() {
+            return self.send_hdr(&[b], t, slot).map(|_| ());
+        }
+        if self.put(&[b], t, slot) == 0 {
+            return Err(self.ring_full(slot));
+        }
+        self.done()
+    }
+
+    /// `send` with the headers of `t` (the socket's template: its IP header
+    /// fields, destination, source and next hop).
+    pub fn send_hdr(&mut self, bufs: &[&[u8]], t: &UdpTemplate, slot: usize) -> io::Result<Sent> {
         let per_kick = self.per_kick;
         let fs = self.dev.frame_size();
-        let t = UdpTemplate::of(cache, self.mac, w, h);
         let mut sent = 0;
         let mut i = 0;
         while i < bufs.len() {
@@ -123,27 +132,7 @@ impl<D: TxDevice> TxPath<D> {
                 j += 1;
             }
             let k = if j > i {
-                let chunk = &bufs[i..j];
-                let mut id = self.ip_id;
-                let mut build = |n: usize, fr: &mut [u8], partial: bool| {
-                    id = id.wrapping_add(1);
-                    t.write(fr, chunk[n], id, partial)
-                };
-                // Where the device completes checksums (AF_XDP TX metadata,
-                // as for the engine's TCP), the datagram is not summed here.
-                let k = if self.dev.csum_offload() {
-                    let k = self.dev.send_with_csum(chunk.len(), |n, fr| {
-                        Some((build(n, fr, true), Some(UDP_CSUM_REQUEST)))
-                    });
-                    bump(self.page.e(E::TxCsumOffload), k as u64);
-                    k
-                } else {
-                    self.dev
-                        .send_with(chunk.len(), |n, fr| Some(build(n, fr, false)))
-                };
-                self.ip_id = self.ip_id.wrapping_add(k as u16);
-                self.count(&chunk[..k], slot);
-                k
+                self.put(&bufs[i..j], t, slot)
             } else {
                 // One jumbo datagram in several buffers.
                 let b = bufs[i];
@@ -164,22 +153,60 @@ impl<D: TxDevice> TxPath<D> {
             i += k;
         }
         if sent == 0 && !bufs.is_empty() {
-            // Ring full even after reaping: kick and report the drop.
-            self.dev.kick_now();
-            self.note_kicks();
-            bump(self.page.e(E::DropTxRingFull), 1);
-            bump(self.page.s(slot, S::DropTxRingFull), 1);
-            return Err(io::Error::new(
-                io::ErrorKind::WouldBlock,
-                "xdp tx ring full",
-            ));
+            return Err(self.ring_full(slot));
         }
+        self.done().map(|()| Sent { n: sent })
+    }
+
+    /// Write `chunk` (datagrams that each fit a frame) into frames with the
+    /// headers of `t`, post them (a kick if the ring asks) and count them
+    /// on socket `slot`; how many were posted (fewer when the ring or the
+    /// pool ran out).
+    #[inline]
+    fn put(&mut self, chunk: &[&[u8]], t: &UdpTemplate, slot: usize) -> usize {
+        let mut id = self.ip_id;
+        let mut build = |n: usize, fr: &mut [u8], partial: bool| {
+            id = id.wrapping_add(1);
+            t.write(fr, chunk[n], id, partial)
+        };
+        // Where the device completes checksums (AF_XDP TX metadata, as for
+        // the engine's TCP), the datagram is not summed here.
+        let k = if self.dev.csum_offload() {
+            let k = self.dev.send_with_csum(chunk.len(), |n, fr| {
+                Some((build(n, fr, true), Some(UDP_CSUM_REQUEST)))
+            });
+            bump(self.page.e(E::TxCsumOffload), k as u64);
+            k
+        } else {
+            self.dev
+                .send_with(chunk.len(), |n, fr| Some(build(n, fr, false)))
+        };
+        self.ip_id = self.ip_id.wrapping_add(k as u16);
+        self.count(&chunk[..k], slot);
+        k
+    }
+
+    /// Nothing could be posted, the ring full even after reaping: kick,
+    /// count the drop on socket `slot` and say so (`WouldBlock`).
+    #[cold]
+    fn ring_full(&mut self, slot: usize) -> io::Error {
+        self.dev.kick_now();
+        self.note_kicks();
+        bump(self.page.e(E::DropTxRingFull), 1);
+        bump(self.page.s(slot, S::DropTxRingFull), 1);
+        io::Error::new(io::ErrorKind::WouldBlock, "xdp tx ring full")
+    }
+
+    /// After a send's frames are posted: the kick (if the ring still holds
+    /// any), the reap, the kick counters, an error that will not go away.
+    #[inline]
+    fn done(&mut self) -> io::Result<()> {
         self.dev.flush();
         self.note_kicks();
-        if let Some(e) = self.dev.take_error() {
-            return Err(e);
+        match self.dev.take_error() {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        Ok(Sent { n: sent })
     }
 
     /// Post whole frames (built elsewhere: the engine's TCP for a segment
@@ -294,15 +321,58 @@ const IP_CHECKSUM: usize = ETH_HDR + 10;
 const UDP_LEN: usize = ETH_HDR + IP_HDR + 4;
 const UDP_CHECKSUM: usize = ETH_HDR + IP_HDR + nanowire_wire::udp::CHECKSUM_OFFSET as usize;
 
+/// A socket's headers ready for its next datagram (the straight line,
+/// [`TxPath::send_one`]): the template of its last destination through the
+/// rings, good for that destination while the neighbour table's generation
+/// is still `seen` (no neighbour or route change since: the next hop and
+/// source are the ones the template holds) and the socket's IP header
+/// options are unchanged (the socket drops it when they change). The check
+/// per datagram is two compares ([`Ready::is_for`]); the key's other fields
+/// are compared only when the general path looks the hop up
+/// ([`Ready::keep`]).
+pub(crate) struct Ready {
+    seen: u64,
+    pub t: UdpTemplate,
+}
+
+impl Ready {
+    /// The headers of (`src_mac`, `w`, `h`) from `slot`: the ones kept
+    /// there if built for the same, else new ones, kept; ready from now on
+    /// for `w.dst` while the neighbour generation is `seen` (the one the hop
+    /// in `w` was looked up at).
+    pub(crate) fn keep(
+        slot: &mut Option<Ready>,
+        src_mac: [u8; 6],
+        w: Wire,
+        h: IpHeader,
+        seen: u64,
+    ) -> &UdpTemplate {
+        if !slot.as_ref().is_some_and(|r| r.t.is_for(src_mac, w, h)) {
+            let t = UdpTemplate::new(src_mac, w, h);
+            *slot = Some(Ready { seen, t });
+        }
+        let r = slot.as_mut().expect("just set");
+        r.seen = seen;
+        &r.t
+    }
+
+    /// Whether the headers serve a datagram to `dst` now that the
+    /// neighbour generation is `now()` (read only if `dst` is the one).
+    #[inline(always)]
+    pub(crate) fn is_for(&self, dst: SocketAddrV4, now: impl FnOnce() -> u64) -> bool {
+        self.t.w.dst == dst && self.seen == now()
+    }
+}
+
 /// The Ethernet, IPv4 and UDP headers of the datagrams of one (source
 /// MAC, [`Wire`], [`IpHeader`]), built once by `wire`'s emitters; a send
 /// copies them and patches only what changes per datagram: the two
 /// lengths, the IP id, the IPv4 checksum (from the sum of the fixed fields,
 /// stored) and the UDP checksum (from the pseudo-header's and ports' sum,
 /// stored). Onload's cached headers. A socket keeps the last one it used
-/// ([`TxPath::send_hdr`]'s cache) and it is rebuilt whenever any field of
-/// its key differs: a new destination, next hop (route or neighbour
-/// change), source, TTL or TOS.
+/// ([`Ready`]) and it is rebuilt whenever any field of its key differs: a
+/// new destination, next hop (route or neighbour change), source, TTL or
+/// TOS.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct UdpTemplate {
     src_mac: [u8; 6],
@@ -354,20 +424,10 @@ impl UdpTemplate {
         }
     }
 
-    /// `cache`'s template if it is the one of (`src_mac`, `w`, `h`), else a
-    /// new one, kept there.
+    /// Whether this is the template of (`src_mac`, `w`, `h`).
     #[inline]
-    pub(crate) fn of(
-        cache: &mut Option<UdpTemplate>,
-        src_mac: [u8; 6],
-        w: Wire,
-        h: IpHeader,
-    ) -> &UdpTemplate {
-        match cache {
-            Some(t) if t.w == w && t.h == h && t.src_mac == src_mac => {}
-            _ => *cache = Some(UdpTemplate::new(src_mac, w, h)),
-        }
-        cache.as_ref().expect("just set")
+    pub(crate) fn is_for(&self, src_mac: [u8; 6], w: Wire, h: IpHeader) -> bool {
+        self.w == w && self.h == h && self.src_mac == src_mac
     }
 
     /// The frame of `payload` with IP id `id` into `fr` (which must hold
@@ -619,11 +679,12 @@ mod tests {
     #[test]
     fn a_socket_template_follows_its_destination_hop_and_header() {
         let mut t = tx(2048, 32);
-        let mut cache = None;
+        let mut slot = None;
         let h = IpHeader::default();
         let mut w = wire();
         let mut send = |t: &mut TxPath<LoopTx>, w: Wire, h: IpHeader| {
-            t.send_hdr(&[b"abc"], &mut cache, w, h, 0).unwrap();
+            let tm = Ready::keep(&mut slot, OUR_MAC, w, h, 1);
+            t.send_hdr(&[b"abc"], tm, 0).unwrap();
             let f = t.dev.log.last().unwrap().clone();
             assert_eq!(f, reference(w, h, b"abc", t.ip_id, false));
         };
@@ -644,6 +705,51 @@ mod tests {
         };
         send(&mut t, w, h);
         assert_eq!(t.dev.log.len(), 6);
+    }
+
+    #[test]
+    fn headers_are_ready_for_their_destination_until_the_generation_moves() {
+        let mut slot = None;
+        let w = wire();
+        Ready::keep(&mut slot, OUR_MAC, w, IpHeader::default(), 5);
+        let r = slot.as_ref().unwrap();
+        assert!(r.is_for(w.dst, || 5));
+        assert!(!r.is_for(w.dst, || 6), "a neighbour or route change");
+        assert!(!r.is_for(sa(PEER, 10), || 5), "another port");
+        assert!(!r.is_for(sa(OURS, 9), || 5), "another address");
+        // The general path looked the hop up again (same hop): kept, and
+        // ready at the new generation.
+        let before = r.t;
+        let t = *Ready::keep(&mut slot, OUR_MAC, w, IpHeader::default(), 6);
+        assert_eq!(t, before);
+        assert!(slot.as_ref().unwrap().is_for(w.dst, || 6));
+    }
+
+    #[test]
+    fn one_datagram_is_the_frame_a_batch_of_one_sends() {
+        for offload in [false, true] {
+            let tm = UdpTemplate::new(OUR_MAC, wire(), IpHeader::default());
+            let (mut one, mut batch) = (tx(2048, 32), tx(2048, 32));
+            one.dev.offload = offload;
+            batch.dev.offload = offload;
+            let big = vec![0x5a; 3000];
+            for b in [&b"x"[..], &[7u8; 1400], &big, b""] {
+                one.send_one(b, &tm, 3).unwrap();
+                assert_eq!(batch.send_hdr(&[b], &tm, 3).unwrap().n, 1);
+            }
+            assert_eq!(one.dev.log, batch.dev.log, "same frames, same ids");
+            assert_eq!(one.dev.flushes, 4, "one flush per datagram");
+            for c in [E::TxPackets, E::TxBytes, E::TxCsumOffload] {
+                assert_eq!(get(&one.page, c), get(&batch.page, c), "{c:?}");
+            }
+            assert_eq!(get_s(&one.page, 3, S::TxBytes), 4401);
+            // The ring full: nothing sent, the drop counted once.
+            one.dev.capacity = one.dev.sent as usize;
+            let e = one.send_one(b"y", &tm, 3).expect_err("ring full");
+            assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+            assert_eq!(get_s(&one.page, 3, S::DropTxRingFull), 1);
+            assert_eq!(get(&one.page, E::TxPackets), 4);
+        }
     }
 
     #[test]
