@@ -640,10 +640,19 @@ impl OrderConn {
             },
         };
         match r {
-            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => Ok(false),
+            Err(e) if exchange_left(&e) => Ok(false),
             r => r,
         }
     }
+}
+
+/// An order connection's error that means the exchange closed it (its run
+/// ended), not a failure of the strategy.
+fn exchange_left(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+    )
 }
 
 pub fn run_strategy(a: StrategyArgs) -> Result<i32, String> {
@@ -734,15 +743,23 @@ pub fn run_strategy(a: StrategyArgs) -> Result<i32, String> {
                     }) => {
                         let rx_ns = realtime_ns();
                         ticks += 1;
-                        conn.send(
+                        let sent = conn.send(
                             &Order {
                                 engine: code,
                                 seq,
                                 tick_ns: tx_ns,
                             }
                             .bytes(),
-                        )
-                        .map_err(io_s("sending an order"))?;
+                        );
+                        match sent {
+                            // The exchange ended its run and closed the order
+                            // connection while this strategy, behind, still
+                            // had ticks queued (a loaded machine: the ends
+                            // are queued behind them): the run is over, as
+                            // when `poll_open` sees the exchange leave.
+                            Err(e) if exchange_left(&e) => break,
+                            r => r.map_err(io_s("sending an order"))?,
+                        }
                         orders += 1;
                         // After the order left: the stamps cost the order nothing.
                         tick_rec.record(rx_ns.saturating_sub(tx_ns));
