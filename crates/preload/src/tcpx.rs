@@ -52,7 +52,7 @@ use nanowire_shimcore::fdtable::Ref;
 use nanowire_shimcore::pool::{FdLists, Link, Pool, Pooled};
 use nanowire_shimcore::sock::Common;
 use nanowire_stack::xdp::{
-    Armed, XdpTcpError, XdpTcpListener, XdpTcpState, XdpTcpStream, tcp_ready,
+    Armed, TcpIdle, XdpTcpError, XdpTcpListener, XdpTcpState, XdpTcpStream, tcp_ready,
 };
 use nanowire_stack::{EngineKind, EngineOptions, WaitPolicy};
 use std::net::SocketAddrV4;
@@ -1039,7 +1039,7 @@ fn not_yet(r: Result<usize, XdpTcpError>) -> Option<Result<usize, XdpTcpError>> 
 }
 
 /// One `attempt` of a call that does not wait (EAGAIN when it has no
-/// answer), else [`wait_for`] its answer with `timeo_ns`.
+/// answer), else [`wait_coasting`] for its answer with `timeo_ns`.
 #[inline(always)]
 fn now_or_wait<R>(
     t: TcpRef,
@@ -1047,11 +1047,12 @@ fn now_or_wait<R>(
     dontwait: bool,
     timeo_ns: u64,
     mut attempt: impl FnMut(Option<u64>) -> Option<R>,
+    coast: impl FnMut() -> bool,
 ) -> Result<R, c_int> {
     if dontwait {
         attempt(None).ok_or(libc::EAGAIN)
     } else {
-        wait_for(t, fd, timeo_ns, attempt)
+        wait_coasting(t, fd, timeo_ns, attempt, coast)
     }
 }
 
@@ -1066,7 +1067,24 @@ fn wait_for<R>(
     t: TcpRef,
     fd: c_int,
     timeo_ns: u64,
+    attempt: impl FnMut(Option<u64>) -> Option<R>,
+) -> Result<R, c_int> {
+    wait_coasting(t, fd, timeo_ns, attempt, || false)
+}
+
+/// [`wait_for`] whose spinning idle turns are answered by `coast` while it
+/// says so (a lock-free look: nothing came, `XdpTcpStream::coast`) and
+/// the waiter allows it (`Waiter::may_coast`: what the skipped turns defer,
+/// a signal, a close or shutdown by another thread, the timeout, the
+/// yield, is seen at most `coast`'s bound of turns late, well under a µs
+/// each). The attempt after them gets the clock of the last waiter turn,
+/// those turns old.
+fn wait_coasting<R>(
+    t: TcpRef,
+    fd: c_int,
+    timeo_ns: u64,
     mut attempt: impl FnMut(Option<u64>) -> Option<R>,
+    mut coast: impl FnMut() -> bool,
 ) -> Result<R, c_int> {
     if let Some(r) = attempt(None) {
         return Ok(r);
@@ -1082,6 +1100,9 @@ fn wait_for<R>(
                 return attempt(None).ok_or(libc::EBADF);
             }
             Turn::Spin => {
+                while w.may_coast() && coast() {
+                    core::hint::spin_loop();
+                }
                 if let Some(r) = attempt(Some(w.now())) {
                     return Ok(r);
                 }
@@ -1628,8 +1649,13 @@ pub fn recv(t: TcpRef, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
     let dontwait = flags & libc::MSG_DONTWAIT != 0 || t.common.nonblock();
     let waitall = flags & libc::MSG_WAITALL != 0 && !peek && !dontwait;
     let mut m = Moved::start();
+    // The wait's lock-free look, made by an attempt that found nothing.
+    let idle = std::cell::Cell::new(None::<TcpIdle>);
     loop {
         let rest = &mut buf[m.done..];
+        // An attempt after the first turns the stack before it reads the
+        // ring (`recv_wait`): the ring was empty at the last one.
+        let mut waiting = tried;
         let one = |now| {
             if std::mem::take(&mut tried) {
                 return None;
@@ -1637,9 +1663,23 @@ pub fn recv(t: TcpRef, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
             if t.common.rd_shut() {
                 return Some(Ok(0));
             }
-            not_yet(engine_call(|| s.recv_once(&mut *rest, peek, now)))
+            if !std::mem::replace(&mut waiting, true) {
+                return not_yet(engine_call(|| s.recv_once(&mut *rest, peek, now)));
+            }
+            let mut look = None;
+            let r = engine_call(|| s.recv_wait(&mut *rest, peek, now, &mut look));
+            idle.set(look);
+            not_yet(r)
         };
-        match now_or_wait(t, fd, dontwait, t.common.rcvtimeo_ns(), one) {
+        let coast = || match idle.get() {
+            Some(mut look) => {
+                let on = s.coast(&mut look);
+                idle.set(on.then_some(look));
+                on
+            }
+            None => false,
+        };
+        match now_or_wait(t, fd, dontwait, t.common.rcvtimeo_ns(), one, coast) {
             Ok(Ok(0)) => break,
             Ok(Ok(n)) => {
                 m.done += n;
@@ -1711,7 +1751,7 @@ pub fn send(t: TcpRef, fd: c_int, data: &[u8], flags: c_int) -> isize {
     while m.done < data.len() {
         let rest = &data[m.done..];
         let one = |_| not_yet(engine_call(|| s.send_once(rest)));
-        match now_or_wait(t, fd, dontwait, t.common.sndtimeo_ns(), one) {
+        match now_or_wait(t, fd, dontwait, t.common.sndtimeo_ns(), one, || false) {
             // A non-blocking send that filled the send buffer returns what
             // it queued, as the kernel's does (it does not wait for ACKs
             // to free room and go on: a fast reader would let one call

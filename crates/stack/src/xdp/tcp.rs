@@ -47,6 +47,10 @@ const SLOT: usize = 2048;
 const HDRS: usize = ETH_HDR + IP_HDR;
 /// Idle turns between two looks at the clock (and the timers).
 const IDLE_CLOCK_EVERY: u32 = 16;
+/// Idle turns of a spinning reader answered from a lock-free look
+/// ([`XdpTcpStream::coast`]) before its next attempt takes the stack's lock
+/// (as a UDP wait's `QUIET_LOOK_EVERY`).
+const COAST_TURNS: u32 = 64;
 /// How long a quick ACK of data waits for the application's reply to carry
 /// it (`Config::quickack_defer_ns`): the reply comes within the turn that
 /// follows the segment's, tens of µs; an application that takes longer gets
@@ -1605,6 +1609,16 @@ impl XdpTcpListener {
     }
 }
 
+/// A spinning reader's look at its stack without the stack's lock
+/// ([`XdpTcpStream::recv_wait`] makes it when it finds nothing,
+/// [`XdpTcpStream::coast`] answers from it): the engine's delivery count
+/// as the attempt's turn left it, and the idle turns it may still answer.
+#[derive(Debug, Clone, Copy)]
+pub struct TcpIdle {
+    mark: u64,
+    left: u32,
+}
+
 /// A TCP connection on the xdp engine.
 pub struct XdpTcpStream {
     eng: Arc<TcpEngine>,
@@ -2567,24 +2581,108 @@ impl XdpTcpStream {
         clock: Option<u64>,
     ) -> Result<usize, XdpTcpError> {
         let mut core = self.eng.core();
+        let r = self.read_ring(&mut core, buf, peek, None);
+        if r != Err(TcpError::WouldBlock) {
+            return r;
+        }
+        // The ring is empty: a turn. Nothing came in and nothing went out:
+        // the connection is as it was (no second look, no clock).
+        self.turn_then_read(&mut core, buf, peek, clock, false)
+    }
+
+    /// [`XdpTcpStream::recv_once`] for an attempt of a wait, after one
+    /// that found nothing: the turn first (what came since is found by
+    /// it, and in order data goes straight into `buf`), the receive ring
+    /// after it (data another thread's turn took in meanwhile). When it
+    /// finds nothing, `idle` is the look its wait's next idle turns answer
+    /// from without the stack's lock ([`XdpTcpStream::coast`]), if the
+    /// stack has nothing of its own to do (no segment to send or waiting
+    /// for a next hop, no frame to give back); `None` otherwise.
+    pub fn recv_wait(
+        &self,
+        buf: &mut [u8],
+        peek: bool,
+        clock: Option<u64>,
+        idle: &mut Option<TcpIdle>,
+    ) -> Result<usize, XdpTcpError> {
+        let mut core = self.eng.core();
+        let r = self.turn_then_read(&mut core, buf, peek, clock, true);
+        let mark = core.rx_mark;
+        *idle = match mark {
+            Some(mark)
+                if r == Err(TcpError::WouldBlock)
+                    && core.parked.is_empty()
+                    && core.recycle.is_empty()
+                    && !core.stack.wants_transmit() =>
+            {
+                Some(TcpIdle {
+                    mark,
+                    left: COAST_TURNS,
+                })
+            }
+            _ => None,
+        };
+        r
+    }
+
+    /// An idle turn of a spinning reader without the stack's lock: `true`
+    /// while nothing was delivered to any endpoint of the engine since
+    /// `idle` was made and nothing waits on its RX rings (a few loads,
+    /// `Engine::rx_wait_quiet`, which also prefetches the next RX slot as
+    /// the poll of an empty ring does), for at most `COAST_TURNS` turns;
+    /// `false`: the wait's next attempt turns the stack. Sound as a quiet
+    /// turn of [`TcpEngine::turn_into`] is: a segment for this stack
+    /// reaches it only through a poll, which bumps the delivery count (the
+    /// argument at `Engine::rx_quiet`); what no delivery changes (a timer,
+    /// a close or shutdown by another thread) is seen by the attempt after
+    /// at most `COAST_TURNS` of these turns.
+    #[inline(always)]
+    pub fn coast(&self, idle: &mut TcpIdle) -> bool {
+        if idle.left == 0 || !self.eng.engine.rx_wait_quiet(idle.mark) {
+            return false;
+        }
+        idle.left -= 1;
+        true
+    }
+
+    /// The receive ring's bytes, if any (`WouldBlock` when empty). Reading
+    /// may open the window: announce it now, at `turned` (the clock as the
+    /// turn that brought the data read it) or a fresh reading (most reads
+    /// owe nothing: a request's read before its reply, whose segment
+    /// carries the ACK).
+    #[inline]
+    fn read_ring(
+        &self,
+        core: &mut Core,
+        buf: &mut [u8],
+        peek: bool,
+        turned: Option<u64>,
+    ) -> Result<usize, XdpTcpError> {
         let r = if peek {
             core.stack.peek(self.c, buf)
         } else {
             core.stack.recv(self.c, buf)
         };
-        if r != Err(TcpError::WouldBlock) {
-            // Reading may open the window: announce it now. The clock is
-            // read only then (most reads owe nothing: a request's read
-            // before its reply, whose segment carries the ACK).
-            if !peek && core.stack.wants_transmit() {
-                let now = now_ns();
-                self.eng.transmit(&mut core, now);
-            }
-            return r;
+        if r != Err(TcpError::WouldBlock) && !peek && core.stack.wants_transmit() {
+            let now = turned.unwrap_or_else(now_ns);
+            self.eng.transmit(core, now);
         }
-        // The ring is empty: a turn, and (unless peeking) what arrives in
-        // order for this connection is copied straight into `buf`
-        // (DirectRead: one copy per byte, not two).
+        r
+    }
+
+    /// A turn in which (unless peeking) what arrives in order for this
+    /// connection is copied straight into `buf` (DirectRead: one copy per
+    /// byte, not two), then the ring if the turn moved anything (or
+    /// `always`).
+    #[inline]
+    fn turn_then_read(
+        &self,
+        core: &mut Core,
+        buf: &mut [u8],
+        peek: bool,
+        clock: Option<u64>,
+        always: bool,
+    ) -> Result<usize, XdpTcpError> {
         let mut direct = DirectRead {
             conn: self.c,
             buf: &mut *buf,
@@ -2592,29 +2690,19 @@ impl XdpTcpStream {
         };
         let moved = self
             .eng
-            .turn_into(&mut core, false, (!peek).then_some(&mut direct), clock);
+            .turn_into(core, false, (!peek).then_some(&mut direct), clock);
         let direct = direct.filled;
         if direct > 0 {
             // The turn's own transmit sent what the data owes (an ACK);
             // the ring, and so the window, did not change.
             return Ok(direct);
         }
-        // Nothing came in and nothing went out: the connection is as it
-        // was (a spinning reader's common case; no second look, no clock).
-        if !moved {
+        if !moved && !always {
             return Err(TcpError::WouldBlock);
         }
-        let r = if peek {
-            core.stack.peek(self.c, buf)
-        } else {
-            core.stack.recv(self.c, buf)
-        };
-        if r != Err(TcpError::WouldBlock) && !peek {
-            // The turn that brought the data read the clock just now.
-            let now = core.last_turn;
-            self.eng.transmit(&mut core, now);
-        }
-        r
+        // A turn that brought data read the clock just now.
+        let turned = moved.then_some(core.last_turn);
+        self.read_ring(core, buf, peek, turned)
     }
 
     /// One send attempt: what fits the send buffer is queued and
