@@ -4,7 +4,8 @@
 Prints one line a count, with what it was compared to, then how it was counted:
 
 - shim library unit tests: the shim's library crates (`nanowire-shimcore`,
-  `nanowire-sockabi`: the testable core of crates/preload and its ABI rules)
+  `nanowire-sockabi`, `nanowire-owner`: the testable core of crates/preload,
+  its ABI rules, and its owned lock, which the engine's locks use too)
   built with `cargo test --release --lib --no-run`, each test binary then run
   as `nobody` (`setpriv --reuid 65534 --regid 65534 --clear-groups`); the
   count is the "N passed" of their harnesses (acceptance: >= 25).
@@ -38,7 +39,7 @@ import sys
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOBODY = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
-SHIM_LIBS = ["nanowire-shimcore", "nanowire-sockabi"]
+SHIM_LIBS = ["nanowire-shimcore", "nanowire-sockabi", "nanowire-owner"]
 ENGINE_LIBS = ["nanowire-stack", "nanowire-xdp"]
 UNDER_ENGINE = ["nanowire-tcp", "nanowire-wire"]
 

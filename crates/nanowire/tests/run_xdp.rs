@@ -113,7 +113,7 @@ fn sem_on_xdp(lab: &ScopedLab, bin: &str, profile: &str, mode: &str, name: &str)
 }
 
 /// The close guard of the thread that owns its socket's record
-/// (`nanowire_shimcore::owner`'s outer section): another thread's close
+/// (`nanowire_owner::lock`'s outer section): another thread's close
 /// wakes its blocked recv with EBADF, waits for it to leave, and the
 /// number, reused at once for another engine socket, never hands it that
 /// socket's datagram. Shim only (a plain run leaves such a recv asleep), so

@@ -153,6 +153,7 @@ extern "C" fn after_fork_child() {
 
 pub fn init() {
     PID.store(std::process::id(), Ordering::Relaxed);
+    crate::owner::init();
     // SAFETY: registering plain extern "C" handlers that take no locks the
     // forking thread could hold (before_fork takes socket locks the way any
     // call on the socket does, before the fork).
@@ -253,7 +254,7 @@ impl Accel {
     }
     /// A receive's close guard on `fd` (`close` waits for it: see
     /// `fdlife::retire`): the owner thread's is an entry in the record
-    /// lock's outer section (plain stores, `nanowire_shimcore::owner`),
+    /// lock's outer section (plain stores, `nanowire_owner::lock`),
     /// anyone else's the fd's shared count (a SeqCst add and sub).
     #[inline(always)]
     fn close_guard(&self, fd: c_int) -> CloseGuard<'_> {

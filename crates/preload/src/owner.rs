@@ -1,41 +1,22 @@
-//! The process side of the owned lock (`nanowire_shimcore::owner`): each
-//! thread's token, and the barrier that makes a revocation safe,
-//! `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` (registered once per
-//! process, again in a forked child). Where membarrier is not available,
-//! or `NANOWIRE_SHIM_NO_OWNER=1` (a comparison knob), no lock is owned.
+//! The shim's side of the owned lock (`nanowire_owner`): each thread's
+//! token, kept in the shim's thread-local block; the barrier that makes a
+//! revocation safe and its registration are the process's
+//! (`nanowire_owner::process`, shared with the engine's locks). Where
+//! membarrier is not available, or `NANOWIRE_SHIM_NO_OWNER=1` (a comparison
+//! knob, [`init`]), no lock is owned, the shim's or the engine's.
 
-use nanowire_shimcore::owner::OwnerHost;
-use std::sync::atomic::{AtomicU8, Ordering};
-
-/// `membarrier(2)` commands (linux/membarrier.h).
-const CMD_GLOBAL: libc::c_long = 1;
-const CMD_PRIVATE_EXPEDITED: libc::c_long = 8;
-const CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 16;
-
-/// 0: not asked yet in this process, 1: registered, 2: no owning.
-static STATE: AtomicU8 = AtomicU8::new(0);
-
-fn membarrier(cmd: libc::c_long) -> bool {
-    // SAFETY: membarrier takes two integers and touches no memory of ours.
-    unsafe {
-        libc::syscall(
-            libc::SYS_membarrier,
-            cmd,
-            0 as libc::c_long,
-            0 as libc::c_long,
-        ) == 0
-    }
-}
+use nanowire_owner::OwnerHost;
+use std::sync::atomic::Ordering;
 
 /// The shim's host of the owned lock.
 pub struct Host;
 
 /// An engine socket record's lock (`accel::Accel`).
-pub type Lock<T> = nanowire_shimcore::owner::OwnedLock<T, Host>;
+pub type Lock<T> = nanowire_owner::OwnedLock<T, Host>;
 /// It held.
-pub type Guard<'a, T> = nanowire_shimcore::owner::Guard<'a, T, Host>;
+pub type Guard<'a, T> = nanowire_owner::Guard<'a, T, Host>;
 /// Its owner inside the outer section (a receive's close guard).
-pub type Inside<'a, T> = nanowire_shimcore::owner::Inside<'a, T, Host>;
+pub type Inside<'a, T> = nanowire_owner::Inside<'a, T, Host>;
 
 impl OwnerHost for Host {
     #[inline(always)]
@@ -45,8 +26,7 @@ impl OwnerHost for Host {
         if k != 0 {
             return k;
         }
-        // SAFETY: getpid and gettid take nothing and cannot fail.
-        let k = unsafe { (libc::getpid() as u32 as u64) << 32 | libc::gettid() as u32 as u64 };
+        let k = nanowire_owner::process::fresh_token();
         t.owner_token.set(k);
         k
     }
@@ -57,36 +37,32 @@ impl OwnerHost for Host {
         (Self::me() >> 32) as u32
     }
     fn may_bias() -> bool {
-        match STATE.load(Ordering::Acquire) {
-            1 => true,
-            2 => false,
-            _ => {
-                let off = std::env::var_os("NANOWIRE_SHIM_NO_OWNER").is_some_and(|v| v == "1");
-                let ok = !off && membarrier(CMD_REGISTER_PRIVATE_EXPEDITED);
-                STATE.store(if ok { 1 } else { 2 }, Ordering::Release);
-                ok
-            }
-        }
+        nanowire_owner::process::may_bias()
     }
     #[inline(always)]
     fn owner_fence() {
         // The revoker's barrier_all does the CPU's part (module doc of
-        // nanowire_shimcore::owner); only the compiler must keep the store
+        // nanowire_owner::lock); only the compiler must keep the store
         // before the load.
         std::sync::atomic::compiler_fence(Ordering::SeqCst);
     }
     fn barrier_all() {
-        // Registered before any lock was owned in this process (may_bias),
-        // so this does not fail; the global command (no registration) is
-        // the fallback all the same, and with neither the revocation could
-        // not be made safe.
-        if !membarrier(CMD_PRIVATE_EXPEDITED) && !membarrier(CMD_GLOBAL) {
+        // With neither barrier the revocation could not be made safe.
+        if !nanowire_owner::process::barrier_all() {
             crate::log::log!(
                 nanowire_options::Level::Error,
                 "membarrier failed: cannot hand a socket's lock to a second thread"
             );
             std::process::abort();
         }
+    }
+}
+
+/// At the shim's start: `NANOWIRE_SHIM_NO_OWNER=1` turns owning off for the
+/// process (the shim's locks and the engine's).
+pub fn init() {
+    if std::env::var_os("NANOWIRE_SHIM_NO_OWNER").is_some_and(|v| v == "1") {
+        nanowire_owner::process::forbid();
     }
 }
 
@@ -98,23 +74,12 @@ pub fn after_fork_child() {
     let t = crate::tls::me();
     t.token_before_fork.set(t.owner_token.get());
     t.owner_token.set(0);
-    STATE.store(0, Ordering::Release);
+    nanowire_owner::process::after_fork_child();
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tokens_are_per_thread_and_carry_the_pid() {
-        let me = Host::me();
-        assert_eq!(Host::pid(), std::process::id());
-        assert_eq!(me >> 32, std::process::id() as u64);
-        assert_ne!(me, nanowire_shimcore::owner::SHARED);
-        let other = std::thread::spawn(Host::me).join().unwrap();
-        assert_ne!(other, me);
-        assert_eq!(other >> 32, me >> 32);
-    }
 
     #[test]
     fn a_closer_waits_for_the_owner_inside_through_a_real_membarrier() {
@@ -146,20 +111,7 @@ mod tests {
         if Host::may_bias() {
             assert!(owned, "the owner's entry");
             assert!(left.load(Ordering::SeqCst), "waited until it left");
-            assert_eq!(l.owner(), nanowire_shimcore::owner::SHARED);
-        }
-    }
-
-    #[test]
-    fn the_owner_hands_over_through_a_real_membarrier_losing_no_update() {
-        // The owner's take is a plain store and load (compiler fence only):
-        // the revokers' membarrier is what makes the switch safe here.
-        const N: u64 = 100_000;
-        let (total, owned, end) = nanowire_shimcore::owner::hammer::<Host>(2, N);
-        assert_eq!(total, 3 * N);
-        if Host::may_bias() {
-            assert!(owned, "the first taker owned it");
-            assert_eq!(end, nanowire_shimcore::owner::SHARED);
+            assert_eq!(l.owner(), nanowire_owner::SHARED);
         }
     }
 }

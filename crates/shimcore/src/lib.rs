@@ -27,7 +27,6 @@
 //! does.
 
 pub mod fdtable;
-pub mod owner;
 pub mod pool;
 pub mod sock;
 pub mod waiter;

@@ -378,8 +378,10 @@ impl Prog {
 
 /// The xdp engine on one interface.
 pub struct Engine {
-    rx: Mutex<RxPath<EngineRx>>,
-    tx: Arc<Mutex<TxPath<EngineTx>>>,
+    /// The RX and TX locks: owned locks (order.rs, `nanowire_owner`), so
+    /// that one thread using the engine takes them with plain stores.
+    rx: order::Owned<RxPath<EngineRx>>,
+    tx: Arc<order::Owned<TxPath<EngineTx>>>,
     neigh: Arc<neigh::Neigh>,
     /// Shared with the neighbour thread, which upgrades a `Frags::Lazy`
     /// program and sends the control queue (see [`Engine::assemble`]).
@@ -782,7 +784,7 @@ impl Engine {
         // Checksums left to the kernel or device only where the whole
         // transmit device passes requests on (not through the injector).
         let csum_offload = device::TxDevice::csum_offload(&txdev);
-        let tx = Arc::new(Mutex::new(TxPath::new(
+        let tx = Arc::new(order::Owned::new(TxPath::new(
             txdev,
             info.mac,
             per_kick,
@@ -931,7 +933,7 @@ impl Engine {
                 spinners: Spinners::default(),
             });
         Ok(Engine {
-            rx: Mutex::new(rxp),
+            rx: order::Owned::new(rxp),
             tx,
             neigh,
             prog,
@@ -1118,12 +1120,12 @@ impl Engine {
     }
 
     #[inline]
-    fn rx(&self) -> Guard<'_, RxPath<EngineRx>> {
-        order::lock(&self.rx, Tier::Leaf, "the RX lock")
+    fn rx(&self) -> order::OwnedGuard<'_, RxPath<EngineRx>> {
+        order::lock_owned(&self.rx, Tier::Leaf, "the RX lock")
     }
     #[inline]
-    fn tx(&self) -> Guard<'_, TxPath<EngineTx>> {
-        order::lock(&self.tx, Tier::Leaf, "the TX lock")
+    fn tx(&self) -> order::OwnedGuard<'_, TxPath<EngineTx>> {
+        order::lock_owned(&self.tx, Tier::Leaf, "the TX lock")
     }
     /// The steering state: the program lock (an own engine), or the
     /// control lock (on the engine service: a request's round trip is made

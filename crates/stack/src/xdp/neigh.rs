@@ -672,7 +672,7 @@ pub(crate) type Hook = Box<dyn FnMut() + Send>;
 
 pub(crate) fn run(
     neigh: Arc<Neigh>,
-    tx: Arc<Mutex<TxPath<EngineTx>>>,
+    tx: Arc<super::order::Owned<TxPath<EngineTx>>>,
     mut watch: Option<super::service::client::Watch>,
     mut mon: Option<Monitor>,
     mut hook: Option<Hook>,
@@ -745,7 +745,7 @@ pub(crate) fn run(
         }
         neigh.apply(&events, &mut ready);
         if !ready.is_empty() {
-            let mut t = order::lock(&tx, Tier::Leaf, "the TX lock");
+            let mut t = order::lock_owned(&tx, Tier::Leaf, "the TX lock");
             for (q, mac) in ready.drain(..) {
                 let w = Wire {
                     src: q.src,
@@ -768,7 +768,7 @@ pub(crate) fn run(
 /// held ([`Neigh::wake_worker`] asks for one).
 pub(crate) fn spawn(
     neigh: Arc<Neigh>,
-    tx: Arc<Mutex<TxPath<EngineTx>>>,
+    tx: Arc<super::order::Owned<TxPath<EngineTx>>>,
     watch: Option<super::service::client::Watch>,
     hook: Option<Hook>,
 ) -> io::Result<std::thread::JoinHandle<()>> {

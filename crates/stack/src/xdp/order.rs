@@ -7,7 +7,7 @@
 //! | 0 | `Engine::tcp_clients` (the process's shared client stack being made) |
 //! | 1 | a `TcpEngine`'s stack lock (`Core`) |
 //! | 2 | the engine service's control lock (the control socket: one round trip at a time) |
-//! | 3 (leaves) | RX (`RxPath`), TX (`TxPath`), program (`Prog`), neighbour tables, the control queue |
+//! | 3 (leaves) | RX (`RxPath`), TX (`TxPath`) (both [`Owned`]), program (`Prog`), neighbour tables, the control queue |
 //!
 //! A thread takes locks in increasing tier only, and never two leaves at
 //! once: a TCP turn holds its stack lock and takes RX, then TX, each alone;
@@ -24,6 +24,11 @@
 
 use std::sync::{Mutex, MutexGuard};
 
+/// An engine lock its one owner thread takes without an atomic
+/// read-modify-write (`nanowire_owner`: the RX and TX locks), revoked for
+/// good when another thread takes it.
+pub(crate) type Owned<T> = nanowire_owner::OwnedLock<T, nanowire_owner::Process>;
+
 /// Lock tiers (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -39,30 +44,35 @@ thread_local! {
     static HELD: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
 }
 
-/// A guard that also records its tier for the order check.
-pub(crate) struct Guard<'a, T> {
-    g: MutexGuard<'a, T>,
+/// A lock's guard `G` that also records its tier for the order check.
+pub(crate) struct Held<G> {
+    g: G,
     #[cfg(any(debug_assertions, test))]
     tier: Tier,
 }
 
-impl<T> std::ops::Deref for Guard<'_, T> {
-    type Target = T;
+/// A mutex held.
+pub(crate) type Guard<'a, T> = Held<MutexGuard<'a, T>>;
+/// An [`Owned`] lock held (by its owner alone, or with its mutex).
+pub(crate) type OwnedGuard<'a, T> = Held<nanowire_owner::Guard<'a, T, nanowire_owner::Process>>;
+
+impl<G: std::ops::Deref> std::ops::Deref for Held<G> {
+    type Target = G::Target;
     #[inline(always)]
-    fn deref(&self) -> &T {
+    fn deref(&self) -> &G::Target {
         &self.g
     }
 }
 
-impl<T> std::ops::DerefMut for Guard<'_, T> {
+impl<G: std::ops::DerefMut> std::ops::DerefMut for Held<G> {
     #[inline(always)]
-    fn deref_mut(&mut self) -> &mut T {
+    fn deref_mut(&mut self) -> &mut G::Target {
         &mut self.g
     }
 }
 
 #[cfg(any(debug_assertions, test))]
-impl<T> Drop for Guard<'_, T> {
+impl<G> Drop for Held<G> {
     fn drop(&mut self) {
         let bit = 1u8 << self.tier as u8;
         HELD.with(|h| h.set(h.get() & !bit));
@@ -73,12 +83,30 @@ impl<T> Drop for Guard<'_, T> {
 /// ignored: the data is consistent between statements.
 #[inline(always)]
 pub(crate) fn lock<'a, T>(m: &'a Mutex<T>, tier: Tier, name: &'static str) -> Guard<'a, T> {
+    held(tier, name, || m.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// Take the owned lock `m` (as [`lock`]): its owner thread with plain
+/// stores and loads, any other thread through its mutex (revoking the
+/// owner the first time).
+#[inline(always)]
+pub(crate) fn lock_owned<'a, T>(
+    m: &'a Owned<T>,
+    tier: Tier,
+    name: &'static str,
+) -> OwnedGuard<'a, T> {
+    held(tier, name, || m.lock())
+}
+
+/// The order's check for `tier`, then `take`.
+#[inline(always)]
+fn held<G>(tier: Tier, name: &'static str, take: impl FnOnce() -> G) -> Held<G> {
     #[cfg(any(debug_assertions, test))]
     enter(tier, name, true);
     #[cfg(not(any(debug_assertions, test)))]
     let _ = (tier, name);
-    Guard {
-        g: m.lock().unwrap_or_else(|e| e.into_inner()),
+    Held {
+        g: take(),
         #[cfg(any(debug_assertions, test))]
         tier,
     }
@@ -96,7 +124,7 @@ pub(crate) fn try_lock<'a, T>(m: &'a Mutex<T>, tier: Tier) -> Option<Guard<'a, T
     enter(tier, "", false);
     #[cfg(not(any(debug_assertions, test)))]
     let _ = tier;
-    Some(Guard {
+    Some(Held {
         g,
         #[cfg(any(debug_assertions, test))]
         tier,
@@ -191,5 +219,42 @@ mod tests {
         // try_lock waits for nobody: allowed anywhere.
         let _r = lock(&rx, Tier::Leaf, "rx");
         assert!(try_lock(&stack, Tier::Stack).is_some());
+    }
+
+    #[test]
+    fn an_engine_lock_is_its_owner_threads_until_another_thread_takes_it() {
+        use nanowire_owner::{OwnerHost, Process, SHARED};
+        use std::panic::{AssertUnwindSafe, catch_unwind};
+        let rx = std::sync::Arc::new(Owned::new(0u64));
+        drop(lock_owned(&rx, Tier::Leaf, "rx"));
+        let bias = nanowire_owner::process::may_bias();
+        if bias {
+            assert_eq!(rx.owner(), Process::me(), "the first taker owns it");
+        }
+        for _ in 0..3 {
+            *lock_owned(&rx, Tier::Leaf, "rx") += 1;
+        }
+        // The order holds for it as for a mutex: no two leaves at once.
+        let tx = Mutex::new(());
+        let nest = catch_unwind(AssertUnwindSafe(|| {
+            let _r = lock_owned(&rx, Tier::Leaf, "rx");
+            let _t = lock(&tx, Tier::Leaf, "tx");
+        }));
+        assert!(nest.is_err(), "two leaves at once");
+        if bias {
+            assert_eq!(rx.owner(), Process::me(), "still owned after the unwind");
+        }
+        // Another thread (the neighbour thread, the TCP timer service, a
+        // second socket's thread) takes it: the owner is revoked, no
+        // update is lost, and the former owner takes the mutex from then.
+        let rx2 = rx.clone();
+        std::thread::spawn(move || *lock_owned(&rx2, Tier::Leaf, "rx") += 10)
+            .join()
+            .unwrap();
+        if bias {
+            assert_eq!(rx.owner(), SHARED, "revoked");
+        }
+        *lock_owned(&rx, Tier::Leaf, "rx") += 100;
+        assert_eq!(*lock_owned(&rx, Tier::Leaf, "rx"), 113);
     }
 }

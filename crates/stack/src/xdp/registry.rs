@@ -57,6 +57,7 @@ pub(crate) fn set_child_hook(f: fn()) {
 extern "C" fn in_child() {
     FORK_GEN.fetch_add(1, Ordering::Relaxed);
     PID.store(0, Ordering::Relaxed);
+    nanowire_owner::process::after_fork_child();
     REG.locked.store(false, Ordering::Release);
     if let Some(f) = CHILD_HOOK.get() {
         f();
