@@ -344,6 +344,10 @@ pub struct TcpStack {
     /// The latest time the caller gave (input, timers, transmit): the
     /// clock of the calls that take none (`recv`).
     clock: u64,
+    /// A connection whose settle's end tracking and timer are owed
+    /// ([`TcpStack::send_owing`], [`TcpStack::poll_transmit_owing`]) until
+    /// [`TcpStack::settle_owed`].
+    owed: Option<u32>,
 }
 
 impl TcpStack {
@@ -371,6 +375,7 @@ impl TcpStack {
             conn_events: true,
             ends: None,
             clock: 0,
+            owed: None,
             cfg,
             secret,
         }
@@ -442,6 +447,7 @@ impl TcpStack {
     /// are small, reused integers (below the slab's length): a table indexed
     /// by them stays dense.
     pub fn take_end_changes(&mut self, mut f: impl FnMut(u32, Option<EndState>)) {
+        debug_assert!(self.owed.is_none(), "a settle is owed");
         let Some(mut d) = self.ends.take() else {
             return;
         };
@@ -599,8 +605,34 @@ impl TcpStack {
 
     /// Bookkeeping after anything happened to a connection: demux removal
     /// when closed, release when nobody holds it, transmit queue, timer.
-    #[inline]
+    /// Out of line: called from every path that changes a connection (one
+    /// copy of its body, not one per caller).
+    #[inline(never)]
     pub(crate) fn settle(&mut self, idx: u32) {
+        self.settle_with(idx, false)
+    }
+
+    /// [`TcpStack::settle`] with its end tracking and timer owed (done by
+    /// [`TcpStack::settle_owed`]) when the connection is in the common case:
+    /// the transmit queue is seen to at once (a batch that asks
+    /// `transmit_queued` must see a connection with more to send). One
+    /// connection is owed at a time: another's owed settle is paid first.
+    #[inline(never)]
+    fn settle_later(&mut self, idx: u32) {
+        self.settle_with(idx, true)
+    }
+
+    /// Pay the owed settle ([`TcpStack::send_owing`],
+    /// [`TcpStack::poll_transmit_owing`]): a load when nothing is owed.
+    #[inline]
+    pub fn settle_owed(&mut self) {
+        if let Some(idx) = self.owed.take() {
+            self.settle(idx);
+        }
+    }
+
+    #[inline(always)]
+    fn settle_with(&mut self, idx: u32, later: bool) {
         // The common case (four times a message in a ping-pong: the
         // segment in, the read, the write, the segment out): a connection
         // of the application's in a state that needs none of the rare
@@ -614,6 +646,7 @@ impl TcpStack {
             ready,
             timers,
             conn_events,
+            owed,
             ..
         } = self;
         let slot = &mut slots[idx as usize];
@@ -623,15 +656,23 @@ impl TcpStack {
             && c.state != State::Closed
             && !*conn_events
         {
+            if !c.queued && c.may_output() {
+                c.queued = true;
+                ready.push_back(idx);
+            }
+            if later {
+                if let Some(o) = owed.replace(idx)
+                    && o != idx
+                {
+                    self.settle(o);
+                }
+                return;
+            }
             if let Some(d) = ends.as_mut()
                 && !slot.end_dirty
             {
                 slot.end_dirty = true;
                 d.push(idx);
-            }
-            if !c.queued && c.may_output() {
-                c.queued = true;
-                ready.push_back(idx);
             }
             arm(timers, c, idx, false);
             return;
@@ -1078,12 +1119,32 @@ impl TcpStack {
     /// options and one MSS: `mss + 60` bytes is always enough).
     pub fn poll_transmit(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
         if self.fault_tx.is_none() {
-            return self.transmit_now(now, buf);
+            return self.transmit_now(now, buf, false);
         }
+        self.transmit_faulty(now, buf)
+    }
+
+    /// [`TcpStack::poll_transmit`] whose settle of the connection that
+    /// sent (end tracking, timer: not the transmit queue) is owed until
+    /// [`TcpStack::settle_owed`]: a driver pays it after the frame left
+    /// (the kick), not before. The caller pays before it does anything
+    /// else with the stack but transmit.
+    #[inline]
+    pub fn poll_transmit_owing(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
+        if self.fault_tx.is_none() {
+            return self.transmit_now(now, buf, true);
+        }
+        self.transmit_faulty(now, buf)
+    }
+
+    /// [`TcpStack::poll_transmit`] through the fault injector.
+    #[cold]
+    #[inline(never)]
+    fn transmit_faulty(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
         let mut scratch = std::mem::take(&mut self.fault_buf);
         // Everything the stack wants to send goes through the injector,
         // checksummed (its corruption must be caught by the receiver).
-        while let Some(t) = self.transmit_now(now, &mut scratch[FAULT_HDR..]) {
+        while let Some(t) = self.transmit_now(now, &mut scratch[FAULT_HDR..], false) {
             if t.csum_partial {
                 let seg = &mut scratch[FAULT_HDR..FAULT_HDR + t.len];
                 nanowire_wire::tcp::fill_checksum(seg, t.src, t.dst);
@@ -1114,7 +1175,10 @@ impl TcpStack {
         })
     }
 
-    fn transmit_now(&mut self, now: u64, buf: &mut [u8]) -> Option<Transmit> {
+    /// The next segment; `owing`: the sender's settle is owed
+    /// ([`TcpStack::settle_later`]).
+    #[inline]
+    fn transmit_now(&mut self, now: u64, buf: &mut [u8], owing: bool) -> Option<Transmit> {
         let now = self.tick(now);
         if !self.ctrl.is_empty()
             && let Some(t) = self.transmit_ctrl(buf)
@@ -1131,7 +1195,7 @@ impl TcpStack {
             let (ttl, tos, csum_partial) = (c.ip_ttl, c.ip_tos, c.csum_partial);
             match out {
                 Some(len) if len > 0 => {
-                    self.settle(idx);
+                    self.settle_with(idx, owing);
                     return Some(Transmit {
                         src,
                         dst,
@@ -1276,6 +1340,7 @@ impl TcpStack {
 
     /// Earliest instant `poll_timers` should run (may be early, never late).
     pub fn next_deadline(&self) -> Option<u64> {
+        debug_assert!(self.owed.is_none(), "a settle is owed");
         [
             self.timers.next_deadline(),
             self.fault_rx.as_ref().and_then(FaultInjector::next_release),
@@ -1491,6 +1556,18 @@ impl TcpStack {
 
     pub fn send(&mut self, c: ConnId, data: &[u8]) -> Result<usize, Error> {
         self.with(c, |k| k.send(data))?
+    }
+
+    /// [`TcpStack::send`] whose end tracking and timer are owed: the
+    /// transmit that follows ([`TcpStack::poll_transmit_owing`]) owes the
+    /// same connection's, and one [`TcpStack::settle_owed`] after the frame
+    /// left pays both (the timer a write arms is the retransmission's, which
+    /// the transmit sets). The caller pays before it does anything else with
+    /// the stack.
+    pub fn send_owing(&mut self, c: ConnId, data: &[u8]) -> Result<usize, Error> {
+        let r = self.conn_mut(c)?.send(data);
+        self.settle_later(c.idx);
+        r
     }
 
     pub fn recv(&mut self, c: ConnId, out: &mut [u8]) -> Result<usize, Error> {

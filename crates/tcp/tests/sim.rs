@@ -2050,3 +2050,59 @@ fn a_deferred_quick_ack_rides_on_the_reply_or_goes_when_the_deferral_ends() {
     assert!(n.now < got + MS / 10, "at once");
     assert_eq!(n.b.counters().retransmits, 0);
 }
+
+/// A reply sent as the engine sends it (`send_owing`, `poll_transmit_owing`:
+/// the write's and the segment's end tracking and timer owed until the
+/// frame left, then one `settle_owed`) is the same segment and leaves the
+/// same deadline and end changes as a plain `send` and `poll_transmit`, in
+/// a ping-pong whose request ACKs ride on the replies.
+#[test]
+fn an_owed_settle_leaves_what_a_plain_send_leaves() {
+    let (mut p, mut o) = (Net::plain(), Net::plain());
+    let (pa, pb) = p.connect_pair();
+    let (oa, ob) = o.connect_pair();
+    // As the engine runs its stacks (no readiness events: the settle's
+    // common case, the one whose steps are owed).
+    for n in [&mut p, &mut o] {
+        n.a.set_end_tracking(true);
+        n.a.set_conn_events(false);
+    }
+    let ends = |s: &mut TcpStack| {
+        let mut v = Vec::new();
+        s.take_end_changes(|i, e| v.push((i, e)));
+        v
+    };
+    let mut buf = [0u8; 64];
+    for i in 0..40u32 {
+        let msg = (i * 7919).to_be_bytes();
+        let mut segs = Vec::new();
+        for (n, a, b, owing) in [(&mut p, pa, pb, false), (&mut o, oa, ob, true)] {
+            // Every timer fired and nothing armed: the reply's settle is
+            // what arms its retransmission; the request's end changes are
+            // taken before the reply.
+            n.advance(S);
+            n.b.send(b, &msg).unwrap();
+            n.run_until(S, |n| n.a.recv(a, &mut buf) == Ok(4));
+            ends(&mut n.a);
+            let mut seg = vec![0u8; 2048];
+            let t = if owing {
+                n.a.send_owing(a, &msg).unwrap();
+                let t = n.a.poll_transmit_owing(n.now, &mut seg);
+                n.a.settle_owed();
+                t
+            } else {
+                n.a.send(a, &msg).unwrap();
+                n.a.poll_transmit(n.now, &mut seg)
+            }
+            .expect("the reply's segment");
+            seg.truncate(t.len);
+            nanowire_wire::tcp::fill_checksum(&mut seg, t.src, t.dst);
+            let after = (n.a.next_deadline(), ends(&mut n.a), n.a.transmit_queued());
+            n.b.input(n.now, t.src, t.dst, &seg);
+            n.run_until(S, |n| n.b.recv(b, &mut buf) == Ok(4));
+            assert_eq!(buf[..4], msg, "reply {i}");
+            segs.push((t, seg, after));
+        }
+        assert_eq!(segs[0], segs[1], "message {i}");
+    }
+}

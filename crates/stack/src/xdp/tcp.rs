@@ -2710,16 +2710,21 @@ impl XdpTcpStream {
     pub fn send_once(&self, data: &[u8]) -> Result<usize, XdpTcpError> {
         let mut core = self.eng.core();
         self.eng.take_input(&mut core);
-        let mut r = core.stack.send(self.c, data);
+        // The send's end tracking and timer are owed, paid with the
+        // segment's after the kick (`tx_segments`), or below when nothing
+        // went out.
+        let mut r = core.stack.send_owing(self.c, data);
         if r == Err(TcpError::WouldBlock) {
             // ACKs may have freed room.
+            core.stack.settle_owed();
             self.eng.turn(&mut core);
-            r = core.stack.send(self.c, data);
+            r = core.stack.send_owing(self.c, data);
         }
         // The TSC's extrapolation, not a clock read, before the segment
         // goes out (`super::tsc`).
         let now = core.tsc.now(now_ns);
         self.eng.transmit(&mut core, now);
+        core.stack.settle_owed();
         // Data queued but not sent (the peer's window closed) moves the
         // end too (the bytes a death must deliver end later): published
         // now, not at a next turn that a kill -9 may never see (the
@@ -3533,7 +3538,7 @@ impl Framer {
             ip_id,
             src_mac,
         } = self;
-        // `poll_transmit` answers None when nothing is due (the frame goes
+        // `poll_transmit_owing` answers None when nothing is due (the frame goes
         // back to the pool): no separate `wants_transmit` per frame (the
         // caller asked it once before taking the TX lock). After a segment
         // that left nothing queued (`transmit_queued`: a ping-pong's one
@@ -3544,7 +3549,7 @@ impl Framer {
                 return None;
             }
             let end = fr.len().min(SLOT);
-            let t = stack.poll_transmit(now, &mut fr[HDRS..end])?;
+            let t = stack.poll_transmit_owing(now, &mut fr[HDRS..end])?;
             more = stack.transmit_queued();
             match cached_hop(hops, generation, t.dst) {
                 Some(mac) => {
@@ -3560,6 +3565,9 @@ impl Framer {
                 }
             }
         });
+        // The frames left (`post_with` kicked): the sender's end tracking
+        // and timer now, not before the kick.
+        stack.settle_owed();
         if offloaded > 0 {
             bump(tx.page.e(E::TxCsumOffload), offloaded);
         }

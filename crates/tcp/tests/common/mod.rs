@@ -462,13 +462,14 @@ impl Stream {
 }
 
 /// `poll_transmit`, as the engine drives it: `wants_transmit` first (the
-/// engine takes a TX frame only when it says yes). Checks on every call
-/// that it never says no while a segment is due, and that after a segment
-/// `transmit_queued` never says no while another is due (the engine ends
-/// its batch there).
+/// engine takes a TX frame only when it says yes), the segment's settle
+/// owed until it left (`poll_transmit_owing`, `settle_owed`). Checks on
+/// every call that it never says no while a segment is due, and that after
+/// a segment `transmit_queued` never says no while another is due (the
+/// engine ends its batch there).
 pub fn transmit(stack: &mut TcpStack, now: u64, buf: &mut [u8]) -> Option<Transmit> {
     let want = stack.wants_transmit();
-    let t = stack.poll_transmit(now, buf);
+    let t = stack.poll_transmit_owing(now, buf);
     assert!(
         want || t.is_none(),
         "wants_transmit said nothing is due, poll_transmit sent {t:?}"
@@ -481,5 +482,6 @@ pub fn transmit(stack: &mut TcpStack, now: u64, buf: &mut [u8]) -> Option<Transm
             "transmit_queued said nothing is queued after {t:?}, {t2:?} followed"
         );
     }
+    stack.settle_owed();
     t
 }
