@@ -6,7 +6,7 @@
 use crate::conn::{Conn, State};
 use crate::seq;
 use crate::{Config, Counters};
-use nanowire_wire::tcp::{Flags, MAX_SACK_BLOCKS, TcpRepr};
+use nanowire_wire::tcp::{Fixed, Flags, MAX_SACK_BLOCKS, TS_HEADER_LEN, TcpRepr, emit_ts_partial};
 
 impl Conn {
     fn base_repr(&self, seq: u32, flags: u8) -> TcpRepr {
@@ -85,7 +85,57 @@ impl Conn {
         } else {
             r.emit(buf, len, src, dst)
         };
-        if r.flags.ack() {
+        self.sent(now, r.flags, ctr);
+        n
+    }
+
+    /// A synchronized connection's segment at `seq` with `flags` (ACK
+    /// among them, not SYN): with timestamps and no SACK blocks to announce
+    /// (an established connection's data and ACKs in the common case) the
+    /// header is written straight from the connection (`emit_ts_partial`:
+    /// no `TcpRepr` built and passed, no option walk, one length); else
+    /// through [`Conn::emit`]. The same bytes either way.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn emit_synced(
+        &mut self,
+        now: u64,
+        buf: &mut [u8],
+        seq: u32,
+        flags: u8,
+        tx_off: usize,
+        len: usize,
+        ctr: &mut Counters,
+    ) -> usize {
+        debug_assert!(flags & Flags::ACK != 0 && flags & Flags::SYN == 0);
+        if !self.ts_ok || (self.sack_ok && !self.asm.is_empty()) || buf.len() < TS_HEADER_LEN + len
+        {
+            return self.emit(now, buf, self.base_repr(seq, flags), tx_off, len, ctr);
+        }
+        let f = Fixed {
+            ports: (self.tuple.local.port(), self.tuple.remote.port()),
+            seq_ack: (seq, self.rcv_nxt),
+            flags: Flags(flags),
+            window: self.window_field(),
+        };
+        let ts = (self.tsval(now), self.ts_recent);
+        let (h, payload) = buf.split_at_mut(TS_HEADER_LEN);
+        self.tx.peek(tx_off, &mut payload[..len]);
+        let (src, dst) = (*self.tuple.local.ip(), *self.tuple.remote.ip());
+        let h = h.try_into().expect("a header's bytes");
+        let n = emit_ts_partial(h, &f, ts, len, src, dst);
+        if !self.csum_partial {
+            nanowire_wire::tcp::fill_checksum(&mut buf[..n], src, dst);
+        }
+        self.sent(now, f.flags, ctr);
+        n
+    }
+
+    /// What sending a segment with `flags` does to the connection and the
+    /// counters.
+    #[inline]
+    fn sent(&mut self, now: u64, flags: Flags, ctr: &mut Counters) {
+        if flags.ack() {
             self.ack_now = false;
             // A hole's grace still running: its ACK (with the SACK) is due
             // when the grace ends.
@@ -93,11 +143,10 @@ impl Conn {
             self.rx_unacked = 0;
             self.ack_deferred = false;
         }
-        if r.flags.rst() {
+        if flags.rst() {
             ctr.rst_sent += 1;
         }
         ctr.segs_out += 1;
-        n
     }
 
     /// The SACK blocks announcing the receive holes (RFC 2018 4: the most
@@ -290,8 +339,8 @@ impl Conn {
 
         if self.probe_pending {
             self.probe_pending = false;
-            let r = self.base_repr(self.snd_una.wrapping_sub(1), Flags::ACK);
-            return Some(self.emit(now, buf, r, 0, 0, ctr));
+            let s = self.snd_una.wrapping_sub(1);
+            return Some(self.emit_synced(now, buf, s, Flags::ACK, 0, 0, ctr));
         }
         self.pure_ack(now, buf, ctr)
     }
@@ -306,8 +355,8 @@ impl Conn {
             }
             self.dup_acks_due -= 1;
         }
-        let r = self.base_repr(self.snd_nxt, Flags::ACK);
-        Some(self.emit(now, buf, r, 0, 0, ctr))
+        let s = self.snd_nxt;
+        Some(self.emit_synced(now, buf, s, Flags::ACK, 0, 0, ctr))
     }
 
     /// One segment at `s` (a retransmission), up to the next SACKed block.
@@ -338,7 +387,6 @@ impl Conn {
         if len > 0 {
             flags |= Flags::PSH;
         }
-        let r = self.base_repr(s, flags);
         let off = seq::dist(s, self.tx_seq0) as usize;
         if let Some((t, _)) = self.rtt_seq
             && seq::gt(t, s)
@@ -348,7 +396,7 @@ impl Conn {
         self.total_retrans += 1;
         ctr.retransmits += 1;
         self.arm_rtx(now, cfg);
-        Some(self.emit(now, buf, r, off, len, ctr))
+        Some(self.emit_synced(now, buf, s, flags, off, len, ctr))
     }
 
     fn send_new(
@@ -411,9 +459,8 @@ impl Conn {
             flags |= Flags::FIN;
         }
         let s = self.snd_nxt;
-        let r = self.base_repr(s, flags);
         let off = seq::dist(s, self.tx_seq0) as usize;
-        let n = self.emit(now, buf, r, off, len as usize, ctr);
+        let n = self.emit_synced(now, buf, s, flags, off, len as usize, ctr);
         if n == 0 {
             return Some(0);
         }
@@ -433,5 +480,93 @@ impl Conn {
         self.persist_deadline = None;
         self.arm_rtx(now, cfg);
         Some(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::isn::Secret;
+    use crate::{FourTuple, SocketOptions};
+    use nanowire_wire::tcp::TcpSegment;
+    use std::net::{Ipv4Addr, SocketAddrV4};
+
+    /// An established connection accepted from a SYN offering `ts`, SACK
+    /// and window scaling, with 3000 bytes queued to send.
+    fn established(ts: bool, partial: bool) -> Conn {
+        let cfg = Config {
+            tx_checksum_partial: partial,
+            ..Config::default()
+        };
+        let tuple = FourTuple {
+            local: SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 80),
+            remote: SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 40_000),
+        };
+        let syn = TcpRepr {
+            seq: 7_000,
+            flags: Flags(Flags::SYN),
+            window: 65_535,
+            mss: Some(1460),
+            window_scale: Some(7),
+            sack_permitted: true,
+            timestamp: ts.then_some((123_456, 0)),
+            ..TcpRepr::default()
+        };
+        let secret = Secret::from_bytes([3; 16]);
+        let opts = SocketOptions::from_config(&cfg);
+        let mut c = Conn::accept_syn(tuple, &syn, &cfg, &opts, &secret, 5_000_000_000);
+        c.alloc_buffers();
+        c.state = State::Established;
+        c.snd_una = c.iss.wrapping_add(1);
+        c.snd_nxt = c.snd_una;
+        c.snd_max = c.snd_una;
+        c.tx_seq0 = c.snd_una;
+        let data: Vec<u8> = (0..3000u32).map(|i| (i * 31 % 251) as u8).collect();
+        assert_eq!(c.send(&data), Ok(3000));
+        c
+    }
+
+    /// `emit_synced` (the header written from the connection) writes the
+    /// bytes and leaves the connection and counters as `emit` of the
+    /// connection's `TcpRepr` does: with and without timestamps, a receive
+    /// hole (SACK blocks), a partial or full checksum, data or none, each
+    /// segment kind a synchronized connection sends.
+    #[test]
+    fn a_header_from_the_connection_is_the_reprs() {
+        for (ts, partial, hole) in [
+            (true, true, false),
+            (true, false, false),
+            (false, true, false),
+            (true, true, true),
+        ] {
+            let (mut a, mut b) = (established(ts, partial), established(ts, partial));
+            if hole {
+                for c in [&mut a, &mut b] {
+                    c.asm.add(1000, 1500);
+                }
+            }
+            let (mut ca, mut cb) = (Counters::default(), Counters::default());
+            let flags = [Flags::ACK, Flags::ACK | Flags::PSH, Flags::ACK | Flags::FIN];
+            for (i, &fl) in flags.iter().enumerate() {
+                for (off, len) in [(0, 0), (0, 1), (100, 1448), (7, 333)] {
+                    let now = 6_000_000_000 + (i as u64) * 1_234_567;
+                    let s = a.snd_una.wrapping_add(off as u32);
+                    let (mut fa, mut fb) = ([0u8; 1600], [0u8; 1600]);
+                    let na = a.emit_synced(now, &mut fa, s, fl, off, len, &mut ca);
+                    let r = b.base_repr(s, fl);
+                    let nb = b.emit(now, &mut fb, r, off, len, &mut cb);
+                    let what = format!("ts {ts} partial {partial} hole {hole} {fl:#x} {len}");
+                    assert!(na > 0, "{what}");
+                    assert_eq!(fa[..na], fb[..nb], "{what}");
+                    assert_eq!(format!("{a:?}"), format!("{b:?}"), "{what}");
+                    assert_eq!(format!("{ca:?}"), format!("{cb:?}"), "{what}");
+                    // Parsed back: the fields the connection gave.
+                    let seg = TcpSegment::new_checked(&fa[..na]).expect("a segment");
+                    let p = TcpRepr::parse(&seg).expect("parses");
+                    assert_eq!((p.seq, p.ack, p.flags.0), (s, a.rcv_nxt, fl), "{what}");
+                    assert_eq!(p.timestamp.is_some(), ts, "{what}");
+                }
+            }
+        }
     }
 }

@@ -294,41 +294,31 @@ impl TcpRepr {
         // timestamps carries (NOP, NOP, TS; no SACK blocks): one fixed
         // layout, one bounds check. Everything else through the general
         // writer, out of line, so that this path stays a few code lines.
-        if let Some((val, ecr)) = self.timestamp
+        if let Some(ts) = self.timestamp
             && self.mss.is_none()
             && self.window_scale.is_none()
             && !self.sack_permitted
             && self.sack_len == 0
         {
-            const HL: usize = HEADER_LEN + 12;
-            let total = HL + payload_len;
+            let total = TS_HEADER_LEN + payload_len;
             let d = &mut buf[..total];
-            let h: &mut [u8; HL] = (&mut d[..HL]).try_into().expect("HL bytes");
-            self.put_fixed(h.first_chunk_mut().expect("16 of HL bytes"), HL);
-            let pseudo = checksum::pseudo_header(src, dst, PROTO_TCP, total as u16);
-            h[16..18].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
-            h[18..20].fill(0);
-            h[20..24].copy_from_slice(&[OPT_NOP, OPT_NOP, OPT_TS, 10]);
-            h[24..28].copy_from_slice(&val.to_be_bytes());
-            h[28..32].copy_from_slice(&ecr.to_be_bytes());
-            return total;
+            let h = (&mut d[..TS_HEADER_LEN])
+                .try_into()
+                .expect("a header's bytes");
+            return emit_ts_partial(h, &self.fixed(), ts, payload_len, src, dst);
         }
         self.emit_partial_general(buf, payload_len, src, dst)
     }
 
-    /// The header's first 16 bytes, the same in every segment: ports,
-    /// sequence and acknowledgement numbers, data offset (`hl` bytes of
-    /// header), flags, window. Shared by `emit_partial`'s fixed layout and
-    /// the general writer; a fixed-size array, so no bounds check is left.
+    /// The fields of the header's first 16 bytes.
     #[inline(always)]
-    fn put_fixed(&self, h: &mut [u8; 16], hl: usize) {
-        h[0..2].copy_from_slice(&self.src_port.to_be_bytes());
-        h[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
-        h[4..8].copy_from_slice(&self.seq.to_be_bytes());
-        h[8..12].copy_from_slice(&self.ack.to_be_bytes());
-        h[12] = ((hl / 4) as u8) << 4;
-        h[13] = self.flags.0;
-        h[14..16].copy_from_slice(&self.window.to_be_bytes());
+    fn fixed(&self) -> Fixed {
+        Fixed {
+            ports: (self.src_port, self.dst_port),
+            seq_ack: (self.seq, self.ack),
+            flags: self.flags,
+            window: self.window,
+        }
     }
 
     /// [`TcpRepr::emit_partial`] with any options.
@@ -343,7 +333,8 @@ impl TcpRepr {
         let hl = self.header_len();
         let total = hl + payload_len;
         let d = &mut buf[..total];
-        self.put_fixed(d.first_chunk_mut().expect("a header's 16 bytes"), hl);
+        self.fixed()
+            .put(d.first_chunk_mut().expect("a header's 16 bytes"), hl);
         d[16] = 0;
         d[17] = 0;
         d[18] = 0;
@@ -387,6 +378,69 @@ impl TcpRepr {
         d[16..18].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
         total
     }
+}
+
+/// The length of a header whose only option is the timestamp (NOP, NOP,
+/// TS): what every segment of an established connection that negotiated
+/// timestamps carries when it announces no SACK blocks.
+pub const TS_HEADER_LEN: usize = HEADER_LEN + 12;
+
+/// The header's first 16 bytes, the same in every segment: ports, sequence
+/// and acknowledgement numbers, flags, window (and the data offset, from
+/// the header's length).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fixed {
+    /// Source and destination.
+    pub ports: (u16, u16),
+    /// Sequence and acknowledgement numbers.
+    pub seq_ack: (u32, u32),
+    pub flags: Flags,
+    pub window: u16,
+}
+
+impl Fixed {
+    /// Into `h` for a header of `hl` bytes; a fixed-size array, so no
+    /// bounds check is left.
+    #[inline(always)]
+    fn put(&self, h: &mut [u8; 16], hl: usize) {
+        h[0..2].copy_from_slice(&self.ports.0.to_be_bytes());
+        h[2..4].copy_from_slice(&self.ports.1.to_be_bytes());
+        h[4..8].copy_from_slice(&self.seq_ack.0.to_be_bytes());
+        h[8..12].copy_from_slice(&self.seq_ack.1.to_be_bytes());
+        h[12] = ((hl / 4) as u8) << 4;
+        h[13] = self.flags.0;
+        h[14..16].copy_from_slice(&self.window.to_be_bytes());
+    }
+}
+
+/// Write a header with the timestamp option only (`ts`: TSval, TSecr) for
+/// a payload of `payload_len` bytes (after the header, in place or to
+/// come), the checksum field holding the pseudo-header's sum as
+/// [`TcpRepr::emit_partial`] leaves it; returns the segment's length. The
+/// bytes `TcpRepr::emit_partial` writes for the same fields, without a
+/// `TcpRepr` (a sender that knows its segment has this layout: the TCP
+/// crate's established connection).
+#[inline(always)]
+pub fn emit_ts_partial(
+    h: &mut [u8; TS_HEADER_LEN],
+    f: &Fixed,
+    (val, ecr): (u32, u32),
+    payload_len: usize,
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+) -> usize {
+    let total = TS_HEADER_LEN + payload_len;
+    f.put(
+        h.first_chunk_mut().expect("16 of a header's bytes"),
+        TS_HEADER_LEN,
+    );
+    let pseudo = checksum::pseudo_header(src, dst, PROTO_TCP, total as u16);
+    h[16..18].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
+    h[18..20].fill(0);
+    h[20..24].copy_from_slice(&[OPT_NOP, OPT_NOP, OPT_TS, 10]);
+    h[24..28].copy_from_slice(&val.to_be_bytes());
+    h[28..32].copy_from_slice(&ecr.to_be_bytes());
+    total
 }
 
 /// Complete the checksum of a segment written by [`TcpRepr::emit_partial`]
