@@ -189,15 +189,37 @@ fn service_listeners(s: Option<&Value>) -> std::collections::BTreeMap<String, us
     out
 }
 
-/// `NAME VALUE` of the counters `names` of `m` that are not zero.
-fn named_nonzero(m: &Value, names: &[&str]) -> Vec<String> {
-    names
+/// `NAME VALUE, ...` of the counters `names` of `m` that are not zero
+/// (`None`: all are zero).
+fn named_nonzero(m: &Value, names: &[&str]) -> Option<String> {
+    let v: Vec<String> = names
         .iter()
         .map(|k| (k, m[k].as_u64().unwrap_or(0)))
         .filter(|(_, v)| *v != 0)
         .map(|(k, v)| format!("{k} {v}"))
-        .collect()
+        .collect();
+    (!v.is_empty()).then(|| v.join(", "))
 }
+
+/// The service's counters of how dead processes' connections ended.
+const DEAD_ENDS: &[&str] = &[
+    "tcp_ended_repaired",
+    "tcp_ended_fin",
+    "tcp_ended_rst",
+    "tcp_end_failed",
+    "tcp_end_left",
+    "tcp_end_refused",
+    "tcp_end_unpassed",
+    "tcp_handed_swept",
+];
+
+/// A client's requests the service refused.
+const REFUSED: &[&str] = &[
+    "claims_refused",
+    "tcp_flows_refused",
+    "tcp_joins_refused",
+    "tcp_moves_refused",
+];
 
 /// The service, its interfaces, and per attached process: who, what it
 /// claims, its share of the frames, its drops by reason.
@@ -232,21 +254,8 @@ fn print_service(s: &Value) {
         out!("  refused messages: {refused}");
     }
     // Dead processes' connections (issue 24): how the service ended them.
-    let ends = named_nonzero(
-        &s["counters"],
-        &[
-            "tcp_ended_repaired",
-            "tcp_ended_fin",
-            "tcp_ended_rst",
-            "tcp_end_failed",
-            "tcp_end_left",
-            "tcp_end_refused",
-            "tcp_end_unpassed",
-            "tcp_handed_swept",
-        ],
-    );
-    if !ends.is_empty() {
-        out!("  dead processes' tcp connections: {}", ends.join(", "));
+    if let Some(ends) = named_nonzero(&s["counters"], DEAD_ENDS) {
+        out!("  dead processes' tcp connections: {ends}");
     }
     for i in ifaces {
         out!(
@@ -296,17 +305,8 @@ fn print_service(s: &Value) {
             if c["engine_drops"].is_null() {
                 out!("      (its engine's own drop counters: no stats page readable)");
             }
-            let refused = named_nonzero(
-                &c["counters"],
-                &[
-                    "claims_refused",
-                    "tcp_flows_refused",
-                    "tcp_joins_refused",
-                    "tcp_moves_refused",
-                ],
-            );
-            if !refused.is_empty() {
-                out!("      refused: {}", refused.join(", "));
+            if let Some(refused) = named_nonzero(&c["counters"], REFUSED) {
+                out!("      refused: {refused}");
             }
         }
         // Listeners shared across fork (issue 24): which processes hold
