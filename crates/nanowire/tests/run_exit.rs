@@ -31,6 +31,12 @@
 //!   socket the service gave the connection). Not on an engine of its
 //!   own: there the peer's segments between the death and the warden's
 //!   end reach a kernel without a socket (docs/architecture.md).
+//! * kill -9 right after an answer left: the process dies inside its
+//!   send, right after the TX kick (a test hook of the engine), so the
+//!   peer reads the answer whatever the connection table said before it;
+//!   the end must come after the answer (before session 24 it was
+//!   published after the kick: a FIN before the answer, which the peer
+//!   drops as old, and no end at all).
 //! * TIME-WAIT after exit: a client closes first and exits at once; its
 //!   last ACKs are dropped on their way into the plain server's host, so
 //!   the server retransmits its FINs after the client is gone; host a's
@@ -419,5 +425,55 @@ fn kill_9_with_data_unacknowledged_delivers_every_byte_and_the_fin() {
         }
         let ctx = format!("{p:?}:\n{}", w.stderr());
         same_as_first(&mut seen, "kill -9 with data unacknowledged", got, &ctx);
+    }
+}
+
+/// kill -9 right after an answer's frame left (the engine's test hook
+/// `NANOWIRE_TEST_KILL_AFTER_SEND`: SIGKILL between the TX kick and
+/// anything after it): the peer reads the 1,000 bytes, then the end of
+/// file, as plainly (where the process kills itself after its send). Before
+/// the ends were published ahead of the kick, the connection table still
+/// named the end before the answer: the service's or warden's FIN carried
+/// that old sequence number, the peer dropped it, and its read timed out.
+#[test]
+#[ignore = "needs root"]
+fn kill_9_right_after_an_answer_left_ends_it_after_the_answer() {
+    let l = lab("kak");
+    let addr = ADDR_B.to_string();
+    let mut seen: Option<String> = None;
+    for (i, p) in Placement::ALL.into_iter().enumerate() {
+        let port_s = (14840 + i as u16).to_string();
+        let mut sink = spawn(
+            &format!("sink-kicked-{p:?}"),
+            plain_in(
+                &l,
+                Host::B,
+                &["python3", &script("sink.py"), &addr, &port_s, "0"],
+            ),
+        );
+        sink.wait_for("ready", Duration::from_secs(20));
+        let argv = ["python3", &script("kicked.py"), &addr, &port_s];
+        let mut cmd = p.command(&l, Host::A, &argv);
+        cmd.env("NANOWIRE_TEST_KILL_AFTER_SEND", "1");
+        let mut w = spawn(&format!("kicked-{p:?}"), cmd);
+        let _ = w.wait(T);
+        if p == Placement::Own {
+            assert!(w.stdout().contains("warden up"), "{}", w.stdout());
+        }
+        if p != Placement::Plain {
+            on_engine(&w, &format!("-> {addr}:{port_s}"));
+            assert!(
+                w.stderr()
+                    .contains("test hook: SIGKILL after a send's kick"),
+                "{p:?}: the hook did not kill it:\n{}",
+                w.stderr()
+            );
+        }
+        let got = sink.success(T);
+        if p == Placement::Plain {
+            assert!(got.contains("EOF 1000 "), "plainly: {got}");
+        }
+        let ctx = format!("{p:?}:\n{}", w.stderr());
+        same_as_first(&mut seen, "kill -9 right after an answer left", got, &ctx);
     }
 }

@@ -446,8 +446,9 @@ impl TcpStack {
     /// what would end it now (`None`: nothing, or the slot is free). Slots
     /// are small, reused integers (below the slab's length): a table indexed
     /// by them stays dense.
+    /// An owed settle ([`TcpStack::send_owing`]) has noted its end already:
+    /// only its timer is owed.
     pub fn take_end_changes(&mut self, mut f: impl FnMut(u32, Option<EndState>)) {
-        debug_assert!(self.owed.is_none(), "a settle is owed");
         let Some(mut d) = self.ends.take() else {
             return;
         };
@@ -660,6 +661,15 @@ impl TcpStack {
                 c.queued = true;
                 ready.push_back(idx);
             }
+            // The end is noted at once, owed or not: a driver publishes the
+            // ends before its kick (a death after the kick must find the
+            // end after the bytes just queued), while the settle is owed.
+            if let Some(d) = ends.as_mut()
+                && !slot.end_dirty
+            {
+                slot.end_dirty = true;
+                d.push(idx);
+            }
             if later {
                 if let Some(o) = owed.replace(idx)
                     && o != idx
@@ -667,12 +677,6 @@ impl TcpStack {
                     self.settle(o);
                 }
                 return;
-            }
-            if let Some(d) = ends.as_mut()
-                && !slot.end_dirty
-            {
-                slot.end_dirty = true;
-                d.push(idx);
             }
             arm(timers, c, idx, false);
             return;

@@ -57,8 +57,15 @@ pub const TEST_LISTENER_CLOSE_STOP_VAR: &str = "NANOWIRE_TEST_LISTENER_CLOSE_STO
 /// copies of the process's fds, until the test opens the FIFO
 /// (`run_procs an_exec_right_after_the_first_tcp_stack_waits_for_the_warden_spawn`).
 pub const TEST_WARDEN_SPAWN_FIFO_VAR: &str = "NANOWIRE_TEST_WARDEN_SPAWN_FIFO";
+/// Test hook (issue 24), `1`: a process kills itself (SIGKILL) right after
+/// the TX kick of an application's TCP send that put frames on the wire,
+/// before anything else runs (`run_exit
+/// kill_9_right_after_an_answer_left_ends_it_after_the_answer`): the
+/// moment the connection table must already name the end after the sent
+/// bytes.
+pub const TEST_KILL_AFTER_SEND_VAR: &str = "NANOWIRE_TEST_KILL_AFTER_SEND";
 /// Every variable [`EngineConfig::from_vars`] looks up.
-pub const VARS: [&str; 14] = [
+pub const VARS: [&str; 15] = [
     FAULTS_VAR,
     TCP_RTO_MIN_VAR,
     TX_CSUM_OFFLOAD_VAR,
@@ -73,6 +80,7 @@ pub const VARS: [&str; 14] = [
     SERVICE_BIN_VAR,
     TEST_LISTENER_CLOSE_STOP_VAR,
     TEST_WARDEN_SPAWN_FIFO_VAR,
+    TEST_KILL_AFTER_SEND_VAR,
 ];
 
 /// The engine's settings.
@@ -116,6 +124,8 @@ pub struct EngineConfig {
     pub test_listener_close_stop: bool,
     /// [`TEST_WARDEN_SPAWN_FIFO_VAR`].
     pub test_warden_spawn_fifo: Option<PathBuf>,
+    /// [`TEST_KILL_AFTER_SEND_VAR`].
+    pub test_kill_after_send: bool,
 }
 
 impl Default for EngineConfig {
@@ -135,6 +145,7 @@ impl Default for EngineConfig {
             rx_no_quiet: false,
             test_listener_close_stop: false,
             test_warden_spawn_fifo: None,
+            test_kill_after_send: false,
         }
     }
 }
@@ -187,6 +198,7 @@ impl EngineConfig {
             rx_no_quiet: get(RX_NO_QUIET_VAR).as_deref() == Some("1"),
             test_listener_close_stop: get(TEST_LISTENER_CLOSE_STOP_VAR).as_deref() == Some("1"),
             test_warden_spawn_fifo: get(TEST_WARDEN_SPAWN_FIFO_VAR).map(PathBuf::from),
+            test_kill_after_send: get(TEST_KILL_AFTER_SEND_VAR).as_deref() == Some("1"),
             stats_dir: get(STATS_DIR_VAR).map(PathBuf::from),
             service: matches!(
                 get(SERVICE_VAR).as_deref(),

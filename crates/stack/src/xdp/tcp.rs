@@ -547,6 +547,14 @@ fn publish_ends(core: &mut Core) {
     }
 }
 
+/// Test hooks (`super::config`): this process ends here as by `kill -9`.
+#[cold]
+#[inline(never)]
+fn test_kill_self(at: &str) {
+    eprintln!("nanowire: test hook: SIGKILL {at}");
+    let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+}
+
 /// The engine the last connect that asked the kernel's route used.
 static LAST_CLIENT_ENGINE: Mutex<Weak<Engine>> = Mutex::new(Weak::new());
 
@@ -1001,19 +1009,38 @@ impl TcpEngine {
     /// the transmit device's injector copies the frames (device/faults.rs).
     #[inline]
     fn transmit(&self, core: &mut Core, now: u64) -> usize {
+        self.transmit_for(core, now, false)
+    }
+
+    /// [`TcpEngine::transmit`]; `send`: for an application's send
+    /// (`XdpTcpStream::send_once`; only the test hook tells them apart).
+    #[inline]
+    fn transmit_for(&self, core: &mut Core, now: u64, send: bool) -> usize {
         // Nothing due (the common case after a received segment whose ACK
         // will ride on the answer, and after a read): a few loads here, no
         // call, no TX lock, no frame, no look at the rings.
         if !core.stack.wants_transmit() {
             return 0;
         }
-        self.transmit_some(core, now)
+        self.transmit_some(core, now, send)
     }
 
     /// [`TcpEngine::transmit`] when the stack has something due.
     #[inline(never)]
-    fn transmit_some(&self, core: &mut Core, now: u64) -> usize {
+    fn transmit_some(&self, core: &mut Core, now: u64, send: bool) -> usize {
+        // What the application queued moves the ends before any of it is
+        // on the wire: once a segment left, the peer may read it before a
+        // publish after the kick, and a kill -9 in between left the end
+        // before the sent bytes, a FIN the peer drops as old: a connection
+        // never ended (run_fork's prefork kill, 1 in 5-20 runs under load,
+        // session 23). Published first, the end is a FIN after the queued
+        // bytes, which a death delivers from the send ring's slab, sent or
+        // not (`send_owing` notes the end at once; only its timer is owed).
+        publish_ends(core);
         let n = self.transmit_due(core, now);
+        if send && n > 0 && super::config::config().test_kill_after_send {
+            test_kill_self("after a send's kick");
+        }
         if n > 0 {
             // What was just sent moves the connections' ends (the FIN or
             // RST a death would send starts after it): the table must say
@@ -2723,7 +2750,7 @@ impl XdpTcpStream {
         // The TSC's extrapolation, not a clock read, before the segment
         // goes out (`super::tsc`).
         let now = core.tsc.now(now_ns);
-        self.eng.transmit(&mut core, now);
+        self.eng.transmit_for(&mut core, now, true);
         core.stack.settle_owed();
         // Data queued but not sent (the peer's window closed) moves the
         // end too (the bytes a death must deliver end later): published

@@ -37,9 +37,11 @@
 //! by a thread of the engine's (the application never waits for it), the
 //! table's bookkeeping per touched connection (as on the service), no
 //! system call on the data path. `NANOWIRE_TCP_WARDEN=0` turns it off (the
-//! old behaviour). Limits: a process killed in the moment between its first
-//! TCP stack and the thread's spawn (before any connection of it could be
-//! established) has no warden; the set-up process is the application's
+//! old behaviour). Limits: a process killed between its first TCP stack
+//! and the thread's spawn has no warden (a connection can be established,
+//! written and the process killed in that time: session 24's
+//! `run_exit kill_9_right_after_...` waits for the warden first); the
+//! set-up process is the application's
 //! child for the few ms of its set-up (a `wait` for any child may reap it:
 //! handled); exec keeps the pid, so the old image's connections are ended
 //! when the new program dies, not at the exec; the warden needs the
