@@ -101,6 +101,15 @@ pub trait OwnerHost {
     fn owner_fence();
     /// Make every thread of the process pass a full memory barrier.
     fn barrier_all();
+    /// Is this thread a visitor (a thread that takes the lock now and
+    /// then, such as an engine's timer or neighbour thread)? Its take never
+    /// makes it the owner, and a take that revoked an owner leaves the lock
+    /// unowned, so the thread that uses it all the time owns it again at
+    /// its next take (a re-bias), instead of every take being the mutex's
+    /// for good. Asked on the slow path only.
+    fn visitor() -> bool {
+        false
+    }
 }
 
 /// A mutex over `T` that its owner thread takes without an atomic
@@ -208,7 +217,8 @@ impl<T, H: OwnerHost> OwnedLock<T, H> {
     fn lock_slow(&self, me: u64) -> Guard<'_, T, H> {
         let m = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
         let o = self.owner.load(Ordering::Relaxed);
-        let first = o == UNOWNED && H::may_bias();
+        let visitor = H::visitor();
+        let first = o == UNOWNED && !visitor && H::may_bias();
         if first {
             // The first taker owns it. It holds the mutex this time, and
             // `in_call` too, so that its own signal handler counts as
@@ -217,6 +227,14 @@ impl<T, H: OwnerHost> OwnedLock<T, H> {
             self.owner.store(me, Ordering::Relaxed);
         } else if o != UNOWNED && o != SHARED {
             self.revoke(o);
+            if visitor {
+                // Owned again by the next take of another kind: under the
+                // mutex, with the owner revoked (SHARED, its call ended),
+                // no thread holds the lock or can take it without the
+                // mutex, as for `Guard::unshare`. A lock SHARED by two
+                // threads of the usual kind stays SHARED.
+                self.owner.store(UNOWNED, Ordering::Relaxed);
+            }
         }
         Guard {
             lock: self,
@@ -456,6 +474,9 @@ mod tests {
     static PID: AtomicU32 = AtomicU32::new(7);
     static BIAS: AtomicBool = AtomicBool::new(true);
     static BARRIERS: AtomicU32 = AtomicU32::new(0);
+    thread_local! {
+        static VISITOR: Cell<bool> = const { Cell::new(false) };
+    }
 
     /// A host whose owner fence is a full fence (symmetric Dekker), so
     /// the logic is tested without membarrier.
@@ -486,9 +507,53 @@ mod tests {
             BARRIERS.fetch_add(1, Ordering::Relaxed);
             fence(Ordering::SeqCst);
         }
+        fn visitor() -> bool {
+            VISITOR.with(Cell::get)
+        }
     }
 
     type L = OwnedLock<u64, T1>;
+
+    /// A take of `l` by a new visitor thread, adding `n`.
+    fn visit(l: &Arc<L>, n: u64) {
+        let l = l.clone();
+        std::thread::spawn(move || {
+            VISITOR.with(|v| v.set(true));
+            let mut g = l.lock();
+            assert!(!g.owned(), "a visitor takes the mutex");
+            *g += n;
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn a_visitor_revokes_and_the_owner_owns_it_again() {
+        let l = Arc::new(L::new(0));
+        // A visitor's first take does not make it the owner.
+        visit(&l, 10);
+        assert_eq!(l.owner(), UNOWNED, "a visitor never owns it");
+        drop(l.lock());
+        assert_eq!(l.owner(), T1::me(), "the usual thread owns it");
+        let b0 = BARRIERS.load(Ordering::Relaxed);
+        visit(&l, 10);
+        assert!(BARRIERS.load(Ordering::Relaxed) > b0, "the visit revoked");
+        assert_eq!(l.owner(), UNOWNED, "left to be owned again");
+        {
+            let g = l.lock();
+            assert!(!g.owned(), "the re-bias take holds the mutex");
+        }
+        let g = l.lock();
+        assert!(g.owned(), "owned again: the plain take");
+        drop(g);
+        assert_eq!(*l.lock(), 20);
+        // Two threads of the usual kind: SHARED stays SHARED after a visit.
+        let l3 = l.clone();
+        std::thread::spawn(move || drop(l3.lock())).join().unwrap();
+        assert_eq!(l.owner(), SHARED);
+        visit(&l, 1);
+        assert_eq!(l.owner(), SHARED, "a visit does not undo a sharing");
+    }
 
     #[test]
     fn the_first_taker_owns_and_then_takes_without_the_mutex() {

@@ -83,6 +83,8 @@ thread_local! {
     /// The token this thread had in the parent (the forking thread of a
     /// forked child; else 0).
     static BEFORE: Cell<u64> = const { Cell::new(0) };
+    /// This thread is a visitor of the locks ([`Process::set_visitor`]).
+    static VISITOR: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The calling thread's `pid << 32 | tid`, from the kernel.
@@ -113,6 +115,16 @@ pub fn after_fork_child() {
 /// thread-local).
 pub struct Process;
 
+impl Process {
+    /// Mark the calling thread a visitor of the owned locks
+    /// ([`crate::lock::OwnerHost::visitor`]): an engine's own threads (its
+    /// timer service, its neighbour thread), whose takes now and then must
+    /// not leave the application thread's lock to the mutex for good.
+    pub fn set_visitor(on: bool) {
+        VISITOR.with(|v| v.set(on));
+    }
+}
+
 impl OwnerHost for Process {
     #[inline(always)]
     fn me() -> u64 {
@@ -140,6 +152,9 @@ impl OwnerHost for Process {
         // The revoker's barrier_all does the CPU's part (the lock's module
         // doc); only the compiler must keep the store before the load.
         std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    }
+    fn visitor() -> bool {
+        VISITOR.with(Cell::get)
     }
     fn barrier_all() {
         if !barrier_all() {

@@ -174,6 +174,11 @@ pub fn set_tcp_service_wrapper(w: fn(&mut dyn FnMut())) {
 /// registry lock in `epoll_wait`, was waiting for: a deadlock (ab and wrk
 /// under run hung in CI).
 pub(crate) fn as_engine_thread(f: &mut dyn FnMut()) {
+    // Its takes of the RX and TX locks are visits: the application thread
+    // that owns them owns them again after (nanowire_owner::OwnerHost::
+    // visitor; before, the timer service's first take, at the first
+    // connection, left every TCP engine's locks to their mutex for good).
+    nanowire_owner::Process::set_visitor(true);
     match THREAD_WRAP.get() {
         Some(w) => w(f),
         None => f(),
