@@ -187,14 +187,19 @@ impl TcpRef {
     /// for the engine's core lock, which the attempt holds anyway.
     #[inline]
     fn with_stream<R>(self, f: impl FnOnce(&XdpTcpStream) -> R) -> Option<R> {
-        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if !self.0.live() {
-            return None;
-        }
-        match g.as_deref() {
+        self.with_inner(|i| match i {
             Some(Inner::Stream(s)) => Some(f(s)),
             _ => None,
-        }
+        })
+    }
+
+    /// Run `f` on the engine object under the record's lock (`None`: this
+    /// incarnation is closed or has none), as [`TcpRef::with_stream`]: for
+    /// one step that never waits (an attempt, the arming before a sleep).
+    #[inline]
+    fn with_inner<R>(self, f: impl FnOnce(Option<&Inner>) -> R) -> R {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        f(if self.0.live() { g.as_deref() } else { None })
     }
 
     /// The engine connection, if this is one.
@@ -805,11 +810,14 @@ fn fresh_buffer_sizes() -> (Option<c_int>, Option<c_int>) {
 /// then; see `XdpTcpStream::sleep_arm`). `None`: frames are queued already;
 /// turn instead of sleeping.
 pub fn arm(t: TcpRef) -> Option<Option<Armed>> {
-    match t.get().as_deref() {
+    // Under the record's lock (the arming never waits), without the
+    // clone and release of the engine object's `Arc` (two atomic
+    // read-modify-writes a sleep) that [`TcpRef::get`] pays.
+    t.with_inner(|i| match i {
         Some(Inner::Stream(s)) => engine_call(|| s.sleep_arm()).map(Some),
         Some(Inner::Listener(l)) => engine_call(|| l.sleep_arm()).map(Some),
         None => Some(None),
-    }
+    })
 }
 
 /// [`arm`] once per engine in `pass`: the sockets of one engine stack
