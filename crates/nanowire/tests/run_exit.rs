@@ -387,25 +387,10 @@ fn a_server_exiting_in_time_wait_leaves_its_port_bindable_as_plainly() {
 #[test]
 #[ignore = "needs root"]
 fn kill_9_with_data_unacknowledged_delivers_every_byte_and_the_fin() {
-    let l = lab("kun");
-    let addr = ADDR_B.to_string();
-    let mut seen: Option<String> = None;
-    for (i, p) in Placement::ALL.into_iter().enumerate() {
-        let port_s = (14830 + i as u16).to_string();
-        let mut sink = spawn(
-            &format!("sink-unacked-{p:?}"),
-            plain_in(
-                &l,
-                Host::B,
-                &["python3", &script("sink.py"), &addr, &port_s, "3"],
-            ),
-        );
-        sink.wait_for("ready", Duration::from_secs(20));
-        let argv = ["python3", &script("unacked.py"), &addr, &port_s];
-        let mut w = spawn(&format!("unacked-{p:?}"), p.command(&l, Host::A, &argv));
+    let kill = |p: Placement, engine_line: &str, w: &mut Kid| {
         w.wait_for("written pid", T);
         if p != Placement::Plain {
-            on_engine(&w, &format!("-> {addr}:{port_s}"));
+            on_engine(w, engine_line);
         }
         let out = w.stdout();
         let pid = out
@@ -418,13 +403,54 @@ fn kill_9_with_data_unacknowledged_delivers_every_byte_and_the_fin() {
             .args(["-9", &pid])
             .status();
         assert!(st.is_ok_and(|s| s.success()), "kill -9 {pid}");
+    };
+    let what = "kill -9 with data unacknowledged";
+    writer_killed_as_plainly(
+        ("kun", 14830, what),
+        ("unacked", "3", &[]),
+        "EOF 150000",
+        kill,
+    );
+}
+
+/// In a lab tagged `tag`, in each placement (port `port0 + i`): a plain
+/// sink (`sink.py`, reading after `delay` seconds) in host b, then the
+/// writer `exit/NAME.py ADDR PORT` in host a (placed, with `env`), which
+/// `kill` ends (it is given the writer's engine line to look for); the
+/// sink's output must equal the plain run's, which must contain
+/// `plain_want`.
+fn writer_killed_as_plainly(
+    (tag, port0, what): (&str, u16, &str),
+    (name, delay, env): (&str, &str, &[(&str, &str)]),
+    plain_want: &str,
+    mut kill: impl FnMut(Placement, &str, &mut Kid),
+) {
+    let l = lab(tag);
+    let addr = ADDR_B.to_string();
+    let mut seen: Option<String> = None;
+    for (i, p) in Placement::ALL.into_iter().enumerate() {
+        let port_s = (port0 + i as u16).to_string();
+        let mut sink = spawn(
+            &format!("sink-{name}-{p:?}"),
+            plain_in(
+                &l,
+                Host::B,
+                &["python3", &script("sink.py"), &addr, &port_s, delay],
+            ),
+        );
+        sink.wait_for("ready", Duration::from_secs(20));
+        let py = script(&format!("{name}.py"));
+        let mut cmd = p.command(&l, Host::A, &["python3", &py, &addr, &port_s]);
+        cmd.envs(env.iter().copied());
+        let mut w = spawn(&format!("{name}-{p:?}"), cmd);
+        kill(p, &format!("-> {addr}:{port_s}"), &mut w);
         let _ = w.wait(T);
         let got = sink.success(T);
         if p == Placement::Plain {
-            assert!(got.contains("EOF 150000"), "plainly: {got}");
+            assert!(got.contains(plain_want), "plainly: {got}");
         }
         let ctx = format!("{p:?}:\n{}", w.stderr());
-        same_as_first(&mut seen, "kill -9 with data unacknowledged", got, &ctx);
+        same_as_first(&mut seen, what, got, &ctx);
     }
 }
 
@@ -438,30 +464,13 @@ fn kill_9_with_data_unacknowledged_delivers_every_byte_and_the_fin() {
 #[test]
 #[ignore = "needs root"]
 fn kill_9_right_after_an_answer_left_ends_it_after_the_answer() {
-    let l = lab("kak");
-    let addr = ADDR_B.to_string();
-    let mut seen: Option<String> = None;
-    for (i, p) in Placement::ALL.into_iter().enumerate() {
-        let port_s = (14840 + i as u16).to_string();
-        let mut sink = spawn(
-            &format!("sink-kicked-{p:?}"),
-            plain_in(
-                &l,
-                Host::B,
-                &["python3", &script("sink.py"), &addr, &port_s, "0"],
-            ),
-        );
-        sink.wait_for("ready", Duration::from_secs(20));
-        let argv = ["python3", &script("kicked.py"), &addr, &port_s];
-        let mut cmd = p.command(&l, Host::A, &argv);
-        cmd.env("NANOWIRE_TEST_KILL_AFTER_SEND", "1");
-        let mut w = spawn(&format!("kicked-{p:?}"), cmd);
+    let killed = |p: Placement, engine_line: &str, w: &mut Kid| {
         let _ = w.wait(T);
         if p == Placement::Own {
             assert!(w.stdout().contains("warden up"), "{}", w.stdout());
         }
         if p != Placement::Plain {
-            on_engine(&w, &format!("-> {addr}:{port_s}"));
+            on_engine(w, engine_line);
             assert!(
                 w.stderr()
                     .contains("test hook: SIGKILL after a send's kick"),
@@ -469,11 +478,13 @@ fn kill_9_right_after_an_answer_left_ends_it_after_the_answer() {
                 w.stderr()
             );
         }
-        let got = sink.success(T);
-        if p == Placement::Plain {
-            assert!(got.contains("EOF 1000 "), "plainly: {got}");
-        }
-        let ctx = format!("{p:?}:\n{}", w.stderr());
-        same_as_first(&mut seen, "kill -9 right after an answer left", got, &ctx);
-    }
+    };
+    let what = "kill -9 right after an answer left";
+    let env = [("NANOWIRE_TEST_KILL_AFTER_SEND", "1")];
+    writer_killed_as_plainly(
+        ("kak", 14840, what),
+        ("kicked", "0", &env),
+        "EOF 1000 ",
+        killed,
+    );
 }
