@@ -1551,6 +1551,26 @@ fn partial_checksums_completed_by_an_offload_are_valid() {
     assert_eq!(n.a.counters().bad_checksum, 0);
 }
 
+/// Issue 24: a send whose settle is owed (`send_owing`: the engine pays it
+/// after the TX kick) has its end noted at once, so the engine publishes it
+/// before the kick (a death right after the kick found the end before the
+/// sent bytes: session 24, `run_exit kill_9_right_after_an_answer_left_...`).
+#[test]
+fn an_owed_send_notes_its_end_before_its_transmit() {
+    let mut n = Net::plain();
+    n.a.set_end_tracking(true);
+    let (ca, _cb) = n.connect_pair();
+    n.a.take_end_changes(|_, _| {});
+    assert!(!n.a.has_end_changes());
+    n.a.send_owing(ca, b"answer").unwrap();
+    assert!(n.a.has_end_changes(), "noted while the settle is owed");
+    let mut seen = Vec::new();
+    n.a.take_end_changes(|i, e| seen.push((i, e.is_some())));
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0].1, "the connection's end, not a freed slot");
+    n.a.settle_owed();
+}
+
 /// Issue 24: what the engine service would send if a's owner died, taken
 /// per touched connection: a FIN exactly where b expects the next byte,
 /// a RST while data is unread or the connection waits in the accept
