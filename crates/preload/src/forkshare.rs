@@ -1,36 +1,43 @@
-//! Engine connections shared across fork: the hand-over to the kernel is
-//! deferred until a second process actually uses the connection (issue 24).
+//! Engine connections shared across fork: the connection stays on an
+//! engine, and moves to the one process that uses it (issue 24).
 //!
 //! A kernel socket survives fork: parent and child both hold it, either may
 //! use it, the last close ends it. An engine connection lives in one
-//! process's engine. Until session 13 every engine connection was handed
-//! over to the kernel (TCP_REPAIR) at fork, before the child existed, so
-//! that both processes share the kernel's socket; a child that never
-//! touches the connection (a worker forked for something else, a child
-//! that execs with the socket close-on-exec) cost the parent its
-//! acceleration. Now, at fork, each engine connection gets a **slot** in a
-//! page shared by the process tree (`MAP_SHARED`, inherited by every
-//! child) and stays on the parent's engine:
+//! process's engine. At fork each engine connection gets a **slot** in a
+//! page shared by the process tree (`MAP_SHARED`, inherited by every child)
+//! and stays on the parent's engine:
 //!
 //! * the **owner** (the process whose engine serves it) goes on using it;
 //! * a **child's first use** of its copy (any call that reaches the
 //!   connection: recv, send, poll, epoll, getsockopt, ...) asks the owner
-//!   (the slot's `want`, a futex wake): the owner's broker thread hands the
-//!   connection over to the kernel *into the shared socket itself* (the
-//!   application's fd in both processes names one open file, the
-//!   placeholder socket: `handover::to_kernel_in_place`), so both
-//!   processes now hold the kernel's connection; the child waits for that
-//!   (while the owner lives) and goes on through the kernel;
+//!   (the slot's `want`, a futex wake; `taker`: the child's pid when it can
+//!   serve the connection on an engine of its own, i.e. on the engine
+//!   service). The owner's broker thread then either **moves** it to the
+//!   child (the first move only: `moves`): its engine exports the state and
+//!   offers the 4-tuple to the service with the socket, the state goes in
+//!   a memfd the child reads (`xfd`, `xlen`, state `MOVED`), the child's
+//!   engine adopts it and takes the 4-tuple, and the child is the owner
+//!   from then on (the old owner's copy is a copy like any child's); or it
+//!   hands the connection over to the kernel *into the shared socket
+//!   itself* (`handover::in_place`), so that every holder has the kernel's
+//!   connection. A later use by another holder asks the new owner, which
+//!   hands it to the kernel: one connection never passes to and fro;
 //! * the **owner's close** of its last fd while a child still holds its
-//!   copy hands the connection over in place too (the child keeps it);
-//!   when no child holds it any more (each child's close or exit counts
+//!   copy keeps the connection on the engine for the child on the engine
+//!   service (`handover::Parked`: the fork-per-connection shape, whose
+//!   parent closes its copy at once), moved at the child's first use, closed
+//!   when every child let go, handed to the kernel after a second or at
+//!   the owner's exit; elsewhere it hands the connection over in place.
+//!   When no child holds it any more (each child's close or exit counts
 //!   down `holders`) the close is the engine's ordinary close (FIN);
 //! * the owner's **exit** closes its records, so the same rule holds.
 //!
 //! A hand-over that cannot be done (no CAP_NET_ADMIN, a state other than
 //! ESTABLISHED or CLOSE-WAIT) leaves the connection with the owner (one
 //! warn line there) and the child's fd is an unconnected socket (ENOTCONN),
-//! as before. A child killed with SIGKILL never counts
+//! as before; a move that cannot be done (the child has no engine on the
+//! service: all its process slots used) comes back to the owner, which
+//! hands it over to the kernel. A child killed with SIGKILL never counts
 //! down: the owner's close then hands over (correct, not accelerated).
 //! `vfork`, `posix_spawn` and `exec` still prepare as before (the new
 //! program may take any fd: `spawn.rs`).
@@ -40,7 +47,7 @@ use nanowire_options::Level;
 use rustix::thread::futex;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
-use nanowire_stack::xdp::forkpage::{self as layout, BUSY, ENGINE, FREE, SLOTS, STATE};
+use nanowire_stack::xdp::forkpage::{self as layout, BUSY, ENGINE, FREE, MOVED, SLOTS, STATE};
 
 #[repr(C)]
 struct Slot {
@@ -62,6 +69,16 @@ struct Slot {
     local: AtomicU64,
     remote: AtomicU64,
     ino: AtomicU64,
+    /// The child asking to take the connection onto its own engine (its
+    /// pid; 0: it asks for the kernel's hand-over).
+    taker: AtomicU32,
+    /// While `MOVED`: the owner's memfd (its fd number) holding the
+    /// exported state, and its length.
+    xfd: AtomicU32,
+    xlen: AtomicU32,
+    /// Moves between engines so far (one at most: a later request is a
+    /// hand-over to the kernel, so two users never pass it to and fro).
+    moves: AtomicU32,
 }
 
 #[repr(C)]
@@ -122,7 +139,9 @@ fn pid() -> u32 {
 /// used, no thread): the caller hands the connection over at once, as
 /// before.
 pub fn share(existing: u64, conn: (u64, u64, u64)) -> Option<u64> {
-    if let Some((s, _, ENGINE)) = live(existing) {
+    // Undecided, or being decided (a hand-over or a move under way): the
+    // new child holds a copy of it too, whatever the decision.
+    if let Some((s, _, _)) = live(existing) {
         s.holders.fetch_add(1, Ordering::AcqRel);
         return Some(existing);
     }
@@ -141,6 +160,8 @@ pub fn share(existing: u64, conn: (u64, u64, u64)) -> Option<u64> {
             s.owner.store(pid(), Ordering::Relaxed);
             s.holders.store(1, Ordering::Relaxed);
             s.want.store(0, Ordering::Relaxed);
+            s.taker.store(0, Ordering::Relaxed);
+            s.moves.store(0, Ordering::Relaxed);
             s.local.store(conn.0, Ordering::Relaxed);
             s.remote.store(conn.1, Ordering::Relaxed);
             s.ino.store(conn.2, Ordering::Relaxed);
@@ -160,12 +181,32 @@ pub fn held_again(h: u64) {
 }
 
 /// A holder (not the owner) let go of its copy (its last fd closed, or it
-/// exits).
+/// exits). The last one wakes the owner's broker (a connection the owner
+/// closed and keeps for its children ends then).
 pub fn dropped(h: u64) {
-    if let Some((s, _, _)) = live(h) {
-        let _ = s
-            .holders
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    if let Some((s, _, _)) = live(h)
+        && s.holders
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            == Ok(1)
+        && let Some(p) = page()
+    {
+        p.req.fetch_add(1, Ordering::AcqRel);
+        let _ = futex::wake(&p.req, futex::Flags::empty(), i32::MAX as u32);
+    }
+}
+
+/// Processes other than the owner holding handle `h`'s connection (`None`:
+/// decided, nothing to hold).
+pub fn holders(h: u64) -> Option<u32> {
+    live(h).map(|(s, _, _)| s.holders.load(Ordering::Acquire))
+}
+
+/// The owner that [`decide`]d handle `h` keeps it on its engine after all
+/// (its close parks it for the children): undecided again.
+pub fn undecide(h: u64) {
+    if let Some((s, g, BUSY)) = live(h) {
+        s.word.store(g | ENGINE, Ordering::Release);
+        let _ = futex::wake(&s.word, futex::Flags::empty(), i32::MAX as u32);
     }
 }
 
@@ -235,36 +276,146 @@ pub fn settle(h: u64) {
     }
 }
 
-/// A child's first use of handle `h`'s connection: ask the owner to hand
-/// it over to the kernel and wait until that is decided. While the owner
-/// lives the wait goes on (its broker answers within one hand-over).
-pub fn claim(h: u64) {
-    let Some(p) = page() else { return };
-    let mut asked = false;
+/// What a child's first use of a shared connection found ([`claim`]).
+pub enum Claimed {
+    /// Decided: the kernel's connection (or, if it could not be handed
+    /// over, an unconnected socket).
+    Kernel,
+    /// The owner moved it off its engine for this process to take: its
+    /// state is in the owner's memfd `xfd` (`xlen` bytes). The caller
+    /// adopts it and says how that went ([`moved_in`]).
+    Moved { owner: u32, xfd: u32, xlen: u32 },
+    /// This process owns it already (another thread's claim moved it
+    /// here): look the fd up again.
+    Mine,
+}
+
+/// A child's first use of handle `h`'s connection: ask the owner (the
+/// process whose engine serves it) and wait until that is decided. `take`:
+/// this process can serve it on an engine of its own (the engine service),
+/// so it asks for the connection itself; the owner moves it if it can (the
+/// first move only), else hands it over to the kernel. While the owner
+/// lives the wait goes on (its broker answers within one move).
+pub fn claim(h: u64, take: bool) -> Claimed {
+    let Some(p) = page() else {
+        return Claimed::Kernel;
+    };
+    let me = pid();
+    // The owner this process asked (a move changes the owner: ask anew).
+    let mut asked = 0;
     loop {
-        let Some((s, g, st)) = live(h) else { return };
-        if st == ENGINE && !asked {
+        let Some((s, g, st)) = live(h) else {
+            return Claimed::Kernel;
+        };
+        let owner = s.owner.load(Ordering::Acquire);
+        if st == MOVED && s.taker.load(Ordering::Acquire) == me {
+            return Claimed::Moved {
+                owner,
+                xfd: s.xfd.load(Ordering::Acquire),
+                xlen: s.xlen.load(Ordering::Acquire),
+            };
+        }
+        if st == ENGINE && asked != owner {
+            if owner == me {
+                // Moved here meanwhile (by another thread's claim).
+                return Claimed::Mine;
+            }
+            // A request for the kernel's hand-over wins over a move.
+            let t = if take { me } else { 0 };
+            if s.want.load(Ordering::Acquire) == 0 || t == 0 {
+                s.taker.store(t, Ordering::Release);
+            }
             s.want.store(1, Ordering::Release);
             p.req.fetch_add(1, Ordering::AcqRel);
             let _ = futex::wake(&p.req, futex::Flags::empty(), i32::MAX as u32);
-            asked = true;
+            asked = owner;
         }
         let ts = futex::Timespec {
             tv_sec: 0,
             tv_nsec: 100_000_000,
         };
         let _ = futex::wait(&s.word, futex::Flags::empty(), g | st, Some(&ts));
-        let owner = s.owner.load(Ordering::Relaxed);
-        // SAFETY: signal 0 only checks that the process exists.
-        if owner != 0
-            && unsafe { libc::kill(owner as i32, 0) } != 0
-            && crate::sys::errno() == libc::ESRCH
-        {
+        if !alive(owner) {
             // The owner is gone, its engine with it: nothing to hand over.
             let _ = s
                 .word
                 .compare_exchange(g | st, g | FREE, Ordering::AcqRel, Ordering::Relaxed);
-            return;
+            return Claimed::Kernel;
+        }
+    }
+}
+
+/// Is process `p` alive (0: nobody to wait for)?
+fn alive(p: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    p == 0 || unsafe { libc::kill(p as i32, 0) } == 0 || crate::sys::errno() != libc::ESRCH
+}
+
+/// The taker of handle `h` (after [`Claimed::Moved`]) adopted the
+/// connection (`ok`: it is on this process's engine now, which owns the
+/// slot and answers the other holders from here on) or could not (the
+/// owner takes it back and hands it over to the kernel).
+pub fn moved_in(h: u64, ok: bool) {
+    let Some((s, g, MOVED)) = live(h) else { return };
+    if ok {
+        // The old owner holds its copy still: the holders stay as many.
+        s.owner.store(pid(), Ordering::Release);
+        s.want.store(0, Ordering::Relaxed);
+        s.moves.fetch_add(1, Ordering::AcqRel);
+        let _ = ensure_broker();
+        s.taker.store(0, Ordering::Release);
+        s.word.store(g | ENGINE, Ordering::Release);
+    } else {
+        s.taker.store(0, Ordering::Release);
+        s.word.store(g | BUSY, Ordering::Release);
+    }
+    let _ = futex::wake(&s.word, futex::Flags::empty(), i32::MAX as u32);
+}
+
+/// The owner's broker moved handle `h`'s connection off its engine for
+/// `taker` (the slot is `BUSY`, held by this broker): `bytes`, its state,
+/// go in a memfd the taker reads, and the slot says `MOVED` until the
+/// taker has adopted it. True: taken (the slot is the taker's); false: not
+/// (the taker could not, or died): the slot is `BUSY` again, for the
+/// caller to take the connection back.
+pub fn offer_moved(h: u64, bytes: &[u8], taker: u32) -> bool {
+    let Some((s, g, BUSY)) = live(h) else {
+        return false;
+    };
+    let Ok(fd) = rustix::fs::memfd_create("nanowire-moved", rustix::fs::MemfdFlags::CLOEXEC) else {
+        return false;
+    };
+    if rustix::io::write(&fd, bytes).ok() != Some(bytes.len()) {
+        return false;
+    }
+    s.xfd.store(
+        std::os::fd::AsRawFd::as_raw_fd(&fd) as u32,
+        Ordering::Relaxed,
+    );
+    s.xlen.store(bytes.len() as u32, Ordering::Relaxed);
+    s.taker.store(taker, Ordering::Relaxed);
+    s.word.store(g | MOVED, Ordering::Release);
+    let _ = futex::wake(&s.word, futex::Flags::empty(), i32::MAX as u32);
+    loop {
+        let ts = futex::Timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000_000,
+        };
+        let _ = futex::wait(&s.word, futex::Flags::empty(), g | MOVED, Some(&ts));
+        let w = s.word.load(Ordering::Acquire);
+        if w != g | MOVED {
+            // Taken: the taker is the owner (and may have decided on it
+            // since: closed, exited); not taken: it left the slot `BUSY`
+            // for this broker, the owner unchanged.
+            return s.owner.load(Ordering::Acquire) == taker;
+        }
+        if w == g | MOVED
+            && !alive(taker)
+            && s.word
+                .compare_exchange(g | MOVED, g | BUSY, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            return false;
         }
     }
 }
@@ -317,15 +468,25 @@ fn map_page() -> Option<&'static Page> {
     page()
 }
 
-/// The broker's answer to a child that uses connection `h`
-/// (`handover::answer_child`, set by `handover::init`: the hand-over sits
-/// above this module). False: no fd of this process names it.
-static ANSWER: std::sync::OnceLock<fn(u64) -> bool> = std::sync::OnceLock::new();
-
-/// Set [`ANSWER`] (once, at load).
-pub fn answer_with(f: fn(u64) -> bool) {
-    let _ = ANSWER.set(f);
+/// What the owner's broker did for a child that uses a connection.
+pub enum Answer {
+    /// No fd of this process names it (nothing done).
+    NotMine,
+    /// Handed over to the kernel (or could not be): the slot is settled.
+    Decided,
+    /// Moved to the taker's engine ([`offer_moved`]): the slot is the taker's.
+    Moved,
 }
+
+/// The broker's answer to a child that uses connection `h`, with the
+/// taker that asked (0: the kernel's hand-over; `handover::answer_child`,
+/// set once by `handover::init`: the hand-over sits above this module).
+pub static ANSWER: std::sync::OnceLock<fn(u64, u32) -> Answer> = std::sync::OnceLock::new();
+
+/// The broker's look, each turn, at the connections the owner closed and
+/// keeps for its children (`handover::tend_parked`): true while some are
+/// kept (the broker then looks again soon). Set once by `handover::init`.
+pub static TEND: std::sync::OnceLock<fn() -> bool> = std::sync::OnceLock::new();
 
 fn ensure_broker() -> Option<()> {
     let me = pid();
@@ -369,7 +530,17 @@ fn broker() {
             }
             let h = u64::from(w >> 3) << 32 | (i as u64 + 1);
             let tries = s.want.load(Ordering::Acquire);
-            if ANSWER.get().is_some_and(|answer| answer(h)) || tries >= 3 {
+            let taker = match s.moves.load(Ordering::Acquire) {
+                0 => s.taker.load(Ordering::Acquire),
+                _ => 0,
+            };
+            let a = ANSWER
+                .get()
+                .map_or(Answer::NotMine, |answer| answer(h, taker));
+            if matches!(a, Answer::Moved) {
+                continue;
+            }
+            if matches!(a, Answer::Decided) || tries >= 3 {
                 settle(h);
             } else {
                 // No fd of this process names it: its last close is under
@@ -380,9 +551,17 @@ fn broker() {
                 let _ = futex::wake(&s.word, futex::Flags::empty(), i32::MAX as u32);
             }
         }
-        let ts = futex::Timespec {
-            tv_sec: 1,
-            tv_nsec: 0,
+        let kept = TEND.get().is_some_and(|tend| tend());
+        let ts = if kept {
+            futex::Timespec {
+                tv_sec: 0,
+                tv_nsec: 50_000_000,
+            }
+        } else {
+            futex::Timespec {
+                tv_sec: 1,
+                tv_nsec: 0,
+            }
         };
         let _ = futex::wait(&p.req, futex::Flags::empty(), seen, Some(&ts));
     }

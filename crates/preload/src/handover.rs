@@ -203,8 +203,10 @@ pub fn init() {
     // The layers below reach the hand-over through these (no import
     // cycle): tcpx's close of a connection a forked child holds, and
     // forkshare's broker answering a child.
-    tcpx::hand_over_in_place_with(owner_closing);
-    forkshare::answer_with(answer_child);
+    let _ = tcpx::IN_PLACE.set(owner_closing);
+    let _ = tcpx::PARKED_EXIT.set(parked_exit);
+    let _ = forkshare::ANSWER.set(answer_child);
+    let _ = forkshare::TEND.set(tend_parked);
 }
 
 /// fork(), before the child exists: a socket both processes share can only
@@ -441,27 +443,187 @@ fn in_place(fd: c_int, t: tcpx::TcpRef, why: &str, all: bool) -> io::Result<bool
 }
 
 /// The owner closes its last fd `fd` of `t` while a forked child still
-/// holds the socket (`forkshare::owner_closing`): the connection goes to
-/// the kernel in that socket, which the child keeps. False: it could not
-/// be (said why): the caller closes it on the engine.
-pub fn owner_closing(fd: c_int, t: tcpx::TcpRef) -> bool {
+/// holds the socket (`forkshare::owner_closing`). On the engine service the
+/// connection stays on this engine, kept for the child ([`Parked`]): the
+/// child's first use moves it to the child's engine (the fork-per-connection
+/// shape: the parent closes its copy at once, the child serves it).
+/// Elsewhere, or if it cannot be kept, it goes to the kernel in that socket,
+/// which the child keeps; if that cannot be either (said why), the caller
+/// closes it on the engine.
+pub fn owner_closing(fd: c_int, t: tcpx::TcpRef) -> tcpx::OwnerClosed {
     const WHY: &str = "fork(): this process closed it, its forked child holds it";
+    if park(fd, t) {
+        return tcpx::OwnerClosed::Parked;
+    }
     match in_place(fd, t, WHY, false) {
-        Ok(moved) => moved,
+        Ok(true) => tcpx::OwnerClosed::Moved,
+        Ok(false) => tcpx::OwnerClosed::Failed,
         Err(e) => {
             log!(
                 Level::Warn,
                 "fd {fd} tcp: closed on the engine although a forked child holds it: cannot hand it over to the kernel: {e}; the child's fd is an unconnected socket (ENOTCONN)"
             );
-            false
+            tcpx::OwnerClosed::Failed
         }
     }
 }
 
+/// A connection on the engine service its owner closed while forked
+/// children hold its socket: kept on the owner's engine (acknowledged,
+/// retransmitted) with a duplicate of the socket, until a child uses it
+/// (moved to the child's engine, [`answer_child`]), every child lets go
+/// (closed on the engine: FIN, [`tend_parked`]), [`PARK_FOR`] passes
+/// (handed over to the kernel in the socket, which the children hold: a
+/// child killed by SIGKILL never lets go) or the owner exits (the same).
+struct Parked {
+    h: u64,
+    sock: OwnedFd,
+    inner: std::sync::Arc<tcpx::Inner>,
+    at: std::time::Instant,
+}
+
+static PARKED: std::sync::Mutex<Vec<Parked>> = std::sync::Mutex::new(Vec::new());
+
+/// How long a connection the owner closed waits for a child's first use.
+const PARK_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn parked() -> std::sync::MutexGuard<'static, Vec<Parked>> {
+    PARKED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Keep `t`'s connection (its last fd `fd` closing, its slot decided by
+/// this close) on the engine for the forked children holding it. False:
+/// not on the engine service, or no duplicate of the socket.
+fn park(fd: c_int, t: tcpx::TcpRef) -> bool {
+    let h = t.share();
+    let on_service = t.stream_inner().is_some_and(|i| match &*i {
+        tcpx::Inner::Stream(s) => s.on_service(),
+        tcpx::Inner::Listener(_) => false,
+    });
+    if h == 0 || !on_service || EXITING.load(std::sync::atomic::Ordering::Acquire) {
+        return false;
+    }
+    // SAFETY: a duplicate of the application's fd, owned below.
+    let d = unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, tcpx::keep_fd_floor() as u64) };
+    // SAFETY: as above, any number.
+    let d = if d < 0 {
+        unsafe { real::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) }
+    } else {
+        d
+    };
+    if d < 0 {
+        return false;
+    }
+    // SAFETY: a fresh descriptor of ours.
+    let sock = unsafe { OwnedFd::from_raw_fd(d) };
+    let Some(inner) = tcpx::take_engine(t) else {
+        return false;
+    };
+    parked().push(Parked {
+        h,
+        sock,
+        inner,
+        at: std::time::Instant::now(),
+    });
+    forkshare::undecide(h);
+    log!(
+        Level::Info,
+        "fd {fd} tcp: closed by this process while its forked child holds it: kept on the xdp engine for the child"
+    );
+    true
+}
+
+/// The kept connection `p` goes to the kernel in its socket (the children
+/// hold it); or, if it cannot, is closed on the engine (said why).
+fn park_to_kernel(p: Parked, why: &str) {
+    let fd = p.sock.as_raw_fd();
+    let tcpx::Inner::Stream(s) = &*p.inner else {
+        return;
+    };
+    let e0 = errno();
+    let built = engine_call(|| {
+        s.hand_over(|h| {
+            let after = after_of(h)?;
+            repair_on(fd, h)?;
+            Ok(after)
+        })
+    });
+    match built {
+        Ok(after) => {
+            finish_repair(fd, fd, &after);
+            log!(
+                Level::Info,
+                "tcp connection kept for a forked child: moved to the kernel (TCP_REPAIR hand-over): {why}"
+            );
+            engine_call(|| drop(p.inner));
+        }
+        Err(e) => {
+            let _ = repair::mode(real::setsockopt, fd, false);
+            log!(
+                Level::Warn,
+                "tcp connection kept for a forked child: closed on the engine: {why}, and it cannot be handed over to the kernel: {e}; the child's fd is an unconnected socket (ENOTCONN)"
+            );
+            tcpx::close_engine(p.inner);
+        }
+    }
+    set_errno(e0);
+}
+
+/// The broker's turn over the kept connections: one no child holds any
+/// more is closed on the engine (FIN), one kept for [`PARK_FOR`] goes to
+/// the kernel. True while some are kept.
+pub fn tend_parked() -> bool {
+    let due: Vec<Parked> = {
+        let mut g = parked();
+        if g.is_empty() {
+            return false;
+        }
+        let (due, kept) = std::mem::take(&mut *g).into_iter().partition(|p| {
+            forkshare::holders(p.h).is_none_or(|n| n == 0) || p.at.elapsed() >= PARK_FOR
+        });
+        *g = kept;
+        due
+    };
+    for p in due {
+        end_parked(p, "no forked child used it in time");
+    }
+    !parked().is_empty()
+}
+
+/// Decide kept connection `p` now: closed on the engine if no child holds
+/// it, else to the kernel (`why`).
+fn end_parked(p: Parked, why: &str) {
+    let h = p.h;
+    if !forkshare::decide(h) {
+        tcpx::close_engine(p.inner);
+        return;
+    }
+    if forkshare::holders(h).is_none_or(|n| n == 0) {
+        tcpx::close_engine(p.inner);
+    } else {
+        park_to_kernel(p, why);
+    }
+    forkshare::settle(h);
+}
+
+/// Set when the process exits: its closes keep nothing more.
+static EXITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The owner exits: its kept connections are decided first (to the kernel
+/// where a child holds one, closed on the engine otherwise).
+pub fn parked_exit() {
+    EXITING.store(true, std::sync::atomic::Ordering::Release);
+    let all = std::mem::take(&mut *parked());
+    for p in all {
+        end_parked(p, "this process exits");
+    }
+}
+
 /// The broker's answer to a forked child that uses connection `h` (this
-/// process owns it): hand it over to the kernel in place. False: no fd of
-/// this process names it (nothing done).
-pub fn answer_child(h: u64) -> bool {
+/// process owns it): move it to the child's engine if the child asked
+/// (`taker`, on the engine service) and that can be done, else hand it
+/// over to the kernel in place.
+pub fn answer_child(h: u64, taker: u32) -> forkshare::Answer {
     const WHY: &str = "fork(): the forked child uses it too";
     let mut found = None;
     crate::table::each_record::<tcpx::Tcp>(|fd, r| {
@@ -470,14 +632,128 @@ pub fn answer_child(h: u64) -> bool {
             found = Some((fd, t));
         }
     });
-    let Some((fd, t)) = found else { return false };
+    let Some((fd, t)) = found else {
+        return answer_parked(h, taker);
+    };
+    if taker != 0 && move_to(fd, t, h, taker) {
+        return forkshare::Answer::Moved;
+    }
     if let Err(e) = in_place(fd, t, WHY, true) {
         log!(
             Level::Warn,
             "fd {fd} tcp: stays on the xdp engine although {WHY}: cannot hand it over to the kernel: {e}; the child's fd is an unconnected socket (ENOTCONN)"
         );
     }
-    true
+    // A move not taken left it set until this hand-over's end.
+    t.handing.store(false, std::sync::atomic::Ordering::Release);
+    forkshare::Answer::Decided
+}
+
+/// [`answer_child`] for a connection the owner closed and keeps
+/// ([`Parked`]): moved to the child's engine if it asked, else to the
+/// kernel.
+fn answer_parked(h: u64, taker: u32) -> forkshare::Answer {
+    let p = {
+        let mut g = parked();
+        let Some(i) = g.iter().position(|p| p.h == h) else {
+            return forkshare::Answer::NotMine;
+        };
+        g.swap_remove(i)
+    };
+    let tcpx::Inner::Stream(s) = &*p.inner else {
+        return forkshare::Answer::NotMine;
+    };
+    if taker != 0 {
+        match engine_call(|| s.move_out(p.sock.as_raw_fd())) {
+            Ok(m) => {
+                if forkshare::offer_moved(h, &m.bytes, taker) {
+                    // This process closed its copy: one holder fewer
+                    // (the taker, now the owner, counted as one).
+                    forkshare::dropped(h);
+                    log!(
+                        Level::Info,
+                        "tcp connection kept for a forked child: moved to the xdp engine of pid {taker}"
+                    );
+                    engine_call(|| drop(p.inner));
+                    return forkshare::Answer::Moved;
+                }
+                match engine_call(|| s.move_back(&m)) {
+                    Ok(s2) => {
+                        let p2 = Parked {
+                            inner: std::sync::Arc::new(tcpx::Inner::Stream(s2)),
+                            ..p
+                        };
+                        park_to_kernel(p2, "fork(): the forked child could not take it");
+                    }
+                    Err(e) => log!(
+                        Level::Warn,
+                        "tcp connection kept for a forked child: pid {taker} did not take it and it cannot come back to this engine: {e}"
+                    ),
+                }
+                return forkshare::Answer::Decided;
+            }
+            Err(e) => log!(
+                Level::Info,
+                "tcp connection kept for a forked child: cannot move it to the engine of pid {taker}: {e}"
+            ),
+        }
+    }
+    park_to_kernel(p, "fork(): the forked child uses it");
+    forkshare::Answer::Decided
+}
+
+/// Move the connection of `t` (`fd` one of its numbers, `h` its slot) to
+/// the engine of the forked child `taker` (issue 24 item 1): the engine
+/// exports it and offers it to the service with the socket
+/// (`XdpTcpStream::move_out`), the child adopts it (`forkshare::
+/// offer_moved`); this process's record is then a copy, as a child's was.
+/// False: it stays here (not moved, or not taken and taken back): the
+/// caller hands it over to the kernel (after a move not taken, `handing`
+/// stays set for it: a call in flight on the old engine object waits for
+/// the kernel's connection rather than failing in between).
+fn move_to(fd: c_int, t: tcpx::TcpRef, h: u64, taker: u32) -> bool {
+    let Some(inner) = t.stream_inner() else {
+        return false;
+    };
+    let tcpx::Inner::Stream(s) = &*inner else {
+        return false;
+    };
+    t.handing.store(true, std::sync::atomic::Ordering::Release);
+    let m = match engine_call(|| s.move_out(fd)) {
+        Ok(m) => m,
+        Err(e) => {
+            t.handing.store(false, std::sync::atomic::Ordering::Release);
+            log!(
+                Level::Info,
+                "fd {fd} tcp: cannot move it to the engine of pid {taker}, which uses it too: {e}"
+            );
+            return false;
+        }
+    };
+    let taken = forkshare::offer_moved(h, &m.bytes, taker);
+    if taken {
+        // Its readiness comes from the new owner now: the application's
+        // epoll registrations go to the socket itself, whose first use
+        // here asks for the connection back (as the kernel's).
+        for f in tcpx::fds_of(t) {
+            crate::ready::tcp_to_kernel(f);
+        }
+        tcpx::disown(t);
+        t.handing.store(false, std::sync::atomic::Ordering::Release);
+        log!(
+            Level::Info,
+            "fd {fd} tcp: moved to the xdp engine of pid {taker} (fork(): the forked child uses it); this process's copy is served by it"
+        );
+    } else {
+        match engine_call(|| s.move_back(&m)) {
+            Ok(s2) => tcpx::restore(t, s2),
+            Err(e) => log!(
+                Level::Warn,
+                "fd {fd} tcp: the forked child pid {taker} did not take it and it cannot come back to this engine: {e}"
+            ),
+        }
+    }
+    taken
 }
 
 /// What the hand-over leaves to do once the kernel owns the connection.

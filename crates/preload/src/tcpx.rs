@@ -318,13 +318,16 @@ pub fn exiting() {
     if EXITED.swap(true, Ordering::AcqRel) {
         return;
     }
+    let e = errno();
+    if let Some(f) = PARKED_EXIT.get() {
+        f();
+    }
     let mut fds = Vec::new();
     table::each_record::<Tcp>(|fd, t| {
         if t.common.mine(me) {
             fds.push(fd);
         }
     });
-    let e = errno();
     for fd in fds {
         if let Some(t) = table::take_record::<Tcp>(fd) {
             close_record(t.into(), fd, true);
@@ -419,7 +422,8 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) ->
         if fork {
             crate::forkshare::held_again(t.share());
         } else {
-            claim_inherited(fd, t);
+            // The new program cannot take it (this image goes): the kernel's.
+            claim_inherited(fd, t, false);
         }
     }
     table::each_with(table::F_TCAND, |fd| {
@@ -615,8 +619,7 @@ pub fn inherited(fd: c_int, t: TcpRef) -> Option<TcpRef> {
         return Some(t2);
     }
     if t.share() != 0 && !t.listener() {
-        claim_inherited(fd, t);
-        return None;
+        return claim_inherited(fd, t, true);
     }
     note_inherited(fd);
     None
@@ -645,14 +648,57 @@ pub fn held_until_exec(closes: &dyn Fn(c_int) -> bool) {
 }
 
 /// A forked child's first use of a connection its parent shared at fork
-/// (`forkshare`): the parent hands it over to the kernel in the socket
-/// both hold (or could not: then the fd is an unconnected socket, and the
-/// parent said why); this process forgets its copy of the record (never
-/// acting on the parent's engine objects) and the kernel answers the fd.
+/// (`forkshare`). On the engine service (and `may_take`: not for an exec,
+/// whose image goes with its engine) the connection moves to this
+/// process's own engine (the first user after the fork takes it: the
+/// owner exports its state, this process adopts it and the service steers
+/// it here; the returned record serves the call). Otherwise, or if that
+/// cannot be, the owner hands it over to the kernel in the socket both
+/// hold (or could not: then the fd is an unconnected socket, and the
+/// owner said why): this process forgets its copy of the record (never
+/// acting on the owner's engine objects) and the kernel answers the fd.
 #[cold]
-fn claim_inherited(fd: c_int, t: TcpRef) {
+fn claim_inherited(fd: c_int, t: TcpRef, may_take: bool) -> Option<TcpRef> {
+    // One claim at a time in this process: a second thread finds the
+    // connection moved here by the first.
+    static CLAIMING: Mutex<()> = Mutex::new(());
+    let _g = CLAIMING.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(t2) = by_fd(fd).filter(|r| r.mine()) {
+        return Some(t2);
+    }
     let e = errno();
-    crate::forkshare::claim(t.share());
+    let take = may_take
+        && t.stream_inner().is_some_and(|i| match &*i {
+            Inner::Stream(s) => s.on_service(),
+            Inner::Listener(_) => false,
+        });
+    let h = t.share();
+    let mut claimed = crate::forkshare::claim(h, take);
+    if let crate::forkshare::Claimed::Moved { owner, xfd, xlen } = claimed {
+        match take_moved(fd, t, owner, xfd, xlen) {
+            Ok(t2) => {
+                crate::forkshare::moved_in(h, true);
+                log!(
+                    Level::Info,
+                    "fd {fd} tcp: inherited through fork(): moved to this process's xdp engine (engine service) from pid {owner}"
+                );
+                set_errno(e);
+                return Some(t2);
+            }
+            Err(err) => {
+                crate::forkshare::moved_in(h, false);
+                log!(
+                    Level::Warn,
+                    "fd {fd} tcp: inherited through fork(): cannot take it onto this process's engine: {err}; the kernel's connection instead"
+                );
+                claimed = crate::forkshare::claim(h, false);
+            }
+        }
+    }
+    if matches!(claimed, crate::forkshare::Claimed::Mine) {
+        set_errno(e);
+        return by_fd(fd).filter(|r| r.mine());
+    }
     for f in fds_of(t) {
         let _ = table::take_record::<Tcp>(f);
     }
@@ -661,6 +707,48 @@ fn claim_inherited(fd: c_int, t: TcpRef) {
         "fd {fd} tcp: inherited through fork(): the kernel's connection now, shared with the parent process"
     );
     set_errno(e);
+    None
+}
+
+/// The owner `owner` moved the connection of `t` (this process's copy,
+/// `fd` one of its numbers) off its engine, its state in its memfd `xfd`
+/// (`xlen` bytes): adopt it on this process's engine and put a record of
+/// this process's on every number of `t`, with the application's modes,
+/// timeouts and keepalive settings of the copy.
+fn take_moved(fd: c_int, t: TcpRef, owner: u32, xfd: u32, xlen: u32) -> std::io::Result<TcpRef> {
+    use std::io::Read;
+    let mut bytes = Vec::with_capacity(xlen as usize);
+    std::fs::File::open(format!("/proc/{owner}/fd/{xfd}"))?
+        .take(u64::from(xlen))
+        .read_to_end(&mut bytes)?;
+    if bytes.len() != xlen as usize {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "the moved state is short",
+        ));
+    }
+    let o = opts_for(fd);
+    let s = engine_call(|| XdpTcpStream::move_in(fd, &bytes, &o))?;
+    let fds = fds_of(t);
+    for &f in &fds {
+        let _ = table::take_record::<Tcp>(f);
+    }
+    let t2 = record(fd, Inner::Stream(s), false, false, t.common.nonblock());
+    t2.common.set_rcvtimeo_ns(t.common.rcvtimeo_ns());
+    t2.common.set_sndtimeo_ns(t.common.sndtimeo_ns());
+    if t.common.rd_shut() {
+        t2.common.shut_rd();
+    }
+    *t2.ka.lock().unwrap_or_else(|e| e.into_inner()) =
+        *t.ka.lock().unwrap_or_else(|e| e.into_inner());
+    t2.share.store(t.share(), Ordering::Release);
+    for &f in fds.iter().filter(|&&f| f != fd) {
+        if t2.add_ref() {
+            table::set_record(f, t2.record());
+        }
+    }
+    ADOPTED.store(true, Ordering::Release);
+    Ok(t2)
 }
 
 /// `fd` is a forked child's inherited engine connection: say so, once.
@@ -839,7 +927,7 @@ pub fn arm_in(t: TcpRef, pass: &mut Pass) -> Option<Option<Armed>> {
 /// high, so that they never take the small numbers an application's next
 /// sockets get (as plainly: a connection in TIME-WAIT holds no fd; an
 /// event loop sized for its connections, e.g. wrk's, fails past it).
-fn keep_fd_floor() -> c_int {
+pub fn keep_fd_floor() -> c_int {
     static FLOOR: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
     *FLOOR.get_or_init(|| {
         // SAFETY: an all-zero rlimit is valid; getrlimit writes it.
@@ -1983,14 +2071,42 @@ fn released_last_mine(t: TcpRef) -> bool {
     false
 }
 
-/// How the owner's last close of a connection a forked child still holds
-/// hands it over to the kernel in place (`handover::owner_closing`, set by
-/// `handover::init`: the hand-over sits above this layer). True: moved.
-static IN_PLACE: std::sync::OnceLock<fn(c_int, TcpRef) -> bool> = std::sync::OnceLock::new();
+/// What the owner's last close of a connection a forked child still holds
+/// did with it ([`IN_PLACE`]).
+pub enum OwnerClosed {
+    /// Handed over to the kernel in the socket the child holds.
+    Moved,
+    /// Kept on the engine for the child (`handover::owner_closing`): the
+    /// slot stays the owner's, the engine object is taken.
+    Parked,
+    /// Neither (said why): closed on the engine.
+    Failed,
+}
 
-/// Set [`IN_PLACE`] (once, at load).
-pub fn hand_over_in_place_with(f: fn(c_int, TcpRef) -> bool) {
-    let _ = IN_PLACE.set(f);
+/// How the owner's last close of a connection a forked child still holds
+/// hands it on (`handover::owner_closing`, set once by `handover::init`:
+/// the hand-over sits above this layer).
+pub static IN_PLACE: std::sync::OnceLock<fn(c_int, TcpRef) -> OwnerClosed> =
+    std::sync::OnceLock::new();
+
+/// What an exiting process does first with the connections it keeps for
+/// forked children (`handover::parked_exit`, set once by `handover::init`).
+pub static PARKED_EXIT: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// The engine object of `t`, taken out of the record (the record's last
+/// fd is closing; the caller keeps the connection on the engine).
+pub fn take_engine(t: TcpRef) -> Option<Arc<Inner>> {
+    t.take()
+}
+
+/// Close the engine connection of `i` as a close of its last fd does
+/// (FIN), without a record.
+pub fn close_engine(i: Arc<Inner>) {
+    match Arc::try_unwrap(i) {
+        Ok(Inner::Stream(s)) => engine_call(|| s.close_keep(None)),
+        Ok(Inner::Listener(l)) => engine_call(|| l.close()),
+        Err(arc) => engine_call(|| drop(arc)),
+    }
 }
 
 /// Close the engine object of `t` (its last fd `fd` is going).
@@ -2004,14 +2120,21 @@ fn close_record(t: TcpRef, fd: c_int, exiting: bool) {
         )
     {
         // A forked child holds the socket: the connection goes on in the
-        // kernel there (no FIN: the kernel's socket is not closed yet).
-        let moved = IN_PLACE.get().is_some_and(|hand| hand(fd, t));
-        crate::forkshare::settle(h);
-        if moved {
-            if let Some(i) = t.take_inner() {
-                engine_call(|| drop(i));
+        // kernel there (no FIN: the kernel's socket is not closed yet), or
+        // stays on the engine until the child uses it (the engine service).
+        match IN_PLACE
+            .get()
+            .map_or(OwnerClosed::Failed, |hand| hand(fd, t))
+        {
+            OwnerClosed::Parked => return,
+            OwnerClosed::Moved => {
+                crate::forkshare::settle(h);
+                if let Some(i) = t.take_inner() {
+                    engine_call(|| drop(i));
+                }
+                return;
             }
-            return;
+            OwnerClosed::Failed => crate::forkshare::settle(h),
         }
     }
     let inner = t.take_inner();
@@ -2045,7 +2168,9 @@ fn close_record(t: TcpRef, fd: c_int, exiting: bool) {
 }
 
 /// `fd` no longer names record `t`: its connection was handed over to the
-/// kernel while a call on it was under way.
+/// kernel while a call on it was under way. A connection that moved to a
+/// forked child's engine meanwhile (`t` is no longer this process's):
+/// this process asks for it back as the kernel's (the call goes on there).
 fn handed_over(t: TcpRef, fd: c_int) -> bool {
     let names = || by_fd(fd).is_some_and(|r| r.same(t));
     // The stack forgets the connection before the fds are moved: wait for
@@ -2057,7 +2182,30 @@ fn handed_over(t: TcpRef, fd: c_int) -> bool {
     {
         std::thread::yield_now();
     }
+    if names() && !t.mine() && t.share() != 0 {
+        // The move made this process a holder of a copy: after the
+        // owner's hand-over the kernel has it (one move at most).
+        return claim_inherited(fd, t, false).is_none();
+    }
     !names()
+}
+
+/// The connection of `t` moved to a forked child's engine
+/// (`handover::answer_child`): this process's record is a copy from now on
+/// (a use asks the new owner) and its engine object goes (the engine
+/// forgot the connection).
+pub fn disown(t: TcpRef) {
+    t.common.disown();
+    drop_engine(t);
+}
+
+/// The connection of `t` came back to this process's engine (a move that
+/// was not taken): `s` serves it.
+pub fn restore(t: TcpRef, s: XdpTcpStream) {
+    let old = t.lock_inner().replace(Arc::new(Inner::Stream(s)));
+    if let Some(i) = old {
+        engine_call(|| drop(i));
+    }
 }
 
 /// `fd` (a number of `t`) may name the shared placeholder

@@ -112,6 +112,12 @@ impl Common {
         self.pid() == pid_now
     }
 
+    /// No process uses the record any more (its connection moved to
+    /// another process's engine): every lookup sees someone else's copy.
+    pub fn disown(&self) {
+        self.pid.store(0, Ordering::Release);
+    }
+
     /// The process that made the record.
     #[inline(always)]
     pub fn pid(&self) -> u32 {

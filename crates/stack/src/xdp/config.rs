@@ -64,8 +64,14 @@ pub const TEST_WARDEN_SPAWN_FIFO_VAR: &str = "NANOWIRE_TEST_WARDEN_SPAWN_FIFO";
 /// moment the connection table must already name the end after the sent
 /// bytes.
 pub const TEST_KILL_AFTER_SEND_VAR: &str = "NANOWIRE_TEST_KILL_AFTER_SEND";
+/// Test hook (issue 24 item 1), `1`: a forked child taking a connection its
+/// parent moved off its engine kills itself (SIGKILL) after reading the
+/// state, before the take (`run_procs
+/// a_child_killed_while_taking_a_connection_leaves_it_to_the_parent`): the
+/// owner must take it back and hand it to the kernel.
+pub const TEST_KILL_IN_MOVE_VAR: &str = "NANOWIRE_TEST_KILL_IN_MOVE";
 /// Every variable [`EngineConfig::from_vars`] looks up.
-pub const VARS: [&str; 15] = [
+pub const VARS: [&str; 16] = [
     FAULTS_VAR,
     TCP_RTO_MIN_VAR,
     TX_CSUM_OFFLOAD_VAR,
@@ -81,6 +87,7 @@ pub const VARS: [&str; 15] = [
     TEST_LISTENER_CLOSE_STOP_VAR,
     TEST_WARDEN_SPAWN_FIFO_VAR,
     TEST_KILL_AFTER_SEND_VAR,
+    TEST_KILL_IN_MOVE_VAR,
 ];
 
 /// The engine's settings.
@@ -126,6 +133,8 @@ pub struct EngineConfig {
     pub test_warden_spawn_fifo: Option<PathBuf>,
     /// [`TEST_KILL_AFTER_SEND_VAR`].
     pub test_kill_after_send: bool,
+    /// [`TEST_KILL_IN_MOVE_VAR`].
+    pub test_kill_in_move: bool,
 }
 
 impl Default for EngineConfig {
@@ -146,6 +155,7 @@ impl Default for EngineConfig {
             test_listener_close_stop: false,
             test_warden_spawn_fifo: None,
             test_kill_after_send: false,
+            test_kill_in_move: false,
         }
     }
 }
@@ -199,6 +209,7 @@ impl EngineConfig {
             test_listener_close_stop: get(TEST_LISTENER_CLOSE_STOP_VAR).as_deref() == Some("1"),
             test_warden_spawn_fifo: get(TEST_WARDEN_SPAWN_FIFO_VAR).map(PathBuf::from),
             test_kill_after_send: get(TEST_KILL_AFTER_SEND_VAR).as_deref() == Some("1"),
+            test_kill_in_move: get(TEST_KILL_IN_MOVE_VAR).as_deref() == Some("1"),
             stats_dir: get(STATS_DIR_VAR).map(PathBuf::from),
             service: matches!(
                 get(SERVICE_VAR).as_deref(),

@@ -12,13 +12,17 @@
 //!
 //! | offset | field | |
 //! |---|---|---|
-//! | 0 | word: u32 | generation << 3 \| state ([`FREE`], [`ENGINE`], [`BUSY`]) |
+//! | 0 | word: u32 | generation << 3 \| state ([`FREE`], [`ENGINE`], [`BUSY`], [`MOVED`]) |
 //! | 4 | holders: u32 | processes other than the owner holding a copy |
 //! | 8 | owner: u32 | the owner's pid |
 //! | 12 | want: u32 | a child asked for the hand-over |
 //! | 16 | local: u64 | the connection's local address ([`pack`]) |
 //! | 24 | remote: u64 | its peer's |
 //! | 32 | ino: u64 | the inode of the socket under the fds (`/proc/PID/fd`) |
+//! | 40 | taker: u32 | the child that asked to take the connection onto its engine (0: none) |
+//! | 44 | xfd: u32 | while [`MOVED`]: the owner's memfd holding the exported state |
+//! | 48 | xlen: u32 | its length |
+//! | 52 | moves: u32 | how many times the connection moved between engines |
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 /// The name of a TCP state number (as `ss` says it), for readers.
@@ -29,7 +33,7 @@ pub const NAME: &str = "nanowire-forkshare";
 pub const MAGIC: u32 = u32::from_le_bytes(*b"NWF1");
 pub const SLOTS: usize = 1024;
 pub const HEADER_BYTES: usize = 8;
-pub const SLOT_BYTES: usize = 40;
+pub const SLOT_BYTES: usize = 56;
 pub const PAGE_BYTES: usize = HEADER_BYTES + SLOTS * SLOT_BYTES;
 /// Offsets in a slot.
 pub const OFF_HOLDERS: usize = 4;
@@ -43,6 +47,9 @@ pub const FREE: u32 = 0;
 pub const ENGINE: u32 = 1;
 /// Being decided (the owner's close or its broker is handing it over).
 pub const BUSY: u32 = 2;
+/// Moved off the owner's engine, its state in the owner's memfd, for the
+/// taker to adopt (issue 24 item 1).
+pub const MOVED: u32 = 3;
 pub const STATE: u32 = 7;
 
 /// An address as a slot stores it (0: none).
@@ -71,14 +78,14 @@ pub fn read(page: &[u8]) -> Result<Vec<serde_json::Value>, String> {
         .filter_map(|s| {
             let st = u32_at(s) & STATE;
             let holders = u32_at(s + OFF_HOLDERS);
-            ((st == ENGINE || st == BUSY) && holders > 0).then(|| {
+            ((st == ENGINE || st == BUSY || st == MOVED) && holders > 0).then(|| {
                 serde_json::json!({
                     "local": addr(s + OFF_LOCAL),
                     "remote": addr(s + OFF_REMOTE),
                     "owner": u32_at(s + OFF_OWNER),
                     "holders": holders,
                     "ino": u64_at(s + OFF_INO),
-                    "busy": st == BUSY,
+                    "busy": st != ENGINE,
                 })
             })
         })

@@ -69,8 +69,8 @@ pub use neigh::{NEGATIVE_TTL, QUEUE_BYTES_PER_NEIGH, QUEUE_PER_NEIGH, RESOLVE_TI
 pub use order::set_tcp_service_wrapper;
 pub use socket::{IdlePeek, OpenError, XdpSocket, udp_packet};
 pub use tcp::{
-    Armed, Drained, Handover, TcpIdle, XdpTcpError, XdpTcpInfo, XdpTcpListener, XdpTcpState,
-    XdpTcpStream, ip_header_of, tcp_drain, tcp_ready, tcp_service_lost,
+    Armed, Drained, Handover, MovedOut, TcpIdle, XdpTcpError, XdpTcpInfo, XdpTcpListener,
+    XdpTcpState, XdpTcpStream, ip_header_of, tcp_drain, tcp_ready, tcp_service_lost,
 };
 pub use tx::IpHeader;
 
@@ -197,6 +197,21 @@ impl Steer {
         match self {
             Steer::Own(p) => p.pass_tcp_flow(local, remote),
             Steer::Service(c) => c.tcp_flow(service::proto::TcpFlow::Pass, local, remote, None),
+        }
+    }
+    /// Move a connection between two processes holding its socket `sock`
+    /// (`K_TCP_MOVE`, issue 24 item 1): `take` false, the owner offers it;
+    /// true, another process takes it (the service checks the socket).
+    fn move_tcp_flow(
+        &mut self,
+        take: bool,
+        local: std::net::SocketAddrV4,
+        remote: std::net::SocketAddrV4,
+        sock: RawFd,
+    ) -> Result<(), String> {
+        match self {
+            Steer::Own(_) => Err("not on the engine service".into()),
+            Steer::Service(c) => c.tcp_move(take, local, remote, borrow(sock)),
         }
     }
     fn unclaim_tcp_flow(&mut self, local: std::net::SocketAddrV4, remote: std::net::SocketAddrV4) {
@@ -1243,6 +1258,12 @@ impl Engine {
     /// kernel sockets; its next engine attaches to a restarted service).
     pub fn service_lost(&self) -> bool {
         self.service_lost.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Attached to the engine service (its program is the service's).
+    #[inline]
+    pub fn on_service(&self) -> bool {
+        self.deferred.is_some() && !self.service_lost()
     }
 
     /// Does this engine belong to the calling process (not inherited

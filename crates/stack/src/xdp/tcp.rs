@@ -449,6 +449,11 @@ struct Held {
     /// Its port is the client port block's (index): nothing to release but
     /// the time its connection ended.
     block: Option<usize>,
+    /// Moved here from another process's engine (`move_in`): the service
+    /// made the 4-tuple this process's flow claim while the claim that
+    /// steered it before (a listener's, a port's) may still stand, so a
+    /// hand-over to the kernel passes it rather than dropping the claim.
+    moved: bool,
 }
 
 struct Core {
@@ -1538,7 +1543,16 @@ impl Drop for TcpEngine {
         }
         // The flows first (on the engine service queued, and sent before
         // the listeners' requests by whoever takes the control lock).
-        let flows = c.flow_claims.iter().chain(&c.pass_claims);
+        // On the engine service the passes stay until the kernel's
+        // connection is done (the service sweeps them): a connection moved
+        // here and handed over may be the only thing between a listener's
+        // pin and the kernel's segments.
+        let passes: &[_] = if self.engine.on_service() {
+            &[]
+        } else {
+            &c.pass_claims
+        };
+        let flows = c.flow_claims.iter().chain(passes);
         self.engine
             .release_flows(flows.map(|&(l, r)| (l, r, None)).collect::<Vec<_>>());
         if !c.listen_claims.is_empty() {
@@ -1667,6 +1681,12 @@ impl XdpTcpStream {
             c,
             port_in_fd: true,
         }
+    }
+
+    /// On the engine service (a forked child holding a copy could take it
+    /// onto its own engine: [`XdpTcpStream::move_out`]).
+    pub fn on_service(&self) -> bool {
+        self.eng.engine.on_service()
     }
 
     /// Must the application's kernel socket be kept after its close until
@@ -1839,6 +1859,21 @@ impl XdpTcpStream {
 }
 
 impl XdpTcpStream {
+    /// The connection's state for another owner, after one turn takes in
+    /// what arrived (`what` it qualifies for, for the error).
+    fn export(&self, core: &mut Core, what: &str) -> io::Result<(Handover, u64)> {
+        self.eng.turn(core);
+        let now = now_ns();
+        let h = core.stack.hand_over_state(now, self.c).map_err(|e| {
+            let state = core.stack.state(self.c).map_or("closed", |s| s.as_str());
+            io_err(
+                io::ErrorKind::NotConnected,
+                format!("only an established connection {what} (it is {state}: {e:?})"),
+            )
+        })?;
+        Ok((h, now))
+    }
+
     /// Hand the connection over to another owner (the kernel, through
     /// TCP_REPAIR). Under the engine's lock, so nothing moves meanwhile:
     /// one turn takes in what arrived, `build` makes the new owner from the
@@ -1857,15 +1892,7 @@ impl XdpTcpStream {
             ));
         }
         let mut core = self.eng.core();
-        self.eng.turn(&mut core);
-        let now = now_ns();
-        let h = core.stack.hand_over_state(now, self.c).map_err(|e| {
-            let state = core.stack.state(self.c).map_or("closed", |s| s.as_str());
-            io_err(
-                io::ErrorKind::NotConnected,
-                format!("only an established connection can be handed over (it is {state}: {e:?})"),
-            )
-        })?;
+        let (h, now) = self.export(&mut core, "can be handed over")?;
         let t = build(&h)?;
         let (l, r) = (h.tuple.local, h.tuple.remote);
         if self.eng.engine.service_lost() {
@@ -1875,20 +1902,22 @@ impl XdpTcpStream {
             core.flow_claims.retain(|&(a, b)| !(a == l && b == r));
         } else {
             let mut p = self.eng.engine.prog();
-            if let Some(i) = core
-                .held
-                .iter()
-                .find(|h| h.local == l && h.remote == r)
-                .and_then(|h| h.block)
-            {
+            let held = core.held.iter().find(|h| h.local == l && h.remote == r);
+            let moved = held.is_some_and(|h| h.moved);
+            if let Some(i) = held.and_then(|h| h.block) {
                 // The kernel's connection holds a 4-tuple of that port now.
                 core.block.retire(i);
             }
             core.held.retain(|h| !(h.local == l && h.remote == r));
-            if let Some(i) = core.flow_claims.iter().position(|&(a, b)| a == l && b == r) {
+            let flow = core.flow_claims.iter().position(|&(a, b)| a == l && b == r);
+            if let Some(i) = flow.filter(|_| !moved) {
                 core.flow_claims.swap_remove(i);
                 p.prog.unclaim_tcp_flow(l, r);
             } else {
+                if let Some(i) = flow {
+                    // Moved here: the claim is passed (below), not dropped.
+                    core.flow_claims.swap_remove(i);
+                }
                 p.prog
                     .pass_tcp_flow(l, r)
                     .map_err(|e| io_err(io::ErrorKind::Other, e))?;
@@ -1899,6 +1928,147 @@ impl XdpTcpStream {
         }
         let _ = core.stack.hand_over_done(now, self.c);
         Ok(t)
+    }
+}
+
+/// A connection [`XdpTcpStream::move_out`] took off this engine and offered
+/// to another process: its exported state, and what to restore here if the
+/// other process never takes it ([`XdpTcpStream::move_back`]).
+pub struct MovedOut {
+    /// `Handover::to_bytes` of the connection's state.
+    pub bytes: Vec<u8>,
+    /// It was this engine's flow claim (else its listener's or port's).
+    flow: bool,
+}
+
+impl XdpTcpStream {
+    /// Move the connection to another process of the engine service that
+    /// holds its socket `sock` (a forked child's copy of the same open
+    /// file; issue 24 item 1). Under the engine's lock, as
+    /// [`XdpTcpStream::hand_over`]: one turn takes in what arrived, the
+    /// state is exported (ESTABLISHED or CLOSE-WAIT), the service is
+    /// *offered* the 4-tuple with the socket (`K_TCP_MOVE`; it keeps
+    /// steering here until the other process takes it), and the engine
+    /// forgets the connection without sending anything; segments that
+    /// reach it until the take are dropped and counted
+    /// (`tcp_handover_drops`), the peer retransmits them to the taker. On
+    /// any error nothing changed. The taker calls [`XdpTcpStream::move_in`]
+    /// with the bytes; if it never does, [`XdpTcpStream::move_back`] takes
+    /// the connection back here.
+    pub fn move_out(&self, sock: RawFd) -> io::Result<MovedOut> {
+        if !self.eng.engine.is_own() || !self.eng.engine.on_service() {
+            return Err(io_err(
+                io::ErrorKind::Unsupported,
+                "only a connection on this process's engine service client moves",
+            ));
+        }
+        let mut core = self.eng.core();
+        let (h, now) = self.export(&mut core, "moves")?;
+        let (l, r) = (h.tuple.local, h.tuple.remote);
+        self.eng
+            .engine
+            .prog()
+            .prog
+            .move_tcp_flow(false, l, r, sock)
+            .map_err(|e| io_err(io::ErrorKind::Other, e))?;
+        if let Some(i) = core
+            .held
+            .iter()
+            .find(|h| h.local == l && h.remote == r)
+            .and_then(|h| h.block)
+        {
+            // The 4-tuple is the taker's now: this port is never given again.
+            core.block.retire(i);
+        }
+        core.held.retain(|h| !(h.local == l && h.remote == r));
+        let flow = match core.flow_claims.iter().position(|&(a, b)| a == l && b == r) {
+            Some(i) => {
+                // The service gives the claim to the taker with the move.
+                core.flow_claims.swap_remove(i);
+                true
+            }
+            None => false,
+        };
+        let _ = core.stack.hand_over_done(now, self.c);
+        Ok(MovedOut {
+            bytes: h.to_bytes(),
+            flow,
+        })
+    }
+
+    /// The connection [`XdpTcpStream::move_out`] offered was not taken (the
+    /// other process could not, or died first): this engine takes it back
+    /// from its own export (the service still steers it here). A new
+    /// handle; `self` stays forgotten.
+    pub fn move_back(&self, m: &MovedOut) -> io::Result<XdpTcpStream> {
+        let h = Handover::from_bytes(&m.bytes)
+            .ok_or_else(|| io_err(io::ErrorKind::InvalidData, "not a moved connection's state"))?;
+        let mut core = self.eng.core();
+        let now = now_ns();
+        let c = core.stack.adopt_state(now, &h).map_err(tcp_err)?;
+        let (l, r) = (h.tuple.local, h.tuple.remote);
+        if m.flow {
+            self.eng.flow_claimed(&mut core, l, r);
+        }
+        core.held.push(Held {
+            local: l,
+            remote: r,
+            keep: None,
+            block: None,
+            moved: false,
+        });
+        self.eng.transmit(&mut core, now);
+        drop(core);
+        let mut s = XdpTcpStream::opened(self.eng.clone(), c);
+        s.port_in_fd = self.port_in_fd;
+        Ok(s)
+    }
+
+    /// Take over a connection another process of the engine service moved
+    /// out ([`XdpTcpStream::move_out`]'s bytes), through `sock`, this
+    /// process's copy of its socket: the shared client stack of the
+    /// interface adopts the state (same sequence numbers, queues, RTT,
+    /// window, options), then the service steers the 4-tuple here
+    /// (`K_TCP_MOVE` take; the stack's lock is held across both, so no
+    /// segment meets the stack before the connection). On an error nothing
+    /// is steered here (the offerer may take it back).
+    pub fn move_in(sock: RawFd, bytes: &[u8], opts: &EngineOptions) -> io::Result<XdpTcpStream> {
+        let h = Handover::from_bytes(bytes)
+            .ok_or_else(|| io_err(io::ErrorKind::InvalidData, "not a moved connection's state"))?;
+        let (l, r) = (h.tuple.local, h.tuple.remote);
+        let (engine, _) = Self::routed(r, l, opts)?;
+        if !engine.on_service() {
+            return Err(io_err(
+                io::ErrorKind::Unsupported,
+                "this process's engine is not on the engine service",
+            ));
+        }
+        let eng = TcpEngine::clients(&engine, opts)?;
+        eng.resolve(*r.ip(), Duration::from_secs(3))?;
+        if super::config::config().test_kill_in_move {
+            test_kill_self("in a move, before the take");
+        }
+        let mut core = eng.core();
+        let now = now_ns();
+        let c = core.stack.adopt_state(now, &h).map_err(tcp_err)?;
+        if let Err(e) = eng.engine.prog().prog.move_tcp_flow(true, l, r, sock) {
+            // Not steered here: the stack forgets it without a word.
+            let _ = core.stack.hand_over_done(now, c);
+            return Err(io_err(io::ErrorKind::Other, e));
+        }
+        eng.flow_claimed(&mut core, l, r);
+        core.held.push(Held {
+            local: l,
+            remote: r,
+            keep: None,
+            block: None,
+            moved: true,
+        });
+        eng.transmit(&mut core, now);
+        drop(core);
+        let mut s = XdpTcpStream::opened(eng, c);
+        s.port_in_fd = false;
+        Ok(s)
     }
 }
 
@@ -2473,6 +2643,7 @@ impl XdpTcpStream {
                 remote,
                 keep: None,
                 block,
+                moved: false,
             });
             let now = now_ns();
             match core.stack.connect_with(now, local, remote, &so) {

@@ -321,10 +321,16 @@ impl Service {
         if !self.pending.is_empty() || self.clients.is_empty() {
             return RETRY_MS;
         }
+        let passes = || {
+            self.clients
+                .values()
+                .any(|c| c.tcp_flows.iter().any(|f| f.2 == proto::TcpFlow::Pass))
+        };
         if self
             .ifaces
             .values()
             .any(|i| !i.groups.is_empty() || !i.handed.is_empty())
+            || passes()
         {
             let left = PIN_SWEEP.saturating_sub(self.last_sweep.elapsed());
             return (left.as_millis() as i32).saturating_add(1);
@@ -1386,9 +1392,30 @@ impl Service {
         let ends = self.ends_of(&c);
         let n_ends = ends.len();
         self.send_ends(&name, c.pid, ends);
+        // Its passes of connections the kernel still has (a connection
+        // moved to it from another process and handed over to the kernel
+        // there: another process holds the socket) stay until the kernel
+        // is done with them, as a dead process's handed connections do.
+        let passed: Vec<(SocketAddrV4, SocketAddrV4)> = c
+            .tcp_flows
+            .iter()
+            .filter(|f| f.2 == proto::TcpFlow::Pass)
+            .map(|f| (f.0, f.1))
+            .filter(|&(l, r)| self.kernel_has(l, r).unwrap_or(true))
+            .collect();
         let Some(ifc) = self.ifaces.get_mut(&name) else {
             return;
         };
+        for (l, r) in passed {
+            if ifc.tcp_flows.get(&(l, r)) == Some(&id) {
+                let at = Instant::now();
+                ifc.handed.entry((l, r)).or_insert(Orphan {
+                    pid: c.pid,
+                    ended: "passed",
+                    at,
+                });
+            }
+        }
         for (p, addr, port) in &c.claims {
             release_claim(ifc, id, slot, *p, *addr, *port);
         }
@@ -1506,6 +1533,33 @@ impl Service {
             } else {
                 suspects.insert(key);
             }
+        }
+        // A live process's pass goes once the kernel's connection is
+        // closed or in TIME-WAIT, as its engine would sweep it: an engine
+        // dropped with passes leaves them here (a connection moved to a
+        // process and handed over to the kernel there must keep its pass
+        // while a listener's pin would take its segments; issue 24).
+        let passes: Vec<(u64, SocketAddrV4, SocketAddrV4)> = self
+            .clients
+            .iter()
+            .flat_map(|(&id, c)| {
+                c.tcp_flows
+                    .iter()
+                    .filter(|f| f.2 == proto::TcpFlow::Pass)
+                    .map(move |f| (id, f.0, f.1))
+            })
+            .collect();
+        for (id, l, r) in passes {
+            if self.kernel_has(l, r).unwrap_or(true) {
+                continue;
+            }
+            let key = (format!("pass {id}"), l, r);
+            if !self.pin_suspects.contains(&key) {
+                suspects.insert(key);
+                continue;
+            }
+            self.tcp_unflow(id, l, r);
+            self.counters.tcp_handed_swept += 1;
         }
         // A dead process's connection handed to the kernel keeps its pass
         // until the kernel has nothing of it, not even TIME-WAIT.
