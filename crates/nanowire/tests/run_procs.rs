@@ -196,6 +196,50 @@ fn a_fork_per_connection_server_serves_as_plainly() {
     assert!(moved("Service") >= 8, "{logs}");
 }
 
+/// A fork-per-connection server that ignores SIGCHLD (its children are
+/// reaped by the kernel, a common shape) from the start: under run on the
+/// engine service the shim starts the service for it, whose starter the
+/// kernel reaps too (before session 25 that wait failed with ECHILD and
+/// the sockets stayed on the kernel: `cannot start the engine service: No
+/// child processes`). The listener must be on the engine (`three_ways`
+/// checks it) and the answers as plainly.
+const SIGIGN: &str = r#"
+import os, signal, socket, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+ls = listener()
+for k in range(3):
+    c, _ = ls.accept()
+    if os.fork() == 0:
+        ls.close()
+        c.sendall(b"child got " + readline(c))
+        c.close()
+        os._exit(0)
+    c.close()
+print("served 3", flush=True)
+"#;
+
+const SIGIGN_CLIENT: &str = r#"
+import socket, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+ok = True
+for k in range(3):
+    c = socket.create_connection((addr, port), timeout=30)
+    c.sendall(b"hello %d\n" % k)
+    b = b"".join(chunks(c))
+    print(b.decode().strip())
+    ok &= b == b"child got hello %d\n" % k
+print("all ok" if ok else "SOME BAD", flush=True)
+"#;
+
+#[test]
+#[ignore = "needs root"]
+fn a_server_ignoring_sigchld_gets_the_engine_service() {
+    let logs = three_ways("psig", "sigign", (SIGIGN, SIGIGN_CLIENT), 14760, &[]);
+    let svc = placement_log(&logs, "Service");
+    assert!(!svc.contains("cannot start the engine service"), "{svc}");
+}
+
 /// What a forked child says when a connection its parent shared moved to
 /// its own engine.
 const MOVED_IN: &str = "moved to this process's xdp engine (engine service)";

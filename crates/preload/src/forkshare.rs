@@ -201,6 +201,15 @@ pub fn holders(h: u64) -> Option<u32> {
     live(h).map(|(s, _, _)| s.holders.load(Ordering::Acquire))
 }
 
+/// The connection's addresses (local, remote) as the owner wrote them at
+/// the first fork (`None`: not known, or decided).
+pub fn addrs(h: u64) -> Option<(std::net::SocketAddrV4, std::net::SocketAddrV4)> {
+    let (s, _, _) = live(h)?;
+    let l = layout::unpack(s.local.load(Ordering::Acquire))?;
+    let r = layout::unpack(s.remote.load(Ordering::Acquire))?;
+    Some((l, r))
+}
+
 /// The owner that [`decide`]d handle `h` keeps it on its engine after all
 /// (its close parks it for the children): undecided again.
 pub fn undecide(h: u64) {

@@ -197,9 +197,10 @@ fn bound_to(fd: c_int) -> Option<std::net::SocketAddrV4> {
 pub fn init() {
     // Registered where tcpx's was, so fork's prepare handlers keep their
     // order (fdlife's sweep first, then TCP, then UDP).
-    // SAFETY: a plain extern "C" handler that takes the locks any call on
-    // the sockets takes, before the fork.
-    unsafe { libc::pthread_atfork(Some(before_fork), None, None) };
+    // SAFETY: plain extern "C" handlers: the prepare one takes the locks
+    // any call on the sockets takes, before the fork; the child's only
+    // tries one (a thread of the parent may have held it).
+    unsafe { libc::pthread_atfork(Some(before_fork), None, Some(after_fork_child)) };
     // The layers below reach the hand-over through these (no import
     // cycle): tcpx's close of a connection a forked child holds, and
     // forkshare's broker answering a child.
@@ -217,6 +218,20 @@ pub fn init() {
 /// the child its fd is an unconnected kernel socket, see `tcpx::lookup`),
 /// and TCP candidates stay kernel sockets in both. (vfork/posix_spawn run
 /// no fork handlers.)
+/// In a forked child: the connections its parent keeps for earlier
+/// children are not this process's (never touch the parent's engine
+/// objects), and their socket duplicates must not keep those sockets open
+/// here (a kernel connection would outlive its last real holder).
+extern "C" fn after_fork_child() {
+    // Held by a thread of the parent at the fork: left as it is (rare; the
+    // duplicates then stay open in this child).
+    let Ok(mut g) = PARKED.try_lock() else { return };
+    for p in std::mem::take(&mut *g) {
+        std::mem::forget(p.inner);
+        drop(p.sock);
+    }
+}
+
 extern "C" fn before_fork() {
     if crate::sys::in_engine() {
         return;
@@ -666,10 +681,12 @@ fn answer_parked(h: u64, taker: u32) -> forkshare::Answer {
     if taker != 0 {
         match engine_call(|| s.move_out(p.sock.as_raw_fd())) {
             Ok(m) => {
+                // This process closed its copy: once the taker owns it,
+                // nobody but the children holds it (the taker counted as
+                // one of them until now), so one holder fewer; counted
+                // before the offer, since the taker may close at once.
+                forkshare::dropped(h);
                 if forkshare::offer_moved(h, &m.bytes, taker) {
-                    // This process closed its copy: one holder fewer
-                    // (the taker, now the owner, counted as one).
-                    forkshare::dropped(h);
                     log!(
                         Level::Info,
                         "tcp connection kept for a forked child: moved to the xdp engine of pid {taker}"
@@ -677,6 +694,7 @@ fn answer_parked(h: u64, taker: u32) -> forkshare::Answer {
                     engine_call(|| drop(p.inner));
                     return forkshare::Answer::Moved;
                 }
+                forkshare::held_again(h);
                 match engine_call(|| s.move_back(&m)) {
                     Ok(s2) => {
                         let p2 = Parked {

@@ -673,9 +673,24 @@ fn claim_inherited(fd: c_int, t: TcpRef, may_take: bool) -> Option<TcpRef> {
             Inner::Listener(_) => false,
         });
     let h = t.share();
-    let mut claimed = crate::forkshare::claim(h, take);
-    if let crate::forkshare::Claimed::Moved { owner, xfd, xlen } = claimed {
-        match take_moved(fd, t, owner, xfd, xlen) {
+    // This process must be able to serve it (an engine slot on the
+    // service, the peer resolved) before it asks for it.
+    let taker = crate::forkshare::addrs(h).filter(|_| take).and_then(|(l, r)| {
+        let o = opts_for(fd);
+        engine_call(|| XdpTcpStream::can_take(l, r, &o))
+            .map_err(|err| {
+                log!(
+                    Level::Info,
+                    "fd {fd} tcp: inherited through fork(): not taken onto this process's engine: {err}"
+                )
+            })
+            .ok()
+    });
+    let mut claimed = crate::forkshare::claim(h, taker.is_some());
+    if let (crate::forkshare::Claimed::Moved { owner, xfd, xlen }, Some(taker)) = (&claimed, taker)
+    {
+        let (owner, xfd, xlen) = (*owner, *xfd, *xlen);
+        match take_moved(fd, t, (owner, xfd, xlen), taker) {
             Ok(t2) => {
                 crate::forkshare::moved_in(h, true);
                 log!(
@@ -715,7 +730,12 @@ fn claim_inherited(fd: c_int, t: TcpRef, may_take: bool) -> Option<TcpRef> {
 /// (`xlen` bytes): adopt it on this process's engine and put a record of
 /// this process's on every number of `t`, with the application's modes,
 /// timeouts and keepalive settings of the copy.
-fn take_moved(fd: c_int, t: TcpRef, owner: u32, xfd: u32, xlen: u32) -> std::io::Result<TcpRef> {
+fn take_moved(
+    fd: c_int,
+    t: TcpRef,
+    (owner, xfd, xlen): (u32, u32, u32),
+    taker: nanowire_stack::xdp::Taker,
+) -> std::io::Result<TcpRef> {
     use std::io::Read;
     let mut bytes = Vec::with_capacity(xlen as usize);
     std::fs::File::open(format!("/proc/{owner}/fd/{xfd}"))?
@@ -727,8 +747,7 @@ fn take_moved(fd: c_int, t: TcpRef, owner: u32, xfd: u32, xlen: u32) -> std::io:
             "the moved state is short",
         ));
     }
-    let o = opts_for(fd);
-    let s = engine_call(|| XdpTcpStream::move_in(fd, &bytes, &o))?;
+    let s = engine_call(|| XdpTcpStream::move_in(fd, &bytes, taker))?;
     let fds = fds_of(t);
     for &f in &fds {
         let _ = table::take_record::<Tcp>(f);

@@ -69,7 +69,7 @@ pub use neigh::{NEGATIVE_TTL, QUEUE_BYTES_PER_NEIGH, QUEUE_PER_NEIGH, RESOLVE_TI
 pub use order::set_tcp_service_wrapper;
 pub use socket::{IdlePeek, OpenError, XdpSocket, udp_packet};
 pub use tcp::{
-    Armed, Drained, Handover, MovedOut, TcpIdle, XdpTcpError, XdpTcpInfo, XdpTcpListener,
+    Armed, Drained, Handover, MovedOut, Taker, TcpIdle, XdpTcpError, XdpTcpInfo, XdpTcpListener,
     XdpTcpState, XdpTcpStream, ip_header_of, tcp_drain, tcp_ready, tcp_service_lost,
 };
 pub use tx::IpHeader;

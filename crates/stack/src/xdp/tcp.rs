@@ -1931,6 +1931,10 @@ impl XdpTcpStream {
     }
 }
 
+/// This process's engine that can take a connection moved to it
+/// ([`XdpTcpStream::can_take`], [`XdpTcpStream::move_in`]).
+pub struct Taker(Arc<TcpEngine>);
+
 /// A connection [`XdpTcpStream::move_out`] took off this engine and offered
 /// to another process: its exported state, and what to restore here if the
 /// other process never takes it ([`XdpTcpStream::move_back`]).
@@ -2024,6 +2028,29 @@ impl XdpTcpStream {
         Ok(s)
     }
 
+    /// Could this process take over the connection (local, remote) from
+    /// another process ([`XdpTcpStream::move_in`])? Its engine on the
+    /// engine service is made (or found) and the peer's address resolved,
+    /// so a process that cannot (no process slot on the service) does not
+    /// ask for a move it would refuse. The returned [`Taker`] holds that
+    /// engine for [`XdpTcpStream::move_in`].
+    pub fn can_take(
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+        opts: &EngineOptions,
+    ) -> io::Result<Taker> {
+        let (engine, _) = Self::routed(remote, local, opts)?;
+        if !engine.on_service() {
+            return Err(io_err(
+                io::ErrorKind::Unsupported,
+                "this process's engine is not on the engine service",
+            ));
+        }
+        let eng = TcpEngine::clients(&engine, opts)?;
+        eng.resolve(*remote.ip(), Duration::from_secs(3))?;
+        Ok(Taker(eng))
+    }
+
     /// Take over a connection another process of the engine service moved
     /// out ([`XdpTcpStream::move_out`]'s bytes), through `sock`, this
     /// process's copy of its socket: the shared client stack of the
@@ -2032,19 +2059,11 @@ impl XdpTcpStream {
     /// (`K_TCP_MOVE` take; the stack's lock is held across both, so no
     /// segment meets the stack before the connection). On an error nothing
     /// is steered here (the offerer may take it back).
-    pub fn move_in(sock: RawFd, bytes: &[u8], opts: &EngineOptions) -> io::Result<XdpTcpStream> {
+    pub fn move_in(sock: RawFd, bytes: &[u8], taker: Taker) -> io::Result<XdpTcpStream> {
         let h = Handover::from_bytes(bytes)
             .ok_or_else(|| io_err(io::ErrorKind::InvalidData, "not a moved connection's state"))?;
         let (l, r) = (h.tuple.local, h.tuple.remote);
-        let (engine, _) = Self::routed(r, l, opts)?;
-        if !engine.on_service() {
-            return Err(io_err(
-                io::ErrorKind::Unsupported,
-                "this process's engine is not on the engine service",
-            ));
-        }
-        let eng = TcpEngine::clients(&engine, opts)?;
-        eng.resolve(*r.ip(), Duration::from_secs(3))?;
+        let eng = taker.0;
         if super::config::config().test_kill_in_move {
             test_kill_self("in a move, before the take");
         }
