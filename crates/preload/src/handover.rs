@@ -210,14 +210,6 @@ pub fn init() {
     let _ = forkshare::TEND.set(tend_parked);
 }
 
-/// fork(), before the child exists: a socket both processes share can only
-/// be served where both can use it, the kernel. Every engine listener of
-/// this process goes back to the kernel (on the engine service one stays
-/// on the engine, shared with the child: `tcpx::share_at_fork`), every engine connection is handed
-/// over to the kernel (one that cannot be stays with this process, and in
-/// the child its fd is an unconnected kernel socket, see `tcpx::lookup`),
-/// and TCP candidates stay kernel sockets in both. (vfork/posix_spawn run
-/// no fork handlers.)
 /// In a forked child: the connections its parent keeps for earlier
 /// children are not this process's (never touch the parent's engine
 /// objects), and their socket duplicates must not keep those sockets open
@@ -232,6 +224,14 @@ extern "C" fn after_fork_child() {
     }
 }
 
+/// fork(), before the child exists: a socket both processes share can only
+/// be served where both can use it, the kernel. Every engine listener of
+/// this process goes back to the kernel (on the engine service one stays
+/// on the engine, shared with the child: `tcpx::share_at_fork`), every engine connection is handed
+/// over to the kernel (one that cannot be stays with this process, and in
+/// the child its fd is an unconnected kernel socket, see `tcpx::lookup`),
+/// and TCP candidates stay kernel sockets in both. (vfork/posix_spawn run
+/// no fork handlers.)
 extern "C" fn before_fork() {
     if crate::sys::in_engine() {
         return;
@@ -416,6 +416,22 @@ fn done(t: tcpx::TcpRef, fds: &[c_int], fd: c_int, why: &str) {
     );
 }
 
+/// The build of an in-place hand-over: the state goes into the socket `fd`
+/// itself (repair mode), with what is left to do after it.
+fn into_socket(fd: c_int) -> impl FnOnce(&Handover) -> io::Result<After> {
+    move |h| {
+        let after = after_of(h)?;
+        repair_on(fd, h)?;
+        Ok(after)
+    }
+}
+
+/// An in-place hand-over failed: nothing moved, and the socket `fd` leaves
+/// repair mode (if it got there).
+fn not_repaired(fd: c_int) {
+    let _ = repair::mode(real::setsockopt, fd, false);
+}
+
 /// Hand the engine connection of `t` (`fd` one of its numbers) over to the
 /// kernel *in* the application's own socket under the fd (the placeholder,
 /// which a forked child's fd names too): no fd number changes, so every
@@ -424,17 +440,11 @@ fn done(t: tcpx::TcpRef, fds: &[c_int], fd: c_int, why: &str) {
 /// closing it (its last fd is out of the table already) and drops it.
 fn in_place(fd: c_int, t: tcpx::TcpRef, why: &str, all: bool) -> io::Result<bool> {
     let e0 = errno();
-    let built = hand_over_with(t, |h| {
-        let after = after_of(h)?;
-        repair_on(fd, h)?;
-        Ok(after)
-    });
-    let after = match built {
+    let after = match hand_over_with(t, into_socket(fd)) {
         Ok(Some(a)) => a,
         Ok(None) => return Ok(false),
         Err(e) => {
-            // Nothing moved: the socket leaves repair mode (if it got there).
-            let _ = repair::mode(real::setsockopt, fd, false);
+            not_repaired(fd);
             set_errno(e0);
             return Err(e);
         }
@@ -556,14 +566,7 @@ fn park_to_kernel(p: Parked, why: &str) {
         return;
     };
     let e0 = errno();
-    let built = engine_call(|| {
-        s.hand_over(|h| {
-            let after = after_of(h)?;
-            repair_on(fd, h)?;
-            Ok(after)
-        })
-    });
-    match built {
+    match engine_call(|| s.hand_over(into_socket(fd))) {
         Ok(after) => {
             finish_repair(fd, fd, &after);
             log!(
@@ -573,7 +576,7 @@ fn park_to_kernel(p: Parked, why: &str) {
             engine_call(|| drop(p.inner));
         }
         Err(e) => {
-            let _ = repair::mode(real::setsockopt, fd, false);
+            not_repaired(fd);
             log!(
                 Level::Warn,
                 "tcp connection kept for a forked child: closed on the engine: {why}, and it cannot be handed over to the kernel: {e}; the child's fd is an unconnected socket (ENOTCONN)"
@@ -679,41 +682,26 @@ fn answer_parked(h: u64, taker: u32) -> forkshare::Answer {
         return forkshare::Answer::NotMine;
     };
     if taker != 0 {
-        match engine_call(|| s.move_out(p.sock.as_raw_fd())) {
-            Ok(m) => {
-                // This process closed its copy: once the taker owns it,
-                // nobody but the children holds it (the taker counted as
-                // one of them until now), so one holder fewer; counted
-                // before the offer, since the taker may close at once.
-                forkshare::dropped(h);
-                if forkshare::offer_moved(h, &m.bytes, taker) {
-                    log!(
-                        Level::Info,
-                        "tcp connection kept for a forked child: moved to the xdp engine of pid {taker}"
-                    );
-                    engine_call(|| drop(p.inner));
-                    return forkshare::Answer::Moved;
-                }
-                forkshare::held_again(h);
-                match engine_call(|| s.move_back(&m)) {
-                    Ok(s2) => {
-                        let p2 = Parked {
-                            inner: std::sync::Arc::new(tcpx::Inner::Stream(s2)),
-                            ..p
-                        };
-                        park_to_kernel(p2, "fork(): the forked child could not take it");
-                    }
-                    Err(e) => log!(
-                        Level::Warn,
-                        "tcp connection kept for a forked child: pid {taker} did not take it and it cannot come back to this engine: {e}"
-                    ),
-                }
+        const WHAT: &str = "tcp connection kept for a forked child";
+        match offer_to(s, p.sock.as_raw_fd(), (h, taker), false, WHAT) {
+            Offered::Taken => {
+                log!(
+                    Level::Info,
+                    "{WHAT}: moved to the xdp engine of pid {taker}"
+                );
+                engine_call(|| drop(p.inner));
+                return forkshare::Answer::Moved;
+            }
+            Offered::Back(Some(s2)) => {
+                let p2 = Parked {
+                    inner: std::sync::Arc::new(tcpx::Inner::Stream(s2)),
+                    ..p
+                };
+                park_to_kernel(p2, "fork(): the forked child could not take it");
                 return forkshare::Answer::Decided;
             }
-            Err(e) => log!(
-                Level::Info,
-                "tcp connection kept for a forked child: cannot move it to the engine of pid {taker}: {e}"
-            ),
+            Offered::Back(None) => return forkshare::Answer::Decided,
+            Offered::NotMoved => {}
         }
     }
     park_to_kernel(p, "fork(): the forked child uses it");
@@ -737,41 +725,89 @@ fn move_to(fd: c_int, t: tcpx::TcpRef, h: u64, taker: u32) -> bool {
         return false;
     };
     t.handing.store(true, std::sync::atomic::Ordering::Release);
-    let m = match engine_call(|| s.move_out(fd)) {
-        Ok(m) => m,
-        Err(e) => {
+    match offer_to(s, fd, (h, taker), true, &format!("fd {fd} tcp")) {
+        Offered::Taken => {
+            // Its readiness comes from the new owner now: the application's
+            // epoll registrations go to the socket itself, whose first use
+            // here asks for the connection back (as the kernel's).
+            for f in tcpx::fds_of(t) {
+                crate::ready::tcp_to_kernel(f);
+            }
+            tcpx::disown(t);
             t.handing.store(false, std::sync::atomic::Ordering::Release);
             log!(
                 Level::Info,
-                "fd {fd} tcp: cannot move it to the engine of pid {taker}, which uses it too: {e}"
+                "fd {fd} tcp: moved to the xdp engine of pid {taker} (fork(): the forked child uses it); this process's copy is served by it"
             );
-            return false;
+            true
         }
-    };
-    let taken = forkshare::offer_moved(h, &m.bytes, taker);
-    if taken {
-        // Its readiness comes from the new owner now: the application's
-        // epoll registrations go to the socket itself, whose first use
-        // here asks for the connection back (as the kernel's).
-        for f in tcpx::fds_of(t) {
-            crate::ready::tcp_to_kernel(f);
+        Offered::Back(s2) => {
+            if let Some(s2) = s2 {
+                tcpx::restore(t, s2);
+            }
+            false
         }
-        tcpx::disown(t);
-        t.handing.store(false, std::sync::atomic::Ordering::Release);
-        log!(
-            Level::Info,
-            "fd {fd} tcp: moved to the xdp engine of pid {taker} (fork(): the forked child uses it); this process's copy is served by it"
-        );
-    } else {
-        match engine_call(|| s.move_back(&m)) {
-            Ok(s2) => tcpx::restore(t, s2),
-            Err(e) => log!(
-                Level::Warn,
-                "fd {fd} tcp: the forked child pid {taker} did not take it and it cannot come back to this engine: {e}"
-            ),
+        Offered::NotMoved => {
+            t.handing.store(false, std::sync::atomic::Ordering::Release);
+            false
         }
     }
-    taken
+}
+
+/// What became of a connection offered to a forked child ([`offer_to`]).
+enum Offered {
+    /// Still here, untouched (it could not be moved out; said why).
+    NotMoved,
+    /// The child took it.
+    Taken,
+    /// Not taken: back on this engine (a new handle), or lost if it
+    /// could not come back (said why).
+    Back(Option<nanowire_stack::xdp::XdpTcpStream>),
+}
+
+/// Move the connection of `s` out of this engine (its socket `sock`) and
+/// offer it to the forked child `taker` through slot `h`
+/// (`forkshare::offer_moved`); if the child does not take it, this engine
+/// takes it back. `owner_holds`: this process still holds the socket
+/// (else it stops counting as a holder once the taker owns it: counted
+/// before the offer, since the taker may close at once). `what` names the
+/// connection in the log lines.
+fn offer_to(
+    s: &nanowire_stack::xdp::XdpTcpStream,
+    sock: c_int,
+    (h, taker): (u64, u32),
+    owner_holds: bool,
+    what: &str,
+) -> Offered {
+    let m = match engine_call(|| s.move_out(sock)) {
+        Ok(m) => m,
+        Err(e) => {
+            log!(
+                Level::Info,
+                "{what}: cannot move it to the engine of pid {taker}, which uses it too: {e}"
+            );
+            return Offered::NotMoved;
+        }
+    };
+    if !owner_holds {
+        forkshare::dropped(h);
+    }
+    if forkshare::offer_moved(h, &m.bytes, taker) {
+        return Offered::Taken;
+    }
+    if !owner_holds {
+        forkshare::held_again(h);
+    }
+    match engine_call(|| s.move_back(&m)) {
+        Ok(s2) => Offered::Back(Some(s2)),
+        Err(e) => {
+            log!(
+                Level::Warn,
+                "{what}: the forked child pid {taker} did not take it and it cannot come back to this engine: {e}"
+            );
+            Offered::Back(None)
+        }
+    }
 }
 
 /// What the hand-over leaves to do once the kernel owns the connection.
