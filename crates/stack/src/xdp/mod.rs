@@ -450,6 +450,8 @@ pub struct Engine {
     /// this namespace, read from the first one a connect adopted with
     /// [`EngineOptions::ip_header_default`] (see [`Engine::ip_defaults`]).
     ip_defaults: std::sync::OnceLock<(u8, u8)>,
+    /// Kept for the process's life ([`Engine::keep_for_life`]).
+    kept: std::sync::atomic::AtomicBool,
     /// A look at the receive side without the RX lock (see
     /// [`Engine::rx_quiet`]); `None` when receive faults are injected (the
     /// injector holds frames back and releases them from later polls).
@@ -976,6 +978,7 @@ impl Engine {
             service_lost,
             conn_table: std::sync::OnceLock::new(),
             ip_defaults: std::sync::OnceLock::new(),
+            kept: std::sync::atomic::AtomicBool::new(false),
             rx_hint,
         })
     }
@@ -1178,6 +1181,22 @@ impl Engine {
                 // The ports go back to the kernel after their claims.
                 drop(kept);
             }
+        }
+    }
+
+    /// Keep this engine until the process ends (or execs): an engine of
+    /// the process's own whose warden holds a copy of its XDP link
+    /// ([`Engine::conn_region`]). Dropped with the last socket, it would
+    /// leave the steering program attached through the warden's copy, and
+    /// every later open in the process would find the interface held
+    /// (EBUSY): a program that closed its last connection and made another
+    /// got a kernel socket from then on (session 26; under load even
+    /// between the connections of one loop). Onload's stacks live as long
+    /// too. The extra reference is never released; a forked child's copy
+    /// of it is never used (the registry is per process).
+    pub(crate) fn keep_for_life(self: &Arc<Self>) {
+        if !self.kept.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            std::mem::forget(Arc::clone(self));
         }
     }
 

@@ -633,6 +633,9 @@ impl TcpEngine {
         // only the listeners' events are used.
         stack.set_conn_events(false);
         let ends = engine.conn_region();
+        if ends.is_some() && engine.service_slot.is_none() {
+            engine.keep_for_life();
+        }
         stack.set_end_tracking(ends.is_some());
         // Send rings in the table's memory: a death delivers their bytes.
         stack.set_send_slabs(ends.as_ref().map(super::service::conns::Region::slabs));
