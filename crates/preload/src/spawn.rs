@@ -135,6 +135,7 @@ pub fn prepare_exec(what: &str) {
         // The close-on-exec copies of connections a parent shared at fork
         // go with this program.
         tcpx::held_until_exec(&|fd| !inheritable(fd));
+        nanowire_stack::xdp::before_exec();
     }
     if has_engine_fds() {
         prepare(

@@ -458,6 +458,28 @@ pub struct Engine {
     rx_hint: Option<RxHint>,
 }
 
+/// The stats pages of the engines kept for the process's life
+/// ([`Engine::keep_for_life`]), with the pid that made each (a forked
+/// child's copy of the list is not its own).
+static KEPT_PAGES: std::sync::Mutex<Vec<(u32, std::path::PathBuf)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Before an exec: the engines kept for the process's life go with its
+/// image, but the pid stays, so their stats pages would be listed as
+/// alive beside the new program's (`nanowire stats` read the old one's
+/// counters for the process). Their files are removed here; should the
+/// exec fail, the engine runs on unlisted (its counters still count).
+pub fn before_exec() {
+    let me = std::process::id();
+    let mut kept = KEPT_PAGES.lock().unwrap_or_else(|e| e.into_inner());
+    kept.retain(|(pid, path)| {
+        if *pid == me {
+            let _ = std::fs::remove_file(path);
+        }
+        false
+    });
+}
+
 /// The RX rings' indices and the RX path's delivery count, readable
 /// without the RX lock.
 struct RxHint {
@@ -1197,6 +1219,12 @@ impl Engine {
     pub(crate) fn keep_for_life(self: &Arc<Self>) {
         if !self.kept.swap(true, std::sync::atomic::Ordering::AcqRel) {
             std::mem::forget(Arc::clone(self));
+            if let Some(p) = self.page.path() {
+                KEPT_PAGES
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((std::process::id(), p.to_path_buf()));
+            }
         }
     }
 
