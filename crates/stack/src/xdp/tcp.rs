@@ -1930,6 +1930,7 @@ impl XdpTcpStream {
             }
         }
         let _ = core.stack.hand_over_done(now, self.c);
+        Self::left_the_stack(&mut core);
         Ok(t)
     }
 }
@@ -1997,10 +1998,25 @@ impl XdpTcpStream {
             None => false,
         };
         let _ = core.stack.hand_over_done(now, self.c);
+        Self::left_the_stack(&mut core);
         Ok(MovedOut {
             bytes: h.to_bytes(),
             flow,
         })
+    }
+
+    /// A connection left this stack for another process's engine or the
+    /// kernel: if it was the last, a blocking accept sleeping without the
+    /// engine's fds (it slept while the stack had a connection, whose user
+    /// turns the engine: `XdpTcpListener::busy`) looks again and sleeps on
+    /// them. The fork-per-connection shape: the parent's accept slept
+    /// beside the connection its child was about to take, and the next SYN
+    /// waited for the timer service's look (20 ms) or the accept's slice
+    /// (50 ms): the ~45 ms per connection of session 25's forkconn bench.
+    fn left_the_stack(core: &mut Core) {
+        if core.accept_waiters > 0 && core.stack.connection_count() == 0 {
+            nanowire_xdp::sys::eventfd_signal(core.accept_fd.as_raw_fd());
+        }
     }
 
     /// The connection [`XdpTcpStream::move_out`] offered was not taken (the
