@@ -487,6 +487,16 @@ impl TcpStack {
         }
     }
 
+    /// Does an application hold a connection of this stack that it may be
+    /// turning the engine for: accepted or connected (not half-open, not
+    /// waiting in an accept queue), its handle not closed, neither
+    /// TIME-WAIT nor closed. Stops at the first.
+    pub fn has_held_connection(&self) -> bool {
+        self.slots.iter().filter_map(|s| s.conn.as_ref()).any(|c| {
+            c.listener.is_none() && !c.orphan && !matches!(c.state, State::TimeWait | State::Closed)
+        })
+    }
+
     /// Connections still exchanging segments: neither TIME-WAIT nor closed.
     pub fn active_connection_count(&self) -> usize {
         self.slots

@@ -2006,7 +2006,7 @@ impl XdpTcpStream {
     }
 
     /// A connection left this stack for another process's engine or the
-    /// kernel: if it was the last, a blocking accept sleeping without the
+    /// kernel: if it was the last one held, a blocking accept sleeping without the
     /// engine's fds (it slept while the stack had a connection, whose user
     /// turns the engine: `XdpTcpListener::busy`) looks again and sleeps on
     /// them. The fork-per-connection shape: the parent's accept slept
@@ -2014,7 +2014,7 @@ impl XdpTcpStream {
     /// waited for the timer service's look (20 ms) or the accept's slice
     /// (50 ms): the ~45 ms per connection of session 25's forkconn bench.
     fn left_the_stack(core: &mut Core) {
-        if core.accept_waiters > 0 && core.stack.connection_count() == 0 {
+        if core.accept_waiters > 0 && !core.stack.has_held_connection() {
             nanowire_xdp::sys::eventfd_signal(core.accept_fd.as_raw_fd());
         }
     }
@@ -2505,9 +2505,14 @@ impl XdpTcpListener {
         c.stack.accept_queue_len(self.l) > 0
     }
 
-    /// Connections of this listener are open (their users turn the engine).
+    /// Connections of this listener are held by the application (their
+    /// users turn the engine). Not a half-open one, one waiting to be
+    /// accepted or one the application closed: nobody turns the engine for
+    /// those but the accept itself (it slept without the engine's fds
+    /// beside a SYN-RECEIVED connection, and the peer's ACK and request
+    /// waited for the timer service's look, 20 ms: session 26).
     pub fn busy(&self) -> bool {
-        self.eng.core().stack.connection_count() > 0
+        self.eng.core().stack.has_held_connection()
     }
 
     /// The fds a sleeping waiter polls: the engine's AF_XDP sockets and the

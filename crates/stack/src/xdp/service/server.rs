@@ -29,6 +29,46 @@ pub const TX_PER_SLOT: u32 = 256;
 /// A slot a dead process used is not handed out again for this long: TX
 /// frames it had in flight complete into its mailbox meanwhile.
 const SLOT_COOLING: Duration = Duration::from_secs(1);
+
+/// Close a detached process's member sockets on the service's closer
+/// thread, not in its loop: the last close of an AF_XDP socket waits in
+/// the kernel's `synchronize_net` (`xsk_release`), 10-20 ms on this
+/// machine, and every request of every attached process waited behind it
+/// (session 26: a fork-per-connection server's child attached while the
+/// last child's sockets closed, and its first byte came ~17 ms later).
+/// Their XSKMAP entries are gone already and their frames reclaimed; the
+/// slot cools for [`SLOT_COOLING`] before reuse. Closed here if the
+/// thread cannot be had.
+fn close_later(members: Vec<Member>) {
+    use std::sync::mpsc::{Sender, channel};
+    static CLOSER: std::sync::Mutex<Option<Sender<Vec<Member>>>> = std::sync::Mutex::new(None);
+    if members.is_empty() {
+        return;
+    }
+    let mut g = CLOSER.lock().unwrap_or_else(|e| e.into_inner());
+    if g.is_none() {
+        let (tx, rx) = channel::<Vec<Member>>();
+        let spawned = std::thread::Builder::new()
+            .name("nw-svc-closer".into())
+            .spawn(move || {
+                while let Ok(m) = rx.recv() {
+                    drop(m);
+                }
+            });
+        if spawned.is_ok() {
+            *g = Some(tx);
+        }
+    }
+    match g.as_ref() {
+        Some(tx) => {
+            if let Err(std::sync::mpsc::SendError(m)) = tx.send(members) {
+                *g = None;
+                drop(m);
+            }
+        }
+        None => drop(members),
+    }
+}
 /// Connections served at once; more are closed at once (counted), so no
 /// client can exhaust the service's descriptors.
 const MAX_CLIENTS: usize = 512;
@@ -1596,8 +1636,9 @@ impl Service {
             }
             self.counters.frames_reclaimed += got;
             if done {
-                // The sockets close here (after their rings were read).
-                drop(p.members);
+                // The sockets close now (after their rings were read), off
+                // this loop.
+                close_later(p.members);
             } else {
                 self.counters.reclaim_deferred += 1;
                 left.push(p);
