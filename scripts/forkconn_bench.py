@@ -5,6 +5,9 @@ starting point, whose children reach a shared connection through the kernel), in
 
     scripts/forkconn_bench.py --before /work/bench25/prev.so --repeats 5 --conns 200 --body 65536
 
+`--before-bin NANOWIRE` runs the other row with that build's `nanowire run` and engine service too
+(the service is stopped before every row, so each row starts its own).
+
 The server (host b of the default lab, `nanowire lab up`) accepts, forks and closes its copy; the
 child reads one request line, answers `--body` bytes and exits. The client (host a, plain Python)
 makes `--conns` connections one after another: connect, request, read to the end. Per row and
@@ -73,9 +76,14 @@ def ns(h, argv):
 
 def one(row, shim, port, a):
     srv_argv = ["python3", "-c", SERVER, B, str(port), str(a.body)]
+    # Each row starts the engine service of its own build (the service's
+    # part of a change is measured with it).
+    subprocess.run(["pkill", "-f", "engine serve"], stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
     if row != "plain":
+        nw = a.before_bin if row == "before" and a.before_bin else NW
         env = ["env", "NANOWIRE_SERVICE=1"] + ([f"NANOWIRE_PRELOAD={shim}"] if shim else [])
-        srv_argv = env + [NW, "run", "--"] + srv_argv
+        srv_argv = env + [nw, "run", "--"] + srv_argv
     srv = subprocess.Popen(ns("b", srv_argv), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = srv.stdout.readline()
@@ -96,6 +104,7 @@ def one(row, shim, port, a):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--before", required=True, help="the other build's shim (libnanowire_preload.so)")
+    p.add_argument("--before-bin", help="the other build's nanowire binary (its `run` and engine service); default: this tree's")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--conns", type=int, default=200)
     p.add_argument("--body", type=int, default=65536)
@@ -115,7 +124,7 @@ def main():
     ratio = lambda x, y, m: round(med[x][m] / med[y][m], 3)
     print(json.dumps({
         "env": {"kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                "nanowire": os.path.realpath(NW), "before": a.before, "date": time.strftime("%F %T")},
+                "nanowire": os.path.realpath(NW), "before": a.before, "before_bin": a.before_bin, "date": time.strftime("%F %T")},
         "conns": a.conns, "body": a.body, "repeats": a.repeats, "runs": runs, "median": med,
         "ratios": {"conns_s run/plain": ratio("run", "plain", "conns_s"),
                    "conns_s run/before": ratio("run", "before", "conns_s"),

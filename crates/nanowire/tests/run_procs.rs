@@ -1693,3 +1693,54 @@ fn an_exec_right_after_the_first_tcp_stack_waits_for_the_warden_spawn() {
     );
     on_engine(&s, &format!("tcp listener {ADDR_B}:{port1}"));
 }
+
+/// A listener (so its engine is open), then a fork: the child prints its
+/// resident memory and the parent's, read in the child right after the
+/// fork (the parent waits for it).
+const FORK_RSS_PY: &str = r#"
+import os, socket, sys
+def rss(pid):
+    for l in open("/proc/%d/status" % pid):
+        if l.startswith("VmRSS:"):
+            return int(l.split()[1])
+ls = socket.socket(); ls.bind((sys.argv[1], int(sys.argv[2]))); ls.listen(4)
+parent = os.getpid()
+pid = os.fork()
+if pid == 0:
+    print("child", rss(os.getpid()), "parent", rss(parent), flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+"#;
+
+/// Session 26: a forked child does not get a copy of its parent's packet
+/// memory. The engine's own UMEM is private memory the kernel pins for
+/// AF_XDP, and a fork copied the pinned pages whole into the child (~40
+/// ms per fork for one queue's 32 MiB: a fork-per-connection server's
+/// every answer waited for it; `MADV_DONTFORK` now). Plainly the child's
+/// resident memory is about the parent's; under run (own engine) it is
+/// at least the UMEM's 32 MiB below the parent's (the child's own pages
+/// are Python's, as plainly).
+#[test]
+#[ignore = "needs root"]
+fn a_forked_child_gets_no_copy_of_the_engines_packet_memory() {
+    const UMEM_KIB: u64 = 32 * 1024;
+    let lab = lab("fr");
+    let b = ADDR_B.to_string();
+    for (run, port) in with_ports(15400, [false, true]) {
+        let args = ["python3", "-c", FORK_RSS_PY, &b, &port];
+        let out = output(run_or_plain(&lab, Host::B, run, &args), "fork rss");
+        let line = line_of(&out, "child");
+        let w: Vec<u64> = line
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        let (child, parent) = (w[0], w[1]);
+        eprintln!("run={run}: child {child} KiB, parent {parent} KiB");
+        if run {
+            assert!(
+                child + UMEM_KIB <= parent,
+                "run: the child holds {child} KiB, its parent {parent} KiB:\n{out}"
+            );
+        }
+    }
+}

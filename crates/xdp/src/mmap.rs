@@ -7,6 +7,9 @@ use std::os::fd::RawFd;
 pub(crate) struct Mmap {
     pub(crate) ptr: *mut u8,
     pub(crate) len: usize,
+    /// The process that made the mapping, when it is not inherited by a
+    /// fork ([`Mmap::dont_fork`]); 0: an ordinary mapping.
+    only_in: u32,
 }
 
 impl Mmap {
@@ -39,7 +42,11 @@ impl Mmap {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Mmap { ptr: p.cast(), len })
+        Ok(Mmap {
+            ptr: p.cast(),
+            len,
+            only_in: 0,
+        })
     }
 }
 
@@ -89,6 +96,7 @@ impl Mmap {
         let m = Mmap {
             ptr: start as *mut u8,
             len,
+            only_in: 0,
         };
         // SAFETY: advice on our own mapping; a failure only means 4 KiB pages.
         unsafe { libc::madvise(m.ptr.cast(), len, libc::MADV_HUGEPAGE) };
@@ -119,7 +127,11 @@ impl Mmap {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let m = Mmap { ptr: p.cast(), len };
+        let m = Mmap {
+            ptr: p.cast(),
+            len,
+            only_in: 0,
+        };
         // SAFETY: advice on our own mapping; a failure only means 4 KiB pages.
         unsafe { libc::madvise(m.ptr.cast(), len, libc::MADV_HUGEPAGE) };
         m.populate_range(0, len);
@@ -189,8 +201,32 @@ fn cpus() -> usize {
     unsafe { libc::CPU_COUNT(&set) as usize }
 }
 
+impl Mmap {
+    /// Keep this mapping out of forked children (`MADV_DONTFORK`). For an
+    /// engine's own UMEM: private anonymous memory the kernel has pinned
+    /// for AF_XDP, which a fork must copy whole into the child (a pinned
+    /// page cannot be shared copy-on-write), ~40 ms for the 32 MiB of one
+    /// queue here, in every fork of a process under run while its engine
+    /// lives (session 26: a fork-per-connection server's every answer). A
+    /// child never reads its parent's UMEM (it uses the kernel sockets
+    /// under inherited fds); in a child the value only forgets the range
+    /// (see `Drop`), which may hold another mapping of the child's by then.
+    pub(crate) fn dont_fork(&mut self) {
+        // SAFETY: advice on our own mapping; on failure it stays inherited.
+        if unsafe { libc::madvise(self.ptr.cast(), self.len, libc::MADV_DONTFORK) } == 0 {
+            // SAFETY: getpid has no preconditions.
+            self.only_in = unsafe { libc::getpid() } as u32;
+        }
+    }
+}
+
 impl Drop for Mmap {
     fn drop(&mut self) {
+        // SAFETY: getpid has no preconditions.
+        if self.only_in != 0 && self.only_in != unsafe { libc::getpid() } as u32 {
+            // A forked child: the range was never mapped here.
+            return;
+        }
         // SAFETY: ptr/len describe a mapping we created and unmap once.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }

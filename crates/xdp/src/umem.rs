@@ -114,8 +114,10 @@ impl UmemArea {
     /// Map and populate the memory of a UMEM of this geometry.
     pub fn new(rx_frames: u32, tx_frames: u32, frame_size: u32) -> std::io::Result<UmemArea> {
         let len = Self::len_of(rx_frames, tx_frames, frame_size);
+        let mut map = Mmap::map_umem(len)?;
+        map.dont_fork();
         Ok(UmemArea {
-            map: Mmap::map_umem(len)?,
+            map,
             rx_frames,
             tx_frames,
             frame_size,
