@@ -82,7 +82,8 @@ def one(row, shim, port, a):
     time.sleep(0.5)
     if row != "plain":
         nw = a.before_bin if row == "before" and a.before_bin else NW
-        env = ["env", "NANOWIRE_SERVICE=1"] + ([f"NANOWIRE_PRELOAD={shim}"] if shim else [])
+        svc = ["NANOWIRE_SERVICE=1"] if a.engine == "service" else []
+        env = ["env"] + svc + ([f"NANOWIRE_PRELOAD={shim}"] if shim else [])
         srv_argv = env + [nw, "run", "--"] + srv_argv
     srv = subprocess.Popen(ns("b", srv_argv), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
@@ -105,6 +106,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--before", required=True, help="the other build's shim (libnanowire_preload.so)")
     p.add_argument("--before-bin", help="the other build's nanowire binary (its `run` and engine service); default: this tree's")
+    p.add_argument("--engine", choices=["service", "own"], default="service",
+                   help="the run rows on the engine service (default) or on an engine of the server's own")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--conns", type=int, default=200)
     p.add_argument("--body", type=int, default=65536)
@@ -124,7 +127,7 @@ def main():
     ratio = lambda x, y, m: round(med[x][m] / med[y][m], 3)
     print(json.dumps({
         "env": {"kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                "nanowire": os.path.realpath(NW), "before": a.before, "before_bin": a.before_bin, "date": time.strftime("%F %T")},
+                "nanowire": os.path.realpath(NW), "before": a.before, "before_bin": a.before_bin, "engine": a.engine, "date": time.strftime("%F %T")},
         "conns": a.conns, "body": a.body, "repeats": a.repeats, "runs": runs, "median": med,
         "ratios": {"conns_s run/plain": ratio("run", "plain", "conns_s"),
                    "conns_s run/before": ratio("run", "before", "conns_s"),
