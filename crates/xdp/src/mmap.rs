@@ -13,6 +13,15 @@ pub(crate) struct Mmap {
 }
 
 impl Mmap {
+    /// The value owning a mapping of `len` bytes at `ptr` just made.
+    fn of(ptr: *mut u8, len: usize) -> Mmap {
+        Mmap {
+            ptr,
+            len,
+            only_in: 0,
+        }
+    }
+
     pub(crate) fn map(len: usize, fd: Option<(RawFd, libc::off_t)>) -> io::Result<Mmap> {
         Self::map_prot(
             len,
@@ -42,11 +51,7 @@ impl Mmap {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Mmap {
-            ptr: p.cast(),
-            len,
-            only_in: 0,
-        })
+        Ok(Mmap::of(p.cast(), len))
     }
 }
 
@@ -93,11 +98,7 @@ impl Mmap {
                 libc::munmap((start + len) as *mut libc::c_void, tail);
             }
         }
-        let m = Mmap {
-            ptr: start as *mut u8,
-            len,
-            only_in: 0,
-        };
+        let m = Mmap::of(start as *mut u8, len);
         // SAFETY: advice on our own mapping; a failure only means 4 KiB pages.
         unsafe { libc::madvise(m.ptr.cast(), len, libc::MADV_HUGEPAGE) };
         m.populate();
@@ -127,11 +128,7 @@ impl Mmap {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let m = Mmap {
-            ptr: p.cast(),
-            len,
-            only_in: 0,
-        };
+        let m = Mmap::of(p.cast(), len);
         // SAFETY: advice on our own mapping; a failure only means 4 KiB pages.
         unsafe { libc::madvise(m.ptr.cast(), len, libc::MADV_HUGEPAGE) };
         m.populate_range(0, len);
