@@ -6,7 +6,8 @@ starting point, whose children reach a shared connection through the kernel), in
     scripts/forkconn_bench.py --before /work/bench25/prev.so --repeats 5 --conns 200 --body 65536
 
 `--before-bin NANOWIRE` runs the other row with that build's `nanowire run` and engine service too
-(the service is stopped before every row, so each row starts its own).
+(the service is stopped before every row, so each row starts its own: every `nanowire engine serve`
+of the host is killed, so run it on a quiet machine, as any benchmark here).
 
 The server (host b of the default lab, `nanowire lab up`) accepts, forks and closes its copy; the
 child reads one request line, answers `--body` bytes and exits. The client (host a, plain Python)
