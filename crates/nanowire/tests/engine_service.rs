@@ -2701,7 +2701,22 @@ fn syn_to(lab: &ScopedLab, from: u16, to: u16) {
         let (a, b) = (sa(ADDR_A, from), sa(ADDR_B, to));
         // SAFETY: a sockaddr_in and its size, on our socket.
         unsafe {
-            assert_eq!(libc::bind(s.as_raw_fd(), (&raw const a).cast(), len), 0);
+            let r = libc::bind(s.as_raw_fd(), (&raw const a).cast(), len);
+            // Seen once in a loaded CI (session 26): -1, cause not known;
+            // say the errno and host a's sockets on that port next time.
+            assert_eq!(
+                r,
+                0,
+                "bind {}:{from}: {}; host a: {}",
+                ADDR_A,
+                std::io::Error::last_os_error(),
+                std::fs::read_to_string("/proc/thread-self/net/tcp")
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| l.contains(&format!(":{from:04X} ")))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            );
             libc::connect(s.as_raw_fd(), (&raw const b).cast(), len);
         }
         std::thread::sleep(Duration::from_millis(300));
