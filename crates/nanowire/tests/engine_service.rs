@@ -2694,7 +2694,7 @@ fn syn_to(lab: &ScopedLab, from: u16, to: u16) {
         let s = unsafe {
             OwnedFd::from_raw_fd(libc::socket(
                 libc::AF_INET,
-                libc::SOCK_STREAM | libc::SOCK_NONBLOCK,
+                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
                 0,
             ))
         };
@@ -2702,8 +2702,10 @@ fn syn_to(lab: &ScopedLab, from: u16, to: u16) {
         // SAFETY: a sockaddr_in and its size, on our socket.
         unsafe {
             let r = libc::bind(s.as_raw_fd(), (&raw const a).cast(), len);
-            // Seen once in a loaded CI (session 26): -1, cause not known;
-            // say the errno and host a's sockets on that port next time.
+            // Said with the errno and host a's sockets on the port: in
+            // session 26's CI the first call's socket was still in SYN-SENT
+            // (EADDRINUSE), held by a child another test thread spawned
+            // while it was open (it lacked SOCK_CLOEXEC then).
             assert_eq!(
                 r,
                 0,
