@@ -45,6 +45,29 @@ while True:
     c.close()
 """
 
+# `--shape thread`: the main thread accepts and a thread serves each connection and closes it (the
+# accept sleeps while a worker's connection is open; a worker's close of the last one must wake it).
+SERVER_THREAD = r"""
+import socket, sys, threading
+addr, port, body = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((addr, port)); ls.listen(64)
+print("listening", flush=True)
+data = b"x" * body
+def serve(c):
+    b = b""
+    while not b.endswith(b"\n"):
+        d = c.recv(4096)
+        if not d:
+            break
+        b += d
+    c.sendall(data)
+    c.close()
+while True:
+    c, _ = ls.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
 CLIENT = r"""
 import socket, sys, time
 addr, port, n, body = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -76,7 +99,7 @@ def ns(h, argv):
 
 
 def one(row, shim, port, a):
-    srv_argv = ["python3", "-c", SERVER, B, str(port), str(a.body)]
+    srv_argv = ["python3", "-c", SERVER if a.shape == "fork" else SERVER_THREAD, B, str(port), str(a.body)]
     # Each row starts the engine service of its own build (the service's
     # part of a change is measured with it).
     subprocess.run(["pkill", "-f", "engine serve"], stderr=subprocess.DEVNULL)
@@ -109,6 +132,8 @@ def main():
     p.add_argument("--before-bin", help="the other build's nanowire binary (its `run` and engine service); default: this tree's")
     p.add_argument("--engine", choices=["service", "own"], default="service",
                    help="the run rows on the engine service (default) or on an engine of the server's own")
+    p.add_argument("--shape", choices=["fork", "thread"], default="fork",
+                   help="fork: a child serves each connection; thread: a thread of the accepting process does")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--conns", type=int, default=200)
     p.add_argument("--body", type=int, default=65536)
@@ -128,7 +153,7 @@ def main():
     ratio = lambda x, y, m: round(med[x][m] / med[y][m], 3)
     print(json.dumps({
         "env": {"kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                "nanowire": os.path.realpath(NW), "before": a.before, "before_bin": a.before_bin, "engine": a.engine, "date": time.strftime("%F %T")},
+                "nanowire": os.path.realpath(NW), "before": a.before, "before_bin": a.before_bin, "engine": a.engine, "shape": a.shape, "date": time.strftime("%F %T")},
         "conns": a.conns, "body": a.body, "repeats": a.repeats, "runs": runs, "median": med,
         "ratios": {"conns_s run/plain": ratio("run", "plain", "conns_s"),
                    "conns_s run/before": ratio("run", "before", "conns_s"),

@@ -846,3 +846,118 @@ fn twenty_thousand_connections_under_run_keep_memory_bounded() {
     let under = output(run_in(&lab, Host::A, &[], &args), "connections under run");
     assert_rss_bounded("connections", 20_000, (&plain, &under), SLACK_KIB);
 }
+
+/// A thread-per-connection server: the main thread accepts `n`
+/// connections, a thread serves each (reads a line, answers 20,000 bytes,
+/// closes 20 ms later: the main thread sleeps in its next accept by then,
+/// and its sleep's 50 ms slice has not ended),
+/// then it prints what it served and waits to be stopped.
+const THREAD_SERVER_PY: &str = r#"
+import socket, sys, threading, time
+addr, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((addr, port)); ls.listen(16)
+print("listening", flush=True)
+lines = []
+def serve(c):
+    b = b""
+    while not b.endswith(b"\n"):
+        d = c.recv(4096)
+        if not d:
+            break
+        b += d
+    lines.append(b.decode().strip())
+    c.sendall(b.strip() * (20000 // len(b.strip())))
+    time.sleep(0.02)
+    c.close()
+ts = []
+for i in range(n):
+    c, _ = ls.accept()
+    t = threading.Thread(target=serve, args=(c,)); t.start(); ts.append(t)
+for t in ts:
+    t.join()
+print("served", len(lines), "first", lines[0], "last", lines[-1], flush=True)
+time.sleep(600)
+"#;
+
+/// `n` connections one after another: connect, a request line, read to
+/// the end; prints how many bytes each answer had and their hash.
+const SEQ_CLIENT_PY: &str = r#"
+import hashlib, socket, sys
+addr, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+h = hashlib.sha256(); sizes = set()
+for i in range(n):
+    c = socket.create_connection((addr, port), 30)
+    c.sendall(b"request-%04d\n" % i)
+    got = b""
+    while True:
+        d = c.recv(65536)
+        if not d:
+            break
+        got += d
+    c.close()
+    h.update(got); sizes.add(len(got))
+print("connections", n, "sizes", sorted(sizes), "sha256", h.hexdigest(), flush=True)
+"#;
+
+/// Session 27: a blocking accept sleeps without the engine's fds while a
+/// connection an application holds is open (its user turns the engine and
+/// signals the accept fd for a new connection). When a *worker thread*
+/// closed the last such connection, nothing woke the accept to sleep on
+/// the engine's fds again, and the next SYN waited for the timer service's
+/// look (20 ms) or the end of the accept's 50 ms slice: 60 connections/s
+/// against 1,100 (`scripts/forkconn_bench.py --shape thread`). The engine
+/// counts the connections a waiting accept got that way
+/// (`tcp_accept_late`): before the fix 19 of 20 (each after the first);
+/// now none, unless the accept thread was not scheduled in time on a
+/// loaded machine, so fewer than half is asserted. Plainly and under run
+/// the server and client print the same.
+#[test]
+#[ignore = "needs root"]
+fn a_thread_per_connection_server_wakes_its_accept_when_a_worker_closes() {
+    const N: usize = 20;
+    let lab = lab("tw");
+    let n = N.to_string();
+    let mut outs = Vec::new();
+    for (under_run, port) in with_ports(8091, [false, true]) {
+        let srv = run_or_plain(
+            &lab,
+            Host::B,
+            under_run,
+            &["python3", "-c", THREAD_SERVER_PY, B, &port, &n],
+        );
+        let mut s = spawn(&format!("thread-server-{under_run}"), srv);
+        s.wait_for("listening", Duration::from_secs(20));
+        let cli = output(
+            plain_in(
+                &lab,
+                Host::A,
+                &["python3", "-c", SEQ_CLIENT_PY, B, &port, &n],
+            ),
+            "sequential client",
+        );
+        s.wait_for("served", Duration::from_secs(30));
+        if under_run {
+            // Published every 64th turn: the timer service's looks
+            // publish the last ones.
+            let iface = lab.iface(Host::B);
+            let mut c = engine_counters(&iface);
+            until(Duration::from_secs(10), || {
+                c = engine_counters(&iface);
+                c["tcp_passive_opens"].as_u64() == Some(N as u64)
+            });
+            let late = c["tcp_accept_late"].as_u64().expect("tcp_accept_late");
+            let opens = c["tcp_passive_opens"].as_u64().expect("tcp_passive_opens");
+            eprintln!("under run: tcp_accept_late {late} of {opens} connections");
+            assert_eq!(opens, N as u64, "every connection on the engine: {c}");
+            assert!(
+                (late as usize) * 2 < N,
+                "{late} of {N} connections waited for the timer service: {c}"
+            );
+        }
+        let served = s.stdout();
+        drop(s);
+        outs.push(format!("{cli}{served}"));
+    }
+    assert_same_output("thread-per-connection server", &outs[0], &outs[1], "");
+}

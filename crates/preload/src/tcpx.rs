@@ -1569,8 +1569,14 @@ pub fn accept(
     let gen0 = table::generation(table::get(fd));
     let mut look_kernel = true;
     let mut waiting = false;
+    // The last sleep was without the engine's fds and ended by its slice:
+    // a connection found now waited for it (`XdpTcpListener::note_late`).
+    let mut slice_ended = false;
     let got = loop {
         if let Some(s) = engine_call(|| l.try_accept()) {
+            if slice_ended {
+                engine_call(|| l.note_late());
+            }
             break Ok(Got::Engine(s));
         }
         if look_kernel && let Some(g) = kernel() {
@@ -1617,6 +1623,7 @@ pub fn accept(
             slice,
         );
         look_kernel = rev[0] != 0;
+        slice_ended = busy && rev == [0, 0];
         if rev[1] != 0 {
             engine_call(|| l.accept_drain());
         }

@@ -492,9 +492,27 @@ impl TcpStack {
     /// waiting in an accept queue), its handle not closed, neither
     /// TIME-WAIT nor closed. Stops at the first.
     pub fn has_held_connection(&self) -> bool {
-        self.slots.iter().filter_map(|s| s.conn.as_ref()).any(|c| {
+        self.held_connection(usize::MAX).is_some()
+    }
+
+    /// The slot of a connection [`TcpStack::has_held_connection`] counts,
+    /// looking at `hint` (a slot this returned before) first: O(1) while
+    /// that one stays held, which a caller asking on every turn relies on.
+    pub fn held_connection(&self, hint: usize) -> Option<usize> {
+        let held = |c: &Conn| {
             c.listener.is_none() && !c.orphan && !matches!(c.state, State::TimeWait | State::Closed)
-        })
+        };
+        if self
+            .slots
+            .get(hint)
+            .and_then(|s| s.conn.as_ref())
+            .is_some_and(held)
+        {
+            return Some(hint);
+        }
+        self.slots
+            .iter()
+            .position(|s| s.conn.as_ref().is_some_and(held))
     }
 
     /// Connections still exchanging segments: neither TIME-WAIT nor closed.

@@ -288,6 +288,12 @@ counter_table! {
         /// frames were at the limit.
         TcpRxHoldLimited = "tcp_rx_hold_limited": Counter,
         PeakTcpRxHeldFrames = "peak_tcp_rx_held_frames": Peak,
+        /// Connections a waiting blocking accept got late: the timer
+        /// service's look found them (it turns a stack nobody else turned
+        /// for SERVICE_RX_NS), or the accept itself after its sleep's slice
+        /// (50 ms) ended, not its own wake on their frames: it slept
+        /// without the engine's fds while nobody turned them.
+        TcpAcceptLate = "tcp_accept_late": Counter,
         /// TCP segments queued beyond a hole (out of order), each answered
         /// at once with a SACK the peer may retransmit on (issue 21: on veth
         /// a kernel sender's super-frames reach the ring out of order when
@@ -1307,11 +1313,13 @@ mod tests {
                     assert_eq!(short, f, "{e:?} publishes {f}");
                 }
                 // The engine's own: sockets it left to the kernel, frames
-                // held, send rings on the heap (its connection table's).
+                // held, send rings on the heap (its connection table's),
+                // accepts woken late.
                 None => assert!(
                     matches!(
                         e,
                         E::TcpNoMultiBuffer
+                            | E::TcpAcceptLate
                             | E::TcpRxHeldFrames
                             | E::TcpRxHoldLimited
                             | E::TcpSlabFallbackLargeBuffer

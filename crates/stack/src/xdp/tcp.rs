@@ -469,6 +469,19 @@ struct Core {
     /// `accept_fd` written (an event loop's accepts never sleep on it: a
     /// write per new connection that nobody read).
     accept_waiters: u32,
+    /// A blocking accept sleeps without the engine's fds because a
+    /// connection an application holds was open ([`XdpTcpListener::busy`]):
+    /// its user turns the engine and the accept fd is signalled for a new
+    /// connection. Cleared, with the accept fd signalled, when no held
+    /// connection is left, by whatever route (`TcpEngine::held_may_have_ended`).
+    accept_busy: bool,
+    /// The slot of the held connection last found (`TcpStack::held_connection`):
+    /// the turn's check is one look while it stays held.
+    held_hint: usize,
+    /// `tcp_accept_late`: connections a waiting blocking accept got late
+    /// (the timer service's turn queued them, or the accept found them
+    /// after its slice: [`XdpTcpListener::note_late`]).
+    accept_late: u64,
     /// Local addresses bound in the demux and claimed in the program.
     listen_claims: Vec<SocketAddrV4>,
     flow_claims: Vec<(SocketAddrV4, SocketAddrV4)>,
@@ -668,6 +681,9 @@ impl TcpEngine {
                 wake_fd,
                 accept_fd: eventfd()?,
                 accept_waiters: 0,
+                accept_busy: false,
+                held_hint: usize::MAX,
+                accept_late: 0,
                 listen_claims: Vec::new(),
                 flow_claims: Vec::new(),
                 pass_claims: Vec::new(),
@@ -961,20 +977,50 @@ impl TcpEngine {
         if core.shared && core.held.len() > core.stack.connection_count() {
             self.reap(core);
         }
-        Self::signal_accepts(core);
+        Self::signal_accepts(core, timers);
+        Self::held_may_have_ended(core);
         publish_ends(core);
         moved > 0
+    }
+
+    /// A blocking accept sleeping without the engine's fds
+    /// ([`Core::accept_busy`]) looks again, and sleeps on them, once no
+    /// connection an application holds is left to turn the engine, by
+    /// whatever route: the application closed it (another thread, while
+    /// this one sleeps in accept), it ended (TIME-WAIT, closed, reset), it
+    /// left for another process's engine or the kernel (move, hand-over).
+    /// Called from each: the end of a turn that took segments or ran the
+    /// timers, a close, a move, a hand-over. The fork-per-connection
+    /// shape: the parent's accept slept beside the connection its child
+    /// was about to take, and the next SYN waited for the timer service's
+    /// look (20 ms) or the accept's slice (50 ms): the ~45 ms per
+    /// connection of session 25's forkconn bench. One look per call while
+    /// the hinted connection stays held.
+    fn held_may_have_ended(core: &mut Core) {
+        if !core.accept_busy || core.accept_waiters == 0 {
+            return;
+        }
+        match core.stack.held_connection(core.held_hint) {
+            Some(i) => core.held_hint = i,
+            None => {
+                core.accept_busy = false;
+                nanowire_xdp::sys::eventfd_signal(core.accept_fd.as_raw_fd());
+            }
+        }
     }
 
     /// The stack's readiness events (listeners only, see
     /// `set_conn_events`): an accept queue that became non-empty wakes a
     /// blocking accept.
-    fn signal_accepts(core: &mut Core) {
+    /// `service`: the timer service's turn (`tcp_accept_late` when it
+    /// finds a connection for a waiting accept).
+    fn signal_accepts(core: &mut Core, service: bool) {
         let mut accept = false;
         while let Some(ev) = core.stack.poll_ready() {
             accept |= matches!(ev, nanowire_tcp::Readiness::Listener(_));
         }
         if accept && core.accept_waiters > 0 {
+            core.accept_late += u64::from(service);
             nanowire_xdp::sys::eventfd_signal(core.accept_fd.as_raw_fd());
         }
     }
@@ -1002,7 +1048,8 @@ impl TcpEngine {
         if let Some(t) = now {
             core.last_turn = t;
             core.stack.poll_timers(t);
-            Self::signal_accepts(core);
+            Self::signal_accepts(core, false);
+            Self::held_may_have_ended(core);
         }
     }
 
@@ -1579,6 +1626,7 @@ fn publish_counters(page: &super::shm::StatsPage, core: &mut Core) {
     // The engine table's `tcp_*` rows name the fields they publish.
     super::shm::publish_tcp(page, c, &core.published);
     core.published = c.clone();
+    super::shm::set(page.e(E::TcpAcceptLate), core.accept_late);
     // The engine's table counts for all its stacks: its totals.
     for (why, n) in core.ends.iter().flat_map(|r| r.slab_misses()) {
         super::shm::set(page.e(E::slab_miss(why)), n);
@@ -1930,7 +1978,7 @@ impl XdpTcpStream {
             }
         }
         let _ = core.stack.hand_over_done(now, self.c);
-        Self::left_the_stack(&mut core);
+        TcpEngine::held_may_have_ended(&mut core);
         Ok(t)
     }
 }
@@ -1998,25 +2046,11 @@ impl XdpTcpStream {
             None => false,
         };
         let _ = core.stack.hand_over_done(now, self.c);
-        Self::left_the_stack(&mut core);
+        TcpEngine::held_may_have_ended(&mut core);
         Ok(MovedOut {
             bytes: h.to_bytes(),
             flow,
         })
-    }
-
-    /// A connection left this stack for another process's engine or the
-    /// kernel: if it was the last one held, a blocking accept sleeping without the
-    /// engine's fds (it slept while the stack had a connection, whose user
-    /// turns the engine: `XdpTcpListener::busy`) looks again and sleeps on
-    /// them. The fork-per-connection shape: the parent's accept slept
-    /// beside the connection its child was about to take, and the next SYN
-    /// waited for the timer service's look (20 ms) or the accept's slice
-    /// (50 ms): the ~45 ms per connection of session 25's forkconn bench.
-    fn left_the_stack(core: &mut Core) {
-        if core.accept_waiters > 0 && !core.stack.has_held_connection() {
-            nanowire_xdp::sys::eventfd_signal(core.accept_fd.as_raw_fd());
-        }
     }
 
     /// The connection [`XdpTcpStream::move_out`] offered was not taken (the
@@ -2196,6 +2230,7 @@ impl Drop for XdpTcpStream {
         if core.shared && core.held.len() > core.stack.connection_count() {
             self.eng.reap(&mut core);
         }
+        TcpEngine::held_may_have_ended(&mut core);
     }
 }
 
@@ -2511,8 +2546,19 @@ impl XdpTcpListener {
     /// those but the accept itself (it slept without the engine's fds
     /// beside a SYN-RECEIVED connection, and the peer's ACK and request
     /// waited for the timer service's look, 20 ms: session 26).
+    ///
+    /// A blocking accept that asks this sleeps without the engine's fds when
+    /// it is true; the accept fd is then signalled when no held connection
+    /// is left, by whatever route (`TcpEngine::held_may_have_ended`), so it
+    /// looks again and sleeps on them.
     pub fn busy(&self) -> bool {
-        self.eng.core().stack.has_held_connection()
+        let mut c = self.eng.core();
+        let held = c.stack.held_connection(c.held_hint);
+        c.accept_busy = held.is_some();
+        if let Some(i) = held {
+            c.held_hint = i;
+        }
+        held.is_some()
     }
 
     /// The fds a sleeping waiter polls: the engine's AF_XDP sockets and the
@@ -2549,6 +2595,13 @@ impl XdpTcpListener {
     /// Sleep until a frame may be there or a timer is due (at most `timeout`).
     pub fn wait(&self, timeout: Duration) {
         self.eng.sleep(Some(Instant::now() + timeout));
+    }
+
+    /// A blocking accept that slept without the engine's fds ([`XdpTcpListener::busy`])
+    /// until its time slice ended found a connection: it waited for the
+    /// slice, not for its frames (`tcp_accept_late`).
+    pub fn note_late(&self) {
+        self.eng.core().accept_late += 1;
     }
 }
 
