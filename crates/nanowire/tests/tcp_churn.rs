@@ -916,7 +916,7 @@ print("connections", n, "sizes", sorted(sizes), "sha256", h.hexdigest(), flush=T
 #[ignore = "needs root"]
 fn a_thread_per_connection_server_wakes_its_accept_when_a_worker_closes() {
     const N: usize = 20;
-    let lab = lab("tw");
+    let lab = lab("tpc");
     let n = N.to_string();
     let mut outs = Vec::new();
     for (under_run, port) in with_ports(8091, [false, true]) {
