@@ -27,6 +27,22 @@ fn argument_errors_and_timed_signals_match_the_kernel_on_engine_sockets() {
     plain.success(T);
     let want = plain.stdout();
     assert!(want.contains("done"), "{want}");
+    // The cases of buffers used, then unmapped or made read-only (by this
+    // thread or another) ran, and the kernel refused them.
+    for p in ["udp", "tcp"] {
+        for case in [
+            "recv into a used page since unmapped",
+            "recv into a used page since read-only",
+            "recv into a used page another thread unmapped",
+            "a new thread's recv into a page another used and unmapped",
+        ] {
+            let line = want.lines().find(|l| l.starts_with(&format!("{p} {case}")));
+            assert!(
+                line.is_some_and(|l| l.contains("EFAULT")),
+                "{p} {case}: {want}"
+            );
+        }
+    }
     let mut c = run_in(&lab, Host::A, &["--engine", "xdp", "-o", "log=info"], &argv);
     let mut k = spawn("args-run", {
         c.env("NANOWIRE_LOG", "info");

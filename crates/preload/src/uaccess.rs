@@ -9,10 +9,17 @@
 //! Cost: a thread remembers the mappings (whole VMAs, adjacent ones
 //! joined) its buffers were found in ([`nanowire_sockabi::space::RangeCache`]),
 //! so a buffer used again — a heap, a stack, a ring — costs one atomic
-//! load and a few compares. A range not remembered costs one read of
-//! `/proc/self/maps` (tens of microseconds, once per new mapping). The
-//! process's mapping epoch, bumped by the interposed `munmap`/`mprotect`,
-//! forgets every remembered range. What the epoch does not see (raw
+//! load and a few compares. A range not remembered by the thread is looked
+//! up in the process's cache (the ranges any thread found: a new thread's
+//! first calls use the heap the others already found), and only then costs
+//! one read of `/proc/self/maps` (tens of microseconds, more with many
+//! threads). The process's mapping epoch, bumped by the interposed
+//! `munmap`/`mprotect`, makes a cache look at what changed since its own
+//! epoch (the last [`LOG`] changes, a ring): it forgets the ranges those
+//! touched and keeps the others (a thread-per-connection server unmaps each
+//! finished thread's small mappings: every cache of every thread was
+//! forgotten, and each new thread read the maps twice, session 27); past
+//! the ring, it forgets everything. What the epoch does not see (raw
 //! `munmap`/`mremap` syscalls, `mmap(MAP_FIXED)` over a buffer, memory
 //! glibc's `free` returns by its internal `munmap` and that the program
 //! then uses after freeing it) can still fault as before; see
@@ -27,11 +34,61 @@ use libc::{c_int, c_void, iovec, size_t};
 use nanowire_sockabi::Errno;
 use nanowire_sockabi::iov::{self, Call, Seg};
 use nanowire_sockabi::space::{Maps, RangeCache, UserSpace};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 pub use nanowire_sockabi::space::Access;
 
 static EPOCH: AtomicU64 = AtomicU64::new(1);
+
+/// The ranges the last [`LOG`] mapping changes touched: epoch `e`'s at
+/// `CHANGES[e % LOG]` (start, end), written before `e` is published.
+const LOG: usize = 32;
+static CHANGES: [(AtomicUsize, AtomicUsize); LOG] =
+    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; LOG];
+/// Serialises the writers of [`CHANGES`] and [`EPOCH`].
+static LOG_LOCK: AtomicBool = AtomicBool::new(false);
+
+/// The ranges any thread found (see [`RangeCache`]), behind [`SHARED_BUSY`]
+/// (taken with a try: never waited for, also not from a signal handler).
+struct Shared(std::cell::UnsafeCell<RangeCache>);
+// SAFETY: the cache is only reached through `with_shared`, which holds
+// `SHARED_BUSY` for the whole access: one thread at a time.
+unsafe impl Sync for Shared {}
+static SHARED: Shared = Shared(std::cell::UnsafeCell::new(RangeCache::new()));
+static SHARED_BUSY: AtomicBool = AtomicBool::new(false);
+
+fn with_shared<R>(f: impl FnOnce(&mut RangeCache) -> R) -> Option<R> {
+    if SHARED_BUSY.swap(true, Ordering::Acquire) {
+        return None;
+    }
+    // SAFETY: `SHARED_BUSY` was clear and is ours until the store below:
+    // no other reference to the cache exists meanwhile.
+    let r = f(unsafe { &mut *SHARED.0.get() });
+    SHARED_BUSY.store(false, Ordering::Release);
+    Some(r)
+}
+
+/// Bring `c` from its epoch to `ep`: it forgets what the changes since
+/// touched (see [`RangeCache::catch_up`]). Changes older than the log
+/// holds leave it as it was (at its old epoch: it misses, and the next
+/// insert forgets all).
+fn sync(c: &mut RangeCache, ep: u64) {
+    let ce = c.epoch();
+    if ce == 0 || ce >= ep || ep - ce >= LOG as u64 - 1 {
+        return;
+    }
+    let mut changed = [(0usize, 0usize); LOG];
+    for (k, slot) in (ce + 1..=ep).zip(changed.iter_mut()) {
+        let (s, e) = &CHANGES[(k % LOG as u64) as usize];
+        *slot = (s.load(Ordering::Relaxed), e.load(Ordering::Relaxed));
+    }
+    // The slots read were not rewritten meanwhile (epoch k's slot is
+    // rewritten by epoch k + LOG, written before it is published).
+    if EPOCH.load(Ordering::Acquire) - ce >= LOG as u64 - 1 {
+        return;
+    }
+    c.catch_up(ep, &changed[..(ep - ce) as usize]);
+}
 
 /// The kernel's user-space limit for `access_ok` (found once).
 fn space() -> &'static UserSpace {
@@ -53,10 +110,31 @@ fn with_cache<R>(f: impl FnOnce(&mut RangeCache) -> R) -> Option<R> {
     crate::tls::me().with_cache(f)
 }
 
-/// The process's mappings changed (munmap, mprotect): forget every
-/// remembered range.
-pub fn mappings_changed() {
+/// The process's mappings changed in `[addr, addr + len)` (munmap,
+/// mprotect): the caches forget the ranges that overlap it. A writer that
+/// cannot take the log's lock for long (it interrupted its own thread's
+/// write, in a signal handler) makes every cache forget everything
+/// (the epoch jumps by a whole log, keeping epoch `e`'s slot at `e % LOG`).
+pub fn mappings_changed(addr: usize, len: usize) {
+    let end = addr.saturating_add(len.max(1)).saturating_add(4095) & !4095;
+    let mut spins = 0u32;
+    while LOG_LOCK
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        spins += 1;
+        if spins > 1 << 16 {
+            EPOCH.fetch_add(LOG as u64, Ordering::AcqRel);
+            return;
+        }
+        std::hint::spin_loop();
+    }
+    let e = EPOCH.load(Ordering::Relaxed) + 1;
+    let (s, x) = &CHANGES[(e % LOG as u64) as usize];
+    s.store(addr & !4095, Ordering::Relaxed);
+    x.store(end, Ordering::Relaxed);
     EPOCH.fetch_add(1, Ordering::Release);
+    LOG_LOCK.store(false, Ordering::Release);
 }
 
 /// May the shim copy `len` bytes at `base` with access `a` (as the kernel's
@@ -68,7 +146,13 @@ pub fn ok(base: usize, len: usize, a: Access) -> bool {
         return true;
     }
     let ep = EPOCH.load(Ordering::Acquire);
-    let hit = with_cache(|c| c.hit(ep, base, len, a)).unwrap_or(false);
+    let hit = with_cache(|c| {
+        if c.epoch() != ep {
+            sync(c, ep);
+        }
+        c.hit(ep, base, len, a)
+    })
+    .unwrap_or(false);
     hit || slow(ep, base, len, a)
 }
 
@@ -81,7 +165,13 @@ pub fn ok(base: usize, len: usize, a: Access) -> bool {
 #[inline(always)]
 pub fn all_cached<const N: usize>(ranges: &[(usize, usize); N], a: Access) -> Seen {
     let ep = EPOCH.load(Ordering::Acquire);
-    let ok = with_cache(|c| c.hit_all(ep, ranges, a)).unwrap_or(false);
+    let ok = with_cache(|c| {
+        if c.epoch() != ep {
+            sync(c, ep);
+        }
+        c.hit_all(ep, ranges, a)
+    })
+    .unwrap_or(false);
     Seen { ep, ok }
 }
 
@@ -115,6 +205,18 @@ fn slow(ep: u64, base: usize, len: usize, a: Access) -> bool {
     if !space().access_ok(base, len) {
         return false;
     }
+    // Found by another thread (at this epoch)?
+    let found = with_shared(|g| {
+        if g.epoch() != ep {
+            sync(g, ep);
+        }
+        g.covering(ep, base, len, a)
+    })
+    .flatten();
+    if let Some((s, e)) = found {
+        with_cache(|c| c.insert(ep, s, e, a));
+        return true;
+    }
     let Some(text) = read_maps() else {
         // No /proc: the shim cannot tell and copies as it always did.
         return true;
@@ -122,6 +224,12 @@ fn slow(ep: u64, base: usize, len: usize, a: Access) -> bool {
     match Maps(&text).covering(base, len, a) {
         Some((s, e)) => {
             with_cache(|c| c.insert(ep, s, e, a));
+            // Not over a newer epoch's ranges (another thread caught up).
+            with_shared(|g| {
+                if g.epoch() <= ep {
+                    g.insert(ep, s, e, a)
+                }
+            });
             true
         }
         None => false,
@@ -275,7 +383,7 @@ pub fn fault<T: From<i8>>(e: Errno) -> T {
 pub unsafe fn munmap(addr: *mut c_void, len: size_t) -> c_int {
     // SAFETY: the caller's own arguments, unchanged, to libc's function.
     let r = unsafe { real::munmap(addr, len) };
-    mappings_changed();
+    mappings_changed(addr as usize, len);
     r
 }
 
@@ -284,6 +392,6 @@ pub unsafe fn munmap(addr: *mut c_void, len: size_t) -> c_int {
 pub unsafe fn mprotect(addr: *mut c_void, len: size_t, prot: c_int) -> c_int {
     // SAFETY: the caller's own arguments, unchanged, to libc's function.
     let r = unsafe { real::mprotect(addr, len, prot) };
-    mappings_changed();
+    mappings_changed(addr as usize, len);
     r
 }

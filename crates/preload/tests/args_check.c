@@ -140,6 +140,31 @@ static void drain(int fd) {
         ;
 }
 
+/* A call made by another thread: `recv_in_thread` pings and receives
+ * `len` bytes into `buf` (result and errno back); `unmap_in_thread`
+ * unmaps the page at `buf`. */
+struct peer_call {
+    int fd;
+    char *buf;
+    size_t len;
+    long r;
+    int err;
+};
+
+static void *recv_in_thread(void *arg) {
+    struct peer_call *c = arg;
+    ping(c->fd);
+    c->r = recv(c->fd, c->buf, c->len, 0);
+    c->err = errno;
+    return NULL;
+}
+
+static void *unmap_in_thread(void *arg) {
+    struct peer_call *c = arg;
+    munmap(c->buf, 4096);
+    return NULL;
+}
+
 static void checks(const char *p, int fd, int tcp) {
     char name[128];
     char buf[256];
@@ -210,6 +235,50 @@ static void checks(const char *p, int fd, int tcp) {
     memset(mm, 0, sizeof mm);
     rep(N("recvmmsg null vector"), recvmmsg(fd, NULL, 2, MSG_DONTWAIT, NULL), 1);
     (void)mm;
+
+    /* Buffers the shim has used (it remembers their mappings), then
+     * unmapped or made read-only, by this thread or another; and a
+     * buffer another thread used, from a new thread: the kernel's answer
+     * each time, never a crash (session 27: a change forgets only the
+     * ranges it touched, and threads share what they found). */
+    char *pg = mmap(NULL, 4 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    for (int i = 0; i < 4; i++) {
+        ping(fd);
+        snprintf(name, sizeof name, "%s recv into page %d of a fresh mapping", p, i);
+        rep(name, recv(fd, pg + i * 4096, 100, 0), 1);
+        drain(fd);
+    }
+    munmap(pg + 4096, 4096);
+    mprotect(pg + 2 * 4096, 4096, PROT_READ);
+    struct peer_call c1 = {fd, pg + 3 * 4096, 0, -2, 0};
+    pthread_t th1;
+    pthread_create(&th1, NULL, unmap_in_thread, &c1);
+    pthread_join(th1, NULL);
+    ping(fd);
+    rep(N("recv into a used page since unmapped"), recv(fd, pg + 4096, 100, 0), 1);
+    drain(fd);
+    ping(fd);
+    rep(N("recv into a used page since read-only"), recv(fd, pg + 2 * 4096, 100, 0), 1);
+    drain(fd);
+    ping(fd);
+    rep(N("recv into a used page another thread unmapped"), recv(fd, pg + 3 * 4096, 100, 0), 1);
+    drain(fd);
+    ping(fd);
+    rep(N("recv into the used page beside them"), recv(fd, pg, 100, 0), 1);
+    drain(fd);
+    struct peer_call c2 = {fd, pg, 100, 0, 0};
+    pthread_create(&th1, NULL, recv_in_thread, &c2);
+    pthread_join(th1, NULL);
+    errno = c2.err;
+    rep(N("a new thread's recv into a page another used"), c2.r, 1);
+    struct peer_call c3 = {fd, pg + 4096, 100, 0, 0};
+    pthread_create(&th1, NULL, recv_in_thread, &c3);
+    pthread_join(th1, NULL);
+    errno = c3.err;
+    rep(N("a new thread's recv into a page another used and unmapped"), c3.r, 1);
+    drain(fd);
+    munmap(pg, 4096);
+    munmap(pg + 2 * 4096, 2 * 4096);
 
     /* Sends. */
     m.msg_iov = big;

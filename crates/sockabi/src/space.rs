@@ -234,16 +234,49 @@ impl RangeCache {
     /// (and the epoch still `epoch`)?
     #[inline]
     pub fn hit(&self, epoch: u64, base: usize, len: usize, a: Access) -> bool {
-        if epoch != self.epoch {
-            return false;
+        self.covering(epoch, base, len, a).is_some()
+    }
+
+    /// The mapping epoch the remembered ranges hold at (0: none yet).
+    #[inline(always)]
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The mappings changed only in `changed` (start, end) between this
+    /// cache's epoch and `epoch` (each munmap/mprotect since, in any
+    /// order): the remembered ranges that overlap none of them still hold
+    /// and are kept, at `epoch`; the others, and the memos, are forgotten.
+    /// A range is a whole run of mappings, so a change anywhere in it
+    /// forgets all of it.
+    pub fn catch_up(&mut self, epoch: u64, changed: &[(usize, usize)]) {
+        for x in &mut self.ent {
+            if changed.iter().any(|&(s, e)| s < x.1 && x.0 < e) {
+                *x = (0, 0, 0);
+            }
         }
-        let Some(end) = base.checked_add(len) else {
-            return false;
-        };
+        self.memo = [Memo::default(); 2];
+        self.epoch = epoch;
+    }
+
+    /// The remembered range (start, end) with access `a` at `epoch` that
+    /// holds `[base, base+len)`, if any.
+    pub fn covering(
+        &self,
+        epoch: u64,
+        base: usize,
+        len: usize,
+        a: Access,
+    ) -> Option<(usize, usize)> {
+        if epoch != self.epoch {
+            return None;
+        }
+        let end = base.checked_add(len)?;
         let b = a.bit();
         self.ent
             .iter()
-            .any(|&(s, e, bits)| bits & b != 0 && s <= base && end <= e && s < e)
+            .find(|&&(s, e, bits)| bits & b != 0 && s <= base && end <= e && s < e)
+            .map(|&(s, e, _)| (s, e))
     }
 
     /// Remember `[start, end)` as allowing `a` at `epoch` (a new epoch
@@ -376,6 +409,39 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0  [vsyscall]
             c.insert(2, i << 20, (i << 20) + 10, Access::Read);
         }
         assert!(c.hit(2, 19 << 20, 10, Access::Read));
+    }
+
+    #[test]
+    fn catching_up_forgets_only_the_ranges_a_change_touched() {
+        let mut c = RangeCache::new();
+        c.insert(3, 0x1000, 0x3000, Access::Write);
+        c.insert(3, 0x5000, 0x6000, Access::Read);
+        c.insert(3, 0x8000, 0x9000, Access::Read);
+        assert!(c.hit_all(3, &[(0x1000, 16)], Access::Write));
+        // Unmapped: a page inside the first run, and the page just past
+        // the third (touching, not overlapping).
+        c.catch_up(5, &[(0x2000, 0x2001), (0x9000, 0xa000)]);
+        assert_eq!(c.epoch(), 5);
+        assert!(!c.hit(5, 0x1000, 16, Access::Write), "changed inside");
+        assert!(
+            !c.hit_all(5, &[(0x1000, 16)], Access::Write),
+            "memo forgotten"
+        );
+        assert!(c.hit(5, 0x5000, 0x1000, Access::Read), "untouched");
+        assert!(c.hit(5, 0x8000, 0x1000, Access::Read), "adjacent change");
+        assert!(!c.hit(3, 0x5000, 16, Access::Read), "the old epoch");
+        // Nothing changed at all: everything kept.
+        c.catch_up(6, &[]);
+        assert!(c.hit(6, 0x5000, 16, Access::Read));
+        // An entry forgotten is free for a new one.
+        c.insert(6, 0x1000, 0x2000, Access::Write);
+        assert!(c.hit(6, 0x1000, 16, Access::Write));
+        assert_eq!(
+            c.covering(6, 0x1800, 16, Access::Write),
+            Some((0x1000, 0x2000))
+        );
+        assert_eq!(c.covering(6, 0x1800, 16, Access::Read), None);
+        assert_eq!(c.covering(7, 0x1800, 16, Access::Write), None);
     }
 
     #[test]
