@@ -20,10 +20,12 @@ if pid == 0:
             v = ctypes.c_int(0); l = ctypes.c_uint(4)
             if libc.getsockopt(int(fd), 1, 39, ctypes.byref(v), ctypes.byref(l)) == 0 and v.value == 44:
                 xsk += 1
-    print("child uid %d: BPF fds %d, AF_XDP sockets %d" % (os.getuid(), bpf, xsk), flush=True)
+    # One write(2) each (parent and child print at once; print's two
+    # writes interleaved under PYTHONUNBUFFERED: session 27's CI).
+    os.write(1, b"child uid %d: BPF fds %d, AF_XDP sockets %d\n" % (os.getuid(), bpf, xsk))
     time.sleep(float(sys.argv[4]))
     os._exit(0)
 # After the fork: a UDP port on the engine (a claim in the steering map).
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind((addr, port))
-print("parent ready", flush=True)
+os.write(1, b"parent ready\n")
 time.sleep(60)
