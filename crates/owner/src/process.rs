@@ -99,9 +99,18 @@ pub fn fresh_token() -> u64 {
 /// lock this thread was inside of when it forked is recognised. Several
 /// handlers may call it: the second finds the token made in this process
 /// (or not made yet) and changes nothing.
+///
+/// The registration (the parent's belongs to its own memory) is made again
+/// at once when the parent had one: the child has one thread now, and a
+/// registration then costs no RCU grace period, where a child that made
+/// threads first would wait for one (5-17 ms) at its first owned lock.
 pub fn after_fork_child() {
+    let was = STATE.load(Ordering::Acquire);
     let _ = STATE.compare_exchange(YES, ASK, Ordering::AcqRel, Ordering::Acquire);
     let _ = STATE.compare_exchange(NO, ASK, Ordering::AcqRel, Ordering::Acquire);
+    if was == YES {
+        may_bias();
+    }
     // SAFETY: getpid takes nothing and cannot fail.
     let pid = unsafe { libc::getpid() } as u32;
     let t = TOKEN.with(|t| t.get());

@@ -60,16 +60,26 @@ impl OwnerHost for Host {
 
 /// At the shim's start: `NANOWIRE_SHIM_NO_OWNER=1` turns owning off for the
 /// process (the shim's locks and the engine's).
+///
+/// Else the process registers for the expedited membarrier now, while it
+/// has one thread: the kernel then only marks it, where a process with
+/// threads waits for an RCU grace period (5-17 ms here; session 27: every
+/// multi-threaded program's first engine socket paid it, when its first
+/// owned lock asked).
 pub fn init() {
     if std::env::var_os("NANOWIRE_SHIM_NO_OWNER").is_some_and(|v| v == "1") {
         nanowire_owner::process::forbid();
+    } else {
+        nanowire_owner::process::may_bias();
     }
 }
 
 /// In a forked child (its one thread, before anything else runs): this
 /// thread's token is made anew (the pid changed), the old one kept so that
 /// a lock this thread was inside of when it forked is recognised; the
-/// registration is asked again (it belongs to the parent's process).
+/// registration is made again (it belongs to the parent's process), at
+/// once: the child has one thread now, so it costs no grace period (see
+/// [`init`]).
 pub fn after_fork_child() {
     let t = crate::tls::me();
     t.token_before_fork.set(t.owner_token.get());
