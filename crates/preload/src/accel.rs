@@ -149,6 +149,7 @@ pub fn service_lost() {
 extern "C" fn after_fork_child() {
     PID.store(std::process::id(), Ordering::Relaxed);
     crate::owner::after_fork_child();
+    crate::uaccess::after_fork_child();
 }
 
 pub fn init() {

@@ -68,6 +68,19 @@ fn with_shared<R>(f: impl FnOnce(&mut RangeCache) -> R) -> Option<R> {
     Some(r)
 }
 
+/// In a forked child (its one thread, before anything else runs): a lock
+/// another thread of the parent held at the fork is nobody's now. The
+/// process cache it was changing may be half-written: it starts empty.
+pub fn after_fork_child() {
+    if SHARED_BUSY.load(Ordering::Acquire) {
+        // SAFETY: the child's only thread; the holder is not in this
+        // process, and nothing else runs here yet.
+        unsafe { *SHARED.0.get() = RangeCache::new() };
+        SHARED_BUSY.store(false, Ordering::Release);
+    }
+    LOG_LOCK.store(false, Ordering::Release);
+}
+
 /// Bring `c` from its epoch to `ep`: it forgets what the changes since
 /// touched (see [`RangeCache::catch_up`]). Changes older than the log
 /// holds leave it as it was (at its old epoch: it misses, and the next
