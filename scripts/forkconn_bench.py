@@ -10,7 +10,8 @@ starting point, whose children reach a shared connection through the kernel), in
 of the host is killed, so run it on a quiet machine, as any benchmark here).
 
 The server (host b of the default lab, `nanowire lab up`) accepts, forks and closes its copy; the
-child reads one request line, answers `--body` bytes and exits. The client (host a, plain Python)
+child reads one request line, answers `--body` bytes and exits. `--shape thread` (session 27): the
+server's main thread accepts and a thread of the same process serves each connection and closes it. The client (host a, plain Python)
 makes `--conns` connections one after another: connect, request, read to the end. Per row and
 repeat: connections per second and the p50/p99 of one connection's time (connect to EOF), µs.
 Rows run in a rotating order per repeat; the JSON (stdout) has the environment, every repeat,
