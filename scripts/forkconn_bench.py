@@ -22,35 +22,13 @@ import argparse, json, os, platform, shutil, statistics, subprocess, sys, time
 B = "198.18.0.2"
 NW = os.environ.get("NANOWIRE", os.path.join(os.path.dirname(__file__), "..", "target", "release", "nanowire"))
 
+# The server: `fork` (a child serves each connection and exits; the parent closes its copy) or
+# `thread` (a thread of the accepting process serves it: the accept sleeps while a worker's
+# connection is open, and a worker's close of the last one must wake it).
 SERVER = r"""
-import os, signal, socket, sys
-addr, port, body = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+import os, signal, socket, sys, threading
+addr, port, body, shape = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((addr, port)); ls.listen(64)
-print("listening", flush=True)
-data = b"x" * body
-while True:
-    c, _ = ls.accept()
-    if os.fork() == 0:
-        ls.close()
-        b = b""
-        while not b.endswith(b"\n"):
-            d = c.recv(4096)
-            if not d:
-                break
-            b += d
-        c.sendall(data)
-        c.close()
-        os._exit(0)
-    c.close()
-"""
-
-# `--shape thread`: the main thread accepts and a thread serves each connection and closes it (the
-# accept sleeps while a worker's connection is open; a worker's close of the last one must wake it).
-SERVER_THREAD = r"""
-import socket, sys, threading
-addr, port, body = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 ls.bind((addr, port)); ls.listen(64)
 print("listening", flush=True)
@@ -66,7 +44,14 @@ def serve(c):
     c.close()
 while True:
     c, _ = ls.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
+    if shape == "thread":
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
+    elif os.fork() == 0:
+        ls.close()
+        serve(c)
+        os._exit(0)
+    else:
+        c.close()
 """
 
 CLIENT = r"""
@@ -100,7 +85,7 @@ def ns(h, argv):
 
 
 def one(row, shim, port, a):
-    srv_argv = ["python3", "-c", SERVER if a.shape == "fork" else SERVER_THREAD, B, str(port), str(a.body)]
+    srv_argv = ["python3", "-c", SERVER, B, str(port), str(a.body), a.shape]
     # Each row starts the engine service of its own build (the service's
     # part of a change is measured with it).
     subprocess.run(["pkill", "-f", "engine serve"], stderr=subprocess.DEVNULL)
@@ -124,7 +109,7 @@ def one(row, shim, port, a):
     finally:
         srv.kill()
         srv.wait()
-        subprocess.run(["pkill", "-f", f"{B} {port} {a.body}"], stderr=subprocess.DEVNULL)
+        subprocess.run(["pkill", "-f", f"{B} {port} {a.body} {a.shape}"], stderr=subprocess.DEVNULL)
 
 
 def main():
