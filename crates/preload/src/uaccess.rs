@@ -84,7 +84,9 @@ pub fn after_fork_child() {
 /// Bring `c` from its epoch to `ep`: it forgets what the changes since
 /// touched (see [`RangeCache::catch_up`]). Changes older than the log
 /// holds leave it as it was (at its old epoch: it misses, and the next
-/// insert forgets all).
+/// insert forgets all). Out of line: the hot paths only compare epochs.
+#[cold]
+#[inline(never)]
 fn sync(c: &mut RangeCache, ep: u64) {
     let ce = c.epoch();
     if ce == 0 || ce >= ep || ep - ce >= LOG as u64 - 1 {

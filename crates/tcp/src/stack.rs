@@ -487,17 +487,13 @@ impl TcpStack {
         }
     }
 
-    /// Does an application hold a connection of this stack that it may be
-    /// turning the engine for: accepted or connected (not half-open, not
-    /// waiting in an accept queue), its handle not closed, neither
-    /// TIME-WAIT nor closed. Stops at the first.
-    pub fn has_held_connection(&self) -> bool {
-        self.held_connection(usize::MAX).is_some()
-    }
-
-    /// The slot of a connection [`TcpStack::has_held_connection`] counts,
-    /// looking at `hint` (a slot this returned before) first: O(1) while
-    /// that one stays held, which a caller asking on every turn relies on.
+    /// The slot of a connection an application holds and may be turning
+    /// the engine for: accepted or connected (not half-open, not waiting
+    /// in an accept queue), its handle not closed, neither TIME-WAIT nor
+    /// closed; `None` if there is none. Looks at `hint` (a slot this
+    /// returned before, or `usize::MAX`) first: O(1) while that one stays
+    /// held, which a caller asking on every turn relies on; else stops at
+    /// the first.
     pub fn held_connection(&self, hint: usize) -> Option<usize> {
         let held = |c: &Conn| {
             c.listener.is_none() && !c.orphan && !matches!(c.state, State::TimeWait | State::Closed)
