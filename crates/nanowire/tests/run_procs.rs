@@ -1473,9 +1473,10 @@ req = recv_line(c)
 pid = os.fork()
 if pid == 0:
     signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+    os.write(2, b"child ready\n")
     while True:
         signal.pause()
-print("server", os.getpid(), "child", pid, file=sys.stderr, flush=True)
+os.write(2, b"server %d child %d\n" % (os.getpid(), pid))
 _, st = os.waitpid(pid, 0)
 print("child gone", file=sys.stderr, flush=True)
 d, peer = u.recvfrom(100)
@@ -1531,8 +1532,12 @@ fn stats_names_the_sockets_a_forked_child_shares_until_it_exits() {
             &format!("shared-{p:?}-cli"),
             plain_in(l, Host::A, &["python3", "-c", &cli, &addr, &port]),
         );
-        s.wait_until("its child's pid", T, |k| {
-            k.stderr().lines().any(|x| x.starts_with("server "))
+        // The child's SIGTERM handler is in place before the signal below
+        // (plainly it was once not yet: the child died of the signal, -15,
+        // session 27's CI).
+        s.wait_until("its child's pid and handler", T, |k| {
+            let e = k.stderr();
+            e.lines().any(|x| x.starts_with("server ")) && e.lines().any(|x| x == "child ready")
         });
         let err = s.stderr();
         let ids: Vec<u64> = line_of(&err, "server ")
