@@ -852,20 +852,15 @@ fn twenty_thousand_connections_under_run_keep_memory_bounded() {
 /// closes 20 ms later: the main thread sleeps in its next accept by then,
 /// and its sleep's 50 ms slice has not ended),
 /// then it prints what it served and waits to be stopped.
-const THREAD_SERVER_PY: &str = r#"
-import socket, sys, threading, time
-addr, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind((addr, port)); ls.listen(16)
-print("listening", flush=True)
+const THREAD_SERVER_PY: &str = concat!(
+    py_prelude!(),
+    r#"
+import threading, time
+n = int(sys.argv[3])
+ls = listener(16)
 lines = []
 def serve(c):
-    b = b""
-    while not b.endswith(b"\n"):
-        d = c.recv(4096)
-        if not d:
-            break
-        b += d
+    b = recv_line(c, 4096)
     lines.append(b.decode().strip())
     c.sendall(b.strip() * (20000 // len(b.strip())))
     time.sleep(0.02)
@@ -878,27 +873,26 @@ for t in ts:
     t.join()
 print("served", len(lines), "first", lines[0], "last", lines[-1], flush=True)
 time.sleep(600)
-"#;
+"#
+);
 
 /// `n` connections one after another: connect, a request line, read to
 /// the end; prints how many bytes each answer had and their hash.
-const SEQ_CLIENT_PY: &str = r#"
-import hashlib, socket, sys
+const SEQ_CLIENT_PY: &str = concat!(
+    py_prelude!(),
+    r#"
+import hashlib
 addr, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 h = hashlib.sha256(); sizes = set()
 for i in range(n):
     c = socket.create_connection((addr, port), 30)
     c.sendall(b"request-%04d\n" % i)
-    got = b""
-    while True:
-        d = c.recv(65536)
-        if not d:
-            break
-        got += d
+    got = b"".join(chunks(c))
     c.close()
     h.update(got); sizes.add(len(got))
 print("connections", n, "sizes", sorted(sizes), "sha256", h.hexdigest(), flush=True)
-"#;
+"#
+);
 
 /// Session 27: a blocking accept sleeps without the engine's fds while a
 /// connection an application holds is open (its user turns the engine and
