@@ -242,39 +242,48 @@ for i in range(n):
 print("connections", n, "fdsize", fdsize, flush=True)
 "#;
 
+/// `nanowire run RUN_ARGV` in host a under `strace -f` (`-e trace=` `calls`),
+/// the trace written to the scratch file `name`: the command and the file
+/// (one line per call once it has run).
+fn traced_run(
+    lab: &ScopedLab,
+    name: &str,
+    calls: &str,
+    run_argv: &[&str],
+) -> (std::process::Command, std::path::PathBuf) {
+    need("strace");
+    ensure_preload();
+    let trace = scratch(name);
+    let t = trace.to_str().unwrap();
+    let argv = [
+        &[
+            "strace",
+            "-f",
+            "-qq",
+            "-o",
+            t,
+            "-e",
+            calls,
+            nanowire(),
+            "run",
+        ],
+        run_argv,
+    ]
+    .concat();
+    (plain_in(lab, Host::A, &argv), trace)
+}
+
 /// Syscalls of `python3 CHURN_PY` with `n` connections under run, traced
 /// by strace (`-e trace=` `calls`): one line per call.
 fn churn_trace(lab: &ScopedLab, port: &str, n: usize, calls: &str) -> (String, Vec<String>) {
-    need("strace");
-    ensure_preload();
-    let trace = scratch(&format!("strace-{n}"));
-    let t = trace.to_str().unwrap();
     let ns = n.to_string();
-    let out = output(
-        plain_in(
-            lab,
-            Host::A,
-            &[
-                "strace",
-                "-f",
-                "-qq",
-                "-o",
-                t,
-                "-e",
-                calls,
-                nanowire(),
-                "run",
-                "--",
-                "python3",
-                "-c",
-                CHURN_PY,
-                B,
-                port,
-                &ns,
-            ],
-        ),
-        "connections under run, traced",
+    let (cmd, trace) = traced_run(
+        lab,
+        &format!("strace-{n}"),
+        calls,
+        &["--", "python3", "-c", CHURN_PY, B, port, &ns],
     );
+    let out = output(cmd, "connections under run, traced");
     (out, lines_of(&trace))
 }
 
@@ -979,24 +988,12 @@ print("sent", flush=True)
 #[test]
 #[ignore = "needs root"]
 fn the_membarrier_registration_comes_before_the_programs_threads() {
-    need("strace");
-    ensure_preload();
     let lab = lab("mbr");
-    let trace = scratch("strace-membarrier");
-    let t = trace.to_str().unwrap();
-    let mut c = plain_in(
+    let (mut c, trace) = traced_run(
         &lab,
-        Host::A,
+        "strace-membarrier",
+        "trace=execve,membarrier,clone,clone3",
         &[
-            "strace",
-            "-f",
-            "-qq",
-            "-o",
-            t,
-            "-e",
-            "trace=execve,membarrier,clone,clone3",
-            nanowire(),
-            "run",
             "-o",
             "log=info",
             "--",
