@@ -997,16 +997,20 @@ impl TcpEngine {
     /// connection of session 25's forkconn bench. One look per call while
     /// the hinted connection stays held.
     fn held_may_have_ended(core: &mut Core) {
-        if !core.accept_busy || core.accept_waiters == 0 {
-            return;
+        if core.accept_busy && core.accept_waiters > 0 && !Self::holds(core) {
+            core.accept_busy = false;
+            nanowire_xdp::sys::eventfd_signal(core.accept_fd.as_raw_fd());
         }
-        match core.stack.held_connection(core.held_hint) {
-            Some(i) => core.held_hint = i,
-            None => {
-                core.accept_busy = false;
-                nanowire_xdp::sys::eventfd_signal(core.accept_fd.as_raw_fd());
-            }
+    }
+
+    /// Does an application hold a connection of this stack
+    /// (`TcpStack::held_connection`, its slot kept as the next look's hint)?
+    fn holds(core: &mut Core) -> bool {
+        let held = core.stack.held_connection(core.held_hint);
+        if let Some(i) = held {
+            core.held_hint = i;
         }
+        held.is_some()
     }
 
     /// The stack's readiness events (listeners only, see
@@ -2553,12 +2557,8 @@ impl XdpTcpListener {
     /// looks again and sleeps on them.
     pub fn busy(&self) -> bool {
         let mut c = self.eng.core();
-        let held = c.stack.held_connection(c.held_hint);
-        c.accept_busy = held.is_some();
-        if let Some(i) = held {
-            c.held_hint = i;
-        }
-        held.is_some()
+        c.accept_busy = TcpEngine::holds(&mut c);
+        c.accept_busy
     }
 
     /// The fds a sleeping waiter polls: the engine's AF_XDP sockets and the
