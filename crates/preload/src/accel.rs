@@ -69,14 +69,19 @@ pub fn mark_forked() {
 }
 
 /// fork(), before the child exists: every accelerated socket of this
-/// process and every candidate is about to be shared with the child, and a
-/// socket two processes share can only be served where both read it: the
-/// kernel socket. So they are taken off the engine (queued datagrams kept
-/// for the parent), and candidates stay kernel sockets, in both processes
-/// (an unbound socket then autobinds once, to one port, as plainly).
-/// Doing it before the child runs means no reply of the child can be
-/// steered to the parent. (vfork/posix_spawn, which exec at once, do not
-/// run fork handlers and leave acceleration alone.)
+/// process and every candidate is about to be shared with the child. A
+/// socket two processes share can only be served where both read it, the
+/// kernel socket; but a child that never uses its copy (a worker pool, a
+/// helper that execs with the socket close-on-exec) shares nothing. So
+/// each engine socket gets a slot in the page shared with children
+/// (`forkshare`) and stays on this engine until a child's first use of its
+/// copy asks this process to take it off ([`inherited`], answered by
+/// [`answer_child`]; the child waits, so none of its replies is steered
+/// here). Without a slot it is taken off at once (queued datagrams kept
+/// for the parent). Candidates stay kernel sockets, in both processes (an
+/// unbound socket then autobinds once, to one port, as plainly).
+/// (vfork/posix_spawn, which exec at once, do not run fork handlers:
+/// `spawn.rs` prepares for them.)
 extern "C" fn before_fork() {
     if crate::sys::in_engine() {
         return;
@@ -85,23 +90,49 @@ extern "C" fn before_fork() {
     prepare_child(
         &|_| true,
         "fork(): the child shares this socket, so both use the kernel socket",
+        true,
     );
 }
 
 /// A child process is about to share some of this process's fds (fork,
 /// vfork, posix_spawn, exec: `inherits` says which): every accelerated
-/// socket among them is taken off the engine (`why` says by what) and
-/// every candidate among them stays a kernel socket.
-pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str) {
-    let mut socks = Vec::new();
-    table::each_record::<Accel>(|fd, a| {
-        if a.mine() && !a.detached.load(Ordering::Acquire) && inherits(fd) {
-            socks.push(fd);
+/// socket among them is taken off the engine (`why` says by what) — at
+/// `fork` only once the child uses it, where the page shared with children
+/// has room ([`share_at_fork`]) — and every candidate among them stays a
+/// kernel socket. This process's copies of sockets its own parent shared
+/// at fork are held by one more process at a fork; the program a spawn or
+/// exec starts cannot ask the owner, so the owner takes them off first.
+pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) {
+    let mut socks: Vec<(c_int, &'static Accel)> = Vec::new();
+    let mut copies: Vec<(c_int, &'static Accel)> = Vec::new();
+    table::each_record::<Accel>(|fd, r| {
+        let a = r.record();
+        if !inherits(fd) {
+            return;
+        }
+        let list = if a.mine() && !a.detached.load(Ordering::Acquire) {
+            &mut socks
+        } else if a.shared_copy() {
+            &mut copies
+        } else {
+            return;
+        };
+        if !list.iter().any(|&(_, b)| std::ptr::eq(a, b)) {
+            list.push((fd, a));
         }
     });
     let e = errno();
-    for fd in socks {
-        detach_as(fd, why, true);
+    for (fd, a) in socks {
+        if !(fork && share_at_fork(fd, a)) {
+            detach_as(fd, why, true);
+        }
+    }
+    for (fd, a) in copies {
+        if fork {
+            crate::forkshare::held_again(a.share());
+        } else {
+            inherited(fd, a);
+        }
     }
     table::each_with(table::F_CAND, |fd| {
         if inherits(fd) {
@@ -144,6 +175,112 @@ pub fn service_lost() {
             }
         }
     });
+}
+
+/// At fork: engine socket `a` (`fd` one of its numbers) stays on this
+/// engine, shared with the child through its slot in the page shared with
+/// children (said once per socket). False: no slot (the caller takes it
+/// off the engine now).
+fn share_at_fork(fd: c_int, a: &'static Accel) -> bool {
+    use nanowire_stack::xdp::forkpage::pack;
+    let peer = a.lock().peer;
+    let conn = (
+        a.local.load(Ordering::Acquire),
+        peer.map_or(0, pack),
+        crate::sys::inode_of(fd),
+    );
+    let Some(h) = crate::forkshare::share(a.share(), conn) else {
+        return false;
+    };
+    if a.share.swap(h, Ordering::AcqRel) != h {
+        log!(
+            Level::Info,
+            "fd {fd} udp: shared with the forked child: stays on the xdp engine until the child uses it too"
+        );
+    }
+    true
+}
+
+/// A forked child's first use of its copy `a` (`fd` one of its numbers) of
+/// a socket its parent shared at fork: the owner takes it off its engine
+/// (its queued datagrams put back on the kernel socket, which both
+/// processes read from then on) and this process forgets its copy of the
+/// record under every number (never acting on the owner's engine objects):
+/// the kernel socket answers the fd, as it does plainly.
+#[cold]
+pub fn inherited(fd: c_int, a: &'static Accel) {
+    // One claim at a time in this process: a second thread finds the
+    // copy forgotten by the first.
+    static CLAIMING: Mutex<()> = Mutex::new(());
+    let _g = CLAIMING.lock().unwrap_or_else(|e| e.into_inner());
+    if !by_fd(fd).is_some_and(|b| std::ptr::eq(a, b)) {
+        return;
+    }
+    let e = errno();
+    let _ = crate::forkshare::claim(a.share(), false);
+    let mut fds = Vec::new();
+    table::each_record::<Accel>(|f, r| {
+        if std::ptr::eq(r.record(), a) {
+            fds.push(f);
+        }
+    });
+    for f in fds {
+        let _ = take_fd(f);
+        table::clear_flags(f, table::F_ACCEL);
+    }
+    log!(
+        Level::Info,
+        "fd {fd} udp: inherited through fork(): the kernel's socket now, shared with the parent process"
+    );
+    set_errno(e);
+}
+
+/// The owner's broker answers a forked child that uses the socket of
+/// handle `h` (`forkshare`): it goes off this engine, its queued datagrams
+/// back on the kernel socket both processes read. `None`: no socket of
+/// this process has that handle.
+pub fn answer_child(h: u64) -> Option<crate::forkshare::Answer> {
+    let mut found = None;
+    table::each_record::<Accel>(|fd, r| {
+        let a = r.record();
+        if found.is_none() && a.mine() && a.share() == h {
+            found = Some(fd);
+        }
+    });
+    let fd = found?;
+    detach_as(fd, "fork(): the forked child uses it too", true);
+    Some(crate::forkshare::Answer::Decided)
+}
+
+/// This process's copies of sockets a parent shared at fork (their
+/// handles, once each): an exiting child lets go of them.
+pub fn shared_copies() -> Vec<u64> {
+    let mut held = Vec::new();
+    table::each_record::<Accel>(|_, r| {
+        if r.shared_copy() && !held.contains(&r.share()) {
+            held.push(r.share());
+        }
+    });
+    held
+}
+
+/// exec is about to close the fds `closes` says: this process's copies of
+/// sockets a parent shared at fork among them are no longer held by it.
+pub fn held_until_exec(closes: &dyn Fn(c_int) -> bool) {
+    let mut held: Vec<(u64, bool)> = Vec::new();
+    table::each_record::<Accel>(|fd, r| {
+        if !r.shared_copy() {
+            return;
+        }
+        match held.iter_mut().find(|(h, _)| *h == r.share()) {
+            // Every number of it must go for the copy to go.
+            Some((_, all)) => *all &= closes(fd),
+            None => held.push((r.share(), closes(fd))),
+        }
+    });
+    for (h, _) in held.into_iter().filter(|&(_, all)| all) {
+        crate::forkshare::dropped(h);
+    }
 }
 
 extern "C" fn after_fork_child() {
@@ -208,6 +345,10 @@ pub struct Accel {
     adopted: AtomicI32,
     /// SO_TIMESTAMP* state (crates/preload/src/tstamp.rs).
     pub ts: crate::tstamp::Ts,
+    /// Its handle in the page shared with forked children (`forkshare`),
+    /// 0 if it was never shared across fork: a fork leaves it on this
+    /// process's engine until a child uses its copy ([`inherited`]).
+    share: AtomicU64,
 }
 
 impl Accel {
@@ -274,6 +415,18 @@ impl Accel {
     pub fn mine(&self) -> bool {
         self.common.mine(PID.load(Ordering::Relaxed))
     }
+    /// The socket's handle in the page shared with forked children
+    /// (`forkshare`), 0 if it was never shared across fork.
+    #[inline(always)]
+    pub fn share(&self) -> u64 {
+        self.share.load(Ordering::Acquire)
+    }
+    /// A forked child's copy of a socket its parent keeps on its engine
+    /// until a child uses it ([`inherited`] claims it).
+    #[inline(always)]
+    pub fn shared_copy(&self) -> bool {
+        self.share() != 0 && !self.mine()
+    }
     /// The fds a sleeping wait on this socket polls.
     pub fn wait_fds(&self) -> &'static [c_int] {
         let all = self.wait_fds.get();
@@ -307,6 +460,7 @@ impl Accel {
             local: AtomicU64::new(0),
             adopted: AtomicI32::new(-1),
             ts: Default::default(),
+            share: AtomicU64::new(0),
         }
     }
 }
@@ -353,13 +507,24 @@ pub fn take_fd(fd: c_int) -> Option<&'static Accel> {
 #[inline(always)]
 pub fn lookup(fd: c_int) -> Option<&'static Accel> {
     let a = by_fd(fd)?;
-    if a.mine() { Some(a) } else { None }
+    if a.mine() {
+        Some(a)
+    } else {
+        if a.share() != 0 {
+            inherited(fd, a);
+        }
+        None
+    }
 }
 
 /// [`lookup`] with the generation the record has while `fd` names it
 /// (for holders that keep the record across calls: epoll interests).
 pub fn lookup_gen(fd: c_int) -> Option<(&'static Accel, u32)> {
     let r = table::record_ref::<Accel>(fd)?;
+    if r.shared_copy() {
+        inherited(fd, r.record());
+        return None;
+    }
     r.mine().then(|| (r.record(), r.generation()))
 }
 
@@ -555,6 +720,7 @@ fn record(
     a.sleep_ep.store(-1, Ordering::Relaxed);
     a.local.store(0, Ordering::Relaxed);
     a.adopted.store(fd, Ordering::Relaxed);
+    a.share.store(0, Ordering::Relaxed);
     if a.wait_fds() != &wait_fds[..] {
         a.wait_fds.set(WAIT_LISTS.intern(wait_fds));
     }
@@ -1453,8 +1619,14 @@ pub fn set_rcvbuf(a: &Accel, fd: c_int, bytes: usize) {
 /// The fd `fd` stops referring to `a` (close, or dup2 over it). The
 /// engine socket goes when the last fd goes.
 pub fn release(a: &'static Accel) {
-    if a.common.release_last_mine(PID.load(Ordering::Relaxed)) {
+    if !a.common.release() {
+        return;
+    }
+    if a.mine() {
         recycle(a);
+    } else if a.share() != 0 {
+        // A forked child's last copy of a socket its parent shared.
+        crate::forkshare::dropped(a.share());
     }
 }
 
@@ -1486,6 +1658,27 @@ pub fn release_stale(fd: c_int) {
 /// engine must stop using that number first: the socket goes to the kernel
 /// (its duplicates carry on there).
 pub fn closing(fd: c_int) {
+    if let Some(a) = by_fd(fd)
+        && a.mine()
+        && a.common.refs() == 1
+        && !a.detached.load(Ordering::Acquire)
+        && let h = a.share()
+        && h != 0
+        && matches!(
+            crate::forkshare::owner_closing(h),
+            crate::forkshare::Closing::HandOver
+        )
+    {
+        // Its last fd here while a forked child holds a copy: the socket
+        // lives on in the child, with what the engine had queued.
+        detach_as(
+            fd,
+            "fork(): this process closed it, its forked child holds it",
+            true,
+        );
+        crate::forkshare::settle(h);
+        return;
+    }
     if let Some(a) = by_fd(fd)
         && a.mine()
         && a.adopted() == fd

@@ -609,7 +609,7 @@ pub fn adopt_bound(fd: c_int) -> bool {
     }
     let _g = accel::DECIDE.lock().unwrap_or_else(|e| e.into_inner());
     // Bound already: the socket itself is not its competitor.
-    if let Some(other) = crate::share::competitor(sa, crate::share::inode_of(fd)) {
+    if let Some(other) = crate::share::competitor(sa, crate::sys::inode_of(fd)) {
         crate::share::TAKEN_OFF.fetch_add(1, Ordering::Relaxed);
         accel::log_not(fd, &crate::share::why(other));
         return false;

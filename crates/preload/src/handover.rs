@@ -651,6 +651,10 @@ pub fn answer_child(h: u64, taker: u32) -> forkshare::Answer {
         }
     });
     let Some((fd, t)) = found else {
+        // A UDP socket shared at fork: off the engine, for both.
+        if let Some(a) = crate::accel::answer_child(h) {
+            return a;
+        }
         return answer_parked(h, taker);
     };
     if taker != 0 && move_to(fd, t, h, taker) {

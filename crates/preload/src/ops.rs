@@ -67,6 +67,12 @@ pub fn serving(fd: c_int) -> Sock {
         return Sock::Kernel;
     };
     if let Some(a) = r.get::<Accel>() {
+        if a.shared_copy() {
+            // A forked child's first use of a socket its parent shared:
+            // the parent takes it off its engine, the kernel serves both.
+            accel::inherited(fd, a);
+            return Sock::Kernel;
+        }
         return Sock::Udp(a);
     }
     match table::checked::<Tcp>(fd, r).map(TcpRef::from) {

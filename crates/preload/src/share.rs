@@ -196,12 +196,6 @@ fn overlaps(ours: Ipv4Addr, other: Ipv4Addr) -> bool {
         || (ours.is_multicast() || other.is_multicast())
 }
 
-pub fn inode_of(fd: c_int) -> u64 {
-    // SAFETY: the fd is only borrowed for fstat; a closed fd gives EBADF.
-    let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
-    rustix::fs::fstat(b).map_or(0, |st| st.st_ino)
-}
-
 fn competitor_in(all: &[Bound], local: SocketAddrV4, inode: u64) -> Option<SocketAddrV4> {
     all.iter()
         .find(|b| b.port == local.port() && b.inode != inode && overlaps(*local.ip(), b.addr))
@@ -227,7 +221,7 @@ pub fn why(other: SocketAddrV4) -> String {
 /// Check an accelerated socket now (after IP_ADD_MEMBERSHIP).
 pub fn check_now(fd: c_int) {
     if let Some(local) = accel::local_addr(fd)
-        && let Some(o) = competitor(local, inode_of(fd))
+        && let Some(o) = competitor(local, sys::inode_of(fd))
     {
         TAKEN_OFF.fetch_add(1, Ordering::Relaxed);
         accel::detach(fd, &why(o));
@@ -348,7 +342,7 @@ fn watcher(pid: u32, kept: Kept) {
             }
             let all = bound_sockets(kept.diag.as_ref());
             for (fd, local) in ours {
-                if let Some(o) = competitor_in(&all, local, inode_of(fd)) {
+                if let Some(o) = competitor_in(&all, local, sys::inode_of(fd)) {
                     TAKEN_OFF.fetch_add(1, Ordering::Relaxed);
                     accel::detach(fd, &why(o));
                 }

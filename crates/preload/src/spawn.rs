@@ -47,7 +47,7 @@ pub fn prepare(inherits: &dyn Fn(c_int) -> bool, why: &str) {
     let e = crate::sys::errno();
     fdlife::sweep();
     crate::handover::prepare_child(inherits, why, false);
-    accel::prepare_child(inherits, why);
+    accel::prepare_child(inherits, why, false);
     crate::sys::set_errno(e);
 }
 
@@ -135,6 +135,7 @@ pub fn prepare_exec(what: &str) {
         // The close-on-exec copies of connections a parent shared at fork
         // go with this program.
         tcpx::held_until_exec(&|fd| !inheritable(fd));
+        accel::held_until_exec(&|fd| !inheritable(fd));
         nanowire_stack::xdp::before_exec();
     }
     if has_engine_fds() {

@@ -114,3 +114,11 @@ pub fn now_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
     (t.tv_sec as u64).wrapping_mul(1_000_000_000) + t.tv_nsec as u64
 }
+
+/// The inode of the file `fd` names (a socket's, as `/proc/PID/fd` shows
+/// it); 0 if `fd` is not open.
+pub fn inode_of(fd: c_int) -> u64 {
+    // SAFETY: the fd is only borrowed for fstat; a closed fd gives EBADF.
+    let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+    rustix::fs::fstat(b).map_or(0, |st| st.st_ino)
+}

@@ -307,6 +307,11 @@ pub fn exiting() {
             held.push(t.share());
         }
     });
+    for h in crate::accel::shared_copies() {
+        if !held.contains(&h) {
+            held.push(h);
+        }
+    }
     if !DROPPED.swap(true, Ordering::AcqRel) {
         for h in held {
             crate::forkshare::dropped(h);
@@ -2609,15 +2614,11 @@ fn shared_conn(fd: c_int, t: TcpRef) -> (u64, u64, u64) {
         Inner::Stream(s) => engine_call(|| (s.local_addr().ok(), s.peer_addr().ok())),
         _ => (None, None),
     });
-    // SAFETY: an all-zero stat is a valid out-buffer.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat of an fd of ours into `st`.
-    let ino = if unsafe { libc::fstat(fd, &mut st) } == 0 {
-        st.st_ino
-    } else {
-        0
-    };
-    (l.map_or(0, pack), r.map_or(0, pack), ino)
+    (
+        l.map_or(0, pack),
+        r.map_or(0, pack),
+        crate::sys::inode_of(fd),
+    )
 }
 
 /// getsockname/getpeername of an engine connection (`peer`).
