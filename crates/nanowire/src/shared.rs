@@ -6,13 +6,13 @@
 //! is shared when the fd tables of two or more of them name it
 //! (`/proc/PID/fd`: `socket:[INODE]`):
 //!
-//! * a kernel socket (a UDP socket fork took off the engine, a connection
+//! * a kernel socket (a UDP socket a child used after fork, a connection
 //!   moved to the kernel, anything the engine never served) is named by
 //!   the namespace's socket tables (`/proc/PID/net/{udp,tcp}`: address,
 //!   state); IPv4 only, as the engine;
-//! * a TCP connection still on its owner's engine while forked children
-//!   hold copies (`forkshare`: the hand-over waits until a child uses it)
-//!   is in the owner's fork-share page (a memfd every process of the tree
+//! * a UDP socket or TCP connection still on its owner's engine while
+//!   forked children hold copies (`forkshare`: taking it off waits until a
+//!   child uses it) is in the owner's fork-share page (a memfd every process of the tree
 //!   maps: `nanowire_stack::xdp::forkpage`), read through
 //!   `/proc/PID/map_files/`: addresses, owner, holders, and the inode of
 //!   the socket under the fds, by which the holders' pids are found.
@@ -59,11 +59,31 @@ pub fn shared(service_listeners: &BTreeMap<String, usize>) -> Vec<Value> {
             }
         }
     }
+    // The fork-share pages' sockets (on an engine; the owner alive).
+    let mut on_engine: Vec<Value> = Vec::new();
+    for (pid, range) in pages.values() {
+        let Ok(bytes) = std::fs::read(format!("/proc/{pid}/map_files/{range}")) else {
+            continue;
+        };
+        for s in forkpage::read(&bytes).unwrap_or_default() {
+            // The owner gone, its engine went with it.
+            let owner = s["owner"].as_u64().unwrap_or(0);
+            if std::path::Path::new(&format!("/proc/{owner}")).exists() {
+                on_engine.push(s);
+            }
+        }
+    }
+    let engine_inos: BTreeSet<u64> = on_engine.iter().filter_map(|s| s["ino"].as_u64()).collect();
     let mut out = Vec::new();
     for (ino, pids) in &holders {
         let Some(k) = kernel.get(ino).filter(|_| pids.len() > 1) else {
             continue;
         };
+        // A bound UDP socket is in the kernel's table while the engine
+        // serves it: its fork-share slot is its line.
+        if engine_inos.contains(ino) {
+            continue;
+        }
         // A listener on the engine service: its group, when it has two or
         // more processes, is the service's own line.
         let on_service = (!k.udp && k.state == LISTEN)
@@ -82,30 +102,25 @@ pub fn shared(service_listeners: &BTreeMap<String, usize>) -> Vec<Value> {
             "kernel_state": (!k.udp).then(|| forkpage::tcp_state_name(k.state)),
         }));
     }
-    for (pid, range) in pages.values() {
-        let Ok(bytes) = std::fs::read(format!("/proc/{pid}/map_files/{range}")) else {
-            continue;
-        };
-        for mut s in forkpage::read(&bytes).unwrap_or_default() {
-            let (owner, ino) = (s["owner"].as_u64().unwrap_or(0), s["ino"].as_u64());
-            // The owner gone, its engine went with it.
-            if !std::path::Path::new(&format!("/proc/{owner}")).exists() {
-                continue;
-            }
-            // The owner first, then the other holders seen.
-            let mut pids = vec![owner];
-            let seen = ino.and_then(|i| holders.get(&i)).into_iter().flatten();
-            pids.extend(seen.map(|p| u64::from(*p)).filter(|p| *p != owner));
-            s["proto"] = "tcp".into();
-            s["pids"] = pids.into();
-            s["on"] = if s["busy"] == true {
-                "moving to the kernel"
-            } else {
-                "engine"
-            }
-            .into();
-            out.push(s);
+    for mut s in on_engine {
+        let (owner, ino) = (s["owner"].as_u64().unwrap_or(0), s["ino"].as_u64());
+        // The owner first, then the other holders seen.
+        let mut pids = vec![owner];
+        let seen = ino.and_then(|i| holders.get(&i)).into_iter().flatten();
+        pids.extend(seen.map(|p| u64::from(*p)).filter(|p| *p != owner));
+        // The kernel's table names the protocol (a UDP socket's
+        // bound twin; an engine connection's placeholder is no TCP
+        // socket the table shows as connected).
+        let udp = ino.and_then(|i| kernel.get(&i)).is_some_and(|k| k.udp);
+        s["proto"] = if udp { "udp" } else { "tcp" }.into();
+        s["pids"] = pids.into();
+        s["on"] = if s["busy"] == true {
+            "moving to the kernel"
+        } else {
+            "engine"
         }
+        .into();
+        out.push(s);
     }
     out
 }

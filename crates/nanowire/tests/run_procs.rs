@@ -1588,10 +1588,10 @@ fn children_made_by_clone_read_the_parents_socket_as_plainly() {
 }
 
 /// Issue 24 item 5: `nanowire stats` names every socket a forked child
-/// shares with its parent, while both hold it: a bound UDP socket (fork
-/// takes it off the engine: the kernel's, held by both pids) and an
-/// accepted connection the child never uses (it stays on the parent's
-/// engine: owner, one other holder, both pids). When the child exits
+/// shares with its parent, while both hold it: a bound UDP socket and an
+/// accepted connection the child never uses (each stays on the parent's
+/// engine: owner, one other holder, both pids; the UDP socket's kernel
+/// twin, bound in the kernel's table, is not listed a second time). When the child exits
 /// (SIGTERM, its handler `_exit`s) neither is listed any more while the
 /// parent still holds both; the parent then answers as plainly. Plain,
 /// own engine, service: the client's and the server's outputs are equal.
@@ -1683,7 +1683,13 @@ fn stats_names_the_sockets_a_forked_child_shares_until_it_exits() {
             let both = until(T, || {
                 seen = shared_by(kid);
                 let udp = seen.iter().any(|x| {
-                    x["proto"] == "udp" && x["local"] == local.as_str() && x["on"] == "kernel"
+                    x["proto"] == "udp"
+                        && x["local"] == local.as_str()
+                        && x["remote"].is_null()
+                        && x["on"] == "engine"
+                        && x["owner"] == me
+                        && x["holders"] == 1
+                        && x["pids"] == serde_json::json!([me, kid])
                 });
                 let tcp = seen.iter().any(|x| {
                     x["proto"] == "tcp"
@@ -1697,10 +1703,13 @@ fn stats_names_the_sockets_a_forked_child_shares_until_it_exits() {
                 udp && tcp
             });
             assert!(both, "{p:?}: not both listed: {seen:?}\n{}", s.both());
+            let udp_lines = seen.iter().filter(|x| x["proto"] == "udp").count();
+            assert_eq!(udp_lines, 1, "{p:?}: the UDP socket listed twice: {seen:?}");
             let text = stats(false);
-            let (a, b) = (me.min(kid), me.max(kid));
             for want in [
-                format!("udp {local} shared by pid {a}, pid {b}: the kernel's"),
+                format!(
+                    "udp {local} shared by pid {me} (owner), pid {kid}: on the engine of pid {me} (1 other holder(s))"
+                ),
                 format!("tcp {local} <-> {}:", nanowire_lab::testbed::ADDR_A),
                 format!(
                     "shared by pid {me} (owner), pid {kid}: on the engine of pid {me} (1 other holder(s))"
