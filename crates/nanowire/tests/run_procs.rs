@@ -1242,6 +1242,58 @@ fn a_udp_socket_stays_on_the_engine_until_a_forked_child_uses_it() {
     assert_eq!(say("fork(): the child shares this socket"), 0, "{logs}");
 }
 
+/// The owner of a UDP socket it shared at fork exits before the child
+/// ever used it: the child then serves it alone (the socket left the
+/// engine with the owner; the child's first use finds the kernel's, no
+/// owner left to ask, nothing hangs). 20 datagrams echoed by the parent,
+/// then it forks and exits; the child waits until it is gone and echoes 20
+/// more. The client's output is the plain one in every placement.
+const UDP_ORPHAN_SRV: &str = r#"
+import os, socket, sys, time
+addr, port = sys.argv[1], int(sys.argv[2])
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind((addr, port))
+print("listening", flush=True)
+def serve(n):
+    for _ in range(n):
+        d, peer = u.recvfrom(2048)
+        u.sendto(b"echo " + d, peer)
+serve(20)
+parent = os.getpid()
+if os.fork() == 0:
+    while os.getppid() == parent:
+        time.sleep(0.01)
+    serve(20)
+    os._exit(0)
+print("parent leaves", flush=True)
+"#;
+
+#[test]
+#[ignore = "needs root"]
+fn a_udp_socket_a_forked_child_holds_outlives_its_owner() {
+    let srv = format!("{READLINE}{UDP_ORPHAN_SRV}");
+    let server = |addr: &str, port: &str| {
+        ["python3", "-c", &srv, addr, port]
+            .into_iter()
+            .map(String::from)
+            .collect()
+    };
+    let cli = UDP_FORK_CLIENT.replace("else (0, 100)", "else (0, 40)");
+    let logs = placed(
+        "pudo",
+        "udp-orphan",
+        &server,
+        &cli,
+        14870,
+        &mut |_, _, _, _| {},
+    );
+    eprintln!("{logs}");
+    // Python closes the socket as it exits (else the exit takes it off).
+    let off = logs.matches("taken off the xdp engine (kernel socket, spin engine): ");
+    let held = logs.matches("its forked child holds it").count();
+    assert_eq!(off.count(), held, "{logs}");
+    assert_eq!(held, 2, "{logs}");
+}
+
 /// Issue 24's bad input for the move (item 1): a forked child dies by
 /// SIGKILL in the middle of taking the connection its parent still holds.
 /// Its first use of the connection (a getsockopt) asks for it; under run on

@@ -252,6 +252,31 @@ pub fn answer_child(h: u64) -> Option<crate::forkshare::Answer> {
     Some(crate::forkshare::Answer::Decided)
 }
 
+/// This process's engine sockets a forked child holds a copy of (their
+/// slot says so) leave the engine before this image goes (`why`: exit or
+/// exec), as the kernel socket outlives a closing process while another
+/// holds it: what the engine had queued goes onto it for the child, and
+/// the child's use finds the kernel's socket at once (no owner left to
+/// ask).
+pub fn owner_leaving(why: &str) {
+    let mut socks: Vec<(c_int, &'static Accel)> = Vec::new();
+    table::each_record::<Accel>(|fd, r| {
+        let a = r.record();
+        if a.mine()
+            && !a.detached.load(Ordering::Acquire)
+            && crate::forkshare::holders(a.share()).is_some_and(|n| n > 0)
+            && !socks.iter().any(|&(_, b)| std::ptr::eq(a, b))
+        {
+            socks.push((fd, a));
+        }
+    });
+    let e = errno();
+    for (fd, _) in socks {
+        detach_as(fd, why, true);
+    }
+    set_errno(e);
+}
+
 /// This process's copies of sockets a parent shared at fork (their
 /// handles, once each): an exiting child lets go of them.
 pub fn shared_copies() -> Vec<u64> {
@@ -1735,6 +1760,10 @@ fn detach_as(fd: c_int, why: &str, shared: bool) {
     // A socket already off the engine (still draining its stash) is not
     // taken off again: a second option says nothing more.
     if let Some(a) = by_fd(fd).filter(|a| a.mine() && !a.detached.load(Ordering::Acquire)) {
+        // Shared with a forked child at fork (its slot): the child reads
+        // the kernel socket too from now on.
+        let h = a.share();
+        let shared = shared || h != 0;
         {
             // Under the socket's lock throughout: a concurrent receive
             // finds the stash complete before it reads the kernel socket.
@@ -1763,6 +1792,8 @@ fn detach_as(fd: c_int, why: &str, shared: bool) {
             restore_mode(fd, a);
             a.detached.store(true, Ordering::Release);
         }
+        // Decided: a child's use finds the kernel's socket at once.
+        crate::forkshare::settle(h);
         let kept = a.lock().stash.len();
         if kept == 0 {
             retire_detached(fd, a);

@@ -307,6 +307,7 @@ pub fn exiting() {
             held.push(t.share());
         }
     });
+    crate::accel::owner_leaving("this process exits, its forked child holds it");
     for h in crate::accel::shared_copies() {
         if !held.contains(&h) {
             held.push(h);
