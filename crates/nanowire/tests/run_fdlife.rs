@@ -14,7 +14,9 @@
 //!   lives detaches the steering program: a restarted plain server binds
 //!   the port and receives;
 //! * an inetd-style Python server (`subprocess.run(stdin=conn,
-//!   stdout=conn)`, which vforks) serves TCP and UDP through its helpers.
+//!   stdout=conn)`, which vforks: a fork under run, the helper's exec has
+//!   the owner hand over what it inherits) serves TCP and UDP through its
+//!   helpers.
 
 mod run_support;
 use nanowire_lab::testbed::{ADDR_A, ADDR_B, Host, ScopedLab};
@@ -260,9 +262,18 @@ fn inetd_style_subprocess_children_get_a_working_socket() {
                 err.contains("tcp listener") && err.contains(": xdp"),
                 "{err}"
             );
+            // vfork is a fork in a process with engine sockets: the
+            // helper's exec, which inherits the connection on its stdin,
+            // has the owner hand it over (in the socket both hold).
             assert!(
-                err.contains("moved to the kernel (TCP_REPAIR hand-over): vfork()"),
-                "the accepted connection was not handed over at vfork:\n{err}"
+                err.contains("vfork(): this process has engine sockets: a fork() instead"),
+                "{err}"
+            );
+            assert!(
+                err.contains(
+                    "moved to the kernel (TCP_REPAIR hand-over): fork(): the forked child uses it too"
+                ),
+                "the accepted connection was not handed over at the helper's exec:\n{err}"
             );
         }
         c

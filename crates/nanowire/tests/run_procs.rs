@@ -415,12 +415,13 @@ fn a_connection_inherited_across_exec_serves_as_plainly() {
 }
 
 /// A server forks children that never use its connection (one exits at
-/// once, one execs /bin/true with the socket close-on-exec) between
-/// requests on it: plainly nothing changes for the connection; under run
-/// it stays on the engine (the hand-over waits for a child's use, which
-/// never comes), and the answers are the same.
+/// once, one execs /bin/true with the socket close-on-exec, one is
+/// `subprocess.run`'s, which vforks) between requests on it: plainly
+/// nothing changes for the connection; under run it stays on the engine
+/// (the hand-over waits for a child's use, which never comes; the vfork
+/// is a fork), and the answers are the same.
 const IDLE_CHILD: &str = r#"
-import hashlib, os, socket, sys
+import hashlib, os, socket, subprocess, sys
 addr, port = sys.argv[1], int(sys.argv[2])
 ls = listener()
 c, _ = ls.accept()
@@ -436,6 +437,8 @@ for r in range(6):
         if pid == 0:
             os.execv("/bin/true", ["true"])
         print("exec'd child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+    if r == 4:
+        print("subprocess", subprocess.run(["/bin/true"]).returncode, flush=True)
     body = hashlib.sha256(req).digest() * (2000 * (r + 1))
     c.sendall(b"%d\n" % len(body) + body)
 c.close()
@@ -1114,15 +1117,16 @@ fn a_child_exiting_while_its_parent_sends_loses_nothing() {
 
 /// Issue 24 item 1 for UDP: a bound socket stays on the engine across a
 /// fork whose child never uses it (a worker pool's shape: the child
-/// computes and exits), and goes to the kernel, for both processes, when a
-/// child does use it. The server echoes 50 datagrams, forks an idle child,
-/// echoes 50 more (the client's part ends here: under run the engine's
+/// computes and exits; or `subprocess.run`'s vfork), and goes to the
+/// kernel, for both processes, when a child does use it. The server echoes
+/// 50 datagrams, forks an idle child, runs /bin/true with subprocess, echoes
+/// 50 more (the client's part ends here: under run the engine's
 /// counters must show those too, so the socket was still on the engine),
 /// then the test's second client says "fork" and sends 100 more: a second
 /// child echoes 50 and exits, the parent the last 50. Stop-and-wait, so every datagram
 /// has one reader; the outputs are the plain ones in every placement.
 const UDP_FORK_SRV: &str = r#"
-import hashlib, os, socket, sys
+import hashlib, os, socket, subprocess, sys
 addr, port = sys.argv[1], int(sys.argv[2])
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind((addr, port))
 print("listening", flush=True)
@@ -1138,6 +1142,7 @@ pid = os.fork()
 if pid == 0:
     os._exit(sum(range(1000)) % 7)
 print("idle child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+print("subprocess", subprocess.run(["/bin/true"]).returncode, flush=True)
 serve(50, "parent after the idle child")
 d, peer = u.recvfrom(2048)
 u.sendto(b"forking after " + d, peer)

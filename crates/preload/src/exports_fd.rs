@@ -653,8 +653,10 @@ mod naked {
     prep_then_jump!(execlp => execlp_prep);
     prep_then_jump!(execle => execle_prep);
 
-    /// `vfork()`: prepare the engine sockets and switch the shim off for
-    /// the child (`spawn::vfork_prepare`), then the vfork system call as
+    /// `vfork()`: a process with engine sockets forks instead
+    /// (`spawn::vfork_prepare` says so: a tail call of
+    /// `spawn::vfork_as_fork`, which returns to our caller); otherwise the
+    /// shim is switched off for the child, then the vfork system call as
     /// glibc makes it: the return address is kept in a register across the
     /// call (the child runs on this stack until it execs, and may overwrite
     /// what lies below the caller's frame), then pushed back. In the
@@ -667,6 +669,8 @@ mod naked {
             "sub rsp, 8",
             "call {prep}",
             "add rsp, 8",
+            "test al, al",
+            "jnz {fork}",
             "pop rdi",
             "mov eax, 58",
             "syscall",
@@ -681,6 +685,7 @@ mod naked {
             "2:",
             "ret",
             prep = sym spawn::vfork_prepare,
+            fork = sym spawn::vfork_as_fork,
             parent = sym spawn::vfork_parent,
         )
     }

@@ -39,8 +39,10 @@
 //! service: all its process slots used) comes back to the owner, which
 //! hands it over to the kernel. A child killed with SIGKILL never counts
 //! down: the owner's close then hands over (correct, not accelerated).
-//! `vfork`, `posix_spawn` and `exec` still prepare as before (the new
-//! program may take any fd: `spawn.rs`).
+//! `posix_spawn` and `exec` prepare what the new program inherits (it
+//! cannot ask an owner: `spawn.rs`); `vfork` in a process with engine
+//! sockets is a fork. Engine UDP sockets take slots too (`accel`): a
+//! child's use has the owner take the socket off its engine (no move).
 
 use crate::log::log;
 use nanowire_options::Level;

@@ -7,13 +7,18 @@
 //! child without running them are handled here, before the child exists:
 //!
 //! * `vfork()` (Python's `subprocess`, which then `dup2`s any fd, even a
-//!   close-on-exec one, onto the child's stdin/stdout): every engine socket
-//!   of the process is prepared as for fork. The child runs in the parent's
-//!   memory until it execs; the shim is switched off for it (the
-//!   thread's engine-call flag, which the child shares, is set around the
-//!   system call and cleared in the parent when it resumes), so nothing the
-//!   child does (dup2, close_range, sigaction) can change the parent's
-//!   tables.
+//!   close-on-exec one, onto the child's stdin/stdout): in a process with
+//!   engine sockets it is a `fork()` (session 28): the child gets its own
+//!   copy of the tables, so the sockets stay on the engine as at any fork,
+//!   and the exec of the child, where the shim sees exactly which fds the
+//!   new program inherits, has the owner take off or hand over just
+//!   those (`prepare_exec`, a forked child's copies: the owner's broker).
+//!   Without engine sockets it is the real vfork, and the shim is switched
+//!   off for the child, which runs in the parent's memory until it execs
+//!   (the thread's engine-call flag, which the child shares, is set around
+//!   the system call and cleared in the parent when it resumes), so
+//!   nothing the child does (dup2, close_range, sigaction) can change the
+//!   parent's tables.
 //! * `posix_spawn`/`posix_spawnp`, `system`, `popen`, `execve` and the
 //!   other `exec` functions: the engine sockets the new program inherits
 //!   (no FD_CLOEXEC), and those a `posix_spawn_file_actions_adddup2` names.
@@ -222,20 +227,45 @@ thread_local! {
     static VFORK_PREV: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Before the vfork system call (in the parent): prepare every engine
-/// socket, then switch the shim off for this thread (and so for the child,
-/// which shares the thread's memory until it execs or exits).
+/// Before the vfork system call (in the parent). A process with engine
+/// sockets forks instead (returns true: the caller tail-calls
+/// [`vfork_as_fork`]): a vfork child runs in this memory with the shim off
+/// and may take any fd onto its stdin/stdout before it execs, so every
+/// engine socket would have to leave the engine first (a server calling
+/// `subprocess.run` lost them all); a forked child's exec says which it
+/// inherits. POSIX lets a vfork child do nothing but exec or `_exit`, so a
+/// fork serves it the same (a program whose vfork child writes its
+/// parent's memory is not supported: docs/preload.md). Otherwise the shim
+/// is switched off for this thread (and so for the child, which shares the
+/// thread's memory until it execs or exits), and false.
 #[cfg(target_arch = "x86_64")]
-pub extern "C" fn vfork_prepare() {
+pub extern "C" fn vfork_prepare() -> bool {
     if !crate::sys::in_engine() {
+        if has_engine_fds() {
+            return true;
+        }
         give_up_prepared_for("vfork()");
-        prepare(
-            &|_| true,
-            "vfork(): the child may take any fd onto its stdin/stdout",
-        );
     }
     let prev = crate::sys::set_in_engine(true);
     VFORK_PREV.with(|c| c.set(prev));
+    false
+}
+
+/// `vfork()` of a process with engine sockets ([`vfork_prepare`]): a
+/// `fork()` (its handlers share the engine sockets with the child, which
+/// may use them), said once.
+#[cfg(target_arch = "x86_64")]
+pub extern "C" fn vfork_as_fork() -> libc::pid_t {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        log!(
+            Level::Info,
+            "vfork(): this process has engine sockets: a fork() instead (the child's exec decides which it takes)"
+        );
+    }
+    // SAFETY: fork(2) through libc (its pthread_atfork handlers run); the
+    // child, like a vfork child, only execs or exits.
+    unsafe { libc::fork() }
 }
 
 /// In the parent after the vfork system call returned `r` (the child's

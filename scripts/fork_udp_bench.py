@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""What a fork costs a program whose engine sockets are UDP ones: a program binds a UDP socket (on
+the engine under `nanowire run`), sends one datagram, then forks `--forks` children that exit at once
+(a worker pool's, or a helper's, shape), each fork timed from `fork()` to the child's reaping, inside
+the program. Plainly, under run with this tree's shim and with another build's (`--before SHIM`,
+`--before-bin NANOWIRE`), interleaved. Before session 28 the first fork took the socket off the
+engine inside `fork()` (RCU grace periods, ~30-45 ms) and the program went on on the kernel; now it
+stays on the engine until a child uses it:
+
+    scripts/fork_udp_bench.py --before /work/bench28/prev.so --before-bin /work/bench28/prev-nanowire
+
+`--engine own` (default) or `service` (the engine service is started once per row before its timed
+runs: every `nanowire engine serve` of the host is killed first; run it on a quiet machine).
+The program runs in host b of the default lab (`nanowire lab up`). Per row and repeat: the medians
+over `--procs` programs of the first fork and of the median later fork, ms; the JSON (stdout) has
+the environment, every repeat, the medians and the ratios of medians.
+"""
+import argparse, json, os, platform, statistics, subprocess, sys, time
+
+NW = os.environ.get("NANOWIRE", os.path.join(os.path.dirname(__file__), "..", "target", "release", "nanowire"))
+PROG = r"""
+import os, socket, statistics, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("198.18.0.2", 0))
+s.sendto(b"x", ("198.18.0.1", 9))
+ts = []
+for _ in range(int(sys.argv[1])):
+    t = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    ts.append((time.perf_counter() - t) * 1e3)
+print("%.3f %.3f" % (ts[0], statistics.median(ts[1:])), flush=True)
+"""
+
+
+def ns_b(argv):
+    return ["ip", "netns", "exec", "nw-b"] + argv
+
+
+def row_argv(row, a):
+    prog = ["python3", "-c", PROG, str(a.forks)]
+    if row == "plain":
+        return prog
+    nw = a.before_bin if row == "before" and a.before_bin else NW
+    env = ["env"] + (["NANOWIRE_SERVICE=1"] if a.engine == "service" else [])
+    if row == "before":
+        env.append(f"NANOWIRE_PRELOAD={a.before}")
+    return env + [nw, "run", "-o", "log=warn", "--"] + prog
+
+
+def one(row, a):
+    if a.engine == "service" and row != "plain":
+        subprocess.run(["pkill", "-f", "engine serve"], stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        subprocess.run(ns_b(row_argv(row, a)), capture_output=True, timeout=60)
+    first, later = [], []
+    for _ in range(a.procs):
+        out = subprocess.run(ns_b(row_argv(row, a)), capture_output=True, text=True, timeout=120)
+        if out.returncode != 0:
+            raise RuntimeError(f"{row}: {out.stderr[-500:]}")
+        f, l = out.stdout.split()[-2:]
+        first.append(float(f))
+        later.append(float(l))
+    return statistics.median(first), statistics.median(later)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--before", required=True, help="the other build's shim (libnanowire_preload.so)")
+    p.add_argument("--before-bin", help="the other build's nanowire binary; default: this tree's")
+    p.add_argument("--engine", choices=["service", "own"], default="own")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--procs", type=int, default=5)
+    p.add_argument("--forks", type=int, default=20)
+    a = p.parse_args()
+    subprocess.run([NW, "lab", "up"], check=True, stdout=subprocess.DEVNULL)
+    rows = ["plain", "run", "before"]
+    first = {r: [] for r in rows}
+    later = {r: [] for r in rows}
+    for k in range(a.repeats):
+        for row in rows[k % 3:] + rows[:k % 3]:
+            f, l = one(row, a)
+            first[row].append(f)
+            later[row].append(l)
+            print(f"repeat {k} {row} first {f:.3f} ms later {l:.3f} ms", file=sys.stderr, flush=True)
+    mf = {r: statistics.median(v) for r, v in first.items()}
+    ml = {r: statistics.median(v) for r, v in later.items()}
+    print(json.dumps({
+        "env": {"kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version(),
+                "nanowire": os.path.realpath(NW), "before": a.before, "before_bin": a.before_bin,
+                "engine": a.engine, "date": time.strftime("%F %T")},
+        "procs": a.procs, "forks": a.forks, "repeats": a.repeats,
+        "first_fork_ms": first, "later_fork_ms": later,
+        "median_first_ms": mf, "median_later_ms": ml,
+        "ratios": {"first run/plain": round(mf["run"] / mf["plain"], 3),
+                   "first run/before": round(mf["run"] / mf["before"], 3),
+                   "later run/plain": round(ml["run"] / ml["plain"], 3),
+                   "later run/before": round(ml["run"] / ml["before"], 3)},
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
