@@ -232,11 +232,17 @@ fn slow(ep: u64, base: usize, len: usize, a: Access) -> bool {
         with_cache(|c| c.insert(ep, s, e, a));
         return true;
     }
-    let Some(text) = read_maps() else {
-        // No /proc: the shim cannot tell and copies as it always did.
-        return true;
+    let answer = match query_covering(base, len, a) {
+        Some(r) => r,
+        None => {
+            let Some(text) = read_maps() else {
+                // No /proc: the shim cannot tell and copies as it always did.
+                return true;
+            };
+            Maps(&text).covering(base, len, a)
+        }
     };
-    match Maps(&text).covering(base, len, a) {
+    match answer {
         Some((s, e)) => {
             with_cache(|c| c.insert(ep, s, e, a));
             // Not over a newer epoch's ranges (another thread caught up).
@@ -249,6 +255,85 @@ fn slow(ep: u64, base: usize, len: usize, a: Access) -> bool {
         }
         None => false,
     }
+}
+
+/// `struct procmap_query` (linux/fs.h, Linux 6.11): one mapping of the
+/// process asked of `/proc/self/maps` with an ioctl.
+#[repr(C)]
+#[derive(Default)]
+struct ProcmapQuery {
+    size: u64,
+    query_flags: u64,
+    query_addr: u64,
+    vma_start: u64,
+    vma_end: u64,
+    vma_flags: u64,
+    vma_page_size: u64,
+    vma_offset: u64,
+    inode: u64,
+    dev_major: u32,
+    dev_minor: u32,
+    vma_name_size: u32,
+    build_id_size: u32,
+    vma_name_addr: u64,
+    build_id_addr: u64,
+}
+
+/// `_IOWR('f', 17, struct procmap_query)`.
+const PROCMAP_QUERY: libc::c_ulong = 0xC068_6611;
+const PROCMAP_QUERY_VMA_READABLE: u64 = 1;
+const PROCMAP_QUERY_VMA_WRITABLE: u64 = 2;
+const _: () = assert!(std::mem::size_of::<ProcmapQuery>() == 0x68);
+
+/// The kernel has no PROCMAP_QUERY (older than 6.11): the text is read.
+static NO_QUERY: AtomicBool = AtomicBool::new(false);
+
+/// [`Maps::covering`]'s answer from the kernel's mapping queries (a few
+/// ioctls on `/proc/self/maps` instead of reading and parsing all of it:
+/// a forked child's or a new thread's first buffers cost ~10 µs, not the
+/// text of every mapping); `None`: the kernel cannot be asked (the caller
+/// reads the text).
+fn query_covering(base: usize, len: usize, a: Access) -> Option<Option<(usize, usize)>> {
+    use rustix::fs::{Mode, OFlags, open};
+    use std::os::fd::AsRawFd;
+    if NO_QUERY.load(Ordering::Relaxed) {
+        return None;
+    }
+    let fd = open(
+        "/proc/self/maps",
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let mut unsupported = false;
+    let mut ask = |at: usize| -> Option<nanowire_sockabi::space::Vma> {
+        let mut q = ProcmapQuery {
+            size: std::mem::size_of::<ProcmapQuery>() as u64,
+            query_addr: at as u64,
+            ..Default::default()
+        };
+        // SAFETY: PROCMAP_QUERY on our own open /proc/self/maps with a
+        // zeroed struct of the size it names (no name or build-id buffer:
+        // their sizes are 0); the kernel writes only into `q`.
+        let r = unsafe { libc::ioctl(fd.as_raw_fd(), PROCMAP_QUERY, &raw mut q) };
+        if r != 0 {
+            // ENOENT: no mapping there; anything else: not supported.
+            unsupported |= crate::sys::errno() != libc::ENOENT;
+            return None;
+        }
+        Some(nanowire_sockabi::space::Vma {
+            start: q.vma_start as usize,
+            end: q.vma_end as usize,
+            read: q.vma_flags & PROCMAP_QUERY_VMA_READABLE != 0,
+            write: q.vma_flags & PROCMAP_QUERY_VMA_WRITABLE != 0,
+        })
+    };
+    let r = nanowire_sockabi::space::covering_by(base, len, a, &mut ask);
+    if unsupported {
+        NO_QUERY.store(true, Ordering::Relaxed);
+        return None;
+    }
+    Some(r)
 }
 
 fn read_maps() -> Option<Vec<u8>> {

@@ -119,6 +119,35 @@ pub fn parse_line(line: &[u8]) -> Option<Vma> {
 /// The text of `/proc/self/maps` (lines in address order).
 pub struct Maps<'a>(pub &'a [u8]);
 
+/// What [`covering_by`] asks of each address: the mapping that contains
+/// it (the kernel's PROCMAP_QUERY answers that without the text of
+/// `/proc/self/maps`), `None` if none does.
+pub type Query<'q> = &'q mut dyn FnMut(usize) -> Option<Vma>;
+
+/// [`Maps::covering`] asked one mapping at a time: the run of adjacent
+/// mappings that allow `a` from the one containing `base` through the end
+/// of `[base, base + len)` (`len` 0 counts as 1 byte), extended over up to
+/// `MORE` further adjacent ones (a growing heap), or `None` if some byte
+/// is unmapped or lacks the access. At most `base`'s mapping, the ones the
+/// range spans and `MORE` more are asked for.
+pub fn covering_by(base: usize, len: usize, a: Access, query: Query) -> Option<(usize, usize)> {
+    const MORE: usize = 4;
+    let end = base.checked_add(len.max(1))?;
+    let first = query(base).filter(|v| v.start <= base && base < v.end && v.allows(a))?;
+    let (start, mut stop) = (first.start, first.end);
+    while stop < end {
+        let v = query(stop).filter(|v| v.start == stop && v.end > stop && v.allows(a))?;
+        stop = v.end;
+    }
+    for _ in 0..MORE {
+        match query(stop) {
+            Some(v) if v.start == stop && v.end > stop && v.allows(a) => stop = v.end,
+            _ => break,
+        }
+    }
+    Some((start, stop))
+}
+
 impl Maps<'_> {
     pub fn vmas(&self) -> impl Iterator<Item = Vma> + '_ {
         self.0.split(|&c| c == b'\n').filter_map(parse_line)
@@ -299,6 +328,86 @@ impl RangeCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`covering_by`] over a list of mappings, counting the questions.
+    fn by_list(
+        vmas: &[Vma],
+        base: usize,
+        len: usize,
+        a: Access,
+    ) -> (Option<(usize, usize)>, usize) {
+        let mut asked = 0;
+        let mut q = |at: usize| {
+            asked += 1;
+            vmas.iter().copied().find(|v| v.start <= at && at < v.end)
+        };
+        (covering_by(base, len, a, &mut q), asked)
+    }
+
+    #[test]
+    fn covering_by_query_agrees_with_the_text() {
+        let rw = |start, end| Vma {
+            start,
+            end,
+            read: true,
+            write: true,
+        };
+        let ro = |start, end| Vma {
+            start,
+            end,
+            read: true,
+            write: false,
+        };
+        // A heap in three adjacent pieces, a hole, a read-only mapping.
+        let vmas = [
+            rw(0x1000, 0x3000),
+            rw(0x3000, 0x5000),
+            rw(0x5000, 0x6000),
+            ro(0x8000, 0x9000),
+        ];
+        // Inside one piece: the run through the adjacent ones.
+        assert_eq!(
+            by_list(&vmas, 0x1100, 0x10, Access::Write).0,
+            Some((0x1000, 0x6000))
+        );
+        // Across two pieces.
+        assert_eq!(
+            by_list(&vmas, 0x2f00, 0x200, Access::Write).0,
+            Some((0x1000, 0x6000))
+        );
+        // Into the hole, out of user-mapped memory, read-only for a write.
+        assert_eq!(by_list(&vmas, 0x5f00, 0x200, Access::Read).0, None);
+        assert_eq!(by_list(&vmas, 0x7000, 1, Access::Read).0, None);
+        assert_eq!(by_list(&vmas, 0x8100, 4, Access::Write).0, None);
+        assert_eq!(
+            by_list(&vmas, 0x8100, 4, Access::Read).0,
+            Some((0x8000, 0x9000))
+        );
+        // A range that wraps.
+        assert_eq!(by_list(&vmas, usize::MAX, 2, Access::Read).0, None);
+        // Every answer is one the text gives too (its run may start lower).
+        let text = "0000000000001000-0000000000003000 rw-p 00000000 00:00 0\n\
+                    0000000000003000-0000000000005000 rw-p 00000000 00:00 0\n\
+                    0000000000005000-0000000000006000 rw-p 00000000 00:00 0\n\
+                    0000000000008000-0000000000009000 r--p 00000000 00:00 0\n";
+        for (base, len, a) in [
+            (0x1100, 0x10, Access::Write),
+            (0x2f00, 0x200, Access::Write),
+            (0x8100, 4, Access::Read),
+        ] {
+            assert_eq!(
+                Maps(text.as_bytes()).covering(base, len, a),
+                by_list(&vmas, base, len, a).0
+            );
+        }
+        // Bounded questions on a long run of adjacent pieces.
+        let many: Vec<Vma> = (0..100)
+            .map(|i| rw(0x1000 * (i + 1), 0x1000 * (i + 2)))
+            .collect();
+        let (r, asked) = by_list(&many, 0x1100, 0x10, Access::Read);
+        assert_eq!(r, Some((0x1000, 0x6000)));
+        assert_eq!(asked, 5);
+    }
 
     #[test]
     fn hit_all_remembers_the_last_set_per_access_and_epoch() {
