@@ -14,9 +14,9 @@ The program runs in host b of the default lab (`nanowire lab up`) and sends to h
 Per row and repeat: the median of `--procs` processes, ms; the JSON (stdout) has the environment,
 every repeat, the medians and the ratios of medians.
 """
-import argparse, json, os, platform, statistics, subprocess, sys, time
+import argparse, json, statistics
+from rowlib import env_of, fresh_service, interleave, output_of, row_argv
 
-NW = os.environ.get("NANOWIRE", os.path.join(os.path.dirname(__file__), "..", "target", "release", "nanowire"))
 PROG = r"""
 import socket, sys, threading, time
 if sys.argv[1] == "1":
@@ -29,34 +29,14 @@ print("%.3f" % ((time.perf_counter() - t) * 1e3), flush=True)
 """
 
 
-def ns_b(argv):
-    return ["ip", "netns", "exec", "nw-b"] + argv
-
-
-def row_argv(row, a):
-    prog = ["python3", "-c", PROG, "1" if a.threads else "0"]
-    if row == "plain":
-        return prog
-    nw = a.before_bin if row == "before" and a.before_bin else NW
-    env = ["env"] + (["NANOWIRE_SERVICE=1"] if a.engine == "service" else [])
-    if row == "before":
-        env.append(f"NANOWIRE_PRELOAD={a.before}")
-    return env + [nw, "run", "-o", "log=warn", "--"] + prog
+def prog(a):
+    return ["python3", "-c", PROG, "1" if a.threads else "0"]
 
 
 def one(row, a):
-    if a.engine == "service" and row != "plain":
-        subprocess.run(["pkill", "-f", "engine serve"], stderr=subprocess.DEVNULL)
-        time.sleep(0.5)
-        # The row's service starts with a first process, not timed.
-        subprocess.run(ns_b(row_argv(row, a)), capture_output=True, timeout=60)
-    xs = []
-    for _ in range(a.procs):
-        out = subprocess.run(ns_b(row_argv(row, a)), capture_output=True, text=True, timeout=60)
-        if out.returncode != 0:
-            raise RuntimeError(f"{row}: {out.stderr[-500:]}")
-        xs.append(float(out.stdout.split()[-1]))
-    return statistics.median(xs)
+    argv = row_argv(row, prog(a), a)
+    fresh_service(row, argv, a)
+    return statistics.median(float(output_of(argv, row, 60).split()[-1]) for _ in range(a.procs))
 
 
 def main():
@@ -68,18 +48,10 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--procs", type=int, default=10)
     a = p.parse_args()
-    subprocess.run([NW, "lab", "up"], check=True, stdout=subprocess.DEVNULL)
-    rows = ["plain", "run", "before"]
-    runs = {r: [] for r in rows}
-    for k in range(a.repeats):
-        for row in rows[k % 3:] + rows[:k % 3]:
-            runs[row].append(one(row, a))
-            print(f"repeat {k} {row} {runs[row][-1]:.3f} ms", file=sys.stderr, flush=True)
+    runs = interleave(a.repeats, lambda row: one(row, a))
     med = {r: statistics.median(v) for r, v in runs.items()}
     print(json.dumps({
-        "env": {"kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                "nanowire": os.path.realpath(NW), "before": a.before, "before_bin": a.before_bin,
-                "engine": a.engine, "threads": a.threads, "date": time.strftime("%F %T")},
+        "env": env_of(a, engine=a.engine, threads=a.threads),
         "procs": a.procs, "repeats": a.repeats, "runs_ms": runs, "median_ms": med,
         "ratios": {"run/plain": round(med["run"] / med["plain"], 3),
                    "run/before": round(med["run"] / med["before"], 3)},

@@ -15,9 +15,9 @@ The program runs in host b of the default lab (`nanowire lab up`). Per row and r
 over `--procs` programs of the first fork and of the median later fork, ms; the JSON (stdout) has
 the environment, every repeat, the medians and the ratios of medians.
 """
-import argparse, json, os, platform, statistics, subprocess, sys, time
+import argparse, json, statistics
+from rowlib import env_of, fresh_service, interleave, output_of, row_argv
 
-NW = os.environ.get("NANOWIRE", os.path.join(os.path.dirname(__file__), "..", "target", "release", "nanowire"))
 PROG = r"""
 import os, socket, statistics, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -35,32 +35,12 @@ print("%.3f %.3f" % (ts[0], statistics.median(ts[1:])), flush=True)
 """
 
 
-def ns_b(argv):
-    return ["ip", "netns", "exec", "nw-b"] + argv
-
-
-def row_argv(row, a):
-    prog = ["python3", "-c", PROG, str(a.forks)]
-    if row == "plain":
-        return prog
-    nw = a.before_bin if row == "before" and a.before_bin else NW
-    env = ["env"] + (["NANOWIRE_SERVICE=1"] if a.engine == "service" else [])
-    if row == "before":
-        env.append(f"NANOWIRE_PRELOAD={a.before}")
-    return env + [nw, "run", "-o", "log=warn", "--"] + prog
-
-
 def one(row, a):
-    if a.engine == "service" and row != "plain":
-        subprocess.run(["pkill", "-f", "engine serve"], stderr=subprocess.DEVNULL)
-        time.sleep(0.5)
-        subprocess.run(ns_b(row_argv(row, a)), capture_output=True, timeout=60)
+    argv = row_argv(row, ["python3", "-c", PROG, str(a.forks)], a)
+    fresh_service(row, argv, a)
     first, later = [], []
     for _ in range(a.procs):
-        out = subprocess.run(ns_b(row_argv(row, a)), capture_output=True, text=True, timeout=120)
-        if out.returncode != 0:
-            raise RuntimeError(f"{row}: {out.stderr[-500:]}")
-        f, l = out.stdout.split()[-2:]
+        f, l = output_of(argv, row).split()[-2:]
         first.append(float(f))
         later.append(float(l))
     return statistics.median(first), statistics.median(later)
@@ -75,22 +55,13 @@ def main():
     p.add_argument("--procs", type=int, default=5)
     p.add_argument("--forks", type=int, default=20)
     a = p.parse_args()
-    subprocess.run([NW, "lab", "up"], check=True, stdout=subprocess.DEVNULL)
-    rows = ["plain", "run", "before"]
-    first = {r: [] for r in rows}
-    later = {r: [] for r in rows}
-    for k in range(a.repeats):
-        for row in rows[k % 3:] + rows[:k % 3]:
-            f, l = one(row, a)
-            first[row].append(f)
-            later[row].append(l)
-            print(f"repeat {k} {row} first {f:.3f} ms later {l:.3f} ms", file=sys.stderr, flush=True)
+    runs = interleave(a.repeats, lambda row: one(row, a))
+    first = {r: [x[0] for x in v] for r, v in runs.items()}
+    later = {r: [x[1] for x in v] for r, v in runs.items()}
     mf = {r: statistics.median(v) for r, v in first.items()}
     ml = {r: statistics.median(v) for r, v in later.items()}
     print(json.dumps({
-        "env": {"kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                "nanowire": os.path.realpath(NW), "before": a.before, "before_bin": a.before_bin,
-                "engine": a.engine, "date": time.strftime("%F %T")},
+        "env": env_of(a, engine=a.engine),
         "procs": a.procs, "forks": a.forks, "repeats": a.repeats,
         "first_fork_ms": first, "later_fork_ms": later,
         "median_first_ms": mf, "median_later_ms": ml,

@@ -13,9 +13,9 @@ The program runs in host b of the default lab (`nanowire lab up`) on its own eng
 repeat: µs per send (mmap and munmap included); the JSON (stdout) has the environment, every
 repeat, the medians and the ratios of medians.
 """
-import argparse, json, os, platform, statistics, subprocess, sys, time
+import argparse, json, statistics
+from rowlib import env_of, interleave, output_of, row_argv
 
-NW = os.environ.get("NANOWIRE", os.path.join(os.path.dirname(__file__), "..", "target", "release", "nanowire"))
 PROG = r"""
 import mmap, socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("198.18.0.2", 0))
@@ -32,15 +32,6 @@ print("%.2f" % ((time.perf_counter() - t) / n * 1e6), flush=True)
 """
 
 
-def argv(row, a):
-    prog = ["python3", "-c", PROG, str(a.n)]
-    if row == "plain":
-        return prog
-    nw = a.before_bin if row == "before" and a.before_bin else NW
-    env = ["env"] + ([f"NANOWIRE_PRELOAD={a.before}"] if row == "before" else [])
-    return env + [nw, "run", "-o", "log=warn", "--"] + prog
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--before", required=True)
@@ -48,21 +39,11 @@ def main():
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--n", type=int, default=2000)
     a = p.parse_args()
-    subprocess.run([NW, "lab", "up"], check=True, stdout=subprocess.DEVNULL)
-    rows = ["plain", "run", "before"]
-    runs = {r: [] for r in rows}
-    for k in range(a.repeats):
-        for row in rows[k % 3:] + rows[:k % 3]:
-            out = subprocess.run(["ip", "netns", "exec", "nw-b"] + argv(row, a), capture_output=True, text=True, timeout=300)
-            if out.returncode != 0:
-                raise RuntimeError(f"{row}: {out.stderr[-500:]}")
-            runs[row].append(float(out.stdout.split()[-1]))
-            print(f"repeat {k} {row} {runs[row][-1]} us", file=sys.stderr, flush=True)
+    prog = ["python3", "-c", PROG, str(a.n)]
+    runs = interleave(a.repeats, lambda row: float(output_of(row_argv(row, prog, a), row, 300).split()[-1]))
     med = {r: statistics.median(v) for r, v in runs.items()}
     print(json.dumps({
-        "env": {"kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                "nanowire": os.path.realpath(NW), "before": a.before, "before_bin": a.before_bin,
-                "date": time.strftime("%F %T")},
+        "env": env_of(a),
         "n": a.n, "repeats": a.repeats, "us_per_send": runs, "median_us": med,
         "ratios": {"run/plain": round(med["run"] / med["plain"], 3), "run/before": round(med["run"] / med["before"], 3),
                    "run-plain_us": round(med["run"] - med["plain"], 2), "before-plain_us": round(med["before"] - med["plain"], 2)},

@@ -14,9 +14,9 @@ connection and on the UDP socket, the helper, `--n` more each. Per row and repea
 median round trip (µs) for each phase; the JSON (stdout) has the environment, every repeat, the
 medians and the ratios (after/before per row, and run/before after the helper).
 """
-import argparse, json, os, platform, statistics, subprocess, sys, time
+import argparse, json, statistics, subprocess
+from rowlib import ROWS, env_of, in_b, interleave, row_argv
 
-NW = os.environ.get("NANOWIRE", os.path.join(os.path.dirname(__file__), "..", "target", "release", "nanowire"))
 SERVER = r"""
 import socket, subprocess, sys
 port, n = int(sys.argv[1]), int(sys.argv[2])
@@ -64,29 +64,19 @@ print(" ".join("%.1f" % x for x in out), flush=True)
 """
 
 
-def ns(h, argv):
-    return ["ip", "netns", "exec", f"nw-{h}"] + argv
-
-
-def server_argv(row, a, port):
-    prog = ["python3", "-c", SERVER, str(port), str(a.n)]
-    if row == "plain":
-        return prog
-    nw = a.before_bin if row == "before" and a.before_bin else NW
-    env = ["env"] + (["NANOWIRE_SERVICE=1"] if a.engine == "service" else [])
-    if row == "before":
-        env.append(f"NANOWIRE_PRELOAD={a.before}")
-    return env + [nw, "run", "-o", "log=warn", "--"] + prog
+KEYS = ["tcp_before_us", "udp_before_us", "tcp_after_us", "udp_after_us"]
 
 
 def one(row, a, port):
-    srv = subprocess.Popen(ns("b", server_argv(row, a, port)), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    srv = subprocess.Popen(in_b(row_argv(row, ["python3", "-c", SERVER, str(port), str(a.n)], a)),
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     srv.stdout.readline()
-    out = subprocess.run(ns("a", ["python3", "-c", CLIENT, str(port), str(a.n)]), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(["ip", "netns", "exec", "nw-a", "python3", "-c", CLIENT, str(port), str(a.n)],
+                         capture_output=True, text=True, timeout=300)
     srv.wait(timeout=60)
     if out.returncode != 0:
         raise RuntimeError(f"{row}: {out.stderr[-500:]}")
-    return [float(x) for x in out.stdout.split()]
+    return dict(zip(KEYS, (float(x) for x in out.stdout.split())))
 
 
 def main():
@@ -97,29 +87,19 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--n", type=int, default=2000)
     a = p.parse_args()
-    subprocess.run([NW, "lab", "up"], check=True, stdout=subprocess.DEVNULL)
-    rows = ["plain", "run", "before"]
-    keys = ["tcp_before_us", "udp_before_us", "tcp_after_us", "udp_after_us"]
-    runs = {r: {k: [] for k in keys} for r in rows}
-    port = 17000
-    for k in range(a.repeats):
-        for row in rows[k % 3:] + rows[:k % 3]:
-            port += 1
-            for key, v in zip(keys, one(row, a, port)):
-                runs[row][key].append(v)
-            print(f"repeat {k} {row} " + " ".join(f"{x}={runs[row][x][-1]}" for x in keys), file=sys.stderr, flush=True)
-    med = {r: {k: statistics.median(v) for k, v in runs[r].items()} for r in rows}
+    ports = iter(range(17001, 17100))
+    got = interleave(a.repeats, lambda row: one(row, a, next(ports)))
+    runs = {r: {k: [x[k] for x in got[r]] for k in KEYS} for r in ROWS}
+    med = {r: {k: statistics.median(v) for k, v in runs[r].items()} for r in ROWS}
     ratios = {}
-    for r in rows:
+    for r in ROWS:
         for proto in ["tcp", "udp"]:
             ratios[f"{r} {proto} after/before"] = round(med[r][f"{proto}_after_us"] / med[r][f"{proto}_before_us"], 3)
     for proto in ["tcp", "udp"]:
         ratios[f"after: run/before {proto}"] = round(med["run"][f"{proto}_after_us"] / med["before"][f"{proto}_after_us"], 3)
         ratios[f"after: run/plain {proto}"] = round(med["run"][f"{proto}_after_us"] / med["plain"][f"{proto}_after_us"], 3)
     print(json.dumps({
-        "env": {"kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                "nanowire": os.path.realpath(NW), "before": a.before, "before_bin": a.before_bin,
-                "engine": a.engine, "date": time.strftime("%F %T")},
+        "env": env_of(a, engine=a.engine),
         "n": a.n, "repeats": a.repeats, "runs": runs, "median": med, "ratios": ratios,
     }, indent=1))
 
