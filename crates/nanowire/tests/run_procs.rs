@@ -108,6 +108,16 @@ fn placed(
     logs
 }
 
+/// The argv of Python program `src` serving `addr` `port` (for [`placed`]).
+fn python_server(src: &str) -> impl Fn(&str, &str) -> Vec<String> + '_ {
+    move |addr, port| {
+        ["python3", "-c", src, addr, port]
+            .into_iter()
+            .map(String::from)
+            .collect()
+    }
+}
+
 /// The shared prelude (`listener`, `chunks`), then: reads a line byte by
 /// byte (nothing after the newline is taken), and a body sent as its
 /// length on a line, then the bytes.
@@ -1183,12 +1193,7 @@ sys.exit(0 if ok else 1)
 #[ignore = "needs root"]
 fn a_udp_socket_stays_on_the_engine_until_a_forked_child_uses_it() {
     let srv = format!("{READLINE}{UDP_FORK_SRV}");
-    let server = |addr: &str, port: &str| {
-        ["python3", "-c", &srv, addr, port]
-            .into_iter()
-            .map(String::from)
-            .collect()
-    };
+    let server = python_server(&srv);
     let rest = format!("{READLINE}{UDP_FORK_CLIENT}");
     let logs = placed(
         "pudf",
@@ -1276,12 +1281,7 @@ print("parent leaves", flush=True)
 #[ignore = "needs root"]
 fn a_udp_socket_a_forked_child_holds_outlives_its_owner() {
     let srv = format!("{READLINE}{UDP_ORPHAN_SRV}");
-    let server = |addr: &str, port: &str| {
-        ["python3", "-c", &srv, addr, port]
-            .into_iter()
-            .map(String::from)
-            .collect()
-    };
+    let server = python_server(&srv);
     let cli = UDP_FORK_CLIENT.replace("else (0, 100)", "else (0, 40)");
     let logs = placed(
         "pudo",

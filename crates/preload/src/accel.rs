@@ -292,20 +292,13 @@ pub fn shared_copies() -> Vec<u64> {
 /// exec is about to close the fds `closes` says: this process's copies of
 /// sockets a parent shared at fork among them are no longer held by it.
 pub fn held_until_exec(closes: &dyn Fn(c_int) -> bool) {
-    let mut held: Vec<(u64, bool)> = Vec::new();
+    let mut copies = Vec::new();
     table::each_record::<Accel>(|fd, r| {
-        if !r.shared_copy() {
-            return;
-        }
-        match held.iter_mut().find(|(h, _)| *h == r.share()) {
-            // Every number of it must go for the copy to go.
-            Some((_, all)) => *all &= closes(fd),
-            None => held.push((r.share(), closes(fd))),
+        if r.shared_copy() {
+            copies.push((fd, r.share()));
         }
     });
-    for (h, _) in held.into_iter().filter(|&(_, all)| all) {
-        crate::forkshare::dropped(h);
-    }
+    crate::forkshare::held_until_exec(&copies, closes);
 }
 
 extern "C" fn after_fork_child() {

@@ -182,6 +182,23 @@ pub fn held_again(h: u64) {
     }
 }
 
+/// exec is about to close the fds `closes` says: of this process's copies
+/// (`copies`: each fd number with its handle), a handle all of whose
+/// numbers close is no longer held by this process ([`dropped`]).
+pub fn held_until_exec(copies: &[(libc::c_int, u64)], closes: &dyn Fn(libc::c_int) -> bool) {
+    let mut held: Vec<(u64, bool)> = Vec::new();
+    for &(fd, h) in copies {
+        match held.iter_mut().find(|(x, _)| *x == h) {
+            // Every number of it must go for the copy to go.
+            Some((_, all)) => *all &= closes(fd),
+            None => held.push((h, closes(fd))),
+        }
+    }
+    for (h, _) in held.into_iter().filter(|&(_, all)| all) {
+        dropped(h);
+    }
+}
+
 /// A holder (not the owner) let go of its copy (its last fd closed, or it
 /// exits). The last one wakes the owner's broker (a connection the owner
 /// closed and keeps for its children ends then).

@@ -636,21 +636,14 @@ pub fn inherited(fd: c_int, t: TcpRef) -> Option<TcpRef> {
 /// it (if the exec fails, the owner may have closed the connection: the
 /// fd is then an unconnected socket).
 pub fn held_until_exec(closes: &dyn Fn(c_int) -> bool) {
-    let mut held: Vec<(u64, bool)> = Vec::new();
+    let mut copies = Vec::new();
     table::each_record::<Tcp>(|fd, t| {
         let t = TcpRef(t);
-        if t.mine() || t.share() == 0 || t.listener() {
-            return;
-        }
-        match held.iter_mut().find(|(h, _)| *h == t.share()) {
-            // Every number of it must go for the copy to go.
-            Some((_, all)) => *all &= closes(fd),
-            None => held.push((t.share(), closes(fd))),
+        if !t.mine() && t.share() != 0 && !t.listener() {
+            copies.push((fd, t.share()));
         }
     });
-    for (h, _) in held.into_iter().filter(|&(_, all)| all) {
-        crate::forkshare::dropped(h);
-    }
+    crate::forkshare::held_until_exec(&copies, closes);
 }
 
 /// A forked child's first use of a connection its parent shared at fork
