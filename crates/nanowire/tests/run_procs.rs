@@ -1252,6 +1252,92 @@ fn a_udp_socket_stays_on_the_engine_until_a_forked_child_uses_it() {
     assert_eq!(say("fork(): the child shares this socket"), 0, "{logs}");
 }
 
+/// A prefork UDP server: the parent binds, forks two workers and only
+/// waits; each worker waits on the inherited socket with epoll (Python's
+/// selectors) and echoes what it reads, until a "done". The workers'
+/// first use is the epoll registration: under run it has the parent take
+/// the socket off its engine, and the workers share the kernel's socket
+/// (which of them gets a datagram is the kernel's choice, as plainly). 200
+/// datagrams, stop-and-wait, each echoed once, as plainly.
+const UDP_PREFORK_SRV: &str = r#"
+import os, selectors, socket, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind((addr, port))
+u.setblocking(False)
+kids = []
+for w in range(2):
+    pid = os.fork()
+    if pid == 0:
+        sel = selectors.EpollSelector()
+        sel.register(u, selectors.EVENT_READ)
+        os.write(1, b"ready\n")
+        while True:
+            sel.select()
+            try:
+                d, peer = u.recvfrom(2048)
+            except BlockingIOError:
+                continue
+            if d == b"done":
+                os._exit(0)
+            u.sendto(b"echo " + d, peer)
+    kids.append(pid)
+print("listening", flush=True)
+print("workers", sorted(os.waitstatus_to_exitcode(os.waitpid(k, 0)[1]) for k in kids), flush=True)
+"#;
+
+const UDP_PREFORK_CLIENT: &str = r#"
+import socket, sys, time
+addr, port = sys.argv[1], int(sys.argv[2])
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.settimeout(2)
+ok = True
+for k in range(200):
+    d = b"datagram %d" % k
+    for attempt in range(10):
+        c.sendto(d, (addr, port))
+        try:
+            r, _ = c.recvfrom(4096); break
+        except socket.timeout:
+            r = b""
+    while r != b"echo " + d and r:
+        # A late echo of a resent datagram: the next one is ours.
+        try:
+            r, _ = c.recvfrom(4096)
+        except socket.timeout:
+            r = b""
+    ok &= r == b"echo " + d
+print("200 echoed", flush=True)
+for _ in range(2):
+    c.sendto(b"done", (addr, port))
+    time.sleep(0.2)
+print("all ok" if ok else "SOME BAD", flush=True)
+"#;
+
+#[test]
+#[ignore = "needs root"]
+fn prefork_udp_workers_waiting_with_epoll_share_the_socket_as_plainly() {
+    let srv = format!("{READLINE}{UDP_PREFORK_SRV}");
+    let server = python_server(&srv);
+    let logs = placed(
+        "pudw",
+        "udp-prefork",
+        &server,
+        UDP_PREFORK_CLIENT,
+        14880,
+        &mut |_, _, _, _| {},
+    );
+    eprintln!("{logs}");
+    // Under run (own engine, service): kept at the forks, taken off once,
+    // at the first worker's registration; both workers then the kernel's.
+    let say = |x: &str| logs.matches(x).count();
+    assert_eq!(say("udp: shared with the forked child"), 2, "{logs}");
+    assert_eq!(say("fork(): the forked child uses it too"), 2, "{logs}");
+    assert_eq!(
+        say("inherited through fork(): the kernel's socket now"),
+        4,
+        "{logs}"
+    );
+}
+
 /// The owner of a UDP socket it shared at fork exits before the child
 /// ever used it: the child then serves it alone (the socket left the
 /// engine with the owner; the child's first use finds the kernel's, no
