@@ -10,7 +10,8 @@ takes only what it inherits (nothing here), so the sockets stay on the engine:
 
 The server (Python) runs in host b of the default lab (`nanowire lab up`) on its own engine (or
 `--engine service`), the client (Python, plain) in host a: `--n` 64-byte round trips on the
-connection and on the UDP socket, the helper, `--n` more each. Per row and repeat the client's
+connection and on the UDP socket, the helper (its `subprocess.run` timed by the server: a fork
+copies the page tables a vfork does not), `--n` more each. Per row and repeat the client's
 median round trip (µs) for each phase; the JSON (stdout) has the environment, every repeat, the
 medians and the ratios (after/before per row, and run/before after the helper).
 """
@@ -18,7 +19,7 @@ import argparse, json, statistics, subprocess
 from rowlib import ROWS, env_of, in_b, interleave, row_argv
 
 SERVER = r"""
-import socket, subprocess, sys
+import socket, subprocess, sys, time
 port, n = int(sys.argv[1]), int(sys.argv[2])
 ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 ls.bind(("198.18.0.2", port)); ls.listen(4)
@@ -32,8 +33,11 @@ def phase():
         d, a = u.recvfrom(64)
         u.sendto(d, a)
 phase()
+t = time.perf_counter()
 subprocess.run(["/bin/true"])
+helper = (time.perf_counter() - t) * 1e6
 phase()
+print("helper_us %.1f" % helper, flush=True)
 """
 CLIENT = r"""
 import socket, statistics, sys, time
@@ -64,7 +68,7 @@ print(" ".join("%.1f" % x for x in out), flush=True)
 """
 
 
-KEYS = ["tcp_before_us", "udp_before_us", "tcp_after_us", "udp_after_us"]
+KEYS = ["tcp_before_us", "udp_before_us", "tcp_after_us", "udp_after_us", "helper_us"]
 
 
 def one(row, a, port):
@@ -73,10 +77,11 @@ def one(row, a, port):
     srv.stdout.readline()
     out = subprocess.run(["ip", "netns", "exec", "nw-a", "python3", "-c", CLIENT, str(port), str(a.n)],
                          capture_output=True, text=True, timeout=300)
+    helper = float(srv.stdout.read().split()[-1])
     srv.wait(timeout=60)
     if out.returncode != 0:
         raise RuntimeError(f"{row}: {out.stderr[-500:]}")
-    return dict(zip(KEYS, (float(x) for x in out.stdout.split())))
+    return dict(zip(KEYS, [*(float(x) for x in out.stdout.split()), helper]))
 
 
 def main():
@@ -95,6 +100,8 @@ def main():
     for r in ROWS:
         for proto in ["tcp", "udp"]:
             ratios[f"{r} {proto} after/before"] = round(med[r][f"{proto}_after_us"] / med[r][f"{proto}_before_us"], 3)
+    ratios["helper run/plain"] = round(med["run"]["helper_us"] / med["plain"]["helper_us"], 3)
+    ratios["helper run/before"] = round(med["run"]["helper_us"] / med["before"]["helper_us"], 3)
     for proto in ["tcp", "udp"]:
         ratios[f"after: run/before {proto}"] = round(med["run"][f"{proto}_after_us"] / med["before"][f"{proto}_after_us"], 3)
         ratios[f"after: run/plain {proto}"] = round(med["run"][f"{proto}_after_us"] / med["plain"][f"{proto}_after_us"], 3)
