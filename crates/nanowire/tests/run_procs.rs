@@ -1270,7 +1270,6 @@ for w in range(2):
     if pid == 0:
         sel = selectors.EpollSelector()
         sel.register(u, selectors.EVENT_READ)
-        os.write(1, b"ready\n")
         while True:
             sel.select()
             try:
@@ -1326,16 +1325,25 @@ fn prefork_udp_workers_waiting_with_epoll_share_the_socket_as_plainly() {
         &mut |_, _, _, _| {},
     );
     eprintln!("{logs}");
-    // Under run (own engine, service): kept at the forks, taken off once,
-    // at the first worker's registration; both workers then the kernel's.
-    let say = |x: &str| logs.matches(x).count();
-    assert_eq!(say("udp: shared with the forked child"), 2, "{logs}");
-    assert_eq!(say("fork(): the forked child uses it too"), 2, "{logs}");
-    assert_eq!(
-        say("inherited through fork(): the kernel's socket now"),
-        4,
-        "{logs}"
-    );
+    // Under run (own engine, service): kept on the engine at the first
+    // fork; taken off once, at the first worker's registration (before
+    // or after the second fork: then the second worker's copy is the
+    // kernel's from its start, or claimed too).
+    let runs: Vec<&str> = logs.split("--- ").filter(|x| !x.is_empty()).collect();
+    assert_eq!(runs.len(), 2, "{logs}");
+    for run in runs {
+        let say = |x: &str| run.matches(x).count();
+        assert_eq!(
+            say("udp: shared with the forked child"),
+            1,
+            "said once per socket:\n{run}"
+        );
+        assert_eq!(say("fork(): the forked child uses it too"), 1, "{run}");
+        assert!(
+            (1..=2).contains(&say("inherited through fork(): the kernel's socket now")),
+            "{run}"
+        );
+    }
 }
 
 /// The owner of a UDP socket it shared at fork exits before the child

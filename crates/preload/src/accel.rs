@@ -179,19 +179,27 @@ pub fn service_lost() {
 
 /// At fork: engine socket `a` (`fd` one of its numbers) stays on this
 /// engine, shared with the child through its slot in the page shared with
-/// children (said once per socket). False: no slot (the caller takes it
-/// off the engine now).
+/// children (said once per socket), or is off the engine already (an
+/// earlier child took it). False: no slot (the caller takes it off the
+/// engine now).
 fn share_at_fork(fd: c_int, a: &'static Accel) -> bool {
     use nanowire_stack::xdp::forkpage::pack;
-    let peer = a.lock().peer;
+    // Under the socket's lock: an earlier child's claim may be taking it
+    // off the engine right now (the owner's broker detaches under this
+    // lock and then settles the slot); one already off is not shared.
+    let g = a.lock();
+    if a.detached.load(Ordering::Acquire) {
+        return true;
+    }
     let conn = (
         a.local.load(Ordering::Acquire),
-        peer.map_or(0, pack),
+        g.peer.map_or(0, pack),
         crate::sys::inode_of(fd),
     );
     let Some(h) = crate::forkshare::share(a.share(), conn) else {
         return false;
     };
+    drop(g);
     if a.share.swap(h, Ordering::AcqRel) != h {
         log!(
             Level::Info,
