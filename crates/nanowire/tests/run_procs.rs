@@ -588,13 +588,7 @@ c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.settimeout(5)
 ok = True
 for k in range(200):
     d = bytes((k * 7 + j) % 251 for j in range(1 + k * 7))
-    for attempt in range(5):
-        c.sendto(d, (addr, port))
-        try:
-            r, _ = c.recvfrom(65536); break
-        except socket.timeout:
-            r = b""
-    ok &= r == hashlib.sha256(d).digest() + d[:100]
+    ok &= udp_ask(c, d, (addr, port), 5) == hashlib.sha256(d).digest() + d[:100]
 print("200 echoes", flush=True)
 print("all ok" if ok else "SOME BAD", flush=True)
 "#;
@@ -1171,19 +1165,13 @@ import socket, sys
 addr, port = sys.argv[1], int(sys.argv[2])
 first, last = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) > 4 else (0, 100)
 c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.settimeout(2)
-ok, resent = True, 0
+ok = True
 if first > 0:
     c.sendto(b"fork", (addr, port))
     print(c.recvfrom(4096)[0].decode(), flush=True)
 for k in range(first, last):
     d = b"datagram %d " % k + bytes(k % 251 for _ in range(k * 5))
-    for attempt in range(10):
-        c.sendto(d, (addr, port))
-        try:
-            r, _ = c.recvfrom(4096); break
-        except socket.timeout:
-            r, resent = b"", resent + 1
-    ok &= r == b"echo " + d
+    ok &= udp_ask(c, d, (addr, port), 10) == b"echo " + d
 print(last - first, "echoed", flush=True)
 print("all ok" if ok else "SOME BAD", flush=True)
 sys.exit(0 if ok else 1)
@@ -1291,12 +1279,7 @@ c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.settimeout(2)
 ok = True
 for k in range(200):
     d = b"datagram %d" % k
-    for attempt in range(10):
-        c.sendto(d, (addr, port))
-        try:
-            r, _ = c.recvfrom(4096); break
-        except socket.timeout:
-            r = b""
+    r = udp_ask(c, d, (addr, port), 10)
     while r != b"echo " + d and r:
         # A late echo of a resent datagram: the next one is ours.
         try:

@@ -756,6 +756,16 @@ def recv_line(s, n=65536):
             break
         b += d
     return b
+def udp_ask(c, d, dst, tries):
+    # Send datagram d until a reply comes (c has a timeout): the reply, or
+    # b"" after `tries` sends.
+    for _ in range(tries):
+        c.sendto(d, dst)
+        try:
+            return c.recvfrom(65536)[0]
+        except socket.timeout:
+            pass
+    return b""
 "#
     };
 }
