@@ -264,6 +264,12 @@ impl<T, H: OwnerHost> OwnedLock<T, H> {
         }
     }
 
+    /// Is the owner inside the outer section now (a snapshot: it may
+    /// leave or enter the next moment)?
+    pub fn inside(&self) -> bool {
+        self.inside.load(Ordering::Acquire) != 0
+    }
+
     /// The owner's token, [`UNOWNED`] or [`SHARED`] (for tests and stats).
     pub fn owner(&self) -> u64 {
         self.owner.load(Ordering::Relaxed)

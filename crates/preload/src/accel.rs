@@ -200,6 +200,9 @@ fn share_at_fork(fd: c_int, a: &'static Accel) -> bool {
         return false;
     };
     drop(g);
+    if a.share() == 0 {
+        a.owner_used.store(false, Ordering::Relaxed);
+    }
     if a.share.swap(h, Ordering::AcqRel) != h {
         log!(
             Level::Info,
@@ -210,22 +213,86 @@ fn share_at_fork(fd: c_int, a: &'static Accel) -> bool {
 }
 
 /// A forked child's first use of its copy `a` (`fd` one of its numbers) of
-/// a socket its parent shared at fork: the owner takes it off its engine
-/// (its queued datagrams put back on the kernel socket, which both
-/// processes read from then on) and this process forgets its copy of the
-/// record under every number (never acting on the owner's engine objects):
-/// the kernel socket answers the fd, as it does plainly.
+/// a socket its parent shared at fork. On the engine service, while the
+/// owner has not used it since the fork, it moves here: the owner takes
+/// it off its engine (its queue requeued on the kernel socket, its claim
+/// released) and this process puts the socket on its own engine (the
+/// first move only; the owner's copy is a copy like a child's from then
+/// on). An owner that left (exit) left it for the first holder that uses
+/// it, on the service or on an engine of its own. Otherwise the owner
+/// takes it off its engine and both read the kernel socket, as plainly.
+/// Either way this process forgets its copy of the record under every
+/// number (never acting on the owner's engine objects). `Some`: the
+/// record that serves the fd here now.
 #[cold]
-pub fn inherited(fd: c_int, a: &'static Accel) {
+pub fn inherited(fd: c_int, a: &'static Accel) -> Option<&'static Accel> {
     // One claim at a time in this process: a second thread finds the
-    // copy forgotten by the first.
+    // copy forgotten (or replaced) by the first.
     static CLAIMING: Mutex<()> = Mutex::new(());
     let _g = CLAIMING.lock().unwrap_or_else(|e| e.into_inner());
     if !by_fd(fd).is_some_and(|b| std::ptr::eq(a, b)) {
-        return;
+        return lookup_mine(fd);
     }
     let e = errno();
-    let _ = crate::forkshare::claim(a.share(), false);
+    let h = a.share();
+    // A bound socket without a peer (a server's: the kernel socket says;
+    // the copy's lock may be held by a thread the fork left behind) can
+    // go on an engine of this process.
+    let take = spin::xdp_candidates() && peer_of(fd).is_none();
+    let service = spin::STATE
+        .get()
+        .and_then(|s| s.cfg.as_ref())
+        .is_some_and(|c| c.service);
+    let mut claimed = crate::forkshare::claim_as(h, take && service, take);
+    match claimed {
+        crate::forkshare::Claimed::Moved { owner, .. } => {
+            let b = take_here(fd, a, owner, "moved from the xdp engine of pid");
+            crate::forkshare::moved_in(h, b.is_some());
+            if let Some(b) = b {
+                b.share.store(h, Ordering::Release);
+                set_errno(e);
+                return Some(b);
+            }
+            claimed = crate::forkshare::claim(h, false);
+        }
+        crate::forkshare::Claimed::Orphaned { owner } => {
+            if !service {
+                // An engine of its own: the interface is the leaving
+                // owner's engine's until that process is gone.
+                gone(owner);
+            }
+            let b = take_here(fd, a, owner, "left to it by pid");
+            let h2 = crate::forkshare::orphan_taken(h, b.is_some());
+            set_errno(e);
+            if let Some(b) = b {
+                b.share.store(h2, Ordering::Release);
+                return Some(b);
+            }
+            return None;
+        }
+        _ => {}
+    }
+    if matches!(claimed, crate::forkshare::Claimed::Mine) {
+        set_errno(e);
+        return lookup_mine(fd);
+    }
+    forget_copy(a);
+    log!(
+        Level::Info,
+        "fd {fd} udp: inherited through fork(): the kernel's socket now, shared with the parent process"
+    );
+    set_errno(e);
+    None
+}
+
+/// This process's own record on `fd`, if any.
+fn lookup_mine(fd: c_int) -> Option<&'static Accel> {
+    by_fd(fd).filter(|b| b.mine())
+}
+
+/// Forget this process's copy `a` of a socket shared at fork under every
+/// number (the kernel socket answers them).
+fn forget_copy(a: &'static Accel) {
     let mut fds = Vec::new();
     table::each_record::<Accel>(|f, r| {
         if std::ptr::eq(r.record(), a) {
@@ -236,37 +303,165 @@ pub fn inherited(fd: c_int, a: &'static Accel) {
         let _ = take_fd(f);
         table::clear_flags(f, table::F_ACCEL);
     }
+}
+
+/// The kernel socket's peer (a connected UDP socket), if any.
+fn peer_of(fd: c_int) -> Option<SocketAddrV4> {
+    // SAFETY: a zeroed sockaddr_in and its length, for getpeername.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut l = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let e = errno();
+    // SAFETY: our sockaddr buffer and its length.
+    let r = unsafe { real::getpeername(fd, (&raw mut sa).cast(), &mut l) };
+    set_errno(e);
+    (r == 0).then(|| {
+        SocketAddrV4::new(
+            Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+            u16::from_be(sa.sin_port),
+        )
+    })
+}
+
+/// Wait (at most 2 s) until process `pid` is gone: its fds closed, its
+/// engine's hold on the interface with them.
+fn gone(pid: u32) {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
+        return;
+    };
+    let Ok(pfd) = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) else {
+        return; // gone already (ESRCH)
+    };
+    let mut fds = [PollFd::new(&pfd, PollFlags::IN)];
+    let t = Timespec {
+        tv_sec: 2,
+        tv_nsec: 0,
+    };
+    let _ = poll(&mut fds, Some(&t));
+}
+
+/// Put the socket of this process's copy `a` (`fd` one of its numbers),
+/// which its owner `owner` took off its engine for this process, on an
+/// engine of this process's, under every number of the copy, with what
+/// the kernel socket queued meanwhile first. `None`: it could not (said
+/// why); the kernel socket answers the fd.
+fn take_here(fd: c_int, a: &'static Accel, owner: u32, from: &str) -> Option<&'static Accel> {
+    let mut fds = Vec::new();
+    table::each_record::<Accel>(|f, r| {
+        if std::ptr::eq(r.record(), a) {
+            fds.push(f);
+        }
+    });
+    let nonblock = a.common.nonblock();
+    forget_copy(a);
+    let Some(b) = crate::ahooks::adopt_inherited(fd) else {
+        return None;
+    };
+    b.common.set_nonblock(nonblock);
+    for &f in fds.iter().filter(|&&f| f != fd) {
+        if b.add_ref(fd) {
+            set_fd(f, b);
+            table::add_flags(f, table::F_ACCEL);
+        }
+    }
+    {
+        // What the kernel socket holds (the owner's queue, requeued, and
+        // what arrived before this engine's claim) is older than anything
+        // the engine will read: served first, in order.
+        let mut g = b.lock();
+        for _ in 0..4096 {
+            let mut more = |p: &[u8], src| g.stash.push_back((p.to_vec(), src, 0));
+            if !matches!(kernel_recv(fd, 0, &mut more), Some(Ok(_))) {
+                break;
+            }
+        }
+    }
     log!(
         Level::Info,
-        "fd {fd} udp: inherited through fork(): the kernel's socket now, shared with the parent process"
+        "fd {fd} udp: inherited through fork(): on this process's xdp engine ({from} {owner})"
     );
-    set_errno(e);
+    Some(b)
 }
 
 /// The owner's broker answers a forked child that uses the socket of
-/// handle `h` (`forkshare`): it goes off this engine, its queued datagrams
-/// back on the kernel socket both processes read. `None`: no socket of
-/// this process has that handle.
-pub fn answer_child(h: u64) -> Option<crate::forkshare::Answer> {
+/// handle `h` (`forkshare`): moved to the child's engine if it asked
+/// (`taker`: on the engine service) and this process has not used the
+/// socket since the fork and no thread of it waits in it; else off this
+/// engine, its queued datagrams back on the kernel socket both processes
+/// read. `None`: no socket of this process has that handle.
+pub fn answer_child(h: u64, taker: u32) -> Option<crate::forkshare::Answer> {
+    const WHY: &str = "fork(): the forked child uses it too";
     let mut found = None;
     table::each_record::<Accel>(|fd, r| {
         let a = r.record();
         if found.is_none() && a.mine() && a.share() == h {
-            found = Some(fd);
+            found = Some((fd, a));
         }
     });
-    let fd = found?;
-    detach_as(fd, "fork(): the forked child uses it too", true);
+    let (fd, a) = found?;
+    if taker != 0 && idle_here(a) {
+        match take_off(fd, None, true, After::Disown) {
+            Some(0) => {
+                if crate::forkshare::offer_moved(h, &[], taker) {
+                    log!(
+                        Level::Info,
+                        "fd {fd} udp: moved to the xdp engine of pid {taker} (fork(): the forked child uses it); this process's copy is served by it"
+                    );
+                    return Some(crate::forkshare::Answer::Moved);
+                }
+                // Not taken: the kernel's, for every holder.
+                forget_copy(a);
+                log!(
+                    Level::Warn,
+                    "fd {fd} udp: taken off the xdp engine (kernel socket): {WHY}, and its engine could not take it"
+                );
+                return Some(crate::forkshare::Answer::Decided);
+            }
+            Some(_) => {
+                // Datagrams this process could not requeue: it serves
+                // them (its record stays, in kernel mode).
+                log!(
+                    Level::Warn,
+                    "fd {fd} udp: taken off the xdp engine (kernel socket, spin engine): {WHY}"
+                );
+                return Some(crate::forkshare::Answer::Decided);
+            }
+            None => {}
+        }
+    }
+    detach_as(fd, WHY, true);
     Some(crate::forkshare::Answer::Decided)
+}
+
+/// No call of this process's has reached socket `a` since its first fork
+/// and none waits in it now (a thread inside a receive, asleep in one, an
+/// epoll set holding it): moving it away changes nothing it can see.
+fn idle_here(a: &'static Accel) -> bool {
+    if a.owner_used.load(Ordering::Acquire) || a.sleepers.load(Ordering::Acquire) != 0 {
+        return false;
+    }
+    let mut busy = false;
+    table::each_record::<Accel>(|f, r| {
+        if std::ptr::eq(r.record(), a)
+            && (nanowire_shimcore::fdtable::spinners(table::get(f)) != 0
+                || a.st.inside()
+                || crate::ready::registered(f))
+        {
+            busy = true;
+        }
+    });
+    !busy
 }
 
 /// This process's engine sockets a forked child holds a copy of (their
 /// slot says so) leave the engine before this image goes (`why`: exit or
 /// exec), as the kernel socket outlives a closing process while another
-/// holds it: what the engine had queued goes onto it for the child, and
-/// the child's use finds the kernel's socket at once (no owner left to
-/// ask).
-pub fn owner_leaving(why: &str) {
+/// holds it: what the engine had queued goes onto it for the child. At
+/// exit the first holder to use it then takes it onto its engine
+/// (`forkshare::orphan`); at exec (the new image may take it itself) and
+/// where the queue could not be requeued, the child's use finds the
+/// kernel's socket at once (no owner left to ask).
+pub fn owner_leaving(why: &str, exiting: bool) {
     let mut socks: Vec<(c_int, &'static Accel)> = Vec::new();
     table::each_record::<Accel>(|fd, r| {
         let a = r.record();
@@ -279,10 +474,52 @@ pub fn owner_leaving(why: &str) {
         }
     });
     let e = errno();
-    for (fd, _) in socks {
-        detach_as(fd, why, true);
+    for (fd, a) in socks {
+        let h = a.share();
+        if exiting && crate::forkshare::decide(h) {
+            leave_to_holders(fd, h, why);
+        } else {
+            detach_as(fd, why, true);
+        }
     }
     set_errno(e);
+}
+
+/// The owner, holding the decision on socket `fd` (handle `h`), lets go
+/// of it while forked children hold copies (`why`: its exit, or its last
+/// close on the engine service): off its engine with its queue on the
+/// kernel socket, left to the first holder that uses it, which takes it
+/// onto its engine (`forkshare::orphan`); where the queue could not all
+/// be requeued, the kernel's for every holder.
+fn leave_to_holders(fd: c_int, h: u64, why: &str) {
+    match take_off(fd, None, true, After::Keep) {
+        Some(0) => {
+            crate::forkshare::orphan(h);
+            log!(
+                Level::Info,
+                "fd {fd} udp: off this process's xdp engine: {why}; the first holder to use it takes it onto its engine"
+            );
+        }
+        kept => {
+            crate::forkshare::settle(h);
+            log!(
+                Level::Warn,
+                "fd {fd} udp: taken off the xdp engine (kernel socket, spin engine): {why}{}",
+                match kept {
+                    Some(n) if n > 0 => format!(" ({n} queued datagrams are delivered first)"),
+                    _ => String::new(),
+                }
+            );
+        }
+    }
+}
+
+/// Is socket `a` on an engine attached to the engine service?
+fn on_service(a: &Accel) -> bool {
+    a.lock()
+        .xdp
+        .as_ref()
+        .is_some_and(|x| x.engine_handle().on_service())
 }
 
 /// This process's copies of sockets a parent shared at fork (their
@@ -375,6 +612,10 @@ pub struct Accel {
     /// 0 if it was never shared across fork: a fork leaves it on this
     /// process's engine until a child uses its copy ([`inherited`]).
     share: AtomicU64,
+    /// The owner used it (a call reached it) since it was first shared at
+    /// fork: a child's use then takes it to the kernel, never away from
+    /// this process ([`answer_child`]).
+    owner_used: AtomicBool,
 }
 
 impl Accel {
@@ -453,6 +694,14 @@ impl Accel {
     pub fn shared_copy(&self) -> bool {
         self.share() != 0 && !self.mine()
     }
+    /// A call of the owner's reached this socket, which a forked child
+    /// holds a copy of (`share() != 0`): see `owner_used`.
+    #[cold]
+    pub fn owner_uses(&self) {
+        if !self.owner_used.load(Ordering::Relaxed) {
+            self.owner_used.store(true, Ordering::Relaxed);
+        }
+    }
     /// The fds a sleeping wait on this socket polls.
     pub fn wait_fds(&self) -> &'static [c_int] {
         let all = self.wait_fds.get();
@@ -487,6 +736,7 @@ impl Accel {
             adopted: AtomicI32::new(-1),
             ts: Default::default(),
             share: AtomicU64::new(0),
+            owner_used: AtomicBool::new(false),
         }
     }
 }
@@ -534,11 +784,13 @@ pub fn take_fd(fd: c_int) -> Option<&'static Accel> {
 pub fn lookup(fd: c_int) -> Option<&'static Accel> {
     let a = by_fd(fd)?;
     if a.mine() {
-        Some(a)
-    } else {
         if a.share() != 0 {
-            inherited(fd, a);
+            a.owner_uses();
         }
+        Some(a)
+    } else if a.share() != 0 {
+        inherited(fd, a)
+    } else {
         None
     }
 }
@@ -548,8 +800,11 @@ pub fn lookup(fd: c_int) -> Option<&'static Accel> {
 pub fn lookup_gen(fd: c_int) -> Option<(&'static Accel, u32)> {
     let r = table::record_ref::<Accel>(fd)?;
     if r.shared_copy() {
-        inherited(fd, r.record());
-        return None;
+        // Moved here: this process's record now.
+        return inherited(fd, r.record()).and_then(|_| lookup_gen(fd));
+    }
+    if r.share() != 0 && r.mine() {
+        r.record().owner_uses();
     }
     r.mine().then(|| (r.record(), r.generation()))
 }
@@ -747,6 +1002,7 @@ fn record(
     a.local.store(0, Ordering::Relaxed);
     a.adopted.store(fd, Ordering::Relaxed);
     a.share.store(0, Ordering::Relaxed);
+    a.owner_used.store(false, Ordering::Relaxed);
     if a.wait_fds() != &wait_fds[..] {
         a.wait_fds.set(WAIT_LISTS.intern(wait_fds));
     }
@@ -1234,7 +1490,9 @@ fn requeue(fd: c_int, stash: &mut VecDeque<(Vec<u8>, SocketAddrV4, u64)>, to: So
 /// (Kept while transmit stamps of the engine's sends are unread: they are
 /// served from the record, see `tstamp::recv_err`.)
 fn retire_detached(fd: c_int, a: &Accel) {
-    if !a.ts.err_pending() && by_fd(fd).is_some_and(|b| std::ptr::eq(a, b)) {
+    // A record moved to another process's engine stays: this process's
+    // copy, whose next use asks that owner (`take_off`, `After::Disown`).
+    if a.mine() && !a.ts.err_pending() && by_fd(fd).is_some_and(|b| std::ptr::eq(a, b)) {
         let Some(r) = take_fd(fd) else { return };
         table::clear_flags(fd, table::F_ACCEL);
         // The fd's reference goes with its slot (its close will not find
@@ -1696,13 +1954,16 @@ pub fn closing(fd: c_int) {
         )
     {
         // Its last fd here while a forked child holds a copy: the socket
-        // lives on in the child, with what the engine had queued.
-        detach_as(
-            fd,
-            "fork(): this process closed it, its forked child holds it",
-            true,
-        );
-        crate::forkshare::settle(h);
+        // lives on in the child, with what the engine had queued. On the
+        // service the child's use takes it onto its engine (elsewhere
+        // this process's engine keeps the interface: the kernel's).
+        const WHY: &str = "fork(): this process closed it, its forked child holds it";
+        if on_service(a) {
+            leave_to_holders(fd, h, WHY);
+        } else {
+            detach_as(fd, WHY, true);
+            crate::forkshare::settle(h);
+        }
         return;
     }
     if let Some(a) = by_fd(fd)
@@ -1758,47 +2019,77 @@ pub fn detach(fd: c_int, why: &str) {
 /// socket: CAP_NET_RAW); where the kernel refuses, the rest stay in the
 /// stash, served to this process first, and one warn line says so.
 fn detach_as(fd: c_int, why: &str, shared: bool) {
+    let _ = take_off(fd, Some(why), shared, After::Settle);
+    table::clear_flags(fd, table::F_CAND);
+}
+
+/// What [`take_off`] does with a socket's fork-share slot and record.
+#[derive(PartialEq)]
+enum After {
+    /// Settle the slot (decided: a child's use finds the kernel's socket).
+    Settle,
+    /// Leave the slot to the caller, who holds its decision.
+    Keep,
+    /// Leave the slot to the caller, and make the record a copy like a
+    /// forked child's (not this process's: its next use asks the slot's
+    /// owner) if nothing stays queued in it.
+    Disown,
+}
+
+/// [`detach_as`]'s work: `Some(n)` if it took the socket off the engine,
+/// `n` datagrams staying in this process's stash (not requeued on the
+/// kernel socket); `None`: not an engine socket of this process's.
+/// `why`: the warn line's reason (`None`: the caller says).
+fn take_off(fd: c_int, why: Option<&str>, shared: bool, after: After) -> Option<usize> {
     // A socket already off the engine (still draining its stash) is not
     // taken off again: a second option says nothing more.
-    if let Some(a) = by_fd(fd).filter(|a| a.mine() && !a.detached.load(Ordering::Acquire)) {
-        // Shared with a forked child at fork (its slot): the child reads
-        // the kernel socket too from now on.
-        let h = a.share();
-        let shared = shared || h != 0;
-        {
-            // Under the socket's lock throughout: a concurrent receive
-            // finds the stash complete before it reads the kernel socket.
-            let mut g = a.lock();
-            let St { xdp, stash, peer } = &mut *g;
-            let peer = *peer;
-            let to = xdp.as_ref().map(|x| x.delivered_to());
-            if let Some(x) = xdp.take() {
-                // Steering off first, then everything the engine holds
-                // (queue and rings) into the stash (XdpSocket::hand_to_kernel).
-                engine_call(|| {
-                    x.hand_to_kernel(|p, src, at| {
-                        if peer.is_none_or(|pe| pe == src) {
-                            stash.push_back((p.to_vec(), src, at));
-                        }
-                    })
-                });
-            }
-            if shared && let Some(to) = to {
-                requeue(fd, stash, to);
-            }
-            // Restore the application's blocking mode on the kernel socket
-            // before anyone can see the socket off the engine: another
-            // thread may then retire the record at once and hand the fd to
-            // the kernel, whose blocking recv must not say EAGAIN.
-            restore_mode(fd, a);
-            a.detached.store(true, Ordering::Release);
+    let a = by_fd(fd).filter(|a| a.mine() && !a.detached.load(Ordering::Acquire))?;
+    // Shared with a forked child at fork (its slot): the child reads the
+    // kernel socket too from now on.
+    let h = a.share();
+    let shared = shared || h != 0;
+    {
+        // Under the socket's lock throughout: a concurrent receive finds
+        // the stash complete before it reads the kernel socket.
+        let mut g = a.lock();
+        let St { xdp, stash, peer } = &mut *g;
+        let peer = *peer;
+        let to = xdp.as_ref().map(|x| x.delivered_to());
+        if let Some(x) = xdp.take() {
+            // Steering off first, then everything the engine holds (queue
+            // and rings) into the stash (XdpSocket::hand_to_kernel).
+            engine_call(|| {
+                x.hand_to_kernel(|p, src, at| {
+                    if peer.is_none_or(|pe| pe == src) {
+                        stash.push_back((p.to_vec(), src, at));
+                    }
+                })
+            });
         }
+        if shared && let Some(to) = to {
+            requeue(fd, stash, to);
+        }
+        // Restore the application's blocking mode on the kernel socket
+        // before anyone can see the socket off the engine: another thread
+        // may then retire the record at once and hand the fd to the
+        // kernel, whose blocking recv must not say EAGAIN.
+        restore_mode(fd, a);
+        if after == After::Disown && stash.is_empty() {
+            // Before it is seen off the engine: a thread of this process
+            // then finds a copy and asks the slot's owner.
+            a.common.disown();
+        }
+        a.detached.store(true, Ordering::Release);
+    }
+    if after == After::Settle {
         // Decided: a child's use finds the kernel's socket at once.
         crate::forkshare::settle(h);
-        let kept = a.lock().stash.len();
-        if kept == 0 {
-            retire_detached(fd, a);
-        }
+    }
+    let kept = a.lock().stash.len();
+    if kept == 0 {
+        retire_detached(fd, a);
+    }
+    if let Some(why) = why {
         log!(
             Level::Warn,
             "fd {fd} udp: taken off the xdp engine (kernel socket, spin engine): {why}{}",
@@ -1809,5 +2100,5 @@ fn detach_as(fd: c_int, why: &str, shared: bool) {
             }
         );
     }
-    table::clear_flags(fd, table::F_CAND);
+    Some(kept)
 }

@@ -562,19 +562,19 @@ pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
         table::clear_flags(fd, table::F_CAND);
         return Some(r);
     }
-    take_bound(fd, sa);
+    let _ = take_bound(fd, sa);
     Some(0)
 }
 
 /// Put the bound UDP socket `fd` (bound to `sa`) on the engine, or say why
-/// not (under `accel::DECIDE`). True: on the engine.
-fn take_bound(fd: c_int, sa: std::net::SocketAddrV4) -> bool {
+/// not (under `accel::DECIDE`). `Some`: its record.
+fn take_bound(fd: c_int, sa: std::net::SocketAddrV4) -> Option<&'static accel::Accel> {
     let r = accel::accelerate(fd, None);
     table::clear_flags(fd, table::F_CAND);
     match r {
-        Ok(_) => {
+        Ok(a) => {
             crate::share::watch();
-            return true;
+            return Some(a);
         }
         Err(accel::NotAccel::Engine(why)) => accel::log_not(fd, &why),
         Err(accel::NotAccel::Inapplicable(why)) => accel::log_not_applicable(fd, &why),
@@ -582,14 +582,45 @@ fn take_bound(fd: c_int, sa: std::net::SocketAddrV4) -> bool {
             accel::log_not(fd, &format!("the engine could not take {sa}"))
         }
     }
-    false
+    None
+}
+
+/// A bound socket (port `sa`) onto the engine as `bind` puts a fresh one,
+/// with the same checks (SO_REUSEPORT, another process's socket on the
+/// port, the engine's own). `None`: it stays the kernel's (said why).
+fn take_checked(fd: c_int, sa: std::net::SocketAddrV4) -> Option<&'static accel::Accel> {
+    let reuse = crate::tcpx::get_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT);
+    if reuse.is_some_and(|v| v != 0) {
+        accel::log_not(
+            fd,
+            "SO_REUSEPORT is set on it (the engine cannot honour it)",
+        );
+        return None;
+    }
+    let _g = accel::DECIDE.lock().unwrap_or_else(|e| e.into_inner());
+    // Bound already: the socket itself is not its competitor.
+    if let Some(other) = crate::share::competitor(sa, crate::sys::inode_of(fd)) {
+        crate::share::TAKEN_OFF.fetch_add(1, Ordering::Relaxed);
+        accel::log_not(fd, &crate::share::why(other));
+        return None;
+    }
+    take_bound(fd, sa)
+}
+
+/// A bound IPv4 UDP socket whose owner, a process this one was forked
+/// from or forked, took it off its engine for this one (`accel::
+/// inherited`): put on this process's engine ([`take_checked`]). `None`:
+/// it stays the kernel's (said why).
+#[cold]
+pub fn adopt_inherited(fd: c_int) -> Option<&'static accel::Accel> {
+    let sa = accel::local_addr(fd).filter(|sa| sa.port() != 0)?;
+    take_checked(fd, sa)
 }
 
 /// A bound IPv4 UDP socket this process's shim did not make (inherited
 /// through exec, or received): put on the engine as `bind` puts a fresh
-/// one (the same checks: another process's socket on the port, the
-/// engine's own). An unbound one becomes a candidate (its first send
-/// decides). False: it stays the kernel's (said why).
+/// one ([`take_checked`]). An unbound one becomes a candidate (its first
+/// send decides). False: it stays the kernel's (said why).
 #[cold]
 pub fn adopt_bound(fd: c_int) -> bool {
     let Some(sa) = accel::local_addr(fd) else {
@@ -599,22 +630,7 @@ pub fn adopt_bound(fd: c_int) -> bool {
         table::add_flags(fd, table::F_CAND);
         return false;
     }
-    let reuse = crate::tcpx::get_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT);
-    if reuse.is_some_and(|v| v != 0) {
-        accel::log_not(
-            fd,
-            "SO_REUSEPORT is set on it (the engine cannot honour it)",
-        );
-        return false;
-    }
-    let _g = accel::DECIDE.lock().unwrap_or_else(|e| e.into_inner());
-    // Bound already: the socket itself is not its competitor.
-    if let Some(other) = crate::share::competitor(sa, crate::sys::inode_of(fd)) {
-        crate::share::TAKEN_OFF.fetch_add(1, Ordering::Relaxed);
-        accel::log_not(fd, &crate::share::why(other));
-        return false;
-    }
-    let on = take_bound(fd, sa);
+    let on = take_checked(fd, sa).is_some();
     if on {
         log!(
             Level::Info,

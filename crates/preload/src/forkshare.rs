@@ -49,7 +49,9 @@ use nanowire_options::Level;
 use rustix::thread::futex;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
-use nanowire_stack::xdp::forkpage::{self as layout, BUSY, ENGINE, FREE, MOVED, SLOTS, STATE};
+use nanowire_stack::xdp::forkpage::{
+    self as layout, BUSY, ENGINE, FREE, MOVED, ORPHAN, SLOTS, STATE,
+};
 
 #[repr(C)]
 struct Slot {
@@ -203,14 +205,23 @@ pub fn held_until_exec(copies: &[(libc::c_int, u64)], closes: &dyn Fn(libc::c_in
 /// exits). The last one wakes the owner's broker (a connection the owner
 /// closed and keeps for its children ends then).
 pub fn dropped(h: u64) {
-    if let Some((s, _, _)) = live(h)
+    if let Some((s, g, st)) = live(h)
         && s.holders
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
             == Ok(1)
-        && let Some(p) = page()
     {
-        p.req.fetch_add(1, Ordering::AcqRel);
-        let _ = futex::wake(&p.req, futex::Flags::empty(), i32::MAX as u32);
+        if st == ORPHAN {
+            // Nobody left to take it: the kernel socket closes with the
+            // last fd, as plainly.
+            let _ =
+                s.word
+                    .compare_exchange(g | ORPHAN, g | FREE, Ordering::AcqRel, Ordering::Relaxed);
+            return;
+        }
+        if let Some(p) = page() {
+            p.req.fetch_add(1, Ordering::AcqRel);
+            let _ = futex::wake(&p.req, futex::Flags::empty(), i32::MAX as u32);
+        }
     }
 }
 
@@ -316,6 +327,10 @@ pub enum Claimed {
     /// This process owns it already (another thread's claim moved it
     /// here): look the fd up again.
     Mine,
+    /// A UDP socket whose owner `owner` left ([`orphan`]): this process
+    /// holds the slot's decision and takes the socket onto an engine of
+    /// its own, then says how that went ([`orphan_taken`]).
+    Orphaned { owner: u32 },
 }
 
 /// A child's first use of handle `h`'s connection: ask the owner (the
@@ -325,6 +340,13 @@ pub enum Claimed {
 /// first move only), else hands it over to the kernel. While the owner
 /// lives the wait goes on (its broker answers within one move).
 pub fn claim(h: u64, take: bool) -> Claimed {
+    claim_as(h, take, false)
+}
+
+/// [`claim`]; `orphan`: this process can take a UDP socket whose owner
+/// left onto an engine of its own ([`Claimed::Orphaned`]; else such a
+/// socket is the kernel's for every holder).
+pub fn claim_as(h: u64, take: bool, orphan: bool) -> Claimed {
     let Some(p) = page() else {
         return Claimed::Kernel;
     };
@@ -336,6 +358,20 @@ pub fn claim(h: u64, take: bool) -> Claimed {
             return Claimed::Kernel;
         };
         let owner = s.owner.load(Ordering::Acquire);
+        if st == ORPHAN {
+            let to = if orphan { BUSY } else { FREE };
+            if s.word
+                .compare_exchange(g | ORPHAN, g | to, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            if !orphan {
+                let _ = futex::wake(&s.word, futex::Flags::empty(), i32::MAX as u32);
+                return Claimed::Kernel;
+            }
+            return Claimed::Orphaned { owner };
+        }
         if st == MOVED && s.taker.load(Ordering::Acquire) == me {
             return Claimed::Moved {
                 owner,
@@ -398,6 +434,54 @@ pub fn moved_in(h: u64, ok: bool) {
         s.word.store(g | BUSY, Ordering::Release);
     }
     let _ = futex::wake(&s.word, futex::Flags::empty(), i32::MAX as u32);
+}
+
+/// The owner leaves (exit) holding the decision on UDP socket `h`
+/// ([`decide`]), off its engine with its queue on the kernel socket: the
+/// first holder to use it takes it ([`Claimed::Orphaned`]); none left
+/// holding it: free.
+pub fn orphan(h: u64) {
+    let Some((s, g, BUSY)) = live(h) else { return };
+    let to = if s.holders.load(Ordering::Acquire) == 0 {
+        FREE
+    } else {
+        ORPHAN
+    };
+    s.want.store(0, Ordering::Relaxed);
+    s.word.store(g | to, Ordering::Release);
+    // A holder that let go meanwhile saw no orphan: look again.
+    if to == ORPHAN && s.holders.load(Ordering::Acquire) == 0 {
+        let _ = s
+            .word
+            .compare_exchange(g | ORPHAN, g | FREE, Ordering::AcqRel, Ordering::Relaxed);
+    }
+    let _ = futex::wake(&s.word, futex::Flags::empty(), i32::MAX as u32);
+}
+
+/// This process took (`ok`) the orphaned UDP socket `h` onto its engine
+/// or could not. Taken: it owns the slot while other holders remain (the
+/// returned handle, for its record; their first use asks it, as the
+/// owner's after a move), else the slot is free (0). Not taken: free, the
+/// kernel's for every holder.
+pub fn orphan_taken(h: u64, ok: bool) -> u64 {
+    let Some((s, g, BUSY)) = live(h) else {
+        return 0;
+    };
+    let others = s
+        .holders
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+        .map_or(0, |n| n - 1);
+    if !ok || others == 0 || ensure_broker().is_none() {
+        free(s, g);
+        return 0;
+    }
+    s.owner.store(pid(), Ordering::Release);
+    s.want.store(0, Ordering::Relaxed);
+    s.taker.store(0, Ordering::Relaxed);
+    s.moves.fetch_add(1, Ordering::AcqRel);
+    s.word.store(g | ENGINE, Ordering::Release);
+    let _ = futex::wake(&s.word, futex::Flags::empty(), i32::MAX as u32);
+    h
 }
 
 /// The owner's broker moved handle `h`'s connection off its engine for

@@ -652,7 +652,7 @@ pub fn answer_child(h: u64, taker: u32) -> forkshare::Answer {
     });
     let Some((fd, t)) = found else {
         // A UDP socket shared at fork: off the engine, for both.
-        if let Some(a) = crate::accel::answer_child(h) {
+        if let Some(a) = crate::accel::answer_child(h, taker) {
             return a;
         }
         return answer_parked(h, taker);

@@ -67,11 +67,13 @@ pub fn serving(fd: c_int) -> Sock {
         return Sock::Kernel;
     };
     if let Some(a) = r.get::<Accel>() {
-        if a.shared_copy() {
-            // A forked child's first use of a socket its parent shared:
-            // the parent takes it off its engine, the kernel serves both.
-            accel::inherited(fd, a);
-            return Sock::Kernel;
+        if a.share() != 0 {
+            if !a.mine() {
+                // A forked child's first use of a socket its parent
+                // shared: it moves here, or the kernel serves both.
+                return accel::inherited(fd, a).map_or(Sock::Kernel, Sock::Udp);
+            }
+            a.owner_uses();
         }
         return Sock::Udp(a);
     }

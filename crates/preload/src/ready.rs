@@ -554,6 +554,11 @@ pub fn fd_closed(fd: c_int) {
     }
 }
 
+/// Is `fd` registered in an epoll set through the shim?
+pub fn registered(fd: c_int) -> bool {
+    REG_ANY.load(Ordering::Relaxed) && reg().iter().any(|i| i.fd == fd)
+}
+
 /// Is `fd` registered in `ep` through the shim (tagged kernel registration)?
 pub fn epoll_tagged(ep: c_int, fd: c_int) -> bool {
     table::get(ep) & table::F_EPOLL_ACCEL != 0 && reg().iter().any(|i| i.ep == ep && i.fd == fd)

@@ -141,7 +141,7 @@ pub fn prepare_exec(what: &str) {
         // go with this program.
         tcpx::held_until_exec(&|fd| !inheritable(fd));
         accel::held_until_exec(&|fd| !inheritable(fd));
-        accel::owner_leaving("exec: this image goes, its forked child holds it");
+        accel::owner_leaving("exec: this image goes, its forked child holds it", false);
         nanowire_stack::xdp::before_exec();
     }
     if has_engine_fds() {

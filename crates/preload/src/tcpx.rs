@@ -307,7 +307,7 @@ pub fn exiting() {
             held.push(t.share());
         }
     });
-    crate::accel::owner_leaving("this process exits, its forked child holds it");
+    crate::accel::owner_leaving("this process exits, its forked child holds it", true);
     for h in crate::accel::shared_copies() {
         if !held.contains(&h) {
             held.push(h);

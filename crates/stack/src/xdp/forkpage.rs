@@ -12,7 +12,7 @@
 //!
 //! | offset | field | |
 //! |---|---|---|
-//! | 0 | word: u32 | generation << 3 \| state ([`FREE`], [`ENGINE`], [`BUSY`], [`MOVED`]) |
+//! | 0 | word: u32 | generation << 3 \| state ([`FREE`], [`ENGINE`], [`BUSY`], [`MOVED`], [`ORPHAN`]) |
 //! | 4 | holders: u32 | processes other than the owner holding a copy |
 //! | 8 | owner: u32 | the owner's pid |
 //! | 12 | want: u32 | a child asked for the hand-over |
@@ -50,6 +50,10 @@ pub const BUSY: u32 = 2;
 /// Moved off the owner's engine, its state in the owner's memfd, for the
 /// taker to adopt (issue 24 item 1).
 pub const MOVED: u32 = 3;
+/// A UDP socket whose owner left (exit) while children hold copies no one
+/// used yet: off its engine, its queue on the kernel socket; the first
+/// holder to use it takes it onto an engine of its own.
+pub const ORPHAN: u32 = 4;
 pub const STATE: u32 = 7;
 
 /// An address as a slot stores it (0: none).
