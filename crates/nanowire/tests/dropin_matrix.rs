@@ -729,3 +729,74 @@ echo symlinked-dir-done
         "the engine did not say it refused the directory\n{out}"
     );
 }
+
+/// dnsmasq as it runs by default: it binds, then daemonizes (fork, setsid,
+/// fork; the first process waits on a pipe for the daemon and exits) and
+/// drops root for nobody. Plainly, under run on an engine of its own and
+/// on the engine service, dig gets the same answers; on the service the
+/// daemon (its pid from --pid-file) serves its UDP port from its own
+/// engine (the socket moved to it or was left to it at its parent's
+/// exit: before, the fork took it to the kernel). On an engine of its own
+/// the daemon, as nobody, cannot open one (the kernel's, said why).
+#[test]
+#[ignore = "needs root"]
+fn dnsmasq_daemonized_serves_from_its_daemons_engine_on_the_service() {
+    nanowire_testkit::require(&["dnsmasq", "dig"]);
+    let lab = lab_of("dd");
+    let mut outs = Vec::new();
+    for (i, place) in Placement::ALL.into_iter().enumerate() {
+        let port = (5360 + i).to_string();
+        let pidf = format!("/tmp/nw-dnsmasq-{}-{i}.pid", std::process::id());
+        let _ = std::fs::remove_file(&pidf);
+        let argv = [
+            "dnsmasq",
+            "--conf-file=/dev/null",
+            "--no-resolv",
+            "--no-hosts",
+            "--bind-interfaces",
+            &format!("--port={port}"),
+            &format!("--listen-address={B}"),
+            "--address=/daemon.lab/10.9.8.6",
+            &format!("--pid-file={pidf}"),
+        ];
+        // The first process exits once the daemon is up.
+        let mut c = place.command(&lab, Host::B, &argv);
+        let out = c.output().expect("dnsmasq");
+        assert!(out.status.success(), "{place:?}: {out:?}");
+        let pid: u32 = std::fs::read_to_string(&pidf)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{place:?}: no pid file: {out:?}"));
+        let at = format!("@{B}");
+        let dig = [
+            "dig", "+short", "+tries=3", "+time=2", "-p", &port, &at, "daemon.lab", "A",
+        ];
+        let answers: Vec<String> = (0..3)
+            .map(|_| output(plain_in(&lab, Host::A, &dig), "dig"))
+            .collect();
+        if place == Placement::Service {
+            let rx = || {
+                nanowire_testkit::engine_counters_of(nanowire(), pid)
+                    .and_then(|v| v["rx_packets"].as_u64())
+                    .unwrap_or(0)
+            };
+            assert!(
+                until(Duration::from_secs(30), || rx() >= 3),
+                "the daemon's engine received {} of the 3 queries\n{}",
+                rx(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        // SAFETY: kill(2) of the daemon this test started.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        assert!(
+            until(Duration::from_secs(30), || !Path::new(&format!("/proc/{pid}")).exists()),
+            "{place:?}: dnsmasq did not end"
+        );
+        let _ = std::fs::remove_file(&pidf);
+        outs.push(answers.join(""));
+    }
+    assert!(outs[0].contains("10.9.8.6"), "{}", outs[0]);
+    assert_eq!(outs[0], outs[1], "own engine");
+    assert_eq!(outs[0], outs[2], "service");
+}

@@ -2054,3 +2054,117 @@ fn a_forked_child_gets_no_copy_of_the_engines_packet_memory() {
         }
     }
 }
+
+/// A UDP server that daemonizes as C daemons do (`daemon(3)`, dnsmasq):
+/// it binds, forks; the child calls setsid and forks again and exits; the
+/// grandchild (the daemon) says it is up through a pipe and serves; the
+/// parent waits for that, prints "listening" and `_exit`s without closing
+/// the socket. `now`: the daemon serves at once (its first use may come
+/// while the parent lives: on the service the socket moves to the
+/// daemon's engine, the parent never having used it since the fork);
+/// `after`: the daemon waits until the parent is gone (EOF on a pipe only
+/// the parent holds), so the parent's exit leaves the socket to it. The
+/// daemon writes its pid on stderr and echoes until a "bye".
+const UDP_DAEMON_SRV: &str = r#"
+import os, socket, sys
+addr, port, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind((addr, port))
+r, w = os.pipe()
+gr, gw = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    os.close(r); os.close(gw)
+    sys.stderr.write("daemon %d\n" % os.getpid()); sys.stderr.flush()
+    os.write(w, b"up"); os.close(w)
+    if mode == "after":
+        os.read(gr, 1)
+    while True:
+        d, peer = u.recvfrom(2048)
+        if d == b"bye":
+            os._exit(0)
+        u.sendto(b"echo " + d, peer)
+os.close(w); os.close(gr)
+os.waitpid(pid, 0)
+os.read(r, 2)
+print("listening", flush=True)
+os._exit(0)
+"#;
+
+const UDP_DAEMON_CLIENT: &str = r#"
+import socket, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.settimeout(1)
+got = [udp_ask(c, b"datagram %d" % k, (addr, port), 10) for k in range(100)]
+ok = all(g == b"echo datagram %d" % k for k, g in enumerate(got))
+print("100 echoed", flush=True)
+print("all ok" if ok else "SOME BAD", flush=True)
+"#;
+
+#[test]
+#[ignore = "needs root"]
+fn a_daemonizing_udp_server_is_served_on_its_daemons_engine() {
+    let srv = format!("{READLINE}{UDP_DAEMON_SRV}");
+    for (i, mode) in ["now", "after"].into_iter().enumerate() {
+        let server = |addr: &str, port: &str| {
+            ["python3", "-c", &srv, addr, port, mode]
+                .map(String::from)
+                .to_vec()
+        };
+        let tag = format!("pdm{i}");
+        let logs = placed(
+            &tag,
+            &format!("udp-daemon-{mode}"),
+            &server,
+            UDP_DAEMON_CLIENT,
+            14890 + 10 * i as u16,
+            &mut |p, l, s, port| {
+                let err = s.stderr();
+                let daemon: u32 = err
+                    .lines()
+                    .find_map(|x| x.strip_prefix("daemon "))
+                    .and_then(|x| x.trim().parse().ok())
+                    .unwrap_or_else(|| panic!("{p:?}: no daemon pid:\n{err}"));
+                // Where the daemon's datagrams went: its own engine on the
+                // service (moved or left to it), and on an engine of its
+                // own once the parent is gone (`after`). (Counters are
+                // published every few turns: waited for, bounded.)
+                if p == Placement::Service || (p == Placement::Own && mode == "after") {
+                    let rx = || {
+                        nanowire_testkit::engine_counters_of(nanowire(), daemon)
+                            .and_then(|v| v["rx_packets"].as_u64())
+                            .unwrap_or(0)
+                    };
+                    assert!(
+                        until(T, || rx() >= 100),
+                        "{p:?} {mode}: the daemon's engine received {} of the 100 datagrams\n{}",
+                        rx(),
+                        s.both()
+                    );
+                }
+                let bye = format!(
+                    "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'bye', ('{ADDR_B}', {port}))"
+                );
+                let _ = output(plain_in(l, Host::A, &["python3", "-c", &bye]), "bye");
+                assert!(
+                    until(T, || !std::path::Path::new(&format!("/proc/{daemon}")).exists()),
+                    "{p:?} {mode}: the daemon did not end"
+                );
+            },
+        );
+        eprintln!("{logs}");
+        for run in logs.split("--- ").filter(|x| !x.is_empty()) {
+            let say = |x: &str| run.matches(x).count();
+            let here = say("inherited through fork(): on this process's xdp engine");
+            match (run.starts_with("Service"), mode) {
+                (true, _) | (false, "after") => assert_eq!(here, 1, "{mode}: {run}"),
+                // On an engine of its own the parent's engine holds the
+                // interface while it lives: the kernel's, unless the
+                // parent's exit came first.
+                _ => assert!(here <= 1, "{mode}: {run}"),
+            }
+        }
+    }
+}

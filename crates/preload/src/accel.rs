@@ -246,7 +246,7 @@ pub fn inherited(fd: c_int, a: &'static Accel) -> Option<&'static Accel> {
     let mut claimed = crate::forkshare::claim_as(h, take && service, take);
     match claimed {
         crate::forkshare::Claimed::Moved { owner, .. } => {
-            let b = take_here(fd, a, owner, "moved from the xdp engine of pid");
+            let b = take_here(fd, a, (owner, "moved from the xdp engine of pid"), false);
             crate::forkshare::moved_in(h, b.is_some());
             if let Some(b) = b {
                 b.share.store(h, Ordering::Release);
@@ -261,7 +261,7 @@ pub fn inherited(fd: c_int, a: &'static Accel) -> Option<&'static Accel> {
                 // owner's engine's until that process is gone.
                 gone(owner);
             }
-            let b = take_here(fd, a, owner, "left to it by pid");
+            let b = take_here(fd, a, (owner, "left to it by pid"), !service);
             let h2 = crate::forkshare::orphan_taken(h, b.is_some());
             set_errno(e);
             if let Some(b) = b {
@@ -345,7 +345,12 @@ fn gone(pid: u32) {
 /// engine of this process's, under every number of the copy, with what
 /// the kernel socket queued meanwhile first. `None`: it could not (said
 /// why); the kernel socket answers the fd.
-fn take_here(fd: c_int, a: &'static Accel, owner: u32, from: &str) -> Option<&'static Accel> {
+fn take_here(
+    fd: c_int,
+    a: &'static Accel,
+    (owner, from): (u32, &str),
+    busy_wait: bool,
+) -> Option<&'static Accel> {
     let mut fds = Vec::new();
     table::each_record::<Accel>(|f, r| {
         if std::ptr::eq(r.record(), a) {
@@ -354,7 +359,7 @@ fn take_here(fd: c_int, a: &'static Accel, owner: u32, from: &str) -> Option<&'s
     });
     let nonblock = a.common.nonblock();
     forget_copy(a);
-    let Some(b) = crate::ahooks::adopt_inherited(fd) else {
+    let Some(b) = crate::ahooks::adopt_inherited(fd, busy_wait) else {
         return None;
     };
     b.common.set_nonblock(nonblock);
@@ -477,6 +482,12 @@ pub fn owner_leaving(why: &str, exiting: bool) {
     for (fd, a) in socks {
         let h = a.share();
         if exiting && crate::forkshare::decide(h) {
+            if !a.mine() || a.detached.load(Ordering::Acquire) {
+                // Moved or taken off meanwhile (the broker): not this
+                // process's to decide any more.
+                crate::forkshare::undecide(h);
+                continue;
+            }
             leave_to_holders(fd, h, why);
         } else {
             detach_as(fd, why, true);
@@ -1212,10 +1223,37 @@ pub enum Got {
 /// Receive one datagram: `deliver` copies it out. Waits per the socket's
 /// mode, the call's flags and the profile's spin budget.
 pub fn recv_one(
-    a: &Accel,
+    a: &'static Accel,
     fd: c_int,
     flags: c_int,
     mut deliver: impl FnMut(&[u8], SocketAddrV4),
+) -> Result<Got, c_int> {
+    let mut a = a;
+    loop {
+        let r = recv_on(a, fd, flags, &mut deliver);
+        if !matches!(r, Err(MOVED_AWAY)) {
+            return r;
+        }
+        // The socket moved to the engine of a process this one forked
+        // (or was forked from) while this call was on its way in: this
+        // process's record is a copy now, whose use asks that owner (it
+        // takes it off, or it comes back here).
+        if let Some(b) = inherited(fd, a) {
+            a = b;
+        }
+    }
+}
+
+/// [`recv_on`]'s error when its record became a copy (moved away): never
+/// an errno.
+const MOVED_AWAY: c_int = c_int::MIN;
+
+/// [`recv_one`] on record `a` ([`MOVED_AWAY`]: `a` became a copy).
+fn recv_on(
+    a: &Accel,
+    fd: c_int,
+    flags: c_int,
+    deliver: &mut impl FnMut(&[u8], SocketAddrV4),
 ) -> Result<Got, c_int> {
     let peek = flags & libc::MSG_PEEK != 0;
     let dontwait = flags & libc::MSG_DONTWAIT != 0 || a.common.nonblock();
@@ -1278,6 +1316,11 @@ pub fn recv_one(
                 // we waited): the kernel socket answers from now on.
                 drop(g);
                 drop(idle.take());
+                if !a.mine() {
+                    // Moved to another process's engine (`take_off`,
+                    // `After::Disown`: off the engine first).
+                    return Err(MOVED_AWAY);
+                }
                 retire_detached(fd, a);
                 return kernel_mode_recv(a, fd, flags, dontwait, s0, deliver);
             };
@@ -1321,7 +1364,7 @@ pub fn recv_one(
             if !twin_maybe(a) {
                 return Err(libc::EAGAIN);
             }
-            return match kernel_recv(fd, flags, &mut deliver) {
+            return match kernel_recv(fd, flags, deliver) {
                 Some(Ok(g)) => Ok(g),
                 Some(Err(e)) => Err(e),
                 None => Err(libc::EAGAIN),
@@ -1345,7 +1388,7 @@ pub fn recv_one(
                 // something may be there (at most 5 ms: another thread may
                 // have drained the rings for us, and close/shutdown are
                 // looked at).
-                if let Some(r) = kernel_recv(fd, flags, &mut deliver) {
+                if let Some(r) = kernel_recv(fd, flags, deliver) {
                     return r;
                 }
                 sleep(a, crate::adapt::slice_ms(ns));
@@ -1560,15 +1603,19 @@ fn kernel_mode_recv(
     flags: c_int,
     dontwait: bool,
     s0: u64,
-    mut deliver: impl FnMut(&[u8], SocketAddrV4),
+    deliver: &mut impl FnMut(&[u8], SocketAddrV4),
 ) -> Result<Got, c_int> {
     let start = now_ns();
     loop {
-        if let Some(r) = kernel_recv(fd, flags, &mut deliver) {
+        if let Some(r) = kernel_recv(fd, flags, deliver) {
             return r;
         }
         if dontwait {
             return Err(libc::EAGAIN);
+        }
+        if !a.mine() && by_fd(fd).is_some_and(|b| std::ptr::eq(a, b)) {
+            // Moved to another process's engine meanwhile: ask it.
+            return Err(MOVED_AWAY);
         }
         let tmo = a.common.rcvtimeo_ns();
         if crate::signals::interrupted_timed(s0, tmo != 0) {

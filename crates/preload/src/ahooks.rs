@@ -569,7 +569,31 @@ pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
 /// Put the bound UDP socket `fd` (bound to `sa`) on the engine, or say why
 /// not (under `accel::DECIDE`). `Some`: its record.
 fn take_bound(fd: c_int, sa: std::net::SocketAddrV4) -> Option<&'static accel::Accel> {
-    let r = accel::accelerate(fd, None);
+    take_bound_waiting(fd, sa, false)
+}
+
+/// [`take_bound`]; `busy_wait`: while the interface's queue is busy
+/// (EBUSY: the engine of a process that just exited, which the kernel
+/// frees a moment after it is gone), try again every 20 ms for up to 1 s.
+fn take_bound_waiting(
+    fd: c_int,
+    sa: std::net::SocketAddrV4,
+    busy_wait: bool,
+) -> Option<&'static accel::Accel> {
+    let mut tries = 0;
+    let r = loop {
+        let r = accel::accelerate(fd, None);
+        match &r {
+            Err(accel::NotAccel::Engine(why))
+                if busy_wait && tries < 50 && why.contains("(os error 16)") =>
+            {
+                tries += 1;
+                nanowire_stack::xdp::forget_failed_opens();
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            _ => break r,
+        }
+    };
     table::clear_flags(fd, table::F_CAND);
     match r {
         Ok(a) => {
@@ -588,7 +612,11 @@ fn take_bound(fd: c_int, sa: std::net::SocketAddrV4) -> Option<&'static accel::A
 /// A bound socket (port `sa`) onto the engine as `bind` puts a fresh one,
 /// with the same checks (SO_REUSEPORT, another process's socket on the
 /// port, the engine's own). `None`: it stays the kernel's (said why).
-fn take_checked(fd: c_int, sa: std::net::SocketAddrV4) -> Option<&'static accel::Accel> {
+fn take_checked(
+    fd: c_int,
+    sa: std::net::SocketAddrV4,
+    busy_wait: bool,
+) -> Option<&'static accel::Accel> {
     let reuse = crate::tcpx::get_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT);
     if reuse.is_some_and(|v| v != 0) {
         accel::log_not(
@@ -604,17 +632,18 @@ fn take_checked(fd: c_int, sa: std::net::SocketAddrV4) -> Option<&'static accel:
         accel::log_not(fd, &crate::share::why(other));
         return None;
     }
-    take_bound(fd, sa)
+    take_bound_waiting(fd, sa, busy_wait)
 }
 
 /// A bound IPv4 UDP socket whose owner, a process this one was forked
 /// from or forked, took it off its engine for this one (`accel::
-/// inherited`): put on this process's engine ([`take_checked`]). `None`:
-/// it stays the kernel's (said why).
+/// inherited`): put on this process's engine ([`take_checked`];
+/// `busy_wait`: an engine of its own, for the queue the owner's engine
+/// leaves as it exits). `None`: it stays the kernel's (said why).
 #[cold]
-pub fn adopt_inherited(fd: c_int) -> Option<&'static accel::Accel> {
+pub fn adopt_inherited(fd: c_int, busy_wait: bool) -> Option<&'static accel::Accel> {
     let sa = accel::local_addr(fd).filter(|sa| sa.port() != 0)?;
-    take_checked(fd, sa)
+    take_checked(fd, sa, busy_wait)
 }
 
 /// A bound IPv4 UDP socket this process's shim did not make (inherited
@@ -630,7 +659,7 @@ pub fn adopt_bound(fd: c_int) -> bool {
         table::add_flags(fd, table::F_CAND);
         return false;
     }
-    let on = take_checked(fd, sa).is_some();
+    let on = take_checked(fd, sa, false).is_some();
     if on {
         log!(
             Level::Info,

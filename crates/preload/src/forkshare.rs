@@ -281,12 +281,16 @@ pub fn decide(h: u64) -> bool {
         let Some((s, g, st)) = live(h) else {
             return false;
         };
-        if st == BUSY {
+        if st == ORPHAN {
+            return false; // left to the holders by an owner that left
+        }
+        if st != ENGINE {
+            // Being decided, or moved and not yet taken: wait for it.
             let ts = futex::Timespec {
                 tv_sec: 0,
                 tv_nsec: 50_000_000,
             };
-            let _ = futex::wait(&s.word, futex::Flags::empty(), g | BUSY, Some(&ts));
+            let _ = futex::wait(&s.word, futex::Flags::empty(), g | st, Some(&ts));
             continue;
         }
         if s.word

@@ -61,10 +61,16 @@ pub(crate) fn map_ring<T: Copy>(
     n: u32,
     pgoff: u64,
 ) -> io::Result<Ring<T>> {
-    let m = Mmap::map(
+    let mut m = Mmap::map(
         o.desc as usize + n as usize * std::mem::size_of::<T>(),
         Some((fd, pgoff as libc::off_t)),
     )?;
+    // Not inherited by forked children: a ring's mapping holds its AF_XDP
+    // socket, so a child's copy kept the queue bound after its parent's
+    // engine was gone (a daemon forked by its parent could never open an
+    // engine of its own: EBUSY), and a service member's socket after the
+    // service closed it. A child never uses its parent's engine.
+    m.dont_fork();
     Ok(Ring::new(m, o, n))
 }
 

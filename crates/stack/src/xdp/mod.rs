@@ -47,6 +47,7 @@ mod registry;
 /// How an engine error begins when it repeats a failed open remembered by
 /// the registry (said at the default level once, at the first failure).
 pub use registry::REMEMBERED as OPEN_REMEMBERED;
+pub use registry::forget_failed_opens;
 mod rx;
 pub mod service;
 /// The spinner registry of a process on the engine service (its waits).

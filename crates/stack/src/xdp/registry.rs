@@ -179,6 +179,14 @@ pub(crate) fn netns_cookie() -> Option<u64> {
     c
 }
 
+/// Forget this process's remembered failed opens ([`get`]): the next
+/// caller opens again at once (a forked child waiting for the queue of an
+/// engine whose process just exited: the kernel frees it a moment later).
+pub fn forget_failed_opens() {
+    let pid = pid();
+    with_both(|_, failed| failed.retain(|f| f.0 != pid));
+}
+
 /// The calling thread's network namespace (threads may setns).
 pub(crate) fn netns_id() -> u64 {
     use std::os::unix::fs::MetadataExt;
