@@ -769,28 +769,53 @@ fn dnsmasq_daemonized_serves_from_its_daemons_engine_on_the_service() {
             .unwrap_or_else(|| panic!("{place:?}: no pid file: {out:?}"));
         let at = format!("@{B}");
         let dig = [
-            "dig", "+short", "+tries=3", "+time=2", "-p", &port, &at, "daemon.lab", "A",
+            "dig",
+            "+short",
+            "+tries=3",
+            "+time=2",
+            "-p",
+            &port,
+            &at,
+            "daemon.lab",
+            "A",
         ];
         let answers: Vec<String> = (0..3)
             .map(|_| output(plain_in(&lab, Host::A, &dig), "dig"))
             .collect();
         if place == Placement::Service {
-            let rx = || {
-                nanowire_testkit::engine_counters_of(nanowire(), pid)
-                    .and_then(|v| v["rx_packets"].as_u64())
-                    .unwrap_or(0)
-            };
-            assert!(
-                until(Duration::from_secs(30), || rx() >= 3),
-                "the daemon's engine received {} of the 3 queries\n{}",
-                rx(),
+            // The daemon (nobody: no stats page of its own) holds the
+            // claim of its port on the service.
+            let st = nanowire_testkit::ok(
+                &plain_in(&lab, Host::B, &[nanowire(), "engine", "status"])
+                    .output()
+                    .unwrap(),
+            );
+            let st: serde_json::Value = serde_json::from_str(&st).unwrap();
+            let claim = format!("udp:{B}:{port}");
+            let holder = st["ifaces"][0]["clients"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| {
+                    c["claims"]
+                        .as_array()
+                        .is_some_and(|v| v.iter().any(|x| x.as_str() == Some(claim.as_str())))
+                })
+                .and_then(|c| c["pid"].as_u64());
+            assert_eq!(
+                holder,
+                Some(u64::from(pid)),
+                "the daemon {pid} does not hold {claim}: {st}\n{}",
                 String::from_utf8_lossy(&out.stderr)
             );
         }
         // SAFETY: kill(2) of the daemon this test started.
         unsafe { libc::kill(pid as i32, libc::SIGTERM) };
         assert!(
-            until(Duration::from_secs(30), || !Path::new(&format!("/proc/{pid}")).exists()),
+            until(Duration::from_secs(30), || !Path::new(&format!(
+                "/proc/{pid}"
+            ))
+            .exists()),
             "{place:?}: dnsmasq did not end"
         );
         let _ = std::fs::remove_file(&pidf);

@@ -2149,7 +2149,8 @@ fn a_daemonizing_udp_server_is_served_on_its_daemons_engine() {
                 );
                 let _ = output(plain_in(l, Host::A, &["python3", "-c", &bye]), "bye");
                 assert!(
-                    until(T, || !std::path::Path::new(&format!("/proc/{daemon}")).exists()),
+                    until(T, || !std::path::Path::new(&format!("/proc/{daemon}"))
+                        .exists()),
                     "{p:?} {mode}: the daemon did not end"
                 );
             },

@@ -359,9 +359,7 @@ fn take_here(
     });
     let nonblock = a.common.nonblock();
     forget_copy(a);
-    let Some(b) = crate::ahooks::adopt_inherited(fd, busy_wait) else {
-        return None;
-    };
+    let b = crate::ahooks::adopt_inherited(fd, busy_wait)?;
     b.common.set_nonblock(nonblock);
     for &f in fds.iter().filter(|&&f| f != fd) {
         if b.add_ref(fd) {
