@@ -285,6 +285,16 @@ pub fn inherited(fd: c_int, a: &'static Accel) -> Option<&'static Accel> {
     None
 }
 
+/// Puts a bound socket a forked child's owner gave up on this process's
+/// engine with the checks of a bind (`ahooks::adopt_inherited`; the
+/// bool: wait while the queue is busy).
+pub static ADOPT_INHERITED: std::sync::OnceLock<fn(c_int, bool) -> Option<&'static Accel>> =
+    std::sync::OnceLock::new();
+
+/// Is the fd in an epoll set of this process's (`ready::registered`, set
+/// by `handover::init`: ready sits above this module)?
+pub static EPOLL_HOLDS: std::sync::OnceLock<fn(c_int) -> bool> = std::sync::OnceLock::new();
+
 /// This process's own record on `fd`, if any.
 fn lookup_mine(fd: c_int) -> Option<&'static Accel> {
     by_fd(fd).filter(|b| b.mine())
@@ -359,7 +369,9 @@ fn take_here(
     });
     let nonblock = a.common.nonblock();
     forget_copy(a);
-    let b = crate::ahooks::adopt_inherited(fd, busy_wait)?;
+    // `ahooks::adopt_inherited` (set by `handover::init`: ahooks sits
+    // above this module).
+    let b = ADOPT_INHERITED.get().and_then(|f| f(fd, busy_wait))?;
     b.common.set_nonblock(nonblock);
     for &f in fds.iter().filter(|&&f| f != fd) {
         if b.add_ref(fd) {
@@ -448,7 +460,7 @@ fn idle_here(a: &'static Accel) -> bool {
         if std::ptr::eq(r.record(), a)
             && (nanowire_shimcore::fdtable::spinners(table::get(f)) != 0
                 || a.st.inside()
-                || crate::ready::registered(f))
+                || EPOLL_HOLDS.get().is_some_and(|held| held(f)))
         {
             busy = true;
         }

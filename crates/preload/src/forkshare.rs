@@ -42,7 +42,11 @@
 //! `posix_spawn` and `exec` prepare what the new program inherits (it
 //! cannot ask an owner: `spawn.rs`); `vfork` in a process with engine
 //! sockets is a fork. Engine UDP sockets take slots too (`accel`): a
-//! child's use has the owner take the socket off its engine (no move).
+//! child's use moves the socket to the child's engine on the service when
+//! the owner has not used it since the fork (once), else has the owner take
+//! it off its engine (the kernel's for both); an owner that exits (or, on
+//! the service, closes its last fd) leaves it to the first holder that
+//! uses it (`ORPHAN`: [`orphan`], [`Claimed::Orphaned`]).
 
 use crate::log::log;
 use nanowire_options::Level;

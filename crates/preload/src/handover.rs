@@ -208,6 +208,8 @@ pub fn init() {
     let _ = tcpx::PARKED_EXIT.set(parked_exit);
     let _ = forkshare::ANSWER.set(answer_child);
     let _ = forkshare::TEND.set(tend_parked);
+    let _ = crate::accel::ADOPT_INHERITED.set(crate::ahooks::adopt_inherited);
+    let _ = crate::accel::EPOLL_HOLDS.set(crate::ready::registered);
 }
 
 /// In a forked child: the connections its parent keeps for earlier
