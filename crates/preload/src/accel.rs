@@ -131,7 +131,9 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) {
         if fork {
             crate::forkshare::held_again(a.share());
         } else {
-            inherited(fd, a);
+            // The program a spawn or exec starts inherits it: the owner
+            // takes it off (nothing moves to an image about to go).
+            inherited_as(fd, a, false);
         }
     }
     table::each_with(table::F_CAND, |fd| {
@@ -226,6 +228,12 @@ fn share_at_fork(fd: c_int, a: &'static Accel) -> bool {
 /// record that serves the fd here now.
 #[cold]
 pub fn inherited(fd: c_int, a: &'static Accel) -> Option<&'static Accel> {
+    inherited_as(fd, a, true)
+}
+
+/// [`inherited`]; `may_take`: this image may take the socket onto its
+/// engine (not when it is about to exec or spawn).
+fn inherited_as(fd: c_int, a: &'static Accel, may_take: bool) -> Option<&'static Accel> {
     // One claim at a time in this process: a second thread finds the
     // copy forgotten (or replaced) by the first.
     static CLAIMING: Mutex<()> = Mutex::new(());
@@ -238,7 +246,7 @@ pub fn inherited(fd: c_int, a: &'static Accel) -> Option<&'static Accel> {
     // A bound socket without a peer (a server's: the kernel socket says;
     // the copy's lock may be held by a thread the fork left behind) can
     // go on an engine of this process.
-    let take = spin::xdp_candidates() && peer_of(fd).is_none();
+    let take = may_take && spin::xdp_candidates() && peer_of(fd).is_none();
     let service = spin::STATE
         .get()
         .and_then(|s| s.cfg.as_ref())
