@@ -4,9 +4,10 @@ setsid, forks again and exits; the grandchild (the daemon) echoes; the first pro
 the daemon is up. `--mode now`: the daemon serves at once (its first use may come while the first
 process lives: on the engine service the socket moves to the daemon's engine); `after`: the daemon
 waits until the first process is gone (its exit leaves the socket to the daemon). Before session 29
-the fork took the socket to the kernel in either case. A plain Python client in host a times
-`--n` round trips (after 200 unmeasured) and prints their median, µs; rows plainly, under run with
-this tree's shim and with another build's (`--before SHIM`, `--before-bin NANOWIRE`), interleaved:
+the fork took the socket to the kernel in either case. The daemon answers as `sockperf sr` does (a
+Python loop); a plain `sockperf pp` in host a (64-byte messages, `--time` s) gives the p50 round trip,
+µs; rows plainly, under run with this tree's shim and with another build's (`--before SHIM`,
+`--before-bin NANOWIRE`), interleaved:
 
     scripts/daemon_udp_bench.py --before /work/bench29/prev.so --before-bin /work/bench29/prev-nanowire --engine service
 
@@ -29,6 +30,9 @@ if pid == 0:
     if os.fork():
         os._exit(0)
     os.close(r); os.close(gw)
+    dn = os.open("/dev/null", os.O_RDWR)
+    for k in (0, 1, 2):
+        os.dup2(dn, k)
     os.write(w, b"up"); os.close(w)
     if mode == "after":
         os.read(gr, 1)
@@ -36,7 +40,10 @@ if pid == 0:
         d, peer = u.recvfrom(65536)
         if d == b"bye":
             os._exit(0)
-        u.sendto(d, peer)
+        # sockperf's server: a message with the client (1) and pong-request
+        # (2) flags (big-endian u16 at 8) goes back with the client flag off.
+        if len(d) >= 14 and d[9] & 3 == 3:
+            u.sendto(d[:9] + bytes([d[9] & 0xFE]) + d[10:], peer)
 os.close(w); os.close(gr)
 os.waitpid(pid, 0)
 os.read(r, 2)
@@ -44,37 +51,23 @@ print("listening", flush=True)
 os._exit(0)
 """
 
-CLIENT = r"""
-import socket, statistics, sys, time
-addr, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.settimeout(2)
-c.connect((addr, port))
-ts = []
-for k in range(n + 200):
-    t = time.perf_counter()
-    c.send(b"%064d" % k)
-    while c.recv(2048) != b"%064d" % k:
-        pass
-    if k >= 200:
-        ts.append((time.perf_counter() - t) * 1e6)
-c.send(b"bye")
-print("%.2f" % statistics.median(ts), flush=True)
-"""
-
-
 def one(row, a, port):
     argv = row_argv(row, ["python3", "-c", SERVER, "198.18.0.2", str(port[0]), a.mode], a)
     if a.engine == "service" and row != "plain":
         subprocess.run(["pkill", "-f", "engine serve"], stderr=subprocess.DEVNULL)
         time.sleep(0.5)
     output_of(argv, row)
-    cli = ["ip", "netns", "exec", "nw-a", "python3", "-c", CLIENT, "198.18.0.2", str(port[0]), str(a.n)]
+    cli = ["ip", "netns", "exec", "nw-a", "sockperf", "pp", "-i", "198.18.0.2", "-p", str(port[0]),
+           "-t", str(a.time), "--msg-size", "64"]
     out = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    bye = "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'bye', ('198.18.0.2', %d))"
+    subprocess.run(["ip", "netns", "exec", "nw-a", "python3", "-c", bye % port[0]])
     port[0] += 1
-    if out.returncode != 0:
-        raise RuntimeError(f"{row}: client: {out.stderr[-500:]}")
+    p50 = [x for x in out.stdout.splitlines() if "percentile 50.000" in x]
+    if out.returncode != 0 or not p50:
+        raise RuntimeError(f"{row}: client: {out.stdout[-500:]} {out.stderr[-500:]}")
     time.sleep(0.3)
-    return float(out.stdout.split()[-1])
+    return float(p50[0].split("=")[-1])
 
 
 def main():
@@ -84,14 +77,14 @@ def main():
     p.add_argument("--engine", choices=["service", "own"], default="service")
     p.add_argument("--mode", choices=["now", "after"], default="after")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--n", type=int, default=5000)
+    p.add_argument("--time", type=int, default=5, help="seconds of sockperf ping-pong per run")
     a = p.parse_args()
     port = [15600]
     runs = interleave(a.repeats, lambda row: one(row, a, port))
     med = {r: statistics.median(v) for r, v in runs.items()}
     print(json.dumps({
         "env": env_of(a, engine=a.engine, mode=a.mode),
-        "n": a.n, "repeats": a.repeats, "p50_rtt_us": runs, "median_p50_rtt_us": med,
+        "time_s": a.time, "repeats": a.repeats, "p50_rtt_us": runs, "median_p50_rtt_us": med,
         "ratios": {"run/plain": round(med["run"] / med["plain"], 3),
                    "run/before": round(med["run"] / med["before"], 3)},
     }, indent=1))
