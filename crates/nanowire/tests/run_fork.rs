@@ -710,3 +710,98 @@ fn a_worker_closing_its_listener_copy_leaves_the_group_first() {
     );
     assert_same_output("a worker closing its listener", &outs[0], &outs[1], "");
 }
+
+/// nginx as it runs by default: `daemon on` (the first process makes the
+/// listener, forks the master and exits; the master forks the workers)
+/// and workers as `nobody`. Plainly and under run on the engine service
+/// the same 24 answers, each on a new connection; under run the
+/// listener's group on the service has the two workers as its accepting
+/// members (before, the first process's exit ended the group and the
+/// workers served the kernel's listener: the group now outlives its last
+/// member while the kernel still has the listening socket, and the next
+/// holder joins it).
+#[test]
+#[ignore = "needs root"]
+fn nginx_daemonized_serves_on_the_engine_in_each_worker() {
+    nanowire_testkit::require(&["nginx", "python3"]);
+    let lab = lab("fkd");
+    let dir = scratch("forkd");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut outs = Vec::new();
+    for run in [false, true] {
+        let d = dir.display();
+        let conf = dir.join(format!("nginx-d-{run}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "worker_processes 2;\npid {d}/nginx-d-{run}.pid;\nerror_log {d}/error-{run}.log;\n\
+                 events {{ worker_connections 256; }}\n\
+                 http {{\n  access_log off;\n\
+                 client_body_temp_path /tmp/nw-fkd-body;\n  proxy_temp_path /tmp/nw-fkd-proxy;\n\
+                 fastcgi_temp_path /tmp/nw-fkd-fcgi;\n  uwsgi_temp_path /tmp/nw-fkd-uwsgi;\n\
+                 scgi_temp_path /tmp/nw-fkd-scgi;\n\
+                 server {{ listen {ADDR_B}:{PORT}; location / {{ return 200 \"daemon $uri\\n\"; }} }}\n}}\n"
+            ),
+        )
+        .unwrap();
+        let conf = conf.to_string_lossy().into_owned();
+        let prefix = dir.to_string_lossy().into_owned();
+        let argv = ["nginx", "-p", &prefix, "-c", &conf];
+        // The first process exits once the master is up.
+        let out = in_b(&lab, run, &argv, ("NANOWIRE_RING_DEPTH", "1024"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "run {run}: {out:?}");
+        let pidf = dir.join(format!("nginx-d-{run}.pid"));
+        let master: u32 = std::fs::read_to_string(&pidf)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| panic!("run {run}: no pid file: {out:?}"));
+        let end = Instant::now() + Duration::from_secs(60);
+        while workers_of(master).len() < 2 {
+            assert!(
+                Instant::now() < end,
+                "run {run}: nginx started no 2 workers"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let names: Vec<String> = (0..6).map(|i| format!("n{i}")).collect();
+        let got = fetch(&lab, &names);
+        if run {
+            let st = nanowire_testkit::ok(
+                &plain_in(&lab, Host::B, &[nanowire(), "engine", "status"])
+                    .output()
+                    .unwrap(),
+            );
+            let st: serde_json::Value = serde_json::from_str(&st).unwrap();
+            let listener = format!("{ADDR_B}:{PORT}");
+            let members: Vec<u64> = st["ifaces"][0]["tcp_listener_groups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|g| g["listener"].as_str() == Some(listener.as_str()))
+                .flat_map(|g| g["members"].as_array().cloned().unwrap_or_default())
+                .filter(|m| m["accepting"] == true)
+                .filter_map(|m| m["pid"].as_u64())
+                .collect();
+            let mut workers: Vec<u64> = workers_of(master).into_iter().map(u64::from).collect();
+            workers.sort();
+            let mut m = members.clone();
+            m.sort();
+            assert_eq!(
+                m, workers,
+                "the group's accepting members are the workers: {st}"
+            );
+        }
+        // SAFETY: kill(2) of the nginx master this test started.
+        unsafe { libc::kill(master as i32, libc::SIGTERM) };
+        let end = Instant::now() + Duration::from_secs(30);
+        while std::path::Path::new(&format!("/proc/{master}")).exists() {
+            assert!(Instant::now() < end, "run {run}: nginx did not stop");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        outs.push(got);
+    }
+    assert!(outs[0].contains(" 200 "), "{}", outs[0]);
+    assert_eq!(outs[0], outs[1], "plain vs run");
+}

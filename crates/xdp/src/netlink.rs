@@ -255,6 +255,40 @@ impl SockDiag {
     }
 }
 
+impl SockDiag {
+    /// The inode of the kernel's TCP socket listening on `local` (its
+    /// address or the wildcard), or `None` if none listens there.
+    pub fn tcp_listener_inode(&mut self, local: std::net::SocketAddrV4) -> io::Result<Option<u64>> {
+        // As `tcp_state`, from a remote 0.0.0.0:0: the kernel's exact
+        // look-up finds no connection and answers with the listener.
+        let mut body = Vec::with_capacity(56);
+        body.extend_from_slice(&[libc::AF_INET as u8, libc::IPPROTO_TCP as u8, 0, 0]);
+        body.extend_from_slice(&u32::MAX.to_ne_bytes());
+        body.extend_from_slice(&local.port().to_be_bytes());
+        body.extend_from_slice(&0u16.to_be_bytes());
+        body.extend_from_slice(&local.ip().octets());
+        body.extend_from_slice(&[0; 12]);
+        body.extend_from_slice(&[0; 16]);
+        body.extend_from_slice(&0u32.to_ne_bytes());
+        body.extend_from_slice(&[0xff; 8]);
+        let msgs = match self
+            .0
+            .request(SOCK_DIAG_BY_FAMILY, 0, &body, SOCK_DIAG_BY_FAMILY)
+        {
+            Ok(m) => m,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        // struct inet_diag_msg: state at 1, sport at 4, ..., idiag_inode
+        // (u32) at 68.
+        Ok(msgs.first().and_then(|m| {
+            let m = m.get(..72)?;
+            (m[1] == TCP_LISTEN && m[4..6] == local.port().to_be_bytes())
+                .then(|| u64::from(u32::from_ne_bytes(m[68..72].try_into().unwrap())))
+        }))
+    }
+}
+
 /// What a device's driver offers for XDP and AF_XDP, as the kernel reports
 /// it over the generic netlink family "netdev" (`NETDEV_CMD_DEV_GET`,
 /// kernel 6.3+; `xsk-features` 6.8+). Bit values from

@@ -162,7 +162,12 @@ struct Offer {
 /// processes holding the same listening socket (the one whose claim made
 /// it: same socket inode), each with its slot and whether it accepts now.
 /// New connections are spread over the accepting slots (steer.c
-/// `group_owner`); the claim lives while any member does.
+/// `group_owner`); the claim lives while any member does, and after the
+/// last member left while the kernel still has the listening socket (a
+/// process that never joined holds it: a daemon whose first process made
+/// the listener and exited, before its workers accept): a group without
+/// members (its new connections the kernel's) that the next holder joins,
+/// until the socket is gone ([`Service::prune_groups`]).
 struct Group {
     /// Index in the program's `nw_tcp_groups`.
     gid: u32,
@@ -924,8 +929,13 @@ impl Service {
         // claims before the kernel listens (else the kernel would complete
         // the handshakes that arrive in between, which the engine resets).
         holds_port(sock, p, addr, port, || iface::ipv4_addrs_of(&name))?;
-        let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
         let key = (p, addr.to_bits(), port);
+        if self.ifaces.get(&name).and_then(|i| i.claims.get(&key)) == Some(&NOBODY) {
+            // A listener group without members whose socket may be gone
+            // (its last holder died a moment ago): asked now.
+            self.prune_groups();
+        }
+        let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
         if held_by(&ifc.claims, key, id)? {
             return Ok(());
         }
@@ -1014,6 +1024,48 @@ impl Service {
         self.counters.requests.unclaims += 1;
         if let Some(ifc) = self.ifaces.get_mut(&name) {
             release_claim(ifc, id, slot, p, addr, port);
+        }
+        self.prune_groups();
+    }
+
+    /// Listener groups without members end once the kernel no longer has
+    /// their listening socket (every holder closed it; asked over
+    /// sock_diag: a socket of another inode listening there is not it).
+    /// Kept when the kernel cannot be asked.
+    fn prune_groups(&mut self) {
+        let empty: Vec<(String, (u32, u16), u64)> = self
+            .ifaces
+            .iter()
+            .flat_map(|(n, i)| {
+                i.groups
+                    .iter()
+                    .filter(|(_, g)| g.members.is_empty())
+                    .map(move |(k, g)| (n.clone(), *k, g.ino.1))
+            })
+            .collect();
+        for (name, gk, ino) in empty {
+            let local = SocketAddrV4::new(Ipv4Addr::from_bits(gk.0), gk.1);
+            if self.diag.is_none() {
+                self.diag = nanowire_xdp::netlink::SockDiag::open().ok();
+            }
+            let Some(d) = self.diag.as_mut() else {
+                return;
+            };
+            let listening = match d.tcp_listener_inode(local) {
+                Ok(i) => i,
+                Err(_) => {
+                    self.diag = None;
+                    continue;
+                }
+            };
+            if listening != Some(ino)
+                && let Some(ifc) = self.ifaces.get_mut(&name)
+            {
+                end_group(ifc, gk);
+                self.log(&format!(
+                    "TCP listener {local}: no process holds it any more: its group ends"
+                ));
+            }
         }
     }
 
@@ -1459,6 +1511,13 @@ impl Service {
         for (p, addr, port) in &c.claims {
             release_claim(ifc, id, slot, *p, *addr, *port);
         }
+        let ifc = {
+            self.prune_groups();
+            match self.ifaces.get_mut(&name) {
+                Some(i) => i,
+                None => return,
+            }
+        };
         for (l, r, _) in &c.tcp_flows {
             // A connection handed to the kernel keeps its pass; one it
             // offered keeps steering to its dead slot (dropped there, the
@@ -1505,6 +1564,7 @@ impl Service {
             return;
         }
         self.last_sweep = Instant::now();
+        self.prune_groups();
         let mut suspects = std::collections::HashSet::new();
         let mut kernel = Vec::new();
         let mut handed = Vec::new();
@@ -1976,20 +2036,30 @@ fn release_claim(ifc: &mut Iface, id: u64, slot: u32, p: u8, addr: Ipv4Addr, por
     g.members.remove(i);
     let local = SocketAddrV4::new(addr, port);
     let value = nanowire_xdp::program::SLOT | slot;
-    if g.members.is_empty() {
-        let gid = g.gid;
-        ifc.groups.remove(&gk);
-        ifc.claims.remove(&key);
-        unclaim_in(&mut ifc.prog, p, addr, port);
-        let _ = ifc.prog.set_tcp_group(gid, &[]);
-        ifc.prog.unpin_tcp(|l, _| l == local);
-        return;
-    }
     let _ = write_group(&mut ifc.prog, g);
     if ifc.claims.get(&key) == Some(&id) {
-        ifc.claims.insert(key, g.members[0].0);
+        // No member left: nobody's (kept while the kernel has the
+        // socket: `Service::prune_groups`).
+        ifc.claims
+            .insert(key, g.members.first().map_or(NOBODY, |m| m.0));
     }
     ifc.prog.unpin_tcp(|l, v| l == local && v == value);
+}
+
+/// The client id a listener claim without members has (no client's).
+const NOBODY: u64 = 0;
+
+/// A listener group's end: its claim, steering and pins go.
+fn end_group(ifc: &mut Iface, gk: (u32, u16)) {
+    let Some(g) = ifc.groups.remove(&gk) else {
+        return;
+    };
+    let addr = Ipv4Addr::from_bits(gk.0);
+    let local = SocketAddrV4::new(addr, gk.1);
+    ifc.claims.remove(&(proto::PROTO_TCP, gk.0, gk.1));
+    unclaim_in(&mut ifc.prog, proto::PROTO_TCP, addr, gk.1);
+    let _ = ifc.prog.set_tcp_group(g.gid, &[]);
+    ifc.prog.unpin_tcp(|l, _| l == local);
 }
 
 /// Write a group's accepting slots to the program.
