@@ -255,9 +255,13 @@ fn inherited_as(fd: c_int, a: &'static Accel, may_take: bool) -> Option<&'static
     match claimed {
         crate::forkshare::Claimed::Moved { owner, .. } => {
             let b = take_here(fd, a, (owner, "moved from the xdp engine of pid"), false);
+            if let Some(b) = b {
+                // Before the slot names this process the owner: another
+                // holder's request then finds the record (the broker).
+                b.share.store(h, Ordering::Release);
+            }
             crate::forkshare::moved_in(h, b.is_some());
             if let Some(b) = b {
-                b.share.store(h, Ordering::Release);
                 set_errno(e);
                 return Some(b);
             }
@@ -270,10 +274,15 @@ fn inherited_as(fd: c_int, a: &'static Accel, may_take: bool) -> Option<&'static
                 gone(owner);
             }
             let b = take_here(fd, a, (owner, "left to it by pid"), !service);
+            if let Some(b) = b {
+                b.share.store(h, Ordering::Release); // as for a move
+            }
             let h2 = crate::forkshare::orphan_taken(h, b.is_some());
             set_errno(e);
             if let Some(b) = b {
-                b.share.store(h2, Ordering::Release);
+                if h2 == 0 {
+                    b.share.store(0, Ordering::Release);
+                }
                 return Some(b);
             }
             return None;

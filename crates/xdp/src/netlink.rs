@@ -221,6 +221,38 @@ impl SockDiag {
         local: std::net::SocketAddrV4,
         remote: std::net::SocketAddrV4,
     ) -> io::Result<Option<u8>> {
+        // struct inet_diag_msg: family, state, timer, retrans, then the
+        // sockid (sport at 4, dport at 6, src at 8, dst at 24).
+        Ok(self.look_up(local, remote)?.and_then(|m| {
+            let m = m.get(..28)?;
+            let same = m[4..6] == local.port().to_be_bytes()
+                && m[6..8] == remote.port().to_be_bytes()
+                && m[24..28] == remote.ip().octets();
+            (same && m[1] != TCP_LISTEN).then_some(m[1])
+        }))
+    }
+
+    /// The inode of the kernel's TCP socket listening on `local` (its
+    /// address or the wildcard), or `None` if none listens there.
+    pub fn tcp_listener_inode(&mut self, local: std::net::SocketAddrV4) -> io::Result<Option<u64>> {
+        // From a remote 0.0.0.0:0: the kernel's exact look-up finds no
+        // connection and answers with the listener. struct inet_diag_msg:
+        // state at 1, sport at 4, ..., idiag_inode (u32) at 68.
+        let any = std::net::SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, 0);
+        Ok(self.look_up(local, any)?.and_then(|m| {
+            let m = m.get(..72)?;
+            (m[1] == TCP_LISTEN && m[4..6] == local.port().to_be_bytes())
+                .then(|| u64::from(u32::from_ne_bytes(m[68..72].try_into().unwrap())))
+        }))
+    }
+
+    /// The kernel's answer (its first message) to an exact look-up of the
+    /// TCP socket (`local`, `remote`), `None` if it has none.
+    fn look_up(
+        &mut self,
+        local: std::net::SocketAddrV4,
+        remote: std::net::SocketAddrV4,
+    ) -> io::Result<Option<Vec<u8>>> {
         // struct inet_diag_req_v2: family, protocol, ext, pad, states, then
         // inet_diag_sockid: sport, dport (be16), src[4], dst[4] (be32),
         // if, cookie[2] (INET_DIAG_NOCOOKIE).
@@ -235,57 +267,14 @@ impl SockDiag {
         body.extend_from_slice(&[0; 12]);
         body.extend_from_slice(&0u32.to_ne_bytes());
         body.extend_from_slice(&[0xff; 8]);
-        let msgs = match self
+        match self
             .0
             .request(SOCK_DIAG_BY_FAMILY, 0, &body, SOCK_DIAG_BY_FAMILY)
         {
-            Ok(m) => m,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        // struct inet_diag_msg: family, state, timer, retrans, then the
-        // sockid (sport at 4, dport at 6, src at 8, dst at 24).
-        Ok(msgs.first().and_then(|m| {
-            let m = m.get(..28)?;
-            let same = m[4..6] == local.port().to_be_bytes()
-                && m[6..8] == remote.port().to_be_bytes()
-                && m[24..28] == remote.ip().octets();
-            (same && m[1] != TCP_LISTEN).then_some(m[1])
-        }))
-    }
-}
-
-impl SockDiag {
-    /// The inode of the kernel's TCP socket listening on `local` (its
-    /// address or the wildcard), or `None` if none listens there.
-    pub fn tcp_listener_inode(&mut self, local: std::net::SocketAddrV4) -> io::Result<Option<u64>> {
-        // As `tcp_state`, from a remote 0.0.0.0:0: the kernel's exact
-        // look-up finds no connection and answers with the listener.
-        let mut body = Vec::with_capacity(56);
-        body.extend_from_slice(&[libc::AF_INET as u8, libc::IPPROTO_TCP as u8, 0, 0]);
-        body.extend_from_slice(&u32::MAX.to_ne_bytes());
-        body.extend_from_slice(&local.port().to_be_bytes());
-        body.extend_from_slice(&0u16.to_be_bytes());
-        body.extend_from_slice(&local.ip().octets());
-        body.extend_from_slice(&[0; 12]);
-        body.extend_from_slice(&[0; 16]);
-        body.extend_from_slice(&0u32.to_ne_bytes());
-        body.extend_from_slice(&[0xff; 8]);
-        let msgs = match self
-            .0
-            .request(SOCK_DIAG_BY_FAMILY, 0, &body, SOCK_DIAG_BY_FAMILY)
-        {
-            Ok(m) => m,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        // struct inet_diag_msg: state at 1, sport at 4, ..., idiag_inode
-        // (u32) at 68.
-        Ok(msgs.first().and_then(|m| {
-            let m = m.get(..72)?;
-            (m[1] == TCP_LISTEN && m[4..6] == local.port().to_be_bytes())
-                .then(|| u64::from(u32::from_ne_bytes(m[68..72].try_into().unwrap())))
-        }))
+            Ok(m) => Ok(m.into_iter().next()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 }
 

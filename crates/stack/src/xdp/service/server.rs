@@ -934,6 +934,21 @@ impl Service {
             // A listener group without members whose socket may be gone
             // (its last holder died a moment ago): asked now.
             self.prune_groups();
+            // Still there: this very socket (a program exec'd with it, a
+            // holder that never joined) takes the group up.
+            let ino = socket_inode(sock)?;
+            let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
+            if let Some(g) = ifc.groups.get_mut(&(addr.to_bits(), port))
+                && g.members.is_empty()
+                && g.ino == ino
+            {
+                g.members.push((id, slot, true));
+                write_group(&mut ifc.prog, g)?;
+                ifc.claims.insert(key, id);
+                let c = self.clients.get_mut(&id).expect("attached above");
+                c.claims.push((p, addr, port));
+                return Ok(());
+            }
         }
         let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
         if held_by(&ifc.claims, key, id)? {
