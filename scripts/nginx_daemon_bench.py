@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """nginx as it runs by default (`daemon on`: the first process makes the listener, forks the master
-and exits; 2 workers as nobody), answering `return 200` on a new connection per request: `ab -n N
+and exits; 2 workers, as root: as nobody a worker attaching while the root first process is still
+attached is refused by the service's trust groups), answering `return 200` on a new connection per request: `ab -n N
 -c 20` from host a, requests per second. Plainly, under run on the engine service with this tree's
 shim and `nanowire`, and with another build's (`--before SHIM --before-bin NANOWIRE`), interleaved.
 Before session 29 the first process's exit ended the listener's group on the service and the
@@ -15,6 +16,7 @@ import argparse, json, os, statistics, subprocess, tempfile, time
 from rowlib import env_of, in_b, interleave, row_argv
 
 CONF = """worker_processes 2;
+user root;
 pid {d}/nginx.pid;
 error_log {d}/error.log;
 events {{ worker_connections 1024; }}
