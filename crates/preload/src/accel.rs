@@ -293,7 +293,7 @@ fn inherited_as(fd: c_int, a: &'static Accel, may_take: bool) -> Option<&'static
         set_errno(e);
         return lookup_mine(fd);
     }
-    forget_copy(a);
+    let _ = forget_copy(a);
     log!(
         Level::Info,
         "fd {fd} udp: inherited through fork(): the kernel's socket now, shared with the parent process"
@@ -318,18 +318,19 @@ fn lookup_mine(fd: c_int) -> Option<&'static Accel> {
 }
 
 /// Forget this process's copy `a` of a socket shared at fork under every
-/// number (the kernel socket answers them).
-fn forget_copy(a: &'static Accel) {
+/// number (the kernel socket answers them); returns those numbers.
+fn forget_copy(a: &'static Accel) -> Vec<c_int> {
     let mut fds = Vec::new();
     table::each_record::<Accel>(|f, r| {
         if std::ptr::eq(r.record(), a) {
             fds.push(f);
         }
     });
-    for f in fds {
+    for &f in &fds {
         let _ = take_fd(f);
         table::clear_flags(f, table::F_ACCEL);
     }
+    fds
 }
 
 /// The kernel socket's peer (a connected UDP socket), if any.
@@ -378,14 +379,8 @@ fn take_here(
     (owner, from): (u32, &str),
     busy_wait: bool,
 ) -> Option<&'static Accel> {
-    let mut fds = Vec::new();
-    table::each_record::<Accel>(|f, r| {
-        if std::ptr::eq(r.record(), a) {
-            fds.push(f);
-        }
-    });
     let nonblock = a.common.nonblock();
-    forget_copy(a);
+    let fds = forget_copy(a);
     // `ahooks::adopt_inherited` (set by `handover::init`: ahooks sits
     // above this module).
     let b = ADOPT_INHERITED.get().and_then(|f| f(fd, busy_wait))?;
@@ -442,7 +437,7 @@ pub fn answer_child(h: u64, taker: u32) -> Option<crate::forkshare::Answer> {
                     return Some(crate::forkshare::Answer::Moved);
                 }
                 // Not taken: the kernel's, for every holder.
-                forget_copy(a);
+                let _ = forget_copy(a);
                 log!(
                     Level::Warn,
                     "fd {fd} udp: taken off the xdp engine (kernel socket): {WHY}, and its engine could not take it"
