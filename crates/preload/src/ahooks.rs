@@ -569,31 +569,16 @@ pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
 /// Put the bound UDP socket `fd` (bound to `sa`) on the engine, or say why
 /// not (under `accel::DECIDE`). `Some`: its record.
 fn take_bound(fd: c_int, sa: std::net::SocketAddrV4) -> Option<&'static accel::Accel> {
-    take_bound_waiting(fd, sa, false)
+    took(fd, sa, accel::accelerate(fd, None))
 }
 
-/// [`take_bound`]; `busy_wait`: while the interface's queue is busy
-/// (EBUSY: the engine of a process that just exited, which the kernel
-/// frees a moment after it is gone), try again every 20 ms for up to 1 s.
-fn take_bound_waiting(
+/// What [`accel::accelerate`] of `fd` (bound to `sa`) answered: the record,
+/// or `None` with why said.
+fn took(
     fd: c_int,
     sa: std::net::SocketAddrV4,
-    busy_wait: bool,
+    r: Result<&'static accel::Accel, accel::NotAccel>,
 ) -> Option<&'static accel::Accel> {
-    let mut tries = 0;
-    let r = loop {
-        let r = accel::accelerate(fd, None);
-        match &r {
-            Err(accel::NotAccel::Engine(why))
-                if busy_wait && tries < 50 && why.contains("(os error 16)") =>
-            {
-                tries += 1;
-                nanowire_stack::xdp::forget_failed_opens();
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            _ => break r,
-        }
-    };
     table::clear_flags(fd, table::F_CAND);
     match r {
         Ok(a) => {
@@ -612,6 +597,10 @@ fn take_bound_waiting(
 /// A bound socket (port `sa`) onto the engine as `bind` puts a fresh one,
 /// with the same checks (SO_REUSEPORT, another process's socket on the
 /// port, the engine's own). `None`: it stays the kernel's (said why).
+/// `busy_wait`: while the interface's queue is busy (EBUSY: the engine of
+/// a process that just exited, which the kernel frees a moment after it
+/// is gone), try again every 20 ms for up to 1 s, `accel::DECIDE` let go
+/// in between (other sockets' decisions need it).
 fn take_checked(
     fd: c_int,
     sa: std::net::SocketAddrV4,
@@ -625,14 +614,28 @@ fn take_checked(
         );
         return None;
     }
-    let _g = accel::DECIDE.lock().unwrap_or_else(|e| e.into_inner());
-    // Bound already: the socket itself is not its competitor.
-    if let Some(other) = crate::share::competitor(sa, crate::sys::inode_of(fd)) {
-        crate::share::TAKEN_OFF.fetch_add(1, Ordering::Relaxed);
-        accel::log_not(fd, &crate::share::why(other));
-        return None;
+    let mut tries = 0;
+    loop {
+        let g = accel::DECIDE.lock().unwrap_or_else(|e| e.into_inner());
+        // Bound already: the socket itself is not its competitor.
+        if let Some(other) = crate::share::competitor(sa, crate::sys::inode_of(fd)) {
+            crate::share::TAKEN_OFF.fetch_add(1, Ordering::Relaxed);
+            accel::log_not(fd, &crate::share::why(other));
+            return None;
+        }
+        let r = accel::accelerate(fd, None);
+        match &r {
+            Err(accel::NotAccel::Engine(why))
+                if busy_wait && tries < 50 && why.contains("(os error 16)") =>
+            {
+                drop(g);
+                tries += 1;
+                nanowire_stack::xdp::forget_failed_opens();
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            _ => return took(fd, sa, r),
+        }
     }
-    take_bound_waiting(fd, sa, busy_wait)
 }
 
 /// A bound IPv4 UDP socket whose owner, a process this one was forked
