@@ -532,30 +532,67 @@ pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
     unsafe { _exit(status) }
 }
 
-/// The exec family with fixed arguments: prepare the exec (the engine's
-/// sockets, `spawn::prepare_exec`), then libc's function.
-macro_rules! exec_export {
-    ($name:ident, $sym:literal, ($($a:ident: $t:ty),+)) => {
+type Argv = *const *const c_char;
+
+/// The exec family with an environment argument: prepare the exec, then
+/// libc's function with the environment `spawn::exec_env` makes (the
+/// connections the new image may take back onto the engine named), or the
+/// caller's.
+macro_rules! exec_env_export {
+    ($name:ident, $sym:literal, ($a0:ident: $t0:ty, $a1:ident: $t1:ty)) => {
         /// # Safety
         #[doc = concat!("As libc's `", $sym, "`.")]
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($a: $t),+) -> c_int {
-            let f = libc_fn!($sym, fn($($t),+) -> c_int);
-            if !in_engine() {
+        pub unsafe extern "C" fn $name($a0: $t0, $a1: $t1, envp: Argv) -> c_int {
+            let f = libc_fn!($sym, fn($t0, $t1, Argv) -> c_int);
+            let env = if in_engine() {
+                None
+            } else {
                 spawn::prepare_exec("exec");
-            }
-            // SAFETY: the caller's arguments to libc's function.
-            unsafe { f($($a),+) }
+                spawn::exec_env(envp)
+            };
+            // SAFETY: the caller's arguments to libc's function; the
+            // environment is the caller's or a copy of it with one more
+            // variable, alive until the call returns.
+            unsafe { f($a0, $a1, env.as_ref().map_or(envp, |e| e.as_ptr())) }
         }
     };
 }
 
-type Argv = *const *const c_char;
-exec_export!(execve, "execve", (path: *const c_char, argv: Argv, envp: Argv));
-exec_export!(execv, "execv", (path: *const c_char, argv: Argv));
-exec_export!(execvp, "execvp", (file: *const c_char, argv: Argv));
-exec_export!(execvpe, "execvpe", (file: *const c_char, argv: Argv, envp: Argv));
-exec_export!(fexecve, "fexecve", (fd: c_int, argv: Argv, envp: Argv));
+/// The exec family that passes this process's environment (`environ`):
+/// as [`exec_env_export`], through the function that takes one (`$with`)
+/// when a variable is added.
+macro_rules! exec_environ_export {
+    ($name:ident, $sym:literal, $with:literal, ($a0:ident: $t0:ty, $a1:ident: $t1:ty)) => {
+        /// # Safety
+        #[doc = concat!("As libc's `", $sym, "`.")]
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($a0: $t0, $a1: $t1) -> c_int {
+            if !in_engine() {
+                spawn::prepare_exec("exec");
+                unsafe extern "C" {
+                    static environ: Argv;
+                }
+                // SAFETY: libc's environment array, read as exec reads it.
+                if let Some(env) = spawn::exec_env(unsafe { environ }) {
+                    let g = libc_fn!($with, fn($t0, $t1, Argv) -> c_int);
+                    // SAFETY: the caller's arguments and a copy of this
+                    // process's environment, alive until the call returns.
+                    return unsafe { g($a0, $a1, env.as_ptr()) };
+                }
+            }
+            let f = libc_fn!($sym, fn($t0, $t1) -> c_int);
+            // SAFETY: the caller's arguments to libc's function.
+            unsafe { f($a0, $a1) }
+        }
+    };
+}
+
+exec_env_export!(execve, "execve", (path: *const c_char, argv: Argv));
+exec_environ_export!(execv, "execv", "execve", (path: *const c_char, argv: Argv));
+exec_environ_export!(execvp, "execvp", "execvpe", (file: *const c_char, argv: Argv));
+exec_env_export!(execvpe, "execvpe", (file: *const c_char, argv: Argv));
+exec_env_export!(fexecve, "fexecve", (fd: c_int, argv: Argv));
 
 /// Before a variadic `execl`/`execlp`/`execle`: prepare, then return
 /// libc's function for the naked entry to jump to.

@@ -330,6 +330,7 @@ fn hand(fd: c_int, why: &str) -> io::Result<bool> {
     let nfd = new.as_raw_fd();
     tcpx::carry_options(fd, nfd);
     finish_repair(fd, nfd, &after);
+    note_sole(nfd);
     // Every number of this socket now names the kernel connection.
     let fds = tcpx::fds_of(t);
     for &f in &fds {
@@ -845,4 +846,397 @@ fn after_of(h: &Handover) -> io::Result<After> {
 fn repair_socket_after(h: &Handover) -> io::Result<(OwnedFd, After)> {
     let after = after_of(h)?;
     Ok((repair_socket(h)?, after))
+}
+
+// ------------------------------------------- connections across exec
+//
+// Issue 24 item 2: a connection this process's old image handed over to
+// the kernel at exec while it alone held it (the fresh kernel socket of
+// [`hand`]) is taken back onto the engine by the new image at its first
+// use. The old image names those sockets (their SO_COOKIE, with its pid)
+// in the new image's environment (`spawn::exec_env`); the new image's
+// shim takes the variable out at load (`spawn::receive_exec_marker`). A
+// connection another process may hold too (a forked child's copy, a
+// posix_spawn child's) is never named: it stays the kernel's.
+
+/// `exec_begin` .. the exec: the connections [`hand`] gave the kernel in
+/// fresh sockets, by cookie.
+static EXEC_SOLE: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+/// An exec's preparation is under way (`hand`'s fresh sockets are named).
+static EXECING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// In the new image: the sockets its old image named, not yet taken.
+static EXEC_INHERITED: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+/// [`EXEC_INHERITED`] is not empty (one load on the paths that ask).
+static EXEC_PENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn sole() -> std::sync::MutexGuard<'static, Vec<u64>> {
+    EXEC_SOLE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An exec's preparation starts (`on`) or ends.
+pub fn exec_preparing(on: bool) {
+    if on {
+        sole().clear();
+    }
+    EXECING.store(on, std::sync::atomic::Ordering::Release);
+}
+
+/// The cookies of the connections this exec handed over in sockets only
+/// this process holds.
+pub fn exec_sole() -> Vec<u64> {
+    sole().clone()
+}
+
+/// [`hand`] made the kernel socket `nfd` for a connection only this
+/// process held: named for the new image if an exec is being prepared.
+fn note_sole(nfd: c_int) {
+    if EXECING.load(std::sync::atomic::Ordering::Acquire) {
+        let c = crate::table::cookie_of(nfd);
+        if c != 0 {
+            sole().push(c);
+        }
+    }
+}
+
+/// In the new image (at load): the sockets its old image named.
+pub fn exec_inherited_set(cookies: Vec<u64>) {
+    let any = !cookies.is_empty();
+    *EXEC_INHERITED.lock().unwrap_or_else(|e| e.into_inner()) = cookies;
+    EXEC_PENDING.store(any, std::sync::atomic::Ordering::Release);
+}
+
+/// Are there sockets the old image named, not yet taken?
+#[inline(always)]
+pub fn exec_pending() -> bool {
+    EXEC_PENDING.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Was the socket `fd` named by the old image (it alone held it at the
+/// exec)? Once: the name is taken.
+pub fn exec_named(fd: c_int) -> bool {
+    if !exec_pending() {
+        return false;
+    }
+    let c = crate::table::cookie_of(fd);
+    let mut g = EXEC_INHERITED.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(i) = g.iter().position(|&x| x == c && c != 0) else {
+        return false;
+    };
+    g.swap_remove(i);
+    EXEC_PENDING.store(!g.is_empty(), std::sync::atomic::Ordering::Release);
+    true
+}
+
+/// Take the kernel's connection on `fd` (ESTABLISHED or CLOSE-WAIT, one
+/// this image's predecessor handed over at exec) onto the engine: the
+/// engine claims its 4-tuple and adopts the state [`dump`] reads in repair
+/// mode; the kernel socket then forgets the connection without a word and
+/// stays the fd's, bound to the local address. False (said why): the
+/// kernel keeps it.
+#[cold]
+pub fn adopt_connected(fd: c_int) -> bool {
+    let e0 = errno();
+    let o = tcpx::opts_unknown(fd);
+    let reuse = tcpx::get_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR).is_some_and(|v| v != 0);
+    let mut ka = (false, 7200, 75, 9);
+    let r = engine_call(|| {
+        nanowire_stack::xdp::XdpTcpStream::adopt_kernel(fd, &o, || {
+            let h = dump(fd)?;
+            if let Some((idle, intvl, cnt)) = h.engine.keepalive {
+                ka = (true, idle, intvl, cnt);
+            }
+            Ok(h)
+        })
+    });
+    let s = match r {
+        Ok(s) => s,
+        Err(e) => {
+            // Out of repair mode (if it got there): the kernel's again.
+            let _ = repair::mode(real::setsockopt, fd, false);
+            let _ = repair::reuse_again(real::setsockopt, fd, reuse);
+            log!(
+                Level::Warn,
+                "fd {fd} tcp: kernel socket; xdp not used: a connection inherited across exec that cannot be taken from the kernel: {e}"
+            );
+            set_errno(e0);
+            return false;
+        }
+    };
+    let (local, remote) = engine_call(|| (s.local_addr().ok(), s.peer_addr().ok()));
+    let_go(fd, local, reuse);
+    tcpx::adopted_stream(fd, s, ka);
+    log!(
+        Level::Info,
+        "fd {fd} tcp {} -> {}: xdp (a connection inherited across exec, taken from the kernel)",
+        local.map(|a| a.to_string()).unwrap_or_default(),
+        remote.map(|a| a.to_string()).unwrap_or_default()
+    );
+    set_errno(e0);
+    true
+}
+
+/// An int socket option of `fd` (`what` names it in the error).
+fn get_opt<T: Default>(fd: c_int, level: c_int, name: c_int, what: &str) -> io::Result<T> {
+    let mut v = T::default();
+    let mut l = std::mem::size_of::<T>() as socklen_t;
+    // SAFETY: an out-buffer of T and its length.
+    let r = unsafe { real::getsockopt(fd, level, name, (&raw mut v).cast(), &mut l) };
+    if r == 0 { Ok(v) } else { Err(last_err(what)) }
+}
+
+/// An ioctl of `fd` that answers an int.
+fn ioctl_int(fd: c_int, req: libc::c_ulong, what: &str) -> io::Result<usize> {
+    let mut v: c_int = 0;
+    // SAFETY: the request writes one int to the address passed.
+    let r = unsafe { real::ioctl(fd, req, (&raw mut v) as libc::c_ulong) };
+    if r == 0 && v >= 0 {
+        Ok(v as usize)
+    } else {
+        Err(last_err(what))
+    }
+}
+
+/// Peek `n` bytes of the repair queue selected on `fd`.
+fn peek(fd: c_int, n: usize, what: &str) -> io::Result<Vec<u8>> {
+    let mut b = vec![0u8; n];
+    if n == 0 {
+        return Ok(b);
+    }
+    // SAFETY: a live buffer of n bytes.
+    let r = unsafe {
+        real::recv(
+            fd,
+            b.as_mut_ptr().cast(),
+            n,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if r < 0 {
+        return Err(last_err(what));
+    }
+    if r as usize != n {
+        return Err(io::Error::other(format!("{what}: {r} of {n} bytes")));
+    }
+    Ok(b)
+}
+
+const SIOCOUTQNSD: libc::c_ulong = 0x894B;
+const TCPI_OPT_TIMESTAMPS: u8 = 1;
+const TCPI_OPT_SACK: u8 = 2;
+const TCPI_OPT_WSCALE: u8 = 4;
+
+/// The state of the kernel's connection on `fd` (CRIU's TCP dump): repair
+/// mode on (silent from here; needs CAP_NET_ADMIN), the queues' sequence
+/// numbers and bytes (unread; in flight and never sent), the windows, the
+/// options as negotiated, the timestamp clock, the RTT estimate and
+/// congestion window, the socket options. The socket is left in repair
+/// mode (the caller ends it either way). ESTABLISHED or CLOSE-WAIT only.
+fn dump(fd: c_int) -> io::Result<Handover> {
+    // SAFETY: an all-zero tcp_info is a valid out-buffer.
+    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut l = std::mem::size_of::<libc::tcp_info>() as socklen_t;
+    // SAFETY: ti/l are valid for writes of l bytes.
+    if unsafe {
+        real::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut ti).cast(),
+            &mut l,
+        )
+    } != 0
+    {
+        return Err(last_err("TCP_INFO"));
+    }
+    let peer_fin = match ti.tcpi_state {
+        1 => false,
+        8 => true,
+        s => {
+            return Err(io::Error::other(format!(
+                "only an established connection is taken (it is {})",
+                nanowire_xdp_state_name(s)
+            )));
+        }
+    };
+    let local = bound_to(fd).ok_or_else(|| io::Error::other("not an IPv4 socket"))?;
+    let remote = peer_of(fd)?;
+    let int = |level, name| tcpx::get_int(fd, level, name).unwrap_or(0);
+    let nodelay = int(libc::IPPROTO_TCP, libc::TCP_NODELAY) != 0;
+    let reuseaddr = int(libc::SOL_SOCKET, libc::SO_REUSEADDR) != 0;
+    let keepalive = (int(libc::SOL_SOCKET, libc::SO_KEEPALIVE) != 0).then(|| {
+        (
+            int(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE).max(1) as u64,
+            int(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL).max(1) as u64,
+            int(libc::IPPROTO_TCP, libc::TCP_KEEPCNT).max(1) as u32,
+        )
+    });
+    let lg: libc::linger = {
+        let mut v = libc::linger {
+            l_onoff: 0,
+            l_linger: 0,
+        };
+        let mut l = std::mem::size_of::<libc::linger>() as socklen_t;
+        // SAFETY: a linger out-buffer and its length.
+        unsafe {
+            real::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&raw mut v).cast(),
+                &mut l,
+            )
+        };
+        v
+    };
+    let (ttl, tos) = nanowire_stack::xdp::ip_header_of(fd);
+    repair::mode(real::setsockopt, fd, true)?;
+    repair_queue(fd, TCP_RECV_QUEUE)?;
+    let rcv_nxt: u32 = get_opt(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_QUEUE_SEQ,
+        "TCP_QUEUE_SEQ (receive)",
+    )?;
+    let inq = ioctl_int(fd, libc::FIONREAD as libc::c_ulong, "SIOCINQ")?;
+    let recv = peek(fd, inq, "the receive queue")?;
+    repair_queue(fd, TCP_SEND_QUEUE)?;
+    let write_seq: u32 = get_opt(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_QUEUE_SEQ,
+        "TCP_QUEUE_SEQ (send)",
+    )?;
+    let outq = ioctl_int(fd, libc::TIOCOUTQ as libc::c_ulong, "SIOCOUTQ")?;
+    let unsent = ioctl_int(fd, SIOCOUTQNSD, "SIOCOUTQNSD")?.min(outq);
+    let send = peek(fd, outq, "the send queue")?;
+    repair_queue(fd, 0)?;
+    let w: repair::Window = get_opt_window(fd)?;
+    let mss: c_int = get_opt(fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG, "TCP_MAXSEG")?;
+    let ts = ti.tcpi_options & TCPI_OPT_TIMESTAMPS != 0;
+    let tsval = if ts {
+        Some(get_opt::<u32>(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_TIMESTAMP,
+            "TCP_TIMESTAMP",
+        )?)
+    } else {
+        None
+    };
+    let ws = ti.tcpi_options & TCPI_OPT_WSCALE != 0;
+    let rcv_nxt = rcv_nxt.wrapping_sub(u32::from(peer_fin));
+    let snd_mss = ti.tcpi_snd_mss.max(64);
+    let us = |v: u32| u64::from(v) * 1000;
+    Ok(Handover {
+        tuple: nanowire_stack::xdp::FourTuple { local, remote },
+        snd_una: write_seq.wrapping_sub(outq as u32),
+        sent: outq - unsent,
+        send,
+        rcv_nxt,
+        recv,
+        mss: mss.max(64) as u32,
+        wscale: ws.then_some((ti.tcpi_snd_rcv_wscale & 0xf, ti.tcpi_snd_rcv_wscale >> 4)),
+        sack: ti.tcpi_options & TCPI_OPT_SACK != 0,
+        tsval,
+        snd_wl1: w.snd_wl1,
+        snd_wnd: w.snd_wnd,
+        max_snd_wnd: w.max_window,
+        // The window's right edge as the kernel advertised it, from rcv_nxt.
+        rcv_wnd: w
+            .rcv_wup
+            .wrapping_add(w.rcv_wnd)
+            .wrapping_sub(rcv_nxt.wrapping_add(u32::from(peer_fin))),
+        nodelay,
+        peer_fin,
+        ts_recent: 0,
+        reuseaddr,
+        engine: nanowire_stack::xdp::EngineState {
+            srtt: us(ti.tcpi_rtt),
+            rttvar: us(ti.tcpi_rttvar),
+            rto: us(ti.tcpi_rto),
+            cwnd: ti.tcpi_snd_cwnd.saturating_mul(snd_mss),
+            ssthresh: if ti.tcpi_snd_ssthresh >= 0x7fff_ffff / 2 {
+                u32::MAX
+            } else {
+                ti.tcpi_snd_ssthresh.saturating_mul(snd_mss)
+            },
+            sndbuf: 0,
+            rcvbuf: 0,
+            rcvbuf_max: 0,
+            keepalive,
+            ttl,
+            tos,
+            linger0: lg.l_onoff != 0 && lg.l_linger == 0,
+        },
+    })
+}
+
+/// TCP_REPAIR_WINDOW of a socket in repair mode.
+fn get_opt_window(fd: c_int) -> io::Result<repair::Window> {
+    let mut w = repair::Window {
+        snd_wl1: 0,
+        snd_wnd: 0,
+        max_window: 0,
+        rcv_wnd: 0,
+        rcv_wup: 0,
+    };
+    let mut l = std::mem::size_of::<repair::Window>() as socklen_t;
+    // SAFETY: a tcp_repair_window out-buffer and its length.
+    let r = unsafe {
+        real::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_REPAIR_WINDOW,
+            (&raw mut w).cast(),
+            &mut l,
+        )
+    };
+    if r == 0 {
+        Ok(w)
+    } else {
+        Err(last_err("TCP_REPAIR_WINDOW"))
+    }
+}
+
+/// The peer of a connected socket.
+fn peer_of(fd: c_int) -> io::Result<std::net::SocketAddrV4> {
+    // SAFETY: an all-zero sockaddr_in is a valid out-buffer.
+    let mut out: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
+    // SAFETY: out/len are valid for writes.
+    if unsafe { real::getpeername(fd, (&raw mut out).cast(), &mut len) } < 0 {
+        return Err(last_err("getpeername"));
+    }
+    Ok(std::net::SocketAddrV4::new(
+        u32::from_be(out.sin_addr.s_addr).into(),
+        u16::from_be(out.sin_port),
+    ))
+}
+
+fn nanowire_xdp_state_name(s: u8) -> &'static str {
+    nanowire_stack::xdp::tcp_state_name(s)
+}
+
+/// The engine has the connection `fd` carried: the kernel socket forgets it
+/// without a word (a disconnect in repair mode sends nothing), its pending
+/// error (ECONNABORTED, from that disconnect) is cleared, it binds the
+/// local address again (it holds the port, as the connection did; repair
+/// mode lets it share it with a listener) and leaves repair mode.
+fn let_go(fd: c_int, local: Option<std::net::SocketAddrV4>, reuse: bool) {
+    // SAFETY: an all-zero sockaddr is AF_UNSPEC.
+    let un: libc::sockaddr = unsafe { std::mem::zeroed() };
+    // SAFETY: an AF_UNSPEC address and its size: connect() disconnects.
+    unsafe {
+        real::connect(
+            fd,
+            &raw const un,
+            std::mem::size_of::<libc::sockaddr>() as socklen_t,
+        )
+    };
+    let _ = get_opt::<c_int>(fd, libc::SOL_SOCKET, libc::SO_ERROR, "SO_ERROR");
+    if let Some(a) = local {
+        let _ = to_addr(real::bind, fd, a, "bind");
+    }
+    let _ = repair::mode(real::setsockopt, fd, false);
+    let _ = repair::reuse_again(real::setsockopt, fd, reuse);
 }

@@ -128,6 +128,7 @@ extern "C" fn nanowire_preload_init() {
     share::init();
     spin::init();
     spawn::receive_prepared();
+    spawn::receive_exec_marker();
     if spin::xdp_candidates() {
         tcpx::size_fd_table();
     }

@@ -141,12 +141,18 @@ fn adopt_unknown(fd: c_int) -> bool {
         table::C_UDP if inet && forked => shared_since_fork(fd, "udp"),
         table::C_UDP if inet => ahooks::adopt_bound(fd),
         table::C_TCP if inet => {
-            tcpx::get_int(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN) == Some(1)
-                && if forked {
+            if tcpx::get_int(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN) == Some(1) {
+                if forked {
                     shared_since_fork(fd, "tcp listener")
                 } else {
                     tcpx::adopt_listening(fd)
                 }
+            } else {
+                // A connection: only one the old image handed over at
+                // exec while it alone held it (no other process can be
+                // using the kernel's connection).
+                !forked && handover::exec_named(fd) && handover::adopt_connected(fd)
+            }
         }
         // An IPv6 socket: said as for a fresh one.
         table::C_UDP | table::C_TCP => {
@@ -1010,7 +1016,9 @@ impl Ready for Sock {
 
 impl Ops for Kernel {
     fn recv(self, fd: c_int, r: Recv, flags: c_int) -> Option<isize> {
-        if !matches!(r, Recv::Read { .. } | Recv::Vec { .. }) && unknown(fd) {
+        if (!matches!(r, Recv::Read { .. } | Recv::Vec { .. }) || handover::exec_pending())
+            && unknown(fd)
+        {
             return None;
         }
         match r {
@@ -1071,7 +1079,9 @@ impl Ops for Kernel {
     }
 
     fn send(self, fd: c_int, s: Send, flags: c_int) -> Option<isize> {
-        if !matches!(s, Send::Write { .. } | Send::Vec { .. }) && unknown(fd) {
+        if (!matches!(s, Send::Write { .. } | Send::Vec { .. }) || handover::exec_pending())
+            && unknown(fd)
+        {
             return None;
         }
         Some(match s {

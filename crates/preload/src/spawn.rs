@@ -34,7 +34,7 @@ use crate::accel;
 use crate::fdlife;
 use crate::log::log;
 use crate::tcpx;
-use libc::c_int;
+use libc::{c_char, c_int};
 use nanowire_options::Level;
 #[cfg(target_arch = "x86_64")]
 use std::cell::Cell;
@@ -145,11 +145,105 @@ pub fn prepare_exec(what: &str) {
         nanowire_stack::xdp::before_exec();
     }
     if has_engine_fds() {
+        crate::handover::exec_preparing(what == "exec");
         prepare(
             &inheritable,
             &format!("{what}: the new program inherits it (no FD_CLOEXEC)"),
         );
+        crate::handover::exec_preparing(false);
     }
+}
+
+/// The variable naming, for the new image, the connections an exec handed
+/// over to the kernel while this process alone held them
+/// (`handover::exec_sole`): `pid:cookie,cookie`.
+const EXEC_ENV: &str = "NANOWIRE_EXEC_TCP";
+
+/// The environment an exec passes on (`envp`, a null-terminated array),
+/// with [`EXEC_ENV`] naming the connections the new image may take back
+/// onto the engine, when there are any and the new program runs with this
+/// shim (its LD_PRELOAD names it; without, nothing is added: a program
+/// without the shim never sees the variable). `None`: pass `envp` as it is.
+pub fn exec_env(envp: *const *const c_char) -> Option<ExecEnv> {
+    let sole = crate::handover::exec_sole();
+    if sole.is_empty() || envp.is_null() {
+        return None;
+    }
+    let mut ptrs = Vec::new();
+    let mut shim = false;
+    let mut i = 0;
+    loop {
+        // SAFETY: envp is the caller's null-terminated array of C strings
+        // (exec's contract), read up to its terminator.
+        let p = unsafe { *envp.add(i) };
+        if p.is_null() {
+            break;
+        }
+        i += 1;
+        // SAFETY: a NUL-terminated string of that array.
+        let v = unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes();
+        if v.starts_with(EXEC_ENV.as_bytes()) && v.get(EXEC_ENV.len()) == Some(&b'=') {
+            continue;
+        }
+        if let Some(list) = v.strip_prefix(b"LD_PRELOAD=") {
+            shim |= list
+                .split(|&c| c == b':' || c == b' ')
+                .any(|l| l.ends_with(b"libnanowire_preload.so"));
+        }
+        ptrs.push(p);
+    }
+    if !shim {
+        return None;
+    }
+    let list: Vec<String> = sole.iter().map(u64::to_string).collect();
+    let var = std::ffi::CString::new(format!(
+        "{EXEC_ENV}={}:{}",
+        std::process::id(),
+        list.join(",")
+    ))
+    .ok()?;
+    ptrs.push(var.as_ptr());
+    ptrs.push(std::ptr::null());
+    Some(ExecEnv { _var: var, ptrs })
+}
+
+/// An exec's environment with [`EXEC_ENV`] added ([`exec_env`]).
+pub struct ExecEnv {
+    _var: std::ffi::CString,
+    ptrs: Vec<*const c_char>,
+}
+
+impl ExecEnv {
+    /// The null-terminated array, valid while `self` lives.
+    pub fn as_ptr(&self) -> *const *const c_char {
+        self.ptrs.as_ptr()
+    }
+}
+
+/// At load: the connections the old image of this process named
+/// ([`EXEC_ENV`]), taken out of the environment (no child sees it). Only
+/// this process's own name counts (the pid an exec keeps): a variable
+/// some other process left in an environment names nothing here.
+pub fn receive_exec_marker() {
+    let Some(v) = std::env::var_os(EXEC_ENV) else {
+        return;
+    };
+    // SAFETY: the library's constructor runs before main, when the
+    // program has no other thread that could read the environment.
+    unsafe { std::env::remove_var(EXEC_ENV) };
+    let v = v.to_string_lossy();
+    let Some((pid, list)) = v.split_once(':') else {
+        return;
+    };
+    if pid.parse::<u32>().ok() != Some(std::process::id()) {
+        return;
+    }
+    let cookies: Vec<u64> = list
+        .split(',')
+        .filter_map(|c| c.parse().ok())
+        .filter(|&c| c != 0)
+        .collect();
+    crate::handover::exec_inherited_set(cookies);
 }
 
 /// A posix_spawn file action will duplicate `fd` into the child.

@@ -769,6 +769,35 @@ fn take_moved(
     Ok(t2)
 }
 
+/// The connection the engine took from the kernel socket `fd` (issue 24
+/// item 2, `handover::adopt_connected`): a record on `fd` with the
+/// application's blocking mode, timeouts and keepalive settings as the
+/// kernel socket had them. The socket stays the fd's (unconnected now,
+/// bound to the local address: it holds the port, as the kernel's
+/// connection did).
+pub fn adopted_stream(fd: c_int, s: XdpTcpStream, ka: (bool, u64, u64, u32)) -> TcpRef {
+    let nonblock = app_nonblock(fd);
+    let t = record(fd, Inner::Stream(s), false, true, nonblock);
+    // SAFETY: the fd is only borrowed for two getsockopt calls.
+    let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+    let ns = |w| match rustix::net::sockopt::socket_timeout(b, w) {
+        Ok(Some(d)) => u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1),
+        _ => 0,
+    };
+    t.common
+        .set_rcvtimeo_ns(ns(rustix::net::sockopt::Timeout::Recv));
+    t.common
+        .set_sndtimeo_ns(ns(rustix::net::sockopt::Timeout::Send));
+    *t.ka.lock().unwrap_or_else(|e| e.into_inner()) = ka;
+    ADOPTED.store(true, Ordering::Release);
+    t
+}
+
+/// [`opts_read`] of a socket this program did not make.
+pub fn opts_unknown(fd: c_int) -> EngineOptions {
+    opts_read(fd, true)
+}
+
 /// `fd` is a forked child's inherited engine connection: say so, once.
 #[cold]
 pub fn note_inherited(fd: c_int) {

@@ -115,6 +115,9 @@ pub(crate) struct Conn {
     pub ts_ok: bool,
     pub ws_ok: bool,
     pub ts_recent: u32,
+    /// `ts_recent` is not known yet (a connection taken from the kernel,
+    /// which does not tell it): no PAWS check until a segment sets it.
+    pub ts_unknown: bool,
     pub ts_offset: u32,
     pub sack_ok: bool,
     pub sacked: [(u32, u32); SCOREBOARD],
@@ -276,6 +279,7 @@ impl Conn {
             ts_ok: false,
             ws_ok: false,
             ts_recent: 0,
+            ts_unknown: false,
             ts_offset,
             sack_ok: false,
             sacked: [(0, 0); SCOREBOARD],

@@ -384,14 +384,21 @@ impl TcpStack {
         k.set_closed(None);
         let tuple = k.tuple;
         self.settle(c.idx);
+        self.remember_handed(tuple, now);
+        self.counters.handovers += 1;
+        Ok(())
+    }
+
+    /// Segments of `tuple` that reach this stack for a while are another
+    /// owner's: dropped and counted, never answered (a hand-over, or a
+    /// take-over from the kernel that did not happen).
+    pub fn remember_handed(&mut self, tuple: FourTuple, now: u64) {
         self.handed_over
             .retain(|&(_, t)| now.saturating_sub(t) < REMEMBER_NS);
         if self.handed_over.len() >= REMEMBER_MAX {
             self.handed_over.remove(0);
         }
         self.handed_over.push((tuple, now));
-        self.counters.handovers += 1;
-        Ok(())
     }
 
     /// Take connection `h` over from another engine (the inverse of
@@ -452,6 +459,8 @@ impl TcpStack {
         k.snd_wl2 = una;
         k.ts_ok = h.tsval.is_some();
         k.ts_recent = h.ts_recent;
+        // 0: not known (the kernel does not tell it): the first segment's.
+        k.ts_unknown = k.ts_ok && h.ts_recent == 0;
         k.sack_ok = h.sack;
         k.ws_ok = h.wscale.is_some();
         (k.snd_wscale, k.rcv_wscale) = h.wscale.unwrap_or((0, 0));

@@ -165,7 +165,10 @@ impl Conn {
     /// received or, with timestamps, carries a newer one (RFC 6191: a new
     /// owner of the 4-tuple whose ISN clock differs still gets in).
     pub(crate) fn time_wait_takes_syn(&self, r: &TcpRepr) -> bool {
-        let tsval = r.timestamp.filter(|_| self.ts_ok).map(|(v, _)| v);
+        let tsval = r
+            .timestamp
+            .filter(|_| self.ts_ok && !self.ts_unknown)
+            .map(|(v, _)| v);
         if tsval.is_some_and(|v| seq::lt(v, self.ts_recent)) {
             return false;
         }
@@ -205,6 +208,7 @@ impl Conn {
             && !f.rst()
             && let Some((val, _)) = r.timestamp
             && seq::lt(val, self.ts_recent)
+            && !self.ts_unknown
         {
             ctr.paws_rejected += 1;
             self.oow_ack(now, cfg, payload.is_empty() && !f.syn() && !f.fin(), ctr);
@@ -290,6 +294,7 @@ impl Conn {
             && seq::le(r.seq, self.rcv_adv_ack())
         {
             self.ts_recent = val;
+            self.ts_unknown = false;
         }
 
         if self.state == State::SynReceived {

@@ -232,6 +232,28 @@ impl SockDiag {
         }))
     }
 
+    /// The kernel's TCP connection (`local`, `remote`): its state and its
+    /// socket's inode (`idiag_inode`, the st_ino of the socket's fd), or
+    /// `None` if it has none (a listener's answer included).
+    pub fn tcp_conn_inode(
+        &mut self,
+        local: std::net::SocketAddrV4,
+        remote: std::net::SocketAddrV4,
+    ) -> io::Result<Option<(u8, u64)>> {
+        Ok(self.look_up(local, remote)?.and_then(|m| {
+            let m = m.get(..72)?;
+            let same = m[4..6] == local.port().to_be_bytes()
+                && m[6..8] == remote.port().to_be_bytes()
+                && m[24..28] == remote.ip().octets();
+            (same && m[1] != TCP_LISTEN).then(|| {
+                (
+                    m[1],
+                    u64::from(u32::from_ne_bytes(m[68..72].try_into().unwrap())),
+                )
+            })
+        }))
+    }
+
     /// The inode of the kernel's TCP socket listening on `local` (its
     /// address or the wildcard), or `None` if none listens there.
     pub fn tcp_listener_inode(&mut self, local: std::net::SocketAddrV4) -> io::Result<Option<u64>> {

@@ -63,6 +63,7 @@ mod tx;
 mod wake;
 
 pub use demux::{Delivery, EndpointId, EndpointKind};
+pub use nanowire_xdp::netlink::tcp_state_name;
 /// The steering program `nanowire run` attaches before exec (the shim
 /// receives it at load; [`Engine::open`] adopts it).
 pub use nanowire_xdp::prestart;
@@ -70,8 +71,9 @@ pub use neigh::{NEGATIVE_TTL, QUEUE_BYTES_PER_NEIGH, QUEUE_PER_NEIGH, RESOLVE_TI
 pub use order::set_tcp_service_wrapper;
 pub use socket::{IdlePeek, OpenError, XdpSocket, udp_packet};
 pub use tcp::{
-    Armed, Drained, Handover, MovedOut, Taker, TcpIdle, XdpTcpError, XdpTcpInfo, XdpTcpListener,
-    XdpTcpState, XdpTcpStream, ip_header_of, tcp_drain, tcp_ready, tcp_service_lost,
+    Armed, Drained, EngineState, FourTuple, Handover, MovedOut, Taker, TcpIdle, XdpTcpError,
+    XdpTcpInfo, XdpTcpListener, XdpTcpState, XdpTcpStream, ip_header_of, tcp_drain, tcp_ready,
+    tcp_service_lost,
 };
 pub use tx::IpHeader;
 

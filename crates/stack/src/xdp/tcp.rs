@@ -2148,6 +2148,117 @@ impl XdpTcpStream {
     }
 }
 
+impl XdpTcpStream {
+    /// Take over the connection the kernel carries on the socket `fd`, a
+    /// connection this program inherited as the kernel's (issue 24 item 2:
+    /// its old image handed it over at exec). Under the stack's lock, so
+    /// nothing the steering sends here meets the stack before the
+    /// connection does: the 4-tuple is claimed (on the engine service by
+    /// showing `fd`, the kernel connection itself), segments that passed
+    /// the program before the claim are given 1 ms to reach the kernel
+    /// socket, then `dump` reads the kernel's state (TCP_REPAIR: the caller
+    /// puts the socket in repair mode, silent from then on) and the shared
+    /// client stack adopts it (same sequence numbers, queues, windows,
+    /// options, RTT). An ACK goes out at once. On any error the claim is
+    /// released and the kernel keeps the connection (the caller takes its
+    /// socket out of repair mode); segments of the 4-tuple that reached
+    /// the engine meanwhile are dropped and counted, never answered (the
+    /// peer retransmits them to the kernel).
+    pub fn adopt_kernel(
+        fd: RawFd,
+        opts: &EngineOptions,
+        dump: impl FnOnce() -> io::Result<Handover>,
+    ) -> io::Result<XdpTcpStream> {
+        let local = sock_local(fd)?;
+        let remote = sock_peer(fd)?;
+        if local.ip().is_loopback() || remote.ip().is_loopback() {
+            return Err(io_err(
+                io::ErrorKind::Unsupported,
+                "a loopback connection (no XDP-capable interface)",
+            ));
+        }
+        let (engine, _) = Self::routed(remote, local, opts)?;
+        let eng = TcpEngine::clients(&engine, opts)?;
+        eng.resolve(*remote.ip(), Duration::from_secs(3))?;
+        let mut core = eng.core();
+        eng.steer_flow(local, remote, fd)?;
+        std::thread::sleep(Duration::from_millis(1));
+        let undo = |core: &mut Core| {
+            eng.engine.prog().prog.unclaim_tcp_flow(local, remote);
+            core.stack
+                .remember_handed(nanowire_tcp::FourTuple { local, remote }, now_ns());
+        };
+        let mut h = match dump() {
+            Ok(h) if h.tuple.local == local && h.tuple.remote == remote => h,
+            Ok(_) => {
+                undo(&mut core);
+                return Err(io_err(
+                    io::ErrorKind::InvalidData,
+                    "the kernel's state names another 4-tuple",
+                ));
+            }
+            Err(e) => {
+                undo(&mut core);
+                return Err(e);
+            }
+        };
+        // The buffers: the engine's own sizes (or the application's), and
+        // room for what the kernel holds and the window it advertised.
+        let mut so = SocketOptions::from_config(core.stack.config());
+        if let Some(b) = opts.rcvbuf {
+            so.rcvbuf = b.max(4096);
+            so.rcvbuf_max = 0;
+        }
+        if let Some(b) = opts.sndbuf {
+            so.sndbuf = b.max(4096);
+        }
+        let e = &mut h.engine;
+        e.sndbuf = so.sndbuf.max(h.send.len());
+        e.rcvbuf = so
+            .rcvbuf
+            .max(h.recv.len() + h.rcv_wnd as usize)
+            .min(64 << 20);
+        e.rcvbuf_max = so.rcvbuf_max.max(e.rcvbuf);
+        let now = now_ns();
+        let c = match core.stack.adopt_state(now, &h) {
+            Ok(c) => c,
+            Err(err) => {
+                undo(&mut core);
+                return Err(tcp_err(err));
+            }
+        };
+        eng.flow_claimed(&mut core, local, remote);
+        core.held.push(Held {
+            local,
+            remote,
+            keep: None,
+            block: None,
+            moved: false,
+        });
+        eng.transmit(&mut core, now);
+        drop(core);
+        Ok(XdpTcpStream::opened(eng, c))
+    }
+}
+
+/// The remote IPv4 address of a connected kernel socket.
+fn sock_peer(fd: RawFd) -> io::Result<SocketAddrV4> {
+    // SAFETY: an all-zero sockaddr_in is a valid out-buffer.
+    let mut out: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: out/len are valid for writes.
+    if unsafe { libc::getpeername(fd, (&mut out as *mut libc::sockaddr_in).cast(), &mut len) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if out.sin_family != libc::AF_INET as libc::sa_family_t {
+        return Err(io_err(io::ErrorKind::Unsupported, "not an IPv4 socket"));
+    }
+    Ok(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(out.sin_addr.s_addr)),
+        u16::from_be(out.sin_port),
+    ))
+}
+
 /// How often the pass entries of handed-over connections are checked.
 const PASS_SWEEP_NS: u64 = 1_000_000_000;
 
@@ -2344,7 +2455,8 @@ fn sock_local(fd: RawFd) -> io::Result<SocketAddrV4> {
 /// Readiness bits of [`XdpTcpStream::poll_ready`] (as `nanowire_tcp::ready`).
 pub use nanowire_tcp::ready as tcp_ready;
 pub use nanowire_tcp::{
-    Error as XdpTcpError, Handover, State as XdpTcpState, TcpInfo as XdpTcpInfo,
+    EngineState, Error as XdpTcpError, FourTuple, Handover, State as XdpTcpState,
+    TcpInfo as XdpTcpInfo,
 };
 
 impl XdpTcpListener {

@@ -1176,7 +1176,7 @@ impl Service {
                 holds_port(fd, proto::PROTO_TCP, *local.ip(), local.port(), || {
                     iface::ipv4_addrs_of(&name)
                 })?;
-                if self.kernel_has(local, remote)? {
+                if self.kernel_has(local, remote)? && !self.is_that_connection(fd, local, remote)? {
                     return Err(format!(
                         "TCP {local} <-> {remote} not claimed: it is a connection of a kernel socket"
                     ));
@@ -1297,6 +1297,33 @@ impl Service {
             self.kernel_state(local, remote)?,
             None | Some(nanowire_xdp::netlink::TCP_TIME_WAIT | nanowire_xdp::netlink::TCP_CLOSE)
         ))
+    }
+
+    /// Is `sock` itself the kernel's live connection (local, remote)? Its
+    /// holder takes it onto the engine (issue 24 item 2: a connection an
+    /// exec'd program inherited as the kernel's): it can read and write
+    /// it already, so the claim gives it nothing it did not have.
+    fn is_that_connection(
+        &mut self,
+        sock: &OwnedFd,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+    ) -> Result<bool, String> {
+        let (_, ino) = tcp_socket_inode(sock)?;
+        let d = match self.diag.as_mut() {
+            Some(d) => d,
+            None => self.diag.insert(
+                nanowire_xdp::netlink::SockDiag::open()
+                    .map_err(|e| format!("cannot ask the kernel about TCP connections: {e}"))?,
+            ),
+        };
+        match d.tcp_conn_inode(local, remote) {
+            Ok(found) => Ok(found.is_some_and(|(_, i)| i == ino)),
+            Err(e) => {
+                self.diag = None;
+                Err(format!("cannot ask the kernel about TCP connections: {e}"))
+            }
+        }
     }
 
     /// The kernel's state of its connection on the 4-tuple (None: none),
