@@ -422,22 +422,126 @@ print("all ok" if ok else "SOME BAD", flush=True)
 fn a_connection_inherited_across_exec_serves_as_plainly() {
     let child = format!("{READLINE}{EXEC_CHILD}");
     let logs = three_ways("pexe", "exec", (EXEC_SRV, EXEC_CLIENT), 14620, &[&child]);
-    // None of these connections is one the old image alone held on the
-    // engine at its exec (a forked or spawned child's copy: the parent held
-    // it too; the self-exec's was accepted from the listener the forks
-    // shared, the kernel's): none is taken back onto the engine, and no
-    // attempt fails (a connection alone on the engine across exec is
-    // `a_connection_across_two_execs_is_taken_back_onto_the_engine_each_time`).
-    for p in ["Own", "Service"] {
+    // Taken back onto the engine only where the exec'ing image alone held
+    // the connection: on the service the fork + exec child's (k=0), when
+    // the parent's close (right after its fork) came before the child's
+    // exec, a race either way; never the spawned child's (the parent held
+    // it at the spawn), the one exec'd without the shim, or the self-exec's
+    // (accepted from the listener the forks shared: the kernel's). On an
+    // engine of its own none (the parent's close hands it to the kernel at
+    // once). No attempt fails. A connection alone on the engine across
+    // exec: `a_connection_across_two_execs_is_taken_back_onto_the_engine_each_time`,
+    // the fork + exec shape made deterministic:
+    // `an_inetd_style_handler_takes_its_connection_onto_the_engine_on_the_service`.
+    for (p, most) in [("Own", 0), ("Service", 1)] {
         let l = placement_log(&logs, p);
-        assert!(!l.contains(TAKEN_BACK), "{p}:\n{l}");
-        assert!(!l.contains("cannot be taken from the kernel"), "{p}:\n{l}");
+        assert!(l.matches(TAKEN_BACK).count() <= most, "{p}:\n{l}");
+        no_failed_take_back(l, p);
+    }
+}
+
+/// No connection inherited across exec failed to come back onto the engine
+/// (`p`'s log `l`), but for the one reason an engine of its own gives: the
+/// parent's engine holds the interface, so the exec'd child has none.
+fn no_failed_take_back(l: &str, p: &str) {
+    for line in l
+        .lines()
+        .filter(|x| x.contains("cannot be taken from the kernel"))
+    {
+        assert!(
+            p == "Own" && line.contains("XDP attach to"),
+            "{p}: {line}\n{l}"
+        );
     }
 }
 
 /// What the shim says when it takes a connection inherited across exec
 /// back from the kernel.
 const TAKEN_BACK: &str = "a connection inherited across exec, taken from the kernel";
+
+/// Issue 24 item 2, the inetd shape: the server accepts, forks, closes its
+/// copy at once and tells the child so (a pipe); the child execs the
+/// handler with the connection on its fd, which answers each line until
+/// the client's end. Three connections one after another. On the engine
+/// service the parent's close keeps the connection on its engine for the
+/// child, whose exec hands it over to the kernel in the socket only it
+/// holds now: the handler takes it back onto the engine at its first read
+/// (the first connection; the later ones the parent accepts from the
+/// kernel's listener, on the service too, as before this change: after a
+/// child that execs, the shared listener's SYNs go to the kernel, a gap of
+/// its own). On an engine of its own the connection stays the kernel's
+/// (the parent's close hands it over at once; the child could not attach
+/// an engine while the parent's holds the interface). Outputs as plainly,
+/// bodies hashed.
+const INETD_SRV: &str = r#"
+import os, socket, sys
+addr, port, handler = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+ls = listener()
+for k in range(3):
+    c, _ = ls.accept()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        ls.close(); os.close(w)
+        os.read(r, 1)
+        os.set_inheritable(c.fileno(), True)
+        os.execv(sys.executable, [sys.executable, "-c", handler, str(c.fileno()), str(k)])
+    c.close(); os.close(r)
+    os.write(w, b"x"); os.close(w)
+    print(k, "handler exited", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"#;
+
+const INETD_HANDLER: &str = r#"
+import hashlib, socket, sys
+c = socket.socket(fileno=int(sys.argv[1]))
+k = int(sys.argv[2])
+n = 0
+while True:
+    line = readline(c)
+    if not line:
+        break
+    body = hashlib.sha256(line).digest() * (100 * (k + 1) * (n + 1))
+    c.sendall(b"%d\n" % len(body) + body)
+    n += 1
+c.close()
+"#;
+
+const INETD_CLIENT: &str = r#"
+import hashlib, socket, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+ok = True
+for k in range(3):
+    c = socket.create_connection((addr, port), timeout=60)
+    for n in range(4):
+        line = b"conn %d line %d\n" % (k, n)
+        c.sendall(line)
+        b = read_sized(c)
+        good = b == hashlib.sha256(line).digest() * (100 * (k + 1) * (n + 1))
+        ok &= good
+        print(k, n, len(b), hashlib.sha256(b).hexdigest()[:16], "ok" if good else "BAD")
+    c.shutdown(socket.SHUT_WR)
+    print(k, "end", c.recv(1) == b"")
+    c.close()
+print("all ok" if ok else "SOME BAD", flush=True)
+"#;
+
+#[test]
+#[ignore = "needs root"]
+fn an_inetd_style_handler_takes_its_connection_onto_the_engine_on_the_service() {
+    let handler = format!("{READLINE}{INETD_HANDLER}");
+    let logs = three_ways(
+        "pind",
+        "inetd",
+        (INETD_SRV, INETD_CLIENT),
+        14940,
+        &[&handler],
+    );
+    for (p, n) in [("Own", 0), ("Service", 1)] {
+        let l = placement_log(&logs, p);
+        assert_eq!(l.matches(TAKEN_BACK).count(), n, "{p}:\n{l}");
+        no_failed_take_back(l, p);
+    }
+}
 
 /// Issue 24 item 2, a connection across two execs: the server accepts,
 /// reads a line and answers 1 MiB (much of it unacknowledged when it

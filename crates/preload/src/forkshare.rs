@@ -235,6 +235,11 @@ pub fn holders(h: u64) -> Option<u32> {
     live(h).map(|(s, _, _)| s.holders.load(Ordering::Acquire))
 }
 
+/// The owner of handle `h`'s connection (`None`: decided).
+pub fn owner_of(h: u64) -> Option<u32> {
+    live(h).map(|(s, _, _)| s.owner.load(Ordering::Acquire))
+}
+
 /// The connection's addresses (local, remote) as the owner wrote them at
 /// the first fork (`None`: not known, or decided).
 pub fn addrs(h: u64) -> Option<(std::net::SocketAddrV4, std::net::SocketAddrV4)> {

@@ -92,6 +92,7 @@ mod accel;
 mod adapt;
 mod ahooks;
 mod dispatch;
+mod execnames;
 mod exports;
 mod exports_fd;
 mod fdlife;

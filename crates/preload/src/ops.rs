@@ -151,7 +151,7 @@ fn adopt_unknown(fd: c_int) -> bool {
                 // A connection: only one the old image handed over at
                 // exec while it alone held it (no other process can be
                 // using the kernel's connection).
-                !forked && handover::exec_named(fd) && handover::adopt_connected(fd)
+                !forked && crate::execnames::exec_named(fd) && handover::adopt_connected(fd)
             }
         }
         // An IPv6 socket: said as for a fresh one.
@@ -394,11 +394,21 @@ pub fn shutdown(fd: c_int, how: c_int) -> c_int {
 
 /// `fcntl`/`fcntl64` on `fd`.
 pub fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong, is64: bool) -> c_int {
+    if matches!(cmd, libc::F_GETFD | libc::F_SETFD) {
+        // The fd's own flag (close-on-exec), nothing of the socket: not a
+        // use of it (a forked child making its copy inheritable before it
+        // execs does not claim the connection for this image).
+        return Kernel.fcntl(fd, cmd, arg, is64).unwrap_or(-1);
+    }
     through!(fd, fcntl(cmd, arg, is64))
 }
 
 /// `ioctl` on `fd`.
 pub fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    if matches!(req, libc::FIOCLEX | libc::FIONCLEX) {
+        // As F_SETFD (`fcntl`): the fd's own flag, not a use of the socket.
+        return Kernel.ioctl(fd, req, arg).unwrap_or(-1);
+    }
     through!(fd, ioctl(req, arg))
 }
 
@@ -1016,7 +1026,7 @@ impl Ready for Sock {
 
 impl Ops for Kernel {
     fn recv(self, fd: c_int, r: Recv, flags: c_int) -> Option<isize> {
-        if (!matches!(r, Recv::Read { .. } | Recv::Vec { .. }) || handover::exec_pending())
+        if (!matches!(r, Recv::Read { .. } | Recv::Vec { .. }) || crate::execnames::exec_pending())
             && unknown(fd)
         {
             return None;
@@ -1079,7 +1089,7 @@ impl Ops for Kernel {
     }
 
     fn send(self, fd: c_int, s: Send, flags: c_int) -> Option<isize> {
-        if (!matches!(s, Send::Write { .. } | Send::Vec { .. }) || handover::exec_pending())
+        if (!matches!(s, Send::Write { .. } | Send::Vec { .. }) || crate::execnames::exec_pending())
             && unknown(fd)
         {
             return None;

@@ -144,14 +144,17 @@ pub fn prepare_exec(what: &str) {
         accel::owner_leaving("exec: this image goes, its forked child holds it", false);
         nanowire_stack::xdp::before_exec();
     }
+    if what == "exec" {
+        // Whatever an earlier exec that failed named is forgotten.
+        crate::execnames::exec_preparing(true);
+    }
     if has_engine_fds() {
-        crate::handover::exec_preparing(what == "exec");
         prepare(
             &inheritable,
             &format!("{what}: the new program inherits it (no FD_CLOEXEC)"),
         );
-        crate::handover::exec_preparing(false);
     }
+    crate::execnames::exec_preparing(false);
 }
 
 /// The variable naming, for the new image, the connections an exec handed
@@ -165,7 +168,7 @@ const EXEC_ENV: &str = "NANOWIRE_EXEC_TCP";
 /// shim (its LD_PRELOAD names it; without, nothing is added: a program
 /// without the shim never sees the variable). `None`: pass `envp` as it is.
 pub fn exec_env(envp: *const *const c_char) -> Option<ExecEnv> {
-    let sole = crate::handover::exec_sole();
+    let sole = crate::execnames::exec_sole();
     if sole.is_empty() || envp.is_null() {
         return None;
     }
@@ -243,7 +246,7 @@ pub fn receive_exec_marker() {
         .filter_map(|c| c.parse().ok())
         .filter(|&c| c != 0)
         .collect();
-    crate::handover::exec_inherited_set(cookies);
+    crate::execnames::exec_inherited_set(cookies);
 }
 
 /// A posix_spawn file action will duplicate `fd` into the child.

@@ -429,7 +429,16 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) ->
             crate::forkshare::held_again(t.share());
         } else {
             // The new program cannot take it (this image goes): the kernel's.
+            let h = t.share();
+            let alone = crate::forkshare::holders(h) == Some(1);
+            let owner = crate::forkshare::owner_of(h);
             claim_inherited(fd, t, false);
+            // Its owner had closed it (kept it for this child) and no other
+            // child holds it: this process alone has the kernel's
+            // connection now, which the new image may take back.
+            if alone && owner.is_some_and(|o| !holds_socket_long(o, fd)) {
+                crate::execnames::note_sole(fd);
+            }
         }
     }
     table::each_with(table::F_TCAND, |fd| {
@@ -439,6 +448,37 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) ->
     });
     set_errno(e);
     conns
+}
+
+/// Does process `pid` hold the socket `fd` names (an fd of its naming the
+/// same inode)? Asked a few times over ~5 ms: an owner that kept a
+/// connection for its child closes its last duplicate just after the
+/// hand-over. A process that is gone holds nothing; one whose fds cannot
+/// be read holds it, for all this process can tell.
+fn holds_socket_long(pid: u32, fd: c_int) -> bool {
+    // SAFETY: the fd is only borrowed for one fstat.
+    let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
+    let Ok(st) = rustix::fs::fstat(b) else {
+        return true;
+    };
+    let want = format!("socket:[{}]", st.st_ino);
+    for i in 0..5 {
+        let dir = match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return false,
+            Err(_) => return true,
+        };
+        let held = dir
+            .flatten()
+            .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == want.as_str()));
+        if !held {
+            return false;
+        }
+        if i < 4 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    true
 }
 
 /// Engine listeners `ls` go back to their kernel sockets, which listen

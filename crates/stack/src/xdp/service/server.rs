@@ -1166,6 +1166,10 @@ impl Service {
         let under_listener = under_listener(ifc, id, local)
             || (what == proto::TcpFlow::Pass
                 && owns_flow(self.clients.get(&id), ifc, id, (local, remote)));
+        // The claimant shows the kernel's live connection itself (its own
+        // socket): it takes the 4-tuple over from the kernel, whoever had
+        // passed it there.
+        let mut its_own_kernel_conn = false;
         match (what, sock) {
             (proto::TcpFlow::Pass, _) | (proto::TcpFlow::Flow, None) if !under_listener => {
                 return Err(format!(
@@ -1176,10 +1180,13 @@ impl Service {
                 holds_port(fd, proto::PROTO_TCP, *local.ip(), local.port(), || {
                     iface::ipv4_addrs_of(&name)
                 })?;
-                if self.kernel_has(local, remote)? && !self.is_that_connection(fd, local, remote)? {
-                    return Err(format!(
-                        "TCP {local} <-> {remote} not claimed: it is a connection of a kernel socket"
-                    ));
+                if self.kernel_has(local, remote)? {
+                    if !self.is_that_connection(fd, local, remote)? {
+                        return Err(format!(
+                            "TCP {local} <-> {remote} not claimed: it is a connection of a kernel socket"
+                        ));
+                    }
+                    its_own_kernel_conn = true;
                 }
             }
             _ => {}
@@ -1187,12 +1194,25 @@ impl Service {
         let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
         match ifc.tcp_flows.get(&(local, remote)) {
             Some(&o) if o != id => {
-                return Err(format!(
-                    "TCP {local} <-> {remote} is claimed by another process on the engine service"
-                ));
+                let passed = self.clients.get(&o).is_some_and(|c| {
+                    c.tcp_flows
+                        .iter()
+                        .any(|f| (f.0, f.1, f.2) == (local, remote, proto::TcpFlow::Pass))
+                });
+                if !(its_own_kernel_conn && passed) {
+                    return Err(format!(
+                        "TCP {local} <-> {remote} is claimed by another process on the engine service"
+                    ));
+                }
+                // Passed to the kernel by `o` (a hand-over), taken from the
+                // kernel by this process: `o` has no claim on it any more.
+                if let Some(c) = self.clients.get_mut(&o) {
+                    c.tcp_flows.retain(|f| (f.0, f.1) != (local, remote));
+                }
             }
             _ => {}
         }
+        let ifc = self.ifaces.get_mut(&name).ok_or("interface gone")?;
         match what {
             proto::TcpFlow::Flow => {
                 ifc.prog
