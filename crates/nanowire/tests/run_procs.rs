@@ -423,17 +423,18 @@ fn a_connection_inherited_across_exec_serves_as_plainly() {
     let child = format!("{READLINE}{EXEC_CHILD}");
     let logs = three_ways("pexe", "exec", (EXEC_SRV, EXEC_CLIENT), 14620, &[&child]);
     // Taken back onto the engine only where the exec'ing image alone held
-    // the connection: on the service the fork + exec child's (k=0), when
+    // the connection: on the service the fork + exec child's (k=0) when
     // the parent's close (right after its fork) came before the child's
-    // exec, a race either way; never the spawned child's (the parent held
-    // it at the spawn), the one exec'd without the shim, or the self-exec's
-    // (accepted from the listener the forks shared: the kernel's). On an
-    // engine of its own none (the parent's close hands it to the kernel at
-    // once). No attempt fails. A connection alone on the engine across
-    // exec: `a_connection_across_two_execs_is_taken_back_onto_the_engine_each_time`,
-    // the fork + exec shape made deterministic:
+    // exec, and the self-exec's (k=3) when it was accepted on the engine
+    // (a fork's parent stops accepting on the service until it accepts
+    // again: a SYN that comes first is the kernel listener's): races both;
+    // never the spawned child's (the parent held it at the spawn) or the
+    // one exec'd without the shim. On an engine of its own none (the
+    // listener went back to the kernel at the first fork). No attempt
+    // fails. Deterministic shapes:
+    // `a_connection_across_two_execs_is_taken_back_onto_the_engine_each_time`,
     // `an_inetd_style_handler_takes_its_connection_onto_the_engine_on_the_service`.
-    for (p, most) in [("Own", 0), ("Service", 1)] {
+    for (p, most) in [("Own", 0), ("Service", 2)] {
         let l = placement_log(&logs, p);
         assert!(l.matches(TAKEN_BACK).count() <= most, "{p}:\n{l}");
         no_failed_take_back(l, p);
@@ -466,10 +467,9 @@ const TAKEN_BACK: &str = "a connection inherited across exec, taken from the ker
 /// service the parent's close keeps the connection on its engine for the
 /// child, whose exec hands it over to the kernel in the socket only it
 /// holds now: the handler takes it back onto the engine at its first read
-/// (the first connection; the later ones the parent accepts from the
-/// kernel's listener, on the service too, as before this change: after a
-/// child that execs, the shared listener's SYNs go to the kernel, a gap of
-/// its own). On an engine of its own the connection stays the kernel's
+/// (the first connection at least: a fork's parent stops accepting on the
+/// service until it next accepts, so a later connection whose SYN comes
+/// while this one waits for its handler is the kernel listener's, a race). On an engine of its own the connection stays the kernel's
 /// (the parent's close hands it over at once; the child could not attach
 /// an engine while the parent's holds the interface). Outputs as plainly,
 /// bodies hashed.
@@ -536,9 +536,10 @@ fn an_inetd_style_handler_takes_its_connection_onto_the_engine_on_the_service() 
         14940,
         &[&handler],
     );
-    for (p, n) in [("Own", 0), ("Service", 1)] {
+    for (p, least, most) in [("Own", 0, 0), ("Service", 1, 3)] {
         let l = placement_log(&logs, p);
-        assert_eq!(l.matches(TAKEN_BACK).count(), n, "{p}:\n{l}");
+        let n = l.matches(TAKEN_BACK).count();
+        assert!((least..=most).contains(&n), "{p}: {n} taken back:\n{l}");
         no_failed_take_back(l, p);
     }
 }
