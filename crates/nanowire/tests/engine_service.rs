@@ -1280,7 +1280,8 @@ fn an_unprivileged_users_tcp_server_and_client_are_accelerated() {
 /// TCP claims follow the UDP rule: a listener claim needs the kernel
 /// socket holding the port; a 4-tuple needs that socket or the process's
 /// own listener claim, and is refused when it is another process's or a
-/// kernel socket's connection.
+/// kernel socket's connection, unless the socket shown is that kernel
+/// connection itself.
 #[test]
 #[ignore = "needs root"]
 fn tcp_claims_need_the_socket_that_holds_the_port() {
@@ -1319,19 +1320,26 @@ fn tcp_claims_need_the_socket_that_holds_the_port() {
             o.tcp_flow(pass, local, other_remote, None),
             "neither a socket",
         );
-        // A kernel connection's 4-tuple, with the socket holding its port.
+        // A kernel connection's 4-tuple, with another socket holding its
+        // port (the listener; the connection is the accepted one).
         let k = std::net::TcpStream::connect((ADDR_B, 12211)).unwrap();
         let (kl, kr) = match (k.local_addr().unwrap(), k.peer_addr().unwrap()) {
             (std::net::SocketAddr::V4(a), std::net::SocketAddr::V4(b)) => (a, b),
             _ => unreachable!(),
         };
         refused(
-            other.conn.tcp_flow(TcpFlow::Flow, kl, kr, Some(k.as_fd())),
+            other.conn.tcp_flow(TcpFlow::Flow, kr, kl, Some(l.as_fd())),
             "connection of a kernel socket",
         );
+        // With the kernel connection's own socket: its holder takes it over
+        // (issue 24 item 2: a connection inherited across exec).
+        other
+            .conn
+            .tcp_flow(TcpFlow::Flow, kl, kr, Some(k.as_fd()))
+            .unwrap();
         Conn::connect_existing().unwrap().status().unwrap()
     });
-    assert_eq!(st["counters"]["tcp_flows"], 1, "{st}");
+    assert_eq!(st["counters"]["tcp_flows"], 2, "{st}");
     assert_eq!(st["counters"]["tcp_flows_refused"], 3, "{st}");
     assert!(
         st["counters"]["claims_refused"].as_u64().unwrap() >= 2,
