@@ -957,6 +957,55 @@ const TCPI_OPT_WSCALE: u8 = 4;
 /// congestion window, the socket options. The socket is left in repair
 /// mode (the caller ends it either way). ESTABLISHED or CLOSE-WAIT only.
 fn dump(fd: c_int) -> io::Result<Handover> {
+    // Segments that passed the steering program before the claim may still
+    // be on their way into the kernel socket (softirq, or its backlog while
+    // a dump call holds the socket): the dump counts once two readings of
+    // the queues' ends 200 µs apart agree.
+    let mut h = dump_once(fd)?;
+    for _ in 0..5 {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+        let (rcv, inq, snd, outq) = queue_marks(fd)?;
+        let fin = u32::from(h.peer_fin);
+        if rcv == h.rcv_nxt.wrapping_add(fin)
+            && inq == h.recv.len()
+            && snd == h.snd_una.wrapping_add(h.send.len() as u32)
+            && outq == h.send.len()
+        {
+            return Ok(h);
+        }
+        h = dump_once(fd)?;
+    }
+    Err(io::Error::other(
+        "the kernel's connection kept changing while it was read",
+    ))
+}
+
+/// The ends of the queues of `fd` (in repair mode): the receive queue's
+/// (rcv_nxt) and its unread bytes, the send queue's (write_seq) and its
+/// bytes.
+fn queue_marks(fd: c_int) -> io::Result<(u32, usize, u32, usize)> {
+    repair_queue(fd, TCP_RECV_QUEUE)?;
+    let rcv: u32 = get_opt(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_QUEUE_SEQ,
+        "TCP_QUEUE_SEQ (receive)",
+    )?;
+    let inq = ioctl_int(fd, libc::FIONREAD as libc::c_ulong, "SIOCINQ")?;
+    repair_queue(fd, TCP_SEND_QUEUE)?;
+    let snd: u32 = get_opt(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_QUEUE_SEQ,
+        "TCP_QUEUE_SEQ (send)",
+    )?;
+    let outq = ioctl_int(fd, libc::TIOCOUTQ as libc::c_ulong, "SIOCOUTQ")?;
+    repair_queue(fd, 0)?;
+    Ok((rcv, inq, snd, outq))
+}
+
+/// One reading of [`dump`]'s state.
+fn dump_once(fd: c_int) -> io::Result<Handover> {
     // SAFETY: an all-zero tcp_info is a valid out-buffer.
     let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut l = std::mem::size_of::<libc::tcp_info>() as socklen_t;

@@ -2154,10 +2154,10 @@ impl XdpTcpStream {
     /// its old image handed it over at exec). Under the stack's lock, so
     /// nothing the steering sends here meets the stack before the
     /// connection does: the 4-tuple is claimed (on the engine service by
-    /// showing `fd`, the kernel connection itself), segments that passed
-    /// the program before the claim are given 1 ms to reach the kernel
-    /// socket, then `dump` reads the kernel's state (TCP_REPAIR: the caller
-    /// puts the socket in repair mode, silent from then on) and the shared
+    /// showing `fd`, the kernel connection itself), then `dump` reads the
+    /// kernel's state (TCP_REPAIR: the caller puts the socket in repair
+    /// mode, silent from then on; it waits out segments that passed the
+    /// program before the claim and reach the kernel socket late) and the shared
     /// client stack adopts it (same sequence numbers, queues, windows,
     /// options, RTT). An ACK goes out at once. On any error the claim is
     /// released and the kernel keeps the connection (the caller takes its
@@ -2182,7 +2182,6 @@ impl XdpTcpStream {
         eng.resolve(*remote.ip(), Duration::from_secs(3))?;
         let mut core = eng.core();
         eng.steer_flow(local, remote, fd)?;
-        std::thread::sleep(Duration::from_millis(1));
         let undo = |core: &mut Core| {
             eng.engine.prog().prog.unclaim_tcp_flow(local, remote);
             core.stack
