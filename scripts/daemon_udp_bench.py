@@ -15,8 +15,8 @@ Python loop); a plain `sockperf pp` in host a (64-byte messages, `--time` s) giv
 the host is killed first; run it on a quiet machine). The server runs in host b of the default lab.
 The JSON (stdout) has the environment, every repeat's median, the medians and the ratios.
 """
-import argparse, json, statistics, subprocess, time
-from rowlib import env_of, interleave, output_of, row_argv
+import subprocess, time
+from rowlib import output_of, parser, report, row_argv, sockperf_p50
 
 SERVER = r"""
 import os, socket, sys
@@ -59,35 +59,22 @@ def one(row, a, port):
     output_of(argv, row)
     cli = ["ip", "netns", "exec", "nw-a", "sockperf", "pp", "-i", "198.18.0.2", "-p", str(port[0]),
            "-t", str(a.time), "--msg-size", "64"]
-    out = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    p50 = sockperf_p50(cli, row)
     bye = "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'bye', ('198.18.0.2', %d))"
     subprocess.run(["ip", "netns", "exec", "nw-a", "python3", "-c", bye % port[0]])
     port[0] += 1
-    p50 = [x for x in out.stdout.splitlines() if "percentile 50.000" in x]
-    if out.returncode != 0 or not p50:
-        raise RuntimeError(f"{row}: client: {out.stdout[-500:]} {out.stderr[-500:]}")
     time.sleep(0.3)
-    return float(p50[0].split("=")[-1])
+    return p50
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--before", required=True, help="the other build's shim (libnanowire_preload.so)")
-    p.add_argument("--before-bin", help="the other build's nanowire binary; default: this tree's")
-    p.add_argument("--engine", choices=["service", "own"], default="service")
+    p = parser(__doc__)
     p.add_argument("--mode", choices=["now", "after"], default="after")
-    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--time", type=int, default=5, help="seconds of sockperf ping-pong per run")
     a = p.parse_args()
     port = [15600]
-    runs = interleave(a.repeats, lambda row: one(row, a, port))
-    med = {r: statistics.median(v) for r, v in runs.items()}
-    print(json.dumps({
-        "env": env_of(a, engine=a.engine, mode=a.mode),
-        "time_s": a.time, "repeats": a.repeats, "p50_rtt_us": runs, "median_p50_rtt_us": med,
-        "ratios": {"run/plain": round(med["run"] / med["plain"], 3),
-                   "run/before": round(med["run"] / med["before"], 3)},
-    }, indent=1))
+    report(a, lambda row: one(row, a, port), "p50_rtt_us", dict(engine=a.engine, mode=a.mode),
+           time_s=a.time)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ On the engine service (started afresh per row: every `nanowire engine serve` of 
 first; run it on a quiet machine). The JSON (stdout) has the environment, every repeat's values, the
 medians and the ratios.
 """
-import argparse, json, os, statistics, subprocess, tempfile, time
-from rowlib import env_of, in_b, interleave, row_argv
+import json, statistics, subprocess, time
+from rowlib import build_c, env_of, in_b, interleave, parser, row_argv
 
 SERVER = r"""
 import os, signal, socket, sys
@@ -96,19 +96,11 @@ def one(row, a, port):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--before", required=True, help="the other build's shim (libnanowire_preload.so)")
-    p.add_argument("--before-bin", help="the other build's nanowire binary; default: this tree's")
-    p.add_argument("--repeats", type=int, default=5)
+    p = parser(__doc__, engine=None)
     p.add_argument("--conns", type=int, default=300, help="connections per run")
     a = p.parse_args()
     a.engine = "service"
-    d = tempfile.mkdtemp(prefix="nw-exec-churn-")
-    os.chmod(d, 0o755)
-    with open(os.path.join(d, "h.c"), "w") as f:
-        f.write(HANDLER_C)
-    a.handler_bin = os.path.join(d, "handler")
-    subprocess.run(["cc", "-O2", "-o", a.handler_bin, os.path.join(d, "h.c")], check=True)
+    a.handler_bin = build_c(HANDLER_C, "handler")
     port = [15800]
     runs = interleave(a.repeats, lambda row: one(row, a, port))
     med = {r: {k: statistics.median(x[k] for x in v) for k in ("conns_per_s", "p50_ms")}

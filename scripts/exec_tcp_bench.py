@@ -15,8 +15,8 @@ server's side is what differs); rows plainly, under run with this tree's shim an
 the host is killed first; run it on a quiet machine). The server runs in host b of the default lab.
 The JSON (stdout) has the environment, every repeat's median, the medians and the ratios.
 """
-import argparse, json, os, statistics, subprocess, tempfile, time
-from rowlib import NW, env_of, in_b, interleave, row_argv
+import subprocess, time
+from rowlib import NW, build_c, in_b, parser, report, row_argv, sockperf_p50
 
 SERVER = r"""
 import os, socket, sys
@@ -84,47 +84,27 @@ def one(row, a, port):
     pre = [] if a.client == "plain" else [NW, "run", "-o", "log=warn", "--"]
     cli = ["ip", "netns", "exec", "nw-a"] + pre + ["sockperf", "pp", "--tcp", "-i", "198.18.0.2", "-p",
            str(port[0]), "-t", str(a.time), "--msg-size", "64"]
-    out = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    p50 = sockperf_p50(cli, row)
     port[0] += 1
     try:
         srv.wait(timeout=20)
     except subprocess.TimeoutExpired:
         srv.kill()
-    p50 = [x for x in out.stdout.splitlines() if "percentile 50.000" in x]
-    if out.returncode != 0 or not p50:
-        raise RuntimeError(f"{row}: client: {out.stdout[-500:]} {out.stderr[-500:]}")
     time.sleep(0.3)
-    return float(p50[0].split("=")[-1])
+    return p50
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--before", required=True, help="the other build's shim (libnanowire_preload.so)")
-    p.add_argument("--before-bin", help="the other build's nanowire binary; default: this tree's")
-    p.add_argument("--engine", choices=["service", "own"], default="own")
-    p.add_argument("--repeats", type=int, default=5)
+    p = parser(__doc__, engine="own")
     p.add_argument("--time", type=int, default=5, help="seconds of sockperf ping-pong per run")
     p.add_argument("--handler", choices=["c", "python"], default="c")
     p.add_argument("--client", choices=["run", "plain"], default="run",
                    help="the sockperf client in host a: under this tree's run (every row) or plainly")
     a = p.parse_args()
-    a.handler_bin = None
-    if a.handler == "c":
-        d = tempfile.mkdtemp(prefix="nw-exec-bench-")
-        os.chmod(d, 0o755)
-        with open(os.path.join(d, "h.c"), "w") as f:
-            f.write(HANDLER_C)
-        a.handler_bin = os.path.join(d, "handler")
-        subprocess.run(["cc", "-O2", "-o", a.handler_bin, os.path.join(d, "h.c")], check=True)
+    a.handler_bin = build_c(HANDLER_C, "handler") if a.handler == "c" else None
     port = [15700]
-    runs = interleave(a.repeats, lambda row: one(row, a, port))
-    med = {r: statistics.median(v) for r, v in runs.items()}
-    print(json.dumps({
-        "env": env_of(a, engine=a.engine, handler=a.handler, client=a.client),
-        "time_s": a.time, "repeats": a.repeats, "p50_rtt_us": runs, "median_p50_rtt_us": med,
-        "ratios": {"run/plain": round(med["run"] / med["plain"], 3),
-                   "run/before": round(med["run"] / med["before"], 3)},
-    }, indent=1))
+    report(a, lambda row: one(row, a, port), "p50_rtt_us",
+           dict(engine=a.engine, handler=a.handler, client=a.client), time_s=a.time)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ The program runs in host b of the default lab (`nanowire lab up`) and sends to h
 Per row and repeat: the median of `--procs` processes, ms; the JSON (stdout) has the environment,
 every repeat, the medians and the ratios of medians.
 """
-import argparse, json, statistics
-from rowlib import env_of, fresh_service, interleave, output_of, row_argv
+import statistics
+from rowlib import fresh_service, output_of, parser, report, row_argv
 
 PROG = r"""
 import socket, sys, threading, time
@@ -40,22 +40,12 @@ def one(row, a):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--before", required=True, help="the other build's shim (libnanowire_preload.so)")
-    p.add_argument("--before-bin", help="the other build's nanowire binary; default: this tree's")
-    p.add_argument("--engine", choices=["service", "own"], default="service")
+    p = parser(__doc__)
     p.add_argument("--threads", action="store_true", help="the program starts a thread first")
-    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--procs", type=int, default=10)
     a = p.parse_args()
-    runs = interleave(a.repeats, lambda row: one(row, a))
-    med = {r: statistics.median(v) for r, v in runs.items()}
-    print(json.dumps({
-        "env": env_of(a, engine=a.engine, threads=a.threads),
-        "procs": a.procs, "repeats": a.repeats, "runs_ms": runs, "median_ms": med,
-        "ratios": {"run/plain": round(med["run"] / med["plain"], 3),
-                   "run/before": round(med["run"] / med["before"], 3)},
-    }, indent=1))
+    report(a, lambda row: one(row, a), "runs_ms", dict(engine=a.engine, threads=a.threads), "median_ms",
+           procs=a.procs)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ The program runs in host b of the default lab (`nanowire lab up`). Per row and r
 over `--procs` programs of the first fork and of the median later fork, ms; the JSON (stdout) has
 the environment, every repeat, the medians and the ratios of medians.
 """
-import argparse, json, statistics
-from rowlib import env_of, fresh_service, interleave, output_of, row_argv
+import json, statistics
+from rowlib import env_of, fresh_service, interleave, output_of, parser, row_argv
 
 PROG = r"""
 import os, socket, statistics, sys, time
@@ -47,11 +47,7 @@ def one(row, a):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--before", required=True, help="the other build's shim (libnanowire_preload.so)")
-    p.add_argument("--before-bin", help="the other build's nanowire binary; default: this tree's")
-    p.add_argument("--engine", choices=["service", "own"], default="own")
-    p.add_argument("--repeats", type=int, default=5)
+    p = parser(__doc__, engine="own")
     p.add_argument("--procs", type=int, default=5)
     p.add_argument("--forks", type=int, default=20)
     a = p.parse_args()

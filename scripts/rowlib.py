@@ -60,3 +60,54 @@ def env_of(a, **more):
     return {"kernel": platform.release(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "nanowire": os.path.realpath(NW), "before": a.before, "before_bin": a.before_bin,
             "date": time.strftime("%F %T"), **more}
+
+
+def parser(doc, engine="service"):
+    """The argument parser of a row benchmark: `--before`, `--before-bin`, `--repeats`, and `--engine`
+    (default `engine`; None: the benchmark has no such choice)."""
+    import argparse
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--before", required=True, help="the other build's shim (libnanowire_preload.so)")
+    p.add_argument("--before-bin", help="the other build's nanowire binary; default: this tree's")
+    if engine:
+        p.add_argument("--engine", choices=["service", "own"], default=engine)
+    p.add_argument("--repeats", type=int, default=5)
+    return p
+
+
+def ratios(med, key=None):
+    """run/plain and run/before of the rows' medians `med` (of `med[row][key]` when `key` is given)."""
+    v = {r: (m[key] if key else m) for r, m in med.items()}
+    return {"run/plain": round(v["run"] / v["plain"], 3), "run/before": round(v["run"] / v["before"], 3)}
+
+
+def sockperf_p50(argv, row):
+    """Run the sockperf client `argv` (in whatever namespace it names): its p50 round trip, µs."""
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    p50 = [x for x in out.stdout.splitlines() if "percentile 50.000" in x]
+    if out.returncode != 0 or not p50:
+        raise RuntimeError(f"{row}: client: {out.stdout[-500:]} {out.stderr[-500:]}")
+    return float(p50[0].split("=")[-1])
+
+
+def build_c(src, name):
+    """The C program `src` built with `cc -O2` into a new temporary directory others may read: its path."""
+    import tempfile
+    d = tempfile.mkdtemp(prefix=f"nw-{name}-")
+    os.chmod(d, 0o755)
+    with open(os.path.join(d, f"{name}.c"), "w") as f:
+        f.write(src)
+    exe = os.path.join(d, name)
+    subprocess.run(["cc", "-O2", "-o", exe, os.path.join(d, f"{name}.c")], check=True)
+    return exe
+
+
+def report(a, one, name, env=None, median=None, **extra):
+    """Run `one(row)` interleaved (`a.repeats`) and print the JSON: the environment (`env_of(a, **env)`),
+    `extra`, every repeat's value under `name`, their medians under `median` (default `median_<name>`),
+    and the ratios."""
+    import json, statistics
+    runs = interleave(a.repeats, one)
+    med = {r: statistics.median(v) for r, v in runs.items()}
+    print(json.dumps({"env": env_of(a, **(env or {})), **extra, "repeats": a.repeats, name: runs,
+                      median or f"median_{name}": med, "ratios": ratios(med)}, indent=1))

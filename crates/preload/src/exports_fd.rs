@@ -598,22 +598,27 @@ exec_env_export!(fexecve, "fexecve", (fd: c_int, argv: Argv));
 /// libc's function for the naked entry to jump to.
 #[cfg(target_arch = "x86_64")]
 macro_rules! exec_variadic_prep {
-    ($prep:ident, $name:literal) => {
+    ($prep:ident, $name:literal, $environ:literal) => {
         extern "C" fn $prep() -> usize {
             static SYM: Sym = Sym::new(concat!($name, "\0").as_bytes());
             if !in_engine() {
                 spawn::prepare_exec("exec");
+                if $environ {
+                    spawn::exec_environ();
+                }
             }
             SYM.get()
         }
     };
 }
 #[cfg(target_arch = "x86_64")]
-exec_variadic_prep!(execl_prep, "execl");
+exec_variadic_prep!(execl_prep, "execl", true);
 #[cfg(target_arch = "x86_64")]
-exec_variadic_prep!(execlp_prep, "execlp");
+exec_variadic_prep!(execlp_prep, "execlp", true);
+// execle's environment is its last variadic argument: nothing is added
+// (its connections stay the kernel's).
 #[cfg(target_arch = "x86_64")]
-exec_variadic_prep!(execle_prep, "execle");
+exec_variadic_prep!(execle_prep, "execle", false);
 
 /// `clone(fn, stack, flags, arg, ...)` called by the program: see
 /// `spawn::clone_prepare`. The variadic tail (parent_tid, tls, child_tid)

@@ -530,9 +530,12 @@ pub fn offer_moved(h: u64, bytes: &[u8], taker: u32) -> bool {
         let w = s.word.load(Ordering::Acquire);
         if w != g | MOVED {
             // Taken: the taker is the owner (and may have decided on it
-            // since: closed, exited); not taken: it left the slot `BUSY`
-            // for this broker, the owner unchanged.
-            return s.owner.load(Ordering::Acquire) == taker;
+            // since: closed, exited; the slot may even be free and given
+            // to another connection since, a new generation: this owner's
+            // next fork made one, its record still naming the connection);
+            // not taken: it left the slot `BUSY` for this broker, the
+            // owner unchanged (and only this broker moves it on).
+            return w & !STATE != g || s.owner.load(Ordering::Acquire) == taker;
         }
         if w == g | MOVED
             && !alive(taker)

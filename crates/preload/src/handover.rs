@@ -984,21 +984,13 @@ fn dump(fd: c_int) -> io::Result<Handover> {
 /// (rcv_nxt) and its unread bytes, the send queue's (write_seq) and its
 /// bytes.
 fn queue_marks(fd: c_int) -> io::Result<(u32, usize, u32, usize)> {
-    repair_queue(fd, TCP_RECV_QUEUE)?;
-    let rcv: u32 = get_opt(
-        fd,
-        libc::IPPROTO_TCP,
-        libc::TCP_QUEUE_SEQ,
-        "TCP_QUEUE_SEQ (receive)",
-    )?;
+    let end = |q, what| -> io::Result<u32> {
+        repair_queue(fd, q)?;
+        get_opt(fd, libc::IPPROTO_TCP, libc::TCP_QUEUE_SEQ, what)
+    };
+    let rcv = end(TCP_RECV_QUEUE, "TCP_QUEUE_SEQ (receive)")?;
     let inq = ioctl_int(fd, libc::FIONREAD as libc::c_ulong, "SIOCINQ")?;
-    repair_queue(fd, TCP_SEND_QUEUE)?;
-    let snd: u32 = get_opt(
-        fd,
-        libc::IPPROTO_TCP,
-        libc::TCP_QUEUE_SEQ,
-        "TCP_QUEUE_SEQ (send)",
-    )?;
+    let snd = end(TCP_SEND_QUEUE, "TCP_QUEUE_SEQ (send)")?;
     let outq = ioctl_int(fd, libc::TIOCOUTQ as libc::c_ulong, "SIOCOUTQ")?;
     repair_queue(fd, 0)?;
     Ok((rcv, inq, snd, outq))
@@ -1006,22 +998,7 @@ fn queue_marks(fd: c_int) -> io::Result<(u32, usize, u32, usize)> {
 
 /// One reading of [`dump`]'s state.
 fn dump_once(fd: c_int) -> io::Result<Handover> {
-    // SAFETY: an all-zero tcp_info is a valid out-buffer.
-    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut l = std::mem::size_of::<libc::tcp_info>() as socklen_t;
-    // SAFETY: ti/l are valid for writes of l bytes.
-    if unsafe {
-        real::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&raw mut ti).cast(),
-            &mut l,
-        )
-    } != 0
-    {
-        return Err(last_err("TCP_INFO"));
-    }
+    let ti = tcpx::tcp_info_of(fd).ok_or_else(|| last_err("TCP_INFO"))?;
     let peer_fin = match ti.tcpi_state {
         1 => false,
         8 => true,
@@ -1044,47 +1021,21 @@ fn dump_once(fd: c_int) -> io::Result<Handover> {
             int(libc::IPPROTO_TCP, libc::TCP_KEEPCNT).max(1) as u32,
         )
     });
-    let lg: libc::linger = {
-        let mut v = libc::linger {
-            l_onoff: 0,
-            l_linger: 0,
-        };
-        let mut l = std::mem::size_of::<libc::linger>() as socklen_t;
-        // SAFETY: a linger out-buffer and its length.
-        unsafe {
-            real::getsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                (&raw mut v).cast(),
-                &mut l,
-            )
-        };
-        v
-    };
     let (ttl, tos) = nanowire_stack::xdp::ip_header_of(fd);
     repair::mode(real::setsockopt, fd, true)?;
+    let (rcv_nxt, inq, write_seq, outq) = queue_marks(fd)?;
     repair_queue(fd, TCP_RECV_QUEUE)?;
-    let rcv_nxt: u32 = get_opt(
-        fd,
-        libc::IPPROTO_TCP,
-        libc::TCP_QUEUE_SEQ,
-        "TCP_QUEUE_SEQ (receive)",
-    )?;
-    let inq = ioctl_int(fd, libc::FIONREAD as libc::c_ulong, "SIOCINQ")?;
     let recv = peek(fd, inq, "the receive queue")?;
     repair_queue(fd, TCP_SEND_QUEUE)?;
-    let write_seq: u32 = get_opt(
-        fd,
-        libc::IPPROTO_TCP,
-        libc::TCP_QUEUE_SEQ,
-        "TCP_QUEUE_SEQ (send)",
-    )?;
-    let outq = ioctl_int(fd, libc::TIOCOUTQ as libc::c_ulong, "SIOCOUTQ")?;
     let unsent = ioctl_int(fd, SIOCOUTQNSD, "SIOCOUTQNSD")?.min(outq);
     let send = peek(fd, outq, "the send queue")?;
     repair_queue(fd, 0)?;
-    let w: repair::Window = get_opt_window(fd)?;
+    let w: repair::Window = get_opt(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_REPAIR_WINDOW,
+        "TCP_REPAIR_WINDOW",
+    )?;
     let mss: c_int = get_opt(fd, libc::IPPROTO_TCP, libc::TCP_MAXSEG, "TCP_MAXSEG")?;
     let ts = ti.tcpi_options & TCPI_OPT_TIMESTAMPS != 0;
     let tsval = if ts {
@@ -1140,36 +1091,9 @@ fn dump_once(fd: c_int) -> io::Result<Handover> {
             keepalive,
             ttl,
             tos,
-            linger0: lg.l_onoff != 0 && lg.l_linger == 0,
+            linger0: tcpx::linger0_of(fd),
         },
     })
-}
-
-/// TCP_REPAIR_WINDOW of a socket in repair mode.
-fn get_opt_window(fd: c_int) -> io::Result<repair::Window> {
-    let mut w = repair::Window {
-        snd_wl1: 0,
-        snd_wnd: 0,
-        max_window: 0,
-        rcv_wnd: 0,
-        rcv_wup: 0,
-    };
-    let mut l = std::mem::size_of::<repair::Window>() as socklen_t;
-    // SAFETY: a tcp_repair_window out-buffer and its length.
-    let r = unsafe {
-        real::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_REPAIR_WINDOW,
-            (&raw mut w).cast(),
-            &mut l,
-        )
-    };
-    if r == 0 {
-        Ok(w)
-    } else {
-        Err(last_err("TCP_REPAIR_WINDOW"))
-    }
 }
 
 /// The peer of a connected socket.

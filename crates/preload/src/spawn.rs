@@ -210,6 +210,27 @@ pub fn exec_env(envp: *const *const c_char) -> Option<ExecEnv> {
     Some(ExecEnv { _var: var, ptrs })
 }
 
+/// For an exec that passes this process's environment and cannot be given
+/// another (`execl`, `execlp`, whose arguments are variadic): `environ`
+/// becomes [`exec_env`]'s copy, when it makes one. The copy is never freed
+/// (a thread reading the environment meanwhile reads the old array or the
+/// new one, both whole); if the exec fails the program keeps it, the
+/// variable with it (it names this pid's sockets only for an image of
+/// this pid that this shim loads).
+pub fn exec_environ() {
+    unsafe extern "C" {
+        static mut environ: *const *const c_char;
+    }
+    // SAFETY: reading libc's environment pointer, as exec reads it.
+    let cur = unsafe { environ };
+    if let Some(env) = exec_env(cur) {
+        let env = Box::leak(Box::new(env));
+        // SAFETY: one pointer store to libc's environment array, which
+        // stays valid for ever (leaked above).
+        unsafe { environ = env.as_ptr() };
+    }
+}
+
 /// An exec's environment with [`EXEC_ENV`] added ([`exec_env`]).
 pub struct ExecEnv {
     _var: std::ffi::CString,

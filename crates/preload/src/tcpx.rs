@@ -1080,6 +1080,45 @@ pub fn get_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
     (r == 0).then_some(v)
 }
 
+/// TCP_INFO of the kernel socket `fd` (`None`: getsockopt failed).
+pub fn tcp_info_of(fd: c_int) -> Option<libc::tcp_info> {
+    // SAFETY: tcp_info is plain integers: all-zero bytes are a valid value.
+    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut l = std::mem::size_of::<libc::tcp_info>() as socklen_t;
+    // SAFETY: ti/l are valid for writes of l bytes.
+    let r = unsafe {
+        real::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut ti).cast(),
+            &mut l,
+        )
+    };
+    (r == 0).then_some(ti)
+}
+
+/// Is SO_LINGER on with a zero timeout on the kernel socket `fd` (a close
+/// that resets)?
+pub fn linger0_of(fd: c_int) -> bool {
+    let mut lg = libc::linger {
+        l_onoff: 0,
+        l_linger: 0,
+    };
+    let mut l = std::mem::size_of::<libc::linger>() as socklen_t;
+    // SAFETY: a linger out-buffer and its length.
+    let r = unsafe {
+        real::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw mut lg).cast(),
+            &mut l,
+        )
+    };
+    r == 0 && lg.l_onoff != 0 && lg.l_linger == 0
+}
+
 /// Options the application set on the kernel socket `from` before the
 /// engine took over, applied to the engine connection.
 fn inherit_options(from: c_int, s: &XdpTcpStream, t: TcpRef) {
@@ -1091,24 +1130,7 @@ fn inherit_options(from: c_int, s: &XdpTcpStream, t: TcpRef) {
     if get_int(from, libc::IPPROTO_TCP, libc::TCP_NODELAY).is_some_and(|v| v != 0) {
         let _ = engine_call(|| s.set_nodelay(true));
     }
-    let mut lg = libc::linger {
-        l_onoff: 0,
-        l_linger: 0,
-    };
-    let mut l = std::mem::size_of::<libc::linger>() as socklen_t;
-    // SAFETY: a linger out-buffer and its length.
-    if unsafe {
-        real::getsockopt(
-            from,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&raw mut lg).cast(),
-            &mut l,
-        )
-    } == 0
-        && lg.l_onoff != 0
-        && lg.l_linger == 0
-    {
+    if linger0_of(from) {
         let _ = engine_call(|| s.set_linger0(true));
     }
     if get_int(from, libc::SOL_SOCKET, libc::SO_KEEPALIVE).is_some_and(|v| v != 0) {
@@ -1390,21 +1412,8 @@ fn serve_listener(
 /// kernel's, with the reason said as for a fresh listener.
 #[cold]
 pub fn adopt_listening(fd: c_int) -> bool {
-    // SAFETY: an all-zero tcp_info is a valid out-buffer.
-    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut l = std::mem::size_of::<libc::tcp_info>() as socklen_t;
-    // SAFETY: ti/l are valid for writes of l bytes.
-    let ok = unsafe {
-        real::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&raw mut ti).cast(),
-            &mut l,
-        )
-    } == 0;
     // A listener's TCP_INFO: tcpi_sacked is its backlog (sk_max_ack_backlog).
-    let backlog = if ok { ti.tcpi_sacked.max(1) } else { 128 };
+    let backlog = tcp_info_of(fd).map_or(128, |ti| ti.tcpi_sacked.max(1));
     if get_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT).is_some_and(|v| v != 0) {
         log!(
             Level::Warn,

@@ -2242,20 +2242,7 @@ impl XdpTcpStream {
 
 /// The remote IPv4 address of a connected kernel socket.
 fn sock_peer(fd: RawFd) -> io::Result<SocketAddrV4> {
-    // SAFETY: an all-zero sockaddr_in is a valid out-buffer.
-    let mut out: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: out/len are valid for writes.
-    if unsafe { libc::getpeername(fd, (&mut out as *mut libc::sockaddr_in).cast(), &mut len) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if out.sin_family != libc::AF_INET as libc::sa_family_t {
-        return Err(io_err(io::ErrorKind::Unsupported, "not an IPv4 socket"));
-    }
-    Ok(SocketAddrV4::new(
-        Ipv4Addr::from(u32::from_be(out.sin_addr.s_addr)),
-        u16::from_be(out.sin_port),
-    ))
+    sock_addr(fd, libc::getpeername)
 }
 
 /// How often the pass entries of handed-over connections are checked.
@@ -2435,11 +2422,25 @@ pub fn ip_header_of(fd: RawFd) -> (u8, u8) {
 
 /// The local IPv4 address of a kernel socket.
 fn sock_local(fd: RawFd) -> io::Result<SocketAddrV4> {
+    sock_addr(fd, libc::getsockname)
+}
+
+/// An IPv4 address of a kernel socket, as `name` (getsockname or
+/// getpeername) tells it.
+fn sock_addr(
+    fd: RawFd,
+    name: unsafe extern "C" fn(
+        libc::c_int,
+        *mut libc::sockaddr,
+        *mut libc::socklen_t,
+    ) -> libc::c_int,
+) -> io::Result<SocketAddrV4> {
     // SAFETY: an all-zero sockaddr_in is a valid out-buffer.
     let mut out: libc::sockaddr_in = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: out/len are valid for writes.
-    if unsafe { libc::getsockname(fd, (&mut out as *mut libc::sockaddr_in).cast(), &mut len) } < 0 {
+    // SAFETY: out/len are valid for writes; `name` is getsockname(2) or
+    // getpeername(2).
+    if unsafe { name(fd, (&mut out as *mut libc::sockaddr_in).cast(), &mut len) } < 0 {
         return Err(io::Error::last_os_error());
     }
     if out.sin_family != libc::AF_INET as libc::sa_family_t {
