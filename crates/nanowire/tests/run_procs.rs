@@ -442,18 +442,11 @@ fn a_connection_inherited_across_exec_serves_as_plainly() {
 }
 
 /// No connection inherited across exec failed to come back onto the engine
-/// (`p`'s log `l`), but for the one reason an engine of its own gives: the
-/// parent's engine holds the interface, so the exec'd child has none.
+/// (`p`'s log `l`): the shim names only connections the new image can
+/// take (on an engine of its own, never a forked child's copy: the
+/// parent's engine holds the interface).
 fn no_failed_take_back(l: &str, p: &str) {
-    for line in l
-        .lines()
-        .filter(|x| x.contains("cannot be taken from the kernel"))
-    {
-        assert!(
-            p == "Own" && line.contains("XDP attach to"),
-            "{p}: {line}\n{l}"
-        );
-    }
+    assert!(!l.contains("cannot be taken from the kernel"), "{p}:\n{l}");
 }
 
 /// What the shim says when it takes a connection inherited across exec

@@ -1066,11 +1066,15 @@ fn dump_once(fd: c_int) -> io::Result<Handover> {
         snd_wl1: w.snd_wl1,
         snd_wnd: w.snd_wnd,
         max_snd_wnd: w.max_window,
-        // The window's right edge as the kernel advertised it, from rcv_nxt.
-        rcv_wnd: w
-            .rcv_wup
-            .wrapping_add(w.rcv_wnd)
-            .wrapping_sub(rcv_nxt.wrapping_add(u32::from(peer_fin))),
+        // The window's right edge as the kernel advertised it, from rcv_nxt
+        // (none left if the edge is behind it: never a wrapped huge window).
+        rcv_wnd: {
+            let left = w
+                .rcv_wup
+                .wrapping_add(w.rcv_wnd)
+                .wrapping_sub(rcv_nxt.wrapping_add(u32::from(peer_fin)));
+            if (left as i32) < 0 { 0 } else { left }
+        },
         nodelay,
         peer_fin,
         ts_recent: 0,

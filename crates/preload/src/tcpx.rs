@@ -430,7 +430,13 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) ->
         } else {
             // The new program cannot take it (this image goes): the kernel's.
             let h = t.share();
-            let alone = crate::forkshare::holders(h) == Some(1);
+            // On an engine of its own the owner's engine holds the
+            // interface: the new image could not take it back.
+            let on_service = t.stream_inner().is_some_and(|i| match &*i {
+                Inner::Stream(s) => s.on_service(),
+                Inner::Listener(_) => false,
+            });
+            let alone = on_service && crate::forkshare::holders(h) == Some(1);
             let owner = crate::forkshare::owner_of(h);
             claim_inherited(fd, t, false);
             // Its owner had closed it (kept it for this child) and no other
