@@ -634,6 +634,18 @@ static EXITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::n
 /// where a child holds one, closed on the engine otherwise).
 pub fn parked_exit() {
     EXITING.store(true, std::sync::atomic::Ordering::Release);
+    // An answer under way (the broker moving a connection to a child) ends
+    // first: the child reads the state from this process's memfd, and a
+    // connection it could not take would be nobody's (the child's data
+    // then met a socket without it: RST; found in a clean-clone CI, a
+    // fork-per-connection server exiting right after its last fork).
+    // Bounded: the offer itself gives up on a child that died.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while OFFERING.load(std::sync::atomic::Ordering::Acquire) > 0
+        && std::time::Instant::now() < until
+    {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     let all = std::mem::take(&mut *parked());
     for p in all {
         end_parked(p, "this process exits");
@@ -646,6 +658,7 @@ pub fn parked_exit() {
 /// over to the kernel in place.
 pub fn answer_child(h: u64, taker: u32) -> forkshare::Answer {
     const WHY: &str = "fork(): the forked child uses it too";
+    let _busy = Offering::start();
     let mut found = None;
     crate::table::each_record::<tcpx::Tcp>(|fd, r| {
         let t = tcpx::TcpRef::from(r);
@@ -758,6 +771,28 @@ fn move_to(fd: c_int, t: tcpx::TcpRef, h: u64, taker: u32) -> bool {
             t.handing.store(false, std::sync::atomic::Ordering::Release);
             false
         }
+    }
+}
+
+/// Answers to children under way ([`answer_child`], on the broker's
+/// thread): a move's exported state lives in a memfd of this process until
+/// the child has read it, so the process's exit waits for them
+/// ([`parked_exit`]).
+static OFFERING: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// One answer under way, while it lives.
+struct Offering;
+
+impl Offering {
+    fn start() -> Offering {
+        OFFERING.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Offering
+    }
+}
+
+impl Drop for Offering {
+    fn drop(&mut self) {
+        OFFERING.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
