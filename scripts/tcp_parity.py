@@ -289,9 +289,21 @@ def client(addr, port):
         out(f"epipe: send after EOF: {s.send(b'z' * 10, socket.MSG_NOSIGNAL)}")
     except OSError as e:
         out(f"epipe: send after EOF error {ename(e.errno)}")
+    # The kernel's tcp_poll reads the state before sk_err while a reset
+    # being taken in (on another CPU) writes sk_err before the state: a
+    # poll that runs just then sees ERR without HUP. A plain peer's reset
+    # is taken in within our own send's softirq, before poll; an engine's
+    # comes from another CPU. So: wait for the first event, then give the
+    # reset a moment to settle (HUP follows within microseconds); what is
+    # printed is the settled mask.
     p = select.poll()
     p.register(s, 0)
     ev = p.poll(60000)
+    for _ in range(100):
+        if not ev or any(e & select.POLLHUP for _, e in ev):
+            break
+        time.sleep(0.01)
+        ev = p.poll(0)
     out(f"epipe: the peer's reset: poll {'|'.join(bits(e) for _, e in ev) or 'timed out'}")
     errs = []
     try:
