@@ -2203,14 +2203,7 @@ impl XdpTcpStream {
         };
         // The buffers: the engine's own sizes (or the application's), and
         // room for what the kernel holds and the window it advertised.
-        let mut so = SocketOptions::from_config(core.stack.config());
-        if let Some(b) = opts.rcvbuf {
-            so.rcvbuf = b.max(4096);
-            so.rcvbuf_max = 0;
-        }
-        if let Some(b) = opts.sndbuf {
-            so.sndbuf = b.max(4096);
-        }
+        let so = sized_options(core.stack.config(), opts);
         let e = &mut h.engine;
         e.sndbuf = so.sndbuf.max(h.send.len());
         e.rcvbuf = so
@@ -2238,6 +2231,21 @@ impl XdpTcpStream {
         drop(core);
         Ok(XdpTcpStream::opened(eng, c))
     }
+}
+
+/// A connection's socket options from the stack's configuration, with the
+/// buffer sizes the application gave (`opts`: at least 4 KiB; a receive
+/// buffer it sized is not autotuned).
+fn sized_options(cfg: &Config, opts: &EngineOptions) -> SocketOptions {
+    let mut so = SocketOptions::from_config(cfg);
+    if let Some(b) = opts.rcvbuf {
+        so.rcvbuf = b.max(4096);
+        so.rcvbuf_max = 0;
+    }
+    if let Some(b) = opts.sndbuf {
+        so.sndbuf = b.max(4096);
+    }
+    so
 }
 
 /// The remote IPv4 address of a connected kernel socket.
@@ -2821,14 +2829,7 @@ impl XdpTcpStream {
                 };
             }
             let local = SocketAddrV4::new(src, local.port());
-            let mut so = SocketOptions::from_config(core.stack.config());
-            if let Some(b) = opts.rcvbuf {
-                so.rcvbuf = b.max(4096);
-                so.rcvbuf_max = 0;
-            }
-            if let Some(b) = opts.sndbuf {
-                so.sndbuf = b.max(4096);
-            }
+            let mut so = sized_options(core.stack.config(), opts);
             (so.ttl, so.tos) = if opts.ip_header_default {
                 eng.engine.ip_defaults(fd)
             } else {
