@@ -589,8 +589,19 @@ pub fn run_client(cfg: &ClientConfig) -> Result<BenchResult, String> {
     };
     let end = t0 + cfg.duration;
     let t_end = match cfg.mode {
-        Mode::PingPong => run_pp(&mut run, tr.as_mut(), &mut msg, &mut rbuf, seq, end)?,
-        Mode::UnderLoad => run_ul(&mut run, tr.as_mut(), &mut msg, &mut rbuf, seq, end)?,
+        Mode::PingPong | Mode::UnderLoad => {
+            let io = Io {
+                tr: tr.as_mut(),
+                msg: &mut msg,
+                rbuf: &mut rbuf,
+            };
+            let f = if cfg.mode == Mode::PingPong {
+                run_pp
+            } else {
+                run_ul
+            };
+            f(&mut run, io, seq, end)?
+        }
         Mode::Throughput => run_tp(&mut run, tr.as_mut(), size, seq, end)?,
     };
     let cpu_thread_s = run.cpu_at_valid.map_or(0.0, |c| thread_cpu_s() - c);
@@ -684,15 +695,16 @@ fn realtime_ns() -> u64 {
     (t.tv_sec as u64).wrapping_mul(1_000_000_000) + t.tv_nsec as u64
 }
 
-fn run_pp(
-    run: &mut Run<'_>,
-    tr: &mut dyn Transport,
-    msg: &mut [u8],
-    rbuf: &mut [u8],
-    mut seq: u64,
-    end: Instant,
-) -> Result<Instant, String> {
-    let cfg = run.cfg;
+/// A latency loop's transport and buffers: the request it sends and the
+/// reply it reads into.
+struct Io<'a> {
+    tr: &'a mut dyn Transport,
+    msg: &'a mut [u8],
+    rbuf: &'a mut [u8],
+}
+
+fn run_pp(run: &mut Run<'_>, io: Io<'_>, mut seq: u64, end: Instant) -> Result<Instant, String> {
+    let (cfg, Io { tr, msg, rbuf }) = (run.cfg, io);
     loop {
         let now = Instant::now();
         if now >= end {
@@ -723,15 +735,8 @@ fn run_pp(
     }
 }
 
-fn run_ul(
-    run: &mut Run<'_>,
-    tr: &mut dyn Transport,
-    msg: &mut [u8],
-    rbuf: &mut [u8],
-    mut seq: u64,
-    end: Instant,
-) -> Result<Instant, String> {
-    let cfg = run.cfg;
+fn run_ul(run: &mut Run<'_>, io: Io<'_>, mut seq: u64, end: Instant) -> Result<Instant, String> {
+    let (cfg, Io { tr, msg, rbuf }) = (run.cfg, io);
     let first = seq;
     let interval = match cfg.mps {
         Rate::Max => Duration::ZERO,

@@ -129,7 +129,7 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) {
     }
     for (fd, a) in copies {
         if fork {
-            crate::forkshare::held_again(a.share());
+            crate::forkshare::held_again(a.common.share());
         } else {
             // The program a spawn or exec starts inherits it: the owner
             // takes it off (nothing moves to an image about to go).
@@ -198,14 +198,14 @@ fn share_at_fork(fd: c_int, a: &'static Accel) -> bool {
         g.peer.map_or(0, pack),
         crate::sys::inode_of(fd),
     );
-    let Some(h) = crate::forkshare::share(a.share(), conn) else {
+    let Some(h) = crate::forkshare::share(a.common.share(), conn) else {
         return false;
     };
     drop(g);
-    if a.share() == 0 {
+    if a.common.share() == 0 {
         a.owner_used.store(false, Ordering::Relaxed);
     }
-    if a.share.swap(h, Ordering::AcqRel) != h {
+    if a.common.swap_share(h) != h {
         log!(
             Level::Info,
             "fd {fd} udp: shared with the forked child: stays on the xdp engine until the child uses it too"
@@ -242,7 +242,7 @@ fn inherited_as(fd: c_int, a: &'static Accel, may_take: bool) -> Option<&'static
         return lookup_mine(fd);
     }
     let e = errno();
-    let h = a.share();
+    let h = a.common.share();
     // A bound socket without a peer (a server's: the kernel socket says;
     // the copy's lock may be held by a thread the fork left behind) can
     // go on an engine of this process.
@@ -258,7 +258,7 @@ fn inherited_as(fd: c_int, a: &'static Accel, may_take: bool) -> Option<&'static
             if let Some(b) = b {
                 // Before the slot names this process the owner: another
                 // holder's request then finds the record (the broker).
-                b.share.store(h, Ordering::Release);
+                b.common.set_share(h);
             }
             crate::forkshare::moved_in(h, b.is_some());
             if let Some(b) = b {
@@ -275,13 +275,13 @@ fn inherited_as(fd: c_int, a: &'static Accel, may_take: bool) -> Option<&'static
             }
             let b = take_here(fd, a, (owner, "left to it by pid"), !service);
             if let Some(b) = b {
-                b.share.store(h, Ordering::Release); // as for a move
+                b.common.set_share(h); // as for a move
             }
             let h2 = crate::forkshare::orphan_taken(h, b.is_some());
             set_errno(e);
             if let Some(b) = b {
                 if h2 == 0 {
-                    b.share.store(0, Ordering::Release);
+                    b.common.set_share(0);
                 }
                 return Some(b);
             }
@@ -421,12 +421,14 @@ pub fn answer_child(h: u64, taker: u32) -> Option<crate::forkshare::Answer> {
     let mut found = None;
     table::each_record::<Accel>(|fd, r| {
         let a = r.record();
-        if found.is_none() && a.mine() && a.share() == h {
+        if found.is_none() && a.mine() && a.common.share() == h {
             found = Some((fd, a));
         }
     });
     let (fd, a) = found?;
-    if taker != 0 && idle_here(a) {
+    // A UDP socket moves once (its owner's use since the fork keeps it:
+    // `idle_here`); a TCP connection moves up to `forkshare::MAX_MOVES`.
+    if taker != 0 && crate::forkshare::moves(h) == 0 && idle_here(a) {
         match take_off(fd, None, true, After::Disown) {
             Some(0) => {
                 if crate::forkshare::offer_moved(h, &[], taker) {
@@ -494,7 +496,7 @@ pub fn owner_leaving(why: &str, exiting: bool) {
         let a = r.record();
         if a.mine()
             && !a.detached.load(Ordering::Acquire)
-            && crate::forkshare::holders(a.share()).is_some_and(|n| n > 0)
+            && crate::forkshare::holders(a.common.share()).is_some_and(|n| n > 0)
             && !socks.iter().any(|&(_, b)| std::ptr::eq(a, b))
         {
             socks.push((fd, a));
@@ -502,7 +504,7 @@ pub fn owner_leaving(why: &str, exiting: bool) {
     });
     let e = errno();
     for (fd, a) in socks {
-        let h = a.share();
+        let h = a.common.share();
         if exiting && crate::forkshare::decide(h) {
             if !a.mine() || a.detached.load(Ordering::Acquire) {
                 // Moved or taken off meanwhile (the broker): not this
@@ -560,8 +562,8 @@ fn on_service(a: &Accel) -> bool {
 pub fn shared_copies() -> Vec<u64> {
     let mut held = Vec::new();
     table::each_record::<Accel>(|_, r| {
-        if r.shared_copy() && !held.contains(&r.share()) {
-            held.push(r.share());
+        if r.shared_copy() && !held.contains(&r.common.share()) {
+            held.push(r.common.share());
         }
     });
     held
@@ -573,7 +575,7 @@ pub fn held_until_exec(closes: &dyn Fn(c_int) -> bool) {
     let mut copies = Vec::new();
     table::each_record::<Accel>(|fd, r| {
         if r.shared_copy() {
-            copies.push((fd, r.share()));
+            copies.push((fd, r.common.share()));
         }
     });
     crate::forkshare::held_until_exec(&copies, closes);
@@ -641,10 +643,6 @@ pub struct Accel {
     adopted: AtomicI32,
     /// SO_TIMESTAMP* state (crates/preload/src/tstamp.rs).
     pub ts: crate::tstamp::Ts,
-    /// Its handle in the page shared with forked children (`forkshare`),
-    /// 0 if it was never shared across fork: a fork leaves it on this
-    /// process's engine until a child uses its copy ([`inherited`]).
-    share: AtomicU64,
     /// The owner used it (a call reached it) since it was first shared at
     /// fork: a child's use then takes it to the kernel, never away from
     /// this process ([`answer_child`]).
@@ -715,17 +713,11 @@ impl Accel {
     pub fn mine(&self) -> bool {
         self.common.mine(PID.load(Ordering::Relaxed))
     }
-    /// The socket's handle in the page shared with forked children
-    /// (`forkshare`), 0 if it was never shared across fork.
-    #[inline(always)]
-    pub fn share(&self) -> u64 {
-        self.share.load(Ordering::Acquire)
-    }
     /// A forked child's copy of a socket its parent keeps on its engine
     /// until a child uses it ([`inherited`] claims it).
     #[inline(always)]
     pub fn shared_copy(&self) -> bool {
-        self.share() != 0 && !self.mine()
+        self.common.share() != 0 && !self.mine()
     }
     /// A call of the owner's reached this socket, which a forked child
     /// holds a copy of (`share() != 0`): see `owner_used`.
@@ -768,7 +760,6 @@ impl Accel {
             local: AtomicU64::new(0),
             adopted: AtomicI32::new(-1),
             ts: Default::default(),
-            share: AtomicU64::new(0),
             owner_used: AtomicBool::new(false),
         }
     }
@@ -817,11 +808,11 @@ pub fn take_fd(fd: c_int) -> Option<&'static Accel> {
 pub fn lookup(fd: c_int) -> Option<&'static Accel> {
     let a = by_fd(fd)?;
     if a.mine() {
-        if a.share() != 0 {
+        if a.common.share() != 0 {
             a.owner_uses();
         }
         Some(a)
-    } else if a.share() != 0 {
+    } else if a.common.share() != 0 {
         inherited(fd, a)
     } else {
         None
@@ -836,7 +827,7 @@ pub fn lookup_gen(fd: c_int) -> Option<(&'static Accel, u32)> {
         // Moved here: this process's record now.
         return inherited(fd, r.record()).and_then(|_| lookup_gen(fd));
     }
-    if r.share() != 0 && r.mine() {
+    if r.common.share() != 0 && r.mine() {
         r.record().owner_uses();
     }
     r.mine().then(|| (r.record(), r.generation()))
@@ -1034,7 +1025,7 @@ fn record(
     a.sleep_ep.store(-1, Ordering::Relaxed);
     a.local.store(0, Ordering::Relaxed);
     a.adopted.store(fd, Ordering::Relaxed);
-    a.share.store(0, Ordering::Relaxed);
+    a.common.set_share(0);
     a.owner_used.store(false, Ordering::Relaxed);
     if a.wait_fds() != &wait_fds[..] {
         a.wait_fds.set(WAIT_LISTS.intern(wait_fds));
@@ -1977,9 +1968,9 @@ pub fn release(a: &'static Accel) {
     }
     if a.mine() {
         recycle(a);
-    } else if a.share() != 0 {
+    } else if a.common.share() != 0 {
         // A forked child's last copy of a socket its parent shared.
-        crate::forkshare::dropped(a.share());
+        crate::forkshare::dropped(a.common.share());
     }
 }
 
@@ -2015,7 +2006,7 @@ pub fn closing(fd: c_int) {
         && a.mine()
         && a.common.refs() == 1
         && !a.detached.load(Ordering::Acquire)
-        && let h = a.share()
+        && let h = a.common.share()
         && h != 0
         && matches!(
             crate::forkshare::owner_closing(h),
@@ -2115,7 +2106,7 @@ fn take_off(fd: c_int, why: Option<&str>, shared: bool, after: After) -> Option<
     let a = by_fd(fd).filter(|a| a.mine() && !a.detached.load(Ordering::Acquire))?;
     // Shared with a forked child at fork (its slot): the child reads the
     // kernel socket too from now on.
-    let h = a.share();
+    let h = a.common.share();
     let shared = shared || h != 0;
     {
         // Under the socket's lock throughout: a concurrent receive finds

@@ -13,15 +13,18 @@
 //!   (the slot's `want`, a futex wake; `taker`: the child's pid when it can
 //!   serve the connection on an engine of its own, i.e. on the engine
 //!   service). The owner's broker thread then either **moves** it to the
-//!   child (the first move only: `moves`): its engine exports the state and
+//!   child (up to [`MAX_MOVES`] times: `moves`): its engine exports the state and
 //!   offers the 4-tuple to the service with the socket, the state goes in
 //!   a memfd the child reads (`xfd`, `xlen`, state `MOVED`), the child's
 //!   engine adopts it and takes the 4-tuple, and the child is the owner
 //!   from then on (the old owner's copy is a copy like any child's); or it
 //!   hands the connection over to the kernel *into the shared socket
 //!   itself* (`handover::in_place`), so that every holder has the kernel's
-//!   connection. A later use by another holder asks the new owner, which
-//!   hands it to the kernel: one connection never passes to and fro;
+//!   connection. A later use by another holder (the old owner too) asks
+//!   the new owner, which moves it on the same way, so holders that use
+//!   it in turns keep it on the engine; past [`MAX_MOVES`] moves (holders
+//!   that use it at once pass it to and fro) the next request has it
+//!   handed over to the kernel;
 //! * the **owner's close** of its last fd while a child still holds its
 //!   copy keeps the connection on the engine for the child on the engine
 //!   service (`handover::Parked`: the fork-per-connection shape, whose
@@ -84,8 +87,9 @@ struct Slot {
     /// exported state, and its length.
     xfd: AtomicU32,
     xlen: AtomicU32,
-    /// Moves between engines so far (one at most: a later request is a
-    /// hand-over to the kernel, so two users never pass it to and fro).
+    /// Moves between engines so far ([`MAX_MOVES`] at most: a later
+    /// request is a hand-over to the kernel, so two users do not pass it
+    /// to and fro for ever).
     moves: AtomicU32,
 }
 
@@ -109,6 +113,15 @@ const _: () = {
     assert!(std::mem::offset_of!(Slot, remote) == layout::OFF_REMOTE);
     assert!(std::mem::offset_of!(Slot, ino) == layout::OFF_INO);
 };
+
+/// How many times one connection may move between the engines of the
+/// processes that hold it: processes using it in turns (a pipe passing the
+/// turn, a parent that answers after its child) keep it on the engine;
+/// processes using it at once would pass it to and fro (a move costs a
+/// state export, a memfd and two round trips to the service, ~1 ms), so
+/// past this the next request has it handed over to the kernel, which
+/// serves concurrent holders as such.
+pub const MAX_MOVES: u32 = 64;
 
 static PAGE: AtomicPtr<Page> = AtomicPtr::new(std::ptr::null_mut());
 /// The process whose broker thread runs (threads do not cross fork).
@@ -249,6 +262,12 @@ pub fn addrs(h: u64) -> Option<(std::net::SocketAddrV4, std::net::SocketAddrV4)>
     Some((l, r))
 }
 
+/// How many times handle `h`'s socket moved between engines (0: never,
+/// or the handle is stale).
+pub fn moves(h: u64) -> u32 {
+    live(h).map_or(0, |(s, _, _)| s.moves.load(Ordering::Acquire))
+}
+
 /// The owner that [`decide`]d handle `h` keeps it on its engine after all
 /// (its close parks it for the children): undecided again.
 pub fn undecide(h: u64) {
@@ -349,8 +368,8 @@ pub enum Claimed {
 /// A child's first use of handle `h`'s connection: ask the owner (the
 /// process whose engine serves it) and wait until that is decided. `take`:
 /// this process can serve it on an engine of its own (the engine service),
-/// so it asks for the connection itself; the owner moves it if it can (the
-/// first move only), else hands it over to the kernel. While the owner
+/// so it asks for the connection itself; the owner moves it if it can (up
+/// to [`MAX_MOVES`] times), else hands it over to the kernel. While the owner
 /// lives the wait goes on (its broker answers within one move).
 pub fn claim(h: u64, take: bool) -> Claimed {
     claim_as(h, take, false)
@@ -658,9 +677,10 @@ fn broker() {
             }
             let h = u64::from(w >> 3) << 32 | (i as u64 + 1);
             let tries = s.want.load(Ordering::Acquire);
-            let taker = match s.moves.load(Ordering::Acquire) {
-                0 => s.taker.load(Ordering::Acquire),
-                _ => 0,
+            let taker = if s.moves.load(Ordering::Acquire) < MAX_MOVES {
+                s.taker.load(Ordering::Acquire)
+            } else {
+                0
             };
             let a = ANSWER
                 .get()

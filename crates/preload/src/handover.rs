@@ -315,7 +315,7 @@ fn hand(fd: c_int, why: &str) -> io::Result<bool> {
     let Some(t) = tcpx::lookup(fd) else {
         return Ok(false);
     };
-    let h = t.share();
+    let h = t.common.share();
     if h != 0 && forkshare::decide(h) {
         // Shared with a forked child (its fd names the same socket): the
         // connection goes into that socket, for both processes.
@@ -523,7 +523,7 @@ fn parked() -> std::sync::MutexGuard<'static, Vec<Parked>> {
 /// this close) on the engine for the forked children holding it. False:
 /// not on the engine service, or no duplicate of the socket.
 fn park(fd: c_int, t: tcpx::TcpRef) -> bool {
-    let h = t.share();
+    let h = t.common.share();
     let on_service = t.stream_inner().is_some_and(|i| match &*i {
         tcpx::Inner::Stream(s) => s.on_service(),
         tcpx::Inner::Listener(_) => false,
@@ -662,7 +662,7 @@ pub fn answer_child(h: u64, taker: u32) -> forkshare::Answer {
     let mut found = None;
     crate::table::each_record::<tcpx::Tcp>(|fd, r| {
         let t = tcpx::TcpRef::from(r);
-        if found.is_none() && t.mine() && t.share() == h {
+        if found.is_none() && t.mine() && t.common.share() == h {
             found = Some((fd, t));
         }
     });
@@ -935,13 +935,9 @@ pub fn adopt_connected(fd: c_int) -> bool {
     true
 }
 
-/// An int socket option of `fd` (`what` names it in the error).
-fn get_opt<T: Default>(fd: c_int, level: c_int, name: c_int, what: &str) -> io::Result<T> {
-    let mut v = T::default();
-    let mut l = std::mem::size_of::<T>() as socklen_t;
-    // SAFETY: an out-buffer of T and its length.
-    let r = unsafe { real::getsockopt(fd, level, name, (&raw mut v).cast(), &mut l) };
-    if r == 0 { Ok(v) } else { Err(last_err(what)) }
+/// A socket option of `fd` (`what` names it in the error).
+fn get_opt<T: tcpx::Plain>(fd: c_int, level: c_int, name: c_int, what: &str) -> io::Result<T> {
+    tcpx::get_plain(fd, level, name).ok_or_else(|| last_err(what))
 }
 
 /// An ioctl of `fd` that answers an int.

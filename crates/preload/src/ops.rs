@@ -67,7 +67,7 @@ pub fn serving(fd: c_int) -> Sock {
         return Sock::Kernel;
     };
     if let Some(a) = r.get::<Accel>() {
-        if a.share() != 0 {
+        if a.common.share() != 0 {
             if !a.mine() {
                 // A forked child's first use of a socket its parent
                 // shared: it moves here, or the kernel serves both.

@@ -56,7 +56,7 @@ use nanowire_stack::xdp::{
 };
 use nanowire_stack::{EngineKind, EngineOptions, WaitPolicy};
 use std::net::SocketAddrV4;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// What the engine serves for one socket.
@@ -109,10 +109,6 @@ pub struct Tcp {
     /// A listener kept on the engine service across fork (issue 24): a
     /// forked child serves its copy on its own engine ([`adopt_inherited`]).
     shared: AtomicBool,
-    /// A connection shared with a forked child and still on this
-    /// process's engine: its handle in the page shared with children
-    /// (`forkshare`; 0: none).
-    share: AtomicU64,
 }
 
 // SAFETY: the only type of the shim with kind Tcp; aligned to 8 (atomics).
@@ -303,8 +299,9 @@ pub fn exiting() {
     let mut held: Vec<u64> = Vec::new();
     table::each_record::<Tcp>(|_, t| {
         let t = TcpRef(t);
-        if !t.mine() && t.share() != 0 && !t.listener() && !held.contains(&t.share()) {
-            held.push(t.share());
+        if !t.mine() && t.common.share() != 0 && !t.listener() && !held.contains(&t.common.share())
+        {
+            held.push(t.common.share());
         }
     });
     crate::accel::owner_leaving("this process exits, its forked child holds it", true);
@@ -399,7 +396,7 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) ->
             } else if !fork {
                 conns.push(fd);
             }
-        } else if t.share() != 0 && !inherited.iter().any(|(_, o)| o.same(t)) {
+        } else if t.common.share() != 0 && !inherited.iter().any(|(_, o)| o.same(t)) {
             inherited.push((fd, t));
         }
     });
@@ -409,9 +406,9 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) ->
         own_placeholder(t, fd);
     }
     for (fd, t) in shared {
-        match crate::forkshare::share(t.share(), shared_conn(fd, t)) {
+        match crate::forkshare::share(t.common.share(), shared_conn(fd, t)) {
             Some(h) => {
-                if t.share.swap(h, Ordering::AcqRel) != h {
+                if t.common.swap_share(h) != h {
                     log!(
                         Level::Info,
                         "fd {fd} tcp: shared with the forked child: stays on the xdp engine until the child uses it too"
@@ -426,10 +423,10 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) ->
     // the kernel's connection (it cannot ask the owner).
     for (fd, t) in inherited {
         if fork {
-            crate::forkshare::held_again(t.share());
+            crate::forkshare::held_again(t.common.share());
         } else {
             // The new program cannot take it (this image goes): the kernel's.
-            let h = t.share();
+            let h = t.common.share();
             // On an engine of its own the owner's engine holds the
             // interface: the new image could not take it back.
             let on_service = t.stream_inner().is_some_and(|i| match &*i {
@@ -670,7 +667,7 @@ pub fn inherited(fd: c_int, t: TcpRef) -> Option<TcpRef> {
     if let Some(t2) = adopt_inherited(fd, t) {
         return Some(t2);
     }
-    if t.share() != 0 && !t.listener() {
+    if t.common.share() != 0 && !t.listener() {
         return claim_inherited(fd, t, true);
     }
     note_inherited(fd);
@@ -685,8 +682,8 @@ pub fn held_until_exec(closes: &dyn Fn(c_int) -> bool) {
     let mut copies = Vec::new();
     table::each_record::<Tcp>(|fd, t| {
         let t = TcpRef(t);
-        if !t.mine() && t.share() != 0 && !t.listener() {
-            copies.push((fd, t.share()));
+        if !t.mine() && t.common.share() != 0 && !t.listener() {
+            copies.push((fd, t.common.share()));
         }
     });
     crate::forkshare::held_until_exec(&copies, closes);
@@ -712,12 +709,15 @@ fn claim_inherited(fd: c_int, t: TcpRef, may_take: bool) -> Option<TcpRef> {
         return Some(t2);
     }
     let e = errno();
+    // A child's copy names the owner's engine object (on the service or
+    // not); a former owner's copy (it moved the connection out: on the
+    // service) names none.
     let take = may_take
-        && t.stream_inner().is_some_and(|i| match &*i {
-            Inner::Stream(s) => s.on_service(),
-            Inner::Listener(_) => false,
-        });
-    let h = t.share();
+        && match t.stream_inner() {
+            Some(i) => matches!(&*i, Inner::Stream(s) if s.on_service()),
+            None => t.common.pid() == 0,
+        };
+    let h = t.common.share();
     // This process must be able to serve it (an engine slot on the
     // service, the peer resolved) before it asks for it.
     let taker = crate::forkshare::addrs(h).filter(|_| take).and_then(|(l, r)| {
@@ -805,7 +805,7 @@ fn take_moved(
     }
     *t2.ka.lock().unwrap_or_else(|e| e.into_inner()) =
         *t.ka.lock().unwrap_or_else(|e| e.into_inner());
-    t2.share.store(t.share(), Ordering::Release);
+    t2.common.set_share(t.common.share());
     for &f in fds.iter().filter(|&&f| f != fd) {
         if t2.add_ref() {
             table::set_record(f, t2.record());
@@ -866,12 +866,6 @@ impl Tcp {
     pub fn mine(&self) -> bool {
         self.common.mine(PID.load(Ordering::Relaxed))
     }
-    /// The connection's handle in the page shared with forked children
-    /// (`forkshare`), 0 if it was never shared across fork.
-    #[inline(always)]
-    pub fn share(&self) -> u64 {
-        self.share.load(Ordering::Acquire)
-    }
     /// A listener (else a connection).
     #[inline(always)]
     pub fn listener(&self) -> bool {
@@ -914,7 +908,6 @@ impl Tcp {
             handing: AtomicBool::new(false),
             backlog: AtomicU32::new(0),
             shared: AtomicBool::new(false),
-            share: AtomicU64::new(0),
         }
     }
 }
@@ -1077,52 +1070,49 @@ fn err_no(e: XdpTcpError) -> c_int {
     }
 }
 
-/// An int socket option of `fd` (`None`: the kernel refused).
-pub fn get_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
-    let mut v: c_int = 0;
-    let mut l = std::mem::size_of::<c_int>() as socklen_t;
-    // SAFETY: an int out-buffer and its length.
+/// A type every bit pattern of which is a value (plain integers), which a
+/// getsockopt may fill ([`get_plain`]).
+///
+/// # Safety
+/// Only for types made of integers alone, with no padding that matters.
+pub unsafe trait Plain: Copy {}
+// SAFETY: an integer.
+unsafe impl Plain for c_int {}
+// SAFETY: an integer.
+unsafe impl Plain for u32 {}
+// SAFETY: two ints.
+unsafe impl Plain for libc::linger {}
+// SAFETY: u8, u32 and u64 fields only.
+unsafe impl Plain for libc::tcp_info {}
+// SAFETY: five u32 fields.
+unsafe impl Plain for nanowire_stack::repair::Window {}
+
+/// Socket option `name` at `level` of the kernel socket `fd` as a `T`
+/// (`None`: getsockopt failed).
+pub fn get_plain<T: Plain>(fd: c_int, level: c_int, name: c_int) -> Option<T> {
+    // SAFETY: T is plain integers: all-zero bytes are a value.
+    let mut v: T = unsafe { std::mem::zeroed() };
+    let mut l = std::mem::size_of::<T>() as socklen_t;
+    // SAFETY: an out-buffer of T and its length.
     let r = unsafe { real::getsockopt(fd, level, name, (&raw mut v).cast(), &mut l) };
     (r == 0).then_some(v)
 }
 
+/// An int socket option of the kernel socket `fd`.
+pub fn get_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
+    get_plain(fd, level, name)
+}
+
 /// TCP_INFO of the kernel socket `fd` (`None`: getsockopt failed).
 pub fn tcp_info_of(fd: c_int) -> Option<libc::tcp_info> {
-    // SAFETY: tcp_info is plain integers: all-zero bytes are a valid value.
-    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut l = std::mem::size_of::<libc::tcp_info>() as socklen_t;
-    // SAFETY: ti/l are valid for writes of l bytes.
-    let r = unsafe {
-        real::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&raw mut ti).cast(),
-            &mut l,
-        )
-    };
-    (r == 0).then_some(ti)
+    get_plain(fd, libc::IPPROTO_TCP, libc::TCP_INFO)
 }
 
 /// Is SO_LINGER on with a zero timeout on the kernel socket `fd` (a close
 /// that resets)?
 pub fn linger0_of(fd: c_int) -> bool {
-    let mut lg = libc::linger {
-        l_onoff: 0,
-        l_linger: 0,
-    };
-    let mut l = std::mem::size_of::<libc::linger>() as socklen_t;
-    // SAFETY: a linger out-buffer and its length.
-    let r = unsafe {
-        real::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&raw mut lg).cast(),
-            &mut l,
-        )
-    };
-    r == 0 && lg.l_onoff != 0 && lg.l_linger == 0
+    get_plain::<libc::linger>(fd, libc::SOL_SOCKET, libc::SO_LINGER)
+        .is_some_and(|lg| lg.l_onoff != 0 && lg.l_linger == 0)
 }
 
 /// Options the application set on the kernel socket `from` before the
@@ -1188,7 +1178,7 @@ fn record_as(
     *t.ka.lock().unwrap_or_else(|e| e.into_inner()) = (false, 7200, 75, 9);
     t.handing.store(false, Ordering::Relaxed);
     t.shared.store(false, Ordering::Relaxed);
-    t.share.store(0, Ordering::Relaxed);
+    t.common.set_share(0);
     if t.wait_fds() != &wait_fds[..] {
         t.wait_fds.store(intern_fds(wait_fds), Ordering::Release);
     }
@@ -2137,7 +2127,7 @@ pub fn release(fd: c_int) {
 /// number closed and reused behind the shim's back is safe from the
 /// release, and `ops::pre_close` skips the identity check.
 pub fn release_spares_number(t: TcpRef) -> bool {
-    !t.adopted.load(Ordering::Relaxed) && !t.listener() && t.share() == 0
+    !t.adopted.load(Ordering::Relaxed) && !t.listener() && t.common.share() == 0
 }
 
 /// Is `t` a connection the engine accepted (not a listener, not a socket
@@ -2174,8 +2164,8 @@ fn released_last_mine(t: TcpRef) -> bool {
     if t.mine() {
         return true;
     }
-    if t.share() != 0 && !t.listener() {
-        crate::forkshare::dropped(t.share());
+    if t.common.share() != 0 && !t.listener() {
+        crate::forkshare::dropped(t.common.share());
     }
     false
 }
@@ -2220,7 +2210,7 @@ pub fn close_engine(i: Arc<Inner>) {
 
 /// Close the engine object of `t` (its last fd `fd` is going).
 fn close_record(t: TcpRef, fd: c_int, exiting: bool) {
-    let h = t.share();
+    let h = t.common.share();
     if h != 0
         && !t.listener()
         && matches!(
@@ -2291,7 +2281,7 @@ fn handed_over(t: TcpRef, fd: c_int) -> bool {
     {
         std::thread::yield_now();
     }
-    if names() && !t.mine() && t.share() != 0 {
+    if names() && !t.mine() && t.common.share() != 0 {
         // The move made this process a holder of a copy: after the
         // owner's hand-over the kernel has it (one move at most).
         return claim_inherited(fd, t, false).is_none();

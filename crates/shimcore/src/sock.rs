@@ -44,6 +44,9 @@ pub struct Common {
     /// The process that made the record (a forked child sees its parent's
     /// records and must not use the parent's engine through them).
     pid: AtomicU32,
+    /// The socket's handle in the page shared with forked children (the
+    /// shim's `forkshare`), 0 if it was never shared across fork.
+    share: AtomicU64,
 }
 
 const REFS: u64 = 0xffff_ffff;
@@ -59,6 +62,7 @@ impl Common {
             rd_shut: AtomicBool::new(false),
             life: AtomicU64::new(1),
             pid: AtomicU32::new(pid),
+            share: AtomicU64::new(0),
         }
     }
 
@@ -122,6 +126,22 @@ impl Common {
     #[inline(always)]
     pub fn pid(&self) -> u32 {
         self.pid.load(Ordering::Relaxed)
+    }
+
+    /// The socket's handle in the page shared with forked children, 0 if
+    /// it was never shared across fork.
+    #[inline(always)]
+    pub fn share(&self) -> u64 {
+        self.share.load(Ordering::Acquire)
+    }
+
+    pub fn set_share(&self, h: u64) {
+        self.share.store(h, Ordering::Release);
+    }
+
+    /// Set the handle, returning the one it replaces.
+    pub fn swap_share(&self, h: u64) -> u64 {
+        self.share.swap(h, Ordering::AcqRel)
     }
 
     /// The application's O_NONBLOCK.

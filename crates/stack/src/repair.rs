@@ -42,7 +42,7 @@ struct RepairOpt {
 
 /// `struct tcp_repair_window`.
 #[repr(C)]
-#[derive(Default)]
+#[derive(Default, Clone, Copy)]
 pub struct Window {
     pub snd_wl1: u32,
     pub snd_wnd: u32,

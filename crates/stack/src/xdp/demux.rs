@@ -382,6 +382,44 @@ impl Demux {
         }
     }
 
+    /// Receive what `remote` sends to (proto, local) ahead of the endpoints
+    /// bound on `local`: a TCP connection this endpoint took over (moved in
+    /// from another process, taken from the kernel) whose local address a
+    /// listener's endpoint is bound on. Several per `local`, unlike
+    /// [`Demux::connect`].
+    pub fn bind_flow(
+        &mut self,
+        id: EndpointId,
+        proto: u8,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+    ) {
+        let k = (key(proto, local), key(proto, remote));
+        self.connected.insert(k, id);
+        if let Some(e) = self.get_mut(id)
+            && !e.conns.contains(&k)
+        {
+            e.conns.push(k);
+        }
+    }
+
+    /// Undo [`Demux::bind_flow`] (nothing if another endpoint has it now).
+    pub fn unbind_flow(
+        &mut self,
+        id: EndpointId,
+        proto: u8,
+        local: SocketAddrV4,
+        remote: SocketAddrV4,
+    ) {
+        let k = (key(proto, local), key(proto, remote));
+        if self.connected.get(&k) == Some(&id) {
+            self.connected.remove(&k);
+        }
+        if let Some(e) = self.get_mut(id) {
+            e.conns.retain(|c| *c != k);
+        }
+    }
+
     /// Forget endpoint `id`; returns its queued frames (to be dropped by
     /// the caller, outside any lock if it likes).
     pub fn remove(&mut self, id: EndpointId) -> Option<Endpoint> {
@@ -615,7 +653,7 @@ pub(crate) fn eventfd_write(fd: std::os::fd::RawFd) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xdp::classify::PROTO_UDP;
+    use crate::xdp::classify::{PROTO_TCP, PROTO_UDP};
     use crate::xdp::shm::{PageInfo, StatsPage};
 
     fn efd() -> OwnedFd {
@@ -712,6 +750,38 @@ mod tests {
             who(&mut d, &page, &c("10.0.0.9:99", "10.0.0.2:7"), &ids),
             Some(spec)
         );
+    }
+
+    /// A connection taken over by the clients' endpoint on a listener's
+    /// local address (moved in, taken from the kernel) gets its segments
+    /// ahead of the listener bound there first, several per address; the
+    /// listener keeps the rest, and gets them back when a flow is unbound.
+    #[test]
+    fn a_flow_bound_on_a_listeners_address_goes_ahead_of_the_listener() {
+        let (page, mut d) = setup(1024);
+        let tcp = |src: &str| Classified {
+            proto: PROTO_TCP,
+            ..c(src, "10.0.0.2:80")
+        };
+        let lst = d.add(EndpointKind::Tcp, efd(), 64).unwrap();
+        d.bind(lst, PROTO_TCP, sa("10.0.0.2:80"));
+        let cli = d.add(EndpointKind::Tcp, efd(), 64).unwrap();
+        d.bind(cli, PROTO_TCP, sa("10.0.0.2:80"));
+        let ids = [lst, cli];
+        for peer in ["10.0.0.9:1000", "10.0.0.9:1001"] {
+            d.bind_flow(cli, PROTO_TCP, sa("10.0.0.2:80"), sa(peer));
+        }
+        assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1000"), &ids), Some(cli));
+        assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1001"), &ids), Some(cli));
+        assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1002"), &ids), Some(lst));
+        d.unbind_flow(cli, PROTO_TCP, sa("10.0.0.2:80"), sa("10.0.0.9:1000"));
+        assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1000"), &ids), Some(lst));
+        assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1001"), &ids), Some(cli));
+        // Another endpoint's flow is not undone by this one.
+        d.unbind_flow(lst, PROTO_TCP, sa("10.0.0.2:80"), sa("10.0.0.9:1001"));
+        assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1001"), &ids), Some(cli));
+        d.remove(cli);
+        assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1001"), &[lst]), Some(lst));
     }
 
     /// The queue gauge follows every push and pop; the high-water marks

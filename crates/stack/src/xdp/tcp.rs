@@ -61,6 +61,18 @@ fn io_err(kind: io::ErrorKind, msg: impl Into<String>) -> io::Error {
     io::Error::new(kind, msg.into())
 }
 
+/// Loopback TCP stays on the kernel (no XDP-capable interface carries
+/// it): `Unsupported`, naming the address, when one of `addrs` is.
+fn off_loopback(addrs: &[Ipv4Addr]) -> io::Result<()> {
+    match addrs.iter().find(|a| a.is_loopback()) {
+        Some(a) => Err(io_err(
+            io::ErrorKind::Unsupported,
+            format!("{a} is a local address (loopback)"),
+        )),
+        None => Ok(()),
+    }
+}
+
 fn open_err(e: super::OpenError) -> io::Error {
     match e {
         super::OpenError::Socket(e) => e,
@@ -943,7 +955,7 @@ impl TcpEngine {
             let mut guard = self.engine.rx();
             let g = &mut *guard;
             let (stack, done) = (&mut core.stack, &mut core.recycle);
-            moved += rx_segments_into(g, core.id, stack, done, &mut now, read_clock, read);
+            moved += rx_segments(g, core.id, stack, done, &mut now, read_clock, read);
             core.rx_mark = self.engine.rx_mark(g);
             core.turns = core.turns.wrapping_add(1);
             if core.turns.is_multiple_of(64) {
@@ -1046,7 +1058,7 @@ impl TcpEngine {
         {
             let mut g = self.engine.rx();
             let (stack, done) = (&mut core.stack, &mut core.recycle);
-            rx_segments(&mut g, core.id, stack, done, &mut now, now_ns);
+            rx_segments(&mut g, core.id, stack, done, &mut now, now_ns, None);
             core.rx_mark = self.engine.rx_mark(&g);
         }
         if let Some(t) = now {
@@ -1332,6 +1344,7 @@ impl TcpEngine {
         {
             let mut g = self.engine.rx();
             for h in gone.iter().filter(|h| h.block.is_none()) {
+                g.demux.unbind_flow(core.id, PROTO_TCP, h.local, h.remote);
                 if !core.held.iter().any(|k| k.local == h.local) {
                     g.demux.unbind(core.id, PROTO_TCP, h.local);
                 }
@@ -1478,7 +1491,12 @@ impl TcpEngine {
     /// local address, the claim is remembered (released with the
     /// connection).
     fn flow_claimed(&self, core: &mut Core, local: SocketAddrV4, remote: SocketAddrV4) {
-        self.engine.rx().demux.bind(core.id, PROTO_TCP, local);
+        let mut g = self.engine.rx();
+        g.demux.bind(core.id, PROTO_TCP, local);
+        // Ahead of a listener of this process bound on `local` (a
+        // connection it accepted, moved away and back, or exec'd in).
+        g.demux.bind_flow(core.id, PROTO_TCP, local, remote);
+        drop(g);
         core.flow_claims.push((local, remote));
     }
 
@@ -1658,12 +1676,7 @@ impl XdpTcpListener {
         backlog: usize,
         opts: &EngineOptions,
     ) -> io::Result<XdpTcpListener> {
-        if local.ip().is_loopback() {
-            return Err(io_err(
-                io::ErrorKind::Unsupported,
-                format!("{local} is a loopback address: loopback TCP stays on the kernel"),
-            ));
-        }
+        off_loopback(&[*local.ip()])?;
         let engine = super::socket::engine_for(*local.ip(), opts).map_err(open_err)?;
         let cfg = TcpEngine::config(&engine, opts);
         let (fd, got) = reserve(local, true)?;
@@ -1981,6 +1994,8 @@ impl XdpTcpStream {
                 core.pass_claims.push((l, r));
             }
         }
+        let id = core.id;
+        self.eng.engine.rx().demux.unbind_flow(id, PROTO_TCP, l, r);
         let _ = core.stack.hand_over_done(now, self.c);
         TcpEngine::held_may_have_ended(&mut core);
         Ok(t)
@@ -2049,6 +2064,8 @@ impl XdpTcpStream {
             }
             None => false,
         };
+        let id = core.id;
+        self.eng.engine.rx().demux.unbind_flow(id, PROTO_TCP, l, r);
         let _ = core.stack.hand_over_done(now, self.c);
         TcpEngine::held_may_have_ended(&mut core);
         Ok(MovedOut {
@@ -2171,12 +2188,7 @@ impl XdpTcpStream {
     ) -> io::Result<XdpTcpStream> {
         let local = sock_local(fd)?;
         let remote = sock_peer(fd)?;
-        if local.ip().is_loopback() || remote.ip().is_loopback() {
-            return Err(io_err(
-                io::ErrorKind::Unsupported,
-                "a loopback connection (no XDP-capable interface)",
-            ));
-        }
+        off_loopback(&[*local.ip(), *remote.ip()])?;
         let (engine, _) = Self::routed(remote, local, opts)?;
         let eng = TcpEngine::clients(&engine, opts)?;
         eng.resolve(*remote.ip(), Duration::from_secs(3))?;
@@ -2496,12 +2508,7 @@ impl XdpTcpListener {
         join: bool,
     ) -> io::Result<XdpTcpListener> {
         let local = sock_local(fd)?;
-        if local.ip().is_loopback() {
-            return Err(io_err(
-                io::ErrorKind::Unsupported,
-                "loopback address (no XDP-capable interface)",
-            ));
-        }
+        off_loopback(&[*local.ip()])?;
         let engine = super::socket::engine_for(*local.ip(), opts).map_err(open_err)?;
         if !engine.is_own() {
             return Err(io_err(
@@ -2789,19 +2796,8 @@ impl XdpTcpStream {
         remote: SocketAddrV4,
         opts: &EngineOptions,
     ) -> io::Result<XdpTcpStream> {
-        if remote.ip().is_loopback() {
-            return Err(io_err(
-                io::ErrorKind::Unsupported,
-                format!("{} is a local address (loopback)", remote.ip()),
-            ));
-        }
         let mut local = sock_local(fd)?;
-        if local.ip().is_loopback() {
-            return Err(io_err(
-                io::ErrorKind::Unsupported,
-                "bound to a loopback address (no XDP-capable interface)",
-            ));
-        }
+        off_loopback(&[*remote.ip(), *local.ip()])?;
         // The engine and source address: from the last engine's neighbour
         // table when it knows the peer (memory only), else from the
         // kernel's route (netlink, once per destination the table does not
@@ -3718,21 +3714,10 @@ fn time_waits_to_kernel() -> (usize, Option<String>) {
 /// all, when it is flushed or dropped: the TCP driver flushes it at its
 /// next turn, `Core::recycle`). `now` is read (`clock`) only when a
 /// segment came. Returns segments fed. Call under the RX lock (`g`).
+/// `read`: the connection an application is reading meanwhile
+/// ([`DirectRead`]), if any.
 #[inline]
 pub(crate) fn rx_segments<D: RxDevice>(
-    g: &mut RxPath<D>,
-    id: EndpointId,
-    stack: &mut TcpStack,
-    done: &mut nanowire_xdp::Recycler,
-    now: &mut Option<u64>,
-    clock: impl Fn() -> u64,
-) -> usize {
-    rx_segments_into(g, id, stack, done, now, clock, None)
-}
-
-/// [`rx_segments`] while an application reads `read.conn` ([`DirectRead`]).
-#[inline]
-pub(crate) fn rx_segments_into<D: RxDevice>(
     g: &mut RxPath<D>,
     id: EndpointId,
     stack: &mut TcpStack,
@@ -3776,10 +3761,11 @@ fn input_one(
     done: &mut nanowire_xdp::Recycler,
 ) {
     if d.payload_len as usize >= nanowire_tcp::HOLD_MIN || d.frame.frames() != 1 {
-        return input_held(stack, t, d, h, read, done);
+        input_held(stack, (t, &d), h, read);
+    } else {
+        let to = Intake { read, hold: None };
+        stack.input_with(t, *d.src.ip(), *d.dst.ip(), d.segment(), &[], to);
     }
-    let to = Intake { read, hold: None };
-    stack.input_with(t, *d.src.ip(), *d.dst.ip(), d.segment(), &[], to);
     d.frame.recycle_into(done);
 }
 
@@ -3792,11 +3778,9 @@ fn input_one(
 #[inline(never)]
 fn input_held(
     stack: &mut TcpStack,
-    t: u64,
-    d: super::demux::Delivery,
+    (t, d): (u64, &super::demux::Delivery),
     h: &HeldBudget<'_>,
     read: Option<&mut DirectRead<'_>>,
-    done: &mut nanowire_xdp::Recycler,
 ) {
     let frames = d.frame.frames();
     let big = d.payload_len as usize >= nanowire_tcp::HOLD_MIN;
@@ -3804,7 +3788,7 @@ fn input_held(
     if big && !offer && h.limit > 0 {
         bump(h.page.e(E::TcpRxHoldLimited), 1);
     }
-    let mut keep = || -> Box<dyn nanowire_tcp::HeldBytes> { Box::new(HeldFrame::new(&d, h.held)) };
+    let mut keep = || -> Box<dyn nanowire_tcp::HeldBytes> { Box::new(HeldFrame::new(d, h.held)) };
     let mut hold = offer.then(|| Hold {
         len: d.payload_len as usize,
         truesize: d.frame.truesize(),
@@ -3820,7 +3804,7 @@ fn input_held(
         // (MAX_PIECES slices, ~100 stores to set up per segment).
         stack.input_with(t, *d.src.ip(), *d.dst.ip(), d.segment(), &[], to);
     } else {
-        input_chain(stack, t, &d, to);
+        input_chain(stack, t, d, to);
     }
     if hold.is_some_and(|k| k.kept) {
         peak(
@@ -3828,7 +3812,6 @@ fn input_held(
             h.held.load(Ordering::Relaxed) as u64,
         );
     }
-    d.frame.recycle_into(done);
 }
 
 /// A multi-buffer segment (a GSO/GRO super-frame) fed in its pieces.
@@ -4100,7 +4083,7 @@ mod tests {
             let mut now = None;
             self.recycle.flush();
             let (stack, done) = (&mut self.stack, &mut self.recycle);
-            let fed = rx_segments(&mut self.rx, self.id, stack, done, &mut now, || t);
+            let fed = rx_segments(&mut self.rx, self.id, stack, done, &mut now, || t, None);
             self.stack.poll_timers(t);
             let (sent, miss) = self.fr.tx_segments(&mut self.tx, &mut self.stack, 1, t);
             assert!(miss.is_none(), "every next hop is cached");
@@ -4135,6 +4118,16 @@ mod tests {
         (c, b.stack.accept(l).expect("accepted"))
     }
 
+    /// One round of a stream from `a`'s connection `c`: what fits of
+    /// `data` past `sent` is sent, then both hosts take a turn.
+    fn step(a: &mut Host, b: &mut Host, c: ConnId, data: &[u8], sent: &mut usize) {
+        if *sent < data.len() {
+            *sent += a.stack.send(c, &data[*sent..]).unwrap_or(0);
+        }
+        a.turn();
+        b.turn();
+    }
+
     #[test]
     fn the_tcp_driver_connects_and_moves_data_over_the_loopback_device() {
         let (mut a, mut b) = two_hosts();
@@ -4146,11 +4139,7 @@ mod tests {
         let mut got = Vec::new();
         let mut buf = vec![0u8; 65536];
         for _ in 0..1000 {
-            if sent < data.len() {
-                sent += a.stack.send(c, &data[sent..]).unwrap_or(0);
-            }
-            a.turn();
-            b.turn();
+            step(&mut a, &mut b, c, &data, &mut sent);
             while let Ok(n) = b.stack.recv(s, &mut buf) {
                 if n == 0 {
                     break;
@@ -4187,11 +4176,7 @@ mod tests {
         let (mut sent, mut got, mut peak) = (0, Vec::new(), 0);
         let mut buf = vec![0u8; 5000];
         for round in 0..5000 {
-            if sent < data.len() {
-                sent += a.stack.send(c, &data[sent..]).unwrap_or(0);
-            }
-            a.turn();
-            b.turn();
+            step(&mut a, &mut b, c, &data, &mut sent);
             peak = peak.max(b.rx.held.load(Ordering::Relaxed));
             // The reader lags: it reads one piece every third round.
             if round % 3 == 0
@@ -4279,10 +4264,11 @@ mod tests {
         let mut now = None;
         let reads = std::cell::Cell::new(0);
         let done = &mut a.recycle;
-        let fed = rx_segments(&mut a.rx, a.id, &mut a.stack, done, &mut now, || {
+        let clock = || {
             reads.set(reads.get() + 1);
             5
-        });
+        };
+        let fed = rx_segments(&mut a.rx, a.id, &mut a.stack, done, &mut now, clock, None);
         assert_eq!((fed, reads.get(), now), (0, 0, None));
     }
 
