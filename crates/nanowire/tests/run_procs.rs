@@ -350,6 +350,68 @@ fn a_parent_and_its_child_write_one_connection_in_turns() {
     assert_eq!(placement_log(&logs, "Own").matches(MOVED_IN).count(), 0);
 }
 
+/// A parent and its child both waiting in `recv` on one connection at
+/// once: the client sends 120 records of 100 bytes one at a time, each
+/// answered by whoever read it (a one-byte ack on the same connection),
+/// then shuts down its side; both readers see the EOF. Every record is read
+/// once, whole, by one of them (which one is the scheduler's business: only
+/// the totals are printed).
+const BOTH_READ: &str = r#"
+import os, socket, sys
+ls = listener()
+c, _ = ls.accept()
+r, w = os.pipe()
+pid = os.fork()
+got = bad = 0
+while True:
+    d = c.recv(100, socket.MSG_WAITALL)
+    if len(d) < 100:
+        bad += len(d) != 0
+        break
+    bad += d != d[:1] * 100
+    got += 1
+    c.sendall(b"a")
+if pid == 0:
+    os.write(w, b"%d %d" % (got, bad))
+    os._exit(0)
+os.waitpid(pid, 0)
+cg, cb = map(int, os.read(r, 100).split())
+print("records", got + cg, "bad", bad + cb, flush=True)
+c.close()
+"#;
+
+const BOTH_READ_CLIENT: &str = r#"
+import socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60)
+acks = 0
+for i in range(120):
+    c.sendall(bytes([i % 251]) * 100)
+    acks += c.recv(1) == b"a"
+c.shutdown(socket.SHUT_WR)
+print("acks", acks, "then", len(b"".join(chunks(c))), "bytes to EOF")
+print("all ok" if acks == 120 else "SOME BAD", flush=True)
+"#;
+
+/// Both processes reading one connection at once (issue 24's bad input):
+/// each record once, no hang, as plainly. On the engine service each
+/// reader's wait asks for the connection: it passes between them until
+/// `forkshare::MAX_MOVES`, then the kernel serves both.
+#[test]
+#[ignore = "needs root"]
+fn a_parent_and_its_child_reading_one_connection_at_once_get_each_record_once() {
+    let logs = three_ways(
+        "pbrd",
+        "bothread",
+        (BOTH_READ, BOTH_READ_CLIENT),
+        14960,
+        &[],
+    );
+    let svc = placement_log(&logs, "Service");
+    let moves = svc.matches(MOVED_IN).count();
+    assert!((1..=64).contains(&moves), "{moves} moves:\n{svc}");
+    assert_eq!(placement_log(&logs, "Own").matches(MOVED_IN).count(), 0);
+}
+
 /// A connected socket inherited across exec. Per connection k the server
 /// reads the first line, answers, then hands the connection to a new
 /// program (CHILD, fd number as its argument) while the client's second

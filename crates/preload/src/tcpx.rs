@@ -732,6 +732,17 @@ fn claim_inherited(fd: c_int, t: TcpRef, may_take: bool) -> Option<TcpRef> {
             .ok()
     });
     let mut claimed = crate::forkshare::claim(h, taker.is_some());
+    log!(
+        Level::Debug,
+        "fd {fd} tcp: claim of a shared connection (take {}, may {may_take}): {}",
+        taker.is_some(),
+        match &claimed {
+            crate::forkshare::Claimed::Kernel => "kernel",
+            crate::forkshare::Claimed::Moved { .. } => "moved",
+            crate::forkshare::Claimed::Mine => "mine",
+            crate::forkshare::Claimed::Orphaned { .. } => "orphaned",
+        }
+    );
     if let (crate::forkshare::Claimed::Moved { owner, xfd, xlen }, Some(taker)) = (&claimed, taker)
     {
         let (owner, xfd, xlen) = (*owner, *xfd, *xlen);
@@ -1882,12 +1893,24 @@ pub fn recv(t: TcpRef, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
                     break;
                 }
             }
-            Ok(Err(e)) if m.done == 0 && e == XdpTcpError::InvalidHandle && handed_over(t, fd) => {
-                // Handed over to the kernel (fork in another thread)
-                // while this call waited: the kernel carries on.
-                set_errno(m.errno_found());
-                // SAFETY: the caller's buffer; fd is now a kernel socket.
-                return unsafe { real::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) };
+            Ok(Err(e)) if m.done == 0 && e == XdpTcpError::InvalidHandle => {
+                // Handed over to the kernel (fork in another thread) or
+                // moved to another holder while this call waited: the
+                // kernel carries on, or this process's engine again.
+                match handed_over(t, fd) {
+                    Left::Stays => return m.fail(err_no(e)),
+                    Left::Kernel => {
+                        set_errno(m.errno_found());
+                        // SAFETY: the caller's buffer; fd is a kernel socket now.
+                        return unsafe {
+                            real::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags)
+                        };
+                    }
+                    Left::Back(t2) => {
+                        set_errno(m.errno_found());
+                        return recv(t2, fd, buf, flags);
+                    }
+                }
             }
             Ok(Err(e)) => return m.fail(err_no(e)),
             Err(en) => return m.fail(en),
@@ -1958,10 +1981,21 @@ pub fn send(t: TcpRef, fd: c_int, data: &[u8], flags: c_int) -> isize {
             Ok(Ok(n)) => m.done += n,
             Ok(Err(_)) if m.done > 0 => break,
             Ok(Err(e)) => {
-                if e == XdpTcpError::InvalidHandle && handed_over(t, fd) {
-                    set_errno(m.errno_found());
-                    // SAFETY: the caller's bytes; fd is now a kernel socket.
-                    return unsafe { real::send(fd, rest.as_ptr().cast(), rest.len(), flags) };
+                if e == XdpTcpError::InvalidHandle {
+                    match handed_over(t, fd) {
+                        Left::Stays => {}
+                        Left::Kernel => {
+                            set_errno(m.errno_found());
+                            // SAFETY: the caller's bytes; fd is a kernel socket now.
+                            return unsafe {
+                                real::send(fd, rest.as_ptr().cast(), rest.len(), flags)
+                            };
+                        }
+                        Left::Back(t2) => {
+                            set_errno(m.errno_found());
+                            return send(t2, fd, rest, flags);
+                        }
+                    }
                 }
                 // A reset after the peer's FIN (CLOSE-WAIT) is EPIPE in
                 // Linux; otherwise the reset is reported once, then EPIPE.
@@ -2266,11 +2300,23 @@ fn close_record(t: TcpRef, fd: c_int, exiting: bool) {
     }
 }
 
+/// Where a call under way on a connection goes once the connection left
+/// this process's engine ([`handed_over`]).
+enum Left {
+    /// It did not: the call's error stands.
+    Stays,
+    /// The kernel's now: the call goes on there.
+    Kernel,
+    /// It moved to another holder and back here: the call goes on on this
+    /// record.
+    Back(TcpRef),
+}
+
 /// `fd` no longer names record `t`: its connection was handed over to the
-/// kernel while a call on it was under way. A connection that moved to a
-/// forked child's engine meanwhile (`t` is no longer this process's):
-/// this process asks for it back as the kernel's (the call goes on there).
-fn handed_over(t: TcpRef, fd: c_int) -> bool {
+/// kernel while a call on it was under way. A connection that moved to
+/// another holder's engine meanwhile (`t` is no longer this process's):
+/// this process asks for it back (a move here, or the kernel's).
+fn handed_over(t: TcpRef, fd: c_int) -> Left {
     let names = || by_fd(fd).is_some_and(|r| r.same(t));
     // The stack forgets the connection before the fds are moved: wait for
     // the hand-over under way to finish (a few syscalls; bounded).
@@ -2281,12 +2327,23 @@ fn handed_over(t: TcpRef, fd: c_int) -> bool {
     {
         std::thread::yield_now();
     }
+    log!(
+        Level::Debug,
+        "fd {fd} tcp: a call under way lost its connection (names {}, mine {}, share {})",
+        names(),
+        t.mine(),
+        t.common.share()
+    );
     if names() && !t.mine() && t.common.share() != 0 {
-        // The move made this process a holder of a copy: after the
-        // owner's hand-over the kernel has it (one move at most).
-        return claim_inherited(fd, t, false).is_none();
+        // The move made this process a holder of a copy: it asks the new
+        // owner, which moves it back (up to `forkshare::MAX_MOVES`) or
+        // hands it to the kernel.
+        return match claim_inherited(fd, t, true) {
+            Some(t2) => Left::Back(t2),
+            None => Left::Kernel,
+        };
     }
-    !names()
+    if names() { Left::Stays } else { Left::Kernel }
 }
 
 /// The connection of `t` moved to a forked child's engine
