@@ -16,7 +16,7 @@ the host is killed first; run it on a quiet machine). The server runs in host b 
 The JSON (stdout) has the environment, every repeat's median, the medians and the ratios.
 """
 import subprocess, time
-from rowlib import NW, build_c, in_b, parser, report, row_argv, sockperf_p50
+from rowlib import NW, build_c, parser, report, row_argv, sockperf_p50, start_listening
 
 SERVER = r"""
 import os, socket, sys
@@ -75,12 +75,7 @@ int main(int argc, char **argv) {
 def one(row, a, port):
     prog = "SRC = %r\nHANDLER = %r\n%s" % (SERVER, a.handler_bin, SERVER)
     argv = row_argv(row, ["python3", "-c", prog, "198.18.0.2", str(port[0])], a)
-    if a.engine == "service" and row != "plain":
-        subprocess.run(["pkill", "-f", "engine serve"], stderr=subprocess.DEVNULL)
-        time.sleep(0.5)
-    srv = subprocess.Popen(in_b(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if srv.stdout.readline().strip() != "listening":
-        raise RuntimeError(f"{row}: server: {srv.stderr.read()[-500:]}")
+    srv = start_listening(row, argv, a)
     pre = [] if a.client == "plain" else [NW, "run", "-o", "log=warn", "--"]
     cli = ["ip", "netns", "exec", "nw-a"] + pre + ["sockperf", "pp", "--tcp", "-i", "198.18.0.2", "-p",
            str(port[0]), "-t", str(a.time), "--msg-size", "64"]

@@ -35,6 +35,19 @@ def fresh_service(row, argv, a):
         subprocess.run(in_b(argv), capture_output=True, timeout=60)
 
 
+def start_listening(row, argv, a):
+    """Start the server `argv` in host b for row `row` (on the engine service, a fresh one: every
+    `nanowire engine serve` of the host is killed first) and wait for its "listening" line: the
+    process (its stdout and stderr piped)."""
+    if getattr(a, "engine", "own") == "service" and row != "plain":
+        subprocess.run(["pkill", "-f", "engine serve"], stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+    srv = subprocess.Popen(in_b(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if srv.stdout.readline().strip() != "listening":
+        raise RuntimeError(f"{row}: server: {srv.stderr.read()[-500:]}")
+    return srv
+
+
 def output_of(argv, row, timeout=120):
     """The stdout of `argv` in host b (row `row` in the error if it fails)."""
     out = subprocess.run(in_b(argv), capture_output=True, text=True, timeout=timeout)

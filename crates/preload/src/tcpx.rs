@@ -1895,22 +1895,13 @@ pub fn recv(t: TcpRef, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
             }
             Ok(Err(e)) if m.done == 0 && e == XdpTcpError::InvalidHandle => {
                 // Handed over to the kernel (fork in another thread) or
-                // moved to another holder while this call waited: the
-                // kernel carries on, or this process's engine again.
-                match handed_over(t, fd) {
-                    Left::Stays => return m.fail(err_no(e)),
-                    Left::Kernel => {
-                        set_errno(m.errno_found());
-                        // SAFETY: the caller's buffer; fd is a kernel socket now.
-                        return unsafe {
-                            real::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags)
-                        };
-                    }
-                    Left::Back(t2) => {
-                        set_errno(m.errno_found());
-                        return recv(t2, fd, buf, flags);
-                    }
-                }
+                // moved to another holder while this call waited.
+                let again = |to: Option<TcpRef>| match to {
+                    Some(t2) => recv(t2, fd, buf, flags),
+                    // SAFETY: the caller's buffer; fd is a kernel socket now.
+                    None => unsafe { real::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) },
+                };
+                return redo(t, fd, m.errno_found(), again).unwrap_or_else(|| m.fail(err_no(e)));
             }
             Ok(Err(e)) => return m.fail(err_no(e)),
             Err(en) => return m.fail(en),
@@ -1981,21 +1972,15 @@ pub fn send(t: TcpRef, fd: c_int, data: &[u8], flags: c_int) -> isize {
             Ok(Ok(n)) => m.done += n,
             Ok(Err(_)) if m.done > 0 => break,
             Ok(Err(e)) => {
-                if e == XdpTcpError::InvalidHandle {
-                    match handed_over(t, fd) {
-                        Left::Stays => {}
-                        Left::Kernel => {
-                            set_errno(m.errno_found());
-                            // SAFETY: the caller's bytes; fd is a kernel socket now.
-                            return unsafe {
-                                real::send(fd, rest.as_ptr().cast(), rest.len(), flags)
-                            };
-                        }
-                        Left::Back(t2) => {
-                            set_errno(m.errno_found());
-                            return send(t2, fd, rest, flags);
-                        }
-                    }
+                let again = |to: Option<TcpRef>| match to {
+                    Some(t2) => send(t2, fd, rest, flags),
+                    // SAFETY: the caller's bytes; fd is a kernel socket now.
+                    None => unsafe { real::send(fd, rest.as_ptr().cast(), rest.len(), flags) },
+                };
+                if e == XdpTcpError::InvalidHandle
+                    && let Some(r) = redo(t, fd, m.errno_found(), again)
+                {
+                    return r;
                 }
                 // A reset after the peer's FIN (CLOSE-WAIT) is EPIPE in
                 // Linux; otherwise the reset is reported once, then EPIPE.
@@ -2310,6 +2295,26 @@ enum Left {
     /// It moved to another holder and back here: the call goes on on this
     /// record.
     Back(TcpRef),
+}
+
+/// A call under way on `t` (`fd` its number) found the connection gone
+/// from this engine ([`handed_over`]): `None` if it was not (the call's
+/// error stands), else the call made again where the connection is now
+/// (`again(None)`: on the kernel socket; `Some`: on this process's new
+/// record), from errno `e0`.
+fn redo(
+    t: TcpRef,
+    fd: c_int,
+    e0: c_int,
+    again: impl FnOnce(Option<TcpRef>) -> isize,
+) -> Option<isize> {
+    let to = match handed_over(t, fd) {
+        Left::Stays => return None,
+        Left::Kernel => None,
+        Left::Back(t2) => Some(t2),
+    };
+    set_errno(e0);
+    Some(again(to))
 }
 
 /// `fd` no longer names record `t`: its connection was handed over to the

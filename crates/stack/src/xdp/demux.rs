@@ -383,40 +383,39 @@ impl Demux {
     }
 
     /// Receive what `remote` sends to (proto, local) ahead of the endpoints
-    /// bound on `local`: a TCP connection this endpoint took over (moved in
-    /// from another process, taken from the kernel) whose local address a
-    /// listener's endpoint is bound on. Several per `local`, unlike
-    /// [`Demux::connect`].
-    pub fn bind_flow(
+    /// bound on `local` (`on`), or no longer (`!on`; nothing if another
+    /// endpoint has it by then): a TCP connection this endpoint took over
+    /// (moved in from another process, taken from the kernel) whose local
+    /// address a listener's endpoint is bound on. Several per `local`,
+    /// unlike [`Demux::connect`].
+    pub fn set_flow(
         &mut self,
         id: EndpointId,
         proto: u8,
-        local: SocketAddrV4,
-        remote: SocketAddrV4,
+        tuple: (SocketAddrV4, SocketAddrV4),
+        on: bool,
     ) {
-        let k = (key(proto, local), key(proto, remote));
-        self.connected.insert(k, id);
-        if let Some(e) = self.get_mut(id)
-            && !e.conns.contains(&k)
-        {
-            e.conns.push(k);
-        }
-    }
-
-    /// Undo [`Demux::bind_flow`] (nothing if another endpoint has it now).
-    pub fn unbind_flow(
-        &mut self,
-        id: EndpointId,
-        proto: u8,
-        local: SocketAddrV4,
-        remote: SocketAddrV4,
-    ) {
-        let k = (key(proto, local), key(proto, remote));
-        if self.connected.get(&k) == Some(&id) {
+        let k = (key(proto, tuple.0), key(proto, tuple.1));
+        if on {
+            self.connected.insert(k, id);
+        } else if self.connected.get(&k) == Some(&id) {
             self.connected.remove(&k);
         }
         if let Some(e) = self.get_mut(id) {
             e.conns.retain(|c| *c != k);
+            if on {
+                e.conns.push(k);
+            }
+        }
+    }
+
+    /// Wake the threads asleep on endpoint `id` (a connection of its stack
+    /// left it: a call waiting on it finds out at once).
+    pub fn wake_sleepers(&mut self, id: EndpointId) {
+        if let Some(e) = self.get_mut(id)
+            && e.sleeping
+        {
+            wake(e);
         }
     }
 
@@ -769,16 +768,26 @@ mod tests {
         d.bind(cli, PROTO_TCP, sa("10.0.0.2:80"));
         let ids = [lst, cli];
         for peer in ["10.0.0.9:1000", "10.0.0.9:1001"] {
-            d.bind_flow(cli, PROTO_TCP, sa("10.0.0.2:80"), sa(peer));
+            d.set_flow(cli, PROTO_TCP, (sa("10.0.0.2:80"), sa(peer)), true);
         }
         assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1000"), &ids), Some(cli));
         assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1001"), &ids), Some(cli));
         assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1002"), &ids), Some(lst));
-        d.unbind_flow(cli, PROTO_TCP, sa("10.0.0.2:80"), sa("10.0.0.9:1000"));
+        d.set_flow(
+            cli,
+            PROTO_TCP,
+            (sa("10.0.0.2:80"), sa("10.0.0.9:1000")),
+            false,
+        );
         assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1000"), &ids), Some(lst));
         assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1001"), &ids), Some(cli));
         // Another endpoint's flow is not undone by this one.
-        d.unbind_flow(lst, PROTO_TCP, sa("10.0.0.2:80"), sa("10.0.0.9:1001"));
+        d.set_flow(
+            lst,
+            PROTO_TCP,
+            (sa("10.0.0.2:80"), sa("10.0.0.9:1001")),
+            false,
+        );
         assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1001"), &ids), Some(cli));
         d.remove(cli);
         assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1001"), &[lst]), Some(lst));

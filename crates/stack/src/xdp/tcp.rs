@@ -1344,7 +1344,8 @@ impl TcpEngine {
         {
             let mut g = self.engine.rx();
             for h in gone.iter().filter(|h| h.block.is_none()) {
-                g.demux.unbind_flow(core.id, PROTO_TCP, h.local, h.remote);
+                g.demux
+                    .set_flow(core.id, PROTO_TCP, (h.local, h.remote), false);
                 if !core.held.iter().any(|k| k.local == h.local) {
                     g.demux.unbind(core.id, PROTO_TCP, h.local);
                 }
@@ -1495,7 +1496,7 @@ impl TcpEngine {
         g.demux.bind(core.id, PROTO_TCP, local);
         // Ahead of a listener of this process bound on `local` (a
         // connection it accepted, moved away and back, or exec'd in).
-        g.demux.bind_flow(core.id, PROTO_TCP, local, remote);
+        g.demux.set_flow(core.id, PROTO_TCP, (local, remote), true);
         drop(g);
         core.flow_claims.push((local, remote));
     }
@@ -1995,8 +1996,15 @@ impl XdpTcpStream {
             }
         }
         let id = core.id;
-        self.eng.engine.rx().demux.unbind_flow(id, PROTO_TCP, l, r);
+        self.eng
+            .engine
+            .rx()
+            .demux
+            .set_flow(id, PROTO_TCP, (l, r), false);
         let _ = core.stack.hand_over_done(now, self.c);
+        // A call asleep on the connection (another thread's recv or send)
+        // wakes and finds it gone (`InvalidHandle`).
+        self.eng.engine.rx().demux.wake_sleepers(id);
         TcpEngine::held_may_have_ended(&mut core);
         Ok(t)
     }
@@ -2065,8 +2073,15 @@ impl XdpTcpStream {
             None => false,
         };
         let id = core.id;
-        self.eng.engine.rx().demux.unbind_flow(id, PROTO_TCP, l, r);
+        self.eng
+            .engine
+            .rx()
+            .demux
+            .set_flow(id, PROTO_TCP, (l, r), false);
         let _ = core.stack.hand_over_done(now, self.c);
+        // A call asleep on the connection (another thread's recv or send)
+        // wakes and finds it gone (`InvalidHandle`).
+        self.eng.engine.rx().demux.wake_sleepers(id);
         TcpEngine::held_may_have_ended(&mut core);
         Ok(MovedOut {
             bytes: h.to_bytes(),
