@@ -353,9 +353,10 @@ fn a_parent_and_its_child_write_one_connection_in_turns() {
 /// A parent and its child both waiting in `recv` on one connection at
 /// once: the client sends 120 records of 100 bytes one at a time, each
 /// answered by whoever read it (a one-byte ack on the same connection),
-/// then shuts down its side; both readers see the EOF. Every record is read
-/// once, whole, by one of them (which one is the scheduler's business: only
-/// the totals are printed).
+/// then shuts down its side; both readers see the EOF, and each says so
+/// with an "e" (after every ack: a reader's early EOF would show). Every
+/// record is read once, whole, by one of them (which one is the
+/// scheduler's business: only the totals are printed).
 const BOTH_READ: &str = r#"
 import os, socket, sys
 ls = listener()
@@ -371,6 +372,9 @@ while True:
     bad += d != d[:1] * 100
     got += 1
     c.sendall(b"a")
+# Each reader says it saw the EOF: an early one shows as an "e" among
+# the client's acks.
+c.sendall(b"e")
 if pid == 0:
     os.write(w, b"%d %d" % (got, bad))
     os._exit(0)
@@ -388,8 +392,9 @@ for i in range(120):
     c.sendall(bytes([i % 251]) * 100)
     acks += c.recv(1) == b"a"
 c.shutdown(socket.SHUT_WR)
-print("acks", acks, "then", len(b"".join(chunks(c))), "bytes to EOF")
-print("all ok" if acks == 120 else "SOME BAD", flush=True)
+rest = b"".join(chunks(c))
+print("acks", acks, "then", rest, "to EOF")
+print("all ok" if acks == 120 and rest == b"ee" else "SOME BAD", flush=True)
 "#;
 
 /// Both processes reading one connection at once (issue 24's bad input):
