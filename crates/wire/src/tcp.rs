@@ -35,23 +35,28 @@ impl Flags {
     pub const ECE: u8 = 0x40;
     pub const CWR: u8 = 0x80;
 
+    /// Is flag `bit` (one of the constants above) set?
+    #[inline(always)]
+    pub fn has(self, bit: u8) -> bool {
+        self.0 & bit != 0
+    }
     pub fn fin(self) -> bool {
-        self.0 & Self::FIN != 0
+        self.has(Self::FIN)
     }
     pub fn syn(self) -> bool {
-        self.0 & Self::SYN != 0
+        self.has(Self::SYN)
     }
     pub fn rst(self) -> bool {
-        self.0 & Self::RST != 0
+        self.has(Self::RST)
     }
     pub fn psh(self) -> bool {
-        self.0 & Self::PSH != 0
+        self.has(Self::PSH)
     }
     pub fn ack(self) -> bool {
-        self.0 & Self::ACK != 0
+        self.has(Self::ACK)
     }
     pub fn urg(self) -> bool {
-        self.0 & Self::URG != 0
+        self.has(Self::URG)
     }
 }
 
@@ -307,7 +312,7 @@ impl TcpRepr {
                 .expect("a header's bytes");
             return emit_ts_partial(h, &self.fixed(), ts, payload_len, src, dst);
         }
-        self.emit_partial_general(buf, payload_len, src, dst)
+        self.emit_partial_general(buf, payload_len, (src, dst))
     }
 
     /// The fields of the header's first 16 bytes.
@@ -327,8 +332,7 @@ impl TcpRepr {
         &self,
         buf: &mut [u8],
         payload_len: usize,
-        src: Ipv4Addr,
-        dst: Ipv4Addr,
+        (src, dst): (Ipv4Addr, Ipv4Addr),
     ) -> usize {
         let hl = self.header_len();
         let total = hl + payload_len;
@@ -463,6 +467,19 @@ mod tests {
     const A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
     const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 
+    /// A header without options: ports, (seq, ack), flags, window.
+    fn header(ports: (u16, u16), (seq, ack): (u32, u32), flags: u8, window: u16) -> TcpRepr {
+        TcpRepr {
+            src_port: ports.0,
+            dst_port: ports.1,
+            seq,
+            ack,
+            flags: Flags(flags),
+            window,
+            ..TcpRepr::default()
+        }
+    }
+
     fn build(r: &TcpRepr, payload: &[u8]) -> Vec<u8> {
         let mut b = vec![0u8; r.header_len() + payload.len()];
         b[r.header_len()..].copy_from_slice(payload);
@@ -474,17 +491,16 @@ mod tests {
     #[test]
     fn round_trip_with_every_option() {
         let mut r = TcpRepr {
-            src_port: 40000,
-            dst_port: 80,
-            seq: 0xdead_beef,
-            ack: 7,
-            flags: Flags(Flags::SYN | Flags::ACK),
-            window: 65535,
             mss: Some(1460),
             window_scale: Some(7),
             sack_permitted: true,
             timestamp: Some((1, 2)),
-            ..TcpRepr::default()
+            ..header(
+                (40000, 80),
+                (0xdead_beef, 7),
+                Flags::SYN | Flags::ACK,
+                65535,
+            )
         };
         r.sack[0] = (10, 20);
         r.sack[1] = (30, 40);
@@ -510,14 +526,8 @@ mod tests {
     #[test]
     fn an_established_segments_timestamps_parse_alone_and_before_sack_blocks() {
         let mut r = TcpRepr {
-            src_port: 5201,
-            dst_port: 40000,
-            seq: 1,
-            ack: 2,
-            flags: Flags(Flags::ACK | Flags::PSH),
-            window: 501,
             timestamp: Some((0x0102_0304, 0xa0b0_c0d0)),
-            ..TcpRepr::default()
+            ..header((5201, 40000), (1, 2), Flags::ACK | Flags::PSH, 501)
         };
         let b = build(&r, b"data");
         assert_eq!(
@@ -648,7 +658,7 @@ mod tests {
                 fast[32..32 + len].copy_from_slice(&payload);
                 general[32..32 + len].copy_from_slice(&payload);
                 assert_eq!(r.emit_partial(&mut fast, len, A, B), 32 + len);
-                assert_eq!(r.emit_partial_general(&mut general, len, A, B), 32 + len);
+                assert_eq!(r.emit_partial_general(&mut general, len, (A, B)), 32 + len);
                 assert_eq!(fast, general, "flags {flags:#x} len {len}");
                 let full = build(&r, &payload);
                 let s = TcpSegment::new_checked(&full[..]).unwrap();

@@ -767,28 +767,21 @@ mod tests {
         let cli = d.add(EndpointKind::Tcp, efd(), 64).unwrap();
         d.bind(cli, PROTO_TCP, sa("10.0.0.2:80"));
         let ids = [lst, cli];
-        for peer in ["10.0.0.9:1000", "10.0.0.9:1001"] {
-            d.set_flow(cli, PROTO_TCP, (sa("10.0.0.2:80"), sa(peer)), true);
-        }
-        assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1000"), &ids), Some(cli));
-        assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1001"), &ids), Some(cli));
-        assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1002"), &ids), Some(lst));
-        d.set_flow(
-            cli,
-            PROTO_TCP,
-            (sa("10.0.0.2:80"), sa("10.0.0.9:1000")),
-            false,
-        );
-        assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1000"), &ids), Some(lst));
-        assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1001"), &ids), Some(cli));
+        let flow = |d: &mut Demux, id, peer: &str, on| {
+            d.set_flow(id, PROTO_TCP, (sa("10.0.0.2:80"), sa(peer)), on);
+        };
+        flow(&mut d, cli, "10.0.0.9:1000", true);
+        flow(&mut d, cli, "10.0.0.9:1001", true);
+        let to = |d: &mut Demux, peer: &str| who(d, &page, &tcp(peer), &ids);
+        assert_eq!(to(&mut d, "10.0.0.9:1000"), Some(cli));
+        assert_eq!(to(&mut d, "10.0.0.9:1001"), Some(cli));
+        assert_eq!(to(&mut d, "10.0.0.9:1002"), Some(lst));
+        flow(&mut d, cli, "10.0.0.9:1000", false);
+        assert_eq!(to(&mut d, "10.0.0.9:1000"), Some(lst));
+        assert_eq!(to(&mut d, "10.0.0.9:1001"), Some(cli));
         // Another endpoint's flow is not undone by this one.
-        d.set_flow(
-            lst,
-            PROTO_TCP,
-            (sa("10.0.0.2:80"), sa("10.0.0.9:1001")),
-            false,
-        );
-        assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1001"), &ids), Some(cli));
+        flow(&mut d, lst, "10.0.0.9:1001", false);
+        assert_eq!(to(&mut d, "10.0.0.9:1001"), Some(cli));
         d.remove(cli);
         assert_eq!(who(&mut d, &page, &tcp("10.0.0.9:1001"), &[lst]), Some(lst));
     }

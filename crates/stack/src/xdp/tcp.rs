@@ -1943,6 +1943,22 @@ impl XdpTcpStream {
         Ok((h, now))
     }
 
+    /// The connection went to another owner (the kernel, another
+    /// process): its demux flow goes, the stack forgets it without a word,
+    /// and a call asleep on it (another thread's recv or send) wakes and
+    /// finds it gone (`InvalidHandle`).
+    fn forget_gone(&self, core: &mut Core, now: u64, (l, r): (SocketAddrV4, SocketAddrV4)) {
+        let id = core.id;
+        self.eng
+            .engine
+            .rx()
+            .demux
+            .set_flow(id, PROTO_TCP, (l, r), false);
+        let _ = core.stack.hand_over_done(now, self.c);
+        self.eng.engine.rx().demux.wake_sleepers(id);
+        TcpEngine::held_may_have_ended(core);
+    }
+
     /// Hand the connection over to another owner (the kernel, through
     /// TCP_REPAIR). Under the engine's lock, so nothing moves meanwhile:
     /// one turn takes in what arrived, `build` makes the new owner from the
@@ -1995,17 +2011,7 @@ impl XdpTcpStream {
                 core.pass_claims.push((l, r));
             }
         }
-        let id = core.id;
-        self.eng
-            .engine
-            .rx()
-            .demux
-            .set_flow(id, PROTO_TCP, (l, r), false);
-        let _ = core.stack.hand_over_done(now, self.c);
-        // A call asleep on the connection (another thread's recv or send)
-        // wakes and finds it gone (`InvalidHandle`).
-        self.eng.engine.rx().demux.wake_sleepers(id);
-        TcpEngine::held_may_have_ended(&mut core);
+        self.forget_gone(&mut core, now, (l, r));
         Ok(t)
     }
 }
@@ -2072,17 +2078,7 @@ impl XdpTcpStream {
             }
             None => false,
         };
-        let id = core.id;
-        self.eng
-            .engine
-            .rx()
-            .demux
-            .set_flow(id, PROTO_TCP, (l, r), false);
-        let _ = core.stack.hand_over_done(now, self.c);
-        // A call asleep on the connection (another thread's recv or send)
-        // wakes and finds it gone (`InvalidHandle`).
-        self.eng.engine.rx().demux.wake_sleepers(id);
-        TcpEngine::held_may_have_ended(&mut core);
+        self.forget_gone(&mut core, now, (l, r));
         Ok(MovedOut {
             bytes: h.to_bytes(),
             flow,
