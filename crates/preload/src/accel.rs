@@ -1025,7 +1025,6 @@ fn record(
     a.sleep_ep.store(-1, Ordering::Relaxed);
     a.local.store(0, Ordering::Relaxed);
     a.adopted.store(fd, Ordering::Relaxed);
-    a.common.set_share(0);
     a.owner_used.store(false, Ordering::Relaxed);
     if a.wait_fds() != &wait_fds[..] {
         a.wait_fds.set(WAIT_LISTS.intern(wait_fds));

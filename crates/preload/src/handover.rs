@@ -524,11 +524,10 @@ fn parked() -> std::sync::MutexGuard<'static, Vec<Parked>> {
 /// not on the engine service, or no duplicate of the socket.
 fn park(fd: c_int, t: tcpx::TcpRef) -> bool {
     let h = t.common.share();
-    let on_service = t.stream_inner().is_some_and(|i| match &*i {
-        tcpx::Inner::Stream(s) => s.on_service(),
-        tcpx::Inner::Listener(_) => false,
-    });
-    if h == 0 || !on_service || EXITING.load(std::sync::atomic::Ordering::Acquire) {
+    if h == 0
+        || t.stream_on_service() != Some(true)
+        || EXITING.load(std::sync::atomic::Ordering::Acquire)
+    {
         return false;
     }
     // SAFETY: a duplicate of the application's fd, owned below.

@@ -202,6 +202,12 @@ impl TcpRef {
     pub fn stream_inner(self) -> Option<Arc<Inner>> {
         self.stream()
     }
+    /// Is the connection's engine object on the engine service (`None`:
+    /// the record has none, e.g. a copy whose connection moved out)?
+    pub fn stream_on_service(self) -> Option<bool> {
+        self.stream()
+            .map(|i| matches!(&*i, Inner::Stream(s) if s.on_service()))
+    }
     fn stream(self) -> Option<Arc<Inner>> {
         self.get().filter(|i| matches!(**i, Inner::Stream(_)))
     }
@@ -429,11 +435,8 @@ pub fn prepare_child(inherits: &dyn Fn(c_int) -> bool, why: &str, fork: bool) ->
             let h = t.common.share();
             // On an engine of its own the owner's engine holds the
             // interface: the new image could not take it back.
-            let on_service = t.stream_inner().is_some_and(|i| match &*i {
-                Inner::Stream(s) => s.on_service(),
-                Inner::Listener(_) => false,
-            });
-            let alone = on_service && crate::forkshare::holders(h) == Some(1);
+            let alone =
+                t.stream_on_service() == Some(true) && crate::forkshare::holders(h) == Some(1);
             let owner = crate::forkshare::owner_of(h);
             claim_inherited(fd, t, false);
             // Its owner had closed it (kept it for this child) and no other
@@ -712,11 +715,7 @@ fn claim_inherited(fd: c_int, t: TcpRef, may_take: bool) -> Option<TcpRef> {
     // A child's copy names the owner's engine object (on the service or
     // not); a former owner's copy (it moved the connection out: on the
     // service) names none.
-    let take = may_take
-        && match t.stream_inner() {
-            Some(i) => matches!(&*i, Inner::Stream(s) if s.on_service()),
-            None => t.common.pid() == 0,
-        };
+    let take = may_take && t.stream_on_service().unwrap_or(t.common.pid() == 0);
     let h = t.common.share();
     // This process must be able to serve it (an engine slot on the
     // service, the peer resolved) before it asks for it.
@@ -1189,7 +1188,6 @@ fn record_as(
     *t.ka.lock().unwrap_or_else(|e| e.into_inner()) = (false, 7200, 75, 9);
     t.handing.store(false, Ordering::Relaxed);
     t.shared.store(false, Ordering::Relaxed);
-    t.common.set_share(0);
     if t.wait_fds() != &wait_fds[..] {
         t.wait_fds.store(intern_fds(wait_fds), Ordering::Release);
     }

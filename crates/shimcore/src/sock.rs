@@ -77,6 +77,7 @@ impl Common {
         self.set_rcvtimeo_ns(rcvtimeo_ns);
         self.set_sndtimeo_ns(0);
         self.rd_shut.store(false, Ordering::Relaxed);
+        self.share.store(0, Ordering::Relaxed);
         let g = self.life.load(Ordering::Acquire) & !REFS;
         self.life.store(g | 1, Ordering::Release);
     }
