@@ -432,10 +432,17 @@ pub fn claim_as(h: u64, take: bool, orphan: bool) -> Claimed {
         };
         let _ = futex::wait(&s.word, futex::Flags::empty(), g | st, Some(&ts));
         if !alive(owner) {
-            // The owner is gone, its engine with it: nothing to hand over.
-            let _ = s
-                .word
-                .compare_exchange(g | st, g | FREE, Ordering::AcqRel, Ordering::Relaxed);
+            // The owner is gone, its engine with it: nothing to hand over,
+            // unless it decided before it went (an exiting owner leaves a
+            // UDP socket `ORPHAN` for this holder, then is gone before this
+            // wait sees it): look at what it left.
+            if s.word
+                .compare_exchange(g | st, g | FREE, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            let _ = futex::wake(&s.word, futex::Flags::empty(), i32::MAX as u32);
             return Claimed::Kernel;
         }
     }
