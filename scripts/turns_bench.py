@@ -11,6 +11,11 @@ rows plainly, under run with this tree's shim and with another build's (`--befor
 
     scripts/turns_bench.py --before /work/bench31/prev.so --before-bin /work/bench31/prev-nanowire
 
+`--shape daemon` (session 32): the process that accepted forks and exits at once; its child waits
+until it is gone (EOF on a pipe only it held), then answers every message: before session 32 the
+exit handed the connection to the kernel for good, now the child takes it from the kernel onto its
+engine.
+
 On the engine service (the default; `--engine own`: the child has no engine and every row after the
 first turn is the kernel's). The service is started afresh per row: every `nanowire engine serve`
 of the host is killed first; run it on a quiet machine.
@@ -18,13 +23,16 @@ of the host is killed first; run it on a quiet machine.
 import subprocess, time
 from rowlib import parser, report, row_argv, start_listening
 
-SERVER = r"""
+ACCEPT = r"""
 import os, socket, sys
 addr, port, turns, per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 ls.bind((addr, port)); ls.listen(8)
 print("listening", flush=True)
 c, _ = ls.accept()
+"""
+
+SERVER = ACCEPT + r"""
 pipes = os.pipe(), os.pipe()  # the turn: parent to child, child to parent
 pid = os.fork()
 me = int(pid == 0)
@@ -41,6 +49,21 @@ for i in range(me, turns, 2):
 if pid == 0:
     os._exit(0)
 os.waitpid(pid, 0)
+c.close()
+"""
+
+DAEMON = ACCEPT + r"""
+ls.close()
+r, w = os.pipe()
+if os.fork():
+    os._exit(0)
+os.close(w)
+os.read(r, 1)  # EOF: the process that accepted is gone
+for _ in range(turns * per):
+    d = b""
+    while len(d) < 64:
+        d += c.recv(64 - len(d))
+    c.sendall(d)
 c.close()
 """
 
@@ -66,7 +89,8 @@ print(rtt[len(rtt) // 2] / 1000, wall / 1e6)
 
 
 def one(row, a, port):
-    argv = row_argv(row, ["python3", "-c", SERVER, "198.18.0.2", str(port[0]), str(a.turns),
+    code = DAEMON if a.shape == "daemon" else SERVER
+    argv = row_argv(row, ["python3", "-c", code, "198.18.0.2", str(port[0]), str(a.turns),
                           str(a.per_turn)], a)
     srv = start_listening(row, argv, a)
     n = a.turns * a.per_turn
@@ -86,6 +110,8 @@ def main():
     p = parser(__doc__)
     p.add_argument("--turns", type=int, default=20)
     p.add_argument("--per-turn", type=int, default=500, help="messages answered per turn")
+    p.add_argument("--shape", choices=["turns", "daemon"], default="turns",
+                   help="turns: parent and child in turns; daemon: the child alone, its parent gone")
     a = p.parse_args()
     port = [15900]
     walls = {}  # filled as the rows run (printed with the report)
@@ -95,7 +121,8 @@ def main():
         walls.setdefault(r, []).append(v["wall_ms"])
         return v["p50_us"]
 
-    report(a, row, "p50_rtt_us", dict(engine=a.engine, turns=a.turns, per_turn=a.per_turn),
+    report(a, row, "p50_rtt_us", dict(engine=a.engine, turns=a.turns, per_turn=a.per_turn,
+                                      shape=a.shape),
            wall_ms=walls)
 
 

@@ -256,6 +256,10 @@ fn a_server_ignoring_sigchld_gets_the_engine_service() {
 /// its own engine.
 const MOVED_IN: &str = "moved to this process's xdp engine (engine service)";
 
+/// A holder's log line when it takes a connection its owner left to it
+/// (handed over to the kernel at the owner's exit) onto its engine.
+const FROM_KERNEL: &str = "taken onto this process's xdp engine from the kernel";
+
 /// The server stderr of placement `p` ("Own", "Service") in what
 /// [`three_ways`] returned.
 fn placement_log<'a>(logs: &'a str, p: &str) -> &'a str {
@@ -339,12 +343,14 @@ fn a_parent_and_its_child_write_one_connection_in_turns() {
     // to the writer's engine (the child's turns, then the parent's: it asks
     // its former copy back), 15 moves in 16 turns; it stays on the engine
     // throughout. The child closes and exits last (its exit hands the
-    // connection it owns to the kernel for the parent, which writes "end").
+    // connection it owns to the kernel in the shared socket and leaves it
+    // to the parent, whose "end" takes it from the kernel onto its engine).
     let svc = placement_log(&logs, "Service");
     assert_eq!(svc.matches(MOVED_IN).count(), 15, "{svc}");
+    assert_eq!(svc.matches(FROM_KERNEL).count(), 1, "{svc}");
     assert_eq!(
         svc.matches("the kernel's connection now").count(),
-        1,
+        0,
         "{svc}"
     );
     assert_eq!(placement_log(&logs, "Own").matches(MOVED_IN).count(), 0);
@@ -2427,23 +2433,36 @@ print("100 echoed", flush=True)
 print("all ok" if ok else "SOME BAD", flush=True)
 "#;
 
-#[test]
-#[ignore = "needs root"]
-fn a_daemonizing_udp_server_is_served_on_its_daemons_engine() {
-    let srv = format!("{READLINE}{UDP_DAEMON_SRV}");
+/// [`daemonized`]'s check: (placement, mode, lab, server, port, daemon pid).
+type DaemonCheck<'a> = &'a dyn Fn(Placement, &str, &ScopedLab, &Kid, &str, u32);
+
+/// The daemonizing server `srv` (Python after [`READLINE`]; argv: address,
+/// port, mode) in both modes ("now", "after"), in each placement, lab
+/// tag `tag` + the mode's index, ports from `port` (+10 for "after"), with
+/// the plain client `cli`: `check(placement, mode, lab, server, port,
+/// daemon pid)` runs once the client is done (it ends the daemon if the
+/// daemon waits for that), then the daemon must end. Returns each mode's
+/// logs ([`placed`]).
+fn daemonized(
+    (tag, name): (&str, &str),
+    (srv, cli): (&str, &str),
+    port: u16,
+    check: DaemonCheck,
+) -> Vec<(&'static str, String)> {
+    let srv = format!("{READLINE}{srv}");
+    let mut all = Vec::new();
     for (i, mode) in ["now", "after"].into_iter().enumerate() {
         let server = |addr: &str, port: &str| {
             ["python3", "-c", &srv, addr, port, mode]
                 .map(String::from)
                 .to_vec()
         };
-        let tag = format!("pdm{i}");
         let logs = placed(
-            &tag,
-            &format!("udp-daemon-{mode}"),
+            &format!("{tag}{i}"),
+            &format!("{name}-{mode}"),
             &server,
-            UDP_DAEMON_CLIENT,
-            14890 + 10 * i as u16,
+            cli,
+            port + 10 * i as u16,
             &mut |p, l, s, port| {
                 let err = s.stderr();
                 let daemon: u32 = err
@@ -2451,27 +2470,7 @@ fn a_daemonizing_udp_server_is_served_on_its_daemons_engine() {
                     .find_map(|x| x.strip_prefix("daemon "))
                     .and_then(|x| x.trim().parse().ok())
                     .unwrap_or_else(|| panic!("{p:?}: no daemon pid:\n{err}"));
-                // Where the daemon's datagrams went: its own engine on the
-                // service (moved or left to it), and on an engine of its
-                // own once the parent is gone (`after`). (Counters are
-                // published every few turns: waited for, bounded.)
-                if p == Placement::Service || (p == Placement::Own && mode == "after") {
-                    let rx = || {
-                        nanowire_testkit::engine_counters_of(nanowire(), daemon)
-                            .and_then(|v| v["rx_packets"].as_u64())
-                            .unwrap_or(0)
-                    };
-                    assert!(
-                        until(T, || rx() >= 100),
-                        "{p:?} {mode}: the daemon's engine received {} of the 100 datagrams\n{}",
-                        rx(),
-                        s.both()
-                    );
-                }
-                let bye = format!(
-                    "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'bye', ('{ADDR_B}', {port}))"
-                );
-                let _ = output(plain_in(l, Host::A, &["python3", "-c", &bye]), "bye");
+                check(p, mode, l, s, port, daemon);
                 assert!(
                     until(T, || !std::path::Path::new(&format!("/proc/{daemon}"))
                         .exists()),
@@ -2480,6 +2479,49 @@ fn a_daemonizing_udp_server_is_served_on_its_daemons_engine() {
             },
         );
         eprintln!("{logs}");
+        all.push((mode, logs));
+    }
+    all
+}
+
+/// Engine counter `key` of process `pid` reaches `min` (counters are
+/// published every few turns: waited for, bounded); else a failure that
+/// says `what` and the server's output.
+fn counter_reaches(pid: u32, key: &str, min: u64, (what, s): (&str, &Kid)) {
+    let v = || {
+        nanowire_testkit::engine_counters_of(nanowire(), pid)
+            .and_then(|v| v[key].as_u64())
+            .unwrap_or(0)
+    };
+    assert!(
+        until(T, || v() >= min),
+        "{what}: {key} of the daemon's engine {} (wanted {min})\n{}",
+        v(),
+        s.both()
+    );
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_daemonizing_udp_server_is_served_on_its_daemons_engine() {
+    let runs = daemonized(
+        ("pdm", "udp-daemon"),
+        (UDP_DAEMON_SRV, UDP_DAEMON_CLIENT),
+        14890,
+        &|p, mode, l, s, port, daemon| {
+            // Where the daemon's datagrams went: its own engine on the
+            // service (moved or left to it), and on an engine of its own
+            // once the parent is gone (`after`).
+            if p == Placement::Service || (p == Placement::Own && mode == "after") {
+                counter_reaches(daemon, "rx_packets", 100, (mode, s));
+            }
+            let bye = format!(
+                "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'bye', ('{ADDR_B}', {port}))"
+            );
+            let _ = output(plain_in(l, Host::A, &["python3", "-c", &bye]), "bye");
+        },
+    );
+    for (mode, logs) in runs {
         for run in logs.split("--- ").filter(|x| !x.is_empty()) {
             let say = |x: &str| run.matches(x).count();
             let here = say("inherited through fork(): on this process's xdp engine");
@@ -2489,6 +2531,102 @@ fn a_daemonizing_udp_server_is_served_on_its_daemons_engine() {
                 // interface while it lives: the kernel's, unless the
                 // parent's exit came first.
                 _ => assert!(here <= 1, "{mode}: {run}"),
+            }
+        }
+    }
+}
+
+/// A TCP server whose connection outlives the process that accepted it
+/// (the shape of `ssh -f` and other programs that daemonize holding a
+/// connection): it accepts one connection, closes the listener and forks;
+/// the child calls setsid, forks again and exits; the grandchild (the
+/// daemon) serves the connection; the first process reaps the child and
+/// `_exit`s without closing it. `now`: the daemon serves at once (its first
+/// use may come while the first process lives: on the service the
+/// connection moves to the daemon's engine); `after`: the daemon waits
+/// until the first process is gone (EOF on a pipe only it holds), so that
+/// process's exit hands the connection to the kernel in the shared socket
+/// and leaves it to the daemon, which takes it from the kernel onto its
+/// engine on the service. The daemon answers 8 requests with chunks of up
+/// to 400 kB (of SHA-256 digests), then "end", and closes.
+const TCP_DAEMON_SRV: &str = r#"
+import hashlib, os, socket, sys
+addr, port, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+R = 8
+def chunk(i):
+    return hashlib.sha256(b"daemon %d" % i).digest() * (1 + (i * 7919) % 12500)
+ls = listener()
+c, _ = ls.accept()
+ls.close()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    os.close(w)
+    if mode == "after":
+        os.read(r, 1)
+    sys.stderr.write("daemon %d\n" % os.getpid()); sys.stderr.flush()
+    for i in range(R):
+        if readline(c) != b"q %d\n" % i:
+            os._exit(1)
+        c.sendall(chunk(i))
+    c.sendall(b"end\n")
+    c.close()
+    os._exit(0)
+os.close(r)
+os.waitpid(pid, 0)
+os._exit(0)
+"#;
+
+const TCP_DAEMON_CLIENT: &str = r#"
+import hashlib, socket, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+R = 8
+def chunk(i):
+    return hashlib.sha256(b"daemon %d" % i).digest() * (1 + (i * 7919) % 12500)
+c = socket.create_connection((addr, port), timeout=60)
+c.sendall(b"".join(b"q %d\n" % i for i in range(R)))
+b = b"".join(chunks(c))
+want = b"".join(chunk(i) for i in range(R)) + b"end\n"
+print("total", len(b), hashlib.sha256(b).hexdigest()[:16])
+print("all ok" if b == want else "SOME BAD", flush=True)
+"#;
+
+/// A connection whose first process exits while its daemon holds it is
+/// served as plainly, and on the engine service stays accelerated: moved
+/// to the daemon's engine (`now`), or taken from the kernel onto it after
+/// the first process's exit handed it over (`after`; before session 32 the
+/// kernel's from then on). On an engine of its own the daemon has the
+/// kernel's connection (the first process's engine holds the interface
+/// while it lives).
+#[test]
+#[ignore = "needs root"]
+fn a_connection_left_by_an_exiting_process_is_served_on_its_daemons_engine() {
+    let runs = daemonized(
+        ("ptd", "tcp-daemon"),
+        (TCP_DAEMON_SRV, TCP_DAEMON_CLIENT),
+        14970,
+        &|p, mode, _, s, _, daemon| {
+            // The answers went out of the daemon's engine.
+            if p == Placement::Service {
+                counter_reaches(daemon, "tx_packets", 8, (mode, s));
+            }
+        },
+    );
+    for (mode, logs) in runs {
+        for run in logs.split("--- ").filter(|x| !x.is_empty()) {
+            let (moved, taken) = (
+                run.matches(MOVED_IN).count(),
+                run.matches(FROM_KERNEL).count(),
+            );
+            match (run.starts_with("Service"), mode) {
+                (true, "after") => assert_eq!((moved, taken), (0, 1), "{mode}: {run}"),
+                // Moved while the first process lived, or taken from the
+                // kernel after it left: once either way.
+                (true, _) => assert_eq!(moved + taken, 1, "{mode}: {run}"),
+                _ => assert_eq!((moved, taken), (0, 0), "{mode}: {run}"),
             }
         }
     }

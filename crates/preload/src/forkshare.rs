@@ -33,7 +33,13 @@
 //!   the owner's exit; elsewhere it hands the connection over in place.
 //!   When no child holds it any more (each child's close or exit counts
 //!   down `holders`) the close is the engine's ordinary close (FIN);
-//! * the owner's **exit** closes its records, so the same rule holds.
+//! * the owner's **exit** closes its records, so the same rule holds,
+//!   except that it keeps nothing parked: the connection goes to the kernel
+//!   in the shared socket and the slot says `ORPHAN` ([`orphan`]); the first
+//!   holder to use it that can serve it on the engine service takes it from
+//!   the kernel onto its engine ([`Claimed::Orphaned`],
+//!   `handover::adopt_orphan`) and owns the slot from then on (so does a
+//!   connection a parked close handed to the kernel after a second).
 //!
 //! A hand-over that cannot be done (no CAP_NET_ADMIN, a state other than
 //! ESTABLISHED or CLOSE-WAIT) leaves the connection with the owner (one
@@ -359,9 +365,10 @@ pub enum Claimed {
     /// This process owns it already (another thread's claim moved it
     /// here): look the fd up again.
     Mine,
-    /// A UDP socket whose owner `owner` left ([`orphan`]): this process
-    /// holds the slot's decision and takes the socket onto an engine of
-    /// its own, then says how that went ([`orphan_taken`]).
+    /// A socket whose owner `owner` left it to the holders ([`orphan`]; a
+    /// connection: the kernel's, in the shared socket): this process holds
+    /// the slot's decision and takes it onto an engine of its own, then
+    /// says how that went ([`orphan_taken`]).
     Orphaned { owner: u32 },
 }
 
@@ -375,9 +382,9 @@ pub fn claim(h: u64, take: bool) -> Claimed {
     claim_as(h, take, false)
 }
 
-/// [`claim`]; `orphan`: this process can take a UDP socket whose owner
-/// left onto an engine of its own ([`Claimed::Orphaned`]; else such a
-/// socket is the kernel's for every holder).
+/// [`claim`]; `orphan`: this process can take a socket whose owner left
+/// onto an engine of its own ([`Claimed::Orphaned`]; else such a socket is
+/// the kernel's for every holder).
 pub fn claim_as(h: u64, take: bool, orphan: bool) -> Claimed {
     let Some(p) = page() else {
         return Claimed::Kernel;
@@ -475,10 +482,11 @@ pub fn moved_in(h: u64, ok: bool) {
     let _ = futex::wake(&s.word, futex::Flags::empty(), i32::MAX as u32);
 }
 
-/// The owner leaves (exit) holding the decision on UDP socket `h`
-/// ([`decide`]), off its engine with its queue on the kernel socket: the
-/// first holder to use it takes it ([`Claimed::Orphaned`]); none left
-/// holding it: free.
+/// The owner leaves (exit, or its last close) holding the decision on
+/// socket `h` ([`decide`]), off its engine: a UDP socket with its queue on
+/// the kernel socket, a TCP connection handed over to the kernel in the
+/// shared socket. The first holder to use it takes it
+/// ([`Claimed::Orphaned`]); none left holding it: free.
 pub fn orphan(h: u64) {
     let Some((s, g, BUSY)) = live(h) else { return };
     let to = if s.holders.load(Ordering::Acquire) == 0 {
@@ -497,7 +505,7 @@ pub fn orphan(h: u64) {
     let _ = futex::wake(&s.word, futex::Flags::empty(), i32::MAX as u32);
 }
 
-/// This process took (`ok`) the orphaned UDP socket `h` onto its engine
+/// This process took (`ok`) the orphaned socket `h` onto its engine
 /// or could not. Taken: it owns the slot while other holders remain (the
 /// returned handle, for its record; their first use asks it, as the
 /// owner's after a move), else the slot is free (0). Not taken: free, the

@@ -205,6 +205,7 @@ pub fn init() {
     // cycle): tcpx's close of a connection a forked child holds, and
     // forkshare's broker answering a child.
     let _ = tcpx::IN_PLACE.set(owner_closing);
+    let _ = tcpx::ADOPT_ORPHAN.set(adopt_orphan);
     let _ = tcpx::PARKED_EXIT.set(parked_exit);
     let _ = forkshare::ANSWER.set(answer_child);
     let _ = forkshare::TEND.set(tend_parked);
@@ -479,11 +480,15 @@ fn in_place(fd: c_int, t: tcpx::TcpRef, why: &str, all: bool) -> io::Result<bool
 /// which the child keeps; if that cannot be either (said why), the caller
 /// closes it on the engine.
 pub fn owner_closing(fd: c_int, t: tcpx::TcpRef) -> tcpx::OwnerClosed {
-    const WHY: &str = "fork(): this process closed it, its forked child holds it";
+    let why = if EXITING.load(std::sync::atomic::Ordering::Acquire) {
+        "fork(): this process exits, its forked child holds it"
+    } else {
+        "fork(): this process closed it, its forked child holds it"
+    };
     if park(fd, t) {
         return tcpx::OwnerClosed::Parked;
     }
-    match in_place(fd, t, WHY, false) {
+    match in_place(fd, t, why, false) {
         Ok(true) => tcpx::OwnerClosed::Moved,
         Ok(false) => tcpx::OwnerClosed::Failed,
         Err(e) => {
@@ -561,11 +566,12 @@ fn park(fd: c_int, t: tcpx::TcpRef) -> bool {
 }
 
 /// The kept connection `p` goes to the kernel in its socket (the children
-/// hold it); or, if it cannot, is closed on the engine (said why).
-fn park_to_kernel(p: Parked, why: &str) {
+/// hold it); or, if it cannot, is closed on the engine (said why). True:
+/// the kernel's.
+fn park_to_kernel(p: Parked, why: &str) -> bool {
     let fd = p.sock.as_raw_fd();
     let tcpx::Inner::Stream(s) = &*p.inner else {
-        return;
+        return false;
     };
     let e0 = errno();
     match engine_call(|| s.hand_over(into_socket(fd))) {
@@ -576,6 +582,8 @@ fn park_to_kernel(p: Parked, why: &str) {
                 "tcp connection kept for a forked child: moved to the kernel (TCP_REPAIR hand-over): {why}"
             );
             engine_call(|| drop(p.inner));
+            set_errno(e0);
+            true
         }
         Err(e) => {
             not_repaired(fd);
@@ -584,9 +592,10 @@ fn park_to_kernel(p: Parked, why: &str) {
                 "tcp connection kept for a forked child: closed on the engine: {why}, and it cannot be handed over to the kernel: {e}; the child's fd is an unconnected socket (ENOTCONN)"
             );
             tcpx::close_engine(p.inner);
+            set_errno(e0);
+            false
         }
     }
-    set_errno(e0);
 }
 
 /// The broker's turn over the kept connections: one no child holds any
@@ -620,8 +629,11 @@ fn end_parked(p: Parked, why: &str) {
     }
     if forkshare::holders(h).is_none_or(|n| n == 0) {
         tcpx::close_engine(p.inner);
-    } else {
-        park_to_kernel(p, why);
+    } else if park_to_kernel(p, why) {
+        // The first holder that can takes it from the kernel onto its
+        // engine (`Claimed::Orphaned`).
+        forkshare::orphan(h);
+        return;
     }
     forkshare::settle(h);
 }
@@ -895,11 +907,43 @@ fn repair_socket_after(h: &Handover) -> io::Result<(OwnedFd, After)> {
 #[cold]
 pub fn adopt_connected(fd: c_int) -> bool {
     let e0 = errno();
+    let done = match from_kernel(fd, None) {
+        Ok((s, ka)) => {
+            let (local, remote) = engine_call(|| (s.local_addr().ok(), s.peer_addr().ok()));
+            tcpx::adopted_stream(fd, s, ka);
+            log!(
+                Level::Info,
+                "fd {fd} tcp {} -> {}: xdp (a connection inherited across exec, taken from the kernel)",
+                local.map(|a| a.to_string()).unwrap_or_default(),
+                remote.map(|a| a.to_string()).unwrap_or_default()
+            );
+            true
+        }
+        Err(e) => {
+            log!(
+                Level::Warn,
+                "fd {fd} tcp: kernel socket; xdp not used: a connection inherited across exec that cannot be taken from the kernel: {e}"
+            );
+            false
+        }
+    };
+    set_errno(e0);
+    done
+}
+
+/// Take the kernel's connection on `fd` (ESTABLISHED or CLOSE-WAIT) onto
+/// this process's engine ([`adopt_connected`]'s work): the stream and the
+/// keepalive settings the kernel had (on, idle, interval, count). On an
+/// error the kernel keeps it (the socket is out of repair mode again).
+fn from_kernel(
+    fd: c_int,
+    taker: Option<nanowire_stack::xdp::Taker>,
+) -> io::Result<(nanowire_stack::xdp::XdpTcpStream, (bool, u64, u64, u32))> {
     let o = tcpx::opts_unknown(fd);
     let reuse = tcpx::get_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR).is_some_and(|v| v != 0);
     let mut ka = (false, 7200, 75, 9);
     let r = engine_call(|| {
-        nanowire_stack::xdp::XdpTcpStream::adopt_kernel(fd, &o, || {
+        nanowire_stack::xdp::XdpTcpStream::adopt_kernel(fd, &o, taker, || {
             let h = dump(fd)?;
             if let Some((idle, intvl, cnt)) = h.engine.keepalive {
                 ka = (true, idle, intvl, cnt);
@@ -913,25 +957,47 @@ pub fn adopt_connected(fd: c_int) -> bool {
             // Out of repair mode (if it got there): the kernel's again.
             let _ = repair::mode(real::setsockopt, fd, false);
             let _ = repair::reuse_again(real::setsockopt, fd, reuse);
-            log!(
-                Level::Warn,
-                "fd {fd} tcp: kernel socket; xdp not used: a connection inherited across exec that cannot be taken from the kernel: {e}"
-            );
-            set_errno(e0);
-            return false;
+            return Err(e);
         }
     };
-    let (local, remote) = engine_call(|| (s.local_addr().ok(), s.peer_addr().ok()));
+    let local = engine_call(|| s.local_addr().ok());
     let_go(fd, local, reuse);
-    tcpx::adopted_stream(fd, s, ka);
-    log!(
-        Level::Info,
-        "fd {fd} tcp {} -> {}: xdp (a connection inherited across exec, taken from the kernel)",
-        local.map(|a| a.to_string()).unwrap_or_default(),
-        remote.map(|a| a.to_string()).unwrap_or_default()
-    );
+    Ok((s, ka))
+}
+
+/// Take the connection an owner that left (exit, or its close while this
+/// process held a copy) handed over to the kernel in the socket shared at
+/// fork onto this process's engine (`forkshare::Claimed::Orphaned`; issue
+/// 24 item 1), on `taker`'s engine: the copy `t` on `fd` gives way to a
+/// record of this process's with the application's modes. `None` (said
+/// why): the kernel keeps it.
+#[cold]
+pub fn adopt_orphan(
+    fd: c_int,
+    t: tcpx::TcpRef,
+    owner: u32,
+    taker: nanowire_stack::xdp::Taker,
+) -> Option<tcpx::TcpRef> {
+    let e0 = errno();
+    let r = match from_kernel(fd, Some(taker)) {
+        Ok((s, ka)) => {
+            let t2 = tcpx::succeed_copy(fd, t, s, Some(ka));
+            log!(
+                Level::Info,
+                "fd {fd} tcp: inherited through fork(): taken onto this process's xdp engine from the kernel (pid {owner}, which held it, left it)"
+            );
+            Some(t2)
+        }
+        Err(e) => {
+            log!(
+                Level::Warn,
+                "fd {fd} tcp: inherited through fork(): the kernel's connection, shared with the parent process: it cannot be taken from the kernel: {e}"
+            );
+            None
+        }
+    };
     set_errno(e0);
-    true
+    r
 }
 
 /// A socket option of `fd` (`what` names it in the error).

@@ -730,7 +730,9 @@ fn claim_inherited(fd: c_int, t: TcpRef, may_take: bool) -> Option<TcpRef> {
             })
             .ok()
     });
-    let mut claimed = crate::forkshare::claim(h, taker.is_some());
+    // An owner that left handed it over to the kernel in the shared socket
+    // and left it to the first holder that can take it onto its engine.
+    let mut claimed = crate::forkshare::claim_as(h, taker.is_some(), taker.is_some());
     log!(
         Level::Debug,
         "fd {fd} tcp: claim of a shared connection (take {}, may {may_take}): {}",
@@ -742,9 +744,10 @@ fn claim_inherited(fd: c_int, t: TcpRef, may_take: bool) -> Option<TcpRef> {
             crate::forkshare::Claimed::Orphaned { .. } => "orphaned",
         }
     );
-    if let (crate::forkshare::Claimed::Moved { owner, xfd, xlen }, Some(taker)) = (&claimed, taker)
+    let mut taker = taker;
+    if let crate::forkshare::Claimed::Moved { owner, xfd, xlen } = claimed
+        && let Some(taker) = taker.take()
     {
-        let (owner, xfd, xlen) = (*owner, *xfd, *xlen);
         match take_moved(fd, t, (owner, xfd, xlen), taker) {
             Ok(t2) => {
                 crate::forkshare::moved_in(h, true);
@@ -763,6 +766,21 @@ fn claim_inherited(fd: c_int, t: TcpRef, may_take: bool) -> Option<TcpRef> {
                 );
                 claimed = crate::forkshare::claim(h, false);
             }
+        }
+    }
+    if let crate::forkshare::Claimed::Orphaned { owner } = claimed
+        && let Some(taker) = taker.take()
+    {
+        let t2 = ADOPT_ORPHAN.get().and_then(|f| f(fd, t, owner, taker));
+        // Taken: this process owns the slot while other holders remain
+        // (their use asks it, as after a move); else the kernel's for all.
+        let h2 = crate::forkshare::orphan_taken(h, t2.is_some());
+        if let Some(t2) = t2 {
+            if h2 == 0 {
+                t2.common.set_share(0);
+            }
+            set_errno(e);
+            return Some(t2);
         }
     }
     if matches!(claimed, crate::forkshare::Claimed::Mine) {
@@ -803,18 +821,39 @@ fn take_moved(
         ));
     }
     let s = engine_call(|| XdpTcpStream::move_in(fd, &bytes, taker))?;
+    Ok(succeed_copy(fd, t, s, None))
+}
+
+/// The connection of this process's copy `t` (`fd` one of its numbers) is
+/// on this process's engine now, `s`: a record of this process's on every
+/// number of `t`, with the application's modes, timeouts, shutdown and
+/// keepalive settings of the copy, and its fork-share handle. `from_kernel`:
+/// taken from the kernel (an adopted record), with the keepalive settings
+/// the kernel had.
+pub fn succeed_copy(
+    fd: c_int,
+    t: TcpRef,
+    s: XdpTcpStream,
+    from_kernel: Option<(bool, u64, u64, u32)>,
+) -> TcpRef {
     let fds = fds_of(t);
     for &f in &fds {
         let _ = table::take_record::<Tcp>(f);
     }
-    let t2 = record(fd, Inner::Stream(s), false, false, t.common.nonblock());
+    let t2 = record(
+        fd,
+        Inner::Stream(s),
+        false,
+        from_kernel.is_some(),
+        t.common.nonblock(),
+    );
     t2.common.set_rcvtimeo_ns(t.common.rcvtimeo_ns());
     t2.common.set_sndtimeo_ns(t.common.sndtimeo_ns());
     if t.common.rd_shut() {
         t2.common.shut_rd();
     }
     *t2.ka.lock().unwrap_or_else(|e| e.into_inner()) =
-        *t.ka.lock().unwrap_or_else(|e| e.into_inner());
+        from_kernel.unwrap_or(*t.ka.lock().unwrap_or_else(|e| e.into_inner()));
     t2.common.set_share(t.common.share());
     for &f in fds.iter().filter(|&&f| f != fd) {
         if t2.add_ref() {
@@ -822,7 +861,7 @@ fn take_moved(
         }
     }
     ADOPTED.store(true, Ordering::Release);
-    Ok(t2)
+    t2
 }
 
 /// The connection the engine took from the kernel socket `fd` (issue 24
@@ -2199,6 +2238,14 @@ pub enum OwnerClosed {
     Failed,
 }
 
+/// Takes a connection an owner left to the holders from the kernel onto
+/// this process's engine (`handover::adopt_orphan`, set once by
+/// `handover::init`: handover sits above this module).
+#[allow(clippy::type_complexity)]
+pub static ADOPT_ORPHAN: std::sync::OnceLock<
+    fn(c_int, TcpRef, u32, nanowire_stack::xdp::Taker) -> Option<TcpRef>,
+> = std::sync::OnceLock::new();
+
 /// How the owner's last close of a connection a forked child still holds
 /// hands it on (`handover::owner_closing`, set once by `handover::init`:
 /// the hand-over sits above this layer).
@@ -2244,7 +2291,9 @@ fn close_record(t: TcpRef, fd: c_int, exiting: bool) {
         {
             OwnerClosed::Parked => return,
             OwnerClosed::Moved => {
-                crate::forkshare::settle(h);
+                // The kernel's in the shared socket now: the first holder
+                // that can takes it onto its engine (`Claimed::Orphaned`).
+                crate::forkshare::orphan(h);
                 if let Some(i) = t.take_inner() {
                     engine_call(|| drop(i));
                 }

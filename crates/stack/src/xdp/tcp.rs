@@ -2191,17 +2191,27 @@ impl XdpTcpStream {
     /// released and the kernel keeps the connection (the caller takes its
     /// socket out of repair mode); segments of the 4-tuple that reached
     /// the engine meanwhile are dropped and counted, never answered (the
-    /// peer retransmits them to the kernel).
+    /// peer retransmits them to the kernel). `taker`: the engine to take
+    /// it onto ([`XdpTcpStream::can_take`]'s), else this process's for the
+    /// route with `opts`.
     pub fn adopt_kernel(
         fd: RawFd,
         opts: &EngineOptions,
+        taker: Option<Taker>,
         dump: impl FnOnce() -> io::Result<Handover>,
     ) -> io::Result<XdpTcpStream> {
         let local = sock_local(fd)?;
         let remote = sock_peer(fd)?;
         off_loopback(&[*local.ip(), *remote.ip()])?;
-        let (engine, _) = Self::routed(remote, local, opts)?;
-        let eng = TcpEngine::clients(&engine, opts)?;
+        // The engine [`XdpTcpStream::can_take`] made ready, else this
+        // process's for the route.
+        let eng = match taker {
+            Some(t) => t.0,
+            None => {
+                let (engine, _) = Self::routed(remote, local, opts)?;
+                TcpEngine::clients(&engine, opts)?
+            }
+        };
         eng.resolve(*remote.ip(), Duration::from_secs(3))?;
         let mut core = eng.core();
         eng.steer_flow(local, remote, fd)?;
