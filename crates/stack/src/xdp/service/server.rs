@@ -23,7 +23,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
 /// Slots per shared UMEM (processes attached to one interface at once).
-pub const SLOTS: u32 = 16;
+pub const SLOTS: u32 = 32;
 /// TX frames of each slot.
 pub const TX_PER_SLOT: u32 = 256;
 /// A slot a dead process used is not handed out again for this long: TX
