@@ -36,10 +36,12 @@
 //! * the owner's **exit** closes its records, so the same rule holds,
 //!   except that it keeps nothing parked: the connection goes to the kernel
 //!   in the shared socket and the slot says `ORPHAN` ([`orphan`]); the first
-//!   holder to use it that can serve it on the engine service takes it from
-//!   the kernel onto its engine ([`Claimed::Orphaned`],
-//!   `handover::adopt_orphan`) and owns the slot from then on (so does a
-//!   connection a parked close handed to the kernel after a second).
+//!   holder to use it that can serve it (on the engine service, or on an
+//!   engine of its own once the owner is gone) takes it from the kernel
+//!   onto its engine ([`Claimed::Orphaned`], `handover::adopt_orphan`) and
+//!   owns the slot from then on (so does a connection a parked close
+//!   handed to the kernel after a second, and on the service one a close
+//!   handed over).
 //!
 //! A hand-over that cannot be done (no CAP_NET_ADMIN, a state other than
 //! ESTABLISHED or CLOSE-WAIT) leaves the connection with the owner (one
@@ -441,7 +443,7 @@ pub fn claim_as(h: u64, take: bool, orphan: bool) -> Claimed {
         if !alive(owner) {
             // The owner is gone, its engine with it: nothing to hand over,
             // unless it decided before it went (an exiting owner leaves a
-            // UDP socket `ORPHAN` for this holder, then is gone before this
+            // socket `ORPHAN` for this holder, then is gone before this
             // wait sees it): look at what it left.
             if s.word
                 .compare_exchange(g | st, g | FREE, Ordering::AcqRel, Ordering::Relaxed)
