@@ -968,23 +968,18 @@ fn from_kernel(
 /// Take the connection an owner that left (exit, or its close while this
 /// process held a copy) handed over to the kernel in the socket shared at
 /// fork onto this process's engine (`forkshare::Claimed::Orphaned`; issue
-/// 24 item 1), on `taker`'s engine (on the engine service), else on an
-/// engine of this process's own once the owner `owner` is gone (its engine
-/// held the interface): the copy `t` on `fd` gives way to a record of this
-/// process's with the application's modes. `None` (said why): the kernel
-/// keeps it.
+/// 24 item 1), on `taker`'s engine (on the engine service; `owner` left
+/// it): the copy `t` on `fd` gives way to a record of this process's with
+/// the application's modes. `None` (said why): the kernel keeps it.
 #[cold]
 pub fn adopt_orphan(
     fd: c_int,
     t: tcpx::TcpRef,
     owner: u32,
-    taker: Option<nanowire_stack::xdp::Taker>,
+    taker: nanowire_stack::xdp::Taker,
 ) -> Option<tcpx::TcpRef> {
     let e0 = errno();
-    if taker.is_none() {
-        crate::accel::gone(owner);
-    }
-    let r = match from_kernel(fd, taker) {
+    let r = match from_kernel(fd, Some(taker)) {
         Ok((s, ka)) => {
             let t2 = tcpx::succeed_copy(fd, t, s, Some(ka));
             log!(
