@@ -2598,9 +2598,8 @@ print("all ok" if b == want else "SOME BAD", flush=True)
 /// served as plainly, and on the engine service stays accelerated: moved
 /// to the daemon's engine (`now`), or taken from the kernel onto it after
 /// the first process's exit handed it over (`after`; before session 32 the
-/// kernel's from then on). On an engine of its own the daemon has the
-/// kernel's connection (an engine opened as the first process goes finds
-/// its AF_XDP queue still busy a moment, without multi-buffer TCP needs).
+/// kernel's from then on); on an engine of its own too once the first
+/// process is gone (its engine held the interface while it lived).
 #[test]
 #[ignore = "needs root"]
 fn a_connection_left_by_an_exiting_process_is_served_on_its_daemons_engine() {
@@ -2609,8 +2608,9 @@ fn a_connection_left_by_an_exiting_process_is_served_on_its_daemons_engine() {
         (TCP_DAEMON_SRV, TCP_DAEMON_CLIENT),
         14970,
         &|p, mode, _, s, _, daemon| {
-            // The answers went out of the daemon's engine.
-            if p == Placement::Service {
+            // The answers went out of the daemon's engine (on an engine of
+            // its own once the first process is gone: `after`).
+            if p == Placement::Service || (p == Placement::Own && mode == "after") {
                 counter_reaches(daemon, "tx_packets", 8, (mode, s));
             }
         },
@@ -2622,13 +2622,14 @@ fn a_connection_left_by_an_exiting_process_is_served_on_its_daemons_engine() {
                 run.matches(FROM_KERNEL).count(),
             );
             match (run.starts_with("Service"), mode) {
-                (true, "after") => assert_eq!((moved, taken), (0, 1), "{mode}: {run}"),
+                (_, "after") => assert_eq!((moved, taken), (0, 1), "{mode}: {run}"),
                 // Moved while the first process lived, or taken from the
                 // kernel after it left: once either way.
                 (true, _) => assert_eq!(moved + taken, 1, "{mode}: {run}"),
-                // On an engine of its own: the kernel's (the exited first
-                // process's AF_XDP queue is freed a moment after it is gone).
-                _ => assert_eq!((moved, taken), (0, 0), "{mode}: {run}"),
+                // On an engine of its own the first process's engine holds
+                // the interface while it lives: the kernel's, unless the
+                // first process's exit came first.
+                _ => assert!(moved == 0 && taken <= 1, "{mode}: {run}"),
             }
         }
     }

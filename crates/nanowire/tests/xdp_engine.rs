@@ -560,6 +560,51 @@ fn second_process_on_the_interface_gets_one_line_error() {
     drop(p);
 }
 
+/// An engine whose queue another AF_XDP socket holds (an exited
+/// process's, which the kernel frees a moment after it is gone) fails with
+/// one line that says the queue is busy, and never binds it without
+/// multi-buffer instead: an engine so made (the busy queue freed between
+/// the two binds) could not receive a TSO/GSO peer's TCP (issue 24: a
+/// daemon taking the connection its exiting parent left failed so in CI).
+#[test]
+#[ignore = "needs root"]
+fn a_busy_queue_is_named_and_never_bound_without_multi_buffer() {
+    use nanowire_xdp::xsk::{XskConfig, XskSocket};
+    let lab = lab('h');
+    let ifb = lab.iface(Host::B);
+    let engine = lab.command(
+        Host::B,
+        &[
+            xdp_test_bin(),
+            "--iface",
+            &ifb,
+            "--port",
+            "5310",
+            "--secs",
+            "1",
+        ],
+    );
+    let (second, out) = in_ns(&lab.netns(Host::B), move || {
+        let index = nanowire_xdp::iface::lookup(&ifb).unwrap().index;
+        let cfg = XskConfig {
+            multi_buffer: true,
+            ..XskConfig::default()
+        };
+        let held = XskSocket::open(&ifb, index, 0, cfg).expect("the first socket binds");
+        let second = XskSocket::open(&ifb, index, 0, cfg)
+            .map(|_| ())
+            .unwrap_err();
+        let mut engine = engine;
+        let out = engine.stdin(Stdio::null()).output().unwrap();
+        drop(held);
+        (second, out)
+    });
+    assert!(nanowire_stack::xdp::queue_busy(&second), "{second}");
+    one_line_failure("an engine on a busy queue", &out, "queue busy");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("with XDP_USE_SG"), "{err}");
+}
+
 #[test]
 #[ignore = "needs root"]
 fn stats_lists_live_engines_and_ignores_dead_ones() {

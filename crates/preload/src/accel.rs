@@ -352,7 +352,7 @@ fn peer_of(fd: c_int) -> Option<SocketAddrV4> {
 
 /// Wait (at most 2 s) until process `pid` is gone: its fds closed, its
 /// engine's hold on the interface with them.
-fn gone(pid: u32) {
+pub fn gone(pid: u32) {
     use rustix::event::{PollFd, PollFlags, Timespec, poll};
     let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
         return;

@@ -626,7 +626,7 @@ fn take_checked(
         let r = accel::accelerate(fd, None);
         match &r {
             Err(accel::NotAccel::Engine(why))
-                if busy_wait && tries < 50 && why.contains("(os error 16)") =>
+                if busy_wait && tries < 50 && nanowire_stack::xdp::queue_busy(why) =>
             {
                 drop(g);
                 tries += 1;

@@ -36,11 +36,12 @@
 //! * the owner's **exit** closes its records, so the same rule holds,
 //!   except that it keeps nothing parked: the connection goes to the kernel
 //!   in the shared socket and the slot says `ORPHAN` ([`orphan`]); the first
-//!   holder to use it that can serve it on the engine service takes it
-//!   from the kernel onto its engine ([`Claimed::Orphaned`],
-//!   `handover::adopt_orphan`) and owns the slot from then on (so does a
-//!   connection a parked close handed to the kernel after a second, or a
-//!   close on the service handed over).
+//!   holder to use it that can serve it (on the engine service, or on an
+//!   engine of its own once the owner is gone) takes it from the kernel
+//!   onto its engine ([`Claimed::Orphaned`], `handover::adopt_orphan`) and
+//!   owns the slot from then on (so does a connection a parked close
+//!   handed to the kernel after a second, and on the service one a close
+//!   handed over).
 //!
 //! A hand-over that cannot be done (no CAP_NET_ADMIN, a state other than
 //! ESTABLISHED or CLOSE-WAIT) leaves the connection with the owner (one

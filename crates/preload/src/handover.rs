@@ -968,18 +968,47 @@ fn from_kernel(
 /// Take the connection an owner that left (exit, or its close while this
 /// process held a copy) handed over to the kernel in the socket shared at
 /// fork onto this process's engine (`forkshare::Claimed::Orphaned`; issue
-/// 24 item 1), on `taker`'s engine (on the engine service; `owner` left
-/// it): the copy `t` on `fd` gives way to a record of this process's with
-/// the application's modes. `None` (said why): the kernel keeps it.
+/// 24 item 1), on `taker`'s engine (on the engine service), else on an
+/// engine of this process's own once the owner `owner` is gone (its engine
+/// held the interface): the copy `t` on `fd` gives way to a record of this
+/// process's with the application's modes. `None` (said why): the kernel
+/// keeps it.
 #[cold]
 pub fn adopt_orphan(
     fd: c_int,
     t: tcpx::TcpRef,
     owner: u32,
-    taker: nanowire_stack::xdp::Taker,
+    taker: Option<nanowire_stack::xdp::Taker>,
 ) -> Option<tcpx::TcpRef> {
     let e0 = errno();
-    let r = match from_kernel(fd, Some(taker)) {
+    let own = taker.is_none();
+    if own {
+        crate::accel::gone(owner);
+    }
+    let mut taker = taker;
+    let mut tries = 0;
+    let got = loop {
+        match from_kernel(fd, taker.take()) {
+            // On an engine of its own the owner's AF_XDP queue is freed by
+            // the kernel a moment after the owner is gone (EBUSY until
+            // then: the engine is not made, nothing of the connection
+            // touched): try again every 20 ms for up to 1 s, as UDP's
+            // orphan does (`ahooks::take_checked`).
+            Err(e) if own && tries < 50 && nanowire_stack::xdp::queue_busy(&e.to_string()) => {
+                tries += 1;
+                if tries == 1 {
+                    log!(
+                        Level::Debug,
+                        "fd {fd} tcp: the interface's queue is still busy (pid {owner}'s engine): waiting for it"
+                    );
+                }
+                engine_call(nanowire_stack::xdp::forget_failed_opens);
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => break r,
+        }
+    };
+    let r = match got {
         Ok((s, ka)) => {
             let t2 = tcpx::succeed_copy(fd, t, s, Some(ka));
             log!(

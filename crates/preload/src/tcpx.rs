@@ -743,11 +743,11 @@ fn claim_inherited(fd: c_int, t: TcpRef, may_take: bool) -> Option<TcpRef> {
             .ok()
     });
     // An owner that left handed it over to the kernel in the shared socket
-    // and left it to the first holder that can take it onto its engine on
-    // the service. (On an engine of its own the exited owner's AF_XDP
-    // queue is freed by the kernel a moment after it is gone: an engine
-    // opened then lacks multi-buffer, which TCP needs; the kernel's.)
-    let mut claimed = crate::forkshare::claim_as(h, taker.is_some(), taker.is_some());
+    // and left it to the first holder that can take it onto its engine: on
+    // the service, or on an engine of its own once the owner is gone (its
+    // engine held the interface).
+    let own = may_take && t.stream_on_service() == Some(false);
+    let mut claimed = crate::forkshare::claim_as(h, taker.is_some(), taker.is_some() || own);
     log!(
         Level::Debug,
         "fd {fd} tcp: claim of a shared connection (take {}, may {may_take}): {}",
@@ -783,10 +783,10 @@ fn claim_inherited(fd: c_int, t: TcpRef, may_take: bool) -> Option<TcpRef> {
             }
         }
     }
-    if let crate::forkshare::Claimed::Orphaned { owner } = claimed
-        && let Some(taker) = taker.take()
-    {
-        let t2 = ADOPT_ORPHAN.get().and_then(|f| f(fd, t, owner, taker));
+    if let crate::forkshare::Claimed::Orphaned { owner } = claimed {
+        let t2 = ADOPT_ORPHAN
+            .get()
+            .and_then(|f| f(fd, t, owner, taker.take()));
         // Taken: this process owns the slot while other holders remain
         // (their use asks it, as after a move); else the kernel's for all.
         let h2 = crate::forkshare::orphan_taken(h, t2.is_some());
@@ -2258,7 +2258,7 @@ pub enum OwnerClosed {
 /// `handover::init`: handover sits above this module).
 #[allow(clippy::type_complexity)]
 pub static ADOPT_ORPHAN: std::sync::OnceLock<
-    fn(c_int, TcpRef, u32, nanowire_stack::xdp::Taker) -> Option<TcpRef>,
+    fn(c_int, TcpRef, u32, Option<nanowire_stack::xdp::Taker>) -> Option<TcpRef>,
 > = std::sync::OnceLock::new();
 
 /// How the owner's last close of a connection a forked child still holds
@@ -2308,9 +2308,11 @@ fn close_record(t: TcpRef, fd: c_int, exiting: bool) {
             OwnerClosed::Parked => return,
             OwnerClosed::Moved => {
                 // The kernel's in the shared socket now: the first holder
-                // that can takes it onto its engine on the service
-                // (`Claimed::Orphaned`).
-                if svc {
+                // that can takes it onto its engine (`Claimed::Orphaned`):
+                // on the service, or on an engine of its own once this
+                // process is gone (at its exit; a live owner's engine
+                // holds the interface, so not at a close).
+                if svc || exiting {
                     crate::forkshare::orphan(h);
                 } else {
                     crate::forkshare::settle(h);

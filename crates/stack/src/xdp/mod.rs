@@ -467,6 +467,13 @@ pub struct Engine {
 static KEPT_PAGES: std::sync::Mutex<Vec<(u32, std::path::PathBuf)>> =
     std::sync::Mutex::new(Vec::new());
 
+/// Whether an AF_XDP bind's error (`XskSocket::open_in`, `SharedQueue::
+/// create`) says the queue is busy (EBUSY: another AF_XDP socket is bound
+/// to it; an exited process's is freed a moment after it is gone).
+pub fn queue_busy(err: &str) -> bool {
+    err.contains("(os error 16)")
+}
+
 /// Before an exec: the engines kept for the process's life go with its
 /// image, but the pid stays, so their stats pages would be listed as
 /// alive beside the new program's (`nanowire stats` read the old one's
@@ -694,7 +701,12 @@ impl Engine {
                 .or_else(|| area.take().and_then(|h| h.join().ok().flatten()));
             let xsk = match XskSocket::open_in(ifname, info.index, q, cfg, premade) {
                 Ok(x) => x,
-                Err(e) if cfg.multi_buffer && q == 0 => {
+                // A busy queue is not a kernel without XDP_USE_SG: binding
+                // without it a moment later (the exited process's queue
+                // freed meanwhile) gave an engine without multi-buffer,
+                // which TCP with a TSO/GSO peer cannot run on. The caller
+                // sees the EBUSY (and may wait for the queue).
+                Err(e) if cfg.multi_buffer && q == 0 && !queue_busy(&e) => {
                     // No XDP_USE_SG (kernel < 6.6): bind without it.
                     cfg.multi_buffer = false;
                     multi_buffer = false;

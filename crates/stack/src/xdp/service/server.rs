@@ -707,7 +707,7 @@ impl Service {
         for q in 0..info.rx_queues {
             let sq = match SharedQueue::create(info.index, q, geo, mode == AttachMode::Driver, mb) {
                 Ok(s) => s,
-                Err(e) if mb && q == 0 => {
+                Err(e) if mb && q == 0 && !super::super::queue_busy(&e) => {
                     mb = false;
                     SharedQueue::create(info.index, q, geo, mode == AttachMode::Driver, false)
                         .map_err(|e2| format!("{e2} (with XDP_USE_SG: {e})"))?
