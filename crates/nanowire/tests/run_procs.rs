@@ -1508,6 +1508,83 @@ fn a_udp_socket_stays_on_the_engine_until_a_forked_child_uses_it() {
     assert_eq!(say("fork(): the child shares this socket"), 0, "{logs}");
 }
 
+/// Python's `socketserver.ForkingUDPServer`: the parent receives each
+/// datagram and forks a child that sends the answer on the inherited
+/// socket and exits; 100 of them, then the parent waits for a "done" (the
+/// test reads its engine's counters meanwhile). (argv: addr port)
+const FORKING_UDP_SRV: &str = r#"
+import socket, socketserver, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+class Echo(socketserver.BaseRequestHandler):
+    def handle(self):
+        data, sock = self.request
+        sock.sendto(b"echo " + data, self.client_address)
+srv = socketserver.ForkingUDPServer((addr, port), Echo)
+print("listening", flush=True)
+for _ in range(100):
+    srv.handle_request()
+srv.collect_children(blocking=True)
+d, _ = srv.socket.recvfrom(100)
+print("served 100, then", d.decode(), flush=True)
+srv.server_close()
+"#;
+
+/// A forking UDP server (Python's `ForkingUDPServer`: a child per
+/// datagram sends the answer) answers as plainly and, under run, its
+/// socket stays on the parent's engine throughout: the children's sends
+/// go out through the kernel socket under their copies without claiming
+/// it (before session 33 the first child's send moved it, or took it off
+/// the engine for both, and the second's made it the kernel's).
+#[test]
+#[ignore = "needs root"]
+fn a_forking_udp_server_keeps_its_socket_on_the_engine() {
+    let server = python_server(FORKING_UDP_SRV);
+    let logs = placed(
+        "pufk",
+        "udp-forking",
+        &server,
+        UDP_FORK_CLIENT,
+        14990,
+        &mut |p, l, s, port| {
+            if p != Placement::Plain {
+                // All 100 came in through the parent's engine (its counters
+                // are published every few turns: waited for, bounded).
+                let pid = s.child.id();
+                let rx = || {
+                    nanowire_testkit::engine_counters_of(nanowire(), pid)
+                        .and_then(|v| v["rx_packets"].as_u64())
+                        .unwrap_or(0)
+                };
+                assert!(
+                    until(T, || rx() >= 100),
+                    "{p:?}: the engine received {} of the 100 datagrams\n{}",
+                    rx(),
+                    s.both()
+                );
+            }
+            let done = format!(
+                "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'done', ('{ADDR_B}', {port}))"
+            );
+            output(
+                plain_in(l, Host::A, &["python3", "-c", &done]),
+                "the done datagram",
+            );
+        },
+    );
+    eprintln!("{logs}");
+    let say = |x: &str| logs.matches(x).count();
+    assert_eq!(
+        say(
+            "udp: shared with the forked child: stays on the xdp engine until the child uses it too"
+        ),
+        2,
+        "{logs}"
+    );
+    assert_eq!(say("the kernel's socket now"), 0, "{logs}");
+    assert_eq!(say("fork(): the forked child uses it too"), 0, "{logs}");
+    assert_eq!(say("moved from the xdp engine"), 0, "{logs}");
+}
+
 /// A prefork UDP server: the parent binds, forks two workers and only
 /// waits; each worker waits on the inherited socket with epoll (Python's
 /// selectors) and echoes what it reads, until a "done". The workers'

@@ -932,7 +932,7 @@ pub unsafe fn sendto(
     alen: socklen_t,
 ) -> ssize_t {
     // As `recvfrom`: the hot shape in one piece.
-    let sock = ops::of(fd);
+    let sock = ops::of_send(fd, !addr.is_null());
     if let Sock::Udp(a) = sock
         && ahooks::engine_send(a, flags)
     {

@@ -63,12 +63,39 @@ pub fn of(fd: c_int) -> Sock {
 /// number: the I/O call that follows checks).
 #[inline(always)]
 pub fn serving(fd: c_int) -> Sock {
+    serving_as(fd, false)
+}
+
+/// [`of`] for a `sendto` (`to`: it names its destination). A forked
+/// process's copy of a UDP socket another process's engine serves sends
+/// such a datagram through the kernel socket under the fd, without
+/// claiming the socket: the datagram leaves from the same address and
+/// port, as plainly, and the answers still come to the socket's owner,
+/// whose engine holds the port's claim (plainly they come to the one
+/// socket's queue, which the owner reads as well). So a child that only
+/// answers on it (Python's `socketserver.ForkingUDPServer`: the parent
+/// receives, a child per datagram sends the answer) leaves the socket on
+/// its owner's engine; before, the first child's send moved it (or took it
+/// off the engine for both), and the second's made it the kernel's.
+#[inline(always)]
+pub fn of_send(fd: c_int, to: bool) -> Sock {
+    crate::fdlife::io_check(fd);
+    serving_as(fd, to)
+}
+
+/// [`serving`]; `send_to`: for a send that names its destination
+/// ([`of_send`]).
+#[inline(always)]
+fn serving_as(fd: c_int, send_to: bool) -> Sock {
     let Some(r) = table::record(fd) else {
         return Sock::Kernel;
     };
     if let Some(a) = r.get::<Accel>() {
         if a.common.share() != 0 {
             if !a.mine() {
+                if send_to {
+                    return Sock::Kernel;
+                }
                 // A forked child's first use of a socket its parent
                 // shared: it moves here, or the kernel serves both.
                 return accel::inherited(fd, a).map_or(Sock::Kernel, Sock::Udp);
