@@ -1461,19 +1461,9 @@ fn a_udp_socket_stays_on_the_engine_until_a_forked_child_uses_it() {
             if p != Placement::Plain {
                 // The 100 datagrams before and after the idle child's fork
                 // went through the engine (its counters are published every
-                // few turns: waited for, bounded; not a timing check).
-                let pid = s.child.id();
-                let rx = || {
-                    nanowire_testkit::engine_counters_of(nanowire(), pid)
-                        .and_then(|v| v["rx_packets"].as_u64())
-                        .unwrap_or(0)
-                };
-                assert!(
-                    until(T, || rx() >= 100),
-                    "{p:?}: the engine received {} of the 100 datagrams (the fork took the socket off?)\n{}",
-                    rx(),
-                    s.both()
-                );
+                // few turns: waited for, bounded; not a timing check; short:
+                // the fork took the socket off).
+                counter_reaches(s.child.id(), "rx_packets", 100, (&format!("{p:?}"), s));
             }
             let argv = [
                 "python3",
@@ -1549,18 +1539,7 @@ fn a_forking_udp_server_keeps_its_socket_on_the_engine() {
             if p != Placement::Plain {
                 // All 100 came in through the parent's engine (its counters
                 // are published every few turns: waited for, bounded).
-                let pid = s.child.id();
-                let rx = || {
-                    nanowire_testkit::engine_counters_of(nanowire(), pid)
-                        .and_then(|v| v["rx_packets"].as_u64())
-                        .unwrap_or(0)
-                };
-                assert!(
-                    until(T, || rx() >= 100),
-                    "{p:?}: the engine received {} of the 100 datagrams\n{}",
-                    rx(),
-                    s.both()
-                );
+                counter_reaches(s.child.id(), "rx_packets", 100, (&format!("{p:?}"), s));
             }
             let done = format!(
                 "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'done', ('{ADDR_B}', {port}))"
@@ -2572,7 +2551,7 @@ fn counter_reaches(pid: u32, key: &str, min: u64, (what, s): (&str, &Kid)) {
     };
     assert!(
         until(T, || v() >= min),
-        "{what}: {key} of the daemon's engine {} (wanted {min})\n{}",
+        "{what}: {key} of the engine of pid {pid} {} (wanted {min})\n{}",
         v(),
         s.both()
     );

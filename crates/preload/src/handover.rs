@@ -981,34 +981,13 @@ pub fn adopt_orphan(
     taker: Option<nanowire_stack::xdp::Taker>,
 ) -> Option<tcpx::TcpRef> {
     let e0 = errno();
-    let own = taker.is_none();
-    if own {
+    if taker.is_none() {
+        // An engine of its own: once the owner is gone (its engine held
+        // the interface), and `Engine::open` waits for the owner's AF_XDP
+        // queue, which the kernel frees a moment later.
         crate::accel::gone(owner);
     }
-    let mut taker = taker;
-    let mut tries = 0;
-    let got = loop {
-        match from_kernel(fd, taker.take()) {
-            // On an engine of its own the owner's AF_XDP queue is freed by
-            // the kernel a moment after the owner is gone (EBUSY until
-            // then: the engine is not made, nothing of the connection
-            // touched): try again every 20 ms for up to 1 s, as UDP's
-            // orphan does (`ahooks::take_checked`).
-            Err(e) if own && tries < 50 && nanowire_stack::xdp::queue_busy(&e.to_string()) => {
-                tries += 1;
-                if tries == 1 {
-                    log!(
-                        Level::Debug,
-                        "fd {fd} tcp: the interface's queue is still busy (pid {owner}'s engine): waiting for it"
-                    );
-                }
-                engine_call(nanowire_stack::xdp::forget_failed_opens);
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            r => break r,
-        }
-    };
-    let r = match got {
+    let r = match from_kernel(fd, taker) {
         Ok((s, ka)) => {
             let t2 = tcpx::succeed_copy(fd, t, s, Some(ka));
             log!(

@@ -474,6 +474,25 @@ pub fn queue_busy(err: &str) -> bool {
     err.contains("(os error 16)")
 }
 
+/// `bind()` (an AF_XDP bind), again every 20 ms for up to 1 s while it
+/// says the queue is busy ([`queue_busy`]): the queue of a process that
+/// just exited (its engine, or the service's member) is freed by the
+/// kernel a moment after it is gone (the UMEM's release is deferred), so
+/// the program's first socket (a shell's next program, a daemon taking
+/// what its exited parent left, a service started after an engine of its
+/// own) waits for it rather than fails.
+pub(crate) fn while_busy<T>(mut bind: impl FnMut() -> Result<T, String>) -> Result<T, String> {
+    let since = std::time::Instant::now();
+    loop {
+        match bind() {
+            Err(e) if queue_busy(&e) && since.elapsed() < std::time::Duration::from_secs(1) => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Before an exec: the engines kept for the process's life go with its
 /// image, but the pid stays, so their stats pages would be listed as
 /// alive beside the new program's (`nanowire stats` read the old one's
@@ -696,16 +715,18 @@ impl Engine {
         cfg.validate()?;
         let mut socks = Vec::new();
         for q in 0..info.rx_queues {
-            let premade = made
+            // (A retry while the queue is busy makes its own UMEM.)
+            let mut premade = made
                 .take()
                 .or_else(|| area.take().and_then(|h| h.join().ok().flatten()));
-            let xsk = match XskSocket::open_in(ifname, info.index, q, cfg, premade) {
+            let got = while_busy(|| XskSocket::open_in(ifname, info.index, q, cfg, premade.take()));
+            let xsk = match got {
                 Ok(x) => x,
                 // A busy queue is not a kernel without XDP_USE_SG: binding
                 // without it a moment later (the exited process's queue
                 // freed meanwhile) gave an engine without multi-buffer,
-                // which TCP with a TSO/GSO peer cannot run on. The caller
-                // sees the EBUSY (and may wait for the queue).
+                // which TCP with a TSO/GSO peer cannot run on (issue 24: a
+                // daemon taking its exited parent's connection, in CI).
                 Err(e) if cfg.multi_buffer && q == 0 && !queue_busy(&e) => {
                     // No XDP_USE_SG (kernel < 6.6): bind without it.
                     cfg.multi_buffer = false;

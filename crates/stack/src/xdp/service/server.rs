@@ -705,11 +705,15 @@ impl Service {
         let mode = prog.mode();
         let mut queues = Vec::new();
         for q in 0..info.rx_queues {
-            let sq = match SharedQueue::create(info.index, q, geo, mode == AttachMode::Driver, mb) {
+            let zc = mode == AttachMode::Driver;
+            // A queue an exited process held is freed a moment after it is
+            // gone: waited for.
+            let got = super::super::while_busy(|| SharedQueue::create(info.index, q, geo, zc, mb));
+            let sq = match got {
                 Ok(s) => s,
                 Err(e) if mb && q == 0 && !super::super::queue_busy(&e) => {
                     mb = false;
-                    SharedQueue::create(info.index, q, geo, mode == AttachMode::Driver, false)
+                    SharedQueue::create(info.index, q, geo, zc, false)
                         .map_err(|e2| format!("{e2} (with XDP_USE_SG: {e})"))?
                 }
                 Err(e) => return Err(e),
