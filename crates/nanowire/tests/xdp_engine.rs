@@ -560,12 +560,14 @@ fn second_process_on_the_interface_gets_one_line_error() {
     drop(p);
 }
 
-/// An engine whose queue another AF_XDP socket holds (an exited
-/// process's, which the kernel frees a moment after it is gone) fails with
-/// one line that says the queue is busy, and never binds it without
-/// multi-buffer instead: an engine so made (the busy queue freed between
-/// the two binds) could not receive a TSO/GSO peer's TCP (issue 24: a
-/// daemon taking the connection its exiting parent left failed so in CI).
+/// An engine whose queue another AF_XDP socket holds fails, once it has
+/// waited for the queue (up to 1 s: an exited process's is freed a moment
+/// after it is gone), with one line that says the queue is busy, and never
+/// binds it without multi-buffer instead: an engine so made (the busy
+/// queue freed between the two binds) could not receive a TSO/GSO peer's
+/// TCP (issue 24: a daemon taking the connection its exiting parent left
+/// failed so in CI). A queue freed while the engine waits is taken, with
+/// multi-buffer.
 #[test]
 #[ignore = "needs root"]
 fn a_busy_queue_is_named_and_never_bound_without_multi_buffer() {
@@ -603,6 +605,51 @@ fn a_busy_queue_is_named_and_never_bound_without_multi_buffer() {
     one_line_failure("an engine on a busy queue", &out, "queue busy");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("with XDP_USE_SG"), "{err}");
+    // A queue freed while the engine waits for it (as an exited process's
+    // is): the engine opens on it, with multi-buffer. The socket is held on
+    // a thread of the namespace's; the engine is started from this one (its
+    // parent-death signal follows the thread that spawned it).
+    let ifb = lab.iface(Host::B);
+    let engine = lab.command(
+        Host::B,
+        &[xdp_test_bin(), "--iface", &ifb, "--port", "5311", "--echo"],
+    );
+    let (bound_tx, bound) = mpsc::channel();
+    let (free_tx, free) = mpsc::channel::<()>();
+    let ns = lab.netns(Host::B);
+    let holder = std::thread::spawn(move || {
+        in_ns(&ns, move || {
+            let index = nanowire_xdp::iface::lookup(&ifb).unwrap().index;
+            let cfg = XskConfig {
+                multi_buffer: true,
+                ..XskConfig::default()
+            };
+            // The first socket is freed a moment after its close.
+            let t0 = Instant::now();
+            let held = loop {
+                match XskSocket::open(&ifb, index, 0, cfg) {
+                    Err(e) if t0.elapsed() < Duration::from_secs(10) => {
+                        assert!(nanowire_stack::xdp::queue_busy(&e), "{e}");
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    r => break r.expect("the socket binds"),
+                }
+            };
+            bound_tx.send(()).unwrap();
+            let _ = free.recv();
+            drop(held);
+        })
+    });
+    bound.recv().expect("the holder bound the queue");
+    let p = Proc::spawn(engine);
+    std::thread::sleep(Duration::from_millis(300));
+    free_tx.send(()).unwrap();
+    holder.join().unwrap();
+    let ready = p.line(Duration::from_secs(20));
+    assert_eq!(ready["ready"], true, "{ready}");
+    assert_eq!(ready["multi_buffer"], true, "{ready}");
+    assert_eq!(echo_many(&lab, 5311, 20), 20);
+    drop(p);
 }
 
 #[test]

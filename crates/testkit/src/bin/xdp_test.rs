@@ -192,6 +192,7 @@ fn xdp_test(a: XdpTestArgs) -> Result<i32, String> {
             "tx_budget": eng.tx_budget(),
             "xdp_mode": eng.attach_mode().as_str(),
             "bind_mode": eng.bind_mode().as_str(),
+            "multi_buffer": eng.multi_buffer(),
             "sockets": socks.iter().map(|s| s.local_addr().map(|a| a.to_string()).unwrap_or_default()).collect::<Vec<_>>(),
             "stats_page": eng.stats_page(),
         })
