@@ -1481,21 +1481,27 @@ fn a_udp_socket_stays_on_the_engine_until_a_forked_child_uses_it() {
     eprintln!("{logs}");
     // Kept on the engine at the idle child's fork (said once per run
     // placement), taken off when the second child used it: never at a fork.
-    let say = |x: &str| logs.matches(x).count();
-    assert_eq!(
-        say(
-            "udp: shared with the forked child: stays on the xdp engine until the child uses it too"
-        ),
-        2,
-        "{logs}"
+    said(
+        &logs,
+        &[
+            (KEPT_AT_FORK, 2),
+            ("fork(): the forked child uses it too", 2),
+            ("inherited through fork(): the kernel's socket now", 2),
+            ("fork(): the child shares this socket", 0),
+        ],
     );
-    assert_eq!(say("fork(): the forked child uses it too"), 2, "{logs}");
-    assert_eq!(
-        say("inherited through fork(): the kernel's socket now"),
-        2,
-        "{logs}"
-    );
-    assert_eq!(say("fork(): the child shares this socket"), 0, "{logs}");
+}
+
+/// What the shim says when a fork leaves a UDP socket on the engine.
+const KEPT_AT_FORK: &str =
+    "udp: shared with the forked child: stays on the xdp engine until the child uses it too";
+
+/// Each of `counts`' lines is said that many times in `logs`.
+#[track_caller]
+fn said(logs: &str, counts: &[(&str, usize)]) {
+    for &(line, n) in counts {
+        assert_eq!(logs.matches(line).count(), n, "{line:?}:\n{logs}");
+    }
 }
 
 /// Python's `socketserver.ForkingUDPServer`: the parent receives each
@@ -1551,17 +1557,15 @@ fn a_forking_udp_server_keeps_its_socket_on_the_engine() {
         },
     );
     eprintln!("{logs}");
-    let say = |x: &str| logs.matches(x).count();
-    assert_eq!(
-        say(
-            "udp: shared with the forked child: stays on the xdp engine until the child uses it too"
-        ),
-        2,
-        "{logs}"
+    said(
+        &logs,
+        &[
+            (KEPT_AT_FORK, 2),
+            ("the kernel's socket now", 0),
+            ("fork(): the forked child uses it too", 0),
+            ("moved from the xdp engine", 0),
+        ],
     );
-    assert_eq!(say("the kernel's socket now"), 0, "{logs}");
-    assert_eq!(say("fork(): the forked child uses it too"), 0, "{logs}");
-    assert_eq!(say("moved from the xdp engine"), 0, "{logs}");
 }
 
 /// A prefork UDP server: the parent binds, forks two workers and only
