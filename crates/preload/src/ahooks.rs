@@ -597,10 +597,13 @@ fn took(
 /// A bound socket (port `sa`) onto the engine as `bind` puts a fresh one,
 /// with the same checks (SO_REUSEPORT, another process's socket on the
 /// port, the engine's own). `None`: it stays the kernel's (said why).
-/// `busy_wait`: while the interface's queue is busy (EBUSY: the engine of
-/// a process that just exited, which the kernel frees a moment after it
-/// is gone), try again every 20 ms for up to 1 s, `accel::DECIDE` let go
-/// in between (other sockets' decisions need it).
+/// `busy_wait`: while the interface is busy (EBUSY: the engine of a
+/// process that just exited, which the kernel frees a moment after it is
+/// gone), try again every 20 ms for up to 1 s in all, `accel::DECIDE` let
+/// go in between (other sockets' decisions need it). (The engine's open
+/// waits for a busy AF_XDP queue itself, `xdp::while_busy`; this covers
+/// the steering program's link too, and bounds the whole by time: a
+/// count of tries, each with the open's own wait, could add up to 50 s.)
 fn take_checked(
     fd: c_int,
     sa: std::net::SocketAddrV4,
@@ -614,7 +617,7 @@ fn take_checked(
         );
         return None;
     }
-    let mut tries = 0;
+    let since = std::time::Instant::now();
     loop {
         let g = accel::DECIDE.lock().unwrap_or_else(|e| e.into_inner());
         // Bound already: the socket itself is not its competitor.
@@ -626,10 +629,11 @@ fn take_checked(
         let r = accel::accelerate(fd, None);
         match &r {
             Err(accel::NotAccel::Engine(why))
-                if busy_wait && tries < 50 && nanowire_stack::xdp::queue_busy(why) =>
+                if busy_wait
+                    && since.elapsed() < std::time::Duration::from_secs(1)
+                    && nanowire_stack::xdp::queue_busy(why) =>
             {
                 drop(g);
-                tries += 1;
                 nanowire_stack::xdp::forget_failed_opens();
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
