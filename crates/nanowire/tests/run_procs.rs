@@ -1514,7 +1514,11 @@ addr, port = sys.argv[1], int(sys.argv[2])
 class Echo(socketserver.BaseRequestHandler):
     def handle(self):
         data, sock = self.request
-        sock.sendto(b"echo " + data, self.client_address)
+        # Every other answer by sendmsg with a destination (msg_name).
+        if int(data.split()[1]) % 2:
+            sock.sendmsg([b"echo ", data], [], 0, self.client_address)
+        else:
+            sock.sendto(b"echo " + data, self.client_address)
 srv = socketserver.ForkingUDPServer((addr, port), Echo)
 print("listening", flush=True)
 for _ in range(100):
@@ -1526,11 +1530,13 @@ srv.server_close()
 "#;
 
 /// A forking UDP server (Python's `ForkingUDPServer`: a child per
-/// datagram sends the answer) answers as plainly and, under run, its
-/// socket stays on the parent's engine throughout: the children's sends
-/// go out through the kernel socket under their copies without claiming
-/// it (before session 33 the first child's send moved it, or took it off
-/// the engine for both, and the second's made it the kernel's).
+/// datagram sends the answer, by `sendto` or by `sendmsg` with a
+/// destination, in turns) answers as plainly and, under run, its socket
+/// stays on the parent's engine throughout: the children's sends go out
+/// through the kernel socket under their copies without claiming it
+/// (before session 33 the first child's send moved it, or took it off the
+/// engine for both, and the second's made it the kernel's; before session
+/// 34 so did a `sendmsg`).
 #[test]
 #[ignore = "needs root"]
 fn a_forking_udp_server_keeps_its_socket_on_the_engine() {

@@ -932,7 +932,7 @@ pub unsafe fn sendto(
     alen: socklen_t,
 ) -> ssize_t {
     // As `recvfrom`: the hot shape in one piece.
-    let sock = ops::of_send(fd, !addr.is_null());
+    let sock = ops::of_send(fd, || !addr.is_null());
     if let Sock::Udp(a) = sock
         && ahooks::engine_send(a, flags)
     {
@@ -966,7 +966,12 @@ pub unsafe fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> 
 /// # Safety
 /// As libc's `sendmsg`.
 pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    ops::send(fd, Send::Msg(msg), flags)
+    // A message that names its destination is a send "to" as `sendto`'s
+    // (a forked copy's answer is not a use of the socket: `ops::of_send`;
+    // the header is read only there); an unreadable header is the
+    // kernel's EFAULT either way.
+    let to = || crate::uaccess::obj(msg).is_some_and(|m| !m.msg_name.is_null());
+    ops::send_on(ops::of_send(fd, to), fd, Send::Msg(msg), flags)
 }
 
 /// # Safety

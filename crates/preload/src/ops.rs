@@ -63,10 +63,11 @@ pub fn of(fd: c_int) -> Sock {
 /// number: the I/O call that follows checks).
 #[inline(always)]
 pub fn serving(fd: c_int) -> Sock {
-    serving_as(fd, false)
+    serving_as(fd, || false)
 }
 
-/// [`of`] for a `sendto` (`to`: it names its destination). A forked
+/// [`of`] for a `sendto` or `sendmsg` (`to`: whether it names its
+/// destination, asked only of a forked copy). A forked
 /// process's copy of a UDP socket another process's engine serves sends
 /// such a datagram through the kernel socket under the fd, without
 /// claiming the socket: the datagram leaves from the same address and
@@ -78,22 +79,22 @@ pub fn serving(fd: c_int) -> Sock {
 /// its owner's engine; before, the first child's send moved it (or took it
 /// off the engine for both), and the second's made it the kernel's.
 #[inline(always)]
-pub fn of_send(fd: c_int, to: bool) -> Sock {
+pub fn of_send(fd: c_int, to: impl FnOnce() -> bool) -> Sock {
     crate::fdlife::io_check(fd);
     serving_as(fd, to)
 }
 
-/// [`serving`]; `send_to`: for a send that names its destination
-/// ([`of_send`]).
+/// [`serving`]; `send_to`: for a send, whether it names its destination
+/// ([`of_send`]; asked only of a forked copy).
 #[inline(always)]
-fn serving_as(fd: c_int, send_to: bool) -> Sock {
+fn serving_as(fd: c_int, send_to: impl FnOnce() -> bool) -> Sock {
     let Some(r) = table::record(fd) else {
         return Sock::Kernel;
     };
     if let Some(a) = r.get::<Accel>() {
         if a.common.share() != 0 {
             if !a.mine() {
-                if send_to {
+                if send_to() {
                     return Sock::Kernel;
                 }
                 // A forked child's first use of a socket its parent
