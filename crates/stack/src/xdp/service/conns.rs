@@ -453,8 +453,8 @@ impl Region {
             // through `self`, and read by another process only after this
             // one died.
             let old = unsafe { std::ptr::read_volatile(at) };
-            // Word by word without a branch (an array `==` was a call to
-            // libc's memcmp on each publish).
+            // Word by word, inline (an array `==` was a call to libc's
+            // memcmp on each publish).
             if old.iter().zip(&b).fold(0, |d, (x, y)| d | (x ^ y)) == 0 {
                 return;
             }
@@ -462,8 +462,8 @@ impl Region {
                 opened = true;
                 // One writer (this region's stack, under its lock), read
                 // only after its death: a load and a store, not a locked
-                // read-modify-write (two of those were half of this
-                // function's time in a TCP ping-pong). The fence keeps the
+                // read-modify-write (two of those took half of this
+                // function's samples in a TCP ping-pong). The fence keeps the
                 // entry's stores after the odd word.
                 seq.store(
                     seq.load(Ordering::Relaxed).wrapping_add(1),
