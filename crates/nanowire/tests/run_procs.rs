@@ -1509,14 +1509,39 @@ fn said(logs: &str, counts: &[(&str, usize)]) {
 /// socket and exits; 100 of them, then the parent waits for a "done" (the
 /// test reads its engine's counters meanwhile). (argv: addr port)
 const FORKING_UDP_SRV: &str = r#"
-import socket, socketserver, sys
+import ctypes, socket, socketserver, sys
 addr, port = sys.argv[1], int(sys.argv[2])
+libc = ctypes.CDLL(None, use_errno=True)
+class IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+class MsgHdr(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32),
+                ("iov", ctypes.POINTER(IoVec)), ("iovlen", ctypes.c_size_t),
+                ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                ("flags", ctypes.c_int)]
+class MMsgHdr(ctypes.Structure):
+    _fields_ = [("hdr", MsgHdr), ("len", ctypes.c_uint)]
+def sendmmsg_to(sock, data, peer):
+    # One message with its destination (msg_name), through libc's sendmmsg.
+    sa = bytearray(16)
+    sa[0:2] = socket.AF_INET.to_bytes(2, "little")
+    sa[2:4] = peer[1].to_bytes(2, "big")
+    sa[4:8] = socket.inet_aton(peer[0])
+    name = (ctypes.c_ubyte * 16).from_buffer(sa)
+    buf = ctypes.create_string_buffer(data, len(data))
+    iov = IoVec(ctypes.cast(buf, ctypes.c_void_p), len(data))
+    m = MMsgHdr(MsgHdr(ctypes.cast(name, ctypes.c_void_p), 16, ctypes.pointer(iov), 1, None, 0, 0), 0)
+    if libc.sendmmsg(sock.fileno(), ctypes.byref(m), 1, 0) != 1:
+        raise OSError(ctypes.get_errno(), "sendmmsg")
 class Echo(socketserver.BaseRequestHandler):
     def handle(self):
         data, sock = self.request
-        # Every other answer by sendmsg with a destination (msg_name).
-        if int(data.split()[1]) % 2:
+        # In turns: sendto, sendmsg and sendmmsg with a destination.
+        turn = int(data.split()[1]) % 3
+        if turn == 1:
             sock.sendmsg([b"echo ", data], [], 0, self.client_address)
+        elif turn == 2:
+            sendmmsg_to(sock, b"echo " + data, self.client_address)
         else:
             sock.sendto(b"echo " + data, self.client_address)
 srv = socketserver.ForkingUDPServer((addr, port), Echo)
@@ -1530,13 +1555,13 @@ srv.server_close()
 "#;
 
 /// A forking UDP server (Python's `ForkingUDPServer`: a child per
-/// datagram sends the answer, by `sendto` or by `sendmsg` with a
+/// datagram sends the answer, by `sendto`, `sendmsg` or `sendmmsg` with a
 /// destination, in turns) answers as plainly and, under run, its socket
 /// stays on the parent's engine throughout: the children's sends go out
 /// through the kernel socket under their copies without claiming it
 /// (before session 33 the first child's send moved it, or took it off the
 /// engine for both, and the second's made it the kernel's; before session
-/// 34 so did a `sendmsg`).
+/// 34 so did a `sendmsg`, before session 35 a `sendmmsg`).
 #[test]
 #[ignore = "needs root"]
 fn a_forking_udp_server_keeps_its_socket_on_the_engine() {

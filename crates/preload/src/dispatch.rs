@@ -977,7 +977,17 @@ pub unsafe fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
 /// # Safety
 /// As libc's `sendmmsg`.
 pub unsafe fn sendmmsg(fd: c_int, msgs: *mut mmsghdr, vlen: c_uint, flags: c_int) -> c_int {
-    let a = match ops::of(fd) {
+    // Messages that all name their destinations are sends "to" as
+    // `sendmsg`'s (a forked copy's answers are not a use of the socket:
+    // `ops::of_send`; the headers are read only there, at most the
+    // kernel's 1,024); an unreadable one is the kernel's EFAULT either way.
+    let to = || {
+        (0..vlen.min(1024) as usize).all(|i| {
+            crate::uaccess::obj(msgs.wrapping_add(i).cast_const())
+                .is_some_and(|m| !m.msg_hdr.msg_name.is_null())
+        })
+    };
+    let a = match ops::of_send(fd, to) {
         Sock::Tcp(t) if !(flags & libc::MSG_OOB != 0 && ops::tcp_oob_to_kernel(fd)) => {
             return streamio::sendmmsg(t, fd, msgs, vlen, flags);
         }

@@ -58,9 +58,9 @@
 //! it off its engine (the kernel's for both); an owner that exits (or, on
 //! the service, closes its last fd) leaves it to the first holder that
 //! uses it (`ORPHAN`: [`orphan`], [`Claimed::Orphaned`]). A copy's
-//! `sendto` or `sendmsg` with a destination is not a use: it goes out
-//! through the kernel socket under the fd, and the socket stays where it
-//! is (`ops::of_send`).
+//! `sendto`, `sendmsg` or `sendmmsg` (every message) with a destination
+//! is not a use: it goes out through the kernel socket under the fd, and
+//! the socket stays where it is (`ops::of_send`).
 
 use crate::log::log;
 use nanowire_options::Level;
