@@ -2725,3 +2725,65 @@ fn a_connection_left_by_an_exiting_process_is_served_on_its_daemons_engine() {
         }
     }
 }
+
+/// One thread binds a UDP socket to host b's address (under run its
+/// engine opens there); a second later the main thread binds another to
+/// loopback (under run a decision that opens nothing) and says whether the
+/// first bind was still under way. (argv: addr port)
+const BIND_WHILE_OPENING_PY: &str = r#"
+import socket, sys, threading, time
+addr, port = sys.argv[1], int(sys.argv[2])
+done = threading.Event()
+def engine_bind():
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind((addr, port))
+    done.set()
+t = threading.Thread(target=engine_bind)
+t.start()
+time.sleep(1)
+lo = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+lo.bind(("127.0.0.1", 0))
+print("loopback bound while the other bind was under way:", not done.is_set(), flush=True)
+t.join()
+print("both bound", flush=True)
+"#;
+
+/// Session 35 (issue 22's lock rules): a UDP socket's engine opens before
+/// the shim takes the lock that orders the process's placement decisions
+/// (`accel::DECIDE`), so one thread's open (netlink, the program's attach,
+/// an AF_XDP bind that may wait up to a second for a queue a just-exited
+/// process leaves: here 5 s, `NANOWIRE_TEST_OPEN_DELAY_MS`) does not hold
+/// up another thread's bind. Before, the loopback bind waited for the
+/// other thread's open to end. Both sockets are as plainly: the first on
+/// the engine, the loopback one the kernel's.
+#[test]
+#[ignore = "needs root"]
+fn a_udp_bind_waits_for_no_other_threads_engine_open() {
+    nanowire_testkit::require(&["python3"]);
+    let l = &lab("pbwo");
+    let addr = ADDR_B.to_string();
+    let port = 15460u16;
+    let mut cmd = xdp_or_plain(
+        l,
+        Host::B,
+        true,
+        &[
+            "python3",
+            "-c",
+            BIND_WHILE_OPENING_PY,
+            &addr,
+            &port.to_string(),
+        ],
+    );
+    cmd.env("NANOWIRE_TEST_OPEN_DELAY_MS", "5000");
+    let mut s = spawn("bind-while-opening", cmd);
+    s.wait_for("both bound", T);
+    s.success(T);
+    assert!(
+        s.stdout()
+            .contains("loopback bound while the other bind was under way: True"),
+        "the loopback bind waited for the other thread's engine open:\n{}",
+        s.both()
+    );
+    on_engine(&s, &format!("udp {ADDR_B}:{port}"));
+}

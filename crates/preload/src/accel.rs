@@ -899,12 +899,76 @@ pub enum NotAccel {
     Socket,
 }
 
+/// The options a UDP socket's engine is opened with (`iface`: where an
+/// unbound socket's traffic leaves, unless the options table names one).
+fn engine_opts(iface: Option<String>) -> EngineOptions {
+    let cfg = spin::STATE.get().and_then(|s| s.cfg.as_ref());
+    let mut opts = EngineOptions::new(EngineKind::Xdp);
+    opts.wait = WaitPolicy::Spin;
+    opts.fallback = false;
+    opts.ring_depth = cfg.map_or(16384, |c| c.ring_depth);
+    opts.iface = cfg.and_then(|c| c.iface.clone()).or(iface);
+    opts
+}
+
+/// The engine a decision will use, opened before [`DECIDE`] is taken
+/// ([`engine_ahead`]): kept open while this lives, or why it could not be.
+pub struct Ahead(Option<Result<nanowire_stack::xdp::EngineHold, String>>);
+
+impl Ahead {
+    /// Nothing opened ahead: [`accelerate`] opens the engine itself.
+    pub const NONE: Ahead = Ahead(None);
+
+    /// Why the open failed, once (the decision says it).
+    fn failed(&mut self) -> Option<String> {
+        match self.0.take_if(|r| r.is_err()) {
+            Some(Err(why)) => Some(why),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for Ahead {
+    /// A failed open that no decision said (the bind failed, another
+    /// process's socket holds the port, another thread decided first): the
+    /// engine's registry forgets it, so that the next socket's open tries
+    /// again and says why at the default level (a remembered failure is
+    /// said at info only, as said before).
+    fn drop(&mut self) {
+        if self.failed().is_some() {
+            nanowire_stack::xdp::forget_failed_opens();
+        }
+    }
+}
+
+/// Open the engine a socket bound to `ip` (`iface`: as [`accelerate`]'s)
+/// would go onto, before [`DECIDE`] is taken: the open (netlink, the
+/// program's attach, an AF_XDP bind that may wait up to a second for a
+/// queue a just-exited process leaves) runs with no shim lock held, and
+/// the decision under the lock ([`accelerate`] with the result) finds the
+/// engine open while the result lives, or says why it could not be. A
+/// loopback address opens nothing (the decision says why).
+pub fn engine_ahead(ip: Ipv4Addr, iface: Option<String>) -> Ahead {
+    if ip.is_loopback() {
+        return Ahead::NONE;
+    }
+    Ahead(Some(
+        engine_call(|| XdpSocket::engine_ahead(ip, &engine_opts(iface))).map_err(|e| match e {
+            OpenError::Engine(why) => why,
+            OpenError::Socket(e) => e.to_string(),
+        }),
+    ))
+}
+
 /// Put `fd` on the xdp engine bound to `bind` (`iface`: where an unbound
 /// socket's traffic leaves). On success the fd number now names the
-/// engine's kernel socket.
-pub fn accelerate(fd: c_int, iface: Option<String>) -> Result<&'static Accel, NotAccel> {
-    let st = spin::STATE.get();
-    let cfg = st.and_then(|s| s.cfg.as_ref());
+/// engine's kernel socket. `ahead`: the engine opened before [`DECIDE`]
+/// was taken ([`engine_ahead`]; [`Ahead::NONE`]: opened here).
+pub fn accelerate(
+    fd: c_int,
+    iface: Option<String>,
+    ahead: &mut Ahead,
+) -> Result<&'static Accel, NotAccel> {
     let Some(local) = local_addr(fd) else {
         return Err(NotAccel::Socket);
     };
@@ -913,11 +977,10 @@ pub fn accelerate(fd: c_int, iface: Option<String>) -> Result<&'static Accel, No
             "loopback address (no XDP-capable interface)".into(),
         ));
     }
-    let mut opts = EngineOptions::new(EngineKind::Xdp);
-    opts.wait = WaitPolicy::Spin;
-    opts.fallback = false;
-    opts.ring_depth = cfg.map_or(16384, |c| c.ring_depth);
-    opts.iface = cfg.and_then(|c| c.iface.clone()).or(iface);
+    if let Some(why) = ahead.failed() {
+        return Err(NotAccel::Engine(why));
+    }
+    let opts = engine_opts(iface);
     // SAFETY: the fd is only borrowed for fcntl calls.
     let b = unsafe { rustix::fd::BorrowedFd::borrow_raw(fd) };
     let fl = rustix::fs::fcntl_getfl(b).unwrap_or(rustix::fs::OFlags::empty());
@@ -1118,13 +1181,13 @@ pub fn live_sockets() -> Vec<(c_int, SocketAddrV4)> {
 
 /// Decide for a candidate that is about to talk to `dst` without a bind.
 pub fn accelerate_for_peer(fd: c_int, dst: SocketAddrV4) -> Option<&'static Accel> {
-    let _g = DECIDE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(a) = lookup(fd) {
-        return Some(a); // another thread won the race
-    }
     if table::get(fd) & table::F_CAND == 0 {
-        return None;
+        return lookup(fd);
     }
+    // The route (netlink) and the engine's open before the lock: no shim
+    // lock is held across netlink or an open's wait (docs/architecture.md,
+    // "Locks"). A thread that loses the race below looked them up for
+    // nothing, once.
     let route = engine_call(|| {
         let r = nanowire_stack::xdp::host::route_get(*dst.ip())
             .map_err(|e| NotAccel::Engine(format!("no route to {}: {e}", dst.ip())))?;
@@ -1137,9 +1200,22 @@ pub fn accelerate_for_peer(fd: c_int, dst: SocketAddrV4) -> Option<&'static Acce
                 dst.ip()
             )));
         }
-        nanowire_stack::xdp::host::iface_for_addr(src).map_err(NotAccel::Engine)
+        nanowire_stack::xdp::host::iface_for_addr(src)
+            .map(|i| (src, i))
+            .map_err(NotAccel::Engine)
     });
-    let res = route.and_then(|ifname| {
+    let mut ahead = match &route {
+        Ok((src, i)) => engine_ahead(*src, Some(i.clone())),
+        Err(_) => Ahead::NONE,
+    };
+    let _g = DECIDE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(a) = lookup(fd) {
+        return Some(a); // another thread won the race
+    }
+    if table::get(fd) & table::F_CAND == 0 {
+        return None;
+    }
+    let res = route.and_then(|(_, ifname)| {
         // The kernel's autobind: 0.0.0.0 and an ephemeral port, on the
         // application's own socket, which the engine then adopts.
         let sa = sockaddr_in(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
@@ -1159,7 +1235,7 @@ pub fn accelerate_for_peer(fd: c_int, dst: SocketAddrV4) -> Option<&'static Acce
                 std::io::Error::from_raw_os_error(errno())
             )));
         }
-        accelerate(fd, Some(ifname))
+        accelerate(fd, Some(ifname), &mut ahead)
     });
     match res {
         Ok(a) => Some(a),

@@ -544,6 +544,13 @@ pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
     let Ok(Some(sa)) = accel::read_sockaddr(addr, len) else {
         return None;
     };
+    // The engine opens before the lock (`accel::engine_ahead`), unless
+    // another process's socket holds the port (said under the lock).
+    let mut ahead = if crate::share::competitor(sa, 0).is_none() {
+        accel::engine_ahead(*sa.ip(), None)
+    } else {
+        accel::Ahead::NONE
+    };
     let _g = accel::DECIDE.lock().unwrap_or_else(|e| e.into_inner());
     if table::get(fd) & table::F_CAND == 0 {
         return None;
@@ -562,14 +569,8 @@ pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
         table::clear_flags(fd, table::F_CAND);
         return Some(r);
     }
-    let _ = take_bound(fd, sa);
+    let _ = took(fd, sa, accel::accelerate(fd, None, &mut ahead));
     Some(0)
-}
-
-/// Put the bound UDP socket `fd` (bound to `sa`) on the engine, or say why
-/// not (under `accel::DECIDE`). `Some`: its record.
-fn take_bound(fd: c_int, sa: std::net::SocketAddrV4) -> Option<&'static accel::Accel> {
-    took(fd, sa, accel::accelerate(fd, None))
 }
 
 /// What [`accel::accelerate`] of `fd` (bound to `sa`) answered: the record,
@@ -619,14 +620,22 @@ fn take_checked(
     }
     let since = std::time::Instant::now();
     loop {
-        let g = accel::DECIDE.lock().unwrap_or_else(|e| e.into_inner());
         // Bound already: the socket itself is not its competitor.
-        if let Some(other) = crate::share::competitor(sa, crate::sys::inode_of(fd)) {
+        let ino = crate::sys::inode_of(fd);
+        // The engine opens before the lock (`accel::engine_ahead`): its
+        // own wait for a busy queue, and this loop's, hold no shim lock.
+        let mut ahead = if crate::share::competitor(sa, ino).is_none() {
+            accel::engine_ahead(*sa.ip(), None)
+        } else {
+            accel::Ahead::NONE
+        };
+        let g = accel::DECIDE.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(other) = crate::share::competitor(sa, ino) {
             crate::share::TAKEN_OFF.fetch_add(1, Ordering::Relaxed);
             accel::log_not(fd, &crate::share::why(other));
             return None;
         }
-        let r = accel::accelerate(fd, None);
+        let r = accel::accelerate(fd, None, &mut ahead);
         match &r {
             Err(accel::NotAccel::Engine(why))
                 if busy_wait
@@ -634,6 +643,7 @@ fn take_checked(
                     && nanowire_stack::xdp::queue_busy(why) =>
             {
                 drop(g);
+                drop(ahead);
                 nanowire_stack::xdp::forget_failed_opens();
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }

@@ -70,8 +70,14 @@ pub const TEST_KILL_AFTER_SEND_VAR: &str = "NANOWIRE_TEST_KILL_AFTER_SEND";
 /// a_child_killed_while_taking_a_connection_leaves_it_to_the_parent`): the
 /// owner must take it back and hand it to the kernel.
 pub const TEST_KILL_IN_MOVE_VAR: &str = "NANOWIRE_TEST_KILL_IN_MOVE";
+/// Test hook (issue 22, the lock rules), milliseconds: every engine open
+/// (an own engine's or an attach to the service) waits this long first,
+/// as an open waiting for a busy AF_XDP queue does (`run_procs
+/// a_udp_bind_waits_for_no_other_threads_engine_open`: another thread's
+/// bind must not wait behind it).
+pub const TEST_OPEN_DELAY_MS_VAR: &str = "NANOWIRE_TEST_OPEN_DELAY_MS";
 /// Every variable [`EngineConfig::from_vars`] looks up.
-pub const VARS: [&str; 16] = [
+pub const VARS: [&str; 17] = [
     FAULTS_VAR,
     TCP_RTO_MIN_VAR,
     TX_CSUM_OFFLOAD_VAR,
@@ -88,6 +94,7 @@ pub const VARS: [&str; 16] = [
     TEST_WARDEN_SPAWN_FIFO_VAR,
     TEST_KILL_AFTER_SEND_VAR,
     TEST_KILL_IN_MOVE_VAR,
+    TEST_OPEN_DELAY_MS_VAR,
 ];
 
 /// The engine's settings.
@@ -135,6 +142,8 @@ pub struct EngineConfig {
     pub test_kill_after_send: bool,
     /// [`TEST_KILL_IN_MOVE_VAR`].
     pub test_kill_in_move: bool,
+    /// [`TEST_OPEN_DELAY_MS_VAR`].
+    pub test_open_delay_ms: u64,
 }
 
 impl Default for EngineConfig {
@@ -156,6 +165,7 @@ impl Default for EngineConfig {
             test_warden_spawn_fifo: None,
             test_kill_after_send: false,
             test_kill_in_move: false,
+            test_open_delay_ms: 0,
         }
     }
 }
@@ -210,6 +220,9 @@ impl EngineConfig {
             test_warden_spawn_fifo: get(TEST_WARDEN_SPAWN_FIFO_VAR).map(PathBuf::from),
             test_kill_after_send: get(TEST_KILL_AFTER_SEND_VAR).as_deref() == Some("1"),
             test_kill_in_move: get(TEST_KILL_IN_MOVE_VAR).as_deref() == Some("1"),
+            test_open_delay_ms: get(TEST_OPEN_DELAY_MS_VAR)
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0),
             stats_dir: get(STATS_DIR_VAR).map(PathBuf::from),
             service: matches!(
                 get(SERVICE_VAR).as_deref(),

@@ -69,7 +69,7 @@ pub use nanowire_xdp::netlink::tcp_state_name;
 pub use nanowire_xdp::prestart;
 pub use neigh::{NEGATIVE_TTL, QUEUE_BYTES_PER_NEIGH, QUEUE_PER_NEIGH, RESOLVE_TIMEOUT};
 pub use order::set_tcp_service_wrapper;
-pub use socket::{IdlePeek, OpenError, XdpSocket, udp_packet};
+pub use socket::{EngineHold, IdlePeek, OpenError, XdpSocket, udp_packet};
 pub use tcp::{
     Armed, Drained, EngineState, FourTuple, Handover, MovedOut, Taker, TcpIdle, XdpTcpError,
     XdpTcpInfo, XdpTcpListener, XdpTcpState, XdpTcpStream, ip_header_of, tcp_drain, tcp_ready,
@@ -481,6 +481,14 @@ pub fn queue_busy(err: &str) -> bool {
 /// the program's first socket (a shell's next program, a daemon taking
 /// what its exited parent left, a service started after an engine of its
 /// own) waits for it rather than fails.
+/// Test hook ([`config::TEST_OPEN_DELAY_MS_VAR`]): an engine's open waits
+/// `ms` first.
+#[cold]
+#[inline(never)]
+fn test_open_delay(ms: u64) {
+    std::thread::sleep(std::time::Duration::from_millis(ms));
+}
+
 pub(crate) fn while_busy<T>(mut bind: impl FnMut() -> Result<T, String>) -> Result<T, String> {
     let since = std::time::Instant::now();
     loop {
@@ -541,10 +549,22 @@ impl Engine {
     /// namespace), opened on first use. A forked child gets its own.
     pub fn get(ifname: &str, opts: &EngineOptions) -> Result<Arc<Engine>, String> {
         registry::set_child_hook(tcp::service_after_fork);
+        let delay = config::config().test_open_delay_ms;
+        let open_delay = || {
+            if delay > 0 {
+                test_open_delay(delay);
+            }
+        };
         if service::client::wanted() {
-            return registry::get(ifname, || Engine::open_service(ifname, opts));
+            return registry::get(ifname, || {
+                open_delay();
+                Engine::open_service(ifname, opts)
+            });
         }
-        registry::get(ifname, || Engine::open(ifname, opts))
+        registry::get(ifname, || {
+            open_delay();
+            Engine::open(ifname, opts)
+        })
     }
 
     /// The `faults` setting (off by default); a bad value refuses the

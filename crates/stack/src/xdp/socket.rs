@@ -275,6 +275,18 @@ impl XdpSocket {
         XdpSocket::attach(engine, Twin::Adopted(fd), opts.wait)
     }
 
+    /// Hold the engine that [`XdpSocket::adopt`] would put a socket bound
+    /// to `ip` onto (`opts.iface`, or the interface of `ip`), opening it if
+    /// no one has: for a caller that decides under a lock of its own and
+    /// opens the engine before taking it (the open makes netlink requests,
+    /// attaches the program and may wait up to a second for an AF_XDP
+    /// queue a just-exited process leaves). While the returned handle
+    /// lives, `adopt` finds the engine open; a failed open is remembered by
+    /// the registry, so `adopt` answers the same at once.
+    pub fn engine_ahead(ip: Ipv4Addr, opts: &EngineOptions) -> Result<EngineHold, OpenError> {
+        engine_for(ip, opts).map(|e| EngineHold { _engine: e })
+    }
+
     /// Open a socket on an existing engine.
     pub fn open_on(
         engine: Arc<Engine>,
@@ -1204,6 +1216,11 @@ impl IdlePeek {
 /// The process's engine for local address `ip`. The interface facts are
 /// read once for the whole look-up, the engine's open included (it asked
 /// getifaddrs five times: `iface::one_read`).
+/// An engine kept open ([`XdpSocket::engine_ahead`]) until dropped.
+pub struct EngineHold {
+    _engine: Arc<Engine>,
+}
+
 pub(crate) fn engine_for(ip: Ipv4Addr, opts: &EngineOptions) -> Result<Arc<Engine>, OpenError> {
     iface::one_read(|| {
         let ifname = match &opts.iface {
