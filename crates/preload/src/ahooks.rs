@@ -544,13 +544,8 @@ pub fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> Option<c_int> {
     let Ok(Some(sa)) = accel::read_sockaddr(addr, len) else {
         return None;
     };
-    // The engine opens before the lock (`accel::engine_ahead`), unless
-    // another process's socket holds the port (said under the lock).
-    let mut ahead = if crate::share::competitor(sa, 0).is_none() {
-        accel::engine_ahead(*sa.ip(), None)
-    } else {
-        accel::Ahead::NONE
-    };
+    // The engine opens before the lock (`accel::engine_ahead`).
+    let mut ahead = accel::engine_ahead(*sa.ip(), None);
     let _g = accel::DECIDE.lock().unwrap_or_else(|e| e.into_inner());
     if table::get(fd) & table::F_CAND == 0 {
         return None;
@@ -620,17 +615,12 @@ fn take_checked(
     }
     let since = std::time::Instant::now();
     loop {
-        // Bound already: the socket itself is not its competitor.
-        let ino = crate::sys::inode_of(fd);
         // The engine opens before the lock (`accel::engine_ahead`): its
         // own wait for a busy queue, and this loop's, hold no shim lock.
-        let mut ahead = if crate::share::competitor(sa, ino).is_none() {
-            accel::engine_ahead(*sa.ip(), None)
-        } else {
-            accel::Ahead::NONE
-        };
+        let mut ahead = accel::engine_ahead(*sa.ip(), None);
         let g = accel::DECIDE.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(other) = crate::share::competitor(sa, ino) {
+        // Bound already: the socket itself is not its competitor.
+        if let Some(other) = crate::share::competitor(sa, crate::sys::inode_of(fd)) {
             crate::share::TAKEN_OFF.fetch_add(1, Ordering::Relaxed);
             accel::log_not(fd, &crate::share::why(other));
             return None;
