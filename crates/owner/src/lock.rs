@@ -212,10 +212,49 @@ impl<T, H: OwnerHost> OwnedLock<T, H> {
         false
     }
 
+    /// The lock if it is to be had without waiting for another thread's
+    /// hold: the owner's take; anyone else's, the mutex if it is free and
+    /// the owner (if any) not inside a call now (then revoked as by
+    /// [`OwnedLock::lock`], which may wait out a call the owner entered
+    /// that moment). `None`: held (or this thread is inside its own hold,
+    /// a signal handler's call).
+    #[inline]
+    pub fn try_lock(&self) -> Option<Guard<'_, T, H>> {
+        let me = H::me();
+        if let Some(g) = self.try_owned(me) {
+            return Some(g);
+        }
+        if self.in_call.load(Ordering::Relaxed) == me {
+            return None;
+        }
+        let m = match self.mutex.try_lock() {
+            Ok(m) => m,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        let o = self.owner.load(Ordering::Relaxed);
+        if o != UNOWNED && o != SHARED && self.in_call.load(Ordering::Acquire) != 0 {
+            return None;
+        }
+        Some(self.under_mutex(m, me))
+    }
+
+    /// The lock's value, through exclusive access (no other holder can
+    /// exist).
+    pub fn get_mut(&mut self) -> &mut T {
+        self.data.get_mut()
+    }
+
     #[cold]
     #[inline(never)]
     fn lock_slow(&self, me: u64) -> Guard<'_, T, H> {
         let m = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        self.under_mutex(m, me)
+    }
+
+    /// A take by a thread holding the mutex `m` (not the owner's way): the
+    /// first taker (not a visitor) becomes the owner; an owner is revoked.
+    fn under_mutex<'a>(&'a self, m: MutexGuard<'a, ()>, me: u64) -> Guard<'a, T, H> {
         let o = self.owner.load(Ordering::Relaxed);
         let visitor = H::visitor();
         let first = o == UNOWNED && !visitor && H::may_bias();
@@ -531,6 +570,69 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    /// `try_lock`: the owner's plain take; another thread's fails while
+    /// the owner holds it and otherwise revokes as `lock` does (a visitor's
+    /// leaves it to be owned again); it fails while the mutex is held.
+    #[test]
+    fn try_lock_takes_what_no_one_holds_and_never_waits() {
+        let l = Arc::new(L::new(0));
+        drop(l.lock());
+        assert_eq!(l.owner(), T1::me());
+        {
+            let g = l.try_lock().expect("the owner's take");
+            assert!(g.owned());
+            // Held by the owner: another thread's try fails at once, a
+            // nested try of the owner's too.
+            assert!(l.try_lock().is_none(), "nested");
+            let l2 = l.clone();
+            let other = std::thread::spawn(move || {
+                VISITOR.with(|v| v.set(true));
+                l2.try_lock().is_none()
+            });
+            assert!(other.join().unwrap(), "held by the owner");
+        }
+        assert_eq!(l.owner(), T1::me(), "a failed try revokes nothing");
+        // Not held: a visitor's try takes the mutex, revokes, and leaves
+        // the lock to be owned again.
+        let l2 = l.clone();
+        std::thread::spawn(move || {
+            VISITOR.with(|v| v.set(true));
+            let mut g = l2.try_lock().expect("free");
+            assert!(!g.owned());
+            *g += 5;
+        })
+        .join()
+        .unwrap();
+        assert_eq!(l.owner(), UNOWNED);
+        drop(l.lock());
+        assert!(l.lock().owned(), "owned again");
+        // The mutex held (a non-owner's take): a try fails.
+        let l3 = l.clone();
+        let (held, go) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (h2, g2) = (held.clone(), go.clone());
+        let t = std::thread::spawn(move || {
+            let g = l3.lock();
+            assert!(!g.owned());
+            h2.store(true, Ordering::SeqCst);
+            while !g2.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+        });
+        while !held.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        assert!(l.try_lock().is_none(), "the mutex is held");
+        go.store(true, Ordering::SeqCst);
+        t.join().unwrap();
+        assert_eq!(*l.try_lock().expect("free again"), 5);
+        let mut m = L::new(3);
+        *m.get_mut() += 1;
+        assert_eq!(*m.lock(), 4);
     }
 
     #[test]

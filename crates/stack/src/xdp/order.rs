@@ -5,7 +5,7 @@
 //! | tier | locks |
 //! |---|---|
 //! | 0 | `Engine::tcp_clients` (the process's shared client stack being made) |
-//! | 1 | a `TcpEngine`'s stack lock (`Core`) |
+//! | 1 | a `TcpEngine`'s stack lock (`Core`, [`Owned`]) |
 //! | 2 | the engine service's control lock (the control socket: one round trip at a time) |
 //! | 3 (leaves) | RX (`RxPath`), TX (`TxPath`) (both [`Owned`]), program (`Prog`), neighbour tables, the control queue |
 //!
@@ -25,8 +25,9 @@
 use std::sync::{Mutex, MutexGuard};
 
 /// An engine lock its one owner thread takes without an atomic
-/// read-modify-write (`nanowire_owner`: the RX and TX locks), revoked for
-/// good when another thread takes it.
+/// read-modify-write (`nanowire_owner`: the RX and TX locks, a TCP stack's
+/// lock), revoked for good when another thread takes it (for a while when
+/// an engine thread, a visitor, does).
 pub(crate) type Owned<T> = nanowire_owner::OwnedLock<T, nanowire_owner::Process>;
 
 /// Lock tiers (see the module doc).
@@ -120,6 +121,22 @@ pub(crate) fn try_lock<'a, T>(m: &'a Mutex<T>, tier: Tier) -> Option<Guard<'a, T
         Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
         Err(std::sync::TryLockError::WouldBlock) => return None,
     };
+    #[cfg(any(debug_assertions, test))]
+    enter(tier, "", false);
+    #[cfg(not(any(debug_assertions, test)))]
+    let _ = tier;
+    Some(Held {
+        g,
+        #[cfg(any(debug_assertions, test))]
+        tier,
+    })
+}
+
+/// [`try_lock`] of an owned lock ([`nanowire_owner::OwnedLock::try_lock`]:
+/// the owner's plain take, or the free mutex of an owner not in a call).
+#[inline]
+pub(crate) fn try_lock_owned<'a, T>(m: &'a Owned<T>, tier: Tier) -> Option<OwnedGuard<'a, T>> {
+    let g = m.try_lock()?;
     #[cfg(any(debug_assertions, test))]
     enter(tier, "", false);
     #[cfg(not(any(debug_assertions, test)))]
@@ -261,5 +278,52 @@ mod tests {
         }
         *lock_owned(&rx, Tier::Leaf, "rx") += 100;
         assert_eq!(*lock_owned(&rx, Tier::Leaf, "rx"), 113);
+    }
+
+    /// A TCP stack's lock (session 35) is owned as the RX and TX locks:
+    /// the timer service's `try_lock_owned` (an engine thread: a visitor)
+    /// fails at once while the owner holds it, takes it when it does not,
+    /// and leaves it to be owned again.
+    #[test]
+    fn a_stack_lock_is_owned_and_the_timer_services_try_never_waits_for_its_owner() {
+        use nanowire_owner::{OwnerHost, Process, UNOWNED};
+        use std::sync::Arc;
+        let core = Arc::new(Owned::new(0u64));
+        *lock_owned(&core, Tier::Stack, "a TCP stack lock") += 1;
+        let bias = nanowire_owner::process::may_bias();
+        if bias {
+            assert_eq!(core.owner(), Process::me(), "the first taker owns it");
+        }
+        let visit = |core: &Arc<Owned<u64>>, add: u64| {
+            let c = core.clone();
+            std::thread::spawn(move || {
+                let mut got = false;
+                as_engine_thread(&mut || {
+                    if let Some(mut g) = try_lock_owned(&c, Tier::Stack) {
+                        *g += add;
+                        got = true;
+                    }
+                });
+                got
+            })
+            .join()
+            .unwrap()
+        };
+        {
+            let _g = lock_owned(&core, Tier::Stack, "a TCP stack lock");
+            assert!(!visit(&core, 100), "held by its owner: the try fails");
+        }
+        if bias {
+            assert_eq!(core.owner(), Process::me(), "a failed try revokes nothing");
+        }
+        assert!(visit(&core, 10), "not held: the visit takes it");
+        if bias {
+            assert_eq!(core.owner(), UNOWNED, "left to be owned again");
+        }
+        drop(lock_owned(&core, Tier::Stack, "a TCP stack lock"));
+        if bias {
+            assert_eq!(core.owner(), Process::me(), "owned again");
+        }
+        assert_eq!(*lock_owned(&core, Tier::Stack, "a TCP stack lock"), 11);
     }
 }

@@ -20,7 +20,7 @@ use super::classify::MAX_PIECES;
 use super::demux::{EndpointId, EndpointKind};
 use super::device::{RxDevice, TxDevice};
 use super::neigh::{Hop, Lookup};
-use super::order::{self, Guard, Tier, as_engine_thread};
+use super::order::{self, Tier, as_engine_thread};
 use super::rx::{HeldBudget, RX_BUDGET, RxPath};
 use super::shm::{E, bump, peak, set};
 use super::tx::{ETH_HDR, IP_HDR, TxPath, eth_ipv4};
@@ -555,7 +555,7 @@ struct Core {
 /// The TCP stack of one set of sockets on one xdp engine.
 pub struct TcpEngine {
     engine: Arc<Engine>,
-    core: Mutex<Core>,
+    core: order::Owned<Core>,
     wait: WaitPolicy,
 }
 
@@ -687,7 +687,7 @@ impl TcpEngine {
         let eng = Arc::new(TcpEngine {
             engine,
             wait,
-            core: Mutex::new(Core {
+            core: order::Owned::new(Core {
                 stack,
                 id,
                 wake_fd,
@@ -759,8 +759,8 @@ impl TcpEngine {
         cfg
     }
 
-    fn core(&self) -> Guard<'_, Core> {
-        order::lock(&self.core, Tier::Stack, "a TCP stack lock")
+    fn core(&self) -> order::OwnedGuard<'_, Core> {
+        order::lock_owned(&self.core, Tier::Stack, "a TCP stack lock")
     }
 
     /// Next hop for `dst`: the stack's cache, else the engine's neighbour
@@ -1603,7 +1603,7 @@ impl Drop for TcpEngine {
         if !self.engine.is_own() {
             return;
         }
-        let c = self.core.get_mut().unwrap_or_else(|e| e.into_inner());
+        let c = self.core.get_mut();
         if c.shared && c.block.len() > 0 {
             // The block outlives this stack (its claims stay; the demux
             // endpoint's binds go below): the next client stack takes it.
@@ -2299,7 +2299,7 @@ impl TcpEngine {
     /// Returns how many entries went.
     fn sweep_passes(&self, diag: &mut Option<nanowire_xdp::netlink::SockDiag>) -> usize {
         let list = {
-            let Some(mut c) = order::try_lock(&self.core, Tier::Stack) else {
+            let Some(mut c) = order::try_lock_owned(&self.core, Tier::Stack) else {
                 return 0;
             };
             let now = now_ns();
@@ -3410,9 +3410,8 @@ fn service_loop(wake: RawFd) {
             let mut s = service();
             s.closing.retain(|e| {
                 // A finished closed engine goes (its claims with it).
-                e.core
-                    .try_lock()
-                    .map_or(true, |c| c.stack.connection_count() > 0)
+                order::try_lock_owned(&e.core, Tier::Stack)
+                    .is_none_or(|c| c.stack.connection_count() > 0)
             });
             s.live.retain(|w| w.strong_count() > 0);
             let mut v: Vec<Arc<TcpEngine>> = s.live.iter().filter_map(|w| w.upgrade()).collect();
@@ -3425,7 +3424,7 @@ fn service_loop(wake: RawFd) {
         };
         let mut sleep_ns = SERVICE_IDLE_MS as u64 * 1_000_000;
         for e in &engines {
-            let Some(mut c) = order::try_lock(&e.core, Tier::Stack) else {
+            let Some(mut c) = order::try_lock_owned(&e.core, Tier::Stack) else {
                 // The application is turning it right now, and so runs the
                 // timers itself (see `active` below); its turn sends parked
                 // segments too (`unpark_due`), else the next pass, soon.
