@@ -6,8 +6,8 @@
 //!
 //! [`EngineConfig::from_vars`] builds the settings from variables by name
 //! (the binary passes the environment as the lookup; the names are the
-//! options table's `faults`, `tcp_rto_min_us` and `tx_csum_offload` rows
-//! and four test/ops knobs, see [`VARS`]).
+//! options table's rows that reach the engine and the test/ops knobs, see
+//! [`VARS`]).
 
 use nanowire_tcp::fault::EngineFaults;
 use nanowire_xdp::program::AttachMode;
