@@ -121,31 +121,29 @@ pub(crate) fn try_lock<'a, T>(m: &'a Mutex<T>, tier: Tier) -> Option<Guard<'a, T
         Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
         Err(std::sync::TryLockError::WouldBlock) => return None,
     };
-    #[cfg(any(debug_assertions, test))]
-    enter(tier, "", false);
-    #[cfg(not(any(debug_assertions, test)))]
-    let _ = tier;
-    Some(Held {
-        g,
-        #[cfg(any(debug_assertions, test))]
-        tier,
-    })
+    Some(tried(tier, g))
 }
 
 /// [`try_lock`] of an owned lock ([`nanowire_owner::OwnedLock::try_lock`]:
 /// the owner's plain take, or the free mutex of an owner not in a call).
 #[inline]
 pub(crate) fn try_lock_owned<'a, T>(m: &'a Owned<T>, tier: Tier) -> Option<OwnedGuard<'a, T>> {
-    let g = m.try_lock()?;
+    m.try_lock().map(|g| tried(tier, g))
+}
+
+/// A try's guard `g` of a lock of `tier`: recorded, not checked (a try
+/// waits for nobody).
+#[inline]
+fn tried<G>(tier: Tier, g: G) -> Held<G> {
     #[cfg(any(debug_assertions, test))]
     enter(tier, "", false);
     #[cfg(not(any(debug_assertions, test)))]
     let _ = tier;
-    Some(Held {
+    Held {
         g,
         #[cfg(any(debug_assertions, test))]
         tier,
-    })
+    }
 }
 
 #[cfg(any(debug_assertions, test))]
