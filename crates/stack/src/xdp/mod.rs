@@ -474,13 +474,6 @@ pub fn queue_busy(err: &str) -> bool {
     err.contains("(os error 16)")
 }
 
-/// `bind()` (an AF_XDP bind), again every 20 ms for up to 1 s while it
-/// says the queue is busy ([`queue_busy`]): the queue of a process that
-/// just exited (its engine, or the service's member) is freed by the
-/// kernel a moment after it is gone (the UMEM's release is deferred), so
-/// the program's first socket (a shell's next program, a daemon taking
-/// what its exited parent left, a service started after an engine of its
-/// own) waits for it rather than fails.
 /// Test hook ([`config::TEST_OPEN_DELAY_MS_VAR`]): an engine's open waits
 /// `ms` first.
 #[cold]
@@ -489,6 +482,13 @@ fn test_open_delay(ms: u64) {
     std::thread::sleep(std::time::Duration::from_millis(ms));
 }
 
+/// `bind()` (an AF_XDP bind), again every 20 ms for up to 1 s while it
+/// says the queue is busy ([`queue_busy`]): the queue of a process that
+/// just exited (its engine, or the service's member) is freed by the
+/// kernel a moment after it is gone (the UMEM's release is deferred), so
+/// the program's first socket (a shell's next program, a daemon taking
+/// what its exited parent left, a service started after an engine of its
+/// own) waits for it rather than fails.
 pub(crate) fn while_busy<T>(mut bind: impl FnMut() -> Result<T, String>) -> Result<T, String> {
     let since = std::time::Instant::now();
     loop {
@@ -549,21 +549,16 @@ impl Engine {
     /// namespace), opened on first use. A forked child gets its own.
     pub fn get(ifname: &str, opts: &EngineOptions) -> Result<Arc<Engine>, String> {
         registry::set_child_hook(tcp::service_after_fork);
-        let delay = config::config().test_open_delay_ms;
-        let open_delay = || {
+        registry::get(ifname, || {
+            let delay = config::config().test_open_delay_ms;
             if delay > 0 {
                 test_open_delay(delay);
             }
-        };
-        if service::client::wanted() {
-            return registry::get(ifname, || {
-                open_delay();
+            if service::client::wanted() {
                 Engine::open_service(ifname, opts)
-            });
-        }
-        registry::get(ifname, || {
-            open_delay();
-            Engine::open(ifname, opts)
+            } else {
+                Engine::open(ifname, opts)
+            }
         })
     }
 

@@ -1213,14 +1213,14 @@ impl IdlePeek {
     }
 }
 
-/// The process's engine for local address `ip`. The interface facts are
-/// read once for the whole look-up, the engine's open included (it asked
-/// getifaddrs five times: `iface::one_read`).
 /// An engine kept open ([`XdpSocket::engine_ahead`]) until dropped.
 pub struct EngineHold {
     _engine: Arc<Engine>,
 }
 
+/// The process's engine for local address `ip`. The interface facts are
+/// read once for the whole look-up, the engine's open included (it asked
+/// getifaddrs five times: `iface::one_read`).
 pub(crate) fn engine_for(ip: Ipv4Addr, opts: &EngineOptions) -> Result<Arc<Engine>, OpenError> {
     iface::one_read(|| {
         let ifname = match &opts.iface {
