@@ -10,6 +10,7 @@
 
 pub mod lock;
 pub mod process;
+pub mod tls;
 
 pub use lock::{Guard, Inside, OwnedLock, OwnerHost, SHARED, UNOWNED, hammer};
 pub use process::Process;

@@ -77,15 +77,37 @@ pub fn barrier_all() -> bool {
     membarrier(CMD_PRIVATE_EXPEDITED) || membarrier(CMD_GLOBAL)
 }
 
-thread_local! {
+/// This thread's words of the engine's owned locks, in initial-exec TLS
+/// (`crate::tls`: every take of an owned lock reads the token). All zeros
+/// is the initial value of each.
+#[repr(C)]
+struct Words {
     /// This thread's token (0: not made yet, or made anew after fork).
-    static TOKEN: Cell<u64> = const { Cell::new(0) };
+    token: Cell<u64>,
     /// The token this thread had in the parent (the forking thread of a
     /// forked child; else 0).
-    static BEFORE: Cell<u64> = const { Cell::new(0) };
+    before: Cell<u64>,
     /// This thread is a visitor of the locks ([`Process::set_visitor`]).
-    static VISITOR: Cell<bool> = const { Cell::new(false) };
+    visitor: Cell<bool>,
 }
+
+impl Words {
+    /// The initial value (all zeros).
+    #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+    const fn new() -> Words {
+        Words {
+            token: Cell::new(0),
+            before: Cell::new(0),
+            visitor: Cell::new(false),
+        }
+    }
+}
+
+crate::initial_exec_block!(
+    /// This thread's [`Words`].
+    fn words() -> Words = Words::new(),
+    "nanowire_owner_tls"
+);
 
 /// The calling thread's `pid << 32 | tid`, from the kernel.
 pub fn fresh_token() -> u64 {
@@ -113,10 +135,11 @@ pub fn after_fork_child() {
     }
     // SAFETY: getpid takes nothing and cannot fail.
     let pid = unsafe { libc::getpid() } as u32;
-    let t = TOKEN.with(|t| t.get());
+    let w = words();
+    let t = w.token.get();
     if t != 0 && (t >> 32) as u32 != pid {
-        BEFORE.with(|b| b.set(t));
-        TOKEN.with(|t| t.set(0));
+        w.before.set(t);
+        w.token.set(0);
     }
 }
 
@@ -130,25 +153,24 @@ impl Process {
     /// timer service, its neighbour thread), whose takes now and then must
     /// not leave the application thread's lock to the mutex for good.
     pub fn set_visitor(on: bool) {
-        VISITOR.with(|v| v.set(on));
+        words().visitor.set(on);
     }
 }
 
 impl OwnerHost for Process {
     #[inline(always)]
     fn me() -> u64 {
-        TOKEN.with(|t| {
-            let k = t.get();
-            if k != 0 {
-                return k;
-            }
-            let k = fresh_token();
-            t.set(k);
-            k
-        })
+        let t = &words().token;
+        let k = t.get();
+        if k != 0 {
+            return k;
+        }
+        let k = fresh_token();
+        t.set(k);
+        k
     }
     fn me_before_fork() -> u64 {
-        BEFORE.with(|b| b.get())
+        words().before.get()
     }
     fn pid() -> u32 {
         (Self::me() >> 32) as u32
@@ -163,7 +185,7 @@ impl OwnerHost for Process {
         std::sync::atomic::compiler_fence(Ordering::SeqCst);
     }
     fn visitor() -> bool {
-        VISITOR.with(Cell::get)
+        words().visitor.get()
     }
     fn barrier_all() {
         if !barrier_all() {

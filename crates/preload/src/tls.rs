@@ -2,23 +2,14 @@
 //! one block of *initial-exec* thread-local storage.
 //!
 //! The shim is a shared object, so a Rust `thread_local!` in it is reached
-//! through `__tls_get_addr` (the general/local-dynamic model: a call of
-//! ~11 instructions, and the caller's registers saved around it), once per
-//! function that touches one — several times per datagram (the export's
-//! engine flag, the signal count, the user-memory cache). The words here
-//! are reached instead as the initial-exec model does: the thread pointer
-//! (`%fs:0`) plus this block's offset, which the dynamic linker writes
-//! once into the GOT (`R_X86_64_TPOFF64`): two instructions, no call.
-//!
-//! Initial-exec TLS is served from the static TLS area: a library loaded
-//! at program start (`LD_PRELOAD`, how `nanowire run` loads the shim) always
-//! has its block there; one `dlopen`ed later takes it from glibc's surplus
-//! (hundreds of bytes; this block is ~360). Every thread's block starts
-//! zeroed, which is the initial value of each field (see [`ThreadState`]);
-//! nothing here has a destructor. Reading it is async-signal-safe (the
-//! signal trampoline counts here), unlike a first `__tls_get_addr`.
-//!
-//! Other targets use an ordinary `thread_local!` holding the same struct.
+//! through `__tls_get_addr`, once per function that touches one — several
+//! times per datagram (the export's engine flag, the signal count, the
+//! user-memory cache). The words here are one block of initial-exec TLS
+//! (`nanowire_owner::initial_exec_block!`, whose module says how and at
+//! what price): two instructions, no call, async-signal-safe (the signal
+//! trampoline counts here). Every thread's block starts zeroed, which is
+//! the initial value of each field (see [`ThreadState`]); nothing here has
+//! a destructor.
 
 use nanowire_sockabi::space::RangeCache;
 use std::cell::{Cell, UnsafeCell};
@@ -77,59 +68,11 @@ impl ThreadState {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-std::arch::global_asm!(
-    ".pushsection .tbss.nanowire_preload_tls,\"awT\",@nobits",
-    ".balign {align}",
-    ".globl nanowire_preload_tls",
-    ".hidden nanowire_preload_tls",
-    ".type nanowire_preload_tls,@object",
-    ".size nanowire_preload_tls,{size}",
-    "nanowire_preload_tls:",
-    ".zero {size}",
-    ".popsection",
-    align = const std::mem::align_of::<ThreadState>(),
-    size = const std::mem::size_of::<ThreadState>(),
+nanowire_owner::initial_exec_block!(
+    /// This thread's block.
+    pub fn me() -> ThreadState = ThreadState::new(),
+    "nanowire_preload_tls"
 );
-
-/// This thread's block.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub fn me() -> &'static ThreadState {
-    let p: *const ThreadState;
-    // SAFETY: the initial-exec sequence: `%fs:0` is the thread pointer (the
-    // TCB's self pointer, x86-64 TLS ABI) and the GOT entry holds this
-    // block's offset from it (`R_X86_64_TPOFF64`, written by the dynamic
-    // linker before any code of the shim runs). Neither changes during the
-    // thread's life, so the result is the same on every call (`pure`,
-    // `nomem`: the compiler may share one computation). The block is this
-    // thread's, zero-initialised (a valid `ThreadState`), and lives as long
-    // as the thread; the `'static` reference never leaves the thread
-    // (`ThreadState` is not `Sync`).
-    unsafe {
-        std::arch::asm!(
-            "mov {p}, qword ptr fs:[0]",
-            "add {p}, qword ptr [rip + nanowire_preload_tls@GOTTPOFF]",
-            p = out(reg) p,
-            options(pure, nomem, nostack),
-        );
-        &*p
-    }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-thread_local! {
-    static STATE: ThreadState = const { ThreadState::new() };
-}
-
-/// This thread's block.
-#[cfg(not(target_arch = "x86_64"))]
-#[inline(always)]
-pub fn me() -> &'static ThreadState {
-    // SAFETY: the thread-local outlives every use on this thread (no
-    // destructor; the reference never leaves the thread).
-    STATE.with(|s| unsafe { &*(s as *const ThreadState) })
-}
 
 #[cfg(test)]
 mod tests {

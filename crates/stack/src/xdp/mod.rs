@@ -534,14 +534,12 @@ struct RxHint {
 #[derive(Default)]
 struct Spinners(std::sync::atomic::AtomicUsize);
 
-/// A token of the calling thread, unique among the live threads: the
-/// address of a thread-local (no system call, no atomic).
+/// A token of the calling thread, unique among the live threads: its
+/// owned-lock token, `pid << 32 | tid` (initial-exec TLS: no call, no
+/// system call after the thread's first, no atomic).
 #[inline]
 fn thread_token() -> usize {
-    thread_local! {
-        static TOKEN: u8 = const { 0 };
-    }
-    TOKEN.with(|t| t as *const u8 as usize)
+    <nanowire_owner::Process as nanowire_owner::OwnerHost>::me() as usize
 }
 
 impl Engine {
