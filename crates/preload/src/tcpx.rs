@@ -1302,6 +1302,24 @@ fn not_yet(r: Result<usize, XdpTcpError>) -> Option<Result<usize, XdpTcpError>> 
     }
 }
 
+/// What a wait gives each attempt of its call.
+#[derive(Clone, Copy, Default)]
+struct Attempt {
+    /// The clock as the wait's last spinning turn read it a moment ago
+    /// (`None`: the first attempt, or one after a sleep).
+    clock: Option<u64>,
+    /// Polls the attempt may make with the engine's locks held before it
+    /// answers nothing (`XdpTcpStream::recv_wait`): [`COAST_POLLS`] after a
+    /// spinning turn whose next would not yield (`Waiter::may_coast`), 0
+    /// otherwise.
+    polls: u32,
+}
+
+/// An attempt's polls under the engine's locks after a spinning turn: the
+/// idle turns a coasting wait answers without the waiter's turn (the
+/// stack's `COAST_TURNS`), so that what they defer is deferred as long.
+const COAST_POLLS: u32 = 64;
+
 /// One `attempt` of a call that does not wait (EAGAIN when it has no
 /// answer), else [`wait_coasting`] for its answer with `timeo_ns`.
 #[inline(always)]
@@ -1310,11 +1328,11 @@ fn now_or_wait<R>(
     fd: c_int,
     dontwait: bool,
     timeo_ns: u64,
-    mut attempt: impl FnMut(Option<u64>) -> Option<R>,
+    mut attempt: impl FnMut(Attempt) -> Option<R>,
     coast: impl FnMut() -> bool,
 ) -> Result<R, c_int> {
     if dontwait {
-        attempt(None).ok_or(libc::EAGAIN)
+        attempt(Attempt::default()).ok_or(libc::EAGAIN)
     } else {
         wait_coasting(t, fd, timeo_ns, attempt, coast)
     }
@@ -1331,7 +1349,7 @@ fn wait_for<R>(
     t: TcpRef,
     fd: c_int,
     timeo_ns: u64,
-    attempt: impl FnMut(Option<u64>) -> Option<R>,
+    attempt: impl FnMut(Attempt) -> Option<R>,
 ) -> Result<R, c_int> {
     wait_coasting(t, fd, timeo_ns, attempt, || false)
 }
@@ -1347,10 +1365,10 @@ fn wait_coasting<R>(
     t: TcpRef,
     fd: c_int,
     timeo_ns: u64,
-    mut attempt: impl FnMut(Option<u64>) -> Option<R>,
+    mut attempt: impl FnMut(Attempt) -> Option<R>,
     mut coast: impl FnMut() -> bool,
 ) -> Result<R, c_int> {
-    if let Some(r) = attempt(None) {
+    if let Some(r) = attempt(Attempt::default()) {
         return Ok(r);
     }
     let s0 = crate::signals::seq();
@@ -1361,13 +1379,18 @@ fn wait_coasting<R>(
             Turn::TimedOut => return Err(libc::EAGAIN),
             Turn::Closed | Turn::Woken => {
                 // Closed (or shut down) by another thread.
-                return attempt(None).ok_or(libc::EBADF);
+                return attempt(Attempt::default()).ok_or(libc::EBADF);
             }
             Turn::Spin => {
                 while w.may_coast() && coast() {
                     core::hint::spin_loop();
                 }
-                if let Some(r) = attempt(Some(w.now())) {
+                let polls = if w.may_coast() { COAST_POLLS } else { 0 };
+                let a = Attempt {
+                    clock: Some(w.now()),
+                    polls,
+                };
+                if let Some(r) = attempt(a) {
                     return Ok(r);
                 }
                 continue;
@@ -1380,7 +1403,7 @@ fn wait_coasting<R>(
                 }
             }
         }
-        if let Some(r) = attempt(None) {
+        if let Some(r) = attempt(Attempt::default()) {
             return Ok(r);
         }
     }
@@ -1914,18 +1937,19 @@ pub fn recv(t: TcpRef, fd: c_int, buf: &mut [u8], flags: c_int) -> isize {
         // An attempt after the first turns the stack before it reads the
         // ring (`recv_wait`): the ring was empty at the last one.
         let mut waiting = tried;
-        let one = |now| {
+        let one = |a: Attempt| {
             if std::mem::take(&mut tried) {
                 return None;
             }
             if t.common.rd_shut() {
                 return Some(Ok(0));
             }
+            let now = a.clock;
             if !std::mem::replace(&mut waiting, true) {
                 return not_yet(engine_call(|| s.recv_once(&mut *rest, peek, now)));
             }
             let mut look = None;
-            let r = engine_call(|| s.recv_wait(&mut *rest, peek, now, &mut look));
+            let r = engine_call(|| s.recv_wait(&mut *rest, peek, now, a.polls, &mut look));
             idle.set(look);
             not_yet(r)
         };

@@ -944,6 +944,23 @@ impl TcpEngine {
             publish_ends(core);
             return false;
         }
+        self.turn_rx(core, timers, read, clock, 1)
+    }
+
+    /// The rest of [`TcpEngine::turn_into`] from its receive half: up to
+    /// `polls` polls of the RX rings under the RX lock, until one finds
+    /// something for this stack (a lone spinning reader's idle turns,
+    /// [`XdpTcpStream::recv_wait`]: the segment that comes is taken by the
+    /// poll that sees it, with both locks already held), then the timers,
+    /// the transmit and the ends as a whole turn.
+    fn turn_rx(
+        &self,
+        core: &mut Core,
+        timers: bool,
+        mut read: Option<&mut DirectRead<'_>>,
+        clock: Option<u64>,
+        polls: u32,
+    ) -> bool {
         // The clock is read only when a segment came, and on every
         // IDLE_CLOCK_EVERY-th idle turn for the timers (ms-scale): a
         // spinning reader turns millions of times a second. A caller that
@@ -955,7 +972,16 @@ impl TcpEngine {
             let mut guard = self.engine.rx();
             let g = &mut *guard;
             let (stack, done) = (&mut core.stack, &mut core.recycle);
-            moved += rx_segments(g, core.id, stack, done, &mut now, read_clock, read);
+            for i in 0..polls.max(1) {
+                if i > 0 {
+                    core::hint::spin_loop();
+                }
+                let read = read.as_deref_mut();
+                moved += rx_segments(g, core.id, stack, done, &mut now, read_clock, read);
+                if moved > 0 {
+                    break;
+                }
+            }
             core.rx_mark = self.engine.rx_mark(g);
             core.turns = core.turns.wrapping_add(1);
             if core.turns.is_multiple_of(64) {
@@ -3011,34 +3037,58 @@ impl XdpTcpStream {
         }
         // The ring is empty: a turn. Nothing came in and nothing went out:
         // the connection is as it was (no second look, no clock).
-        self.turn_then_read(&mut core, buf, peek, clock, false)
+        self.turn_then_read(&mut core, buf, peek, clock, false, 1)
     }
 
     /// [`XdpTcpStream::recv_once`] for an attempt of a wait, after one
     /// that found nothing: the turn first (what came since is found by
     /// it, and in order data goes straight into `buf`), the receive ring
-    /// after it (data another thread's turn took in meanwhile). When it
-    /// finds nothing, `idle` is the look its wait's next idle turns answer
-    /// from without the stack's lock ([`XdpTcpStream::coast`]), if the
-    /// stack has nothing of its own to do (no segment to send or waiting
-    /// for a next hop, no frame to give back); `None` otherwise.
+    /// after it (data another thread's turn took in meanwhile).
+    ///
+    /// When the turn found nothing and the stack has nothing of its own to
+    /// do (no segment to send or waiting for a next hop, no frame to give
+    /// back): a reader that spins alone on the engine (no other thread
+    /// waited on it since, `Engine::rx_spin_alone`) polls the RX rings up
+    /// to `polls` times more with the stack's and the RX locks held, so
+    /// that the segment that comes is taken by the poll that sees it. A
+    /// look without the locks ([`XdpTcpStream::coast`]) found it just as
+    /// soon, but then took both locks and went through a turn's start
+    /// before its first descriptor was read: ~40 ns of each side's path
+    /// from the segment to the reply in a ping-pong (session 36, the
+    /// probe's marks). What the polls defer (a signal, a close by another
+    /// thread, the timeout, the timers) is what coasting defers, for as
+    /// many turns (`polls` is the caller's coasting bound); other threads'
+    /// takes of these locks wait that long (none is alone then), and the
+    /// timer service's try skips the stack for the round. Otherwise, and
+    /// after polls that found nothing, `idle` is the look the wait's next
+    /// idle turns answer from without the locks, or `None` (then the wait
+    /// makes its next attempt at its next turn).
     pub fn recv_wait(
         &self,
         buf: &mut [u8],
         peek: bool,
         clock: Option<u64>,
+        polls: u32,
         idle: &mut Option<TcpIdle>,
     ) -> Result<usize, XdpTcpError> {
         let mut core = self.eng.core();
-        let r = self.turn_then_read(&mut core, buf, peek, clock, true);
+        let mut r = self.turn_then_read(&mut core, buf, peek, clock, true, 1);
+        let quiet = |core: &mut Core| {
+            core.parked.is_empty() && core.recycle.is_empty() && !core.stack.wants_transmit()
+        };
+        let mut polled = false;
+        if r == Err(TcpError::WouldBlock)
+            && polls > 0
+            && !peek
+            && quiet(&mut core)
+            && self.eng.engine.rx_spin_alone()
+        {
+            polled = true;
+            r = self.turn_then_read(&mut core, buf, peek, clock, true, polls);
+        }
         let mark = core.rx_mark;
         *idle = match mark {
-            Some(mark)
-                if r == Err(TcpError::WouldBlock)
-                    && core.parked.is_empty()
-                    && core.recycle.is_empty()
-                    && !core.stack.wants_transmit() =>
-            {
+            Some(mark) if !polled && r == Err(TcpError::WouldBlock) && quiet(&mut core) => {
                 Some(TcpIdle {
                     mark,
                     left: COAST_TURNS,
@@ -3097,7 +3147,10 @@ impl XdpTcpStream {
     /// A turn in which (unless peeking) what arrives in order for this
     /// connection is copied straight into `buf` (DirectRead: one copy per
     /// byte, not two), then the ring if the turn moved anything (or
-    /// `always`).
+    /// `always`). `polls` > 1: the turn's receive half polls up to that
+    /// many times until something comes (a lone reader's idle turns, see
+    /// [`XdpTcpStream::recv_wait`]; its caller checked that the turn has
+    /// nothing else to do, so the quiet turn's check is not made).
     #[inline]
     fn turn_then_read(
         &self,
@@ -3106,15 +3159,19 @@ impl XdpTcpStream {
         peek: bool,
         clock: Option<u64>,
         always: bool,
+        polls: u32,
     ) -> Result<usize, XdpTcpError> {
         let mut direct = DirectRead {
             conn: self.c,
             buf: &mut *buf,
             filled: 0,
         };
-        let moved = self
-            .eng
-            .turn_into(core, false, (!peek).then_some(&mut direct), clock);
+        let read = (!peek).then_some(&mut direct);
+        let moved = if polls > 1 {
+            self.eng.turn_rx(core, false, read, clock, polls)
+        } else {
+            self.eng.turn_into(core, false, read, clock)
+        };
         let direct = direct.filled;
         if direct > 0 {
             // The turn's own transmit sent what the data owes (an ACK);
