@@ -103,6 +103,10 @@ impl Words {
     }
 }
 
+// SAFETY: integers and a bool in cells: all zeros is `Words::new()`;
+// `Cell` is not `Sync`; no drop glue.
+unsafe impl crate::tls::ZeroInit for Words {}
+
 crate::initial_exec_block!(
     /// This thread's [`Words`].
     fn words() -> Words = Words::new(),

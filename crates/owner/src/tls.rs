@@ -25,12 +25,28 @@
 //!
 //! Other targets use an ordinary `thread_local!` holding the same value.
 
+/// A type a thread's block of [`initial_exec_block!`] may hold.
+///
+/// # Safety
+///
+/// All-zero bytes are a valid value of the type, and the value its `init`
+/// expression makes (every thread's block starts zeroed; on x86-64 the
+/// expression is not run); it is not `Sync` (the block's `'static`
+/// reference must not reach another thread, whose block it is not). The
+/// macro itself refuses a type with drop glue (blocks are never dropped).
+pub unsafe trait ZeroInit {}
+
+/// The macro's check that `T` may be a block (not for other use).
+#[doc(hidden)]
+#[inline(always)]
+pub const fn zero_init<T: ZeroInit>() {
+    assert!(!std::mem::needs_drop::<T>(), "a TLS block is never dropped");
+}
+
 /// Define `fn $name() -> &'static $ty`: the calling thread's block of type
-/// `$ty`, a symbol `$sym` (unique in the program) in initial-exec TLS on
-/// x86-64. `$ty` must be `#[repr(C)]` (or otherwise valid) with all-zero
-/// bytes as its initial value `$init` (a `const` expression), hold no
-/// destructor, and not be `Sync` (the `'static` reference must not leave
-/// the thread).
+/// `$ty` ([`ZeroInit`]), a symbol `$sym` (unique in the program) in
+/// initial-exec TLS on x86-64, an ordinary `thread_local!` made with
+/// `$init` (a `const` expression) elsewhere.
 #[macro_export]
 macro_rules! initial_exec_block {
     ($(#[$m:meta])* $vis:vis fn $name:ident() -> $ty:ty = $init:expr, $sym:literal) => {
@@ -53,6 +69,7 @@ macro_rules! initial_exec_block {
         #[cfg(target_arch = "x86_64")]
         #[inline(always)]
         $vis fn $name() -> &'static $ty {
+            const { $crate::tls::zero_init::<$ty>() };
             let p: *const $ty;
             // SAFETY: the initial-exec sequence: `%fs:0` is the thread
             // pointer (the TCB's self pointer, x86-64 TLS ABI) and the GOT
@@ -61,9 +78,9 @@ macro_rules! initial_exec_block {
             // runs). Neither changes during the thread's life, so the
             // result is the same on every call (`pure`, `nomem`: the
             // compiler may share one computation). The block is this
-            // thread's, zero-initialised (a valid value, the macro's
-            // contract), and lives as long as the thread; the `'static`
-            // reference never leaves the thread (the type is not `Sync`).
+            // thread's, zero-initialised (a valid value: `ZeroInit`, checked
+            // above), and lives as long as the thread; the `'static`
+            // reference never leaves the thread (`ZeroInit`: not `Sync`).
             unsafe {
                 ::std::arch::asm!(
                     "mov {p}, qword ptr fs:[0]",
@@ -79,6 +96,7 @@ macro_rules! initial_exec_block {
         #[cfg(not(target_arch = "x86_64"))]
         #[inline(always)]
         $vis fn $name() -> &'static $ty {
+            const { $crate::tls::zero_init::<$ty>() };
             ::std::thread_local! {
                 static BLOCK: $ty = const { $init };
             }
@@ -98,6 +116,10 @@ mod tests {
         a: Cell<u64>,
         b: Cell<bool>,
     }
+
+    // SAFETY: integers and a bool in cells: zeros are (0, false), the
+    // initial value; `Cell` is not `Sync`; no drop glue.
+    unsafe impl super::ZeroInit for Block {}
 
     crate::initial_exec_block!(
         fn block() -> Block = Block {

@@ -68,6 +68,11 @@ impl ThreadState {
     }
 }
 
+// SAFETY: all-zero bytes are `ThreadState::new()` (the test below checks
+// it field by field); `Cell` and `UnsafeCell` make it not `Sync`; no
+// drop glue.
+unsafe impl nanowire_owner::tls::ZeroInit for ThreadState {}
+
 nanowire_owner::initial_exec_block!(
     /// This thread's block.
     pub fn me() -> ThreadState = ThreadState::new(),

@@ -149,26 +149,33 @@ struct Learned {
     quiet: u64,
 }
 
+/// A thread's [`Learned`].
+#[repr(transparent)]
+struct LearnedCell(Cell<Learned>);
+
+// SAFETY: three integers in a cell: all zeros is the initial value
+// (budget 0: not initialised yet); `Cell` is not `Sync`; no drop glue.
+unsafe impl nanowire_owner::tls::ZeroInit for LearnedCell {}
+
 nanowire_owner::initial_exec_block!(
     /// This thread's [`Learned`], in initial-exec TLS (two instructions; a
     /// `thread_local!` of a shared object is a `__tls_get_addr` call, which
-    /// the compiler hoisted to the entry of a receive that may wait). All
-    /// zeros is the initial value (budget 0: not initialised yet).
-    fn learned_cell() -> Cell<Learned> =
-        Cell::new(Learned { budget: 0, quiet_until: 0, quiet: 0 }),
+    /// the compiler hoisted to the entry of a receive that may wait).
+    fn learned_cell() -> LearnedCell =
+        LearnedCell(Cell::new(Learned { budget: 0, quiet_until: 0, quiet: 0 })),
     "nanowire_shimcore_learned"
 );
 
 /// This thread's [`Learned`].
 #[inline]
 fn learned() -> Learned {
-    learned_cell().get()
+    learned_cell().0.get()
 }
 
 /// Store this thread's [`Learned`].
 #[inline]
 fn set_learned(l: Learned) {
-    learned_cell().set(l);
+    learned_cell().0.set(l);
 }
 
 /// One wait of one thread under the adaptive policy: ask [`Spin::spin`] on
@@ -690,7 +697,7 @@ mod tests {
         assert!(!s.spin());
         assert_eq!(w.spinning.load(Ordering::Relaxed), 0);
         drop(s);
-        assert_eq!(learned_cell().get().budget, 0);
+        assert_eq!(learned_cell().0.get().budget, 0);
     }
 
     #[test]
@@ -778,7 +785,7 @@ mod tests {
         while s.spin() {}
         w.now.set(w.now.get() + 10 * max); // slept long
         drop(s);
-        assert_eq!(learned_cell().get().budget, max / 2);
+        assert_eq!(learned_cell().0.get().budget, max / 2);
         let mut s = Spin::new(&h, max, u64::MAX);
         let mut turns = 0;
         while s.spin() {
@@ -786,7 +793,7 @@ mod tests {
         }
         assert!(turns <= 20, "the learned budget applies: {turns}");
         drop(s); // woke soon after the spin: would have been caught
-        assert_eq!(learned_cell().get().budget, max);
+        assert_eq!(learned_cell().0.get().budget, max);
     }
 
     #[test]
@@ -937,14 +944,14 @@ mod tests {
         let mut s = Spin::new(&h, max, u64::MAX);
         contend(&mut s);
         drop(s);
-        let q1 = learned_cell().get().quiet;
+        let q1 = learned_cell().0.get().quiet;
         assert_eq!(q1, QUIET_MIN_NS);
         // The quiet period passes; contention again at once: twice as long.
-        w.now.set(learned_cell().get().quiet_until);
+        w.now.set(learned_cell().0.get().quiet_until);
         let mut s = Spin::new(&h, max, u64::MAX);
         contend(&mut s);
         drop(s);
-        assert_eq!(learned_cell().get().quiet, 2 * QUIET_MIN_NS);
+        assert_eq!(learned_cell().0.get().quiet, 2 * QUIET_MIN_NS);
     }
 
     #[test]
