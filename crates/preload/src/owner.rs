@@ -1,7 +1,7 @@
 //! The shim's side of the owned lock (`nanowire_owner`): each thread's
-//! token, kept in the shim's thread-local block; the barrier that makes a
-//! revocation safe and its registration are the process's
-//! (`nanowire_owner::process`, shared with the engine's locks). Where
+//! token, the barrier that makes a revocation safe and its registration
+//! are the process's (`nanowire_owner::process`, shared with the engine's
+//! locks: the token in its initial-exec words, the same for both). Where
 //! membarrier is not available, or `NANOWIRE_SHIM_NO_OWNER=1` (a comparison
 //! knob, [`init`]), no lock is owned, the shim's or the engine's.
 
@@ -19,19 +19,15 @@ pub type Guard<'a, T> = nanowire_owner::Guard<'a, T, Host>;
 pub type Inside<'a, T> = nanowire_owner::Inside<'a, T, Host>;
 
 impl OwnerHost for Host {
+    // The thread's token is the engine's (`nanowire_owner::Process`: one
+    // pair of words per thread in initial-exec TLS, made anew in a forked
+    // child by `nanowire_owner::process::after_fork_child`).
     #[inline(always)]
     fn me() -> u64 {
-        let t = crate::tls::me();
-        let k = t.owner_token.get();
-        if k != 0 {
-            return k;
-        }
-        let k = nanowire_owner::process::fresh_token();
-        t.owner_token.set(k);
-        k
+        <nanowire_owner::Process as OwnerHost>::me()
     }
     fn me_before_fork() -> u64 {
-        crate::tls::me().token_before_fork.get()
+        <nanowire_owner::Process as OwnerHost>::me_before_fork()
     }
     fn pid() -> u32 {
         (Self::me() >> 32) as u32
@@ -81,9 +77,6 @@ pub fn init() {
 /// once: the child has one thread now, so it costs no grace period (see
 /// [`init`]).
 pub fn after_fork_child() {
-    let t = crate::tls::me();
-    t.token_before_fork.set(t.owner_token.get());
-    t.owner_token.set(0);
     nanowire_owner::process::after_fork_child();
 }
 

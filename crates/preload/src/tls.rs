@@ -27,12 +27,6 @@ pub struct ThreadState {
     pub cache_busy: Cell<bool>,
     /// Handled signals delivered to this thread (`signals::seq`).
     pub sig_seq: Cell<u64>,
-    /// This thread's owner token, `pid << 32 | tid` (`owner::Host::me`;
-    /// 0: not made yet, or made anew after fork).
-    pub owner_token: Cell<u64>,
-    /// The token this thread had in the parent (a forked child's thread
-    /// that forked; 0 otherwise).
-    pub token_before_fork: Cell<u64>,
     /// Mappings this thread's buffers were found in (`uaccess`).
     pub cache: UnsafeCell<RangeCache>,
 }
@@ -45,8 +39,6 @@ impl ThreadState {
             in_engine: Cell::new(false),
             cache_busy: Cell::new(false),
             sig_seq: Cell::new(0),
-            owner_token: Cell::new(0),
-            token_before_fork: Cell::new(0),
             cache: UnsafeCell::new(RangeCache::new()),
         }
     }
@@ -92,8 +84,6 @@ mod tests {
         assert_eq!(z.in_engine.get(), n.in_engine.get());
         assert_eq!(z.cache_busy.get(), n.cache_busy.get());
         assert_eq!(z.sig_seq.get(), n.sig_seq.get());
-        assert_eq!(z.owner_token.get(), n.owner_token.get());
-        assert_eq!(z.token_before_fork.get(), n.token_before_fork.get());
         // SAFETY: not borrowed (local values).
         let (zc, nc) = unsafe { (&*z.cache.get(), &*n.cache.get()) };
         assert_eq!(format!("{zc:?}"), format!("{nc:?}"));
