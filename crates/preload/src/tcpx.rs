@@ -52,7 +52,7 @@ use nanowire_shimcore::fdtable::Ref;
 use nanowire_shimcore::pool::{FdLists, Link, Pool, Pooled};
 use nanowire_shimcore::sock::Common;
 use nanowire_stack::xdp::{
-    Armed, TcpIdle, XdpTcpError, XdpTcpListener, XdpTcpState, XdpTcpStream, tcp_ready,
+    Armed, COAST_TURNS, TcpIdle, XdpTcpError, XdpTcpListener, XdpTcpState, XdpTcpStream, tcp_ready,
 };
 use nanowire_stack::{EngineKind, EngineOptions, WaitPolicy};
 use std::net::SocketAddrV4;
@@ -1316,9 +1316,9 @@ struct Attempt {
 }
 
 /// An attempt's polls under the engine's locks after a spinning turn: the
-/// idle turns a coasting wait answers without the waiter's turn (the
-/// stack's `COAST_TURNS`), so that what they defer is deferred as long.
-const COAST_POLLS: u32 = 64;
+/// idle turns a coasting wait answers without the waiter's turn, so that
+/// what they defer is deferred as long.
+const COAST_POLLS: u32 = COAST_TURNS;
 
 /// One `attempt` of a call that does not wait (EAGAIN when it has no
 /// answer), else [`wait_coasting`] for its answer with `timeo_ns`.

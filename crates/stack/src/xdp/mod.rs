@@ -71,9 +71,9 @@ pub use neigh::{NEGATIVE_TTL, QUEUE_BYTES_PER_NEIGH, QUEUE_PER_NEIGH, RESOLVE_TI
 pub use order::set_tcp_service_wrapper;
 pub use socket::{EngineHold, IdlePeek, OpenError, XdpSocket, udp_packet};
 pub use tcp::{
-    Armed, Drained, EngineState, FourTuple, Handover, MovedOut, Taker, TcpIdle, XdpTcpError,
-    XdpTcpInfo, XdpTcpListener, XdpTcpState, XdpTcpStream, ip_header_of, tcp_drain, tcp_ready,
-    tcp_service_lost,
+    Armed, COAST_TURNS, Drained, EngineState, FourTuple, Handover, MovedOut, Taker, TcpIdle,
+    XdpTcpError, XdpTcpInfo, XdpTcpListener, XdpTcpState, XdpTcpStream, ip_header_of, tcp_drain,
+    tcp_ready, tcp_service_lost,
 };
 pub use tx::IpHeader;
 

@@ -50,7 +50,7 @@ const IDLE_CLOCK_EVERY: u32 = 16;
 /// Idle turns of a spinning reader answered from a lock-free look
 /// ([`XdpTcpStream::coast`]) before its next attempt takes the stack's lock
 /// (as a UDP wait's `QUIET_LOOK_EVERY`).
-const COAST_TURNS: u32 = 64;
+pub const COAST_TURNS: u32 = 64;
 /// How long a quick ACK of data waits for the application's reply to carry
 /// it (`Config::quickack_defer_ns`): the reply comes within the turn that
 /// follows the segment's, tens of µs; an application that takes longer gets
