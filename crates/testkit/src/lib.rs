@@ -269,14 +269,20 @@ pub fn engine_pid(e: &serde_json::Value) -> Option<u64> {
     e["pid"].as_u64().or_else(|| e["info"]["pid"].as_u64())
 }
 
-/// The counters of process `pid`'s engine, when `nanowire stats --json`
-/// lists it.
-pub fn engine_counters_of(nanowire: &str, pid: u32) -> Option<serde_json::Value> {
+/// Process `pid`'s engine (its counters and sockets), when `nanowire
+/// stats --json` lists it.
+pub fn engine_of(nanowire: &str, pid: u32) -> Option<serde_json::Value> {
     stats_json(nanowire).ok()?["engines"]
         .as_array()?
         .iter()
         .find(|e| engine_pid(e) == Some(u64::from(pid)))
-        .map(|e| e["counters"].clone())
+        .cloned()
+}
+
+/// The counters of process `pid`'s engine, when `nanowire stats --json`
+/// lists it.
+pub fn engine_counters_of(nanowire: &str, pid: u32) -> Option<serde_json::Value> {
+    engine_of(nanowire, pid).map(|e| e["counters"].clone())
 }
 
 /// A command that failed cleanly: a non-zero exit, no panic, and exactly
