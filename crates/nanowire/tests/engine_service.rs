@@ -2044,16 +2044,25 @@ fn four_processes_pinned_to_one_cpu_share_it_through_the_registry_and_all_echo()
         .iter()
         .any(|c| c["cpu"] != 1);
     assert!(!elsewhere, "a mark on another CPU: {st}");
-    // All four echo, each datagram intact.
-    let out = client(&lab, "vc-client", &ports, 200);
-    eprintln!("client: {out}");
-    // Passed by hint: a watcher, the others parked and handed the CPU.
-    let st = seats_of(&lab, 1).2;
-    let (watcher, passes) = passes_of(&st, 1);
-    let watcher = watcher.unwrap_or_else(|| panic!("nobody watches CPU 1: {st}"));
-    let handoffs: u64 = passes.iter().map(|p| p.2).sum();
-    let parked = passes.iter().filter(|p| p.1 > 0).count();
-    assert!(handoffs > 0 && parked >= 3, "no hand-off by hint: {st}");
+    // All four echo, each datagram intact; passed by hint: a watcher, the
+    // others parked and handed the CPU. Parks follow the scheduler (a
+    // process parks when it finds the CPU watched by another on its next
+    // spin; on a machine busy with other tests a round can end before the
+    // third has): up to five rounds of 200 datagrams a port, each checked.
+    let mut rounds = 0;
+    let (st, watcher) = loop {
+        rounds += 1;
+        let out = client(&lab, &format!("vc-client-{rounds}"), &ports, 200);
+        eprintln!("client, round {rounds}: {out}");
+        let st = seats_of(&lab, 1).2;
+        let (watcher, passes) = passes_of(&st, 1);
+        let handoffs: u64 = passes.iter().map(|p| p.2).sum();
+        let parked = passes.iter().filter(|p| p.1 > 0).count();
+        if let Some(w) = watcher.filter(|_| handoffs > 0 && parked >= 3) {
+            break (st, w);
+        }
+        assert!(rounds < 5, "no hand-off by hint in {rounds} rounds: {st}");
+    };
     // kill -9 the watcher: the service forgets its marks and its watch.
     let slot_pid = |slot: u64| {
         st["ifaces"][0]["clients"]
