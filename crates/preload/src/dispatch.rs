@@ -28,6 +28,7 @@ use libc::{
     c_int, c_uint, c_ulong, c_void, epoll_event, fd_set, iovec, mmsghdr, msghdr, nfds_t, off_t,
     off64_t, pollfd, sigset_t, size_t, sockaddr, socklen_t, ssize_t, timespec, timeval,
 };
+use nanowire_probe::{self as probe, Mark};
 use std::sync::atomic::Ordering;
 
 // ---------------------------------------------------------------- sockets
@@ -210,9 +211,11 @@ pub unsafe fn recvfrom(
     if let Sock::Udp(a) = sock
         && ahooks::engine_recv(a, flags)
     {
-        return ahooks::recvfrom_engine(a, fd, buf, len, flags, addr, alen);
+        let r = ahooks::recvfrom_engine(a, fd, buf, len, flags, addr, alen);
+        probe::mark(Mark::RecvReturns);
+        return r;
     }
-    ops::recv_on(
+    let r = ops::recv_on(
         sock,
         fd,
         Recv::From {
@@ -222,7 +225,9 @@ pub unsafe fn recvfrom(
             alen,
         },
         flags,
-    )
+    );
+    probe::mark(Mark::RecvReturns);
+    r
 }
 
 /// # Safety
@@ -931,6 +936,7 @@ pub unsafe fn sendto(
     addr: *const sockaddr,
     alen: socklen_t,
 ) -> ssize_t {
+    probe::mark(Mark::SendEntered);
     // As `recvfrom`: the hot shape in one piece.
     let sock = ops::of_send(fd, || !addr.is_null());
     if let Sock::Udp(a) = sock

@@ -7,6 +7,7 @@ use crate::payload::Payload;
 use crate::seq;
 use crate::stack::{HOLD_MIN, Intake};
 use crate::{Config, Counters, Error};
+use nanowire_probe::{self as probe, Mark};
 use nanowire_wire::tcp::{Flags, TcpRepr};
 
 impl Conn {
@@ -87,13 +88,16 @@ impl Conn {
             let closed = self.ack_new(now, cfg, r.ack, ctr);
             debug_assert!(!closed);
         }
+        probe::mark(Mark::TcpAcked);
         self.window_update(r.seq, r.ack, u32::from(r.window) << self.snd_wscale);
         self.rcv_mss = self
             .rcv_mss
             .max(payload.len() as u32)
             .min(u32::from(cfg.mss));
         let len = payload.len();
+        probe::mark(Mark::TcpWindow);
         self.take_in_order(now, payload, 0, len, false, ctr, to);
+        probe::mark(Mark::TcpDataTaken);
         self.ack_policy(now, cfg, false);
     }
 
@@ -710,6 +714,7 @@ impl Conn {
         {
             let k = data.len().min(d.buf.len() - d.filled);
             data.take(k).copy_to(&mut d.buf[d.filled..d.filled + k]);
+            probe::mark(Mark::TcpCopied);
             d.filled += k;
             data = data.skip(k);
             skip += k;
@@ -719,6 +724,7 @@ impl Conn {
             self.rcv_copied += k as u64;
             ctr.rx_direct_bytes += k as u64;
             self.rcv_space_adjust(now);
+            probe::mark(Mark::TcpSpace);
         }
         // The rest stays in its frame when the connection may
         // keep it (`Hold`): the application's read copies it once.

@@ -13,6 +13,7 @@ use crate::isn::{COOKIE_MSS, DemuxHash, Secret, cookie_mss_index};
 use crate::payload::Payload;
 use crate::wheel::Wheel;
 use crate::{Config, Counters, Error, FourTuple, SocketOptions, TcpInfo};
+use nanowire_probe::{self as probe, Mark};
 use nanowire_wire::checksum;
 use nanowire_wire::tcp::{Flags, TcpRepr, TcpSegment};
 use nanowire_wire::udp::ChecksumState;
@@ -875,12 +876,14 @@ impl TcpStack {
             self.counters.malformed += 1;
             return;
         };
+        probe::mark(Mark::TcpParsed);
         let payload = Payload::new(s.payload(), rest);
         let tuple = FourTuple {
             local: SocketAddrV4::new(dst, r.dst_port),
             remote: SocketAddrV4::new(src, r.src_port),
         };
         if let Some(&idx) = self.demux.get(&tuple) {
+            probe::mark(Mark::TcpFound);
             let c = self.slots[idx as usize]
                 .conn
                 .as_ref()
@@ -925,6 +928,7 @@ impl TcpStack {
                         hold,
                     },
                 );
+                probe::mark(Mark::TcpConnDone);
                 self.settle(idx);
                 return;
             }

@@ -17,6 +17,7 @@ use crate::ring::Ring;
 pub use crate::sock::{XDP_MAX_TX_SKB_BUDGET, XDP_USE_SG};
 use crate::sock::{bind_xsk, map_ring, mmap_offsets, setsockopt};
 use crate::umem::{Minter, RxFrame, UmemArea, UmemInfo, UmemShared};
+use nanowire_probe::{self as probe, Mark};
 use nanowire_wire::checksum;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -162,6 +163,25 @@ fn prefetch<T>(p: *const T) {
 #[inline(always)]
 fn prefetch<T>(_p: *const T) {}
 
+/// How much of the predicted next frame a waiter prefetches: three cache
+/// lines, which hold a small message whole with its headers. A TCP
+/// segment's headers with timestamps are 66 bytes, so a 64-byte payload
+/// ends at byte 130, in the third line (a UDP datagram's, at 106, in the
+/// second): with two lines prefetched, the copy of a TCP ping-pong's
+/// payload into the reader's buffer paid a cross-CPU miss on every
+/// segment (the kernel writes the frame on the sender's CPU): ~80 ns of
+/// the receive (`scripts/probe.py --serial --tcp`, session 37).
+const FRAME_PREFETCH: usize = 192;
+
+/// Prefetch the first [`FRAME_PREFETCH`] bytes at `p` (a frame's start,
+/// cache-line aligned: `rx_off` is the kernel's 256-byte headroom).
+#[inline(always)]
+fn prefetch_frame(p: *const u8) {
+    for off in (0..FRAME_PREFETCH).step_by(64) {
+        prefetch(p.wrapping_add(off));
+    }
+}
+
 /// What one [`XskRx::poll`] did.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PollInfo {
@@ -228,7 +248,11 @@ impl RxPeek {
     /// Descriptors published by the kernel and not yet taken by a poll.
     #[inline]
     pub fn pending(&self) -> bool {
-        self.ring.pending()
+        let p = self.ring.pending();
+        if p {
+            probe::seen();
+        }
+        p
     }
 
     /// Frames dropped by their last owner wait to go back to the fill
@@ -262,8 +286,7 @@ impl RxPeek {
         }
         let frame = self.next.frame.load(Ordering::Relaxed);
         if frame != 0 {
-            prefetch(frame as *const u8);
-            prefetch(frame.wrapping_add(64) as *const u8);
+            prefetch_frame(frame as *const u8);
         }
         // A prefetch never faults: an entry of a fill ring unmapped since
         // (its socket closed) costs nothing.
@@ -882,6 +905,7 @@ impl XskRx {
             // Before each batch, and after the last: frames dropped during
             // the poll (bad or unwanted) go back now.
             self.refill();
+            probe::mark(Mark::Refilled);
             if info.descs >= budget {
                 break;
             }
@@ -890,6 +914,8 @@ impl XskRx {
                 self.prefetch();
                 break;
             }
+            probe::seen();
+            probe::mark(Mark::Found);
             info.ring_peak = info.ring_peak.max(avail);
             let n = avail.min(batch).min(budget - info.descs);
             if let Some(ctl) = &self.shared {
@@ -901,7 +927,9 @@ impl XskRx {
             }
             for i in 0..n {
                 let d = self.rx.cons_read(i);
+                probe::mark(Mark::DescRead);
                 if let Some(fr) = self.take(d) {
+                    probe::mark(Mark::FrameTaken);
                     f(fr);
                 }
             }
@@ -922,6 +950,7 @@ impl XskRx {
                 return None;
             };
             self.rx_taken(d.addr);
+            probe::mark(Mark::RxTaken);
             return Some(self.minter.mint(idx, d.addr, d.len));
         }
         if self.umem.rx_index(d.addr, d.len).is_some() {
@@ -937,7 +966,8 @@ impl XskRx {
     }
 
     /// While waiting for RX: pull in the next RX descriptor slot and the
-    /// first two cache lines of the frame the kernel most likely fills next.
+    /// first [`FRAME_PREFETCH`] bytes of the frame the kernel most likely
+    /// fills next.
     /// The kernel writes both before it publishes the producer index, so a
     /// frame found by the next poll is usually already in this CPU's cache
     /// instead of costing two more cross-CPU misses in a row. The addresses,
@@ -949,10 +979,9 @@ impl XskRx {
         prefetch(slot);
         let a = self.fill.peek_written(self.fill_next) + self.rx_off;
         let mut frame = 0;
-        if a.saturating_add(128) <= self.umem.map.len as u64 {
+        if a.saturating_add(FRAME_PREFETCH as u64) <= self.umem.map.len as u64 {
             let p = self.umem.map.ptr.wrapping_add(a as usize);
-            prefetch(p);
-            prefetch(p.wrapping_add(64));
+            prefetch_frame(p);
             frame = p as usize;
         }
         self.next.slot.store(slot as usize, Ordering::Relaxed);
@@ -1304,6 +1333,7 @@ impl XskTx {
             }
         }
         if n > 0 {
+            probe::mark(Mark::Submitted);
             self.tx.prod_submit(n);
             self.since_reap = self.since_reap.saturating_add(n);
             if self.tx.needs_wakeup() {
@@ -1346,6 +1376,7 @@ impl XskTx {
                 },
             );
         }
+        probe::mark(Mark::Submitted);
         self.tx.prod_submit(parts as u32);
         self.since_reap = self.since_reap.saturating_add(parts as u32);
         if self.tx.needs_wakeup() {
@@ -1375,6 +1406,7 @@ impl XskTx {
     /// is gone, and counted ([`XskTx::kernel_dropped`]); the kick goes on
     /// with the rest of the ring.
     pub fn kick(&mut self) {
+        probe::kick();
         for attempt in 0..KICK_TRIES {
             // SAFETY: zero-length sendto on our socket.
             let r = unsafe {

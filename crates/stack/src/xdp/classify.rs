@@ -23,6 +23,7 @@
 //!   `OtherProtocol`.
 
 use super::shm::E;
+use nanowire_probe::{self as probe, Mark};
 use nanowire_wire::checksum;
 use nanowire_wire::ethernet::HEADER_LEN as ETH_HDR;
 use nanowire_wire::tcp::TcpSegment;
@@ -280,6 +281,7 @@ pub fn classify(frame: &[u8]) -> Result<Classified, DropReason> {
     let seg = ip.payload();
     let (proto, sport, dport, hdr, payload_len, csum) = match ip.protocol() {
         PROTO_UDP => {
+            probe::mark(Mark::L4);
             let udp = UdpDatagram::new_checked(seg)?;
             let csum = match udp.checksum_state(src, dst) {
                 ChecksumState::Bad => return Err(Malformed::BadUdpChecksum.into()),
@@ -291,6 +293,7 @@ pub fn classify(frame: &[u8]) -> Result<Classified, DropReason> {
             (PROTO_UDP, udp.src_port(), udp.dst_port(), 8, p, csum)
         }
         PROTO_TCP => {
+            probe::mark(Mark::L4);
             let tcp = TcpSegment::new_checked(seg)?;
             // TCP has no "absent" checksum: only valid or partial pass.
             let csum = match tcp.checksum_state(src, dst) {

@@ -19,6 +19,7 @@ use super::demux::{Delivery, Demux, EndpointId, Outcome};
 use super::device::RxDevice;
 use super::reasm::Reassembly;
 use super::shm::{E, StatsPage, bump};
+use nanowire_probe::{self as probe, Mark};
 use nanowire_xdp::RxFrame;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -125,6 +126,7 @@ impl<D: RxDevice> RxPath<D> {
             held,
             limit: *hold_limit,
         };
+        probe::mark(Mark::PollIn);
         let n = dev.receive(budget, |f, at| frames.handle(f, at, &mut |d| take(d, &h)));
         if n > 0 {
             // After the pushes (made under the lock this poll holds). The
@@ -215,13 +217,16 @@ impl Frames<'_> {
     /// addresses, deliver (to `take` if it is for `mine`) or count the drop.
     #[inline]
     fn handle(&mut self, f: RxFrame, at: u64, take: &mut impl FnMut(Delivery)) {
+        probe::mark(Mark::Handled);
         let page = self.page;
         bump(page.e(E::RxFrames), 1);
+        probe::mark(Mark::Counted);
         if let Some(m) = &self.mac
             && for_other_host(f.head(), m)
         {
             return bump(page.e(DropReason::OtherHost.counter()), 1);
         }
+        probe::mark(Mark::ClassifyIn);
         let c = match classify_frame(&f) {
             Ok(c) => c,
             Err(DropReason::Malformed(nanowire_wire::Malformed::Fragment)) => {
@@ -229,6 +234,7 @@ impl Frames<'_> {
             }
             Err(why) => return bump(page.e(why.counter()), 1),
         };
+        probe::mark(Mark::Classified);
         if self.own.contains(c.src.ip()) {
             return bump(page.e(E::DropMartian), 1);
         }
@@ -254,6 +260,7 @@ impl Frames<'_> {
                 bump(page.e(E::RxBytes), len);
                 if let Outcome::Mine(d) = delivered {
                     self.quota -= 1;
+                    probe::mark(Mark::Delivered);
                     take(d);
                 }
             }

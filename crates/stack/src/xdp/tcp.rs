@@ -26,6 +26,7 @@ use super::shm::{E, bump, peak, set};
 use super::tx::{ETH_HDR, IP_HDR, TxPath, eth_ipv4};
 use super::wake::{self, PARKED, SERVICE_NAPPING, SERVICE_WAKE, UNPARK_DUE, service_nudge};
 use crate::{EngineOptions, WaitPolicy};
+use nanowire_probe::{self as probe, Mark};
 use nanowire_tcp::{
     Config, ConnId, DirectRead, Error as TcpError, Hold, Intake, ListenerId, Secret, SocketOptions,
     State, TcpInfo, TcpStack,
@@ -1008,6 +1009,7 @@ impl TcpEngine {
         };
         core.last_turn = now;
         core.stack.poll_timers(now);
+        probe::mark(Mark::TimersRun);
         if !core.parked.is_empty() {
             self.unpark(core, now);
         }
@@ -1017,6 +1019,7 @@ impl TcpEngine {
         }
         Self::signal_accepts(core, timers);
         Self::held_may_have_ended(core);
+        probe::mark(Mark::TurnTail);
         publish_ends(core);
         moved > 0
     }
@@ -1134,6 +1137,7 @@ impl TcpEngine {
         // bytes, which a death delivers from the send ring's slab, sent or
         // not (`send_owing` notes the end at once; only its timer is owed).
         publish_ends(core);
+        probe::mark(Mark::EndsPublished);
         let n = self.transmit_due(core, now);
         if send && n > 0 && super::config::config().test_kill_after_send {
             test_kill_self("after a send's kick");
@@ -3072,6 +3076,7 @@ impl XdpTcpStream {
         idle: &mut Option<TcpIdle>,
     ) -> Result<usize, XdpTcpError> {
         let mut core = self.eng.core();
+        probe::mark(Mark::StackLocked);
         let mut r = self.turn_then_read(&mut core, buf, peek, clock, true, 1);
         let quiet = |core: &mut Core| {
             core.parked.is_empty() && core.recycle.is_empty() && !core.stack.wants_transmit()
@@ -3172,6 +3177,7 @@ impl XdpTcpStream {
         } else {
             self.eng.turn_into(core, false, read, clock)
         };
+        probe::mark(Mark::TurnDone);
         let direct = direct.filled;
         if direct > 0 {
             // The turn's own transmit sent what the data owes (an ACK);
@@ -3189,8 +3195,11 @@ impl XdpTcpStream {
     /// One send attempt: what fits the send buffer is queued and
     /// transmitted at once; `WouldBlock` when it is full.
     pub fn send_once(&self, data: &[u8]) -> Result<usize, XdpTcpError> {
+        probe::mark(Mark::SendOnce);
         let mut core = self.eng.core();
+        probe::mark(Mark::SendLocked);
         self.eng.take_input(&mut core);
+        probe::mark(Mark::InputTaken);
         // The send's end tracking and timer are owed, paid with the
         // segment's after the kick (`tx_segments`), or below when nothing
         // went out.
@@ -3203,7 +3212,9 @@ impl XdpTcpStream {
         }
         // The TSC's extrapolation, not a clock read, before the segment
         // goes out (`super::tsc`).
+        probe::mark(Mark::Queued);
         let now = core.tsc.now(now_ns);
+        probe::mark(Mark::Clock);
         self.eng.transmit_for(&mut core, now, true);
         core.stack.settle_owed();
         // Data queued but not sent (the peer's window closed) moves the
@@ -3837,12 +3848,14 @@ fn input_one(
     read: Option<&mut DirectRead<'_>>,
     done: &mut nanowire_xdp::Recycler,
 ) {
+    probe::mark(Mark::TcpInputIn);
     if d.payload_len as usize >= nanowire_tcp::HOLD_MIN || d.frame.frames() != 1 {
         input_held(stack, (t, &d), h, read);
     } else {
         let to = Intake { read, hold: None };
         stack.input_with(t, *d.src.ip(), *d.dst.ip(), d.segment(), &[], to);
     }
+    probe::mark(Mark::TcpInputOut);
     d.frame.recycle_into(done);
 }
 
@@ -4016,7 +4029,9 @@ impl Framer {
                 return None;
             }
             let end = fr.len().min(SLOT);
+            probe::mark(Mark::FrameFor);
             let t = stack.poll_transmit_owing(now, &mut fr[HDRS..end])?;
+            probe::mark(Mark::SegmentBuilt);
             more = stack.transmit_queued();
             match cached_hop(hops, generation, t.dst) {
                 Some(mac) => {
