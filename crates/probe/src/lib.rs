@@ -267,7 +267,10 @@ mod tests {
         n.sort();
         n.dedup();
         assert_eq!(n.len(), MARKS, "a name twice");
-        assert!(!NAMES.contains(&"kick"), "the kick's name is the report's own");
+        assert!(
+            !NAMES.contains(&"kick"),
+            "the kick's name is the report's own"
+        );
     }
 
     #[test]

@@ -163,22 +163,32 @@ fn prefetch<T>(p: *const T) {
 #[inline(always)]
 fn prefetch<T>(_p: *const T) {}
 
-/// How much of the predicted next frame a waiter prefetches: three cache
-/// lines, which hold a small message whole with its headers. A TCP
-/// segment's headers with timestamps are 66 bytes, so a 64-byte payload
-/// ends at byte 130, in the third line (a UDP datagram's, at 106, in the
-/// second): with two lines prefetched, the copy of a TCP ping-pong's
-/// payload into the reader's buffer paid a cross-CPU miss on every
-/// segment (the kernel writes the frame on the sender's CPU): ~80 ns of
-/// the receive (`scripts/probe.py --serial --tcp`, session 37).
-const FRAME_PREFETCH: usize = 192;
+/// How many cache lines of the predicted next frame a waiter prefetches:
+/// as many as the last frame taken on the ring filled, from two (the
+/// headers) to four. A ping-pong's frames are alike: a UDP datagram of 64
+/// bytes ends at byte 106 (two lines), a TCP segment's at 130 (its headers
+/// with timestamps are 66 bytes: three lines). With two lines always, the
+/// copy of a TCP ping-pong's payload into the reader's buffer paid a
+/// cross-CPU miss on every segment (the kernel writes the frame on the
+/// sender's CPU): ~80 ns of the receive (`scripts/probe.py --serial
+/// --tcp`, session 37). Larger frames are left to the copy's own
+/// prefetching (a waiter's look runs millions of times a second).
+const FRAME_LINES: std::ops::RangeInclusive<usize> = 2..=4;
 
-/// Prefetch the first [`FRAME_PREFETCH`] bytes at `p` (a frame's start,
-/// cache-line aligned: `rx_off` is the kernel's 256-byte headroom).
+/// The lines of [`FRAME_LINES`] a frame of `len` bytes fills.
+#[inline]
+fn frame_lines(len: u32) -> usize {
+    (len as usize)
+        .div_ceil(64)
+        .clamp(*FRAME_LINES.start(), *FRAME_LINES.end())
+}
+
+/// Prefetch `lines` cache lines at `p` (a frame's start, cache-line
+/// aligned: `rx_off` is the kernel's 256-byte headroom).
 #[inline(always)]
-fn prefetch_frame(p: *const u8) {
-    for off in (0..FRAME_PREFETCH).step_by(64) {
-        prefetch(p.wrapping_add(off));
+fn prefetch_frame(p: *const u8, lines: usize) {
+    for i in 0..lines {
+        prefetch(p.wrapping_add(i * 64));
     }
 }
 
@@ -210,6 +220,9 @@ pub struct XskRx {
     fill_next: u32,
     /// Offset of the packet in its frame, as seen on the last RX frame.
     rx_off: u64,
+    /// The cache lines the last RX frame filled ([`frame_lines`]): what a
+    /// waiter prefetches of the next.
+    frame_lines: usize,
     /// A UMEM shared with other processes (shared.rs): the fill ring
     /// is used under the shared lock, frames are marked while ours.
     shared: Option<Arc<Ctl>>,
@@ -232,6 +245,9 @@ struct NextRx {
     /// The fill ring entry the prediction was read from, which the poll
     /// that takes the packet reads again (`XskRx::rx_taken`).
     fill: AtomicUsize,
+    /// How many lines of the frame to prefetch ([`frame_lines`] of the
+    /// last frame taken; 0 before the first: the least).
+    lines: AtomicUsize,
 }
 
 /// A look at an RX ring from any thread, without the [`XskRx`] (which sits
@@ -286,7 +302,8 @@ impl RxPeek {
         }
         let frame = self.next.frame.load(Ordering::Relaxed);
         if frame != 0 {
-            prefetch_frame(frame as *const u8);
+            let lines = self.next.lines.load(Ordering::Relaxed);
+            prefetch_frame(frame as *const u8, lines.max(*FRAME_LINES.start()));
         }
         // A prefetch never faults: an entry of a fill ring unmapped since
         // (its socket closed) costs nothing.
@@ -555,6 +572,7 @@ impl XskSocket {
                 fill_next: 0,
                 // Copy mode puts the packet XDP_PACKET_HEADROOM into the frame.
                 rx_off: 256,
+                frame_lines: *FRAME_LINES.start(),
                 fill_min: if shared.0.is_some() { REFILL_BATCH } else { 1 },
                 shared: shared.0.clone(),
                 next: Arc::default(),
@@ -950,6 +968,7 @@ impl XskRx {
                 return None;
             };
             self.rx_taken(d.addr);
+            self.frame_lines = frame_lines(d.len);
             probe::mark(Mark::RxTaken);
             return Some(self.minter.mint(idx, d.addr, d.len));
         }
@@ -979,11 +998,13 @@ impl XskRx {
         prefetch(slot);
         let a = self.fill.peek_written(self.fill_next) + self.rx_off;
         let mut frame = 0;
-        if a.saturating_add(FRAME_PREFETCH as u64) <= self.umem.map.len as u64 {
+        let lines = self.frame_lines;
+        if a.saturating_add(lines as u64 * 64) <= self.umem.map.len as u64 {
             let p = self.umem.map.ptr.wrapping_add(a as usize);
-            prefetch_frame(p);
+            prefetch_frame(p, lines);
             frame = p as usize;
         }
+        self.next.lines.store(lines, Ordering::Relaxed);
         self.next.slot.store(slot as usize, Ordering::Relaxed);
         self.next.frame.store(frame, Ordering::Relaxed);
         let fill = self.fill.slot_ptr(self.fill_next);
@@ -1533,6 +1554,7 @@ mod tests {
             chain: Chain::default(),
             fill_next: 0,
             rx_off: 256,
+            frame_lines: *FRAME_LINES.start(),
             shared: None,
             fill_min: 1,
             next: Arc::default(),
@@ -1582,6 +1604,30 @@ mod tests {
         x.poll(16, 16, |_| ());
         assert!(!p.refill_due());
         assert_eq!(x.to_fill, vec![0], "the full fill ring takes it later");
+        // The lines prefetched of the next frame are what the last one
+        // filled: two for the 10 bytes above, three for a TCP ping-pong's
+        // 130, at most four.
+        assert_eq!(p.next.lines.load(Ordering::Relaxed), 2);
+        for (i, (len, lines)) in [(130, 3), (1500, 4), (64, 2)].into_iter().enumerate() {
+            let i = i as u32 + 1;
+            x.rx.prod_write(0, desc(u64::from(i) * 2048 + 256, len, false));
+            x.rx.prod_submit(1);
+            assert_eq!(x.poll(16, 16, |_| ()).descs, 1);
+            x.poll(16, 16, |_| ());
+            assert_eq!(p.next.lines.load(Ordering::Relaxed), lines, "{len} bytes");
+        }
+    }
+
+    #[test]
+    fn a_frame_fills_two_to_four_lines_for_the_prefetch() {
+        assert_eq!(frame_lines(0), 2);
+        assert_eq!(frame_lines(106), 2);
+        assert_eq!(frame_lines(128), 2);
+        assert_eq!(frame_lines(129), 3);
+        assert_eq!(frame_lines(130), 3);
+        assert_eq!(frame_lines(192), 3);
+        assert_eq!(frame_lines(193), 4);
+        assert_eq!(frame_lines(9000), 4);
     }
 
     #[test]
