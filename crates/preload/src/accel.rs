@@ -37,6 +37,7 @@ use crate::spin::{self, errno, now_ns, set_errno};
 use crate::table;
 use libc::c_int;
 use nanowire_options::Level;
+use nanowire_probe::{self as probe, Mark};
 use nanowire_shimcore::pool::{FdList, FdLists, Link, Pool, Pooled};
 use nanowire_shimcore::sock::{Common, timeval_ns};
 use nanowire_stack::sockaddr::sockaddr_in;
@@ -1430,6 +1431,7 @@ fn recv_on(
                         crate::tstamp::set_last(at);
                     }
                     deliver(p, src);
+                    probe::mark(Mark::UdpCopied);
                     got = Some((p.len(), src));
                 })
             });

@@ -26,6 +26,7 @@ use super::shm::{self, E, S, add, bump};
 use super::tx::{HDRS, IP_HDR, IpHeader, Ready, UDP_HDR, Wire};
 use crate::kernel::set_opt;
 use crate::{EngineKind, EngineOptions, SocketStats, UdpEndpoint, WaitPolicy};
+use nanowire_probe::{self as probe, Mark};
 use nanowire_xdp::iface;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
@@ -623,6 +624,7 @@ impl XdpSocket {
                 mark = self.engine.rx_mark(rx);
             }
         }
+        probe::mark(Mark::UdpUnlocked);
         // Marked only when the queue was drained empty (a full batch may
         // have left some queued).
         self.rx_seen = mark;
@@ -909,6 +911,7 @@ impl XdpSocket {
     /// looks the next hop up, builds the headers and makes them ready.
     #[inline]
     pub fn send_one(&mut self, buf: &[u8], dst: SocketAddrV4) -> io::Result<usize> {
+        probe::mark(Mark::UdpSendIn);
         if let Some(r) = &self.ready
             && buf.len() <= self.fit_max
             && r.is_for(dst, || self.engine.neigh.generation())

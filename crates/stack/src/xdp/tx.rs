@@ -10,6 +10,7 @@
 
 use super::device::{KickCounts, TxDevice};
 use super::shm::{E, S, StatsPage, bump};
+use nanowire_probe::{self as probe, Mark};
 use nanowire_wire::{EtherType, EthernetRepr, Ipv4Repr, MacAddr, UdpRepr, checksum};
 use nanowire_xdp::CsumRequest;
 use std::io;
@@ -167,7 +168,10 @@ impl<D: TxDevice> TxPath<D> {
         let mut id = self.ip_id;
         let mut build = |n: usize, fr: &mut [u8], partial: bool| {
             id = id.wrapping_add(1);
-            t.write(fr, chunk[n], id, partial)
+            probe::mark(Mark::UdpFrame);
+            let r = t.write(fr, chunk[n], id, partial);
+            probe::mark(Mark::UdpBuilt);
+            r
         };
         // Where the device completes checksums (AF_XDP TX metadata, as for
         // the engine's TCP), the datagram is not summed here.
