@@ -81,6 +81,7 @@ marks! {
     RecvReturns = "recv_returns": "the interposed recvfrom returns to the program",
     SendEntered = "send_entered": "the program called the interposed sendto",
     UdpSendIn = "udp_send_in": "a UDP send reached the engine socket",
+    UdpTxLocked = "udp_tx_locked": "the UDP send took the TX lock",
     UdpFrame = "udp_frame": "a TX frame for the datagram",
     UdpBuilt = "udp_built": "the datagram's headers and payload written into the frame",
     SendOnce = "send_once": "a TCP send attempt begins",

@@ -918,7 +918,9 @@ impl XdpSocket {
             && self.tx_stamp.is_none()
             && self.engine.is_own()
         {
-            return match self.engine.tx().send_one(buf, &r.t, self.id) {
+            let mut tx = self.engine.tx();
+            probe::mark(Mark::UdpTxLocked);
+            return match tx.send_one(buf, &r.t, self.id) {
                 Ok(()) => Ok(buf.len()),
                 Err(e) => Err(self.tx_error(e)),
             };
