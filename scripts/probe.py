@@ -18,7 +18,7 @@ Each mark costs an RDTSC and a few loads (~8 ns here): a step includes the marks
 latency printed is the probed shim's, not comparable with an unprobed run. Steps are medians of
 distances, not distances of medians: a step's value is the difference of two medians.
 """
-import argparse, json, os, re, subprocess, sys, time
+import argparse, json, os, re, signal, subprocess, sys, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NW = os.path.abspath(os.environ.get("NANOWIRE", os.path.join(ROOT, "target/release/nanowire")))
@@ -75,7 +75,8 @@ def run_pair(args, lab, shim, proto):
     cli = subprocess.run(ns(lab, "a") + run + pin(0) + ["sockperf", "pp", "-i", B, "-p", str(PORT),
                          "-t", str(args.seconds), "-m", str(args.size)] + extra,
                          env=env, capture_output=True, text=True)
-    subprocess.run(ns(lab, "b") + ["pkill", "-INT", "-f", "sockperf sr"])
+    # `ip netns exec`, `nanowire run` and taskset exec: the child is sockperf itself.
+    srv.send_signal(signal.SIGINT)
     try:
         _, serr = srv.communicate(timeout=10)
     except subprocess.TimeoutExpired:

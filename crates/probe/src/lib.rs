@@ -280,9 +280,9 @@ mod tests {
     }
 
     #[test]
-    fn marks_outside_a_message_record_nothing_and_never_panic() {
-        // No sighting: marks and a kick are ignored (and without the
-        // feature every call is empty).
+    fn marks_and_kicks_in_any_order_never_panic() {
+        // Before a sighting marks and a kick are ignored; after it they
+        // record (without the feature every call is empty).
         mark(Mark::Found);
         kick();
         seen();

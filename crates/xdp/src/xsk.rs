@@ -974,6 +974,7 @@ impl XskRx {
         }
         if self.umem.rx_index(d.addr, d.len).is_some() {
             self.rx_taken(d.addr);
+            self.frame_lines = frame_lines(d.len);
         }
         self.chain.push(&self.umem, d, &mut self.to_fill)
     }
@@ -985,8 +986,8 @@ impl XskRx {
     }
 
     /// While waiting for RX: pull in the next RX descriptor slot and the
-    /// first [`FRAME_PREFETCH`] bytes of the frame the kernel most likely
-    /// fills next.
+    /// first cache lines of the frame the kernel most likely fills next (as
+    /// many as the last frame filled, [`FRAME_LINES`]).
     /// The kernel writes both before it publishes the producer index, so a
     /// frame found by the next poll is usually already in this CPU's cache
     /// instead of costing two more cross-CPU misses in a row. The addresses,
