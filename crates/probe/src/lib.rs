@@ -103,12 +103,16 @@ pub const REPORT_EVERY: usize = 100_000;
 
 #[cfg(all(feature = "on", target_arch = "x86_64"))]
 mod on {
-    use super::{MARKS, Mark, NAMES};
+    use super::{MARKS, Mark, NAMES, REPORT_EVERY};
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     use std::time::Instant;
 
-    use super::REPORT_EVERY;
+    /// A distance as filed: in u32 (u32::MAX means "not passed"; a longer
+    /// distance, over a second and a half, is filed as the longest).
+    fn filed(d: u64) -> u32 {
+        d.min(u64::from(u32::MAX - 1)) as u32
+    }
 
     /// The TSC at this message's sighting (0: none yet).
     static T0: AtomicU64 = AtomicU64::new(0);
@@ -199,9 +203,9 @@ mod on {
         let at = f.n * (MARKS + 1);
         for (i, a) in AT.iter().enumerate() {
             let d = a.swap(0, Relaxed);
-            f.rows[at + i] = if d == 0 { u32::MAX } else { d as u32 };
+            f.rows[at + i] = if d == 0 { u32::MAX } else { filed(d) };
         }
-        f.rows[at + MARKS] = KICK.swap(0, Relaxed) as u32;
+        f.rows[at + MARKS] = filed(KICK.swap(0, Relaxed));
         f.n += 1;
         if f.n == REPORT_EVERY {
             report(&mut f);
