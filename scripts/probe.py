@@ -25,9 +25,8 @@ NW = os.path.abspath(os.environ.get("NANOWIRE", os.path.join(ROOT, "target/relea
 A, B = "198.18.0.1", "198.18.0.2"
 PORT = 11111
 
-
-def ns(lab, h):
-    return ["ip", "netns", "exec", f"{lab}-{h}"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from worklib import ns  # noqa: E402
 
 
 def build(target, serial):
